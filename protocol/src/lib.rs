@@ -1,0 +1,63 @@
+//! The Allox OS control protocol, shared by the guest supervisor and the host.
+//!
+//! # Wire format
+//!
+//! A connection is a byte stream (a Unix socket, or a virtio-serial port that
+//! has no message boundaries and may be reopened mid-frame). Each message is:
+//!
+//! ```text
+//! postcard(message) ──COBS──► bytes without 0x00 ──► bytes ‖ 0x00
+//! ```
+//!
+//! * The zero byte ends a frame. A reader that joins mid-stream, or that sees
+//!   a torn or garbled frame, drops everything up to the next zero and goes
+//!   on: it resynchronises after at most one bad frame.
+//! * A frame (the COBS bytes between two delimiters) is at most
+//!   [`MAX_FRAME`] = 1 MiB. The reader enforces the limit while it
+//!   accumulates, before any allocation grows past it; a longer frame is
+//!   discarded up to its delimiter and reported as oversized.
+//! * The payload is [`postcard`] (varints for integers, length-prefixed UTF-8
+//!   strings, enum variants as a varint index in declaration order). Decoding
+//!   is strict: trailing bytes, unknown variant indexes, overlong or
+//!   non-canonical varints and invalid UTF-8 are errors, never panics. A
+//!   payload is accepted only if re-encoding it gives the same bytes.
+//! * New request and response variants are only ever appended, so existing
+//!   indexes keep their meaning; golden byte vectors in the tests pin them.
+//!
+//! # Conversation
+//!
+//! The client's first frame is [`ClientFrame::Hello`] with
+//! [`PROTOCOL_VERSION`] and its build identity. The server answers
+//! [`ServerFrame::Welcome`], or [`ServerFrame::Refused`] with
+//! `version_mismatch` and closes. Then the client sends any number of
+//! [`ClientFrame::Request`]s, each with a `request_id` of its choosing, without
+//! waiting for answers; every answer ([`ServerFrame::Response`]) and stream
+//! event ([`ServerFrame::Event`]) carries the `request_id` it belongs to.
+//! Answers may come in any order.
+//!
+//! # JSON form
+//!
+//! The same requests have the JSON form `{"action": "agent.create",
+//! "params": {...}}` (see [`json`]), answered by `{"result": {...}}` or
+//! `{"error": {"code": "...", "message": "..."}}`.
+
+pub mod codec;
+pub mod error;
+pub mod frame;
+pub mod id;
+pub mod json;
+pub mod message;
+
+pub use codec::{decode, encode, DecodeError};
+pub use error::{ErrorBody, ErrorCode};
+pub use frame::{FrameError, FrameReader, MAX_FRAME};
+pub use id::{validate_id, IdError, MAX_ID_LEN};
+pub use message::*;
+
+/// Version of the wire protocol; both sides must agree exactly.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Build identity of this crate, sent in `Hello`.
+pub fn build_identity() -> String {
+    format!("allox {}", env!("CARGO_PKG_VERSION"))
+}

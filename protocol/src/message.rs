@@ -1,0 +1,416 @@
+//! Messages: the handshake, the request envelope and every request and
+//! response type.
+//!
+//! Variants are only ever appended: their index is their wire identity.
+
+use crate::error::ErrorBody;
+use serde::{Deserialize, Serialize};
+
+/// First frame of a connection, both ways.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    pub version: u32,
+    pub build: String,
+}
+
+/// Frames a client sends.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum ClientFrame {
+    Hello(Hello),
+    Request(RequestEnvelope),
+}
+
+/// Frames a server sends.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum ServerFrame {
+    /// The handshake was accepted.
+    Welcome(Hello),
+    /// The handshake was refused (`version_mismatch`); the server closes.
+    Refused(ErrorBody),
+    /// The answer to one request.
+    Response(ResponseEnvelope),
+    /// A stream event belonging to a request that is still going on.
+    Event(EventEnvelope),
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct RequestEnvelope {
+    /// Chosen by the client, echoed in every frame about this request.
+    pub request_id: u64,
+    pub request: Request,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ResponseEnvelope {
+    /// The request this answers; 0 when the server could not read one.
+    pub request_id: u64,
+    pub outcome: Outcome,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Ok(Response),
+    Err(ErrorBody),
+}
+
+impl From<Result<Response, ErrorBody>> for Outcome {
+    fn from(r: Result<Response, ErrorBody>) -> Self {
+        match r {
+            Ok(v) => Outcome::Ok(v),
+            Err(e) => Outcome::Err(e),
+        }
+    }
+}
+
+impl From<Outcome> for Result<Response, ErrorBody> {
+    fn from(o: Outcome) -> Self {
+        match o {
+            Outcome::Ok(v) => Ok(v),
+            Outcome::Err(e) => Err(e),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct EventEnvelope {
+    pub request_id: u64,
+    pub event: Event,
+}
+
+/// Stream events. Later capabilities append variants.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum Event {
+    /// Free-form progress note.
+    Progress { message: String },
+}
+
+// ---------------------------------------------------------------------------
+// Request parameters
+// ---------------------------------------------------------------------------
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Ping {}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AgentRef {
+    pub agent_id: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AgentList {}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRef {
+    pub agent_id: String,
+    pub session_id: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointRef {
+    pub agent_id: String,
+    pub session_id: String,
+    pub checkpoint_id: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointCreate {
+    pub agent_id: String,
+    pub session_id: String,
+    pub checkpoint_id: String,
+    /// A pinned checkpoint cannot be deleted until it is unpinned.
+    #[serde(default)]
+    pub pinned: bool,
+    /// Free text for people, at most 256 bytes.
+    #[serde(default)]
+    pub label: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointPin {
+    pub agent_id: String,
+    pub session_id: String,
+    pub checkpoint_id: String,
+    pub pinned: bool,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRollback {
+    pub agent_id: String,
+    pub session_id: String,
+    pub checkpoint_id: String,
+    /// Kill the session's processes first; `None` takes the daemon default.
+    #[serde(default)]
+    pub kill_processes: Option<bool>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AuditList {
+    /// Only records with a sequence number above this.
+    #[serde(default)]
+    pub after_seq: Option<u64>,
+    /// At most this many records (default 100, at most 10,000).
+    #[serde(default)]
+    pub limit: Option<u32>,
+}
+
+macro_rules! requests {
+    ($( $(#[$doc:meta])* $variant:ident($ty:ty) = $name:literal, mutating = $m:literal; )*) => {
+        /// Every request. The JSON action name is given beside each variant.
+        #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+        pub enum Request {
+            $( $(#[$doc])* $variant($ty), )*
+        }
+
+        impl Request {
+            /// All action names, in wire order.
+            pub const ACTIONS: &'static [&'static str] = &[$($name),*];
+
+            /// The action name (`"agent.create"`, ...).
+            pub fn action(&self) -> &'static str {
+                match self { $( Request::$variant(_) => $name, )* }
+            }
+
+            /// Whether the request changes state (and so is audited).
+            pub fn is_mutating(&self) -> bool {
+                match self { $( Request::$variant(_) => $m, )* }
+            }
+
+            /// Builds a request from its JSON form.
+            pub fn from_json(action: &str, params: serde_json::Value) -> Result<Self, ErrorBody> {
+                let params = if params.is_null() { serde_json::json!({}) } else { params };
+                match action {
+                    $( $name => serde_json::from_value::<$ty>(params)
+                        .map(Request::$variant)
+                        .map_err(|e| ErrorBody::invalid(format!("bad params for {}: {e}", $name))), )*
+                    other => Err(ErrorBody::invalid(format!(
+                        "unknown action {other:?}; known actions: {}",
+                        Self::ACTIONS.join(", ")
+                    ))),
+                }
+            }
+
+            /// The JSON `params` object of this request.
+            pub fn params_json(&self) -> serde_json::Value {
+                let v = match self { $( Request::$variant(p) => serde_json::to_value(p), )* };
+                v.unwrap_or(serde_json::Value::Null)
+            }
+        }
+    };
+}
+
+requests! {
+    /// Liveness and version check; answered with `Pong`.
+    Ping(Ping) = "system.ping", mutating = false;
+    AgentCreate(AgentRef) = "agent.create", mutating = true;
+    AgentList(AgentList) = "agent.list", mutating = false;
+    AgentDelete(AgentRef) = "agent.delete", mutating = true;
+    SessionCreate(SessionRef) = "session.create", mutating = true;
+    SessionList(AgentRef) = "session.list", mutating = false;
+    SessionDelete(SessionRef) = "session.delete", mutating = true;
+    CheckpointCreate(CheckpointCreate) = "checkpoint.create", mutating = true;
+    CheckpointList(SessionRef) = "checkpoint.list", mutating = false;
+    CheckpointDelete(CheckpointRef) = "checkpoint.delete", mutating = true;
+    CheckpointPin(CheckpointPin) = "checkpoint.pin", mutating = true;
+    SessionRollback(SessionRollback) = "session.rollback", mutating = true;
+    AuditList(AuditList) = "audit.list", mutating = false;
+}
+
+impl Request {
+    /// What the request acts on, as `agent[/session[/checkpoint]]`.
+    pub fn target(&self) -> String {
+        match self {
+            Request::Ping(_) | Request::AgentList(_) | Request::AuditList(_) => String::new(),
+            Request::AgentCreate(r) | Request::AgentDelete(r) | Request::SessionList(r) => {
+                r.agent_id.clone()
+            }
+            Request::SessionCreate(r) | Request::SessionDelete(r) | Request::CheckpointList(r) => {
+                format!("{}/{}", r.agent_id, r.session_id)
+            }
+            Request::CheckpointCreate(r) => {
+                format!("{}/{}/{}", r.agent_id, r.session_id, r.checkpoint_id)
+            }
+            Request::CheckpointDelete(r) => {
+                format!("{}/{}/{}", r.agent_id, r.session_id, r.checkpoint_id)
+            }
+            Request::CheckpointPin(r) => {
+                format!("{}/{}/{}", r.agent_id, r.session_id, r.checkpoint_id)
+            }
+            Request::SessionRollback(r) => {
+                format!("{}/{}/{}", r.agent_id, r.session_id, r.checkpoint_id)
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Responses
+// ---------------------------------------------------------------------------
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Pong {
+    pub version: u32,
+    pub build: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct AgentInfo {
+    pub agent_id: String,
+    /// Creation time, milliseconds since the Unix epoch.
+    pub created_ms: u64,
+    pub sessions: u32,
+    /// Absolute path of the agent's level-1 workspace.
+    pub workspace: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct AgentListing {
+    pub agents: Vec<AgentInfo>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct SessionInfo {
+    pub agent_id: String,
+    pub session_id: String,
+    pub created_ms: u64,
+    /// The checkpoint `current/` descends from, if any.
+    pub head: Option<String>,
+    pub checkpoints: u32,
+    /// Absolute path of the session's `current/`.
+    pub current: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct SessionListing {
+    pub agent_id: String,
+    pub sessions: Vec<SessionInfo>,
+}
+
+/// Why a checkpoint exists.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Origin {
+    /// Asked for with `checkpoint.create`.
+    Manual,
+    /// Taken when the session was created.
+    Baseline,
+    /// Taken when a turn ended.
+    Turn,
+    /// Found on disk without an index entry and adopted at start-up.
+    Recovered,
+}
+
+impl Origin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::Manual => "manual",
+            Origin::Baseline => "baseline",
+            Origin::Turn => "turn",
+            Origin::Recovered => "recovered",
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct CheckpointInfo {
+    pub agent_id: String,
+    pub session_id: String,
+    pub checkpoint_id: String,
+    /// The checkpoint `current/` descended from when this one was taken.
+    pub parent: Option<String>,
+    pub created_ms: u64,
+    pub origin: Origin,
+    pub pinned: bool,
+    pub label: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct CheckpointListing {
+    pub agent_id: String,
+    pub session_id: String,
+    /// The checkpoint `current/` descends from.
+    pub head: Option<String>,
+    /// Oldest first.
+    pub checkpoints: Vec<CheckpointInfo>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct RollbackDone {
+    pub agent_id: String,
+    pub session_id: String,
+    pub checkpoint_id: String,
+    /// The head before the rollback.
+    pub previous_head: Option<String>,
+    /// Processes killed before the rollback.
+    pub killed_processes: u32,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Deleted {
+    /// What was deleted, as `agent[/session[/checkpoint]]`.
+    pub deleted: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct AuditRecord {
+    /// Position in the audit log, from 1, without gaps.
+    pub seq: u64,
+    pub time_ms: u64,
+    pub request_id: u64,
+    /// Who asked (`uid=0 pid=42`, `startup`, ...).
+    pub peer: String,
+    pub action: String,
+    pub target: String,
+    /// `ok` or an error code.
+    pub outcome: String,
+    pub message: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct AuditListing {
+    pub records: Vec<AuditRecord>,
+    /// Records whose checksum did not match and were skipped.
+    pub corrupt: u64,
+}
+
+/// Every response. Each request has one natural response variant.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum Response {
+    Pong(Pong),
+    Agent(AgentInfo),
+    Agents(AgentListing),
+    Session(SessionInfo),
+    Sessions(SessionListing),
+    Checkpoint(CheckpointInfo),
+    Checkpoints(CheckpointListing),
+    RolledBack(RollbackDone),
+    Deleted(Deleted),
+    Audit(AuditListing),
+}
+
+impl Response {
+    /// The JSON `result` object.
+    pub fn to_json(&self) -> serde_json::Value {
+        let v = match self {
+            Response::Pong(v) => serde_json::to_value(v),
+            Response::Agent(v) => serde_json::to_value(v),
+            Response::Agents(v) => serde_json::to_value(v),
+            Response::Session(v) => serde_json::to_value(v),
+            Response::Sessions(v) => serde_json::to_value(v),
+            Response::Checkpoint(v) => serde_json::to_value(v),
+            Response::Checkpoints(v) => serde_json::to_value(v),
+            Response::RolledBack(v) => serde_json::to_value(v),
+            Response::Deleted(v) => serde_json::to_value(v),
+            Response::Audit(v) => serde_json::to_value(v),
+        };
+        v.unwrap_or(serde_json::Value::Null)
+    }
+}

@@ -1,0 +1,184 @@
+//! Golden byte vectors and hostile inputs for the wire format.
+
+use allox_protocol::*;
+
+fn payload<T: serde::Serialize>(m: &T) -> Vec<u8> {
+    postcard::to_stdvec(m).unwrap()
+}
+
+#[test]
+fn golden_hello() {
+    let m = ClientFrame::Hello(Hello {
+        version: 1,
+        build: "ab".into(),
+    });
+    // variant 0, version varint 1, string len 2, "ab"
+    assert_eq!(payload(&m), [0x00, 0x01, 0x02, b'a', b'b']);
+    // COBS: the frame has no zero inside and ends with one.
+    assert_eq!(
+        encode(&m).unwrap(),
+        [0x01, 0x05, 0x01, 0x02, b'a', b'b', 0x00]
+    );
+}
+
+#[test]
+fn golden_request() {
+    let m = ClientFrame::Request(RequestEnvelope {
+        request_id: 300,
+        request: Request::AgentCreate(AgentRef {
+            agent_id: "a".into(),
+        }),
+    });
+    // variant 1, request_id 300 = varint ac 02, Request variant 1, "a"
+    assert_eq!(payload(&m), [0x01, 0xac, 0x02, 0x01, 0x01, b'a']);
+    let m = ClientFrame::Request(RequestEnvelope {
+        request_id: 7,
+        request: Request::SessionRollback(SessionRollback {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: "c".into(),
+            kill_processes: Some(true),
+        }),
+    });
+    assert_eq!(
+        payload(&m),
+        [0x01, 0x07, 0x0b, 0x01, b'a', 0x01, b's', 0x01, b'c', 0x01, 0x01]
+    );
+}
+
+#[test]
+fn golden_responses() {
+    let m = ServerFrame::Response(ResponseEnvelope {
+        request_id: 2,
+        outcome: Outcome::Err(ErrorBody::new(ErrorCode::Conflict, "x")),
+    });
+    // ServerFrame 2, id 2, Outcome::Err 1, code 2 (conflict), "x"
+    assert_eq!(payload(&m), [0x02, 0x02, 0x01, 0x02, 0x01, b'x']);
+    let m = ServerFrame::Response(ResponseEnvelope {
+        request_id: 1,
+        outcome: Outcome::Ok(Response::Deleted(Deleted {
+            deleted: "a".into(),
+        })),
+    });
+    assert_eq!(payload(&m), [0x02, 0x01, 0x00, 0x08, 0x01, b'a']);
+}
+
+#[test]
+fn wire_order_of_actions_and_codes_is_pinned() {
+    assert_eq!(
+        Request::ACTIONS,
+        [
+            "system.ping",
+            "agent.create",
+            "agent.list",
+            "agent.delete",
+            "session.create",
+            "session.list",
+            "session.delete",
+            "checkpoint.create",
+            "checkpoint.list",
+            "checkpoint.delete",
+            "checkpoint.pin",
+            "session.rollback",
+            "audit.list",
+        ]
+    );
+    for (i, code) in ErrorCode::ALL.iter().enumerate() {
+        assert_eq!(payload(code), [i as u8]);
+    }
+}
+
+#[test]
+fn round_trip_through_frames() {
+    let msgs = vec![
+        ClientFrame::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            build: build_identity(),
+        }),
+        ClientFrame::Request(RequestEnvelope {
+            request_id: u64::MAX,
+            request: Request::CheckpointCreate(CheckpointCreate {
+                agent_id: "agent-a".into(),
+                session_id: "s".into(),
+                checkpoint_id: "c\u{0}zero".into(),
+                pinned: true,
+                label: Some("label with \0 inside".into()),
+            }),
+        }),
+    ];
+    let mut r = FrameReader::new();
+    for m in &msgs {
+        r.push(&encode(m).unwrap());
+    }
+    for m in &msgs {
+        let p = r.next_frame().unwrap().unwrap();
+        assert_eq!(&decode::<ClientFrame>(&p).unwrap(), m);
+    }
+}
+
+#[test]
+fn trailing_bytes_are_refused() {
+    let mut p = payload(&ClientFrame::Hello(Hello {
+        version: 1,
+        build: String::new(),
+    }));
+    p.push(0x00);
+    assert!(matches!(
+        decode::<ClientFrame>(&p),
+        Err(DecodeError::TrailingBytes(1))
+    ));
+}
+
+#[test]
+fn unknown_variants_are_refused() {
+    assert!(decode::<ClientFrame>(&[0x02]).is_err());
+    // Request variant 200
+    assert!(decode::<ClientFrame>(&[0x01, 0x01, 0xc8, 0x01]).is_err());
+    // ErrorCode 8
+    assert!(decode::<ServerFrame>(&[0x02, 0x02, 0x01, 0x08, 0x00]).is_err());
+}
+
+#[test]
+fn overlong_and_noncanonical_varints_are_refused() {
+    // version 1 as a two-byte varint (0x81 0x00): decodes to 1 but is not canonical.
+    assert!(matches!(
+        decode::<ClientFrame>(&[0x00, 0x81, 0x00, 0x00]),
+        Err(DecodeError::NonCanonical)
+    ));
+    // A u32 varint of 6 bytes is longer than any u32.
+    assert!(decode::<ClientFrame>(&[0x00, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0x00]).is_err());
+    // u64 request id of 11 bytes.
+    let mut p = vec![0x01];
+    p.extend([0xff; 10]);
+    p.extend([0x01, 0x02, 0x00]);
+    assert!(decode::<ClientFrame>(&p).is_err());
+}
+
+#[test]
+fn invalid_utf8_is_refused() {
+    assert!(decode::<ClientFrame>(&[0x00, 0x01, 0x02, 0xc3, 0x28]).is_err());
+}
+
+#[test]
+fn huge_length_prefix_does_not_allocate_or_panic() {
+    // String claiming 2^32 bytes with 2 present.
+    assert!(decode::<ClientFrame>(&[0x00, 0x01, 0xff, 0xff, 0xff, 0xff, 0x0f, b'a', b'b']).is_err());
+}
+
+#[test]
+fn every_prefix_of_a_valid_message_is_an_error_not_a_panic() {
+    let p = payload(&ClientFrame::Request(RequestEnvelope {
+        request_id: 99,
+        request: Request::CheckpointCreate(CheckpointCreate {
+            agent_id: "agent".into(),
+            session_id: "session".into(),
+            checkpoint_id: "ckpt".into(),
+            pinned: false,
+            label: Some("l".into()),
+        }),
+    }));
+    for n in 0..p.len() {
+        assert!(decode::<ClientFrame>(&p[..n]).is_err(), "prefix {n}");
+    }
+    assert!(decode::<ClientFrame>(&p).is_ok());
+}

@@ -1,0 +1,292 @@
+//! Btrfs subvolume operations through the kernel's ioctls — what
+//! libbtrfsutil does, without linking it (the init is static) and never by
+//! spawning the `btrfs` CLI.
+//!
+//! This is one of the two places with `unsafe`: each ioctl gets a
+//! fixed-size argument struct laid out as in `linux/btrfs.h`.
+#![allow(unsafe_code)]
+
+use rustix::fd::{AsFd, AsRawFd, OwnedFd};
+use rustix::fs::{self, Mode, OFlags};
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use thiserror::Error;
+
+const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
+/// Inode number of every subvolume's root directory.
+pub const SUBVOL_ROOT_INO: u64 = 256;
+const BTRFS_PATH_NAME_MAX: usize = 4087;
+const BTRFS_SUBVOL_NAME_MAX: usize = 4039;
+const BTRFS_SUBVOL_RDONLY: u64 = 1 << 1;
+
+/// `struct btrfs_ioctl_vol_args`.
+#[repr(C)]
+struct VolArgs {
+    fd: i64,
+    name: [u8; BTRFS_PATH_NAME_MAX + 1],
+}
+
+/// `struct btrfs_ioctl_vol_args_v2` (name variant of the last union).
+#[repr(C)]
+struct VolArgsV2 {
+    fd: i64,
+    transid: u64,
+    flags: u64,
+    unused: [u64; 4],
+    name: [u8; BTRFS_SUBVOL_NAME_MAX + 1],
+}
+
+/// `struct btrfs_ioctl_ino_lookup_args`.
+#[repr(C)]
+struct InoLookupArgs {
+    treeid: u64,
+    objectid: u64,
+    name: [u8; 4080],
+}
+
+const fn iow(nr: u64, size: usize) -> u64 {
+    (1 << 30) | ((size as u64) << 16) | (0x94 << 8) | nr
+}
+const fn iowr(nr: u64, size: usize) -> u64 {
+    (3 << 30) | ((size as u64) << 16) | (0x94 << 8) | nr
+}
+const IOC_SUBVOL_CREATE: u64 = iow(14, std::mem::size_of::<VolArgs>());
+const IOC_SNAP_DESTROY: u64 = iow(15, std::mem::size_of::<VolArgs>());
+const IOC_INO_LOOKUP: u64 = iowr(18, std::mem::size_of::<InoLookupArgs>());
+const IOC_SNAP_CREATE_V2: u64 = iow(23, std::mem::size_of::<VolArgsV2>());
+
+#[derive(Debug, Error)]
+pub enum BtrfsError {
+    #[error("{path} is not on a Btrfs filesystem")]
+    NotBtrfs { path: String },
+    #[error("subvolume name {0:?} is not a single path component")]
+    BadName(String),
+    #[error("{op} {path}")]
+    Io {
+        op: &'static str,
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl BtrfsError {
+    /// The OS error number, if this failed in the kernel.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            BtrfsError::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
+fn io_err(op: &'static str, path: &Path, source: io::Error) -> BtrfsError {
+    BtrfsError::Io {
+        op,
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+fn open_dir(path: &Path) -> Result<OwnedFd, BtrfsError> {
+    fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io_err("open", path, e.into()))
+}
+
+fn copy_name(dst: &mut [u8], name: &OsStr) -> Result<(), BtrfsError> {
+    let b = name.as_bytes();
+    if b.is_empty() || b.len() >= dst.len() || b.contains(&b'/') || b.contains(&0) {
+        return Err(BtrfsError::BadName(name.to_string_lossy().into_owned()));
+    }
+    dst[..b.len()].copy_from_slice(b);
+    Ok(())
+}
+
+fn split(path: &Path) -> Result<(&Path, &OsStr), BtrfsError> {
+    match (path.parent(), path.file_name()) {
+        (Some(p), Some(n)) => Ok((if p.as_os_str().is_empty() { Path::new(".") } else { p }, n)),
+        _ => Err(BtrfsError::BadName(path.display().to_string())),
+    }
+}
+
+fn ioctl<T>(fd: &impl AsFd, req: u64, arg: &mut T) -> io::Result<()> {
+    // SAFETY: every caller passes one of the request numbers above together
+    // with the argument struct the kernel expects for it (same layout and
+    // size as in linux/btrfs.h, which the request number encodes); the
+    // struct lives for the whole call and the fd is open.
+    let rc = unsafe {
+        libc::ioctl(
+            fd.as_fd().as_raw_fd(),
+            req as libc::c_ulong,
+            arg as *mut T as *mut libc::c_void,
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Fails unless `path` is on Btrfs.
+pub fn check_btrfs(path: &Path) -> Result<(), BtrfsError> {
+    let st = fs::statfs(path).map_err(|e| io_err("statfs", path, e.into()))?;
+    #[allow(clippy::unnecessary_cast)]
+    if st.f_type as i64 != BTRFS_SUPER_MAGIC {
+        return Err(BtrfsError::NotBtrfs {
+            path: path.display().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Whether `path` is the root of a subvolume.
+pub fn is_subvolume(path: &Path) -> bool {
+    match fs::lstat(path) {
+        Ok(st) => st.st_ino == SUBVOL_ROOT_INO && fs::FileType::from_raw_mode(st.st_mode).is_dir(),
+        Err(_) => false,
+    }
+}
+
+/// Creates an empty subvolume at `path`.
+pub fn create_subvolume(path: &Path) -> Result<(), BtrfsError> {
+    let (parent, name) = split(path)?;
+    let dir = open_dir(parent)?;
+    let mut args = Box::new(VolArgs {
+        fd: 0,
+        name: [0; BTRFS_PATH_NAME_MAX + 1],
+    });
+    copy_name(&mut args.name, name)?;
+    ioctl(&dir, IOC_SUBVOL_CREATE, &mut *args).map_err(|e| io_err("create subvolume", path, e))
+}
+
+/// Snapshots the subvolume `source` to `dest` (which must not exist).
+pub fn snapshot(source: &Path, dest: &Path, readonly: bool) -> Result<(), BtrfsError> {
+    let src = open_dir(source)?;
+    let (parent, name) = split(dest)?;
+    let dir = open_dir(parent)?;
+    let mut args = Box::new(VolArgsV2 {
+        fd: i64::from(src.as_raw_fd()),
+        transid: 0,
+        flags: if readonly { BTRFS_SUBVOL_RDONLY } else { 0 },
+        unused: [0; 4],
+        name: [0; BTRFS_SUBVOL_NAME_MAX + 1],
+    });
+    copy_name(&mut args.name, name)?;
+    ioctl(&dir, IOC_SNAP_CREATE_V2, &mut *args).map_err(|e| io_err("snapshot to", dest, e))
+}
+
+/// Deletes the subvolume at `path` with everything in it. Fails with
+/// `ENOTEMPTY` if it holds other subvolumes; see [`remove_tree`].
+pub fn delete_subvolume(path: &Path) -> Result<(), BtrfsError> {
+    let (parent, name) = split(path)?;
+    let dir = open_dir(parent)?;
+    let mut args = Box::new(VolArgs {
+        fd: 0,
+        name: [0; BTRFS_PATH_NAME_MAX + 1],
+    });
+    copy_name(&mut args.name, name)?;
+    ioctl(&dir, IOC_SNAP_DESTROY, &mut *args).map_err(|e| io_err("delete subvolume", path, e))
+}
+
+/// The ID of the subvolume that `path` belongs to.
+pub fn subvolume_id(path: &Path) -> Result<u64, BtrfsError> {
+    let dir = open_dir(path)?;
+    let mut args = Box::new(InoLookupArgs {
+        treeid: 0,
+        objectid: SUBVOL_ROOT_INO,
+        name: [0; 4080],
+    });
+    ioctl(&dir, IOC_INO_LOOKUP, &mut *args).map_err(|e| io_err("look up subvolume of", path, e))?;
+    Ok(args.treeid)
+}
+
+/// Removes `path` whatever it is: a subvolume (with any subvolumes nested
+/// in it), a directory tree, or a file. A missing path is not an error.
+pub fn remove_tree(path: &Path) -> Result<(), BtrfsError> {
+    let st = match fs::lstat(path) {
+        Ok(st) => st,
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(io_err("stat", path, e.into())),
+    };
+    let is_dir = fs::FileType::from_raw_mode(st.st_mode).is_dir();
+    if is_dir && st.st_ino == SUBVOL_ROOT_INO {
+        match delete_subvolume(path) {
+            Err(e) if e.errno() == Some(libc::ENOTEMPTY) => {
+                remove_nested_subvolumes(path)?;
+                delete_subvolume(path)
+            }
+            other => other,
+        }
+    } else if is_dir {
+        remove_nested_subvolumes(path)?;
+        std::fs::remove_dir_all(path).map_err(|e| io_err("remove", path, e))
+    } else {
+        std::fs::remove_file(path).map_err(|e| io_err("remove", path, e))
+    }
+}
+
+/// Deletes every subvolume found under the directory `path` (not `path`
+/// itself). Subvolume roots show up in a directory listing with inode 256,
+/// so only directories are read, never file contents.
+fn remove_nested_subvolumes(path: &Path) -> Result<(), BtrfsError> {
+    let entries = std::fs::read_dir(path).map_err(|e| io_err("read", path, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| io_err("read", path, e))?;
+        let ft = entry.file_type().map_err(|e| io_err("read", path, e))?;
+        if !ft.is_dir() {
+            continue;
+        }
+        let child = entry.path();
+        if std::os::unix::fs::DirEntryExt::ino(&entry) == SUBVOL_ROOT_INO {
+            remove_tree(&child)?;
+        } else {
+            remove_nested_subvolumes(&child)?;
+        }
+    }
+    Ok(())
+}
+
+/// `renameat2(a, b, RENAME_EXCHANGE)`: swaps two paths atomically.
+pub fn exchange(a: &Path, b: &Path) -> Result<(), BtrfsError> {
+    fs::renameat_with(fs::CWD, a, fs::CWD, b, fs::RenameFlags::EXCHANGE)
+        .map_err(|e| io_err("exchange", a, e.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argument_structs_match_the_kernel_abi() {
+        assert_eq!(std::mem::size_of::<VolArgs>(), 4096);
+        assert_eq!(std::mem::size_of::<VolArgsV2>(), 4096);
+        assert_eq!(std::mem::size_of::<InoLookupArgs>(), 4096);
+        // Values from linux/btrfs.h as compiled by the C headers.
+        assert_eq!(IOC_SUBVOL_CREATE, 0x5000_940E);
+        assert_eq!(IOC_SNAP_DESTROY, 0x5000_940F);
+        assert_eq!(IOC_INO_LOOKUP, 0xD000_9412);
+        assert_eq!(IOC_SNAP_CREATE_V2, 0x5000_9417);
+    }
+
+    #[test]
+    fn names_must_be_one_component() {
+        let mut buf = [0u8; 16];
+        assert!(copy_name(&mut buf, OsStr::new("a/b")).is_err());
+        assert!(copy_name(&mut buf, OsStr::new("")).is_err());
+        assert!(copy_name(&mut buf, OsStr::new(&"x".repeat(16))).is_err());
+        assert!(copy_name(&mut buf, OsStr::new("ok")).is_ok());
+    }
+
+    #[test]
+    fn non_btrfs_is_named() {
+        let e = check_btrfs(Path::new("/proc")).unwrap_err().to_string();
+        assert!(e.contains("/proc") && e.contains("not on a Btrfs"), "{e}");
+    }
+}

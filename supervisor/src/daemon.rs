@@ -1,0 +1,96 @@
+//! `allox-init supervise`: the supervisor as a daemon on a Btrfs mount.
+
+use crate::dispatch::{Policy, Supervisor};
+use crate::failpoint::Failpoints;
+use crate::server::{serve_unix, Limits};
+use crate::store::{Store, StoreError};
+use std::path::PathBuf;
+use std::sync::Arc;
+use thiserror::Error;
+
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub root: PathBuf,
+    pub socket: PathBuf,
+    pub policy: Policy,
+    pub limits: Limits,
+}
+
+#[derive(Debug, Error)]
+pub enum DaemonError {
+    #[error("cannot open the store")]
+    Store(#[source] StoreError),
+    #[error("cannot listen on {path}")]
+    Listen {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another process is serving {0}")]
+    SocketInUse(PathBuf),
+    #[error("cannot start the async runtime")]
+    Runtime(#[source] std::io::Error),
+}
+
+/// Runs until SIGTERM or SIGINT, then flushes the store and returns.
+pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
+    let store = Store::open(&cfg.root, Failpoints::from_env()).map_err(DaemonError::Store)?;
+    let sup = Arc::new(Supervisor::new(store, cfg.policy.clone()));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("allox-io")
+        .build()
+        .map_err(DaemonError::Runtime)?;
+    let result = rt.block_on(async {
+        let listener = bind(&cfg.socket)?;
+        tracing::info!(root = %cfg.root.display(), socket = %cfg.socket.display(), "supervisor ready");
+        let server = tokio::spawn(serve_unix(listener, sup.clone(), cfg.limits.clone()));
+        wait_for_stop().await;
+        tracing::info!("stopping: refusing new connections, flushing the store");
+        server.abort();
+        Ok(())
+    });
+    let _ = std::fs::remove_file(&cfg.socket);
+    if let Err(e) = sup.store.sync() {
+        tracing::error!(error = %e.chain(), "flushing the store at shutdown failed");
+    }
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    result
+}
+
+fn bind(path: &std::path::Path) -> Result<tokio::net::UnixListener, DaemonError> {
+    let listen_err = |source| DaemonError::Listen {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(listen_err)?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(DaemonError::SocketInUse(path.to_path_buf()));
+        }
+        std::fs::remove_file(path).map_err(listen_err)?;
+    }
+    let l = tokio::net::UnixListener::bind(path).map_err(listen_err)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(listen_err)?;
+    Ok(l)
+}
+
+async fn wait_for_stop() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stop with SIGKILL");
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+}

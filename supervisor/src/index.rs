@@ -1,0 +1,351 @@
+//! The index of agents, sessions and checkpoints, kept in a redb database
+//! in `state/` (crash-safe, copy-on-write, checksummed commits).
+//!
+//! Keys are IDs joined with `/` (which no ID contains): `agent`,
+//! `agent/session`, `agent/session/checkpoint`, so a prefix range lists one
+//! agent's sessions or one session's checkpoints. Values are postcard.
+//! The `ops` table holds the IDs of journaled operations whose commit is in
+//! the index: it is how recovery tells "committed" from "not yet".
+
+use allox_protocol::Origin;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use std::path::Path;
+use thiserror::Error;
+
+const AGENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("agents");
+const SESSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("sessions");
+const CHECKPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("checkpoints");
+const OPS: TableDefinition<u64, ()> = TableDefinition::new("ops");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct AgentRecord {
+    pub created_ms: u64,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct SessionRecord {
+    pub created_ms: u64,
+    /// The checkpoint `current/` descends from.
+    pub head: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct CheckpointRecord {
+    pub created_ms: u64,
+    /// Creation order within the store.
+    pub seq: u64,
+    pub parent: Option<String>,
+    pub origin: Origin,
+    pub pinned: bool,
+    pub label: Option<String>,
+}
+
+#[derive(Debug, Error)]
+pub enum IndexError {
+    #[error("index database")]
+    Db(#[from] redb::Error),
+    #[error("index record for {key} is unreadable")]
+    Decode {
+        key: String,
+        #[source]
+        source: postcard::Error,
+    },
+}
+
+macro_rules! from_redb {
+    ($($t:ty),*) => {$(
+        impl From<$t> for IndexError {
+            fn from(e: $t) -> Self { IndexError::Db(e.into()) }
+        }
+    )*};
+}
+from_redb!(
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
+
+fn enc<T: Serialize>(v: &T) -> Vec<u8> {
+    // Serializing these plain structs into a Vec cannot fail.
+    postcard::to_stdvec(v).unwrap_or_default()
+}
+
+fn dec<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, IndexError> {
+    postcard::from_bytes(bytes).map_err(|source| IndexError::Decode {
+        key: key.to_string(),
+        source,
+    })
+}
+
+/// The key range of everything under `prefix/`.
+fn under(prefix: &str) -> (String, String) {
+    (format!("{prefix}/"), format!("{prefix}0"))
+}
+
+pub fn session_key(a: &str, s: &str) -> String {
+    format!("{a}/{s}")
+}
+
+pub fn checkpoint_key(a: &str, s: &str, c: &str) -> String {
+    format!("{a}/{s}/{c}")
+}
+
+pub struct Index {
+    db: Database,
+}
+
+impl Index {
+    pub fn open(path: &Path) -> Result<Index, IndexError> {
+        let db = Database::create(path)?;
+        let w = db.begin_write()?;
+        {
+            w.open_table(AGENTS)?;
+            w.open_table(SESSIONS)?;
+            w.open_table(CHECKPOINTS)?;
+            w.open_table(OPS)?;
+            w.open_table(META)?;
+        }
+        w.commit()?;
+        Ok(Index { db })
+    }
+
+    fn get<T: DeserializeOwned>(
+        &self,
+        table: TableDefinition<&str, &[u8]>,
+        key: &str,
+    ) -> Result<Option<T>, IndexError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(table)?;
+        let v = t.get(key)?;
+        v.map(|g| dec(key, g.value())).transpose()
+    }
+
+    fn list<T: DeserializeOwned>(
+        &self,
+        table: TableDefinition<&str, &[u8]>,
+        prefix: Option<&str>,
+    ) -> Result<Vec<(String, T)>, IndexError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(table)?;
+        let mut out = Vec::new();
+        let mut push = |k: &str, v: &[u8]| -> Result<(), IndexError> {
+            let name = k.rsplit('/').next().unwrap_or(k).to_string();
+            out.push((name, dec(k, v)?));
+            Ok(())
+        };
+        match prefix {
+            Some(p) => {
+                let (lo, hi) = under(p);
+                for item in t.range(lo.as_str()..hi.as_str())? {
+                    let (k, v) = item?;
+                    push(k.value(), v.value())?;
+                }
+            }
+            None => {
+                for item in t.iter()? {
+                    let (k, v) = item?;
+                    push(k.value(), v.value())?;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn agent(&self, a: &str) -> Result<Option<AgentRecord>, IndexError> {
+        self.get(AGENTS, a)
+    }
+    pub fn agents(&self) -> Result<Vec<(String, AgentRecord)>, IndexError> {
+        self.list(AGENTS, None)
+    }
+    pub fn session(&self, a: &str, s: &str) -> Result<Option<SessionRecord>, IndexError> {
+        self.get(SESSIONS, &session_key(a, s))
+    }
+    pub fn sessions(&self, a: &str) -> Result<Vec<(String, SessionRecord)>, IndexError> {
+        let mut v: Vec<(String, SessionRecord)> = self.list(SESSIONS, Some(a))?;
+        // A prefix range over "a/" also holds "a/s" only: sessions have one
+        // slash, so nothing else matches here.
+        v.sort_by(|x, y| (x.1.created_ms, &x.0).cmp(&(y.1.created_ms, &y.0)));
+        Ok(v)
+    }
+    pub fn checkpoint(
+        &self,
+        a: &str,
+        s: &str,
+        c: &str,
+    ) -> Result<Option<CheckpointRecord>, IndexError> {
+        self.get(CHECKPOINTS, &checkpoint_key(a, s, c))
+    }
+    /// A session's checkpoints, oldest first.
+    pub fn checkpoints(
+        &self,
+        a: &str,
+        s: &str,
+    ) -> Result<Vec<(String, CheckpointRecord)>, IndexError> {
+        let mut v: Vec<(String, CheckpointRecord)> =
+            self.list(CHECKPOINTS, Some(&session_key(a, s)))?;
+        v.sort_by_key(|(_, r)| r.seq);
+        Ok(v)
+    }
+    pub fn is_committed(&self, op_id: u64) -> Result<bool, IndexError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(OPS)?;
+        Ok(t.get(op_id)?.is_some())
+    }
+
+    /// Runs `f` in one write transaction and commits it durably.
+    pub fn write<T>(
+        &self,
+        f: impl FnOnce(&mut Writer<'_>) -> Result<T, IndexError>,
+    ) -> Result<T, IndexError> {
+        let tx = self.db.begin_write()?;
+        let out = {
+            let mut w = Writer { tx: &tx };
+            f(&mut w)?
+        };
+        tx.commit()?;
+        Ok(out)
+    }
+}
+
+/// Changes inside one index transaction.
+pub struct Writer<'a> {
+    tx: &'a WriteTransaction,
+}
+
+impl Writer<'_> {
+    fn put<T: Serialize>(
+        &mut self,
+        table: TableDefinition<&str, &[u8]>,
+        key: &str,
+        v: &T,
+    ) -> Result<(), IndexError> {
+        self.tx.open_table(table)?.insert(key, enc(v).as_slice())?;
+        Ok(())
+    }
+
+    fn remove_under(
+        &mut self,
+        table: TableDefinition<&str, &[u8]>,
+        prefix: &str,
+    ) -> Result<(), IndexError> {
+        let (lo, hi) = under(prefix);
+        let mut t = self.tx.open_table(table)?;
+        t.retain_in(lo.as_str()..hi.as_str(), |_, _| false)?;
+        Ok(())
+    }
+
+    pub fn put_agent(&mut self, a: &str, r: &AgentRecord) -> Result<(), IndexError> {
+        self.put(AGENTS, a, r)
+    }
+    /// Removes an agent with all its sessions and checkpoints.
+    pub fn remove_agent(&mut self, a: &str) -> Result<(), IndexError> {
+        self.tx.open_table(AGENTS)?.remove(a)?;
+        self.remove_under(SESSIONS, a)?;
+        self.remove_under(CHECKPOINTS, a)
+    }
+    pub fn put_session(&mut self, a: &str, s: &str, r: &SessionRecord) -> Result<(), IndexError> {
+        self.put(SESSIONS, &session_key(a, s), r)
+    }
+    /// Removes a session with all its checkpoints.
+    pub fn remove_session(&mut self, a: &str, s: &str) -> Result<(), IndexError> {
+        let k = session_key(a, s);
+        self.tx.open_table(SESSIONS)?.remove(k.as_str())?;
+        self.remove_under(CHECKPOINTS, &k)
+    }
+    pub fn put_checkpoint(
+        &mut self,
+        a: &str,
+        s: &str,
+        c: &str,
+        r: &CheckpointRecord,
+    ) -> Result<(), IndexError> {
+        self.put(CHECKPOINTS, &checkpoint_key(a, s, c), r)
+    }
+    pub fn remove_checkpoint(&mut self, a: &str, s: &str, c: &str) -> Result<(), IndexError> {
+        self.tx
+            .open_table(CHECKPOINTS)?
+            .remove(checkpoint_key(a, s, c).as_str())?;
+        Ok(())
+    }
+    /// Marks a journaled operation as committed by this transaction.
+    pub fn mark_op(&mut self, op_id: u64) -> Result<(), IndexError> {
+        self.tx.open_table(OPS)?.insert(op_id, ())?;
+        Ok(())
+    }
+    /// Forgets all committed-operation marks (once the journal is empty).
+    pub fn clear_ops(&mut self) -> Result<(), IndexError> {
+        self.tx.open_table(OPS)?.retain(|_, _| false)?;
+        Ok(())
+    }
+    /// The next value of a store-wide counter.
+    pub fn next_seq(&mut self, name: &str) -> Result<u64, IndexError> {
+        let mut t = self.tx.open_table(META)?;
+        let n = t.get(name)?.map(|g| g.value()).unwrap_or(0) + 1;
+        t.insert(name, n)?;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ck(seq: u64, parent: Option<&str>) -> CheckpointRecord {
+        CheckpointRecord {
+            created_ms: 1,
+            seq,
+            parent: parent.map(String::from),
+            origin: Origin::Manual,
+            pinned: false,
+            label: None,
+        }
+    }
+
+    #[test]
+    fn prefix_listing_is_exact() {
+        let dir = tempfile::tempdir().unwrap();
+        let ix = Index::open(&dir.path().join("index.redb")).unwrap();
+        ix.write(|w| {
+            for a in ["a", "a-b", "a.b", "ab"] {
+                w.put_agent(a, &AgentRecord { created_ms: 1 })?;
+                w.put_session(a, "s", &SessionRecord { created_ms: 1, head: None })?;
+                w.put_checkpoint(a, "s", "c2", &ck(2, Some("c1")))?;
+                w.put_checkpoint(a, "s", "c1", &ck(1, None))?;
+            }
+            w.put_session("a", "s2", &SessionRecord { created_ms: 2, head: None })?;
+            w.mark_op(7)
+        })
+        .unwrap();
+        assert_eq!(ix.agents().unwrap().len(), 4);
+        let s: Vec<String> = ix.sessions("a").unwrap().into_iter().map(|x| x.0).collect();
+        assert_eq!(s, ["s", "s2"]);
+        let c: Vec<String> = ix.checkpoints("a", "s").unwrap().into_iter().map(|x| x.0).collect();
+        assert_eq!(c, ["c1", "c2"]);
+        assert!(ix.is_committed(7).unwrap());
+        ix.write(|w| w.remove_agent("a")).unwrap();
+        assert!(ix.agent("a").unwrap().is_none());
+        assert!(ix.sessions("a").unwrap().is_empty());
+        assert!(ix.checkpoints("a", "s").unwrap().is_empty());
+        assert_eq!(ix.checkpoints("a-b", "s").unwrap().len(), 2);
+        assert_eq!(ix.sessions("ab").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn failed_transaction_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let ix = Index::open(&dir.path().join("index.redb")).unwrap();
+        let r: Result<(), IndexError> = ix.write(|w| {
+            w.put_agent("a", &AgentRecord { created_ms: 1 })?;
+            Err(IndexError::Decode {
+                key: "x".into(),
+                source: postcard::Error::DeserializeUnexpectedEnd,
+            })
+        });
+        assert!(r.is_err());
+        assert!(ix.agent("a").unwrap().is_none());
+    }
+}

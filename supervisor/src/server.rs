@@ -1,0 +1,252 @@
+//! The control server: many clients, many requests per connection, no
+//! client able to hold up another.
+//!
+//! Per connection, a reader task decodes frames and starts one task per
+//! request (at most [`Limits::inflight`] at once; beyond that the reader
+//! stops reading, which pushes back on the client), and a writer task sends
+//! answers in the order they finish. A client that stalls mid-frame, never
+//! reads its answers, or keeps sending garbage is disconnected; store work
+//! runs on the blocking pool, never on the tasks that do I/O.
+
+use crate::dispatch::Supervisor;
+use allox_protocol::{
+    decode, encode, ClientFrame, ErrorBody, ErrorCode, FrameReader, Hello, Outcome, Request,
+    ResponseEnvelope, ServerFrame, PROTOCOL_VERSION,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::UnixListener;
+use tokio::sync::{mpsc, Semaphore};
+
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Requests of one connection being worked on at once.
+    pub inflight: usize,
+    /// How long a half-received frame may wait for its next byte.
+    pub stall: Duration,
+    /// How long one answer may take to be written (a client that does not
+    /// read is dropped after this).
+    pub write: Duration,
+    /// Bad frames tolerated on one connection before it is dropped.
+    pub bad_frames: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            inflight: 64,
+            stall: Duration::from_secs(10),
+            write: Duration::from_secs(10),
+            bad_frames: 16,
+        }
+    }
+}
+
+/// Accepts connections until the task is dropped.
+pub async fn serve_unix(listener: UnixListener, sup: Arc<Supervisor>, limits: Limits) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let peer = match stream.peer_cred() {
+                    Ok(c) => format!(
+                        "uid={} pid={}",
+                        c.uid(),
+                        c.pid().map(|p| p.to_string()).unwrap_or_else(|| "?".into())
+                    ),
+                    Err(_) => "unix".to_string(),
+                };
+                let (r, w) = stream.into_split();
+                tokio::spawn(connection(r, w, peer, sup.clone(), limits.clone()));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+fn error_frame(request_id: u64, code: ErrorCode, msg: String) -> ServerFrame {
+    ServerFrame::Response(ResponseEnvelope {
+        request_id,
+        outcome: Outcome::Err(ErrorBody::new(code, msg)),
+    })
+}
+
+fn frame_bytes(f: &ServerFrame) -> Vec<u8> {
+    match encode(f) {
+        Ok(b) => b,
+        Err(e) => {
+            let id = match f {
+                ServerFrame::Response(r) => r.request_id,
+                ServerFrame::Event(ev) => ev.request_id,
+                _ => 0,
+            };
+            let fallback = error_frame(
+                id,
+                ErrorCode::Internal,
+                format!("answer could not be sent: {e}; narrow the request"),
+            );
+            encode(&fallback).unwrap_or_default()
+        }
+    }
+}
+
+/// Serves one connection over any byte stream (Unix socket, serial port).
+pub async fn connection<R, W>(
+    mut rd: R,
+    mut wr: W,
+    peer: String,
+    sup: Arc<Supervisor>,
+    limits: Limits,
+) where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(256);
+    let write_limit = limits.write;
+    let wpeer = peer.clone();
+    let writer = tokio::spawn(async move {
+        while let Some(bytes) = rx.recv().await {
+            match tokio::time::timeout(write_limit, wr.write_all(&bytes)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(peer = %wpeer, error = %e, "write failed; closing");
+                    break;
+                }
+                Err(_) => {
+                    tracing::warn!(peer = %wpeer, "client does not read its answers; closing");
+                    break;
+                }
+            }
+        }
+    });
+
+    let sem = Arc::new(Semaphore::new(limits.inflight));
+    let mut reader = FrameReader::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut greeted = false;
+    let mut bad = 0u32;
+    'conn: loop {
+        let n = if reader.pending() > 0 {
+            match tokio::time::timeout(limits.stall, rd.read(&mut buf)).await {
+                Ok(r) => r,
+                Err(_) => {
+                    tracing::warn!(%peer, "client stalled mid-frame; closing");
+                    break;
+                }
+            }
+        } else {
+            rd.read(&mut buf).await
+        };
+        let n = match n {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if writer.is_finished() {
+            break;
+        }
+        reader.push(&buf[..n]);
+        while let Some(frame) = reader.next_frame() {
+            let msg = frame
+                .map_err(|e| e.to_string())
+                .and_then(|p| decode::<ClientFrame>(&p).map_err(|e| format!("{e}")));
+            let msg = match msg {
+                Ok(m) => m,
+                Err(why) => {
+                    bad += 1;
+                    let f = error_frame(
+                        0,
+                        ErrorCode::InvalidRequest,
+                        format!("unreadable frame: {why}"),
+                    );
+                    if tx.send(frame_bytes(&f)).await.is_err() || bad > limits.bad_frames {
+                        tracing::warn!(%peer, bad, "too many bad frames; closing");
+                        break 'conn;
+                    }
+                    continue;
+                }
+            };
+            match (greeted, msg) {
+                (false, ClientFrame::Hello(h)) => {
+                    if h.version != PROTOCOL_VERSION {
+                        let f = ServerFrame::Refused(ErrorBody::new(
+                            ErrorCode::VersionMismatch,
+                            format!(
+                                "client speaks protocol {} ({}), this supervisor speaks {} ({}); use matching builds",
+                                h.version,
+                                h.build,
+                                PROTOCOL_VERSION,
+                                allox_protocol::build_identity()
+                            ),
+                        ));
+                        let _ = tx.send(frame_bytes(&f)).await;
+                        break 'conn;
+                    }
+                    greeted = true;
+                    let f = ServerFrame::Welcome(Hello {
+                        version: PROTOCOL_VERSION,
+                        build: allox_protocol::build_identity(),
+                    });
+                    if tx.send(frame_bytes(&f)).await.is_err() {
+                        break 'conn;
+                    }
+                }
+                (false, ClientFrame::Request(_)) => {
+                    let f = ServerFrame::Refused(ErrorBody::invalid(
+                        "the first frame must be Hello; nothing else is accepted before it",
+                    ));
+                    let _ = tx.send(frame_bytes(&f)).await;
+                    break 'conn;
+                }
+                (true, ClientFrame::Hello(_)) => {
+                    bad += 1;
+                    let f = error_frame(0, ErrorCode::InvalidRequest, "Hello sent twice".into());
+                    if tx.send(frame_bytes(&f)).await.is_err() {
+                        break 'conn;
+                    }
+                }
+                (true, ClientFrame::Request(env)) => {
+                    let Ok(permit) = sem.clone().acquire_owned().await else {
+                        break 'conn;
+                    };
+                    let (id, req) = (env.request_id, env.request);
+                    if let Request::Ping(_) = req {
+                        // Cheap and lock-free: answered on the I/O task.
+                        let out = sup.handle(&peer, id, &req);
+                        let f = ServerFrame::Response(ResponseEnvelope {
+                            request_id: id,
+                            outcome: out.into(),
+                        });
+                        drop(permit);
+                        if tx.send(frame_bytes(&f)).await.is_err() {
+                            break 'conn;
+                        }
+                        continue;
+                    }
+                    let (sup, tx, peer) = (sup.clone(), tx.clone(), peer.clone());
+                    tokio::spawn(async move {
+                        let out = tokio::task::spawn_blocking(move || sup.handle(&peer, id, &req))
+                            .await
+                            .unwrap_or_else(|e| {
+                                Err(ErrorBody::new(
+                                    ErrorCode::Internal,
+                                    format!("request handler failed: {e}"),
+                                ))
+                            });
+                        let f = ServerFrame::Response(ResponseEnvelope {
+                            request_id: id,
+                            outcome: out.into(),
+                        });
+                        let _ = tx.send(frame_bytes(&f)).await;
+                        drop(permit);
+                    });
+                }
+            }
+        }
+    }
+    drop(tx);
+    // Answers already being worked on still go out if the client reads.
+    let _ = tokio::time::timeout(limits.write, writer).await;
+}

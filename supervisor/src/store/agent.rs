@@ -1,0 +1,74 @@
+//! `agent.create`, `agent.list`, `agent.delete`.
+
+use super::{mkdir, rename, After, Result, Store, StoreError};
+use crate::btrfs;
+use crate::index::AgentRecord;
+use crate::journal::Op;
+use crate::layout::Layout;
+use allox_protocol::{validate_id, AgentInfo, Deleted};
+
+impl Store {
+    pub fn agent_create(&self, a: &str) -> Result<AgentInfo> {
+        validate_id("agent_id", a)?;
+        let _g = self.guard();
+        if self.index.agent(a)?.is_some() {
+            return Err(StoreError::Exists(format!("agent {a}")));
+        }
+        let dir = self.layout.agent_dir(a);
+        if dir.exists() {
+            return Err(StoreError::Conflict(format!(
+                "{} exists on disk but not in the index; restart the supervisor to reconcile",
+                dir.display()
+            )));
+        }
+        let rec = AgentRecord {
+            created_ms: crate::now_ms(),
+        };
+        self.journaled(Op::AgentCreate { agent: a.into() }, |op_id| {
+            mkdir(&dir)?;
+            self.fp.hit("agent_create.after_mkdir");
+            btrfs::create_subvolume(&self.layout.workspace(a))?;
+            mkdir(&self.layout.shared(a))?;
+            mkdir(&self.layout.sessions_dir(a))?;
+            self.fp.hit("agent_create.before_commit");
+            self.index.write(|w| {
+                w.put_agent(a, &rec)?;
+                w.mark_op(op_id)
+            })?;
+            Ok(((), After::Nothing))
+        })?;
+        self.agent_info(a, &rec)
+    }
+
+    pub fn agent_list(&self) -> Result<Vec<AgentInfo>> {
+        let mut out = Vec::new();
+        for (a, r) in self.index.agents()? {
+            out.push(self.agent_info(&a, &r)?);
+        }
+        out.sort_by(|x, y| (x.created_ms, &x.agent_id).cmp(&(y.created_ms, &y.agent_id)));
+        Ok(out)
+    }
+
+    /// Deletes an agent with all its sessions and checkpoints (pinned ones
+    /// too: pinning guards a checkpoint against `checkpoint.delete` and
+    /// retention, not against deleting its owner).
+    pub fn agent_delete(&self, a: &str) -> Result<Deleted> {
+        let _g = self.guard();
+        self.need_agent(a)?;
+        let dir = self.layout.agent_dir(a);
+        self.journaled(Op::AgentDelete { agent: a.into() }, |op_id| {
+            let trash = Layout::trash(&self.layout.agents_dir(), op_id);
+            rename(&dir, &trash)?;
+            self.fp.hit("agent_delete.after_rename");
+            self.index.write(|w| {
+                w.remove_agent(a)?;
+                w.mark_op(op_id)
+            })?;
+            self.fp.hit("agent_delete.after_commit");
+            Ok(((), After::Remove(trash)))
+        })?;
+        Ok(Deleted {
+            deleted: a.to_string(),
+        })
+    }
+}

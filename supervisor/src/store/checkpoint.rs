@@ -1,0 +1,152 @@
+//! `checkpoint.create`, `checkpoint.list`, `checkpoint.delete`,
+//! `checkpoint.pin`.
+
+use super::{checkpoint_info, rename, After, Result, Store, StoreError, MAX_LABEL};
+use crate::btrfs;
+use crate::index::CheckpointRecord;
+use crate::journal::Op;
+use crate::layout::Layout;
+use allox_protocol::{
+    validate_id, CheckpointCreate, CheckpointInfo, CheckpointListing, Deleted, Origin,
+};
+
+impl Store {
+    pub fn checkpoint_create(&self, p: &CheckpointCreate) -> Result<CheckpointInfo> {
+        self.checkpoint_create_as(p, Origin::Manual)
+    }
+
+    /// Takes a read-only snapshot of `current/`; its parent is the session's
+    /// head, and it becomes the new head.
+    pub fn checkpoint_create_as(
+        &self,
+        p: &CheckpointCreate,
+        origin: Origin,
+    ) -> Result<CheckpointInfo> {
+        let (a, s, c) = (&*p.agent_id, &*p.session_id, &*p.checkpoint_id);
+        validate_id("agent_id", a)?;
+        validate_id("session_id", s)?;
+        validate_id("checkpoint_id", c)?;
+        if let Some(l) = &p.label {
+            if l.len() > MAX_LABEL || l.chars().any(char::is_control) {
+                return Err(StoreError::Invalid(format!(
+                    "label must be at most {MAX_LABEL} bytes without control characters"
+                )));
+            }
+        }
+        let _g = self.guard();
+        let session = self.need_session(a, s)?;
+        if self.index.checkpoint(a, s, c)?.is_some() {
+            return Err(StoreError::Exists(format!("checkpoint {a}/{s}/{c}")));
+        }
+        let dest = self.layout.checkpoint(a, s, c);
+        if dest.exists() {
+            return Err(StoreError::Conflict(format!(
+                "{} exists on disk but not in the index; restart the supervisor to reconcile",
+                dest.display()
+            )));
+        }
+        let op = Op::CheckpointCreate {
+            agent: a.into(),
+            session: s.into(),
+            checkpoint: c.into(),
+        };
+        let rec = self.journaled(op, |op_id| {
+            self.fp.hit("checkpoint_create.after_journal");
+            btrfs::snapshot(&self.layout.current(a, s), &dest, true)?;
+            self.fp.hit("checkpoint_create.after_snapshot");
+            let rec = self.index.write(|w| {
+                let rec = CheckpointRecord {
+                    created_ms: crate::now_ms(),
+                    seq: w.next_seq("checkpoint")?,
+                    parent: session.head.clone(),
+                    origin,
+                    pinned: p.pinned,
+                    label: p.label.clone(),
+                };
+                w.put_checkpoint(a, s, c, &rec)?;
+                let mut sess = session.clone();
+                sess.head = Some(c.to_string());
+                w.put_session(a, s, &sess)?;
+                w.mark_op(op_id)?;
+                Ok(rec)
+            })?;
+            self.fp.hit("checkpoint_create.after_commit");
+            Ok((rec, After::Nothing))
+        })?;
+        Ok(checkpoint_info(a, s, c, &rec))
+    }
+
+    pub fn checkpoint_list(&self, a: &str, s: &str) -> Result<CheckpointListing> {
+        let session = self.need_session(a, s)?;
+        let checkpoints = self
+            .index
+            .checkpoints(a, s)?
+            .iter()
+            .map(|(c, r)| checkpoint_info(a, s, c, r))
+            .collect();
+        Ok(CheckpointListing {
+            agent_id: a.to_string(),
+            session_id: s.to_string(),
+            head: session.head,
+            checkpoints,
+        })
+    }
+
+    /// Deletes an unpinned checkpoint. Its children take its parent, and if
+    /// `current/` descended from it, the head moves to its parent too, so
+    /// the DAG stays connected.
+    pub fn checkpoint_delete(&self, a: &str, s: &str, c: &str) -> Result<Deleted> {
+        let _g = self.guard();
+        let rec = self.need_checkpoint(a, s, c)?;
+        if rec.pinned {
+            return Err(StoreError::Conflict(format!(
+                "checkpoint {a}/{s}/{c} is pinned; unpin it first (checkpoint.pin with pinned=false)"
+            )));
+        }
+        let session = self.need_session(a, s)?;
+        let children: Vec<(String, CheckpointRecord)> = self
+            .index
+            .checkpoints(a, s)?
+            .into_iter()
+            .filter(|(_, r)| r.parent.as_deref() == Some(c))
+            .collect();
+        let op = Op::CheckpointDelete {
+            agent: a.into(),
+            session: s.into(),
+            checkpoint: c.into(),
+        };
+        self.journaled(op, |op_id| {
+            let trash = Layout::trash(&self.layout.checkpoints_dir(a, s), op_id);
+            rename(&self.layout.checkpoint(a, s, c), &trash)?;
+            self.fp.hit("checkpoint_delete.after_rename");
+            self.index.write(|w| {
+                w.remove_checkpoint(a, s, c)?;
+                for (child, r) in &children {
+                    let mut r = r.clone();
+                    r.parent = rec.parent.clone();
+                    w.put_checkpoint(a, s, child, &r)?;
+                }
+                if session.head.as_deref() == Some(c) {
+                    let mut sess = session.clone();
+                    sess.head = rec.parent.clone();
+                    w.put_session(a, s, &sess)?;
+                }
+                w.mark_op(op_id)
+            })?;
+            self.fp.hit("checkpoint_delete.after_commit");
+            Ok(((), After::Remove(trash)))
+        })?;
+        Ok(Deleted {
+            deleted: format!("{a}/{s}/{c}"),
+        })
+    }
+
+    /// Pins or unpins a checkpoint (one index transaction; no disk change).
+    pub fn checkpoint_pin(&self, a: &str, s: &str, c: &str, pinned: bool) -> Result<CheckpointInfo> {
+        let _g = self.guard();
+        let mut rec = self.need_checkpoint(a, s, c)?;
+        rec.pinned = pinned;
+        self.index.write(|w| w.put_checkpoint(a, s, c, &rec))?;
+        Ok(checkpoint_info(a, s, c, &rec))
+    }
+}

@@ -1,0 +1,105 @@
+//! Errors of store operations, each mapped to one protocol error code.
+
+use crate::audit::AuditError;
+use crate::btrfs::BtrfsError;
+use crate::index::IndexError;
+use crate::journal::JournalError;
+use allox_protocol::{ErrorBody, ErrorCode, IdError};
+use std::error::Error as _;
+use std::io;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error(transparent)]
+    InvalidId(#[from] IdError),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0} does not exist")]
+    NotFound(String),
+    #[error("{0} already exists")]
+    Exists(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("store root {path} is unusable: {why}")]
+    Root { path: String, why: String },
+    #[error("subvolume operation failed")]
+    Btrfs(#[from] BtrfsError),
+    #[error("journal")]
+    Journal(#[from] JournalError),
+    #[error("index")]
+    Index(#[from] IndexError),
+    #[error("audit log")]
+    Audit(#[from] AuditError),
+    #[error("{op} {path}")]
+    Io {
+        op: &'static str,
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl StoreError {
+    pub fn io(op: &'static str, path: &std::path::Path, source: io::Error) -> Self {
+        StoreError::Io {
+            op,
+            path: path.display().to_string(),
+            source,
+        }
+    }
+
+    /// Whether the root cause is a full disk.
+    pub fn is_no_space(&self) -> bool {
+        let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(e) = cur {
+            if let Some(io) = e.downcast_ref::<io::Error>() {
+                if io.raw_os_error() == Some(libc::ENOSPC) || io.raw_os_error() == Some(libc::EDQUOT)
+                {
+                    return true;
+                }
+            }
+            cur = e.source();
+        }
+        false
+    }
+
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            StoreError::InvalidId(_) | StoreError::Invalid(_) => ErrorCode::InvalidRequest,
+            StoreError::NotFound(_) => ErrorCode::NotFound,
+            StoreError::Exists(_) | StoreError::Conflict(_) => ErrorCode::Conflict,
+            _ if self.is_no_space() => ErrorCode::Unavailable,
+            StoreError::Root { .. } => ErrorCode::Unavailable,
+            _ => ErrorCode::Internal,
+        }
+    }
+
+    /// The whole error chain, once.
+    pub fn chain(&self) -> String {
+        let mut s = self.to_string();
+        let mut cur = self.source();
+        while let Some(e) = cur {
+            s.push_str(": ");
+            s.push_str(&e.to_string());
+            cur = e.source();
+        }
+        s
+    }
+
+    pub fn to_body(&self) -> ErrorBody {
+        let mut msg = self.chain();
+        if self.is_no_space() {
+            msg = format!("the store is out of space; free space and retry ({msg})");
+        }
+        ErrorBody::new(self.code(), msg)
+    }
+}
+
+impl From<redb::Error> for StoreError {
+    fn from(e: redb::Error) -> Self {
+        StoreError::Index(IndexError::Db(e))
+    }
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;

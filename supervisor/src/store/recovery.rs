@@ -1,0 +1,286 @@
+//! Start-up recovery: finish or undo every journaled operation that did not
+//! finish, then reconcile the index with the subvolumes on disk.
+//!
+//! The rule for each operation: if the index holds its op id, it committed
+//! and is rolled forward (only removals can remain); otherwise whatever it
+//! made is removed and whatever it moved aside is moved back.
+
+use super::{checkpoint_info, Result, Store, StoreError};
+use crate::audit::Entry;
+use crate::btrfs;
+use crate::index::{AgentRecord, CheckpointRecord, SessionRecord};
+use crate::journal::Op;
+use crate::layout::Layout;
+use allox_protocol::{validate_id, Origin};
+use std::path::Path;
+
+/// Finishes (committed) or undoes (not committed) one operation.
+pub fn resolve(st: &Store, op_id: u64, op: &Op) -> Result<()> {
+    let committed = st.index.is_committed(op_id)?;
+    let l = &st.layout;
+    let rm = |p: &Path| btrfs::remove_tree(p).map_err(StoreError::from);
+    let put_back = |trash: &Path, home: &Path| -> Result<()> {
+        if trash.exists() && !home.exists() {
+            std::fs::rename(trash, home).map_err(|e| StoreError::io("rename", trash, e))?;
+        }
+        Ok(())
+    };
+    match op {
+        Op::AgentCreate { agent } => {
+            if committed {
+                for d in [l.shared(agent), l.sessions_dir(agent)] {
+                    std::fs::create_dir_all(&d).map_err(|e| StoreError::io("create", &d, e))?;
+                }
+            } else if st.index.agent(agent)?.is_none() {
+                rm(&l.agent_dir(agent))?;
+            }
+        }
+        Op::AgentDelete { agent } => {
+            let trash = Layout::trash(&l.agents_dir(), op_id);
+            if committed {
+                rm(&trash)?;
+            } else {
+                put_back(&trash, &l.agent_dir(agent))?;
+            }
+        }
+        Op::SessionCreate { agent, session } => {
+            if committed {
+                let d = l.checkpoints_dir(agent, session);
+                std::fs::create_dir_all(&d).map_err(|e| StoreError::io("create", &d, e))?;
+            } else if st.index.session(agent, session)?.is_none() {
+                rm(&l.session_dir(agent, session))?;
+            }
+        }
+        Op::SessionDelete { agent, session } => {
+            let trash = Layout::trash(&l.sessions_dir(agent), op_id);
+            if committed {
+                rm(&trash)?;
+            } else {
+                put_back(&trash, &l.session_dir(agent, session))?;
+            }
+        }
+        Op::CheckpointCreate {
+            agent,
+            session,
+            checkpoint,
+        } => {
+            if !committed && st.index.checkpoint(agent, session, checkpoint)?.is_none() {
+                rm(&l.checkpoint(agent, session, checkpoint))?;
+            }
+        }
+        Op::CheckpointDelete {
+            agent,
+            session,
+            checkpoint,
+        } => {
+            let trash = Layout::trash(&l.checkpoints_dir(agent, session), op_id);
+            if committed {
+                rm(&trash)?;
+            } else {
+                put_back(&trash, &l.checkpoint(agent, session, checkpoint))?;
+            }
+        }
+        Op::Rollback {
+            agent,
+            session,
+            old_subvolume,
+            ..
+        } => {
+            let fresh = l.rollback_tmp(agent, session, op_id);
+            let current = l.current(agent, session);
+            if !committed && fresh.exists() && current.exists() {
+                // If the swap happened, `fresh` holds the old tree: swap back.
+                if btrfs::subvolume_id(&fresh)? == *old_subvolume
+                    && btrfs::subvolume_id(&current)? != *old_subvolume
+                {
+                    btrfs::exchange(&fresh, &current)?;
+                }
+            }
+            rm(&fresh)?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs at start-up, before the store serves anything.
+pub(super) fn recover(st: &Store, pending: Vec<(u64, Op)>) -> Result<()> {
+    let mut notes = Vec::new();
+    for (op_id, op) in &pending {
+        let committed = st.index.is_committed(*op_id)?;
+        tracing::warn!(op_id, ?op, committed, "finishing an interrupted operation");
+        resolve(st, *op_id, op)?;
+        notes.push(format!(
+            "{} {op:?}",
+            if committed { "completed" } else { "undid" }
+        ));
+    }
+    // The journal is emptied before the commit marks are dropped: the other
+    // order could make a committed operation look uncommitted.
+    st.journal.reset()?;
+    st.index.write(|w| w.clear_ops())?;
+    notes.extend(reconcile(st)?);
+    for n in notes {
+        let _ = st.audit.append(Entry {
+            request_id: 0,
+            peer: "startup".into(),
+            action: "store.recover".into(),
+            target: String::new(),
+            outcome: "ok".into(),
+            message: Some(n),
+        });
+    }
+    Ok(())
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn created_ms(p: &Path) -> u64 {
+    std::fs::metadata(p)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Makes the index match the subvolumes present; returns what it changed.
+/// Index entries whose subvolume is gone are dropped; subvolumes without an
+/// entry are adopted (nothing on disk is thrown away); leftover in-flight
+/// names (starting with `.`) are removed.
+fn reconcile(st: &Store) -> Result<Vec<String>> {
+    let l = &st.layout;
+    let mut notes = Vec::new();
+    let mut note = |s: String| {
+        tracing::warn!("reconcile: {s}");
+        notes.push(s);
+    };
+    let sweep = |dir: &Path, note: &mut dyn FnMut(String)| -> Result<()> {
+        for name in entries(dir) {
+            if name.starts_with('.') {
+                let p = dir.join(&name);
+                btrfs::remove_tree(&p)?;
+                note(format!("removed leftover {}", p.display()));
+            }
+        }
+        Ok(())
+    };
+
+    // Index → disk.
+    for (a, _) in st.index.agents()? {
+        if !btrfs::is_subvolume(&l.workspace(&a)) {
+            st.index.write(|w| w.remove_agent(&a))?;
+            note(format!("dropped agent {a}: its workspace is missing"));
+            continue;
+        }
+        for (s, srec) in st.index.sessions(&a)? {
+            if !btrfs::is_subvolume(&l.current(&a, &s)) {
+                st.index.write(|w| w.remove_session(&a, &s))?;
+                note(format!("dropped session {a}/{s}: its current/ is missing"));
+                continue;
+            }
+            let cks = st.index.checkpoints(&a, &s)?;
+            for (c, crec) in &cks {
+                if btrfs::is_subvolume(&l.checkpoint(&a, &s, c)) {
+                    continue;
+                }
+                st.index.write(|w| {
+                    w.remove_checkpoint(&a, &s, c)?;
+                    for (child, r) in &cks {
+                        if r.parent.as_deref() == Some(c.as_str()) {
+                            let mut r = r.clone();
+                            r.parent = crec.parent.clone();
+                            w.put_checkpoint(&a, &s, child, &r)?;
+                        }
+                    }
+                    if srec.head.as_deref() == Some(c.as_str()) {
+                        let mut sr = srec.clone();
+                        sr.head = crec.parent.clone();
+                        w.put_session(&a, &s, &sr)?;
+                    }
+                    Ok(())
+                })?;
+                note(format!("dropped checkpoint {a}/{s}/{c}: its snapshot is missing"));
+            }
+        }
+    }
+
+    // Disk → index.
+    sweep(&l.agents_dir(), &mut note)?;
+    for a in entries(&l.agents_dir()) {
+        if a.starts_with('.') {
+            continue;
+        }
+        if validate_id("agent_id", &a).is_err() {
+            note(format!("ignored {a:?} in agents/: not a valid agent id"));
+            continue;
+        }
+        if st.index.agent(&a)?.is_none() {
+            if !btrfs::is_subvolume(&l.workspace(&a)) {
+                note(format!("ignored agents/{a}: no workspace subvolume"));
+                continue;
+            }
+            for d in [l.shared(&a), l.sessions_dir(&a)] {
+                std::fs::create_dir_all(&d).map_err(|e| StoreError::io("create", &d, e))?;
+            }
+            let rec = AgentRecord {
+                created_ms: created_ms(&l.workspace(&a)),
+            };
+            st.index.write(|w| w.put_agent(&a, &rec))?;
+            note(format!("adopted agent {a} found on disk"));
+        }
+        sweep(&l.sessions_dir(&a), &mut note)?;
+        for s in entries(&l.sessions_dir(&a)) {
+            if s.starts_with('.') || validate_id("session_id", &s).is_err() {
+                continue;
+            }
+            if st.index.session(&a, &s)?.is_none() {
+                if !btrfs::is_subvolume(&l.current(&a, &s)) {
+                    note(format!("ignored session dir {a}/{s}: no current/ subvolume"));
+                    continue;
+                }
+                let d = l.checkpoints_dir(&a, &s);
+                std::fs::create_dir_all(&d).map_err(|e| StoreError::io("create", &d, e))?;
+                let rec = SessionRecord {
+                    created_ms: created_ms(&l.current(&a, &s)),
+                    head: None,
+                };
+                st.index.write(|w| w.put_session(&a, &s, &rec))?;
+                note(format!("adopted session {a}/{s} found on disk"));
+            }
+            sweep(&l.session_dir(&a, &s), &mut note)?;
+            sweep(&l.checkpoints_dir(&a, &s), &mut note)?;
+            for c in entries(&l.checkpoints_dir(&a, &s)) {
+                if c.starts_with('.') || validate_id("checkpoint_id", &c).is_err() {
+                    continue;
+                }
+                let p = l.checkpoint(&a, &s, &c);
+                if st.index.checkpoint(&a, &s, &c)?.is_none() && btrfs::is_subvolume(&p) {
+                    let rec = st.index.write(|w| {
+                        let rec = CheckpointRecord {
+                            created_ms: created_ms(&p),
+                            seq: w.next_seq("checkpoint")?,
+                            parent: None,
+                            origin: Origin::Recovered,
+                            pinned: false,
+                            label: None,
+                        };
+                        w.put_checkpoint(&a, &s, &c, &rec)?;
+                        Ok(rec)
+                    })?;
+                    let info = checkpoint_info(&a, &s, &c, &rec);
+                    note(format!("adopted checkpoint {a}/{s}/{} found on disk", info.checkpoint_id));
+                }
+            }
+        }
+    }
+    Ok(notes)
+}

@@ -1,0 +1,51 @@
+//! `session.rollback`: only the named session's `current/` changes.
+//!
+//! Writable snapshot of the checkpoint next to `current/`, then
+//! `renameat2(RENAME_EXCHANGE)` swaps the two in one step, the index moves
+//! the head, and the old tree is deleted in the background.
+
+use super::{After, Result, Store};
+use crate::btrfs;
+use crate::journal::Op;
+use allox_protocol::{RollbackDone, SessionRollback};
+
+impl Store {
+    pub fn rollback(&self, p: &SessionRollback) -> Result<RollbackDone> {
+        let (a, s, c) = (&*p.agent_id, &*p.session_id, &*p.checkpoint_id);
+        let _g = self.guard();
+        self.need_checkpoint(a, s, c)?;
+        let session = self.need_session(a, s)?;
+        let current = self.layout.current(a, s);
+        let old_subvolume = btrfs::subvolume_id(&current)?;
+        let op = Op::Rollback {
+            agent: a.into(),
+            session: s.into(),
+            checkpoint: c.into(),
+            old_subvolume,
+        };
+        self.journaled(op, |op_id| {
+            self.fp.hit("rollback.after_journal");
+            let fresh = self.layout.rollback_tmp(a, s, op_id);
+            btrfs::snapshot(&self.layout.checkpoint(a, s, c), &fresh, false)?;
+            self.fp.hit("rollback.after_snapshot");
+            btrfs::exchange(&fresh, &current)?;
+            self.fp.hit("rollback.after_exchange");
+            self.index.write(|w| {
+                let mut sess = session.clone();
+                sess.head = Some(c.to_string());
+                w.put_session(a, s, &sess)?;
+                w.mark_op(op_id)
+            })?;
+            self.fp.hit("rollback.after_commit");
+            // `fresh` now names the old tree.
+            Ok(((), After::Remove(fresh)))
+        })?;
+        Ok(RollbackDone {
+            agent_id: a.to_string(),
+            session_id: s.to_string(),
+            checkpoint_id: c.to_string(),
+            previous_head: session.head,
+            killed_processes: 0,
+        })
+    }
+}

@@ -1,0 +1,87 @@
+//! `session.create`, `session.list`, `session.delete`.
+
+use super::{mkdir, rename, After, Result, Store, StoreError};
+use crate::btrfs;
+use crate::index::SessionRecord;
+use crate::journal::Op;
+use crate::layout::Layout;
+use allox_protocol::{validate_id, Deleted, SessionInfo};
+
+impl Store {
+    pub fn session_create(&self, a: &str, s: &str) -> Result<SessionInfo> {
+        validate_id("agent_id", a)?;
+        validate_id("session_id", s)?;
+        let _g = self.guard();
+        self.need_agent(a)?;
+        if self.index.session(a, s)?.is_some() {
+            return Err(StoreError::Exists(format!("session {a}/{s}")));
+        }
+        let dir = self.layout.session_dir(a, s);
+        if dir.exists() {
+            return Err(StoreError::Conflict(format!(
+                "{} exists on disk but not in the index; restart the supervisor to reconcile",
+                dir.display()
+            )));
+        }
+        let rec = SessionRecord {
+            created_ms: crate::now_ms(),
+            head: None,
+        };
+        let op = Op::SessionCreate {
+            agent: a.into(),
+            session: s.into(),
+        };
+        self.journaled(op, |op_id| {
+            mkdir(&dir)?;
+            btrfs::create_subvolume(&self.layout.current(a, s))?;
+            self.fp.hit("session_create.after_subvolume");
+            mkdir(&self.layout.checkpoints_dir(a, s))?;
+            self.fp.hit("session_create.before_commit");
+            self.index.write(|w| {
+                w.put_session(a, s, &rec)?;
+                w.mark_op(op_id)
+            })?;
+            Ok(((), After::Nothing))
+        })?;
+        self.session_info(a, s, &rec)
+    }
+
+    pub fn session_list(&self, a: &str) -> Result<Vec<SessionInfo>> {
+        self.need_agent(a)?;
+        let mut out = Vec::new();
+        for (s, r) in self.index.sessions(a)? {
+            out.push(self.session_info(a, &s, &r)?);
+        }
+        Ok(out)
+    }
+
+    pub fn session_info_of(&self, a: &str, s: &str) -> Result<SessionInfo> {
+        let r = self.need_session(a, s)?;
+        self.session_info(a, s, &r)
+    }
+
+    /// Deletes a session with its `current/` and all its checkpoints.
+    pub fn session_delete(&self, a: &str, s: &str) -> Result<Deleted> {
+        let _g = self.guard();
+        self.need_session(a, s)?;
+        let dir = self.layout.session_dir(a, s);
+        let op = Op::SessionDelete {
+            agent: a.into(),
+            session: s.into(),
+        };
+        self.journaled(op, |op_id| {
+            let trash = Layout::trash(&self.layout.sessions_dir(a), op_id);
+            rename(&dir, &trash)?;
+            self.fp.hit("session_delete.after_rename");
+            self.index.write(|w| {
+                w.remove_session(a, s)?;
+                w.mark_op(op_id)
+            })?;
+            self.fp.hit("session_delete.after_commit");
+            Ok(((), After::Remove(trash)))
+        })?;
+        Ok(Deleted {
+            deleted: format!("{a}/{s}"),
+        })
+    }
+}

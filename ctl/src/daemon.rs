@@ -1,0 +1,153 @@
+//! A lazily (re)connected client: connects on first use, and after a broken
+//! connection connects again on the next call.
+
+use crate::client::{Answer, Caller, Client, ClientError};
+use allox_protocol::Request;
+use std::path::{Path, PathBuf};
+
+/// The daemon behind a socket path, connected when first needed.
+#[derive(Debug)]
+pub struct Daemon {
+    socket: PathBuf,
+    client: Option<Client>,
+}
+
+impl Daemon {
+    /// Does not connect yet.
+    pub fn new(socket: impl Into<PathBuf>) -> Self {
+        Daemon {
+            socket: socket.into(),
+            client: None,
+        }
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    fn client(&mut self) -> Result<&mut Client, ClientError> {
+        if self.client.is_none() {
+            self.client = Some(Client::connect(&self.socket)?);
+        }
+        Ok(self.client.as_mut().expect("connected just above"))
+    }
+}
+
+impl Caller for Daemon {
+    /// Calls over the current connection, making one if there is none.
+    ///
+    /// A connection that fails is dropped. If it was an old one (the daemon
+    /// may have restarted since), the call is made once more on a fresh
+    /// connection, but only when that cannot apply a change twice: the
+    /// request was never sent, or it changes nothing.
+    fn call(&mut self, request: Request) -> Result<Answer, ClientError> {
+        let reused = self.client.is_some();
+        let retry = request.clone();
+        match self.client()?.call(request) {
+            Ok(answer) => Ok(answer),
+            Err(err) => {
+                self.client = None;
+                let unsent = matches!(err, ClientError::Write(_));
+                let harmless = !retry.is_mutating()
+                    && matches!(err, ClientError::Closed | ClientError::Read(_));
+                if reused && (unsent || harmless) {
+                    let answer = self.client()?.call(retry);
+                    if answer.is_err() {
+                        self.client = None;
+                    }
+                    answer
+                } else {
+                    Err(err)
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use allox_protocol::{
+        decode, encode, AgentRef, ClientFrame, ErrorCode, FrameReader, Hello, Outcome, Ping, Pong,
+        Response, ResponseEnvelope, ServerFrame, PROTOCOL_VERSION,
+    };
+    use std::io::{Read, Write};
+    use std::os::unix::net::{UnixListener, UnixStream};
+    use std::thread;
+
+    /// Serves each connection: welcome, then answers `answers` requests and
+    /// hangs up.
+    fn serve_connection(mut s: UnixStream, answers: usize) {
+        let mut reader = FrameReader::new();
+        let mut buf = [0u8; 4096];
+        let mut seen = 0;
+        loop {
+            while let Some(f) = reader.next_frame() {
+                match decode::<ClientFrame>(&f.unwrap()).unwrap() {
+                    ClientFrame::Hello(_) => {
+                        let w = ServerFrame::Welcome(Hello {
+                            version: PROTOCOL_VERSION,
+                            build: "fake".into(),
+                        });
+                        s.write_all(&encode(&w).unwrap()).unwrap();
+                    }
+                    ClientFrame::Request(r) => {
+                        if seen == answers {
+                            return;
+                        }
+                        seen += 1;
+                        let resp = ServerFrame::Response(ResponseEnvelope {
+                            request_id: r.request_id,
+                            outcome: Outcome::Ok(Response::Pong(Pong {
+                                version: 1,
+                                build: "fake".into(),
+                            })),
+                        });
+                        s.write_all(&encode(&resp).unwrap()).unwrap();
+                    }
+                }
+            }
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => reader.push(&buf[..n]),
+            }
+        }
+    }
+
+    #[test]
+    fn unreachable_daemon_is_unavailable_and_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("ctl.sock");
+        let mut d = Daemon::new(&sock);
+        let err = d.call(Request::Ping(Ping {})).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Unavailable);
+        assert!(err.to_body().message.contains(&sock.display().to_string()));
+    }
+
+    #[test]
+    fn reconnects_for_reads_but_not_for_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("ctl.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        // Each connection answers one request, then drops the next one.
+        let t = thread::spawn(move || {
+            for s in listener.incoming().take(3) {
+                serve_connection(s.unwrap(), 1);
+            }
+        });
+        let mut d = Daemon::new(&sock);
+        assert!(d.call(Request::Ping(Ping {})).unwrap().is_ok());
+        // Dropped on the old connection, retried on a second one.
+        assert!(d.call(Request::Ping(Ping {})).unwrap().is_ok());
+        // A change dropped on the old connection is not retried...
+        let create = Request::AgentCreate(AgentRef {
+            agent_id: "a".into(),
+        });
+        let err = d.call(create.clone()).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Unavailable);
+        // ...but the next call connects again (third connection).
+        assert!(d.call(create).unwrap().is_ok());
+        drop(d);
+        t.join().unwrap();
+    }
+}

@@ -1,0 +1,19 @@
+//! `alloxctl`: the host side of the Allox OS control protocol.
+//!
+//! * [`client`]: a blocking client for the control socket.
+//! * [`daemon`]: the same, connected lazily and again after a failure.
+//! * [`rpc`]: requests and answers in their JSON form.
+//! * [`gateway`]: that JSON form over HTTP, `POST /v1/rpc`.
+//! * [`render`]: human output for every response.
+//! * [`cli`]: the command line.
+
+pub mod cli;
+pub mod client;
+pub mod daemon;
+pub mod gateway;
+pub mod render;
+pub mod rpc;
+
+pub use client::{error_chain, Answer, Caller, Client, ClientError};
+pub use daemon::Daemon;
+pub use rpc::rpc_json;

@@ -1,0 +1,69 @@
+//! `alloxctl`: parses the command line and wires the library together.
+
+use allox_ctl::cli::{Action, Cli};
+use allox_ctl::gateway::{Gateway, WORKERS};
+use allox_ctl::render::render;
+use allox_ctl::{error_chain, rpc_json, Client, Daemon};
+use allox_protocol::Request;
+use clap::Parser;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    // Usage errors exit with 2, as clap does.
+    let cli = Cli::parse();
+    match cli.command.action() {
+        Action::Call(request) => call(cli.socket, cli.json, request),
+        Action::Rpc(text) => {
+            let (ok, answer) = rpc_json(&mut Daemon::new(cli.socket), &text);
+            print(&format!("{answer}\n"));
+            status(ok)
+        }
+        Action::Gateway { listen } => gateway(&listen, cli.socket),
+    }
+}
+
+fn call(socket: PathBuf, json: bool, request: Request) -> ExitCode {
+    let answer = Client::connect(&socket)
+        .and_then(|mut client| client.call(request))
+        .unwrap_or_else(|err| Err(err.to_body()));
+    match &answer {
+        Ok(response) if json => print(&format!("{:#}\n", response.to_json())),
+        Ok(response) => print(&render(response)),
+        Err(body) => eprintln!("error: {}: {}", body.code, body.message),
+    }
+    status(answer.is_ok())
+}
+
+fn gateway(listen: &str, socket: PathBuf) -> ExitCode {
+    let gateway = match Gateway::bind(listen) {
+        Ok(g) => g,
+        Err(err) => {
+            eprintln!("error: {}", error_chain(&err));
+            return ExitCode::FAILURE;
+        }
+    };
+    let bound = gateway
+        .local_addr()
+        .map_or_else(|| listen.to_owned(), |a| a.to_string());
+    eprintln!(
+        "alloxctl gateway: POST http://{bound}/v1/rpc -> {}",
+        socket.display()
+    );
+    gateway.run(socket, WORKERS);
+    ExitCode::SUCCESS
+}
+
+/// Writes to stdout; a reader that went away (`| head`) is not an error.
+fn print(text: &str) {
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+}
+
+fn status(ok: bool) -> ExitCode {
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,324 @@
+//! Human output for every response: tables for listings, a tree for
+//! checkpoints, one line for simple results. Every string ends with a
+//! newline; times are UTC.
+
+mod table;
+mod time;
+mod tree;
+
+pub use table::{clean, Table};
+pub use time::utc;
+pub use tree::{checkpoint_tree, HEAD_MARK};
+
+use allox_protocol::{
+    AgentInfo, AgentListing, AuditListing, CheckpointInfo, Response, RollbackDone, SessionInfo,
+    SessionListing,
+};
+
+/// The response as people read it.
+pub fn render(response: &Response) -> String {
+    match response {
+        Response::Pong(p) => format!(
+            "daemon is up: protocol {}, {}\n",
+            p.version,
+            clean(&p.build)
+        ),
+        Response::Agent(a) => agent(a),
+        Response::Agents(l) => agents(l),
+        Response::Session(s) => session(s),
+        Response::Sessions(l) => sessions(l),
+        Response::Checkpoint(c) => checkpoint(c),
+        Response::Checkpoints(l) if l.checkpoints.is_empty() => format!(
+            "session {}/{} has no checkpoints\n",
+            clean(&l.agent_id),
+            clean(&l.session_id)
+        ),
+        Response::Checkpoints(l) => checkpoint_tree(l),
+        Response::RolledBack(r) => rolled_back(r),
+        Response::Deleted(d) => format!("deleted {}\n", clean(&d.deleted)),
+        Response::Audit(l) => audit(l),
+    }
+}
+
+fn or_none(value: Option<&str>) -> String {
+    value.map(clean).unwrap_or_else(|| "-".to_owned())
+}
+
+fn fields(rows: &[(&str, String)]) -> String {
+    let mut t = Table::new();
+    for (key, value) in rows {
+        t.row(vec![format!("{key}:"), value.clone()]);
+    }
+    t.render()
+}
+
+fn agent(a: &AgentInfo) -> String {
+    fields(&[
+        ("agent", clean(&a.agent_id)),
+        ("created", utc(a.created_ms)),
+        ("sessions", a.sessions.to_string()),
+        ("workspace", clean(&a.workspace)),
+    ])
+}
+
+fn agents(l: &AgentListing) -> String {
+    if l.agents.is_empty() {
+        return "no agents\n".to_owned();
+    }
+    let mut t = Table::with_header(&["AGENT", "CREATED", "SESSIONS", "WORKSPACE"]);
+    for a in &l.agents {
+        t.row(vec![
+            clean(&a.agent_id),
+            utc(a.created_ms),
+            a.sessions.to_string(),
+            clean(&a.workspace),
+        ]);
+    }
+    t.render()
+}
+
+fn session(s: &SessionInfo) -> String {
+    fields(&[
+        (
+            "session",
+            format!("{}/{}", clean(&s.agent_id), clean(&s.session_id)),
+        ),
+        ("created", utc(s.created_ms)),
+        ("head", or_none(s.head.as_deref())),
+        ("checkpoints", s.checkpoints.to_string()),
+        ("current", clean(&s.current)),
+    ])
+}
+
+fn sessions(l: &SessionListing) -> String {
+    if l.sessions.is_empty() {
+        return format!("agent {} has no sessions\n", clean(&l.agent_id));
+    }
+    let mut t = Table::with_header(&["SESSION", "CREATED", "HEAD", "CHECKPOINTS", "CURRENT"]);
+    for s in &l.sessions {
+        t.row(vec![
+            clean(&s.session_id),
+            utc(s.created_ms),
+            or_none(s.head.as_deref()),
+            s.checkpoints.to_string(),
+            clean(&s.current),
+        ]);
+    }
+    t.render()
+}
+
+fn checkpoint(c: &CheckpointInfo) -> String {
+    fields(&[
+        (
+            "checkpoint",
+            format!(
+                "{}/{}/{}",
+                clean(&c.agent_id),
+                clean(&c.session_id),
+                clean(&c.checkpoint_id)
+            ),
+        ),
+        ("parent", or_none(c.parent.as_deref())),
+        ("created", utc(c.created_ms)),
+        ("origin", c.origin.as_str().to_owned()),
+        ("pinned", if c.pinned { "yes" } else { "no" }.to_owned()),
+        ("label", or_none(c.label.as_deref())),
+    ])
+}
+
+fn rolled_back(r: &RollbackDone) -> String {
+    let mut out = format!(
+        "rolled back {}/{} to {} (head was {})",
+        clean(&r.agent_id),
+        clean(&r.session_id),
+        clean(&r.checkpoint_id),
+        r.previous_head
+            .as_deref()
+            .map(clean)
+            .unwrap_or_else(|| "none".to_owned())
+    );
+    match r.killed_processes {
+        0 => {}
+        1 => out.push_str("; killed 1 process"),
+        n => out.push_str(&format!("; killed {n} processes")),
+    }
+    out.push('\n');
+    out
+}
+
+fn audit(l: &AuditListing) -> String {
+    let mut out = if l.records.is_empty() {
+        "no audit records\n".to_owned()
+    } else {
+        let mut t = Table::with_header(&[
+            "SEQ", "TIME", "PEER", "ACTION", "TARGET", "OUTCOME", "MESSAGE",
+        ]);
+        for r in &l.records {
+            t.row(vec![
+                r.seq.to_string(),
+                utc(r.time_ms),
+                clean(&r.peer),
+                clean(&r.action),
+                if r.target.is_empty() {
+                    "-".to_owned()
+                } else {
+                    clean(&r.target)
+                },
+                clean(&r.outcome),
+                r.message.as_deref().map(clean).unwrap_or_default(),
+            ]);
+        }
+        t.render()
+    };
+    if l.corrupt > 0 {
+        out.push_str(&format!(
+            "warning: {} corrupt audit records were skipped\n",
+            l.corrupt
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use allox_protocol::{AuditRecord, Deleted, Pong};
+
+    const T0: u64 = 1_704_067_200_000; // 2024-01-01 00:00:00
+
+    #[test]
+    fn agents_table() {
+        let l = AgentListing {
+            agents: vec![
+                AgentInfo {
+                    agent_id: "agent-a".into(),
+                    created_ms: T0,
+                    sessions: 2,
+                    workspace: "/var/lib/allox/agents/agent-a/workspace".into(),
+                },
+                AgentInfo {
+                    agent_id: "b".into(),
+                    created_ms: T0 + 61_000,
+                    sessions: 10,
+                    workspace: "/w/b".into(),
+                },
+            ],
+        };
+        assert_eq!(
+            render(&Response::Agents(l)),
+            "\
+AGENT    CREATED              SESSIONS  WORKSPACE
+agent-a  2024-01-01 00:00:00  2         /var/lib/allox/agents/agent-a/workspace
+b        2024-01-01 00:01:01  10        /w/b
+"
+        );
+        let empty = AgentListing { agents: vec![] };
+        assert_eq!(render(&Response::Agents(empty)), "no agents\n");
+    }
+
+    #[test]
+    fn sessions_table() {
+        let l = SessionListing {
+            agent_id: "a".into(),
+            sessions: vec![SessionInfo {
+                agent_id: "a".into(),
+                session_id: "s1".into(),
+                created_ms: T0,
+                head: None,
+                checkpoints: 0,
+                current: "/c".into(),
+            }],
+        };
+        assert_eq!(
+            render(&Response::Sessions(l)),
+            "\
+SESSION  CREATED              HEAD  CHECKPOINTS  CURRENT
+s1       2024-01-01 00:00:00  -     0            /c
+"
+        );
+    }
+
+    #[test]
+    fn audit_table_escapes_and_warns() {
+        let l = AuditListing {
+            records: vec![
+                AuditRecord {
+                    seq: 1,
+                    time_ms: T0,
+                    request_id: 3,
+                    peer: "uid=0 pid=42".into(),
+                    action: "agent.create".into(),
+                    target: "a".into(),
+                    outcome: "ok".into(),
+                    message: None,
+                },
+                AuditRecord {
+                    seq: 2,
+                    time_ms: T0 + 1000,
+                    request_id: 4,
+                    peer: "startup".into(),
+                    action: "agent.list".into(),
+                    target: String::new(),
+                    outcome: "conflict".into(),
+                    message: Some("two\nlines".into()),
+                },
+            ],
+            corrupt: 1,
+        };
+        assert_eq!(
+            render(&Response::Audit(l)),
+            "\
+SEQ  TIME                 PEER          ACTION        TARGET  OUTCOME   MESSAGE
+1    2024-01-01 00:00:00  uid=0 pid=42  agent.create  a       ok
+2    2024-01-01 00:00:01  startup       agent.list    -       conflict  two\\nlines
+warning: 1 corrupt audit records were skipped
+"
+        );
+    }
+
+    #[test]
+    fn one_line_results() {
+        let r = RollbackDone {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: "c1".into(),
+            previous_head: Some("c3".into()),
+            killed_processes: 2,
+        };
+        assert_eq!(
+            render(&Response::RolledBack(r)),
+            "rolled back a/s to c1 (head was c3); killed 2 processes\n"
+        );
+        let d = Deleted {
+            deleted: "a/s".into(),
+        };
+        assert_eq!(render(&Response::Deleted(d)), "deleted a/s\n");
+        let p = Pong {
+            version: 1,
+            build: "allox 0.1.0".into(),
+        };
+        assert_eq!(
+            render(&Response::Pong(p)),
+            "daemon is up: protocol 1, allox 0.1.0\n"
+        );
+    }
+
+    #[test]
+    fn single_records_are_fields() {
+        let a = AgentInfo {
+            agent_id: "a".into(),
+            created_ms: T0,
+            sessions: 0,
+            workspace: "/w/a".into(),
+        };
+        assert_eq!(
+            render(&Response::Agent(a)),
+            "\
+agent:      a
+created:    2024-01-01 00:00:00
+sessions:   0
+workspace:  /w/a
+"
+        );
+    }
+}

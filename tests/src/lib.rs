@@ -1,0 +1,260 @@
+//! Fixtures for tests that need the real thing: root, a loop-backed Btrfs
+//! filesystem made for the test and removed after it, and the real
+//! `allox-init` daemon binary.
+//!
+//! A test that lacks what it needs calls [`require`], which either fails
+//! (when `ALLOX_REQUIRE_PRIVILEGED=1`, as `scripts/test.sh` sets) or prints
+//! `SKIPPED <test>: needs <what>` straight to the terminal, uncaptured.
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// What this machine lacks for privileged tests, if anything.
+pub fn missing() -> Option<String> {
+    let mut miss = Vec::new();
+    if !rustix::process::geteuid().is_root() {
+        miss.push("root");
+    }
+    if which("mkfs.btrfs").is_none() {
+        miss.push("mkfs.btrfs (apt-get install btrfs-progs)");
+    }
+    if !Path::new("/dev/loop-control").exists() {
+        miss.push("loop devices (/dev/loop-control)");
+    }
+    let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    if !fs.contains("btrfs") && !Path::new("/sys/module/btrfs").exists() {
+        // Mounting may still load the module; only note it.
+        let _ = Command::new("modprobe").arg("btrfs").status();
+        let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+        if !fs.contains("btrfs") {
+            miss.push("the btrfs kernel module");
+        }
+    }
+    (!miss.is_empty()).then(|| miss.join(", "))
+}
+
+/// Returns false (and says so) when the test cannot run here.
+pub fn require(test: &str) -> bool {
+    let Some(what) = missing() else { return true };
+    if std::env::var("ALLOX_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {
+        panic!("{test} needs {what}, which this machine lacks");
+    }
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: needs {what}");
+    false
+}
+
+pub fn which(cmd: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(cmd))
+            .find(|c| c.is_file())
+    })
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let out = cmd.stdin(Stdio::null()).output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{:?} failed: {}",
+        cmd,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// A Btrfs filesystem on a sparse file, mounted for one test.
+pub struct BtrfsFs {
+    dir: tempfile::TempDir,
+    mnt: PathBuf,
+}
+
+impl BtrfsFs {
+    /// Makes and mounts a filesystem of `size_mb` MiB (at least 256).
+    pub fn new(size_mb: u64) -> anyhow::Result<BtrfsFs> {
+        let dir = tempfile::Builder::new().prefix("allox-btrfs-").tempdir_in("/var/tmp")?;
+        let img = dir.path().join("fs.img");
+        let f = std::fs::File::create(&img)?;
+        f.set_len(size_mb.max(256) << 20)?;
+        drop(f);
+        run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img))?;
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt)?;
+        run(Command::new("mount").args(["-o", "loop"]).arg(&img).arg(&mnt))?;
+        Ok(BtrfsFs { dir, mnt })
+    }
+
+    /// The mount point.
+    pub fn path(&self) -> &Path {
+        &self.mnt
+    }
+
+    /// A scratch directory beside the mount, outside the filesystem.
+    pub fn scratch(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for BtrfsFs {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            let ok = Command::new("umount")
+                .arg(&self.mnt)
+                .stderr(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if ok {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+    }
+}
+
+/// Path of a binary of this workspace, built if missing.
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test> → target/<profile>/<name>
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binary lives in target/<profile>/deps");
+    let bin = dir.join(name);
+    if !bin.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let profile = dir.file_name().and_then(|s| s.to_str()).unwrap_or("debug");
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "allox-init", "-p", "allox-ctl"]);
+        if profile == "release" {
+            cmd.arg("--release");
+        }
+        let ok = cmd.status().map(|s| s.success()).unwrap_or(false);
+        assert!(ok && bin.exists(), "cannot build {name}; run `cargo build --workspace` first");
+    }
+    bin
+}
+
+/// The real daemon, `allox-init supervise`, on a store root.
+pub struct Daemon {
+    pub child: Child,
+    pub socket: PathBuf,
+    pub root: PathBuf,
+}
+
+impl Daemon {
+    /// Starts the daemon with extra environment (e.g. `ALLOX_FAILPOINTS`)
+    /// and extra arguments, and waits until its socket answers.
+    pub fn start(root: &Path, socket: &Path, env: &[(&str, &str)], args: &[&str]) -> Daemon {
+        let mut cmd = Command::new(workspace_bin("allox-init"));
+        cmd.arg("supervise")
+            .arg("--root")
+            .arg(root)
+            .arg("--listen")
+            .arg(format!("unix:{}", socket.display()))
+            .args(args)
+            .env("ALLOX_LOG", "warn")
+            .stdin(Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn allox-init");
+        let t0 = Instant::now();
+        loop {
+            if UnixStream::connect(socket).is_ok() {
+                break;
+            }
+            if let Ok(Some(st)) = child.try_wait() {
+                panic!("allox-init exited before serving: {st}");
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "daemon did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Daemon {
+            child,
+            socket: socket.to_path_buf(),
+            root: root.to_path_buf(),
+        }
+    }
+
+    pub fn client(&self) -> allox_ctl::client::Client {
+        allox_ctl::client::Client::connect(&self.socket).expect("connect to daemon")
+    }
+
+    /// Waits for the daemon to die by itself (a failpoint) and returns how.
+    pub fn wait_killed(mut self) -> std::process::ExitStatus {
+        let st = self.child.wait().expect("wait daemon");
+        let _ = std::fs::remove_file(&self.socket);
+        std::mem::forget(self);
+        st
+    }
+
+    /// SIGTERM and wait.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        self.term()
+    }
+
+    fn term(&mut self) -> std::process::ExitStatus {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32);
+        if let Some(pid) = pid {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        self.child.wait().expect("wait daemon")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.term();
+        }
+    }
+}
+
+/// Writes `n` small files in a directory tree under `dir`.
+pub fn populate(dir: &Path, n: usize) -> std::io::Result<()> {
+    for i in 0..n {
+        let sub = dir.join(format!("d{:03}", i / 1000));
+        if i % 1000 == 0 {
+            std::fs::create_dir_all(&sub)?;
+        }
+        std::fs::write(sub.join(format!("f{i}")), format!("file {i}\n"))?;
+    }
+    Ok(())
+}
+
+/// A byte-exact description of a tree: every path with its type, mode,
+/// size and content hash, sorted.
+pub fn tree_digest(dir: &Path) -> Vec<String> {
+    fn walk(base: &Path, p: &Path, out: &mut Vec<String>) {
+        let Ok(rd) = std::fs::read_dir(p) else { return };
+        for e in rd.flatten() {
+            let path = e.path();
+            let rel = path.strip_prefix(base).unwrap_or(&path).display().to_string();
+            let Ok(md) = std::fs::symlink_metadata(&path) else { continue };
+            use std::os::unix::fs::PermissionsExt;
+            let mode = md.permissions().mode();
+            if md.is_dir() {
+                out.push(format!("d {rel} {mode:o}"));
+                walk(base, &path, out);
+            } else if md.file_type().is_symlink() {
+                let t = std::fs::read_link(&path).unwrap_or_default();
+                out.push(format!("l {rel} -> {}", t.display()));
+            } else {
+                let data = std::fs::read(&path).unwrap_or_default();
+                let mut h: u64 = 0xcbf29ce484222325;
+                for b in &data {
+                    h = (h ^ u64::from(*b)).wrapping_mul(0x100000001b3);
+                }
+                out.push(format!("f {rel} {mode:o} {} {h:016x}", data.len()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}

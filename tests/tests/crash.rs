@@ -1,0 +1,192 @@
+//! kill -9 at every step: the daemon is started with one failpoint armed,
+//! dies by SIGKILL inside an operation, and is restarted. Every session must
+//! then be exactly as before the operation or exactly as after it, the index
+//! must match the subvolumes on disk, and nothing half-made may remain.
+
+use allox_integration::{require, BtrfsFs, Daemon};
+use allox_protocol::*;
+use allox_supervisor::btrfs;
+use allox_supervisor::failpoint;
+use allox_supervisor::layout::Layout;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+
+fn call(d: &Daemon, r: Request) -> Result<Response, ErrorBody> {
+    d.client().call(r).expect("transport")
+}
+
+fn ok(d: &Daemon, r: Request) -> Response {
+    call(d, r.clone()).unwrap_or_else(|e| panic!("{r:?}: {e}"))
+}
+
+fn agent(a: &str) -> AgentRef {
+    AgentRef { agent_id: a.into() }
+}
+fn session(a: &str, s: &str) -> SessionRef {
+    SessionRef {
+        agent_id: a.into(),
+        session_id: s.into(),
+    }
+}
+
+/// Builds the same starting state in a fresh store.
+fn prepare(root: &Path, sock: &Path) {
+    std::fs::create_dir_all(root).unwrap();
+    let d = Daemon::start(root, sock, &[], &[]);
+    ok(&d, Request::AgentCreate(agent("a")));
+    ok(&d, Request::AgentCreate(agent("b")));
+    ok(&d, Request::SessionCreate(session("a", "s")));
+    ok(&d, Request::SessionCreate(session("b", "t")));
+    let l = Layout::new(root);
+    std::fs::write(l.current("a", "s").join("v"), "1").unwrap();
+    std::fs::write(l.current("b", "t").join("v"), "b").unwrap();
+    ok(
+        &d,
+        Request::CheckpointCreate(CheckpointCreate {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: "c1".into(),
+            pinned: false,
+            label: None,
+        }),
+    );
+    std::fs::write(l.current("a", "s").join("v"), "2").unwrap();
+    d.stop();
+}
+
+/// The operation that passes through the failpoint's step.
+fn operation(fp: &str) -> Request {
+    match fp.split('.').next().unwrap() {
+        "agent_create" => Request::AgentCreate(agent("new")),
+        "agent_delete" => Request::AgentDelete(agent("b")),
+        "session_create" => Request::SessionCreate(session("a", "s2")),
+        "session_delete" => Request::SessionDelete(session("a", "s")),
+        "checkpoint_create" => Request::CheckpointCreate(CheckpointCreate {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: "c2".into(),
+            pinned: false,
+            label: None,
+        }),
+        "checkpoint_delete" => Request::CheckpointDelete(CheckpointRef {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: "c1".into(),
+        }),
+        "rollback" => Request::SessionRollback(SessionRollback {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: "c1".into(),
+            kill_processes: None,
+        }),
+        other => panic!("no operation for failpoint family {other}"),
+    }
+}
+
+/// Everything a person could observe of the store, without timestamps, and
+/// a check that the index and the disk agree.
+fn model(d: &Daemon) -> Vec<String> {
+    let l = Layout::new(&d.root);
+    let mut m = Vec::new();
+    let Response::Agents(agents) = ok(d, Request::AgentList(AgentList {})) else { panic!() };
+    let mut disk_agents = names(&l.agents_dir());
+    for a in &agents.agents {
+        assert!(btrfs::is_subvolume(&l.workspace(&a.agent_id)), "index has agent {} but no workspace", a.agent_id);
+        disk_agents.retain(|x| x != &a.agent_id);
+        m.push(format!("agent {}", a.agent_id));
+        let Response::Sessions(ss) = ok(d, Request::SessionList(agent(&a.agent_id))) else { panic!() };
+        let mut disk_sessions = names(&l.sessions_dir(&a.agent_id));
+        for s in &ss.sessions {
+            let (ai, si) = (&a.agent_id, &s.session_id);
+            let cur = l.current(ai, si);
+            assert!(btrfs::is_subvolume(&cur), "index has session {ai}/{si} but no current/");
+            disk_sessions.retain(|x| x != si);
+            let v = std::fs::read_to_string(cur.join("v")).unwrap_or_else(|_| "-".into());
+            let extra = names(&l.session_dir(ai, si));
+            assert_eq!(extra, ["checkpoints", "current"], "stray entries in {ai}/{si}");
+            m.push(format!("session {ai}/{si} head={:?} v={v}", s.head));
+            let Response::Checkpoints(cs) = ok(d, Request::CheckpointList(session(ai, si))) else { panic!() };
+            let mut disk_cks = names(&l.checkpoints_dir(ai, si));
+            for c in &cs.checkpoints {
+                let p = l.checkpoint(ai, si, &c.checkpoint_id);
+                assert!(btrfs::is_subvolume(&p), "index has checkpoint {} but no snapshot", c.checkpoint_id);
+                disk_cks.retain(|x| x != &c.checkpoint_id);
+                let v = std::fs::read_to_string(p.join("v")).unwrap_or_else(|_| "-".into());
+                m.push(format!("checkpoint {ai}/{si}/{} parent={:?} v={v}", c.checkpoint_id, c.parent));
+            }
+            assert!(disk_cks.is_empty(), "checkpoints on disk but not in the index: {disk_cks:?}");
+        }
+        assert!(disk_sessions.is_empty(), "sessions on disk but not in the index: {disk_sessions:?}");
+    }
+    assert!(disk_agents.is_empty(), "agents on disk but not in the index: {disk_agents:?}");
+    m
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn kill_9_at_every_failpoint_leaves_before_or_after() {
+    if !require("crash::kill_9_at_every_failpoint_leaves_before_or_after") {
+        return;
+    }
+    std::fs::create_dir_all("/var/tmp").ok();
+    let fs = BtrfsFs::new(1024).expect("make btrfs");
+    let mut outcomes = Vec::new();
+    for (i, fp) in failpoint::ALL.iter().enumerate() {
+        let op = operation(fp);
+        // Twin store: the state after the operation completes normally.
+        let twin = fs.path().join(format!("twin{i}"));
+        let sock_t = fs.scratch().join(format!("t{i}.sock"));
+        prepare(&twin, &sock_t);
+        let d = Daemon::start(&twin, &sock_t, &[], &[]);
+        let before = model(&d);
+        ok(&d, op.clone());
+        let after = model(&d);
+        d.stop();
+        assert_ne!(before, after, "{fp}: operation changed nothing");
+
+        // The store under test.
+        let root = fs.path().join(format!("crash{i}"));
+        let sock = fs.scratch().join(format!("c{i}.sock"));
+        prepare(&root, &sock);
+        let d = Daemon::start(&root, &sock, &[("ALLOX_FAILPOINTS", fp)], &[]);
+        assert_eq!(model(&d), before);
+        let r = d.client().call(op.clone());
+        assert!(r.is_err(), "{fp}: the daemon answered instead of dying: {r:?}");
+        let st = d.wait_killed();
+        assert_eq!(st.signal(), Some(9), "{fp}: daemon did not die by SIGKILL: {st}");
+
+        let d = Daemon::start(&root, &sock, &[], &[]);
+        let now = model(&d);
+        let which = if now == before {
+            "before"
+        } else if now == after {
+            "after"
+        } else {
+            panic!("{fp}: state is neither before nor after\nbefore: {before:#?}\nafter: {after:#?}\nnow: {now:#?}");
+        };
+        // No in-flight names left anywhere.
+        let l = Layout::new(&root);
+        for dir in [l.agents_dir(), l.sessions_dir("a"), l.session_dir("a", "s"), l.checkpoints_dir("a", "s")] {
+            let dots: Vec<String> = names(&dir).into_iter().filter(|n| n.starts_with('.')).collect();
+            assert!(dots.is_empty(), "{fp}: leftovers in {}: {dots:?}", dir.display());
+        }
+        // The store is fully usable: repeating the operation ends in `after`.
+        if which == "before" {
+            ok(&d, op.clone());
+            assert_eq!(model(&d), after, "{fp}: retry did not reach the after state");
+        }
+        let rec = ok(&d, Request::AuditList(AuditList { after_seq: None, limit: Some(10_000) }));
+        let Response::Audit(a) = rec else { panic!() };
+        assert_eq!(a.corrupt, 0);
+        d.stop();
+        outcomes.push(format!("{fp}: {which}"));
+    }
+    eprintln!("{}", outcomes.join("\n"));
+}

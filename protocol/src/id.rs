@@ -69,7 +69,15 @@ mod tests {
 
     #[test]
     fn accepts_ordinary_ids() {
-        for id in ["a", "agent-a", "session_1", "v1.2", "_x", "A9", &"x".repeat(64)] {
+        for id in [
+            "a",
+            "agent-a",
+            "session_1",
+            "v1.2",
+            "_x",
+            "A9",
+            &"x".repeat(64),
+        ] {
             assert_eq!(validate_id("agent_id", id), Ok(()), "{id}");
         }
     }
@@ -88,7 +96,9 @@ mod tests {
     fn errors_name_the_field_and_the_problem() {
         let e = validate_id("session_id", "a/b").unwrap_err().to_string();
         assert!(e.contains("session_id") && e.contains("'/'"), "{e}");
-        let e = validate_id("agent_id", &"y".repeat(70)).unwrap_err().to_string();
+        let e = validate_id("agent_id", &"y".repeat(70))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("70 bytes"), "{e}");
     }
 }

@@ -77,7 +77,8 @@ mod tests {
     #[test]
     fn every_action_round_trips_through_json() {
         for action in Request::ACTIONS {
-            let params = json!({"agent_id": "a", "session_id": "s", "checkpoint_id": "c", "pinned": true});
+            let params =
+                json!({"agent_id": "a", "session_id": "s", "checkpoint_id": "c", "pinned": true});
             // Not every action takes every field; strip until it parses.
             let req = [
                 params.clone(),
@@ -102,9 +103,18 @@ mod tests {
             (r#"{"params":{}}"#, "no \"action\""),
             (r#"{"action":"agent.fly","params":{}}"#, "unknown action"),
             (r#"{"action":"agent.create","params":{}}"#, "agent_id"),
-            (r#"{"action":"agent.create","params":{"agent_id":"a","x":1}}"#, "unknown field"),
-            (r#"{"action":"agent.create","params":[1]}"#, "must be a JSON object"),
-            (r#"{"action":"agent.list","params":{},"extra":1}"#, "top-level"),
+            (
+                r#"{"action":"agent.create","params":{"agent_id":"a","x":1}}"#,
+                "unknown field",
+            ),
+            (
+                r#"{"action":"agent.create","params":[1]}"#,
+                "must be a JSON object",
+            ),
+            (
+                r#"{"action":"agent.list","params":{},"extra":1}"#,
+                "top-level",
+            ),
         ] {
             let e = parse_request(text).unwrap_err();
             assert_eq!(e.code, crate::ErrorCode::InvalidRequest);
@@ -118,7 +128,10 @@ mod tests {
             deleted: "a".into(),
         })));
         assert_eq!(ok, json!({"result": {"deleted": "a"}}));
-        let err = answer_to_json(&Err(ErrorBody::new(crate::ErrorCode::NotFound, "no agent a")));
+        let err = answer_to_json(&Err(ErrorBody::new(
+            crate::ErrorCode::NotFound,
+            "no agent a",
+        )));
         assert_eq!(
             err,
             json!({"error": {"code": "not_found", "message": "no agent a"}})

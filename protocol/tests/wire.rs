@@ -162,7 +162,9 @@ fn invalid_utf8_is_refused() {
 #[test]
 fn huge_length_prefix_does_not_allocate_or_panic() {
     // String claiming 2^32 bytes with 2 present.
-    assert!(decode::<ClientFrame>(&[0x00, 0x01, 0xff, 0xff, 0xff, 0xff, 0x0f, b'a', b'b']).is_err());
+    assert!(
+        decode::<ClientFrame>(&[0x00, 0x01, 0xff, 0xff, 0xff, 0xff, 0x0f, b'a', b'b']).is_err()
+    );
 }
 
 #[test]

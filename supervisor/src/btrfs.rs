@@ -110,7 +110,14 @@ fn copy_name(dst: &mut [u8], name: &OsStr) -> Result<(), BtrfsError> {
 
 fn split(path: &Path) -> Result<(&Path, &OsStr), BtrfsError> {
     match (path.parent(), path.file_name()) {
-        (Some(p), Some(n)) => Ok((if p.as_os_str().is_empty() { Path::new(".") } else { p }, n)),
+        (Some(p), Some(n)) => Ok((
+            if p.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                p
+            },
+            n,
+        )),
         _ => Err(BtrfsError::BadName(path.display().to_string())),
     }
 }
@@ -233,8 +240,9 @@ pub fn remove_tree(path: &Path) -> Result<(), BtrfsError> {
 }
 
 /// Deletes every subvolume found under the directory `path` (not `path`
-/// itself). Subvolume roots show up in a directory listing with inode 256,
-/// so only directories are read, never file contents.
+/// itself). Only directories are read and stat'ed (a subvolume root has
+/// inode 256; its directory entry shows the subvolume ID instead), never
+/// file contents.
 fn remove_nested_subvolumes(path: &Path) -> Result<(), BtrfsError> {
     let entries = std::fs::read_dir(path).map_err(|e| io_err("read", path, e))?;
     for entry in entries {
@@ -244,7 +252,7 @@ fn remove_nested_subvolumes(path: &Path) -> Result<(), BtrfsError> {
             continue;
         }
         let child = entry.path();
-        if std::os::unix::fs::DirEntryExt::ino(&entry) == SUBVOL_ROOT_INO {
+        if is_subvolume(&child) {
             remove_tree(&child)?;
         } else {
             remove_nested_subvolumes(&child)?;

@@ -27,7 +27,12 @@ impl Supervisor {
     }
 
     /// Answers one request from `peer` and audits it if it changes state.
-    pub fn handle(&self, peer: &str, request_id: u64, req: &Request) -> Result<Response, ErrorBody> {
+    pub fn handle(
+        &self,
+        peer: &str,
+        request_id: u64,
+        req: &Request,
+    ) -> Result<Response, ErrorBody> {
         let out = self.answer(req).map_err(|e| {
             if matches!(e.code(), allox_protocol::ErrorCode::Internal) {
                 tracing::error!(error = %e.chain(), action = req.action(), "request failed");

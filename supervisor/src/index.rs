@@ -312,18 +312,37 @@ mod tests {
         ix.write(|w| {
             for a in ["a", "a-b", "a.b", "ab"] {
                 w.put_agent(a, &AgentRecord { created_ms: 1 })?;
-                w.put_session(a, "s", &SessionRecord { created_ms: 1, head: None })?;
+                w.put_session(
+                    a,
+                    "s",
+                    &SessionRecord {
+                        created_ms: 1,
+                        head: None,
+                    },
+                )?;
                 w.put_checkpoint(a, "s", "c2", &ck(2, Some("c1")))?;
                 w.put_checkpoint(a, "s", "c1", &ck(1, None))?;
             }
-            w.put_session("a", "s2", &SessionRecord { created_ms: 2, head: None })?;
+            w.put_session(
+                "a",
+                "s2",
+                &SessionRecord {
+                    created_ms: 2,
+                    head: None,
+                },
+            )?;
             w.mark_op(7)
         })
         .unwrap();
         assert_eq!(ix.agents().unwrap().len(), 4);
         let s: Vec<String> = ix.sessions("a").unwrap().into_iter().map(|x| x.0).collect();
         assert_eq!(s, ["s", "s2"]);
-        let c: Vec<String> = ix.checkpoints("a", "s").unwrap().into_iter().map(|x| x.0).collect();
+        let c: Vec<String> = ix
+            .checkpoints("a", "s")
+            .unwrap()
+            .into_iter()
+            .map(|x| x.0)
+            .collect();
         assert_eq!(c, ["c1", "c2"]);
         assert!(ix.is_committed(7).unwrap());
         ix.write(|w| w.remove_agent("a")).unwrap();

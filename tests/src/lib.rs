@@ -74,7 +74,9 @@ pub struct BtrfsFs {
 impl BtrfsFs {
     /// Makes and mounts a filesystem of `size_mb` MiB (at least 256).
     pub fn new(size_mb: u64) -> anyhow::Result<BtrfsFs> {
-        let dir = tempfile::Builder::new().prefix("allox-btrfs-").tempdir_in("/var/tmp")?;
+        let dir = tempfile::Builder::new()
+            .prefix("allox-btrfs-")
+            .tempdir_in("/var/tmp")?;
         let img = dir.path().join("fs.img");
         let f = std::fs::File::create(&img)?;
         f.set_len(size_mb.max(256) << 20)?;
@@ -82,7 +84,10 @@ impl BtrfsFs {
         run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img))?;
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt)?;
-        run(Command::new("mount").args(["-o", "loop"]).arg(&img).arg(&mnt))?;
+        run(Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&img)
+            .arg(&mnt))?;
         Ok(BtrfsFs { dir, mnt })
     }
 
@@ -115,27 +120,34 @@ impl Drop for BtrfsFs {
     }
 }
 
-/// Path of a binary of this workspace, built if missing.
+/// Path of a binary of this workspace, brought up to date first (once per
+/// test process), so a test never drives a stale daemon.
 pub fn workspace_bin(name: &str) -> PathBuf {
+    static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     let exe = std::env::current_exe().expect("current exe");
     // target/<profile>/deps/<test> → target/<profile>/<name>
     let dir = exe
         .parent()
         .and_then(Path::parent)
-        .expect("test binary lives in target/<profile>/deps");
-    let bin = dir.join(name);
-    if !bin.exists() {
+        .expect("test binary lives in target/<profile>/deps")
+        .to_path_buf();
+    let built = BUILT.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let profile = dir.file_name().and_then(|s| s.to_str()).unwrap_or("debug");
         let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-p", "allox-init", "-p", "allox-ctl"]);
+        cmd.args(["build", "--quiet", "-p", "allox-init", "-p", "allox-ctl"]);
         if profile == "release" {
             cmd.arg("--release");
         }
-        let ok = cmd.status().map(|s| s.success()).unwrap_or(false);
-        assert!(ok && bin.exists(), "cannot build {name}; run `cargo build --workspace` first");
+        match cmd.status() {
+            Ok(s) if s.success() => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    if let Err(e) = built {
+        panic!("cannot build the workspace binaries ({e}); run `cargo build --workspace`");
     }
-    bin
+    dir.join(name)
 }
 
 /// The real daemon, `allox-init supervise`, on a store root.
@@ -170,7 +182,10 @@ impl Daemon {
             if let Ok(Some(st)) = child.try_wait() {
                 panic!("allox-init exited before serving: {st}");
             }
-            assert!(t0.elapsed() < Duration::from_secs(20), "daemon did not start");
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "daemon did not start"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
         Daemon {
@@ -233,8 +248,14 @@ pub fn tree_digest(dir: &Path) -> Vec<String> {
         let Ok(rd) = std::fs::read_dir(p) else { return };
         for e in rd.flatten() {
             let path = e.path();
-            let rel = path.strip_prefix(base).unwrap_or(&path).display().to_string();
-            let Ok(md) = std::fs::symlink_metadata(&path) else { continue };
+            let rel = path
+                .strip_prefix(base)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            let Ok(md) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
             use std::os::unix::fs::PermissionsExt;
             let mode = md.permissions().mode();
             if md.is_dir() {

@@ -88,43 +88,87 @@ fn operation(fp: &str) -> Request {
 fn model(d: &Daemon) -> Vec<String> {
     let l = Layout::new(&d.root);
     let mut m = Vec::new();
-    let Response::Agents(agents) = ok(d, Request::AgentList(AgentList {})) else { panic!() };
+    let Response::Agents(agents) = ok(d, Request::AgentList(AgentList {})) else {
+        panic!()
+    };
     let mut disk_agents = names(&l.agents_dir());
     for a in &agents.agents {
-        assert!(btrfs::is_subvolume(&l.workspace(&a.agent_id)), "index has agent {} but no workspace", a.agent_id);
+        assert!(
+            btrfs::is_subvolume(&l.workspace(&a.agent_id)),
+            "index has agent {} but no workspace",
+            a.agent_id
+        );
         disk_agents.retain(|x| x != &a.agent_id);
         m.push(format!("agent {}", a.agent_id));
-        let Response::Sessions(ss) = ok(d, Request::SessionList(agent(&a.agent_id))) else { panic!() };
+        let Response::Sessions(ss) = ok(d, Request::SessionList(agent(&a.agent_id))) else {
+            panic!()
+        };
         let mut disk_sessions = names(&l.sessions_dir(&a.agent_id));
         for s in &ss.sessions {
             let (ai, si) = (&a.agent_id, &s.session_id);
             let cur = l.current(ai, si);
-            assert!(btrfs::is_subvolume(&cur), "index has session {ai}/{si} but no current/");
+            assert!(
+                btrfs::is_subvolume(&cur),
+                "index has session {ai}/{si} but no current/"
+            );
             disk_sessions.retain(|x| x != si);
             let v = std::fs::read_to_string(cur.join("v")).unwrap_or_else(|_| "-".into());
             let extra = names(&l.session_dir(ai, si));
-            assert_eq!(extra, ["checkpoints", "current"], "stray entries in {ai}/{si}");
+            assert_eq!(
+                extra,
+                ["checkpoints", "current"],
+                "stray entries in {ai}/{si}"
+            );
             m.push(format!("session {ai}/{si} head={:?} v={v}", s.head));
-            let Response::Checkpoints(cs) = ok(d, Request::CheckpointList(session(ai, si))) else { panic!() };
+            let Response::Checkpoints(cs) = ok(d, Request::CheckpointList(session(ai, si))) else {
+                panic!()
+            };
             let mut disk_cks = names(&l.checkpoints_dir(ai, si));
             for c in &cs.checkpoints {
                 let p = l.checkpoint(ai, si, &c.checkpoint_id);
-                assert!(btrfs::is_subvolume(&p), "index has checkpoint {} but no snapshot", c.checkpoint_id);
+                assert!(
+                    btrfs::is_subvolume(&p),
+                    "index has checkpoint {} but no snapshot",
+                    c.checkpoint_id
+                );
                 disk_cks.retain(|x| x != &c.checkpoint_id);
                 let v = std::fs::read_to_string(p.join("v")).unwrap_or_else(|_| "-".into());
-                m.push(format!("checkpoint {ai}/{si}/{} parent={:?} v={v}", c.checkpoint_id, c.parent));
+                m.push(format!(
+                    "checkpoint {ai}/{si}/{} parent={:?} v={v}",
+                    c.checkpoint_id, c.parent
+                ));
             }
-            assert!(disk_cks.is_empty(), "checkpoints on disk but not in the index: {disk_cks:?}");
+            assert!(
+                disk_cks.is_empty(),
+                "checkpoints on disk but not in the index: {disk_cks:?}"
+            );
         }
-        assert!(disk_sessions.is_empty(), "sessions on disk but not in the index: {disk_sessions:?}");
+        assert!(
+            disk_sessions.is_empty(),
+            "sessions on disk but not in the index: {disk_sessions:?}"
+        );
     }
-    assert!(disk_agents.is_empty(), "agents on disk but not in the index: {disk_agents:?}");
+    assert!(
+        disk_agents.is_empty(),
+        "agents on disk but not in the index: {disk_agents:?}"
+    );
     m
 }
 
+/// Entries of a directory, without the store's in-flight names.
 fn names(dir: &Path) -> Vec<String> {
+    let mut v = all_names(dir);
+    v.retain(|n| !n.starts_with('.'));
+    v
+}
+
+fn all_names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
-        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default();
     v.sort();
     v
@@ -158,9 +202,16 @@ fn kill_9_at_every_failpoint_leaves_before_or_after() {
         let d = Daemon::start(&root, &sock, &[("ALLOX_FAILPOINTS", fp)], &[]);
         assert_eq!(model(&d), before);
         let r = d.client().call(op.clone());
-        assert!(r.is_err(), "{fp}: the daemon answered instead of dying: {r:?}");
+        assert!(
+            r.is_err(),
+            "{fp}: the daemon answered instead of dying: {r:?}"
+        );
         let st = d.wait_killed();
-        assert_eq!(st.signal(), Some(9), "{fp}: daemon did not die by SIGKILL: {st}");
+        assert_eq!(
+            st.signal(),
+            Some(9),
+            "{fp}: daemon did not die by SIGKILL: {st}"
+        );
 
         let d = Daemon::start(&root, &sock, &[], &[]);
         let now = model(&d);
@@ -173,16 +224,38 @@ fn kill_9_at_every_failpoint_leaves_before_or_after() {
         };
         // No in-flight names left anywhere.
         let l = Layout::new(&root);
-        for dir in [l.agents_dir(), l.sessions_dir("a"), l.session_dir("a", "s"), l.checkpoints_dir("a", "s")] {
-            let dots: Vec<String> = names(&dir).into_iter().filter(|n| n.starts_with('.')).collect();
-            assert!(dots.is_empty(), "{fp}: leftovers in {}: {dots:?}", dir.display());
+        for dir in [
+            l.agents_dir(),
+            l.sessions_dir("a"),
+            l.session_dir("a", "s"),
+            l.checkpoints_dir("a", "s"),
+        ] {
+            let dots: Vec<String> = all_names(&dir)
+                .into_iter()
+                .filter(|n| n.starts_with('.'))
+                .collect();
+            assert!(
+                dots.is_empty(),
+                "{fp}: leftovers in {}: {dots:?}",
+                dir.display()
+            );
         }
         // The store is fully usable: repeating the operation ends in `after`.
         if which == "before" {
             ok(&d, op.clone());
-            assert_eq!(model(&d), after, "{fp}: retry did not reach the after state");
+            assert_eq!(
+                model(&d),
+                after,
+                "{fp}: retry did not reach the after state"
+            );
         }
-        let rec = ok(&d, Request::AuditList(AuditList { after_seq: None, limit: Some(10_000) }));
+        let rec = ok(
+            &d,
+            Request::AuditList(AuditList {
+                after_seq: None,
+                limit: Some(10_000),
+            }),
+        );
         let Response::Audit(a) = rec else { panic!() };
         assert_eq!(a.corrupt, 0);
         d.stop();

@@ -55,6 +55,8 @@ impl Store {
     pub fn agent_delete(&self, a: &str) -> Result<Deleted> {
         let _g = self.guard();
         self.need_agent(a)?;
+        // Removals still running inside this tree would race the rename.
+        self.reaper.wait_idle();
         let dir = self.layout.agent_dir(a);
         self.journaled(Op::AgentDelete { agent: a.into() }, |op_id| {
             let trash = Layout::trash(&self.layout.agents_dir(), op_id);

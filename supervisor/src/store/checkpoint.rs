@@ -142,7 +142,13 @@ impl Store {
     }
 
     /// Pins or unpins a checkpoint (one index transaction; no disk change).
-    pub fn checkpoint_pin(&self, a: &str, s: &str, c: &str, pinned: bool) -> Result<CheckpointInfo> {
+    pub fn checkpoint_pin(
+        &self,
+        a: &str,
+        s: &str,
+        c: &str,
+        pinned: bool,
+    ) -> Result<CheckpointInfo> {
         let _g = self.guard();
         let mut rec = self.need_checkpoint(a, s, c)?;
         rec.pinned = pinned;

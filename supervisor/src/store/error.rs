@@ -54,7 +54,8 @@ impl StoreError {
         let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(self);
         while let Some(e) = cur {
             if let Some(io) = e.downcast_ref::<io::Error>() {
-                if io.raw_os_error() == Some(libc::ENOSPC) || io.raw_os_error() == Some(libc::EDQUOT)
+                if io.raw_os_error() == Some(libc::ENOSPC)
+                    || io.raw_os_error() == Some(libc::EDQUOT)
                 {
                     return true;
                 }

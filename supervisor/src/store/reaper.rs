@@ -30,7 +30,10 @@ impl Reaper {
                         }
                         // The operation stays open in the journal: the next
                         // start-up removes the tree.
-                        Err(e) => tracing::warn!(error = %e, ?path, "cannot remove trashed tree"),
+                        Err(e) => tracing::warn!(
+                            error = %crate::store::StoreError::from(e).chain(), ?path,
+                            "cannot remove trashed tree"
+                        ),
                     }
                     let (m, cv) = &*p2;
                     let mut n = m.lock().unwrap_or_else(|p| p.into_inner());

@@ -208,7 +208,9 @@ fn reconcile(st: &Store) -> Result<Vec<String>> {
                     }
                     Ok(())
                 })?;
-                note(format!("dropped checkpoint {a}/{s}/{c}: its snapshot is missing"));
+                note(format!(
+                    "dropped checkpoint {a}/{s}/{c}: its snapshot is missing"
+                ));
             }
         }
     }
@@ -244,7 +246,9 @@ fn reconcile(st: &Store) -> Result<Vec<String>> {
             }
             if st.index.session(&a, &s)?.is_none() {
                 if !btrfs::is_subvolume(&l.current(&a, &s)) {
-                    note(format!("ignored session dir {a}/{s}: no current/ subvolume"));
+                    note(format!(
+                        "ignored session dir {a}/{s}: no current/ subvolume"
+                    ));
                     continue;
                 }
                 let d = l.checkpoints_dir(&a, &s);
@@ -277,7 +281,10 @@ fn reconcile(st: &Store) -> Result<Vec<String>> {
                         Ok(rec)
                     })?;
                     let info = checkpoint_info(&a, &s, &c, &rec);
-                    note(format!("adopted checkpoint {a}/{s}/{} found on disk", info.checkpoint_id));
+                    note(format!(
+                        "adopted checkpoint {a}/{s}/{} found on disk",
+                        info.checkpoint_id
+                    ));
                 }
             }
         }

@@ -64,6 +64,8 @@ impl Store {
     pub fn session_delete(&self, a: &str, s: &str) -> Result<Deleted> {
         let _g = self.guard();
         self.need_session(a, s)?;
+        // Removals still running inside this tree would race the rename.
+        self.reaper.wait_idle();
         let dir = self.layout.session_dir(a, s);
         let op = Op::SessionDelete {
             agent: a.into(),

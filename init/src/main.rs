@@ -7,6 +7,7 @@ use allox_supervisor::server::Limits;
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(name = "allox-init", version, about = "Allox OS init and supervisor")]
@@ -32,6 +33,12 @@ enum Cmd {
         /// request says otherwise.
         #[arg(long)]
         kill_session_processes_on_rollback: bool,
+        /// Drop a client that stops sending in the middle of a frame for this long.
+        #[arg(long, default_value_t = 10_000, hide = true)]
+        stall_timeout_ms: u64,
+        /// Drop a client that does not read an answer for this long.
+        #[arg(long, default_value_t = 10_000, hide = true)]
+        write_timeout_ms: u64,
     },
 }
 
@@ -56,6 +63,8 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
             root,
             listen,
             kill_session_processes_on_rollback,
+            stall_timeout_ms,
+            write_timeout_ms,
         } => {
             let Some(path) = listen.strip_prefix("unix:") else {
                 bail!("--listen {listen:?}: only unix:PATH is supported");
@@ -66,7 +75,11 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
                 policy: Policy {
                     kill_processes_on_rollback: kill_session_processes_on_rollback,
                 },
-                limits: Limits::default(),
+                limits: Limits {
+                    stall: Duration::from_millis(stall_timeout_ms),
+                    write: Duration::from_millis(write_timeout_ms),
+                    ..Limits::default()
+                },
             })
             .context("supervisor stopped")
         }

@@ -1,0 +1,486 @@
+//! The daemon over its socket: the JSON forms, concurrency, hostile peers.
+
+use allox_integration::{require, workspace_bin, BtrfsFs, Daemon};
+use allox_protocol::*;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn setup(name: &str, args: &[&str]) -> Option<(BtrfsFs, Daemon)> {
+    if !require(name) {
+        return None;
+    }
+    std::fs::create_dir_all("/var/tmp").ok();
+    let fs = BtrfsFs::new(512).expect("make btrfs");
+    let root = fs.path().join("store");
+    std::fs::create_dir(&root).unwrap();
+    let sock = fs.scratch().join("ctl.sock");
+    let d = Daemon::start(&root, &sock, &[], args);
+    Some((fs, d))
+}
+
+fn alloxctl(d: &Daemon, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn hello() -> Vec<u8> {
+    encode(&ClientFrame::Hello(Hello {
+        version: PROTOCOL_VERSION,
+        build: "test".into(),
+    }))
+    .unwrap()
+}
+
+fn req(id: u64, r: Request) -> Vec<u8> {
+    encode(&ClientFrame::Request(RequestEnvelope {
+        request_id: id,
+        request: r,
+    }))
+    .unwrap()
+}
+
+fn ping(id: u64) -> Vec<u8> {
+    req(id, Request::Ping(Ping {}))
+}
+
+/// Reads frames until `n` have arrived (or the peer closes).
+fn read_frames(s: &mut UnixStream, n: usize) -> Vec<ServerFrame> {
+    let mut r = FrameReader::new();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 65536];
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    while out.len() < n {
+        let k = match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => k,
+        };
+        r.push(&buf[..k]);
+        while let Some(f) = r.next_frame() {
+            out.push(decode::<ServerFrame>(&f.unwrap()).unwrap());
+        }
+    }
+    out
+}
+
+fn greeted(d: &Daemon) -> UnixStream {
+    let mut s = UnixStream::connect(&d.socket).unwrap();
+    s.write_all(&hello()).unwrap();
+    let f = read_frames(&mut s, 1);
+    assert!(matches!(f[0], ServerFrame::Welcome(_)), "{f:?}");
+    s
+}
+
+fn outcome(f: &ServerFrame) -> (u64, &Outcome) {
+    match f {
+        ServerFrame::Response(r) => (r.request_id, &r.outcome),
+        other => panic!("expected a response, got {other:?}"),
+    }
+}
+
+#[test]
+fn rpc_json_and_human_cli() {
+    let Some((_fs, d)) = setup("daemon::rpc_json_and_human_cli", &[]) else {
+        return;
+    };
+    let (ok, out, _) = alloxctl(
+        &d,
+        &[
+            "rpc",
+            r#"{"action":"agent.create","params":{"agent_id":"agent-a"}}"#,
+        ],
+    );
+    assert!(ok, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["result"]["agent_id"], "agent-a");
+    let (ok, out, _) = alloxctl(
+        &d,
+        &[
+            "rpc",
+            r#"{"action":"agent.create","params":{"agent_id":"agent-a"}}"#,
+        ],
+    );
+    assert!(!ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["error"]["code"], "conflict");
+    let (ok, out, _) = alloxctl(
+        &d,
+        &[
+            "rpc",
+            r#"{"action":"agent.create","params":{"agent_id":"../x"}}"#,
+        ],
+    );
+    assert!(!ok);
+    assert!(out.contains("invalid_request"), "{out}");
+    // Human subcommands.
+    assert!(alloxctl(&d, &["session", "create", "agent-a", "s1"]).0);
+    assert!(
+        alloxctl(
+            &d,
+            &[
+                "checkpoint",
+                "create",
+                "agent-a",
+                "s1",
+                "c1",
+                "--label",
+                "first"
+            ]
+        )
+        .0
+    );
+    assert!(alloxctl(&d, &["rollback", "agent-a", "s1", "c1"]).0);
+    assert!(alloxctl(&d, &["checkpoint", "create", "agent-a", "s1", "c2"]).0);
+    let (ok, out, _) = alloxctl(&d, &["checkpoint", "list", "agent-a", "s1"]);
+    assert!(
+        ok && out.contains("c1") && out.contains("c2") && out.contains("current"),
+        "{out}"
+    );
+    let (ok, _, err) = alloxctl(&d, &["session", "delete", "agent-a", "nope"]);
+    assert!(!ok && err.contains("not_found"), "{err}");
+    let (ok, out, _) = alloxctl(&d, &["--json", "audit"]);
+    assert!(ok, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let recs = v["records"].as_array().unwrap();
+    let actions: Vec<(&str, &str)> = recs
+        .iter()
+        .map(|r| {
+            (
+                r["action"].as_str().unwrap(),
+                r["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert!(actions.contains(&("agent.create", "ok")));
+    assert!(actions.contains(&("agent.create", "conflict")));
+    assert!(actions.contains(&("agent.create", "invalid_request")));
+    assert!(actions.contains(&("session.rollback", "ok")));
+    assert!(actions.contains(&("session.delete", "not_found")));
+    assert!(recs
+        .iter()
+        .all(|r| r["peer"].as_str().unwrap().starts_with("uid=0")));
+}
+
+#[test]
+fn seed_curl_examples_work_through_the_gateway() {
+    let Some((_fs, d)) = setup("daemon::seed_curl_examples_work_through_the_gateway", &[]) else {
+        return;
+    };
+    assert!(
+        allox_integration::which("curl").is_some(),
+        "curl is needed (apt-get install curl)"
+    );
+    let mut gw = Command::new(workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["gateway", "--listen", "127.0.0.1:8092"])
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect("127.0.0.1:8092").is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "gateway did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The four calls exactly as the design document gives them.
+    let calls = [
+        r#"{"action":"agent.create","params":{"agent_id":"agent-a"}}"#,
+        r#"{"action":"session.create","params":{"agent_id":"agent-a","session_id":"session-1"}}"#,
+        r#"{"action":"checkpoint.create","params":{"agent_id":"agent-a","session_id":"session-1","checkpoint_id":"clean"}}"#,
+        r#"{"action":"session.rollback","params":{"agent_id":"agent-a","session_id":"session-1","checkpoint_id":"clean"}}"#,
+    ];
+    let curl = |body: &str| {
+        let out = Command::new("curl")
+            .args([
+                "-sS",
+                "http://127.0.0.1:8092/v1/rpc",
+                "-H",
+                "Content-Type: application/json",
+                "-d",
+                body,
+            ])
+            .args(["-w", "\n%{http_code}"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (json, code) = text.rsplit_once('\n').unwrap();
+        (
+            code.to_string(),
+            serde_json::from_str::<serde_json::Value>(json).unwrap(),
+        )
+    };
+    for body in calls {
+        let (code, v) = curl(body);
+        assert_eq!(code, "200", "{body}: {v}");
+        assert!(v.get("result").is_some(), "{v}");
+    }
+    let (code, v) = curl(calls[0]);
+    assert_eq!(
+        (code.as_str(), v["error"]["code"].as_str()),
+        ("409", Some("conflict"))
+    );
+    let (code, v) = curl(
+        r#"{"action":"session.rollback","params":{"agent_id":"agent-a","session_id":"session-1","checkpoint_id":"missing"}}"#,
+    );
+    assert_eq!(
+        (code.as_str(), v["error"]["code"].as_str()),
+        ("404", Some("not_found"))
+    );
+    let (code, _) = curl("{not json");
+    assert_eq!(code, "400");
+    let _ = gw.kill();
+    let _ = gw.wait();
+}
+
+#[test]
+fn many_clients_at_once() {
+    let Some((_fs, d)) = setup("daemon::many_clients_at_once", &[]) else {
+        return;
+    };
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let sock = d.socket.clone();
+            std::thread::spawn(move || {
+                let mut c = allox_ctl::Client::connect(&sock).unwrap();
+                let a = format!("agent-{t}");
+                c.call(Request::AgentCreate(AgentRef {
+                    agent_id: a.clone(),
+                }))
+                .unwrap()
+                .unwrap();
+                for s in 0..5 {
+                    let s = format!("s{s}");
+                    c.call(Request::SessionCreate(SessionRef {
+                        agent_id: a.clone(),
+                        session_id: s.clone(),
+                    }))
+                    .unwrap()
+                    .unwrap();
+                    c.call(Request::CheckpointCreate(CheckpointCreate {
+                        agent_id: a.clone(),
+                        session_id: s.clone(),
+                        checkpoint_id: "c".into(),
+                        pinned: false,
+                        label: None,
+                    }))
+                    .unwrap()
+                    .unwrap();
+                    c.call(Request::SessionRollback(SessionRollback {
+                        agent_id: a.clone(),
+                        session_id: s,
+                        checkpoint_id: "c".into(),
+                        kill_processes: None,
+                    }))
+                    .unwrap()
+                    .unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let Response::Agents(l) = d
+        .client()
+        .call(Request::AgentList(AgentList {}))
+        .unwrap()
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(l.agents.len(), 8);
+    assert!(l.agents.iter().all(|a| a.sessions == 5));
+}
+
+#[test]
+fn one_connection_carries_many_requests_in_flight() {
+    let Some((_fs, d)) = setup("daemon::one_connection_carries_many_requests", &[]) else {
+        return;
+    };
+    let mut s = greeted(&d);
+    let mut batch = Vec::new();
+    for i in 1..=40u64 {
+        batch.extend(req(
+            i,
+            Request::AgentCreate(AgentRef {
+                agent_id: format!("a{i}"),
+            }),
+        ));
+        batch.extend(ping(1000 + i));
+    }
+    s.write_all(&batch).unwrap();
+    let frames = read_frames(&mut s, 80);
+    let mut ids: Vec<u64> = frames
+        .iter()
+        .map(|f| {
+            let (id, o) = outcome(f);
+            assert!(matches!(o, Outcome::Ok(_)), "{o:?}");
+            id
+        })
+        .collect();
+    ids.sort();
+    let mut want: Vec<u64> = (1..=40).chain(1001..=1040).collect();
+    want.sort();
+    assert_eq!(ids, want);
+}
+
+#[test]
+fn hostile_frames_get_errors_and_the_connection_recovers() {
+    let Some((_fs, d)) = setup("daemon::hostile_frames", &[]) else {
+        return;
+    };
+    let mut s = greeted(&d);
+    // Garbage that is not COBS, a frame that decodes to nonsense, trailing
+    // bytes after a valid message, then a good request.
+    let mut bad_trailing = postcard::to_stdvec(&ClientFrame::Request(RequestEnvelope {
+        request_id: 5,
+        request: Request::Ping(Ping {}),
+    }))
+    .unwrap();
+    bad_trailing.push(0x01);
+    let mut bytes = vec![0x05, 0x01, 0x00];
+    bytes.extend(allox_protocol::frame::frame(&[0x01, 0x02, 0xc8, 0x00]).unwrap());
+    bytes.extend(allox_protocol::frame::frame(&bad_trailing).unwrap());
+    bytes.extend(ping(9));
+    s.write_all(&bytes).unwrap();
+    let f = read_frames(&mut s, 4);
+    for x in &f[..3] {
+        let (id, o) = outcome(x);
+        assert_eq!(id, 0);
+        let Outcome::Err(e) = o else { panic!("{o:?}") };
+        assert_eq!(e.code, ErrorCode::InvalidRequest);
+    }
+    assert_eq!(outcome(&f[3]).0, 9);
+    // An oversized frame is dropped up to its delimiter without buffering it.
+    let mut big = vec![0x55u8; 2 << 20];
+    big.push(0);
+    big.extend(ping(10));
+    s.write_all(&big).unwrap();
+    let f = read_frames(&mut s, 2);
+    let Outcome::Err(e) = outcome(&f[0]).1 else {
+        panic!()
+    };
+    assert!(e.message.contains("longer than"), "{}", e.message);
+    assert_eq!(outcome(&f[1]).0, 10);
+}
+
+#[test]
+fn handshake_is_enforced() {
+    let Some((_fs, d)) = setup("daemon::handshake_is_enforced", &[]) else {
+        return;
+    };
+    // Wrong version: refused with version_mismatch, then closed.
+    let mut s = UnixStream::connect(&d.socket).unwrap();
+    s.write_all(
+        &encode(&ClientFrame::Hello(Hello {
+            version: 999,
+            build: "old".into(),
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    s.write_all(&ping(1)).unwrap();
+    let f = read_frames(&mut s, 5);
+    assert_eq!(f.len(), 1, "nothing but the refusal: {f:?}");
+    let ServerFrame::Refused(e) = &f[0] else {
+        panic!("{f:?}")
+    };
+    assert_eq!(e.code, ErrorCode::VersionMismatch);
+    assert!(e.message.contains("999"), "{}", e.message);
+    // A request before Hello is refused.
+    let mut s = UnixStream::connect(&d.socket).unwrap();
+    s.write_all(&ping(1)).unwrap();
+    let f = read_frames(&mut s, 5);
+    assert!(
+        matches!(&f[..], [ServerFrame::Refused(e)] if e.code == ErrorCode::InvalidRequest),
+        "{f:?}"
+    );
+    // The client library reports a refusal with its code.
+    let e = allox_ctl::Client::handshake(UnixStream::connect(&d.socket).unwrap()).map(|_| ());
+    assert!(e.is_ok());
+}
+
+#[test]
+fn stalled_vanishing_and_non_reading_clients_do_not_hold_up_others() {
+    let Some((_fs, d)) = setup(
+        "daemon::stalled_vanishing_and_non_reading_clients",
+        &["--stall-timeout-ms", "500", "--write-timeout-ms", "1000"],
+    ) else {
+        return;
+    };
+    // Vanishes mid-frame.
+    {
+        let mut s = greeted(&d);
+        let f = ping(1);
+        s.write_all(&f[..f.len() / 2]).unwrap();
+    }
+    // Stalls mid-frame: dropped after the stall limit.
+    let mut stalled = greeted(&d);
+    let f = ping(1);
+    stalled.write_all(&f[..2]).unwrap();
+    // Never reads: floods requests with large answers.
+    let mut flood = greeted(&d);
+    let mut c = d.client();
+    for i in 0..200 {
+        c.call(Request::AgentCreate(AgentRef {
+            agent_id: format!("agent-with-a-long-name-{i:04}"),
+        }))
+        .unwrap()
+        .unwrap();
+    }
+    let flooder = std::thread::spawn(move || {
+        let frame = req(7, Request::AgentList(AgentList {}));
+        let mut sent = 0;
+        flood
+            .set_write_timeout(Some(Duration::from_secs(15)))
+            .unwrap();
+        while flood.write_all(&frame).is_ok() {
+            sent += 1;
+            if sent > 200_000 {
+                break;
+            }
+        }
+        sent
+    });
+    // Meanwhile another client is served promptly.
+    let t0 = Instant::now();
+    let mut worst = Duration::ZERO;
+    while t0.elapsed() < Duration::from_secs(3) {
+        let t = Instant::now();
+        c.call(Request::Ping(Ping {})).unwrap().unwrap();
+        worst = worst.max(t.elapsed());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        worst < Duration::from_millis(500),
+        "a healthy client waited {worst:?}"
+    );
+    // The staller was dropped: its socket reads EOF.
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut b = [0u8; 16];
+    assert!(
+        matches!(stalled.read(&mut b), Ok(0) | Err(_)),
+        "stalled client still connected"
+    );
+    // The flooder was dropped: its writes end.
+    let sent = flooder.join().unwrap();
+    assert!(
+        sent < 200_000,
+        "a client that never reads was never dropped"
+    );
+    c.call(Request::Ping(Ping {})).unwrap().unwrap();
+}

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Installs what the project needs on a fresh Debian machine, as root.
+# Sourced by demo.sh, test.sh and bench.sh; safe to run again.
+set -euo pipefail
+
+allox_need_root() {
+    if [ "$(id -u)" != 0 ]; then
+        echo "error: $0 must run as root (it makes loop devices and Btrfs filesystems)" >&2
+        exit 1
+    fi
+}
+
+allox_install_deps() {
+    local pkgs=(btrfs-progs curl util-linux mount)
+    local missing=()
+    for p in "${pkgs[@]}"; do
+        dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    done
+    if [ "${#missing[@]}" -gt 0 ]; then
+        echo "==> apt-get install ${missing[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+    if ! command -v cargo >/dev/null 2>&1; then
+        if [ -x "$HOME/.cargo/bin/cargo" ]; then
+            export PATH="$HOME/.cargo/bin:$PATH"
+        else
+            echo "==> no cargo found; installing Debian's Rust toolchain"
+            apt-get update -qq
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cargo rustc >/dev/null
+        fi
+    fi
+    modprobe btrfs 2>/dev/null || true
+    modprobe loop 2>/dev/null || true
+}
+
+# Makes a loop-backed Btrfs filesystem of $2 MiB mounted at $1.
+allox_make_btrfs() {
+    local mnt=$1 size_mb=$2
+    local img="$mnt.img"
+    mkdir -p "$mnt"
+    truncate -s "${size_mb}M" "$img"
+    mkfs.btrfs -q -f "$img" >/dev/null
+    mount -o loop "$img" "$mnt"
+}
+
+allox_remove_btrfs() {
+    local mnt=$1
+    umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
+    rm -f "$mnt.img"
+    rmdir "$mnt" 2>/dev/null || true
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs every test: format and lint checks, unit tests (no privileges), the
+# integration tests on real loop-backed Btrfs (root), and the protocol fuzz
+# target for a bounded time. Installs what it needs.
+#
+#   sudo scripts/test.sh            # everything
+#   FUZZ_SECONDS=0 scripts/test.sh  # skip the fuzz run (it is still built)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/deps.sh
+allox_need_root
+allox_install_deps
+
+FUZZ_SECONDS=${FUZZ_SECONDS:-60}
+export CARGO_TERM_COLOR=never
+
+step() { echo; echo "==> $*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+step "build"
+cargo build --workspace --quiet
+
+step "unit tests (no privileges)"
+cargo test --workspace --exclude allox-integration
+
+step "integration tests (root, loop devices, Btrfs)"
+ALLOX_REQUIRE_PRIVILEGED=1 cargo test -p allox-integration -- --test-threads=2
+
+step "fuzz target: protocol decoding"
+scripts/fuzz.sh "$FUZZ_SECONDS"
+
+echo
+echo "==> all tests passed"

@@ -125,12 +125,11 @@ impl Drop for BtrfsFs {
 pub fn workspace_bin(name: &str) -> PathBuf {
     static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/deps/<test> → target/<profile>/<name>
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test binary lives in target/<profile>/deps")
-        .to_path_buf();
+    // target/<profile>/deps/<test> or target/<profile>/<bin> → target/<profile>/<name>
+    let mut dir = exe.parent().expect("binary has a directory").to_path_buf();
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.pop();
+    }
     let built = BUILT.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let profile = dir.file_name().and_then(|s| s.to_str()).unwrap_or("debug");

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Benchmarks checkpoint/rollback latency and the RPC round trip; prints
+# Markdown tables (recorded in docs/benchmarks.md).
+#   sudo scripts/bench.sh               # full run
+#   ALLOX_BENCH_QUICK=1 scripts/bench.sh  # few iterations
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/deps.sh
+allox_need_root
+allox_install_deps
+cargo build --release --quiet -p allox-init -p allox-ctl -p allox-integration
+exec target/release/allox-bench

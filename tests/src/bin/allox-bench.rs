@@ -1,0 +1,189 @@
+//! Store and protocol benchmark: prints Markdown tables.
+//!
+//! * checkpoint and rollback latency at 100, 10,000 and 100,000 files,
+//!   beside `cp -a --reflink=always` of the same tree;
+//! * the RPC round trip of `system.ping` over the daemon's Unix socket,
+//!   beside a bare echo over a Unix socket pair.
+//!
+//! Needs root, loop devices and Btrfs; run it through `scripts/bench.sh`.
+
+use allox_integration::{missing, populate, workspace_bin, BtrfsFs, Daemon};
+use allox_protocol::{CheckpointCreate, Ping, Request, SessionRollback};
+use allox_supervisor::failpoint::Failpoints;
+use allox_supervisor::store::Store;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn pct(v: &[Duration], p: f64) -> Duration {
+    let mut s = v.to_vec();
+    s.sort();
+    let i = ((p * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1;
+    s[i]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64() * 1e3)
+}
+
+fn us(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1e6)
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .unwrap_or("?")
+        .trim()
+        .to_string();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    format!("{cores} cores, {cpu}, Linux {}", kernel.trim())
+}
+
+fn main() -> anyhow::Result<()> {
+    if let Some(what) = missing() {
+        anyhow::bail!("allox-bench needs {what}");
+    }
+    let quick = std::env::var("ALLOX_BENCH_QUICK").is_ok();
+    println!("# Allox OS store benchmark\n\nmachine: {}\n", machine());
+    std::fs::create_dir_all("/var/tmp")?;
+    let fs = BtrfsFs::new(8192)?;
+    store_bench(&fs, quick)?;
+    rpc_bench(&fs, quick)?;
+    Ok(())
+}
+
+fn store_bench(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
+    let root = fs.path().join("store");
+    std::fs::create_dir(&root)?;
+    let st = Store::open(&root, Failpoints::default())?;
+    st.agent_create("bench")?;
+    println!("## Checkpoint and rollback (loop-backed Btrfs on the machine's disk)\n");
+    println!("Each iteration: `checkpoint.create`, change one file, `session.rollback` to that checkpoint.");
+    println!("Baseline: `cp -a --reflink=always` of the same tree (a reflink copy, the usual way to snapshot without subvolumes).\n");
+    println!("| files | n | checkpoint p50 ms | checkpoint p99 ms | rollback p50 ms | rollback p99 ms | cp --reflink p50 ms | cp / checkpoint |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for files in [100usize, 10_000, 100_000] {
+        let s = format!("s{files}");
+        let info = st.session_create("bench", &s)?;
+        let cur = Path::new(&info.current).to_path_buf();
+        populate(&cur, files)?;
+        Command::new("sync").status()?;
+        let n = if quick { 10 } else { 100 };
+        let (mut ck, mut rb) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            let c = format!("c{i}");
+            let t = Instant::now();
+            st.checkpoint_create(&CheckpointCreate {
+                agent_id: "bench".into(),
+                session_id: s.clone(),
+                checkpoint_id: c.clone(),
+                pinned: false,
+                label: None,
+            })?;
+            ck.push(t.elapsed());
+            std::fs::write(cur.join("d000/f0"), format!("change {i}"))?;
+            let t = Instant::now();
+            st.rollback(&SessionRollback {
+                agent_id: "bench".into(),
+                session_id: s.clone(),
+                checkpoint_id: c,
+                kill_processes: None,
+            })?;
+            rb.push(t.elapsed());
+        }
+        st.wait_idle();
+        let reps = if files >= 100_000 || quick { 5 } else { 20 };
+        let mut cp = Vec::new();
+        for i in 0..reps {
+            let dest = fs.path().join(format!("cp-{files}-{i}"));
+            let t = Instant::now();
+            let ok = Command::new("cp")
+                .args(["-a", "--reflink=always"])
+                .arg(&cur)
+                .arg(&dest)
+                .status()?
+                .success();
+            cp.push(t.elapsed());
+            anyhow::ensure!(ok, "cp --reflink failed");
+            std::fs::remove_dir_all(&dest)?;
+        }
+        let ratio = pct(&cp, 0.5).as_secs_f64() / pct(&ck, 0.5).as_secs_f64();
+        println!(
+            "| {files} | {n} | {} | {} | {} | {} | {} | {ratio:.1}× |",
+            ms(pct(&ck, 0.5)),
+            ms(pct(&ck, 0.99)),
+            ms(pct(&rb, 0.5)),
+            ms(pct(&rb, 0.99)),
+            ms(pct(&cp, 0.5)),
+        );
+        st.session_delete("bench", &s)?;
+        st.wait_idle();
+    }
+    println!();
+    Ok(())
+}
+
+fn rpc_bench(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
+    let root = fs.path().join("rpc-store");
+    std::fs::create_dir(&root)?;
+    let _ = workspace_bin("allox-init");
+    let d = Daemon::start(&root, &fs.scratch().join("bench.sock"), &[], &[]);
+    let mut c = d.client();
+    let n = if quick { 2_000 } else { 20_000 };
+    for _ in 0..1000 {
+        c.call(Request::Ping(Ping {}))?.map_err(anyhow::Error::msg)?;
+    }
+    let mut rpc = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        c.call(Request::Ping(Ping {}))?.map_err(anyhow::Error::msg)?;
+        rpc.push(t.elapsed());
+    }
+    // Baseline: the same number of bytes bounced off a thread over a Unix
+    // socket pair, without any protocol.
+    let (mut a, mut b) = std::os::unix::net::UnixStream::pair()?;
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        while let Ok(k) = b.read(&mut buf) {
+            if k == 0 || b.write_all(&buf[..k]).is_err() {
+                break;
+            }
+        }
+    });
+    let mut raw = Vec::with_capacity(n);
+    let mut buf = [0u8; 64];
+    for _ in 0..(n + 1000) {
+        let t = Instant::now();
+        a.write_all(&[1u8; 8])?;
+        let mut got = 0;
+        while got < 8 {
+            got += a.read(&mut buf[got..8])?;
+        }
+        raw.push(t.elapsed());
+    }
+    drop(a);
+    let _ = echo.join();
+    let raw = &raw[1000..];
+    println!("## RPC round trip\n");
+    println!("| what | n | p50 µs | p99 µs | ratio p50 |");
+    println!("|---|---:|---:|---:|---:|");
+    println!(
+        "| bare Unix socket echo (baseline) | {n} | {} | {} | 1.0× |",
+        us(pct(raw, 0.5)),
+        us(pct(raw, 0.99))
+    );
+    println!(
+        "| `system.ping` through the daemon | {n} | {} | {} | {:.1}× |",
+        us(pct(&rpc, 0.5)),
+        us(pct(&rpc, 0.99)),
+        pct(&rpc, 0.5).as_secs_f64() / pct(raw, 0.5).as_secs_f64()
+    );
+    d.stop();
+    Ok(())
+}

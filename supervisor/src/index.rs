@@ -4,11 +4,13 @@
 //! Keys are IDs joined with `/` (which no ID contains): `agent`,
 //! `agent/session`, `agent/session/checkpoint`, so a prefix range lists one
 //! agent's sessions or one session's checkpoints. Values are postcard.
-//! The `ops` table holds the IDs of journaled operations whose commit is in
-//! the index: it is how recovery tells "committed" from "not yet".
+//! The `journal` table is the write-ahead journal (see `crate::journal`).
 
+use crate::journal::{Entry, Op, Stage};
 use allox_protocol::Origin;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+use redb::{
+    Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
+};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::path::Path;
 use thiserror::Error;
@@ -16,7 +18,7 @@ use thiserror::Error;
 const AGENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("agents");
 const SESSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("sessions");
 const CHECKPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("checkpoints");
-const OPS: TableDefinition<u64, ()> = TableDefinition::new("ops");
+const JOURNAL: TableDefinition<u64, &[u8]> = TableDefinition::new("journal");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -46,12 +48,33 @@ pub struct CheckpointRecord {
 pub enum IndexError {
     #[error("index database")]
     Db(#[from] redb::Error),
+    #[error("index database is closed after an I/O error and could not be reopened")]
+    Closed,
     #[error("index record for {key} is unreadable")]
     Decode {
         key: String,
         #[source]
         source: postcard::Error,
     },
+}
+
+impl IndexError {
+    /// The OS error behind this failure, if any.
+    pub fn os_error(&self) -> Option<&std::io::Error> {
+        match self {
+            IndexError::Db(redb::Error::Io(e)) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// Whether the database must be reopened before it works again (redb
+    /// refuses everything after an I/O error, such as a full disk).
+    pub fn needs_reopen(&self) -> bool {
+        matches!(
+            self,
+            IndexError::Db(redb::Error::Io(_)) | IndexError::Db(redb::Error::PreviousIo)
+        )
+    }
 }
 
 macro_rules! from_redb {
@@ -66,7 +89,8 @@ from_redb!(
     redb::TransactionError,
     redb::TableError,
     redb::StorageError,
-    redb::CommitError
+    redb::CommitError,
+    redb::SetDurabilityError
 );
 
 fn enc<T: Serialize>(v: &T) -> Vec<u8> {
@@ -95,22 +119,50 @@ pub fn checkpoint_key(a: &str, s: &str, c: &str) -> String {
 }
 
 pub struct Index {
-    db: Database,
+    path: std::path::PathBuf,
+    db: std::sync::RwLock<Option<Database>>,
 }
 
 impl Index {
     pub fn open(path: &Path) -> Result<Index, IndexError> {
+        let db = Self::open_db(path)?;
+        Ok(Index {
+            path: path.to_path_buf(),
+            db: std::sync::RwLock::new(Some(db)),
+        })
+    }
+
+    fn open_db(path: &Path) -> Result<Database, IndexError> {
         let db = Database::create(path)?;
         let w = db.begin_write()?;
         {
             w.open_table(AGENTS)?;
             w.open_table(SESSIONS)?;
             w.open_table(CHECKPOINTS)?;
-            w.open_table(OPS)?;
+            w.open_table(JOURNAL)?;
             w.open_table(META)?;
         }
         w.commit()?;
-        Ok(Index { db })
+        Ok(db)
+    }
+
+    /// Closes and reopens the database (after an I/O error).
+    pub fn reopen(&self) -> Result<(), IndexError> {
+        let mut g = self.db.write().unwrap_or_else(|p| p.into_inner());
+        drop(g.take());
+        *g = Some(Self::open_db(&self.path)?);
+        Ok(())
+    }
+
+    fn with_db<T>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, IndexError>,
+    ) -> Result<T, IndexError> {
+        let g = self.db.read().unwrap_or_else(|p| p.into_inner());
+        match g.as_ref() {
+            Some(db) => f(db),
+            None => Err(IndexError::Closed),
+        }
     }
 
     fn get<T: DeserializeOwned>(
@@ -118,10 +170,12 @@ impl Index {
         table: TableDefinition<&str, &[u8]>,
         key: &str,
     ) -> Result<Option<T>, IndexError> {
-        let r = self.db.begin_read()?;
-        let t = r.open_table(table)?;
-        let v = t.get(key)?;
-        v.map(|g| dec(key, g.value())).transpose()
+        self.with_db(|db| {
+            let r = db.begin_read()?;
+            let t = r.open_table(table)?;
+            let v = t.get(key)?;
+            v.map(|g| dec(key, g.value())).transpose()
+        })
     }
 
     fn list<T: DeserializeOwned>(
@@ -129,7 +183,15 @@ impl Index {
         table: TableDefinition<&str, &[u8]>,
         prefix: Option<&str>,
     ) -> Result<Vec<(String, T)>, IndexError> {
-        let r = self.db.begin_read()?;
+        self.with_db(|db| Self::list_in(db, table, prefix))
+    }
+
+    fn list_in<T: DeserializeOwned>(
+        db: &Database,
+        table: TableDefinition<&str, &[u8]>,
+        prefix: Option<&str>,
+    ) -> Result<Vec<(String, T)>, IndexError> {
+        let r = db.begin_read()?;
         let t = r.open_table(table)?;
         let mut out = Vec::new();
         let mut push = |k: &str, v: &[u8]| -> Result<(), IndexError> {
@@ -190,10 +252,19 @@ impl Index {
         v.sort_by_key(|(_, r)| r.seq);
         Ok(v)
     }
-    pub fn is_committed(&self, op_id: u64) -> Result<bool, IndexError> {
-        let r = self.db.begin_read()?;
-        let t = r.open_table(OPS)?;
-        Ok(t.get(op_id)?.is_some())
+    /// Journal entries still open, oldest first.
+    pub fn pending(&self) -> Result<Vec<(u64, Entry)>, IndexError> {
+        self.with_db(|db| {
+            let r = db.begin_read()?;
+            let t = r.open_table(JOURNAL)?;
+            let mut out = Vec::new();
+            for item in t.iter()? {
+                let (k, v) = item?;
+                let id = k.value();
+                out.push((id, dec(&format!("journal/{id}"), v.value())?));
+            }
+            Ok(out)
+        })
     }
 
     /// Runs `f` in one write transaction and commits it durably.
@@ -201,13 +272,55 @@ impl Index {
         &self,
         f: impl FnOnce(&mut Writer<'_>) -> Result<T, IndexError>,
     ) -> Result<T, IndexError> {
-        let tx = self.db.begin_write()?;
-        let out = {
-            let mut w = Writer { tx: &tx };
-            f(&mut w)?
-        };
-        tx.commit()?;
-        Ok(out)
+        self.commit(true, f)
+    }
+
+    /// Like [`Index::write`], without waiting for the disk: the commit is
+    /// atomic and ordered, and becomes durable with the next durable one.
+    pub fn write_quick<T>(
+        &self,
+        f: impl FnOnce(&mut Writer<'_>) -> Result<T, IndexError>,
+    ) -> Result<T, IndexError> {
+        self.commit(false, f)
+    }
+
+    fn commit<T>(
+        &self,
+        durable: bool,
+        f: impl FnOnce(&mut Writer<'_>) -> Result<T, IndexError>,
+    ) -> Result<T, IndexError> {
+        self.with_db(|db| {
+            let mut tx = db.begin_write()?;
+            if !durable {
+                tx.set_durability(Durability::None)?;
+            }
+            let out = {
+                let mut w = Writer { tx: &tx };
+                f(&mut w)?
+            };
+            tx.commit()?;
+            Ok(out)
+        })
+    }
+
+    /// Journal Begin: builds the operation (which may take counters from
+    /// the index) and commits it durably.
+    pub fn begin(
+        &self,
+        op_id: u64,
+        build: impl FnOnce(&mut Writer<'_>) -> Result<Op, IndexError>,
+    ) -> Result<Op, IndexError> {
+        self.write(|w| {
+            let op = build(w)?;
+            w.journal_put(
+                op_id,
+                &Entry {
+                    op: op.clone(),
+                    stage: Stage::Begun,
+                },
+            )?;
+            Ok(op)
+        })
     }
 }
 
@@ -271,15 +384,51 @@ impl Writer<'_> {
             .remove(checkpoint_key(a, s, c).as_str())?;
         Ok(())
     }
-    /// Marks a journaled operation as committed by this transaction.
-    pub fn mark_op(&mut self, op_id: u64) -> Result<(), IndexError> {
-        self.tx.open_table(OPS)?.insert(op_id, ())?;
+    pub fn journal_put(&mut self, op_id: u64, e: &Entry) -> Result<(), IndexError> {
+        self.tx
+            .open_table(JOURNAL)?
+            .insert(op_id, enc(e).as_slice())?;
         Ok(())
     }
-    /// Forgets all committed-operation marks (once the journal is empty).
-    pub fn clear_ops(&mut self) -> Result<(), IndexError> {
-        self.tx.open_table(OPS)?.retain(|_, _| false)?;
+    pub fn journal_remove(&mut self, op_id: u64) -> Result<(), IndexError> {
+        self.tx.open_table(JOURNAL)?.remove(op_id)?;
         Ok(())
+    }
+    fn get<T: DeserializeOwned>(
+        &self,
+        table: TableDefinition<&str, &[u8]>,
+        key: &str,
+    ) -> Result<Option<T>, IndexError> {
+        let t = self.tx.open_table(table)?;
+        let v = t.get(key)?;
+        v.map(|g| dec(key, g.value())).transpose()
+    }
+    pub fn session(&self, a: &str, s: &str) -> Result<Option<SessionRecord>, IndexError> {
+        self.get(SESSIONS, &session_key(a, s))
+    }
+    pub fn checkpoint(
+        &self,
+        a: &str,
+        s: &str,
+        c: &str,
+    ) -> Result<Option<CheckpointRecord>, IndexError> {
+        self.get(CHECKPOINTS, &checkpoint_key(a, s, c))
+    }
+    /// A session's checkpoints, in key order.
+    pub fn checkpoints(
+        &self,
+        a: &str,
+        s: &str,
+    ) -> Result<Vec<(String, CheckpointRecord)>, IndexError> {
+        let t = self.tx.open_table(CHECKPOINTS)?;
+        let (lo, hi) = under(&session_key(a, s));
+        let mut out = Vec::new();
+        for item in t.range(lo.as_str()..hi.as_str())? {
+            let (k, v) = item?;
+            let name = k.value().rsplit('/').next().unwrap_or("").to_string();
+            out.push((name, dec(k.value(), v.value())?));
+        }
+        Ok(out)
     }
     /// The next value of a store-wide counter.
     pub fn next_seq(&mut self, name: &str) -> Result<u64, IndexError> {
@@ -331,7 +480,13 @@ mod tests {
                     head: None,
                 },
             )?;
-            w.mark_op(7)
+            w.journal_put(
+                7,
+                &Entry {
+                    op: Op::AgentDelete { agent: "a".into() },
+                    stage: Stage::Begun,
+                },
+            )
         })
         .unwrap();
         assert_eq!(ix.agents().unwrap().len(), 4);
@@ -344,7 +499,9 @@ mod tests {
             .map(|x| x.0)
             .collect();
         assert_eq!(c, ["c1", "c2"]);
-        assert!(ix.is_committed(7).unwrap());
+        assert_eq!(ix.pending().unwrap().len(), 1);
+        ix.write_quick(|w| w.journal_remove(7)).unwrap();
+        assert!(ix.pending().unwrap().is_empty());
         ix.write(|w| w.remove_agent("a")).unwrap();
         assert!(ix.agent("a").unwrap().is_none());
         assert!(ix.sessions("a").unwrap().is_empty());

@@ -426,7 +426,7 @@ fn disk_full_gives_a_clean_error_and_keeps_journal_and_audit_usable() {
             Err(e) => errors.push(e),
         }
     }
-    eprintln!("disk full: {} of 40 operations refused", errors.len());
+    assert!(!errors.is_empty(), "a full filesystem refused nothing");
     for e in &errors {
         assert!(
             matches!(e.code(), ErrorCode::Unavailable),

@@ -24,17 +24,21 @@ impl Store {
         let rec = AgentRecord {
             created_ms: crate::now_ms(),
         };
-        self.journaled(Op::AgentCreate { agent: a.into() }, |op_id| {
+        let build = |_: &mut crate::index::Writer<'_>| {
+            Ok(Op::AgentCreate {
+                agent: a.into(),
+                created_ms: rec.created_ms,
+            })
+        };
+        self.check_space()?;
+        self.journaled(build, |op_id, op| {
             mkdir(&dir)?;
             self.fp.hit("agent_create.after_mkdir");
             btrfs::create_subvolume(&self.layout.workspace(a))?;
             mkdir(&self.layout.shared(a))?;
             mkdir(&self.layout.sessions_dir(a))?;
             self.fp.hit("agent_create.before_commit");
-            self.index.write(|w| {
-                w.put_agent(a, &rec)?;
-                w.mark_op(op_id)
-            })?;
+            self.end(op_id, op, &After::Nothing)?;
             Ok(((), After::Nothing))
         })?;
         self.agent_info(a, &rec)
@@ -58,16 +62,15 @@ impl Store {
         // Removals still running inside this tree would race the rename.
         self.reaper.wait_idle();
         let dir = self.layout.agent_dir(a);
-        self.journaled(Op::AgentDelete { agent: a.into() }, |op_id| {
+        let build = |_: &mut crate::index::Writer<'_>| Ok(Op::AgentDelete { agent: a.into() });
+        self.journaled(build, |op_id, op| {
             let trash = Layout::trash(&self.layout.agents_dir(), op_id);
             rename(&dir, &trash)?;
             self.fp.hit("agent_delete.after_rename");
-            self.index.write(|w| {
-                w.remove_agent(a)?;
-                w.mark_op(op_id)
-            })?;
+            let after = After::Remove(trash);
+            self.end(op_id, op, &after)?;
             self.fp.hit("agent_delete.after_commit");
-            Ok(((), After::Remove(trash)))
+            Ok(((), after))
         })?;
         Ok(Deleted {
             deleted: a.to_string(),

@@ -45,33 +45,32 @@ impl Store {
                 dest.display()
             )));
         }
-        let op = Op::CheckpointCreate {
-            agent: a.into(),
-            session: s.into(),
-            checkpoint: c.into(),
-        };
-        let rec = self.journaled(op, |op_id| {
-            self.fp.hit("checkpoint_create.after_journal");
-            btrfs::snapshot(&self.layout.current(a, s), &dest, true)?;
-            self.fp.hit("checkpoint_create.after_snapshot");
-            let rec = self.index.write(|w| {
-                let rec = CheckpointRecord {
+        let build = |w: &mut crate::index::Writer<'_>| {
+            Ok(Op::CheckpointCreate {
+                agent: a.into(),
+                session: s.into(),
+                checkpoint: c.into(),
+                record: CheckpointRecord {
                     created_ms: crate::now_ms(),
                     seq: w.next_seq("checkpoint")?,
                     parent: session.head.clone(),
                     origin,
                     pinned: p.pinned,
                     label: p.label.clone(),
-                };
-                w.put_checkpoint(a, s, c, &rec)?;
-                let mut sess = session.clone();
-                sess.head = Some(c.to_string());
-                w.put_session(a, s, &sess)?;
-                w.mark_op(op_id)?;
-                Ok(rec)
-            })?;
+                },
+            })
+        };
+        self.check_space()?;
+        let rec = self.journaled(build, |op_id, op| {
+            self.fp.hit("checkpoint_create.after_journal");
+            btrfs::snapshot(&self.layout.current(a, s), &dest, true)?;
+            self.fp.hit("checkpoint_create.after_snapshot");
+            self.end(op_id, op, &After::Nothing)?;
             self.fp.hit("checkpoint_create.after_commit");
-            Ok((rec, After::Nothing))
+            let Op::CheckpointCreate { record, .. } = op else {
+                unreachable!("built above")
+            };
+            Ok((record.clone(), After::Nothing))
         })?;
         Ok(checkpoint_info(a, s, c, &rec))
     }
@@ -103,38 +102,21 @@ impl Store {
                 "checkpoint {a}/{s}/{c} is pinned; unpin it first (checkpoint.pin with pinned=false)"
             )));
         }
-        let session = self.need_session(a, s)?;
-        let children: Vec<(String, CheckpointRecord)> = self
-            .index
-            .checkpoints(a, s)?
-            .into_iter()
-            .filter(|(_, r)| r.parent.as_deref() == Some(c))
-            .collect();
-        let op = Op::CheckpointDelete {
-            agent: a.into(),
-            session: s.into(),
-            checkpoint: c.into(),
+        let build = |_: &mut crate::index::Writer<'_>| {
+            Ok(Op::CheckpointDelete {
+                agent: a.into(),
+                session: s.into(),
+                checkpoint: c.into(),
+            })
         };
-        self.journaled(op, |op_id| {
+        self.journaled(build, |op_id, op| {
             let trash = Layout::trash(&self.layout.checkpoints_dir(a, s), op_id);
             rename(&self.layout.checkpoint(a, s, c), &trash)?;
             self.fp.hit("checkpoint_delete.after_rename");
-            self.index.write(|w| {
-                w.remove_checkpoint(a, s, c)?;
-                for (child, r) in &children {
-                    let mut r = r.clone();
-                    r.parent = rec.parent.clone();
-                    w.put_checkpoint(a, s, child, &r)?;
-                }
-                if session.head.as_deref() == Some(c) {
-                    let mut sess = session.clone();
-                    sess.head = rec.parent.clone();
-                    w.put_session(a, s, &sess)?;
-                }
-                w.mark_op(op_id)
-            })?;
+            let after = After::Remove(trash);
+            self.end(op_id, op, &after)?;
             self.fp.hit("checkpoint_delete.after_commit");
-            Ok(((), After::Remove(trash)))
+            Ok(((), after))
         })?;
         Ok(Deleted {
             deleted: format!("{a}/{s}/{c}"),

@@ -3,7 +3,6 @@
 use crate::audit::AuditError;
 use crate::btrfs::BtrfsError;
 use crate::index::IndexError;
-use crate::journal::JournalError;
 use allox_protocol::{ErrorBody, ErrorCode, IdError};
 use std::error::Error as _;
 use std::io;
@@ -21,12 +20,12 @@ pub enum StoreError {
     Exists(String),
     #[error("{0}")]
     Conflict(String),
+    #[error("only {free_mib} MiB free, at least {need_mib} MiB are kept in reserve")]
+    NoSpace { free_mib: u64, need_mib: u64 },
     #[error("store root {path} is unusable: {why}")]
     Root { path: String, why: String },
     #[error("subvolume operation failed")]
     Btrfs(#[from] BtrfsError),
-    #[error("journal")]
-    Journal(#[from] JournalError),
     #[error("index")]
     Index(#[from] IndexError),
     #[error("audit log")]
@@ -51,6 +50,14 @@ impl StoreError {
 
     /// Whether the root cause is a full disk.
     pub fn is_no_space(&self) -> bool {
+        if matches!(self, StoreError::NoSpace { .. }) {
+            return true;
+        }
+        if let StoreError::Index(ie) = self {
+            if let Some(e) = ie.os_error() {
+                return matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT));
+            }
+        }
         let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(self);
         while let Some(e) = cur {
             if let Some(io) = e.downcast_ref::<io::Error>() {

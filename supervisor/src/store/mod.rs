@@ -2,13 +2,14 @@
 //! every multi-step change journaled and recoverable.
 //!
 //! Each operation takes the store lock, checks its inputs against the index,
-//! writes its journal `Begin` (durable), changes the disk under names that
-//! recovery can find, commits the index (its point of no return, marking
-//! its op id in the same transaction), and leaves slow removals to the
-//! [`reaper`]. If a step fails, the same code that recovery runs at start-up
-//! finishes or undoes it at once ([`recovery::resolve`]).
+//! commits its journal Begin durably, changes the disk in steps that leave
+//! evidence recovery can read, commits its index changes with the journal
+//! End, and leaves slow removals to the reaper. If a step fails, the same
+//! code that recovery runs at start-up undoes it at once
+//! ([`recovery::resolve`]). See [`crate::journal`] for the protocol.
 
 mod agent;
+mod apply;
 mod checkpoint;
 pub mod error;
 mod reaper;
@@ -22,7 +23,7 @@ use crate::audit::Audit;
 use crate::btrfs;
 use crate::failpoint::Failpoints;
 use crate::index::{AgentRecord, CheckpointRecord, Index, SessionRecord};
-use crate::journal::{Journal, Op};
+use crate::journal::{Entry, Op, Stage};
 use crate::layout::Layout;
 use allox_protocol::{validate_id, AgentInfo, CheckpointInfo, SessionInfo};
 use reaper::Reaper;
@@ -34,10 +35,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// Longest checkpoint label in bytes.
 pub const MAX_LABEL: usize = 256;
 
+/// Free space below which operations that add data are refused, so that
+/// the index and the audit log never run out of room mid-write.
+pub const RESERVE_MIB: u64 = 32;
+
 pub struct Store {
     layout: Layout,
-    index: Index,
-    journal: Arc<Journal>,
+    index: Arc<Index>,
     audit: Audit,
     lock: Mutex<()>,
     reaper: Reaper,
@@ -52,6 +56,12 @@ enum After {
     Nothing,
     /// A tree to delete in the background; the op closes when it is gone.
     Remove(PathBuf),
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.reaper.stop();
+    }
 }
 
 impl Store {
@@ -72,15 +82,12 @@ impl Store {
         }
         let lock_path = layout.state_dir().join("lock");
         let root_lock = lock_root(&lock_path)?;
-        let (journal, pending) = Journal::open(&layout.state_dir().join("journal"))?;
-        let journal = Arc::new(journal);
-        let index = Index::open(&layout.state_dir().join("index.redb"))?;
+        let index = Arc::new(Index::open(&layout.state_dir().join("index.redb"))?);
         let audit = Audit::open(&layout.state_dir().join("audit.log"))?;
-        let reaper = Reaper::start(journal.clone());
+        let reaper = Reaper::start(index.clone());
         let store = Store {
             layout,
             index,
-            journal,
             audit,
             lock: Mutex::new(()),
             reaper,
@@ -88,7 +95,7 @@ impl Store {
             last_op: AtomicU64::new(0),
             _root_lock: root_lock,
         };
-        recovery::recover(&store, pending)?;
+        recovery::recover(&store)?;
         Ok(store)
     }
 
@@ -107,10 +114,10 @@ impl Store {
         self.reaper.wait_idle();
     }
 
-    /// Flushes journal and audit to disk.
+    /// Makes everything durable: index and journal, and the audit log.
     pub fn sync(&self) -> Result<()> {
         self.reaper.wait_idle();
-        self.journal.sync()?;
+        self.index.write(|_| Ok(()))?;
         self.audit.sync()?;
         Ok(())
     }
@@ -137,31 +144,39 @@ impl Store {
         }
     }
 
-    /// Runs `body` as a journaled operation (see the module docs).
-    fn journaled<T>(&self, op: Op, body: impl FnOnce(u64) -> Result<(T, After)>) -> Result<T> {
+    /// Runs an operation under the journal: Begin (durable), then `body`,
+    /// which does the disk steps and calls [`Store::end`]; on error, undoes
+    /// whatever the body did.
+    fn journaled<T>(
+        &self,
+        build: impl FnOnce(&mut crate::index::Writer<'_>) -> Result<Op, crate::index::IndexError>,
+        body: impl FnOnce(u64, &Op) -> Result<(T, After)>,
+    ) -> Result<T> {
         let op_id = self.new_op_id();
-        self.journal.begin(op_id, &op)?;
-        match body(op_id) {
-            Ok((v, after)) => {
-                match after {
-                    After::Nothing => {
-                        if let Err(e) = self.journal.done(op_id) {
-                            tracing::warn!(error = %e, op_id, "cannot close journal operation");
-                        }
-                    }
-                    After::Remove(path) => self.reaper.remove(path, op_id),
-                }
-                self.maybe_compact_journal();
+        let op = self.index.begin(op_id, build).map_err(|e| {
+            let e = StoreError::from(e);
+            self.heal(&e);
+            e
+        })?;
+        match body(op_id, &op) {
+            Ok((v, After::Nothing)) => Ok(v),
+            Ok((v, After::Remove(path))) => {
+                self.reaper.remove(path, op_id);
                 Ok(v)
             }
             Err(e) => {
-                match recovery::resolve(self, op_id, &op) {
-                    Ok(()) => {
-                        let _ = self.journal.done(op_id);
+                self.heal(&e);
+                let entry = Entry {
+                    op: op.clone(),
+                    stage: Stage::Begun,
+                };
+                match recovery::resolve(self, op_id, &entry, recovery::Mode::Abort) {
+                    Ok(_) => {
+                        let _ = self.index.write_quick(|w| w.journal_remove(op_id));
                     }
                     Err(e2) => tracing::error!(
                         error = %e2.chain(), op_id, ?op,
-                        "cannot clean up a failed operation; the next start-up will"
+                        "cannot undo a failed operation; the next start-up will"
                     ),
                 }
                 Err(e)
@@ -169,21 +184,51 @@ impl Store {
         }
     }
 
-    /// Empties the journal when it has grown and nothing is in flight (the
-    /// caller holds the store lock, so no operation is between steps).
-    fn maybe_compact_journal(&self) {
-        if self.journal.len() < 1 << 20 || self.reaper.busy() {
-            return;
+    /// After an I/O error (a full disk) the index database refuses all work
+    /// until it is reopened.
+    fn heal(&self, e: &StoreError) {
+        if let StoreError::Index(ie) = e {
+            if ie.needs_reopen() {
+                tracing::warn!(error = %e.chain(), "reopening the index after an I/O error");
+                if let Err(e2) = self.index.reopen() {
+                    tracing::error!(error = %e2, "cannot reopen the index");
+                }
+            }
         }
-        // Journal first: stale marks are harmless, a mark missing for a
-        // journaled operation is not.
-        if let Err(e) = self.journal.reset() {
-            tracing::warn!(error = %e, "cannot compact journal");
-            return;
+    }
+
+    /// Refuses work that adds data when the filesystem is nearly full.
+    fn check_space(&self) -> Result<()> {
+        let st = rustix::fs::statvfs(self.layout.root())
+            .map_err(|e| StoreError::io("statvfs", self.layout.root(), e.into()))?;
+        let free_mib = st.f_bavail.saturating_mul(st.f_frsize) >> 20;
+        if free_mib < RESERVE_MIB {
+            return Err(StoreError::NoSpace {
+                free_mib,
+                need_mib: RESERVE_MIB,
+            });
         }
-        if let Err(e) = self.index.write(|w| w.clear_ops()) {
-            tracing::warn!(error = %e, "cannot clear committed-op marks");
-        }
+        Ok(())
+    }
+
+    /// Journal End: the operation's index changes, and its journal entry
+    /// closed (or marked committed while `after` still has a tree to
+    /// remove), in one quick commit.
+    fn end(&self, op_id: u64, op: &Op, after: &After) -> Result<()> {
+        self.index.write_quick(|w| {
+            apply::apply(w, op)?;
+            match after {
+                After::Nothing => w.journal_remove(op_id),
+                After::Remove(_) => w.journal_put(
+                    op_id,
+                    &Entry {
+                        op: op.clone(),
+                        stage: Stage::Committed,
+                    },
+                ),
+            }
+        })?;
+        Ok(())
     }
 
     // --- lookups shared by the operations ---------------------------------

@@ -1,31 +1,31 @@
 //! Deletes trashed trees off the critical path, then closes their journal
-//! operation.
+//! entry.
 
 use crate::btrfs;
-use crate::journal::Journal;
+use crate::index::Index;
 use std::path::PathBuf;
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 
-#[derive(Clone)]
 pub struct Reaper {
-    tx: Sender<(PathBuf, u64)>,
+    tx: Option<Sender<(PathBuf, u64)>>,
     pending: Arc<(Mutex<usize>, Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Reaper {
-    pub fn start(journal: Arc<Journal>) -> Reaper {
+    pub fn start(index: Arc<Index>) -> Reaper {
         let (tx, rx) = channel::<(PathBuf, u64)>();
         let pending = Arc::new((Mutex::new(0usize), Condvar::new()));
         let p2 = pending.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("allox-reaper".into())
             .spawn(move || {
                 for (path, op_id) in rx {
                     match btrfs::remove_tree(&path) {
                         Ok(()) => {
-                            if let Err(e) = journal.done(op_id) {
-                                tracing::warn!(error = %e, op_id, "cannot close journal operation");
+                            if let Err(e) = index.write_quick(|w| w.journal_remove(op_id)) {
+                                tracing::warn!(error = %e, op_id, "cannot close journal entry");
                             }
                         }
                         // The operation stays open in the journal: the next
@@ -41,16 +41,32 @@ impl Reaper {
                     cv.notify_all();
                 }
             })
-            .map(|_| ())
-            .unwrap_or_else(|e| tracing::error!(error = %e, "cannot start reaper thread"));
-        Reaper { tx, pending }
+            .map_err(|e| tracing::error!(error = %e, "cannot start reaper thread"))
+            .ok();
+        Reaper {
+            tx: Some(tx),
+            pending,
+            thread,
+        }
+    }
+
+    /// Finishes the queue and ends the thread.
+    pub fn stop(&mut self) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 
     /// Queues `path` for removal; `op_id` is closed when it is gone.
     pub fn remove(&self, path: PathBuf, op_id: u64) {
         let (m, _) = &*self.pending;
         *m.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-        if self.tx.send((path.clone(), op_id)).is_err() {
+        let sent = match &self.tx {
+            Some(tx) => tx.send((path.clone(), op_id)).is_ok(),
+            None => false,
+        };
+        if !sent {
             tracing::warn!(?path, "reaper gone; removing inline");
             let _ = btrfs::remove_tree(&path);
             *m.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
@@ -64,10 +80,5 @@ impl Reaper {
         while *n > 0 {
             n = cv.wait(n).unwrap_or_else(|p| p.into_inner());
         }
-    }
-
-    pub fn busy(&self) -> bool {
-        let (m, _) = &*self.pending;
-        *m.lock().unwrap_or_else(|p| p.into_inner()) > 0
     }
 }

@@ -1,22 +1,32 @@
-//! Start-up recovery: finish or undo every journaled operation that did not
-//! finish, then reconcile the index with the subvolumes on disk.
+//! Start-up recovery: finish or undo every operation left in the journal,
+//! then reconcile the index with the subvolumes on disk.
 //!
-//! The rule for each operation: if the index holds its op id, it committed
-//! and is rolled forward (only removals can remain); otherwise whatever it
-//! made is removed and whatever it moved aside is moved back.
+//! A [`Stage::Committed`] entry only has its trashed tree left to remove.
+//! A [`Stage::Begun`] entry's End commit never happened (or was lost with
+//! everything after it), so the disk shows how far it got: at start-up it is
+//! finished if its disk steps are complete and undone otherwise; after a
+//! run-time failure it is always undone, since its caller reports an error.
 
-use super::{checkpoint_info, Result, Store, StoreError};
-use crate::audit::Entry;
+use super::{apply::apply, checkpoint_info, Result, Store, StoreError};
+use crate::audit::Entry as AuditEntry;
 use crate::btrfs;
 use crate::index::{AgentRecord, CheckpointRecord, SessionRecord};
-use crate::journal::Op;
+use crate::journal::{Entry, Op, Stage};
 use crate::layout::Layout;
 use allox_protocol::{validate_id, Origin};
 use std::path::Path;
 
-/// Finishes (committed) or undoes (not committed) one operation.
-pub fn resolve(st: &Store, op_id: u64, op: &Op) -> Result<()> {
-    let committed = st.index.is_committed(op_id)?;
+/// What to do with an operation whose disk steps all happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Start-up: finish it (its caller may have been told it succeeded).
+    Recover,
+    /// Run time, after an error: undo it (its caller is told it failed).
+    Abort,
+}
+
+/// Finishes or undoes one journaled operation; does not close its entry.
+pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool> {
     let l = &st.layout;
     let rm = |p: &Path| btrfs::remove_tree(p).map_err(StoreError::from);
     let put_back = |trash: &Path, home: &Path| -> Result<()> {
@@ -25,47 +35,84 @@ pub fn resolve(st: &Store, op_id: u64, op: &Op) -> Result<()> {
         }
         Ok(())
     };
-    match op {
-        Op::AgentCreate { agent } => {
-            if committed {
+    let finish = |op: &Op| -> Result<()> {
+        st.index.write_quick(|w| apply(w, op))?;
+        Ok(())
+    };
+    let forward = mode == Mode::Recover;
+    let op = &entry.op;
+    if entry.stage == Stage::Committed {
+        // Only the removal of the old tree remains.
+        match op {
+            Op::AgentDelete { .. } => rm(&Layout::trash(&l.agents_dir(), op_id))?,
+            Op::SessionDelete { agent, .. } => rm(&Layout::trash(&l.sessions_dir(agent), op_id))?,
+            Op::CheckpointDelete { agent, session, .. } => {
+                rm(&Layout::trash(&l.checkpoints_dir(agent, session), op_id))?
+            }
+            Op::Rollback { agent, session, .. } => rm(&l.rollback_tmp(agent, session, op_id))?,
+            _ => {}
+        }
+        return Ok(true);
+    }
+    let finished = match op {
+        Op::AgentCreate { agent, .. } => {
+            if forward && btrfs::is_subvolume(&l.workspace(agent)) {
                 for d in [l.shared(agent), l.sessions_dir(agent)] {
                     std::fs::create_dir_all(&d).map_err(|e| StoreError::io("create", &d, e))?;
                 }
-            } else if st.index.agent(agent)?.is_none() {
+                finish(op)?;
+                true
+            } else {
                 rm(&l.agent_dir(agent))?;
+                false
             }
         }
         Op::AgentDelete { agent } => {
             let trash = Layout::trash(&l.agents_dir(), op_id);
-            if committed {
+            if forward && !l.agent_dir(agent).exists() {
+                finish(op)?;
                 rm(&trash)?;
+                true
             } else {
                 put_back(&trash, &l.agent_dir(agent))?;
+                false
             }
         }
-        Op::SessionCreate { agent, session } => {
-            if committed {
+        Op::SessionCreate { agent, session, .. } => {
+            if forward && btrfs::is_subvolume(&l.current(agent, session)) {
                 let d = l.checkpoints_dir(agent, session);
                 std::fs::create_dir_all(&d).map_err(|e| StoreError::io("create", &d, e))?;
-            } else if st.index.session(agent, session)?.is_none() {
+                finish(op)?;
+                true
+            } else {
                 rm(&l.session_dir(agent, session))?;
+                false
             }
         }
         Op::SessionDelete { agent, session } => {
             let trash = Layout::trash(&l.sessions_dir(agent), op_id);
-            if committed {
+            if forward && !l.session_dir(agent, session).exists() {
+                finish(op)?;
                 rm(&trash)?;
+                true
             } else {
                 put_back(&trash, &l.session_dir(agent, session))?;
+                false
             }
         }
         Op::CheckpointCreate {
             agent,
             session,
             checkpoint,
+            ..
         } => {
-            if !committed && st.index.checkpoint(agent, session, checkpoint)?.is_none() {
-                rm(&l.checkpoint(agent, session, checkpoint))?;
+            let p = l.checkpoint(agent, session, checkpoint);
+            if forward && btrfs::is_subvolume(&p) {
+                finish(op)?;
+                true
+            } else {
+                rm(&p)?;
+                false
             }
         }
         Op::CheckpointDelete {
@@ -74,10 +121,14 @@ pub fn resolve(st: &Store, op_id: u64, op: &Op) -> Result<()> {
             checkpoint,
         } => {
             let trash = Layout::trash(&l.checkpoints_dir(agent, session), op_id);
-            if committed {
+            let home = l.checkpoint(agent, session, checkpoint);
+            if forward && !home.exists() {
+                finish(op)?;
                 rm(&trash)?;
+                true
             } else {
-                put_back(&trash, &l.checkpoint(agent, session, checkpoint))?;
+                put_back(&trash, &home)?;
+                false
             }
         }
         Op::Rollback {
@@ -88,39 +139,39 @@ pub fn resolve(st: &Store, op_id: u64, op: &Op) -> Result<()> {
         } => {
             let fresh = l.rollback_tmp(agent, session, op_id);
             let current = l.current(agent, session);
-            if !committed && fresh.exists() && current.exists() {
-                // If the swap happened, `fresh` holds the old tree: swap back.
-                if btrfs::subvolume_id(&fresh)? == *old_subvolume
-                    && btrfs::subvolume_id(&current)? != *old_subvolume
-                {
-                    btrfs::exchange(&fresh, &current)?;
-                }
+            let swapped = current.exists() && btrfs::subvolume_id(&current)? != *old_subvolume;
+            if swapped && forward {
+                finish(op)?;
+            } else if swapped && fresh.exists() {
+                btrfs::exchange(&fresh, &current)?;
             }
+            // Either way `fresh` now holds the tree that is not wanted.
             rm(&fresh)?;
+            swapped && forward
         }
-    }
-    Ok(())
+    };
+    Ok(finished)
 }
 
 /// Runs at start-up, before the store serves anything.
-pub(super) fn recover(st: &Store, pending: Vec<(u64, Op)>) -> Result<()> {
+pub(super) fn recover(st: &Store) -> Result<()> {
     let mut notes = Vec::new();
-    for (op_id, op) in &pending {
-        let committed = st.index.is_committed(*op_id)?;
-        tracing::warn!(op_id, ?op, committed, "finishing an interrupted operation");
-        resolve(st, *op_id, op)?;
-        notes.push(format!(
-            "{} {op:?}",
-            if committed { "completed" } else { "undid" }
-        ));
+    for (op_id, entry) in st.index.pending()? {
+        let done = resolve(st, op_id, &entry, Mode::Recover)?;
+        st.index.write_quick(|w| w.journal_remove(op_id))?;
+        let what = match (entry.stage, done) {
+            (Stage::Committed, _) => "finished removal for",
+            (Stage::Begun, true) => "completed",
+            (Stage::Begun, false) => "undid",
+        };
+        tracing::warn!(op_id, op = ?entry.op, "recovery {what} an interrupted operation");
+        notes.push(format!("{what} {:?}", entry.op));
     }
-    // The journal is emptied before the commit marks are dropped: the other
-    // order could make a committed operation look uncommitted.
-    st.journal.reset()?;
-    st.index.write(|w| w.clear_ops())?;
     notes.extend(reconcile(st)?);
+    // One durable commit for everything above.
+    st.index.write(|_| Ok(()))?;
     for n in notes {
-        let _ = st.audit.append(Entry {
+        let _ = st.audit.append(AuditEntry {
             request_id: 0,
             peer: "startup".into(),
             action: "store.recover".into(),

@@ -17,28 +17,27 @@ impl Store {
         let session = self.need_session(a, s)?;
         let current = self.layout.current(a, s);
         let old_subvolume = btrfs::subvolume_id(&current)?;
-        let op = Op::Rollback {
-            agent: a.into(),
-            session: s.into(),
-            checkpoint: c.into(),
-            old_subvolume,
+        let build = |_: &mut crate::index::Writer<'_>| {
+            Ok(Op::Rollback {
+                agent: a.into(),
+                session: s.into(),
+                checkpoint: c.into(),
+                old_subvolume,
+            })
         };
-        self.journaled(op, |op_id| {
+        self.check_space()?;
+        self.journaled(build, |op_id, op| {
             self.fp.hit("rollback.after_journal");
             let fresh = self.layout.rollback_tmp(a, s, op_id);
             btrfs::snapshot(&self.layout.checkpoint(a, s, c), &fresh, false)?;
             self.fp.hit("rollback.after_snapshot");
             btrfs::exchange(&fresh, &current)?;
             self.fp.hit("rollback.after_exchange");
-            self.index.write(|w| {
-                let mut sess = session.clone();
-                sess.head = Some(c.to_string());
-                w.put_session(a, s, &sess)?;
-                w.mark_op(op_id)
-            })?;
-            self.fp.hit("rollback.after_commit");
             // `fresh` now names the old tree.
-            Ok(((), After::Remove(fresh)))
+            let after = After::Remove(fresh);
+            self.end(op_id, op, &after)?;
+            self.fp.hit("rollback.after_commit");
+            Ok(((), after))
         })?;
         Ok(RollbackDone {
             agent_id: a.to_string(),

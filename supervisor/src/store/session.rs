@@ -27,20 +27,21 @@ impl Store {
             created_ms: crate::now_ms(),
             head: None,
         };
-        let op = Op::SessionCreate {
-            agent: a.into(),
-            session: s.into(),
+        let build = |_: &mut crate::index::Writer<'_>| {
+            Ok(Op::SessionCreate {
+                agent: a.into(),
+                session: s.into(),
+                created_ms: rec.created_ms,
+            })
         };
-        self.journaled(op, |op_id| {
+        self.check_space()?;
+        self.journaled(build, |op_id, op| {
             mkdir(&dir)?;
             btrfs::create_subvolume(&self.layout.current(a, s))?;
             self.fp.hit("session_create.after_subvolume");
             mkdir(&self.layout.checkpoints_dir(a, s))?;
             self.fp.hit("session_create.before_commit");
-            self.index.write(|w| {
-                w.put_session(a, s, &rec)?;
-                w.mark_op(op_id)
-            })?;
+            self.end(op_id, op, &After::Nothing)?;
             Ok(((), After::Nothing))
         })?;
         self.session_info(a, s, &rec)
@@ -67,20 +68,20 @@ impl Store {
         // Removals still running inside this tree would race the rename.
         self.reaper.wait_idle();
         let dir = self.layout.session_dir(a, s);
-        let op = Op::SessionDelete {
-            agent: a.into(),
-            session: s.into(),
+        let build = |_: &mut crate::index::Writer<'_>| {
+            Ok(Op::SessionDelete {
+                agent: a.into(),
+                session: s.into(),
+            })
         };
-        self.journaled(op, |op_id| {
+        self.journaled(build, |op_id, op| {
             let trash = Layout::trash(&self.layout.sessions_dir(a), op_id);
             rename(&dir, &trash)?;
             self.fp.hit("session_delete.after_rename");
-            self.index.write(|w| {
-                w.remove_session(a, s)?;
-                w.mark_op(op_id)
-            })?;
+            let after = After::Remove(trash);
+            self.end(op_id, op, &after)?;
             self.fp.hit("session_delete.after_commit");
-            Ok(((), After::Remove(trash)))
+            Ok(((), after))
         })?;
         Ok(Deleted {
             deleted: format!("{a}/{s}"),

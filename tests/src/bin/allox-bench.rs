@@ -41,7 +41,9 @@ fn machine() -> String {
         .trim()
         .to_string();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     format!("{cores} cores, {cpu}, Linux {}", kernel.trim())
 }
 
@@ -137,12 +139,14 @@ fn rpc_bench(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     let mut c = d.client();
     let n = if quick { 2_000 } else { 20_000 };
     for _ in 0..1000 {
-        c.call(Request::Ping(Ping {}))?.map_err(anyhow::Error::msg)?;
+        c.call(Request::Ping(Ping {}))?
+            .map_err(anyhow::Error::msg)?;
     }
     let mut rpc = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
-        c.call(Request::Ping(Ping {}))?.map_err(anyhow::Error::msg)?;
+        c.call(Request::Ping(Ping {}))?
+            .map_err(anyhow::Error::msg)?;
         rpc.push(t.elapsed());
     }
     // Baseline: the same number of bytes bounced off a thread over a Unix

@@ -1,0 +1,82 @@
+//! The index effect of each operation, written once and used both by the
+//! operation's End commit and by recovery when it finishes an operation
+//! whose End commit was lost. Each is idempotent.
+
+use crate::index::{AgentRecord, IndexError, SessionRecord, Writer};
+use crate::journal::Op;
+
+pub fn apply(w: &mut Writer<'_>, op: &Op) -> Result<(), IndexError> {
+    match op {
+        Op::AgentCreate { agent, created_ms } => w.put_agent(
+            agent,
+            &AgentRecord {
+                created_ms: *created_ms,
+            },
+        ),
+        Op::AgentDelete { agent } => w.remove_agent(agent),
+        Op::SessionCreate {
+            agent,
+            session,
+            created_ms,
+        } => w.put_session(
+            agent,
+            session,
+            &SessionRecord {
+                created_ms: *created_ms,
+                head: None,
+            },
+        ),
+        Op::SessionDelete { agent, session } => w.remove_session(agent, session),
+        Op::CheckpointCreate {
+            agent,
+            session,
+            checkpoint,
+            record,
+        } => {
+            w.put_checkpoint(agent, session, checkpoint, record)?;
+            set_head(w, agent, session, Some(checkpoint.clone()))
+        }
+        Op::CheckpointDelete {
+            agent,
+            session,
+            checkpoint,
+        } => {
+            let Some(gone) = w.checkpoint(agent, session, checkpoint)? else {
+                return Ok(());
+            };
+            // Children take the deleted checkpoint's parent, and so does the
+            // head, so the DAG stays connected.
+            for (child, mut r) in w.checkpoints(agent, session)? {
+                if r.parent.as_deref() == Some(checkpoint.as_str()) {
+                    r.parent = gone.parent.clone();
+                    w.put_checkpoint(agent, session, &child, &r)?;
+                }
+            }
+            if let Some(sess) = w.session(agent, session)? {
+                if sess.head.as_deref() == Some(checkpoint.as_str()) {
+                    set_head(w, agent, session, gone.parent.clone())?;
+                }
+            }
+            w.remove_checkpoint(agent, session, checkpoint)
+        }
+        Op::Rollback {
+            agent,
+            session,
+            checkpoint,
+            ..
+        } => set_head(w, agent, session, Some(checkpoint.clone())),
+    }
+}
+
+fn set_head(
+    w: &mut Writer<'_>,
+    agent: &str,
+    session: &str,
+    head: Option<String>,
+) -> Result<(), IndexError> {
+    if let Some(mut sess) = w.session(agent, session)? {
+        sess.head = head;
+        w.put_session(agent, session, &sess)?;
+    }
+    Ok(())
+}

@@ -46,9 +46,11 @@ pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
         let listener = bind(&cfg.socket)?;
         tracing::info!(root = %cfg.root.display(), socket = %cfg.socket.display(), "supervisor ready");
         let server = tokio::spawn(serve_unix(listener, sup.clone(), cfg.limits.clone()));
+        let syncer = tokio::spawn(sync_audit_every_second(sup.clone()));
         wait_for_stop().await;
         tracing::info!("stopping: refusing new connections, flushing the store");
         server.abort();
+        syncer.abort();
         Ok(())
     });
     let _ = std::fs::remove_file(&cfg.socket);
@@ -57,6 +59,19 @@ pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
     }
     rt.shutdown_timeout(std::time::Duration::from_secs(2));
     result
+}
+
+/// Audit records are written at once; this makes them durable.
+async fn sync_audit_every_second(sup: Arc<Supervisor>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let s = sup.clone();
+        let r = tokio::task::spawn_blocking(move || s.store.audit().sync()).await;
+        if let Ok(Err(e)) = r {
+            tracing::warn!(error = %e, "cannot sync the audit log");
+        }
+    }
 }
 
 fn bind(path: &std::path::Path) -> Result<tokio::net::UnixListener, DaemonError> {

@@ -25,14 +25,20 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 step "build"
 cargo build --workspace --quiet
 
+LOG=$(mktemp)
+trap 'rm -f "$LOG"' EXIT
+
 step "unit tests (no privileges)"
-cargo test --workspace --exclude allox-integration
+cargo test --workspace --exclude allox-integration 2>&1 | tee -a "$LOG"
 
 step "integration tests (root, loop devices, Btrfs)"
-ALLOX_REQUIRE_PRIVILEGED=1 cargo test -p allox-integration -- --test-threads=2
+ALLOX_REQUIRE_PRIVILEGED=1 cargo test -p allox-integration -- --test-threads=2 2>&1 | tee -a "$LOG"
 
 step "fuzz target: protocol decoding"
 scripts/fuzz.sh "$FUZZ_SECONDS"
 
+passed=$(grep -Eo '^test result: [a-z]+\. [0-9]+ passed' "$LOG" | awk '{s += $4} END {print s + 0}')
+failed=$(grep -Eo '; [0-9]+ failed' "$LOG" | awk '{s += $2} END {print s + 0}')
 echo
 echo "==> all tests passed"
+echo "tests: $passed passed, $failed failed"

@@ -69,14 +69,14 @@ impl Audit {
             .create(true)
             .open(path)
             .map_err(open_err)?;
-        let scan = records::scan_file(&mut file).map_err(open_err)?;
-        let last = scan
-            .records
-            .iter()
-            .rev()
-            .find_map(|p| postcard::from_bytes::<AuditRecord>(p).ok())
-            .map(|r| r.seq)
-            .unwrap_or(0);
+        let mut last = 0;
+        let scan = records::scan_reader(std::io::BufReader::new(&file), |p| {
+            if let Ok(r) = postcard::from_bytes::<AuditRecord>(p) {
+                last = r.seq;
+            }
+            true
+        })
+        .map_err(open_err)?;
         if file.metadata().map_err(open_err)?.len() != scan.valid_len {
             tracing::warn!(valid = scan.valid_len, "cutting torn audit log tail");
             file.set_len(scan.valid_len).map_err(open_err)?;
@@ -91,18 +91,20 @@ impl Audit {
         })
     }
 
-    /// Appends a record and returns its sequence number.
+    /// Appends a record and returns its sequence number. Fields a client
+    /// controls are cut to a bounded length first, so that requests cannot
+    /// grow the log faster than a few hundred bytes each.
     pub fn append(&self, e: Entry) -> Result<u64, AuditError> {
         let mut t = self.tail.lock().unwrap_or_else(|p| p.into_inner());
         let rec = AuditRecord {
             seq: t.next_seq,
             time_ms: crate::now_ms(),
             request_id: e.request_id,
-            peer: e.peer,
-            action: e.action,
-            target: e.target,
-            outcome: e.outcome,
-            message: e.message,
+            peer: clip(e.peer, 64),
+            action: clip(e.action, 64),
+            target: clip(e.target, 200),
+            outcome: clip(e.outcome, 32),
+            message: e.message.map(|m| clip(m, 1024)),
         };
         let write_err = |source| AuditError::Write {
             path: self.path.clone(),
@@ -127,24 +129,21 @@ impl Audit {
             path: self.path.clone(),
             source,
         };
-        let bytes = std::fs::read(&self.path).map_err(read_err)?;
-        let scan = records::scan(&bytes);
-        let mut corrupt = scan.corrupt;
+        let file = std::fs::File::open(&self.path).map_err(read_err)?;
         let mut out = Vec::new();
-        for p in &scan.records {
+        let mut unreadable = 0;
+        let scan = records::scan_reader(std::io::BufReader::new(file), |p| {
             match postcard::from_bytes::<AuditRecord>(p) {
-                Ok(r) if r.seq > after => {
-                    if out.len() < limit {
-                        out.push(r);
-                    }
-                }
+                Ok(r) if r.seq > after => out.push(r),
                 Ok(_) => {}
-                Err(_) => corrupt += 1,
+                Err(_) => unreadable += 1,
             }
-        }
+            out.len() < limit
+        })
+        .map_err(read_err)?;
         Ok(AuditListing {
             records: out,
-            corrupt,
+            corrupt: scan.corrupt + unreadable,
         })
     }
 
@@ -155,6 +154,19 @@ impl Audit {
             source,
         })
     }
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary, marking the cut.
+fn clip(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max.saturating_sub(3);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push_str("...");
+    }
+    s
 }
 
 #[cfg(test)]
@@ -183,7 +195,7 @@ mod tests {
         }
         // Flip a byte inside the first record's payload.
         let mut bytes = std::fs::read(&p).unwrap();
-        bytes[12] ^= 0x40;
+        bytes[14] ^= 0x40;
         std::fs::write(&p, &bytes).unwrap();
         let a = Audit::open(&p).unwrap();
         assert_eq!(a.append(entry("session.create")).unwrap(), 3);
@@ -193,5 +205,11 @@ mod tests {
         assert_eq!(seqs, [2, 3]);
         assert_eq!(a.read(2, 100).unwrap().records.len(), 1);
         assert_eq!(a.read(0, 1).unwrap().records.len(), 1);
+        // Client-controlled fields are bounded.
+        let mut e = entry("x");
+        e.target = "t".repeat(1 << 20);
+        let seq = a.append(e).unwrap();
+        let r = a.read(seq - 1, 1).unwrap().records.remove(0);
+        assert!(r.target.len() <= 200 && r.target.ends_with("..."));
     }
 }

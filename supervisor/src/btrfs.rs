@@ -194,12 +194,16 @@ pub fn snapshot(source: &Path, dest: &Path, readonly: bool) -> Result<(), BtrfsE
 pub fn delete_subvolume(path: &Path) -> Result<(), BtrfsError> {
     let (parent, name) = split(path)?;
     let dir = open_dir(parent)?;
+    delete_subvolume_at(&dir, name, path)
+}
+
+fn delete_subvolume_at(dir: &OwnedFd, name: &OsStr, shown: &Path) -> Result<(), BtrfsError> {
     let mut args = Box::new(VolArgs {
         fd: 0,
         name: [0; BTRFS_PATH_NAME_MAX + 1],
     });
     copy_name(&mut args.name, name)?;
-    ioctl(&dir, IOC_SNAP_DESTROY, &mut *args).map_err(|e| io_err("delete subvolume", path, e))
+    ioctl(dir, IOC_SNAP_DESTROY, &mut *args).map_err(|e| io_err("delete subvolume", shown, e))
 }
 
 /// The ID of the subvolume that `path` belongs to.
@@ -216,46 +220,93 @@ pub fn subvolume_id(path: &Path) -> Result<u64, BtrfsError> {
 
 /// Removes `path` whatever it is: a subvolume (with any subvolumes nested
 /// in it), a directory tree, or a file. A missing path is not an error.
+///
+/// Only the parent of `path` is reached by name; everything below it is
+/// reached through open directory handles without following symlinks, so a
+/// process that rewrites the tree while it is being removed cannot steer
+/// the removal anywhere else.
 pub fn remove_tree(path: &Path) -> Result<(), BtrfsError> {
-    let st = match fs::lstat(path) {
-        Ok(st) => st,
-        Err(rustix::io::Errno::NOENT) => return Ok(()),
-        Err(e) => return Err(io_err("stat", path, e.into())),
+    let (parent, name) = split(path)?;
+    let dir = match open_dir(parent) {
+        Err(e) if e.errno() == Some(libc::ENOENT) => return Ok(()),
+        other => other?,
     };
-    let is_dir = fs::FileType::from_raw_mode(st.st_mode).is_dir();
-    if is_dir && st.st_ino == SUBVOL_ROOT_INO {
-        match delete_subvolume(path) {
-            Err(e) if e.errno() == Some(libc::ENOTEMPTY) => {
-                remove_nested_subvolumes(path)?;
-                delete_subvolume(path)
-            }
-            other => other,
-        }
-    } else if is_dir {
-        remove_nested_subvolumes(path)?;
-        std::fs::remove_dir_all(path).map_err(|e| io_err("remove", path, e))
-    } else {
-        std::fs::remove_file(path).map_err(|e| io_err("remove", path, e))
-    }
+    remove_at(&dir, name, path)
 }
 
-/// Deletes every subvolume found under the directory `path` (not `path`
+fn open_child(dir: &OwnedFd, name: &OsStr, shown: &Path) -> Result<OwnedFd, BtrfsError> {
+    fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io_err("open", shown, e.into()))
+}
+
+/// Names in a directory, without `.` and `..`.
+fn children(dir: &OwnedFd, shown: &Path) -> Result<Vec<std::ffi::OsString>, BtrfsError> {
+    let mut d = fs::Dir::read_from(dir).map_err(|e| io_err("read", shown, e.into()))?;
+    let mut out = Vec::new();
+    while let Some(entry) = d.read() {
+        let entry = entry.map_err(|e| io_err("read", shown, e.into()))?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            out.push(OsStr::from_bytes(name).to_os_string());
+        }
+    }
+    Ok(out)
+}
+
+fn remove_at(dir: &OwnedFd, name: &OsStr, shown: &Path) -> Result<(), BtrfsError> {
+    let st = match fs::statat(dir, name, fs::AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(io_err("stat", shown, e.into())),
+    };
+    if !fs::FileType::from_raw_mode(st.st_mode).is_dir() {
+        return fs::unlinkat(dir, name, fs::AtFlags::empty())
+            .map_err(|e| io_err("remove", shown, e.into()));
+    }
+    if st.st_ino == SUBVOL_ROOT_INO {
+        return match delete_subvolume_at(dir, name, shown) {
+            Err(e) if e.errno() == Some(libc::ENOTEMPTY) => {
+                let sub = open_child(dir, name, shown)?;
+                remove_nested_at(&sub, shown)?;
+                drop(sub);
+                delete_subvolume_at(dir, name, shown)
+            }
+            other => other,
+        };
+    }
+    let sub = open_child(dir, name, shown)?;
+    for child in children(&sub, shown)? {
+        remove_at(&sub, &child, &shown.join(&child))?;
+    }
+    drop(sub);
+    fs::unlinkat(dir, name, fs::AtFlags::REMOVEDIR).map_err(|e| io_err("remove", shown, e.into()))
+}
+
+/// Deletes every subvolume found below the directory `dir` (not `dir`
 /// itself). Only directories are read and stat'ed (a subvolume root has
 /// inode 256; its directory entry shows the subvolume ID instead), never
 /// file contents.
-fn remove_nested_subvolumes(path: &Path) -> Result<(), BtrfsError> {
-    let entries = std::fs::read_dir(path).map_err(|e| io_err("read", path, e))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| io_err("read", path, e))?;
-        let ft = entry.file_type().map_err(|e| io_err("read", path, e))?;
-        if !ft.is_dir() {
+fn remove_nested_at(dir: &OwnedFd, shown: &Path) -> Result<(), BtrfsError> {
+    for child in children(dir, shown)? {
+        let path = shown.join(&child);
+        let st = match fs::statat(dir, child.as_os_str(), fs::AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(rustix::io::Errno::NOENT) => continue,
+            Err(e) => return Err(io_err("stat", &path, e.into())),
+        };
+        if !fs::FileType::from_raw_mode(st.st_mode).is_dir() {
             continue;
         }
-        let child = entry.path();
-        if is_subvolume(&child) {
-            remove_tree(&child)?;
+        if st.st_ino == SUBVOL_ROOT_INO {
+            remove_at(dir, &child, &path)?;
         } else {
-            remove_nested_subvolumes(&child)?;
+            let sub = open_child(dir, &child, &path)?;
+            remove_nested_at(&sub, &path)?;
         }
     }
     Ok(())

@@ -38,6 +38,7 @@ pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
     let sup = Arc::new(Supervisor::new(store, cfg.policy.clone()));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .max_blocking_threads(32)
         .enable_all()
         .thread_name("allox-io")
         .build()

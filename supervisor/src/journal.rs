@@ -71,6 +71,8 @@ pub enum Stage {
     Begun,
     /// The index changes are in; only removing a trashed tree remains.
     Committed,
+    /// A step failed at run time and the operation is being undone.
+    Aborting,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]

@@ -30,6 +30,10 @@ pub struct Limits {
     pub write: Duration,
     /// Bad frames tolerated on one connection before it is dropped.
     pub bad_frames: u32,
+    /// Connections served at once; more wait in the listen queue.
+    pub connections: usize,
+    /// How long a new connection may take to say Hello.
+    pub hello: Duration,
 }
 
 impl Default for Limits {
@@ -39,13 +43,21 @@ impl Default for Limits {
             stall: Duration::from_secs(10),
             write: Duration::from_secs(10),
             bad_frames: 16,
+            connections: 256,
+            hello: Duration::from_secs(10),
         }
     }
 }
 
 /// Accepts connections until the task is dropped.
 pub async fn serve_unix(listener: UnixListener, sup: Arc<Supervisor>, limits: Limits) {
+    let slots = Arc::new(Semaphore::new(limits.connections));
     loop {
+        // At the limit, stop accepting: new clients wait in the backlog
+        // instead of taking file descriptors the store needs.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         match listener.accept().await {
             Ok((stream, _)) => {
                 let peer = match stream.peer_cred() {
@@ -57,7 +69,11 @@ pub async fn serve_unix(listener: UnixListener, sup: Arc<Supervisor>, limits: Li
                     Err(_) => "unix".to_string(),
                 };
                 let (r, w) = stream.into_split();
-                tokio::spawn(connection(r, w, peer, sup.clone(), limits.clone()));
+                let (sup, limits) = (sup.clone(), limits.clone());
+                tokio::spawn(async move {
+                    connection(r, w, peer, sup, limits).await;
+                    drop(slot);
+                });
             }
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
@@ -129,11 +145,12 @@ pub async fn connection<R, W>(
     let mut greeted = false;
     let mut bad = 0u32;
     'conn: loop {
-        let n = if reader.pending() > 0 {
-            match tokio::time::timeout(limits.stall, rd.read(&mut buf)).await {
+        let n = if reader.pending() > 0 || !greeted {
+            let limit = if greeted { limits.stall } else { limits.hello };
+            match tokio::time::timeout(limit, rd.read(&mut buf)).await {
                 Ok(r) => r,
                 Err(_) => {
-                    tracing::warn!(%peer, "client stalled mid-frame; closing");
+                    tracing::warn!(%peer, greeted, "client stalled; closing");
                     break;
                 }
             }

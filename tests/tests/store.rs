@@ -469,3 +469,65 @@ fn disk_full_gives_a_clean_error_and_keeps_journal_and_audit_usable() {
     }
     assert!(st.audit().read(0, 10).unwrap().corrupt == 0);
 }
+
+#[test]
+fn removal_never_follows_symlinks_out_of_the_tree() {
+    let Some((_fs, st)) = setup("store::removal_never_follows_symlinks") else {
+        return;
+    };
+    st.agent_create("victim").unwrap();
+    let v = st.session_create("victim", "s").unwrap();
+    std::fs::write(Path::new(&v.current).join("precious"), "keep me").unwrap();
+    st.checkpoint_create(&ck("victim", "s", "c")).unwrap();
+    st.agent_create("a").unwrap();
+    st.session_create("a", "s").unwrap();
+    let shared = st.layout().shared("a");
+    // Symlinks to the other agent's trees, and a nested subvolume beside
+    // them so that removal has to walk the directories.
+    std::os::unix::fs::symlink(&v.current, shared.join("to-current")).unwrap();
+    std::os::unix::fs::symlink(
+        st.layout().checkpoint("victim", "s", "c"),
+        shared.join("to-ckpt"),
+    )
+    .unwrap();
+    std::fs::create_dir(shared.join("deep")).unwrap();
+    std::os::unix::fs::symlink(st.layout().agents_dir(), shared.join("deep/agents")).unwrap();
+    btrfs::create_subvolume(&shared.join("deep/nested")).unwrap();
+    st.agent_delete("a").unwrap();
+    st.wait_idle();
+    assert!(!st.layout().agent_dir("a").exists());
+    assert_eq!(
+        std::fs::read_to_string(Path::new(&v.current).join("precious")).unwrap(),
+        "keep me"
+    );
+    assert!(btrfs::is_subvolume(
+        &st.layout().checkpoint("victim", "s", "c")
+    ));
+    assert_eq!(
+        st.checkpoint_list("victim", "s").unwrap().checkpoints.len(),
+        1
+    );
+}
+
+#[test]
+fn reconcile_relinks_a_chain_of_missing_checkpoints() {
+    let Some((fs, st)) = setup("store::reconcile_relinks_a_chain") else {
+        return;
+    };
+    st.agent_create("a").unwrap();
+    st.session_create("a", "s").unwrap();
+    for c in ["c1", "c2", "c3"] {
+        st.checkpoint_create(&ck("a", "s", c)).unwrap();
+    }
+    st.rollback(&rb("a", "s", "c2")).unwrap();
+    let l = st.layout().clone();
+    drop(st);
+    btrfs::remove_tree(&l.checkpoint("a", "s", "c1")).unwrap();
+    btrfs::remove_tree(&l.checkpoint("a", "s", "c2")).unwrap();
+    let st = open(&fs);
+    let list = st.checkpoint_list("a", "s").unwrap();
+    assert_eq!(list.head, None, "head pointed at a checkpoint that is gone");
+    assert_eq!(list.checkpoints.len(), 1);
+    assert_eq!(list.checkpoints[0].checkpoint_id, "c3");
+    assert_eq!(list.checkpoints[0].parent, None);
+}

@@ -60,8 +60,8 @@ impl Store {
         let _g = self.guard();
         self.need_agent(a)?;
         // Removals still running inside this tree would race the rename.
-        self.reaper.wait_idle();
         let dir = self.layout.agent_dir(a);
+        self.reaper.wait_under(&dir);
         let build = |_: &mut crate::index::Writer<'_>| Ok(Op::AgentDelete { agent: a.into() });
         self.journaled(build, |op_id, op| {
             let trash = Layout::trash(&self.layout.agents_dir(), op_id);

@@ -20,6 +20,8 @@ pub enum StoreError {
     Exists(String),
     #[error("{0}")]
     Conflict(String),
+    #[error("a failed change could not be undone; the store refuses changes until the supervisor restarts")]
+    Fenced,
     #[error("only {free_mib} MiB free, at least {need_mib} MiB are kept in reserve")]
     NoSpace { free_mib: u64, need_mib: u64 },
     #[error("store root {path} is unusable: {why}")]
@@ -78,6 +80,10 @@ impl StoreError {
             StoreError::NotFound(_) => ErrorCode::NotFound,
             StoreError::Exists(_) | StoreError::Conflict(_) => ErrorCode::Conflict,
             _ if self.is_no_space() => ErrorCode::Unavailable,
+            StoreError::Fenced => ErrorCode::Unavailable,
+            StoreError::Index(ie) if ie.needs_reopen() || matches!(ie, IndexError::Closed) => {
+                ErrorCode::Unavailable
+            }
             StoreError::Root { .. } => ErrorCode::Unavailable,
             _ => ErrorCode::Internal,
         }

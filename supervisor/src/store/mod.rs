@@ -47,6 +47,8 @@ pub struct Store {
     reaper: Reaper,
     fp: Failpoints,
     last_op: AtomicU64,
+    /// Set when a failed operation could not be undone: no more changes.
+    fenced: std::sync::atomic::AtomicBool,
     _root_lock: OwnedFd,
 }
 
@@ -93,6 +95,7 @@ impl Store {
             reaper,
             fp,
             last_op: AtomicU64::new(0),
+            fenced: std::sync::atomic::AtomicBool::new(false),
             _root_lock: root_lock,
         };
         recovery::recover(&store)?;
@@ -152,6 +155,7 @@ impl Store {
         build: impl FnOnce(&mut crate::index::Writer<'_>) -> Result<Op, crate::index::IndexError>,
         body: impl FnOnce(u64, &Op) -> Result<(T, After)>,
     ) -> Result<T> {
+        self.check_fence()?;
         let op_id = self.new_op_id();
         let op = self.index.begin(op_id, build).map_err(|e| {
             let e = StoreError::from(e);
@@ -166,22 +170,49 @@ impl Store {
             }
             Err(e) => {
                 self.heal(&e);
-                let entry = Entry {
-                    op: op.clone(),
-                    stage: Stage::Begun,
-                };
-                match recovery::resolve(self, op_id, &entry, recovery::Mode::Abort) {
-                    Ok(_) => {
-                        let _ = self.index.write_quick(|w| w.journal_remove(op_id));
-                    }
-                    Err(e2) => tracing::error!(
-                        error = %e2.chain(), op_id, ?op,
-                        "cannot undo a failed operation; the next start-up will"
-                    ),
-                }
+                self.abort(op_id, op);
                 Err(e)
             }
         }
+    }
+
+    /// Undoes a failed operation. The entry is first marked `Aborting`
+    /// durably, so that a crash in the middle of the undo makes start-up
+    /// finish the undo rather than the operation. If the journal cannot be
+    /// brought back in line, the store refuses all further changes until it
+    /// is restarted, so that no later operation builds on top of an entry
+    /// that start-up would still act on.
+    fn abort(&self, op_id: u64, op: Op) {
+        let entry = Entry {
+            op,
+            stage: Stage::Aborting,
+        };
+        let result = self
+            .index
+            .write(|w| w.journal_put(op_id, &entry))
+            .map_err(StoreError::from)
+            .and_then(|_| recovery::resolve(self, op_id, &entry, recovery::Mode::Abort))
+            .and_then(|_| {
+                self.index
+                    .write(|w| w.journal_remove(op_id))
+                    .map_err(StoreError::from)
+            });
+        if let Err(e) = result {
+            self.heal(&e);
+            tracing::error!(
+                error = %e.chain(), op_id, op = ?entry.op,
+                "cannot undo a failed operation; refusing changes until restart"
+            );
+            self.fenced.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Fails once the store has been fenced by an undo that did not finish.
+    fn check_fence(&self) -> Result<()> {
+        if self.fenced.load(Ordering::SeqCst) {
+            return Err(StoreError::Fenced);
+        }
+        Ok(())
     }
 
     /// After an I/O error (a full disk) the index database refuses all work
@@ -294,8 +325,18 @@ fn mkdir(p: &Path) -> Result<()> {
     std::fs::create_dir(p).map_err(|e| StoreError::io("create", p, e))
 }
 
+/// Renames within one directory and makes the rename durable, so that the
+/// quick End commit never becomes durable before the rename it records.
 fn rename(from: &Path, to: &Path) -> Result<()> {
-    std::fs::rename(from, to).map_err(|e| StoreError::io("rename", from, e))
+    std::fs::rename(from, to).map_err(|e| StoreError::io("rename", from, e))?;
+    fsync_dir(to.parent().unwrap_or(Path::new("/")))
+}
+
+/// `fsync` of a directory: its entries (renames, exchanges) reach the disk.
+fn fsync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| StoreError::io("sync", dir, e))
 }
 
 /// Only one supervisor may own a store root.

@@ -9,14 +9,14 @@ use std::sync::{Arc, Condvar, Mutex};
 
 pub struct Reaper {
     tx: Option<Sender<(PathBuf, u64)>>,
-    pending: Arc<(Mutex<usize>, Condvar)>,
+    pending: Arc<(Mutex<Vec<PathBuf>>, Condvar)>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Reaper {
     pub fn start(index: Arc<Index>) -> Reaper {
         let (tx, rx) = channel::<(PathBuf, u64)>();
-        let pending = Arc::new((Mutex::new(0usize), Condvar::new()));
+        let pending = Arc::new((Mutex::new(Vec::<PathBuf>::new()), Condvar::new()));
         let p2 = pending.clone();
         let thread = std::thread::Builder::new()
             .name("allox-reaper".into())
@@ -36,8 +36,10 @@ impl Reaper {
                         ),
                     }
                     let (m, cv) = &*p2;
-                    let mut n = m.lock().unwrap_or_else(|p| p.into_inner());
-                    *n = n.saturating_sub(1);
+                    let mut v = m.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(i) = v.iter().position(|x| *x == path) {
+                        v.swap_remove(i);
+                    }
                     cv.notify_all();
                 }
             })
@@ -61,7 +63,9 @@ impl Reaper {
     /// Queues `path` for removal; `op_id` is closed when it is gone.
     pub fn remove(&self, path: PathBuf, op_id: u64) {
         let (m, _) = &*self.pending;
-        *m.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        m.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(path.clone());
         let sent = match &self.tx {
             Some(tx) => tx.send((path.clone(), op_id)).is_ok(),
             None => false,
@@ -69,16 +73,23 @@ impl Reaper {
         if !sent {
             tracing::warn!(?path, "reaper gone; removing inline");
             let _ = btrfs::remove_tree(&path);
-            *m.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+            m.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|x| *x != path);
         }
     }
 
     /// Waits until everything queued so far is removed.
     pub fn wait_idle(&self) {
+        self.wait_under(std::path::Path::new("/"));
+    }
+
+    /// Waits until nothing queued lies under `prefix`.
+    pub fn wait_under(&self, prefix: &std::path::Path) {
         let (m, cv) = &*self.pending;
-        let mut n = m.lock().unwrap_or_else(|p| p.into_inner());
-        while *n > 0 {
-            n = cv.wait(n).unwrap_or_else(|p| p.into_inner());
+        let mut v = m.lock().unwrap_or_else(|p| p.into_inner());
+        while v.iter().any(|p| p.starts_with(prefix)) {
+            v = cv.wait(v).unwrap_or_else(|p| p.into_inner());
         }
     }
 }

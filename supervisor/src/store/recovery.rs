@@ -39,10 +39,17 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
         st.index.write_quick(|w| apply(w, op))?;
         Ok(())
     };
-    let forward = mode == Mode::Recover;
+    let forward = mode == Mode::Recover && entry.stage != Stage::Aborting;
     let op = &entry.op;
     if entry.stage == Stage::Committed {
-        // Only the removal of the old tree remains.
+        // Only the removal of the old tree remains. Failing it leaves
+        // garbage under a hidden name, not a wrong state: log and go on.
+        let rm = |p: &Path| {
+            if let Err(e) = btrfs::remove_tree(p) {
+                tracing::error!(error = %StoreError::from(e).chain(), "cannot remove trashed tree");
+            }
+            Ok::<(), StoreError>(())
+        };
         match op {
             Op::AgentDelete { .. } => rm(&Layout::trash(&l.agents_dir(), op_id))?,
             Op::SessionDelete { agent, .. } => rm(&Layout::trash(&l.sessions_dir(agent), op_id))?,
@@ -162,7 +169,7 @@ pub(super) fn recover(st: &Store) -> Result<()> {
         let what = match (entry.stage, done) {
             (Stage::Committed, _) => "finished removal for",
             (Stage::Begun, true) => "completed",
-            (Stage::Begun, false) => "undid",
+            (Stage::Begun | Stage::Aborting, _) => "undid",
         };
         tracing::warn!(op_id, op = ?entry.op, "recovery {what} an interrupted operation");
         notes.push(format!("{what} {:?}", entry.op));
@@ -218,8 +225,14 @@ fn reconcile(st: &Store) -> Result<Vec<String>> {
         for name in entries(dir) {
             if name.starts_with('.') {
                 let p = dir.join(&name);
-                btrfs::remove_tree(&p)?;
-                note(format!("removed leftover {}", p.display()));
+                match btrfs::remove_tree(&p) {
+                    Ok(()) => note(format!("removed leftover {}", p.display())),
+                    Err(e) => note(format!(
+                        "cannot remove leftover {}: {}",
+                        p.display(),
+                        StoreError::from(e).chain()
+                    )),
+                }
             }
         }
         Ok(())
@@ -232,33 +245,24 @@ fn reconcile(st: &Store) -> Result<Vec<String>> {
             note(format!("dropped agent {a}: its workspace is missing"));
             continue;
         }
-        for (s, srec) in st.index.sessions(&a)? {
+        for (s, _) in st.index.sessions(&a)? {
             if !btrfs::is_subvolume(&l.current(&a, &s)) {
                 st.index.write(|w| w.remove_session(&a, &s))?;
                 note(format!("dropped session {a}/{s}: its current/ is missing"));
                 continue;
             }
-            let cks = st.index.checkpoints(&a, &s)?;
-            for (c, crec) in &cks {
-                if btrfs::is_subvolume(&l.checkpoint(&a, &s, c)) {
+            for (c, _) in st.index.checkpoints(&a, &s)? {
+                if btrfs::is_subvolume(&l.checkpoint(&a, &s, &c)) {
                     continue;
                 }
-                st.index.write(|w| {
-                    w.remove_checkpoint(&a, &s, c)?;
-                    for (child, r) in &cks {
-                        if r.parent.as_deref() == Some(c.as_str()) {
-                            let mut r = r.clone();
-                            r.parent = crec.parent.clone();
-                            w.put_checkpoint(&a, &s, child, &r)?;
-                        }
-                    }
-                    if srec.head.as_deref() == Some(c.as_str()) {
-                        let mut sr = srec.clone();
-                        sr.head = crec.parent.clone();
-                        w.put_session(&a, &s, &sr)?;
-                    }
-                    Ok(())
-                })?;
+                // `apply` reads the records as they are now, so a chain of
+                // missing checkpoints is re-linked step by step.
+                let gone = Op::CheckpointDelete {
+                    agent: a.clone(),
+                    session: s.clone(),
+                    checkpoint: c.clone(),
+                };
+                st.index.write(|w| apply(w, &gone))?;
                 note(format!(
                     "dropped checkpoint {a}/{s}/{c}: its snapshot is missing"
                 ));

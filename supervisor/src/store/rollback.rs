@@ -32,6 +32,7 @@ impl Store {
             btrfs::snapshot(&self.layout.checkpoint(a, s, c), &fresh, false)?;
             self.fp.hit("rollback.after_snapshot");
             btrfs::exchange(&fresh, &current)?;
+            super::fsync_dir(&self.layout.session_dir(a, s))?;
             self.fp.hit("rollback.after_exchange");
             // `fresh` now names the old tree.
             let after = After::Remove(fresh);

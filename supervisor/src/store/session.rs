@@ -66,8 +66,8 @@ impl Store {
         let _g = self.guard();
         self.need_session(a, s)?;
         // Removals still running inside this tree would race the rename.
-        self.reaper.wait_idle();
         let dir = self.layout.session_dir(a, s);
+        self.reaper.wait_under(&dir);
         let build = |_: &mut crate::index::Writer<'_>| {
             Ok(Op::SessionDelete {
                 agent: a.into(),

@@ -312,6 +312,13 @@ fn remove_nested_at(dir: &OwnedFd, shown: &Path) -> Result<(), BtrfsError> {
     Ok(())
 }
 
+/// `fsync` of a directory, so that its entries (renames, removals) are on
+/// disk.
+pub fn sync_dir(dir: &Path) -> Result<(), BtrfsError> {
+    let fd = open_dir(dir)?;
+    fs::fsync(&fd).map_err(|e| io_err("sync", dir, e.into()))
+}
+
 /// `renameat2(a, b, RENAME_EXCHANGE)`: swaps two paths atomically.
 pub fn exchange(a: &Path, b: &Path) -> Result<(), BtrfsError> {
     fs::renameat_with(fs::CWD, a, fs::CWD, b, fs::RenameFlags::EXCHANGE)

@@ -1,6 +1,7 @@
 //! Crash points for tests: `ALLOX_FAILPOINTS=name[,name…]` makes the
 //! process kill itself with SIGKILL when it reaches a named point, exactly
-//! as a `kill -9` or a power cut at that step would.
+//! as a `kill -9` at that step would. `name=sync` first makes the index
+//! durable, as a later operation's Begin would have before a power cut.
 
 use std::collections::HashSet;
 
@@ -28,18 +29,32 @@ pub const ALL: &[&str] = &[
 #[derive(Debug, Default, Clone)]
 pub struct Failpoints {
     armed: HashSet<String>,
+    sync_first: HashSet<String>,
 }
 
 impl Failpoints {
     /// Reads `ALLOX_FAILPOINTS`.
     pub fn from_env() -> Self {
-        let armed: HashSet<String> = std::env::var("ALLOX_FAILPOINTS")
+        let mut armed = HashSet::new();
+        let mut sync_first = HashSet::new();
+        for item in std::env::var("ALLOX_FAILPOINTS")
             .unwrap_or_default()
             .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(String::from)
-            .collect();
+        {
+            let item = item.trim();
+            if item.is_empty() {
+                continue;
+            }
+            match item.split_once('=') {
+                Some((name, "sync")) => {
+                    sync_first.insert(name.to_string());
+                    armed.insert(name.to_string());
+                }
+                _ => {
+                    armed.insert(item.to_string());
+                }
+            }
+        }
         for name in &armed {
             if !ALL.contains(&name.as_str()) {
                 tracing::warn!(%name, "unknown failpoint armed");
@@ -47,7 +62,12 @@ impl Failpoints {
                 tracing::warn!(%name, "failpoint armed: the process will kill itself there");
             }
         }
-        Failpoints { armed }
+        Failpoints { armed, sync_first }
+    }
+
+    /// Whether `name` asks for a durable index before the crash.
+    pub fn sync_first(&self, name: &str) -> bool {
+        self.sync_first.contains(name)
     }
 
     /// Dies with SIGKILL if `name` is armed.

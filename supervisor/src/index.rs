@@ -483,7 +483,10 @@ mod tests {
             w.journal_put(
                 7,
                 &Entry {
-                    op: Op::AgentDelete { agent: "a".into() },
+                    op: Op::AgentDelete {
+                        agent: "a".into(),
+                        subvolume: 256,
+                    },
                     stage: Stage::Begun,
                 },
             )

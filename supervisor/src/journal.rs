@@ -34,6 +34,9 @@ pub enum Op {
     },
     AgentDelete {
         agent: String,
+        /// Subvolume ID of the agent's workspace: tells the tree that was
+        /// deleted from a new one of the same name.
+        subvolume: u64,
     },
     SessionCreate {
         agent: String,
@@ -43,6 +46,8 @@ pub enum Op {
     SessionDelete {
         agent: String,
         session: String,
+        /// Subvolume ID of the session's `current/`.
+        subvolume: u64,
     },
     CheckpointCreate {
         agent: String,
@@ -54,6 +59,8 @@ pub enum Op {
         agent: String,
         session: String,
         checkpoint: String,
+        /// Subvolume ID of the checkpoint (0 when only the index changes).
+        subvolume: u64,
     },
     Rollback {
         agent: String,

@@ -263,3 +263,70 @@ fn kill_9_at_every_failpoint_leaves_before_or_after() {
     }
     eprintln!("{}", outcomes.join("\n"));
 }
+
+/// A power cut can lose a rename that the (already durable) End commit
+/// records. Simulate it: kill right after the End commit, undo the rename
+/// on disk, restart. Recovery must redo it and reach the after state.
+#[test]
+fn lost_rename_after_end_commit_is_redone() {
+    if !require("crash::lost_rename_after_end_commit_is_redone") {
+        return;
+    }
+    std::fs::create_dir_all("/var/tmp").ok();
+    let fs = BtrfsFs::new(1024).expect("make btrfs");
+    for (i, fp) in [
+        "agent_delete.after_commit",
+        "session_delete.after_commit",
+        "checkpoint_delete.after_commit",
+        "rollback.after_commit",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let op = operation(fp);
+        let twin = fs.path().join(format!("twin{i}"));
+        let sock_t = fs.scratch().join(format!("t{i}.sock"));
+        prepare(&twin, &sock_t);
+        let d = Daemon::start(&twin, &sock_t, &[], &[]);
+        ok(&d, op.clone());
+        let after = model(&d);
+        d.stop();
+
+        let root = fs.path().join(format!("lost{i}"));
+        let sock = fs.scratch().join(format!("l{i}.sock"));
+        prepare(&root, &sock);
+        let armed = format!("{fp}=sync");
+        let d = Daemon::start(&root, &sock, &[("ALLOX_FAILPOINTS", &armed)], &[]);
+        assert!(d.client().call(op.clone()).is_err());
+        d.wait_killed();
+        // Undo the rename as if it had never reached the disk.
+        let l = Layout::new(&root);
+        let (dir, home) = match *fp {
+            "agent_delete.after_commit" => (l.agents_dir(), l.agent_dir("b")),
+            "session_delete.after_commit" => (l.sessions_dir("a"), l.session_dir("a", "s")),
+            "checkpoint_delete.after_commit" => {
+                (l.checkpoints_dir("a", "s"), l.checkpoint("a", "s", "c1"))
+            }
+            _ => (l.session_dir("a", "s"), l.current("a", "s")),
+        };
+        let moved: Vec<String> = all_names(&dir)
+            .into_iter()
+            .filter(|n| n.starts_with(".trash-") || n.starts_with(".rollback-"))
+            .collect();
+        assert_eq!(
+            moved.len(),
+            1,
+            "{fp}: expected one moved tree in {}",
+            dir.display()
+        );
+        let moved = dir.join(&moved[0]);
+        if fp.starts_with("rollback") {
+            btrfs::exchange(&moved, &home).unwrap();
+        } else {
+            std::fs::rename(&moved, &home).unwrap();
+        }
+        let d = Daemon::start(&root, &sock, &[], &[]);
+        assert_eq!(model(&d), after, "{fp}: a lost rename was not redone");
+        d.stop();
+    }
+}

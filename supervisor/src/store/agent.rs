@@ -33,11 +33,11 @@ impl Store {
         self.check_space()?;
         self.journaled(build, |op_id, op| {
             mkdir(&dir)?;
-            self.fp.hit("agent_create.after_mkdir");
+            self.crash_point("agent_create.after_mkdir");
             btrfs::create_subvolume(&self.layout.workspace(a))?;
             mkdir(&self.layout.shared(a))?;
             mkdir(&self.layout.sessions_dir(a))?;
-            self.fp.hit("agent_create.before_commit");
+            self.crash_point("agent_create.before_commit");
             self.end(op_id, op, &After::Nothing)?;
             Ok(((), After::Nothing))
         })?;
@@ -62,14 +62,20 @@ impl Store {
         // Removals still running inside this tree would race the rename.
         let dir = self.layout.agent_dir(a);
         self.reaper.wait_under(&dir);
-        let build = |_: &mut crate::index::Writer<'_>| Ok(Op::AgentDelete { agent: a.into() });
+        let subvolume = btrfs::subvolume_id(&self.layout.workspace(a))?;
+        let build = |_: &mut crate::index::Writer<'_>| {
+            Ok(Op::AgentDelete {
+                agent: a.into(),
+                subvolume,
+            })
+        };
         self.journaled(build, |op_id, op| {
             let trash = Layout::trash(&self.layout.agents_dir(), op_id);
             rename(&dir, &trash)?;
-            self.fp.hit("agent_delete.after_rename");
+            self.crash_point("agent_delete.after_rename");
             let after = After::Remove(trash);
             self.end(op_id, op, &after)?;
-            self.fp.hit("agent_delete.after_commit");
+            self.crash_point("agent_delete.after_commit");
             Ok(((), after))
         })?;
         Ok(Deleted {

@@ -13,7 +13,7 @@ pub fn apply(w: &mut Writer<'_>, op: &Op) -> Result<(), IndexError> {
                 created_ms: *created_ms,
             },
         ),
-        Op::AgentDelete { agent } => w.remove_agent(agent),
+        Op::AgentDelete { agent, .. } => w.remove_agent(agent),
         Op::SessionCreate {
             agent,
             session,
@@ -26,7 +26,7 @@ pub fn apply(w: &mut Writer<'_>, op: &Op) -> Result<(), IndexError> {
                 head: None,
             },
         ),
-        Op::SessionDelete { agent, session } => w.remove_session(agent, session),
+        Op::SessionDelete { agent, session, .. } => w.remove_session(agent, session),
         Op::CheckpointCreate {
             agent,
             session,
@@ -40,6 +40,7 @@ pub fn apply(w: &mut Writer<'_>, op: &Op) -> Result<(), IndexError> {
             agent,
             session,
             checkpoint,
+            ..
         } => {
             let Some(gone) = w.checkpoint(agent, session, checkpoint)? else {
                 return Ok(());

@@ -62,11 +62,11 @@ impl Store {
         };
         self.check_space()?;
         let rec = self.journaled(build, |op_id, op| {
-            self.fp.hit("checkpoint_create.after_journal");
+            self.crash_point("checkpoint_create.after_journal");
             btrfs::snapshot(&self.layout.current(a, s), &dest, true)?;
-            self.fp.hit("checkpoint_create.after_snapshot");
+            self.crash_point("checkpoint_create.after_snapshot");
             self.end(op_id, op, &After::Nothing)?;
-            self.fp.hit("checkpoint_create.after_commit");
+            self.crash_point("checkpoint_create.after_commit");
             let Op::CheckpointCreate { record, .. } = op else {
                 unreachable!("built above")
             };
@@ -102,20 +102,22 @@ impl Store {
                 "checkpoint {a}/{s}/{c} is pinned; unpin it first (checkpoint.pin with pinned=false)"
             )));
         }
+        let subvolume = btrfs::subvolume_id(&self.layout.checkpoint(a, s, c))?;
         let build = |_: &mut crate::index::Writer<'_>| {
             Ok(Op::CheckpointDelete {
                 agent: a.into(),
                 session: s.into(),
                 checkpoint: c.into(),
+                subvolume,
             })
         };
         self.journaled(build, |op_id, op| {
             let trash = Layout::trash(&self.layout.checkpoints_dir(a, s), op_id);
             rename(&self.layout.checkpoint(a, s, c), &trash)?;
-            self.fp.hit("checkpoint_delete.after_rename");
+            self.crash_point("checkpoint_delete.after_rename");
             let after = After::Remove(trash);
             self.end(op_id, op, &after)?;
-            self.fp.hit("checkpoint_delete.after_commit");
+            self.crash_point("checkpoint_delete.after_commit");
             Ok(((), after))
         })?;
         Ok(Deleted {

@@ -207,6 +207,14 @@ impl Store {
         }
     }
 
+    /// A failpoint, honouring `name=sync`.
+    fn crash_point(&self, name: &str) {
+        if self.fp.sync_first(name) {
+            let _ = self.index.write(|_| Ok(()));
+        }
+        self.fp.hit(name);
+    }
+
     /// Fails once the store has been fenced by an undo that did not finish.
     fn check_fence(&self) -> Result<()> {
         if self.fenced.load(Ordering::SeqCst) {
@@ -325,18 +333,8 @@ fn mkdir(p: &Path) -> Result<()> {
     std::fs::create_dir(p).map_err(|e| StoreError::io("create", p, e))
 }
 
-/// Renames within one directory and makes the rename durable, so that the
-/// quick End commit never becomes durable before the rename it records.
 fn rename(from: &Path, to: &Path) -> Result<()> {
-    std::fs::rename(from, to).map_err(|e| StoreError::io("rename", from, e))?;
-    fsync_dir(to.parent().unwrap_or(Path::new("/")))
-}
-
-/// `fsync` of a directory: its entries (renames, exchanges) reach the disk.
-fn fsync_dir(dir: &Path) -> Result<()> {
-    std::fs::File::open(dir)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| StoreError::io("sync", dir, e))
+    std::fs::rename(from, to).map_err(|e| StoreError::io("rename", from, e))
 }
 
 /// Only one supervisor may own a store root.

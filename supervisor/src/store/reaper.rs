@@ -22,7 +22,14 @@ impl Reaper {
             .name("allox-reaper".into())
             .spawn(move || {
                 for (path, op_id) in rx {
-                    match btrfs::remove_tree(&path) {
+                    // The journal entry closes only once the removal (and so
+                    // the rename that put the tree here) is on disk: until
+                    // then recovery can still redo the rename.
+                    let durable = btrfs::remove_tree(&path).and_then(|()| {
+                        let parent = path.parent().unwrap_or(std::path::Path::new("/"));
+                        btrfs::sync_dir(parent)
+                    });
+                    match durable {
                         Ok(()) => {
                             if let Err(e) = index.write_quick(|w| w.journal_remove(op_id)) {
                                 tracing::warn!(error = %e, op_id, "cannot close journal entry");

@@ -50,13 +50,60 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
             }
             Ok::<(), StoreError>(())
         };
-        match op {
-            Op::AgentDelete { .. } => rm(&Layout::trash(&l.agents_dir(), op_id))?,
-            Op::SessionDelete { agent, .. } => rm(&Layout::trash(&l.sessions_dir(agent), op_id))?,
-            Op::CheckpointDelete { agent, session, .. } => {
-                rm(&Layout::trash(&l.checkpoints_dir(agent, session), op_id))?
+        // The End commit can reach the disk before the rename it records;
+        // if the tree (known by its subvolume ID) is still at home, move it
+        // to where the operation put it, then remove it.
+        let redo = |home: &Path, subvol: &Path, id: u64, trash: &Path| -> Result<()> {
+            if btrfs::is_subvolume(subvol) && btrfs::subvolume_id(subvol)? == id && !trash.exists()
+            {
+                std::fs::rename(home, trash).map_err(|e| StoreError::io("rename", home, e))?;
             }
-            Op::Rollback { agent, session, .. } => rm(&l.rollback_tmp(agent, session, op_id))?,
+            Ok(())
+        };
+        match op {
+            Op::AgentDelete { agent, subvolume } => {
+                let trash = Layout::trash(&l.agents_dir(), op_id);
+                redo(&l.agent_dir(agent), &l.workspace(agent), *subvolume, &trash)?;
+                rm(&trash)?
+            }
+            Op::SessionDelete {
+                agent,
+                session,
+                subvolume,
+            } => {
+                let trash = Layout::trash(&l.sessions_dir(agent), op_id);
+                let home = l.session_dir(agent, session);
+                redo(&home, &l.current(agent, session), *subvolume, &trash)?;
+                rm(&trash)?
+            }
+            Op::CheckpointDelete {
+                agent,
+                session,
+                checkpoint,
+                subvolume,
+            } => {
+                let trash = Layout::trash(&l.checkpoints_dir(agent, session), op_id);
+                let home = l.checkpoint(agent, session, checkpoint);
+                redo(&home, &home, *subvolume, &trash)?;
+                rm(&trash)?
+            }
+            Op::Rollback {
+                agent,
+                session,
+                old_subvolume,
+                ..
+            } => {
+                let fresh = l.rollback_tmp(agent, session, op_id);
+                let current = l.current(agent, session);
+                if fresh.exists()
+                    && current.exists()
+                    && btrfs::subvolume_id(&current)? == *old_subvolume
+                {
+                    // The exchange did not reach the disk: do it again.
+                    btrfs::exchange(&fresh, &current)?;
+                }
+                rm(&fresh)?
+            }
             _ => {}
         }
         return Ok(true);
@@ -74,7 +121,7 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
                 false
             }
         }
-        Op::AgentDelete { agent } => {
+        Op::AgentDelete { agent, .. } => {
             let trash = Layout::trash(&l.agents_dir(), op_id);
             if forward && !l.agent_dir(agent).exists() {
                 finish(op)?;
@@ -96,7 +143,7 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
                 false
             }
         }
-        Op::SessionDelete { agent, session } => {
+        Op::SessionDelete { agent, session, .. } => {
             let trash = Layout::trash(&l.sessions_dir(agent), op_id);
             if forward && !l.session_dir(agent, session).exists() {
                 finish(op)?;
@@ -126,6 +173,7 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
             agent,
             session,
             checkpoint,
+            ..
         } => {
             let trash = Layout::trash(&l.checkpoints_dir(agent, session), op_id);
             let home = l.checkpoint(agent, session, checkpoint);
@@ -261,6 +309,7 @@ fn reconcile(st: &Store) -> Result<Vec<String>> {
                     agent: a.clone(),
                     session: s.clone(),
                     checkpoint: c.clone(),
+                    subvolume: 0,
                 };
                 st.index.write(|w| apply(w, &gone))?;
                 note(format!(

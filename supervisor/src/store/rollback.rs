@@ -27,17 +27,16 @@ impl Store {
         };
         self.check_space()?;
         self.journaled(build, |op_id, op| {
-            self.fp.hit("rollback.after_journal");
+            self.crash_point("rollback.after_journal");
             let fresh = self.layout.rollback_tmp(a, s, op_id);
             btrfs::snapshot(&self.layout.checkpoint(a, s, c), &fresh, false)?;
-            self.fp.hit("rollback.after_snapshot");
+            self.crash_point("rollback.after_snapshot");
             btrfs::exchange(&fresh, &current)?;
-            super::fsync_dir(&self.layout.session_dir(a, s))?;
-            self.fp.hit("rollback.after_exchange");
+            self.crash_point("rollback.after_exchange");
             // `fresh` now names the old tree.
             let after = After::Remove(fresh);
             self.end(op_id, op, &after)?;
-            self.fp.hit("rollback.after_commit");
+            self.crash_point("rollback.after_commit");
             Ok(((), after))
         })?;
         Ok(RollbackDone {

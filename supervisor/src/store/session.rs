@@ -38,9 +38,9 @@ impl Store {
         self.journaled(build, |op_id, op| {
             mkdir(&dir)?;
             btrfs::create_subvolume(&self.layout.current(a, s))?;
-            self.fp.hit("session_create.after_subvolume");
+            self.crash_point("session_create.after_subvolume");
             mkdir(&self.layout.checkpoints_dir(a, s))?;
-            self.fp.hit("session_create.before_commit");
+            self.crash_point("session_create.before_commit");
             self.end(op_id, op, &After::Nothing)?;
             Ok(((), After::Nothing))
         })?;
@@ -68,19 +68,21 @@ impl Store {
         // Removals still running inside this tree would race the rename.
         let dir = self.layout.session_dir(a, s);
         self.reaper.wait_under(&dir);
+        let subvolume = btrfs::subvolume_id(&self.layout.current(a, s))?;
         let build = |_: &mut crate::index::Writer<'_>| {
             Ok(Op::SessionDelete {
                 agent: a.into(),
                 session: s.into(),
+                subvolume,
             })
         };
         self.journaled(build, |op_id, op| {
             let trash = Layout::trash(&self.layout.sessions_dir(a), op_id);
             rename(&dir, &trash)?;
-            self.fp.hit("session_delete.after_rename");
+            self.crash_point("session_delete.after_rename");
             let after = After::Remove(trash);
             self.end(op_id, op, &after)?;
-            self.fp.hit("session_delete.after_commit");
+            self.crash_point("session_delete.after_commit");
             Ok(((), after))
         })?;
         Ok(Deleted {

@@ -1,10 +1,11 @@
 //! The command line of `alloxctl`, and what each command asks for.
 
+use crate::process::{read_stdin_file, StdinFileError};
 use allox_protocol::{
-    AgentList, AgentRef, AuditList, CheckpointCreate, CheckpointPin, CheckpointRef, Ping, Request,
-    SessionRef, SessionRollback,
+    AgentList, AgentRef, AuditList, CheckpointCreate, CheckpointPin, CheckpointRef, Ping,
+    ProcessKill, ProcessStart, ProcessWait, Request, SessionRef, SessionRollback,
 };
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
 /// Where the daemon listens unless `--socket` or `ALLOX_SOCKET` says
@@ -57,6 +58,35 @@ pub enum Command {
         #[arg(long, value_name = "N")]
         limit: Option<u32>,
     },
+    /// Run a program in a session and pass its output through as it comes.
+    ///
+    /// Exits with the program's exit code, 128+N when signal N killed it,
+    /// 124 when its timeout did, 1 when alloxctl or the daemon failed.
+    /// With --json the output is captured instead and printed in the JSON
+    /// result.
+    Exec(RunArgs),
+    /// Start a program in a session without waiting; print its run id.
+    Start(RunArgs),
+    /// Wait for a run to end and show how it ended; exits as `exec` does.
+    Wait {
+        agent: String,
+        session: String,
+        run: String,
+        /// Give up waiting after this many milliseconds.
+        #[arg(long, value_name = "MS")]
+        timeout_ms: Option<u64>,
+    },
+    /// List a session's processes.
+    Ps { agent: String, session: String },
+    /// Signal one run's processes, or all of a session's.
+    Kill {
+        agent: String,
+        session: String,
+        run: Option<String>,
+        /// Number or name (TERM, SIGTERM); the daemon's default is SIGKILL.
+        #[arg(long, value_name = "SIGNAL", value_parser = crate::signal::parse)]
+        signal: Option<i32>,
+    },
     /// Send one request in its JSON form and print the JSON answer.
     Rpc {
         /// `{"action": "...", "params": {...}}`
@@ -68,6 +98,38 @@ pub enum Command {
         #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8092")]
         listen: String,
     },
+}
+
+/// What to run, for `exec` and `start`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    agent: String,
+    session: String,
+    /// Working directory, relative to the session's current/.
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<String>,
+    /// Set an environment variable (repeatable).
+    #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
+    env: Vec<(String, String)>,
+    /// Kill the run's whole process tree after this many milliseconds.
+    #[arg(long, value_name = "MS")]
+    timeout_ms: Option<u64>,
+    /// Give the program this file's text on stdin ('-': alloxctl's stdin).
+    /// Without it, `exec` gives an empty stdin and `start` leaves stdin
+    /// open for `process.stdin`.
+    #[arg(long, value_name = "FILE")]
+    stdin_file: Option<PathBuf>,
+    /// The program and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    argv: Vec<String>,
+}
+
+/// `K=V` as a pair; the value may contain `=`.
+fn parse_env(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("expected K=V, got {text:?}")),
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -131,10 +193,58 @@ pub enum CheckpointCommand {
 pub enum Action {
     /// Send one request and show its answer.
     Call(Request),
+    /// Run a program and wait for it, passing its output through.
+    Exec(Run),
+    /// Start a program without waiting.
+    Start(Run),
+    /// Wait for a run to end.
+    Wait(ProcessWait),
     /// Send a request given in JSON and print the JSON answer.
     Rpc(String),
     /// Run the HTTP gateway.
     Gateway { listen: String },
+}
+
+/// A `process.start` request, and where its stdin text is still to be
+/// read from.
+#[derive(Debug, PartialEq)]
+pub struct Run {
+    pub request: ProcessStart,
+    pub stdin_file: Option<PathBuf>,
+}
+
+impl Run {
+    /// The request, with the stdin file's text read into it.
+    pub fn into_request(self) -> Result<ProcessStart, StdinFileError> {
+        let mut request = self.request;
+        if let Some(path) = &self.stdin_file {
+            request.stdin = Some(read_stdin_file(path)?);
+        }
+        Ok(request)
+    }
+}
+
+impl RunArgs {
+    /// `wait`: whether the answer comes at the end of the run (`exec`) or
+    /// at its start (`start`).
+    fn run(self, wait: bool) -> Run {
+        Run {
+            request: ProcessStart {
+                agent_id: self.agent,
+                session_id: self.session,
+                argv: self.argv,
+                env: self.env.into_iter().collect(),
+                cwd: self.cwd,
+                // `exec` cannot forward its own stdin while the run goes
+                // on: the program reads end of file instead of hanging.
+                stdin: wait.then(String::new),
+                timeout_ms: self.timeout_ms,
+                wait,
+                stream: wait,
+            },
+            stdin_file: self.stdin_file,
+        }
+    }
 }
 
 impl Command {
@@ -173,6 +283,31 @@ impl Command {
             C::Audit { after, limit } => call(Request::AuditList(AuditList {
                 after_seq: after,
                 limit,
+            })),
+            C::Exec(run) => Action::Exec(run.run(true)),
+            C::Start(run) => Action::Start(run.run(false)),
+            C::Wait {
+                agent,
+                session,
+                run,
+                timeout_ms,
+            } => Action::Wait(ProcessWait {
+                agent_id: agent,
+                session_id: session,
+                run_id: run,
+                timeout_ms,
+            }),
+            C::Ps { agent, session } => call(Request::ProcessList(session_ref(agent, session))),
+            C::Kill {
+                agent,
+                session,
+                run,
+                signal,
+            } => call(Request::ProcessKill(ProcessKill {
+                agent_id: agent,
+                session_id: session,
+                run_id: run,
+                signal,
             })),
             C::Rpc { request } => Action::Rpc(request),
             C::Gateway { listen } => Action::Gateway { listen },
@@ -323,11 +458,123 @@ mod tests {
     }
 
     #[test]
+    fn exec_and_start_build_process_start() {
+        let (_, _, action) = parse(&[
+            "exec",
+            "--cwd",
+            "src",
+            "--env",
+            "A=1",
+            "--env",
+            "B=x=y",
+            "--env",
+            "A=2",
+            "--timeout-ms",
+            "500",
+            "a",
+            "s",
+            "--",
+            "ls",
+            "-la",
+            "--json",
+        ]);
+        let Action::Exec(run) = action else {
+            panic!("{action:?}")
+        };
+        assert_eq!(run.stdin_file, None);
+        let r = run.into_request().unwrap();
+        assert_eq!((r.agent_id.as_str(), r.session_id.as_str()), ("a", "s"));
+        // Everything after `--` belongs to the program.
+        assert_eq!(r.argv, ["ls", "-la", "--json"]);
+        let env: Vec<_> = r
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(env, [("A", "2"), ("B", "x=y")]);
+        assert_eq!(r.cwd.as_deref(), Some("src"));
+        assert_eq!(r.timeout_ms, Some(500));
+        assert_eq!(r.stdin.as_deref(), Some(""));
+        assert!(r.wait && r.stream);
+
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("input");
+        std::fs::write(&input, "data\n").unwrap();
+        let input = input.to_str().unwrap();
+        let (_, json, action) = parse(&[
+            "start",
+            "a",
+            "s",
+            "--stdin-file",
+            input,
+            "--json",
+            "--",
+            "cat",
+        ]);
+        assert!(json);
+        let Action::Start(run) = action else {
+            panic!("{action:?}")
+        };
+        let r = run.into_request().unwrap();
+        assert_eq!(r.stdin.as_deref(), Some("data\n"));
+        assert!(!r.wait && !r.stream);
+
+        let (_, _, action) = parse(&["start", "a", "s", "--", "sleep", "9"]);
+        let Action::Start(run) = action else {
+            panic!("{action:?}")
+        };
+        assert_eq!(run.request.stdin, None);
+    }
+
+    #[test]
+    fn process_commands_map_to_requests() {
+        let (_, _, action) = parse(&["ps", "a", "s"]);
+        assert_eq!(
+            action,
+            Action::Call(Request::ProcessList(session_ref("a".into(), "s".into())))
+        );
+
+        let kill = |args: &[&str]| match parse(args).2 {
+            Action::Call(Request::ProcessKill(k)) => (k.run_id, k.signal),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(kill(&["kill", "a", "s"]), (None, None));
+        assert_eq!(
+            kill(&["kill", "a", "s", "r1", "--signal", "15"]),
+            (Some("r1".into()), Some(15))
+        );
+        assert_eq!(
+            kill(&["kill", "--signal", "SIGINT", "a", "s"]),
+            (None, Some(2))
+        );
+
+        let (_, _, action) = parse(&["wait", "a", "s", "r1", "--timeout-ms", "10"]);
+        assert_eq!(
+            action,
+            Action::Wait(ProcessWait {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                run_id: "r1".into(),
+                timeout_ms: Some(10),
+            })
+        );
+    }
+
+    #[test]
     fn usage_errors_are_refused() {
         for args in [
             &["session", "create", "a"][..],
             &["checkpoint", "list", "a"],
             &["audit", "--limit", "many"],
+            &["exec", "a", "s"],
+            &["exec", "a", "s", "--"],
+            &["exec", "a", "s", "ls"],
+            &["exec", "--env", "NOEQUALS", "a", "s", "--", "ls"],
+            &["exec", "--env", "=v", "a", "s", "--", "ls"],
+            &["start", "a", "--", "ls"],
+            &["kill", "a", "s", "--signal", "FLY"],
+            &["kill", "a", "s", "--signal", "0"],
+            &["wait", "a", "s"],
             &["fly"],
         ] {
             let argv = std::iter::once("alloxctl").chain(args.iter().copied());

@@ -26,6 +26,18 @@ pub type Answer = Result<Response, ErrorBody>;
 /// tests use fakes.
 pub trait Caller {
     fn call(&mut self, request: Request) -> Result<Answer, ClientError>;
+
+    /// Like [`Caller::call`], and passes the request's stream events to
+    /// `on_event` as they come. A caller that cannot carry events (a fake)
+    /// answers without any.
+    fn call_with_events(
+        &mut self,
+        request: Request,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<Answer, ClientError> {
+        let _ = on_event;
+        self.call(request)
+    }
 }
 
 #[derive(Debug, Error)]
@@ -232,6 +244,14 @@ impl Caller for Client {
     fn call(&mut self, request: Request) -> Result<Answer, ClientError> {
         Client::call(self, request)
     }
+
+    fn call_with_events(
+        &mut self,
+        request: Request,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<Answer, ClientError> {
+        Client::call_with_events(self, request, on_event)
+    }
 }
 
 #[cfg(test)]
@@ -335,6 +355,61 @@ mod tests {
             }))
             .unwrap();
         assert_eq!(answer.unwrap_err().code, ErrorCode::NotFound);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn output_events_come_in_order_before_the_answer() {
+        use allox_protocol::{OutputChunk, RunResult, RunStarted, StreamKind};
+        let chunk = |stream, data: &[u8]| {
+            Event::Output(OutputChunk {
+                run_id: "r1".into(),
+                stream,
+                data: data.to_vec(),
+            })
+        };
+        let sent = vec![
+            Event::Started(RunStarted {
+                run_id: "r1".into(),
+                pid: 9,
+            }),
+            chunk(StreamKind::Stdout, b"a"),
+            chunk(StreamKind::Stderr, b"b"),
+            chunk(StreamKind::Stdout, b"c"),
+        ];
+        let events = sent.clone();
+        let (stream, t) = pair(move |mut s| {
+            s.recv();
+            s.send(&welcome());
+            let ClientFrame::Request(r) = s.recv() else {
+                panic!("expected a request")
+            };
+            for event in events {
+                s.send(&ServerFrame::Event(EventEnvelope {
+                    request_id: r.request_id,
+                    event,
+                }));
+            }
+            s.send(&ServerFrame::Response(ResponseEnvelope {
+                request_id: r.request_id,
+                outcome: Outcome::Ok(Response::Exited(RunResult {
+                    run_id: "r1".into(),
+                    exit_code: Some(0),
+                    signal: None,
+                    stdout: String::new(),
+                    stderr: String::new(),
+                    truncated: false,
+                    timed_out: false,
+                })),
+            }));
+        });
+        let mut c = Client::handshake(stream).unwrap();
+        let mut got = Vec::new();
+        // Through the trait, as `alloxctl exec` calls it.
+        let answer =
+            Caller::call_with_events(&mut c, Request::Ping(Ping {}), &mut |e| got.push(e)).unwrap();
+        assert!(matches!(answer, Ok(Response::Exited(_))), "{answer:?}");
+        assert_eq!(got, sent);
         t.join().unwrap();
     }
 

@@ -2,7 +2,7 @@
 //! connection connects again on the next call.
 
 use crate::client::{Answer, Caller, Client, ClientError};
-use allox_protocol::Request;
+use allox_protocol::{Event, Request};
 use std::path::{Path, PathBuf};
 
 /// The daemon behind a socket path, connected when first needed.
@@ -41,9 +41,19 @@ impl Caller for Daemon {
     /// connection, but only when that cannot apply a change twice: the
     /// request was never sent, or it changes nothing.
     fn call(&mut self, request: Request) -> Result<Answer, ClientError> {
+        self.call_with_events(request, &mut |_| {})
+    }
+
+    /// As [`Daemon::call`]; a call made again on a fresh connection passes
+    /// its events too.
+    fn call_with_events(
+        &mut self,
+        request: Request,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<Answer, ClientError> {
         let reused = self.client.is_some();
         let retry = request.clone();
-        match self.client()?.call(request) {
+        match self.client()?.call_with_events(request, &mut *on_event) {
             Ok(answer) => Ok(answer),
             Err(err) => {
                 self.client = None;
@@ -51,7 +61,7 @@ impl Caller for Daemon {
                 let harmless = !retry.is_mutating()
                     && matches!(err, ClientError::Closed | ClientError::Read(_));
                 if reused && (unsent || harmless) {
-                    let answer = self.client()?.call(retry);
+                    let answer = self.client()?.call_with_events(retry, on_event);
                     if answer.is_err() {
                         self.client = None;
                     }

@@ -5,14 +5,18 @@
 //! * [`rpc`]: requests and answers in their JSON form.
 //! * [`gateway`]: that JSON form over HTTP, `POST /v1/rpc`.
 //! * [`render`]: human output for every response.
+//! * [`process`]: `exec`, `start` and `wait`, and their exit statuses.
+//! * [`signal`]: signal numbers and names.
 //! * [`cli`]: the command line.
 
 pub mod cli;
 pub mod client;
 pub mod daemon;
 pub mod gateway;
+pub mod process;
 pub mod render;
 pub mod rpc;
+pub mod signal;
 
 pub use client::{error_chain, Answer, Caller, Client, ClientError};
 pub use daemon::Daemon;

@@ -1,10 +1,11 @@
 //! `alloxctl`: parses the command line and wires the library together.
 
-use allox_ctl::cli::{Action, Cli};
+use allox_ctl::cli::{Action, Cli, Run};
 use allox_ctl::gateway::{Gateway, WORKERS};
+use allox_ctl::process;
 use allox_ctl::render::render;
 use allox_ctl::{error_chain, rpc_json, Client, Daemon};
-use allox_protocol::Request;
+use allox_protocol::{ProcessStart, Request};
 use clap::Parser;
 use std::io::Write;
 use std::path::PathBuf;
@@ -15,6 +16,19 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.action() {
         Action::Call(request) => call(cli.socket, cli.json, request),
+        Action::Exec(run) => start_run(cli.socket, cli.json, run, process::exec),
+        Action::Start(run) => start_run(cli.socket, cli.json, run, process::start),
+        Action::Wait(request) => {
+            let mut daemon = Daemon::new(cli.socket);
+            let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+            ExitCode::from(process::wait(
+                &mut daemon,
+                request,
+                cli.json,
+                &mut out,
+                &mut err,
+            ))
+        }
         Action::Rpc(text) => {
             let (ok, answer) = rpc_json(&mut Daemon::new(cli.socket), &text);
             print(&format!("{answer}\n"));
@@ -34,6 +48,22 @@ fn call(socket: PathBuf, json: bool, request: Request) -> ExitCode {
         Err(body) => eprintln!("error: {}: {}", body.code, body.message),
     }
     status(answer.is_ok())
+}
+
+/// The signature of [`process::exec`] and [`process::start`].
+type Launch = fn(&mut Daemon, ProcessStart, bool, &mut dyn Write, &mut dyn Write) -> u8;
+
+fn start_run(socket: PathBuf, json: bool, run: Run, launch: Launch) -> ExitCode {
+    let request = match run.into_request() {
+        Ok(r) => r,
+        Err(err) => {
+            eprintln!("error: {}", error_chain(&err));
+            return ExitCode::FAILURE;
+        }
+    };
+    let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+    let mut daemon = Daemon::new(socket);
+    ExitCode::from(launch(&mut daemon, request, json, &mut out, &mut err))
 }
 
 fn gateway(listen: &str, socket: PathBuf) -> ExitCode {

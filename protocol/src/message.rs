@@ -82,6 +82,25 @@ pub struct EventEnvelope {
 pub enum Event {
     /// Free-form progress note.
     Progress { message: String },
+    /// A run started (sent before any output of a streamed run).
+    Started(RunStarted),
+    /// A piece of a streamed run's output, in order per stream.
+    Output(OutputChunk),
+}
+
+/// Which output stream a chunk belongs to.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamKind {
+    Stdout,
+    Stderr,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct OutputChunk {
+    pub run_id: String,
+    pub stream: StreamKind,
+    pub data: Vec<u8>,
 }
 
 // ---------------------------------------------------------------------------
@@ -162,6 +181,75 @@ pub struct AuditList {
     pub limit: Option<u32>,
 }
 
+/// `process.start`: run `argv` in the session's sandbox.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessStart {
+    pub agent_id: String,
+    pub session_id: String,
+    /// Program and arguments; the program is looked up in the sandbox's
+    /// `PATH` unless it contains a `/`.
+    pub argv: Vec<String>,
+    /// Extra environment, on top of the sandbox's own.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Working directory relative to the session's `current/`.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Written to the program's standard input, which is then closed.
+    /// Without it, standard input stays open for `process.stdin`.
+    #[serde(default)]
+    pub stdin: Option<String>,
+    /// Kill the run (its whole process tree) after this long.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Answer when the run ends, with its status and output.
+    #[serde(default)]
+    pub wait: bool,
+    /// Over the binary protocol: send output as `Event::Output` while the
+    /// run goes on (the answer then carries no output).
+    #[serde(default)]
+    pub stream: bool,
+}
+
+/// `process.wait`: the end of a run.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessWait {
+    pub agent_id: String,
+    pub session_id: String,
+    pub run_id: String,
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// `process.kill`: one run's process tree, or the whole session.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessKill {
+    pub agent_id: String,
+    pub session_id: String,
+    #[serde(default)]
+    pub run_id: Option<String>,
+    /// Signal number; default SIGKILL. Only SIGKILL kills a whole session
+    /// through its cgroup.
+    #[serde(default)]
+    pub signal: Option<i32>,
+}
+
+/// `process.stdin`: write to a run's standard input, or close it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessStdin {
+    pub agent_id: String,
+    pub session_id: String,
+    pub run_id: String,
+    #[serde(default)]
+    pub data: String,
+    #[serde(default)]
+    pub close: bool,
+}
+
 macro_rules! requests {
     ($( $(#[$doc:meta])* $variant:ident($ty:ty) = $name:literal, mutating = $m:literal; )*) => {
         /// Every request. The JSON action name is given beside each variant.
@@ -222,6 +310,11 @@ requests! {
     CheckpointPin(CheckpointPin) = "checkpoint.pin", mutating = true;
     SessionRollback(SessionRollback) = "session.rollback", mutating = true;
     AuditList(AuditList) = "audit.list", mutating = false;
+    ProcessStart(ProcessStart) = "process.start", mutating = true;
+    ProcessWait(ProcessWait) = "process.wait", mutating = false;
+    ProcessKill(ProcessKill) = "process.kill", mutating = true;
+    ProcessList(SessionRef) = "process.list", mutating = false;
+    ProcessStdin(ProcessStdin) = "process.stdin", mutating = false;
 }
 
 impl Request {
@@ -229,6 +322,14 @@ impl Request {
     pub fn target(&self) -> String {
         match self {
             Request::Ping(_) | Request::AgentList(_) | Request::AuditList(_) => String::new(),
+            Request::ProcessStart(r) => format!("{}/{}", r.agent_id, r.session_id),
+            Request::ProcessWait(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.run_id),
+            Request::ProcessKill(r) => match &r.run_id {
+                Some(run) => format!("{}/{}/{run}", r.agent_id, r.session_id),
+                None => format!("{}/{}", r.agent_id, r.session_id),
+            },
+            Request::ProcessList(r) => format!("{}/{}", r.agent_id, r.session_id),
+            Request::ProcessStdin(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.run_id),
             Request::AgentCreate(r) | Request::AgentDelete(r) | Request::SessionList(r) => {
                 r.agent_id.clone()
             }
@@ -381,6 +482,59 @@ pub struct AuditListing {
     pub corrupt: u64,
 }
 
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct RunStarted {
+    pub run_id: String,
+    /// PID in the supervisor's PID namespace.
+    pub pid: i32,
+}
+
+/// How a run ended.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct RunResult {
+    pub run_id: String,
+    /// Exit code if the program exited.
+    pub exit_code: Option<i32>,
+    /// Signal number if it was killed.
+    pub signal: Option<i32>,
+    /// Output captured (empty for streamed runs), UTF-8 with invalid bytes
+    /// replaced.
+    pub stdout: String,
+    pub stderr: String,
+    /// Whether captured output was cut at the capture limit.
+    pub truncated: bool,
+    /// Whether the run was killed because its timeout passed.
+    pub timed_out: bool,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ProcessInfo {
+    pub pid: i32,
+    pub ppid: i32,
+    pub argv: Vec<String>,
+    /// The run the process belongs to (its own or an ancestor's).
+    pub run_id: Option<String>,
+    /// Start time, milliseconds since the Unix epoch.
+    pub started_ms: u64,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ProcessListing {
+    pub processes: Vec<ProcessInfo>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Killed {
+    /// Processes that were signalled.
+    pub killed: u32,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct StdinWritten {
+    pub written: u64,
+    pub closed: bool,
+}
+
 /// Every response. Each request has one natural response variant.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub enum Response {
@@ -394,6 +548,11 @@ pub enum Response {
     RolledBack(RollbackDone),
     Deleted(Deleted),
     Audit(AuditListing),
+    Started(RunStarted),
+    Exited(RunResult),
+    Killed(Killed),
+    Processes(ProcessListing),
+    StdinWritten(StdinWritten),
 }
 
 impl Response {
@@ -410,6 +569,11 @@ impl Response {
             Response::RolledBack(v) => serde_json::to_value(v),
             Response::Deleted(v) => serde_json::to_value(v),
             Response::Audit(v) => serde_json::to_value(v),
+            Response::Started(v) => serde_json::to_value(v),
+            Response::Exited(v) => serde_json::to_value(v),
+            Response::Killed(v) => serde_json::to_value(v),
+            Response::Processes(v) => serde_json::to_value(v),
+            Response::StdinWritten(v) => serde_json::to_value(v),
         };
         v.unwrap_or(serde_json::Value::Null)
     }

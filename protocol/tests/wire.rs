@@ -81,6 +81,11 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "checkpoint.pin",
             "session.rollback",
             "audit.list",
+            "process.start",
+            "process.wait",
+            "process.kill",
+            "process.list",
+            "process.stdin",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

@@ -105,6 +105,15 @@ impl Supervisor {
                 };
                 Response::RolledBack(st.rollback(&r)?)
             }
+            Request::ProcessStart(_)
+            | Request::ProcessWait(_)
+            | Request::ProcessKill(_)
+            | Request::ProcessList(_)
+            | Request::ProcessStdin(_) => {
+                return Err(StoreError::Unsupported(
+                    "process actions are not built into this supervisor yet".into(),
+                ))
+            }
             Request::AuditList(r) => {
                 let limit = r.limit.unwrap_or(100).clamp(1, 10_000) as usize;
                 Response::Audit(st.audit().read(r.after_seq.unwrap_or(0), limit)?)

@@ -3,6 +3,7 @@
 
 pub mod audit;
 pub mod btrfs;
+pub mod cgroup;
 pub mod daemon;
 pub mod dispatch;
 pub mod failpoint;
@@ -10,6 +11,8 @@ pub mod index;
 pub mod journal;
 pub mod layout;
 pub mod records;
+pub mod runs;
+pub mod sandbox;
 pub mod server;
 pub mod store;
 

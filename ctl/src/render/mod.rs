@@ -1,11 +1,14 @@
 //! Human output for every response: tables for listings, a tree for
-//! checkpoints, one line for simple results. Every string ends with a
-//! newline; times are UTC.
+//! checkpoints, one line for simple results, a status line and captured
+//! output for finished runs. Every string ends with a newline; times are
+//! UTC.
 
+mod process;
 mod table;
 mod time;
 mod tree;
 
+pub use process::run_status;
 pub use table::{clean, Table};
 pub use time::utc;
 pub use tree::{checkpoint_tree, HEAD_MARK};
@@ -37,6 +40,11 @@ pub fn render(response: &Response) -> String {
         Response::RolledBack(r) => rolled_back(r),
         Response::Deleted(d) => format!("deleted {}\n", clean(&d.deleted)),
         Response::Audit(l) => audit(l),
+        Response::Started(s) => process::started(s),
+        Response::Exited(r) => process::exited(r),
+        Response::Killed(k) => process::killed(k),
+        Response::Processes(l) => process::processes(l),
+        Response::StdinWritten(w) => process::stdin_written(w),
     }
 }
 

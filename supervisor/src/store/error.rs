@@ -20,6 +20,8 @@ pub enum StoreError {
     Exists(String),
     #[error("{0}")]
     Conflict(String),
+    #[error("{0}")]
+    Unsupported(String),
     #[error("a failed change could not be undone; the store refuses changes until the supervisor restarts")]
     Fenced,
     #[error("only {free_mib} MiB free, at least {need_mib} MiB are kept in reserve")]
@@ -79,6 +81,7 @@ impl StoreError {
             StoreError::InvalidId(_) | StoreError::Invalid(_) => ErrorCode::InvalidRequest,
             StoreError::NotFound(_) => ErrorCode::NotFound,
             StoreError::Exists(_) | StoreError::Conflict(_) => ErrorCode::Conflict,
+            StoreError::Unsupported(_) => ErrorCode::Unsupported,
             _ if self.is_no_space() => ErrorCode::Unavailable,
             StoreError::Fenced => ErrorCode::Unavailable,
             StoreError::Index(ie) if ie.needs_reopen() || matches!(ie, IndexError::Closed) => {

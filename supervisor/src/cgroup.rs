@@ -1,0 +1,315 @@
+//! Per-session cgroups (v2): `<mount>/allox/<agent>/<session>/run-<id>/`.
+//!
+//! Every process a run starts lives in its run's cgroup, whatever it forks,
+//! setsids or double-forks; a session is the subtree of its runs. Killing is
+//! `cgroup.kill` (SIGKILL to the whole subtree, stopped and frozen processes
+//! included) followed by waiting on `cgroup.events` for `populated 0`.
+//! Limits (`pids.max`, `memory.max`, `cpu.max`) are set on the session
+//! cgroup where the controllers are available; where they are not (the
+//! development host's hybrid hierarchy has none of them), asking for one is
+//! an `unsupported` error.
+//!
+//! The mount point is a parameter, so unit tests point it at a temp dir.
+
+use rustix::fd::{AsFd, OwnedFd};
+use rustix::fs::{Mode, OFlags};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum CgroupError {
+    #[error("{op} {path}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "the {controller} controller is not available in {path} (cgroup.controllers has: {have})"
+    )]
+    Unsupported {
+        controller: &'static str,
+        path: PathBuf,
+        have: String,
+    },
+    #[error("processes of {path} did not exit within {waited:?} after cgroup.kill")]
+    KillTimeout { path: PathBuf, waited: Duration },
+}
+
+fn io_err(op: &'static str, path: &Path, source: io::Error) -> CgroupError {
+    CgroupError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Resource limits of a session.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub pids_max: Option<u64>,
+    pub memory_max: Option<u64>,
+    /// `cpu.max` as (quota µs, period µs).
+    pub cpu_max: Option<(u64, u64)>,
+}
+
+/// The `allox` subtree of a cgroup2 mount.
+#[derive(Debug, Clone)]
+pub struct Cgroups {
+    base: PathBuf,
+}
+
+impl Cgroups {
+    /// Uses (and creates) `<mount>/allox`, enabling the controllers that
+    /// the mount offers for the subtree.
+    pub fn open(mount: &Path) -> Result<Cgroups, CgroupError> {
+        let base = mount.join("allox");
+        std::fs::create_dir_all(&base).map_err(|e| io_err("create", &base, e))?;
+        let c = Cgroups { base };
+        // Best effort: a controller already enabled or not offered is fine.
+        c.enable_controllers(mount);
+        c.enable_controllers(&c.base);
+        Ok(c)
+    }
+
+    fn enable_controllers(&self, dir: &Path) {
+        let offered = read_trim(&dir.join("cgroup.controllers")).unwrap_or_default();
+        for ctl in ["pids", "memory", "cpu"] {
+            if offered.split_whitespace().any(|c| c == ctl) {
+                let _ = std::fs::write(dir.join("cgroup.subtree_control"), format!("+{ctl}"));
+            }
+        }
+    }
+
+    pub fn base(&self) -> &Path {
+        &self.base
+    }
+
+    pub fn agent_dir(&self, a: &str) -> PathBuf {
+        self.base.join(a)
+    }
+
+    pub fn session_dir(&self, a: &str, s: &str) -> PathBuf {
+        self.agent_dir(a).join(s)
+    }
+
+    pub fn run_dir(&self, a: &str, s: &str, run: &str) -> PathBuf {
+        self.session_dir(a, s).join(format!("run-{run}"))
+    }
+
+    /// Creates the session's cgroup (if needed) and applies `limits`.
+    pub fn ensure_session(&self, a: &str, s: &str, limits: &Limits) -> Result<(), CgroupError> {
+        let agent = self.agent_dir(a);
+        let dir = self.session_dir(a, s);
+        for d in [&agent, &dir] {
+            match std::fs::create_dir(d) {
+                Ok(()) => self.enable_controllers(d),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io_err("create", d, e)),
+            }
+        }
+        let offered = read_trim(&agent.join("cgroup.controllers")).unwrap_or_default();
+        let set = |controller: &'static str, file: &str, value: String| {
+            if !offered.split_whitespace().any(|c| c == controller) {
+                return Err(CgroupError::Unsupported {
+                    controller,
+                    path: dir.clone(),
+                    have: if offered.is_empty() {
+                        "nothing".into()
+                    } else {
+                        offered.clone()
+                    },
+                });
+            }
+            let p = dir.join(file);
+            std::fs::write(&p, value).map_err(|e| io_err("write", &p, e))
+        };
+        if let Some(n) = limits.pids_max {
+            set("pids", "pids.max", n.to_string())?;
+        }
+        if let Some(n) = limits.memory_max {
+            set("memory", "memory.max", n.to_string())?;
+        }
+        if let Some((quota, period)) = limits.cpu_max {
+            set("cpu", "cpu.max", format!("{quota} {period}"))?;
+        }
+        Ok(())
+    }
+
+    /// Creates a run's cgroup and returns a directory handle for
+    /// `CLONE_INTO_CGROUP`.
+    pub fn create_run(&self, a: &str, s: &str, run: &str) -> Result<OwnedFd, CgroupError> {
+        let dir = self.run_dir(a, s, run);
+        std::fs::create_dir(&dir).map_err(|e| io_err("create", &dir, e))?;
+        rustix::fs::open(
+            &dir,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| io_err("open", &dir, e.into()))
+    }
+
+    /// PIDs in a cgroup and all cgroups below it.
+    pub fn procs(&self, dir: &Path) -> Vec<i32> {
+        let mut out = Vec::new();
+        collect_procs(dir, &mut out);
+        out
+    }
+
+    /// Runs (by id) with a cgroup in this session, live or not yet removed.
+    pub fn runs(&self, a: &str, s: &str) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.session_dir(a, s))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_prefix("run-"))
+                    .map(String::from)
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Whether any process is in `dir` or below.
+    pub fn populated(&self, dir: &Path) -> bool {
+        match read_trim(&dir.join("cgroup.events")) {
+            Ok(ev) => ev.lines().any(|l| l.trim() == "populated 1"),
+            Err(_) => false,
+        }
+    }
+
+    /// SIGKILLs everything in `dir` and below, then waits until it is empty.
+    /// Returns how many processes there were.
+    pub fn kill(&self, dir: &Path, timeout: Duration) -> Result<u32, CgroupError> {
+        if !dir.exists() {
+            return Ok(0);
+        }
+        let n = self.procs(dir).len() as u32;
+        let kill = dir.join("cgroup.kill");
+        std::fs::write(&kill, "1").map_err(|e| io_err("write", &kill, e))?;
+        self.wait_empty(dir, timeout)?;
+        Ok(n)
+    }
+
+    /// Waits for `populated 0`, woken by the kernel's notification on
+    /// `cgroup.events`.
+    pub fn wait_empty(&self, dir: &Path, timeout: Duration) -> Result<(), CgroupError> {
+        let events = dir.join("cgroup.events");
+        let fd = match rustix::fs::open(&events, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT) => return Ok(()),
+            Err(e) => return Err(io_err("open", &events, e.into())),
+        };
+        let start = Instant::now();
+        loop {
+            if !self.populated(dir) {
+                return Ok(());
+            }
+            let left = timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return Err(CgroupError::KillTimeout {
+                    path: dir.to_path_buf(),
+                    waited: timeout,
+                });
+            }
+            poll_pri(&fd, left.min(Duration::from_millis(50)));
+        }
+    }
+
+    /// Removes the empty cgroup `dir` and any empty children.
+    pub fn remove(&self, dir: &Path) -> Result<(), CgroupError> {
+        if let Ok(rd) = std::fs::read_dir(dir) {
+            for e in rd.flatten() {
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    self.remove(&e.path())?;
+                }
+            }
+        }
+        match std::fs::remove_dir(dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err("remove", dir, e)),
+        }
+    }
+}
+
+fn collect_procs(dir: &Path, out: &mut Vec<i32>) {
+    if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+        out.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+    }
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                collect_procs(&e.path(), out);
+            }
+        }
+    }
+}
+
+fn read_trim(p: &Path) -> io::Result<String> {
+    Ok(std::fs::read_to_string(p)?.trim().to_string())
+}
+
+/// Waits for a priority event (cgroup.events changed) or the timeout.
+fn poll_pri(fd: &impl AsFd, timeout: Duration) {
+    let mut fds = [rustix::event::PollFd::new(
+        fd,
+        rustix::event::PollFlags::PRI,
+    )];
+    let ts = rustix::event::Timespec {
+        tv_sec: timeout.as_secs() as _,
+        tv_nsec: timeout.subsec_nanos() as _,
+    };
+    let _ = rustix::event::poll(&mut fds, Some(&ts));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_and_missing_controllers() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("cgroup.controllers"), "hugetlb\n").unwrap();
+        let c = Cgroups::open(d.path()).unwrap();
+        assert_eq!(c.run_dir("a", "s", "7"), d.path().join("allox/a/s/run-7"));
+        c.ensure_session("a", "s", &Limits::default()).unwrap();
+        std::fs::write(c.agent_dir("a").join("cgroup.controllers"), "hugetlb").unwrap();
+        let e = c
+            .ensure_session(
+                "a",
+                "s",
+                &Limits {
+                    pids_max: Some(10),
+                    ..Limits::default()
+                },
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("pids") && e.contains("hugetlb"), "{e}");
+    }
+
+    #[test]
+    fn procs_are_collected_from_the_subtree() {
+        let d = tempfile::tempdir().unwrap();
+        let c = Cgroups::open(d.path()).unwrap();
+        let s = c.session_dir("a", "s");
+        std::fs::create_dir_all(s.join("run-1")).unwrap();
+        std::fs::create_dir_all(s.join("run-2")).unwrap();
+        std::fs::write(s.join("run-1/cgroup.procs"), "10\n11\n").unwrap();
+        std::fs::write(s.join("run-2/cgroup.procs"), "12\n").unwrap();
+        let mut p = c.procs(&s);
+        p.sort();
+        assert_eq!(p, [10, 11, 12]);
+        assert_eq!(c.runs("a", "s"), ["1", "2"]);
+        std::fs::write(s.join("run-1/cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
+        assert!(c.populated(&s.join("run-1")));
+        assert!(!c.populated(&s.join("run-2")));
+    }
+}

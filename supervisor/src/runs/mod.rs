@@ -1,0 +1,694 @@
+//! Runs: processes started in a session's sandbox, their output, their end.
+//!
+//! Each run has its own cgroup below the session's
+//! (`allox/<agent>/<session>/run-<id>`), its sandbox init's pidfd (the only
+//! handle the supervisor signals through), pipes for stdin, stdout and
+//! stderr, and a status pipe on which the init reports how the program
+//! ended. The cgroup stays the source of truth: listing and killing read it,
+//! so runs started by an earlier supervisor (re-adopted after a restart) are
+//! listed and killed like the others.
+
+pub mod procfs;
+pub mod validate;
+
+use crate::cgroup::{CgroupError, Cgroups, Limits};
+use crate::sandbox::{self, InitStatus, SandboxSpec};
+use allox_protocol::{
+    ErrorBody, ErrorCode, Event, OutputChunk, ProcessInfo, ProcessKill, ProcessStart, RunResult,
+    RunStarted, StreamKind,
+};
+use rustix::fd::OwnedFd;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+
+/// Where a run's stream events go (binary protocol clients).
+pub type EventSink = mpsc::Sender<Event>;
+
+#[derive(Debug, Clone)]
+pub struct RunsConfig {
+    /// cgroup2 mount (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a
+    /// hybrid host).
+    pub cgroup_mount: PathBuf,
+    /// The binary that serves as the sandbox's PID 1 (`allox-init`).
+    pub init_exe: PathBuf,
+    /// Unprivileged identity of sandboxed programs; owns session files.
+    pub uid: u32,
+    pub gid: u32,
+    /// Empty directory where sandboxes assemble their root.
+    pub stage: PathBuf,
+    /// Host directories bound read-only into every sandbox.
+    pub system_dirs: Vec<PathBuf>,
+    /// Output kept per stream of a run that is not streamed.
+    pub capture_limit: usize,
+    /// Largest total copied from the private /tmp on normal exit.
+    pub tmp_sync_cap: u64,
+    /// Limits applied to every session's cgroup.
+    pub limits: Limits,
+}
+
+impl RunsConfig {
+    pub fn new(cgroup_mount: PathBuf, init_exe: PathBuf, stage: PathBuf) -> Self {
+        RunsConfig {
+            cgroup_mount,
+            init_exe,
+            uid: 10_000,
+            gid: 10_000,
+            stage,
+            system_dirs: [
+                "/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc", "/opt",
+            ]
+            .iter()
+            .map(PathBuf::from)
+            .collect(),
+            capture_limit: 1 << 20,
+            tmp_sync_cap: 64 << 20,
+            limits: Limits::default(),
+        }
+    }
+}
+
+struct Run {
+    id: String,
+    agent: String,
+    session: String,
+    pidfd: OwnedFd,
+    stdin: tokio::sync::Mutex<Option<tokio::net::unix::pipe::Sender>>,
+    result: watch::Sender<Option<RunResult>>,
+    timed_out: AtomicBool,
+}
+
+/// Everything a session's workspace paths are, for one start.
+pub struct SessionPaths {
+    pub current: PathBuf,
+    pub shared: PathBuf,
+}
+
+pub struct Runs {
+    cfg: RunsConfig,
+    cgroups: Cgroups,
+    exe: OwnedFd,
+    table: Mutex<HashMap<String, Arc<Run>>>,
+    /// Sessions being rolled back or deleted: no new runs.
+    fenced: Mutex<HashSet<(String, String)>>,
+    next: AtomicU64,
+}
+
+fn key(a: &str, s: &str, r: &str) -> String {
+    format!("{a}/{s}/{r}")
+}
+
+fn invalid(m: impl Into<String>) -> ErrorBody {
+    ErrorBody::new(ErrorCode::InvalidRequest, m)
+}
+
+fn internal(m: impl Into<String>) -> ErrorBody {
+    ErrorBody::new(ErrorCode::Internal, m)
+}
+
+fn cg_err(e: CgroupError) -> ErrorBody {
+    let code = match e {
+        CgroupError::Unsupported { .. } => ErrorCode::Unsupported,
+        _ => ErrorCode::Internal,
+    };
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(&e);
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    ErrorBody::new(code, msg)
+}
+
+impl Runs {
+    pub fn new(cfg: RunsConfig) -> Result<Runs, String> {
+        let cgroups = Cgroups::open(&cfg.cgroup_mount).map_err(|e| cg_err(e).message)?;
+        std::fs::create_dir_all(&cfg.stage)
+            .map_err(|e| format!("create {}: {e}", cfg.stage.display()))?;
+        let exe = rustix::fs::open(
+            &cfg.init_exe,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| format!("open {}: {e}", cfg.init_exe.display()))?;
+        // Runs left by an earlier supervisor stay; only empty cgroups go.
+        if let Ok(agents) = std::fs::read_dir(cgroups.base()) {
+            for a in agents.flatten() {
+                for s in std::fs::read_dir(a.path()).into_iter().flatten().flatten() {
+                    for r in std::fs::read_dir(s.path()).into_iter().flatten().flatten() {
+                        if r.file_type().map(|t| t.is_dir()).unwrap_or(false)
+                            && !cgroups.populated(&r.path())
+                        {
+                            let _ = cgroups.remove(&r.path());
+                        }
+                    }
+                }
+            }
+        }
+        Ok(Runs {
+            cfg,
+            cgroups,
+            exe,
+            table: Mutex::new(HashMap::new()),
+            fenced: Mutex::new(HashSet::new()),
+            next: AtomicU64::new(1),
+        })
+    }
+
+    pub fn config(&self) -> &RunsConfig {
+        &self.cfg
+    }
+
+    pub fn cgroups(&self) -> &Cgroups {
+        &self.cgroups
+    }
+
+    fn new_run_id(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{:x}{:04x}", crate::now_ms(), n & 0xffff)
+    }
+
+    /// Makes the session's `current/` belong to the sandbox user.
+    pub fn own(&self, current: &Path) {
+        let _ = std::os::unix::fs::chown(current, Some(self.cfg.uid), Some(self.cfg.gid));
+    }
+
+    /// Starts a run. With `wait`, answers when it ends.
+    pub async fn start(
+        self: &Arc<Self>,
+        p: &ProcessStart,
+        paths: SessionPaths,
+        events: Option<EventSink>,
+    ) -> Result<allox_protocol::Response, ErrorBody> {
+        let (a, s) = (p.agent_id.as_str(), p.session_id.as_str());
+        let cwd = validate::check(&p.argv, &p.env, p.cwd.as_deref()).map_err(invalid)?;
+        let program = validate::resolve(&p.argv[0], &cwd, &paths.current, &self.cfg.system_dirs)
+            .map_err(invalid)?;
+        if let Some(dir) = p.cwd.as_deref() {
+            if !paths.current.join(dir).is_dir() {
+                return Err(invalid(format!(
+                    "cwd {dir:?} is not a directory in the session"
+                )));
+            }
+        }
+        if self
+            .fenced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&(a.to_string(), s.to_string()))
+        {
+            return Err(ErrorBody::new(
+                ErrorCode::Conflict,
+                format!("session {a}/{s} is being rolled back or deleted"),
+            ));
+        }
+        self.cgroups
+            .ensure_session(a, s, &self.cfg.limits)
+            .map_err(cg_err)?;
+        let id = self.new_run_id();
+        let cg = self.cgroups.create_run(a, s, &id).map_err(cg_err)?;
+        let mut env = vec![
+            ("PATH".to_string(), validate::PATH.to_string()),
+            ("HOME".to_string(), sandbox::spec::SESSION_MOUNT.to_string()),
+            ("TMPDIR".to_string(), "/tmp".to_string()),
+            ("LANG".to_string(), "C.UTF-8".to_string()),
+            (
+                "ALLOX_AGENT_WORKSPACE".to_string(),
+                sandbox::spec::WORKSPACE_MOUNT.to_string(),
+            ),
+            (
+                "ALLOX_AGENT_SHARED".to_string(),
+                sandbox::spec::SHARED_MOUNT.to_string(),
+            ),
+            ("ALLOX_AGENT_ID".to_string(), a.to_string()),
+            ("ALLOX_SESSION_ID".to_string(), s.to_string()),
+            ("ALLOX_RUN_ID".to_string(), id.clone()),
+        ];
+        for (k, v) in &p.env {
+            env.retain(|(ek, _)| ek != k);
+            env.push((k.clone(), v.clone()));
+        }
+        let spec = SandboxSpec {
+            program,
+            argv: p.argv.clone(),
+            env,
+            cwd,
+            uid: self.cfg.uid,
+            gid: self.cfg.gid,
+            session: paths.current.clone(),
+            shared: paths.shared,
+            stage: self.cfg.stage.clone(),
+            system_dirs: self.cfg.system_dirs.clone(),
+            hostname: "allox".into(),
+            tmp_sync_cap: self.cfg.tmp_sync_cap,
+        };
+        self.own(&paths.current);
+        let spawned = match sandbox::spawn(&self.exe, &spec, &cg) {
+            Ok(sp) => sp,
+            Err(e) => {
+                let _ = self.cgroups.remove(&self.cgroups.run_dir(a, s, &id));
+                return Err(internal(format!("cannot start the sandbox: {e}")));
+            }
+        };
+        let to_pipe_err = |e: std::io::Error| internal(format!("pipe: {e}"));
+        let stdin =
+            tokio::net::unix::pipe::Sender::from_owned_fd(spawned.stdin).map_err(to_pipe_err)?;
+        let (tx, rx) = watch::channel(None);
+        let run = Arc::new(Run {
+            id: id.clone(),
+            agent: a.to_string(),
+            session: s.to_string(),
+            pidfd: spawned.pidfd,
+            stdin: tokio::sync::Mutex::new(Some(stdin)),
+            result: tx,
+            timed_out: AtomicBool::new(false),
+        });
+        self.table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key(a, s, &id), run.clone());
+        if let Some(ev) = &events {
+            let _ = ev
+                .send(Event::Started(RunStarted {
+                    run_id: id.clone(),
+                    pid: spawned.pid,
+                }))
+                .await;
+        }
+        // Output readers.
+        let capture = Arc::new(Mutex::new(Capture::default()));
+        let mut readers = Vec::new();
+        for (fd, kind) in [
+            (spawned.stdout, StreamKind::Stdout),
+            (spawned.stderr, StreamKind::Stderr),
+        ] {
+            let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(fd).map_err(to_pipe_err)?;
+            readers.push(tokio::spawn(read_output(
+                rx,
+                kind,
+                id.clone(),
+                events.clone(),
+                capture.clone(),
+                self.cfg.capture_limit,
+            )));
+        }
+        // Initial stdin, then close.
+        if let Some(data) = p.stdin.clone() {
+            let run = run.clone();
+            tokio::spawn(async move {
+                let mut g = run.stdin.lock().await;
+                if let Some(mut w) = g.take() {
+                    let _ = w.write_all(data.as_bytes()).await;
+                }
+            });
+        }
+        // The end: status, then a short drain of the output.
+        let status_rx =
+            tokio::net::unix::pipe::Receiver::from_owned_fd(spawned.status).map_err(to_pipe_err)?;
+        tokio::spawn(finish(run.clone(), status_rx, readers, capture));
+        // Reap the init when the namespace empties, and drop its cgroup.
+        tokio::spawn(reap(self.clone(), run.clone()));
+        if let Some(ms) = p.timeout_ms {
+            let (runs, run) = (self.clone(), run.clone());
+            let mut done = rx.clone();
+            tokio::spawn(async move {
+                let expired = tokio::time::timeout(Duration::from_millis(ms), async {
+                    while done.borrow_and_update().is_none() {
+                        if done.changed().await.is_err() {
+                            break;
+                        }
+                    }
+                })
+                .await
+                .is_err();
+                if expired {
+                    run.timed_out.store(true, Ordering::SeqCst);
+                    let dir = runs.cgroups.run_dir(&run.agent, &run.session, &run.id);
+                    let cg = runs.cgroups.clone();
+                    let _ =
+                        tokio::task::spawn_blocking(move || cg.kill(&dir, Duration::from_secs(10)))
+                            .await;
+                }
+            });
+        }
+        if !p.wait {
+            return Ok(allox_protocol::Response::Started(RunStarted {
+                run_id: id,
+                pid: spawned.pid,
+            }));
+        }
+        let r = wait_result(rx, None).await?;
+        Ok(allox_protocol::Response::Exited(r))
+    }
+
+    /// Waits for a run's end (at most `timeout`).
+    pub async fn wait(
+        &self,
+        a: &str,
+        s: &str,
+        run_id: &str,
+        timeout: Option<Duration>,
+    ) -> Result<RunResult, ErrorBody> {
+        let run = self.get(a, s, run_id);
+        match run {
+            Some(run) => wait_result(run.result.subscribe(), timeout).await,
+            None if self.cgroups.run_dir(a, s, run_id).exists() => {
+                // Started by an earlier supervisor: its status is gone; wait
+                // for its processes to end.
+                let dir = self.cgroups.run_dir(a, s, run_id);
+                let cg = self.cgroups.clone();
+                let t = timeout.unwrap_or(Duration::from_secs(24 * 3600));
+                tokio::task::spawn_blocking(move || cg.wait_empty(&dir, t))
+                    .await
+                    .map_err(|e| internal(e.to_string()))?
+                    .map_err(|_| {
+                        ErrorBody::new(
+                            ErrorCode::Unavailable,
+                            format!("run {run_id} is still running"),
+                        )
+                    })?;
+                Ok(RunResult {
+                    run_id: run_id.to_string(),
+                    exit_code: None,
+                    signal: None,
+                    stdout: String::new(),
+                    stderr: "(started by an earlier supervisor: exit status unknown)".into(),
+                    truncated: false,
+                    timed_out: false,
+                })
+            }
+            None => Err(ErrorBody::new(
+                ErrorCode::NotFound,
+                format!("run {a}/{s}/{run_id} does not exist"),
+            )),
+        }
+    }
+
+    fn get(&self, a: &str, s: &str, r: &str) -> Option<Arc<Run>> {
+        self.table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key(a, s, r))
+            .cloned()
+    }
+
+    /// Writes to a run's standard input, or closes it.
+    pub async fn stdin(
+        &self,
+        a: &str,
+        s: &str,
+        run_id: &str,
+        data: &[u8],
+        close: bool,
+    ) -> Result<allox_protocol::StdinWritten, ErrorBody> {
+        let run = self.get(a, s, run_id).ok_or_else(|| {
+            ErrorBody::new(
+                ErrorCode::NotFound,
+                format!("run {a}/{s}/{run_id} does not exist"),
+            )
+        })?;
+        let mut g = run.stdin.lock().await;
+        let Some(w) = g.as_mut() else {
+            return Err(ErrorBody::new(
+                ErrorCode::Conflict,
+                format!("standard input of run {run_id} is closed"),
+            ));
+        };
+        tokio::time::timeout(Duration::from_secs(10), w.write_all(data))
+            .await
+            .map_err(|_| {
+                ErrorBody::new(
+                    ErrorCode::Unavailable,
+                    "the program does not read its input",
+                )
+            })?
+            .map_err(|e| ErrorBody::new(ErrorCode::Conflict, format!("cannot write: {e}")))?;
+        if close {
+            *g = None;
+        }
+        Ok(allox_protocol::StdinWritten {
+            written: data.len() as u64,
+            closed: close,
+        })
+    }
+
+    /// Kills or signals one run or the whole session.
+    pub async fn kill(&self, p: &ProcessKill) -> Result<u32, ErrorBody> {
+        let (a, s) = (p.agent_id.as_str(), p.session_id.as_str());
+        let sig = p.signal.unwrap_or(libc::SIGKILL);
+        if !(1..=64).contains(&sig) {
+            return Err(invalid(format!("signal {sig} is not a signal number")));
+        }
+        let dir = match &p.run_id {
+            Some(r) => {
+                let d = self.cgroups.run_dir(a, s, r);
+                if !d.exists() && self.get(a, s, r).is_none() {
+                    return Err(ErrorBody::new(
+                        ErrorCode::NotFound,
+                        format!("run {a}/{s}/{r} does not exist"),
+                    ));
+                }
+                d
+            }
+            None => self.cgroups.session_dir(a, s),
+        };
+        if sig == libc::SIGKILL {
+            let cg = self.cgroups.clone();
+            return tokio::task::spawn_blocking(move || cg.kill(&dir, Duration::from_secs(10)))
+                .await
+                .map_err(|e| internal(e.to_string()))?
+                .map_err(cg_err);
+        }
+        // Other signals go to each run's init, which passes them on to its
+        // program; only through pidfds.
+        let runs: Vec<Arc<Run>> = self
+            .table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|r| {
+                r.agent == a
+                    && r.session == s
+                    && p.run_id.as_deref().is_none_or(|id| id == r.id)
+                    && r.result.borrow().is_none()
+            })
+            .cloned()
+            .collect();
+        let mut n = 0;
+        for r in runs {
+            let signal = rustix::process::Signal::from_named_raw(sig)
+                .ok_or_else(|| invalid(format!("signal {sig} is not supported")))?;
+            if rustix::process::pidfd_send_signal(&r.pidfd, signal).is_ok() {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// The session's live processes (the sandbox inits left out).
+    pub fn list(&self, a: &str, s: &str) -> Vec<ProcessInfo> {
+        let pids = self.cgroups.procs(&self.cgroups.session_dir(a, s));
+        let set: HashSet<i32> = pids.iter().copied().collect();
+        let mut out: Vec<ProcessInfo> = pids
+            .iter()
+            .filter_map(|&p| procfs::info(p))
+            .filter(|i| set.contains(&i.ppid))
+            .collect();
+        out.sort_by_key(|i| i.pid);
+        out
+    }
+
+    /// Whether the session has any process.
+    pub fn live(&self, a: &str, s: &str) -> usize {
+        self.cgroups.procs(&self.cgroups.session_dir(a, s)).len()
+    }
+
+    /// Refuses new runs in a session until [`Runs::unfence`].
+    pub fn fence(&self, a: &str, s: &str) {
+        self.fenced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((a.to_string(), s.to_string()));
+    }
+
+    pub fn unfence(&self, a: &str, s: &str) {
+        self.fenced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(a.to_string(), s.to_string()));
+    }
+
+    /// Kills everything in `dir` (a session's or an agent's cgroup) and
+    /// removes the cgroups. Blocking.
+    pub fn kill_tree(&self, dir: &Path, remove: bool) -> Result<u32, ErrorBody> {
+        let n = self
+            .cgroups
+            .kill(dir, Duration::from_secs(10))
+            .map_err(cg_err)?;
+        if remove {
+            self.cgroups.remove(dir).map_err(cg_err)?;
+        }
+        Ok(n)
+    }
+}
+
+#[derive(Default)]
+struct Capture {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    truncated: bool,
+}
+
+async fn read_output(
+    mut rx: tokio::net::unix::pipe::Receiver,
+    kind: StreamKind,
+    run_id: String,
+    mut events: Option<EventSink>,
+    capture: Arc<Mutex<Capture>>,
+    limit: usize,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match rx.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if let Some(ev) = &events {
+            let chunk = Event::Output(OutputChunk {
+                run_id: run_id.clone(),
+                stream: kind,
+                data: buf[..n].to_vec(),
+            });
+            // Waiting here is the throttle: a slow client slows the program.
+            if ev.send(chunk).await.is_ok() {
+                continue;
+            }
+            events = None;
+        }
+        let mut c = capture.lock().unwrap_or_else(|e| e.into_inner());
+        let c = &mut *c;
+        let (dst, truncated) = match kind {
+            StreamKind::Stdout => (&mut c.stdout, &mut c.truncated),
+            StreamKind::Stderr => (&mut c.stderr, &mut c.truncated),
+        };
+        let room = limit.saturating_sub(dst.len());
+        if n > room {
+            *truncated = true;
+        }
+        dst.extend_from_slice(&buf[..n.min(room)]);
+    }
+}
+
+/// Reads the init's status report, drains the output briefly, and
+/// publishes the run's result.
+async fn finish(
+    run: Arc<Run>,
+    mut status: tokio::net::unix::pipe::Receiver,
+    readers: Vec<tokio::task::JoinHandle<()>>,
+    capture: Arc<Mutex<Capture>>,
+) {
+    let mut bytes = Vec::new();
+    let _ = status.read_to_end(&mut bytes).await;
+    let st: Option<InitStatus> = postcard::from_bytes(&bytes).ok();
+    // A background process may keep the pipes open: wait a little, then
+    // report what came.
+    let drain = async {
+        for r in readers {
+            let _ = r.await;
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_millis(100), drain).await;
+    let c = std::mem::take(&mut *capture.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut stderr = String::from_utf8_lossy(&c.stderr).into_owned();
+    let (exit_code, signal) = match st {
+        Some(InitStatus::Exited(code)) => (Some(code), None),
+        Some(InitStatus::Signaled(sig)) => (None, Some(sig)),
+        Some(InitStatus::ExecFailed(errno)) => {
+            stderr.push_str(&format!(
+                "allox: cannot execute the program: {}\n",
+                std::io::Error::from_raw_os_error(errno)
+            ));
+            (Some(127), None)
+        }
+        Some(InitStatus::SetupFailed(why)) => {
+            stderr.push_str(&format!("allox: the sandbox could not be built: {why}\n"));
+            (Some(126), None)
+        }
+        // The init itself died: the run's cgroup was killed.
+        None => (None, Some(libc::SIGKILL)),
+    };
+    let result = RunResult {
+        run_id: run.id.clone(),
+        exit_code,
+        signal,
+        stdout: String::from_utf8_lossy(&c.stdout).into_owned(),
+        stderr,
+        truncated: c.truncated,
+        timed_out: run.timed_out.load(Ordering::SeqCst),
+    };
+    run.stdin.lock().await.take();
+    let _ = run.result.send(Some(result));
+}
+
+/// Reaps the init through its pidfd once the namespace is empty, then
+/// removes the run's cgroup.
+async fn reap(runs: Arc<Runs>, run: Arc<Run>) {
+    use rustix::process::{waitid, WaitId, WaitIdOptions};
+    if let Ok(fd) = rustix::io::fcntl_dupfd_cloexec(&run.pidfd, 0) {
+        // The descriptor is an OwnedFd moved in, so the I/O-safety concern
+        // behind the deprecation does not apply.
+        #[allow(deprecated)]
+        let afd = tokio::io::unix::AsyncFd::with_interest(fd, tokio::io::Interest::READABLE);
+        if let Ok(afd) = afd {
+            let _ = afd.readable().await;
+        }
+    }
+    let _ = waitid(
+        WaitId::PidFd(rustix::fd::AsFd::as_fd(&run.pidfd)),
+        WaitIdOptions::EXITED,
+    );
+    let dir = runs.cgroups.run_dir(&run.agent, &run.session, &run.id);
+    let cg = runs.cgroups.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        if cg.wait_empty(&dir, Duration::from_secs(5)).is_ok() {
+            let _ = cg.remove(&dir);
+        }
+    })
+    .await;
+    // Keep finished runs for `process.wait` for a while.
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    runs.table
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&key(&run.agent, &run.session, &run.id));
+}
+
+async fn wait_result(
+    mut rx: watch::Receiver<Option<RunResult>>,
+    timeout: Option<Duration>,
+) -> Result<RunResult, ErrorBody> {
+    let wait = async {
+        loop {
+            if let Some(r) = rx.borrow_and_update().clone() {
+                return Ok(r);
+            }
+            if rx.changed().await.is_err() {
+                return Err(internal("the run's monitor stopped"));
+            }
+        }
+    };
+    match timeout {
+        Some(t) => tokio::time::timeout(t, wait).await.unwrap_or_else(|_| {
+            Err(ErrorBody::new(
+                ErrorCode::Unavailable,
+                format!("the run is still going after {} ms", t.as_millis()),
+            ))
+        }),
+        None => wait.await,
+    }
+}

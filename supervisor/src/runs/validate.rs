@@ -1,0 +1,149 @@
+//! Checks of what a client asks to run, before anything is started.
+
+use crate::sandbox::spec::SESSION_MOUNT;
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+
+/// Largest total size of argv plus env, in bytes.
+pub const MAX_ARGS: usize = 256 * 1024;
+/// Directories searched for a program name without `/`, inside the sandbox.
+pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Checks argv, env and cwd; returns the working directory inside the
+/// sandbox.
+pub fn check(
+    argv: &[String],
+    env: &BTreeMap<String, String>,
+    cwd: Option<&str>,
+) -> Result<String, String> {
+    if argv.is_empty() || argv[0].is_empty() {
+        return Err("argv must name a program".into());
+    }
+    let mut total = 0usize;
+    for (i, a) in argv.iter().enumerate() {
+        if a.contains('\0') {
+            return Err(format!("argv[{i}] contains a NUL byte"));
+        }
+        total += a.len() + 1;
+    }
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(format!(
+                "environment name {k:?} is empty or contains '=' or NUL"
+            ));
+        }
+        if v.contains('\0') {
+            return Err(format!("environment value of {k} contains a NUL byte"));
+        }
+        total += k.len() + v.len() + 2;
+    }
+    if total > MAX_ARGS {
+        return Err(format!(
+            "argv and env take {total} bytes; the limit is {MAX_ARGS}"
+        ));
+    }
+    let Some(cwd) = cwd.filter(|c| !c.is_empty() && *c != ".") else {
+        return Ok(SESSION_MOUNT.to_string());
+    };
+    if cwd.contains('\0') {
+        return Err("cwd contains a NUL byte".into());
+    }
+    let p = Path::new(cwd);
+    for c in p.components() {
+        match c {
+            Component::Normal(_) | Component::CurDir => {}
+            _ => {
+                return Err(format!(
+                    "cwd {cwd:?} must be a relative path inside the session, without '..'"
+                ))
+            }
+        }
+    }
+    Ok(Path::new(SESSION_MOUNT).join(p).display().to_string())
+}
+
+/// Finds the program as the sandbox will see it. `session` is the host
+/// path of `current/`, `system` the directories the sandbox binds from the
+/// host. Returns the path inside the sandbox.
+pub fn resolve(
+    program: &str,
+    cwd_inside: &str,
+    session: &Path,
+    system: &[PathBuf],
+) -> Result<String, String> {
+    let visible = |inside: &Path| -> Option<PathBuf> {
+        if let Ok(rest) = inside.strip_prefix(SESSION_MOUNT) {
+            return Some(session.join(rest));
+        }
+        system
+            .iter()
+            .any(|d| inside.starts_with(d))
+            .then(|| inside.to_path_buf())
+    };
+    let executable = |host: &Path| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(host)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    if program.contains('/') {
+        let inside = if program.starts_with('/') {
+            PathBuf::from(program)
+        } else {
+            Path::new(cwd_inside).join(program)
+        };
+        return match visible(&inside) {
+            Some(host) if executable(&host) => Ok(inside.display().to_string()),
+            _ => Err(format!(
+                "program {program:?} does not exist in the sandbox or is not executable"
+            )),
+        };
+    }
+    for dir in PATH.split(':') {
+        let inside = Path::new(dir).join(program);
+        if let Some(host) = visible(&inside) {
+            if executable(&host) {
+                return Ok(inside.display().to_string());
+            }
+        }
+    }
+    Err(format!(
+        "program {program:?} not found in the sandbox's PATH ({PATH})"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostile_inputs_are_refused() {
+        let env = BTreeMap::new();
+        assert!(check(&[], &env, None).is_err());
+        assert!(check(&["a\0b".into()], &env, None).is_err());
+        assert!(check(&["ls".into(), "x".repeat(MAX_ARGS)], &env, None).is_err());
+        for cwd in ["../../..", "/etc", "a/../../b", "a\0"] {
+            assert!(check(&["ls".into()], &env, Some(cwd)).is_err(), "{cwd}");
+        }
+        let mut bad = BTreeMap::new();
+        bad.insert("A=B".to_string(), "x".to_string());
+        assert!(check(&["ls".into()], &bad, None).is_err());
+        assert_eq!(
+            check(&["ls".into()], &env, Some("src/x")).unwrap(),
+            "/allox/session/src/x"
+        );
+        assert_eq!(check(&["ls".into()], &env, None).unwrap(), "/allox/session");
+    }
+
+    #[test]
+    fn programs_resolve_as_the_sandbox_sees_them() {
+        let sys = vec![PathBuf::from("/usr"), PathBuf::from("/bin")];
+        let s = Path::new("/nonexistent");
+        assert!(resolve("sh", "/allox/session", s, &sys)
+            .unwrap()
+            .ends_with("/sh"));
+        assert!(resolve("no-such-program-here", "/allox/session", s, &sys).is_err());
+        assert!(resolve("/etc/passwd", "/allox/session", s, &sys).is_err());
+        assert!(resolve("./x", "/allox/session", s, &sys).is_err());
+    }
+}

@@ -1,0 +1,563 @@
+//! The sandbox's PID 1 (`allox-init sandbox-init`).
+//!
+//! Runs single-threaded in fresh PID, mount, IPC and UTS namespaces, inside
+//! the run's cgroup, as root of the supervisor's user namespace. It:
+//!
+//! 1. reads its [`SandboxSpec`] from fd 3;
+//! 2. assembles the new root on a tmpfs: system directories bound
+//!    read-only, nosuid, nodev; a fresh /proc; a minimal /dev (null, zero,
+//!    full, random, urandom, tty, pts, shm); a private tmpfs /tmp; the
+//!    session's `current/` at `/allox/session` and the agent's `shared/` at
+//!    `/allox/shared`; then `pivot_root` and detaches the old root, so
+//!    nothing else of the host — other workspaces, `state/`, the control
+//!    socket — is reachable;
+//! 3. forks the program, which empties all capability sets, switches to the
+//!    unprivileged uid/gid, sets no_new_privs, installs the seccomp filter,
+//!    closes every descriptor above 2, resets its signal mask and execs;
+//! 4. forwards termination signals to the program, reaps every process of
+//!    the namespace, and when the program ends copies the private /tmp's
+//!    regular files to `current/.allox-tmp/` (on normal exit) and writes
+//!    the program's status to fd 4; it exits when the namespace is empty.
+#![allow(unsafe_code)]
+
+use super::seccomp;
+use super::spec::{InitStatus, SandboxSpec, SESSION_MOUNT, SHARED_MOUNT, SPEC_FD, STATUS_FD};
+use rustix::fd::{FromRawFd, OwnedFd};
+use rustix::mount::{self as m, MountFlags, MountPropagationFlags, UnmountFlags};
+use std::ffi::CString;
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// The program's PID, for the signal forwarder.
+static CHILD: AtomicI32 = AtomicI32::new(0);
+
+/// Entry point; never returns.
+pub fn run() -> ! {
+    // SAFETY: fd 3 and 4 were placed by the supervisor for this process and
+    // nothing else in it owns them.
+    let (spec_fd, status_fd) = unsafe {
+        (
+            OwnedFd::from_raw_fd(SPEC_FD),
+            OwnedFd::from_raw_fd(STATUS_FD),
+        )
+    };
+    let mut status = std::fs::File::from(status_fd);
+    let report = |status: &mut std::fs::File, s: InitStatus| {
+        if let Ok(b) = postcard::to_stdvec(&s) {
+            let _ = status.write_all(&b);
+        }
+    };
+    let mut bytes = Vec::new();
+    if let Err(e) = std::fs::File::from(spec_fd).read_to_end(&mut bytes) {
+        report(
+            &mut status,
+            InitStatus::SetupFailed(format!("read spec: {e}")),
+        );
+        std::process::exit(1);
+    }
+    let spec: SandboxSpec = match postcard::from_bytes(&bytes) {
+        Ok(s) => s,
+        Err(e) => {
+            report(
+                &mut status,
+                InitStatus::SetupFailed(format!("decode spec: {e}")),
+            );
+            std::process::exit(1);
+        }
+    };
+    let filter = match seccomp::filters() {
+        Ok(f) => f,
+        Err(e) => {
+            report(&mut status, InitStatus::SetupFailed(e.to_string()));
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = build_root(&spec) {
+        report(&mut status, InitStatus::SetupFailed(e));
+        std::process::exit(1);
+    }
+    // Exec failures come back on a close-on-exec pipe.
+    let Ok((err_r, err_w)) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) else {
+        report(&mut status, InitStatus::SetupFailed("pipe".into()));
+        std::process::exit(1);
+    };
+    forward_signals();
+    // SAFETY: this process is single-threaded (a fresh exec), so the child
+    // may run ordinary code after fork.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        drop(err_r);
+        drop(status);
+        let errno = exec_program(&spec, &filter, err_w);
+        std::process::exit(errno);
+    }
+    if pid < 0 {
+        report(&mut status, InitStatus::SetupFailed("fork".into()));
+        std::process::exit(1);
+    }
+    CHILD.store(pid, Ordering::SeqCst);
+    drop(err_w);
+    let mut errbuf = [0u8; 4];
+    let n = std::fs::File::from(err_r).read(&mut errbuf).unwrap_or(0);
+    let exec_errno = (n == 4).then(|| i32::from_ne_bytes(errbuf));
+    reap(pid, exec_errno, &spec, status)
+}
+
+fn sys<T>(what: &str, r: rustix::io::Result<T>) -> Result<T, String> {
+    r.map_err(|e| format!("{what}: {e}"))
+}
+
+/// `mount(2)` with string options.
+fn mnt(
+    src: &str,
+    dst: impl AsRef<Path>,
+    fstype: &str,
+    flags: MountFlags,
+    data: &str,
+) -> rustix::io::Result<()> {
+    let data = CString::new(data).unwrap_or_default();
+    m::mount(src, dst.as_ref(), fstype, flags, Some(data.as_c_str()))
+}
+
+fn mkdir(p: &Path) -> Result<(), String> {
+    match std::fs::create_dir_all(p) {
+        Ok(()) => Ok(()),
+        Err(e) => Err(format!("mkdir {}: {e}", p.display())),
+    }
+}
+
+fn bind_ro(src: &Path, dst: &Path) -> Result<(), String> {
+    sys(
+        &format!("bind {}", src.display()),
+        m::mount_bind_recursive(src, dst),
+    )?;
+    sys(
+        &format!("remount {} read-only", dst.display()),
+        m::mount_remount(
+            dst,
+            MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
+            "",
+        ),
+    )
+}
+
+fn bind_rw(src: &Path, dst: &Path) -> Result<(), String> {
+    sys(&format!("bind {}", src.display()), m::mount_bind(src, dst))?;
+    sys(
+        &format!("remount {}", dst.display()),
+        m::mount_remount(
+            dst,
+            MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV,
+            "",
+        ),
+    )
+}
+
+fn build_root(spec: &SandboxSpec) -> Result<(), String> {
+    sys(
+        "make mounts private",
+        m::mount_change(
+            "/",
+            MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
+        ),
+    )?;
+    let root = &spec.stage;
+    sys(
+        "mount root tmpfs",
+        mnt(
+            "tmpfs",
+            root,
+            "tmpfs",
+            MountFlags::NOSUID | MountFlags::NODEV,
+            "mode=0755,size=8m",
+        ),
+    )?;
+    let inside = |p: &str| root.join(p.trim_start_matches('/'));
+    for dir in &spec.system_dirs {
+        let dst = inside(&dir.to_string_lossy());
+        match std::fs::symlink_metadata(dir) {
+            Ok(md) if md.file_type().is_symlink() => {
+                let target = std::fs::read_link(dir).map_err(|e| format!("readlink: {e}"))?;
+                std::os::unix::fs::symlink(target, &dst)
+                    .map_err(|e| format!("symlink {}: {e}", dst.display()))?;
+            }
+            Ok(md) if md.is_dir() => {
+                mkdir(&dst)?;
+                bind_ro(dir, &dst)?;
+            }
+            _ => {}
+        }
+    }
+    // /proc of the new PID namespace.
+    let proc_ = inside("/proc");
+    mkdir(&proc_)?;
+    sys(
+        "mount proc",
+        mnt(
+            "proc",
+            &proc_,
+            "proc",
+            MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+            "",
+        ),
+    )?;
+    // A minimal /dev.
+    let dev = inside("/dev");
+    mkdir(&dev)?;
+    sys(
+        "mount /dev tmpfs",
+        mnt(
+            "tmpfs",
+            &dev,
+            "tmpfs",
+            MountFlags::NOSUID | MountFlags::NOEXEC,
+            "mode=0755,size=64k",
+        ),
+    )?;
+    for node in ["null", "zero", "full", "random", "urandom", "tty"] {
+        let dst = dev.join(node);
+        std::fs::File::create(&dst).map_err(|e| format!("create {}: {e}", dst.display()))?;
+        sys(
+            &format!("bind /dev/{node}"),
+            m::mount_bind(Path::new("/dev").join(node), &dst),
+        )?;
+    }
+    let pts = dev.join("pts");
+    mkdir(&pts)?;
+    sys(
+        "mount devpts",
+        mnt(
+            "devpts",
+            &pts,
+            "devpts",
+            MountFlags::NOSUID | MountFlags::NOEXEC,
+            "newinstance,ptmxmode=0666,mode=0620",
+        ),
+    )?;
+    let shm = dev.join("shm");
+    mkdir(&shm)?;
+    sys(
+        "mount /dev/shm",
+        mnt(
+            "tmpfs",
+            &shm,
+            "tmpfs",
+            MountFlags::NOSUID | MountFlags::NODEV,
+            "mode=1777,size=64m",
+        ),
+    )?;
+    for (link, target) in [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        std::os::unix::fs::symlink(target, dev.join(link))
+            .map_err(|e| format!("symlink /dev/{link}: {e}"))?;
+    }
+    // Private /tmp.
+    let tmp = inside("/tmp");
+    mkdir(&tmp)?;
+    sys(
+        "mount /tmp",
+        mnt(
+            "tmpfs",
+            &tmp,
+            "tmpfs",
+            MountFlags::NOSUID | MountFlags::NODEV,
+            "mode=1777,size=512m",
+        ),
+    )?;
+    // The workspace: this session and the agent's shared files only.
+    let session = inside(SESSION_MOUNT);
+    let shared = inside(SHARED_MOUNT);
+    mkdir(&session)?;
+    mkdir(&shared)?;
+    bind_rw(&spec.session, &session)?;
+    bind_rw(&spec.shared, &shared)?;
+    sys(
+        "remount /dev read-only",
+        m::mount_remount(
+            &dev,
+            MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NOEXEC,
+            "mode=0755,size=64k",
+        ),
+    )?;
+    // Switch roots and drop the old one.
+    sys("chdir new root", rustix::process::chdir(root))?;
+    sys("pivot_root", rustix::process::pivot_root(".", "."))?;
+    sys("detach old root", m::unmount(".", UnmountFlags::DETACH))?;
+    sys("chdir /", rustix::process::chdir("/"))?;
+    sys(
+        "remount / read-only",
+        m::mount_remount(
+            "/",
+            MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
+            "mode=0755,size=8m",
+        ),
+    )?;
+    sys(
+        "sethostname",
+        rustix::system::sethostname(spec.hostname.as_bytes()),
+    )?;
+    Ok(())
+}
+
+/// In the forked child: become the program. Returns only on failure, with
+/// the exit code to use (the errno has been sent on `err`).
+fn exec_program(spec: &SandboxSpec, filter: &seccomp::Filters, err: OwnedFd) -> i32 {
+    let fail = |err: &OwnedFd, errno: i32| -> i32 {
+        let _ = rustix::io::write(err, &errno.to_ne_bytes());
+        127
+    };
+    let _ = rustix::process::setsid();
+    if let Err(e) = rustix::process::chdir(spec.cwd.as_str()) {
+        return fail(&err, e.raw_os_error());
+    }
+    // Keep the error pipe at fd 3 and close everything else above 2.
+    // SAFETY: fd 3 is free to take: the spec pipe was closed when it was
+    // read to the end... and if not, dup2 replaces it, which is what we want.
+    let err = unsafe {
+        if libc::dup2(rustix::fd::AsRawFd::as_raw_fd(&err), 3) < 0 {
+            return 127;
+        }
+        libc::fcntl(3, libc::F_SETFD, libc::FD_CLOEXEC);
+        drop(err);
+        OwnedFd::from_raw_fd(3)
+    };
+    // SAFETY: close_range on descriptors this process no longer uses.
+    unsafe {
+        libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32);
+    }
+    if let Err(e) = drop_privileges(spec) {
+        return fail(&err, e);
+    }
+    if let Err(e) = filter.apply() {
+        return fail(&err, e);
+    }
+    reset_signals();
+    let to_c = |s: &str| CString::new(s).unwrap_or_default();
+    let prog = to_c(&spec.program);
+    let argv: Vec<CString> = spec.argv.iter().map(|a| to_c(a)).collect();
+    let envp: Vec<CString> = spec
+        .env
+        .iter()
+        .map(|(k, v)| to_c(&format!("{k}={v}")))
+        .collect();
+    let mut argv_p: Vec<*const libc::c_char> = argv.iter().map(|c| c.as_ptr()).collect();
+    argv_p.push(std::ptr::null());
+    let mut envp_p: Vec<*const libc::c_char> = envp.iter().map(|c| c.as_ptr()).collect();
+    envp_p.push(std::ptr::null());
+    // SAFETY: null-terminated arrays of valid C strings that outlive the
+    // call (execve only returns on failure).
+    unsafe {
+        libc::execve(prog.as_ptr(), argv_p.as_ptr(), envp_p.as_ptr());
+    }
+    fail(
+        &err,
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+    )
+}
+
+/// All five capability sets empty, unprivileged uid/gid, no_new_privs.
+fn drop_privileges(spec: &SandboxSpec) -> Result<(), i32> {
+    use caps::CapSet;
+    let e = |_| libc::EPERM;
+    caps::clear(None, CapSet::Bounding).map_err(e)?;
+    caps::clear(None, CapSet::Ambient).map_err(e)?;
+    caps::clear(None, CapSet::Inheritable).map_err(e)?;
+    // SAFETY: plain system calls on this process's credentials.
+    unsafe {
+        if libc::setgroups(0, std::ptr::null()) != 0
+            || libc::setresgid(spec.gid, spec.gid, spec.gid) != 0
+            || libc::setresuid(spec.uid, spec.uid, spec.uid) != 0
+        {
+            return Err(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EPERM));
+        }
+    }
+    // A switch away from uid 0 clears permitted and effective; make sure.
+    caps::clear(None, CapSet::Effective).map_err(e)?;
+    caps::clear(None, CapSet::Permitted).map_err(e)?;
+    rustix::thread::set_no_new_privs(true).map_err(|e| e.raw_os_error())?;
+    Ok(())
+}
+
+/// Empty signal mask, default dispositions.
+fn reset_signals() {
+    // SAFETY: resetting this process's own signal state before exec.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+        for sig in 1..32 {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+    }
+}
+
+extern "C" fn forward(sig: libc::c_int) {
+    let pid = CHILD.load(Ordering::SeqCst);
+    if pid > 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+/// PID 1 of a namespace ignores signals it has no handler for; these are
+/// passed on to the program instead.
+fn forward_signals() {
+    for sig in [
+        libc::SIGTERM,
+        libc::SIGINT,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGCONT,
+    ] {
+        // SAFETY: installing an async-signal-safe handler.
+        unsafe {
+            libc::signal(sig, forward as *const () as libc::sighandler_t);
+        }
+    }
+}
+
+/// Reaps until the namespace is empty; reports the program's end.
+fn reap(child: i32, exec_errno: Option<i32>, spec: &SandboxSpec, mut status: std::fs::File) -> ! {
+    let mut reported = false;
+    if let Some(errno) = exec_errno {
+        if let Ok(b) = postcard::to_stdvec(&InitStatus::ExecFailed(errno)) {
+            let _ = status.write_all(&b);
+        }
+        reported = true;
+    }
+    let mut status = Some(status);
+    loop {
+        let mut ws: libc::c_int = 0;
+        // SAFETY: waitpid on our own children.
+        let pid = unsafe { libc::waitpid(-1, &mut ws, 0) };
+        if pid < 0 {
+            match std::io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => continue,
+                _ => break,
+            }
+        }
+        if pid == child && !reported {
+            reported = true;
+            CHILD.store(0, Ordering::SeqCst);
+            let st = if libc::WIFEXITED(ws) {
+                InitStatus::Exited(libc::WEXITSTATUS(ws))
+            } else {
+                InitStatus::Signaled(libc::WTERMSIG(ws))
+            };
+            if matches!(st, InitStatus::Exited(_)) {
+                sync_tmp(spec);
+            }
+            if let (Some(mut f), Ok(b)) = (status.take(), postcard::to_stdvec(&st)) {
+                let _ = f.write_all(&b);
+            }
+        }
+    }
+    std::process::exit(0)
+}
+
+/// Copies the private /tmp's regular files to `current/.allox-tmp/`, as the
+/// unprivileged user, within the size cap. Sockets, FIFOs, devices and
+/// symlinks are left out.
+fn sync_tmp(spec: &SandboxSpec) {
+    if spec.tmp_sync_cap == 0 {
+        return;
+    }
+    // From here on this process needs no privilege at all.
+    // SAFETY: plain credential changes of this process.
+    unsafe {
+        libc::setgroups(0, std::ptr::null());
+        libc::setresgid(spec.gid, spec.gid, spec.gid);
+        if libc::setresuid(spec.uid, spec.uid, spec.uid) != 0 {
+            return;
+        }
+    }
+    let dest = Path::new(SESSION_MOUNT).join(".allox-tmp");
+    let mut budget = spec.tmp_sync_cap;
+    let mut files = Vec::new();
+    collect_regular(Path::new("/tmp"), Path::new(""), &mut files);
+    if files.is_empty() {
+        return;
+    }
+    if let Ok(md) = std::fs::symlink_metadata(&dest) {
+        if !md.is_dir() {
+            let _ = std::fs::remove_file(&dest);
+        }
+    }
+    for (rel, size) in files {
+        if size > budget {
+            continue;
+        }
+        let to = dest.join(&rel);
+        if mkdir_nofollow(&dest, rel.parent().unwrap_or(Path::new(""))).is_err() {
+            continue;
+        }
+        if copy_nofollow(&Path::new("/tmp").join(&rel), &to).is_ok() {
+            budget -= size;
+        }
+    }
+}
+
+fn collect_regular(root: &Path, rel: &Path, out: &mut Vec<(PathBuf, u64)>) {
+    let Ok(rd) = std::fs::read_dir(root.join(rel)) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let Ok(ft) = e.file_type() else { continue };
+        let r = rel.join(e.file_name());
+        if ft.is_dir() {
+            collect_regular(root, &r, out);
+        } else if ft.is_file() {
+            let size = e.metadata().map(|m| m.len()).unwrap_or(0);
+            out.push((r, size));
+        }
+    }
+}
+
+/// Creates `dest/rel` one component at a time, refusing symlinks.
+fn mkdir_nofollow(dest: &Path, rel: &Path) -> std::io::Result<()> {
+    let ensure = |p: &Path| match std::fs::symlink_metadata(p) {
+        Ok(md) if md.is_dir() => Ok(()),
+        Ok(_) => Err(std::io::Error::other("not a directory")),
+        Err(_) => std::fs::create_dir(p),
+    };
+    let mut cur = dest.to_path_buf();
+    ensure(&cur)?;
+    for comp in rel.components() {
+        cur.push(comp);
+        ensure(&cur)?;
+    }
+    Ok(())
+}
+
+fn copy_nofollow(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut src = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(from)?;
+    let mode = src.metadata()?.permissions().mode() & 0o777;
+    let _ = std::fs::remove_file(to);
+    let mut dst = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(to)?;
+    std::io::copy(&mut src, &mut dst)?;
+    Ok(())
+}

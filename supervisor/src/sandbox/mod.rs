@@ -1,0 +1,40 @@
+//! The sandbox every run executes in, built natively (no bubblewrap).
+//!
+//! The supervisor starts a run with one `clone3` into new PID, mount, IPC
+//! and UTS namespaces, directly into the run's cgroup, keeping a pidfd; the
+//! child at once re-executes the supervisor's own binary as the sandbox's
+//! PID 1 ([`init`]), which reads its [`SandboxSpec`] from a pipe, builds a
+//! minimal read-only root, starts the program as an unprivileged user with
+//! no capabilities, no_new_privs and a seccomp filter, reaps everything in
+//! the namespace, and reports how the program ended on a status pipe.
+
+pub mod init;
+pub mod seccomp;
+mod spawn;
+pub mod spec;
+
+pub use spawn::{spawn, Spawned};
+pub use spec::{InitStatus, SandboxSpec};
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum SandboxError {
+    #[error("{op}")]
+    Sys {
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot build the seccomp filter: {0}")]
+    Seccomp(String),
+}
+
+impl SandboxError {
+    pub fn sys(op: &'static str, e: impl Into<std::io::Error>) -> Self {
+        SandboxError::Sys {
+            op,
+            source: e.into(),
+        }
+    }
+}

@@ -1,0 +1,50 @@
+//! What the supervisor tells the sandbox's PID 1, and what it answers.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// File descriptor on which the sandbox init reads its spec (postcard).
+pub const SPEC_FD: i32 = 3;
+/// File descriptor on which it writes one [`InitStatus`] (postcard).
+pub const STATUS_FD: i32 = 4;
+
+/// Where things appear inside the sandbox.
+pub const SESSION_MOUNT: &str = "/allox/session";
+pub const SHARED_MOUNT: &str = "/allox/shared";
+pub const WORKSPACE_MOUNT: &str = "/allox";
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct SandboxSpec {
+    /// Absolute path of the program inside the sandbox.
+    pub program: String,
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Absolute working directory inside the sandbox.
+    pub cwd: String,
+    pub uid: u32,
+    pub gid: u32,
+    /// Host path of the session's `current/`.
+    pub session: PathBuf,
+    /// Host path of the agent's `shared/`.
+    pub shared: PathBuf,
+    /// Empty host directory on which the new root is assembled (inside the
+    /// sandbox's own mount namespace).
+    pub stage: PathBuf,
+    /// Host directories bound read-only (symlinks are recreated as such).
+    pub system_dirs: Vec<PathBuf>,
+    pub hostname: String,
+    /// Largest total size copied from the private /tmp to
+    /// `current/.allox-tmp/` on normal exit; 0 turns the copy off.
+    pub tmp_sync_cap: u64,
+}
+
+/// How the program ended, or why it never ran.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum InitStatus {
+    Exited(i32),
+    Signaled(i32),
+    /// Building the sandbox failed at the named step.
+    SetupFailed(String),
+    /// `execve` of the program failed with this errno.
+    ExecFailed(i32),
+}

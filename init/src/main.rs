@@ -3,6 +3,7 @@
 
 use allox_supervisor::daemon::{self, DaemonConfig};
 use allox_supervisor::dispatch::Policy;
+use allox_supervisor::runs::RunsConfig;
 use allox_supervisor::server::Limits;
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
@@ -33,6 +34,20 @@ enum Cmd {
         /// request says otherwise.
         #[arg(long)]
         kill_session_processes_on_rollback: bool,
+        /// Run without process support (store only).
+        #[arg(long)]
+        no_processes: bool,
+        /// cgroup2 mount to put session cgroups under (default: detected).
+        #[arg(long)]
+        cgroup_root: Option<PathBuf>,
+        /// User and group that sandboxed programs run as.
+        #[arg(long, default_value_t = 10_000)]
+        sandbox_uid: u32,
+        #[arg(long, default_value_t = 10_000)]
+        sandbox_gid: u32,
+        /// Empty directory where sandboxes assemble their root.
+        #[arg(long, default_value = "/run/allox/sandbox-root")]
+        sandbox_stage: PathBuf,
         /// Drop a client that stops sending in the middle of a frame for this long.
         #[arg(long, default_value_t = 10_000, hide = true)]
         stall_timeout_ms: u64,
@@ -40,9 +55,16 @@ enum Cmd {
         #[arg(long, default_value_t = 10_000, hide = true)]
         write_timeout_ms: u64,
     },
+    /// PID 1 of a sandbox (started by the supervisor, not by hand).
+    #[command(hide = true)]
+    SandboxInit,
 }
 
 fn main() {
+    // The sandbox init runs before anything else: no logging, no threads.
+    if std::env::args().nth(1).as_deref() == Some("sandbox-init") {
+        allox_supervisor::sandbox::init::run();
+    }
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -65,9 +87,28 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
             kill_session_processes_on_rollback,
             stall_timeout_ms,
             write_timeout_ms,
+            no_processes,
+            cgroup_root,
+            sandbox_uid,
+            sandbox_gid,
+            sandbox_stage,
         } => {
             let Some(path) = listen.strip_prefix("unix:") else {
                 bail!("--listen {listen:?}: only unix:PATH is supported");
+            };
+            let runs = if no_processes {
+                None
+            } else {
+                let mount = match cgroup_root {
+                    Some(p) => p,
+                    None => detect_cgroup2()?,
+                };
+                let exe = std::fs::read_link("/proc/self/exe")
+                    .context("cannot find this binary for the sandbox init")?;
+                let mut rc = RunsConfig::new(mount, exe, sandbox_stage);
+                rc.uid = sandbox_uid;
+                rc.gid = sandbox_gid;
+                Some(rc)
             };
             daemon::run(DaemonConfig {
                 root,
@@ -80,8 +121,25 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
                     write: Duration::from_millis(write_timeout_ms),
                     ..Limits::default()
                 },
+                runs,
             })
             .context("supervisor stopped")
         }
+        Cmd::SandboxInit => bail!("sandbox-init is started by the supervisor only"),
     }
+}
+
+/// The cgroup2 mount: `/sys/fs/cgroup` on a pure v2 host, the `unified`
+/// mount on a hybrid one.
+fn detect_cgroup2() -> anyhow::Result<PathBuf> {
+    for p in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
+        if std::path::Path::new(p).join("cgroup.procs").exists()
+            && std::path::Path::new(p)
+                .join("cgroup.subtree_control")
+                .exists()
+        {
+            return Ok(PathBuf::from(p));
+        }
+    }
+    bail!("no cgroup2 mount at /sys/fs/cgroup or /sys/fs/cgroup/unified; pass --cgroup-root or --no-processes")
 }

@@ -2,6 +2,7 @@
 
 use crate::dispatch::{Policy, Supervisor};
 use crate::failpoint::Failpoints;
+use crate::runs::{Runs, RunsConfig};
 use crate::server::{serve_unix, Limits};
 use crate::store::{Store, StoreError};
 use std::path::PathBuf;
@@ -14,6 +15,8 @@ pub struct DaemonConfig {
     pub socket: PathBuf,
     pub policy: Policy,
     pub limits: Limits,
+    /// Process support; `None` runs the store alone.
+    pub runs: Option<RunsConfig>,
 }
 
 #[derive(Debug, Error)]
@@ -28,6 +31,8 @@ pub enum DaemonError {
     },
     #[error("another process is serving {0}")]
     SocketInUse(PathBuf),
+    #[error("cannot set up process support: {0}")]
+    Processes(String),
     #[error("cannot start the async runtime")]
     Runtime(#[source] std::io::Error),
 }
@@ -35,7 +40,17 @@ pub enum DaemonError {
 /// Runs until SIGTERM or SIGINT, then flushes the store and returns.
 pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
     let store = Store::open(&cfg.root, Failpoints::from_env()).map_err(DaemonError::Store)?;
-    let sup = Arc::new(Supervisor::new(store, cfg.policy.clone()));
+    let runs = match &cfg.runs {
+        Some(rc) => {
+            // Orphans of the processes we start come to us, not to init.
+            let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
+            Some(Arc::new(
+                Runs::new(rc.clone()).map_err(DaemonError::Processes)?,
+            ))
+        }
+        None => None,
+    };
+    let sup = Arc::new(Supervisor::new(store, cfg.policy.clone(), runs));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(32)

@@ -2,11 +2,13 @@
 //! audit record of every mutating request.
 
 use crate::audit::Entry;
+use crate::runs::{EventSink, Runs, SessionPaths};
 use crate::store::{Store, StoreError};
 use allox_protocol::{
-    AgentListing, ErrorBody, Pong, Request, Response, SessionListing, SessionRollback,
-    PROTOCOL_VERSION,
+    AgentListing, ErrorBody, ErrorCode, Killed, Pong, ProcessListing, Request, Response,
+    SessionListing, SessionRollback, PROTOCOL_VERSION,
 };
+use std::sync::Arc;
 
 /// Daemon-wide request policy.
 #[derive(Debug, Clone, Default)]
@@ -19,11 +21,125 @@ pub struct Policy {
 pub struct Supervisor {
     pub store: Store,
     pub policy: Policy,
+    /// Process support; `None` when the daemon runs without it.
+    pub runs: Option<Arc<Runs>>,
 }
 
 impl Supervisor {
-    pub fn new(store: Store, policy: Policy) -> Self {
-        Supervisor { store, policy }
+    pub fn new(store: Store, policy: Policy, runs: Option<Arc<Runs>>) -> Self {
+        Supervisor {
+            store,
+            policy,
+            runs,
+        }
+    }
+
+    fn runs(&self) -> Result<&Arc<Runs>, ErrorBody> {
+        self.runs.as_ref().ok_or_else(|| {
+            ErrorBody::new(
+                ErrorCode::Unsupported,
+                "this supervisor runs without process support (--no-processes)",
+            )
+        })
+    }
+
+    /// Whether a request is answered by [`Supervisor::handle_process`].
+    pub fn is_process_request(req: &Request) -> bool {
+        matches!(
+            req,
+            Request::ProcessStart(_)
+                | Request::ProcessWait(_)
+                | Request::ProcessKill(_)
+                | Request::ProcessList(_)
+                | Request::ProcessStdin(_)
+        )
+    }
+
+    /// Answers a process request (asynchronously: runs can be long), and
+    /// audits it if it changes state.
+    pub async fn handle_process(
+        &self,
+        peer: &str,
+        request_id: u64,
+        req: &Request,
+        events: Option<EventSink>,
+    ) -> Result<Response, ErrorBody> {
+        let out = self.answer_process(req, events).await;
+        self.audit(peer, request_id, req, &out);
+        out
+    }
+
+    async fn answer_process(
+        &self,
+        req: &Request,
+        events: Option<EventSink>,
+    ) -> Result<Response, ErrorBody> {
+        let runs = self.runs()?;
+        let session = |a: &str, s: &str| self.store.session_info_of(a, s).map_err(|e| e.to_body());
+        match req {
+            Request::ProcessStart(p) => {
+                session(&p.agent_id, &p.session_id)?;
+                let l = self.store.layout();
+                let paths = SessionPaths {
+                    current: l.current(&p.agent_id, &p.session_id),
+                    shared: l.shared(&p.agent_id),
+                };
+                runs.start(p, paths, events.filter(|_| p.stream)).await
+            }
+            Request::ProcessWait(p) => {
+                session(&p.agent_id, &p.session_id)?;
+                let t = p.timeout_ms.map(std::time::Duration::from_millis);
+                Ok(Response::Exited(
+                    runs.wait(&p.agent_id, &p.session_id, &p.run_id, t).await?,
+                ))
+            }
+            Request::ProcessKill(p) => {
+                session(&p.agent_id, &p.session_id)?;
+                Ok(Response::Killed(Killed {
+                    killed: runs.kill(p).await?,
+                }))
+            }
+            Request::ProcessList(p) => {
+                session(&p.agent_id, &p.session_id)?;
+                Ok(Response::Processes(ProcessListing {
+                    processes: runs.list(&p.agent_id, &p.session_id),
+                }))
+            }
+            Request::ProcessStdin(p) => {
+                session(&p.agent_id, &p.session_id)?;
+                Ok(Response::StdinWritten(
+                    runs.stdin(
+                        &p.agent_id,
+                        &p.session_id,
+                        &p.run_id,
+                        p.data.as_bytes(),
+                        p.close,
+                    )
+                    .await?,
+                ))
+            }
+            _ => Err(ErrorBody::new(ErrorCode::Internal, "not a process request")),
+        }
+    }
+
+    fn audit(&self, peer: &str, request_id: u64, req: &Request, out: &Result<Response, ErrorBody>) {
+        if !req.is_mutating() {
+            return;
+        }
+        let entry = Entry {
+            request_id,
+            peer: peer.to_string(),
+            action: req.action().to_string(),
+            target: req.target(),
+            outcome: match out {
+                Ok(_) => "ok".to_string(),
+                Err(e) => e.code.as_str().to_string(),
+            },
+            message: out.as_ref().err().map(|e| e.message.clone()),
+        };
+        if let Err(e) = self.store.audit().append(entry) {
+            tracing::error!(error = %e, "cannot append audit record");
+        }
     }
 
     /// Answers one request from `peer` and audits it if it changes state.
@@ -39,22 +155,7 @@ impl Supervisor {
             }
             e.to_body()
         });
-        if req.is_mutating() {
-            let entry = Entry {
-                request_id,
-                peer: peer.to_string(),
-                action: req.action().to_string(),
-                target: req.target(),
-                outcome: match &out {
-                    Ok(_) => "ok".to_string(),
-                    Err(e) => e.code.as_str().to_string(),
-                },
-                message: out.as_ref().err().map(|e| e.message.clone()),
-            };
-            if let Err(e) = self.store.audit().append(entry) {
-                tracing::error!(error = %e, "cannot append audit record");
-            }
-        }
+        self.audit(peer, request_id, req, &out);
         out
     }
 
@@ -69,16 +170,41 @@ impl Supervisor {
             Request::AgentList(_) => Response::Agents(AgentListing {
                 agents: st.agent_list()?,
             }),
-            Request::AgentDelete(r) => Response::Deleted(st.agent_delete(&r.agent_id)?),
+            Request::AgentDelete(r) => {
+                // The agent's processes die first, every session of it.
+                if let Some(runs) = &self.runs {
+                    st.session_list(&r.agent_id)?;
+                    let dir = runs.cgroups().agent_dir(&r.agent_id);
+                    runs.kill_tree(&dir, true)
+                        .map_err(|e| StoreError::Conflict(e.message))?;
+                }
+                Response::Deleted(st.agent_delete(&r.agent_id)?)
+            }
             Request::SessionCreate(r) => {
-                Response::Session(st.session_create(&r.agent_id, &r.session_id)?)
+                let info = st.session_create(&r.agent_id, &r.session_id)?;
+                if let Some(runs) = &self.runs {
+                    runs.own(std::path::Path::new(&info.current));
+                }
+                Response::Session(info)
             }
             Request::SessionList(r) => Response::Sessions(SessionListing {
                 agent_id: r.agent_id.clone(),
                 sessions: st.session_list(&r.agent_id)?,
             }),
             Request::SessionDelete(r) => {
-                Response::Deleted(st.session_delete(&r.agent_id, &r.session_id)?)
+                let (a, s) = (&r.agent_id, &r.session_id);
+                st.session_info_of(a, s)?;
+                let Some(runs) = &self.runs else {
+                    return Ok(Response::Deleted(st.session_delete(a, s)?));
+                };
+                runs.fence(a, s);
+                let dir = runs.cgroups().session_dir(a, s);
+                let out = runs
+                    .kill_tree(&dir, true)
+                    .map_err(|e| StoreError::Conflict(e.message))
+                    .and_then(|_| st.session_delete(a, s));
+                runs.unfence(a, s);
+                Response::Deleted(out?)
             }
             Request::CheckpointCreate(r) => Response::Checkpoint(st.checkpoint_create(r)?),
             Request::CheckpointList(r) => {
@@ -96,14 +222,41 @@ impl Supervisor {
                 r.pinned,
             )?),
             Request::SessionRollback(r) => {
+                let kill = r
+                    .kill_processes
+                    .unwrap_or(self.policy.kill_processes_on_rollback);
                 let r = SessionRollback {
-                    kill_processes: Some(
-                        r.kill_processes
-                            .unwrap_or(self.policy.kill_processes_on_rollback),
-                    ),
+                    kill_processes: Some(kill),
                     ..r.clone()
                 };
-                Response::RolledBack(st.rollback(&r)?)
+                let (a, s) = (&r.agent_id, &r.session_id);
+                let Some(runs) = &self.runs else {
+                    return Ok(Response::RolledBack(st.rollback(&r)?));
+                };
+                st.checkpoint_list(a, s)?;
+                // No new runs while the session is checked, killed and
+                // rolled back.
+                runs.fence(a, s);
+                let out = (|| {
+                    let live = runs.live(a, s);
+                    let mut killed = 0;
+                    if live > 0 {
+                        if !kill {
+                            return Err(StoreError::Conflict(format!(
+                                "session {a}/{s} has {live} live processes; stop them or pass \"kill_processes\": true"
+                            )));
+                        }
+                        let dir = runs.cgroups().session_dir(a, s);
+                        killed = runs
+                            .kill_tree(&dir, false)
+                            .map_err(|e| StoreError::Conflict(e.message))?;
+                    }
+                    let mut done = st.rollback(&r)?;
+                    done.killed_processes = killed;
+                    Ok(done)
+                })();
+                runs.unfence(a, s);
+                Response::RolledBack(out?)
             }
             Request::ProcessStart(_)
             | Request::ProcessWait(_)
@@ -111,7 +264,7 @@ impl Supervisor {
             | Request::ProcessList(_)
             | Request::ProcessStdin(_) => {
                 return Err(StoreError::Unsupported(
-                    "process actions are not built into this supervisor yet".into(),
+                    "process actions are answered asynchronously".into(),
                 ))
             }
             Request::AuditList(r) => {

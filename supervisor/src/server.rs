@@ -10,8 +10,8 @@
 
 use crate::dispatch::Supervisor;
 use allox_protocol::{
-    decode, encode, ClientFrame, ErrorBody, ErrorCode, FrameReader, Hello, Outcome, Request,
-    ResponseEnvelope, ServerFrame, PROTOCOL_VERSION,
+    decode, encode, ClientFrame, ErrorBody, ErrorCode, Event, EventEnvelope, FrameReader, Hello,
+    Outcome, Request, ResponseEnvelope, ServerFrame, PROTOCOL_VERSION,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -240,6 +240,35 @@ pub async fn connection<R, W>(
                         if tx.send(frame_bytes(&f)).await.is_err() {
                             break 'conn;
                         }
+                        continue;
+                    }
+                    if Supervisor::is_process_request(&req) {
+                        let (sup, tx, peer) = (sup.clone(), tx.clone(), peer.clone());
+                        tokio::spawn(async move {
+                            // Stream events go out as frames tagged with the
+                            // request; a slow client slows the run, not us.
+                            let (etx, mut erx) = mpsc::channel::<Event>(16);
+                            let ftx = tx.clone();
+                            let forward = tokio::spawn(async move {
+                                while let Some(event) = erx.recv().await {
+                                    let f = ServerFrame::Event(EventEnvelope {
+                                        request_id: id,
+                                        event,
+                                    });
+                                    if ftx.send(frame_bytes(&f)).await.is_err() {
+                                        break;
+                                    }
+                                }
+                            });
+                            let out = sup.handle_process(&peer, id, &req, Some(etx)).await;
+                            let _ = forward.await;
+                            let f = ServerFrame::Response(ResponseEnvelope {
+                                request_id: id,
+                                outcome: out.into(),
+                            });
+                            let _ = tx.send(frame_bytes(&f)).await;
+                            drop(permit);
+                        });
                         continue;
                     }
                     let (sup, tx, peer) = (sup.clone(), tx.clone(), peer.clone());

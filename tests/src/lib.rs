@@ -211,6 +211,11 @@ impl Daemon {
         self.term()
     }
 
+    /// SIGTERM and wait, keeping the handle.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.term()
+    }
+
     fn term(&mut self) -> std::process::ExitStatus {
         let pid = rustix::process::Pid::from_raw(self.child.id() as i32);
         if let Some(pid) = pid {
@@ -277,4 +282,86 @@ pub fn tree_digest(dir: &Path) -> Vec<String> {
     walk(dir, dir, &mut out);
     out.sort();
     out
+}
+
+/// The cgroup2 mount of this host, if any.
+pub fn cgroup2_mount() -> Option<PathBuf> {
+    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("cgroup.subtree_control").exists())
+}
+
+/// A daemon with process support, on its own Btrfs store and under its own
+/// cgroup (so tests running at once never touch each other's processes).
+pub struct ProcDaemon {
+    pub daemon: Daemon,
+    pub cgroup: PathBuf,
+    pub fs: BtrfsFs,
+}
+
+impl ProcDaemon {
+    pub fn start(name: &str, extra: &[&str]) -> ProcDaemon {
+        std::fs::create_dir_all("/var/tmp").ok();
+        let fs = BtrfsFs::new(1024).expect("make btrfs");
+        let root = fs.path().join("store");
+        std::fs::create_dir(&root).unwrap();
+        let mount = cgroup2_mount().expect("cgroup2 mount");
+        let cgroup = mount.join(format!("allox-test-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&cgroup).unwrap();
+        let stage = fs.scratch().join("stage");
+        let sock = fs.scratch().join("ctl.sock");
+        let mut args = vec![
+            "--cgroup-root".to_string(),
+            cgroup.display().to_string(),
+            "--sandbox-stage".to_string(),
+            stage.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let daemon = Daemon::start(&root, &sock, &[], &args);
+        ProcDaemon { daemon, cgroup, fs }
+    }
+
+    /// Restarts the daemon process (its runs keep going).
+    pub fn restart(&mut self, extra: &[&str]) {
+        let root = self.daemon.root.clone();
+        let sock = self.daemon.socket.clone();
+        let stage = self.fs.scratch().join("stage");
+        let mut args = vec![
+            "--cgroup-root".to_string(),
+            self.cgroup.display().to_string(),
+            "--sandbox-stage".to_string(),
+            stage.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.daemon.terminate();
+        self.daemon = Daemon::start(&root, &sock, &[], &args);
+    }
+}
+
+impl Drop for ProcDaemon {
+    fn drop(&mut self) {
+        // Kill whatever is left, then remove the test's cgroups.
+        let _ = std::fs::write(self.cgroup.join("cgroup.kill"), "1");
+        for _ in 0..100 {
+            let ev = std::fs::read_to_string(self.cgroup.join("cgroup.events")).unwrap_or_default();
+            if !ev.contains("populated 1") {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        fn rm(p: &Path) {
+            if let Ok(rd) = std::fs::read_dir(p) {
+                for e in rd.flatten() {
+                    if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                        rm(&e.path());
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir(p);
+        }
+        rm(&self.cgroup);
+    }
 }

@@ -65,7 +65,8 @@ impl RunsConfig {
             .iter()
             .map(PathBuf::from)
             .collect(),
-            capture_limit: 1 << 20,
+            // Both streams together stay well inside one 1 MiB frame.
+            capture_limit: 256 << 10,
             tmp_sync_cap: 64 << 20,
             limits: Limits::default(),
         }

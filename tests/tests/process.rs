@@ -1,0 +1,638 @@
+//! Sandboxed runs through the real daemon: real namespaces, cgroups and
+//! Btrfs, as an agent framework drives them.
+
+use allox_integration::{require, ProcDaemon};
+use allox_protocol::*;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+fn setup(name: &str) -> Option<ProcDaemon> {
+    if !require(&format!("process::{name}")) {
+        return None;
+    }
+    if allox_integration::cgroup2_mount().is_none() {
+        panic!("process::{name} needs a cgroup2 mount (/sys/fs/cgroup or /sys/fs/cgroup/unified)");
+    }
+    let d = ProcDaemon::start(name, &[]);
+    let mut c = d.daemon.client();
+    for (a, s) in [("a", "s"), ("a", "t"), ("b", "s")] {
+        let _ = c.call(Request::AgentCreate(AgentRef { agent_id: a.into() }));
+        c.call(Request::SessionCreate(SessionRef {
+            agent_id: a.into(),
+            session_id: s.into(),
+        }))
+        .unwrap()
+        .unwrap();
+    }
+    Some(d)
+}
+
+fn start(a: &str, s: &str, argv: &[&str]) -> ProcessStart {
+    ProcessStart {
+        agent_id: a.into(),
+        session_id: s.into(),
+        argv: argv.iter().map(|x| x.to_string()).collect(),
+        env: BTreeMap::new(),
+        cwd: None,
+        stdin: Some(String::new()),
+        timeout_ms: None,
+        wait: true,
+        stream: false,
+    }
+}
+
+fn call(d: &ProcDaemon, r: Request) -> Result<Response, ErrorBody> {
+    d.daemon.client().call(r).expect("transport")
+}
+
+/// Runs `sh -c script` in a/s and waits.
+fn sh(d: &ProcDaemon, a: &str, s: &str, script: &str) -> RunResult {
+    match call(
+        d,
+        Request::ProcessStart(start(a, s, &["/bin/sh", "-c", script])),
+    ) {
+        Ok(Response::Exited(r)) => r,
+        other => panic!("{script}: {other:?}"),
+    }
+}
+
+fn bg(d: &ProcDaemon, a: &str, s: &str, script: &str) -> String {
+    let mut p = start(a, s, &["/bin/sh", "-c", script]);
+    p.wait = false;
+    match call(d, Request::ProcessStart(p)) {
+        Ok(Response::Started(r)) => r.run_id,
+        other => panic!("{script}: {other:?}"),
+    }
+}
+
+fn current(d: &ProcDaemon, a: &str, s: &str) -> PathBuf {
+    d.daemon
+        .root
+        .join(format!("agents/{a}/workspace/sessions/{s}/current"))
+}
+
+fn list(d: &ProcDaemon, a: &str, s: &str) -> Vec<ProcessInfo> {
+    match call(
+        d,
+        Request::ProcessList(SessionRef {
+            agent_id: a.into(),
+            session_id: s.into(),
+        }),
+    ) {
+        Ok(Response::Processes(l)) => l.processes,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn kill_session(d: &ProcDaemon, a: &str, s: &str) -> u32 {
+    match call(
+        d,
+        Request::ProcessKill(ProcessKill {
+            agent_id: a.into(),
+            session_id: s.into(),
+            run_id: None,
+            signal: None,
+        }),
+    ) {
+        Ok(Response::Killed(k)) => k.killed,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_sandbox_holds_no_privilege() {
+    let Some(d) = setup("the_sandbox_holds_no_privilege") else {
+        return;
+    };
+    let r = sh(
+        &d,
+        "a",
+        "s",
+        "grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs)' /proc/self/status; id -u; id -g; \
+         ls /proc/$$/fd | tr '\\n' ' '; echo; ls /proc | grep -E '^[0-9]+$' | wc -l",
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert!(
+            r.stdout.contains(&format!("{cap}:\t0000000000000000")),
+            "{cap} not empty: {}",
+            r.stdout
+        );
+    }
+    assert!(r.stdout.contains("NoNewPrivs:\t1"), "{}", r.stdout);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines[6], "10000");
+    assert_eq!(lines[7], "10000");
+    assert_eq!(lines[8].trim(), "0 1 2", "descriptors above 2 leaked");
+    // The init, sh, ls, grep, wc: nothing of the host.
+    let visible: u32 = lines[9].trim().parse().unwrap();
+    assert!(visible <= 6, "{visible} processes visible: {}", r.stdout);
+}
+
+#[test]
+fn other_workspaces_and_the_host_are_out_of_reach() {
+    let Some(d) = setup("other_workspaces_and_the_host_are_out_of_reach") else {
+        return;
+    };
+    std::fs::write(current(&d, "a", "t").join("secret"), "t's data").unwrap();
+    std::fs::write(current(&d, "b", "s").join("secret"), "b's data").unwrap();
+    // A symlink planted in the workspace pointing at another session's tree.
+    std::os::unix::fs::symlink(current(&d, "a", "t"), current(&d, "a", "s").join("planted"))
+        .unwrap();
+    let other = current(&d, "a", "t").join("secret");
+    let store = d.daemon.root.display().to_string();
+    let script = format!(
+        "cat planted/secret; cat {o}; cat /allox/session/../../{o}; cat /proc/1/root/{o}; \
+         ls {store}; ls /allox; ls /sys/fs/cgroup; \
+         touch /usr/x /etc/x /proc/sys/kernel/x; echo x > /proc/sys/vm/drop_caches; \
+         echo done",
+        o = other.display()
+    );
+    let r = sh(&d, "a", "s", &script);
+    assert!(r.stdout.contains("done"), "{r:?}");
+    assert!(
+        !r.stdout.contains("t's data") && !r.stdout.contains("b's data"),
+        "{r:?}"
+    );
+    assert!(
+        r.stdout.contains("session") && r.stdout.contains("shared"),
+        "{r:?}"
+    );
+    assert!(
+        !r.stdout.contains("store") && !r.stdout.contains("state"),
+        "{r:?}"
+    );
+    for f in ["/usr/x", "/etc/x", "/proc/sys/kernel/x"] {
+        assert!(
+            !std::path::Path::new(f).exists(),
+            "{f} was created on the host"
+        );
+        assert!(r.stderr.contains(f), "no error for {f}: {}", r.stderr);
+    }
+    assert!(!std::path::Path::new("/usr/x").exists());
+}
+
+#[test]
+fn refused_syscalls_fail_with_eperm() {
+    let Some(d) = setup("refused_syscalls_fail_with_eperm") else {
+        return;
+    };
+    if allox_integration::which("python3").is_none() {
+        panic!("process::refused_syscalls_fail_with_eperm needs python3");
+    }
+    let script = r#"
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, nr, *args):
+    r = libc.syscall(nr, *[ctypes.c_long(a) for a in args])
+    print(name, r, ctypes.get_errno())
+for name, nr in [("mount",165),("umount2",166),("pivot_root",155),("bpf",321),
+        ("perf_event_open",298),("keyctl",250),("add_key",248),("request_key",249),
+        ("kexec_load",246),("kexec_file_load",320),("init_module",175),("finit_module",313),
+        ("delete_module",176),("open_by_handle_at",304),("setns",308),("reboot",169),
+        ("swapon",167),("swapoff",168)]:
+    call(name, nr, 0, 0, 0, 0, 0)
+call("unshare_newuser", 272, 0x10000000)
+call("clone_newuser", 56, 0x10000000 | 17, 0, 0, 0, 0)
+call("ioctl_tiocsti", 16, 0, 0x5412, 0)
+call("ioctl_tiocsti_high_bits", 16, 0, 0x100005412, 0)
+call("ioctl_tioclinux", 16, 0, 0x541C, 0)
+call("ioctl_btrfs_snap_create_v2", 16, 0, 0x50009417, 0)
+call("ioctl_btrfs_subvol_create", 16, 0, 0x5000940E, 0)
+call("ioctl_btrfs_snap_destroy", 16, 0, 0x5000940F, 0)
+"#;
+    std::fs::write(current(&d, "a", "s").join("sc.py"), script).unwrap();
+    let r = match call(
+        &d,
+        Request::ProcessStart(start("a", "s", &["python3", "sc.py"])),
+    ) {
+        Ok(Response::Exited(r)) => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 26, "{}", r.stdout);
+    for l in lines {
+        assert!(l.ends_with(" -1 1"), "not refused with EPERM: {l}");
+    }
+}
+
+#[test]
+fn setuid_binaries_do_not_elevate() {
+    let Some(d) = setup("setuid_binaries_do_not_elevate") else {
+        return;
+    };
+    let id = current(&d, "a", "s").join("myid");
+    std::fs::copy("/usr/bin/id", &id).unwrap();
+    std::os::unix::fs::chown(&id, Some(0), Some(0)).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&id, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let r = sh(&d, "a", "s", "./myid -u");
+    assert_eq!(r.stdout.trim(), "10000", "{r:?}");
+}
+
+#[test]
+fn private_tmp_regular_files_are_kept() {
+    let Some(d) = setup("private_tmp_regular_files_are_kept") else {
+        return;
+    };
+    let r = sh(
+        &d,
+        "a",
+        "s",
+        "echo one > /tmp/a; mkdir -p /tmp/d/e; echo two > /tmp/d/e/b; mkfifo /tmp/fifo; \
+         python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.bind('/tmp/sock')\"; \
+         ln -s /etc/passwd /tmp/link; echo ok",
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let kept = current(&d, "a", "s").join(".allox-tmp");
+    assert_eq!(std::fs::read_to_string(kept.join("a")).unwrap(), "one\n");
+    assert_eq!(
+        std::fs::read_to_string(kept.join("d/e/b")).unwrap(),
+        "two\n"
+    );
+    for gone in ["fifo", "sock", "link"] {
+        assert!(
+            std::fs::symlink_metadata(kept.join(gone)).is_err(),
+            "{gone} was copied"
+        );
+    }
+    // /tmp is private to the run: the next run starts with it empty.
+    let r = sh(&d, "a", "s", "ls -A /tmp | wc -l");
+    assert_eq!(r.stdout.trim(), "0");
+}
+
+#[test]
+fn output_streams_and_exit_status() {
+    let Some(d) = setup("output_streams_and_exit_status") else {
+        return;
+    };
+    let r = sh(&d, "a", "s", "echo out; echo err >&2; exit 3");
+    assert_eq!((r.exit_code, r.signal), (Some(3), None));
+    assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("out\n", "err\n"));
+    let r = sh(&d, "a", "s", "kill -TERM $$");
+    assert_eq!((r.exit_code, r.signal), (None, Some(15)));
+    // Streamed: the first chunk arrives before the program ends.
+    let mut c = d.daemon.client();
+    let mut p = start(
+        "a",
+        "s",
+        &["/bin/sh", "-c", "echo first; sleep 1; echo second"],
+    );
+    p.stream = true;
+    let t0 = Instant::now();
+    let mut chunks = Vec::new();
+    let ans = c
+        .call_with_events(Request::ProcessStart(p), |e| {
+            if let Event::Output(o) = e {
+                chunks.push((t0.elapsed(), String::from_utf8_lossy(&o.data).into_owned()));
+            }
+        })
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(ans, Response::Exited(ref r) if r.exit_code == Some(0)),
+        "{ans:?}"
+    );
+    let end = t0.elapsed();
+    assert_eq!(
+        chunks.first().map(|c| c.1.as_str()),
+        Some("first\n"),
+        "{chunks:?}"
+    );
+    assert!(
+        chunks[0].0 + Duration::from_millis(500) < end,
+        "output was not streamed: {chunks:?}"
+    );
+    // stdin written later and closed.
+    let mut p = start("a", "s", &["cat"]);
+    p.wait = false;
+    p.stdin = None;
+    let Ok(Response::Started(run)) = call(&d, Request::ProcessStart(p)) else {
+        panic!()
+    };
+    call(
+        &d,
+        Request::ProcessStdin(ProcessStdin {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: run.run_id.clone(),
+            data: "hello via stdin".into(),
+            close: true,
+        }),
+    )
+    .unwrap();
+    let Ok(Response::Exited(r)) = call(
+        &d,
+        Request::ProcessWait(ProcessWait {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: run.run_id,
+            timeout_ms: Some(10_000),
+        }),
+    ) else {
+        panic!()
+    };
+    assert_eq!(r.stdout, "hello via stdin");
+}
+
+#[test]
+fn bad_requests_are_refused_at_once() {
+    let Some(d) = setup("bad_requests_are_refused_at_once") else {
+        return;
+    };
+    let t0 = Instant::now();
+    let e = call(
+        &d,
+        Request::ProcessStart(start("a", "s", &["no-such-program"])),
+    )
+    .unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidRequest);
+    assert!(e.message.contains("no-such-program"), "{}", e.message);
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    let mut p = start("a", "s", &["ls"]);
+    p.cwd = Some("../../..".into());
+    assert_eq!(
+        call(&d, Request::ProcessStart(p)).unwrap_err().code,
+        ErrorCode::InvalidRequest
+    );
+    let p = start("a", "s", &["ls", "a\0b"]);
+    assert_eq!(
+        call(&d, Request::ProcessStart(p)).unwrap_err().code,
+        ErrorCode::InvalidRequest
+    );
+    let big = "x".repeat(600 * 1024);
+    let p = start("a", "s", &["ls", &big]);
+    assert_eq!(
+        call(&d, Request::ProcessStart(p)).unwrap_err().code,
+        ErrorCode::InvalidRequest
+    );
+    let mut p = start("a", "s", &["ls"]);
+    p.env.insert("A=B".into(), "x".into());
+    assert_eq!(
+        call(&d, Request::ProcessStart(p)).unwrap_err().code,
+        ErrorCode::InvalidRequest
+    );
+    let p = start("a", "nope", &["ls"]);
+    assert_eq!(
+        call(&d, Request::ProcessStart(p)).unwrap_err().code,
+        ErrorCode::NotFound
+    );
+}
+
+#[test]
+fn timeouts_and_background_output_do_not_hang() {
+    let Some(d) = setup("timeouts_and_background_output_do_not_hang") else {
+        return;
+    };
+    let mut p = start("a", "s", &["sleep", "30"]);
+    p.timeout_ms = Some(300);
+    let t0 = Instant::now();
+    let Ok(Response::Exited(r)) = call(&d, Request::ProcessStart(p)) else {
+        panic!()
+    };
+    assert!(r.timed_out && r.signal == Some(9), "{r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    // A background process keeps stdout open; the answer still comes once
+    // the main program has exited.
+    let t0 = Instant::now();
+    let r = sh(&d, "a", "s", "sleep 60 & echo main done");
+    assert_eq!(r.stdout, "main done\n");
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "wait hung: {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(list(&d, "a", "s").len(), 1, "the background sleep lives on");
+    kill_session(&d, "a", "s");
+}
+
+#[test]
+fn session_kill_gets_every_kind_of_process_and_nothing_else() {
+    let Some(d) = setup("session_kill_gets_every_kind_of_process") else {
+        return;
+    };
+    let keep = bg(&d, "a", "t", "sleep 1000");
+    wait_until("the other session's run", || !list(&d, "a", "t").is_empty());
+    let before = list(&d, "a", "t");
+    bg(&d, "a", "s", "setsid sleep 1000 & (sleep 1000 &) ; nohup sleep 1000 >/dev/null 2>&1 & sleep 1000 & kill -STOP $!; wait");
+    // A frozen run too.
+    let frozen = bg(&d, "a", "s", "sleep 1000");
+    wait_until("the runs' processes", || list(&d, "a", "s").len() >= 6);
+    let run_cg = d.cgroup.join(format!("allox/a/s/run-{frozen}"));
+    std::fs::write(run_cg.join("cgroup.freeze"), "1").unwrap();
+    let n = kill_session(&d, "a", "s");
+    assert!(n >= 6, "killed {n}");
+    assert!(list(&d, "a", "s").is_empty(), "{:?}", list(&d, "a", "s"));
+    let others = list(&d, "a", "t");
+    assert_eq!(others, before, "another session's process was touched");
+    assert!(others
+        .iter()
+        .all(|p| p.run_id.as_deref() == Some(keep.as_str())));
+}
+
+#[test]
+fn process_bombs_are_killed_completely_every_time() {
+    let Some(d) = setup("process_bombs_are_killed_completely") else {
+        return;
+    };
+    // The development host offers no pids controller, so the bomb is
+    // bounded by itself (about 200 processes), and killed mid-growth.
+    for round in 0..20 {
+        bg(
+            &d,
+            "a",
+            "s",
+            "b() { sleep 100 & sleep 100 & }; for i in $(seq 100); do b; done; wait",
+        );
+        wait_until("the bomb to grow", || list(&d, "a", "s").len() > 20);
+        kill_session(&d, "a", "s");
+        let left = list(&d, "a", "s");
+        assert!(left.is_empty(), "round {round}: {} left", left.len());
+    }
+}
+
+#[test]
+fn orphans_are_reaped_and_floods_are_bounded() {
+    let Some(d) = setup("orphans_are_reaped_and_floods_are_bounded") else {
+        return;
+    };
+    let r = sh(
+        &d,
+        "a",
+        "s",
+        "for i in $(seq 100); do (sleep 0.2 &) ; done; echo spawned",
+    );
+    assert_eq!(r.stdout, "spawned\n");
+    wait_until("the orphans to end", || list(&d, "a", "s").is_empty());
+    let zombies = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter(|s| {
+            let rest = &s[s.rfind(')').unwrap_or(0) + 2..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            f.first() == Some(&"Z") && f.get(1) == Some(&d.daemon.child.id().to_string().as_str())
+        })
+        .count();
+    assert_eq!(zombies, 0, "zombies left under the supervisor");
+    // 2 GiB of output, not streamed: captured up to the limit, the rest
+    // dropped; the supervisor's memory stays small.
+    let r = sh(&d, "a", "s", "head -c 2147483648 /dev/zero");
+    assert!(
+        r.truncated && r.stdout.len() <= 256 << 10,
+        "len {}",
+        r.stdout.len()
+    );
+    let rss_kb: u64 = std::fs::read_to_string(format!("/proc/{}/status", d.daemon.child.id()))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap();
+    assert!(rss_kb < 200 * 1024, "supervisor RSS {rss_kb} kB");
+}
+
+#[test]
+fn rollback_and_delete_with_live_processes() {
+    let Some(d) = setup("rollback_and_delete_with_live_processes") else {
+        return;
+    };
+    let ck = |id: &str| {
+        call(
+            &d,
+            Request::CheckpointCreate(CheckpointCreate {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                checkpoint_id: id.into(),
+                pinned: false,
+                label: None,
+            }),
+        )
+        .unwrap();
+    };
+    let rb = |kill: Option<bool>| {
+        call(
+            &d,
+            Request::SessionRollback(SessionRollback {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                checkpoint_id: "c1".into(),
+                kill_processes: kill,
+            }),
+        )
+    };
+    ck("c1");
+    bg(&d, "a", "s", "echo changed > work.txt; sleep 1000");
+    let other = bg(&d, "a", "t", "sleep 1000");
+    wait_until("the background run", || {
+        current(&d, "a", "s").join("work.txt").exists()
+    });
+    wait_until("the other run", || !list(&d, "a", "t").is_empty());
+    let others = list(&d, "a", "t");
+    let e = rb(None).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Conflict, "{e:?}");
+    assert!(
+        current(&d, "a", "s").join("work.txt").exists(),
+        "a refused rollback changed files"
+    );
+    let Ok(Response::RolledBack(r)) = rb(Some(true)) else {
+        panic!()
+    };
+    assert!(r.killed_processes >= 1, "{r:?}");
+    assert!(list(&d, "a", "s").is_empty());
+    assert!(!current(&d, "a", "s").join("work.txt").exists());
+    assert_eq!(
+        list(&d, "a", "t"),
+        others,
+        "rollback touched another session"
+    );
+    // Delete kills first.
+    call(
+        &d,
+        Request::SessionDelete(SessionRef {
+            agent_id: "a".into(),
+            session_id: "t".into(),
+        }),
+    )
+    .unwrap();
+    assert!(!d.cgroup.join("allox/a/t").exists());
+    let _ = other;
+    bg(&d, "b", "s", "sleep 1000");
+    call(
+        &d,
+        Request::AgentDelete(AgentRef {
+            agent_id: "b".into(),
+        }),
+    )
+    .unwrap();
+    assert!(
+        !d.cgroup.join("allox/b").exists(),
+        "agent cgroup left with processes"
+    );
+}
+
+#[test]
+fn a_restarted_supervisor_adopts_running_sessions() {
+    let Some(mut d) = setup("a_restarted_supervisor_adopts_running_sessions") else {
+        return;
+    };
+    let run = bg(&d, "a", "s", "sleep 1000");
+    bg(&d, "a", "t", "sleep 1000");
+    wait_until("the runs", || {
+        !list(&d, "a", "s").is_empty() && !list(&d, "a", "t").is_empty()
+    });
+    let before = list(&d, "a", "s");
+    d.restart(&[]);
+    let l = list(&d, "a", "s");
+    assert_eq!(l, before, "the run did not survive the restart");
+    assert!(l.iter().all(|p| p.run_id.as_deref() == Some(run.as_str())));
+    // Kill one run by id, then roll back another session with kill.
+    call(
+        &d,
+        Request::ProcessKill(ProcessKill {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: Some(run),
+            signal: None,
+        }),
+    )
+    .unwrap();
+    assert!(list(&d, "a", "s").is_empty());
+    call(
+        &d,
+        Request::CheckpointCreate(CheckpointCreate {
+            agent_id: "a".into(),
+            session_id: "t".into(),
+            checkpoint_id: "c".into(),
+            pinned: false,
+            label: None,
+        }),
+    )
+    .unwrap();
+    let Ok(Response::RolledBack(r)) = call(
+        &d,
+        Request::SessionRollback(SessionRollback {
+            agent_id: "a".into(),
+            session_id: "t".into(),
+            checkpoint_id: "c".into(),
+            kill_processes: Some(true),
+        }),
+    ) else {
+        panic!()
+    };
+    assert!(r.killed_processes >= 1);
+    assert!(list(&d, "a", "t").is_empty());
+}

@@ -3,7 +3,7 @@
 use crate::process::{read_stdin_file, StdinFileError};
 use allox_protocol::{
     AgentList, AgentRef, AuditList, CheckpointCreate, CheckpointPin, CheckpointRef, Ping,
-    ProcessKill, ProcessStart, ProcessWait, Request, SessionRef, SessionRollback,
+    ProcessKill, ProcessStart, ProcessWait, Request, SessionCreate, SessionRef, SessionRollback,
 };
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -260,7 +260,7 @@ impl Command {
             }),
             C::Session(s) => call(match s {
                 SessionCommand::Create { agent, session } => {
-                    Request::SessionCreate(session_ref(agent, session))
+                    Request::SessionCreate(SessionCreate::new(agent, session))
                 }
                 SessionCommand::List { agent } => Request::SessionList(agent_ref(agent)),
                 SessionCommand::Delete { agent, session } => {

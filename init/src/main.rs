@@ -45,6 +45,15 @@ enum Cmd {
         sandbox_uid: u32,
         #[arg(long, default_value_t = 10_000)]
         sandbox_gid: u32,
+        /// Default `pids.max` of every session's cgroup.
+        #[arg(long)]
+        default_pids_max: Option<u64>,
+        /// Default `memory.max` (bytes) of every session's cgroup.
+        #[arg(long)]
+        default_memory_max: Option<u64>,
+        /// Default `cpu.max` ("QUOTA PERIOD" in µs) of every session's cgroup.
+        #[arg(long)]
+        default_cpu_max: Option<String>,
         /// Empty directory where sandboxes assemble their root.
         #[arg(long, default_value = "/run/allox/sandbox-root")]
         sandbox_stage: PathBuf,
@@ -92,6 +101,9 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
             sandbox_uid,
             sandbox_gid,
             sandbox_stage,
+            default_pids_max,
+            default_memory_max,
+            default_cpu_max,
         } => {
             let Some(path) = listen.strip_prefix("unix:") else {
                 bail!("--listen {listen:?}: only unix:PATH is supported");
@@ -108,6 +120,18 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
                 let mut rc = RunsConfig::new(mount, exe, sandbox_stage);
                 rc.uid = sandbox_uid;
                 rc.gid = sandbox_gid;
+                rc.limits = allox_supervisor::cgroup::Limits {
+                    pids_max: default_pids_max,
+                    memory_max: default_memory_max,
+                    cpu_max: match default_cpu_max {
+                        Some(t) => Some(
+                            allox_supervisor::cgroup::Cgroups::parse_cpu_max(&t).with_context(|| {
+                                format!("--default-cpu-max {t:?}: expected \"QUOTA PERIOD\" or \"max PERIOD\"")
+                            })?,
+                        ),
+                        None => None,
+                    },
+                };
                 Some(rc)
             };
             daemon::run(DaemonConfig {

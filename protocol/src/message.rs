@@ -128,6 +128,38 @@ pub struct SessionRef {
     pub session_id: String,
 }
 
+/// `session.create`, with optional resource limits for the session's
+/// cgroup (refused with `unsupported` where the controller is missing).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SessionCreate {
+    pub agent_id: String,
+    pub session_id: String,
+    /// `pids.max`: most processes at once.
+    #[serde(default)]
+    pub pids_max: Option<u64>,
+    /// `memory.max` in bytes.
+    #[serde(default)]
+    pub memory_max: Option<u64>,
+    /// `cpu.max` as cgroup v2 writes it: `"QUOTA PERIOD"` in µs, or
+    /// `"max PERIOD"`.
+    #[serde(default)]
+    pub cpu_max: Option<String>,
+}
+
+impl SessionCreate {
+    /// A session without limits of its own.
+    pub fn new(agent_id: impl Into<String>, session_id: impl Into<String>) -> Self {
+        SessionCreate {
+            agent_id: agent_id.into(),
+            session_id: session_id.into(),
+            pids_max: None,
+            memory_max: None,
+            cpu_max: None,
+        }
+    }
+}
+
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointRef {
@@ -301,7 +333,7 @@ requests! {
     AgentCreate(AgentRef) = "agent.create", mutating = true;
     AgentList(AgentList) = "agent.list", mutating = false;
     AgentDelete(AgentRef) = "agent.delete", mutating = true;
-    SessionCreate(SessionRef) = "session.create", mutating = true;
+    SessionCreate(SessionCreate) = "session.create", mutating = true;
     SessionList(AgentRef) = "session.list", mutating = false;
     SessionDelete(SessionRef) = "session.delete", mutating = true;
     CheckpointCreate(CheckpointCreate) = "checkpoint.create", mutating = true;
@@ -333,9 +365,10 @@ impl Request {
             Request::AgentCreate(r) | Request::AgentDelete(r) | Request::SessionList(r) => {
                 r.agent_id.clone()
             }
-            Request::SessionCreate(r) | Request::SessionDelete(r) | Request::CheckpointList(r) => {
+            Request::SessionDelete(r) | Request::CheckpointList(r) => {
                 format!("{}/{}", r.agent_id, r.session_id)
             }
+            Request::SessionCreate(r) => format!("{}/{}", r.agent_id, r.session_id),
             Request::CheckpointCreate(r) => {
                 format!("{}/{}/{}", r.agent_id, r.session_id, r.checkpoint_id)
             }

@@ -100,23 +100,38 @@ impl Cgroups {
         self.session_dir(a, s).join(format!("run-{run}"))
     }
 
-    /// Creates the session's cgroup (if needed) and applies `limits`.
-    pub fn ensure_session(&self, a: &str, s: &str, limits: &Limits) -> Result<(), CgroupError> {
+    /// Creates the session's cgroup if needed; a new one gets `defaults`.
+    pub fn ensure_session(&self, a: &str, s: &str, defaults: &Limits) -> Result<(), CgroupError> {
         let agent = self.agent_dir(a);
         let dir = self.session_dir(a, s);
-        for d in [&agent, &dir] {
-            match std::fs::create_dir(d) {
-                Ok(()) => self.enable_controllers(d),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(io_err("create", d, e)),
-            }
+        match std::fs::create_dir(&agent) {
+            Ok(()) => self.enable_controllers(&agent),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err("create", &agent, e)),
         }
-        let offered = read_trim(&agent.join("cgroup.controllers")).unwrap_or_default();
-        let set = |controller: &'static str, file: &str, value: String| {
-            if !offered.split_whitespace().any(|c| c == controller) {
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {
+                self.enable_controllers(&dir);
+                self.set_limits(a, s, defaults)
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(io_err("create", &dir, e)),
+        }
+    }
+
+    /// Fails with `Unsupported` unless every controller `limits` needs is
+    /// offered to session cgroups.
+    pub fn check_limits(&self, limits: &Limits) -> Result<(), CgroupError> {
+        let offered = read_trim(&self.base.join("cgroup.controllers")).unwrap_or_default();
+        for (wanted, controller) in [
+            (limits.pids_max.is_some(), "pids"),
+            (limits.memory_max.is_some(), "memory"),
+            (limits.cpu_max.is_some(), "cpu"),
+        ] {
+            if wanted && !offered.split_whitespace().any(|c| c == controller) {
                 return Err(CgroupError::Unsupported {
                     controller,
-                    path: dir.clone(),
+                    path: self.base.clone(),
                     have: if offered.is_empty() {
                         "nothing".into()
                     } else {
@@ -124,19 +139,51 @@ impl Cgroups {
                     },
                 });
             }
+        }
+        Ok(())
+    }
+
+    /// Writes the session's `pids.max`, `memory.max`, `cpu.max`.
+    pub fn set_limits(&self, a: &str, s: &str, limits: &Limits) -> Result<(), CgroupError> {
+        self.check_limits(limits)?;
+        let dir = self.session_dir(a, s);
+        let set = |file: &str, value: String| {
             let p = dir.join(file);
             std::fs::write(&p, value).map_err(|e| io_err("write", &p, e))
         };
         if let Some(n) = limits.pids_max {
-            set("pids", "pids.max", n.to_string())?;
+            set("pids.max", n.to_string())?;
         }
         if let Some(n) = limits.memory_max {
-            set("memory", "memory.max", n.to_string())?;
+            set("memory.max", n.to_string())?;
         }
         if let Some((quota, period)) = limits.cpu_max {
-            set("cpu", "cpu.max", format!("{quota} {period}"))?;
+            let q = if quota == u64::MAX {
+                "max".to_string()
+            } else {
+                quota.to_string()
+            };
+            set("cpu.max", format!("{q} {period}"))?;
         }
         Ok(())
+    }
+
+    /// Parses `cpu.max` as written by a client: `"QUOTA PERIOD"` or
+    /// `"max PERIOD"` (µs); the period defaults to 100000.
+    pub fn parse_cpu_max(text: &str) -> Option<(u64, u64)> {
+        let mut it = text.split_whitespace();
+        let q = match it.next()? {
+            "max" => u64::MAX,
+            n => n.parse().ok().filter(|&n| n > 0)?,
+        };
+        let p = match it.next() {
+            Some(n) => n
+                .parse()
+                .ok()
+                .filter(|&n: &u64| (1000..=1_000_000).contains(&n))?,
+            None => 100_000,
+        };
+        it.next().is_none().then_some((q, p))
     }
 
     /// Creates a run's cgroup and returns a directory handle for
@@ -280,9 +327,9 @@ mod tests {
         let c = Cgroups::open(d.path()).unwrap();
         assert_eq!(c.run_dir("a", "s", "7"), d.path().join("allox/a/s/run-7"));
         c.ensure_session("a", "s", &Limits::default()).unwrap();
-        std::fs::write(c.agent_dir("a").join("cgroup.controllers"), "hugetlb").unwrap();
+        std::fs::write(c.base().join("cgroup.controllers"), "hugetlb").unwrap();
         let e = c
-            .ensure_session(
+            .set_limits(
                 "a",
                 "s",
                 &Limits {
@@ -293,6 +340,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("pids") && e.contains("hugetlb"), "{e}");
+        std::fs::write(c.base().join("cgroup.controllers"), "pids memory cpu").unwrap();
+        let l = Limits {
+            pids_max: Some(10),
+            memory_max: Some(1 << 30),
+            cpu_max: Some((50_000, 100_000)),
+        };
+        c.set_limits("a", "s", &l).unwrap();
+        let s = c.session_dir("a", "s");
+        assert_eq!(std::fs::read_to_string(s.join("pids.max")).unwrap(), "10");
+        assert_eq!(
+            std::fs::read_to_string(s.join("cpu.max")).unwrap(),
+            "50000 100000"
+        );
+        assert_eq!(Cgroups::parse_cpu_max("max"), Some((u64::MAX, 100_000)));
+        assert_eq!(
+            Cgroups::parse_cpu_max("20000 50000"),
+            Some((20_000, 50_000))
+        );
+        assert_eq!(Cgroups::parse_cpu_max("0"), None);
+        assert_eq!(Cgroups::parse_cpu_max("1 2 3"), None);
     }
 
     #[test]

@@ -181,9 +181,52 @@ impl Supervisor {
                 Response::Deleted(st.agent_delete(&r.agent_id)?)
             }
             Request::SessionCreate(r) => {
+                let limits = crate::cgroup::Limits {
+                    pids_max: r.pids_max,
+                    memory_max: r.memory_max,
+                    cpu_max: match &r.cpu_max {
+                        Some(t) => Some(crate::cgroup::Cgroups::parse_cpu_max(t).ok_or_else(|| {
+                            StoreError::Invalid(format!(
+                                "cpu_max {t:?} must be \"QUOTA PERIOD\" or \"max PERIOD\" in microseconds"
+                            ))
+                        })?),
+                        None => None,
+                    },
+                };
+                let wants_limits = limits != crate::cgroup::Limits::default();
+                match &self.runs {
+                    Some(runs) => runs
+                        .cgroups()
+                        .check_limits(&limits)
+                        .map_err(|e| StoreError::Unsupported(e.to_string()))?,
+                    None if wants_limits => {
+                        return Err(StoreError::Unsupported(
+                            "resource limits need process support (--no-processes is set)".into(),
+                        ))
+                    }
+                    None => {}
+                }
                 let info = st.session_create(&r.agent_id, &r.session_id)?;
                 if let Some(runs) = &self.runs {
                     runs.own(std::path::Path::new(&info.current));
+                    let (a, s) = (&r.agent_id, &r.session_id);
+                    let applied = runs
+                        .cgroups()
+                        .ensure_session(a, s, &runs.config().limits)
+                        .and_then(|()| {
+                            if wants_limits {
+                                runs.cgroups().set_limits(a, s, &limits)
+                            } else {
+                                Ok(())
+                            }
+                        });
+                    if let Err(e) = applied {
+                        // Nothing half-made: the session goes again.
+                        let _ = st.session_delete(a, s);
+                        return Err(StoreError::Unsupported(format!(
+                            "cannot apply the session's limits: {e}"
+                        )));
+                    }
                 }
                 Response::Session(info)
             }

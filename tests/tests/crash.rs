@@ -35,8 +35,8 @@ fn prepare(root: &Path, sock: &Path) {
     let d = Daemon::start(root, sock, &[], &[]);
     ok(&d, Request::AgentCreate(agent("a")));
     ok(&d, Request::AgentCreate(agent("b")));
-    ok(&d, Request::SessionCreate(session("a", "s")));
-    ok(&d, Request::SessionCreate(session("b", "t")));
+    ok(&d, Request::SessionCreate(SessionCreate::new("a", "s")));
+    ok(&d, Request::SessionCreate(SessionCreate::new("b", "t")));
     let l = Layout::new(root);
     std::fs::write(l.current("a", "s").join("v"), "1").unwrap();
     std::fs::write(l.current("b", "t").join("v"), "b").unwrap();
@@ -59,7 +59,7 @@ fn operation(fp: &str) -> Request {
     match fp.split('.').next().unwrap() {
         "agent_create" => Request::AgentCreate(agent("new")),
         "agent_delete" => Request::AgentDelete(agent("b")),
-        "session_create" => Request::SessionCreate(session("a", "s2")),
+        "session_create" => Request::SessionCreate(SessionCreate::new("a", "s2")),
         "session_delete" => Request::SessionDelete(session("a", "s")),
         "checkpoint_create" => Request::CheckpointCreate(CheckpointCreate {
             agent_id: "a".into(),

@@ -262,10 +262,10 @@ fn many_clients_at_once() {
                 .unwrap();
                 for s in 0..5 {
                     let s = format!("s{s}");
-                    c.call(Request::SessionCreate(SessionRef {
-                        agent_id: a.clone(),
-                        session_id: s.clone(),
-                    }))
+                    c.call(Request::SessionCreate(SessionCreate::new(
+                        a.clone(),
+                        s.clone(),
+                    )))
                     .unwrap()
                     .unwrap();
                     c.call(Request::CheckpointCreate(CheckpointCreate {

@@ -18,12 +18,9 @@ fn setup(name: &str) -> Option<ProcDaemon> {
     let mut c = d.daemon.client();
     for (a, s) in [("a", "s"), ("a", "t"), ("b", "s")] {
         let _ = c.call(Request::AgentCreate(AgentRef { agent_id: a.into() }));
-        c.call(Request::SessionCreate(SessionRef {
-            agent_id: a.into(),
-            session_id: s.into(),
-        }))
-        .unwrap()
-        .unwrap();
+        c.call(Request::SessionCreate(SessionCreate::new(a, s)))
+            .unwrap()
+            .unwrap();
     }
     Some(d)
 }
@@ -635,4 +632,51 @@ fn a_restarted_supervisor_adopts_running_sessions() {
     };
     assert!(r.killed_processes >= 1);
     assert!(list(&d, "a", "t").is_empty());
+}
+
+#[test]
+fn limits_are_applied_or_refused_as_unsupported() {
+    let Some(d) = setup("limits_are_applied_or_refused_as_unsupported") else {
+        return;
+    };
+    let offered =
+        std::fs::read_to_string(d.cgroup.join("allox/cgroup.controllers")).unwrap_or_default();
+    let mut req = SessionCreate::new("a", "limited");
+    req.pids_max = Some(64);
+    let out = call(&d, Request::SessionCreate(req));
+    if !offered.split_whitespace().any(|c| c == "pids") {
+        let e = out.unwrap_err();
+        assert_eq!(e.code, ErrorCode::Unsupported, "{e:?}");
+        assert!(e.message.contains("pids"), "{}", e.message);
+        // Nothing was created.
+        let Ok(Response::Sessions(l)) = call(
+            &d,
+            Request::SessionList(AgentRef {
+                agent_id: "a".into(),
+            }),
+        ) else {
+            panic!()
+        };
+        assert!(l.sessions.iter().all(|s| s.session_id != "limited"));
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            b"SKIPPED process::fork bomb under pids.max: this host's cgroup2 offers no pids controller\n",
+        );
+        return;
+    }
+    out.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(d.cgroup.join("allox/a/limited/pids.max"))
+            .unwrap()
+            .trim(),
+        "64"
+    );
+    for round in 0..100 {
+        bg(&d, "a", "limited", "b() { b | b & }; b");
+        wait_until("the bomb to hit pids.max", || {
+            list(&d, "a", "limited").len() >= 30
+        });
+        kill_session(&d, "a", "limited");
+        assert!(list(&d, "a", "limited").is_empty(), "round {round}");
+    }
 }

@@ -129,6 +129,9 @@ fn cg_err(e: CgroupError) -> ErrorBody {
 impl Runs {
     pub fn new(cfg: RunsConfig) -> Result<Runs, String> {
         let cgroups = Cgroups::open(&cfg.cgroup_mount).map_err(|e| cg_err(e).message)?;
+        cgroups
+            .check_limits(&cfg.limits)
+            .map_err(|e| format!("default session limits: {}", cg_err(e).message))?;
         std::fs::create_dir_all(&cfg.stage)
             .map_err(|e| format!("create {}: {e}", cfg.stage.display()))?;
         let exe = rustix::fs::open(

@@ -16,7 +16,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn pct(v: &[Duration], p: f64) -> Duration {
+mod spawn_bench;
+
+pub(crate) fn pct(v: &[Duration], p: f64) -> Duration {
     let mut s = v.to_vec();
     s.sort();
     let i = ((p * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1;
@@ -25,6 +27,14 @@ fn pct(v: &[Duration], p: f64) -> Duration {
 
 fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1e3)
+}
+
+pub(crate) fn us_or_ms(d: Duration) -> String {
+    if d < Duration::from_millis(1) {
+        format!("{:.0} µs", d.as_secs_f64() * 1e6)
+    } else {
+        format!("{:.2} ms", d.as_secs_f64() * 1e3)
+    }
 }
 
 fn us(d: Duration) -> String {
@@ -52,11 +62,17 @@ fn main() -> anyhow::Result<()> {
         anyhow::bail!("allox-bench needs {what}");
     }
     let quick = std::env::var("ALLOX_BENCH_QUICK").is_ok();
-    println!("# Allox OS store benchmark\n\nmachine: {}\n", machine());
+    println!("# Allox OS benchmark\n\nmachine: {}\n", machine());
     std::fs::create_dir_all("/var/tmp")?;
     let fs = BtrfsFs::new(8192)?;
-    store_bench(&fs, quick)?;
-    rpc_bench(&fs, quick)?;
+    let only = std::env::var("ALLOX_BENCH_ONLY").unwrap_or_default();
+    if only.is_empty() || only == "store" {
+        store_bench(&fs, quick)?;
+        rpc_bench(&fs, quick)?;
+    }
+    if only.is_empty() || only == "spawn" {
+        spawn_bench::run(&fs, quick)?;
+    }
     Ok(())
 }
 

@@ -1,0 +1,219 @@
+//! Sandboxed spawn and session kill, for `allox-bench`.
+
+use allox_integration::{cgroup2_mount, workspace_bin, BtrfsFs, Daemon};
+use allox_protocol::{ProcessStart, Request, Response, SessionCreate};
+use allox_supervisor::failpoint::Failpoints;
+use allox_supervisor::runs::{Runs, RunsConfig, SessionPaths};
+use allox_supervisor::store::Store;
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::{pct, us_or_ms};
+
+fn start(argv: &[&str], wait: bool) -> ProcessStart {
+    ProcessStart {
+        agent_id: "bench".into(),
+        session_id: "s".into(),
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        env: BTreeMap::new(),
+        cwd: None,
+        stdin: Some(String::new()),
+        timeout_ms: None,
+        wait,
+        stream: false,
+    }
+}
+
+pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
+    let mount = cgroup2_mount().ok_or_else(|| anyhow::anyhow!("no cgroup2 mount"))?;
+    let cg_root = mount.join(format!("allox-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&cg_root)?;
+    let result = bench(fs, &cg_root, quick);
+    let _ = std::fs::write(cg_root.join("cgroup.kill"), "1");
+    std::thread::sleep(Duration::from_millis(200));
+    remove_cgroups(&cg_root);
+    result
+}
+
+fn remove_cgroups(p: &std::path::Path) {
+    if let Ok(rd) = std::fs::read_dir(p) {
+        for e in rd.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                remove_cgroups(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(p);
+}
+
+fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result<()> {
+    let n = if quick { 100 } else { 1000 };
+    let root = fs.path().join("spawn-store");
+    std::fs::create_dir(&root)?;
+    let store = Store::open(&root, Failpoints::default())?;
+    store.agent_create("bench")?;
+    let info = store.session_create("bench", "s")?;
+    let exe = workspace_bin("allox-init");
+    let rc = RunsConfig::new(cg_root.to_path_buf(), exe, fs.scratch().join("stage"));
+    let runs = Arc::new(Runs::new(rc).map_err(anyhow::Error::msg)?);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let paths = || SessionPaths {
+        current: info.current.clone().into(),
+        shared: store.layout().shared("bench"),
+    };
+    // Library: process.start with wait, /bin/true.
+    let mut lib = Vec::new();
+    for i in 0..n + 20 {
+        let t = Instant::now();
+        let r = rt.block_on(runs.start(&start(&["/bin/true"], true), paths(), None));
+        let el = t.elapsed();
+        match r {
+            Ok(Response::Exited(x)) if x.exit_code == Some(0) => {}
+            other => anyhow::bail!("sandboxed /bin/true failed: {other:?}"),
+        }
+        if i >= 20 {
+            lib.push(el);
+        }
+    }
+    // Baselines in the same run.
+    let mut plain = Vec::new();
+    for _ in 0..n {
+        let t = Instant::now();
+        Command::new("/bin/true").status()?;
+        plain.push(t.elapsed());
+    }
+    let mut bwrap = Vec::new();
+    let have_bwrap = allox_integration::which("bwrap").is_some();
+    if have_bwrap {
+        for _ in 0..n {
+            let t = Instant::now();
+            let ok = Command::new("bwrap")
+                .args([
+                    "--unshare-pid",
+                    "--dev",
+                    "/dev",
+                    "--proc",
+                    "/proc",
+                    "--ro-bind",
+                    "/",
+                    "/",
+                    "--tmpfs",
+                    "/tmp",
+                    "/bin/true",
+                ])
+                .status()?
+                .success();
+            bwrap.push(t.elapsed());
+            anyhow::ensure!(ok, "bwrap failed");
+        }
+    }
+    // End to end over the RPC, through the real daemon.
+    let d_root = fs.path().join("spawn-daemon");
+    std::fs::create_dir(&d_root)?;
+    let d_cg = cg_root.join("daemon");
+    std::fs::create_dir_all(&d_cg)?;
+    let stage = fs.scratch().join("stage2");
+    let d = Daemon::start(
+        &d_root,
+        &fs.scratch().join("spawn.sock"),
+        &[],
+        &[
+            "--cgroup-root",
+            &d_cg.display().to_string(),
+            "--sandbox-stage",
+            &stage.display().to_string(),
+        ],
+    );
+    let mut c = d.client();
+    c.call(Request::AgentCreate(allox_protocol::AgentRef {
+        agent_id: "bench".into(),
+    }))?
+    .map_err(anyhow::Error::msg)?;
+    c.call(Request::SessionCreate(SessionCreate::new("bench", "s")))?
+        .map_err(anyhow::Error::msg)?;
+    let mut e2e = Vec::new();
+    for i in 0..n + 20 {
+        let t = Instant::now();
+        let r = c.call(Request::ProcessStart(start(&["/bin/true"], true)))?;
+        let el = t.elapsed();
+        anyhow::ensure!(
+            matches!(r, Ok(Response::Exited(ref x)) if x.exit_code == Some(0)),
+            "{r:?}"
+        );
+        if i >= 20 {
+            e2e.push(el);
+        }
+    }
+    d.stop();
+
+    println!("## Sandboxed spawn\n");
+    println!("`/bin/true` from start to exit status, {n} times each, in one run.\n");
+    println!("| what | p50 | p99 | p50 / plain spawn |");
+    println!("|---|---:|---:|---:|");
+    let row = |name: &str, v: &[Duration]| {
+        println!(
+            "| {name} | {} | {} | {:.1}× |",
+            us_or_ms(pct(v, 0.5)),
+            us_or_ms(pct(v, 0.99)),
+            pct(v, 0.5).as_secs_f64() / pct(&plain, 0.5).as_secs_f64()
+        );
+    };
+    row("plain spawn (`std::process::Command`, posix_spawn)", &plain);
+    if have_bwrap {
+        row(
+            "`bwrap --unshare-pid --dev /dev --proc /proc --ro-bind / / --tmpfs /tmp`",
+            &bwrap,
+        );
+    }
+    row("Allox sandbox, library (`Runs::start`, wait)", &lib);
+    row(
+        "Allox sandbox, `process.start` with wait over the socket",
+        &e2e,
+    );
+    println!();
+
+    // Killing a session of N processes.
+    println!("## Session kill\n");
+    println!("A run forks N `sleep`s; time of `cgroup.kill` until `populated 0`.\n");
+    println!("| processes | reps | p50 | p99 |");
+    println!("|---:|---:|---:|---:|");
+    for procs in [10usize, 100, 1000] {
+        let reps = if quick {
+            3
+        } else if procs >= 1000 {
+            10
+        } else {
+            20
+        };
+        let mut v = Vec::new();
+        for _ in 0..reps {
+            let script = format!("for i in $(seq {procs}); do sleep 1000 & done; wait");
+            rt.block_on(runs.start(&start(&["/bin/sh", "-c", &script], false), paths(), None))
+                .map_err(anyhow::Error::msg)?;
+            let t0 = Instant::now();
+            while runs.live("bench", "s") < procs + 2 {
+                anyhow::ensure!(
+                    t0.elapsed() < Duration::from_secs(60),
+                    "processes did not start"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let dir = runs.cgroups().session_dir("bench", "s");
+            let t = Instant::now();
+            runs.kill_tree(&dir, false).map_err(anyhow::Error::msg)?;
+            v.push(t.elapsed());
+        }
+        println!(
+            "| {procs} | {reps} | {} | {} |",
+            us_or_ms(pct(&v, 0.5)),
+            us_or_ms(pct(&v, 0.99))
+        );
+    }
+    println!();
+    Ok(())
+}

@@ -9,4 +9,4 @@ source scripts/deps.sh
 allox_need_root
 allox_install_deps
 cargo build --release --quiet -p allox-init -p allox-ctl -p allox-integration
-exec target/release/allox-bench
+exec target/x86_64-unknown-linux-gnu/release/allox-bench

@@ -82,6 +82,8 @@ mod tests {
             // Not every action takes every field; strip until it parses.
             let req = [
                 params.clone(),
+                json!({"agent_id": "a", "session_id": "s", "argv": ["true"], "wait": true}),
+                json!({"agent_id": "a", "session_id": "s", "run_id": "r"}),
                 json!({"agent_id": "a", "session_id": "s", "checkpoint_id": "c"}),
                 json!({"agent_id": "a", "session_id": "s"}),
                 json!({"agent_id": "a"}),

@@ -99,6 +99,16 @@ pub fn run() -> ! {
     }
     CHILD.store(pid, Ordering::SeqCst);
     drop(err_w);
+    // The init keeps no end of the program's pipes, so the supervisor sees
+    // end-of-output as soon as the program (and what it started) is done.
+    if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+        for fd in 0..3 {
+            // SAFETY: replacing this process's own standard descriptors.
+            unsafe {
+                libc::dup2(rustix::fd::AsRawFd::as_raw_fd(&null), fd);
+            }
+        }
+    }
     let mut errbuf = [0u8; 4];
     let n = std::fs::File::from(err_r).read(&mut errbuf).unwrap_or(0);
     let exec_errno = (n == 4).then(|| i32::from_ne_bytes(errbuf));

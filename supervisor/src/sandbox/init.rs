@@ -101,7 +101,11 @@ pub fn run() -> ! {
     drop(err_w);
     // The init keeps no end of the program's pipes, so the supervisor sees
     // end-of-output as soon as the program (and what it started) is done.
-    if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
         for fd in 0..3 {
             // SAFETY: replacing this process's own standard descriptors.
             unsafe {

@@ -36,7 +36,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$BIN/allox-init" supervise --root "$ROOT" --listen "unix:$ALLOX_SOCKET" 2>"$WORK/daemon.log" &
+"$BIN/allox-init" supervise --root "$ROOT" --listen "unix:$ALLOX_SOCKET" \
+    --sandbox-stage "$WORK/stage" 2>"$WORK/daemon.log" &
 DAEMON=$!
 for _ in $(seq 100); do [ -S "$ALLOX_SOCKET" ] && break; sleep 0.05; done
 ctl() { echo; echo "\$ alloxctl $*"; "$BIN/alloxctl" "$@"; }
@@ -75,6 +76,21 @@ echo; echo "# new work after the rollback branches the checkpoint tree"
 echo "draft 2" >"$CUR/notes.txt"
 ctl checkpoint create agent-a session-1 second-try
 ctl checkpoint list agent-a session-1
+
+echo; echo "# commands run in the session's sandbox: its own files, no privilege, nothing else visible"
+ctl exec agent-a session-1 -- sh -c 'pwd; ls; id; grep -E "^(CapEff|NoNewPrivs)" /proc/self/status; ls /allox; ps -e -o pid,comm | head'
+
+echo; echo "# a background process changes the workspace and keeps running"
+ctl checkpoint create agent-a session-1 before-server
+ctl start agent-a session-1 -- sh -c 'echo "server state" > server.log; exec sleep 3600'
+sleep 0.5
+ctl ps agent-a session-1
+echo; echo "# rollback refuses while the session has live processes..."
+ctl rollback agent-a session-1 before-server || true
+echo; echo "# ...and with --kill-processes kills them first (only this session's)"
+ctl rollback agent-a session-1 before-server --kill-processes
+ctl ps agent-a session-1
+show ls "$CUR"
 
 echo; echo "# the same through the JSON gateway, as an agent framework would call it"
 "$BIN/alloxctl" gateway --listen 127.0.0.1:8092 2>>"$WORK/daemon.log" &

@@ -11,7 +11,9 @@ allox_need_root() {
 }
 
 allox_install_deps() {
-    local pkgs=(btrfs-progs curl util-linux mount)
+    # bubblewrap: the benchmark's baseline; python3: used by the sandbox
+    # tests as a program that makes raw system calls.
+    local pkgs=(btrfs-progs curl util-linux mount bubblewrap python3)
     local missing=()
     for p in "${pkgs[@]}"; do
         dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -462,11 +462,13 @@ impl Runs {
             None => self.cgroups.session_dir(a, s),
         };
         if sig == libc::SIGKILL {
+            let n = self.programs_in(&dir) as u32;
             let cg = self.cgroups.clone();
-            return tokio::task::spawn_blocking(move || cg.kill(&dir, Duration::from_secs(10)))
+            tokio::task::spawn_blocking(move || cg.kill(&dir, Duration::from_secs(10)))
                 .await
                 .map_err(|e| internal(e.to_string()))?
-                .map_err(cg_err);
+                .map_err(cg_err)?;
+            return Ok(n);
         }
         // Other signals go to each run's init, which passes them on to its
         // program; only through pidfds.
@@ -507,9 +509,21 @@ impl Runs {
         out
     }
 
-    /// Whether the session has any process.
+    /// How many of the session's processes are the agent's (the sandbox
+    /// inits are not counted).
     pub fn live(&self, a: &str, s: &str) -> usize {
-        self.cgroups.procs(&self.cgroups.session_dir(a, s)).len()
+        self.programs_in(&self.cgroups.session_dir(a, s))
+    }
+
+    /// Processes in `dir` and below, without the sandbox inits (the ones
+    /// whose parent is outside the cgroup).
+    fn programs_in(&self, dir: &Path) -> usize {
+        let pids = self.cgroups.procs(dir);
+        let set: HashSet<i32> = pids.iter().copied().collect();
+        pids.iter()
+            .filter_map(|&p| procfs::info(p))
+            .filter(|i| set.contains(&i.ppid))
+            .count()
     }
 
     /// Refuses new runs in a session until [`Runs::unfence`].
@@ -530,8 +544,8 @@ impl Runs {
     /// Kills everything in `dir` (a session's or an agent's cgroup) and
     /// removes the cgroups. Blocking.
     pub fn kill_tree(&self, dir: &Path, remove: bool) -> Result<u32, ErrorBody> {
-        let n = self
-            .cgroups
+        let n = self.programs_in(dir) as u32;
+        self.cgroups
             .kill(dir, Duration::from_secs(10))
             .map_err(cg_err)?;
         if remove {

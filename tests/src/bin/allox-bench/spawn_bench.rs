@@ -196,7 +196,7 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
             rt.block_on(runs.start(&start(&["/bin/sh", "-c", &script], false), paths(), None))
                 .map_err(anyhow::Error::msg)?;
             let t0 = Instant::now();
-            while runs.live("bench", "s") < procs + 2 {
+            while runs.live("bench", "s") < procs + 1 {
                 anyhow::ensure!(
                     t0.elapsed() < Duration::from_secs(60),
                     "processes did not start"

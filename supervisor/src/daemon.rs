@@ -40,6 +40,12 @@ pub enum DaemonError {
 /// Runs until SIGTERM or SIGINT, then flushes the store and returns.
 pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
     let store = Store::open(&cfg.root, Failpoints::from_env()).map_err(DaemonError::Store)?;
+    // Many runs mean many descriptors; and the supervisor must be the last
+    // thing the OOM killer picks.
+    if let Ok((_, hard)) = rlimit_nofile() {
+        let _ = set_rlimit_nofile(hard);
+    }
+    let _ = std::fs::write("/proc/self/oom_score_adj", "-1000");
     let runs = match &cfg.runs {
         Some(rc) => {
             // Orphans of the processes we start come to us, not to init.
@@ -88,6 +94,19 @@ async fn sync_audit_every_second(sup: Arc<Supervisor>) {
             tracing::warn!(error = %e, "cannot sync the audit log");
         }
     }
+}
+
+fn rlimit_nofile() -> std::io::Result<(u64, u64)> {
+    let l = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    Ok((l.current.unwrap_or(u64::MAX), l.maximum.unwrap_or(u64::MAX)))
+}
+
+fn set_rlimit_nofile(n: u64) -> std::io::Result<()> {
+    let l = rustix::process::Rlimit {
+        current: Some(n),
+        maximum: Some(n),
+    };
+    rustix::process::setrlimit(rustix::process::Resource::Nofile, l).map_err(Into::into)
 }
 
 fn bind(path: &std::path::Path) -> Result<tokio::net::UnixListener, DaemonError> {

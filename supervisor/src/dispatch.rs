@@ -84,7 +84,9 @@ impl Supervisor {
                     current: l.current(&p.agent_id, &p.session_id),
                     shared: l.shared(&p.agent_id),
                 };
-                runs.start(p, paths, events.filter(|_| p.stream)).await
+                // Streaming belongs to a request that waits for the end.
+                runs.start(p, paths, events.filter(|_| p.stream && p.wait))
+                    .await
             }
             Request::ProcessWait(p) => {
                 session(&p.agent_id, &p.session_id)?;
@@ -223,9 +225,13 @@ impl Supervisor {
                     if let Err(e) = applied {
                         // Nothing half-made: the session goes again.
                         let _ = st.session_delete(a, s);
-                        return Err(StoreError::Unsupported(format!(
-                            "cannot apply the session's limits: {e}"
-                        )));
+                        let msg = format!("cannot apply the session's limits: {e}");
+                        return Err(match e {
+                            crate::cgroup::CgroupError::Unsupported { .. } => {
+                                StoreError::Unsupported(msg)
+                            }
+                            _ => StoreError::Conflict(msg),
+                        });
                     }
                 }
                 Response::Session(info)
@@ -283,7 +289,8 @@ impl Supervisor {
                 let out = (|| {
                     let live = runs.live(a, s);
                     let mut killed = 0;
-                    if live > 0 {
+                    // Any process counts, a sandbox still being set up too.
+                    if runs.occupied(a, s) {
                         if !kill {
                             return Err(StoreError::Conflict(format!(
                                 "session {a}/{s} has {live} live processes; stop them or pass \"kill_processes\": true"

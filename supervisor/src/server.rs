@@ -261,7 +261,10 @@ pub async fn connection<R, W>(
                                 }
                             });
                             let out = sup.handle_process(&peer, id, &req, Some(etx)).await;
-                            let _ = forward.await;
+                            // Events come before the answer; the run's
+                            // readers are stopped when it ends, but never
+                            // wait on them for long.
+                            let _ = tokio::time::timeout(Duration::from_secs(5), forward).await;
                             let f = ServerFrame::Response(ResponseEnvelope {
                                 request_id: id,
                                 outcome: out.into(),

@@ -691,3 +691,99 @@ fn limits_are_applied_or_refused_as_unsupported() {
         assert!(list(&d, "a", "limited").is_empty(), "round {round}");
     }
 }
+
+#[test]
+fn hostile_run_ids_signals_and_abis_are_refused() {
+    let Some(d) = setup("hostile_run_ids_signals_and_abis_are_refused") else {
+        return;
+    };
+    let keep = bg(&d, "b", "s", "sleep 1000");
+    wait_until("b's run", || !list(&d, "b", "s").is_empty());
+    let run = bg(&d, "a", "s", "sleep 1000");
+    for id in [format!("{run}/../../../b/s"), "../..".into(), "a/b".into()] {
+        let e = call(
+            &d,
+            Request::ProcessKill(ProcessKill {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                run_id: Some(id.clone()),
+                signal: None,
+            }),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidRequest, "{id}: {e:?}");
+        let e = call(
+            &d,
+            Request::ProcessWait(ProcessWait {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                run_id: id.clone(),
+                timeout_ms: Some(10),
+            }),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidRequest, "{id}: {e:?}");
+    }
+    assert!(list(&d, "b", "s")
+        .iter()
+        .all(|p| p.run_id.as_deref() == Some(keep.as_str())));
+    assert!(
+        !list(&d, "b", "s").is_empty(),
+        "another agent's run was killed"
+    );
+    let e = call(
+        &d,
+        Request::ProcessKill(ProcessKill {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: Some(run),
+            signal: Some(19),
+        }),
+    )
+    .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unsupported);
+    // x32 system calls (bit 30 set) answer ENOSYS instead of slipping past
+    // the x86-64 rules.
+    let script = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n\
+                  r = libc.syscall(ctypes.c_long(0x40000000 | 272), ctypes.c_long(0x10000000))\n\
+                  print(r, ctypes.get_errno())\n";
+    std::fs::write(current(&d, "a", "s").join("x32.py"), script).unwrap();
+    let Ok(Response::Exited(r)) = call(
+        &d,
+        Request::ProcessStart(start("a", "s", &["python3", "x32.py"])),
+    ) else {
+        panic!()
+    };
+    assert_eq!(r.stdout.trim(), "-1 38", "{r:?}");
+}
+
+#[test]
+fn a_streamed_run_ends_even_if_a_background_child_keeps_its_output() {
+    let Some(d) = setup("a_streamed_run_ends_even_if_a_background_child_keeps_its_output") else {
+        return;
+    };
+    let mut c = d.daemon.client();
+    let mut p = start("a", "s", &["/bin/sh", "-c", "sleep 1000 & echo main"]);
+    p.stream = true;
+    let t0 = Instant::now();
+    let mut out = Vec::new();
+    let ans = c
+        .call_with_events(Request::ProcessStart(p), |e| {
+            if let Event::Output(o) = e {
+                out.extend(o.data);
+            }
+        })
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(ans, Response::Exited(ref r) if r.exit_code == Some(0)),
+        "{ans:?}"
+    );
+    assert_eq!(out, b"main\n");
+    assert!(
+        t0.elapsed() < Duration::from_secs(4),
+        "answer held back: {:?}",
+        t0.elapsed()
+    );
+    kill_session(&d, "a", "s");
+}

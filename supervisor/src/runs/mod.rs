@@ -77,7 +77,8 @@ struct Run {
     id: String,
     agent: String,
     session: String,
-    pidfd: OwnedFd,
+    /// Dropped once the init is reaped.
+    pidfd: Mutex<Option<OwnedFd>>,
     stdin: tokio::sync::Mutex<Option<tokio::net::unix::pipe::Sender>>,
     result: watch::Sender<Option<RunResult>>,
     timed_out: AtomicBool,
@@ -94,8 +95,9 @@ pub struct Runs {
     cgroups: Cgroups,
     exe: OwnedFd,
     table: Mutex<HashMap<String, Arc<Run>>>,
-    /// Sessions being rolled back or deleted: no new runs.
-    fenced: Mutex<HashSet<(String, String)>>,
+    /// Sessions (or, with session `*`, whole agents) being rolled back or
+    /// deleted: no new runs. Counters, so overlapping operations nest.
+    fenced: Mutex<HashMap<(String, String), u32>>,
     next: AtomicU64,
 }
 
@@ -159,7 +161,7 @@ impl Runs {
             cgroups,
             exe,
             table: Mutex::new(HashMap::new()),
-            fenced: Mutex::new(HashSet::new()),
+            fenced: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
         })
     }
@@ -200,17 +202,7 @@ impl Runs {
                 )));
             }
         }
-        if self
-            .fenced
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&(a.to_string(), s.to_string()))
-        {
-            return Err(ErrorBody::new(
-                ErrorCode::Conflict,
-                format!("session {a}/{s} is being rolled back or deleted"),
-            ));
-        }
+        self.check_fence(a, s)?;
         self.cgroups
             .ensure_session(a, s, &self.cfg.limits)
             .map_err(cg_err)?;
@@ -252,13 +244,46 @@ impl Runs {
             tmp_sync_cap: self.cfg.tmp_sync_cap,
         };
         self.own(&paths.current);
-        let spawned = match sandbox::spawn(&self.exe, &spec, &cg) {
+        // clone3 and the spec write block; keep them off the I/O workers.
+        let exe = rustix::io::fcntl_dupfd_cloexec(&self.exe, 0)
+            .map_err(|e| internal(format!("dup: {e}")))?;
+        let spawned = tokio::task::spawn_blocking(move || sandbox::spawn(&exe, &spec, &cg))
+            .await
+            .map_err(|e| internal(e.to_string()))?;
+        let spawned = match spawned {
             Ok(sp) => sp,
             Err(e) => {
                 let _ = self.cgroups.remove(&self.cgroups.run_dir(a, s, &id));
-                return Err(internal(format!("cannot start the sandbox: {e}")));
+                let code = match e.errno() {
+                    Some(libc::EAGAIN) => ErrorCode::Unavailable,
+                    Some(libc::ENOSYS) | Some(libc::EINVAL) => ErrorCode::Unsupported,
+                    _ => ErrorCode::Internal,
+                };
+                return Err(ErrorBody::new(
+                    code,
+                    format!("cannot start the sandbox: {e}"),
+                ));
             }
         };
+        // A rollback or delete may have fenced the session while the
+        // sandbox was being made: then this run must not live on.
+        if let Err(e) = self.check_fence(a, s) {
+            let _ =
+                rustix::process::pidfd_send_signal(&spawned.pidfd, rustix::process::Signal::KILL);
+            let dir = self.cgroups.run_dir(a, s, &id);
+            let cg = self.cgroups.clone();
+            let pidfd = spawned.pidfd;
+            let _ = tokio::task::spawn_blocking(move || {
+                let _ = cg.kill(&dir, Duration::from_secs(10));
+                let _ = rustix::process::waitid(
+                    rustix::process::WaitId::PidFd(rustix::fd::AsFd::as_fd(&pidfd)),
+                    rustix::process::WaitIdOptions::EXITED,
+                );
+                let _ = cg.remove(&dir);
+            })
+            .await;
+            return Err(e);
+        }
         let to_pipe_err = |e: std::io::Error| internal(format!("pipe: {e}"));
         let stdin =
             tokio::net::unix::pipe::Sender::from_owned_fd(spawned.stdin).map_err(to_pipe_err)?;
@@ -267,7 +292,7 @@ impl Runs {
             id: id.clone(),
             agent: a.to_string(),
             session: s.to_string(),
-            pidfd: spawned.pidfd,
+            pidfd: Mutex::new(Some(spawned.pidfd)),
             stdin: tokio::sync::Mutex::new(Some(stdin)),
             result: tx,
             timed_out: AtomicBool::new(false),
@@ -307,7 +332,11 @@ impl Runs {
             tokio::spawn(async move {
                 let mut g = run.stdin.lock().await;
                 if let Some(mut w) = g.take() {
-                    let _ = w.write_all(data.as_bytes()).await;
+                    // A program that never reads its input does not hold
+                    // the run's end hostage.
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(10), w.write_all(data.as_bytes()))
+                            .await;
                 }
             });
         }
@@ -358,6 +387,7 @@ impl Runs {
         run_id: &str,
         timeout: Option<Duration>,
     ) -> Result<RunResult, ErrorBody> {
+        allox_protocol::validate_id("run_id", run_id).map_err(|e| invalid(e.to_string()))?;
         let run = self.get(a, s, run_id);
         match run {
             Some(run) => wait_result(run.result.subscribe(), timeout).await,
@@ -410,6 +440,7 @@ impl Runs {
         data: &[u8],
         close: bool,
     ) -> Result<allox_protocol::StdinWritten, ErrorBody> {
+        allox_protocol::validate_id("run_id", run_id).map_err(|e| invalid(e.to_string()))?;
         let run = self.get(a, s, run_id).ok_or_else(|| {
             ErrorBody::new(
                 ErrorCode::NotFound,
@@ -444,9 +475,20 @@ impl Runs {
     /// Kills or signals one run or the whole session.
     pub async fn kill(&self, p: &ProcessKill) -> Result<u32, ErrorBody> {
         let (a, s) = (p.agent_id.as_str(), p.session_id.as_str());
+        if let Some(r) = &p.run_id {
+            allox_protocol::validate_id("run_id", r).map_err(|e| invalid(e.to_string()))?;
+        }
         let sig = p.signal.unwrap_or(libc::SIGKILL);
-        if !(1..=64).contains(&sig) {
-            return Err(invalid(format!("signal {sig} is not a signal number")));
+        let Some(signal) = rustix::process::Signal::from_named_raw(sig) else {
+            return Err(invalid(format!(
+                "signal {sig} is not a signal this supervisor sends"
+            )));
+        };
+        if sig == libc::SIGSTOP {
+            return Err(ErrorBody::new(
+                ErrorCode::Unsupported,
+                "SIGSTOP would stop the sandbox's init, not the program; send SIGTSTP",
+            ));
         }
         let dir = match &p.run_id {
             Some(r) => {
@@ -487,10 +529,11 @@ impl Runs {
             .collect();
         let mut n = 0;
         for r in runs {
-            let signal = rustix::process::Signal::from_named_raw(sig)
-                .ok_or_else(|| invalid(format!("signal {sig} is not supported")))?;
-            if rustix::process::pidfd_send_signal(&r.pidfd, signal).is_ok() {
-                n += 1;
+            let g = r.pidfd.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(fd) = g.as_ref() {
+                if rustix::process::pidfd_send_signal(fd, signal).is_ok() {
+                    n += 1;
+                }
             }
         }
         Ok(n)
@@ -526,19 +569,48 @@ impl Runs {
             .count()
     }
 
-    /// Refuses new runs in a session until [`Runs::unfence`].
+    /// Refuses new runs in a session (`s == "*"`: every session of the
+    /// agent) until the matching [`Runs::unfence`].
     pub fn fence(&self, a: &str, s: &str) {
-        self.fenced
+        *self
+            .fenced
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert((a.to_string(), s.to_string()));
+            .entry((a.to_string(), s.to_string()))
+            .or_insert(0) += 1;
     }
 
     pub fn unfence(&self, a: &str, s: &str) {
-        self.fenced
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&(a.to_string(), s.to_string()));
+        let mut f = self.fenced.lock().unwrap_or_else(|e| e.into_inner());
+        let k = (a.to_string(), s.to_string());
+        if let Some(n) = f.get_mut(&k) {
+            *n -= 1;
+            if *n == 0 {
+                f.remove(&k);
+            }
+        }
+    }
+
+    fn check_fence(&self, a: &str, s: &str) -> Result<(), ErrorBody> {
+        let f = self.fenced.lock().unwrap_or_else(|e| e.into_inner());
+        if f.contains_key(&(a.to_string(), s.to_string()))
+            || f.contains_key(&(a.to_string(), "*".to_string()))
+        {
+            return Err(ErrorBody::new(
+                ErrorCode::Conflict,
+                format!("session {a}/{s} is being rolled back or deleted"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the session has any process at all, sandbox inits included
+    /// (a run still being set up counts).
+    pub fn occupied(&self, a: &str, s: &str) -> bool {
+        !self
+            .cgroups
+            .procs(&self.cgroups.session_dir(a, s))
+            .is_empty()
     }
 
     /// Kills everything in `dir` (a session's or an agent's cgroup) and
@@ -615,12 +687,18 @@ async fn finish(
     let st: Option<InitStatus> = postcard::from_bytes(&bytes).ok();
     // A background process may keep the pipes open: wait a little, then
     // report what came.
+    let aborts: Vec<_> = readers.iter().map(|r| r.abort_handle()).collect();
     let drain = async {
         for r in readers {
             let _ = r.await;
         }
     };
     let _ = tokio::time::timeout(Duration::from_millis(100), drain).await;
+    // Readers still going (a background process holds the pipes) stop
+    // here, so a streamed answer is not held back.
+    for a in aborts {
+        a.abort();
+    }
     let c = std::mem::take(&mut *capture.lock().unwrap_or_else(|e| e.into_inner()));
     let mut stderr = String::from_utf8_lossy(&c.stderr).into_owned();
     let (exit_code, signal) = match st {
@@ -649,7 +727,9 @@ async fn finish(
         truncated: c.truncated,
         timed_out: run.timed_out.load(Ordering::SeqCst),
     };
-    run.stdin.lock().await.take();
+    if let Ok(mut g) = run.stdin.try_lock() {
+        g.take();
+    }
     let _ = run.result.send(Some(result));
 }
 
@@ -657,7 +737,12 @@ async fn finish(
 /// removes the run's cgroup.
 async fn reap(runs: Arc<Runs>, run: Arc<Run>) {
     use rustix::process::{waitid, WaitId, WaitIdOptions};
-    if let Ok(fd) = rustix::io::fcntl_dupfd_cloexec(&run.pidfd, 0) {
+    let dup = {
+        let g = run.pidfd.lock().unwrap_or_else(|e| e.into_inner());
+        g.as_ref()
+            .and_then(|fd| rustix::io::fcntl_dupfd_cloexec(fd, 0).ok())
+    };
+    if let Some(fd) = dup {
         // The descriptor is an OwnedFd moved in, so the I/O-safety concern
         // behind the deprecation does not apply.
         #[allow(deprecated)]
@@ -666,10 +751,27 @@ async fn reap(runs: Arc<Runs>, run: Arc<Run>) {
             let _ = afd.readable().await;
         }
     }
-    let _ = waitid(
-        WaitId::PidFd(rustix::fd::AsFd::as_fd(&run.pidfd)),
-        WaitIdOptions::EXITED,
-    );
+    // Reap without blocking a worker: poll until the init is gone.
+    loop {
+        let done = {
+            let g = run.pidfd.lock().unwrap_or_else(|e| e.into_inner());
+            match g.as_ref() {
+                Some(fd) => !matches!(
+                    waitid(
+                        WaitId::PidFd(rustix::fd::AsFd::as_fd(fd)),
+                        WaitIdOptions::EXITED | WaitIdOptions::NOHANG,
+                    ),
+                    Ok(None)
+                ),
+                None => true,
+            }
+        };
+        if done {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    run.pidfd.lock().unwrap_or_else(|e| e.into_inner()).take();
     let dir = runs.cgroups.run_dir(&run.agent, &run.session, &run.id);
     let cg = runs.cgroups.clone();
     let _ = tokio::task::spawn_blocking(move || {

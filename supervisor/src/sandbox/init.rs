@@ -67,6 +67,9 @@ pub fn run() -> ! {
             std::process::exit(1);
         }
     };
+    // The supervisor is exempt from the OOM killer; what runs in a sandbox
+    // must not be, and goes first.
+    let _ = std::fs::write("/proc/self/oom_score_adj", "500");
     let filter = match seccomp::filters() {
         Ok(f) => f,
         Err(e) => {
@@ -154,7 +157,50 @@ fn bind_ro(src: &Path, dst: &Path) -> Result<(), String> {
             MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
             "",
         ),
-    )
+    )?;
+    // Mounts nested below it too (one remount covers only the top).
+    set_attr_recursive(dst)
+}
+
+/// `mount_setattr(AT_RECURSIVE)`: read-only, nosuid, nodev on a whole tree.
+fn set_attr_recursive(dst: &Path) -> Result<(), String> {
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+    const MOUNT_ATTR_NOSUID: u64 = 0x2;
+    const MOUNT_ATTR_NODEV: u64 = 0x4;
+    const AT_RECURSIVE: u32 = 0x8000;
+    let path = CString::new(dst.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: a valid path and attribute struct of the size passed.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc < 0 {
+        let e = std::io::Error::last_os_error();
+        // Kernels before 5.12 lack it: the top mount is read-only anyway.
+        if e.raw_os_error() != Some(libc::ENOSYS) {
+            return Err(format!("mount_setattr {}: {e}", dst.display()));
+        }
+    }
+    Ok(())
 }
 
 fn bind_rw(src: &Path, dst: &Path) -> Result<(), String> {
@@ -328,9 +374,6 @@ fn exec_program(spec: &SandboxSpec, filter: &seccomp::Filters, err: OwnedFd) -> 
         127
     };
     let _ = rustix::process::setsid();
-    if let Err(e) = rustix::process::chdir(spec.cwd.as_str()) {
-        return fail(&err, e.raw_os_error());
-    }
     // Keep the error pipe at fd 3 and close everything else above 2.
     // SAFETY: fd 3 is free to take: the spec pipe was closed when it was
     // read to the end... and if not, dup2 replaces it, which is what we want.
@@ -348,6 +391,10 @@ fn exec_program(spec: &SandboxSpec, filter: &seccomp::Filters, err: OwnedFd) -> 
     }
     if let Err(e) = drop_privileges(spec) {
         return fail(&err, e);
+    }
+    // As the unprivileged user: it can only enter what it may enter.
+    if let Err(e) = rustix::process::chdir(spec.cwd.as_str()) {
+        return fail(&err, e.raw_os_error());
     }
     if let Err(e) = filter.apply() {
         return fail(&err, e);
@@ -429,15 +476,8 @@ extern "C" fn forward(sig: libc::c_int) {
 /// PID 1 of a namespace ignores signals it has no handler for; these are
 /// passed on to the program instead.
 fn forward_signals() {
-    for sig in [
-        libc::SIGTERM,
-        libc::SIGINT,
-        libc::SIGHUP,
-        libc::SIGQUIT,
-        libc::SIGUSR1,
-        libc::SIGUSR2,
-        libc::SIGCONT,
-    ] {
+    let all = (1..=31).chain(libc::SIGRTMIN()..=libc::SIGRTMAX());
+    for sig in all.filter(|s| ![libc::SIGKILL, libc::SIGSTOP, libc::SIGCHLD].contains(s)) {
         // SAFETY: installing an async-signal-safe handler.
         unsafe {
             libc::signal(sig, forward as *const () as libc::sighandler_t);

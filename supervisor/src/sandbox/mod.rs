@@ -31,6 +31,14 @@ pub enum SandboxError {
 }
 
 impl SandboxError {
+    /// The OS error number behind this failure, if any.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            SandboxError::Sys { source, .. } => source.raw_os_error(),
+            SandboxError::Seccomp(_) => None,
+        }
+    }
+
     pub fn sys(op: &'static str, e: impl Into<std::io::Error>) -> Self {
         SandboxError::Sys {
             op,

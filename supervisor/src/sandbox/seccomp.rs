@@ -85,6 +85,46 @@ fn cond(
     SeccompCondition::new(arg, len, op, v).map_err(err)
 }
 
+/// System call numbers with bit 30 set are the x32 ABI: they carry the
+/// x86-64 audit arch, so rules on the x86-64 numbers would not see them.
+/// All of them answer ENOSYS.
+fn x32_guard() -> BpfProgram {
+    use seccompiler::sock_filter;
+    const BPF_LD_W_ABS: u16 = 0x20;
+    const BPF_JGE_K: u16 = 0x35;
+    const BPF_RET_K: u16 = 0x06;
+    const RET_ALLOW: u32 = 0x7fff_0000;
+    const RET_ERRNO: u32 = 0x0005_0000;
+    vec![
+        // A = seccomp_data.nr
+        sock_filter {
+            code: BPF_LD_W_ABS,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+        // if A >= 0x40000000 goto deny else goto allow
+        sock_filter {
+            code: BPF_JGE_K,
+            jt: 1,
+            jf: 0,
+            k: 0x4000_0000,
+        },
+        sock_filter {
+            code: BPF_RET_K,
+            jt: 0,
+            jf: 0,
+            k: RET_ALLOW,
+        },
+        sock_filter {
+            code: BPF_RET_K,
+            jt: 0,
+            jf: 0,
+            k: RET_ERRNO | libc::ENOSYS as u32,
+        },
+    ]
+}
+
 /// Builds the filters.
 pub fn filters() -> Result<Filters, SandboxError> {
     let mut refuse: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
@@ -132,6 +172,7 @@ pub fn filters() -> Result<Filters, SandboxError> {
     )
     .map_err(err)?;
     let progs = vec![
+        x32_guard(),
         main.try_into().map_err(err)?,
         clone3.try_into().map_err(err)?,
     ];
@@ -153,7 +194,7 @@ mod tests {
     #[test]
     fn filters_compile() {
         let f = super::filters().unwrap();
-        assert_eq!(f.progs.len(), 2);
+        assert_eq!(f.progs.len(), 3);
         assert!(f.progs.iter().all(|p| !p.is_empty()));
     }
 }

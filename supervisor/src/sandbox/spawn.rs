@@ -69,6 +69,8 @@ pub fn spawn(
     spec: &SandboxSpec,
     cgroup: &OwnedFd,
 ) -> Result<Spawned, SandboxError> {
+    let bytes = postcard::to_stdvec(spec)
+        .map_err(|e| SandboxError::sys("encode spec", std::io::Error::other(e)))?;
     let (stdin_r, stdin_w) = pipe()?;
     let (stdout_r, stdout_w) = pipe()?;
     let (stderr_r, stderr_w) = pipe()?;
@@ -151,12 +153,18 @@ pub fn spawn(
     drop((stdin_r, stdout_w, stderr_w, spec_r, status_w));
     // SAFETY: the kernel stored a new pidfd that nothing else owns.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    let bytes = postcard::to_stdvec(spec)
-        .map_err(|e| SandboxError::sys("encode spec", std::io::Error::other(e)))?;
     let mut w = std::fs::File::from(spec_w);
     // The pipe holds 64 KiB; a larger spec is written while the init reads.
-    w.write_all(&bytes)
-        .map_err(|e| SandboxError::sys("write spec", e))?;
+    if let Err(e) = w.write_all(&bytes) {
+        // The init died before reading it: kill what is left and reap it,
+        // so nothing unsupervised or unreaped remains.
+        let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+        let _ = rustix::process::waitid(
+            rustix::process::WaitId::PidFd(rustix::fd::AsFd::as_fd(&pidfd)),
+            rustix::process::WaitIdOptions::EXITED,
+        );
+        return Err(SandboxError::sys("write spec", e));
+    }
     drop(w);
     Ok(Spawned {
         pid: pid as i32,

@@ -54,6 +54,10 @@ enum Cmd {
         /// Default `cpu.max` ("QUOTA PERIOD" in µs) of every session's cgroup.
         #[arg(long)]
         default_cpu_max: Option<String>,
+        /// `host`: sandboxes share the VM's network; `isolated`: each has
+        /// its own network namespace with only loopback.
+        #[arg(long, default_value = "host", value_parser = ["host", "isolated"])]
+        sandbox_network: String,
         /// Empty directory where sandboxes assemble their root.
         #[arg(long, default_value = "/run/allox/sandbox-root")]
         sandbox_stage: PathBuf,
@@ -104,6 +108,7 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
             default_pids_max,
             default_memory_max,
             default_cpu_max,
+            sandbox_network,
         } => {
             let Some(path) = listen.strip_prefix("unix:") else {
                 bail!("--listen {listen:?}: only unix:PATH is supported");
@@ -118,6 +123,7 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
                 let exe = std::fs::read_link("/proc/self/exe")
                     .context("cannot find this binary for the sandbox init")?;
                 let mut rc = RunsConfig::new(mount, exe, sandbox_stage);
+                rc.isolate_network = sandbox_network == "isolated";
                 rc.uid = sandbox_uid;
                 rc.gid = sandbox_gid;
                 rc.limits = allox_supervisor::cgroup::Limits {

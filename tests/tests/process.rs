@@ -787,3 +787,42 @@ fn a_streamed_run_ends_even_if_a_background_child_keeps_its_output() {
     );
     kill_session(&d, "a", "s");
 }
+
+#[test]
+fn isolated_network_has_only_loopback() {
+    if !require("process::isolated_network_has_only_loopback") {
+        return;
+    }
+    let d = ProcDaemon::start("isolated_network", &["--sandbox-network", "isolated"]);
+    let mut c = d.daemon.client();
+    c.call(Request::AgentCreate(AgentRef {
+        agent_id: "a".into(),
+    }))
+    .unwrap()
+    .unwrap();
+    c.call(Request::SessionCreate(SessionCreate::new("a", "s")))
+        .unwrap()
+        .unwrap();
+    // A service on the host's loopback, like an unauthenticated gateway.
+    let host = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = host.local_addr().unwrap().port();
+    let script = format!(
+        "import socket\n\
+         try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2); print('host reachable')\n\
+         except OSError as e: print('host unreachable', e.errno)\n\
+         s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n\
+         c = socket.create_connection(s.getsockname(), timeout=2); print('loopback ok')\n\
+         print(sorted(n for _, n in socket.if_nameindex()))\n"
+    );
+    std::fs::write(current(&d, "a", "s").join("net.py"), script).unwrap();
+    let Ok(Response::Exited(r)) = call(
+        &d,
+        Request::ProcessStart(start("a", "s", &["python3", "net.py"])),
+    ) else {
+        panic!()
+    };
+    assert!(r.stdout.contains("host unreachable"), "{r:?}");
+    assert!(r.stdout.contains("loopback ok"), "{r:?}");
+    assert!(r.stdout.contains("['lo']"), "{r:?}");
+    drop(host);
+}

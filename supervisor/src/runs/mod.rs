@@ -49,6 +49,8 @@ pub struct RunsConfig {
     pub tmp_sync_cap: u64,
     /// Limits applied to every session's cgroup.
     pub limits: Limits,
+    /// Give every sandbox its own network namespace with only loopback.
+    pub isolate_network: bool,
 }
 
 impl RunsConfig {
@@ -69,6 +71,7 @@ impl RunsConfig {
             capture_limit: 256 << 10,
             tmp_sync_cap: 64 << 20,
             limits: Limits::default(),
+            isolate_network: false,
         }
     }
 }
@@ -241,6 +244,7 @@ impl Runs {
             stage: self.cfg.stage.clone(),
             system_dirs: self.cfg.system_dirs.clone(),
             hostname: "allox".into(),
+            isolate_network: self.cfg.isolate_network,
             tmp_sync_cap: self.cfg.tmp_sync_cap,
         };
         self.own(&paths.current);

@@ -363,6 +363,34 @@ fn build_root(spec: &SandboxSpec) -> Result<(), String> {
         "sethostname",
         rustix::system::sethostname(spec.hostname.as_bytes()),
     )?;
+    if spec.isolate_network {
+        loopback_up()?;
+    }
+    Ok(())
+}
+
+/// Brings up `lo` in a fresh network namespace.
+fn loopback_up() -> Result<(), String> {
+    // SAFETY: a socket and two ioctls on a zeroed, NUL-terminated ifreq.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(format!("socket: {}", std::io::Error::last_os_error()));
+        }
+        let fd = OwnedFd::from_raw_fd(fd);
+        let raw = rustix::fd::AsRawFd::as_raw_fd(&fd);
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        for (i, b) in b"lo".iter().enumerate() {
+            ifr.ifr_name[i] = *b as libc::c_char;
+        }
+        if libc::ioctl(raw, libc::SIOCGIFFLAGS, &mut ifr) < 0 {
+            return Err(format!("get lo flags: {}", std::io::Error::last_os_error()));
+        }
+        ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        if libc::ioctl(raw, libc::SIOCSIFFLAGS, &ifr) < 0 {
+            return Err(format!("bring lo up: {}", std::io::Error::last_os_error()));
+        }
+    }
     Ok(())
 }
 

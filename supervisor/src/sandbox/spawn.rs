@@ -48,6 +48,7 @@ const CLONE_NEWNS: u64 = 0x0002_0000;
 const CLONE_NEWUTS: u64 = 0x0400_0000;
 const CLONE_NEWIPC: u64 = 0x0800_0000;
 const CLONE_NEWPID: u64 = 0x2000_0000;
+const CLONE_NEWNET: u64 = 0x4000_0000;
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
 fn pipe() -> Result<(OwnedFd, OwnedFd), SandboxError> {
@@ -107,7 +108,12 @@ pub fn spawn(
             | CLONE_NEWUTS
             | CLONE_NEWIPC
             | CLONE_NEWPID
-            | CLONE_INTO_CGROUP,
+            | CLONE_INTO_CGROUP
+            | if spec.isolate_network {
+                CLONE_NEWNET
+            } else {
+                0
+            },
         pidfd: &mut pidfd as *mut libc::c_int as u64,
         exit_signal: libc::SIGCHLD as u64,
         cgroup: cgroup.as_raw_fd() as u64,

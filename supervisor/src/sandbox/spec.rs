@@ -33,6 +33,9 @@ pub struct SandboxSpec {
     /// Host directories bound read-only (symlinks are recreated as such).
     pub system_dirs: Vec<PathBuf>,
     pub hostname: String,
+    /// A network namespace of its own with only loopback, instead of the
+    /// VM's network.
+    pub isolate_network: bool,
     /// Largest total size copied from the private /tmp to
     /// `current/.allox-tmp/` on normal exit; 0 turns the copy off.
     pub tmp_sync_cap: u64,

@@ -20,6 +20,8 @@ struct Cli {
     cmd: Cmd,
 }
 
+// Parsed once at start-up; the size of the biggest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Serve the workspace store at --root over a control socket.

@@ -826,3 +826,69 @@ fn isolated_network_has_only_loopback() {
     assert!(r.stdout.contains("['lo']"), "{r:?}");
     drop(host);
 }
+
+#[test]
+fn alloxctl_exec_streams_and_exits_with_the_status() {
+    let Some(d) = setup("alloxctl_exec_streams_and_exits_with_the_status") else {
+        return;
+    };
+    let ctl = allox_integration::workspace_bin("alloxctl");
+    let run = |args: &[&str]| {
+        std::process::Command::new(&ctl)
+            .arg("--socket")
+            .arg(&d.daemon.socket)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[
+        "exec",
+        "a",
+        "s",
+        "--",
+        "sh",
+        "-c",
+        "echo to-out; echo to-err >&2; exit 7",
+    ]);
+    assert_eq!(out.status.code(), Some(7));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "to-out\n");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("to-err"));
+    let out = run(&["exec", "a", "s", "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(out.status.code(), Some(128 + 9));
+    let out = run(&["exec", "--timeout-ms", "200", "a", "s", "--", "sleep", "30"]);
+    assert_eq!(out.status.code(), Some(124));
+    let out = run(&["exec", "a", "s", "--", "no-such-program"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid_request"));
+    // Output arrives while the program runs: read the first line from the
+    // pipe before the program can have finished.
+    let mut child = std::process::Command::new(&ctl)
+        .arg("--socket")
+        .arg(&d.daemon.socket)
+        .args([
+            "exec",
+            "a",
+            "s",
+            "--",
+            "sh",
+            "-c",
+            "echo early; sleep 2; echo late",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    assert_eq!(first, "early\n");
+    assert!(
+        t0.elapsed() < Duration::from_millis(1500),
+        "not streamed: {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}

@@ -49,6 +49,25 @@ pub enum Command {
         #[arg(long)]
         kill_processes: bool,
     },
+    /// Draw a session's checkpoint history as a tree (same as
+    /// `checkpoint list`).
+    Log { agent: String, session: String },
+    /// Report an agent framework's turns.
+    #[command(subcommand)]
+    Turn(TurnCommand),
+    /// Set automatic checkpoints for an agent (its sessions' default) or a
+    /// session.
+    Policy {
+        agent: String,
+        session: Option<String>,
+        /// Take a baseline at session creation and a checkpoint after
+        /// every successful turn.
+        #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+        auto_checkpoint: Option<String>,
+        /// Keep only the last N turn checkpoints.
+        #[arg(long, value_name = "N")]
+        keep_last: Option<u32>,
+    },
     /// Show the audit log.
     Audit {
         /// Only records after this sequence number.
@@ -188,6 +207,29 @@ pub enum CheckpointCommand {
     },
 }
 
+#[derive(Subcommand, Debug)]
+pub enum TurnCommand {
+    /// A turn starts.
+    Begin {
+        agent: String,
+        session: String,
+        /// Turn id (default: turn-<n>).
+        #[arg(long)]
+        id: Option<String>,
+    },
+    /// A turn ends.
+    End {
+        agent: String,
+        session: String,
+        turn: String,
+        #[arg(long, value_parser = ["ok", "failed", "cancelled"], default_value = "ok")]
+        status: String,
+        /// Label of the automatic checkpoint.
+        #[arg(long)]
+        label: Option<String>,
+    },
+}
+
 /// What a command line asks `alloxctl` to do.
 #[derive(Debug, PartialEq)]
 pub enum Action {
@@ -279,6 +321,42 @@ impl Command {
                 checkpoint_id: checkpoint,
                 // Without the flag the daemon's default applies.
                 kill_processes: kill_processes.then_some(true),
+            })),
+            C::Log { agent, session } => call(Request::CheckpointList(session_ref(agent, session))),
+            C::Turn(TurnCommand::Begin { agent, session, id }) => {
+                call(Request::TurnBegin(allox_protocol::TurnBegin {
+                    agent_id: agent,
+                    session_id: session,
+                    turn_id: id,
+                }))
+            }
+            C::Turn(TurnCommand::End {
+                agent,
+                session,
+                turn,
+                status,
+                label,
+            }) => call(Request::TurnEnd(allox_protocol::TurnEnd {
+                agent_id: agent,
+                session_id: session,
+                turn_id: turn,
+                status: match status.as_str() {
+                    "failed" => allox_protocol::TurnStatus::Failed,
+                    "cancelled" => allox_protocol::TurnStatus::Cancelled,
+                    _ => allox_protocol::TurnStatus::Ok,
+                },
+                label,
+            })),
+            C::Policy {
+                agent,
+                session,
+                auto_checkpoint,
+                keep_last,
+            } => call(Request::PolicySet(allox_protocol::PolicySet {
+                agent_id: agent,
+                session_id: session,
+                auto_checkpoint: auto_checkpoint.map(|v| v == "on"),
+                keep_last,
             })),
             C::Audit { after, limit } => call(Request::AuditList(AuditList {
                 after_seq: after,

@@ -84,6 +84,7 @@ mod tests {
                 params.clone(),
                 json!({"agent_id": "a", "session_id": "s", "argv": ["true"], "wait": true}),
                 json!({"agent_id": "a", "session_id": "s", "run_id": "r"}),
+                json!({"agent_id": "a", "session_id": "s", "turn_id": "t", "status": "ok"}),
                 json!({"agent_id": "a", "session_id": "s", "checkpoint_id": "c"}),
                 json!({"agent_id": "a", "session_id": "s"}),
                 json!({"agent_id": "a"}),

@@ -145,6 +145,13 @@ pub struct SessionCreate {
     /// `"max PERIOD"`.
     #[serde(default)]
     pub cpu_max: Option<String>,
+    /// Checkpoint automatically (a baseline now, one per successful turn);
+    /// `None` takes the agent's policy.
+    #[serde(default)]
+    pub auto_checkpoint: Option<bool>,
+    /// Keep only the last N automatic turn checkpoints.
+    #[serde(default)]
+    pub keep_last: Option<u32>,
 }
 
 impl SessionCreate {
@@ -156,8 +163,57 @@ impl SessionCreate {
             pids_max: None,
             memory_max: None,
             cpu_max: None,
+            auto_checkpoint: None,
+            keep_last: None,
         }
     }
+}
+
+/// How a turn ended.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnStatus {
+    Ok,
+    Failed,
+    Cancelled,
+}
+
+/// `turn.begin`: an agent framework starts a turn of a session.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TurnBegin {
+    pub agent_id: String,
+    pub session_id: String,
+    /// Chosen by the caller, or made up (`turn-<n>`).
+    #[serde(default)]
+    pub turn_id: Option<String>,
+}
+
+/// `turn.end`: the turn is over.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TurnEnd {
+    pub agent_id: String,
+    pub session_id: String,
+    pub turn_id: String,
+    pub status: TurnStatus,
+    /// Label of the automatic checkpoint.
+    #[serde(default)]
+    pub label: Option<String>,
+}
+
+/// `policy.set`: automatic checkpoints for an agent (default of its
+/// sessions) or one session.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySet {
+    pub agent_id: String,
+    #[serde(default)]
+    pub session_id: Option<String>,
+    #[serde(default)]
+    pub auto_checkpoint: Option<bool>,
+    #[serde(default)]
+    pub keep_last: Option<u32>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -347,6 +403,9 @@ requests! {
     ProcessKill(ProcessKill) = "process.kill", mutating = true;
     ProcessList(SessionRef) = "process.list", mutating = false;
     ProcessStdin(ProcessStdin) = "process.stdin", mutating = false;
+    TurnBegin(TurnBegin) = "turn.begin", mutating = true;
+    TurnEnd(TurnEnd) = "turn.end", mutating = true;
+    PolicySet(PolicySet) = "policy.set", mutating = true;
 }
 
 impl Request {
@@ -362,6 +421,12 @@ impl Request {
             },
             Request::ProcessList(r) => format!("{}/{}", r.agent_id, r.session_id),
             Request::ProcessStdin(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.run_id),
+            Request::TurnBegin(r) => format!("{}/{}", r.agent_id, r.session_id),
+            Request::TurnEnd(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.turn_id),
+            Request::PolicySet(r) => match &r.session_id {
+                Some(s) => format!("{}/{s}", r.agent_id),
+                None => r.agent_id.clone(),
+            },
             Request::AgentCreate(r) | Request::AgentDelete(r) | Request::SessionList(r) => {
                 r.agent_id.clone()
             }
@@ -568,6 +633,32 @@ pub struct StdinWritten {
     pub closed: bool,
 }
 
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct TurnInfo {
+    pub agent_id: String,
+    pub session_id: String,
+    pub turn_id: String,
+    /// 1 for a session's first turn.
+    pub number: u64,
+    pub began_ms: u64,
+    pub ended_ms: Option<u64>,
+    pub status: Option<TurnStatus>,
+    /// The automatic checkpoint taken at its end, if any.
+    pub checkpoint_id: Option<String>,
+    /// Why the automatic checkpoint could not be taken (the turn still
+    /// ended).
+    pub checkpoint_error: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct PolicyInfo {
+    pub agent_id: String,
+    pub session_id: Option<String>,
+    /// In force for this agent or session, defaults applied.
+    pub auto_checkpoint: bool,
+    pub keep_last: Option<u32>,
+}
+
 /// Every response. Each request has one natural response variant.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub enum Response {
@@ -586,6 +677,8 @@ pub enum Response {
     Killed(Killed),
     Processes(ProcessListing),
     StdinWritten(StdinWritten),
+    Turn(TurnInfo),
+    Policy(PolicyInfo),
 }
 
 impl Response {
@@ -607,6 +700,8 @@ impl Response {
             Response::Killed(v) => serde_json::to_value(v),
             Response::Processes(v) => serde_json::to_value(v),
             Response::StdinWritten(v) => serde_json::to_value(v),
+            Response::Turn(v) => serde_json::to_value(v),
+            Response::Policy(v) => serde_json::to_value(v),
         };
         v.unwrap_or(serde_json::Value::Null)
     }

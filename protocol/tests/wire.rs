@@ -86,6 +86,9 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "process.kill",
             "process.list",
             "process.stdin",
+            "turn.begin",
+            "turn.end",
+            "policy.set",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

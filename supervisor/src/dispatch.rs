@@ -234,7 +234,17 @@ impl Supervisor {
                         });
                     }
                 }
-                Response::Session(info)
+                // The session's own policy, then the baseline if it is on.
+                if r.auto_checkpoint.is_some() || r.keep_last.is_some() {
+                    st.policy_set(&allox_protocol::PolicySet {
+                        agent_id: r.agent_id.clone(),
+                        session_id: Some(r.session_id.clone()),
+                        auto_checkpoint: r.auto_checkpoint,
+                        keep_last: r.keep_last,
+                    })?;
+                }
+                st.baseline_if_on(&r.agent_id, &r.session_id)?;
+                Response::Session(st.session_info_of(&r.agent_id, &r.session_id)?)
             }
             Request::SessionList(r) => Response::Sessions(SessionListing {
                 agent_id: r.agent_id.clone(),
@@ -317,6 +327,9 @@ impl Supervisor {
                     "process actions are answered asynchronously".into(),
                 ))
             }
+            Request::TurnBegin(r) => Response::Turn(st.turn_begin(r)?),
+            Request::TurnEnd(r) => Response::Turn(st.turn_end(r)?),
+            Request::PolicySet(r) => Response::Policy(st.policy_set(r)?),
             Request::AuditList(r) => {
                 let limit = r.limit.unwrap_or(100).clamp(1, 10_000) as usize;
                 Response::Audit(st.audit().read(r.after_seq.unwrap_or(0), limit)?)

@@ -7,7 +7,7 @@
 //! The `journal` table is the write-ahead journal (see `crate::journal`).
 
 use crate::journal::{Entry, Op, Stage};
-use allox_protocol::Origin;
+use allox_protocol::{Origin, TurnStatus};
 use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
 };
@@ -20,6 +20,8 @@ const SESSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("sessions");
 const CHECKPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("checkpoints");
 const JOURNAL: TableDefinition<u64, &[u8]> = TableDefinition::new("journal");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const POLICY: TableDefinition<&str, &[u8]> = TableDefinition::new("policy");
+const TURNS: TableDefinition<&str, &[u8]> = TableDefinition::new("turns");
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct AgentRecord {
@@ -42,6 +44,24 @@ pub struct CheckpointRecord {
     pub origin: Origin,
     pub pinned: bool,
     pub label: Option<String>,
+}
+
+/// Automatic-checkpoint policy of an agent (key `agent`) or a session
+/// (key `agent/session`); `None` fields fall back to the agent, then off.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct PolicyRecord {
+    pub auto_checkpoint: Option<bool>,
+    pub keep_last: Option<u32>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct TurnRecord {
+    pub number: u64,
+    pub began_ms: u64,
+    pub ended_ms: Option<u64>,
+    pub status: Option<TurnStatus>,
+    pub checkpoint_id: Option<String>,
+    pub checkpoint_error: Option<String>,
 }
 
 #[derive(Debug, Error)]
@@ -141,6 +161,8 @@ impl Index {
             w.open_table(CHECKPOINTS)?;
             w.open_table(JOURNAL)?;
             w.open_table(META)?;
+            w.open_table(POLICY)?;
+            w.open_table(TURNS)?;
         }
         w.commit()?;
         Ok(db)
@@ -252,6 +274,19 @@ impl Index {
         v.sort_by_key(|(_, r)| r.seq);
         Ok(v)
     }
+    pub fn policy(&self, key: &str) -> Result<Option<PolicyRecord>, IndexError> {
+        self.get(POLICY, key)
+    }
+    pub fn turn(&self, a: &str, s: &str, t: &str) -> Result<Option<TurnRecord>, IndexError> {
+        self.get(TURNS, &checkpoint_key(a, s, t))
+    }
+    /// A session's turns, in order.
+    pub fn turns(&self, a: &str, s: &str) -> Result<Vec<(String, TurnRecord)>, IndexError> {
+        let mut v: Vec<(String, TurnRecord)> = self.list(TURNS, Some(&session_key(a, s)))?;
+        v.sort_by_key(|(_, r)| r.number);
+        Ok(v)
+    }
+
     /// Journal entries still open, oldest first.
     pub fn pending(&self) -> Result<Vec<(u64, Entry)>, IndexError> {
         self.with_db(|db| {
@@ -354,19 +389,37 @@ impl Writer<'_> {
     pub fn put_agent(&mut self, a: &str, r: &AgentRecord) -> Result<(), IndexError> {
         self.put(AGENTS, a, r)
     }
-    /// Removes an agent with all its sessions and checkpoints.
+    /// Removes an agent with all its sessions, checkpoints, turns and
+    /// policies.
     pub fn remove_agent(&mut self, a: &str) -> Result<(), IndexError> {
         self.tx.open_table(AGENTS)?.remove(a)?;
+        self.tx.open_table(POLICY)?.remove(a)?;
         self.remove_under(SESSIONS, a)?;
+        self.remove_under(POLICY, a)?;
+        self.remove_under(TURNS, a)?;
         self.remove_under(CHECKPOINTS, a)
+    }
+    pub fn put_policy(&mut self, key: &str, r: &PolicyRecord) -> Result<(), IndexError> {
+        self.put(POLICY, key, r)
+    }
+    pub fn put_turn(
+        &mut self,
+        a: &str,
+        s: &str,
+        t: &str,
+        r: &TurnRecord,
+    ) -> Result<(), IndexError> {
+        self.put(TURNS, &checkpoint_key(a, s, t), r)
     }
     pub fn put_session(&mut self, a: &str, s: &str, r: &SessionRecord) -> Result<(), IndexError> {
         self.put(SESSIONS, &session_key(a, s), r)
     }
-    /// Removes a session with all its checkpoints.
+    /// Removes a session with all its checkpoints, turns and policy.
     pub fn remove_session(&mut self, a: &str, s: &str) -> Result<(), IndexError> {
         let k = session_key(a, s);
         self.tx.open_table(SESSIONS)?.remove(k.as_str())?;
+        self.tx.open_table(POLICY)?.remove(k.as_str())?;
+        self.remove_under(TURNS, &k)?;
         self.remove_under(CHECKPOINTS, &k)
     }
     pub fn put_checkpoint(

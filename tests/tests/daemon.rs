@@ -484,3 +484,30 @@ fn stalled_vanishing_and_non_reading_clients_do_not_hold_up_others() {
     );
     c.call(Request::Ping(Ping {})).unwrap().unwrap();
 }
+
+#[test]
+fn turns_through_the_json_form() {
+    let Some((_fs, d)) = setup("daemon::turns_through_the_json_form", &[]) else {
+        return;
+    };
+    let rpc = |j: &str| {
+        let (ok, out, err) = alloxctl(&d, &["rpc", j]);
+        assert!(ok, "{j}: {out} {err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    rpc(r#"{"action":"agent.create","params":{"agent_id":"a"}}"#);
+    rpc(
+        r#"{"action":"session.create","params":{"agent_id":"a","session_id":"s","auto_checkpoint":true,"keep_last":3}}"#,
+    );
+    let t = rpc(r#"{"action":"turn.begin","params":{"agent_id":"a","session_id":"s"}}"#);
+    assert_eq!(t["result"]["turn_id"], "turn-1");
+    let t = rpc(
+        r#"{"action":"turn.end","params":{"agent_id":"a","session_id":"s","turn_id":"turn-1","status":"ok","label":"wrote the parser"}}"#,
+    );
+    assert_eq!(t["result"]["checkpoint_id"], "turn-1");
+    let (ok, out, _) = alloxctl(&d, &["log", "a", "s"]);
+    assert!(
+        ok && out.contains("baseline") && out.contains("wrote the parser"),
+        "{out}"
+    );
+}

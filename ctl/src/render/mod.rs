@@ -40,12 +40,51 @@ pub fn render(response: &Response) -> String {
         Response::RolledBack(r) => rolled_back(r),
         Response::Deleted(d) => format!("deleted {}\n", clean(&d.deleted)),
         Response::Audit(l) => audit(l),
+        Response::Turn(t) => turn(t),
+        Response::Policy(p) => format!(
+            "{}{}: auto_checkpoint {}{}\n",
+            clean(&p.agent_id),
+            p.session_id
+                .as_deref()
+                .map(|s| format!("/{}", clean(s)))
+                .unwrap_or_default(),
+            if p.auto_checkpoint { "on" } else { "off" },
+            p.keep_last
+                .map(|n| format!(", keep last {n}"))
+                .unwrap_or_default()
+        ),
         Response::Started(s) => process::started(s),
         Response::Exited(r) => process::exited(r),
         Response::Killed(k) => process::killed(k),
         Response::Processes(l) => process::processes(l),
         Response::StdinWritten(w) => process::stdin_written(w),
     }
+}
+
+fn turn(t: &allox_protocol::TurnInfo) -> String {
+    let status = match t.status {
+        None => "open".to_owned(),
+        Some(s) => format!("{s:?}").to_lowercase(),
+    };
+    let mut out = fields(&[
+        (
+            "turn",
+            format!(
+                "{}/{}/{}",
+                clean(&t.agent_id),
+                clean(&t.session_id),
+                clean(&t.turn_id)
+            ),
+        ),
+        ("number", t.number.to_string()),
+        ("began", utc(t.began_ms)),
+        ("status", status),
+        ("checkpoint", or_none(t.checkpoint_id.as_deref())),
+    ]);
+    if let Some(e) = &t.checkpoint_error {
+        out.push_str(&format!("automatic checkpoint failed: {}\n", clean(e)));
+    }
+    out
 }
 
 fn or_none(value: Option<&str>) -> String {

@@ -16,6 +16,7 @@ mod reaper;
 pub mod recovery;
 mod rollback;
 mod session;
+mod turn;
 
 pub use error::{Result, StoreError};
 

@@ -1,0 +1,224 @@
+//! Turns and the automatic-checkpoint policy.
+//!
+//! With `auto_checkpoint` on (per agent as the default of its sessions, per
+//! session as an override), a session gets a `baseline` checkpoint when it
+//! is created and a `turn-<n>` checkpoint after every turn that ends `ok`;
+//! `keep_last` bounds how many turn checkpoints are kept (pinned and
+//! manual ones are never collected). Every automatic checkpoint and every
+//! collection is an ordinary journaled checkpoint operation.
+
+use super::{Result, Store, StoreError, MAX_LABEL};
+use crate::index::{session_key, PolicyRecord, TurnRecord};
+use allox_protocol::{
+    validate_id, CheckpointCreate, Origin, PolicyInfo, PolicySet, TurnBegin, TurnEnd, TurnInfo,
+    TurnStatus,
+};
+
+fn turn_info(a: &str, s: &str, t: &str, r: &TurnRecord) -> TurnInfo {
+    TurnInfo {
+        agent_id: a.to_string(),
+        session_id: s.to_string(),
+        turn_id: t.to_string(),
+        number: r.number,
+        began_ms: r.began_ms,
+        ended_ms: r.ended_ms,
+        status: r.status,
+        checkpoint_id: r.checkpoint_id.clone(),
+        checkpoint_error: r.checkpoint_error.clone(),
+    }
+}
+
+impl Store {
+    /// The policy in force for a session (or for an agent's new sessions).
+    pub fn effective_policy(&self, a: &str, s: Option<&str>) -> Result<(bool, Option<u32>)> {
+        let agent = self.index.policy(a)?.unwrap_or_default();
+        let sess = match s {
+            Some(s) => self.index.policy(&session_key(a, s))?.unwrap_or_default(),
+            None => PolicyRecord::default(),
+        };
+        Ok((
+            sess.auto_checkpoint
+                .or(agent.auto_checkpoint)
+                .unwrap_or(false),
+            sess.keep_last.or(agent.keep_last),
+        ))
+    }
+
+    pub fn policy_set(&self, p: &PolicySet) -> Result<PolicyInfo> {
+        let a = p.agent_id.as_str();
+        let key = match &p.session_id {
+            Some(s) => {
+                self.need_session(a, s)?;
+                session_key(a, s)
+            }
+            None => {
+                self.need_agent(a)?;
+                a.to_string()
+            }
+        };
+        if p.keep_last == Some(0) {
+            return Err(StoreError::Invalid("keep_last must be at least 1".into()));
+        }
+        let _g = self.guard();
+        let mut rec = self.index.policy(&key)?.unwrap_or_default();
+        if p.auto_checkpoint.is_some() {
+            rec.auto_checkpoint = p.auto_checkpoint;
+        }
+        if p.keep_last.is_some() {
+            rec.keep_last = p.keep_last;
+        }
+        self.index.write(|w| w.put_policy(&key, &rec))?;
+        drop(_g);
+        let (auto_checkpoint, keep_last) = self.effective_policy(a, p.session_id.as_deref())?;
+        Ok(PolicyInfo {
+            agent_id: a.to_string(),
+            session_id: p.session_id.clone(),
+            auto_checkpoint,
+            keep_last,
+        })
+    }
+
+    /// Takes the session-start checkpoint if the policy says so.
+    pub fn baseline_if_on(&self, a: &str, s: &str) -> Result<Option<String>> {
+        if !self.effective_policy(a, Some(s))?.0 {
+            return Ok(None);
+        }
+        let c = self.checkpoint_create_as(
+            &CheckpointCreate {
+                agent_id: a.into(),
+                session_id: s.into(),
+                checkpoint_id: "baseline".into(),
+                pinned: false,
+                label: Some("session start".into()),
+            },
+            Origin::Baseline,
+        )?;
+        Ok(Some(c.checkpoint_id))
+    }
+
+    pub fn turn_begin(&self, p: &TurnBegin) -> Result<TurnInfo> {
+        let (a, s) = (p.agent_id.as_str(), p.session_id.as_str());
+        self.need_session(a, s)?;
+        if let Some(t) = &p.turn_id {
+            validate_id("turn_id", t)?;
+        }
+        let _g = self.guard();
+        let turns = self.index.turns(a, s)?;
+        if let Some((open, _)) = turns.iter().find(|(_, r)| r.ended_ms.is_none()) {
+            return Err(StoreError::Conflict(format!(
+                "turn {open} of session {a}/{s} has not ended"
+            )));
+        }
+        let number = turns.last().map(|(_, r)| r.number).unwrap_or(0) + 1;
+        let t = p
+            .turn_id
+            .clone()
+            .unwrap_or_else(|| format!("turn-{number}"));
+        if turns.iter().any(|(id, _)| *id == t) {
+            return Err(StoreError::Exists(format!("turn {a}/{s}/{t}")));
+        }
+        let rec = TurnRecord {
+            number,
+            began_ms: crate::now_ms(),
+            ended_ms: None,
+            status: None,
+            checkpoint_id: None,
+            checkpoint_error: None,
+        };
+        self.index.write(|w| w.put_turn(a, s, &t, &rec))?;
+        Ok(turn_info(a, s, &t, &rec))
+    }
+
+    pub fn turn_end(&self, p: &TurnEnd) -> Result<TurnInfo> {
+        let (a, s, t) = (
+            p.agent_id.as_str(),
+            p.session_id.as_str(),
+            p.turn_id.as_str(),
+        );
+        self.need_session(a, s)?;
+        validate_id("turn_id", t)?;
+        if let Some(l) = &p.label {
+            if l.len() > MAX_LABEL || l.chars().any(char::is_control) {
+                return Err(StoreError::Invalid(format!(
+                    "label must be at most {MAX_LABEL} bytes without control characters"
+                )));
+            }
+        }
+        let mut rec = {
+            let _g = self.guard();
+            let mut rec = self
+                .index
+                .turn(a, s, t)?
+                .ok_or_else(|| StoreError::NotFound(format!("turn {a}/{s}/{t}")))?;
+            if rec.ended_ms.is_some() {
+                return Err(StoreError::Conflict(format!(
+                    "turn {a}/{s}/{t} has already ended"
+                )));
+            }
+            rec.ended_ms = Some(crate::now_ms());
+            rec.status = Some(p.status);
+            self.index.write(|w| w.put_turn(a, s, t, &rec))?;
+            rec
+        };
+        let (auto, keep_last) = self.effective_policy(a, Some(s))?;
+        if auto && p.status == TurnStatus::Ok {
+            match self.turn_checkpoint(a, s, &rec, p.label.clone()) {
+                Ok(c) => rec.checkpoint_id = Some(c),
+                Err(e) => rec.checkpoint_error = Some(e.chain()),
+            }
+            if let Some(n) = keep_last {
+                if let Err(e) = self.collect_turn_checkpoints(a, s, n as usize) {
+                    let msg = format!("retention: {}", e.chain());
+                    rec.checkpoint_error = Some(match rec.checkpoint_error.take() {
+                        Some(prev) => format!("{prev}; {msg}"),
+                        None => msg,
+                    });
+                }
+            }
+            let _g = self.guard();
+            self.index.write(|w| w.put_turn(a, s, t, &rec))?;
+        }
+        Ok(turn_info(a, s, t, &rec))
+    }
+
+    fn turn_checkpoint(
+        &self,
+        a: &str,
+        s: &str,
+        turn: &TurnRecord,
+        label: Option<String>,
+    ) -> Result<String> {
+        let mut id = format!("turn-{}", turn.number);
+        if self.index.checkpoint(a, s, &id)?.is_some() {
+            id = format!("turn-{}-{}", turn.number, crate::now_ms());
+        }
+        let label = label.unwrap_or_else(|| format!("turn {}", turn.number));
+        let c = self.checkpoint_create_as(
+            &CheckpointCreate {
+                agent_id: a.into(),
+                session_id: s.into(),
+                checkpoint_id: id,
+                pinned: false,
+                label: Some(label),
+            },
+            Origin::Turn,
+        )?;
+        Ok(c.checkpoint_id)
+    }
+
+    /// Deletes the oldest unpinned turn checkpoints beyond the last `keep`.
+    fn collect_turn_checkpoints(&self, a: &str, s: &str, keep: usize) -> Result<()> {
+        let turns: Vec<String> = self
+            .index
+            .checkpoints(a, s)?
+            .into_iter()
+            .filter(|(_, r)| r.origin == Origin::Turn && !r.pinned)
+            .map(|(c, _)| c)
+            .collect();
+        let extra = turns.len().saturating_sub(keep);
+        for c in &turns[..extra] {
+            self.checkpoint_delete(a, s, c)?;
+        }
+        Ok(())
+    }
+}

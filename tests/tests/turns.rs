@@ -1,0 +1,231 @@
+//! Turns and automatic checkpoints on a real Btrfs store.
+
+use allox_integration::{require, BtrfsFs};
+use allox_protocol::*;
+use allox_supervisor::failpoint::Failpoints;
+use allox_supervisor::store::Store;
+
+fn setup(name: &str) -> Option<(BtrfsFs, Store)> {
+    if !require(name) {
+        return None;
+    }
+    std::fs::create_dir_all("/var/tmp").ok();
+    let fs = BtrfsFs::new(512).expect("make btrfs");
+    std::fs::create_dir(fs.path().join("store")).unwrap();
+    let st = Store::open(&fs.path().join("store"), Failpoints::default()).unwrap();
+    st.agent_create("a").unwrap();
+    Some((fs, st))
+}
+
+fn policy(st: &Store, s: Option<&str>, on: Option<bool>, keep: Option<u32>) {
+    st.policy_set(&PolicySet {
+        agent_id: "a".into(),
+        session_id: s.map(String::from),
+        auto_checkpoint: on,
+        keep_last: keep,
+    })
+    .unwrap();
+}
+
+fn session(st: &Store, s: &str) {
+    st.session_create("a", s).unwrap();
+    st.baseline_if_on("a", s).unwrap();
+}
+
+fn turn(st: &Store, s: &str, status: TurnStatus) -> TurnInfo {
+    let t = st
+        .turn_begin(&TurnBegin {
+            agent_id: "a".into(),
+            session_id: s.into(),
+            turn_id: None,
+        })
+        .unwrap();
+    std::fs::write(st.layout().current("a", s).join("n"), t.number.to_string()).unwrap();
+    st.turn_end(&TurnEnd {
+        agent_id: "a".into(),
+        session_id: s.into(),
+        turn_id: t.turn_id,
+        status,
+        label: None,
+    })
+    .unwrap()
+}
+
+fn tree(st: &Store, s: &str) -> Vec<(String, Option<String>, Origin)> {
+    st.checkpoint_list("a", s)
+        .unwrap()
+        .checkpoints
+        .into_iter()
+        .map(|c| (c.checkpoint_id, c.parent, c.origin))
+        .collect()
+}
+
+#[test]
+fn policy_off_creates_nothing() {
+    let Some((_fs, st)) = setup("turns::policy_off_creates_nothing") else {
+        return;
+    };
+    session(&st, "s");
+    let t = turn(&st, "s", TurnStatus::Ok);
+    assert_eq!(t.checkpoint_id, None);
+    assert!(tree(&st, "s").is_empty());
+}
+
+#[test]
+fn agent_policy_session_override_and_turn_outcomes() {
+    let Some((_fs, st)) = setup("turns::agent_policy_session_override") else {
+        return;
+    };
+    policy(&st, None, Some(true), None);
+    session(&st, "on");
+    // As session.create with "auto_checkpoint": false does: the override
+    // is set before the baseline would be taken.
+    st.session_create("a", "off").unwrap();
+    policy(&st, Some("off"), Some(false), None);
+    assert_eq!(st.baseline_if_on("a", "off").unwrap(), None);
+    assert_eq!(
+        tree(&st, "on"),
+        [("baseline".into(), None, Origin::Baseline)]
+    );
+    let t1 = turn(&st, "on", TurnStatus::Ok);
+    assert_eq!(t1.checkpoint_id.as_deref(), Some("turn-1"));
+    assert_eq!(turn(&st, "on", TurnStatus::Failed).checkpoint_id, None);
+    assert_eq!(turn(&st, "on", TurnStatus::Cancelled).checkpoint_id, None);
+    let t4 = turn(&st, "on", TurnStatus::Ok);
+    assert_eq!(t4.checkpoint_id.as_deref(), Some("turn-4"));
+    let l = st.checkpoint_list("a", "on").unwrap();
+    let c = l
+        .checkpoints
+        .iter()
+        .find(|c| c.checkpoint_id == "turn-4")
+        .unwrap();
+    assert_eq!(c.parent.as_deref(), Some("turn-1"));
+    assert_eq!(c.label.as_deref(), Some("turn 4"));
+    // The session that turned it off: no baseline, no turn checkpoints.
+    assert!(tree(&st, "off").is_empty());
+    turn(&st, "off", TurnStatus::Ok);
+    assert!(tree(&st, "off").is_empty());
+}
+
+#[test]
+fn rollback_in_the_middle_branches_the_tree() {
+    let Some((_fs, st)) = setup("turns::rollback_in_the_middle_branches") else {
+        return;
+    };
+    policy(&st, None, Some(true), None);
+    session(&st, "s");
+    turn(&st, "s", TurnStatus::Ok);
+    turn(&st, "s", TurnStatus::Ok);
+    st.rollback(&SessionRollback {
+        agent_id: "a".into(),
+        session_id: "s".into(),
+        checkpoint_id: "turn-1".into(),
+        kill_processes: None,
+    })
+    .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(st.layout().current("a", "s").join("n")).unwrap(),
+        "1"
+    );
+    turn(&st, "s", TurnStatus::Ok);
+    assert_eq!(
+        tree(&st, "s"),
+        [
+            ("baseline".into(), None, Origin::Baseline),
+            ("turn-1".into(), Some("baseline".into()), Origin::Turn),
+            ("turn-2".into(), Some("turn-1".into()), Origin::Turn),
+            ("turn-3".into(), Some("turn-1".into()), Origin::Turn),
+        ]
+    );
+}
+
+#[test]
+fn retention_keeps_the_last_n_and_never_pinned_or_manual() {
+    let Some((_fs, st)) = setup("turns::retention") else {
+        return;
+    };
+    policy(&st, None, Some(true), Some(2));
+    session(&st, "s");
+    turn(&st, "s", TurnStatus::Ok);
+    st.checkpoint_pin("a", "s", "turn-1", true).unwrap();
+    st.checkpoint_create(&CheckpointCreate {
+        agent_id: "a".into(),
+        session_id: "s".into(),
+        checkpoint_id: "manual".into(),
+        pinned: false,
+        label: None,
+    })
+    .unwrap();
+    for _ in 0..5 {
+        turn(&st, "s", TurnStatus::Ok);
+    }
+    st.wait_idle();
+    let names: Vec<String> = tree(&st, "s").into_iter().map(|c| c.0).collect();
+    assert_eq!(names, ["baseline", "turn-1", "manual", "turn-5", "turn-6"]);
+    // The DAG stays connected through the collected ones.
+    let l = st.checkpoint_list("a", "s").unwrap();
+    let t5 = l
+        .checkpoints
+        .iter()
+        .find(|c| c.checkpoint_id == "turn-5")
+        .unwrap();
+    assert_eq!(t5.parent.as_deref(), Some("manual"));
+    for c in ["turn-2", "turn-3", "turn-4"] {
+        assert!(
+            !st.layout().checkpoint("a", "s", c).exists(),
+            "{c} left on disk"
+        );
+    }
+}
+
+#[test]
+fn turn_errors() {
+    let Some((_fs, st)) = setup("turns::turn_errors") else {
+        return;
+    };
+    session(&st, "s");
+    session(&st, "t");
+    let b = |s: &str, id: Option<&str>| {
+        st.turn_begin(&TurnBegin {
+            agent_id: "a".into(),
+            session_id: s.into(),
+            turn_id: id.map(String::from),
+        })
+    };
+    let e = |s: &str, id: &str| {
+        st.turn_end(&TurnEnd {
+            agent_id: "a".into(),
+            session_id: s.into(),
+            turn_id: id.into(),
+            status: TurnStatus::Ok,
+            label: None,
+        })
+    };
+    b("s", Some("x")).unwrap();
+    assert_eq!(
+        b("s", None).unwrap_err().code(),
+        ErrorCode::Conflict,
+        "second open turn"
+    );
+    assert_eq!(
+        e("t", "x").unwrap_err().code(),
+        ErrorCode::NotFound,
+        "turn of another session"
+    );
+    assert_eq!(e("s", "nope").unwrap_err().code(), ErrorCode::NotFound);
+    assert_eq!(
+        e("s", "../x").unwrap_err().code(),
+        ErrorCode::InvalidRequest
+    );
+    e("s", "x").unwrap();
+    assert_eq!(
+        e("s", "x").unwrap_err().code(),
+        ErrorCode::Conflict,
+        "ended twice"
+    );
+    assert_eq!(
+        b("s", Some("x")).unwrap_err().code(),
+        ErrorCode::Conflict,
+        "id reused"
+    );
+}

@@ -2,8 +2,9 @@
 
 use crate::process::{read_stdin_file, StdinFileError};
 use allox_protocol::{
-    AgentList, AgentRef, AuditList, CheckpointCreate, CheckpointPin, CheckpointRef, Ping,
-    ProcessKill, ProcessStart, ProcessWait, Request, SessionCreate, SessionRef, SessionRollback,
+    AgentCreate, AgentList, AgentRef, AuditList, CheckpointCreate, CheckpointPin, CheckpointRef,
+    Ping, ProcessKill, ProcessStart, ProcessWait, Request, SessionCreate, SessionRef,
+    SessionRollback,
 };
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -296,7 +297,7 @@ impl Command {
         match self {
             C::Ping => call(Request::Ping(Ping {})),
             C::Agent(a) => call(match a {
-                AgentCommand::Create { agent } => Request::AgentCreate(agent_ref(agent)),
+                AgentCommand::Create { agent } => Request::AgentCreate(AgentCreate::new(agent)),
                 AgentCommand::List => Request::AgentList(AgentList {}),
                 AgentCommand::Delete { agent } => Request::AgentDelete(agent_ref(agent)),
             }),
@@ -476,7 +477,7 @@ mod tests {
         assert!(json);
         assert_eq!(
             action,
-            Action::Call(Request::AgentCreate(agent_ref("a".into())))
+            Action::Call(Request::AgentCreate(AgentCreate::new("a")))
         );
 
         let (_, _, action) = parse(&[

@@ -78,8 +78,8 @@ impl Caller for Daemon {
 mod tests {
     use super::*;
     use allox_protocol::{
-        decode, encode, AgentRef, ClientFrame, ErrorCode, FrameReader, Hello, Outcome, Ping, Pong,
-        Response, ResponseEnvelope, ServerFrame, PROTOCOL_VERSION,
+        decode, encode, AgentCreate, ClientFrame, ErrorCode, FrameReader, Hello, Outcome, Ping,
+        Pong, Response, ResponseEnvelope, ServerFrame, PROTOCOL_VERSION,
     };
     use std::io::{Read, Write};
     use std::os::unix::net::{UnixListener, UnixStream};
@@ -150,9 +150,7 @@ mod tests {
         // Dropped on the old connection, retried on a second one.
         assert!(d.call(Request::Ping(Ping {})).unwrap().is_ok());
         // A change dropped on the old connection is not retried...
-        let create = Request::AgentCreate(AgentRef {
-            agent_id: "a".into(),
-        });
+        let create = Request::AgentCreate(AgentCreate::new("a"));
         let err = d.call(create.clone()).unwrap_err();
         assert_eq!(err.code(), ErrorCode::Unavailable);
         // ...but the next call connects again (third connection).

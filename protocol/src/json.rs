@@ -55,9 +55,7 @@ mod tests {
         let r = parse_request(r#"{"action":"agent.create","params":{"agent_id":"agent-a"}}"#);
         assert_eq!(
             r.unwrap(),
-            Request::AgentCreate(AgentRef {
-                agent_id: "agent-a".into()
-            })
+            Request::AgentCreate(AgentCreate::new("agent-a"))
         );
         let r = parse_request(
             r#"{"action":"session.rollback","params":{"agent_id":"agent-a","session_id":"session-1","checkpoint_id":"clean"}}"#,

@@ -117,6 +117,29 @@ pub struct AgentRef {
     pub agent_id: String,
 }
 
+/// `agent.create`, with the agent's automatic-checkpoint policy (the
+/// default of its sessions).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AgentCreate {
+    pub agent_id: String,
+    #[serde(default)]
+    pub auto_checkpoint: Option<bool>,
+    #[serde(default)]
+    pub keep_last: Option<u32>,
+}
+
+impl AgentCreate {
+    /// An agent without a policy of its own.
+    pub fn new(agent_id: impl Into<String>) -> Self {
+        AgentCreate {
+            agent_id: agent_id.into(),
+            auto_checkpoint: None,
+            keep_last: None,
+        }
+    }
+}
+
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct AgentList {}
@@ -386,7 +409,7 @@ macro_rules! requests {
 requests! {
     /// Liveness and version check; answered with `Pong`.
     Ping(Ping) = "system.ping", mutating = false;
-    AgentCreate(AgentRef) = "agent.create", mutating = true;
+    AgentCreate(AgentCreate) = "agent.create", mutating = true;
     AgentList(AgentList) = "agent.list", mutating = false;
     AgentDelete(AgentRef) = "agent.delete", mutating = true;
     SessionCreate(SessionCreate) = "session.create", mutating = true;
@@ -427,9 +450,8 @@ impl Request {
                 Some(s) => format!("{}/{s}", r.agent_id),
                 None => r.agent_id.clone(),
             },
-            Request::AgentCreate(r) | Request::AgentDelete(r) | Request::SessionList(r) => {
-                r.agent_id.clone()
-            }
+            Request::AgentDelete(r) | Request::SessionList(r) => r.agent_id.clone(),
+            Request::AgentCreate(r) => r.agent_id.clone(),
             Request::SessionDelete(r) | Request::CheckpointList(r) => {
                 format!("{}/{}", r.agent_id, r.session_id)
             }

@@ -25,12 +25,14 @@ fn golden_hello() {
 fn golden_request() {
     let m = ClientFrame::Request(RequestEnvelope {
         request_id: 300,
-        request: Request::AgentCreate(AgentRef {
-            agent_id: "a".into(),
-        }),
+        request: Request::AgentCreate(AgentCreate::new("a")),
     });
-    // variant 1, request_id 300 = varint ac 02, Request variant 1, "a"
-    assert_eq!(payload(&m), [0x01, 0xac, 0x02, 0x01, 0x01, b'a']);
+    // variant 1, request_id 300 = varint ac 02, Request variant 1, "a",
+    // auto_checkpoint None, keep_last None
+    assert_eq!(
+        payload(&m),
+        [0x01, 0xac, 0x02, 0x01, 0x01, b'a', 0x00, 0x00]
+    );
     let m = ClientFrame::Request(RequestEnvelope {
         request_id: 7,
         request: Request::SessionRollback(SessionRollback {

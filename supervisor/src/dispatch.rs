@@ -168,7 +168,18 @@ impl Supervisor {
                 version: PROTOCOL_VERSION,
                 build: allox_protocol::build_identity(),
             }),
-            Request::AgentCreate(r) => Response::Agent(st.agent_create(&r.agent_id)?),
+            Request::AgentCreate(r) => {
+                let info = st.agent_create(&r.agent_id)?;
+                if r.auto_checkpoint.is_some() || r.keep_last.is_some() {
+                    st.policy_set(&allox_protocol::PolicySet {
+                        agent_id: r.agent_id.clone(),
+                        session_id: None,
+                        auto_checkpoint: r.auto_checkpoint,
+                        keep_last: r.keep_last,
+                    })?;
+                }
+                Response::Agent(info)
+            }
             Request::AgentList(_) => Response::Agents(AgentListing {
                 agents: st.agent_list()?,
             }),

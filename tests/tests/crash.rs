@@ -33,8 +33,8 @@ fn session(a: &str, s: &str) -> SessionRef {
 fn prepare(root: &Path, sock: &Path) {
     std::fs::create_dir_all(root).unwrap();
     let d = Daemon::start(root, sock, &[], &[]);
-    ok(&d, Request::AgentCreate(agent("a")));
-    ok(&d, Request::AgentCreate(agent("b")));
+    ok(&d, Request::AgentCreate(AgentCreate::new("a")));
+    ok(&d, Request::AgentCreate(AgentCreate::new("b")));
     ok(&d, Request::SessionCreate(SessionCreate::new("a", "s")));
     ok(&d, Request::SessionCreate(SessionCreate::new("b", "t")));
     let l = Layout::new(root);
@@ -57,7 +57,7 @@ fn prepare(root: &Path, sock: &Path) {
 /// The operation that passes through the failpoint's step.
 fn operation(fp: &str) -> Request {
     match fp.split('.').next().unwrap() {
-        "agent_create" => Request::AgentCreate(agent("new")),
+        "agent_create" => Request::AgentCreate(AgentCreate::new("new")),
         "agent_delete" => Request::AgentDelete(agent("b")),
         "session_create" => Request::SessionCreate(SessionCreate::new("a", "s2")),
         "session_delete" => Request::SessionDelete(session("a", "s")),

@@ -255,11 +255,9 @@ fn many_clients_at_once() {
             std::thread::spawn(move || {
                 let mut c = allox_ctl::Client::connect(&sock).unwrap();
                 let a = format!("agent-{t}");
-                c.call(Request::AgentCreate(AgentRef {
-                    agent_id: a.clone(),
-                }))
-                .unwrap()
-                .unwrap();
+                c.call(Request::AgentCreate(AgentCreate::new(a.clone())))
+                    .unwrap()
+                    .unwrap();
                 for s in 0..5 {
                     let s = format!("s{s}");
                     c.call(Request::SessionCreate(SessionCreate::new(
@@ -314,9 +312,7 @@ fn one_connection_carries_many_requests_in_flight() {
     for i in 1..=40u64 {
         batch.extend(req(
             i,
-            Request::AgentCreate(AgentRef {
-                agent_id: format!("a{i}"),
-            }),
+            Request::AgentCreate(AgentCreate::new(format!("a{i}"))),
         ));
         batch.extend(ping(1000 + i));
     }
@@ -434,9 +430,9 @@ fn stalled_vanishing_and_non_reading_clients_do_not_hold_up_others() {
     let mut flood = greeted(&d);
     let mut c = d.client();
     for i in 0..200 {
-        c.call(Request::AgentCreate(AgentRef {
-            agent_id: format!("agent-with-a-long-name-{i:04}"),
-        }))
+        c.call(Request::AgentCreate(AgentCreate::new(format!(
+            "agent-with-a-long-name-{i:04}"
+        ))))
         .unwrap()
         .unwrap();
     }

@@ -17,7 +17,7 @@ fn setup(name: &str) -> Option<ProcDaemon> {
     let d = ProcDaemon::start(name, &[]);
     let mut c = d.daemon.client();
     for (a, s) in [("a", "s"), ("a", "t"), ("b", "s")] {
-        let _ = c.call(Request::AgentCreate(AgentRef { agent_id: a.into() }));
+        let _ = c.call(Request::AgentCreate(AgentCreate::new(a)));
         c.call(Request::SessionCreate(SessionCreate::new(a, s)))
             .unwrap()
             .unwrap();
@@ -795,11 +795,9 @@ fn isolated_network_has_only_loopback() {
     }
     let d = ProcDaemon::start("isolated_network", &["--sandbox-network", "isolated"]);
     let mut c = d.daemon.client();
-    c.call(Request::AgentCreate(AgentRef {
-        agent_id: "a".into(),
-    }))
-    .unwrap()
-    .unwrap();
+    c.call(Request::AgentCreate(AgentCreate::new("a")))
+        .unwrap()
+        .unwrap();
     c.call(Request::SessionCreate(SessionCreate::new("a", "s")))
         .unwrap()
         .unwrap();

@@ -229,3 +229,45 @@ fn turn_errors() {
         "id reused"
     );
 }
+
+#[test]
+fn agent_create_takes_the_policy() {
+    if !require("turns::agent_create_takes_the_policy") {
+        return;
+    }
+    let d_fs = BtrfsFs::new(512).expect("make btrfs");
+    let root = d_fs.path().join("store");
+    std::fs::create_dir(&root).unwrap();
+    let d = allox_integration::Daemon::start(
+        &root,
+        &d_fs.scratch().join("s.sock"),
+        &[],
+        &["--no-processes"],
+    );
+    let mut c = d.client();
+    let mut a = AgentCreate::new("a");
+    a.auto_checkpoint = Some(true);
+    c.call(Request::AgentCreate(a)).unwrap().unwrap();
+    c.call(Request::SessionCreate(SessionCreate::new("a", "s")))
+        .unwrap()
+        .unwrap();
+    let mut off = SessionCreate::new("a", "quiet");
+    off.auto_checkpoint = Some(false);
+    c.call(Request::SessionCreate(off)).unwrap().unwrap();
+    let list = |s: &str| match c_list(&d, s) {
+        Response::Checkpoints(l) => l.checkpoints.len(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(list("s"), 1, "baseline from the agent's policy");
+    assert_eq!(list("quiet"), 0, "the session turned it off at creation");
+}
+
+fn c_list(d: &allox_integration::Daemon, s: &str) -> Response {
+    d.client()
+        .call(Request::CheckpointList(SessionRef {
+            agent_id: "a".into(),
+            session_id: s.into(),
+        }))
+        .unwrap()
+        .unwrap()
+}

@@ -130,9 +130,9 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
         ],
     );
     let mut c = d.client();
-    c.call(Request::AgentCreate(allox_protocol::AgentRef {
-        agent_id: "bench".into(),
-    }))?
+    c.call(Request::AgentCreate(allox_protocol::AgentCreate::new(
+        "bench",
+    )))?
     .map_err(anyhow::Error::msg)?;
     c.call(Request::SessionCreate(SessionCreate::new("bench", "s")))?
         .map_err(anyhow::Error::msg)?;

@@ -53,6 +53,14 @@ pub enum Command {
     /// Draw a session's checkpoint history as a tree (same as
     /// `checkpoint list`).
     Log { agent: String, session: String },
+    /// What changed between two checkpoints (`current` for the session's
+    /// current/), like `git diff --stat`.
+    Diff {
+        agent: String,
+        session: String,
+        from: String,
+        to: String,
+    },
     /// Report an agent framework's turns.
     #[command(subcommand)]
     Turn(TurnCommand),
@@ -322,6 +330,17 @@ impl Command {
                 checkpoint_id: checkpoint,
                 // Without the flag the daemon's default applies.
                 kill_processes: kill_processes.then_some(true),
+            })),
+            C::Diff {
+                agent,
+                session,
+                from,
+                to,
+            } => call(Request::CheckpointDiff(allox_protocol::CheckpointDiff {
+                agent_id: agent,
+                session_id: session,
+                from,
+                to,
             })),
             C::Log { agent, session } => call(Request::CheckpointList(session_ref(agent, session))),
             C::Turn(TurnCommand::Begin { agent, session, id }) => {

@@ -225,6 +225,17 @@ pub struct TurnEnd {
     pub label: Option<String>,
 }
 
+/// `checkpoint.diff`: what changed between two checkpoints of a session
+/// (`current` names the session's `current/`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointDiff {
+    pub agent_id: String,
+    pub session_id: String,
+    pub from: String,
+    pub to: String,
+}
+
 /// `policy.set`: automatic checkpoints for an agent (default of its
 /// sessions) or one session.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -429,6 +440,7 @@ requests! {
     TurnBegin(TurnBegin) = "turn.begin", mutating = true;
     TurnEnd(TurnEnd) = "turn.end", mutating = true;
     PolicySet(PolicySet) = "policy.set", mutating = true;
+    CheckpointDiff(CheckpointDiff) = "checkpoint.diff", mutating = false;
 }
 
 impl Request {
@@ -446,6 +458,9 @@ impl Request {
             Request::ProcessStdin(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.run_id),
             Request::TurnBegin(r) => format!("{}/{}", r.agent_id, r.session_id),
             Request::TurnEnd(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.turn_id),
+            Request::CheckpointDiff(r) => {
+                format!("{}/{}/{}..{}", r.agent_id, r.session_id, r.from, r.to)
+            }
             Request::PolicySet(r) => match &r.session_id {
                 Some(s) => format!("{}/{s}", r.agent_id),
                 None => r.agent_id.clone(),
@@ -681,6 +696,39 @@ pub struct PolicyInfo {
     pub keep_last: Option<u32>,
 }
 
+/// How a path differs.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    Added,
+    Modified,
+    Deleted,
+    /// File, directory and symlink turned into one another.
+    TypeChanged,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Change {
+    /// Relative to the workspace root, `/`-separated.
+    pub path: String,
+    pub kind: ChangeKind,
+    pub size_before: Option<u64>,
+    pub size_after: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct DiffListing {
+    pub from: String,
+    pub to: String,
+    /// Sorted by path; at most 10,000 (see `truncated`).
+    pub changes: Vec<Change>,
+    pub truncated: bool,
+    pub added: u64,
+    pub modified: u64,
+    pub deleted: u64,
+    pub type_changed: u64,
+}
+
 /// Every response. Each request has one natural response variant.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub enum Response {
@@ -701,6 +749,7 @@ pub enum Response {
     StdinWritten(StdinWritten),
     Turn(TurnInfo),
     Policy(PolicyInfo),
+    Diff(DiffListing),
 }
 
 impl Response {
@@ -724,6 +773,7 @@ impl Response {
             Response::StdinWritten(v) => serde_json::to_value(v),
             Response::Turn(v) => serde_json::to_value(v),
             Response::Policy(v) => serde_json::to_value(v),
+            Response::Diff(v) => serde_json::to_value(v),
         };
         v.unwrap_or(serde_json::Value::Null)
     }

@@ -91,6 +91,7 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "turn.begin",
             "turn.end",
             "policy.set",
+            "checkpoint.diff",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

@@ -341,6 +341,7 @@ impl Supervisor {
             Request::TurnBegin(r) => Response::Turn(st.turn_begin(r)?),
             Request::TurnEnd(r) => Response::Turn(st.turn_end(r)?),
             Request::PolicySet(r) => Response::Policy(st.policy_set(r)?),
+            Request::CheckpointDiff(r) => Response::Diff(st.checkpoint_diff(r)?),
             Request::AuditList(r) => {
                 let limit = r.limit.unwrap_or(100).clamp(1, 10_000) as usize;
                 Response::Audit(st.audit().read(r.after_seq.unwrap_or(0), limit)?)

@@ -11,6 +11,7 @@
 mod agent;
 mod apply;
 mod checkpoint;
+pub mod diff;
 pub mod error;
 mod reaper;
 pub mod recovery;

@@ -1,0 +1,223 @@
+//! `checkpoint.diff` against a brute-force comparison of the two trees.
+
+use allox_integration::{populate, require, BtrfsFs};
+use allox_protocol::*;
+use allox_supervisor::failpoint::Failpoints;
+use allox_supervisor::store::Store;
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+fn setup(name: &str) -> Option<(BtrfsFs, Store)> {
+    if !require(name) {
+        return None;
+    }
+    std::fs::create_dir_all("/var/tmp").ok();
+    let fs = BtrfsFs::new(2048).expect("make btrfs");
+    std::fs::create_dir(fs.path().join("store")).unwrap();
+    let st = Store::open(&fs.path().join("store"), Failpoints::default()).unwrap();
+    st.agent_create("a").unwrap();
+    st.session_create("a", "s").unwrap();
+    Some((fs, st))
+}
+
+fn ck(st: &Store, c: &str) {
+    st.checkpoint_create(&CheckpointCreate {
+        agent_id: "a".into(),
+        session_id: "s".into(),
+        checkpoint_id: c.into(),
+        pinned: false,
+        label: None,
+    })
+    .unwrap();
+}
+
+fn diff(st: &Store, from: &str, to: &str) -> DiffListing {
+    st.checkpoint_diff(&CheckpointDiff {
+        agent_id: "a".into(),
+        session_id: "s".into(),
+        from: from.into(),
+        to: to.into(),
+    })
+    .unwrap()
+}
+
+/// Everything a tree holds, read the slow way (never following symlinks).
+fn snapshot(root: &Path) -> BTreeMap<String, (char, u32, Vec<u8>)> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, (char, u32, Vec<u8>)>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            let md = std::fs::symlink_metadata(&p).unwrap();
+            let mode = md.permissions().mode() & 0o7777;
+            if md.file_type().is_symlink() {
+                let t = std::fs::read_link(&p).unwrap();
+                out.insert(rel, ('l', 0, t.as_os_str().as_encoded_bytes().to_vec()));
+            } else if md.is_dir() {
+                out.insert(rel, ('d', mode, Vec::new()));
+                walk(root, &p, out);
+            } else {
+                out.insert(rel, ('f', mode, std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+fn brute(a: &Path, b: &Path) -> BTreeSet<(String, ChangeKind)> {
+    let (sa, sb) = (snapshot(a), snapshot(b));
+    let mut out = BTreeSet::new();
+    for (p, x) in &sa {
+        match sb.get(p) {
+            None => {
+                out.insert((p.clone(), ChangeKind::Deleted));
+            }
+            Some(y) if x.0 != y.0 => {
+                out.insert((p.clone(), ChangeKind::TypeChanged));
+            }
+            Some(y) if x != y => {
+                out.insert((p.clone(), ChangeKind::Modified));
+            }
+            _ => {}
+        }
+    }
+    for p in sb.keys() {
+        if !sa.contains_key(p) {
+            out.insert((p.clone(), ChangeKind::Added));
+        }
+    }
+    out
+}
+
+fn got(d: &DiffListing) -> BTreeSet<(String, ChangeKind)> {
+    assert!(!d.truncated);
+    d.changes.iter().map(|c| (c.path.clone(), c.kind)).collect()
+}
+
+#[test]
+fn diff_matches_a_brute_force_comparison_on_hostile_trees() {
+    let Some((_fs, st)) = setup("diff::diff_matches_a_brute_force_comparison") else {
+        return;
+    };
+    let cur = st.layout().current("a", "s");
+    let w = |p: &str, data: &str| {
+        let p = cur.join(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, data).unwrap();
+    };
+    populate(&cur, 2000).unwrap();
+    for p in [
+        "keep",
+        "edit-same-size",
+        "edit-grow",
+        "touched",
+        "chmod",
+        "renamed",
+        "to-dir",
+        "hard",
+    ] {
+        w(p, &format!("content of {p}\n"));
+    }
+    std::fs::create_dir_all(cur.join("dir-to-file/sub")).unwrap();
+    w("dir-to-file/sub/x", "x");
+    std::fs::create_dir_all(cur.join("gone/deep/deeper")).unwrap();
+    w("gone/deep/deeper/f", "f");
+    std::os::unix::fs::symlink("keep", cur.join("link")).unwrap();
+    std::os::unix::fs::symlink("/etc", cur.join("out-link")).unwrap();
+    ck(&st, "a");
+    // Mutations of every kind.
+    w("edit-same-size", "CONTENT OF edit-same-size\n");
+    w("edit-grow", "a longer content than before\n");
+    let t = std::fs::File::options()
+        .write(true)
+        .open(cur.join("touched"))
+        .unwrap();
+    t.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+        .unwrap();
+    std::fs::set_permissions(cur.join("chmod"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::rename(cur.join("renamed"), cur.join("renamed-new")).unwrap();
+    std::fs::remove_file(cur.join("to-dir")).unwrap();
+    w("to-dir/inside", "now a dir");
+    std::fs::remove_dir_all(cur.join("dir-to-file")).unwrap();
+    w("dir-to-file", "now a file");
+    std::fs::remove_dir_all(cur.join("gone")).unwrap();
+    std::fs::hard_link(cur.join("hard"), cur.join("hard-2")).unwrap();
+    std::fs::remove_file(cur.join("link")).unwrap();
+    std::os::unix::fs::symlink("edit-grow", cur.join("link")).unwrap();
+    std::os::unix::fs::symlink("../../../../../..", cur.join("escape")).unwrap();
+    let mut deep = String::new();
+    for i in 0..40 {
+        deep.push_str(&format!("d{i}/"));
+    }
+    w(&format!("{deep}bottom"), "deep");
+    w("d001/f1500", "changed inside a big dir");
+    std::fs::remove_file(cur.join("d000/f7")).unwrap();
+    ck(&st, "b");
+    let l = st.layout().clone();
+    let want = brute(&l.checkpoint("a", "s", "a"), &l.checkpoint("a", "s", "b"));
+    let d = diff(&st, "a", "b");
+    assert_eq!(got(&d), want);
+    assert!(
+        !want.iter().any(|(p, _)| p == "touched"),
+        "a touch is not a change"
+    );
+    assert!(want.contains(&("chmod".into(), ChangeKind::Modified)));
+    assert!(want.contains(&("to-dir".into(), ChangeKind::TypeChanged)));
+    assert!(want.contains(&("escape".into(), ChangeKind::Added)));
+    // The other direction, and against current/.
+    assert_eq!(
+        got(&diff(&st, "b", "a")),
+        brute(&l.checkpoint("a", "s", "b"), &l.checkpoint("a", "s", "a"))
+    );
+    w("after-b", "x");
+    assert_eq!(
+        got(&diff(&st, "b", "current")),
+        brute(&l.checkpoint("a", "s", "b"), &cur)
+    );
+    assert!(got(&diff(&st, "b", "b")).is_empty());
+    // Bad names.
+    let e = st
+        .checkpoint_diff(&CheckpointDiff {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            from: "../b".into(),
+            to: "b".into(),
+        })
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidRequest);
+    let e = st
+        .checkpoint_diff(&CheckpointDiff {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            from: "nope".into(),
+            to: "b".into(),
+        })
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::NotFound);
+}
+
+#[test]
+fn ten_changes_in_a_hundred_thousand_files() {
+    let Some((_fs, st)) = setup("diff::ten_changes_in_a_hundred_thousand_files") else {
+        return;
+    };
+    let cur = st.layout().current("a", "s");
+    populate(&cur, 100_000).unwrap();
+    ck(&st, "a");
+    for i in 0..10 {
+        std::fs::write(
+            cur.join(format!("d{:03}/f{}", i * 7, i * 7000 + 3)),
+            "changed",
+        )
+        .unwrap();
+    }
+    ck(&st, "b");
+    let d = diff(&st, "a", "b");
+    assert_eq!(
+        (d.modified, d.added, d.deleted, d.type_changed),
+        (10, 0, 0, 0),
+        "{d:?}"
+    );
+}

@@ -157,7 +157,9 @@ impl Store {
             }
             rec.ended_ms = Some(crate::now_ms());
             rec.status = Some(p.status);
-            self.index.write(|w| w.put_turn(a, s, t, &rec))?;
+            // Quick: the checkpoint's durable journal Begin (or the next
+            // durable commit) carries it to disk.
+            self.index.write_quick(|w| w.put_turn(a, s, t, &rec))?;
             rec
         };
         let (auto, keep_last) = self.effective_policy(a, Some(s))?;
@@ -176,7 +178,7 @@ impl Store {
                 }
             }
             let _g = self.guard();
-            self.index.write(|w| w.put_turn(a, s, t, &rec))?;
+            self.index.write_quick(|w| w.put_turn(a, s, t, &rec))?;
         }
         Ok(turn_info(a, s, t, &rec))
     }

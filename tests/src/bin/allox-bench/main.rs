@@ -17,6 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod spawn_bench;
+mod turns_bench;
 
 pub(crate) fn pct(v: &[Duration], p: f64) -> Duration {
     let mut s = v.to_vec();
@@ -72,6 +73,9 @@ fn main() -> anyhow::Result<()> {
     }
     if only.is_empty() || only == "spawn" {
         spawn_bench::run(&fs, quick)?;
+    }
+    if only.is_empty() || only == "turns" {
+        turns_bench::run(&fs, quick)?;
     }
     Ok(())
 }

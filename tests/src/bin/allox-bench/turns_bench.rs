@@ -1,0 +1,130 @@
+//! `turn.end` with an automatic checkpoint, and `checkpoint.diff`, for
+//! `allox-bench`.
+
+use allox_integration::{populate, BtrfsFs};
+use allox_protocol::{CheckpointCreate, CheckpointDiff, PolicySet, TurnBegin, TurnEnd, TurnStatus};
+use allox_supervisor::failpoint::Failpoints;
+use allox_supervisor::store::Store;
+use std::process::Command;
+use std::time::Instant;
+
+use crate::{pct, us_or_ms};
+
+pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
+    let root = fs.path().join("turns-store");
+    std::fs::create_dir(&root)?;
+    let st = Store::open(&root, Failpoints::default())?;
+    st.agent_create("a")?;
+    st.session_create("a", "s")?;
+    st.policy_set(&PolicySet {
+        agent_id: "a".into(),
+        session_id: None,
+        auto_checkpoint: Some(true),
+        keep_last: None,
+    })?;
+    let cur = st.layout().current("a", "s");
+    populate(&cur, 10_000)?;
+    Command::new("sync").status()?;
+    let n = if quick { 20 } else { 100 };
+    let mut ends = Vec::new();
+    for i in 0..n {
+        let t = st.turn_begin(&TurnBegin {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            turn_id: None,
+        })?;
+        std::fs::write(cur.join("d000/f0"), format!("turn {i}"))?;
+        st.wait_idle();
+        Command::new("sync").status()?;
+        let t0 = Instant::now();
+        let r = st.turn_end(&TurnEnd {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            turn_id: t.turn_id,
+            status: TurnStatus::Ok,
+            label: None,
+        })?;
+        ends.push(t0.elapsed());
+        anyhow::ensure!(r.checkpoint_id.is_some(), "no checkpoint: {r:?}");
+    }
+    println!("## Turns\n");
+    println!("`turn.end` (ok) with the automatic checkpoint, 10,000-file workspace, {n} turns.\n");
+    println!("| what | p50 | p99 |");
+    println!("|---|---:|---:|");
+    println!(
+        "| `turn.end` with auto-checkpoint | {} | {} |",
+        us_or_ms(pct(&ends, 0.5)),
+        us_or_ms(pct(&ends, 0.99))
+    );
+    println!();
+
+    // Diff: 10 changed files out of 100,000.
+    st.session_create("a", "big")?;
+    let big = st.layout().current("a", "big");
+    populate(&big, 100_000)?;
+    let ck = |c: &str| {
+        st.checkpoint_create(&CheckpointCreate {
+            agent_id: "a".into(),
+            session_id: "big".into(),
+            checkpoint_id: c.into(),
+            pinned: false,
+            label: None,
+        })
+    };
+    ck("x")?;
+    for i in 0..10 {
+        std::fs::write(
+            big.join(format!("d{:03}/f{}", i * 9, i * 9000 + 1)),
+            "changed",
+        )?;
+    }
+    ck("y")?;
+    Command::new("sync").status()?;
+    let req = CheckpointDiff {
+        agent_id: "a".into(),
+        session_id: "big".into(),
+        from: "x".into(),
+        to: "y".into(),
+    };
+    let reps = if quick { 5 } else { 20 };
+    let mut ds = Vec::new();
+    for _ in 0..reps {
+        let t = Instant::now();
+        let d = st.checkpoint_diff(&req)?;
+        ds.push(t.elapsed());
+        anyhow::ensure!(d.modified == 10, "diff found {} changes", d.modified);
+    }
+    let (x, y) = (
+        st.layout().checkpoint("a", "big", "x"),
+        st.layout().checkpoint("a", "big", "y"),
+    );
+    let mut dr = Vec::new();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let out = Command::new("diff")
+            .args(["-rq", "--no-dereference"])
+            .arg(&x)
+            .arg(&y)
+            .output()?;
+        dr.push(t.elapsed());
+        anyhow::ensure!(
+            out.status.code() == Some(1),
+            "diff -r did not see the changes"
+        );
+    }
+    println!("## Checkpoint diff\n");
+    println!("Two checkpoints that differ in 10 files out of 100,000; warm cache.\n");
+    println!("| what | n | p50 | ratio |");
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| `diff -rq --no-dereference` (baseline) | 3 | {} | 1.0× |",
+        us_or_ms(pct(&dr, 0.5))
+    );
+    println!(
+        "| `checkpoint.diff` | {reps} | {} | {:.2}× |",
+        us_or_ms(pct(&ds, 0.5)),
+        pct(&ds, 0.5).as_secs_f64() / pct(&dr, 0.5).as_secs_f64()
+    );
+    println!();
+    Ok(())
+}

@@ -92,6 +92,18 @@ ctl rollback agent-a session-1 before-server --kill-processes
 ctl ps agent-a session-1
 show ls "$CUR"
 
+echo; echo "# an agent framework reports turns; with auto-checkpoints on, each good turn is kept"
+ctl policy agent-b --auto-checkpoint on --keep-last 5
+ctl session create agent-b session-2
+ctl turn begin agent-b session-2
+"$BIN/alloxctl" exec agent-b session-2 -- sh -c 'echo "def parse(): pass" > parser.py'
+ctl turn end agent-b session-2 turn-1 --label "wrote the parser"
+ctl turn begin agent-b session-2
+"$BIN/alloxctl" exec agent-b session-2 -- sh -c 'rm parser.py; echo oops > broken.txt'
+ctl turn end agent-b session-2 turn-2 --status failed
+ctl log agent-b session-2
+ctl diff agent-b session-2 turn-1 current
+
 echo; echo "# the same through the JSON gateway, as an agent framework would call it"
 "$BIN/alloxctl" gateway --listen 127.0.0.1:8092 2>>"$WORK/daemon.log" &
 GATEWAY=$!

@@ -566,6 +566,8 @@ pub struct CheckpointInfo {
     pub origin: Origin,
     pub pinned: bool,
     pub label: Option<String>,
+    /// The turn whose end took it (origin `turn`).
+    pub turn_id: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]

@@ -44,6 +44,7 @@ pub struct CheckpointRecord {
     pub origin: Origin,
     pub pinned: bool,
     pub label: Option<String>,
+    pub turn_id: Option<String>,
 }
 
 /// Automatic-checkpoint policy of an agent (key `agent`) or a session
@@ -504,6 +505,7 @@ mod tests {
             origin: Origin::Manual,
             pinned: false,
             label: None,
+            turn_id: None,
         }
     }
 

@@ -101,6 +101,7 @@ fn agent_policy_session_override_and_turn_outcomes() {
         .unwrap();
     assert_eq!(c.parent.as_deref(), Some("turn-1"));
     assert_eq!(c.label.as_deref(), Some("turn 4"));
+    assert_eq!(c.turn_id.as_deref(), Some("turn-4"));
     // The session that turned it off: no baseline, no turn checkpoints.
     assert!(tree(&st, "off").is_empty());
     turn(&st, "off", TurnStatus::Ok);

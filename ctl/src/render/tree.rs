@@ -143,6 +143,7 @@ mod tests {
             origin: Origin::Manual,
             pinned: false,
             label: None,
+            turn_id: None,
         }
     }
 

@@ -12,7 +12,7 @@ use allox_protocol::{
 
 impl Store {
     pub fn checkpoint_create(&self, p: &CheckpointCreate) -> Result<CheckpointInfo> {
-        self.checkpoint_create_as(p, Origin::Manual)
+        self.checkpoint_create_as(p, Origin::Manual, None)
     }
 
     /// Takes a read-only snapshot of `current/`; its parent is the session's
@@ -21,6 +21,7 @@ impl Store {
         &self,
         p: &CheckpointCreate,
         origin: Origin,
+        turn_id: Option<String>,
     ) -> Result<CheckpointInfo> {
         let (a, s, c) = (&*p.agent_id, &*p.session_id, &*p.checkpoint_id);
         validate_id("agent_id", a)?;
@@ -57,6 +58,7 @@ impl Store {
                     origin,
                     pinned: p.pinned,
                     label: p.label.clone(),
+                    turn_id: turn_id.clone(),
                 },
             })
         };

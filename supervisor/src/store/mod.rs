@@ -328,6 +328,7 @@ fn checkpoint_info(a: &str, s: &str, c: &str, r: &CheckpointRecord) -> Checkpoin
         origin: r.origin,
         pinned: r.pinned,
         label: r.label.clone(),
+        turn_id: r.turn_id.clone(),
     }
 }
 

@@ -380,6 +380,7 @@ fn reconcile(st: &Store) -> Result<Vec<String>> {
                             origin: Origin::Recovered,
                             pinned: false,
                             label: None,
+                            turn_id: None,
                         };
                         w.put_checkpoint(&a, &s, &c, &rec)?;
                         Ok(rec)

@@ -92,6 +92,7 @@ impl Store {
                 label: Some("session start".into()),
             },
             Origin::Baseline,
+            None,
         )?;
         Ok(Some(c.checkpoint_id))
     }
@@ -164,7 +165,7 @@ impl Store {
         };
         let (auto, keep_last) = self.effective_policy(a, Some(s))?;
         if auto && p.status == TurnStatus::Ok {
-            match self.turn_checkpoint(a, s, &rec, p.label.clone()) {
+            match self.turn_checkpoint(a, s, t, &rec, p.label.clone()) {
                 Ok(c) => rec.checkpoint_id = Some(c),
                 Err(e) => rec.checkpoint_error = Some(e.chain()),
             }
@@ -187,6 +188,7 @@ impl Store {
         &self,
         a: &str,
         s: &str,
+        t: &str,
         turn: &TurnRecord,
         label: Option<String>,
     ) -> Result<String> {
@@ -204,6 +206,7 @@ impl Store {
                 label: Some(label),
             },
             Origin::Turn,
+            Some(t.to_string()),
         )?;
         Ok(c.checkpoint_id)
     }

@@ -126,6 +126,42 @@ fn dec<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, IndexError> {
     })
 }
 
+fn get_from<T: DeserializeOwned>(
+    t: &impl ReadableTable<&'static str, &'static [u8]>,
+    key: &str,
+) -> Result<Option<T>, IndexError> {
+    t.get(key)?.map(|g| dec(key, g.value())).transpose()
+}
+
+/// Records under `prefix/` (or all), named by their last key component.
+fn list_from<T: DeserializeOwned>(
+    t: &impl ReadableTable<&'static str, &'static [u8]>,
+    prefix: Option<&str>,
+) -> Result<Vec<(String, T)>, IndexError> {
+    let mut out = Vec::new();
+    let mut push = |k: &str, v: &[u8]| -> Result<(), IndexError> {
+        let name = k.rsplit('/').next().unwrap_or(k).to_string();
+        out.push((name, dec(k, v)?));
+        Ok(())
+    };
+    match prefix {
+        Some(p) => {
+            let (lo, hi) = under(p);
+            for item in t.range(lo.as_str()..hi.as_str())? {
+                let (k, v) = item?;
+                push(k.value(), v.value())?;
+            }
+        }
+        None => {
+            for item in t.iter()? {
+                let (k, v) = item?;
+                push(k.value(), v.value())?;
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The key range of everything under `prefix/`.
 fn under(prefix: &str) -> (String, String) {
     (format!("{prefix}/"), format!("{prefix}0"))
@@ -193,12 +229,7 @@ impl Index {
         table: TableDefinition<&str, &[u8]>,
         key: &str,
     ) -> Result<Option<T>, IndexError> {
-        self.with_db(|db| {
-            let r = db.begin_read()?;
-            let t = r.open_table(table)?;
-            let v = t.get(key)?;
-            v.map(|g| dec(key, g.value())).transpose()
-        })
+        self.with_db(|db| get_from(&db.begin_read()?.open_table(table)?, key))
     }
 
     fn list<T: DeserializeOwned>(
@@ -206,38 +237,7 @@ impl Index {
         table: TableDefinition<&str, &[u8]>,
         prefix: Option<&str>,
     ) -> Result<Vec<(String, T)>, IndexError> {
-        self.with_db(|db| Self::list_in(db, table, prefix))
-    }
-
-    fn list_in<T: DeserializeOwned>(
-        db: &Database,
-        table: TableDefinition<&str, &[u8]>,
-        prefix: Option<&str>,
-    ) -> Result<Vec<(String, T)>, IndexError> {
-        let r = db.begin_read()?;
-        let t = r.open_table(table)?;
-        let mut out = Vec::new();
-        let mut push = |k: &str, v: &[u8]| -> Result<(), IndexError> {
-            let name = k.rsplit('/').next().unwrap_or(k).to_string();
-            out.push((name, dec(k, v)?));
-            Ok(())
-        };
-        match prefix {
-            Some(p) => {
-                let (lo, hi) = under(p);
-                for item in t.range(lo.as_str()..hi.as_str())? {
-                    let (k, v) = item?;
-                    push(k.value(), v.value())?;
-                }
-            }
-            None => {
-                for item in t.iter()? {
-                    let (k, v) = item?;
-                    push(k.value(), v.value())?;
-                }
-            }
-        }
-        Ok(out)
+        self.with_db(|db| list_from(&db.begin_read()?.open_table(table)?, prefix))
     }
 
     pub fn agent(&self, a: &str) -> Result<Option<AgentRecord>, IndexError> {
@@ -453,9 +453,7 @@ impl Writer<'_> {
         table: TableDefinition<&str, &[u8]>,
         key: &str,
     ) -> Result<Option<T>, IndexError> {
-        let t = self.tx.open_table(table)?;
-        let v = t.get(key)?;
-        v.map(|g| dec(key, g.value())).transpose()
+        get_from(&self.tx.open_table(table)?, key)
     }
     pub fn session(&self, a: &str, s: &str) -> Result<Option<SessionRecord>, IndexError> {
         self.get(SESSIONS, &session_key(a, s))
@@ -474,15 +472,7 @@ impl Writer<'_> {
         a: &str,
         s: &str,
     ) -> Result<Vec<(String, CheckpointRecord)>, IndexError> {
-        let t = self.tx.open_table(CHECKPOINTS)?;
-        let (lo, hi) = under(&session_key(a, s));
-        let mut out = Vec::new();
-        for item in t.range(lo.as_str()..hi.as_str())? {
-            let (k, v) = item?;
-            let name = k.value().rsplit('/').next().unwrap_or("").to_string();
-            out.push((name, dec(k.value(), v.value())?));
-        }
-        Ok(out)
+        list_from(&self.tx.open_table(CHECKPOINTS)?, Some(&session_key(a, s)))
     }
     /// The next value of a store-wide counter.
     pub fn next_seq(&mut self, name: &str) -> Result<u64, IndexError> {

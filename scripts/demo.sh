@@ -27,17 +27,26 @@ else
     echo "==> made a loop-backed Btrfs filesystem at $MADE_FS"
 fi
 export ALLOX_SOCKET=$WORK/ctl.sock
+# The demo's sessions get a cgroup subtree of their own, removed at the end.
+if [ -f /sys/fs/cgroup/cgroup.subtree_control ]; then CG=/sys/fs/cgroup; else CG=/sys/fs/cgroup/unified; fi
+CGROOT=$CG/allox-demo-$$
+mkdir -p "$CGROOT"
 
 cleanup() {
     [ -n "${DAEMON:-}" ] && kill "$DAEMON" 2>/dev/null && wait "$DAEMON" 2>/dev/null || true
     [ -n "${GATEWAY:-}" ] && kill "$GATEWAY" 2>/dev/null && wait "$GATEWAY" 2>/dev/null || true
+    if [ -d "$CGROOT" ]; then
+        echo 1 >"$CGROOT/cgroup.kill" 2>/dev/null || true
+        sleep 0.2
+        find "$CGROOT" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+    fi
     [ -n "$MADE_FS" ] && allox_remove_btrfs "$MADE_FS"
     rm -rf "$WORK"
 }
 trap cleanup EXIT
 
 "$BIN/allox-init" supervise --root "$ROOT" --listen "unix:$ALLOX_SOCKET" \
-    --sandbox-stage "$WORK/stage" 2>"$WORK/daemon.log" &
+    --sandbox-stage "$WORK/stage" --cgroup-root "$CGROOT" 2>"$WORK/daemon.log" &
 DAEMON=$!
 for _ in $(seq 100); do [ -S "$ALLOX_SOCKET" ] && break; sleep 0.05; done
 ctl() { echo; echo "\$ alloxctl $*"; "$BIN/alloxctl" "$@"; }

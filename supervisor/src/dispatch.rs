@@ -267,13 +267,12 @@ impl Supervisor {
                 let Some(runs) = &self.runs else {
                     return Ok(Response::Deleted(st.session_delete(a, s)?));
                 };
-                runs.fence(a, s);
                 let dir = runs.cgroups().session_dir(a, s);
-                let out = runs
-                    .kill_tree(&dir, true)
-                    .map_err(|e| StoreError::Conflict(e.message))
-                    .and_then(|_| st.session_delete(a, s));
-                runs.unfence(a, s);
+                let out = runs.fenced(a, s, || {
+                    runs.kill_tree(&dir, true)
+                        .map_err(|e| StoreError::Conflict(e.message))?;
+                    st.session_delete(a, s)
+                });
                 Response::Deleted(out?)
             }
             Request::CheckpointCreate(r) => Response::Checkpoint(st.checkpoint_create(r)?),
@@ -306,15 +305,14 @@ impl Supervisor {
                 st.checkpoint_list(a, s)?;
                 // No new runs while the session is checked, killed and
                 // rolled back.
-                runs.fence(a, s);
-                let out = (|| {
-                    let live = runs.live(a, s);
+                let out = runs.fenced(a, s, || {
                     let mut killed = 0;
                     // Any process counts, a sandbox still being set up too.
                     if runs.occupied(a, s) {
                         if !kill {
                             return Err(StoreError::Conflict(format!(
-                                "session {a}/{s} has {live} live processes; stop them or pass \"kill_processes\": true"
+                                "session {a}/{s} has {} live processes; stop them or pass \"kill_processes\": true",
+                                runs.live(a, s)
                             )));
                         }
                         let dir = runs.cgroups().session_dir(a, s);
@@ -325,8 +323,7 @@ impl Supervisor {
                     let mut done = st.rollback(&r)?;
                     done.killed_processes = killed;
                     Ok(done)
-                })();
-                runs.unfence(a, s);
+                });
                 Response::RolledBack(out?)
             }
             Request::ProcessStart(_)

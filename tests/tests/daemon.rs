@@ -403,9 +403,10 @@ fn handshake_is_enforced() {
         matches!(&f[..], [ServerFrame::Refused(e)] if e.code == ErrorCode::InvalidRequest),
         "{f:?}"
     );
-    // The client library reports a refusal with its code.
-    let e = allox_ctl::Client::handshake(UnixStream::connect(&d.socket).unwrap()).map(|_| ());
-    assert!(e.is_ok());
+    // The refused connections left the daemon serving: a proper handshake
+    // still works.
+    let ok = allox_ctl::Client::handshake(UnixStream::connect(&d.socket).unwrap()).map(|_| ());
+    assert!(ok.is_ok());
 }
 
 #[test]

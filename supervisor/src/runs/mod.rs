@@ -184,7 +184,14 @@ impl Runs {
 
     /// Makes the session's `current/` belong to the sandbox user.
     pub fn own(&self, current: &Path) {
-        let _ = std::os::unix::fs::chown(current, Some(self.cfg.uid), Some(self.cfg.gid));
+        use std::os::unix::fs::MetadataExt;
+        // Only when needed: a chown changes the directory's ctime.
+        let owned = std::fs::metadata(current)
+            .map(|m| m.uid() == self.cfg.uid && m.gid() == self.cfg.gid)
+            .unwrap_or(false);
+        if !owned {
+            let _ = std::os::unix::fs::chown(current, Some(self.cfg.uid), Some(self.cfg.gid));
+        }
     }
 
     /// Starts a run. With `wait`, answers when it ends.
@@ -545,12 +552,10 @@ impl Runs {
 
     /// The session's live processes (the sandbox inits left out).
     pub fn list(&self, a: &str, s: &str) -> Vec<ProcessInfo> {
-        let pids = self.cgroups.procs(&self.cgroups.session_dir(a, s));
-        let set: HashSet<i32> = pids.iter().copied().collect();
-        let mut out: Vec<ProcessInfo> = pids
-            .iter()
-            .filter_map(|&p| procfs::info(p))
-            .filter(|i| set.contains(&i.ppid))
+        let mut out: Vec<ProcessInfo> = self
+            .programs(&self.cgroups.session_dir(a, s))
+            .into_iter()
+            .filter_map(procfs::info)
             .collect();
         out.sort_by_key(|i| i.pid);
         out
@@ -562,15 +567,18 @@ impl Runs {
         self.programs_in(&self.cgroups.session_dir(a, s))
     }
 
-    /// Processes in `dir` and below, without the sandbox inits (the ones
-    /// whose parent is outside the cgroup).
     fn programs_in(&self, dir: &Path) -> usize {
+        self.programs(dir).len()
+    }
+
+    /// PIDs in `dir` and below, without the sandbox inits (the ones whose
+    /// parent is outside the cgroup).
+    fn programs(&self, dir: &Path) -> Vec<i32> {
         let pids = self.cgroups.procs(dir);
         let set: HashSet<i32> = pids.iter().copied().collect();
-        pids.iter()
-            .filter_map(|&p| procfs::info(p))
-            .filter(|i| set.contains(&i.ppid))
-            .count()
+        pids.into_iter()
+            .filter(|&p| procfs::ppid(p).is_some_and(|pp| set.contains(&pp)))
+            .collect()
     }
 
     /// Refuses new runs in a session (`s == "*"`: every session of the
@@ -593,6 +601,15 @@ impl Runs {
                 f.remove(&k);
             }
         }
+    }
+
+    /// Runs `f` with new runs in the session (or agent, `s == "*"`)
+    /// refused.
+    pub fn fenced<T>(&self, a: &str, s: &str, f: impl FnOnce() -> T) -> T {
+        self.fence(a, s);
+        let out = f();
+        self.unfence(a, s);
+        out
     }
 
     fn check_fence(&self, a: &str, s: &str) -> Result<(), ErrorBody> {

@@ -26,23 +26,6 @@ pub struct Spawned {
     pub status: OwnedFd,
 }
 
-/// `struct clone_args` (linux/sched.h, CLONE_ARGS_SIZE_VER2).
-#[repr(C)]
-#[derive(Default)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-    cgroup: u64,
-}
-
 const CLONE_PIDFD: u64 = 0x0000_1000;
 const CLONE_NEWNS: u64 = 0x0002_0000;
 const CLONE_NEWUTS: u64 = 0x0400_0000;
@@ -102,31 +85,30 @@ pub fn spawn(
     let exe = init_exe.as_raw_fd();
 
     let mut pidfd: libc::c_int = -1;
-    let args = CloneArgs {
-        flags: CLONE_PIDFD
-            | CLONE_NEWNS
-            | CLONE_NEWUTS
-            | CLONE_NEWIPC
-            | CLONE_NEWPID
-            | CLONE_INTO_CGROUP
-            | if spec.isolate_network {
-                CLONE_NEWNET
-            } else {
-                0
-            },
-        pidfd: &mut pidfd as *mut libc::c_int as u64,
-        exit_signal: libc::SIGCHLD as u64,
-        cgroup: cgroup.as_raw_fd() as u64,
-        ..CloneArgs::default()
-    };
+    // SAFETY: clone_args is plain integers; all-zero is its "unset" value.
+    let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
+    args.flags = CLONE_PIDFD
+        | CLONE_NEWNS
+        | CLONE_NEWUTS
+        | CLONE_NEWIPC
+        | CLONE_NEWPID
+        | CLONE_INTO_CGROUP
+        | if spec.isolate_network {
+            CLONE_NEWNET
+        } else {
+            0
+        };
+    args.pidfd = &mut pidfd as *mut libc::c_int as u64;
+    args.exit_signal = libc::SIGCHLD as u64;
+    args.cgroup = cgroup.as_raw_fd() as u64;
     // SAFETY: `args` is a valid clone_args of the size passed; the flags
     // give the child its own copy of memory (no CLONE_VM) and no stack is
     // set, so it continues on a copy of this stack exactly as after fork.
     let pid = unsafe {
         libc::syscall(
             libc::SYS_clone3,
-            &args as *const CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
+            &args as *const libc::clone_args,
+            std::mem::size_of::<libc::clone_args>(),
         )
     };
     if pid == 0 {

@@ -14,7 +14,7 @@ use crate::index::{AgentRecord, CheckpointRecord, SessionRecord};
 use crate::journal::{Entry, Op, Stage};
 use crate::layout::Layout;
 use allox_protocol::{validate_id, Origin};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// What to do with an operation whose disk steps all happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,16 +25,58 @@ pub enum Mode {
     Abort,
 }
 
+/// A delete's tree: where it lives, the subvolume that identifies it (and
+/// its ID), and where the operation moves it.
+struct Moved {
+    home: PathBuf,
+    subvol: PathBuf,
+    id: u64,
+    trash: PathBuf,
+}
+
+fn moved(l: &Layout, op: &Op, op_id: u64) -> Option<Moved> {
+    Some(match op {
+        Op::AgentDelete { agent, subvolume } => Moved {
+            home: l.agent_dir(agent),
+            subvol: l.workspace(agent),
+            id: *subvolume,
+            trash: Layout::trash(&l.agents_dir(), op_id),
+        },
+        Op::SessionDelete {
+            agent,
+            session,
+            subvolume,
+        } => Moved {
+            home: l.session_dir(agent, session),
+            subvol: l.current(agent, session),
+            id: *subvolume,
+            trash: Layout::trash(&l.sessions_dir(agent), op_id),
+        },
+        Op::CheckpointDelete {
+            agent,
+            session,
+            checkpoint,
+            subvolume,
+        } => Moved {
+            home: l.checkpoint(agent, session, checkpoint),
+            subvol: l.checkpoint(agent, session, checkpoint),
+            id: *subvolume,
+            trash: Layout::trash(&l.checkpoints_dir(agent, session), op_id),
+        },
+        _ => return None,
+    })
+}
+
+/// Whether a rollback's exchange is on disk: `current/` is no longer the
+/// subvolume it was.
+fn swapped(current: &Path, old_subvolume: u64) -> Result<bool> {
+    Ok(current.exists() && btrfs::subvolume_id(current)? != old_subvolume)
+}
+
 /// Finishes or undoes one journaled operation; does not close its entry.
 pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool> {
     let l = &st.layout;
     let rm = |p: &Path| btrfs::remove_tree(p).map_err(StoreError::from);
-    let put_back = |trash: &Path, home: &Path| -> Result<()> {
-        if trash.exists() && !home.exists() {
-            std::fs::rename(trash, home).map_err(|e| StoreError::io("rename", trash, e))?;
-        }
-        Ok(())
-    };
     let finish = |op: &Op| -> Result<()> {
         st.index.write_quick(|w| apply(w, op))?;
         Ok(())
@@ -48,65 +90,48 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
             if let Err(e) = btrfs::remove_tree(p) {
                 tracing::error!(error = %StoreError::from(e).chain(), "cannot remove trashed tree");
             }
-            Ok::<(), StoreError>(())
         };
-        // The End commit can reach the disk before the rename it records;
-        // if the tree (known by its subvolume ID) is still at home, move it
-        // to where the operation put it, then remove it.
-        let redo = |home: &Path, subvol: &Path, id: u64, trash: &Path| -> Result<()> {
-            if btrfs::is_subvolume(subvol) && btrfs::subvolume_id(subvol)? == id && !trash.exists()
+        // The End commit can reach the disk before the rename it records:
+        // if the tree (known by its subvolume ID, never reused) is still at
+        // home, move it where the operation put it, then remove it.
+        if let Some(m) = moved(l, op, op_id) {
+            if btrfs::is_subvolume(&m.subvol)
+                && btrfs::subvolume_id(&m.subvol)? == m.id
+                && !m.trash.exists()
             {
-                std::fs::rename(home, trash).map_err(|e| StoreError::io("rename", home, e))?;
+                std::fs::rename(&m.home, &m.trash)
+                    .map_err(|e| StoreError::io("rename", &m.home, e))?;
             }
-            Ok(())
-        };
-        match op {
-            Op::AgentDelete { agent, subvolume } => {
-                let trash = Layout::trash(&l.agents_dir(), op_id);
-                redo(&l.agent_dir(agent), &l.workspace(agent), *subvolume, &trash)?;
-                rm(&trash)?
+            rm(&m.trash);
+        } else if let Op::Rollback {
+            agent,
+            session,
+            old_subvolume,
+            ..
+        } = op
+        {
+            let fresh = l.rollback_tmp(agent, session, op_id);
+            let current = l.current(agent, session);
+            if fresh.exists() && current.exists() && !swapped(&current, *old_subvolume)? {
+                // The exchange did not reach the disk: do it again.
+                btrfs::exchange(&fresh, &current)?;
             }
-            Op::SessionDelete {
-                agent,
-                session,
-                subvolume,
-            } => {
-                let trash = Layout::trash(&l.sessions_dir(agent), op_id);
-                let home = l.session_dir(agent, session);
-                redo(&home, &l.current(agent, session), *subvolume, &trash)?;
-                rm(&trash)?
-            }
-            Op::CheckpointDelete {
-                agent,
-                session,
-                checkpoint,
-                subvolume,
-            } => {
-                let trash = Layout::trash(&l.checkpoints_dir(agent, session), op_id);
-                let home = l.checkpoint(agent, session, checkpoint);
-                redo(&home, &home, *subvolume, &trash)?;
-                rm(&trash)?
-            }
-            Op::Rollback {
-                agent,
-                session,
-                old_subvolume,
-                ..
-            } => {
-                let fresh = l.rollback_tmp(agent, session, op_id);
-                let current = l.current(agent, session);
-                if fresh.exists()
-                    && current.exists()
-                    && btrfs::subvolume_id(&current)? == *old_subvolume
-                {
-                    // The exchange did not reach the disk: do it again.
-                    btrfs::exchange(&fresh, &current)?;
-                }
-                rm(&fresh)?
-            }
-            _ => {}
+            rm(&fresh);
         }
         return Ok(true);
+    }
+    if let Some(m) = moved(l, op, op_id) {
+        // A delete is complete once its tree has left home.
+        if forward && !m.home.exists() {
+            finish(op)?;
+            rm(&m.trash)?;
+            return Ok(true);
+        }
+        if m.trash.exists() && !m.home.exists() {
+            std::fs::rename(&m.trash, &m.home)
+                .map_err(|e| StoreError::io("rename", &m.trash, e))?;
+        }
+        return Ok(false);
     }
     let finished = match op {
         Op::AgentCreate { agent, .. } => {
@@ -121,17 +146,6 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
                 false
             }
         }
-        Op::AgentDelete { agent, .. } => {
-            let trash = Layout::trash(&l.agents_dir(), op_id);
-            if forward && !l.agent_dir(agent).exists() {
-                finish(op)?;
-                rm(&trash)?;
-                true
-            } else {
-                put_back(&trash, &l.agent_dir(agent))?;
-                false
-            }
-        }
         Op::SessionCreate { agent, session, .. } => {
             if forward && btrfs::is_subvolume(&l.current(agent, session)) {
                 let d = l.checkpoints_dir(agent, session);
@@ -140,17 +154,6 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
                 true
             } else {
                 rm(&l.session_dir(agent, session))?;
-                false
-            }
-        }
-        Op::SessionDelete { agent, session, .. } => {
-            let trash = Layout::trash(&l.sessions_dir(agent), op_id);
-            if forward && !l.session_dir(agent, session).exists() {
-                finish(op)?;
-                rm(&trash)?;
-                true
-            } else {
-                put_back(&trash, &l.session_dir(agent, session))?;
                 false
             }
         }
@@ -169,23 +172,6 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
                 false
             }
         }
-        Op::CheckpointDelete {
-            agent,
-            session,
-            checkpoint,
-            ..
-        } => {
-            let trash = Layout::trash(&l.checkpoints_dir(agent, session), op_id);
-            let home = l.checkpoint(agent, session, checkpoint);
-            if forward && !home.exists() {
-                finish(op)?;
-                rm(&trash)?;
-                true
-            } else {
-                put_back(&trash, &home)?;
-                false
-            }
-        }
         Op::Rollback {
             agent,
             session,
@@ -194,7 +180,7 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
         } => {
             let fresh = l.rollback_tmp(agent, session, op_id);
             let current = l.current(agent, session);
-            let swapped = current.exists() && btrfs::subvolume_id(&current)? != *old_subvolume;
+            let swapped = swapped(&current, *old_subvolume)?;
             if swapped && forward {
                 finish(op)?;
             } else if swapped && fresh.exists() {
@@ -204,6 +190,8 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
             rm(&fresh)?;
             swapped && forward
         }
+        // The deletes were handled above.
+        Op::AgentDelete { .. } | Op::SessionDelete { .. } | Op::CheckpointDelete { .. } => false,
     };
     Ok(finished)
 }

@@ -185,13 +185,18 @@ impl Supervisor {
             }),
             Request::AgentDelete(r) => {
                 // The agent's processes die first, every session of it.
-                if let Some(runs) = &self.runs {
-                    st.session_list(&r.agent_id)?;
-                    let dir = runs.cgroups().agent_dir(&r.agent_id);
+                let Some(runs) = &self.runs else {
+                    return Ok(Response::Deleted(st.agent_delete(&r.agent_id)?));
+                };
+                st.session_list(&r.agent_id)?;
+                let dir = runs.cgroups().agent_dir(&r.agent_id);
+                // No new run in any of its sessions until it is gone.
+                let out = runs.fenced(&r.agent_id, "*", || {
                     runs.kill_tree(&dir, true)
                         .map_err(|e| StoreError::Conflict(e.message))?;
-                }
-                Response::Deleted(st.agent_delete(&r.agent_id)?)
+                    st.agent_delete(&r.agent_id)
+                });
+                Response::Deleted(out?)
             }
             Request::SessionCreate(r) => {
                 let limits = crate::cgroup::Limits {

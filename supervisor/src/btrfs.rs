@@ -56,6 +56,175 @@ const IOC_SUBVOL_CREATE: u64 = iow(14, std::mem::size_of::<VolArgs>());
 const IOC_SNAP_DESTROY: u64 = iow(15, std::mem::size_of::<VolArgs>());
 const IOC_INO_LOOKUP: u64 = iowr(18, std::mem::size_of::<InoLookupArgs>());
 const IOC_SNAP_CREATE_V2: u64 = iow(23, std::mem::size_of::<VolArgsV2>());
+/// `BTRFS_IOC_TREE_SEARCH_V2`: the size encoded is that of the header
+/// (`struct btrfs_ioctl_search_args_v2` without its flexible buffer).
+const IOC_TREE_SEARCH_V2: u64 = iowr(17, std::mem::size_of::<SearchKey>() + 8);
+
+/// `struct btrfs_ioctl_search_key`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SearchKey {
+    pub tree_id: u64,
+    pub min_objectid: u64,
+    pub max_objectid: u64,
+    pub min_offset: u64,
+    pub max_offset: u64,
+    pub min_transid: u64,
+    pub max_transid: u64,
+    pub min_type: u32,
+    pub max_type: u32,
+    pub nr_items: u32,
+    unused: u32,
+    unused1: u64,
+    unused2: u64,
+    unused3: u64,
+    unused4: u64,
+}
+
+impl SearchKey {
+    /// Every item of `tree_id` in tree blocks written at or after
+    /// `min_transid`.
+    pub fn all(tree_id: u64, min_transid: u64) -> SearchKey {
+        SearchKey {
+            tree_id,
+            max_objectid: u64::MAX,
+            max_offset: u64::MAX,
+            min_transid,
+            max_transid: u64::MAX,
+            max_type: 255,
+            ..SearchKey::default()
+        }
+    }
+
+    /// The items of one object with types in `types`.
+    pub fn object(tree_id: u64, objectid: u64, types: std::ops::RangeInclusive<u8>) -> SearchKey {
+        SearchKey {
+            tree_id,
+            min_objectid: objectid,
+            max_objectid: objectid,
+            max_offset: u64::MAX,
+            max_transid: u64::MAX,
+            min_type: u32::from(*types.start()),
+            max_type: u32::from(*types.end()),
+            ..SearchKey::default()
+        }
+    }
+}
+
+const SEARCH_BUF: usize = 64 * 1024;
+
+/// `struct btrfs_ioctl_search_args_v2` with a 64 KiB buffer.
+#[repr(C)]
+struct SearchArgsV2 {
+    key: SearchKey,
+    buf_size: u64,
+    buf: [u8; SEARCH_BUF],
+}
+
+/// One item found by [`TreeSearch::run`]: its key, the generation of the tree
+/// block it sits in, and its bytes.
+#[derive(Debug)]
+pub struct Item<'a> {
+    pub objectid: u64,
+    pub kind: u8,
+    pub offset: u64,
+    pub transid: u64,
+    pub data: &'a [u8],
+}
+
+/// Item types used by the diff (from `linux/btrfs_tree.h`).
+pub mod item {
+    pub const INODE_ITEM: u8 = 1;
+    pub const INODE_REF: u8 = 12;
+    pub const INODE_EXTREF: u8 = 13;
+    pub const ROOT_ITEM: u8 = 132;
+}
+/// The tree of tree roots.
+pub const ROOT_TREE_ID: u64 = 1;
+
+/// Runs tree searches with one buffer (`BTRFS_IOC_TREE_SEARCH_V2`; needs
+/// `CAP_SYS_ADMIN`).
+pub struct TreeSearch {
+    args: Box<SearchArgsV2>,
+}
+
+impl Default for TreeSearch {
+    fn default() -> Self {
+        TreeSearch {
+            args: Box::new(SearchArgsV2 {
+                key: SearchKey::default(),
+                buf_size: SEARCH_BUF as u64,
+                buf: [0; SEARCH_BUF],
+            }),
+        }
+    }
+}
+
+impl TreeSearch {
+    /// Calls `f` for every item the search key selects, in key order. The
+    /// kernel compares whole keys `(objectid, type, offset)` against the two
+    /// bounds, so items of other types between them are dropped here.
+    pub fn run(
+        &mut self,
+        fd: &impl AsFd,
+        key: SearchKey,
+        mut f: impl FnMut(&Item<'_>),
+    ) -> Result<(), BtrfsError> {
+        let args = &mut *self.args;
+        args.key = key;
+        let types = key.min_type..=key.max_type;
+        loop {
+            args.key.nr_items = u32::MAX;
+            args.buf_size = SEARCH_BUF as u64;
+            ioctl(fd, IOC_TREE_SEARCH_V2, args)
+                .map_err(|e| io_err("search tree", Path::new(&format!("{}", key.tree_id)), e))?;
+            let n = args.key.nr_items;
+            if n == 0 {
+                return Ok(());
+            }
+            let buf = &args.buf;
+            let (mut at, mut last) = (0usize, (0u64, 0u8, 0u64));
+            for _ in 0..n {
+                let word =
+                    |i: usize| u64::from_ne_bytes(buf[at + i..at + i + 8].try_into().unwrap());
+                let half =
+                    |i: usize| u32::from_ne_bytes(buf[at + i..at + i + 4].try_into().unwrap());
+                let (transid, objectid, offset, kind) = (word(0), word(8), word(16), half(24));
+                let len = half(28) as usize;
+                let data = &buf[at + 32..at + 32 + len];
+                at += 32 + len;
+                last = (objectid, kind as u8, offset);
+                if types.contains(&kind) {
+                    f(&Item {
+                        objectid,
+                        kind: kind as u8,
+                        offset,
+                        transid,
+                        data,
+                    });
+                }
+            }
+            // Continue just after the last key returned.
+            let (o, t, off) = last;
+            let next = if off < u64::MAX {
+                Some((o, t, off + 1))
+            } else if t < u8::MAX {
+                Some((o, t + 1, 0))
+            } else {
+                o.checked_add(1).map(|o| (o, 0, 0))
+            };
+            let Some((o, t, off)) = next else {
+                return Ok(());
+            };
+            if o > key.max_objectid {
+                return Ok(());
+            }
+            args.key.min_objectid = o;
+            args.key.min_type = u32::from(t);
+            args.key.min_offset = off;
+        }
+    }
+}
 
 #[derive(Debug, Error)]
 pub enum BtrfsError {
@@ -125,7 +294,8 @@ fn split(path: &Path) -> Result<(&Path, &OsStr), BtrfsError> {
 fn ioctl<T>(fd: &impl AsFd, req: u64, arg: &mut T) -> io::Result<()> {
     // SAFETY: every caller passes one of the request numbers above together
     // with the argument struct the kernel expects for it (same layout and
-    // size as in linux/btrfs.h, which the request number encodes); the
+    // size as in linux/btrfs.h, which the request number encodes; the tree
+    // search's flexible buffer is as long as its `buf_size` says); the
     // struct lives for the whole call and the fd is open.
     let rc = unsafe {
         libc::ioctl(
@@ -204,6 +374,55 @@ fn delete_subvolume_at(dir: &OwnedFd, name: &OsStr, shown: &Path) -> Result<(), 
     });
     copy_name(&mut args.name, name)?;
     ioctl(dir, IOC_SNAP_DESTROY, &mut *args).map_err(|e| io_err("delete subvolume", shown, e))
+}
+
+/// What the root tree records of one subvolume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RootInfo {
+    pub id: u64,
+    pub uuid: [u8; 16],
+    /// The subvolume this one is a snapshot of (zero if none).
+    pub parent_uuid: [u8; 16],
+    /// The transaction that created it.
+    pub otransid: u64,
+}
+
+impl RootInfo {
+    /// Reads a `struct btrfs_root_item`; `None` for the legacy short form or
+    /// one whose extended fields are stale.
+    pub fn parse(id: u64, d: &[u8]) -> Option<RootInfo> {
+        let le = |at: usize| u64::from_le_bytes(d[at..at + 8].try_into().unwrap());
+        if d.len() < 311 || le(160) != le(239) {
+            return None;
+        }
+        Some(RootInfo {
+            id,
+            uuid: d[247..263].try_into().unwrap(),
+            parent_uuid: d[263..279].try_into().unwrap(),
+            otransid: le(303),
+        })
+    }
+}
+
+/// Every subvolume of the filesystem `fd` is on, from the root tree.
+pub fn subvolumes(fd: &impl AsFd) -> Result<Vec<RootInfo>, BtrfsError> {
+    let key = SearchKey {
+        tree_id: ROOT_TREE_ID,
+        min_objectid: 5,
+        max_objectid: u64::MAX - 256,
+        min_type: u32::from(item::ROOT_ITEM),
+        max_type: u32::from(item::ROOT_ITEM),
+        max_offset: u64::MAX,
+        max_transid: u64::MAX,
+        ..SearchKey::default()
+    };
+    let mut out = Vec::new();
+    TreeSearch::default().run(fd, key, |it| {
+        if let Some(r) = RootInfo::parse(it.objectid, it.data) {
+            out.push(r);
+        }
+    })?;
+    Ok(out)
 }
 
 /// The ID of the subvolume that `path` belongs to.
@@ -339,6 +558,8 @@ mod tests {
         assert_eq!(IOC_SNAP_DESTROY, 0x5000_940F);
         assert_eq!(IOC_INO_LOOKUP, 0xD000_9412);
         assert_eq!(IOC_SNAP_CREATE_V2, 0x5000_9417);
+        assert_eq!(std::mem::size_of::<SearchKey>(), 104);
+        assert_eq!(IOC_TREE_SEARCH_V2, 0xC070_9411);
     }
 
     #[test]

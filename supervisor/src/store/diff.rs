@@ -7,11 +7,22 @@
 //! are the same on both sides is unchanged and its contents are not read;
 //! only files whose metadata differs but whose size and mode do not are
 //! read, to tell a real change from a touch.
+//!
+//! Between two subvolumes of the store the walk is pruned with what Btrfs
+//! itself records ([`Hints`]): a snapshot shares every tree block with its
+//! source until one side writes, and a written block carries the number of
+//! the transaction that wrote it. So only items in blocks written since the
+//! two trees last were one can differ; their inodes, and the directories
+//! above them, are all the walk has to look at. An entry with the same
+//! inode number on both sides and no such item is the same file, and is
+//! passed over without a `stat`.
 
 use super::{Result, Store, StoreError};
+use crate::btrfs::{self, item, RootInfo, SearchKey, SUBVOL_ROOT_INO};
 use allox_protocol::{validate_id, Change, ChangeKind, CheckpointDiff, DiffListing};
 use rustix::fd::OwnedFd;
 use rustix::fs::{self, AtFlags, FileType, Mode, OFlags, Stat};
+use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -54,14 +65,146 @@ fn open_dir_at(dir: &OwnedFd, name: &OsStr, shown: &Path) -> Result<OwnedFd> {
     .map_err(|e| io("open", shown, e))
 }
 
-fn names(dir: &OwnedFd, shown: &Path) -> Result<Vec<OsString>> {
+/// Where the walk must look, from the Btrfs trees of the two sides.
+#[derive(Debug, Default)]
+pub struct Hints {
+    /// Inodes with an item in a tree block written since the trees were one.
+    changed: HashSet<u64>,
+    /// Directories above those inodes, on either side.
+    above: HashSet<u64>,
+}
+
+impl Hints {
+    /// Whether an entry with inode `ino` on both sides may differ.
+    fn may_differ(&self, ino: u64) -> bool {
+        self.changed.contains(&ino) || self.above.contains(&ino)
+    }
+
+    /// How many inodes the hints single out.
+    pub fn changed_inodes(&self) -> usize {
+        self.changed.len()
+    }
+
+    /// [`Hints::read`] from two paths.
+    pub fn read_paths(from: &Path, to: &Path) -> Result<Option<Hints>> {
+        Hints::read(&open_root(from)?, &open_root(to)?, from, to)
+    }
+
+    /// Reads the hints for two subvolumes of one filesystem, or `None` when
+    /// their common history cannot be told (the caller then walks it all).
+    pub fn read(
+        from: &OwnedFd,
+        to: &OwnedFd,
+        from_path: &Path,
+        to_path: &Path,
+    ) -> Result<Option<Hints>> {
+        let bt = |e: btrfs::BtrfsError| StoreError::from(e);
+        for (fd, p) in [(from, from_path), (to, to_path)] {
+            let st = fs::fstat(fd).map_err(|e| io("stat", p, e))?;
+            if st.st_ino != SUBVOL_ROOT_INO {
+                return Ok(None);
+            }
+        }
+        let (a, b) = (
+            btrfs::subvolume_id(from_path).map_err(bt)?,
+            btrfs::subvolume_id(to_path).map_err(bt)?,
+        );
+        let roots = btrfs::subvolumes(from).map_err(bt)?;
+        let Some(since) = diverged(&roots, a, b) else {
+            return Ok(None);
+        };
+        let mut h = Hints::default();
+        if a == b {
+            return Ok(Some(h));
+        }
+        let mut search = btrfs::TreeSearch::default();
+        for tree in [a, b] {
+            search
+                .run(from, SearchKey::all(tree, since.saturating_add(1)), |it| {
+                    h.changed.insert(it.objectid);
+                })
+                .map_err(bt)?;
+        }
+        for tree in [a, b] {
+            let mut todo: Vec<u64> = h.changed.iter().copied().collect();
+            let mut seen: HashSet<u64> = HashSet::new();
+            while let Some(ino) = todo.pop() {
+                if ino == SUBVOL_ROOT_INO || !seen.insert(ino) {
+                    continue;
+                }
+                let mut parents = Vec::new();
+                let key = SearchKey::object(tree, ino, item::INODE_REF..=item::INODE_EXTREF);
+                search
+                    .run(from, key, |it| {
+                        if it.kind == item::INODE_REF {
+                            parents.push(it.offset);
+                        } else if it.data.len() >= 8 {
+                            parents.push(u64::from_le_bytes(it.data[..8].try_into().unwrap()));
+                        }
+                    })
+                    .map_err(bt)?;
+                for p in parents {
+                    h.above.insert(p);
+                    todo.push(p);
+                }
+            }
+        }
+        Ok(Some(h))
+    }
+}
+
+/// The transaction after which two subvolumes can differ: both descend, by
+/// snapshots, from one subvolume, and each took its copy of it in some
+/// transaction. A snapshot is made while its transaction commits, so blocks
+/// written in that transaction or before are shared with the source; every
+/// later write to either lands in a block of a later transaction.
+/// `None` when the two lines of descent do not meet in what the root tree
+/// still records.
+fn diverged(roots: &[RootInfo], a: u64, b: u64) -> Option<u64> {
+    let by_id: HashMap<u64, &RootInfo> = roots.iter().map(|r| (r.id, r)).collect();
+    let by_uuid: HashMap<[u8; 16], &RootInfo> = roots.iter().map(|r| (r.uuid, r)).collect();
+    // The line of descent: (uuid, the transaction it was copied from its
+    // parent at), from the subvolume up.
+    let line = |id: u64| -> Option<Vec<([u8; 16], u64)>> {
+        let mut out = Vec::new();
+        let mut r = *by_id.get(&id)?;
+        loop {
+            out.push((r.uuid, r.otransid));
+            if r.parent_uuid == [0; 16] || out.len() > 4096 {
+                return Some(out);
+            }
+            match by_uuid.get(&r.parent_uuid) {
+                Some(p) => r = p,
+                None => {
+                    // A deleted parent: known by uuid only.
+                    out.push((r.parent_uuid, 0));
+                    return Some(out);
+                }
+            }
+        }
+    };
+    let (la, lb) = (line(a)?, line(b)?);
+    for (j, (u, _)) in lb.iter().enumerate() {
+        if let Some(i) = la.iter().position(|(v, _)| v == u) {
+            let copy = |l: &[([u8; 16], u64)], k: usize| (k > 0).then(|| l[k - 1].1);
+            return match (copy(&la, i), copy(&lb, j)) {
+                (None, None) => Some(u64::MAX),
+                (Some(x), None) | (None, Some(x)) => Some(x),
+                (Some(x), Some(y)) => Some(x.min(y)),
+            };
+        }
+    }
+    None
+}
+
+fn names(dir: &OwnedFd, shown: &Path) -> Result<Vec<(OsString, u64)>> {
     let mut d = fs::Dir::read_from(dir).map_err(|e| io("read", shown, e))?;
     let mut out = Vec::new();
     while let Some(e) = d.read() {
         let e = e.map_err(|e| io("read", shown, e))?;
         let n = e.file_name().to_bytes();
         if n != b"." && n != b".." {
-            out.push(OsStr::from_bytes(n).to_os_string());
+            out.push((OsStr::from_bytes(n).to_os_string(), e.ino()));
         }
     }
     out.sort();
@@ -140,7 +283,7 @@ fn one_side(
     kind: ChangeKind,
     acc: &mut Acc,
 ) -> Result<()> {
-    for n in names(dir, shown)? {
+    for (n, _) in names(dir, shown)? {
         let p = rel(path, &n);
         let st = stat_at(dir, &n, shown)?;
         let sz = size(&st);
@@ -156,18 +299,25 @@ fn one_side(
     Ok(())
 }
 
-fn walk(a: &OwnedFd, b: &OwnedFd, path: &str, shown: &Path, acc: &mut Acc) -> Result<()> {
+fn walk(
+    a: &OwnedFd,
+    b: &OwnedFd,
+    path: &str,
+    shown: &Path,
+    hints: Option<&Hints>,
+    acc: &mut Acc,
+) -> Result<()> {
     let (na, nb) = (names(a, shown)?, names(b, shown)?);
     let (mut i, mut j) = (0, 0);
     while i < na.len() || j < nb.len() {
         let order = match (na.get(i), nb.get(j)) {
-            (Some(x), Some(y)) => x.cmp(y),
+            (Some(x), Some(y)) => x.0.cmp(&y.0),
             (Some(_), None) => std::cmp::Ordering::Less,
             _ => std::cmp::Ordering::Greater,
         };
         match order {
             std::cmp::Ordering::Less => {
-                let n = &na[i];
+                let n = &na[i].0;
                 let st = stat_at(a, n, shown)?;
                 acc.push(rel(path, n), ChangeKind::Deleted, size(&st), None);
                 if kind_of(&st) == FileType::Directory {
@@ -183,7 +333,7 @@ fn walk(a: &OwnedFd, b: &OwnedFd, path: &str, shown: &Path, acc: &mut Acc) -> Re
                 i += 1;
             }
             std::cmp::Ordering::Greater => {
-                let n = &nb[j];
+                let n = &nb[j].0;
                 let st = stat_at(b, n, shown)?;
                 acc.push(rel(path, n), ChangeKind::Added, None, size(&st));
                 if kind_of(&st) == FileType::Directory {
@@ -193,7 +343,16 @@ fn walk(a: &OwnedFd, b: &OwnedFd, path: &str, shown: &Path, acc: &mut Acc) -> Re
                 j += 1;
             }
             std::cmp::Ordering::Equal => {
-                let n = &na[i];
+                let (n, ino) = (&na[i].0, na[i].1);
+                // A nested subvolume is another tree: the hints say nothing
+                // of what is inside it.
+                let nested = ino == SUBVOL_ROOT_INO || nb[j].1 == SUBVOL_ROOT_INO;
+                if ino == nb[j].1 && !nested && hints.is_some_and(|h| !h.may_differ(ino)) {
+                    i += 1;
+                    j += 1;
+                    continue;
+                }
+                let inner = if nested { None } else { hints };
                 let p = rel(path, n);
                 let sub_shown = shown.join(n);
                 let (sa, sb) = (stat_at(a, n, shown)?, stat_at(b, n, shown)?);
@@ -216,7 +375,7 @@ fn walk(a: &OwnedFd, b: &OwnedFd, path: &str, shown: &Path, acc: &mut Acc) -> Re
                         open_dir_at(a, n, &sub_shown)?,
                         open_dir_at(b, n, &sub_shown)?,
                     );
-                    walk(&da, &db, &p, &sub_shown, acc)?;
+                    walk(&da, &db, &p, &sub_shown, inner, acc)?;
                 } else {
                     let same_meta = sa.st_ino == sb.st_ino
                         && sa.st_size == sb.st_size
@@ -249,19 +408,39 @@ fn walk(a: &OwnedFd, b: &OwnedFd, path: &str, shown: &Path, acc: &mut Acc) -> Re
     Ok(())
 }
 
+fn open_root(p: &Path) -> Result<OwnedFd> {
+    fs::open(
+        p,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io("open", p, e))
+}
+
+/// How [`diff_trees`] finds the changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiffMethod {
+    /// Compare every entry of both trees.
+    Walk,
+    /// Between two subvolumes of one Btrfs filesystem, look only where the
+    /// filesystem says something was written (falls back to the walk when
+    /// it cannot tell). Needs `CAP_SYS_ADMIN`.
+    Btrfs,
+}
+
 /// Diffs two directory trees.
-pub fn diff_trees(from: &Path, to: &Path) -> Result<(Vec<Change>, bool, [u64; 4])> {
-    let open = |p: &Path| {
-        fs::open(
-            p,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| io("open", p, e))
+pub fn diff_trees(
+    from: &Path,
+    to: &Path,
+    method: DiffMethod,
+) -> Result<(Vec<Change>, bool, [u64; 4])> {
+    let (a, b) = (open_root(from)?, open_root(to)?);
+    let hints = match method {
+        DiffMethod::Walk => None,
+        DiffMethod::Btrfs => Hints::read(&a, &b, from, to)?,
     };
-    let (a, b) = (open(from)?, open(to)?);
     let mut acc = Acc::default();
-    walk(&a, &b, "", Path::new(""), &mut acc)?;
+    walk(&a, &b, "", Path::new(""), hints.as_ref(), &mut acc)?;
     let total: u64 = acc.counts.iter().sum();
     let truncated = total as usize > acc.changes.len();
     acc.changes.sort_by(|x, y| x.path.cmp(&y.path));
@@ -285,7 +464,7 @@ impl Store {
         self.need_session(a, s)?;
         let from = self.tree_of(a, s, &p.from)?;
         let to = self.tree_of(a, s, &p.to)?;
-        let (changes, truncated, c) = diff_trees(&from, &to)?;
+        let (changes, truncated, c) = diff_trees(&from, &to, DiffMethod::Btrfs)?;
         Ok(DiffListing {
             from: p.from.clone(),
             to: p.to.clone(),

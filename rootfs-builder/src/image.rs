@@ -1,0 +1,345 @@
+//! What goes in the initramfs: the layout every profile shares, `/init`,
+//! busybox and its applets, the profile's extras, then `--add` entries.
+//!
+//! Layout (Debian's merged /usr, so paths that programs expect resolve):
+//!
+//! ```text
+//! /init                 allox-init (static, checked)
+//! /bin -> usr/bin       /sbin -> usr/sbin
+//! /usr/bin/busybox      static, checked; applets link to it from
+//!                       /usr/bin and /usr/sbin
+//! /dev/console          c 5 1, so the kernel can give /init its stdio
+//!                       before /dev is mounted
+//! /etc/passwd, group    root, sandbox (10000, the supervisor's default
+//!                       --sandbox-uid), nobody (65534)
+//! /etc/hostname, hosts  "allox"
+//! /proc /sys /dev /run /tmp (1777) /root (0700) /mnt/store
+//! /var/lib/allox        where the store is mounted (DESIGN.md)
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use crate::busybox::{self, BusyboxError};
+use crate::elf::{self, ElfError};
+use crate::python::{self, PythonError};
+use crate::tree::{self, Tree, TreeError};
+
+/// The uid and gid sandboxed programs run as by default (`allox-init
+/// supervise --sandbox-uid`).
+pub const SANDBOX_ID: u32 = 10_000;
+
+pub const PASSWD: &str = "\
+root:x:0:0:root:/root:/bin/sh
+sandbox:x:10000:10000:sandbox:/tmp:/bin/sh
+nobody:x:65534:65534:nobody:/nonexistent:/bin/false
+";
+
+pub const GROUP: &str = "\
+root:x:0:
+sandbox:x:10000:
+nogroup:x:65534:
+";
+
+pub const HOSTNAME: &str = "allox\n";
+
+pub const HOSTS: &str = "\
+127.0.0.1 localhost allox
+::1 localhost ip6-localhost ip6-loopback
+";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Profile {
+    /// allox-init, busybox and the base layout.
+    #[default]
+    Default,
+    /// Default plus python3 and git with their shared libraries, copied
+    /// from this host's Debian packages.
+    Python,
+}
+
+/// A host file or directory to copy to a path in the image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Addition {
+    pub src: PathBuf,
+    pub dest: String,
+}
+
+impl std::str::FromStr for Addition {
+    type Err = String;
+
+    /// `SRC:DEST`, split at the last `:`; DEST is absolute.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (src, dest) = s
+            .rsplit_once(':')
+            .ok_or_else(|| format!("{s:?}: expected SRC:DEST"))?;
+        if src.is_empty() || !dest.starts_with('/') {
+            return Err(format!("{s:?}: expected SRC:DEST with an absolute DEST"));
+        }
+        Ok(Addition {
+            src: src.into(),
+            dest: dest.into(),
+        })
+    }
+}
+
+/// Inputs of one image.
+#[derive(Debug, Clone)]
+pub struct ImageSpec {
+    /// The allox-init binary, installed as `/init`.
+    pub init: PathBuf,
+    /// A static busybox, e.g. `/bin/busybox` from `busybox-static`.
+    pub busybox: PathBuf,
+    pub profile: Profile,
+    /// Copied last; a file here replaces a file or symlink of the profile.
+    pub additions: Vec<Addition>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error("/init")]
+    Init(#[source] ElfError),
+    #[error("busybox")]
+    Busybox(#[source] ElfError),
+    #[error("busybox applets")]
+    Applets(#[source] BusyboxError),
+    #[error("python profile")]
+    Python(#[source] PythonError),
+    #[error("--add {}:{dest}", src.display())]
+    Add {
+        src: PathBuf,
+        dest: String,
+        #[source]
+        source: TreeError,
+    },
+    #[error("image layout")]
+    Layout(#[source] TreeError),
+}
+
+/// Checks the inputs and assembles the tree. Runs `busybox --list-full`.
+pub fn assemble(spec: &ImageSpec) -> Result<Tree, ImageError> {
+    elf::check_static(&spec.init).map_err(ImageError::Init)?;
+    elf::check_static(&spec.busybox).map_err(ImageError::Busybox)?;
+    let applets = busybox::list_applets(&spec.busybox).map_err(ImageError::Applets)?;
+    let mut t = base(&spec.init, &spec.busybox, &applets).map_err(ImageError::Layout)?;
+    if spec.profile == Profile::Python {
+        python::add(&mut t).map_err(ImageError::Python)?;
+    }
+    for a in &spec.additions {
+        add_host_path(&mut t, &a.src, &a.dest, &|_| false, true).map_err(|source| {
+            ImageError::Add {
+                src: a.src.clone(),
+                dest: a.dest.clone(),
+                source,
+            }
+        })?;
+    }
+    Ok(t)
+}
+
+/// The default profile from already checked inputs and an applet list
+/// (as `busybox --list-full` prints it).
+pub fn base(init: &Path, busybox: &Path, applets: &[String]) -> Result<Tree, TreeError> {
+    let mut t = Tree::new();
+    for d in [
+        "/dev",
+        "/etc",
+        "/mnt/store",
+        "/proc",
+        "/run",
+        "/sys",
+        "/usr/bin",
+        "/usr/sbin",
+        "/var/lib/allox",
+    ] {
+        t.dir(d, 0o755)?;
+    }
+    t.dir("/root", 0o700)?;
+    t.dir("/tmp", 0o1777)?;
+    t.symlink("/bin", "usr/bin")?;
+    t.symlink("/sbin", "usr/sbin")?;
+    t.char_dev("/dev/console", 0o600, 5, 1)?;
+    t.bytes("/etc/passwd", 0o644, PASSWD.into())?;
+    t.bytes("/etc/group", 0o644, GROUP.into())?;
+    t.bytes("/etc/hostname", 0o644, HOSTNAME.into())?;
+    t.bytes("/etc/hosts", 0o644, HOSTS.into())?;
+    t.file("/init", init)?;
+    t.file(busybox::IMAGE_PATH, busybox)?;
+    for (path, target) in busybox::applet_links(applets) {
+        t.symlink(&path, target)?;
+    }
+    Ok(t)
+}
+
+/// Copies a host file, symlink or directory tree to `dest`. The top-level
+/// `src` is followed if it is a symlink; symlinks inside a directory are
+/// copied as symlinks. Directory entries for which `skip(name)` is true are
+/// left out. With `replace`, a file replaces a file or symlink already in
+/// the image.
+pub fn add_host_path(
+    t: &mut Tree,
+    src: &Path,
+    dest: &str,
+    skip: &dyn Fn(&str) -> bool,
+    replace: bool,
+) -> Result<(), TreeError> {
+    let md = std::fs::metadata(src).map_err(|source| TreeError::Read {
+        path: src.into(),
+        source,
+    })?;
+    if md.is_dir() {
+        t.dir(dest, 0o755)?;
+        copy_dir(t, src, dest, skip, replace)
+    } else if replace {
+        t.file_replacing(dest, src)
+    } else {
+        t.file(dest, src)
+    }
+}
+
+fn copy_dir(
+    t: &mut Tree,
+    src: &Path,
+    dest: &str,
+    skip: &dyn Fn(&str) -> bool,
+    replace: bool,
+) -> Result<(), TreeError> {
+    let read_err = |source| TreeError::Read {
+        path: src.into(),
+        source,
+    };
+    let mut names = Vec::new();
+    for e in std::fs::read_dir(src).map_err(read_err)? {
+        names.push(e.map_err(read_err)?.file_name());
+    }
+    names.sort();
+    for name in names {
+        let path = src.join(&name);
+        let name = tree::utf8(Path::new(&name))?;
+        if skip(name) {
+            continue;
+        }
+        let to = format!("{}/{name}", dest.trim_end_matches('/'));
+        let md = std::fs::symlink_metadata(&path).map_err(|source| TreeError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        if md.file_type().is_symlink() {
+            let target = std::fs::read_link(&path).map_err(|source| TreeError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            t.symlink(&to, tree::utf8(&target)?)?;
+        } else if md.is_dir() {
+            t.dir(&to, 0o755)?;
+            copy_dir(t, &path, &to, skip, replace)?;
+        } else if replace {
+            t.file_replacing(&to, &path)?;
+        } else {
+            t.file(&to, &path)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::Node;
+
+    fn applets() -> Vec<String> {
+        ["bin/sh", "bin/ls", "sbin/poweroff", "sbin/init", "linuxrc"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    }
+
+    fn inputs(dir: &Path) -> (PathBuf, PathBuf) {
+        let init = dir.join("allox-init");
+        let bb = dir.join("busybox");
+        std::fs::write(&init, "init bytes").unwrap();
+        std::fs::write(&bb, "busybox bytes").unwrap();
+        (init, bb)
+    }
+
+    #[test]
+    fn base_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        let (init, bb) = inputs(dir.path());
+        let t = base(&init, &bb, &applets()).unwrap();
+        let paths: Vec<String> = t.paths().collect();
+        for want in [
+            "/init",
+            "/bin",
+            "/sbin",
+            "/usr/bin/busybox",
+            "/usr/bin/sh",
+            "/usr/bin/ls",
+            "/usr/sbin/poweroff",
+            "/dev/console",
+            "/etc/passwd",
+            "/etc/group",
+            "/etc/hostname",
+            "/proc",
+            "/sys",
+            "/run",
+            "/tmp",
+            "/mnt/store",
+            "/var/lib/allox",
+        ] {
+            assert!(
+                paths.iter().any(|p| p == want),
+                "{want} missing from {paths:?}"
+            );
+        }
+        assert!(t.get("/usr/sbin/init").is_none());
+        assert!(t.get("/linuxrc").is_none());
+        assert_eq!(
+            t.get("/usr/sbin/poweroff"),
+            Some(&Node::Symlink {
+                target: "../bin/busybox".into()
+            })
+        );
+        assert_eq!(t.get("/tmp"), Some(&Node::Dir { perm: 0o1777 }));
+        assert!(PASSWD.contains(&format!("sandbox:x:{SANDBOX_ID}:{SANDBOX_ID}:")));
+    }
+
+    #[test]
+    fn additions_copy_trees_and_replace_applets() {
+        let dir = tempfile::tempdir().unwrap();
+        let (init, bb) = inputs(dir.path());
+        let mut t = base(&init, &bb, &applets()).unwrap();
+        let src = dir.path().join("tools");
+        std::fs::create_dir_all(src.join("sub")).unwrap();
+        std::fs::write(src.join("sub/f"), "f").unwrap();
+        std::os::unix::fs::symlink("sub/f", src.join("link")).unwrap();
+        std::fs::write(src.join("__pycache__"), "x").unwrap();
+        add_host_path(&mut t, &src, "/opt/tools", &|n| n == "__pycache__", true).unwrap();
+        assert!(matches!(t.get("/opt/tools/sub/f"), Some(Node::File { .. })));
+        assert_eq!(
+            t.get("/opt/tools/link"),
+            Some(&Node::Symlink {
+                target: "sub/f".into()
+            })
+        );
+        assert!(t.get("/opt/tools/__pycache__").is_none());
+        // Through the /bin symlink, over busybox's `sh` link.
+        add_host_path(&mut t, &src.join("sub/f"), "/bin/sh", &|_| false, true).unwrap();
+        assert!(matches!(t.get("/usr/bin/sh"), Some(Node::File { .. })));
+        // A directory copied onto a symlinked directory goes through it.
+        add_host_path(&mut t, &src.join("sub"), "/bin", &|_| false, true).unwrap();
+        assert!(matches!(t.get("/usr/bin/f"), Some(Node::File { .. })));
+        // A directory is never replaced.
+        let err = add_host_path(&mut t, &src.join("sub/f"), "/etc", &|_| false, true).unwrap_err();
+        assert_eq!(err.to_string(), "/etc: already in the image as directory");
+    }
+
+    #[test]
+    fn addition_syntax() {
+        let a: Addition = "/a/b:c:/opt/x".parse().unwrap();
+        assert_eq!(a.src, Path::new("/a/b:c"));
+        assert_eq!(a.dest, "/opt/x");
+        assert!("nocolon".parse::<Addition>().is_err());
+        assert!("src:relative".parse::<Addition>().is_err());
+        assert!(":/x".parse::<Addition>().is_err());
+    }
+}

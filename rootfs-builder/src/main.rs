@@ -1,0 +1,173 @@
+//! `rootfs-builder`: builds the guest's initramfs and store disk image.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+
+use allox_rootfs_builder::{cpio, image, output, store, Addition, Compression, ImageSpec, Profile};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Builds the Allox OS guest initramfs and store disk image"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Write a reproducible initramfs (newc cpio): same inputs, same bytes.
+    Initramfs {
+        /// The allox-init binary (static x86-64), installed as /init.
+        #[arg(long)]
+        init: PathBuf,
+        /// Where to write the image.
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, value_enum, default_value_t = ProfileArg::Default)]
+        profile: ProfileArg,
+        /// A static busybox (Debian package busybox-static).
+        #[arg(long, default_value = "/bin/busybox")]
+        busybox: PathBuf,
+        /// Copy a host file or directory into the image; a file replaces
+        /// a file or symlink of the profile. Repeatable.
+        #[arg(long = "add", value_name = "SRC:DEST")]
+        additions: Vec<Addition>,
+        #[arg(long, value_enum, default_value_t = CompressArg::None)]
+        compress: CompressArg,
+        /// The mtime of every entry (seconds since the epoch).
+        #[arg(long, env = "SOURCE_DATE_EPOCH", default_value_t = 0)]
+        mtime: u32,
+    },
+    /// Create the blank (sparse, all zeros) store disk image.
+    StoreImage {
+        #[arg(long)]
+        out: PathBuf,
+        /// Size with an optional K, M, G or T suffix (powers of 1024).
+        #[arg(long, default_value = "1G")]
+        size: String,
+        /// Overwrite an existing non-empty file.
+        #[arg(long)]
+        force: bool,
+        /// Format it with the host's `mkfs.btrfs -q -L allox-store`.
+        #[arg(long)]
+        format: bool,
+    },
+    /// List the entries of an initramfs (plain or gzip).
+    List { file: PathBuf },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ProfileArg {
+    Default,
+    Python,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum CompressArg {
+    None,
+    Gzip,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli.cmd, &mut std::io::stdout().lock()) {
+        // A closed pipe (`| head`) ends the output quietly.
+        let broken_pipe = e
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe);
+        if !broken_pipe {
+            eprintln!("rootfs-builder: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn run(cmd: Cmd, out: &mut impl Write) -> anyhow::Result<()> {
+    match cmd {
+        Cmd::Initramfs {
+            init,
+            out: file,
+            profile,
+            busybox,
+            additions,
+            compress,
+            mtime,
+        } => {
+            let spec = ImageSpec {
+                init,
+                busybox,
+                profile: match profile {
+                    ProfileArg::Default => Profile::Default,
+                    ProfileArg::Python => Profile::Python,
+                },
+                additions,
+            };
+            let compression = match compress {
+                CompressArg::None => Compression::None,
+                CompressArg::Gzip => Compression::Gzip,
+            };
+            let tree = image::assemble(&spec)?;
+            let s = output::write_file(&tree, &file, compression, mtime)?;
+            writeln!(
+                out,
+                "{}: {} entries, {} bytes ({} bytes of cpio)",
+                file.display(),
+                s.entries,
+                s.size,
+                s.cpio_size
+            )?;
+            writeln!(out, "{}  {}", s.sha256, file.display())?;
+        }
+        Cmd::StoreImage {
+            out: file,
+            size,
+            force,
+            format,
+        } => {
+            let bytes = store::parse_size(&size)?;
+            store::create(&file, bytes, force)?;
+            if format {
+                store::format(&file)?;
+            }
+            let what = if format {
+                "Btrfs (label allox-store)"
+            } else {
+                "blank"
+            };
+            writeln!(out, "{}: {what}, {bytes} bytes, sparse", file.display())?;
+        }
+        Cmd::List { file } => {
+            let bytes =
+                std::fs::read(&file).with_context(|| format!("{}: cannot read", file.display()))?;
+            let entries =
+                output::read_archive(&bytes).with_context(|| file.display().to_string())?;
+            for e in entries {
+                let kind = match e.meta.mode & cpio::S_IFMT {
+                    cpio::S_IFDIR => 'd',
+                    cpio::S_IFLNK => 'l',
+                    cpio::S_IFCHR => 'c',
+                    _ => '-',
+                };
+                let link = if kind == 'l' {
+                    format!(" -> {}", String::from_utf8_lossy(&e.data))
+                } else {
+                    String::new()
+                };
+                writeln!(
+                    out,
+                    "{kind}{:04o} {:>9} /{}{link}",
+                    e.meta.mode & 0o7777,
+                    e.data.len(),
+                    e.name
+                )?;
+            }
+        }
+    }
+    out.flush()?;
+    Ok(())
+}

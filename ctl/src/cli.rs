@@ -31,6 +31,10 @@ pub struct Cli {
 pub enum Command {
     /// Check that the daemon answers.
     Ping,
+    /// Stop the supervisor in order (in the guest: power the VM off).
+    Shutdown,
+    /// Uptime, memory of init and supervisor, processes, unreaped orphans.
+    Info,
     /// Create, list and delete agents.
     #[command(subcommand)]
     Agent(AgentCommand),
@@ -304,6 +308,8 @@ impl Command {
         let call = |r| Action::Call(r);
         match self {
             C::Ping => call(Request::Ping(Ping {})),
+            C::Shutdown => call(Request::Shutdown(allox_protocol::Shutdown {})),
+            C::Info => call(Request::SystemInfo(allox_protocol::SystemInfoRequest {})),
             C::Agent(a) => call(match a {
                 AgentCommand::Create { agent } => Request::AgentCreate(AgentCreate::new(agent)),
                 AgentCommand::List => Request::AgentList(AgentList {}),

@@ -1,5 +1,8 @@
-//! `allox-init`: wiring only. `supervise` runs the supervisor as a daemon
-//! over a Btrfs store; PID 1 mode comes with the guest image.
+//! `allox-init`: wiring only. As PID 1 it is the guest's init ([`pid1`]);
+//! `supervise` runs the supervisor as a daemon over a Btrfs store (the
+//! init's child in the guest, or standalone on any Linux host).
+
+mod pid1;
 
 use allox_supervisor::daemon::{self, DaemonConfig};
 use allox_supervisor::dispatch::Policy;
@@ -29,9 +32,15 @@ enum Cmd {
         /// Store root: a directory on a mounted Btrfs filesystem.
         #[arg(long)]
         root: PathBuf,
-        /// Where to listen, as `unix:PATH`.
+        /// Where to listen, as `unix:PATH` or `virtio:PORT-NAME` (a
+        /// virtio-serial port); repeat to listen on several. One `unix:` is
+        /// required.
         #[arg(long, default_value = "unix:/run/allox/ctl.sock")]
-        listen: String,
+        listen: Vec<String>,
+        /// Started by the guest's PID 1: `system.shutdown` powers the VM
+        /// off (exit status 3 tells the init so).
+        #[arg(long, hide = true)]
+        under_init: bool,
         /// Kill a session's processes before every rollback unless the
         /// request says otherwise.
         #[arg(long)]
@@ -80,6 +89,9 @@ fn main() {
     if std::env::args().nth(1).as_deref() == Some("sandbox-init") {
         allox_supervisor::sandbox::init::run();
     }
+    if rustix::process::getpid().is_init() {
+        pid1::run();
+    }
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -87,18 +99,24 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    if let Err(e) = run(cli.cmd) {
-        eprintln!("allox-init: {e:#}");
-        std::process::exit(1);
+    match run(cli.cmd) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("allox-init: {e:#}");
+            std::process::exit(1);
+        }
     }
 }
 
-fn run(cmd: Cmd) -> anyhow::Result<()> {
+/// Returns the exit status.
+fn run(cmd: Cmd) -> anyhow::Result<i32> {
     match cmd {
         Cmd::Supervise {
             root,
             listen,
+            under_init,
             kill_session_processes_on_rollback,
             stall_timeout_ms,
             write_timeout_ms,
@@ -112,8 +130,21 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
             default_cpu_max,
             sandbox_network,
         } => {
-            let Some(path) = listen.strip_prefix("unix:") else {
-                bail!("--listen {listen:?}: only unix:PATH is supported");
+            let mut socket = None;
+            let mut virtio_ports = Vec::new();
+            for l in &listen {
+                if let Some(p) = l.strip_prefix("unix:").filter(|p| !p.is_empty()) {
+                    if socket.replace(PathBuf::from(p)).is_some() {
+                        bail!("--listen {l:?}: only one unix: socket");
+                    }
+                } else if let Some(n) = l.strip_prefix("virtio:").filter(|n| !n.is_empty()) {
+                    virtio_ports.push(n.to_string());
+                } else {
+                    bail!("--listen {l:?}: expected unix:PATH or virtio:PORT-NAME");
+                }
+            }
+            let Some(socket) = socket else {
+                bail!("--listen: one unix:PATH is required");
             };
             let runs = if no_processes {
                 None
@@ -142,11 +173,13 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
                 };
                 Some(rc)
             };
-            daemon::run(DaemonConfig {
+            let stopped = daemon::run(DaemonConfig {
                 root,
-                socket: PathBuf::from(path),
+                socket,
+                virtio_ports,
                 policy: Policy {
                     kill_processes_on_rollback: kill_session_processes_on_rollback,
+                    power_off_on_shutdown: under_init,
                 },
                 limits: Limits {
                     stall: Duration::from_millis(stall_timeout_ms),
@@ -155,7 +188,11 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
                 },
                 runs,
             })
-            .context("supervisor stopped")
+            .context("supervisor stopped")?;
+            Ok(match stopped {
+                daemon::Stopped::Requested if under_init => pid1::EXIT_SHUTDOWN_REQUESTED,
+                _ => 0,
+            })
         }
         Cmd::SandboxInit => bail!("sandbox-init is started by the supervisor only"),
     }

@@ -111,6 +111,18 @@ pub struct OutputChunk {
 #[serde(deny_unknown_fields)]
 pub struct Ping {}
 
+/// `system.info`: the machine as the supervisor sees it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct SystemInfoRequest {}
+
+/// `system.shutdown`: stop the supervisor in order (refuse new work, kill
+/// every session's processes, flush the store); as the guest's PID 1's
+/// child, the VM then powers off.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Shutdown {}
+
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AgentRef {
@@ -441,13 +453,19 @@ requests! {
     TurnEnd(TurnEnd) = "turn.end", mutating = true;
     PolicySet(PolicySet) = "policy.set", mutating = true;
     CheckpointDiff(CheckpointDiff) = "checkpoint.diff", mutating = false;
+    Shutdown(Shutdown) = "system.shutdown", mutating = true;
+    SystemInfo(SystemInfoRequest) = "system.info", mutating = false;
 }
 
 impl Request {
     /// What the request acts on, as `agent[/session[/checkpoint]]`.
     pub fn target(&self) -> String {
         match self {
-            Request::Ping(_) | Request::AgentList(_) | Request::AuditList(_) => String::new(),
+            Request::Ping(_)
+            | Request::AgentList(_)
+            | Request::AuditList(_)
+            | Request::Shutdown(_)
+            | Request::SystemInfo(_) => String::new(),
             Request::ProcessStart(r) => format!("{}/{}", r.agent_id, r.session_id),
             Request::ProcessWait(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.run_id),
             Request::ProcessKill(r) => match &r.run_id {
@@ -752,6 +770,33 @@ pub enum Response {
     Turn(TurnInfo),
     Policy(PolicyInfo),
     Diff(DiffListing),
+    Stopping(Stopping),
+    System(SystemInfo),
+}
+
+/// The answer to `system.info`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct SystemInfo {
+    /// Milliseconds since the kernel booted.
+    pub uptime_ms: u64,
+    /// The supervisor's process id, and whether PID 1 is its parent (the
+    /// guest) or not (a daemon on a host).
+    pub supervisor_pid: u32,
+    pub under_init: bool,
+    /// Resident memory of PID 1 and of the supervisor, in KiB.
+    pub init_rss_kib: u64,
+    pub supervisor_rss_kib: u64,
+    /// Processes on the machine, and exited children PID 1 has not reaped.
+    pub processes: u32,
+    pub init_zombies: u32,
+}
+
+/// The answer to `system.shutdown`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Stopping {
+    /// Whether the machine powers off after the supervisor stops (it runs
+    /// as the child of the guest's PID 1).
+    pub power_off: bool,
 }
 
 impl Response {
@@ -776,6 +821,8 @@ impl Response {
             Response::Turn(v) => serde_json::to_value(v),
             Response::Policy(v) => serde_json::to_value(v),
             Response::Diff(v) => serde_json::to_value(v),
+            Response::Stopping(v) => serde_json::to_value(v),
+            Response::System(v) => serde_json::to_value(v),
         };
         v.unwrap_or(serde_json::Value::Null)
     }

@@ -92,6 +92,8 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "turn.end",
             "policy.set",
             "checkpoint.diff",
+            "system.shutdown",
+            "system.info",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

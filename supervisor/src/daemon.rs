@@ -13,6 +13,8 @@ use thiserror::Error;
 pub struct DaemonConfig {
     pub root: PathBuf,
     pub socket: PathBuf,
+    /// virtio-serial ports (by name) to serve as well.
+    pub virtio_ports: Vec<String>,
     pub policy: Policy,
     pub limits: Limits,
     /// Process support; `None` runs the store alone.
@@ -37,8 +39,18 @@ pub enum DaemonError {
     Runtime(#[source] std::io::Error),
 }
 
-/// Runs until SIGTERM or SIGINT, then flushes the store and returns.
-pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
+/// Why the daemon stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// SIGTERM or SIGINT.
+    Signal,
+    /// A `system.shutdown` request.
+    Requested,
+}
+
+/// Runs until SIGTERM, SIGINT or `system.shutdown`; then refuses new work,
+/// kills every session's processes, flushes the store and returns.
+pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     let store = Store::open(&cfg.root, Failpoints::from_env()).map_err(DaemonError::Store)?;
     // Many runs mean many descriptors; and the supervisor must be the last
     // thing the OOM killer picks.
@@ -67,13 +79,37 @@ pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
     let result = rt.block_on(async {
         let listener = bind(&cfg.socket)?;
         tracing::info!(root = %cfg.root.display(), socket = %cfg.socket.display(), "supervisor ready");
-        let server = tokio::spawn(serve_unix(listener, sup.clone(), cfg.limits.clone()));
+        let mut servers = vec![tokio::spawn(serve_unix(listener, sup.clone(), cfg.limits.clone()))];
+        for name in &cfg.virtio_ports {
+            servers.push(tokio::spawn(crate::serial::serve_virtio(
+                name.clone(),
+                sup.clone(),
+                cfg.limits.clone(),
+            )));
+        }
         let syncer = tokio::spawn(sync_audit_every_second(sup.clone()));
-        wait_for_stop().await;
-        tracing::info!("stopping: refusing new connections, flushing the store");
-        server.abort();
+        let why = tokio::select! {
+            _ = wait_for_signal() => Stopped::Signal,
+            _ = sup.stop.requested() => Stopped::Requested,
+        };
+        // From here every request that would change state is refused.
+        sup.stop.request();
+        tracing::info!(?why, "stopping: refusing new work, killing sessions, flushing the store");
+        for s in &servers {
+            s.abort();
+        }
         syncer.abort();
-        Ok(())
+        if let Some(runs) = &sup.runs {
+            let (runs, base) = (runs.clone(), runs.cgroups().base().to_path_buf());
+            match tokio::task::spawn_blocking(move || runs.kill_tree(&base, false)).await {
+                Ok(Ok(n)) => tracing::info!(killed = n, "sessions' processes killed"),
+                Ok(Err(e)) => tracing::error!(error = %e.message, "cannot kill the sessions' processes"),
+                Err(e) => tracing::error!(error = %e, "cannot kill the sessions' processes"),
+            }
+        }
+        // Let answers already queued (the shutdown's own) reach their clients.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        Ok(why)
     });
     let _ = std::fs::remove_file(&cfg.socket);
     if let Err(e) = sup.store.sync() {
@@ -129,7 +165,7 @@ fn bind(path: &std::path::Path) -> Result<tokio::net::UnixListener, DaemonError>
     Ok(l)
 }
 
-async fn wait_for_stop() {
+async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),

@@ -16,6 +16,36 @@ pub struct Policy {
     /// `--kill-session-processes-on-rollback`: the default of a rollback's
     /// `kill_processes`.
     pub kill_processes_on_rollback: bool,
+    /// The supervisor is the child of the guest's PID 1, which powers the
+    /// machine off after `system.shutdown`.
+    pub power_off_on_shutdown: bool,
+}
+
+/// Set by `system.shutdown` (or a signal): the daemon stops, and until it
+/// has, every request that would change state is refused.
+#[derive(Debug, Default)]
+pub struct Stop {
+    stopping: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Stop {
+    pub fn request(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.notify.notify_one();
+    }
+
+    pub fn is_requested(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Resolves once a stop has been requested.
+    pub async fn requested(&self) {
+        while !self.is_requested() {
+            self.notify.notified().await;
+        }
+    }
 }
 
 pub struct Supervisor {
@@ -23,6 +53,7 @@ pub struct Supervisor {
     pub policy: Policy,
     /// Process support; `None` when the daemon runs without it.
     pub runs: Option<Arc<Runs>>,
+    pub stop: Stop,
 }
 
 impl Supervisor {
@@ -31,6 +62,7 @@ impl Supervisor {
             store,
             policy,
             runs,
+            stop: Stop::default(),
         }
     }
 
@@ -64,7 +96,10 @@ impl Supervisor {
         req: &Request,
         events: Option<EventSink>,
     ) -> Result<Response, ErrorBody> {
-        let out = self.answer_process(req, events).await;
+        let out = match self.refuse_while_stopping(req) {
+            Err(e) => Err(e),
+            Ok(()) => self.answer_process(req, events).await,
+        };
         self.audit(peer, request_id, req, &out);
         out
     }
@@ -151,19 +186,39 @@ impl Supervisor {
         request_id: u64,
         req: &Request,
     ) -> Result<Response, ErrorBody> {
-        let out = self.answer(req).map_err(|e| {
-            if matches!(e.code(), allox_protocol::ErrorCode::Internal) {
-                tracing::error!(error = %e.chain(), action = req.action(), "request failed");
-            }
-            e.to_body()
+        let out = self.refuse_while_stopping(req).and_then(|()| {
+            self.answer(req).map_err(|e| {
+                if matches!(e.code(), allox_protocol::ErrorCode::Internal) {
+                    tracing::error!(error = %e.chain(), action = req.action(), "request failed");
+                }
+                e.to_body()
+            })
         });
         self.audit(peer, request_id, req, &out);
         out
     }
 
+    fn refuse_while_stopping(&self, req: &Request) -> Result<(), ErrorBody> {
+        if req.is_mutating() && self.stop.is_requested() {
+            return Err(ErrorBody::new(
+                ErrorCode::Unavailable,
+                format!("{} refused: the supervisor is shutting down", req.action()),
+            ));
+        }
+        Ok(())
+    }
+
     fn answer(&self, req: &Request) -> Result<Response, StoreError> {
         let st = &self.store;
         Ok(match req {
+            Request::SystemInfo(_) => Response::System(system_info()),
+            Request::Shutdown(_) => {
+                tracing::info!("system.shutdown requested");
+                self.stop.request();
+                Response::Stopping(allox_protocol::Stopping {
+                    power_off: self.policy.power_off_on_shutdown,
+                })
+            }
             Request::Ping(_) => Response::Pong(Pong {
                 version: PROTOCOL_VERSION,
                 build: allox_protocol::build_identity(),
@@ -349,5 +404,57 @@ impl Supervisor {
                 Response::Audit(st.audit().read(r.after_seq.unwrap_or(0), limit)?)
             }
         })
+    }
+}
+
+/// What `system.info` reports, read from /proc.
+fn system_info() -> allox_protocol::SystemInfo {
+    let rss = |pid: &str| -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            })
+            .unwrap_or(0)
+    };
+    let (mut processes, mut init_zombies) = (0u32, 0u32);
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        processes += 1;
+        // After the command's closing parenthesis: state, ppid.
+        let mut rest = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r)
+            .unwrap_or("")
+            .split_whitespace();
+        if let (Some("Z"), Some("1")) = (rest.next(), rest.next()) {
+            init_zombies += 1;
+        }
+    }
+    let uptime_ms = std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .map(|s| (s * 1000.0) as u64)
+        .unwrap_or(0);
+    let ppid = rustix::process::getppid().map(|p| p.as_raw_nonzero().get());
+    allox_protocol::SystemInfo {
+        uptime_ms,
+        supervisor_pid: std::process::id(),
+        under_init: ppid == Some(1),
+        init_rss_kib: rss("1"),
+        supervisor_rss_kib: rss("self"),
+        processes,
+        init_zombies,
     }
 }

@@ -13,6 +13,7 @@ pub mod layout;
 pub mod records;
 pub mod runs;
 pub mod sandbox;
+pub mod serial;
 pub mod server;
 pub mod store;
 

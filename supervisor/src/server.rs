@@ -109,13 +109,35 @@ fn frame_bytes(f: &ServerFrame) -> Vec<u8> {
     }
 }
 
+/// What carries a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// A socket: the connection ends when the client goes or misbehaves.
+    Socket,
+    /// A serial port, which outlives its hosts: where a socket would be
+    /// closed, the conversation starts over instead (its torn frame and
+    /// greeting dropped), and answers nobody reads are dropped.
+    Serial,
+}
+
 /// Serves one connection over any byte stream (Unix socket, serial port).
-pub async fn connection<R, W>(
+pub async fn connection<R, W>(rd: R, wr: W, peer: String, sup: Arc<Supervisor>, limits: Limits)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    serve_stream(rd, wr, peer, sup, limits, Transport::Socket).await
+}
+
+/// Serves a byte stream until it ends ([`Transport::Socket`]) or for ever
+/// ([`Transport::Serial`]).
+pub async fn serve_stream<R, W>(
     mut rd: R,
     mut wr: W,
     peer: String,
     sup: Arc<Supervisor>,
     limits: Limits,
+    transport: Transport,
 ) where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -123,10 +145,16 @@ pub async fn connection<R, W>(
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(256);
     let write_limit = limits.write;
     let wpeer = peer.clone();
+    let serial = transport == Transport::Serial;
     let writer = tokio::spawn(async move {
         while let Some(bytes) = rx.recv().await {
             match tokio::time::timeout(write_limit, wr.write_all(&bytes)).await {
                 Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) if serial => {
+                    // No host reads the port: this answer is lost, the
+                    // next host gets the next ones.
+                    tracing::debug!(peer = %wpeer, "answer dropped: no host reads the port");
+                }
                 Ok(Err(e)) => {
                     tracing::debug!(peer = %wpeer, error = %e, "write failed; closing");
                     break;
@@ -139,16 +167,35 @@ pub async fn connection<R, W>(
         }
     });
 
+    if serial {
+        // A host still waiting on the other end was talking to a supervisor
+        // that is gone: its request has no answer coming. An error with
+        // request id 0 ends its wait; a host that is saying Hello skips it.
+        let f = error_frame(
+            0,
+            ErrorCode::Unavailable,
+            "the supervisor (re)started: a request in flight before this has no answer; whether it was applied shows in the store (it is whole or not at all)".into(),
+        );
+        let mut bytes = vec![0];
+        bytes.extend(frame_bytes(&f));
+        let _ = tx.send(bytes).await;
+    }
     let sem = Arc::new(Semaphore::new(limits.inflight));
     let mut reader = FrameReader::new();
     let mut buf = vec![0u8; 64 * 1024];
     let mut greeted = false;
     let mut bad = 0u32;
     'conn: loop {
-        let n = if reader.pending() > 0 || !greeted {
+        // A serial port waits for its next host without a deadline.
+        let n = if reader.pending() > 0 || (!greeted && !serial) {
             let limit = if greeted { limits.stall } else { limits.hello };
             match tokio::time::timeout(limit, rd.read(&mut buf)).await {
                 Ok(r) => r,
+                Err(_) if serial => {
+                    tracing::debug!(%peer, "torn frame dropped: the host stopped mid-frame");
+                    (reader, greeted, bad) = (FrameReader::new(), false, 0);
+                    continue;
+                }
                 Err(_) => {
                     tracing::warn!(%peer, greeted, "client stalled; closing");
                     break;
@@ -158,6 +205,13 @@ pub async fn connection<R, W>(
             rd.read(&mut buf).await
         };
         let n = match n {
+            Ok(0) | Err(_) if serial => {
+                // No host on the other end (a read says so at once): look
+                // again shortly, starting over.
+                (reader, greeted, bad) = (FrameReader::new(), false, 0);
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                continue;
+            }
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
@@ -178,7 +232,15 @@ pub async fn connection<R, W>(
                         ErrorCode::InvalidRequest,
                         format!("unreadable frame: {why}"),
                     );
-                    if tx.send(frame_bytes(&f)).await.is_err() || bad > limits.bad_frames {
+                    if tx.send(frame_bytes(&f)).await.is_err() {
+                        break 'conn;
+                    }
+                    if bad > limits.bad_frames && serial {
+                        tracing::warn!(%peer, bad, "too many bad frames; starting over");
+                        (reader, greeted, bad) = (FrameReader::new(), false, 0);
+                        continue 'conn;
+                    }
+                    if bad > limits.bad_frames {
                         tracing::warn!(%peer, bad, "too many bad frames; closing");
                         break 'conn;
                     }
@@ -199,6 +261,10 @@ pub async fn connection<R, W>(
                             ),
                         ));
                         let _ = tx.send(frame_bytes(&f)).await;
+                        if serial {
+                            (reader, greeted, bad) = (FrameReader::new(), false, 0);
+                            continue 'conn;
+                        }
                         break 'conn;
                     }
                     greeted = true;
@@ -215,11 +281,32 @@ pub async fn connection<R, W>(
                         "the first frame must be Hello; nothing else is accepted before it",
                     ));
                     let _ = tx.send(frame_bytes(&f)).await;
+                    if serial {
+                        (reader, greeted, bad) = (FrameReader::new(), false, 0);
+                        continue 'conn;
+                    }
                     break 'conn;
                 }
-                (true, ClientFrame::Hello(_)) => {
-                    bad += 1;
-                    let f = error_frame(0, ErrorCode::InvalidRequest, "Hello sent twice".into());
+                (true, ClientFrame::Hello(h)) => {
+                    // On a serial port a host that reconnects can reach us
+                    // before its predecessor's end does: a new Hello starts
+                    // a new conversation (requests already running finish).
+                    let f = if h.version == PROTOCOL_VERSION {
+                        bad = 0;
+                        ServerFrame::Welcome(Hello {
+                            version: PROTOCOL_VERSION,
+                            build: allox_protocol::build_identity(),
+                        })
+                    } else {
+                        error_frame(
+                            0,
+                            ErrorCode::VersionMismatch,
+                            format!(
+                            "client speaks protocol {}, this supervisor speaks {PROTOCOL_VERSION}",
+                            h.version
+                        ),
+                        )
+                    };
                     if tx.send(frame_bytes(&f)).await.is_err() {
                         break 'conn;
                     }

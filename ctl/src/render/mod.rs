@@ -21,6 +21,24 @@ use allox_protocol::{
 /// The response as people read it.
 pub fn render(response: &Response) -> String {
     match response {
+        Response::Stopping(s) => {
+            if s.power_off {
+                "supervisor stopping; the VM powers off\n".to_string()
+            } else {
+                "supervisor stopping\n".to_string()
+            }
+        }
+        Response::System(i) => format!(
+            "uptime:          {}.{:03} s\nsupervisor:      pid {}{}\ninit RSS:        {} KiB\nsupervisor RSS:  {} KiB\nprocesses:       {}\nunreaped by init: {}\n",
+            i.uptime_ms / 1000,
+            i.uptime_ms % 1000,
+            i.supervisor_pid,
+            if i.under_init { " (child of PID 1)" } else { "" },
+            i.init_rss_kib,
+            i.supervisor_rss_kib,
+            i.processes,
+            i.init_zombies
+        ),
         Response::Pong(p) => format!(
             "daemon is up: protocol {}, {}\n",
             p.version,

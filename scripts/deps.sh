@@ -36,6 +36,23 @@ allox_install_deps() {
     modprobe loop 2>/dev/null || true
 }
 
+# What building and booting the guest needs on top: QEMU, a static busybox
+# for the image, binutils (strip). The kernel's build dependencies are
+# installed by kernel/build.sh.
+allox_install_guest_deps() {
+    local pkgs=(qemu-system-x86 busybox-static binutils cpio)
+    local missing=()
+    for p in "${pkgs[@]}"; do
+        dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    done
+    if [ "${#missing[@]}" -gt 0 ]; then
+        echo "==> apt-get install ${missing[*]}" >&2
+        apt-get -o DPkg::Lock::Timeout=600 update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+            --no-install-recommends "${missing[@]}" >/dev/null
+    fi
+}
+
 # Makes a loop-backed Btrfs filesystem of $2 MiB mounted at $1.
 allox_make_btrfs() {
     local mnt=$1 size_mb=$2

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds everything the guest needs and prints where it is:
+#   - the kernel (kernel/build.sh, cached outside the repo by config hash),
+#   - a release allox-init, stripped (the static PID 1 and supervisor),
+#   - the initramfs of the default profile (rootfs-builder, reproducible).
+# The last two lines on stdout are
+#   ALLOX_KERNEL_DIR=<dir with vmlinux and bzImage>
+#   ALLOX_INITRD=<initramfs>
+# so callers can `eval "$(scripts/build-guest.sh | tail -2)"`. Progress goes
+# to stderr.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/deps.sh
+allox_need_root
+allox_install_deps
+allox_install_guest_deps
+
+kdir=$(kernel/build.sh | tail -1)
+echo "==> cargo build --release -p allox-init -p allox-rootfs-builder" >&2
+cargo build --release --quiet -p allox-init -p allox-rootfs-builder >&2
+out=target/guest
+mkdir -p "$out"
+strip -o "$out/allox-init" target/x86_64-unknown-linux-gnu/release/allox-init
+target/x86_64-unknown-linux-gnu/release/rootfs-builder initramfs \
+    --init "$out/allox-init" --out "$out/initrd.img" --compress gzip >&2
+echo "ALLOX_KERNEL_DIR=$kdir"
+echo "ALLOX_INITRD=$(pwd)/$out/initrd.img"

@@ -32,7 +32,15 @@ step "unit tests (no privileges)"
 cargo test --workspace --exclude allox-integration 2>&1 | tee -a "$LOG"
 
 step "integration tests (root, loop devices, Btrfs)"
-ALLOX_REQUIRE_PRIVILEGED=1 cargo test -p allox-integration -- --test-threads=2 2>&1 | tee -a "$LOG"
+ALLOX_REQUIRE_PRIVILEGED=1 cargo test -p allox-integration -- --test-threads=2 --skip guest_ 2>&1 | tee -a "$LOG"
+
+step "guest image: kernel (cached by config hash), static allox-init, initramfs"
+allox_install_guest_deps
+eval "$(scripts/build-guest.sh | tail -2)"
+export ALLOX_KERNEL_DIR ALLOX_INITRD
+
+step "VM tests (QEMU; TCG unless the host has real KVM)"
+ALLOX_REQUIRE_PRIVILEGED=1 cargo test -p allox-integration --test vm -- --test-threads=1 2>&1 | tee -a "$LOG"
 
 step "fuzz target: protocol decoding"
 scripts/fuzz.sh "$FUZZ_SECONDS"

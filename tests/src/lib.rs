@@ -365,3 +365,4 @@ impl Drop for ProcDaemon {
         rm(&self.cgroup);
     }
 }
+pub mod vm;

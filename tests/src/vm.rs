@@ -1,0 +1,182 @@
+//! The booted guest: the real kernel, the real initramfs with `allox-init`
+//! as PID 1, under QEMU (TCG here), driven over the virtio-serial control
+//! port through its host socket — exactly as `scripts/run-vm.sh` boots it.
+//!
+//! The guest image comes from `scripts/build-guest.sh`, which
+//! `scripts/test.sh` runs first and which leaves `ALLOX_KERNEL_DIR` and
+//! `ALLOX_INITRD` for these tests.
+
+use allox_ctl::client::Client;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// Kernel and initramfs of the guest.
+#[derive(Clone, Debug)]
+pub struct GuestImage {
+    pub kernel_dir: PathBuf,
+    pub initrd: PathBuf,
+}
+
+/// The guest image, or why there is none (QEMU or the image missing).
+pub fn guest_image() -> Result<GuestImage, String> {
+    let mut miss = Vec::new();
+    if crate::which("qemu-system-x86_64").is_none() {
+        miss.push("qemu-system-x86_64 (apt-get install qemu-system-x86)".to_string());
+    }
+    let env = |k: &str| std::env::var_os(k).map(PathBuf::from);
+    let (kdir, initrd) = (env("ALLOX_KERNEL_DIR"), env("ALLOX_INITRD"));
+    match (&kdir, &initrd) {
+        (Some(k), Some(i)) if k.join("vmlinux").is_file() && i.is_file() => {}
+        _ => miss.push(
+            "the guest image: ALLOX_KERNEL_DIR and ALLOX_INITRD from scripts/build-guest.sh"
+                .to_string(),
+        ),
+    }
+    if !miss.is_empty() {
+        return Err(miss.join(", "));
+    }
+    Ok(GuestImage {
+        kernel_dir: kdir.unwrap(),
+        initrd: initrd.unwrap(),
+    })
+}
+
+/// The guest image, or `None` after saying the test is skipped (or failing
+/// it under `ALLOX_REQUIRE_PRIVILEGED=1`).
+pub fn require_vm(test: &str) -> Option<GuestImage> {
+    if !crate::require(test) {
+        return None;
+    }
+    match guest_image() {
+        Ok(i) => Some(i),
+        Err(what) => {
+            if std::env::var("ALLOX_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {
+                panic!("{test} needs {what}, which this machine lacks");
+            }
+            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: needs {what}");
+            None
+        }
+    }
+}
+
+/// A store disk image: a sparse file, formatted or not.
+pub fn store_image(dir: &Path, format: bool) -> PathBuf {
+    let img = dir.join("store.img");
+    let f = std::fs::File::create(&img).expect("create store image");
+    f.set_len(1 << 30).expect("size store image");
+    drop(f);
+    if format {
+        let ok = Command::new("mkfs.btrfs")
+            .args(["-q", "-f", "-L", "allox-store"])
+            .arg(&img)
+            .stdout(Stdio::null())
+            .status()
+            .expect("run mkfs.btrfs");
+        assert!(ok.success(), "mkfs.btrfs failed");
+    }
+    img
+}
+
+/// One booted guest; QEMU is killed when it is dropped.
+pub struct Vm {
+    child: Child,
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub console: PathBuf,
+    pub started: Instant,
+}
+
+impl Vm {
+    /// Boots the guest with `store` as its disk (or none) and `settings`
+    /// (`allox.KEY=VALUE`) on the kernel command line.
+    pub fn boot(img: &GuestImage, store: Option<&Path>, settings: &[&str]) -> Vm {
+        let dir = tempfile::Builder::new()
+            .prefix("allox-vm-")
+            .tempdir_in("/var/tmp")
+            .expect("temp dir");
+        let socket = dir.path().join("ctl.sock");
+        let console = dir.path().join("console.log");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/run-vm.sh");
+        let mut cmd = Command::new(script);
+        cmd.arg("--kernel-dir")
+            .arg(&img.kernel_dir)
+            .arg("--initrd")
+            .arg(&img.initrd)
+            .arg("--ctl-socket")
+            .arg(&socket)
+            .arg("--console-log")
+            .arg(&console)
+            .args(settings);
+        if let Some(s) = store {
+            cmd.arg("--store").arg(s);
+        }
+        let started = Instant::now();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("qemu.log")).expect("qemu log"))
+            .spawn()
+            .expect("start run-vm.sh");
+        Vm {
+            child,
+            dir,
+            socket,
+            console,
+            started,
+        }
+    }
+
+    /// The guest's console so far.
+    pub fn console(&self) -> String {
+        std::fs::read_to_string(&self.console).unwrap_or_default()
+    }
+
+    /// Connects and says Hello, retrying until the supervisor answers.
+    /// Returns the client and the time from QEMU's start.
+    pub fn connect(&mut self, timeout: Duration) -> (Client, Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(mut c) = Client::connect(&self.socket) {
+                c.set_timeout(Some(Duration::from_secs(60))).ok();
+                return (c, self.started.elapsed());
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!(
+                    "QEMU ended ({st}) before the control port answered; console:\n{}",
+                    self.console()
+                );
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "no Hello from the guest in {timeout:?}; console:\n{}",
+                    self.console()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for QEMU to end by itself (the guest powered off).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // run-vm.sh execs QEMU, so this is QEMU itself.
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

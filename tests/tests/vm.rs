@@ -1,0 +1,382 @@
+//! The booted guest under QEMU: PID 1, the supervisor it starts, the
+//! control port on virtio-serial, the store on its virtio disk.
+
+use allox_ctl::client::Client;
+use allox_integration::vm::{require_vm, store_image, Vm};
+use allox_protocol::*;
+use allox_supervisor::index::Index;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const BOOT: Duration = Duration::from_secs(60);
+
+fn ok(c: &mut Client, r: Request) -> Response {
+    let what = format!("{r:?}");
+    match c.call(r).expect("transport") {
+        Ok(v) => v,
+        Err(e) => panic!("{what} failed: {e:?}"),
+    }
+}
+
+fn agent(a: &str) -> Request {
+    Request::AgentCreate(AgentCreate::new(a.to_string()))
+}
+
+fn session(a: &str, s: &str) -> Request {
+    Request::SessionCreate(SessionCreate::new(a, s))
+}
+
+fn ck(a: &str, s: &str, c: &str) -> Request {
+    Request::CheckpointCreate(CheckpointCreate {
+        agent_id: a.into(),
+        session_id: s.into(),
+        checkpoint_id: c.into(),
+        pinned: false,
+        label: None,
+    })
+}
+
+/// Runs a shell command in the session's sandbox and returns its stdout.
+fn run(a: &str, s: &str, script: &str, wait: bool) -> Request {
+    Request::ProcessStart(ProcessStart {
+        agent_id: a.into(),
+        session_id: s.into(),
+        argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        env: Default::default(),
+        cwd: None,
+        stdin: None,
+        timeout_ms: None,
+        wait,
+        stream: false,
+    })
+}
+
+fn sh(c: &mut Client, a: &str, s: &str, script: &str) -> String {
+    let r = ok(c, run(a, s, script, true));
+    match r {
+        Response::Exited(x) => {
+            assert_eq!(x.exit_code, Some(0), "{script}: {x:?}");
+            x.stdout
+        }
+        other => panic!("{script}: {other:?}"),
+    }
+}
+
+fn start(c: &mut Client, a: &str, s: &str, script: &str) -> String {
+    match ok(c, run(a, s, script, false)) {
+        Response::Started(r) => r.run_id,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn info(c: &mut Client) -> SystemInfo {
+    match ok(c, Request::SystemInfo(SystemInfoRequest {})) {
+        Response::System(i) => i,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn processes(c: &mut Client, a: &str, s: &str) -> Vec<ProcessInfo> {
+    match ok(
+        c,
+        Request::ProcessList(SessionRef {
+            agent_id: a.into(),
+            session_id: s.into(),
+        }),
+    ) {
+        Response::Processes(p) => p.processes,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Mounts the store image on the host (after the guest is gone) and
+/// returns the journal's incomplete operations and the checkpoints' names.
+fn inspect_store(img: &Path) -> (usize, Vec<String>) {
+    let mnt = img.with_extension("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let st = Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(img)
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(st.success(), "the store image does not mount on the host");
+    let root = mnt.join("allox");
+    let pending = Index::open(&root.join("state/index.redb"))
+        .map(|i| i.pending().expect("read the journal").len())
+        .unwrap_or_else(|e| {
+            let _ = Command::new("umount").arg(&mnt).status();
+            panic!("cannot open the index: {e}")
+        });
+    let cks: Vec<String> =
+        std::fs::read_dir(root.join("agents/a/workspace/sessions/s/checkpoints"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+    let _ = Command::new("umount").arg(&mnt).status();
+    (pending, cks)
+}
+
+#[test]
+fn guest_the_spine_and_exec_over_virtio_serial_then_an_orderly_shutdown() {
+    let Some(img) = require_vm("vm::the_spine_and_exec_over_virtio_serial") else {
+        return;
+    };
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = store_image(dir.path(), true);
+    let mut vm = Vm::boot(&img, Some(&store), &[]);
+    let (mut c, t) = vm.connect(BOOT);
+    eprintln!("Hello answered {t:?} after QEMU started");
+    let i = info(&mut c);
+    assert!(i.under_init, "the supervisor is PID 1's child: {i:?}");
+    ok(&mut c, agent("a"));
+    ok(&mut c, session("a", "s"));
+    assert_eq!(
+        sh(&mut c, "a", "s", "echo one > f; cat f; id -u"),
+        "one\n10000\n"
+    );
+    ok(&mut c, ck("a", "s", "c1"));
+    sh(&mut c, "a", "s", "echo two > f; echo new > g");
+    match ok(
+        &mut c,
+        Request::CheckpointDiff(CheckpointDiff {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            from: "c1".into(),
+            to: "current".into(),
+        }),
+    ) {
+        Response::Diff(d) => assert_eq!((d.added, d.modified, d.deleted), (1, 1, 0), "{d:?}"),
+        other => panic!("{other:?}"),
+    }
+    ok(
+        &mut c,
+        Request::SessionRollback(SessionRollback {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: "c1".into(),
+            kill_processes: None,
+        }),
+    );
+    assert_eq!(sh(&mut c, "a", "s", "cat f; ls"), "one\nf\n");
+    // A process left running is killed by the shutdown, in order.
+    start(&mut c, "a", "s", "sleep 600");
+    match ok(&mut c, Request::Shutdown(Shutdown {})) {
+        Response::Stopping(s) => assert!(s.power_off),
+        other => panic!("{other:?}"),
+    }
+    let st = vm.wait_exit(Duration::from_secs(60));
+    let console = vm.console();
+    assert!(
+        st.is_some(),
+        "QEMU still running after system.shutdown; console:\n{console}"
+    );
+    assert!(console.contains("store unmounted"), "{console}");
+    assert!(!console.contains("Kernel panic"), "{console}");
+    drop(vm);
+    let (pending, cks) = inspect_store(&store);
+    assert_eq!(
+        pending, 0,
+        "the journal has incomplete operations after a clean shutdown"
+    );
+    assert_eq!(cks, ["c1"]);
+}
+
+#[test]
+fn guest_a_host_that_reconnects_mid_frame_gets_a_clean_session() {
+    let Some(img) = require_vm("vm::a_host_that_reconnects_mid_frame") else {
+        return;
+    };
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = store_image(dir.path(), true);
+    let mut vm = Vm::boot(&img, Some(&store), &[]);
+    let (mut c, _) = vm.connect(BOOT);
+    ok(&mut c, agent("a"));
+    drop(c);
+    // A raw host: Hello, then half of an agent.create, then gone.
+    for cut in [3usize, 9] {
+        let mut raw = UnixStream::connect(&vm.socket).unwrap();
+        raw.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut hello = vec![0u8];
+        hello.extend(
+            encode(&ClientFrame::Hello(Hello {
+                version: PROTOCOL_VERSION,
+                build: build_identity(),
+            }))
+            .unwrap(),
+        );
+        raw.write_all(&hello).unwrap();
+        let mut got = [0u8; 512];
+        let n = raw.read(&mut got).unwrap();
+        assert!(n > 0, "no answer to Hello");
+        let frame = encode(&ClientFrame::Request(RequestEnvelope {
+            request_id: 7,
+            request: agent("torn"),
+        }))
+        .unwrap();
+        raw.write_all(&frame[..cut.min(frame.len() - 2)]).unwrap();
+        drop(raw);
+        // The next host sees a clean conversation.
+        let (mut c, _) = vm.connect(Duration::from_secs(30));
+        match ok(&mut c, Request::AgentList(AgentList {})) {
+            Response::Agents(l) => {
+                let names: Vec<_> = l.agents.iter().map(|a| a.agent_id.as_str()).collect();
+                assert_eq!(names, ["a"], "a torn request was applied");
+            }
+            other => panic!("{other:?}"),
+        }
+        ok(&mut c, Request::Ping(Ping {}));
+    }
+}
+
+#[test]
+fn guest_a_killed_supervisor_is_restarted_with_sessions_runs_and_no_zombies() {
+    let Some(img) = require_vm("vm::a_killed_supervisor_is_restarted") else {
+        return;
+    };
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = store_image(dir.path(), true);
+    // The first supervisor kills itself (SIGKILL) in the middle of its
+    // first checkpoint.create after the snapshot: a crash mid-operation.
+    let mut vm = Vm::boot(
+        &img,
+        Some(&store),
+        &["allox.failpoints=checkpoint_create.after_snapshot"],
+    );
+    let (mut c, _) = vm.connect(BOOT);
+    ok(&mut c, agent("a"));
+    ok(&mut c, session("a", "s"));
+    sh(&mut c, "a", "s", "echo kept > f");
+    let long = start(&mut c, "a", "s", "sleep 600");
+    // 100 runs whose sandbox inits outlive the supervisor: when it dies
+    // they are PID 1's orphans, and PID 1 must reap them.
+    for _ in 0..100 {
+        start(&mut c, "a", "s", "sleep 3");
+    }
+    let before = info(&mut c);
+    let err = c.call(ck("a", "s", "c1")).expect("an answer");
+    let e = err.expect_err("the supervisor died mid-request");
+    assert_eq!(e.code, ErrorCode::Unavailable, "{e:?}");
+    drop(c);
+    let (mut c, _) = vm.connect(Duration::from_secs(30));
+    let after = info(&mut c);
+    assert_ne!(after.supervisor_pid, before.supervisor_pid, "not restarted");
+    // The session and its files are there; the interrupted checkpoint was
+    // finished or undone by recovery, never left half-made.
+    assert_eq!(sh(&mut c, "a", "s", "cat f"), "kept\n");
+    match ok(
+        &mut c,
+        Request::CheckpointList(SessionRef {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+        }),
+    ) {
+        Response::Checkpoints(l) => {
+            let ids: Vec<_> = l
+                .checkpoints
+                .iter()
+                .map(|c| c.checkpoint_id.as_str())
+                .collect();
+            assert!(ids.is_empty() || ids == ["c1"], "{ids:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        processes(&mut c, "a", "s")
+            .iter()
+            .any(|p| p.run_id.as_deref() == Some(long.as_str())),
+        "the run started before the restart is not listed"
+    );
+    // The short runs end; nothing stays a zombie under PID 1.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let i = info(&mut c);
+        let left = processes(&mut c, "a", "s").len();
+        if i.init_zombies == 0 && left == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} zombies under PID 1, {left} processes in the session",
+            i.init_zombies
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Killing still works through the cgroup, for a run of the old supervisor.
+    match ok(
+        &mut c,
+        Request::ProcessKill(ProcessKill {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: None,
+            signal: None,
+        }),
+    ) {
+        Response::Killed(k) => assert!(k.killed >= 1, "{k:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(processes(&mut c, "a", "s").is_empty());
+    let _ = c.call(Request::Shutdown(Shutdown {}));
+    assert!(vm.wait_exit(Duration::from_secs(60)).is_some());
+}
+
+/// Boots with a store that cannot be used and expects `message` on the
+/// console, then a clean power-off (QEMU ends) and no kernel panic.
+fn refuses(store: Option<&Path>, settings: &[&str], message: &str) {
+    let img = allox_integration::vm::guest_image().unwrap();
+    let mut vm = Vm::boot(&img, store, settings);
+    let st = vm.wait_exit(Duration::from_secs(90));
+    let console = vm.console();
+    assert!(st.is_some(), "QEMU still running; console:\n{console}");
+    assert!(
+        console.contains(message),
+        "no {message:?} on the console:\n{console}"
+    );
+    assert!(console.contains("powering off"), "{console}");
+    assert!(!console.contains("Kernel panic"), "{console}");
+}
+
+#[test]
+fn guest_a_missing_blank_foreign_or_damaged_store_gives_a_clear_message_and_powers_off() {
+    if require_vm("vm::a_missing_blank_foreign_or_damaged_store").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    refuses(None, &[], "the store device /dev/vda does not exist");
+    let blank = store_image(dir.path(), false);
+    refuses(Some(&blank), &[], "is blank; boot with allox.format=1");
+    // Not blank, not Btrfs: never formatted over.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&blank)
+        .unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"someone else's data", 4096).unwrap();
+    drop(f);
+    refuses(
+        Some(&blank),
+        &["allox.format=1"],
+        "holds no Btrfs filesystem",
+    );
+    // A Btrfs superblock over damaged trees: the mount fails.
+    std::fs::remove_file(&blank).unwrap();
+    let damaged = store_image(dir.path(), true);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&damaged)
+        .unwrap();
+    let junk = vec![0xA5u8; 4096];
+    // Everything after the superblock's first 0x100 bytes (checksummed).
+    std::os::unix::fs::FileExt::write_all_at(&f, &junk[..3000], 0x1_0000 + 0x100).unwrap();
+    drop(f);
+    refuses(
+        Some(&damaged),
+        &[],
+        "cannot mount the store device /dev/vda",
+    );
+}

@@ -260,6 +260,7 @@ impl Init {
             .arg("--under-init")
             .args(&s.args)
             .env("ALLOX_LOG", &s.log)
+            .env("NO_COLOR", "1")
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
         if let Some(f) = self.settings.failpoints.take() {
             log(format_args!("arming failpoints {f} in this supervisor"));

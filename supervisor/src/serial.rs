@@ -2,12 +2,14 @@
 //! character device (`/dev/vportNpM`), found by the name QEMU gave the port.
 //!
 //! The port stays open for the life of the supervisor; hosts come and go
-//! on the other end. A conversation starts over — its torn frame and its
-//! greeting dropped — when a read says no host is there, when a frame stops
-//! half-way, or when a new `Hello` arrives (a host that reconnected before
-//! its predecessor's end was seen; the client's leading zero byte ends any
-//! torn frame first). Requests already being answered finish (each store
-//! operation is whole or not at all); only their answers may be lost.
+//! on the other end, and the guest cannot tell reliably when one leaves
+//! and the next arrives (the port's open/close notices travel apart from
+//! its data). So a host starts its conversation itself: a zero byte, which
+//! ends any frame a predecessor tore, then `Hello`, which starts a new
+//! conversation whatever came before (`alloxctl` does both). A frame that
+//! stops half-way for the stall limit is dropped too. Requests already
+//! being answered finish (each store operation is whole or not at all);
+//! only their answers may be lost.
 
 use crate::dispatch::Supervisor;
 use crate::server::{serve_stream, Limits, Transport};

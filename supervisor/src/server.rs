@@ -207,8 +207,11 @@ pub async fn serve_stream<R, W>(
         let n = match n {
             Ok(0) | Err(_) if serial => {
                 // No host on the other end (a read says so at once): look
-                // again shortly, starting over.
-                (reader, greeted, bad) = (FrameReader::new(), false, 0);
+                // again shortly. The conversation is not reset here: the
+                // port's "host gone" and "host back" notices travel apart
+                // from its data, so this end-of-file can arrive after the
+                // next host's first bytes. A new host starts over itself,
+                // with a zero byte (ending any torn frame) and a Hello.
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                 continue;
             }

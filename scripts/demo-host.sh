@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The demo without a VM: the supervisor as a daemon on a Btrfs store, and agent → session →
+# checkpoint → change → rollback, showing what happens at each step.
+#
+#   sudo scripts/demo-host.sh         # makes a 1 GiB loop-backed Btrfs store
+#   sudo scripts/demo-host.sh /mnt/btrfs   # uses a directory on an existing Btrfs
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/deps.sh
+allox_need_root
+allox_install_deps
+
+echo "==> building (release)"
+cargo build --release --quiet -p allox-init -p allox-ctl
+BIN=$PWD/target/x86_64-unknown-linux-gnu/release
+
+WORK=$(mktemp -d /var/tmp/allox-demo.XXXXXX)
+MADE_FS=""
+if [ $# -ge 1 ]; then
+    ROOT=$1/allox-demo-store
+    mkdir -p "$ROOT"
+else
+    MADE_FS=$WORK/btrfs
+    allox_make_btrfs "$MADE_FS" 1024
+    ROOT=$MADE_FS/store
+    mkdir -p "$ROOT"
+    echo "==> made a loop-backed Btrfs filesystem at $MADE_FS"
+fi
+export ALLOX_SOCKET=$WORK/ctl.sock
+# The demo's sessions get a cgroup subtree of their own, removed at the end.
+if [ -f /sys/fs/cgroup/cgroup.subtree_control ]; then CG=/sys/fs/cgroup; else CG=/sys/fs/cgroup/unified; fi
+CGROOT=$CG/allox-demo-$$
+mkdir -p "$CGROOT"
+
+cleanup() {
+    [ -n "${DAEMON:-}" ] && kill "$DAEMON" 2>/dev/null && wait "$DAEMON" 2>/dev/null || true
+    [ -n "${GATEWAY:-}" ] && kill "$GATEWAY" 2>/dev/null && wait "$GATEWAY" 2>/dev/null || true
+    if [ -d "$CGROOT" ]; then
+        echo 1 >"$CGROOT/cgroup.kill" 2>/dev/null || true
+        sleep 0.2
+        find "$CGROOT" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+    fi
+    [ -n "$MADE_FS" ] && allox_remove_btrfs "$MADE_FS"
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+"$BIN/allox-init" supervise --root "$ROOT" --listen "unix:$ALLOX_SOCKET" \
+    --sandbox-stage "$WORK/stage" --cgroup-root "$CGROOT" 2>"$WORK/daemon.log" &
+DAEMON=$!
+for _ in $(seq 100); do [ -S "$ALLOX_SOCKET" ] && break; sleep 0.05; done
+ctl() { echo; echo "\$ alloxctl $*"; "$BIN/alloxctl" "$@"; }
+show() { echo; echo "\$ $*"; "$@"; }
+
+ctl ping
+ctl agent create agent-a
+ctl agent create agent-b
+ctl session create agent-a session-1
+ctl session create agent-b session-1
+CUR=$ROOT/agents/agent-a/workspace/sessions/session-1/current
+OTHER=$ROOT/agents/agent-b/workspace/sessions/session-1/current
+
+echo; echo "# agent-a/session-1 writes its work; agent-b works too"
+echo "print('hello')" >"$CUR/main.py"
+echo "draft 1" >"$CUR/notes.txt"
+echo "agent-b's file" >"$OTHER/b.txt"
+show ls -l "$CUR"
+
+ctl checkpoint create agent-a session-1 clean --label "before the risky edit"
+
+echo; echo "# the agent makes a mess"
+echo "rm -rf everything" >"$CUR/main.py"
+rm "$CUR/notes.txt"
+mkdir -p "$CUR/build" && head -c 1048576 /dev/urandom >"$CUR/build/blob"
+show ls -lR "$CUR"
+
+ctl checkpoint create agent-a session-1 messy
+ctl rollback agent-a session-1 clean
+show ls -l "$CUR"
+show cat "$CUR/main.py" "$CUR/notes.txt"
+echo; echo "# agent-b's session was not touched:"
+show cat "$OTHER/b.txt"
+
+echo; echo "# new work after the rollback branches the checkpoint tree"
+echo "draft 2" >"$CUR/notes.txt"
+ctl checkpoint create agent-a session-1 second-try
+ctl checkpoint list agent-a session-1
+
+echo; echo "# commands run in the session's sandbox: its own files, no privilege, nothing else visible"
+ctl exec agent-a session-1 -- sh -c 'pwd; ls; id; grep -E "^(CapEff|NoNewPrivs)" /proc/self/status; ls /allox; ps -e -o pid,comm | head'
+
+echo; echo "# a background process changes the workspace and keeps running"
+ctl checkpoint create agent-a session-1 before-server
+ctl start agent-a session-1 -- sh -c 'echo "server state" > server.log; exec sleep 3600'
+sleep 0.5
+ctl ps agent-a session-1
+echo; echo "# rollback refuses while the session has live processes..."
+ctl rollback agent-a session-1 before-server || true
+echo; echo "# ...and with --kill-processes kills them first (only this session's)"
+ctl rollback agent-a session-1 before-server --kill-processes
+ctl ps agent-a session-1
+show ls "$CUR"
+
+echo; echo "# an agent framework reports turns; with auto-checkpoints on, each good turn is kept"
+ctl policy agent-b --auto-checkpoint on --keep-last 5
+ctl session create agent-b session-2
+ctl turn begin agent-b session-2
+"$BIN/alloxctl" exec agent-b session-2 -- sh -c 'echo "def parse(): pass" > parser.py'
+ctl turn end agent-b session-2 turn-1 --label "wrote the parser"
+ctl turn begin agent-b session-2
+"$BIN/alloxctl" exec agent-b session-2 -- sh -c 'rm parser.py; echo oops > broken.txt'
+ctl turn end agent-b session-2 turn-2 --status failed
+ctl log agent-b session-2
+ctl diff agent-b session-2 turn-1 current
+
+echo; echo "# the same through the JSON gateway, as an agent framework would call it"
+"$BIN/alloxctl" gateway --listen 127.0.0.1:8092 2>>"$WORK/daemon.log" &
+GATEWAY=$!
+for _ in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:8092/ && break; sleep 0.05; done
+gw() { echo; echo "\$ curl -sS http://127.0.0.1:8092/v1/rpc -d '$1'"; curl -sS http://127.0.0.1:8092/v1/rpc -H 'Content-Type: application/json' -d "$1"; echo; }
+gw '{"action":"session.create","params":{"agent_id":"agent-a","session_id":"session-2"}}'
+gw '{"action":"checkpoint.create","params":{"agent_id":"agent-a","session_id":"session-2","checkpoint_id":"clean"}}'
+gw '{"action":"session.rollback","params":{"agent_id":"agent-a","session_id":"session-2","checkpoint_id":"clean"}}'
+gw '{"action":"session.rollback","params":{"agent_id":"agent-a","session_id":"session-2","checkpoint_id":"no-such"}}'
+
+ctl audit
+echo
+echo "==> demo done (store was $ROOT)"

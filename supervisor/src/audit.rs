@@ -50,6 +50,8 @@ pub struct Entry {
 struct Tail {
     file: File,
     next_seq: u64,
+    /// Records written since the last sync.
+    unsynced: bool,
 }
 
 pub struct Audit {
@@ -87,6 +89,7 @@ impl Audit {
             tail: Mutex::new(Tail {
                 file,
                 next_seq: last + 1,
+                unsynced: false,
             }),
         })
     }
@@ -120,6 +123,7 @@ impl Audit {
             return Err(write_err(err));
         }
         t.next_seq += 1;
+        t.unsynced = true;
         Ok(rec.seq)
     }
 
@@ -147,12 +151,19 @@ impl Audit {
         })
     }
 
+    /// Makes the records written so far durable (nothing to do, and no
+    /// disk flush, when none were written since the last time).
     pub fn sync(&self) -> Result<(), AuditError> {
-        let t = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        if !t.unsynced {
+            return Ok(());
+        }
         t.file.sync_data().map_err(|source| AuditError::Write {
             path: self.path.clone(),
             source,
-        })
+        })?;
+        t.unsynced = false;
+        Ok(())
     }
 }
 

@@ -51,7 +51,9 @@ pub enum Stopped {
 /// Runs until SIGTERM, SIGINT or `system.shutdown`; then refuses new work,
 /// kills every session's processes, flushes the store and returns.
 pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
+    let t0 = std::time::Instant::now();
     let store = Store::open(&cfg.root, Failpoints::from_env()).map_err(DaemonError::Store)?;
+    tracing::debug!(ms = t0.elapsed().as_millis() as u64, "store open");
     // Many runs mean many descriptors; and the supervisor must be the last
     // thing the OOM killer picks.
     if let Ok((_, hard)) = rlimit_nofile() {
@@ -68,6 +70,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         }
         None => None,
     };
+    tracing::debug!(ms = t0.elapsed().as_millis() as u64, "process support ready");
     let sup = Arc::new(Supervisor::new(store, cfg.policy.clone(), runs));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

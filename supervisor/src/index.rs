@@ -191,7 +191,11 @@ impl Index {
 
     fn open_db(path: &Path) -> Result<Database, IndexError> {
         let db = Database::create(path)?;
-        let w = db.begin_write()?;
+        let mut w = db.begin_write()?;
+        // Creating the tables need not be durable by itself: lost, they are
+        // made again at the next open, and every later durable commit
+        // carries them.
+        let _ = w.set_durability(redb::Durability::None);
         {
             w.open_table(AGENTS)?;
             w.open_table(SESSIONS)?;

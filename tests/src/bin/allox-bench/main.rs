@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 mod spawn_bench;
 mod turns_bench;
+mod vm_bench;
 
 pub(crate) fn pct(v: &[Duration], p: f64) -> Duration {
     let mut s = v.to_vec();
@@ -76,6 +77,9 @@ fn main() -> anyhow::Result<()> {
     }
     if only.is_empty() || only == "turns" {
         turns_bench::run(&fs, quick)?;
+    }
+    if only.is_empty() || only == "vm" {
+        vm_bench::run(quick)?;
     }
     Ok(())
 }

@@ -70,7 +70,10 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         }
         None => None,
     };
-    tracing::debug!(ms = t0.elapsed().as_millis() as u64, "process support ready");
+    tracing::debug!(
+        ms = t0.elapsed().as_millis() as u64,
+        "process support ready"
+    );
     let sup = Arc::new(Supervisor::new(store, cfg.policy.clone(), runs));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

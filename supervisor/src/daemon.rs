@@ -49,7 +49,9 @@ pub enum Stopped {
 }
 
 /// Runs until SIGTERM, SIGINT or `system.shutdown`; then refuses new work,
-/// kills every session's processes, flushes the store and returns.
+/// kills every session's processes (after `system.shutdown`, or always as
+/// the guest's supervisor; a host daemon stopped by a signal leaves them to
+/// its successor), flushes the store and returns.
 pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     let t0 = std::time::Instant::now();
     let store = Store::open(&cfg.root, Failpoints::from_env()).map_err(DaemonError::Store)?;
@@ -105,7 +107,10 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
             s.abort();
         }
         syncer.abort();
-        if let Some(runs) = &sup.runs {
+        // A shutdown kills the sessions' processes; a host daemon stopped
+        // by a signal leaves them running for its successor to adopt.
+        let kill = why == Stopped::Requested || cfg.policy.power_off_on_shutdown;
+        if let Some(runs) = sup.runs.as_ref().filter(|_| kill) {
             let (runs, base) = (runs.clone(), runs.cgroups().base().to_path_buf());
             match tokio::task::spawn_blocking(move || runs.kill_tree(&base, false)).await {
                 Ok(Ok(n)) => tracing::info!(killed = n, "sessions' processes killed"),

@@ -109,7 +109,31 @@ pub enum Command {
         timeout_ms: Option<u64>,
     },
     /// List a session's processes.
-    Ps { agent: String, session: String },
+    Ps {
+        agent: String,
+        session: String,
+        /// The lineage of every process the session ran, live and exited,
+        /// from the process tracker (`--process-tracker ebpf`).
+        #[arg(long)]
+        tree: bool,
+        /// With --tree: only this run's processes.
+        #[arg(long, requires = "tree")]
+        run: Option<String>,
+    },
+    /// What the process tracker recorded: forks, execs, exits, oldest first.
+    Events {
+        agent: Option<String>,
+        session: Option<String>,
+        run: Option<String>,
+        /// Continue after this sequence number (from an earlier answer).
+        #[arg(long)]
+        cursor: Option<u64>,
+        #[arg(long)]
+        limit: Option<u32>,
+        /// Keep printing new events as they happen (Ctrl-C to stop).
+        #[arg(long)]
+        follow: bool,
+    },
     /// Signal one run's processes, or all of a session's.
     Kill {
         agent: String,
@@ -258,6 +282,8 @@ pub enum Action {
     Rpc(String),
     /// Run the HTTP gateway.
     Gateway { listen: String },
+    /// Print process events as they come.
+    Follow(allox_protocol::ProcessEvents),
 }
 
 /// A `process.start` request, and where its stdin text is still to be
@@ -401,7 +427,44 @@ impl Command {
                 run_id: run,
                 timeout_ms,
             }),
-            C::Ps { agent, session } => call(Request::ProcessList(session_ref(agent, session))),
+            C::Ps {
+                agent,
+                session,
+                tree: false,
+                ..
+            } => call(Request::ProcessList(session_ref(agent, session))),
+            C::Ps {
+                agent,
+                session,
+                run,
+                ..
+            } => call(Request::ProcessTree(allox_protocol::ProcessTreeRequest {
+                agent_id: agent,
+                session_id: session,
+                run_id: run,
+            })),
+            C::Events {
+                agent,
+                session,
+                run,
+                cursor,
+                limit,
+                follow,
+            } => {
+                let q = allox_protocol::ProcessEvents {
+                    agent_id: agent,
+                    session_id: session,
+                    run_id: run,
+                    cursor,
+                    limit,
+                    follow,
+                };
+                if follow {
+                    Action::Follow(q)
+                } else {
+                    call(Request::ProcessEvents(q))
+                }
+            }
             C::Kill {
                 agent,
                 session,

@@ -35,6 +35,37 @@ fn main() -> ExitCode {
             status(ok)
         }
         Action::Gateway { listen } => gateway(&listen, cli.socket),
+        Action::Follow(q) => follow(cli.socket, cli.json, q),
+    }
+}
+
+/// `events --follow`: the backlog, then every new event, until interrupted.
+fn follow(socket: PathBuf, json: bool, q: allox_protocol::ProcessEvents) -> ExitCode {
+    let answer = Client::connect(&socket).and_then(|mut client| {
+        client.call_with_events(Request::ProcessEvents(q), |e| {
+            if let allox_protocol::Event::Process(ev) = e {
+                if json {
+                    print(&format!(
+                        "{}\n",
+                        serde_json::to_value(&ev).unwrap_or_default()
+                    ));
+                } else {
+                    print(&allox_ctl::render::process_event(&ev));
+                }
+            }
+        })
+    });
+    match answer {
+        Ok(Ok(_)) => ExitCode::SUCCESS,
+        Ok(Err(body)) => {
+            eprintln!("error: {}: {}", body.code, body.message);
+            ExitCode::FAILURE
+        }
+        Err(err) => {
+            let body = err.to_body();
+            eprintln!("error: {}: {}", body.code, body.message);
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -72,6 +72,14 @@ enum Cmd {
         /// Empty directory where sandboxes assemble their root.
         #[arg(long, default_value = "/run/allox/sandbox-root")]
         sandbox_stage: PathBuf,
+        /// `ebpf`: attribute every process of every run, in the kernel, to
+        /// its agent, session and run (needs a kernel with BTF and
+        /// CAP_BPF/CAP_PERFMON or CAP_SYS_ADMIN); `off`: nothing is loaded.
+        #[arg(long, default_value = "off", value_parser = ["off", "ebpf"])]
+        process_tracker: String,
+        /// Most process events kept in state/events.redb; the oldest go first.
+        #[arg(long, default_value_t = allox_supervisor::tracker::DEFAULT_MAX_EVENTS)]
+        process_events_max: u64,
         /// Drop a client that stops sending in the middle of a frame for this long.
         #[arg(long, default_value_t = 10_000, hide = true)]
         stall_timeout_ms: u64,
@@ -132,6 +140,8 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
             default_memory_max,
             default_cpu_max,
             sandbox_network,
+            process_tracker,
+            process_events_max,
         } => {
             let mut socket = None;
             let mut virtio_ports = Vec::new();
@@ -149,6 +159,20 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
             let Some(socket) = socket else {
                 bail!("--listen: one unix:PATH is required");
             };
+            let tracker = if process_tracker == "ebpf" {
+                if no_processes {
+                    bail!("--process-tracker ebpf needs process support; drop --no-processes");
+                }
+                let state = root.join("state");
+                std::fs::create_dir_all(&state)
+                    .with_context(|| format!("cannot create {}", state.display()))?;
+                Some(
+                    allox_supervisor::tracker::ProcessTracker::start(&state, process_events_max)
+                        .map_err(|e| anyhow::anyhow!("--process-tracker ebpf: {e}"))?,
+                )
+            } else {
+                None
+            };
             let runs = if no_processes {
                 None
             } else {
@@ -160,6 +184,7 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
                     .context("cannot find this binary for the sandbox init")?;
                 let mut rc = RunsConfig::new(mount, exe, sandbox_stage);
                 rc.isolate_network = sandbox_network == "isolated";
+                rc.tracker = tracker;
                 rc.uid = sandbox_uid;
                 rc.gid = sandbox_gid;
                 rc.limits = allox_supervisor::cgroup::Limits {

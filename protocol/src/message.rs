@@ -86,6 +86,8 @@ pub enum Event {
     Started(RunStarted),
     /// A piece of a streamed run's output, in order per stream.
     Output(OutputChunk),
+    /// A process event of a `process.events` subscription (`follow`).
+    Process(ProcessEvent),
 }
 
 /// Which output stream a chunk belongs to.
@@ -110,6 +112,40 @@ pub struct OutputChunk {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Ping {}
+
+/// `process.events`: what the process tracker recorded, oldest first,
+/// filtered by agent, session and run; `cursor` continues after the last
+/// event of an earlier answer. With `follow`, matching events keep coming
+/// as stream events after the answer's backlog, until the client goes.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessEvents {
+    #[serde(default)]
+    pub agent_id: Option<String>,
+    #[serde(default)]
+    pub session_id: Option<String>,
+    #[serde(default)]
+    pub run_id: Option<String>,
+    /// Sequence number to continue after (exclusive).
+    #[serde(default)]
+    pub cursor: Option<u64>,
+    /// Most events in the answer (default 1,000, at most 10,000).
+    #[serde(default)]
+    pub limit: Option<u32>,
+    #[serde(default)]
+    pub follow: bool,
+}
+
+/// `process.tree`: the lineage of a session's (or one run's) processes,
+/// live and exited, from the tracker's events.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessTreeRequest {
+    pub agent_id: String,
+    pub session_id: String,
+    #[serde(default)]
+    pub run_id: Option<String>,
+}
 
 /// `system.info`: the machine as the supervisor sees it.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
@@ -455,6 +491,8 @@ requests! {
     CheckpointDiff(CheckpointDiff) = "checkpoint.diff", mutating = false;
     Shutdown(Shutdown) = "system.shutdown", mutating = true;
     SystemInfo(SystemInfoRequest) = "system.info", mutating = false;
+    ProcessEvents(ProcessEvents) = "process.events", mutating = false;
+    ProcessTree(ProcessTreeRequest) = "process.tree", mutating = false;
 }
 
 impl Request {
@@ -479,6 +517,15 @@ impl Request {
             Request::CheckpointDiff(r) => {
                 format!("{}/{}/{}..{}", r.agent_id, r.session_id, r.from, r.to)
             }
+            Request::ProcessEvents(r) => [&r.agent_id, &r.session_id, &r.run_id]
+                .iter()
+                .filter_map(|x| x.as_deref())
+                .collect::<Vec<_>>()
+                .join("/"),
+            Request::ProcessTree(r) => match &r.run_id {
+                Some(run) => format!("{}/{}/{run}", r.agent_id, r.session_id),
+                None => format!("{}/{}", r.agent_id, r.session_id),
+            },
             Request::PolicySet(r) => match &r.session_id {
                 Some(s) => format!("{}/{s}", r.agent_id),
                 None => r.agent_id.clone(),
@@ -772,6 +819,78 @@ pub enum Response {
     Diff(DiffListing),
     Stopping(Stopping),
     System(SystemInfo),
+    ProcessEvents(ProcessEventListing),
+    ProcessTree(ProcessTreeListing),
+}
+
+/// What happened to a process.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessEventKind {
+    Fork,
+    Exec,
+    Exit,
+    /// The event store reached its cap and dropped its oldest events.
+    Evicted,
+}
+
+/// One event of the process tracker, attributed in the kernel to the
+/// agent, session and run whose sandbox the process descends from.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ProcessEvent {
+    pub seq: u64,
+    /// Milliseconds since the Unix epoch.
+    pub time_ms: u64,
+    pub kind: ProcessEventKind,
+    pub agent_id: String,
+    pub session_id: String,
+    pub run_id: String,
+    /// The process and its parent as the sandbox sees them (its own PID
+    /// namespace), and as the host kernel does.
+    pub pid: u32,
+    pub ppid: u32,
+    pub host_pid: u32,
+    pub host_ppid: u32,
+    pub comm: String,
+    /// `exec`: the program.
+    pub filename: Option<String>,
+    /// `exit`: the exit code, or the signal that ended it.
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// `evicted`: how many events were dropped, oldest first.
+    pub evicted: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ProcessEventListing {
+    pub events: Vec<ProcessEvent>,
+    /// Pass as `cursor` to continue.
+    pub next_cursor: u64,
+    /// Events the kernel could not hand over (ring buffer full), in all.
+    pub lost: u64,
+    /// Events dropped from the store at its cap, in all.
+    pub evicted: u64,
+}
+
+/// One process in a lineage tree.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ProcessNode {
+    pub pid: u32,
+    pub host_pid: u32,
+    pub run_id: String,
+    pub comm: String,
+    /// Programs it executed, in order.
+    pub execs: Vec<String>,
+    pub started_ms: u64,
+    pub ended_ms: Option<u64>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub children: Vec<ProcessNode>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ProcessTreeListing {
+    pub roots: Vec<ProcessNode>,
 }
 
 /// The answer to `system.info`.
@@ -823,6 +942,8 @@ impl Response {
             Response::Diff(v) => serde_json::to_value(v),
             Response::Stopping(v) => serde_json::to_value(v),
             Response::System(v) => serde_json::to_value(v),
+            Response::ProcessEvents(v) => serde_json::to_value(v),
+            Response::ProcessTree(v) => serde_json::to_value(v),
         };
         v.unwrap_or(serde_json::Value::Null)
     }

@@ -94,6 +94,8 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "checkpoint.diff",
             "system.shutdown",
             "system.info",
+            "process.events",
+            "process.tree",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

@@ -5,8 +5,8 @@ use crate::audit::Entry;
 use crate::runs::{EventSink, Runs, SessionPaths};
 use crate::store::{Store, StoreError};
 use allox_protocol::{
-    AgentListing, ErrorBody, ErrorCode, Killed, Pong, ProcessListing, Request, Response,
-    SessionListing, SessionRollback, PROTOCOL_VERSION,
+    AgentListing, ErrorBody, ErrorCode, Killed, Pong, ProcessEvents, ProcessListing, Request,
+    Response, SessionListing, SessionRollback, PROTOCOL_VERSION,
 };
 use std::sync::Arc;
 
@@ -84,6 +84,8 @@ impl Supervisor {
                 | Request::ProcessKill(_)
                 | Request::ProcessList(_)
                 | Request::ProcessStdin(_)
+                | Request::ProcessEvents(_)
+                | Request::ProcessTree(_)
         )
     }
 
@@ -153,6 +155,56 @@ impl Supervisor {
                         p.close,
                     )
                     .await?,
+                ))
+            }
+            Request::ProcessEvents(q) => {
+                let t = tracker(runs)?;
+                let internal = |e: String| ErrorBody::new(ErrorCode::Internal, e);
+                if !q.follow {
+                    return Ok(Response::ProcessEvents(
+                        t.store.query(q, t.lost()).map_err(internal)?,
+                    ));
+                }
+                let Some(sink) = events else {
+                    return Err(ErrorBody::invalid(
+                        "follow streams events, which only the binary protocol carries; page with cursor instead",
+                    ));
+                };
+                let mut cursor = q.cursor;
+                loop {
+                    let page = t
+                        .store
+                        .query(
+                            &ProcessEvents {
+                                cursor,
+                                follow: false,
+                                ..q.clone()
+                            },
+                            t.lost(),
+                        )
+                        .map_err(internal)?;
+                    for e in page.events {
+                        if sink.send(allox_protocol::Event::Process(e)).await.is_err() {
+                            // The subscriber is gone.
+                            return Err(ErrorBody::new(ErrorCode::Unavailable, "subscriber gone"));
+                        }
+                    }
+                    cursor = Some(page.next_cursor);
+                    if sink.is_closed() {
+                        return Err(ErrorBody::new(ErrorCode::Unavailable, "subscriber gone"));
+                    }
+                    t.store
+                        .wait_newer(page.next_cursor, std::time::Duration::from_secs(1))
+                        .await;
+                }
+            }
+            Request::ProcessTree(q) => {
+                let t = tracker(runs)?;
+                session(&q.agent_id, &q.session_id)?;
+                Ok(Response::ProcessTree(
+                    t.store
+                        .tree(&q.agent_id, &q.session_id, q.run_id.as_deref())
+                        .map_err(|e| ErrorBody::new(ErrorCode::Internal, e))?,
                 ))
             }
             _ => Err(ErrorBody::new(ErrorCode::Internal, "not a process request")),
@@ -390,7 +442,9 @@ impl Supervisor {
             | Request::ProcessWait(_)
             | Request::ProcessKill(_)
             | Request::ProcessList(_)
-            | Request::ProcessStdin(_) => {
+            | Request::ProcessStdin(_)
+            | Request::ProcessEvents(_)
+            | Request::ProcessTree(_) => {
                 return Err(StoreError::Unsupported(
                     "process actions are answered asynchronously".into(),
                 ))
@@ -405,6 +459,15 @@ impl Supervisor {
             }
         })
     }
+}
+
+fn tracker(runs: &Runs) -> Result<&Arc<crate::tracker::ProcessTracker>, ErrorBody> {
+    runs.config().tracker.as_ref().ok_or_else(|| {
+        ErrorBody::new(
+            ErrorCode::Unsupported,
+            "the process tracker is off; start the supervisor with --process-tracker ebpf",
+        )
+    })
 }
 
 /// What `system.info` reports, read from /proc.

@@ -16,6 +16,7 @@ pub mod sandbox;
 pub mod serial;
 pub mod server;
 pub mod store;
+pub mod tracker;
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {

@@ -380,3 +380,62 @@ fn guest_a_missing_blank_foreign_or_damaged_store_gives_a_clear_message_and_powe
         "cannot mount the store device /dev/vda",
     );
 }
+
+#[test]
+fn guest_the_process_tracker_runs_inside_the_vm() {
+    let Some(img) = require_vm("vm::the_process_tracker_runs_inside_the_vm") else {
+        return;
+    };
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = store_image(dir.path(), true);
+    let mut vm = Vm::boot(&img, Some(&store), &["allox.args=--process-tracker=ebpf"]);
+    let (mut c, _) = vm.connect(BOOT);
+    ok(&mut c, agent("a"));
+    ok(&mut c, session("a", "s"));
+    let out = sh(
+        &mut c,
+        "a",
+        "s",
+        "echo hi | cat | wc -c; (sleep 0.1 &); exit 0",
+    );
+    assert_eq!(out.trim(), "3");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let l = match ok(
+            &mut c,
+            Request::ProcessEvents(ProcessEvents {
+                agent_id: Some("a".into()),
+                session_id: Some("s".into()),
+                limit: Some(1000),
+                ..Default::default()
+            }),
+        ) {
+            Response::ProcessEvents(l) => l,
+            other => panic!("{other:?}"),
+        };
+        let execs: Vec<&str> = l
+            .events
+            .iter()
+            .filter_map(|e| e.filename.as_deref())
+            .collect();
+        let exits = l
+            .events
+            .iter()
+            .filter(|e| e.kind == ProcessEventKind::Exit)
+            .count();
+        if execs.iter().any(|x| x.ends_with("/cat"))
+            && execs.iter().any(|x| x.ends_with("/sleep"))
+            && exits >= 5
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the tracker in the guest saw {execs:?}, {exits} exits; console:\n{}",
+            vm.console()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = c.call(Request::Shutdown(Shutdown {}));
+    assert!(vm.wait_exit(Duration::from_secs(60)).is_some());
+}

@@ -3,6 +3,8 @@
 //! output for finished runs. Every string ends with a newline; times are
 //! UTC.
 
+mod events;
+pub use events::process_event;
 mod process;
 mod table;
 mod time;
@@ -39,6 +41,28 @@ pub fn render(response: &Response) -> String {
             i.processes,
             i.init_zombies
         ),
+        Response::ProcessEvents(l) => {
+            let mut out = String::new();
+            for e in &l.events {
+                out.push_str(&process_event(e));
+            }
+            out.push_str(&format!(
+                "-- {} events; next cursor {}; lost in the kernel {}; evicted from the store {}\n",
+                l.events.len(),
+                l.next_cursor,
+                l.lost,
+                l.evicted
+            ));
+            out
+        }
+        Response::ProcessTree(t) if t.roots.is_empty() => "no processes recorded\n".to_string(),
+        Response::ProcessTree(t) => {
+            let mut out = String::new();
+            for r in &t.roots {
+                events::process_node(r, "", true, true, &mut out);
+            }
+            out
+        }
         Response::Pong(p) => format!(
             "daemon is up: protocol {}, {}\n",
             p.version,

@@ -51,6 +51,9 @@ pub struct RunsConfig {
     pub limits: Limits,
     /// Give every sandbox its own network namespace with only loopback.
     pub isolate_network: bool,
+    /// The eBPF process tracker, when it is on: every run's cgroup is
+    /// tagged with it before the run's first process exists.
+    pub tracker: Option<Arc<crate::tracker::ProcessTracker>>,
 }
 
 impl RunsConfig {
@@ -72,6 +75,7 @@ impl RunsConfig {
             tmp_sync_cap: 64 << 20,
             limits: Limits::default(),
             isolate_network: false,
+            tracker: None,
         }
     }
 }
@@ -150,10 +154,27 @@ impl Runs {
             for a in agents.flatten() {
                 for s in std::fs::read_dir(a.path()).into_iter().flatten().flatten() {
                     for r in std::fs::read_dir(s.path()).into_iter().flatten().flatten() {
-                        if r.file_type().map(|t| t.is_dir()).unwrap_or(false)
-                            && !cgroups.populated(&r.path())
-                        {
+                        if !r.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                            continue;
+                        }
+                        if !cgroups.populated(&r.path()) {
                             let _ = cgroups.remove(&r.path());
+                        } else if let Some(t) = &cfg.tracker {
+                            // A run of an earlier supervisor: what its
+                            // processes do from now on is attributed too.
+                            let (an, sn) = (a.file_name(), s.file_name());
+                            let rn = r.file_name();
+                            let run = rn.to_string_lossy();
+                            let run = run.strip_prefix("run-").unwrap_or(&run);
+                            if let Ok(md) = std::fs::metadata(r.path()) {
+                                use std::os::unix::fs::MetadataExt;
+                                let _ = t.tag_run(
+                                    &an.to_string_lossy(),
+                                    &sn.to_string_lossy(),
+                                    run,
+                                    md.ino(),
+                                );
+                            }
                         }
                     }
                 }
@@ -218,6 +239,19 @@ impl Runs {
             .map_err(cg_err)?;
         let id = self.new_run_id();
         let cg = self.cgroups.create_run(a, s, &id).map_err(cg_err)?;
+        if let Some(t) = &self.cfg.tracker {
+            // The cgroup's id is its directory's inode number.
+            let tagged = rustix::fs::fstat(&cg)
+                .map_err(|e| e.to_string())
+                .and_then(|st| t.tag_run(a, s, &id, st.st_ino));
+            if let Err(e) = tagged {
+                let _ = self.cgroups.remove(&self.cgroups.run_dir(a, s, &id));
+                return Err(ErrorBody::new(
+                    ErrorCode::Internal,
+                    format!("run not started: the process tracker cannot follow it: {e}"),
+                ));
+            }
+        }
         let mut env = vec![
             ("PATH".to_string(), validate::PATH.to_string()),
             ("HOME".to_string(), sandbox::spec::SESSION_MOUNT.to_string()),

@@ -17,6 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod spawn_bench;
+mod tracker_bench;
 mod turns_bench;
 mod vm_bench;
 
@@ -77,6 +78,9 @@ fn main() -> anyhow::Result<()> {
     }
     if only.is_empty() || only == "turns" {
         turns_bench::run(&fs, quick)?;
+    }
+    if only.is_empty() || only == "tracker" {
+        tracker_bench::run(&fs, quick)?;
     }
     if only.is_empty() || only == "vm" {
         vm_bench::run(quick)?;

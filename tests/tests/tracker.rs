@@ -1,0 +1,405 @@
+//! The eBPF process tracker through the daemon: real programs on the
+//! scheduler tracepoints of this kernel, real sandboxes and cgroups.
+
+use allox_integration::{require, ProcDaemon};
+use allox_protocol::*;
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+/// The daemon with the tracker on, or `None` after saying why not (BTF).
+fn daemon(name: &str, extra: &[&str]) -> Option<ProcDaemon> {
+    if !require(name) {
+        return None;
+    }
+    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        if std::env::var("ALLOX_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {
+            panic!("{name} needs a kernel with BTF (/sys/kernel/btf/vmlinux)");
+        }
+        eprintln!("SKIPPED {name}: needs a kernel with BTF (/sys/kernel/btf/vmlinux)");
+        return None;
+    }
+    let mut args = vec!["--process-tracker", "ebpf"];
+    args.extend_from_slice(extra);
+    Some(ProcDaemon::start(name, &args))
+}
+
+fn call(d: &ProcDaemon, r: Request) -> Result<Response, ErrorBody> {
+    d.daemon.client().call(r).expect("transport")
+}
+
+fn setup(d: &ProcDaemon, a: &str, sessions: &[&str]) {
+    call(d, Request::AgentCreate(AgentCreate::new(a))).unwrap();
+    for s in sessions {
+        call(d, Request::SessionCreate(SessionCreate::new(a, *s))).unwrap();
+    }
+}
+
+fn run(d: &ProcDaemon, a: &str, s: &str, argv: &[&str], wait: bool) -> String {
+    let r = call(
+        d,
+        Request::ProcessStart(ProcessStart {
+            agent_id: a.into(),
+            session_id: s.into(),
+            argv: argv.iter().map(|x| x.to_string()).collect(),
+            env: Default::default(),
+            cwd: None,
+            stdin: None,
+            timeout_ms: None,
+            wait,
+            stream: false,
+        }),
+    )
+    .unwrap();
+    match r {
+        Response::Exited(x) => x.run_id,
+        Response::Started(x) => x.run_id,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn events(
+    d: &ProcDaemon,
+    a: Option<&str>,
+    s: Option<&str>,
+    r: Option<&str>,
+) -> ProcessEventListing {
+    let mut all = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = match call(
+            d,
+            Request::ProcessEvents(ProcessEvents {
+                agent_id: a.map(Into::into),
+                session_id: s.map(Into::into),
+                run_id: r.map(Into::into),
+                cursor,
+                limit: Some(10_000),
+                follow: false,
+            }),
+        )
+        .unwrap()
+        {
+            Response::ProcessEvents(p) => p,
+            other => panic!("{other:?}"),
+        };
+        let done = page.events.is_empty();
+        cursor = Some(page.next_cursor);
+        all.extend(page.events);
+        if done {
+            return ProcessEventListing {
+                events: all,
+                next_cursor: page.next_cursor,
+                lost: page.lost,
+                evicted: page.evicted,
+            };
+        }
+    }
+}
+
+/// Waits until at least `forks` processes of the run were forked and every
+/// one of them has exited (the tracker drains on a timer).
+fn settle(d: &ProcDaemon, a: &str, s: &str, run: &str, forks: usize) -> Vec<ProcessEvent> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let evs = events(d, Some(a), Some(s), Some(run)).events;
+        let forked: HashSet<u32> = evs
+            .iter()
+            .filter(|e| e.kind == ProcessEventKind::Fork)
+            .map(|e| e.host_pid)
+            .collect();
+        let exited: HashSet<u32> = evs
+            .iter()
+            .filter(|e| e.kind == ProcessEventKind::Exit)
+            .map(|e| e.host_pid)
+            .collect();
+        if forked.len() >= forks && forked.is_subset(&exited) {
+            return evs;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} forked (want {forks}), {} of them exited: {evs:#?}",
+            forked.len(),
+            forked.intersection(&exited).count()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn tree(d: &ProcDaemon, a: &str, s: &str, run: Option<&str>) -> Vec<ProcessNode> {
+    match call(
+        d,
+        Request::ProcessTree(ProcessTreeRequest {
+            agent_id: a.into(),
+            session_id: s.into(),
+            run_id: run.map(Into::into),
+        }),
+    )
+    .unwrap()
+    {
+        Response::ProcessTree(t) => t.roots,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn count(n: &ProcessNode) -> usize {
+    1 + n.children.iter().map(count).sum::<usize>()
+}
+
+fn find<'a>(n: &'a ProcessNode, prog: &str) -> Option<&'a ProcessNode> {
+    if n.execs.iter().any(|e| e.ends_with(prog)) {
+        return Some(n);
+    }
+    n.children.iter().find_map(|c| find(c, prog))
+}
+
+#[test]
+fn a_pipeline_a_double_fork_and_setsid_are_attributed_exactly() {
+    let Some(d) = daemon("tracker::a_pipeline_a_double_fork_and_setsid", &[]) else {
+        return;
+    };
+    setup(&d, "a", &["s"]);
+    let script = "echo hi | cat | wc -c >/dev/null; \
+                  (sh -c 'sleep 0.2; exit 7' &) ; \
+                  setsid sh -c 'exec sleep 0.3' & \
+                  wait; sleep 0.5; exit 3";
+    let run_id = run(&d, "a", "s", &["/bin/sh", "-c", script], true);
+    // sandbox init, sh, echo-subshells/cat/wc, subshell, sh(exit 7), sleep,
+    // setsid's sh → sleep, sleep 0.5: at least 7 processes end.
+    let evs = settle(&d, "a", "s", &run_id, 9);
+    assert!(evs
+        .iter()
+        .all(|e| e.agent_id == "a" && e.session_id == "s" && e.run_id == run_id));
+    let execs: Vec<&str> = evs.iter().filter_map(|e| e.filename.as_deref()).collect();
+    for prog in ["/sh", "/cat", "/wc", "/sleep", "/setsid"] {
+        assert!(
+            execs.iter().any(|x| x.ends_with(prog)),
+            "no exec of {prog}: {execs:?}"
+        );
+    }
+    // Every fork's parent is a process of the run (or the supervisor, for
+    // the sandbox's init); every process that exited was forked first.
+    let forked: HashSet<u32> = evs
+        .iter()
+        .filter(|e| e.kind == ProcessEventKind::Fork)
+        .map(|e| e.host_pid)
+        .collect();
+    for e in evs.iter().filter(|e| e.kind == ProcessEventKind::Exit) {
+        assert!(
+            forked.contains(&e.host_pid),
+            "exit of an unknown process: {e:?}"
+        );
+    }
+    // Exit statuses: the shell's 3 and the double-forked child's 7.
+    let codes: Vec<i32> = evs.iter().filter_map(|e| e.exit_code).collect();
+    assert!(codes.contains(&3) && codes.contains(&7), "{codes:?}");
+    // Pids as the sandbox sees them: its init is 1.
+    assert!(
+        evs.iter()
+            .any(|e| e.kind == ProcessEventKind::Fork && e.pid == 1),
+        "{evs:#?}"
+    );
+    // The lineage: one root (the sandbox init), the double-forked sleep and
+    // the setsid'ed one in it although their parents exited first.
+    let roots = tree(&d, "a", "s", Some(&run_id));
+    assert_eq!(roots.len(), 1, "{roots:#?}");
+    assert_eq!(count(&roots[0]), forked.len());
+    assert!(find(&roots[0], "/setsid").is_some());
+    assert!(roots[0].ended_ms.is_some());
+}
+
+#[test]
+fn threads_are_not_processes_and_sessions_never_mix() {
+    let Some(d) = daemon("tracker::threads_are_not_processes", &[]) else {
+        return;
+    };
+    setup(&d, "a", &["s1", "s2"]);
+    let py = "import threading, time\n\
+              ts = [threading.Thread(target=time.sleep, args=(0.2,)) for _ in range(8)]\n\
+              [t.start() for t in ts]; [t.join() for t in ts]";
+    let r1 = run(&d, "a", "s1", &["/usr/bin/python3", "-c", py], false);
+    let r2 = run(
+        &d,
+        "a",
+        "s2",
+        &["/bin/sh", "-c", "for i in 1 2 3 4 5; do /bin/true; done"],
+        false,
+    );
+    let e1 = settle(&d, "a", "s1", &r1, 2);
+    let e2 = settle(&d, "a", "s2", &r2, 7);
+    // python: the init and python itself; eight threads are not processes.
+    let forks1 = e1
+        .iter()
+        .filter(|e| e.kind == ProcessEventKind::Fork)
+        .count();
+    assert_eq!(forks1, 2, "{e1:#?}");
+    assert!(e1.iter().all(|e| e.session_id == "s1"));
+    assert!(e2.iter().all(|e| e.session_id == "s2"));
+    let forks2 = e2
+        .iter()
+        .filter(|e| e.kind == ProcessEventKind::Fork)
+        .count();
+    assert_eq!(forks2, 7, "init, sh and five /bin/true: {e2:#?}");
+    // The two sessions' pids never cross.
+    let p1: HashSet<u32> = e1.iter().map(|e| e.host_pid).collect();
+    let p2: HashSet<u32> = e2.iter().map(|e| e.host_pid).collect();
+    assert!(p1.is_disjoint(&p2));
+}
+
+#[test]
+fn runs_after_a_supervisor_restart_are_attributed_and_old_runs_too() {
+    let Some(mut d) = daemon("tracker::runs_after_a_supervisor_restart", &[]) else {
+        return;
+    };
+    setup(&d, "a", &["s"]);
+    // A run that outlives the supervisor, forking after the restart.
+    let old = run(
+        &d,
+        "a",
+        "s",
+        &["/bin/sh", "-c", "sleep 1; /bin/true; exit 4"],
+        false,
+    );
+    d.restart(&["--process-tracker", "ebpf"]);
+    let new = run(&d, "a", "s", &["/bin/sh", "-c", "/bin/true; exit 5"], true);
+    let evs = settle(&d, "a", "s", &new, 3);
+    assert!(evs.iter().any(|e| e.exit_code == Some(5)));
+    let olds = settle(&d, "a", "s", &old, 2);
+    assert!(
+        olds.iter().any(|e| e.exit_code == Some(4)),
+        "the old run's end after the restart is not attributed: {olds:#?}"
+    );
+}
+
+#[test]
+fn a_fork_storm_loses_nothing_or_says_how_much_and_kill_still_works() {
+    let Some(d) = daemon("tracker::a_fork_storm", &[]) else {
+        return;
+    };
+    setup(&d, "a", &["s"]);
+    let n = 30_000;
+    let py = format!(
+        "import os, time\nt = time.time()\nfor _ in range({n}):\n    p = os.fork()\n    if p == 0: os._exit(0)\n    os.waitpid(p, 0)\nprint(int({n} / (time.time() - t)))"
+    );
+    let storm = run(&d, "a", "s", &["/usr/bin/python3", "-c", &py], false);
+    // Killing works meanwhile: it relies on the cgroup, not on the tracker.
+    let victim = run(&d, "a", "s", &["/bin/sleep", "600"], false);
+    std::thread::sleep(Duration::from_millis(300));
+    let killed = call(
+        &d,
+        Request::ProcessKill(ProcessKill {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: Some(victim.clone()),
+            signal: None,
+        }),
+    )
+    .unwrap();
+    assert!(
+        matches!(&killed, Response::Killed(k) if k.killed >= 1),
+        "{killed:?}"
+    );
+    let r = call(
+        &d,
+        Request::ProcessWait(ProcessWait {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: storm.clone(),
+            timeout_ms: Some(120_000),
+        }),
+    )
+    .unwrap();
+    let Response::Exited(x) = r else {
+        panic!("{r:?}")
+    };
+    eprintln!("fork storm: {} forks per second", x.stdout.trim());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let l = events(&d, Some("a"), Some("s"), Some(&storm));
+        let exits = l
+            .events
+            .iter()
+            .filter(|e| e.kind == ProcessEventKind::Exit)
+            .count() as u64;
+        // python's children, python, the init.
+        let want = n as u64 + 2;
+        if exits >= want || (l.lost > 0 && exits + l.lost >= want) {
+            eprintln!(
+                "fork storm: {exits} exits recorded, {} events lost (counted)",
+                l.lost
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{exits} exits of {want}, lost {}",
+            l.lost
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn the_event_store_at_its_cap_keeps_working_and_says_what_it_dropped() {
+    let Some(d) = daemon(
+        "tracker::the_event_store_at_its_cap",
+        &["--process-events-max", "200"],
+    ) else {
+        return;
+    };
+    setup(&d, "a", &["s"]);
+    let r = run(
+        &d,
+        "a",
+        "s",
+        &["/bin/sh", "-c", "for i in $(seq 150); do /bin/true; done"],
+        true,
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let l = loop {
+        let l = events(&d, None, None, None);
+        if l.evicted > 0
+            && l.events.iter().any(|e| {
+                e.run_id == r && e.exit_code == Some(0) && e.filename.is_none() && e.pid == 1
+            })
+        {
+            break l;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no eviction: {} events, evicted {}",
+            l.events.len(),
+            l.evicted
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(l.events.len() <= 201, "{}", l.events.len());
+    let noted: u64 = l.events.iter().filter_map(|e| e.evicted).sum();
+    assert!(
+        noted > 0 && noted <= l.evicted,
+        "eviction not recorded: {noted} of {}",
+        l.evicted
+    );
+    // And it keeps working: a new run is recorded whole.
+    let again = run(&d, "a", "s", &["/bin/true"], true);
+    let evs = settle(&d, "a", "s", &again, 2);
+    let kinds: HashMap<ProcessEventKind, usize> = evs.iter().fold(HashMap::new(), |mut m, e| {
+        *m.entry(e.kind).or_default() += 1;
+        m
+    });
+    assert_eq!(kinds.get(&ProcessEventKind::Fork), Some(&2), "{evs:#?}");
+}
+
+#[test]
+fn without_the_flag_nothing_is_loaded_and_the_api_says_so() {
+    if !require("tracker::without_the_flag_nothing_is_loaded") {
+        return;
+    }
+    let d = ProcDaemon::start("tracker-off", &[]);
+    let e = call(&d, Request::ProcessEvents(ProcessEvents::default())).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unsupported);
+    assert!(
+        e.message.contains("--process-tracker ebpf"),
+        "{}",
+        e.message
+    );
+}

@@ -83,9 +83,12 @@ impl EventStore {
         })
     }
 
-    /// A new owner id for a run, recorded durably before the run starts.
+    /// A new owner id for a run, recorded before the run starts (made
+    /// durable with the next flush, within a second: a flush per run would
+    /// cost more than the run's spawn).
     pub fn add_owner(&self, owner: Owner) -> Result<u64, String> {
-        let w = self.db.begin_write().map_err(db_err)?;
+        let mut w = self.db.begin_write().map_err(db_err)?;
+        let _ = w.set_durability(redb::Durability::None);
         let id;
         {
             let mut m = w.open_table(META).map_err(db_err)?;

@@ -297,6 +297,22 @@ fn matches(q: &ProcessEvents, e: &ProcessEvent) -> bool {
         && q.run_id.as_ref().is_none_or(|r| *r == e.run_id)
 }
 
+/// A process as its first event shows it.
+fn node_of(e: &ProcessEvent) -> ProcessNode {
+    ProcessNode {
+        pid: e.pid,
+        host_pid: e.host_pid,
+        run_id: e.run_id.clone(),
+        comm: e.comm.clone(),
+        execs: Vec::new(),
+        started_ms: e.time_ms,
+        ended_ms: None,
+        exit_code: None,
+        signal: None,
+        children: Vec::new(),
+    }
+}
+
 /// Builds the lineage from events in order: a fork makes a node under its
 /// parent (or a root when the parent is not the session's), an exec adds a
 /// program, an exit ends the node. A reused host pid starts a new node.
@@ -314,18 +330,7 @@ pub fn build_tree(events: &[ProcessEvent]) -> Vec<ProcessNode> {
                 let parent = live.get(&e.host_ppid).copied();
                 let i = slots.len();
                 slots.push(Slot {
-                    node: ProcessNode {
-                        pid: e.pid,
-                        host_pid: e.host_pid,
-                        run_id: e.run_id.clone(),
-                        comm: e.comm.clone(),
-                        execs: Vec::new(),
-                        started_ms: e.time_ms,
-                        ended_ms: None,
-                        exit_code: None,
-                        signal: None,
-                        children: Vec::new(),
-                    },
+                    node: node_of(e),
                     parent,
                     kids: Vec::new(),
                 });
@@ -339,18 +344,7 @@ pub fn build_tree(events: &[ProcessEvent]) -> Vec<ProcessNode> {
                 // becomes a root of its own.
                 let i = *live.entry(e.host_pid).or_insert_with(|| {
                     slots.push(Slot {
-                        node: ProcessNode {
-                            pid: e.pid,
-                            host_pid: e.host_pid,
-                            run_id: e.run_id.clone(),
-                            comm: e.comm.clone(),
-                            execs: Vec::new(),
-                            started_ms: e.time_ms,
-                            ended_ms: None,
-                            exit_code: None,
-                            signal: None,
-                            children: Vec::new(),
-                        },
+                        node: node_of(e),
                         parent: None,
                         kids: Vec::new(),
                     });

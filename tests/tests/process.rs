@@ -342,16 +342,17 @@ fn output_streams_and_exit_status() {
         }),
     )
     .unwrap();
-    let Ok(Response::Exited(r)) = call(
+    let answer = call(
         &d,
         Request::ProcessWait(ProcessWait {
             agent_id: "a".into(),
             session_id: "s".into(),
             run_id: run.run_id,
-            timeout_ms: Some(10_000),
+            timeout_ms: Some(30_000),
         }),
-    ) else {
-        panic!()
+    );
+    let Ok(Response::Exited(r)) = answer else {
+        panic!("the run did not end: {answer:?}")
     };
     assert_eq!(r.stdout, "hello via stdin");
 }

@@ -35,6 +35,7 @@ typedef _Bool bool;
 #define BPF_MAP_TYPE_PERCPU_ARRAY 6
 #define BPF_MAP_TYPE_RINGBUF 27
 #define BPF_ANY 0
+#define BPF_NOEXIST 1
 #define BPF_RB_NO_WAKEUP 1
 
 #include <bpf/bpf_helpers.h>
@@ -82,6 +83,7 @@ struct task_struct {
 	struct signal_struct *signal;
 	struct pid *thread_pid;
 	struct css_set *cgroups;
+	__u64 start_time;
 } __attribute__((preserve_access_index));
 
 struct linux_binprm {
@@ -139,6 +141,23 @@ struct {
 	__type(key, __u64);   // cgroup id (cgroup2 directory inode)
 	__type(value, __u64); // owner
 } CGROUPS SEC(".maps");
+
+// Processes whose exit has been reported, by tgid and start time (unique
+// even when the pid is reused): when threads of one process exit at the
+// same moment, more than one can see it as the last, and only the first
+// to insert here reports.
+struct exit_key {
+	__u32 tgid;
+	__u32 pad;
+	__u64 start;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct exit_key);
+	__type(value, __u8);
+} EXITED SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -296,17 +315,24 @@ int BPF_PROG(allox_exit, struct task_struct *p)
 	__u64 *o = bpf_map_lookup_elem(&PIDS, &tgid);
 	if (o) {
 		owner = *o;
-		if (bpf_map_delete_elem(&PIDS, &tgid) != 0)
-			return 0;
+		bpf_map_delete_elem(&PIDS, &tgid);
 	} else {
 		// Forked before these maps existed (a run of an earlier
-		// supervisor, its cgroup tagged again): its cgroup tells.
+		// supervisor, its cgroup tagged again): its cgroup tells. (Or
+		// a thread racing the one that just deleted the entry: the
+		// EXITED insert below keeps that from reporting twice.)
 		__u64 cgid = task_cgroup_id(p);
 		o = bpf_map_lookup_elem(&CGROUPS, &cgid);
 		if (!o)
 			return 0;
 		owner = *o;
 	}
+	struct exit_key k = {};
+	k.tgid = tgid;
+	k.start = BPF_CORE_READ(p, group_leader, start_time);
+	__u8 one = 1;
+	if (bpf_map_update_elem(&EXITED, &k, &one, BPF_NOEXIST) != 0)
+		return 0;
 
 	struct event *e = bpf_ringbuf_reserve(&EVENTS, SHORT_EVENT, 0);
 	if (!e) {

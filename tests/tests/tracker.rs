@@ -469,3 +469,42 @@ fn a_subscription_streams_new_events_as_they_happen() {
         .iter()
         .any(|e| e.filename.as_deref() == Some("/bin/true")));
 }
+
+#[test]
+fn asked_for_where_it_cannot_load_the_daemon_says_why_and_does_not_start() {
+    if !require("tracker::asked_for_where_it_cannot_load") {
+        return;
+    }
+    // A kernel without BTF, as the daemon sees it: a private mount
+    // namespace with an empty tmpfs over /sys/kernel/btf.
+    let fs = allox_integration::BtrfsFs::new(256).unwrap();
+    let root = fs.path().join("store");
+    std::fs::create_dir(&root).unwrap();
+    let cg = allox_integration::cgroup2_mount()
+        .unwrap()
+        .join(format!("allox-test-{}-nobtf", std::process::id()));
+    std::fs::create_dir_all(&cg).unwrap();
+    let init = allox_integration::workspace_bin("allox-init");
+    let script = format!(
+        "mount -t tmpfs none /sys/kernel/btf && exec {} supervise --root {} --listen unix:{} \
+         --cgroup-root {} --sandbox-stage {} --process-tracker ebpf",
+        init.display(),
+        root.display(),
+        fs.scratch().join("ctl.sock").display(),
+        cg.display(),
+        fs.scratch().join("stage").display()
+    );
+    let out = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .expect("run unshare");
+    let _ = std::fs::remove_dir(&cg);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "the daemon started: {err}");
+    assert!(err.contains("--process-tracker ebpf"), "{err}");
+    assert!(
+        err.contains("/sys/kernel/btf/vmlinux"),
+        "the cause is not named: {err}"
+    );
+    assert!(!fs.scratch().join("ctl.sock").exists(), "it listened");
+}

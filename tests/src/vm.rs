@@ -138,9 +138,17 @@ impl Vm {
     pub fn connect(&mut self, timeout: Duration) -> (Client, Duration) {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Ok(mut c) = Client::connect(&self.socket) {
-                c.set_timeout(Some(Duration::from_secs(60))).ok();
-                return (c, self.started.elapsed());
+            // A handshake that gets no Welcome within 5 s is tried again
+            // (a new zero byte and Hello), as a host on a serial port must.
+            if let Ok(stream) = std::os::unix::net::UnixStream::connect(&self.socket) {
+                stream.set_read_timeout(Some(Duration::from_secs(5))).ok();
+                match Client::handshake(stream) {
+                    Ok(mut c) => {
+                        c.set_timeout(Some(Duration::from_secs(60))).ok();
+                        return (c, self.started.elapsed());
+                    }
+                    Err(e) => eprintln!("handshake with the guest failed ({e}); trying again"),
+                }
             }
             if let Ok(Some(st)) = self.child.try_wait() {
                 panic!(

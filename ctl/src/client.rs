@@ -216,7 +216,9 @@ impl Client {
                 }
                 ServerFrame::Event(e) if e.request_id == request_id => on_event(e.event),
                 ServerFrame::Response(_) | ServerFrame::Event(_) => {}
-                ServerFrame::Welcome(_) => return Err(ClientError::Unexpected("a second welcome")),
+                // A late answer to an earlier Hello (a host on a serial
+                // port that said Hello again): nothing to do.
+                ServerFrame::Welcome(_) => {}
                 ServerFrame::Refused(body) => return Err(ClientError::Refused(body)),
             }
         }

@@ -233,6 +233,17 @@ static __always_inline void fill(struct event *e, __u32 kind, __u64 owner,
 	bpf_get_current_comm(&e->comm, sizeof(e->comm));
 }
 
+// The owner of a process: the one recorded for `tgid`, else the one of
+// `task`'s cgroup (a run's cgroup is tagged before its first process).
+static __always_inline __u64 *owner_of(__u32 tgid, struct task_struct *task)
+{
+	__u64 *o = bpf_map_lookup_elem(&PIDS, &tgid);
+	if (o)
+		return o;
+	__u64 cgid = task_cgroup_id(task);
+	return bpf_map_lookup_elem(&CGROUPS, &cgid);
+}
+
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(allox_fork, struct task_struct *parent, struct task_struct *child)
 {
@@ -240,20 +251,12 @@ int BPF_PROG(allox_fork, struct task_struct *parent, struct task_struct *child)
 	if (BPF_CORE_READ(child, pid) != tgid)
 		return 0; // a thread, not a process
 
-	__u32 ptgid = BPF_CORE_READ(parent, tgid);
-	__u64 owner;
-	__u64 *o = bpf_map_lookup_elem(&PIDS, &ptgid);
-	if (o) {
-		owner = *o;
-	} else {
-		// The child's cgroup, not the parent's: clone3 with
-		// CLONE_INTO_CGROUP creates it directly in a tagged cgroup.
-		__u64 cgid = task_cgroup_id(child);
-		o = bpf_map_lookup_elem(&CGROUPS, &cgid);
-		if (!o)
-			return 0;
-		owner = *o;
-	}
+	// The parent's owner, else the child's cgroup's (not the parent's:
+	// clone3 with CLONE_INTO_CGROUP creates it directly in a tagged one).
+	__u64 *o = owner_of(BPF_CORE_READ(parent, tgid), child);
+	if (!o)
+		return 0;
+	__u64 owner = *o;
 	bpf_map_update_elem(&PIDS, &tgid, &owner, BPF_ANY);
 
 	struct event *e = bpf_ringbuf_reserve(&EVENTS, SHORT_EVENT, 0);
@@ -272,18 +275,11 @@ int BPF_PROG(allox_exec, struct task_struct *p, int old_pid,
 {
 	// de_thread() has run: p is the thread group leader now.
 	__u32 tgid = BPF_CORE_READ(p, tgid);
-	__u64 owner;
-	__u64 *o = bpf_map_lookup_elem(&PIDS, &tgid);
-	if (o) {
-		owner = *o;
-	} else {
-		__u64 cgid = task_cgroup_id(p);
-		o = bpf_map_lookup_elem(&CGROUPS, &cgid);
-		if (!o)
-			return 0;
-		owner = *o;
-		bpf_map_update_elem(&PIDS, &tgid, &owner, BPF_ANY);
-	}
+	__u64 *o = owner_of(tgid, p);
+	if (!o)
+		return 0;
+	__u64 owner = *o;
+	bpf_map_update_elem(&PIDS, &tgid, &owner, BPF_ANY);
 
 	struct event *e = bpf_ringbuf_reserve(&EVENTS, sizeof(struct event), 0);
 	if (!e) {
@@ -310,23 +306,16 @@ int BPF_PROG(allox_exit, struct task_struct *p)
 	if (BPF_CORE_READ(sig, live.counter) != 0)
 		return 0;
 
+	// A process forked before these maps existed (a run of an earlier
+	// supervisor, its cgroup tagged again) is found by its cgroup; so is a
+	// thread racing the one that just deleted the entry, which the EXITED
+	// insert below keeps from reporting twice.
 	__u32 tgid = BPF_CORE_READ(p, tgid);
-	__u64 owner;
-	__u64 *o = bpf_map_lookup_elem(&PIDS, &tgid);
-	if (o) {
-		owner = *o;
-		bpf_map_delete_elem(&PIDS, &tgid);
-	} else {
-		// Forked before these maps existed (a run of an earlier
-		// supervisor, its cgroup tagged again): its cgroup tells. (Or
-		// a thread racing the one that just deleted the entry: the
-		// EXITED insert below keeps that from reporting twice.)
-		__u64 cgid = task_cgroup_id(p);
-		o = bpf_map_lookup_elem(&CGROUPS, &cgid);
-		if (!o)
-			return 0;
-		owner = *o;
-	}
+	__u64 *o = owner_of(tgid, p);
+	if (!o)
+		return 0;
+	__u64 owner = *o;
+	bpf_map_delete_elem(&PIDS, &tgid);
 	struct exit_key k = {};
 	k.tgid = tgid;
 	k.start = BPF_CORE_READ(p, group_leader, start_time);

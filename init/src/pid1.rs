@@ -12,6 +12,7 @@
 //! exits: a fatal error, or a panic anywhere in it, is logged to the
 //! console, synced and turned into a power-off, never a kernel panic.
 
+use allox_supervisor::since_boot;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use rustix::fs::{Mode, OFlags};
@@ -96,12 +97,6 @@ impl Settings {
         }
         s
     }
-}
-
-/// Time since boot, as the kernel counts it (what its log shows).
-pub fn since_boot() -> Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
-    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 fn log(msg: impl std::fmt::Display) {

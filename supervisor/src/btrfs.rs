@@ -427,13 +427,18 @@ pub fn subvolumes(fd: &impl AsFd) -> Result<Vec<RootInfo>, BtrfsError> {
 
 /// The ID of the subvolume that `path` belongs to.
 pub fn subvolume_id(path: &Path) -> Result<u64, BtrfsError> {
-    let dir = open_dir(path)?;
+    subvolume_id_of(&open_dir(path)?, path)
+}
+
+/// The ID of the subvolume an open directory belongs to (`path` names it
+/// in errors).
+pub fn subvolume_id_of(dir: &impl AsFd, path: &Path) -> Result<u64, BtrfsError> {
     let mut args = Box::new(InoLookupArgs {
         treeid: 0,
         objectid: SUBVOL_ROOT_INO,
         name: [0; 4080],
     });
-    ioctl(&dir, IOC_INO_LOOKUP, &mut *args).map_err(|e| io_err("look up subvolume of", path, e))?;
+    ioctl(dir, IOC_INO_LOOKUP, &mut *args).map_err(|e| io_err("look up subvolume of", path, e))?;
     Ok(args.treeid)
 }
 

@@ -19,6 +19,13 @@ pub mod store;
 pub mod tracker;
 
 /// Milliseconds since the Unix epoch.
+/// Time since the kernel booted (`CLOCK_BOOTTIME`: what its log and the
+/// process tracker's events count in).
+pub fn since_boot() -> std::time::Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    std::time::Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -82,8 +82,7 @@ pub async fn serve_virtio(name: String, sup: Arc<Supervisor>, limits: Limits) {
                 continue;
             }
         };
-        let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
-        let boot_ms = t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000;
+        let boot_ms = crate::since_boot().as_millis() as u64;
         tracing::info!(port = %name, dev = %dev.display(), boot_ms, "control port ready");
         let peer = format!("virtio:{name}");
         serve_stream(rd, wr, peer, sup.clone(), limits.clone(), Transport::Serial).await;

@@ -391,9 +391,7 @@ impl std::fmt::Debug for ProcessTracker {
 
 /// Milliseconds between the boot clock (the events' time) and the wall.
 fn boot_to_wall_ms() -> i128 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
-    let boot_ms = t.tv_sec as i128 * 1000 + t.tv_nsec as i128 / 1_000_000;
-    crate::now_ms() as i128 - boot_ms
+    crate::now_ms() as i128 - crate::since_boot().as_millis() as i128
 }
 
 impl ProcessTracker {

@@ -352,17 +352,18 @@ impl Drop for ProcDaemon {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        fn rm(p: &Path) {
-            if let Ok(rd) = std::fs::read_dir(p) {
-                for e in rd.flatten() {
-                    if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                        rm(&e.path());
-                    }
-                }
-            }
-            let _ = std::fs::remove_dir(p);
-        }
-        rm(&self.cgroup);
+        remove_cgroup_tree(&self.cgroup);
     }
 }
+/// Removes a cgroup and every cgroup below it, deepest first (they must
+/// be empty of processes).
+pub fn remove_cgroup_tree(p: &Path) {
+    for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
+        if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            remove_cgroup_tree(&e.path());
+        }
+    }
+    let _ = std::fs::remove_dir(p);
+}
+
 pub mod vm;

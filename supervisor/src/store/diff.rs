@@ -106,8 +106,8 @@ impl Hints {
             }
         }
         let (a, b) = (
-            btrfs::subvolume_id(from_path).map_err(bt)?,
-            btrfs::subvolume_id(to_path).map_err(bt)?,
+            btrfs::subvolume_id_of(from, from_path).map_err(bt)?,
+            btrfs::subvolume_id_of(to, to_path).map_err(bt)?,
         );
         let roots = btrfs::subvolumes(from).map_err(bt)?;
         let Some(since) = diverged(&roots, a, b) else {

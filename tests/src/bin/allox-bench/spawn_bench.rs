@@ -33,19 +33,8 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     let result = bench(fs, &cg_root, quick);
     let _ = std::fs::write(cg_root.join("cgroup.kill"), "1");
     std::thread::sleep(Duration::from_millis(200));
-    remove_cgroups(&cg_root);
+    allox_integration::remove_cgroup_tree(&cg_root);
     result
-}
-
-fn remove_cgroups(p: &std::path::Path) {
-    if let Ok(rd) = std::fs::read_dir(p) {
-        for e in rd.flatten() {
-            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                remove_cgroups(&e.path());
-            }
-        }
-    }
-    let _ = std::fs::remove_dir(p);
 }
 
 fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result<()> {

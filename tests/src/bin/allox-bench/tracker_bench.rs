@@ -23,15 +23,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     let r = bench(fs, &cg, quick);
     let _ = std::fs::write(cg.join("cgroup.kill"), "1");
     std::thread::sleep(Duration::from_millis(200));
-    fn rm(p: &std::path::Path) {
-        for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
-            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                rm(&e.path());
-            }
-        }
-        let _ = std::fs::remove_dir(p);
-    }
-    rm(&cg);
+    allox_integration::remove_cgroup_tree(&cg);
     r
 }
 

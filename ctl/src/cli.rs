@@ -35,6 +35,10 @@ pub enum Command {
     Shutdown,
     /// Uptime, memory of init and supervisor, processes, unreaped orphans.
     Info,
+    /// Check the store: the index against the subvolumes on disk, and
+    /// whether the journal holds an unfinished operation (exit status 1 if
+    /// anything is out of place).
+    Check,
     /// Create, list and delete agents.
     #[command(subcommand)]
     Agent(AgentCommand),
@@ -336,6 +340,7 @@ impl Command {
             C::Ping => call(Request::Ping(Ping {})),
             C::Shutdown => call(Request::Shutdown(allox_protocol::Shutdown {})),
             C::Info => call(Request::SystemInfo(allox_protocol::SystemInfoRequest {})),
+            C::Check => call(Request::StoreCheck(allox_protocol::StoreCheckRequest {})),
             C::Agent(a) => call(match a {
                 AgentCommand::Create { agent } => Request::AgentCreate(AgentCreate::new(agent)),
                 AgentCommand::List => Request::AgentList(AgentList {}),

@@ -78,7 +78,12 @@ fn call(socket: PathBuf, json: bool, request: Request) -> ExitCode {
         Ok(response) => print(&render(response)),
         Err(body) => eprintln!("error: {}: {}", body.code, body.message),
     }
-    status(answer.is_ok())
+    // `check` fails when the store is not consistent.
+    let consistent = match &answer {
+        Ok(allox_protocol::Response::StoreCheck(r)) => r.is_consistent(),
+        _ => true,
+    };
+    status(answer.is_ok() && consistent)
 }
 
 /// The signature of [`process::exec`] and [`process::start`].

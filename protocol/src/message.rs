@@ -152,6 +152,12 @@ pub struct ProcessTreeRequest {
 #[serde(deny_unknown_fields)]
 pub struct SystemInfoRequest {}
 
+/// `store.check`: compare the index with the subvolumes on disk and say
+/// what the journal still holds (read-only).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct StoreCheckRequest {}
+
 /// `system.shutdown`: stop the supervisor in order (refuse new work, kill
 /// every session's processes, flush the store); as the guest's PID 1's
 /// child, the VM then powers off.
@@ -493,6 +499,7 @@ requests! {
     SystemInfo(SystemInfoRequest) = "system.info", mutating = false;
     ProcessEvents(ProcessEvents) = "process.events", mutating = false;
     ProcessTree(ProcessTreeRequest) = "process.tree", mutating = false;
+    StoreCheck(StoreCheckRequest) = "store.check", mutating = false;
 }
 
 impl Request {
@@ -503,6 +510,7 @@ impl Request {
             | Request::AgentList(_)
             | Request::AuditList(_)
             | Request::Shutdown(_)
+            | Request::StoreCheck(_)
             | Request::SystemInfo(_) => String::new(),
             Request::ProcessStart(r) => format!("{}/{}", r.agent_id, r.session_id),
             Request::ProcessWait(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.run_id),
@@ -821,6 +829,7 @@ pub enum Response {
     System(SystemInfo),
     ProcessEvents(ProcessEventListing),
     ProcessTree(ProcessTreeListing),
+    StoreCheck(StoreCheckReport),
 }
 
 /// What happened to a process.
@@ -910,6 +919,33 @@ pub struct SystemInfo {
     pub init_zombies: u32,
 }
 
+/// The answer to `store.check`. The store is consistent when every list is
+/// empty: the journal holds no unfinished operation and every record of
+/// the index has its subvolume on disk and the other way round.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct StoreCheckReport {
+    /// Journal entries of operations that neither finished nor were undone.
+    pub unfinished: Vec<String>,
+    /// Finished operations whose old tree is still being removed.
+    pub removing: u32,
+    /// Index records without their subvolume (`agent[/session[/checkpoint]]`).
+    pub missing_on_disk: Vec<String>,
+    /// Subvolumes without an index record, and leftover in-flight names.
+    pub missing_in_index: Vec<String>,
+    /// Why the store refuses changes, when it does (a failed recovery or
+    /// an undo that could not finish).
+    pub read_only: Option<String>,
+}
+
+impl StoreCheckReport {
+    /// Whether nothing is out of place.
+    pub fn is_consistent(&self) -> bool {
+        self.unfinished.is_empty()
+            && self.missing_on_disk.is_empty()
+            && self.missing_in_index.is_empty()
+    }
+}
+
 /// The answer to `system.shutdown`.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct Stopping {
@@ -944,6 +980,7 @@ impl Response {
             Response::System(v) => serde_json::to_value(v),
             Response::ProcessEvents(v) => serde_json::to_value(v),
             Response::ProcessTree(v) => serde_json::to_value(v),
+            Response::StoreCheck(v) => serde_json::to_value(v),
         };
         v.unwrap_or(serde_json::Value::Null)
     }

@@ -96,6 +96,7 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "system.info",
             "process.events",
             "process.tree",
+            "store.check",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

@@ -49,12 +49,17 @@ struct InoLookupArgs {
 const fn iow(nr: u64, size: usize) -> u64 {
     (1 << 30) | ((size as u64) << 16) | (0x94 << 8) | nr
 }
+const fn ior(nr: u64, size: usize) -> u64 {
+    (2 << 30) | ((size as u64) << 16) | (0x94 << 8) | nr
+}
 const fn iowr(nr: u64, size: usize) -> u64 {
     (3 << 30) | ((size as u64) << 16) | (0x94 << 8) | nr
 }
 const IOC_SUBVOL_CREATE: u64 = iow(14, std::mem::size_of::<VolArgs>());
 const IOC_SNAP_DESTROY: u64 = iow(15, std::mem::size_of::<VolArgs>());
 const IOC_INO_LOOKUP: u64 = iowr(18, std::mem::size_of::<InoLookupArgs>());
+const IOC_WAIT_SYNC: u64 = iow(22, std::mem::size_of::<u64>());
+const IOC_START_SYNC: u64 = ior(24, std::mem::size_of::<u64>());
 const IOC_SNAP_CREATE_V2: u64 = iow(23, std::mem::size_of::<VolArgsV2>());
 /// `BTRFS_IOC_TREE_SEARCH_V2`: the size encoded is that of the header
 /// (`struct btrfs_ioctl_search_args_v2` without its flexible buffer).
@@ -323,7 +328,22 @@ pub fn check_btrfs(path: &Path) -> Result<(), BtrfsError> {
     Ok(())
 }
 
-/// Whether `path` is the root of a subvolume.
+/// Whether `path` is the root of a subvolume: `false` only when it is
+/// certainly not (nothing there, or something else there); any other
+/// failure to look (EIO, EACCES, ENOMEM) is an error, so that a caller
+/// never mistakes a disk it cannot read for a tree that is gone.
+pub fn probe_subvolume(path: &Path) -> Result<bool, BtrfsError> {
+    match fs::lstat(path) {
+        Ok(st) => {
+            Ok(st.st_ino == SUBVOL_ROOT_INO && fs::FileType::from_raw_mode(st.st_mode).is_dir())
+        }
+        Err(rustix::io::Errno::NOENT) | Err(rustix::io::Errno::NOTDIR) => Ok(false),
+        Err(e) => Err(io_err("look at", path, e.into())),
+    }
+}
+
+/// Whether `path` is the root of a subvolume (any failure to look counts
+/// as no; recovery uses [`probe_subvolume`]).
 pub fn is_subvolume(path: &Path) -> bool {
     match fs::lstat(path) {
         Ok(st) => st.st_ino == SUBVOL_ROOT_INO && fs::FileType::from_raw_mode(st.st_mode).is_dir(),
@@ -541,6 +561,20 @@ fn remove_nested_at(dir: &OwnedFd, shown: &Path) -> Result<(), BtrfsError> {
 pub fn sync_dir(dir: &Path) -> Result<(), BtrfsError> {
     let fd = open_dir(dir)?;
     fs::fsync(&fd).map_err(|e| io_err("sync", dir, e.into()))
+}
+
+/// Commits the filesystem's running transaction and waits until it is on
+/// disk (`BTRFS_IOC_START_SYNC`, then `BTRFS_IOC_WAIT_SYNC` on the
+/// transaction it started): every change to the namespace made before the
+/// call — a rename, an exchange, a new directory — survives a power cut
+/// once it returns. Unlike `syncfs` it does not write back file data that is
+/// merely dirty (an agent's gigabyte of unsynced writes costs it nothing),
+/// and callers that arrive together share one commit.
+pub fn commit(path: &Path) -> Result<(), BtrfsError> {
+    let fd = open_dir(path)?;
+    let mut transid: u64 = 0;
+    ioctl(&fd, IOC_START_SYNC, &mut transid).map_err(|e| io_err("commit", path, e))?;
+    ioctl(&fd, IOC_WAIT_SYNC, &mut transid).map_err(|e| io_err("wait for commit of", path, e))
 }
 
 /// `renameat2(a, b, RENAME_EXCHANGE)`: swaps two paths atomically.

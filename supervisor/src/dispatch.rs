@@ -453,6 +453,7 @@ impl Supervisor {
             Request::TurnEnd(r) => Response::Turn(st.turn_end(r)?),
             Request::PolicySet(r) => Response::Policy(st.policy_set(r)?),
             Request::CheckpointDiff(r) => Response::Diff(st.checkpoint_diff(r)?),
+            Request::StoreCheck(_) => Response::StoreCheck(st.check()?),
             Request::AuditList(r) => {
                 let limit = r.limit.unwrap_or(100).clamp(1, 10_000) as usize;
                 Response::Audit(st.audit().read(r.after_seq.unwrap_or(0), limit)?)

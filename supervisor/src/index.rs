@@ -462,6 +462,9 @@ impl Writer<'_> {
     pub fn session(&self, a: &str, s: &str) -> Result<Option<SessionRecord>, IndexError> {
         self.get(SESSIONS, &session_key(a, s))
     }
+    pub fn turn(&self, a: &str, s: &str, t: &str) -> Result<Option<TurnRecord>, IndexError> {
+        self.get(TURNS, &checkpoint_key(a, s, t))
+    }
     pub fn checkpoint(
         &self,
         a: &str,

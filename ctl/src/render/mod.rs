@@ -20,6 +20,31 @@ use allox_protocol::{
     SessionListing,
 };
 
+fn store_check(r: &allox_protocol::StoreCheckReport) -> String {
+    let mut out = String::new();
+    if let Some(why) = &r.read_only {
+        out.push_str(&format!("read-only: {}\n", clean(why)));
+    }
+    for (what, items) in [
+        ("unfinished operation", &r.unfinished),
+        ("in the index, not on disk", &r.missing_on_disk),
+        ("on disk, not in the index", &r.missing_in_index),
+    ] {
+        for i in items {
+            out.push_str(&format!("{what}: {}\n", clean(i)));
+        }
+    }
+    if r.removing > 0 {
+        out.push_str(&format!("old trees being removed: {}\n", r.removing));
+    }
+    if r.is_consistent() {
+        out.push_str(
+            "store consistent: the index matches the disk, the journal holds nothing unfinished\n",
+        );
+    }
+    out
+}
+
 /// The response as people read it.
 pub fn render(response: &Response) -> String {
     match response {
@@ -41,6 +66,7 @@ pub fn render(response: &Response) -> String {
             i.processes,
             i.init_zombies
         ),
+        Response::StoreCheck(r) => store_check(r),
         Response::ProcessEvents(l) => {
             let mut out = String::new();
             for e in &l.events {

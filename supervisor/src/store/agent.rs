@@ -57,7 +57,7 @@ impl Store {
     /// too: pinning guards a checkpoint against `checkpoint.delete` and
     /// retention, not against deleting its owner).
     pub fn agent_delete(&self, a: &str) -> Result<Deleted> {
-        let _g = self.guard();
+        let g = self.guard();
         self.need_agent(a)?;
         // Removals still running inside this tree would race the rename.
         let dir = self.layout.agent_dir(a);
@@ -78,6 +78,8 @@ impl Store {
             self.crash_point("agent_delete.after_commit");
             Ok(((), after))
         })?;
+        drop(g);
+        self.settle()?;
         Ok(Deleted {
             deleted: a.to_string(),
         })

@@ -4,6 +4,7 @@
 
 use crate::index::{AgentRecord, IndexError, SessionRecord, Writer};
 use crate::journal::Op;
+use allox_protocol::TurnStatus;
 
 pub fn apply(w: &mut Writer<'_>, op: &Op) -> Result<(), IndexError> {
     match op {
@@ -34,6 +35,17 @@ pub fn apply(w: &mut Writer<'_>, op: &Op) -> Result<(), IndexError> {
             record,
         } => {
             w.put_checkpoint(agent, session, checkpoint, record)?;
+            // A turn's automatic checkpoint ends the turn in this commit.
+            if let Some(t) = &record.turn_id {
+                if let Some(mut turn) = w.turn(agent, session, t)? {
+                    if turn.ended_ms.is_none() {
+                        turn.ended_ms = Some(record.created_ms);
+                        turn.status = Some(TurnStatus::Ok);
+                        turn.checkpoint_id = Some(checkpoint.clone());
+                        w.put_turn(agent, session, t, &turn)?;
+                    }
+                }
+            }
             set_head(w, agent, session, Some(checkpoint.clone()))
         }
         Op::CheckpointDelete {

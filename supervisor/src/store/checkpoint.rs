@@ -63,6 +63,10 @@ impl Store {
             })
         };
         self.check_space()?;
+        // No commit is needed before the answer: the snapshot ioctl commits
+        // the filesystem's transaction itself, so once it returns the
+        // durable Begin and the snapshot make recovery finish this
+        // operation even if the End commit below is lost.
         let rec = self.journaled(build, |op_id, op| {
             self.crash_point("checkpoint_create.after_journal");
             btrfs::snapshot(&self.layout.current(a, s), &dest, true)?;
@@ -97,7 +101,7 @@ impl Store {
     /// `current/` descended from it, the head moves to its parent too, so
     /// the DAG stays connected.
     pub fn checkpoint_delete(&self, a: &str, s: &str, c: &str) -> Result<Deleted> {
-        let _g = self.guard();
+        let g = self.guard();
         let rec = self.need_checkpoint(a, s, c)?;
         if rec.pinned {
             return Err(StoreError::Conflict(format!(
@@ -122,6 +126,8 @@ impl Store {
             self.crash_point("checkpoint_delete.after_commit");
             Ok(((), after))
         })?;
+        drop(g);
+        self.settle()?;
         Ok(Deleted {
             deleted: format!("{a}/{s}/{c}"),
         })

@@ -26,6 +26,8 @@ pub enum StoreError {
     Fenced,
     #[error("only {free_mib} MiB free, at least {need_mib} MiB are kept in reserve")]
     NoSpace { free_mib: u64, need_mib: u64 },
+    #[error("the change is made but could not be committed to disk; after a restart it is either whole or undone")]
+    NotDurable(#[source] BtrfsError),
     #[error("store root {path} is unusable: {why}")]
     Root { path: String, why: String },
     #[error("subvolume operation failed")]
@@ -83,7 +85,7 @@ impl StoreError {
             StoreError::Exists(_) | StoreError::Conflict(_) => ErrorCode::Conflict,
             StoreError::Unsupported(_) => ErrorCode::Unsupported,
             _ if self.is_no_space() => ErrorCode::Unavailable,
-            StoreError::Fenced => ErrorCode::Unavailable,
+            StoreError::Fenced | StoreError::NotDurable(_) => ErrorCode::Unavailable,
             StoreError::Index(ie) if ie.needs_reopen() || matches!(ie, IndexError::Closed) => {
                 ErrorCode::Unavailable
             }

@@ -10,6 +10,7 @@
 
 mod agent;
 mod apply;
+mod check;
 mod checkpoint;
 pub mod diff;
 pub mod error;
@@ -46,11 +47,16 @@ pub struct Store {
     index: Arc<Index>,
     audit: Audit,
     lock: Mutex<()>,
+    /// Serialises turn.begin and turn.end (taken before `lock`).
+    turn_lock: Mutex<()>,
     reaper: Reaper,
     fp: Failpoints,
     last_op: AtomicU64,
     /// Set when a failed operation could not be undone: no more changes.
     fenced: std::sync::atomic::AtomicBool,
+    /// Whether renames and exchanges are committed to disk before an
+    /// operation returns (always, but for the benchmark's baseline).
+    commit_before_answer: std::sync::atomic::AtomicBool,
     _root_lock: OwnedFd,
 }
 
@@ -94,10 +100,12 @@ impl Store {
             index,
             audit,
             lock: Mutex::new(()),
+            turn_lock: Mutex::new(()),
             reaper,
             fp,
             last_op: AtomicU64::new(0),
             fenced: std::sync::atomic::AtomicBool::new(false),
+            commit_before_answer: std::sync::atomic::AtomicBool::new(true),
             _root_lock: root_lock,
         };
         recovery::recover(&store)?;
@@ -125,6 +133,24 @@ impl Store {
         self.index.write(|_| Ok(()))?;
         self.audit.sync()?;
         Ok(())
+    }
+
+    /// Turns off the commit that makes an answered rename or exchange
+    /// durable ([`Store::settle`]). Only to measure what the commit costs:
+    /// without it a power cut can undo an operation that was answered.
+    pub fn set_commit_before_answer(&self, on: bool) {
+        self.commit_before_answer.store(on, Ordering::SeqCst);
+    }
+
+    /// Makes an operation's renames and exchanges durable before it is
+    /// answered, so that recovery finds its disk steps complete and
+    /// finishes it (see [`crate::journal`]). Called after the store lock is
+    /// released: operations that finish together share one commit.
+    fn settle(&self) -> Result<()> {
+        if !self.commit_before_answer.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        btrfs::commit(self.layout.root()).map_err(StoreError::NotDurable)
     }
 
     fn guard(&self) -> MutexGuard<'_, ()> {
@@ -215,6 +241,13 @@ impl Store {
             let _ = self.index.write(|_| Ok(()));
         }
         self.fp.hit(name);
+    }
+
+    /// Why the store refuses changes, if it does.
+    pub fn read_only_reason(&self) -> Option<String> {
+        self.fenced
+            .load(Ordering::SeqCst)
+            .then(|| StoreError::Fenced.to_string())
     }
 
     /// Fails once the store has been fenced by an undo that did not finish.

@@ -67,6 +67,10 @@ fn moved(l: &Layout, op: &Op, op_id: u64) -> Option<Moved> {
     })
 }
 
+fn probe(p: &Path) -> Result<bool> {
+    Ok(btrfs::probe_subvolume(p)?)
+}
+
 /// Whether a rollback's exchange is on disk: `current/` is no longer the
 /// subvolume it was.
 fn swapped(current: &Path, old_subvolume: u64) -> Result<bool> {
@@ -95,10 +99,7 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
         // if the tree (known by its subvolume ID, never reused) is still at
         // home, move it where the operation put it, then remove it.
         if let Some(m) = moved(l, op, op_id) {
-            if btrfs::is_subvolume(&m.subvol)
-                && btrfs::subvolume_id(&m.subvol)? == m.id
-                && !m.trash.exists()
-            {
+            if probe(&m.subvol)? && btrfs::subvolume_id(&m.subvol)? == m.id && !m.trash.exists() {
                 std::fs::rename(&m.home, &m.trash)
                     .map_err(|e| StoreError::io("rename", &m.home, e))?;
             }
@@ -135,7 +136,7 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
     }
     let finished = match op {
         Op::AgentCreate { agent, .. } => {
-            if forward && btrfs::is_subvolume(&l.workspace(agent)) {
+            if forward && probe(&l.workspace(agent))? {
                 for d in [l.shared(agent), l.sessions_dir(agent)] {
                     std::fs::create_dir_all(&d).map_err(|e| StoreError::io("create", &d, e))?;
                 }
@@ -147,7 +148,7 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
             }
         }
         Op::SessionCreate { agent, session, .. } => {
-            if forward && btrfs::is_subvolume(&l.current(agent, session)) {
+            if forward && probe(&l.current(agent, session))? {
                 let d = l.checkpoints_dir(agent, session);
                 std::fs::create_dir_all(&d).map_err(|e| StoreError::io("create", &d, e))?;
                 finish(op)?;
@@ -164,7 +165,7 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
             ..
         } => {
             let p = l.checkpoint(agent, session, checkpoint);
-            if forward && btrfs::is_subvolume(&p) {
+            if forward && probe(&p)? {
                 finish(op)?;
                 true
             } else {
@@ -274,21 +275,29 @@ fn reconcile(st: &Store) -> Result<Vec<String>> {
         Ok(())
     };
 
-    // Index → disk.
+    // Index → disk. A record is dropped only when its subvolume is
+    // certainly gone; a tree that cannot be looked at stops recovery.
     for (a, _) in st.index.agents()? {
-        if !btrfs::is_subvolume(&l.workspace(&a)) {
+        if !probe(&l.workspace(&a))? {
             st.index.write(|w| w.remove_agent(&a))?;
             note(format!("dropped agent {a}: its workspace is missing"));
             continue;
         }
+        // Made after the subvolume, and so possibly lost with a power cut
+        // that kept the operation's durable steps.
+        for d in [l.shared(&a), l.sessions_dir(&a)] {
+            std::fs::create_dir_all(&d).map_err(|e| StoreError::io("create", &d, e))?;
+        }
         for (s, _) in st.index.sessions(&a)? {
-            if !btrfs::is_subvolume(&l.current(&a, &s)) {
+            if !probe(&l.current(&a, &s))? {
                 st.index.write(|w| w.remove_session(&a, &s))?;
                 note(format!("dropped session {a}/{s}: its current/ is missing"));
                 continue;
             }
+            let d = l.checkpoints_dir(&a, &s);
+            std::fs::create_dir_all(&d).map_err(|e| StoreError::io("create", &d, e))?;
             for (c, _) in st.index.checkpoints(&a, &s)? {
-                if btrfs::is_subvolume(&l.checkpoint(&a, &s, &c)) {
+                if probe(&l.checkpoint(&a, &s, &c))? {
                     continue;
                 }
                 // `apply` reads the records as they are now, so a chain of
@@ -318,7 +327,7 @@ fn reconcile(st: &Store) -> Result<Vec<String>> {
             continue;
         }
         if st.index.agent(&a)?.is_none() {
-            if !btrfs::is_subvolume(&l.workspace(&a)) {
+            if !probe(&l.workspace(&a))? {
                 note(format!("ignored agents/{a}: no workspace subvolume"));
                 continue;
             }
@@ -337,7 +346,7 @@ fn reconcile(st: &Store) -> Result<Vec<String>> {
                 continue;
             }
             if st.index.session(&a, &s)?.is_none() {
-                if !btrfs::is_subvolume(&l.current(&a, &s)) {
+                if !probe(&l.current(&a, &s))? {
                     note(format!(
                         "ignored session dir {a}/{s}: no current/ subvolume"
                     ));
@@ -359,7 +368,7 @@ fn reconcile(st: &Store) -> Result<Vec<String>> {
                     continue;
                 }
                 let p = l.checkpoint(&a, &s, &c);
-                if st.index.checkpoint(&a, &s, &c)?.is_none() && btrfs::is_subvolume(&p) {
+                if st.index.checkpoint(&a, &s, &c)?.is_none() && probe(&p)? {
                     let rec = st.index.write(|w| {
                         let rec = CheckpointRecord {
                             created_ms: created_ms(&p),

@@ -12,7 +12,7 @@ use allox_protocol::{RollbackDone, SessionRollback};
 impl Store {
     pub fn rollback(&self, p: &SessionRollback) -> Result<RollbackDone> {
         let (a, s, c) = (&*p.agent_id, &*p.session_id, &*p.checkpoint_id);
-        let _g = self.guard();
+        let g = self.guard();
         self.need_checkpoint(a, s, c)?;
         let session = self.need_session(a, s)?;
         let current = self.layout.current(a, s);
@@ -39,6 +39,10 @@ impl Store {
             self.crash_point("rollback.after_commit");
             Ok(((), after))
         })?;
+        drop(g);
+        // The exchange is on disk before the answer: from here recovery
+        // finishes this rollback whatever happens.
+        self.settle()?;
         Ok(RollbackDone {
             agent_id: a.to_string(),
             session_id: s.to_string(),

@@ -63,7 +63,7 @@ impl Store {
 
     /// Deletes a session with its `current/` and all its checkpoints.
     pub fn session_delete(&self, a: &str, s: &str) -> Result<Deleted> {
-        let _g = self.guard();
+        let g = self.guard();
         self.need_session(a, s)?;
         // Removals still running inside this tree would race the rename.
         let dir = self.layout.session_dir(a, s);
@@ -85,6 +85,8 @@ impl Store {
             self.crash_point("session_delete.after_commit");
             Ok(((), after))
         })?;
+        drop(g);
+        self.settle()?;
         Ok(Deleted {
             deleted: format!("{a}/{s}"),
         })

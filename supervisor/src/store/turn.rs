@@ -103,6 +103,7 @@ impl Store {
         if let Some(t) = &p.turn_id {
             validate_id("turn_id", t)?;
         }
+        let _t = self.turn_lock.lock().unwrap_or_else(|p| p.into_inner());
         let _g = self.guard();
         let turns = self.index.turns(a, s)?;
         if let Some((open, _)) = turns.iter().find(|(_, r)| r.ended_ms.is_none()) {
@@ -145,41 +146,53 @@ impl Store {
                 )));
             }
         }
-        let mut rec = {
-            let _g = self.guard();
-            let mut rec = self
-                .index
-                .turn(a, s, t)?
-                .ok_or_else(|| StoreError::NotFound(format!("turn {a}/{s}/{t}")))?;
-            if rec.ended_ms.is_some() {
-                return Err(StoreError::Conflict(format!(
-                    "turn {a}/{s}/{t} has already ended"
-                )));
+        let (auto, keep_last) = self.effective_policy(a, Some(s))?;
+        let checkpointing = auto && p.status == TurnStatus::Ok;
+        // One turn.end at a time; the checkpoint below takes the store
+        // lock inside this one, never the other way round.
+        let _t = self.turn_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rec = self
+            .index
+            .turn(a, s, t)?
+            .ok_or_else(|| StoreError::NotFound(format!("turn {a}/{s}/{t}")))?;
+        if rec.ended_ms.is_some() {
+            return Err(StoreError::Conflict(format!(
+                "turn {a}/{s}/{t} has already ended"
+            )));
+        }
+        let mut failed = None;
+        if checkpointing {
+            // The checkpoint's journaled operation ends the turn in the
+            // same commit that records the checkpoint (see `apply`): after
+            // a crash the turn has ended with its checkpoint, or not at all.
+            match self.turn_checkpoint(a, s, t, &rec, p.label.clone()) {
+                Ok(_) => {
+                    rec = self
+                        .index
+                        .turn(a, s, t)?
+                        .ok_or_else(|| StoreError::NotFound(format!("turn {a}/{s}/{t}")))?
+                }
+                Err(e) => failed = Some(e.chain()),
             }
+        }
+        if rec.ended_ms.is_none() {
             rec.ended_ms = Some(crate::now_ms());
             rec.status = Some(p.status);
-            // Quick: the checkpoint's durable journal Begin (or the next
-            // durable commit) carries it to disk.
-            self.index.write_quick(|w| w.put_turn(a, s, t, &rec))?;
-            rec
-        };
-        let (auto, keep_last) = self.effective_policy(a, Some(s))?;
-        if auto && p.status == TurnStatus::Ok {
-            match self.turn_checkpoint(a, s, t, &rec, p.label.clone()) {
-                Ok(c) => rec.checkpoint_id = Some(c),
-                Err(e) => rec.checkpoint_error = Some(e.chain()),
-            }
-            if let Some(n) = keep_last {
-                if let Err(e) = self.collect_turn_checkpoints(a, s, n as usize) {
-                    let msg = format!("retention: {}", e.chain());
-                    rec.checkpoint_error = Some(match rec.checkpoint_error.take() {
-                        Some(prev) => format!("{prev}; {msg}"),
-                        None => msg,
-                    });
-                }
-            }
+            rec.checkpoint_error = failed;
+            // Durable before the answer.
             let _g = self.guard();
-            self.index.write_quick(|w| w.put_turn(a, s, t, &rec))?;
+            self.index.write(|w| w.put_turn(a, s, t, &rec))?;
+        }
+        if let (true, Some(n)) = (checkpointing, keep_last) {
+            if let Err(e) = self.collect_turn_checkpoints(a, s, n as usize) {
+                let msg = format!("retention: {}", e.chain());
+                rec.checkpoint_error = Some(match rec.checkpoint_error.take() {
+                    Some(prev) => format!("{prev}; {msg}"),
+                    None => msg,
+                });
+                let _g = self.guard();
+                self.index.write(|w| w.put_turn(a, s, t, &rec))?;
+            }
         }
         Ok(turn_info(a, s, t, &rec))
     }

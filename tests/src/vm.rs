@@ -166,6 +166,18 @@ impl Vm {
         }
     }
 
+    /// QEMU's process id (run-vm.sh execs it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Pulls the plug: SIGKILL to QEMU, which takes the guest with it
+    /// before it can write anything more to its disk.
+    pub fn power_cut(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Waits for QEMU to end by itself (the guest powered off).
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + timeout;

@@ -7,9 +7,8 @@
 //! skipped.
 
 use allox_protocol::{
-    build_identity, codec::EncodeError, decode, encode, ClientFrame, DecodeError, ErrorBody,
-    ErrorCode, Event, FrameError, FrameReader, Hello, Outcome, Request, RequestEnvelope, Response,
-    ServerFrame, PROTOCOL_VERSION,
+    codec::EncodeError, decode, encode, ClientFrame, DecodeError, ErrorBody, ErrorCode, Event,
+    FrameError, FrameReader, Hello, Outcome, Request, RequestEnvelope, Response, ServerFrame,
 };
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -117,7 +116,31 @@ pub struct Client {
     stream: UnixStream,
     reader: FrameReader,
     next_id: u64,
+    conversation: u64,
     server: Hello,
+}
+
+/// Two random words from the kernel (`/dev/urandom`); the time and the
+/// process id if it cannot be read.
+fn random_words() -> [u64; 2] {
+    let mut b = [0u8; 16];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
+    if read.is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let x = t ^ (u64::from(std::process::id()) << 32);
+        b[..8].copy_from_slice(&x.to_le_bytes());
+        b[8..].copy_from_slice(
+            &x.rotate_left(29)
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                .to_le_bytes(),
+        );
+    }
+    let w = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+    // 0 is the conversation of notices to whoever is there.
+    [w(0).max(1), w(8)]
 }
 
 impl Client {
@@ -137,21 +160,22 @@ impl Client {
         // A leading zero ends whatever torn frame a previous writer left on a
         // shared transport (the QEMU chardev); the server skips empty frames.
         let mut bytes = vec![0];
+        let [conversation, first_id] = random_words();
         bytes.extend(
-            encode(&ClientFrame::Hello(Hello {
-                version: PROTOCOL_VERSION,
-                build: build_identity(),
-            }))
-            .map_err(ClientError::Encode)?,
+            encode(&ClientFrame::Hello(Hello::new(conversation))).map_err(ClientError::Encode)?,
         );
         stream.write_all(&bytes).map_err(ClientError::Write)?;
         let mut client = Client {
             stream,
             reader: FrameReader::new(),
-            next_id: 1,
+            // Random, and far from wrapping: ids of two hosts in turn on one
+            // serial port do not meet.
+            next_id: (first_id >> 2) | 1,
+            conversation,
             server: Hello {
                 version: 0,
                 build: String::new(),
+                conversation: 0,
             },
         };
         loop {
@@ -163,7 +187,8 @@ impl Client {
                 Err(e) => return Err(e),
             };
             match decode::<ServerFrame>(&payload) {
-                Ok(ServerFrame::Welcome(hello)) => {
+                // A Welcome to another host's Hello is not ours.
+                Ok(ServerFrame::Welcome(hello)) if hello.conversation == conversation => {
                     client.server = hello;
                     return Ok(client);
                 }
@@ -171,6 +196,16 @@ impl Client {
                 Ok(_) | Err(_) => continue,
             }
         }
+    }
+
+    /// This connection's conversation number (see [`Hello`]).
+    pub fn conversation(&self) -> u64 {
+        self.conversation
+    }
+
+    /// Sets the id of the next request (tests of id collisions).
+    pub fn set_next_request_id(&mut self, id: u64) {
+        self.next_id = id;
     }
 
     /// What the server said about itself in its `Welcome`.
@@ -199,6 +234,7 @@ impl Client {
         let request_id = self.next_id;
         self.next_id += 1;
         let frame = encode(&ClientFrame::Request(RequestEnvelope {
+            conversation: self.conversation,
             request_id,
             request,
         }))
@@ -207,7 +243,13 @@ impl Client {
         loop {
             let payload = self.next_payload()?;
             match decode::<ServerFrame>(&payload).map_err(ClientError::BadMessage)? {
-                // Id 0: the server could not read a request; only ours is open.
+                // Frames of another conversation (a host before us on a
+                // serial port) are never ours, whatever their id.
+                ServerFrame::Response(r)
+                    if r.conversation != self.conversation && r.conversation != 0 => {}
+                ServerFrame::Event(e) if e.conversation != self.conversation => {}
+                // Id 0: the server could not read a request, or restarted
+                // (conversation 0); only ours is open.
                 ServerFrame::Response(r) if r.request_id == request_id || r.request_id == 0 => {
                     return Ok(match r.outcome {
                         Outcome::Ok(v) => Ok(v),
@@ -259,13 +301,17 @@ impl Caller for Client {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use allox_protocol::{AgentRef, Deleted, EventEnvelope, Ping, Pong, ResponseEnvelope};
+    use allox_protocol::{
+        AgentRef, Deleted, EventEnvelope, Ping, Pong, ResponseEnvelope, PROTOCOL_VERSION,
+    };
     use std::thread;
 
     /// Reads client frames from one end of a socket pair.
     struct FakeServer {
         stream: UnixStream,
         reader: FrameReader,
+        /// The conversation of the client's Hello.
+        conv: u64,
     }
 
     impl FakeServer {
@@ -273,7 +319,12 @@ mod tests {
             let mut buf = [0u8; 4096];
             loop {
                 if let Some(f) = self.reader.next_frame() {
-                    return decode(&f.unwrap()).unwrap();
+                    let frame: ClientFrame = decode(&f.unwrap()).unwrap();
+                    match &frame {
+                        ClientFrame::Hello(h) => self.conv = h.conversation,
+                        ClientFrame::Request(r) => assert_eq!(r.conversation, self.conv),
+                    }
+                    return frame;
                 }
                 let n = self.stream.read(&mut buf).unwrap();
                 assert!(n > 0, "client hung up");
@@ -283,6 +334,33 @@ mod tests {
 
         fn send(&mut self, frame: &ServerFrame) {
             self.stream.write_all(&encode(frame).unwrap()).unwrap();
+        }
+
+        fn welcome(&mut self) {
+            let w = ServerFrame::Welcome(Hello {
+                version: PROTOCOL_VERSION,
+                build: "fake".into(),
+                conversation: self.conv,
+            });
+            self.send(&w);
+        }
+
+        fn respond(&mut self, request_id: u64, outcome: Outcome) {
+            let conversation = self.conv;
+            self.send(&ServerFrame::Response(ResponseEnvelope {
+                conversation,
+                request_id,
+                outcome,
+            }));
+        }
+
+        fn event(&mut self, request_id: u64, event: Event) {
+            let conversation = self.conv;
+            self.send(&ServerFrame::Event(EventEnvelope {
+                conversation,
+                request_id,
+                event,
+            }));
         }
     }
 
@@ -294,16 +372,10 @@ mod tests {
             script(FakeServer {
                 stream: b,
                 reader: FrameReader::new(),
+                conv: 0,
             })
         });
         (a, t)
-    }
-
-    fn welcome() -> ServerFrame {
-        ServerFrame::Welcome(Hello {
-            version: PROTOCOL_VERSION,
-            build: "fake".into(),
-        })
     }
 
     #[test]
@@ -311,37 +383,48 @@ mod tests {
         let (stream, t) = pair(|mut s| {
             assert!(matches!(s.recv(), ClientFrame::Hello(h) if h.version == PROTOCOL_VERSION));
             s.stream.write_all(b"\x07garbage\x00").unwrap();
-            s.send(&welcome());
+            // A Welcome to another host's Hello is not this client's.
+            s.send(&ServerFrame::Welcome(Hello::new(s.conv ^ 1)));
+            s.welcome();
             let ClientFrame::Request(r) = s.recv() else {
                 panic!("expected a request")
             };
-            assert_eq!(r.request_id, 1);
-            // A stale answer and an event for another request are skipped.
-            s.send(&ServerFrame::Response(ResponseEnvelope {
-                request_id: 99,
-                outcome: Outcome::Err(ErrorBody::invalid("stale")),
-            }));
-            s.send(&ServerFrame::Event(EventEnvelope {
-                request_id: 1,
-                event: Event::Progress {
+            let first = r.request_id;
+            // A stale answer and an event for another request are skipped,
+            // and so is anything of another conversation, even with the
+            // same request id.
+            s.respond(99, Outcome::Err(ErrorBody::invalid("stale")));
+            let (conv, other) = (s.conv, s.conv ^ 1);
+            s.conv = other;
+            s.respond(first, Outcome::Err(ErrorBody::invalid("another host's")));
+            s.event(
+                first,
+                Event::Progress {
+                    message: "another host's".into(),
+                },
+            );
+            s.conv = conv;
+            s.event(
+                first,
+                Event::Progress {
                     message: "working".into(),
                 },
-            }));
-            s.send(&ServerFrame::Response(ResponseEnvelope {
-                request_id: 1,
-                outcome: Outcome::Ok(Response::Pong(Pong {
+            );
+            s.respond(
+                first,
+                Outcome::Ok(Response::Pong(Pong {
                     version: 1,
                     build: "fake".into(),
                 })),
-            }));
+            );
             let ClientFrame::Request(r) = s.recv() else {
                 panic!("expected a request")
             };
-            assert_eq!(r.request_id, 2);
-            s.send(&ServerFrame::Response(ResponseEnvelope {
-                request_id: 2,
-                outcome: Outcome::Err(ErrorBody::new(ErrorCode::NotFound, "no agent x")),
-            }));
+            assert_eq!(r.request_id, first + 1);
+            s.respond(
+                r.request_id,
+                Outcome::Err(ErrorBody::new(ErrorCode::NotFound, "no agent x")),
+            );
         });
         let mut c = Client::handshake(stream).unwrap();
         assert_eq!(c.server().build, "fake");
@@ -382,19 +465,16 @@ mod tests {
         let events = sent.clone();
         let (stream, t) = pair(move |mut s| {
             s.recv();
-            s.send(&welcome());
+            s.welcome();
             let ClientFrame::Request(r) = s.recv() else {
                 panic!("expected a request")
             };
             for event in events {
-                s.send(&ServerFrame::Event(EventEnvelope {
-                    request_id: r.request_id,
-                    event,
-                }));
+                s.event(r.request_id, event);
             }
-            s.send(&ServerFrame::Response(ResponseEnvelope {
-                request_id: r.request_id,
-                outcome: Outcome::Ok(Response::Exited(RunResult {
+            s.respond(
+                r.request_id,
+                Outcome::Ok(Response::Exited(RunResult {
                     run_id: "r1".into(),
                     exit_code: Some(0),
                     signal: None,
@@ -403,7 +483,7 @@ mod tests {
                     truncated: false,
                     timed_out: false,
                 })),
-            }));
+            );
         });
         let mut c = Client::handshake(stream).unwrap();
         let mut got = Vec::new();
@@ -434,14 +514,14 @@ mod tests {
     fn server_hanging_up_is_unavailable() {
         let (stream, t) = pair(|mut s| {
             s.recv();
-            s.send(&welcome());
+            s.welcome();
             s.recv();
-            s.send(&ServerFrame::Response(ResponseEnvelope {
-                request_id: 7,
-                outcome: Outcome::Ok(Response::Deleted(Deleted {
+            s.respond(
+                7,
+                Outcome::Ok(Response::Deleted(Deleted {
                     deleted: "other".into(),
                 })),
-            }));
+            );
         });
         let mut c = Client::handshake(stream).unwrap();
         let err = c.call(Request::Ping(Ping {})).unwrap_err();

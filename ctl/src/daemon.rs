@@ -94,10 +94,11 @@ mod tests {
         loop {
             while let Some(f) = reader.next_frame() {
                 match decode::<ClientFrame>(&f.unwrap()).unwrap() {
-                    ClientFrame::Hello(_) => {
+                    ClientFrame::Hello(h) => {
                         let w = ServerFrame::Welcome(Hello {
                             version: PROTOCOL_VERSION,
                             build: "fake".into(),
+                            conversation: h.conversation,
                         });
                         s.write_all(&encode(&w).unwrap()).unwrap();
                     }
@@ -107,6 +108,7 @@ mod tests {
                         }
                         seen += 1;
                         let resp = ServerFrame::Response(ResponseEnvelope {
+                            conversation: r.conversation,
                             request_id: r.request_id,
                             outcome: Outcome::Ok(Response::Pong(Pong {
                                 version: 1,

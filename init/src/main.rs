@@ -86,6 +86,9 @@ enum Cmd {
         /// Drop a client that does not read an answer for this long.
         #[arg(long, default_value_t = 10_000, hide = true)]
         write_timeout_ms: u64,
+        /// Drop a client that takes longer than this over one frame.
+        #[arg(long, default_value_t = 30_000, hide = true)]
+        frame_timeout_ms: u64,
     },
     /// PID 1 of a sandbox (started by the supervisor, not by hand).
     #[command(hide = true)]
@@ -131,6 +134,7 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
             kill_session_processes_on_rollback,
             stall_timeout_ms,
             write_timeout_ms,
+            frame_timeout_ms,
             no_processes,
             cgroup_root,
             sandbox_uid,
@@ -212,6 +216,7 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
                 limits: Limits {
                     stall: Duration::from_millis(stall_timeout_ms),
                     write: Duration::from_millis(write_timeout_ms),
+                    frame: Duration::from_millis(frame_timeout_ms),
                     ..Limits::default()
                 },
                 runs,

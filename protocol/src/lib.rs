@@ -27,13 +27,21 @@
 //! # Conversation
 //!
 //! The client's first frame is [`ClientFrame::Hello`] with
-//! [`PROTOCOL_VERSION`] and its build identity. The server answers
-//! [`ServerFrame::Welcome`], or [`ServerFrame::Refused`] with
-//! `version_mismatch` and closes. Then the client sends any number of
-//! [`ClientFrame::Request`]s, each with a `request_id` of its choosing, without
+//! [`PROTOCOL_VERSION`], its build identity and a conversation number it
+//! chose at random. The server answers [`ServerFrame::Welcome`] echoing the
+//! number, or [`ServerFrame::Refused`] with `version_mismatch` and closes.
+//! Then the client sends any number of [`ClientFrame::Request`]s, each with
+//! a `request_id` of its choosing (starting at a random value), without
 //! waiting for answers; every answer ([`ServerFrame::Response`]) and stream
-//! event ([`ServerFrame::Event`]) carries the `request_id` it belongs to.
-//! Answers may come in any order.
+//! event ([`ServerFrame::Event`]) carries the conversation and the
+//! `request_id` it belongs to. Answers may come in any order.
+//!
+//! On a serial port, which outlives its hosts, a new Hello ends the
+//! previous conversation: its requests still running are cancelled where
+//! they can be (waits, streams) and their answers are dropped, and a host
+//! ignores every frame stamped with a conversation that is not its own, so
+//! an answer never reaches a host that did not ask. Version 2 added the
+//! conversation number; version 1 peers are refused.
 //!
 //! # JSON form
 //!
@@ -55,7 +63,7 @@ pub use id::{validate_id, IdError, MAX_ID_LEN};
 pub use message::*;
 
 /// Version of the wire protocol; both sides must agree exactly.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Build identity of this crate, sent in `Hello`.
 pub fn build_identity() -> String {

@@ -11,6 +11,22 @@ use serde::{Deserialize, Serialize};
 pub struct Hello {
     pub version: u32,
     pub build: String,
+    /// Chosen at random by the client for this conversation and echoed in
+    /// the Welcome; every later frame of the conversation, both ways,
+    /// carries it. A serial port outlives its hosts: a frame stamped with
+    /// another conversation belongs to a host that has gone.
+    pub conversation: u64,
+}
+
+impl Hello {
+    /// This build's greeting for `conversation`.
+    pub fn new(conversation: u64) -> Hello {
+        Hello {
+            version: crate::PROTOCOL_VERSION,
+            build: crate::build_identity(),
+            conversation,
+        }
+    }
 }
 
 /// Frames a client sends.
@@ -35,6 +51,8 @@ pub enum ServerFrame {
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct RequestEnvelope {
+    /// The conversation of the Hello this request follows.
+    pub conversation: u64,
     /// Chosen by the client, echoed in every frame about this request.
     pub request_id: u64,
     pub request: Request,
@@ -42,6 +60,9 @@ pub struct RequestEnvelope {
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct ResponseEnvelope {
+    /// The conversation the request came in; 0 for a notice to whoever
+    /// is there (the supervisor restarted).
+    pub conversation: u64,
     /// The request this answers; 0 when the server could not read one.
     pub request_id: u64,
     pub outcome: Outcome,
@@ -73,6 +94,7 @@ impl From<Outcome> for Result<Response, ErrorBody> {
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct EventEnvelope {
+    pub conversation: u64,
     pub request_id: u64,
     pub event: Event,
 }

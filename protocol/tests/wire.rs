@@ -9,31 +9,34 @@ fn payload<T: serde::Serialize>(m: &T) -> Vec<u8> {
 #[test]
 fn golden_hello() {
     let m = ClientFrame::Hello(Hello {
-        version: 1,
+        version: 2,
         build: "ab".into(),
+        conversation: 5,
     });
-    // variant 0, version varint 1, string len 2, "ab"
-    assert_eq!(payload(&m), [0x00, 0x01, 0x02, b'a', b'b']);
+    // variant 0, version varint 2, string len 2, "ab", conversation 5
+    assert_eq!(payload(&m), [0x00, 0x02, 0x02, b'a', b'b', 0x05]);
     // COBS: the frame has no zero inside and ends with one.
     assert_eq!(
         encode(&m).unwrap(),
-        [0x01, 0x05, 0x01, 0x02, b'a', b'b', 0x00]
+        [0x01, 0x06, 0x02, 0x02, b'a', b'b', 0x05, 0x00]
     );
 }
 
 #[test]
 fn golden_request() {
     let m = ClientFrame::Request(RequestEnvelope {
+        conversation: 9,
         request_id: 300,
         request: Request::AgentCreate(AgentCreate::new("a")),
     });
-    // variant 1, request_id 300 = varint ac 02, Request variant 1, "a",
-    // auto_checkpoint None, keep_last None
+    // variant 1, conversation 9, request_id 300 = varint ac 02, Request
+    // variant 1, "a", auto_checkpoint None, keep_last None
     assert_eq!(
         payload(&m),
-        [0x01, 0xac, 0x02, 0x01, 0x01, b'a', 0x00, 0x00]
+        [0x01, 0x09, 0xac, 0x02, 0x01, 0x01, b'a', 0x00, 0x00]
     );
     let m = ClientFrame::Request(RequestEnvelope {
+        conversation: 1,
         request_id: 7,
         request: Request::SessionRollback(SessionRollback {
             agent_id: "a".into(),
@@ -44,25 +47,28 @@ fn golden_request() {
     });
     assert_eq!(
         payload(&m),
-        [0x01, 0x07, 0x0b, 0x01, b'a', 0x01, b's', 0x01, b'c', 0x01, 0x01]
+        [0x01, 0x01, 0x07, 0x0b, 0x01, b'a', 0x01, b's', 0x01, b'c', 0x01, 0x01]
     );
 }
 
 #[test]
 fn golden_responses() {
     let m = ServerFrame::Response(ResponseEnvelope {
+        conversation: 3,
         request_id: 2,
         outcome: Outcome::Err(ErrorBody::new(ErrorCode::Conflict, "x")),
     });
-    // ServerFrame 2, id 2, Outcome::Err 1, code 2 (conflict), "x"
-    assert_eq!(payload(&m), [0x02, 0x02, 0x01, 0x02, 0x01, b'x']);
+    // ServerFrame 2, conversation 3, id 2, Outcome::Err 1, code 2
+    // (conflict), "x"
+    assert_eq!(payload(&m), [0x02, 0x03, 0x02, 0x01, 0x02, 0x01, b'x']);
     let m = ServerFrame::Response(ResponseEnvelope {
+        conversation: 3,
         request_id: 1,
         outcome: Outcome::Ok(Response::Deleted(Deleted {
             deleted: "a".into(),
         })),
     });
-    assert_eq!(payload(&m), [0x02, 0x01, 0x00, 0x08, 0x01, b'a']);
+    assert_eq!(payload(&m), [0x02, 0x03, 0x01, 0x00, 0x08, 0x01, b'a']);
 }
 
 #[test]
@@ -107,11 +113,9 @@ fn wire_order_of_actions_and_codes_is_pinned() {
 #[test]
 fn round_trip_through_frames() {
     let msgs = vec![
-        ClientFrame::Hello(Hello {
-            version: PROTOCOL_VERSION,
-            build: build_identity(),
-        }),
+        ClientFrame::Hello(Hello::new(u64::MAX)),
         ClientFrame::Request(RequestEnvelope {
+            conversation: u64::MAX,
             request_id: u64::MAX,
             request: Request::CheckpointCreate(CheckpointCreate {
                 agent_id: "agent-a".into(),
@@ -137,6 +141,7 @@ fn trailing_bytes_are_refused() {
     let mut p = payload(&ClientFrame::Hello(Hello {
         version: 1,
         build: String::new(),
+        conversation: 1,
     }));
     p.push(0x00);
     assert!(matches!(
@@ -149,16 +154,17 @@ fn trailing_bytes_are_refused() {
 fn unknown_variants_are_refused() {
     assert!(decode::<ClientFrame>(&[0x02]).is_err());
     // Request variant 200
-    assert!(decode::<ClientFrame>(&[0x01, 0x01, 0xc8, 0x01]).is_err());
+    assert!(decode::<ClientFrame>(&[0x01, 0x01, 0x01, 0xc8, 0x01]).is_err());
     // ErrorCode 8
-    assert!(decode::<ServerFrame>(&[0x02, 0x02, 0x01, 0x08, 0x00]).is_err());
+    assert!(decode::<ServerFrame>(&[0x02, 0x01, 0x02, 0x01, 0x08, 0x00]).is_err());
 }
 
 #[test]
 fn overlong_and_noncanonical_varints_are_refused() {
-    // version 1 as a two-byte varint (0x81 0x00): decodes to 1 but is not canonical.
+    // version 1 as a two-byte varint (0x81 0x00): decodes to 1 but is not
+    // canonical (then an empty build string, conversation 0).
     assert!(matches!(
-        decode::<ClientFrame>(&[0x00, 0x81, 0x00, 0x00]),
+        decode::<ClientFrame>(&[0x00, 0x81, 0x00, 0x00, 0x00]),
         Err(DecodeError::NonCanonical)
     ));
     // A u32 varint of 6 bytes is longer than any u32.
@@ -186,6 +192,7 @@ fn huge_length_prefix_does_not_allocate_or_panic() {
 #[test]
 fn every_prefix_of_a_valid_message_is_an_error_not_a_panic() {
     let p = payload(&ClientFrame::Request(RequestEnvelope {
+        conversation: 12345,
         request_id: 99,
         request: Request::CheckpointCreate(CheckpointCreate {
             agent_id: "agent".into(),

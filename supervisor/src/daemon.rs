@@ -58,9 +58,11 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     tracing::debug!(ms = t0.elapsed().as_millis() as u64, "store open");
     // Many runs mean many descriptors; and the supervisor must be the last
     // thing the OOM killer picks.
-    if let Ok((_, hard)) = rlimit_nofile() {
-        let _ = set_rlimit_nofile(hard);
-    }
+    let nofile = raise_nofile();
+    // A quarter of the descriptors for clients; the rest for runs (five
+    // each) and the store. Beyond that, idle clients make room for new ones.
+    let mut limits = cfg.limits.clone();
+    limits.connections = limits.connections.min((nofile / 4).max(16) as usize);
     let _ = std::fs::write("/proc/self/oom_score_adj", "-1000");
     let runs = match &cfg.runs {
         Some(rc) => {
@@ -87,12 +89,12 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     let result = rt.block_on(async {
         let listener = bind(&cfg.socket)?;
         tracing::info!(root = %cfg.root.display(), socket = %cfg.socket.display(), "supervisor ready");
-        let mut servers = vec![tokio::spawn(serve_unix(listener, sup.clone(), cfg.limits.clone()))];
+        let mut servers = vec![tokio::spawn(serve_unix(listener, sup.clone(), limits.clone()))];
         for name in &cfg.virtio_ports {
             servers.push(tokio::spawn(crate::serial::serve_virtio(
                 name.clone(),
                 sup.clone(),
-                cfg.limits.clone(),
+                limits.clone(),
             )));
         }
         let syncer = tokio::spawn(sync_audit_every_second(sup.clone()));
@@ -143,17 +145,24 @@ async fn sync_audit_every_second(sup: Arc<Supervisor>) {
     }
 }
 
-fn rlimit_nofile() -> std::io::Result<(u64, u64)> {
-    let l = rustix::process::getrlimit(rustix::process::Resource::Nofile);
-    Ok((l.current.unwrap_or(u64::MAX), l.maximum.unwrap_or(u64::MAX)))
-}
-
-fn set_rlimit_nofile(n: u64) -> std::io::Result<()> {
-    let l = rustix::process::Rlimit {
-        current: Some(n),
-        maximum: Some(n),
-    };
-    rustix::process::setrlimit(rustix::process::Resource::Nofile, l).map_err(Into::into)
+/// Raises the descriptor limit (to 65,536 where the hard limit is lower
+/// and this process may raise it, else to the hard limit) and returns it.
+fn raise_nofile() -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    const WANT: u64 = 65_536;
+    let l = getrlimit(Resource::Nofile);
+    let hard = l.maximum.unwrap_or(u64::MAX);
+    for n in [hard.max(WANT), hard] {
+        let n = n.min(1 << 20);
+        let set = Rlimit {
+            current: Some(n),
+            maximum: Some(n.max(hard.min(1 << 20))),
+        };
+        if setrlimit(Resource::Nofile, set).is_ok() {
+            return n;
+        }
+    }
+    l.current.unwrap_or(1024)
 }
 
 fn bind(path: &std::path::Path) -> Result<tokio::net::UnixListener, DaemonError> {

@@ -4,20 +4,34 @@
 //! Per connection, a reader task decodes frames and starts one task per
 //! request (at most [`Limits::inflight`] at once; beyond that the reader
 //! stops reading, which pushes back on the client), and a writer task sends
-//! answers in the order they finish. A client that stalls mid-frame, never
-//! reads its answers, or keeps sending garbage is disconnected; store work
-//! runs on the blocking pool, never on the tasks that do I/O.
+//! answers in the order they finish, from a queue bounded in bytes
+//! ([`outbox`]). A client that stalls mid-frame, takes longer than
+//! [`Limits::frame`] over one frame, never reads its answers, or keeps
+//! sending garbage is disconnected; store work runs on the blocking pool,
+//! never on the tasks that do I/O. Idle connections never lock a new client
+//! out ([`registry`]).
+//!
+//! Every frame out is stamped with the conversation of the Hello its
+//! request followed. A new Hello (a new host on a serial port) ends the
+//! previous conversation: its waits and streams are cancelled and whatever
+//! it still had to say is dropped, never sent to the new host.
+
+mod outbox;
+mod registry;
 
 use crate::dispatch::Supervisor;
 use allox_protocol::{
     decode, encode, ClientFrame, ErrorBody, ErrorCode, Event, EventEnvelope, FrameReader, Hello,
     Outcome, Request, ResponseEnvelope, ServerFrame, PROTOCOL_VERSION,
 };
+use outbox::Outbox;
+use registry::{Registered, Registry};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixListener;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::time::Instant;
 
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -25,12 +39,23 @@ pub struct Limits {
     pub inflight: usize,
     /// How long a half-received frame may wait for its next byte.
     pub stall: Duration,
+    /// How long one frame may take from its first byte to its last,
+    /// however steadily its bytes trickle in.
+    pub frame: Duration,
     /// How long one answer may take to be written (a client that does not
     /// read is dropped after this).
     pub write: Duration,
+    /// Bytes of answers and events queued for one connection.
+    pub write_queue: usize,
+    /// Store requests of one connection computing their answer at once:
+    /// with [`Limits::write_queue`] this bounds what a client that reads
+    /// nothing makes the supervisor hold (about `write_queue + computing
+    /// × 1 MiB`); the other requests wait, unread, without cost.
+    pub computing: usize,
     /// Bad frames tolerated on one connection before it is dropped.
     pub bad_frames: u32,
-    /// Connections served at once; more wait in the listen queue.
+    /// Connections served at once; at the limit the longest idle one is
+    /// closed for a new client.
     pub connections: usize,
     /// How long a new connection may take to say Hello.
     pub hello: Duration,
@@ -41,9 +66,12 @@ impl Default for Limits {
         Limits {
             inflight: 64,
             stall: Duration::from_secs(10),
+            frame: Duration::from_secs(30),
             write: Duration::from_secs(10),
+            write_queue: 4 << 20,
+            computing: 4,
             bad_frames: 16,
-            connections: 256,
+            connections: 4096,
             hello: Duration::from_secs(10),
         }
     }
@@ -51,13 +79,9 @@ impl Default for Limits {
 
 /// Accepts connections until the task is dropped.
 pub async fn serve_unix(listener: UnixListener, sup: Arc<Supervisor>, limits: Limits) {
-    let slots = Arc::new(Semaphore::new(limits.connections));
+    let registry = Registry::new(limits.connections);
+    let mut refused_logged = None::<Instant>;
     loop {
-        // At the limit, stop accepting: new clients wait in the backlog
-        // instead of taking file descriptors the store needs.
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
         match listener.accept().await {
             Ok((stream, _)) => {
                 let peer = match stream.peer_cred() {
@@ -68,12 +92,40 @@ pub async fn serve_unix(listener: UnixListener, sup: Arc<Supervisor>, limits: Li
                     ),
                     Err(_) => "unix".to_string(),
                 };
-                let (r, w) = stream.into_split();
+                let (r, mut w) = stream.into_split();
+                let Some(slot) = registry.admit() else {
+                    // Every connection has a request in flight: this one
+                    // is told so and closed.
+                    if refused_logged.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                        tracing::warn!(%peer, connections = registry.len(), "every connection is busy; refusing a new one");
+                        refused_logged = Some(Instant::now());
+                    }
+                    let f = ServerFrame::Refused(ErrorBody::new(
+                        ErrorCode::Unavailable,
+                        format!(
+                            "all {} connections have requests in flight; retry shortly",
+                            limits.connections
+                        ),
+                    ));
+                    tokio::spawn(async move {
+                        let _ = tokio::time::timeout(
+                            Duration::from_secs(1),
+                            w.write_all(&frame_bytes(&f)),
+                        )
+                        .await;
+                    });
+                    continue;
+                };
                 let (sup, limits) = (sup.clone(), limits.clone());
-                tokio::spawn(async move {
-                    connection(r, w, peer, sup, limits).await;
-                    drop(slot);
-                });
+                tokio::spawn(serve(
+                    r,
+                    w,
+                    peer,
+                    sup,
+                    limits,
+                    Transport::Socket,
+                    Some(slot),
+                ));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
@@ -83,8 +135,9 @@ pub async fn serve_unix(listener: UnixListener, sup: Arc<Supervisor>, limits: Li
     }
 }
 
-fn error_frame(request_id: u64, code: ErrorCode, msg: String) -> ServerFrame {
+fn error_frame(conversation: u64, request_id: u64, code: ErrorCode, msg: String) -> ServerFrame {
     ServerFrame::Response(ResponseEnvelope {
+        conversation,
         request_id,
         outcome: Outcome::Err(ErrorBody::new(code, msg)),
     })
@@ -94,12 +147,13 @@ fn frame_bytes(f: &ServerFrame) -> Vec<u8> {
     match encode(f) {
         Ok(b) => b,
         Err(e) => {
-            let id = match f {
-                ServerFrame::Response(r) => r.request_id,
-                ServerFrame::Event(ev) => ev.request_id,
-                _ => 0,
+            let (conversation, id) = match f {
+                ServerFrame::Response(r) => (r.conversation, r.request_id),
+                ServerFrame::Event(ev) => (ev.conversation, ev.request_id),
+                _ => (0, 0),
             };
             let fallback = error_frame(
+                conversation,
                 id,
                 ErrorCode::Internal,
                 format!("answer could not be sent: {e}; narrow the request"),
@@ -126,14 +180,14 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    serve_stream(rd, wr, peer, sup, limits, Transport::Socket).await
+    serve(rd, wr, peer, sup, limits, Transport::Socket, None).await
 }
 
 /// Serves a byte stream until it ends ([`Transport::Socket`]) or for ever
 /// ([`Transport::Serial`]).
 pub async fn serve_stream<R, W>(
-    mut rd: R,
-    mut wr: W,
+    rd: R,
+    wr: W,
     peer: String,
     sup: Arc<Supervisor>,
     limits: Limits,
@@ -142,67 +196,163 @@ pub async fn serve_stream<R, W>(
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(256);
-    let write_limit = limits.write;
-    let wpeer = peer.clone();
-    let serial = transport == Transport::Serial;
-    let writer = tokio::spawn(async move {
-        while let Some(bytes) = rx.recv().await {
-            match tokio::time::timeout(write_limit, wr.write_all(&bytes)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) | Err(_) if serial => {
-                    // No host reads the port: this answer is lost, the
-                    // next host gets the next ones.
-                    tracing::debug!(peer = %wpeer, "answer dropped: no host reads the port");
-                }
-                Ok(Err(e)) => {
-                    tracing::debug!(peer = %wpeer, error = %e, "write failed; closing");
-                    break;
-                }
-                Err(_) => {
-                    tracing::warn!(peer = %wpeer, "client does not read its answers; closing");
-                    break;
-                }
+    serve(rd, wr, peer, sup, limits, transport, None).await
+}
+
+/// Writes queued frames of the current conversation; drops the others.
+async fn write_loop<W: AsyncWrite + Unpin>(
+    mut wr: W,
+    mut rx: mpsc::UnboundedReceiver<outbox::Outgoing>,
+    current: watch::Receiver<u64>,
+    limit: Duration,
+    serial: bool,
+    peer: String,
+) {
+    while let Some(out) = rx.recv().await {
+        if out.conversation != 0 && out.conversation != *current.borrow() {
+            tracing::debug!(%peer, conversation = out.conversation, "answer of an ended conversation dropped");
+            continue;
+        }
+        match tokio::time::timeout(limit, wr.write_all(&out.bytes)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) | Err(_) if serial => {
+                // No host reads the port: this answer is lost, the next
+                // host gets the next ones.
+                tracing::debug!(%peer, "answer dropped: no host reads the port");
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, error = %e, "write failed; closing");
+                break;
+            }
+            Err(_) => {
+                tracing::warn!(%peer, "client does not read its answers; closing");
+                break;
             }
         }
-    });
+    }
+}
+
+/// What the connection is doing about the frame it is reading.
+struct FrameClock {
+    /// When the frame being received must be complete.
+    deadline: Option<Instant>,
+}
+
+impl FrameClock {
+    /// How long the next read may take, `None` for no limit.
+    fn next_wait(&self, limits: &Limits, pending: bool, hello_due: bool) -> Option<Duration> {
+        if pending {
+            let left = self
+                .deadline
+                .map(|d| d.saturating_duration_since(Instant::now()))
+                .unwrap_or(limits.frame);
+            return Some(limits.stall.min(left));
+        }
+        hello_due.then_some(limits.hello)
+    }
+
+    /// After bytes were taken in: a partial frame starts its clock, a
+    /// frame completed stops it (the next partial one starts anew).
+    fn after_read(&mut self, limits: &Limits, pending: bool, completed: bool) {
+        if !pending {
+            self.deadline = None;
+        } else if self.deadline.is_none() || completed {
+            self.deadline = Some(Instant::now() + limits.frame);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn serve<R, W>(
+    mut rd: R,
+    wr: W,
+    peer: String,
+    sup: Arc<Supervisor>,
+    limits: Limits,
+    transport: Transport,
+    slot: Option<Registered>,
+) where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let serial = transport == Transport::Serial;
+    let (outbox, rx) = Outbox::new(limits.write_queue);
+    // The conversation frames are written for; 0 until the first Hello.
+    let (conv_tx, conv_rx) = watch::channel(0u64);
+    let writer = tokio::spawn(write_loop(
+        wr,
+        rx,
+        conv_rx,
+        limits.write,
+        serial,
+        peer.clone(),
+    ));
 
     if serial {
         // A host still waiting on the other end was talking to a supervisor
         // that is gone: its request has no answer coming. An error with
-        // request id 0 ends its wait; a host that is saying Hello skips it.
+        // request id 0 (to whoever is there) ends its wait; a host that is
+        // saying Hello skips it.
         let f = error_frame(
+            0,
             0,
             ErrorCode::Unavailable,
             "the supervisor (re)started: a request in flight before this has no answer; whether it was applied shows in the store (it is whole or not at all)".into(),
         );
         let mut bytes = vec![0];
         bytes.extend(frame_bytes(&f));
-        let _ = tx.send(bytes).await;
+        let _ = outbox.send(0, bytes).await;
     }
     let sem = Arc::new(Semaphore::new(limits.inflight));
+    let computing = Arc::new(Semaphore::new(limits.computing.max(1)));
     let mut reader = FrameReader::new();
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = vec![0u8; 8 * 1024];
     let mut greeted = false;
+    let mut conversation = 0u64;
     let mut bad = 0u32;
+    let mut clock = FrameClock { deadline: None };
+    let evicted = async {
+        match &slot {
+            Some(s) => s.slot.evicted.notified().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(evicted);
     'conn: loop {
-        // A serial port waits for its next host without a deadline.
-        let n = if reader.pending() > 0 || (!greeted && !serial) {
-            let limit = if greeted { limits.stall } else { limits.hello };
-            match tokio::time::timeout(limit, rd.read(&mut buf)).await {
-                Ok(r) => r,
-                Err(_) if serial => {
-                    tracing::debug!(%peer, "torn frame dropped: the host stopped mid-frame");
-                    (reader, greeted, bad) = (FrameReader::new(), false, 0);
-                    continue;
-                }
-                Err(_) => {
-                    tracing::warn!(%peer, greeted, "client stalled; closing");
-                    break;
-                }
+        let wait = clock.next_wait(&limits, reader.pending() > 0, !greeted && !serial);
+        let read = async {
+            match wait {
+                Some(t) => tokio::time::timeout(t, rd.read(&mut buf)).await.ok(),
+                // A serial port waits for its next host without a deadline.
+                None => Some(rd.read(&mut buf).await),
             }
-        } else {
-            rd.read(&mut buf).await
+        };
+        let n = tokio::select! {
+            r = read => r,
+            _ = &mut evicted => {
+                tracing::debug!(%peer, "idle connection closed for a new client");
+                let f = error_frame(
+                    conversation,
+                    0,
+                    ErrorCode::Unavailable,
+                    "connection closed: it was idle the longest when the connection limit was reached".into(),
+                );
+                let _ = outbox.send(conversation, frame_bytes(&f)).await;
+                break 'conn;
+            }
+        };
+        let n = match n {
+            Some(r) => r,
+            None if serial => {
+                tracing::debug!(%peer, "torn frame dropped: the host stopped mid-frame");
+                (reader, greeted, bad) = (FrameReader::new(), false, 0);
+                clock.deadline = None;
+                continue;
+            }
+            None => {
+                tracing::warn!(%peer, greeted, "client stalled or too slow over one frame; closing");
+                break;
+            }
         };
         let n = match n {
             Ok(0) | Err(_) if serial => {
@@ -221,8 +371,13 @@ pub async fn serve_stream<R, W>(
         if writer.is_finished() {
             break;
         }
+        if let Some(s) = &slot {
+            s.slot.touch(&s.reg);
+        }
         reader.push(&buf[..n]);
+        let mut completed = false;
         while let Some(frame) = reader.next_frame() {
+            completed = true;
             let msg = frame
                 .map_err(|e| e.to_string())
                 .and_then(|p| decode::<ClientFrame>(&p).map_err(|e| format!("{e}")));
@@ -231,16 +386,18 @@ pub async fn serve_stream<R, W>(
                 Err(why) => {
                     bad += 1;
                     let f = error_frame(
+                        conversation,
                         0,
                         ErrorCode::InvalidRequest,
                         format!("unreadable frame: {why}"),
                     );
-                    if tx.send(frame_bytes(&f)).await.is_err() {
+                    if outbox.send(conversation, frame_bytes(&f)).await.is_err() {
                         break 'conn;
                     }
                     if bad > limits.bad_frames && serial {
                         tracing::warn!(%peer, bad, "too many bad frames; starting over");
                         (reader, greeted, bad) = (FrameReader::new(), false, 0);
+                        clock.deadline = None;
                         continue 'conn;
                     }
                     if bad > limits.bad_frames {
@@ -250,10 +407,10 @@ pub async fn serve_stream<R, W>(
                     continue;
                 }
             };
-            match (greeted, msg) {
-                (false, ClientFrame::Hello(h)) => {
+            match msg {
+                ClientFrame::Hello(h) => {
                     if h.version != PROTOCOL_VERSION {
-                        let f = ServerFrame::Refused(ErrorBody::new(
+                        let why = ErrorBody::new(
                             ErrorCode::VersionMismatch,
                             format!(
                                 "client speaks protocol {} ({}), this supervisor speaks {} ({}); use matching builds",
@@ -262,130 +419,200 @@ pub async fn serve_stream<R, W>(
                                 PROTOCOL_VERSION,
                                 allox_protocol::build_identity()
                             ),
-                        ));
-                        let _ = tx.send(frame_bytes(&f)).await;
-                        if serial {
+                        );
+                        let _ = outbox
+                            .send(0, frame_bytes(&ServerFrame::Refused(why)))
+                            .await;
+                        if serial || greeted {
+                            // The port (or the greeted connection) stays;
+                            // the refused host gets nothing else.
                             (reader, greeted, bad) = (FrameReader::new(), false, 0);
+                            conversation = 0;
+                            conv_tx.send_replace(0);
+                            clock.deadline = None;
                             continue 'conn;
                         }
                         break 'conn;
                     }
+                    // A new conversation: whatever the previous one still
+                    // has in flight is cancelled or its answers dropped. On
+                    // a serial port a host that reconnects can reach us
+                    // before its predecessor's end does.
                     greeted = true;
-                    let f = ServerFrame::Welcome(Hello {
-                        version: PROTOCOL_VERSION,
-                        build: allox_protocol::build_identity(),
-                    });
-                    if tx.send(frame_bytes(&f)).await.is_err() {
+                    bad = 0;
+                    conversation = h.conversation;
+                    conv_tx.send_replace(conversation);
+                    let f = ServerFrame::Welcome(Hello::new(conversation));
+                    if outbox.send(conversation, frame_bytes(&f)).await.is_err() {
                         break 'conn;
                     }
                 }
-                (false, ClientFrame::Request(_)) => {
+                ClientFrame::Request(_) if !greeted => {
                     let f = ServerFrame::Refused(ErrorBody::invalid(
                         "the first frame must be Hello; nothing else is accepted before it",
                     ));
-                    let _ = tx.send(frame_bytes(&f)).await;
+                    let _ = outbox.send(0, frame_bytes(&f)).await;
                     if serial {
                         (reader, greeted, bad) = (FrameReader::new(), false, 0);
+                        clock.deadline = None;
                         continue 'conn;
                     }
                     break 'conn;
                 }
-                (true, ClientFrame::Hello(h)) => {
-                    // On a serial port a host that reconnects can reach us
-                    // before its predecessor's end does: a new Hello starts
-                    // a new conversation (requests already running finish).
-                    let f = if h.version == PROTOCOL_VERSION {
-                        bad = 0;
-                        ServerFrame::Welcome(Hello {
-                            version: PROTOCOL_VERSION,
-                            build: allox_protocol::build_identity(),
-                        })
-                    } else {
-                        error_frame(
-                            0,
-                            ErrorCode::VersionMismatch,
-                            format!(
-                            "client speaks protocol {}, this supervisor speaks {PROTOCOL_VERSION}",
-                            h.version
-                        ),
-                        )
-                    };
-                    if tx.send(frame_bytes(&f)).await.is_err() {
-                        break 'conn;
-                    }
+                ClientFrame::Request(env) if env.conversation != conversation => {
+                    // A request of a conversation that has ended: nobody
+                    // waits for its answer.
+                    tracing::debug!(%peer, conversation = env.conversation, "request of an ended conversation ignored");
                 }
-                (true, ClientFrame::Request(env)) => {
+                ClientFrame::Request(env) => {
                     let Ok(permit) = sem.clone().acquire_owned().await else {
                         break 'conn;
+                    };
+                    let busy = slot.as_ref().map(|s| s.slot.busy());
+                    let ctx = RequestCtx {
+                        sup: sup.clone(),
+                        outbox: outbox.clone(),
+                        computing: computing.clone(),
+                        peer: peer.clone(),
+                        conversation,
+                        ended: conv_tx.subscribe(),
                     };
                     let (id, req) = (env.request_id, env.request);
                     if let Request::Ping(_) = req {
                         // Cheap and lock-free: answered on the I/O task.
                         let out = sup.handle(&peer, id, &req);
-                        let f = ServerFrame::Response(ResponseEnvelope {
-                            request_id: id,
-                            outcome: out.into(),
-                        });
-                        drop(permit);
-                        if tx.send(frame_bytes(&f)).await.is_err() {
+                        drop((permit, busy));
+                        if ctx.answer(id, out).await.is_err() {
                             break 'conn;
                         }
                         continue;
                     }
-                    if Supervisor::is_process_request(&req) {
-                        let (sup, tx, peer) = (sup.clone(), tx.clone(), peer.clone());
-                        tokio::spawn(async move {
-                            // Stream events go out as frames tagged with the
-                            // request; a slow client slows the run, not us.
-                            let (etx, mut erx) = mpsc::channel::<Event>(16);
-                            let ftx = tx.clone();
-                            let forward = tokio::spawn(async move {
-                                while let Some(event) = erx.recv().await {
-                                    let f = ServerFrame::Event(EventEnvelope {
-                                        request_id: id,
-                                        event,
-                                    });
-                                    if ftx.send(frame_bytes(&f)).await.is_err() {
-                                        break;
-                                    }
-                                }
-                            });
-                            let out = sup.handle_process(&peer, id, &req, Some(etx)).await;
-                            // Events come before the answer; the run's
-                            // readers are stopped when it ends, but never
-                            // wait on them for long.
-                            let _ = tokio::time::timeout(Duration::from_secs(5), forward).await;
-                            let f = ServerFrame::Response(ResponseEnvelope {
-                                request_id: id,
-                                outcome: out.into(),
-                            });
-                            let _ = tx.send(frame_bytes(&f)).await;
-                            drop(permit);
-                        });
-                        continue;
-                    }
-                    let (sup, tx, peer) = (sup.clone(), tx.clone(), peer.clone());
                     tokio::spawn(async move {
-                        let out = tokio::task::spawn_blocking(move || sup.handle(&peer, id, &req))
-                            .await
-                            .unwrap_or_else(|e| {
-                                Err(ErrorBody::new(
-                                    ErrorCode::Internal,
-                                    format!("request handler failed: {e}"),
-                                ))
-                            });
-                        let f = ServerFrame::Response(ResponseEnvelope {
-                            request_id: id,
-                            outcome: out.into(),
-                        });
-                        let _ = tx.send(frame_bytes(&f)).await;
-                        drop(permit);
+                        ctx.run(id, req).await;
+                        drop((permit, busy));
                     });
                 }
             }
         }
+        clock.after_read(&limits, reader.pending() > 0, completed);
     }
-    drop(tx);
+    drop(outbox);
     // Answers already being worked on still go out if the client reads.
     let _ = tokio::time::timeout(limits.write, writer).await;
+}
+
+/// What one request's task needs.
+struct RequestCtx {
+    sup: Arc<Supervisor>,
+    outbox: Outbox,
+    computing: Arc<Semaphore>,
+    peer: String,
+    conversation: u64,
+    /// Changes when a new Hello ends this conversation.
+    ended: watch::Receiver<u64>,
+}
+
+impl RequestCtx {
+    async fn answer(
+        &self,
+        request_id: u64,
+        out: Result<allox_protocol::Response, ErrorBody>,
+    ) -> Result<(), outbox::Closed> {
+        let f = ServerFrame::Response(ResponseEnvelope {
+            conversation: self.conversation,
+            request_id,
+            outcome: out.into(),
+        });
+        self.outbox.send(self.conversation, frame_bytes(&f)).await
+    }
+
+    /// Answers one request (off the reader's task).
+    async fn run(mut self, id: u64, req: Request) {
+        if !Supervisor::is_process_request(&req) {
+            // Held until the answer is queued: a client that does not read
+            // stops new answers from being made, not only from being sent.
+            let Ok(_computing) = self.computing.clone().acquire_owned().await else {
+                return;
+            };
+            let (sup, peer) = (self.sup.clone(), self.peer.clone());
+            let out = tokio::task::spawn_blocking(move || sup.handle(&peer, id, &req))
+                .await
+                .unwrap_or_else(|e| {
+                    Err(ErrorBody::new(
+                        ErrorCode::Internal,
+                        format!("request handler failed: {e}"),
+                    ))
+                });
+            let _ = self.answer(id, out).await;
+            return;
+        }
+        // Stream events go out as frames tagged with the request; a slow
+        // client slows the run, not us.
+        let (etx, mut erx) = mpsc::channel::<Event>(16);
+        let (outbox, conversation) = (self.outbox.clone(), self.conversation);
+        let forward = tokio::spawn(async move {
+            while let Some(event) = erx.recv().await {
+                let f = ServerFrame::Event(EventEnvelope {
+                    conversation,
+                    request_id: id,
+                    event,
+                });
+                if outbox.send(conversation, frame_bytes(&f)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let mine = self.conversation;
+        let out = tokio::select! {
+            out = self.sup.handle_process(&self.peer, id, &req, Some(etx)) => Some(out),
+            // The host that asked is gone: stop waiting (a run it started
+            // goes on; only the wait or the stream ends).
+            _ = self.ended.wait_for(|c| *c != mine) => None,
+        };
+        let Some(out) = out else {
+            forward.abort();
+            tracing::debug!(peer = %self.peer, id, "request of an ended conversation cancelled");
+            return;
+        };
+        // Events come before the answer; the run's readers are stopped when
+        // it ends, but never wait on them for long.
+        let _ = tokio::time::timeout(Duration::from_secs(5), forward).await;
+        let _ = self.answer(id, out).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_frame_has_one_deadline_however_its_bytes_trickle() {
+        let limits = Limits {
+            stall: Duration::from_secs(3),
+            frame: Duration::from_secs(10),
+            ..Limits::default()
+        };
+        let mut clock = FrameClock { deadline: None };
+        // Idle between frames: no limit on a greeted socket.
+        assert_eq!(clock.next_wait(&limits, false, false), None);
+        assert_eq!(clock.next_wait(&limits, false, true), Some(limits.hello));
+        // A byte every 2 s keeps each read within the stall limit, but the
+        // frame's own deadline shrinks the allowed wait to nothing.
+        clock.after_read(&limits, true, false);
+        for _ in 0..4 {
+            tokio::time::advance(Duration::from_secs(2)).await;
+            clock.after_read(&limits, true, false);
+        }
+        assert_eq!(
+            clock.next_wait(&limits, true, false),
+            Some(Duration::from_secs(2))
+        );
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(clock.next_wait(&limits, true, false), Some(Duration::ZERO));
+        // A completed frame gives the next one its own full deadline.
+        clock.after_read(&limits, true, true);
+        assert_eq!(clock.next_wait(&limits, true, false), Some(limits.stall));
+        clock.after_read(&limits, false, true);
+        assert_eq!(clock.deadline, None);
+    }
 }

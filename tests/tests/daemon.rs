@@ -34,16 +34,21 @@ fn alloxctl(d: &Daemon, args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// The conversation of the raw connections below.
+const CONV: u64 = 77;
+
 fn hello() -> Vec<u8> {
     encode(&ClientFrame::Hello(Hello {
         version: PROTOCOL_VERSION,
         build: "test".into(),
+        conversation: CONV,
     }))
     .unwrap()
 }
 
 fn req(id: u64, r: Request) -> Vec<u8> {
     encode(&ClientFrame::Request(RequestEnvelope {
+        conversation: CONV,
         request_id: id,
         request: r,
     }))
@@ -341,6 +346,7 @@ fn hostile_frames_get_errors_and_the_connection_recovers() {
     // Garbage that is not COBS, a frame that decodes to nonsense, trailing
     // bytes after a valid message, then a good request.
     let mut bad_trailing = postcard::to_stdvec(&ClientFrame::Request(RequestEnvelope {
+        conversation: CONV,
         request_id: 5,
         request: Request::Ping(Ping {}),
     }))
@@ -383,6 +389,7 @@ fn handshake_is_enforced() {
         &encode(&ClientFrame::Hello(Hello {
             version: 999,
             build: "old".into(),
+            conversation: CONV,
         }))
         .unwrap(),
     )

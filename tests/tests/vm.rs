@@ -204,18 +204,13 @@ fn guest_a_host_that_reconnects_mid_frame_gets_a_clean_session() {
         let mut raw = UnixStream::connect(&vm.socket).unwrap();
         raw.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         let mut hello = vec![0u8];
-        hello.extend(
-            encode(&ClientFrame::Hello(Hello {
-                version: PROTOCOL_VERSION,
-                build: build_identity(),
-            }))
-            .unwrap(),
-        );
+        hello.extend(encode(&ClientFrame::Hello(Hello::new(1))).unwrap());
         raw.write_all(&hello).unwrap();
         let mut got = [0u8; 512];
         let n = raw.read(&mut got).unwrap();
         assert!(n > 0, "no answer to Hello");
         let frame = encode(&ClientFrame::Request(RequestEnvelope {
+            conversation: 1,
             request_id: 7,
             request: agent("torn"),
         }))

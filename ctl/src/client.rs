@@ -88,17 +88,7 @@ impl ClientError {
     }
 }
 
-/// An error and its sources, joined with `": "`.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
-}
+pub use allox_protocol::error_chain;
 
 /// Says what a failed `connect` most likely means.
 fn connect_hint(err: &io::Error) -> &'static str {

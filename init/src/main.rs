@@ -105,6 +105,9 @@ fn main() {
     }
     let cli = Cli::parse();
     tracing_subscriber::fmt()
+        // A log that cannot be written (a full or size-limited file, a
+        // console gone) loses the line; it must not panic the supervisor.
+        .log_internal_errors(false)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_new(&cli.log)
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),

@@ -101,3 +101,16 @@ impl fmt::Display for ErrorBody {
 }
 
 impl std::error::Error for ErrorBody {}
+
+/// An error and its sources, joined with `": "`: the one way an error
+/// chain is rendered, by the CLI and by the supervisor.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}

@@ -57,7 +57,7 @@ pub mod json;
 pub mod message;
 
 pub use codec::{decode, encode, DecodeError};
-pub use error::{ErrorBody, ErrorCode};
+pub use error::{error_chain, ErrorBody, ErrorCode};
 pub use frame::{FrameError, FrameReader, MAX_FRAME};
 pub use id::{validate_id, IdError, MAX_ID_LEN};
 pub use message::*;

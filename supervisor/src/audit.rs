@@ -28,6 +28,8 @@ pub enum AuditError {
         #[source]
         source: io::Error,
     },
+    #[error("audit log {path} could not be opened at start")]
+    Unavailable { path: PathBuf },
     #[error("cannot read audit log {path}")]
     Read {
         path: PathBuf,
@@ -56,7 +58,8 @@ struct Tail {
 
 pub struct Audit {
     path: PathBuf,
-    tail: Mutex<Tail>,
+    /// `None` when the log could not be opened: every append fails.
+    tail: Mutex<Option<Tail>>,
 }
 
 impl Audit {
@@ -86,19 +89,33 @@ impl Audit {
         file.seek(SeekFrom::End(0)).map_err(open_err)?;
         Ok(Audit {
             path: path.to_path_buf(),
-            tail: Mutex::new(Tail {
+            tail: Mutex::new(Some(Tail {
                 file,
                 next_seq: last + 1,
                 unsynced: false,
-            }),
+            })),
         })
+    }
+
+    /// An audit log that refuses every append (it could not be opened):
+    /// with it, the supervisor refuses every change.
+    pub fn unavailable(path: &Path) -> Audit {
+        Audit {
+            path: path.to_path_buf(),
+            tail: Mutex::new(None),
+        }
     }
 
     /// Appends a record and returns its sequence number. Fields a client
     /// controls are cut to a bounded length first, so that requests cannot
     /// grow the log faster than a few hundred bytes each.
     pub fn append(&self, e: Entry) -> Result<u64, AuditError> {
-        let mut t = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(t) = g.as_mut() else {
+            return Err(AuditError::Unavailable {
+                path: self.path.clone(),
+            });
+        };
         let rec = AuditRecord {
             seq: t.next_seq,
             time_ms: crate::now_ms(),
@@ -154,7 +171,10 @@ impl Audit {
     /// Makes the records written so far durable (nothing to do, and no
     /// disk flush, when none were written since the last time).
     pub fn sync(&self) -> Result<(), AuditError> {
-        let mut t = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(t) = g.as_mut() else {
+            return Ok(());
+        };
         if !t.unsynced {
             return Ok(());
         }

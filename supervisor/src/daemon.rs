@@ -54,7 +54,8 @@ pub enum Stopped {
 /// its successor), flushes the store and returns.
 pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     let t0 = std::time::Instant::now();
-    let store = Store::open(&cfg.root, Failpoints::from_env()).map_err(DaemonError::Store)?;
+    let store =
+        Store::open_or_read_only(&cfg.root, Failpoints::from_env()).map_err(DaemonError::Store)?;
     tracing::debug!(ms = t0.elapsed().as_millis() as u64, "store open");
     // Many runs mean many descriptors; and the supervisor must be the last
     // thing the OOM killer picks.
@@ -87,6 +88,12 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         .build()
         .map_err(DaemonError::Runtime)?;
     let result = rt.block_on(async {
+        // A write past RLIMIT_FSIZE fails with EFBIG (and is refused as
+        // such) instead of killing the supervisor.
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut xfsz) = signal(SignalKind::from_raw(libc::SIGXFSZ)) {
+            tokio::spawn(async move { while xfsz.recv().await.is_some() {} });
+        }
         let listener = bind(&cfg.socket)?;
         tracing::info!(root = %cfg.root.display(), socket = %cfg.socket.display(), "supervisor ready");
         let mut servers = vec![tokio::spawn(serve_unix(listener, sup.clone(), limits.clone()))];

@@ -98,7 +98,7 @@ impl Supervisor {
         req: &Request,
         events: Option<EventSink>,
     ) -> Result<Response, ErrorBody> {
-        let out = match self.refuse_while_stopping(req) {
+        let out = match self.admit(peer, request_id, req) {
             Err(e) => Err(e),
             Ok(()) => self.answer_process(req, events).await,
         };
@@ -238,7 +238,7 @@ impl Supervisor {
         request_id: u64,
         req: &Request,
     ) -> Result<Response, ErrorBody> {
-        let out = self.refuse_while_stopping(req).and_then(|()| {
+        let out = self.admit(peer, request_id, req).and_then(|()| {
             self.answer(req).map_err(|e| {
                 if matches!(e.code(), allox_protocol::ErrorCode::Internal) {
                     tracing::error!(error = %e.chain(), action = req.action(), "request failed");
@@ -250,14 +250,43 @@ impl Supervisor {
         out
     }
 
-    fn refuse_while_stopping(&self, req: &Request) -> Result<(), ErrorBody> {
-        if req.is_mutating() && self.stop.is_requested() {
-            return Err(ErrorBody::new(
-                ErrorCode::Unavailable,
-                format!("{} refused: the supervisor is shutting down", req.action()),
-            ));
+    /// Whether a request may go ahead. A change is refused while the
+    /// supervisor stops or its store is read-only, and unless the record of
+    /// its attempt reaches the audit log first (the audit fails closed:
+    /// nothing is done unaudited). `system.shutdown` always goes ahead.
+    fn admit(&self, peer: &str, request_id: u64, req: &Request) -> Result<(), ErrorBody> {
+        if !req.is_mutating() {
+            return Ok(());
         }
-        Ok(())
+        let refused = |why: String| {
+            Err(ErrorBody::new(
+                ErrorCode::Unavailable,
+                format!("{} refused: {why}", req.action()),
+            ))
+        };
+        let shutdown = matches!(req, Request::Shutdown(_));
+        if self.stop.is_requested() && !shutdown {
+            return refused("the supervisor is shutting down".into());
+        }
+        if let (Some(why), false) = (self.store.read_only_reason(), shutdown) {
+            return refused(why);
+        }
+        let begun = self.store.audit().append(Entry {
+            request_id,
+            peer: peer.to_string(),
+            action: req.action().to_string(),
+            target: req.target(),
+            outcome: "begun".to_string(),
+            message: None,
+        });
+        match begun {
+            Err(e) if !shutdown => {
+                let why = allox_protocol::error_chain(&e);
+                tracing::error!(error = %why, action = req.action(), "audit log unwritable; refusing the change");
+                refused(format!("its audit record cannot be written ({why})"))
+            }
+            _ => Ok(()),
+        }
     }
 
     fn answer(&self, req: &Request) -> Result<Response, StoreError> {

@@ -209,6 +209,15 @@ impl Index {
         Ok(db)
     }
 
+    /// An index that could not be opened: every read and write fails with
+    /// [`IndexError::Closed`] until a [`Index::reopen`] succeeds.
+    pub fn closed(path: &Path) -> Index {
+        Index {
+            path: path.to_path_buf(),
+            db: std::sync::RwLock::new(None),
+        }
+    }
+
     /// Closes and reopens the database (after an I/O error).
     pub fn reopen(&self) -> Result<(), IndexError> {
         let mut g = self.db.write().unwrap_or_else(|p| p.into_inner());

@@ -230,6 +230,103 @@ fn guest_a_host_that_reconnects_mid_frame_gets_a_clean_session() {
     }
 }
 
+/// A raw host on the serial port: a zero byte and Hello for
+/// `conversation`; returns once its Welcome came, with every frame read.
+fn raw_host(vm: &Vm, conversation: u64) -> (UnixStream, FrameReader) {
+    let mut raw = UnixStream::connect(&vm.socket).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut hello = vec![0u8];
+    hello.extend(encode(&ClientFrame::Hello(Hello::new(conversation))).unwrap());
+    raw.write_all(&hello).unwrap();
+    let mut r = FrameReader::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        while let Some(f) = r.next_frame() {
+            let Ok(p) = f else { continue };
+            if let Ok(ServerFrame::Welcome(h)) = decode::<ServerFrame>(&p) {
+                if h.conversation == conversation {
+                    return (raw, r);
+                }
+            }
+        }
+        let n = raw.read(&mut buf).expect("a Welcome in 30 s");
+        assert!(n > 0, "the port closed before the Welcome");
+        r.push(&buf[..n]);
+    }
+}
+
+#[test]
+fn guest_an_answer_never_reaches_a_host_that_did_not_ask() {
+    let Some(img) = require_vm("vm::an_answer_never_reaches_a_host_that_did_not_ask") else {
+        return;
+    };
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = store_image(dir.path(), true);
+    let mut vm = Vm::boot(&img, Some(&store), &[]);
+    let (mut c, _) = vm.connect(BOOT);
+    ok(&mut c, agent("a"));
+    ok(&mut c, session("a", "s"));
+    drop(c);
+    let slow = |conversation, script: &str| {
+        encode(&ClientFrame::Request(RequestEnvelope {
+            conversation,
+            request_id: 1000,
+            request: run("a", "s", script, true),
+        }))
+        .unwrap()
+    };
+    // Host A asks for something slow and goes away before the answer.
+    let (mut a, _) = raw_host(&vm, 111);
+    a.write_all(&slow(111, "sleep 3; echo from-A")).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    drop(a);
+    // Host B comes next, with the same request id in flight.
+    let (mut b, mut r) = raw_host(&vm, 222);
+    b.write_all(&slow(222, "echo from-B")).unwrap();
+    b.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut frames = Vec::new();
+    let mut buf = [0u8; 4096];
+    let t0 = Instant::now();
+    // Long enough for host A's run to end and its answer to be made.
+    while t0.elapsed() < Duration::from_secs(8) {
+        match b.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => r.push(&buf[..n]),
+            Err(_) => {}
+        }
+        while let Some(f) = r.next_frame() {
+            if let Ok(p) = f {
+                frames.push(decode::<ServerFrame>(&p).expect("a server frame"));
+            }
+        }
+    }
+    let mut answers = Vec::new();
+    for f in &frames {
+        match f {
+            ServerFrame::Response(x) => {
+                assert_eq!(
+                    x.conversation, 222,
+                    "host B got another host's answer: {x:?}"
+                );
+                answers.push(x.clone());
+            }
+            ServerFrame::Event(e) => {
+                assert_eq!(
+                    e.conversation, 222,
+                    "host B got another host's event: {e:?}"
+                )
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    match &answers[0].outcome {
+        Outcome::Ok(Response::Exited(x)) => assert_eq!(x.stdout, "from-B\n", "{x:?}"),
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn guest_a_killed_supervisor_is_restarted_with_sessions_runs_and_no_zombies() {
     let Some(img) = require_vm("vm::a_killed_supervisor_is_restarted") else {

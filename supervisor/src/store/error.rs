@@ -4,7 +4,6 @@ use crate::audit::AuditError;
 use crate::btrfs::BtrfsError;
 use crate::index::IndexError;
 use allox_protocol::{ErrorBody, ErrorCode, IdError};
-use std::error::Error as _;
 use std::io;
 use thiserror::Error;
 
@@ -26,6 +25,8 @@ pub enum StoreError {
     Fenced,
     #[error("only {free_mib} MiB free, at least {need_mib} MiB are kept in reserve")]
     NoSpace { free_mib: u64, need_mib: u64 },
+    #[error("the store is read-only ({0}); fix that and restart the supervisor")]
+    ReadOnly(String),
     #[error("the change is made but could not be committed to disk; after a restart it is either whole or undone")]
     NotDurable(#[source] BtrfsError),
     #[error("store root {path} is unusable: {why}")]
@@ -85,7 +86,9 @@ impl StoreError {
             StoreError::Exists(_) | StoreError::Conflict(_) => ErrorCode::Conflict,
             StoreError::Unsupported(_) => ErrorCode::Unsupported,
             _ if self.is_no_space() => ErrorCode::Unavailable,
-            StoreError::Fenced | StoreError::NotDurable(_) => ErrorCode::Unavailable,
+            StoreError::Fenced | StoreError::NotDurable(_) | StoreError::ReadOnly(_) => {
+                ErrorCode::Unavailable
+            }
             StoreError::Index(ie) if ie.needs_reopen() || matches!(ie, IndexError::Closed) => {
                 ErrorCode::Unavailable
             }
@@ -96,14 +99,7 @@ impl StoreError {
 
     /// The whole error chain, once.
     pub fn chain(&self) -> String {
-        let mut s = self.to_string();
-        let mut cur = self.source();
-        while let Some(e) = cur {
-            s.push_str(": ");
-            s.push_str(&e.to_string());
-            cur = e.source();
-        }
-        s
+        allox_protocol::error_chain(self)
     }
 
     pub fn to_body(&self) -> ErrorBody {

@@ -54,6 +54,9 @@ pub struct Store {
     last_op: AtomicU64,
     /// Set when a failed operation could not be undone: no more changes.
     fenced: std::sync::atomic::AtomicBool,
+    /// Why the store opened read-only (its index, audit log or recovery
+    /// failed at start): no changes until a restart finds it whole.
+    degraded: Option<String>,
     /// Whether renames and exchanges are committed to disk before an
     /// operation returns (always, but for the benchmark's baseline).
     commit_before_answer: std::sync::atomic::AtomicBool,
@@ -76,8 +79,26 @@ impl Drop for Store {
 
 impl Store {
     /// Opens the store at `root` (a directory on Btrfs), recovering from
-    /// whatever an earlier crash left.
+    /// whatever an earlier crash left. Any failure is an error.
     pub fn open(root: &Path, fp: Failpoints) -> Result<Store> {
+        let st = Self::open_inner(root, fp, false)?;
+        match &st.degraded {
+            Some(why) => Err(StoreError::ReadOnly(why.clone())),
+            None => Ok(st),
+        }
+    }
+
+    /// Like [`Store::open`], but a store whose index or audit log cannot be
+    /// opened, or whose recovery fails, still opens: read-only, refusing
+    /// every change with the reason ([`Store::read_only_reason`]), so that
+    /// a supervisor under PID 1 serves and says what is wrong instead of
+    /// failing again at every restart. Only an unusable root (missing, not
+    /// Btrfs, held by another supervisor) is an error.
+    pub fn open_or_read_only(root: &Path, fp: Failpoints) -> Result<Store> {
+        Self::open_inner(root, fp, true)
+    }
+
+    fn open_inner(root: &Path, fp: Failpoints, degrade: bool) -> Result<Store> {
         let root_err = |why: String| StoreError::Root {
             path: root.display().to_string(),
             why,
@@ -92,10 +113,38 @@ impl Store {
         }
         let lock_path = layout.state_dir().join("lock");
         let root_lock = lock_root(&lock_path)?;
-        let index = Arc::new(Index::open(&layout.state_dir().join("index.redb"))?);
-        let audit = Audit::open(&layout.state_dir().join("audit.log"))?;
+        let mut degraded: Option<String> = None;
+        let fail = |degraded: &mut Option<String>, what: &str, e: StoreError| -> Result<()> {
+            if !degrade {
+                return Err(e);
+            }
+            let why = format!("{what}: {}", e.chain());
+            tracing::error!(
+                reason = %why,
+                "the store is READ-ONLY: every change is refused until this is fixed and the supervisor restarts"
+            );
+            degraded.get_or_insert(why);
+            Ok(())
+        };
+        let index_path = layout.state_dir().join("index.redb");
+        let index = match Index::open(&index_path) {
+            Ok(i) => i,
+            Err(e) => {
+                fail(&mut degraded, "the index cannot be opened", e.into())?;
+                Index::closed(&index_path)
+            }
+        };
+        let index = Arc::new(index);
+        let audit_path = layout.state_dir().join("audit.log");
+        let audit = match Audit::open(&audit_path) {
+            Ok(a) => a,
+            Err(e) => {
+                fail(&mut degraded, "the audit log cannot be opened", e.into())?;
+                Audit::unavailable(&audit_path)
+            }
+        };
         let reaper = Reaper::start(index.clone());
-        let store = Store {
+        let mut store = Store {
             layout,
             index,
             audit,
@@ -105,10 +154,17 @@ impl Store {
             fp,
             last_op: AtomicU64::new(0),
             fenced: std::sync::atomic::AtomicBool::new(false),
+            degraded: None,
             commit_before_answer: std::sync::atomic::AtomicBool::new(true),
             _root_lock: root_lock,
         };
-        recovery::recover(&store)?;
+        if degraded.is_none() {
+            if let Err(e) = recovery::recover(&store) {
+                store.heal(&e);
+                fail(&mut degraded, "recovery failed", e)?;
+            }
+        }
+        store.degraded = degraded;
         Ok(store)
     }
 
@@ -245,13 +301,20 @@ impl Store {
 
     /// Why the store refuses changes, if it does.
     pub fn read_only_reason(&self) -> Option<String> {
+        if let Some(why) = &self.degraded {
+            return Some(StoreError::ReadOnly(why.clone()).to_string());
+        }
         self.fenced
             .load(Ordering::SeqCst)
             .then(|| StoreError::Fenced.to_string())
     }
 
-    /// Fails once the store has been fenced by an undo that did not finish.
+    /// Fails once the store has been fenced by an undo that did not finish,
+    /// or when it opened read-only.
     fn check_fence(&self) -> Result<()> {
+        if let Some(why) = &self.degraded {
+            return Err(StoreError::ReadOnly(why.clone()));
+        }
         if self.fenced.load(Ordering::SeqCst) {
             return Err(StoreError::Fenced);
         }

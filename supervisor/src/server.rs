@@ -9,6 +9,7 @@
 //! runs on the blocking pool, never on the tasks that do I/O.
 
 use crate::dispatch::Supervisor;
+use crate::peer::{Peer, PeerPolicy, Refusals};
 use allox_protocol::{
     decode, encode, ClientFrame, ErrorBody, ErrorCode, Event, EventEnvelope, FrameReader, Hello,
     Outcome, Request, ResponseEnvelope, ServerFrame, PROTOCOL_VERSION,
@@ -49,9 +50,16 @@ impl Default for Limits {
     }
 }
 
-/// Accepts connections until the task is dropped.
-pub async fn serve_unix(listener: UnixListener, sup: Arc<Supervisor>, limits: Limits) {
+/// Accepts connections until the task is dropped, serving the peers that
+/// `peers` allows and refusing the others ([`crate::peer`]).
+pub async fn serve_unix(
+    listener: UnixListener,
+    sup: Arc<Supervisor>,
+    limits: Limits,
+    peers: PeerPolicy,
+) {
     let slots = Arc::new(Semaphore::new(limits.connections));
+    let mut refusals = Refusals::default();
     loop {
         // At the limit, stop accepting: new clients wait in the backlog
         // instead of taking file descriptors the store needs.
@@ -60,14 +68,12 @@ pub async fn serve_unix(listener: UnixListener, sup: Arc<Supervisor>, limits: Li
         };
         match listener.accept().await {
             Ok((stream, _)) => {
-                let peer = match stream.peer_cred() {
-                    Ok(c) => format!(
-                        "uid={} pid={}",
-                        c.uid(),
-                        c.pid().map(|p| p.to_string()).unwrap_or_else(|| "?".into())
-                    ),
-                    Err(_) => "unix".to_string(),
-                };
+                let who = Peer::of(&stream);
+                if !who.admitted(&peers) {
+                    refusals.refuse(stream, &who, &sup);
+                    continue;
+                }
+                let peer = who.label();
                 let (r, w) = stream.into_split();
                 let (sup, limits) = (sup.clone(), limits.clone());
                 tokio::spawn(async move {

@@ -194,6 +194,22 @@ impl Daemon {
         }
     }
 
+    /// On a new Btrfs store of 512 MiB, its socket in the scratch
+    /// directory beside the mount; `None` (the test skipped) when this
+    /// machine lacks what it needs ([`require`]).
+    pub fn on_new_store(test: &str, args: &[&str]) -> Option<(BtrfsFs, Daemon)> {
+        if !require(test) {
+            return None;
+        }
+        std::fs::create_dir_all("/var/tmp").ok();
+        let fs = BtrfsFs::new(512).expect("make btrfs");
+        let root = fs.path().join("store");
+        std::fs::create_dir(&root).unwrap();
+        let sock = fs.scratch().join("ctl.sock");
+        let d = Daemon::start(&root, &sock, &[], args);
+        Some((fs, d))
+    }
+
     pub fn client(&self) -> allox_ctl::client::Client {
         allox_ctl::client::Client::connect(&self.socket).expect("connect to daemon")
     }
@@ -231,6 +247,19 @@ impl Drop for Daemon {
             self.term();
         }
     }
+}
+
+/// The gateway's token for the daemon at `socket`, as a script gets it
+/// (`alloxctl token`).
+pub fn gateway_token(socket: &Path) -> String {
+    let out = Command::new(workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(socket)
+        .arg("token")
+        .output()
+        .expect("run alloxctl token");
+    assert!(out.status.success(), "alloxctl token: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 /// `alloxctl gateway` in front of a daemon's socket, on a free loopback

@@ -117,8 +117,17 @@ echo; echo "# the same through the JSON gateway, as an agent framework would cal
 "$BIN/alloxctl" gateway --listen 127.0.0.1:8092 2>>"$WORK/daemon.log" &
 GATEWAY=$!
 for _ in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:8092/ && break; sleep 0.05; done
-gw() { echo; echo "\$ curl -sS http://127.0.0.1:8092/v1/rpc -d '$1'"; curl -sS http://127.0.0.1:8092/v1/rpc -H 'Content-Type: application/json' -d "$1"; echo; }
+# The gateway serves only clients that send its token (made on first start,
+# mode 0600, beside the socket); `alloxctl token` prints it.
+TOKEN=$("$BIN/alloxctl" token)
+gw() {
+    echo; echo "\$ curl -sS http://127.0.0.1:8092/v1/rpc -H \"Authorization: Bearer \$(alloxctl token)\" -H 'Content-Type: application/json' -d '$1'"
+    curl -sS http://127.0.0.1:8092/v1/rpc -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' -d "$1"; echo
+}
 gw '{"action":"session.create","params":{"agent_id":"agent-a","session_id":"session-2"}}'
+echo; echo "# without the token: refused"
+echo "\$ curl -sS http://127.0.0.1:8092/v1/rpc -H 'Content-Type: application/json' -d '{\"action\":\"agent.list\",\"params\":{}}'"
+curl -sS http://127.0.0.1:8092/v1/rpc -H 'Content-Type: application/json' -d '{"action":"agent.list","params":{}}'; echo
 gw '{"action":"checkpoint.create","params":{"agent_id":"agent-a","session_id":"session-2","checkpoint_id":"clean"}}'
 gw '{"action":"session.rollback","params":{"agent_id":"agent-a","session_id":"session-2","checkpoint_id":"clean"}}'
 gw '{"action":"session.rollback","params":{"agent_id":"agent-a","session_id":"session-2","checkpoint_id":"no-such"}}'

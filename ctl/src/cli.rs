@@ -153,11 +153,79 @@ pub enum Command {
         #[arg(value_name = "JSON")]
         request: String,
     },
-    /// Serve the JSON form over HTTP (`POST /v1/rpc`).
-    Gateway {
-        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8092")]
-        listen: String,
+    /// Serve the JSON form over HTTP (`POST /v1/rpc`), to clients that
+    /// send the bearer token (`Authorization: Bearer $(alloxctl token)`).
+    Gateway(GatewayArgs),
+    /// Print the gateway's bearer token (making the token file if there is
+    /// none yet, as the gateway does), for scripts:
+    /// `curl -H "Authorization: Bearer $(alloxctl token)" ...`.
+    Token {
+        #[command(flatten)]
+        file: TokenFileArg,
     },
+}
+
+/// Where the gateway's token is kept.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct TokenFileArg {
+    /// The token file (mode 0600, made on first use) [default: gateway.token
+    /// beside the control socket].
+    #[arg(long, value_name = "FILE", env = "ALLOX_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+}
+
+impl TokenFileArg {
+    /// The file given, or the one beside `socket`.
+    pub fn resolve(&self, socket: &std::path::Path) -> PathBuf {
+        self.token_file
+            .clone()
+            .unwrap_or_else(|| crate::token::default_path(socket))
+    }
+}
+
+/// How to run the HTTP gateway.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct GatewayArgs {
+    /// Address to listen on (`host:port`; port 0 picks a free one). Only
+    /// loopback addresses unless --allow-remote.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8092")]
+    pub listen: String,
+    #[command(flatten)]
+    pub token: TokenFileArg,
+    /// Listen on an address that is not loopback (the token then travels
+    /// in clear text over that network).
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// Accept this `Host` header value too (repeatable), e.g. a name the
+    /// gateway is reached by with --allow-remote.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub allow_host: Vec<String>,
+    /// Serve browsers' requests from this origin (repeatable), e.g.
+    /// `https://app.example`; none by default.
+    #[arg(long, value_name = "URL")]
+    pub allow_origin: Vec<String>,
+    /// Give up on a call to the daemon after this long: the client gets
+    /// 504 `unavailable` and the worker a new daemon connection.
+    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    pub daemon_timeout_ms: u64,
+    /// Give up on an HTTP client whose request body has not come after
+    /// this long (408), or that reads nothing of its answer for this long.
+    #[arg(long, value_name = "MS", default_value_t = 10_000)]
+    pub http_timeout_ms: u64,
+}
+
+impl GatewayArgs {
+    /// The gateway's configuration, for the daemon at `socket`.
+    pub fn config(&self, socket: &std::path::Path) -> crate::gateway::GatewayConfig {
+        let mut cfg = crate::gateway::GatewayConfig::new(self.listen.clone(), socket);
+        cfg.token_file = self.token.resolve(socket);
+        cfg.allow_remote = self.allow_remote;
+        cfg.allow_hosts = self.allow_host.clone();
+        cfg.allow_origins = self.allow_origin.clone();
+        cfg.daemon_timeout = std::time::Duration::from_millis(self.daemon_timeout_ms.max(1));
+        cfg.http_timeout = std::time::Duration::from_millis(self.http_timeout_ms.max(1));
+        cfg
+    }
 }
 
 /// What to run, for `exec` and `start`.
@@ -285,7 +353,9 @@ pub enum Action {
     /// Send a request given in JSON and print the JSON answer.
     Rpc(String),
     /// Run the HTTP gateway.
-    Gateway { listen: String },
+    Gateway(GatewayArgs),
+    /// Print the gateway's token.
+    Token(TokenFileArg),
     /// Print process events as they come.
     Follow(allox_protocol::ProcessEvents),
 }
@@ -482,7 +552,8 @@ impl Command {
                 signal,
             })),
             C::Rpc { request } => Action::Rpc(request),
-            C::Gateway { listen } => Action::Gateway { listen },
+            C::Gateway(args) => Action::Gateway(args),
+            C::Token { file } => Action::Token(file),
         }
     }
 }
@@ -620,12 +691,48 @@ mod tests {
         assert!(json);
         assert_eq!(action, Action::Rpc("{}".into()));
 
-        let (_, _, action) = parse(&["gateway"]);
+        let (socket, _, action) = parse(&["gateway"]);
+        let Action::Gateway(args) = action else {
+            panic!("{action:?}")
+        };
+        let cfg = args.config(&socket);
+        assert_eq!(cfg.listen, "127.0.0.1:8092");
+        assert_eq!(cfg.token_file, PathBuf::from("/run/allox/gateway.token"));
+        assert!(!cfg.allow_remote && cfg.allow_origins.is_empty());
+        assert_eq!(cfg.daemon_timeout, crate::gateway::DAEMON_TIMEOUT);
+
+        let (socket, _, action) = parse(&[
+            "--socket",
+            "/tmp/s/ctl.sock",
+            "gateway",
+            "--listen",
+            "0.0.0.0:9000",
+            "--allow-remote",
+            "--allow-origin",
+            "https://a.example",
+            "--allow-origin",
+            "https://b.example",
+            "--daemon-timeout-ms",
+            "500",
+        ]);
+        let Action::Gateway(args) = action else {
+            panic!("{action:?}")
+        };
+        let cfg = args.config(&socket);
+        assert_eq!(cfg.token_file, PathBuf::from("/tmp/s/gateway.token"));
+        assert!(cfg.allow_remote);
+        assert_eq!(
+            cfg.allow_origins,
+            ["https://a.example", "https://b.example"]
+        );
+        assert_eq!(cfg.daemon_timeout, std::time::Duration::from_millis(500));
+
+        let (_, _, action) = parse(&["token", "--token-file", "/etc/t"]);
         assert_eq!(
             action,
-            Action::Gateway {
-                listen: "127.0.0.1:8092".into()
-            }
+            Action::Token(TokenFileArg {
+                token_file: Some("/etc/t".into())
+            })
         );
     }
 

@@ -54,6 +54,8 @@ pub enum ClientError {
     Read(#[source] io::Error),
     #[error("the daemon closed the connection")]
     Closed,
+    #[error("the daemon did not answer within {} ms; the connection was dropped (the request may still complete: look before repeating it)", .0.as_millis())]
+    TimedOut(Duration),
     #[error("cannot encode the request")]
     Encode(#[source] EncodeError),
     #[error("bad frame from the daemon")]
@@ -73,7 +75,8 @@ impl ClientError {
             ClientError::Connect { .. }
             | ClientError::Write(_)
             | ClientError::Read(_)
-            | ClientError::Closed => ErrorCode::Unavailable,
+            | ClientError::Closed
+            | ClientError::TimedOut(_) => ErrorCode::Unavailable,
             ClientError::Encode(_) => ErrorCode::InvalidRequest,
             ClientError::BadFrame(_) | ClientError::BadMessage(_) | ClientError::Unexpected(_) => {
                 ErrorCode::Internal
@@ -108,6 +111,8 @@ pub struct Client {
     next_id: u64,
     conversation: u64,
     server: Hello,
+    /// The bound on each read and write, if any.
+    timeout: Option<Duration>,
 }
 
 /// Two random words from the kernel (`/dev/urandom`); the time and the
@@ -136,17 +141,31 @@ fn random_words() -> [u64; 2] {
 impl Client {
     /// Connects to the socket at `path` and does the handshake.
     pub fn connect(path: impl AsRef<Path>) -> Result<Client, ClientError> {
+        Client::connect_timeout(path, None)
+    }
+
+    /// As [`Client::connect`], every wait for the daemon (the handshake
+    /// too) bounded by `timeout`; one that runs out fails the call with
+    /// [`ClientError::TimedOut`].
+    pub fn connect_timeout(
+        path: impl AsRef<Path>,
+        timeout: Option<Duration>,
+    ) -> Result<Client, ClientError> {
         let path = path.as_ref();
-        let stream = UnixStream::connect(path).map_err(|source| ClientError::Connect {
+        let connect_err = |source: io::Error| ClientError::Connect {
             path: path.to_owned(),
             hint: connect_hint(&source),
             source,
-        })?;
+        };
+        let stream = UnixStream::connect(path).map_err(connect_err)?;
+        stream.set_read_timeout(timeout).map_err(connect_err)?;
+        stream.set_write_timeout(timeout).map_err(connect_err)?;
         Client::handshake(stream)
     }
 
     /// Does the handshake over an already connected stream.
     pub fn handshake(mut stream: UnixStream) -> Result<Client, ClientError> {
+        let timeout = stream.read_timeout().ok().flatten();
         // A leading zero ends whatever torn frame a previous writer left on a
         // shared transport (the QEMU chardev); the server skips empty frames.
         let mut bytes = vec![0];
@@ -154,7 +173,7 @@ impl Client {
         bytes.extend(
             encode(&ClientFrame::Hello(Hello::new(conversation))).map_err(ClientError::Encode)?,
         );
-        stream.write_all(&bytes).map_err(ClientError::Write)?;
+        let sent = stream.write_all(&bytes);
         let mut client = Client {
             stream,
             reader: FrameReader::new(),
@@ -167,6 +186,7 @@ impl Client {
                 build: String::new(),
                 conversation: 0,
             },
+            timeout,
         };
         loop {
             // Before the handshake, garbage is a torn frame from an earlier
@@ -174,7 +194,9 @@ impl Client {
             let payload = match client.next_payload() {
                 Ok(p) => p,
                 Err(ClientError::BadFrame(_)) => continue,
-                Err(e) => return Err(e),
+                // A server that refuses a peer may close before reading
+                // its Hello: the refusal is still there to read.
+                Err(e) => return Err(sent.map_or_else(ClientError::Write, |()| e)),
             };
             match decode::<ServerFrame>(&payload) {
                 // A Welcome to another host's Hello is not ours.
@@ -206,7 +228,20 @@ impl Client {
     /// Bounds each wait for the daemon; `None` waits for ever (the default).
     pub fn set_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         self.stream.set_read_timeout(timeout)?;
-        self.stream.set_write_timeout(timeout)
+        self.stream.set_write_timeout(timeout)?;
+        self.timeout = timeout;
+        Ok(())
+    }
+
+    /// A read or write error as a client error: a timeout is
+    /// [`ClientError::TimedOut`].
+    fn io_error(&self, e: io::Error, other: fn(io::Error) -> ClientError) -> ClientError {
+        match (self.timeout, e.kind()) {
+            (Some(t), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                ClientError::TimedOut(t)
+            }
+            _ => other(e),
+        }
     }
 
     /// Sends one request and waits for its answer.
@@ -229,7 +264,9 @@ impl Client {
             request,
         }))
         .map_err(ClientError::Encode)?;
-        self.stream.write_all(&frame).map_err(ClientError::Write)?;
+        if let Err(e) = self.stream.write_all(&frame) {
+            return Err(self.io_error(e, ClientError::Write));
+        }
         loop {
             let payload = self.next_payload()?;
             match decode::<ServerFrame>(&payload).map_err(ClientError::BadMessage)? {
@@ -267,7 +304,7 @@ impl Client {
                 Ok(0) => return Err(ClientError::Closed),
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(ClientError::Read(e)),
+                Err(e) => return Err(self.io_error(e, ClientError::Read)),
             };
             self.reader.push(&buf[..n]);
         }

@@ -1,23 +1,33 @@
 //! A lazily (re)connected client: connects on first use, and after a broken
-//! connection connects again on the next call.
+//! or timed-out connection connects again on the next call.
 
 use crate::client::{Answer, Caller, Client, ClientError};
 use allox_protocol::{Event, Request};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// The daemon behind a socket path, connected when first needed.
 #[derive(Debug)]
 pub struct Daemon {
     socket: PathBuf,
     client: Option<Client>,
+    timeout: Option<Duration>,
 }
 
 impl Daemon {
     /// Does not connect yet.
     pub fn new(socket: impl Into<PathBuf>) -> Self {
+        Daemon::with_timeout(socket, None)
+    }
+
+    /// Each wait for the daemon bounded by `timeout`: a call that runs out
+    /// fails with [`ClientError::TimedOut`], is not made again, and its
+    /// connection is dropped (the next call makes a new one).
+    pub fn with_timeout(socket: impl Into<PathBuf>, timeout: Option<Duration>) -> Self {
         Daemon {
             socket: socket.into(),
             client: None,
+            timeout,
         }
     }
 
@@ -27,7 +37,7 @@ impl Daemon {
 
     fn client(&mut self) -> Result<&mut Client, ClientError> {
         if self.client.is_none() {
-            self.client = Some(Client::connect(&self.socket)?);
+            self.client = Some(Client::connect_timeout(&self.socket, self.timeout)?);
         }
         Ok(self.client.as_mut().expect("connected just above"))
     }

@@ -2,21 +2,37 @@
 //!
 //! The answer body is the same JSON as `alloxctl rpc` prints; the status is
 //! 200 for a result and the error code's [`ErrorCode::http_status`]
-//! otherwise (503 `unavailable` when the daemon cannot be reached). A few
-//! worker threads serve requests, each with its own daemon connection, made
-//! on first use and made again after it breaks.
+//! otherwise (503 `unavailable` when the daemon cannot be reached, 504
+//! `unavailable` when it did not answer in time). A few worker threads serve
+//! requests, each with its own daemon connection, made on first use and
+//! made again after it breaks or times out.
+//!
+//! Before anything reaches the daemon a request must pass [`access`]: the
+//! bearer token, a `Host` naming this gateway, no `Origin` but allowed
+//! ones, a JSON content type. The listener is bound to loopback unless
+//! `--allow-remote` says otherwise. The HTTP timeout bounds how long a
+//! worker waits for a request's body ([`body`]) and each write of an answer
+//! (a send timeout on the listening socket, which every accepted
+//! connection inherits); the daemon timeout bounds every call to the
+//! daemon.
 
-use crate::client::Caller;
+pub mod access;
+mod body;
+
+use crate::client::{Caller, ClientError};
 use crate::daemon::Daemon;
-use crate::rpc::rpc_answer;
-use allox_protocol::json::answer_to_json;
+use crate::token::{self, TokenError};
+use access::{Access, Headers, Refusal};
+use allox_protocol::json::{answer_to_json, parse_request};
 use allox_protocol::{ErrorBody, ErrorCode};
+use body::Body;
 use serde_json::Value;
-use std::io::Read;
-use std::net::SocketAddr;
+use std::io;
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread;
+use std::time::Duration;
 use thiserror::Error;
 use tiny_http::{Header, Server};
 
@@ -26,52 +42,167 @@ pub const RPC_PATH: &str = "/v1/rpc";
 pub const MAX_BODY: usize = 1 << 20;
 /// Requests served at once.
 pub const WORKERS: usize = 4;
+/// How long a call to the daemon may take by default.
+pub const DAEMON_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a request's body and each write of an answer may take by
+/// default.
+pub const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Error)]
 pub enum GatewayError {
+    #[error("cannot resolve {listen:?}")]
+    Resolve {
+        listen: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{listen:?} resolves to {addr}, which is not a loopback address: anyone who can reach it could try tokens, and the token travels in clear text; listen on 127.0.0.1, or pass --allow-remote to do it anyway")]
+    NotLoopback { listen: String, addr: SocketAddr },
     #[error("cannot listen on {listen}")]
     Bind {
         listen: String,
         #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        source: io::Error,
     },
+    #[error("cannot start serving {listen}: {message}")]
+    Serve { listen: String, message: String },
+    #[error(transparent)]
+    Token(#[from] TokenError),
 }
 
-/// Serves `listen` for ever, forwarding to the daemon at `socket`.
-pub fn serve(listen: &str, socket: PathBuf) -> Result<(), GatewayError> {
-    Gateway::bind(listen)?.run(socket, WORKERS);
+/// How to run a gateway.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayConfig {
+    /// `host:port` to listen on; port 0 picks a free one.
+    pub listen: String,
+    /// The daemon's control socket.
+    pub socket: PathBuf,
+    /// Where the bearer token is read from (or created).
+    pub token_file: PathBuf,
+    /// Listen on an address that is not loopback.
+    pub allow_remote: bool,
+    /// `Host` values accepted besides the bound address and localhost.
+    pub allow_hosts: Vec<String>,
+    /// `Origin` values accepted (browsers' cross-origin requests).
+    pub allow_origins: Vec<String>,
+    /// Bound on each call to the daemon.
+    pub daemon_timeout: Duration,
+    /// Bound on waiting for a request's body and on each write of an
+    /// answer.
+    pub http_timeout: Duration,
+    /// Requests served at once.
+    pub workers: usize,
+}
+
+impl GatewayConfig {
+    /// The defaults: loopback only, the token beside the socket, no origin.
+    pub fn new(listen: impl Into<String>, socket: impl Into<PathBuf>) -> GatewayConfig {
+        let socket = socket.into();
+        GatewayConfig {
+            listen: listen.into(),
+            token_file: token::default_path(&socket),
+            socket,
+            allow_remote: false,
+            allow_hosts: Vec::new(),
+            allow_origins: Vec::new(),
+            daemon_timeout: DAEMON_TIMEOUT,
+            http_timeout: HTTP_TIMEOUT,
+            workers: WORKERS,
+        }
+    }
+}
+
+/// Serves `cfg.listen` for ever.
+pub fn serve(cfg: &GatewayConfig) -> Result<(), GatewayError> {
+    Gateway::bind(cfg)?.run();
     Ok(())
+}
+
+/// Refuses addresses that are not loopback unless `allow_remote`.
+pub fn check_listen(
+    listen: &str,
+    addrs: &[SocketAddr],
+    allow_remote: bool,
+) -> Result<(), GatewayError> {
+    match addrs.iter().find(|a| !a.ip().is_loopback()) {
+        Some(&addr) if !allow_remote => Err(GatewayError::NotLoopback {
+            listen: listen.to_owned(),
+            addr,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// A bound listener, not yet serving.
 pub struct Gateway {
     server: Arc<Server>,
+    access: Arc<Access>,
+    addr: SocketAddr,
+    token_created: bool,
+    cfg: GatewayConfig,
 }
 
 impl Gateway {
-    /// Binds `listen` (`host:port`; port 0 picks a free one).
-    pub fn bind(listen: &str) -> Result<Gateway, GatewayError> {
-        let server = Server::http(listen).map_err(|source| GatewayError::Bind {
-            listen: listen.to_owned(),
+    /// Checks the address, reads or creates the token, and binds.
+    pub fn bind(cfg: &GatewayConfig) -> Result<Gateway, GatewayError> {
+        let listen = &cfg.listen;
+        let addrs: Vec<SocketAddr> = listen
+            .to_socket_addrs()
+            .map_err(|source| GatewayError::Resolve {
+                listen: listen.clone(),
+                source,
+            })?
+            .collect();
+        check_listen(listen, &addrs, cfg.allow_remote)?;
+        let (token, token_created) = token::load_or_create(&cfg.token_file)?;
+        let bind_err = |source| GatewayError::Bind {
+            listen: listen.clone(),
             source,
+        };
+        let listener = TcpListener::bind(&addrs[..]).map_err(bind_err)?;
+        // Accepted sockets inherit it (Linux copies it on accept), and
+        // tiny_http gives no other hold on its connections. (Not the receive
+        // timeout: that one would make `accept` time out too.)
+        rustix::net::sockopt::set_socket_timeout(
+            &listener,
+            rustix::net::sockopt::Timeout::Send,
+            Some(cfg.http_timeout),
+        )
+        .map_err(|e| bind_err(e.into()))?;
+        let addr = listener.local_addr().map_err(bind_err)?;
+        let server = Server::from_listener(listener, None).map_err(|e| GatewayError::Serve {
+            listen: listen.clone(),
+            message: e.to_string(),
         })?;
+        let access = Access::new(token, addr, &cfg.allow_hosts, &cfg.allow_origins);
         Ok(Gateway {
             server: Arc::new(server),
+            access: Arc::new(access),
+            addr,
+            token_created,
+            cfg: cfg.clone(),
         })
     }
 
     /// The address actually bound.
-    pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.server.server_addr().to_ip()
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
     }
 
-    /// Serves with `workers` threads; never returns.
-    pub fn run(self, socket: PathBuf, workers: usize) {
-        let threads: Vec<_> = (0..workers.max(1))
+    /// Whether the token file was created by this start.
+    pub fn token_created(&self) -> bool {
+        self.token_created
+    }
+
+    /// Serves with the configured number of workers; never returns.
+    pub fn run(self) {
+        let threads: Vec<_> = (0..self.cfg.workers.max(1))
             .map(|_| {
                 let server = Arc::clone(&self.server);
-                let socket = socket.clone();
-                thread::spawn(move || worker(&server, Daemon::new(socket)))
+                let access = Arc::clone(&self.access);
+                let daemon = Daemon::with_timeout(&self.cfg.socket, Some(self.cfg.daemon_timeout));
+                let http_timeout = self.cfg.http_timeout;
+                thread::spawn(move || worker(&server, &access, daemon, http_timeout))
             })
             .collect();
         for t in threads {
@@ -81,54 +212,161 @@ impl Gateway {
     }
 }
 
-fn worker(server: &Server, mut daemon: Daemon) {
+fn worker(server: &Server, access: &Access, mut daemon: Daemon, http_timeout: Duration) {
     loop {
         match server.recv() {
-            Ok(request) => serve_one(request, &mut daemon),
+            Ok(request) => serve_one(request, access, &mut daemon, http_timeout),
             Err(e) => eprintln!("alloxctl gateway: {e}"),
         }
     }
 }
 
-fn serve_one(mut request: tiny_http::Request, daemon: &mut impl Caller) {
-    let early = route(request.method().as_str(), request.url()).or_else(|| {
-        request
-            .body_length()
-            .filter(|&len| len > MAX_BODY)
-            .map(|_| too_large())
-    });
-    let (status, body) = match early {
-        Some(answer) => answer,
-        None => {
-            let mut body = Vec::new();
-            match request
-                .as_reader()
-                .take(MAX_BODY as u64 + 1)
-                .read_to_end(&mut body)
-            {
-                Ok(_) => handle(&body, daemon),
-                Err(e) => error(
+/// A status, a JSON body (none for 204) and extra headers.
+struct Reply {
+    status: u16,
+    body: Option<Value>,
+    headers: Vec<(&'static str, String)>,
+}
+
+impl Reply {
+    fn json((status, body): (u16, Value)) -> Reply {
+        Reply {
+            status,
+            body: Some(body),
+            headers: Vec::new(),
+        }
+    }
+
+    fn refused(r: &Refusal) -> Reply {
+        let mut reply = Reply::json(error(r.status(), r.code(), r.message()));
+        if *r == Refusal::Token {
+            reply.headers.push((
+                "WWW-Authenticate",
+                r#"Bearer realm="alloxctl gateway""#.into(),
+            ));
+        }
+        reply
+    }
+}
+
+fn header<'a>(request: &'a tiny_http::Request, name: &'static str) -> Option<&'a str> {
+    request
+        .headers()
+        .iter()
+        .find(|h| h.field.equiv(name))
+        .map(|h| h.value.as_str())
+}
+
+fn serve_one(
+    request: tiny_http::Request,
+    access: &Access,
+    daemon: &mut impl Caller,
+    http_timeout: Duration,
+) {
+    let origin = header(&request, "Origin").map(str::to_owned);
+    let (request, reply) = match screen(&request, access) {
+        Some(reply) => (request, reply),
+        None => match body::read(request, MAX_BODY, http_timeout) {
+            Body::Read(request, Ok(body)) => (request, Reply::json(handle(&body, daemon))),
+            Body::Read(request, Err(e)) => (
+                request,
+                Reply::json(error(
                     400,
                     ErrorCode::InvalidRequest,
                     format!("cannot read the request body: {e}"),
-                ),
-            }
-        }
+                )),
+            ),
+            Body::Busy(request) => (
+                request,
+                Reply::json(error(
+                    503,
+                    ErrorCode::Unavailable,
+                    "too many clients are slow to send their request bodies; try again later"
+                        .into(),
+                )),
+            ),
+            // Its own thread answers it.
+            Body::Late => return,
+        },
     };
-    let content_type =
-        Header::from_bytes("Content-Type", "application/json").expect("a constant, valid header");
-    let mut response = tiny_http::Response::from_data(body.to_string().into_bytes())
-        .with_status_code(status)
-        .with_header(content_type);
-    if status == 405 {
-        response.add_header(Header::from_bytes("Allow", "POST").expect("a constant, valid header"));
+    let mut response = json_response(reply.status, reply.body);
+    for (name, value) in reply.headers {
+        if let Ok(h) = Header::from_bytes(name, value) {
+            response.add_header(h);
+        }
+    }
+    // A browser may read the answer for an allowed origin.
+    if let Some(origin) = origin.filter(|o| access.allows_origin(o)) {
+        if let Ok(h) = Header::from_bytes("Access-Control-Allow-Origin", origin) {
+            response.add_header(h);
+            response.add_header(constant_header("Vary", "Origin"));
+        }
     }
     // The HTTP client may have gone away; nothing to tell it then.
     let _ = request.respond(response);
 }
 
-/// The answer for a method and URL that are not `POST /v1/rpc`, or `None`
-/// when the request is one to serve.
+/// A response with a JSON body, or an empty one.
+fn json_response(status: u16, body: Option<Value>) -> tiny_http::Response<io::Cursor<Vec<u8>>> {
+    let json = body.is_some();
+    let data = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
+    let response = tiny_http::Response::from_data(data).with_status_code(status);
+    if json {
+        response.with_header(constant_header("Content-Type", "application/json"))
+    } else {
+        response
+    }
+}
+
+fn constant_header(name: &str, value: &str) -> Header {
+    Header::from_bytes(name, value).expect("a constant, valid header")
+}
+
+/// The answer to give without reading the body, or `None` when the body
+/// is to be read and forwarded.
+fn screen(request: &tiny_http::Request, access: &Access) -> Option<Reply> {
+    let method = request.method().as_str();
+    if let Some(answer) = route(method, request.url()) {
+        let mut reply = Reply::json(answer);
+        if reply.status == 405 {
+            reply.headers.push(("Allow", "POST, OPTIONS".into()));
+        }
+        return Some(reply);
+    }
+    let headers = Headers {
+        host: header(request, "Host"),
+        origin: header(request, "Origin"),
+        authorization: header(request, "Authorization"),
+        content_type: header(request, "Content-Type"),
+    };
+    if method.eq_ignore_ascii_case("OPTIONS") {
+        return Some(match access.check_preflight(&headers) {
+            Ok(()) => Reply {
+                status: 204,
+                body: None,
+                headers: vec![
+                    ("Access-Control-Allow-Methods", "POST".into()),
+                    (
+                        "Access-Control-Allow-Headers",
+                        "Authorization, Content-Type".into(),
+                    ),
+                    ("Access-Control-Max-Age", "600".into()),
+                ],
+            },
+            Err(r) => Reply::refused(&r),
+        });
+    }
+    if let Err(r) = access.check_post(&headers) {
+        return Some(Reply::refused(&r));
+    }
+    request
+        .body_length()
+        .filter(|&len| len > MAX_BODY)
+        .map(|_| Reply::json(too_large()))
+}
+
+/// The answer for a method and URL that are not `POST` or `OPTIONS` on
+/// `/v1/rpc`, or `None` when the request is one to look at further.
 pub fn route(method: &str, url: &str) -> Option<(u16, Value)> {
     let path = url.split(['?', '#']).next().unwrap_or(url);
     if path != RPC_PATH {
@@ -138,7 +376,7 @@ pub fn route(method: &str, url: &str) -> Option<(u16, Value)> {
             format!("no such path {path:?}; the gateway serves POST {RPC_PATH}"),
         ));
     }
-    if !method.eq_ignore_ascii_case("POST") {
+    if !method.eq_ignore_ascii_case("POST") && !method.eq_ignore_ascii_case("OPTIONS") {
         return Some(error(
             405,
             ErrorCode::InvalidRequest,
@@ -160,10 +398,14 @@ pub fn handle(body: &[u8], daemon: &mut impl Caller) -> (u16, Value) {
             "request body is not UTF-8".into(),
         );
     };
-    let answer = rpc_answer(daemon, text);
-    let status = match &answer {
-        Ok(_) => 200,
-        Err(e) => e.code.http_status(),
+    let answer = parse_request(text).map(|request| daemon.call(request));
+    let (status, answer) = match answer {
+        Err(body) => (body.code.http_status(), Err(body)),
+        Ok(Ok(Ok(response))) => (200, Ok(response)),
+        Ok(Ok(Err(body))) => (body.code.http_status(), Err(body)),
+        // The daemon is there but slow: a gateway timeout.
+        Ok(Err(err @ ClientError::TimedOut(_))) => (504, Err(err.to_body())),
+        Ok(Err(err)) => (err.code().http_status(), Err(err.to_body())),
     };
     (status, answer_to_json(&answer))
 }
@@ -185,7 +427,7 @@ mod tests {
     use super::*;
     use crate::client::{Answer, ClientError};
     use crate::rpc::tests::{deleted, Fake};
-    use std::io::Write;
+    use std::io::{Read, Write};
     use std::net::TcpStream;
 
     const DELETE: &[u8] = br#"{"action":"agent.delete","params":{"agent_id":"a"}}"#;
@@ -250,6 +492,7 @@ mod tests {
     fn routes() {
         assert_eq!(route("POST", "/v1/rpc"), None);
         assert_eq!(route("POST", "/v1/rpc?pretty=1"), None);
+        assert_eq!(route("OPTIONS", "/v1/rpc"), None);
         let (status, v) = route("GET", "/v1/rpc").unwrap();
         assert_eq!(
             (status, &v["error"]["code"]),
@@ -259,26 +502,265 @@ mod tests {
         assert_eq!((status, &v["error"]["code"]), (404, &"not_found".into()));
     }
 
-    /// One request through a real listener on a free port.
     #[test]
-    fn serves_http() {
+    fn a_daemon_that_does_not_answer_in_time_is_504_and_reconnected() {
+        use std::os::unix::net::UnixListener;
+        use std::sync::atomic::{AtomicUsize, Ordering};
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("ctl.sock");
-        let gateway = Gateway::bind("127.0.0.1:0").unwrap();
-        let addr = gateway.local_addr().unwrap();
-        thread::spawn(move || gateway.run(sock, 1));
+        let listener = UnixListener::bind(&sock).unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let seen = accepted.clone();
+        // Welcomes every connection, then never answers.
+        thread::spawn(move || {
+            let mut held = Vec::new();
+            for s in listener.incoming() {
+                let mut s = s.unwrap();
+                seen.fetch_add(1, Ordering::SeqCst);
+                let mut buf = [0u8; 256];
+                let n = s.read(&mut buf).unwrap_or(0);
+                let mut r = allox_protocol::FrameReader::new();
+                r.push(&buf[..n]);
+                let conversation = std::iter::from_fn(|| r.next_frame())
+                    .filter_map(|f| f.ok())
+                    .find_map(|p| match allox_protocol::decode(&p) {
+                        Ok(allox_protocol::ClientFrame::Hello(h)) => Some(h.conversation),
+                        _ => None,
+                    })
+                    .expect("a Hello");
+                let welcome = allox_protocol::ServerFrame::Welcome(allox_protocol::Hello {
+                    version: allox_protocol::PROTOCOL_VERSION,
+                    build: "slow".into(),
+                    conversation,
+                });
+                s.write_all(&allox_protocol::encode(&welcome).unwrap())
+                    .unwrap();
+                held.push(s);
+            }
+        });
+        let mut daemon = Daemon::with_timeout(&sock, Some(Duration::from_millis(200)));
+        for round in 1..=2 {
+            let (status, v) = handle(DELETE, &mut daemon);
+            assert_eq!(status, 504, "{v}");
+            assert_eq!(v["error"]["code"], "unavailable");
+            let message = v["error"]["message"].as_str().unwrap();
+            assert!(
+                message.contains("did not answer within 200 ms"),
+                "{message}"
+            );
+            // Not made again on the same call; a new connection for the next.
+            assert_eq!(accepted.load(Ordering::SeqCst), round);
+        }
+    }
+
+    /// A gateway on a free port with its token in `dir`, serving `sock`.
+    fn start(
+        dir: &std::path::Path,
+        sock: &std::path::Path,
+        tweak: impl FnOnce(&mut GatewayConfig),
+    ) -> (SocketAddr, String) {
+        let mut cfg = GatewayConfig::new("127.0.0.1:0", sock);
+        cfg.token_file = dir.join("gateway.token");
+        cfg.workers = 1;
+        tweak(&mut cfg);
+        let gateway = Gateway::bind(&cfg).unwrap();
+        assert!(gateway.token_created());
+        let addr = gateway.local_addr();
+        thread::spawn(move || gateway.run());
+        let token = token::read(&cfg.token_file).unwrap().as_str().to_owned();
+        (addr, token)
+    }
+
+    /// Sends one request with `headers` and returns the whole reply.
+    fn send(addr: SocketAddr, method: &str, headers: &[String], body: &[u8]) -> String {
         let mut s = TcpStream::connect(addr).unwrap();
-        write!(
-            s,
-            "POST /v1/rpc HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            DELETE.len()
-        )
-        .unwrap();
-        s.write_all(DELETE).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut head = format!("{method} /v1/rpc HTTP/1.1\r\n");
+        for h in headers {
+            head.push_str(h);
+            head.push_str("\r\n");
+        }
+        head.push_str(&format!(
+            "Content-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        ));
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(body).unwrap();
         let mut reply = String::new();
         s.read_to_string(&mut reply).unwrap();
+        reply
+    }
+
+    /// One request through a real listener on a free port.
+    #[test]
+    fn serves_http_with_the_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("ctl.sock");
+        let (addr, token) = start(dir.path(), &sock, |_| {});
+        let good = || {
+            vec![
+                format!("Host: {addr}"),
+                format!("Authorization: Bearer {token}"),
+                "Content-Type: application/json".to_string(),
+            ]
+        };
+        let reply = send(addr, "POST", &good(), DELETE);
         assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
         assert!(reply.contains("application/json"), "{reply}");
         assert!(reply.contains(r#""code":"unavailable""#), "{reply}");
+
+        let without = |name: &str| -> Vec<String> {
+            good()
+                .into_iter()
+                .filter(|h| !h.starts_with(name))
+                .collect()
+        };
+        let reply = send(addr, "POST", &without("Authorization"), DELETE);
+        assert!(reply.starts_with("HTTP/1.1 401"), "{reply}");
+        assert!(reply.contains(r#""code":"unauthorized""#), "{reply}");
+        assert!(reply.contains("WWW-Authenticate: Bearer"), "{reply}");
+
+        let mut h = without("Host");
+        h.push("Host: rebound.example".into());
+        let reply = send(addr, "POST", &h, DELETE);
+        assert!(reply.starts_with("HTTP/1.1 403"), "{reply}");
+        assert!(reply.contains(r#""code":"unauthorized""#), "{reply}");
+
+        let mut h = good();
+        h.push("Origin: http://evil.example".into());
+        let reply = send(addr, "POST", &h, DELETE);
+        assert!(reply.starts_with("HTTP/1.1 403"), "{reply}");
+        assert!(!reply.contains("Access-Control-Allow-Origin"), "{reply}");
+
+        let mut h = without("Content-Type");
+        h.push("Content-Type: text/plain".into());
+        let reply = send(addr, "POST", &h, DELETE);
+        assert!(reply.starts_with("HTTP/1.1 415"), "{reply}");
+    }
+
+    #[test]
+    fn allowed_origins_get_preflight_and_cors_headers() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("ctl.sock");
+        let (addr, token) = start(dir.path(), &sock, |c| {
+            c.allow_origins = vec!["https://app.example".into()]
+        });
+        let pre = send(
+            addr,
+            "OPTIONS",
+            &[
+                format!("Host: localhost:{}", addr.port()),
+                "Origin: https://app.example".into(),
+                "Access-Control-Request-Method: POST".into(),
+            ],
+            b"",
+        );
+        assert!(pre.starts_with("HTTP/1.1 204"), "{pre}");
+        assert!(
+            pre.contains("Access-Control-Allow-Origin: https://app.example"),
+            "{pre}"
+        );
+        assert!(
+            pre.contains("Access-Control-Allow-Headers: Authorization, Content-Type"),
+            "{pre}"
+        );
+        let reply = send(
+            addr,
+            "POST",
+            &[
+                format!("Host: {addr}"),
+                "Origin: https://app.example".into(),
+                format!("Authorization: Bearer {token}"),
+                "Content-Type: application/json".into(),
+            ],
+            DELETE,
+        );
+        // Served (the daemon is absent here) and readable by the page.
+        assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+        assert!(
+            reply.contains("Access-Control-Allow-Origin: https://app.example"),
+            "{reply}"
+        );
+        let pre = send(
+            addr,
+            "OPTIONS",
+            &[
+                format!("Host: {addr}"),
+                "Origin: https://other.example".into(),
+            ],
+            b"",
+        );
+        assert!(pre.starts_with("HTTP/1.1 403"), "{pre}");
+    }
+
+    #[test]
+    fn a_client_that_stalls_its_body_does_not_hold_the_worker() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("ctl.sock");
+        let (addr, token) = start(dir.path(), &sock, |c| {
+            c.http_timeout = Duration::from_millis(300)
+        });
+        let good = |addr: SocketAddr| {
+            send(
+                addr,
+                "POST",
+                &[
+                    format!("Host: {addr}"),
+                    format!("Authorization: Bearer {token}"),
+                    "Content-Type: application/json".into(),
+                ],
+                DELETE,
+            )
+        };
+        // Each promises a body, sends 5 bytes of it, then nothing: a short
+        // one (read by tiny_http before any worker sees it) and a long one
+        // (read for the worker, which gives up on it).
+        let stall = |length: usize| {
+            let mut slow = TcpStream::connect(addr).unwrap();
+            slow.set_read_timeout(Some(Duration::from_secs(20)))
+                .unwrap();
+            write!(
+                slow,
+                "POST /v1/rpc HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n{{\"act"
+            )
+            .unwrap();
+            slow
+        };
+        let short = stall(100);
+        let long = stall(5000);
+        // The one worker serves the next clients meanwhile (and the
+        // listener still accepts after a while without connections).
+        let reply = good(addr);
+        assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+        thread::sleep(Duration::from_millis(400));
+        let reply = good(addr);
+        assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+        // The slow client is answered when it gives up sending.
+        long.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut reply = String::new();
+        (&long).read_to_string(&mut reply).unwrap();
+        assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+        drop(short);
+    }
+
+    #[test]
+    fn non_loopback_addresses_need_allow_remote() {
+        let any: SocketAddr = "0.0.0.0:8092".parse().unwrap();
+        let lo: SocketAddr = "127.0.0.1:8092".parse().unwrap();
+        let lo6: SocketAddr = "[::1]:8092".parse().unwrap();
+        assert!(check_listen("x", &[lo, lo6], false).is_ok());
+        let err = check_listen("0.0.0.0:8092", &[any], false).unwrap_err();
+        assert!(err.to_string().contains("--allow-remote"), "{err}");
+        assert!(check_listen("x", &[lo, any], false).is_err());
+        assert!(check_listen("x", &[any], true).is_ok());
+        // Refused before anything is bound or any token made.
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = GatewayConfig::new("0.0.0.0:0", dir.path().join("ctl.sock"));
+        cfg.token_file = dir.path().join("t");
+        assert!(matches!(
+            Gateway::bind(&cfg),
+            Err(GatewayError::NotLoopback { .. })
+        ));
+        assert!(!cfg.token_file.exists());
     }
 }

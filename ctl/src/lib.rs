@@ -4,6 +4,7 @@
 //! * [`daemon`]: the same, connected lazily and again after a failure.
 //! * [`rpc`]: requests and answers in their JSON form.
 //! * [`gateway`]: that JSON form over HTTP, `POST /v1/rpc`.
+//! * [`token`]: the gateway's bearer token and its file.
 //! * [`render`]: human output for every response.
 //! * [`process`]: `exec`, `start` and `wait`, and their exit statuses.
 //! * [`signal`]: signal numbers and names.
@@ -17,6 +18,7 @@ pub mod process;
 pub mod render;
 pub mod rpc;
 pub mod signal;
+pub mod token;
 
 pub use client::{error_chain, Answer, Caller, Client, ClientError};
 pub use daemon::Daemon;

@@ -1,10 +1,10 @@
 //! `alloxctl`: parses the command line and wires the library together.
 
-use allox_ctl::cli::{Action, Cli, Run};
-use allox_ctl::gateway::{Gateway, WORKERS};
-use allox_ctl::process;
+use allox_ctl::cli::{Action, Cli, GatewayArgs, Run};
+use allox_ctl::gateway::Gateway;
 use allox_ctl::render::render;
 use allox_ctl::{error_chain, rpc_json, Client, Daemon};
+use allox_ctl::{process, token};
 use allox_protocol::{ProcessStart, Request};
 use clap::Parser;
 use std::io::Write;
@@ -34,7 +34,17 @@ fn main() -> ExitCode {
             print(&format!("{answer}\n"));
             status(ok)
         }
-        Action::Gateway { listen } => gateway(&listen, cli.socket),
+        Action::Gateway(args) => gateway(&args, cli.socket),
+        Action::Token(file) => match token::load_or_create(&file.resolve(&cli.socket)) {
+            Ok((token, _)) => {
+                print(&format!("{}\n", token.as_str()));
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("error: {}", error_chain(&err));
+                ExitCode::FAILURE
+            }
+        },
         Action::Follow(q) => follow(cli.socket, cli.json, q),
     }
 }
@@ -102,22 +112,31 @@ fn start_run(socket: PathBuf, json: bool, run: Run, launch: Launch) -> ExitCode 
     ExitCode::from(launch(&mut daemon, request, json, &mut out, &mut err))
 }
 
-fn gateway(listen: &str, socket: PathBuf) -> ExitCode {
-    let gateway = match Gateway::bind(listen) {
+fn gateway(args: &GatewayArgs, socket: PathBuf) -> ExitCode {
+    let cfg = args.config(&socket);
+    let gateway = match Gateway::bind(&cfg) {
         Ok(g) => g,
         Err(err) => {
             eprintln!("error: {}", error_chain(&err));
             return ExitCode::FAILURE;
         }
     };
-    let bound = gateway
-        .local_addr()
-        .map_or_else(|| listen.to_owned(), |a| a.to_string());
+    // Scripts read the address from the first line.
     eprintln!(
-        "alloxctl gateway: POST http://{bound}/v1/rpc -> {}",
+        "alloxctl gateway: POST http://{}/v1/rpc -> {}",
+        gateway.local_addr(),
         socket.display()
     );
-    gateway.run(socket, WORKERS);
+    eprintln!(
+        "alloxctl gateway: bearer token in {} ({}); `alloxctl token` prints it",
+        cfg.token_file.display(),
+        if gateway.token_created() {
+            "new"
+        } else {
+            "existing"
+        }
+    );
+    gateway.run();
     ExitCode::SUCCESS
 }
 

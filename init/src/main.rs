@@ -80,6 +80,15 @@ enum Cmd {
         /// Most process events kept in state/events.redb; the oldest go first.
         #[arg(long, default_value_t = allox_supervisor::tracker::DEFAULT_MAX_EVENTS)]
         process_events_max: u64,
+        /// Also serve this user on the control socket (repeatable). Root and
+        /// the daemon's own user always are; with any --allow-uid or
+        /// --allow-gid the socket file is 0666 and the peer's credentials
+        /// (SO_PEERCRED) decide, otherwise it is 0600.
+        #[arg(long, value_name = "UID")]
+        allow_uid: Vec<u32>,
+        /// Also serve peers whose (primary) group is this one (repeatable).
+        #[arg(long, value_name = "GID")]
+        allow_gid: Vec<u32>,
         /// Drop a client that stops sending in the middle of a frame for this long.
         #[arg(long, default_value_t = 10_000, hide = true)]
         stall_timeout_ms: u64,
@@ -149,6 +158,8 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
             sandbox_network,
             process_tracker,
             process_events_max,
+            allow_uid,
+            allow_gid,
         } => {
             let mut socket = None;
             let mut virtio_ports = Vec::new();
@@ -223,6 +234,10 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
                     ..Limits::default()
                 },
                 runs,
+                peers: allox_supervisor::peer::PeerPolicy {
+                    uids: allow_uid,
+                    gids: allow_gid,
+                },
             })
             .context("supervisor stopped")?;
             Ok(match stopped {

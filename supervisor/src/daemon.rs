@@ -2,6 +2,7 @@
 
 use crate::dispatch::{Policy, Supervisor};
 use crate::failpoint::Failpoints;
+use crate::peer::PeerPolicy;
 use crate::runs::{Runs, RunsConfig};
 use crate::server::{serve_unix, Limits};
 use crate::store::{Store, StoreError};
@@ -19,6 +20,8 @@ pub struct DaemonConfig {
     pub limits: Limits,
     /// Process support; `None` runs the store alone.
     pub runs: Option<RunsConfig>,
+    /// Who besides root and the daemon's user may use the socket.
+    pub peers: PeerPolicy,
 }
 
 #[derive(Debug, Error)]
@@ -94,9 +97,14 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         if let Ok(mut xfsz) = signal(SignalKind::from_raw(libc::SIGXFSZ)) {
             tokio::spawn(async move { while xfsz.recv().await.is_some() {} });
         }
-        let listener = bind(&cfg.socket)?;
+        let listener = bind(&cfg.socket, cfg.peers.socket_mode())?;
         tracing::info!(root = %cfg.root.display(), socket = %cfg.socket.display(), "supervisor ready");
-        let mut servers = vec![tokio::spawn(serve_unix(listener, sup.clone(), limits.clone()))];
+        let mut servers = vec![tokio::spawn(serve_unix(
+            listener,
+            sup.clone(),
+            limits.clone(),
+            cfg.peers.clone(),
+        ))];
         for name in &cfg.virtio_ports {
             servers.push(tokio::spawn(crate::serial::serve_virtio(
                 name.clone(),
@@ -172,23 +180,42 @@ fn raise_nofile() -> u64 {
     l.current.unwrap_or(1024)
 }
 
-fn bind(path: &std::path::Path) -> Result<tokio::net::UnixListener, DaemonError> {
+/// Binds the control socket at `path` with `mode`, which it has from the
+/// moment it exists under that name.
+///
+/// The socket is bound inside a fresh directory that only this user can
+/// enter (0700), given its mode there, then renamed into place, which also
+/// replaces a stale socket in the same step. Setting a restrictive umask
+/// around `bind` would close the window too, but the umask is the whole
+/// process's, and other threads (the runtime's, the tracker's) may create
+/// files and directories at that moment.
+fn bind(path: &std::path::Path, mode: u32) -> Result<tokio::net::UnixListener, DaemonError> {
+    use std::os::unix::fs::PermissionsExt;
     let listen_err = |source| DaemonError::Listen {
         path: path.to_path_buf(),
         source,
     };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(listen_err)?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    std::fs::create_dir_all(dir).map_err(listen_err)?;
+    if std::fs::symlink_metadata(path).is_ok()
+        && std::os::unix::net::UnixStream::connect(path).is_ok()
+    {
+        return Err(DaemonError::SocketInUse(path.to_path_buf()));
     }
-    if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(DaemonError::SocketInUse(path.to_path_buf()));
-        }
-        std::fs::remove_file(path).map_err(listen_err)?;
-    }
-    let l = tokio::net::UnixListener::bind(path).map_err(listen_err)?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(listen_err)?;
+    // Removed on every path, with the socket if it is still in it.
+    let staging = tempfile::Builder::new()
+        .prefix(".ctl")
+        .rand_bytes(6)
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir_in(dir)
+        .map_err(listen_err)?;
+    let staged = staging.path().join("s");
+    let l = tokio::net::UnixListener::bind(&staged).map_err(listen_err)?;
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode)).map_err(listen_err)?;
+    std::fs::rename(&staged, path).map_err(listen_err)?;
     Ok(l)
 }
 

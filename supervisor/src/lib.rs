@@ -10,6 +10,8 @@ pub mod failpoint;
 pub mod index;
 pub mod journal;
 pub mod layout;
+pub mod peer;
+pub mod ratelimit;
 pub mod records;
 pub mod runs;
 pub mod sandbox;

@@ -20,6 +20,7 @@ mod outbox;
 mod registry;
 
 use crate::dispatch::Supervisor;
+use crate::peer::{Peer, PeerPolicy, Refusals};
 use allox_protocol::{
     decode, encode, ClientFrame, ErrorBody, ErrorCode, Event, EventEnvelope, FrameReader, Hello,
     Outcome, Request, ResponseEnvelope, ServerFrame, PROTOCOL_VERSION,
@@ -77,21 +78,26 @@ impl Default for Limits {
     }
 }
 
-/// Accepts connections until the task is dropped.
-pub async fn serve_unix(listener: UnixListener, sup: Arc<Supervisor>, limits: Limits) {
+/// Accepts connections until the task is dropped, serving the peers that
+/// `peers` allows and refusing the others ([`crate::peer`]).
+pub async fn serve_unix(
+    listener: UnixListener,
+    sup: Arc<Supervisor>,
+    limits: Limits,
+    peers: PeerPolicy,
+) {
     let registry = Registry::new(limits.connections);
+    let mut refusals = Refusals::default();
     let mut refused_logged = None::<Instant>;
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                let peer = match stream.peer_cred() {
-                    Ok(c) => format!(
-                        "uid={} pid={}",
-                        c.uid(),
-                        c.pid().map(|p| p.to_string()).unwrap_or_else(|| "?".into())
-                    ),
-                    Err(_) => "unix".to_string(),
-                };
+                let who = Peer::of(&stream);
+                if !who.admitted(&peers) {
+                    refusals.refuse(stream, &who, &sup);
+                    continue;
+                }
+                let peer = who.label();
                 let (r, mut w) = stream.into_split();
                 let Some(slot) = registry.admit() else {
                     // Every connection has a request in flight: this one

@@ -194,6 +194,22 @@ impl Daemon {
         }
     }
 
+    /// On a new Btrfs store of 512 MiB, its socket in the scratch
+    /// directory beside the mount; `None` (the test skipped) when this
+    /// machine lacks what it needs ([`require`]).
+    pub fn on_new_store(test: &str, args: &[&str]) -> Option<(BtrfsFs, Daemon)> {
+        if !require(test) {
+            return None;
+        }
+        std::fs::create_dir_all("/var/tmp").ok();
+        let fs = BtrfsFs::new(512).expect("make btrfs");
+        let root = fs.path().join("store");
+        std::fs::create_dir(&root).unwrap();
+        let sock = fs.scratch().join("ctl.sock");
+        let d = Daemon::start(&root, &sock, &[], args);
+        Some((fs, d))
+    }
+
     pub fn client(&self) -> allox_ctl::client::Client {
         allox_ctl::client::Client::connect(&self.socket).expect("connect to daemon")
     }
@@ -230,6 +246,84 @@ impl Drop for Daemon {
         if let Ok(None) = self.child.try_wait() {
             self.term();
         }
+    }
+}
+
+/// The gateway's token for the daemon at `socket`, as a script gets it
+/// (`alloxctl token`).
+pub fn gateway_token(socket: &Path) -> String {
+    let out = Command::new(workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(socket)
+        .arg("token")
+        .output()
+        .expect("run alloxctl token");
+    assert!(out.status.success(), "alloxctl token: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// `alloxctl gateway` in front of a daemon's socket, on a free loopback
+/// port unless `args` give `--listen`.
+pub struct Gateway {
+    pub child: Child,
+    pub addr: std::net::SocketAddr,
+    /// Everything it wrote to stderr (its first lines, then more as it runs).
+    pub log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Gateway {
+    /// Starts it and waits until it says where it listens.
+    pub fn start(socket: &Path, args: &[&str]) -> Gateway {
+        use std::io::BufRead;
+        let mut cmd = Command::new(workspace_bin("alloxctl"));
+        cmd.arg("--socket").arg(socket).arg("gateway");
+        if !args.contains(&"--listen") {
+            cmd.args(["--listen", "127.0.0.1:0"]);
+        }
+        let mut child = cmd
+            .args(args)
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn alloxctl gateway");
+        let mut lines = std::io::BufReader::new(child.stderr.take().expect("piped"));
+        let mut first = String::new();
+        let _ = lines.read_line(&mut first);
+        let addr = first
+            .split("http://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|a| a.parse().ok());
+        let Some(addr) = addr else {
+            let _ = child.kill();
+            let mut rest = String::new();
+            let _ = std::io::Read::read_to_string(&mut lines, &mut rest);
+            panic!("alloxctl gateway did not start: {first}{rest}");
+        };
+        // The second line names the token file.
+        let _ = lines.read_line(&mut first);
+        let log = std::sync::Arc::new(std::sync::Mutex::new(first));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.lines().map_while(Result::ok) {
+                let mut l = sink.lock().unwrap_or_else(|p| p.into_inner());
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        Gateway { child, addr, log }
+    }
+
+    /// `http://ADDR/v1/rpc`.
+    pub fn url(&self) -> String {
+        format!("http://{}/v1/rpc", self.addr)
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -1,6 +1,6 @@
 //! The daemon over its socket: the JSON forms, concurrency, hostile peers.
 
-use allox_integration::{require, workspace_bin, BtrfsFs, Daemon};
+use allox_integration::{workspace_bin, BtrfsFs, Daemon};
 use allox_protocol::*;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -8,16 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn setup(name: &str, args: &[&str]) -> Option<(BtrfsFs, Daemon)> {
-    if !require(name) {
-        return None;
-    }
-    std::fs::create_dir_all("/var/tmp").ok();
-    let fs = BtrfsFs::new(512).expect("make btrfs");
-    let root = fs.path().join("store");
-    std::fs::create_dir(&root).unwrap();
-    let sock = fs.scratch().join("ctl.sock");
-    let d = Daemon::start(&root, &sock, &[], args);
-    Some((fs, d))
+    Daemon::on_new_store(name, args)
 }
 
 fn alloxctl(d: &Daemon, args: &[&str]) -> (bool, String, String) {
@@ -199,6 +190,10 @@ fn seed_curl_examples_work_through_the_gateway() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    let auth = format!(
+        "Authorization: Bearer {}",
+        allox_integration::gateway_token(&d.socket)
+    );
     // The four calls exactly as the design document gives them.
     let calls = [
         r#"{"action":"agent.create","params":{"agent_id":"agent-a"}}"#,
@@ -211,6 +206,8 @@ fn seed_curl_examples_work_through_the_gateway() {
             .args([
                 "-sS",
                 "http://127.0.0.1:8092/v1/rpc",
+                "-H",
+                &auth,
                 "-H",
                 "Content-Type: application/json",
                 "-d",

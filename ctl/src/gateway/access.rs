@@ -1,0 +1,345 @@
+//! Who the gateway serves: the checks every request passes before the
+//! daemon hears of it, on the request's headers only.
+//!
+//! * `Host` must name the gateway itself: the address it is bound to
+//!   (`ip:port`), `localhost:port`, or a name given with `--allow-host`. A
+//!   page that rebinds its own DNS name to 127.0.0.1 sends its own name and
+//!   is refused.
+//! * An `Origin` header (every browser sends one on a cross-origin POST)
+//!   must be one given with `--allow-origin`; none is by default.
+//! * `Authorization: Bearer <token>` must carry the token, compared in
+//!   constant time.
+//! * The body must be declared `Content-Type: application/json`, which a
+//!   browser cannot send cross-origin without a preflight.
+
+use crate::token::Token;
+use allox_protocol::ErrorCode;
+use std::net::SocketAddr;
+
+/// Why a request is not served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// No `Host` header.
+    NoHost,
+    /// A `Host` that is not this gateway.
+    Host(String),
+    /// An `Origin` that is not allowed.
+    Origin(String),
+    /// A preflight (`OPTIONS`) without an `Origin`.
+    NotPreflight,
+    /// No token, or not the right one.
+    Token,
+    /// A body that is not declared JSON.
+    ContentType(Option<String>),
+}
+
+impl Refusal {
+    /// The HTTP status answered.
+    pub fn status(&self) -> u16 {
+        match self {
+            Refusal::NoHost | Refusal::Host(_) | Refusal::Origin(_) => 403,
+            Refusal::NotPreflight => 405,
+            Refusal::Token => 401,
+            Refusal::ContentType(_) => 415,
+        }
+    }
+
+    /// The error code of the JSON answer.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Refusal::ContentType(_) | Refusal::NotPreflight => ErrorCode::InvalidRequest,
+            _ => ErrorCode::Unauthorized,
+        }
+    }
+
+    /// What the client is told.
+    pub fn message(&self) -> String {
+        match self {
+            Refusal::NoHost => "the request has no Host header".into(),
+            Refusal::Host(h) => format!(
+                "Host {h:?} is not this gateway; call it by the address it listens on or localhost (or start it with --allow-host)"
+            ),
+            Refusal::Origin(o) => format!(
+                "requests from origin {o:?} are not allowed; start the gateway with --allow-origin {o} to allow them"
+            ),
+            Refusal::NotPreflight => "OPTIONS is answered only to a browser's preflight (with an Origin header)".into(),
+            Refusal::Token => "missing or wrong bearer token: send `Authorization: Bearer $(alloxctl token)`".into(),
+            Refusal::ContentType(None) => "the body must be sent with Content-Type: application/json".into(),
+            Refusal::ContentType(Some(t)) => {
+                format!("Content-Type {t:?} is not accepted: send application/json")
+            }
+        }
+    }
+}
+
+/// The headers a check looks at; the first of each name.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Headers<'a> {
+    pub host: Option<&'a str>,
+    pub origin: Option<&'a str>,
+    pub authorization: Option<&'a str>,
+    pub content_type: Option<&'a str>,
+}
+
+/// What a request must show to be served.
+#[derive(Debug)]
+pub struct Access {
+    token: Token,
+    /// Accepted `Host` values, lowercase.
+    hosts: Vec<String>,
+    /// Accepted `Origin` values, lowercase, without a trailing `/`.
+    origins: Vec<String>,
+}
+
+impl Access {
+    /// `bound` is the address listened on; `hosts` and `origins` are the
+    /// `--allow-host` and `--allow-origin` values.
+    pub fn new(token: Token, bound: SocketAddr, hosts: &[String], origins: &[String]) -> Access {
+        let port = bound.port();
+        let mut accepted = vec![bound.to_string(), format!("localhost:{port}")];
+        if port == 80 {
+            // A client leaves the default port out.
+            accepted.push(match bound {
+                SocketAddr::V4(a) => a.ip().to_string(),
+                SocketAddr::V6(a) => format!("[{}]", a.ip()),
+            });
+            accepted.push("localhost".into());
+        }
+        accepted.extend(hosts.iter().cloned());
+        Access {
+            token,
+            hosts: accepted.iter().map(|h| h.to_ascii_lowercase()).collect(),
+            origins: origins.iter().map(|o| normalize_origin(o)).collect(),
+        }
+    }
+
+    /// Checks a `POST`: Host, Origin, token, then Content-Type.
+    pub fn check_post(&self, h: &Headers<'_>) -> Result<(), Refusal> {
+        self.check_host(h)?;
+        self.check_origin(h)?;
+        let given = h
+            .authorization
+            .and_then(bearer)
+            .map(str::as_bytes)
+            .unwrap_or_default();
+        if !self.token.matches(given) {
+            return Err(Refusal::Token);
+        }
+        let media = h
+            .content_type
+            .map(|t| t.split(';').next().unwrap_or_default().trim());
+        match media {
+            Some(m) if m.eq_ignore_ascii_case("application/json") => Ok(()),
+            _ => Err(Refusal::ContentType(h.content_type.map(str::to_owned))),
+        }
+    }
+
+    /// Checks a browser's preflight (`OPTIONS`): Host, and an allowed
+    /// Origin, which it must have. Browsers send no credentials with it.
+    pub fn check_preflight(&self, h: &Headers<'_>) -> Result<(), Refusal> {
+        self.check_host(h)?;
+        if h.origin.is_none() {
+            return Err(Refusal::NotPreflight);
+        }
+        self.check_origin(h)
+    }
+
+    fn check_host(&self, h: &Headers<'_>) -> Result<(), Refusal> {
+        let host = h.host.ok_or(Refusal::NoHost)?;
+        let want = host.trim().to_ascii_lowercase();
+        if self.hosts.contains(&want) {
+            Ok(())
+        } else {
+            Err(Refusal::Host(host.to_owned()))
+        }
+    }
+
+    /// Whether `origin` was allowed with `--allow-origin`.
+    pub fn allows_origin(&self, origin: &str) -> bool {
+        self.origins.contains(&normalize_origin(origin))
+    }
+
+    fn check_origin(&self, h: &Headers<'_>) -> Result<(), Refusal> {
+        match h.origin {
+            Some(o) if !self.allows_origin(o) => Err(Refusal::Origin(o.to_owned())),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn normalize_origin(o: &str) -> String {
+    o.trim().trim_end_matches('/').to_ascii_lowercase()
+}
+
+/// The token of `Bearer <token>` (the scheme in any case).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+
+    fn access(origins: &[&str]) -> Access {
+        let origins: Vec<String> = origins.iter().map(|s| s.to_string()).collect();
+        Access::new(
+            crate::token::tests_token(TOKEN),
+            "127.0.0.1:8092".parse().unwrap(),
+            &["gw.internal:8092".to_string()],
+            &origins,
+        )
+    }
+
+    fn good() -> Headers<'static> {
+        Headers {
+            host: Some("127.0.0.1:8092"),
+            origin: None,
+            authorization: Some("Bearer 0123456789abcdef0123456789abcdef"),
+            content_type: Some("application/json"),
+        }
+    }
+
+    #[test]
+    fn a_request_with_the_token_from_here_is_served() {
+        let a = access(&[]);
+        assert_eq!(a.check_post(&good()), Ok(()));
+        for host in ["localhost:8092", "LOCALHOST:8092", "gw.internal:8092"] {
+            let h = Headers {
+                host: Some(host),
+                ..good()
+            };
+            assert_eq!(a.check_post(&h), Ok(()), "{host}");
+        }
+        let h = Headers {
+            authorization: Some("bearer   0123456789abcdef0123456789abcdef"),
+            content_type: Some("Application/JSON; charset=utf-8"),
+            ..good()
+        };
+        assert_eq!(a.check_post(&h), Ok(()));
+    }
+
+    #[test]
+    fn token_missing_or_wrong_is_401() {
+        let a = access(&[]);
+        for auth in [
+            None,
+            Some(""),
+            Some("Bearer"),
+            Some("Bearer "),
+            Some("Basic 0123456789abcdef0123456789abcdef"),
+            Some("Bearer 0123456789abcdef0123456789abcdeF"),
+            Some("Bearer 0123456789abcdef0123456789abcdef0"),
+            Some("0123456789abcdef0123456789abcdef"),
+        ] {
+            let h = Headers {
+                authorization: auth,
+                ..good()
+            };
+            let r = a.check_post(&h).unwrap_err();
+            assert_eq!(
+                (r.status(), r.code()),
+                (401, ErrorCode::Unauthorized),
+                "{auth:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn foreign_hosts_are_refused() {
+        let a = access(&[]);
+        for host in [
+            None,
+            Some("evil.example"),
+            Some("evil.example:8092"),
+            Some("127.0.0.1"),
+            Some("127.0.0.1:8093"),
+            Some("localhost"),
+            Some("localhost.evil.example:8092"),
+        ] {
+            let h = Headers { host, ..good() };
+            let r = a.check_post(&h).unwrap_err();
+            assert_eq!(
+                (r.status(), r.code()),
+                (403, ErrorCode::Unauthorized),
+                "{host:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn origins_must_be_allowed() {
+        let a = access(&[]);
+        let h = Headers {
+            origin: Some("http://127.0.0.1:8092"),
+            ..good()
+        };
+        assert_eq!(a.check_post(&h).unwrap_err().status(), 403);
+        let a = access(&["https://App.example/"]);
+        let h = Headers {
+            origin: Some("https://app.example"),
+            ..good()
+        };
+        assert_eq!(a.check_post(&h), Ok(()));
+        let h = Headers {
+            origin: Some("https://app.example.evil"),
+            ..good()
+        };
+        assert_eq!(
+            a.check_post(&h),
+            Err(Refusal::Origin("https://app.example.evil".into()))
+        );
+        // A preflight needs the Origin, not the token.
+        let pre = Headers {
+            origin: Some("https://app.example"),
+            authorization: None,
+            content_type: None,
+            ..good()
+        };
+        assert_eq!(a.check_preflight(&pre), Ok(()));
+        let pre = Headers {
+            origin: None,
+            ..pre
+        };
+        assert_eq!(a.check_preflight(&pre), Err(Refusal::NotPreflight));
+    }
+
+    #[test]
+    fn only_json_bodies_are_accepted() {
+        let a = access(&[]);
+        for t in [
+            None,
+            Some("text/plain"),
+            Some("application/x-www-form-urlencoded"),
+            Some("application/jsonx"),
+        ] {
+            let h = Headers {
+                content_type: t,
+                ..good()
+            };
+            let r = a.check_post(&h).unwrap_err();
+            assert_eq!(r.status(), 415, "{t:?}");
+        }
+    }
+
+    #[test]
+    fn port_80_may_be_left_out() {
+        let a = Access::new(
+            crate::token::tests_token(TOKEN),
+            "[::1]:80".parse().unwrap(),
+            &[],
+            &[],
+        );
+        for host in ["[::1]", "[::1]:80", "localhost", "localhost:80"] {
+            let h = Headers {
+                host: Some(host),
+                ..good()
+            };
+            assert_eq!(a.check_post(&h), Ok(()), "{host}");
+        }
+    }
+}

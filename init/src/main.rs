@@ -2,6 +2,7 @@
 //! `supervise` runs the supervisor as a daemon over a Btrfs store (the
 //! init's child in the guest, or standalone on any Linux host).
 
+mod limits;
 mod pid1;
 
 use allox_supervisor::daemon::{self, DaemonConfig};
@@ -65,6 +66,14 @@ enum Cmd {
         /// Default `cpu.max` ("QUOTA PERIOD" in µs) of every session's cgroup.
         #[arg(long)]
         default_cpu_max: Option<String>,
+        /// `pids.max` of all sessions together (the `allox` cgroup), so
+        /// that the supervisor always has process ids left.
+        #[arg(long)]
+        sessions_pids_max: Option<u64>,
+        /// `memory.max` (bytes) of all sessions together, so that the
+        /// supervisor and the kernel keep the rest.
+        #[arg(long)]
+        sessions_memory_max: Option<u64>,
         /// `host`: sandboxes share the VM's network; `isolated`: each has
         /// its own network namespace with only loopback.
         #[arg(long, default_value = "host", value_parser = ["host", "isolated"])]
@@ -155,6 +164,8 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
             default_pids_max,
             default_memory_max,
             default_cpu_max,
+            sessions_pids_max,
+            sessions_memory_max,
             sandbox_network,
             process_tracker,
             process_events_max,
@@ -205,6 +216,11 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
                 rc.tracker = tracker;
                 rc.uid = sandbox_uid;
                 rc.gid = sandbox_gid;
+                rc.total = allox_supervisor::cgroup::Limits {
+                    pids_max: sessions_pids_max,
+                    memory_max: sessions_memory_max,
+                    cpu_max: None,
+                };
                 rc.limits = allox_supervisor::cgroup::Limits {
                     pids_max: default_pids_max,
                     memory_max: default_memory_max,

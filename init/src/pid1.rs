@@ -12,6 +12,7 @@
 //! exits: a fatal error, or a panic anywhere in it, is logged to the
 //! console, synced and turned into a power-off, never a kernel panic.
 
+use crate::limits::LimitSettings;
 use allox_supervisor::since_boot;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
@@ -49,6 +50,8 @@ pub struct Settings {
     /// `allox.failpoints=`: crash points for tests, armed in the first
     /// supervisor only (its restart must come up clean).
     pub failpoints: Option<String>,
+    /// `allox.session_pids_max=` and the other limits ([`crate::limits`]).
+    pub limits: LimitSettings,
     /// Settings that were not understood, to be reported.
     pub unknown: Vec<String>,
 }
@@ -63,6 +66,7 @@ impl Default for Settings {
             args: Vec::new(),
             stop_timeout: Duration::from_secs(10),
             failpoints: None,
+            limits: LimitSettings::default(),
             unknown: Vec::new(),
         }
     }
@@ -92,6 +96,7 @@ impl Settings {
                 "stop_timeout_ms" if v.parse::<u64>().is_ok() => {
                     s.stop_timeout = Duration::from_millis(v.parse().unwrap_or(10_000))
                 }
+                _ if s.limits.take(k, v) => {}
                 _ => s.unknown.push(word.to_string()),
             }
         }
@@ -151,6 +156,13 @@ pub fn run() -> ! {
         ));
     }
     mount_kernel_filesystems();
+    // Ctrl-Alt-Del reaches PID 1 as SIGINT (an ordered shutdown) instead of
+    // rebooting the machine on the spot.
+    if let Err(e) = rustix::system::reboot(rustix::system::RebootCommand::CadOff) {
+        log(format_args!(
+            "warning: Ctrl-Alt-Del still reboots at once: {e}"
+        ));
+    }
     if let Err(e) = loopback_up() {
         log(format_args!("warning: cannot bring up lo: {e}"));
     }
@@ -186,8 +198,11 @@ pub fn run() -> ! {
         "store mounted; starting the supervisor ({} ms after boot)",
         since_boot().as_millis()
     ));
+    let (mem_total, pid_max) = crate::limits::machine();
     Init {
         settings,
+        mem_total,
+        pid_max,
         sfd,
         supervisor: None,
         restarts: 0,
@@ -198,6 +213,9 @@ pub fn run() -> ! {
 
 struct Init {
     settings: Settings,
+    /// The guest's memory in bytes and `kernel.pid_max`, for the limits.
+    mem_total: u64,
+    pid_max: u64,
     sfd: SignalFd,
     supervisor: Option<(Pid, Instant)>,
     restarts: u32,
@@ -254,6 +272,7 @@ impl Init {
             .args(["--cgroup-root", "/sys/fs/cgroup"])
             .arg("--under-init")
             .args(&s.args)
+            .args(s.limits.args(self.mem_total, self.pid_max, &s.args))
             .env("ALLOX_LOG", &s.log)
             .env("NO_COLOR", "1")
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");

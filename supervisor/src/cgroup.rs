@@ -146,26 +146,33 @@ impl Cgroups {
     /// Writes the session's `pids.max`, `memory.max`, `cpu.max`.
     pub fn set_limits(&self, a: &str, s: &str, limits: &Limits) -> Result<(), CgroupError> {
         self.check_limits(limits)?;
-        let dir = self.session_dir(a, s);
-        let set = |file: &str, value: String| {
-            let p = dir.join(file);
-            std::fs::write(&p, value).map_err(|e| io_err("write", &p, e))
-        };
-        if let Some(n) = limits.pids_max {
-            set("pids.max", n.to_string())?;
+        write_limits(&self.session_dir(a, s), limits)
+    }
+
+    /// Writes limits on the whole `allox` subtree: what all sessions
+    /// together may take, so that the supervisor and the kernel keep the
+    /// rest whatever the sessions do.
+    pub fn set_total_limits(&self, limits: &Limits) -> Result<(), CgroupError> {
+        let parent = self.base.parent().unwrap_or(&self.base);
+        let enabled = read_trim(&parent.join("cgroup.subtree_control")).unwrap_or_default();
+        for (wanted, controller) in [
+            (limits.pids_max.is_some(), "pids"),
+            (limits.memory_max.is_some(), "memory"),
+            (limits.cpu_max.is_some(), "cpu"),
+        ] {
+            if wanted && !enabled.split_whitespace().any(|c| c == controller) {
+                return Err(CgroupError::Unsupported {
+                    controller,
+                    path: parent.to_path_buf(),
+                    have: if enabled.is_empty() {
+                        "nothing".into()
+                    } else {
+                        enabled.clone()
+                    },
+                });
+            }
         }
-        if let Some(n) = limits.memory_max {
-            set("memory.max", n.to_string())?;
-        }
-        if let Some((quota, period)) = limits.cpu_max {
-            let q = if quota == u64::MAX {
-                "max".to_string()
-            } else {
-                quota.to_string()
-            };
-            set("cpu.max", format!("{q} {period}"))?;
-        }
-        Ok(())
+        write_limits(&self.base, limits)
     }
 
     /// Parses `cpu.max` as written by a client: `"QUOTA PERIOD"` or
@@ -297,6 +304,29 @@ fn collect_procs(dir: &Path, out: &mut Vec<i32>) {
             }
         }
     }
+}
+
+/// Writes `pids.max`, `memory.max` and `cpu.max` of the cgroup at `dir`.
+fn write_limits(dir: &Path, limits: &Limits) -> Result<(), CgroupError> {
+    let set = |file: &str, value: String| {
+        let p = dir.join(file);
+        std::fs::write(&p, value).map_err(|e| io_err("write", &p, e))
+    };
+    if let Some(n) = limits.pids_max {
+        set("pids.max", n.to_string())?;
+    }
+    if let Some(n) = limits.memory_max {
+        set("memory.max", n.to_string())?;
+    }
+    if let Some((quota, period)) = limits.cpu_max {
+        let q = if quota == u64::MAX {
+            "max".to_string()
+        } else {
+            quota.to_string()
+        };
+        set("cpu.max", format!("{q} {period}"))?;
+    }
+    Ok(())
 }
 
 fn read_trim(p: &Path) -> io::Result<String> {

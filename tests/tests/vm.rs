@@ -418,6 +418,77 @@ fn guest_a_killed_supervisor_is_restarted_with_sessions_runs_and_no_zombies() {
     assert!(vm.wait_exit(Duration::from_secs(60)).is_some());
 }
 
+#[test]
+fn guest_a_fork_bomb_and_a_memory_hog_stay_in_their_session() {
+    let Some(img) = require_vm("vm::a_fork_bomb_and_a_memory_hog_stay_in_their_session") else {
+        return;
+    };
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = store_image(dir.path(), true);
+    let mut vm = Vm::boot(&img, Some(&store), &[]);
+    let (mut c, _) = vm.connect(BOOT);
+    let before = info(&mut c);
+    ok(&mut c, agent("a"));
+    ok(&mut c, session("a", "bad"));
+    ok(&mut c, session("a", "good"));
+    // Ctrl-Alt-Del is a signal to PID 1, not an instant reboot.
+    assert_eq!(
+        sh(&mut c, "a", "good", "cat /proc/sys/kernel/ctrl-alt-del"),
+        "0\n"
+    );
+    // One session forks without end and doubles a string without end.
+    start(&mut c, "a", "bad", "f() { f | f & }; f");
+    start(
+        &mut c,
+        "a",
+        "bad",
+        "awk 'BEGIN { s = \"0123456789abcdef\"; while (1) s = s s }'",
+    );
+    // Meanwhile the other session keeps running commands and the control
+    // port keeps answering.
+    let t0 = Instant::now();
+    let mut rounds = 0;
+    let mut worst = Duration::ZERO;
+    while t0.elapsed() < Duration::from_secs(20) {
+        let t = Instant::now();
+        assert_eq!(sh(&mut c, "a", "good", "echo ok"), "ok\n");
+        ok(&mut c, Request::Ping(Ping {}));
+        worst = worst.max(t.elapsed());
+        rounds += 1;
+    }
+    let bad = processes(&mut c, "a", "bad").len();
+    eprintln!(
+        "{rounds} commands in the other session, the slowest {worst:?}; the bomb holds {bad} processes"
+    );
+    assert!(
+        bad <= 1024,
+        "the fork bomb has {bad} processes, past its session's pids.max"
+    );
+    let after = info(&mut c);
+    assert_eq!(
+        after.supervisor_pid, before.supervisor_pid,
+        "the supervisor was killed or restarted"
+    );
+    match ok(
+        &mut c,
+        Request::ProcessKill(ProcessKill {
+            agent_id: "a".into(),
+            session_id: "bad".into(),
+            run_id: None,
+            signal: None,
+        }),
+    ) {
+        Response::Killed(_) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(processes(&mut c, "a", "bad").is_empty());
+    assert_eq!(sh(&mut c, "a", "good", "echo still"), "still\n");
+    let _ = c.call(Request::Shutdown(Shutdown {}));
+    assert!(vm.wait_exit(Duration::from_secs(60)).is_some());
+    let console = vm.console();
+    assert!(!console.contains("Kernel panic"), "{console}");
+}
+
 /// Boots with a store that cannot be used and expects `message` on the
 /// console, then a clean power-off (QEMU ends) and no kernel panic.
 fn refuses(store: Option<&Path>, settings: &[&str], message: &str) {

@@ -49,6 +49,8 @@ pub struct RunsConfig {
     pub tmp_sync_cap: u64,
     /// Limits applied to every session's cgroup.
     pub limits: Limits,
+    /// Limits on all sessions together (the `allox` cgroup).
+    pub total: Limits,
     /// Give every sandbox its own network namespace with only loopback.
     pub isolate_network: bool,
     /// The eBPF process tracker, when it is on: every run's cgroup is
@@ -74,6 +76,7 @@ impl RunsConfig {
             capture_limit: 256 << 10,
             tmp_sync_cap: 64 << 20,
             limits: Limits::default(),
+            total: Limits::default(),
             isolate_network: false,
             tracker: None,
         }
@@ -141,6 +144,11 @@ impl Runs {
         cgroups
             .check_limits(&cfg.limits)
             .map_err(|e| format!("default session limits: {}", cg_err(e).message))?;
+        if cfg.total != Limits::default() {
+            cgroups
+                .set_total_limits(&cfg.total)
+                .map_err(|e| format!("limits of all sessions together: {}", cg_err(e).message))?;
+        }
         std::fs::create_dir_all(&cfg.stage)
             .map_err(|e| format!("create {}: {e}", cfg.stage.display()))?;
         let exe = rustix::fs::open(

@@ -295,15 +295,18 @@ impl<'a> Walk<'a> {
         Ok(())
     }
 
-    /// `stat` of `name` in one side of the top level, not following it.
-    fn stat(&self, a_side: bool, name: &OsStr) -> Result<Stat, TreeError> {
+    /// `stat` of `name` in one side of the top level, not following it;
+    /// `None` if it is gone (a live tree changes under the walk: an entry
+    /// removed after the directory was read is taken as not there).
+    fn stat(&self, a_side: bool, name: &OsStr) -> Result<Option<Stat>, TreeError> {
         let top = self.stack.last().expect("walk is not empty");
         let side = if a_side { &top.a } else { &top.b };
         let dir = side.as_ref().expect("side is present").dir.fd();
-        fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| match e {
-            Errno::NOENT => TreeError::changed(&self.child_path(name)),
-            e => TreeError::io("stat", &self.child_path(name), e),
-        })
+        match fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(Some(st)),
+            Err(Errno::NOENT) => Ok(None),
+            Err(e) => Err(TreeError::io("stat", &self.child_path(name), e)),
+        }
     }
 
     /// Descends into the directory `name` (seen as `sa` / `sb`) on the
@@ -341,20 +344,33 @@ impl<'a> Walk<'a> {
         let name = side.names.name(side.at).to_os_string();
         side.at += 1;
         let hinted = top.hinted;
-        let st = self.stat(a_side, &name)?;
-        let p = self.child_path(&name);
-        if a_side {
-            self.out.push(&p, ChangeKind::Deleted, size(&st), None);
-        } else {
-            self.out.push(&p, ChangeKind::Added, None, size(&st));
+        match self.stat(a_side, &name)? {
+            Some(st) => self.only(a_side, &name, &st, hinted),
+            None => Ok(()),
         }
-        if kind_of(&st) == FileType::Directory {
+    }
+
+    /// Reports `name`, seen as `st` on one side only.
+    fn only(
+        &mut self,
+        a_side: bool,
+        name: &OsStr,
+        st: &Stat,
+        hinted: bool,
+    ) -> Result<(), TreeError> {
+        let p = self.child_path(name);
+        if a_side {
+            self.out.push(&p, ChangeKind::Deleted, size(st), None);
+        } else {
+            self.out.push(&p, ChangeKind::Added, None, size(st));
+        }
+        if kind_of(st) == FileType::Directory {
             let (sa, sb) = if a_side {
-                (Some(&st), None)
+                (Some(st), None)
             } else {
-                (None, Some(&st))
+                (None, Some(st))
             };
-            self.descend(&name, sa, sb, hinted)?;
+            self.descend(name, sa, sb, hinted)?;
         }
         Ok(())
     }
@@ -374,7 +390,12 @@ impl<'a> Walk<'a> {
         if ia == ib && !nested && top.hinted && self.hints.is_some_and(|h| !h.may_differ(ia)) {
             return Ok(());
         }
-        let (sa, sb) = (self.stat(true, &name)?, self.stat(false, &name)?);
+        let (sa, sb) = match (self.stat(true, &name)?, self.stat(false, &name)?) {
+            (Some(sa), Some(sb)) => (sa, sb),
+            (Some(sa), None) => return self.only(true, &name, &sa, hinted),
+            (None, Some(sb)) => return self.only(false, &name, &sb, hinted),
+            (None, None) => return Ok(()),
+        };
         let (ka, kb) = (kind_of(&sa), kind_of(&sb));
         let p = self.child_path(&name);
         if ka != kb {
@@ -405,7 +426,12 @@ impl<'a> Walk<'a> {
         } else if sa.st_mode != sb.st_mode || sa.st_size != sb.st_size {
             true
         } else if ka == FileType::Symlink {
-            self.link_target(true, &name, &p)? != self.link_target(false, &name, &p)?
+            // Gone or no longer a link: changed while compared.
+            let (ta, tb) = (
+                self.link_target(true, &name, &p)?,
+                self.link_target(false, &name, &p)?,
+            );
+            ta.is_none() || tb.is_none() || ta != tb
         } else if ka == FileType::RegularFile {
             let top = self.stack.last().expect("walk is not empty");
             let (da, db) = (
@@ -434,16 +460,19 @@ impl<'a> Walk<'a> {
         Ok(())
     }
 
-    fn link_target(&self, a_side: bool, name: &OsStr, p: &[u8]) -> Result<Vec<u8>, TreeError> {
+    fn link_target(
+        &self,
+        a_side: bool,
+        name: &OsStr,
+        p: &[u8],
+    ) -> Result<Option<Vec<u8>>, TreeError> {
         let top = self.stack.last().expect("walk is not empty");
         let side = if a_side { &top.a } else { &top.b };
         let dir = side.as_ref().expect("side is present").dir.fd();
-        fs::readlinkat(dir, name, Vec::new())
-            .map(|c| c.into_bytes())
-            .map_err(|e| match e {
-                // Something else is there now.
-                Errno::NOENT | Errno::INVAL => TreeError::changed(p),
-                e => TreeError::io("readlink", p, e),
-            })
+        match fs::readlinkat(dir, name, Vec::new()) {
+            Ok(c) => Ok(Some(c.into_bytes())),
+            Err(Errno::NOENT | Errno::INVAL) => Ok(None),
+            Err(e) => Err(TreeError::io("readlink", p, e)),
+        }
     }
 }

@@ -6,6 +6,7 @@
 //! fixed-size argument struct laid out as in `linux/btrfs.h`.
 #![allow(unsafe_code)]
 
+use crate::tree;
 use rustix::fd::{AsFd, AsRawFd, OwnedFd};
 use rustix::fs::{self, Mode, OFlags};
 use std::ffi::OsStr;
@@ -244,6 +245,8 @@ pub enum BtrfsError {
         #[source]
         source: io::Error,
     },
+    #[error(transparent)]
+    Tree(#[from] crate::tree::TreeError),
 }
 
 impl BtrfsError {
@@ -251,6 +254,7 @@ impl BtrfsError {
     pub fn errno(&self) -> Option<i32> {
         match self {
             BtrfsError::Io { source, .. } => source.raw_os_error(),
+            BtrfsError::Tree(e) => e.errno(),
             _ => None,
         }
     }
@@ -468,7 +472,10 @@ pub fn subvolume_id_of(dir: &impl AsFd, path: &Path) -> Result<u64, BtrfsError> 
 /// Only the parent of `path` is reached by name; everything below it is
 /// reached through open directory handles without following symlinks, so a
 /// process that rewrites the tree while it is being removed cannot steer
-/// the removal anywhere else.
+/// the removal anywhere else. The walk is iterative, keeps a few levels
+/// open ([`crate::tree`]), and reads each directory as a stream (resuming
+/// at the entry it left), so neither the depth of the tree nor the size of
+/// a directory costs more than a few dozen bytes per level.
 pub fn remove_tree(path: &Path) -> Result<(), BtrfsError> {
     let (parent, name) = split(path)?;
     let dir = match open_dir(parent) {
@@ -476,6 +483,48 @@ pub fn remove_tree(path: &Path) -> Result<(), BtrfsError> {
         other => other?,
     };
     remove_at(&dir, name, path)
+}
+
+/// How many times a directory is read again when it is still not empty
+/// after a whole pass (entries added meanwhile).
+const RESCANS: u32 = 3;
+
+fn remove_at(dir: &OwnedFd, name: &OsStr, shown: &Path) -> Result<(), BtrfsError> {
+    let st = match fs::statat(dir, name, fs::AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(io_err("stat", shown, e.into())),
+    };
+    if !fs::FileType::from_raw_mode(st.st_mode).is_dir() {
+        return fs::unlinkat(dir, name, fs::AtFlags::empty())
+            .map_err(|e| io_err("remove", shown, e.into()));
+    }
+    let shown_b = shown.as_os_str().as_bytes();
+    let open = || {
+        let d = tree::Dir::from_fd(open_child(dir, name, shown)?, shown_b)?;
+        if d.id() != tree::Ident::of(&st) {
+            return Err(tree::TreeError::changed(shown_b).into());
+        }
+        Ok::<_, BtrfsError>(d)
+    };
+    if st.st_ino == SUBVOL_ROOT_INO {
+        return match delete_subvolume_at(dir, name, shown) {
+            Err(e) if e.errno() == Some(libc::ENOTEMPTY) => {
+                clear(open()?, Clear::Subvolumes, shown)?;
+                delete_subvolume_at(dir, name, shown)
+            }
+            other => other,
+        };
+    }
+    let mut scans = 0;
+    loop {
+        clear(open()?, Clear::All, shown)?;
+        match fs::unlinkat(dir, name, fs::AtFlags::REMOVEDIR) {
+            Err(rustix::io::Errno::NOTEMPTY) if scans < RESCANS => scans += 1,
+            Err(rustix::io::Errno::NOENT) => return Ok(()),
+            other => return other.map_err(|e| io_err("remove", shown, e.into())),
+        }
+    }
 }
 
 fn open_child(dir: &OwnedFd, name: &OsStr, shown: &Path) -> Result<OwnedFd, BtrfsError> {
@@ -488,72 +537,191 @@ fn open_child(dir: &OwnedFd, name: &OsStr, shown: &Path) -> Result<OwnedFd, Btrf
     .map_err(|e| io_err("open", shown, e.into()))
 }
 
-/// Names in a directory, without `.` and `..`.
-fn children(dir: &OwnedFd, shown: &Path) -> Result<Vec<std::ffi::OsString>, BtrfsError> {
-    let mut d = fs::Dir::read_from(dir).map_err(|e| io_err("read", shown, e.into()))?;
-    let mut out = Vec::new();
-    while let Some(entry) = d.read() {
-        let entry = entry.map_err(|e| io_err("read", shown, e.into()))?;
-        let name = entry.file_name().to_bytes();
-        if name != b"." && name != b".." {
-            out.push(OsStr::from_bytes(name).to_os_string());
-        }
-    }
-    Ok(out)
+/// What [`clear`] removes below a directory.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Clear {
+    /// Everything.
+    All,
+    /// Only the subvolumes nested in it (deleting the subvolume that holds
+    /// them then takes the rest without a walk). Only directories are
+    /// looked at, never files.
+    Subvolumes,
 }
 
-fn remove_at(dir: &OwnedFd, name: &OsStr, shown: &Path) -> Result<(), BtrfsError> {
-    let st = match fs::statat(dir, name, fs::AtFlags::SYMLINK_NOFOLLOW) {
-        Ok(st) => st,
-        Err(rustix::io::Errno::NOENT) => return Ok(()),
-        Err(e) => return Err(io_err("stat", shown, e.into())),
-    };
-    if !fs::FileType::from_raw_mode(st.st_mode).is_dir() {
-        return fs::unlinkat(dir, name, fs::AtFlags::empty())
-            .map_err(|e| io_err("remove", shown, e.into()));
-    }
-    if st.st_ino == SUBVOL_ROOT_INO {
-        return match delete_subvolume_at(dir, name, shown) {
-            Err(e) if e.errno() == Some(libc::ENOTEMPTY) => {
-                let sub = open_child(dir, name, shown)?;
-                remove_nested_at(&sub, shown)?;
-                drop(sub);
-                delete_subvolume_at(dir, name, shown)
+/// What is done with a level of [`clear`] once it has been read through.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Then {
+    /// The root: its caller decides.
+    Keep,
+    /// A plain directory: `rmdir` it.
+    Rmdir,
+    /// A subvolume whose nested subvolumes are gone: delete it.
+    Delete,
+    /// A plain directory that holds subvolumes only in passing: leave it.
+    Leave,
+}
+
+struct Level {
+    dir: tree::Dir,
+    /// Where to go on reading (the cookie after the last entry handled).
+    at: i64,
+    /// Length of the walk's path above this level.
+    parent_len: usize,
+    mode: Clear,
+    then: Then,
+    scans: u32,
+}
+
+/// Removes what `mode` says below the directory `root` (not `root`
+/// itself), iteratively.
+fn clear(root: tree::Dir, mode: Clear, shown: &Path) -> Result<(), BtrfsError> {
+    let mut path: Vec<u8> = shown.as_os_str().as_bytes().to_vec();
+    let mut stack = vec![Level {
+        dir: root,
+        at: 0,
+        parent_len: path.len(),
+        mode,
+        then: Then::Keep,
+        scans: 0,
+    }];
+    while let Some(top) = stack.last_mut() {
+        match scan(top, &mut path)? {
+            Some(child) => {
+                stack.push(child);
+                // The level that fell out of the window is closed; the one
+                // below it reopens it as `..` on the way back.
+                let n = stack.len();
+                if n > tree::WINDOW + 1 {
+                    stack[n - tree::WINDOW - 1].dir.close();
+                }
             }
-            other => other,
-        };
-    }
-    let sub = open_child(dir, name, shown)?;
-    for child in children(&sub, shown)? {
-        remove_at(&sub, &child, &shown.join(&child))?;
-    }
-    drop(sub);
-    fs::unlinkat(dir, name, fs::AtFlags::REMOVEDIR).map_err(|e| io_err("remove", shown, e.into()))
-}
-
-/// Deletes every subvolume found below the directory `dir` (not `dir`
-/// itself). Only directories are read and stat'ed (a subvolume root has
-/// inode 256; its directory entry shows the subvolume ID instead), never
-/// file contents.
-fn remove_nested_at(dir: &OwnedFd, shown: &Path) -> Result<(), BtrfsError> {
-    for child in children(dir, shown)? {
-        let path = shown.join(&child);
-        let st = match fs::statat(dir, child.as_os_str(), fs::AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => st,
-            Err(rustix::io::Errno::NOENT) => continue,
-            Err(e) => return Err(io_err("stat", &path, e.into())),
-        };
-        if !fs::FileType::from_raw_mode(st.st_mode).is_dir() {
-            continue;
-        }
-        if st.st_ino == SUBVOL_ROOT_INO {
-            remove_at(dir, &child, &path)?;
-        } else {
-            let sub = open_child(dir, &child, &path)?;
-            remove_nested_at(&sub, &path)?;
+            None => {
+                let done = stack.pop().expect("stack is not empty");
+                let Some(up) = stack.last_mut() else {
+                    break;
+                };
+                let name = path[done.parent_len + 1..].to_vec();
+                path.truncate(done.parent_len);
+                if !up.dir.is_open() {
+                    up.dir.reopen_from(&done.dir, &path)?;
+                }
+                let name = OsStr::from_bytes(&name);
+                let child_shown = || Path::new(OsStr::from_bytes(&path)).join(name);
+                let parent = up.dir.fd();
+                let Level {
+                    dir,
+                    parent_len,
+                    mode,
+                    then,
+                    scans,
+                    ..
+                } = done;
+                match then {
+                    Then::Rmdir => match fs::unlinkat(parent, name, fs::AtFlags::REMOVEDIR) {
+                        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+                        Err(rustix::io::Errno::NOTEMPTY) if scans < RESCANS => {
+                            // Entries came in meanwhile: read it again.
+                            path.push(b'/');
+                            path.extend_from_slice(name.as_bytes());
+                            stack.push(Level {
+                                dir,
+                                at: 0,
+                                parent_len,
+                                mode,
+                                then,
+                                scans: scans + 1,
+                            });
+                        }
+                        Err(e) => return Err(io_err("remove", &child_shown(), e.into())),
+                    },
+                    Then::Delete => {
+                        // Nothing of the walk stays open inside it.
+                        drop(dir);
+                        delete_subvolume_at(parent, name, &child_shown())?
+                    }
+                    Then::Keep | Then::Leave => {}
+                }
+            }
         }
     }
     Ok(())
+}
+
+/// Reads `level` on from where it was left, removing what its mode says,
+/// until the end (`None`) or a directory to go into (its level; its name
+/// is pushed on `path`).
+fn scan(level: &mut Level, path: &mut Vec<u8>) -> Result<Option<Level>, BtrfsError> {
+    let errp = |path: &[u8], name: &[u8]| {
+        let mut p = Path::new(OsStr::from_bytes(path)).to_path_buf();
+        p.push(OsStr::from_bytes(name));
+        p
+    };
+    let fd = level.dir.fd();
+    let mut d = fs::Dir::read_from(fd).map_err(|e| io_err("read", &errp(path, b""), e.into()))?;
+    if level.at != 0 {
+        d.seek(level.at)
+            .map_err(|e| io_err("read", &errp(path, b""), e.into()))?;
+    }
+    while let Some(e) = d.read() {
+        let e = e.map_err(|e| io_err("read", &errp(path, b""), e.into()))?;
+        level.at = e.offset();
+        let name = OsStr::from_bytes(e.file_name().to_bytes());
+        if name == "." || name == ".." {
+            continue;
+        }
+        let ty = e.file_type();
+        let maybe_dir = matches!(ty, fs::FileType::Directory | fs::FileType::Unknown);
+        if !maybe_dir {
+            if level.mode == Clear::Subvolumes {
+                continue;
+            }
+            match fs::unlinkat(fd, name, fs::AtFlags::empty()) {
+                Ok(()) | Err(rustix::io::Errno::NOENT) => continue,
+                // A directory now: handled below.
+                Err(rustix::io::Errno::ISDIR) => {}
+                Err(e) => return Err(io_err("remove", &errp(path, name.as_bytes()), e.into())),
+            }
+        }
+        let st = match fs::statat(fd, name, fs::AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(rustix::io::Errno::NOENT) => continue,
+            Err(e) => return Err(io_err("stat", &errp(path, name.as_bytes()), e.into())),
+        };
+        if !fs::FileType::from_raw_mode(st.st_mode).is_dir() {
+            if level.mode == Clear::All {
+                match fs::unlinkat(fd, name, fs::AtFlags::empty()) {
+                    Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+                    Err(e) => return Err(io_err("remove", &errp(path, name.as_bytes()), e.into())),
+                }
+            }
+            continue;
+        }
+        let (mode, then) = if st.st_ino == SUBVOL_ROOT_INO {
+            match delete_subvolume_at(fd, name, &errp(path, name.as_bytes())) {
+                Ok(()) => continue,
+                Err(e) if e.errno() == Some(libc::ENOENT) => continue,
+                Err(e) if e.errno() == Some(libc::ENOTEMPTY) => (Clear::Subvolumes, Then::Delete),
+                Err(e) => return Err(e),
+            }
+        } else if level.mode == Clear::All {
+            (Clear::All, Then::Rmdir)
+        } else {
+            (Clear::Subvolumes, Then::Leave)
+        };
+        let parent_len = path.len();
+        path.push(b'/');
+        path.extend_from_slice(name.as_bytes());
+        let dir = level.dir.child(name, tree::Ident::of(&st), path)?;
+        return Ok(Some(Level {
+            dir,
+            at: 0,
+            parent_len,
+            mode,
+            then,
+            scans: 0,
+        }));
+    }
+    Ok(None)
 }
 
 /// `fsync` of a directory, so that its entries (renames, removals) are on

@@ -19,6 +19,7 @@ pub mod serial;
 pub mod server;
 pub mod store;
 pub mod tracker;
+pub mod tree;
 
 /// Milliseconds since the Unix epoch.
 /// Time since the kernel booted (`CLOCK_BOOTTIME`: what its log and the

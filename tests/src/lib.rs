@@ -396,8 +396,13 @@ pub struct ProcDaemon {
 
 impl ProcDaemon {
     pub fn start(name: &str, extra: &[&str]) -> ProcDaemon {
+        ProcDaemon::start_on(name, extra, 1024)
+    }
+
+    /// [`ProcDaemon::start`] on a store of `size_mb` MiB.
+    pub fn start_on(name: &str, extra: &[&str], size_mb: u64) -> ProcDaemon {
         std::fs::create_dir_all("/var/tmp").ok();
-        let fs = BtrfsFs::new(1024).expect("make btrfs");
+        let fs = BtrfsFs::new(size_mb).expect("make btrfs");
         let root = fs.path().join("store");
         std::fs::create_dir(&root).unwrap();
         let mount = cgroup2_mount().expect("cgroup2 mount");

@@ -364,3 +364,138 @@ fn pruned_diff_matches_the_full_walk_across_rollbacks() {
         h.changed_inodes()
     );
 }
+
+/// Limits small enough that a test tree meets every one of them.
+fn tight() -> allox_supervisor::store::diff::Limits {
+    allox_supervisor::store::diff::Limits {
+        depth: 4096,
+        // A few hundred names per part: the wide directory takes many.
+        dir_bytes: 8 << 10,
+        held_bytes: 1 << 20,
+        parts: 1024,
+        read_bytes: 64 << 20,
+        changes: 10_000,
+        listed_bytes: 4 << 20,
+        hint_inodes: 1 << 18,
+    }
+}
+
+#[test]
+fn tight_limits_change_nothing_on_deep_and_wide_trees() {
+    use allox_supervisor::store::diff::{diff_trees_with, DiffMethod, Limits};
+    use std::io::{Seek, SeekFrom, Write};
+    let Some((_fs, st)) = setup("diff::tight_limits_change_nothing_on_deep_and_wide_trees") else {
+        return;
+    };
+    let l = st.layout().clone();
+    let cur = l.current("a", "s");
+    // A chain deeper than the levels a walk keeps open, with files along
+    // it, and a wide directory.
+    let mut deep = cur.clone();
+    for i in 0..150 {
+        deep = deep.join(format!("l{i}"));
+        std::fs::create_dir(&deep).unwrap();
+        std::fs::write(deep.join("f"), format!("{i}")).unwrap();
+    }
+    std::fs::create_dir(cur.join("wide")).unwrap();
+    for i in 0..3000 {
+        std::fs::write(cur.join(format!("wide/n{i}")), format!("{i}")).unwrap();
+    }
+    // Sparse files: a hole on one side where the other has zeros written
+    // is the same contents.
+    for (name, at) in [("sparse-same", 64u64 << 20), ("sparse-diff", 64 << 20)] {
+        let mut f = std::fs::File::create(cur.join(name)).unwrap();
+        f.seek(SeekFrom::Start(at)).unwrap();
+        f.write_all(b"end").unwrap();
+    }
+    ck(&st, "a");
+    let mut p = cur.clone();
+    for i in 0..150 {
+        p = p.join(format!("l{i}"));
+        if i % 7 == 0 {
+            std::fs::write(p.join("f"), format!("{}", i + 1000)).unwrap();
+        }
+        if i % 11 == 0 {
+            std::fs::write(p.join("new"), "new").unwrap();
+        }
+    }
+    // The chain's bottom goes, from level 100 on.
+    let cut: Vec<String> = (0..=100).map(|i| format!("l{i}")).collect();
+    std::fs::remove_dir_all(cur.join(cut.join("/"))).unwrap();
+    for i in (0..3000).step_by(97) {
+        std::fs::remove_file(cur.join(format!("wide/n{i}"))).unwrap();
+        std::fs::write(cur.join(format!("wide/m{i}")), "m").unwrap();
+    }
+    std::fs::write(cur.join("wide/n5"), "55").unwrap();
+    {
+        // Zeros written over part of the hole, then the same tail again.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(cur.join("sparse-same"))
+            .unwrap();
+        f.seek(SeekFrom::Start(1 << 20)).unwrap();
+        f.write_all(&vec![0u8; 1 << 20]).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(cur.join("sparse-diff"))
+            .unwrap();
+        f.seek(SeekFrom::Start(1 << 20)).unwrap();
+        f.write_all(&[0, 0, 1, 0]).unwrap();
+    }
+    ck(&st, "b");
+    let (a, b) = (l.checkpoint("a", "s", "a"), l.checkpoint("a", "s", "b"));
+    let want = brute(&a, &b);
+    assert!(want.contains(&("sparse-diff".into(), ChangeKind::Modified)));
+    assert!(!want.iter().any(|(p, _)| p == "sparse-same"));
+    for limits in [Limits::default(), tight()] {
+        for method in [DiffMethod::Walk, DiffMethod::Btrfs] {
+            let (changes, truncated, counts) = diff_trees_with(&a, &b, method, &limits).unwrap();
+            assert!(!truncated);
+            let set: BTreeSet<(String, ChangeKind)> =
+                changes.iter().map(|c| (c.path.clone(), c.kind)).collect();
+            assert_eq!(set, want, "{method:?} {limits:?}");
+            assert_eq!(counts.iter().sum::<u64>() as usize, want.len());
+            let (back, _, _) = diff_trees_with(&b, &a, method, &limits).unwrap();
+            assert_eq!(back.len(), want.len());
+        }
+    }
+    // Fewer listed than found: the first ones in path order, all counted.
+    let few = Limits {
+        changes: 10,
+        ..tight()
+    };
+    let (changes, truncated, counts) = diff_trees_with(&a, &b, DiffMethod::Walk, &few).unwrap();
+    assert!(truncated);
+    assert_eq!(counts.iter().sum::<u64>() as usize, want.len());
+    let first: Vec<String> = want.iter().take(10).map(|(p, _)| p.clone()).collect();
+    let mut listed: Vec<String> = changes.iter().map(|c| c.path.clone()).collect();
+    listed.sort();
+    let mut first_sorted = first.clone();
+    first_sorted.sort();
+    assert_eq!(listed, first_sorted);
+    // Past the read budget a file whose metadata differs is reported
+    // modified without being read.
+    let unread = Limits {
+        read_bytes: 0,
+        ..tight()
+    };
+    let (changes, _, _) = diff_trees_with(&a, &b, DiffMethod::Walk, &unread).unwrap();
+    assert!(changes
+        .iter()
+        .any(|c| c.path == "sparse-same" && c.kind == ChangeKind::Modified));
+    // Limits that cannot be met stop the diff with an error naming them.
+    let shallow = Limits {
+        depth: 40,
+        ..tight()
+    };
+    let e = diff_trees_with(&a, &b, DiffMethod::Walk, &shallow).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Unsupported, "{e}");
+    assert!(e.to_string().contains("directory depth"), "{e}");
+    let small = Limits {
+        parts: 2,
+        ..tight()
+    };
+    let e = diff_trees_with(&a, &b, DiffMethod::Walk, &small).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Unsupported, "{e}");
+    assert!(e.to_string().contains("names held"), "{e}");
+}

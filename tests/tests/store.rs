@@ -531,3 +531,59 @@ fn reconcile_relinks_a_chain_of_missing_checkpoints() {
     assert_eq!(list.checkpoints[0].checkpoint_id, "c3");
     assert_eq!(list.checkpoints[0].parent, None);
 }
+
+/// A chain of `levels` directories named `name` below `root`, made through
+/// descriptors (its paths are far longer than the kernel takes), with a
+/// file in every hundredth.
+fn chain(root: &Path, levels: usize, name: &str) {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let mut fd = rustix::fs::open(root, flags, Mode::empty()).unwrap();
+    for i in 0..levels {
+        rustix::fs::mkdirat(&fd, name, Mode::from_raw_mode(0o755)).unwrap();
+        fd = rustix::fs::openat(&fd, name, flags, Mode::empty()).unwrap();
+        if i % 100 == 0 {
+            let f = rustix::fs::openat(
+                &fd,
+                "f",
+                OFlags::WRONLY | OFlags::CREATE | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o644),
+            )
+            .unwrap();
+            drop(f);
+        }
+    }
+}
+
+#[test]
+fn removal_is_iterative_on_deep_and_wide_trees() {
+    let Some((fs, st)) = setup("store::removal_is_iterative_on_deep_and_wide_trees") else {
+        return;
+    };
+    // A plain tree: a chain deeper than a recursive walk's stack or the
+    // descriptor limit allow, a wide directory, a symlink out.
+    let t = fs.path().join("t");
+    std::fs::create_dir(&t).unwrap();
+    chain(&t, 30_000, "d");
+    std::fs::create_dir(t.join("wide")).unwrap();
+    for i in 0..20_000 {
+        std::fs::write(t.join(format!("wide/{i}")), "").unwrap();
+    }
+    std::os::unix::fs::symlink(st.layout().root(), t.join("wide/out")).unwrap();
+    btrfs::remove_tree(&t).unwrap();
+    assert!(!t.exists());
+    assert!(st.layout().root().is_dir());
+    // A subvolume holding a subvolume below a deep chain of its own: the
+    // walk that finds nested subvolumes goes all the way down.
+    let w = fs.path().join("w");
+    btrfs::create_subvolume(&w).unwrap();
+    chain(&w, 20_000, "e");
+    let mut p = w.clone();
+    for _ in 0..50 {
+        p = p.join("e");
+    }
+    btrfs::create_subvolume(&p.join("nested")).unwrap();
+    chain(&p.join("nested"), 20_000, "n");
+    btrfs::remove_tree(&w).unwrap();
+    assert!(!w.exists());
+}

@@ -16,53 +16,79 @@
 //! above them, are all the walk has to look at. An entry with the same
 //! inode number on both sides and no such item is the same file, and is
 //! passed over without a `stat`.
+//!
+//! The trees belong to an agent, so the walk is bounded whatever they hold
+//! ([`Limits`]): it is iterative with an explicit stack, keeps a few
+//! directory levels open ([`crate::tree`]), compares a huge directory in
+//! parts, never opens anything but a regular file it has just seen (and
+//! never blocks opening one), reads contents within a budget, skipping
+//! holes, and lists only what fits one protocol frame. Where a tree is
+//! deeper, or holds more names at once, than the limits allow, the diff
+//! stops with an error that names the limit and the path (code
+//! `unsupported`); a tree that changes under the walk in a way it cannot
+//! follow gives `conflict`.
+
+mod contents;
+mod listing;
+mod names;
+mod walk;
 
 use super::{Result, Store, StoreError};
 use crate::btrfs::{self, item, RootInfo, SearchKey, SUBVOL_ROOT_INO};
+use crate::tree::Dir;
 use allox_protocol::{validate_id, Change, ChangeKind, CheckpointDiff, DiffListing};
 use rustix::fd::OwnedFd;
-use rustix::fs::{self, AtFlags, FileType, Mode, OFlags, Stat};
+use rustix::fs::{self, Mode, OFlags};
 use std::collections::{HashMap, HashSet};
-use std::ffi::{OsStr, OsString};
-use std::io::Read;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 /// Most changes listed in one answer (the counts cover all of them).
 pub const MAX_CHANGES: usize = 10_000;
 
-#[derive(Default)]
-struct Acc {
-    changes: Vec<Change>,
-    counts: [u64; 4],
+/// What one diff may cost; past any of them it stops, or lists less, as
+/// each says.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Deepest directory level compared (the roots are level 0). Deeper:
+    /// error.
+    pub depth: usize,
+    /// Bytes of names (both sides) one directory holds at once. A larger
+    /// directory is compared in parts, each read anew.
+    pub dir_bytes: usize,
+    /// Bytes of names held at once over all the levels of the walk.
+    pub held_bytes: usize,
+    /// Most parts one directory is compared in. More: error.
+    pub parts: usize,
+    /// Bytes of file contents read in one diff. Past it, a file whose
+    /// metadata differs is reported modified without being read.
+    pub read_bytes: u64,
+    /// Most changes listed (all are counted; `truncated` says some are not
+    /// listed).
+    pub changes: usize,
+    /// Most bytes of paths listed, so that the answer fits one frame.
+    pub listed_bytes: usize,
+    /// Most inodes the Btrfs hints single out before the diff walks
+    /// everything instead.
+    pub hint_inodes: usize,
 }
 
-impl Acc {
-    fn push(&mut self, path: String, kind: ChangeKind, before: Option<u64>, after: Option<u64>) {
-        self.counts[kind as usize] += 1;
-        if self.changes.len() < MAX_CHANGES {
-            self.changes.push(Change {
-                path,
-                kind,
-                size_before: before,
-                size_after: after,
-            });
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            depth: 4096,
+            dir_bytes: 32 << 20,
+            held_bytes: 64 << 20,
+            parts: 64,
+            read_bytes: 256 << 20,
+            changes: MAX_CHANGES,
+            listed_bytes: 512 << 10,
+            hint_inodes: 1 << 18,
         }
     }
 }
 
 fn io(op: &'static str, p: &Path, e: rustix::io::Errno) -> StoreError {
     StoreError::io(op, p, e.into())
-}
-
-fn open_dir_at(dir: &OwnedFd, name: &OsStr, shown: &Path) -> Result<OwnedFd> {
-    fs::openat(
-        dir,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| io("open", shown, e))
 }
 
 /// Where the walk must look, from the Btrfs trees of the two sides.
@@ -87,16 +113,19 @@ impl Hints {
 
     /// [`Hints::read`] from two paths.
     pub fn read_paths(from: &Path, to: &Path) -> Result<Option<Hints>> {
-        Hints::read(&open_root(from)?, &open_root(to)?, from, to)
+        let cap = Limits::default().hint_inodes;
+        Hints::read(&open_root(from)?, &open_root(to)?, from, to, cap)
     }
 
     /// Reads the hints for two subvolumes of one filesystem, or `None` when
-    /// their common history cannot be told (the caller then walks it all).
+    /// their common history cannot be told or when they would single out
+    /// more than `cap` inodes (the caller then walks it all).
     pub fn read(
         from: &OwnedFd,
         to: &OwnedFd,
         from_path: &Path,
         to_path: &Path,
+        cap: usize,
     ) -> Result<Option<Hints>> {
         let bt = |e: btrfs::BtrfsError| StoreError::from(e);
         for (fd, p) in [(from, from_path), (to, to_path)] {
@@ -118,12 +147,20 @@ impl Hints {
             return Ok(Some(h));
         }
         let mut search = btrfs::TreeSearch::default();
+        let mut over = false;
         for tree in [a, b] {
             search
                 .run(from, SearchKey::all(tree, since.saturating_add(1)), |it| {
-                    h.changed.insert(it.objectid);
+                    if h.changed.len() < cap {
+                        h.changed.insert(it.objectid);
+                    } else if !h.changed.contains(&it.objectid) {
+                        over = true;
+                    }
                 })
                 .map_err(bt)?;
+            if over {
+                return Ok(None);
+            }
         }
         for tree in [a, b] {
             let mut todo: Vec<u64> = h.changed.iter().copied().collect();
@@ -146,6 +183,9 @@ impl Hints {
                 for p in parents {
                     h.above.insert(p);
                     todo.push(p);
+                }
+                if h.above.len() + h.changed.len() > cap {
+                    return Ok(None);
                 }
             }
         }
@@ -197,217 +237,6 @@ fn diverged(roots: &[RootInfo], a: u64, b: u64) -> Option<u64> {
     None
 }
 
-fn names(dir: &OwnedFd, shown: &Path) -> Result<Vec<(OsString, u64)>> {
-    let mut d = fs::Dir::read_from(dir).map_err(|e| io("read", shown, e))?;
-    let mut out = Vec::new();
-    while let Some(e) = d.read() {
-        let e = e.map_err(|e| io("read", shown, e))?;
-        let n = e.file_name().to_bytes();
-        if n != b"." && n != b".." {
-            out.push((OsStr::from_bytes(n).to_os_string(), e.ino()));
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
-fn stat_at(dir: &OwnedFd, name: &OsStr, shown: &Path) -> Result<Stat> {
-    fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| io("stat", shown, e))
-}
-
-fn kind_of(st: &Stat) -> FileType {
-    FileType::from_raw_mode(st.st_mode)
-}
-
-fn rel(parent: &str, name: &OsStr) -> String {
-    let n = name.to_string_lossy();
-    if parent.is_empty() {
-        n.into_owned()
-    } else {
-        format!("{parent}/{n}")
-    }
-}
-
-fn size(st: &Stat) -> Option<u64> {
-    (kind_of(st) != FileType::Directory).then_some(st.st_size as u64)
-}
-
-/// Same contents? Read only when metadata alone cannot tell.
-fn same_contents(a: &OwnedFd, b: &OwnedFd, name: &OsStr, shown: &Path) -> Result<bool> {
-    let open = |d: &OwnedFd| {
-        fs::openat(
-            d,
-            name,
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map(std::fs::File::from)
-        .map_err(|e| io("open", shown, e))
-    };
-    let (mut fa, mut fb) = (open(a)?, open(b)?);
-    let (mut ba, mut bb) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
-    loop {
-        let na = fa
-            .read(&mut ba)
-            .map_err(|e| StoreError::io("read", shown, e))?;
-        let mut nb = 0;
-        while nb < na {
-            let k = fb
-                .read(&mut bb[nb..na])
-                .map_err(|e| StoreError::io("read", shown, e))?;
-            if k == 0 {
-                break;
-            }
-            nb += k;
-        }
-        if na != nb || ba[..na] != bb[..nb] {
-            return Ok(false);
-        }
-        if na == 0 {
-            return Ok(true);
-        }
-    }
-}
-
-fn link_target(dir: &OwnedFd, name: &OsStr, shown: &Path) -> Result<Vec<u8>> {
-    fs::readlinkat(dir, name, Vec::new())
-        .map(|c| c.into_bytes())
-        .map_err(|e| io("readlink", shown, e))
-}
-
-/// Reports everything below a directory that exists on one side only.
-fn one_side(
-    dir: &OwnedFd,
-    path: &str,
-    shown: &Path,
-    kind: ChangeKind,
-    acc: &mut Acc,
-) -> Result<()> {
-    for (n, _) in names(dir, shown)? {
-        let p = rel(path, &n);
-        let st = stat_at(dir, &n, shown)?;
-        let sz = size(&st);
-        match kind {
-            ChangeKind::Added => acc.push(p.clone(), kind, None, sz),
-            _ => acc.push(p.clone(), kind, sz, None),
-        }
-        if kind_of(&st) == FileType::Directory {
-            let sub = open_dir_at(dir, &n, shown)?;
-            one_side(&sub, &p, &shown.join(&n), kind, acc)?;
-        }
-    }
-    Ok(())
-}
-
-fn walk(
-    a: &OwnedFd,
-    b: &OwnedFd,
-    path: &str,
-    shown: &Path,
-    hints: Option<&Hints>,
-    acc: &mut Acc,
-) -> Result<()> {
-    let (na, nb) = (names(a, shown)?, names(b, shown)?);
-    let (mut i, mut j) = (0, 0);
-    while i < na.len() || j < nb.len() {
-        let order = match (na.get(i), nb.get(j)) {
-            (Some(x), Some(y)) => x.0.cmp(&y.0),
-            (Some(_), None) => std::cmp::Ordering::Less,
-            _ => std::cmp::Ordering::Greater,
-        };
-        match order {
-            std::cmp::Ordering::Less => {
-                let n = &na[i].0;
-                let st = stat_at(a, n, shown)?;
-                acc.push(rel(path, n), ChangeKind::Deleted, size(&st), None);
-                if kind_of(&st) == FileType::Directory {
-                    let sub = open_dir_at(a, n, shown)?;
-                    one_side(
-                        &sub,
-                        &rel(path, n),
-                        &shown.join(n),
-                        ChangeKind::Deleted,
-                        acc,
-                    )?;
-                }
-                i += 1;
-            }
-            std::cmp::Ordering::Greater => {
-                let n = &nb[j].0;
-                let st = stat_at(b, n, shown)?;
-                acc.push(rel(path, n), ChangeKind::Added, None, size(&st));
-                if kind_of(&st) == FileType::Directory {
-                    let sub = open_dir_at(b, n, shown)?;
-                    one_side(&sub, &rel(path, n), &shown.join(n), ChangeKind::Added, acc)?;
-                }
-                j += 1;
-            }
-            std::cmp::Ordering::Equal => {
-                let (n, ino) = (&na[i].0, na[i].1);
-                // A nested subvolume is another tree: the hints say nothing
-                // of what is inside it.
-                let nested = ino == SUBVOL_ROOT_INO || nb[j].1 == SUBVOL_ROOT_INO;
-                if ino == nb[j].1 && !nested && hints.is_some_and(|h| !h.may_differ(ino)) {
-                    i += 1;
-                    j += 1;
-                    continue;
-                }
-                let inner = if nested { None } else { hints };
-                let p = rel(path, n);
-                let sub_shown = shown.join(n);
-                let (sa, sb) = (stat_at(a, n, shown)?, stat_at(b, n, shown)?);
-                let (ka, kb) = (kind_of(&sa), kind_of(&sb));
-                if ka != kb {
-                    acc.push(p.clone(), ChangeKind::TypeChanged, size(&sa), size(&sb));
-                    if ka == FileType::Directory {
-                        let sub = open_dir_at(a, n, &sub_shown)?;
-                        one_side(&sub, &p, &sub_shown, ChangeKind::Deleted, acc)?;
-                    }
-                    if kb == FileType::Directory {
-                        let sub = open_dir_at(b, n, &sub_shown)?;
-                        one_side(&sub, &p, &sub_shown, ChangeKind::Added, acc)?;
-                    }
-                } else if ka == FileType::Directory {
-                    if sa.st_mode != sb.st_mode {
-                        acc.push(p.clone(), ChangeKind::Modified, None, None);
-                    }
-                    let (da, db) = (
-                        open_dir_at(a, n, &sub_shown)?,
-                        open_dir_at(b, n, &sub_shown)?,
-                    );
-                    walk(&da, &db, &p, &sub_shown, inner, acc)?;
-                } else {
-                    let same_meta = sa.st_ino == sb.st_ino
-                        && sa.st_size == sb.st_size
-                        && sa.st_mode == sb.st_mode
-                        && sa.st_mtime == sb.st_mtime
-                        && sa.st_mtime_nsec == sb.st_mtime_nsec
-                        && sa.st_ctime == sb.st_ctime
-                        && sa.st_ctime_nsec == sb.st_ctime_nsec;
-                    let changed = if same_meta {
-                        false
-                    } else if sa.st_mode != sb.st_mode || sa.st_size != sb.st_size {
-                        true
-                    } else if ka == FileType::Symlink {
-                        link_target(a, n, &sub_shown)? != link_target(b, n, &sub_shown)?
-                    } else if ka == FileType::RegularFile {
-                        !same_contents(a, b, n, &sub_shown)?
-                    } else {
-                        // Sockets, FIFOs, devices: only metadata to compare.
-                        sa.st_rdev != sb.st_rdev
-                    };
-                    if changed {
-                        acc.push(p, ChangeKind::Modified, size(&sa), size(&sb));
-                    }
-                }
-                i += 1;
-                j += 1;
-            }
-        }
-    }
-    Ok(())
-}
-
 fn open_root(p: &Path) -> Result<OwnedFd> {
     fs::open(
         p,
@@ -428,23 +257,33 @@ pub enum DiffMethod {
     Btrfs,
 }
 
-/// Diffs two directory trees.
+/// Diffs two directory trees: the changes listed in path order, whether
+/// some were left out, and the count of each kind.
 pub fn diff_trees(
     from: &Path,
     to: &Path,
     method: DiffMethod,
 ) -> Result<(Vec<Change>, bool, [u64; 4])> {
+    diff_trees_with(from, to, method, &Limits::default())
+}
+
+/// [`diff_trees`] within other limits.
+pub fn diff_trees_with(
+    from: &Path,
+    to: &Path,
+    method: DiffMethod,
+    limits: &Limits,
+) -> Result<(Vec<Change>, bool, [u64; 4])> {
     let (a, b) = (open_root(from)?, open_root(to)?);
     let hints = match method {
         DiffMethod::Walk => None,
-        DiffMethod::Btrfs => Hints::read(&a, &b, from, to)?,
+        DiffMethod::Btrfs => Hints::read(&a, &b, from, to, limits.hint_inodes)?,
     };
-    let mut acc = Acc::default();
-    walk(&a, &b, "", Path::new(""), hints.as_ref(), &mut acc)?;
-    let total: u64 = acc.counts.iter().sum();
-    let truncated = total as usize > acc.changes.len();
-    acc.changes.sort_by(|x, y| x.path.cmp(&y.path));
-    Ok((acc.changes, truncated, acc.counts))
+    let da = Dir::from_fd(a, from.as_os_str().as_encoded_bytes())?;
+    let db = Dir::from_fd(b, to.as_os_str().as_encoded_bytes())?;
+    let mut w = walk::Walk::new(limits, hints.as_ref());
+    w.run(da, db)?;
+    Ok(w.out.finish())
 }
 
 impl Store {

@@ -3,6 +3,7 @@
 use crate::audit::AuditError;
 use crate::btrfs::BtrfsError;
 use crate::index::IndexError;
+use crate::tree::TreeError;
 use allox_protocol::{ErrorBody, ErrorCode, IdError};
 use std::io;
 use thiserror::Error;
@@ -37,6 +38,8 @@ pub enum StoreError {
     Index(#[from] IndexError),
     #[error("audit log")]
     Audit(#[from] AuditError),
+    #[error(transparent)]
+    Tree(#[from] TreeError),
     #[error("{op} {path}")]
     Io {
         op: &'static str,
@@ -84,7 +87,10 @@ impl StoreError {
             StoreError::InvalidId(_) | StoreError::Invalid(_) => ErrorCode::InvalidRequest,
             StoreError::NotFound(_) => ErrorCode::NotFound,
             StoreError::Exists(_) | StoreError::Conflict(_) => ErrorCode::Conflict,
-            StoreError::Unsupported(_) => ErrorCode::Unsupported,
+            StoreError::Unsupported(_) | StoreError::Tree(TreeError::Limit { .. }) => {
+                ErrorCode::Unsupported
+            }
+            StoreError::Tree(TreeError::Changed { .. }) => ErrorCode::Conflict,
             _ if self.is_no_space() => ErrorCode::Unavailable,
             StoreError::Fenced | StoreError::NotDurable(_) | StoreError::ReadOnly(_) => {
                 ErrorCode::Unavailable

@@ -1,0 +1,125 @@
+//! Whether two regular files of the same size hold the same bytes, read
+//! within a budget.
+//!
+//! Both files are opened with [`tree::open_regular`] (never blocking,
+//! never following a symlink, the open file checked against what the walk
+//! saw). Holes are skipped with `SEEK_DATA` / `SEEK_HOLE`: where both files
+//! have a hole nothing is read, where one has data and the other a hole the
+//! data must be zeros, and only where both have data are the bytes
+//! compared. A 1 TiB sparse file so costs what its data costs.
+
+use crate::tree;
+use rustix::fd::OwnedFd;
+use rustix::fs::{self, SeekFrom, Stat};
+use rustix::io::Errno;
+use std::ffi::OsStr;
+use std::io;
+
+const CHUNK: usize = 64 * 1024;
+/// What a step over a hole or an extent costs at least, against the budget.
+const STEP_COST: u64 = 4096;
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Same,
+    Differ,
+    /// The budget ran out before the end: not known.
+    Unread,
+}
+
+/// Whether the byte at `pos` is in data or in a hole, and where that run
+/// ends (at most `size`).
+fn run_at(f: &OwnedFd, pos: u64, size: u64) -> io::Result<(bool, u64)> {
+    match fs::seek(f, SeekFrom::Data(pos)) {
+        Ok(d) if d <= pos => {
+            let end = match fs::seek(f, SeekFrom::Hole(pos)) {
+                Ok(h) if h > pos => h.min(size),
+                Ok(_) => size,
+                Err(e) => return Err(e.into()),
+            };
+            Ok((true, end))
+        }
+        Ok(d) => Ok((false, d.min(size))),
+        // No data from here to the end.
+        Err(Errno::NXIO) => Ok((false, size)),
+        // A filesystem without the two: all data.
+        Err(Errno::INVAL | Errno::OPNOTSUPP) => Ok((true, size)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Reads exactly `buf.len()` bytes at `pos`; `false` if the file ended
+/// first (it shrank while being compared).
+fn read_at(f: &OwnedFd, buf: &mut [u8], mut pos: u64) -> io::Result<bool> {
+    let mut got = 0;
+    while got < buf.len() {
+        match rustix::io::pread(f, &mut buf[got..], pos) {
+            Ok(0) => return Ok(false),
+            Ok(n) => {
+                got += n;
+                pos += n as u64;
+            }
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(true)
+}
+
+/// Compares the file `name` of two directories, which the walk saw as
+/// `sa` and `sb` with the same size. `budget` is what may still be read;
+/// what is read is taken from it.
+pub fn compare(
+    a: &OwnedFd,
+    b: &OwnedFd,
+    name: &OsStr,
+    sa: &Stat,
+    sb: &Stat,
+    budget: &mut u64,
+) -> io::Result<Verdict> {
+    let (Some(fa), Some(fb)) = (
+        tree::open_regular(a, name, sa)?,
+        tree::open_regular(b, name, sb)?,
+    ) else {
+        // Not the file the walk saw: it changed while it was compared.
+        return Ok(Verdict::Differ);
+    };
+    let size = sa.st_size as u64;
+    let (mut ba, mut bb) = (vec![0u8; CHUNK], vec![0u8; CHUNK]);
+    let mut pos = 0u64;
+    while pos < size {
+        let ((da, ea), (db, eb)) = (run_at(&fa, pos, size)?, run_at(&fb, pos, size)?);
+        let end = ea.min(eb).max(pos + 1).min(size);
+        *budget = budget.saturating_sub(STEP_COST);
+        if da || db {
+            let mut at = pos;
+            while at < end {
+                let n = ((end - at) as usize).min(CHUNK);
+                let cost = if da && db { 2 * n as u64 } else { n as u64 };
+                if *budget < cost {
+                    return Ok(Verdict::Unread);
+                }
+                *budget -= cost;
+                let same = match (da, db) {
+                    (true, true) => {
+                        read_at(&fa, &mut ba[..n], at)?
+                            && read_at(&fb, &mut bb[..n], at)?
+                            && ba[..n] == bb[..n]
+                    }
+                    (true, false) => read_at(&fa, &mut ba[..n], at)? && is_zero(&ba[..n]),
+                    _ => read_at(&fb, &mut bb[..n], at)? && is_zero(&bb[..n]),
+                };
+                if !same {
+                    return Ok(Verdict::Differ);
+                }
+                at += n as u64;
+            }
+        }
+        pos = end;
+    }
+    Ok(Verdict::Same)
+}
+
+fn is_zero(b: &[u8]) -> bool {
+    b.iter().all(|&x| x == 0)
+}

@@ -1,0 +1,478 @@
+//! The walk of two trees side by side, iterative with an explicit stack.
+//!
+//! Each level of the stack is a directory present on one side or both,
+//! with the sorted names of the part of it being compared. A directory
+//! whose names do not fit the level's share of the budget is compared in
+//! parts (by a keyed hash of the name), each part read anew; the walk
+//! holds at most [`Limits::held_bytes`] of names over all its levels, and
+//! at most [`tree::WINDOW`] levels open per side (deeper ones are closed
+//! and reopened as `..` of their child on the way back up, see
+//! [`crate::tree`]).
+
+use super::contents::{self, Verdict};
+use super::listing::Listing;
+use super::names::{self, Names, Part, Read};
+use super::{Hints, Limits};
+use crate::btrfs::SUBVOL_ROOT_INO;
+use crate::tree::{self, Dir, Ident, TreeError};
+use allox_protocol::ChangeKind;
+use rustix::fs::{self, AtFlags, FileType, Stat};
+use rustix::io::Errno;
+use std::collections::hash_map::RandomState;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+
+/// One side of a level: the directory and its names of the current part.
+struct Side {
+    dir: Dir,
+    names: Names,
+    at: usize,
+}
+
+impl Side {
+    fn peek(&self) -> Option<(&OsStr, u64)> {
+        (self.at < self.names.len()).then(|| (self.names.name(self.at), self.names.ino(self.at)))
+    }
+}
+
+struct Level {
+    a: Option<Side>,
+    b: Option<Side>,
+    /// Length of the walk's path above this level.
+    parent_len: usize,
+    /// Whether the hints hold here (not inside a nested subvolume).
+    hinted: bool,
+    part: u64,
+    parts: u64,
+}
+
+impl Level {
+    fn cost(&self) -> usize {
+        self.a.as_ref().map_or(0, |s| s.names.cost())
+            + self.b.as_ref().map_or(0, |s| s.names.cost())
+    }
+}
+
+/// What comes next at a level, in name order.
+enum Next {
+    OnlyA,
+    OnlyB,
+    Both,
+    End,
+}
+
+pub struct Walk<'a> {
+    limits: &'a Limits,
+    hints: Option<&'a Hints>,
+    key: RandomState,
+    stack: Vec<Level>,
+    /// The path of the top level's directory, `/`-separated.
+    path: Vec<u8>,
+    held: usize,
+    /// Content bytes that may still be read.
+    budget: u64,
+    pub out: Listing,
+}
+
+fn kind_of(st: &Stat) -> FileType {
+    FileType::from_raw_mode(st.st_mode)
+}
+
+fn size(st: &Stat) -> Option<u64> {
+    (kind_of(st) != FileType::Directory).then_some(st.st_size as u64)
+}
+
+impl<'a> Walk<'a> {
+    pub fn new(limits: &'a Limits, hints: Option<&'a Hints>) -> Walk<'a> {
+        Walk {
+            limits,
+            hints,
+            key: RandomState::new(),
+            stack: Vec::new(),
+            path: Vec::new(),
+            held: 0,
+            budget: limits.read_bytes,
+            out: Listing::new(limits.changes, limits.listed_bytes),
+        }
+    }
+
+    /// Compares the trees below `a` and `b`.
+    pub fn run(&mut self, a: Dir, b: Dir) -> Result<(), TreeError> {
+        let hinted = self.hints.is_some();
+        self.enter(Some(a), Some(b), hinted, 0)?;
+        while !self.stack.is_empty() {
+            self.step()?;
+        }
+        Ok(())
+    }
+
+    /// The path of `name` in the top level's directory.
+    fn child_path(&self, name: &OsStr) -> Vec<u8> {
+        let mut p = Vec::with_capacity(self.path.len() + 1 + name.len());
+        p.extend_from_slice(&self.path);
+        if !p.is_empty() {
+            p.push(b'/');
+        }
+        p.extend_from_slice(name.as_bytes());
+        p
+    }
+
+    /// Pushes a level for a directory (its path already in `self.path`).
+    fn enter(
+        &mut self,
+        a: Option<Dir>,
+        b: Option<Dir>,
+        hinted: bool,
+        parent_len: usize,
+    ) -> Result<(), TreeError> {
+        if self.stack.len() > self.limits.depth {
+            return Err(TreeError::Limit {
+                what: "directory depth",
+                limit: self.limits.depth as u64,
+                path: tree::show(&self.path),
+            });
+        }
+        let mut level = Level {
+            a: a.map(|dir| Side {
+                dir,
+                names: Names::default(),
+                at: 0,
+            }),
+            b: b.map(|dir| Side {
+                dir,
+                names: Names::default(),
+                at: 0,
+            }),
+            parent_len,
+            hinted,
+            part: 0,
+            parts: 1,
+        };
+        self.plan(&mut level)?;
+        self.held += level.cost();
+        self.stack.push(level);
+        // Keep at most WINDOW levels open: close the one that fell out,
+        // on each side that the level below it goes on with (that side
+        // reopens it as `..`). The root stays open.
+        let n = self.stack.len();
+        if n > tree::WINDOW + 1 {
+            let (upper, lower) = self.stack.split_at_mut(n - tree::WINDOW);
+            let (far, next) = (&mut upper[n - tree::WINDOW - 1], &lower[0]);
+            if n - tree::WINDOW - 1 > 0 {
+                if let (Some(s), Some(_)) = (far.a.as_mut(), next.a.as_ref()) {
+                    s.dir.close();
+                }
+                if let (Some(s), Some(_)) = (far.b.as_mut(), next.b.as_ref()) {
+                    s.dir.close();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads a level's names: all of them if they fit its share of the
+    /// budget, else in as many parts as it takes.
+    fn plan(&self, level: &mut Level) -> Result<(), TreeError> {
+        let limit = self
+            .limits
+            .dir_bytes
+            .min(self.limits.held_bytes.saturating_sub(self.held));
+        let whole = Part {
+            part: 0,
+            parts: 1,
+            key: &self.key,
+        };
+        let mut need = 0usize;
+        let mut fits = true;
+        for side in [level.a.as_mut(), level.b.as_mut()].into_iter().flatten() {
+            let left = if fits { limit.saturating_sub(need) } else { 0 };
+            match names::read(side.dir.fd(), whole, left, &self.path)? {
+                Read::Fit(n) => {
+                    need += n.cost();
+                    side.names = n;
+                }
+                Read::Over { cost } => {
+                    need += cost;
+                    fits = false;
+                }
+            }
+        }
+        if fits {
+            return Ok(());
+        }
+        // Parts of half the share each on average: a keyed hash makes one
+        // part much larger than that only if the directory grows meanwhile.
+        let parts = (2 * need).div_ceil(limit.max(1)).max(2) as u64;
+        if parts > self.limits.parts as u64 || limit == 0 {
+            return Err(TreeError::Limit {
+                what: "the names held by the diff",
+                limit: (self.limits.dir_bytes as u64).min(self.limits.held_bytes as u64),
+                path: tree::show(&self.path),
+            });
+        }
+        level.parts = parts;
+        self.load(level, 0, limit)
+    }
+
+    /// Reads part `part` of a level's names.
+    fn load(&self, level: &mut Level, part: u64, limit: usize) -> Result<(), TreeError> {
+        let p = Part {
+            part,
+            parts: level.parts,
+            key: &self.key,
+        };
+        level.part = part;
+        let mut need = 0usize;
+        for side in [level.a.as_mut(), level.b.as_mut()].into_iter().flatten() {
+            side.names = Names::default();
+            side.at = 0;
+        }
+        for side in [level.a.as_mut(), level.b.as_mut()].into_iter().flatten() {
+            match names::read(side.dir.fd(), p, limit.saturating_sub(need), &self.path)? {
+                Read::Fit(n) => {
+                    need += n.cost();
+                    side.names = n;
+                }
+                Read::Over { .. } => return Err(TreeError::changed(&self.path)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes one step: one name of the top level, or the end of a part
+    /// or of the level.
+    fn step(&mut self) -> Result<(), TreeError> {
+        let top = self.stack.last().expect("walk is not empty");
+        let next = match (
+            top.a.as_ref().and_then(Side::peek),
+            top.b.as_ref().and_then(Side::peek),
+        ) {
+            (Some((x, _)), Some((y, _))) => match x.cmp(y) {
+                std::cmp::Ordering::Less => Next::OnlyA,
+                std::cmp::Ordering::Greater => Next::OnlyB,
+                std::cmp::Ordering::Equal => Next::Both,
+            },
+            (Some(_), None) => Next::OnlyA,
+            (None, Some(_)) => Next::OnlyB,
+            (None, None) => Next::End,
+        };
+        match next {
+            Next::End => self.next_part_or_leave(),
+            Next::OnlyA => self.one_side(true),
+            Next::OnlyB => self.one_side(false),
+            Next::Both => self.both(),
+        }
+    }
+
+    fn next_part_or_leave(&mut self) -> Result<(), TreeError> {
+        let mut top = self.stack.pop().expect("walk is not empty");
+        self.held -= top.cost();
+        if top.part + 1 < top.parts {
+            let limit = self
+                .limits
+                .dir_bytes
+                .min(self.limits.held_bytes.saturating_sub(self.held));
+            let next = top.part + 1;
+            self.load(&mut top, next, limit)?;
+            self.held += top.cost();
+            self.stack.push(top);
+            return Ok(());
+        }
+        self.path.truncate(top.parent_len);
+        // The level above is open again before this one goes.
+        if let Some(up) = self.stack.last_mut() {
+            for (parent, child) in [
+                (up.a.as_mut(), top.a.as_ref()),
+                (up.b.as_mut(), top.b.as_ref()),
+            ] {
+                if let (Some(p), Some(c)) = (parent, child) {
+                    if !p.dir.is_open() {
+                        p.dir.reopen_from(&c.dir, &self.path)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `stat` of `name` in one side of the top level, not following it;
+    /// `None` if it is gone (a live tree changes under the walk: an entry
+    /// removed after the directory was read is taken as not there).
+    fn stat(&self, a_side: bool, name: &OsStr) -> Result<Option<Stat>, TreeError> {
+        let top = self.stack.last().expect("walk is not empty");
+        let side = if a_side { &top.a } else { &top.b };
+        let dir = side.as_ref().expect("side is present").dir.fd();
+        match fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(Some(st)),
+            Err(Errno::NOENT) => Ok(None),
+            Err(e) => Err(TreeError::io("stat", &self.child_path(name), e)),
+        }
+    }
+
+    /// Descends into the directory `name` (seen as `sa` / `sb`) on the
+    /// sides given.
+    fn descend(
+        &mut self,
+        name: &OsStr,
+        sa: Option<&Stat>,
+        sb: Option<&Stat>,
+        hinted: bool,
+    ) -> Result<(), TreeError> {
+        let path = self.child_path(name);
+        let top = self.stack.last().expect("walk is not empty");
+        let open = |side: &Option<Side>, st: Option<&Stat>| -> Result<Option<Dir>, TreeError> {
+            match (side, st) {
+                (Some(s), Some(st)) => Ok(Some(s.dir.child(name, Ident::of(st), &path)?)),
+                _ => Ok(None),
+            }
+        };
+        let (da, db) = (open(&top.a, sa)?, open(&top.b, sb)?);
+        let parent_len = self.path.len();
+        self.path = path;
+        self.enter(da, db, hinted, parent_len)
+    }
+
+    /// A name on one side only: added or deleted, with all below it.
+    fn one_side(&mut self, a_side: bool) -> Result<(), TreeError> {
+        let top = self.stack.last_mut().expect("walk is not empty");
+        let side = if a_side {
+            top.a.as_mut()
+        } else {
+            top.b.as_mut()
+        };
+        let side = side.expect("side is present");
+        let name = side.names.name(side.at).to_os_string();
+        side.at += 1;
+        let hinted = top.hinted;
+        match self.stat(a_side, &name)? {
+            Some(st) => self.only(a_side, &name, &st, hinted),
+            None => Ok(()),
+        }
+    }
+
+    /// Reports `name`, seen as `st` on one side only.
+    fn only(
+        &mut self,
+        a_side: bool,
+        name: &OsStr,
+        st: &Stat,
+        hinted: bool,
+    ) -> Result<(), TreeError> {
+        let p = self.child_path(name);
+        if a_side {
+            self.out.push(&p, ChangeKind::Deleted, size(st), None);
+        } else {
+            self.out.push(&p, ChangeKind::Added, None, size(st));
+        }
+        if kind_of(st) == FileType::Directory {
+            let (sa, sb) = if a_side {
+                (Some(st), None)
+            } else {
+                (None, Some(st))
+            };
+            self.descend(name, sa, sb, hinted)?;
+        }
+        Ok(())
+    }
+
+    /// A name on both sides.
+    fn both(&mut self) -> Result<(), TreeError> {
+        let top = self.stack.last_mut().expect("walk is not empty");
+        let (a, b) = (top.a.as_mut().unwrap(), top.b.as_mut().unwrap());
+        let name = a.names.name(a.at).to_os_string();
+        let (ia, ib) = (a.names.ino(a.at), b.names.ino(b.at));
+        a.at += 1;
+        b.at += 1;
+        // A nested subvolume is another tree: the hints say nothing of
+        // what is inside it.
+        let nested = ia == SUBVOL_ROOT_INO || ib == SUBVOL_ROOT_INO;
+        let hinted = top.hinted && !nested;
+        if ia == ib && !nested && top.hinted && self.hints.is_some_and(|h| !h.may_differ(ia)) {
+            return Ok(());
+        }
+        let (sa, sb) = match (self.stat(true, &name)?, self.stat(false, &name)?) {
+            (Some(sa), Some(sb)) => (sa, sb),
+            (Some(sa), None) => return self.only(true, &name, &sa, hinted),
+            (None, Some(sb)) => return self.only(false, &name, &sb, hinted),
+            (None, None) => return Ok(()),
+        };
+        let (ka, kb) = (kind_of(&sa), kind_of(&sb));
+        let p = self.child_path(&name);
+        if ka != kb {
+            self.out
+                .push(&p, ChangeKind::TypeChanged, size(&sa), size(&sb));
+            if ka == FileType::Directory {
+                self.descend(&name, Some(&sa), None, hinted)?;
+            } else if kb == FileType::Directory {
+                self.descend(&name, None, Some(&sb), hinted)?;
+            }
+            return Ok(());
+        }
+        if ka == FileType::Directory {
+            if sa.st_mode != sb.st_mode {
+                self.out.push(&p, ChangeKind::Modified, None, None);
+            }
+            return self.descend(&name, Some(&sa), Some(&sb), hinted);
+        }
+        let same_meta = sa.st_ino == sb.st_ino
+            && sa.st_size == sb.st_size
+            && sa.st_mode == sb.st_mode
+            && sa.st_mtime == sb.st_mtime
+            && sa.st_mtime_nsec == sb.st_mtime_nsec
+            && sa.st_ctime == sb.st_ctime
+            && sa.st_ctime_nsec == sb.st_ctime_nsec;
+        let changed = if same_meta {
+            false
+        } else if sa.st_mode != sb.st_mode || sa.st_size != sb.st_size {
+            true
+        } else if ka == FileType::Symlink {
+            // Gone or no longer a link: changed while compared.
+            let (ta, tb) = (
+                self.link_target(true, &name, &p)?,
+                self.link_target(false, &name, &p)?,
+            );
+            ta.is_none() || tb.is_none() || ta != tb
+        } else if ka == FileType::RegularFile {
+            let top = self.stack.last().expect("walk is not empty");
+            let (da, db) = (
+                top.a.as_ref().unwrap().dir.fd(),
+                top.b.as_ref().unwrap().dir.fd(),
+            );
+            let v = contents::compare(da, db, &name, &sa, &sb, &mut self.budget).map_err(|e| {
+                TreeError::Io {
+                    op: "read",
+                    path: tree::show(&p),
+                    source: e,
+                }
+            })?;
+            // Past the read budget a file whose metadata differs is
+            // reported modified without reading.
+            v != Verdict::Same
+        } else {
+            // Sockets, FIFOs, devices: only metadata to compare, never
+            // opened.
+            sa.st_rdev != sb.st_rdev
+        };
+        if changed {
+            self.out
+                .push(&p, ChangeKind::Modified, size(&sa), size(&sb));
+        }
+        Ok(())
+    }
+
+    fn link_target(
+        &self,
+        a_side: bool,
+        name: &OsStr,
+        p: &[u8],
+    ) -> Result<Option<Vec<u8>>, TreeError> {
+        let top = self.stack.last().expect("walk is not empty");
+        let side = if a_side { &top.a } else { &top.b };
+        let dir = side.as_ref().expect("side is present").dir.fd();
+        match fs::readlinkat(dir, name, Vec::new()) {
+            Ok(c) => Ok(Some(c.into_bytes())),
+            Err(Errno::NOENT | Errno::INVAL) => Ok(None),
+            Err(e) => Err(TreeError::io("readlink", p, e)),
+        }
+    }
+}

@@ -244,7 +244,7 @@ call("socket_vsock", 41, 40, 0x1000001, 0)
 call("unshare_newuser", 272, 0x10000000 | 0x8000)
 call("clone_newuser", 56, 0x10000000 | 0x200, 0, 0, 0, 0)
 call("personality_read_implies_exec", 135, 0x400000)
-call("personality_uname26", 135, 0x8)
+call("personality_uname26", 135, 0x20000)
 call("personality_high_bits", 135, (1 << 32) | 0x400000)
 libc.syscall(ctypes.c_long(135), ctypes.c_long(0))
 call("ioctl_tiocsti", 16, -1, 0x5412, B)
@@ -344,7 +344,7 @@ fn refused_syscalls_fail_with_eperm() {
 /// What ordinary programs do: threads, subprocesses, multiprocessing
 /// (fork and spawn, POSIX semaphores), asyncio with loopback sockets and
 /// child processes, memfd, eventfd, mmap, the personality query and
-/// ADDR_NO_RANDOMIZE that debuggers ask for.
+/// ADDR_NO_RANDOMIZE that debuggers ask for; git, gcc, gdb and strace.
 const ORDINARY: &str = r#"
 import asyncio, ctypes, mmap, multiprocessing, os, socket, subprocess, sys, threading
 
@@ -395,8 +395,8 @@ if __name__ == "__main__":
     libc = ctypes.CDLL(None, use_errno=True)
     libc.personality.restype = ctypes.c_int
     assert libc.personality(0xffffffff) == 0
-    assert libc.personality(0x20000) == 0
-    assert libc.personality(0) == 0x20000
+    assert libc.personality(0x40000) == 0  # ADDR_NO_RANDOMIZE, for debuggers
+    assert libc.personality(0) == 0x40000
     print("ok")
 "#;
 
@@ -426,6 +426,35 @@ fn ordinary_programs_still_work() {
     );
     assert_eq!(r.exit_code, Some(0), "{r:?}");
     assert_eq!(r.stdout, "2\ndone\n", "{r:?}");
+    // A C program with threads, built, traced and debugged in the sandbox.
+    let tools = ["gcc", "strace", "gdb"];
+    if let Some(t) = tools.iter().find(|t| allox_integration::which(t).is_none()) {
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            format!("SKIPPED process::ordinary_programs_still_work (C tools): no {t}\n").as_bytes(),
+        );
+        return;
+    }
+    let c = "#include <pthread.h>\n#include <stdio.h>\n\
+             static void *f(void *a) { return a; }\n\
+             int main(void) { pthread_t t; pthread_create(&t, 0, f, 0); \
+             pthread_join(t, 0); puts(\"c ok\"); return 0; }\n";
+    std::fs::write(current(&d, "a", "s").join("t.c"), c).unwrap();
+    let r = sh(
+        &d,
+        "a",
+        "s",
+        "set -e; gcc -O2 -pthread t.c -o t; ./t; strace -f -o /dev/null ./t; \
+         gdb -batch -ex run ./t 2>&1",
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert_eq!(r.stdout.matches("c ok").count(), 3, "{r:?}");
+    assert!(r.stdout.contains("exited normally"), "{r:?}");
+    assert!(
+        !r.stdout
+            .contains("Error disabling address space randomization"),
+        "{r:?}"
+    );
 }
 
 #[test]
@@ -1178,11 +1207,11 @@ fn shared_is_writable_by_every_session_of_the_agent() {
     // An agent made by an earlier supervisor (or adopted by recovery) with
     // a root-owned shared/: its next run gets it.
     std::os::unix::fs::chown(&shared, Some(0), Some(0)).unwrap();
-    let r = sh(&d, "a", "t", "echo from-t >> \"$ALLOX_AGENT_SHARED/note\"");
+    let r = sh(&d, "a", "t", "echo from-t > \"$ALLOX_AGENT_SHARED/new\"");
     assert_eq!(r.exit_code, Some(0), "{r:?}");
     assert_eq!(
-        std::fs::read_to_string(shared.join("note")).unwrap(),
-        "from-s\nfrom-t\n"
+        std::fs::read_to_string(shared.join("new")).unwrap(),
+        "from-t\n"
     );
 }
 
@@ -1195,6 +1224,7 @@ fn a_root_sandbox_identity_is_refused_at_start() {
     let root = fs.path().join("store");
     std::fs::create_dir(&root).unwrap();
     let cgroup = allox_integration::cgroup2_mount().expect("cgroup2 mount");
+    let sock = fs.scratch().join("ctl.sock");
     for (flag, value) in [
         ("--sandbox-uid", "0"),
         ("--sandbox-gid", "0"),
@@ -1205,7 +1235,7 @@ fn a_root_sandbox_identity_is_refused_at_start() {
             .arg("--root")
             .arg(&root)
             .arg("--listen")
-            .arg(format!("unix:{}", fs.scratch().join("ctl.sock").display()))
+            .arg(format!("unix:{}", sock.display()))
             .arg("--cgroup-root")
             .arg(&cgroup)
             .arg("--sandbox-stage")
@@ -1219,7 +1249,8 @@ fn a_root_sandbox_identity_is_refused_at_start() {
             .unwrap();
         let t0 = Instant::now();
         while out.try_wait().unwrap().is_none() {
-            if t0.elapsed() > Duration::from_secs(30) {
+            let serving = std::os::unix::net::UnixStream::connect(&sock).is_ok();
+            if serving || t0.elapsed() > Duration::from_secs(30) {
                 let _ = out.kill();
                 let _ = out.wait();
                 panic!("{flag} {value}: the daemon started");

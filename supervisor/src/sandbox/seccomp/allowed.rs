@@ -12,7 +12,7 @@
 //!   `CAP_SYS_ADMIN` only for some flags; here the deny list refuses
 //!   `CLONE_NEWUSER` and the other namespaces need a capability nobody in
 //!   the sandbox has), `ptrace` (a sandbox sees only its own processes),
-//!   `personality` (the deny list keeps only the default persona), and four
+//!   `personality` (the deny list keeps a short list of personas), and four
 //!   calls newer than that profile that only touch the caller's own files or
 //!   memory: `fchmodat2`, `cachestat`, `map_shadow_stack`, `mseal`.
 //!

@@ -58,14 +58,17 @@ pub const CLONE_NEWUSER: u64 = 0x1000_0000;
 pub const AF_VSOCK: u64 = 40;
 
 /// The only `personality` values allowed; compared on the low 32 bits, as
-/// the kernel reads its argument. `PER_LINUX` is the default persona,
-/// `0xffffffff` only asks for the current one, and `ADDR_NO_RANDOMIZE`
-/// (address-space randomisation off for the caller's next program) is what
-/// debuggers and `setarch -R` ask for. Everything else is refused: chiefly
-/// `READ_IMPLIES_EXEC` (every readable mapping executable) and the legacy
-/// personas such as `UNAME26`, which Docker allows for old binaries and
-/// which once leaked kernel memory through `uname`.
-pub const PERSONALITIES: &[u64] = &[0, 0x0002_0000, 0xffff_ffff];
+/// the kernel reads its argument: `PER_LINUX` (the default persona),
+/// `0xffffffff` (only asks for the current one), `PER_LINUX32` (`uname`
+/// says i686, for `linux32` builds; Docker allows it too) and
+/// `ADDR_NO_RANDOMIZE` with either (address-space randomisation off for the
+/// caller's next program: what gdb and `setarch -R` ask for; Docker refuses
+/// it, but here it only weakens the agent's own programs, since
+/// no_new_privs and the kernel drop it on any exec that would gain
+/// privilege). Refused: chiefly `READ_IMPLIES_EXEC` (every readable mapping
+/// executable), and `UNAME26` (0x20000, which Docker allows for old
+/// binaries and which once leaked kernel memory through `uname`).
+pub const PERSONALITIES: &[u64] = &[0, 0x8, 0x4_0000, 0x4_0008, 0xffff_ffff];
 
 /// ioctls refused on any descriptor, compared on the low 32 bits (the
 /// kernel's `unsigned int cmd`), so setting high bits does not get past.

@@ -306,6 +306,10 @@ impl Supervisor {
             }),
             Request::AgentCreate(r) => {
                 let info = st.agent_create(&r.agent_id)?;
+                if let Some(runs) = &self.runs {
+                    // `shared/` is the agent's to write in.
+                    runs.own(&st.layout().shared(&r.agent_id));
+                }
                 if r.auto_checkpoint.is_some() || r.keep_last.is_some() {
                     st.policy_set(&allox_protocol::PolicySet {
                         agent_id: r.agent_id.clone(),

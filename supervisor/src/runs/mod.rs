@@ -83,6 +83,32 @@ impl RunsConfig {
     }
 }
 
+impl RunsConfig {
+    /// Refuses identities that would leave sandboxed programs privileged:
+    /// uid or gid 0 (root), and `u32::MAX`, which `setresuid`/`setresgid`
+    /// read as "leave unchanged" (so the program would stay root).
+    pub fn check(&self) -> Result<(), String> {
+        for (flag, what, id) in [
+            ("--sandbox-uid", "uid", self.uid),
+            ("--sandbox-gid", "gid", self.gid),
+        ] {
+            if id == 0 {
+                return Err(format!(
+                    "{flag} 0: sandboxed programs must not run as root; \
+                     give an unprivileged {what} (the default is 10000)"
+                ));
+            }
+            if id == u32::MAX {
+                return Err(format!(
+                    "{flag} {id}: the kernel reads {what} -1 as \"unchanged\", \
+                     so sandboxed programs would stay root; give an unprivileged {what}"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 struct Run {
     id: String,
     agent: String,
@@ -140,6 +166,7 @@ fn cg_err(e: CgroupError) -> ErrorBody {
 
 impl Runs {
     pub fn new(cfg: RunsConfig) -> Result<Runs, String> {
+        cfg.check()?;
         let cgroups = Cgroups::open(&cfg.cgroup_mount).map_err(|e| cg_err(e).message)?;
         cgroups
             .check_limits(&cfg.limits)
@@ -211,15 +238,27 @@ impl Runs {
         format!("{:x}{:04x}", crate::now_ms(), n & 0xffff)
     }
 
-    /// Makes the session's `current/` belong to the sandbox user.
-    pub fn own(&self, current: &Path) {
-        use std::os::unix::fs::MetadataExt;
+    /// Makes a directory the sandbox user writes in (a session's
+    /// `current/`, an agent's `shared/`) belong to that user. The directory
+    /// itself, never a symlink in its place.
+    pub fn own(&self, dir: &Path) {
+        use rustix::fs::{AtFlags, Gid, Uid};
+        let st = match rustix::fs::statat(rustix::fs::CWD, dir, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() => st,
+            _ => return,
+        };
         // Only when needed: a chown changes the directory's ctime.
-        let owned = std::fs::metadata(current)
-            .map(|m| m.uid() == self.cfg.uid && m.gid() == self.cfg.gid)
-            .unwrap_or(false);
-        if !owned {
-            let _ = std::os::unix::fs::chown(current, Some(self.cfg.uid), Some(self.cfg.gid));
+        if st.st_uid != self.cfg.uid || st.st_gid != self.cfg.gid {
+            let (uid, gid) = (Uid::from_raw(self.cfg.uid), Gid::from_raw(self.cfg.gid));
+            if let Err(e) = rustix::fs::chownat(
+                rustix::fs::CWD,
+                dir,
+                Some(uid),
+                Some(gid),
+                AtFlags::SYMLINK_NOFOLLOW,
+            ) {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot hand the directory to the sandbox user");
+            }
         }
     }
 
@@ -289,14 +328,16 @@ impl Runs {
             uid: self.cfg.uid,
             gid: self.cfg.gid,
             session: paths.current.clone(),
-            shared: paths.shared,
+            shared: paths.shared.clone(),
             stage: self.cfg.stage.clone(),
             system_dirs: self.cfg.system_dirs.clone(),
             hostname: "allox".into(),
             isolate_network: self.cfg.isolate_network,
             tmp_sync_cap: self.cfg.tmp_sync_cap,
         };
+        // Also for sessions and agents made before (or adopted by recovery).
         self.own(&paths.current);
+        self.own(&paths.shared);
         // clone3 and the spec write block; keep them off the I/O workers.
         let exe = rustix::io::fcntl_dupfd_cloexec(&self.exe, 0)
             .map_err(|e| internal(format!("dup: {e}")))?;
@@ -873,5 +914,33 @@ async fn wait_result(
             ))
         }),
         None => wait.await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_and_unchanged_ids_are_refused_naming_the_flag() {
+        let base = RunsConfig::new("/nonexistent".into(), "/nonexistent".into(), "/x".into());
+        assert_eq!(base.check(), Ok(()));
+        for (uid, gid, flag) in [
+            (0, 10_000, "--sandbox-uid 0"),
+            (10_000, 0, "--sandbox-gid 0"),
+            (u32::MAX, 10_000, "--sandbox-uid 4294967295"),
+            (10_000, u32::MAX, "--sandbox-gid 4294967295"),
+        ] {
+            let cfg = RunsConfig {
+                uid,
+                gid,
+                ..base.clone()
+            };
+            let e = cfg.check().unwrap_err();
+            assert!(e.starts_with(flag), "{e}");
+            // Runs::new refuses it before touching anything.
+            let e = Runs::new(cfg).err().unwrap();
+            assert!(e.starts_with(flag), "{e}");
+        }
     }
 }

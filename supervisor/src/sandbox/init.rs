@@ -3,7 +3,8 @@
 //! Runs single-threaded in fresh PID, mount, IPC and UTS namespaces, inside
 //! the run's cgroup, as root of the supervisor's user namespace. It:
 //!
-//! 1. reads its [`SandboxSpec`] from fd 3;
+//! 1. marks itself not dumpable (it stays root) and reads its
+//!    [`SandboxSpec`] from fd 3;
 //! 2. assembles the new root on a tmpfs: system directories bound
 //!    read-only, nosuid, nodev; a fresh /proc; a minimal /dev (null, zero,
 //!    full, random, urandom, tty, pts, shm); a private tmpfs /tmp; the
@@ -16,18 +17,19 @@
 //!    closes every descriptor above 2, resets its signal mask and execs;
 //! 4. forwards termination signals to the program, reaps every process of
 //!    the namespace, and when the program ends copies the private /tmp's
-//!    regular files to `current/.allox-tmp/` (on normal exit) and writes
+//!    regular files to `current/.allox-tmp/` (on normal exit, within
+//!    budgets, see [`tmp_sync`]) and writes
 //!    the program's status to fd 4; it exits when the namespace is empty.
 #![allow(unsafe_code)]
 
 use super::seccomp;
 use super::spec::{InitStatus, SandboxSpec, SESSION_MOUNT, SHARED_MOUNT, SPEC_FD, STATUS_FD};
+use super::tmp_sync;
 use rustix::fd::{FromRawFd, OwnedFd};
 use rustix::mount::{self as m, MountFlags, MountPropagationFlags, UnmountFlags};
 use std::ffi::CString;
 use std::io::{Read, Write};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 /// The program's PID, for the signal forwarder.
@@ -35,6 +37,11 @@ static CHILD: AtomicI32 = AtomicI32::new(0);
 
 /// Entry point; never returns.
 pub fn run() -> ! {
+    // Root-owned and not dumpable: no other process of this uid without
+    // CAP_SYS_PTRACE may read its memory or environment through /proc or
+    // ptrace it, and it never dumps core. The program's exec makes a new,
+    // dumpable image for its own (unprivileged) user.
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     // SAFETY: fd 3 and 4 were placed by the supervisor for this process and
     // nothing else in it owns them.
     let (spec_fd, status_fd) = unsafe {
@@ -553,8 +560,7 @@ fn reap(child: i32, exec_errno: Option<i32>, spec: &SandboxSpec, mut status: std
 }
 
 /// Copies the private /tmp's regular files to `current/.allox-tmp/`, as the
-/// unprivileged user, within the size cap. Sockets, FIFOs, devices and
-/// symlinks are left out.
+/// unprivileged user, within the size cap (see [`tmp_sync`]).
 fn sync_tmp(spec: &SandboxSpec) {
     if spec.tmp_sync_cap == 0 {
         return;
@@ -568,78 +574,21 @@ fn sync_tmp(spec: &SandboxSpec) {
             return;
         }
     }
-    let dest = Path::new(SESSION_MOUNT).join(".allox-tmp");
-    let mut budget = spec.tmp_sync_cap;
-    let mut files = Vec::new();
-    collect_regular(Path::new("/tmp"), Path::new(""), &mut files);
-    if files.is_empty() {
+    // Now of the agent's uid, without its seccomp filter or no_new_privs:
+    // still not dumpable, so the agent's processes cannot ptrace it,
+    // whatever `fs.suid_dumpable` made of the uid change.
+    if rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .is_err()
+    {
         return;
     }
-    if let Ok(md) = std::fs::symlink_metadata(&dest) {
-        if !md.is_dir() {
-            let _ = std::fs::remove_file(&dest);
-        }
-    }
-    for (rel, size) in files {
-        if size > budget {
-            continue;
-        }
-        let to = dest.join(&rel);
-        if mkdir_nofollow(&dest, rel.parent().unwrap_or(Path::new(""))).is_err() {
-            continue;
-        }
-        if copy_nofollow(&Path::new("/tmp").join(&rel), &to).is_ok() {
-            budget -= size;
-        }
-    }
-}
-
-fn collect_regular(root: &Path, rel: &Path, out: &mut Vec<(PathBuf, u64)>) {
-    let Ok(rd) = std::fs::read_dir(root.join(rel)) else {
+    let Ok(session) = CString::new(SESSION_MOUNT) else {
         return;
     };
-    for e in rd.flatten() {
-        let Ok(ft) = e.file_type() else { continue };
-        let r = rel.join(e.file_name());
-        if ft.is_dir() {
-            collect_regular(root, &r, out);
-        } else if ft.is_file() {
-            let size = e.metadata().map(|m| m.len()).unwrap_or(0);
-            out.push((r, size));
-        }
-    }
-}
-
-/// Creates `dest/rel` one component at a time, refusing symlinks.
-fn mkdir_nofollow(dest: &Path, rel: &Path) -> std::io::Result<()> {
-    let ensure = |p: &Path| match std::fs::symlink_metadata(p) {
-        Ok(md) if md.is_dir() => Ok(()),
-        Ok(_) => Err(std::io::Error::other("not a directory")),
-        Err(_) => std::fs::create_dir(p),
-    };
-    let mut cur = dest.to_path_buf();
-    ensure(&cur)?;
-    for comp in rel.components() {
-        cur.push(comp);
-        ensure(&cur)?;
-    }
-    Ok(())
-}
-
-fn copy_nofollow(from: &Path, to: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut src = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(from)?;
-    let mode = src.metadata()?.permissions().mode() & 0o777;
-    let _ = std::fs::remove_file(to);
-    let mut dst = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(to)?;
-    std::io::copy(&mut src, &mut dst)?;
-    Ok(())
+    let _ = tmp_sync::sync(
+        c"/tmp",
+        &session,
+        c".allox-tmp",
+        tmp_sync::Budget::with_bytes(spec.tmp_sync_cap),
+    );
 }

@@ -12,6 +12,7 @@ pub mod init;
 pub mod seccomp;
 mod spawn;
 pub mod spec;
+pub mod tmp_sync;
 
 pub use spawn::{spawn, Spawned};
 pub use spec::{InitStatus, SandboxSpec};

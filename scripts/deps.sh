@@ -12,9 +12,12 @@ allox_need_root() {
 
 allox_install_deps() {
     # bubblewrap: the benchmark's baseline; python3: used by the sandbox
-    # tests as a program that makes raw system calls; clang and libbpf-dev
-    # (bpf_helpers.h): the process tracker's eBPF programs.
-    local pkgs=(btrfs-progs curl util-linux mount bubblewrap python3 clang libbpf-dev)
+    # tests as a program that makes raw system calls; gcc, gdb, strace and
+    # git: ordinary programs the sandbox tests run under the seccomp
+    # filters; clang and libbpf-dev (bpf_helpers.h): the process tracker's
+    # eBPF programs.
+    local pkgs=(btrfs-progs curl util-linux mount bubblewrap python3 gcc gdb strace git
+        clang libbpf-dev)
     local missing=()
     for p in "${pkgs[@]}"; do
         dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

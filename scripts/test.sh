@@ -40,7 +40,7 @@ eval "$(scripts/build-guest.sh | tail -2)"
 export ALLOX_KERNEL_DIR ALLOX_INITRD
 
 step "VM tests (QEMU; TCG unless the host has real KVM)"
-ALLOX_REQUIRE_PRIVILEGED=1 cargo test -p allox-integration --test vm -- --test-threads=1 2>&1 | tee -a "$LOG"
+ALLOX_REQUIRE_PRIVILEGED=1 cargo test -p allox-integration --test vm --test powercut -- --test-threads=1 2>&1 | tee -a "$LOG"
 
 step "fuzz target: protocol decoding"
 scripts/fuzz.sh "$FUZZ_SECONDS"

@@ -16,6 +16,13 @@
 //!    If it is lost, so is every later commit, and no later operation can
 //!    have touched the disk, so the evidence on disk is still the
 //!    operation's own.
+//! 4. **Answer**: only once the disk steps are durable too. A snapshot or a
+//!    new subvolume commits the filesystem's transaction itself; a rename
+//!    or an exchange is committed by `btrfs::commit` after the store lock
+//!    is released (operations that finish together share one commit). From
+//!    then on a lost End does not matter: recovery finds a durable Begin
+//!    and complete disk steps, and finishes the operation. So an answered
+//!    change survives a power cut, and an unanswered one is whole or undone.
 //!
 //! On start-up, every entry still in the journal is resolved: a committed
 //! one only has its removal finished; a begun one is finished if its disk

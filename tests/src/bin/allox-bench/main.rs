@@ -2,6 +2,8 @@
 //!
 //! * checkpoint and rollback latency at 100, 10,000 and 100,000 files,
 //!   beside `cp -a --reflink=always` of the same tree;
+//! * what the commit before the answer adds to checkpoint, rollback and
+//!   checkpoint delete (on and off, side by side);
 //! * the RPC round trip of `system.ping` over the daemon's Unix socket,
 //!   beside a bare echo over a Unix socket pair.
 //!
@@ -16,6 +18,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod durability_bench;
 mod spawn_bench;
 mod tracker_bench;
 mod turns_bench;
@@ -28,7 +31,7 @@ pub(crate) fn pct(v: &[Duration], p: f64) -> Duration {
     s[i]
 }
 
-fn ms(d: Duration) -> String {
+pub(crate) fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1e3)
 }
 
@@ -72,6 +75,9 @@ fn main() -> anyhow::Result<()> {
     if only.is_empty() || only == "store" {
         store_bench(&fs, quick)?;
         rpc_bench(&fs, quick)?;
+    }
+    if only.is_empty() || only == "durability" {
+        durability_bench::run(&fs, quick)?;
     }
     if only.is_empty() || only == "spawn" {
         spawn_bench::run(&fs, quick)?;

@@ -16,13 +16,15 @@
 //!    If it is lost, so is every later commit, and no later operation can
 //!    have touched the disk, so the evidence on disk is still the
 //!    operation's own.
-//! 4. **Answer**: only once the disk steps are durable too. A snapshot or a
-//!    new subvolume commits the filesystem's transaction itself; a rename
-//!    or an exchange is committed by `btrfs::commit` after the store lock
-//!    is released (operations that finish together share one commit). From
-//!    then on a lost End does not matter: recovery finds a durable Begin
-//!    and complete disk steps, and finishes the operation. So an answered
-//!    change survives a power cut, and an unanswered one is whole or undone.
+//! 4. **Answer**: only once recovery would finish the operation, whatever
+//!    is lost after it. A create, a checkpoint and a rollback are answered
+//!    after their snapshot or new subvolume, whose ioctl commits the
+//!    filesystem's transaction: with the durable Begin, recovery finishes
+//!    them (doing a rollback's exchange again if a power cut took it). A
+//!    delete writes its index change and a [`Stage::Committed`] entry in
+//!    one durable commit before it touches the disk; recovery redoes a lost
+//!    rename. So an answered change survives a power cut, and an unanswered
+//!    one is whole or undone, at no I/O beyond the Begin's sync.
 //!
 //! On start-up, every entry still in the journal is resolved: a committed
 //! one only has its removal finished; a begun one is finished if its disk

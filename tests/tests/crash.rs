@@ -275,9 +275,9 @@ fn lost_rename_after_end_commit_is_redone() {
     std::fs::create_dir_all("/var/tmp").ok();
     let fs = BtrfsFs::new(1024).expect("make btrfs");
     for (i, fp) in [
-        "agent_delete.after_commit",
-        "session_delete.after_commit",
-        "checkpoint_delete.after_commit",
+        "agent_delete.after_rename",
+        "session_delete.after_rename",
+        "checkpoint_delete.after_rename",
         "rollback.after_commit",
     ]
     .iter()
@@ -302,9 +302,9 @@ fn lost_rename_after_end_commit_is_redone() {
         // Undo the rename as if it had never reached the disk.
         let l = Layout::new(&root);
         let (dir, home) = match *fp {
-            "agent_delete.after_commit" => (l.agents_dir(), l.agent_dir("b")),
-            "session_delete.after_commit" => (l.sessions_dir("a"), l.session_dir("a", "s")),
-            "checkpoint_delete.after_commit" => {
+            "agent_delete.after_rename" => (l.agents_dir(), l.agent_dir("b")),
+            "session_delete.after_rename" => (l.sessions_dir("a"), l.session_dir("a", "s")),
+            "checkpoint_delete.after_rename" => {
                 (l.checkpoints_dir("a", "s"), l.checkpoint("a", "s", "c1"))
             }
             _ => (l.session_dir("a", "s"), l.current("a", "s")),
@@ -329,4 +329,56 @@ fn lost_rename_after_end_commit_is_redone() {
         assert_eq!(model(&d), after, "{fp}: a lost rename was not redone");
         d.stop();
     }
+}
+
+/// A rollback is answered once its snapshot is whole; the exchange after it
+/// is not synced. If a power cut takes the exchange (and the End commit),
+/// recovery must finish the rollback, not undo an answered change.
+#[test]
+fn a_rollback_whose_exchange_was_lost_is_finished() {
+    if !require("crash::a_rollback_whose_exchange_was_lost_is_finished") {
+        return;
+    }
+    std::fs::create_dir_all("/var/tmp").ok();
+    let fs = BtrfsFs::new(1024).expect("make btrfs");
+    let op = operation("rollback");
+    let twin = fs.path().join("twin");
+    let sock_t = fs.scratch().join("t.sock");
+    prepare(&twin, &sock_t);
+    let d = Daemon::start(&twin, &sock_t, &[], &[]);
+    ok(&d, op.clone());
+    let after = model(&d);
+    d.stop();
+
+    let root = fs.path().join("lost");
+    let sock = fs.scratch().join("l.sock");
+    prepare(&root, &sock);
+    let d = Daemon::start(
+        &root,
+        &sock,
+        &[("ALLOX_FAILPOINTS", "rollback.after_exchange")],
+        &[],
+    );
+    assert!(d.client().call(op).is_err());
+    d.wait_killed();
+    // The exchange never reached the disk: only the whole snapshot did.
+    let l = Layout::new(&root);
+    let dir = l.session_dir("a", "s");
+    let fresh: Vec<String> = all_names(&dir)
+        .into_iter()
+        .filter(|n| n.starts_with(".rollback-"))
+        .collect();
+    assert_eq!(fresh.len(), 1, "{fresh:?}");
+    btrfs::exchange(&dir.join(&fresh[0]), &l.current("a", "s")).unwrap();
+    let d = Daemon::start(&root, &sock, &[], &[]);
+    assert_eq!(
+        model(&d),
+        after,
+        "a rollback whose snapshot was whole was undone"
+    );
+    let Response::StoreCheck(r) = ok(&d, Request::StoreCheck(StoreCheckRequest {})) else {
+        panic!("store.check")
+    };
+    assert!(r.is_consistent(), "{r:?}");
+    d.stop();
 }

@@ -1,10 +1,9 @@
 //! `agent.create`, `agent.list`, `agent.delete`.
 
-use super::{mkdir, rename, After, Result, Store, StoreError};
+use super::{mkdir, After, Result, Store, StoreError};
 use crate::btrfs;
 use crate::index::AgentRecord;
 use crate::journal::Op;
-use crate::layout::Layout;
 use allox_protocol::{validate_id, AgentInfo, Deleted};
 
 impl Store {
@@ -57,29 +56,22 @@ impl Store {
     /// too: pinning guards a checkpoint against `checkpoint.delete` and
     /// retention, not against deleting its owner).
     pub fn agent_delete(&self, a: &str) -> Result<Deleted> {
-        let g = self.guard();
+        let _g = self.guard();
         self.need_agent(a)?;
         // Removals still running inside this tree would race the rename.
         let dir = self.layout.agent_dir(a);
         self.reaper.wait_under(&dir);
         let subvolume = btrfs::subvolume_id(&self.layout.workspace(a))?;
-        let build = |_: &mut crate::index::Writer<'_>| {
-            Ok(Op::AgentDelete {
-                agent: a.into(),
-                subvolume,
-            })
+        let op = Op::AgentDelete {
+            agent: a.into(),
+            subvolume,
         };
-        self.journaled(build, |op_id, op| {
-            let trash = Layout::trash(&self.layout.agents_dir(), op_id);
-            rename(&dir, &trash)?;
-            self.crash_point("agent_delete.after_rename");
-            let after = After::Remove(trash);
-            self.end(op_id, op, &after)?;
-            self.crash_point("agent_delete.after_commit");
-            Ok(((), after))
-        })?;
-        drop(g);
-        self.settle()?;
+        self.delete_committed(
+            op,
+            &dir,
+            &self.layout.agents_dir(),
+            ["agent_delete.after_commit", "agent_delete.after_rename"],
+        )?;
         Ok(Deleted {
             deleted: a.to_string(),
         })

@@ -1,11 +1,10 @@
 //! `checkpoint.create`, `checkpoint.list`, `checkpoint.delete`,
 //! `checkpoint.pin`.
 
-use super::{checkpoint_info, rename, After, Result, Store, StoreError, MAX_LABEL};
+use super::{checkpoint_info, After, Result, Store, StoreError, MAX_LABEL};
 use crate::btrfs;
 use crate::index::CheckpointRecord;
 use crate::journal::Op;
-use crate::layout::Layout;
 use allox_protocol::{
     validate_id, CheckpointCreate, CheckpointInfo, CheckpointListing, Deleted, Origin,
 };
@@ -101,7 +100,7 @@ impl Store {
     /// `current/` descended from it, the head moves to its parent too, so
     /// the DAG stays connected.
     pub fn checkpoint_delete(&self, a: &str, s: &str, c: &str) -> Result<Deleted> {
-        let g = self.guard();
+        let _g = self.guard();
         let rec = self.need_checkpoint(a, s, c)?;
         if rec.pinned {
             return Err(StoreError::Conflict(format!(
@@ -109,25 +108,21 @@ impl Store {
             )));
         }
         let subvolume = btrfs::subvolume_id(&self.layout.checkpoint(a, s, c))?;
-        let build = |_: &mut crate::index::Writer<'_>| {
-            Ok(Op::CheckpointDelete {
-                agent: a.into(),
-                session: s.into(),
-                checkpoint: c.into(),
-                subvolume,
-            })
+        let op = Op::CheckpointDelete {
+            agent: a.into(),
+            session: s.into(),
+            checkpoint: c.into(),
+            subvolume,
         };
-        self.journaled(build, |op_id, op| {
-            let trash = Layout::trash(&self.layout.checkpoints_dir(a, s), op_id);
-            rename(&self.layout.checkpoint(a, s, c), &trash)?;
-            self.crash_point("checkpoint_delete.after_rename");
-            let after = After::Remove(trash);
-            self.end(op_id, op, &after)?;
-            self.crash_point("checkpoint_delete.after_commit");
-            Ok(((), after))
-        })?;
-        drop(g);
-        self.settle()?;
+        self.delete_committed(
+            op,
+            &self.layout.checkpoint(a, s, c),
+            &self.layout.checkpoints_dir(a, s),
+            [
+                "checkpoint_delete.after_commit",
+                "checkpoint_delete.after_rename",
+            ],
+        )?;
         Ok(Deleted {
             deleted: format!("{a}/{s}/{c}"),
         })

@@ -28,8 +28,6 @@ pub enum StoreError {
     NoSpace { free_mib: u64, need_mib: u64 },
     #[error("the store is read-only ({0}); fix that and restart the supervisor")]
     ReadOnly(String),
-    #[error("the change is made but could not be committed to disk; after a restart it is either whole or undone")]
-    NotDurable(#[source] BtrfsError),
     #[error("store root {path} is unusable: {why}")]
     Root { path: String, why: String },
     #[error("subvolume operation failed")]
@@ -92,9 +90,7 @@ impl StoreError {
             }
             StoreError::Tree(TreeError::Changed { .. }) => ErrorCode::Conflict,
             _ if self.is_no_space() => ErrorCode::Unavailable,
-            StoreError::Fenced | StoreError::NotDurable(_) | StoreError::ReadOnly(_) => {
-                ErrorCode::Unavailable
-            }
+            StoreError::Fenced | StoreError::ReadOnly(_) => ErrorCode::Unavailable,
             StoreError::Index(ie) if ie.needs_reopen() || matches!(ie, IndexError::Closed) => {
                 ErrorCode::Unavailable
             }

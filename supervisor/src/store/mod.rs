@@ -57,9 +57,6 @@ pub struct Store {
     /// Why the store opened read-only (its index, audit log or recovery
     /// failed at start): no changes until a restart finds it whole.
     degraded: Option<String>,
-    /// Whether renames and exchanges are committed to disk before an
-    /// operation returns (always, but for the benchmark's baseline).
-    commit_before_answer: std::sync::atomic::AtomicBool,
     _root_lock: OwnedFd,
 }
 
@@ -155,7 +152,6 @@ impl Store {
             last_op: AtomicU64::new(0),
             fenced: std::sync::atomic::AtomicBool::new(false),
             degraded: None,
-            commit_before_answer: std::sync::atomic::AtomicBool::new(true),
             _root_lock: root_lock,
         };
         if degraded.is_none() {
@@ -191,24 +187,6 @@ impl Store {
         Ok(())
     }
 
-    /// Turns off the commit that makes an answered rename or exchange
-    /// durable ([`Store::settle`]). Only to measure what the commit costs:
-    /// without it a power cut can undo an operation that was answered.
-    pub fn set_commit_before_answer(&self, on: bool) {
-        self.commit_before_answer.store(on, Ordering::SeqCst);
-    }
-
-    /// Makes an operation's renames and exchanges durable before it is
-    /// answered, so that recovery finds its disk steps complete and
-    /// finishes it (see [`crate::journal`]). Called after the store lock is
-    /// released: operations that finish together share one commit.
-    fn settle(&self) -> Result<()> {
-        if !self.commit_before_answer.load(Ordering::SeqCst) {
-            return Ok(());
-        }
-        btrfs::commit(self.layout.root()).map_err(StoreError::NotDurable)
-    }
-
     fn guard(&self) -> MutexGuard<'_, ()> {
         self.lock.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -229,6 +207,56 @@ impl Store {
                 Err(p) => prev = p,
             }
         }
+    }
+
+    /// A delete: its index change and a journal entry that has only the
+    /// tree's removal left ([`Stage::Committed`]) are one durable commit,
+    /// made before the disk is touched, so the delete holds from the moment
+    /// it can be answered, at the cost of one index sync and no filesystem
+    /// commit. The tree is then renamed into `trash_dir` (freeing its name) and
+    /// removed in the background. A rename lost to a crash or a power cut
+    /// is redone by recovery, which finds the entry committed and the tree
+    /// still at home ([`recovery::resolve`]).
+    fn delete_committed(
+        &self,
+        op: Op,
+        home: &Path,
+        trash_dir: &Path,
+        points: [&str; 2],
+    ) -> Result<()> {
+        self.check_fence()?;
+        let op_id = self.new_op_id();
+        let trash = Layout::trash(trash_dir, op_id);
+        self.index
+            .write(|w| {
+                apply::apply(w, &op)?;
+                w.journal_put(
+                    op_id,
+                    &Entry {
+                        op: op.clone(),
+                        stage: Stage::Committed,
+                    },
+                )
+            })
+            .map_err(|e| {
+                let e = StoreError::from(e);
+                self.heal(&e);
+                e
+            })?;
+        self.crash_point(points[0]);
+        match rename(home, &trash) {
+            Ok(()) => {
+                self.crash_point(points[1]);
+                self.reaper.remove(trash, op_id);
+            }
+            // The delete holds; the entry stays for recovery, which moves
+            // and removes the tree at the next start.
+            Err(e) => tracing::error!(
+                error = %e.chain(), op_id,
+                "deleted, but the tree could not be moved aside; the next start removes it"
+            ),
+        }
+        Ok(())
     }
 
     /// Runs an operation under the journal: Begin (durable), then `body`,

@@ -4,8 +4,10 @@
 //! A [`Stage::Committed`] entry only has its trashed tree left to remove.
 //! A [`Stage::Begun`] entry's End commit never happened (or was lost with
 //! everything after it), so the disk shows how far it got: at start-up it is
-//! finished if its disk steps are complete and undone otherwise; after a
-//! run-time failure it is always undone, since its caller reports an error.
+//! finished if its durable disk steps are complete (a rollback whose
+//! snapshot is whole gets its exchange done again) and undone otherwise;
+//! after a run-time failure it is always undone, since its caller reports
+//! an error. An operation is answered only once recovery would finish it.
 
 use super::{apply::apply, checkpoint_info, Result, Store, StoreError};
 use crate::audit::Entry as AuditEntry;
@@ -181,7 +183,14 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
         } => {
             let fresh = l.rollback_tmp(agent, session, op_id);
             let current = l.current(agent, session);
-            let swapped = swapped(&current, *old_subvolume)?;
+            let mut swapped = swapped(&current, *old_subvolume)?;
+            if forward && !swapped && probe(&fresh)? && current.exists() {
+                // The snapshot is whole (it appears only when its
+                // transaction commits), so the rollback may have been
+                // answered: the exchange that a power cut took is done.
+                btrfs::exchange(&fresh, &current)?;
+                swapped = true;
+            }
             if swapped && forward {
                 finish(op)?;
             } else if swapped && fresh.exists() {

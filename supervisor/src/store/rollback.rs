@@ -3,6 +3,11 @@
 //! Writable snapshot of the checkpoint next to `current/`, then
 //! `renameat2(RENAME_EXCHANGE)` swaps the two in one step, the index moves
 //! the head, and the old tree is deleted in the background.
+//!
+//! The answer needs no commit of its own: once the snapshot ioctl returns
+//! (it commits the filesystem's transaction) the durable Begin and the
+//! whole snapshot make recovery finish the rollback, doing the exchange
+//! again if a power cut took it.
 
 use super::{After, Result, Store};
 use crate::btrfs;
@@ -12,7 +17,7 @@ use allox_protocol::{RollbackDone, SessionRollback};
 impl Store {
     pub fn rollback(&self, p: &SessionRollback) -> Result<RollbackDone> {
         let (a, s, c) = (&*p.agent_id, &*p.session_id, &*p.checkpoint_id);
-        let g = self.guard();
+        let _g = self.guard();
         self.need_checkpoint(a, s, c)?;
         let session = self.need_session(a, s)?;
         let current = self.layout.current(a, s);
@@ -39,10 +44,6 @@ impl Store {
             self.crash_point("rollback.after_commit");
             Ok(((), after))
         })?;
-        drop(g);
-        // The exchange is on disk before the answer: from here recovery
-        // finishes this rollback whatever happens.
-        self.settle()?;
         Ok(RollbackDone {
             agent_id: a.to_string(),
             session_id: s.to_string(),

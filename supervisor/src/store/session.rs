@@ -1,10 +1,9 @@
 //! `session.create`, `session.list`, `session.delete`.
 
-use super::{mkdir, rename, After, Result, Store, StoreError};
+use super::{mkdir, After, Result, Store, StoreError};
 use crate::btrfs;
 use crate::index::SessionRecord;
 use crate::journal::Op;
-use crate::layout::Layout;
 use allox_protocol::{validate_id, Deleted, SessionInfo};
 
 impl Store {
@@ -63,30 +62,23 @@ impl Store {
 
     /// Deletes a session with its `current/` and all its checkpoints.
     pub fn session_delete(&self, a: &str, s: &str) -> Result<Deleted> {
-        let g = self.guard();
+        let _g = self.guard();
         self.need_session(a, s)?;
         // Removals still running inside this tree would race the rename.
         let dir = self.layout.session_dir(a, s);
         self.reaper.wait_under(&dir);
         let subvolume = btrfs::subvolume_id(&self.layout.current(a, s))?;
-        let build = |_: &mut crate::index::Writer<'_>| {
-            Ok(Op::SessionDelete {
-                agent: a.into(),
-                session: s.into(),
-                subvolume,
-            })
+        let op = Op::SessionDelete {
+            agent: a.into(),
+            session: s.into(),
+            subvolume,
         };
-        self.journaled(build, |op_id, op| {
-            let trash = Layout::trash(&self.layout.sessions_dir(a), op_id);
-            rename(&dir, &trash)?;
-            self.crash_point("session_delete.after_rename");
-            let after = After::Remove(trash);
-            self.end(op_id, op, &after)?;
-            self.crash_point("session_delete.after_commit");
-            Ok(((), after))
-        })?;
-        drop(g);
-        self.settle()?;
+        self.delete_committed(
+            op,
+            &dir,
+            &self.layout.sessions_dir(a),
+            ["session_delete.after_commit", "session_delete.after_rename"],
+        )?;
         Ok(Deleted {
             deleted: format!("{a}/{s}"),
         })

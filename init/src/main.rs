@@ -80,6 +80,15 @@ enum Cmd {
         /// Most process events kept in state/events.redb; the oldest go first.
         #[arg(long, default_value_t = allox_supervisor::tracker::DEFAULT_MAX_EVENTS)]
         process_events_max: u64,
+        /// Bytes of captured output the finished runs keep together for
+        /// `process.wait`; past it the oldest runs' output is dropped
+        /// (their exit status stays).
+        #[arg(long, default_value_t = RunsConfig::DEFAULT_FINISHED_OUTPUT_BUDGET)]
+        finished_output_budget: usize,
+        /// Finished runs kept for `process.wait` (each at most 10 minutes);
+        /// the oldest go first.
+        #[arg(long, default_value_t = RunsConfig::DEFAULT_FINISHED_RUNS_MAX)]
+        finished_runs_max: usize,
         /// Drop a client that stops sending in the middle of a frame for this long.
         #[arg(long, default_value_t = 10_000, hide = true)]
         stall_timeout_ms: u64,
@@ -142,6 +151,8 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
             sandbox_network,
             process_tracker,
             process_events_max,
+            finished_output_budget,
+            finished_runs_max,
         } => {
             let mut socket = None;
             let mut virtio_ports = Vec::new();
@@ -185,6 +196,8 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
                 let mut rc = RunsConfig::new(mount, exe, sandbox_stage);
                 rc.isolate_network = sandbox_network == "isolated";
                 rc.tracker = tracker;
+                rc.finished.output_budget = finished_output_budget;
+                rc.finished.max_runs = finished_runs_max;
                 rc.uid = sandbox_uid;
                 rc.gid = sandbox_gid;
                 rc.limits = allox_supervisor::cgroup::Limits {

@@ -302,6 +302,11 @@ pub struct ProcDaemon {
 
 impl ProcDaemon {
     pub fn start(name: &str, extra: &[&str]) -> ProcDaemon {
+        Self::start_with_env(name, &[], extra)
+    }
+
+    /// Starts it with extra environment (e.g. `ALLOX_FAILPOINTS`).
+    pub fn start_with_env(name: &str, env: &[(&str, &str)], extra: &[&str]) -> ProcDaemon {
         std::fs::create_dir_all("/var/tmp").ok();
         let fs = BtrfsFs::new(1024).expect("make btrfs");
         let root = fs.path().join("store");
@@ -319,7 +324,7 @@ impl ProcDaemon {
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let daemon = Daemon::start(&root, &sock, &[], &args);
+        let daemon = Daemon::start(&root, &sock, env, &args);
         ProcDaemon { daemon, cgroup, fs }
     }
 

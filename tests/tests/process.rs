@@ -966,11 +966,7 @@ fn ten_thousand_finished_runs_keep_the_supervisor_small() {
                                 assert_eq!(r.exit_code, Some(0), "run {i}: {r:?}");
                                 assert!(!r.output_dropped, "run {i}");
                                 if r.stdout.len() != OUTPUT {
-                                    eprintln!(
-                                        "run {i}: {} bytes of output, truncated {}",
-                                        r.stdout.len(),
-                                        r.truncated
-                                    );
+                                    eprintln!("run {i}: {} bytes of output", r.stdout.len());
                                     short.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                                 }
                                 *ids[i].lock().unwrap() = (r.run_id, r.stdout.len());
@@ -993,6 +989,9 @@ fn ten_thousand_finished_runs_keep_the_supervisor_small() {
         t0.elapsed(),
         RUNS / 2
     );
+    // What a program wrote before it ended is in its answer, however busy
+    // the supervisor was.
+    assert_eq!(short, 0, "runs answered without all their output");
     assert!(
         hwm_end <= BOUND_KIB,
         "supervisor peak RSS {hwm_end} KiB is over {BOUND_KIB} KiB"
@@ -1003,8 +1002,8 @@ fn ten_thousand_finished_runs_keep_the_supervisor_small() {
         RUNS / 2
     );
     // The newest runs still answer with their output.
-    for i in RUNS - 100..RUNS {
-        let (id, len) = ids[i].lock().unwrap().clone();
+    for (i, run) in ids.iter().enumerate().skip(RUNS - 100) {
+        let (id, len) = run.lock().unwrap().clone();
         let r = wait_run(&d, "a", "s", &id);
         assert_eq!(r.exit_code, Some(0));
         assert!(!r.output_dropped, "run {i}");

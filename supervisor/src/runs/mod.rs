@@ -11,17 +11,19 @@
 pub mod fence;
 pub mod finished;
 pub mod listing;
+mod output;
 pub mod procfs;
 pub mod validate;
 
 use crate::cgroup::{CgroupError, Cgroups, Limits};
 use crate::sandbox::{self, InitStatus, SandboxSpec};
 use allox_protocol::{
-    ErrorBody, ErrorCode, Event, OutputChunk, ProcessKill, ProcessListing, ProcessStart, RunResult,
-    RunStarted, StreamKind,
+    ErrorBody, ErrorCode, Event, ProcessKill, ProcessListing, ProcessStart, RunResult, RunStarted,
+    StreamKind,
 };
 use fence::{Fence, Fences};
 use finished::{Evict, Finished, Retention};
+use output::{Capture, Readers};
 use rustix::fd::OwnedFd;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -373,21 +375,15 @@ impl Runs {
         }
         // Output readers.
         let capture = Arc::new(Mutex::new(Capture::default()));
-        let mut readers = Vec::new();
+        let mut pipes = Vec::new();
         for (fd, kind) in [
             (spawned.stdout, StreamKind::Stdout),
             (spawned.stderr, StreamKind::Stderr),
         ] {
             let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(fd).map_err(to_pipe_err)?;
-            readers.push(tokio::spawn(read_output(
-                rx,
-                kind,
-                id.clone(),
-                events.clone(),
-                capture.clone(),
-                self.cfg.capture_limit,
-            )));
+            pipes.push((rx, kind));
         }
+        let readers = Readers::start(pipes, &id, events.clone(), &capture, self.cfg.capture_limit);
         // Initial stdin, then close.
         if let Some(data) = p.stdin.clone() {
             let run = run.clone();
@@ -746,79 +742,21 @@ impl Runs {
     }
 }
 
-#[derive(Default)]
-struct Capture {
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-    truncated: bool,
-}
-
-async fn read_output(
-    mut rx: tokio::net::unix::pipe::Receiver,
-    kind: StreamKind,
-    run_id: String,
-    mut events: Option<EventSink>,
-    capture: Arc<Mutex<Capture>>,
-    limit: usize,
-) {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match rx.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        if let Some(ev) = &events {
-            let chunk = Event::Output(OutputChunk {
-                run_id: run_id.clone(),
-                stream: kind,
-                data: buf[..n].to_vec(),
-            });
-            // Waiting here is the throttle: a slow client slows the program.
-            if ev.send(chunk).await.is_ok() {
-                continue;
-            }
-            events = None;
-        }
-        let mut c = capture.lock().unwrap_or_else(|e| e.into_inner());
-        let c = &mut *c;
-        let (dst, truncated) = match kind {
-            StreamKind::Stdout => (&mut c.stdout, &mut c.truncated),
-            StreamKind::Stderr => (&mut c.stderr, &mut c.truncated),
-        };
-        let room = limit.saturating_sub(dst.len());
-        if n > room {
-            *truncated = true;
-        }
-        dst.extend_from_slice(&buf[..n.min(room)]);
-    }
-}
-
 /// Reads the init's status report, drains the output briefly, and
 /// publishes the run's result.
 async fn finish(
     runs: Arc<Runs>,
     run: Arc<Run>,
     mut status: tokio::net::unix::pipe::Receiver,
-    readers: Vec<tokio::task::JoinHandle<()>>,
+    readers: Readers,
     capture: Arc<Mutex<Capture>>,
 ) {
     let mut bytes = Vec::new();
     let _ = status.read_to_end(&mut bytes).await;
     let st: Option<InitStatus> = postcard::from_bytes(&bytes).ok();
     // A background process may keep the pipes open: wait a little, then
-    // report what came.
-    let aborts: Vec<_> = readers.iter().map(|r| r.abort_handle()).collect();
-    let drain = async {
-        for r in readers {
-            let _ = r.await;
-        }
-    };
-    let _ = tokio::time::timeout(Duration::from_millis(100), drain).await;
-    // Readers still going (a background process holds the pipes) stop
-    // here, so a streamed answer is not held back.
-    for a in aborts {
-        a.abort();
-    }
+    // report what came, so a streamed answer is not held back.
+    readers.drain(Duration::from_millis(100)).await;
     let c = std::mem::take(&mut *capture.lock().unwrap_or_else(|e| e.into_inner()));
     let mut stderr = String::from_utf8_lossy(&c.stderr).into_owned();
     let (exit_code, signal) = match st {

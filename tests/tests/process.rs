@@ -1216,3 +1216,19 @@ fn a_panic_in_a_rollback_fails_it_and_leaves_the_session_usable() {
         "v2\n"
     );
 }
+
+#[test]
+fn a_run_that_ended_before_anyone_waited_is_answered_by_wait() {
+    let Some(d) = setup("a_run_that_ended_before_anyone_waited") else {
+        return;
+    };
+    let id = bg(&d, "a", "s", "echo done");
+    wait_until("the run's cgroup to go", || {
+        !d.cgroup.join(format!("allox/a/s/run-{id}")).exists()
+    });
+    // Its result is published by now (no timing is asserted: a wait that
+    // came first would pass either way).
+    std::thread::sleep(Duration::from_millis(500));
+    let r = wait_run(&d, "a", "s", &id);
+    assert_eq!((r.exit_code, r.stdout.as_str()), (Some(0), "done\n"));
+}

@@ -509,6 +509,7 @@ mod tests {
                     stderr: String::new(),
                     truncated: false,
                     timed_out: false,
+                    output_dropped: false,
                 })),
             );
         });

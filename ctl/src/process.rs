@@ -104,6 +104,11 @@ pub fn exec(
         if result.truncated {
             notes.push_str("alloxctl: output was truncated at the capture limit\n");
         }
+        if result.output_dropped {
+            notes.push_str(
+                "alloxctl: output was dropped: the supervisor keeps only the newest finished runs' output\n",
+            );
+        }
         print(stderr, &notes);
     }
     exit_code(&result)
@@ -242,6 +247,7 @@ mod tests {
             stderr: String::new(),
             truncated: false,
             timed_out,
+            output_dropped: false,
         }
     }
 

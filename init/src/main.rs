@@ -98,6 +98,15 @@ enum Cmd {
         /// Also serve peers whose (primary) group is this one (repeatable).
         #[arg(long, value_name = "GID")]
         allow_gid: Vec<u32>,
+        /// Bytes of captured output the finished runs keep together for
+        /// `process.wait`; past it the oldest runs' output is dropped
+        /// (their exit status stays).
+        #[arg(long, default_value_t = RunsConfig::DEFAULT_FINISHED_OUTPUT_BUDGET)]
+        finished_output_budget: usize,
+        /// Finished runs kept for `process.wait` (each at most 10 minutes);
+        /// the oldest go first.
+        #[arg(long, default_value_t = RunsConfig::DEFAULT_FINISHED_RUNS_MAX)]
+        finished_runs_max: usize,
         /// Drop a client that stops sending in the middle of a frame for this long.
         #[arg(long, default_value_t = 10_000, hide = true)]
         stall_timeout_ms: u64,
@@ -171,6 +180,8 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
             process_events_max,
             allow_uid,
             allow_gid,
+            finished_output_budget,
+            finished_runs_max,
         } => {
             let mut socket = None;
             let mut virtio_ports = Vec::new();
@@ -214,6 +225,8 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
                 let mut rc = RunsConfig::new(mount, exe, sandbox_stage);
                 rc.isolate_network = sandbox_network == "isolated";
                 rc.tracker = tracker;
+                rc.finished.output_budget = finished_output_budget;
+                rc.finished.max_runs = finished_runs_max;
                 rc.uid = sandbox_uid;
                 rc.gid = sandbox_gid;
                 rc.total = allox_supervisor::cgroup::Limits {

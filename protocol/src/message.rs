@@ -737,6 +737,11 @@ pub struct RunResult {
     pub truncated: bool,
     /// Whether the run was killed because its timeout passed.
     pub timed_out: bool,
+    /// Whether the captured output was dropped after the run ended, to keep
+    /// the finished runs' output within the supervisor's budget (oldest
+    /// runs first): `stdout` and `stderr` are then empty, the status stays.
+    #[serde(default)]
+    pub output_dropped: bool,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -748,11 +753,34 @@ pub struct ProcessInfo {
     pub run_id: Option<String>,
     /// Start time, milliseconds since the Unix epoch.
     pub started_ms: u64,
+    /// Whether `argv` was cut at [`ProcessInfo::ARGV_MAX`] bytes.
+    #[serde(default)]
+    pub argv_truncated: bool,
+}
+
+impl ProcessInfo {
+    /// Bytes of a process's command line (its arguments and their NUL
+    /// terminators, as the kernel counts them) a listing carries.
+    pub const ARGV_MAX: usize = 4 << 10;
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct ProcessListing {
+    /// Sorted by PID; at most [`ProcessListing::MAX_ENTRIES`] and
+    /// [`ProcessListing::MAX_BYTES`] (see `truncated`).
     pub processes: Vec<ProcessInfo>,
+    /// Whether processes were left out (those with the highest PIDs) to
+    /// keep the answer within its bounds.
+    #[serde(default)]
+    pub truncated: bool,
+}
+
+impl ProcessListing {
+    /// Processes in one answer.
+    pub const MAX_ENTRIES: usize = 4096;
+    /// Encoded size of the processes of one answer: well inside one frame
+    /// ([`crate::MAX_FRAME`]).
+    pub const MAX_BYTES: usize = 768 << 10;
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]

@@ -5,8 +5,8 @@ use crate::audit::Entry;
 use crate::runs::{EventSink, Runs, SessionPaths};
 use crate::store::{Store, StoreError};
 use allox_protocol::{
-    AgentListing, ErrorBody, ErrorCode, Killed, Pong, ProcessEvents, ProcessListing, Request,
-    Response, SessionListing, SessionRollback, PROTOCOL_VERSION,
+    AgentListing, ErrorBody, ErrorCode, Killed, Pong, ProcessEvents, Request, Response,
+    SessionListing, SessionRollback, PROTOCOL_VERSION,
 };
 use std::sync::Arc;
 
@@ -140,9 +140,7 @@ impl Supervisor {
             }
             Request::ProcessList(p) => {
                 session(&p.agent_id, &p.session_id)?;
-                Ok(Response::Processes(ProcessListing {
-                    processes: runs.list(&p.agent_id, &p.session_id),
-                }))
+                Ok(Response::Processes(runs.list(&p.agent_id, &p.session_id)))
             }
             Request::ProcessStdin(p) => {
                 session(&p.agent_id, &p.session_id)?;
@@ -239,7 +237,25 @@ impl Supervisor {
         req: &Request,
     ) -> Result<Response, ErrorBody> {
         let out = self.admit(peer, request_id, req).and_then(|()| {
-            self.answer(req).map_err(|e| {
+            // A panic fails this request only: the store's journal is
+            // settled where it happened, fences and locks are guards, and
+            // the client is told.
+            let answered =
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.answer(req))) {
+                    Ok(answered) => answered,
+                    Err(panic) => {
+                        let why = panic_message(panic);
+                        tracing::error!(action = req.action(), %why, "request panicked");
+                        return Err(ErrorBody::new(
+                            ErrorCode::Internal,
+                            format!(
+                                "{} failed: the supervisor hit a bug ({why}); the operation was undone or finished, as store.check shows",
+                                req.action()
+                            ),
+                        ));
+                    }
+                };
+            answered.map_err(|e| {
                 if matches!(e.code(), allox_protocol::ErrorCode::Internal) {
                     tracing::error!(error = %e.chain(), action = req.action(), "request failed");
                 }
@@ -453,10 +469,17 @@ impl Supervisor {
                 let out = runs.fenced(a, s, || {
                     let mut killed = 0;
                     // Any process counts, a sandbox still being set up too.
+                    // A run that has just ended leaves its sandbox's init
+                    // for a moment (copying /tmp, reaping), and one that was
+                    // starting when the fence went up is stopped by it: with
+                    // no program left, wait for them instead of refusing.
+                    if runs.occupied(a, s) && runs.live(a, s) == 0 {
+                        runs.wait_unoccupied(a, s, std::time::Duration::from_secs(5));
+                    }
                     if runs.occupied(a, s) {
                         if !kill {
                             return Err(StoreError::Conflict(format!(
-                                "session {a}/{s} has {} live processes; stop them or pass \"kill_processes\": true",
+                                "session {a}/{s} has {} live processes (and sandboxes); stop them or pass \"kill_processes\": true",
                                 runs.live(a, s)
                             )));
                         }
@@ -492,6 +515,17 @@ impl Supervisor {
                 Response::Audit(st.audit().read(r.after_seq.unwrap_or(0), limit)?)
             }
         })
+    }
+}
+
+/// The message a panic carried.
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    match payload.downcast::<String>() {
+        Ok(s) => *s,
+        Err(p) => p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "a panic without a message".into()),
     }
 }
 

@@ -1,9 +1,17 @@
-//! Crash points for tests: `ALLOX_FAILPOINTS=name[,name…]` makes the
-//! process kill itself with SIGKILL when it reaches a named point, exactly
-//! as a `kill -9` at that step would. `name=sync` first makes the index
-//! durable, as a later operation's Begin would have before a power cut.
+//! Crash points for tests: `ALLOX_FAILPOINTS=item[,item…]`, each item a
+//! point's name with an optional action:
+//!
+//! - `name`: the process kills itself with SIGKILL there, exactly as a
+//!   `kill -9` at that step would;
+//! - `name=sync`: the same, after making the index durable, as a later
+//!   operation's Begin would have before a power cut;
+//! - `name=panic` or `name=panic:N`: the thread panics there, the first N
+//!   times the point is reached (once without N), as a bug in that step
+//!   would; the request fails and the process lives on.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 /// Every failpoint in the store, in the order an operation reaches them.
 pub const ALL: &[&str] = &[
@@ -26,43 +34,59 @@ pub const ALL: &[&str] = &[
     "rollback.after_commit",
 ];
 
+/// What an armed point does.
+#[derive(Debug, Clone)]
+enum Action {
+    Kill,
+    /// Panics while hits are left.
+    Panic(Arc<AtomicU32>),
+}
+
 #[derive(Debug, Default, Clone)]
 pub struct Failpoints {
-    armed: HashSet<String>,
+    armed: HashMap<String, Action>,
     sync_first: HashSet<String>,
 }
 
 impl Failpoints {
     /// Reads `ALLOX_FAILPOINTS`.
     pub fn from_env() -> Self {
-        let mut armed = HashSet::new();
-        let mut sync_first = HashSet::new();
-        for item in std::env::var("ALLOX_FAILPOINTS")
-            .unwrap_or_default()
-            .split(',')
-        {
-            let item = item.trim();
-            if item.is_empty() {
-                continue;
-            }
-            match item.split_once('=') {
+        Self::parse(&std::env::var("ALLOX_FAILPOINTS").unwrap_or_default())
+    }
+
+    /// Parses the `ALLOX_FAILPOINTS` syntax.
+    pub fn parse(spec: &str) -> Self {
+        let mut fp = Failpoints::default();
+        for item in spec.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (name, action) = match item.split_once('=') {
                 Some((name, "sync")) => {
-                    sync_first.insert(name.to_string());
-                    armed.insert(name.to_string());
+                    fp.sync_first.insert(name.to_string());
+                    (name, Action::Kill)
                 }
-                _ => {
-                    armed.insert(item.to_string());
+                Some((name, how)) if how == "panic" || how.starts_with("panic:") => {
+                    let times = match how.strip_prefix("panic:") {
+                        None => 1,
+                        Some(n) => n.parse().unwrap_or_else(|_| {
+                            tracing::warn!(%item, "failpoint count is not a number; panicking once");
+                            1
+                        }),
+                    };
+                    (name, Action::Panic(Arc::new(AtomicU32::new(times))))
                 }
-            }
-        }
-        for name in &armed {
-            if !ALL.contains(&name.as_str()) {
+                Some((name, how)) => {
+                    tracing::warn!(%name, %how, "unknown failpoint action; killing there");
+                    (name, Action::Kill)
+                }
+                None => (item, Action::Kill),
+            };
+            if !ALL.contains(&name) {
                 tracing::warn!(%name, "unknown failpoint armed");
             } else {
-                tracing::warn!(%name, "failpoint armed: the process will kill itself there");
+                tracing::warn!(%name, ?action, "failpoint armed");
             }
+            fp.armed.insert(name.to_string(), action);
         }
-        Failpoints { armed, sync_first }
+        fp
     }
 
     /// Whether `name` asks for a durable index before the crash.
@@ -70,15 +94,57 @@ impl Failpoints {
         self.sync_first.contains(name)
     }
 
-    /// Dies with SIGKILL if `name` is armed.
+    /// Dies with SIGKILL, or panics, if `name` is armed.
     pub fn hit(&self, name: &str) {
         debug_assert!(ALL.contains(&name), "undeclared failpoint {name}");
-        if self.armed.contains(name) {
-            tracing::error!(%name, "failpoint reached: killing the process");
-            let _ = rustix::process::kill_process(
-                rustix::process::getpid(),
-                rustix::process::Signal::KILL,
-            );
+        match self.armed.get(name) {
+            None => {}
+            Some(Action::Kill) => {
+                tracing::error!(%name, "failpoint reached: killing the process");
+                let _ = rustix::process::kill_process(
+                    rustix::process::getpid(),
+                    rustix::process::Signal::KILL,
+                );
+            }
+            Some(Action::Panic(left)) => {
+                let fire = left
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok();
+                if fire {
+                    tracing::error!(%name, "failpoint reached: panicking");
+                    panic!("failpoint {name} reached");
+                }
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_point_fires_the_given_number_of_times() {
+        let fp = Failpoints::parse("rollback.after_snapshot=panic:2, rollback.after_journal=panic");
+        let fires = |name: &str| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fp.hit(name))).is_err()
+        };
+        assert!(fires("rollback.after_snapshot"));
+        assert!(fires("rollback.after_snapshot"));
+        assert!(!fires("rollback.after_snapshot"));
+        assert!(fires("rollback.after_journal"));
+        assert!(!fires("rollback.after_journal"));
+        assert!(!fires("rollback.after_exchange"));
+    }
+
+    #[test]
+    fn sync_arms_a_kill_after_a_durable_index() {
+        let fp = Failpoints::parse("rollback.after_exchange=sync");
+        assert!(fp.sync_first("rollback.after_exchange"));
+        assert!(matches!(
+            fp.armed.get("rollback.after_exchange"),
+            Some(Action::Kill)
+        ));
+        assert!(!fp.sync_first("rollback.after_commit"));
     }
 }

@@ -401,6 +401,15 @@ impl ProcDaemon {
 
     /// [`ProcDaemon::start`] on a store of `size_mb` MiB.
     pub fn start_on(name: &str, extra: &[&str], size_mb: u64) -> ProcDaemon {
+        Self::start_full(name, &[], extra, size_mb)
+    }
+
+    /// Starts it with extra environment (e.g. `ALLOX_FAILPOINTS`).
+    pub fn start_with_env(name: &str, env: &[(&str, &str)], extra: &[&str]) -> ProcDaemon {
+        Self::start_full(name, env, extra, 1024)
+    }
+
+    fn start_full(name: &str, env: &[(&str, &str)], extra: &[&str], size_mb: u64) -> ProcDaemon {
         std::fs::create_dir_all("/var/tmp").ok();
         let fs = BtrfsFs::new(size_mb).expect("make btrfs");
         let root = fs.path().join("store");
@@ -418,7 +427,7 @@ impl ProcDaemon {
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let daemon = Daemon::start(&root, &sock, &[], &args);
+        let daemon = Daemon::start(&root, &sock, env, &args);
         ProcDaemon { daemon, cgroup, fs }
     }
 

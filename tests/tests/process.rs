@@ -9,13 +9,18 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 fn setup(name: &str) -> Option<ProcDaemon> {
+    setup_with_env(name, &[])
+}
+
+/// [`setup`] with extra environment for the daemon.
+fn setup_with_env(name: &str, env: &[(&str, &str)]) -> Option<ProcDaemon> {
     if !require(&format!("process::{name}")) {
         return None;
     }
     if allox_integration::cgroup2_mount().is_none() {
         panic!("process::{name} needs a cgroup2 mount (/sys/fs/cgroup or /sys/fs/cgroup/unified)");
     }
-    let d = ProcDaemon::start(name, &[]);
+    let d = ProcDaemon::start_with_env(name, env, &[]);
     let mut c = d.daemon.client();
     for (a, s) in [("a", "s"), ("a", "t"), ("b", "s")] {
         let _ = c.call(Request::AgentCreate(AgentCreate::new(a)));
@@ -71,6 +76,10 @@ fn current(d: &ProcDaemon, a: &str, s: &str) -> PathBuf {
 }
 
 fn list(d: &ProcDaemon, a: &str, s: &str) -> Vec<ProcessInfo> {
+    listing(d, a, s).processes
+}
+
+fn listing(d: &ProcDaemon, a: &str, s: &str) -> ProcessListing {
     match call(
         d,
         Request::ProcessList(SessionRef {
@@ -78,7 +87,7 @@ fn list(d: &ProcDaemon, a: &str, s: &str) -> Vec<ProcessInfo> {
             session_id: s.into(),
         }),
     ) {
-        Ok(Response::Processes(l)) => l.processes,
+        Ok(Response::Processes(l)) => l,
         other => panic!("{other:?}"),
     }
 }
@@ -1365,4 +1374,337 @@ fn a_hostile_tmp_does_not_hold_up_the_run() {
     let deep = (0..101).fold(kept.clone(), |p, _| p.join("d")).join("deep");
     assert!(!deep.exists());
     kill_session(&d, "a", "s");
+}
+
+/// The supervisor's resident memory now and at its peak, in KiB (VmRSS,
+/// VmHWM).
+fn supervisor_memory_kib(d: &ProcDaemon) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.daemon.child.id())).unwrap();
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn wait_run(d: &ProcDaemon, a: &str, s: &str, run_id: &str) -> RunResult {
+    match call(
+        d,
+        Request::ProcessWait(ProcessWait {
+            agent_id: a.into(),
+            session_id: s.into(),
+            run_id: run_id.into(),
+            timeout_ms: Some(10_000),
+        }),
+    ) {
+        Ok(Response::Exited(r)) => r,
+        other => panic!("wait {run_id}: {other:?}"),
+    }
+}
+
+#[test]
+fn ten_thousand_finished_runs_keep_the_supervisor_small() {
+    let Some(d) = setup("ten_thousand_finished_runs") else {
+        return;
+    };
+    // 10,000 runs of 48 KiB output each: 470 MiB if every run's output
+    // were kept; the finished runs' budget is 64 MiB by default.
+    const RUNS: usize = 10_000;
+    const OUTPUT: usize = 48 << 10;
+    const CLIENTS: usize = 8;
+    // Peak resident memory allowed: the budget, plus the daemon itself,
+    // runs in flight, and allocator slack.
+    const BOUND_KIB: u64 = 160 << 10;
+    // Growth allowed from the 5,000th run to the 10,000th.
+    const GROWTH_KIB: u64 = 16 << 10;
+    // Each run's id and the output its answer carried.
+    let ids: Vec<std::sync::Mutex<(String, usize)>> =
+        (0..RUNS).map(|_| Default::default()).collect();
+    let short = std::sync::atomic::AtomicUsize::new(0);
+    let run_batch = |range: std::ops::Range<usize>| {
+        let next = std::sync::atomic::AtomicUsize::new(range.start);
+        std::thread::scope(|scope| {
+            for _ in 0..CLIENTS {
+                scope.spawn(|| {
+                    let mut c = d.daemon.client();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= range.end {
+                            return;
+                        }
+                        let p = start("a", "s", &["head", "-c", &OUTPUT.to_string(), "/dev/zero"]);
+                        match c.call(Request::ProcessStart(p)).expect("transport") {
+                            Ok(Response::Exited(r)) => {
+                                assert_eq!(r.exit_code, Some(0), "run {i}: {r:?}");
+                                assert!(!r.output_dropped, "run {i}");
+                                if r.stdout.len() != OUTPUT {
+                                    eprintln!("run {i}: {} bytes of output", r.stdout.len());
+                                    short.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                }
+                                *ids[i].lock().unwrap() = (r.run_id, r.stdout.len());
+                            }
+                            other => panic!("run {i}: {other:?}"),
+                        }
+                    }
+                });
+            }
+        });
+    };
+    let t0 = Instant::now();
+    run_batch(0..RUNS / 2);
+    let (rss_half, hwm_half) = supervisor_memory_kib(&d);
+    run_batch(RUNS / 2..RUNS);
+    let (rss_end, hwm_end) = supervisor_memory_kib(&d);
+    let short = short.into_inner();
+    eprintln!(
+        "{RUNS} runs ({short} answered with less output than written) in {:?}; supervisor VmRSS/VmHWM after {}: {rss_half}/{hwm_half} KiB, after {RUNS}: {rss_end}/{hwm_end} KiB",
+        t0.elapsed(),
+        RUNS / 2
+    );
+    // What a program wrote before it ended is in its answer, however busy
+    // the supervisor was.
+    assert_eq!(short, 0, "runs answered without all their output");
+    assert!(
+        hwm_end <= BOUND_KIB,
+        "supervisor peak RSS {hwm_end} KiB is over {BOUND_KIB} KiB"
+    );
+    assert!(
+        rss_end <= rss_half + GROWTH_KIB,
+        "supervisor RSS grew from {rss_half} KiB to {rss_end} KiB between run {} and run {RUNS}",
+        RUNS / 2
+    );
+    // The newest runs still answer with their output.
+    for (i, run) in ids.iter().enumerate().skip(RUNS - 100) {
+        let (id, len) = run.lock().unwrap().clone();
+        let r = wait_run(&d, "a", "s", &id);
+        assert_eq!(r.exit_code, Some(0));
+        assert!(!r.output_dropped, "run {i}");
+        assert_eq!(r.stdout.len(), len, "run {i}");
+    }
+    // The oldest answers with its status, its output marked dropped.
+    let (id, _) = ids[0].lock().unwrap().clone();
+    let r = wait_run(&d, "a", "s", &id);
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert!(r.output_dropped, "{r:?}");
+    assert!(r.stdout.is_empty() && r.stderr.is_empty());
+}
+
+/// PIDs in a session's cgroups, read from the kernel (not through the
+/// supervisor).
+fn session_pids(d: &ProcDaemon, a: &str, s: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut stack = vec![d.cgroup.join(format!("allox/{a}/{s}"))];
+    while let Some(dir) = stack.pop() {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        out.extend(procs.lines().filter_map(|l| l.parse::<i32>().ok()));
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+fn wait_long(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(180),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn process_list_cuts_long_command_lines_to_fit_one_answer() {
+    let Some(d) = setup("process_list_cuts_long_command_lines") else {
+        return;
+    };
+    // 400 shells with an 8 KiB argument each: 3 MiB of command lines.
+    bg(
+        &d,
+        "a",
+        "s",
+        "L=$(head -c 8192 /dev/zero | tr '\\0' a); \
+         for i in $(seq 400); do sh -c 'sleep 1000; :' x \"$L\" & done; wait",
+    );
+    // Every shell and its sleep, the run's shell and the sandbox init.
+    wait_long("the shells and their sleeps", || {
+        session_pids(&d, "a", "s").len() >= 802
+    });
+    let l = listing(&d, "a", "s");
+    assert!(l.truncated, "{} listed", l.processes.len());
+    assert!(
+        l.processes.windows(2).all(|w| w[0].pid < w[1].pid),
+        "not sorted by pid"
+    );
+    let long: Vec<&ProcessInfo> = l
+        .processes
+        .iter()
+        .filter(|p| p.argv.len() == 5 && p.argv[0] == "sh")
+        .collect();
+    assert!(long.len() > 100, "{} long command lines listed", long.len());
+    for p in &l.processes {
+        let bytes: usize = p.argv.iter().map(|a| a.len() + 1).sum();
+        assert!(
+            bytes <= ProcessInfo::ARGV_MAX,
+            "pid {}: {bytes} bytes of argv",
+            p.pid
+        );
+    }
+    for p in &long {
+        assert!(p.argv_truncated, "pid {} not marked cut", p.pid);
+        assert!(p.argv[4].bytes().all(|b| b == b'a') && p.argv[4].len() < 8192);
+    }
+    assert!(l
+        .processes
+        .iter()
+        .any(|p| !p.argv_truncated && p.argv[0] == "sleep"));
+    let frame = allox_protocol::encode(&ServerFrame::Response(ResponseEnvelope {
+        conversation: 1,
+        request_id: u64::MAX,
+        outcome: Outcome::Ok(Response::Processes(l)),
+    }))
+    .unwrap();
+    assert!(frame.len() <= MAX_FRAME);
+    kill_session(&d, "a", "s");
+}
+
+#[test]
+fn process_list_of_thousands_of_processes_is_capped() {
+    let Some(d) = setup("process_list_of_thousands_of_processes") else {
+        return;
+    };
+    const SLEEPS: usize = 4500;
+    bg(
+        &d,
+        "a",
+        "s",
+        &format!("for i in $(seq {SLEEPS}); do sleep 1000 & done; wait"),
+    );
+    wait_long("the sleeps", || {
+        session_pids(&d, "a", "s").len() >= SLEEPS + 2
+    });
+    let l = listing(&d, "a", "s");
+    assert!(l.truncated);
+    assert_eq!(l.processes.len(), ProcessListing::MAX_ENTRIES);
+    assert!(
+        l.processes.windows(2).all(|w| w[0].pid < w[1].pid),
+        "not sorted by pid"
+    );
+    // The lowest PIDs are the ones listed.
+    let mut pids = session_pids(&d, "a", "s");
+    pids.sort_unstable();
+    let last = l.processes.last().unwrap().pid;
+    let left_out = pids.iter().filter(|&&p| p > last).count();
+    assert!(left_out >= SLEEPS + 1 - ProcessListing::MAX_ENTRIES);
+    kill_session(&d, "a", "s");
+}
+
+#[test]
+fn a_panic_in_a_rollback_fails_it_and_leaves_the_session_usable() {
+    let Some(mut d) = setup_with_env(
+        "a_panic_in_a_rollback",
+        &[("ALLOX_FAILPOINTS", "rollback.after_snapshot=panic")],
+    ) else {
+        return;
+    };
+    let ck = |d: &ProcDaemon, id: &str| {
+        call(
+            d,
+            Request::CheckpointCreate(CheckpointCreate {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                checkpoint_id: id.into(),
+                pinned: false,
+                label: None,
+            }),
+        )
+        .unwrap();
+    };
+    let rb = |d: &ProcDaemon, to: &str| {
+        call(
+            d,
+            Request::SessionRollback(SessionRollback {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                checkpoint_id: to.into(),
+                kill_processes: Some(true),
+            }),
+        )
+    };
+    let check = |d: &ProcDaemon| match call(d, Request::StoreCheck(StoreCheckRequest {})) {
+        Ok(Response::StoreCheck(r)) => {
+            assert!(r.is_consistent() && r.read_only.is_none(), "{r:?}");
+        }
+        other => panic!("{other:?}"),
+    };
+    let head = |d: &ProcDaemon| match call(
+        d,
+        Request::SessionList(AgentRef {
+            agent_id: "a".into(),
+        }),
+    ) {
+        Ok(Response::Sessions(l)) => l
+            .sessions
+            .into_iter()
+            .find(|s| s.session_id == "s")
+            .and_then(|s| s.head),
+        other => panic!("{other:?}"),
+    };
+    ck(&d, "c1");
+    assert_eq!(sh(&d, "a", "s", "echo v2 > work.txt").exit_code, Some(0));
+    ck(&d, "c2");
+    // The first rollback panics half-way (its snapshot made, not swapped
+    // in): the request fails, naming the failure; nothing changed.
+    let e = rb(&d, "c1").unwrap_err();
+    assert_eq!(e.code, ErrorCode::Internal, "{e:?}");
+    assert!(
+        e.message.contains("session.rollback")
+            && e.message.contains("failpoint rollback.after_snapshot"),
+        "{e:?}"
+    );
+    assert_eq!(head(&d).as_deref(), Some("c2"));
+    // The half-done rollback's journal entry and snapshot are gone.
+    check(&d);
+    // The session is not left fenced: runs start, and rollbacks work.
+    let r = sh(&d, "a", "s", "cat work.txt");
+    assert_eq!((r.exit_code, r.stdout.as_str()), (Some(0), "v2\n"), "{r:?}");
+    let Ok(Response::RolledBack(_)) = rb(&d, "c1") else {
+        panic!("the second rollback failed");
+    };
+    assert!(!current(&d, "a", "s").join("work.txt").exists());
+    let Ok(Response::RolledBack(_)) = rb(&d, "c2") else {
+        panic!("the third rollback failed");
+    };
+    check(&d);
+    // A restart finds nothing left to finish or undo.
+    d.restart(&[]);
+    check(&d);
+    assert_eq!(head(&d).as_deref(), Some("c2"));
+    assert_eq!(
+        std::fs::read_to_string(current(&d, "a", "s").join("work.txt")).unwrap(),
+        "v2\n"
+    );
+}
+
+#[test]
+fn a_run_that_ended_before_anyone_waited_is_answered_by_wait() {
+    let Some(d) = setup("a_run_that_ended_before_anyone_waited") else {
+        return;
+    };
+    let id = bg(&d, "a", "s", "echo done");
+    wait_until("the run's cgroup to go", || {
+        !d.cgroup.join(format!("allox/a/s/run-{id}")).exists()
+    });
+    // Its result is published by now (no timing is asserted: a wait that
+    // came first would pass either way).
+    std::thread::sleep(Duration::from_millis(500));
+    let r = wait_run(&d, "a", "s", &id);
+    assert_eq!((r.exit_code, r.stdout.as_str()), (Some(0), "done\n"));
 }

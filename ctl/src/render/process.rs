@@ -25,6 +25,9 @@ pub(super) fn exited(r: &RunResult) -> String {
     if r.truncated {
         out.push_str("note: output was truncated at the capture limit\n");
     }
+    if r.output_dropped {
+        out.push_str("note: output was dropped: the supervisor keeps only the newest finished runs' output\n");
+    }
     out
 }
 
@@ -74,10 +77,14 @@ pub(super) fn processes(l: &ProcessListing) -> String {
             p.ppid.to_string(),
             p.run_id.as_deref().map(clean).unwrap_or_else(|| "-".into()),
             utc(p.started_ms),
-            clean(&p.argv.join(" ")),
+            clean(&p.argv.join(" ")) + if p.argv_truncated { " …" } else { "" },
         ]);
     }
-    t.render()
+    let mut out = t.render();
+    if l.truncated {
+        out.push_str("note: more processes are not listed (the answer's limit)\n");
+    }
+    out
 }
 
 pub(super) fn stdin_written(w: &StdinWritten) -> String {
@@ -107,6 +114,7 @@ mod tests {
             stderr: String::new(),
             truncated: false,
             timed_out: false,
+            output_dropped: false,
         }
     }
 
@@ -183,6 +191,7 @@ note: output was truncated at the capture limit
                     argv: vec!["sh".into(), "-c".into(), "echo hi\nrm -rf x".into()],
                     run_id: Some("r1".into()),
                     started_ms: T0,
+                    argv_truncated: false,
                 },
                 ProcessInfo {
                     pid: 1234,
@@ -190,18 +199,24 @@ note: output was truncated at the capture limit
                     argv: vec!["sleep\x1b]0;pwned\x07".into(), "10".into()],
                     run_id: None,
                     started_ms: T0 + 5_000,
+                    argv_truncated: true,
                 },
             ],
+            truncated: true,
         };
         assert_eq!(
             render(&Response::Processes(l)),
             "\
 PID   PPID  RUN  STARTED              COMMAND
 7     1     r1   2024-01-01 00:00:00  sh -c echo hi\\nrm -rf x
-1234  7     -    2024-01-01 00:00:05  sleep\\u{1b}]0;pwned\\u{7} 10
+1234  7     -    2024-01-01 00:00:05  sleep\\u{1b}]0;pwned\\u{7} 10 …
+note: more processes are not listed (the answer's limit)
 "
         );
-        let empty = ProcessListing { processes: vec![] };
+        let empty = ProcessListing {
+            processes: vec![],
+            truncated: false,
+        };
         assert_eq!(render(&Response::Processes(empty)), "no processes\n");
     }
 

@@ -8,21 +8,28 @@
 //! so runs started by an earlier supervisor (re-adopted after a restart) are
 //! listed and killed like the others.
 
+pub mod fence;
+pub mod finished;
+pub mod listing;
+mod output;
 pub mod procfs;
 pub mod validate;
 
 use crate::cgroup::{CgroupError, Cgroups, Limits};
 use crate::sandbox::{self, InitStatus, SandboxSpec};
 use allox_protocol::{
-    ErrorBody, ErrorCode, Event, OutputChunk, ProcessInfo, ProcessKill, ProcessStart, RunResult,
-    RunStarted, StreamKind,
+    ErrorBody, ErrorCode, Event, ProcessKill, ProcessListing, ProcessStart, RunResult, RunStarted,
+    StreamKind,
 };
+use fence::{Fence, Fences};
+use finished::{Evict, Finished, Retention};
+use output::{Capture, Readers};
 use rustix::fd::OwnedFd;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
@@ -56,9 +63,17 @@ pub struct RunsConfig {
     /// The eBPF process tracker, when it is on: every run's cgroup is
     /// tagged with it before the run's first process exists.
     pub tracker: Option<Arc<crate::tracker::ProcessTracker>>,
+    /// How many finished runs are kept for `process.wait`, how long, and
+    /// how much of their output.
+    pub finished: Retention,
 }
 
 impl RunsConfig {
+    /// Bytes of output all finished runs keep together, by default.
+    pub const DEFAULT_FINISHED_OUTPUT_BUDGET: usize = 64 << 20;
+    /// Finished runs kept, by default.
+    pub const DEFAULT_FINISHED_RUNS_MAX: usize = 10_000;
+
     pub fn new(cgroup_mount: PathBuf, init_exe: PathBuf, stage: PathBuf) -> Self {
         RunsConfig {
             cgroup_mount,
@@ -79,6 +94,7 @@ impl RunsConfig {
             total: Limits::default(),
             isolate_network: false,
             tracker: None,
+            finished: Retention::default(),
         }
     }
 }
@@ -131,9 +147,11 @@ pub struct Runs {
     cgroups: Cgroups,
     exe: OwnedFd,
     table: Mutex<HashMap<String, Arc<Run>>>,
-    /// Sessions (or, with session `*`, whole agents) being rolled back or
-    /// deleted: no new runs. Counters, so overlapping operations nest.
-    fenced: Mutex<HashMap<(String, String), u32>>,
+    /// The finished runs of `table`, oldest first, within their bounds.
+    finished: Mutex<Finished>,
+    /// Sessions (or whole agents) being rolled back or deleted: no new
+    /// runs.
+    fences: Fences,
     next: AtomicU64,
 }
 
@@ -216,11 +234,12 @@ impl Runs {
             }
         }
         Ok(Runs {
+            finished: Mutex::new(Finished::new(cfg.finished)),
             cfg,
             cgroups,
             exe,
             table: Mutex::new(HashMap::new()),
-            fenced: Mutex::new(HashMap::new()),
+            fences: Fences::default(),
             next: AtomicU64::new(1),
         })
     }
@@ -405,21 +424,15 @@ impl Runs {
         }
         // Output readers.
         let capture = Arc::new(Mutex::new(Capture::default()));
-        let mut readers = Vec::new();
+        let mut pipes = Vec::new();
         for (fd, kind) in [
             (spawned.stdout, StreamKind::Stdout),
             (spawned.stderr, StreamKind::Stderr),
         ] {
             let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(fd).map_err(to_pipe_err)?;
-            readers.push(tokio::spawn(read_output(
-                rx,
-                kind,
-                id.clone(),
-                events.clone(),
-                capture.clone(),
-                self.cfg.capture_limit,
-            )));
+            pipes.push((rx, kind));
         }
+        let readers = Readers::start(pipes, &id, events.clone(), &capture, self.cfg.capture_limit);
         // Initial stdin, then close.
         if let Some(data) = p.stdin.clone() {
             let run = run.clone();
@@ -437,7 +450,13 @@ impl Runs {
         // The end: status, then a short drain of the output.
         let status_rx =
             tokio::net::unix::pipe::Receiver::from_owned_fd(spawned.status).map_err(to_pipe_err)?;
-        tokio::spawn(finish(run.clone(), status_rx, readers, capture));
+        tokio::spawn(finish(
+            self.clone(),
+            run.clone(),
+            status_rx,
+            readers,
+            capture,
+        ));
         // Reap the init when the namespace empties, and drop its cgroup.
         tokio::spawn(reap(self.clone(), run.clone()));
         if let Some(ms) = p.timeout_ms {
@@ -508,16 +527,30 @@ impl Runs {
                     stderr: "(started by an earlier supervisor: exit status unknown)".into(),
                     truncated: false,
                     timed_out: false,
+                    output_dropped: false,
                 })
             }
-            None => Err(ErrorBody::new(
-                ErrorCode::NotFound,
-                format!("run {a}/{s}/{run_id} does not exist"),
-            )),
+            None => {
+                let r = &self.cfg.finished;
+                Err(ErrorBody::new(
+                    ErrorCode::NotFound,
+                    format!(
+                        "run {a}/{s}/{run_id} does not exist (finished runs are kept {} s, the newest {} of them)",
+                        r.keep_for.as_secs(),
+                        r.max_runs
+                    ),
+                ))
+            }
         }
     }
 
     fn get(&self, a: &str, s: &str, r: &str) -> Option<Arc<Run>> {
+        let expired = self
+            .finished
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .expire(Instant::now());
+        self.evict(expired);
         self.table
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -633,15 +666,63 @@ impl Runs {
         Ok(n)
     }
 
-    /// The session's live processes (the sandbox inits left out).
-    pub fn list(&self, a: &str, s: &str) -> Vec<ProcessInfo> {
-        let mut out: Vec<ProcessInfo> = self
-            .programs(&self.cgroups.session_dir(a, s))
+    /// The session's live processes (the sandbox inits left out), lowest
+    /// PIDs first, within the bounds of one answer ([`listing`]).
+    pub fn list(&self, a: &str, s: &str) -> ProcessListing {
+        let mut pids = self.cgroups.procs(&self.cgroups.session_dir(a, s));
+        let set: HashSet<i32> = pids.iter().copied().collect();
+        pids.sort_unstable();
+        pids.dedup();
+        // Details are read only for the processes that are listed.
+        let infos = pids
             .into_iter()
-            .filter_map(procfs::info)
-            .collect();
-        out.sort_by_key(|i| i.pid);
-        out
+            .filter(|&p| procfs::ppid(p).is_some_and(|pp| set.contains(&pp)))
+            .filter_map(procfs::info);
+        listing::bounded(
+            infos,
+            ProcessListing::MAX_ENTRIES,
+            ProcessListing::MAX_BYTES,
+        )
+    }
+
+    /// Keeps a finished run for `process.wait` within the bounds of
+    /// [`RunsConfig::finished`].
+    fn retire(&self, run: &Run, output_bytes: usize) {
+        let evicted = self
+            .finished
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(
+                key(&run.agent, &run.session, &run.id),
+                output_bytes,
+                Instant::now(),
+            );
+        self.evict(evicted);
+    }
+
+    fn evict(&self, evicted: Vec<Evict>) {
+        if evicted.is_empty() {
+            return;
+        }
+        let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        for e in evicted {
+            match e {
+                Evict::Run(k) => {
+                    table.remove(&k);
+                }
+                Evict::Output(k) => {
+                    if let Some(run) = table.get(&k) {
+                        run.result.send_modify(|r| {
+                            if let Some(r) = r {
+                                r.stdout = String::new();
+                                r.stderr = String::new();
+                                r.output_dropped = true;
+                            }
+                        });
+                    }
+                }
+            }
+        }
     }
 
     /// How many of the session's processes are the agent's (the sandbox
@@ -664,48 +745,36 @@ impl Runs {
             .collect()
     }
 
-    /// Refuses new runs in a session (`s == "*"`: every session of the
-    /// agent) until the matching [`Runs::unfence`].
-    pub fn fence(&self, a: &str, s: &str) {
-        *self
-            .fenced
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry((a.to_string(), s.to_string()))
-            .or_insert(0) += 1;
+    /// Refuses new runs in a session ([`fence::WHOLE_AGENT`]: every
+    /// session of the agent) until the guard is dropped.
+    pub fn fence(&self, a: &str, s: &str) -> Fence<'_> {
+        self.fences.hold(a, s)
     }
 
-    pub fn unfence(&self, a: &str, s: &str) {
-        let mut f = self.fenced.lock().unwrap_or_else(|e| e.into_inner());
-        let k = (a.to_string(), s.to_string());
-        if let Some(n) = f.get_mut(&k) {
-            *n -= 1;
-            if *n == 0 {
-                f.remove(&k);
-            }
-        }
-    }
-
-    /// Runs `f` with new runs in the session (or agent, `s == "*"`)
-    /// refused.
+    /// Runs `f` with new runs in the session (or agent) refused; they are
+    /// allowed again however `f` ends, a panic included.
     pub fn fenced<T>(&self, a: &str, s: &str, f: impl FnOnce() -> T) -> T {
-        self.fence(a, s);
-        let out = f();
-        self.unfence(a, s);
-        out
+        let _fence = self.fence(a, s);
+        f()
     }
 
     fn check_fence(&self, a: &str, s: &str) -> Result<(), ErrorBody> {
-        let f = self.fenced.lock().unwrap_or_else(|e| e.into_inner());
-        if f.contains_key(&(a.to_string(), s.to_string()))
-            || f.contains_key(&(a.to_string(), "*".to_string()))
-        {
+        if self.fences.is_fenced(a, s) {
             return Err(ErrorBody::new(
                 ErrorCode::Conflict,
                 format!("session {a}/{s} is being rolled back or deleted"),
             ));
         }
         Ok(())
+    }
+
+    /// Waits (blocking) up to `limit` for the session to hold no process,
+    /// sandbox inits included.
+    pub fn wait_unoccupied(&self, a: &str, s: &str, limit: Duration) {
+        let until = Instant::now() + limit;
+        while self.occupied(a, s) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Whether the session has any process at all, sandbox inits included
@@ -731,78 +800,21 @@ impl Runs {
     }
 }
 
-#[derive(Default)]
-struct Capture {
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-    truncated: bool,
-}
-
-async fn read_output(
-    mut rx: tokio::net::unix::pipe::Receiver,
-    kind: StreamKind,
-    run_id: String,
-    mut events: Option<EventSink>,
-    capture: Arc<Mutex<Capture>>,
-    limit: usize,
-) {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match rx.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        if let Some(ev) = &events {
-            let chunk = Event::Output(OutputChunk {
-                run_id: run_id.clone(),
-                stream: kind,
-                data: buf[..n].to_vec(),
-            });
-            // Waiting here is the throttle: a slow client slows the program.
-            if ev.send(chunk).await.is_ok() {
-                continue;
-            }
-            events = None;
-        }
-        let mut c = capture.lock().unwrap_or_else(|e| e.into_inner());
-        let c = &mut *c;
-        let (dst, truncated) = match kind {
-            StreamKind::Stdout => (&mut c.stdout, &mut c.truncated),
-            StreamKind::Stderr => (&mut c.stderr, &mut c.truncated),
-        };
-        let room = limit.saturating_sub(dst.len());
-        if n > room {
-            *truncated = true;
-        }
-        dst.extend_from_slice(&buf[..n.min(room)]);
-    }
-}
-
 /// Reads the init's status report, drains the output briefly, and
 /// publishes the run's result.
 async fn finish(
+    runs: Arc<Runs>,
     run: Arc<Run>,
     mut status: tokio::net::unix::pipe::Receiver,
-    readers: Vec<tokio::task::JoinHandle<()>>,
+    readers: Readers,
     capture: Arc<Mutex<Capture>>,
 ) {
     let mut bytes = Vec::new();
     let _ = status.read_to_end(&mut bytes).await;
     let st: Option<InitStatus> = postcard::from_bytes(&bytes).ok();
     // A background process may keep the pipes open: wait a little, then
-    // report what came.
-    let aborts: Vec<_> = readers.iter().map(|r| r.abort_handle()).collect();
-    let drain = async {
-        for r in readers {
-            let _ = r.await;
-        }
-    };
-    let _ = tokio::time::timeout(Duration::from_millis(100), drain).await;
-    // Readers still going (a background process holds the pipes) stop
-    // here, so a streamed answer is not held back.
-    for a in aborts {
-        a.abort();
-    }
+    // report what came, so a streamed answer is not held back.
+    readers.drain(Duration::from_millis(100)).await;
     let c = std::mem::take(&mut *capture.lock().unwrap_or_else(|e| e.into_inner()));
     let mut stderr = String::from_utf8_lossy(&c.stderr).into_owned();
     let (exit_code, signal) = match st {
@@ -830,11 +842,15 @@ async fn finish(
         stderr,
         truncated: c.truncated,
         timed_out: run.timed_out.load(Ordering::SeqCst),
+        output_dropped: false,
     };
     if let Ok(mut g) = run.stdin.try_lock() {
         g.take();
     }
-    let _ = run.result.send(Some(result));
+    let output_bytes = result.stdout.len() + result.stderr.len();
+    // Kept whether or not anyone waits yet (`send` would drop it then).
+    run.result.send_replace(Some(result));
+    runs.retire(&run, output_bytes);
 }
 
 /// Reaps the init through its pidfd once the namespace is empty, then
@@ -884,12 +900,6 @@ async fn reap(runs: Arc<Runs>, run: Arc<Run>) {
         }
     })
     .await;
-    // Keep finished runs for `process.wait` for a while.
-    tokio::time::sleep(Duration::from_secs(600)).await;
-    runs.table
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&key(&run.agent, &run.session, &run.id));
 }
 
 async fn wait_result(

@@ -274,7 +274,15 @@ impl Store {
             self.heal(&e);
             e
         })?;
-        match body(op_id, &op) {
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(op_id, &op)));
+        let out = match out {
+            Ok(out) => out,
+            Err(panic) => {
+                self.unwound(op_id, op);
+                std::panic::resume_unwind(panic);
+            }
+        };
+        match out {
             Ok((v, After::Nothing)) => Ok(v),
             Ok((v, After::Remove(path))) => {
                 self.reaper.remove(path, op_id);
@@ -284,6 +292,49 @@ impl Store {
                 self.heal(&e);
                 self.abort(op_id, op);
                 Err(e)
+            }
+        }
+    }
+
+    /// Settles the journal entry of an operation whose body panicked, as
+    /// if it had returned: undone if its End never committed, its leftover
+    /// tree removed if it did. Left alone, the entry would wait for a
+    /// restart, and recovery would then read later operations' changes to
+    /// the same tree as its own.
+    fn unwound(&self, op_id: u64, op: Op) {
+        tracing::error!(
+            op_id,
+            ?op,
+            "an operation panicked; settling its journal entry"
+        );
+        let stage = self.index.pending().map(|p| {
+            p.into_iter()
+                .find(|(id, _)| *id == op_id)
+                .map(|(_, e)| e.stage)
+        });
+        match stage {
+            Ok(None) => {}
+            Ok(Some(Stage::Committed)) => {
+                let entry = Entry {
+                    op,
+                    stage: Stage::Committed,
+                };
+                let done = recovery::resolve(self, op_id, &entry, recovery::Mode::Recover)
+                    .and_then(|_| {
+                        self.index
+                            .write(|w| w.journal_remove(op_id))
+                            .map_err(StoreError::from)
+                    });
+                if let Err(e) = done {
+                    // Only a trashed tree is left: start-up removes it.
+                    tracing::error!(error = %e.chain(), op_id, "cannot remove a finished operation's old tree");
+                }
+            }
+            Ok(Some(_)) => self.abort(op_id, op),
+            Err(e) => {
+                let e = StoreError::from(e);
+                tracing::error!(error = %e.chain(), op_id, "cannot read the journal after a panic; refusing changes until restart");
+                self.fenced.store(true, Ordering::SeqCst);
             }
         }
     }

@@ -1,0 +1,87 @@
+//! `process.list` within its bounds: at most
+//! [`ProcessListing::MAX_ENTRIES`] processes and
+//! [`ProcessListing::MAX_BYTES`] of them encoded, lowest PIDs first, so
+//! that a session with any number of processes, or any command lines,
+//! gets an answer that fits one frame and costs the supervisor a bounded
+//! amount of memory.
+
+use allox_protocol::{ProcessInfo, ProcessListing};
+
+/// Bytes `info` takes on the wire.
+fn wire_size(info: &ProcessInfo) -> usize {
+    // Counting cannot fail: the flavor has no capacity to run out of.
+    postcard::serialize_with_flavor(info, postcard::ser_flavors::Size::default()).unwrap_or(0)
+}
+
+/// Takes processes from `infos` (in the order they are to be listed) while
+/// they fit the bounds; the rest are not even looked at.
+pub fn bounded(
+    infos: impl Iterator<Item = ProcessInfo>,
+    max_entries: usize,
+    max_bytes: usize,
+) -> ProcessListing {
+    let mut processes = Vec::new();
+    let mut bytes = 0;
+    for info in infos {
+        let size = wire_size(&info);
+        if processes.len() == max_entries || bytes + size > max_bytes {
+            return ProcessListing {
+                processes,
+                truncated: true,
+            };
+        }
+        bytes += size;
+        processes.push(info);
+    }
+    ProcessListing {
+        processes,
+        truncated: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(pid: i32, arg_len: usize) -> ProcessInfo {
+        ProcessInfo {
+            pid,
+            ppid: 1,
+            argv: vec!["x".repeat(arg_len)],
+            run_id: Some("18c2f3a4b5d0001".into()),
+            started_ms: 1_700_000_000_000,
+            argv_truncated: false,
+        }
+    }
+
+    #[test]
+    fn a_listing_stops_at_its_entry_limit() {
+        let l = bounded((1..=100_000).map(|p| info(p, 8)), 4096, usize::MAX);
+        assert!(l.truncated);
+        assert_eq!(l.processes.len(), 4096);
+        assert_eq!(l.processes.last().map(|p| p.pid), Some(4096));
+        let l = bounded((1..=10).map(|p| info(p, 8)), 4096, usize::MAX);
+        assert!(!l.truncated);
+        assert_eq!(l.processes.len(), 10);
+    }
+
+    #[test]
+    fn a_listing_of_long_command_lines_fits_one_frame() {
+        let l = bounded(
+            (1..=100_000).map(|p| info(p, ProcessInfo::ARGV_MAX - 1)),
+            ProcessListing::MAX_ENTRIES,
+            ProcessListing::MAX_BYTES,
+        );
+        assert!(l.truncated);
+        assert!(l.processes.len() > 100, "{}", l.processes.len());
+        let frame = allox_protocol::encode(&allox_protocol::ServerFrame::Response(
+            allox_protocol::ResponseEnvelope {
+                conversation: u64::MAX,
+                request_id: u64::MAX,
+                outcome: allox_protocol::Outcome::Ok(allox_protocol::Response::Processes(l)),
+            },
+        ))
+        .expect("the answer fits one frame");
+        assert!(frame.len() <= allox_protocol::MAX_FRAME);
+    }
+}

@@ -1,0 +1,175 @@
+//! A run's output: read from its pipes as it comes, streamed to the client
+//! or captured up to a limit, and drained when the run ends.
+//!
+//! When the program ends, the readers get a short grace to reach the end of
+//! their pipes (a background process may hold them open for ever). Past it
+//! they are told to stop: each takes what its pipe holds at that moment,
+//! without waiting for more, and returns. So what the program wrote before
+//! it ended is never lost to a busy supervisor that was slow to read.
+
+use super::EventSink;
+use allox_protocol::{Event, OutputChunk, StreamKind};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Bytes a stopped reader takes at most: a background process that keeps
+/// writing cannot hold the answer.
+const STOP_DRAIN_MAX: usize = 1 << 20;
+
+/// How long stopped readers get to return: a safety net only, since they
+/// no longer wait on their pipes (a client that reads its stream slowly can
+/// still hold one, as it holds the program while it runs).
+const STOP_WAIT: Duration = Duration::from_secs(10);
+
+#[derive(Default)]
+pub(super) struct Capture {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub truncated: bool,
+}
+
+impl Capture {
+    fn keep(&mut self, kind: StreamKind, data: &[u8], limit: usize) {
+        let dst = match kind {
+            StreamKind::Stdout => &mut self.stdout,
+            StreamKind::Stderr => &mut self.stderr,
+        };
+        let room = limit.saturating_sub(dst.len());
+        if data.len() > room {
+            self.truncated = true;
+        }
+        dst.extend_from_slice(&data[..data.len().min(room)]);
+    }
+}
+
+/// The readers of one run's stdout and stderr.
+pub(super) struct Readers {
+    tasks: Vec<JoinHandle<()>>,
+    stop: watch::Sender<bool>,
+}
+
+/// What a reader writes to.
+struct Sink {
+    kind: StreamKind,
+    run_id: String,
+    events: Option<EventSink>,
+    capture: Arc<Mutex<Capture>>,
+    limit: usize,
+}
+
+impl Readers {
+    /// Starts reading `pipes`, streaming to `events` when given, capturing
+    /// into `capture` otherwise (and once the client is gone).
+    pub fn start(
+        pipes: Vec<(tokio::net::unix::pipe::Receiver, StreamKind)>,
+        run_id: &str,
+        events: Option<EventSink>,
+        capture: &Arc<Mutex<Capture>>,
+        limit: usize,
+    ) -> Readers {
+        let (stop, stopped) = watch::channel(false);
+        let tasks = pipes
+            .into_iter()
+            .map(|(rx, kind)| {
+                let sink = Sink {
+                    kind,
+                    run_id: run_id.to_string(),
+                    events: events.clone(),
+                    capture: capture.clone(),
+                    limit,
+                };
+                tokio::spawn(read(rx, sink, stopped.clone()))
+            })
+            .collect();
+        Readers { tasks, stop }
+    }
+
+    /// Once the program has ended: waits up to `grace` for the pipes to
+    /// close, then stops the readers after they take what the pipes hold.
+    pub async fn drain(self, grace: Duration) {
+        let mut tasks = self.tasks;
+        let closed = async {
+            for t in tasks.iter_mut() {
+                let _ = t.await;
+            }
+        };
+        if tokio::time::timeout(grace, closed).await.is_ok() {
+            return;
+        }
+        let _ = self.stop.send(true);
+        let stopped = async {
+            for t in tasks.iter_mut().filter(|t| !t.is_finished()) {
+                let _ = t.await;
+            }
+        };
+        let _ = tokio::time::timeout(STOP_WAIT, stopped).await;
+        for t in &tasks {
+            t.abort();
+        }
+    }
+}
+
+async fn read(
+    mut rx: tokio::net::unix::pipe::Receiver,
+    mut sink: Sink,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut stopping = false;
+    let mut after_stop = 0;
+    loop {
+        let n = if stopping {
+            // Only what the pipe holds now.
+            match rx.try_read(&mut buf) {
+                Ok(n) if n > 0 && after_stop < STOP_DRAIN_MAX => n,
+                _ => return,
+            }
+        } else {
+            tokio::select! {
+                r = rx.read(&mut buf) => match r {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                },
+                _ = stop.changed() => {
+                    stopping = true;
+                    continue;
+                }
+            }
+        };
+        if stopping {
+            after_stop += n;
+        }
+        sink.take(&buf[..n], stopping).await;
+    }
+}
+
+impl Sink {
+    async fn take(&mut self, data: &[u8], stopping: bool) {
+        if let Some(ev) = &self.events {
+            let chunk = Event::Output(OutputChunk {
+                run_id: self.run_id.clone(),
+                stream: self.kind,
+                data: data.to_vec(),
+            });
+            // Waiting here is the throttle: a slow client slows the
+            // program. Once the run has ended nothing waits: what the
+            // client cannot take now goes to the captured output.
+            let sent = if stopping {
+                ev.try_send(chunk).is_ok()
+            } else {
+                ev.send(chunk).await.is_ok()
+            };
+            if sent {
+                return;
+            }
+            self.events = None;
+        }
+        self.capture
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keep(self.kind, data, self.limit);
+    }
+}

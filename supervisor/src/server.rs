@@ -569,13 +569,26 @@ impl RequestCtx {
             }
         });
         let mine = self.conversation;
+        // In a task of its own, so that a panic in it (a bug) fails this
+        // request with an answer instead of leaving the client waiting.
+        let (sup, peer) = (self.sup.clone(), self.peer.clone());
+        let action = req.action();
+        let mut work =
+            tokio::spawn(async move { sup.handle_process(&peer, id, &req, Some(etx)).await });
         let out = tokio::select! {
-            out = self.sup.handle_process(&self.peer, id, &req, Some(etx)) => Some(out),
+            out = &mut work => Some(out.unwrap_or_else(|e| {
+                tracing::error!(action, error = %e, "request failed");
+                Err(ErrorBody::new(
+                    ErrorCode::Internal,
+                    format!("{action} failed: the supervisor hit a bug ({e})"),
+                ))
+            })),
             // The host that asked is gone: stop waiting (a run it started
             // goes on; only the wait or the stream ends).
             _ = self.ended.wait_for(|c| *c != mine) => None,
         };
         let Some(out) = out else {
+            work.abort();
             forward.abort();
             tracing::debug!(peer = %self.peer, id, "request of an ended conversation cancelled");
             return;

@@ -46,6 +46,12 @@ enum Cmd {
         /// request says otherwise.
         #[arg(long)]
         kill_session_processes_on_rollback: bool,
+        /// Limit each session's current/ to this many bytes (suffixes K, M,
+        /// G, T: powers of 1024) with Btrfs quota groups, which this turns
+        /// on; a write past it fails with EDQUOT. Off by default: quota
+        /// groups make snapshots and their deletion slower (docs/store.md).
+        #[arg(long, value_name = "BYTES", value_parser = allox_supervisor::store::parse_size)]
+        session_quota: Option<u64>,
         /// Run without process support (store only).
         #[arg(long)]
         no_processes: bool,
@@ -166,6 +172,7 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
             write_timeout_ms,
             frame_timeout_ms,
             no_processes,
+            session_quota,
             cgroup_root,
             sandbox_uid,
             sandbox_gid,
@@ -250,6 +257,7 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
             };
             let stopped = daemon::run(DaemonConfig {
                 root,
+                store: allox_supervisor::store::StoreOptions { session_quota },
                 socket,
                 virtio_ports,
                 policy: Policy {

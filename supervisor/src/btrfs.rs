@@ -15,6 +15,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use thiserror::Error;
 
+pub mod quota;
+
 const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
 /// Inode number of every subvolume's root directory.
 pub const SUBVOL_ROOT_INO: u64 = 256;
@@ -446,6 +448,25 @@ pub fn subvolumes(fd: &impl AsFd) -> Result<Vec<RootInfo>, BtrfsError> {
             out.push(r);
         }
     })?;
+    Ok(out)
+}
+
+/// The IDs of every tree root the root tree holds above 255: every
+/// subvolume, including deleted ones the kernel has not finished dropping.
+fn all_roots(fd: &impl AsFd) -> Result<Vec<u64>, BtrfsError> {
+    let key = SearchKey {
+        tree_id: ROOT_TREE_ID,
+        min_objectid: 256,
+        max_objectid: u64::MAX - 256,
+        min_type: u32::from(item::ROOT_ITEM),
+        max_type: u32::from(item::ROOT_ITEM),
+        max_offset: u64::MAX,
+        max_transid: u64::MAX,
+        ..SearchKey::default()
+    };
+    let mut out = Vec::new();
+    TreeSearch::default().run(fd, key, |it| out.push(it.objectid))?;
+    out.dedup();
     Ok(out)
 }
 

@@ -5,7 +5,7 @@ use crate::failpoint::Failpoints;
 use crate::peer::PeerPolicy;
 use crate::runs::{Runs, RunsConfig};
 use crate::server::{serve_unix, Limits};
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, StoreOptions};
 use std::path::PathBuf;
 use std::sync::Arc;
 use thiserror::Error;
@@ -13,6 +13,8 @@ use thiserror::Error;
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
     pub root: PathBuf,
+    /// How the store is opened (a session quota).
+    pub store: StoreOptions,
     pub socket: PathBuf,
     /// virtio-serial ports (by name) to serve as well.
     pub virtio_ports: Vec<String>,
@@ -57,8 +59,8 @@ pub enum Stopped {
 /// its successor), flushes the store and returns.
 pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     let t0 = std::time::Instant::now();
-    let store =
-        Store::open_or_read_only(&cfg.root, Failpoints::from_env()).map_err(DaemonError::Store)?;
+    let store = Store::open_or_read_only(&cfg.root, Failpoints::from_env(), cfg.store.clone())
+        .map_err(DaemonError::Store)?;
     tracing::debug!(ms = t0.elapsed().as_millis() as u64, "store open");
     // Many runs mean many descriptors; and the supervisor must be the last
     // thing the OOM killer picks.
@@ -147,13 +149,18 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     result
 }
 
-/// Audit records are written at once; this makes them durable.
+/// Audit records are written at once; this makes them durable, and tops
+/// up the room the state files keep for a full filesystem.
 async fn sync_audit_every_second(sup: Arc<Supervisor>) {
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
         tick.tick().await;
         let s = sup.clone();
-        let r = tokio::task::spawn_blocking(move || s.store.audit().sync()).await;
+        let r = tokio::task::spawn_blocking(move || {
+            s.store.keep_room();
+            s.store.audit().sync()
+        })
+        .await;
         if let Ok(Err(e)) = r {
             tracing::warn!(error = %e, "cannot sync the audit log");
         }

@@ -13,6 +13,7 @@ pub mod layout;
 pub mod peer;
 pub mod ratelimit;
 pub mod records;
+pub mod reserve;
 pub mod runs;
 pub mod sandbox;
 pub mod serial;

@@ -405,7 +405,9 @@ impl ProcessTracker {
             ms = t0.elapsed().as_millis() as u64,
             "process tracker loaded and attached"
         );
-        let store = EventStore::open(&state_dir.join("events.redb"), cap)?;
+        let path = state_dir.join("events.redb");
+        crate::reserve::prepare(&path);
+        let store = EventStore::open(&path, cap)?;
         let me = Arc::new(ProcessTracker {
             tracker: Mutex::new(tracker),
             store,

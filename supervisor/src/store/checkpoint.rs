@@ -61,7 +61,10 @@ impl Store {
                 },
             })
         };
-        self.check_space()?;
+        // No free-space check: a snapshot adds metadata only, and the index
+        // and audit log keep their own room (`crate::reserve`), so a session
+        // that filled the filesystem does not stop checkpoints.
+        //
         // No commit is needed before the answer: the snapshot ioctl commits
         // the filesystem's transaction itself, so once it returns the
         // durable Begin and the snapshot make recovery finish this

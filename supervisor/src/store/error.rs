@@ -30,6 +30,8 @@ pub enum StoreError {
     ReadOnly(String),
     #[error("store root {path} is unusable: {why}")]
     Root { path: String, why: String },
+    #[error("disk quota")]
+    Quota(#[source] BtrfsError),
     #[error("subvolume operation failed")]
     Btrfs(#[from] BtrfsError),
     #[error("index")]

@@ -14,6 +14,7 @@ mod check;
 mod checkpoint;
 pub mod diff;
 pub mod error;
+mod quota;
 mod reaper;
 pub mod recovery;
 mod rollback;
@@ -21,6 +22,7 @@ mod session;
 mod turn;
 
 pub use error::{Result, StoreError};
+pub use quota::{parse_size, StoreOptions};
 
 use crate::audit::Audit;
 use crate::btrfs;
@@ -38,8 +40,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// Longest checkpoint label in bytes.
 pub const MAX_LABEL: usize = 256;
 
-/// Free space below which operations that add data are refused, so that
-/// the index and the audit log never run out of room mid-write.
+/// Free space below which `agent.create` and `session.create` are
+/// refused: a new tree on a full filesystem could not be used anyway.
+/// (The index and the audit log keep their own room: [`crate::reserve`].)
 pub const RESERVE_MIB: u64 = 32;
 
 pub struct Store {
@@ -57,6 +60,11 @@ pub struct Store {
     /// Why the store opened read-only (its index, audit log or recovery
     /// failed at start): no changes until a restart finds it whole.
     degraded: Option<String>,
+    opts: StoreOptions,
+    /// Whether the filesystem's quota groups are on (see [`quota`]).
+    quotas_on: bool,
+    /// Set while the state files' room could not be topped up.
+    room_short: std::sync::atomic::AtomicBool,
     _root_lock: OwnedFd,
 }
 
@@ -78,7 +86,12 @@ impl Store {
     /// Opens the store at `root` (a directory on Btrfs), recovering from
     /// whatever an earlier crash left. Any failure is an error.
     pub fn open(root: &Path, fp: Failpoints) -> Result<Store> {
-        let st = Self::open_inner(root, fp, false)?;
+        Self::open_with(root, fp, StoreOptions::default())
+    }
+
+    /// [`Store::open`] with options (a session quota).
+    pub fn open_with(root: &Path, fp: Failpoints, opts: StoreOptions) -> Result<Store> {
+        let st = Self::open_inner(root, fp, opts, false)?;
         match &st.degraded {
             Some(why) => Err(StoreError::ReadOnly(why.clone())),
             None => Ok(st),
@@ -91,11 +104,11 @@ impl Store {
     /// a supervisor under PID 1 serves and says what is wrong instead of
     /// failing again at every restart. Only an unusable root (missing, not
     /// Btrfs, held by another supervisor) is an error.
-    pub fn open_or_read_only(root: &Path, fp: Failpoints) -> Result<Store> {
-        Self::open_inner(root, fp, true)
+    pub fn open_or_read_only(root: &Path, fp: Failpoints, opts: StoreOptions) -> Result<Store> {
+        Self::open_inner(root, fp, opts, true)
     }
 
-    fn open_inner(root: &Path, fp: Failpoints, degrade: bool) -> Result<Store> {
+    fn open_inner(root: &Path, fp: Failpoints, opts: StoreOptions, degrade: bool) -> Result<Store> {
         let root_err = |why: String| StoreError::Root {
             path: root.display().to_string(),
             why,
@@ -124,6 +137,17 @@ impl Store {
             Ok(())
         };
         let index_path = layout.state_dir().join("index.redb");
+        let audit_path = layout.state_dir().join("audit.log");
+        for p in [&index_path, &audit_path] {
+            crate::reserve::prepare(p);
+        }
+        let quotas_on = match quota::start(&layout, &opts) {
+            Ok(on) => on,
+            Err(e) => {
+                fail(&mut degraded, "the session quota cannot be set up", e)?;
+                false
+            }
+        };
         let index = match Index::open(&index_path) {
             Ok(i) => i,
             Err(e) => {
@@ -132,7 +156,6 @@ impl Store {
             }
         };
         let index = Arc::new(index);
-        let audit_path = layout.state_dir().join("audit.log");
         let audit = match Audit::open(&audit_path) {
             Ok(a) => a,
             Err(e) => {
@@ -140,7 +163,10 @@ impl Store {
                 Audit::unavailable(&audit_path)
             }
         };
-        let reaper = Reaper::start(index.clone());
+        let reaper = Reaper::start(
+            index.clone(),
+            quotas_on.then(|| layout.root().to_path_buf()),
+        );
         let mut store = Store {
             layout,
             index,
@@ -152,12 +178,20 @@ impl Store {
             last_op: AtomicU64::new(0),
             fenced: std::sync::atomic::AtomicBool::new(false),
             degraded: None,
+            opts,
+            quotas_on,
+            room_short: std::sync::atomic::AtomicBool::new(false),
             _root_lock: root_lock,
         };
         if degraded.is_none() {
             if let Err(e) = recovery::recover(&store) {
                 store.heal(&e);
                 fail(&mut degraded, "recovery failed", e)?;
+            }
+        }
+        if degraded.is_none() {
+            if let Err(e) = store.limit_all_sessions() {
+                fail(&mut degraded, "the session quota cannot be set", e)?;
             }
         }
         store.degraded = degraded;
@@ -185,6 +219,31 @@ impl Store {
         self.index.write(|_| Ok(()))?;
         self.audit.sync()?;
         Ok(())
+    }
+
+    /// Tops up the room the state files keep for a full filesystem
+    /// ([`crate::reserve`]); the daemon calls it every second. A failure
+    /// (the filesystem is full) is logged once, and again once it passes.
+    pub fn keep_room(&self) {
+        let state = self.layout.state_dir();
+        let mut short = None;
+        for name in ["index.redb", "audit.log", "events.redb"] {
+            let p = state.join(name);
+            match crate::reserve::top_up(&p) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => short = Some((p, e)),
+            }
+        }
+        let was = self.room_short.swap(short.is_some(), Ordering::SeqCst);
+        match (was, short) {
+            (false, Some((p, e))) => tracing::warn!(
+                error = %e, path = %p.display(),
+                "cannot top up the room kept for the state files; they use what is left of it"
+            ),
+            (true, None) => tracing::info!("the room kept for the state files is whole again"),
+            _ => {}
+        }
     }
 
     fn guard(&self) -> MutexGuard<'_, ()> {
@@ -413,7 +472,7 @@ impl Store {
         }
     }
 
-    /// Refuses work that adds data when the filesystem is nearly full.
+    /// Refuses to make new trees when the filesystem is nearly full.
     fn check_space(&self) -> Result<()> {
         let st = rustix::fs::statvfs(self.layout.root())
             .map_err(|e| StoreError::io("statvfs", self.layout.root(), e.into()))?;

@@ -1,5 +1,6 @@
 //! Deletes trashed trees off the critical path, then closes their journal
-//! entry.
+//! entry; with quota groups on, removes the groups of subvolumes the
+//! kernel has finished dropping.
 
 use crate::btrfs;
 use crate::index::Index;
@@ -14,7 +15,9 @@ pub struct Reaper {
 }
 
 impl Reaper {
-    pub fn start(index: Arc<Index>) -> Reaper {
+    /// `quota_root`: where to remove stale quota groups from after each
+    /// removal (`None` while quota groups are off).
+    pub fn start(index: Arc<Index>, quota_root: Option<PathBuf>) -> Reaper {
         let (tx, rx) = channel::<(PathBuf, u64)>();
         let pending = Arc::new((Mutex::new(Vec::<PathBuf>::new()), Condvar::new()));
         let p2 = pending.clone();
@@ -41,6 +44,14 @@ impl Reaper {
                             error = %crate::store::StoreError::from(e).chain(), ?path,
                             "cannot remove trashed tree"
                         ),
+                    }
+                    // The kernel drops deleted subvolumes in the background:
+                    // this removes the groups of those dropped since the
+                    // last time (Linux 6.1 keeps them forever otherwise).
+                    if let Some(root) = &quota_root {
+                        if let Err(e) = btrfs::quota::remove_stale(root) {
+                            tracing::debug!(error = %e, "cannot remove stale quota groups");
+                        }
                     }
                     let (m, cv) = &*p2;
                     let mut v = m.lock().unwrap_or_else(|p| p.into_inner());

@@ -2,7 +2,8 @@
 //!
 //! Writable snapshot of the checkpoint next to `current/`, then
 //! `renameat2(RENAME_EXCHANGE)` swaps the two in one step, the index moves
-//! the head, and the old tree is deleted in the background.
+//! the head, and the old tree is deleted in the background. With a session
+//! quota, the new tree gets the session's limit before the exchange.
 //!
 //! The answer needs no commit of its own: once the snapshot ioctl returns
 //! (it commits the filesystem's transaction) the durable Begin and the
@@ -30,11 +31,16 @@ impl Store {
                 old_subvolume,
             })
         };
-        self.check_space()?;
+        // No free-space check: the new tree shares every block with the
+        // checkpoint, so a rollback works on a full filesystem.
         self.journaled(build, |op_id, op| {
             self.crash_point("rollback.after_journal");
             let fresh = self.layout.rollback_tmp(a, s, op_id);
             btrfs::snapshot(&self.layout.checkpoint(a, s, c), &fresh, false)?;
+            // The session's quota follows it to the new tree before the
+            // tree is swapped in (a snapshot starts with the limit its
+            // checkpoint had when it was taken).
+            self.limit_session_tree(&fresh)?;
             self.crash_point("rollback.after_snapshot");
             btrfs::exchange(&fresh, &current)?;
             self.crash_point("rollback.after_exchange");

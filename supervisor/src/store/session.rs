@@ -37,6 +37,7 @@ impl Store {
         self.journaled(build, |op_id, op| {
             mkdir(&dir)?;
             btrfs::create_subvolume(&self.layout.current(a, s))?;
+            self.limit_session_tree(&self.layout.current(a, s))?;
             self.crash_point("session_create.after_subvolume");
             mkdir(&self.layout.checkpoints_dir(a, s))?;
             self.crash_point("session_create.before_commit");

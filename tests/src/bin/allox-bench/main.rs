@@ -19,6 +19,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod durability_bench;
+mod quota_bench;
 mod spawn_bench;
 mod tracker_bench;
 mod turns_bench;
@@ -78,6 +79,9 @@ fn main() -> anyhow::Result<()> {
     }
     if only.is_empty() || only == "durability" {
         durability_bench::run(&fs, quick)?;
+    }
+    if only.is_empty() || only == "quota" {
+        quota_bench::run(quick)?;
     }
     if only.is_empty() || only == "spawn" {
         spawn_bench::run(&fs, quick)?;

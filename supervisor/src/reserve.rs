@@ -1,0 +1,105 @@
+//! Room the store keeps for its own files in `state/` — the index (with
+//! the journal), the audit log, the tracker's events — so that they go on
+//! working when an agent has filled the filesystem.
+//!
+//! Each file is `NOCOW` (`chattr +C`): Btrfs rewrites its blocks in place
+//! instead of copying them, so overwriting a page of the index needs no
+//! free space. And each keeps [`ROOM`] bytes allocated past its end
+//! (`fallocate(FALLOC_FL_KEEP_SIZE)`), filled from the start with the
+//! file's holes, so appending to the audit log or growing the index writes
+//! into blocks it already owns. Btrfs takes such writes even when it has no
+//! free data space left (`btrfs_check_nocow_lock`), and nothing an agent
+//! does can take those blocks away: they belong to the file.
+//!
+//! What this costs: Btrfs keeps no checksums of a NOCOW file's data (the
+//! audit log checksums each record; redb checksums its pages) and never
+//! compresses it. What it does not cover: the metadata space (inodes,
+//! directory entries) every write also touches, which Btrfs keeps apart
+//! and agents fill far more slowly; and growth past the room while the disk
+//! is full.
+//!
+//! Every step is best effort: a file that cannot be prepared (the disk is
+//! already full, the filesystem is not Btrfs) is used as it is, and the
+//! failure is logged.
+
+use rustix::fs::{self as rfs, FallocateFlags, IFlags};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::path::Path;
+
+/// Bytes each state file keeps allocated past its end.
+pub const ROOM: u64 = 16 << 20;
+
+/// Makes `path` a NOCOW file before it is first opened: an absent or empty
+/// file gets the flag directly (Btrfs accepts it only on empty files); an
+/// existing one without it is copied into a new NOCOW file that then
+/// replaces it (once per store; the copy is synced before the rename, so a
+/// crash leaves either file whole). Then the room is allocated.
+pub fn prepare(path: &Path) {
+    if let Err(e) = prepare_inner(path) {
+        tracing::warn!(
+            error = %e, path = %path.display(),
+            "cannot keep room for this state file; it will work as long as the filesystem has space"
+        );
+    }
+}
+
+fn prepare_inner(path: &Path) -> io::Result<()> {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)?;
+    let flags = rfs::ioctl_getflags(&f)?;
+    if !flags.contains(IFlags::NOCOW) {
+        if f.metadata()?.len() == 0 {
+            rfs::ioctl_setflags(&f, flags | IFlags::NOCOW)?;
+        } else {
+            drop(f);
+            copy_to_nocow(path)?;
+            tracing::info!(path = %path.display(), "state file rewritten without copy-on-write");
+        }
+    }
+    top_up(path)?;
+    Ok(())
+}
+
+fn copy_to_nocow(path: &Path) -> io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let tmp = dir.join(format!(".{}.nocow", name.to_string_lossy()));
+    let _ = std::fs::remove_file(&tmp);
+    let result = (|| {
+        let mut out = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        let flags = rfs::ioctl_getflags(&out)?;
+        rfs::ioctl_setflags(&out, flags | IFlags::NOCOW)?;
+        let mut src = File::open(path)?;
+        let len = src.metadata()?.len();
+        rfs::fallocate(&out, FallocateFlags::KEEP_SIZE, 0, len + ROOM)?;
+        io::copy(&mut src, &mut out)?;
+        out.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Allocates the file's holes and [`ROOM`] bytes past its end, unless at
+/// least half of that room is still there. Fails (changing nothing) when
+/// the filesystem has no space for it. Returns whether it allocated.
+pub fn top_up(path: &Path) -> io::Result<bool> {
+    let f = OpenOptions::new().write(true).open(path)?;
+    let st = rfs::fstat(&f)?;
+    let (len, allocated) = (st.st_size as u64, st.st_blocks as u64 * 512);
+    if allocated >= len + ROOM / 2 {
+        return Ok(false);
+    }
+    rfs::fallocate(&f, FallocateFlags::KEEP_SIZE, 0, len + ROOM)?;
+    Ok(true)
+}

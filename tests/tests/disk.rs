@@ -1,0 +1,357 @@
+//! Filling the disk: a session that writes until it is refused does not
+//! stop checkpoints, rollbacks, the journal or the audit log, for itself or
+//! for any other session — with a session quota (Btrfs quota groups) and
+//! without one (the state files' own room).
+
+use allox_integration::{require, BtrfsFs, Daemon};
+use allox_protocol::*;
+use allox_supervisor::failpoint::Failpoints;
+use allox_supervisor::store::{Store, StoreOptions};
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Command;
+
+const QUOTA: u64 = 64 << 20;
+const SANDBOX_UID: u32 = 10_000;
+
+fn open(fs: &BtrfsFs, quota: Option<u64>) -> Store {
+    Store::open_with(
+        &fs.path().join("store"),
+        Failpoints::default(),
+        StoreOptions {
+            session_quota: quota,
+        },
+    )
+    .expect("open store")
+}
+
+fn ck(a: &str, s: &str, c: &str) -> CheckpointCreate {
+    CheckpointCreate {
+        agent_id: a.into(),
+        session_id: s.into(),
+        checkpoint_id: c.into(),
+        pinned: false,
+        label: None,
+    }
+}
+
+fn rb(a: &str, s: &str, c: &str) -> SessionRollback {
+    SessionRollback {
+        agent_id: a.into(),
+        session_id: s.into(),
+        checkpoint_id: c.into(),
+        kill_processes: None,
+    }
+}
+
+/// Writes 8 MiB files, then 4 KiB ones, into `dir` until a write fails;
+/// returns the last failure. Panics if `limit` bytes went in first.
+fn fill(dir: &Path, limit: u64) -> io::Error {
+    let big = vec![7u8; 8 << 20];
+    let mut written = 0u64;
+    let mut i = 0;
+    let err = loop {
+        match std::fs::write(dir.join(format!("fill{i}")), &big) {
+            Ok(()) => written += big.len() as u64,
+            Err(e) => break e,
+        }
+        i += 1;
+        assert!(
+            written < limit,
+            "{} took {written} bytes without refusing",
+            dir.display()
+        );
+    };
+    for j in 0..100_000 {
+        if let Err(e) = std::fs::write(dir.join(format!("small{j}")), [1u8; 4096]) {
+            return e;
+        }
+    }
+    err
+}
+
+/// Free bytes of the filesystem `p` is on.
+fn free(p: &Path) -> u64 {
+    let st = rustix::fs::statvfs(p).unwrap();
+    st.f_bavail * st.f_frsize
+}
+
+/// Fills `dir` as the sandbox's user; returns what the refused write said.
+fn fill_as_sandbox_user(dir: &Path) -> String {
+    std::os::unix::fs::chown(dir, Some(SANDBOX_UID), Some(SANDBOX_UID)).unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(
+            "i=0; while dd if=/dev/zero of=u$i bs=1M count=8 status=none; do \
+             i=$((i+1)); [ $i -gt 100 ] && exit 3; done; exit 1",
+        )
+        .current_dir(dir)
+        .uid(SANDBOX_UID)
+        .gid(SANDBOX_UID)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "never refused: {out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn audit_entry(action: &str) -> allox_supervisor::audit::Entry {
+    allox_supervisor::audit::Entry {
+        request_id: 1,
+        peer: "test".into(),
+        action: action.into(),
+        target: String::new(),
+        outcome: "ok".into(),
+        message: None,
+    }
+}
+
+fn setup(name: &str) -> Option<BtrfsFs> {
+    if !require(name) {
+        return None;
+    }
+    std::fs::create_dir_all("/var/tmp").ok();
+    let fs = BtrfsFs::new(512).expect("make btrfs");
+    std::fs::create_dir(fs.path().join("store")).unwrap();
+    Some(fs)
+}
+
+#[test]
+fn a_session_at_its_quota_is_refused_and_every_session_keeps_working() {
+    let Some(fs) = setup("disk::a_session_at_its_quota_is_refused") else {
+        return;
+    };
+    let st = open(&fs, Some(QUOTA));
+    assert!(st.quotas_on());
+    st.agent_create("a").unwrap();
+    st.agent_create("b").unwrap();
+    let s1 = st.session_create("a", "s1").unwrap();
+    st.session_create("a", "s2").unwrap();
+    st.session_create("b", "t").unwrap();
+    let cur = Path::new(&s1.current).to_path_buf();
+    std::fs::write(cur.join("base"), "base").unwrap();
+    st.checkpoint_create(&ck("a", "s1", "base")).unwrap();
+
+    // Root writing in current/ is refused at the quota, far from a full
+    // filesystem.
+    let e = fill(&cur, 256 << 20);
+    assert_eq!(e.raw_os_error(), Some(libc::EDQUOT), "{e}");
+    let u = st.session_usage("a", "s1").unwrap().expect("usage");
+    assert_eq!(u.max_referenced, Some(QUOTA));
+    assert!(u.referenced <= QUOTA, "{u:?}");
+    assert!(free(fs.path()) > 200 << 20, "the filesystem filled up");
+    // Removing files is always allowed at the limit.
+    std::fs::remove_file(cur.join("fill0")).unwrap();
+
+    // The session itself: checkpoint its full tree, roll back, and the
+    // quota follows it to the new tree, for the sandbox's user too.
+    st.checkpoint_create(&ck("a", "s1", "full")).unwrap();
+    st.rollback(&rb("a", "s1", "base")).unwrap();
+    assert_eq!(std::fs::read_to_string(cur.join("base")).unwrap(), "base");
+    let u = st.session_usage("a", "s1").unwrap().unwrap();
+    assert_eq!(
+        u.max_referenced,
+        Some(QUOTA),
+        "the limit did not follow the rollback"
+    );
+    let said = fill_as_sandbox_user(&cur);
+    assert!(said.contains("quota exceeded"), "{said}");
+    st.rollback(&rb("a", "s1", "full")).unwrap();
+    let e = fill(&cur, 16 << 20);
+    assert_eq!(e.raw_os_error(), Some(libc::EDQUOT), "{e}");
+
+    // Every other session, of the same agent and of another, writes,
+    // checkpoints and rolls back as usual.
+    for (a, s) in [("a", "s2"), ("b", "t")] {
+        let c = st.layout().current(a, s);
+        std::fs::write(c.join("data"), vec![3u8; 32 << 20]).unwrap();
+        st.checkpoint_create(&ck(a, s, "one")).unwrap();
+        std::fs::write(c.join("data"), "changed").unwrap();
+        st.rollback(&rb(a, s, "one")).unwrap();
+        assert_eq!(std::fs::metadata(c.join("data")).unwrap().len(), 32 << 20);
+    }
+    st.audit().append(audit_entry("disk.test")).unwrap();
+    let listings: Vec<_> = [("a", "s1"), ("a", "s2"), ("b", "t")]
+        .iter()
+        .map(|(a, s)| st.checkpoint_list(a, s).unwrap())
+        .collect();
+    let r = st.check().unwrap();
+    assert!(r.is_consistent() && r.read_only.is_none(), "{r:?}");
+    drop(st);
+
+    // After a restart: the index, the journal and the audit log are whole,
+    // and every session has the limit the store is opened with.
+    let st = open(&fs, Some(QUOTA));
+    let r = st.check().unwrap();
+    assert!(r.is_consistent() && r.read_only.is_none(), "{r:?}");
+    for ((a, s), l) in [("a", "s1"), ("a", "s2"), ("b", "t")].iter().zip(&listings) {
+        assert_eq!(&st.checkpoint_list(a, s).unwrap(), l);
+        let u = st.session_usage(a, s).unwrap().unwrap();
+        assert_eq!(u.max_referenced, Some(QUOTA), "{a}/{s}");
+    }
+    let log = st.audit().read(0, 10_000).unwrap();
+    assert_eq!(log.corrupt, 0);
+    assert!(log.records.iter().any(|r| r.action == "disk.test"));
+    drop(st);
+    // Opened without a quota, the store lifts the limits.
+    let st = open(&fs, None);
+    let u = st.session_usage("a", "s1").unwrap().unwrap();
+    assert_eq!(u.max_referenced, None);
+}
+
+#[test]
+fn a_store_made_without_quotas_gets_them_at_its_next_open() {
+    let Some(fs) = setup("disk::a_store_made_without_quotas") else {
+        return;
+    };
+    let st = open(&fs, None);
+    assert!(!st.quotas_on());
+    st.agent_create("a").unwrap();
+    let s = st.session_create("a", "s").unwrap();
+    let cur = Path::new(&s.current).to_path_buf();
+    std::fs::write(cur.join("data"), vec![1u8; 40 << 20]).unwrap();
+    st.checkpoint_create(&ck("a", "s", "c")).unwrap();
+    assert_eq!(st.session_usage("a", "s").unwrap(), None);
+    drop(st);
+
+    let st = open(&fs, Some(QUOTA));
+    assert!(st.quotas_on());
+    // The rescan counted what was there before quotas were on.
+    let u = st.session_usage("a", "s").unwrap().unwrap();
+    assert_eq!(u.max_referenced, Some(QUOTA));
+    assert!(u.referenced >= 40 << 20, "{u:?}");
+    let e = fill(&cur, 64 << 20);
+    assert_eq!(e.raw_os_error(), Some(libc::EDQUOT), "{e}");
+    st.rollback(&rb("a", "s", "c")).unwrap();
+    let u = st.session_usage("a", "s").unwrap().unwrap();
+    assert_eq!(u.max_referenced, Some(QUOTA));
+    let r = st.check().unwrap();
+    assert!(r.is_consistent(), "{r:?}");
+}
+
+fn call(d: &Daemon, r: Request) -> Result<Response, ErrorBody> {
+    d.client().call(r).expect("transport")
+}
+
+fn ok(d: &Daemon, r: Request) -> Response {
+    call(d, r.clone()).unwrap_or_else(|e| panic!("{r:?}: {e}"))
+}
+
+fn check(d: &Daemon) -> StoreCheckReport {
+    let Response::StoreCheck(r) = ok(d, Request::StoreCheck(StoreCheckRequest {})) else {
+        panic!("store.check")
+    };
+    r
+}
+
+#[test]
+fn a_full_filesystem_leaves_checkpoints_rollbacks_and_the_audit_working() {
+    // No quota: a session fills the whole filesystem.
+    let Some((_fs, d)) =
+        Daemon::on_new_store("disk::a_full_filesystem_leaves", &["--no-processes"])
+    else {
+        return;
+    };
+    let sessions = [("a", "s1"), ("a", "s2"), ("b", "t")];
+    for a in ["a", "b"] {
+        ok(&d, Request::AgentCreate(AgentCreate::new(a)));
+    }
+    for (a, s) in sessions {
+        ok(&d, Request::SessionCreate(SessionCreate::new(a, s)));
+        let cur = d
+            .root
+            .join(format!("agents/{a}/workspace/sessions/{s}/current"));
+        std::fs::write(cur.join("v"), "1").unwrap();
+        ok(&d, Request::CheckpointCreate(ck(a, s, "base")));
+    }
+    let cur = d.root.join("agents/a/workspace/sessions/s1/current");
+    let e = fill(&cur, 1 << 30);
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    let audit_before = {
+        let Response::Audit(l) = ok(
+            &d,
+            Request::AuditList(AuditList {
+                after_seq: None,
+                limit: Some(10_000),
+            }),
+        ) else {
+            panic!()
+        };
+        l.records.len()
+    };
+
+    // The session that filled the disk and every other one checkpoint and
+    // roll back; each change is audited (begun, then ok).
+    for (a, s) in sessions {
+        let c = d
+            .root
+            .join(format!("agents/{a}/workspace/sessions/{s}/current"));
+        let _ = std::fs::write(c.join("v"), "2");
+        ok(&d, Request::CheckpointCreate(ck(a, s, "on-full")));
+        ok(&d, Request::SessionRollback(rb(a, s, "base")));
+        assert_eq!(std::fs::read_to_string(c.join("v")).unwrap(), "1");
+    }
+    // A new session is refused: it could not be written to anyway.
+    let e = call(&d, Request::SessionCreate(SessionCreate::new("b", "new"))).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unavailable, "{e:?}");
+    assert!(e.message.contains("out of space"), "{e:?}");
+    let Response::Audit(l) = ok(
+        &d,
+        Request::AuditList(AuditList {
+            after_seq: None,
+            limit: Some(10_000),
+        }),
+    ) else {
+        panic!()
+    };
+    assert_eq!(l.corrupt, 0);
+    let outcomes: Vec<&str> = l.records[audit_before..]
+        .iter()
+        .filter(|r| r.action == "checkpoint.create" || r.action == "session.rollback")
+        .map(|r| r.outcome.as_str())
+        .collect();
+    assert_eq!(
+        outcomes,
+        ["begun", "ok"].repeat(6),
+        "{:?}",
+        &l.records[audit_before..]
+    );
+    let r = check(&d);
+    assert!(r.is_consistent() && r.read_only.is_none(), "{r:?}");
+
+    // Deleting the session that filled the disk frees it, and a restart
+    // finds the index, the journal and the audit log whole.
+    ok(
+        &d,
+        Request::SessionDelete(SessionRef {
+            agent_id: "a".into(),
+            session_id: "s1".into(),
+        }),
+    );
+    let t0 = std::time::Instant::now();
+    while free(&d.root) < 256 << 20 {
+        assert!(
+            t0.elapsed().as_secs() < 120,
+            "the deleted session's space never came back"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let (root, sock) = (d.root.clone(), d.socket.clone());
+    assert!(d.stop().success());
+    let d = Daemon::start(&root, &sock, &[], &["--no-processes"]);
+    let r = check(&d);
+    assert!(r.is_consistent() && r.read_only.is_none(), "{r:?}");
+    ok(&d, Request::SessionCreate(SessionCreate::new("b", "new")));
+    let Response::Audit(l2) = ok(
+        &d,
+        Request::AuditList(AuditList {
+            after_seq: None,
+            limit: Some(10_000),
+        }),
+    ) else {
+        panic!()
+    };
+    assert_eq!(l2.corrupt, 0);
+    assert!(l2.records.len() > l.records.len());
+    assert_eq!(l2.records[..l.records.len()], l.records[..]);
+}

@@ -4,7 +4,8 @@
 //!
 //! Each file is `NOCOW` (`chattr +C`): Btrfs rewrites its blocks in place
 //! instead of copying them, so overwriting a page of the index needs no
-//! free space. And each keeps [`ROOM`] bytes allocated past its end
+//! free space. And each keeps some room ([`room_for`]: 1/256 of the
+//! filesystem, from 1 to 16 MiB) allocated past its end
 //! (`fallocate(FALLOC_FL_KEEP_SIZE)`), filled from the start with the
 //! file's holes, so appending to the audit log or growing the index writes
 //! into blocks it already owns. Btrfs takes such writes even when it has no
@@ -27,16 +28,26 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::Path;
 
-/// Bytes each state file keeps allocated past its end.
-pub const ROOM: u64 = 16 << 20;
+/// Most bytes a state file keeps allocated past its end.
+pub const MAX_ROOM: u64 = 16 << 20;
+
+/// The room each state file keeps on the filesystem `dir` is on: 1/256 of
+/// its size, at least 1 MiB and at most [`MAX_ROOM`] (16 MiB from a 4 GiB
+/// filesystem up; 8 MiB on the 2 GiB store the guest is usually given).
+pub fn room_for(dir: &Path) -> u64 {
+    let size = rfs::statvfs(dir)
+        .map(|st| st.f_blocks.saturating_mul(st.f_frsize))
+        .unwrap_or(0);
+    (size / 256).clamp(1 << 20, MAX_ROOM)
+}
 
 /// Makes `path` a NOCOW file before it is first opened: an absent or empty
 /// file gets the flag directly (Btrfs accepts it only on empty files); an
 /// existing one without it is copied into a new NOCOW file that then
 /// replaces it (once per store; the copy is synced before the rename, so a
 /// crash leaves either file whole). Then the room is allocated.
-pub fn prepare(path: &Path) {
-    if let Err(e) = prepare_inner(path) {
+pub fn prepare(path: &Path, room: u64) {
+    if let Err(e) = prepare_inner(path, room) {
         tracing::warn!(
             error = %e, path = %path.display(),
             "cannot keep room for this state file; it will work as long as the filesystem has space"
@@ -44,7 +55,7 @@ pub fn prepare(path: &Path) {
     }
 }
 
-fn prepare_inner(path: &Path) -> io::Result<()> {
+fn prepare_inner(path: &Path, room: u64) -> io::Result<()> {
     let f = OpenOptions::new()
         .read(true)
         .write(true)
@@ -57,15 +68,15 @@ fn prepare_inner(path: &Path) -> io::Result<()> {
             rfs::ioctl_setflags(&f, flags | IFlags::NOCOW)?;
         } else {
             drop(f);
-            copy_to_nocow(path)?;
+            copy_to_nocow(path, room)?;
             tracing::info!(path = %path.display(), "state file rewritten without copy-on-write");
         }
     }
-    top_up(path)?;
+    top_up(path, room)?;
     Ok(())
 }
 
-fn copy_to_nocow(path: &Path) -> io::Result<()> {
+fn copy_to_nocow(path: &Path, room: u64) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -78,7 +89,7 @@ fn copy_to_nocow(path: &Path) -> io::Result<()> {
         rfs::ioctl_setflags(&out, flags | IFlags::NOCOW)?;
         let mut src = File::open(path)?;
         let len = src.metadata()?.len();
-        rfs::fallocate(&out, FallocateFlags::KEEP_SIZE, 0, len + ROOM)?;
+        rfs::fallocate(&out, FallocateFlags::KEEP_SIZE, 0, len + room)?;
         io::copy(&mut src, &mut out)?;
         out.sync_all()?;
         std::fs::rename(&tmp, path)?;
@@ -90,16 +101,16 @@ fn copy_to_nocow(path: &Path) -> io::Result<()> {
     result
 }
 
-/// Allocates the file's holes and [`ROOM`] bytes past its end, unless at
+/// Allocates the file's holes and `room` bytes past its end, unless at
 /// least half of that room is still there. Fails (changing nothing) when
 /// the filesystem has no space for it. Returns whether it allocated.
-pub fn top_up(path: &Path) -> io::Result<bool> {
+pub fn top_up(path: &Path, room: u64) -> io::Result<bool> {
     let f = OpenOptions::new().write(true).open(path)?;
     let st = rfs::fstat(&f)?;
     let (len, allocated) = (st.st_size as u64, st.st_blocks as u64 * 512);
-    if allocated >= len + ROOM / 2 {
+    if allocated >= len + room / 2 {
         return Ok(false);
     }
-    rfs::fallocate(&f, FallocateFlags::KEEP_SIZE, 0, len + ROOM)?;
+    rfs::fallocate(&f, FallocateFlags::KEEP_SIZE, 0, len + room)?;
     Ok(true)
 }

@@ -406,7 +406,7 @@ impl ProcessTracker {
             "process tracker loaded and attached"
         );
         let path = state_dir.join("events.redb");
-        crate::reserve::prepare(&path);
+        crate::reserve::prepare(&path, crate::reserve::room_for(state_dir));
         let store = EventStore::open(&path, cap)?;
         let me = Arc::new(ProcessTracker {
             tracker: Mutex::new(tracker),

@@ -355,3 +355,53 @@ fn a_full_filesystem_leaves_checkpoints_rollbacks_and_the_audit_working() {
     assert!(l2.records.len() > l.records.len());
     assert_eq!(l2.records[..l.records.len()], l.records[..]);
 }
+
+fn nocow(p: &Path) -> bool {
+    let f = std::fs::File::open(p).unwrap();
+    rustix::fs::ioctl_getflags(&f)
+        .unwrap()
+        .contains(rustix::fs::IFlags::NOCOW)
+}
+
+#[test]
+fn state_files_of_an_older_store_are_rewritten_without_copy_on_write() {
+    let Some(fs) = setup("disk::state_files_of_an_older_store") else {
+        return;
+    };
+    let st = open(&fs, None);
+    st.agent_create("a").unwrap();
+    st.audit().append(audit_entry("before")).unwrap();
+    st.sync().unwrap();
+    let state = st.layout().state_dir();
+    drop(st);
+    // As a store made before the room was kept: plain copy-on-write files.
+    for name in ["index.redb", "audit.log"] {
+        let p = state.join(name);
+        assert!(nocow(&p), "{name}");
+        let bytes = std::fs::read(&p).unwrap();
+        std::fs::remove_file(&p).unwrap();
+        std::fs::write(&p, bytes).unwrap();
+        assert!(!nocow(&p), "{name}");
+    }
+    let st = open(&fs, None);
+    for name in ["index.redb", "audit.log"] {
+        let p = state.join(name);
+        assert!(nocow(&p), "{name} was not rewritten");
+        let m = std::fs::metadata(&p).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert!(
+            m.blocks() * 512 > m.len() + (512 << 10),
+            "{name}: no room kept"
+        );
+    }
+    let agents: Vec<String> = st
+        .agent_list()
+        .unwrap()
+        .into_iter()
+        .map(|a| a.agent_id)
+        .collect();
+    assert_eq!(agents, ["a"]);
+    let log = st.audit().read(0, 100).unwrap();
+    assert_eq!(log.corrupt, 0);
+    assert!(log.records.iter().any(|r| r.action == "before"));
+}

@@ -63,6 +63,8 @@ pub struct Store {
     opts: StoreOptions,
     /// Whether the filesystem's quota groups are on (see [`quota`]).
     quotas_on: bool,
+    /// Bytes each state file keeps allocated for a full filesystem.
+    room: u64,
     /// Set while the state files' room could not be topped up.
     room_short: std::sync::atomic::AtomicBool,
     _root_lock: OwnedFd,
@@ -138,8 +140,9 @@ impl Store {
         };
         let index_path = layout.state_dir().join("index.redb");
         let audit_path = layout.state_dir().join("audit.log");
+        let room = crate::reserve::room_for(&layout.state_dir());
         for p in [&index_path, &audit_path] {
-            crate::reserve::prepare(p);
+            crate::reserve::prepare(p, room);
         }
         let quotas_on = match quota::start(&layout, &opts) {
             Ok(on) => on,
@@ -180,6 +183,7 @@ impl Store {
             degraded: None,
             opts,
             quotas_on,
+            room,
             room_short: std::sync::atomic::AtomicBool::new(false),
             _root_lock: root_lock,
         };
@@ -229,7 +233,7 @@ impl Store {
         let mut short = None;
         for name in ["index.redb", "audit.log", "events.redb"] {
             let p = state.join(name);
-            match crate::reserve::top_up(&p) {
+            match crate::reserve::top_up(&p, self.room) {
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => short = Some((p, e)),

@@ -5,6 +5,7 @@
 
 use allox_integration::{require, BtrfsFs, Daemon};
 use allox_protocol::*;
+use allox_supervisor::btrfs::quota;
 use allox_supervisor::failpoint::Failpoints;
 use allox_supervisor::store::{Store, StoreOptions};
 use std::io;
@@ -171,6 +172,11 @@ fn a_session_at_its_quota_is_refused_and_every_session_keeps_working() {
         assert_eq!(std::fs::metadata(c.join("data")).unwrap().len(), 32 << 20);
     }
     st.audit().append(audit_entry("disk.test")).unwrap();
+    // The numbers the limits rest on are still exact (nothing the store
+    // did, such as removing the groups of deleted trees, spoiled them).
+    st.wait_idle();
+    let q = quota::status(fs.path()).unwrap().unwrap();
+    assert!(!q.inconsistent, "{q:?}");
     let listings: Vec<_> = [("a", "s1"), ("a", "s2"), ("b", "t")]
         .iter()
         .map(|(a, s)| st.checkpoint_list(a, s).unwrap())

@@ -207,37 +207,41 @@ pub fn usage(via: &Path, id: u64) -> Result<Option<Usage>, BtrfsError> {
     }))
 }
 
-/// Removes the level-0 quota groups whose subvolume is gone (Linux 6.1
-/// keeps them after the subvolume is dropped; newer kernels remove them
-/// themselves). A subvolume being dropped still has its root item, so its
+/// Removes the level-0 quota groups whose subvolume is gone and that
+/// count nothing any more (Linux 6.1 keeps them after the subvolume is
+/// dropped; newer kernels remove them themselves). A subvolume being
+/// dropped still has its root item, and the last of its numbers go only
+/// with the commit after it is gone — removing its group before then
+/// would make newer kernels mark every number inconsistent — so such a
 /// group is left for a later call. Returns how many were removed.
 pub fn remove_stale(via: &Path) -> Result<usize, BtrfsError> {
     let fd = open_dir(via)?;
-    let mut groups = Vec::new();
+    let mut empty = Vec::new();
     let key = SearchKey::object(QUOTA_TREE_ID, 0, QGROUP_INFO_KEY..=QGROUP_INFO_KEY);
     match TreeSearch::default().run(&fd, key, |it| {
-        // Level-0 groups only: the level is the top 16 bits.
-        if it.offset >> 48 == 0 {
-            groups.push(it.offset);
+        // Level-0 groups (the level is the top 16 bits) of subvolumes
+        // (IDs from 256) whose referenced and exclusive bytes are zero.
+        let id = it.offset;
+        if id >> 48 == 0 && id >= 256 && le(it.data, 8) == 0 && le(it.data, 24) == 0 {
+            empty.push(id);
         }
     }) {
         Err(e) if e.errno() == Some(libc::ENOENT) => return Ok(0),
         other => other?,
     }
+    if empty.is_empty() {
+        return Ok(0);
+    }
     let live: std::collections::HashSet<u64> = super::all_roots(&fd)?.into_iter().collect();
     let mut removed = 0;
-    for id in groups {
-        // Subvolume IDs start at 256 (5, the top level, is never gone).
-        if id < 256 || live.contains(&id) {
-            continue;
-        }
+    for id in empty.into_iter().filter(|id| !live.contains(id)) {
         let mut args = QgroupCreateArgs {
             create: 0,
             qgroupid: id,
         };
         match ioctl(&fd, IOC_QGROUP_CREATE, &mut args) {
             Ok(()) => removed += 1,
-            // Still counting a drop in progress (newer kernels), or gone.
+            // Counting again (newer kernels), or already gone.
             Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::ENOENT)) => {}
             Err(e) => return Err(io_err("remove quota group", Path::new(&id.to_string()), e)),
         }

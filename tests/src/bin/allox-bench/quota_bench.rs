@@ -1,16 +1,21 @@
-//! What quota groups cost: snapshot, rollback and snapshot deletion with
-//! quotas off and on, for `allox-bench` (`ALLOX_BENCH_ONLY=quota`).
+//! What a session quota costs: checkpoint, rollback and checkpoint
+//! deletion through the store with Btrfs quota groups off and on, for
+//! `allox-bench` (`ALLOX_BENCH_ONLY=quota`).
 
 use allox_integration::BtrfsFs;
+use allox_protocol::{CheckpointCreate, SessionRollback};
 use allox_supervisor::btrfs::{self, quota};
+use allox_supervisor::failpoint::Failpoints;
+use allox_supervisor::store::{Store, StoreOptions};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::{pct, us_or_ms};
 
-/// `n` files of 8 KiB (each its own data extent, unlike tiny inline files)
-/// in directories of 1,000.
+/// `n` files of 8 KiB (each its own data extent, as most files of a source
+/// tree are, unlike the tiny inline files of the main benchmark) in
+/// directories of 1,000.
 fn populate_data(dir: &Path, n: usize) -> std::io::Result<()> {
     let body = vec![b'x'; 8192];
     for i in 0..n {
@@ -25,121 +30,151 @@ fn populate_data(dir: &Path, n: usize) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Waits until the kernel has dropped every deleted subvolume.
-fn wait_dropped(path: &Path, ids: &[u64]) -> anyhow::Result<()> {
+/// Waits until the kernel has dropped every deleted subvolume: until the
+/// root tree holds no orphan item (one marks each deleted subvolume not
+/// yet dropped), committing to wake the cleaner.
+fn wait_dropped(path: &Path) -> anyhow::Result<()> {
+    const ORPHAN_OBJECTID: u64 = u64::MAX - 4;
+    const ORPHAN_ITEM: u8 = 48;
+    let fd = std::fs::File::open(path)?;
+    let mut search = btrfs::TreeSearch::default();
     loop {
-        let live: Vec<u64> = btrfs::subvolumes(&std::fs::File::open(path)?)?
-            .iter()
-            .map(|r| r.id)
-            .collect();
-        if !ids.iter().any(|i| live.contains(i)) {
+        btrfs::commit(path)?;
+        let mut pending = 0;
+        let key = btrfs::SearchKey::object(
+            btrfs::ROOT_TREE_ID,
+            ORPHAN_OBJECTID,
+            ORPHAN_ITEM..=ORPHAN_ITEM,
+        );
+        search.run(&fd, key, |_| pending += 1)?;
+        if pending == 0 {
             return Ok(());
         }
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
 struct Row {
     files: usize,
     quotas: bool,
-    snap: Vec<Duration>,
+    checkpoint: Vec<Duration>,
     rollback: Vec<Duration>,
-    delete: Vec<Duration>,
-    drop_all: Duration,
+    bare: Vec<Duration>,
+    delete_all: Duration,
+    open: Duration,
 }
 
 pub fn run(quick: bool) -> anyhow::Result<()> {
-    let n = if quick { 20 } else { 100 };
-    let sizes: &[usize] = if quick {
-        &[100, 10_000]
-    } else {
-        &[100, 10_000, 100_000]
-    };
+    let n = if quick { 10 } else { 50 };
     let mut rows = Vec::new();
-    for &files in sizes {
+    for files in [100usize, 10_000] {
         for quotas in [false, true] {
             let fs = BtrfsFs::new(8192)?;
-            let root = fs.path();
-            if quotas {
-                quota::enable(root)?;
-                quota::wait_rescan(root)?;
-            }
-            let cur = root.join("current");
-            btrfs::create_subvolume(&cur)?;
-            let limit = quotas.then_some(4u64 << 30);
-            if quotas {
-                quota::set_limit(root, btrfs::subvolume_id(&cur)?, limit)?;
-            }
+            let root = fs.path().join("store");
+            std::fs::create_dir(&root)?;
+            // The session is made and filled first, so that turning quota
+            // groups on (at the next open) counts it, as on a store that
+            // ran without them.
+            let st = Store::open(&root, Failpoints::default())?;
+            st.agent_create("a")?;
+            let info = st.session_create("a", "s")?;
+            let cur = Path::new(&info.current).to_path_buf();
             populate_data(&cur, files)?;
-            Command::new("sync").status()?;
-            let (mut snap, mut rollback, mut delete) = (Vec::new(), Vec::new(), Vec::new());
-            let mut ck_ids = Vec::new();
-            for i in 0..n {
-                let ck = root.join(format!("ck{i}"));
-                let t = Instant::now();
-                btrfs::snapshot(&cur, &ck, true)?;
-                snap.push(t.elapsed());
-                ck_ids.push(btrfs::subvolume_id(&ck)?);
-                std::fs::write(cur.join("d000/f0"), format!("change {i}"))?;
-                let fresh = root.join(format!(".rollback{i}"));
-                let t = Instant::now();
-                btrfs::snapshot(&ck, &fresh, false)?;
-                if quotas {
-                    quota::set_limit(root, btrfs::subvolume_id(&fresh)?, limit)?;
-                }
-                btrfs::exchange(&fresh, &cur)?;
-                btrfs::commit(root)?;
-                rollback.push(t.elapsed());
-                let t = Instant::now();
-                btrfs::delete_subvolume(&fresh)?;
-                btrfs::commit(root)?;
-                delete.push(t.elapsed());
-            }
+            drop(st);
             Command::new("sync").status()?;
             let t = Instant::now();
+            let st = Store::open_with(
+                &root,
+                Failpoints::default(),
+                StoreOptions {
+                    session_quota: quotas.then_some(4 << 30),
+                },
+            )?;
+            let open = t.elapsed();
+            let (mut checkpoint, mut rollback) = (Vec::new(), Vec::new());
             for i in 0..n {
-                btrfs::delete_subvolume(&root.join(format!("ck{i}")))?;
+                let c = format!("c{i}");
+                let t = Instant::now();
+                st.checkpoint_create(&CheckpointCreate {
+                    agent_id: "a".into(),
+                    session_id: "s".into(),
+                    checkpoint_id: c.clone(),
+                    pinned: false,
+                    label: None,
+                })?;
+                checkpoint.push(t.elapsed());
+                std::fs::write(cur.join("d000/f0"), format!("change {i}"))?;
+                let t = Instant::now();
+                st.rollback(&SessionRollback {
+                    agent_id: "a".into(),
+                    session_id: "s".into(),
+                    checkpoint_id: c,
+                    kill_processes: None,
+                })?;
+                rollback.push(t.elapsed());
             }
-            btrfs::commit(root)?;
-            wait_dropped(root, &ck_ids)?;
+            st.wait_idle();
+            wait_dropped(fs.path())?;
             Command::new("sync").status()?;
-            let drop_all = t.elapsed();
+            // The floor: the bare snapshot ioctl of the same tree.
+            let mut bare = Vec::new();
+            for i in 0..n.min(20) {
+                let dest = fs.path().join(format!("bare{i}"));
+                let t = Instant::now();
+                btrfs::snapshot(&cur, &dest, true)?;
+                bare.push(t.elapsed());
+                btrfs::remove_tree(&dest)?;
+                wait_dropped(fs.path())?;
+            }
+            // Deleting the checkpoints, until the kernel has dropped them
+            // (the known slow path of quota groups).
+            let t = Instant::now();
+            for i in 0..n {
+                st.checkpoint_delete("a", "s", &format!("c{i}"))?;
+            }
+            st.wait_idle();
+            wait_dropped(fs.path())?;
+            let delete_all = t.elapsed();
             if quotas {
-                let st = quota::status(root)?;
+                let s = quota::status(fs.path())?;
                 anyhow::ensure!(
-                    st.is_some_and(|s| !s.inconsistent),
-                    "quota numbers became inconsistent: {st:?}"
+                    s.is_some_and(|s| !s.inconsistent),
+                    "quota numbers became inconsistent: {s:?}"
                 );
             }
+            drop(st);
             rows.push(Row {
                 files,
                 quotas,
-                snap,
+                checkpoint,
                 rollback,
-                delete,
-                drop_all,
+                bare,
+                delete_all,
+                open,
             });
         }
     }
-    println!("## Quota groups\n");
-    println!("Bare filesystem operations on a subvolume of 8 KiB files, {n} iterations, each on a new filesystem:");
-    println!("*snapshot*: read-only snapshot ioctl (a checkpoint's disk step); *rollback*: writable snapshot of it,");
-    println!("limit set (quotas on), exchange, commit; *delete*: delete the old tree and commit;");
-    println!("*drop all*: delete the {n} read-only snapshots and wait until the kernel has dropped them.\n");
-    println!("| files | quotas | snapshot p50 | snapshot p99 | rollback p50 | rollback p99 | delete p50 | delete p99 | drop all |");
+    println!("## Session quota (Btrfs quota groups)\n");
+    println!("Through the store library, a session of 8 KiB files, {n} iterations back to back, each configuration on a new filesystem;");
+    println!("quotas on: quota groups on and the session limited to 4 GiB. Each iteration: `checkpoint.create`, change one file,");
+    println!("`session.rollback` to that checkpoint (the old tree is deleted in the background, as always).");
+    println!("*bare snapshot*: the snapshot ioctl alone afterwards, the tree's deletion waited for between samples;");
+    println!("*delete all*: `checkpoint.delete` of the {n} checkpoints until the kernel has dropped them;");
+    println!("*open*: opening the store with the session already filled (quotas on: turning quota groups on and the rescan).\n");
+    println!("| files | quotas | open | checkpoint p50 | checkpoint p99 | rollback p50 | rollback p99 | bare snapshot p50 | delete all {n} |");
     println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         println!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.files,
-            if r.quotas { "on, limit" } else { "off" },
-            us_or_ms(pct(&r.snap, 0.5)),
-            us_or_ms(pct(&r.snap, 0.99)),
+            if r.quotas { "on" } else { "off" },
+            us_or_ms(r.open),
+            us_or_ms(pct(&r.checkpoint, 0.5)),
+            us_or_ms(pct(&r.checkpoint, 0.99)),
             us_or_ms(pct(&r.rollback, 0.5)),
             us_or_ms(pct(&r.rollback, 0.99)),
-            us_or_ms(pct(&r.delete, 0.5)),
-            us_or_ms(pct(&r.delete, 0.99)),
-            us_or_ms(r.drop_all),
+            us_or_ms(pct(&r.bare, 0.5)),
+            us_or_ms(r.delete_all),
         );
     }
     println!();

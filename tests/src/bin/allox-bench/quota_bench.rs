@@ -32,14 +32,19 @@ fn populate_data(dir: &Path, n: usize) -> std::io::Result<()> {
 
 /// Waits until the kernel has dropped every deleted subvolume: until the
 /// root tree holds no orphan item (one marks each deleted subvolume not
-/// yet dropped), committing to wake the cleaner.
+/// yet dropped). `btrfs filesystem sync` (`BTRFS_IOC_SYNC`) wakes the
+/// kernel's cleaner, which otherwise drops them only every 30 seconds.
 fn wait_dropped(path: &Path) -> anyhow::Result<()> {
     const ORPHAN_OBJECTID: u64 = u64::MAX - 4;
     const ORPHAN_ITEM: u8 = 48;
     let fd = std::fs::File::open(path)?;
     let mut search = btrfs::TreeSearch::default();
     loop {
-        btrfs::commit(path)?;
+        Command::new("btrfs")
+            .args(["filesystem", "sync"])
+            .arg(path)
+            .stdout(std::process::Stdio::null())
+            .status()?;
         let mut pending = 0;
         let key = btrfs::SearchKey::object(
             btrfs::ROOT_TREE_ID,

@@ -411,3 +411,21 @@ fn state_files_of_an_older_store_are_rewritten_without_copy_on_write() {
     assert_eq!(log.corrupt, 0);
     assert!(log.records.iter().any(|r| r.action == "before"));
 }
+
+#[test]
+fn the_daemon_limits_sessions_with_its_session_quota_flag() {
+    let Some((fs, d)) = Daemon::on_new_store(
+        "disk::the_daemon_limits_sessions",
+        &["--no-processes", "--session-quota", "64M"],
+    ) else {
+        return;
+    };
+    ok(&d, Request::AgentCreate(AgentCreate::new("a")));
+    let Response::Session(s) = ok(&d, Request::SessionCreate(SessionCreate::new("a", "s"))) else {
+        panic!("session.create")
+    };
+    let e = fill(Path::new(&s.current), 256 << 20);
+    assert_eq!(e.raw_os_error(), Some(libc::EDQUOT), "{e}");
+    ok(&d, Request::CheckpointCreate(ck("a", "s", "full")));
+    assert!(free(fs.path()) > 200 << 20);
+}

@@ -430,20 +430,25 @@ impl RootInfo {
     }
 }
 
-/// Every subvolume of the filesystem `fd` is on, from the root tree.
-pub fn subvolumes(fd: &impl AsFd) -> Result<Vec<RootInfo>, BtrfsError> {
-    let key = SearchKey {
+/// The root items of the root tree from `min_objectid` on (trees above
+/// the highest subvolume ID are internal ones).
+fn root_items(min_objectid: u64) -> SearchKey {
+    SearchKey {
         tree_id: ROOT_TREE_ID,
-        min_objectid: 5,
+        min_objectid,
         max_objectid: u64::MAX - 256,
         min_type: u32::from(item::ROOT_ITEM),
         max_type: u32::from(item::ROOT_ITEM),
         max_offset: u64::MAX,
         max_transid: u64::MAX,
         ..SearchKey::default()
-    };
+    }
+}
+
+/// Every subvolume of the filesystem `fd` is on, from the root tree.
+pub fn subvolumes(fd: &impl AsFd) -> Result<Vec<RootInfo>, BtrfsError> {
     let mut out = Vec::new();
-    TreeSearch::default().run(fd, key, |it| {
+    TreeSearch::default().run(fd, root_items(5), |it| {
         if let Some(r) = RootInfo::parse(it.objectid, it.data) {
             out.push(r);
         }
@@ -454,18 +459,8 @@ pub fn subvolumes(fd: &impl AsFd) -> Result<Vec<RootInfo>, BtrfsError> {
 /// The IDs of every tree root the root tree holds above 255: every
 /// subvolume, including deleted ones the kernel has not finished dropping.
 fn all_roots(fd: &impl AsFd) -> Result<Vec<u64>, BtrfsError> {
-    let key = SearchKey {
-        tree_id: ROOT_TREE_ID,
-        min_objectid: 256,
-        max_objectid: u64::MAX - 256,
-        min_type: u32::from(item::ROOT_ITEM),
-        max_type: u32::from(item::ROOT_ITEM),
-        max_offset: u64::MAX,
-        max_transid: u64::MAX,
-        ..SearchKey::default()
-    };
     let mut out = Vec::new();
-    TreeSearch::default().run(fd, key, |it| out.push(it.objectid))?;
+    TreeSearch::default().run(fd, root_items(256), |it| out.push(it.objectid))?;
     out.dedup();
     Ok(out)
 }

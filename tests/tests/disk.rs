@@ -243,6 +243,19 @@ fn ok(d: &Daemon, r: Request) -> Response {
     call(d, r.clone()).unwrap_or_else(|e| panic!("{r:?}: {e}"))
 }
 
+fn audit(d: &Daemon) -> AuditListing {
+    let Response::Audit(l) = ok(
+        d,
+        Request::AuditList(AuditList {
+            after_seq: None,
+            limit: Some(10_000),
+        }),
+    ) else {
+        panic!("audit.list")
+    };
+    l
+}
+
 fn check(d: &Daemon) -> StoreCheckReport {
     let Response::StoreCheck(r) = ok(d, Request::StoreCheck(StoreCheckRequest {})) else {
         panic!("store.check")
@@ -273,18 +286,7 @@ fn a_full_filesystem_leaves_checkpoints_rollbacks_and_the_audit_working() {
     let cur = d.root.join("agents/a/workspace/sessions/s1/current");
     let e = fill(&cur, 1 << 30);
     assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
-    let audit_before = {
-        let Response::Audit(l) = ok(
-            &d,
-            Request::AuditList(AuditList {
-                after_seq: None,
-                limit: Some(10_000),
-            }),
-        ) else {
-            panic!()
-        };
-        l.records.len()
-    };
+    let audit_before = audit(&d).records.len();
 
     // The session that filled the disk and every other one checkpoint and
     // roll back; each change is audited (begun, then ok).
@@ -301,15 +303,7 @@ fn a_full_filesystem_leaves_checkpoints_rollbacks_and_the_audit_working() {
     let e = call(&d, Request::SessionCreate(SessionCreate::new("b", "new"))).unwrap_err();
     assert_eq!(e.code, ErrorCode::Unavailable, "{e:?}");
     assert!(e.message.contains("out of space"), "{e:?}");
-    let Response::Audit(l) = ok(
-        &d,
-        Request::AuditList(AuditList {
-            after_seq: None,
-            limit: Some(10_000),
-        }),
-    ) else {
-        panic!()
-    };
+    let l = audit(&d);
     assert_eq!(l.corrupt, 0);
     let outcomes: Vec<&str> = l.records[audit_before..]
         .iter()
@@ -348,15 +342,7 @@ fn a_full_filesystem_leaves_checkpoints_rollbacks_and_the_audit_working() {
     let r = check(&d);
     assert!(r.is_consistent() && r.read_only.is_none(), "{r:?}");
     ok(&d, Request::SessionCreate(SessionCreate::new("b", "new")));
-    let Response::Audit(l2) = ok(
-        &d,
-        Request::AuditList(AuditList {
-            after_seq: None,
-            limit: Some(10_000),
-        }),
-    ) else {
-        panic!()
-    };
+    let l2 = audit(&d);
     assert_eq!(l2.corrupt, 0);
     assert!(l2.records.len() > l.records.len());
     assert_eq!(l2.records[..l.records.len()], l.records[..]);

@@ -50,7 +50,7 @@ enum Cmd {
         /// G, T: powers of 1024) with Btrfs quota groups, which this turns
         /// on; a write past it fails with EDQUOT. Off by default: quota
         /// groups make snapshots and their deletion slower (docs/store.md).
-        #[arg(long, value_name = "BYTES", value_parser = allox_supervisor::store::parse_size)]
+        #[arg(long, value_name = "BYTES", value_parser = allox_store::parse_size)]
         session_quota: Option<u64>,
         /// Run without process support (store only).
         #[arg(long)]
@@ -131,7 +131,7 @@ enum Cmd {
 fn main() {
     // The sandbox init runs before anything else: no logging, no threads.
     if std::env::args().nth(1).as_deref() == Some("sandbox-init") {
-        allox_supervisor::sandbox::init::run();
+        allox_sandbox::init::run();
     }
     if rustix::process::getpid().is_init() {
         pid1::run();
@@ -236,17 +236,17 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
                 rc.finished.max_runs = finished_runs_max;
                 rc.uid = sandbox_uid;
                 rc.gid = sandbox_gid;
-                rc.total = allox_supervisor::cgroup::Limits {
+                rc.total = allox_sandbox::cgroup::Limits {
                     pids_max: sessions_pids_max,
                     memory_max: sessions_memory_max,
                     cpu_max: None,
                 };
-                rc.limits = allox_supervisor::cgroup::Limits {
+                rc.limits = allox_sandbox::cgroup::Limits {
                     pids_max: default_pids_max,
                     memory_max: default_memory_max,
                     cpu_max: match default_cpu_max {
                         Some(t) => Some(
-                            allox_supervisor::cgroup::Cgroups::parse_cpu_max(&t).with_context(|| {
+                            allox_sandbox::cgroup::Cgroups::parse_cpu_max(&t).with_context(|| {
                                 format!("--default-cpu-max {t:?}: expected \"QUOTA PERIOD\" or \"max PERIOD\"")
                             })?,
                         ),
@@ -257,7 +257,7 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
             };
             let stopped = daemon::run(DaemonConfig {
                 root,
-                store: allox_supervisor::store::StoreOptions { session_quota },
+                store: allox_store::StoreOptions { session_quota },
                 socket,
                 virtio_ports,
                 policy: Policy {

@@ -13,7 +13,7 @@
 //! console, synced and turned into a power-off, never a kernel panic.
 
 use crate::limits::LimitSettings;
-use allox_supervisor::since_boot;
+use allox_store::clock::since_boot;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use rustix::fs::{Mode, OFlags};

@@ -125,7 +125,7 @@ pub fn assemble(spec: &ImageSpec) -> Result<Tree, ImageError> {
         python::add(&mut t).map_err(ImageError::Python)?;
     }
     for a in &spec.additions {
-        add_host_path(&mut t, &a.src, &a.dest, &|_| false, true).map_err(|source| {
+        tree::add_host_path(&mut t, &a.src, &a.dest, &|_| false, true).map_err(|source| {
             ImageError::Add {
                 src: a.src.clone(),
                 dest: a.dest.clone(),
@@ -168,77 +168,6 @@ pub fn base(init: &Path, busybox: &Path, applets: &[String]) -> Result<Tree, Tre
         t.symlink(&path, target)?;
     }
     Ok(t)
-}
-
-/// Copies a host file, symlink or directory tree to `dest`. The top-level
-/// `src` is followed if it is a symlink; symlinks inside a directory are
-/// copied as symlinks. Directory entries for which `skip(name)` is true are
-/// left out. With `replace`, a file replaces a file or symlink already in
-/// the image.
-pub fn add_host_path(
-    t: &mut Tree,
-    src: &Path,
-    dest: &str,
-    skip: &dyn Fn(&str) -> bool,
-    replace: bool,
-) -> Result<(), TreeError> {
-    let md = std::fs::metadata(src).map_err(|source| TreeError::Read {
-        path: src.into(),
-        source,
-    })?;
-    if md.is_dir() {
-        t.dir(dest, 0o755)?;
-        copy_dir(t, src, dest, skip, replace)
-    } else if replace {
-        t.file_replacing(dest, src)
-    } else {
-        t.file(dest, src)
-    }
-}
-
-fn copy_dir(
-    t: &mut Tree,
-    src: &Path,
-    dest: &str,
-    skip: &dyn Fn(&str) -> bool,
-    replace: bool,
-) -> Result<(), TreeError> {
-    let read_err = |source| TreeError::Read {
-        path: src.into(),
-        source,
-    };
-    let mut names = Vec::new();
-    for e in std::fs::read_dir(src).map_err(read_err)? {
-        names.push(e.map_err(read_err)?.file_name());
-    }
-    names.sort();
-    for name in names {
-        let path = src.join(&name);
-        let name = tree::utf8(Path::new(&name))?;
-        if skip(name) {
-            continue;
-        }
-        let to = format!("{}/{name}", dest.trim_end_matches('/'));
-        let md = std::fs::symlink_metadata(&path).map_err(|source| TreeError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        if md.file_type().is_symlink() {
-            let target = std::fs::read_link(&path).map_err(|source| TreeError::Read {
-                path: path.clone(),
-                source,
-            })?;
-            t.symlink(&to, tree::utf8(&target)?)?;
-        } else if md.is_dir() {
-            t.dir(&to, 0o755)?;
-            copy_dir(t, &path, &to, skip, replace)?;
-        } else if replace {
-            t.file_replacing(&to, &path)?;
-        } else {
-            t.file(&to, &path)?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -313,7 +242,7 @@ mod tests {
         std::fs::write(src.join("sub/f"), "f").unwrap();
         std::os::unix::fs::symlink("sub/f", src.join("link")).unwrap();
         std::fs::write(src.join("__pycache__"), "x").unwrap();
-        add_host_path(&mut t, &src, "/opt/tools", &|n| n == "__pycache__", true).unwrap();
+        tree::add_host_path(&mut t, &src, "/opt/tools", &|n| n == "__pycache__", true).unwrap();
         assert!(matches!(t.get("/opt/tools/sub/f"), Some(Node::File { .. })));
         assert_eq!(
             t.get("/opt/tools/link"),
@@ -323,13 +252,14 @@ mod tests {
         );
         assert!(t.get("/opt/tools/__pycache__").is_none());
         // Through the /bin symlink, over busybox's `sh` link.
-        add_host_path(&mut t, &src.join("sub/f"), "/bin/sh", &|_| false, true).unwrap();
+        tree::add_host_path(&mut t, &src.join("sub/f"), "/bin/sh", &|_| false, true).unwrap();
         assert!(matches!(t.get("/usr/bin/sh"), Some(Node::File { .. })));
         // A directory copied onto a symlinked directory goes through it.
-        add_host_path(&mut t, &src.join("sub"), "/bin", &|_| false, true).unwrap();
+        tree::add_host_path(&mut t, &src.join("sub"), "/bin", &|_| false, true).unwrap();
         assert!(matches!(t.get("/usr/bin/f"), Some(Node::File { .. })));
         // A directory is never replaced.
-        let err = add_host_path(&mut t, &src.join("sub/f"), "/etc", &|_| false, true).unwrap_err();
+        let err =
+            tree::add_host_path(&mut t, &src.join("sub/f"), "/etc", &|_| false, true).unwrap_err();
         assert_eq!(err.to_string(), "/etc: already in the image as directory");
     }
 

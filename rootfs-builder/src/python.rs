@@ -13,7 +13,6 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::image::add_host_path;
 use crate::libs::{self, LibError};
 use crate::tree::{self, Tree, TreeError};
 
@@ -70,17 +69,17 @@ pub fn add(t: &mut Tree) -> Result<(), PythonError> {
         });
     }
     let stdlib_dest = tree::utf8(&stdlib)?.to_string();
-    add_host_path(t, &stdlib, &stdlib_dest, &left_out, false)?;
+    tree::add_host_path(t, &stdlib, &stdlib_dest, &left_out, false)?;
     // Debian's sitecustomize.py is a symlink into /etc/python3.X.
     let etc = PathBuf::from(format!("/etc/{name}"));
     if etc.is_dir() {
-        add_host_path(t, &etc, tree::utf8(&etc)?, &left_out, false)?;
+        tree::add_host_path(t, &etc, tree::utf8(&etc)?, &left_out, false)?;
     }
 
     copy_preserving(t, Path::new(GIT))?;
-    add_host_path(t, Path::new(GIT_CORE), GIT_CORE, &|_| false, false)?;
+    tree::add_host_path(t, Path::new(GIT_CORE), GIT_CORE, &|_| false, false)?;
     if Path::new(GIT_TEMPLATES).is_dir() {
-        add_host_path(
+        tree::add_host_path(
             t,
             Path::new(GIT_TEMPLATES),
             GIT_TEMPLATES,

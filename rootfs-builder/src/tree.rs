@@ -395,6 +395,77 @@ pub fn utf8(path: &Path) -> Result<&str, TreeError> {
         .ok_or_else(|| TreeError::NotUtf8 { path: path.into() })
 }
 
+/// Copies a host file, symlink or directory tree to `dest`. The top-level
+/// `src` is followed if it is a symlink; symlinks inside a directory are
+/// copied as symlinks. Directory entries for which `skip(name)` is true are
+/// left out. With `replace`, a file replaces a file or symlink already in
+/// the image.
+pub fn add_host_path(
+    t: &mut Tree,
+    src: &Path,
+    dest: &str,
+    skip: &dyn Fn(&str) -> bool,
+    replace: bool,
+) -> Result<(), TreeError> {
+    let md = std::fs::metadata(src).map_err(|source| TreeError::Read {
+        path: src.into(),
+        source,
+    })?;
+    if md.is_dir() {
+        t.dir(dest, 0o755)?;
+        copy_dir(t, src, dest, skip, replace)
+    } else if replace {
+        t.file_replacing(dest, src)
+    } else {
+        t.file(dest, src)
+    }
+}
+
+fn copy_dir(
+    t: &mut Tree,
+    src: &Path,
+    dest: &str,
+    skip: &dyn Fn(&str) -> bool,
+    replace: bool,
+) -> Result<(), TreeError> {
+    let read_err = |source| TreeError::Read {
+        path: src.into(),
+        source,
+    };
+    let mut names = Vec::new();
+    for e in std::fs::read_dir(src).map_err(read_err)? {
+        names.push(e.map_err(read_err)?.file_name());
+    }
+    names.sort();
+    for name in names {
+        let path = src.join(&name);
+        let name = utf8(Path::new(&name))?;
+        if skip(name) {
+            continue;
+        }
+        let to = format!("{}/{name}", dest.trim_end_matches('/'));
+        let md = std::fs::symlink_metadata(&path).map_err(|source| TreeError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        if md.file_type().is_symlink() {
+            let target = std::fs::read_link(&path).map_err(|source| TreeError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            t.symlink(&to, utf8(&target)?)?;
+        } else if md.is_dir() {
+            t.dir(&to, 0o755)?;
+            copy_dir(t, &path, &to, skip, replace)?;
+        } else if replace {
+            t.file_replacing(&to, &path)?;
+        } else {
+            t.file(&to, &path)?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,11 +1,11 @@
 //! `allox-init supervise`: the supervisor as a daemon on a Btrfs mount.
 
 use crate::dispatch::{Policy, Supervisor};
-use crate::failpoint::Failpoints;
 use crate::peer::PeerPolicy;
 use crate::runs::{Runs, RunsConfig};
 use crate::server::{serve_unix, Limits};
-use crate::store::{Store, StoreError, StoreOptions};
+use allox_store::failpoint::Failpoints;
+use allox_store::{Store, StoreError, StoreOptions};
 use std::path::PathBuf;
 use std::sync::Arc;
 use thiserror::Error;

@@ -1,13 +1,13 @@
 //! From a decoded request to a response: calls the store and writes the
 //! audit record of every mutating request.
 
-use crate::audit::Entry;
 use crate::runs::{EventSink, Runs, SessionPaths};
-use crate::store::{Store, StoreError};
 use allox_protocol::{
     AgentListing, ErrorBody, ErrorCode, Killed, Pong, ProcessEvents, Request, Response,
     SessionListing, SessionRollback, PROTOCOL_VERSION,
 };
+use allox_store::audit::Entry;
+use allox_store::{Store, StoreError};
 use std::sync::Arc;
 
 /// Daemon-wide request policy.
@@ -355,11 +355,11 @@ impl Supervisor {
                 Response::Deleted(out?)
             }
             Request::SessionCreate(r) => {
-                let limits = crate::cgroup::Limits {
+                let limits = allox_sandbox::cgroup::Limits {
                     pids_max: r.pids_max,
                     memory_max: r.memory_max,
                     cpu_max: match &r.cpu_max {
-                        Some(t) => Some(crate::cgroup::Cgroups::parse_cpu_max(t).ok_or_else(|| {
+                        Some(t) => Some(allox_sandbox::cgroup::Cgroups::parse_cpu_max(t).ok_or_else(|| {
                             StoreError::Invalid(format!(
                                 "cpu_max {t:?} must be \"QUOTA PERIOD\" or \"max PERIOD\" in microseconds"
                             ))
@@ -367,7 +367,7 @@ impl Supervisor {
                         None => None,
                     },
                 };
-                let wants_limits = limits != crate::cgroup::Limits::default();
+                let wants_limits = limits != allox_sandbox::cgroup::Limits::default();
                 match &self.runs {
                     Some(runs) => runs
                         .cgroups()
@@ -399,7 +399,7 @@ impl Supervisor {
                         let _ = st.session_delete(a, s);
                         let msg = format!("cannot apply the session's limits: {e}");
                         return Err(match e {
-                            crate::cgroup::CgroupError::Unsupported { .. } => {
+                            allox_sandbox::cgroup::CgroupError::Unsupported { .. } => {
                                 StoreError::Unsupported(msg)
                             }
                             _ => StoreError::Conflict(msg),

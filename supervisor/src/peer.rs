@@ -11,10 +11,10 @@
 //! read; each refusal is logged and audited (`connection.refused`), both
 //! rate-limited, since any local user can knock as often as they like.
 
-use crate::audit::Entry;
 use crate::dispatch::Supervisor;
 use crate::ratelimit::RateLimit;
 use allox_protocol::{encode, ErrorBody, ErrorCode, ServerFrame};
+use allox_store::audit::Entry;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::UnixStream;

@@ -82,7 +82,7 @@ pub async fn serve_virtio(name: String, sup: Arc<Supervisor>, limits: Limits) {
                 continue;
             }
         };
-        let boot_ms = crate::since_boot().as_millis() as u64;
+        let boot_ms = allox_store::clock::since_boot().as_millis() as u64;
         tracing::info!(port = %name, dev = %dev.display(), boot_ms, "control port ready");
         let peer = format!("virtio:{name}");
         serve_stream(rd, wr, peer, sup.clone(), limits.clone(), Transport::Serial).await;

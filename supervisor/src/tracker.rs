@@ -165,7 +165,7 @@ impl EventStore {
                 m.insert("evicted", total).map_err(db_err)?;
                 let note = ProcessEvent {
                     seq,
-                    time_ms: crate::now_ms(),
+                    time_ms: allox_store::clock::now_ms(),
                     kind: ProcessEventKind::Evicted,
                     agent_id: String::new(),
                     session_id: String::new(),
@@ -391,7 +391,7 @@ impl std::fmt::Debug for ProcessTracker {
 
 /// Milliseconds between the boot clock (the events' time) and the wall.
 fn boot_to_wall_ms() -> i128 {
-    crate::now_ms() as i128 - crate::since_boot().as_millis() as i128
+    allox_store::clock::now_ms() as i128 - allox_store::clock::since_boot().as_millis() as i128
 }
 
 impl ProcessTracker {
@@ -406,7 +406,7 @@ impl ProcessTracker {
             "process tracker loaded and attached"
         );
         let path = state_dir.join("events.redb");
-        crate::reserve::prepare(&path, crate::reserve::room_for(state_dir));
+        allox_store::reserve::prepare(&path, allox_store::reserve::room_for(state_dir));
         let store = EventStore::open(&path, cap)?;
         let me = Arc::new(ProcessTracker {
             tracker: Mutex::new(tracker),

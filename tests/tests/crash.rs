@@ -5,9 +5,9 @@
 
 use allox_integration::{require, BtrfsFs, Daemon};
 use allox_protocol::*;
-use allox_supervisor::btrfs;
-use allox_supervisor::failpoint;
-use allox_supervisor::layout::Layout;
+use allox_store::btrfs;
+use allox_store::failpoint;
+use allox_store::layout::Layout;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 

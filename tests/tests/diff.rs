@@ -2,8 +2,8 @@
 
 use allox_integration::{populate, require, BtrfsFs};
 use allox_protocol::*;
-use allox_supervisor::failpoint::Failpoints;
-use allox_supervisor::store::Store;
+use allox_store::failpoint::Failpoints;
+use allox_store::Store;
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -293,7 +293,7 @@ fn mutate(rng: &mut Rng, cur: &Path) {
 
 #[test]
 fn pruned_diff_matches_the_full_walk_across_rollbacks() {
-    use allox_supervisor::store::diff::{diff_trees, DiffMethod};
+    use allox_store::diff::{diff_trees, DiffMethod};
     let Some((_fs, st)) = setup("diff::pruned_diff_matches_the_full_walk_across_rollbacks") else {
         return;
     };
@@ -356,7 +356,7 @@ fn pruned_diff_matches_the_full_walk_across_rollbacks() {
     assert_eq!(walked, brute(&last, &cur));
     assert!(compared > 100, "only {compared} pairs compared");
     // The pruning looked at less than everything (or it proves nothing).
-    let h = allox_supervisor::store::diff::Hints::read_paths(&last, &cur).unwrap();
+    let h = allox_store::diff::Hints::read_paths(&last, &cur).unwrap();
     let h = h.unwrap_or_else(|| panic!("no common history found for {}", last.display()));
     assert!(
         h.changed_inodes() < 1500,
@@ -366,8 +366,8 @@ fn pruned_diff_matches_the_full_walk_across_rollbacks() {
 }
 
 /// Limits small enough that a test tree meets every one of them.
-fn tight() -> allox_supervisor::store::diff::Limits {
-    allox_supervisor::store::diff::Limits {
+fn tight() -> allox_store::diff::Limits {
+    allox_store::diff::Limits {
         depth: 4096,
         // A few hundred names per part: the wide directory takes many.
         dir_bytes: 8 << 10,
@@ -382,7 +382,7 @@ fn tight() -> allox_supervisor::store::diff::Limits {
 
 #[test]
 fn tight_limits_change_nothing_on_deep_and_wide_trees() {
-    use allox_supervisor::store::diff::{diff_trees_with, DiffMethod, Limits};
+    use allox_store::diff::{diff_trees_with, DiffMethod, Limits};
     use std::io::{Seek, SeekFrom, Write};
     let Some((_fs, st)) = setup("diff::tight_limits_change_nothing_on_deep_and_wide_trees") else {
         return;

@@ -5,9 +5,9 @@
 
 use allox_integration::{require, BtrfsFs, Daemon};
 use allox_protocol::*;
-use allox_supervisor::btrfs::quota;
-use allox_supervisor::failpoint::Failpoints;
-use allox_supervisor::store::{Store, StoreOptions};
+use allox_store::btrfs::quota;
+use allox_store::failpoint::Failpoints;
+use allox_store::{Store, StoreOptions};
 use std::io;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -96,8 +96,8 @@ fn fill_as_sandbox_user(dir: &Path) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-fn audit_entry(action: &str) -> allox_supervisor::audit::Entry {
-    allox_supervisor::audit::Entry {
+fn audit_entry(action: &str) -> allox_store::audit::Entry {
+    allox_store::audit::Entry {
         request_id: 1,
         peer: "test".into(),
         action: action.into(),

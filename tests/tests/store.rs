@@ -2,9 +2,9 @@
 
 use allox_integration::{populate, require, tree_digest, BtrfsFs};
 use allox_protocol::{CheckpointCreate, ErrorCode, Origin, SessionRollback};
-use allox_supervisor::btrfs;
-use allox_supervisor::failpoint::Failpoints;
-use allox_supervisor::store::Store;
+use allox_store::btrfs;
+use allox_store::failpoint::Failpoints;
+use allox_store::Store;
 use std::path::Path;
 
 fn open(fs: &BtrfsFs) -> Store {
@@ -447,7 +447,7 @@ fn disk_full_gives_a_clean_error_and_keeps_journal_and_audit_usable() {
     let _ = std::process::Command::new("sync").status();
     st.checkpoint_create(&ck("a", "s", "after")).unwrap();
     st.audit()
-        .append(allox_supervisor::audit::Entry {
+        .append(allox_store::audit::Entry {
             request_id: 1,
             peer: "test".into(),
             action: "x".into(),

@@ -2,8 +2,8 @@
 
 use allox_integration::{require, BtrfsFs};
 use allox_protocol::*;
-use allox_supervisor::failpoint::Failpoints;
-use allox_supervisor::store::Store;
+use allox_store::failpoint::Failpoints;
+use allox_store::Store;
 
 fn setup(name: &str) -> Option<(BtrfsFs, Store)> {
     if !require(name) {

@@ -4,7 +4,7 @@
 use allox_ctl::client::Client;
 use allox_integration::vm::{require_vm, store_image, Vm};
 use allox_protocol::*;
-use allox_supervisor::index::Index;
+use allox_store::index::Index;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;

@@ -15,12 +15,12 @@ mod output;
 pub mod procfs;
 pub mod validate;
 
-use crate::cgroup::{CgroupError, Cgroups, Limits};
-use crate::sandbox::{self, InitStatus, SandboxSpec};
 use allox_protocol::{
     ErrorBody, ErrorCode, Event, ProcessKill, ProcessListing, ProcessStart, RunResult, RunStarted,
     StreamKind,
 };
+use allox_sandbox::cgroup::{CgroupError, Cgroups, Limits};
+use allox_sandbox::{InitStatus, SandboxSpec};
 use fence::{Fence, Fences};
 use finished::{Evict, Finished, Retention};
 use output::{Capture, Readers};
@@ -254,7 +254,7 @@ impl Runs {
 
     fn new_run_id(&self) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        format!("{:x}{:04x}", crate::now_ms(), n & 0xffff)
+        format!("{:x}{:04x}", allox_store::clock::now_ms(), n & 0xffff)
     }
 
     /// Makes a directory the sandbox user writes in (a session's
@@ -320,16 +320,19 @@ impl Runs {
         }
         let mut env = vec![
             ("PATH".to_string(), validate::PATH.to_string()),
-            ("HOME".to_string(), sandbox::spec::SESSION_MOUNT.to_string()),
+            (
+                "HOME".to_string(),
+                allox_sandbox::spec::SESSION_MOUNT.to_string(),
+            ),
             ("TMPDIR".to_string(), "/tmp".to_string()),
             ("LANG".to_string(), "C.UTF-8".to_string()),
             (
                 "ALLOX_AGENT_WORKSPACE".to_string(),
-                sandbox::spec::WORKSPACE_MOUNT.to_string(),
+                allox_sandbox::spec::WORKSPACE_MOUNT.to_string(),
             ),
             (
                 "ALLOX_AGENT_SHARED".to_string(),
-                sandbox::spec::SHARED_MOUNT.to_string(),
+                allox_sandbox::spec::SHARED_MOUNT.to_string(),
             ),
             ("ALLOX_AGENT_ID".to_string(), a.to_string()),
             ("ALLOX_SESSION_ID".to_string(), s.to_string()),
@@ -360,7 +363,7 @@ impl Runs {
         // clone3 and the spec write block; keep them off the I/O workers.
         let exe = rustix::io::fcntl_dupfd_cloexec(&self.exe, 0)
             .map_err(|e| internal(format!("dup: {e}")))?;
-        let spawned = tokio::task::spawn_blocking(move || sandbox::spawn(&exe, &spec, &cg))
+        let spawned = tokio::task::spawn_blocking(move || allox_sandbox::spawn(&exe, &spec, &cg))
             .await
             .map_err(|e| internal(e.to_string()))?;
         let spawned = match spawned {

@@ -1,6 +1,6 @@
 //! Checks of what a client asks to run, before anything is started.
 
-use crate::sandbox::spec::SESSION_MOUNT;
+use allox_sandbox::spec::SESSION_MOUNT;
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 

@@ -9,8 +9,8 @@
 use crate::{ms, pct};
 use allox_integration::{populate, BtrfsFs};
 use allox_protocol::{CheckpointCreate, SessionRollback};
-use allox_supervisor::failpoint::Failpoints;
-use allox_supervisor::store::Store;
+use allox_store::failpoint::Failpoints;
+use allox_store::Store;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -47,7 +47,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         let t = if commit { &mut after } else { &mut before };
         let settle = |t0: Instant| -> anyhow::Result<Duration> {
             if commit {
-                allox_supervisor::btrfs::commit(&root)?;
+                allox_store::btrfs::commit(&root)?;
             }
             Ok(t0.elapsed())
         };

@@ -11,8 +11,8 @@
 
 use allox_integration::{missing, populate, workspace_bin, BtrfsFs, Daemon};
 use allox_protocol::{CheckpointCreate, Ping, Request, SessionRollback};
-use allox_supervisor::failpoint::Failpoints;
-use allox_supervisor::store::Store;
+use allox_store::failpoint::Failpoints;
+use allox_store::Store;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::Command;
@@ -161,9 +161,9 @@ fn store_bench(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         for i in 0..n.min(30) {
             let dest = fs.path().join(format!("bare-{files}-{i}"));
             let t = Instant::now();
-            allox_supervisor::btrfs::snapshot(&cur, &dest, true)?;
+            allox_store::btrfs::snapshot(&cur, &dest, true)?;
             bare.push(t.elapsed());
-            allox_supervisor::btrfs::remove_tree(&dest)?;
+            allox_store::btrfs::remove_tree(&dest)?;
             Command::new("sync").status()?;
         }
         let reps = if files >= 100_000 || quick { 5 } else { 20 };

@@ -4,9 +4,9 @@
 
 use allox_integration::BtrfsFs;
 use allox_protocol::{CheckpointCreate, SessionRollback};
-use allox_supervisor::btrfs::{self, quota};
-use allox_supervisor::failpoint::Failpoints;
-use allox_supervisor::store::{Store, StoreOptions};
+use allox_store::btrfs::{self, quota};
+use allox_store::failpoint::Failpoints;
+use allox_store::{Store, StoreOptions};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};

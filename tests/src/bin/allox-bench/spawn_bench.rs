@@ -2,9 +2,9 @@
 
 use allox_integration::{cgroup2_mount, workspace_bin, BtrfsFs, Daemon};
 use allox_protocol::{ProcessStart, Request, Response, SessionCreate};
-use allox_supervisor::failpoint::Failpoints;
+use allox_store::failpoint::Failpoints;
+use allox_store::Store;
 use allox_supervisor::runs::{Runs, RunsConfig, SessionPaths};
-use allox_supervisor::store::Store;
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::sync::Arc;

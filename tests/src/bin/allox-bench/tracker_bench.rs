@@ -5,9 +5,9 @@
 use crate::{pct, us_or_ms};
 use allox_integration::{cgroup2_mount, workspace_bin, BtrfsFs};
 use allox_protocol::{ProcessStart, Response};
-use allox_supervisor::failpoint::Failpoints;
+use allox_store::failpoint::Failpoints;
+use allox_store::Store;
 use allox_supervisor::runs::{Runs, RunsConfig, SessionPaths};
-use allox_supervisor::store::Store;
 use allox_supervisor::tracker::ProcessTracker;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,8 +3,8 @@
 
 use allox_integration::{populate, BtrfsFs};
 use allox_protocol::{CheckpointCreate, CheckpointDiff, PolicySet, TurnBegin, TurnEnd, TurnStatus};
-use allox_supervisor::failpoint::Failpoints;
-use allox_supervisor::store::Store;
+use allox_store::failpoint::Failpoints;
+use allox_store::Store;
 use std::process::Command;
 use std::time::Instant;
 
@@ -102,11 +102,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     let mut dw = Vec::new();
     for _ in 0..3 {
         let t = Instant::now();
-        let (_, _, c) = allox_supervisor::store::diff::diff_trees(
-            &x,
-            &y,
-            allox_supervisor::store::diff::DiffMethod::Walk,
-        )?;
+        let (_, _, c) = allox_store::diff::diff_trees(&x, &y, allox_store::diff::DiffMethod::Walk)?;
         dw.push(t.elapsed());
         anyhow::ensure!(c[1] == 10, "walk found {c:?}");
     }

@@ -1,5 +1,7 @@
 //! The Btrfs workspace store: agents, sessions, checkpoints and rollback,
-//! every multi-step change journaled and recoverable.
+//! every multi-step change journaled and recoverable, with its index,
+//! journal, audit log and the Btrfs calls under them. It knows nothing of
+//! processes, sandboxes or the control server.
 //!
 //! Each operation takes the store lock, checks its inputs against the index,
 //! commits its journal Begin durably, changes the disk in steps that leave
@@ -7,6 +9,18 @@
 //! End, and leaves slow removals to the reaper. If a step fails, the same
 //! code that recovery runs at start-up undoes it at once
 //! ([`recovery::resolve`]). See [`crate::journal`] for the protocol.
+
+pub mod audit;
+pub mod btrfs;
+pub mod clock;
+pub mod failpoint;
+pub mod index;
+pub mod journal;
+pub mod layout;
+pub mod records;
+pub mod reserve;
+pub mod rows;
+pub mod tree;
 
 mod agent;
 mod apply;
@@ -25,7 +39,6 @@ pub use error::{Result, StoreError};
 pub use quota::{parse_size, StoreOptions};
 
 use crate::audit::Audit;
-use crate::btrfs;
 use crate::failpoint::Failpoints;
 use crate::index::{AgentRecord, CheckpointRecord, Index, SessionRecord};
 use crate::journal::{Entry, Op, Stage};

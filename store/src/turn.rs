@@ -121,7 +121,7 @@ impl Store {
         }
         let rec = TurnRecord {
             number,
-            began_ms: crate::now_ms(),
+            began_ms: crate::clock::now_ms(),
             ended_ms: None,
             status: None,
             checkpoint_id: None,
@@ -176,7 +176,7 @@ impl Store {
             }
         }
         if rec.ended_ms.is_none() {
-            rec.ended_ms = Some(crate::now_ms());
+            rec.ended_ms = Some(crate::clock::now_ms());
             rec.status = Some(p.status);
             rec.checkpoint_error = failed;
             // Durable before the answer.
@@ -207,7 +207,7 @@ impl Store {
     ) -> Result<String> {
         let mut id = format!("turn-{}", turn.number);
         if self.index.checkpoint(a, s, &id)?.is_some() {
-            id = format!("turn-{}-{}", turn.number, crate::now_ms());
+            id = format!("turn-{}-{}", turn.number, crate::clock::now_ms());
         }
         let label = label.unwrap_or_else(|| format!("turn {}", turn.number));
         let c = self.checkpoint_create_as(

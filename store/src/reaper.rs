@@ -41,7 +41,7 @@ impl Reaper {
                         // The operation stays open in the journal: the next
                         // start-up removes the tree.
                         Err(e) => tracing::warn!(
-                            error = %crate::store::StoreError::from(e).chain(), ?path,
+                            error = %crate::StoreError::from(e).chain(), ?path,
                             "cannot remove trashed tree"
                         ),
                     }

@@ -23,7 +23,7 @@ impl Store {
             )));
         }
         let rec = SessionRecord {
-            created_ms: crate::now_ms(),
+            created_ms: crate::clock::now_ms(),
             head: None,
         };
         let build = |_: &mut crate::index::Writer<'_>| {

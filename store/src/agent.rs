@@ -21,7 +21,7 @@ impl Store {
             )));
         }
         let rec = AgentRecord {
-            created_ms: crate::now_ms(),
+            created_ms: crate::clock::now_ms(),
         };
         let build = |_: &mut crate::index::Writer<'_>| {
             Ok(Op::AgentCreate {

@@ -51,7 +51,7 @@ impl Store {
                 session: s.into(),
                 checkpoint: c.into(),
                 record: CheckpointRecord {
-                    created_ms: crate::now_ms(),
+                    created_ms: crate::clock::now_ms(),
                     seq: w.next_seq("checkpoint")?,
                     parent: session.head.clone(),
                     origin,

@@ -118,7 +118,7 @@ impl Audit {
         };
         let rec = AuditRecord {
             seq: t.next_seq,
-            time_ms: crate::now_ms(),
+            time_ms: crate::clock::now_ms(),
             request_id: e.request_id,
             peer: clip(e.peer, 64),
             action: clip(e.action, 64),

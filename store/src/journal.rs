@@ -31,7 +31,7 @@
 //! steps are complete and undone otherwise. A step that fails at run time
 //! is undone at once by the same code. See `store::recovery`.
 
-use crate::index::CheckpointRecord;
+use crate::rows::CheckpointRecord;
 use serde::{Deserialize, Serialize};
 
 /// One multi-step change, with what recovery needs to finish or undo it.

@@ -7,7 +7,10 @@
 //! minimal read-only root, starts the program as an unprivileged user with
 //! no capabilities, no_new_privs and a seccomp filter, reaps everything in
 //! the namespace, and reports how the program ended on a status pipe.
+//!
+//! [`cgroup`] places and limits a session's and a run's processes.
 
+pub mod cgroup;
 pub mod init;
 pub mod seccomp;
 mod spawn;

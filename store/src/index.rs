@@ -7,11 +7,11 @@
 //! The `journal` table is the write-ahead journal (see `crate::journal`).
 
 use crate::journal::{Entry, Op, Stage};
-use allox_protocol::{Origin, TurnStatus};
+pub use crate::rows::{AgentRecord, CheckpointRecord, PolicyRecord, SessionRecord, TurnRecord};
 use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
 };
-use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use serde::{de::DeserializeOwned, Serialize};
 use std::path::Path;
 use thiserror::Error;
 
@@ -22,48 +22,6 @@ const JOURNAL: TableDefinition<u64, &[u8]> = TableDefinition::new("journal");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const POLICY: TableDefinition<&str, &[u8]> = TableDefinition::new("policy");
 const TURNS: TableDefinition<&str, &[u8]> = TableDefinition::new("turns");
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct AgentRecord {
-    pub created_ms: u64,
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct SessionRecord {
-    pub created_ms: u64,
-    /// The checkpoint `current/` descends from.
-    pub head: Option<String>,
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct CheckpointRecord {
-    pub created_ms: u64,
-    /// Creation order within the store.
-    pub seq: u64,
-    pub parent: Option<String>,
-    pub origin: Origin,
-    pub pinned: bool,
-    pub label: Option<String>,
-    pub turn_id: Option<String>,
-}
-
-/// Automatic-checkpoint policy of an agent (key `agent`) or a session
-/// (key `agent/session`); `None` fields fall back to the agent, then off.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
-pub struct PolicyRecord {
-    pub auto_checkpoint: Option<bool>,
-    pub keep_last: Option<u32>,
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct TurnRecord {
-    pub number: u64,
-    pub began_ms: u64,
-    pub ended_ms: Option<u64>,
-    pub status: Option<TurnStatus>,
-    pub checkpoint_id: Option<String>,
-    pub checkpoint_error: Option<String>,
-}
 
 #[derive(Debug, Error)]
 pub enum IndexError {
@@ -502,6 +460,7 @@ impl Writer<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use allox_protocol::Origin;
 
     fn ck(seq: u64, parent: Option<&str>) -> CheckpointRecord {
         CheckpointRecord {

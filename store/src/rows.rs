@@ -1,0 +1,48 @@
+//! The rows of the index's tables, one type a table (values are postcard).
+//! The journal holds some of them too (a checkpoint's record travels in its
+//! create operation), so they live apart from both.
+
+use allox_protocol::{Origin, TurnStatus};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct AgentRecord {
+    pub created_ms: u64,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct SessionRecord {
+    pub created_ms: u64,
+    /// The checkpoint `current/` descends from.
+    pub head: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct CheckpointRecord {
+    pub created_ms: u64,
+    /// Creation order within the store.
+    pub seq: u64,
+    pub parent: Option<String>,
+    pub origin: Origin,
+    pub pinned: bool,
+    pub label: Option<String>,
+    pub turn_id: Option<String>,
+}
+
+/// Automatic-checkpoint policy of an agent (key `agent`) or a session
+/// (key `agent/session`); `None` fields fall back to the agent, then off.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct PolicyRecord {
+    pub auto_checkpoint: Option<bool>,
+    pub keep_last: Option<u32>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct TurnRecord {
+    pub number: u64,
+    pub began_ms: u64,
+    pub ended_ms: Option<u64>,
+    pub status: Option<TurnStatus>,
+    pub checkpoint_id: Option<String>,
+    pub checkpoint_error: Option<String>,
+}

@@ -14,4 +14,4 @@ cargo build --release --quiet -p allox-init -p allox-ctl -p allox-integration
 allox_install_guest_deps
 eval "$(scripts/build-guest.sh | tail -2)"
 export ALLOX_KERNEL_DIR ALLOX_INITRD
-exec target/x86_64-unknown-linux-gnu/release/allox-bench
+exec $ALLOX_RELEASE/allox-bench

@@ -20,8 +20,8 @@ echo "==> cargo build --release -p allox-init -p allox-rootfs-builder" >&2
 cargo build --release --quiet -p allox-init -p allox-rootfs-builder >&2
 out=target/guest
 mkdir -p "$out"
-strip -o "$out/allox-init" target/x86_64-unknown-linux-gnu/release/allox-init
-target/x86_64-unknown-linux-gnu/release/rootfs-builder initramfs \
+strip -o "$out/allox-init" $ALLOX_RELEASE/allox-init
+$ALLOX_RELEASE/rootfs-builder initramfs \
     --init "$out/allox-init" --out "$out/initrd.img" --compress gzip >&2
 echo "ALLOX_KERNEL_DIR=$kdir"
 echo "ALLOX_INITRD=$(pwd)/$out/initrd.img"

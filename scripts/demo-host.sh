@@ -12,7 +12,7 @@ allox_install_deps
 
 echo "==> building (release)"
 cargo build --release --quiet -p allox-init -p allox-ctl
-BIN=$PWD/target/x86_64-unknown-linux-gnu/release
+BIN=$PWD/$ALLOX_RELEASE
 
 WORK=$(mktemp -d /var/tmp/allox-demo.XXXXXX)
 MADE_FS=""

@@ -19,7 +19,7 @@ allox_install_guest_deps
 echo "==> building the guest (kernel cached by config hash; the first build takes ~10 minutes)"
 eval "$(scripts/build-guest.sh | tail -2)"
 cargo build --release --quiet -p allox-ctl -p allox-rootfs-builder
-BIN=$PWD/target/x86_64-unknown-linux-gnu/release
+BIN=$PWD/$ALLOX_RELEASE
 
 WORK=$(mktemp -d /var/tmp/allox-demo-vm.XXXXXX)
 export ALLOX_SOCKET=$WORK/ctl.sock

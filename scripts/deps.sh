@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Installs what the project needs on a fresh Debian machine, as root.
-# Sourced by demo.sh, test.sh and bench.sh; safe to run again.
+# Sourced by the other scripts; safe to run again.
 set -euo pipefail
+
+# Where cargo puts release binaries (the target is fixed in
+# .cargo/config.toml), relative to the repository's root.
+ALLOX_RELEASE=target/x86_64-unknown-linux-gnu/release
 
 allox_need_root() {
     if [ "$(id -u)" != 0 ]; then

@@ -36,9 +36,18 @@ pub fn missing() -> Option<String> {
     (!miss.is_empty()).then(|| miss.join(", "))
 }
 
-/// Returns false (and says so) when the test cannot run here.
+/// Returns false (and says so) when the test cannot run here: it needs
+/// root, loop devices and Btrfs ([`missing`]).
 pub fn require(test: &str) -> bool {
-    let Some(what) = missing() else { return true };
+    needs(test, missing())
+}
+
+/// The one rule for a test that lacks what it needs (`missing` names it):
+/// under `ALLOX_REQUIRE_PRIVILEGED=1` (as `scripts/test.sh` sets) the test
+/// fails; otherwise it prints `SKIPPED <test>: needs <what>` past the
+/// harness's capture and returns false. True when nothing is missing.
+pub fn needs(test: &str, missing: Option<String>) -> bool {
+    let Some(what) = missing else { return true };
     if std::env::var("ALLOX_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {
         panic!("{test} needs {what}, which this machine lacks");
     }

@@ -52,10 +52,7 @@ pub fn require_vm(test: &str) -> Option<GuestImage> {
     match guest_image() {
         Ok(i) => Some(i),
         Err(what) => {
-            if std::env::var("ALLOX_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {
-                panic!("{test} needs {what}, which this machine lacks");
-            }
-            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: needs {what}");
+            crate::needs(test, Some(what));
             None
         }
     }

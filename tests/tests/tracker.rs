@@ -1,7 +1,7 @@
 //! The eBPF process tracker through the daemon: real programs on the
 //! scheduler tracepoints of this kernel, real sandboxes and cgroups.
 
-use allox_integration::{require, ProcDaemon};
+use allox_integration::{needs, require, ProcDaemon};
 use allox_protocol::*;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -11,11 +11,10 @@ fn daemon(name: &str, extra: &[&str]) -> Option<ProcDaemon> {
     if !require(name) {
         return None;
     }
-    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
-        if std::env::var("ALLOX_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {
-            panic!("{name} needs a kernel with BTF (/sys/kernel/btf/vmlinux)");
-        }
-        eprintln!("SKIPPED {name}: needs a kernel with BTF (/sys/kernel/btf/vmlinux)");
+    let btf = allox_ebpf_probes::KERNEL_BTF;
+    let missing =
+        (!std::path::Path::new(btf).exists()).then(|| format!("a kernel with BTF ({btf})"));
+    if !needs(name, missing) {
         return None;
     }
     let mut args = vec!["--process-tracker", "ebpf"];

@@ -1,9 +1,9 @@
-//! The tracker against the real kernel. Needs root in the initial pid
+//! The process tracker's eBPF programs (`allox-ebpf-probes`) against the
+//! real kernel, without the daemon. Needs root in the initial pid
 //! namespace, kernel BTF and a cgroup2 mount (`/sys/fs/cgroup/unified` on
 //! a hybrid host, else `/sys/fs/cgroup`), plus sh, cat, wc, sleep, unshare
-//! and python3. Without them each test prints `SKIPPED <test>: needs
-//! <what>` (uncaptured) and returns, or fails when
-//! ALLOX_REQUIRE_PRIVILEGED=1.
+//! and python3; without them each test skips or fails through
+//! [`allox_integration::needs`].
 //!
 //! Tests run one at a time (they share the machine's process table, and
 //! the fork storm would disturb the others' timing).
@@ -41,23 +41,7 @@ fn require(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
     } else {
         None
     };
-    match missing {
-        None => Some(guard),
-        Some(what) if std::env::var("ALLOX_REQUIRE_PRIVILEGED").as_deref() == Ok("1") => {
-            panic!("{test} needs {what} (ALLOX_REQUIRE_PRIVILEGED=1)")
-        }
-        Some(what) => {
-            skipped(test, &what);
-            None
-        }
-    }
-}
-
-/// Straight to stderr, past the test harness's capture, so that a skip
-/// shows in every run.
-fn skipped(test: &str, what: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: needs {what}");
+    allox_integration::needs(test, missing).then_some(guard)
 }
 
 fn is_root() -> bool {

@@ -21,7 +21,7 @@ pub type Answer = Result<Response, ErrorBody>;
 
 /// Anything that can carry a request to the daemon and bring back its answer.
 ///
-/// [`Client`] is the real one; [`crate::daemon::Daemon`] connects lazily;
+/// [`Client`] is the real one; [`crate::reconnecting::ReconnectingClient`] connects lazily;
 /// tests use fakes.
 pub trait Caller {
     fn call(&mut self, request: Request) -> Result<Answer, ClientError>;

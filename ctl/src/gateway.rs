@@ -20,7 +20,7 @@ pub mod access;
 mod body;
 
 use crate::client::{Caller, ClientError};
-use crate::daemon::Daemon;
+use crate::reconnecting::ReconnectingClient;
 use crate::token::{self, TokenError};
 use access::{Access, Headers, Refusal};
 use allox_protocol::json::{answer_to_json, parse_request};
@@ -200,7 +200,10 @@ impl Gateway {
             .map(|_| {
                 let server = Arc::clone(&self.server);
                 let access = Arc::clone(&self.access);
-                let daemon = Daemon::with_timeout(&self.cfg.socket, Some(self.cfg.daemon_timeout));
+                let daemon = ReconnectingClient::with_timeout(
+                    &self.cfg.socket,
+                    Some(self.cfg.daemon_timeout),
+                );
                 let http_timeout = self.cfg.http_timeout;
                 thread::spawn(move || worker(&server, &access, daemon, http_timeout))
             })
@@ -212,7 +215,12 @@ impl Gateway {
     }
 }
 
-fn worker(server: &Server, access: &Access, mut daemon: Daemon, http_timeout: Duration) {
+fn worker(
+    server: &Server,
+    access: &Access,
+    mut daemon: ReconnectingClient,
+    http_timeout: Duration,
+) {
     loop {
         match server.recv() {
             Ok(request) => serve_one(request, access, &mut daemon, http_timeout),
@@ -469,7 +477,7 @@ mod tests {
     fn unreachable_daemon_is_503_naming_the_socket() {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("ctl.sock");
-        let (status, v) = handle(DELETE, &mut Daemon::new(&sock));
+        let (status, v) = handle(DELETE, &mut ReconnectingClient::new(&sock));
         assert_eq!(status, 503);
         assert_eq!(v["error"]["code"], "unavailable");
         let message = v["error"]["message"].as_str().unwrap();
@@ -538,7 +546,7 @@ mod tests {
                 held.push(s);
             }
         });
-        let mut daemon = Daemon::with_timeout(&sock, Some(Duration::from_millis(200)));
+        let mut daemon = ReconnectingClient::with_timeout(&sock, Some(Duration::from_millis(200)));
         for round in 1..=2 {
             let (status, v) = handle(DELETE, &mut daemon);
             assert_eq!(status, 504, "{v}");

@@ -1,7 +1,7 @@
 //! `alloxctl`: the host side of the Allox OS control protocol.
 //!
 //! * [`client`]: a blocking client for the control socket.
-//! * [`daemon`]: the same, connected lazily and again after a failure.
+//! * [`reconnecting`]: the same, connected lazily and again after a failure.
 //! * [`rpc`]: requests and answers in their JSON form.
 //! * [`gateway`]: that JSON form over HTTP, `POST /v1/rpc`.
 //! * [`token`]: the gateway's bearer token and its file.
@@ -12,14 +12,14 @@
 
 pub mod cli;
 pub mod client;
-pub mod daemon;
 pub mod gateway;
 pub mod process;
+pub mod reconnecting;
 pub mod render;
 pub mod rpc;
 pub mod signal;
 pub mod token;
 
 pub use client::{error_chain, Answer, Caller, Client, ClientError};
-pub use daemon::Daemon;
+pub use reconnecting::ReconnectingClient;
 pub use rpc::rpc_json;

@@ -3,7 +3,7 @@
 use allox_ctl::cli::{Action, Cli, GatewayArgs, Run};
 use allox_ctl::gateway::Gateway;
 use allox_ctl::render::render;
-use allox_ctl::{error_chain, rpc_json, Client, Daemon};
+use allox_ctl::{error_chain, rpc_json, Client, ReconnectingClient};
 use allox_ctl::{process, token};
 use allox_protocol::{ProcessStart, Request};
 use clap::Parser;
@@ -19,7 +19,7 @@ fn main() -> ExitCode {
         Action::Exec(run) => start_run(cli.socket, cli.json, run, process::exec),
         Action::Start(run) => start_run(cli.socket, cli.json, run, process::start),
         Action::Wait(request) => {
-            let mut daemon = Daemon::new(cli.socket);
+            let mut daemon = ReconnectingClient::new(cli.socket);
             let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
             ExitCode::from(process::wait(
                 &mut daemon,
@@ -30,7 +30,7 @@ fn main() -> ExitCode {
             ))
         }
         Action::Rpc(text) => {
-            let (ok, answer) = rpc_json(&mut Daemon::new(cli.socket), &text);
+            let (ok, answer) = rpc_json(&mut ReconnectingClient::new(cli.socket), &text);
             print(&format!("{answer}\n"));
             status(ok)
         }
@@ -97,7 +97,7 @@ fn call(socket: PathBuf, json: bool, request: Request) -> ExitCode {
 }
 
 /// The signature of [`process::exec`] and [`process::start`].
-type Launch = fn(&mut Daemon, ProcessStart, bool, &mut dyn Write, &mut dyn Write) -> u8;
+type Launch = fn(&mut ReconnectingClient, ProcessStart, bool, &mut dyn Write, &mut dyn Write) -> u8;
 
 fn start_run(socket: PathBuf, json: bool, run: Run, launch: Launch) -> ExitCode {
     let request = match run.into_request() {
@@ -108,7 +108,7 @@ fn start_run(socket: PathBuf, json: bool, run: Run, launch: Launch) -> ExitCode 
         }
     };
     let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
-    let mut daemon = Daemon::new(socket);
+    let mut daemon = ReconnectingClient::new(socket);
     ExitCode::from(launch(&mut daemon, request, json, &mut out, &mut err))
 }
 

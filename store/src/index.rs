@@ -125,12 +125,15 @@ fn under(prefix: &str) -> (String, String) {
     (format!("{prefix}/"), format!("{prefix}0"))
 }
 
+/// A session's key (sessions and per-session policies): `agent/session`.
 pub fn session_key(a: &str, s: &str) -> String {
     format!("{a}/{s}")
 }
 
-pub fn checkpoint_key(a: &str, s: &str, c: &str) -> String {
-    format!("{a}/{s}/{c}")
+/// The key of one item of a session (a checkpoint, a turn):
+/// `agent/session/item`, so that [`session_key`] is a prefix of its range.
+pub fn session_item_key(a: &str, s: &str, item: &str) -> String {
+    format!("{a}/{s}/{item}")
 }
 
 pub struct Index {
@@ -233,7 +236,7 @@ impl Index {
         s: &str,
         c: &str,
     ) -> Result<Option<CheckpointRecord>, IndexError> {
-        self.get(CHECKPOINTS, &checkpoint_key(a, s, c))
+        self.get(CHECKPOINTS, &session_item_key(a, s, c))
     }
     /// A session's checkpoints, oldest first.
     pub fn checkpoints(
@@ -250,7 +253,7 @@ impl Index {
         self.get(POLICY, key)
     }
     pub fn turn(&self, a: &str, s: &str, t: &str) -> Result<Option<TurnRecord>, IndexError> {
-        self.get(TURNS, &checkpoint_key(a, s, t))
+        self.get(TURNS, &session_item_key(a, s, t))
     }
     /// A session's turns, in order.
     pub fn turns(&self, a: &str, s: &str) -> Result<Vec<(String, TurnRecord)>, IndexError> {
@@ -381,7 +384,7 @@ impl Writer<'_> {
         t: &str,
         r: &TurnRecord,
     ) -> Result<(), IndexError> {
-        self.put(TURNS, &checkpoint_key(a, s, t), r)
+        self.put(TURNS, &session_item_key(a, s, t), r)
     }
     pub fn put_session(&mut self, a: &str, s: &str, r: &SessionRecord) -> Result<(), IndexError> {
         self.put(SESSIONS, &session_key(a, s), r)
@@ -401,12 +404,12 @@ impl Writer<'_> {
         c: &str,
         r: &CheckpointRecord,
     ) -> Result<(), IndexError> {
-        self.put(CHECKPOINTS, &checkpoint_key(a, s, c), r)
+        self.put(CHECKPOINTS, &session_item_key(a, s, c), r)
     }
     pub fn remove_checkpoint(&mut self, a: &str, s: &str, c: &str) -> Result<(), IndexError> {
         self.tx
             .open_table(CHECKPOINTS)?
-            .remove(checkpoint_key(a, s, c).as_str())?;
+            .remove(session_item_key(a, s, c).as_str())?;
         Ok(())
     }
     pub fn journal_put(&mut self, op_id: u64, e: &Entry) -> Result<(), IndexError> {
@@ -430,7 +433,7 @@ impl Writer<'_> {
         self.get(SESSIONS, &session_key(a, s))
     }
     pub fn turn(&self, a: &str, s: &str, t: &str) -> Result<Option<TurnRecord>, IndexError> {
-        self.get(TURNS, &checkpoint_key(a, s, t))
+        self.get(TURNS, &session_item_key(a, s, t))
     }
     pub fn checkpoint(
         &self,
@@ -438,7 +441,7 @@ impl Writer<'_> {
         s: &str,
         c: &str,
     ) -> Result<Option<CheckpointRecord>, IndexError> {
-        self.get(CHECKPOINTS, &checkpoint_key(a, s, c))
+        self.get(CHECKPOINTS, &session_item_key(a, s, c))
     }
     /// A session's checkpoints, in key order.
     pub fn checkpoints(

@@ -8,23 +8,23 @@ use std::time::Duration;
 
 /// The daemon behind a socket path, connected when first needed.
 #[derive(Debug)]
-pub struct Daemon {
+pub struct ReconnectingClient {
     socket: PathBuf,
     client: Option<Client>,
     timeout: Option<Duration>,
 }
 
-impl Daemon {
+impl ReconnectingClient {
     /// Does not connect yet.
     pub fn new(socket: impl Into<PathBuf>) -> Self {
-        Daemon::with_timeout(socket, None)
+        ReconnectingClient::with_timeout(socket, None)
     }
 
     /// Each wait for the daemon bounded by `timeout`: a call that runs out
     /// fails with [`ClientError::TimedOut`], is not made again, and its
     /// connection is dropped (the next call makes a new one).
     pub fn with_timeout(socket: impl Into<PathBuf>, timeout: Option<Duration>) -> Self {
-        Daemon {
+        ReconnectingClient {
             socket: socket.into(),
             client: None,
             timeout,
@@ -43,7 +43,7 @@ impl Daemon {
     }
 }
 
-impl Caller for Daemon {
+impl Caller for ReconnectingClient {
     /// Calls over the current connection, making one if there is none.
     ///
     /// A connection that fails is dropped. If it was an old one (the daemon
@@ -54,7 +54,7 @@ impl Caller for Daemon {
         self.call_with_events(request, &mut |_| {})
     }
 
-    /// As [`Daemon::call`]; a call made again on a fresh connection passes
+    /// As [`ReconnectingClient::call`]; a call made again on a fresh connection passes
     /// its events too.
     fn call_with_events(
         &mut self,
@@ -140,7 +140,7 @@ mod tests {
     fn unreachable_daemon_is_unavailable_and_named() {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("ctl.sock");
-        let mut d = Daemon::new(&sock);
+        let mut d = ReconnectingClient::new(&sock);
         let err = d.call(Request::Ping(Ping {})).unwrap_err();
         assert_eq!(err.code(), ErrorCode::Unavailable);
         assert!(err.to_body().message.contains(&sock.display().to_string()));
@@ -157,7 +157,7 @@ mod tests {
                 serve_connection(s.unwrap(), 1);
             }
         });
-        let mut d = Daemon::new(&sock);
+        let mut d = ReconnectingClient::new(&sock);
         assert!(d.call(Request::Ping(Ping {})).unwrap().is_ok());
         // Dropped on the old connection, retried on a second one.
         assert!(d.call(Request::Ping(Ping {})).unwrap().is_ok());

@@ -385,8 +385,10 @@ async fn serve<R, W>(
         while let Some(frame) = reader.next_frame() {
             completed = true;
             let msg = frame
-                .map_err(|e| e.to_string())
-                .and_then(|p| decode::<ClientFrame>(&p).map_err(|e| format!("{e}")));
+                .map_err(|e| allox_protocol::error_chain(&e))
+                .and_then(|p| {
+                    decode::<ClientFrame>(&p).map_err(|e| allox_protocol::error_chain(&e))
+                });
             let msg = match msg {
                 Ok(m) => m,
                 Err(why) => {

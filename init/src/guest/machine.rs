@@ -23,7 +23,7 @@ pub fn set_up() {
             "warning: Ctrl-Alt-Del still reboots at once: {e}"
         ));
     }
-    if let Err(e) = loopback_up() {
+    if let Err(e) = allox_sandbox::sys::loopback_up() {
         log(format_args!("warning: cannot bring up lo: {e}"));
     }
     let _ = std::fs::write("/proc/self/oom_score_adj", "-1000");
@@ -146,35 +146,6 @@ fn mount_kernel_filesystems() {
             )),
         }
     }
-}
-
-/// `ip link set lo up`.
-#[allow(unsafe_code)]
-fn loopback_up() -> std::io::Result<()> {
-    let sock = rustix::net::socket(
-        rustix::net::AddressFamily::INET,
-        rustix::net::SocketType::DGRAM,
-        None,
-    )?;
-    // SAFETY: an all-zero `ifreq` is valid; the name is NUL-terminated and
-    // shorter than IFNAMSIZ.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, s) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *d = *s as libc::c_char;
-    }
-    use rustix::fd::AsRawFd;
-    // SAFETY: SIOCGIFFLAGS and SIOCSIFFLAGS take a pointer to an `ifreq`,
-    // which lives for both calls; the socket is open.
-    unsafe {
-        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-        if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &mut req) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -24,9 +24,10 @@
 
 use super::seccomp;
 use super::spec::{InitStatus, SandboxSpec, SESSION_MOUNT, SHARED_MOUNT, SPEC_FD, STATUS_FD};
-use super::tmp_sync;
-use rustix::fd::{FromRawFd, OwnedFd};
+use super::{sys, tmp_sync};
+use rustix::fd::{AsFd, FromRawFd, OwnedFd};
 use rustix::mount::{self as m, MountFlags, MountPropagationFlags, UnmountFlags};
+use rustix::process::{Pid, WaitOptions};
 use std::ffi::CString;
 use std::io::{Read, Write};
 use std::path::Path;
@@ -116,12 +117,9 @@ pub fn run() -> ! {
         .write(true)
         .open("/dev/null")
     {
-        for fd in 0..3 {
-            // SAFETY: replacing this process's own standard descriptors.
-            unsafe {
-                libc::dup2(rustix::fd::AsRawFd::as_raw_fd(&null), fd);
-            }
-        }
+        let _ = rustix::stdio::dup2_stdin(&null);
+        let _ = rustix::stdio::dup2_stdout(&null);
+        let _ = rustix::stdio::dup2_stderr(&null);
     }
     let mut errbuf = [0u8; 4];
     let n = std::fs::File::from(err_r).read(&mut errbuf).unwrap_or(0);
@@ -169,45 +167,14 @@ fn bind_ro(src: &Path, dst: &Path) -> Result<(), String> {
     set_attr_recursive(dst)
 }
 
-/// `mount_setattr(AT_RECURSIVE)`: read-only, nosuid, nodev on a whole tree.
+/// Read-only, nosuid, nodev on the whole tree at `dst`.
 fn set_attr_recursive(dst: &Path) -> Result<(), String> {
-    #[repr(C)]
-    struct MountAttr {
-        attr_set: u64,
-        attr_clr: u64,
-        propagation: u64,
-        userns_fd: u64,
-    }
-    const MOUNT_ATTR_RDONLY: u64 = 0x1;
-    const MOUNT_ATTR_NOSUID: u64 = 0x2;
-    const MOUNT_ATTR_NODEV: u64 = 0x4;
-    const AT_RECURSIVE: u32 = 0x8000;
-    let path = CString::new(dst.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
-    // SAFETY: a valid path and attribute struct of the size passed.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            AT_RECURSIVE,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if rc < 0 {
-        let e = std::io::Error::last_os_error();
+    match sys::set_tree_read_only(dst) {
         // Kernels before 5.12 lack it: the top mount is read-only anyway.
-        if e.raw_os_error() != Some(libc::ENOSYS) {
-            return Err(format!("mount_setattr {}: {e}", dst.display()));
-        }
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => Ok(()),
+        Err(e) => Err(format!("mount_setattr {}: {e}", dst.display())),
+        Ok(()) => Ok(()),
     }
-    Ok(())
 }
 
 fn bind_rw(src: &Path, dst: &Path) -> Result<(), String> {
@@ -371,32 +338,7 @@ fn build_root(spec: &SandboxSpec) -> Result<(), String> {
         rustix::system::sethostname(spec.hostname.as_bytes()),
     )?;
     if spec.isolate_network {
-        loopback_up()?;
-    }
-    Ok(())
-}
-
-/// Brings up `lo` in a fresh network namespace.
-fn loopback_up() -> Result<(), String> {
-    // SAFETY: a socket and two ioctls on a zeroed, NUL-terminated ifreq.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(format!("socket: {}", std::io::Error::last_os_error()));
-        }
-        let fd = OwnedFd::from_raw_fd(fd);
-        let raw = rustix::fd::AsRawFd::as_raw_fd(&fd);
-        let mut ifr: libc::ifreq = std::mem::zeroed();
-        for (i, b) in b"lo".iter().enumerate() {
-            ifr.ifr_name[i] = *b as libc::c_char;
-        }
-        if libc::ioctl(raw, libc::SIOCGIFFLAGS, &mut ifr) < 0 {
-            return Err(format!("get lo flags: {}", std::io::Error::last_os_error()));
-        }
-        ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-        if libc::ioctl(raw, libc::SIOCSIFFLAGS, &ifr) < 0 {
-            return Err(format!("bring lo up: {}", std::io::Error::last_os_error()));
-        }
+        sys::loopback_up().map_err(|e| format!("bring up lo: {e}"))?;
     }
     Ok(())
 }
@@ -409,21 +351,10 @@ fn exec_program(spec: &SandboxSpec, filter: &seccomp::Filters, err: OwnedFd) -> 
         127
     };
     let _ = rustix::process::setsid();
-    // Keep the error pipe at fd 3 and close everything else above 2.
-    // SAFETY: fd 3 is free to take: the spec pipe was closed when it was
-    // read to the end... and if not, dup2 replaces it, which is what we want.
-    let err = unsafe {
-        if libc::dup2(rustix::fd::AsRawFd::as_raw_fd(&err), 3) < 0 {
-            return 127;
-        }
-        libc::fcntl(3, libc::F_SETFD, libc::FD_CLOEXEC);
-        drop(err);
-        OwnedFd::from_raw_fd(3)
-    };
-    // SAFETY: close_range on descriptors this process no longer uses.
-    unsafe {
-        libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32);
-    }
+    // The program gets 0, 1 and 2 only; the error pipe is close-on-exec.
+    // (Kernels before 5.9 lack close_range; there the program also gets
+    // whatever is not close-on-exec.)
+    let _ = sys::close_all_above_stdio_but(err.as_fd());
     if let Err(e) = drop_privileges(spec) {
         return fail(&err, e);
     }
@@ -465,17 +396,8 @@ fn drop_privileges(spec: &SandboxSpec) -> Result<(), i32> {
     caps::clear(None, CapSet::Bounding).map_err(e)?;
     caps::clear(None, CapSet::Ambient).map_err(e)?;
     caps::clear(None, CapSet::Inheritable).map_err(e)?;
-    // SAFETY: plain system calls on this process's credentials.
-    unsafe {
-        if libc::setgroups(0, std::ptr::null()) != 0
-            || libc::setresgid(spec.gid, spec.gid, spec.gid) != 0
-            || libc::setresuid(spec.uid, spec.uid, spec.uid) != 0
-        {
-            return Err(std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EPERM));
-        }
-    }
+    sys::drop_credentials(spec.uid, spec.gid)
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EPERM))?;
     // A switch away from uid 0 clears permitted and effective; make sure.
     caps::clear(None, CapSet::Effective).map_err(e)?;
     caps::clear(None, CapSet::Permitted).map_err(e)?;
@@ -530,23 +452,20 @@ fn reap(child: i32, exec_errno: Option<i32>, spec: &SandboxSpec, mut status: std
         reported = true;
     }
     let mut status = Some(status);
+    let child = Pid::from_raw(child);
     loop {
-        let mut ws: libc::c_int = 0;
-        // SAFETY: waitpid on our own children.
-        let pid = unsafe { libc::waitpid(-1, &mut ws, 0) };
-        if pid < 0 {
-            match std::io::Error::last_os_error().raw_os_error() {
-                Some(libc::EINTR) => continue,
-                _ => break,
-            }
-        }
-        if pid == child && !reported {
+        // Blocking: `None` (only with WNOHANG) and ECHILD both mean done.
+        let (pid, ws) = match rustix::process::wait(WaitOptions::empty()) {
+            Ok(Some(reaped)) => reaped,
+            Err(rustix::io::Errno::INTR) => continue,
+            Ok(None) | Err(_) => break,
+        };
+        if Some(pid) == child && !reported {
             reported = true;
             CHILD.store(0, Ordering::SeqCst);
-            let st = if libc::WIFEXITED(ws) {
-                InitStatus::Exited(libc::WEXITSTATUS(ws))
-            } else {
-                InitStatus::Signaled(libc::WTERMSIG(ws))
+            let st = match ws.exit_status() {
+                Some(code) => InitStatus::Exited(code),
+                None => InitStatus::Signaled(ws.terminating_signal().unwrap_or(0)),
             };
             if matches!(st, InitStatus::Exited(_)) {
                 sync_tmp(spec);
@@ -565,14 +484,10 @@ fn sync_tmp(spec: &SandboxSpec) {
     if spec.tmp_sync_cap == 0 {
         return;
     }
-    // From here on this process needs no privilege at all.
-    // SAFETY: plain credential changes of this process.
-    unsafe {
-        libc::setgroups(0, std::ptr::null());
-        libc::setresgid(spec.gid, spec.gid, spec.gid);
-        if libc::setresuid(spec.uid, spec.uid, spec.uid) != 0 {
-            return;
-        }
+    // From here on this process needs no privilege at all; without the
+    // whole drop it copies nothing.
+    if sys::drop_credentials(spec.uid, spec.gid).is_err() {
+        return;
     }
     // Now of the agent's uid, without its seccomp filter or no_new_privs:
     // still not dumpable, so the agent's processes cannot ptrace it,

@@ -8,13 +8,16 @@
 //! no capabilities, no_new_privs and a seccomp filter, reaps everything in
 //! the namespace, and reports how the program ended on a status pipe.
 //!
-//! [`cgroup`] places and limits a session's and a run's processes.
+//! [`cgroup`] places and limits a session's and a run's processes; [`sys`]
+//! holds the raw system calls rustix does not wrap (also used by the
+//! guest's PID 1 to bring up `lo`).
 
 pub mod cgroup;
 pub mod init;
 pub mod seccomp;
 mod spawn;
 pub mod spec;
+pub mod sys;
 pub mod tmp_sync;
 
 pub use spawn::{spawn, Spawned};

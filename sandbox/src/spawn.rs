@@ -3,8 +3,8 @@
 //!
 //! The child of `clone3` is a copy of a multi-threaded process, so between
 //! the clone and the exec it does nothing but `dup2` and `execveat` on
-//! values prepared beforehand — no allocation, no locks. This file and
-//! `init.rs` are the places with `unsafe` in the sandbox.
+//! values prepared beforehand — no allocation, no locks. This file,
+//! `init.rs` and `sys.rs` are the sandbox's files with `unsafe`.
 #![allow(unsafe_code)]
 
 use super::spec::{SandboxSpec, SPEC_FD, STATUS_FD};

@@ -2,7 +2,7 @@
 //! libbtrfsutil does, without linking it (the init is static) and never by
 //! spawning the `btrfs` CLI.
 //!
-//! This is one of the two places with `unsafe`: each ioctl gets a
+//! This is the store's only file with `unsafe`: each ioctl gets a
 //! fixed-size argument struct laid out as in `linux/btrfs.h`.
 #![allow(unsafe_code)]
 

@@ -72,7 +72,12 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     let _ = std::fs::write("/proc/self/oom_score_adj", "-1000");
     let runs = match &cfg.runs {
         Some(rc) => {
-            // Orphans of the processes we start come to us, not to init.
+            // A subreaper, so that a descendant orphaned outside the
+            // sandboxes would come here rather than to init. Today there is
+            // none: every child is a sandbox init, reaped through its pidfd
+            // (`runs`), and the orphans of a run's programs go to that init,
+            // PID 1 of the run's PID namespace, which reaps them. Nothing
+            // here waits for unknown children (docs/sandbox.md).
             let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
             Some(Arc::new(
                 Runs::new(rc.clone()).map_err(DaemonError::Processes)?,

@@ -1,0 +1,13 @@
+//! `allox-init` as a library: what the binary's PID 1 and `supervise`
+//! modes do, in pieces that can be tested without being PID 1.
+//!
+//! - [`guest`]: the guest's PID 1 — its settings from the kernel command
+//!   line, the machine's set-up (mounts, `lo`, Ctrl-Alt-Del), the store
+//!   disk, and how the supervisor child is started;
+//! - [`limits`]: the guest's default session limits;
+//! - [`supervise`]: the `supervise` command's flags and their conversion
+//!   into the daemon's configuration.
+
+pub mod guest;
+pub mod limits;
+pub mod supervise;

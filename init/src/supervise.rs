@@ -1,0 +1,301 @@
+//! The `supervise` command: its flags ([`SuperviseArgs`]) and their
+//! conversion into the daemon's configuration ([`SuperviseArgs::into_config`]).
+//!
+//! What the conversion needs from the machine (the cgroup2 mount, this
+//! binary's path) comes through [`Host`], so tests pass a fake.
+
+use allox_sandbox::cgroup::{Cgroups, Limits as CgroupLimits};
+use allox_supervisor::daemon::DaemonConfig;
+use allox_supervisor::dispatch::Policy;
+use allox_supervisor::peer::PeerPolicy;
+use allox_supervisor::runs::RunsConfig;
+use allox_supervisor::server::Limits;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use thiserror::Error;
+
+/// The flags of `allox-init supervise`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SuperviseArgs {
+    /// Store root: a directory on a mounted Btrfs filesystem.
+    #[arg(long)]
+    pub root: PathBuf,
+    /// Where to listen, as `unix:PATH` or `virtio:PORT-NAME` (a
+    /// virtio-serial port); repeat to listen on several. One `unix:` is
+    /// required.
+    #[arg(long, default_value = "unix:/run/allox/ctl.sock")]
+    pub listen: Vec<String>,
+    /// Started by the guest's PID 1: `system.shutdown` powers the VM
+    /// off (exit status 3 tells the init so).
+    #[arg(long, hide = true)]
+    pub under_init: bool,
+    /// Kill a session's processes before every rollback unless the
+    /// request says otherwise.
+    #[arg(long)]
+    pub kill_session_processes_on_rollback: bool,
+    /// Limit each session's current/ to this many bytes (suffixes K, M,
+    /// G, T: powers of 1024) with Btrfs quota groups, which this turns
+    /// on; a write past it fails with EDQUOT. Off by default: quota
+    /// groups make snapshots and their deletion slower (docs/store.md).
+    #[arg(long, value_name = "BYTES", value_parser = allox_store::parse_size)]
+    pub session_quota: Option<u64>,
+    /// Run without process support (store only).
+    #[arg(long)]
+    pub no_processes: bool,
+    /// cgroup2 mount to put session cgroups under (default: detected).
+    #[arg(long)]
+    pub cgroup_root: Option<PathBuf>,
+    /// User and group that sandboxed programs run as.
+    #[arg(long, default_value_t = 10_000)]
+    pub sandbox_uid: u32,
+    #[arg(long, default_value_t = 10_000)]
+    pub sandbox_gid: u32,
+    /// Default `pids.max` of every session's cgroup.
+    #[arg(long)]
+    pub default_pids_max: Option<u64>,
+    /// Default `memory.max` (bytes) of every session's cgroup.
+    #[arg(long)]
+    pub default_memory_max: Option<u64>,
+    /// Default `cpu.max` ("QUOTA PERIOD" in µs) of every session's cgroup.
+    #[arg(long)]
+    pub default_cpu_max: Option<String>,
+    /// `pids.max` of all sessions together (the `allox` cgroup), so
+    /// that the supervisor always has process ids left.
+    #[arg(long)]
+    pub sessions_pids_max: Option<u64>,
+    /// `memory.max` (bytes) of all sessions together, so that the
+    /// supervisor and the kernel keep the rest.
+    #[arg(long)]
+    pub sessions_memory_max: Option<u64>,
+    /// `host`: sandboxes share the VM's network; `isolated`: each has
+    /// its own network namespace with only loopback.
+    #[arg(long, default_value = "host", value_parser = ["host", "isolated"])]
+    pub sandbox_network: String,
+    /// Empty directory where sandboxes assemble their root.
+    #[arg(long, default_value = "/run/allox/sandbox-root")]
+    pub sandbox_stage: PathBuf,
+    /// `ebpf`: attribute every process of every run, in the kernel, to
+    /// its agent, session and run (needs a kernel with BTF and
+    /// CAP_BPF/CAP_PERFMON or CAP_SYS_ADMIN); `off`: nothing is loaded.
+    #[arg(long, default_value = "off", value_parser = ["off", "ebpf"])]
+    pub process_tracker: String,
+    /// Most process events kept in state/events.redb; the oldest go first.
+    #[arg(long, default_value_t = allox_supervisor::tracker::DEFAULT_MAX_EVENTS)]
+    pub process_events_max: u64,
+    /// Also serve this user on the control socket (repeatable). Root and
+    /// the daemon's own user always are; with any --allow-uid or
+    /// --allow-gid the socket file is 0666 and the peer's credentials
+    /// (SO_PEERCRED) decide, otherwise it is 0600.
+    #[arg(long, value_name = "UID")]
+    pub allow_uid: Vec<u32>,
+    /// Also serve peers whose (primary) group is this one (repeatable).
+    #[arg(long, value_name = "GID")]
+    pub allow_gid: Vec<u32>,
+    /// Bytes of captured output the finished runs keep together for
+    /// `process.wait`; past it the oldest runs' output is dropped
+    /// (their exit status stays).
+    #[arg(long, default_value_t = RunsConfig::DEFAULT_FINISHED_OUTPUT_BUDGET)]
+    pub finished_output_budget: usize,
+    /// Finished runs kept for `process.wait` (each at most 10 minutes);
+    /// the oldest go first.
+    #[arg(long, default_value_t = RunsConfig::DEFAULT_FINISHED_RUNS_MAX)]
+    pub finished_runs_max: usize,
+    /// Drop a client that stops sending in the middle of a frame for this long.
+    #[arg(long, default_value_t = 10_000, hide = true)]
+    pub stall_timeout_ms: u64,
+    /// Drop a client that does not read an answer for this long.
+    #[arg(long, default_value_t = 10_000, hide = true)]
+    pub write_timeout_ms: u64,
+    /// Drop a client that takes longer than this over one frame.
+    #[arg(long, default_value_t = 30_000, hide = true)]
+    pub frame_timeout_ms: u64,
+}
+
+/// A flag, or a combination of flags, that cannot be served; each names
+/// the flag.
+#[derive(Debug, Error)]
+pub enum SuperviseError {
+    #[error("--listen {0:?}: only one unix: socket")]
+    SecondSocket(String),
+    #[error("--listen {0:?}: expected unix:PATH or virtio:PORT-NAME")]
+    BadListen(String),
+    #[error("--listen: one unix:PATH is required")]
+    NoSocket,
+    #[error("--process-tracker ebpf needs process support; drop --no-processes")]
+    TrackerWithoutProcesses,
+    #[error("no cgroup2 mount at /sys/fs/cgroup or /sys/fs/cgroup/unified; pass --cgroup-root or --no-processes")]
+    NoCgroup2,
+    #[error("cannot find this binary for the sandbox init")]
+    Exe(#[source] std::io::Error),
+    #[error("--default-cpu-max {0:?}: expected \"QUOTA PERIOD\" or \"max PERIOD\"")]
+    CpuMax(String),
+    #[error("cannot create {}", .path.display())]
+    StateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--process-tracker ebpf: {0}")]
+    Tracker(String),
+}
+
+/// What [`SuperviseArgs::into_config`] reads from the machine.
+pub trait Host {
+    /// The cgroup2 mount, when `--cgroup-root` does not name one.
+    fn cgroup2_mount(&self) -> Option<PathBuf>;
+    /// This binary, which every sandbox runs as its init.
+    fn exe(&self) -> std::io::Result<PathBuf>;
+}
+
+/// The machine this runs on.
+pub struct ThisMachine;
+
+impl Host for ThisMachine {
+    fn cgroup2_mount(&self) -> Option<PathBuf> {
+        cgroup2_mount_among(&[
+            Path::new("/sys/fs/cgroup"),
+            Path::new("/sys/fs/cgroup/unified"),
+        ])
+    }
+
+    fn exe(&self) -> std::io::Result<PathBuf> {
+        std::fs::read_link("/proc/self/exe")
+    }
+}
+
+/// The first of `candidates` that is a cgroup2 mount: `/sys/fs/cgroup` on
+/// a pure v2 host, the `unified` mount on a hybrid one.
+pub fn cgroup2_mount_among(candidates: &[&Path]) -> Option<PathBuf> {
+    candidates
+        .iter()
+        .find(|p| p.join("cgroup.procs").exists() && p.join("cgroup.subtree_control").exists())
+        .map(|p| p.to_path_buf())
+}
+
+/// The daemon's configuration, and the process tracker to start for it.
+#[derive(Debug)]
+pub struct Supervise {
+    pub daemon: DaemonConfig,
+    /// `--process-tracker ebpf`: where its events are kept and how many.
+    pub tracker: Option<TrackerPlan>,
+}
+
+/// The process tracker to start ([`Supervise::start_tracker`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrackerPlan {
+    pub state_dir: PathBuf,
+    pub max_events: u64,
+}
+
+impl SuperviseArgs {
+    /// The daemon's configuration these flags ask for; the process tracker
+    /// is not started yet ([`Supervise::start_tracker`]).
+    pub fn into_config(self, host: &dyn Host) -> Result<Supervise, SuperviseError> {
+        let (socket, virtio_ports) = listeners(&self.listen)?;
+        let tracker = match self.process_tracker.as_str() {
+            "ebpf" if self.no_processes => return Err(SuperviseError::TrackerWithoutProcesses),
+            "ebpf" => Some(TrackerPlan {
+                state_dir: self.root.join("state"),
+                max_events: self.process_events_max,
+            }),
+            _ => None,
+        };
+        let runs = if self.no_processes {
+            None
+        } else {
+            let mount = match self.cgroup_root {
+                Some(p) => p,
+                None => host.cgroup2_mount().ok_or(SuperviseError::NoCgroup2)?,
+            };
+            let exe = host.exe().map_err(SuperviseError::Exe)?;
+            let mut rc = RunsConfig::new(mount, exe, self.sandbox_stage);
+            rc.isolate_network = self.sandbox_network == "isolated";
+            rc.finished.output_budget = self.finished_output_budget;
+            rc.finished.max_runs = self.finished_runs_max;
+            rc.uid = self.sandbox_uid;
+            rc.gid = self.sandbox_gid;
+            rc.total = CgroupLimits {
+                pids_max: self.sessions_pids_max,
+                memory_max: self.sessions_memory_max,
+                cpu_max: None,
+            };
+            rc.limits = CgroupLimits {
+                pids_max: self.default_pids_max,
+                memory_max: self.default_memory_max,
+                cpu_max: match self.default_cpu_max {
+                    Some(t) => Some(Cgroups::parse_cpu_max(&t).ok_or(SuperviseError::CpuMax(t))?),
+                    None => None,
+                },
+            };
+            Some(rc)
+        };
+        Ok(Supervise {
+            daemon: DaemonConfig {
+                root: self.root,
+                store: allox_store::StoreOptions {
+                    session_quota: self.session_quota,
+                },
+                socket,
+                virtio_ports,
+                policy: Policy {
+                    kill_processes_on_rollback: self.kill_session_processes_on_rollback,
+                    power_off_on_shutdown: self.under_init,
+                },
+                limits: Limits {
+                    stall: Duration::from_millis(self.stall_timeout_ms),
+                    write: Duration::from_millis(self.write_timeout_ms),
+                    frame: Duration::from_millis(self.frame_timeout_ms),
+                    ..Limits::default()
+                },
+                runs,
+                peers: PeerPolicy {
+                    uids: self.allow_uid,
+                    gids: self.allow_gid,
+                },
+            },
+            tracker,
+        })
+    }
+}
+
+impl Supervise {
+    /// Starts the process tracker, if one was asked for, and hands it to
+    /// the runs.
+    pub fn start_tracker(&mut self) -> Result<(), SuperviseError> {
+        let (Some(plan), Some(runs)) = (&self.tracker, &mut self.daemon.runs) else {
+            return Ok(());
+        };
+        std::fs::create_dir_all(&plan.state_dir).map_err(|source| SuperviseError::StateDir {
+            path: plan.state_dir.clone(),
+            source,
+        })?;
+        let tracker =
+            allox_supervisor::tracker::ProcessTracker::start(&plan.state_dir, plan.max_events)
+                .map_err(SuperviseError::Tracker)?;
+        runs.tracker = Some(tracker);
+        Ok(())
+    }
+}
+
+/// The one `unix:` socket and the virtio-serial ports of the `--listen`
+/// flags.
+fn listeners(listen: &[String]) -> Result<(PathBuf, Vec<String>), SuperviseError> {
+    let mut socket = None;
+    let mut virtio_ports = Vec::new();
+    for l in listen {
+        if let Some(p) = l.strip_prefix("unix:").filter(|p| !p.is_empty()) {
+            if socket.replace(PathBuf::from(p)).is_some() {
+                return Err(SuperviseError::SecondSocket(l.clone()));
+            }
+        } else if let Some(n) = l.strip_prefix("virtio:").filter(|n| !n.is_empty()) {
+            virtio_ports.push(n.to_string());
+        } else {
+            return Err(SuperviseError::BadListen(l.clone()));
+        }
+    }
+    let socket = socket.ok_or(SuperviseError::NoSocket)?;
+    Ok((socket, virtio_ports))
+}
+
+#[cfg(test)]
+mod tests;

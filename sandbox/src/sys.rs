@@ -1,0 +1,127 @@
+//! The raw system calls of the sandbox that rustix does not wrap, and the
+//! credential drop, each written once. Used by the sandbox init and by the
+//! guest's PID 1 (`lo`).
+//!
+//! With `spawn.rs` (the `clone3` and what its child does before the exec)
+//! and `init.rs` (fork, exec and signal handlers of the sandbox's PID 1),
+//! this is one of the three files of the crate with `unsafe` (tests aside).
+#![allow(unsafe_code)]
+
+use rustix::fd::{AsRawFd, BorrowedFd};
+use rustix::process::{Gid, Uid};
+use std::ffi::CString;
+use std::io;
+use std::path::Path;
+
+/// `ip link set lo up`, in this process's network namespace.
+pub fn loopback_up() -> io::Result<()> {
+    let sock = rustix::net::socket_with(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::DGRAM,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )?;
+    let fd = sock.as_raw_fd();
+    // SAFETY: an all-zero `ifreq` is valid and its name "lo" stays
+    // NUL-terminated; SIOCGIFFLAGS and SIOCSIFFLAGS take a pointer to an
+    // `ifreq`, which lives across both calls on an open socket; the first
+    // call sets `ifru_flags`, the union field read after it.
+    unsafe {
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (d, s) in req.ifr_name.iter_mut().zip(b"lo") {
+            *d = *s as libc::c_char;
+        }
+        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        if libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Leaves root for `uid` and `gid`: no supplementary groups, then the
+/// group, then the user (real, effective and saved), each result checked.
+///
+/// These are the raw system calls, which change the calling thread only
+/// (glibc's `setresuid` would change every thread of the process): the
+/// callers, the sandbox init and the program it forks, are single-threaded.
+pub(crate) fn drop_credentials(uid: u32, gid: u32) -> io::Result<()> {
+    let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
+    rustix::thread::set_thread_groups(&[])?;
+    rustix::thread::set_thread_res_gid(gid, gid, gid)?;
+    rustix::thread::set_thread_res_uid(uid, uid, uid)?;
+    Ok(())
+}
+
+/// `mount_setattr(AT_RECURSIVE)`: read-only, nosuid, nodev on the whole
+/// tree at `dst`. Kernels before 5.12 lack it (`ENOSYS`).
+pub(crate) fn set_tree_read_only(dst: &Path) -> io::Result<()> {
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+    const MOUNT_ATTR_NOSUID: u64 = 0x2;
+    const MOUNT_ATTR_NODEV: u64 = 0x4;
+    const AT_RECURSIVE: u32 = 0x8000;
+    let path = CString::new(dst.as_os_str().as_encoded_bytes())?;
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: a valid NUL-terminated path and an attribute struct of the
+    // size passed, both alive for the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Closes every descriptor above 2 but `keep` (`close_range`).
+pub(crate) fn close_all_above_stdio_but(keep: BorrowedFd<'_>) -> io::Result<()> {
+    let keep =
+        u32::try_from(keep.as_raw_fd()).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    let ranges = [(3, keep.checked_sub(1)), (keep + 1, Some(u32::MAX))];
+    for (first, last) in ranges {
+        let Some(last) = last.filter(|&l| l >= first) else {
+            continue;
+        };
+        // SAFETY: closes descriptors this process no longer uses; none of
+        // them is owned by a live Rust value in the caller (the forked
+        // child, which execs or exits next), except `keep`, left open.
+        let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_with_a_nul_is_refused_before_any_call() {
+        let e = set_tree_read_only(Path::new("a\0b")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    }
+}

@@ -6,9 +6,9 @@ mod limits;
 mod pid1;
 
 use allox_supervisor::daemon::{self, DaemonConfig};
-use allox_supervisor::dispatch::Policy;
 use allox_supervisor::runs::RunsConfig;
 use allox_supervisor::server::Limits;
+use allox_supervisor::supervisor::Policy;
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

@@ -164,3 +164,61 @@ impl From<RunError> for ErrorBody {
         e.to_body()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_kill_is_a_timeout_or_internal_never_a_conflict() {
+        let timeout = RunError::from(CgroupError::KillTimeout {
+            path: "/sys/fs/cgroup/allox/a/s".into(),
+            waited: Duration::from_secs(10),
+        });
+        assert_eq!(timeout.code(), ErrorCode::Unavailable);
+        let io = RunError::from(CgroupError::Io {
+            op: "write",
+            path: "/sys/fs/cgroup/allox/a/s/cgroup.kill".into(),
+            source: std::io::Error::from_raw_os_error(libc::EACCES),
+        });
+        assert_eq!(io.code(), ErrorCode::Internal);
+        // The cause reaches the client once, after what failed.
+        let body = io.to_body();
+        assert!(
+            body.message
+                .starts_with("write /sys/fs/cgroup/allox/a/s/cgroup.kill: "),
+            "{}",
+            body.message
+        );
+    }
+
+    #[test]
+    fn refusals_keep_their_words_and_codes() {
+        let e = RunError::from(Refused::NotInPath("no-such-program".into()));
+        assert_eq!(e.code(), ErrorCode::InvalidRequest);
+        assert!(e.to_body().message.contains("no-such-program"));
+        let e = RunError::Fenced {
+            agent: "a".into(),
+            session: "s".into(),
+        };
+        assert_eq!(
+            e.to_body(),
+            ErrorBody::new(
+                ErrorCode::Conflict,
+                "session a/s is being rolled back or deleted"
+            )
+        );
+        let e = RunError::NotKept {
+            agent: "a".into(),
+            session: "s".into(),
+            run: "r".into(),
+            keep_for: Duration::from_secs(600),
+            max_runs: 10_000,
+        };
+        assert_eq!(e.code(), ErrorCode::NotFound);
+        assert_eq!(
+            e.to_string(),
+            "run a/s/r does not exist (finished runs are kept 600 s, the newest 10000 of them)"
+        );
+    }
+}

@@ -6,10 +6,10 @@
 
 use allox_sandbox::cgroup::{Cgroups, Limits as CgroupLimits};
 use allox_supervisor::daemon::DaemonConfig;
-use allox_supervisor::dispatch::Policy;
 use allox_supervisor::peer::PeerPolicy;
 use allox_supervisor::runs::RunsConfig;
 use allox_supervisor::server::Limits;
+use allox_supervisor::supervisor::Policy;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use thiserror::Error;
@@ -135,8 +135,8 @@ pub enum SuperviseError {
         #[source]
         source: std::io::Error,
     },
-    #[error("--process-tracker ebpf: {0}")]
-    Tracker(String),
+    #[error("--process-tracker ebpf")]
+    Tracker(#[source] allox_supervisor::tracker::TrackerError),
 }
 
 /// What [`SuperviseArgs::into_config`] reads from the machine.

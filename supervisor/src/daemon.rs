@@ -1,9 +1,9 @@
 //! `allox-init supervise`: the supervisor as a daemon on a Btrfs mount.
 
-use crate::dispatch::{Policy, Supervisor};
 use crate::peer::PeerPolicy;
-use crate::runs::{Runs, RunsConfig};
+use crate::runs::{RunError, Runs, RunsConfig};
 use crate::server::{serve_unix, Limits};
+use crate::supervisor::{Policy, Supervisor};
 use allox_store::failpoint::Failpoints;
 use allox_store::{Store, StoreError, StoreOptions};
 use std::path::PathBuf;
@@ -38,8 +38,8 @@ pub enum DaemonError {
     },
     #[error("another process is serving {0}")]
     SocketInUse(PathBuf),
-    #[error("cannot set up process support: {0}")]
-    Processes(String),
+    #[error("cannot set up process support")]
+    Processes(#[source] RunError),
     #[error("cannot start the async runtime")]
     Runtime(#[source] std::io::Error),
 }
@@ -138,7 +138,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
             let (runs, base) = (runs.clone(), runs.cgroups().base().to_path_buf());
             match tokio::task::spawn_blocking(move || runs.kill_tree(&base, false)).await {
                 Ok(Ok(n)) => tracing::info!(killed = n, "sessions' processes killed"),
-                Ok(Err(e)) => tracing::error!(error = %e.message, "cannot kill the sessions' processes"),
+                Ok(Err(e)) => tracing::error!(error = %e.chain(), "cannot kill the sessions' processes"),
                 Err(e) => tracing::error!(error = %e, "cannot kill the sessions' processes"),
             }
         }

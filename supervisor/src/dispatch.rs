@@ -1,118 +1,82 @@
-//! From a decoded request to a response: calls the store and writes the
-//! audit record of every mutating request.
+//! From a decoded request to its answer: one arm per action, calling the
+//! store, the runs and the process tracker. Admission and the audit record
+//! are the [`Supervisor`]'s.
 
-use crate::runs::{EventSink, Runs, SessionPaths};
+use crate::runs::{EventSink, FenceScope, RunError, Runs, SessionPaths};
+use crate::supervisor::Supervisor;
+use crate::tracker::{ProcessTracker, TrackerError};
 use allox_protocol::{
     AgentListing, ErrorBody, ErrorCode, Killed, Pong, ProcessEvents, Request, Response,
     SessionListing, SessionRollback, PROTOCOL_VERSION,
 };
-use allox_store::audit::Entry;
-use allox_store::{Store, StoreError};
+use allox_store::StoreError;
 use std::sync::Arc;
+use thiserror::Error;
 
-/// Daemon-wide request policy.
-#[derive(Debug, Clone, Default)]
-pub struct Policy {
-    /// `--kill-session-processes-on-rollback`: the default of a rollback's
-    /// `kill_processes`.
-    pub kill_processes_on_rollback: bool,
-    /// The supervisor is the child of the guest's PID 1, which powers the
-    /// machine off after `system.shutdown`.
-    pub power_off_on_shutdown: bool,
+/// Why a request failed: the store's, the runs', the tracker's error, or
+/// the dispatch's own.
+#[derive(Debug, Error)]
+pub enum RequestError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Runs(#[from] RunError),
+    #[error(transparent)]
+    Tracker(#[from] TrackerError),
+    #[error("{action} refused: {why}")]
+    Refused { action: &'static str, why: String },
+    #[error(
+        "{action} failed: the supervisor hit a bug ({why}); the operation was undone or finished, as store.check shows"
+    )]
+    Panicked { action: &'static str, why: String },
+    #[error(
+        "follow streams events, which only the binary protocol carries; page with cursor instead"
+    )]
+    FollowNeedsStream,
+    #[error("subscriber gone")]
+    SubscriberGone,
+    #[error("process actions are answered asynchronously")]
+    Asynchronous,
+    #[error("not a process request")]
+    NotProcess,
 }
 
-/// Set by `system.shutdown` (or a signal): the daemon stops, and until it
-/// has, every request that would change state is refused.
-#[derive(Debug, Default)]
-pub struct Stop {
-    stopping: std::sync::atomic::AtomicBool,
-    notify: tokio::sync::Notify,
-}
-
-impl Stop {
-    pub fn request(&self) {
-        self.stopping
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        self.notify.notify_one();
-    }
-
-    pub fn is_requested(&self) -> bool {
-        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// Resolves once a stop has been requested.
-    pub async fn requested(&self) {
-        while !self.is_requested() {
-            self.notify.notified().await;
+impl RequestError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            RequestError::Store(e) => e.code(),
+            RequestError::Runs(e) => e.code(),
+            RequestError::Tracker(e) => e.code(),
+            RequestError::Refused { .. } | RequestError::SubscriberGone => ErrorCode::Unavailable,
+            RequestError::FollowNeedsStream => ErrorCode::InvalidRequest,
+            RequestError::Asynchronous => ErrorCode::Unsupported,
+            RequestError::Panicked { .. } | RequestError::NotProcess => ErrorCode::Internal,
         }
     }
-}
 
-pub struct Supervisor {
-    pub store: Store,
-    pub policy: Policy,
-    /// Process support; `None` when the daemon runs without it.
-    pub runs: Option<Arc<Runs>>,
-    pub stop: Stop,
+    /// The whole error chain, once.
+    pub fn chain(&self) -> String {
+        allox_protocol::error_chain(self)
+    }
+
+    /// The error as the client sees it.
+    pub fn to_body(&self) -> ErrorBody {
+        match self {
+            // The store words a full disk its own way.
+            RequestError::Store(e) => e.to_body(),
+            _ => ErrorBody::new(self.code(), self.chain()),
+        }
+    }
 }
 
 impl Supervisor {
-    pub fn new(store: Store, policy: Policy, runs: Option<Arc<Runs>>) -> Self {
-        Supervisor {
-            store,
-            policy,
-            runs,
-            stop: Stop::default(),
-        }
-    }
-
-    fn runs(&self) -> Result<&Arc<Runs>, ErrorBody> {
-        self.runs.as_ref().ok_or_else(|| {
-            ErrorBody::new(
-                ErrorCode::Unsupported,
-                "this supervisor runs without process support (--no-processes)",
-            )
-        })
-    }
-
-    /// Whether a request is answered by [`Supervisor::handle_process`].
-    pub fn is_process_request(req: &Request) -> bool {
-        matches!(
-            req,
-            Request::ProcessStart(_)
-                | Request::ProcessWait(_)
-                | Request::ProcessKill(_)
-                | Request::ProcessList(_)
-                | Request::ProcessStdin(_)
-                | Request::ProcessEvents(_)
-                | Request::ProcessTree(_)
-        )
-    }
-
-    /// Answers a process request (asynchronously: runs can be long), and
-    /// audits it if it changes state.
-    pub async fn handle_process(
-        &self,
-        peer: &str,
-        request_id: u64,
-        req: &Request,
-        events: Option<EventSink>,
-    ) -> Result<Response, ErrorBody> {
-        let out = match self.admit(peer, request_id, req) {
-            Err(e) => Err(e),
-            Ok(()) => self.answer_process(req, events).await,
-        };
-        self.audit(peer, request_id, req, &out);
-        out
-    }
-
-    async fn answer_process(
+    pub(crate) async fn answer_process(
         &self,
         req: &Request,
         events: Option<EventSink>,
-    ) -> Result<Response, ErrorBody> {
+    ) -> Result<Response, RequestError> {
         let runs = self.runs()?;
-        let session = |a: &str, s: &str| self.store.session_info_of(a, s).map_err(|e| e.to_body());
+        let session = |a: &str, s: &str| self.store.session_info_of(a, s);
         match req {
             Request::ProcessStart(p) => {
                 session(&p.agent_id, &p.session_id)?;
@@ -122,8 +86,9 @@ impl Supervisor {
                     shared: l.shared(&p.agent_id),
                 };
                 // Streaming belongs to a request that waits for the end.
-                runs.start(p, paths, events.filter(|_| p.stream && p.wait))
-                    .await
+                Ok(runs
+                    .start(p, paths, events.filter(|_| p.stream && p.wait))
+                    .await?)
             }
             Request::ProcessWait(p) => {
                 session(&p.agent_id, &p.session_id)?;
@@ -157,39 +122,31 @@ impl Supervisor {
             }
             Request::ProcessEvents(q) => {
                 let t = tracker(runs)?;
-                let internal = |e: String| ErrorBody::new(ErrorCode::Internal, e);
                 if !q.follow {
-                    return Ok(Response::ProcessEvents(
-                        t.store.query(q, t.lost()).map_err(internal)?,
-                    ));
+                    return Ok(Response::ProcessEvents(t.store.query(q, t.lost())?));
                 }
                 let Some(sink) = events else {
-                    return Err(ErrorBody::invalid(
-                        "follow streams events, which only the binary protocol carries; page with cursor instead",
-                    ));
+                    return Err(RequestError::FollowNeedsStream);
                 };
                 let mut cursor = q.cursor;
                 loop {
-                    let page = t
-                        .store
-                        .query(
-                            &ProcessEvents {
-                                cursor,
-                                follow: false,
-                                ..q.clone()
-                            },
-                            t.lost(),
-                        )
-                        .map_err(internal)?;
+                    let page = t.store.query(
+                        &ProcessEvents {
+                            cursor,
+                            follow: false,
+                            ..q.clone()
+                        },
+                        t.lost(),
+                    )?;
                     for e in page.events {
                         if sink.send(allox_protocol::Event::Process(e)).await.is_err() {
                             // The subscriber is gone.
-                            return Err(ErrorBody::new(ErrorCode::Unavailable, "subscriber gone"));
+                            return Err(RequestError::SubscriberGone);
                         }
                     }
                     cursor = Some(page.next_cursor);
                     if sink.is_closed() {
-                        return Err(ErrorBody::new(ErrorCode::Unavailable, "subscriber gone"));
+                        return Err(RequestError::SubscriberGone);
                     }
                     t.store
                         .wait_newer(page.next_cursor, std::time::Duration::from_secs(1))
@@ -199,113 +156,17 @@ impl Supervisor {
             Request::ProcessTree(q) => {
                 let t = tracker(runs)?;
                 session(&q.agent_id, &q.session_id)?;
-                Ok(Response::ProcessTree(
-                    t.store
-                        .tree(&q.agent_id, &q.session_id, q.run_id.as_deref())
-                        .map_err(|e| ErrorBody::new(ErrorCode::Internal, e))?,
-                ))
+                Ok(Response::ProcessTree(t.store.tree(
+                    &q.agent_id,
+                    &q.session_id,
+                    q.run_id.as_deref(),
+                )?))
             }
-            _ => Err(ErrorBody::new(ErrorCode::Internal, "not a process request")),
+            _ => Err(RequestError::NotProcess),
         }
     }
 
-    fn audit(&self, peer: &str, request_id: u64, req: &Request, out: &Result<Response, ErrorBody>) {
-        if !req.is_mutating() {
-            return;
-        }
-        let entry = Entry {
-            request_id,
-            peer: peer.to_string(),
-            action: req.action().to_string(),
-            target: req.target(),
-            outcome: match out {
-                Ok(_) => "ok".to_string(),
-                Err(e) => e.code.as_str().to_string(),
-            },
-            message: out.as_ref().err().map(|e| e.message.clone()),
-        };
-        if let Err(e) = self.store.audit().append(entry) {
-            tracing::error!(error = %e, "cannot append audit record");
-        }
-    }
-
-    /// Answers one request from `peer` and audits it if it changes state.
-    pub fn handle(
-        &self,
-        peer: &str,
-        request_id: u64,
-        req: &Request,
-    ) -> Result<Response, ErrorBody> {
-        let out = self.admit(peer, request_id, req).and_then(|()| {
-            // A panic fails this request only: the store's journal is
-            // settled where it happened, fences and locks are guards, and
-            // the client is told.
-            let answered =
-                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.answer(req))) {
-                    Ok(answered) => answered,
-                    Err(panic) => {
-                        let why = panic_message(panic);
-                        tracing::error!(action = req.action(), %why, "request panicked");
-                        return Err(ErrorBody::new(
-                            ErrorCode::Internal,
-                            format!(
-                                "{} failed: the supervisor hit a bug ({why}); the operation was undone or finished, as store.check shows",
-                                req.action()
-                            ),
-                        ));
-                    }
-                };
-            answered.map_err(|e| {
-                if matches!(e.code(), allox_protocol::ErrorCode::Internal) {
-                    tracing::error!(error = %e.chain(), action = req.action(), "request failed");
-                }
-                e.to_body()
-            })
-        });
-        self.audit(peer, request_id, req, &out);
-        out
-    }
-
-    /// Whether a request may go ahead. A change is refused while the
-    /// supervisor stops or its store is read-only, and unless the record of
-    /// its attempt reaches the audit log first (the audit fails closed:
-    /// nothing is done unaudited). `system.shutdown` always goes ahead.
-    fn admit(&self, peer: &str, request_id: u64, req: &Request) -> Result<(), ErrorBody> {
-        if !req.is_mutating() {
-            return Ok(());
-        }
-        let refused = |why: String| {
-            Err(ErrorBody::new(
-                ErrorCode::Unavailable,
-                format!("{} refused: {why}", req.action()),
-            ))
-        };
-        let shutdown = matches!(req, Request::Shutdown(_));
-        if self.stop.is_requested() && !shutdown {
-            return refused("the supervisor is shutting down".into());
-        }
-        if let (Some(why), false) = (self.store.read_only_reason(), shutdown) {
-            return refused(why);
-        }
-        let begun = self.store.audit().append(Entry {
-            request_id,
-            peer: peer.to_string(),
-            action: req.action().to_string(),
-            target: req.target(),
-            outcome: "begun".to_string(),
-            message: None,
-        });
-        match begun {
-            Err(e) if !shutdown => {
-                let why = allox_protocol::error_chain(&e);
-                tracing::error!(error = %why, action = req.action(), "audit log unwritable; refusing the change");
-                refused(format!("its audit record cannot be written ({why})"))
-            }
-            _ => Ok(()),
-        }
-    }
-
-    fn answer(&self, req: &Request) -> Result<Response, StoreError> {
+    pub(crate) fn answer(&self, req: &Request) -> Result<Response, RequestError> {
         let st = &self.store;
         Ok(match req {
             Request::SystemInfo(_) => Response::System(system_info()),
@@ -347,10 +208,9 @@ impl Supervisor {
                 st.session_list(&r.agent_id)?;
                 let dir = runs.cgroups().agent_dir(&r.agent_id);
                 // No new run in any of its sessions until it is gone.
-                let out = runs.fenced(&r.agent_id, "*", || {
-                    runs.kill_tree(&dir, true)
-                        .map_err(|e| StoreError::Conflict(e.message))?;
-                    st.agent_delete(&r.agent_id)
+                let out = runs.fenced(FenceScope::agent(&r.agent_id), || {
+                    runs.kill_tree(&dir, true)?;
+                    Ok::<_, RequestError>(st.agent_delete(&r.agent_id)?)
                 });
                 Response::Deleted(out?)
             }
@@ -372,12 +232,8 @@ impl Supervisor {
                     Some(runs) => runs
                         .cgroups()
                         .check_limits(&limits)
-                        .map_err(|e| StoreError::Unsupported(e.to_string()))?,
-                    None if wants_limits => {
-                        return Err(StoreError::Unsupported(
-                            "resource limits need process support (--no-processes is set)".into(),
-                        ))
-                    }
+                        .map_err(RunError::Cgroup)?,
+                    None if wants_limits => return Err(RunError::LimitsNeedProcesses.into()),
                     None => {}
                 }
                 let info = st.session_create(&r.agent_id, &r.session_id)?;
@@ -397,13 +253,7 @@ impl Supervisor {
                     if let Err(e) = applied {
                         // Nothing half-made: the session goes again.
                         let _ = st.session_delete(a, s);
-                        let msg = format!("cannot apply the session's limits: {e}");
-                        return Err(match e {
-                            allox_sandbox::cgroup::CgroupError::Unsupported { .. } => {
-                                StoreError::Unsupported(msg)
-                            }
-                            _ => StoreError::Conflict(msg),
-                        });
+                        return Err(RunError::SessionLimits(e).into());
                     }
                 }
                 // The session's own policy, then the baseline if it is on.
@@ -429,10 +279,9 @@ impl Supervisor {
                     return Ok(Response::Deleted(st.session_delete(a, s)?));
                 };
                 let dir = runs.cgroups().session_dir(a, s);
-                let out = runs.fenced(a, s, || {
-                    runs.kill_tree(&dir, true)
-                        .map_err(|e| StoreError::Conflict(e.message))?;
-                    st.session_delete(a, s)
+                let out = runs.fenced(FenceScope::session(a, s), || {
+                    runs.kill_tree(&dir, true)?;
+                    Ok::<_, RequestError>(st.session_delete(a, s)?)
                 });
                 Response::Deleted(out?)
             }
@@ -466,7 +315,7 @@ impl Supervisor {
                 st.checkpoint_list(a, s)?;
                 // No new runs while the session is checked, killed and
                 // rolled back.
-                let out = runs.fenced(a, s, || {
+                let out = runs.fenced(FenceScope::session(a, s), || {
                     let mut killed = 0;
                     // Any process counts, a sandbox still being set up too.
                     // A run that has just ended leaves its sandbox's init
@@ -478,15 +327,13 @@ impl Supervisor {
                     }
                     if runs.occupied(a, s) {
                         if !kill {
-                            return Err(StoreError::Conflict(format!(
+                            return Err(RequestError::from(StoreError::Conflict(format!(
                                 "session {a}/{s} has {} live processes (and sandboxes); stop them or pass \"kill_processes\": true",
                                 runs.live(a, s)
-                            )));
+                            ))));
                         }
                         let dir = runs.cgroups().session_dir(a, s);
-                        killed = runs
-                            .kill_tree(&dir, false)
-                            .map_err(|e| StoreError::Conflict(e.message))?;
+                        killed = runs.kill_tree(&dir, false)?;
                     }
                     let mut done = st.rollback(&r)?;
                     done.killed_processes = killed;
@@ -500,11 +347,7 @@ impl Supervisor {
             | Request::ProcessList(_)
             | Request::ProcessStdin(_)
             | Request::ProcessEvents(_)
-            | Request::ProcessTree(_) => {
-                return Err(StoreError::Unsupported(
-                    "process actions are answered asynchronously".into(),
-                ))
-            }
+            | Request::ProcessTree(_) => return Err(RequestError::Asynchronous),
             Request::TurnBegin(r) => Response::Turn(st.turn_begin(r)?),
             Request::TurnEnd(r) => Response::Turn(st.turn_end(r)?),
             Request::PolicySet(r) => Response::Policy(st.policy_set(r)?),
@@ -512,30 +355,18 @@ impl Supervisor {
             Request::StoreCheck(_) => Response::StoreCheck(st.check()?),
             Request::AuditList(r) => {
                 let limit = r.limit.unwrap_or(100).clamp(1, 10_000) as usize;
-                Response::Audit(st.audit().read(r.after_seq.unwrap_or(0), limit)?)
+                Response::Audit(
+                    st.audit()
+                        .read(r.after_seq.unwrap_or(0), limit)
+                        .map_err(StoreError::from)?,
+                )
             }
         })
     }
 }
 
-/// The message a panic carried.
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    match payload.downcast::<String>() {
-        Ok(s) => *s,
-        Err(p) => p
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .unwrap_or_else(|| "a panic without a message".into()),
-    }
-}
-
-fn tracker(runs: &Runs) -> Result<&Arc<crate::tracker::ProcessTracker>, ErrorBody> {
-    runs.config().tracker.as_ref().ok_or_else(|| {
-        ErrorBody::new(
-            ErrorCode::Unsupported,
-            "the process tracker is off; start the supervisor with --process-tracker ebpf",
-        )
-    })
+fn tracker(runs: &Runs) -> Result<&Arc<ProcessTracker>, TrackerError> {
+    runs.config().tracker.as_ref().ok_or(TrackerError::Off)
 }
 
 /// What `system.info` reports, read from /proc.

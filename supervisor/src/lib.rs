@@ -9,4 +9,5 @@ pub mod ratelimit;
 pub mod runs;
 pub mod serial;
 pub mod server;
+pub mod supervisor;
 pub mod tracker;

@@ -11,8 +11,8 @@
 //! read; each refusal is logged and audited (`connection.refused`), both
 //! rate-limited, since any local user can knock as often as they like.
 
-use crate::dispatch::Supervisor;
 use crate::ratelimit::RateLimit;
+use crate::supervisor::Supervisor;
 use allox_protocol::{encode, ErrorBody, ErrorCode, ServerFrame};
 use allox_store::audit::Entry;
 use std::sync::Arc;

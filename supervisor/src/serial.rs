@@ -11,8 +11,8 @@
 //! being answered finish (each store operation is whole or not at all);
 //! only their answers may be lost.
 
-use crate::dispatch::Supervisor;
 use crate::server::{serve_stream, Limits, Transport};
+use crate::supervisor::Supervisor;
 use rustix::fs::{Mode, OFlags};
 use std::io;
 use std::path::{Path, PathBuf};

@@ -19,8 +19,8 @@
 mod outbox;
 mod registry;
 
-use crate::dispatch::Supervisor;
 use crate::peer::{Peer, PeerPolicy, Refusals};
+use crate::supervisor::Supervisor;
 use allox_protocol::{
     decode, encode, ClientFrame, ErrorBody, ErrorCode, Event, EventEnvelope, FrameReader, Hello,
     Outcome, Request, ResponseEnvelope, ServerFrame, PROTOCOL_VERSION,

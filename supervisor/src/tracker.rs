@@ -12,14 +12,15 @@
 
 use allox_ebpf_probes::{EventKind, RawEvent, Tracker};
 use allox_protocol::{
-    ProcessEvent, ProcessEventKind, ProcessEventListing, ProcessEvents, ProcessNode,
-    ProcessTreeListing,
+    ErrorBody, ErrorCode, ProcessEvent, ProcessEventKind, ProcessEventListing, ProcessEvents,
+    ProcessNode, ProcessTreeListing,
 };
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use thiserror::Error;
 
 const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
 const OWNERS: TableDefinition<u64, &[u8]> = TableDefinition::new("owners");
@@ -38,8 +39,53 @@ pub struct Owner {
     pub run: String,
 }
 
-fn db_err(e: impl std::fmt::Display) -> String {
-    format!("process event store: {e}")
+/// Why the tracker could not start, store or answer.
+#[derive(Debug, Error)]
+pub enum TrackerError {
+    #[error("the process tracker is off; start the supervisor with --process-tracker ebpf")]
+    Off,
+    /// Each load error names the cause a person has to fix.
+    #[error(transparent)]
+    Load(#[from] allox_ebpf_probes::LoadError),
+    #[error("cannot start the tracker thread")]
+    Thread(#[source] std::io::Error),
+    #[error("process event store")]
+    Store(#[source] redb::Error),
+    #[error("process event store: cannot encode a record")]
+    Encode(#[source] postcard::Error),
+    #[error("cannot read the run's cgroup id")]
+    CgroupId(#[source] rustix::io::Errno),
+    #[error("cannot tag the run's cgroup")]
+    Tag(#[source] allox_ebpf_probes::TrackerError),
+}
+
+impl TrackerError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            TrackerError::Off | TrackerError::Load(_) => ErrorCode::Unsupported,
+            TrackerError::Thread(_)
+            | TrackerError::Store(_)
+            | TrackerError::Encode(_)
+            | TrackerError::CgroupId(_)
+            | TrackerError::Tag(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// The error as the client sees it.
+    pub fn to_body(&self) -> ErrorBody {
+        ErrorBody::new(self.code(), allox_protocol::error_chain(self))
+    }
+}
+
+impl From<TrackerError> for ErrorBody {
+    fn from(e: TrackerError) -> ErrorBody {
+        e.to_body()
+    }
+}
+
+/// An error of the event store's database.
+fn db_err(e: impl Into<redb::Error>) -> TrackerError {
+    TrackerError::Store(e.into())
 }
 
 /// The events, in `state/events.redb`.
@@ -52,7 +98,7 @@ pub struct EventStore {
 }
 
 impl EventStore {
-    pub fn open(path: &Path, cap: u64) -> Result<EventStore, String> {
+    pub fn open(path: &Path, cap: u64) -> Result<EventStore, TrackerError> {
         let db = Database::create(path).map_err(db_err)?;
         let w = db.begin_write().map_err(db_err)?;
         let mut owners = HashMap::new();
@@ -86,7 +132,7 @@ impl EventStore {
     /// A new owner id for a run, recorded before the run starts (made
     /// durable with the next flush, within a second: a flush per run would
     /// cost more than the run's spawn).
-    pub fn add_owner(&self, owner: Owner) -> Result<u64, String> {
+    pub fn add_owner(&self, owner: Owner) -> Result<u64, TrackerError> {
         let mut w = self.db.begin_write().map_err(db_err)?;
         let _ = w.set_durability(redb::Durability::None);
         let id;
@@ -98,7 +144,7 @@ impl EventStore {
                 .map(|v| v.value())
                 .unwrap_or(1);
             m.insert("next_owner", id + 1).map_err(db_err)?;
-            let bytes = postcard::to_stdvec(&owner).map_err(db_err)?;
+            let bytes = postcard::to_stdvec(&owner).map_err(TrackerError::Encode)?;
             w.open_table(OWNERS)
                 .map_err(db_err)?
                 .insert(id, bytes.as_slice())
@@ -122,7 +168,7 @@ impl EventStore {
 
     /// Stores events (their `seq` is assigned here), evicting the oldest
     /// beyond the cap and recording how many went.
-    pub fn append(&self, mut evs: Vec<ProcessEvent>) -> Result<(), String> {
+    pub fn append(&self, mut evs: Vec<ProcessEvent>) -> Result<(), TrackerError> {
         if evs.is_empty() {
             return Ok(());
         }
@@ -142,7 +188,7 @@ impl EventStore {
             for e in &mut evs {
                 e.seq = seq;
                 seq += 1;
-                let bytes = postcard::to_stdvec(&*e).map_err(db_err)?;
+                let bytes = postcard::to_stdvec(&*e).map_err(TrackerError::Encode)?;
                 t.insert(e.seq, bytes.as_slice()).map_err(db_err)?;
             }
             let count = t.len().map_err(db_err)?;
@@ -180,7 +226,7 @@ impl EventStore {
                     signal: None,
                     evicted: Some(dropped),
                 };
-                let bytes = postcard::to_stdvec(&note).map_err(db_err)?;
+                let bytes = postcard::to_stdvec(&note).map_err(TrackerError::Encode)?;
                 t.insert(seq, bytes.as_slice()).map_err(db_err)?;
                 tracing::warn!(
                     dropped,
@@ -198,7 +244,7 @@ impl EventStore {
     }
 
     /// Makes everything appended so far durable.
-    pub fn flush(&self) -> Result<(), String> {
+    pub fn flush(&self) -> Result<(), TrackerError> {
         let w = self.db.begin_write().map_err(db_err)?;
         w.commit().map_err(db_err)
     }
@@ -217,7 +263,7 @@ impl EventStore {
     }
 
     /// Events after `cursor` matching the filter, oldest first.
-    pub fn query(&self, q: &ProcessEvents, lost: u64) -> Result<ProcessEventListing, String> {
+    pub fn query(&self, q: &ProcessEvents, lost: u64) -> Result<ProcessEventListing, TrackerError> {
         let limit = q.limit.unwrap_or(1000).clamp(1, 10_000) as usize;
         let from = q.cursor.map(|c| c.saturating_add(1)).unwrap_or(0);
         let r = self.db.begin_read().map_err(db_err)?;
@@ -257,7 +303,7 @@ impl EventStore {
         agent: &str,
         session: &str,
         run: Option<&str>,
-    ) -> Result<ProcessTreeListing, String> {
+    ) -> Result<ProcessTreeListing, TrackerError> {
         let q = ProcessEvents {
             agent_id: Some(agent.into()),
             session_id: Some(session.into()),
@@ -397,10 +443,9 @@ fn boot_to_wall_ms() -> i128 {
 impl ProcessTracker {
     /// Loads and attaches the programs (the error says exactly why not),
     /// opens the store and starts draining.
-    pub fn start(state_dir: &Path, cap: u64) -> Result<Arc<ProcessTracker>, String> {
+    pub fn start(state_dir: &Path, cap: u64) -> Result<Arc<ProcessTracker>, TrackerError> {
         let t0 = std::time::Instant::now();
-        let tracker =
-            Tracker::load().map_err(|e| format!("cannot load the eBPF process tracker: {e}"))?;
+        let tracker = Tracker::load()?;
         tracing::info!(
             ms = t0.elapsed().as_millis() as u64,
             "process tracker loaded and attached"
@@ -427,7 +472,7 @@ impl ProcessTracker {
                     std::thread::sleep(DRAIN_EVERY);
                 }
             })
-            .map_err(|e| format!("cannot start the tracker thread: {e}"))?;
+            .map_err(TrackerError::Thread)?;
         Ok(me)
     }
 
@@ -488,7 +533,7 @@ impl ProcessTracker {
         session: &str,
         run: &str,
         cgroup_id: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), TrackerError> {
         let owner = self.store.add_owner(Owner {
             agent: agent.into(),
             session: session.into(),
@@ -498,7 +543,21 @@ impl ProcessTracker {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .tag_cgroup(cgroup_id, owner)
-            .map_err(|e| format!("cannot tag the run's cgroup: {e}"))
+            .map_err(TrackerError::Tag)
+    }
+
+    /// Tags a run by its cgroup's directory, before its first process is
+    /// created in it.
+    pub fn tag_run_cgroup(
+        &self,
+        agent: &str,
+        session: &str,
+        run: &str,
+        cgroup: impl rustix::fd::AsFd,
+    ) -> Result<(), TrackerError> {
+        // The cgroup's id is its directory's inode number.
+        let st = rustix::fs::fstat(cgroup).map_err(TrackerError::CgroupId)?;
+        self.tag_run(agent, session, run, st.st_ino)
     }
 
     /// Forgets a run's cgroup (it was removed).

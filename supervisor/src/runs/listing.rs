@@ -5,7 +5,74 @@
 //! gets an answer that fits one frame and costs the supervisor a bounded
 //! amount of memory.
 
+//!
+//! Also what rollbacks ask of a session: how many programs it runs, and
+//! whether any process (a sandbox init too) is left in it.
+
+use super::{procfs, Runs};
 use allox_protocol::{ProcessInfo, ProcessListing};
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+impl Runs {
+    /// The session's live processes (the sandbox inits left out), lowest
+    /// PIDs first, within the bounds of one answer ([`bounded`]).
+    pub fn list(&self, a: &str, s: &str) -> ProcessListing {
+        let mut pids = self.cgroups.procs(&self.cgroups.session_dir(a, s));
+        let set: HashSet<i32> = pids.iter().copied().collect();
+        pids.sort_unstable();
+        pids.dedup();
+        // Details are read only for the processes that are listed.
+        let infos = pids
+            .into_iter()
+            .filter(|&p| procfs::ppid(p).is_some_and(|pp| set.contains(&pp)))
+            .filter_map(procfs::info);
+        bounded(
+            infos,
+            ProcessListing::MAX_ENTRIES,
+            ProcessListing::MAX_BYTES,
+        )
+    }
+
+    /// How many of the session's processes are the agent's (the sandbox
+    /// inits are not counted).
+    pub fn live(&self, a: &str, s: &str) -> usize {
+        self.programs_in(&self.cgroups.session_dir(a, s))
+    }
+
+    pub(super) fn programs_in(&self, dir: &Path) -> usize {
+        self.programs(dir).len()
+    }
+
+    /// PIDs in `dir` and below, without the sandbox inits (the ones whose
+    /// parent is outside the cgroup).
+    fn programs(&self, dir: &Path) -> Vec<i32> {
+        let pids = self.cgroups.procs(dir);
+        let set: HashSet<i32> = pids.iter().copied().collect();
+        pids.into_iter()
+            .filter(|&p| procfs::ppid(p).is_some_and(|pp| set.contains(&pp)))
+            .collect()
+    }
+
+    /// Waits (blocking) up to `limit` for the session to hold no process,
+    /// sandbox inits included.
+    pub fn wait_unoccupied(&self, a: &str, s: &str, limit: Duration) {
+        let until = Instant::now() + limit;
+        while self.occupied(a, s) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Whether the session has any process at all, sandbox inits included
+    /// (a run still being set up counts).
+    pub fn occupied(&self, a: &str, s: &str) -> bool {
+        !self
+            .cgroups
+            .procs(&self.cgroups.session_dir(a, s))
+            .is_empty()
+    }
+}
 
 /// Bytes `info` takes on the wire.
 fn wire_size(info: &ProcessInfo) -> usize {

@@ -3,11 +3,35 @@
 use allox_sandbox::spec::SESSION_MOUNT;
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
+use thiserror::Error;
 
 /// Largest total size of argv plus env, in bytes.
 pub const MAX_ARGS: usize = 256 * 1024;
 /// Directories searched for a program name without `/`, inside the sandbox.
 pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Why a request to run something is refused.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum Refused {
+    #[error("argv must name a program")]
+    NoProgram,
+    #[error("argv[{0}] contains a NUL byte")]
+    NulInArg(usize),
+    #[error("environment name {0:?} is empty or contains '=' or NUL")]
+    EnvName(String),
+    #[error("environment value of {0} contains a NUL byte")]
+    NulInEnvValue(String),
+    #[error("argv and env take {0} bytes; the limit is {MAX_ARGS}")]
+    TooLarge(usize),
+    #[error("cwd contains a NUL byte")]
+    NulInCwd,
+    #[error("cwd {0:?} must be a relative path inside the session, without '..'")]
+    CwdOutside(String),
+    #[error("program {0:?} does not exist in the sandbox or is not executable")]
+    NotExecutable(String),
+    #[error("program {0:?} not found in the sandbox's PATH ({PATH})")]
+    NotInPath(String),
+}
 
 /// Checks argv, env and cwd; returns the working directory inside the
 /// sandbox.
@@ -15,48 +39,40 @@ pub fn check(
     argv: &[String],
     env: &BTreeMap<String, String>,
     cwd: Option<&str>,
-) -> Result<String, String> {
+) -> Result<String, Refused> {
     if argv.is_empty() || argv[0].is_empty() {
-        return Err("argv must name a program".into());
+        return Err(Refused::NoProgram);
     }
     let mut total = 0usize;
     for (i, a) in argv.iter().enumerate() {
         if a.contains('\0') {
-            return Err(format!("argv[{i}] contains a NUL byte"));
+            return Err(Refused::NulInArg(i));
         }
         total += a.len() + 1;
     }
     for (k, v) in env {
         if k.is_empty() || k.contains('=') || k.contains('\0') {
-            return Err(format!(
-                "environment name {k:?} is empty or contains '=' or NUL"
-            ));
+            return Err(Refused::EnvName(k.clone()));
         }
         if v.contains('\0') {
-            return Err(format!("environment value of {k} contains a NUL byte"));
+            return Err(Refused::NulInEnvValue(k.clone()));
         }
         total += k.len() + v.len() + 2;
     }
     if total > MAX_ARGS {
-        return Err(format!(
-            "argv and env take {total} bytes; the limit is {MAX_ARGS}"
-        ));
+        return Err(Refused::TooLarge(total));
     }
     let Some(cwd) = cwd.filter(|c| !c.is_empty() && *c != ".") else {
         return Ok(SESSION_MOUNT.to_string());
     };
     if cwd.contains('\0') {
-        return Err("cwd contains a NUL byte".into());
+        return Err(Refused::NulInCwd);
     }
     let p = Path::new(cwd);
     for c in p.components() {
         match c {
             Component::Normal(_) | Component::CurDir => {}
-            _ => {
-                return Err(format!(
-                    "cwd {cwd:?} must be a relative path inside the session, without '..'"
-                ))
-            }
+            _ => return Err(Refused::CwdOutside(cwd.to_string())),
         }
     }
     Ok(Path::new(SESSION_MOUNT).join(p).display().to_string())
@@ -70,7 +86,7 @@ pub fn resolve(
     cwd_inside: &str,
     session: &Path,
     system: &[PathBuf],
-) -> Result<String, String> {
+) -> Result<String, Refused> {
     let visible = |inside: &Path| -> Option<PathBuf> {
         if let Ok(rest) = inside.strip_prefix(SESSION_MOUNT) {
             return Some(session.join(rest));
@@ -94,9 +110,7 @@ pub fn resolve(
         };
         return match visible(&inside) {
             Some(host) if executable(&host) => Ok(inside.display().to_string()),
-            _ => Err(format!(
-                "program {program:?} does not exist in the sandbox or is not executable"
-            )),
+            _ => Err(Refused::NotExecutable(program.to_string())),
         };
     }
     for dir in PATH.split(':') {
@@ -107,9 +121,7 @@ pub fn resolve(
             }
         }
     }
-    Err(format!(
-        "program {program:?} not found in the sandbox's PATH ({PATH})"
-    ))
+    Err(Refused::NotInPath(program.to_string()))
 }
 
 #[cfg(test)]

@@ -46,7 +46,7 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
     let info = store.session_create("bench", "s")?;
     let exe = workspace_bin("allox-init");
     let rc = RunsConfig::new(cg_root.to_path_buf(), exe, fs.scratch().join("stage"));
-    let runs = Arc::new(Runs::new(rc).map_err(anyhow::Error::msg)?);
+    let runs = Arc::new(Runs::new(rc)?);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -182,8 +182,7 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
         let mut v = Vec::new();
         for _ in 0..reps {
             let script = format!("for i in $(seq {procs}); do sleep 1000 & done; wait");
-            rt.block_on(runs.start(&start(&["/bin/sh", "-c", &script], false), paths(), None))
-                .map_err(anyhow::Error::msg)?;
+            rt.block_on(runs.start(&start(&["/bin/sh", "-c", &script], false), paths(), None))?;
             let t0 = Instant::now();
             while runs.live("bench", "s") < procs + 1 {
                 anyhow::ensure!(
@@ -194,7 +193,7 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
             }
             let dir = runs.cgroups().session_dir("bench", "s");
             let t = Instant::now();
-            runs.kill_tree(&dir, false).map_err(anyhow::Error::msg)?;
+            runs.kill_tree(&dir, false)?;
             v.push(t.elapsed());
         }
         println!(

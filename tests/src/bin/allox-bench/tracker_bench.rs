@@ -46,14 +46,14 @@ fn bench(fs: &BtrfsFs, cg: &std::path::Path, quick: bool) -> anyhow::Result<()> 
     let off_cfg = RunsConfig::new(cg.join("off"), exe.clone(), fs.scratch().join("stage-off"));
     std::fs::create_dir_all(cg.join("off"))?;
     std::fs::create_dir_all(cg.join("on"))?;
-    let off = Arc::new(Runs::new(off_cfg).map_err(anyhow::Error::msg)?);
+    let off = Arc::new(Runs::new(off_cfg)?);
     let stats = allox_ebpf_probes::enable_stats().map_err(|e| anyhow::anyhow!("{e}"))?;
     let state = fs.scratch().join("tracker-state");
     std::fs::create_dir_all(&state)?;
-    let tracker = ProcessTracker::start(&state, 10_000_000).map_err(anyhow::Error::msg)?;
+    let tracker = ProcessTracker::start(&state, 10_000_000)?;
     let mut on_cfg = RunsConfig::new(cg.join("on"), exe, fs.scratch().join("stage-on"));
     on_cfg.tracker = Some(tracker.clone());
-    let on = Arc::new(Runs::new(on_cfg).map_err(anyhow::Error::msg)?);
+    let on = Arc::new(Runs::new(on_cfg)?);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -99,16 +99,13 @@ fn bench(fs: &BtrfsFs, cg: &std::path::Path, quick: bool) -> anyhow::Result<()> 
     drop(stats);
     std::thread::sleep(Duration::from_millis(200));
     tracker.drain_once();
-    let recorded = tracker
-        .store
-        .query(
-            &allox_protocol::ProcessEvents {
-                limit: Some(10_000),
-                ..Default::default()
-            },
-            0,
-        )
-        .map_err(anyhow::Error::msg)?;
+    let recorded = tracker.store.query(
+        &allox_protocol::ProcessEvents {
+            limit: Some(10_000),
+            ..Default::default()
+        },
+        0,
+    )?;
     println!("## Process tracker\n");
     println!("Sandboxed fork+exec of `/bin/true` to its exit status through the library, {n} each, tracker off and on in alternating blocks of 50 (after 20 warm-up runs each).\n");
     println!("| what | n | p50 | p99 | ratio (p50) |");

@@ -1,0 +1,114 @@
+//! A run's end: the init's status read, the output drained, the result
+//! published and kept for `process.wait`, the init reaped through its
+//! pidfd, and the run's cgroup removed.
+
+use super::output::{Capture, Readers};
+use super::{Run, Runs};
+use allox_protocol::RunResult;
+use allox_sandbox::InitStatus;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+
+/// Reads the init's status report, drains the output briefly, and
+/// publishes the run's result.
+pub(super) async fn finish(
+    runs: Arc<Runs>,
+    run: Arc<Run>,
+    mut status: tokio::net::unix::pipe::Receiver,
+    readers: Readers,
+    capture: Arc<Mutex<Capture>>,
+) {
+    let mut bytes = Vec::new();
+    let _ = status.read_to_end(&mut bytes).await;
+    let st: Option<InitStatus> = postcard::from_bytes(&bytes).ok();
+    // A background process may keep the pipes open: wait a little, then
+    // report what came, so a streamed answer is not held back.
+    readers.drain(Duration::from_millis(100)).await;
+    let c = std::mem::take(&mut *capture.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut stderr = String::from_utf8_lossy(&c.stderr).into_owned();
+    let (exit_code, signal) = match st {
+        Some(InitStatus::Exited(code)) => (Some(code), None),
+        Some(InitStatus::Signaled(sig)) => (None, Some(sig)),
+        Some(InitStatus::ExecFailed(errno)) => {
+            stderr.push_str(&format!(
+                "allox: cannot execute the program: {}\n",
+                std::io::Error::from_raw_os_error(errno)
+            ));
+            (Some(127), None)
+        }
+        Some(InitStatus::SetupFailed(why)) => {
+            stderr.push_str(&format!("allox: the sandbox could not be built: {why}\n"));
+            (Some(126), None)
+        }
+        // The init itself died: the run's cgroup was killed.
+        None => (None, Some(libc::SIGKILL)),
+    };
+    let result = RunResult {
+        run_id: run.id.clone(),
+        exit_code,
+        signal,
+        stdout: String::from_utf8_lossy(&c.stdout).into_owned(),
+        stderr,
+        truncated: c.truncated,
+        timed_out: run.timed_out.load(Ordering::SeqCst),
+        output_dropped: false,
+    };
+    if let Ok(mut g) = run.stdin.try_lock() {
+        g.take();
+    }
+    let output_bytes = result.stdout.len() + result.stderr.len();
+    // Kept whether or not anyone waits yet (`send` would drop it then).
+    run.result.send_replace(Some(result));
+    runs.retire(&run, output_bytes);
+}
+
+/// Reaps the init through its pidfd once the namespace is empty, then
+/// removes the run's cgroup.
+pub(super) async fn reap(runs: Arc<Runs>, run: Arc<Run>) {
+    use rustix::process::{waitid, WaitId, WaitIdOptions};
+    let dup = {
+        let g = run.pidfd.lock().unwrap_or_else(|e| e.into_inner());
+        g.as_ref()
+            .and_then(|fd| rustix::io::fcntl_dupfd_cloexec(fd, 0).ok())
+    };
+    if let Some(fd) = dup {
+        // The descriptor is an OwnedFd moved in, so the I/O-safety concern
+        // behind the deprecation does not apply.
+        #[allow(deprecated)]
+        let afd = tokio::io::unix::AsyncFd::with_interest(fd, tokio::io::Interest::READABLE);
+        if let Ok(afd) = afd {
+            let _ = afd.readable().await;
+        }
+    }
+    // Reap without blocking a worker: poll until the init is gone.
+    loop {
+        let done = {
+            let g = run.pidfd.lock().unwrap_or_else(|e| e.into_inner());
+            match g.as_ref() {
+                Some(fd) => !matches!(
+                    waitid(
+                        WaitId::PidFd(rustix::fd::AsFd::as_fd(fd)),
+                        WaitIdOptions::EXITED | WaitIdOptions::NOHANG,
+                    ),
+                    Ok(None)
+                ),
+                None => true,
+            }
+        };
+        if done {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    run.pidfd.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let dir = runs.cgroups.run_dir(&run.agent, &run.session, &run.id);
+    let cg = runs.cgroups.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        if cg.wait_empty(&dir, Duration::from_secs(5)).is_ok() {
+            let _ = cg.remove(&dir);
+        }
+    })
+    .await;
+}

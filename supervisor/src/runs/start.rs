@@ -1,0 +1,249 @@
+//! `process.start`: a run's cgroup, its sandbox, its pipes, and the tasks
+//! that follow it to its end.
+//!
+//! The order matters: the run's cgroup is made (and tagged for the process
+//! tracker) before the sandbox is cloned straight into it, and the fence is
+//! checked again once the sandbox exists, since a rollback or delete may
+//! have fenced the session while it was being made.
+
+use super::output::{Capture, Readers};
+use super::{end, key, validate, EventSink, Run, RunError, Runs, SessionPaths};
+use allox_protocol::{Event, ProcessStart, RunResult, RunStarted, StreamKind};
+use allox_sandbox::SandboxSpec;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::watch;
+
+impl Runs {
+    fn new_run_id(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{:x}{:04x}", allox_store::clock::now_ms(), n & 0xffff)
+    }
+
+    /// Makes a directory the sandbox user writes in (a session's
+    /// `current/`, an agent's `shared/`) belong to that user. The directory
+    /// itself, never a symlink in its place.
+    pub fn own(&self, dir: &Path) {
+        use rustix::fs::{AtFlags, Gid, Uid};
+        let st = match rustix::fs::statat(rustix::fs::CWD, dir, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() => st,
+            _ => return,
+        };
+        // Only when needed: a chown changes the directory's ctime.
+        if st.st_uid != self.cfg.uid || st.st_gid != self.cfg.gid {
+            let (uid, gid) = (Uid::from_raw(self.cfg.uid), Gid::from_raw(self.cfg.gid));
+            if let Err(e) = rustix::fs::chownat(
+                rustix::fs::CWD,
+                dir,
+                Some(uid),
+                Some(gid),
+                AtFlags::SYMLINK_NOFOLLOW,
+            ) {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot hand the directory to the sandbox user");
+            }
+        }
+    }
+
+    /// Starts a run. With `wait`, answers when it ends.
+    pub async fn start(
+        self: &Arc<Self>,
+        p: &ProcessStart,
+        paths: SessionPaths,
+        events: Option<EventSink>,
+    ) -> Result<allox_protocol::Response, RunError> {
+        let (a, s) = (p.agent_id.as_str(), p.session_id.as_str());
+        let cwd = validate::check(&p.argv, &p.env, p.cwd.as_deref())?;
+        let program = validate::resolve(&p.argv[0], &cwd, &paths.current, &self.cfg.system_dirs)?;
+        if let Some(dir) = p.cwd.as_deref() {
+            if !paths.current.join(dir).is_dir() {
+                return Err(RunError::NoCwd(dir.to_string()));
+            }
+        }
+        self.check_fence(a, s)?;
+        self.cgroups.ensure_session(a, s, &self.cfg.limits)?;
+        let id = self.new_run_id();
+        let cg = self.cgroups.create_run(a, s, &id)?;
+        if let Some(t) = &self.cfg.tracker {
+            if let Err(e) = t.tag_run_cgroup(a, s, &id, &cg) {
+                let _ = self.cgroups.remove(&self.cgroups.run_dir(a, s, &id));
+                return Err(RunError::Untracked(e));
+            }
+        }
+        let mut env = vec![
+            ("PATH".to_string(), validate::PATH.to_string()),
+            (
+                "HOME".to_string(),
+                allox_sandbox::spec::SESSION_MOUNT.to_string(),
+            ),
+            ("TMPDIR".to_string(), "/tmp".to_string()),
+            ("LANG".to_string(), "C.UTF-8".to_string()),
+            (
+                "ALLOX_AGENT_WORKSPACE".to_string(),
+                allox_sandbox::spec::WORKSPACE_MOUNT.to_string(),
+            ),
+            (
+                "ALLOX_AGENT_SHARED".to_string(),
+                allox_sandbox::spec::SHARED_MOUNT.to_string(),
+            ),
+            ("ALLOX_AGENT_ID".to_string(), a.to_string()),
+            ("ALLOX_SESSION_ID".to_string(), s.to_string()),
+            ("ALLOX_RUN_ID".to_string(), id.clone()),
+        ];
+        for (k, v) in &p.env {
+            env.retain(|(ek, _)| ek != k);
+            env.push((k.clone(), v.clone()));
+        }
+        let spec = SandboxSpec {
+            program,
+            argv: p.argv.clone(),
+            env,
+            cwd,
+            uid: self.cfg.uid,
+            gid: self.cfg.gid,
+            session: paths.current.clone(),
+            shared: paths.shared.clone(),
+            stage: self.cfg.stage.clone(),
+            system_dirs: self.cfg.system_dirs.clone(),
+            hostname: "allox".into(),
+            isolate_network: self.cfg.isolate_network,
+            tmp_sync_cap: self.cfg.tmp_sync_cap,
+        };
+        // Also for sessions and agents made before (or adopted by recovery).
+        self.own(&paths.current);
+        self.own(&paths.shared);
+        // clone3 and the spec write block; keep them off the I/O workers.
+        let exe = rustix::io::fcntl_dupfd_cloexec(&self.exe, 0).map_err(RunError::Dup)?;
+        let spawned =
+            tokio::task::spawn_blocking(move || allox_sandbox::spawn(&exe, &spec, &cg)).await?;
+        let spawned = match spawned {
+            Ok(sp) => sp,
+            Err(e) => {
+                let _ = self.cgroups.remove(&self.cgroups.run_dir(a, s, &id));
+                return Err(RunError::Spawn(e));
+            }
+        };
+        // A rollback or delete may have fenced the session while the
+        // sandbox was being made: then this run must not live on.
+        if let Err(e) = self.check_fence(a, s) {
+            let _ =
+                rustix::process::pidfd_send_signal(&spawned.pidfd, rustix::process::Signal::KILL);
+            let dir = self.cgroups.run_dir(a, s, &id);
+            let cg = self.cgroups.clone();
+            let pidfd = spawned.pidfd;
+            let _ = tokio::task::spawn_blocking(move || {
+                let _ = cg.kill(&dir, Duration::from_secs(10));
+                let _ = rustix::process::waitid(
+                    rustix::process::WaitId::PidFd(rustix::fd::AsFd::as_fd(&pidfd)),
+                    rustix::process::WaitIdOptions::EXITED,
+                );
+                let _ = cg.remove(&dir);
+            })
+            .await;
+            return Err(e);
+        }
+        let stdin =
+            tokio::net::unix::pipe::Sender::from_owned_fd(spawned.stdin).map_err(RunError::Pipe)?;
+        let (tx, rx) = watch::channel(None);
+        let run = Arc::new(Run {
+            id: id.clone(),
+            agent: a.to_string(),
+            session: s.to_string(),
+            pidfd: Mutex::new(Some(spawned.pidfd)),
+            stdin: tokio::sync::Mutex::new(Some(stdin)),
+            result: tx,
+            timed_out: AtomicBool::new(false),
+        });
+        self.table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key(a, s, &id), run.clone());
+        if let Some(ev) = &events {
+            let _ = ev
+                .send(Event::Started(RunStarted {
+                    run_id: id.clone(),
+                    pid: spawned.pid,
+                }))
+                .await;
+        }
+        // Output readers.
+        let capture = Arc::new(Mutex::new(Capture::default()));
+        let mut pipes = Vec::new();
+        for (fd, kind) in [
+            (spawned.stdout, StreamKind::Stdout),
+            (spawned.stderr, StreamKind::Stderr),
+        ] {
+            let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(fd).map_err(RunError::Pipe)?;
+            pipes.push((rx, kind));
+        }
+        let readers = Readers::start(pipes, &id, events.clone(), &capture, self.cfg.capture_limit);
+        // Initial stdin, then close.
+        if let Some(data) = p.stdin.clone() {
+            let run = run.clone();
+            tokio::spawn(async move {
+                let mut g = run.stdin.lock().await;
+                if let Some(mut w) = g.take() {
+                    // A program that never reads its input does not hold
+                    // the run's end hostage.
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(10), w.write_all(data.as_bytes()))
+                            .await;
+                }
+            });
+        }
+        // The end: status, then a short drain of the output.
+        let status_rx = tokio::net::unix::pipe::Receiver::from_owned_fd(spawned.status)
+            .map_err(RunError::Pipe)?;
+        tokio::spawn(end::finish(
+            self.clone(),
+            run.clone(),
+            status_rx,
+            readers,
+            capture,
+        ));
+        // Reap the init when the namespace empties, and drop its cgroup.
+        tokio::spawn(end::reap(self.clone(), run.clone()));
+        if let Some(ms) = p.timeout_ms {
+            tokio::spawn(kill_after(
+                self.clone(),
+                run.clone(),
+                rx.clone(),
+                Duration::from_millis(ms),
+            ));
+        }
+        if !p.wait {
+            return Ok(allox_protocol::Response::Started(RunStarted {
+                run_id: id,
+                pid: spawned.pid,
+            }));
+        }
+        let r = super::wait::result(rx, None).await?;
+        Ok(allox_protocol::Response::Exited(r))
+    }
+}
+
+/// Kills the run's cgroup once `limit` has passed, unless it ended first.
+async fn kill_after(
+    runs: Arc<Runs>,
+    run: Arc<Run>,
+    mut done: watch::Receiver<Option<RunResult>>,
+    limit: Duration,
+) {
+    let expired = tokio::time::timeout(limit, async {
+        while done.borrow_and_update().is_none() {
+            if done.changed().await.is_err() {
+                break;
+            }
+        }
+    })
+    .await
+    .is_err();
+    if expired {
+        run.timed_out.store(true, Ordering::SeqCst);
+        let dir = runs.cgroups.run_dir(&run.agent, &run.session, &run.id);
+        let cg = runs.cgroups.clone();
+        let _ = tokio::task::spawn_blocking(move || cg.kill(&dir, Duration::from_secs(10))).await;
+    }
+}

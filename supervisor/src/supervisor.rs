@@ -1,0 +1,211 @@
+//! The supervisor: the store, process support and the daemon's policy
+//! behind every client; admits each request, has it answered (`dispatch`)
+//! and audits it.
+
+use crate::dispatch::RequestError;
+use crate::runs::{EventSink, RunError, Runs};
+use allox_protocol::{ErrorBody, ErrorCode, Request, Response};
+use allox_store::audit::Entry;
+use allox_store::Store;
+use std::sync::Arc;
+
+/// Daemon-wide request policy.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    /// `--kill-session-processes-on-rollback`: the default of a rollback's
+    /// `kill_processes`.
+    pub kill_processes_on_rollback: bool,
+    /// The supervisor is the child of the guest's PID 1, which powers the
+    /// machine off after `system.shutdown`.
+    pub power_off_on_shutdown: bool,
+}
+
+/// Set by `system.shutdown` (or a signal): the daemon stops, and until it
+/// has, every request that would change state is refused.
+#[derive(Debug, Default)]
+pub struct Stop {
+    stopping: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Stop {
+    pub fn request(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.notify.notify_one();
+    }
+
+    pub fn is_requested(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Resolves once a stop has been requested.
+    pub async fn requested(&self) {
+        while !self.is_requested() {
+            self.notify.notified().await;
+        }
+    }
+}
+
+pub struct Supervisor {
+    pub store: Store,
+    pub policy: Policy,
+    /// Process support; `None` when the daemon runs without it.
+    pub runs: Option<Arc<Runs>>,
+    pub stop: Stop,
+}
+
+impl Supervisor {
+    pub fn new(store: Store, policy: Policy, runs: Option<Arc<Runs>>) -> Self {
+        Supervisor {
+            store,
+            policy,
+            runs,
+            stop: Stop::default(),
+        }
+    }
+
+    pub(crate) fn runs(&self) -> Result<&Arc<Runs>, RunError> {
+        self.runs.as_ref().ok_or(RunError::NoProcesses)
+    }
+
+    /// Whether a request is answered by [`Supervisor::handle_process`].
+    pub fn is_process_request(req: &Request) -> bool {
+        matches!(
+            req,
+            Request::ProcessStart(_)
+                | Request::ProcessWait(_)
+                | Request::ProcessKill(_)
+                | Request::ProcessList(_)
+                | Request::ProcessStdin(_)
+                | Request::ProcessEvents(_)
+                | Request::ProcessTree(_)
+        )
+    }
+
+    /// Answers a process request (asynchronously: runs can be long), and
+    /// audits it if it changes state.
+    pub async fn handle_process(
+        &self,
+        peer: &str,
+        request_id: u64,
+        req: &Request,
+        events: Option<EventSink>,
+    ) -> Result<Response, ErrorBody> {
+        let out = match self.admit(req, peer, request_id) {
+            Err(e) => Err(e),
+            Ok(()) => self.answer_process(req, events).await,
+        }
+        .map_err(|e| self.report(req, e));
+        self.audit(peer, request_id, req, &out);
+        out
+    }
+
+    fn audit(&self, peer: &str, request_id: u64, req: &Request, out: &Result<Response, ErrorBody>) {
+        if !req.is_mutating() {
+            return;
+        }
+        let entry = Entry {
+            request_id,
+            peer: peer.to_string(),
+            action: req.action().to_string(),
+            target: req.target(),
+            outcome: match out {
+                Ok(_) => "ok".to_string(),
+                Err(e) => e.code.as_str().to_string(),
+            },
+            message: out.as_ref().err().map(|e| e.message.clone()),
+        };
+        if let Err(e) = self.store.audit().append(entry) {
+            tracing::error!(error = %allox_protocol::error_chain(&e), "cannot append audit record");
+        }
+    }
+
+    /// Answers one request from `peer` and audits it if it changes state.
+    pub fn handle(
+        &self,
+        peer: &str,
+        request_id: u64,
+        req: &Request,
+    ) -> Result<Response, ErrorBody> {
+        let out = self
+            .admit(req, peer, request_id)
+            .and_then(|()| {
+                // A panic fails this request only: the store's journal is
+                // settled where it happened, fences and locks are guards, and
+                // the client is told.
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.answer(req)))
+                    .unwrap_or_else(|panic| {
+                        let why = panic_message(panic);
+                        tracing::error!(action = req.action(), %why, "request panicked");
+                        Err(RequestError::Panicked {
+                            action: req.action(),
+                            why,
+                        })
+                    })
+            })
+            .map_err(|e| self.report(req, e));
+        self.audit(peer, request_id, req, &out);
+        out
+    }
+
+    /// Whether a request may go ahead. A change is refused while the
+    /// supervisor stops or its store is read-only, and unless the record of
+    /// its attempt reaches the audit log first (the audit fails closed:
+    /// nothing is done unaudited). `system.shutdown` always goes ahead.
+    fn admit(&self, req: &Request, peer: &str, request_id: u64) -> Result<(), RequestError> {
+        if !req.is_mutating() {
+            return Ok(());
+        }
+        let refused = |why: String| {
+            Err(RequestError::Refused {
+                action: req.action(),
+                why,
+            })
+        };
+        let shutdown = matches!(req, Request::Shutdown(_));
+        if self.stop.is_requested() && !shutdown {
+            return refused("the supervisor is shutting down".into());
+        }
+        if let (Some(why), false) = (self.store.read_only_reason(), shutdown) {
+            return refused(why);
+        }
+        let begun = self.store.audit().append(Entry {
+            request_id,
+            peer: peer.to_string(),
+            action: req.action().to_string(),
+            target: req.target(),
+            outcome: "begun".to_string(),
+            message: None,
+        });
+        match begun {
+            Err(e) if !shutdown => {
+                let why = allox_protocol::error_chain(&e);
+                tracing::error!(error = %why, action = req.action(), "audit log unwritable; refusing the change");
+                refused(format!("its audit record cannot be written ({why})"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// What the client is told of a failed request; a failure of the
+    /// supervisor or its host is logged too.
+    fn report(&self, req: &Request, e: RequestError) -> ErrorBody {
+        // A panic was logged where it was caught.
+        if e.code() == ErrorCode::Internal && !matches!(e, RequestError::Panicked { .. }) {
+            tracing::error!(error = %e.chain(), action = req.action(), "request failed");
+        }
+        e.to_body()
+    }
+}
+
+/// The message a panic carried.
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    match payload.downcast::<String>() {
+        Ok(s) => *s,
+        Err(p) => p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "a panic without a message".into()),
+    }
+}

@@ -7,7 +7,6 @@
 //! `ALLOX_INITRD` for these tests.
 
 use allox_ctl::client::Client;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};

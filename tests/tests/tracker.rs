@@ -6,8 +6,31 @@ use allox_protocol::*;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+/// One tracked daemon at a time: the fork storm slows the whole machine,
+/// and the tests that wait for events would time out beside it.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A daemon with the tracker on, holding the test's turn.
+struct Tracked {
+    d: ProcDaemon,
+    _turn: std::sync::MutexGuard<'static, ()>,
+}
+
+impl std::ops::Deref for Tracked {
+    type Target = ProcDaemon;
+    fn deref(&self) -> &ProcDaemon {
+        &self.d
+    }
+}
+
+impl std::ops::DerefMut for Tracked {
+    fn deref_mut(&mut self) -> &mut ProcDaemon {
+        &mut self.d
+    }
+}
+
 /// The daemon with the tracker on, or `None` after saying why not (BTF).
-fn daemon(name: &str, extra: &[&str]) -> Option<ProcDaemon> {
+fn daemon(name: &str, extra: &[&str]) -> Option<Tracked> {
     if !require(name) {
         return None;
     }
@@ -17,9 +40,13 @@ fn daemon(name: &str, extra: &[&str]) -> Option<ProcDaemon> {
     if !needs(name, missing) {
         return None;
     }
+    let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let mut args = vec!["--process-tracker", "ebpf"];
     args.extend_from_slice(extra);
-    Some(ProcDaemon::start(name, &args))
+    Some(Tracked {
+        d: ProcDaemon::start(name, &args),
+        _turn: turn,
+    })
 }
 
 fn call(d: &ProcDaemon, r: Request) -> Result<Response, ErrorBody> {

@@ -4,6 +4,7 @@
 
 pub mod daemon;
 pub mod dispatch;
+pub mod error;
 pub mod peer;
 pub mod ratelimit;
 pub mod runs;

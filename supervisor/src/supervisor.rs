@@ -2,7 +2,7 @@
 //! behind every client; admits each request, has it answered (`dispatch`)
 //! and audits it.
 
-use crate::dispatch::RequestError;
+use crate::error::RequestError;
 use crate::runs::{EventSink, RunError, Runs};
 use allox_protocol::{ErrorBody, ErrorCode, Request, Response};
 use allox_store::audit::Entry;

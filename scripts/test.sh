@@ -42,7 +42,7 @@ export ALLOX_KERNEL_DIR ALLOX_INITRD
 step "VM tests (QEMU; TCG unless the host has real KVM)"
 ALLOX_REQUIRE_PRIVILEGED=1 cargo test -p allox-integration --test vm --test powercut -- --test-threads=1 2>&1 | tee -a "$LOG"
 
-step "fuzz target: protocol decoding"
+step "fuzz targets: protocol decoding (host and guest)"
 scripts/fuzz.sh "$FUZZ_SECONDS"
 
 passed=$(grep -Eo '^test result: [a-z]+\. [0-9]+ passed' "$LOG" | awk '{s += $4} END {print s + 0}')

@@ -1,6 +1,8 @@
 //! `allox-init` as a library: what the binary's PID 1 and `supervise`
 //! modes do, in pieces that can be tested without being PID 1.
 //!
+//! - [`client`]: `allox`, the guest interface's client inside sandboxes
+//!   (the same executable started under that name);
 //! - [`guest`]: the guest's PID 1 — its settings from the kernel command
 //!   line, the machine's set-up (mounts, `lo`, Ctrl-Alt-Del), the store
 //!   disk, and how the supervisor child is started;
@@ -8,6 +10,7 @@
 //! - [`supervise`]: the `supervise` command's flags and their conversion
 //!   into the daemon's configuration.
 
+pub mod client;
 pub mod guest;
 pub mod limits;
 pub mod supervise;

@@ -1,7 +1,8 @@
 //! `allox-init`: wiring only. As PID 1 it is the guest's init ([`pid1`]);
 //! `supervise` runs the supervisor as a daemon over a Btrfs store (the
 //! init's child in the guest, or standalone on any Linux host). What each
-//! does is in the library (`allox_init`).
+//! does is in the library (`allox_init`). Started as `allox` (inside a
+//! sandbox) it is the guest interface's client (`allox_init::client`).
 
 mod pid1;
 
@@ -31,6 +32,10 @@ enum Cmd {
 }
 
 fn main() {
+    // Started as `allox` inside a sandbox: the guest interface's client.
+    if allox_init::client::started_as_client(std::env::args_os().next().as_deref()) {
+        std::process::exit(allox_init::client::main(std::env::args_os()));
+    }
     // The sandbox init runs before anything else: no logging, no threads.
     if std::env::args().nth(1).as_deref() == Some("sandbox-init") {
         allox_sandbox::init::run();

@@ -8,6 +8,13 @@ use serde_json::{json, Value};
 
 /// Parses `{"action": "...", "params": {...}}`.
 pub fn parse_request(text: &str) -> Result<Request, ErrorBody> {
+    let (action, params) = split_request(text)?;
+    Request::from_json(&action, params)
+}
+
+/// The action name and the params (an object, or null) of a JSON request;
+/// shared by the host's and the guest's schema.
+pub fn split_request(text: &str) -> Result<(String, Value), ErrorBody> {
     let v: Value = serde_json::from_str(text)
         .map_err(|e| ErrorBody::invalid(format!("request is not valid JSON: {e}")))?;
     let Value::Object(mut obj) = v else {
@@ -29,7 +36,7 @@ pub fn parse_request(text: &str) -> Result<Request, ErrorBody> {
     if !(params.is_object() || params.is_null()) {
         return Err(ErrorBody::invalid("\"params\" must be a JSON object"));
     }
-    Request::from_json(&action, params)
+    Ok((action, params))
 }
 
 /// The JSON form of a request.

@@ -48,10 +48,16 @@
 //! The same requests have the JSON form `{"action": "agent.create",
 //! "params": {...}}` (see [`json`]), answered by `{"result": {...}}` or
 //! `{"error": {"code": "...", "message": "..."}}`.
+//!
+//! # The guest interface
+//!
+//! Programs inside a sandbox speak a separate, smaller schema over the
+//! same framing ([`guest`]); host actions are not part of it.
 
 pub mod codec;
 pub mod error;
 pub mod frame;
+pub mod guest;
 pub mod id;
 pub mod json;
 pub mod message;

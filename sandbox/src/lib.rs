@@ -21,7 +21,7 @@ pub mod sys;
 pub mod tmp_sync;
 
 pub use spawn::{spawn, Spawned};
-pub use spec::{InitStatus, SandboxSpec};
+pub use spec::{Bind, InitStatus, SandboxSpec};
 
 use thiserror::Error;
 

@@ -131,6 +131,18 @@ impl Store {
         Ok(turn_info(a, s, &t, &rec))
     }
 
+    /// The session's turn that has begun and not ended, if any (a session
+    /// has at most one).
+    pub fn open_turn(&self, a: &str, s: &str) -> Result<Option<String>> {
+        self.need_session(a, s)?;
+        Ok(self
+            .index
+            .turns(a, s)?
+            .into_iter()
+            .find(|(_, r)| r.ended_ms.is_none())
+            .map(|(t, _)| t))
+    }
+
     pub fn turn_end(&self, p: &TurnEnd) -> Result<TurnInfo> {
         let (a, s, t) = (
             p.agent_id.as_str(),

@@ -1,5 +1,6 @@
 //! `allox-init supervise`: the supervisor as a daemon on a Btrfs mount.
 
+use crate::guest::{GuestService, NoRoutes};
 use crate::peer::PeerPolicy;
 use crate::runs::{RunError, Runs, RunsConfig};
 use crate::server::{serve_unix, Limits};
@@ -40,6 +41,8 @@ pub enum DaemonError {
     SocketInUse(PathBuf),
     #[error("cannot set up process support")]
     Processes(#[source] RunError),
+    #[error("cannot set up the guest interface")]
+    Guest(#[source] crate::guest::GuestError),
     #[error("cannot start the async runtime")]
     Runtime(#[source] std::io::Error),
 }
@@ -90,6 +93,24 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         "process support ready"
     );
     let sup = Arc::new(Supervisor::new(store, cfg.policy.clone(), runs));
+    // The guest interface: a listener per run, in a directory of its own
+    // beside the control socket.
+    let guest = match &sup.runs {
+        Some(runs) => {
+            let svc = Arc::new(
+                GuestService::new(
+                    crate::guest::dir_for(&cfg.socket),
+                    runs.config().init_exe.clone(),
+                    Arc::downgrade(&sup),
+                    Arc::new(NoRoutes),
+                )
+                .map_err(DaemonError::Guest)?,
+            );
+            runs.set_services(svc.clone());
+            Some(svc)
+        }
+        None => None,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(32)
@@ -147,6 +168,11 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         Ok(why)
     });
     let _ = std::fs::remove_file(&cfg.socket);
+    // Runs left running for a successor keep their sandboxes, but nobody
+    // serves their guest sockets any more.
+    if let Some(g) = &guest {
+        g.remove();
+    }
     if let Err(e) = sup.store.sync() {
         tracing::error!(error = %e.chain(), "flushing the store at shutdown failed");
     }

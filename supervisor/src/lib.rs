@@ -5,6 +5,7 @@
 pub mod daemon;
 pub mod dispatch;
 pub mod error;
+pub mod guest;
 pub mod peer;
 pub mod ratelimit;
 pub mod runs;

@@ -103,6 +103,11 @@ pub(super) async fn reap(runs: Arc<Runs>, run: Arc<Run>) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     run.pidfd.lock().unwrap_or_else(|e| e.into_inner()).take();
+    // Nothing of the run is left to use what was attached to it.
+    run.attached
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
     let dir = runs.cgroups.run_dir(&run.agent, &run.session, &run.id);
     let cg = runs.cgroups.clone();
     let _ = tokio::task::spawn_blocking(move || {

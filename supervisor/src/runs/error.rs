@@ -87,6 +87,10 @@ pub enum RunError {
     Dup(#[source] rustix::io::Errno),
     #[error("a blocking task of the supervisor failed")]
     Task(#[from] tokio::task::JoinError),
+    /// A service attached to every run (the guest interface) could not
+    /// make what the run needs.
+    #[error("cannot prepare the run's guest interface")]
+    Attach(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Settings that would leave sandboxed programs privileged.
@@ -142,9 +146,14 @@ impl RunError {
                 CgroupError::Unsupported { .. } => ErrorCode::Unsupported,
                 _ => ErrorCode::Conflict,
             },
-            Config(_) | MonitorStopped | Untracked(_) | Io { .. } | Pipe(_) | Dup(_) | Task(_) => {
-                ErrorCode::Internal
-            }
+            Config(_)
+            | MonitorStopped
+            | Untracked(_)
+            | Io { .. }
+            | Pipe(_)
+            | Dup(_)
+            | Task(_)
+            | Attach(_) => ErrorCode::Internal,
         }
     }
 
@@ -194,7 +203,10 @@ mod tests {
 
     #[test]
     fn refusals_keep_their_words_and_codes() {
-        let e = RunError::from(Refused::NotInPath("no-such-program".into()));
+        let e = RunError::from(Refused::NotInPath(
+            "no-such-program".into(),
+            super::super::validate::PATH.into(),
+        ));
         assert_eq!(e.code(), ErrorCode::InvalidRequest);
         assert!(e.to_body().message.contains("no-such-program"));
         let e = RunError::Fenced {

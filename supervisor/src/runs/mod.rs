@@ -15,6 +15,7 @@
 //! `output.rs`, fences in `fence.rs`. This file holds the table of runs and
 //! its configuration.
 
+pub mod attach;
 mod end;
 mod error;
 pub mod fence;
@@ -28,6 +29,7 @@ mod stdin;
 pub mod validate;
 mod wait;
 
+pub use attach::{Attachment, RunIdentity, RunServices};
 pub use error::{ConfigError, RunError};
 pub use fence::{Fence, FenceScope};
 
@@ -138,6 +140,9 @@ struct Run {
     stdin: tokio::sync::Mutex<Option<tokio::net::unix::pipe::Sender>>,
     result: watch::Sender<Option<RunResult>>,
     timed_out: AtomicBool,
+    /// What the run's services made for it; dropped once the init is
+    /// reaped.
+    attached: Mutex<Option<Box<dyn Send + Sync>>>,
 }
 
 /// Everything a session's workspace paths are, for one start.
@@ -157,6 +162,8 @@ pub struct Runs {
     /// runs.
     fences: Fences,
     next: AtomicU64,
+    /// Attached to every run as it starts (the guest interface).
+    services: std::sync::OnceLock<Arc<dyn RunServices>>,
 }
 
 fn key(a: &str, s: &str, r: &str) -> String {
@@ -199,7 +206,14 @@ impl Runs {
             table: Mutex::new(HashMap::new()),
             fences: Fences::default(),
             next: AtomicU64::new(1),
+            services: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Installs the services attached to every run from now on (once;
+    /// a second call is ignored and returns false).
+    pub fn set_services(&self, services: Arc<dyn RunServices>) -> bool {
+        self.services.set(services).is_ok()
     }
 
     pub fn config(&self) -> &RunsConfig {

@@ -56,15 +56,41 @@ impl Runs {
     ) -> Result<allox_protocol::Response, RunError> {
         let (a, s) = (p.agent_id.as_str(), p.session_id.as_str());
         let cwd = validate::check(&p.argv, &p.env, p.cwd.as_deref())?;
-        let program = validate::resolve(&p.argv[0], &cwd, &paths.current, &self.cfg.system_dirs)?;
         if let Some(dir) = p.cwd.as_deref() {
             if !paths.current.join(dir).is_dir() {
                 return Err(RunError::NoCwd(dir.to_string()));
             }
         }
+        let id = self.new_run_id();
+        // The guest interface's listener (and what else is attached to
+        // every run): released when the run's sandbox is gone, or at once
+        // if the start fails (the guard is dropped).
+        let attached = match self.services.get() {
+            Some(svc) => svc
+                .attach(&super::RunIdentity {
+                    agent: a.to_string(),
+                    session: s.to_string(),
+                    run: id.clone(),
+                })
+                .map_err(RunError::Attach)?,
+            None => super::Attachment::none(),
+        };
+        let path = std::iter::once(validate::PATH)
+            .chain(attached.path.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(":");
+        let program = validate::resolve(
+            &p.argv[0],
+            &cwd,
+            &paths.current,
+            &self.cfg.system_dirs,
+            &validate::Lookup {
+                path: &path,
+                binds: &attached.binds,
+            },
+        )?;
         self.check_fence(a, s)?;
         self.cgroups.ensure_session(a, s, &self.cfg.limits)?;
-        let id = self.new_run_id();
         let cg = self.cgroups.create_run(a, s, &id)?;
         if let Some(t) = &self.cfg.tracker {
             if let Err(e) = t.tag_run_cgroup(a, s, &id, &cg) {
@@ -73,7 +99,7 @@ impl Runs {
             }
         }
         let mut env = vec![
-            ("PATH".to_string(), validate::PATH.to_string()),
+            ("PATH".to_string(), path),
             (
                 "HOME".to_string(),
                 allox_sandbox::spec::SESSION_MOUNT.to_string(),
@@ -92,6 +118,7 @@ impl Runs {
             ("ALLOX_SESSION_ID".to_string(), s.to_string()),
             ("ALLOX_RUN_ID".to_string(), id.clone()),
         ];
+        let binds = attached.binds;
         for (k, v) in &p.env {
             env.retain(|(ek, _)| ek != k);
             env.push((k.clone(), v.clone()));
@@ -110,6 +137,7 @@ impl Runs {
             hostname: "allox".into(),
             isolate_network: self.cfg.isolate_network,
             tmp_sync_cap: self.cfg.tmp_sync_cap,
+            binds,
         };
         // Also for sessions and agents made before (or adopted by recovery).
         self.own(&paths.current);
@@ -155,6 +183,7 @@ impl Runs {
             stdin: tokio::sync::Mutex::new(Some(stdin)),
             result: tx,
             timed_out: AtomicBool::new(false),
+            attached: Mutex::new(Some(attached.guard)),
         });
         self.table
             .lock()

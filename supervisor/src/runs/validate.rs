@@ -1,6 +1,7 @@
 //! Checks of what a client asks to run, before anything is started.
 
 use allox_sandbox::spec::SESSION_MOUNT;
+use allox_sandbox::Bind;
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 use thiserror::Error;
@@ -29,8 +30,8 @@ pub enum Refused {
     CwdOutside(String),
     #[error("program {0:?} does not exist in the sandbox or is not executable")]
     NotExecutable(String),
-    #[error("program {0:?} not found in the sandbox's PATH ({PATH})")]
-    NotInPath(String),
+    #[error("program {0:?} not found in the sandbox's PATH ({1})")]
+    NotInPath(String, String),
 }
 
 /// Checks argv, env and cwd; returns the working directory inside the
@@ -78,18 +79,47 @@ pub fn check(
     Ok(Path::new(SESSION_MOUNT).join(p).display().to_string())
 }
 
+/// Where a program name is looked up besides the system directories: the
+/// run's `PATH` and the host files bound into its sandbox.
+#[derive(Debug, Clone, Copy)]
+pub struct Lookup<'a> {
+    /// `:`-separated directories inside the sandbox.
+    pub path: &'a str,
+    pub binds: &'a [Bind],
+}
+
+impl Default for Lookup<'_> {
+    fn default() -> Self {
+        Lookup {
+            path: PATH,
+            binds: &[],
+        }
+    }
+}
+
 /// Finds the program as the sandbox will see it. `session` is the host
 /// path of `current/`, `system` the directories the sandbox binds from the
-/// host. Returns the path inside the sandbox.
+/// host, `extra` the run's `PATH` and binds. Returns the path inside the
+/// sandbox.
 pub fn resolve(
     program: &str,
     cwd_inside: &str,
     session: &Path,
     system: &[PathBuf],
+    extra: &Lookup<'_>,
 ) -> Result<String, Refused> {
     let visible = |inside: &Path| -> Option<PathBuf> {
         if let Ok(rest) = inside.strip_prefix(SESSION_MOUNT) {
             return Some(session.join(rest));
+        }
+        for b in extra.binds {
+            if let Ok(rest) = inside.strip_prefix(&b.dst) {
+                return Some(if rest.as_os_str().is_empty() {
+                    b.src.clone()
+                } else {
+                    b.src.join(rest)
+                });
+            }
         }
         system
             .iter()
@@ -113,7 +143,7 @@ pub fn resolve(
             _ => Err(Refused::NotExecutable(program.to_string())),
         };
     }
-    for dir in PATH.split(':') {
+    for dir in extra.path.split(':').filter(|d| d.starts_with('/')) {
         let inside = Path::new(dir).join(program);
         if let Some(host) = visible(&inside) {
             if executable(&host) {
@@ -121,7 +151,10 @@ pub fn resolve(
             }
         }
     }
-    Err(Refused::NotInPath(program.to_string()))
+    Err(Refused::NotInPath(
+        program.to_string(),
+        extra.path.to_string(),
+    ))
 }
 
 #[cfg(test)]
@@ -151,11 +184,18 @@ mod tests {
     fn programs_resolve_as_the_sandbox_sees_them() {
         let sys = vec![PathBuf::from("/usr"), PathBuf::from("/bin")];
         let s = Path::new("/nonexistent");
-        assert!(resolve("sh", "/allox/session", s, &sys)
+        assert!(resolve("sh", "/allox/session", s, &sys, &Lookup::default())
             .unwrap()
             .ends_with("/sh"));
-        assert!(resolve("no-such-program-here", "/allox/session", s, &sys).is_err());
-        assert!(resolve("/etc/passwd", "/allox/session", s, &sys).is_err());
-        assert!(resolve("./x", "/allox/session", s, &sys).is_err());
+        assert!(resolve(
+            "no-such-program-here",
+            "/allox/session",
+            s,
+            &sys,
+            &Lookup::default()
+        )
+        .is_err());
+        assert!(resolve("/etc/passwd", "/allox/session", s, &sys, &Lookup::default()).is_err());
+        assert!(resolve("./x", "/allox/session", s, &sys, &Lookup::default()).is_err());
     }
 }

@@ -1,0 +1,348 @@
+//! `allox`, the guest interface's client inside every sandbox: the same
+//! executable as the supervisor, started under the name `allox`
+//! (`/run/allox/bin/allox`, on the sandbox's `PATH`).
+//!
+//! ```text
+//! allox whoami
+//! allox turn begin [--turn-id ID]
+//! allox turn end [--status ok|failed|cancelled] [--turn-id ID] [--label TEXT]
+//! allox call ROUTE [JSON]
+//! ```
+//!
+//! Human output by default, the answer's JSON with `--json`; exit status 0,
+//! or 1 with the error on stderr.
+
+use allox_protocol::guest::{
+    GuestClientFrame, GuestHello, GuestRequest, GuestRequestEnvelope, GuestResponse,
+    GuestServerFrame, GuestTurnBegin, GuestTurnEnd, PluginCall, Whoami, GUEST_SOCKET,
+};
+use allox_protocol::{decode, encode, ErrorBody, ErrorCode, FrameReader, TurnInfo, TurnStatus};
+use clap::{Parser, Subcommand, ValueEnum};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+
+/// Whether the executable was started as the client (`argv[0]`'s last
+/// component is `allox`).
+pub fn started_as_client(argv0: Option<&std::ffi::OsStr>) -> bool {
+    argv0
+        .map(std::path::Path::new)
+        .and_then(|p| p.file_name())
+        .is_some_and(|n| n == "allox")
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "allox",
+    version,
+    about = "Talk to Allox OS from inside a sandbox, as this run (through /run/allox/guest.sock)"
+)]
+pub struct Cli {
+    /// Print the answer as JSON (for scripts).
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// The agent, session and run this program belongs to.
+    Whoami,
+    /// Begin or end a turn of this session.
+    Turn {
+        #[command(subcommand)]
+        cmd: TurnCmd,
+    },
+    /// Call a route a plugin owns, with JSON parameters (default `{}`).
+    Call {
+        route: String,
+        params: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum TurnCmd {
+    /// Begin a turn (the session may have one open turn at a time).
+    Begin {
+        /// Name of the turn; default `turn-<n>`.
+        #[arg(long)]
+        turn_id: Option<String>,
+    },
+    /// End the open turn (or the one named); with the session's automatic
+    /// checkpoints on, an `ok` turn is checkpointed.
+    End {
+        #[arg(long, value_enum, default_value = "ok")]
+        status: Status,
+        /// The turn to end; default the session's open turn.
+        #[arg(long)]
+        turn_id: Option<String>,
+        /// Label of the automatic checkpoint.
+        #[arg(long)]
+        label: Option<String>,
+    },
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum Status {
+    Ok,
+    Failed,
+    Cancelled,
+}
+
+impl From<Status> for TurnStatus {
+    fn from(s: Status) -> TurnStatus {
+        match s {
+            Status::Ok => TurnStatus::Ok,
+            Status::Failed => TurnStatus::Failed,
+            Status::Cancelled => TurnStatus::Cancelled,
+        }
+    }
+}
+
+impl Cli {
+    fn request(&self) -> Result<GuestRequest, ErrorBody> {
+        Ok(match &self.cmd {
+            Cmd::Whoami => GuestRequest::Whoami(Whoami {}),
+            Cmd::Turn {
+                cmd: TurnCmd::Begin { turn_id },
+            } => GuestRequest::TurnBegin(GuestTurnBegin {
+                turn_id: turn_id.clone(),
+            }),
+            Cmd::Turn {
+                cmd:
+                    TurnCmd::End {
+                        status,
+                        turn_id,
+                        label,
+                    },
+            } => GuestRequest::TurnEnd(GuestTurnEnd {
+                turn_id: turn_id.clone(),
+                status: (*status).into(),
+                label: label.clone(),
+            }),
+            Cmd::Call { route, params } => {
+                let text = params.as_deref().unwrap_or("{}");
+                let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+                    ErrorBody::invalid(format!("parameters are not valid JSON: {e}"))
+                })?;
+                GuestRequest::PluginCall(PluginCall {
+                    route: route.clone(),
+                    params: v.to_string(),
+                })
+            }
+        })
+    }
+}
+
+/// Runs the client; returns the exit status.
+pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    let socket = std::env::var_os("ALLOX_GUEST_SOCKET").unwrap_or_else(|| GUEST_SOCKET.into());
+    let out = cli
+        .request()
+        .and_then(|req| ask(std::path::Path::new(&socket), req));
+    match out {
+        Ok(resp) => {
+            let text = if cli.json {
+                format!("{}\n", resp.to_json())
+            } else {
+                human(&resp)
+            };
+            let _ = std::io::stdout().write_all(text.as_bytes());
+            0
+        }
+        Err(e) => {
+            eprintln!("allox: {}: {}", e.code, e.message);
+            1
+        }
+    }
+}
+
+/// One request over a fresh connection.
+pub fn ask(socket: &std::path::Path, req: GuestRequest) -> Result<GuestResponse, ErrorBody> {
+    let unavailable = |what: String| ErrorBody::new(ErrorCode::Unavailable, what);
+    let mut s = UnixStream::connect(socket).map_err(|e| {
+        unavailable(format!(
+            "cannot connect to {}: {e} (the guest interface exists inside Allox OS sandboxes only)",
+            socket.display()
+        ))
+    })?;
+    let send = |s: &mut UnixStream, f: &GuestClientFrame| -> Result<(), ErrorBody> {
+        let bytes = encode(f).map_err(|e| ErrorBody::invalid(allox_protocol::error_chain(&e)))?;
+        s.write_all(&bytes)
+            .map_err(|e| unavailable(format!("cannot send: {e}")))
+    };
+    send(&mut s, &GuestClientFrame::Hello(GuestHello::new()))?;
+    send(
+        &mut s,
+        &GuestClientFrame::Request(GuestRequestEnvelope {
+            request_id: 1,
+            request: req,
+        }),
+    )?;
+    let mut reader = FrameReader::new();
+    let mut buf = [0u8; 16 << 10];
+    loop {
+        while let Some(frame) = reader.next_frame() {
+            let payload = frame.map_err(|e| unavailable(format!("bad answer: {e}")))?;
+            let frame: GuestServerFrame = decode(&payload).map_err(|e| {
+                unavailable(format!("bad answer: {}", allox_protocol::error_chain(&e)))
+            })?;
+            match frame {
+                GuestServerFrame::Welcome(_) => {}
+                GuestServerFrame::Refused(e) => return Err(e),
+                GuestServerFrame::Response(r) => return r.outcome.into(),
+            }
+        }
+        let n = s
+            .read(&mut buf)
+            .map_err(|e| unavailable(format!("cannot read the answer: {e}")))?;
+        if n == 0 {
+            return Err(unavailable(
+                "the supervisor closed the connection without an answer".into(),
+            ));
+        }
+        reader.push(&buf[..n]);
+    }
+}
+
+/// The answer as a person reads it.
+fn human(r: &GuestResponse) -> String {
+    match r {
+        GuestResponse::Identity(i) => format!(
+            "agent   {}\nsession {}\nrun     {}\n",
+            i.agent_id, i.session_id, i.run_id
+        ),
+        GuestResponse::Turn(t) => turn_line(t),
+        GuestResponse::Plugin(_) => {
+            let v = r.to_json();
+            format!(
+                "{}\n",
+                serde_json::to_string_pretty(&v).unwrap_or_else(|_| v.to_string())
+            )
+        }
+    }
+}
+
+fn turn_line(t: &TurnInfo) -> String {
+    let Some(status) = t.status else {
+        return format!(
+            "turn {} began (number {} of session {}/{})\n",
+            t.turn_id, t.number, t.agent_id, t.session_id
+        );
+    };
+    let status = serde_json::to_value(status)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default();
+    let checkpoint = match (&t.checkpoint_id, &t.checkpoint_error) {
+        (Some(c), _) => format!("; checkpoint {c}"),
+        (None, Some(e)) => format!("; no checkpoint: {e}"),
+        (None, None) => String::new(),
+    };
+    format!("turn {} ended {status}{checkpoint}\n", t.turn_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(args: &[&str]) -> Result<GuestRequest, String> {
+        let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
+        cli.request().map_err(|e| e.message)
+    }
+
+    #[test]
+    fn the_name_decides() {
+        use std::ffi::OsStr;
+        assert!(started_as_client(Some(OsStr::new("/run/allox/bin/allox"))));
+        assert!(started_as_client(Some(OsStr::new("allox"))));
+        assert!(!started_as_client(Some(OsStr::new("allox-init"))));
+        assert!(!started_as_client(None));
+    }
+
+    #[test]
+    fn commands_become_guest_requests() {
+        assert_eq!(
+            req(&["allox", "whoami"]).unwrap(),
+            GuestRequest::Whoami(Whoami {})
+        );
+        assert_eq!(
+            req(&["allox", "turn", "end", "--status", "failed", "--json"]).unwrap(),
+            GuestRequest::TurnEnd(GuestTurnEnd {
+                turn_id: None,
+                status: TurnStatus::Failed,
+                label: None
+            })
+        );
+        assert_eq!(
+            req(&["allox", "call", "net.connect", r#"{"port": 22}"#]).unwrap(),
+            GuestRequest::PluginCall(PluginCall {
+                route: "net.connect".into(),
+                params: r#"{"port":22}"#.into()
+            })
+        );
+        assert!(req(&["allox", "call", "x", "{"])
+            .unwrap_err()
+            .contains("not valid JSON"));
+        // Nothing names another agent, session or run.
+        for forged in [
+            &["allox", "whoami", "--agent", "b"][..],
+            &["allox", "turn", "begin", "--session", "other"],
+            &[
+                "allox",
+                "turn",
+                "end",
+                "--status",
+                "ok",
+                "--session-id",
+                "other",
+            ],
+        ] {
+            assert!(req(forged).is_err(), "{forged:?}");
+        }
+    }
+
+    #[test]
+    fn turns_read_as_sentences() {
+        let mut t = TurnInfo {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            turn_id: "turn-1".into(),
+            number: 1,
+            began_ms: 0,
+            ended_ms: None,
+            status: None,
+            checkpoint_id: None,
+            checkpoint_error: None,
+        };
+        assert_eq!(
+            turn_line(&t),
+            "turn turn-1 began (number 1 of session a/s)\n"
+        );
+        t.status = Some(TurnStatus::Ok);
+        t.checkpoint_id = Some("turn-1".into());
+        assert_eq!(turn_line(&t), "turn turn-1 ended ok; checkpoint turn-1\n");
+    }
+
+    #[test]
+    fn outside_a_sandbox_the_error_says_so() {
+        let e = ask(
+            std::path::Path::new("/nonexistent/guest.sock"),
+            GuestRequest::Whoami(Whoami {}),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, ErrorCode::Unavailable);
+        assert!(
+            e.message.contains("inside Allox OS sandboxes"),
+            "{}",
+            e.message
+        );
+    }
+}

@@ -1,0 +1,124 @@
+//! One run's listener: a Unix socket in the guest interface's private
+//! directory, served until the run's sandbox is gone. Whoever connects to
+//! it is that run — the socket file is bound into that run's sandbox only,
+//! and the directory holding it is closed to everyone else on the host.
+
+use super::answer::{answer, GuestContext};
+use super::conversation::{response_frame, Conversation, Step};
+use allox_protocol::guest::GuestIdentity;
+use allox_protocol::FrameReader;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::task::JoinSet;
+
+/// Connections served at once per run; more wait in the backlog.
+pub const MAX_CONNECTIONS: usize = 16;
+/// A guest that does not read its answer for this long is dropped.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The listener of one run. Dropping it stops serving (the listener and
+/// its connections are closed) and removes the socket file.
+#[derive(Debug)]
+pub struct RunListener {
+    path: PathBuf,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunListener {
+    /// Binds `path` (0666 inside a directory only root enters) and serves
+    /// it as `who`. Must be called within the async runtime.
+    pub fn open(
+        path: &Path,
+        who: GuestIdentity,
+        ctx: Arc<GuestContext>,
+    ) -> std::io::Result<RunListener> {
+        use std::os::unix::fs::PermissionsExt;
+        // A file left by a crashed start of the same name cannot be: run
+        // ids are unique per daemon, and the directory is emptied at start.
+        let std_listener = std::os::unix::net::UnixListener::bind(path)?;
+        let opened = (|| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+            std_listener.set_nonblocking(true)?;
+            UnixListener::from_std(std_listener)
+        })();
+        let listener = match opened {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = std::fs::remove_file(path);
+                return Err(e);
+            }
+        };
+        let task = tokio::spawn(serve(listener, Arc::new(who), ctx));
+        Ok(RunListener {
+            path: path.to_path_buf(),
+            task,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for RunListener {
+    fn drop(&mut self) {
+        // The task owns the listener and its connections: aborting it
+        // closes them all.
+        self.task.abort();
+        if let Err(e) = std::fs::remove_file(&self.path) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(path = %self.path.display(), error = %e, "cannot remove a guest socket");
+            }
+        }
+    }
+}
+
+async fn serve(listener: UnixListener, who: Arc<GuestIdentity>, ctx: Arc<GuestContext>) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept(), if conns.len() < MAX_CONNECTIONS => match accepted {
+                Ok((stream, _)) => {
+                    conns.spawn(connection(stream, who.clone(), ctx.clone()));
+                }
+                Err(e) => {
+                    // Out of descriptors, most likely: wait, do not spin.
+                    tracing::debug!(error = %e, "guest accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}
+
+/// Serves one connection: frames in, one answer per frame out, in order.
+async fn connection(mut stream: UnixStream, who: Arc<GuestIdentity>, ctx: Arc<GuestContext>) {
+    let mut reader = FrameReader::new();
+    let mut conv = Conversation::default();
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        let n = match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        reader.push(&buf[..n]);
+        while let Some(frame) = reader.next_frame() {
+            let (bytes, close) = match conv.on_frame(frame) {
+                Step::Reply(b) => (b, false),
+                Step::ReplyAndClose(b) => (b, true),
+                Step::Request { id, request } => {
+                    let out = answer(&ctx, &who, id, request).await;
+                    (response_frame(id, out.into()), false)
+                }
+            };
+            let sent = tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(&bytes)).await;
+            if close || !matches!(sent, Ok(Ok(()))) {
+                return;
+            }
+        }
+    }
+}

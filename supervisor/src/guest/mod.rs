@@ -1,0 +1,272 @@
+//! The guest interface: inside every sandbox, `/run/allox/guest.sock`,
+//! served by the supervisor, through which a program asks for what its own
+//! run may have (`whoami`, its session's turns, plugin routes).
+//!
+//! Each run gets its own listener ([`listener`]), a Unix socket in a
+//! directory of the daemon's own that only root may enter (0700), named
+//! after the run; the socket file (0666) is bound into that run's sandbox
+//! and nowhere else. The caller is whoever that listener accepted: its
+//! identity is never read from what it sends, so no secret is needed and
+//! no PID is looked up. The listener closes, and its file goes, when the
+//! run's sandbox is gone.
+//!
+//! The same directory holds the Python entry points (`turn.py`,
+//! `whoami.py`), written once at start, which run the `allox` client.
+
+mod answer;
+pub mod conversation;
+pub mod listener;
+pub mod routes;
+
+pub use answer::{peer_label, GuestContext};
+pub use routes::{GuestRoutes, NoRoutes, RouteOutcome};
+
+use crate::runs::{Attachment, RunIdentity, RunServices};
+use crate::supervisor::Supervisor;
+use allox_protocol::guest::{GuestIdentity, GUEST_SOCKET};
+use allox_protocol::ErrorCode;
+use allox_sandbox::Bind;
+use listener::RunListener;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use thiserror::Error;
+
+/// The `allox` client inside every sandbox, and its directory (on `PATH`).
+pub const CLIENT_DIR: &str = "/run/allox/bin";
+pub const CLIENT: &str = "/run/allox/bin/allox";
+
+/// The Python entry points: name inside `/run/allox/`, and what they run.
+pub const SHIMS: [(&str, &str); 2] = [("turn.py", "turn"), ("whoami.py", "whoami")];
+
+/// Longest socket path the kernel takes (`sun_path` less its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+/// Longest socket name: a run id (hex milliseconds and a counter) and `.sock`.
+const MAX_SOCKET_NAME: usize = 32;
+
+#[derive(Debug, Error)]
+pub enum GuestError {
+    #[error("{op} {}", .path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "{} exists and is not a directory of this user; remove it or start the daemon with another control socket",
+        .0.display()
+    )]
+    NotOurs(PathBuf),
+    #[error(
+        "{} is too long for the runs' sockets (at most {} bytes); give a shorter control socket path",
+        .0.display(), MAX_SOCKET_PATH - MAX_SOCKET_NAME - 1
+    )]
+    PathTooLong(PathBuf),
+}
+
+impl GuestError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            GuestError::Io { .. } => ErrorCode::Internal,
+            GuestError::NotOurs(_) | GuestError::PathTooLong(_) => ErrorCode::InvalidRequest,
+        }
+    }
+}
+
+/// The private directory of a daemon whose control socket is `socket`:
+/// beside it, `<socket name>.guest`.
+pub fn dir_for(socket: &Path) -> PathBuf {
+    let mut name = socket.file_name().unwrap_or_default().to_os_string();
+    name.push(".guest");
+    socket.with_file_name(name)
+}
+
+/// The guest interface of one daemon.
+pub struct GuestService {
+    dir: PathBuf,
+    /// The supervisor's own executable, bound in as the `allox` client.
+    exe: PathBuf,
+    ctx: Arc<GuestContext>,
+}
+
+impl GuestService {
+    /// Makes (or takes back, emptied) the private directory `dir` — 0700,
+    /// of this user — and writes the Python entry points into it.
+    pub fn new(
+        dir: PathBuf,
+        exe: PathBuf,
+        sup: Weak<Supervisor>,
+        routes: Arc<dyn GuestRoutes>,
+    ) -> Result<GuestService, GuestError> {
+        if dir.as_os_str().len() > MAX_SOCKET_PATH - MAX_SOCKET_NAME - 1 {
+            return Err(GuestError::PathTooLong(dir));
+        }
+        prepare_dir(&dir)?;
+        for (name, command) in SHIMS {
+            let path = dir.join(name);
+            write_shim(&path, command).map_err(|source| GuestError::Io {
+                op: "write",
+                path,
+                source,
+            })?;
+        }
+        Ok(GuestService {
+            dir,
+            exe,
+            ctx: Arc::new(GuestContext { sup, routes }),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Removes the directory and what is left in it (at the daemon's end).
+    pub fn remove(&self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl RunServices for GuestService {
+    fn attach(
+        &self,
+        run: &RunIdentity,
+    ) -> Result<Attachment, Box<dyn std::error::Error + Send + Sync>> {
+        let path = self.dir.join(format!("{}.sock", run.run));
+        let who = GuestIdentity {
+            agent_id: run.agent.clone(),
+            session_id: run.session.clone(),
+            run_id: run.run.clone(),
+        };
+        let listener =
+            RunListener::open(&path, who, self.ctx.clone()).map_err(|source| GuestError::Io {
+                op: "listen on",
+                path: path.clone(),
+                source,
+            })?;
+        let mut binds = vec![
+            Bind {
+                src: self.exe.clone(),
+                dst: CLIENT.into(),
+                writable: false,
+            },
+            Bind {
+                src: path,
+                dst: GUEST_SOCKET.into(),
+                writable: false,
+            },
+        ];
+        for (name, _) in SHIMS {
+            binds.push(Bind {
+                src: self.dir.join(name),
+                dst: format!("/run/allox/{name}"),
+                writable: false,
+            });
+        }
+        Ok(Attachment {
+            binds,
+            path: vec![CLIENT_DIR.into()],
+            guard: Box::new(listener),
+        })
+    }
+}
+
+/// `dir` as a directory of this user that nobody else may enter, empty.
+fn prepare_dir(dir: &Path) -> Result<(), GuestError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let io = |op, source| GuestError::Io {
+        op,
+        path: dir.to_path_buf(),
+        source,
+    };
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io("create", e)),
+    }
+    let md = std::fs::symlink_metadata(dir).map_err(|e| io("stat", e))?;
+    if !md.is_dir() || md.uid() != rustix::process::geteuid().as_raw() {
+        return Err(GuestError::NotOurs(dir.to_path_buf()));
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| io("chmod", e))?;
+    // What an earlier daemon left: sockets nobody serves any more.
+    for e in std::fs::read_dir(dir).map_err(|e| io("read", e))?.flatten() {
+        let p = e.path();
+        let gone = match e.file_type() {
+            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&p),
+            _ => std::fs::remove_file(&p),
+        };
+        if let Err(source) = gone {
+            return Err(GuestError::Io {
+                op: "remove",
+                path: p,
+                source,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A Python entry point that runs `allox <command> ARGS...`.
+fn write_shim(path: &Path, command: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let text = format!(
+        "# Allox OS guest interface: runs `allox {command}` (see /run/allox/bin/allox --help).\n\
+         import os\n\
+         import sys\n\
+         \n\
+         os.execv({CLIENT:?}, [\"allox\", {command:?}] + sys.argv[1:])\n"
+    );
+    std::fs::write(path, text)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_directory_is_made_private_and_emptied() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let dir = dir_for(&t.path().join("ctl.sock"));
+        assert!(dir.ends_with("ctl.sock.guest"));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(dir.join("old.sock"), "").unwrap();
+        let svc =
+            GuestService::new(dir.clone(), "/x".into(), Weak::new(), Arc::new(NoRoutes)).unwrap();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        let mut names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["turn.py", "whoami.py"]);
+        let shim = std::fs::read_to_string(dir.join("turn.py")).unwrap();
+        assert!(
+            shim.contains(r#"os.execv("/run/allox/bin/allox", ["allox", "turn"] + sys.argv[1:])"#),
+            "{shim}"
+        );
+        svc.remove();
+        assert!(!dir.exists());
+    }
+
+    #[test]
+    fn a_file_in_the_way_is_refused_naming_it() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("g");
+        std::fs::write(&dir, "").unwrap();
+        let e = GuestService::new(dir, "/x".into(), Weak::new(), Arc::new(NoRoutes))
+            .err()
+            .unwrap();
+        assert!(matches!(e, GuestError::NotOurs(_)), "{e}");
+        let long = t.path().join("x".repeat(100));
+        let e = GuestService::new(long, "/x".into(), Weak::new(), Arc::new(NoRoutes))
+            .err()
+            .unwrap();
+        assert!(matches!(e, GuestError::PathTooLong(_)), "{e}");
+    }
+}

@@ -1,0 +1,33 @@
+//! The seam between the guest interface and the plugins: a `plugin.call`
+//! goes to whatever [`GuestRoutes`] the daemon installed; a route no plugin
+//! owns is `not_found`.
+
+use allox_protocol::{guest::GuestIdentity, ErrorBody};
+
+/// What a route's owner made of a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteOutcome {
+    /// No plugin owns the route.
+    NotOwned,
+    /// The answer (JSON text), or the error the caller gets.
+    Answered(Result<String, ErrorBody>),
+}
+
+/// The plugin routes reachable from inside sandboxes.
+///
+/// `call` runs on a blocking thread (a plugin may block); the caller's
+/// identity is the listener's, never anything the caller sent, and a
+/// plugin must act for that caller only.
+pub trait GuestRoutes: Send + Sync {
+    fn call(&self, caller: &GuestIdentity, route: &str, params: &str) -> RouteOutcome;
+}
+
+/// No plugin routes: every call is `not_found`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoRoutes;
+
+impl GuestRoutes for NoRoutes {
+    fn call(&self, _: &GuestIdentity, _: &str, _: &str) -> RouteOutcome {
+        RouteOutcome::NotOwned
+    }
+}

@@ -1,0 +1,45 @@
+//! What the services around a run give it before its sandbox is built
+//! (the guest interface today): host files bound into the sandbox,
+//! directories added to its `PATH`, and a guard the run holds until its
+//! sandbox's init has been reaped — dropping the guard releases what was
+//! made for the run (the guest interface closes its listener and removes
+//! its socket file).
+
+use allox_sandbox::Bind;
+
+/// Who a run is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunIdentity {
+    pub agent: String,
+    pub session: String,
+    pub run: String,
+}
+
+/// What a service made for one run.
+pub struct Attachment {
+    pub binds: Vec<Bind>,
+    /// Directories inside the sandbox appended to its `PATH`.
+    pub path: Vec<String>,
+    /// Dropped once the run's sandbox is gone (or the start fails).
+    pub guard: Box<dyn Send + Sync>,
+}
+
+impl Attachment {
+    /// Nothing for this run.
+    pub fn none() -> Attachment {
+        Attachment {
+            binds: Vec::new(),
+            path: Vec::new(),
+            guard: Box::new(()),
+        }
+    }
+}
+
+/// A service that attaches something to every run as it starts.
+pub trait RunServices: Send + Sync {
+    /// Called within the async runtime, before the run's sandbox exists.
+    fn attach(
+        &self,
+        run: &RunIdentity,
+    ) -> Result<Attachment, Box<dyn std::error::Error + Send + Sync>>;
+}

@@ -1,0 +1,577 @@
+//! The guest interface through the real daemon and real sandboxes: the
+//! `allox` client inside a run, the Python entry points, a hostile raw
+//! client, and what 1,000 runs leave behind.
+
+use allox_integration::{require, workspace_bin, ProcDaemon};
+use allox_protocol::guest::*;
+use allox_protocol::*;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+fn setup(name: &str) -> Option<ProcDaemon> {
+    if !require(&format!("guest::{name}")) {
+        return None;
+    }
+    if allox_integration::cgroup2_mount().is_none() {
+        panic!("guest::{name} needs a cgroup2 mount (/sys/fs/cgroup or /sys/fs/cgroup/unified)");
+    }
+    let d = ProcDaemon::start(name, &[]);
+    let mut c = d.daemon.client();
+    for (a, s) in [("a", "s"), ("a", "t"), ("b", "s")] {
+        let _ = c.call(Request::AgentCreate(AgentCreate::new(a)));
+        c.call(Request::SessionCreate(SessionCreate::new(a, s)))
+            .unwrap()
+            .unwrap();
+    }
+    Some(d)
+}
+
+fn start(a: &str, s: &str, argv: &[&str]) -> ProcessStart {
+    ProcessStart {
+        agent_id: a.into(),
+        session_id: s.into(),
+        argv: argv.iter().map(|x| x.to_string()).collect(),
+        env: BTreeMap::new(),
+        cwd: None,
+        stdin: Some(String::new()),
+        timeout_ms: None,
+        wait: true,
+        stream: false,
+    }
+}
+
+fn call(d: &ProcDaemon, r: Request) -> Result<Response, ErrorBody> {
+    d.daemon.client().call(r).expect("transport")
+}
+
+fn run(d: &ProcDaemon, p: ProcessStart) -> RunResult {
+    match call(d, Request::ProcessStart(p.clone())) {
+        Ok(Response::Exited(r)) => r,
+        other => panic!("{:?}: {other:?}", p.argv),
+    }
+}
+
+/// Runs `sh -c script` in a/s and waits.
+fn sh(d: &ProcDaemon, a: &str, s: &str, script: &str) -> RunResult {
+    run(d, start(a, s, &["/bin/sh", "-c", script]))
+}
+
+fn guest_dir(d: &ProcDaemon) -> PathBuf {
+    allox_supervisor::guest::dir_for(&d.daemon.socket)
+}
+
+fn turn_begin(d: &ProcDaemon, a: &str, s: &str) -> Result<TurnInfo, ErrorBody> {
+    call(
+        d,
+        Request::TurnBegin(TurnBegin {
+            agent_id: a.into(),
+            session_id: s.into(),
+            turn_id: None,
+        }),
+    )
+    .map(|r| match r {
+        Response::Turn(t) => t,
+        other => panic!("{other:?}"),
+    })
+}
+
+fn audit(d: &ProcDaemon) -> Vec<AuditRecord> {
+    match call(
+        d,
+        Request::AuditList(AuditList {
+            after_seq: None,
+            limit: Some(10_000),
+        }),
+    ) {
+        Ok(Response::Audit(l)) => l.records,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn ok(r: &RunResult) {
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+}
+
+#[test]
+fn allox_whoami_prints_the_runs_identity() {
+    let Some(d) = setup("allox_whoami_prints_the_runs_identity") else {
+        return;
+    };
+    let r = sh(&d, "a", "s", "allox whoami && allox whoami --json");
+    ok(&r);
+    let mut lines = r.stdout.lines();
+    let human: Vec<_> = lines.by_ref().take(3).collect();
+    assert_eq!(
+        human,
+        [
+            "agent   a".to_string(),
+            "session s".to_string(),
+            format!("run     {}", r.run_id)
+        ]
+    );
+    let json: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    assert_eq!(
+        json,
+        serde_json::json!({"agent_id": "a", "session_id": "s", "run_id": r.run_id})
+    );
+    // Found on PATH by process.start itself, in another session.
+    let r = run(&d, start("b", "s", &["allox", "whoami", "--json"]));
+    ok(&r);
+    let json: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(json["agent_id"], "b");
+    assert_eq!(json["run_id"], r.run_id.as_str());
+    // An error: exit status 1, its message on stderr.
+    let r = sh(&d, "a", "s", "allox turn end");
+    assert_eq!(r.exit_code, Some(1), "{r:?}");
+    assert!(
+        r.stderr
+            .starts_with("allox: conflict: session a/s has no turn"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn a_script_ends_its_own_turn_and_the_host_sees_it() {
+    let Some(d) = setup("a_script_ends_its_own_turn_and_the_host_sees_it") else {
+        return;
+    };
+    let mut auto = SessionCreate::new("a", "auto");
+    auto.auto_checkpoint = Some(true);
+    call(&d, Request::SessionCreate(auto)).unwrap();
+    let r = sh(
+        &d,
+        "a",
+        "auto",
+        "set -e; allox turn begin; echo work > result.txt; allox turn end --status ok --label 'did the work'",
+    );
+    ok(&r);
+    assert_eq!(
+        r.stdout,
+        "turn turn-1 began (number 1 of session a/auto)\nturn turn-1 ended ok; checkpoint turn-1\n"
+    );
+    // The host sees the turn ended, with its automatic checkpoint.
+    let Ok(Response::Checkpoints(l)) = call(
+        &d,
+        Request::CheckpointList(SessionRef {
+            agent_id: "a".into(),
+            session_id: "auto".into(),
+        }),
+    ) else {
+        panic!("checkpoint.list")
+    };
+    let turn = l
+        .checkpoints
+        .iter()
+        .find(|c| c.origin == Origin::Turn)
+        .unwrap_or_else(|| panic!("no turn checkpoint: {l:?}"));
+    assert_eq!(turn.turn_id.as_deref(), Some("turn-1"));
+    assert_eq!(turn.label.as_deref(), Some("did the work"));
+    assert_eq!(l.head.as_deref(), Some("turn-1"));
+    // The turn is over: the next one is the session's second.
+    assert_eq!(turn_begin(&d, "a", "auto").unwrap().number, 2);
+    // Audited as the host's turn actions, with the run as the peer.
+    let peer = format!("guest a/auto/{}", r.run_id);
+    let recs = audit(&d);
+    for action in ["turn.begin", "turn.end"] {
+        assert!(
+            recs.iter()
+                .any(|x| x.peer == peer && x.action == action && x.outcome == "ok"),
+            "{action} by {peer} not audited: {recs:?}"
+        );
+    }
+}
+
+/// Frames, each sent on a connection of its own by a raw Python client
+/// inside the sandbox; the bytes that came back, per connection.
+fn raw_exchange(d: &ProcDaemon, a: &str, s: &str, conns: &[(Vec<u8>, usize)]) -> Vec<Vec<u8>> {
+    const CLIENT: &str = r#"
+import socket, sys
+for line in sys.stdin.read().split():
+    want, hexed = line.split(":")
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.connect("/run/allox/guest.sock")
+    c.sendall(bytes.fromhex(hexed))
+    got = b""
+    while got.count(b"\0") < int(want):
+        b = c.recv(65536)
+        if not b:
+            break
+        got += b
+    c.close()
+    print(got.hex())
+"#;
+    let stdin: Vec<String> = conns
+        .iter()
+        .map(|(bytes, want)| {
+            let hexed: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            format!("{want}:{hexed}")
+        })
+        .collect();
+    let mut p = start(a, s, &["python3", "-c", CLIENT]);
+    p.stdin = Some(stdin.join("\n"));
+    let r = run(d, p);
+    ok(&r);
+    r.stdout
+        .lines()
+        .map(|l| {
+            (0..l.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&l[i..i + 2], 16).unwrap())
+                .collect()
+        })
+        .collect()
+}
+
+fn frames(bytes: &[u8]) -> Vec<Vec<u8>> {
+    let mut r = FrameReader::new();
+    r.push(bytes);
+    std::iter::from_fn(|| r.next_frame())
+        .map(|f| f.unwrap())
+        .collect()
+}
+
+fn guest_frame(f: &GuestClientFrame) -> Vec<u8> {
+    encode(f).unwrap()
+}
+
+fn guest_request(id: u64, request: GuestRequest) -> Vec<u8> {
+    guest_frame(&GuestClientFrame::Request(GuestRequestEnvelope {
+        request_id: id,
+        request,
+    }))
+}
+
+fn guest_error(payload: &[u8]) -> ErrorBody {
+    match decode::<GuestServerFrame>(payload).unwrap() {
+        GuestServerFrame::Response(GuestResponseEnvelope {
+            outcome: GuestOutcome::Err(e),
+            ..
+        }) => e,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_run_cannot_act_on_another_session_through_the_guest_socket() {
+    let Some(d) = setup("a_run_cannot_act_on_another_session_through_the_guest_socket") else {
+        return;
+    };
+    if allox_integration::which("python3").is_none() {
+        panic!("guest::a_run_cannot_act_on_another_session_through_the_guest_socket needs python3");
+    }
+    // Another session of the same agent has an open turn, turn-1.
+    let theirs = turn_begin(&d, "a", "t").unwrap();
+    assert_eq!(theirs.turn_id, "turn-1");
+    let audited_before = audit(&d).len();
+
+    // Through the client: no argument names another session.
+    let r = sh(&d, "a", "s", "allox turn end --turn-id turn-1");
+    assert_eq!(r.exit_code, Some(1), "{r:?}");
+    assert!(
+        r.stderr.contains("not_found: turn a/s/turn-1"),
+        "{}",
+        r.stderr
+    );
+    for forged in [
+        "allox turn begin --session t",
+        "allox turn end --agent b --session s",
+        "allox whoami --run x",
+    ] {
+        let r = sh(&d, "a", "s", forged);
+        assert_eq!(r.exit_code, Some(2), "{forged}: {r:?}");
+    }
+    let r = sh(
+        &d,
+        "a",
+        "s",
+        r#"allox call session.delete '{"agent_id":"a","session_id":"t"}'"#,
+    );
+    assert_eq!(r.exit_code, Some(1), "{r:?}");
+    assert!(
+        r.stderr
+            .contains("not_found: no plugin owns route \"session.delete\""),
+        "{}",
+        r.stderr
+    );
+
+    // A raw client: host frames, forged bytes.
+    let hello = guest_frame(&GuestClientFrame::Hello(GuestHello::new()));
+    let host_hello = encode(&ClientFrame::Hello(Hello::new(1))).unwrap();
+    let host = |request| {
+        encode(&ClientFrame::Request(RequestEnvelope {
+            conversation: 1,
+            request_id: 5,
+            request,
+        }))
+        .unwrap()
+    };
+    let host_turn_end = host(Request::TurnEnd(TurnEnd {
+        agent_id: "a".into(),
+        session_id: "t".into(),
+        turn_id: "turn-1".into(),
+        status: TurnStatus::Ok,
+        label: None,
+    }));
+    let host_delete = host(Request::SessionDelete(SessionRef {
+        agent_id: "b".into(),
+        session_id: "s".into(),
+    }));
+    // A guest turn.end whose payload carries another identity after it.
+    let mut forged = postcard::to_stdvec(&GuestClientFrame::Request(GuestRequestEnvelope {
+        request_id: 7,
+        request: GuestRequest::TurnEnd(GuestTurnEnd {
+            turn_id: Some("turn-1".into()),
+            status: TurnStatus::Ok,
+            label: None,
+        }),
+    }))
+    .unwrap();
+    forged.extend(postcard::to_stdvec(&("a", "t")).unwrap());
+    let forged = allox_protocol::frame::frame(&forged).unwrap();
+    let whoami = guest_request(8, GuestRequest::Whoami(Whoami {}));
+    let cat = |parts: &[&[u8]]| parts.concat();
+    let got = raw_exchange(
+        &d,
+        "a",
+        "s",
+        &[
+            (host_hello, 1),
+            (cat(&[&hello, &host_turn_end]), 2),
+            (host_delete, 1),
+            (cat(&[&hello, &forged]), 2),
+            (cat(&[&host_turn_end, &hello, &whoami]), 3),
+        ],
+    );
+    assert_eq!(got.len(), 5, "{got:?}");
+    // A host Hello: refused, unsupported, in the host's framing.
+    let f = frames(&got[0]);
+    assert!(
+        matches!(decode::<ServerFrame>(&f[0]).unwrap(), ServerFrame::Refused(e) if e.code == ErrorCode::Unsupported),
+        "{f:?}"
+    );
+    // Host turn.end naming the other session, and a host session.delete:
+    // unsupported, naming the action.
+    for (bytes, action) in [(&got[1], "turn.end"), (&got[2], "session.delete")] {
+        let f = frames(bytes);
+        let ServerFrame::Response(r) = decode::<ServerFrame>(f.last().unwrap()).unwrap() else {
+            panic!("{f:?}")
+        };
+        assert_eq!(r.request_id, 5);
+        let Outcome::Err(e) = r.outcome else {
+            panic!("{action} went through")
+        };
+        assert_eq!(e.code, ErrorCode::Unsupported, "{e:?}");
+        assert!(
+            e.message.starts_with(&format!("{action} is a host action")),
+            "{}",
+            e.message
+        );
+    }
+    // Extra bytes carrying another identity: the frame is refused whole.
+    let e = guest_error(&frames(&got[3])[1]);
+    assert_eq!(e.code, ErrorCode::InvalidRequest, "{e:?}");
+    // After all that, the connection still is the run's own.
+    let f = frames(&got[4]);
+    match decode::<GuestServerFrame>(&f[2]).unwrap() {
+        GuestServerFrame::Response(GuestResponseEnvelope {
+            request_id: 8,
+            outcome: GuestOutcome::Ok(GuestResponse::Identity(i)),
+        }) => assert_eq!((i.agent_id.as_str(), i.session_id.as_str()), ("a", "s")),
+        other => panic!("{other:?}"),
+    }
+
+    // Nothing happened to the other sessions: a/t's turn is still open,
+    // b/s still exists, and no turn action was recorded against them.
+    let Ok(Response::Turn(t)) = call(
+        &d,
+        Request::TurnEnd(TurnEnd {
+            agent_id: "a".into(),
+            session_id: "t".into(),
+            turn_id: "turn-1".into(),
+            status: TurnStatus::Cancelled,
+            label: None,
+        }),
+    ) else {
+        panic!("a/t's turn was ended from a/s")
+    };
+    assert_eq!(t.status, Some(TurnStatus::Cancelled));
+    assert!(matches!(
+        call(
+            &d,
+            Request::CheckpointList(SessionRef {
+                agent_id: "b".into(),
+                session_id: "s".into()
+            })
+        ),
+        Ok(Response::Checkpoints(_))
+    ));
+    let recs = audit(&d);
+    for r in &recs[audited_before..] {
+        if r.peer.starts_with("guest ") {
+            assert!(r.target.starts_with("a/s"), "{r:?}");
+        }
+    }
+}
+
+#[test]
+fn the_python_entry_points_work() {
+    let Some(d) = setup("the_python_entry_points_work") else {
+        return;
+    };
+    if allox_integration::which("python3").is_none() {
+        panic!("guest::the_python_entry_points_work needs python3");
+    }
+    let r = sh(
+        &d,
+        "a",
+        "s",
+        "set -e; python3 /run/allox/whoami.py --json; python3 /run/allox/turn.py begin --turn-id t1; \
+         python3 /run/allox/turn.py end --status failed",
+    );
+    ok(&r);
+    let mut lines = r.stdout.lines();
+    let who: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    assert_eq!(who["run_id"], r.run_id.as_str());
+    assert_eq!(
+        lines.collect::<Vec<_>>(),
+        [
+            "turn t1 began (number 1 of session a/s)",
+            "turn t1 ended failed"
+        ]
+    );
+    assert_eq!(turn_begin(&d, "a", "s").unwrap().number, 2);
+}
+
+#[test]
+fn host_users_cannot_reach_a_runs_guest_socket() {
+    let Some(d) = setup("host_users_cannot_reach_a_runs_guest_socket") else {
+        return;
+    };
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::CommandExt;
+    let dir = guest_dir(&d);
+    let md = std::fs::metadata(&dir).unwrap();
+    assert_eq!((md.mode() & 0o777, md.uid()), (0o700, 0));
+    let mut p = start("a", "s", &["sleep", "60"]);
+    p.wait = false;
+    let Ok(Response::Started(started)) = call(&d, Request::ProcessStart(p)) else {
+        panic!("start")
+    };
+    let sock = dir.join(format!("{}.sock", started.run_id));
+    assert!(
+        sock.exists(),
+        "no listener for a live run at {}",
+        sock.display()
+    );
+    let client = |uid: Option<u32>| {
+        let mut c = std::process::Command::new(workspace_bin("allox-init"));
+        c.arg0("allox")
+            .args(["whoami", "--json"])
+            .env("ALLOX_GUEST_SOCKET", &sock);
+        if let Some(uid) = uid {
+            c.uid(uid).gid(uid);
+        }
+        c.output().unwrap()
+    };
+    // The sandbox's uid on the host: the directory keeps it out.
+    let out = client(Some(10_000));
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+        "{out:?}"
+    );
+    // Root can (so it is the directory that refused).
+    let out = client(None);
+    assert!(out.status.success(), "{out:?}");
+    let _ = call(
+        &d,
+        Request::ProcessKill(ProcessKill {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: Some(started.run_id.clone()),
+            signal: None,
+        }),
+    );
+    wait_until("the killed run's listener to go", || !sock.exists());
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sockets among a process's descriptors.
+fn socket_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path())
+                .map(|l| l.to_string_lossy().starts_with("socket:"))
+                .unwrap_or(false)
+        })
+        .count()
+}
+
+fn entries(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_thousand_runs_leave_no_listeners_behind() {
+    let Some(d) = setup("a_thousand_runs_leave_no_listeners_behind") else {
+        return;
+    };
+    let pid = d.daemon.child.id();
+    let dir = guest_dir(&d);
+    ok(&run(&d, start("a", "s", &["true"])));
+    wait_until("the first run's listener to go", || {
+        entries(&dir) == ["turn.py", "whoami.py"]
+    });
+    let before = socket_fds(pid);
+    let sessions = [("a", "s"), ("a", "t"), ("b", "s"), ("a", "s")];
+    std::thread::scope(|s| {
+        for (a, sess) in sessions {
+            let d = &d;
+            s.spawn(move || {
+                for i in 0..250 {
+                    // Some use the interface, most do not.
+                    let r = if i % 10 == 0 {
+                        sh(d, a, sess, "allox whoami >/dev/null")
+                    } else {
+                        run(d, start(a, sess, &["true"]))
+                    };
+                    ok(&r);
+                }
+            });
+        }
+    });
+    // The last runs' sandboxes are reaped just after their answers.
+    let t0 = Instant::now();
+    loop {
+        let (files, sockets) = (entries(&dir), socket_fds(pid));
+        if files == ["turn.py", "whoami.py"] && sockets <= before {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "after 1,000 runs: {} files in {} ({files:?}), {sockets} sockets in the supervisor (before: {before})",
+            files.len(),
+            dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -320,6 +320,8 @@ fn build_root(spec: &SandboxSpec) -> Result<(), String> {
             "mode=0755,size=64k",
         ),
     )?;
+    // Host files and directories asked for (plugins), after everything else.
+    super::binds::mount_all(root, &spec.binds, &spec.system_dirs)?;
     // Switch roots and drop the old one.
     sys("chdir new root", rustix::process::chdir(root))?;
     sys("pivot_root", rustix::process::pivot_root(".", "."))?;

@@ -12,6 +12,7 @@
 //! holds the raw system calls rustix does not wrap (also used by the
 //! guest's PID 1 to bring up `lo`).
 
+pub mod binds;
 pub mod cgroup;
 pub mod init;
 pub mod seccomp;
@@ -21,7 +22,7 @@ pub mod sys;
 pub mod tmp_sync;
 
 pub use spawn::{spawn, Spawned};
-pub use spec::{InitStatus, SandboxSpec};
+pub use spec::{Bind, InitStatus, SandboxSpec};
 
 use thiserror::Error;
 

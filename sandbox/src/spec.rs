@@ -39,6 +39,20 @@ pub struct SandboxSpec {
     /// Largest total size copied from the private /tmp to
     /// `current/.allox-tmp/` on normal exit; 0 turns the copy off.
     pub tmp_sync_cap: u64,
+    /// Host files and directories made visible inside, mounted after
+    /// everything else, in order (plugins' mounts; see [`crate::binds`]).
+    pub binds: Vec<Bind>,
+}
+
+/// A host file or directory made visible inside the sandbox at `dst`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Bind {
+    /// Host path (file or directory; a Unix socket file works too).
+    pub src: PathBuf,
+    /// Absolute path inside the sandbox; parents are created on the
+    /// sandbox's tmpfs root as needed (never on a bound host directory).
+    pub dst: String,
+    pub writable: bool,
 }
 
 /// How the program ended, or why it never ran.

@@ -110,6 +110,7 @@ impl Runs {
             hostname: "allox".into(),
             isolate_network: self.cfg.isolate_network,
             tmp_sync_cap: self.cfg.tmp_sync_cap,
+            binds: Vec::new(),
         };
         // Also for sessions and agents made before (or adopted by recovery).
         self.own(&paths.current);

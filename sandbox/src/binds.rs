@@ -88,7 +88,11 @@ pub fn mount_all(root: &Path, binds: &[Bind], system_dirs: &[PathBuf]) -> Result
         let is_dir = std::fs::metadata(&b.src)
             .map_err(|e| format!("bind source {}: {e}", b.src.display()))?
             .is_dir();
-        let parent = if is_dir { Some(dst.as_path()) } else { dst.parent() };
+        let parent = if is_dir {
+            Some(dst.as_path())
+        } else {
+            dst.parent()
+        };
         if let Some(dir) = parent {
             std::fs::create_dir_all(dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
         }
@@ -97,8 +101,7 @@ pub fn mount_all(root: &Path, binds: &[Bind], system_dirs: &[PathBuf]) -> Result
         }
         let what = format!("bind {} at {}", b.src.display(), b.dst);
         let flags = if b.writable {
-            m::mount_bind(&b.src, &dst)
-                .map_err(|e| format!("{what}: {e}"))?;
+            m::mount_bind(&b.src, &dst).map_err(|e| format!("{what}: {e}"))?;
             MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV
         } else {
             m::mount_bind_recursive(&b.src, &dst).map_err(|e| format!("{what}: {e}"))?;
@@ -137,7 +140,11 @@ mod tests {
 
     #[test]
     fn targets_on_the_tmpfs_root_are_allowed_in_order() {
-        let ok = [bind("/run/allox/guest.sock"), bind("/run/allox/bin"), bind("/x")];
+        let ok = [
+            bind("/run/allox/guest.sock"),
+            bind("/run/allox/bin"),
+            bind("/x"),
+        ];
         assert_eq!(check(&ok, &sys()), Ok(()));
     }
 

@@ -8,6 +8,7 @@
 
 use super::output::{Capture, Readers};
 use super::{end, key, validate, EventSink, Run, RunError, Runs, SessionPaths};
+use crate::plugins::RunRef;
 use allox_protocol::{Event, ProcessStart, RunResult, RunStarted, StreamKind};
 use allox_sandbox::SandboxSpec;
 use std::path::Path;
@@ -56,7 +57,20 @@ impl Runs {
     ) -> Result<allox_protocol::Response, RunError> {
         let (a, s) = (p.agent_id.as_str(), p.session_id.as_str());
         let cwd = validate::check(&p.argv, &p.env, p.cwd.as_deref())?;
-        let program = validate::resolve(&p.argv[0], &cwd, &paths.current, &self.cfg.system_dirs)?;
+        let id = self.new_run_id();
+        let run_ref = RunRef {
+            agent: a,
+            session: s,
+            run: &id,
+        };
+        let added = self
+            .cfg
+            .plugins
+            .contributions(&run_ref)
+            .map_err(RunError::Plugin)?;
+        // A plugin's prefix (a wrapper) comes first on the command line.
+        let argv: Vec<String> = added.prefix.iter().chain(&p.argv).cloned().collect();
+        let program = validate::resolve(&argv[0], &cwd, &paths.current, &self.cfg.system_dirs)?;
         if let Some(dir) = p.cwd.as_deref() {
             if !paths.current.join(dir).is_dir() {
                 return Err(RunError::NoCwd(dir.to_string()));
@@ -64,12 +78,21 @@ impl Runs {
         }
         self.check_fence(a, s)?;
         self.cgroups.ensure_session(a, s, &self.cfg.limits)?;
-        let id = self.new_run_id();
         let cg = self.cgroups.create_run(a, s, &id)?;
-        if let Some(t) = &self.cfg.tracker {
-            if let Err(e) = t.tag_run_cgroup(a, s, &id, &cg) {
+        if !self.cfg.plugins.is_empty() {
+            // The cgroup's id is its directory's inode number.
+            let told = rustix::fs::fstat(&cg)
+                .map_err(|e| RunError::Io {
+                    op: "stat",
+                    path: self.cgroups.run_dir(a, s, &id),
+                    source: e.into(),
+                })
+                .and_then(|st| {
+                    (self.cfg.plugins.before_run(&run_ref, st.st_ino)).map_err(RunError::Plugin)
+                });
+            if let Err(e) = told {
                 let _ = self.cgroups.remove(&self.cgroups.run_dir(a, s, &id));
-                return Err(RunError::Untracked(e));
+                return Err(e);
             }
         }
         let mut env = vec![
@@ -92,13 +115,15 @@ impl Runs {
             ("ALLOX_SESSION_ID".to_string(), s.to_string()),
             ("ALLOX_RUN_ID".to_string(), id.clone()),
         ];
-        for (k, v) in &p.env {
+        // The plugins' variables, then the request's, each replacing what
+        // was there.
+        for (k, v) in added.env.iter().map(|(k, v)| (k, v)).chain(&p.env) {
             env.retain(|(ek, _)| ek != k);
             env.push((k.clone(), v.clone()));
         }
         let spec = SandboxSpec {
             program,
-            argv: p.argv.clone(),
+            argv,
             env,
             cwd,
             uid: self.cfg.uid,
@@ -110,7 +135,7 @@ impl Runs {
             hostname: "allox".into(),
             isolate_network: self.cfg.isolate_network,
             tmp_sync_cap: self.cfg.tmp_sync_cap,
-            binds: Vec::new(),
+            binds: added.binds,
         };
         // Also for sessions and agents made before (or adopted by recovery).
         self.own(&paths.current);
@@ -123,6 +148,7 @@ impl Runs {
             Ok(sp) => sp,
             Err(e) => {
                 let _ = self.cgroups.remove(&self.cgroups.run_dir(a, s, &id));
+                self.cfg.plugins.after_run(&run_ref);
                 return Err(RunError::Spawn(e));
             }
         };
@@ -143,6 +169,7 @@ impl Runs {
                 let _ = cg.remove(&dir);
             })
             .await;
+            self.cfg.plugins.after_run(&run_ref);
             return Err(e);
         }
         let stdin =
@@ -156,6 +183,7 @@ impl Runs {
             stdin: tokio::sync::Mutex::new(Some(stdin)),
             result: tx,
             timed_out: AtomicBool::new(false),
+            metadata: added.metadata,
         });
         self.table
             .lock()

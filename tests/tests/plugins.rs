@@ -339,3 +339,130 @@ fn plugin_process_tree_is_the_process_tracker_and_plugin_list_shows_it() {
     let out = alloxctl(&d.daemon.socket, &["info"]);
     assert!(out.contains("plugins:         process-tree\n"), "{out}");
 }
+
+/// A plugin contributing one of everything, for the test below.
+struct Contributes {
+    dir: std::path::PathBuf,
+    file: std::path::PathBuf,
+}
+
+static CONTRIBUTES: allox_supervisor::plugins::Manifest = allox_supervisor::plugins::Manifest {
+    name: "contributes",
+    api_version: allox_supervisor::plugins::API_VERSION,
+    conflicts: &[],
+    routes: &[],
+    alias: None,
+    summary: "test",
+};
+
+impl allox_supervisor::plugins::Plugin for Contributes {
+    fn manifest(&self) -> &allox_supervisor::plugins::Manifest {
+        &CONTRIBUTES
+    }
+    fn start(
+        &self,
+        _: &allox_supervisor::plugins::Settings,
+    ) -> Result<(), allox_supervisor::plugins::PluginError> {
+        Ok(())
+    }
+    fn stop(&self) {}
+    fn contribute(
+        &self,
+        _: &allox_supervisor::plugins::RunRef<'_>,
+    ) -> allox_supervisor::plugins::Contribution {
+        use allox_sandbox::spec::Bind;
+        allox_supervisor::plugins::Contribution {
+            prefix: vec!["/usr/bin/env".into(), "FROM_PREFIX=p".into()],
+            env: vec![("PLUGIN_VAR".into(), "v".into())],
+            binds: vec![
+                Bind {
+                    src: self.dir.clone(),
+                    dst: "/run/plugin/ro".into(),
+                    writable: false,
+                },
+                Bind {
+                    src: self.file.clone(),
+                    dst: "/run/plugin/rw.txt".into(),
+                    writable: true,
+                },
+            ],
+            metadata: vec![("k".into(), "1".into())],
+        }
+    }
+}
+
+#[test]
+fn a_plugin_s_prefix_env_and_binds_reach_the_sandbox_in_order() {
+    use allox_supervisor::plugins::{Plugin, Plugins};
+    use allox_supervisor::runs::{Runs, RunsConfig, SessionPaths};
+    use std::os::unix::fs::PermissionsExt;
+    use std::sync::Arc;
+    if !require("plugins::a_plugin_s_prefix_env_and_binds_reach_the_sandbox") {
+        return;
+    }
+    let fs = allox_integration::BtrfsFs::new(256).unwrap();
+    let root = fs.path().join("store");
+    std::fs::create_dir(&root).unwrap();
+    let store = allox_store::Store::open(&root, Default::default()).unwrap();
+    store.agent_create("a").unwrap();
+    let info = store.session_create("a", "s").unwrap();
+    let dir = fs.scratch().join("ro");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("hello"), "from the host\n").unwrap();
+    let file = fs.scratch().join("rw.txt");
+    std::fs::write(&file, "").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let cg = allox_integration::cgroup2_mount()
+        .unwrap()
+        .join(format!("allox-test-{}-binds", std::process::id()));
+    std::fs::create_dir_all(&cg).unwrap();
+    let mut rc = RunsConfig::new(
+        cg.clone(),
+        workspace_bin("allox-init"),
+        fs.scratch().join("stage"),
+    );
+    let plugin: Arc<dyn Plugin> = Arc::new(Contributes {
+        dir: dir.clone(),
+        file: file.clone(),
+    });
+    rc.plugins = Arc::new(
+        Plugins::load(
+            vec![plugin],
+            &["contributes".to_string()],
+            &rc.system_dirs,
+            Default::default(),
+        )
+        .unwrap(),
+    );
+    let runs = Arc::new(Runs::new(rc).unwrap());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let script = "echo \"$PLUGIN_VAR $FROM_PREFIX\"; cat /run/plugin/ro/hello; \
+                  echo written > /run/plugin/rw.txt; \
+                  touch /run/plugin/ro/x 2>/dev/null && echo ro-writable || echo ro-refused; \
+                  awk '{print $5}' /proc/self/mountinfo | tail -n 3";
+    let Request::ProcessStart(req) = start(script, true) else {
+        unreachable!()
+    };
+    let paths = SessionPaths {
+        current: info.current.clone().into(),
+        shared: store.layout().shared("a"),
+    };
+    let r = rt.block_on(runs.start(&req, paths, None));
+    let _ = std::fs::write(cg.join("cgroup.kill"), "1");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    allox_integration::remove_cgroup_tree(&cg);
+    let Ok(Response::Exited(r)) = r else {
+        panic!("{r:?}");
+    };
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert_eq!(
+        r.stdout,
+        "v p\nfrom the host\nro-refused\n/allox/shared\n/run/plugin/ro\n/run/plugin/rw.txt\n",
+        "{r:?}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "written\n");
+    assert!(!dir.join("x").exists());
+}

@@ -139,7 +139,7 @@ fn bind(dst: &str) -> Contribution {
 }
 
 fn err(plugins: Vec<Fake>, enabled: &[&str]) -> String {
-    allox_protocol::error_chain(&load(plugins, enabled).err().expect("refused"))
+    allox_protocol::error_chain(&load(plugins, enabled).expect_err("refused"))
 }
 
 #[test]

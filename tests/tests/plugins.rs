@@ -409,6 +409,8 @@ fn a_plugin_s_prefix_env_and_binds_reach_the_sandbox_in_order() {
     let dir = fs.scratch().join("ro");
     std::fs::create_dir(&dir).unwrap();
     std::fs::write(dir.join("hello"), "from the host\n").unwrap();
+    // Writable by anyone: only the read-only mount keeps the run out.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let file = fs.scratch().join("rw.txt");
     std::fs::write(&file, "").unwrap();
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();

@@ -33,8 +33,11 @@ pub enum Command {
     Ping,
     /// Stop the supervisor in order (in the guest: power the VM off).
     Shutdown,
-    /// Uptime, memory of init and supervisor, processes, unreaped orphans.
+    /// Uptime, memory of init and supervisor, processes, unreaped
+    /// orphans, loaded plugins.
     Info,
+    /// The plugins loaded (in load order) and the ones installed.
+    Plugins,
     /// Check the store: the index against the subvolumes on disk, and
     /// whether the journal holds an unfinished operation (exit status 1 if
     /// anything is out of place).
@@ -411,6 +414,7 @@ impl Command {
             C::Shutdown => call(Request::Shutdown(allox_protocol::Shutdown {})),
             C::Info => call(Request::SystemInfo(allox_protocol::SystemInfoRequest {})),
             C::Check => call(Request::StoreCheck(allox_protocol::StoreCheckRequest {})),
+            C::Plugins => call(Request::PluginList(allox_protocol::PluginListRequest {})),
             C::Agent(a) => call(match a {
                 AgentCommand::Create { agent } => Request::AgentCreate(AgentCreate::new(agent)),
                 AgentCommand::List => Request::AgentList(AgentList {}),

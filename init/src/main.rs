@@ -72,8 +72,7 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
     match cmd {
         Cmd::Supervise(args) => {
             let under_init = args.under_init;
-            let mut cfg = args.into_config(&ThisMachine)?;
-            cfg.start_tracker()?;
+            let cfg = args.into_config(&ThisMachine)?;
             let stopped = daemon::run(cfg.daemon).context("supervisor stopped")?;
             Ok(match stopped {
                 daemon::Stopped::Requested if under_init => EXIT_SHUTDOWN_REQUESTED,

@@ -5,7 +5,7 @@
 //! binary's path) comes through [`Host`], so tests pass a fake.
 
 use allox_sandbox::cgroup::{Cgroups, Limits as CgroupLimits};
-use allox_supervisor::daemon::DaemonConfig;
+use allox_supervisor::daemon::{DaemonConfig, PluginsConfig};
 use allox_supervisor::peer::PeerPolicy;
 use allox_supervisor::runs::RunsConfig;
 use allox_supervisor::server::Limits;
@@ -77,8 +77,14 @@ pub struct SuperviseArgs {
     /// `ebpf`: attribute every process of every run, in the kernel, to
     /// its agent, session and run (needs a kernel with BTF and
     /// CAP_BPF/CAP_PERFMON or CAP_SYS_ADMIN); `off`: nothing is loaded.
+    /// The same as `--plugin process-tree`.
     #[arg(long, default_value = "off", value_parser = ["off", "ebpf"])]
     pub process_tracker: String,
+    /// Load this plugin (repeatable; they load in the order given and
+    /// stop in the reverse). Installed: see `alloxctl plugins` or
+    /// docs/plugins.md. None is loaded unless named.
+    #[arg(long = "plugin", value_name = "NAME")]
+    pub plugins: Vec<String>,
     /// Most process events kept in state/events.redb; the oldest go first.
     #[arg(long, default_value_t = allox_supervisor::tracker::DEFAULT_MAX_EVENTS)]
     pub process_events_max: u64,
@@ -123,20 +129,14 @@ pub enum SuperviseError {
     NoSocket,
     #[error("--process-tracker ebpf needs process support; drop --no-processes")]
     TrackerWithoutProcesses,
+    #[error("--plugin {0} needs process support; drop --no-processes")]
+    PluginWithoutProcesses(String),
     #[error("no cgroup2 mount at /sys/fs/cgroup or /sys/fs/cgroup/unified; pass --cgroup-root or --no-processes")]
     NoCgroup2,
     #[error("cannot find this binary for the sandbox init")]
     Exe(#[source] std::io::Error),
     #[error("--default-cpu-max {0:?}: expected \"QUOTA PERIOD\" or \"max PERIOD\"")]
     CpuMax(String),
-    #[error("cannot create {}", .path.display())]
-    StateDir {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("--process-tracker ebpf")]
-    Tracker(#[source] allox_supervisor::tracker::TrackerError),
 }
 
 /// What [`SuperviseArgs::into_config`] reads from the machine.
@@ -172,34 +172,30 @@ pub fn cgroup2_mount_among(candidates: &[&Path]) -> Option<PathBuf> {
         .map(|p| p.to_path_buf())
 }
 
-/// The daemon's configuration, and the process tracker to start for it.
+/// The daemon's configuration.
 #[derive(Debug)]
 pub struct Supervise {
     pub daemon: DaemonConfig,
-    /// `--process-tracker ebpf`: where its events are kept and how many.
-    pub tracker: Option<TrackerPlan>,
-}
-
-/// The process tracker to start ([`Supervise::start_tracker`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TrackerPlan {
-    pub state_dir: PathBuf,
-    pub max_events: u64,
 }
 
 impl SuperviseArgs {
-    /// The daemon's configuration these flags ask for; the process tracker
-    /// is not started yet ([`Supervise::start_tracker`]).
+    /// The daemon's configuration these flags ask for (the plugins are
+    /// loaded, and an unknown name refused, when the daemon starts).
     pub fn into_config(self, host: &dyn Host) -> Result<Supervise, SuperviseError> {
         let (socket, virtio_ports) = listeners(&self.listen)?;
-        let tracker = match self.process_tracker.as_str() {
-            "ebpf" if self.no_processes => return Err(SuperviseError::TrackerWithoutProcesses),
-            "ebpf" => Some(TrackerPlan {
-                state_dir: self.root.join("state"),
-                max_events: self.process_events_max,
-            }),
-            _ => None,
-        };
+        // `--process-tracker ebpf` is `--plugin process-tree`, first.
+        let mut enabled = Vec::new();
+        if self.process_tracker == "ebpf" {
+            if self.no_processes {
+                return Err(SuperviseError::TrackerWithoutProcesses);
+            }
+            enabled.push(allox_supervisor::plugins::process_tree::NAME.to_string());
+        }
+        // Every plugin v1 knows of works on runs.
+        if let (true, Some(p)) = (self.no_processes, self.plugins.first()) {
+            return Err(SuperviseError::PluginWithoutProcesses(p.clone()));
+        }
+        enabled.extend(self.plugins);
         let runs = if self.no_processes {
             None
         } else {
@@ -252,28 +248,12 @@ impl SuperviseArgs {
                     uids: self.allow_uid,
                     gids: self.allow_gid,
                 },
+                plugins: PluginsConfig {
+                    enabled,
+                    process_events_max: self.process_events_max,
+                },
             },
-            tracker,
         })
-    }
-}
-
-impl Supervise {
-    /// Starts the process tracker, if one was asked for, and hands it to
-    /// the runs.
-    pub fn start_tracker(&mut self) -> Result<(), SuperviseError> {
-        let (Some(plan), Some(runs)) = (&self.tracker, &mut self.daemon.runs) else {
-            return Ok(());
-        };
-        std::fs::create_dir_all(&plan.state_dir).map_err(|source| SuperviseError::StateDir {
-            path: plan.state_dir.clone(),
-            source,
-        })?;
-        let tracker =
-            allox_supervisor::tracker::ProcessTracker::start(&plan.state_dir, plan.max_events)
-                .map_err(SuperviseError::Tracker)?;
-        runs.tracker = Some(tracker);
-        Ok(())
     }
 }
 

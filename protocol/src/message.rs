@@ -174,6 +174,12 @@ pub struct ProcessTreeRequest {
 #[serde(deny_unknown_fields)]
 pub struct SystemInfoRequest {}
 
+/// `plugin.list`: the plugins loaded, in load order, and the ones
+/// installed (compiled in), enabled or not.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PluginListRequest {}
+
 /// `store.check`: compare the index with the subvolumes on disk and say
 /// what the journal still holds (read-only).
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
@@ -522,6 +528,7 @@ requests! {
     ProcessEvents(ProcessEvents) = "process.events", mutating = false;
     ProcessTree(ProcessTreeRequest) = "process.tree", mutating = false;
     StoreCheck(StoreCheckRequest) = "store.check", mutating = false;
+    PluginList(PluginListRequest) = "plugin.list", mutating = false;
 }
 
 impl Request {
@@ -533,6 +540,7 @@ impl Request {
             | Request::AuditList(_)
             | Request::Shutdown(_)
             | Request::StoreCheck(_)
+            | Request::PluginList(_)
             | Request::SystemInfo(_) => String::new(),
             Request::ProcessStart(r) => format!("{}/{}", r.agent_id, r.session_id),
             Request::ProcessWait(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.run_id),
@@ -773,6 +781,11 @@ pub struct ProcessListing {
     /// keep the answer within its bounds.
     #[serde(default)]
     pub truncated: bool,
+    /// What plugins say about each listed run started by this supervisor
+    /// (run id → `plugin.key` → value); runs without any are left out.
+    #[serde(default)]
+    pub run_metadata:
+        std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
 }
 
 impl ProcessListing {
@@ -880,6 +893,7 @@ pub enum Response {
     ProcessEvents(ProcessEventListing),
     ProcessTree(ProcessTreeListing),
     StoreCheck(StoreCheckReport),
+    Plugins(PluginListing),
 }
 
 /// What happened to a process.
@@ -967,6 +981,41 @@ pub struct SystemInfo {
     /// Processes on the machine, and exited children PID 1 has not reaped.
     pub processes: u32,
     pub init_zombies: u32,
+    /// The plugins loaded, in load order.
+    #[serde(default)]
+    pub plugins: Vec<String>,
+}
+
+/// A loaded plugin, as `plugin.list` shows it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct PluginInfo {
+    pub name: String,
+    /// The plugin API version it declares.
+    pub api_version: u32,
+    /// The actions it serves.
+    pub routes: Vec<String>,
+    /// The plugins it cannot be loaded with.
+    pub conflicts: Vec<String>,
+}
+
+/// A plugin compiled into the supervisor.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct InstalledPlugin {
+    pub name: String,
+    pub api_version: u32,
+    /// Whether a daemon flag enabled it (`--plugin NAME`).
+    pub enabled: bool,
+    /// What it does, in a line.
+    pub summary: String,
+}
+
+/// The answer to `plugin.list`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct PluginListing {
+    /// Loaded plugins, in load order (they stop in the reverse order).
+    pub loaded: Vec<PluginInfo>,
+    /// Every plugin compiled in, by name.
+    pub installed: Vec<InstalledPlugin>,
 }
 
 /// The answer to `store.check`. The store is consistent when every list is
@@ -1031,6 +1080,7 @@ impl Response {
             Response::ProcessEvents(v) => serde_json::to_value(v),
             Response::ProcessTree(v) => serde_json::to_value(v),
             Response::StoreCheck(v) => serde_json::to_value(v),
+            Response::Plugins(v) => serde_json::to_value(v),
         };
         v.unwrap_or(serde_json::Value::Null)
     }

@@ -103,6 +103,7 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "process.events",
             "process.tree",
             "store.check",
+            "plugin.list",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {
@@ -206,4 +207,42 @@ fn every_prefix_of_a_valid_message_is_an_error_not_a_panic() {
         assert!(decode::<ClientFrame>(&p[..n]).is_err(), "prefix {n}");
     }
     assert!(decode::<ClientFrame>(&p).is_ok());
+}
+
+#[test]
+fn golden_plugin_list() {
+    let m = ClientFrame::Request(RequestEnvelope {
+        conversation: 1,
+        request_id: 2,
+        request: Request::PluginList(PluginListRequest {}),
+    });
+    // Request variant 27, no fields.
+    assert_eq!(payload(&m), [0x01, 0x01, 0x02, 0x1b]);
+    let m = ServerFrame::Response(ResponseEnvelope {
+        conversation: 1,
+        request_id: 2,
+        outcome: Outcome::Ok(Response::Plugins(PluginListing {
+            loaded: vec![PluginInfo {
+                name: "p".into(),
+                api_version: 1,
+                routes: vec!["r".into()],
+                conflicts: vec![],
+            }],
+            installed: vec![InstalledPlugin {
+                name: "p".into(),
+                api_version: 1,
+                enabled: true,
+                summary: String::new(),
+            }],
+        })),
+    });
+    // Response variant 23; loaded: 1 × ("p", 1, ["r"], []); installed:
+    // 1 × ("p", 1, true, "").
+    assert_eq!(
+        payload(&m),
+        [
+            0x02, 0x01, 0x02, 0x00, 0x17, 0x01, 0x01, b'p', 0x01, 0x01, 0x01, b'r', 0x00, 0x01,
+            0x01, b'p', 0x01, 0x01, 0x00
+        ]
+    );
 }

@@ -23,7 +23,7 @@
 #![allow(unsafe_code)]
 
 use super::seccomp;
-use super::spec::{Bind, InitStatus, SandboxSpec, SESSION_MOUNT, SHARED_MOUNT, SPEC_FD, STATUS_FD};
+use super::spec::{InitStatus, SandboxSpec, SESSION_MOUNT, SHARED_MOUNT, SPEC_FD, STATUS_FD};
 use super::{sys, tmp_sync};
 use rustix::fd::{AsFd, FromRawFd, OwnedFd};
 use rustix::mount::{self as m, MountFlags, MountPropagationFlags, UnmountFlags};
@@ -321,7 +321,7 @@ fn build_root(spec: &SandboxSpec) -> Result<(), String> {
         ),
     )?;
     // Last, the binds (the guest interface, plugins' mounts), in order.
-    mount_binds(root, &spec.binds)?;
+    super::binds::mount_all(root, &spec.binds, &spec.system_dirs)?;
     // Switch roots and drop the old one.
     sys("chdir new root", rustix::process::chdir(root))?;
     sys("pivot_root", rustix::process::pivot_root(".", "."))?;
@@ -341,84 +341,6 @@ fn build_root(spec: &SandboxSpec) -> Result<(), String> {
     )?;
     if spec.isolate_network {
         sys::loopback_up().map_err(|e| format!("bring up lo: {e}"))?;
-    }
-    Ok(())
-}
-
-/// The spec's binds, in order. Each `dst` is made on the root tmpfs (its
-/// missing parents as directories, itself as an empty file or directory
-/// like its source); a `dst` that exists already, or whose path crosses
-/// another mount (a bound host directory, /proc, /tmp, ...) or a symlink,
-/// is refused.
-fn mount_binds(root: &Path, binds: &[Bind]) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    let root_dev = std::fs::metadata(root)
-        .map_err(|e| format!("stat {}: {e}", root.display()))?
-        .dev();
-    for b in binds {
-        let bad = |why: &str| format!("bind {}: {why}", b.dst);
-        let rel = Path::new(&b.dst)
-            .strip_prefix("/")
-            .map_err(|_| bad("the target must be an absolute path"))?;
-        let parts: Vec<_> = rel.components().collect();
-        if parts.is_empty()
-            || !parts
-                .iter()
-                .all(|c| matches!(c, std::path::Component::Normal(_)))
-        {
-            return Err(bad(
-                "the target must name a path below / without '.' or '..'",
-            ));
-        }
-        let src = std::fs::metadata(&b.src)
-            .map_err(|e| bad(&format!("source {}: {e}", b.src.display())))?;
-        let mut at = root.to_path_buf();
-        for (i, part) in parts.iter().enumerate() {
-            at.push(part);
-            let last = i + 1 == parts.len();
-            match std::fs::symlink_metadata(&at) {
-                Ok(_) if last => return Err(bad("the target exists already")),
-                Ok(md) if md.is_dir() && !md.file_type().is_symlink() && md.dev() == root_dev => {}
-                Ok(_) => {
-                    return Err(bad(
-                        "the target's parents must be directories of the sandbox's own root",
-                    ))
-                }
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(bad(&format!("stat: {e}")))
-                }
-                Err(_) if !last => {
-                    std::fs::create_dir(&at).map_err(|e| bad(&format!("mkdir: {e}")))?
-                }
-                Err(_) if src.is_dir() => {
-                    std::fs::create_dir(&at).map_err(|e| bad(&format!("mkdir: {e}")))?
-                }
-                Err(_) => {
-                    std::fs::File::create(&at).map_err(|e| bad(&format!("create: {e}")))?;
-                }
-            }
-        }
-        match (src.is_dir(), b.writable) {
-            (true, false) => bind_ro(&b.src, &at)?,
-            (_, true) => bind_rw(&b.src, &at)?,
-            (false, false) => {
-                sys(
-                    &format!("bind {}", b.src.display()),
-                    m::mount_bind(&b.src, &at),
-                )?;
-                sys(
-                    &format!("remount {} read-only", b.dst),
-                    m::mount_remount(
-                        &at,
-                        MountFlags::BIND
-                            | MountFlags::RDONLY
-                            | MountFlags::NOSUID
-                            | MountFlags::NODEV,
-                        "",
-                    ),
-                )?;
-            }
-        }
     }
     Ok(())
 }

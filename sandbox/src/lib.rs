@@ -12,6 +12,7 @@
 //! holds the raw system calls rustix does not wrap (also used by the
 //! guest's PID 1 to bring up `lo`).
 
+pub mod binds;
 pub mod cgroup;
 pub mod init;
 pub mod seccomp;

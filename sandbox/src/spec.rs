@@ -40,7 +40,8 @@ pub struct SandboxSpec {
     /// `current/.allox-tmp/` on normal exit; 0 turns the copy off.
     pub tmp_sync_cap: u64,
     /// Host files and directories made visible inside, mounted after
-    /// everything else, in order.
+    /// everything else, in order (the guest interface's, then plugins'; see
+    /// [`crate::binds`]).
     pub binds: Vec<Bind>,
 }
 

@@ -2,6 +2,7 @@
 
 use crate::guest::{GuestService, NoRoutes};
 use crate::peer::PeerPolicy;
+use crate::plugins::{self, PluginError, Plugins, Settings};
 use crate::runs::{RunError, Runs, RunsConfig};
 use crate::server::{serve_unix, Limits};
 use crate::supervisor::{Policy, Supervisor};
@@ -25,6 +26,16 @@ pub struct DaemonConfig {
     pub runs: Option<RunsConfig>,
     /// Who besides root and the daemon's user may use the socket.
     pub peers: PeerPolicy,
+    /// Which plugins to load, and their settings.
+    pub plugins: PluginsConfig,
+}
+
+/// The plugins a daemon loads (`--plugin NAME`, in order).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PluginsConfig {
+    pub enabled: Vec<String>,
+    /// `--process-events-max`.
+    pub process_events_max: u64,
 }
 
 #[derive(Debug, Error)]
@@ -45,6 +56,8 @@ pub enum DaemonError {
     Guest(#[source] crate::guest::GuestError),
     #[error("cannot start the async runtime")]
     Runtime(#[source] std::io::Error),
+    #[error(transparent)]
+    Plugins(#[from] PluginError),
 }
 
 /// Why the daemon stopped.
@@ -62,9 +75,28 @@ pub enum Stopped {
 /// its successor), flushes the store and returns.
 pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     let t0 = std::time::Instant::now();
-    let store = Store::open_or_read_only(&cfg.root, Failpoints::from_env(), cfg.store.clone())
+    let failpoints = Failpoints::from_env();
+    let store = Store::open_or_read_only(&cfg.root, failpoints.clone(), cfg.store.clone())
         .map_err(DaemonError::Store)?;
     tracing::debug!(ms = t0.elapsed().as_millis() as u64, "store open");
+    // Loaded and started before the runs, which tell them of the runs an
+    // earlier supervisor left; stopped in the reverse order when `_running`
+    // goes, on every path out of here.
+    let system_dirs = cfg
+        .runs
+        .as_ref()
+        .map(|r| r.system_dirs.clone())
+        .unwrap_or_default();
+    let plugins = Arc::new(Plugins::load(
+        plugins::installed(),
+        &cfg.plugins.enabled,
+        &system_dirs,
+        failpoints,
+    )?);
+    let _running = plugins.start_guarded(&Settings {
+        state_dir: cfg.root.join("state"),
+        process_events_max: cfg.plugins.process_events_max,
+    })?;
     // Many runs mean many descriptors; and the supervisor must be the last
     // thing the OOM killer picks.
     let nofile = raise_nofile();
@@ -82,9 +114,9 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
             // PID 1 of the run's PID namespace, which reaps them. Nothing
             // here waits for unknown children (docs/sandbox.md).
             let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
-            Some(Arc::new(
-                Runs::new(rc.clone()).map_err(DaemonError::Processes)?,
-            ))
+            let mut rc = rc.clone();
+            rc.plugins = plugins.clone();
+            Some(Arc::new(Runs::new(rc).map_err(DaemonError::Processes)?))
         }
         None => None,
     };
@@ -92,7 +124,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         ms = t0.elapsed().as_millis() as u64,
         "process support ready"
     );
-    let sup = Arc::new(Supervisor::new(store, cfg.policy.clone(), runs));
+    let sup = Arc::new(Supervisor::new(store, cfg.policy.clone(), runs, plugins));
     // The guest interface: a listener per run, in a directory of its own
     // beside the control socket.
     let guest = match &sup.runs {

@@ -1,17 +1,16 @@
 //! From a decoded request to its answer: one arm per action, calling the
-//! store, the runs and the process tracker. Admission and the audit record
+//! store, the runs and the plugins (the process tracker's routes). Admission and the audit record
 //! are the [`Supervisor`]'s.
 
 use crate::error::RequestError;
-use crate::runs::{EventSink, FenceScope, RunError, Runs, SessionPaths};
+use crate::plugins::RouteContext;
+use crate::runs::{EventSink, FenceScope, RunError, SessionPaths};
 use crate::supervisor::Supervisor;
-use crate::tracker::{ProcessTracker, TrackerError};
 use allox_protocol::{
-    AgentListing, Killed, Pong, ProcessEvents, Request, Response, SessionListing, SessionRollback,
+    AgentListing, Killed, Pong, Request, Response, SessionListing, SessionRollback,
     PROTOCOL_VERSION,
 };
 use allox_store::StoreError;
-use std::sync::Arc;
 
 impl Supervisor {
     pub(crate) async fn answer_process(
@@ -64,47 +63,13 @@ impl Supervisor {
                     .await?,
                 ))
             }
-            Request::ProcessEvents(q) => {
-                let t = tracker(runs)?;
-                if !q.follow {
-                    return Ok(Response::ProcessEvents(t.store.query(q, t.lost())?));
-                }
-                let Some(sink) = events else {
-                    return Err(RequestError::FollowNeedsStream);
+            // The plugins' routes (the process tracker's).
+            Request::ProcessEvents(_) | Request::ProcessTree(_) => {
+                let ctx = RouteContext {
+                    store: &self.store,
+                    events,
                 };
-                let mut cursor = q.cursor;
-                loop {
-                    let page = t.store.query(
-                        &ProcessEvents {
-                            cursor,
-                            follow: false,
-                            ..q.clone()
-                        },
-                        t.lost(),
-                    )?;
-                    for e in page.events {
-                        if sink.send(allox_protocol::Event::Process(e)).await.is_err() {
-                            // The subscriber is gone.
-                            return Err(RequestError::SubscriberGone);
-                        }
-                    }
-                    cursor = Some(page.next_cursor);
-                    if sink.is_closed() {
-                        return Err(RequestError::SubscriberGone);
-                    }
-                    t.store
-                        .wait_newer(page.next_cursor, std::time::Duration::from_secs(1))
-                        .await;
-                }
-            }
-            Request::ProcessTree(q) => {
-                let t = tracker(runs)?;
-                session(&q.agent_id, &q.session_id)?;
-                Ok(Response::ProcessTree(t.store.tree(
-                    &q.agent_id,
-                    &q.session_id,
-                    q.run_id.as_deref(),
-                )?))
+                self.plugins.serve(req, ctx).await
             }
             _ => Err(RequestError::NotProcess),
         }
@@ -113,7 +78,8 @@ impl Supervisor {
     pub(crate) fn answer(&self, req: &Request) -> Result<Response, RequestError> {
         let st = &self.store;
         Ok(match req {
-            Request::SystemInfo(_) => Response::System(system_info()),
+            Request::SystemInfo(_) => Response::System(system_info(self.plugins.names())),
+            Request::PluginList(_) => Response::Plugins(self.plugins.listing()),
             Request::Shutdown(_) => {
                 tracing::info!("system.shutdown requested");
                 self.stop.request();
@@ -309,12 +275,8 @@ impl Supervisor {
     }
 }
 
-fn tracker(runs: &Runs) -> Result<&Arc<ProcessTracker>, TrackerError> {
-    runs.config().tracker.as_ref().ok_or(TrackerError::Off)
-}
-
 /// What `system.info` reports, read from /proc.
-fn system_info() -> allox_protocol::SystemInfo {
+fn system_info(plugins: Vec<String>) -> allox_protocol::SystemInfo {
     let rss = |pid: &str| -> u64 {
         std::fs::read_to_string(format!("/proc/{pid}/status"))
             .ok()
@@ -362,5 +324,6 @@ fn system_info() -> allox_protocol::SystemInfo {
         supervisor_rss_kib: rss("self"),
         processes,
         init_zombies,
+        plugins,
     }
 }

@@ -1,5 +1,6 @@
 //! Why a request failed, mapped once to what the client sees.
 
+use crate::plugins::PluginError;
 use crate::runs::RunError;
 use crate::tracker::TrackerError;
 use allox_protocol::{ErrorBody, ErrorCode};
@@ -16,6 +17,8 @@ pub enum RequestError {
     Runs(#[from] RunError),
     #[error(transparent)]
     Tracker(#[from] TrackerError),
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
     #[error("{action} refused: {why}")]
     Refused { action: &'static str, why: String },
     #[error(
@@ -40,6 +43,7 @@ impl RequestError {
             RequestError::Store(e) => e.code(),
             RequestError::Runs(e) => e.code(),
             RequestError::Tracker(e) => e.code(),
+            RequestError::Plugin(e) => e.code(),
             RequestError::Refused { .. } | RequestError::SubscriberGone => ErrorCode::Unavailable,
             RequestError::FollowNeedsStream => ErrorCode::InvalidRequest,
             RequestError::Asynchronous => ErrorCode::Unsupported,

@@ -3,6 +3,7 @@
 //! and audits it.
 
 use crate::error::RequestError;
+use crate::plugins::Plugins;
 use crate::runs::{EventSink, RunError, Runs};
 use allox_protocol::{ErrorBody, ErrorCode, Request, Response};
 use allox_store::audit::Entry;
@@ -52,15 +53,23 @@ pub struct Supervisor {
     pub policy: Policy,
     /// Process support; `None` when the daemon runs without it.
     pub runs: Option<Arc<Runs>>,
+    /// The loaded plugins (`plugin.list`, their routes).
+    pub plugins: Arc<Plugins>,
     pub stop: Stop,
 }
 
 impl Supervisor {
-    pub fn new(store: Store, policy: Policy, runs: Option<Arc<Runs>>) -> Self {
+    pub fn new(
+        store: Store,
+        policy: Policy,
+        runs: Option<Arc<Runs>>,
+        plugins: Arc<Plugins>,
+    ) -> Self {
         Supervisor {
             store,
             policy,
             runs,
+            plugins,
             stop: Stop::default(),
         }
     }
@@ -200,7 +209,7 @@ impl Supervisor {
 }
 
 /// The message a panic carried.
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     match payload.downcast::<String>() {
         Ok(s) => *s,
         Err(p) => p

@@ -5,6 +5,7 @@
 
 mod events;
 pub use events::process_event;
+mod plugins;
 mod process;
 mod table;
 mod time;
@@ -56,7 +57,7 @@ pub fn render(response: &Response) -> String {
             }
         }
         Response::System(i) => format!(
-            "uptime:          {}.{:03} s\nsupervisor:      pid {}{}\ninit RSS:        {} KiB\nsupervisor RSS:  {} KiB\nprocesses:       {}\nunreaped by init: {}\n",
+            "uptime:          {}.{:03} s\nsupervisor:      pid {}{}\ninit RSS:        {} KiB\nsupervisor RSS:  {} KiB\nprocesses:       {}\nunreaped by init: {}\n{}",
             i.uptime_ms / 1000,
             i.uptime_ms % 1000,
             i.supervisor_pid,
@@ -64,8 +65,10 @@ pub fn render(response: &Response) -> String {
             i.init_rss_kib,
             i.supervisor_rss_kib,
             i.processes,
-            i.init_zombies
+            i.init_zombies,
+            plugins::loaded_line(&i.plugins)
         ),
+        Response::Plugins(l) => plugins::plugins(l),
         Response::StoreCheck(r) => store_check(r),
         Response::ProcessEvents(l) => {
             let mut out = String::new();

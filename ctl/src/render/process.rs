@@ -81,6 +81,13 @@ pub(super) fn processes(l: &ProcessListing) -> String {
         ]);
     }
     let mut out = t.render();
+    for (run, meta) in &l.run_metadata {
+        let pairs: Vec<String> = meta
+            .iter()
+            .map(|(k, v)| format!("{}={}", clean(k), clean(v)))
+            .collect();
+        out.push_str(&format!("run {}: {}\n", clean(run), pairs.join(" ")));
+    }
     if l.truncated {
         out.push_str("note: more processes are not listed (the answer's limit)\n");
     }
@@ -203,6 +210,11 @@ note: output was truncated at the capture limit
                 },
             ],
             truncated: true,
+            run_metadata: [(
+                "r1".to_string(),
+                [("process-tree.tracked".to_string(), "ebpf".to_string())].into(),
+            )]
+            .into(),
         };
         assert_eq!(
             render(&Response::Processes(l)),
@@ -210,12 +222,14 @@ note: output was truncated at the capture limit
 PID   PPID  RUN  STARTED              COMMAND
 7     1     r1   2024-01-01 00:00:00  sh -c echo hi\\nrm -rf x
 1234  7     -    2024-01-01 00:00:05  sleep\\u{1b}]0;pwned\\u{7} 10 …
+run r1: process-tree.tracked=ebpf
 note: more processes are not listed (the answer's limit)
 "
         );
         let empty = ProcessListing {
             processes: vec![],
             truncated: false,
+            run_metadata: Default::default(),
         };
         assert_eq!(render(&Response::Processes(empty)), "no processes\n");
     }

@@ -49,7 +49,7 @@ fn defaults_serve_the_standard_socket_with_processes() {
     assert_eq!(d.limits.frame, Duration::from_secs(30));
     assert_eq!(d.limits.inflight, Limits::default().inflight);
     assert_eq!(d.peers, PeerPolicy::default());
-    assert!(s.tracker.is_none());
+    assert!(d.plugins.enabled.is_empty(), "no plugin unless named");
     let rc = d.runs.as_ref().expect("process support is on by default");
     assert_eq!(rc.cgroup_mount, Path::new("/sys/fs/cgroup"));
     assert_eq!(rc.init_exe, Path::new("/usr/bin/allox-init"));
@@ -58,7 +58,7 @@ fn defaults_serve_the_standard_socket_with_processes() {
     assert!(!rc.isolate_network);
     assert_eq!(rc.limits, CgroupLimits::default());
     assert_eq!(rc.total, CgroupLimits::default());
-    assert!(rc.tracker.is_none());
+    assert!(rc.plugins.is_empty());
     assert_eq!(
         rc.finished.output_budget,
         RunsConfig::DEFAULT_FINISHED_OUTPUT_BUDGET
@@ -127,11 +127,11 @@ fn the_guest_init_s_flags_map_to_the_daemon_s_config() {
     assert_eq!(d.peers.uids, [1000, 1001]);
     assert_eq!(d.peers.gids, [50]);
     assert_eq!(
-        s.tracker,
-        Some(TrackerPlan {
-            state_dir: PathBuf::from("/store/state"),
-            max_events: 99
-        })
+        d.plugins,
+        PluginsConfig {
+            enabled: vec!["process-tree".into()],
+            process_events_max: 99
+        }
     );
     let rc = d.runs.as_ref().unwrap();
     assert_eq!(rc.cgroup_mount, Path::new("/cg"));
@@ -164,7 +164,7 @@ fn store_only_needs_no_cgroup_mount() {
         .into_config(&FakeHost { cgroup2: None })
         .unwrap();
     assert!(s.daemon.runs.is_none());
-    assert!(s.tracker.is_none());
+    assert!(s.daemon.plugins.enabled.is_empty());
     let e = parse(&[])
         .into_config(&FakeHost { cgroup2: None })
         .unwrap_err();
@@ -179,6 +179,10 @@ fn bad_combinations_name_the_flag() {
     assert_eq!(
         err(&["--no-processes", "--process-tracker", "ebpf"]),
         "--process-tracker ebpf needs process support; drop --no-processes"
+    );
+    assert_eq!(
+        err(&["--no-processes", "--plugin", "process-tree"]),
+        "--plugin process-tree needs process support; drop --no-processes"
     );
     assert_eq!(
         err(&["--listen", "unix:/a", "--listen", "unix:/b"]),
@@ -224,4 +228,20 @@ fn the_cgroup2_mount_is_the_first_candidate_with_both_files() {
     std::fs::write(unified.join("cgroup.procs"), "").unwrap();
     std::fs::write(unified.join("cgroup.subtree_control"), "").unwrap();
     assert_eq!(cgroup2_mount_among(&[&v1, &unified]), Some(unified));
+}
+
+#[test]
+fn plugins_load_in_flag_order_with_the_tracker_alias_first() {
+    let s = config(&[
+        "--plugin",
+        "b",
+        "--process-tracker",
+        "ebpf",
+        "--plugin",
+        "a",
+    ])
+    .unwrap();
+    assert_eq!(s.daemon.plugins.enabled, ["process-tree", "b", "a"]);
+    let s = config(&["--plugin", "process-tree"]).unwrap();
+    assert_eq!(s.daemon.plugins.enabled, ["process-tree"]);
 }

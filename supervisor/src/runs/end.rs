@@ -116,4 +116,9 @@ pub(super) async fn reap(runs: Arc<Runs>, run: Arc<Run>) {
         }
     })
     .await;
+    runs.cfg.plugins.after_run(&crate::plugins::RunRef {
+        agent: &run.agent,
+        session: &run.session,
+        run: &run.id,
+    });
 }

@@ -2,7 +2,7 @@
 //! mapped to one protocol error code.
 
 use super::validate::Refused;
-use crate::tracker::TrackerError;
+use crate::plugins::PluginError;
 use allox_protocol::{ErrorBody, ErrorCode, IdError};
 use allox_sandbox::cgroup::CgroupError;
 use allox_sandbox::SandboxError;
@@ -61,8 +61,10 @@ pub enum RunError {
     StillGoing(Duration),
     #[error("the run's monitor stopped")]
     MonitorStopped,
-    #[error("run not started: the process tracker cannot follow it")]
-    Untracked(#[source] TrackerError),
+    /// A plugin refused the run, or the plugins' contributions to it
+    /// clash.
+    #[error("run not started")]
+    Plugin(#[source] PluginError),
     #[error("cannot start the sandbox")]
     Spawn(#[source] SandboxError),
     /// A cgroup operation: creating, killing, removing.
@@ -148,7 +150,7 @@ impl RunError {
             },
             Config(_)
             | MonitorStopped
-            | Untracked(_)
+            | Plugin(_)
             | Io { .. }
             | Pipe(_)
             | Dup(_)

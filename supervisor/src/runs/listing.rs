@@ -28,11 +28,25 @@ impl Runs {
             .into_iter()
             .filter(|&p| procfs::ppid(p).is_some_and(|pp| set.contains(&pp)))
             .filter_map(procfs::info);
-        bounded(
+        let mut l = bounded(
             infos,
             ProcessListing::MAX_ENTRIES,
             ProcessListing::MAX_BYTES,
-        )
+        );
+        // What the plugins said about each listed run (a few short pairs
+        // a run: well inside the frame the bounds leave room for).
+        let table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        for run in l.processes.iter().filter_map(|p| p.run_id.as_deref()) {
+            match table.get(&super::key(a, s, run)) {
+                Some(r) if !r.metadata.is_empty() => {
+                    l.run_metadata
+                        .entry(run.to_string())
+                        .or_insert_with(|| r.metadata.iter().cloned().collect());
+                }
+                _ => {}
+            }
+        }
+        l
     }
 
     /// How many of the session's processes are the agent's (the sandbox
@@ -95,6 +109,7 @@ pub fn bounded(
             return ProcessListing {
                 processes,
                 truncated: true,
+                run_metadata: Default::default(),
             };
         }
         bytes += size;
@@ -103,6 +118,7 @@ pub fn bounded(
     ProcessListing {
         processes,
         truncated: false,
+        run_metadata: Default::default(),
     }
 }
 

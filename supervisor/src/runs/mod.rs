@@ -33,6 +33,7 @@ pub use attach::{Attachment, RunIdentity, RunServices};
 pub use error::{ConfigError, RunError};
 pub use fence::{Fence, FenceScope};
 
+use crate::plugins::{Plugins, RunRef};
 use allox_protocol::{Event, RunResult};
 use allox_sandbox::cgroup::{Cgroups, Limits};
 use fence::Fences;
@@ -72,9 +73,10 @@ pub struct RunsConfig {
     pub total: Limits,
     /// Give every sandbox its own network namespace with only loopback.
     pub isolate_network: bool,
-    /// The eBPF process tracker, when it is on: every run's cgroup is
-    /// tagged with it before the run's first process exists.
-    pub tracker: Option<Arc<crate::tracker::ProcessTracker>>,
+    /// The loaded plugins: asked before each run (its cgroup exists,
+    /// empty), their contributions merged into its sandbox, told when it
+    /// ends. None by default.
+    pub plugins: Arc<Plugins>,
     /// How many finished runs are kept for `process.wait`, how long, and
     /// how much of their output.
     pub finished: Retention,
@@ -105,7 +107,7 @@ impl RunsConfig {
             limits: Limits::default(),
             total: Limits::default(),
             isolate_network: false,
-            tracker: None,
+            plugins: Arc::new(Plugins::none()),
             finished: Retention::default(),
         }
     }
@@ -143,6 +145,8 @@ struct Run {
     /// What the run's services made for it; dropped once the init is
     /// reaped.
     attached: Mutex<Option<Box<dyn Send + Sync>>>,
+    /// What the plugins say about it (`plugin.key`, value).
+    metadata: Vec<(String, String)>,
 }
 
 /// Everything a session's workspace paths are, for one start.
@@ -197,7 +201,7 @@ impl Runs {
             path: cfg.init_exe.clone(),
             source: e.into(),
         })?;
-        adopt(&cgroups, cfg.tracker.as_deref());
+        adopt(&cgroups, &cfg.plugins);
         Ok(Runs {
             finished: Mutex::new(Finished::new(cfg.finished)),
             cfg,
@@ -280,9 +284,9 @@ impl Runs {
     }
 }
 
-/// Runs left by an earlier supervisor stay (and are followed by the
-/// tracker from now on); only empty cgroups go.
-fn adopt(cgroups: &Cgroups, tracker: Option<&crate::tracker::ProcessTracker>) {
+/// Runs left by an earlier supervisor stay (and the plugins hear of them:
+/// the tracker follows them from now on); only empty cgroups go.
+fn adopt(cgroups: &Cgroups, plugins: &Plugins) {
     if let Ok(agents) = std::fs::read_dir(cgroups.base()) {
         for a in agents.flatten() {
             for s in std::fs::read_dir(a.path()).into_iter().flatten().flatten() {
@@ -292,7 +296,7 @@ fn adopt(cgroups: &Cgroups, tracker: Option<&crate::tracker::ProcessTracker>) {
                     }
                     if !cgroups.populated(&r.path()) {
                         let _ = cgroups.remove(&r.path());
-                    } else if let Some(t) = tracker {
+                    } else if !plugins.is_empty() {
                         // A run of an earlier supervisor: what its
                         // processes do from now on is attributed too.
                         let (an, sn) = (a.file_name(), s.file_name());
@@ -301,12 +305,14 @@ fn adopt(cgroups: &Cgroups, tracker: Option<&crate::tracker::ProcessTracker>) {
                         let run = run.strip_prefix("run-").unwrap_or(&run);
                         if let Ok(md) = std::fs::metadata(r.path()) {
                             use std::os::unix::fs::MetadataExt;
-                            let _ = t.tag_run(
-                                &an.to_string_lossy(),
-                                &sn.to_string_lossy(),
+                            let (agent, session) = (an.to_string_lossy(), sn.to_string_lossy());
+                            let run = RunRef {
+                                agent: &agent,
+                                session: &session,
                                 run,
-                                md.ino(),
-                            );
+                            };
+                            // The cgroup's id is its directory's inode.
+                            plugins.adopt_run(&run, md.ino());
                         }
                     }
                 }

@@ -8,6 +8,7 @@
 
 use super::output::{Capture, Readers};
 use super::{end, key, validate, EventSink, Run, RunError, Runs, SessionPaths};
+use crate::plugins::RunRef;
 use allox_protocol::{Event, ProcessStart, RunResult, RunStarted, StreamKind};
 use allox_sandbox::SandboxSpec;
 use std::path::Path;
@@ -56,12 +57,22 @@ impl Runs {
     ) -> Result<allox_protocol::Response, RunError> {
         let (a, s) = (p.agent_id.as_str(), p.session_id.as_str());
         let cwd = validate::check(&p.argv, &p.env, p.cwd.as_deref())?;
+        let id = self.new_run_id();
+        let run_ref = RunRef {
+            agent: a,
+            session: s,
+            run: &id,
+        };
+        let added = self
+            .cfg
+            .plugins
+            .contributions(&run_ref)
+            .map_err(RunError::Plugin)?;
         if let Some(dir) = p.cwd.as_deref() {
             if !paths.current.join(dir).is_dir() {
                 return Err(RunError::NoCwd(dir.to_string()));
             }
         }
-        let id = self.new_run_id();
         // The guest interface's listener (and what else is attached to
         // every run): released when the run's sandbox is gone, or at once
         // if the start fails (the guard is dropped).
@@ -79,23 +90,37 @@ impl Runs {
             .chain(attached.path.iter().map(String::as_str))
             .collect::<Vec<_>>()
             .join(":");
+        // The core's binds first, then the plugins'.
+        let binds: Vec<_> = attached.binds.iter().chain(&added.binds).cloned().collect();
+        // A plugin's prefix (a wrapper) comes first on the command line.
+        let argv: Vec<String> = added.prefix.iter().chain(&p.argv).cloned().collect();
         let program = validate::resolve(
-            &p.argv[0],
+            &argv[0],
             &cwd,
             &paths.current,
             &self.cfg.system_dirs,
             &validate::Lookup {
                 path: &path,
-                binds: &attached.binds,
+                binds: &binds,
             },
         )?;
         self.check_fence(a, s)?;
         self.cgroups.ensure_session(a, s, &self.cfg.limits)?;
         let cg = self.cgroups.create_run(a, s, &id)?;
-        if let Some(t) = &self.cfg.tracker {
-            if let Err(e) = t.tag_run_cgroup(a, s, &id, &cg) {
+        if !self.cfg.plugins.is_empty() {
+            // The cgroup's id is its directory's inode number.
+            let told = rustix::fs::fstat(&cg)
+                .map_err(|e| RunError::Io {
+                    op: "stat",
+                    path: self.cgroups.run_dir(a, s, &id),
+                    source: e.into(),
+                })
+                .and_then(|st| {
+                    (self.cfg.plugins.before_run(&run_ref, st.st_ino)).map_err(RunError::Plugin)
+                });
+            if let Err(e) = told {
                 let _ = self.cgroups.remove(&self.cgroups.run_dir(a, s, &id));
-                return Err(RunError::Untracked(e));
+                return Err(e);
             }
         }
         let mut env = vec![
@@ -118,14 +143,15 @@ impl Runs {
             ("ALLOX_SESSION_ID".to_string(), s.to_string()),
             ("ALLOX_RUN_ID".to_string(), id.clone()),
         ];
-        let binds = attached.binds;
-        for (k, v) in &p.env {
+        // The plugins' variables, then the request's, each replacing what
+        // was there.
+        for (k, v) in added.env.iter().map(|(k, v)| (k, v)).chain(&p.env) {
             env.retain(|(ek, _)| ek != k);
             env.push((k.clone(), v.clone()));
         }
         let spec = SandboxSpec {
             program,
-            argv: p.argv.clone(),
+            argv,
             env,
             cwd,
             uid: self.cfg.uid,
@@ -150,6 +176,7 @@ impl Runs {
             Ok(sp) => sp,
             Err(e) => {
                 let _ = self.cgroups.remove(&self.cgroups.run_dir(a, s, &id));
+                self.cfg.plugins.after_run(&run_ref);
                 return Err(RunError::Spawn(e));
             }
         };
@@ -170,6 +197,7 @@ impl Runs {
                 let _ = cg.remove(&dir);
             })
             .await;
+            self.cfg.plugins.after_run(&run_ref);
             return Err(e);
         }
         let stdin =
@@ -184,6 +212,7 @@ impl Runs {
             result: tx,
             timed_out: AtomicBool::new(false),
             attached: Mutex::new(Some(attached.guard)),
+            metadata: added.metadata,
         });
         self.table
             .lock()

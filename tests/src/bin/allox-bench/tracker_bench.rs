@@ -7,8 +7,8 @@ use allox_integration::{cgroup2_mount, workspace_bin, BtrfsFs};
 use allox_protocol::{ProcessStart, Response};
 use allox_store::failpoint::Failpoints;
 use allox_store::Store;
+use allox_supervisor::plugins::{process_tree::ProcessTree, Plugin, Plugins, Settings};
 use allox_supervisor::runs::{Runs, RunsConfig, SessionPaths};
-use allox_supervisor::tracker::ProcessTracker;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,9 +50,21 @@ fn bench(fs: &BtrfsFs, cg: &std::path::Path, quick: bool) -> anyhow::Result<()> 
     let stats = allox_ebpf_probes::enable_stats().map_err(|e| anyhow::anyhow!("{e}"))?;
     let state = fs.scratch().join("tracker-state");
     std::fs::create_dir_all(&state)?;
-    let tracker = ProcessTracker::start(&state, 10_000_000)?;
+    // The tracker as the daemon runs it: the process-tree plugin.
+    let plugin = Arc::new(ProcessTree::new());
+    let plugins = Arc::new(Plugins::load(
+        vec![plugin.clone() as Arc<dyn Plugin>],
+        &[allox_supervisor::plugins::process_tree::NAME.to_string()],
+        &[],
+        Failpoints::default(),
+    )?);
+    let _running = plugins.start_guarded(&Settings {
+        state_dir: state.clone(),
+        process_events_max: 10_000_000,
+    })?;
+    let tracker = plugin.tracker()?;
     let mut on_cfg = RunsConfig::new(cg.join("on"), exe, fs.scratch().join("stage-on"));
-    on_cfg.tracker = Some(tracker.clone());
+    on_cfg.plugins = plugins.clone();
     let on = Arc::new(Runs::new(on_cfg)?);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -1,0 +1,114 @@
+//! Plugins: the loaded ones in load order, then every installed one.
+
+use super::table::{clean, Table};
+use allox_protocol::PluginListing;
+
+/// `alloxctl plugins`.
+pub(super) fn plugins(l: &PluginListing) -> String {
+    let mut out = String::new();
+    if l.loaded.is_empty() {
+        out.push_str("no plugins loaded\n");
+    } else {
+        out.push_str("loaded, in load order (stopped in the reverse):\n");
+        let mut t = Table::with_header(&["#", "NAME", "API", "ROUTES", "CONFLICTS"]);
+        for (i, p) in l.loaded.iter().enumerate() {
+            let list = |v: &[String]| match v.is_empty() {
+                true => "-".to_string(),
+                false => clean(&v.join(", ")),
+            };
+            t.row(vec![
+                (i + 1).to_string(),
+                clean(&p.name),
+                format!("v{}", p.api_version),
+                list(&p.routes),
+                list(&p.conflicts),
+            ]);
+        }
+        out.push_str(&t.render());
+    }
+    out.push_str("installed:\n");
+    let mut t = Table::with_header(&["NAME", "API", "ENABLED", "WHAT"]);
+    for p in &l.installed {
+        t.row(vec![
+            clean(&p.name),
+            format!("v{}", p.api_version),
+            if p.enabled { "yes" } else { "no" }.into(),
+            clean(&p.summary),
+        ]);
+    }
+    out.push_str(&t.render());
+    out
+}
+
+/// The `plugins:` line of `alloxctl info`.
+pub(super) fn loaded_line(names: &[String]) -> String {
+    let names = match names.is_empty() {
+        true => "none".to_string(),
+        false => clean(&names.join(", ")),
+    };
+    format!("plugins:         {names}\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::render;
+    use allox_protocol::{InstalledPlugin, PluginInfo, PluginListing, Response, SystemInfo};
+
+    #[test]
+    fn loaded_plugins_come_in_load_order_then_the_installed_ones() {
+        let l = PluginListing {
+            loaded: vec![PluginInfo {
+                name: "process-tree".into(),
+                api_version: 1,
+                routes: vec!["process.events".into(), "process.tree".into()],
+                conflicts: vec![],
+            }],
+            installed: vec![
+                InstalledPlugin {
+                    name: "process-tree".into(),
+                    api_version: 1,
+                    enabled: true,
+                    summary: "tracks".into(),
+                },
+                InstalledPlugin {
+                    name: "x\u{1b}".into(),
+                    api_version: 1,
+                    enabled: false,
+                    summary: String::new(),
+                },
+            ],
+        };
+        assert_eq!(
+            render(&Response::Plugins(l)),
+            "loaded, in load order (stopped in the reverse):\n\
+             #  NAME          API  ROUTES                        CONFLICTS\n\
+             1  process-tree  v1   process.events, process.tree  -\n\
+             installed:\n\
+             NAME          API  ENABLED  WHAT\n\
+             process-tree  v1   yes      tracks\n\
+             x\\u{1b}       v1   no\n"
+        );
+        let none = PluginListing {
+            loaded: vec![],
+            installed: vec![],
+        };
+        assert!(render(&Response::Plugins(none)).starts_with("no plugins loaded\n"));
+    }
+
+    #[test]
+    fn info_names_the_loaded_plugins() {
+        let mut i = SystemInfo {
+            uptime_ms: 1500,
+            supervisor_pid: 7,
+            under_init: false,
+            init_rss_kib: 1,
+            supervisor_rss_kib: 2,
+            processes: 3,
+            init_zombies: 0,
+            plugins: vec![],
+        };
+        assert!(render(&Response::System(i.clone())).ends_with("plugins:         none\n"));
+        i.plugins = vec!["process-tree".into(), "b".into()];
+        assert!(render(&Response::System(i)).ends_with("plugins:         process-tree, b\n"));
+    }
+}

@@ -1,0 +1,200 @@
+//! Host files and directories bound into the sandbox ([`Bind`]): which
+//! targets are allowed ([`check`]), and the mounts themselves
+//! ([`mount_all`], called by the sandbox init after every other mount,
+//! before the root is switched).
+//!
+//! A target must be an absolute, normalised path that neither falls inside
+//! nor covers anything the sandbox builds itself: the workspace
+//! (`/allox`, with the session and the shared mounts), `/proc`, `/dev`,
+//! `/tmp` and the system directories. Nor may it fall inside (or repeat)
+//! an earlier bind's target. So a bind's parents are always created on the
+//! sandbox's own tmpfs root, never on a host directory bound into it.
+
+use crate::spec::{Bind, WORKSPACE_MOUNT};
+use rustix::mount::{self as m, MountFlags};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// Targets the sandbox mounts itself, besides the system directories.
+pub const RESERVED: &[&str] = &[WORKSPACE_MOUNT, "/proc", "/dev", "/tmp"];
+
+/// Why a bind's target is refused; each names the target.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum BindError {
+    #[error("bind target {0:?} is not an absolute path")]
+    NotAbsolute(String),
+    #[error("bind target {0:?} is not normalised (empty, `.` or `..` component, or a NUL)")]
+    NotNormal(String),
+    #[error("bind target {dst:?} would cover or fall inside {reserved}, which the sandbox mounts itself")]
+    Reserved { dst: String, reserved: String },
+    #[error("bind target {dst:?} falls inside or repeats the earlier bind target {earlier:?}")]
+    Overlaps { dst: String, earlier: String },
+}
+
+/// Whether `inner` is `outer` or below it (component-wise).
+fn within(inner: &Path, outer: &Path) -> bool {
+    inner.starts_with(outer)
+}
+
+/// Checks every target, in order, against the sandbox's own mounts and
+/// `system_dirs` and against the earlier binds.
+pub fn check(binds: &[Bind], system_dirs: &[PathBuf]) -> Result<(), BindError> {
+    let mut earlier: Vec<&Path> = Vec::new();
+    for b in binds {
+        let dst = &b.dst;
+        if !dst.starts_with('/') {
+            return Err(BindError::NotAbsolute(dst.clone()));
+        }
+        let normal = dst.len() > 1
+            && !dst.contains('\0')
+            && dst[1..]
+                .split('/')
+                .all(|c| !c.is_empty() && c != "." && c != "..");
+        if !normal {
+            return Err(BindError::NotNormal(dst.clone()));
+        }
+        let p = Path::new(dst);
+        let reserved = RESERVED
+            .iter()
+            .map(PathBuf::from)
+            .chain(system_dirs.iter().cloned());
+        for r in reserved {
+            if within(p, &r) || within(&r, p) {
+                return Err(BindError::Reserved {
+                    dst: dst.clone(),
+                    reserved: r.display().to_string(),
+                });
+            }
+        }
+        if let Some(e) = earlier.iter().find(|e| within(p, e) || within(e, p)) {
+            return Err(BindError::Overlaps {
+                dst: dst.clone(),
+                earlier: e.display().to_string(),
+            });
+        }
+        earlier.push(p);
+    }
+    Ok(())
+}
+
+/// Mounts the binds on the new root at `root`, in order: each target is
+/// created (a directory for a directory, an empty file otherwise) with its
+/// parents on the tmpfs root, then bound read-only (nosuid, nodev, the
+/// whole tree) or writable (nosuid, nodev). Checks them first.
+pub fn mount_all(root: &Path, binds: &[Bind], system_dirs: &[PathBuf]) -> Result<(), String> {
+    check(binds, system_dirs).map_err(|e| e.to_string())?;
+    for b in binds {
+        let dst = root.join(b.dst.trim_start_matches('/'));
+        let is_dir = std::fs::metadata(&b.src)
+            .map_err(|e| format!("bind source {}: {e}", b.src.display()))?
+            .is_dir();
+        let parent = if is_dir {
+            Some(dst.as_path())
+        } else {
+            dst.parent()
+        };
+        if let Some(dir) = parent {
+            std::fs::create_dir_all(dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        }
+        if !is_dir {
+            std::fs::File::create(&dst).map_err(|e| format!("create {}: {e}", dst.display()))?;
+        }
+        let what = format!("bind {} at {}", b.src.display(), b.dst);
+        let flags = if b.writable {
+            m::mount_bind(&b.src, &dst).map_err(|e| format!("{what}: {e}"))?;
+            MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV
+        } else {
+            m::mount_bind_recursive(&b.src, &dst).map_err(|e| format!("{what}: {e}"))?;
+            MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV
+        };
+        m::mount_remount(&dst, flags, "").map_err(|e| format!("remount {}: {e}", b.dst))?;
+        if !b.writable && is_dir {
+            // Mounts nested below it too; kernels before 5.12 lack the call,
+            // and the top mount is read-only anyway.
+            match crate::sys::set_tree_read_only(&dst) {
+                Err(e) if e.raw_os_error() != Some(libc::ENOSYS) => {
+                    return Err(format!("mount_setattr {}: {e}", b.dst))
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bind(dst: &str) -> Bind {
+        Bind {
+            src: PathBuf::from("/host"),
+            dst: dst.into(),
+            writable: false,
+        }
+    }
+
+    fn sys() -> Vec<PathBuf> {
+        ["/usr", "/bin", "/etc"].iter().map(PathBuf::from).collect()
+    }
+
+    #[test]
+    fn targets_on_the_tmpfs_root_are_allowed_in_order() {
+        let ok = [
+            bind("/run/allox/guest.sock"),
+            bind("/run/allox/bin"),
+            bind("/x"),
+        ];
+        assert_eq!(check(&ok, &sys()), Ok(()));
+    }
+
+    #[test]
+    fn targets_inside_or_over_the_sandbox_s_own_mounts_are_refused() {
+        for (dst, reserved) in [
+            ("/allox", "/allox"),
+            ("/allox/session/x", "/allox"),
+            ("/allox/shared", "/allox"),
+            ("/usr/lib/x", "/usr"),
+            ("/etc", "/etc"),
+            ("/proc/1", "/proc"),
+            ("/dev/null", "/dev"),
+            ("/tmp/sock", "/tmp"),
+        ] {
+            assert_eq!(
+                check(&[bind(dst)], &sys()),
+                Err(BindError::Reserved {
+                    dst: dst.into(),
+                    reserved: reserved.into()
+                }),
+                "{dst}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_paths_and_nested_binds_are_refused_naming_the_target() {
+        assert_eq!(
+            check(&[bind("run/x")], &sys()),
+            Err(BindError::NotAbsolute("run/x".into()))
+        );
+        for dst in ["/", "/run/../etc", "/run//x", "/run/./x", "/run/x/"] {
+            assert_eq!(
+                check(&[bind(dst)], &sys()),
+                Err(BindError::NotNormal(dst.into())),
+                "{dst}"
+            );
+        }
+        let e = check(&[bind("/run/a"), bind("/run/a/b")], &sys()).unwrap_err();
+        assert_eq!(
+            e,
+            BindError::Overlaps {
+                dst: "/run/a/b".into(),
+                earlier: "/run/a".into()
+            }
+        );
+        assert!(check(&[bind("/run/a"), bind("/run/a")], &sys()).is_err());
+        assert!(check(&[bind("/run/a/b"), bind("/run")], &sys()).is_err());
+        // A sibling whose name merely starts the same is not inside.
+        assert_eq!(check(&[bind("/run/a"), bind("/run/ab")], &sys()), Ok(()));
+    }
+}

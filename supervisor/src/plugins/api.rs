@@ -1,0 +1,132 @@
+//! Plugin API v1: what a plugin declares ([`Manifest`]), what it
+//! contributes to each run ([`Contribution`]), and the hooks the core calls
+//! ([`Plugin`]). docs/plugins.md walks through writing one.
+
+use super::PluginError;
+use crate::error::RequestError;
+use crate::runs::EventSink;
+use allox_protocol::{Request, Response};
+use allox_sandbox::spec::Bind;
+use allox_store::Store;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+
+/// The plugin API this supervisor implements. A plugin declaring another
+/// version is refused at start, naming it and both versions.
+pub const API_VERSION: u32 = 1;
+
+/// What a plugin is, known before it is started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    /// Its name, as `--plugin NAME` enables it.
+    pub name: &'static str,
+    /// The plugin API it is written against ([`API_VERSION`]).
+    pub api_version: u32,
+    /// Plugins it cannot be loaded with (either side declaring it is
+    /// enough).
+    pub conflicts: &'static [&'static str],
+    /// The actions it serves (names from the protocol's action table that
+    /// the core hands to plugins, [`super::ROUTABLE`]).
+    pub routes: &'static [&'static str],
+    /// Another daemon flag that enables it too, kept for compatibility
+    /// (`--process-tracker ebpf`); named in messages.
+    pub alias: Option<&'static str>,
+    /// What it does, in a line (`plugin.list`).
+    pub summary: &'static str,
+}
+
+/// The run a hook is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunRef<'a> {
+    pub agent: &'a str,
+    pub session: &'a str,
+    pub run: &'a str,
+}
+
+/// What a plugin adds to one run. The core merges every loaded plugin's
+/// contribution (in load order) and refuses two plugins contributing the
+/// same environment variable, the same mount target, or a command prefix
+/// each. The keys (variables, targets, whether there is a prefix) must not
+/// depend on the run: the core checks them once at start.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Contribution {
+    /// Prepended to the run's argv (a wrapper program and its arguments).
+    pub prefix: Vec<String>,
+    /// Set in the run's environment (after the core's own, before the
+    /// request's, which wins).
+    pub env: Vec<(String, String)>,
+    /// Host paths bound into the sandbox, after its own mounts, in order.
+    pub binds: Vec<Bind>,
+    /// Shown with the run (`process.list`), each key as `plugin.key`.
+    pub metadata: Vec<(String, String)>,
+}
+
+/// What a plugin gets at start.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The store's `state/`: outside every rollback, the plugin's to keep
+    /// files in (under names of its own).
+    pub state_dir: PathBuf,
+    /// `--process-events-max`: the process tracker's event cap.
+    pub process_events_max: u64,
+}
+
+/// What a route's handler may use besides the request.
+pub struct RouteContext<'a> {
+    pub store: &'a Store,
+    /// Where stream events go, for a request that streams (binary
+    /// protocol only).
+    pub events: Option<EventSink>,
+}
+
+/// The answer of a route, later.
+pub type RouteFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Response, RequestError>> + Send + 'a>>;
+
+/// A plugin. Every method but [`Plugin::manifest`], [`Plugin::start`] and
+/// [`Plugin::stop`] has a default that contributes nothing.
+///
+/// Lifecycle: constructed when the daemon starts (whether enabled or not:
+/// construction must do nothing), started in load order if enabled, stopped
+/// in the reverse order at shutdown or when a later plugin fails to start.
+/// A plugin whose `start` fails (or panics) must leave nothing behind
+/// itself; it is not stopped.
+pub trait Plugin: Send + Sync {
+    fn manifest(&self) -> &Manifest;
+
+    /// Acquires what the plugin needs (programs, files, threads).
+    fn start(&self, settings: &Settings) -> Result<(), PluginError>;
+
+    /// Releases everything `start` acquired. Called once, only after a
+    /// successful `start`.
+    fn stop(&self);
+
+    /// This plugin's part of a run's sandbox.
+    fn contribute(&self, _run: &RunRef<'_>) -> Contribution {
+        Contribution::default()
+    }
+
+    /// Before the run's first process exists: its cgroup is made (its id
+    /// is `cgroup_id`) but empty. An error refuses the run.
+    fn before_run(&self, _run: &RunRef<'_>, _cgroup_id: u64) -> Result<(), PluginError> {
+        Ok(())
+    }
+
+    /// A run of an earlier supervisor, still going, found at start.
+    fn adopt_run(&self, _run: &RunRef<'_>, _cgroup_id: u64) {}
+
+    /// The run's sandbox is gone (reaped, its cgroup removed).
+    fn after_run(&self, _run: &RunRef<'_>) {}
+
+    /// Answers a request for one of [`Manifest::routes`].
+    fn serve<'a>(&'a self, req: &'a Request, _ctx: RouteContext<'a>) -> RouteFuture<'a> {
+        let name = self.manifest().name;
+        Box::pin(async move {
+            Err(RequestError::from(PluginError::NoHandler {
+                plugin: name,
+                action: req.action(),
+            }))
+        })
+    }
+}

@@ -1,0 +1,322 @@
+//! The core's side: which plugins load ([`Plugins::load`]), starting them
+//! in load order and stopping them in the reverse ([`Plugins::start`],
+//! [`Plugins::stop`]), the merged contribution to each run, the per-run
+//! hooks, and routing requests to the plugin that serves them.
+
+use super::api::{Contribution, Plugin, RouteContext, RunRef, Settings, API_VERSION};
+use super::{merge, PluginError, ROUTABLE};
+use crate::error::RequestError;
+use allox_protocol::{InstalledPlugin, PluginInfo, PluginListing, Request, Response};
+use allox_store::failpoint::{self, Failpoints};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// The run the start-up checks merge contributions for: a plugin's keys
+/// must not depend on the run.
+const SAMPLE_RUN: RunRef<'static> = RunRef {
+    agent: "agent",
+    session: "session",
+    run: "run",
+};
+
+/// Started plugins; dropping it stops them, in the reverse load order.
+#[must_use = "dropping it stops the plugins"]
+pub struct Running(Arc<Plugins>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
+/// The installed plugins and the loaded ones, in load order.
+pub struct Plugins {
+    installed: Vec<Arc<dyn Plugin>>,
+    loaded: Vec<Arc<dyn Plugin>>,
+    /// Action → index in `loaded`.
+    routes: BTreeMap<&'static str, usize>,
+    /// How many of `loaded` (a prefix) are started.
+    started: Mutex<usize>,
+    system_dirs: Vec<PathBuf>,
+    failpoints: Failpoints,
+}
+
+impl std::fmt::Debug for Plugins {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugins")
+            .field("loaded", &self.names())
+            .finish()
+    }
+}
+
+impl Default for Plugins {
+    fn default() -> Self {
+        Plugins::none()
+    }
+}
+
+impl Plugins {
+    /// None installed, none loaded.
+    pub fn none() -> Plugins {
+        Plugins {
+            installed: Vec::new(),
+            loaded: Vec::new(),
+            routes: BTreeMap::new(),
+            started: Mutex::new(0),
+            system_dirs: Vec::new(),
+            failpoints: Failpoints::default(),
+        }
+    }
+
+    /// Loads the `enabled` plugins (in that order, a name given twice
+    /// counts once) among the `installed` ones: each must be installed and
+    /// written for [`API_VERSION`]; no two may conflict, by declaration,
+    /// route, or contribution (checked against the sandbox's own mounts
+    /// and `system_dirs` too). Nothing is started yet.
+    pub fn load(
+        installed: Vec<Arc<dyn Plugin>>,
+        enabled: &[String],
+        system_dirs: &[PathBuf],
+        failpoints: Failpoints,
+    ) -> Result<Plugins, PluginError> {
+        let mut loaded: Vec<Arc<dyn Plugin>> = Vec::new();
+        for name in enabled {
+            if loaded.iter().any(|p| p.manifest().name == name) {
+                continue;
+            }
+            let Some(p) = installed.iter().find(|p| p.manifest().name == name) else {
+                let names: Vec<_> = installed.iter().map(|p| p.manifest().name).collect();
+                return Err(PluginError::Unknown {
+                    name: name.clone(),
+                    installed: if names.is_empty() {
+                        "none".into()
+                    } else {
+                        names.join(", ")
+                    },
+                });
+            };
+            let m = p.manifest();
+            if m.api_version != API_VERSION {
+                return Err(PluginError::ApiVersion {
+                    name: m.name,
+                    declared: m.api_version,
+                    supported: API_VERSION,
+                });
+            }
+            for earlier in &loaded {
+                let e = earlier.manifest();
+                let by = if e.conflicts.contains(&m.name) {
+                    Some(e.name)
+                } else if m.conflicts.contains(&e.name) {
+                    Some(m.name)
+                } else {
+                    None
+                };
+                if let Some(by) = by {
+                    return Err(PluginError::Declared {
+                        first: e.name,
+                        second: m.name,
+                        by,
+                    });
+                }
+            }
+            loaded.push(p.clone());
+        }
+        let mut routes: BTreeMap<&'static str, usize> = BTreeMap::new();
+        for (i, p) in loaded.iter().enumerate() {
+            let m = p.manifest();
+            for &route in m.routes {
+                if !ROUTABLE.contains(&route) {
+                    return Err(PluginError::NotRoutable {
+                        plugin: m.name,
+                        route,
+                        routable: ROUTABLE.join(", "),
+                    });
+                }
+                if let Some(&j) = routes.get(route) {
+                    return Err(PluginError::Contributed {
+                        first: loaded[j].manifest().name,
+                        second: m.name,
+                        what: format!("route {route}"),
+                    });
+                }
+                routes.insert(route, i);
+            }
+        }
+        let me = Plugins {
+            installed,
+            loaded,
+            routes,
+            started: Mutex::new(0),
+            system_dirs: system_dirs.to_vec(),
+            failpoints,
+        };
+        me.contributions(&SAMPLE_RUN)?;
+        Ok(me)
+    }
+
+    /// Starts the loaded plugins in load order. When one fails (or
+    /// panics), the ones started before it are stopped, in the reverse
+    /// order, and its error is returned.
+    pub fn start(&self, settings: &Settings) -> Result<(), PluginError> {
+        for (k, p) in self.loaded.iter().enumerate() {
+            let m = p.manifest();
+            let point = format!("plugin_start.{}", m.name);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                if failpoint::PLUGIN_STARTS.contains(&point.as_str()) {
+                    self.failpoints.hit(&point);
+                }
+                p.start(settings)
+            }));
+            let err = match r {
+                Ok(Ok(())) => {
+                    *self.started.lock().unwrap_or_else(|e| e.into_inner()) = k + 1;
+                    tracing::info!(plugin = m.name, "plugin started");
+                    continue;
+                }
+                Ok(Err(e)) => e,
+                Err(panic) => PluginError::StartPanicked {
+                    plugin: m.name,
+                    alias: m.alias,
+                    why: crate::supervisor::panic_message(panic),
+                },
+            };
+            tracing::error!(plugin = m.name, error = %allox_protocol::error_chain(&err), "plugin failed to start; stopping the ones before it");
+            self.stop();
+            return Err(err);
+        }
+        Ok(())
+    }
+
+    /// [`Plugins::start`], and a guard that stops them (in the reverse
+    /// order) when it goes, on every path.
+    pub fn start_guarded(self: &Arc<Self>, settings: &Settings) -> Result<Running, PluginError> {
+        self.start(settings)?;
+        Ok(Running(self.clone()))
+    }
+
+    /// Stops the started plugins in the reverse load order (once; later
+    /// calls do nothing).
+    pub fn stop(&self) {
+        let n = std::mem::take(&mut *self.started.lock().unwrap_or_else(|e| e.into_inner()));
+        for p in self.loaded[..n].iter().rev() {
+            let name = p.manifest().name;
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.stop())).is_err() {
+                tracing::error!(plugin = name, "plugin panicked while stopping");
+            } else {
+                tracing::info!(plugin = name, "plugin stopped");
+            }
+        }
+    }
+
+    /// The loaded plugins' names, in load order.
+    pub fn names(&self) -> Vec<String> {
+        self.loaded
+            .iter()
+            .map(|p| p.manifest().name.to_string())
+            .collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.loaded.is_empty()
+    }
+
+    /// The merged contribution of every loaded plugin to `run`.
+    pub fn contributions(&self, run: &RunRef<'_>) -> Result<Contribution, PluginError> {
+        let parts: Vec<_> = self
+            .loaded
+            .iter()
+            .map(|p| (p.manifest().name, p.contribute(run)))
+            .collect();
+        merge::merge(&parts, &self.system_dirs)
+    }
+
+    /// Calls every plugin's [`Plugin::before_run`] in load order; when one
+    /// refuses, the ones before it hear [`Plugin::after_run`] (in the
+    /// reverse order) and its error is returned.
+    pub fn before_run(&self, run: &RunRef<'_>, cgroup_id: u64) -> Result<(), PluginError> {
+        for (k, p) in self.loaded.iter().enumerate() {
+            if let Err(e) = p.before_run(run, cgroup_id) {
+                for q in self.loaded[..k].iter().rev() {
+                    q.after_run(run);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Plugin::after_run`], in the reverse load order.
+    pub fn after_run(&self, run: &RunRef<'_>) {
+        for p in self.loaded.iter().rev() {
+            p.after_run(run);
+        }
+    }
+
+    /// [`Plugin::adopt_run`], in load order.
+    pub fn adopt_run(&self, run: &RunRef<'_>, cgroup_id: u64) {
+        for p in &self.loaded {
+            p.adopt_run(run, cgroup_id);
+        }
+    }
+
+    /// Answers a request through the plugin that serves its action; when
+    /// none is loaded, the error names the installed plugin that would.
+    pub async fn serve(
+        &self,
+        req: &Request,
+        ctx: RouteContext<'_>,
+    ) -> Result<Response, RequestError> {
+        let action = req.action();
+        if let Some(&i) = self.routes.get(action) {
+            return self.loaded[i].serve(req, ctx).await;
+        }
+        let owner = self
+            .installed
+            .iter()
+            .map(|p| p.manifest())
+            .find(|m| m.routes.contains(&action));
+        Err(match owner {
+            Some(m) => PluginError::NotEnabled {
+                action,
+                plugin: m.name,
+                alias: m.alias,
+            },
+            None => PluginError::NoPlugin { action },
+        }
+        .into())
+    }
+
+    /// The answer to `plugin.list`.
+    pub fn listing(&self) -> PluginListing {
+        PluginListing {
+            loaded: self
+                .loaded
+                .iter()
+                .map(|p| {
+                    let m = p.manifest();
+                    PluginInfo {
+                        name: m.name.into(),
+                        api_version: m.api_version,
+                        routes: m.routes.iter().map(|r| r.to_string()).collect(),
+                        conflicts: m.conflicts.iter().map(|c| c.to_string()).collect(),
+                    }
+                })
+                .collect(),
+            installed: self
+                .installed
+                .iter()
+                .map(|p| {
+                    let m = p.manifest();
+                    InstalledPlugin {
+                        name: m.name.into(),
+                        api_version: m.api_version,
+                        enabled: self.loaded.iter().any(|l| l.manifest().name == m.name),
+                        summary: m.summary.into(),
+                    }
+                })
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,420 @@
+//! The core's rules with fake plugins behind the trait: conflicts named by
+//! both plugins, the API version, start and stop order (a failure in
+//! plugin k of n stops k−1…1), and an empty merge when nothing is enabled.
+
+use super::*;
+use allox_sandbox::spec::Bind;
+use allox_store::failpoint::Failpoints;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+type Log = Arc<Mutex<Vec<String>>>;
+
+/// How a fake's start goes.
+#[derive(Clone, Copy, PartialEq)]
+enum Start {
+    Ok,
+    Fail,
+    Panic,
+}
+
+struct Fake {
+    manifest: Manifest,
+    log: Log,
+    start: Start,
+    refuse_runs: bool,
+    contribution: Contribution,
+}
+
+impl Plugin for Fake {
+    fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+    fn start(&self, _: &Settings) -> Result<(), PluginError> {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("start {}", self.manifest.name));
+        match self.start {
+            Start::Ok => Ok(()),
+            Start::Fail => Err(PluginError::Start {
+                plugin: self.manifest.name,
+                alias: None,
+                source: "injected".into(),
+            }),
+            Start::Panic => panic!("injected panic"),
+        }
+    }
+    fn stop(&self) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("stop {}", self.manifest.name));
+    }
+    fn contribute(&self, _: &RunRef<'_>) -> Contribution {
+        self.contribution.clone()
+    }
+    fn before_run(&self, _: &RunRef<'_>, _: u64) -> Result<(), PluginError> {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("before {}", self.manifest.name));
+        if self.refuse_runs {
+            return Err(PluginError::Run {
+                plugin: self.manifest.name,
+                source: "no".into(),
+            });
+        }
+        Ok(())
+    }
+    fn after_run(&self, _: &RunRef<'_>) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("after {}", self.manifest.name));
+    }
+}
+
+fn manifest(name: &'static str) -> Manifest {
+    Manifest {
+        name,
+        api_version: API_VERSION,
+        conflicts: &[],
+        routes: &[],
+        alias: None,
+        summary: "",
+    }
+}
+
+fn fake(log: &Log, m: Manifest) -> Fake {
+    Fake {
+        manifest: m,
+        log: log.clone(),
+        start: Start::Ok,
+        refuse_runs: false,
+        contribution: Contribution::default(),
+    }
+}
+
+fn load(plugins: Vec<Fake>, enabled: &[&str]) -> Result<Plugins, PluginError> {
+    let installed: Vec<Arc<dyn Plugin>> = plugins
+        .into_iter()
+        .map(|p| Arc::new(p) as Arc<dyn Plugin>)
+        .collect();
+    let enabled: Vec<String> = enabled.iter().map(|s| s.to_string()).collect();
+    let system: Vec<PathBuf> = ["/usr", "/etc"].iter().map(PathBuf::from).collect();
+    Plugins::load(installed, &enabled, &system, Failpoints::default())
+}
+
+fn settings() -> Settings {
+    Settings {
+        state_dir: PathBuf::from("/nonexistent"),
+        process_events_max: 10,
+    }
+}
+
+fn with(log: &Log, name: &'static str, c: Contribution) -> Fake {
+    Fake {
+        contribution: c,
+        ..fake(log, manifest(name))
+    }
+}
+
+fn env(k: &str) -> Contribution {
+    Contribution {
+        env: vec![(k.into(), "v".into())],
+        ..Contribution::default()
+    }
+}
+
+fn bind(dst: &str) -> Contribution {
+    Contribution {
+        binds: vec![Bind {
+            src: "/host".into(),
+            dst: dst.into(),
+            writable: false,
+        }],
+        ..Contribution::default()
+    }
+}
+
+fn err(plugins: Vec<Fake>, enabled: &[&str]) -> String {
+    allox_protocol::error_chain(&load(plugins, enabled).expect_err("refused"))
+}
+
+#[test]
+fn nothing_enabled_loads_nothing_and_contributes_nothing() {
+    let log = Log::default();
+    let p = load(
+        vec![with(&log, "a", env("A")), with(&log, "b", bind("/run/b"))],
+        &[],
+    )
+    .unwrap();
+    assert!(p.is_empty());
+    assert!(p.names().is_empty());
+    let run = RunRef {
+        agent: "a",
+        session: "s",
+        run: "r",
+    };
+    assert_eq!(p.contributions(&run).unwrap(), Contribution::default());
+    p.start(&settings()).unwrap();
+    p.before_run(&run, 1).unwrap();
+    p.stop();
+    assert!(log.lock().unwrap().is_empty(), "{:?}", log.lock().unwrap());
+    let l = p.listing();
+    assert!(l.loaded.is_empty());
+    assert_eq!(l.installed.len(), 2);
+    assert!(l.installed.iter().all(|i| !i.enabled));
+}
+
+#[test]
+fn the_real_installed_plugins_contribute_nothing_unless_enabled() {
+    let p = Plugins::load(installed(), &[], &[], Failpoints::default()).unwrap();
+    let run = RunRef {
+        agent: "a",
+        session: "s",
+        run: "r",
+    };
+    assert_eq!(p.contributions(&run).unwrap(), Contribution::default());
+    assert!(installed_names().contains(&"process-tree"));
+}
+
+#[test]
+fn contributions_merge_in_load_order_with_metadata_under_the_plugin_s_name() {
+    let log = Log::default();
+    let a = Contribution {
+        prefix: vec!["/usr/bin/wrap".into()],
+        metadata: vec![("k".into(), "1".into())],
+        ..env("A")
+    };
+    let b = Contribution {
+        metadata: vec![("k".into(), "2".into())],
+        ..bind("/run/b")
+    };
+    let p = load(vec![with(&log, "a", a), with(&log, "b", b)], &["b", "a"]).unwrap();
+    assert_eq!(p.names(), ["b", "a"]);
+    let m = p
+        .contributions(&RunRef {
+            agent: "x",
+            session: "y",
+            run: "z",
+        })
+        .unwrap();
+    assert_eq!(m.prefix, ["/usr/bin/wrap"]);
+    assert_eq!(m.env, [("A".to_string(), "v".to_string())]);
+    assert_eq!(m.binds[0].dst, "/run/b");
+    assert_eq!(
+        m.metadata,
+        [
+            ("b.k".to_string(), "2".to_string()),
+            ("a.k".to_string(), "1".to_string())
+        ]
+    );
+}
+
+#[test]
+fn the_same_env_key_mount_target_route_or_a_second_prefix_names_both_plugins() {
+    let log = Log::default();
+    assert_eq!(
+        err(
+            vec![with(&log, "a", env("X")), with(&log, "b", env("X"))],
+            &["a", "b"]
+        ),
+        "plugins a and b both contribute environment variable X"
+    );
+    assert_eq!(
+        err(
+            vec![
+                with(&log, "a", bind("/run/s")),
+                with(&log, "b", bind("/run/s"))
+            ],
+            &["a", "b"]
+        ),
+        "plugins a and b both contribute mount target /run/s"
+    );
+    assert!(err(
+        vec![
+            with(&log, "a", bind("/run")),
+            with(&log, "b", bind("/run/s"))
+        ],
+        &["a", "b"]
+    )
+    .starts_with("plugins a and b both contribute mount targets /run and /run/s"));
+    let prefix = || Contribution {
+        prefix: vec!["/usr/bin/x".into()],
+        ..Contribution::default()
+    };
+    assert_eq!(
+        err(
+            vec![with(&log, "a", prefix()), with(&log, "b", prefix())],
+            &["b", "a"]
+        ),
+        "plugins b and a both contribute a command prefix"
+    );
+    let routed = |name| {
+        fake(
+            &log,
+            Manifest {
+                routes: &["process.events"],
+                ..manifest(name)
+            },
+        )
+    };
+    assert_eq!(
+        err(vec![routed("a"), routed("b")], &["a", "b"]),
+        "plugins a and b both contribute route process.events"
+    );
+    // Nothing was started on the way.
+    assert!(log.lock().unwrap().is_empty());
+}
+
+#[test]
+fn declared_conflicts_name_both_plugins_whichever_side_declares() {
+    let log = Log::default();
+    let a = || {
+        fake(
+            &log,
+            Manifest {
+                conflicts: &["b"],
+                ..manifest("a")
+            },
+        )
+    };
+    let b = || fake(&log, manifest("b"));
+    assert_eq!(
+        err(vec![a(), b()], &["a", "b"]),
+        "plugins a and b cannot be loaded together (a declares the conflict)"
+    );
+    assert_eq!(
+        err(vec![a(), b()], &["b", "a"]),
+        "plugins b and a cannot be loaded together (a declares the conflict)"
+    );
+    // Installed together is fine; only loading both is refused.
+    assert!(load(vec![a(), b()], &["a"]).is_ok());
+}
+
+#[test]
+fn another_api_version_an_unknown_name_a_bad_route_or_mount_are_refused_by_name() {
+    let log = Log::default();
+    let old = fake(
+        &log,
+        Manifest {
+            api_version: 2,
+            ..manifest("old")
+        },
+    );
+    assert_eq!(
+        err(vec![old], &["old"]),
+        "plugin old is written for plugin API v2; this supervisor implements v1"
+    );
+    assert_eq!(
+        err(
+            vec![fake(&log, manifest("a")), fake(&log, manifest("b"))],
+            &["nope"]
+        ),
+        "unknown plugin \"nope\"; installed: a, b"
+    );
+    let bad_route = fake(
+        &log,
+        Manifest {
+            routes: &["agent.create"],
+            ..manifest("r")
+        },
+    );
+    assert!(err(vec![bad_route], &["r"])
+        .starts_with("plugin r claims route \"agent.create\", which is not an action"));
+    let e = err(vec![with(&log, "m", bind("/allox/session/x"))], &["m"]);
+    assert!(
+        e.starts_with(
+            "plugin m contributes a mount the sandbox refuses: bind target \"/allox/session/x\""
+        ),
+        "{e}"
+    );
+    let e = err(vec![with(&log, "m", bind("/usr/x"))], &["m"]);
+    assert!(e.contains("/usr"), "{e}");
+}
+
+/// n plugins `p1`…`pn`, the k-th (from 1) starting as `how`.
+fn chain(log: &Log, n: usize, k: usize, how: Start) -> Plugins {
+    const NAMES: [&str; 5] = ["p1", "p2", "p3", "p4", "p5"];
+    let fakes = (1..=n)
+        .map(|i| Fake {
+            start: if i == k { how } else { Start::Ok },
+            ..fake(log, manifest(NAMES[i - 1]))
+        })
+        .collect();
+    load(fakes, &NAMES[..n]).unwrap()
+}
+
+#[test]
+fn a_start_failure_in_plugin_k_stops_k_minus_1_to_1_in_that_order() {
+    for how in [Start::Fail, Start::Panic] {
+        for k in 1..=4 {
+            let log = Log::default();
+            let p = chain(&log, 4, k, how);
+            let e = p.start(&settings()).unwrap_err();
+            assert!(e.to_string().starts_with(&format!("plugin p{k} ")), "{e}");
+            let mut want: Vec<String> = (1..=k).map(|i| format!("start p{i}")).collect();
+            want.extend((1..k).rev().map(|i| format!("stop p{i}")));
+            assert_eq!(*log.lock().unwrap(), want, "k = {k}");
+            // Nothing is left to stop.
+            p.stop();
+            assert_eq!(*log.lock().unwrap(), want);
+        }
+    }
+}
+
+#[test]
+fn plugins_start_in_load_order_and_stop_in_the_reverse_once() {
+    let log = Log::default();
+    let p = Arc::new(chain(&log, 3, 0, Start::Ok));
+    {
+        let _running = p.start_guarded(&settings()).unwrap();
+        assert_eq!(*log.lock().unwrap(), ["start p1", "start p2", "start p3"]);
+    }
+    p.stop();
+    assert_eq!(
+        *log.lock().unwrap(),
+        ["start p1", "start p2", "start p3", "stop p3", "stop p2", "stop p1"]
+    );
+}
+
+#[test]
+fn a_run_refused_by_plugin_k_is_released_by_the_ones_before_in_reverse() {
+    let log = Log::default();
+    let fakes = vec![
+        fake(&log, manifest("a")),
+        fake(&log, manifest("b")),
+        Fake {
+            refuse_runs: true,
+            ..fake(&log, manifest("c"))
+        },
+    ];
+    let p = load(fakes, &["a", "b", "c"]).unwrap();
+    let run = RunRef {
+        agent: "x",
+        session: "y",
+        run: "z",
+    };
+    let e = p.before_run(&run, 7).unwrap_err();
+    assert_eq!(e.to_string(), "plugin c refused the run");
+    assert_eq!(
+        *log.lock().unwrap(),
+        ["before a", "before b", "before c", "after b", "after a"]
+    );
+    log.lock().unwrap().clear();
+    p.after_run(&run);
+    assert_eq!(*log.lock().unwrap(), ["after c", "after b", "after a"]);
+}
+
+#[test]
+fn every_installed_plugin_has_a_start_failpoint() {
+    for name in installed_names() {
+        let point = format!("plugin_start.{name}");
+        assert!(
+            allox_store::failpoint::PLUGIN_STARTS.contains(&point.as_str()),
+            "{point} is not declared"
+        );
+    }
+}

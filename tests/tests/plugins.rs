@@ -71,7 +71,9 @@ fn sandbox_view(d: &ProcDaemon) -> (Vec<String>, Vec<String>, Vec<String>) {
 }
 
 /// The view captured from the code before plugins existed, on a host
-/// whose system directories are those that exist here.
+/// whose system directories are those that exist here, plus what the core
+/// gives every run since: the guest interface (its directory last on
+/// `PATH`, its socket, client and Python entry points bound last).
 fn expected_view() -> (Vec<String>, Vec<String>, Vec<String>) {
     let mut env: Vec<String> = [
         "ALLOX_AGENT_ID=a",
@@ -81,7 +83,7 @@ fn expected_view() -> (Vec<String>, Vec<String>, Vec<String>) {
         "ALLOX_SESSION_ID=s",
         "HOME=/allox/session",
         "LANG=C.UTF-8",
-        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/run/allox/bin",
         "PWD=/allox/session",
         "TMPDIR=/tmp",
     ]
@@ -115,6 +117,10 @@ fn expected_view() -> (Vec<String>, Vec<String>, Vec<String>) {
             "/tmp rw,nosuid,nodev,relatime",
             "/allox/session rw,nosuid,nodev,relatime",
             "/allox/shared rw,nosuid,nodev,relatime",
+            "/run/allox/bin/allox ro,nosuid,nodev,relatime",
+            "/run/allox/guest.sock ro,nosuid,nodev,relatime",
+            "/run/allox/turn.py ro,nosuid,nodev,relatime",
+            "/run/allox/whoami.py ro,nosuid,nodev,relatime",
         ]
         .iter()
         .map(|s| s.to_string()),

@@ -46,13 +46,15 @@ cleanup() {
 trap cleanup EXIT
 
 "$BIN/allox-init" supervise --root "$ROOT" --listen "unix:$ALLOX_SOCKET" \
-    --sandbox-stage "$WORK/stage" --cgroup-root "$CGROOT" 2>"$WORK/daemon.log" &
+    --sandbox-stage "$WORK/stage" --cgroup-root "$CGROOT" --sandbox-network isolated \
+    2>"$WORK/daemon.log" &
 DAEMON=$!
 for _ in $(seq 100); do [ -S "$ALLOX_SOCKET" ] && break; sleep 0.05; done
 ctl() { echo; echo "\$ alloxctl $*"; "$BIN/alloxctl" "$@"; }
 show() { echo; echo "\$ $*"; "$@"; }
 
 ctl ping
+ctl plugins
 ctl agent create agent-a
 ctl agent create agent-b
 ctl session create agent-a session-1
@@ -131,6 +133,22 @@ curl -sS http://127.0.0.1:8092/v1/rpc -H 'Content-Type: application/json' -d '{"
 gw '{"action":"checkpoint.create","params":{"agent_id":"agent-a","session_id":"session-2","checkpoint_id":"clean"}}'
 gw '{"action":"session.rollback","params":{"agent_id":"agent-a","session_id":"session-2","checkpoint_id":"clean"}}'
 gw '{"action":"session.rollback","params":{"agent_id":"agent-a","session_id":"session-2","checkpoint_id":"no-such"}}'
+
+echo; echo "# two runs of one session talk over the session's loopback (each session has a network namespace of its own)"
+ctl start agent-a session-1 -- python3 -m http.server 8000 --bind 127.0.0.1
+for _ in $(seq 50); do
+    "$BIN/alloxctl" exec agent-a session-1 -- python3 -c 'import socket; socket.create_connection(("127.0.0.1", 8000), 1)' 2>/dev/null && break
+    sleep 0.1
+done
+ctl exec agent-a session-1 -- python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:8000/main.py").read().decode())'
+echo; echo "# another session cannot reach it"
+ctl exec agent-b session-1 -- python3 -c 'import socket; socket.create_connection(("127.0.0.1", 8000), 1)' || true
+ctl kill agent-a session-1
+
+echo; echo "# a program inside the sandbox ends its own turn through the guest interface (/run/allox/guest.sock)"
+ctl turn begin agent-b session-2
+ctl exec agent-b session-2 -- sh -c 'allox whoami; echo "def parse(): return 1" > parser.py; allox turn end --label "ended from inside the sandbox"'
+ctl log agent-b session-2
 
 ctl audit
 echo

@@ -110,19 +110,23 @@ impl Runs {
             hostname: "allox".into(),
             isolate_network: self.cfg.isolate_network,
             tmp_sync_cap: self.cfg.tmp_sync_cap,
+            binds: Vec::new(),
         };
         // Also for sessions and agents made before (or adopted by recovery).
         self.own(&paths.current);
         self.own(&paths.shared);
-        // clone3 and the spec write block; keep them off the I/O workers.
-        let exe = rustix::io::fcntl_dupfd_cloexec(&self.exe, 0).map_err(RunError::Dup)?;
+        // The session's context makes the sandbox; asking it blocks, so
+        // off the I/O workers.
+        let runs = self.clone();
+        let (aa, ss) = (a.to_string(), s.to_string());
         let spawned =
-            tokio::task::spawn_blocking(move || allox_sandbox::spawn(&exe, &spec, &cg)).await?;
+            tokio::task::spawn_blocking(move || runs.spawn_in_context(&aa, &ss, &spec, &cg))
+                .await?;
         let spawned = match spawned {
             Ok(sp) => sp,
             Err(e) => {
                 let _ = self.cgroups.remove(&self.cgroups.run_dir(a, s, &id));
-                return Err(RunError::Spawn(e));
+                return Err(e);
             }
         };
         // A rollback or delete may have fenced the session while the

@@ -112,17 +112,21 @@ impl Cgroups {
         self.agent_dir(a).join(format!("{CONTEXT_PREFIX}{s}"))
     }
 
-    /// Creates (or empties, if a context of an earlier supervisor left it)
-    /// the cgroup of a session's context and returns a directory handle for
+    /// Creates (anew, if a context of an earlier supervisor or a dead one
+    /// left it) the cgroup of a session's context and returns a directory handle for
     /// `CLONE_INTO_CGROUP`.
     pub fn create_context(&self, a: &str, s: &str) -> Result<OwnedFd, CgroupError> {
         let dir = self.context_dir(a, s);
-        match std::fs::create_dir(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                self.kill(&dir, Duration::from_secs(10))?;
+        if let Err(e) = std::fs::create_dir(&dir) {
+            if e.kind() != io::ErrorKind::AlreadyExists {
+                return Err(io_err("create", &dir, e));
             }
-            Err(e) => return Err(io_err("create", &dir, e)),
+            // A new one: a process cloned into a cgroup that was killed
+            // before may be killed too (the kernel compares kill counts of
+            // the cgroup and of where the clone came from).
+            self.kill(&dir, Duration::from_secs(10))?;
+            self.remove(&dir)?;
+            std::fs::create_dir(&dir).map_err(|e| io_err("create", &dir, e))?;
         }
         rustix::fs::open(
             &dir,

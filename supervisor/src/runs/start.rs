@@ -125,7 +125,15 @@ impl Runs {
         let spawned = match spawned {
             Ok(sp) => sp,
             Err(e) => {
-                let _ = self.cgroups.remove(&self.cgroups.run_dir(a, s, &id));
+                // A context that died after making the run's PID 1 but
+                // before answering leaves it unsupervised: killed here.
+                let dir = self.cgroups.run_dir(a, s, &id);
+                let cg = self.cgroups.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    let _ = cg.kill(&dir, Duration::from_secs(10));
+                    let _ = cg.remove(&dir);
+                })
+                .await;
                 return Err(e);
             }
         };

@@ -93,7 +93,7 @@ pub(crate) fn run(spec: SandboxSpec, fds: RunFds, filter: &seccomp::Filters) -> 
         report(&mut status, InitStatus::SetupFailed("pipe".into()));
         std::process::exit(1);
     };
-    forward_signals();
+    // The signal forwarders are the context's, inherited by the clone.
     // SAFETY: this process is single-threaded (a copy of the
     // single-threaded context), so the child may run ordinary code.
     let pid = unsafe { libc::fork() };
@@ -545,8 +545,9 @@ extern "C" fn forward(sig: libc::c_int) {
 }
 
 /// PID 1 of a namespace ignores signals it has no handler for; these are
-/// passed on to the program instead.
-fn forward_signals() {
+/// passed on to the program instead. Installed once in the context (where
+/// they do nothing: it has no program) and inherited by each run's PID 1.
+pub(crate) fn forward_signals() {
     let all = (1..=31).chain(libc::SIGRTMIN()..=libc::SIGRTMAX());
     for sig in all.filter(|s| ![libc::SIGKILL, libc::SIGSTOP, libc::SIGCHLD].contains(s)) {
         // SAFETY: installing an async-signal-safe handler.

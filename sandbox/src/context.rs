@@ -125,7 +125,9 @@ impl Context {
         fds.extend(binds.iter().map(|b| b.as_fd()));
         wire::send(self.control.as_fd(), &bytes, &fds).map_err(SandboxError::Gone)?;
         drop(fds);
-        drop((stdin_r, stdout_w, stderr_w, status_w, session, shared, binds));
+        drop((
+            stdin_r, stdout_w, stderr_w, status_w, session, shared, binds,
+        ));
         match self.answer()? {
             (ContextReply::Started { pid }, Some(pidfd)) => Ok(Spawned {
                 pid,
@@ -148,8 +150,8 @@ impl Context {
         let fds = wire::recv(self.control.as_fd(), &mut buf)
             .map_err(SandboxError::Gone)?
             .ok_or_else(|| SandboxError::Gone(std::io::ErrorKind::UnexpectedEof.into()))?;
-        let reply = postcard::from_bytes(&buf)
-            .map_err(|e| SandboxError::Gone(std::io::Error::other(e)))?;
+        let reply =
+            postcard::from_bytes(&buf).map_err(|e| SandboxError::Gone(std::io::Error::other(e)))?;
         Ok((reply, fds.into_iter().next()))
     }
 }

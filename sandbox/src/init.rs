@@ -347,10 +347,14 @@ pub(crate) fn prepare_binds(binds: &[Bind], trees: &[OwnedFd]) -> Result<(), Str
                 .any(|c| !matches!(c, Component::RootDir | Component::Normal(_)))
             || b.dst.ends_with('/')
         {
-            return Err(bad("must be an absolute path without . or .. or a trailing /"));
+            return Err(bad(
+                "must be an absolute path without . or .. or a trailing /",
+            ));
         }
         if dst == Path::new("/") || RESERVED.iter().any(|r| dst.starts_with(r)) {
-            return Err(bad("/, /proc, /dev, /tmp and the workspace are the sandbox's own"));
+            return Err(bad(
+                "/, /proc, /dev, /tmp and the workspace are the sandbox's own",
+            ));
         }
         let is_file = rustix::fs::fstat(tree)
             .map(|st| !rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir())
@@ -371,7 +375,9 @@ pub(crate) fn prepare_binds(binds: &[Bind], trees: &[OwnedFd]) -> Result<(), Str
                     return Err(bad(&format!("{} is not a directory", p.display())));
                 }
                 Ok(md) if last && md.is_dir() == is_file => {
-                    return Err(bad("a file must be bound on a file, a directory on a directory"));
+                    return Err(bad(
+                        "a file must be bound on a file, a directory on a directory",
+                    ));
                 }
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

@@ -90,13 +90,11 @@ pub(crate) fn spawn_context(
     let exe = init_exe.as_raw_fd();
     // At 10 or above, so that the dup2 to 3 makes a copy without
     // close-on-exec (a dup2 onto itself would keep the flag).
-    let control = rustix::io::fcntl_dupfd_cloexec(control, 10)
-        .map_err(|e| SandboxError::sys("dup", e))?;
+    let control =
+        rustix::io::fcntl_dupfd_cloexec(control, 10).map_err(|e| SandboxError::sys("dup", e))?;
     let ctl = control.as_raw_fd();
-    let flags = CLONE_NEWNS
-        | CLONE_NEWUTS
-        | CLONE_NEWIPC
-        | if isolate_network { CLONE_NEWNET } else { 0 };
+    let flags =
+        CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | if isolate_network { CLONE_NEWNET } else { 0 };
     let mut pidfd: libc::c_int = -1;
     // SAFETY: the child below makes async-signal-safe calls only.
     let pid = unsafe { clone3(flags, rustix::fd::AsFd::as_fd(cgroup), &mut pidfd) };

@@ -80,7 +80,10 @@ pub(crate) fn recv(sock: BorrowedFd<'_>, buf: &mut Vec<u8>) -> io::Result<Option
             fds.extend(rights);
         }
     }
-    if msg.flags.intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC) {
+    if msg
+        .flags
+        .intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC)
+    {
         return Err(io::Error::other("a truncated message"));
     }
     if msg.bytes == 0 && fds.is_empty() {

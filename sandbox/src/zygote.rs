@@ -101,7 +101,11 @@ fn fail(sock: &OwnedFd, why: String) -> ! {
     std::process::exit(1)
 }
 
-fn answer(sock: BorrowedFd<'_>, r: &ContextReply, fd: Option<BorrowedFd<'_>>) -> std::io::Result<()> {
+fn answer(
+    sock: BorrowedFd<'_>,
+    r: &ContextReply,
+    fd: Option<BorrowedFd<'_>>,
+) -> std::io::Result<()> {
     let bytes = postcard::to_stdvec(r).map_err(std::io::Error::other)?;
     wire::send(sock, &bytes, fd.as_slice())
 }
@@ -124,9 +128,8 @@ fn serve(
         ));
     }
     let binds = fds.split_off(RUN_FDS);
-    let [stdin, stdout, stderr, status, cgroup, session, shared]: [OwnedFd; RUN_FDS] = fds
-        .try_into()
-        .map_err(|_| "descriptors".to_string())?;
+    let [stdin, stdout, stderr, status, cgroup, session, shared]: [OwnedFd; RUN_FDS] =
+        fds.try_into().map_err(|_| "descriptors".to_string())?;
     init::prepare_binds(&spec.binds, &binds)?;
     match spawn::clone_run(cgroup.as_fd()) {
         Ok(Forked::Child) => {

@@ -120,7 +120,10 @@ fn view(d: &ProcDaemon, a: &str, s: &str) -> String {
             "Seccomp_filters:",
         ];
         if keep.iter().any(|k| l.starts_with(k)) {
-            out.push(format!("status {}", l.split_whitespace().collect::<Vec<_>>().join(" ")));
+            out.push(format!(
+                "status {}",
+                l.split_whitespace().collect::<Vec<_>>().join(" ")
+            ));
         }
     }
     let host = run(d, a, s, &["/bin/cat", "/proc/sys/kernel/hostname"]);
@@ -234,11 +237,14 @@ fn netns(d: &ProcDaemon, a: &str, s: &str) -> String {
 
 /// PIDs in the cgroup of a/s's context.
 fn context_procs(d: &ProcDaemon, a: &str, s: &str) -> Vec<i32> {
-    std::fs::read_to_string(d.cgroup.join(format!("allox/{a}/.context-{s}/cgroup.procs")))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.parse().ok())
-        .collect()
+    std::fs::read_to_string(
+        d.cgroup
+            .join(format!("allox/{a}/.context-{s}/cgroup.procs")),
+    )
+    .unwrap_or_default()
+    .lines()
+    .filter_map(|l| l.parse().ok())
+    .collect()
 }
 
 const SERVER: &str = r#"
@@ -273,14 +279,16 @@ fn runs_of_a_session_share_loopback_and_other_sessions_cannot_reach_it() {
         panic!("context::{name} needs /usr/bin/python3");
     }
     bg(&d, "a", "s", &["/usr/bin/python3", "-c", SERVER]);
-    wait_until("the server", || current(&d, "a", "s").join("ready").exists());
+    wait_until("the server", || {
+        current(&d, "a", "s").join("ready").exists()
+    });
     let same = run(&d, "a", "s", &["/usr/bin/python3", "-c", CLIENT]);
     assert_eq!(same.trim(), "hello from the first run");
     let other = run(&d, "a", "t", &["/usr/bin/python3", "-c", CLIENT]);
     assert_eq!(other.trim(), "unreachable: ConnectionRefusedError");
     // Nor does the host's loopback lead there.
-    assert!(std::net::TcpStream::connect(("127.0.0.1", 8765)).is_err_and(|e| e.kind()
-        == std::io::ErrorKind::ConnectionRefused));
+    assert!(std::net::TcpStream::connect(("127.0.0.1", 8765))
+        .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused));
 }
 
 #[test]
@@ -306,7 +314,11 @@ fn the_context_outlives_a_rollback_and_is_the_sessions_own() {
     assert_eq!(netns(&d, "a", "s"), before, "two runs, two namespaces");
     let host = std::fs::read_link("/proc/self/ns/net").unwrap();
     assert_ne!(before, host.display().to_string());
-    assert_ne!(netns(&d, "a", "t"), before, "two sessions share a namespace");
+    assert_ne!(
+        netns(&d, "a", "t"),
+        before,
+        "two sessions share a namespace"
+    );
     bg(&d, "a", "s", &["/bin/sleep", "1000"]);
     let ctx = context_procs(&d, "a", "s");
     assert_eq!(ctx.len(), 1, "{ctx:?}");
@@ -322,7 +334,11 @@ fn the_context_outlives_a_rollback_and_is_the_sessions_own() {
         Ok(Response::RolledBack(r)) => assert!(r.killed_processes >= 1, "{r:?}"),
         other => panic!("{other:?}"),
     }
-    assert_eq!(context_procs(&d, "a", "s"), ctx, "the rollback killed the context");
+    assert_eq!(
+        context_procs(&d, "a", "s"),
+        ctx,
+        "the rollback killed the context"
+    );
     assert_eq!(netns(&d, "a", "s"), before);
 }
 
@@ -345,7 +361,11 @@ fn a_killed_context_is_made_again_by_the_next_run() {
     // Dead (a zombie, not yet reaped) or gone.
     wait_until("the context's end", || {
         std::fs::read_to_string(format!("/proc/{}/stat", ctx[0]))
-            .map(|st| st.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')))
+            .map(|st| {
+                st.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            })
             .unwrap_or(true)
     });
     // The next run works, in a new context.
@@ -444,7 +464,10 @@ fn sessions_made_and_deleted_a_thousand_times_leave_nothing() {
     // Processes: the daemon has no child left (no context, no run's PID
     // 1, no zombie of either), whichever of its threads made it.
     let mut children = String::new();
-    for t in std::fs::read_dir(format!("/proc/{daemon}/task")).unwrap().flatten() {
+    for t in std::fs::read_dir(format!("/proc/{daemon}/task"))
+        .unwrap()
+        .flatten()
+    {
         children += &std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
     }
     assert_eq!(children.trim(), "", "processes left");

@@ -280,8 +280,7 @@ fn adopt(cgroups: &Cgroups, tracker: Option<&crate::tracker::ProcessTracker>) {
             for s in std::fs::read_dir(a.path()).into_iter().flatten().flatten() {
                 // A context's cgroup: its process ended with the supervisor
                 // that made it (end of its control socket).
-                if s
-                    .file_name()
+                if s.file_name()
                     .to_string_lossy()
                     .starts_with(allox_sandbox::cgroup::CONTEXT_PREFIX)
                 {

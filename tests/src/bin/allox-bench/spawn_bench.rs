@@ -234,7 +234,10 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
         );
     };
     if have_bwrap {
-        whole("`bwrap --unshare-pid --dev /dev --proc /proc --ro-bind / / --tmpfs /tmp /bin/true`", &bwrap_cmd);
+        whole(
+            "`bwrap --unshare-pid --dev /dev --proc /proc --ro-bind / / --tmpfs /tmp /bin/true`",
+            &bwrap_cmd,
+        );
     }
     whole("`alloxctl exec bench s -- /bin/true`", &ctl_exec);
     whole("`alloxctl ping`", &ctl_ping);

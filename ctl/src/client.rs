@@ -113,6 +113,11 @@ pub struct Client {
     server: Hello,
     /// The bound on each read and write, if any.
     timeout: Option<Duration>,
+    /// A Hello not yet sent: it goes out with the first request
+    /// ([`Client::connect_pipelined`]).
+    unsent_hello: Vec<u8>,
+    /// Whether the server's Welcome has come.
+    welcomed: bool,
 }
 
 /// Two random words from the kernel (`/dev/urandom`); the time and the
@@ -163,9 +168,36 @@ impl Client {
         Client::handshake(stream)
     }
 
-    /// Does the handshake over an already connected stream.
-    pub fn handshake(mut stream: UnixStream) -> Result<Client, ClientError> {
-        let timeout = stream.read_timeout().ok().flatten();
+    /// As [`Client::connect_timeout`], without waiting for the Welcome:
+    /// the Hello goes out with the first request, in one write, and the
+    /// Welcome is read before its answer. Saves a round trip to the daemon
+    /// for a command that makes one call; the frames on the wire are those
+    /// of [`Client::connect`], in the same order.
+    pub fn connect_pipelined(
+        path: impl AsRef<Path>,
+        timeout: Option<Duration>,
+    ) -> Result<Client, ClientError> {
+        let path = path.as_ref();
+        let connect_err = |source: io::Error| ClientError::Connect {
+            path: path.to_owned(),
+            hint: connect_hint(&source),
+            source,
+        };
+        let stream = UnixStream::connect(path).map_err(connect_err)?;
+        if timeout.is_some() {
+            stream.set_read_timeout(timeout).map_err(connect_err)?;
+            stream.set_write_timeout(timeout).map_err(connect_err)?;
+        }
+        let (mut client, hello) = Client::unwelcomed(stream, timeout)?;
+        client.unsent_hello = hello;
+        Ok(client)
+    }
+
+    /// A client whose Hello (returned, to be sent) has no answer yet.
+    fn unwelcomed(
+        stream: UnixStream,
+        timeout: Option<Duration>,
+    ) -> Result<(Client, Vec<u8>), ClientError> {
         // A leading zero ends whatever torn frame a previous writer left on a
         // shared transport (the QEMU chardev); the server skips empty frames.
         let mut bytes = vec![0];
@@ -173,8 +205,7 @@ impl Client {
         bytes.extend(
             encode(&ClientFrame::Hello(Hello::new(conversation))).map_err(ClientError::Encode)?,
         );
-        let sent = stream.write_all(&bytes);
-        let mut client = Client {
+        let client = Client {
             stream,
             reader: FrameReader::new(),
             // Random, and far from wrapping: ids of two hosts in turn on one
@@ -187,7 +218,18 @@ impl Client {
                 conversation: 0,
             },
             timeout,
+            unsent_hello: Vec::new(),
+            welcomed: false,
         };
+        Ok((client, bytes))
+    }
+
+    /// Does the handshake over an already connected stream.
+    pub fn handshake(stream: UnixStream) -> Result<Client, ClientError> {
+        let timeout = stream.read_timeout().ok().flatten();
+        let (mut client, bytes) = Client::unwelcomed(stream, timeout)?;
+        let conversation = client.conversation;
+        let sent = client.stream.write_all(&bytes);
         loop {
             // Before the handshake, garbage is a torn frame from an earlier
             // conversation on the same transport: skip it.
@@ -202,6 +244,7 @@ impl Client {
                 // A Welcome to another host's Hello is not ours.
                 Ok(ServerFrame::Welcome(hello)) if hello.conversation == conversation => {
                     client.server = hello;
+                    client.welcomed = true;
                     return Ok(client);
                 }
                 Ok(ServerFrame::Refused(body)) => return Err(ClientError::Refused(body)),
@@ -220,7 +263,8 @@ impl Client {
         self.next_id = id;
     }
 
-    /// What the server said about itself in its `Welcome`.
+    /// What the server said about itself in its `Welcome` (empty until it
+    /// came, for a [`Client::connect_pipelined`] one).
     pub fn server(&self) -> &Hello {
         &self.server
     }
@@ -264,12 +308,31 @@ impl Client {
             request,
         }))
         .map_err(ClientError::Encode)?;
-        if let Err(e) = self.stream.write_all(&frame) {
+        let mut out = std::mem::take(&mut self.unsent_hello);
+        out.extend(frame);
+        if let Err(e) = self.stream.write_all(&out) {
             return Err(self.io_error(e, ClientError::Write));
         }
         loop {
-            let payload = self.next_payload()?;
-            match decode::<ServerFrame>(&payload).map_err(ClientError::BadMessage)? {
+            let payload = match self.next_payload() {
+                Ok(p) => p,
+                // Before the Welcome, garbage is a torn frame from an
+                // earlier conversation on the same transport.
+                Err(ClientError::BadFrame(_)) if !self.welcomed => continue,
+                Err(e) => return Err(e),
+            };
+            let frame = match decode::<ServerFrame>(&payload) {
+                Ok(f) => f,
+                Err(_) if !self.welcomed => continue,
+                Err(e) => return Err(ClientError::BadMessage(e)),
+            };
+            match frame {
+                ServerFrame::Welcome(hello)
+                    if !self.welcomed && hello.conversation == self.conversation =>
+                {
+                    self.server = hello;
+                    self.welcomed = true;
+                }
                 // Frames of another conversation (a host before us on a
                 // serial port) are never ours, whatever their id.
                 ServerFrame::Response(r)
@@ -403,6 +466,32 @@ mod tests {
             })
         });
         (a, t)
+    }
+
+    #[test]
+    fn a_pipelined_client_sends_hello_and_request_together() {
+        let (stream, t) = pair(|mut s| {
+            // Both frames are there before anything is answered.
+            assert!(matches!(s.recv(), ClientFrame::Hello(_)));
+            let ClientFrame::Request(r) = s.recv() else {
+                panic!("expected a request")
+            };
+            s.stream.write_all(b"\x07garbage\x00").unwrap();
+            s.welcome();
+            s.respond(
+                r.request_id,
+                Outcome::Ok(Response::Pong(Pong {
+                    version: 1,
+                    build: "fake".into(),
+                })),
+            );
+        });
+        let (mut c, hello) = Client::unwelcomed(stream, None).unwrap();
+        c.unsent_hello = hello;
+        let answer = c.call(Request::Ping(Ping {})).unwrap();
+        assert!(matches!(answer, Ok(Response::Pong(_))), "{answer:?}");
+        assert_eq!(c.server().build, "fake");
+        t.join().unwrap();
     }
 
     #[test]

@@ -80,7 +80,8 @@ fn follow(socket: PathBuf, json: bool, q: allox_protocol::ProcessEvents) -> Exit
 }
 
 fn call(socket: PathBuf, json: bool, request: Request) -> ExitCode {
-    let answer = Client::connect(&socket)
+    // One call: its Hello goes out with it.
+    let answer = Client::connect_pipelined(&socket, None)
         .and_then(|mut client| client.call(request))
         .unwrap_or_else(|err| Err(err.to_body()));
     match &answer {

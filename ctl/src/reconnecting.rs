@@ -37,7 +37,8 @@ impl ReconnectingClient {
 
     fn client(&mut self) -> Result<&mut Client, ClientError> {
         if self.client.is_none() {
-            self.client = Some(Client::connect_timeout(&self.socket, self.timeout)?);
+            // The Hello goes out with the first request.
+            self.client = Some(Client::connect_pipelined(&self.socket, self.timeout)?);
         }
         Ok(self.client.as_mut().expect("connected just above"))
     }

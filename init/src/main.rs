@@ -26,9 +26,10 @@ struct Cli {
 enum Cmd {
     /// Serve the workspace store at --root over a control socket.
     Supervise(Box<SuperviseArgs>),
-    /// PID 1 of a sandbox (started by the supervisor, not by hand).
+    /// A session's context, which makes its runs' sandboxes (started by
+    /// the supervisor, not by hand).
     #[command(hide = true)]
-    SandboxInit,
+    SessionContext,
 }
 
 fn main() {
@@ -36,9 +37,10 @@ fn main() {
     if allox_init::client::started_as_client(std::env::args_os().next().as_deref()) {
         std::process::exit(allox_init::client::main(std::env::args_os()));
     }
-    // The sandbox init runs before anything else: no logging, no threads.
-    if std::env::args().nth(1).as_deref() == Some("sandbox-init") {
-        allox_sandbox::init::run();
+    // A session's context runs before anything else: no logging, no
+    // threads (its runs are copies of it).
+    if std::env::args().nth(1).as_deref() == Some("session-context") {
+        allox_sandbox::zygote::run();
     }
     if rustix::process::getpid().is_init() {
         pid1::run();
@@ -79,6 +81,6 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
                 _ => 0,
             })
         }
-        Cmd::SandboxInit => bail!("sandbox-init is started by the supervisor only"),
+        Cmd::SessionContext => bail!("session-context is started by the supervisor only"),
     }
 }

@@ -67,8 +67,9 @@ pub struct SuperviseArgs {
     /// supervisor and the kernel keep the rest.
     #[arg(long)]
     pub sessions_memory_max: Option<u64>,
-    /// `host`: sandboxes share the VM's network; `isolated`: each has
-    /// its own network namespace with only loopback.
+    /// `host`: sandboxes share the VM's network; `isolated`: each session
+    /// has its own network namespace with only loopback, shared by its
+    /// runs.
     #[arg(long, default_value = "host", value_parser = ["host", "isolated"])]
     pub sandbox_network: String,
     /// Empty directory where sandboxes assemble their root.

@@ -1,7 +1,7 @@
 //! Host files and directories bound into the sandbox ([`Bind`]): which
-//! targets are allowed ([`check`]), and the mounts themselves
-//! ([`mount_all`], called by the sandbox init after every other mount,
-//! before the root is switched).
+//! targets are allowed ([`check`]; the mounts themselves are made by each
+//! run's PID 1 from detached copies the supervisor sends, after every
+//! other mount).
 //!
 //! A target must be an absolute, normalised path that neither falls inside
 //! nor covers anything the sandbox builds itself: the workspace
@@ -11,7 +11,6 @@
 //! sandbox's own tmpfs root, never on a host directory bound into it.
 
 use crate::spec::{Bind, WORKSPACE_MOUNT};
-use rustix::mount::{self as m, MountFlags};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -73,51 +72,6 @@ pub fn check(binds: &[Bind], system_dirs: &[PathBuf]) -> Result<(), BindError> {
             });
         }
         earlier.push(p);
-    }
-    Ok(())
-}
-
-/// Mounts the binds on the new root at `root`, in order: each target is
-/// created (a directory for a directory, an empty file otherwise) with its
-/// parents on the tmpfs root, then bound read-only (nosuid, nodev, the
-/// whole tree) or writable (nosuid, nodev). Checks them first.
-pub fn mount_all(root: &Path, binds: &[Bind], system_dirs: &[PathBuf]) -> Result<(), String> {
-    check(binds, system_dirs).map_err(|e| e.to_string())?;
-    for b in binds {
-        let dst = root.join(b.dst.trim_start_matches('/'));
-        let is_dir = std::fs::metadata(&b.src)
-            .map_err(|e| format!("bind source {}: {e}", b.src.display()))?
-            .is_dir();
-        let parent = if is_dir {
-            Some(dst.as_path())
-        } else {
-            dst.parent()
-        };
-        if let Some(dir) = parent {
-            std::fs::create_dir_all(dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
-        }
-        if !is_dir {
-            std::fs::File::create(&dst).map_err(|e| format!("create {}: {e}", dst.display()))?;
-        }
-        let what = format!("bind {} at {}", b.src.display(), b.dst);
-        let flags = if b.writable {
-            m::mount_bind(&b.src, &dst).map_err(|e| format!("{what}: {e}"))?;
-            MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV
-        } else {
-            m::mount_bind_recursive(&b.src, &dst).map_err(|e| format!("{what}: {e}"))?;
-            MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV
-        };
-        m::mount_remount(&dst, flags, "").map_err(|e| format!("remount {}: {e}", b.dst))?;
-        if !b.writable && is_dir {
-            // Mounts nested below it too; kernels before 5.12 lack the call,
-            // and the top mount is read-only anyway.
-            match crate::sys::set_tree_read_only(&dst) {
-                Err(e) if e.raw_os_error() != Some(libc::ENOSYS) => {
-                    return Err(format!("mount_setattr {}: {e}", b.dst))
-                }
-                _ => {}
-            }
-        }
     }
     Ok(())
 }

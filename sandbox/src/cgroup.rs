@@ -47,6 +47,10 @@ fn io_err(op: &'static str, path: &Path, source: io::Error) -> CgroupError {
     }
 }
 
+/// Prefix of a context's cgroup name below its agent's
+/// ([`Cgroups::context_dir`]).
+pub const CONTEXT_PREFIX: &str = ".context-";
+
 /// Resource limits of a session.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Limits {
@@ -98,6 +102,38 @@ impl Cgroups {
 
     pub fn run_dir(&self, a: &str, s: &str, run: &str) -> PathBuf {
         self.session_dir(a, s).join(format!("run-{run}"))
+    }
+
+    /// The cgroup of a session's context process: beside the session's,
+    /// so that killing the session's processes (a rollback) leaves it, and
+    /// killing the agent's takes it. Session ids never start with `.`, so
+    /// the name cannot be a session's.
+    pub fn context_dir(&self, a: &str, s: &str) -> PathBuf {
+        self.agent_dir(a).join(format!("{CONTEXT_PREFIX}{s}"))
+    }
+
+    /// Creates (anew, if a context of an earlier supervisor or a dead one
+    /// left it) the cgroup of a session's context and returns a directory handle for
+    /// `CLONE_INTO_CGROUP`.
+    pub fn create_context(&self, a: &str, s: &str) -> Result<OwnedFd, CgroupError> {
+        let dir = self.context_dir(a, s);
+        if let Err(e) = std::fs::create_dir(&dir) {
+            if e.kind() != io::ErrorKind::AlreadyExists {
+                return Err(io_err("create", &dir, e));
+            }
+            // A new one: a process cloned into a cgroup that was killed
+            // before may be killed too (the kernel compares kill counts of
+            // the cgroup and of where the clone came from).
+            self.kill(&dir, Duration::from_secs(10))?;
+            self.remove(&dir)?;
+            std::fs::create_dir(&dir).map_err(|e| io_err("create", &dir, e))?;
+        }
+        rustix::fs::open(
+            &dir,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| io_err("open", &dir, e.into()))
     }
 
     /// Creates the session's cgroup if needed; a new one gets `defaults`.

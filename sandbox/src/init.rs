@@ -1,91 +1,90 @@
-//! The sandbox's PID 1 (`allox-init sandbox-init`).
+//! The sandbox, built in two halves: what a session's runs share (built
+//! once by the session's context, [`crate::zygote`]) and what each run has
+//! of its own (built by the run's PID 1 before it starts the program).
 //!
-//! Runs single-threaded in fresh PID, mount, IPC and UTS namespaces, inside
-//! the run's cgroup, as root of the supervisor's user namespace. It:
+//! The context, single-threaded in its own mount, IPC and UTS namespaces
+//! (and network namespace when isolated), as root of the supervisor's user
+//! namespace, [`build_context_root`]:
 //!
-//! 1. marks itself not dumpable (it stays root) and reads its
-//!    [`SandboxSpec`] from fd 3;
-//! 2. assembles the new root on a tmpfs: system directories bound
-//!    read-only, nosuid, nodev; a fresh /proc; a minimal /dev (null, zero,
-//!    full, random, urandom, tty, pts, shm); a private tmpfs /tmp; the
-//!    session's `current/` at `/allox/session` and the agent's `shared/` at
-//!    `/allox/shared`; then `pivot_root` and detaches the old root, so
-//!    nothing else of the host — other workspaces, `state/`, the control
-//!    socket — is reachable;
-//! 3. forks the program, which empties all capability sets, switches to the
+//! 1. assembles the root on a tmpfs: system directories bound read-only,
+//!    nosuid, nodev; a minimal /dev (null, zero, full, random, urandom,
+//!    tty, and the mount points of pts and shm), then read-only; empty
+//!    mount points for /proc, /tmp, `/allox/session` and `/allox/shared`;
+//! 2. `pivot_root` and detaches the old root, so nothing else of the host —
+//!    other workspaces, `state/`, the control socket — is reachable; the
+//!    root becomes read-only; the hostname is set, `lo` brought up.
+//!
+//! A run's PID 1 ([`run`]), cloned by the context into new PID, mount and
+//! IPC namespaces inside the run's cgroup:
+//!
+//! 1. mounts its own /proc, /dev/pts (a new instance), /dev/shm and
+//!    private /tmp; attaches the session's `current/` at `/allox/session`
+//!    and the agent's `shared/` at `/allox/shared` (detached mounts the
+//!    supervisor made and sent), then the spec's binds, in order;
+//! 2. forks the program, which empties all capability sets, switches to the
 //!    unprivileged uid/gid, sets no_new_privs, installs the seccomp filter,
 //!    closes every descriptor above 2, resets its signal mask and execs;
-//! 4. forwards termination signals to the program, reaps every process of
+//! 3. forwards termination signals to the program, reaps every process of
 //!    the namespace, and when the program ends copies the private /tmp's
 //!    regular files to `current/.allox-tmp/` (on normal exit, within
-//!    budgets, see [`tmp_sync`]) and writes
-//!    the program's status to fd 4; it exits when the namespace is empty.
+//!    budgets, see [`tmp_sync`]) and writes the program's status on its
+//!    status pipe; it exits when the namespace is empty.
 #![allow(unsafe_code)]
 
 use super::seccomp;
-use super::spec::{InitStatus, SandboxSpec, SESSION_MOUNT, SHARED_MOUNT, SPEC_FD, STATUS_FD};
+use super::spec::{Bind, ContextSpec, InitStatus, SandboxSpec, SESSION_MOUNT, SHARED_MOUNT};
 use super::{sys, tmp_sync};
-use rustix::fd::{AsFd, FromRawFd, OwnedFd};
+use rustix::fd::{AsFd, OwnedFd};
 use rustix::mount::{self as m, MountFlags, MountPropagationFlags, UnmountFlags};
 use rustix::process::{Pid, WaitOptions};
 use std::ffi::CString;
 use std::io::{Read, Write};
-use std::path::Path;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path};
 use std::sync::atomic::{AtomicI32, Ordering};
 
 /// The program's PID, for the signal forwarder.
 static CHILD: AtomicI32 = AtomicI32::new(0);
 
-/// Entry point; never returns.
-pub fn run() -> ! {
-    // Root-owned and not dumpable: no other process of this uid without
-    // CAP_SYS_PTRACE may read its memory or environment through /proc or
-    // ptrace it, and it never dumps core. The program's exec makes a new,
-    // dumpable image for its own (unprivileged) user.
-    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
-    // SAFETY: fd 3 and 4 were placed by the supervisor for this process and
-    // nothing else in it owns them.
-    let (spec_fd, status_fd) = unsafe {
-        (
-            OwnedFd::from_raw_fd(SPEC_FD),
-            OwnedFd::from_raw_fd(STATUS_FD),
-        )
-    };
-    let mut status = std::fs::File::from(status_fd);
+/// What a run's PID 1 receives from the supervisor, through the context.
+pub(crate) struct RunFds {
+    pub stdin: OwnedFd,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+    pub status: OwnedFd,
+    /// Detached mounts (`open_tree(OPEN_TREE_CLONE)`) of the session's
+    /// `current/`, the agent's `shared/`, and each bind, in order.
+    pub session: OwnedFd,
+    pub shared: OwnedFd,
+    pub binds: Vec<OwnedFd>,
+}
+
+/// The run's PID 1, in the child of the context's `clone3`; never returns.
+pub(crate) fn run(spec: SandboxSpec, fds: RunFds, filter: &seccomp::Filters) -> ! {
+    let RunFds {
+        stdin,
+        stdout,
+        stderr,
+        status,
+        session,
+        shared,
+        binds,
+    } = fds;
+    // The context's descriptors are all at 3 or above.
+    let _ = rustix::stdio::dup2_stdin(&stdin);
+    let _ = rustix::stdio::dup2_stdout(&stdout);
+    let _ = rustix::stdio::dup2_stderr(&stderr);
+    drop((stdin, stdout, stderr));
+    let mut status = std::fs::File::from(status);
     let report = |status: &mut std::fs::File, s: InitStatus| {
         if let Ok(b) = postcard::to_stdvec(&s) {
             let _ = status.write_all(&b);
         }
     };
-    let mut bytes = Vec::new();
-    if let Err(e) = std::fs::File::from(spec_fd).read_to_end(&mut bytes) {
-        report(
-            &mut status,
-            InitStatus::SetupFailed(format!("read spec: {e}")),
-        );
-        std::process::exit(1);
-    }
-    let spec: SandboxSpec = match postcard::from_bytes(&bytes) {
-        Ok(s) => s,
-        Err(e) => {
-            report(
-                &mut status,
-                InitStatus::SetupFailed(format!("decode spec: {e}")),
-            );
-            std::process::exit(1);
-        }
-    };
-    // The supervisor is exempt from the OOM killer; what runs in a sandbox
-    // must not be, and goes first.
-    let _ = std::fs::write("/proc/self/oom_score_adj", "500");
-    let filter = match seccomp::filters() {
-        Ok(f) => f,
-        Err(e) => {
-            report(&mut status, InitStatus::SetupFailed(e.to_string()));
-            std::process::exit(1);
-        }
-    };
-    if let Err(e) = build_root(&spec) {
+    let built = build_run_mounts(&spec, session, shared, binds);
+    // Nothing of the context (its control socket) stays open here.
+    let _ = sys::close_all_above_stdio_but(status.as_fd());
+    if let Err(e) = built {
         report(&mut status, InitStatus::SetupFailed(e));
         std::process::exit(1);
     }
@@ -94,14 +93,14 @@ pub fn run() -> ! {
         report(&mut status, InitStatus::SetupFailed("pipe".into()));
         std::process::exit(1);
     };
-    forward_signals();
-    // SAFETY: this process is single-threaded (a fresh exec), so the child
-    // may run ordinary code after fork.
+    // The signal forwarders are the context's, inherited by the clone.
+    // SAFETY: this process is single-threaded (a copy of the
+    // single-threaded context), so the child may run ordinary code.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         drop(err_r);
         drop(status);
-        let errno = exec_program(&spec, &filter, err_w);
+        let errno = exec_program(&spec, filter, err_w);
         std::process::exit(errno);
     }
     if pid < 0 {
@@ -177,19 +176,42 @@ fn set_attr_recursive(dst: &Path) -> Result<(), String> {
     }
 }
 
-fn bind_rw(src: &Path, dst: &Path) -> Result<(), String> {
-    sys(&format!("bind {}", src.display()), m::mount_bind(src, dst))?;
+/// Attaches the detached mount `tree` at `dst`, then gives it the flags of
+/// a bind made by `mount(2)` and remounted: nosuid, nodev, read-only
+/// unless `writable`.
+fn attach(tree: OwnedFd, dst: &str, writable: bool) -> Result<(), String> {
     sys(
-        &format!("remount {}", dst.display()),
+        &format!("attach {dst}"),
+        m::move_mount(
+            tree.as_fd(),
+            "",
+            rustix::fs::CWD,
+            dst,
+            m::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+        ),
+    )?;
+    let ro = if writable {
+        MountFlags::empty()
+    } else {
+        MountFlags::RDONLY
+    };
+    sys(
+        &format!("remount {dst}"),
         m::mount_remount(
             dst,
-            MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV,
+            MountFlags::BIND | ro | MountFlags::NOSUID | MountFlags::NODEV,
             "",
         ),
     )
 }
 
-fn build_root(spec: &SandboxSpec) -> Result<(), String> {
+/// Options of the root tmpfs, at its mount and at each remount.
+const ROOT_DATA: &str = "mode=0755,size=8m";
+const DEV_DATA: &str = "mode=0755,size=64k";
+
+/// The session's part of the sandbox, in the context's own mount
+/// namespace; ends with the context in the new root.
+pub(crate) fn build_context_root(spec: &ContextSpec) -> Result<(), String> {
     sys(
         "make mounts private",
         m::mount_change(
@@ -205,7 +227,7 @@ fn build_root(spec: &SandboxSpec) -> Result<(), String> {
             root,
             "tmpfs",
             MountFlags::NOSUID | MountFlags::NODEV,
-            "mode=0755,size=8m",
+            ROOT_DATA,
         ),
     )?;
     let inside = |p: &str| root.join(p.trim_start_matches('/'));
@@ -224,19 +246,10 @@ fn build_root(spec: &SandboxSpec) -> Result<(), String> {
             _ => {}
         }
     }
-    // /proc of the new PID namespace.
-    let proc_ = inside("/proc");
-    mkdir(&proc_)?;
-    sys(
-        "mount proc",
-        mnt(
-            "proc",
-            &proc_,
-            "proc",
-            MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-            "",
-        ),
-    )?;
+    // Mount points of what each run mounts for itself.
+    for p in ["/proc", "/tmp", SESSION_MOUNT, SHARED_MOUNT] {
+        mkdir(&inside(p))?;
+    }
     // A minimal /dev.
     let dev = inside("/dev");
     mkdir(&dev)?;
@@ -247,7 +260,7 @@ fn build_root(spec: &SandboxSpec) -> Result<(), String> {
             &dev,
             "tmpfs",
             MountFlags::NOSUID | MountFlags::NOEXEC,
-            "mode=0755,size=64k",
+            DEV_DATA,
         ),
     )?;
     for node in ["null", "zero", "full", "random", "urandom", "tty"] {
@@ -258,30 +271,8 @@ fn build_root(spec: &SandboxSpec) -> Result<(), String> {
             m::mount_bind(Path::new("/dev").join(node), &dst),
         )?;
     }
-    let pts = dev.join("pts");
-    mkdir(&pts)?;
-    sys(
-        "mount devpts",
-        mnt(
-            "devpts",
-            &pts,
-            "devpts",
-            MountFlags::NOSUID | MountFlags::NOEXEC,
-            "newinstance,ptmxmode=0666,mode=0620",
-        ),
-    )?;
-    let shm = dev.join("shm");
-    mkdir(&shm)?;
-    sys(
-        "mount /dev/shm",
-        mnt(
-            "tmpfs",
-            &shm,
-            "tmpfs",
-            MountFlags::NOSUID | MountFlags::NODEV,
-            "mode=1777,size=64m",
-        ),
-    )?;
+    mkdir(&dev.join("pts"))?;
+    mkdir(&dev.join("shm"))?;
     for (link, target) in [
         ("ptmx", "pts/ptmx"),
         ("fd", "/proc/self/fd"),
@@ -292,55 +283,182 @@ fn build_root(spec: &SandboxSpec) -> Result<(), String> {
         std::os::unix::fs::symlink(target, dev.join(link))
             .map_err(|e| format!("symlink /dev/{link}: {e}"))?;
     }
-    // Private /tmp.
-    let tmp = inside("/tmp");
-    mkdir(&tmp)?;
-    sys(
-        "mount /tmp",
-        mnt(
-            "tmpfs",
-            &tmp,
-            "tmpfs",
-            MountFlags::NOSUID | MountFlags::NODEV,
-            "mode=1777,size=512m",
-        ),
-    )?;
-    // The workspace: this session and the agent's shared files only.
-    let session = inside(SESSION_MOUNT);
-    let shared = inside(SHARED_MOUNT);
-    mkdir(&session)?;
-    mkdir(&shared)?;
-    bind_rw(&spec.session, &session)?;
-    bind_rw(&spec.shared, &shared)?;
     sys(
         "remount /dev read-only",
         m::mount_remount(
             &dev,
             MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NOEXEC,
-            "mode=0755,size=64k",
+            DEV_DATA,
         ),
     )?;
-    // Last, the binds (the guest interface, plugins' mounts), in order.
-    super::binds::mount_all(root, &spec.binds, &spec.system_dirs)?;
     // Switch roots and drop the old one.
     sys("chdir new root", rustix::process::chdir(root))?;
     sys("pivot_root", rustix::process::pivot_root(".", "."))?;
     sys("detach old root", m::unmount(".", UnmountFlags::DETACH))?;
     sys("chdir /", rustix::process::chdir("/"))?;
-    sys(
-        "remount / read-only",
-        m::mount_remount(
-            "/",
-            MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
-            "mode=0755,size=8m",
-        ),
-    )?;
+    root_writable(false)?;
     sys(
         "sethostname",
         rustix::system::sethostname(spec.hostname.as_bytes()),
     )?;
     if spec.isolate_network {
         sys::loopback_up().map_err(|e| format!("bring up lo: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Remounts the root tmpfs (its super block and the context's mount of
+/// it) read-write or read-only. Runs already made keep their own,
+/// read-only, mounts of it whatever this does.
+fn root_writable(writable: bool) -> Result<(), String> {
+    let ro = if writable {
+        MountFlags::empty()
+    } else {
+        MountFlags::RDONLY
+    };
+    sys(
+        if writable {
+            "remount / read-write"
+        } else {
+            "remount / read-only"
+        },
+        m::mount_remount("/", ro | MountFlags::NOSUID | MountFlags::NODEV, ROOT_DATA),
+    )
+}
+
+/// Where binds may not go: what every run mounts for itself.
+const RESERVED: [&str; 5] = ["/proc", "/dev", "/tmp", SESSION_MOUNT, SHARED_MOUNT];
+
+/// In the context, before a run is made: the mount point of each bind
+/// (with its parents) on the root tmpfs, created if missing. `trees` are
+/// the binds' detached mounts (a file is bound on a file, anything else on
+/// a directory). Never through a symlink or onto another file system.
+pub(crate) fn prepare_binds(binds: &[Bind], trees: &[OwnedFd]) -> Result<(), String> {
+    let root_dev = std::fs::symlink_metadata("/")
+        .map_err(|e| format!("stat /: {e}"))?
+        .dev();
+    let mut missing: Vec<(std::path::PathBuf, bool)> = Vec::new();
+    for (b, tree) in binds.iter().zip(trees) {
+        let bad = |why: &str| format!("bind {:?}: {why}", b.dst);
+        let dst = Path::new(&b.dst);
+        if !dst.is_absolute()
+            || dst
+                .components()
+                .any(|c| !matches!(c, Component::RootDir | Component::Normal(_)))
+            || b.dst.ends_with('/')
+        {
+            return Err(bad(
+                "must be an absolute path without . or .. or a trailing /",
+            ));
+        }
+        if dst == Path::new("/") || RESERVED.iter().any(|r| dst.starts_with(r)) {
+            return Err(bad(
+                "/, /proc, /dev, /tmp and the workspace are the sandbox's own",
+            ));
+        }
+        let is_file = rustix::fs::fstat(tree)
+            .map(|st| !rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir())
+            .map_err(|e| bad(&format!("stat the source: {e}")))?;
+        let mut p = std::path::PathBuf::from("/");
+        let parts: Vec<_> = dst.components().skip(1).collect();
+        for (i, c) in parts.iter().enumerate() {
+            p.push(c);
+            let last = i + 1 == parts.len();
+            match std::fs::symlink_metadata(&p) {
+                Ok(md) if md.file_type().is_symlink() || md.dev() != root_dev => {
+                    return Err(bad(&format!(
+                        "{} is a symlink or another file system",
+                        p.display()
+                    )));
+                }
+                Ok(md) if !last && !md.is_dir() => {
+                    return Err(bad(&format!("{} is not a directory", p.display())));
+                }
+                Ok(md) if last && md.is_dir() == is_file => {
+                    return Err(bad(
+                        "a file must be bound on a file, a directory on a directory",
+                    ));
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    if !missing.iter().any(|(m, _)| *m == p) {
+                        missing.push((p.clone(), last && is_file));
+                    }
+                }
+                Err(e) => return Err(bad(&format!("stat {}: {e}", p.display()))),
+            }
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    root_writable(true)?;
+    let made = missing.iter().try_for_each(|(p, file)| {
+        let r = if *file {
+            std::fs::File::create(p).map(drop)
+        } else {
+            std::fs::create_dir(p)
+        };
+        r.map_err(|e| format!("create {}: {e}", p.display()))
+    });
+    root_writable(false)?;
+    made
+}
+
+/// The run's own mounts, in its own mount namespace (a copy of the
+/// context's, whose root is read-only).
+fn build_run_mounts(
+    spec: &SandboxSpec,
+    session: OwnedFd,
+    shared: OwnedFd,
+    binds: Vec<OwnedFd>,
+) -> Result<(), String> {
+    // /proc of the new PID namespace.
+    sys(
+        "mount proc",
+        mnt(
+            "proc",
+            "/proc",
+            "proc",
+            MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+            "",
+        ),
+    )?;
+    sys(
+        "mount devpts",
+        mnt(
+            "devpts",
+            "/dev/pts",
+            "devpts",
+            MountFlags::NOSUID | MountFlags::NOEXEC,
+            "newinstance,ptmxmode=0666,mode=0620",
+        ),
+    )?;
+    sys(
+        "mount /dev/shm",
+        mnt(
+            "tmpfs",
+            "/dev/shm",
+            "tmpfs",
+            MountFlags::NOSUID | MountFlags::NODEV,
+            "mode=1777,size=64m",
+        ),
+    )?;
+    sys(
+        "mount /tmp",
+        mnt(
+            "tmpfs",
+            "/tmp",
+            "tmpfs",
+            MountFlags::NOSUID | MountFlags::NODEV,
+            "mode=1777,size=512m",
+        ),
+    )?;
+    // The workspace: this session and the agent's shared files only.
+    attach(session, SESSION_MOUNT, true)?;
+    attach(shared, SHARED_MOUNT, true)?;
+    for (b, tree) in spec.binds.iter().zip(binds) {
+        attach(tree, &b.dst, b.writable)?;
     }
     Ok(())
 }
@@ -433,8 +551,9 @@ extern "C" fn forward(sig: libc::c_int) {
 }
 
 /// PID 1 of a namespace ignores signals it has no handler for; these are
-/// passed on to the program instead.
-fn forward_signals() {
+/// passed on to the program instead. Installed once in the context (where
+/// they do nothing: it has no program) and inherited by each run's PID 1.
+pub(crate) fn forward_signals() {
     let all = (1..=31).chain(libc::SIGRTMIN()..=libc::SIGRTMAX());
     for sig in all.filter(|s| ![libc::SIGKILL, libc::SIGSTOP, libc::SIGCHLD].contains(s)) {
         // SAFETY: installing an async-signal-safe handler.

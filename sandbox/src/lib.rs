@@ -1,12 +1,17 @@
 //! The sandbox every run executes in, built natively (no bubblewrap).
 //!
-//! The supervisor starts a run with one `clone3` into new PID, mount, IPC
-//! and UTS namespaces, directly into the run's cgroup, keeping a pidfd; the
-//! child at once re-executes the supervisor's own binary as the sandbox's
-//! PID 1 ([`init`]), which reads its [`SandboxSpec`] from a pipe, builds a
-//! minimal read-only root, starts the program as an unprivileged user with
-//! no capabilities, no_new_privs and a seccomp filter, reaps everything in
-//! the namespace, and reports how the program ended on a status pipe.
+//! Each session has a context ([`context`], [`zygote`]): a process of the
+//! supervisor's own binary in the session's mount, UTS and IPC namespaces
+//! (and network namespace, when isolated), which has built the session's
+//! read-only root once. For each run the supervisor sends it the run's
+//! [`SandboxSpec`] with pipes, the run's cgroup and detached mounts of the
+//! workspace; it clones the run's PID 1 ([`init`]) into new PID, mount and
+//! IPC namespaces, directly into the run's cgroup, as a child of the
+//! supervisor, and hands back its pidfd. The run's PID 1 mounts its own
+//! /proc, /tmp, /dev/pts, /dev/shm and the workspace, starts the program as
+//! an unprivileged user with no capabilities, no_new_privs and a seccomp
+//! filter, reaps everything in the namespace, and reports how the program
+//! ended on a status pipe.
 //!
 //! [`cgroup`] places and limits a session's and a run's processes; [`sys`]
 //! holds the raw system calls rustix does not wrap (also used by the
@@ -14,15 +19,19 @@
 
 pub mod binds;
 pub mod cgroup;
-pub mod init;
+pub mod context;
+mod init;
 pub mod seccomp;
 mod spawn;
 pub mod spec;
 pub mod sys;
 pub mod tmp_sync;
+mod wire;
+pub mod zygote;
 
-pub use spawn::{spawn, Spawned};
-pub use spec::{Bind, InitStatus, SandboxSpec};
+pub use context::Context;
+pub use spawn::Spawned;
+pub use spec::{Bind, ContextSpec, InitStatus, SandboxSpec};
 
 use thiserror::Error;
 
@@ -34,16 +43,31 @@ pub enum SandboxError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{op} {path}")]
+    Path {
+        op: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot build the seccomp filter: {0}")]
     Seccomp(String),
+    /// The session's context answered that it cannot make this run.
+    #[error("the session's context cannot make the run: {0}")]
+    Refused(String),
+    /// The session's context is gone or does not answer as it should.
+    #[error("the session's context stopped answering")]
+    Gone(#[source] std::io::Error),
 }
 
 impl SandboxError {
     /// The OS error number behind this failure, if any.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            SandboxError::Sys { source, .. } => source.raw_os_error(),
-            SandboxError::Seccomp(_) => None,
+            SandboxError::Sys { source, .. } | SandboxError::Path { source, .. } => {
+                source.raw_os_error()
+            }
+            SandboxError::Seccomp(_) | SandboxError::Refused(_) | SandboxError::Gone(_) => None,
         }
     }
 
@@ -52,5 +76,19 @@ impl SandboxError {
             op,
             source: e.into(),
         }
+    }
+}
+
+impl SandboxError {
+    /// The message with its sources, for a process that has no other way
+    /// to report it (the context answering the supervisor).
+    pub fn chain(&self) -> String {
+        let mut s = self.to_string();
+        let mut src = std::error::Error::source(self);
+        while let Some(e) = src {
+            s.push_str(&format!(": {e}"));
+            src = e.source();
+        }
+        s
     }
 }

@@ -3,10 +3,9 @@
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-/// File descriptor on which the sandbox init reads its spec (postcard).
-pub const SPEC_FD: i32 = 3;
-/// File descriptor on which it writes one [`InitStatus`] (postcard).
-pub const STATUS_FD: i32 = 4;
+/// File descriptor of a session context's control socket (a
+/// `SOCK_SEQPACKET` socket; one postcard message per packet).
+pub const CONTROL_FD: i32 = 3;
 
 /// Where things appear inside the sandbox.
 pub const SESSION_MOUNT: &str = "/allox/session";
@@ -40,8 +39,7 @@ pub struct SandboxSpec {
     /// `current/.allox-tmp/` on normal exit; 0 turns the copy off.
     pub tmp_sync_cap: u64,
     /// Host files and directories made visible inside, mounted after
-    /// everything else, in order (the guest interface's, then plugins'; see
-    /// [`crate::binds`]).
+    /// everything else, in order (the guest interface's, then plugins').
     pub binds: Vec<Bind>,
 }
 
@@ -54,6 +52,32 @@ pub struct Bind {
     /// sandbox's tmpfs root as needed (never on a bound host directory).
     pub dst: String,
     pub writable: bool,
+}
+
+/// What a session's context is built from: the part of a sandbox that all
+/// runs of the session share (see [`crate::context`]). Sent once, as the
+/// first message on the context's control socket.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ContextSpec {
+    /// Empty host directory on which the root is assembled.
+    pub stage: PathBuf,
+    /// Host directories bound read-only (symlinks are recreated as such).
+    pub system_dirs: Vec<PathBuf>,
+    pub hostname: String,
+    /// A network namespace of the session's own with only loopback.
+    pub isolate_network: bool,
+}
+
+/// The context's answer to its first message and to each run request.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum ContextReply {
+    /// The session's root is built; runs may be requested.
+    Ready,
+    /// The run's PID 1 exists (its pidfd rides along); `pid` is in the
+    /// supervisor's PID namespace.
+    Started { pid: i32 },
+    /// The request could not be served, and why.
+    Failed(String),
 }
 
 /// How the program ended, or why it never ran.

@@ -7,7 +7,7 @@
 //! this is one of the three files of the crate with `unsafe` (tests aside).
 #![allow(unsafe_code)]
 
-use rustix::fd::{AsRawFd, BorrowedFd};
+use rustix::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use rustix::process::{Gid, Uid};
 use std::ffi::CString;
 use std::io;
@@ -95,6 +95,14 @@ pub(crate) fn set_tree_read_only(dst: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Takes ownership of descriptor `fd`, which the process was started with
+/// (a session context's control socket).
+pub(crate) fn inherited_fd(fd: i32) -> OwnedFd {
+    // SAFETY: called once, at the start of a fresh exec, for a descriptor
+    // the supervisor placed for this process and nothing else owns.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
 /// Closes every descriptor above 2 but `keep` (`close_range`).
 pub(crate) fn close_all_above_stdio_but(keep: BorrowedFd<'_>) -> io::Result<()> {
     let keep =
@@ -104,9 +112,10 @@ pub(crate) fn close_all_above_stdio_but(keep: BorrowedFd<'_>) -> io::Result<()> 
         let Some(last) = last.filter(|&l| l >= first) else {
             continue;
         };
-        // SAFETY: closes descriptors this process no longer uses; none of
-        // them is owned by a live Rust value in the caller (the forked
-        // child, which execs or exits next), except `keep`, left open.
+        // SAFETY: closes descriptors this process no longer uses: the
+        // callers (the program's child before its exec, a run's PID 1
+        // after its mounts) never return to the frames that own them,
+        // except `keep`, left open.
         let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) };
         if rc < 0 {
             return Err(io::Error::last_os_error());

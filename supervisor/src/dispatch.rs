@@ -119,6 +119,8 @@ impl Supervisor {
                 let dir = runs.cgroups().agent_dir(&r.agent_id);
                 // No new run in any of its sessions until it is gone.
                 let out = runs.fenced(FenceScope::agent(&r.agent_id), || {
+                    // Contexts first (killed and reaped), then the rest.
+                    runs.end_contexts_of(&r.agent_id);
                     runs.kill_tree(&dir, true)?;
                     Ok::<_, RequestError>(st.agent_delete(&r.agent_id)?)
                 });
@@ -191,6 +193,7 @@ impl Supervisor {
                 let dir = runs.cgroups().session_dir(a, s);
                 let out = runs.fenced(FenceScope::session(a, s), || {
                     runs.kill_tree(&dir, true)?;
+                    runs.end_context(a, s)?;
                     Ok::<_, RequestError>(st.session_delete(a, s)?)
                 });
                 Response::Deleted(out?)

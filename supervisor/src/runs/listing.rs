@@ -55,18 +55,30 @@ impl Runs {
         self.programs_in(&self.cgroups.session_dir(a, s))
     }
 
+    /// How many programs (processes but the sandboxes' PID 1s) are in
+    /// `dir` and below, from the cgroup files alone: a populated run's
+    /// cgroup holds its PID 1 and its programs (the PID 1 lives as long as
+    /// any of them, and a context's cgroup holds no program), so no /proc
+    /// file is read per process — this is on the way of every kill.
     pub(super) fn programs_in(&self, dir: &Path) -> usize {
-        self.programs(dir).len()
-    }
-
-    /// PIDs in `dir` and below, without the sandbox inits (the ones whose
-    /// parent is outside the cgroup).
-    fn programs(&self, dir: &Path) -> Vec<i32> {
-        let pids = self.cgroups.procs(dir);
-        let set: HashSet<i32> = pids.iter().copied().collect();
-        pids.into_iter()
-            .filter(|&p| procfs::ppid(p).is_some_and(|pp| set.contains(&pp)))
-            .collect()
+        fn walk(dir: &Path, is_run: bool) -> usize {
+            let mut n = 0;
+            if is_run {
+                let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+                n += procs.lines().count().saturating_sub(1);
+            }
+            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    let run = e.file_name().to_string_lossy().starts_with("run-");
+                    n += walk(&e.path(), run);
+                }
+            }
+            n
+        }
+        let is_run = dir
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("run-"));
+        walk(dir, is_run)
     }
 
     /// Waits (blocking) up to `limit` for the session to hold no process,

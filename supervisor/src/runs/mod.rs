@@ -16,6 +16,7 @@
 //! its configuration.
 
 pub mod attach;
+mod context;
 mod end;
 mod error;
 pub mod fence;
@@ -54,7 +55,8 @@ pub struct RunsConfig {
     /// cgroup2 mount (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a
     /// hybrid host).
     pub cgroup_mount: PathBuf,
-    /// The binary that serves as the sandbox's PID 1 (`allox-init`).
+    /// The binary that serves as each session's context (`allox-init
+    /// session-context`), of which runs' PID 1s are copies.
     pub init_exe: PathBuf,
     /// Unprivileged identity of sandboxed programs; owns session files.
     pub uid: u32,
@@ -71,7 +73,8 @@ pub struct RunsConfig {
     pub limits: Limits,
     /// Limits on all sessions together (the `allox` cgroup).
     pub total: Limits,
-    /// Give every sandbox its own network namespace with only loopback.
+    /// Give every session its own network namespace with only loopback,
+    /// shared by its runs.
     pub isolate_network: bool,
     /// The loaded plugins: asked before each run (its cgroup exists,
     /// empty), their contributions merged into its sandbox, told when it
@@ -168,6 +171,8 @@ pub struct Runs {
     next: AtomicU64,
     /// Attached to every run as it starts (the guest interface).
     services: std::sync::OnceLock<Arc<dyn RunServices>>,
+    /// Each session's context, by `agent/session/`.
+    contexts: context::Slots,
 }
 
 fn key(a: &str, s: &str, r: &str) -> String {
@@ -211,6 +216,7 @@ impl Runs {
             fences: Fences::default(),
             next: AtomicU64::new(1),
             services: std::sync::OnceLock::new(),
+            contexts: context::Slots::default(),
         })
     }
 
@@ -290,6 +296,16 @@ fn adopt(cgroups: &Cgroups, plugins: &Plugins) {
     if let Ok(agents) = std::fs::read_dir(cgroups.base()) {
         for a in agents.flatten() {
             for s in std::fs::read_dir(a.path()).into_iter().flatten().flatten() {
+                // A context's cgroup: its process ended with the supervisor
+                // that made it (end of its control socket).
+                if s.file_name()
+                    .to_string_lossy()
+                    .starts_with(allox_sandbox::cgroup::CONTEXT_PREFIX)
+                {
+                    let _ = cgroups.kill(&s.path(), std::time::Duration::from_secs(10));
+                    let _ = cgroups.remove(&s.path());
+                    continue;
+                }
                 for r in std::fs::read_dir(s.path()).into_iter().flatten().flatten() {
                     if !r.file_type().map(|t| t.is_dir()).unwrap_or(false) {
                         continue;

@@ -168,16 +168,27 @@ impl Runs {
         // Also for sessions and agents made before (or adopted by recovery).
         self.own(&paths.current);
         self.own(&paths.shared);
-        // clone3 and the spec write block; keep them off the I/O workers.
-        let exe = rustix::io::fcntl_dupfd_cloexec(&self.exe, 0).map_err(RunError::Dup)?;
+        // The session's context makes the sandbox; asking it blocks, so
+        // off the I/O workers.
+        let runs = self.clone();
+        let (aa, ss) = (a.to_string(), s.to_string());
         let spawned =
-            tokio::task::spawn_blocking(move || allox_sandbox::spawn(&exe, &spec, &cg)).await?;
+            tokio::task::spawn_blocking(move || runs.spawn_in_context(&aa, &ss, &spec, &cg))
+                .await?;
         let spawned = match spawned {
             Ok(sp) => sp,
             Err(e) => {
-                let _ = self.cgroups.remove(&self.cgroups.run_dir(a, s, &id));
+                // A context that died after making the run's PID 1 but
+                // before answering leaves it unsupervised: killed here.
+                let dir = self.cgroups.run_dir(a, s, &id);
+                let cg = self.cgroups.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    let _ = cg.kill(&dir, Duration::from_secs(10));
+                    let _ = cg.remove(&dir);
+                })
+                .await;
                 self.cfg.plugins.after_run(&run_ref);
-                return Err(RunError::Spawn(e));
+                return Err(e);
             }
         };
         // A rollback or delete may have fenced the session while the

@@ -12,6 +12,21 @@ use std::time::{Duration, Instant};
 
 use crate::{pct, us_or_ms};
 
+/// The bubblewrap command line compared against, the same as before.
+const BWRAP: [&str; 11] = [
+    "--unshare-pid",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "--ro-bind",
+    "/",
+    "/",
+    "--tmpfs",
+    "/tmp",
+    "/bin/true",
+];
+
 fn start(argv: &[&str], wait: bool) -> ProcessStart {
     ProcessStart {
         agent_id: "bench".into(),
@@ -81,22 +96,7 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
     if have_bwrap {
         for _ in 0..n {
             let t = Instant::now();
-            let ok = Command::new("bwrap")
-                .args([
-                    "--unshare-pid",
-                    "--dev",
-                    "/dev",
-                    "--proc",
-                    "/proc",
-                    "--ro-bind",
-                    "/",
-                    "/",
-                    "--tmpfs",
-                    "/tmp",
-                    "/bin/true",
-                ])
-                .status()?
-                .success();
+            let ok = Command::new("bwrap").args(BWRAP).status()?.success();
             bwrap.push(t.elapsed());
             anyhow::ensure!(ok, "bwrap failed");
         }
@@ -138,6 +138,46 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
             e2e.push(el);
         }
     }
+    // Whole commands as a user types them, alternating so that both see
+    // the same machine.
+    let ctl = workspace_bin("alloxctl");
+    let sock = fs.scratch().join("spawn.sock");
+    let mut ctl_exec = Vec::new();
+    let mut ctl_ping = Vec::new();
+    let mut bwrap_cmd = Vec::new();
+    for i in 0..n + 5 {
+        let t = Instant::now();
+        let ok = Command::new(&ctl)
+            .arg("--socket")
+            .arg(&sock)
+            .args(["exec", "bench", "s", "--", "/bin/true"])
+            .status()?
+            .success();
+        let el = t.elapsed();
+        anyhow::ensure!(ok, "alloxctl exec failed");
+        let t = Instant::now();
+        let ok = Command::new(&ctl)
+            .arg("--socket")
+            .arg(&sock)
+            .arg("ping")
+            .stdout(std::process::Stdio::null())
+            .status()?
+            .success();
+        let el_ping = t.elapsed();
+        anyhow::ensure!(ok, "alloxctl ping failed");
+        if i >= 5 {
+            ctl_exec.push(el);
+            ctl_ping.push(el_ping);
+        }
+        if have_bwrap {
+            let t = Instant::now();
+            let ok = Command::new("bwrap").args(BWRAP).status()?.success();
+            anyhow::ensure!(ok, "bwrap failed");
+            if i >= 5 {
+                bwrap_cmd.push(t.elapsed());
+            }
+        }
+    }
     d.stop();
 
     println!("## Sandboxed spawn\n");
@@ -164,6 +204,43 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
         "Allox sandbox, `process.start` with wait over the socket",
         &e2e,
     );
+    println!();
+    if have_bwrap {
+        let p50 = |v: &[Duration]| pct(v, 0.5).as_secs_f64();
+        println!(
+            "Ratios of p50: library / bwrap {:.2}, `process.start` / bwrap {:.2}, `process.start` / plain spawn {:.2}.\n",
+            p50(&lib) / p50(&bwrap),
+            p50(&e2e) / p50(&bwrap),
+            p50(&e2e) / p50(&plain)
+        );
+    }
+    println!("## Whole commands\n");
+    println!("Each a new process started by the benchmark, from spawn to exit, {n} times each, alternating.\n");
+    println!("| command | p50 | p99 | p50 / bwrap |");
+    println!("|---|---:|---:|---:|");
+    let whole = |name: &str, v: &[Duration]| {
+        let ratio = if bwrap_cmd.is_empty() {
+            "–".to_string()
+        } else {
+            format!(
+                "{:.2}×",
+                pct(v, 0.5).as_secs_f64() / pct(&bwrap_cmd, 0.5).as_secs_f64()
+            )
+        };
+        println!(
+            "| {name} | {} | {} | {ratio} |",
+            us_or_ms(pct(v, 0.5)),
+            us_or_ms(pct(v, 0.99)),
+        );
+    };
+    if have_bwrap {
+        whole(
+            "`bwrap --unshare-pid --dev /dev --proc /proc --ro-bind / / --tmpfs /tmp /bin/true`",
+            &bwrap_cmd,
+        );
+    }
+    whole("`alloxctl exec bench s -- /bin/true`", &ctl_exec);
+    whole("`alloxctl ping`", &ctl_ping);
     println!();
 
     // Killing a session of N processes.

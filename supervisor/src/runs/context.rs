@@ -1,0 +1,153 @@
+//! Session contexts: one per session that has run something, made on its
+//! first run, kept across rollbacks (which kill the session's processes,
+//! not its context), rebuilt on the next run when it died, and ended with
+//! `session.delete` and `agent.delete`.
+//!
+//! A context's process lives in its own cgroup beside the session's
+//! ([`Cgroups::context_dir`](allox_sandbox::cgroup::Cgroups::context_dir)).
+//! Requests to one context go one at a time (its slot's lock), as the
+//! context serves them.
+
+use super::{RunError, Runs};
+use allox_sandbox::{Context, ContextSpec, SandboxError, SandboxSpec, Spawned};
+use rustix::fd::OwnedFd;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A session's context, once made; `closed` once the session is gone (a
+/// start that picked the slot up before cannot make a new one).
+#[derive(Default)]
+pub(super) struct Slot {
+    ctx: Option<Context>,
+    closed: bool,
+}
+
+pub(super) type Slots = Mutex<HashMap<String, Arc<Mutex<Slot>>>>;
+
+impl Runs {
+    fn slot(&self, a: &str, s: &str) -> Arc<Mutex<Slot>> {
+        self.contexts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(super::key(a, s, ""))
+            .or_default()
+            .clone()
+    }
+
+    /// Starts a run of `spec` in the cgroup `cg` through the session's
+    /// context, making the context first if there is none (or it died).
+    /// Blocking.
+    pub(super) fn spawn_in_context(
+        &self,
+        a: &str,
+        s: &str,
+        spec: &SandboxSpec,
+        cg: &OwnedFd,
+    ) -> Result<Spawned, RunError> {
+        let slot = self.slot(a, s);
+        let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
+        // A delete ends the context under this lock, after its fence went
+        // up: checked here, no context outlives its session.
+        self.check_fence(a, s)?;
+        if g.closed {
+            return Err(RunError::Fenced {
+                agent: a.to_string(),
+                session: s.to_string(),
+            });
+        }
+        if g.ctx.as_ref().is_some_and(|c| !c.is_alive()) {
+            tracing::warn!(agent = %a, session = %s, "the session's context died; making a new one");
+            g.ctx = None;
+        }
+        let ctx = match g.ctx.take() {
+            Some(c) => c,
+            None => self.make_context(a, s)?,
+        };
+        match ctx.spawn(spec, cg) {
+            Ok(sp) => {
+                g.ctx = Some(ctx);
+                Ok(sp)
+            }
+            // The context is fine; this run is not.
+            Err(e @ SandboxError::Refused(_)) => {
+                g.ctx = Some(ctx);
+                Err(RunError::Spawn(e))
+            }
+            Err(e) => {
+                tracing::warn!(agent = %a, session = %s, error = %e.chain(), "the session's context failed; the next run makes a new one");
+                drop(ctx);
+                let _ = self.cgroups.remove(&self.cgroups.context_dir(a, s));
+                Err(RunError::Spawn(e))
+            }
+        }
+    }
+
+    fn make_context(&self, a: &str, s: &str) -> Result<Context, RunError> {
+        let cg = self.cgroups.create_context(a, s)?;
+        let spec = ContextSpec {
+            stage: self.cfg.stage.clone(),
+            system_dirs: self.cfg.system_dirs.clone(),
+            hostname: "allox".into(),
+            isolate_network: self.cfg.isolate_network,
+        };
+        Context::start(&self.exe, &cg, &spec).map_err(|e| {
+            let _ = self.cgroups.remove(&self.cgroups.context_dir(a, s));
+            RunError::Spawn(e)
+        })
+    }
+
+    /// PID of the session's context process, if it has one.
+    pub fn context_pid(&self, a: &str, s: &str) -> Option<i32> {
+        let slot = self
+            .contexts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&super::key(a, s, ""))
+            .cloned()?;
+        let g = slot.lock().unwrap_or_else(|e| e.into_inner());
+        g.ctx.as_ref().map(Context::pid)
+    }
+
+    /// Ends the session's context: its process killed and reaped, its
+    /// cgroup removed. For `session.delete`, with the session fenced.
+    /// Blocking.
+    pub fn end_context(&self, a: &str, s: &str) -> Result<(), RunError> {
+        let slot = self
+            .contexts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&super::key(a, s, ""));
+        if let Some(slot) = slot {
+            let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
+            g.closed = true;
+            g.ctx = None;
+        }
+        // Also one left by an earlier supervisor.
+        let dir = self.cgroups.context_dir(a, s);
+        self.cgroups.kill(&dir, Duration::from_secs(10))?;
+        self.cgroups.remove(&dir)?;
+        Ok(())
+    }
+
+    /// Ends every context of agent `a` (their cgroups go with the agent's).
+    /// Blocking.
+    pub fn end_contexts_of(&self, a: &str) {
+        // Ids have no `/`: this prefix is the agent's sessions only.
+        let prefix = format!("{a}/");
+        let slots: Vec<Arc<Mutex<Slot>>> = {
+            let mut map = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
+            let keys: Vec<String> = map
+                .keys()
+                .filter(|k| k.starts_with(&prefix))
+                .cloned()
+                .collect();
+            keys.iter().filter_map(|k| map.remove(k)).collect()
+        };
+        for slot in slots {
+            let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
+            g.closed = true;
+            g.ctx = None;
+        }
+    }
+}

@@ -1,0 +1,474 @@
+//! The session context: namespaces a session's runs share (its network
+//! namespace), kept across rollback, gone with the session; and what a run
+//! sees, which must stay what it was before runs were forked from a
+//! per-session process.
+
+use allox_integration::{require, ProcDaemon};
+use allox_protocol::*;
+use std::collections::BTreeMap;
+
+fn setup(name: &str, extra: &[&str]) -> Option<ProcDaemon> {
+    if !require(&format!("context::{name}")) {
+        return None;
+    }
+    if allox_integration::cgroup2_mount().is_none() {
+        panic!("context::{name} needs a cgroup2 mount (/sys/fs/cgroup or /sys/fs/cgroup/unified)");
+    }
+    let d = ProcDaemon::start(name, extra);
+    let mut c = d.daemon.client();
+    for (a, s) in [("a", "s"), ("a", "t")] {
+        let _ = c.call(Request::AgentCreate(AgentCreate::new(a)));
+        c.call(Request::SessionCreate(SessionCreate::new(a, s)))
+            .unwrap()
+            .unwrap();
+    }
+    Some(d)
+}
+
+fn start(a: &str, s: &str, argv: &[&str]) -> ProcessStart {
+    ProcessStart {
+        agent_id: a.into(),
+        session_id: s.into(),
+        argv: argv.iter().map(|x| x.to_string()).collect(),
+        env: BTreeMap::new(),
+        cwd: None,
+        stdin: Some(String::new()),
+        timeout_ms: None,
+        wait: true,
+        stream: false,
+    }
+}
+
+fn call(d: &ProcDaemon, r: Request) -> Result<Response, ErrorBody> {
+    d.daemon.client().call(r).expect("transport")
+}
+
+/// Runs `argv` in a/s, waits, and returns its standard output (it must
+/// exit 0).
+fn run(d: &ProcDaemon, a: &str, s: &str, argv: &[&str]) -> String {
+    match call(d, Request::ProcessStart(start(a, s, argv))) {
+        Ok(Response::Exited(r)) if r.exit_code == Some(0) => r.stdout,
+        other => panic!("{argv:?}: {other:?}"),
+    }
+}
+
+const SYSTEM_DIRS: [&str; 8] = [
+    "/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc", "/opt",
+];
+
+/// What a run sees, in a form that does not depend on the host: mount
+/// points with their flags, file system type and (for the sandbox's own
+/// file systems) super-block options, sorted by mount point (the order of
+/// lines in mountinfo follows the order of mounting, which is not part of
+/// the view); host system directories by their flags only (what lies below
+/// them is the host's); the environment with the run's id blanked; the
+/// credential, capability and seccomp lines of /proc/self/status; the
+/// hostname; the names in /, /dev and /allox.
+fn view(d: &ProcDaemon, a: &str, s: &str) -> String {
+    let mut out = Vec::new();
+    let mut mounts = Vec::new();
+    for line in run(d, a, s, &["/bin/cat", "/proc/self/mountinfo"]).lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let dash = f.iter().position(|x| *x == "-").expect("mountinfo line");
+        let (point, opts, optional) = (f[4], f[5], &f[6..dash]);
+        let (fstype, sup) = (f[dash + 1], f[dash + 3]);
+        if SYSTEM_DIRS
+            .iter()
+            .any(|d| point.starts_with(&format!("{d}/")))
+        {
+            continue;
+        }
+        let flags: Vec<&str> = opts
+            .split(',')
+            .filter(|o| ["rw", "ro", "nosuid", "nodev", "noexec"].contains(o))
+            .collect();
+        let mut rec = format!("mount {point} {}", flags.join(","));
+        if !optional.is_empty() {
+            rec.push_str(&format!(" [{}]", optional.join(" ")));
+        }
+        if !SYSTEM_DIRS.contains(&point) {
+            rec.push_str(&format!(" {fstype}"));
+            if ["tmpfs", "proc", "devpts"].contains(&fstype) {
+                rec.push_str(&format!(" {sup}"));
+            }
+        }
+        mounts.push(rec);
+    }
+    mounts.sort();
+    out.extend(mounts);
+    let mut env: Vec<String> = run(d, a, s, &["/usr/bin/env"])
+        .lines()
+        .map(|l| match l.split_once('=') {
+            Some(("ALLOX_RUN_ID", _)) => "env ALLOX_RUN_ID=<run>".to_string(),
+            _ => format!("env {l}"),
+        })
+        .collect();
+    env.sort();
+    out.extend(env);
+    for l in run(d, a, s, &["/bin/cat", "/proc/self/status"]).lines() {
+        let keep = [
+            "Uid:",
+            "Gid:",
+            "Groups:",
+            "CapInh:",
+            "CapPrm:",
+            "CapEff:",
+            "CapBnd:",
+            "CapAmb:",
+            "NoNewPrivs:",
+            "Seccomp:",
+            "Seccomp_filters:",
+        ];
+        if keep.iter().any(|k| l.starts_with(k)) {
+            out.push(format!(
+                "status {}",
+                l.split_whitespace().collect::<Vec<_>>().join(" ")
+            ));
+        }
+    }
+    let host = run(d, a, s, &["/bin/cat", "/proc/sys/kernel/hostname"]);
+    out.push(format!("hostname {}", host.trim()));
+    for dir in ["/", "/dev", "/allox"] {
+        let mut names: Vec<String> = run(d, a, s, &["/bin/ls", "-1a", dir])
+            .lines()
+            .map(String::from)
+            .collect();
+        names.sort();
+        out.push(format!("ls {dir} {}", names.join(" ")));
+    }
+    out.join("\n")
+}
+
+/// Recorded from the code before the session context existed (every run
+/// built its own root after an exec of the sandbox init), on the
+/// development host, with the daemon's default flags. A change here is a
+/// change of what every sandboxed program sees: it needs a reason.
+const EXPECTED_VIEW: &str = "\
+mount / ro,nosuid,nodev tmpfs ro,size=8192k,mode=755
+mount /allox/session rw,nosuid,nodev btrfs
+mount /allox/shared rw,nosuid,nodev btrfs
+mount /dev ro,nosuid,noexec tmpfs ro,size=64k,mode=755
+mount /dev/full rw devtmpfs
+mount /dev/null rw devtmpfs
+mount /dev/pts rw,nosuid,noexec devpts rw,mode=620,ptmxmode=666
+mount /dev/random rw devtmpfs
+mount /dev/shm rw,nosuid,nodev tmpfs rw,size=65536k
+mount /dev/tty rw devtmpfs
+mount /dev/urandom rw devtmpfs
+mount /dev/zero rw devtmpfs
+mount /etc ro,nosuid,nodev
+mount /opt ro,nosuid,nodev
+mount /proc rw,nosuid,nodev,noexec proc rw
+mount /tmp rw,nosuid,nodev tmpfs rw,size=524288k
+mount /usr ro,nosuid,nodev
+env ALLOX_AGENT_ID=a
+env ALLOX_AGENT_SHARED=/allox/shared
+env ALLOX_AGENT_WORKSPACE=/allox
+env ALLOX_RUN_ID=<run>
+env ALLOX_SESSION_ID=s
+env HOME=/allox/session
+env LANG=C.UTF-8
+env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+env TMPDIR=/tmp
+status Uid: 10000 10000 10000 10000
+status Gid: 10000 10000 10000 10000
+status Groups:
+status CapInh: 0000000000000000
+status CapPrm: 0000000000000000
+status CapEff: 0000000000000000
+status CapBnd: 0000000000000000
+status CapAmb: 0000000000000000
+status NoNewPrivs: 1
+status Seccomp: 2
+status Seccomp_filters: 3
+hostname allox
+ls / . .. allox bin dev etc lib lib32 lib64 opt proc sbin tmp usr
+ls /dev . .. fd full null ptmx pts random shm stderr stdin stdout tty urandom zero
+ls /allox . .. session shared
+";
+
+#[test]
+fn a_run_sees_what_it_saw_before_the_context() {
+    let Some(d) = setup("a_run_sees_what_it_saw_before_the_context", &[]) else {
+        return;
+    };
+    let seen = view(&d, "a", "s");
+    if std::env::var_os("ALLOX_PRINT_VIEW").is_some() {
+        println!("{seen}");
+    }
+    assert_eq!(seen, EXPECTED_VIEW.trim_end(), "the view of a run changed");
+    // The second run of the session (forked from the same context) sees
+    // the same.
+    assert_eq!(view(&d, "a", "s"), seen);
+}
+
+fn bg(d: &ProcDaemon, a: &str, s: &str, argv: &[&str]) -> String {
+    let mut p = start(a, s, argv);
+    p.wait = false;
+    match call(d, Request::ProcessStart(p)) {
+        Ok(Response::Started(r)) => r.run_id,
+        other => panic!("{argv:?}: {other:?}"),
+    }
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !f() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn current(d: &ProcDaemon, a: &str, s: &str) -> std::path::PathBuf {
+    d.daemon
+        .root
+        .join(format!("agents/{a}/workspace/sessions/{s}/current"))
+}
+
+/// The network namespace a run of a/s is in (`net:[inode]`).
+fn netns(d: &ProcDaemon, a: &str, s: &str) -> String {
+    run(d, a, s, &["/bin/readlink", "/proc/self/ns/net"])
+        .trim()
+        .to_string()
+}
+
+/// PIDs in the cgroup of a/s's context.
+fn context_procs(d: &ProcDaemon, a: &str, s: &str) -> Vec<i32> {
+    std::fs::read_to_string(
+        d.cgroup
+            .join(format!("allox/{a}/.context-{s}/cgroup.procs")),
+    )
+    .unwrap_or_default()
+    .lines()
+    .filter_map(|l| l.parse().ok())
+    .collect()
+}
+
+const SERVER: &str = r#"
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 8765))
+s.listen()
+open("/allox/session/ready", "w").close()
+while True:
+    c, _ = s.accept()
+    c.sendall(b"hello from the first run\n")
+    c.close()
+"#;
+
+const CLIENT: &str = r#"
+import socket
+try:
+    c = socket.create_connection(("127.0.0.1", 8765), timeout=5)
+    print(c.recv(100).decode().strip())
+except OSError as e:
+    print("unreachable:", type(e).__name__)
+"#;
+
+#[test]
+fn runs_of_a_session_share_loopback_and_other_sessions_cannot_reach_it() {
+    let name = "runs_of_a_session_share_loopback_and_other_sessions_cannot_reach_it";
+    let Some(d) = setup(name, &["--sandbox-network", "isolated"]) else {
+        return;
+    };
+    if !std::path::Path::new("/usr/bin/python3").exists() {
+        panic!("context::{name} needs /usr/bin/python3");
+    }
+    bg(&d, "a", "s", &["/usr/bin/python3", "-c", SERVER]);
+    wait_until("the server", || {
+        current(&d, "a", "s").join("ready").exists()
+    });
+    let same = run(&d, "a", "s", &["/usr/bin/python3", "-c", CLIENT]);
+    assert_eq!(same.trim(), "hello from the first run");
+    let other = run(&d, "a", "t", &["/usr/bin/python3", "-c", CLIENT]);
+    assert_eq!(other.trim(), "unreachable: ConnectionRefusedError");
+    // Nor does the host's loopback lead there.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", 8765))
+        .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused));
+}
+
+#[test]
+fn the_context_outlives_a_rollback_and_is_the_sessions_own() {
+    let Some(d) = setup(
+        "the_context_outlives_a_rollback_and_is_the_sessions_own",
+        &["--sandbox-network", "isolated"],
+    ) else {
+        return;
+    };
+    call(
+        &d,
+        Request::CheckpointCreate(CheckpointCreate {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: "c1".into(),
+            pinned: false,
+            label: None,
+        }),
+    )
+    .unwrap();
+    let before = netns(&d, "a", "s");
+    assert_eq!(netns(&d, "a", "s"), before, "two runs, two namespaces");
+    let host = std::fs::read_link("/proc/self/ns/net").unwrap();
+    assert_ne!(before, host.display().to_string());
+    assert_ne!(
+        netns(&d, "a", "t"),
+        before,
+        "two sessions share a namespace"
+    );
+    bg(&d, "a", "s", &["/bin/sleep", "1000"]);
+    let ctx = context_procs(&d, "a", "s");
+    assert_eq!(ctx.len(), 1, "{ctx:?}");
+    match call(
+        &d,
+        Request::SessionRollback(SessionRollback {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: "c1".into(),
+            kill_processes: Some(true),
+        }),
+    ) {
+        Ok(Response::RolledBack(r)) => assert!(r.killed_processes >= 1, "{r:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        context_procs(&d, "a", "s"),
+        ctx,
+        "the rollback killed the context"
+    );
+    assert_eq!(netns(&d, "a", "s"), before);
+}
+
+#[test]
+fn a_killed_context_is_made_again_by_the_next_run() {
+    let Some(d) = setup(
+        "a_killed_context_is_made_again_by_the_next_run",
+        &["--sandbox-network", "isolated"],
+    ) else {
+        return;
+    };
+    let before = netns(&d, "a", "s");
+    let ctx = context_procs(&d, "a", "s");
+    assert_eq!(ctx.len(), 1, "{ctx:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(ctx[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // Dead (a zombie, not yet reaped) or gone.
+    wait_until("the context's end", || {
+        std::fs::read_to_string(format!("/proc/{}/stat", ctx[0]))
+            .map(|st| {
+                st.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(true)
+    });
+    // The next run works, in a new context.
+    let after = netns(&d, "a", "s");
+    assert_ne!(after, before);
+    let now = context_procs(&d, "a", "s");
+    assert!(now.len() == 1 && now != ctx, "{now:?}");
+    // The dead one was reaped: no zombie left of it.
+    assert!(!std::path::Path::new(&format!("/proc/{}", ctx[0])).exists());
+}
+
+/// Distinct network namespaces held by processes of this test's cgroups
+/// (other tests run at once, with their own).
+fn netns_in_use(d: &ProcDaemon) -> usize {
+    let name = d.cgroup.file_name().unwrap().to_string_lossy().into_owned();
+    let mut set = std::collections::BTreeSet::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cg = std::fs::read_to_string(e.path().join("cgroup")).unwrap_or_default();
+        if !cg.contains(&format!("/{name}/")) {
+            continue;
+        }
+        if let Ok(l) = std::fs::read_link(e.path().join("ns/net")) {
+            set.insert(l);
+        }
+    }
+    set.len()
+}
+
+/// Cgroups below `dir`, as paths relative to it.
+fn cgroups_below(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            out.push(e.file_name().to_string_lossy().into_owned());
+            for sub in cgroups_below(&e.path()) {
+                out.push(format!("{}/{sub}", e.file_name().to_string_lossy()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn sessions_made_and_deleted_a_thousand_times_leave_nothing() {
+    let Some(d) = setup(
+        "sessions_made_and_deleted_a_thousand_times_leave_nothing",
+        &["--sandbox-network", "isolated"],
+    ) else {
+        return;
+    };
+    let cycles: usize = std::env::var("ALLOX_CONTEXT_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let daemon = d.daemon.child.id();
+    // The daemon's mounts of this test's files (other tests mount and
+    // unmount their own file systems meanwhile): the store and the stage.
+    let mine = d.fs.scratch().display().to_string();
+    let mountinfo = || {
+        std::fs::read_to_string(format!("/proc/{daemon}/mountinfo"))
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(&mine))
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    let (mounts, nets) = (mountinfo(), netns_in_use(&d));
+    let cgroups = cgroups_below(&d.cgroup);
+    let mut c = d.daemon.client();
+    for i in 0..cycles {
+        c.call(Request::SessionCreate(SessionCreate::new("a", "cycle")))
+            .unwrap()
+            .unwrap();
+        let r = c
+            .call(Request::ProcessStart(start("a", "cycle", &["/bin/true"])))
+            .unwrap();
+        assert!(
+            matches!(r, Ok(Response::Exited(ref x)) if x.exit_code == Some(0)),
+            "cycle {i}: {r:?}"
+        );
+        assert_eq!(context_procs(&d, "a", "cycle").len(), 1, "cycle {i}");
+        if i == 0 {
+            assert_eq!(netns_in_use(&d), nets + 1, "the context's namespace");
+        }
+        c.call(Request::SessionDelete(SessionRef {
+            agent_id: "a".into(),
+            session_id: "cycle".into(),
+        }))
+        .unwrap()
+        .unwrap();
+    }
+    assert_eq!(mountinfo(), mounts, "mounts left in the daemon's namespace");
+    assert_eq!(cgroups_below(&d.cgroup), cgroups, "cgroups left");
+    assert_eq!(netns_in_use(&d), nets, "network namespaces left");
+    // Processes: the daemon has no child left (no context, no run's PID
+    // 1, no zombie of either), whichever of its threads made it.
+    let mut children = String::new();
+    for t in std::fs::read_dir(format!("/proc/{daemon}/task"))
+        .unwrap()
+        .flatten()
+    {
+        children += &std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+    }
+    assert_eq!(children.trim(), "", "processes left");
+}

@@ -142,7 +142,9 @@ fn view(d: &ProcDaemon, a: &str, s: &str) -> String {
 /// Recorded from the code before the session context existed (every run
 /// built its own root after an exec of the sandbox init), on the
 /// development host, with the daemon's default flags. A change here is a
-/// change of what every sandboxed program sees: it needs a reason.
+/// change of what every sandboxed program sees: it needs a reason. Added
+/// since, on purpose: the guest interface (`/run/allox`, its client
+/// directory last on `PATH`).
 const EXPECTED_VIEW: &str = "\
 mount / ro,nosuid,nodev tmpfs ro,size=8192k,mode=755
 mount /allox/session rw,nosuid,nodev btrfs
@@ -159,6 +161,10 @@ mount /dev/zero rw devtmpfs
 mount /etc ro,nosuid,nodev
 mount /opt ro,nosuid,nodev
 mount /proc rw,nosuid,nodev,noexec proc rw
+mount /run/allox/bin/allox ro,nosuid,nodev ext4
+mount /run/allox/guest.sock ro,nosuid,nodev ext4
+mount /run/allox/turn.py ro,nosuid,nodev ext4
+mount /run/allox/whoami.py ro,nosuid,nodev ext4
 mount /tmp rw,nosuid,nodev tmpfs rw,size=524288k
 mount /usr ro,nosuid,nodev
 env ALLOX_AGENT_ID=a
@@ -168,7 +174,7 @@ env ALLOX_RUN_ID=<run>
 env ALLOX_SESSION_ID=s
 env HOME=/allox/session
 env LANG=C.UTF-8
-env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/run/allox/bin
 env TMPDIR=/tmp
 status Uid: 10000 10000 10000 10000
 status Gid: 10000 10000 10000 10000
@@ -182,7 +188,7 @@ status NoNewPrivs: 1
 status Seccomp: 2
 status Seccomp_filters: 3
 hostname allox
-ls / . .. allox bin dev etc lib lib32 lib64 opt proc sbin tmp usr
+ls / . .. allox bin dev etc lib lib32 lib64 opt proc run sbin tmp usr
 ls /dev . .. fd full null ptmx pts random shm stderr stdin stdout tty urandom zero
 ls /allox . .. session shared
 ";

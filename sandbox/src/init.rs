@@ -334,6 +334,9 @@ const RESERVED: [&str; 5] = ["/proc", "/dev", "/tmp", SESSION_MOUNT, SHARED_MOUN
 /// the binds' detached mounts (a file is bound on a file, anything else on
 /// a directory). Never through a symlink or onto another file system.
 pub(crate) fn prepare_binds(binds: &[Bind], trees: &[OwnedFd]) -> Result<(), String> {
+    if binds.is_empty() {
+        return Ok(());
+    }
     let root_dev = std::fs::symlink_metadata("/")
         .map_err(|e| format!("stat /: {e}"))?
         .dev();

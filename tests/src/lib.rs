@@ -395,6 +395,43 @@ pub fn cgroup2_mount() -> Option<PathBuf> {
         .find(|p| p.join("cgroup.subtree_control").exists())
 }
 
+/// A `process.start` of `argv` in session `a`/`s` that waits for the end,
+/// with empty stdin, no extra environment and no timeout.
+pub fn process_start(a: &str, s: &str, argv: &[&str]) -> allox_protocol::ProcessStart {
+    allox_protocol::ProcessStart {
+        agent_id: a.into(),
+        session_id: s.into(),
+        argv: argv.iter().map(|x| x.to_string()).collect(),
+        env: Default::default(),
+        cwd: None,
+        stdin: Some(String::new()),
+        timeout_ms: None,
+        wait: true,
+        stream: false,
+    }
+}
+
+/// One request to the daemon over a new connection; a broken transport
+/// fails the test.
+pub fn call(
+    d: &ProcDaemon,
+    r: allox_protocol::Request,
+) -> Result<allox_protocol::Response, allox_protocol::ErrorBody> {
+    d.daemon.client().call(r).expect("transport")
+}
+
+/// Makes each (agent, session) pair, the agents as needed.
+pub fn make_sessions(d: &ProcDaemon, pairs: &[(&str, &str)]) {
+    use allox_protocol::{AgentCreate, Request, SessionCreate};
+    let mut c = d.daemon.client();
+    for (a, s) in pairs {
+        let _ = c.call(Request::AgentCreate(AgentCreate::new(*a)));
+        c.call(Request::SessionCreate(SessionCreate::new(*a, *s)))
+            .expect("transport")
+            .expect("session.create");
+    }
+}
+
 /// A daemon with process support, on its own Btrfs store and under its own
 /// cgroup (so tests running at once never touch each other's processes).
 pub struct ProcDaemon {

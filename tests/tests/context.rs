@@ -3,9 +3,8 @@
 //! sees, which must stay what it was before runs were forked from a
 //! per-session process.
 
-use allox_integration::{require, ProcDaemon};
+use allox_integration::{call, make_sessions, process_start as start, require, ProcDaemon};
 use allox_protocol::*;
-use std::collections::BTreeMap;
 
 fn setup(name: &str, extra: &[&str]) -> Option<ProcDaemon> {
     if !require(&format!("context::{name}")) {
@@ -15,32 +14,8 @@ fn setup(name: &str, extra: &[&str]) -> Option<ProcDaemon> {
         panic!("context::{name} needs a cgroup2 mount (/sys/fs/cgroup or /sys/fs/cgroup/unified)");
     }
     let d = ProcDaemon::start(name, extra);
-    let mut c = d.daemon.client();
-    for (a, s) in [("a", "s"), ("a", "t")] {
-        let _ = c.call(Request::AgentCreate(AgentCreate::new(a)));
-        c.call(Request::SessionCreate(SessionCreate::new(a, s)))
-            .unwrap()
-            .unwrap();
-    }
+    make_sessions(&d, &[("a", "s"), ("a", "t")]);
     Some(d)
-}
-
-fn start(a: &str, s: &str, argv: &[&str]) -> ProcessStart {
-    ProcessStart {
-        agent_id: a.into(),
-        session_id: s.into(),
-        argv: argv.iter().map(|x| x.to_string()).collect(),
-        env: BTreeMap::new(),
-        cwd: None,
-        stdin: Some(String::new()),
-        timeout_ms: None,
-        wait: true,
-        stream: false,
-    }
-}
-
-fn call(d: &ProcDaemon, r: Request) -> Result<Response, ErrorBody> {
-    d.daemon.client().call(r).expect("transport")
 }
 
 /// Runs `argv` in a/s, waits, and returns its standard output (it must

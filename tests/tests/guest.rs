@@ -2,10 +2,11 @@
 //! `allox` client inside a run, the Python entry points, a hostile raw
 //! client, and what 1,000 runs leave behind.
 
-use allox_integration::{require, workspace_bin, ProcDaemon};
+use allox_integration::{
+    call, make_sessions, process_start as start, require, workspace_bin, ProcDaemon,
+};
 use allox_protocol::guest::*;
 use allox_protocol::*;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -17,32 +18,8 @@ fn setup(name: &str) -> Option<ProcDaemon> {
         panic!("guest::{name} needs a cgroup2 mount (/sys/fs/cgroup or /sys/fs/cgroup/unified)");
     }
     let d = ProcDaemon::start(name, &[]);
-    let mut c = d.daemon.client();
-    for (a, s) in [("a", "s"), ("a", "t"), ("b", "s")] {
-        let _ = c.call(Request::AgentCreate(AgentCreate::new(a)));
-        c.call(Request::SessionCreate(SessionCreate::new(a, s)))
-            .unwrap()
-            .unwrap();
-    }
+    make_sessions(&d, &[("a", "s"), ("a", "t"), ("b", "s")]);
     Some(d)
-}
-
-fn start(a: &str, s: &str, argv: &[&str]) -> ProcessStart {
-    ProcessStart {
-        agent_id: a.into(),
-        session_id: s.into(),
-        argv: argv.iter().map(|x| x.to_string()).collect(),
-        env: BTreeMap::new(),
-        cwd: None,
-        stdin: Some(String::new()),
-        timeout_ms: None,
-        wait: true,
-        stream: false,
-    }
-}
-
-fn call(d: &ProcDaemon, r: Request) -> Result<Response, ErrorBody> {
-    d.daemon.client().call(r).expect("transport")
 }
 
 fn run(d: &ProcDaemon, p: ProcessStart) -> RunResult {

@@ -5,7 +5,7 @@
 //! second, its peak RSS and its open descriptors stay under stated bounds,
 //! and where it must stop, its answer is an error naming the limit.
 
-use allox_integration::{require, ProcDaemon};
+use allox_integration::{call, require, ProcDaemon};
 use allox_protocol::*;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,10 +37,6 @@ fn setup(name: &str, size_mb: u64) -> Option<ProcDaemon> {
         .unwrap()
         .unwrap();
     Some(d)
-}
-
-fn call(d: &ProcDaemon, r: Request) -> Result<Response, ErrorBody> {
-    d.daemon.client().call(r).expect("transport")
 }
 
 /// Runs a Python program in the session and waits for it.

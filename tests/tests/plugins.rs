@@ -4,15 +4,11 @@
 //! an unknown name or a failing start stops the daemon naming the plugin;
 //! `--plugin process-tree` is the process tracker.
 
-use allox_integration::{needs, require, workspace_bin, ProcDaemon};
+use allox_integration::{call, needs, require, workspace_bin, ProcDaemon};
 use allox_protocol::*;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
-
-fn call(d: &ProcDaemon, r: Request) -> Result<Response, ErrorBody> {
-    d.daemon.client().call(r).expect("transport")
-}
 
 fn setup(d: &ProcDaemon) {
     call(d, Request::AgentCreate(AgentCreate::new("a"))).unwrap();

@@ -1,7 +1,7 @@
 //! Sandboxed runs through the real daemon: real namespaces, cgroups and
 //! Btrfs, as an agent framework drives them.
 
-use allox_integration::{require, ProcDaemon};
+use allox_integration::{call, make_sessions, process_start as start, require, ProcDaemon};
 use allox_protocol::*;
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
@@ -21,32 +21,8 @@ fn setup_with_env(name: &str, env: &[(&str, &str)]) -> Option<ProcDaemon> {
         panic!("process::{name} needs a cgroup2 mount (/sys/fs/cgroup or /sys/fs/cgroup/unified)");
     }
     let d = ProcDaemon::start_with_env(name, env, &[]);
-    let mut c = d.daemon.client();
-    for (a, s) in [("a", "s"), ("a", "t"), ("b", "s")] {
-        let _ = c.call(Request::AgentCreate(AgentCreate::new(a)));
-        c.call(Request::SessionCreate(SessionCreate::new(a, s)))
-            .unwrap()
-            .unwrap();
-    }
+    make_sessions(&d, &[("a", "s"), ("a", "t"), ("b", "s")]);
     Some(d)
-}
-
-fn start(a: &str, s: &str, argv: &[&str]) -> ProcessStart {
-    ProcessStart {
-        agent_id: a.into(),
-        session_id: s.into(),
-        argv: argv.iter().map(|x| x.to_string()).collect(),
-        env: BTreeMap::new(),
-        cwd: None,
-        stdin: Some(String::new()),
-        timeout_ms: None,
-        wait: true,
-        stream: false,
-    }
-}
-
-fn call(d: &ProcDaemon, r: Request) -> Result<Response, ErrorBody> {
-    d.daemon.client().call(r).expect("transport")
 }
 
 /// Runs `sh -c script` in a/s and waits.

@@ -96,6 +96,11 @@ ctl turn end agent-b session-2 turn-2 --status failed
 ctl log agent-b session-2
 ctl diff agent-b session-2 turn-1 current
 
+echo; echo "# a program inside the sandbox ends its own turn through the guest interface (/run/allox/guest.sock)"
+ctl turn begin agent-b session-2
+in_vm agent-b session-2 'allox whoami; echo "def parse(): return 1" > parser.py; allox turn end --label "ended from inside the sandbox"'
+ctl log agent-b session-2
+
 ctl audit
 ctl info
 

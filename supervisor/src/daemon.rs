@@ -1,6 +1,6 @@
 //! `allox-init supervise`: the supervisor as a daemon on a Btrfs mount.
 
-use crate::guest::{GuestService, NoRoutes};
+use crate::guest::{GuestRoutes, GuestService};
 use crate::peer::PeerPolicy;
 use crate::plugins::{self, PluginError, Plugins, Settings};
 use crate::runs::{RunError, Runs, RunsConfig};
@@ -124,6 +124,8 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         ms = t0.elapsed().as_millis() as u64,
         "process support ready"
     );
+    // `plugin.call` from inside sandboxes goes to the loaded plugins.
+    let guest_routes: Arc<dyn GuestRoutes> = plugins.clone();
     let sup = Arc::new(Supervisor::new(store, cfg.policy.clone(), runs, plugins));
     // The guest interface: a listener per run, in a directory of its own
     // beside the control socket.
@@ -134,7 +136,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
                     crate::guest::dir_for(&cfg.socket),
                     runs.config().init_exe.clone(),
                     Arc::downgrade(&sup),
-                    Arc::new(NoRoutes),
+                    guest_routes,
                 )
                 .map_err(DaemonError::Guest)?,
             );

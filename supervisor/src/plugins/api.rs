@@ -119,6 +119,32 @@ pub trait Plugin: Send + Sync {
     /// The run's sandbox is gone (reaped, its cgroup removed).
     fn after_run(&self, _run: &RunRef<'_>) {}
 
+    /// The routes it serves inside sandboxes, through the guest interface's
+    /// `plugin.call` (names of its own; two plugins may not share one).
+    fn guest_routes(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// Answers a `plugin.call` for one of [`Plugin::guest_routes`] from
+    /// inside a sandbox (on a blocking thread). `caller` is the run the
+    /// call came from, as the listener that accepted it says: a plugin acts
+    /// for that run's session only. `params` is JSON text; so is the
+    /// answer.
+    fn guest_call(
+        &self,
+        _caller: &allox_protocol::guest::GuestIdentity,
+        route: &str,
+        _params: &str,
+    ) -> Result<String, allox_protocol::ErrorBody> {
+        Err(allox_protocol::ErrorBody::new(
+            allox_protocol::ErrorCode::Unsupported,
+            format!(
+                "plugin {} has no handler for the guest route {route}",
+                self.manifest().name
+            ),
+        ))
+    }
+
     /// Answers a request for one of [`Manifest::routes`].
     fn serve<'a>(&'a self, req: &'a Request, _ctx: RouteContext<'a>) -> RouteFuture<'a> {
         let name = self.manifest().name;

@@ -36,6 +36,8 @@ pub struct Plugins {
     loaded: Vec<Arc<dyn Plugin>>,
     /// Action → index in `loaded`.
     routes: BTreeMap<&'static str, usize>,
+    /// Guest route (`plugin.call` from inside a sandbox) → index in `loaded`.
+    guest_routes: BTreeMap<&'static str, usize>,
     /// How many of `loaded` (a prefix) are started.
     started: Mutex<usize>,
     system_dirs: Vec<PathBuf>,
@@ -63,6 +65,7 @@ impl Plugins {
             installed: Vec::new(),
             loaded: Vec::new(),
             routes: BTreeMap::new(),
+            guest_routes: BTreeMap::new(),
             started: Mutex::new(0),
             system_dirs: Vec::new(),
             failpoints: Failpoints::default(),
@@ -144,10 +147,24 @@ impl Plugins {
                 routes.insert(route, i);
             }
         }
+        let mut guest_routes: BTreeMap<&'static str, usize> = BTreeMap::new();
+        for (i, p) in loaded.iter().enumerate() {
+            for &route in p.guest_routes() {
+                if let Some(&j) = guest_routes.get(route) {
+                    return Err(PluginError::Contributed {
+                        first: loaded[j].manifest().name,
+                        second: p.manifest().name,
+                        what: format!("guest route {route}"),
+                    });
+                }
+                guest_routes.insert(route, i);
+            }
+        }
         let me = Plugins {
             installed,
             loaded,
             routes,
+            guest_routes,
             started: Mutex::new(0),
             system_dirs: system_dirs.to_vec(),
             failpoints,
@@ -317,6 +334,24 @@ impl Plugins {
                     }
                 })
                 .collect(),
+        }
+    }
+}
+
+/// The loaded plugins' guest routes: a `plugin.call` from inside a sandbox
+/// goes to the plugin that owns the route.
+impl crate::guest::GuestRoutes for Plugins {
+    fn call(
+        &self,
+        caller: &allox_protocol::guest::GuestIdentity,
+        route: &str,
+        params: &str,
+    ) -> crate::guest::RouteOutcome {
+        match self.guest_routes.get(route) {
+            Some(&i) => crate::guest::RouteOutcome::Answered(
+                self.loaded[i].guest_call(caller, route, params),
+            ),
+            None => crate::guest::RouteOutcome::NotOwned,
         }
     }
 }

@@ -24,6 +24,8 @@ struct Fake {
     start: Start,
     refuse_runs: bool,
     contribution: Contribution,
+    /// Routes it serves from inside sandboxes; it answers with who called.
+    guest: &'static [&'static str],
 }
 
 impl Plugin for Fake {
@@ -73,6 +75,20 @@ impl Plugin for Fake {
             .unwrap()
             .push(format!("after {}", self.manifest.name));
     }
+    fn guest_routes(&self) -> &'static [&'static str] {
+        self.guest
+    }
+    fn guest_call(
+        &self,
+        caller: &allox_protocol::guest::GuestIdentity,
+        route: &str,
+        params: &str,
+    ) -> Result<String, allox_protocol::ErrorBody> {
+        Ok(format!(
+            "{} {route} {}/{}/{} {params}",
+            self.manifest.name, caller.agent_id, caller.session_id, caller.run_id
+        ))
+    }
 }
 
 fn manifest(name: &'static str) -> Manifest {
@@ -93,6 +109,7 @@ fn fake(log: &Log, m: Manifest) -> Fake {
         start: Start::Ok,
         refuse_runs: false,
         contribution: Contribution::default(),
+        guest: &[],
     }
 }
 
@@ -417,4 +434,58 @@ fn every_installed_plugin_has_a_start_failpoint() {
             "{point} is not declared"
         );
     }
+}
+
+#[test]
+fn a_guest_route_goes_to_its_plugin_with_the_caller_s_identity() {
+    use crate::guest::{GuestRoutes, RouteOutcome};
+    let log = Log::default();
+    let fakes = vec![
+        fake(&log, manifest("a")),
+        Fake {
+            guest: &["net.connect"],
+            ..fake(&log, manifest("b"))
+        },
+    ];
+    let p = load(fakes, &["a", "b"]).unwrap();
+    let caller = allox_protocol::guest::GuestIdentity {
+        agent_id: "ag".into(),
+        session_id: "se".into(),
+        run_id: "r1".into(),
+    };
+    assert_eq!(
+        p.call(&caller, "net.connect", "{}"),
+        RouteOutcome::Answered(Ok("b net.connect ag/se/r1 {}".into()))
+    );
+    assert_eq!(p.call(&caller, "share.read", "{}"), RouteOutcome::NotOwned);
+    // A plugin installed but not enabled serves nothing.
+    let fakes = vec![Fake {
+        guest: &["net.connect"],
+        ..fake(&log, manifest("b"))
+    }];
+    let none = load(fakes, &[]).unwrap();
+    assert_eq!(
+        none.call(&caller, "net.connect", "{}"),
+        RouteOutcome::NotOwned
+    );
+}
+
+#[test]
+fn two_plugins_with_one_guest_route_name_both() {
+    let log = Log::default();
+    let fakes = vec![
+        Fake {
+            guest: &["x.y"],
+            ..fake(&log, manifest("a"))
+        },
+        Fake {
+            guest: &["x.y"],
+            ..fake(&log, manifest("b"))
+        },
+    ];
+    let e = err(fakes, &["a", "b"]);
+    assert!(
+        e.contains("a") && e.contains("b") && e.contains("guest route x.y"),
+        "{e}"
+    );
 }

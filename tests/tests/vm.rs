@@ -602,3 +602,79 @@ fn guest_the_process_tracker_runs_inside_the_vm() {
     let _ = c.call(Request::Shutdown(Shutdown {}));
     assert!(vm.wait_exit(Duration::from_secs(60)).is_some());
 }
+
+#[test]
+fn guest_runs_of_a_session_share_its_network_and_a_run_ends_its_own_turn() {
+    let Some(img) = require_vm("vm::runs_of_a_session_share_its_network") else {
+        return;
+    };
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = store_image(dir.path(), true);
+    let mut vm = Vm::boot(
+        &img,
+        Some(&store),
+        &["allox.args=--sandbox-network=isolated"],
+    );
+    let (mut c, _) = vm.connect(BOOT);
+    ok(&mut c, agent("a"));
+    let mut auto = SessionCreate::new("a", "s");
+    auto.auto_checkpoint = Some(true);
+    ok(&mut c, Request::SessionCreate(auto));
+    ok(&mut c, session("a", "t"));
+    // A server in one run of the session, a client in another: they share
+    // the session's loopback (busybox httpd and wget).
+    sh(
+        &mut c,
+        "a",
+        "s",
+        "mkdir -p www && echo hello-from-s > www/index.html",
+    );
+    let _server = start(&mut c, "a", "s", "exec httpd -f -p 127.0.0.1:8000 -h www");
+    let got = sh(
+        &mut c,
+        "a",
+        "s",
+        "for i in $(seq 100); do wget -q -O - http://127.0.0.1:8000/index.html && exit 0; \
+         sleep 0.1; done; exit 1",
+    );
+    assert_eq!(got.trim(), "hello-from-s", "console:\n{}", vm.console());
+    // Another session's loopback is its own.
+    match ok(
+        &mut c,
+        run(
+            "a",
+            "t",
+            "wget -q -T 2 -O - http://127.0.0.1:8000/index.html",
+            true,
+        ),
+    ) {
+        Response::Exited(x) => assert_ne!(x.exit_code, Some(0), "session t reached s: {x:?}"),
+        other => panic!("{other:?}"),
+    }
+    // A program in the sandbox begins and ends its own turn through the
+    // guest interface; the host sees the turn's checkpoint.
+    let out = sh(
+        &mut c,
+        "a",
+        "s",
+        "set -e; allox whoami; allox turn begin; echo done > result.txt; \
+         allox turn end --label 'from inside the VM'",
+    );
+    assert!(out.contains("turn turn-1 ended ok"), "{out}");
+    let l = match ok(
+        &mut c,
+        Request::CheckpointList(SessionRef {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+        }),
+    ) {
+        Response::Checkpoints(l) => l,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        l.checkpoints
+            .iter()
+            .any(|k| k.origin == Origin::Turn && k.label.as_deref() == Some("from inside the VM")),
+        "{l:?}"
+    );
+}

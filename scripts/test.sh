@@ -32,7 +32,14 @@ step "unit tests (no privileges)"
 cargo test --workspace --exclude allox-integration 2>&1 | tee -a "$LOG"
 
 step "integration tests (root, loop devices, Btrfs)"
-ALLOX_REQUIRE_PRIVILEGED=1 cargo test -p allox-integration -- --test-threads=2 --skip guest_ 2>&1 | tee -a "$LOG"
+# Every target of tests/tests but the VM ones, which run after the guest
+# image is built.
+targets=()
+for t in tests/tests/*.rs; do
+    t=$(basename "$t" .rs)
+    case $t in vm | powercut) ;; *) targets+=(--test "$t") ;; esac
+done
+ALLOX_REQUIRE_PRIVILEGED=1 cargo test -p allox-integration --lib --bins "${targets[@]}" -- --test-threads=2 2>&1 | tee -a "$LOG"
 
 step "guest image: kernel (cached by config hash), static allox-init, initramfs"
 allox_install_guest_deps

@@ -311,6 +311,13 @@ impl Client {
         let mut out = std::mem::take(&mut self.unsent_hello);
         out.extend(frame);
         if let Err(e) = self.stream.write_all(&out) {
+            // A server that refuses a peer closes without reading its
+            // Hello: the refusal is still there to read.
+            if !self.welcomed {
+                if let Some(body) = self.refusal() {
+                    return Err(ClientError::Refused(body));
+                }
+            }
             return Err(self.io_error(e, ClientError::Write));
         }
         loop {
@@ -352,6 +359,21 @@ impl Client {
                 // port that said Hello again): nothing to do.
                 ServerFrame::Welcome(_) => {}
                 ServerFrame::Refused(body) => return Err(ClientError::Refused(body)),
+            }
+        }
+    }
+
+    /// A refusal the server sent before closing, if it sent one.
+    fn refusal(&mut self) -> Option<allox_protocol::ErrorBody> {
+        loop {
+            match self.next_payload() {
+                Ok(p) => {
+                    if let Ok(ServerFrame::Refused(body)) = decode::<ServerFrame>(&p) {
+                        return Some(body);
+                    }
+                }
+                Err(ClientError::BadFrame(_)) => continue,
+                Err(_) => return None,
             }
         }
     }

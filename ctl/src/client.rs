@@ -93,6 +93,20 @@ impl ClientError {
 
 pub use allox_protocol::error_chain;
 
+/// A connected socket whose reads and writes are bounded by `timeout`
+/// (none: unbounded, as a new socket is).
+fn connect_stream(path: &Path, timeout: Option<Duration>) -> Result<UnixStream, ClientError> {
+    let connect_err = |source: io::Error| ClientError::Connect {
+        path: path.to_owned(),
+        hint: connect_hint(&source),
+        source,
+    };
+    let stream = UnixStream::connect(path).map_err(connect_err)?;
+    stream.set_read_timeout(timeout).map_err(connect_err)?;
+    stream.set_write_timeout(timeout).map_err(connect_err)?;
+    Ok(stream)
+}
+
 /// Says what a failed `connect` most likely means.
 fn connect_hint(err: &io::Error) -> &'static str {
     match err.kind() {
@@ -156,16 +170,7 @@ impl Client {
         path: impl AsRef<Path>,
         timeout: Option<Duration>,
     ) -> Result<Client, ClientError> {
-        let path = path.as_ref();
-        let connect_err = |source: io::Error| ClientError::Connect {
-            path: path.to_owned(),
-            hint: connect_hint(&source),
-            source,
-        };
-        let stream = UnixStream::connect(path).map_err(connect_err)?;
-        stream.set_read_timeout(timeout).map_err(connect_err)?;
-        stream.set_write_timeout(timeout).map_err(connect_err)?;
-        Client::handshake(stream)
+        Client::handshake(connect_stream(path.as_ref(), timeout)?)
     }
 
     /// As [`Client::connect_timeout`], without waiting for the Welcome:
@@ -177,17 +182,7 @@ impl Client {
         path: impl AsRef<Path>,
         timeout: Option<Duration>,
     ) -> Result<Client, ClientError> {
-        let path = path.as_ref();
-        let connect_err = |source: io::Error| ClientError::Connect {
-            path: path.to_owned(),
-            hint: connect_hint(&source),
-            source,
-        };
-        let stream = UnixStream::connect(path).map_err(connect_err)?;
-        if timeout.is_some() {
-            stream.set_read_timeout(timeout).map_err(connect_err)?;
-            stream.set_write_timeout(timeout).map_err(connect_err)?;
-        }
+        let stream = connect_stream(path.as_ref(), timeout)?;
         let (mut client, hello) = Client::unwelcomed(stream, timeout)?;
         client.unsent_hello = hello;
         Ok(client)

@@ -111,15 +111,7 @@ pub(crate) fn run(spec: SandboxSpec, fds: RunFds, filter: &seccomp::Filters) -> 
     drop(err_w);
     // The init keeps no end of the program's pipes, so the supervisor sees
     // end-of-output as soon as the program (and what it started) is done.
-    if let Ok(null) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/null")
-    {
-        let _ = rustix::stdio::dup2_stdin(&null);
-        let _ = rustix::stdio::dup2_stdout(&null);
-        let _ = rustix::stdio::dup2_stderr(&null);
-    }
+    sys::stdio_to_null();
     let mut errbuf = [0u8; 4];
     let n = std::fs::File::from(err_r).read(&mut errbuf).unwrap_or(0);
     let exec_errno = (n == 4).then(|| i32::from_ne_bytes(errbuf));

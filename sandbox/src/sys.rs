@@ -124,6 +124,21 @@ pub(crate) fn close_all_above_stdio_but(keep: BorrowedFd<'_>) -> io::Result<()> 
     Ok(())
 }
 
+/// Points this process's descriptors 0, 1 and 2 at `/dev/null` (best
+/// effort): it keeps no end of anyone's pipes, and descriptors it receives
+/// later land at 3 and above.
+pub fn stdio_to_null() {
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        let _ = rustix::stdio::dup2_stdin(&null);
+        let _ = rustix::stdio::dup2_stdout(&null);
+        let _ = rustix::stdio::dup2_stderr(&null);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

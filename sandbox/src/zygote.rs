@@ -33,15 +33,7 @@ pub fn run() -> ! {
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     let sock = sys::inherited_fd(CONTROL_FD);
     // Descriptors received later land at 3 and above, never on 0-2.
-    if let Ok(null) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/null")
-    {
-        let _ = rustix::stdio::dup2_stdin(&null);
-        let _ = rustix::stdio::dup2_stdout(&null);
-        let _ = rustix::stdio::dup2_stderr(&null);
-    }
+    sys::stdio_to_null();
     // The supervisor is exempt from the OOM killer; what runs in a sandbox
     // must not be, and goes first (inherited by every run).
     let _ = std::fs::write("/proc/self/oom_score_adj", "500");

@@ -178,10 +178,212 @@ fn refused_calls() -> Vec<(&'static str, i64, [i64; 6])> {
 }
 
 #[test]
-fn filters_compile_within_the_kernel_limit() {
+fn the_filter_is_one_short_program() {
     let f = filters().unwrap();
-    assert_eq!(f.progs.len(), 3);
-    assert!(f.progs.iter().all(|p| !p.is_empty() && p.len() < 4096));
+    // Three linear programs of 1,760 instructions in all before.
+    assert!(f.prog.len() < 400, "{} instructions", f.prog.len());
+}
+
+/// The filters as they were compiled before the search tree: three linear
+/// programs by seccompiler, installed in this order.
+mod reference {
+    use super::super::{allowed, refused};
+    use seccompiler::{
+        sock_filter, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
+        SeccompFilter, SeccompRule, TargetArch,
+    };
+    use std::collections::BTreeMap;
+
+    fn arch() -> TargetArch {
+        #[cfg(target_arch = "aarch64")]
+        return TargetArch::aarch64;
+        #[cfg(not(target_arch = "aarch64"))]
+        TargetArch::x86_64
+    }
+
+    fn rule(conds: Vec<(u8, SeccompCmpArgLen, SeccompCmpOp, u64)>) -> SeccompRule {
+        let conds = conds
+            .into_iter()
+            .map(|(arg, len, op, v)| SeccompCondition::new(arg, len, op, v).unwrap())
+            .collect();
+        SeccompRule::new(conds).unwrap()
+    }
+
+    fn x32_guard() -> BpfProgram {
+        let s = |code, jt, jf, k| sock_filter { code, jt, jf, k };
+        vec![
+            s(0x20, 0, 0, 0),
+            s(0x35, 1, 0, 0x4000_0000),
+            s(0x06, 0, 0, 0x7fff_0000),
+            s(0x06, 0, 0, 0x0005_0000 | libc::ENOSYS as u32),
+        ]
+    }
+
+    fn allowlist() -> BpfProgram {
+        let rules: BTreeMap<i64, Vec<SeccompRule>> =
+            allowed::syscalls().map(|nr| (nr, vec![])).collect();
+        SeccompFilter::new(
+            rules,
+            SeccompAction::Errno(libc::ENOSYS as u32),
+            SeccompAction::Allow,
+            arch(),
+        )
+        .unwrap()
+        .try_into()
+        .unwrap()
+    }
+
+    fn denylist(errno: u32) -> BpfProgram {
+        use SeccompCmpArgLen::{Dword, Qword};
+        let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
+            refused::SYSCALLS.iter().map(|&nr| (nr, vec![])).collect();
+        let newuser = |arg| {
+            rule(vec![(
+                arg,
+                Qword,
+                SeccompCmpOp::MaskedEq(refused::CLONE_NEWUSER),
+                refused::CLONE_NEWUSER,
+            )])
+        };
+        rules.insert(libc::SYS_unshare, vec![newuser(0)]);
+        rules.insert(libc::SYS_clone, vec![newuser(0)]);
+        rules.insert(
+            libc::SYS_socket,
+            vec![rule(vec![(0, Dword, SeccompCmpOp::Eq, refused::AF_VSOCK)])],
+        );
+        let other_persona = refused::PERSONALITIES
+            .iter()
+            .map(|&p| (0, Dword, SeccompCmpOp::Ne, p))
+            .collect();
+        rules.insert(libc::SYS_personality, vec![rule(other_persona)]);
+        let ioctls = refused::IOCTLS
+            .iter()
+            .map(|&cmd| rule(vec![(1, Dword, SeccompCmpOp::Eq, cmd)]))
+            .collect();
+        rules.insert(libc::SYS_ioctl, ioctls);
+        SeccompFilter::new(
+            rules,
+            SeccompAction::Allow,
+            SeccompAction::Errno(errno),
+            arch(),
+        )
+        .unwrap()
+        .try_into()
+        .unwrap()
+    }
+
+    /// In installation order.
+    pub fn programs(errno: u32) -> Vec<BpfProgram> {
+        vec![x32_guard(), allowlist(), denylist(errno)]
+    }
+}
+
+/// Runs a classic BPF program on `seccomp_data` (the instructions seccomp
+/// programs use; any other fails the test).
+fn interpret(prog: &[seccompiler::sock_filter], data: &[u8; 64]) -> u32 {
+    let (mut a, mut pc) = (0u32, 0usize);
+    loop {
+        let i = &prog[pc];
+        pc += 1;
+        let k = i.k;
+        let taken = match i.code {
+            0x20 => {
+                let k = k as usize;
+                a = u32::from_ne_bytes(data[k..k + 4].try_into().unwrap());
+                continue;
+            }
+            0x54 => {
+                a &= k;
+                continue;
+            }
+            0x05 => {
+                pc += k as usize;
+                continue;
+            }
+            0x06 => return k,
+            0x15 => a == k,
+            0x25 => a > k,
+            0x35 => a >= k,
+            0x45 => a & k != 0,
+            c => panic!("instruction {c:#x} at {}", pc - 1),
+        };
+        pc += usize::from(if taken { i.jt } else { i.jf });
+    }
+}
+
+/// The kernel's rule: every filter runs, newest first; the strictest
+/// action wins, the first one run among equals.
+fn answer(progs: &[&[seccompiler::sock_filter]], data: &[u8; 64]) -> u32 {
+    let action = |r: u32| (r & 0xffff_0000) as i32;
+    let mut ret = libc::SECCOMP_RET_ALLOW;
+    for p in progs.iter().rev() {
+        let cur = interpret(p, data);
+        if action(cur) < action(ret) {
+            ret = cur;
+        }
+    }
+    ret
+}
+
+fn seccomp_data(nr: u32, arch: u32, args: [u64; 6]) -> [u8; 64] {
+    let mut d = [0u8; 64];
+    d[0..4].copy_from_slice(&nr.to_ne_bytes());
+    d[4..8].copy_from_slice(&arch.to_ne_bytes());
+    d[8..16].copy_from_slice(&0x7f00_1234_5678u64.to_ne_bytes());
+    for (i, a) in args.iter().enumerate() {
+        d[16 + 8 * i..24 + 8 * i].copy_from_slice(&a.to_ne_bytes());
+    }
+    d
+}
+
+#[test]
+fn the_search_tree_answers_every_call_as_the_three_linear_filters_did() {
+    let tree = filters_answering(MARK as u32).unwrap().prog;
+    let old = reference::programs(MARK as u32);
+    let old: Vec<&[seccompiler::sock_filter]> = old.iter().map(|p| p.as_slice()).collect();
+    // Every listed value in every argument position that has a rule, alone,
+    // with high bits set, with neighbours and other flags.
+    let mut values: Vec<u64> = vec![0, 1, 0x11, 0x200, u64::from(u32::MAX), u64::MAX];
+    for &v in IOCTLS
+        .iter()
+        .chain(PERSONALITIES)
+        .chain(&[refused::AF_VSOCK, refused::CLONE_NEWUSER])
+    {
+        values.extend([v, v | 1 << 32, v + 1, v.wrapping_sub(1), v | 0x200]);
+    }
+    let mut argsets = vec![[0u64; 6], [u64::MAX; 6]];
+    for &v in &values {
+        argsets.push([v, 0, 0, 0, 0, 0]);
+        argsets.push([0, v, 0, 0, 0, 0]);
+        argsets.push([v, v, v, v, v, v]);
+    }
+    let mut numbers: Vec<u32> = (0..1024).collect();
+    numbers.extend((0..600).map(|n| 0x4000_0000 | n));
+    numbers.extend([0x3fff_ffff, 0x7fff_ffff, 0x8000_0000, u32::MAX]);
+    let mut checked = 0;
+    for arch in [tree::AUDIT_ARCH, 0x4000_0003, 0] {
+        for &nr in &numbers {
+            // Every argument set for the calls with argument rules (and
+            // their x32 numbers), two for the others.
+            let ruled = [
+                libc::SYS_clone,
+                libc::SYS_unshare,
+                libc::SYS_socket,
+                libc::SYS_personality,
+                libc::SYS_ioctl,
+            ]
+            .contains(&i64::from(nr & !0x4000_0000));
+            let sets = if ruled { &argsets[..] } else { &argsets[..2] };
+            for args in sets {
+                let d = seccomp_data(nr, arch, *args);
+                let want = answer(&old, &d);
+                let got = answer(&[&tree], &d);
+                assert_eq!(got, want, "nr {nr:#x}, arch {arch:#x}, args {args:x?}");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 10_000, "{checked}");
 }
 
 #[test]

@@ -288,7 +288,10 @@ impl Cgroups {
     }
 
     /// Waits for `populated 0`, woken by the kernel's notification on
-    /// `cgroup.events`.
+    /// `cgroup.events`, and reading the file again after short, growing
+    /// pauses: the kernel sends at most one notification per file every
+    /// 10 ms, so a cgroup whose processes started a moment ago would
+    /// otherwise be seen empty up to 10 ms late.
     pub fn wait_empty(&self, dir: &Path, timeout: Duration) -> Result<(), CgroupError> {
         let events = dir.join("cgroup.events");
         let fd = match rustix::fs::open(&events, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()) {
@@ -297,6 +300,7 @@ impl Cgroups {
             Err(e) => return Err(io_err("open", &events, e.into())),
         };
         let start = Instant::now();
+        let mut pause = Duration::from_micros(200);
         loop {
             if !self.populated(dir) {
                 return Ok(());
@@ -308,7 +312,8 @@ impl Cgroups {
                     waited: timeout,
                 });
             }
-            poll_pri(&fd, left.min(Duration::from_millis(50)));
+            poll_pri(&fd, left.min(pause));
+            pause = (pause * 2).min(Duration::from_millis(50));
         }
     }
 

@@ -27,6 +27,10 @@ const BWRAP: [&str; 11] = [
     "/bin/true",
 ];
 
+/// New mount, PID and IPC namespaces (what a run gets of its own), a
+/// fork into them and `/bin/true`: util-linux's `unshare`.
+const UNSHARE: [&str; 5] = ["--mount", "--pid", "--ipc", "--fork", "/bin/true"];
+
 fn start(argv: &[&str], wait: bool) -> ProcessStart {
     ProcessStart {
         agent_id: "bench".into(),
@@ -90,6 +94,15 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
         let t = Instant::now();
         Command::new("/bin/true").status()?;
         plain.push(t.elapsed());
+    }
+    // The namespaces a run needs and nothing else (no mounts, cgroup,
+    // filter or supervisor): the floor of any sandbox that makes them.
+    let mut unshare = Vec::new();
+    for _ in 0..n {
+        let t = Instant::now();
+        let ok = Command::new("unshare").args(UNSHARE).status()?.success();
+        unshare.push(t.elapsed());
+        anyhow::ensure!(ok, "unshare failed");
     }
     let mut bwrap = Vec::new();
     let have_bwrap = allox_integration::which("bwrap").is_some();
@@ -193,6 +206,10 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
         );
     };
     row("plain spawn (`std::process::Command`, posix_spawn)", &plain);
+    row(
+        "`unshare --mount --pid --ipc --fork` (the namespaces alone)",
+        &unshare,
+    );
     if have_bwrap {
         row(
             "`bwrap --unshare-pid --dev /dev --proc /proc --ro-bind / / --tmpfs /tmp`",
@@ -208,10 +225,11 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
     if have_bwrap {
         let p50 = |v: &[Duration]| pct(v, 0.5).as_secs_f64();
         println!(
-            "Ratios of p50: library / bwrap {:.2}, `process.start` / bwrap {:.2}, `process.start` / plain spawn {:.2}.\n",
+            "Ratios of p50: library / bwrap {:.2}, `process.start` / bwrap {:.2}, `process.start` / plain spawn {:.2}, `process.start` / namespaces alone {:.2}.\n",
             p50(&lib) / p50(&bwrap),
             p50(&e2e) / p50(&bwrap),
-            p50(&e2e) / p50(&plain)
+            p50(&e2e) / p50(&plain),
+            p50(&e2e) / p50(&unshare)
         );
     }
     println!("## Whole commands\n");
@@ -245,9 +263,17 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
 
     // Killing a session of N processes.
     println!("## Session kill\n");
-    println!("A run forks N `sleep`s; time of `cgroup.kill` until `populated 0`.\n");
-    println!("| processes | reps | p50 | p99 |");
-    println!("|---:|---:|---:|---:|");
+    println!(
+        "A run forks N `sleep`s; time of `cgroup.kill` until `populated 0`. Baseline in the same"
+    );
+    println!(
+        "run: the same N `sleep`s started by the benchmark itself, outside any sandbox, each sent"
+    );
+    println!(
+        "SIGKILL with kill(2) and waited for (the kernel's own cost of ending N processes).\n"
+    );
+    println!("| processes | reps | session kill p50 | session kill p99 | kill(2) and wait p50 | kill(2) and wait p99 | session kill / kill(2) |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     for procs in [10usize, 100, 1000] {
         let reps = if quick {
             3
@@ -256,7 +282,7 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
         } else {
             20
         };
-        let mut v = Vec::new();
+        let (mut v, mut base) = (Vec::new(), Vec::new());
         for _ in 0..reps {
             let script = format!("for i in $(seq {procs}); do sleep 1000 & done; wait");
             rt.block_on(runs.start(&start(&["/bin/sh", "-c", &script], false), paths(), None))?;
@@ -272,13 +298,40 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
             let t = Instant::now();
             runs.kill_tree(&dir, false)?;
             v.push(t.elapsed());
+            base.push(kill_plain(procs)?);
         }
+        let (p50, b50) = (pct(&v, 0.5), pct(&base, 0.5));
         println!(
-            "| {procs} | {reps} | {} | {} |",
-            us_or_ms(pct(&v, 0.5)),
-            us_or_ms(pct(&v, 0.99))
+            "| {procs} | {reps} | {} | {} | {} | {} | {:.2}× |",
+            us_or_ms(p50),
+            us_or_ms(pct(&v, 0.99)),
+            us_or_ms(b50),
+            us_or_ms(pct(&base, 0.99)),
+            p50.as_secs_f64() / b50.as_secs_f64()
         );
     }
     println!();
     Ok(())
+}
+
+/// Starts `n` `sleep`s as children, lets them settle, then times SIGKILL
+/// to each and the wait for all of them.
+fn kill_plain(n: usize) -> anyhow::Result<Duration> {
+    let mut kids = (0..n)
+        .map(|_| {
+            Command::new("sleep")
+                .arg("1000")
+                .stdin(std::process::Stdio::null())
+                .spawn()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    for k in &mut kids {
+        k.kill()?;
+    }
+    for k in &mut kids {
+        k.wait()?;
+    }
+    Ok(t.elapsed())
 }

@@ -34,7 +34,8 @@ trap cleanup EXIT
 T0=$(date +%s.%N)
 scripts/run-vm.sh --kernel-dir "$ALLOX_KERNEL_DIR" --initrd "$ALLOX_INITRD" \
     --store "$WORK/store.img" --ctl-socket "$ALLOX_SOCKET" \
-    --console-log "$WORK/console.log" 2>"$WORK/qemu.log" &
+    --console-log "$WORK/console.log" --append "allox.args=--sandbox-network=isolated" \
+    2>"$WORK/qemu.log" &
 VM=$!
 until "$BIN/alloxctl" ping >/dev/null 2>&1; do
     kill -0 "$VM" 2>/dev/null || { cat "$WORK/qemu.log" "$WORK/console.log"; echo "the VM ended" >&2; exit 1; }
@@ -95,6 +96,16 @@ in_vm agent-b session-2 'rm parser.py; echo oops > broken.txt'
 ctl turn end agent-b session-2 turn-2 --status failed
 ctl log agent-b session-2
 ctl diff agent-b session-2 turn-1 current
+
+echo; echo "# two runs of one session talk over the session's loopback (each session has a network namespace of its own)"
+in_vm agent-b session-2 'mkdir -p www && echo "hello from a run of session-2" > www/index.html'
+echo; echo "\$ alloxctl start agent-b session-2 -- httpd -f -p 127.0.0.1:8000 -h www"
+"$BIN/alloxctl" start agent-b session-2 -- httpd -f -p 127.0.0.1:8000 -h www
+in_vm agent-b session-2 'for i in $(seq 50); do wget -q -O - http://127.0.0.1:8000/index.html && exit 0; sleep 0.1; done; exit 1'
+echo; echo "# another session cannot reach it"
+in_vm agent-a session-1 'wget -O - http://127.0.0.1:8000/index.html' || true
+ctl kill agent-b session-2
+in_vm agent-b session-2 'rm -r www'
 
 echo; echo "# a program inside the sandbox ends its own turn through the guest interface (/run/allox/guest.sock)"
 ctl turn begin agent-b session-2

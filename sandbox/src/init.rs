@@ -283,6 +283,31 @@ pub(crate) fn build_context_root(spec: &ContextSpec) -> Result<(), String> {
             DEV_DATA,
         ),
     )?;
+    // What every run of the session sees besides the system: links, then
+    // read-only binds, with their parents made on the root tmpfs.
+    for (path, target) in &spec.links {
+        check_dst(path).map_err(|why| format!("link {path:?}: {why}"))?;
+        let p = inside(path);
+        if let Some(parent) = p.parent() {
+            mkdir(parent)?;
+        }
+        std::os::unix::fs::symlink(target, &p)
+            .map_err(|e| format!("symlink {}: {e}", p.display()))?;
+    }
+    for b in &spec.binds {
+        check_dst(&b.dst).map_err(|why| format!("bind {:?}: {why}", b.dst))?;
+        let dst = inside(&b.dst);
+        if let Some(parent) = dst.parent() {
+            mkdir(parent)?;
+        }
+        let made = if b.src.is_dir() {
+            std::fs::create_dir(&dst)
+        } else {
+            std::fs::File::create(&dst).map(drop)
+        };
+        made.map_err(|e| format!("create {}: {e}", dst.display()))?;
+        bind_ro(&b.src, &dst)?;
+    }
     // Switch roots and drop the old one.
     sys("chdir new root", rustix::process::chdir(root))?;
     sys("pivot_root", rustix::process::pivot_root(".", "."))?;
@@ -321,6 +346,22 @@ fn root_writable(writable: bool) -> Result<(), String> {
 /// Where binds may not go: what every run mounts for itself.
 const RESERVED: [&str; 5] = ["/proc", "/dev", "/tmp", SESSION_MOUNT, SHARED_MOUNT];
 
+/// Whether `dst` may be where a bind or link goes inside the sandbox.
+fn check_dst(dst: &str) -> Result<(), &'static str> {
+    let p = Path::new(dst);
+    if !p.is_absolute()
+        || p.components()
+            .any(|c| !matches!(c, Component::RootDir | Component::Normal(_)))
+        || dst.ends_with('/')
+    {
+        return Err("must be an absolute path without . or .. or a trailing /");
+    }
+    if p == Path::new("/") || RESERVED.iter().any(|r| p.starts_with(r)) {
+        return Err("/, /proc, /dev, /tmp and the workspace are the sandbox's own");
+    }
+    Ok(())
+}
+
 /// In the context, before a run is made: the mount point of each bind
 /// (with its parents) on the root tmpfs, created if missing. `trees` are
 /// the binds' detached mounts (a file is bound on a file, anything else on
@@ -335,22 +376,8 @@ pub(crate) fn prepare_binds(binds: &[Bind], trees: &[OwnedFd]) -> Result<(), Str
     let mut missing: Vec<(std::path::PathBuf, bool)> = Vec::new();
     for (b, tree) in binds.iter().zip(trees) {
         let bad = |why: &str| format!("bind {:?}: {why}", b.dst);
+        check_dst(&b.dst).map_err(bad)?;
         let dst = Path::new(&b.dst);
-        if !dst.is_absolute()
-            || dst
-                .components()
-                .any(|c| !matches!(c, Component::RootDir | Component::Normal(_)))
-            || b.dst.ends_with('/')
-        {
-            return Err(bad(
-                "must be an absolute path without . or .. or a trailing /",
-            ));
-        }
-        if dst == Path::new("/") || RESERVED.iter().any(|r| dst.starts_with(r)) {
-            return Err(bad(
-                "/, /proc, /dev, /tmp and the workspace are the sandbox's own",
-            ));
-        }
         let is_file = rustix::fs::fstat(tree)
             .map(|st| !rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir())
             .map_err(|e| bad(&format!("stat the source: {e}")))?;

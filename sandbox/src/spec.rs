@@ -66,6 +66,11 @@ pub struct ContextSpec {
     pub hostname: String,
     /// A network namespace of the session's own with only loopback.
     pub isolate_network: bool,
+    /// Host files and directories every run of the session sees, bound
+    /// read-only (and nosuid, nodev) into the session's root once.
+    pub binds: Vec<Bind>,
+    /// Symbolic links made in the session's root: path inside, target.
+    pub links: Vec<(String, String)>,
 }
 
 /// The context's answer to its first message and to each run request.

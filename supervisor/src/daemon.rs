@@ -153,6 +153,10 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         .build()
         .map_err(DaemonError::Runtime)?;
     let result = rt.block_on(async {
+        // Runs an earlier supervisor left get their guest interface again.
+        if let Some(runs) = &sup.runs {
+            runs.reattach();
+        }
         // A write past RLIMIT_FSIZE fails with EFBIG (and is refused as
         // such) instead of killing the supervisor.
         use tokio::signal::unix::{signal, SignalKind};
@@ -203,9 +207,9 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     });
     let _ = std::fs::remove_file(&cfg.socket);
     // Runs left running for a successor keep their sandboxes, but nobody
-    // serves their guest sockets any more.
+    // serves their guest sockets until the successor does.
     if let Some(g) = &guest {
-        g.remove();
+        g.remove(matches!(&result, Ok(why) if !(*why == Stopped::Requested || cfg.policy.power_off_on_shutdown)));
     }
     if let Err(e) = sup.store.sync() {
         tracing::error!(error = %e.chain(), "flushing the store at shutdown failed");

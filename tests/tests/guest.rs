@@ -436,7 +436,7 @@ fn host_users_cannot_reach_a_runs_guest_socket() {
     let Ok(Response::Started(started)) = call(&d, Request::ProcessStart(p)) else {
         panic!("start")
     };
-    let sock = dir.join(format!("{}.sock", started.run_id));
+    let sock = dir.join(&started.run_id).join("sock");
     assert!(
         sock.exists(),
         "no listener for a live run at {}",
@@ -555,4 +555,56 @@ fn a_thousand_runs_leave_no_listeners_behind() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+#[test]
+fn a_run_left_by_a_stopped_daemon_reaches_its_guest_interface_through_the_next() {
+    let Some(mut d) = setup("a_run_left_by_a_stopped_daemon_reaches_its_guest_interface") else {
+        return;
+    };
+    let dir = guest_dir(&d);
+    let session = d.daemon.root.join("agents/a/workspace/sessions/s/current");
+    turn_begin(&d, "a", "s").unwrap();
+    // Asks once before the restart, then waits for the go-ahead and asks
+    // again: who it is, and to end its session's turn.
+    let mut p = start(
+        "a",
+        "s",
+        &[
+            "/bin/sh",
+            "-c",
+            "allox whoami > before.txt 2>&1; touch asked; \
+             while [ ! -e go ]; do sleep 0.05; done; \
+             allox whoami > after.txt 2>&1; allox turn end --label after-restart > end.txt 2>&1",
+        ],
+    );
+    p.wait = false;
+    let Ok(Response::Started(started)) = call(&d, Request::ProcessStart(p)) else {
+        panic!("start")
+    };
+    wait_until("the first question", || session.join("asked").exists());
+    let before = std::fs::read_to_string(session.join("before.txt")).unwrap();
+    assert!(before.contains(&started.run_id), "{before}");
+    d.restart(&[]);
+    // The run's directory is still there, served by the new daemon.
+    assert!(
+        dir.join(&started.run_id).join("sock").exists(),
+        "no socket for the adopted run: {:?}",
+        entries(&dir)
+    );
+    std::fs::write(session.join("go"), "").unwrap();
+    wait_until("the run to end its turn", || {
+        session.join("end.txt").exists()
+    });
+    wait_until("the run to finish writing", || {
+        std::fs::read_to_string(session.join("end.txt")).is_ok_and(|s| !s.is_empty())
+    });
+    let after = std::fs::read_to_string(session.join("after.txt")).unwrap();
+    assert!(after.contains(&started.run_id), "{after}");
+    let end = std::fs::read_to_string(session.join("end.txt")).unwrap();
+    assert!(end.contains("ended ok"), "{end}");
+    // Once the adopted run is gone, so is its directory.
+    wait_until("the adopted run's directory to go", || {
+        entries(&dir) == ["turn.py", "whoami.py"]
+    });
 }

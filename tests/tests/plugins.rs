@@ -114,14 +114,14 @@ fn expected_view() -> (Vec<String>, Vec<String>, Vec<String>) {
             "/allox/session rw,nosuid,nodev,relatime",
             "/allox/shared rw,nosuid,nodev,relatime",
             "/run/allox/bin/allox ro,nosuid,nodev,relatime",
-            "/run/allox/guest.sock ro,nosuid,nodev,relatime",
+            "/run/allox/guest ro,nosuid,nodev,relatime",
             "/run/allox/turn.py ro,nosuid,nodev,relatime",
             "/run/allox/whoami.py ro,nosuid,nodev,relatime",
         ]
         .iter()
         .map(|s| s.to_string()),
     );
-    let seccomp = vec!["Seccomp:\t2".to_string(), "Seccomp_filters:\t3".to_string()];
+    let seccomp = vec!["Seccomp:\t2".to_string(), "Seccomp_filters:\t1".to_string()];
     (env, mounts, seccomp)
 }
 

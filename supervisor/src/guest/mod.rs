@@ -2,16 +2,21 @@
 //! served by the supervisor, through which a program asks for what its own
 //! run may have (`whoami`, its session's turns, plugin routes).
 //!
-//! Each run gets its own listener ([`listener`]), a Unix socket in a
-//! directory of the daemon's own that only root may enter (0700), named
-//! after the run; the socket file (0666) is bound into that run's sandbox
-//! and nowhere else. The caller is whoever that listener accepted: its
-//! identity is never read from what it sends, so no secret is needed and
-//! no PID is looked up. The listener closes, and its file goes, when the
-//! run's sandbox is gone.
+//! Each run gets its own listener ([`listener`]), a Unix socket (0666) in
+//! a directory named after the run, inside a directory of the daemon's own
+//! that only root may enter (0700); the run's directory is bound into that
+//! run's sandbox (at [`RUN_DIR`]) and nowhere else, and
+//! `/run/allox/guest.sock` links to the socket in it. The caller is
+//! whoever that listener accepted: its identity is never read from what it
+//! sends, so no secret is needed and no PID is looked up. The listener
+//! closes, and its directory goes, when the run's sandbox is gone. A
+//! restarted daemon listens again in the directories of the runs it
+//! adopts, which those runs still see.
 //!
 //! The same directory holds the Python entry points (`turn.py`,
-//! `whoami.py`), written once at start, which run the `allox` client.
+//! `whoami.py`), written once at start, which run the `allox` client;
+//! they, the client and the link are put in each session's root once
+//! ([`RunServices::session_files`]), not bound per run.
 
 mod answer;
 pub mod conversation;
@@ -21,13 +26,14 @@ pub mod routes;
 pub use answer::{peer_label, GuestContext};
 pub use routes::{GuestRoutes, NoRoutes, RouteOutcome};
 
-use crate::runs::{Attachment, RunIdentity, RunServices};
+use crate::runs::{Attachment, RunIdentity, RunServices, SessionFiles};
 use crate::supervisor::Supervisor;
 use allox_protocol::guest::{GuestIdentity, GUEST_SOCKET};
 use allox_protocol::ErrorCode;
 use allox_sandbox::Bind;
 use listener::RunListener;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use thiserror::Error;
 
@@ -87,6 +93,9 @@ pub struct GuestService {
     /// The supervisor's own executable, bound in as the `allox` client.
     exe: PathBuf,
     ctx: Arc<GuestContext>,
+    /// Set when the daemon ends leaving runs for a successor: their
+    /// directories stay.
+    closing: Arc<AtomicBool>,
 }
 
 impl GuestService {
@@ -113,6 +122,7 @@ impl GuestService {
         Ok(GuestService {
             dir,
             exe,
+            closing: Arc::new(AtomicBool::new(false)),
             ctx: Arc::new(GuestContext { sup, routes }),
         })
     }
@@ -121,9 +131,73 @@ impl GuestService {
         &self.dir
     }
 
-    /// Removes the directory and what is left in it (at the daemon's end).
-    pub fn remove(&self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+    /// At the daemon's end: removes the directory and what is left in it,
+    /// or, when runs are left running for a successor (`keep_runs`), all
+    /// but their directories (emptied as their listeners close), which the
+    /// successor listens in again.
+    pub fn remove(&self, keep_runs: bool) {
+        if !keep_runs {
+            let _ = std::fs::remove_dir_all(&self.dir);
+            return;
+        }
+        self.closing.store(true, Ordering::SeqCst);
+        for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// Inside the sandbox: the run's own directory, holding its socket, and
+/// the socket's name in it; [`GUEST_SOCKET`] is a link to it, made in the
+/// session's root. A directory (not the socket file) is bound so that a
+/// restarted supervisor can listen again on a new socket in the same
+/// directory, which the run still sees.
+pub const RUN_DIR: &str = "/run/allox/guest";
+const SOCKET_NAME: &str = "sock";
+
+/// What a run holds: its listener and its directory, both gone when it
+/// is dropped.
+struct RunSocket {
+    listener: Option<RunListener>,
+    dir: PathBuf,
+    closing: Arc<AtomicBool>,
+}
+
+impl Drop for RunSocket {
+    fn drop(&mut self) {
+        drop(self.listener.take());
+        if self.closing.load(Ordering::SeqCst) {
+            return;
+        }
+        if let Err(e) = std::fs::remove_dir(&self.dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(path = %self.dir.display(), error = %e, "cannot remove a run's guest directory");
+            }
+        }
+    }
+}
+
+impl GuestService {
+    fn identity(run: &RunIdentity) -> GuestIdentity {
+        GuestIdentity {
+            agent_id: run.agent.clone(),
+            session_id: run.session.clone(),
+            run_id: run.run.clone(),
+        }
+    }
+
+    /// Listens on the socket in `dir` as `run`.
+    fn listen(&self, dir: &Path, run: &RunIdentity) -> Result<RunListener, GuestError> {
+        let path = dir.join(SOCKET_NAME);
+        RunListener::open(&path, Self::identity(run), self.ctx.clone()).map_err(|source| {
+            GuestError::Io {
+                op: "listen on",
+                path,
+                source,
+            }
+        })
     }
 }
 
@@ -132,30 +206,40 @@ impl RunServices for GuestService {
         &self,
         run: &RunIdentity,
     ) -> Result<Attachment, Box<dyn std::error::Error + Send + Sync>> {
-        let path = self.dir.join(format!("{}.sock", run.run));
-        let who = GuestIdentity {
-            agent_id: run.agent.clone(),
-            session_id: run.session.clone(),
-            run_id: run.run.clone(),
-        };
-        let listener =
-            RunListener::open(&path, who, self.ctx.clone()).map_err(|source| GuestError::Io {
-                op: "listen on",
-                path: path.clone(),
+        use std::os::unix::fs::DirBuilderExt;
+        let dir = self.dir.join(&run.run);
+        std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(&dir)
+            .map_err(|source| GuestError::Io {
+                op: "create",
+                path: dir.clone(),
                 source,
             })?;
-        let mut binds = vec![
-            Bind {
-                src: self.exe.clone(),
-                dst: CLIENT.into(),
+        // From here the guard removes the directory, whatever fails.
+        let mut held = RunSocket {
+            listener: None,
+            dir: dir.clone(),
+            closing: self.closing.clone(),
+        };
+        held.listener = Some(self.listen(&dir, run)?);
+        Ok(Attachment {
+            binds: vec![Bind {
+                src: dir,
+                dst: RUN_DIR.into(),
                 writable: false,
-            },
-            Bind {
-                src: path,
-                dst: GUEST_SOCKET.into(),
-                writable: false,
-            },
-        ];
+            }],
+            path: vec![CLIENT_DIR.into()],
+            guard: Box::new(held),
+        })
+    }
+
+    fn session_files(&self) -> SessionFiles {
+        let mut binds = vec![Bind {
+            src: self.exe.clone(),
+            dst: CLIENT.into(),
+            writable: false,
+        }];
         for (name, _) in SHIMS {
             binds.push(Bind {
                 src: self.dir.join(name),
@@ -163,11 +247,52 @@ impl RunServices for GuestService {
                 writable: false,
             });
         }
-        Ok(Attachment {
+        let link = format!(
+            "{}/{SOCKET_NAME}",
+            RUN_DIR.rsplit('/').next().unwrap_or_default()
+        );
+        SessionFiles {
             binds,
-            path: vec![CLIENT_DIR.into()],
-            guard: Box::new(listener),
-        })
+            links: vec![(GUEST_SOCKET.into(), link)],
+        }
+    }
+
+    fn reattach(&self, live: &[RunIdentity]) -> Vec<(RunIdentity, Box<dyn Send + Sync>)> {
+        let mut held: Vec<(RunIdentity, Box<dyn Send + Sync>)> = Vec::new();
+        for run in live {
+            let dir = self.dir.join(&run.run);
+            if !dir.is_dir() {
+                continue;
+            }
+            let mut socket = RunSocket {
+                listener: None,
+                dir: dir.clone(),
+                closing: self.closing.clone(),
+            };
+            match self.listen(&dir, run) {
+                Ok(l) => {
+                    socket.listener = Some(l);
+                    held.push((run.clone(), Box::new(socket)));
+                }
+                Err(e) => {
+                    tracing::warn!(run = %run.run, error = %e, "cannot listen again for a run left by an earlier supervisor");
+                    // Dropping it removes the directory: the run's
+                    // `allox` calls fail as for a run without one.
+                }
+            }
+        }
+        // The directories of runs that are gone.
+        if let Ok(entries) = std::fs::read_dir(&self.dir) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if e.file_type().is_ok_and(|t| t.is_dir())
+                    && !held.iter().any(|(r, _)| r.run == name)
+                {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        held
     }
 }
 
@@ -193,8 +318,16 @@ fn prepare_dir(dir: &Path) -> Result<(), GuestError> {
     // What an earlier daemon left: sockets nobody serves any more.
     for e in std::fs::read_dir(dir).map_err(|e| io("read", e))?.flatten() {
         let p = e.path();
+        // A run's directory stays, emptied of its dead socket: the run
+        // may have outlived the daemon, and sees this very directory
+        // (see `RunServices::reattach`, which removes the others).
         let gone = match e.file_type() {
-            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&p),
+            Ok(t) if t.is_dir() => std::fs::read_dir(&p).and_then(|inner| {
+                inner.flatten().try_for_each(|f| match f.file_type() {
+                    Ok(t) if t.is_dir() => std::fs::remove_dir_all(f.path()),
+                    _ => std::fs::remove_file(f.path()),
+                })
+            }),
             _ => std::fs::remove_file(&p),
         };
         if let Err(source) = gone {

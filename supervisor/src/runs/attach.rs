@@ -35,6 +35,16 @@ impl Attachment {
     }
 }
 
+/// What a service puts in every session's root, once, for all its runs
+/// (files that are the same for every run).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionFiles {
+    /// Bound read-only.
+    pub binds: Vec<Bind>,
+    /// Symbolic links: path inside the sandbox, target.
+    pub links: Vec<(String, String)>,
+}
+
 /// A service that attaches something to every run as it starts.
 pub trait RunServices: Send + Sync {
     /// Called within the async runtime, before the run's sandbox exists.
@@ -42,4 +52,18 @@ pub trait RunServices: Send + Sync {
         &self,
         run: &RunIdentity,
     ) -> Result<Attachment, Box<dyn std::error::Error + Send + Sync>>;
+
+    /// What every session's root holds for the runs (none by default).
+    fn session_files(&self) -> SessionFiles {
+        SessionFiles::default()
+    }
+
+    /// After a supervisor restart, within the async runtime: attaches
+    /// again what can be to the runs an earlier supervisor left (`live`);
+    /// returns a guard per run, held until its sandbox is gone. What was
+    /// made for any other run is released.
+    fn reattach(&self, live: &[RunIdentity]) -> Vec<(RunIdentity, Box<dyn Send + Sync>)> {
+        let _ = live;
+        Vec::new()
+    }
 }

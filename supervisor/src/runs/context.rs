@@ -85,11 +85,14 @@ impl Runs {
 
     fn make_context(&self, a: &str, s: &str) -> Result<Context, RunError> {
         let cg = self.cgroups.create_context(a, s)?;
+        let files = self.session_files();
         let spec = ContextSpec {
             stage: self.cfg.stage.clone(),
             system_dirs: self.cfg.system_dirs.clone(),
             hostname: "allox".into(),
             isolate_network: self.cfg.isolate_network,
+            binds: files.binds,
+            links: files.links,
         };
         Context::start(&self.exe, &cg, &spec).map_err(|e| {
             let _ = self.cgroups.remove(&self.cgroups.context_dir(a, s));

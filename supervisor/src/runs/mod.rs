@@ -30,7 +30,7 @@ mod stdin;
 pub mod validate;
 mod wait;
 
-pub use attach::{Attachment, RunIdentity, RunServices};
+pub use attach::{Attachment, RunIdentity, RunServices, SessionFiles};
 pub use error::{ConfigError, RunError};
 pub use fence::{Fence, FenceScope};
 
@@ -44,7 +44,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 /// Where a run's stream events go (binary protocol clients).
@@ -173,6 +173,9 @@ pub struct Runs {
     services: std::sync::OnceLock<Arc<dyn RunServices>>,
     /// Each session's context, by `agent/session/`.
     contexts: context::Slots,
+    /// Runs an earlier supervisor left, with their cgroups, until the
+    /// services are attached to them again ([`Runs::reattach`]).
+    adopted: Mutex<Vec<(RunIdentity, PathBuf)>>,
 }
 
 fn key(a: &str, s: &str, r: &str) -> String {
@@ -206,8 +209,9 @@ impl Runs {
             path: cfg.init_exe.clone(),
             source: e.into(),
         })?;
-        adopt(&cgroups, &cfg.plugins);
+        let adopted = adopt(&cgroups, &cfg.plugins);
         Ok(Runs {
+            adopted: Mutex::new(adopted),
             finished: Mutex::new(Finished::new(cfg.finished)),
             cfg,
             cgroups,
@@ -224,6 +228,40 @@ impl Runs {
     /// a second call is ignored and returns false).
     pub fn set_services(&self, services: Arc<dyn RunServices>) -> bool {
         self.services.set(services).is_ok()
+    }
+
+    /// What the services put in every session's root.
+    fn session_files(&self) -> SessionFiles {
+        self.services
+            .get()
+            .map(|s| s.session_files())
+            .unwrap_or_default()
+    }
+
+    /// Within the async runtime, once the services are set: attaches them
+    /// again to the runs an earlier supervisor left (the guest interface
+    /// listens again on each one's socket), each released when its run's
+    /// cgroup empties.
+    pub fn reattach(&self) {
+        let adopted = std::mem::take(&mut *self.adopted.lock().unwrap_or_else(|e| e.into_inner()));
+        let Some(svc) = self.services.get() else {
+            return;
+        };
+        let ids: Vec<RunIdentity> = adopted.iter().map(|(id, _)| id.clone()).collect();
+        for (id, guard) in svc.reattach(&ids) {
+            let Some(dir) = adopted
+                .iter()
+                .find(|(a, _)| *a == id)
+                .map(|(_, d)| d.clone())
+            else {
+                continue;
+            };
+            let cg = self.cgroups.clone();
+            tokio::task::spawn_blocking(move || {
+                while cg.wait_empty(&dir, Duration::from_secs(3600)).is_err() {}
+                drop(guard);
+            });
+        }
     }
 
     pub fn config(&self) -> &RunsConfig {
@@ -291,8 +329,10 @@ impl Runs {
 }
 
 /// Runs left by an earlier supervisor stay (and the plugins hear of them:
-/// the tracker follows them from now on); only empty cgroups go.
-fn adopt(cgroups: &Cgroups, plugins: &Plugins) {
+/// the tracker follows them from now on); only empty cgroups go. Returns
+/// the runs that stay, with their cgroups.
+fn adopt(cgroups: &Cgroups, plugins: &Plugins) -> Vec<(RunIdentity, PathBuf)> {
+    let mut live = Vec::new();
     if let Ok(agents) = std::fs::read_dir(cgroups.base()) {
         for a in agents.flatten() {
             for s in std::fs::read_dir(a.path()).into_iter().flatten().flatten() {
@@ -312,7 +352,19 @@ fn adopt(cgroups: &Cgroups, plugins: &Plugins) {
                     }
                     if !cgroups.populated(&r.path()) {
                         let _ = cgroups.remove(&r.path());
-                    } else if !plugins.is_empty() {
+                        continue;
+                    }
+                    let rn = r.file_name();
+                    let run = rn.to_string_lossy();
+                    live.push((
+                        RunIdentity {
+                            agent: a.file_name().to_string_lossy().into_owned(),
+                            session: s.file_name().to_string_lossy().into_owned(),
+                            run: run.strip_prefix("run-").unwrap_or(&run).to_string(),
+                        },
+                        r.path(),
+                    ));
+                    if !plugins.is_empty() {
                         // A run of an earlier supervisor: what its
                         // processes do from now on is attributed too.
                         let (an, sn) = (a.file_name(), s.file_name());
@@ -335,6 +387,7 @@ fn adopt(cgroups: &Cgroups, plugins: &Plugins) {
             }
         }
     }
+    live
 }
 
 #[cfg(test)]

@@ -92,6 +92,13 @@ impl Runs {
             .join(":");
         // The core's binds first, then the plugins'.
         let binds: Vec<_> = attached.binds.iter().chain(&added.binds).cloned().collect();
+        // What the program may be found in: those and the session's own.
+        let visible: Vec<_> = self
+            .session_files()
+            .binds
+            .into_iter()
+            .chain(binds.iter().cloned())
+            .collect();
         // A plugin's prefix (a wrapper) comes first on the command line.
         let argv: Vec<String> = added.prefix.iter().chain(&p.argv).cloned().collect();
         let program = validate::resolve(
@@ -101,7 +108,7 @@ impl Runs {
             &self.cfg.system_dirs,
             &validate::Lookup {
                 path: &path,
-                binds: &binds,
+                binds: &visible,
             },
         )?;
         self.check_fence(a, s)?;

@@ -360,7 +360,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_directory_is_made_private_and_emptied() {
+    fn the_directory_is_made_private_and_emptied_but_for_runs_directories() {
         use std::os::unix::fs::PermissionsExt;
         let t = tempfile::tempdir().unwrap();
         let dir = dir_for(&t.path().join("ctl.sock"));
@@ -368,22 +368,32 @@ mod tests {
         std::fs::create_dir(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::write(dir.join("old.sock"), "").unwrap();
+        // A run's directory, with the dead socket of an earlier daemon.
+        std::fs::create_dir(dir.join("r1")).unwrap();
+        std::fs::write(dir.join("r1/sock"), "").unwrap();
+        let names = |dir: &Path| {
+            let mut v: Vec<_> = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            v.sort();
+            v
+        };
         let svc =
             GuestService::new(dir.clone(), "/x".into(), Weak::new(), Arc::new(NoRoutes)).unwrap();
         let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o700);
-        let mut names: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        names.sort();
-        assert_eq!(names, ["turn.py", "whoami.py"]);
+        assert_eq!(names(&dir), ["r1", "turn.py", "whoami.py"]);
+        assert!(names(&dir.join("r1")).is_empty());
         let shim = std::fs::read_to_string(dir.join("turn.py")).unwrap();
         assert!(
             shim.contains(r#"os.execv("/run/allox/bin/allox", ["allox", "turn"] + sys.argv[1:])"#),
             "{shim}"
         );
-        svc.remove();
+        // Leaving runs to a successor keeps their directories only.
+        svc.remove(true);
+        assert_eq!(names(&dir), ["r1"]);
+        svc.remove(false);
         assert!(!dir.exists());
     }
 

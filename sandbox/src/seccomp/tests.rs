@@ -1,4 +1,4 @@
-//! The real filters, installed on a thread of their own (seccomp filters
+//! The real filter, installed on a thread of its own (seccomp filters
 //! and no_new_privs belong to a thread; the rest of the test process is
 //! untouched), answering an errno no kernel path gives for these calls.
 

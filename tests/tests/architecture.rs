@@ -53,6 +53,7 @@ fn each_crate_uses_only_the_crates_below_it() {
         ("allox-protocol", &[]),
         ("allox-store", &["allox-protocol"]),
         ("allox-sandbox", &[]),
+        ("allox-network", &[]),
         ("allox-ebpf-probes", &[]),
         (
             "allox-supervisor",
@@ -60,6 +61,7 @@ fn each_crate_uses_only_the_crates_below_it() {
                 "allox-protocol",
                 "allox-store",
                 "allox-sandbox",
+                "allox-network",
                 "allox-ebpf-probes",
             ],
         ),

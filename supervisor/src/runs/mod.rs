@@ -240,27 +240,37 @@ impl Runs {
 
     /// Within the async runtime, once the services are set: attaches them
     /// again to the runs an earlier supervisor left (the guest interface
-    /// listens again on each one's socket), each released when its run's
-    /// cgroup empties.
+    /// listens again in each one's directory). One thread holds what was
+    /// attached and releases each run's as its cgroup empties, then ends.
     pub fn reattach(&self) {
         let adopted = std::mem::take(&mut *self.adopted.lock().unwrap_or_else(|e| e.into_inner()));
         let Some(svc) = self.services.get() else {
             return;
         };
         let ids: Vec<RunIdentity> = adopted.iter().map(|(id, _)| id.clone()).collect();
-        for (id, guard) in svc.reattach(&ids) {
-            let Some(dir) = adopted
-                .iter()
-                .find(|(a, _)| *a == id)
-                .map(|(_, d)| d.clone())
-            else {
-                continue;
-            };
-            let cg = self.cgroups.clone();
-            tokio::task::spawn_blocking(move || {
-                while cg.wait_empty(&dir, Duration::from_secs(3600)).is_err() {}
-                drop(guard);
+        let mut held: Vec<(PathBuf, Box<dyn Send + Sync>)> = svc
+            .reattach(&ids)
+            .into_iter()
+            .filter_map(|(id, guard)| {
+                let (_, dir) = adopted.iter().find(|(a, _)| *a == id)?;
+                Some((dir.clone(), guard))
+            })
+            .collect();
+        if held.is_empty() {
+            return;
+        }
+        let cg = self.cgroups.clone();
+        let watcher = std::thread::Builder::new()
+            .name("allox-adopted".into())
+            .spawn(move || {
+                while !held.is_empty() {
+                    // Dropping a guard releases that run's attachment.
+                    held.retain(|(dir, _)| cg.populated(dir));
+                    std::thread::sleep(Duration::from_millis(250));
+                }
             });
+        if let Err(e) = watcher {
+            tracing::warn!(error = %e, "cannot watch the adopted runs: their guest interfaces are closed");
         }
     }
 
@@ -356,33 +366,26 @@ fn adopt(cgroups: &Cgroups, plugins: &Plugins) -> Vec<(RunIdentity, PathBuf)> {
                     }
                     let rn = r.file_name();
                     let run = rn.to_string_lossy();
-                    live.push((
-                        RunIdentity {
-                            agent: a.file_name().to_string_lossy().into_owned(),
-                            session: s.file_name().to_string_lossy().into_owned(),
-                            run: run.strip_prefix("run-").unwrap_or(&run).to_string(),
-                        },
-                        r.path(),
-                    ));
+                    let id = RunIdentity {
+                        agent: a.file_name().to_string_lossy().into_owned(),
+                        session: s.file_name().to_string_lossy().into_owned(),
+                        run: run.strip_prefix("run-").unwrap_or(&run).to_string(),
+                    };
                     if !plugins.is_empty() {
                         // A run of an earlier supervisor: what its
                         // processes do from now on is attributed too.
-                        let (an, sn) = (a.file_name(), s.file_name());
-                        let rn = r.file_name();
-                        let run = rn.to_string_lossy();
-                        let run = run.strip_prefix("run-").unwrap_or(&run);
                         if let Ok(md) = std::fs::metadata(r.path()) {
                             use std::os::unix::fs::MetadataExt;
-                            let (agent, session) = (an.to_string_lossy(), sn.to_string_lossy());
                             let run = RunRef {
-                                agent: &agent,
-                                session: &session,
-                                run,
+                                agent: &id.agent,
+                                session: &id.session,
+                                run: &id.run,
                             };
                             // The cgroup's id is its directory's inode.
                             plugins.adopt_run(&run, md.ino());
                         }
                     }
+                    live.push((id, r.path()));
                 }
             }
         }

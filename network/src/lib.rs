@@ -1,0 +1,6 @@
+//! Allox OS session network: the egress policy the broker applies to every
+//! connection a sandbox asks for.
+
+pub mod policy;
+
+pub use policy::{special, Egress, Host, Layer, Policy, Rule, RuleError, Verdict};

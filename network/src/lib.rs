@@ -4,3 +4,4 @@
 pub mod policy;
 
 pub use policy::{special, Egress, Host, Layer, Policy, Rule, RuleError, Verdict};
+pub mod http;

@@ -4,4 +4,5 @@
 pub mod policy;
 
 pub use policy::{special, Egress, Host, Layer, Policy, Rule, RuleError, Verdict};
+pub mod broker;
 pub mod http;

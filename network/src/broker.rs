@@ -1,0 +1,348 @@
+//! The broker: serves one proxy client, outside every sandbox.
+//!
+//! It reads the request head ([`crate::http`]), judges the host and port
+//! before resolving anything ([`Policy::check_target`]), resolves the name
+//! itself ([`Resolve`]), judges each address ([`Policy::check_address`]),
+//! connects to the first one allowed, and relays bytes both ways until
+//! either side is done. Every attempt ends in one [`Attempt`], allowed or
+//! not, for the audit.
+
+use crate::http::{self, Ask};
+use crate::policy::{Host, Policy, Verdict};
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Resolves names for the broker (and only for it: nothing inside a
+/// sandbox resolves names).
+pub trait Resolve: Send + Sync {
+    fn resolve<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> Pin<Box<dyn Future<Output = io::Result<Vec<IpAddr>>> + Send + 'a>>;
+}
+
+/// The system's resolver (`getaddrinfo`, so `/etc/hosts` and
+/// `/etc/resolv.conf`).
+pub struct SystemResolver;
+
+impl Resolve for SystemResolver {
+    fn resolve<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> Pin<Box<dyn Future<Output = io::Result<Vec<IpAddr>>> + Send + 'a>> {
+        Box::pin(async move {
+            let addrs = tokio::net::lookup_host((name, 0)).await?;
+            Ok(addrs.map(|a| a.ip()).collect())
+        })
+    }
+}
+
+/// A DNS server of one's choosing, asked directly over UDP (and TCP when
+/// an answer is truncated): how the daemon is pointed at a resolver other
+/// than the system's (`--network-resolver`), and how tests count queries.
+pub struct DnsResolver {
+    inner: hickory_resolver::TokioResolver,
+}
+
+impl DnsResolver {
+    pub fn new(server: SocketAddr) -> DnsResolver {
+        use hickory_resolver::config::{NameServerConfigGroup, ResolverConfig};
+        use hickory_resolver::name_server::TokioConnectionProvider;
+        let group = NameServerConfigGroup::from_ips_clear(&[server.ip()], server.port(), true);
+        let config = ResolverConfig::from_parts(None, vec![], group);
+        let mut b = hickory_resolver::Resolver::builder_with_config(
+            config,
+            TokioConnectionProvider::default(),
+        );
+        // Names are asked as given: no search list, no extra dots.
+        b.options_mut().ndots = 0;
+        b.options_mut().attempts = 2;
+        b.options_mut().timeout = Duration::from_secs(2);
+        DnsResolver { inner: b.build() }
+    }
+}
+
+impl Resolve for DnsResolver {
+    fn resolve<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> Pin<Box<dyn Future<Output = io::Result<Vec<IpAddr>>> + Send + 'a>> {
+        Box::pin(async move {
+            let fqdn = format!("{}.", name.trim_end_matches('.'));
+            match self.inner.lookup_ip(fqdn).await {
+                Ok(l) => Ok(l.iter().collect()),
+                Err(e) => Err(io::Error::new(io::ErrorKind::NotFound, e.to_string())),
+            }
+        })
+    }
+}
+
+/// One connection attempt, as the audit records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    /// `CONNECT`, or the forwarded request's method line's first word.
+    pub kind: &'static str,
+    /// As the client asked (empty when no request could be read).
+    pub host: String,
+    pub port: u16,
+    /// The address connected to, if any.
+    pub addr: Option<SocketAddr>,
+    pub allowed: bool,
+    /// `allowed`, or why not.
+    pub verdict: String,
+    /// Bytes from the client to the server, and back.
+    pub sent: u64,
+    pub received: u64,
+}
+
+/// How long the broker waits for each step.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    pub head: Duration,
+    pub resolve: Duration,
+    pub connect: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            head: Duration::from_secs(30),
+            resolve: Duration::from_secs(10),
+            connect: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Serves proxy clients.
+#[derive(Clone)]
+pub struct Broker {
+    pub resolver: Arc<dyn Resolve>,
+    pub timeouts: Timeouts,
+}
+
+impl Broker {
+    /// Serves one client under `policy`; returns what happened.
+    pub async fn serve<S>(&self, mut client: S, policy: &Policy) -> Attempt
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let mut attempt = Attempt {
+            kind: "",
+            host: String::new(),
+            port: 0,
+            addr: None,
+            allowed: false,
+            verdict: String::new(),
+            sent: 0,
+            received: 0,
+        };
+        let mut buf = Vec::with_capacity(4096);
+        let req = match tokio::time::timeout(self.timeouts.head, read_head(&mut client, &mut buf))
+            .await
+        {
+            Ok(Ok(Some(r))) => r,
+            Ok(Ok(None)) => {
+                attempt.verdict = "the client closed before a request".into();
+                return attempt;
+            }
+            Ok(Err(Refusal {
+                status,
+                reason,
+                why,
+            })) => {
+                let _ = client.write_all(&http::answer(status, reason, &why)).await;
+                attempt.verdict = why;
+                return attempt;
+            }
+            Err(_) => {
+                let why = format!("no request head within {:?}", self.timeouts.head);
+                let _ = client
+                    .write_all(&http::answer(408, "Request Timeout", &why))
+                    .await;
+                attempt.verdict = why;
+                return attempt;
+            }
+        };
+        attempt.kind = match &req.ask {
+            Ask::Connect => "CONNECT",
+            Ask::Forward { .. } => "HTTP",
+        };
+        attempt.host = req.host.to_string();
+        attempt.port = req.port;
+        match self.open(&req.host, req.port, policy).await {
+            Err(Refusal {
+                status,
+                reason,
+                why,
+            }) => {
+                let _ = client.write_all(&http::answer(status, reason, &why)).await;
+                attempt.verdict = why;
+                attempt
+            }
+            Ok((mut server, addr)) => {
+                attempt.addr = Some(addr);
+                attempt.allowed = true;
+                attempt.verdict = Verdict::Allow.to_string();
+                let first = match &req.ask {
+                    Ask::Connect => client.write_all(http::CONNECTED).await,
+                    Ask::Forward { head } => server.write_all(head).await,
+                };
+                // What the client sent after its head goes on.
+                let rest = &buf[req.head_len..];
+                let first = match first {
+                    Ok(()) if !rest.is_empty() => server.write_all(rest).await,
+                    r => r,
+                };
+                if first.is_err() {
+                    return attempt;
+                }
+                // Counted as the server got them (a forwarded head as
+                // rewritten).
+                attempt.sent = rest.len() as u64
+                    + match &req.ask {
+                        Ask::Forward { head } => head.len() as u64,
+                        Ask::Connect => 0,
+                    };
+                let (up, down) = relay(&mut client, &mut server).await;
+                attempt.sent += up;
+                attempt.received = down;
+                attempt
+            }
+        }
+    }
+
+    /// Judges, resolves, judges each address and connects.
+    async fn open(
+        &self,
+        host: &Host,
+        port: u16,
+        policy: &Policy,
+    ) -> Result<(TcpStream, SocketAddr), Refusal> {
+        let target = format!("{host}:{port}");
+        let v = policy.check_target(host, port);
+        if !v.allowed() {
+            return Err(Refusal::forbidden(format!("{target}: {v}")));
+        }
+        let addrs = match host {
+            Host::Addr(a) => vec![*a],
+            Host::Name(n) => {
+                match tokio::time::timeout(self.timeouts.resolve, self.resolver.resolve(n)).await {
+                    Ok(Ok(a)) if !a.is_empty() => a,
+                    Ok(Ok(_)) => return Err(Refusal::bad_gateway(format!("{n}: no address"))),
+                    Ok(Err(e)) => {
+                        return Err(Refusal::bad_gateway(format!("cannot resolve {n}: {e}")))
+                    }
+                    Err(_) => {
+                        return Err(Refusal::bad_gateway(format!(
+                            "cannot resolve {n} within {:?}",
+                            self.timeouts.resolve
+                        )))
+                    }
+                }
+            }
+        };
+        let mut refused = None;
+        let mut failed = None;
+        for a in addrs {
+            let v = policy.check_address(a, port);
+            if !v.allowed() {
+                refused.get_or_insert(v);
+                continue;
+            }
+            let sa = SocketAddr::new(a, port);
+            match tokio::time::timeout(self.timeouts.connect, TcpStream::connect(sa)).await {
+                Ok(Ok(s)) => {
+                    let _ = s.set_nodelay(true);
+                    return Ok((s, sa));
+                }
+                Ok(Err(e)) => failed = Some(format!("connect to {sa}: {e}")),
+                Err(_) => {
+                    failed = Some(format!(
+                        "connect to {sa}: no answer within {:?}",
+                        self.timeouts.connect
+                    ))
+                }
+            }
+        }
+        Err(match (failed, refused) {
+            (Some(f), _) => Refusal::bad_gateway(format!("{target}: {f}")),
+            (None, Some(v)) => Refusal::forbidden(format!("{target}: {v}")),
+            (None, None) => Refusal::bad_gateway(format!("{target}: no address")),
+        })
+    }
+}
+
+/// A refusal, as the client is told it.
+struct Refusal {
+    status: u16,
+    reason: &'static str,
+    why: String,
+}
+
+impl Refusal {
+    fn forbidden(why: String) -> Refusal {
+        Refusal {
+            status: 403,
+            reason: "Forbidden",
+            why,
+        }
+    }
+    fn bad_gateway(why: String) -> Refusal {
+        Refusal {
+            status: 502,
+            reason: "Bad Gateway",
+            why,
+        }
+    }
+}
+
+/// Reads until a whole request head is in `buf`; `Ok(None)` if the client
+/// closed first.
+async fn read_head<S: AsyncRead + Unpin>(
+    client: &mut S,
+    buf: &mut Vec<u8>,
+) -> Result<Option<http::Request>, Refusal> {
+    let mut chunk = [0u8; 4096];
+    loop {
+        match http::parse(buf) {
+            Ok(Some(r)) => return Ok(Some(r)),
+            Ok(None) => {}
+            Err(e) => {
+                let (status, reason) = e.status();
+                return Err(Refusal {
+                    status,
+                    reason,
+                    why: e.to_string(),
+                });
+            }
+        }
+        let n = client.read(&mut chunk).await.unwrap_or(0);
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Copies both ways until both directions are done (each side's end of
+/// stream is passed on as a shutdown of the other); returns the bytes
+/// each way.
+async fn relay<A, B>(a: &mut A, b: &mut B) -> (u64, u64)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    match tokio::io::copy_bidirectional_with_sizes(a, b, 64 * 1024, 64 * 1024).await {
+        Ok((up, down)) => (up, down),
+        Err(_) => (0, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests;

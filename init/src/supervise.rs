@@ -89,6 +89,20 @@ pub struct SuperviseArgs {
     /// Most process events kept in state/events.redb; the oldest go first.
     #[arg(long, default_value_t = allox_supervisor::tracker::DEFAULT_MAX_EVENTS)]
     pub process_events_max: u64,
+    /// With `--plugin network`: hosts sessions may reach through the proxy
+    /// (repeatable; `name`, `*.domain`, address or network, each with an
+    /// optional `:PORT`; see docs/network.md). Without any, nothing is
+    /// reachable: the proxy denies what is not allowed.
+    #[arg(long, value_name = "RULE")]
+    pub network_allow: Vec<String>,
+    /// With `--plugin network`: hosts no session may reach (repeatable;
+    /// a deny always wins).
+    #[arg(long, value_name = "RULE")]
+    pub network_deny: Vec<String>,
+    /// With `--plugin network`: the DNS server the broker asks
+    /// (ADDRESS:PORT); the system's resolver otherwise.
+    #[arg(long, value_name = "ADDRESS:PORT")]
+    pub network_resolver: Option<std::net::SocketAddr>,
     /// Also serve this user on the control socket (repeatable). Root and
     /// the daemon's own user always are; with any --allow-uid or
     /// --allow-gid the socket file is 0666 and the peer's credentials
@@ -252,6 +266,11 @@ impl SuperviseArgs {
                 plugins: PluginsConfig {
                     enabled,
                     process_events_max: self.process_events_max,
+                    network: allox_supervisor::plugins::NetworkSettings {
+                        allow: Some(self.network_allow),
+                        deny: self.network_deny,
+                        resolver: self.network_resolver,
+                    },
                 },
             },
         })

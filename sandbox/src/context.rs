@@ -86,6 +86,11 @@ impl Context {
         self.pid
     }
 
+    /// A pidfd of the context process (its namespaces are the session's).
+    pub fn pidfd(&self) -> BorrowedFd<'_> {
+        self.pidfd.as_fd()
+    }
+
     /// Whether the context process still runs (if it ended, this reaps it).
     pub fn is_alive(&self) -> bool {
         matches!(

@@ -36,7 +36,7 @@ pub const ALL: &[&str] = &[
 
 /// The supervisor's points before each installed plugin starts (a panic
 /// there counts as that plugin failing to start); not the store's.
-pub const PLUGIN_STARTS: &[&str] = &["plugin_start.process-tree"];
+pub const PLUGIN_STARTS: &[&str] = &["plugin_start.process-tree", "plugin_start.network"];
 
 /// Whether `name` is a declared point.
 fn declared(name: &str) -> bool {

@@ -36,6 +36,8 @@ pub struct PluginsConfig {
     pub enabled: Vec<String>,
     /// `--process-events-max`.
     pub process_events_max: u64,
+    /// `--network-allow`, `--network-deny`, `--network-resolver`.
+    pub network: crate::plugins::NetworkSettings,
 }
 
 #[derive(Debug, Error)]
@@ -96,6 +98,8 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     let _running = plugins.start_guarded(&Settings {
         state_dir: cfg.root.join("state"),
         process_events_max: cfg.plugins.process_events_max,
+        isolated_network: cfg.runs.as_ref().is_some_and(|r| r.isolate_network),
+        network: cfg.plugins.network.clone(),
     })?;
     // Many runs mean many descriptors; and the supervisor must be the last
     // thing the OOM killer picks.

@@ -241,7 +241,7 @@ fn an_unknown_plugin_stops_the_start_naming_it_and_the_installed_ones() {
     let (code, err, listened) = refused_start("nope", &[], &["--plugin", "nope"]);
     assert_eq!(code, Some(1), "{err}");
     assert!(
-        err.contains("unknown plugin \"nope\"; installed: process-tree"),
+        err.contains("unknown plugin \"nope\"; installed: process-tree, network"),
         "{err}"
     );
     assert!(!listened, "it listened");

@@ -44,6 +44,16 @@ pub struct RunRef<'a> {
     pub run: &'a str,
 }
 
+/// The session a hook is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionRef<'a> {
+    pub agent: &'a str,
+    pub session: &'a str,
+}
+
+/// Held for a plugin as long as a session's context lives.
+pub type ContextGuard = Box<dyn Send + Sync>;
+
 /// What a plugin adds to one run. The core merges every loaded plugin's
 /// contribution (in load order) and refuses two plugins contributing the
 /// same environment variable, the same mount target, or a command prefix
@@ -70,6 +80,21 @@ pub struct Settings {
     pub state_dir: PathBuf,
     /// `--process-events-max`: the process tracker's event cap.
     pub process_events_max: u64,
+    /// Whether each session has a network namespace of its own
+    /// (`--sandbox-network isolated`).
+    pub isolated_network: bool,
+    /// The session network's settings (`--network-*`).
+    pub network: NetworkSettings,
+}
+
+/// `--network-allow`, `--network-deny`, `--network-resolver`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NetworkSettings {
+    /// The daemon's egress layer: `None` does not narrow.
+    pub allow: Option<Vec<String>>,
+    pub deny: Vec<String>,
+    /// The DNS server the broker asks; `None` is the system's resolver.
+    pub resolver: Option<std::net::SocketAddr>,
 }
 
 /// What a route's handler may use besides the request.
@@ -118,6 +143,20 @@ pub trait Plugin: Send + Sync {
 
     /// The run's sandbox is gone (reaped, its cgroup removed).
     fn after_run(&self, _run: &RunRef<'_>) {}
+
+    /// A session's context was made, before any run is forked from it:
+    /// `context` is its process's pidfd (its namespaces are the session's;
+    /// `setns` into them through it). What the plugin returns is held as
+    /// long as the context lives and dropped when it ends (session
+    /// deleted, context died or replaced). An error refuses the run that
+    /// was making the context, and the context is ended.
+    fn session_context(
+        &self,
+        _session: &SessionRef<'_>,
+        _context: rustix::fd::BorrowedFd<'_>,
+    ) -> Result<Option<ContextGuard>, PluginError> {
+        Ok(None)
+    }
 
     /// The routes it serves inside sandboxes, through the guest interface's
     /// `plugin.call` (names of its own; two plugins may not share one).

@@ -18,13 +18,15 @@
 mod api;
 mod error;
 pub mod merge;
+pub mod network;
 pub mod process_tree;
 mod registry;
 #[cfg(test)]
 mod tests;
 
 pub use api::{
-    Contribution, Manifest, Plugin, RouteContext, RouteFuture, RunRef, Settings, API_VERSION,
+    ContextGuard, Contribution, Manifest, NetworkSettings, Plugin, RouteContext, RouteFuture,
+    RunRef, SessionRef, Settings, API_VERSION,
 };
 pub use error::{Cause, PluginError};
 pub use registry::{Plugins, Running};
@@ -38,7 +40,10 @@ pub const ROUTABLE: &[&str] = &["process.events", "process.tree"];
 /// Every plugin compiled in, constructed (which does nothing yet), in a
 /// fixed order.
 pub fn installed() -> Vec<Arc<dyn Plugin>> {
-    vec![Arc::new(process_tree::ProcessTree::new())]
+    vec![
+        Arc::new(process_tree::ProcessTree::new()),
+        Arc::new(network::Network::new()),
+    ]
 }
 
 /// The names of the installed plugins.

@@ -3,7 +3,9 @@
 //! [`Plugins::stop`]), the merged contribution to each run, the per-run
 //! hooks, and routing requests to the plugin that serves them.
 
-use super::api::{Contribution, Plugin, RouteContext, RunRef, Settings, API_VERSION};
+use super::api::{
+    ContextGuard, Contribution, Plugin, RouteContext, RunRef, SessionRef, Settings, API_VERSION,
+};
 use super::{merge, PluginError, ROUTABLE};
 use crate::error::RequestError;
 use allox_protocol::{InstalledPlugin, PluginInfo, PluginListing, Request, Response};
@@ -269,6 +271,29 @@ impl Plugins {
         for p in self.loaded.iter().rev() {
             p.after_run(run);
         }
+    }
+
+    /// [`Plugin::session_context`], in load order; when one fails, what
+    /// the ones before it returned is dropped (in the reverse order) and
+    /// its error returned.
+    pub fn session_context(
+        &self,
+        session: &SessionRef<'_>,
+        context: rustix::fd::BorrowedFd<'_>,
+    ) -> Result<Vec<ContextGuard>, PluginError> {
+        let mut held = Vec::new();
+        for p in &self.loaded {
+            match p.session_context(session, context) {
+                Ok(g) => held.extend(g),
+                Err(e) => {
+                    while let Some(g) = held.pop() {
+                        drop(g);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(held)
     }
 
     /// [`Plugin::adopt_run`], in load order.

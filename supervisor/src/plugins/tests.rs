@@ -127,6 +127,8 @@ fn settings() -> Settings {
     Settings {
         state_dir: PathBuf::from("/nonexistent"),
         process_events_max: 10,
+        isolated_network: false,
+        network: Default::default(),
     }
 }
 

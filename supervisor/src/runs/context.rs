@@ -9,6 +9,7 @@
 //! context serves them.
 
 use super::{RunError, Runs};
+use crate::plugins::{ContextGuard, SessionRef};
 use allox_sandbox::{Context, ContextSpec, SandboxError, SandboxSpec, Spawned};
 use rustix::fd::OwnedFd;
 use std::collections::HashMap;
@@ -19,8 +20,24 @@ use std::time::Duration;
 /// start that picked the slot up before cannot make a new one).
 #[derive(Default)]
 pub(super) struct Slot {
-    ctx: Option<Context>,
+    ctx: Option<Made>,
     closed: bool,
+}
+
+/// A context and what the plugins hold for it; the plugins' part is
+/// dropped first (in the reverse order of their load), then the context
+/// is killed.
+pub(super) struct Made {
+    held: Vec<ContextGuard>,
+    ctx: Context,
+}
+
+impl Drop for Made {
+    fn drop(&mut self) {
+        while let Some(g) = self.held.pop() {
+            drop(g);
+        }
+    }
 }
 
 pub(super) type Slots = Mutex<HashMap<String, Arc<Mutex<Slot>>>>;
@@ -56,7 +73,7 @@ impl Runs {
                 session: s.to_string(),
             });
         }
-        if g.ctx.as_ref().is_some_and(|c| !c.is_alive()) {
+        if g.ctx.as_ref().is_some_and(|m| !m.ctx.is_alive()) {
             tracing::warn!(agent = %a, session = %s, "the session's context died; making a new one");
             g.ctx = None;
         }
@@ -64,7 +81,7 @@ impl Runs {
             Some(c) => c,
             None => self.make_context(a, s)?,
         };
-        match ctx.spawn(spec, cg) {
+        match ctx.ctx.spawn(spec, cg) {
             Ok(sp) => {
                 g.ctx = Some(ctx);
                 Ok(sp)
@@ -83,7 +100,7 @@ impl Runs {
         }
     }
 
-    fn make_context(&self, a: &str, s: &str) -> Result<Context, RunError> {
+    fn make_context(&self, a: &str, s: &str) -> Result<Made, RunError> {
         let cg = self.cgroups.create_context(a, s)?;
         let files = self.session_files();
         let spec = ContextSpec {
@@ -94,10 +111,24 @@ impl Runs {
             binds: files.binds,
             links: files.links,
         };
-        Context::start(&self.exe, &cg, &spec).map_err(|e| {
+        let ctx = Context::start(&self.exe, &cg, &spec).map_err(|e| {
             let _ = self.cgroups.remove(&self.cgroups.context_dir(a, s));
             RunError::Spawn(e)
-        })
+        })?;
+        // Before any run: what the plugins set up in the session's
+        // namespaces (the network plugin's proxy listener).
+        let session = SessionRef {
+            agent: a,
+            session: s,
+        };
+        match self.cfg.plugins.session_context(&session, ctx.pidfd()) {
+            Ok(held) => Ok(Made { held, ctx }),
+            Err(e) => {
+                drop(ctx);
+                let _ = self.cgroups.remove(&self.cgroups.context_dir(a, s));
+                Err(RunError::Plugin(e))
+            }
+        }
     }
 
     /// PID of the session's context process, if it has one.
@@ -109,7 +140,7 @@ impl Runs {
             .get(&super::key(a, s, ""))
             .cloned()?;
         let g = slot.lock().unwrap_or_else(|e| e.into_inner());
-        g.ctx.as_ref().map(Context::pid)
+        g.ctx.as_ref().map(|m| m.ctx.pid())
     }
 
     /// Ends the session's context: its process killed and reaped, its

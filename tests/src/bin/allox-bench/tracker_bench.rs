@@ -61,6 +61,8 @@ fn bench(fs: &BtrfsFs, cg: &std::path::Path, quick: bool) -> anyhow::Result<()> 
     let _running = plugins.start_guarded(&Settings {
         state_dir: state.clone(),
         process_events_max: 10_000_000,
+        isolated_network: false,
+        network: Default::default(),
     })?;
     let tracker = plugin.tracker()?;
     let mut on_cfg = RunsConfig::new(cg.join("on"), exe, fs.scratch().join("stage-on"));

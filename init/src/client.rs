@@ -7,6 +7,7 @@
 //! allox turn begin [--turn-id ID]
 //! allox turn end [--status ok|failed|cancelled] [--turn-id ID] [--label TEXT]
 //! allox call ROUTE [JSON]
+//! allox net connect HOST PORT
 //! ```
 //!
 //! Human output by default, the answer's JSON with `--json`; exit status 0,
@@ -58,6 +59,18 @@ enum Cmd {
         route: String,
         params: Option<String>,
     },
+    /// The session's network (with the daemon's network plugin).
+    Net {
+        #[command(subcommand)]
+        cmd: NetCmd,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum NetCmd {
+    /// A TCP connection to HOST:PORT through the session's proxy, relayed
+    /// on stdin and stdout (an SSH ProxyCommand).
+    Connect { host: String, port: u16 },
 }
 
 #[derive(Subcommand, Debug)]
@@ -130,6 +143,11 @@ impl Cli {
                     params: v.to_string(),
                 })
             }
+            Cmd::Net { .. } => {
+                return Err(ErrorBody::invalid(
+                    "net commands do not go through the guest socket",
+                ))
+            }
         })
     }
 }
@@ -143,6 +161,18 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
             return if e.use_stderr() { 2 } else { 0 };
         }
     };
+    if let Cmd::Net {
+        cmd: NetCmd::Connect { host, port },
+    } = &cli.cmd
+    {
+        return match crate::netconnect::connect(host, *port) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("allox: net connect: {e}");
+                1
+            }
+        };
+    }
     let socket = std::env::var_os("ALLOX_GUEST_SOCKET").unwrap_or_else(|| GUEST_SOCKET.into());
     let out = cli
         .request()

@@ -13,4 +13,5 @@
 pub mod client;
 pub mod guest;
 pub mod limits;
+pub mod netconnect;
 pub mod supervise;

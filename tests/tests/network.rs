@@ -188,6 +188,26 @@ fn a_session_reaches_allowed_hosts_through_its_proxy_and_nothing_else() {
         );
     }
 
+    // A raw TCP connection through the proxy, as SSH's ProxyCommand uses
+    // it: `allox net connect`, and the seed's entry point.
+    let ask = "printf 'GET /raw HTTP/1.1\\r\\nHost: files.test\\r\\n\\r\\n'";
+    let r = sh(&d, &format!("{ask} | allox net connect files.test {port}"));
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert!(r.stdout.ends_with("hello /raw\n"), "{r:?}");
+    let r = sh(
+        &d,
+        &format!("{ask} | python3 /run/allox/network.py connect files.test {port}"),
+    );
+    assert!(r.stdout.ends_with("hello /raw\n"), "{r:?}");
+    let r = sh(&d, "allox net connect blocked.test 22 </dev/null");
+    assert_eq!(r.exit_code, Some(1), "{r:?}");
+    assert!(
+        r.stderr.contains("403 Forbidden")
+            && r.stderr
+                .contains("denied by the daemon rule \"blocked.test\""),
+        "{r:?}"
+    );
+
     // Around the proxy: the host's loopback is not the session's.
     let r = sh(
         &d,

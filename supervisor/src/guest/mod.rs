@@ -342,7 +342,7 @@ fn prepare_dir(dir: &Path) -> Result<(), GuestError> {
 }
 
 /// A Python entry point that runs `allox <command> ARGS...`.
-fn write_shim(path: &Path, command: &str) -> std::io::Result<()> {
+pub(crate) fn write_shim(path: &Path, command: &str) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let text = format!(
         "# Allox OS guest interface: runs `allox {command}` (see /run/allox/bin/allox --help).\n\

@@ -37,7 +37,13 @@ struct Started {
     broker: Broker,
     policy: Arc<Policy>,
     audit: Arc<Mutex<std::fs::File>>,
+    /// `network.py`, the seed's entry point (`python3 /run/allox/network.py
+    /// connect HOST PORT` runs `allox net connect HOST PORT`).
+    shim: PathBuf,
 }
+
+/// Where the entry point appears inside the sandbox.
+pub const SHIM: &str = "/run/allox/network.py";
 
 pub struct Network {
     manifest: Manifest,
@@ -112,6 +118,9 @@ impl Plugin for Network {
             Some(addr) => Arc::new(DnsResolver::new(addr)),
             None => Arc::new(SystemResolver),
         };
+        let shim = settings.state_dir.join("network.py");
+        crate::guest::write_shim(&shim, "net")
+            .map_err(|e| not_started(format!("write {}: {e}", shim.display())))?;
         let path: PathBuf = settings.state_dir.join(AUDIT_FILE);
         let audit = std::fs::OpenOptions::new()
             .create(true)
@@ -125,6 +134,7 @@ impl Plugin for Network {
             },
             policy: Arc::new(Policy::new(vec![layer])),
             audit: Arc::new(Mutex::new(audit)),
+            shim,
         }));
         Ok(())
     }
@@ -148,8 +158,17 @@ impl Plugin for Network {
             env.push((k.to_string(), v.clone()));
             env.push((k.to_ascii_lowercase(), v.clone()));
         }
+        // The target is what the core checks when it loads the plugins;
+        // the source is known once it has started (and only started
+        // plugins contribute to runs).
+        let binds = vec![allox_sandbox::spec::Bind {
+            src: self.started().map(|st| st.shim.clone()).unwrap_or_default(),
+            dst: SHIM.into(),
+            writable: false,
+        }];
         Contribution {
             env,
+            binds,
             ..Contribution::default()
         }
     }

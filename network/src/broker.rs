@@ -127,49 +127,8 @@ pub struct Broker {
 }
 
 impl Broker {
-    /// Serves one client under `policy`; returns what happened. Bytes are
-    /// copied through user space; [`Broker::serve_tcp`] splices them.
+    /// Serves one client under `policy`; returns what happened.
     pub async fn serve<S>(&self, mut client: S, policy: &Policy) -> Attempt
-    where
-        S: AsyncRead + AsyncWrite + Unpin,
-    {
-        match self.begin(&mut client, policy).await {
-            Err(a) => a,
-            Ok((mut a, mut server)) => {
-                let (up, down) = relay(&mut client, &mut server).await;
-                a.sent += up;
-                a.received = down;
-                a
-            }
-        }
-    }
-
-    /// [`Broker::serve`] for a TCP client: the bytes go from socket to
-    /// socket with `splice(2)`, never through the broker's memory.
-    pub async fn serve_tcp(&self, mut client: TcpStream, policy: &Policy) -> Attempt {
-        match self.begin(&mut client, policy).await {
-            Err(a) => a,
-            Ok((mut a, server)) => {
-                let (up, down) = tokio::join!(
-                    splice::one_way(&client, &server),
-                    splice::one_way(&server, &client)
-                );
-                a.sent += up;
-                a.received = down;
-                a
-            }
-        }
-    }
-
-    /// Reads and judges the request, connects, and sends what must go
-    /// first (the tunnel's `200` to the client, or the rewritten head and
-    /// what followed it to the server). `Err` is the attempt's end (the
-    /// client was told why).
-    async fn begin<S>(
-        &self,
-        client: &mut S,
-        policy: &Policy,
-    ) -> Result<(Attempt, TcpStream), Attempt>
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
@@ -184,12 +143,13 @@ impl Broker {
             received: 0,
         };
         let mut buf = Vec::with_capacity(4096);
-        let req = match tokio::time::timeout(self.timeouts.head, read_head(client, &mut buf)).await
+        let req = match tokio::time::timeout(self.timeouts.head, read_head(&mut client, &mut buf))
+            .await
         {
             Ok(Ok(Some(r))) => r,
             Ok(Ok(None)) => {
                 attempt.verdict = "the client closed before a request".into();
-                return Err(attempt);
+                return attempt;
             }
             Ok(Err(Refusal {
                 status,
@@ -198,7 +158,7 @@ impl Broker {
             })) => {
                 let _ = client.write_all(&http::answer(status, reason, &why)).await;
                 attempt.verdict = why;
-                return Err(attempt);
+                return attempt;
             }
             Err(_) => {
                 let why = format!("no request head within {:?}", self.timeouts.head);
@@ -206,7 +166,7 @@ impl Broker {
                     .write_all(&http::answer(408, "Request Timeout", &why))
                     .await;
                 attempt.verdict = why;
-                return Err(attempt);
+                return attempt;
             }
         };
         attempt.kind = match &req.ask {
@@ -215,8 +175,7 @@ impl Broker {
         };
         attempt.host = req.host.to_string();
         attempt.port = req.port;
-        let (mut server, addr) = match self.open(&req.host, req.port, policy).await {
-            Ok(s) => s,
+        match self.open(&req.host, req.port, policy).await {
             Err(Refusal {
                 status,
                 reason,
@@ -224,32 +183,38 @@ impl Broker {
             }) => {
                 let _ = client.write_all(&http::answer(status, reason, &why)).await;
                 attempt.verdict = why;
-                return Err(attempt);
+                attempt
             }
-        };
-        attempt.addr = Some(addr);
-        attempt.allowed = true;
-        attempt.verdict = Verdict::Allow.to_string();
-        let first = match &req.ask {
-            Ask::Connect => client.write_all(http::CONNECTED).await,
-            Ask::Forward { head } => server.write_all(head).await,
-        };
-        // What the client sent after its head goes on.
-        let rest = &buf[req.head_len..];
-        let first = match first {
-            Ok(()) if !rest.is_empty() => server.write_all(rest).await,
-            r => r,
-        };
-        if first.is_err() {
-            return Err(attempt);
+            Ok((mut server, addr)) => {
+                attempt.addr = Some(addr);
+                attempt.allowed = true;
+                attempt.verdict = Verdict::Allow.to_string();
+                let first = match &req.ask {
+                    Ask::Connect => client.write_all(http::CONNECTED).await,
+                    Ask::Forward { head } => server.write_all(head).await,
+                };
+                // What the client sent after its head goes on.
+                let rest = &buf[req.head_len..];
+                let first = match first {
+                    Ok(()) if !rest.is_empty() => server.write_all(rest).await,
+                    r => r,
+                };
+                if first.is_err() {
+                    return attempt;
+                }
+                // Counted as the server got them (a forwarded head as
+                // rewritten).
+                attempt.sent = rest.len() as u64
+                    + match &req.ask {
+                        Ask::Forward { head } => head.len() as u64,
+                        Ask::Connect => 0,
+                    };
+                let (up, down) = relay(&mut client, &mut server).await;
+                attempt.sent += up;
+                attempt.received = down;
+                attempt
+            }
         }
-        // Counted as the server got them (a forwarded head as rewritten).
-        attempt.sent = rest.len() as u64
-            + match &req.ask {
-                Ask::Forward { head } => head.len() as u64,
-                Ask::Connect => 0,
-            };
-        Ok((attempt, server))
     }
 
     /// Judges, resolves, judges each address and connects.
@@ -373,75 +338,9 @@ where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
-    match tokio::io::copy_bidirectional_with_sizes(a, b, 256 * 1024, 256 * 1024).await {
+    match tokio::io::copy_bidirectional_with_sizes(a, b, 64 * 1024, 64 * 1024).await {
         Ok((up, down)) => (up, down),
         Err(_) => (0, 0),
-    }
-}
-
-/// Relaying between two TCP sockets with `splice(2)` through a pipe.
-mod splice {
-    use rustix::net::Shutdown;
-    use rustix::pipe::{PipeFlags, SpliceFlags};
-    use std::io;
-    use tokio::io::Interest;
-    use tokio::net::TcpStream;
-
-    /// Most bytes moved by one `splice`.
-    const CHUNK: usize = 1 << 20;
-
-    /// Moves bytes from `from` to `to` until `from` ends (then `to` is
-    /// shut down for writing) or either fails (then both are shut down);
-    /// returns how many.
-    pub async fn one_way(from: &TcpStream, to: &TcpStream) -> u64 {
-        let flags = SpliceFlags::MOVE | SpliceFlags::NONBLOCK;
-        let Ok((pr, pw)) = rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK) else {
-            return 0;
-        };
-        let chunk = rustix::pipe::fcntl_setpipe_size(&pw, CHUNK).unwrap_or(64 * 1024);
-        let mut total = 0u64;
-        let broken = |total| {
-            let _ = rustix::net::shutdown(from, Shutdown::Both);
-            let _ = rustix::net::shutdown(to, Shutdown::Both);
-            total
-        };
-        loop {
-            // Socket to pipe (empty: everything read before has gone on).
-            let n = loop {
-                if from.readable().await.is_err() {
-                    return broken(total);
-                }
-                match from.try_io(Interest::READABLE, || {
-                    rustix::pipe::splice(from, None, &pw, None, chunk, flags)
-                        .map_err(io::Error::from)
-                }) {
-                    Ok(n) => break n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                    Err(_) => return broken(total),
-                }
-            };
-            if n == 0 {
-                let _ = rustix::net::shutdown(to, Shutdown::Write);
-                return total;
-            }
-            // Pipe to socket, all of it.
-            let mut left = n;
-            while left > 0 {
-                if to.writable().await.is_err() {
-                    return broken(total);
-                }
-                match to.try_io(Interest::WRITABLE, || {
-                    rustix::pipe::splice(&pr, None, to, None, left, flags).map_err(io::Error::from)
-                }) {
-                    Ok(m) => {
-                        left -= m;
-                        total += m as u64;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                    Err(_) => return broken(total),
-                }
-            }
-        }
     }
 }
 

@@ -197,7 +197,7 @@ impl Plugin for Network {
                 let st = st.clone();
                 let (agent, sess) = (agent.clone(), sess.clone());
                 tokio::spawn(async move {
-                    let a = st.broker.serve_tcp(conn, &st.policy).await;
+                    let a = st.broker.serve(conn, &st.policy).await;
                     let line = serde_json::json!({
                         "time_ms": std::time::SystemTime::now()
                             .duration_since(std::time::UNIX_EPOCH)

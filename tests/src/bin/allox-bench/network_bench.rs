@@ -63,7 +63,7 @@ async fn broker_for(server: SocketAddr) -> SocketAddr {
         while let Ok((c, _)) = l.accept().await {
             let (b, p) = (broker.clone(), policy.clone());
             tokio::spawn(async move {
-                b.serve_tcp(c, &p).await;
+                b.serve(c, &p).await;
             });
         }
     });

@@ -6,3 +6,4 @@ pub mod policy;
 pub use policy::{special, Egress, Host, Layer, Policy, Rule, RuleError, Verdict};
 pub mod broker;
 pub mod http;
+pub mod stub;

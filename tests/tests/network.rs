@@ -6,58 +6,11 @@
 //! machine.
 
 use allox_integration::{call, make_sessions, process_start as start, require, ProcDaemon};
+use allox_network::stub::DnsStub;
 use allox_protocol::*;
-use hickory_proto::op::{Message, MessageType, ResponseCode};
-use hickory_proto::rr::{rdata::A, RData, Record, RecordType};
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
-use std::sync::{Arc, Mutex};
-
-/// A DNS server on 127.0.0.1 answering A queries from `names`; records
-/// the names it was asked.
-fn dns_stub(names: HashMap<&'static str, Ipv4Addr>) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
-    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let addr = sock.local_addr().unwrap();
-    let asked = Arc::new(Mutex::new(Vec::new()));
-    let log = asked.clone();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 1500];
-        while let Ok((n, from)) = sock.recv_from(&mut buf) {
-            let Ok(q) = Message::from_vec(&buf[..n]) else {
-                continue;
-            };
-            let mut r = Message::new();
-            r.set_id(q.id());
-            r.set_message_type(MessageType::Response);
-            r.set_op_code(q.op_code());
-            r.set_recursion_desired(q.recursion_desired());
-            r.set_recursion_available(true);
-            let mut known = false;
-            for query in q.queries() {
-                r.add_query(query.clone());
-                let name = query.name().to_ascii();
-                let name = name.trim_end_matches('.').to_string();
-                log.lock().unwrap().push(name.clone());
-                if let Some(ip) = names.get(name.as_str()) {
-                    known = true;
-                    if query.query_type() == RecordType::A {
-                        r.add_answer(Record::from_rdata(
-                            query.name().clone(),
-                            60,
-                            RData::A(A(*ip)),
-                        ));
-                    }
-                }
-            }
-            if !known {
-                r.set_response_code(ResponseCode::NXDomain);
-            }
-            let _ = sock.send_to(&r.to_vec().unwrap(), from);
-        }
-    });
-    (addr, asked)
-}
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 
 /// An HTTP server on the host's loopback answering `hello <path>`.
 fn http_server() -> SocketAddr {
@@ -109,10 +62,11 @@ fn a_session_reaches_allowed_hosts_through_its_proxy_and_nothing_else() {
         panic!("{name} needs curl");
     }
     let server = http_server();
-    let (dns, asked) = dns_stub(HashMap::from([
-        ("files.test", Ipv4Addr::LOCALHOST),
-        ("inside.test", Ipv4Addr::new(10, 1, 2, 3)),
-    ]));
+    let dns = DnsStub::start(HashMap::from([
+        ("files.test".to_string(), Ipv4Addr::LOCALHOST),
+        ("inside.test".to_string(), Ipv4Addr::new(10, 1, 2, 3)),
+    ]))
+    .unwrap();
     let port = server.port().to_string();
     let local = format!("127.0.0.1:{port}");
     let d = ProcDaemon::start(
@@ -123,7 +77,7 @@ fn a_session_reaches_allowed_hosts_through_its_proxy_and_nothing_else() {
             "--plugin",
             "network",
             "--network-resolver",
-            &dns.to_string(),
+            &dns.addr().to_string(),
             "--network-allow",
             "*.test",
             "--network-allow",
@@ -180,7 +134,7 @@ fn a_session_reaches_allowed_hosts_through_its_proxy_and_nothing_else() {
     let r = sh(&d, "curl -sS http://files.test:1/");
     assert!(r.stdout.contains("127.0.0.1 (loopback)"), "{r:?}");
     {
-        let asked = asked.lock().unwrap();
+        let asked = dns.asked();
         assert!(asked.iter().any(|n| n == "files.test"), "{asked:?}");
         assert!(
             !asked.iter().any(|n| n == "blocked.test"),

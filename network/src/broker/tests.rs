@@ -1,59 +1,16 @@
 //! The broker against real sockets on the loopback: a small HTTP server,
-//! and a DNS stub on 127.0.0.1 that counts the queries it gets.
+//! and the DNS stub on 127.0.0.1, which records the names it is asked.
 
 use super::*;
 use crate::policy::{Egress, Layer};
-use hickory_proto::op::{Message, MessageType, ResponseCode};
-use hickory_proto::rr::{rdata::A, RData, Record, RecordType};
-use std::collections::HashMap;
+use crate::stub::DnsStub;
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use tokio::net::{TcpListener, UdpSocket};
+use tokio::net::TcpListener;
 
-/// A DNS server answering A queries from `names`; counts every query.
-async fn dns_stub(names: HashMap<String, Ipv4Addr>) -> (SocketAddr, Arc<AtomicUsize>) {
-    let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let addr = sock.local_addr().unwrap();
-    let count = Arc::new(AtomicUsize::new(0));
-    let seen = count.clone();
-    tokio::spawn(async move {
-        let mut buf = [0u8; 1500];
-        loop {
-            let Ok((n, from)) = sock.recv_from(&mut buf).await else {
-                return;
-            };
-            seen.fetch_add(1, Ordering::SeqCst);
-            let Ok(q) = Message::from_vec(&buf[..n]) else {
-                continue;
-            };
-            let mut r = Message::new();
-            r.set_id(q.id());
-            r.set_message_type(MessageType::Response);
-            r.set_op_code(q.op_code());
-            r.set_recursion_desired(q.recursion_desired());
-            r.set_recursion_available(true);
-            let mut known = false;
-            for query in q.queries() {
-                r.add_query(query.clone());
-                let name = query.name().to_ascii();
-                if let Some(ip) = names.get(name.trim_end_matches('.')) {
-                    known = true;
-                    if query.query_type() == RecordType::A {
-                        r.add_answer(Record::from_rdata(
-                            query.name().clone(),
-                            60,
-                            RData::A(A(*ip)),
-                        ));
-                    }
-                }
-            }
-            if !known {
-                r.set_response_code(ResponseCode::NXDomain);
-            }
-            let _ = sock.send_to(&r.to_vec().unwrap(), from).await;
-        }
-    });
-    (addr, count)
+/// The DNS stub on 127.0.0.1, answering `names`.
+fn dns_stub(names: &[(&str, Ipv4Addr)]) -> DnsStub {
+    let table = names.iter().map(|(n, a)| (n.to_string(), *a)).collect();
+    DnsStub::start(table).unwrap()
 }
 
 /// An HTTP server that answers every request with `hello <path>`.
@@ -126,12 +83,8 @@ fn broker(dns: SocketAddr) -> Broker {
 #[tokio::test]
 async fn an_allowed_request_by_name_is_resolved_by_the_broker_and_relayed() {
     let server = http_server().await;
-    let (dns, queries) = dns_stub(HashMap::from([(
-        "files.test".to_string(),
-        Ipv4Addr::LOCALHOST,
-    )]))
-    .await;
-    let b = broker(dns);
+    let dns = dns_stub(&[("files.test", Ipv4Addr::LOCALHOST)]);
+    let b = broker(dns.addr());
     // The name and, since it resolves to the loopback, its address.
     let p = policy(
         &["files.test", &format!("127.0.0.1:{}", server.port())],
@@ -154,14 +107,14 @@ async fn an_allowed_request_by_name_is_resolved_by_the_broker_and_relayed() {
     );
     assert_eq!(a.addr, Some(server));
     assert!(a.sent > 0 && a.received as usize == out.len(), "{a:?}");
-    assert!(queries.load(Ordering::SeqCst) >= 1);
+    assert!(dns.asked().contains(&"files.test".to_string()));
 }
 
 #[tokio::test]
 async fn connect_opens_a_tunnel() {
     let server = http_server().await;
-    let (dns, _) = dns_stub(HashMap::new()).await;
-    let b = broker(dns);
+    let dns = dns_stub(&[]);
+    let b = broker(dns.addr());
     let p = policy(&[&format!("127.0.0.1:{}", server.port())], &[]);
     let req = format!(
         "CONNECT 127.0.0.1:{0} HTTP/1.1\r\nHost: 127.0.0.1:{0}\r\n\r\nGET /tunnelled HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -178,12 +131,8 @@ async fn connect_opens_a_tunnel() {
 
 #[tokio::test]
 async fn a_denied_name_is_refused_before_any_dns_query() {
-    let (dns, queries) = dns_stub(HashMap::from([(
-        "blocked.test".to_string(),
-        Ipv4Addr::new(198, 51, 100, 1),
-    )]))
-    .await;
-    let b = broker(dns);
+    let dns = dns_stub(&[("blocked.test", Ipv4Addr::new(198, 51, 100, 1))]);
+    let b = broker(dns.addr());
     for (p, why) in [
         (
             policy(&["*.test"], &["blocked.test"]),
@@ -200,22 +149,17 @@ async fn a_denied_name_is_refused_before_any_dns_query() {
         assert!(!a.allowed && a.verdict.contains(why), "{a:?}");
         assert_eq!(a.addr, None);
     }
-    assert_eq!(
-        queries.load(Ordering::SeqCst),
-        0,
-        "the broker asked the resolver"
-    );
+    assert!(dns.asked().is_empty(), "the broker asked the resolver");
 }
 
 #[tokio::test]
 async fn a_name_that_resolves_to_a_private_or_loopback_address_is_refused() {
     let server = http_server().await;
-    let (dns, queries) = dns_stub(HashMap::from([
-        ("inside.test".to_string(), Ipv4Addr::new(10, 1, 2, 3)),
-        ("local.test".to_string(), Ipv4Addr::LOCALHOST),
-    ]))
-    .await;
-    let b = broker(dns);
+    let dns = dns_stub(&[
+        ("inside.test", Ipv4Addr::new(10, 1, 2, 3)),
+        ("local.test", Ipv4Addr::LOCALHOST),
+    ]);
+    let b = broker(dns.addr());
     let p = policy(&["*.test"], &[]);
     let (out, a) = through(&b, &p, b"CONNECT inside.test:443 HTTP/1.1\r\n\r\n").await;
     assert!(out.starts_with("HTTP/1.1 403 Forbidden"), "{out}");
@@ -224,13 +168,13 @@ async fn a_name_that_resolves_to_a_private_or_loopback_address_is_refused() {
     let req = format!("CONNECT local.test:{} HTTP/1.1\r\n\r\n", server.port());
     let (out, _) = through(&b, &p, req.as_bytes()).await;
     assert!(out.contains("127.0.0.1 (loopback)"), "{out}");
-    assert_eq!(queries.load(Ordering::SeqCst), 2);
+    assert_eq!(dns.asked(), ["inside.test", "local.test"]);
 }
 
 #[tokio::test]
 async fn unknown_names_unreachable_ports_and_bad_heads_get_their_own_answers() {
-    let (dns, _) = dns_stub(HashMap::new()).await;
-    let b = broker(dns);
+    let dns = dns_stub(&[]);
+    let b = broker(dns.addr());
     let p = policy(&["*"], &[]);
     let (out, a) = through(&b, &p, b"CONNECT nowhere.test:443 HTTP/1.1\r\n\r\n").await;
     assert!(out.starts_with("HTTP/1.1 502 Bad Gateway"), "{out}");

@@ -145,6 +145,21 @@ fn search(ranges: &[Range]) -> Vec<sock_filter> {
     prog
 }
 
+/// Answers `listed` when the low 32 bits of argument `arg` are one of
+/// `values`, `other` when not: each test jumps to the last instruction,
+/// the fall-through of the last test is the one before it.
+fn one_of(arg: u8, values: &[u64], listed: u32, other: u32) -> Vec<sock_filter> {
+    assert!(values.len() < 255, "one jump over every test");
+    let n = values.len();
+    let mut prog = vec![stmt(LD_ABS, arg_low(arg))];
+    for (i, &v) in values.iter().enumerate() {
+        prog.push(jump(JEQ, v as u32, (n - i) as u8, 0));
+    }
+    prog.push(ret(other));
+    prog.push(ret(listed));
+    prog
+}
+
 /// A leaf's instructions, each path ending in a return (so a leaf that
 /// loads an argument never needs the number again).
 fn leaf(l: Leaf) -> Vec<sock_filter> {
@@ -158,29 +173,7 @@ fn leaf(l: Leaf) -> Vec<sock_filter> {
             ret(errno(deny)),
             ret(allow),
         ],
-        Leaf::DenyIn { arg, values, deny } => {
-            assert!(values.len() < 255, "one jump over every test");
-            // Each test jumps to the refusal after the last test; the
-            // fall-through of the last one is the allow.
-            let n = values.len();
-            let mut prog = vec![stmt(LD_ABS, arg_low(arg))];
-            for (i, &v) in values.iter().enumerate() {
-                prog.push(jump(JEQ, v as u32, (n - i) as u8, 0));
-            }
-            prog.push(ret(allow));
-            prog.push(ret(errno(deny)));
-            prog
-        }
-        Leaf::DenyNotIn { arg, values, deny } => {
-            assert!(values.len() < 255, "one jump over every test");
-            let n = values.len();
-            let mut prog = vec![stmt(LD_ABS, arg_low(arg))];
-            for (i, &v) in values.iter().enumerate() {
-                prog.push(jump(JEQ, v as u32, (n - i) as u8, 0));
-            }
-            prog.push(ret(errno(deny)));
-            prog.push(ret(allow));
-            prog
-        }
+        Leaf::DenyIn { arg, values, deny } => one_of(arg, values, errno(deny), allow),
+        Leaf::DenyNotIn { arg, values, deny } => one_of(arg, values, allow, errno(deny)),
     }
 }

@@ -6,8 +6,7 @@
 use allox_integration::{cgroup2_mount, BtrfsFs, Daemon};
 use allox_network::broker::{Broker, SystemResolver, Timeouts};
 use allox_network::{Egress, Layer, Policy};
-use allox_protocol::{ProcessStart, Request, Response, SessionCreate};
-use std::collections::BTreeMap;
+use allox_protocol::{Request, Response, SessionCreate};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -219,17 +218,7 @@ fn spawn_with_and_without(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         daemons.push((d, c));
     }
     let n = if quick { 100 } else { 1000 };
-    let start = ProcessStart {
-        agent_id: "bench".into(),
-        session_id: "s".into(),
-        argv: vec!["/bin/true".into()],
-        env: BTreeMap::new(),
-        cwd: None,
-        stdin: Some(String::new()),
-        timeout_ms: None,
-        wait: true,
-        stream: false,
-    };
+    let start = allox_integration::process_start("bench", "s", &["/bin/true"]);
     let mut times = [Vec::new(), Vec::new()];
     for i in 0..n + 10 {
         for (k, (_, c)) in daemons.iter_mut().enumerate() {

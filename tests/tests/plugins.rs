@@ -266,6 +266,37 @@ fn an_injected_start_failure_stops_the_daemon_naming_the_plugin_and_leaves_nothi
 }
 
 #[test]
+fn the_network_plugin_s_start_failures_stop_the_daemon_and_leave_nothing() {
+    if !require("plugins::the_network_plugin_s_start_failures") {
+        return;
+    }
+    let net = ["--plugin", "network", "--sandbox-network", "isolated"];
+    let (code, err, listened) = refused_start(
+        "failnet",
+        &[("ALLOX_FAILPOINTS", "plugin_start.network=panic")],
+        &net,
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("plugin network panicked while starting"),
+        "{err}"
+    );
+    assert!(!listened, "it listened");
+    // Without a network namespace per session it cannot isolate anything.
+    let (code, err, listened) = refused_start("nonet", &[], &["--plugin", "network"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--sandbox-network isolated"), "{err}");
+    assert!(!listened, "it listened");
+    // A rule that does not read.
+    let mut args = net.to_vec();
+    args.extend(["--network-allow", "bad host.test"]);
+    let (code, err, listened) = refused_start("badrule", &[], &args);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("\"bad host.test\""), "{err}");
+    assert!(!listened, "it listened");
+}
+
+#[test]
 fn plugin_process_tree_is_the_process_tracker_and_plugin_list_shows_it() {
     let name = "plugins::plugin_process_tree_is_the_tracker";
     if !require(name) {

@@ -118,6 +118,8 @@ impl Plugin for Network {
             Some(addr) => Arc::new(DnsResolver::new(addr)),
             None => Arc::new(SystemResolver),
         };
+        // The entry point, then the audit file; a failure leaves neither
+        // behind (an audit file that was there stays as it was).
         let shim = settings.state_dir.join("network.py");
         crate::guest::write_shim(&shim, "net")
             .map_err(|e| not_started(format!("write {}: {e}", shim.display())))?;
@@ -126,7 +128,10 @@ impl Plugin for Network {
             .create(true)
             .append(true)
             .open(&path)
-            .map_err(|e| not_started(format!("open {}: {e}", path.display())))?;
+            .map_err(|e| {
+                let _ = std::fs::remove_file(&shim);
+                not_started(format!("open {}: {e}", path.display()))
+            })?;
         *self.started.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(Started {
             broker: Broker {
                 resolver,

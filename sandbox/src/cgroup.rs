@@ -128,12 +128,7 @@ impl Cgroups {
             self.remove(&dir)?;
             std::fs::create_dir(&dir).map_err(|e| io_err("create", &dir, e))?;
         }
-        rustix::fs::open(
-            &dir,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| io_err("open", &dir, e.into()))
+        open_dir(&dir)
     }
 
     /// Creates the session's cgroup if needed; a new one gets `defaults`.
@@ -234,12 +229,7 @@ impl Cgroups {
     pub fn create_run(&self, a: &str, s: &str, run: &str) -> Result<OwnedFd, CgroupError> {
         let dir = self.run_dir(a, s, run);
         std::fs::create_dir(&dir).map_err(|e| io_err("create", &dir, e))?;
-        rustix::fs::open(
-            &dir,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| io_err("open", &dir, e.into()))
+        open_dir(&dir)
     }
 
     /// PIDs in a cgroup and all cgroups below it.
@@ -372,6 +362,16 @@ fn write_limits(dir: &Path, limits: &Limits) -> Result<(), CgroupError> {
 
 fn read_trim(p: &Path) -> io::Result<String> {
     Ok(std::fs::read_to_string(p)?.trim().to_string())
+}
+
+/// A directory handle on the cgroup `dir` (for `CLONE_INTO_CGROUP`).
+fn open_dir(dir: &Path) -> Result<OwnedFd, CgroupError> {
+    rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io_err("open", dir, e.into()))
 }
 
 /// Waits for a priority event (cgroup.events changed) or the timeout.

@@ -108,8 +108,8 @@ impl Runs {
             system_dirs: self.cfg.system_dirs.clone(),
             hostname: "allox".into(),
             isolate_network: self.cfg.isolate_network,
-            binds: files.binds,
-            links: files.links,
+            binds: files.binds.clone(),
+            links: files.links.clone(),
         };
         let ctx = Context::start(&self.exe, &cg, &spec).map_err(|e| {
             let _ = self.cgroups.remove(&self.cgroups.context_dir(a, s));

@@ -173,10 +173,18 @@ pub struct Runs {
     services: std::sync::OnceLock<Arc<dyn RunServices>>,
     /// Each session's context, by `agent/session/`.
     contexts: context::Slots,
+    /// [`Runs::session_files`], once known.
+    session_files: std::sync::OnceLock<SessionFiles>,
     /// Runs an earlier supervisor left, with their cgroups, until the
     /// services are attached to them again ([`Runs::reattach`]).
     adopted: Mutex<Vec<(RunIdentity, PathBuf)>>,
 }
+
+/// What a session's root holds without services.
+static NO_FILES: SessionFiles = SessionFiles {
+    binds: Vec::new(),
+    links: Vec::new(),
+};
 
 fn key(a: &str, s: &str, r: &str) -> String {
     format!("{a}/{s}/{r}")
@@ -212,6 +220,7 @@ impl Runs {
         let adopted = adopt(&cgroups, &cfg.plugins);
         Ok(Runs {
             adopted: Mutex::new(adopted),
+            session_files: std::sync::OnceLock::new(),
             finished: Mutex::new(Finished::new(cfg.finished)),
             cfg,
             cgroups,
@@ -230,12 +239,13 @@ impl Runs {
         self.services.set(services).is_ok()
     }
 
-    /// What the services put in every session's root.
-    fn session_files(&self) -> SessionFiles {
-        self.services
-            .get()
-            .map(|s| s.session_files())
-            .unwrap_or_default()
+    /// What the services put in every session's root (asked of them once,
+    /// after they are set: it is the same for every run).
+    fn session_files(&self) -> &SessionFiles {
+        match self.services.get() {
+            Some(s) => self.session_files.get_or_init(|| s.session_files()),
+            None => &NO_FILES,
+        }
     }
 
     /// Within the async runtime, once the services are set: attaches them

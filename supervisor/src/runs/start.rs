@@ -96,8 +96,9 @@ impl Runs {
         let visible: Vec<_> = self
             .session_files()
             .binds
-            .into_iter()
-            .chain(binds.iter().cloned())
+            .iter()
+            .chain(&binds)
+            .cloned()
             .collect();
         // A plugin's prefix (a wrapper) comes first on the command line.
         let argv: Vec<String> = added.prefix.iter().chain(&p.argv).cloned().collect();

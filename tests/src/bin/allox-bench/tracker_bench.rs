@@ -4,7 +4,7 @@
 
 use crate::{pct, us_or_ms};
 use allox_integration::{cgroup2_mount, workspace_bin, BtrfsFs};
-use allox_protocol::{ProcessStart, Response};
+use allox_protocol::Response;
 use allox_store::failpoint::Failpoints;
 use allox_store::Store;
 use allox_supervisor::plugins::{process_tree::ProcessTree, Plugin, Plugins, Settings};
@@ -76,17 +76,7 @@ fn bench(fs: &BtrfsFs, cg: &std::path::Path, quick: bool) -> anyhow::Result<()> 
         current: info.current.clone().into(),
         shared: store.layout().shared("bench"),
     };
-    let req = ProcessStart {
-        agent_id: "bench".into(),
-        session_id: "s".into(),
-        argv: vec!["/bin/true".into()],
-        env: Default::default(),
-        cwd: None,
-        stdin: Some(String::new()),
-        timeout_ms: None,
-        wait: true,
-        stream: false,
-    };
+    let req = allox_integration::process_start("bench", "s", &["/bin/true"]);
     let once = |runs: &Arc<Runs>| -> anyhow::Result<Duration> {
         let t = Instant::now();
         match rt.block_on(runs.start(&req, paths(), None)) {

@@ -127,6 +127,9 @@ pub enum Command {
         #[arg(long, requires = "tree")]
         run: Option<String>,
     },
+    /// The session network: egress rules and the audit of connections.
+    #[command(subcommand)]
+    Net(NetCommand),
     /// What the process tracker recorded: forks, execs, exits, oldest first.
     Events {
         agent: Option<String>,
@@ -263,10 +266,84 @@ fn parse_env(text: &str) -> Result<(String, String), String> {
     }
 }
 
+/// A network mode and egress rules, as `agent create` and `session
+/// create` take them.
+#[derive(Args, Debug, Default, PartialEq)]
+pub struct NetworkArgs {
+    /// The network mode: disabled, isolated or proxy (docs/network.md).
+    #[arg(long, value_name = "MODE", value_parser = ["disabled", "isolated", "proxy"])]
+    pub network: Option<String>,
+    #[command(flatten)]
+    pub egress: EgressArgs,
+}
+
+/// Egress rules (`host[:port]`, `*.domain`, an address or network, `*`).
+#[derive(Args, Debug, Default, PartialEq)]
+pub struct EgressArgs {
+    /// Allow this (repeatable); without any, this level does not narrow.
+    #[arg(long = "allow", value_name = "RULE")]
+    pub allow: Vec<String>,
+    /// Deny this (repeatable); a deny always wins.
+    #[arg(long = "deny", value_name = "RULE")]
+    pub deny: Vec<String>,
+}
+
+impl EgressArgs {
+    /// `None` when no rule is given.
+    pub fn egress(self) -> Option<allox_protocol::Egress> {
+        if self.allow.is_empty() && self.deny.is_empty() {
+            return None;
+        }
+        Some(allox_protocol::Egress {
+            allow: (!self.allow.is_empty()).then_some(self.allow),
+            deny: self.deny,
+        })
+    }
+}
+
+impl NetworkArgs {
+    fn mode(&self) -> Option<allox_protocol::NetworkMode> {
+        self.network
+            .as_deref()
+            .and_then(allox_protocol::NetworkMode::parse)
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NetCommand {
+    /// Show an agent's or a session's network mode and egress rules; with
+    /// --allow or --deny, replace that level's rules (live sessions apply
+    /// them to their next connection).
+    Policy {
+        agent: String,
+        session: Option<String>,
+        #[command(flatten)]
+        egress: EgressArgs,
+    },
+    /// Connection attempts through the sessions' proxies, oldest first.
+    Audit {
+        agent: Option<String>,
+        session: Option<String>,
+        /// Continue after this sequence number (from an earlier answer).
+        #[arg(long)]
+        cursor: Option<u64>,
+        #[arg(long)]
+        limit: Option<u32>,
+        /// Keep printing new attempts as they happen (Ctrl-C to stop).
+        #[arg(long)]
+        follow: bool,
+    },
+}
+
 #[derive(Subcommand, Debug)]
 pub enum AgentCommand {
     /// Create an agent and its workspace.
-    Create { agent: String },
+    Create {
+        agent: String,
+        /// Its sessions' default network mode and rules for all of them.
+        #[command(flatten)]
+        network: NetworkArgs,
+    },
     /// List agents.
     List,
     /// Delete an agent with all its sessions.
@@ -276,7 +353,14 @@ pub enum AgentCommand {
 #[derive(Subcommand, Debug)]
 pub enum SessionCommand {
     /// Create a session of an agent.
-    Create { agent: String, session: String },
+    Create {
+        agent: String,
+        session: String,
+        /// Its network mode (else its agent's, else the daemon's) and its
+        /// own egress rules.
+        #[command(flatten)]
+        network: NetworkArgs,
+    },
     /// List an agent's sessions.
     List { agent: String },
     /// Delete a session with its checkpoints.
@@ -359,8 +443,9 @@ pub enum Action {
     Gateway(GatewayArgs),
     /// Print the gateway's token.
     Token(TokenFileArg),
-    /// Print process events as they come.
-    Follow(allox_protocol::ProcessEvents),
+    /// Print the events of a subscription (`process.events` or
+    /// `network.audit` with `follow`) as they come.
+    Follow(Request),
 }
 
 /// A `process.start` request, and where its stdin text is still to be
@@ -416,14 +501,24 @@ impl Command {
             C::Check => call(Request::StoreCheck(allox_protocol::StoreCheckRequest {})),
             C::Plugins => call(Request::PluginList(allox_protocol::PluginListRequest {})),
             C::Agent(a) => call(match a {
-                AgentCommand::Create { agent } => Request::AgentCreate(AgentCreate::new(agent)),
+                AgentCommand::Create { agent, network } => Request::AgentCreate(AgentCreate {
+                    network: network.mode(),
+                    egress: network.egress.egress(),
+                    ..AgentCreate::new(agent)
+                }),
                 AgentCommand::List => Request::AgentList(AgentList {}),
                 AgentCommand::Delete { agent } => Request::AgentDelete(agent_ref(agent)),
             }),
             C::Session(s) => call(match s {
-                SessionCommand::Create { agent, session } => {
-                    Request::SessionCreate(SessionCreate::new(agent, session))
-                }
+                SessionCommand::Create {
+                    agent,
+                    session,
+                    network,
+                } => Request::SessionCreate(SessionCreate {
+                    network: network.mode(),
+                    egress: network.egress.egress(),
+                    ..SessionCreate::new(agent, session)
+                }),
                 SessionCommand::List { agent } => Request::SessionList(agent_ref(agent)),
                 SessionCommand::Delete { agent, session } => {
                     Request::SessionDelete(session_ref(agent, session))
@@ -539,9 +634,44 @@ impl Command {
                     follow,
                 };
                 if follow {
-                    Action::Follow(q)
+                    Action::Follow(Request::ProcessEvents(q))
                 } else {
                     call(Request::ProcessEvents(q))
+                }
+            }
+            C::Net(NetCommand::Policy {
+                agent,
+                session,
+                egress,
+            }) => call(match egress.egress() {
+                Some(egress) => Request::NetworkPolicySet(allox_protocol::NetworkPolicySet {
+                    agent_id: agent,
+                    session_id: session,
+                    egress,
+                }),
+                None => Request::NetworkPolicyGet(allox_protocol::NetworkPolicyGet {
+                    agent_id: agent,
+                    session_id: session,
+                }),
+            }),
+            C::Net(NetCommand::Audit {
+                agent,
+                session,
+                cursor,
+                limit,
+                follow,
+            }) => {
+                let q = Request::NetworkAudit(allox_protocol::NetworkAudit {
+                    agent_id: agent,
+                    session_id: session,
+                    cursor,
+                    limit,
+                    follow,
+                });
+                if follow {
+                    Action::Follow(q)
+                } else {
+                    call(q)
                 }
             }
             C::Kill {

@@ -49,19 +49,27 @@ fn main() -> ExitCode {
     }
 }
 
-/// `events --follow`: the backlog, then every new event, until interrupted.
-fn follow(socket: PathBuf, json: bool, q: allox_protocol::ProcessEvents) -> ExitCode {
+/// `events --follow`, `net audit --follow`: the backlog, then every new
+/// event, until interrupted.
+fn follow(socket: PathBuf, json: bool, q: Request) -> ExitCode {
+    use allox_protocol::Event;
     let answer = Client::connect(&socket).and_then(|mut client| {
-        client.call_with_events(Request::ProcessEvents(q), |e| {
-            if let allox_protocol::Event::Process(ev) = e {
-                if json {
-                    print(&format!(
-                        "{}\n",
-                        serde_json::to_value(&ev).unwrap_or_default()
-                    ));
-                } else {
-                    print(&allox_ctl::render::process_event(&ev));
-                }
+        client.call_with_events(q, |e| {
+            let (value, text) = match &e {
+                Event::Process(ev) => (
+                    serde_json::to_value(ev),
+                    allox_ctl::render::process_event(ev),
+                ),
+                Event::Network(r) => (
+                    serde_json::to_value(r),
+                    allox_ctl::render::network::audit_record(r),
+                ),
+                _ => return,
+            };
+            if json {
+                print(&format!("{}\n", value.unwrap_or_default()));
+            } else {
+                print(&text);
             }
         })
     });

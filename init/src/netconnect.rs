@@ -5,6 +5,7 @@
 //! SSH). The broker judges it like any other connection.
 
 use std::io::{Read, Write};
+
 use std::net::{Shutdown, TcpStream};
 
 /// Where the session's proxy listens.
@@ -55,9 +56,31 @@ pub fn connect(host: &str, port: u16) -> Result<(), String> {
         let _ = std::io::copy(&mut std::io::stdin().lock(), &mut up);
         let _ = up.shutdown(Shutdown::Write);
     });
-    let mut out = std::io::stdout().lock();
-    let copied = std::io::copy(&mut s, &mut out).and_then(|_| out.flush());
+    let copied = to_stdout(&mut s);
     // The server is done: whatever stdin still holds has nowhere to go.
     drop(sender);
     copied.map_err(|e| format!("relay: {e}"))
+}
+
+/// Copies `s` to descriptor 1 as it comes: Rust's stdout holds bytes back
+/// until a newline, which a binary protocol (SSH's) may never send.
+fn to_stdout(s: &mut TcpStream) -> std::io::Result<()> {
+    let out = rustix::stdio::stdout();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match s.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        let mut done = 0;
+        while done < n {
+            match rustix::io::write(out, &buf[done..n]) {
+                Ok(m) => done += m,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
 }

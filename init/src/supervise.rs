@@ -72,6 +72,12 @@ pub struct SuperviseArgs {
     /// runs.
     #[arg(long, default_value = "host", value_parser = ["host", "isolated"])]
     pub sandbox_network: String,
+    /// The network mode of sessions whose request and agent name none:
+    /// `disabled` (as --sandbox-network has it), `isolated` (a loopback of
+    /// the session's own) or `proxy` (that, plus the proxy at
+    /// 127.0.0.1:3128; needs --plugin network). See docs/network.md.
+    #[arg(long, default_value = "disabled", value_parser = ["disabled", "isolated", "proxy"])]
+    pub session_network: String,
     /// Empty directory where sandboxes assemble their root.
     #[arg(long, default_value = "/run/allox/sandbox-root")]
     pub sandbox_stage: PathBuf,
@@ -152,6 +158,8 @@ pub enum SuperviseError {
     Exe(#[source] std::io::Error),
     #[error("--default-cpu-max {0:?}: expected \"QUOTA PERIOD\" or \"max PERIOD\"")]
     CpuMax(String),
+    #[error("--session-network proxy needs the network plugin: add --plugin network")]
+    ProxyWithoutPlugin,
 }
 
 /// What [`SuperviseArgs::into_config`] reads from the machine.
@@ -211,6 +219,15 @@ impl SuperviseArgs {
             return Err(SuperviseError::PluginWithoutProcesses(p.clone()));
         }
         enabled.extend(self.plugins);
+        let default_mode =
+            allox_protocol::NetworkMode::parse(&self.session_network).unwrap_or_default();
+        if default_mode == allox_protocol::NetworkMode::Proxy
+            && !enabled
+                .iter()
+                .any(|p| p == allox_supervisor::plugins::network::NAME)
+        {
+            return Err(SuperviseError::ProxyWithoutPlugin);
+        }
         let runs = if self.no_processes {
             None
         } else {
@@ -267,9 +284,12 @@ impl SuperviseArgs {
                     enabled,
                     process_events_max: self.process_events_max,
                     network: allox_supervisor::plugins::NetworkSettings {
-                        allow: Some(self.network_allow),
+                        // No rule: the daemon does not narrow (and with no
+                        // allow list at any level, nothing is open).
+                        allow: (!self.network_allow.is_empty()).then_some(self.network_allow),
                         deny: self.network_deny,
                         resolver: self.network_resolver,
+                        default_mode,
                     },
                 },
             },

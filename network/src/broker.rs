@@ -15,7 +15,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Resolves names for the broker (and only for it: nothing inside a
@@ -128,10 +128,7 @@ pub struct Broker {
 
 impl Broker {
     /// Serves one client under `policy`; returns what happened.
-    pub async fn serve<S>(&self, mut client: S, policy: &Policy) -> Attempt
-    where
-        S: AsyncRead + AsyncWrite + Unpin,
-    {
+    pub async fn serve(&self, mut client: TcpStream, policy: &Policy) -> Attempt {
         let mut attempt = Attempt {
             kind: "",
             host: String::new(),
@@ -209,7 +206,7 @@ impl Broker {
                         Ask::Forward { head } => head.len() as u64,
                         Ask::Connect => 0,
                     };
-                let (up, down) = relay(&mut client, &mut server).await;
+                let (up, down) = crate::relay::relay(client, server).await;
                 attempt.sent += up;
                 attempt.received = down;
                 attempt
@@ -327,20 +324,6 @@ async fn read_head<S: AsyncRead + Unpin>(
             return Ok(None);
         }
         buf.extend_from_slice(&chunk[..n]);
-    }
-}
-
-/// Copies both ways until both directions are done (each side's end of
-/// stream is passed on as a shutdown of the other); returns the bytes
-/// each way.
-async fn relay<A, B>(a: &mut A, b: &mut B) -> (u64, u64)
-where
-    A: AsyncRead + AsyncWrite + Unpin,
-    B: AsyncRead + AsyncWrite + Unpin,
-{
-    match tokio::io::copy_bidirectional_with_sizes(a, b, 64 * 1024, 64 * 1024).await {
-        Ok((up, down)) => (up, down),
-        Err(_) => (0, 0),
     }
 }
 

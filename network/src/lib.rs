@@ -3,7 +3,8 @@
 
 pub mod policy;
 
-pub use policy::{special, Egress, Host, Layer, Policy, Rule, RuleError, Verdict};
+pub use policy::{special, Host, Layer, Policy, Rule, RuleError, Verdict};
 pub mod broker;
 pub mod http;
+pub mod relay;
 pub mod stub;

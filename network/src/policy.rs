@@ -30,7 +30,6 @@
 //! or a network holding it — allowing a name is not enough, so a name that
 //! resolves to 10.x is refused.
 
-use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use thiserror::Error;
 
@@ -324,16 +323,6 @@ pub fn special(addr: IpAddr) -> Option<&'static str> {
     }
 }
 
-/// One layer of a policy: rules given as text in requests and settings.
-#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
-pub struct Egress {
-    /// `None`: this layer does not narrow what is allowed.
-    #[serde(default)]
-    pub allow: Option<Vec<String>>,
-    #[serde(default)]
-    pub deny: Vec<String>,
-}
-
 /// A layer, its rules read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layer {
@@ -344,16 +333,21 @@ pub struct Layer {
 }
 
 impl Layer {
-    pub fn new(level: &'static str, e: &Egress) -> Result<Layer, RuleError> {
-        let read = |v: &[String]| {
+    /// The rules as written: `allow` `None` does not narrow.
+    pub fn new<S: AsRef<str>>(
+        level: &'static str,
+        allow: Option<&[S]>,
+        deny: &[S],
+    ) -> Result<Layer, RuleError> {
+        let read = |v: &[S]| {
             v.iter()
-                .map(|r| Rule::parse(r))
+                .map(|r| Rule::parse(r.as_ref()))
                 .collect::<Result<Vec<_>, _>>()
         };
         Ok(Layer {
             level,
-            allow: e.allow.as_deref().map(read).transpose()?,
-            deny: read(&e.deny)?,
+            allow: allow.map(read).transpose()?,
+            deny: read(deny)?,
         })
     }
 }
@@ -371,6 +365,8 @@ pub enum Verdict {
     NotAllowed {
         level: &'static str,
     },
+    /// No layer has an allow list: nothing is open (default deny).
+    Unlisted,
     /// A resolved address of a special range, not named by an allow rule.
     Special {
         addr: IpAddr,
@@ -390,6 +386,9 @@ impl std::fmt::Display for Verdict {
             Verdict::Allow => f.write_str("allowed"),
             Verdict::Denied { level, rule } => write!(f, "denied by the {level} rule {rule:?}"),
             Verdict::NotAllowed { level } => write!(f, "not on the {level} allow list"),
+            Verdict::Unlisted => {
+                f.write_str("no allow list at any level (daemon, agent, session) opens anything")
+            }
             Verdict::Special { addr, class } => write!(
                 f,
                 "resolves to {addr} ({class}), which only an allow rule naming that address or its network opens"
@@ -398,7 +397,8 @@ impl std::fmt::Display for Verdict {
     }
 }
 
-/// Layers, all of which a connection must pass.
+/// Layers, all of which a connection must pass. Without an allow list in
+/// any layer, nothing is allowed (default deny).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Policy {
     layers: Vec<Layer>,
@@ -419,12 +419,17 @@ impl Policy {
                 };
             }
         }
+        let mut listed = false;
         for l in &self.layers {
             if let Some(allow) = &l.allow {
+                listed = true;
                 if !allow.iter().any(|r| r.matches_target(host, port)) {
                     return Verdict::NotAllowed { level: l.level };
                 }
             }
+        }
+        if !listed {
+            return Verdict::Unlisted;
         }
         if let Host::Addr(a) = host {
             return self.check_address(*a, port);

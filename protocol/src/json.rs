@@ -91,6 +91,7 @@ mod tests {
                 json!({"agent_id": "a", "session_id": "s", "run_id": "r"}),
                 json!({"agent_id": "a", "session_id": "s", "turn_id": "t", "status": "ok"}),
                 json!({"agent_id": "a", "session_id": "s", "from": "c", "to": "current"}),
+                json!({"agent_id": "a", "session_id": "s", "egress": {"allow": ["x.test"], "deny": ["*"]}}),
                 json!({"agent_id": "a", "session_id": "s", "checkpoint_id": "c"}),
                 json!({"agent_id": "a", "session_id": "s"}),
                 json!({"agent_id": "a"}),

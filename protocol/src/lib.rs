@@ -61,12 +61,14 @@ pub mod guest;
 pub mod id;
 pub mod json;
 pub mod message;
+pub mod network;
 
 pub use codec::{decode, encode, DecodeError};
 pub use error::{error_chain, ErrorBody, ErrorCode};
 pub use frame::{FrameError, FrameReader, MAX_FRAME};
 pub use id::{validate_id, IdError, MAX_ID_LEN};
 pub use message::*;
+pub use network::*;
 
 /// Version of the wire protocol; both sides must agree exactly.
 pub const PROTOCOL_VERSION: u32 = 2;

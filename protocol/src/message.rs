@@ -110,6 +110,8 @@ pub enum Event {
     Output(OutputChunk),
     /// A process event of a `process.events` subscription (`follow`).
     Process(ProcessEvent),
+    /// A connection attempt of a `network.audit` subscription (`follow`).
+    Network(crate::NetworkAuditRecord),
 }
 
 /// Which output stream a chunk belongs to.
@@ -209,6 +211,12 @@ pub struct AgentCreate {
     pub auto_checkpoint: Option<bool>,
     #[serde(default)]
     pub keep_last: Option<u32>,
+    /// The network mode of its sessions that do not name one.
+    #[serde(default)]
+    pub network: Option<crate::NetworkMode>,
+    /// Egress rules for every session of it.
+    #[serde(default)]
+    pub egress: Option<crate::Egress>,
 }
 
 impl AgentCreate {
@@ -218,6 +226,8 @@ impl AgentCreate {
             agent_id: agent_id.into(),
             auto_checkpoint: None,
             keep_last: None,
+            network: None,
+            egress: None,
         }
     }
 }
@@ -257,6 +267,13 @@ pub struct SessionCreate {
     /// Keep only the last N automatic turn checkpoints.
     #[serde(default)]
     pub keep_last: Option<u32>,
+    /// Its network mode; `None` takes the agent's, then the daemon's.
+    /// Fixed for the session's life (rollbacks keep it).
+    #[serde(default)]
+    pub network: Option<crate::NetworkMode>,
+    /// Its own egress rules (narrowing the agent's and the daemon's).
+    #[serde(default)]
+    pub egress: Option<crate::Egress>,
 }
 
 impl SessionCreate {
@@ -270,6 +287,8 @@ impl SessionCreate {
             cpu_max: None,
             auto_checkpoint: None,
             keep_last: None,
+            network: None,
+            egress: None,
         }
     }
 }
@@ -529,6 +548,9 @@ requests! {
     ProcessTree(ProcessTreeRequest) = "process.tree", mutating = false;
     StoreCheck(StoreCheckRequest) = "store.check", mutating = false;
     PluginList(PluginListRequest) = "plugin.list", mutating = false;
+    NetworkPolicySet(crate::NetworkPolicySet) = "network.policy.set", mutating = true;
+    NetworkPolicyGet(crate::NetworkPolicyGet) = "network.policy.get", mutating = false;
+    NetworkAudit(crate::NetworkAudit) = "network.audit", mutating = false;
 }
 
 impl Request {
@@ -564,6 +586,23 @@ impl Request {
                 Some(run) => format!("{}/{}/{run}", r.agent_id, r.session_id),
                 None => format!("{}/{}", r.agent_id, r.session_id),
             },
+            Request::NetworkPolicySet(crate::NetworkPolicySet {
+                agent_id,
+                session_id,
+                ..
+            })
+            | Request::NetworkPolicyGet(crate::NetworkPolicyGet {
+                agent_id,
+                session_id,
+            }) => match session_id {
+                Some(s) => format!("{agent_id}/{s}"),
+                None => agent_id.clone(),
+            },
+            Request::NetworkAudit(r) => [&r.agent_id, &r.session_id]
+                .iter()
+                .filter_map(|x| x.as_deref())
+                .collect::<Vec<_>>()
+                .join("/"),
             Request::PolicySet(r) => match &r.session_id {
                 Some(s) => format!("{}/{s}", r.agent_id),
                 None => r.agent_id.clone(),
@@ -894,6 +933,8 @@ pub enum Response {
     ProcessTree(ProcessTreeListing),
     StoreCheck(StoreCheckReport),
     Plugins(PluginListing),
+    NetworkPolicy(crate::NetworkPolicyInfo),
+    NetworkAudit(crate::NetworkAuditListing),
 }
 
 /// What happened to a process.
@@ -1081,6 +1122,8 @@ impl Response {
             Response::ProcessTree(v) => serde_json::to_value(v),
             Response::StoreCheck(v) => serde_json::to_value(v),
             Response::Plugins(v) => serde_json::to_value(v),
+            Response::NetworkPolicy(v) => serde_json::to_value(v),
+            Response::NetworkAudit(v) => serde_json::to_value(v),
         };
         v.unwrap_or(serde_json::Value::Null)
     }

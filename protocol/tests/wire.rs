@@ -30,10 +30,32 @@ fn golden_request() {
         request: Request::AgentCreate(AgentCreate::new("a")),
     });
     // variant 1, conversation 9, request_id 300 = varint ac 02, Request
-    // variant 1, "a", auto_checkpoint None, keep_last None
+    // variant 1, "a", auto_checkpoint None, keep_last None, network
+    // None, egress None
     assert_eq!(
         payload(&m),
-        [0x01, 0x09, 0xac, 0x02, 0x01, 0x01, b'a', 0x00, 0x00]
+        [0x01, 0x09, 0xac, 0x02, 0x01, 0x01, b'a', 0x00, 0x00, 0x00, 0x00]
+    );
+    let m = ClientFrame::Request(RequestEnvelope {
+        conversation: 1,
+        request_id: 2,
+        request: Request::SessionCreate(SessionCreate {
+            network: Some(NetworkMode::Proxy),
+            egress: Some(Egress {
+                allow: Some(vec!["x".into()]),
+                deny: vec![],
+            }),
+            ..SessionCreate::new("a", "s")
+        }),
+    });
+    // variant 4, "a", "s", five limits and policies None, network Some
+    // proxy (2), egress Some { allow Some ["x"], deny [] }
+    assert_eq!(
+        payload(&m),
+        [
+            0x01, 0x01, 0x02, 0x04, 0x01, b'a', 0x01, b's', 0x00, 0x00, 0x00, 0x00, 0x00, 0x01,
+            0x02, 0x01, 0x01, 0x01, 0x01, b'x', 0x00
+        ]
     );
     let m = ClientFrame::Request(RequestEnvelope {
         conversation: 1,
@@ -104,6 +126,9 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "process.tree",
             "store.check",
             "plugin.list",
+            "network.policy.set",
+            "network.policy.get",
+            "network.audit",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

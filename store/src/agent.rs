@@ -2,12 +2,18 @@
 
 use super::{mkdir, After, Result, Store, StoreError};
 use crate::btrfs;
-use crate::index::AgentRecord;
+use crate::index::{AgentRecord, NetworkRecord};
 use crate::journal::Op;
 use allox_protocol::{validate_id, AgentInfo, Deleted};
 
 impl Store {
     pub fn agent_create(&self, a: &str) -> Result<AgentInfo> {
+        self.agent_create_with(a, &NetworkRecord::default())
+    }
+
+    /// An agent with its network defaults, written in the transaction
+    /// that begins the creation (see [`Store::session_create_with`]).
+    pub fn agent_create_with(&self, a: &str, network: &NetworkRecord) -> Result<AgentInfo> {
         validate_id("agent_id", a)?;
         let _g = self.guard();
         if self.index.agent(a)?.is_some() {
@@ -23,7 +29,8 @@ impl Store {
         let rec = AgentRecord {
             created_ms: crate::clock::now_ms(),
         };
-        let build = |_: &mut crate::index::Writer<'_>| {
+        let build = |w: &mut crate::index::Writer<'_>| {
+            w.put_network(a, network)?;
             Ok(Op::AgentCreate {
                 agent: a.into(),
                 created_ms: rec.created_ms,

@@ -7,7 +7,9 @@
 //! The `journal` table is the write-ahead journal (see `crate::journal`).
 
 use crate::journal::{Entry, Op, Stage};
-pub use crate::rows::{AgentRecord, CheckpointRecord, PolicyRecord, SessionRecord, TurnRecord};
+pub use crate::rows::{
+    AgentRecord, CheckpointRecord, NetworkRecord, PolicyRecord, SessionRecord, TurnRecord,
+};
 use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
 };
@@ -22,6 +24,7 @@ const JOURNAL: TableDefinition<u64, &[u8]> = TableDefinition::new("journal");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const POLICY: TableDefinition<&str, &[u8]> = TableDefinition::new("policy");
 const TURNS: TableDefinition<&str, &[u8]> = TableDefinition::new("turns");
+const NETWORK: TableDefinition<&str, &[u8]> = TableDefinition::new("network");
 
 #[derive(Debug, Error)]
 pub enum IndexError {
@@ -165,6 +168,7 @@ impl Index {
             w.open_table(META)?;
             w.open_table(POLICY)?;
             w.open_table(TURNS)?;
+            w.open_table(NETWORK)?;
         }
         w.commit()?;
         Ok(db)
@@ -254,6 +258,9 @@ impl Index {
     }
     pub fn turn(&self, a: &str, s: &str, t: &str) -> Result<Option<TurnRecord>, IndexError> {
         self.get(TURNS, &session_item_key(a, s, t))
+    }
+    pub fn network(&self, key: &str) -> Result<Option<NetworkRecord>, IndexError> {
+        self.get(NETWORK, key)
     }
     /// A session's turns, in order.
     pub fn turns(&self, a: &str, s: &str) -> Result<Vec<(String, TurnRecord)>, IndexError> {
@@ -369,13 +376,22 @@ impl Writer<'_> {
     pub fn remove_agent(&mut self, a: &str) -> Result<(), IndexError> {
         self.tx.open_table(AGENTS)?.remove(a)?;
         self.tx.open_table(POLICY)?.remove(a)?;
+        self.tx.open_table(NETWORK)?.remove(a)?;
         self.remove_under(SESSIONS, a)?;
         self.remove_under(POLICY, a)?;
+        self.remove_under(NETWORK, a)?;
         self.remove_under(TURNS, a)?;
         self.remove_under(CHECKPOINTS, a)
     }
     pub fn put_policy(&mut self, key: &str, r: &PolicyRecord) -> Result<(), IndexError> {
         self.put(POLICY, key, r)
+    }
+    pub fn put_network(&mut self, key: &str, r: &NetworkRecord) -> Result<(), IndexError> {
+        self.put(NETWORK, key, r)
+    }
+    pub fn remove_network(&mut self, key: &str) -> Result<(), IndexError> {
+        self.tx.open_table(NETWORK)?.remove(key)?;
+        Ok(())
     }
     pub fn put_turn(
         &mut self,
@@ -394,6 +410,7 @@ impl Writer<'_> {
         let k = session_key(a, s);
         self.tx.open_table(SESSIONS)?.remove(k.as_str())?;
         self.tx.open_table(POLICY)?.remove(k.as_str())?;
+        self.tx.open_table(NETWORK)?.remove(k.as_str())?;
         self.remove_under(TURNS, &k)?;
         self.remove_under(CHECKPOINTS, &k)
     }

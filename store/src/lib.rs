@@ -28,6 +28,7 @@ mod check;
 mod checkpoint;
 pub mod diff;
 pub mod error;
+mod network;
 mod quota;
 mod reaper;
 pub mod recovery;

@@ -2,7 +2,7 @@
 //! The journal holds some of them too (a checkpoint's record travels in its
 //! create operation), so they live apart from both.
 
-use allox_protocol::{Origin, TurnStatus};
+use allox_protocol::{Egress, NetworkMode, Origin, TurnStatus};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -45,4 +45,13 @@ pub struct TurnRecord {
     pub status: Option<TurnStatus>,
     pub checkpoint_id: Option<String>,
     pub checkpoint_error: Option<String>,
+}
+
+/// The session network of an agent (key `agent`: the default of its new
+/// sessions, and rules for all of them) or a session (key `agent/session`:
+/// its mode, fixed when it was made, and its own rules).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct NetworkRecord {
+    pub mode: Option<NetworkMode>,
+    pub egress: Option<Egress>,
 }

@@ -2,12 +2,25 @@
 
 use super::{mkdir, After, Result, Store, StoreError};
 use crate::btrfs;
-use crate::index::SessionRecord;
+use crate::index::{session_key, NetworkRecord, SessionRecord};
 use crate::journal::Op;
 use allox_protocol::{validate_id, Deleted, SessionInfo};
 
 impl Store {
     pub fn session_create(&self, a: &str, s: &str) -> Result<SessionInfo> {
+        self.session_create_with(a, s, &NetworkRecord::default())
+    }
+
+    /// A session with its network (its mode and its own egress rules),
+    /// written in the transaction that begins the creation: a session
+    /// never exists without it. (Left behind by a creation that failed, it
+    /// is replaced by the next creation of that session.)
+    pub fn session_create_with(
+        &self,
+        a: &str,
+        s: &str,
+        network: &NetworkRecord,
+    ) -> Result<SessionInfo> {
         validate_id("agent_id", a)?;
         validate_id("session_id", s)?;
         let _g = self.guard();
@@ -26,7 +39,8 @@ impl Store {
             created_ms: crate::clock::now_ms(),
             head: None,
         };
-        let build = |_: &mut crate::index::Writer<'_>| {
+        let build = |w: &mut crate::index::Writer<'_>| {
+            w.put_network(&session_key(a, s), network)?;
             Ok(Op::SessionCreate {
                 agent: a.into(),
                 session: s.into(),

@@ -98,7 +98,6 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     let _running = plugins.start_guarded(&Settings {
         state_dir: cfg.root.join("state"),
         process_events_max: cfg.plugins.process_events_max,
-        isolated_network: cfg.runs.as_ref().is_some_and(|r| r.isolate_network),
         network: cfg.plugins.network.clone(),
     })?;
     // Many runs mean many descriptors; and the supervisor must be the last
@@ -130,7 +129,10 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     );
     // `plugin.call` from inside sandboxes goes to the loaded plugins.
     let guest_routes: Arc<dyn GuestRoutes> = plugins.clone();
-    let sup = Arc::new(Supervisor::new(store, cfg.policy.clone(), runs, plugins));
+    let sup = Arc::new(Supervisor {
+        network_default: cfg.plugins.network.default_mode,
+        ..Supervisor::new(store, cfg.policy.clone(), runs, plugins)
+    });
     // The guest interface: a listener per run, in a directory of its own
     // beside the control socket.
     let guest = match &sup.runs {

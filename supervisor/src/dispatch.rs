@@ -18,6 +18,19 @@ impl Supervisor {
         req: &Request,
         events: Option<EventSink>,
     ) -> Result<Response, RequestError> {
+        // The plugins' routes (the process tracker's, the network's).
+        if let Request::ProcessEvents(_)
+        | Request::ProcessTree(_)
+        | Request::NetworkPolicySet(_)
+        | Request::NetworkPolicyGet(_)
+        | Request::NetworkAudit(_) = req
+        {
+            let ctx = RouteContext {
+                store: &self.store,
+                events,
+            };
+            return self.plugins.serve(req, ctx).await;
+        }
         let runs = self.runs()?;
         let session = |a: &str, s: &str| self.store.session_info_of(a, s);
         match req {
@@ -27,6 +40,7 @@ impl Supervisor {
                 let paths = SessionPaths {
                     current: l.current(&p.agent_id, &p.session_id),
                     shared: l.shared(&p.agent_id),
+                    network: self.session_network(&p.agent_id, &p.session_id)?,
                 };
                 // Streaming belongs to a request that waits for the end.
                 Ok(runs
@@ -63,14 +77,6 @@ impl Supervisor {
                     .await?,
                 ))
             }
-            // The plugins' routes (the process tracker's).
-            Request::ProcessEvents(_) | Request::ProcessTree(_) => {
-                let ctx = RouteContext {
-                    store: &self.store,
-                    events,
-                };
-                self.plugins.serve(req, ctx).await
-            }
             _ => Err(RequestError::NotProcess),
         }
     }
@@ -92,7 +98,14 @@ impl Supervisor {
                 build: allox_protocol::build_identity(),
             }),
             Request::AgentCreate(r) => {
-                let info = st.agent_create(&r.agent_id)?;
+                self.check_network(r.network, r.egress.as_ref())?;
+                let info = st.agent_create_with(
+                    &r.agent_id,
+                    &allox_store::index::NetworkRecord {
+                        mode: r.network,
+                        egress: r.egress.clone(),
+                    },
+                )?;
                 if let Some(runs) = &self.runs {
                     // `shared/` is the agent's to write in.
                     runs.own(&st.layout().shared(&r.agent_id));
@@ -148,7 +161,14 @@ impl Supervisor {
                     None if wants_limits => return Err(RunError::LimitsNeedProcesses.into()),
                     None => {}
                 }
-                let info = st.session_create(&r.agent_id, &r.session_id)?;
+                // The network: its rules read and its mode resolved before
+                // anything is made, recorded with the session.
+                self.check_network(None, r.egress.as_ref())?;
+                let network = allox_store::index::NetworkRecord {
+                    mode: Some(self.resolve_mode(&r.agent_id, r.network)?),
+                    egress: r.egress.clone(),
+                };
+                let info = st.session_create_with(&r.agent_id, &r.session_id, &network)?;
                 if let Some(runs) = &self.runs {
                     runs.own(std::path::Path::new(&info.current));
                     let (a, s) = (&r.agent_id, &r.session_id);
@@ -260,7 +280,10 @@ impl Supervisor {
             | Request::ProcessList(_)
             | Request::ProcessStdin(_)
             | Request::ProcessEvents(_)
-            | Request::ProcessTree(_) => return Err(RequestError::Asynchronous),
+            | Request::ProcessTree(_)
+            | Request::NetworkPolicySet(_)
+            | Request::NetworkPolicyGet(_)
+            | Request::NetworkAudit(_) => return Err(RequestError::Asynchronous),
             Request::TurnBegin(r) => Response::Turn(st.turn_begin(r)?),
             Request::TurnEnd(r) => Response::Turn(st.turn_end(r)?),
             Request::PolicySet(r) => Response::Policy(st.policy_set(r)?),

@@ -35,6 +35,14 @@ pub enum RequestError {
     Asynchronous,
     #[error("not a process request")]
     NotProcess,
+    #[error("network mode {0} needs the network plugin: start the daemon with --plugin network")]
+    NetworkNeedsPlugin(allox_protocol::NetworkMode),
+    #[error("egress {list} list: {source}")]
+    EgressRule {
+        list: &'static str,
+        #[source]
+        source: allox_network::RuleError,
+    },
 }
 
 impl RequestError {
@@ -45,7 +53,10 @@ impl RequestError {
             RequestError::Tracker(e) => e.code(),
             RequestError::Plugin(e) => e.code(),
             RequestError::Refused { .. } | RequestError::SubscriberGone => ErrorCode::Unavailable,
-            RequestError::FollowNeedsStream => ErrorCode::InvalidRequest,
+            RequestError::FollowNeedsStream | RequestError::EgressRule { .. } => {
+                ErrorCode::InvalidRequest
+            }
+            RequestError::NetworkNeedsPlugin(_) => ErrorCode::Unsupported,
             RequestError::Asynchronous => ErrorCode::Unsupported,
             RequestError::Panicked { .. } | RequestError::NotProcess => ErrorCode::Internal,
         }

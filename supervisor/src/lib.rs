@@ -6,6 +6,7 @@ pub mod daemon;
 pub mod dispatch;
 pub mod error;
 pub mod guest;
+pub mod network;
 pub mod peer;
 pub mod plugins;
 pub mod ratelimit;

@@ -56,6 +56,9 @@ pub struct Supervisor {
     /// The loaded plugins (`plugin.list`, their routes).
     pub plugins: Arc<Plugins>,
     pub stop: Stop,
+    /// The network mode of sessions whose request and agent name none
+    /// (`--session-network`).
+    pub network_default: allox_protocol::NetworkMode,
 }
 
 impl Supervisor {
@@ -71,6 +74,7 @@ impl Supervisor {
             runs,
             plugins,
             stop: Stop::default(),
+            network_default: allox_protocol::NetworkMode::Disabled,
         }
     }
 
@@ -89,6 +93,9 @@ impl Supervisor {
                 | Request::ProcessStdin(_)
                 | Request::ProcessEvents(_)
                 | Request::ProcessTree(_)
+                | Request::NetworkPolicySet(_)
+                | Request::NetworkPolicyGet(_)
+                | Request::NetworkAudit(_)
         )
     }
 

@@ -5,6 +5,7 @@
 
 mod events;
 pub use events::process_event;
+pub mod network;
 mod plugins;
 mod process;
 mod table;
@@ -69,6 +70,8 @@ pub fn render(response: &Response) -> String {
             plugins::loaded_line(&i.plugins)
         ),
         Response::Plugins(l) => plugins::plugins(l),
+        Response::NetworkPolicy(p) => network::policy(p),
+        Response::NetworkAudit(l) => network::audit(l),
         Response::StoreCheck(r) => store_check(r),
         Response::ProcessEvents(l) => {
             let mut out = String::new();

@@ -131,10 +131,7 @@ fn the_guest_init_s_flags_map_to_the_daemon_s_config() {
         PluginsConfig {
             enabled: vec!["process-tree".into()],
             process_events_max: 99,
-            network: allox_supervisor::plugins::NetworkSettings {
-                allow: Some(vec![]),
-                ..Default::default()
-            },
+            network: allox_supervisor::plugins::NetworkSettings::default(),
         }
     );
     let rc = d.runs.as_ref().unwrap();

@@ -2,7 +2,7 @@
 //! and the DNS stub on 127.0.0.1, which records the names it is asked.
 
 use super::*;
-use crate::policy::{Egress, Layer};
+use crate::policy::Layer;
 use crate::stub::DnsStub;
 use std::net::Ipv4Addr;
 use tokio::net::TcpListener;
@@ -48,11 +48,7 @@ async fn http_server() -> SocketAddr {
 }
 
 fn policy(allow: &[&str], deny: &[&str]) -> Policy {
-    let e = Egress {
-        allow: Some(allow.iter().map(|s| s.to_string()).collect()),
-        deny: deny.iter().map(|s| s.to_string()).collect(),
-    };
-    Policy::new(vec![Layer::new("session", &e).unwrap()])
+    Policy::new(vec![Layer::new("session", Some(allow), deny).unwrap()])
 }
 
 /// Sends `request` through the broker; returns what the client read and

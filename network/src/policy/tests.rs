@@ -1,11 +1,7 @@
 use super::*;
 
 fn layer(level: &'static str, allow: Option<&[&str]>, deny: &[&str]) -> Layer {
-    let e = Egress {
-        allow: allow.map(|a| a.iter().map(|s| s.to_string()).collect()),
-        deny: deny.iter().map(|s| s.to_string()).collect(),
-    };
-    Layer::new(level, &e).unwrap()
+    Layer::new(level, allow, deny).unwrap()
 }
 
 fn name(h: &str) -> Host {
@@ -86,10 +82,26 @@ fn deny_wins_and_without_an_allow_list_a_layer_does_not_narrow() {
         p.check_target(&name("other.test"), 443),
         Verdict::NotAllowed { level: "session" }
     );
-    // A layer with only a deny list allows the rest.
-    let open = Policy::new(vec![layer("daemon", None, &["*.internal.test"])]);
+    // A layer with only a deny list narrows what another allows.
+    let open = Policy::new(vec![
+        layer("daemon", None, &["*.internal.test"]),
+        layer("session", Some(&["*"]), &[]),
+    ]);
     assert!(open.check_target(&name("pypi.test"), 443).allowed());
     assert!(!open.check_target(&name("db.internal.test"), 5432).allowed());
+    // With no allow list anywhere, nothing is open (default deny).
+    let none = Policy::new(vec![
+        layer("daemon", None, &["*.internal.test"]),
+        layer("agent", None, &[]),
+    ]);
+    assert_eq!(
+        none.check_target(&name("pypi.test"), 443),
+        Verdict::Unlisted
+    );
+    assert_eq!(
+        Policy::default().check_target(&name("pypi.test"), 443),
+        Verdict::Unlisted
+    );
 }
 
 #[test]

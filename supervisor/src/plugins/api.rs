@@ -5,7 +5,7 @@
 use super::PluginError;
 use crate::error::RequestError;
 use crate::runs::EventSink;
-use allox_protocol::{Request, Response};
+use allox_protocol::{Egress, NetworkMode, Request, Response};
 use allox_sandbox::spec::Bind;
 use allox_store::Store;
 use std::future::Future;
@@ -42,6 +42,8 @@ pub struct RunRef<'a> {
     pub agent: &'a str,
     pub session: &'a str,
     pub run: &'a str,
+    /// Its session's network mode.
+    pub network: NetworkMode,
 }
 
 /// The session a hook is about.
@@ -49,6 +51,17 @@ pub struct RunRef<'a> {
 pub struct SessionRef<'a> {
     pub agent: &'a str,
     pub session: &'a str,
+    /// Its network: mode and the egress rules of its agent and its own.
+    pub network: &'a SessionNetwork,
+}
+
+/// A session's network as the store has it: its mode (fixed when it was
+/// made) and the egress rules of its agent and of itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionNetwork {
+    pub mode: NetworkMode,
+    pub agent: Option<Egress>,
+    pub session: Option<Egress>,
 }
 
 /// Held for a plugin as long as a session's context lives.
@@ -58,7 +71,8 @@ pub type ContextGuard = Box<dyn Send + Sync>;
 /// contribution (in load order) and refuses two plugins contributing the
 /// same environment variable, the same mount target, or a command prefix
 /// each. The keys (variables, targets, whether there is a prefix) must not
-/// depend on the run: the core checks them once at start.
+/// depend on the run: the core checks them once at start, for a run of a
+/// `proxy` session (a plugin may leave some out for other runs).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Contribution {
     /// Prepended to the run's argv (a wrapper program and its arguments).
@@ -80,9 +94,6 @@ pub struct Settings {
     pub state_dir: PathBuf,
     /// `--process-events-max`: the process tracker's event cap.
     pub process_events_max: u64,
-    /// Whether each session has a network namespace of its own
-    /// (`--sandbox-network isolated`).
-    pub isolated_network: bool,
     /// The session network's settings (`--network-*`).
     pub network: NetworkSettings,
 }
@@ -95,6 +106,9 @@ pub struct NetworkSettings {
     pub deny: Vec<String>,
     /// The DNS server the broker asks; `None` is the system's resolver.
     pub resolver: Option<std::net::SocketAddr>,
+    /// The mode of sessions whose request and agent name none
+    /// (`--session-network`).
+    pub default_mode: NetworkMode,
 }
 
 /// What a route's handler may use besides the request.

@@ -26,7 +26,7 @@ mod tests;
 
 pub use api::{
     ContextGuard, Contribution, Manifest, NetworkSettings, Plugin, RouteContext, RouteFuture,
-    RunRef, SessionRef, Settings, API_VERSION,
+    RunRef, SessionNetwork, SessionRef, Settings, API_VERSION,
 };
 pub use error::{Cause, PluginError};
 pub use registry::{Plugins, Running};
@@ -35,7 +35,13 @@ use std::sync::Arc;
 
 /// The actions the core hands to the plugin that serves them (a plugin's
 /// routes must be among them); every other action the core answers itself.
-pub const ROUTABLE: &[&str] = &["process.events", "process.tree"];
+pub const ROUTABLE: &[&str] = &[
+    "process.events",
+    "process.tree",
+    "network.policy.set",
+    "network.policy.get",
+    "network.audit",
+];
 
 /// Every plugin compiled in, constructed (which does nothing yet), in a
 /// fixed order.

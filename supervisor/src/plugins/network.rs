@@ -1,49 +1,82 @@
-//! The `network` plugin: each session's proxy at `http://127.0.0.1:3128`,
-//! inside the session's own network namespace, served by the broker
-//! outside every sandbox (`allox_network::broker`).
+//! The `network` plugin: the proxy of each `proxy` session at
+//! `http://127.0.0.1:3128`, inside the session's own network namespace,
+//! served by the broker outside every sandbox (`allox_network::broker`);
+//! `network.policy.set|get` and `network.audit`.
 //!
-//! It needs `--sandbox-network isolated` (a namespace per session, with
-//! only loopback: no other way out). When a session's context is made,
-//! before its first run, a thread of the supervisor enters the context's
-//! network namespace, binds `127.0.0.1:3128` there and leaves: the
-//! listening socket stays in that namespace, held by the supervisor, so
-//! nothing inside can take the port first and nothing inside holds it.
-//! Each connection is judged by the daemon's egress layer
-//! (`--network-allow`, `--network-deny`) and recorded, one JSON line per
-//! attempt, in `state/network-audit.log`. Runs get `HTTP_PROXY`,
+//! When a `proxy` session's context is made, before its first run, a
+//! thread of the supervisor enters the context's network namespace, binds
+//! `127.0.0.1:3128` there and leaves: the listening socket stays in that
+//! namespace, held by the supervisor, so nothing inside can take the port
+//! first and nothing inside holds it. Each connection is judged by the
+//! session's policy as it is at that moment (the daemon's, the agent's and
+//! the session's rules) and recorded, one JSON line per attempt, in
+//! `state/network-audit.log`. Runs of `proxy` sessions get `HTTP_PROXY`,
 //! `HTTPS_PROXY`, `NO_PROXY` and their lower-case forms.
 
+mod audit;
+
 use super::api::{
-    ContextGuard, Contribution, Manifest, Plugin, RunRef, SessionRef, Settings, API_VERSION,
+    ContextGuard, Contribution, Manifest, Plugin, RouteContext, RouteFuture, RunRef,
+    SessionNetwork, SessionRef, Settings, API_VERSION,
 };
-use super::PluginError;
+use super::{NetworkSettings, PluginError};
+use crate::error::RequestError;
 use allox_network::broker::{Broker, DnsResolver, Resolve, SystemResolver, Timeouts};
-use allox_network::{Egress, Layer, Policy};
+use allox_network::{Layer, Policy, RuleError};
+use allox_protocol::{
+    EgressLevel, NetworkAuditRecord, NetworkMode, NetworkPolicyInfo, Request, Response,
+};
+use audit::AuditLog;
 use rustix::fd::BorrowedFd;
-use std::io::Write;
+use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 pub const NAME: &str = "network";
 
-/// Where the proxy listens inside every session.
+/// Where the proxy listens inside every `proxy` session.
 pub const PROXY: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 3128);
 
 /// The audit file, in the store's `state/`.
 pub const AUDIT_FILE: &str = "network-audit.log";
 
+/// Where the entry point appears inside the sandbox.
+pub const SHIM: &str = "/run/allox/network.py";
+
+/// A `proxy` session with a context: the policy its next connection is
+/// judged by.
+struct Live {
+    policy: RwLock<Arc<Policy>>,
+}
+
 struct Started {
     broker: Broker,
-    policy: Arc<Policy>,
-    audit: Arc<Mutex<std::fs::File>>,
+    settings: NetworkSettings,
+    audit: AuditLog,
     /// `network.py`, the seed's entry point (`python3 /run/allox/network.py
     /// connect HOST PORT` runs `allox net connect HOST PORT`).
     shim: PathBuf,
+    /// `agent/session` → its live policy.
+    live: Mutex<HashMap<String, Arc<Live>>>,
 }
 
-/// Where the entry point appears inside the sandbox.
-pub const SHIM: &str = "/run/allox/network.py";
+impl Started {
+    /// The policy of a session: the daemon's rules, its agent's, its own.
+    fn policy(&self, net: &SessionNetwork) -> Result<Policy, RuleError> {
+        let none: Vec<String> = Vec::new();
+        let d = &self.settings;
+        let mut layers = vec![Layer::new("daemon", d.allow.as_deref(), &d.deny)?];
+        for (level, e) in [("agent", &net.agent), ("session", &net.session)] {
+            if let Some(e) = e {
+                layers.push(Layer::new(level, e.allow.as_deref(), &e.deny)?);
+            } else {
+                layers.push(Layer::new(level, None, &none)?);
+            }
+        }
+        Ok(Policy::new(layers))
+    }
+}
 
 pub struct Network {
     manifest: Manifest,
@@ -57,9 +90,9 @@ impl Network {
                 name: NAME,
                 api_version: API_VERSION,
                 conflicts: &[],
-                routes: &[],
+                routes: &["network.policy.set", "network.policy.get", "network.audit"],
                 alias: None,
-                summary: "each session's HTTP proxy at 127.0.0.1:3128, through a broker that applies the egress policy",
+                summary: "the proxy of each proxy-mode session at 127.0.0.1:3128, through a broker that applies the egress policy and records every attempt",
             },
             started: Mutex::new(None),
         }
@@ -70,6 +103,15 @@ impl Network {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    fn running(&self) -> Result<Arc<Started>, RequestError> {
+        self.started().ok_or_else(|| {
+            RequestError::from(PluginError::Run {
+                plugin: NAME,
+                source: "the network plugin is stopping".into(),
+            })
+        })
     }
 }
 
@@ -94,26 +136,22 @@ fn refused(why: impl Into<String>) -> PluginError {
     }
 }
 
+fn key(a: &str, s: &str) -> String {
+    format!("{a}/{s}")
+}
+
 impl Plugin for Network {
     fn manifest(&self) -> &Manifest {
         &self.manifest
     }
 
     fn start(&self, settings: &Settings) -> Result<(), PluginError> {
-        if !settings.isolated_network {
-            return Err(not_started(
-                "it needs a network namespace per session: start the daemon with --sandbox-network isolated",
-            ));
-        }
         let n = &settings.network;
-        let layer = Layer::new(
-            "daemon",
-            &Egress {
-                allow: n.allow.clone(),
-                deny: n.deny.clone(),
-            },
-        )
-        .map_err(|e| not_started(format!("--network-allow/--network-deny: {e}")))?;
+        let none: &[String] = &[];
+        Layer::new("daemon", n.allow.as_deref(), none)
+            .map_err(|e| not_started(format!("--network-allow: {e}")))?;
+        Layer::new("daemon", None, &n.deny)
+            .map_err(|e| not_started(format!("--network-deny: {e}")))?;
         let resolver: Arc<dyn Resolve> = match n.resolver {
             Some(addr) => Arc::new(DnsResolver::new(addr)),
             None => Arc::new(SystemResolver),
@@ -124,22 +162,19 @@ impl Plugin for Network {
         crate::guest::write_shim(&shim, "net")
             .map_err(|e| not_started(format!("write {}: {e}", shim.display())))?;
         let path: PathBuf = settings.state_dir.join(AUDIT_FILE);
-        let audit = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(|e| {
-                let _ = std::fs::remove_file(&shim);
-                not_started(format!("open {}: {e}", path.display()))
-            })?;
+        let audit = AuditLog::open(&path).map_err(|e| {
+            let _ = std::fs::remove_file(&shim);
+            not_started(format!("open {}: {e}", path.display()))
+        })?;
         *self.started.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(Started {
             broker: Broker {
                 resolver,
                 timeouts: Timeouts::default(),
             },
-            policy: Arc::new(Policy::new(vec![layer])),
-            audit: Arc::new(Mutex::new(audit)),
+            settings: n.clone(),
+            audit,
             shim,
+            live: Mutex::new(HashMap::new()),
         }));
         Ok(())
     }
@@ -151,7 +186,10 @@ impl Plugin for Network {
             .take();
     }
 
-    fn contribute(&self, _run: &RunRef<'_>) -> Contribution {
+    fn contribute(&self, run: &RunRef<'_>) -> Contribution {
+        if run.network != NetworkMode::Proxy {
+            return Contribution::default();
+        }
         let url = format!("http://{PROXY}");
         let none = "localhost,127.0.0.1,::1".to_string();
         let mut env = Vec::new();
@@ -183,14 +221,30 @@ impl Plugin for Network {
         session: &SessionRef<'_>,
         context: BorrowedFd<'_>,
     ) -> Result<Option<ContextGuard>, PluginError> {
-        let Some(st) = self.started() else {
+        if session.network.mode != NetworkMode::Proxy {
             return Ok(None);
+        }
+        let Some(st) = self.started() else {
+            return Err(refused("the network plugin is not running"));
         };
+        let policy = st
+            .policy(session.network)
+            .map_err(|e| refused(format!("the session's egress rules: {e}")))?;
         let listener = listen_inside(context)
             .map_err(|e| refused(format!("listen on {PROXY} in the session's network: {e}")))?;
         let rt = tokio::runtime::Handle::try_current()
             .map_err(|_| refused("no async runtime to serve the session's proxy"))?;
+        let live = Arc::new(Live {
+            policy: RwLock::new(Arc::new(policy)),
+        });
+        let k = key(session.agent, session.session);
+        st.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(k.clone(), live.clone());
         let (agent, sess) = (session.agent.to_string(), session.session.to_string());
+        let served = st.clone();
+        let mine = live.clone();
         let task = rt.spawn(async move {
             let Ok(l) = tokio::net::TcpListener::from_std(listener) else {
                 return;
@@ -199,42 +253,165 @@ impl Plugin for Network {
                 let Ok((conn, _)) = l.accept().await else {
                     continue;
                 };
-                let st = st.clone();
+                let st = served.clone();
+                let policy = mine
+                    .policy
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
                 let (agent, sess) = (agent.clone(), sess.clone());
                 tokio::spawn(async move {
-                    let a = st.broker.serve(conn, &st.policy).await;
-                    let line = serde_json::json!({
-                        "time_ms": std::time::SystemTime::now()
+                    let a = st.broker.serve(conn, &policy).await;
+                    st.audit.append(NetworkAuditRecord {
+                        seq: 0,
+                        time_ms: std::time::SystemTime::now()
                             .duration_since(std::time::UNIX_EPOCH)
                             .map(|d| d.as_millis() as u64)
                             .unwrap_or(0),
-                        "agent_id": agent,
-                        "session_id": sess,
-                        "kind": a.kind,
-                        "host": a.host,
-                        "port": a.port,
-                        "address": a.addr.map(|s| s.to_string()),
-                        "allowed": a.allowed,
-                        "verdict": a.verdict,
-                        "bytes_sent": a.sent,
-                        "bytes_received": a.received,
+                        agent_id: agent,
+                        session_id: sess,
+                        run_id: None,
+                        kind: a.kind.to_string(),
+                        host: a.host,
+                        port: a.port,
+                        address: a.addr.map(|s| s.to_string()),
+                        allowed: a.allowed,
+                        verdict: a.verdict,
+                        bytes_sent: a.sent,
+                        bytes_received: a.received,
                     });
-                    let mut f = st.audit.lock().unwrap_or_else(|e| e.into_inner());
-                    let _ = writeln!(f, "{line}");
                 });
             }
         });
-        Ok(Some(Box::new(Serving(task))))
+        Ok(Some(Box::new(Serving {
+            task,
+            key: k,
+            live,
+            started: st,
+        })))
+    }
+
+    fn serve<'a>(&'a self, req: &'a Request, ctx: RouteContext<'a>) -> RouteFuture<'a> {
+        Box::pin(async move {
+            let st = self.running()?;
+            match req {
+                Request::NetworkPolicySet(p) => {
+                    crate::network::check_egress(&p.egress)?;
+                    let (a, s) = (p.agent_id.as_str(), p.session_id.as_deref());
+                    ctx.store.network_egress_set(a, s, &p.egress)?;
+                    st.refresh(ctx.store, a, s);
+                    Ok(Response::NetworkPolicy(st.info(ctx.store, a, s)?))
+                }
+                Request::NetworkPolicyGet(p) => Ok(Response::NetworkPolicy(st.info(
+                    ctx.store,
+                    &p.agent_id,
+                    p.session_id.as_deref(),
+                )?)),
+                Request::NetworkAudit(q) => audit::serve(&st.audit, q, ctx).await,
+                _ => Err(PluginError::NoHandler {
+                    plugin: NAME,
+                    action: req.action(),
+                }
+                .into()),
+            }
+        })
     }
 }
 
-/// The session's proxy task; aborted (its listener closed) when the
-/// context ends.
-struct Serving(tokio::task::JoinHandle<()>);
+impl Started {
+    /// `network.policy.get`: the mode and every level's rules.
+    fn info(
+        &self,
+        store: &allox_store::Store,
+        a: &str,
+        s: Option<&str>,
+    ) -> Result<NetworkPolicyInfo, RequestError> {
+        let agent = store.network_of(a, None)?;
+        let sess = s.map(|s| store.network_of(a, Some(s))).transpose()?;
+        let d = &self.settings;
+        let mut levels = vec![EgressLevel {
+            level: "daemon".into(),
+            egress: allox_protocol::Egress {
+                allow: d.allow.clone(),
+                deny: d.deny.clone(),
+            },
+        }];
+        levels.push(EgressLevel {
+            level: "agent".into(),
+            egress: agent.egress.clone().unwrap_or_default(),
+        });
+        if let Some(r) = &sess {
+            levels.push(EgressLevel {
+                level: "session".into(),
+                egress: r.egress.clone().unwrap_or_default(),
+            });
+        }
+        let mode = match &sess {
+            Some(r) => r.mode,
+            None => agent.mode,
+        }
+        .unwrap_or(d.default_mode);
+        Ok(NetworkPolicyInfo {
+            agent_id: a.to_string(),
+            session_id: s.map(str::to_string),
+            mode,
+            levels,
+        })
+    }
+
+    /// After a rules change of agent `a` (or session `a/s`): each live
+    /// session it touches judges its next connection by the new policy.
+    fn refresh(&self, store: &allox_store::Store, a: &str, s: Option<&str>) {
+        let prefix = key(a, "");
+        let touched: Vec<(String, Arc<Live>)> = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(k, _)| match s {
+                Some(s) => **k == key(a, s),
+                None => k.starts_with(&prefix),
+            })
+            .map(|(k, l)| (k.clone(), l.clone()))
+            .collect();
+        for (k, live) in touched {
+            let sess = &k[prefix.len()..];
+            let net = SessionNetwork {
+                mode: NetworkMode::Proxy,
+                agent: store.network_of(a, None).ok().and_then(|r| r.egress),
+                session: store.network_of(a, Some(sess)).ok().and_then(|r| r.egress),
+            };
+            match self.policy(&net) {
+                Ok(p) => *live.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(p),
+                // Rules are read before they are stored: not expected.
+                Err(e) => {
+                    tracing::error!(session = %k, error = %e, "cannot read the session's egress rules; its policy stays as it was")
+                }
+            }
+        }
+    }
+}
+
+/// A `proxy` session's proxy: its task aborted (its listener closed, its
+/// connections ended) and its policy forgotten when the context ends.
+struct Serving {
+    task: tokio::task::JoinHandle<()>,
+    key: String,
+    live: Arc<Live>,
+    started: Arc<Started>,
+}
 
 impl Drop for Serving {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
+        let mut live = self.started.live.lock().unwrap_or_else(|e| e.into_inner());
+        // Only its own entry: a newer context of the session has its own.
+        if live
+            .get(&self.key)
+            .is_some_and(|l| Arc::ptr_eq(l, &self.live))
+        {
+            live.remove(&self.key);
+        }
     }
 }
 
@@ -260,45 +437,73 @@ fn listen_inside(pidfd: BorrowedFd<'_>) -> std::io::Result<std::net::TcpListener
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugins::NetworkSettings;
 
-    fn settings(isolated: bool, allow: &[&str]) -> Settings {
+    fn settings(dir: &std::path::Path, allow: &[&str]) -> Settings {
         Settings {
-            state_dir: std::env::temp_dir(),
+            state_dir: dir.to_path_buf(),
             process_events_max: 10,
-            isolated_network: isolated,
             network: NetworkSettings {
                 allow: Some(allow.iter().map(|s| s.to_string()).collect()),
-                deny: vec![],
-                resolver: None,
+                ..NetworkSettings::default()
             },
         }
     }
 
     #[test]
-    fn it_needs_a_network_per_session_and_rules_that_read() {
+    fn rules_that_do_not_read_stop_the_start() {
         let n = Network::new();
-        let e = n.start(&settings(false, &[])).unwrap_err();
-        assert!(
-            format!("{:?}", e).contains("--sandbox-network isolated"),
-            "{e:?}"
-        );
-        let e = n.start(&settings(true, &["bad host"])).unwrap_err();
+        let dir = tempfile::tempdir().unwrap();
+        let e = n.start(&settings(dir.path(), &["bad host"])).unwrap_err();
         assert!(format!("{:?}", e).contains("--network-allow"), "{e:?}");
         assert!(n.started().is_none());
     }
 
-    #[test]
-    fn runs_get_the_proxy_in_both_spellings() {
-        let c = Network::new().contribute(&RunRef {
+    fn run(mode: NetworkMode) -> Contribution {
+        Network::new().contribute(&RunRef {
             agent: "a",
             session: "s",
             run: "r",
-        });
+            network: mode,
+        })
+    }
+
+    #[test]
+    fn runs_of_proxy_sessions_get_the_proxy_in_both_spellings_and_others_nothing() {
+        let c = run(NetworkMode::Proxy);
         let get = |k: &str| c.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         for k in ["HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"] {
             assert_eq!(get(k), Some("http://127.0.0.1:3128"), "{k}");
         }
         assert_eq!(get("no_proxy"), Some("localhost,127.0.0.1,::1"));
+        for m in [NetworkMode::Disabled, NetworkMode::Isolated] {
+            assert_eq!(run(m), Contribution::default(), "{m}");
+        }
+    }
+
+    #[test]
+    fn a_session_policy_narrows_the_agent_and_the_daemon() {
+        let n = Network::new();
+        let dir = tempfile::tempdir().unwrap();
+        n.start(&settings(dir.path(), &["*.test"])).unwrap();
+        let st = n.started().unwrap();
+        let net = SessionNetwork {
+            mode: NetworkMode::Proxy,
+            agent: Some(allox_protocol::Egress {
+                allow: None,
+                deny: vec!["secret.test".into()],
+            }),
+            session: Some(allox_protocol::Egress {
+                allow: Some(vec!["*".into()]),
+                deny: vec![],
+            }),
+        };
+        let p = st.policy(&net).unwrap();
+        let host = |h: &str| allox_network::Host::parse(h).unwrap();
+        assert!(p.check_target(&host("pypi.test"), 443).allowed());
+        // The session's `*` opens neither what the daemon does not allow
+        // nor what the agent denies.
+        assert!(!p.check_target(&host("example.com"), 443).allowed());
+        assert!(!p.check_target(&host("secret.test"), 443).allowed());
+        n.stop();
     }
 }

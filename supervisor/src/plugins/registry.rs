@@ -15,11 +15,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 /// The run the start-up checks merge contributions for: a plugin's keys
-/// must not depend on the run.
+/// must not depend on the run (a run of a `proxy` session gets them all).
 const SAMPLE_RUN: RunRef<'static> = RunRef {
     agent: "agent",
     session: "session",
     run: "run",
+    network: allox_protocol::NetworkMode::Proxy,
 };
 
 /// Started plugins; dropping it stops them, in the reverse load order.
@@ -235,6 +236,11 @@ impl Plugins {
             .iter()
             .map(|p| p.manifest().name.to_string())
             .collect()
+    }
+
+    /// Whether the plugin `name` is loaded.
+    pub fn has(&self, name: &str) -> bool {
+        self.loaded.iter().any(|p| p.manifest().name == name)
     }
 
     pub fn is_empty(&self) -> bool {

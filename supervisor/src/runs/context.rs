@@ -9,7 +9,8 @@
 //! context serves them.
 
 use super::{RunError, Runs};
-use crate::plugins::{ContextGuard, SessionRef};
+use crate::plugins::{ContextGuard, SessionNetwork, SessionRef};
+use allox_protocol::NetworkMode;
 use allox_sandbox::{Context, ContextSpec, SandboxError, SandboxSpec, Spawned};
 use rustix::fd::OwnedFd;
 use std::collections::HashMap;
@@ -59,6 +60,7 @@ impl Runs {
         &self,
         a: &str,
         s: &str,
+        network: &SessionNetwork,
         spec: &SandboxSpec,
         cg: &OwnedFd,
     ) -> Result<Spawned, RunError> {
@@ -79,7 +81,7 @@ impl Runs {
         }
         let ctx = match g.ctx.take() {
             Some(c) => c,
-            None => self.make_context(a, s)?,
+            None => self.make_context(a, s, network)?,
         };
         match ctx.ctx.spawn(spec, cg) {
             Ok(sp) => {
@@ -100,14 +102,21 @@ impl Runs {
         }
     }
 
-    fn make_context(&self, a: &str, s: &str) -> Result<Made, RunError> {
+    /// Whether a session of network mode `mode` has a network namespace
+    /// of its own: `isolated` and `proxy` always, `disabled` as the daemon
+    /// has it (`--sandbox-network`).
+    pub(super) fn isolates(&self, mode: NetworkMode) -> bool {
+        mode != NetworkMode::Disabled || self.cfg.isolate_network
+    }
+
+    fn make_context(&self, a: &str, s: &str, network: &SessionNetwork) -> Result<Made, RunError> {
         let cg = self.cgroups.create_context(a, s)?;
         let files = self.session_files();
         let spec = ContextSpec {
             stage: self.cfg.stage.clone(),
             system_dirs: self.cfg.system_dirs.clone(),
             hostname: "allox".into(),
-            isolate_network: self.cfg.isolate_network,
+            isolate_network: self.isolates(network.mode),
             binds: files.binds.clone(),
             links: files.links.clone(),
         };
@@ -120,6 +129,7 @@ impl Runs {
         let session = SessionRef {
             agent: a,
             session: s,
+            network,
         };
         match self.cfg.plugins.session_context(&session, ctx.pidfd()) {
             Ok(held) => Ok(Made { held, ctx }),

@@ -120,5 +120,6 @@ pub(super) async fn reap(runs: Arc<Runs>, run: Arc<Run>) {
         agent: &run.agent,
         session: &run.session,
         run: &run.id,
+        network: run.network,
     });
 }

@@ -150,12 +150,16 @@ struct Run {
     attached: Mutex<Option<Box<dyn Send + Sync>>>,
     /// What the plugins say about it (`plugin.key`, value).
     metadata: Vec<(String, String)>,
+    /// Its session's network mode.
+    network: allox_protocol::NetworkMode,
 }
 
-/// Everything a session's workspace paths are, for one start.
+/// What a start needs of its session: the workspace paths, and the
+/// network.
 pub struct SessionPaths {
     pub current: PathBuf,
     pub shared: PathBuf,
+    pub network: crate::plugins::SessionNetwork,
 }
 
 pub struct Runs {
@@ -386,10 +390,15 @@ fn adopt(cgroups: &Cgroups, plugins: &Plugins) -> Vec<(RunIdentity, PathBuf)> {
                         // processes do from now on is attributed too.
                         if let Ok(md) = std::fs::metadata(r.path()) {
                             use std::os::unix::fs::MetadataExt;
+                            // (The session's mode is the store's; a run
+                            // adopted is told as `disabled`, which only the
+                            // network plugin reads, and it serves sessions,
+                            // not runs.)
                             let run = RunRef {
                                 agent: &id.agent,
                                 session: &id.session,
                                 run: &id.run,
+                                network: allox_protocol::NetworkMode::Disabled,
                             };
                             // The cgroup's id is its directory's inode.
                             plugins.adopt_run(&run, md.ino());

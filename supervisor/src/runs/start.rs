@@ -58,10 +58,12 @@ impl Runs {
         let (a, s) = (p.agent_id.as_str(), p.session_id.as_str());
         let cwd = validate::check(&p.argv, &p.env, p.cwd.as_deref())?;
         let id = self.new_run_id();
+        let mode = paths.network.mode;
         let run_ref = RunRef {
             agent: a,
             session: s,
             run: &id,
+            network: mode,
         };
         let added = self
             .cfg
@@ -169,7 +171,7 @@ impl Runs {
             stage: self.cfg.stage.clone(),
             system_dirs: self.cfg.system_dirs.clone(),
             hostname: "allox".into(),
-            isolate_network: self.cfg.isolate_network,
+            isolate_network: self.isolates(mode),
             tmp_sync_cap: self.cfg.tmp_sync_cap,
             binds,
         };
@@ -180,8 +182,9 @@ impl Runs {
         // off the I/O workers.
         let runs = self.clone();
         let (aa, ss) = (a.to_string(), s.to_string());
+        let net = paths.network.clone();
         let spawned =
-            tokio::task::spawn_blocking(move || runs.spawn_in_context(&aa, &ss, &spec, &cg))
+            tokio::task::spawn_blocking(move || runs.spawn_in_context(&aa, &ss, &net, &spec, &cg))
                 .await?;
         let spawned = match spawned {
             Ok(sp) => sp,
@@ -232,6 +235,7 @@ impl Runs {
             timed_out: AtomicBool::new(false),
             attached: Mutex::new(Some(attached.guard)),
             metadata: added.metadata,
+            network: paths.network.mode,
         });
         self.table
             .lock()

@@ -5,8 +5,8 @@
 
 use allox_integration::{cgroup2_mount, BtrfsFs, Daemon};
 use allox_network::broker::{Broker, SystemResolver, Timeouts};
-use allox_network::{Egress, Layer, Policy};
-use allox_protocol::{Request, Response, SessionCreate};
+use allox_network::{Layer, Policy};
+use allox_protocol::{NetworkMode, Request, Response, SessionCreate};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -49,11 +49,14 @@ async fn echo_server() -> SocketAddr {
 async fn broker_for(server: SocketAddr) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    let e = Egress {
-        allow: Some(vec![server.to_string()]),
-        deny: vec![],
-    };
-    let policy = Arc::new(Policy::new(vec![Layer::new("session", &e).unwrap()]));
+    let allow = [server.to_string()];
+    let none: &[String] = &[];
+    let policy = Arc::new(Policy::new(vec![Layer::new(
+        "session",
+        Some(&allow[..]),
+        none,
+    )
+    .unwrap()]));
     let broker = Broker {
         resolver: Arc::new(SystemResolver),
         timeouts: Timeouts::default(),
@@ -179,51 +182,50 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     spawn_with_and_without(fs, quick)
 }
 
-/// `process.start` with wait of `/bin/true` in a session of a daemon with
-/// the network plugin, and of one without (both with a network namespace
-/// per session), alternating.
+/// `process.start` with wait of `/bin/true` in three sessions of one
+/// daemon with the network plugin: `disabled` (the host's network),
+/// `isolated` and `proxy`, alternating.
 fn spawn_with_and_without(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     let mount = cgroup2_mount().ok_or_else(|| anyhow::anyhow!("no cgroup2 mount"))?;
     let cg = mount.join(format!("allox-bench-net-{}", std::process::id()));
-    let mut daemons = Vec::new();
-    for (name, extra) in [("without", &[][..]), ("with", &["--plugin", "network"][..])] {
-        let root = fs.path().join(format!("net-{name}"));
-        std::fs::create_dir(&root)?;
-        let d_cg = cg.join(name);
-        std::fs::create_dir_all(&d_cg)?;
-        let stage = fs.scratch().join(format!("stage-net-{name}"));
-        let mut args = vec![
-            "--cgroup-root".to_string(),
-            d_cg.display().to_string(),
-            "--sandbox-stage".to_string(),
-            stage.display().to_string(),
-            "--sandbox-network".to_string(),
-            "isolated".to_string(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let d = Daemon::start(
-            &root,
-            &fs.scratch().join(format!("net-{name}.sock")),
-            &[],
-            &args,
-        );
-        let mut c = d.client();
-        c.call(Request::AgentCreate(allox_protocol::AgentCreate::new(
-            "bench",
-        )))?
+    let root = fs.path().join("net");
+    std::fs::create_dir(&root)?;
+    std::fs::create_dir_all(&cg)?;
+    let stage = fs.scratch().join("stage-net");
+    let args = [
+        "--cgroup-root".to_string(),
+        cg.display().to_string(),
+        "--sandbox-stage".to_string(),
+        stage.display().to_string(),
+        "--plugin".to_string(),
+        "network".to_string(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let d = Daemon::start(&root, &fs.scratch().join("net.sock"), &[], &args);
+    let mut c = d.client();
+    c.call(Request::AgentCreate(allox_protocol::AgentCreate::new(
+        "bench",
+    )))?
+    .map_err(anyhow::Error::msg)?;
+    let modes = [
+        NetworkMode::Disabled,
+        NetworkMode::Isolated,
+        NetworkMode::Proxy,
+    ];
+    for m in modes {
+        c.call(Request::SessionCreate(SessionCreate {
+            network: Some(m),
+            ..SessionCreate::new("bench", m.as_str())
+        }))?
         .map_err(anyhow::Error::msg)?;
-        c.call(Request::SessionCreate(SessionCreate::new("bench", "s")))?
-            .map_err(anyhow::Error::msg)?;
-        daemons.push((d, c));
     }
     let n = if quick { 100 } else { 1000 };
-    let start = allox_integration::process_start("bench", "s", &["/bin/true"]);
-    let mut times = [Vec::new(), Vec::new()];
+    let mut times = [Vec::new(), Vec::new(), Vec::new()];
     for i in 0..n + 10 {
-        for (k, (_, c)) in daemons.iter_mut().enumerate() {
+        for (k, m) in modes.iter().enumerate() {
+            let start = allox_integration::process_start("bench", m.as_str(), &["/bin/true"]);
             let t = Instant::now();
-            let r = c.call(Request::ProcessStart(start.clone()))?;
+            let r = c.call(Request::ProcessStart(start))?;
             let el = t.elapsed();
             anyhow::ensure!(
                 matches!(r, Ok(Response::Exited(ref x)) if x.exit_code == Some(0)),
@@ -234,18 +236,17 @@ fn spawn_with_and_without(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
             }
         }
     }
-    for (d, _) in daemons {
-        d.stop();
-    }
+    d.stop();
     let _ = std::fs::write(cg.join("cgroup.kill"), "1");
     std::thread::sleep(Duration::from_millis(200));
     allox_integration::remove_cgroup_tree(&cg);
-    println!("`process.start` with wait of `/bin/true`, {n} each, alternating; both daemons with `--sandbox-network isolated`.\n");
-    println!("| daemon | p50 | p99 |");
+    println!("`process.start` with wait of `/bin/true`, {n} each, alternating between three sessions of one daemon with `--plugin network`.\n");
+    println!("| session network | p50 | p99 |");
     println!("|---|---:|---:|");
     for (name, v) in [
-        ("without the network plugin", &times[0]),
-        ("with `--plugin network`", &times[1]),
+        ("`disabled` (the host's network; baseline)", &times[0]),
+        ("`isolated`", &times[1]),
+        ("`proxy`", &times[2]),
     ] {
         println!(
             "| {name} | {} | {} |",
@@ -253,7 +254,10 @@ fn spawn_with_and_without(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
             us_or_ms(pct(v, 0.99))
         );
     }
-    let d = pct(&times[1], 0.5).as_secs_f64() - pct(&times[0], 0.5).as_secs_f64();
-    println!("\nThe plugin adds {:+.3} ms at p50.\n", d * 1e3);
+    let d = pct(&times[2], 0.5).as_secs_f64() - pct(&times[0], 0.5).as_secs_f64();
+    println!(
+        "\nA `proxy` session's run costs {:+.3} ms at p50 against a `disabled` one's.\n",
+        d * 1e3
+    );
     Ok(())
 }

@@ -73,6 +73,7 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
     let paths = || SessionPaths {
         current: info.current.clone().into(),
         shared: store.layout().shared("bench"),
+        network: Default::default(),
     };
     // Library: process.start with wait, /bin/true.
     let mut lib = Vec::new();

@@ -61,7 +61,6 @@ fn bench(fs: &BtrfsFs, cg: &std::path::Path, quick: bool) -> anyhow::Result<()> 
     let _running = plugins.start_guarded(&Settings {
         state_dir: state.clone(),
         process_events_max: 10_000_000,
-        isolated_network: false,
         network: Default::default(),
     })?;
     let tracker = plugin.tracker()?;
@@ -75,6 +74,7 @@ fn bench(fs: &BtrfsFs, cg: &std::path::Path, quick: bool) -> anyhow::Result<()> 
     let paths = || SessionPaths {
         current: info.current.clone().into(),
         shared: store.layout().shared("bench"),
+        network: Default::default(),
     };
     let req = allox_integration::process_start("bench", "s", &["/bin/true"]);
     let once = |runs: &Arc<Runs>| -> anyhow::Result<Duration> {

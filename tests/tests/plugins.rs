@@ -270,7 +270,7 @@ fn the_network_plugin_s_start_failures_stop_the_daemon_and_leave_nothing() {
     if !require("plugins::the_network_plugin_s_start_failures") {
         return;
     }
-    let net = ["--plugin", "network", "--sandbox-network", "isolated"];
+    let net = ["--plugin", "network"];
     let (code, err, listened) = refused_start(
         "failnet",
         &[("ALLOX_FAILPOINTS", "plugin_start.network=panic")],
@@ -282,10 +282,14 @@ fn the_network_plugin_s_start_failures_stop_the_daemon_and_leave_nothing() {
         "{err}"
     );
     assert!(!listened, "it listened");
-    // Without a network namespace per session it cannot isolate anything.
-    let (code, err, listened) = refused_start("nonet", &[], &["--plugin", "network"]);
+    // Sessions in proxy mode by default, without the plugin that serves
+    // them.
+    let (code, err, listened) = refused_start("nonet", &[], &["--session-network", "proxy"]);
     assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("--sandbox-network isolated"), "{err}");
+    assert!(
+        err.contains("--session-network proxy needs the network plugin"),
+        "{err}"
+    );
     assert!(!listened, "it listened");
     // A rule that does not read.
     let mut args = net.to_vec();
@@ -492,6 +496,7 @@ fn a_plugin_s_prefix_env_and_binds_reach_the_sandbox_in_order() {
     let paths = SessionPaths {
         current: info.current.clone().into(),
         shared: store.layout().shared("a"),
+        network: Default::default(),
     };
     let r = rt.block_on(runs.start(&req, paths, None));
     let _ = std::fs::write(cg.join("cgroup.kill"), "1");

@@ -5,6 +5,7 @@ pub mod policy;
 
 pub use policy::{special, Host, Layer, Policy, Rule, RuleError, Verdict};
 pub mod broker;
+pub mod diag;
 pub mod http;
 pub mod relay;
 pub mod stub;

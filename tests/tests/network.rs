@@ -227,6 +227,7 @@ fn a_proxy_session_reaches_allowed_hosts_through_its_proxy_and_nothing_else() {
     // address: through.
     let r = sh(&d, &format!("curl -sS http://files.test:{port}/hello"));
     assert_eq!(r.stdout, "hello /hello\n", "{r:?}");
+    let hello_run = r.run_id.clone();
     // A tunnel, as for HTTPS.
     let r = sh(
         &d,
@@ -360,6 +361,8 @@ print("udp sent")
     };
     let ok = find("files.test");
     assert_eq!(ok["allowed"], true, "{ok}");
+    // The run that connected, as the kernel says (its socket's cgroup).
+    assert_eq!(ok["run_id"], hello_run.as_str(), "{ok}");
     assert_eq!(ok["agent_id"], "a");
     assert_eq!(ok["address"], local.as_str(), "{ok}");
     assert!(ok["bytes_received"].as_u64().unwrap() > 0, "{ok}");
@@ -473,6 +476,35 @@ fn a_policy_change_applies_to_the_next_connection_and_rollback_keeps_it() {
     assert_eq!(levels, ["daemon", "agent", "session"], "{v}");
     assert_eq!(v["levels"][2]["egress"]["deny"][0], "other.test", "{v}");
     assert_eq!(v["levels"][1]["egress"]["allow"][0], "*.test", "{v}");
+
+    // `net audit --follow` prints the backlog, then each attempt as it
+    // is decided.
+    let mut follow = Command::new(workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(&d.daemon.socket)
+        .args(["--json", "net", "audit", "a", "s", "--follow"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Should nothing come, the reads below end (and fail) in 30 s.
+    let pid = follow.id().to_string();
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(30));
+        let _ = Command::new("kill").arg(&pid).status();
+    });
+    let mut lines = std::io::BufReader::new(follow.stdout.take().unwrap()).lines();
+    let backlog = audit(&d, &["a", "s"]).len();
+    for _ in 0..backlog {
+        lines.next().unwrap().unwrap();
+    }
+    let r = sh(&d, &format!("curl -sS http://files.test:{port}/followed"));
+    assert_eq!(r.stdout, "hello /followed\n");
+    let next = lines.next().expect("no record followed").unwrap();
+    let next: serde_json::Value = serde_json::from_str(&next).unwrap();
+    assert_eq!(next["host"], "files.test", "{next}");
+    assert_eq!(next["run_id"], r.run_id.as_str(), "{next}");
+    let _ = follow.kill();
+    let _ = follow.wait();
 
     // A rollback keeps the session's network and its policy (and the
     // proxy: the context is the session's, not the workspace's).

@@ -22,6 +22,7 @@ use super::api::{
 use super::{NetworkSettings, PluginError};
 use crate::error::RequestError;
 use allox_network::broker::{Broker, DnsResolver, Resolve, SystemResolver, Timeouts};
+use allox_network::diag::SockDiag;
 use allox_network::{Layer, Policy, RuleError};
 use allox_protocol::{
     EgressLevel, NetworkAuditRecord, NetworkMode, NetworkPolicyInfo, Request, Response,
@@ -50,6 +51,14 @@ struct Live {
     policy: RwLock<Arc<Policy>>,
 }
 
+/// The runs by cgroup id (told by [`Plugin::before_run`]), for naming the
+/// run of a connection in the audit.
+#[derive(Default)]
+struct RunsByCgroup {
+    by_id: HashMap<u64, String>,
+    ids: HashMap<String, u64>,
+}
+
 struct Started {
     broker: Broker,
     settings: NetworkSettings,
@@ -59,6 +68,7 @@ struct Started {
     shim: PathBuf,
     /// `agent/session` → its live policy.
     live: Mutex<HashMap<String, Arc<Live>>>,
+    runs: Mutex<RunsByCgroup>,
 }
 
 impl Started {
@@ -175,6 +185,7 @@ impl Plugin for Network {
             audit,
             shim,
             live: Mutex::new(HashMap::new()),
+            runs: Mutex::new(RunsByCgroup::default()),
         }));
         Ok(())
     }
@@ -216,6 +227,30 @@ impl Plugin for Network {
         }
     }
 
+    fn before_run(&self, run: &RunRef<'_>, cgroup_id: u64) -> Result<(), PluginError> {
+        self.adopt_run(run, cgroup_id);
+        Ok(())
+    }
+
+    fn adopt_run(&self, run: &RunRef<'_>, cgroup_id: u64) {
+        if let Some(st) = self.started() {
+            let mut r = st.runs.lock().unwrap_or_else(|e| e.into_inner());
+            let k = format!("{}/{}/{}", run.agent, run.session, run.run);
+            r.by_id.insert(cgroup_id, k.clone());
+            r.ids.insert(k, cgroup_id);
+        }
+    }
+
+    fn after_run(&self, run: &RunRef<'_>) {
+        if let Some(st) = self.started() {
+            let mut r = st.runs.lock().unwrap_or_else(|e| e.into_inner());
+            let k = format!("{}/{}/{}", run.agent, run.session, run.run);
+            if let Some(id) = r.ids.remove(&k) {
+                r.by_id.remove(&id);
+            }
+        }
+    }
+
     fn session_context(
         &self,
         session: &SessionRef<'_>,
@@ -230,8 +265,9 @@ impl Plugin for Network {
         let policy = st
             .policy(session.network)
             .map_err(|e| refused(format!("the session's egress rules: {e}")))?;
-        let listener = listen_inside(context)
+        let (listener, diag) = listen_inside(context)
             .map_err(|e| refused(format!("listen on {PROXY} in the session's network: {e}")))?;
+        let diag = diag.map(Arc::new);
         let rt = tokio::runtime::Handle::try_current()
             .map_err(|_| refused("no async runtime to serve the session's proxy"))?;
         let live = Arc::new(Live {
@@ -250,7 +286,7 @@ impl Plugin for Network {
                 return;
             };
             loop {
-                let Ok((conn, _)) = l.accept().await else {
+                let Ok((conn, peer)) = l.accept().await else {
                     continue;
                 };
                 let st = served.clone();
@@ -260,7 +296,9 @@ impl Plugin for Network {
                     .unwrap_or_else(|e| e.into_inner())
                     .clone();
                 let (agent, sess) = (agent.clone(), sess.clone());
+                let diag = diag.clone();
                 tokio::spawn(async move {
+                    let run_id = diag.and_then(|d| st.run_of(&d, peer));
                     let a = st.broker.serve(conn, &policy).await;
                     st.audit.append(NetworkAuditRecord {
                         seq: 0,
@@ -270,7 +308,7 @@ impl Plugin for Network {
                             .unwrap_or(0),
                         agent_id: agent,
                         session_id: sess,
-                        run_id: None,
+                        run_id,
                         kind: a.kind.to_string(),
                         host: a.host,
                         port: a.port,
@@ -319,6 +357,19 @@ impl Plugin for Network {
 }
 
 impl Started {
+    /// Which run a connection to the proxy came from: the cgroup of the
+    /// client's socket, asked of the kernel in the session's namespace.
+    fn run_of(&self, diag: &SockDiag, peer: SocketAddr) -> Option<String> {
+        let SocketAddr::V4(peer) = peer else {
+            return None;
+        };
+        let proxy = std::net::SocketAddrV4::new(Ipv4Addr::LOCALHOST, PROXY.port());
+        let id = diag.cgroup_of(peer, proxy).ok().flatten()?;
+        let runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
+        let key = runs.by_id.get(&id)?;
+        key.rsplit('/').next().map(str::to_string)
+    }
+
     /// `network.policy.get`: the mode and every level's rules.
     fn info(
         &self,
@@ -416,8 +467,12 @@ impl Drop for Serving {
 }
 
 /// Binds [`PROXY`] inside the network namespace of the process `pidfd`,
-/// from a thread of its own that enters it and ends there.
-fn listen_inside(pidfd: BorrowedFd<'_>) -> std::io::Result<std::net::TcpListener> {
+/// from a thread of its own that enters it and ends there; and makes the
+/// namespace's socket-diagnosis socket there (`None` if the kernel has
+/// none: runs are then not named in the audit).
+fn listen_inside(
+    pidfd: BorrowedFd<'_>,
+) -> std::io::Result<(std::net::TcpListener, Option<SockDiag>)> {
     let fd = pidfd.try_clone_to_owned()?;
     std::thread::scope(|s| {
         s.spawn(move || {
@@ -427,7 +482,7 @@ fn listen_inside(pidfd: BorrowedFd<'_>) -> std::io::Result<std::net::TcpListener
             )?;
             let l = std::net::TcpListener::bind(PROXY)?;
             l.set_nonblocking(true)?;
-            Ok(l)
+            Ok((l, SockDiag::new().ok()))
         })
         .join()
         .unwrap_or_else(|_| Err(std::io::Error::other("the thread panicked")))

@@ -144,7 +144,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
             brokered.push(setup_once(server, Some(proxy)).await);
         }
         let (mut d, mut b) = (Vec::new(), Vec::new());
-        for _ in 0..3 {
+        for _ in 0..5 {
             d.push(bulk(server, None, bytes).await);
             b.push(bulk(server, Some(proxy), bytes).await);
         }
@@ -173,7 +173,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         v[v.len() / 2]
     };
     println!(
-        "Throughput, {} MiB one way, median of 3: direct {:.0} MB/s, through the broker {:.0} MB/s ({:.0}%).\n",
+        "Throughput, {} MiB one way, median of 5: direct {:.0} MB/s, through the broker {:.0} MB/s ({:.0}%).\n",
         bytes >> 20,
         med(&d),
         med(&b),

@@ -19,6 +19,17 @@
 #                        bzImage through SeaBIOS (slower, a fallback)
 #   --accel auto|kvm|tcg auto (default): KVM when /dev/kvm can run an ordinary
 #                        guest (CPU has vmx/svm, not PVM), else TCG
+#   --net none|user      none (default): the guest has no network device;
+#                        user: one virtio-net device on QEMU's user networking
+#                        with restrict=on (the guest reaches nothing but the
+#                        forwards below), configured by allox-init as
+#                        10.0.2.15/24 via 10.0.2.2 (allox.net=); only the
+#                        supervisor's namespace (its network broker) has it
+#   --forward ADDR:PORT=HOSTPORT
+#                        with --net user (repeatable): a TCP connection from
+#                        the guest to ADDR:PORT (an address in 10.0.2.0/24)
+#                        reaches 127.0.0.1:HOSTPORT on the host, and nothing
+#                        else on the host is reachable
 #   --dry-run            print the QEMU command line and exit
 #
 # Arguments of the form allox.KEY=VALUE are added to the kernel command
@@ -51,6 +62,8 @@ console_log=
 machine=microvm
 accel=auto
 dry_run=0
+net=none
+forwards=()
 settings=()
 qemu_extra=()
 
@@ -67,6 +80,8 @@ while [ $# -gt 0 ]; do
     --machine) machine=${2:?}; shift 2 ;;
     --accel) accel=${2:?}; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
+    --net) net=${2:?}; shift 2 ;;
+    --forward) forwards+=("${2:?}"); shift 2 ;;
     --) shift; qemu_extra=("$@"); break ;;
     allox.*=*) settings+=("$1"); shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -78,6 +93,12 @@ done
 [ -f "$initrd" ] || die "initrd $initrd not found"
 [ -z "$store" ] || [ -f "$store" ] || [ -b "$store" ] || die "store image $store not found"
 case $machine in microvm | pc) ;; *) die "--machine must be microvm or pc" ;; esac
+case $net in none | user) ;; *) die "--net must be none or user" ;; esac
+[ "$net" = user ] || [ "${#forwards[@]}" = 0 ] || die "--forward needs --net user"
+for f in "${forwards[@]}"; do
+    [[ $f =~ ^10\.0\.2\.[0-9]{1,3}:[0-9]{1,5}=[0-9]{1,5}$ ]] ||
+        die "--forward $f: expected ADDR:PORT=HOSTPORT with ADDR in 10.0.2.0/24"
+done
 
 if ! command -v qemu-system-x86_64 >/dev/null 2>&1; then
     [ "$(id -u)" = 0 ] || die "qemu-system-x86_64 missing (apt-get install qemu-system-x86)"
@@ -138,6 +159,9 @@ if [ "$accel" = tcg ]; then
         note "warning: no 'cpu MHz' in /proc/cpuinfo; the guest may hang calibrating its TSC"
     fi
 fi
+if [ "$net" = user ] && [[ " ${settings[*]} " != *" allox.net="* ]]; then
+    settings+=("allox.net=10.0.2.15/24,10.0.2.2")
+fi
 [ "${#settings[@]}" -gt 0 ] && cmdline+=" ${settings[*]}"
 [ -n "$append" ] && cmdline+=" $append"
 
@@ -187,6 +211,42 @@ if [ -n "$store" ]; then
         -drive "file=$store,if=none,id=store,format=raw,cache=writeback,discard=unmap"
         -device "virtio-blk-$virtio,drive=store,serial=allox-store"
     )
+fi
+if [ "$net" = user ]; then
+    # Each forward runs a relay per connection (QEMU's guestfwd cmd:, on a
+    # socket pair) to the host's 127.0.0.1 only.
+    netdev="user,id=up,net=10.0.2.0/24,host=10.0.2.2,restrict=on"
+    if [ "${#forwards[@]}" -gt 0 ]; then
+        fwd_dir=$(mktemp -d /tmp/allox-vm-forward.XXXXXX)
+        for f in "${forwards[@]}"; do
+            guest=${f%%=*} hostport=${f#*=}
+            relay=$fwd_dir/${guest//[.:]/-}.sh
+            cat >"$relay" <<EOS
+#!/bin/sh
+exec python3 -c '
+import socket, sys, threading
+s = socket.create_connection(("127.0.0.1", $hostport))
+def up():
+    while True:
+        d = sys.stdin.buffer.read1(65536)
+        if not d:
+            s.shutdown(socket.SHUT_WR)
+            return
+        s.sendall(d)
+threading.Thread(target=up, daemon=True).start()
+while True:
+    d = s.recv(65536)
+    if not d:
+        break
+    sys.stdout.buffer.write(d)
+    sys.stdout.buffer.flush()
+'
+EOS
+            chmod 755 "$relay"
+            netdev+=",guestfwd=tcp:$guest-cmd:$relay"
+        done
+    fi
+    args+=(-netdev "$netdev" -device "virtio-net-$virtio,netdev=up")
 fi
 args+=("${qemu_extra[@]}")
 

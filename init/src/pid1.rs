@@ -67,6 +67,9 @@ pub fn run() -> ! {
             "warning: ignoring kernel command line setting {u:?}"
         ));
     }
+    if let Some(up) = &settings.net {
+        uplink(up);
+    }
     // Signals arrive through a descriptor, never as handlers.
     let mut mask = SigSet::empty();
     for s in [
@@ -102,6 +105,25 @@ pub fn run() -> ! {
         next_start: Some(Instant::now()),
     }
     .main_loop()
+}
+
+/// Configures the first network device as `allox.net=` says; a failure
+/// is logged, and the guest goes on without an uplink.
+fn uplink(up: &allox_init::guest::uplink::Uplink) {
+    use allox_init::guest::uplink;
+    let Some(dev) = uplink::devices().into_iter().next() else {
+        log("warning: allox.net= is set but the machine has no network device (QEMU: --net user)");
+        return;
+    };
+    match uplink::configure(&dev, up) {
+        Ok(()) => log(format_args!(
+            "network: {dev} {}/{}{}",
+            up.addr,
+            up.prefix,
+            up.gateway.map(|g| format!(" via {g}")).unwrap_or_default()
+        )),
+        Err(e) => log(format_args!("warning: cannot configure {dev}: {e}")),
+    }
 }
 
 struct Init {

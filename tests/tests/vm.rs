@@ -141,6 +141,17 @@ fn guest_the_spine_and_exec_over_virtio_serial_then_an_orderly_shutdown() {
         sh(&mut c, "a", "s", "echo one > f; cat f; id -u"),
         "one\n10000\n"
     );
+    // The default image has no network device: the sandbox (here in the
+    // supervisor's network, mode disabled) sees a loopback only.
+    assert_eq!(
+        sh(
+            &mut c,
+            "a",
+            "s",
+            "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"
+        ),
+        "lo\n"
+    );
     ok(&mut c, ck("a", "s", "c1"));
     sh(&mut c, "a", "s", "echo two > f; echo new > g");
     match ok(
@@ -676,4 +687,134 @@ fn guest_runs_of_a_session_share_its_network_and_a_run_ends_its_own_turn() {
             .any(|k| k.origin == Origin::Turn && k.label.as_deref() == Some("from inside the VM")),
         "{l:?}"
     );
+}
+
+/// An HTTP server on the host's loopback answering `hello <path>`; counts
+/// the connections it accepts.
+fn counting_hello_server() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = seen.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            count.fetch_add(1, Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&buf).to_string();
+                let path = head.split(' ').nth(1).unwrap_or("").to_string();
+                let body = format!("hello {path}\n");
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    (port, seen)
+}
+
+#[test]
+fn a_proxy_session_in_the_guest_reaches_the_host_only_through_the_broker() {
+    use std::sync::atomic::Ordering;
+    let Some(img) = require_vm("vm::a_proxy_session_in_the_guest_reaches_the_host") else {
+        return;
+    };
+    let (port, seen) = counting_hello_server();
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = store_image(dir.path(), true);
+    // QEMU's user networking, restricted: the guest reaches 10.0.2.100:80,
+    // which is the host's 127.0.0.1:<port>, and nothing else.
+    let forward = format!("10.0.2.100:80={port}");
+    let mut vm = Vm::boot(
+        &img,
+        Some(&store),
+        &[
+            "--net",
+            "user",
+            "--forward",
+            &forward,
+            "allox.args=--plugin=network,--session-network=proxy,--network-allow=10.0.2.100:80",
+        ],
+    );
+    let (mut c, _) = vm.connect(BOOT);
+    assert!(
+        vm.console()
+            .contains("network: eth0 10.0.2.15/24 via 10.0.2.2"),
+        "console:\n{}",
+        vm.console()
+    );
+    ok(&mut c, agent("a"));
+    ok(&mut c, session("a", "s"));
+    // Through the session's proxy (busybox wget reads http_proxy).
+    let got = sh(&mut c, "a", "s", "wget -q -O - http://10.0.2.100/hello");
+    assert_eq!(got, "hello /hello\n", "console:\n{}", vm.console());
+    // A raw connection, as SSH would make it.
+    let got = sh(
+        &mut c,
+        "a",
+        "s",
+        "printf 'GET /raw HTTP/1.0\\r\\n\\r\\n' | allox net connect 10.0.2.100 80",
+    );
+    assert!(got.ends_with("hello /raw\n"), "{got}");
+    // Not allowed: the proxy's 403, no connection made.
+    match ok(
+        &mut c,
+        run("a", "s", "wget -q -O - http://10.0.2.100:8080/no", true),
+    ) {
+        Response::Exited(x) => assert!(x.exit_code == Some(1) && x.stderr.contains("403"), "{x:?}"),
+        other => panic!("{other:?}"),
+    }
+    // Around the proxy: the session has no route out.
+    match ok(
+        &mut c,
+        run(
+            "a",
+            "s",
+            "wget -q -Y off -O - http://10.0.2.100/direct",
+            true,
+        ),
+    ) {
+        Response::Exited(x) => assert!(
+            x.exit_code == Some(1) && x.stderr.contains("unreachable"),
+            "{x:?}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // The host's server saw the two allowed connections and no other.
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
+    let records = match ok(
+        &mut c,
+        Request::NetworkAudit(NetworkAudit {
+            agent_id: Some("a".into()),
+            ..NetworkAudit::default()
+        }),
+    ) {
+        Response::NetworkAudit(l) => l.records,
+        other => panic!("{other:?}"),
+    };
+    let allowed: Vec<_> = records.iter().filter(|r| r.allowed).collect();
+    assert_eq!(allowed.len(), 2, "{records:?}");
+    assert!(
+        allowed
+            .iter()
+            .all(|r| r.address.as_deref() == Some("10.0.2.100:80") && r.run_id.is_some()),
+        "{records:?}"
+    );
+    assert!(
+        records.iter().any(|r| !r.allowed && r.port == 8080),
+        "{records:?}"
+    );
+    let _ = c.call(Request::Shutdown(Shutdown {}));
+    assert!(vm.wait_exit(Duration::from_secs(60)).is_some());
 }

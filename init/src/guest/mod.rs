@@ -6,6 +6,7 @@ pub mod machine;
 pub mod settings;
 pub mod store_disk;
 pub mod supervisor;
+pub mod uplink;
 
 pub use settings::Settings;
 

@@ -22,6 +22,9 @@ pub struct Settings {
     /// `allox.failpoints=`: crash points for tests, armed in the first
     /// supervisor only (its restart must come up clean).
     pub failpoints: Option<String>,
+    /// `allox.net=ADDRESS/PREFIX[,GATEWAY]`: the VM's uplink
+    /// ([`super::uplink`]); none unless given.
+    pub net: Option<super::uplink::Uplink>,
     /// `allox.session_pids_max=` and the other limits ([`crate::limits`]).
     pub limits: LimitSettings,
     /// Settings that were not understood, to be reported.
@@ -38,6 +41,7 @@ impl Default for Settings {
             args: Vec::new(),
             stop_timeout: Duration::from_secs(10),
             failpoints: None,
+            net: None,
             limits: LimitSettings::default(),
             unknown: Vec::new(),
         }
@@ -67,6 +71,10 @@ impl Settings {
                         .collect()
                 }
                 "failpoints" if !v.is_empty() => s.failpoints = Some(v.to_string()),
+                "net" => match super::uplink::Uplink::parse(v) {
+                    Ok(u) => s.net = Some(u),
+                    Err(e) => s.unknown.push(format!("{word} ({e})")),
+                },
                 "stop_timeout_ms" if v.parse::<u64>().is_ok() => {
                     s.stop_timeout = Duration::from_millis(v.parse().unwrap_or(10_000))
                 }
@@ -88,7 +96,12 @@ mod tests {
         let s = Settings::parse(
             "console=ttyS0 quiet allox.store=/dev/vdb allox.ctl=org.x allox.log=debug \
              allox.format=1 allox.args=--default-pids-max=64,--sandbox-network=isolated \
-             allox.stop_timeout_ms=2500 allox.bogus=1 allox.store=relative",
+             allox.stop_timeout_ms=2500 allox.bogus=1 allox.store=relative \
+             allox.net=10.0.2.15/24,10.0.2.2",
+        );
+        assert_eq!(
+            s.net.map(|n| (n.addr.to_string(), n.prefix)),
+            Some(("10.0.2.15".to_string(), 24))
         );
         assert_eq!(s.store, PathBuf::from("/dev/vdb"));
         assert_eq!(s.ctl, "org.x");
@@ -107,8 +120,9 @@ mod tests {
     fn malformed_values_keep_the_default_and_are_reported() {
         let s = Settings::parse(
             "allox.format=yes allox.stop_timeout_ms=soon allox.ctl= allox.failpoints=a=1 \
-             allox.session_pids_max=max allox.reserve_pids=max",
+             allox.session_pids_max=max allox.reserve_pids=max allox.net=10.0.2.15",
         );
+        assert_eq!(s.net, None);
         assert!(!s.format);
         assert_eq!(s.stop_timeout, Duration::from_secs(10));
         assert_eq!(s.ctl, "org.allox.ctl");
@@ -120,7 +134,8 @@ mod tests {
                 "allox.format=yes",
                 "allox.stop_timeout_ms=soon",
                 "allox.ctl=",
-                "allox.reserve_pids=max"
+                "allox.reserve_pids=max",
+                "allox.net=10.0.2.15 (\"10.0.2.15\": expected ADDRESS/PREFIX[,GATEWAY])"
             ]
         );
     }

@@ -12,6 +12,7 @@ allox_install_deps
 
 echo "==> building (release)"
 cargo build --release --quiet -p allox-init -p allox-ctl
+cargo build --release --quiet -p allox-network --bin allox-dns-stub
 BIN=$PWD/$ALLOX_RELEASE
 
 WORK=$(mktemp -d /var/tmp/allox-demo.XXXXXX)
@@ -34,6 +35,8 @@ mkdir -p "$CGROOT"
 
 cleanup() {
     [ -n "${DAEMON:-}" ] && kill "$DAEMON" 2>/dev/null && wait "$DAEMON" 2>/dev/null || true
+    [ -n "${DNS:-}" ] && kill "$DNS" 2>/dev/null && wait "$DNS" 2>/dev/null || true
+    [ -n "${INDEX:-}" ] && kill "$INDEX" 2>/dev/null && wait "$INDEX" 2>/dev/null || true
     [ -n "${GATEWAY:-}" ] && kill "$GATEWAY" 2>/dev/null && wait "$GATEWAY" 2>/dev/null || true
     if [ -d "$CGROOT" ]; then
         echo 1 >"$CGROOT/cgroup.kill" 2>/dev/null || true
@@ -45,8 +48,32 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# For the session network's part: a Python package index on this
+# machine's loopback (one package, allox-demo), and a DNS stub that answers
+# pypi.test with 127.0.0.1, for the broker to ask instead of the system's
+# resolver. Nothing leaves the machine.
+mkdir -p "$WORK/index/simple/allox-demo" "$WORK/index/files"
+python3 - "$WORK/index/files/allox_demo-1.0-py3-none-any.whl" <<'EOS'
+import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1], "w")
+z.writestr("allox_demo/__init__.py", "VALUE = 42\n")
+z.writestr("allox_demo-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: allox-demo\nVersion: 1.0\n")
+z.writestr("allox_demo-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: allox-demo\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+z.writestr("allox_demo-1.0.dist-info/RECORD", "")
+z.close()
+EOS
+echo '<a href="/files/allox_demo-1.0-py3-none-any.whl">allox_demo-1.0-py3-none-any.whl</a>' \
+    >"$WORK/index/simple/allox-demo/index.html"
+IPORT=8093
+python3 -m http.server "$IPORT" --bind 127.0.0.1 --directory "$WORK/index" >/dev/null 2>&1 &
+INDEX=$!
+"$BIN/allox-dns-stub" pypi.test=127.0.0.1 >"$WORK/dns.addr" &
+DNS=$!
+for _ in $(seq 100); do [ -s "$WORK/dns.addr" ] && break; sleep 0.05; done
+
 "$BIN/allox-init" supervise --root "$ROOT" --listen "unix:$ALLOX_SOCKET" \
     --sandbox-stage "$WORK/stage" --cgroup-root "$CGROOT" --sandbox-network isolated \
+    --plugin network --network-resolver "$(cat "$WORK/dns.addr")" \
     2>"$WORK/daemon.log" &
 DAEMON=$!
 for _ in $(seq 100); do [ -S "$ALLOX_SOCKET" ] && break; sleep 0.05; done
@@ -149,6 +176,21 @@ echo; echo "# a program inside the sandbox ends its own turn through the guest i
 ctl turn begin agent-b session-2
 ctl exec agent-b session-2 -- sh -c 'allox whoami; echo "def parse(): return 1" > parser.py; allox turn end --label "ended from inside the sandbox"'
 ctl log agent-b session-2
+
+echo; echo "# the session network: a proxy-mode session reaches the network only through the broker,"
+echo "# under its agent's egress rules (pypi.test is this machine's package index)"
+ctl agent create agent-net --network proxy --allow pypi.test --allow "127.0.0.1:$IPORT"
+ctl session create agent-net session-1
+ctl exec agent-net session-1 -- sh -c "env | grep -E '^HTTPS?_PROXY='; \
+    python3 -m pip install -q --no-cache-dir --index-url http://pypi.test:$IPORT/simple/ \
+        --trusted-host pypi.test --target pkgs allox-demo && \
+    PYTHONPATH=pkgs python3 -c 'import allox_demo; print(\"allox_demo.VALUE =\", allox_demo.VALUE)'"
+echo; echo "# a host the rules do not allow: refused before its name is even looked up"
+ctl exec agent-net session-1 -- curl -sS http://example.com/ || true
+echo; echo "# nor is there a way around the proxy: the session has a loopback and nothing else"
+ctl exec agent-net session-1 -- curl -sS --noproxy '*' --max-time 3 "http://127.0.0.1:$IPORT/" || true
+ctl net policy agent-net session-1
+ctl net audit agent-net session-1
 
 ctl audit
 echo

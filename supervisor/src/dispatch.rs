@@ -42,6 +42,9 @@ impl Supervisor {
                     shared: l.shared(&p.agent_id),
                     network: self.session_network(&p.agent_id, &p.session_id)?,
                 };
+                // A proxy session of a daemon restarted without the plugin
+                // would have no way out at all: said, not left to guess.
+                self.check_network(Some(paths.network.mode), None)?;
                 // Streaming belongs to a request that waits for the end.
                 Ok(runs
                     .start(p, paths, events.filter(|_| p.stream && p.wait))

@@ -427,10 +427,22 @@ impl Started {
             .collect();
         for (k, live) in touched {
             let sess = &k[prefix.len()..];
+            // A level that cannot be read keeps the policy as it was
+            // (reading it as "no rules" would open what it closes).
+            let read = store
+                .network_of(a, None)
+                .and_then(|agent| Ok((agent, store.network_of(a, Some(sess))?)));
+            let (agent, session) = match read {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(session = %k, error = %e, "cannot read the session's egress rules; its policy stays as it was");
+                    continue;
+                }
+            };
             let net = SessionNetwork {
                 mode: NetworkMode::Proxy,
-                agent: store.network_of(a, None).ok().and_then(|r| r.egress),
-                session: store.network_of(a, Some(sess)).ok().and_then(|r| r.egress),
+                agent: agent.egress,
+                session: session.egress,
             };
             match self.policy(&net) {
                 Ok(p) => *live.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(p),

@@ -135,14 +135,8 @@ pub enum Command {
         agent: Option<String>,
         session: Option<String>,
         run: Option<String>,
-        /// Continue after this sequence number (from an earlier answer).
-        #[arg(long)]
-        cursor: Option<u64>,
-        #[arg(long)]
-        limit: Option<u32>,
-        /// Keep printing new events as they happen (Ctrl-C to stop).
-        #[arg(long)]
-        follow: bool,
+        #[command(flatten)]
+        page: PageArgs,
     },
     /// Signal one run's processes, or all of a session's.
     Kill {
@@ -324,15 +318,34 @@ pub enum NetCommand {
     Audit {
         agent: Option<String>,
         session: Option<String>,
-        /// Continue after this sequence number (from an earlier answer).
-        #[arg(long)]
-        cursor: Option<u64>,
-        #[arg(long)]
-        limit: Option<u32>,
-        /// Keep printing new attempts as they happen (Ctrl-C to stop).
-        #[arg(long)]
-        follow: bool,
+        #[command(flatten)]
+        page: PageArgs,
     },
+}
+
+/// Where a listing (`events`, `net audit`) starts, how long it is, and
+/// whether it goes on.
+#[derive(Args, Debug, Default, PartialEq, Clone, Copy)]
+pub struct PageArgs {
+    /// Continue after this sequence number (from an earlier answer).
+    #[arg(long)]
+    pub cursor: Option<u64>,
+    #[arg(long)]
+    pub limit: Option<u32>,
+    /// Keep printing new records as they come (Ctrl-C to stop).
+    #[arg(long)]
+    pub follow: bool,
+}
+
+impl PageArgs {
+    /// `q` answered once, or followed.
+    fn action(self, q: Request) -> Action {
+        if self.follow {
+            Action::Follow(q)
+        } else {
+            Action::Call(q)
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -621,24 +634,15 @@ impl Command {
                 agent,
                 session,
                 run,
-                cursor,
-                limit,
-                follow,
-            } => {
-                let q = allox_protocol::ProcessEvents {
-                    agent_id: agent,
-                    session_id: session,
-                    run_id: run,
-                    cursor,
-                    limit,
-                    follow,
-                };
-                if follow {
-                    Action::Follow(Request::ProcessEvents(q))
-                } else {
-                    call(Request::ProcessEvents(q))
-                }
-            }
+                page,
+            } => page.action(Request::ProcessEvents(allox_protocol::ProcessEvents {
+                agent_id: agent,
+                session_id: session,
+                run_id: run,
+                cursor: page.cursor,
+                limit: page.limit,
+                follow: page.follow,
+            })),
             C::Net(NetCommand::Policy {
                 agent,
                 session,
@@ -657,23 +661,14 @@ impl Command {
             C::Net(NetCommand::Audit {
                 agent,
                 session,
-                cursor,
-                limit,
-                follow,
-            }) => {
-                let q = Request::NetworkAudit(allox_protocol::NetworkAudit {
-                    agent_id: agent,
-                    session_id: session,
-                    cursor,
-                    limit,
-                    follow,
-                });
-                if follow {
-                    Action::Follow(q)
-                } else {
-                    call(q)
-                }
-            }
+                page,
+            }) => page.action(Request::NetworkAudit(allox_protocol::NetworkAudit {
+                agent_id: agent,
+                session_id: session,
+                cursor: page.cursor,
+                limit: page.limit,
+                follow: page.follow,
+            })),
             C::Kill {
                 agent,
                 session,

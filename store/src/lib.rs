@@ -533,6 +533,21 @@ impl Store {
             .ok_or_else(|| StoreError::NotFound(format!("agent {a}")))
     }
 
+    /// The index key of agent `a`'s (`s` = `None`) or session `a/s`'s
+    /// settings (policies, network), which must exist.
+    fn level_key(&self, a: &str, s: Option<&str>) -> Result<String> {
+        match s {
+            Some(s) => {
+                self.need_session(a, s)?;
+                Ok(crate::index::session_key(a, s))
+            }
+            None => {
+                self.need_agent(a)?;
+                Ok(a.to_string())
+            }
+        }
+    }
+
     fn need_session(&self, a: &str, s: &str) -> Result<SessionRecord> {
         self.need_agent(a)?;
         validate_id("session_id", s)?;

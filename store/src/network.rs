@@ -3,23 +3,14 @@
 //! workspace: a rollback keeps them; a delete takes them with it.
 
 use super::{Result, Store};
-use crate::index::{session_key, NetworkRecord};
+use crate::index::NetworkRecord;
 use allox_protocol::Egress;
 
 impl Store {
     /// The record of agent `a` (`s` = `None`) or of session `a/s`; one
     /// that was never written reads as the default (no mode, no rules).
     pub fn network_of(&self, a: &str, s: Option<&str>) -> Result<NetworkRecord> {
-        let key = match s {
-            Some(s) => {
-                self.need_session(a, s)?;
-                session_key(a, s)
-            }
-            None => {
-                self.need_agent(a)?;
-                a.to_string()
-            }
-        };
+        let key = self.level_key(a, s)?;
         Ok(self.index.network(&key)?.unwrap_or_default())
     }
 
@@ -32,11 +23,8 @@ impl Store {
         egress: &Egress,
     ) -> Result<NetworkRecord> {
         let _g = self.guard();
-        let mut rec = self.network_of(a, s)?;
-        let key = match s {
-            Some(s) => session_key(a, s),
-            None => a.to_string(),
-        };
+        let key = self.level_key(a, s)?;
+        let mut rec = self.index.network(&key)?.unwrap_or_default();
         rec.egress = Some(egress.clone());
         self.index.write(|w| w.put_network(&key, &rec))?;
         Ok(rec)

@@ -46,16 +46,7 @@ impl Store {
 
     pub fn policy_set(&self, p: &PolicySet) -> Result<PolicyInfo> {
         let a = p.agent_id.as_str();
-        let key = match &p.session_id {
-            Some(s) => {
-                self.need_session(a, s)?;
-                session_key(a, s)
-            }
-            None => {
-                self.need_agent(a)?;
-                a.to_string()
-            }
-        };
+        let key = self.level_key(a, p.session_id.as_deref())?;
         if p.keep_last == Some(0) {
             return Err(StoreError::Invalid("keep_last must be at least 1".into()));
         }

@@ -10,39 +10,13 @@ use allox_integration::{call, process_start as start, require, workspace_bin, Pr
 use allox_network::stub::DnsStub;
 use allox_protocol::*;
 use std::collections::HashMap;
-use std::io::{BufRead, Read, Write};
+use std::io::BufRead;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-/// An HTTP server on the host's loopback answering `hello <path>`.
 fn hello_server() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 1024];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut chunk) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let head = String::from_utf8_lossy(&buf).to_string();
-                let path = head.split(' ').nth(1).unwrap_or("").to_string();
-                let body = format!("hello {path}\n");
-                let _ = write!(
-                    s,
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            });
-        }
-    });
-    addr
+    allox_integration::hello_server().0
 }
 
 /// A child process killed when dropped.

@@ -689,48 +689,14 @@ fn guest_runs_of_a_session_share_its_network_and_a_run_ends_its_own_turn() {
     );
 }
 
-/// An HTTP server on the host's loopback answering `hello <path>`; counts
-/// the connections it accepts.
-fn counting_hello_server() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let seen = std::sync::Arc::new(AtomicUsize::new(0));
-    let count = seen.clone();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            count.fetch_add(1, Ordering::SeqCst);
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 1024];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut chunk) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let head = String::from_utf8_lossy(&buf).to_string();
-                let path = head.split(' ').nth(1).unwrap_or("").to_string();
-                let body = format!("hello {path}\n");
-                let _ = write!(
-                    s,
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            });
-        }
-    });
-    (port, seen)
-}
-
 #[test]
 fn a_proxy_session_in_the_guest_reaches_the_host_only_through_the_broker() {
     use std::sync::atomic::Ordering;
     let Some(img) = require_vm("vm::a_proxy_session_in_the_guest_reaches_the_host") else {
         return;
     };
-    let (port, seen) = counting_hello_server();
+    let (server, seen) = allox_integration::hello_server();
+    let port = server.port();
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let store = store_image(dir.path(), true);
     // QEMU's user networking, restricted: the guest reaches 10.0.2.100:80,

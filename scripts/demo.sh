@@ -25,16 +25,41 @@ WORK=$(mktemp -d /var/tmp/allox-demo-vm.XXXXXX)
 export ALLOX_SOCKET=$WORK/ctl.sock
 cleanup() {
     [ -n "${VM:-}" ] && kill "$VM" 2>/dev/null && wait "$VM" 2>/dev/null || true
+    [ -n "${INDEX:-}" ] && kill "$INDEX" 2>/dev/null && wait "$INDEX" 2>/dev/null || true
     umount "$WORK/mnt" 2>/dev/null || true
     rm -rf "$WORK"
 }
 trap cleanup EXIT
 
 "$BIN/rootfs-builder" store-image --out "$WORK/store.img" --size 2G --format
+
+# For the session network's part: a Python package index on the host's
+# loopback (one package, allox-demo, and pip itself as a wheel: the guest
+# image has no pip), which the VM reaches at 10.0.2.100:80 through QEMU's
+# restricted user networking, and nothing else.
+mkdir -p "$WORK/index/simple/allox-demo" "$WORK/index/files"
+python3 - "$WORK/index/files/allox_demo-1.0-py3-none-any.whl" <<'EOS'
+import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1], "w")
+z.writestr("allox_demo/__init__.py", "VALUE = 42\n")
+z.writestr("allox_demo-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: allox-demo\nVersion: 1.0\n")
+z.writestr("allox_demo-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: allox-demo\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+z.writestr("allox_demo-1.0.dist-info/RECORD", "")
+z.close()
+EOS
+echo '<a href="/files/allox_demo-1.0-py3-none-any.whl">allox_demo-1.0-py3-none-any.whl</a>' \
+    >"$WORK/index/simple/allox-demo/index.html"
+PIP_WHEEL=$(ls /usr/share/python-wheels/pip-*.whl | head -1)
+cp "$PIP_WHEEL" "$WORK/index/files/pip.whl"
+IPORT=8094
+python3 -m http.server "$IPORT" --bind 127.0.0.1 --directory "$WORK/index" >/dev/null 2>&1 &
+INDEX=$!
+
 T0=$(date +%s.%N)
 scripts/run-vm.sh --kernel-dir "$ALLOX_KERNEL_DIR" --initrd "$ALLOX_INITRD" \
     --store "$WORK/store.img" --ctl-socket "$ALLOX_SOCKET" \
-    --console-log "$WORK/console.log" --append "allox.args=--sandbox-network=isolated" \
+    --console-log "$WORK/console.log" --net user --forward "10.0.2.100:80=$IPORT" \
+    --append "allox.args=--sandbox-network=isolated,--plugin=network" \
     2>"$WORK/qemu.log" &
 VM=$!
 until "$BIN/alloxctl" ping >/dev/null 2>&1; do
@@ -111,6 +136,21 @@ echo; echo "# a program inside the sandbox ends its own turn through the guest i
 ctl turn begin agent-b session-2
 in_vm agent-b session-2 'allox whoami; echo "def parse(): return 1" > parser.py; allox turn end --label "ended from inside the sandbox"'
 ctl log agent-b session-2
+
+echo; echo "# the session network: a proxy-mode session reaches the network only through the broker,"
+echo "# under its agent's egress rules (10.0.2.100 is the host's package index, forwarded by QEMU)"
+ctl agent create agent-net --network proxy --allow 10.0.2.100:80
+ctl session create agent-net session-1
+in_vm agent-net session-1 'env | grep -E "^HTTPS?_PROXY="; \
+    wget -q -O /tmp/pip.whl http://10.0.2.100/files/pip.whl && \
+    python3 /tmp/pip.whl/pip install -q --no-cache-dir --disable-pip-version-check \
+        --index-url http://10.0.2.100/simple/ --trusted-host 10.0.2.100 --target pkgs allox-demo && \
+    PYTHONPATH=pkgs python3 -c "import allox_demo; print(\"allox_demo.VALUE =\", allox_demo.VALUE)"'
+echo; echo "# a host the rules do not allow: refused before its name is even looked up"
+in_vm agent-net session-1 'wget -q -O - http://example.com/' || true
+echo; echo "# nor is there a way around the proxy"
+in_vm agent-net session-1 'wget -q -Y off -O - http://10.0.2.100/' || true
+ctl net audit agent-net session-1
 
 ctl audit
 ctl info

@@ -57,7 +57,9 @@ allox_install_deps() {
 # for the image, binutils (strip). The kernel's build dependencies are
 # installed by kernel/build.sh.
 allox_install_guest_deps() {
-    local pkgs=(qemu-system-x86 busybox-static binutils cpio)
+    # python3-pip-whl: pip as one wheel, which the VM demo's agent fetches
+    # through the session's proxy and runs (the guest image has no pip).
+    local pkgs=(qemu-system-x86 busybox-static binutils cpio python3-pip-whl)
     local missing=()
     for p in "${pkgs[@]}"; do
         dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -130,6 +130,23 @@ pub enum Command {
     /// The session network: egress rules and the audit of connections.
     #[command(subcommand)]
     Net(NetCommand),
+    /// A session's files, without a process: list, read, make, remove.
+    #[command(subcommand)]
+    Fs(FsCommand),
+    /// Copy files or directories between here and a session, either way:
+    /// `alloxctl cp ./src agent-a/s1:src`, `alloxctl cp agent-a/s1:out ./out`.
+    Cp {
+        /// A local path, or AGENT/SESSION:PATH.
+        from: String,
+        /// A local path, or AGENT/SESSION:PATH.
+        to: String,
+        /// The session's path is in its agent's shared/.
+        #[arg(long)]
+        shared: bool,
+        /// Copy from the session as it was at this checkpoint.
+        #[arg(long, value_name = "ID")]
+        checkpoint: Option<String>,
+    },
     /// What the process tracker recorded: forks, execs, exits, oldest first.
     Events {
         agent: Option<String>,
@@ -323,6 +340,95 @@ pub enum NetCommand {
     },
 }
 
+/// Which tree of a session a path is in.
+#[derive(Args, Debug, Default, PartialEq, Clone)]
+pub struct FsWhere {
+    /// In the agent's shared/ instead of the session's files.
+    #[arg(long)]
+    pub shared: bool,
+}
+
+/// The same, or a checkpoint's tree (read-only).
+#[derive(Args, Debug, Default, PartialEq, Clone)]
+pub struct FsWhereRead {
+    #[command(flatten)]
+    pub place: FsWhere,
+    /// As it was at this checkpoint.
+    #[arg(long, value_name = "ID", conflicts_with = "shared")]
+    pub checkpoint: Option<String>,
+}
+
+impl FsWhere {
+    fn scope(&self) -> allox_protocol::FsScope {
+        if self.shared {
+            allox_protocol::FsScope::Shared
+        } else {
+            allox_protocol::FsScope::Session
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum FsCommand {
+    /// List a directory (the session's root by default).
+    Ls {
+        agent: String,
+        session: String,
+        #[arg(default_value = "")]
+        path: String,
+        /// Levels below it (default 1).
+        #[arg(long)]
+        depth: Option<u32>,
+        #[command(flatten)]
+        at: FsWhereRead,
+    },
+    /// Print a file's bytes, as they are.
+    Cat {
+        agent: String,
+        session: String,
+        path: String,
+        #[command(flatten)]
+        at: FsWhereRead,
+    },
+    /// What is at a path.
+    Stat {
+        agent: String,
+        session: String,
+        path: String,
+        #[command(flatten)]
+        at: FsWhereRead,
+    },
+    /// Remove a file or an empty directory (with -r, a whole tree).
+    Rm {
+        agent: String,
+        session: String,
+        path: String,
+        #[arg(short, long)]
+        recursive: bool,
+        #[command(flatten)]
+        at: FsWhere,
+    },
+    /// Make a directory (with -p, its parents too).
+    Mkdir {
+        agent: String,
+        session: String,
+        path: String,
+        #[arg(short, long)]
+        parents: bool,
+        #[command(flatten)]
+        at: FsWhere,
+    },
+    /// Rename a path.
+    Mv {
+        agent: String,
+        session: String,
+        from: String,
+        to: String,
+        #[command(flatten)]
+        at: FsWhere,
+    },
+}
+
 /// Where a listing (`events`, `net audit`) starts, how long it is, and
 /// whether it goes on.
 #[derive(Args, Debug, Default, PartialEq, Clone, Copy)]
@@ -335,6 +441,91 @@ pub struct PageArgs {
     /// Keep printing new records as they come (Ctrl-C to stop).
     #[arg(long)]
     pub follow: bool,
+}
+
+fn fs_action(f: FsCommand) -> Action {
+    use allox_protocol::{FsList, FsMkdir, FsMove, FsRemove, FsStat};
+    let remote =
+        |agent: String, session: String, path: String, at: FsWhereRead| crate::files::Remote {
+            agent,
+            session,
+            path,
+            scope: at.place.scope(),
+            checkpoint: at.checkpoint,
+        };
+    Action::Call(match f {
+        FsCommand::Ls {
+            agent,
+            session,
+            path,
+            depth,
+            at,
+        } => Request::FsList(FsList {
+            agent_id: agent,
+            session_id: session,
+            scope: at.place.scope(),
+            checkpoint_id: at.checkpoint,
+            path,
+            depth,
+        }),
+        FsCommand::Cat {
+            agent,
+            session,
+            path,
+            at,
+        } => return Action::Cat(remote(agent, session, path, at)),
+        FsCommand::Stat {
+            agent,
+            session,
+            path,
+            at,
+        } => Request::FsStat(FsStat {
+            agent_id: agent,
+            session_id: session,
+            scope: at.place.scope(),
+            checkpoint_id: at.checkpoint,
+            path,
+        }),
+        FsCommand::Rm {
+            agent,
+            session,
+            path,
+            recursive,
+            at,
+        } => Request::FsRemove(FsRemove {
+            agent_id: agent,
+            session_id: session,
+            scope: at.scope(),
+            path,
+            recursive,
+        }),
+        FsCommand::Mkdir {
+            agent,
+            session,
+            path,
+            parents,
+            at,
+        } => Request::FsMkdir(FsMkdir {
+            agent_id: agent,
+            session_id: session,
+            scope: at.scope(),
+            path,
+            parents,
+        }),
+        FsCommand::Mv {
+            agent,
+            session,
+            from,
+            to,
+            at,
+        } => Request::FsMove(FsMove {
+            agent_id: agent,
+            session_id: session,
+            scope: at.scope(),
+            path: from,
+            to,
+        }),
+    })
 }
 
 impl PageArgs {
@@ -459,6 +650,15 @@ pub enum Action {
     /// Print the events of a subscription (`process.events` or
     /// `network.audit` with `follow`) as they come.
     Follow(Request),
+    /// Print a remote file's bytes.
+    Cat(crate::files::Remote),
+    /// Copy between here and a session.
+    Copy {
+        from: String,
+        to: String,
+        shared: bool,
+        checkpoint: Option<String>,
+    },
 }
 
 /// A `process.start` request, and where its stdin text is still to be
@@ -643,6 +843,18 @@ impl Command {
                 limit: page.limit,
                 follow: page.follow,
             })),
+            C::Fs(f) => fs_action(f),
+            C::Cp {
+                from,
+                to,
+                shared,
+                checkpoint,
+            } => Action::Copy {
+                from,
+                to,
+                shared,
+                checkpoint,
+            },
             C::Net(NetCommand::Policy {
                 agent,
                 session,

@@ -12,6 +12,7 @@
 
 pub mod cli;
 pub mod client;
+pub mod files;
 pub mod gateway;
 pub mod process;
 pub mod reconnecting;

@@ -46,6 +46,84 @@ fn main() -> ExitCode {
             }
         },
         Action::Follow(q) => follow(cli.socket, cli.json, q),
+        Action::Cat(r) => {
+            let out = Client::connect(&cli.socket)
+                .map_err(allox_ctl::files::CopyError::from)
+                .and_then(|mut c| {
+                    let mut stdout = std::io::stdout().lock();
+                    let n = allox_ctl::files::read_to(&mut c, &r, &mut stdout)?;
+                    let _ = stdout.flush();
+                    Ok(n)
+                });
+            match out {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {}", error_chain(&e));
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Action::Copy {
+            from,
+            to,
+            shared,
+            checkpoint,
+        } => copy(cli.socket, cli.json, &from, &to, shared, checkpoint),
+    }
+}
+
+/// `cp`: one side local, the other AGENT/SESSION:PATH.
+fn copy(
+    socket: PathBuf,
+    json: bool,
+    from: &str,
+    to: &str,
+    shared: bool,
+    checkpoint: Option<String>,
+) -> ExitCode {
+    use allox_ctl::files::{download, upload, CopyError, Remote};
+    let scope = if shared {
+        allox_protocol::FsScope::Shared
+    } else {
+        allox_protocol::FsScope::Session
+    };
+    let side = |s: &str| {
+        Remote::parse(s).map(|r| Remote {
+            scope,
+            checkpoint: checkpoint.clone(),
+            ..r
+        })
+    };
+    let out = match (side(from), side(to)) {
+        (Some(_), Some(_)) | (None, None) => Err(CopyError::Other(
+            "one side must be AGENT/SESSION:PATH and the other a local path".into(),
+        )),
+        (None, Some(_)) if checkpoint.is_some() => Err(CopyError::Other(
+            "--checkpoint reads from a checkpoint; a copy into a session writes its files".into(),
+        )),
+        (None, Some(r)) => Client::connect(&socket)
+            .map_err(CopyError::from)
+            .and_then(|mut c| upload(&mut c, std::path::Path::new(from), &r)),
+        (Some(r), None) => Client::connect(&socket)
+            .map_err(CopyError::from)
+            .and_then(|mut c| download(&mut c, &r, std::path::Path::new(to))),
+    };
+    match out {
+        Ok(done) => {
+            if json {
+                print(&format!(
+                    "{}\n",
+                    serde_json::json!({"files": done.files, "bytes": done.bytes})
+                ));
+            } else {
+                print(&format!("{} files, {} bytes\n", done.files, done.bytes));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {}", error_chain(&e));
+            ExitCode::FAILURE
+        }
     }
 }
 

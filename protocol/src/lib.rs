@@ -54,8 +54,10 @@
 //! Programs inside a sandbox speak a separate, smaller schema over the
 //! same framing ([`guest`]); host actions are not part of it.
 
+pub mod bytes;
 pub mod codec;
 pub mod error;
+pub mod files;
 pub mod frame;
 pub mod guest;
 pub mod id;
@@ -63,8 +65,10 @@ pub mod json;
 pub mod message;
 pub mod network;
 
+pub use bytes::Bytes;
 pub use codec::{decode, encode, DecodeError};
 pub use error::{error_chain, ErrorBody, ErrorCode};
+pub use files::*;
 pub use frame::{FrameError, FrameReader, MAX_FRAME};
 pub use id::{validate_id, IdError, MAX_ID_LEN};
 pub use message::*;

@@ -551,6 +551,13 @@ requests! {
     NetworkPolicySet(crate::NetworkPolicySet) = "network.policy.set", mutating = true;
     NetworkPolicyGet(crate::NetworkPolicyGet) = "network.policy.get", mutating = false;
     NetworkAudit(crate::NetworkAudit) = "network.audit", mutating = false;
+    FsStat(crate::FsStat) = "fs.stat", mutating = false;
+    FsList(crate::FsList) = "fs.list", mutating = false;
+    FsRead(crate::FsRead) = "fs.read", mutating = false;
+    FsWrite(crate::FsWrite) = "fs.write", mutating = true;
+    FsMkdir(crate::FsMkdir) = "fs.mkdir", mutating = true;
+    FsRemove(crate::FsRemove) = "fs.remove", mutating = true;
+    FsMove(crate::FsMove) = "fs.move", mutating = true;
 }
 
 impl Request {
@@ -598,6 +605,13 @@ impl Request {
                 Some(s) => format!("{agent_id}/{s}"),
                 None => agent_id.clone(),
             },
+            Request::FsStat(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
+            Request::FsList(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
+            Request::FsRead(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
+            Request::FsWrite(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
+            Request::FsMkdir(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
+            Request::FsRemove(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
+            Request::FsMove(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
             Request::NetworkAudit(r) => [&r.agent_id, &r.session_id]
                 .iter()
                 .filter_map(|x| x.as_deref())
@@ -626,6 +640,15 @@ impl Request {
                 format!("{}/{}/{}", r.agent_id, r.session_id, r.checkpoint_id)
             }
         }
+    }
+}
+
+/// A file request's target as the audit names it: `agent/session:path`, or
+/// `agent/session:shared:path`.
+fn fs_target(a: &str, s: &str, scope: crate::FsScope, path: &str) -> String {
+    match scope {
+        crate::FsScope::Session => format!("{a}/{s}:{path}"),
+        crate::FsScope::Shared => format!("{a}/{s}:shared:{path}"),
     }
 }
 
@@ -935,6 +958,10 @@ pub enum Response {
     Plugins(PluginListing),
     NetworkPolicy(crate::NetworkPolicyInfo),
     NetworkAudit(crate::NetworkAuditListing),
+    FsEntry(crate::FsEntry),
+    FsListing(crate::FsListing),
+    FsData(crate::FsData),
+    FsWritten(crate::FsWritten),
 }
 
 /// What happened to a process.
@@ -1124,6 +1151,10 @@ impl Response {
             Response::Plugins(v) => serde_json::to_value(v),
             Response::NetworkPolicy(v) => serde_json::to_value(v),
             Response::NetworkAudit(v) => serde_json::to_value(v),
+            Response::FsEntry(v) => serde_json::to_value(v),
+            Response::FsListing(v) => serde_json::to_value(v),
+            Response::FsData(v) => serde_json::to_value(v),
+            Response::FsWritten(v) => serde_json::to_value(v),
         };
         v.unwrap_or(serde_json::Value::Null)
     }

@@ -129,6 +129,13 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "network.policy.set",
             "network.policy.get",
             "network.audit",
+            "fs.stat",
+            "fs.list",
+            "fs.read",
+            "fs.write",
+            "fs.mkdir",
+            "fs.remove",
+            "fs.move",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

@@ -505,7 +505,9 @@ pub fn remove_tree(path: &Path) -> Result<(), BtrfsError> {
 /// after a whole pass (entries added meanwhile).
 const RESCANS: u32 = 3;
 
-fn remove_at(dir: &OwnedFd, name: &OsStr, shown: &Path) -> Result<(), BtrfsError> {
+/// Removes `name` in `dir` as [`remove_tree`] does, `shown` naming it in
+/// errors: reached only through `dir`, never by a path from the root.
+pub fn remove_at(dir: &OwnedFd, name: &OsStr, shown: &Path) -> Result<(), BtrfsError> {
     let st = match fs::statat(dir, name, fs::AtFlags::SYMLINK_NOFOLLOW) {
         Ok(st) => st,
         Err(rustix::io::Errno::NOENT) => return Ok(()),

@@ -7,7 +7,9 @@
 //!   operation's Begin would have before a power cut;
 //! - `name=panic` or `name=panic:N`: the thread panics there, the first N
 //!   times the point is reached (once without N), as a bug in that step
-//!   would; the request fails and the process lives on.
+//!   would; the request fails and the process lives on;
+//! - `name=delay:MS`: the thread sleeps there MS milliseconds, each time,
+//!   as a slow disk would (for tests of what overlaps that step).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -38,9 +40,12 @@ pub const ALL: &[&str] = &[
 /// there counts as that plugin failing to start); not the store's.
 pub const PLUGIN_STARTS: &[&str] = &["plugin_start.process-tree", "plugin_start.network"];
 
+/// The supervisor's points in the file API.
+pub const FILES: &[&str] = &["fs_write.before_commit"];
+
 /// Whether `name` is a declared point.
 fn declared(name: &str) -> bool {
-    ALL.contains(&name) || PLUGIN_STARTS.contains(&name)
+    ALL.contains(&name) || PLUGIN_STARTS.contains(&name) || FILES.contains(&name)
 }
 
 /// What an armed point does.
@@ -49,6 +54,8 @@ enum Action {
     Kill,
     /// Panics while hits are left.
     Panic(Arc<AtomicU32>),
+    /// Sleeps, each time.
+    Delay(std::time::Duration),
 }
 
 #[derive(Debug, Default, Clone)]
@@ -82,6 +89,13 @@ impl Failpoints {
                     };
                     (name, Action::Panic(Arc::new(AtomicU32::new(times))))
                 }
+                Some((name, how)) if how.starts_with("delay:") => {
+                    let ms = how["delay:".len()..].parse().unwrap_or_else(|_| {
+                        tracing::warn!(%item, "failpoint delay is not a number; 1,000 ms");
+                        1000
+                    });
+                    (name, Action::Delay(std::time::Duration::from_millis(ms)))
+                }
                 Some((name, how)) => {
                     tracing::warn!(%name, %how, "unknown failpoint action; killing there");
                     (name, Action::Kill)
@@ -114,6 +128,10 @@ impl Failpoints {
                     rustix::process::getpid(),
                     rustix::process::Signal::KILL,
                 );
+            }
+            Some(Action::Delay(d)) => {
+                tracing::warn!(%name, ?d, "failpoint reached: sleeping");
+                std::thread::sleep(*d);
             }
             Some(Action::Panic(left)) => {
                 let fire = left

@@ -447,6 +447,12 @@ impl Store {
         }
     }
 
+    /// A failpoint of the supervisor's ([`failpoint::FILES`]), armed by
+    /// the same `ALLOX_FAILPOINTS` as the store's.
+    pub fn failpoint(&self, name: &str) {
+        self.crash_point(name);
+    }
+
     /// A failpoint, honouring `name=sync`.
     fn crash_point(&self, name: &str) {
         if self.fp.sync_first(name) {

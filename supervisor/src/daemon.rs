@@ -133,6 +133,9 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         network_default: cfg.plugins.network.default_mode,
         ..Supervisor::new(store, cfg.policy.clone(), runs, plugins)
     });
+    // What uploads an earlier daemon did not finish left beside their
+    // targets.
+    sup.sweep_uploads();
     // The guest interface: a listener per run, in a directory of its own
     // beside the control socket.
     let guest = match &sup.runs {

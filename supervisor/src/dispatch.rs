@@ -287,6 +287,13 @@ impl Supervisor {
             | Request::NetworkPolicySet(_)
             | Request::NetworkPolicyGet(_)
             | Request::NetworkAudit(_) => return Err(RequestError::Asynchronous),
+            Request::FsStat(_)
+            | Request::FsList(_)
+            | Request::FsRead(_)
+            | Request::FsWrite(_)
+            | Request::FsMkdir(_)
+            | Request::FsRemove(_)
+            | Request::FsMove(_) => return self.answer_files(req),
             Request::TurnBegin(r) => Response::Turn(st.turn_begin(r)?),
             Request::TurnEnd(r) => Response::Turn(st.turn_end(r)?),
             Request::PolicySet(r) => Response::Policy(st.policy_set(r)?),

@@ -19,6 +19,8 @@ pub enum RequestError {
     Tracker(#[from] TrackerError),
     #[error(transparent)]
     Plugin(#[from] PluginError),
+    #[error(transparent)]
+    Files(crate::files::FilesError),
     #[error("{action} refused: {why}")]
     Refused { action: &'static str, why: String },
     #[error(
@@ -52,6 +54,7 @@ impl RequestError {
             RequestError::Runs(e) => e.code(),
             RequestError::Tracker(e) => e.code(),
             RequestError::Plugin(e) => e.code(),
+            RequestError::Files(e) => e.code(),
             RequestError::Refused { .. } | RequestError::SubscriberGone => ErrorCode::Unavailable,
             RequestError::FollowNeedsStream | RequestError::EgressRule { .. } => {
                 ErrorCode::InvalidRequest

@@ -5,6 +5,7 @@
 pub mod daemon;
 pub mod dispatch;
 pub mod error;
+pub mod files;
 pub mod guest;
 pub mod network;
 pub mod peer;

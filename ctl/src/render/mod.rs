@@ -5,6 +5,7 @@
 
 mod events;
 pub use events::process_event;
+mod files;
 pub mod network;
 mod plugins;
 mod process;
@@ -71,6 +72,10 @@ pub fn render(response: &Response) -> String {
         ),
         Response::Plugins(l) => plugins::plugins(l),
         Response::NetworkPolicy(p) => network::policy(p),
+        Response::FsEntry(e) => files::entry(e),
+        Response::FsListing(l) => files::listing(l),
+        Response::FsData(d) => files::data(d),
+        Response::FsWritten(w) => files::written(w),
         Response::NetworkAudit(l) => network::audit(l),
         Response::StoreCheck(r) => store_check(r),
         Response::ProcessEvents(l) => {

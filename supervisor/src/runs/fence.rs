@@ -1,12 +1,16 @@
-//! Fences: sessions (or whole agents) where no new run may start while a
-//! rollback or a delete works on them.
+//! Fences: sessions (or whole agents) where no new run may start, and no
+//! file be written, while a rollback or a delete works on them.
 //!
 //! A fence is a guard: it lifts when the guard is dropped, on every path
-//! out of the fenced operation, an error or a panic included.
+//! out of the fenced operation, an error or a panic included. File writes
+//! hold a writer's guard instead: a fence waits for the writers already in
+//! a session to finish before it is up, and new ones are refused while it
+//! is; so a write lands in the tree that is current when it returns, never
+//! in one a rollback is replacing.
 
 use super::{RunError, Runs};
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 
 /// What a fence covers.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -32,8 +36,39 @@ impl FenceScope {
 
 #[derive(Debug, Default)]
 pub struct Fences {
+    state: Mutex<State>,
+    /// Signalled when a session's last writer leaves.
+    drained: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct State {
     /// Holders per scope; counts, so overlapping operations nest.
-    held: Mutex<HashMap<FenceScope, u32>>,
+    held: HashMap<FenceScope, u32>,
+    /// File writes going on, per (agent, session).
+    writers: HashMap<(String, String), u32>,
+}
+
+impl State {
+    fn fenced(&self, a: &str, s: &str) -> bool {
+        self.held.contains_key(&FenceScope::session(a, s))
+            || self.held.contains_key(&FenceScope::agent(a))
+    }
+
+    fn writers_in(&self, scope: &FenceScope) -> bool {
+        self.writers.keys().any(|(a, s)| match scope {
+            FenceScope::Session { agent, session } => a == agent && s == session,
+            FenceScope::Agent(agent) => a == agent,
+        })
+    }
+}
+
+/// A file write going on in a session: fences wait for it.
+#[must_use = "the write is over as soon as the guard is dropped"]
+#[derive(Debug)]
+pub struct Writer<'a> {
+    fences: &'a Fences,
+    key: (String, String),
 }
 
 /// New runs in a session (or agent) are refused while this lives.
@@ -45,14 +80,15 @@ pub struct Fence<'a> {
 }
 
 impl Fences {
-    /// Fences `scope` until the guard is dropped.
+    /// Fences `scope` until the guard is dropped; returns once the file
+    /// writes already going on in it are over (new ones are refused from
+    /// the start).
     pub fn hold(&self, scope: FenceScope) -> Fence<'_> {
-        *self
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(scope.clone())
-            .or_insert(0) += 1;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        *st.held.entry(scope.clone()).or_insert(0) += 1;
+        while st.writers_in(&scope) {
+            st = self.drained.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
         Fence {
             fences: self,
             scope,
@@ -62,18 +98,44 @@ impl Fences {
     /// Whether runs may not start in session `s` of agent `a`: that
     /// session or the whole agent is fenced.
     pub fn is_fenced(&self, a: &str, s: &str) -> bool {
-        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        held.contains_key(&FenceScope::session(a, s)) || held.contains_key(&FenceScope::agent(a))
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .fenced(a, s)
+    }
+
+    /// A file write in session `s` of agent `a`; `None` while it is fenced.
+    pub fn writing(&self, a: &str, s: &str) -> Option<Writer<'_>> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.fenced(a, s) {
+            return None;
+        }
+        let key = (a.to_string(), s.to_string());
+        *st.writers.entry(key.clone()).or_insert(0) += 1;
+        Some(Writer { fences: self, key })
+    }
+}
+
+impl Drop for Writer<'_> {
+    fn drop(&mut self) {
+        let mut st = self.fences.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = st.writers.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                st.writers.remove(&self.key);
+                self.fences.drained.notify_all();
+            }
+        }
     }
 }
 
 impl Drop for Fence<'_> {
     fn drop(&mut self) {
-        let mut held = self.fences.held.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = held.get_mut(&self.scope) {
+        let mut st = self.fences.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = st.held.get_mut(&self.scope) {
             *n -= 1;
             if *n == 0 {
-                held.remove(&self.scope);
+                st.held.remove(&self.scope);
             }
         }
     }
@@ -90,6 +152,15 @@ impl Runs {
     pub fn fenced<T>(&self, scope: FenceScope, f: impl FnOnce() -> T) -> T {
         let _fence = self.fence(scope);
         f()
+    }
+
+    /// A file write in session `s` of agent `a`, refused while it is
+    /// fenced; a rollback or delete waits for it to be dropped.
+    pub fn writing(&self, a: &str, s: &str) -> Result<Writer<'_>, RunError> {
+        self.fences.writing(a, s).ok_or_else(|| RunError::Fenced {
+            agent: a.to_string(),
+            session: s.to_string(),
+        })
     }
 
     /// Fails while session `s` of agent `a` is fenced.
@@ -134,6 +205,30 @@ mod tests {
         assert!(!f.is_fenced("b", "s"));
         drop(agent);
         assert!(!f.is_fenced("a", "t"));
+    }
+
+    #[test]
+    fn a_fence_waits_for_writers_and_refuses_new_ones() {
+        let f = std::sync::Arc::new(Fences::default());
+        let w = f.writing("a", "s").unwrap();
+        let other = f.writing("a", "t").unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let g = f.clone();
+        let t = std::thread::spawn(move || {
+            let _fence = g.hold(FenceScope::session("a", "s"));
+            tx.send(()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        });
+        // Up (new writers refused) but not yet returned: one is going on.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(f.writing("a", "s").is_none());
+        assert!(rx.try_recv().is_err(), "the fence did not wait");
+        drop(w);
+        rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap();
+        // Another session's writer was never waited for.
+        drop(other);
+        t.join().unwrap();
+        assert!(f.writing("a", "s").is_some());
     }
 
     #[test]

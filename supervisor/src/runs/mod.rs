@@ -32,7 +32,7 @@ mod wait;
 
 pub use attach::{Attachment, RunIdentity, RunServices, SessionFiles};
 pub use error::{ConfigError, RunError};
-pub use fence::{Fence, FenceScope};
+pub use fence::{Fence, FenceScope, Writer};
 
 use crate::plugins::{Plugins, RunRef};
 use allox_protocol::{Event, RunResult};

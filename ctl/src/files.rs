@@ -1,0 +1,315 @@
+//! Files between this machine and a session through the file API:
+//! `alloxctl cp` (either way, directories too) and `alloxctl fs cat`.
+//! Uploads go in chunks of [`FS_CHUNK`] under an upload id, committed with
+//! the last one, so the target keeps its old content until the new one is
+//! whole; downloads read chunks into a file beside the local target, which
+//! is renamed into place at the end.
+
+use crate::client::{Client, ClientError};
+use allox_protocol::{
+    ErrorBody, FsData, FsEntry, FsKind, FsList, FsMkdir, FsRead, FsScope, FsStat, FsWrite, Request,
+    Response, FS_CHUNK,
+};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+/// A path in a session: `AGENT/SESSION:PATH`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Remote {
+    pub agent: String,
+    pub session: String,
+    pub path: String,
+    pub scope: FsScope,
+    /// Read from this checkpoint (downloads only).
+    pub checkpoint: Option<String>,
+}
+
+impl Remote {
+    /// `AGENT/SESSION:PATH`, or `None` when `s` is a local path.
+    pub fn parse(s: &str) -> Option<Remote> {
+        let (who, path) = s.split_once(':')?;
+        let (agent, session) = who.split_once('/')?;
+        if agent.is_empty() || session.is_empty() || session.contains('/') {
+            return None;
+        }
+        Some(Remote {
+            agent: agent.into(),
+            session: session.into(),
+            path: path.into(),
+            scope: FsScope::Session,
+            checkpoint: None,
+        })
+    }
+
+    fn at(&self, path: &str) -> Remote {
+        Remote {
+            path: path.to_string(),
+            ..self.clone()
+        }
+    }
+}
+
+/// Why a copy failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    #[error(transparent)]
+    Transport(#[from] ClientError),
+    #[error("{what}: {}: {}", .body.code, .body.message)]
+    Daemon { what: String, body: ErrorBody },
+    #[error("{path}: {source}")]
+    Local {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+fn local(path: &Path) -> impl FnOnce(std::io::Error) -> CopyError + '_ {
+    move |source| CopyError::Local {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn ask(c: &mut Client, what: &str, r: Request) -> Result<Response, CopyError> {
+    c.call(r)?.map_err(|body| CopyError::Daemon {
+        what: what.to_string(),
+        body,
+    })
+}
+
+/// What a copy did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Copied {
+    pub files: u64,
+    pub bytes: u64,
+}
+
+fn upload_id() -> String {
+    let mut r = [0u8; 8];
+    let _ = getrandom::fill(&mut r);
+    r.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Sends the local file or directory `from` to `to`.
+pub fn upload(c: &mut Client, from: &Path, to: &Remote) -> Result<Copied, CopyError> {
+    let md = std::fs::symlink_metadata(from).map_err(local(from))?;
+    let mut done = Copied::default();
+    if md.is_dir() {
+        ask(
+            c,
+            &to.path,
+            Request::FsMkdir(FsMkdir {
+                agent_id: to.agent.clone(),
+                session_id: to.session.clone(),
+                scope: to.scope,
+                path: to.path.clone(),
+                parents: true,
+            }),
+        )?;
+        let mut names: Vec<_> = std::fs::read_dir(from)
+            .map_err(local(from))?
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        names.sort();
+        for n in names {
+            let name = n.to_string_lossy().into_owned();
+            let sub = to.at(&format!("{}/{name}", to.path.trim_end_matches('/')));
+            let d = upload(c, &from.join(&n), &sub)?;
+            done.files += d.files;
+            done.bytes += d.bytes;
+        }
+        return Ok(done);
+    }
+    if !md.is_file() {
+        eprintln!(
+            "alloxctl: {}: skipped (only files and directories are copied)",
+            from.display()
+        );
+        return Ok(done);
+    }
+    let mut f = std::fs::File::open(from).map_err(local(from))?;
+    let id = upload_id();
+    let mut buf = vec![0u8; FS_CHUNK as usize];
+    let mut offset = 0u64;
+    loop {
+        let mut n = 0;
+        while n < buf.len() {
+            match f.read(&mut buf[n..]).map_err(local(from))? {
+                0 => break,
+                k => n += k,
+            }
+        }
+        let last = n < buf.len();
+        ask(
+            c,
+            &to.path,
+            Request::FsWrite(FsWrite {
+                scope: to.scope,
+                offset: Some(offset),
+                upload: Some(id.clone()),
+                commit: last,
+                ..FsWrite::whole(&to.agent, &to.session, &to.path, &buf[..n])
+            }),
+        )?;
+        offset += n as u64;
+        if last {
+            break;
+        }
+    }
+    done.files += 1;
+    done.bytes += offset;
+    Ok(done)
+}
+
+/// Reads all of the remote file `from`, chunk by chunk, into `out`.
+pub fn read_to(c: &mut Client, from: &Remote, out: &mut dyn Write) -> Result<u64, CopyError> {
+    let mut offset = 0u64;
+    loop {
+        let r = ask(
+            c,
+            &from.path,
+            Request::FsRead(FsRead {
+                agent_id: from.agent.clone(),
+                session_id: from.session.clone(),
+                scope: from.scope,
+                checkpoint_id: from.checkpoint.clone(),
+                path: from.path.clone(),
+                offset: Some(offset),
+                length: None,
+            }),
+        )?;
+        let Response::FsData(FsData { data, eof, .. }) = r else {
+            return Err(CopyError::Other(format!(
+                "{}: an answer that is not data",
+                from.path
+            )));
+        };
+        out.write_all(&data).map_err(|source| CopyError::Local {
+            path: PathBuf::from("-"),
+            source,
+        })?;
+        offset += data.len() as u64;
+        if eof || data.is_empty() {
+            return Ok(offset);
+        }
+    }
+}
+
+fn stat(c: &mut Client, r: &Remote) -> Result<FsEntry, CopyError> {
+    match ask(
+        c,
+        &r.path,
+        Request::FsStat(FsStat {
+            agent_id: r.agent.clone(),
+            session_id: r.session.clone(),
+            scope: r.scope,
+            checkpoint_id: r.checkpoint.clone(),
+            path: r.path.clone(),
+        }),
+    )? {
+        Response::FsEntry(e) => Ok(e),
+        _ => Err(CopyError::Other(format!(
+            "{}: an answer that is not an entry",
+            r.path
+        ))),
+    }
+}
+
+/// Fetches the remote file or directory `from` to the local `to`.
+pub fn download(c: &mut Client, from: &Remote, to: &Path) -> Result<Copied, CopyError> {
+    let e = stat(c, from)?;
+    let mut done = Copied::default();
+    match e.kind {
+        FsKind::File => {
+            done.bytes = fetch_file(c, from, to)?;
+            done.files = 1;
+        }
+        FsKind::Dir => {
+            std::fs::create_dir_all(to).map_err(local(to))?;
+            let listing = match ask(
+                c,
+                &from.path,
+                Request::FsList(FsList {
+                    agent_id: from.agent.clone(),
+                    session_id: from.session.clone(),
+                    scope: from.scope,
+                    checkpoint_id: from.checkpoint.clone(),
+                    path: from.path.clone(),
+                    depth: Some(64),
+                }),
+            )? {
+                Response::FsListing(l) => l,
+                _ => return Err(CopyError::Other("an answer that is not a listing".into())),
+            };
+            if listing.truncated {
+                return Err(CopyError::Other(format!(
+                    "{}: more than {} entries; copy its subdirectories one by one",
+                    from.path,
+                    listing.entries.len()
+                )));
+            }
+            let base = e.path.trim_end_matches('/').to_string();
+            for x in &listing.entries {
+                let rel = if base == "." {
+                    x.path.as_str()
+                } else {
+                    x.path.strip_prefix(&format!("{base}/")).unwrap_or(&x.path)
+                };
+                let dst = to.join(rel);
+                match x.kind {
+                    FsKind::Dir => std::fs::create_dir_all(&dst).map_err(local(&dst))?,
+                    FsKind::File => {
+                        done.bytes += fetch_file(c, &from.at(&x.path), &dst)?;
+                        done.files += 1;
+                    }
+                    _ => eprintln!(
+                        "alloxctl: {}: skipped (only files and directories are copied)",
+                        x.path
+                    ),
+                }
+            }
+        }
+        _ => {
+            return Err(CopyError::Other(format!(
+                "{}: only files and directories are copied",
+                from.path
+            )))
+        }
+    }
+    Ok(done)
+}
+
+/// One remote file to a local one, written beside it and renamed.
+fn fetch_file(c: &mut Client, from: &Remote, to: &Path) -> Result<u64, CopyError> {
+    let dir = to
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(local(dir))?;
+    let n = read_to(c, from, tmp.as_file_mut())?;
+    tmp.persist(to).map_err(|e| CopyError::Local {
+        path: to.to_path_buf(),
+        source: e.error,
+    })?;
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_paths_name_agent_session_and_path() {
+        let r = Remote::parse("agent-a/s1:src/main.py").unwrap();
+        assert_eq!((r.agent.as_str(), r.session.as_str()), ("agent-a", "s1"));
+        assert_eq!(r.path, "src/main.py");
+        assert_eq!(Remote::parse("a/s:").unwrap().path, "");
+        for local in ["./x", "/tmp/a:b", "noslash:x", "a/b/c:x", "/s:x"] {
+            assert_eq!(Remote::parse(local), None, "{local}");
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! File API answers as people read them.
+
+use super::{clean, utc};
+use allox_protocol::{FsData, FsEntry, FsKind, FsListing, FsWritten};
+
+fn kind(k: FsKind) -> char {
+    match k {
+        FsKind::File => '-',
+        FsKind::Dir => 'd',
+        FsKind::Symlink => 'l',
+        FsKind::Other => '?',
+    }
+}
+
+/// One `ls -l`-like line.
+pub fn entry(e: &FsEntry) -> String {
+    let link = e
+        .link
+        .as_deref()
+        .map(|l| format!(" -> {}", clean(l)))
+        .unwrap_or_default();
+    format!(
+        "{}{:04o} {:>12} {} {}{link}\n",
+        kind(e.kind),
+        e.mode,
+        e.size,
+        utc(e.mtime_ms),
+        clean(&e.path)
+    )
+}
+
+pub fn listing(l: &FsListing) -> String {
+    let mut out: String = l.entries.iter().map(entry).collect();
+    if l.truncated {
+        out.push_str(&format!(
+            "-- cut at {} entries; list a subdirectory\n",
+            l.entries.len()
+        ));
+    }
+    out
+}
+
+pub fn data(d: &FsData) -> String {
+    format!(
+        "{}: {} bytes from offset {} of {}{}\n",
+        clean(&d.path),
+        d.data.len(),
+        d.offset,
+        d.size,
+        if d.eof { " (to the end)" } else { "" }
+    )
+}
+
+pub fn written(w: &FsWritten) -> String {
+    format!(
+        "{}: {} bytes{}\n",
+        clean(&w.path),
+        w.size,
+        if w.committed {
+            ""
+        } else {
+            " (upload not yet committed)"
+        }
+    )
+}

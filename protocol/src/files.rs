@@ -1,0 +1,228 @@
+//! The file API: a session's files (its `current/`), its agent's
+//! `shared/`, or a checkpoint's (read-only), moved and read without a
+//! process. Paths are relative to the scope's root and never leave it.
+
+use crate::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// Where a path is relative to.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum FsScope {
+    /// The session's `current/` (or, with `checkpoint_id`, that
+    /// checkpoint's tree, read-only).
+    #[default]
+    Session,
+    /// The agent's `shared/`.
+    Shared,
+}
+
+impl FsScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FsScope::Session => "session",
+            FsScope::Shared => "shared",
+        }
+    }
+}
+
+/// `fs.stat`: what is at a path (a symbolic link itself, not its target).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FsStat {
+    pub agent_id: String,
+    pub session_id: String,
+    #[serde(default)]
+    pub scope: FsScope,
+    /// Read the tree as it was at this checkpoint.
+    #[serde(default)]
+    pub checkpoint_id: Option<String>,
+    pub path: String,
+}
+
+/// `fs.list`: a directory's entries, sorted by path; with `depth` > 1, its
+/// subdirectories' too (symbolic links are not followed).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FsList {
+    pub agent_id: String,
+    pub session_id: String,
+    #[serde(default)]
+    pub scope: FsScope,
+    #[serde(default)]
+    pub checkpoint_id: Option<String>,
+    /// `""` or `"."` for the scope's root.
+    #[serde(default)]
+    pub path: String,
+    /// How many levels (default 1, at most 64).
+    #[serde(default)]
+    pub depth: Option<u32>,
+}
+
+/// `fs.read`: bytes of a file, from `offset`, at most `length` (and at most
+/// [`FS_CHUNK`] in one answer: read on from `offset + data.len()` until
+/// `eof`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FsRead {
+    pub agent_id: String,
+    pub session_id: String,
+    #[serde(default)]
+    pub scope: FsScope,
+    #[serde(default)]
+    pub checkpoint_id: Option<String>,
+    pub path: String,
+    #[serde(default)]
+    pub offset: Option<u64>,
+    #[serde(default)]
+    pub length: Option<u64>,
+}
+
+/// The most bytes one `fs.read` answers, and the most one `fs.write`
+/// chunk should carry (a frame is at most 1 MiB).
+pub const FS_CHUNK: u64 = 512 * 1024;
+
+/// `fs.write`. Without `upload`: with no `offset`, `data` replaces the
+/// whole file at once (written beside it, then renamed into place); with
+/// an `offset`, `data` is written there in the file itself (`truncate`
+/// cuts the file after it). With `upload` (an id the client chooses):
+/// chunks are written at their `offset` into a file beside the target,
+/// which replaces the target only with the chunk marked `commit`; an
+/// upload left unfinished never touches the target, and its file is
+/// removed at the daemon's next start.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FsWrite {
+    pub agent_id: String,
+    pub session_id: String,
+    #[serde(default)]
+    pub scope: FsScope,
+    pub path: String,
+    #[serde(default)]
+    pub data: Bytes,
+    #[serde(default)]
+    pub offset: Option<u64>,
+    /// Make the file if it does not exist (default true).
+    #[serde(default)]
+    pub create: Option<bool>,
+    #[serde(default)]
+    pub truncate: bool,
+    #[serde(default)]
+    pub upload: Option<String>,
+    #[serde(default)]
+    pub commit: bool,
+}
+
+impl FsWrite {
+    /// The whole file `path` of session `a/s` becomes `data`.
+    pub fn whole(a: &str, s: &str, path: &str, data: impl Into<Bytes>) -> FsWrite {
+        FsWrite {
+            agent_id: a.into(),
+            session_id: s.into(),
+            scope: FsScope::Session,
+            path: path.into(),
+            data: data.into(),
+            offset: None,
+            create: None,
+            truncate: false,
+            upload: None,
+            commit: false,
+        }
+    }
+}
+
+/// `fs.mkdir`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FsMkdir {
+    pub agent_id: String,
+    pub session_id: String,
+    #[serde(default)]
+    pub scope: FsScope,
+    pub path: String,
+    /// Make missing parents too, and accept a directory already there.
+    #[serde(default)]
+    pub parents: bool,
+}
+
+/// `fs.remove`: a file, a symbolic link, an empty directory, or with
+/// `recursive` a whole tree.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FsRemove {
+    pub agent_id: String,
+    pub session_id: String,
+    #[serde(default)]
+    pub scope: FsScope,
+    pub path: String,
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// `fs.move`: renames `path` to `to` (in the same scope), replacing a file
+/// there.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FsMove {
+    pub agent_id: String,
+    pub session_id: String,
+    #[serde(default)]
+    pub scope: FsScope,
+    pub path: String,
+    pub to: String,
+}
+
+/// What kind of thing is at a path.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FsKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// One entry.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct FsEntry {
+    /// Relative to the scope's root.
+    pub path: String,
+    pub kind: FsKind,
+    pub size: u64,
+    /// Permission bits.
+    pub mode: u32,
+    /// Last modification, milliseconds since the Unix epoch.
+    pub mtime_ms: u64,
+    /// A symbolic link's target, as written.
+    pub link: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct FsListing {
+    pub entries: Vec<FsEntry>,
+    /// Whether the answer was cut at its limit (10,000 entries).
+    pub truncated: bool,
+}
+
+/// The answer to `fs.read`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct FsData {
+    pub path: String,
+    pub offset: u64,
+    pub data: Bytes,
+    /// The file's size when it was read.
+    pub size: u64,
+    /// Whether `data` reaches the end of the file.
+    pub eof: bool,
+}
+
+/// The answer to `fs.write`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct FsWritten {
+    pub path: String,
+    /// The file's size (an upload's: what it has so far).
+    pub size: u64,
+    /// Whether the target now has what was written (false for an upload's
+    /// chunk before its `commit`).
+    pub committed: bool,
+}

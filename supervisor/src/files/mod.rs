@@ -1,0 +1,646 @@
+//! The file API (`fs.*`): a session's `current/`, its agent's `shared/`, or
+//! a checkpoint's tree (read-only), read and changed by the supervisor
+//! itself, without a process in the sandbox. docs/files.md describes it.
+//!
+//! Every path is resolved below the scope's root ([`path`]); what is made
+//! belongs to the sandbox's user; a whole-file write and an upload go to a
+//! file beside the target that is renamed into place when complete
+//! ([`uploads`]); changes hold the session's writer guard, so they never
+//! interleave with a rollback or a delete of it.
+
+pub mod path;
+pub mod uploads;
+
+use crate::error::RequestError;
+use crate::supervisor::Supervisor;
+use allox_protocol::{
+    Bytes, Deleted, ErrorCode, FsData, FsEntry, FsKind, FsList, FsListing, FsMkdir, FsMove, FsRead,
+    FsRemove, FsScope, FsWrite, FsWritten, Request, Response, FS_CHUNK,
+};
+use path::{open_beneath, parent_of, Rel};
+use rustix::fd::OwnedFd;
+use rustix::fs::{AtFlags, Mode, OFlags};
+use std::path::Path;
+use thiserror::Error;
+
+/// Most entries in one `fs.list` answer.
+pub const MAX_ENTRIES: usize = 10_000;
+/// Deepest `fs.list`.
+pub const MAX_DEPTH: u32 = 64;
+
+#[derive(Debug, Error)]
+pub enum FilesError {
+    #[error("path {path:?} {why}")]
+    BadPath { path: String, why: &'static str },
+    #[error(
+        "path {path:?} leads outside the {scope} (a symbolic link out of it, or a magic link)"
+    )]
+    Outside { path: String, scope: &'static str },
+    #[error("{path:?}: no such file or directory")]
+    NotFound { path: String },
+    #[error("{path:?} exists")]
+    Exists { path: String },
+    #[error("{path:?} is not {what}")]
+    NotA { path: String, what: &'static str },
+    #[error("checkpoints are of sessions: the shared scope has none")]
+    SharedCheckpoint,
+    #[error("upload {id}: {why}")]
+    Upload { id: String, why: String },
+    #[error("no room left for {path:?} (the file system or the session's quota is full)")]
+    NoSpace { path: String },
+    #[error("cannot {op} {path:?}")]
+    Io {
+        op: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl FilesError {
+    /// An errno of `op` on `path`, as the client should read it.
+    pub fn from_errno(op: &'static str, path: &str, e: rustix::io::Errno) -> FilesError {
+        use rustix::io::Errno;
+        let path = path.to_string();
+        match e {
+            Errno::NOENT => FilesError::NotFound { path },
+            Errno::EXIST | Errno::NOTEMPTY => FilesError::Exists { path },
+            Errno::XDEV | Errno::LOOP => FilesError::Outside {
+                path,
+                scope: "scope",
+            },
+            Errno::NOTDIR => FilesError::NotA {
+                path,
+                what: "a directory (or a part of it is not)",
+            },
+            Errno::ISDIR => FilesError::NotA {
+                path,
+                what: "a file",
+            },
+            Errno::NOSPC | Errno::DQUOT => FilesError::NoSpace { path },
+            e => FilesError::Io {
+                op,
+                path,
+                source: e.into(),
+            },
+        }
+    }
+
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            FilesError::BadPath { .. }
+            | FilesError::Outside { .. }
+            | FilesError::NotA { .. }
+            | FilesError::SharedCheckpoint => ErrorCode::InvalidRequest,
+            FilesError::NotFound { .. } => ErrorCode::NotFound,
+            FilesError::Exists { .. } | FilesError::Upload { .. } => ErrorCode::Conflict,
+            FilesError::NoSpace { .. } => ErrorCode::Unavailable,
+            FilesError::Io { .. } => ErrorCode::Internal,
+        }
+    }
+}
+
+/// The root of a request's scope, open.
+struct Root {
+    fd: OwnedFd,
+    scope: &'static str,
+}
+
+impl Supervisor {
+    /// Answers a file request. Blocking.
+    pub(crate) fn answer_files(&self, req: &Request) -> Result<Response, RequestError> {
+        Ok(match req {
+            Request::FsStat(r) => {
+                let root = self.fs_root(
+                    &r.agent_id,
+                    &r.session_id,
+                    r.scope,
+                    r.checkpoint_id.as_deref(),
+                )?;
+                Response::FsEntry(stat(&root, &Rel::parse(&r.path)?)?)
+            }
+            Request::FsList(r) => Response::FsListing(self.fs_list(r)?),
+            Request::FsRead(r) => Response::FsData(self.fs_read(r)?),
+            Request::FsWrite(r) => Response::FsWritten(self.fs_write(r)?),
+            Request::FsMkdir(r) => Response::FsEntry(self.fs_mkdir(r)?),
+            Request::FsRemove(r) => Response::Deleted(self.fs_remove(r)?),
+            Request::FsMove(r) => Response::FsEntry(self.fs_move(r)?),
+            _ => return Err(RequestError::NotProcess),
+        })
+    }
+
+    fn fs_root(
+        &self,
+        a: &str,
+        s: &str,
+        scope: FsScope,
+        checkpoint: Option<&str>,
+    ) -> Result<Root, RequestError> {
+        self.store.session_info_of(a, s)?;
+        let l = self.store.layout();
+        // (A checkpoint's tree is reached only by reads: no change names
+        // one.)
+        let (dir, name) = match (scope, checkpoint) {
+            (FsScope::Session, None) => (l.current(a, s), "session's files"),
+            (FsScope::Session, Some(c)) => {
+                allox_protocol::validate_id("checkpoint_id", c)
+                    .map_err(allox_store::StoreError::from)?;
+                if !self
+                    .store
+                    .checkpoint_list(a, s)?
+                    .checkpoints
+                    .iter()
+                    .any(|k| k.checkpoint_id == c)
+                {
+                    return Err(allox_store::StoreError::NotFound(format!(
+                        "checkpoint {a}/{s}/{c}"
+                    ))
+                    .into());
+                }
+                (l.checkpoint(a, s, c), "checkpoint's files")
+            }
+            (FsScope::Shared, None) => (l.shared(a), "agent's shared files"),
+            (FsScope::Shared, Some(_)) => return Err(FilesError::SharedCheckpoint.into()),
+        };
+        let fd = rustix::fs::open(
+            &dir,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| FilesError::from_errno("open", &dir.display().to_string(), e))?;
+        Ok(Root { fd, scope: name })
+    }
+
+    /// The root of a change: writable, with the session's writer guard
+    /// held (refused while a rollback or delete works on the session).
+    fn fs_change<T>(
+        &self,
+        a: &str,
+        s: &str,
+        scope: FsScope,
+        f: impl FnOnce(&Root, Option<(u32, u32)>) -> Result<T, RequestError>,
+    ) -> Result<T, RequestError> {
+        let runs = self.runs.as_ref();
+        let _writer = runs.map(|r| r.writing(a, s)).transpose()?;
+        let root = self.fs_root(a, s, scope, None)?;
+        let owner = runs.map(|r| (r.config().uid, r.config().gid));
+        f(&root, owner)
+    }
+
+    fn fs_list(&self, r: &FsList) -> Result<FsListing, RequestError> {
+        let root = self.fs_root(
+            &r.agent_id,
+            &r.session_id,
+            r.scope,
+            r.checkpoint_id.as_deref(),
+        )?;
+        let rel = Rel::parse(&r.path)?;
+        let depth = r.depth.unwrap_or(1).clamp(1, MAX_DEPTH);
+        let dir = open_beneath(
+            &root.fd,
+            &rel.joined(),
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            rel.shown,
+        )
+        .map_err(|e| scoped(e, root.scope))?;
+        let mut out = FsListing {
+            entries: Vec::new(),
+            truncated: false,
+        };
+        let prefix = if rel.is_root() {
+            String::new()
+        } else {
+            format!("{}/", rel.joined())
+        };
+        list_into(dir, &prefix, depth, &mut out)?;
+        out.entries.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+
+    fn fs_read(&self, r: &FsRead) -> Result<FsData, RequestError> {
+        let root = self.fs_root(
+            &r.agent_id,
+            &r.session_id,
+            r.scope,
+            r.checkpoint_id.as_deref(),
+        )?;
+        let rel = Rel::parse(&r.path)?;
+        // Non-blocking: a FIFO must not hold the request.
+        let fd = open_beneath(
+            &root.fd,
+            &rel.joined(),
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
+            rel.shown,
+        )
+        .map_err(|e| scoped(e, root.scope))?;
+        let st =
+            rustix::fs::fstat(&fd).map_err(|e| FilesError::from_errno("stat", rel.shown, e))?;
+        if !rustix::fs::FileType::from_raw_mode(st.st_mode).is_file() {
+            return Err(FilesError::NotA {
+                path: rel.shown.into(),
+                what: "a regular file",
+            }
+            .into());
+        }
+        let size = st.st_size as u64;
+        let offset = r.offset.unwrap_or(0);
+        let want = r
+            .length
+            .unwrap_or(FS_CHUNK)
+            .min(FS_CHUNK)
+            .min(size.saturating_sub(offset)) as usize;
+        let mut data = vec![0u8; want];
+        let mut got = 0;
+        while got < want {
+            match rustix::io::pread(&fd, &mut data[got..], offset + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(FilesError::from_errno("read", rel.shown, e).into()),
+            }
+        }
+        data.truncate(got);
+        Ok(FsData {
+            path: rel.joined(),
+            offset,
+            eof: offset + got as u64 >= size,
+            size,
+            data: Bytes(data),
+        })
+    }
+
+    fn fs_write(&self, r: &FsWrite) -> Result<FsWritten, RequestError> {
+        let rel = Rel::parse(&r.path)?;
+        self.fs_change(&r.agent_id, &r.session_id, r.scope, |root, owner| {
+            let (parent, name) = parent_of(&root.fd, &rel).map_err(|e| scoped(e, root.scope))?;
+            let create = r.create.unwrap_or(true);
+            if let Some(id) = &r.upload {
+                return Ok(uploads::chunk(
+                    &self.uploads_dir(),
+                    &uploads::Chunk {
+                        agent: &r.agent_id,
+                        session: &r.session_id,
+                        scope: r.scope,
+                        id,
+                        rel: &rel,
+                        parent: &parent,
+                        name,
+                        offset: r.offset.unwrap_or(0),
+                        data: &r.data,
+                        commit: r.commit,
+                        create,
+                        owner,
+                        before_commit: &|| self.store.failpoint("fs_write.before_commit"),
+                    },
+                )?);
+            }
+            let size = match r.offset {
+                None => replace(&parent, name, &rel, &r.data, create, owner, &|| {
+                    self.store.failpoint("fs_write.before_commit")
+                })?,
+                Some(off) => {
+                    write_at(&parent, name, &rel, off, &r.data, create, r.truncate, owner)?
+                }
+            };
+            Ok(FsWritten {
+                path: rel.joined(),
+                size,
+                committed: true,
+            })
+        })
+    }
+
+    fn fs_mkdir(&self, r: &FsMkdir) -> Result<FsEntry, RequestError> {
+        let rel = Rel::parse(&r.path)?;
+        self.fs_change(&r.agent_id, &r.session_id, r.scope, |root, owner| {
+            if r.parents {
+                // One level at a time, each below the last one's handle.
+                let mut dir = rustix::fs::openat(
+                    &root.fd,
+                    ".",
+                    OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|e| FilesError::from_errno("open", ".", e))?;
+                for p in &rel.parts {
+                    match rustix::fs::mkdirat(&dir, *p, Mode::from_raw_mode(0o755)) {
+                        Ok(()) => chown_at(&dir, p, owner, rel.shown)?,
+                        Err(rustix::io::Errno::EXIST) => {}
+                        Err(e) => return Err(FilesError::from_errno("make", rel.shown, e).into()),
+                    }
+                    dir = rustix::fs::openat(
+                        &dir,
+                        *p,
+                        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )
+                    .map_err(|e| FilesError::from_errno("open", rel.shown, e))?;
+                }
+            } else {
+                let (parent, name) =
+                    parent_of(&root.fd, &rel).map_err(|e| scoped(e, root.scope))?;
+                rustix::fs::mkdirat(&parent, name, Mode::from_raw_mode(0o755))
+                    .map_err(|e| FilesError::from_errno("make", rel.shown, e))?;
+                chown_at(&parent, name, owner, rel.shown)?;
+            }
+            Ok(stat(root, &rel)?)
+        })
+    }
+
+    fn fs_remove(&self, r: &FsRemove) -> Result<Deleted, RequestError> {
+        let rel = Rel::parse(&r.path)?;
+        self.fs_change(&r.agent_id, &r.session_id, r.scope, |root, _| {
+            let (parent, name) = parent_of(&root.fd, &rel).map_err(|e| scoped(e, root.scope))?;
+            let st = rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW)
+                .map_err(|e| FilesError::from_errno("stat", rel.shown, e))?;
+            if rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() {
+                if r.recursive {
+                    let parent = rustix::fs::openat(
+                        &parent,
+                        ".",
+                        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )
+                    .map_err(|e| FilesError::from_errno("open", rel.shown, e))?;
+                    allox_store::btrfs::remove_at(
+                        &parent,
+                        std::ffi::OsStr::new(name),
+                        Path::new(rel.shown),
+                    )
+                    .map_err(|e| FilesError::Io {
+                        op: "remove",
+                        path: rel.shown.into(),
+                        source: std::io::Error::other(allox_protocol::error_chain(&e)),
+                    })?;
+                } else {
+                    rustix::fs::unlinkat(&parent, name, AtFlags::REMOVEDIR)
+                        .map_err(|e| FilesError::from_errno("remove", rel.shown, e))?;
+                }
+            } else {
+                rustix::fs::unlinkat(&parent, name, AtFlags::empty())
+                    .map_err(|e| FilesError::from_errno("remove", rel.shown, e))?;
+            }
+            Ok(Deleted {
+                deleted: rel.joined(),
+            })
+        })
+    }
+
+    fn fs_move(&self, r: &FsMove) -> Result<FsEntry, RequestError> {
+        let from = Rel::parse(&r.path)?;
+        let to = Rel::parse(&r.to)?;
+        self.fs_change(&r.agent_id, &r.session_id, r.scope, |root, _| {
+            let (fp, fname) = parent_of(&root.fd, &from).map_err(|e| scoped(e, root.scope))?;
+            let (tp, tname) = parent_of(&root.fd, &to).map_err(|e| scoped(e, root.scope))?;
+            rustix::fs::renameat(&fp, fname, &tp, tname)
+                .map_err(|e| FilesError::from_errno("move", from.shown, e))?;
+            Ok(stat(root, &to)?)
+        })
+    }
+
+    /// Where unfinished uploads are recorded (the store's `state/`).
+    pub(crate) fn uploads_dir(&self) -> std::path::PathBuf {
+        self.store.layout().state_dir().join("uploads")
+    }
+}
+
+/// A resolution error, naming the scope it would have left.
+fn scoped(e: FilesError, scope: &'static str) -> FilesError {
+    match e {
+        FilesError::Outside { path, .. } => FilesError::Outside { path, scope },
+        e => e,
+    }
+}
+
+fn kind_of(mode: u32) -> FsKind {
+    let t = rustix::fs::FileType::from_raw_mode(mode);
+    if t.is_file() {
+        FsKind::File
+    } else if t.is_dir() {
+        FsKind::Dir
+    } else if t.is_symlink() {
+        FsKind::Symlink
+    } else {
+        FsKind::Other
+    }
+}
+
+fn entry(path: String, st: &rustix::fs::Stat, link: Option<String>) -> FsEntry {
+    FsEntry {
+        path,
+        kind: kind_of(st.st_mode),
+        size: st.st_size as u64,
+        mode: st.st_mode & 0o7777,
+        mtime_ms: (st.st_mtime as u64).saturating_mul(1000) + st.st_mtime_nsec / 1_000_000,
+        link,
+    }
+}
+
+/// `fs.stat`: the entry itself (a link is not followed).
+fn stat(root: &Root, rel: &Rel<'_>) -> Result<FsEntry, FilesError> {
+    if rel.is_root() {
+        let st = rustix::fs::fstat(&root.fd).map_err(|e| FilesError::from_errno("stat", ".", e))?;
+        return Ok(entry(".".into(), &st, None));
+    }
+    let (parent, name) = parent_of(&root.fd, rel).map_err(|e| scoped(e, root.scope))?;
+    let st = rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW)
+        .map_err(|e| FilesError::from_errno("stat", rel.shown, e))?;
+    let link = (kind_of(st.st_mode) == FsKind::Symlink)
+        .then(|| rustix::fs::readlinkat(&parent, name, Vec::new()).ok())
+        .flatten()
+        .map(|l| l.to_string_lossy().into_owned());
+    Ok(entry(rel.joined(), &st, link))
+}
+
+/// Appends `dir`'s entries (and, `depth` > 1, its subdirectories') to
+/// `out`, reached through handles only.
+fn list_into(
+    dir: OwnedFd,
+    prefix: &str,
+    depth: u32,
+    out: &mut FsListing,
+) -> Result<(), FilesError> {
+    let mut subdirs = Vec::new();
+    let it =
+        rustix::fs::Dir::read_from(&dir).map_err(|e| FilesError::from_errno("list", prefix, e))?;
+    for e in it {
+        let e = e.map_err(|e| FilesError::from_errno("list", prefix, e))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name == "." || name == ".." {
+            continue;
+        }
+        if out.entries.len() >= MAX_ENTRIES {
+            out.truncated = true;
+            return Ok(());
+        }
+        // Gone meanwhile: skipped.
+        let Ok(st) = rustix::fs::statat(&dir, e.file_name(), AtFlags::SYMLINK_NOFOLLOW) else {
+            continue;
+        };
+        let link = (kind_of(st.st_mode) == FsKind::Symlink)
+            .then(|| rustix::fs::readlinkat(&dir, e.file_name(), Vec::new()).ok())
+            .flatten()
+            .map(|l| l.to_string_lossy().into_owned());
+        let path = format!("{prefix}{name}");
+        if depth > 1 && kind_of(st.st_mode) == FsKind::Dir {
+            subdirs.push((e.file_name().to_owned(), format!("{path}/")));
+        }
+        out.entries.push(entry(path, &st, link));
+    }
+    for (name, p) in subdirs {
+        // Swapped for something else meanwhile: NOFOLLOW refuses a link.
+        let Ok(sub) = rustix::fs::openat(
+            &dir,
+            name.as_c_str(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
+            continue;
+        };
+        list_into(sub, &p, depth - 1, out)?;
+        if out.truncated {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Gives what was made to the sandbox's user (when the daemon may).
+fn chown_at(
+    dir: &OwnedFd,
+    name: &str,
+    owner: Option<(u32, u32)>,
+    shown: &str,
+) -> Result<(), FilesError> {
+    let Some((uid, gid)) = owner else {
+        return Ok(());
+    };
+    if !rustix::process::geteuid().is_root() {
+        return Ok(());
+    }
+    rustix::fs::chownat(
+        dir,
+        name,
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(gid)),
+        AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .map_err(|e| FilesError::from_errno("chown", shown, e))
+}
+
+/// Writes all of `data` at `offset` of `fd`.
+pub(crate) fn pwrite_all(
+    fd: &OwnedFd,
+    data: &[u8],
+    offset: u64,
+    shown: &str,
+) -> Result<(), FilesError> {
+    let mut done = 0;
+    while done < data.len() {
+        match rustix::io::pwrite(fd, &data[done..], offset + done as u64) {
+            Ok(n) => done += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(FilesError::from_errno("write", shown, e)),
+        }
+    }
+    Ok(())
+}
+
+/// A name for a file beside `name` that nothing else uses.
+fn beside(name: &str, what: &str) -> String {
+    let mut r = [0u8; 6];
+    let _ = getrandom::fill(&mut r);
+    let tag: String = r.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        ".allox-{what}-{tag}-{}",
+        name.chars().take(64).collect::<String>()
+    )
+}
+
+/// The whole file becomes `data`: written beside it, then renamed over it.
+fn replace(
+    parent: &OwnedFd,
+    name: &str,
+    rel: &Rel<'_>,
+    data: &[u8],
+    create: bool,
+    owner: Option<(u32, u32)>,
+    before_commit: &dyn Fn(),
+) -> Result<u64, FilesError> {
+    // What is there decides the mode kept, and whether it may be replaced.
+    let mode = match rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) if kind_of(st.st_mode) == FsKind::Dir => {
+            return Err(FilesError::NotA {
+                path: rel.shown.into(),
+                what: "a file",
+            })
+        }
+        Ok(st) => st.st_mode & 0o7777,
+        Err(rustix::io::Errno::NOENT) if create => 0o644,
+        Err(e) => return Err(FilesError::from_errno("stat", rel.shown, e)),
+    };
+    let tmp = beside(name, "write");
+    let fd = rustix::fs::openat(
+        parent,
+        tmp.as_str(),
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(mode),
+    )
+    .map_err(|e| FilesError::from_errno("write", rel.shown, e))?;
+    let done = pwrite_all(&fd, data, 0, rel.shown)
+        .and_then(|()| chown_at(parent, &tmp, owner, rel.shown))
+        .and_then(|()| {
+            before_commit();
+            rustix::fs::renameat(parent, tmp.as_str(), parent, name)
+                .map_err(|e| FilesError::from_errno("replace", rel.shown, e))
+        });
+    if done.is_err() {
+        let _ = rustix::fs::unlinkat(parent, tmp.as_str(), AtFlags::empty());
+    }
+    done.map(|()| data.len() as u64)
+}
+
+/// `data` at `offset` of the file itself.
+#[allow(clippy::too_many_arguments)]
+fn write_at(
+    parent: &OwnedFd,
+    name: &str,
+    rel: &Rel<'_>,
+    offset: u64,
+    data: &[u8],
+    create: bool,
+    truncate: bool,
+    owner: Option<(u32, u32)>,
+) -> Result<u64, FilesError> {
+    let existed = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW).is_ok();
+    let mut flags = OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    if create {
+        flags |= OFlags::CREATE;
+    }
+    let fd = rustix::fs::openat(parent, name, flags, Mode::from_raw_mode(0o644))
+        .map_err(|e| FilesError::from_errno("write", rel.shown, e))?;
+    let st = rustix::fs::fstat(&fd).map_err(|e| FilesError::from_errno("stat", rel.shown, e))?;
+    if kind_of(st.st_mode) != FsKind::File {
+        return Err(FilesError::NotA {
+            path: rel.shown.into(),
+            what: "a regular file",
+        });
+    }
+    if !existed {
+        chown_at(parent, name, owner, rel.shown)?;
+    }
+    pwrite_all(&fd, data, offset, rel.shown)?;
+    let end = offset + data.len() as u64;
+    if truncate {
+        rustix::fs::ftruncate(&fd, end)
+            .map_err(|e| FilesError::from_errno("truncate", rel.shown, e))?;
+    }
+    let st = rustix::fs::fstat(&fd).map_err(|e| FilesError::from_errno("stat", rel.shown, e))?;
+    Ok(st.st_size as u64)
+}
+
+impl From<FilesError> for RequestError {
+    fn from(e: FilesError) -> Self {
+        RequestError::Files(e)
+    }
+}

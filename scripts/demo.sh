@@ -32,6 +32,10 @@ cleanup() {
 trap cleanup EXIT
 
 "$BIN/rootfs-builder" store-image --out "$WORK/store.img" --size 2G --format
+# The image of the python profile: the default one plus python3 and git,
+# for the agents' programs (pip is fetched by the agent, below).
+"$BIN/rootfs-builder" initramfs --init "$(dirname "$ALLOX_INITRD")/allox-init" \
+    --out "$WORK/initrd.img" --profile python --compress gzip
 
 # For the session network's part: a Python package index on the host's
 # loopback (one package, allox-demo, and pip itself as a wheel: the guest
@@ -56,7 +60,7 @@ python3 -m http.server "$IPORT" --bind 127.0.0.1 --directory "$WORK/index" >/dev
 INDEX=$!
 
 T0=$(date +%s.%N)
-scripts/run-vm.sh --kernel-dir "$ALLOX_KERNEL_DIR" --initrd "$ALLOX_INITRD" \
+scripts/run-vm.sh --kernel-dir "$ALLOX_KERNEL_DIR" --initrd "$WORK/initrd.img" \
     --store "$WORK/store.img" --ctl-socket "$ALLOX_SOCKET" \
     --console-log "$WORK/console.log" --net user --forward "10.0.2.100:80=$IPORT" \
     --append "allox.args=--sandbox-network=isolated,--plugin=network" \

@@ -1,0 +1,448 @@
+//! The file API through the real daemon on a real Btrfs store: files copied
+//! in and out with `alloxctl cp`, read from a checkpoint, never outside
+//! their scope whatever a program in the sandbox plants or swaps, uploads
+//! cut short, and writes racing rollbacks.
+
+use allox_integration::{call, process_start as start, require, workspace_bin, ProcDaemon};
+use allox_protocol::*;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn ctl(d: &ProcDaemon, args: &[&str]) -> (i32, Vec<u8>, String) {
+    let out = Command::new(workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(&d.daemon.socket)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn ctl_ok(d: &ProcDaemon, args: &[&str]) -> Vec<u8> {
+    let (code, out, err) = ctl(d, args);
+    assert_eq!(code, 0, "alloxctl {args:?}: {err}");
+    out
+}
+
+fn sh(d: &ProcDaemon, script: &str) -> RunResult {
+    match call(
+        d,
+        Request::ProcessStart(start("a", "s", &["/bin/sh", "-c", script])),
+    ) {
+        Ok(Response::Exited(r)) => r,
+        other => panic!("{script}: {other:?}"),
+    }
+}
+
+fn setup(name: &str, extra: &[&str], size_mb: u64) -> Option<ProcDaemon> {
+    if !require(&format!("files::{name}")) {
+        return None;
+    }
+    let d = ProcDaemon::start_on(name, extra, size_mb);
+    ctl_ok(&d, &["agent", "create", "a"]);
+    ctl_ok(&d, &["session", "create", "a", "s"]);
+    Some(d)
+}
+
+fn current(d: &ProcDaemon) -> PathBuf {
+    d.daemon.root.join("agents/a/workspace/sessions/s/current")
+}
+
+fn read(d: &ProcDaemon, path: &str) -> Result<Vec<u8>, ErrorBody> {
+    call(
+        d,
+        Request::FsRead(FsRead {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            scope: FsScope::Session,
+            checkpoint_id: None,
+            path: path.into(),
+            offset: None,
+            length: None,
+        }),
+    )
+    .map(|r| match r {
+        Response::FsData(x) => x.data.0,
+        other => panic!("{other:?}"),
+    })
+}
+
+fn sha256(p: &Path) -> String {
+    let out = Command::new("sha256sum").arg(p).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn files_go_in_and_out_byte_for_byte_and_as_they_were_at_a_checkpoint() {
+    let Some(d) = setup("files_in_and_out", &[], 4096) else {
+        return;
+    };
+    // A project with every byte value, nested directories and an empty
+    // file, copied in.
+    let src = tempfile::tempdir().unwrap();
+    let all: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
+    std::fs::create_dir_all(src.path().join("proj/src/deep")).unwrap();
+    std::fs::write(src.path().join("proj/bytes.bin"), &all).unwrap();
+    std::fs::write(src.path().join("proj/src/main.py"), "print('hi')\n").unwrap();
+    std::fs::write(src.path().join("proj/src/deep/empty"), "").unwrap();
+    let out = ctl_ok(
+        &d,
+        &["cp", src.path().join("proj").to_str().unwrap(), "a/s:proj"],
+    );
+    assert_eq!(String::from_utf8_lossy(&out), "3 files, 300012 bytes\n");
+    // As the sandbox sees it, and owned by its user.
+    let r = sh(
+        &d,
+        "cat proj/src/main.py; id -u; stat -c %u proj/bytes.bin proj/src/deep",
+    );
+    assert_eq!(r.stdout, "print('hi')\n10000\n10000\n10000\n", "{r:?}");
+    assert_eq!(ctl_ok(&d, &["fs", "cat", "a", "s", "proj/bytes.bin"]), all);
+    let ls = String::from_utf8_lossy(&ctl_ok(&d, &["fs", "ls", "a", "s", "proj", "--depth", "3"]))
+        .into_owned();
+    for p in ["proj/bytes.bin", "proj/src/main.py", "proj/src/deep/empty"] {
+        assert!(ls.contains(p), "{p} missing: {ls}");
+    }
+    // And back out.
+    let back = tempfile::tempdir().unwrap();
+    ctl_ok(
+        &d,
+        &["cp", "a/s:proj", back.path().join("p").to_str().unwrap()],
+    );
+    assert_eq!(std::fs::read(back.path().join("p/bytes.bin")).unwrap(), all);
+    assert_eq!(
+        std::fs::read(back.path().join("p/src/deep/empty")).unwrap(),
+        b""
+    );
+
+    // A file as it was at a checkpoint, after the live one changed.
+    ctl_ok(&d, &["checkpoint", "create", "a", "s", "c1"]);
+    sh(&d, "echo changed > proj/src/main.py; rm proj/bytes.bin");
+    assert_eq!(read(&d, "proj/src/main.py").unwrap(), b"changed\n");
+    assert_eq!(
+        ctl_ok(
+            &d,
+            &[
+                "fs",
+                "cat",
+                "a",
+                "s",
+                "proj/src/main.py",
+                "--checkpoint",
+                "c1"
+            ]
+        ),
+        b"print('hi')\n"
+    );
+    let old = tempfile::tempdir().unwrap();
+    ctl_ok(
+        &d,
+        &[
+            "cp",
+            "--checkpoint",
+            "c1",
+            "a/s:proj/bytes.bin",
+            old.path().join("b").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(std::fs::read(old.path().join("b")).unwrap(), all);
+    // A checkpoint that is not there, and one cannot be written into.
+    let (code, _, err) = ctl(&d, &["fs", "cat", "a", "s", "x", "--checkpoint", "nope"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("not_found") && err.contains("nope"), "{err}");
+
+    // The agent's shared/.
+    ctl_ok(
+        &d,
+        &["fs", "mkdir", "a", "s", "--shared", "-p", "notes/today"],
+    );
+    let w = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(w.path(), "shared note\n").unwrap();
+    ctl_ok(
+        &d,
+        &[
+            "cp",
+            "--shared",
+            w.path().to_str().unwrap(),
+            "a/s:notes/today/n.txt",
+        ],
+    );
+    let r = sh(&d, "cat /allox/shared/notes/today/n.txt");
+    assert_eq!(r.stdout, "shared note\n", "{r:?}");
+
+    // Moves and removals.
+    ctl_ok(&d, &["fs", "mv", "a", "s", "proj/src", "src2"]);
+    ctl_ok(&d, &["fs", "rm", "a", "s", "-r", "src2"]);
+    call(
+        &d,
+        Request::FsWrite(FsWrite::whole("a", "s", "proj/keep", "k")),
+    )
+    .unwrap();
+    let (code, _, err) = ctl(&d, &["fs", "rm", "a", "s", "proj"]);
+    assert_eq!(code, 1, "a directory with files went without -r");
+    assert!(err.contains("conflict"), "{err}");
+    assert!(!current(&d).join("src2").exists());
+
+    // A 1 GiB file round-trips with the same sha256.
+    let big = tempfile::tempdir_in("/var/tmp").unwrap();
+    let f = big.path().join("big");
+    let st = Command::new("dd")
+        .args(["if=/dev/urandom", "bs=1M", "count=1024", "status=none"])
+        .arg(format!("of={}", f.display()))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let t = Instant::now();
+    ctl_ok(&d, &["cp", f.to_str().unwrap(), "a/s:big"]);
+    let up = t.elapsed();
+    let t = Instant::now();
+    ctl_ok(
+        &d,
+        &["cp", "a/s:big", big.path().join("back").to_str().unwrap()],
+    );
+    eprintln!("1 GiB up {up:?}, down {:?}", t.elapsed());
+    assert_eq!(sha256(&f), sha256(&current(&d).join("big")));
+    assert_eq!(sha256(&f), sha256(&big.path().join("back")));
+}
+
+#[test]
+fn paths_never_leave_their_scope_whatever_the_sandbox_plants_or_swaps() {
+    let Some(d) = setup("files_scope", &[], 1024) else {
+        return;
+    };
+    // Something outside the session's files, beside them.
+    let outside = d.daemon.root.join("agents/a/workspace/sessions/s/secret");
+    std::fs::write(&outside, "SECRET").unwrap();
+    std::fs::create_dir_all(current(&d).join("in")).unwrap();
+    std::fs::write(current(&d).join("in/f"), "inside").unwrap();
+    let r = sh(
+        &d,
+        "ln -s /etc abs; ln -s ../secret up; ln -s ../../../../../../.. far; \
+         ln -s /proc/self/root magic; ln -s in/f ok",
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    for (p, why) in [
+        ("abs/passwd", "leads outside"),
+        ("up", "leads outside"),
+        ("far/etc/passwd", "leads outside"),
+        ("magic/etc/passwd", "leads outside"),
+        ("../secret", "`..`"),
+        ("/etc/passwd", "absolute"),
+        ("in/../../secret", "`..`"),
+    ] {
+        let e = read(&d, p).unwrap_err();
+        assert!(e.message.contains(why), "{p}: {e:?}");
+        assert_eq!(e.code, ErrorCode::InvalidRequest, "{p}: {e:?}");
+    }
+    // A link that stays inside is followed; stat shows a link as a link.
+    assert_eq!(read(&d, "ok").unwrap(), b"inside");
+    let st = String::from_utf8_lossy(&ctl_ok(&d, &["fs", "stat", "a", "s", "up"])).into_owned();
+    assert!(
+        st.starts_with('l') && st.contains("up -> ../secret"),
+        "{st}"
+    );
+    // Writes through a planted link do not land outside either: the last
+    // name is replaced, never followed.
+    let w = call(
+        &d,
+        Request::FsWrite(FsWrite::whole("a", "s", "up", "replaced")),
+    );
+    assert!(w.is_ok(), "{w:?}");
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "SECRET");
+    let e = call(
+        &d,
+        Request::FsWrite(FsWrite::whole("a", "s", "abs/passwd", "x")),
+    )
+    .unwrap_err();
+    assert!(e.message.contains("leads outside"), "{e:?}");
+
+    // A run swaps a directory for a link out of the scope, in a loop,
+    // while the host lists and reads through it: never the secret.
+    let swapper = ProcessStart {
+        wait: false,
+        ..start(
+            "a",
+            "s",
+            &[
+                "/bin/sh",
+                "-c",
+                "mkdir -p real && echo inside > real/f; \
+                 while true; do mv real d 2>/dev/null; mv d real 2>/dev/null; \
+                 ln -sfn ../ d 2>/dev/null; rm -f d; done",
+            ],
+        )
+    };
+    let run = match call(&d, Request::ProcessStart(swapper)) {
+        Ok(Response::Started(s)) => s.run_id,
+        other => panic!("{other:?}"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (mut reads, mut lists) = (0, 0);
+    while Instant::now() < deadline {
+        if let Ok(b) = read(&d, "d/f") {
+            assert_ne!(b, b"SECRET", "read outside the scope");
+            reads += 1;
+        }
+        if let Ok(Response::FsListing(l)) = call(
+            &d,
+            Request::FsList(FsList {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                scope: FsScope::Session,
+                checkpoint_id: None,
+                path: "d".into(),
+                depth: Some(2),
+            }),
+        ) {
+            assert!(
+                l.entries.iter().all(|e| !e.path.contains("secret")),
+                "listed outside the scope: {l:?}"
+            );
+            lists += 1;
+        }
+    }
+    eprintln!("{reads} reads and {lists} listings while the run swapped");
+    assert!(reads + lists > 0, "nothing was ever read");
+    let _ = call(
+        &d,
+        Request::ProcessKill(ProcessKill {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: Some(run),
+            signal: None,
+        }),
+    );
+}
+
+#[test]
+fn an_upload_cut_short_leaves_the_old_content_and_no_debris_after_a_restart() {
+    let Some(mut d) = setup("files_cut_short", &[], 2048) else {
+        return;
+    };
+    std::fs::write(current(&d).join("target"), "old content\n").unwrap();
+    let big = tempfile::tempdir_in("/var/tmp").unwrap();
+    let f = big.path().join("big");
+    let st = Command::new("dd")
+        .args(["if=/dev/urandom", "bs=1M", "count=512", "status=none"])
+        .arg(format!("of={}", f.display()))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mut cp = Command::new(workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(&d.daemon.socket)
+        .args(["cp", f.to_str().unwrap(), "a/s:target"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed once the upload has begun (its partial file is there).
+    let cur = current(&d);
+    let partial = || {
+        std::fs::read_dir(&cur).unwrap().flatten().any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(".allox-upload-")
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !partial() {
+        assert!(Instant::now() < deadline, "the upload never began");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    cp.kill().unwrap();
+    let status = cp.wait().unwrap();
+    assert!(!status.success(), "the copy finished before it was killed");
+    assert_eq!(
+        std::fs::read_to_string(cur.join("target")).unwrap(),
+        "old content\n"
+    );
+    d.restart(&[]);
+    assert!(!partial(), "the next start left the partial upload");
+    assert_eq!(read(&d, "target").unwrap(), b"old content\n");
+    let left: Vec<_> = std::fs::read_dir(d.daemon.root.join("state/uploads"))
+        .map(|r| r.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "upload records left: {left:?}");
+}
+
+#[test]
+fn a_write_and_a_rollback_never_interleave() {
+    // Each write of the file API takes 1.5 s between its data and its
+    // rename into place.
+    let name = "a_write_and_a_rollback_never_interleave";
+    if !require(&format!("files::{name}")) {
+        return;
+    }
+    let d = ProcDaemon::start_with_env(
+        name,
+        &[("ALLOX_FAILPOINTS", "fs_write.before_commit=delay:1500")],
+        &[],
+    );
+    ctl_ok(&d, &["agent", "create", "a"]);
+    ctl_ok(&d, &["session", "create", "a", "s"]);
+    ctl_ok(&d, &["checkpoint", "create", "a", "s", "empty"]);
+    let socket = d.daemon.socket.clone();
+    let t0 = Instant::now();
+    let writer = std::thread::spawn(move || {
+        let mut c = allox_ctl::client::Client::connect(&socket).unwrap();
+        let r = c
+            .call(Request::FsWrite(FsWrite::whole(
+                "a", "s", "w.txt", "written",
+            )))
+            .unwrap();
+        (r, t0.elapsed())
+    });
+    // The rollback comes while the write is between its data and its
+    // rename: it waits for the write, and a write that comes while it
+    // works is refused.
+    std::thread::sleep(Duration::from_millis(300));
+    let socket = d.daemon.socket.clone();
+    let rollback = std::thread::spawn(move || {
+        let mut c = allox_ctl::client::Client::connect(&socket).unwrap();
+        let r = c
+            .call(Request::SessionRollback(SessionRollback {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                checkpoint_id: "empty".into(),
+                kill_processes: None,
+            }))
+            .unwrap();
+        (r, t0.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let late = call(
+        &d,
+        Request::FsWrite(FsWrite::whole("a", "s", "late.txt", "x")),
+    );
+    let (w, w_at) = writer.join().unwrap();
+    let (r, r_at) = rollback.join().unwrap();
+    assert!(w.is_ok(), "{w:?}");
+    assert!(r.is_ok(), "{r:?}");
+    let e = late.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Conflict, "{e:?}");
+    assert!(e.message.contains("rolled back or deleted"), "{e:?}");
+    // The write was whole before the rollback began: the rollback ends
+    // after it, and took it away with the rest (it came first).
+    assert!(
+        r_at > w_at,
+        "the rollback ended at {r_at:?}, before the write at {w_at:?}"
+    );
+    assert!(!current(&d).join("w.txt").exists());
+    // Nothing half-made is left beside it.
+    let debris: Vec<_> = std::fs::read_dir(current(&d))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(debris.is_empty(), "{debris:?}");
+}

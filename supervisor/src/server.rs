@@ -78,6 +78,11 @@ impl Default for Limits {
     }
 }
 
+/// A connection's read buffer: small while it is idle, big while a large
+/// frame comes in.
+const SMALL_READ: usize = 8 * 1024;
+const BIG_READ: usize = 256 * 1024;
+
 /// Accepts connections until the task is dropped, serving the peers that
 /// `peers` allows and refusing the others ([`crate::peer`]).
 pub async fn serve_unix(
@@ -312,7 +317,7 @@ async fn serve<R, W>(
     let sem = Arc::new(Semaphore::new(limits.inflight));
     let computing = Arc::new(Semaphore::new(limits.computing.max(1)));
     let mut reader = FrameReader::new();
-    let mut buf = vec![0u8; 8 * 1024];
+    let mut buf = vec![0u8; SMALL_READ];
     let mut greeted = false;
     let mut conversation = 0u64;
     let mut bad = 0u32;
@@ -381,6 +386,13 @@ async fn serve<R, W>(
             s.slot.touch(&s.reg);
         }
         reader.push(&buf[..n]);
+        // A big frame on its way (a file's chunk) is read in big pieces;
+        // an idle connection keeps a small buffer.
+        match reader.pending() {
+            p if p > SMALL_READ && buf.len() < BIG_READ => buf.resize(BIG_READ, 0),
+            0 if buf.len() > SMALL_READ => buf = vec![0u8; SMALL_READ],
+            _ => {}
+        }
         let mut completed = false;
         while let Some(frame) = reader.next_frame() {
             completed = true;

@@ -19,6 +19,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod durability_bench;
+mod files_bench;
 mod network_bench;
 mod quota_bench;
 mod spawn_bench;
@@ -89,6 +90,9 @@ fn main() -> anyhow::Result<()> {
     }
     if only.is_empty() || only == "network" {
         network_bench::run(&fs, quick)?;
+    }
+    if only.is_empty() || only == "files" {
+        files_bench::run(&fs, quick)?;
     }
     if only.is_empty() || only == "turns" {
         turns_bench::run(&fs, quick)?;

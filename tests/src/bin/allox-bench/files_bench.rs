@@ -1,0 +1,162 @@
+//! The file API: a 4 KiB `fs.read` and `fs.write` against `process.start`
+//! of `cat` (what a host had to do before), and a 256 MiB upload and
+//! download against `cp` of the same file on the same disk.
+
+use allox_ctl::files::{download, upload, Remote};
+use allox_integration::{cgroup2_mount, BtrfsFs, Daemon};
+use allox_protocol::{AgentCreate, FsRead, FsScope, FsWrite, Request, Response, SessionCreate};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::{pct, us_or_ms};
+
+pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
+    let mount = cgroup2_mount().ok_or_else(|| anyhow::anyhow!("no cgroup2 mount"))?;
+    let cg = mount.join(format!("allox-bench-files-{}", std::process::id()));
+    std::fs::create_dir_all(&cg)?;
+    let root = fs.path().join("files-store");
+    std::fs::create_dir(&root)?;
+    let stage = fs.scratch().join("stage-files");
+    let args = [
+        "--cgroup-root".to_string(),
+        cg.display().to_string(),
+        "--sandbox-stage".to_string(),
+        stage.display().to_string(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let d = Daemon::start(&root, &fs.scratch().join("files.sock"), &[], &args);
+    let mut c = d.client();
+    c.call(Request::AgentCreate(AgentCreate::new("bench")))?
+        .map_err(anyhow::Error::msg)?;
+    c.call(Request::SessionCreate(SessionCreate::new("bench", "s")))?
+        .map_err(anyhow::Error::msg)?;
+    let page: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    c.call(Request::FsWrite(FsWrite::whole(
+        "bench",
+        "s",
+        "page",
+        page.clone(),
+    )))?
+    .map_err(anyhow::Error::msg)?;
+
+    let n = if quick { 200 } else { 1000 };
+    let (mut reads, mut writes, mut cats) = (Vec::new(), Vec::new(), Vec::new());
+    let read = Request::FsRead(FsRead {
+        agent_id: "bench".into(),
+        session_id: "s".into(),
+        scope: FsScope::Session,
+        checkpoint_id: None,
+        path: "page".into(),
+        offset: None,
+        length: None,
+    });
+    let cat = Request::ProcessStart(allox_integration::process_start(
+        "bench",
+        "s",
+        &["/bin/cat", "page"],
+    ));
+    for i in 0..n + 10 {
+        let t = Instant::now();
+        let r = c.call(read.clone())?.map_err(anyhow::Error::msg)?;
+        let el = t.elapsed();
+        anyhow::ensure!(
+            matches!(&r, Response::FsData(x) if x.data.len() == 4096),
+            "{r:?}"
+        );
+        if i >= 10 {
+            reads.push(el);
+        }
+        let t = Instant::now();
+        c.call(Request::FsWrite(FsWrite::whole(
+            "bench",
+            "s",
+            "page",
+            page.clone(),
+        )))?
+        .map_err(anyhow::Error::msg)?;
+        if i >= 10 {
+            writes.push(t.elapsed());
+        }
+        let t = Instant::now();
+        let r = c.call(cat.clone())?.map_err(anyhow::Error::msg)?;
+        let el = t.elapsed();
+        anyhow::ensure!(
+            matches!(&r, Response::Exited(x) if x.exit_code == Some(0)),
+            "{r:?}"
+        );
+        if i >= 10 {
+            cats.push(el);
+        }
+    }
+    println!("## Files\n");
+    println!("A 4 KiB file over the Unix socket, {n} each, alternating.\n");
+    println!("| what | p50 | p99 | ratio (p50) |");
+    println!("|---|---:|---:|---:|");
+    let base = pct(&cats, 0.5).as_secs_f64();
+    for (name, v) in [
+        ("`process.start` of `cat` with wait (baseline)", &cats),
+        ("`fs.read`", &reads),
+        ("`fs.write` (whole file, renamed into place)", &writes),
+    ] {
+        println!(
+            "| {name} | {} | {} | {:.3}× |",
+            us_or_ms(pct(v, 0.5)),
+            us_or_ms(pct(v, 0.99)),
+            pct(v, 0.5).as_secs_f64() / base
+        );
+    }
+
+    // Bulk: a file on the same Btrfs, copied in and out, against cp.
+    let mib: u64 = if quick { 64 } else { 256 };
+    let src = fs.scratch().join("bulk-src");
+    let st = Command::new("dd")
+        .args(["if=/dev/urandom", "bs=1M", "status=none"])
+        .arg(format!("count={mib}"))
+        .arg(format!("of={}", src.display()))
+        .status()?;
+    anyhow::ensure!(st.success(), "dd failed");
+    let remote = Remote {
+        agent: "bench".into(),
+        session: "s".into(),
+        path: "bulk".into(),
+        scope: FsScope::Session,
+        checkpoint: None,
+    };
+    let (mut cps, mut ups, mut downs) = (Vec::new(), Vec::new(), Vec::new());
+    let rate = |d: Duration| (mib << 20) as f64 / d.as_secs_f64() / 1e6;
+    for i in 0..3 {
+        let dst = fs.path().join(format!("cp-{i}"));
+        let t = Instant::now();
+        let st = Command::new("cp")
+            .arg("--reflink=never")
+            .arg(&src)
+            .arg(&dst)
+            .status()?;
+        anyhow::ensure!(st.success(), "cp failed");
+        cps.push(rate(t.elapsed()));
+        std::fs::remove_file(&dst)?;
+        let t = Instant::now();
+        upload(&mut c, &src, &remote)?;
+        ups.push(rate(t.elapsed()));
+        let back = fs.scratch().join(format!("bulk-back-{i}"));
+        let t = Instant::now();
+        download(&mut c, &remote, &back)?;
+        downs.push(rate(t.elapsed()));
+        std::fs::remove_file(&back)?;
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (cp, up, down) = (med(&mut cps), med(&mut ups), med(&mut downs));
+    println!(
+        "\n{mib} MiB, median of 3: `cp --reflink=never` on the same disk {cp:.0} MB/s (baseline); upload (`alloxctl cp` in, 512 KiB chunks) {up:.0} MB/s ({:.0}%); download {down:.0} MB/s ({:.0}%).\n",
+        100.0 * up / cp,
+        100.0 * down / cp
+    );
+    d.stop();
+    let _ = std::fs::write(cg.join("cgroup.kill"), "1");
+    std::thread::sleep(Duration::from_millis(200));
+    allox_integration::remove_cgroup_tree(&cg);
+    Ok(())
+}

@@ -17,13 +17,77 @@ pub enum FrameError {
 
 /// Wraps an encoded message into one frame, delimiter included.
 pub fn frame(payload: &[u8]) -> Result<Vec<u8>, FrameError> {
-    if cobs::max_encoding_length(payload.len()) > MAX_FRAME {
+    if max_encoding_length(payload.len()) > MAX_FRAME {
         return Err(FrameError::TooLarge { len: payload.len() });
     }
-    let mut out = cobs::encode_vec(payload);
+    let mut out = Vec::with_capacity(max_encoding_length(payload.len()) + 1);
+    cobs_encode(payload, &mut out);
     out.push(0);
     Ok(out)
 }
+
+/// The longest COBS encoding of `n` bytes: one code byte per 254.
+fn max_encoding_length(n: usize) -> usize {
+    n + n / 254 + 1
+}
+
+/// COBS, a block at a time: each run of up to 254 bytes without a zero is
+/// copied whole behind its code byte (its length + 1).
+fn cobs_encode(mut data: &[u8], out: &mut Vec<u8>) {
+    loop {
+        let limit = data.len().min(254);
+        match memchr::memchr(0, &data[..limit]) {
+            Some(z) => {
+                out.push(z as u8 + 1);
+                out.extend_from_slice(&data[..z]);
+                data = &data[z + 1..];
+            }
+            None if limit == 254 => {
+                out.push(0xFF);
+                out.extend_from_slice(&data[..254]);
+                data = &data[254..];
+                if data.is_empty() {
+                    // A full block at the very end is the end (no final
+                    // empty block, as the reference encoder has it).
+                    return;
+                }
+            }
+            None => {
+                out.push(limit as u8 + 1);
+                out.extend_from_slice(data);
+                return;
+            }
+        }
+    }
+}
+
+/// Decodes one frame's COBS bytes (no zero among them), a block at a time.
+fn cobs_decode(data: &[u8]) -> Result<Vec<u8>, FrameError> {
+    if data.is_empty() {
+        return Err(FrameError::BadCobs);
+    }
+    let mut out = Vec::with_capacity(data.len());
+    let mut i = 0;
+    while i < data.len() {
+        let code = data[i] as usize;
+        if code == 0 {
+            return Err(FrameError::BadCobs);
+        }
+        let end = i + code;
+        if end > data.len() {
+            return Err(FrameError::BadCobs);
+        }
+        out.extend_from_slice(&data[i + 1..end]);
+        i = end;
+        if code < 0xFF && i < data.len() {
+            out.push(0);
+        }
+    }
+    Ok(out)
+}
+
+/// What a reader keeps of its buffer between small frames.
+const KEEP: usize = 64 * 1024;
 
 /// Splits a byte stream into decoded frame payloads.
 ///
@@ -49,7 +113,7 @@ impl FrameReader {
     /// Feeds bytes from the transport.
     pub fn push(&mut self, mut bytes: &[u8]) {
         while !bytes.is_empty() {
-            match bytes.iter().position(|&b| b == 0) {
+            match memchr::memchr(0, bytes) {
                 Some(end) => {
                     self.take(&bytes[..end]);
                     self.finish();
@@ -83,8 +147,14 @@ impl FrameReader {
         if self.buf.is_empty() {
             return;
         }
-        let raw = std::mem::take(&mut self.buf);
-        let decoded = cobs::decode_vec(&raw).map_err(|_| FrameError::BadCobs);
+        let decoded = cobs_decode(&self.buf);
+        // The buffer is kept for the next frame (a file's chunks come one
+        // after another), up to 64 KiB once frames are small again.
+        let big = self.buf.len() > KEEP;
+        self.buf.clear();
+        if !big {
+            self.buf.shrink_to(KEEP);
+        }
         self.ready.push_back(decoded);
     }
 
@@ -106,6 +176,47 @@ impl FrameReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A small deterministic generator (no dependency for it).
+    fn bytes(seed: &mut u64, n: usize, zeros: u8) -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                *seed ^= *seed << 13;
+                *seed ^= *seed >> 7;
+                *seed ^= *seed << 17;
+                let b = (*seed >> 24) as u8;
+                if b < zeros {
+                    0
+                } else {
+                    b.max(1)
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn block_cobs_is_the_cobs_crate_s_cobs() {
+        let mut seed = 0x9e3779b97f4a7c15u64;
+        let mut sizes: Vec<usize> = (0..600).collect();
+        sizes.extend([253, 254, 255, 508, 509, 762, 100_000]);
+        for n in sizes {
+            for zeros in [0u8, 1, 40, 255] {
+                let p = bytes(&mut seed, n, zeros);
+                let mut ours = Vec::new();
+                cobs_encode(&p, &mut ours);
+                assert_eq!(ours, cobs::encode_vec(&p), "encode of {n} bytes");
+                assert_eq!(cobs_decode(&ours), Ok(p.clone()), "decode of {n} bytes");
+                // Any frame's bytes (no zero among them): accepted and
+                // refused alike.
+                let junk: Vec<u8> = bytes(&mut seed, n % 300, 0);
+                assert_eq!(
+                    cobs_decode(&junk).ok(),
+                    cobs::decode_vec(&junk).ok(),
+                    "{junk:?}"
+                );
+            }
+        }
+    }
 
     fn drain(r: &mut FrameReader) -> Vec<Result<Vec<u8>, FrameError>> {
         std::iter::from_fn(|| r.next_frame()).collect()

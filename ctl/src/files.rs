@@ -87,6 +87,9 @@ pub struct Copied {
     pub bytes: u64,
 }
 
+/// Chunks of an upload in flight at once.
+const WINDOW: usize = 4;
+
 fn upload_id() -> String {
     let mut r = [0u8; 8];
     let _ = getrandom::fill(&mut r);
@@ -133,9 +136,8 @@ pub fn upload(c: &mut Client, from: &Path, to: &Remote) -> Result<Copied, CopyEr
     }
     let mut f = std::fs::File::open(from).map_err(local(from))?;
     let id = upload_id();
-    let mut buf = vec![0u8; FS_CHUNK as usize];
-    let mut offset = 0u64;
-    loop {
+    let mut next = || -> Result<Vec<u8>, CopyError> {
+        let mut buf = vec![0u8; FS_CHUNK as usize];
         let mut n = 0;
         while n < buf.len() {
             match f.read(&mut buf[n..]).map_err(local(from))? {
@@ -143,21 +145,48 @@ pub fn upload(c: &mut Client, from: &Path, to: &Remote) -> Result<Copied, CopyEr
                 k => n += k,
             }
         }
-        let last = n < buf.len();
-        ask(
-            c,
-            &to.path,
-            Request::FsWrite(FsWrite {
-                scope: to.scope,
-                offset: Some(offset),
-                upload: Some(id.clone()),
-                commit: last,
-                ..FsWrite::whole(&to.agent, &to.session, &to.path, &buf[..n])
-            }),
-        )?;
-        offset += n as u64;
-        if last {
-            break;
+        buf.truncate(n);
+        Ok(buf)
+    };
+    let chunk = |offset: u64, data: Vec<u8>, commit: bool| {
+        Request::FsWrite(FsWrite {
+            scope: to.scope,
+            offset: Some(offset),
+            upload: Some(id.clone()),
+            commit,
+            ..FsWrite::whole(&to.agent, &to.session, &to.path, data)
+        })
+    };
+    // The first chunk alone (it begins the upload), then up to WINDOW at
+    // once, and the last one, which commits, after all the others.
+    let first = next()?;
+    let mut offset = first.len() as u64;
+    let mut last = first.len() < FS_CHUNK as usize;
+    ask(c, &to.path, chunk(0, first, last))?;
+    while !last {
+        let mut batch = Vec::new();
+        let mut tail = None;
+        while batch.len() < WINDOW {
+            let data = next()?;
+            if data.len() < FS_CHUNK as usize {
+                tail = Some(data);
+                break;
+            }
+            let n = data.len() as u64;
+            batch.push(chunk(offset, data, false));
+            offset += n;
+        }
+        for a in c.call_many(batch)? {
+            a.map_err(|body| CopyError::Daemon {
+                what: to.path.clone(),
+                body,
+            })?;
+        }
+        if let Some(data) = tail {
+            let n = data.len() as u64;
+            ask(c, &to.path, chunk(offset, data, true))?;
+            offset += n;
+            last = true;
         }
     }
     done.files += 1;

@@ -59,6 +59,8 @@ pub struct Supervisor {
     /// The network mode of sessions whose request and agent name none
     /// (`--session-network`).
     pub network_default: allox_protocol::NetworkMode,
+    /// The file API's uploads under way.
+    pub uploads: crate::files::uploads::Live,
 }
 
 impl Supervisor {
@@ -75,6 +77,7 @@ impl Supervisor {
             plugins,
             stop: Stop::default(),
             network_default: allox_protocol::NetworkMode::Disabled,
+            uploads: Default::default(),
         }
     }
 

@@ -366,6 +366,25 @@ fn an_upload_cut_short_leaves_the_old_content_and_no_debris_after_a_restart() {
         std::fs::read_to_string(cur.join("target")).unwrap(),
         "old content\n"
     );
+    // An upload with a chunk missing is refused at its commit, and the
+    // target keeps its content.
+    let chunk = |offset: u64, data: &str, commit: bool| {
+        Request::FsWrite(FsWrite {
+            offset: Some(offset),
+            upload: Some("gap".into()),
+            commit,
+            ..FsWrite::whole("a", "s", "target", data)
+        })
+    };
+    call(&d, chunk(0, "aaaa", false)).unwrap();
+    let e = call(&d, chunk(8, "cccc", true)).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Conflict, "{e:?}");
+    assert!(
+        e.message
+            .contains("8 bytes came, but the upload ends at 12"),
+        "{e:?}"
+    );
+    assert_eq!(read(&d, "target").unwrap(), b"old content\n");
     d.restart(&[]);
     assert!(!partial(), "the next start left the partial upload");
     assert_eq!(read(&d, "target").unwrap(), b"old content\n");

@@ -291,6 +291,7 @@ impl Supervisor {
                         create,
                         owner,
                         before_commit: &|| self.store.failpoint("fs_write.before_commit"),
+                        live: &self.uploads,
                     },
                 )?);
             }

@@ -14,6 +14,12 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
+/// The uploads under way in this daemon: bytes received, by
+/// `agent/session/id`. Chunks after the first may come in any order (a
+/// client sends several at once); the commit checks that all came.
+#[derive(Debug, Default)]
+pub struct Live(std::sync::Mutex<std::collections::HashMap<String, u64>>);
+
 /// One chunk, and where it goes.
 pub struct Chunk<'a> {
     pub agent: &'a str,
@@ -30,6 +36,7 @@ pub struct Chunk<'a> {
     pub owner: Option<(u32, u32)>,
     /// Called just before the upload replaces its target.
     pub before_commit: &'a dyn Fn(),
+    pub live: &'a Live,
 }
 
 /// What `state/uploads/` keeps of an upload under way.
@@ -126,23 +133,36 @@ pub fn chunk(dir: &Path, c: &Chunk<'_>) -> Result<FsWritten, FilesError> {
             ),
             e => FilesError::from_errno("write", shown, e),
         })?;
-        let have = rustix::fs::fstat(&fd)
-            .map_err(|e| FilesError::from_errno("stat", shown, e))?
-            .st_size as u64;
-        if have != c.offset {
-            return Err(upload_err(
-                c.id,
-                format!(
-                    "has {have} bytes; the next chunk starts there, not at {}",
-                    c.offset
-                ),
-            ));
-        }
         fd
     };
     pwrite_all(&fd, c.data, c.offset, shown)?;
     let size = c.offset + c.data.len() as u64;
+    let key = format!("{}/{}/{}", c.agent, c.session, c.id);
+    let received = {
+        let mut live = c.live.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = live.entry(key.clone()).or_insert(0);
+        if c.offset == 0 {
+            *n = 0;
+        }
+        *n += c.data.len() as u64;
+        *n
+    };
     if c.commit {
+        c.live
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
+        if received != size {
+            let _ = rustix::fs::unlinkat(c.parent, partial.as_str(), AtFlags::empty());
+            let _ = std::fs::remove_file(record_path(dir, c));
+            return Err(upload_err(
+                c.id,
+                format!(
+                    "{received} bytes came, but the upload ends at {size}: chunks were lost or sent twice; start again"
+                ),
+            ));
+        }
         if let Ok(st) = &target {
             let _ = rustix::fs::fchmod(&fd, Mode::from_raw_mode(st.st_mode & 0o7777));
         }

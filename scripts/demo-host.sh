@@ -52,18 +52,7 @@ trap cleanup EXIT
 # machine's loopback (one package, allox-demo), and a DNS stub that answers
 # pypi.test with 127.0.0.1, for the broker to ask instead of the system's
 # resolver. Nothing leaves the machine.
-mkdir -p "$WORK/index/simple/allox-demo" "$WORK/index/files"
-python3 - "$WORK/index/files/allox_demo-1.0-py3-none-any.whl" <<'EOS'
-import sys, zipfile
-z = zipfile.ZipFile(sys.argv[1], "w")
-z.writestr("allox_demo/__init__.py", "VALUE = 42\n")
-z.writestr("allox_demo-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: allox-demo\nVersion: 1.0\n")
-z.writestr("allox_demo-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: allox-demo\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-z.writestr("allox_demo-1.0.dist-info/RECORD", "")
-z.close()
-EOS
-echo '<a href="/files/allox_demo-1.0-py3-none-any.whl">allox_demo-1.0-py3-none-any.whl</a>' \
-    >"$WORK/index/simple/allox-demo/index.html"
+allox_demo_index "$WORK/index"
 IPORT=8093
 python3 -m http.server "$IPORT" --bind 127.0.0.1 --directory "$WORK/index" >/dev/null 2>&1 &
 INDEX=$!
@@ -176,6 +165,19 @@ echo; echo "# a program inside the sandbox ends its own turn through the guest i
 ctl turn begin agent-b session-2
 ctl exec agent-b session-2 -- sh -c 'allox whoami; echo "def parse(): return 1" > parser.py; allox turn end --label "ended from inside the sandbox"'
 ctl log agent-b session-2
+
+echo; echo "# files without a process: a project copied in, changed, and read back as it was at a checkpoint"
+mkdir -p "$WORK/project/src"
+printf 'def answer():\n    return 41\n' >"$WORK/project/src/calc.py"
+printf '# a small project\n' >"$WORK/project/README.md"
+ctl cp "$WORK/project" agent-a/session-1:project
+ctl fs ls agent-a session-1 project --depth 3
+ctl checkpoint create agent-a session-1 before-fix
+ctl exec agent-a session-1 -- sed -i s/41/42/ project/src/calc.py
+ctl fs cat agent-a session-1 project/src/calc.py
+ctl fs cat agent-a session-1 project/src/calc.py --checkpoint before-fix
+ctl cp agent-a/session-1:project "$WORK/project-back"
+show cat "$WORK/project-back/src/calc.py"
 
 echo; echo "# the session network: a proxy-mode session reaches the network only through the broker,"
 echo "# under its agent's egress rules (pypi.test is this machine's package index)"

@@ -41,18 +41,7 @@ trap cleanup EXIT
 # loopback (one package, allox-demo, and pip itself as a wheel: the guest
 # image has no pip), which the VM reaches at 10.0.2.100:80 through QEMU's
 # restricted user networking, and nothing else.
-mkdir -p "$WORK/index/simple/allox-demo" "$WORK/index/files"
-python3 - "$WORK/index/files/allox_demo-1.0-py3-none-any.whl" <<'EOS'
-import sys, zipfile
-z = zipfile.ZipFile(sys.argv[1], "w")
-z.writestr("allox_demo/__init__.py", "VALUE = 42\n")
-z.writestr("allox_demo-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: allox-demo\nVersion: 1.0\n")
-z.writestr("allox_demo-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: allox-demo\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-z.writestr("allox_demo-1.0.dist-info/RECORD", "")
-z.close()
-EOS
-echo '<a href="/files/allox_demo-1.0-py3-none-any.whl">allox_demo-1.0-py3-none-any.whl</a>' \
-    >"$WORK/index/simple/allox-demo/index.html"
+allox_demo_index "$WORK/index"
 PIP_WHEEL=$(ls /usr/share/python-wheels/pip-*.whl | head -1)
 cp "$PIP_WHEEL" "$WORK/index/files/pip.whl"
 IPORT=8094

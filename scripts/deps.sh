@@ -88,3 +88,22 @@ allox_remove_btrfs() {
     rm -f "$mnt.img"
     rmdir "$mnt" 2>/dev/null || true
 }
+
+# A Python package index (PEP 503) in DIR with one package, allox-demo
+# (module allox_demo, VALUE = 42): what the demos' agents install through
+# the session network's proxy.
+allox_demo_index() {
+    local dir=$1
+    mkdir -p "$dir/simple/allox-demo" "$dir/files"
+    python3 - "$dir/files/allox_demo-1.0-py3-none-any.whl" <<'EOS'
+import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1], "w")
+z.writestr("allox_demo/__init__.py", "VALUE = 42\n")
+z.writestr("allox_demo-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: allox-demo\nVersion: 1.0\n")
+z.writestr("allox_demo-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: allox-demo\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+z.writestr("allox_demo-1.0.dist-info/RECORD", "")
+z.close()
+EOS
+    echo '<a href="/files/allox_demo-1.0-py3-none-any.whl">allox_demo-1.0-py3-none-any.whl</a>' \
+        >"$dir/simple/allox-demo/index.html"
+}

@@ -561,3 +561,19 @@ pub fn hello_server() -> (
     });
     (addr, seen)
 }
+
+/// `alloxctl --socket SOCKET ARGS`: its exit status, stdout (bytes) and
+/// stderr.
+pub fn alloxctl(socket: &Path, args: &[&str]) -> (i32, Vec<u8>, String) {
+    let out = std::process::Command::new(workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .expect("run alloxctl");
+    (
+        out.status.code().unwrap_or(-1),
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -10,17 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn ctl(d: &ProcDaemon, args: &[&str]) -> (i32, Vec<u8>, String) {
-    let out = Command::new(workspace_bin("alloxctl"))
-        .arg("--socket")
-        .arg(&d.daemon.socket)
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        out.stdout,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    allox_integration::alloxctl(&d.daemon.socket, args)
 }
 
 fn ctl_ok(d: &ProcDaemon, args: &[&str]) -> Vec<u8> {

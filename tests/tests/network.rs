@@ -70,17 +70,8 @@ fn run(cmd: &mut Command) -> String {
 
 /// `alloxctl --socket … ARGS`: exit status, stdout, stderr.
 fn ctl(d: &ProcDaemon, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(workspace_bin("alloxctl"))
-        .arg("--socket")
-        .arg(&d.daemon.socket)
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let (code, out, err) = allox_integration::alloxctl(&d.daemon.socket, args);
+    (code, String::from_utf8_lossy(&out).into_owned(), err)
 }
 
 /// `alloxctl … ARGS`, which must succeed; its stdout.

@@ -106,6 +106,13 @@ struct Root {
     scope: &'static str,
 }
 
+impl Root {
+    /// `rel` below the root (`flags` as for `openat`).
+    fn open(&self, rel: &Rel<'_>, flags: OFlags) -> Result<OwnedFd, FilesError> {
+        open_beneath(&self.fd, &rel.joined(), flags, rel.shown).map_err(|e| scoped(e, self.scope))
+    }
+}
+
 impl Supervisor {
     /// Answers a file request. Blocking.
     pub(crate) fn answer_files(&self, req: &Request) -> Result<Response, RequestError> {
@@ -196,13 +203,7 @@ impl Supervisor {
         )?;
         let rel = Rel::parse(&r.path)?;
         let depth = r.depth.unwrap_or(1).clamp(1, MAX_DEPTH);
-        let dir = open_beneath(
-            &root.fd,
-            &rel.joined(),
-            OFlags::RDONLY | OFlags::DIRECTORY,
-            rel.shown,
-        )
-        .map_err(|e| scoped(e, root.scope))?;
+        let dir = root.open(&rel, OFlags::RDONLY | OFlags::DIRECTORY)?;
         let mut out = FsListing {
             entries: Vec::new(),
             truncated: false,
@@ -226,13 +227,7 @@ impl Supervisor {
         )?;
         let rel = Rel::parse(&r.path)?;
         // Non-blocking: a FIFO must not hold the request.
-        let fd = open_beneath(
-            &root.fd,
-            &rel.joined(),
-            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
-            rel.shown,
-        )
-        .map_err(|e| scoped(e, root.scope))?;
+        let fd = root.open(&rel, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY)?;
         let st =
             rustix::fs::fstat(&fd).map_err(|e| FilesError::from_errno("stat", rel.shown, e))?;
         if !rustix::fs::FileType::from_raw_mode(st.st_mode).is_file() {

@@ -418,6 +418,19 @@ pub enum FsCommand {
         #[command(flatten)]
         at: FsWhere,
     },
+    /// Report changes below a directory as they happen (Ctrl-C to stop);
+    /// a rollback of the session shows as one `rolled_back`.
+    Watch {
+        agent: String,
+        session: String,
+        #[arg(default_value = "")]
+        path: String,
+        /// Its subdirectories too.
+        #[arg(short, long)]
+        recursive: bool,
+        #[command(flatten)]
+        at: FsWhere,
+    },
     /// Rename a path.
     Mv {
         agent: String,
@@ -512,6 +525,21 @@ fn fs_action(f: FsCommand) -> Action {
             path,
             parents,
         }),
+        FsCommand::Watch {
+            agent,
+            session,
+            path,
+            recursive,
+            at,
+        } => {
+            return Action::Follow(Request::FsWatch(allox_protocol::FsWatch {
+                agent_id: agent,
+                session_id: session,
+                scope: at.scope(),
+                path,
+                recursive,
+            }))
+        }
         FsCommand::Mv {
             agent,
             session,

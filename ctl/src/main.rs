@@ -142,6 +142,7 @@ fn follow(socket: PathBuf, json: bool, q: Request) -> ExitCode {
                     serde_json::to_value(r),
                     allox_ctl::render::network::audit_record(r),
                 ),
+                Event::Fs(e) => (serde_json::to_value(e), allox_ctl::render::fs_event(e)),
                 _ => return,
             };
             if json {

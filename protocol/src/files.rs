@@ -172,6 +172,51 @@ pub struct FsMove {
     pub to: String,
 }
 
+/// `fs.watch`: changes below a directory of the session's files (or of
+/// `shared/`), as stream events (binary protocol only) until the client
+/// goes: first one `ready` once the watch is in place, then each change;
+/// a rollback of the session is one `rolled_back`, after which the new
+/// tree is watched.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FsWatch {
+    pub agent_id: String,
+    pub session_id: String,
+    #[serde(default)]
+    pub scope: FsScope,
+    #[serde(default)]
+    pub path: String,
+    /// Its subdirectories too (and those made later).
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// What happened at a path.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FsChange {
+    /// The watch is in place: changes from now on are reported.
+    Ready,
+    Created,
+    Modified,
+    Removed,
+    /// Renamed to `to` (both below the watched directory).
+    Moved,
+    /// The session was rolled back: its whole tree was replaced.
+    RolledBack,
+}
+
+/// One change an `fs.watch` reports.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct FsEvent {
+    pub change: FsChange,
+    /// Relative to the scope's root (`.` for `ready` and `rolled_back`).
+    pub path: String,
+    pub to: Option<String>,
+    /// Whether it is a directory.
+    pub dir: bool,
+}
+
 /// What kind of thing is at a path.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]

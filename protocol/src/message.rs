@@ -112,6 +112,8 @@ pub enum Event {
     Process(ProcessEvent),
     /// A connection attempt of a `network.audit` subscription (`follow`).
     Network(crate::NetworkAuditRecord),
+    /// A change an `fs.watch` reports.
+    Fs(crate::FsEvent),
 }
 
 /// Which output stream a chunk belongs to.
@@ -558,6 +560,7 @@ requests! {
     FsMkdir(crate::FsMkdir) = "fs.mkdir", mutating = true;
     FsRemove(crate::FsRemove) = "fs.remove", mutating = true;
     FsMove(crate::FsMove) = "fs.move", mutating = true;
+    FsWatch(crate::FsWatch) = "fs.watch", mutating = false;
 }
 
 impl Request {
@@ -612,6 +615,7 @@ impl Request {
             Request::FsMkdir(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
             Request::FsRemove(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
             Request::FsMove(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
+            Request::FsWatch(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
             Request::NetworkAudit(r) => [&r.agent_id, &r.session_id]
                 .iter()
                 .filter_map(|x| x.as_deref())

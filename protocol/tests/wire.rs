@@ -136,6 +136,7 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "fs.mkdir",
             "fs.remove",
             "fs.move",
+            "fs.watch",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

@@ -31,6 +31,9 @@ impl Supervisor {
             };
             return self.plugins.serve(req, ctx).await;
         }
+        if let Request::FsWatch(r) = req {
+            return self.fs_watch(r, events).await;
+        }
         let runs = self.runs()?;
         let session = |a: &str, s: &str| self.store.session_info_of(a, s);
         match req {
@@ -246,7 +249,9 @@ impl Supervisor {
                 };
                 let (a, s) = (&r.agent_id, &r.session_id);
                 let Some(runs) = &self.runs else {
-                    return Ok(Response::RolledBack(st.rollback(&r)?));
+                    let done = st.rollback(&r)?;
+                    let _ = self.rollbacks.send((a.clone(), s.clone()));
+                    return Ok(Response::RolledBack(done));
                 };
                 st.checkpoint_list(a, s)?;
                 // No new runs while the session is checked, killed and
@@ -275,7 +280,10 @@ impl Supervisor {
                     done.killed_processes = killed;
                     Ok(done)
                 });
-                Response::RolledBack(out?)
+                let done = out?;
+                // Watches of the session's files watch the new tree.
+                let _ = self.rollbacks.send((a.clone(), s.clone()));
+                Response::RolledBack(done)
             }
             Request::ProcessStart(_)
             | Request::ProcessWait(_)
@@ -286,7 +294,8 @@ impl Supervisor {
             | Request::ProcessTree(_)
             | Request::NetworkPolicySet(_)
             | Request::NetworkPolicyGet(_)
-            | Request::NetworkAudit(_) => return Err(RequestError::Asynchronous),
+            | Request::NetworkAudit(_)
+            | Request::FsWatch(_) => return Err(RequestError::Asynchronous),
             Request::FsStat(_)
             | Request::FsList(_)
             | Request::FsRead(_)

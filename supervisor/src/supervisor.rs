@@ -61,6 +61,8 @@ pub struct Supervisor {
     pub network_default: allox_protocol::NetworkMode,
     /// The file API's uploads under way.
     pub uploads: crate::files::uploads::Live,
+    /// Each session rolled back (agent, session), for `fs.watch`.
+    pub rollbacks: tokio::sync::broadcast::Sender<(String, String)>,
 }
 
 impl Supervisor {
@@ -78,6 +80,7 @@ impl Supervisor {
             stop: Stop::default(),
             network_default: allox_protocol::NetworkMode::Disabled,
             uploads: Default::default(),
+            rollbacks: tokio::sync::broadcast::channel(64).0,
         }
     }
 
@@ -99,6 +102,7 @@ impl Supervisor {
                 | Request::NetworkPolicySet(_)
                 | Request::NetworkPolicyGet(_)
                 | Request::NetworkAudit(_)
+                | Request::FsWatch(_)
         )
     }
 

@@ -455,3 +455,71 @@ fn a_write_and_a_rollback_never_interleave() {
         .collect();
     assert!(debris.is_empty(), "{debris:?}");
 }
+
+#[test]
+fn a_watch_reports_a_run_s_changes_and_a_rollback() {
+    use std::io::BufRead;
+    let Some(d) = setup("files_watch", &[], 1024) else {
+        return;
+    };
+    ctl_ok(&d, &["checkpoint", "create", "a", "s", "empty"]);
+    let mut w = Command::new(workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(&d.daemon.socket)
+        .args(["--json", "fs", "watch", "a", "s", "-r"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Should nothing come, the reads below end (and fail) in 30 s.
+    let pid = w.id().to_string();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(30));
+        let _ = Command::new("kill").arg(&pid).status();
+    });
+    let mut lines = std::io::BufReader::new(w.stdout.take().unwrap()).lines();
+    let mut next = || -> serde_json::Value {
+        let l = lines.next().expect("the watch ended").unwrap();
+        serde_json::from_str(&l).unwrap()
+    };
+    assert_eq!(next()["change"], "ready");
+    // A run makes a directory, a file in it, renames and removes it.
+    let r = sh(&d, "mkdir d && echo x > d/f && mv d/f d/g && rm d/g");
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let mut seen = Vec::new();
+    while seen.len() < 5 {
+        let e = next();
+        let s = format!(
+            "{} {}{}",
+            e["change"].as_str().unwrap(),
+            e["path"].as_str().unwrap(),
+            e["to"]
+                .as_str()
+                .map(|t| format!(" {t}"))
+                .unwrap_or_default()
+        );
+        if !seen.contains(&s) {
+            seen.push(s);
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            "created d",
+            "created d/f",
+            "modified d/f",
+            "moved d/f d/g",
+            "removed d/g"
+        ]
+    );
+    // A rollback is one event, and the new tree is watched.
+    ctl_ok(&d, &["rollback", "a", "s", "empty"]);
+    assert_eq!(next()["change"], "rolled_back");
+    sh(&d, "echo y > after");
+    let e = next();
+    assert_eq!(
+        (e["change"].as_str(), e["path"].as_str()),
+        (Some("created"), Some("after"))
+    );
+    let _ = w.kill();
+    let _ = w.wait();
+}

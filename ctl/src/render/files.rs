@@ -1,7 +1,7 @@
 //! File API answers as people read them.
 
 use super::{clean, utc};
-use allox_protocol::{FsData, FsEntry, FsKind, FsListing, FsWritten};
+use allox_protocol::{FsChange, FsData, FsEntry, FsEvent, FsKind, FsListing, FsWritten};
 
 fn kind(k: FsKind) -> char {
     match k {
@@ -62,4 +62,25 @@ pub fn written(w: &FsWritten) -> String {
             " (upload not yet committed)"
         }
     )
+}
+
+/// One change of an `fs.watch`.
+pub fn fs_event(e: &FsEvent) -> String {
+    let what = match e.change {
+        FsChange::Ready => return format!("watching {}\n", clean(&e.path)),
+        FsChange::RolledBack => return "rolled back: the whole tree was replaced\n".to_string(),
+        FsChange::Created => "created",
+        FsChange::Modified => "modified",
+        FsChange::Removed => "removed",
+        FsChange::Moved => "moved",
+    };
+    let slash = if e.dir { "/" } else { "" };
+    match &e.to {
+        Some(to) => format!(
+            "{what:<8} {}{slash} -> {}{slash}\n",
+            clean(&e.path),
+            clean(to)
+        ),
+        None => format!("{what:<8} {}{slash}\n", clean(&e.path)),
+    }
 }

@@ -6,6 +6,7 @@
 mod events;
 pub use events::process_event;
 mod files;
+pub use files::fs_event;
 pub mod network;
 mod plugins;
 mod process;

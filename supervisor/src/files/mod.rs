@@ -10,6 +10,7 @@
 
 pub mod path;
 pub mod uploads;
+pub mod watch;
 
 use crate::error::RequestError;
 use crate::supervisor::Supervisor;

@@ -106,6 +106,52 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         );
     }
 
+    // Watch: from a write's request to the watch's report of it.
+    let (tx, rx) = std::sync::mpsc::channel::<(String, Instant)>();
+    let socket = fs.scratch().join("files.sock");
+    std::thread::spawn(move || {
+        let Ok(mut w) = allox_ctl::client::Client::connect(&socket) else {
+            return;
+        };
+        let _ = w.call_with_events(
+            Request::FsWatch(allox_protocol::FsWatch {
+                agent_id: "bench".into(),
+                session_id: "s".into(),
+                scope: FsScope::Session,
+                path: String::new(),
+                recursive: false,
+            }),
+            |e| {
+                if let allox_protocol::Event::Fs(e) = e {
+                    let p = e.to.unwrap_or(e.path);
+                    let _ = tx.send((p, Instant::now()));
+                }
+            },
+        );
+    });
+    // The first event is the watch being ready.
+    rx.recv_timeout(Duration::from_secs(10))?;
+    let mut watched = Vec::new();
+    for i in 0..n / 2 {
+        let name = format!("w{i}");
+        let t = Instant::now();
+        c.call(Request::FsWrite(FsWrite::whole("bench", "s", &name, "x")))?
+            .map_err(anyhow::Error::msg)?;
+        loop {
+            let (p, at) = rx.recv_timeout(Duration::from_secs(10))?;
+            if p == name {
+                watched.push(at - t);
+                break;
+            }
+        }
+    }
+    println!(
+        "\n`fs.watch`: a whole-file `fs.write` reported (its rename into place) {} after the request was sent at p50, {} at p99 ({} writes).",
+        us_or_ms(pct(&watched, 0.5)),
+        us_or_ms(pct(&watched, 0.99)),
+        watched.len()
+    );
+
     // Bulk: a file on the same Btrfs, copied in and out, against cp.
     let mib: u64 = if quick { 64 } else { 256 };
     let src = fs.scratch().join("bulk-src");

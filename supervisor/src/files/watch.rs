@@ -1,0 +1,281 @@
+//! `fs.watch`: inotify on a directory of the session's files (and, with
+//! `recursive`, its subdirectories, those made later included), reported
+//! as stream events until the subscriber goes. Directories are reached
+//! below the scope's root without following links, and watched through
+//! their open handles (`/proc/self/fd/N`), so a link planted in the tree
+//! never makes the daemon watch anything outside it. A rollback of the
+//! session replaces the tree: it is reported once (`rolled_back`), and the
+//! new tree is watched.
+
+use super::path::Rel;
+use super::{scoped, FilesError, MAX_DEPTH};
+use crate::error::RequestError;
+use crate::runs::EventSink;
+use crate::supervisor::Supervisor;
+use allox_protocol::{Event, FsChange, FsEvent, FsScope, FsWatch, Response};
+use rustix::fd::{AsFd, AsRawFd, OwnedFd};
+use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+use rustix::fs::{Mode, OFlags};
+use std::collections::HashMap;
+use std::mem::MaybeUninit;
+use tokio::io::unix::AsyncFd;
+
+/// Most directories one watch covers.
+const MAX_WATCHED: usize = 10_000;
+
+/// The inotify instance of one watch, and what each of its watches is.
+struct Watcher {
+    fd: AsyncFd<OwnedFd>,
+    /// Watch descriptor → the directory's path (relative to the scope's
+    /// root, `""` for the root itself) and its depth below the watched one.
+    dirs: HashMap<i32, (String, u32)>,
+    recursive: bool,
+}
+
+fn mask() -> WatchFlags {
+    WatchFlags::CREATE
+        | WatchFlags::DELETE
+        | WatchFlags::MODIFY
+        | WatchFlags::CLOSE_WRITE
+        | WatchFlags::MOVED_FROM
+        | WatchFlags::MOVED_TO
+        // (Not DONT_FOLLOW: the path given is /proc/self/fd/N, a link to
+        // exactly the directory opened.)
+        | WatchFlags::ONLYDIR
+        | WatchFlags::EXCL_UNLINK
+}
+
+impl Watcher {
+    fn new(recursive: bool) -> Result<Watcher, FilesError> {
+        let fd = inotify::init(CreateFlags::NONBLOCK | CreateFlags::CLOEXEC)
+            .map_err(|e| FilesError::from_errno("watch", ".", e))?;
+        // The descriptor is an OwnedFd moved in, so the I/O-safety concern
+        // behind the deprecation does not apply.
+        #[allow(deprecated)]
+        let fd = AsyncFd::with_interest(fd, tokio::io::Interest::READABLE);
+        Ok(Watcher {
+            fd: fd.map_err(|source| FilesError::Io {
+                op: "watch",
+                path: ".".into(),
+                source,
+            })?,
+            dirs: HashMap::new(),
+            recursive,
+        })
+    }
+
+    /// Watches the directory open as `dir` (at `path`), and below it.
+    fn add(&mut self, dir: &OwnedFd, path: &str, depth: u32) -> Result<(), FilesError> {
+        if self.dirs.len() >= MAX_WATCHED {
+            return Ok(());
+        }
+        let proc = format!("/proc/self/fd/{}", dir.as_raw_fd());
+        let wd = inotify::add_watch(self.fd.get_ref(), proc.as_str(), mask())
+            .map_err(|e| FilesError::from_errno("watch", path, e))?;
+        self.dirs.insert(wd, (path.to_string(), depth));
+        if !self.recursive || depth >= MAX_DEPTH {
+            return Ok(());
+        }
+        let Ok(it) = rustix::fs::Dir::read_from(dir) else {
+            return Ok(());
+        };
+        for e in it.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name == "." || name == ".." || e.file_type() != rustix::fs::FileType::Directory {
+                continue;
+            }
+            if let Ok(sub) = rustix::fs::openat(
+                dir,
+                e.file_name(),
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) {
+                self.add(&sub, &join(path, &name), depth + 1)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The events waiting, as changes; new directories are watched too.
+    fn drain(&mut self, root: &OwnedFd) -> Vec<FsEvent> {
+        let mut buf = [MaybeUninit::<u8>::uninit(); 16 * 1024];
+        let mut raw: Vec<(i32, ReadFlags, u32, String)> = Vec::new();
+        {
+            let mut r = inotify::Reader::new(self.fd.get_ref().as_fd(), &mut buf);
+            while let Ok(ev) = r.next() {
+                let name = ev
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                raw.push((ev.wd(), ev.events(), ev.cookie(), name));
+            }
+        }
+        let mut out: Vec<FsEvent> = Vec::new();
+        let mut moved_from: HashMap<u32, (String, bool)> = HashMap::new();
+        for (wd, flags, cookie, name) in raw {
+            if flags.contains(ReadFlags::IGNORED) {
+                self.dirs.remove(&wd);
+                continue;
+            }
+            let Some((dir, depth)) = self.dirs.get(&wd).cloned() else {
+                continue;
+            };
+            if name.is_empty() {
+                continue;
+            }
+            let path = join(&dir, &name);
+            let is_dir = flags.contains(ReadFlags::ISDIR);
+            let ev = |change| FsEvent {
+                change,
+                path: path.clone(),
+                to: None,
+                dir: is_dir,
+            };
+            if flags.contains(ReadFlags::CREATE) {
+                out.push(ev(FsChange::Created));
+                if is_dir && self.recursive && depth < MAX_DEPTH {
+                    self.watch_new(root, &path, depth + 1);
+                }
+            } else if flags.intersects(ReadFlags::MODIFY | ReadFlags::CLOSE_WRITE) {
+                // One report per file per batch.
+                let seen = out
+                    .iter()
+                    .any(|e| e.path == path && e.change == FsChange::Modified);
+                if !seen {
+                    out.push(ev(FsChange::Modified));
+                }
+            } else if flags.contains(ReadFlags::DELETE) {
+                out.push(ev(FsChange::Removed));
+            } else if flags.contains(ReadFlags::MOVED_FROM) {
+                moved_from.insert(cookie, (path, is_dir));
+            } else if flags.contains(ReadFlags::MOVED_TO) {
+                match moved_from.remove(&cookie) {
+                    Some((from, _)) => out.push(FsEvent {
+                        change: FsChange::Moved,
+                        path: from,
+                        to: Some(path.clone()),
+                        dir: is_dir,
+                    }),
+                    // Moved in from outside the watched tree.
+                    None => out.push(ev(FsChange::Created)),
+                }
+                if is_dir && self.recursive && depth < MAX_DEPTH {
+                    self.watch_new(root, &path, depth + 1);
+                }
+            }
+        }
+        // Moved out of the watched tree.
+        for (_, (path, dir)) in moved_from {
+            out.push(FsEvent {
+                change: FsChange::Removed,
+                path,
+                to: None,
+                dir,
+            });
+        }
+        out
+    }
+
+    /// A directory made (or moved in) after the watch began.
+    fn watch_new(&mut self, root: &OwnedFd, path: &str, depth: u32) {
+        let Ok(rel) = Rel::parse(path) else { return };
+        if let Ok(dir) = super::path::open_beneath(
+            root,
+            &rel.joined(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
+            path,
+        ) {
+            let _ = self.add(&dir, path, depth);
+        }
+    }
+}
+
+fn join(dir: &str, name: &str) -> String {
+    if dir.is_empty() || dir == "." {
+        name.to_string()
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+impl Supervisor {
+    /// `fs.watch`: reports changes as stream events until the subscriber
+    /// goes (it never answers otherwise).
+    pub(crate) async fn fs_watch(
+        &self,
+        r: &FsWatch,
+        events: Option<EventSink>,
+    ) -> Result<Response, RequestError> {
+        let Some(sink) = events else {
+            return Err(RequestError::FollowNeedsStream);
+        };
+        let rel = Rel::parse(&r.path)?;
+        let mut rollbacks = self.rollbacks.subscribe();
+        let mut first = true;
+        loop {
+            let root = self.fs_root(&r.agent_id, &r.session_id, r.scope, None)?;
+            let dir = root.open(&rel, OFlags::RDONLY | OFlags::DIRECTORY)?;
+            let mut w = Watcher::new(r.recursive)?;
+            let base = if rel.is_root() {
+                String::new()
+            } else {
+                rel.joined()
+            };
+            w.add(&dir, &base, 0).map_err(|e| scoped(e, root.scope))?;
+            drop(dir);
+            if first {
+                first = false;
+                let ready = FsEvent {
+                    change: FsChange::Ready,
+                    path: rel.joined(),
+                    to: None,
+                    dir: true,
+                };
+                if sink.send(Event::Fs(ready)).await.is_err() {
+                    return Err(RequestError::SubscriberGone);
+                }
+            }
+            loop {
+                tokio::select! {
+                    ready = w.fd.readable() => {
+                        let Ok(mut guard) = ready else {
+                            return Err(RequestError::SubscriberGone);
+                        };
+                        guard.clear_ready();
+                        for ev in w.drain(&root.fd) {
+                            if sink.send(Event::Fs(ev)).await.is_err() {
+                                return Err(RequestError::SubscriberGone);
+                            }
+                        }
+                    }
+                    rb = rollbacks.recv() => {
+                        let ours = match &rb {
+                            Ok((a, s)) => *a == r.agent_id && *s == r.session_id,
+                            // Missed some: one of them may be ours.
+                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
+                            Err(_) => return Err(RequestError::SubscriberGone),
+                        };
+                        if ours && r.scope == FsScope::Session {
+                            let ev = FsEvent {
+                                change: FsChange::RolledBack,
+                                path: ".".into(),
+                                to: None,
+                                dir: true,
+                            };
+                            if sink.send(Event::Fs(ev)).await.is_err() {
+                                return Err(RequestError::SubscriberGone);
+                            }
+                            // The new tree.
+                            break;
+                        }
+                    }
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {
+                        if sink.is_closed() {
+                            return Err(RequestError::SubscriberGone);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -577,3 +577,30 @@ pub fn alloxctl(socket: &Path, args: &[&str]) -> (i32, Vec<u8>, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// `alloxctl --socket SOCKET ARGS` left running (a `--follow` or a
+/// `watch`), and its stdout's lines. Should nothing come, it is killed
+/// after 30 s, so reading ends (and the test fails) instead of hanging.
+pub fn alloxctl_following(
+    socket: &Path,
+    args: &[&str],
+) -> (
+    std::process::Child,
+    std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run alloxctl");
+    let pid = child.id().to_string();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(30));
+        let _ = std::process::Command::new("kill").arg(&pid).status();
+    });
+    let lines = std::io::BufReader::new(child.stdout.take().expect("its stdout")).lines();
+    (child, lines)
+}

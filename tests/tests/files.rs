@@ -458,25 +458,14 @@ fn a_write_and_a_rollback_never_interleave() {
 
 #[test]
 fn a_watch_reports_a_run_s_changes_and_a_rollback() {
-    use std::io::BufRead;
     let Some(d) = setup("files_watch", &[], 1024) else {
         return;
     };
     ctl_ok(&d, &["checkpoint", "create", "a", "s", "empty"]);
-    let mut w = Command::new(workspace_bin("alloxctl"))
-        .arg("--socket")
-        .arg(&d.daemon.socket)
-        .args(["--json", "fs", "watch", "a", "s", "-r"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Should nothing come, the reads below end (and fail) in 30 s.
-    let pid = w.id().to_string();
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(30));
-        let _ = Command::new("kill").arg(&pid).status();
-    });
-    let mut lines = std::io::BufReader::new(w.stdout.take().unwrap()).lines();
+    let (mut w, mut lines) = allox_integration::alloxctl_following(
+        &d.daemon.socket,
+        &["--json", "fs", "watch", "a", "s", "-r"],
+    );
     let mut next = || -> serde_json::Value {
         let l = lines.next().expect("the watch ended").unwrap();
         serde_json::from_str(&l).unwrap()

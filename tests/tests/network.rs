@@ -6,7 +6,7 @@
 //! policy names them. Every name is under `.test`; nothing leaves this
 //! machine.
 
-use allox_integration::{call, process_start as start, require, workspace_bin, ProcDaemon};
+use allox_integration::{call, process_start as start, require, ProcDaemon};
 use allox_network::stub::DnsStub;
 use allox_protocol::*;
 use std::collections::HashMap;
@@ -444,20 +444,10 @@ fn a_policy_change_applies_to_the_next_connection_and_rollback_keeps_it() {
 
     // `net audit --follow` prints the backlog, then each attempt as it
     // is decided.
-    let mut follow = Command::new(workspace_bin("alloxctl"))
-        .arg("--socket")
-        .arg(&d.daemon.socket)
-        .args(["--json", "net", "audit", "a", "s", "--follow"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Should nothing come, the reads below end (and fail) in 30 s.
-    let pid = follow.id().to_string();
-    std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_secs(30));
-        let _ = Command::new("kill").arg(&pid).status();
-    });
-    let mut lines = std::io::BufReader::new(follow.stdout.take().unwrap()).lines();
+    let (mut follow, mut lines) = allox_integration::alloxctl_following(
+        &d.daemon.socket,
+        &["--json", "net", "audit", "a", "s", "--follow"],
+    );
     let backlog = audit(&d, &["a", "s"]).len();
     for _ in 0..backlog {
         lines.next().unwrap().unwrap();

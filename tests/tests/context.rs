@@ -336,6 +336,9 @@ fn a_killed_context_is_made_again_by_the_next_run() {
     let before = netns(&d, "a", "s");
     let ctx = context_procs(&d, "a", "s");
     assert_eq!(ctx.len(), 1, "{ctx:?}");
+    // Held open, the old namespace stays alive, so its number cannot be
+    // given to the new one (the kernel reuses freed numbers).
+    let held = std::fs::File::open(format!("/proc/{}/ns/net", ctx[0])).unwrap();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(ctx[0]),
         nix::sys::signal::Signal::SIGKILL,
@@ -354,6 +357,7 @@ fn a_killed_context_is_made_again_by_the_next_run() {
     // The next run works, in a new context.
     let after = netns(&d, "a", "s");
     assert_ne!(after, before);
+    drop(held);
     let now = context_procs(&d, "a", "s");
     assert!(now.len() == 1 && now != ctx, "{now:?}");
     // The dead one was reaped: no zombie left of it.

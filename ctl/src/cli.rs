@@ -106,6 +106,17 @@ pub enum Command {
     Exec(RunArgs),
     /// Start a program in a session without waiting; print its run id.
     Start(RunArgs),
+    /// Follow a terminal run (`start -t`, or an `exec -t` whose alloxctl
+    /// went away) from this terminal again: its recent output first, then
+    /// as `exec -t`. Exits as `exec` does.
+    Attach {
+        agent: String,
+        session: String,
+        run: String,
+        /// Do not show the run's recent output first.
+        #[arg(long)]
+        no_replay: bool,
+    },
     /// Wait for a run to end and show how it ended; exits as `exec` does.
     Wait {
         agent: String,
@@ -259,11 +270,16 @@ pub struct RunArgs {
     /// Kill the run's whole process tree after this many milliseconds.
     #[arg(long, value_name = "MS")]
     timeout_ms: Option<u64>,
-    /// Give the program this file's text on stdin ('-': alloxctl's stdin).
+    /// Give the program this file's bytes on stdin ('-': alloxctl's stdin).
     /// Without it, `exec` gives an empty stdin and `start` leaves stdin
     /// open for `process.stdin`.
     #[arg(long, value_name = "FILE")]
     stdin_file: Option<PathBuf>,
+    /// Run the program on a terminal in the sandbox: `exec -t` puts this
+    /// terminal in raw mode and passes keys, window size changes and
+    /// Ctrl-C through (`start -t`: follow it with `alloxctl attach`).
+    #[arg(short = 't', long = "tty")]
+    tty: bool,
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     argv: Vec<String>,
@@ -669,6 +685,8 @@ pub enum Action {
     Start(Run),
     /// Wait for a run to end.
     Wait(ProcessWait),
+    /// Follow a terminal run again.
+    Attach(allox_protocol::ProcessAttach),
     /// Send a request given in JSON and print the JSON answer.
     Rpc(String),
     /// Run the HTTP gateway.
@@ -695,6 +713,8 @@ pub enum Action {
 pub struct Run {
     pub request: ProcessStart,
     pub stdin_file: Option<PathBuf>,
+    /// `-t`: on a terminal, driven from this one.
+    pub tty: bool,
 }
 
 impl Run {
@@ -702,7 +722,7 @@ impl Run {
     pub fn into_request(self) -> Result<ProcessStart, StdinFileError> {
         let mut request = self.request;
         if let Some(path) = &self.stdin_file {
-            request.stdin = Some(read_stdin_file(path)?);
+            request.stdin = Some(read_stdin_file(path)?.into());
         }
         Ok(request)
     }
@@ -721,12 +741,19 @@ impl RunArgs {
                 cwd: self.cwd,
                 // `exec` cannot forward its own stdin while the run goes
                 // on: the program reads end of file instead of hanging.
-                stdin: wait.then(String::new),
+                stdin: wait.then(Default::default),
                 timeout_ms: self.timeout_ms,
                 wait,
                 stream: wait,
+                // The size is this terminal's, filled in when it is known.
+                pty: self.tty.then_some(allox_protocol::PtySize {
+                    rows: 24,
+                    cols: 80,
+                    term: None,
+                }),
             },
             stdin_file: self.stdin_file,
+            tty: self.tty,
         }
     }
 }
@@ -831,6 +858,17 @@ impl Command {
             })),
             C::Exec(run) => Action::Exec(run.run(true)),
             C::Start(run) => Action::Start(run.run(false)),
+            C::Attach {
+                agent,
+                session,
+                run,
+                no_replay,
+            } => Action::Attach(allox_protocol::ProcessAttach {
+                agent_id: agent,
+                session_id: session,
+                run_id: run,
+                replay: Some(!no_replay),
+            }),
             C::Wait {
                 agent,
                 session,
@@ -1142,7 +1180,7 @@ mod tests {
         assert_eq!(env, [("A", "2"), ("B", "x=y")]);
         assert_eq!(r.cwd.as_deref(), Some("src"));
         assert_eq!(r.timeout_ms, Some(500));
-        assert_eq!(r.stdin.as_deref(), Some(""));
+        assert_eq!(r.stdin.as_deref(), Some(&b""[..]));
         assert!(r.wait && r.stream);
 
         let dir = tempfile::tempdir().unwrap();
@@ -1164,7 +1202,7 @@ mod tests {
             panic!("{action:?}")
         };
         let r = run.into_request().unwrap();
-        assert_eq!(r.stdin.as_deref(), Some("data\n"));
+        assert_eq!(r.stdin.as_deref(), Some(&b"data\n"[..]));
         assert!(!r.wait && !r.stream);
 
         let (_, _, action) = parse(&["start", "a", "s", "--", "sleep", "9"]);

@@ -658,7 +658,7 @@ mod tests {
             Event::Output(OutputChunk {
                 run_id: "r1".into(),
                 stream,
-                data: data.to_vec(),
+                data: data.into(),
             })
         };
         let sent = vec![

@@ -20,6 +20,7 @@ pub mod render;
 pub mod rpc;
 pub mod signal;
 pub mod token;
+pub mod tty;
 
 pub use client::{error_chain, Answer, Caller, Client, ClientError};
 pub use reconnecting::ReconnectingClient;

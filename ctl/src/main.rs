@@ -16,7 +16,26 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.action() {
         Action::Call(request) => call(cli.socket, cli.json, request),
+        Action::Exec(run) if run.tty => {
+            let request = match run.into_request() {
+                Ok(r) => r,
+                Err(err) => {
+                    eprintln!("error: {}", error_chain(&err));
+                    return ExitCode::FAILURE;
+                }
+            };
+            let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+            ExitCode::from(allox_ctl::tty::exec(
+                cli.socket, request, cli.json, &mut out, &mut err,
+            ))
+        }
         Action::Exec(run) => start_run(cli.socket, cli.json, run, process::exec),
+        Action::Attach(request) => {
+            let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+            ExitCode::from(allox_ctl::tty::attach(
+                cli.socket, request, &mut out, &mut err,
+            ))
+        }
         Action::Start(run) => start_run(cli.socket, cli.json, run, process::start),
         Action::Wait(request) => {
             let mut daemon = ReconnectingClient::new(cli.socket);

@@ -75,15 +75,27 @@ pub fn exec(
 ) -> u8 {
     request.wait = true;
     request.stream = !json;
+    follow(caller, Request::ProcessStart(request), json, stdout, stderr)
+}
+
+/// Sends `request` (a `process.start` that waits, or a `process.attach`),
+/// passes the output it streams through, and exits as the run did (see
+/// [`exec`]).
+pub fn follow(
+    caller: &mut impl Caller,
+    request: Request,
+    json: bool,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> u8 {
+    let action = request.action();
     let answer = {
         let mut sink = OutputSink::new(&mut *stdout, &mut *stderr);
-        call(caller, Request::ProcessStart(request), &mut |e| {
-            sink.event(e)
-        })
+        call(caller, request, &mut |e| sink.event(e))
     };
     let result = match answer {
         Ok(Response::Exited(r)) => r,
-        Ok(_) => return unexpected(stderr, "process.start"),
+        Ok(_) => return unexpected(stderr, action),
         Err(body) => return report(stderr, &body),
     };
     if json {
@@ -205,26 +217,20 @@ pub enum StdinFileError {
         #[source]
         source: io::Error,
     },
-    #[error("the stdin file {} is not UTF-8 text", path.display())]
-    NotUtf8 { path: PathBuf },
 }
 
-/// The text to give a program on its stdin: a file's content, or
-/// alloxctl's own stdin for `-`. The protocol carries text, so it must be
-/// UTF-8.
-pub fn read_stdin_file(path: &Path) -> Result<String, StdinFileError> {
+/// The bytes to give a program on its stdin: a file's content, or
+/// alloxctl's own stdin for `-`, any bytes at all.
+pub fn read_stdin_file(path: &Path) -> Result<Vec<u8>, StdinFileError> {
     let read = if path == Path::new("-") {
         let mut bytes = Vec::new();
         io::stdin().lock().read_to_end(&mut bytes).map(|_| bytes)
     } else {
         std::fs::read(path)
     };
-    let bytes = read.map_err(|source| StdinFileError::Read {
+    read.map_err(|source| StdinFileError::Read {
         path: path.to_owned(),
         source,
-    })?;
-    String::from_utf8(bytes).map_err(|_| StdinFileError::NotUtf8 {
-        path: path.to_owned(),
     })
 }
 
@@ -255,7 +261,7 @@ mod tests {
         Event::Output(OutputChunk {
             run_id: "r1".into(),
             stream,
-            data: data.to_vec(),
+            data: data.into(),
         })
     }
 
@@ -266,10 +272,11 @@ mod tests {
             argv: vec!["make".into()],
             env: BTreeMap::new(),
             cwd: None,
-            stdin: Some(String::new()),
+            stdin: Some(Default::default()),
             timeout_ms: None,
             wait: true,
             stream: true,
+            pty: None,
         }
     }
 
@@ -577,16 +584,16 @@ mod tests {
     }
 
     #[test]
-    fn stdin_files_must_be_readable_text() {
+    fn stdin_files_are_read_as_bytes() {
         let dir = tempfile::tempdir().unwrap();
         let text = dir.path().join("in.txt");
         std::fs::write(&text, "héllo\n").unwrap();
-        assert_eq!(read_stdin_file(&text).unwrap(), "héllo\n");
+        assert_eq!(read_stdin_file(&text).unwrap(), "héllo\n".as_bytes());
 
         let binary = dir.path().join("in.bin");
-        std::fs::write(&binary, b"\xff\xfe").unwrap();
-        let err = read_stdin_file(&binary).unwrap_err();
-        assert!(matches!(err, StdinFileError::NotUtf8 { .. }), "{err:?}");
+        let all: Vec<u8> = (0..=255).collect();
+        std::fs::write(&binary, &all).unwrap();
+        assert_eq!(read_stdin_file(&binary).unwrap(), all);
 
         let missing = dir.path().join("missing");
         let err = read_stdin_file(&missing).unwrap_err();

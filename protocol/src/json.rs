@@ -89,6 +89,7 @@ mod tests {
                 params.clone(),
                 json!({"agent_id": "a", "session_id": "s", "argv": ["true"], "wait": true}),
                 json!({"agent_id": "a", "session_id": "s", "run_id": "r"}),
+                json!({"agent_id": "a", "session_id": "s", "run_id": "r", "rows": 24, "cols": 80}),
                 json!({"agent_id": "a", "session_id": "s", "turn_id": "t", "status": "ok"}),
                 json!({"agent_id": "a", "session_id": "s", "from": "c", "to": "current"}),
                 json!({"agent_id": "a", "session_id": "s", "egress": {"allow": ["x.test"], "deny": ["*"]}}),

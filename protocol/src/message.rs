@@ -128,7 +128,8 @@ pub enum StreamKind {
 pub struct OutputChunk {
     pub run_id: String,
     pub stream: StreamKind,
-    pub data: Vec<u8>,
+    /// Bytes; base64 in JSON.
+    pub data: crate::Bytes,
 }
 
 // ---------------------------------------------------------------------------
@@ -421,10 +422,11 @@ pub struct ProcessStart {
     /// Working directory relative to the session's `current/`.
     #[serde(default)]
     pub cwd: Option<String>,
-    /// Written to the program's standard input, which is then closed.
-    /// Without it, standard input stays open for `process.stdin`.
+    /// Written to the program's standard input, which is then closed
+    /// (bytes; base64 in JSON). Without it, standard input stays open for
+    /// `process.stdin`.
     #[serde(default)]
-    pub stdin: Option<String>,
+    pub stdin: Option<crate::Bytes>,
     /// Kill the run (its whole process tree) after this long.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
@@ -435,6 +437,57 @@ pub struct ProcessStart {
     /// run goes on (the answer then carries no output).
     #[serde(default)]
     pub stream: bool,
+    /// Run the program on a terminal of the sandbox's own instead of
+    /// pipes: its output (stdout and stderr together) comes as `stdout`.
+    #[serde(default)]
+    pub pty: Option<PtySize>,
+}
+
+/// A terminal's size, and its type (`TERM`, default `xterm-256color`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PtySize {
+    pub rows: u16,
+    pub cols: u16,
+    #[serde(default)]
+    pub term: Option<String>,
+}
+
+impl PtySize {
+    /// `TERM` when none is given.
+    pub const DEFAULT_TERM: &'static str = "xterm-256color";
+}
+
+/// `process.resize`: a new size for a run's terminal (its foreground
+/// processes get `SIGWINCH`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessResize {
+    pub agent_id: String,
+    pub session_id: String,
+    pub run_id: String,
+    pub rows: u16,
+    pub cols: u16,
+}
+
+/// `process.attach`: follow a terminal run's output again (binary
+/// protocol): first what it wrote most recently (up to
+/// [`ProcessAttach::REPLAY_MAX`] bytes, unless `replay` is false), then
+/// what it writes from now on, as `Event::Output`; the answer comes when
+/// the run ends, as `process.wait`'s.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessAttach {
+    pub agent_id: String,
+    pub session_id: String,
+    pub run_id: String,
+    #[serde(default)]
+    pub replay: Option<bool>,
+}
+
+impl ProcessAttach {
+    /// Recent output a terminal run keeps for those who attach.
+    pub const REPLAY_MAX: usize = 64 << 10;
 }
 
 /// `process.wait`: the end of a run.
@@ -469,8 +522,9 @@ pub struct ProcessStdin {
     pub agent_id: String,
     pub session_id: String,
     pub run_id: String,
+    /// Bytes; base64 in JSON.
     #[serde(default)]
-    pub data: String,
+    pub data: crate::Bytes,
     #[serde(default)]
     pub close: bool,
 }
@@ -561,6 +615,8 @@ requests! {
     FsRemove(crate::FsRemove) = "fs.remove", mutating = true;
     FsMove(crate::FsMove) = "fs.move", mutating = true;
     FsWatch(crate::FsWatch) = "fs.watch", mutating = false;
+    ProcessResize(ProcessResize) = "process.resize", mutating = false;
+    ProcessAttach(ProcessAttach) = "process.attach", mutating = false;
 }
 
 impl Request {
@@ -582,6 +638,8 @@ impl Request {
             },
             Request::ProcessList(r) => format!("{}/{}", r.agent_id, r.session_id),
             Request::ProcessStdin(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.run_id),
+            Request::ProcessResize(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.run_id),
+            Request::ProcessAttach(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.run_id),
             Request::TurnBegin(r) => format!("{}/{}", r.agent_id, r.session_id),
             Request::TurnEnd(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.turn_id),
             Request::CheckpointDiff(r) => {
@@ -966,6 +1024,15 @@ pub enum Response {
     FsListing(crate::FsListing),
     FsData(crate::FsData),
     FsWritten(crate::FsWritten),
+    Resized(Resized),
+}
+
+/// A terminal's new size.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Resized {
+    pub run_id: String,
+    pub rows: u16,
+    pub cols: u16,
 }
 
 /// What happened to a process.
@@ -1159,6 +1226,7 @@ impl Response {
             Response::FsListing(v) => serde_json::to_value(v),
             Response::FsData(v) => serde_json::to_value(v),
             Response::FsWritten(v) => serde_json::to_value(v),
+            Response::Resized(v) => serde_json::to_value(v),
         };
         v.unwrap_or(serde_json::Value::Null)
     }

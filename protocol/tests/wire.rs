@@ -137,6 +137,8 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "fs.remove",
             "fs.move",
             "fs.watch",
+            "process.resize",
+            "process.attach",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

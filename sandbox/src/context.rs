@@ -7,7 +7,7 @@
 //! `process.start` needs, the run's PID 1 being a child of the caller.
 //! Dropping a `Context` kills the process and reaps it.
 
-use super::spawn::{self, Spawned};
+use super::spawn::{self, RunIo, Spawned};
 use super::spec::{ContextReply, ContextSpec, SandboxSpec};
 use super::{wire, SandboxError};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -107,9 +107,36 @@ impl Context {
     pub fn spawn(&self, spec: &SandboxSpec, cgroup: &OwnedFd) -> Result<Spawned, SandboxError> {
         let bytes = postcard::to_stdvec(spec)
             .map_err(|e| SandboxError::sys("encode spec", std::io::Error::other(e)))?;
-        let (stdin_r, stdin_w) = pipe()?;
-        let (stdout_r, stdout_w) = pipe()?;
-        let (stderr_r, stderr_w) = pipe()?;
+        // A terminal run gets, as its stdin, stdout and stderr until its
+        // terminal exists, one end of a socket on which its PID 1 sends
+        // the terminal's master side back (see `init::run`).
+        let (ours, theirs) = match spec.pty {
+            None => {
+                let (stdin_r, stdin_w) = pipe()?;
+                let (stdout_r, stdout_w) = pipe()?;
+                let (stderr_r, stderr_w) = pipe()?;
+                let ours = Ours::Pipes {
+                    stdin: stdin_w,
+                    stdout: stdout_r,
+                    stderr: stderr_r,
+                };
+                (ours, [stdin_r, stdout_w, stderr_w])
+            }
+            Some(_) => {
+                let (a, b) = wire::pair().map_err(|e| SandboxError::sys("socketpair", e))?;
+                rustix::net::sockopt::set_socket_timeout(
+                    &a,
+                    rustix::net::sockopt::Timeout::Recv,
+                    Some(ANSWER_TIMEOUT),
+                )
+                .map_err(|e| SandboxError::sys("socket timeout", e))?;
+                let dup = |fd: &OwnedFd| {
+                    rustix::io::fcntl_dupfd_cloexec(fd, 0).map_err(|e| SandboxError::sys("dup", e))
+                };
+                let (b1, b2) = (dup(&b)?, dup(&b)?);
+                (Ours::Pty(a), [b, b1, b2])
+            }
+        };
         let (status_r, status_w) = pipe()?;
         let session = detached(&spec.session)?;
         let shared = detached(&spec.shared)?;
@@ -119,9 +146,9 @@ impl Context {
             .map(|b| detached(&b.src))
             .collect::<Result<Vec<_>, _>>()?;
         let mut fds: Vec<BorrowedFd<'_>> = vec![
-            stdin_r.as_fd(),
-            stdout_w.as_fd(),
-            stderr_w.as_fd(),
+            theirs[0].as_fd(),
+            theirs[1].as_fd(),
+            theirs[2].as_fd(),
             status_w.as_fd(),
             cgroup.as_fd(),
             session.as_fd(),
@@ -130,23 +157,37 @@ impl Context {
         fds.extend(binds.iter().map(|b| b.as_fd()));
         wire::send(self.control.as_fd(), &bytes, &fds).map_err(SandboxError::Gone)?;
         drop(fds);
-        drop((
-            stdin_r, stdout_w, stderr_w, status_w, session, shared, binds,
-        ));
-        match self.answer()? {
-            (ContextReply::Started { pid }, Some(pidfd)) => Ok(Spawned {
-                pid,
-                pidfd,
-                stdin: stdin_w,
-                stdout: stdout_r,
-                stderr: stderr_r,
-                status: status_r,
-            }),
-            (ContextReply::Failed(why), _) => Err(SandboxError::Refused(why)),
-            (other, _) => Err(SandboxError::Gone(std::io::Error::other(format!(
-                "unexpected answer {other:?}"
-            )))),
-        }
+        drop((theirs, status_w, session, shared, binds));
+        let (pid, pidfd) = match self.answer()? {
+            (ContextReply::Started { pid }, Some(pidfd)) => (pid, pidfd),
+            (ContextReply::Failed(why), _) => return Err(SandboxError::Refused(why)),
+            (other, _) => {
+                return Err(SandboxError::Gone(std::io::Error::other(format!(
+                    "unexpected answer {other:?}"
+                ))))
+            }
+        };
+        let io = match ours {
+            Ours::Pipes {
+                stdin,
+                stdout,
+                stderr,
+            } => RunIo::Pipes {
+                stdin,
+                stdout,
+                stderr,
+            },
+            // The run exists from here: whatever comes, it is returned, so
+            // that it is followed to its end (a run without its terminal
+            // reports why on its status pipe).
+            Ours::Pty(sock) => RunIo::Pty(receive_master(&sock)),
+        };
+        Ok(Spawned {
+            pid,
+            pidfd,
+            io,
+            status: status_r,
+        })
     }
 
     /// The next answer, with the descriptor it carries.
@@ -158,6 +199,29 @@ impl Context {
         let reply =
             postcard::from_bytes(&buf).map_err(|e| SandboxError::Gone(std::io::Error::other(e)))?;
         Ok((reply, fds.into_iter().next()))
+    }
+}
+
+/// The supervisor's ends of a run's stdio while it is being made.
+enum Ours {
+    Pipes {
+        stdin: OwnedFd,
+        stdout: OwnedFd,
+        stderr: OwnedFd,
+    },
+    Pty(OwnedFd),
+}
+
+/// The master side of a terminal run's terminal, sent by its PID 1.
+fn receive_master(sock: &OwnedFd) -> Result<OwnedFd, String> {
+    let mut buf = Vec::new();
+    match wire::recv(sock.as_fd(), &mut buf) {
+        Ok(Some(fds)) => fds
+            .into_iter()
+            .next()
+            .ok_or_else(|| "the run sent no terminal".to_string()),
+        Ok(None) => Err("the run ended before it had a terminal".to_string()),
+        Err(e) => Err(format!("receive the run's terminal: {e}")),
     }
 }
 

@@ -32,7 +32,9 @@
 #![allow(unsafe_code)]
 
 use super::seccomp;
-use super::spec::{Bind, ContextSpec, InitStatus, SandboxSpec, SESSION_MOUNT, SHARED_MOUNT};
+use super::spec::{
+    Bind, ContextSpec, InitStatus, SandboxSpec, TermSize, SESSION_MOUNT, SHARED_MOUNT,
+};
 use super::{sys, tmp_sync};
 use rustix::fd::{AsFd, OwnedFd};
 use rustix::mount::{self as m, MountFlags, MountPropagationFlags, UnmountFlags};
@@ -88,6 +90,12 @@ pub(crate) fn run(spec: SandboxSpec, fds: RunFds, filter: &seccomp::Filters) -> 
         report(&mut status, InitStatus::SetupFailed(e));
         std::process::exit(1);
     }
+    if let Some(size) = spec.pty {
+        if let Err(e) = terminal(size, &spec) {
+            report(&mut status, InitStatus::SetupFailed(e));
+            std::process::exit(1);
+        }
+    }
     // Exec failures come back on a close-on-exec pipe.
     let Ok((err_r, err_w)) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) else {
         report(&mut status, InitStatus::SetupFailed("pipe".into()));
@@ -116,6 +124,61 @@ pub(crate) fn run(spec: SandboxSpec, fds: RunFds, filter: &seccomp::Filters) -> 
     let n = std::fs::File::from(err_r).read(&mut errbuf).unwrap_or(0);
     let exec_errno = (n == 4).then(|| i32::from_ne_bytes(errbuf));
     reap(pid, exec_errno, &spec, status)
+}
+
+/// A terminal run: makes a terminal on the run's own devpts (mounted
+/// above), of `size`, its slave side owned by the sandbox's user, sends the
+/// master side to the supervisor on the socket that is stdin, stdout and
+/// stderr until then, and puts the slave side in their place. The master
+/// is closed here before the program exists: the only process that holds
+/// it is the supervisor.
+fn terminal(size: TermSize, spec: &SandboxSpec) -> Result<(), String> {
+    use rustix::pty::OpenptFlags;
+    let flags = OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC;
+    // The run's devpts instance, not the context's or the host's.
+    let master = sys(
+        "open /dev/pts/ptmx",
+        rustix::fs::open(
+            "/dev/pts/ptmx",
+            rustix::fs::OFlags::RDWR | rustix::fs::OFlags::NOCTTY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        ),
+    )?;
+    sys("unlockpt", rustix::pty::unlockpt(&master))?;
+    let slave = sys(
+        "open the terminal",
+        rustix::pty::ioctl_tiocgptpeer(&master, flags),
+    )?;
+    sys(
+        "chown the terminal",
+        rustix::fs::fchown(
+            &slave,
+            Some(rustix::fs::Uid::from_raw(spec.uid)),
+            Some(rustix::fs::Gid::from_raw(spec.gid)),
+        ),
+    )?;
+    sys(
+        "set the terminal's size",
+        rustix::termios::tcsetwinsize(
+            &slave,
+            rustix::termios::Winsize {
+                ws_row: size.rows,
+                ws_col: size.cols,
+                ws_xpixel: 0,
+                ws_ypixel: 0,
+            },
+        ),
+    )?;
+    // SAFETY: descriptor 0 is the socket `Context::spawn` sent, open for
+    // the whole of this call.
+    let sock = unsafe { rustix::fd::BorrowedFd::borrow_raw(0) };
+    super::wire::send(sock, b"pty", &[master.as_fd()])
+        .map_err(|e| format!("send the terminal: {e}"))?;
+    drop(master);
+    sys("dup2 stdin", rustix::stdio::dup2_stdin(&slave))?;
+    sys("dup2 stdout", rustix::stdio::dup2_stdout(&slave))?;
+    sys("dup2 stderr", rustix::stdio::dup2_stderr(&slave))?;
+    Ok(())
 }
 
 fn sys<T>(what: &str, r: rustix::io::Result<T>) -> Result<T, String> {
@@ -493,6 +556,13 @@ fn exec_program(spec: &SandboxSpec, filter: &seccomp::Filters, err: OwnedFd) -> 
         127
     };
     let _ = rustix::process::setsid();
+    // A terminal run: the terminal on 0 becomes the new session's
+    // controlling terminal (job control, ^C, SIGWINCH).
+    if spec.pty.is_some() {
+        if let Err(e) = rustix::process::ioctl_tiocsctty(rustix::stdio::stdin()) {
+            return fail(&err, e.raw_os_error());
+        }
+    }
     // The program gets 0, 1 and 2 only; the error pipe is close-on-exec.
     // (Kernels before 5.9 lack close_range; there the program also gets
     // whatever is not close-on-exec.)

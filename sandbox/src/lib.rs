@@ -30,8 +30,8 @@ mod wire;
 pub mod zygote;
 
 pub use context::Context;
-pub use spawn::Spawned;
-pub use spec::{Bind, ContextSpec, InitStatus, SandboxSpec};
+pub use spawn::{RunIo, Spawned};
+pub use spec::{Bind, ContextSpec, InitStatus, SandboxSpec, TermSize};
 
 use thiserror::Error;
 

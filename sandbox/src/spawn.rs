@@ -24,12 +24,24 @@ pub struct Spawned {
     /// PID of the sandbox init, in the supervisor's PID namespace.
     pub pid: i32,
     pub pidfd: OwnedFd,
-    /// Write end of the program's standard input.
-    pub stdin: OwnedFd,
-    pub stdout: OwnedFd,
-    pub stderr: OwnedFd,
+    /// The program's standard input, output and error.
+    pub io: RunIo,
     /// Read end of the status pipe (one [`super::InitStatus`]).
     pub status: OwnedFd,
+}
+
+/// How the supervisor talks to the program.
+pub enum RunIo {
+    /// Write end of its stdin, read ends of its stdout and stderr.
+    Pipes {
+        stdin: OwnedFd,
+        stdout: OwnedFd,
+        stderr: OwnedFd,
+    },
+    /// The master side of its terminal (its stdin, stdout and stderr are
+    /// the terminal), or why the terminal could not be had; the run then
+    /// reports the failure on its status pipe as well.
+    Pty(Result<OwnedFd, String>),
 }
 
 const CLONE_PARENT: u64 = 0x0000_8000;

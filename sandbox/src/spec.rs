@@ -41,6 +41,16 @@ pub struct SandboxSpec {
     /// Host files and directories made visible inside, mounted after
     /// everything else, in order (the guest interface's, then plugins').
     pub binds: Vec<Bind>,
+    /// Run the program on a terminal of the run's own devpts, of this
+    /// size, instead of pipes.
+    pub pty: Option<TermSize>,
+}
+
+/// A terminal's size in characters.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TermSize {
+    pub rows: u16,
+    pub cols: u16,
 }
 
 /// A host file or directory made visible inside the sandbox at `dst`.

@@ -73,15 +73,17 @@ impl Supervisor {
             Request::ProcessStdin(p) => {
                 session(&p.agent_id, &p.session_id)?;
                 Ok(Response::StdinWritten(
-                    runs.stdin(
-                        &p.agent_id,
-                        &p.session_id,
-                        &p.run_id,
-                        p.data.as_bytes(),
-                        p.close,
-                    )
-                    .await?,
+                    runs.stdin(&p.agent_id, &p.session_id, &p.run_id, &p.data, p.close)
+                        .await?,
                 ))
+            }
+            Request::ProcessResize(p) => {
+                session(&p.agent_id, &p.session_id)?;
+                Ok(Response::Resized(runs.resize(p)?))
+            }
+            Request::ProcessAttach(p) => {
+                session(&p.agent_id, &p.session_id)?;
+                Ok(Response::Exited(runs.attach(p, events).await?))
             }
             _ => Err(RequestError::NotProcess),
         }
@@ -290,6 +292,8 @@ impl Supervisor {
             | Request::ProcessKill(_)
             | Request::ProcessList(_)
             | Request::ProcessStdin(_)
+            | Request::ProcessResize(_)
+            | Request::ProcessAttach(_)
             | Request::ProcessEvents(_)
             | Request::ProcessTree(_)
             | Request::NetworkPolicySet(_)

@@ -97,6 +97,8 @@ impl Supervisor {
                 | Request::ProcessKill(_)
                 | Request::ProcessList(_)
                 | Request::ProcessStdin(_)
+                | Request::ProcessResize(_)
+                | Request::ProcessAttach(_)
                 | Request::ProcessEvents(_)
                 | Request::ProcessTree(_)
                 | Request::NetworkPolicySet(_)

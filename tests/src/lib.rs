@@ -404,10 +404,11 @@ pub fn process_start(a: &str, s: &str, argv: &[&str]) -> allox_protocol::Process
         argv: argv.iter().map(|x| x.to_string()).collect(),
         env: Default::default(),
         cwd: None,
-        stdin: Some(String::new()),
+        stdin: Some(Default::default()),
         timeout_ms: None,
         wait: true,
         stream: false,
+        pty: None,
     }
 }
 

@@ -187,7 +187,7 @@ for line in sys.stdin.read().split():
         })
         .collect();
     let mut p = start(a, s, &["python3", "-c", CLIENT]);
-    p.stdin = Some(stdin.join("\n"));
+    p.stdin = Some(stdin.join("\n").as_str().into());
     let r = run(d, p);
     ok(&r);
     r.stdout

@@ -47,10 +47,11 @@ fn py(d: &ProcDaemon, script: &str) {
         argv: vec!["python3".into(), "-c".into(), script.into()],
         env: BTreeMap::new(),
         cwd: None,
-        stdin: Some(String::new()),
+        stdin: Some(Default::default()),
         timeout_ms: None,
         wait: true,
         stream: false,
+        pty: None,
     };
     match call(d, Request::ProcessStart(p)) {
         Ok(Response::Exited(r)) => assert_eq!(r.exit_code, Some(0), "{script}: {r:?}"),
@@ -66,10 +67,11 @@ fn py_bg(d: &ProcDaemon, script: &str) -> String {
         argv: vec!["python3".into(), "-c".into(), script.into()],
         env: BTreeMap::new(),
         cwd: None,
-        stdin: Some(String::new()),
+        stdin: Some(Default::default()),
         timeout_ms: None,
         wait: false,
         stream: false,
+        pty: None,
     };
     match call(d, Request::ProcessStart(p)) {
         Ok(Response::Started(r)) => r.run_id,

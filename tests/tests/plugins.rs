@@ -25,10 +25,11 @@ fn start(script: &str, wait: bool) -> Request {
             .collect(),
         env: BTreeMap::new(),
         cwd: None,
-        stdin: Some(String::new()),
+        stdin: Some(Default::default()),
         timeout_ms: None,
         wait,
         stream: false,
+        pty: None,
     })
 }
 

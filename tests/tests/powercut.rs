@@ -250,6 +250,7 @@ fn run(a: &str, s: &str, script: &str) -> Request {
         timeout_ms: None,
         wait: true,
         stream: false,
+        pty: None,
     })
 }
 

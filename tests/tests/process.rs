@@ -980,7 +980,7 @@ fn a_streamed_run_ends_even_if_a_background_child_keeps_its_output() {
     let ans = c
         .call_with_events(Request::ProcessStart(p), |e| {
             if let Event::Output(o) = e {
-                out.extend(o.data);
+                out.extend(o.data.0);
             }
         })
         .unwrap()

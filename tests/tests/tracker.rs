@@ -73,6 +73,7 @@ fn run(d: &ProcDaemon, a: &str, s: &str, argv: &[&str], wait: bool) -> String {
             timeout_ms: None,
             wait,
             stream: false,
+            pty: None,
         }),
     )
     .unwrap();

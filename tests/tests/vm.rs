@@ -51,6 +51,7 @@ fn run(a: &str, s: &str, script: &str, wait: bool) -> Request {
         timeout_ms: None,
         wait,
         stream: false,
+        pty: None,
     })
 }
 

@@ -139,6 +139,12 @@ pub fn render(response: &Response) -> String {
         Response::Killed(k) => process::killed(k),
         Response::Processes(l) => process::processes(l),
         Response::StdinWritten(w) => process::stdin_written(w),
+        Response::Resized(r) => format!(
+            "run {}: terminal of {} rows, {} columns\n",
+            clean(&r.run_id),
+            r.rows,
+            r.cols
+        ),
     }
 }
 

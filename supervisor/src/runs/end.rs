@@ -58,6 +58,11 @@ pub(super) async fn finish(
     if let Ok(mut g) = run.stdin.try_lock() {
         g.take();
     }
+    // The terminal's master side closes with its reader, which is done.
+    run.terminal
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
     let output_bytes = result.stdout.len() + result.stderr.len();
     // Kept whether or not anyone waits yet (`send` would drop it then).
     run.result.send_replace(Some(result));

@@ -55,6 +55,12 @@ pub enum RunError {
     StdinNotRead,
     #[error("cannot write")]
     StdinWrite(#[source] std::io::Error),
+    #[error("run {0} has no terminal: it was not started with `pty`")]
+    NoTerminal(String),
+    #[error("run {0} has ended: its terminal is gone")]
+    TerminalGone(String),
+    #[error("cannot resize the terminal")]
+    Resize(#[source] std::io::Error),
     #[error("run {0} is still running")]
     StillRunning(String),
     #[error("the run is still going after {} ms", .0.as_millis())]
@@ -133,7 +139,8 @@ impl RunError {
         match self {
             InvalidId(_) | Refused(_) | NoCwd(_) | NoSuchSignal(_) => ErrorCode::InvalidRequest,
             NoSuchRun { .. } | NotKept { .. } => ErrorCode::NotFound,
-            Fenced { .. } | StdinClosed(_) | StdinWrite(_) => ErrorCode::Conflict,
+            Fenced { .. } | StdinClosed(_) | StdinWrite(_) | TerminalGone(_) => ErrorCode::Conflict,
+            NoTerminal(_) => ErrorCode::InvalidRequest,
             SigStop | NoProcesses | LimitsNeedProcesses => ErrorCode::Unsupported,
             StdinNotRead | StillRunning(_) | StillGoing(_) => ErrorCode::Unavailable,
             Spawn(e) => match e.errno() {
@@ -154,6 +161,7 @@ impl RunError {
             | Io { .. }
             | Pipe(_)
             | Dup(_)
+            | Resize(_)
             | Task(_)
             | Attach(_) => ErrorCode::Internal,
         }

@@ -27,6 +27,8 @@ mod output;
 pub mod procfs;
 mod start;
 mod stdin;
+mod terminal;
+mod tty;
 pub mod validate;
 mod wait;
 
@@ -142,7 +144,10 @@ struct Run {
     session: String,
     /// Dropped once the init is reaped.
     pidfd: Mutex<Option<OwnedFd>>,
-    stdin: tokio::sync::Mutex<Option<tokio::net::unix::pipe::Sender>>,
+    /// Until it is closed.
+    stdin: tokio::sync::Mutex<Option<Input>>,
+    /// A terminal run's terminal, until the run ends.
+    terminal: Mutex<Option<Arc<terminal::Terminal>>>,
     result: watch::Sender<Option<RunResult>>,
     timed_out: AtomicBool,
     /// What the run's services made for it; dropped once the init is
@@ -152,6 +157,22 @@ struct Run {
     metadata: Vec<(String, String)>,
     /// Its session's network mode.
     network: allox_protocol::NetworkMode,
+}
+
+/// Where `process.stdin` writes.
+enum Input {
+    Pipe(tokio::net::unix::pipe::Sender),
+    /// The run's terminal ([`Run::terminal`]).
+    Terminal,
+}
+
+impl Run {
+    fn terminal(&self) -> Option<Arc<terminal::Terminal>> {
+        self.terminal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 /// What a start needs of its session: the workspace paths, and the

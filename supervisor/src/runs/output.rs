@@ -7,6 +7,7 @@
 //! without waiting for more, and returns. So what the program wrote before
 //! it ended is never lost to a busy supervisor that was slow to read.
 
+use super::terminal::Terminal;
 use super::EventSink;
 use allox_protocol::{Event, OutputChunk, StreamKind};
 use std::sync::{Arc, Mutex};
@@ -45,7 +46,36 @@ impl Capture {
     }
 }
 
-/// The readers of one run's stdout and stderr.
+/// What a reader reads: a pipe, or a terminal's master side.
+pub(super) enum Source {
+    Pipe(tokio::net::unix::pipe::Receiver),
+    Pty(Arc<Terminal>),
+}
+
+impl Source {
+    async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Source::Pipe(rx) => rx.read(buf).await,
+            Source::Pty(t) => t.read(buf).await,
+        }
+    }
+
+    fn try_read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Source::Pipe(rx) => rx.try_read(buf),
+            Source::Pty(t) => t.try_read(buf),
+        }
+    }
+
+    /// What was read, kept for those who attach to a terminal.
+    fn record(&self, data: &[u8]) {
+        if let Source::Pty(t) = self {
+            t.record(data);
+        }
+    }
+}
+
+/// The readers of one run's stdout and stderr (or its terminal).
 pub(super) struct Readers {
     tasks: Vec<JoinHandle<()>>,
     stop: watch::Sender<bool>,
@@ -64,7 +94,7 @@ impl Readers {
     /// Starts reading `pipes`, streaming to `events` when given, capturing
     /// into `capture` otherwise (and once the client is gone).
     pub fn start(
-        pipes: Vec<(tokio::net::unix::pipe::Receiver, StreamKind)>,
+        pipes: Vec<(Source, StreamKind)>,
         run_id: &str,
         events: Option<EventSink>,
         capture: &Arc<Mutex<Capture>>,
@@ -112,11 +142,7 @@ impl Readers {
     }
 }
 
-async fn read(
-    mut rx: tokio::net::unix::pipe::Receiver,
-    mut sink: Sink,
-    mut stop: watch::Receiver<bool>,
-) {
+async fn read(mut rx: Source, mut sink: Sink, mut stop: watch::Receiver<bool>) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut stopping = false;
     let mut after_stop = 0;
@@ -142,6 +168,7 @@ async fn read(
         if stopping {
             after_stop += n;
         }
+        rx.record(&buf[..n]);
         sink.take(&buf[..n], stopping).await;
     }
 }
@@ -152,7 +179,7 @@ impl Sink {
             let chunk = Event::Output(OutputChunk {
                 run_id: self.run_id.clone(),
                 stream: self.kind,
-                data: data.to_vec(),
+                data: data.into(),
             });
             // Waiting here is the throttle: a slow client slows the
             // program. Once the run has ended nothing waits: what the

@@ -6,16 +6,16 @@
 //! checked again once the sandbox exists, since a rollback or delete may
 //! have fenced the session while it was being made.
 
-use super::output::{Capture, Readers};
-use super::{end, key, validate, EventSink, Run, RunError, Runs, SessionPaths};
+use super::output::{Capture, Readers, Source};
+use super::terminal::Terminal;
+use super::{end, key, validate, EventSink, Input, Run, RunError, Runs, SessionPaths};
 use crate::plugins::RunRef;
 use allox_protocol::{Event, ProcessStart, RunResult, RunStarted, StreamKind};
-use allox_sandbox::SandboxSpec;
+use allox_sandbox::{RunIo, SandboxSpec};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 
 impl Runs {
@@ -57,6 +57,7 @@ impl Runs {
     ) -> Result<allox_protocol::Response, RunError> {
         let (a, s) = (p.agent_id.as_str(), p.session_id.as_str());
         let cwd = validate::check(&p.argv, &p.env, p.cwd.as_deref())?;
+        let term = p.pty.as_ref().map(validate::terminal).transpose()?;
         let id = self.new_run_id();
         let mode = paths.network.mode;
         let run_ref = RunRef {
@@ -153,6 +154,9 @@ impl Runs {
             ("ALLOX_SESSION_ID".to_string(), s.to_string()),
             ("ALLOX_RUN_ID".to_string(), id.clone()),
         ];
+        if let Some(t) = &term {
+            env.push(("TERM".to_string(), t.clone()));
+        }
         // The plugins' variables, then the request's, each replacing what
         // was there.
         for (k, v) in added.env.iter().map(|(k, v)| (k, v)).chain(&p.env) {
@@ -174,6 +178,10 @@ impl Runs {
             isolate_network: self.isolates(mode),
             tmp_sync_cap: self.cfg.tmp_sync_cap,
             binds,
+            pty: p.pty.as_ref().map(|t| allox_sandbox::TermSize {
+                rows: t.rows,
+                cols: t.cols,
+            }),
         };
         // Also for sessions and agents made before (or adopted by recovery).
         self.own(&paths.current);
@@ -222,15 +230,42 @@ impl Runs {
             self.cfg.plugins.after_run(&run_ref);
             return Err(e);
         }
-        let stdin =
-            tokio::net::unix::pipe::Sender::from_owned_fd(spawned.stdin).map_err(RunError::Pipe)?;
+        // The program's stdio: pipes, or a terminal. A terminal that did
+        // not come leaves the run without stdio; it reports why itself.
+        let (input, terminal, sources) = match spawned.io {
+            RunIo::Pipes {
+                stdin,
+                stdout,
+                stderr,
+            } => {
+                let stdin =
+                    tokio::net::unix::pipe::Sender::from_owned_fd(stdin).map_err(RunError::Pipe)?;
+                let mut sources = Vec::new();
+                for (fd, kind) in [(stdout, StreamKind::Stdout), (stderr, StreamKind::Stderr)] {
+                    let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(fd)
+                        .map_err(RunError::Pipe)?;
+                    sources.push((Source::Pipe(rx), kind));
+                }
+                (Some(Input::Pipe(stdin)), None, sources)
+            }
+            RunIo::Pty(Ok(master)) => {
+                let t = Arc::new(Terminal::new(master).map_err(RunError::Pipe)?);
+                let sources = vec![(Source::Pty(t.clone()), StreamKind::Stdout)];
+                (Some(Input::Terminal), Some(t), sources)
+            }
+            RunIo::Pty(Err(why)) => {
+                tracing::warn!(run = %id, %why, "a terminal run has no terminal");
+                (None, None, Vec::new())
+            }
+        };
         let (tx, rx) = watch::channel(None);
         let run = Arc::new(Run {
             id: id.clone(),
             agent: a.to_string(),
             session: s.to_string(),
             pidfd: Mutex::new(Some(spawned.pidfd)),
-            stdin: tokio::sync::Mutex::new(Some(stdin)),
+            stdin: tokio::sync::Mutex::new(input),
+            terminal: Mutex::new(terminal),
             result: tx,
             timed_out: AtomicBool::new(false),
             attached: Mutex::new(Some(attached.guard)),
@@ -251,27 +286,21 @@ impl Runs {
         }
         // Output readers.
         let capture = Arc::new(Mutex::new(Capture::default()));
-        let mut pipes = Vec::new();
-        for (fd, kind) in [
-            (spawned.stdout, StreamKind::Stdout),
-            (spawned.stderr, StreamKind::Stderr),
-        ] {
-            let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(fd).map_err(RunError::Pipe)?;
-            pipes.push((rx, kind));
-        }
-        let readers = Readers::start(pipes, &id, events.clone(), &capture, self.cfg.capture_limit);
+        let readers = Readers::start(
+            sources,
+            &id,
+            events.clone(),
+            &capture,
+            self.cfg.capture_limit,
+        );
         // Initial stdin, then close.
         if let Some(data) = p.stdin.clone() {
-            let run = run.clone();
+            let runs = self.clone();
+            let (a, s, r) = (a.to_string(), s.to_string(), id.clone());
             tokio::spawn(async move {
-                let mut g = run.stdin.lock().await;
-                if let Some(mut w) = g.take() {
-                    // A program that never reads its input does not hold
-                    // the run's end hostage.
-                    let _ =
-                        tokio::time::timeout(Duration::from_secs(10), w.write_all(data.as_bytes()))
-                            .await;
-                }
+                // A program that never reads its input does not hold the
+                // run's end hostage (the write gives up after 10 s).
+                let _ = runs.stdin(&a, &s, &r, &data, true).await;
             });
         }
         // The end: status, then a short drain of the output.

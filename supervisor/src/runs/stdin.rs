@@ -1,6 +1,6 @@
 //! `process.stdin`: writes to a run's standard input, or closes it.
 
-use super::{RunError, Runs};
+use super::{Input, RunError, Runs};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
@@ -21,13 +21,19 @@ impl Runs {
             run: run_id.to_string(),
         })?;
         let mut g = run.stdin.lock().await;
-        let Some(w) = g.as_mut() else {
-            return Err(RunError::StdinClosed(run_id.to_string()));
-        };
-        tokio::time::timeout(Duration::from_secs(10), w.write_all(data))
-            .await
-            .map_err(|_| RunError::StdinNotRead)?
-            .map_err(RunError::StdinWrite)?;
+        let closed = || RunError::StdinClosed(run_id.to_string());
+        match g.as_mut().ok_or_else(closed)? {
+            Input::Pipe(w) => in_time(w.write_all(data)).await?,
+            Input::Terminal => {
+                let t = run.terminal().ok_or_else(closed)?;
+                in_time(t.write_all(data)).await?;
+                if close {
+                    // As a terminal closes its input: end of file for a
+                    // program that reads lines.
+                    in_time(t.write_all(&[t.eof_char()])).await?;
+                }
+            }
+        }
         if close {
             *g = None;
         }
@@ -36,4 +42,15 @@ impl Runs {
             closed: close,
         })
     }
+}
+
+/// A write the program takes within 10 s, or an error: one that never
+/// reads its input does not hold the caller.
+pub(super) async fn in_time(
+    write: impl std::future::Future<Output = std::io::Result<()>>,
+) -> Result<(), RunError> {
+    tokio::time::timeout(Duration::from_secs(10), write)
+        .await
+        .map_err(|_| RunError::StdinNotRead)?
+        .map_err(RunError::StdinWrite)
 }

@@ -32,6 +32,33 @@ pub enum Refused {
     NotExecutable(String),
     #[error("program {0:?} not found in the sandbox's PATH ({1})")]
     NotInPath(String, String),
+    #[error("a terminal of {rows} rows and {cols} columns: each must be 1 to {MAX_TERM_SIDE}")]
+    TermSize { rows: u16, cols: u16 },
+    #[error("terminal type {0:?}: at most 64 of A-Z a-z 0-9 . _ + -")]
+    TermType(String),
+}
+
+/// Most rows or columns of a run's terminal.
+pub const MAX_TERM_SIDE: u16 = 10_000;
+
+/// Checks a terminal's size and type; returns the type (`TERM`).
+pub fn terminal(t: &allox_protocol::PtySize) -> Result<String, Refused> {
+    let side = 1..=MAX_TERM_SIDE;
+    if !side.contains(&t.rows) || !side.contains(&t.cols) {
+        return Err(Refused::TermSize {
+            rows: t.rows,
+            cols: t.cols,
+        });
+    }
+    let term = t
+        .term
+        .clone()
+        .unwrap_or_else(|| allox_protocol::PtySize::DEFAULT_TERM.to_string());
+    let ok = |c: char| c.is_ascii_alphanumeric() || "._+-".contains(c);
+    if term.is_empty() || term.len() > 64 || !term.chars().all(ok) {
+        return Err(Refused::TermType(term));
+    }
+    Ok(term)
 }
 
 /// Checks argv, env and cwd; returns the working directory inside the

@@ -38,10 +38,11 @@ fn start(argv: &[&str], wait: bool) -> ProcessStart {
         argv: argv.iter().map(|s| s.to_string()).collect(),
         env: BTreeMap::new(),
         cwd: None,
-        stdin: Some(String::new()),
+        stdin: Some(Default::default()),
         timeout_ms: None,
         wait,
         stream: false,
+        pty: None,
     }
 }
 

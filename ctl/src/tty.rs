@@ -1,0 +1,309 @@
+//! `alloxctl exec -t` and `alloxctl attach`: a run's terminal driven from
+//! this one.
+//!
+//! This terminal is put in raw mode, so every key (Ctrl-C, Ctrl-Z, Ctrl-D,
+//! arrows) goes to the run's terminal as the bytes it types, and the run's
+//! terminal — its line discipline, in the sandbox — does what a terminal
+//! does with them (SIGINT to the foreground job, end of file, ...). Three
+//! threads, each with its own connection to the daemon: this one sends the
+//! request and writes the run's output as it comes; one reads this
+//! terminal's keys and sends them (`process.stdin`); one waits for signals:
+//! `SIGWINCH` becomes `process.resize`, `SIGINT` sent to alloxctl (not a
+//! key: those are bytes in raw mode) becomes a Ctrl-C typed into the run,
+//! and `SIGTERM`, `SIGHUP` or `SIGQUIT` end alloxctl (the run goes on, and
+//! `alloxctl attach` follows it again).
+//!
+//! The terminal's mode is restored on every way out: the end of the run,
+//! an error, one of those signals, and a panic.
+
+use crate::client::{Answer, Caller, Client, ClientError};
+use crate::process;
+use allox_protocol::{Event, ProcessResize, ProcessStdin, PtySize, Request, Response};
+use nix::sys::signal::{SigSet, Signal};
+use rustix::termios::{self, OptionalActions, Termios};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+
+/// This terminal's mode before raw mode, restored on the way out (also
+/// from the signal thread and the panic hook).
+static SAVED: Mutex<Option<Termios>> = Mutex::new(None);
+
+/// Puts this terminal (alloxctl's stdin) back as it was, once.
+fn restore() {
+    let saved = SAVED.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(t) = saved {
+        let _ = termios::tcsetattr(std::io::stdin(), OptionalActions::Now, &t);
+    }
+}
+
+/// Raw mode for as long as it lives.
+struct Raw;
+
+impl Raw {
+    /// Raw mode, when stdin is a terminal (otherwise its bytes are passed
+    /// on as they are, and there is nothing to restore).
+    fn enter() -> Option<Raw> {
+        let stdin = std::io::stdin();
+        let saved = termios::tcgetattr(&stdin).ok()?;
+        let mut raw = saved.clone();
+        raw.make_raw();
+        *SAVED.lock().unwrap_or_else(|e| e.into_inner()) = Some(saved);
+        if termios::tcsetattr(&stdin, OptionalActions::Now, &raw).is_err() {
+            restore();
+            return None;
+        }
+        // A panic restores the terminal before its message is printed.
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            restore();
+            previous(info)
+        }));
+        Some(Raw)
+    }
+}
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        restore();
+    }
+}
+
+/// This terminal's size, if stdout or stdin is one.
+fn local_size() -> Option<(u16, u16)> {
+    let of = |w: termios::Winsize| (w.ws_row > 0 && w.ws_col > 0).then_some((w.ws_row, w.ws_col));
+    termios::tcgetwinsize(std::io::stdout())
+        .ok()
+        .and_then(of)
+        .or_else(|| termios::tcgetwinsize(std::io::stdin()).ok().and_then(of))
+}
+
+/// Where the run's id goes once it is known.
+struct Known {
+    id: OnceLock<String>,
+    input: Mutex<Option<mpsc::Sender<String>>>,
+}
+
+impl Known {
+    fn set(&self, id: &str) {
+        if self.id.set(id.to_string()).is_ok() {
+            if let Some(tx) = self.input.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                let _ = tx.send(id.to_string());
+            }
+        }
+    }
+}
+
+/// The request's connection: learns the run's id from its first event,
+/// and leaves raw mode as soon as the answer is in (before alloxctl says
+/// how the run ended).
+struct Tap {
+    client: Client,
+    known: Arc<Known>,
+    raw: Option<Raw>,
+}
+
+impl Caller for Tap {
+    fn call(&mut self, request: Request) -> Result<Answer, ClientError> {
+        self.call_with_events(request, &mut |_| {})
+    }
+
+    fn call_with_events(
+        &mut self,
+        request: Request,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<Answer, ClientError> {
+        let known = self.known.clone();
+        let answer = self.client.call_with_events(request, &mut |e| {
+            if let Event::Started(s) = &e {
+                known.set(&s.run_id);
+            }
+            on_event(e)
+        });
+        self.raw.take();
+        answer
+    }
+}
+
+/// `alloxctl exec -t`: `request` on a terminal of this one's size.
+pub fn exec(
+    socket: PathBuf,
+    mut request: allox_protocol::ProcessStart,
+    json: bool,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> u8 {
+    let (rows, cols) = local_size().unwrap_or((24, 80));
+    let term = std::env::var("TERM").ok().filter(|t| !t.is_empty());
+    request.pty = Some(PtySize { rows, cols, term });
+    // Keys come through `process.stdin`.
+    request.stdin = None;
+    request.wait = true;
+    request.stream = !json;
+    drive(
+        &socket,
+        Request::ProcessStart(request),
+        None,
+        json,
+        stdout,
+        stderr,
+    )
+}
+
+/// `alloxctl attach`: follows a terminal run again, at this terminal's
+/// size.
+pub fn attach(
+    socket: PathBuf,
+    request: allox_protocol::ProcessAttach,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> u8 {
+    let id = request.run_id.clone();
+    drive(
+        &socket,
+        Request::ProcessAttach(request),
+        Some(id),
+        false,
+        stdout,
+        stderr,
+    )
+}
+
+fn drive(
+    socket: &Path,
+    request: Request,
+    run_id: Option<String>,
+    json: bool,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> u8 {
+    let (agent, session) = match &request {
+        Request::ProcessStart(p) => (p.agent_id.clone(), p.session_id.clone()),
+        Request::ProcessAttach(p) => (p.agent_id.clone(), p.session_id.clone()),
+        _ => return process::report(stderr, &bad("not a terminal request")),
+    };
+    let client = match Client::connect(socket) {
+        Ok(c) => c,
+        Err(e) => return process::report(stderr, &e.to_body()),
+    };
+    // Blocked in every thread (each inherits this one's mask), taken by
+    // the signal thread alone.
+    let mut signals = SigSet::empty();
+    for s in [
+        Signal::SIGWINCH,
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ] {
+        signals.add(s);
+    }
+    if let Err(e) = signals.thread_block() {
+        return process::report(stderr, &bad(&format!("cannot block signals: {e}")));
+    }
+    let (tx, rx) = mpsc::channel();
+    let known = Arc::new(Known {
+        id: OnceLock::new(),
+        input: Mutex::new(Some(tx)),
+    });
+    if let Some(id) = &run_id {
+        known.set(id);
+    }
+    let target = (agent, session);
+    {
+        let (socket, target) = (socket.to_path_buf(), target.clone());
+        std::thread::spawn(move || keys(&socket, &target, rx));
+    }
+    {
+        let (socket, known) = (socket.to_path_buf(), known.clone());
+        std::thread::spawn(move || on_signals(&socket, &target, &known, signals));
+    }
+    let mut tap = Tap {
+        client,
+        known,
+        raw: if json { None } else { Raw::enter() },
+    };
+    process::follow(&mut tap, request, json, stdout, stderr)
+}
+
+fn bad(message: &str) -> allox_protocol::ErrorBody {
+    allox_protocol::ErrorBody::new(allox_protocol::ErrorCode::InvalidRequest, message)
+}
+
+/// Sends what is typed here to the run, once its id is known; at the end
+/// of this input (not a terminal: a pipe or a file), closes the run's,
+/// which types its end-of-file character.
+fn keys(socket: &Path, (agent, session): &(String, String), run: mpsc::Receiver<String>) {
+    let Ok(run_id) = run.recv() else { return };
+    let Ok(mut client) = Client::connect(socket) else {
+        return;
+    };
+    let mut stdin = std::io::stdin().lock();
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        let n = match stdin.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => 0,
+        };
+        let request = Request::ProcessStdin(ProcessStdin {
+            agent_id: agent.clone(),
+            session_id: session.clone(),
+            run_id: run_id.clone(),
+            data: buf[..n].to_vec().into(),
+            close: n == 0,
+        });
+        // A run that ended (or closed its input) takes no more.
+        match client.call(request) {
+            Ok(Ok(Response::StdinWritten(_))) if n > 0 => {}
+            _ => return,
+        }
+    }
+}
+
+/// Waits for the blocked signals and does what each means.
+fn on_signals(socket: &Path, (agent, session): &(String, String), known: &Known, set: SigSet) {
+    let mut client: Option<Client> = None;
+    loop {
+        let Ok(sig) = set.wait() else { return };
+        let request = match (sig, known.id.get()) {
+            (Signal::SIGWINCH, Some(run_id)) => match local_size() {
+                Some((rows, cols)) => Request::ProcessResize(ProcessResize {
+                    agent_id: agent.clone(),
+                    session_id: session.clone(),
+                    run_id: run_id.clone(),
+                    rows,
+                    cols,
+                }),
+                None => continue,
+            },
+            // Ctrl-C, typed into the run's terminal.
+            (Signal::SIGINT, Some(run_id)) => Request::ProcessStdin(ProcessStdin {
+                agent_id: agent.clone(),
+                session_id: session.clone(),
+                run_id: run_id.clone(),
+                data: vec![3u8].into(),
+                close: false,
+            }),
+            (Signal::SIGWINCH | Signal::SIGINT, None) => continue,
+            (other, _) => {
+                restore();
+                let _ = std::io::stderr().write_all(
+                    format!(
+                        "\nalloxctl: {other}: leaving the run going (alloxctl attach follows it again)\n"
+                    )
+                    .as_bytes(),
+                );
+                std::process::exit(128 + other as i32);
+            }
+        };
+        if client.is_none() {
+            client = Client::connect(socket).ok();
+        }
+        if let Some(c) = client.as_mut() {
+            if c.call(request).is_err() {
+                client = None;
+            }
+        }
+    }
+}

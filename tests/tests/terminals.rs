@@ -1,0 +1,531 @@
+//! Byte streams and terminals through the real daemon: every byte value
+//! through `alloxctl exec`, runs on a terminal of the sandbox's own devpts
+//! (its size, resizes, re-attach, TIOCSTI, the master never inside), a
+//! person at `alloxctl exec -t` played by tmux (a shell, Ctrl-C, python3
+//! -i, vi, the local terminal restored), and 1,000 terminal runs that
+//! leave no descriptor behind in the supervisor.
+
+use allox_integration::{call, needs, process_start as start, require, which, ProcDaemon};
+use allox_protocol::*;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn setup(name: &str) -> Option<ProcDaemon> {
+    if !require(&format!("terminals::{name}")) {
+        return None;
+    }
+    let d = ProcDaemon::start(name, &[]);
+    allox_integration::make_sessions(&d, &[("a", "s")]);
+    Some(d)
+}
+
+fn pty(rows: u16, cols: u16) -> Option<PtySize> {
+    Some(PtySize {
+        rows,
+        cols,
+        term: None,
+    })
+}
+
+/// A terminal run of `sh -c script` to its end.
+fn sh_pty(d: &ProcDaemon, script: &str) -> RunResult {
+    let mut p = start("a", "s", &["/bin/sh", "-c", script]);
+    p.pty = pty(30, 100);
+    p.stdin = None;
+    match call(d, Request::ProcessStart(p)) {
+        Ok(Response::Exited(r)) => r,
+        other => panic!("{script}: {other:?}"),
+    }
+}
+
+/// Starts a terminal run without waiting; its id.
+fn start_pty(d: &ProcDaemon, argv: &[&str]) -> String {
+    let mut p = start("a", "s", argv);
+    p.pty = pty(24, 80);
+    p.stdin = None;
+    p.wait = false;
+    match call(d, Request::ProcessStart(p)) {
+        Ok(Response::Started(s)) => s.run_id,
+        other => panic!("{argv:?}: {other:?}"),
+    }
+}
+
+fn stdin(d: &ProcDaemon, run: &str, data: &[u8], close: bool) -> Result<Response, ErrorBody> {
+    call(
+        d,
+        Request::ProcessStdin(ProcessStdin {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: run.into(),
+            data: data.into(),
+            close,
+        }),
+    )
+}
+
+/// Attaches to a run and collects its output until `until` is in it (at
+/// most 30 s); returns it. The attachment stays until the run ends.
+fn attach_until(d: &ProcDaemon, run: &str, replay: bool, until: &str) -> String {
+    let rx = attach(d, run, replay);
+    let mut out = Vec::new();
+    let t0 = Instant::now();
+    while !String::from_utf8_lossy(&out).contains(until) {
+        let left = Duration::from_secs(30).saturating_sub(t0.elapsed());
+        match rx.recv_timeout(left) {
+            Ok(data) => out.extend(data),
+            Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Attaches to a run from a thread of its own; its output as it comes.
+fn attach(d: &ProcDaemon, run: &str, replay: bool) -> std::sync::mpsc::Receiver<Vec<u8>> {
+    let mut c = d.daemon.client();
+    let req = Request::ProcessAttach(ProcessAttach {
+        agent_id: "a".into(),
+        session_id: "s".into(),
+        run_id: run.into(),
+        replay: Some(replay),
+    });
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        let _ = c.call_with_events(req, |e| {
+            if let Event::Output(o) = e {
+                let _ = tx.send(o.data.0);
+            }
+        });
+    });
+    rx
+}
+
+#[test]
+fn every_byte_value_passes_through_alloxctl_exec_unchanged() {
+    let Some(d) = setup("bytes") else { return };
+    let all: Vec<u8> = (0..=255u8).cycle().take(256 * 64).collect();
+    // stdin to stdout, through cat.
+    let exec = |argv: &[&str], input: &[u8]| {
+        let mut child = Command::new(allox_integration::workspace_bin("alloxctl"))
+            .arg("--socket")
+            .arg(&d.daemon.socket)
+            .args(["exec", "--stdin-file", "-", "a", "s", "--"])
+            .args(argv)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        out
+    };
+    let out = exec(&["cat"], &all);
+    assert_eq!(out.stdout.len(), all.len());
+    assert!(out.stdout == all, "stdout differs from stdin");
+    // stdin to stderr.
+    let out = exec(&["/bin/sh", "-c", "cat >&2"], &all);
+    assert!(out.stderr == all, "stderr differs from stdin");
+    // `process.stdin` of a started run takes any bytes too.
+    let mut p = start(
+        "a",
+        "s",
+        &["/bin/sh", "-c", "cat > /allox/session/bytes.bin"],
+    );
+    p.stdin = None;
+    p.wait = false;
+    let Ok(Response::Started(s)) = call(&d, Request::ProcessStart(p)) else {
+        panic!()
+    };
+    let bytes: Vec<u8> = (0..=255u8).rev().collect();
+    stdin(&d, &s.run_id, &bytes[..100], false).unwrap();
+    stdin(&d, &s.run_id, &bytes[100..], true).unwrap();
+    let r = call(
+        &d,
+        Request::ProcessWait(ProcessWait {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: s.run_id.clone(),
+            timeout_ms: Some(10_000),
+        }),
+    );
+    assert!(matches!(r, Ok(Response::Exited(_))), "{r:?}");
+    let file = d
+        .daemon
+        .root
+        .join("agents/a/workspace/sessions/s/current/bytes.bin");
+    assert_eq!(std::fs::read(file).unwrap(), bytes);
+}
+
+#[test]
+fn a_terminal_run_has_a_terminal_of_its_own_devpts_of_its_size() {
+    let Some(d) = setup("pty_basics") else { return };
+    let r = sh_pty(
+        &d,
+        "t=$(tty); echo \"tty=$t\"; test -e \"$t\" && echo exists; stty size; \
+         echo \"term=$TERM\"; ls /dev/pts | tr '\\n' ' '; echo; \
+         for p in /proc/[0-9]*/fd/*; do readlink \"$p\"; done | grep -c ptmx; \
+         echo err >&2",
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let out = r.stdout.replace('\r', "");
+    assert!(out.contains("tty=/dev/pts/0\n"), "{out}");
+    assert!(out.contains("exists\n"), "{out}");
+    assert!(out.contains("30 100\n"), "{out}");
+    assert!(out.contains("term=xterm-256color\n"), "{out}");
+    // Its own instance: one terminal, and no process inside holds a
+    // master side.
+    assert!(out.contains("0 ptmx \n"), "{out}");
+    assert!(out.contains("\n0\n"), "{out}");
+    // stderr is the terminal too.
+    assert!(out.ends_with("err\n"), "{out}");
+    // TIOCSTI still fails on it.
+    let r = sh_pty(
+        &d,
+        "python3 -c 'import fcntl, termios; fcntl.ioctl(0, termios.TIOCSTI, b\"x\")' \
+         && echo typed || echo refused",
+    );
+    assert!(r.stdout.contains("refused"), "{r:?}");
+    // Bad sizes and types are refused naming what is wrong.
+    for (rows, cols, term) in [(0, 80, None), (24, 0, None), (24, 80, Some("x y"))] {
+        let mut p = start("a", "s", &["true"]);
+        p.pty = Some(PtySize {
+            rows,
+            cols,
+            term: term.map(str::to_string),
+        });
+        let e = call(&d, Request::ProcessStart(p)).unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidRequest, "{e:?}");
+        assert!(e.message.contains("terminal"), "{e:?}");
+    }
+    // Resizing and attaching to a run without a terminal is refused.
+    let mut p = start("a", "s", &["sleep", "5"]);
+    p.wait = false;
+    let Ok(Response::Started(s)) = call(&d, Request::ProcessStart(p)) else {
+        panic!()
+    };
+    let e = call(
+        &d,
+        Request::ProcessResize(ProcessResize {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: s.run_id.clone(),
+            rows: 10,
+            cols: 10,
+        }),
+    )
+    .unwrap_err();
+    assert!(e.message.contains("no terminal"), "{e:?}");
+}
+
+#[test]
+fn resize_reaches_the_program_and_attach_replays_recent_output() {
+    let Some(d) = setup("pty_resize_attach") else {
+        return;
+    };
+    let run = start_pty(
+        &d,
+        &[
+            "/bin/bash",
+            "-c",
+            "trap 'echo size=$(stty size)' WINCH; echo marker-before; \
+             while read -r line; do echo \"got=$line\"; done; echo eof-seen",
+        ],
+    );
+    // What it printed before anyone attached is replayed.
+    let seen = attach_until(&d, &run, true, "marker-before");
+    assert!(seen.contains("marker-before"), "{seen}");
+    let r = call(
+        &d,
+        Request::ProcessResize(ProcessResize {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: run.clone(),
+            rows: 40,
+            cols: 120,
+        }),
+    );
+    assert!(matches!(r, Ok(Response::Resized(_))), "{r:?}");
+    // bash runs the trap once `read` returns: a line lets it.
+    stdin(&d, &run, b"one\n", false).unwrap();
+    let all = attach_until(&d, &run, true, "got=one");
+    assert!(all.contains("got=one"), "{all}");
+    assert!(all.contains("size=40 120"), "{all}");
+    // Without replay only what comes after the attach: lines are typed
+    // until one shows (the attach takes effect at some point after it is
+    // sent), and what came before does not.
+    let rx = attach(&d, &run, false);
+    let mut seen = Vec::new();
+    let t0 = Instant::now();
+    while !String::from_utf8_lossy(&seen).contains("got=tick") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no output after attach"
+        );
+        stdin(&d, &run, b"tick\n", false).unwrap();
+        while let Ok(data) = rx.recv_timeout(Duration::from_millis(200)) {
+            seen.extend(data);
+        }
+    }
+    let seen = String::from_utf8_lossy(&seen);
+    assert!(!seen.contains("marker-before"), "{seen}");
+    assert!(!seen.contains("got=one"), "{seen}");
+    // Closing stdin types end-of-file: `read` ends, the run ends.
+    stdin(&d, &run, b"", true).unwrap();
+    let r = call(
+        &d,
+        Request::ProcessWait(ProcessWait {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: run.clone(),
+            timeout_ms: Some(10_000),
+        }),
+    );
+    let Ok(Response::Exited(r)) = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert!(r.stdout.contains("eof-seen"), "{r:?}");
+}
+
+#[test]
+fn a_thousand_terminal_runs_leave_no_descriptor_in_the_supervisor() {
+    let Some(d) = setup("pty_leak") else { return };
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", d.daemon.child.id()))
+            .unwrap()
+            .count()
+    };
+    // Warm: the session's context, the runtime's threads.
+    for _ in 0..5 {
+        assert_eq!(sh_pty(&d, "true").exit_code, Some(0));
+    }
+    let before = fds();
+    let t0 = Instant::now();
+    for i in 0..1000 {
+        let r = sh_pty(&d, "echo x");
+        assert_eq!(r.exit_code, Some(0), "run {i}: {r:?}");
+    }
+    let after = fds();
+    eprintln!(
+        "1000 terminal runs in {:.1} s; supervisor descriptors {before} -> {after}",
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(after <= before + 2, "descriptors {before} -> {after}");
+}
+
+/// A tmux server of the test's own (its own socket), one window of
+/// `cols` x `rows` running a shell, driven with send-keys and read with
+/// capture-pane.
+struct Tmux {
+    socket: std::path::PathBuf,
+}
+
+impl Tmux {
+    fn start(dir: &std::path::Path, cols: u16, rows: u16) -> Tmux {
+        let t = Tmux {
+            socket: dir.join("tmux.sock"),
+        };
+        let ok = t
+            .cmd(&[
+                "-f",
+                "/dev/null",
+                "new-session",
+                "-d",
+                "-x",
+                &cols.to_string(),
+                "-y",
+                &rows.to_string(),
+                "/bin/bash --norc --noprofile",
+            ])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "tmux new-session");
+        t
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("tmux");
+        c.arg("-S").arg(&self.socket).args(args);
+        c.env("TERM", "xterm-256color");
+        c
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "0"];
+        args.extend(keys);
+        assert!(self.cmd(&args).status().unwrap().success());
+    }
+
+    /// Types `text` and Enter.
+    fn line(&self, text: &str) {
+        self.keys(&["-l", text]);
+        self.keys(&["Enter"]);
+    }
+
+    fn screen(&self) -> String {
+        let out = self
+            .cmd(&["capture-pane", "-p", "-t", "0", "-S", "-200"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Waits until the screen shows `what` (at most 20 s).
+    fn wait_for(&self, what: &str) -> String {
+        let t0 = Instant::now();
+        loop {
+            let s = self.screen();
+            if s.contains(what) {
+                return s;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the screen never showed {what:?}:\n{s}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["kill-server"]).status();
+    }
+}
+
+#[test]
+fn a_person_at_alloxctl_exec_t_in_tmux() {
+    let name = "terminals::a_person_at_alloxctl_exec_t_in_tmux";
+    if !needs(name, which("tmux").is_none().then(|| "tmux".to_string())) {
+        return;
+    }
+    if !needs(
+        name,
+        which("vi").is_none().then(|| "vi (vim-tiny)".to_string()),
+    ) {
+        return;
+    }
+    let Some(d) = setup("pty_tmux") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let tmux = Tmux::start(dir.path(), 100, 30);
+    // The host shell's terminal settings, to compare after alloxctl ends.
+    tmux.line(&format!("stty -g > {}/before", dir.path().display()));
+    let ctl = allox_integration::workspace_bin("alloxctl");
+    tmux.line(&format!(
+        "{} --socket {} exec -t a s -- /bin/bash --norc --noprofile -i",
+        ctl.display(),
+        d.daemon.socket.display()
+    ));
+    // A terminal of the sandbox's own, of the window's size.
+    tmux.line("PS1='sandbox$ '; echo \"tty=$(tty)\"; stty size");
+    let s = tmux.wait_for("tty=/dev/pts/0");
+    assert!(s.contains("30 100") || s.contains("29 100"), "{s}");
+    // A resize of the window reaches the run.
+    assert!(tmux
+        .cmd(&["resize-window", "-t", "0", "-x", "120", "-y", "40"])
+        .status()
+        .unwrap()
+        .success());
+    std::thread::sleep(Duration::from_millis(300));
+    tmux.line("echo size\"\"=$(stty size)");
+    let s = tmux.wait_for("size=");
+    assert!(
+        s.contains("size=40 120") || s.contains("size=39 120"),
+        "{s}"
+    );
+    // Ctrl-C stops the foreground job only: the shell goes on.
+    tmux.line("sleep 100; echo after-sleep");
+    std::thread::sleep(Duration::from_millis(500));
+    tmux.keys(&["C-c"]);
+    tmux.line("echo status\"\"=$?; echo shell\"\"-alive");
+    let s = tmux.wait_for("shell-alive\n");
+    assert!(s.contains("status=130"), "{s}");
+    assert!(!s.contains("\nafter-sleep"), "{s}");
+    // Job control: a job to the background and back.
+    tmux.line("sleep 100");
+    std::thread::sleep(Duration::from_millis(500));
+    tmux.keys(&["C-z"]);
+    tmux.line("jobs; kill -9 %1; echo jobs\"\"-done");
+    let s = tmux.wait_for("jobs-done\n");
+    assert!(s.contains("Stopped"), "{s}");
+    // python3 -i.
+    tmux.line("python3 -i -q");
+    tmux.wait_for(">>>");
+    tmux.line("print(6 * 7, 'from-python')");
+    tmux.wait_for("42 from-python");
+    tmux.keys(&["C-d"]);
+    // vi: a file written as a person would.
+    tmux.line("vi /allox/session/note.txt");
+    std::thread::sleep(Duration::from_millis(800));
+    tmux.keys(&["i"]);
+    tmux.keys(&["-l", "typed in vi"]);
+    tmux.keys(&["Escape"]);
+    tmux.keys(&["-l", ":wq"]);
+    tmux.keys(&["Enter"]);
+    tmux.line("cat /allox/session/note.txt; echo vi\"\"-done");
+    let s = tmux.wait_for("vi-done\n");
+    assert!(s.contains("typed in vi"), "{s}");
+    let note = d
+        .daemon
+        .root
+        .join("agents/a/workspace/sessions/s/current/note.txt");
+    assert_eq!(std::fs::read_to_string(note).unwrap(), "typed in vi\n");
+    // The run ends; alloxctl exits with its status and gives the local
+    // terminal back as it was.
+    tmux.line("exit 7");
+    // (Keys typed before alloxctl is gone are the run's, as in any
+    // terminal program: wait for it to end.)
+    let t0 = Instant::now();
+    while Command::new("pgrep")
+        .args(["-f", "exec -t a s --"])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "alloxctl did not end"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    tmux.line("echo alloxctl\"\"=$?");
+    tmux.wait_for("alloxctl=7");
+    tmux.line(&format!(
+        "stty -g > {0}/after; cmp {0}/before {0}/after && echo same\"\"-terminal",
+        dir.path().display()
+    ));
+    tmux.wait_for("same-terminal\n");
+    // Killed by a signal, alloxctl restores the terminal too; the run goes
+    // on, and `alloxctl attach` follows it again with its recent output.
+    tmux.line(&format!(
+        "{} --socket {} exec -t a s -- /bin/sh -c 'echo started\"\"-here; sleep 1000'",
+        ctl.display(),
+        d.daemon.socket.display()
+    ));
+    tmux.wait_for("started-here");
+    let pid = Command::new("pgrep")
+        .args(["-n", "-f", "exec -t a s -- /bin/sh"])
+        .output()
+        .unwrap();
+    let pid = String::from_utf8_lossy(&pid.stdout).trim().to_string();
+    assert!(!pid.is_empty());
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    tmux.wait_for("leaving the run going");
+    tmux.line(&format!(
+        "stty -g > {0}/after2; cmp {0}/before {0}/after2 && echo same\"\"-again",
+        dir.path().display()
+    ));
+    tmux.wait_for("same-again\n");
+    let runs = call(
+        &d,
+        Request::ProcessList(SessionRef {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+        }),
+    );
+    assert!(format!("{runs:?}").contains("sleep"), "{runs:?}");
+}

@@ -181,7 +181,8 @@ pub enum Command {
         #[arg(value_name = "JSON")]
         request: String,
     },
-    /// Serve the JSON form over HTTP (`POST /v1/rpc`), to clients that
+    /// Serve the JSON form over HTTP (`POST /v1/rpc`), and files as raw
+    /// bytes (`GET`/`PUT /v1/files/AGENT/SESSION/PATH`), to clients that
     /// send the bearer token (`Authorization: Bearer $(alloxctl token)`).
     Gateway(GatewayArgs),
     /// Print the gateway's bearer token (making the token file if there is
@@ -233,11 +234,13 @@ pub struct GatewayArgs {
     #[arg(long, value_name = "URL")]
     pub allow_origin: Vec<String>,
     /// Give up on a call to the daemon after this long: the client gets
-    /// 504 `unavailable` and the worker a new daemon connection.
+    /// 504 `unavailable` and the worker a new daemon connection. (A file
+    /// moves in many calls, each bounded by this.)
     #[arg(long, value_name = "MS", default_value_t = 30_000)]
     pub daemon_timeout_ms: u64,
     /// Give up on an HTTP client whose request body has not come after
     /// this long (408), or that reads nothing of its answer for this long.
+    /// (For a file: each piece of the body, each write of the answer.)
     #[arg(long, value_name = "MS", default_value_t = 10_000)]
     pub http_timeout_ms: u64,
 }

@@ -37,6 +37,13 @@ pub trait Caller {
         let _ = on_event;
         self.call(request)
     }
+
+    /// Answers to `requests`, in their order. [`Client`] sends them all at
+    /// once; this default makes one call after another, stopping at the
+    /// first that fails to reach the daemon.
+    fn call_many(&mut self, requests: Vec<Request>) -> Result<Vec<Answer>, ClientError> {
+        requests.into_iter().map(|r| self.call(r)).collect()
+    }
 }
 
 #[derive(Debug, Error)]
@@ -477,6 +484,10 @@ impl Caller for Client {
         on_event: &mut dyn FnMut(Event),
     ) -> Result<Answer, ClientError> {
         Client::call_with_events(self, request, on_event)
+    }
+
+    fn call_many(&mut self, requests: Vec<Request>) -> Result<Vec<Answer>, ClientError> {
+        Client::call_many(self, requests)
     }
 }
 

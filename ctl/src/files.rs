@@ -5,10 +5,10 @@
 //! whole; downloads read chunks into a file beside the local target, which
 //! is renamed into place at the end.
 
-use crate::client::{Client, ClientError};
+use crate::client::{Caller, Client, ClientError};
 use allox_protocol::{
-    ErrorBody, FsData, FsEntry, FsKind, FsList, FsMkdir, FsRead, FsScope, FsStat, FsWrite, Request,
-    Response, FS_CHUNK,
+    ErrorBody, FsData, FsEntry, FsKind, FsList, FsMkdir, FsRead, FsScope, FsStat, FsWrite,
+    FsWritten, Request, Response, FS_CHUNK,
 };
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -73,7 +73,7 @@ fn local(path: &Path) -> impl FnOnce(std::io::Error) -> CopyError + '_ {
     }
 }
 
-fn ask(c: &mut Client, what: &str, r: Request) -> Result<Response, CopyError> {
+fn ask(c: &mut impl Caller, what: &str, r: Request) -> Result<Response, CopyError> {
     c.call(r)?.map_err(|body| CopyError::Daemon {
         what: what.to_string(),
         body,
@@ -90,7 +90,8 @@ pub struct Copied {
 /// Chunks of an upload in flight at once.
 const WINDOW: usize = 4;
 
-fn upload_id() -> String {
+/// A fresh upload id: 16 random hex digits.
+pub fn upload_id() -> String {
     let mut r = [0u8; 8];
     let _ = getrandom::fill(&mut r);
     r.iter().map(|b| format!("{b:02x}")).collect()
@@ -135,14 +136,33 @@ pub fn upload(c: &mut Client, from: &Path, to: &Remote) -> Result<Copied, CopyEr
         return Ok(done);
     }
     let mut f = std::fs::File::open(from).map_err(local(from))?;
+    let written = upload_from(c, &mut f, from, to)?;
+    done.files += 1;
+    done.bytes += written.size;
+    Ok(done)
+}
+
+/// Sends what `source` gives, to its end, as the file `to`: in chunks of
+/// [`FS_CHUNK`] under a fresh upload id, the last one committing. The
+/// target keeps its old content unless the whole of `source` came; a read
+/// error is a [`CopyError::Local`] naming `name`. Returns the commit's
+/// answer.
+pub fn upload_from(
+    c: &mut impl Caller,
+    source: &mut dyn Read,
+    name: &Path,
+    to: &Remote,
+) -> Result<FsWritten, CopyError> {
     let id = upload_id();
     let mut next = || -> Result<Vec<u8>, CopyError> {
         let mut buf = vec![0u8; FS_CHUNK as usize];
         let mut n = 0;
         while n < buf.len() {
-            match f.read(&mut buf[n..]).map_err(local(from))? {
-                0 => break,
-                k => n += k,
+            match source.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(local(name)(e)),
             }
         }
         buf.truncate(n);
@@ -157,13 +177,19 @@ pub fn upload(c: &mut Client, from: &Path, to: &Remote) -> Result<Copied, CopyEr
             ..FsWrite::whole(&to.agent, &to.session, &to.path, data)
         })
     };
+    let written = |r: Response| match r {
+        Response::FsWritten(w) => Ok(w),
+        _ => Err(CopyError::Other(format!(
+            "{}: an answer that is not a write",
+            to.path
+        ))),
+    };
     // The first chunk alone (it begins the upload), then up to WINDOW at
     // once, and the last one, which commits, after all the others.
     let first = next()?;
     let mut offset = first.len() as u64;
-    let mut last = first.len() < FS_CHUNK as usize;
-    ask(c, &to.path, chunk(0, first, last))?;
-    while !last {
+    let mut last = written(ask(c, &to.path, chunk(0, first, offset < FS_CHUNK))?)?;
+    while !last.committed {
         let mut batch = Vec::new();
         let mut tail = None;
         while batch.len() < WINDOW {
@@ -184,14 +210,17 @@ pub fn upload(c: &mut Client, from: &Path, to: &Remote) -> Result<Copied, CopyEr
         }
         if let Some(data) = tail {
             let n = data.len() as u64;
-            ask(c, &to.path, chunk(offset, data, true))?;
+            last = written(ask(c, &to.path, chunk(offset, data, true))?)?;
             offset += n;
-            last = true;
+            if !last.committed {
+                return Err(CopyError::Other(format!(
+                    "{}: the last chunk was not committed",
+                    to.path
+                )));
+            }
         }
     }
-    done.files += 1;
-    done.bytes += offset;
-    Ok(done)
+    Ok(last)
 }
 
 /// Reads all of the remote file `from`, chunk by chunk, into `out`.

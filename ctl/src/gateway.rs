@@ -1,4 +1,6 @@
-//! `alloxctl gateway`: the JSON form over HTTP, `POST /v1/rpc`.
+//! `alloxctl gateway`: the JSON form over HTTP, `POST /v1/rpc`, and a
+//! session's files as raw bytes, `GET` and `PUT
+//! /v1/files/{agent}/{session}/{path}` ([`files`]).
 //!
 //! The answer body is the same JSON as `alloxctl rpc` prints; the status is
 //! 200 for a result and the error code's [`ErrorCode::http_status`]
@@ -9,15 +11,19 @@
 //!
 //! Before anything reaches the daemon a request must pass [`access`]: the
 //! bearer token, a `Host` naming this gateway, no `Origin` but allowed
-//! ones, a JSON content type. The listener is bound to loopback unless
-//! `--allow-remote` says otherwise. The HTTP timeout bounds how long a
-//! worker waits for a request's body ([`body`]) and each write of an answer
-//! (a send timeout on the listening socket, which every accepted
-//! connection inherits); the daemon timeout bounds every call to the
-//! daemon.
+//! ones, a JSON content type (for `/v1/rpc`; a file's body may be of any
+//! type). The listener is bound to loopback unless `--allow-remote` says
+//! otherwise. The HTTP timeout bounds how long a worker waits for a
+//! request's body ([`body`]; for a file, each piece of it) and each write
+//! of an answer (a send timeout on the listening socket, which every
+//! accepted connection inherits); the daemon timeout bounds every call to
+//! the daemon (a file moves in many calls, each bounded, the transfer as
+//! a whole is not).
 
 pub mod access;
 mod body;
+mod conn;
+pub mod files;
 
 use crate::client::{Caller, ClientError};
 use crate::reconnecting::ReconnectingClient;
@@ -205,7 +211,15 @@ impl Gateway {
                     Some(self.cfg.daemon_timeout),
                 );
                 let http_timeout = self.cfg.http_timeout;
-                thread::spawn(move || worker(&server, &access, daemon, http_timeout))
+                let port = self.addr.port();
+                thread::spawn(move || {
+                    let ctx = Ctx {
+                        access: &access,
+                        http_timeout,
+                        port,
+                    };
+                    worker(&server, &ctx, daemon)
+                })
             })
             .collect();
         for t in threads {
@@ -215,25 +229,21 @@ impl Gateway {
     }
 }
 
-fn worker(
-    server: &Server,
-    access: &Access,
-    mut daemon: ReconnectingClient,
-    http_timeout: Duration,
-) {
+fn worker(server: &Server, ctx: &Ctx<'_>, mut daemon: ReconnectingClient) {
     loop {
         match server.recv() {
-            Ok(request) => serve_one(request, access, &mut daemon, http_timeout),
+            Ok(request) => serve_one(request, ctx, &mut daemon),
             Err(e) => eprintln!("alloxctl gateway: {e}"),
         }
     }
 }
 
 /// A status, a JSON body (none for 204) and extra headers.
-struct Reply {
-    status: u16,
-    body: Option<Value>,
-    headers: Vec<(&'static str, String)>,
+#[derive(Debug, PartialEq)]
+pub struct Reply {
+    pub status: u16,
+    pub body: Option<Value>,
+    pub headers: Vec<(&'static str, String)>,
 }
 
 impl Reply {
@@ -265,53 +275,94 @@ fn header<'a>(request: &'a tiny_http::Request, name: &'static str) -> Option<&'a
         .map(|h| h.value.as_str())
 }
 
-fn serve_one(
-    request: tiny_http::Request,
-    access: &Access,
-    daemon: &mut impl Caller,
+/// What a worker serves with.
+struct Ctx<'a> {
+    access: &'a Access,
     http_timeout: Duration,
-) {
+    /// The port listened on (to find a request's connection by).
+    port: u16,
+}
+
+fn serve_one(request: tiny_http::Request, ctx: &Ctx<'_>, daemon: &mut impl Caller) {
     let origin = header(&request, "Origin").map(str::to_owned);
-    let (request, reply) = match screen(&request, access) {
-        Some(reply) => (request, reply),
-        None => match body::read(request, MAX_BODY, http_timeout) {
-            Body::Read(request, Ok(body)) => (request, Reply::json(handle(&body, daemon))),
-            Body::Read(request, Err(e)) => (
-                request,
-                Reply::json(error(
-                    400,
-                    ErrorCode::InvalidRequest,
-                    format!("cannot read the request body: {e}"),
-                )),
-            ),
-            Body::Busy(request) => (
-                request,
-                Reply::json(error(
-                    503,
-                    ErrorCode::Unavailable,
-                    "too many clients are slow to send their request bodies; try again later"
-                        .into(),
-                )),
-            ),
-            // Its own thread answers it.
-            Body::Late => return,
+    let origin = origin.as_deref();
+    let (request, reply) = match route(request.method().as_str(), request.url()) {
+        Route::Files(f) => return files::serve(request, f, ctx, daemon),
+        Route::Refused(reply) => (request, reply),
+        Route::Rpc => match screen(&request, ctx.access) {
+            Some(reply) => (request, reply),
+            None => match body::read(request, MAX_BODY, ctx.http_timeout) {
+                Body::Read(request, Ok(body)) => (request, Reply::json(handle(&body, daemon))),
+                Body::Read(request, Err(e)) => (
+                    request,
+                    Reply::json(error(
+                        400,
+                        ErrorCode::InvalidRequest,
+                        format!("cannot read the request body: {e}"),
+                    )),
+                ),
+                Body::Busy(request) => (
+                    request,
+                    Reply::json(error(
+                        503,
+                        ErrorCode::Unavailable,
+                        "too many clients are slow to send their request bodies; try again later"
+                            .into(),
+                    )),
+                ),
+                // Its own thread answers it.
+                Body::Late => return,
+            },
         },
     };
-    let mut response = json_response(reply.status, reply.body);
-    for (name, value) in reply.headers {
-        if let Ok(h) = Header::from_bytes(name, value) {
+    // The HTTP client may have gone away; nothing to tell it then.
+    let _ = send_reply(request, reply, origin, ctx.access);
+}
+
+/// Sends `reply` with its headers (and the CORS ones for an allowed
+/// origin).
+fn send_reply(
+    request: tiny_http::Request,
+    reply: Reply,
+    origin: Option<&str>,
+    access: &Access,
+) -> io::Result<()> {
+    let response = json_response(reply.status, reply.body);
+    send(request, response, &reply.headers, origin, access)
+}
+
+/// Sends `response` with `extra` headers (and the CORS ones for an
+/// allowed origin).
+fn send<R: io::Read>(
+    request: tiny_http::Request,
+    mut response: tiny_http::Response<R>,
+    extra: &[(&'static str, String)],
+    origin: Option<&str>,
+    access: &Access,
+) -> io::Result<()> {
+    decorate(&mut response, extra, origin, access);
+    request.respond(response)
+}
+
+/// Adds `extra` headers, and for an allowed origin those that let a
+/// browser read the answer.
+fn decorate<R: io::Read>(
+    response: &mut tiny_http::Response<R>,
+    extra: &[(&'static str, String)],
+    origin: Option<&str>,
+    access: &Access,
+) {
+    for (name, value) in extra {
+        if let Ok(h) = Header::from_bytes(*name, value.as_bytes()) {
             response.add_header(h);
         }
     }
-    // A browser may read the answer for an allowed origin.
     if let Some(origin) = origin.filter(|o| access.allows_origin(o)) {
         if let Ok(h) = Header::from_bytes("Access-Control-Allow-Origin", origin) {
             response.add_header(h);
             response.add_header(constant_header("Vary", "Origin"));
         }
     }
-    // The HTTP client may have gone away; nothing to tell it then.
-    let _ = request.respond(response);
 }
 
 /// A response with a JSON body, or an empty one.
@@ -334,13 +385,6 @@ fn constant_header(name: &str, value: &str) -> Header {
 /// is to be read and forwarded.
 fn screen(request: &tiny_http::Request, access: &Access) -> Option<Reply> {
     let method = request.method().as_str();
-    if let Some(answer) = route(method, request.url()) {
-        let mut reply = Reply::json(answer);
-        if reply.status == 405 {
-            reply.headers.push(("Allow", "POST, OPTIONS".into()));
-        }
-        return Some(reply);
-    }
     let headers = Headers {
         host: header(request, "Host"),
         origin: header(request, "Origin"),
@@ -373,25 +417,46 @@ fn screen(request: &tiny_http::Request, access: &Access) -> Option<Reply> {
         .map(|_| Reply::json(too_large()))
 }
 
-/// The answer for a method and URL that are not `POST` or `OPTIONS` on
-/// `/v1/rpc`, or `None` when the request is one to look at further.
-pub fn route(method: &str, url: &str) -> Option<(u16, Value)> {
+/// Where a request goes.
+#[derive(Debug, PartialEq)]
+pub enum Route {
+    /// `POST` or `OPTIONS` on `/v1/rpc`.
+    Rpc,
+    /// `GET` or `PUT` below `/v1/files/`.
+    Files(files::FileRequest),
+    /// Answered at once: no such path, or not a method served there.
+    Refused(Reply),
+}
+
+/// The route of a method and URL.
+pub fn route(method: &str, url: &str) -> Route {
     let path = url.split(['?', '#']).next().unwrap_or(url);
+    if files::is_files_path(path) {
+        return match files::parse(method, url) {
+            Ok(f) => Route::Files(f),
+            Err(e) => Route::Refused(e.reply()),
+        };
+    }
     if path != RPC_PATH {
-        return Some(error(
+        return Route::Refused(Reply::json(error(
             404,
             ErrorCode::NotFound,
-            format!("no such path {path:?}; the gateway serves POST {RPC_PATH}"),
-        ));
+            format!(
+                "no such path {path:?}; the gateway serves POST {RPC_PATH} and GET and PUT {}/{{agent}}/{{session}}/{{path}}",
+                files::FILES_PATH
+            ),
+        )));
     }
     if !method.eq_ignore_ascii_case("POST") && !method.eq_ignore_ascii_case("OPTIONS") {
-        return Some(error(
+        let mut reply = Reply::json(error(
             405,
             ErrorCode::InvalidRequest,
             format!("{RPC_PATH} takes POST, not {method}"),
         ));
+        reply.headers.push(("Allow", "POST, OPTIONS".into()));
+        return Route::Refused(reply);
     }
-    None
+    Route::Rpc
 }
 
 /// The status and JSON answer for one `POST /v1/rpc` body.
@@ -411,11 +476,20 @@ pub fn handle(body: &[u8], daemon: &mut impl Caller) -> (u16, Value) {
         Err(body) => (body.code.http_status(), Err(body)),
         Ok(Ok(Ok(response))) => (200, Ok(response)),
         Ok(Ok(Err(body))) => (body.code.http_status(), Err(body)),
-        // The daemon is there but slow: a gateway timeout.
-        Ok(Err(err @ ClientError::TimedOut(_))) => (504, Err(err.to_body())),
-        Ok(Err(err)) => (err.code().http_status(), Err(err.to_body())),
+        Ok(Err(err)) => return failure(&err),
     };
     (status, answer_to_json(&answer))
+}
+
+/// The status and JSON answer for a call that did not reach the daemon or
+/// come back.
+fn failure(err: &ClientError) -> (u16, Value) {
+    let status = match err {
+        // The daemon is there but slow: a gateway timeout.
+        ClientError::TimedOut(_) => 504,
+        err => err.code().http_status(),
+    };
+    (status, answer_to_json(&Err(err.to_body())))
 }
 
 fn too_large() -> (u16, Value) {
@@ -498,16 +572,38 @@ mod tests {
 
     #[test]
     fn routes() {
-        assert_eq!(route("POST", "/v1/rpc"), None);
-        assert_eq!(route("POST", "/v1/rpc?pretty=1"), None);
-        assert_eq!(route("OPTIONS", "/v1/rpc"), None);
-        let (status, v) = route("GET", "/v1/rpc").unwrap();
+        assert_eq!(route("POST", "/v1/rpc"), Route::Rpc);
+        assert_eq!(route("POST", "/v1/rpc?pretty=1"), Route::Rpc);
+        assert_eq!(route("OPTIONS", "/v1/rpc"), Route::Rpc);
+        let refused = |method, url| match route(method, url) {
+            Route::Refused(r) => r,
+            other => panic!("{method} {url}: {other:?}"),
+        };
+        let r = refused("GET", "/v1/rpc");
+        let v = r.body.as_ref().unwrap();
         assert_eq!(
-            (status, &v["error"]["code"]),
+            (r.status, &v["error"]["code"]),
             (405, &"invalid_request".into())
         );
-        let (status, v) = route("POST", "/v2/rpc").unwrap();
-        assert_eq!((status, &v["error"]["code"]), (404, &"not_found".into()));
+        assert_eq!(r.headers, [("Allow", "POST, OPTIONS".to_string())]);
+        let r = refused("POST", "/v2/rpc");
+        let v = r.body.as_ref().unwrap();
+        assert_eq!((r.status, &v["error"]["code"]), (404, &"not_found".into()));
+        // The files: GET and PUT, anything else 405 naming both.
+        for method in ["GET", "PUT"] {
+            let Route::Files(f) = route(method, "/v1/files/a/s/d%20e/f.txt?scope=shared") else {
+                panic!("{method}");
+            };
+            assert_eq!(f.target.path, "d e/f.txt");
+            assert_eq!(f.target.scope, allox_protocol::FsScope::Shared);
+        }
+        for method in ["POST", "DELETE", "PATCH", "OPTIONS", "HEAD"] {
+            let r = refused(method, "/v1/files/a/s/f");
+            assert_eq!(r.status, 405, "{method}");
+            assert_eq!(r.headers, [("Allow", "GET, PUT".to_string())]);
+        }
+        assert_eq!(refused("GET", "/v1/files/a").status, 404);
+        assert_eq!(refused("GET", "/v1/filesx/a/s/f").status, 404);
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! * [`client`]: a blocking client for the control socket.
 //! * [`reconnecting`]: the same, connected lazily and again after a failure.
 //! * [`rpc`]: requests and answers in their JSON form.
-//! * [`gateway`]: that JSON form over HTTP, `POST /v1/rpc`.
+//! * [`gateway`]: that JSON form over HTTP, `POST /v1/rpc`, and files as
+//!   raw bytes, `GET`/`PUT /v1/files/...`.
 //! * [`token`]: the gateway's bearer token and its file.
 //! * [`render`]: human output for every response.
 //! * [`process`]: `exec`, `start` and `wait`, and their exit statuses.

@@ -9,8 +9,14 @@
 //!   must be one given with `--allow-origin`; none is by default.
 //! * `Authorization: Bearer <token>` must carry the token, compared in
 //!   constant time.
-//! * The body must be declared `Content-Type: application/json`, which a
-//!   browser cannot send cross-origin without a preflight.
+//! * A `POST` body must be declared `Content-Type: application/json`,
+//!   which a browser cannot send cross-origin without a preflight.
+//!
+//! The files (`GET` and `PUT /v1/files/...`) pass the same checks but the
+//! last ([`Access::check_files`]): a file's body is raw bytes of any type.
+//! That opens no door the JSON check closes: a browser preflights every
+//! cross-origin `PUT`, and neither method is served without the token,
+//! which a page cannot send without a preflight either.
 
 use crate::token::Token;
 use allox_protocol::ErrorCode;
@@ -115,6 +121,19 @@ impl Access {
 
     /// Checks a `POST`: Host, Origin, token, then Content-Type.
     pub fn check_post(&self, h: &Headers<'_>) -> Result<(), Refusal> {
+        self.check_files(h)?;
+        let media = h
+            .content_type
+            .map(|t| t.split(';').next().unwrap_or_default().trim());
+        match media {
+            Some(m) if m.eq_ignore_ascii_case("application/json") => Ok(()),
+            _ => Err(Refusal::ContentType(h.content_type.map(str::to_owned))),
+        }
+    }
+
+    /// Checks a `GET` or `PUT` of a file: Host, Origin, then the token;
+    /// any Content-Type (a file's bytes are what they are).
+    pub fn check_files(&self, h: &Headers<'_>) -> Result<(), Refusal> {
         self.check_host(h)?;
         self.check_origin(h)?;
         let given = h
@@ -122,15 +141,10 @@ impl Access {
             .and_then(bearer)
             .map(str::as_bytes)
             .unwrap_or_default();
-        if !self.token.matches(given) {
-            return Err(Refusal::Token);
-        }
-        let media = h
-            .content_type
-            .map(|t| t.split(';').next().unwrap_or_default().trim());
-        match media {
-            Some(m) if m.eq_ignore_ascii_case("application/json") => Ok(()),
-            _ => Err(Refusal::ContentType(h.content_type.map(str::to_owned))),
+        if self.token.matches(given) {
+            Ok(())
+        } else {
+            Err(Refusal::Token)
         }
     }
 
@@ -324,6 +338,59 @@ mod tests {
             let r = a.check_post(&h).unwrap_err();
             assert_eq!(r.status(), 415, "{t:?}");
         }
+    }
+
+    #[test]
+    fn files_need_the_token_but_take_any_content_type() {
+        let a = access(&[]);
+        // A PUT of raw bytes, or with no type at all; a GET (no body).
+        for t in [
+            Some("application/octet-stream"),
+            Some("text/plain"),
+            Some("application/json"),
+            None,
+        ] {
+            let h = Headers {
+                content_type: t,
+                ..good()
+            };
+            assert_eq!(a.check_files(&h), Ok(()), "{t:?}");
+        }
+        // Without the token (PUT or GET alike), refused as a POST is.
+        for t in [Some("application/octet-stream"), None] {
+            let h = Headers {
+                authorization: None,
+                content_type: t,
+                ..good()
+            };
+            assert_eq!(a.check_files(&h), Err(Refusal::Token), "{t:?}");
+            let h = Headers {
+                authorization: Some("Bearer 0123456789abcdef0123456789abcdeF"),
+                ..h
+            };
+            assert_eq!(a.check_files(&h), Err(Refusal::Token), "{t:?}");
+        }
+        // Host and Origin as for a POST.
+        let h = Headers {
+            host: Some("evil.example:8092"),
+            ..good()
+        };
+        assert_eq!(a.check_files(&h).unwrap_err().status(), 403);
+        let h = Headers {
+            origin: Some("http://evil.example"),
+            content_type: Some("application/octet-stream"),
+            ..good()
+        };
+        assert_eq!(
+            a.check_files(&h),
+            Err(Refusal::Origin("http://evil.example".into()))
+        );
+        // And a POST still wants JSON.
+        let h = Headers {
+            content_type: Some("application/octet-stream"),
+            ..good()
+        };
+        assert_eq!(a.check_post(&h).unwrap_err().status(), 415);
     }
 
     #[test]

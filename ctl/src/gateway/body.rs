@@ -11,6 +11,12 @@
 //! until it sends the rest or goes (and is then answered 408), not a
 //! worker. At most [`MAX_READERS`] of these threads live at once; past
 //! that, such requests are answered 503 at once.
+//!
+//! A body to stream (`PUT /v1/files`, any size) is read the same way, on
+//! a thread of its own, which hands it on in pieces ([`stream`]): the
+//! worker waits at most the timeout for each piece, and at most
+//! [`PIECES_AHEAD`] pieces wait for it, so memory stays bounded whatever
+//! the body's size.
 
 use std::io::{self, Read};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,6 +29,10 @@ use tiny_http::Request;
 pub const MAX_READERS: usize = 64;
 /// Bodies tiny_http has read into memory before the worker gets them.
 const READ_BY_TINY_HTTP: usize = 1024;
+/// The most bytes one piece of a streamed body holds.
+pub const PIECE: usize = 64 * 1024;
+/// Pieces read ahead of the worker.
+pub const PIECES_AHEAD: usize = 8;
 
 static READERS: AtomicUsize = AtomicUsize::new(0);
 
@@ -47,8 +57,7 @@ pub fn read(mut request: Request, limit: usize, timeout: Duration) -> Body {
         let read = read_all(&mut request, limit);
         return Body::Read(request, read);
     }
-    if READERS.fetch_add(1, Ordering::SeqCst) >= MAX_READERS {
-        READERS.fetch_sub(1, Ordering::SeqCst);
+    if !take_reader() {
         return Body::Busy(request);
     }
     let (tx, rx) = mpsc::sync_channel(1);
@@ -71,6 +80,86 @@ pub fn read(mut request: Request, limit: usize, timeout: Duration) -> Body {
     match rx.recv_timeout(timeout) {
         Ok((request, read)) => Body::Read(request, read),
         Err(_) => Body::Late,
+    }
+}
+
+/// Counts one more body thread, unless there are too many already.
+fn take_reader() -> bool {
+    if READERS.fetch_add(1, Ordering::SeqCst) >= MAX_READERS {
+        READERS.fetch_sub(1, Ordering::SeqCst);
+        return false;
+    }
+    true
+}
+
+/// What a body thread hands on.
+pub enum Piece {
+    /// The next bytes of the body.
+    Data(Vec<u8>),
+    /// The body's end (or the error that ended it), with the total read.
+    End(io::Result<()>, u64),
+}
+
+/// The answer a body thread gives for its request.
+pub type Answer = tiny_http::Response<io::Cursor<Vec<u8>>>;
+
+/// A streamed body.
+pub enum Stream {
+    /// Read on its own thread: its pieces come on `pieces`; the answer
+    /// goes on `answer`, and the thread gives it once it stops reading.
+    Reading {
+        pieces: mpsc::Receiver<Piece>,
+        answer: mpsc::SyncSender<Answer>,
+    },
+    /// Too many clients are slow already; the body was not read.
+    Busy(Request),
+    /// The thread could not be started (tiny_http answered 500).
+    Failed,
+}
+
+/// Starts reading `request`'s body on a thread of its own, which keeps
+/// the request. The thread reads until the body ends or the worker stops
+/// receiving, then gives the worker's answer (408, the body being late,
+/// if the worker went without one).
+pub fn stream(mut request: Request, timeout: Duration) -> Stream {
+    if !take_reader() {
+        return Stream::Busy(request);
+    }
+    let (tx, pieces) = mpsc::sync_channel(PIECES_AHEAD);
+    let (answer, answer_rx) = mpsc::sync_channel::<Answer>(1);
+    let reader = move || {
+        let mut total = 0u64;
+        let end = loop {
+            let mut buf = vec![0u8; PIECE];
+            match request.as_reader().read(&mut buf) {
+                Ok(0) => break Ok(()),
+                Ok(n) => {
+                    buf.truncate(n);
+                    total += n as u64;
+                    if tx.send(Piece::Data(buf)).is_err() {
+                        break Ok(());
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(e),
+            }
+        };
+        let _ = tx.send(Piece::End(end, total));
+        drop(tx);
+        let response = answer_rx.recv().unwrap_or_else(|_| late(timeout));
+        // The client may have gone; nothing to tell it then.
+        let _ = request.respond(response);
+        READERS.fetch_sub(1, Ordering::SeqCst);
+    };
+    match thread::Builder::new()
+        .name("gateway-stream".into())
+        .spawn(reader)
+    {
+        Ok(_) => Stream::Reading { pieces, answer },
+        Err(_) => {
+            READERS.fetch_sub(1, Ordering::SeqCst);
+            Stream::Failed
+        }
     }
 }
 

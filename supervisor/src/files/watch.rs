@@ -134,7 +134,8 @@ impl Watcher {
             if flags.contains(ReadFlags::CREATE) {
                 out.push(ev(FsChange::Created));
                 if is_dir && self.recursive && depth < MAX_DEPTH {
-                    self.watch_new(root, &path, depth + 1);
+                    let found = self.watch_new(root, &path, depth + 1);
+                    out.extend(found);
                 }
             } else if flags.intersects(ReadFlags::MODIFY | ReadFlags::CLOSE_WRITE) {
                 // One report per file per batch.
@@ -149,18 +150,29 @@ impl Watcher {
             } else if flags.contains(ReadFlags::MOVED_FROM) {
                 moved_from.insert(cookie, (path, is_dir));
             } else if flags.contains(ReadFlags::MOVED_TO) {
-                match moved_from.remove(&cookie) {
-                    Some((from, _)) => out.push(FsEvent {
-                        change: FsChange::Moved,
-                        path: from,
-                        to: Some(path.clone()),
-                        dir: is_dir,
-                    }),
+                let inside = match moved_from.remove(&cookie) {
+                    Some((from, _)) => {
+                        out.push(FsEvent {
+                            change: FsChange::Moved,
+                            path: from,
+                            to: Some(path.clone()),
+                            dir: is_dir,
+                        });
+                        true
+                    }
                     // Moved in from outside the watched tree.
-                    None => out.push(ev(FsChange::Created)),
-                }
+                    None => {
+                        out.push(ev(FsChange::Created));
+                        false
+                    }
+                };
                 if is_dir && self.recursive && depth < MAX_DEPTH {
-                    self.watch_new(root, &path, depth + 1);
+                    let found = self.watch_new(root, &path, depth + 1);
+                    // What it holds is new here only if it came from
+                    // outside.
+                    if !inside {
+                        out.extend(found);
+                    }
                 }
             }
         }
@@ -176,9 +188,16 @@ impl Watcher {
         out
     }
 
-    /// A directory made (or moved in) after the watch began.
-    fn watch_new(&mut self, root: &OwnedFd, path: &str, depth: u32) {
-        let Ok(rel) = Rel::parse(path) else { return };
+    /// A directory made (or moved in) after the watch began: watched from
+    /// now on, and what is in it already — made before its watch was in
+    /// place, which inotify cannot tell — reported as created (something
+    /// made in the instant between the two may be reported twice; nothing
+    /// is missed).
+    fn watch_new(&mut self, root: &OwnedFd, path: &str, depth: u32) -> Vec<FsEvent> {
+        let mut found = Vec::new();
+        let Ok(rel) = Rel::parse(path) else {
+            return found;
+        };
         if let Ok(dir) = super::path::open_beneath(
             root,
             &rel.joined(),
@@ -186,6 +205,39 @@ impl Watcher {
             path,
         ) {
             let _ = self.add(&dir, path, depth);
+            list_created(&dir, path, depth, &mut found);
+        }
+        found
+    }
+}
+
+/// Everything below the open directory `dir` (at `path`), as created.
+fn list_created(dir: &OwnedFd, path: &str, depth: u32, out: &mut Vec<FsEvent>) {
+    let Ok(it) = rustix::fs::Dir::read_from(dir) else {
+        return;
+    };
+    for e in it.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name == "." || name == ".." {
+            continue;
+        }
+        let is_dir = e.file_type() == rustix::fs::FileType::Directory;
+        let sub_path = join(path, &name);
+        out.push(FsEvent {
+            change: FsChange::Created,
+            path: sub_path.clone(),
+            to: None,
+            dir: is_dir,
+        });
+        if is_dir && depth < MAX_DEPTH && out.len() < MAX_WATCHED {
+            if let Ok(sub) = rustix::fs::openat(
+                dir,
+                e.file_name(),
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) {
+                list_created(&sub, &sub_path, depth + 1, out);
+            }
         }
     }
 }

@@ -23,6 +23,7 @@ mod files_bench;
 mod network_bench;
 mod quota_bench;
 mod spawn_bench;
+mod terminals_bench;
 mod tracker_bench;
 mod turns_bench;
 mod vm_bench;
@@ -93,6 +94,9 @@ fn main() -> anyhow::Result<()> {
     }
     if only.is_empty() || only == "files" {
         files_bench::run(&fs, quick)?;
+    }
+    if only.is_empty() || only == "terminals" {
+        terminals_bench::run(&fs, quick)?;
     }
     if only.is_empty() || only == "turns" {
         turns_bench::run(&fs, quick)?;

@@ -44,6 +44,26 @@ pub trait Caller {
     fn call_many(&mut self, requests: Vec<Request>) -> Result<Vec<Answer>, ClientError> {
         requests.into_iter().map(|r| self.call(r)).collect()
     }
+
+    /// Sends the requests `next` gives, with up to `window` of them
+    /// unanswered at a time, and passes their answers to `done` in the
+    /// order of the requests, until `next` has no more or `done` says
+    /// stop (then what is still unanswered is awaited and dropped). A
+    /// caller that cannot pipeline sends them one at a time.
+    fn pipeline(
+        &mut self,
+        window: usize,
+        next: &mut dyn FnMut() -> Option<Request>,
+        done: &mut dyn FnMut(Answer) -> bool,
+    ) -> Result<(), ClientError> {
+        let _ = window;
+        while let Some(r) = next() {
+            if !done(self.call(r)?) {
+                break;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Error)]
@@ -100,6 +120,9 @@ impl ClientError {
 
 pub use allox_protocol::error_chain;
 
+/// The send buffer asked for on a connection to the daemon.
+const SEND_BUFFER: usize = 4 << 20;
+
 /// A connected socket whose reads and writes are bounded by `timeout`
 /// (none: unbounded, as a new socket is).
 fn connect_stream(path: &Path, timeout: Option<Duration>) -> Result<UnixStream, ClientError> {
@@ -109,6 +132,12 @@ fn connect_stream(path: &Path, timeout: Option<Duration>) -> Result<UnixStream, 
         source,
     };
     let stream = UnixStream::connect(path).map_err(connect_err)?;
+    // Room for a few whole chunks of a file in flight: fewer switches
+    // between alloxctl and the daemon per MiB sent (beyond
+    // `net.core.wmem_max` only as root; the default otherwise).
+    if rustix::net::sockopt::set_socket_send_buffer_size_force(&stream, SEND_BUFFER).is_err() {
+        let _ = rustix::net::sockopt::set_socket_send_buffer_size(&stream, SEND_BUFFER);
+    }
     stream.set_read_timeout(timeout).map_err(connect_err)?;
     stream.set_write_timeout(timeout).map_err(connect_err)?;
     Ok(stream)
@@ -432,6 +461,83 @@ impl Client {
             .collect())
     }
 
+    /// [`Caller::pipeline`] over this connection: a sliding window, each
+    /// answer making room for the next request.
+    pub fn pipeline(
+        &mut self,
+        window: usize,
+        next: &mut dyn FnMut() -> Option<Request>,
+        done: &mut dyn FnMut(Answer) -> bool,
+    ) -> Result<(), ClientError> {
+        if !self.welcomed {
+            // The Hello's answer first, as a lone call waits for it.
+            let Some(first) = next() else { return Ok(()) };
+            if !done(self.call(first)?) {
+                return Ok(());
+            }
+        }
+        let window = window.max(1);
+        // Ids sent and not yet passed on, in order; answers that came
+        // before their turn.
+        let mut waiting: std::collections::VecDeque<u64> = Default::default();
+        let mut early: std::collections::HashMap<u64, Answer> = Default::default();
+        let mut more = true;
+        let mut stopped = false;
+        loop {
+            while more && !stopped && waiting.len() < window {
+                let Some(request) = next() else {
+                    more = false;
+                    break;
+                };
+                let request_id = self.next_id;
+                self.next_id += 1;
+                let bytes = encode(&ClientFrame::Request(RequestEnvelope {
+                    conversation: self.conversation,
+                    request_id,
+                    request,
+                }))
+                .map_err(ClientError::Encode)?;
+                self.stream
+                    .write_all(&bytes)
+                    .map_err(|e| self.io_error(e, ClientError::Write))?;
+                waiting.push_back(request_id);
+            }
+            let Some(&head) = waiting.front() else {
+                return Ok(());
+            };
+            if let Some(a) = early.remove(&head) {
+                waiting.pop_front();
+                if !stopped && !done(a) {
+                    stopped = true;
+                }
+                continue;
+            }
+            let frame =
+                decode::<ServerFrame>(&self.next_payload()?).map_err(ClientError::BadMessage)?;
+            match frame {
+                ServerFrame::Response(r)
+                    if r.conversation != self.conversation && r.conversation != 0 => {}
+                ServerFrame::Response(r) => {
+                    let a = match r.outcome {
+                        Outcome::Ok(v) => Ok(v),
+                        Outcome::Err(e) => Err(e),
+                    };
+                    if r.request_id == 0 {
+                        // Nothing more will come for any of them.
+                        for id in &waiting {
+                            early.entry(*id).or_insert_with(|| a.clone());
+                        }
+                        more = false;
+                    } else if waiting.contains(&r.request_id) {
+                        early.insert(r.request_id, a);
+                    }
+                }
+                ServerFrame::Refused(body) => return Err(ClientError::Refused(body)),
+                ServerFrame::Event(_) | ServerFrame::Welcome(_) => {}
+            }
+        }
+    }
+
     /// A refusal the server sent before closing, if it sent one.
     fn refusal(&mut self) -> Option<allox_protocol::ErrorBody> {
         loop {
@@ -488,6 +594,15 @@ impl Caller for Client {
 
     fn call_many(&mut self, requests: Vec<Request>) -> Result<Vec<Answer>, ClientError> {
         Client::call_many(self, requests)
+    }
+
+    fn pipeline(
+        &mut self,
+        window: usize,
+        next: &mut dyn FnMut() -> Option<Request>,
+        done: &mut dyn FnMut(Answer) -> bool,
+    ) -> Result<(), ClientError> {
+        Client::pipeline(self, window, next, done)
     }
 }
 

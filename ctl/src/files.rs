@@ -88,7 +88,7 @@ pub struct Copied {
 }
 
 /// Chunks of an upload in flight at once.
-const WINDOW: usize = 4;
+const WINDOW: usize = 8;
 
 /// A fresh upload id: 16 random hex digits.
 pub fn upload_id() -> String {
@@ -184,77 +184,150 @@ pub fn upload_from(
             to.path
         ))),
     };
-    // The first chunk alone (it begins the upload), then up to WINDOW at
-    // once, and the last one, which commits, after all the others.
+    // The first chunk alone (it begins the upload), then the full ones with
+    // up to WINDOW unanswered, and the last one (short, maybe empty),
+    // which commits, after all the others.
     let first = next()?;
     let mut offset = first.len() as u64;
-    let mut last = written(ask(c, &to.path, chunk(0, first, offset < FS_CHUNK))?)?;
-    while !last.committed {
-        let mut batch = Vec::new();
-        let mut tail = None;
-        while batch.len() < WINDOW {
-            let data = next()?;
-            if data.len() < FS_CHUNK as usize {
-                tail = Some(data);
-                break;
+    let last = written(ask(c, &to.path, chunk(0, first, offset < FS_CHUNK))?)?;
+    if last.committed {
+        return Ok(last);
+    }
+    let mut tail = None;
+    let mut read_err = None;
+    let mut daemon_err = None;
+    c.pipeline(
+        WINDOW,
+        &mut || {
+            if tail.is_some() || read_err.is_some() {
+                return None;
             }
-            let n = data.len() as u64;
-            batch.push(chunk(offset, data, false));
-            offset += n;
-        }
-        for a in c.call_many(batch)? {
-            a.map_err(|body| CopyError::Daemon {
-                what: to.path.clone(),
-                body,
-            })?;
-        }
-        if let Some(data) = tail {
-            let n = data.len() as u64;
-            last = written(ask(c, &to.path, chunk(offset, data, true))?)?;
-            offset += n;
-            if !last.committed {
-                return Err(CopyError::Other(format!(
-                    "{}: the last chunk was not committed",
-                    to.path
-                )));
+            match next() {
+                Ok(data) if data.len() == FS_CHUNK as usize => {
+                    let n = data.len() as u64;
+                    let r = chunk(offset, data, false);
+                    offset += n;
+                    Some(r)
+                }
+                Ok(data) => {
+                    tail = Some(data);
+                    None
+                }
+                Err(e) => {
+                    read_err = Some(e);
+                    None
+                }
             }
-        }
+        },
+        &mut |a| match a {
+            Ok(_) => true,
+            Err(body) => {
+                daemon_err = Some(CopyError::Daemon {
+                    what: to.path.clone(),
+                    body,
+                });
+                false
+            }
+        },
+    )?;
+    if let Some(e) = read_err.or(daemon_err) {
+        return Err(e);
+    }
+    let data = tail.unwrap_or_default();
+    let last = written(ask(c, &to.path, chunk(offset, data, true))?)?;
+    if !last.committed {
+        return Err(CopyError::Other(format!(
+            "{}: the last chunk was not committed",
+            to.path
+        )));
     }
     Ok(last)
 }
 
-/// Reads all of the remote file `from`, chunk by chunk, into `out`.
+/// Reads all of the remote file `from`, chunk by chunk, into `out`: the
+/// first chunk tells the size, the rest is asked for with up to WINDOW
+/// reads unanswered; a file that grew meanwhile is read on to its end.
 pub fn read_to(c: &mut Client, from: &Remote, out: &mut dyn Write) -> Result<u64, CopyError> {
-    let mut offset = 0u64;
-    loop {
-        let r = ask(
-            c,
-            &from.path,
-            Request::FsRead(FsRead {
-                agent_id: from.agent.clone(),
-                session_id: from.session.clone(),
-                scope: from.scope,
-                checkpoint_id: from.checkpoint.clone(),
-                path: from.path.clone(),
-                offset: Some(offset),
-                length: None,
-            }),
-        )?;
-        let Response::FsData(FsData { data, eof, .. }) = r else {
-            return Err(CopyError::Other(format!(
-                "{}: an answer that is not data",
-                from.path
-            )));
-        };
-        out.write_all(&data).map_err(|source| CopyError::Local {
+    let read = |offset: u64| {
+        Request::FsRead(FsRead {
+            agent_id: from.agent.clone(),
+            session_id: from.session.clone(),
+            scope: from.scope,
+            checkpoint_id: from.checkpoint.clone(),
+            path: from.path.clone(),
+            offset: Some(offset),
+            length: None,
+        })
+    };
+    let not_data = || CopyError::Other(format!("{}: an answer that is not data", from.path));
+    let put = |out: &mut dyn Write, data: &[u8]| {
+        out.write_all(data).map_err(|source| CopyError::Local {
             path: PathBuf::from("-"),
             source,
-        })?;
-        offset += data.len() as u64;
-        if eof || data.is_empty() {
-            return Ok(offset);
-        }
+        })
+    };
+    let Response::FsData(FsData {
+        data, eof, size, ..
+    }) = ask(c, &from.path, read(0))?
+    else {
+        return Err(not_data());
+    };
+    put(out, &data)?;
+    let mut pos = data.len() as u64;
+    // Shared by the two closures below.
+    let ended = std::cell::Cell::new(eof || data.is_empty());
+    let mut asked = pos;
+    // Set after a short chunk: no more reads asked for.
+    let short = std::cell::Cell::new(false);
+    let mut err = None;
+    c.pipeline(
+        WINDOW,
+        &mut || {
+            (!ended.get() && !short.get() && asked < size).then(|| {
+                let r = read(asked);
+                asked += FS_CHUNK;
+                r
+            })
+        },
+        &mut |a| {
+            let r = match a {
+                Ok(Response::FsData(d)) => put(out, &d.data).map(|()| d),
+                Ok(_) => Err(not_data()),
+                Err(body) => Err(CopyError::Daemon {
+                    what: from.path.clone(),
+                    body,
+                }),
+            };
+            match r {
+                Ok(d) => {
+                    pos += d.data.len() as u64;
+                    ended.set(d.eof || d.data.is_empty());
+                    // After a short chunk the reads already asked for are
+                    // at the wrong offsets: dropped, and read on from here.
+                    short.set((d.data.len() as u64) < FS_CHUNK);
+                    !ended.get() && !short.get()
+                }
+                Err(e) => {
+                    err = Some(e);
+                    false
+                }
+            }
+        },
+    )?;
+    if let Some(e) = err {
+        return Err(e);
     }
+    // Grown since: on to its end.
+    let mut ended = ended.get();
+    while !ended {
+        let Response::FsData(d) = ask(c, &from.path, read(pos))? else {
+            return Err(not_data());
+        };
+        put(out, &d.data)?;
+        pos += d.data.len() as u64;
+        ended = d.eof || d.data.is_empty();
+    }
+    Ok(pos)
 }
 
 fn stat(c: &mut Client, r: &Remote) -> Result<FsEntry, CopyError> {

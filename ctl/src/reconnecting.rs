@@ -94,6 +94,20 @@ impl Caller for ReconnectingClient {
         }
         answers
     }
+
+    /// Over the current connection, as [`Self::call_many`].
+    fn pipeline(
+        &mut self,
+        window: usize,
+        next: &mut dyn FnMut() -> Option<Request>,
+        done: &mut dyn FnMut(Answer) -> bool,
+    ) -> Result<(), ClientError> {
+        let out = self.client()?.pipeline(window, next, done);
+        if out.is_err() {
+            self.client = None;
+        }
+        out
+    }
 }
 
 #[cfg(test)]

@@ -173,7 +173,20 @@ printf '# a small project\n' >"$WORK/project/README.md"
 ctl cp "$WORK/project" agent-a/session-1:project
 ctl fs ls agent-a session-1 project --depth 3
 ctl checkpoint create agent-a session-1 before-fix
-ctl exec agent-a session-1 -- sed -i s/41/42/ project/src/calc.py
+echo; echo "# the fix, made interactively: vi on the session's own terminal through alloxctl exec -t"
+echo "# (a person's keys, typed here by tmux into a terminal alloxctl runs in)"
+TM="$WORK/tmux.sock"
+echo "\$ alloxctl exec -t agent-a session-1 -- vi project/src/calc.py"
+tmux -S "$TM" -f /dev/null new-session -d -x 80 -y 12 \
+    "$BIN/alloxctl exec -t agent-a session-1 -- vi project/src/calc.py"
+screen() { tmux -S "$TM" capture-pane -p -t 0 2>/dev/null || true; }
+for _ in $(seq 200); do screen | grep -q 'return 41' && break; sleep 0.1; done
+tmux -S "$TM" send-keys -t 0 ':%s/41/42/' Enter
+for _ in $(seq 200); do screen | grep -q 'return 42' && break; sleep 0.1; done
+screen | sed -e '/^~ *$/d' -e '/^$/d' -e 's/^/    | /'
+tmux -S "$TM" send-keys -t 0 ':wq' Enter
+for _ in $(seq 200); do tmux -S "$TM" has-session 2>/dev/null || break; sleep 0.1; done
+tmux -S "$TM" kill-server 2>/dev/null || true
 ctl fs cat agent-a session-1 project/src/calc.py
 ctl fs cat agent-a session-1 project/src/calc.py --checkpoint before-fix
 ctl cp agent-a/session-1:project "$WORK/project-back"

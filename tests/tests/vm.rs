@@ -153,6 +153,40 @@ fn guest_the_spine_and_exec_over_virtio_serial_then_an_orderly_shutdown() {
         ),
         "lo\n"
     );
+    // A terminal run in the guest: a devpts of its own, the size asked
+    // for.
+    let mut p = match run("a", "s", "tty; stty size", true) {
+        Request::ProcessStart(p) => p,
+        _ => unreachable!(),
+    };
+    p.pty = Some(PtySize {
+        rows: 33,
+        cols: 99,
+        term: None,
+    });
+    match ok(&mut c, Request::ProcessStart(p)) {
+        Response::Exited(r) => assert_eq!(r.stdout, "/dev/pts/0\r\n33 99\r\n", "{r:?}"),
+        other => panic!("{other:?}"),
+    }
+    // Files through the control port, without a process: 8 MiB of random
+    // bytes in and back out, the same.
+    let local = dir.path().join("random.bin");
+    let data: Vec<u8> = (0..8u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&local, &data).unwrap();
+    let remote = allox_ctl::files::Remote::parse("a/s:random.bin").unwrap();
+    allox_ctl::files::upload(&mut c, &local, &remote).unwrap();
+    let back = dir.path().join("back.bin");
+    allox_ctl::files::download(&mut c, &remote, &back).unwrap();
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "the file came back changed"
+    );
+    assert_eq!(
+        sh(&mut c, "a", "s", "wc -c < random.bin; rm random.bin").trim(),
+        "8388608"
+    );
     ok(&mut c, ck("a", "s", "c1"));
     sh(&mut c, "a", "s", "echo two > f; echo new > g");
     match ok(

@@ -122,5 +122,79 @@ pub fn run(quick: bool) -> anyhow::Result<()> {
         println!("| allox-init (static, stripped) | {} |", mib(size(&init)));
     }
     println!();
+    transfer(&img, accel, quick)
+}
+
+/// A file through the VM's control port (virtio-serial) with `alloxctl
+/// cp`, in and out, against `cp` of the same file on the host.
+fn transfer(
+    img: &allox_integration::vm::GuestImage,
+    accel: &str,
+    quick: bool,
+) -> anyhow::Result<()> {
+    use allox_ctl::files::{download, upload, Remote};
+    let mib: u64 = if quick { 32 } else { 256 };
+    let dir = tempfile::tempdir_in("/var/tmp")?;
+    let store = store_image(dir.path(), true);
+    let src = dir.path().join("src.bin");
+    let st = std::process::Command::new("dd")
+        .args(["if=/dev/urandom", "bs=1M", "status=none"])
+        .arg(format!("count={mib}"))
+        .arg(format!("of={}", src.display()))
+        .status()?;
+    anyhow::ensure!(st.success(), "dd failed");
+    let t = Instant::now();
+    let st = std::process::Command::new("cp")
+        .arg("--reflink=never")
+        .arg(&src)
+        .arg(dir.path().join("copy.bin"))
+        .status()?;
+    anyhow::ensure!(st.success(), "cp failed");
+    let cp = t.elapsed();
+    let mut vm = Vm::boot(img, Some(&store), &[]);
+    let (mut c, _) = vm.connect(Duration::from_secs(60));
+    c.call(Request::AgentCreate(allox_protocol::AgentCreate::new(
+        "bench",
+    )))?
+    .map_err(anyhow::Error::msg)?;
+    c.call(Request::SessionCreate(allox_protocol::SessionCreate::new(
+        "bench", "s",
+    )))?
+    .map_err(anyhow::Error::msg)?;
+    let remote = Remote::parse("bench/s:big.bin").ok_or_else(|| anyhow::anyhow!("remote"))?;
+    let t = Instant::now();
+    upload(&mut c, &src, &remote)?;
+    let up = t.elapsed();
+    let back = dir.path().join("back.bin");
+    let t = Instant::now();
+    download(&mut c, &remote, &back)?;
+    let down = t.elapsed();
+    anyhow::ensure!(
+        std::fs::read(&back)? == std::fs::read(&src)?,
+        "the file came back changed"
+    );
+    let _ = c.call(Request::Shutdown(Shutdown {}));
+    let _ = vm.wait_exit(Duration::from_secs(60));
+    let rate = |d: Duration| (mib << 20) as f64 / d.as_secs_f64() / 1e6;
+    println!(
+        "## Files through the VM's control port ({accel})
+"
+    );
+    println!("{mib} MiB of random bytes, once each way, `alloxctl cp` over virtio-serial; baseline `cp --reflink=never` of the same file on the host.
+");
+    println!("| what | MB/s | of `cp` |");
+    println!("|---|---:|---:|");
+    for (what, d) in [
+        ("`cp` on the host (baseline)", cp),
+        ("upload into the guest", up),
+        ("download from the guest", down),
+    ] {
+        println!(
+            "| {what} | {:.1} | {:.1}% |",
+            rate(d),
+            100.0 * cp.as_secs_f64() / d.as_secs_f64()
+        );
+    }
+    println!();
     Ok(())
 }

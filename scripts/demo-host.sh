@@ -166,31 +166,7 @@ ctl turn begin agent-b session-2
 ctl exec agent-b session-2 -- sh -c 'allox whoami; echo "def parse(): return 1" > parser.py; allox turn end --label "ended from inside the sandbox"'
 ctl log agent-b session-2
 
-echo; echo "# files without a process: a project copied in, changed, and read back as it was at a checkpoint"
-mkdir -p "$WORK/project/src"
-printf 'def answer():\n    return 41\n' >"$WORK/project/src/calc.py"
-printf '# a small project\n' >"$WORK/project/README.md"
-ctl cp "$WORK/project" agent-a/session-1:project
-ctl fs ls agent-a session-1 project --depth 3
-ctl checkpoint create agent-a session-1 before-fix
-echo; echo "# the fix, made interactively: vi on the session's own terminal through alloxctl exec -t"
-echo "# (a person's keys, typed here by tmux into a terminal alloxctl runs in)"
-TM="$WORK/tmux.sock"
-echo "\$ alloxctl exec -t agent-a session-1 -- vi project/src/calc.py"
-tmux -S "$TM" -f /dev/null new-session -d -x 80 -y 12 \
-    "$BIN/alloxctl exec -t agent-a session-1 -- vi project/src/calc.py"
-screen() { tmux -S "$TM" capture-pane -p -t 0 2>/dev/null || true; }
-for _ in $(seq 200); do screen | grep -q 'return 41' && break; sleep 0.1; done
-tmux -S "$TM" send-keys -t 0 ':%s/41/42/' Enter
-for _ in $(seq 200); do screen | grep -q 'return 42' && break; sleep 0.1; done
-screen | sed -e '/^~ *$/d' -e '/^$/d' -e 's/^/    | /'
-tmux -S "$TM" send-keys -t 0 ':wq' Enter
-for _ in $(seq 200); do tmux -S "$TM" has-session 2>/dev/null || break; sleep 0.1; done
-tmux -S "$TM" kill-server 2>/dev/null || true
-ctl fs cat agent-a session-1 project/src/calc.py
-ctl fs cat agent-a session-1 project/src/calc.py --checkpoint before-fix
-ctl cp agent-a/session-1:project "$WORK/project-back"
-show cat "$WORK/project-back/src/calc.py"
+allox_demo_files_and_terminal "$WORK" "$BIN/alloxctl"
 
 echo; echo "# the session network: a proxy-mode session reaches the network only through the broker,"
 echo "# under its agent's egress rules (pypi.test is this machine's package index)"

@@ -130,6 +130,8 @@ ctl turn begin agent-b session-2
 in_vm agent-b session-2 'allox whoami; echo "def parse(): return 1" > parser.py; allox turn end --label "ended from inside the sandbox"'
 ctl log agent-b session-2
 
+allox_demo_files_and_terminal "$WORK" "$BIN/alloxctl"
+
 echo; echo "# the session network: a proxy-mode session reaches the network only through the broker,"
 echo "# under its agent's egress rules (10.0.2.100 is the host's package index, forwarded by QEMU)"
 ctl agent create agent-net --network proxy --allow 10.0.2.100:80

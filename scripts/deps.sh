@@ -109,3 +109,40 @@ EOS
     echo '<a href="/files/allox_demo-1.0-py3-none-any.whl">allox_demo-1.0-py3-none-any.whl</a>' \
         >"$dir/simple/allox-demo/index.html"
 }
+
+# The demos' files-and-terminals part: a project copied into agent-a's
+# session-1 (no process), a checkpoint, a fix made in vi on the session's
+# own terminal through `alloxctl exec -t` (the keys typed by tmux, as a
+# person would), the file read now and as it was at the checkpoint, and
+# the project copied back out. $1: a scratch directory; $2: alloxctl (its
+# socket in ALLOX_SOCKET).
+allox_demo_files_and_terminal() {
+    local work=$1 ctl=$2
+    say() { echo; echo "\$ alloxctl $*"; "$ctl" "$@"; }
+    echo; echo "# files without a process: a project copied in, changed, and read back as it was at a checkpoint"
+    mkdir -p "$work/project/src"
+    printf 'def answer():\n    return 41\n' >"$work/project/src/calc.py"
+    printf '# a small project\n' >"$work/project/README.md"
+    say cp "$work/project" agent-a/session-1:project
+    say fs ls agent-a session-1 project --depth 3
+    say checkpoint create agent-a session-1 before-fix
+    echo; echo "# the fix, made interactively: vi on the session's own terminal through alloxctl exec -t"
+    echo "# (a person's keys, typed here by tmux into a terminal alloxctl runs in)"
+    local tm="$work/tmux.sock"
+    echo; echo "\$ alloxctl exec -t agent-a session-1 -- vi project/src/calc.py"
+    tmux -S "$tm" -f /dev/null new-session -d -x 80 -y 12 \
+        "$ctl exec -t agent-a session-1 -- vi project/src/calc.py"
+    screen() { tmux -S "$tm" capture-pane -p -t 0 2>/dev/null || true; }
+    for _ in $(seq 300); do screen | grep -q 'return 41' && break; sleep 0.1; done
+    tmux -S "$tm" send-keys -t 0 ':%s/41/42/' Enter
+    for _ in $(seq 300); do screen | grep -q 'return 42' && break; sleep 0.1; done
+    screen | sed -e '/^~ *$/d' -e '/^$/d' -e 's/^/    | /'
+    tmux -S "$tm" send-keys -t 0 ':wq' Enter
+    for _ in $(seq 300); do tmux -S "$tm" has-session 2>/dev/null || break; sleep 0.1; done
+    tmux -S "$tm" kill-server 2>/dev/null || true
+    say fs cat agent-a session-1 project/src/calc.py
+    say fs cat agent-a session-1 project/src/calc.py --checkpoint before-fix
+    say cp agent-a/session-1:project "$work/project-back"
+    echo; echo "\$ cat $work/project-back/src/calc.py"
+    cat "$work/project-back/src/calc.py"
+}

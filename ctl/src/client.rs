@@ -398,67 +398,14 @@ impl Client {
     /// their answers in the same order (the server may work on them at
     /// the same time, and answer in any order).
     pub fn call_many(&mut self, requests: Vec<Request>) -> Result<Vec<Answer>, ClientError> {
-        if !self.welcomed {
-            // The Hello's answer first, as a lone call waits for it.
-            let mut it = requests.into_iter();
-            let Some(first) = it.next() else {
-                return Ok(Vec::new());
-            };
-            let mut out = vec![self.call(first)?];
-            out.extend(self.call_many(it.collect())?);
-            return Ok(out);
-        }
-        let mut ids = Vec::with_capacity(requests.len());
-        let mut out = Vec::new();
-        for request in requests {
-            let request_id = self.next_id;
-            self.next_id += 1;
-            ids.push(request_id);
-            out.extend(
-                encode(&ClientFrame::Request(RequestEnvelope {
-                    conversation: self.conversation,
-                    request_id,
-                    request,
-                }))
-                .map_err(ClientError::Encode)?,
-            );
-        }
-        self.stream
-            .write_all(&out)
-            .map_err(|e| self.io_error(e, ClientError::Write))?;
-        let mut answers: std::collections::HashMap<u64, Answer> = Default::default();
-        while answers.len() < ids.len() {
-            let frame =
-                decode::<ServerFrame>(&self.next_payload()?).map_err(ClientError::BadMessage)?;
-            match frame {
-                ServerFrame::Response(r)
-                    if r.conversation != self.conversation && r.conversation != 0 => {}
-                ServerFrame::Response(r) => {
-                    let a = match r.outcome {
-                        Outcome::Ok(v) => Ok(v),
-                        Outcome::Err(e) => Err(e),
-                    };
-                    if r.request_id == 0 {
-                        // Nothing more will come for any of them.
-                        for id in &ids {
-                            answers.entry(*id).or_insert_with(|| a.clone());
-                        }
-                    } else if ids.contains(&r.request_id) {
-                        answers.insert(r.request_id, a);
-                    }
-                }
-                ServerFrame::Refused(body) => return Err(ClientError::Refused(body)),
-                ServerFrame::Event(_) | ServerFrame::Welcome(_) => {}
-            }
-        }
-        Ok(ids
-            .iter()
-            .map(|id| {
-                answers
-                    .remove(id)
-                    .unwrap_or_else(|| unreachable_answer(*id))
-            })
-            .collect())
+        let n = requests.len();
+        let mut it = requests.into_iter();
+        let mut answers = Vec::with_capacity(n);
+        self.pipeline(n, &mut || it.next(), &mut |a| {
+            answers.push(a);
+            true
+        })?;
+        Ok(answers)
     }
 
     /// [`Caller::pipeline`] over this connection: a sliding window, each
@@ -569,14 +516,6 @@ impl Client {
             self.reader.push(&buf[..n]);
         }
     }
-}
-
-/// Never used: every id has its answer when the loop ends.
-fn unreachable_answer(id: u64) -> Answer {
-    Err(allox_protocol::ErrorBody::new(
-        allox_protocol::ErrorCode::Internal,
-        format!("no answer for request {id}"),
-    ))
 }
 
 impl Caller for Client {

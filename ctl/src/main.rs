@@ -16,19 +16,15 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.action() {
         Action::Call(request) => call(cli.socket, cli.json, request),
-        Action::Exec(run) if run.tty => {
-            let request = match run.into_request() {
-                Ok(r) => r,
-                Err(err) => {
-                    eprintln!("error: {}", error_chain(&err));
-                    return ExitCode::FAILURE;
-                }
-            };
-            let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
-            ExitCode::from(allox_ctl::tty::exec(
-                cli.socket, request, cli.json, &mut out, &mut err,
-            ))
-        }
+        Action::Exec(run) if run.tty => match request_of(run) {
+            Ok(request) => {
+                let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+                ExitCode::from(allox_ctl::tty::exec(
+                    cli.socket, request, cli.json, &mut out, &mut err,
+                ))
+            }
+            Err(code) => code,
+        },
         Action::Exec(run) => start_run(cli.socket, cli.json, run, process::exec),
         Action::Attach(request) => {
             let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
@@ -206,13 +202,18 @@ fn call(socket: PathBuf, json: bool, request: Request) -> ExitCode {
 /// The signature of [`process::exec`] and [`process::start`].
 type Launch = fn(&mut ReconnectingClient, ProcessStart, bool, &mut dyn Write, &mut dyn Write) -> u8;
 
+/// The run's request, its stdin file read; or the error, said.
+fn request_of(run: Run) -> Result<ProcessStart, ExitCode> {
+    run.into_request().map_err(|err| {
+        eprintln!("error: {}", error_chain(&err));
+        ExitCode::FAILURE
+    })
+}
+
 fn start_run(socket: PathBuf, json: bool, run: Run, launch: Launch) -> ExitCode {
-    let request = match run.into_request() {
+    let request = match request_of(run) {
         Ok(r) => r,
-        Err(err) => {
-            eprintln!("error: {}", error_chain(&err));
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
     let mut daemon = ReconnectingClient::new(socket);

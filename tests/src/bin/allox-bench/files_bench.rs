@@ -3,7 +3,7 @@
 //! download against `cp` of the same file on the same disk.
 
 use allox_ctl::files::{download, upload, Remote};
-use allox_integration::{cgroup2_mount, BtrfsFs, Daemon};
+use allox_integration::BtrfsFs;
 use allox_protocol::{AgentCreate, FsRead, FsScope, FsWrite, Request, Response, SessionCreate};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -11,20 +11,8 @@ use std::time::{Duration, Instant};
 use crate::{pct, us_or_ms};
 
 pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
-    let mount = cgroup2_mount().ok_or_else(|| anyhow::anyhow!("no cgroup2 mount"))?;
-    let cg = mount.join(format!("allox-bench-files-{}", std::process::id()));
-    std::fs::create_dir_all(&cg)?;
-    let root = fs.path().join("files-store");
-    std::fs::create_dir(&root)?;
-    let stage = fs.scratch().join("stage-files");
-    let args = [
-        "--cgroup-root".to_string(),
-        cg.display().to_string(),
-        "--sandbox-stage".to_string(),
-        stage.display().to_string(),
-    ];
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let d = Daemon::start(&root, &fs.scratch().join("files.sock"), &[], &args);
+    let bd = crate::BenchDaemon::start(fs, "files", &[])?;
+    let d = &bd.daemon;
     let mut c = d.client();
     c.call(Request::AgentCreate(AgentCreate::new("bench")))?
         .map_err(anyhow::Error::msg)?;
@@ -108,7 +96,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
 
     // Watch: from a write's request to the watch's report of it.
     let (tx, rx) = std::sync::mpsc::channel::<(String, Instant)>();
-    let socket = fs.scratch().join("files.sock");
+    let socket = bd.socket.clone();
     std::thread::spawn(move || {
         let Ok(mut w) = allox_ctl::client::Client::connect(&socket) else {
             return;
@@ -200,9 +188,5 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         100.0 * up / cp,
         100.0 * down / cp
     );
-    d.stop();
-    let _ = std::fs::write(cg.join("cgroup.kill"), "1");
-    std::thread::sleep(Duration::from_millis(200));
-    allox_integration::remove_cgroup_tree(&cg);
     Ok(())
 }

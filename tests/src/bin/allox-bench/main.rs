@@ -28,6 +28,51 @@ mod tracker_bench;
 mod turns_bench;
 mod vm_bench;
 
+/// A daemon with process support for one benchmark: a store of its own
+/// below `fs`, a cgroup of its own, its socket in the scratch directory.
+/// Dropped, it is stopped and its cgroup emptied and removed.
+pub(crate) struct BenchDaemon {
+    pub daemon: Daemon,
+    pub socket: std::path::PathBuf,
+    cgroup: std::path::PathBuf,
+}
+
+impl BenchDaemon {
+    pub fn start(fs: &BtrfsFs, name: &str, extra: &[&str]) -> anyhow::Result<BenchDaemon> {
+        let mount = allox_integration::cgroup2_mount()
+            .ok_or_else(|| anyhow::anyhow!("no cgroup2 mount"))?;
+        let cgroup = mount.join(format!("allox-bench-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&cgroup)?;
+        let root = fs.path().join(format!("{name}-store"));
+        std::fs::create_dir(&root)?;
+        let stage = fs.scratch().join(format!("stage-{name}"));
+        let socket = fs.scratch().join(format!("{name}.sock"));
+        let mut args = vec![
+            "--cgroup-root".to_string(),
+            cgroup.display().to_string(),
+            "--sandbox-stage".to_string(),
+            stage.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let daemon = Daemon::start(&root, &socket, &[], &args);
+        Ok(BenchDaemon {
+            daemon,
+            socket,
+            cgroup,
+        })
+    }
+}
+
+impl Drop for BenchDaemon {
+    fn drop(&mut self) {
+        self.daemon.terminate();
+        let _ = std::fs::write(self.cgroup.join("cgroup.kill"), "1");
+        std::thread::sleep(Duration::from_millis(200));
+        allox_integration::remove_cgroup_tree(&self.cgroup);
+    }
+}
+
 pub(crate) fn pct(v: &[Duration], p: f64) -> Duration {
     let mut s = v.to_vec();
     s.sort();

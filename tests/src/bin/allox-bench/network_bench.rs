@@ -3,7 +3,7 @@
 //! setup, relay throughput, and the spawn of a run in a session with the
 //! network plugin against one without.
 
-use allox_integration::{cgroup2_mount, BtrfsFs, Daemon};
+use allox_integration::BtrfsFs;
 use allox_network::broker::{Broker, SystemResolver, Timeouts};
 use allox_network::{Layer, Policy};
 use allox_protocol::{NetworkMode, Request, Response, SessionCreate};
@@ -186,22 +186,8 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
 /// daemon with the network plugin: `disabled` (the host's network),
 /// `isolated` and `proxy`, alternating.
 fn spawn_with_and_without(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
-    let mount = cgroup2_mount().ok_or_else(|| anyhow::anyhow!("no cgroup2 mount"))?;
-    let cg = mount.join(format!("allox-bench-net-{}", std::process::id()));
-    let root = fs.path().join("net");
-    std::fs::create_dir(&root)?;
-    std::fs::create_dir_all(&cg)?;
-    let stage = fs.scratch().join("stage-net");
-    let args = [
-        "--cgroup-root".to_string(),
-        cg.display().to_string(),
-        "--sandbox-stage".to_string(),
-        stage.display().to_string(),
-        "--plugin".to_string(),
-        "network".to_string(),
-    ];
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let d = Daemon::start(&root, &fs.scratch().join("net.sock"), &[], &args);
+    let bd = crate::BenchDaemon::start(fs, "net", &["--plugin", "network"])?;
+    let d = &bd.daemon;
     let mut c = d.client();
     c.call(Request::AgentCreate(allox_protocol::AgentCreate::new(
         "bench",
@@ -236,10 +222,7 @@ fn spawn_with_and_without(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
             }
         }
     }
-    d.stop();
-    let _ = std::fs::write(cg.join("cgroup.kill"), "1");
-    std::thread::sleep(Duration::from_millis(200));
-    allox_integration::remove_cgroup_tree(&cg);
+    drop(bd);
     println!("`process.start` with wait of `/bin/true`, {n} each, alternating between three sessions of one daemon with `--plugin network`.\n");
     println!("| session network | p50 | p99 |");
     println!("|---|---:|---:|");

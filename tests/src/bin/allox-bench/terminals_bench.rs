@@ -4,7 +4,7 @@
 //! (`process.stdin` to its output streamed by `process.start`).
 
 use allox_ctl::client::Client;
-use allox_integration::{cgroup2_mount, BtrfsFs, Daemon};
+use allox_integration::BtrfsFs;
 use allox_protocol::{
     AgentCreate, Event, ProcessAttach, ProcessStdin, PtySize, Request, Response, SessionCreate,
 };
@@ -68,21 +68,8 @@ fn round_trips(
 }
 
 pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
-    let mount = cgroup2_mount().ok_or_else(|| anyhow::anyhow!("no cgroup2 mount"))?;
-    let cg = mount.join(format!("allox-bench-tty-{}", std::process::id()));
-    std::fs::create_dir_all(&cg)?;
-    let root = fs.path().join("tty-store");
-    std::fs::create_dir(&root)?;
-    let stage = fs.scratch().join("stage-tty");
-    let socket = fs.scratch().join("tty.sock");
-    let args = [
-        "--cgroup-root".to_string(),
-        cg.display().to_string(),
-        "--sandbox-stage".to_string(),
-        stage.display().to_string(),
-    ];
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let d = Daemon::start(&root, &socket, &[], &args);
+    let bd = crate::BenchDaemon::start(fs, "tty", &[])?;
+    let (d, socket) = (&bd.daemon, bd.socket.clone());
     let mut c = d.client();
     c.call(Request::AgentCreate(AgentCreate::new("bench")))?
         .map_err(anyhow::Error::msg)?;
@@ -155,9 +142,5 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         );
     }
     println!();
-    d.stop();
-    let _ = std::fs::write(cg.join("cgroup.kill"), "1");
-    std::thread::sleep(Duration::from_millis(200));
-    allox_integration::remove_cgroup_tree(&cg);
     Ok(())
 }

@@ -45,9 +45,67 @@ fn find_port_in(class: &Path, dev: &Path, name: &str) -> Option<PathBuf> {
     found.into_iter().next()
 }
 
+/// The port's reading half. A read of a virtio-serial port returns what
+/// one of the guest's receive buffers holds — often less than asked while
+/// more is queued behind it — and tokio takes a short read for a drained
+/// descriptor and waits for the next readiness edge, which data already
+/// queued never brings: a frame longer than one buffer would wait for
+/// ever. So each read takes what the port has until it says it would
+/// block (which is what re-arms the readiness).
+pub(crate) struct PortReader(pipe::Receiver);
+
+impl tokio::io::AsyncRead for PortReader {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        use std::task::Poll;
+        loop {
+            let mut got = 0;
+            loop {
+                let dst = buf.initialize_unfilled();
+                if dst.is_empty() {
+                    break;
+                }
+                match self.0.try_read(dst) {
+                    // End of file: no host on the other end.
+                    Ok(0) => break,
+                    Ok(n) => {
+                        buf.advance(n);
+                        got += n;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if got == 0 => return Poll::Ready(Err(e)),
+                    Err(_) => break,
+                }
+            }
+            if got > 0 {
+                return Poll::Ready(Ok(()));
+            }
+            match self.0.poll_read_ready(cx) {
+                Poll::Ready(Ok(())) => {
+                    // Ready, yet nothing was read: end of file, said once.
+                    match self.0.try_read(buf.initialize_unfilled()) {
+                        Ok(0) => return Poll::Ready(Ok(())),
+                        Ok(n) => {
+                            buf.advance(n);
+                            continue;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                        Err(e) => return Poll::Ready(Err(e)),
+                    }
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
 /// Opens the port as two async halves on two descriptors of one open
 /// file (tokio's pipe types poll any pollable descriptor).
-fn open_port(dev: &Path) -> io::Result<(pipe::Receiver, pipe::Sender)> {
+fn open_port(dev: &Path) -> io::Result<(PortReader, pipe::Sender)> {
     let fd = rustix::fs::open(
         dev,
         OFlags::RDWR | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
@@ -55,7 +113,9 @@ fn open_port(dev: &Path) -> io::Result<(pipe::Receiver, pipe::Sender)> {
     )?;
     let dup = rustix::io::fcntl_dupfd_cloexec(&fd, 3)?;
     Ok((
-        pipe::Receiver::from_file_unchecked(std::fs::File::from(fd))?,
+        PortReader(pipe::Receiver::from_file_unchecked(std::fs::File::from(
+            fd,
+        ))?),
         pipe::Sender::from_file_unchecked(std::fs::File::from(dup))?,
     ))
 }

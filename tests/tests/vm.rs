@@ -176,9 +176,14 @@ fn guest_the_spine_and_exec_over_virtio_serial_then_an_orderly_shutdown() {
         .collect();
     std::fs::write(&local, &data).unwrap();
     let remote = allox_ctl::files::Remote::parse("a/s:random.bin").unwrap();
+    let t = Instant::now();
     allox_ctl::files::upload(&mut c, &local, &remote).unwrap();
     let back = dir.path().join("back.bin");
     allox_ctl::files::download(&mut c, &remote, &back).unwrap();
+    eprintln!(
+        "8 MiB in and out through the control port in {:?}",
+        t.elapsed()
+    );
     assert!(
         std::fs::read(&back).unwrap() == data,
         "the file came back changed"

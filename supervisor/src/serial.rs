@@ -18,7 +18,6 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::unix::pipe;
 
 /// The device of the virtio-serial port named `name`, from
 /// `/sys/class/virtio-ports/*/name` (devtmpfs names the nodes `vportNpM`).
@@ -45,79 +44,142 @@ fn find_port_in(class: &Path, dev: &Path, name: &str) -> Option<PathBuf> {
     found.into_iter().next()
 }
 
-/// The port's reading half. A read of a virtio-serial port returns what
-/// one of the guest's receive buffers holds — often less than asked while
-/// more is queued behind it — and tokio takes a short read for a drained
-/// descriptor and waits for the next readiness edge, which data already
-/// queued never brings: a frame longer than one buffer would wait for
-/// ever. So each read takes what the port has until it says it would
-/// block (which is what re-arms the readiness).
-pub(crate) struct PortReader(pipe::Receiver);
+/// One half of the port: its own descriptor of the port's open file.
+///
+/// The port's readiness does not reliably come as epoll edges (a read
+/// returns what one of the guest's buffers holds, often less than is
+/// queued; a write takes at most 32 KiB; "the host took it" and "more came"
+/// may pass before anyone waits for them), and tokio, taking a short read
+/// or write for a drained descriptor, would wait for an edge that never
+/// comes: a request or answer longer than one buffer (a file's chunk)
+/// could wait for ever. So each read and write is a plain non-blocking
+/// call, and one that would block waits for the next edge or a short
+/// timer, whichever comes first (1 ms, doubling to 20 ms while nothing
+/// comes, back to 1 ms once something does).
+pub(crate) struct PortHalf {
+    fd: tokio::io::unix::AsyncFd<rustix::fd::OwnedFd>,
+    retry: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    backoff: Duration,
+}
 
-impl tokio::io::AsyncRead for PortReader {
+const RETRY_MIN: Duration = Duration::from_millis(1);
+const RETRY_MAX: Duration = Duration::from_millis(20);
+
+impl PortHalf {
+    fn new(fd: rustix::fd::OwnedFd) -> io::Result<PortHalf> {
+        // The descriptor is an OwnedFd moved in, so the I/O-safety concern
+        // behind the deprecation does not apply.
+        #[allow(deprecated)]
+        let fd = tokio::io::unix::AsyncFd::new(fd)?;
+        Ok(PortHalf {
+            fd,
+            retry: None,
+            backoff: RETRY_MIN,
+        })
+    }
+
+    /// `op` until it does not say "would block"; between tries, the next
+    /// edge or the timer.
+    fn poll_op<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        write: bool,
+        mut op: impl FnMut(&rustix::fd::OwnedFd) -> rustix::io::Result<T>,
+    ) -> std::task::Poll<io::Result<T>> {
+        use std::task::Poll;
+        loop {
+            match op(self.fd.get_ref()) {
+                Ok(v) => {
+                    self.retry = None;
+                    self.backoff = RETRY_MIN;
+                    return Poll::Ready(Ok(v));
+                }
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::AGAIN) => {}
+                Err(e) => return Poll::Ready(Err(e.into())),
+            }
+            let edge = if write {
+                self.fd
+                    .poll_write_ready(cx)
+                    .map(|r| r.map(|mut g| g.clear_ready()))
+            } else {
+                self.fd
+                    .poll_read_ready(cx)
+                    .map(|r| r.map(|mut g| g.clear_ready()))
+            };
+            match edge {
+                Poll::Ready(Ok(())) => continue,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {}
+            }
+            if self.retry.is_none() {
+                self.retry = Some(Box::pin(tokio::time::sleep(self.backoff)));
+                self.backoff = (self.backoff * 2).min(RETRY_MAX);
+            }
+            if let Some(sleep) = self.retry.as_mut() {
+                if std::future::Future::poll(sleep.as_mut(), cx).is_pending() {
+                    return Poll::Pending;
+                }
+            }
+            self.retry = None;
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for PortHalf {
     fn poll_read(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<io::Result<()>> {
-        use std::task::Poll;
-        loop {
-            let mut got = 0;
-            loop {
-                let dst = buf.initialize_unfilled();
-                if dst.is_empty() {
-                    break;
-                }
-                match self.0.try_read(dst) {
-                    // End of file: no host on the other end.
-                    Ok(0) => break,
-                    Ok(n) => {
-                        buf.advance(n);
-                        got += n;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if got == 0 => return Poll::Ready(Err(e)),
-                    Err(_) => break,
-                }
+        let this = self.get_mut();
+        let dst = buf.initialize_unfilled();
+        match this.poll_op(cx, false, |fd| rustix::io::read(fd, &mut *dst)) {
+            std::task::Poll::Ready(Ok(n)) => {
+                buf.advance(n);
+                std::task::Poll::Ready(Ok(()))
             }
-            if got > 0 {
-                return Poll::Ready(Ok(()));
-            }
-            match self.0.poll_read_ready(cx) {
-                Poll::Ready(Ok(())) => {
-                    // Ready, yet nothing was read: end of file, said once.
-                    match self.0.try_read(buf.initialize_unfilled()) {
-                        Ok(0) => return Poll::Ready(Ok(())),
-                        Ok(n) => {
-                            buf.advance(n);
-                            continue;
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                        Err(e) => return Poll::Ready(Err(e)),
-                    }
-                }
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => return Poll::Pending,
-            }
+            std::task::Poll::Ready(Err(e)) => std::task::Poll::Ready(Err(e)),
+            std::task::Poll::Pending => std::task::Poll::Pending,
         }
     }
 }
 
+impl tokio::io::AsyncWrite for PortHalf {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        self.get_mut()
+            .poll_op(cx, true, |fd| rustix::io::write(fd, buf))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
 /// Opens the port as two async halves on two descriptors of one open
-/// file (tokio's pipe types poll any pollable descriptor).
-fn open_port(dev: &Path) -> io::Result<(PortReader, pipe::Sender)> {
+/// file.
+fn open_port(dev: &Path) -> io::Result<(PortHalf, PortHalf)> {
     let fd = rustix::fs::open(
         dev,
         OFlags::RDWR | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
         Mode::empty(),
     )?;
     let dup = rustix::io::fcntl_dupfd_cloexec(&fd, 3)?;
-    Ok((
-        PortReader(pipe::Receiver::from_file_unchecked(std::fs::File::from(
-            fd,
-        ))?),
-        pipe::Sender::from_file_unchecked(std::fs::File::from(dup))?,
-    ))
+    Ok((PortHalf::new(fd)?, PortHalf::new(dup)?))
 }
 
 /// Serves the port named `name` until the task is dropped. The port is

@@ -13,6 +13,7 @@ use allox_protocol::{
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use thiserror::Error;
 
@@ -168,6 +169,92 @@ pub struct Client {
     unsent_hello: Vec<u8>,
     /// Whether the server's Welcome has come.
     welcomed: bool,
+    /// Answers for this connection's [`Sender`]s, once one is made.
+    replies: Option<Arc<Replies>>,
+}
+
+/// Sends requests on a [`Client`]'s connection from other threads, in
+/// its conversation, while the client waits on a long request (its reads
+/// pass their answers back): for a transport that takes one connection at
+/// a time (the VM's control port), a terminal's keys and size changes.
+#[derive(Clone)]
+pub struct Sender {
+    stream: Arc<Mutex<UnixStream>>,
+    conversation: u64,
+    next_id: Arc<std::sync::atomic::AtomicU64>,
+    replies: Arc<Replies>,
+}
+
+/// Answers to a [`Sender`]'s requests, by id (`None` until it comes).
+#[derive(Default, Debug)]
+struct Replies {
+    waiting: Mutex<std::collections::HashMap<u64, Option<Answer>>>,
+    came: std::sync::Condvar,
+}
+
+impl Replies {
+    /// Keeps the answer if it is one a sender waits for.
+    fn offer(&self, id: u64, answer: &Answer) -> bool {
+        let mut w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        match w.get_mut(&id) {
+            Some(slot) => {
+                *slot = Some(answer.clone());
+                self.came.notify_all();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Sender {
+    /// How long an answer may take.
+    const WAIT: Duration = Duration::from_secs(30);
+
+    /// Sends `request` and waits for its answer, which the client reads
+    /// while it waits on its own request.
+    pub fn call(&self, request: Request) -> Result<Answer, ClientError> {
+        let request_id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let bytes = encode(&ClientFrame::Request(RequestEnvelope {
+            conversation: self.conversation,
+            request_id,
+            request,
+        }))
+        .map_err(ClientError::Encode)?;
+        let r = &self.replies;
+        r.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(request_id, None);
+        let sent = self
+            .stream
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .write_all(&bytes);
+        let mut w = r.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = sent {
+            w.remove(&request_id);
+            return Err(ClientError::Write(e));
+        }
+        let deadline = std::time::Instant::now() + Self::WAIT;
+        loop {
+            if let Some(Some(_)) = w.get(&request_id) {
+                return w.remove(&request_id).flatten().ok_or(ClientError::Closed);
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                w.remove(&request_id);
+                return Err(ClientError::TimedOut(Self::WAIT));
+            }
+            w = r
+                .came
+                .wait_timeout(w, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
 }
 
 /// Two random words from the kernel (`/dev/urandom`); the time and the
@@ -251,6 +338,7 @@ impl Client {
             timeout,
             unsent_hello: Vec::new(),
             welcomed: false,
+            replies: None,
         };
         Ok((client, bytes))
     }
@@ -282,6 +370,22 @@ impl Client {
                 Ok(_) | Err(_) => continue,
             }
         }
+    }
+
+    /// A [`Sender`] on this connection (once it is welcomed: a request
+    /// sent first makes sure of that).
+    pub fn sender(&mut self) -> Result<Sender, ClientError> {
+        let stream = self.stream.try_clone().map_err(ClientError::Write)?;
+        let replies = self.replies.get_or_insert_with(Default::default).clone();
+        Ok(Sender {
+            stream: Arc::new(Mutex::new(stream)),
+            conversation: self.conversation,
+            // Far from the client's own ids, which go up one at a time.
+            next_id: Arc::new(std::sync::atomic::AtomicU64::new(
+                self.next_id.wrapping_add(1 << 40),
+            )),
+            replies,
+        })
     }
 
     /// This connection's conversation number (see [`Hello`]).
@@ -385,7 +489,17 @@ impl Client {
                     });
                 }
                 ServerFrame::Event(e) if e.request_id == request_id => on_event(e.event),
-                ServerFrame::Response(_) | ServerFrame::Event(_) => {}
+                // A sender's answer goes to it.
+                ServerFrame::Response(r) => {
+                    if let Some(replies) = &self.replies {
+                        let a = match r.outcome {
+                            Outcome::Ok(v) => Ok(v),
+                            Outcome::Err(e) => Err(e),
+                        };
+                        replies.offer(r.request_id, &a);
+                    }
+                }
+                ServerFrame::Event(_) => {}
                 // A late answer to an earlier Hello (a host on a serial
                 // port that said Hello again): nothing to do.
                 ServerFrame::Welcome(_) => {}

@@ -5,9 +5,10 @@
 //! arrows) goes to the run's terminal as the bytes it types, and the run's
 //! terminal — its line discipline, in the sandbox — does what a terminal
 //! does with them (SIGINT to the foreground job, end of file, ...). Three
-//! threads, each with its own connection to the daemon: this one sends the
-//! request and writes the run's output as it comes; one reads this
-//! terminal's keys and sends them (`process.stdin`); one waits for signals:
+//! threads on one connection to the daemon (the VM's control port takes
+//! one at a time): this one sends the request and writes the run's output
+//! as it comes; one reads this terminal's keys and sends them
+//! (`process.stdin`, one after the other); one waits for signals:
 //! `SIGWINCH` becomes `process.resize`, `SIGINT` sent to alloxctl (not a
 //! key: those are bytes in raw mode) becomes a Ctrl-C typed into the run,
 //! and `SIGTERM`, `SIGHUP` or `SIGQUIT` end alloxctl (the run goes on, and
@@ -16,9 +17,9 @@
 //! The terminal's mode is restored on every way out: the end of the run,
 //! an error, one of those signals, and a panic.
 
-use crate::client::{Answer, Caller, Client, ClientError};
+use crate::client::{Answer, Caller, Client, ClientError, Sender};
 use crate::process;
-use allox_protocol::{Event, ProcessResize, ProcessStdin, PtySize, Request, Response};
+use allox_protocol::{Event, ProcessResize, ProcessStdin, PtySize, Request};
 use nix::sys::signal::{SigSet, Signal};
 use rustix::termios::{self, OptionalActions, Termios};
 use std::io::{Read, Write};
@@ -182,7 +183,16 @@ fn drive(
         Request::ProcessAttach(p) => (p.agent_id.clone(), p.session_id.clone()),
         _ => return process::report(stderr, &bad("not a terminal request")),
     };
-    let client = match Client::connect(socket) {
+    // One connection carries it all (the VM's control port takes one at a
+    // time): the request waits on it, the keys and size changes go out on
+    // it from the other threads (a ping first makes sure it is welcomed).
+    let connected = Client::connect(socket).and_then(|mut c| {
+        c.call(Request::Ping(allox_protocol::Ping {}))?
+            .map_err(ClientError::Refused)?;
+        let sender = c.sender()?;
+        Ok((c, sender))
+    });
+    let (client, sender) = match connected {
         Ok(c) => c,
         Err(e) => return process::report(stderr, &e.to_body()),
     };
@@ -211,12 +221,12 @@ fn drive(
     }
     let target = (agent, session);
     {
-        let (socket, target) = (socket.to_path_buf(), target.clone());
-        std::thread::spawn(move || keys(&socket, &target, rx));
+        let (sender, target) = (sender.clone(), target.clone());
+        std::thread::spawn(move || keys(&sender, &target, rx));
     }
     {
-        let (socket, known) = (socket.to_path_buf(), known.clone());
-        std::thread::spawn(move || on_signals(&socket, &target, &known, signals));
+        let known = known.clone();
+        std::thread::spawn(move || on_signals(&sender, &target, &known, signals));
     }
     let mut tap = Tap {
         client,
@@ -233,11 +243,8 @@ fn bad(message: &str) -> allox_protocol::ErrorBody {
 /// Sends what is typed here to the run, once its id is known; at the end
 /// of this input (not a terminal: a pipe or a file), closes the run's,
 /// which types its end-of-file character.
-fn keys(socket: &Path, (agent, session): &(String, String), run: mpsc::Receiver<String>) {
+fn keys(sender: &Sender, (agent, session): &(String, String), run: mpsc::Receiver<String>) {
     let Ok(run_id) = run.recv() else { return };
-    let Ok(mut client) = Client::connect(socket) else {
-        return;
-    };
     let mut stdin = std::io::stdin().lock();
     let mut buf = vec![0u8; 16 << 10];
     loop {
@@ -253,17 +260,17 @@ fn keys(socket: &Path, (agent, session): &(String, String), run: mpsc::Receiver<
             data: buf[..n].to_vec().into(),
             close: n == 0,
         });
-        // A run that ended (or closed its input) takes no more.
-        match client.call(request) {
-            Ok(Ok(Response::StdinWritten(_))) if n > 0 => {}
+        // In order, each after the last was taken; a run that ended (or
+        // closed its input) takes no more.
+        match sender.call(request) {
+            Ok(Ok(_)) if n > 0 => {}
             _ => return,
         }
     }
 }
 
 /// Waits for the blocked signals and does what each means.
-fn on_signals(socket: &Path, (agent, session): &(String, String), known: &Known, set: SigSet) {
-    let mut client: Option<Client> = None;
+fn on_signals(sender: &Sender, (agent, session): &(String, String), known: &Known, set: SigSet) {
     loop {
         let Ok(sig) = set.wait() else { return };
         let request = match (sig, known.id.get()) {
@@ -297,13 +304,6 @@ fn on_signals(socket: &Path, (agent, session): &(String, String), known: &Known,
                 std::process::exit(128 + other as i32);
             }
         };
-        if client.is_none() {
-            client = Client::connect(socket).ok();
-        }
-        if let Some(c) = client.as_mut() {
-            if c.call(request).is_err() {
-                client = None;
-            }
-        }
+        let _ = sender.call(request);
     }
 }

@@ -216,6 +216,42 @@ fn guest_the_spine_and_exec_over_virtio_serial_then_an_orderly_shutdown() {
         }),
     );
     assert_eq!(sh(&mut c, "a", "s", "cat f; ls"), "one\nf\n");
+    // `alloxctl exec -t` through the control port, which takes one host
+    // connection at a time: its keys go out on the request's connection
+    // (here from a pipe, so they are passed on as they are, and the end
+    // of the pipe types end-of-file).
+    drop(c);
+    let mut child = Command::new(allox_integration::workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(&vm.socket)
+        .args([
+            "exec",
+            "-t",
+            "--timeout-ms",
+            "60000",
+            "a",
+            "s",
+            "--",
+            "/bin/sh",
+            "-c",
+        ])
+        .arg("stty -echo; read x; echo got=$x; cat; echo eof-typed")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"over the port\nmore\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("got=over the port\n"), "{text}");
+    assert!(text.contains("more\neof-typed"), "{text}");
+    let (mut c, _) = vm.connect(BOOT);
     // A process left running is killed by the shutdown, in order.
     start(&mut c, "a", "s", "sleep 600");
     match ok(&mut c, Request::Shutdown(Shutdown {})) {

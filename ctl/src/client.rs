@@ -257,6 +257,14 @@ impl Sender {
     }
 }
 
+/// A response's outcome as an answer.
+fn answer_of(outcome: Outcome) -> Answer {
+    match outcome {
+        Outcome::Ok(v) => Ok(v),
+        Outcome::Err(e) => Err(e),
+    }
+}
+
 /// Two random words from the kernel (`/dev/urandom`); the time and the
 /// process id if it cannot be read.
 fn random_words() -> [u64; 2] {
@@ -483,19 +491,13 @@ impl Client {
                 // Id 0: the server could not read a request, or restarted
                 // (conversation 0); only ours is open.
                 ServerFrame::Response(r) if r.request_id == request_id || r.request_id == 0 => {
-                    return Ok(match r.outcome {
-                        Outcome::Ok(v) => Ok(v),
-                        Outcome::Err(e) => Err(e),
-                    });
+                    return Ok(answer_of(r.outcome));
                 }
                 ServerFrame::Event(e) if e.request_id == request_id => on_event(e.event),
                 // A sender's answer goes to it.
                 ServerFrame::Response(r) => {
                     if let Some(replies) = &self.replies {
-                        let a = match r.outcome {
-                            Outcome::Ok(v) => Ok(v),
-                            Outcome::Err(e) => Err(e),
-                        };
+                        let a = answer_of(r.outcome);
                         replies.offer(r.request_id, &a);
                     }
                 }
@@ -579,10 +581,7 @@ impl Client {
                 ServerFrame::Response(r)
                     if r.conversation != self.conversation && r.conversation != 0 => {}
                 ServerFrame::Response(r) => {
-                    let a = match r.outcome {
-                        Outcome::Ok(v) => Ok(v),
-                        Outcome::Err(e) => Err(e),
-                    };
+                    let a = answer_of(r.outcome);
                     if r.request_id == 0 {
                         // Nothing more will come for any of them.
                         for id in &waiting {

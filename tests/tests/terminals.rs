@@ -420,8 +420,9 @@ fn a_person_at_alloxctl_exec_t_in_tmux() {
         d.daemon.socket.display()
     ));
     // A terminal of the sandbox's own, of the window's size.
-    tmux.line("PS1='sandbox$ '; echo \"tty=$(tty)\"; stty size");
-    let s = tmux.wait_for("tty=/dev/pts/0");
+    tmux.line("PS1='sandbox$ '; echo \"tty=$(tty)\"; stty size; echo size\"\"-shown");
+    let s = tmux.wait_for("size-shown");
+    assert!(s.contains("tty=/dev/pts/0"), "{s}");
     assert!(s.contains("30 100") || s.contains("29 100"), "{s}");
     // A resize of the window reaches the run.
     assert!(tmux

@@ -748,7 +748,7 @@ impl RunArgs {
                 timeout_ms: self.timeout_ms,
                 wait,
                 stream: wait,
-                // The size is this terminal's, filled in when it is known.
+                // A placeholder: alloxctl gives it this terminal's size and TERM.
                 pty: self.tty.then_some(allox_protocol::PtySize {
                     rows: 24,
                     cols: 80,

@@ -39,13 +39,6 @@ pub trait Caller {
         self.call(request)
     }
 
-    /// Answers to `requests`, in their order. [`Client`] sends them all at
-    /// once; this default makes one call after another, stopping at the
-    /// first that fails to reach the daemon.
-    fn call_many(&mut self, requests: Vec<Request>) -> Result<Vec<Answer>, ClientError> {
-        requests.into_iter().map(|r| self.call(r)).collect()
-    }
-
     /// Sends the requests `next` gives, with up to `window` of them
     /// unanswered at a time, and passes their answers to `done` in the
     /// order of the requests, until `next` has no more or `done` says
@@ -194,15 +187,11 @@ struct Replies {
 
 impl Replies {
     /// Keeps the answer if it is one a sender waits for.
-    fn offer(&self, id: u64, answer: &Answer) -> bool {
+    fn offer(&self, id: u64, answer: Answer) {
         let mut w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-        match w.get_mut(&id) {
-            Some(slot) => {
-                *slot = Some(answer.clone());
-                self.came.notify_all();
-                true
-            }
-            None => false,
+        if let Some(slot) = w.get_mut(&id) {
+            *slot = Some(answer);
+            self.came.notify_all();
         }
     }
 }
@@ -497,8 +486,7 @@ impl Client {
                 // A sender's answer goes to it.
                 ServerFrame::Response(r) => {
                     if let Some(replies) = &self.replies {
-                        let a = answer_of(r.outcome);
-                        replies.offer(r.request_id, &a);
+                        replies.offer(r.request_id, answer_of(r.outcome));
                     }
                 }
                 ServerFrame::Event(_) => {}
@@ -508,20 +496,6 @@ impl Client {
                 ServerFrame::Refused(body) => return Err(ClientError::Refused(body)),
             }
         }
-    }
-
-    /// Sends `requests` at once, without waiting between them, and returns
-    /// their answers in the same order (the server may work on them at
-    /// the same time, and answer in any order).
-    pub fn call_many(&mut self, requests: Vec<Request>) -> Result<Vec<Answer>, ClientError> {
-        let n = requests.len();
-        let mut it = requests.into_iter();
-        let mut answers = Vec::with_capacity(n);
-        self.pipeline(n, &mut || it.next(), &mut |a| {
-            answers.push(a);
-            true
-        })?;
-        Ok(answers)
     }
 
     /// [`Caller::pipeline`] over this connection: a sliding window, each
@@ -642,10 +616,6 @@ impl Caller for Client {
         on_event: &mut dyn FnMut(Event),
     ) -> Result<Answer, ClientError> {
         Client::call_with_events(self, request, on_event)
-    }
-
-    fn call_many(&mut self, requests: Vec<Request>) -> Result<Vec<Answer>, ClientError> {
-        Client::call_many(self, requests)
     }
 
     fn pipeline(

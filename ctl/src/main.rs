@@ -32,7 +32,12 @@ fn main() -> ExitCode {
                 cli.socket, request, &mut out, &mut err,
             ))
         }
-        Action::Start(run) => start_run(cli.socket, cli.json, run, process::start),
+        Action::Start(mut run) => {
+            if run.tty {
+                run.request.pty = Some(allox_ctl::tty::like_this_one());
+            }
+            start_run(cli.socket, cli.json, run, process::start)
+        }
         Action::Wait(request) => {
             let mut daemon = ReconnectingClient::new(cli.socket);
             let (mut out, mut err) = (std::io::stdout(), std::io::stderr());

@@ -84,18 +84,9 @@ impl Caller for ReconnectingClient {
         }
     }
 
-    /// All at once over the current connection (made if there is none).
-    /// A connection that fails is dropped, and the requests are not made
-    /// again: some of them may have been done.
-    fn call_many(&mut self, requests: Vec<Request>) -> Result<Vec<Answer>, ClientError> {
-        let answers = self.client()?.call_many(requests);
-        if answers.is_err() {
-            self.client = None;
-        }
-        answers
-    }
-
-    /// Over the current connection, as [`Self::call_many`].
+    /// Over the current connection (made if there is none). A connection
+    /// that fails is dropped, and the requests are not made again: some
+    /// of them may have been done.
     fn pipeline(
         &mut self,
         window: usize,

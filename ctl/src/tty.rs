@@ -70,6 +70,14 @@ impl Drop for Raw {
     }
 }
 
+/// A terminal for a run like this one: its size (24 × 80 when alloxctl
+/// is not on a terminal) and its `TERM`.
+pub fn like_this_one() -> PtySize {
+    let (rows, cols) = local_size().unwrap_or((24, 80));
+    let term = std::env::var("TERM").ok().filter(|t| !t.is_empty());
+    PtySize { rows, cols, term }
+}
+
 /// This terminal's size, if stdout or stdin is one.
 fn local_size() -> Option<(u16, u16)> {
     let of = |w: termios::Winsize| (w.ws_row > 0 && w.ws_col > 0).then_some((w.ws_row, w.ws_col));
@@ -134,9 +142,7 @@ pub fn exec(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> u8 {
-    let (rows, cols) = local_size().unwrap_or((24, 80));
-    let term = std::env::var("TERM").ok().filter(|t| !t.is_empty());
-    request.pty = Some(PtySize { rows, cols, term });
+    request.pty = Some(like_this_one());
     // Keys come through `process.stdin`.
     request.stdin = None;
     request.wait = true;
@@ -227,6 +233,11 @@ fn drive(
     {
         let known = known.clone();
         std::thread::spawn(move || on_signals(&sender, &target, &known, signals));
+    }
+    if run_id.is_some() {
+        // A run followed again takes this terminal's size: the signal
+        // thread sends it, as for any change of size.
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), Signal::SIGWINCH);
     }
     let mut tap = Tap {
         client,

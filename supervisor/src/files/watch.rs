@@ -64,8 +64,15 @@ impl Watcher {
         })
     }
 
-    /// Watches the directory open as `dir` (at `path`), and below it.
-    fn add(&mut self, dir: &OwnedFd, path: &str, depth: u32) -> Result<(), FilesError> {
+    /// Watches the directory open as `dir` (at `path`), and below it;
+    /// with `found`, also reports everything below it as created.
+    fn add(
+        &mut self,
+        dir: &OwnedFd,
+        path: &str,
+        depth: u32,
+        mut found: Option<&mut Vec<FsEvent>>,
+    ) -> Result<(), FilesError> {
         if self.dirs.len() >= MAX_WATCHED {
             return Ok(());
         }
@@ -81,7 +88,20 @@ impl Watcher {
         };
         for e in it.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if name == "." || name == ".." || e.file_type() != rustix::fs::FileType::Directory {
+            if name == "." || name == ".." {
+                continue;
+            }
+            let is_dir = e.file_type() == rustix::fs::FileType::Directory;
+            let sub_path = join(path, &name);
+            if let Some(out) = found.as_deref_mut() {
+                out.push(FsEvent {
+                    change: FsChange::Created,
+                    path: sub_path.clone(),
+                    to: None,
+                    dir: is_dir,
+                });
+            }
+            if !is_dir {
                 continue;
             }
             if let Ok(sub) = rustix::fs::openat(
@@ -90,7 +110,7 @@ impl Watcher {
                 OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                 Mode::empty(),
             ) {
-                self.add(&sub, &join(path, &name), depth + 1)?;
+                self.add(&sub, &sub_path, depth + 1, found.as_deref_mut())?;
             }
         }
         Ok(())
@@ -204,41 +224,9 @@ impl Watcher {
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
             path,
         ) {
-            let _ = self.add(&dir, path, depth);
-            list_created(&dir, path, depth, &mut found);
+            let _ = self.add(&dir, path, depth, Some(&mut found));
         }
         found
-    }
-}
-
-/// Everything below the open directory `dir` (at `path`), as created.
-fn list_created(dir: &OwnedFd, path: &str, depth: u32, out: &mut Vec<FsEvent>) {
-    let Ok(it) = rustix::fs::Dir::read_from(dir) else {
-        return;
-    };
-    for e in it.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name == "." || name == ".." {
-            continue;
-        }
-        let is_dir = e.file_type() == rustix::fs::FileType::Directory;
-        let sub_path = join(path, &name);
-        out.push(FsEvent {
-            change: FsChange::Created,
-            path: sub_path.clone(),
-            to: None,
-            dir: is_dir,
-        });
-        if is_dir && depth < MAX_DEPTH && out.len() < MAX_WATCHED {
-            if let Ok(sub) = rustix::fs::openat(
-                dir,
-                e.file_name(),
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            ) {
-                list_created(&sub, &sub_path, depth + 1, out);
-            }
-        }
     }
 }
 
@@ -273,7 +261,8 @@ impl Supervisor {
             } else {
                 rel.joined()
             };
-            w.add(&dir, &base, 0).map_err(|e| scoped(e, root.scope))?;
+            w.add(&dir, &base, 0, None)
+                .map_err(|e| scoped(e, root.scope))?;
             drop(dir);
             if first {
                 first = false;

@@ -141,6 +141,10 @@ pub enum Command {
     /// The session network: egress rules and the audit of connections.
     #[command(subcommand)]
     Net(NetCommand),
+    /// Sharing of sessions' files between sessions (the share plugin):
+    /// who shares what, and the host's switches.
+    #[command(subcommand)]
+    Share(ShareCommand),
     /// A session's files, without a process: list, read, make, remove.
     #[command(subcommand)]
     Fs(FsCommand),
@@ -357,6 +361,67 @@ pub enum NetCommand {
         #[command(flatten)]
         page: PageArgs,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ShareCommand {
+    /// The sessions sharing now (of every agent, or one), and the agents'
+    /// settings that are not the defaults.
+    List { agent: Option<String> },
+    /// Show an agent's sharing settings, changing those given.
+    Agent {
+        agent: String,
+        /// Whether its sessions may share at all (`no` turns every share
+        /// of its sessions off and refuses `enable`).
+        #[arg(long, value_name = "yes|no", value_parser = yes_no)]
+        allowed: Option<bool>,
+        /// Whether its sessions share without running `enable` (sharing is
+        /// off by default).
+        #[arg(long, value_name = "on|off", value_parser = on_off)]
+        default: Option<bool>,
+        /// The scope of that default (a directory of each session's files).
+        #[arg(long, value_name = "DIR")]
+        default_scope: Option<String>,
+        /// The permission of that default (read-only by default).
+        #[arg(long, value_name = "read|write", value_parser = permission)]
+        default_permission: Option<allox_protocol::SharePermission>,
+    },
+    /// Turn a session's sharing on or off, as the host.
+    Session {
+        agent: String,
+        session: String,
+        #[arg(value_name = "on|off", value_parser = on_off)]
+        state: bool,
+        /// A directory of the session's files (default: all of them).
+        #[arg(long, value_name = "DIR")]
+        scope: Option<String>,
+        #[arg(long, value_name = "read|write", value_parser = permission)]
+        permission: Option<allox_protocol::SharePermission>,
+    },
+}
+
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?} is neither on nor off")),
+    }
+}
+
+fn yes_no(s: &str) -> Result<bool, String> {
+    match s {
+        "yes" => Ok(true),
+        "no" => Ok(false),
+        _ => Err(format!("{s:?} is neither yes nor no")),
+    }
+}
+
+fn permission(s: &str) -> Result<allox_protocol::SharePermission, String> {
+    match s {
+        "read" => Ok(allox_protocol::SharePermission::Read),
+        "write" => Ok(allox_protocol::SharePermission::Write),
+        _ => Err(format!("{s:?} is neither read nor write")),
+    }
 }
 
 /// Which tree of a session a path is in.
@@ -939,6 +1004,37 @@ impl Command {
                     session_id: session,
                 }),
             }),
+            C::Share(ShareCommand::List { agent }) => {
+                call(Request::ShareList(allox_protocol::ShareList {
+                    agent_id: agent,
+                }))
+            }
+            C::Share(ShareCommand::Agent {
+                agent,
+                allowed,
+                default,
+                default_scope,
+                default_permission,
+            }) => call(Request::ShareAgentSet(allox_protocol::ShareAgentSet {
+                agent_id: agent,
+                allowed,
+                default_on: default,
+                default_scope,
+                default_permission,
+            })),
+            C::Share(ShareCommand::Session {
+                agent,
+                session,
+                state,
+                scope,
+                permission,
+            }) => call(Request::ShareSessionSet(allox_protocol::ShareSessionSet {
+                agent_id: agent,
+                session_id: session,
+                enabled: state,
+                scope,
+                permission,
+            })),
             C::Net(NetCommand::Audit {
                 agent,
                 session,

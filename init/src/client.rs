@@ -8,6 +8,7 @@
 //! allox turn end [--status ok|failed|cancelled] [--turn-id ID] [--label TEXT]
 //! allox call ROUTE [JSON]
 //! allox net connect HOST PORT
+//! allox share enable|disable|status|list|stat|read|write ...
 //! ```
 //!
 //! Human output by default, the answer's JSON with `--json`; exit status 0,
@@ -63,6 +64,12 @@ enum Cmd {
     Net {
         #[command(subcommand)]
         cmd: NetCmd,
+    },
+    /// Share this session's files with other sessions, and reach theirs
+    /// (with the daemon's share plugin, --share-tools).
+    Share {
+        #[command(subcommand)]
+        cmd: crate::share::ShareCmd,
     },
 }
 
@@ -143,9 +150,9 @@ impl Cli {
                     params: v.to_string(),
                 })
             }
-            Cmd::Net { .. } => {
+            Cmd::Net { .. } | Cmd::Share { .. } => {
                 return Err(ErrorBody::invalid(
-                    "net commands do not go through the guest socket",
+                    "net and share commands are not one guest request",
                 ))
             }
         })
@@ -174,6 +181,21 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
         };
     }
     let socket = std::env::var_os("ALLOX_GUEST_SOCKET").unwrap_or_else(|| GUEST_SOCKET.into());
+    if let Cmd::Share { cmd } = &cli.cmd {
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        return match crate::share::run(std::path::Path::new(&socket), cmd, cli.json, &mut out)
+            .and_then(|()| {
+                out.flush()
+                    .map_err(|e| ErrorBody::invalid(format!("cannot write: {e}")))
+            }) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("allox: {}: {}", e.code, e.message);
+                1
+            }
+        };
+    }
     let out = cli
         .request()
         .and_then(|req| ask(std::path::Path::new(&socket), req));

@@ -14,4 +14,5 @@ pub mod client;
 pub mod guest;
 pub mod limits;
 pub mod netconnect;
+pub mod share;
 pub mod supervise;

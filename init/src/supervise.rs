@@ -92,6 +92,11 @@ pub struct SuperviseArgs {
     /// docs/plugins.md. None is loaded unless named.
     #[arg(long = "plugin", value_name = "NAME")]
     pub plugins: Vec<String>,
+    /// Sessions that enable sharing reach each other's files through
+    /// their guest interface (`allox share ...`; docs/share.md). The same
+    /// as `--plugin share`.
+    #[arg(long)]
+    pub share_tools: bool,
     /// Most process events kept in state/events.redb; the oldest go first.
     #[arg(long, default_value_t = allox_supervisor::tracker::DEFAULT_MAX_EVENTS)]
     pub process_events_max: u64,
@@ -219,6 +224,13 @@ impl SuperviseArgs {
             return Err(SuperviseError::PluginWithoutProcesses(p.clone()));
         }
         enabled.extend(self.plugins);
+        let share = allox_supervisor::plugins::share::NAME;
+        if self.share_tools && !enabled.iter().any(|p| p == share) {
+            if self.no_processes {
+                return Err(SuperviseError::PluginWithoutProcesses(share.to_string()));
+            }
+            enabled.push(share.to_string());
+        }
         let default_mode =
             allox_protocol::NetworkMode::parse(&self.session_network).unwrap_or_default();
         if default_mode == allox_protocol::NetworkMode::Proxy

@@ -97,6 +97,7 @@ mod tests {
                 json!({"agent_id": "a", "session_id": "s", "path": "d/f", "data": "AAEC/w=="}),
                 json!({"agent_id": "a", "session_id": "s", "path": "d/f"}),
                 json!({"agent_id": "a", "session_id": "s", "checkpoint_id": "c"}),
+                json!({"agent_id": "a", "session_id": "s", "enabled": true, "scope": "out", "permission": "write"}),
                 json!({"agent_id": "a", "session_id": "s"}),
                 json!({"agent_id": "a"}),
                 json!({}),

@@ -64,6 +64,7 @@ pub mod id;
 pub mod json;
 pub mod message;
 pub mod network;
+pub mod share;
 
 pub use bytes::Bytes;
 pub use codec::{decode, encode, DecodeError};
@@ -73,6 +74,7 @@ pub use frame::{FrameError, FrameReader, MAX_FRAME};
 pub use id::{validate_id, IdError, MAX_ID_LEN};
 pub use message::*;
 pub use network::*;
+pub use share::*;
 
 /// Version of the wire protocol; both sides must agree exactly.
 pub const PROTOCOL_VERSION: u32 = 2;

@@ -617,6 +617,9 @@ requests! {
     FsWatch(crate::FsWatch) = "fs.watch", mutating = false;
     ProcessResize(ProcessResize) = "process.resize", mutating = false;
     ProcessAttach(ProcessAttach) = "process.attach", mutating = false;
+    ShareList(crate::ShareList) = "share.list", mutating = false;
+    ShareAgentSet(crate::ShareAgentSet) = "share.agent.set", mutating = true;
+    ShareSessionSet(crate::ShareSessionSet) = "share.session.set", mutating = true;
 }
 
 impl Request {
@@ -674,6 +677,9 @@ impl Request {
             Request::FsRemove(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
             Request::FsMove(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
             Request::FsWatch(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
+            Request::ShareList(r) => r.agent_id.clone().unwrap_or_default(),
+            Request::ShareAgentSet(r) => r.agent_id.clone(),
+            Request::ShareSessionSet(r) => format!("{}/{}", r.agent_id, r.session_id),
             Request::NetworkAudit(r) => [&r.agent_id, &r.session_id]
                 .iter()
                 .filter_map(|x| x.as_deref())
@@ -1025,6 +1031,9 @@ pub enum Response {
     FsData(crate::FsData),
     FsWritten(crate::FsWritten),
     Resized(Resized),
+    Shares(crate::ShareListing),
+    ShareAgent(crate::ShareAgentInfo),
+    Share(crate::ShareInfo),
 }
 
 /// A terminal's new size.
@@ -1227,6 +1236,9 @@ impl Response {
             Response::FsData(v) => serde_json::to_value(v),
             Response::FsWritten(v) => serde_json::to_value(v),
             Response::Resized(v) => serde_json::to_value(v),
+            Response::Shares(v) => serde_json::to_value(v),
+            Response::ShareAgent(v) => serde_json::to_value(v),
+            Response::Share(v) => serde_json::to_value(v),
         };
         v.unwrap_or(serde_json::Value::Null)
     }

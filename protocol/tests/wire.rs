@@ -139,6 +139,9 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "fs.watch",
             "process.resize",
             "process.attach",
+            "share.list",
+            "share.agent.set",
+            "share.session.set",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

@@ -38,7 +38,11 @@ pub const ALL: &[&str] = &[
 
 /// The supervisor's points before each installed plugin starts (a panic
 /// there counts as that plugin failing to start); not the store's.
-pub const PLUGIN_STARTS: &[&str] = &["plugin_start.process-tree", "plugin_start.network"];
+pub const PLUGIN_STARTS: &[&str] = &[
+    "plugin_start.process-tree",
+    "plugin_start.network",
+    "plugin_start.share",
+];
 
 /// The supervisor's points in the file API.
 pub const FILES: &[&str] = &["fs_write.before_commit"];

@@ -23,10 +23,14 @@ impl Supervisor {
         | Request::ProcessTree(_)
         | Request::NetworkPolicySet(_)
         | Request::NetworkPolicyGet(_)
-        | Request::NetworkAudit(_) = req
+        | Request::NetworkAudit(_)
+        | Request::ShareList(_)
+        | Request::ShareAgentSet(_)
+        | Request::ShareSessionSet(_) = req
         {
             let ctx = RouteContext {
                 store: &self.store,
+                core: self,
                 events,
             };
             return self.plugins.serve(req, ctx).await;
@@ -299,6 +303,9 @@ impl Supervisor {
             | Request::NetworkPolicySet(_)
             | Request::NetworkPolicyGet(_)
             | Request::NetworkAudit(_)
+            | Request::ShareList(_)
+            | Request::ShareAgentSet(_)
+            | Request::ShareSessionSet(_)
             | Request::FsWatch(_) => return Err(RequestError::Asynchronous),
             Request::FsStat(_)
             | Request::FsList(_)

@@ -104,6 +104,9 @@ impl Supervisor {
                 | Request::NetworkPolicySet(_)
                 | Request::NetworkPolicyGet(_)
                 | Request::NetworkAudit(_)
+                | Request::ShareList(_)
+                | Request::ShareAgentSet(_)
+                | Request::ShareSessionSet(_)
                 | Request::FsWatch(_)
         )
     }
@@ -232,5 +235,30 @@ pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
             .downcast_ref::<&str>()
             .map(|s| s.to_string())
             .unwrap_or_else(|| "a panic without a message".into()),
+    }
+}
+
+/// What the supervisor lends plugins.
+impl crate::plugins::Core for Supervisor {
+    fn session_created(&self, a: &str, s: &str) -> Result<u64, ErrorBody> {
+        self.store
+            .session_info_of(a, s)
+            .map(|i| i.created_ms)
+            .map_err(|e| RequestError::from(e).to_body())
+    }
+
+    fn sessions_of(&self, a: &str) -> Vec<(String, u64)> {
+        self.store
+            .session_list(a)
+            .map(|l| {
+                l.into_iter()
+                    .map(|i| (i.session_id, i.created_ms))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn files_within(&self, req: &Request, dir: &str) -> Result<(Response, u64), ErrorBody> {
+        self.answer_files_within(req, dir).map_err(|e| e.to_body())
     }
 }

@@ -10,6 +10,7 @@ pub use files::fs_event;
 pub mod network;
 mod plugins;
 mod process;
+mod share;
 mod table;
 mod time;
 mod tree;
@@ -78,6 +79,9 @@ pub fn render(response: &Response) -> String {
         Response::FsData(d) => files::data(d),
         Response::FsWritten(w) => files::written(w),
         Response::NetworkAudit(l) => network::audit(l),
+        Response::Shares(l) => share::listing(l),
+        Response::ShareAgent(a) => share::agent(a),
+        Response::Share(i) => share::info(i),
         Response::StoreCheck(r) => store_check(r),
         Response::ProcessEvents(l) => {
             let mut out = String::new();

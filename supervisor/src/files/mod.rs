@@ -43,6 +43,10 @@ pub enum FilesError {
     Exists { path: String },
     #[error("{path:?} is not {what}")]
     NotA { path: String, what: &'static str },
+    #[error("the share scope {scope:?} of the session {why}")]
+    BadScope { scope: String, why: &'static str },
+    #[error("session {session} has a live run: its files are written only while none runs")]
+    Busy { session: String },
     #[error("checkpoints are of sessions: the shared scope has none")]
     SharedCheckpoint,
     #[error("upload {id}: {why}")]
@@ -92,13 +96,23 @@ impl FilesError {
             FilesError::BadPath { .. }
             | FilesError::Outside { .. }
             | FilesError::NotA { .. }
+            | FilesError::BadScope { .. }
             | FilesError::SharedCheckpoint => ErrorCode::InvalidRequest,
+            FilesError::Busy { .. } => ErrorCode::Conflict,
             FilesError::NotFound { .. } => ErrorCode::NotFound,
             FilesError::Exists { .. } | FilesError::Upload { .. } => ErrorCode::Conflict,
             FilesError::NoSpace { .. } => ErrorCode::Unavailable,
             FilesError::Io { .. } => ErrorCode::Internal,
         }
     }
+}
+
+/// Where a request's paths are resolved.
+enum Within<'a> {
+    /// Its scope's root (the session's files, `shared/`, a checkpoint).
+    Scope,
+    /// A directory of the session's files (a share's scope).
+    Dir(&'a str),
 }
 
 /// The root of a request's scope, open.
@@ -117,6 +131,58 @@ impl Root {
 impl Supervisor {
     /// Answers a file request. Blocking.
     pub(crate) fn answer_files(&self, req: &Request) -> Result<Response, RequestError> {
+        self.answer_files_in(req, &Within::Scope)
+    }
+
+    /// Answers a file request (`fs.stat`, `fs.list`, `fs.read`, `fs.write`
+    /// of a session's own files) within the directory `dir` of the
+    /// session's files, for another session (the share plugin): `dir` is
+    /// reached without following any symbolic link and every path is
+    /// resolved beneath it; the session's access guard is held throughout,
+    /// so a rollback or delete of it and the request exclude each other
+    /// (`conflict` while one works on it); a write also requires that the
+    /// session has no live run. Returns the answer and the id of the tree
+    /// it came from (the subvolume of `current/`, which a rollback
+    /// replaces). Blocking.
+    pub(crate) fn answer_files_within(
+        &self,
+        req: &Request,
+        dir: &str,
+    ) -> Result<(Response, u64), RequestError> {
+        let (a, s) = match req {
+            Request::FsStat(r) => (&r.agent_id, &r.session_id),
+            Request::FsList(r) => (&r.agent_id, &r.session_id),
+            Request::FsRead(r) => (&r.agent_id, &r.session_id),
+            Request::FsWrite(r) => (&r.agent_id, &r.session_id),
+            _ => return Err(RequestError::NotProcess),
+        };
+        let runs = self.runs()?;
+        let _access = runs.writing(a, s)?;
+        if matches!(req, Request::FsWrite(_)) && runs.live(a, s) > 0 {
+            return Err(FilesError::Busy {
+                session: format!("{a}/{s}"),
+            }
+            .into());
+        }
+        let current = self.store.layout().current(a, s);
+        let tree = rustix::fs::open(
+            &current,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| FilesError::from_errno("open", ".", e))
+        .and_then(|fd| {
+            allox_store::btrfs::subvolume_id_of(&fd, &current).map_err(|e| FilesError::Io {
+                op: "look up the tree of",
+                path: ".".into(),
+                source: std::io::Error::other(allox_protocol::error_chain(&e)),
+            })
+        })?;
+        let out = self.answer_files_in(req, &Within::Dir(dir))?;
+        Ok((out, tree))
+    }
+
+    fn answer_files_in(&self, req: &Request, w: &Within<'_>) -> Result<Response, RequestError> {
         Ok(match req {
             Request::FsStat(r) => {
                 let root = self.fs_root(
@@ -124,12 +190,13 @@ impl Supervisor {
                     &r.session_id,
                     r.scope,
                     r.checkpoint_id.as_deref(),
+                    w,
                 )?;
                 Response::FsEntry(stat(&root, &Rel::parse(&r.path)?)?)
             }
-            Request::FsList(r) => Response::FsListing(self.fs_list(r)?),
-            Request::FsRead(r) => Response::FsData(self.fs_read(r)?),
-            Request::FsWrite(r) => Response::FsWritten(self.fs_write(r)?),
+            Request::FsList(r) => Response::FsListing(self.fs_list(r, w)?),
+            Request::FsRead(r) => Response::FsData(self.fs_read(r, w)?),
+            Request::FsWrite(r) => Response::FsWritten(self.fs_write(r, w)?),
             Request::FsMkdir(r) => Response::FsEntry(self.fs_mkdir(r)?),
             Request::FsRemove(r) => Response::Deleted(self.fs_remove(r)?),
             Request::FsMove(r) => Response::FsEntry(self.fs_move(r)?),
@@ -143,6 +210,7 @@ impl Supervisor {
         s: &str,
         scope: FsScope,
         checkpoint: Option<&str>,
+        w: &Within<'_>,
     ) -> Result<Root, RequestError> {
         self.store.session_info_of(a, s)?;
         let l = self.store.layout();
@@ -176,7 +244,18 @@ impl Supervisor {
             Mode::empty(),
         )
         .map_err(|e| FilesError::from_errno("open", &dir.display().to_string(), e))?;
-        Ok(Root { fd, scope: name })
+        match (w, scope, checkpoint) {
+            (Within::Scope, ..) => Ok(Root { fd, scope: name }),
+            (Within::Dir(d), FsScope::Session, None) => Ok(Root {
+                fd: path::open_dir_plainly(&fd, d)?,
+                scope: "shared scope",
+            }),
+            (Within::Dir(_), ..) => Err(FilesError::BadPath {
+                path: ".".into(),
+                why: "is not of the session's own files (a share reaches no checkpoint and no shared/)",
+            }
+            .into()),
+        }
     }
 
     /// The root of a change: writable, with the session's writer guard
@@ -186,21 +265,23 @@ impl Supervisor {
         a: &str,
         s: &str,
         scope: FsScope,
+        w: &Within<'_>,
         f: impl FnOnce(&Root, Option<(u32, u32)>) -> Result<T, RequestError>,
     ) -> Result<T, RequestError> {
         let runs = self.runs.as_ref();
         let _writer = runs.map(|r| r.writing(a, s)).transpose()?;
-        let root = self.fs_root(a, s, scope, None)?;
+        let root = self.fs_root(a, s, scope, None, w)?;
         let owner = runs.map(|r| (r.config().uid, r.config().gid));
         f(&root, owner)
     }
 
-    fn fs_list(&self, r: &FsList) -> Result<FsListing, RequestError> {
+    fn fs_list(&self, r: &FsList, w: &Within<'_>) -> Result<FsListing, RequestError> {
         let root = self.fs_root(
             &r.agent_id,
             &r.session_id,
             r.scope,
             r.checkpoint_id.as_deref(),
+            w,
         )?;
         let rel = Rel::parse(&r.path)?;
         let depth = r.depth.unwrap_or(1).clamp(1, MAX_DEPTH);
@@ -219,12 +300,13 @@ impl Supervisor {
         Ok(out)
     }
 
-    fn fs_read(&self, r: &FsRead) -> Result<FsData, RequestError> {
+    fn fs_read(&self, r: &FsRead, w: &Within<'_>) -> Result<FsData, RequestError> {
         let root = self.fs_root(
             &r.agent_id,
             &r.session_id,
             r.scope,
             r.checkpoint_id.as_deref(),
+            w,
         )?;
         let rel = Rel::parse(&r.path)?;
         // Non-blocking: a FIFO must not hold the request.
@@ -265,9 +347,9 @@ impl Supervisor {
         })
     }
 
-    fn fs_write(&self, r: &FsWrite) -> Result<FsWritten, RequestError> {
+    fn fs_write(&self, r: &FsWrite, w: &Within<'_>) -> Result<FsWritten, RequestError> {
         let rel = Rel::parse(&r.path)?;
-        self.fs_change(&r.agent_id, &r.session_id, r.scope, |root, owner| {
+        self.fs_change(&r.agent_id, &r.session_id, r.scope, w, |root, owner| {
             let (parent, name) = parent_of(&root.fd, &rel).map_err(|e| scoped(e, root.scope))?;
             let create = r.create.unwrap_or(true);
             if let Some(id) = &r.upload {
@@ -277,6 +359,10 @@ impl Supervisor {
                         agent: &r.agent_id,
                         session: &r.session_id,
                         scope: r.scope,
+                        within: match w {
+                            Within::Dir(d) => Some(d),
+                            Within::Scope => None,
+                        },
                         id,
                         rel: &rel,
                         parent: &parent,
@@ -309,90 +395,111 @@ impl Supervisor {
 
     fn fs_mkdir(&self, r: &FsMkdir) -> Result<FsEntry, RequestError> {
         let rel = Rel::parse(&r.path)?;
-        self.fs_change(&r.agent_id, &r.session_id, r.scope, |root, owner| {
-            if r.parents {
-                // One level at a time, each below the last one's handle.
-                let mut dir = rustix::fs::openat(
-                    &root.fd,
-                    ".",
-                    OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )
-                .map_err(|e| FilesError::from_errno("open", ".", e))?;
-                for p in &rel.parts {
-                    match rustix::fs::mkdirat(&dir, *p, Mode::from_raw_mode(0o755)) {
-                        Ok(()) => chown_at(&dir, p, owner, rel.shown)?,
-                        Err(rustix::io::Errno::EXIST) => {}
-                        Err(e) => return Err(FilesError::from_errno("make", rel.shown, e).into()),
-                    }
-                    dir = rustix::fs::openat(
-                        &dir,
-                        *p,
-                        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        self.fs_change(
+            &r.agent_id,
+            &r.session_id,
+            r.scope,
+            &Within::Scope,
+            |root, owner| {
+                if r.parents {
+                    // One level at a time, each below the last one's handle.
+                    let mut dir = rustix::fs::openat(
+                        &root.fd,
+                        ".",
+                        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
                         Mode::empty(),
                     )
-                    .map_err(|e| FilesError::from_errno("open", rel.shown, e))?;
+                    .map_err(|e| FilesError::from_errno("open", ".", e))?;
+                    for p in &rel.parts {
+                        match rustix::fs::mkdirat(&dir, *p, Mode::from_raw_mode(0o755)) {
+                            Ok(()) => chown_at(&dir, p, owner, rel.shown)?,
+                            Err(rustix::io::Errno::EXIST) => {}
+                            Err(e) => {
+                                return Err(FilesError::from_errno("make", rel.shown, e).into())
+                            }
+                        }
+                        dir = rustix::fs::openat(
+                            &dir,
+                            *p,
+                            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                            Mode::empty(),
+                        )
+                        .map_err(|e| FilesError::from_errno("open", rel.shown, e))?;
+                    }
+                } else {
+                    let (parent, name) =
+                        parent_of(&root.fd, &rel).map_err(|e| scoped(e, root.scope))?;
+                    rustix::fs::mkdirat(&parent, name, Mode::from_raw_mode(0o755))
+                        .map_err(|e| FilesError::from_errno("make", rel.shown, e))?;
+                    chown_at(&parent, name, owner, rel.shown)?;
                 }
-            } else {
-                let (parent, name) =
-                    parent_of(&root.fd, &rel).map_err(|e| scoped(e, root.scope))?;
-                rustix::fs::mkdirat(&parent, name, Mode::from_raw_mode(0o755))
-                    .map_err(|e| FilesError::from_errno("make", rel.shown, e))?;
-                chown_at(&parent, name, owner, rel.shown)?;
-            }
-            Ok(stat(root, &rel)?)
-        })
+                Ok(stat(root, &rel)?)
+            },
+        )
     }
 
     fn fs_remove(&self, r: &FsRemove) -> Result<Deleted, RequestError> {
         let rel = Rel::parse(&r.path)?;
-        self.fs_change(&r.agent_id, &r.session_id, r.scope, |root, _| {
-            let (parent, name) = parent_of(&root.fd, &rel).map_err(|e| scoped(e, root.scope))?;
-            let st = rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW)
-                .map_err(|e| FilesError::from_errno("stat", rel.shown, e))?;
-            if rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() {
-                if r.recursive {
-                    let parent = rustix::fs::openat(
-                        &parent,
-                        ".",
-                        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                        Mode::empty(),
-                    )
-                    .map_err(|e| FilesError::from_errno("open", rel.shown, e))?;
-                    allox_store::btrfs::remove_at(
-                        &parent,
-                        std::ffi::OsStr::new(name),
-                        Path::new(rel.shown),
-                    )
-                    .map_err(|e| FilesError::Io {
-                        op: "remove",
-                        path: rel.shown.into(),
-                        source: std::io::Error::other(allox_protocol::error_chain(&e)),
-                    })?;
+        self.fs_change(
+            &r.agent_id,
+            &r.session_id,
+            r.scope,
+            &Within::Scope,
+            |root, _| {
+                let (parent, name) =
+                    parent_of(&root.fd, &rel).map_err(|e| scoped(e, root.scope))?;
+                let st = rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW)
+                    .map_err(|e| FilesError::from_errno("stat", rel.shown, e))?;
+                if rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() {
+                    if r.recursive {
+                        let parent = rustix::fs::openat(
+                            &parent,
+                            ".",
+                            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                            Mode::empty(),
+                        )
+                        .map_err(|e| FilesError::from_errno("open", rel.shown, e))?;
+                        allox_store::btrfs::remove_at(
+                            &parent,
+                            std::ffi::OsStr::new(name),
+                            Path::new(rel.shown),
+                        )
+                        .map_err(|e| FilesError::Io {
+                            op: "remove",
+                            path: rel.shown.into(),
+                            source: std::io::Error::other(allox_protocol::error_chain(&e)),
+                        })?;
+                    } else {
+                        rustix::fs::unlinkat(&parent, name, AtFlags::REMOVEDIR)
+                            .map_err(|e| FilesError::from_errno("remove", rel.shown, e))?;
+                    }
                 } else {
-                    rustix::fs::unlinkat(&parent, name, AtFlags::REMOVEDIR)
+                    rustix::fs::unlinkat(&parent, name, AtFlags::empty())
                         .map_err(|e| FilesError::from_errno("remove", rel.shown, e))?;
                 }
-            } else {
-                rustix::fs::unlinkat(&parent, name, AtFlags::empty())
-                    .map_err(|e| FilesError::from_errno("remove", rel.shown, e))?;
-            }
-            Ok(Deleted {
-                deleted: rel.joined(),
-            })
-        })
+                Ok(Deleted {
+                    deleted: rel.joined(),
+                })
+            },
+        )
     }
 
     fn fs_move(&self, r: &FsMove) -> Result<FsEntry, RequestError> {
         let from = Rel::parse(&r.path)?;
         let to = Rel::parse(&r.to)?;
-        self.fs_change(&r.agent_id, &r.session_id, r.scope, |root, _| {
-            let (fp, fname) = parent_of(&root.fd, &from).map_err(|e| scoped(e, root.scope))?;
-            let (tp, tname) = parent_of(&root.fd, &to).map_err(|e| scoped(e, root.scope))?;
-            rustix::fs::renameat(&fp, fname, &tp, tname)
-                .map_err(|e| FilesError::from_errno("move", from.shown, e))?;
-            Ok(stat(root, &to)?)
-        })
+        self.fs_change(
+            &r.agent_id,
+            &r.session_id,
+            r.scope,
+            &Within::Scope,
+            |root, _| {
+                let (fp, fname) = parent_of(&root.fd, &from).map_err(|e| scoped(e, root.scope))?;
+                let (tp, tname) = parent_of(&root.fd, &to).map_err(|e| scoped(e, root.scope))?;
+                rustix::fs::renameat(&fp, fname, &tp, tname)
+                    .map_err(|e| FilesError::from_errno("move", from.shown, e))?;
+                Ok(stat(root, &to)?)
+            },
+        )
     }
 
     /// Where unfinished uploads are recorded (the store's `state/`).

@@ -94,6 +94,38 @@ pub fn open_beneath(
     }
 }
 
+/// The directory `dir` below `root` (a share's scope), reached without
+/// following any symbolic link on the way — neither the scope itself nor a
+/// directory above it may be one — for resolving paths beneath it.
+pub fn open_dir_plainly(root: &OwnedFd, dir: &str) -> Result<OwnedFd, FilesError> {
+    let bad = |why: &'static str| FilesError::BadScope {
+        scope: dir.to_string(),
+        why,
+    };
+    let rel = Rel::parse(dir).map_err(|e| match e {
+        FilesError::BadPath { why, .. } => bad(why),
+        e => e,
+    })?;
+    loop {
+        match rustix::fs::openat2(
+            root,
+            rel.joined(),
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        ) {
+            Err(rustix::io::Errno::AGAIN) => continue,
+            Err(rustix::io::Errno::LOOP) | Err(rustix::io::Errno::XDEV) => {
+                return Err(bad("is, or is reached through, a symbolic link"))
+            }
+            Err(rustix::io::Errno::NOENT) => return Err(bad("does not exist")),
+            Err(rustix::io::Errno::NOTDIR) => return Err(bad("is not a directory")),
+            Err(e) => return Err(FilesError::from_errno("open", dir, e)),
+            Ok(fd) => return Ok(fd),
+        }
+    }
+}
+
 /// The parent directory of `rel` (a handle for `*at` calls) and the last
 /// name, which is not followed.
 pub fn parent_of<'a>(root: &OwnedFd, rel: &Rel<'a>) -> Result<(OwnedFd, &'a str), FilesError> {
@@ -156,5 +188,36 @@ mod tests {
         // /proc/self/root-like links are magic: refused too.
         std::os::unix::fs::symlink("/proc/self/root", scope.join("magic")).unwrap();
         assert!(open_beneath(&root, "magic/etc/passwd", OFlags::RDONLY, "m").is_err());
+    }
+
+    #[test]
+    fn a_scope_is_a_directory_reached_without_links() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("out/sub")).unwrap();
+        std::os::unix::fs::symlink("out", d.path().join("alias")).unwrap();
+        std::os::unix::fs::symlink(".", d.path().join("here")).unwrap();
+        std::os::unix::fs::symlink("/etc", d.path().join("etc")).unwrap();
+        std::fs::write(d.path().join("f"), "").unwrap();
+        let root = rustix::fs::open(
+            d.path(),
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        assert!(open_dir_plainly(&root, "out/sub").is_ok());
+        assert!(open_dir_plainly(&root, ".").is_ok());
+        for (scope, why) in [
+            ("alias", "symbolic link"),
+            ("alias/sub", "symbolic link"),
+            ("here", "symbolic link"),
+            ("etc", "symbolic link"),
+            ("..", "`..`"),
+            ("/etc", "absolute"),
+            ("f", "not a directory"),
+            ("nope", "does not exist"),
+        ] {
+            let e = open_dir_plainly(&root, scope).unwrap_err().to_string();
+            assert!(e.contains(why), "{scope}: {e}");
+        }
     }
 }

@@ -25,6 +25,8 @@ pub struct Chunk<'a> {
     pub agent: &'a str,
     pub session: &'a str,
     pub scope: FsScope,
+    /// The directory of the scope the paths are below (a share's).
+    pub within: Option<&'a str>,
     pub id: &'a str,
     pub rel: &'a Rel<'a>,
     pub parent: &'a OwnedFd,
@@ -45,7 +47,11 @@ struct Record {
     agent: String,
     session: String,
     scope: FsScope,
-    /// The file beside the target, relative to the scope's root.
+    /// The directory of the scope `partial` is below (a share's scope).
+    #[serde(default)]
+    within: Option<String>,
+    /// The file beside the target, relative to the scope's root (or to
+    /// `within`).
     partial: String,
 }
 
@@ -92,6 +98,7 @@ pub fn chunk(dir: &Path, c: &Chunk<'_>) -> Result<FsWritten, FilesError> {
             agent: c.agent.into(),
             session: c.session.into(),
             scope: c.scope,
+            within: c.within.map(str::to_string),
             partial: match c.rel.split() {
                 Some((p, _)) if p != "." => format!("{p}/{partial}"),
                 _ => partial.clone(),
@@ -195,7 +202,16 @@ impl Supervisor {
                 .and_then(|b| serde_json::from_slice::<Record>(&b).ok());
             if let Some(r) = rec {
                 let gone = self
-                    .fs_root(&r.agent, &r.session, r.scope, None)
+                    .fs_root(
+                        &r.agent,
+                        &r.session,
+                        r.scope,
+                        None,
+                        &match &r.within {
+                            Some(d) => super::Within::Dir(d),
+                            None => super::Within::Scope,
+                        },
+                    )
                     .ok()
                     .and_then(|root| {
                         let rel = Rel::parse(&r.partial).ok()?;

@@ -253,7 +253,13 @@ impl Supervisor {
         let mut rollbacks = self.rollbacks.subscribe();
         let mut first = true;
         loop {
-            let root = self.fs_root(&r.agent_id, &r.session_id, r.scope, None)?;
+            let root = self.fs_root(
+                &r.agent_id,
+                &r.session_id,
+                r.scope,
+                None,
+                &super::Within::Scope,
+            )?;
             let dir = root.open(&rel, OFlags::RDONLY | OFlags::DIRECTORY)?;
             let mut w = Watcher::new(r.recursive)?;
             let base = if rel.is_root() {

@@ -91,7 +91,7 @@ fn answer_blocking(
         }
         GuestRequest::PluginCall(c) => {
             check_route(&c.route)?;
-            match ctx.routes.call(who, &c.route, &c.params) {
+            match ctx.routes.call(sup, who, &c.route, &c.params) {
                 // Nothing happened: not recorded (a guest may knock often).
                 RouteOutcome::NotOwned => Err(ErrorBody::new(
                     ErrorCode::NotFound,

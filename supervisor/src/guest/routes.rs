@@ -2,6 +2,7 @@
 //! goes to whatever [`GuestRoutes`] the daemon installed; a route no plugin
 //! owns is `not_found`.
 
+use crate::plugins::Core;
 use allox_protocol::{guest::GuestIdentity, ErrorBody};
 
 /// What a route's owner made of a call.
@@ -15,11 +16,18 @@ pub enum RouteOutcome {
 
 /// The plugin routes reachable from inside sandboxes.
 ///
-/// `call` runs on a blocking thread (a plugin may block); the caller's
+/// `call` runs on a blocking thread (a plugin may block), with what the
+/// core lends plugins (`core`: the supervisor); the caller's
 /// identity is the listener's, never anything the caller sent, and a
 /// plugin must act for that caller only.
 pub trait GuestRoutes: Send + Sync {
-    fn call(&self, caller: &GuestIdentity, route: &str, params: &str) -> RouteOutcome;
+    fn call(
+        &self,
+        core: &dyn Core,
+        caller: &GuestIdentity,
+        route: &str,
+        params: &str,
+    ) -> RouteOutcome;
 }
 
 /// No plugin routes: every call is `not_found`.
@@ -27,7 +35,7 @@ pub trait GuestRoutes: Send + Sync {
 pub struct NoRoutes;
 
 impl GuestRoutes for NoRoutes {
-    fn call(&self, _: &GuestIdentity, _: &str, _: &str) -> RouteOutcome {
+    fn call(&self, _: &dyn Core, _: &GuestIdentity, _: &str, _: &str) -> RouteOutcome {
         RouteOutcome::NotOwned
     }
 }

@@ -5,7 +5,7 @@
 use super::PluginError;
 use crate::error::RequestError;
 use crate::runs::EventSink;
-use allox_protocol::{Egress, NetworkMode, Request, Response};
+use allox_protocol::{Egress, ErrorBody, NetworkMode, Request, Response};
 use allox_sandbox::spec::Bind;
 use allox_store::Store;
 use std::future::Future;
@@ -111,9 +111,32 @@ pub struct NetworkSettings {
     pub default_mode: NetworkMode,
 }
 
+/// What the core lends plugins beyond the store: sessions as the store
+/// has them, and their files reached as the file API reaches them. The
+/// supervisor is the one implementation; unit tests fake it.
+pub trait Core: Send + Sync {
+    /// When session `a/s` was made (ms since the epoch): a session deleted
+    /// and made again under its name is another session. `not_found` if
+    /// there is none.
+    fn session_created(&self, a: &str, s: &str) -> Result<u64, ErrorBody>;
+
+    /// The sessions of agent `a` with their creation times (none if the
+    /// agent does not exist).
+    fn sessions_of(&self, a: &str) -> Vec<(String, u64)>;
+
+    /// A file request (`fs.stat`, `fs.list`, `fs.read`, `fs.write` of a
+    /// session's own files) answered within its directory `dir`: reached
+    /// without following links, paths resolved beneath it, excluded from
+    /// the session's rollbacks and deletes (`conflict`), a write refused
+    /// while the session has a live run. With the answer, the id of the
+    /// tree of the session's files it came from (a rollback changes it).
+    fn files_within(&self, req: &Request, dir: &str) -> Result<(Response, u64), ErrorBody>;
+}
+
 /// What a route's handler may use besides the request.
 pub struct RouteContext<'a> {
     pub store: &'a Store,
+    pub core: &'a dyn Core,
     /// Where stream events go, for a request that streams (binary
     /// protocol only).
     pub events: Option<EventSink>,
@@ -179,12 +202,14 @@ pub trait Plugin: Send + Sync {
     }
 
     /// Answers a `plugin.call` for one of [`Plugin::guest_routes`] from
-    /// inside a sandbox (on a blocking thread). `caller` is the run the
+    /// inside a sandbox (on a blocking thread), with what the core lends
+    /// ([`Core`]). `caller` is the run the
     /// call came from, as the listener that accepted it says: a plugin acts
     /// for that run's session only. `params` is JSON text; so is the
     /// answer.
     fn guest_call(
         &self,
+        _core: &dyn Core,
         _caller: &allox_protocol::guest::GuestIdentity,
         route: &str,
         _params: &str,

@@ -65,6 +65,9 @@ pub enum PluginError {
         plugin: &'static str,
         alias: Option<&'static str>,
     },
+    /// A plugin's own answer to a request it refused.
+    #[error("{}", .0.message)]
+    Answered(ErrorBody),
     #[error("{action} is served by no installed plugin")]
     NoPlugin { action: &'static str },
     #[error("plugin {plugin} claims {action} but does not answer it")]
@@ -85,6 +88,7 @@ fn alias_or(alias: &Option<&'static str>) -> String {
 impl PluginError {
     pub fn code(&self) -> ErrorCode {
         match self {
+            PluginError::Answered(b) => b.code,
             PluginError::Unknown { .. }
             | PluginError::ApiVersion { .. }
             | PluginError::Declared { .. }

@@ -20,12 +20,14 @@ mod error;
 pub mod merge;
 pub mod network;
 pub mod process_tree;
+pub mod records;
 mod registry;
+pub mod share;
 #[cfg(test)]
 mod tests;
 
 pub use api::{
-    ContextGuard, Contribution, Manifest, NetworkSettings, Plugin, RouteContext, RouteFuture,
+    ContextGuard, Contribution, Core, Manifest, NetworkSettings, Plugin, RouteContext, RouteFuture,
     RunRef, SessionNetwork, SessionRef, Settings, API_VERSION,
 };
 pub use error::{Cause, PluginError};
@@ -41,6 +43,9 @@ pub const ROUTABLE: &[&str] = &[
     "network.policy.set",
     "network.policy.get",
     "network.audit",
+    "share.list",
+    "share.agent.set",
+    "share.session.set",
 ];
 
 /// Every plugin compiled in, constructed (which does nothing yet), in a
@@ -49,6 +54,7 @@ pub fn installed() -> Vec<Arc<dyn Plugin>> {
     vec![
         Arc::new(process_tree::ProcessTree::new()),
         Arc::new(network::Network::new()),
+        Arc::new(share::Share::new()),
     ]
 }
 

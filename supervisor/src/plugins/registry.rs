@@ -374,13 +374,14 @@ impl Plugins {
 impl crate::guest::GuestRoutes for Plugins {
     fn call(
         &self,
+        core: &dyn super::Core,
         caller: &allox_protocol::guest::GuestIdentity,
         route: &str,
         params: &str,
     ) -> crate::guest::RouteOutcome {
         match self.guest_routes.get(route) {
             Some(&i) => crate::guest::RouteOutcome::Answered(
-                self.loaded[i].guest_call(caller, route, params),
+                self.loaded[i].guest_call(core, caller, route, params),
             ),
             None => crate::guest::RouteOutcome::NotOwned,
         }

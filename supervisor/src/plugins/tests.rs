@@ -80,6 +80,7 @@ impl Plugin for Fake {
     }
     fn guest_call(
         &self,
+        _core: &dyn super::Core,
         caller: &allox_protocol::guest::GuestIdentity,
         route: &str,
         params: &str,
@@ -441,6 +442,28 @@ fn every_installed_plugin_has_a_start_failpoint() {
     }
 }
 
+/// A core with no sessions.
+struct NoCore;
+
+impl super::Core for NoCore {
+    fn session_created(&self, a: &str, s: &str) -> Result<u64, allox_protocol::ErrorBody> {
+        Err(allox_protocol::ErrorBody::new(
+            allox_protocol::ErrorCode::NotFound,
+            format!("no session {a}/{s}"),
+        ))
+    }
+    fn sessions_of(&self, _: &str) -> Vec<(String, u64)> {
+        Vec::new()
+    }
+    fn files_within(
+        &self,
+        _: &allox_protocol::Request,
+        _: &str,
+    ) -> Result<(allox_protocol::Response, u64), allox_protocol::ErrorBody> {
+        unreachable!("no files")
+    }
+}
+
 #[test]
 fn a_guest_route_goes_to_its_plugin_with_the_caller_s_identity() {
     use crate::guest::{GuestRoutes, RouteOutcome};
@@ -459,10 +482,13 @@ fn a_guest_route_goes_to_its_plugin_with_the_caller_s_identity() {
         run_id: "r1".into(),
     };
     assert_eq!(
-        p.call(&caller, "net.connect", "{}"),
+        p.call(&NoCore, &caller, "net.connect", "{}"),
         RouteOutcome::Answered(Ok("b net.connect ag/se/r1 {}".into()))
     );
-    assert_eq!(p.call(&caller, "share.read", "{}"), RouteOutcome::NotOwned);
+    assert_eq!(
+        p.call(&NoCore, &caller, "share.read", "{}"),
+        RouteOutcome::NotOwned
+    );
     // A plugin installed but not enabled serves nothing.
     let fakes = vec![Fake {
         guest: &["net.connect"],
@@ -470,7 +496,7 @@ fn a_guest_route_goes_to_its_plugin_with_the_caller_s_identity() {
     }];
     let none = load(fakes, &[]).unwrap();
     assert_eq!(
-        none.call(&caller, "net.connect", "{}"),
+        none.call(&NoCore, &caller, "net.connect", "{}"),
         RouteOutcome::NotOwned
     );
 }

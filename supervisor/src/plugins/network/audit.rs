@@ -3,94 +3,35 @@
 //! it), numbered from 1; `network.audit` pages through it or follows it.
 
 use crate::error::RequestError;
+use crate::plugins::records::{Numbered, Records};
 use crate::plugins::RouteContext;
 use allox_protocol::{NetworkAudit, NetworkAuditListing, NetworkAuditRecord, Response};
-use std::io::{BufRead, Write};
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::Duration;
 
-pub(super) struct AuditLog {
-    path: PathBuf,
-    file: Mutex<std::fs::File>,
-    /// The newest record's number, for followers to wait on.
-    newest: tokio::sync::watch::Sender<u64>,
+/// The network plugin's record file.
+pub(super) type AuditLog = Records<NetworkAuditRecord>;
+
+impl Numbered for NetworkAuditRecord {
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+    fn set_seq(&mut self, seq: u64) {
+        self.seq = seq;
+    }
 }
 
-impl AuditLog {
-    /// Opens (or makes) the log; its records so far are counted.
-    pub fn open(path: &Path) -> std::io::Result<AuditLog> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .read(true)
-            .open(path)?;
-        let mut newest = 0;
-        for line in std::io::BufReader::new(std::fs::File::open(path)?).lines() {
-            if let Ok(r) = serde_json::from_str::<NetworkAuditRecord>(&line?) {
-                newest = newest.max(r.seq);
-            }
-        }
-        Ok(AuditLog {
-            path: path.to_path_buf(),
-            file: Mutex::new(file),
-            newest: tokio::sync::watch::channel(newest).0,
-        })
-    }
-
-    /// Numbers and appends one record.
-    pub fn append(&self, mut r: NetworkAuditRecord) {
-        let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
-        r.seq = *self.newest.borrow() + 1;
-        let Ok(line) = serde_json::to_string(&r) else {
-            return;
-        };
-        match writeln!(f, "{line}") {
-            Ok(()) => {
-                self.newest.send_replace(r.seq);
-            }
-            Err(e) => {
-                tracing::error!(path = %self.path.display(), error = %e, "cannot append to the network audit")
-            }
-        }
-    }
-
-    /// The records after `q.cursor` that match `q`, oldest first, at most
-    /// `q.limit`.
-    pub fn query(&self, q: &NetworkAudit) -> std::io::Result<NetworkAuditListing> {
-        let limit = q.limit.unwrap_or(1000).clamp(1, 10_000) as usize;
-        let after = q.cursor.unwrap_or(0);
-        let mut records = Vec::new();
-        let mut next_cursor = after;
-        let newest = *self.newest.borrow();
-        for line in std::io::BufReader::new(std::fs::File::open(&self.path)?).lines() {
-            let Ok(r) = serde_json::from_str::<NetworkAuditRecord>(&line?) else {
-                continue;
-            };
-            if r.seq <= after || r.seq > newest {
-                continue;
-            }
-            if records.len() == limit {
-                break;
-            }
-            next_cursor = r.seq;
-            let matches = q.agent_id.as_ref().is_none_or(|a| *a == r.agent_id)
-                && q.session_id.as_ref().is_none_or(|s| *s == r.session_id);
-            if matches {
-                records.push(r);
-            }
-        }
-        Ok(NetworkAuditListing {
-            records,
-            next_cursor,
-        })
-    }
-
-    /// Waits until a record newer than `seq` exists, or `timeout` passes.
-    async fn wait_newer(&self, seq: u64, timeout: Duration) {
-        let mut rx = self.newest.subscribe();
-        let _ = tokio::time::timeout(timeout, rx.wait_for(|n| *n > seq)).await;
-    }
+/// The records after `q.cursor` that match `q`, oldest first, at most
+/// `q.limit`.
+fn query(log: &AuditLog, q: &NetworkAudit) -> std::io::Result<NetworkAuditListing> {
+    let limit = q.limit.unwrap_or(1000).clamp(1, 10_000) as usize;
+    let page = log.page(q.cursor.unwrap_or(0), limit, |r| {
+        q.agent_id.as_ref().is_none_or(|a| *a == r.agent_id)
+            && q.session_id.as_ref().is_none_or(|s| *s == r.session_id)
+    })?;
+    Ok(NetworkAuditListing {
+        records: page.records,
+        next_cursor: page.next_cursor,
+    })
 }
 
 /// `network.audit`: a page, or with `follow` the backlog and then new
@@ -113,20 +54,22 @@ pub(super) async fn serve(
         })
     };
     if !q.follow {
-        return Ok(Response::NetworkAudit(log.query(q).map_err(io)?));
+        return Ok(Response::NetworkAudit(query(log, q).map_err(io)?));
     }
     let Some(sink) = ctx.events else {
         return Err(RequestError::FollowNeedsStream);
     };
     let mut cursor = q.cursor;
     loop {
-        let page = log
-            .query(&NetworkAudit {
+        let page = query(
+            log,
+            &NetworkAudit {
                 cursor,
                 follow: false,
                 ..q.clone()
-            })
-            .map_err(io)?;
+            },
+        )
+        .map_err(io)?;
         for r in page.records {
             if sink.send(allox_protocol::Event::Network(r)).await.is_err() {
                 return Err(RequestError::SubscriberGone);

@@ -390,7 +390,7 @@ pub enum ShareCommand {
     Session {
         agent: String,
         session: String,
-        #[arg(value_name = "on|off", value_parser = on_off)]
+        #[arg(value_name = "on|off", value_parser = on_off, action = clap::ArgAction::Set)]
         state: bool,
         /// A directory of the session's files (default: all of them).
         #[arg(long, value_name = "DIR")]

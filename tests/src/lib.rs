@@ -521,6 +521,7 @@ pub fn remove_cgroup_tree(p: &Path) {
     let _ = std::fs::remove_dir(p);
 }
 
+pub mod guest_raw;
 pub mod vm;
 
 /// An HTTP server on the host's loopback answering each request with

@@ -2,6 +2,7 @@
 //! `allox` client inside a run, the Python entry points, a hostile raw
 //! client, and what 1,000 runs leave behind.
 
+use allox_integration::guest_raw::{frames, guest_error, guest_frame, guest_request, raw_exchange};
 use allox_integration::{
     call, make_sessions, process_start as start, require, workspace_bin, ProcDaemon,
 };
@@ -157,76 +158,6 @@ fn a_script_ends_its_own_turn_and_the_host_sees_it() {
                 .any(|x| x.peer == peer && x.action == action && x.outcome == "ok"),
             "{action} by {peer} not audited: {recs:?}"
         );
-    }
-}
-
-/// Frames, each sent on a connection of its own by a raw Python client
-/// inside the sandbox; the bytes that came back, per connection.
-fn raw_exchange(d: &ProcDaemon, a: &str, s: &str, conns: &[(Vec<u8>, usize)]) -> Vec<Vec<u8>> {
-    const CLIENT: &str = r#"
-import socket, sys
-for line in sys.stdin.read().split():
-    want, hexed = line.split(":")
-    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    c.connect("/run/allox/guest.sock")
-    c.sendall(bytes.fromhex(hexed))
-    got = b""
-    while got.count(b"\0") < int(want):
-        b = c.recv(65536)
-        if not b:
-            break
-        got += b
-    c.close()
-    print(got.hex())
-"#;
-    let stdin: Vec<String> = conns
-        .iter()
-        .map(|(bytes, want)| {
-            let hexed: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-            format!("{want}:{hexed}")
-        })
-        .collect();
-    let mut p = start(a, s, &["python3", "-c", CLIENT]);
-    p.stdin = Some(stdin.join("\n").as_str().into());
-    let r = run(d, p);
-    ok(&r);
-    r.stdout
-        .lines()
-        .map(|l| {
-            (0..l.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&l[i..i + 2], 16).unwrap())
-                .collect()
-        })
-        .collect()
-}
-
-fn frames(bytes: &[u8]) -> Vec<Vec<u8>> {
-    let mut r = FrameReader::new();
-    r.push(bytes);
-    std::iter::from_fn(|| r.next_frame())
-        .map(|f| f.unwrap())
-        .collect()
-}
-
-fn guest_frame(f: &GuestClientFrame) -> Vec<u8> {
-    encode(f).unwrap()
-}
-
-fn guest_request(id: u64, request: GuestRequest) -> Vec<u8> {
-    guest_frame(&GuestClientFrame::Request(GuestRequestEnvelope {
-        request_id: id,
-        request,
-    }))
-}
-
-fn guest_error(payload: &[u8]) -> ErrorBody {
-    match decode::<GuestServerFrame>(payload).unwrap() {
-        GuestServerFrame::Response(GuestResponseEnvelope {
-            outcome: GuestOutcome::Err(e),
-            ..
-        }) => e,
-        other => panic!("{other:?}"),
     }
 }
 

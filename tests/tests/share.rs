@@ -1,0 +1,765 @@
+//! Session file sharing (the share plugin) through the real daemon and
+//! real sandboxes: `allox share` and the seed's `share.py` inside runs of
+//! two agents, escapes tried from a hostile target, a disable racing a
+//! thousand requests, reads racing rollbacks, and the daemon without the
+//! plugin.
+
+use allox_integration::guest_raw::{frames, guest_frame, raw_exchange};
+use allox_integration::{
+    alloxctl, call, make_sessions, process_start as start, require, ProcDaemon,
+};
+use allox_protocol::guest::*;
+use allox_protocol::*;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+
+const A: (&str, &str) = ("agent-a", "session-1");
+const B: (&str, &str) = ("agent-b", "session-1");
+const B_TARGET: &str = "agent-b/session-1";
+
+fn setup(name: &str, extra: &[&str]) -> Option<ProcDaemon> {
+    if !require(&format!("share::{name}")) {
+        return None;
+    }
+    if allox_integration::cgroup2_mount().is_none() {
+        panic!("share::{name} needs a cgroup2 mount (/sys/fs/cgroup or /sys/fs/cgroup/unified)");
+    }
+    let d = ProcDaemon::start(name, extra);
+    make_sessions(&d, &[A, B, ("agent-c", "s")]);
+    Some(d)
+}
+
+/// Runs `sh -c script` in session `who` and waits.
+fn sh(d: &ProcDaemon, who: (&str, &str), script: &str) -> RunResult {
+    match call(
+        d,
+        Request::ProcessStart(start(who.0, who.1, &["/bin/sh", "-c", script])),
+    ) {
+        Ok(Response::Exited(r)) => r,
+        other => panic!("{script}: {other:?}"),
+    }
+}
+
+/// `sh`, which must succeed; its stdout.
+fn ok(d: &ProcDaemon, who: (&str, &str), script: &str) -> String {
+    let r = sh(d, who, script);
+    assert_eq!(r.exit_code, Some(0), "{script}: {r:?}");
+    r.stdout
+}
+
+/// `sh`, which must fail with `allox: CODE: ...` containing `needle`.
+fn refused(d: &ProcDaemon, who: (&str, &str), script: &str, code: &str, needle: &str) {
+    let r = sh(d, who, script);
+    assert_eq!(r.exit_code, Some(1), "{script}: {r:?}");
+    assert!(
+        r.stderr.contains(&format!("allox: {code}: ")) && r.stderr.contains(needle),
+        "{script}: wanted {code} with {needle:?}, got {}",
+        r.stderr
+    );
+}
+
+fn current(d: &ProcDaemon, who: (&str, &str)) -> PathBuf {
+    d.daemon.root.join(format!(
+        "agents/{}/workspace/sessions/{}/current",
+        who.0, who.1
+    ))
+}
+
+fn share_audit(d: &ProcDaemon) -> Vec<ShareAuditRecord> {
+    std::fs::read_to_string(d.daemon.root.join("state/share-audit.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn sessions_reach_each_other_only_when_both_share_and_write_only_when_allowed() {
+    let Some(d) = setup(
+        "sessions_reach_each_other_only_when_both_share_and_write_only_when_allowed",
+        &["--share-tools"],
+    ) else {
+        return;
+    };
+    ok(&d, B, "echo 'findings: 3' > report.txt");
+    let read = format!("allox share read {B_TARGET} report.txt");
+    // Neither shares: the caller is told to enable first.
+    refused(&d, A, &read, "unauthorized", "both share");
+    ok(&d, A, "allox share enable");
+    // The target has not enabled sharing: unreachable, like a session
+    // that does not exist.
+    refused(&d, A, &read, "not_found", "does not share its files");
+    refused(
+        &d,
+        A,
+        "allox share read agent-x/nobody report.txt",
+        "not_found",
+        "does not share its files",
+    );
+    // On, read-only by default: the seed's example reads; writes are refused.
+    let st = ok(&d, B, "python3 /run/allox/share.py enable");
+    assert_eq!(
+        st,
+        "agent-b/session-1 shares . (read, set by the session)\n"
+    );
+    assert_eq!(
+        ok(
+            &d,
+            A,
+            &format!("python3 /run/allox/share.py read {B_TARGET} report.txt")
+        ),
+        "findings: 3\n"
+    );
+    refused(
+        &d,
+        A,
+        &format!("echo changed | allox share write {B_TARGET} report.txt"),
+        "unauthorized",
+        "read-only",
+    );
+    assert_eq!(
+        std::fs::read_to_string(current(&d, B).join("report.txt")).unwrap(),
+        "findings: 3\n"
+    );
+    // Listing and stat reach the target's scope.
+    let listed = ok(&d, A, &format!("allox share list {B_TARGET}"));
+    assert!(listed.contains("report.txt"), "{listed}");
+    let stat = ok(
+        &d,
+        A,
+        &format!("allox share stat {B_TARGET} report.txt --json"),
+    );
+    let e: FsEntry = serde_json::from_str(&stat).unwrap();
+    assert_eq!((e.kind, e.size), (FsKind::File, 12));
+    // Status shows the caller's sharing and whom it can reach.
+    let status = ok(&d, A, "allox share status");
+    assert!(
+        status.contains("agent-a/session-1 shares .")
+            && status.contains("reachable: agent-b/session-1 shares ."),
+        "{status}"
+    );
+
+    // With write permission: whole files replace, large ones as uploads,
+    // and what is written belongs to the target's sandbox user.
+    ok(&d, B, "mkdir data && allox share enable --permission write");
+    ok(
+        &d,
+        A,
+        &format!("echo 'reviewed by agent-a' | allox share write {B_TARGET} review.txt"),
+    );
+    let b = current(&d, B);
+    assert_eq!(
+        std::fs::read_to_string(b.join("review.txt")).unwrap(),
+        "reviewed by agent-a\n"
+    );
+    let own = std::fs::metadata(b.join("report.txt")).unwrap();
+    let written = std::fs::metadata(b.join("review.txt")).unwrap();
+    assert_eq!(
+        (written.uid(), written.gid()),
+        (own.uid(), own.gid()),
+        "the file written through the share is not the target's sandbox user's"
+    );
+    assert_ne!(written.uid(), 0);
+    // 700 KiB: three write calls (an upload), then three reads, one tree.
+    let out = ok(
+        &d,
+        A,
+        &format!(
+            "head -c 716800 /dev/urandom > big.bin && allox share write {B_TARGET} data/big.bin --from big.bin 2>&1; \
+             allox share read {B_TARGET} data/big.bin | cmp - big.bin && echo same"
+        ),
+    );
+    assert!(out.ends_with("same\n"), "{out}");
+    assert_eq!(
+        std::fs::read(b.join("data/big.bin")).unwrap(),
+        std::fs::read(current(&d, A).join("big.bin")).unwrap()
+    );
+    assert!(
+        std::fs::read_dir(b.join("data")).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with(".allox-")),
+        "an upload left its partial file"
+    );
+
+    // Every access is recorded outside the workspaces: who, whom, what,
+    // and how it went.
+    let audit = share_audit(&d);
+    let reads: Vec<_> = audit.iter().filter(|r| r.route == "share.read").collect();
+    assert!(
+        reads.iter().any(|r| r.verdict == "unauthorized"),
+        "{audit:?}"
+    );
+    assert!(reads.iter().any(|r| r.verdict == "not_found"), "{audit:?}");
+    let first_ok = reads.iter().find(|r| r.verdict == "ok").unwrap();
+    assert!(
+        first_ok.caller.starts_with("agent-a/session-1/"),
+        "{first_ok:?}"
+    );
+    assert_eq!(first_ok.target, B_TARGET);
+    assert_eq!(first_ok.path.as_deref(), Some("report.txt"));
+    assert!(audit
+        .iter()
+        .any(|r| r.route == "share.write" && r.verdict == "unauthorized"));
+    assert!(audit
+        .iter()
+        .any(|r| r.route == "share.enable" && r.target == B_TARGET));
+    // Nothing of it is in the sessions' files.
+    for who in [A, B] {
+        let found = std::process::Command::new("grep")
+            .args(["-rl", "share.read"])
+            .arg(current(&d, who))
+            .output()
+            .unwrap();
+        assert!(found.stdout.is_empty(), "{:?}", found);
+    }
+
+    // The host sees who shares what.
+    let (code, out, err) = alloxctl(&d.daemon.socket, &["share", "list"]);
+    let out = String::from_utf8_lossy(&out);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("agent-a/session-1") && out.contains("agent-b/session-1"),
+        "{out}"
+    );
+    assert!(out.contains("write") && out.contains("session"), "{out}");
+}
+
+#[test]
+fn escapes_through_dot_dot_links_a_linked_scope_and_proc_are_refused() {
+    let Some(d) = setup(
+        "escapes_through_dot_dot_links_a_linked_scope_and_proc_are_refused",
+        &["--share-tools"],
+    ) else {
+        return;
+    };
+    // A hostile target: its scope `out` is full of links out of it.
+    ok(
+        &d,
+        B,
+        "echo secret > secret.txt && mkdir -p out/d && echo public > out/pub.txt && \
+         ln -s ../secret.txt out/up && ln -s /etc/passwd out/abs && ln -s /etc out/etc && \
+         ln -s /proc/self/root out/root && ln -s ../.. out/d/upup && ln -s pub.txt out/inside && \
+         allox share enable --scope out --permission write",
+    );
+    ok(&d, A, "allox share enable");
+    let t = B_TARGET;
+    assert_eq!(
+        ok(&d, A, &format!("allox share read {t} pub.txt")),
+        "public\n"
+    );
+    // A link that stays inside the scope is followed.
+    assert_eq!(
+        ok(&d, A, &format!("allox share read {t} inside")),
+        "public\n"
+    );
+    for (path, code, needle) in [
+        ("../secret.txt", "invalid_request", "`..`"),
+        ("/etc/passwd", "invalid_request", "absolute"),
+        ("/proc/self/root/etc/passwd", "invalid_request", "absolute"),
+        ("up", "invalid_request", "leads outside the shared scope"),
+        ("abs", "invalid_request", "leads outside"),
+        ("etc/passwd", "invalid_request", "leads outside"),
+        ("root/etc/passwd", "invalid_request", "leads outside"),
+        ("d/upup/secret.txt", "invalid_request", "leads outside"),
+    ] {
+        refused(&d, A, &format!("allox share read {t} {path}"), code, needle);
+    }
+    refused(
+        &d,
+        A,
+        &format!("allox share list {t} etc"),
+        "invalid_request",
+        "leads outside",
+    );
+    // Writing through them never lands outside: a link as the last name is
+    // replaced, not followed; a link on the way is refused.
+    ok(
+        &d,
+        A,
+        &format!("echo overwritten | allox share write {t} up"),
+    );
+    let b = current(&d, B);
+    assert_eq!(
+        std::fs::read_to_string(b.join("secret.txt")).unwrap(),
+        "secret\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(b.join("out/up")).unwrap(),
+        "overwritten\n"
+    );
+    refused(
+        &d,
+        A,
+        &format!("echo x | allox share write {t} etc/allox-share-escape"),
+        "invalid_request",
+        "leads outside",
+    );
+    assert!(!std::path::Path::new("/etc/allox-share-escape").exists());
+    refused(
+        &d,
+        A,
+        &format!("echo x | allox share write {t} d/upup/secret.txt"),
+        "invalid_request",
+        "leads outside",
+    );
+    assert_eq!(
+        std::fs::read_to_string(b.join("secret.txt")).unwrap(),
+        "secret\n"
+    );
+
+    // A scope that is a link: refused when enabled, and refused at access
+    // when the target swaps its scope for one afterwards.
+    refused(
+        &d,
+        B,
+        "ln -s . dot && allox share enable --scope dot",
+        "invalid_request",
+        "symbolic link",
+    );
+    refused(
+        &d,
+        B,
+        "ln -s / slash && allox share enable --scope slash/etc",
+        "invalid_request",
+        "symbolic link",
+    );
+    ok(&d, B, "mv out real && ln -s .. out");
+    refused(
+        &d,
+        A,
+        &format!("allox share read {t} secret.txt"),
+        "invalid_request",
+        "symbolic link",
+    );
+    refused(
+        &d,
+        A,
+        &format!("allox share list {t}"),
+        "invalid_request",
+        "symbolic link",
+    );
+}
+
+#[test]
+fn nothing_is_accepted_once_disable_has_answered() {
+    let Some(d) = setup(
+        "nothing_is_accepted_once_disable_has_answered",
+        &["--share-tools"],
+    ) else {
+        return;
+    };
+    ok(&d, B, "echo x > f && allox share enable");
+    ok(&d, A, "allox share enable");
+    // A's loop: 1,000 requests, each line `<ns before sending> ok|no`.
+    let log = current(&d, A).join("log");
+    let dd = &d;
+    let (disabled_at, lines) = std::thread::scope(|s| {
+        let looped = s.spawn(move || {
+            ok(
+                dd,
+                A,
+                &format!(
+                    "for i in $(seq 1000); do t=$(date +%s%N); \
+                     if allox share stat {B_TARGET} f >/dev/null 2>err; then echo \"$t ok\"; \
+                     else echo \"$t no $(cut -c1-60 err | head -1)\"; fi; done > log"
+                ),
+            )
+        });
+        // Once a fair part has gone through, B disables; the time is taken
+        // after the answer.
+        let t0 = std::time::Instant::now();
+        while std::fs::read_to_string(&log)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+            < 300
+        {
+            assert!(t0.elapsed().as_secs() < 120, "the loop does not advance");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let at: u128 = ok(dd, B, "allox share disable >/dev/null && date +%s%N")
+            .trim()
+            .parse()
+            .unwrap();
+        looped.join().unwrap();
+        (at, std::fs::read_to_string(&log).unwrap())
+    });
+    let results: Vec<(u128, &str)> = lines
+        .lines()
+        .map(|l| {
+            let (t, rest) = l.split_once(' ').unwrap();
+            (t.parse().unwrap(), rest)
+        })
+        .collect();
+    assert_eq!(results.len(), 1000);
+    let before = results.iter().filter(|(t, _)| *t < disabled_at).count();
+    let after: Vec<_> = results.iter().filter(|(t, _)| *t > disabled_at).collect();
+    assert!(
+        before >= 300 && after.len() >= 100,
+        "the disable did not fall inside the loop ({before} before, {} after)",
+        after.len()
+    );
+    assert!(results[..before].iter().any(|(_, r)| *r == "ok"));
+    let accepted: Vec<_> = after.iter().filter(|(_, r)| !r.starts_with("no")).collect();
+    assert!(
+        accepted.is_empty(),
+        "{} requests sent after disable answered were accepted: {:?}",
+        accepted.len(),
+        &accepted[..accepted.len().min(5)]
+    );
+    assert!(
+        after
+            .iter()
+            .all(|(_, r)| r.contains("not_found") && r.contains("does not share")),
+        "{:?}",
+        &after[..3]
+    );
+}
+
+#[test]
+fn reads_during_rollbacks_never_mix_trees_and_writes_wait_for_no_live_run() {
+    let Some(d) = setup(
+        "reads_during_rollbacks_never_mix_trees_and_writes_wait_for_no_live_run",
+        &["--share-tools"],
+    ) else {
+        return;
+    };
+    // Two trees of B: a 700 KiB file of `A`s (three reads) and one of `B`s.
+    let b = current(&d, B);
+    let checkpoint = |c: &str| {
+        call(
+            &d,
+            Request::CheckpointCreate(CheckpointCreate {
+                agent_id: B.0.into(),
+                session_id: B.1.into(),
+                checkpoint_id: c.into(),
+                pinned: false,
+                label: None,
+            }),
+        )
+        .unwrap();
+    };
+    std::fs::write(b.join("big.txt"), vec![b'A'; 716_800]).unwrap();
+    std::fs::write(b.join("other.txt"), "tree A").unwrap();
+    checkpoint("ca");
+    std::fs::write(b.join("big.txt"), vec![b'B'; 716_800]).unwrap();
+    std::fs::write(b.join("other.txt"), "tree B").unwrap();
+    checkpoint("cb");
+    ok(&d, B, "allox share enable --permission write");
+    ok(&d, A, "allox share enable");
+    let rollback = |c: &str| {
+        call(
+            &d,
+            Request::SessionRollback(SessionRollback {
+                agent_id: B.0.into(),
+                session_id: B.1.into(),
+                checkpoint_id: c.into(),
+                kill_processes: None,
+            }),
+        )
+    };
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (out, rollbacks) = std::thread::scope(|s| {
+        let roller = s.spawn(|| {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                rollback(if n % 2 == 0 { "ca" } else { "cb" }).unwrap();
+                n += 1;
+                std::thread::sleep(std::time::Duration::from_millis(40));
+            }
+            n
+        });
+        // Each read: what the whole file holds (its distinct bytes), or the
+        // refusal.
+        let out = ok(
+            &d,
+            A,
+            &format!(
+                "for i in $(seq 150); do \
+                 if allox share read {B_TARGET} big.txt > got 2>err; then \
+                 echo \"$(wc -c < got) $(tr -d '\\n' < got | fold -w1 | sort -u | tr -d '\\n')\"; \
+                 else echo \"ERR $(head -c 120 err)\"; fi; done"
+            ),
+        );
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        (out, roller.join().unwrap())
+    });
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    for l in out.lines() {
+        let kind = if let Some(e) = l.strip_prefix("ERR ") {
+            assert!(e.contains("conflict"), "a read failed otherwise: {l}");
+            "conflict".to_string()
+        } else {
+            assert!(
+                l == "716800 A" || l == "716800 B",
+                "a read mixed trees or came short: {l}"
+            );
+            l.to_string()
+        };
+        *seen.entry(kind).or_default() += 1;
+    }
+    assert!(rollbacks >= 10, "only {rollbacks} rollbacks ran meanwhile");
+    assert!(
+        seen.contains_key("716800 A") && seen.contains_key("716800 B"),
+        "the reads did not span rollbacks: {seen:?} ({rollbacks} rollbacks)"
+    );
+    eprintln!("reads during {rollbacks} rollbacks: {seen:?}");
+
+    // A write while the target has a live run: conflict; after it, done.
+    let started = call(
+        &d,
+        Request::ProcessStart(ProcessStart {
+            wait: false,
+            ..start(B.0, B.1, &["sleep", "60"])
+        }),
+    )
+    .unwrap();
+    let Response::Started(run) = started else {
+        panic!("{started:?}")
+    };
+    refused(
+        &d,
+        A,
+        &format!("echo late | allox share write {B_TARGET} late.txt"),
+        "conflict",
+        "has a live run",
+    );
+    assert!(!b.join("late.txt").exists());
+    call(
+        &d,
+        Request::ProcessKill(ProcessKill {
+            agent_id: B.0.into(),
+            session_id: B.1.into(),
+            run_id: Some(run.run_id.clone()),
+            signal: None,
+        }),
+    )
+    .unwrap();
+    call(
+        &d,
+        Request::ProcessWait(ProcessWait {
+            agent_id: B.0.into(),
+            session_id: B.1.into(),
+            run_id: run.run_id,
+            timeout_ms: Some(10_000),
+        }),
+    )
+    .unwrap();
+    ok(
+        &d,
+        A,
+        &format!("echo late | allox share write {B_TARGET} late.txt"),
+    );
+    assert_eq!(
+        std::fs::read_to_string(b.join("late.txt")).unwrap(),
+        "late\n"
+    );
+}
+
+#[test]
+fn the_host_switches_sharing_and_its_actions_are_refused_inside() {
+    let Some(d) = setup(
+        "the_host_switches_sharing_and_its_actions_are_refused_inside",
+        &["--share-tools"],
+    ) else {
+        return;
+    };
+    ok(&d, B, "echo x > f && allox share enable");
+    ok(&d, A, "allox share enable");
+    // Host actions through the guest interface: no route, and as a host
+    // frame, refused as a host action.
+    for route in ["share.agent.set", "share.session.set"] {
+        refused(
+            &d,
+            A,
+            &format!(
+                r#"allox call {route} '{{"agent_id":"agent-b","session_id":"session-1","enabled":true,"allowed":true}}'"#
+            ),
+            "not_found",
+            "no plugin owns route",
+        );
+    }
+    let hello = guest_frame(&GuestClientFrame::Hello(GuestHello::new()));
+    let host = encode(&ClientFrame::Request(RequestEnvelope {
+        conversation: 1,
+        request_id: 5,
+        request: Request::ShareAgentSet(ShareAgentSet {
+            agent_id: "agent-a".into(),
+            default_on: Some(true),
+            ..ShareAgentSet::default()
+        }),
+    }))
+    .unwrap();
+    let got = raw_exchange(&d, A.0, A.1, &[([hello, host].concat(), 2)]);
+    let f = frames(&got[0]);
+    let e = match decode::<ServerFrame>(&f[1]) {
+        Ok(ServerFrame::Response(ResponseEnvelope {
+            outcome: Outcome::Err(e),
+            ..
+        })) => e,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(e.code, ErrorCode::Unsupported);
+    assert!(
+        e.message.starts_with("share.agent.set is a host action"),
+        "{}",
+        e.message
+    );
+    // The host, through alloxctl: an agent not allowed shares nothing and
+    // cannot enable.
+    let ctl = |args: &[&str]| {
+        let (code, out, err) = alloxctl(&d.daemon.socket, args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    let out = ctl(&["share", "agent", "agent-b", "--allowed", "no"]);
+    assert_eq!(out, "agent agent-b: sharing not allowed; by default off\n");
+    refused(
+        &d,
+        A,
+        &format!("allox share read {B_TARGET} f"),
+        "not_found",
+        "does not share",
+    );
+    refused(
+        &d,
+        B,
+        "allox share enable",
+        "unauthorized",
+        "turned sharing off",
+    );
+    ctl(&["share", "agent", "agent-b", "--allowed", "yes"]);
+    // B's own choice comes back with its agent allowed again.
+    assert_eq!(ok(&d, A, &format!("allox share read {B_TARGET} f")), "x\n");
+    // An agent's default: its sessions share without enabling.
+    ok(&d, ("agent-c", "s"), "echo c > f");
+    refused(
+        &d,
+        A,
+        "allox share read agent-c/s f",
+        "not_found",
+        "does not share",
+    );
+    let out = ctl(&["share", "agent", "agent-c", "--default", "on"]);
+    assert_eq!(
+        out,
+        "agent agent-c: sharing allowed; by default on (scope ., read)\n"
+    );
+    assert_eq!(ok(&d, A, "allox share read agent-c/s f"), "c\n");
+    // The host turns one session off; a session deleted and made again
+    // does not inherit the old one's sharing.
+    let out = ctl(&["share", "session", "agent-c", "s", "off"]);
+    assert_eq!(out, "agent-c/s does not share (set by host)\n");
+    refused(
+        &d,
+        A,
+        "allox share read agent-c/s f",
+        "not_found",
+        "does not share",
+    );
+    ctl(&[
+        "share",
+        "session",
+        "agent-b",
+        "session-1",
+        "on",
+        "--permission",
+        "write",
+    ]);
+    call(
+        &d,
+        Request::SessionDelete(SessionRef {
+            agent_id: B.0.into(),
+            session_id: B.1.into(),
+        }),
+    )
+    .unwrap();
+    make_sessions(&d, &[B]);
+    ctl(&["share", "agent", "agent-c", "--default", "off"]);
+    let out = ctl(&["share", "list"]);
+    assert!(
+        out.contains("agent-a/session-1")
+            && !out.contains("agent-b/session-1")
+            && !out.contains("agent-c/s "),
+        "{out}"
+    );
+    // Bad input, named.
+    let (code, _, err) = alloxctl(
+        &d.daemon.socket,
+        &[
+            "share",
+            "session",
+            "agent-b",
+            "session-1",
+            "on",
+            "--scope",
+            "../x",
+        ],
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("`..`"), "{err}");
+    let (code, _, err) = alloxctl(
+        &d.daemon.socket,
+        &["share", "agent", "nobody", "--default", "on"],
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("nobody"), "{err}");
+    // The choices outlive the daemon.
+    let mut d = d;
+    d.restart(&["--share-tools"]);
+    assert_eq!(
+        ok(&d, B, "echo y > f && allox share status"),
+        "agent-b/session-1 does not share (set by default)\n"
+    );
+    ok(&d, B, "allox share enable");
+    assert_eq!(ok(&d, A, &format!("allox share read {B_TARGET} f")), "y\n");
+}
+
+#[test]
+fn with_the_plugin_installed_but_not_enabled_the_sandbox_is_unchanged() {
+    let Some(off) = setup(
+        "with_the_plugin_installed_but_not_enabled_the_sandbox_is_unchanged",
+        &[],
+    ) else {
+        return;
+    };
+    let on = ProcDaemon::start("share_plugin_on", &["--share-tools"]);
+    make_sessions(&on, &[A]);
+    // Mount points (inside the sandbox) and the environment's names and
+    // values, but for the run's own id.
+    let view = "awk '{print $5, $6}' /proc/self/mountinfo; env | grep -v '^ALLOX_RUN_ID=' | sort";
+    let without = ok(&off, A, view);
+    let with = ok(&on, A, view);
+    let extra: Vec<_> = with
+        .lines()
+        .filter(|l| !without.lines().any(|w| w == *l))
+        .collect();
+    let missing: Vec<_> = without
+        .lines()
+        .filter(|l| !with.lines().any(|w| w == *l))
+        .collect();
+    assert!(missing.is_empty(), "{missing:?}");
+    assert_eq!(extra.len(), 1, "{extra:?}");
+    assert!(extra[0].starts_with("/run/allox/share.py ro"), "{extra:?}");
+    // No route, no entry point, no files in state/.
+    refused(
+        &off,
+        A,
+        "allox share status",
+        "not_found",
+        "no plugin owns route \"share.status\"",
+    );
+    let r = sh(&off, A, "test -e /run/allox/share.py");
+    assert_eq!(r.exit_code, Some(1));
+    for f in ["share.json", "share-audit.log", "share.py"] {
+        assert!(!off.daemon.root.join("state").join(f).exists(), "{f}");
+    }
+    let (code, _, err) = alloxctl(&off.daemon.socket, &["share", "list"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("share.list is served by the share plugin, which is not enabled")
+            && err.contains("--share-tools"),
+        "{err}"
+    );
+}

@@ -62,7 +62,7 @@ for _ in $(seq 100); do [ -s "$WORK/dns.addr" ] && break; sleep 0.05; done
 
 "$BIN/allox-init" supervise --root "$ROOT" --listen "unix:$ALLOX_SOCKET" \
     --sandbox-stage "$WORK/stage" --cgroup-root "$CGROOT" --sandbox-network isolated \
-    --plugin network --network-resolver "$(cat "$WORK/dns.addr")" \
+    --plugin network --share-tools --network-resolver "$(cat "$WORK/dns.addr")" \
     2>"$WORK/daemon.log" &
 DAEMON=$!
 for _ in $(seq 100); do [ -S "$ALLOX_SOCKET" ] && break; sleep 0.05; done
@@ -167,6 +167,7 @@ ctl exec agent-b session-2 -- sh -c 'allox whoami; echo "def parse(): return 1" 
 ctl log agent-b session-2
 
 allox_demo_files_and_terminal "$WORK" "$BIN/alloxctl"
+allox_demo_sharing "$BIN/alloxctl"
 
 echo; echo "# the session network: a proxy-mode session reaches the network only through the broker,"
 echo "# under its agent's egress rules (pypi.test is this machine's package index)"

@@ -52,7 +52,7 @@ T0=$(date +%s.%N)
 scripts/run-vm.sh --kernel-dir "$ALLOX_KERNEL_DIR" --initrd "$WORK/initrd.img" \
     --store "$WORK/store.img" --ctl-socket "$ALLOX_SOCKET" \
     --console-log "$WORK/console.log" --net user --forward "10.0.2.100:80=$IPORT" \
-    --append "allox.args=--sandbox-network=isolated,--plugin=network" \
+    --append "allox.args=--sandbox-network=isolated,--plugin=network,--share-tools" \
     2>"$WORK/qemu.log" &
 VM=$!
 until "$BIN/alloxctl" ping >/dev/null 2>&1; do
@@ -131,6 +131,7 @@ in_vm agent-b session-2 'allox whoami; echo "def parse(): return 1" > parser.py;
 ctl log agent-b session-2
 
 allox_demo_files_and_terminal "$WORK" "$BIN/alloxctl"
+allox_demo_sharing "$BIN/alloxctl"
 
 echo; echo "# the session network: a proxy-mode session reaches the network only through the broker,"
 echo "# under its agent's egress rules (10.0.2.100 is the host's package index, forwarded by QEMU)"

@@ -148,3 +148,23 @@ allox_demo_files_and_terminal() {
     echo; echo "\$ cat $work/project-back/src/calc.py"
     cat "$work/project-back/src/calc.py"
 }
+
+# Two agents share a report through the share plugin (the daemon runs
+# with --share-tools): agent-b offers its output/ directory, agent-a (which
+# shares too) reads the report by name, is refused a write while the share
+# is read-only, and writes its review once agent-b allows writes.
+allox_demo_sharing() {
+    local ctl=$1
+    say() { echo; echo "\$ alloxctl $*"; "$ctl" "$@"; }
+    echo; echo "# sharing between sessions: off and read-only by default; both sides enable it, no key is handed out"
+    say exec agent-b session-1 -- sh -c 'mkdir -p output && echo "3 tests fail in calc.py" > output/report.txt && allox share enable --scope output'
+    say exec agent-a session-1 -- allox share enable
+    say exec agent-a session-1 -- allox share read agent-b/session-1 report.txt
+    say exec agent-a session-1 -- sh -c 'echo "fixed: calc.py returns 42" | allox share write agent-b/session-1 review.txt' || true
+    say exec agent-b session-1 -- allox share enable --scope output --permission write
+    say exec agent-a session-1 -- sh -c 'echo "fixed: calc.py returns 42" | allox share write agent-b/session-1 review.txt'
+    say share list
+    say fs cat agent-b session-1 output/review.txt
+    say exec agent-b session-1 -- allox share disable
+    say exec agent-a session-1 -- allox share read agent-b/session-1 report.txt || true
+}

@@ -700,7 +700,7 @@ fn guest_runs_of_a_session_share_its_network_and_a_run_ends_its_own_turn() {
     let mut vm = Vm::boot(
         &img,
         Some(&store),
-        &["allox.args=--sandbox-network=isolated"],
+        &["allox.args=--sandbox-network=isolated,--share-tools"],
     );
     let (mut c, _) = vm.connect(BOOT);
     ok(&mut c, agent("a"));
@@ -763,6 +763,22 @@ fn guest_runs_of_a_session_share_its_network_and_a_run_ends_its_own_turn() {
             .any(|k| k.origin == Origin::Turn && k.label.as_deref() == Some("from inside the VM")),
         "{l:?}"
     );
+    // The share plugin in the guest: t offers a report, s (sharing too)
+    // reads it by name and may not write it.
+    sh(
+        &mut c,
+        "a",
+        "t",
+        "echo report-from-t > report.txt && allox share enable",
+    );
+    let got = sh(
+        &mut c,
+        "a",
+        "s",
+        "allox share enable >/dev/null && allox share read a/t report.txt && \
+         ! echo x | allox share write a/t report.txt",
+    );
+    assert_eq!(got, "report-from-t\n");
 }
 
 #[test]

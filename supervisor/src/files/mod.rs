@@ -265,6 +265,17 @@ impl Supervisor {
         a: &str,
         s: &str,
         scope: FsScope,
+        f: impl FnOnce(&Root, Option<(u32, u32)>) -> Result<T, RequestError>,
+    ) -> Result<T, RequestError> {
+        self.fs_change_in(a, s, scope, &Within::Scope, f)
+    }
+
+    /// [`Supervisor::fs_change`], paths resolved where `w` says.
+    fn fs_change_in<T>(
+        &self,
+        a: &str,
+        s: &str,
+        scope: FsScope,
         w: &Within<'_>,
         f: impl FnOnce(&Root, Option<(u32, u32)>) -> Result<T, RequestError>,
     ) -> Result<T, RequestError> {
@@ -349,7 +360,7 @@ impl Supervisor {
 
     fn fs_write(&self, r: &FsWrite, w: &Within<'_>) -> Result<FsWritten, RequestError> {
         let rel = Rel::parse(&r.path)?;
-        self.fs_change(&r.agent_id, &r.session_id, r.scope, w, |root, owner| {
+        self.fs_change_in(&r.agent_id, &r.session_id, r.scope, w, |root, owner| {
             let (parent, name) = parent_of(&root.fd, &rel).map_err(|e| scoped(e, root.scope))?;
             let create = r.create.unwrap_or(true);
             if let Some(id) = &r.upload {
@@ -395,111 +406,90 @@ impl Supervisor {
 
     fn fs_mkdir(&self, r: &FsMkdir) -> Result<FsEntry, RequestError> {
         let rel = Rel::parse(&r.path)?;
-        self.fs_change(
-            &r.agent_id,
-            &r.session_id,
-            r.scope,
-            &Within::Scope,
-            |root, owner| {
-                if r.parents {
-                    // One level at a time, each below the last one's handle.
-                    let mut dir = rustix::fs::openat(
-                        &root.fd,
-                        ".",
-                        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        self.fs_change(&r.agent_id, &r.session_id, r.scope, |root, owner| {
+            if r.parents {
+                // One level at a time, each below the last one's handle.
+                let mut dir = rustix::fs::openat(
+                    &root.fd,
+                    ".",
+                    OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|e| FilesError::from_errno("open", ".", e))?;
+                for p in &rel.parts {
+                    match rustix::fs::mkdirat(&dir, *p, Mode::from_raw_mode(0o755)) {
+                        Ok(()) => chown_at(&dir, p, owner, rel.shown)?,
+                        Err(rustix::io::Errno::EXIST) => {}
+                        Err(e) => return Err(FilesError::from_errno("make", rel.shown, e).into()),
+                    }
+                    dir = rustix::fs::openat(
+                        &dir,
+                        *p,
+                        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                         Mode::empty(),
                     )
-                    .map_err(|e| FilesError::from_errno("open", ".", e))?;
-                    for p in &rel.parts {
-                        match rustix::fs::mkdirat(&dir, *p, Mode::from_raw_mode(0o755)) {
-                            Ok(()) => chown_at(&dir, p, owner, rel.shown)?,
-                            Err(rustix::io::Errno::EXIST) => {}
-                            Err(e) => {
-                                return Err(FilesError::from_errno("make", rel.shown, e).into())
-                            }
-                        }
-                        dir = rustix::fs::openat(
-                            &dir,
-                            *p,
-                            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                            Mode::empty(),
-                        )
-                        .map_err(|e| FilesError::from_errno("open", rel.shown, e))?;
-                    }
-                } else {
-                    let (parent, name) =
-                        parent_of(&root.fd, &rel).map_err(|e| scoped(e, root.scope))?;
-                    rustix::fs::mkdirat(&parent, name, Mode::from_raw_mode(0o755))
-                        .map_err(|e| FilesError::from_errno("make", rel.shown, e))?;
-                    chown_at(&parent, name, owner, rel.shown)?;
+                    .map_err(|e| FilesError::from_errno("open", rel.shown, e))?;
                 }
-                Ok(stat(root, &rel)?)
-            },
-        )
+            } else {
+                let (parent, name) =
+                    parent_of(&root.fd, &rel).map_err(|e| scoped(e, root.scope))?;
+                rustix::fs::mkdirat(&parent, name, Mode::from_raw_mode(0o755))
+                    .map_err(|e| FilesError::from_errno("make", rel.shown, e))?;
+                chown_at(&parent, name, owner, rel.shown)?;
+            }
+            Ok(stat(root, &rel)?)
+        })
     }
 
     fn fs_remove(&self, r: &FsRemove) -> Result<Deleted, RequestError> {
         let rel = Rel::parse(&r.path)?;
-        self.fs_change(
-            &r.agent_id,
-            &r.session_id,
-            r.scope,
-            &Within::Scope,
-            |root, _| {
-                let (parent, name) =
-                    parent_of(&root.fd, &rel).map_err(|e| scoped(e, root.scope))?;
-                let st = rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW)
-                    .map_err(|e| FilesError::from_errno("stat", rel.shown, e))?;
-                if rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() {
-                    if r.recursive {
-                        let parent = rustix::fs::openat(
-                            &parent,
-                            ".",
-                            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                            Mode::empty(),
-                        )
-                        .map_err(|e| FilesError::from_errno("open", rel.shown, e))?;
-                        allox_store::btrfs::remove_at(
-                            &parent,
-                            std::ffi::OsStr::new(name),
-                            Path::new(rel.shown),
-                        )
-                        .map_err(|e| FilesError::Io {
-                            op: "remove",
-                            path: rel.shown.into(),
-                            source: std::io::Error::other(allox_protocol::error_chain(&e)),
-                        })?;
-                    } else {
-                        rustix::fs::unlinkat(&parent, name, AtFlags::REMOVEDIR)
-                            .map_err(|e| FilesError::from_errno("remove", rel.shown, e))?;
-                    }
+        self.fs_change(&r.agent_id, &r.session_id, r.scope, |root, _| {
+            let (parent, name) = parent_of(&root.fd, &rel).map_err(|e| scoped(e, root.scope))?;
+            let st = rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW)
+                .map_err(|e| FilesError::from_errno("stat", rel.shown, e))?;
+            if rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() {
+                if r.recursive {
+                    let parent = rustix::fs::openat(
+                        &parent,
+                        ".",
+                        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )
+                    .map_err(|e| FilesError::from_errno("open", rel.shown, e))?;
+                    allox_store::btrfs::remove_at(
+                        &parent,
+                        std::ffi::OsStr::new(name),
+                        Path::new(rel.shown),
+                    )
+                    .map_err(|e| FilesError::Io {
+                        op: "remove",
+                        path: rel.shown.into(),
+                        source: std::io::Error::other(allox_protocol::error_chain(&e)),
+                    })?;
                 } else {
-                    rustix::fs::unlinkat(&parent, name, AtFlags::empty())
+                    rustix::fs::unlinkat(&parent, name, AtFlags::REMOVEDIR)
                         .map_err(|e| FilesError::from_errno("remove", rel.shown, e))?;
                 }
-                Ok(Deleted {
-                    deleted: rel.joined(),
-                })
-            },
-        )
+            } else {
+                rustix::fs::unlinkat(&parent, name, AtFlags::empty())
+                    .map_err(|e| FilesError::from_errno("remove", rel.shown, e))?;
+            }
+            Ok(Deleted {
+                deleted: rel.joined(),
+            })
+        })
     }
 
     fn fs_move(&self, r: &FsMove) -> Result<FsEntry, RequestError> {
         let from = Rel::parse(&r.path)?;
         let to = Rel::parse(&r.to)?;
-        self.fs_change(
-            &r.agent_id,
-            &r.session_id,
-            r.scope,
-            &Within::Scope,
-            |root, _| {
-                let (fp, fname) = parent_of(&root.fd, &from).map_err(|e| scoped(e, root.scope))?;
-                let (tp, tname) = parent_of(&root.fd, &to).map_err(|e| scoped(e, root.scope))?;
-                rustix::fs::renameat(&fp, fname, &tp, tname)
-                    .map_err(|e| FilesError::from_errno("move", from.shown, e))?;
-                Ok(stat(root, &to)?)
-            },
-        )
+        self.fs_change(&r.agent_id, &r.session_id, r.scope, |root, _| {
+            let (fp, fname) = parent_of(&root.fd, &from).map_err(|e| scoped(e, root.scope))?;
+            let (tp, tname) = parent_of(&root.fd, &to).map_err(|e| scoped(e, root.scope))?;
+            rustix::fs::renameat(&fp, fname, &tp, tname)
+                .map_err(|e| FilesError::from_errno("move", from.shown, e))?;
+            Ok(stat(root, &to)?)
+        })
     }
 
     /// Where unfinished uploads are recorded (the store's `state/`).

@@ -22,6 +22,7 @@ mod durability_bench;
 mod files_bench;
 mod network_bench;
 mod quota_bench;
+mod share_bench;
 mod spawn_bench;
 mod terminals_bench;
 mod tracker_bench;
@@ -139,6 +140,9 @@ fn main() -> anyhow::Result<()> {
     }
     if only.is_empty() || only == "files" {
         files_bench::run(&fs, quick)?;
+    }
+    if only.is_empty() || only == "share" {
+        share_bench::run(&fs, quick)?;
     }
     if only.is_empty() || only == "terminals" {
         terminals_bench::run(&fs, quick)?;

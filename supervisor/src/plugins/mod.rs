@@ -23,6 +23,7 @@ pub mod process_tree;
 pub mod records;
 mod registry;
 pub mod share;
+pub mod slot;
 #[cfg(test)]
 mod tests;
 

@@ -19,6 +19,7 @@ use super::api::{
     ContextGuard, Contribution, Manifest, Plugin, RouteContext, RouteFuture, RunRef,
     SessionNetwork, SessionRef, Settings, API_VERSION,
 };
+use super::slot::Slot;
 use super::{NetworkSettings, PluginError};
 use crate::error::RequestError;
 use allox_network::broker::{Broker, DnsResolver, Resolve, SystemResolver, Timeouts};
@@ -90,7 +91,7 @@ impl Started {
 
 pub struct Network {
     manifest: Manifest,
-    started: Mutex<Option<Arc<Started>>>,
+    started: Slot<Started>,
 }
 
 impl Network {
@@ -104,15 +105,12 @@ impl Network {
                 alias: None,
                 summary: "the proxy of each proxy-mode session at 127.0.0.1:3128, through a broker that applies the egress policy and records every attempt",
             },
-            started: Mutex::new(None),
+            started: Slot::default(),
         }
     }
 
     fn started(&self) -> Option<Arc<Started>> {
-        self.started
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.started.get()
     }
 
     fn running(&self) -> Result<Arc<Started>, RequestError> {
@@ -176,7 +174,7 @@ impl Plugin for Network {
             let _ = std::fs::remove_file(&shim);
             not_started(format!("open {}: {e}", path.display()))
         })?;
-        *self.started.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(Started {
+        self.started.fill(Started {
             broker: Broker {
                 resolver,
                 timeouts: Timeouts::default(),
@@ -186,15 +184,12 @@ impl Plugin for Network {
             shim,
             live: Mutex::new(HashMap::new()),
             runs: Mutex::new(RunsByCgroup::default()),
-        }));
+        });
         Ok(())
     }
 
     fn stop(&self) {
-        self.started
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        self.started.empty();
     }
 
     fn contribute(&self, run: &RunRef<'_>) -> Contribution {

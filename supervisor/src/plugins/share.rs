@@ -22,6 +22,7 @@ pub mod state;
 
 use super::api::{Contribution, Core, Manifest, Plugin, RouteContext, RouteFuture, RunRef};
 use super::records::{Numbered, Records};
+use super::slot::Slot;
 use super::{PluginError, Settings, API_VERSION};
 use crate::error::RequestError;
 use crate::files::path::Rel;
@@ -78,7 +79,7 @@ struct Started {
 
 pub struct Share {
     manifest: Manifest,
-    started: Mutex<Option<Arc<Started>>>,
+    started: Slot<Started>,
 }
 
 impl Share {
@@ -92,15 +93,12 @@ impl Share {
                 alias: Some("--share-tools"),
                 summary: "sessions that enable sharing reach each other's files (read-only by default) through the guest interface, audited",
             },
-            started: Mutex::new(None),
+            started: Slot::default(),
         }
     }
 
     fn started(&self) -> Option<Arc<Started>> {
-        self.started
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.started.get()
     }
 }
 
@@ -483,20 +481,17 @@ impl Plugin for Share {
             let _ = std::fs::remove_file(&shim);
             not_started(format!("open {}: {e}", audit_path.display()))
         })?;
-        *self.started.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(Started {
+        self.started.fill(Started {
             path,
             saved: Mutex::new(saved),
             audit,
             shim,
-        }));
+        });
         Ok(())
     }
 
     fn stop(&self) {
-        self.started
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        self.started.empty();
     }
 
     fn contribute(&self, _run: &RunRef<'_>) -> Contribution {

@@ -145,6 +145,23 @@ pub enum Command {
     /// who shares what, and the host's switches.
     #[command(subcommand)]
     Share(ShareCommand),
+    /// What a session uses now and has used in total (CPU, memory, I/O,
+    /// OOM kills), with its limits.
+    Stats { agent: String, session: String },
+    /// Change a live session's limits (those given; the others stay).
+    Limit {
+        agent: String,
+        session: String,
+        /// Most processes at once.
+        #[arg(long)]
+        pids_max: Option<u64>,
+        /// Most memory, bytes.
+        #[arg(long)]
+        memory_max: Option<u64>,
+        /// "QUOTA PERIOD" in µs, e.g. "50000 100000" for half a CPU.
+        #[arg(long, value_name = "QUOTA PERIOD")]
+        cpu_max: Option<String>,
+    },
     /// A session's files, without a process: list, read, make, remove.
     #[command(subcommand)]
     Fs(FsCommand),
@@ -1004,6 +1021,25 @@ impl Command {
                     session_id: session,
                 }),
             }),
+            C::Stats { agent, session } => {
+                call(Request::SessionStats(allox_protocol::SessionStatsRequest {
+                    agent_id: agent,
+                    session_id: session,
+                }))
+            }
+            C::Limit {
+                agent,
+                session,
+                pids_max,
+                memory_max,
+                cpu_max,
+            } => call(Request::SessionUpdate(allox_protocol::SessionUpdate {
+                agent_id: agent,
+                session_id: session,
+                pids_max,
+                memory_max,
+                cpu_max,
+            })),
             C::Share(ShareCommand::List { agent }) => {
                 call(Request::ShareList(allox_protocol::ShareList {
                     agent_id: agent,

@@ -254,6 +254,8 @@ mod tests {
             truncated: false,
             timed_out,
             output_dropped: false,
+            usage: None,
+            oom_killed: None,
         }
     }
 

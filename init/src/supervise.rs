@@ -97,6 +97,11 @@ pub struct SuperviseArgs {
     /// as `--plugin share`.
     #[arg(long)]
     pub share_tools: bool,
+    /// Do not read what each run used from its cgroup when it ends
+    /// (`usage` and `oom_killed` of its result stay empty): the
+    /// benchmark's baseline for what that costs.
+    #[arg(long)]
+    pub no_run_usage: bool,
     /// Most process events kept in state/events.redb; the oldest go first.
     #[arg(long, default_value_t = allox_supervisor::tracker::DEFAULT_MAX_EVENTS)]
     pub process_events_max: u64,
@@ -250,6 +255,7 @@ impl SuperviseArgs {
             let exe = host.exe().map_err(SuperviseError::Exe)?;
             let mut rc = RunsConfig::new(mount, exe, self.sandbox_stage);
             rc.isolate_network = self.sandbox_network == "isolated";
+            rc.run_usage = !self.no_run_usage;
             rc.finished.output_budget = self.finished_output_budget;
             rc.finished.max_runs = self.finished_runs_max;
             rc.uid = self.sandbox_uid;

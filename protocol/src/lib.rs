@@ -63,6 +63,7 @@ pub mod guest;
 pub mod id;
 pub mod json;
 pub mod message;
+pub mod monitor;
 pub mod network;
 pub mod share;
 
@@ -73,6 +74,7 @@ pub use files::*;
 pub use frame::{FrameError, FrameReader, MAX_FRAME};
 pub use id::{validate_id, IdError, MAX_ID_LEN};
 pub use message::*;
+pub use monitor::*;
 pub use network::*;
 pub use share::*;
 

@@ -620,6 +620,8 @@ requests! {
     ShareList(crate::ShareList) = "share.list", mutating = false;
     ShareAgentSet(crate::ShareAgentSet) = "share.agent.set", mutating = true;
     ShareSessionSet(crate::ShareSessionSet) = "share.session.set", mutating = true;
+    SessionStats(crate::SessionStatsRequest) = "session.stats", mutating = false;
+    SessionUpdate(crate::SessionUpdate) = "session.update", mutating = true;
 }
 
 impl Request {
@@ -678,6 +680,8 @@ impl Request {
             Request::FsMove(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
             Request::FsWatch(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
             Request::ShareList(r) => r.agent_id.clone().unwrap_or_default(),
+            Request::SessionStats(r) => format!("{}/{}", r.agent_id, r.session_id),
+            Request::SessionUpdate(r) => format!("{}/{}", r.agent_id, r.session_id),
             Request::ShareAgentSet(r) => r.agent_id.clone(),
             Request::ShareSessionSet(r) => format!("{}/{}", r.agent_id, r.session_id),
             Request::NetworkAudit(r) => [&r.agent_id, &r.session_id]
@@ -880,6 +884,14 @@ pub struct RunResult {
     /// runs first): `stdout` and `stderr` are then empty, the status stays.
     #[serde(default)]
     pub output_dropped: bool,
+    /// What the run used (its cgroup's figures when it ended); `None` if
+    /// they could not be read.
+    #[serde(default)]
+    pub usage: Option<crate::Usage>,
+    /// Whether the OOM killer killed a process of the run (its cgroup's
+    /// `memory.events`); `None` without the memory controller.
+    #[serde(default)]
+    pub oom_killed: Option<bool>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -1034,6 +1046,7 @@ pub enum Response {
     Shares(crate::ShareListing),
     ShareAgent(crate::ShareAgentInfo),
     Share(crate::ShareInfo),
+    SessionStats(crate::SessionStats),
 }
 
 /// A terminal's new size.
@@ -1239,6 +1252,7 @@ impl Response {
             Response::Shares(v) => serde_json::to_value(v),
             Response::ShareAgent(v) => serde_json::to_value(v),
             Response::Share(v) => serde_json::to_value(v),
+            Response::SessionStats(v) => serde_json::to_value(v),
         };
         v.unwrap_or(serde_json::Value::Null)
     }

@@ -142,6 +142,8 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "share.list",
             "share.agent.set",
             "share.session.set",
+            "session.stats",
+            "session.update",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

@@ -26,6 +26,7 @@ mod spawn;
 pub mod spec;
 pub mod sys;
 pub mod tmp_sync;
+pub mod usage;
 mod wire;
 pub mod zygote;
 

@@ -152,18 +152,7 @@ impl Supervisor {
                 Response::Deleted(out?)
             }
             Request::SessionCreate(r) => {
-                let limits = allox_sandbox::cgroup::Limits {
-                    pids_max: r.pids_max,
-                    memory_max: r.memory_max,
-                    cpu_max: match &r.cpu_max {
-                        Some(t) => Some(allox_sandbox::cgroup::Cgroups::parse_cpu_max(t).ok_or_else(|| {
-                            StoreError::Invalid(format!(
-                                "cpu_max {t:?} must be \"QUOTA PERIOD\" or \"max PERIOD\" in microseconds"
-                            ))
-                        })?),
-                        None => None,
-                    },
-                };
+                let limits = limits_of(r.pids_max, r.memory_max, r.cpu_max.as_deref())?;
                 let wants_limits = limits != allox_sandbox::cgroup::Limits::default();
                 match &self.runs {
                     Some(runs) => runs
@@ -314,6 +303,25 @@ impl Supervisor {
             | Request::FsMkdir(_)
             | Request::FsRemove(_)
             | Request::FsMove(_) => return self.answer_files(req),
+            Request::SessionStats(r) => {
+                st.session_info_of(&r.agent_id, &r.session_id)?;
+                Response::SessionStats(self.runs()?.session_stats(&r.agent_id, &r.session_id))
+            }
+            Request::SessionUpdate(r) => {
+                let (a, s) = (&r.agent_id, &r.session_id);
+                st.session_info_of(a, s)?;
+                let limits = limits_of(r.pids_max, r.memory_max, r.cpu_max.as_deref())?;
+                if limits == allox_sandbox::cgroup::Limits::default() {
+                    return Err(StoreError::Invalid(
+                        "session.update changes nothing: give pids_max, memory_max or cpu_max"
+                            .into(),
+                    )
+                    .into());
+                }
+                let runs = self.runs()?;
+                runs.session_update(a, s, &limits)?;
+                Response::SessionStats(runs.session_stats(a, s))
+            }
             Request::TurnBegin(r) => Response::Turn(st.turn_begin(r)?),
             Request::TurnEnd(r) => Response::Turn(st.turn_end(r)?),
             Request::PolicySet(r) => Response::Policy(st.policy_set(r)?),
@@ -382,4 +390,27 @@ fn system_info(plugins: Vec<String>) -> allox_protocol::SystemInfo {
         init_zombies,
         plugins,
     }
+}
+
+/// A session's limits as a request gives them (`cpu_max` as `"QUOTA
+/// PERIOD"` or `"max PERIOD"`, µs).
+fn limits_of(
+    pids_max: Option<u64>,
+    memory_max: Option<u64>,
+    cpu_max: Option<&str>,
+) -> Result<allox_sandbox::cgroup::Limits, StoreError> {
+    Ok(allox_sandbox::cgroup::Limits {
+        pids_max,
+        memory_max,
+        cpu_max: match cpu_max {
+            Some(t) => Some(
+                allox_sandbox::cgroup::Cgroups::parse_cpu_max(t).ok_or_else(|| {
+                    StoreError::Invalid(format!(
+                        "cpu_max {t:?} must be \"QUOTA PERIOD\" or \"max PERIOD\" in microseconds"
+                    ))
+                })?,
+            ),
+            None => None,
+        },
+    })
 }

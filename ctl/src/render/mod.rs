@@ -11,6 +11,7 @@ pub mod network;
 mod plugins;
 mod process;
 mod share;
+mod stats;
 mod table;
 mod time;
 mod tree;
@@ -82,6 +83,7 @@ pub fn render(response: &Response) -> String {
         Response::Shares(l) => share::listing(l),
         Response::ShareAgent(a) => share::agent(a),
         Response::Share(i) => share::info(i),
+        Response::SessionStats(st) => stats::session(st),
         Response::StoreCheck(r) => store_check(r),
         Response::ProcessEvents(l) => {
             let mut out = String::new();

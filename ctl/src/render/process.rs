@@ -122,6 +122,8 @@ mod tests {
             truncated: false,
             timed_out: false,
             output_dropped: false,
+            usage: None,
+            oom_killed: None,
         }
     }
 

@@ -54,6 +54,8 @@ pub(super) async fn finish(
         truncated: c.truncated,
         timed_out: run.timed_out.load(Ordering::SeqCst),
         output_dropped: false,
+        usage: None,
+        oom_killed: None,
     };
     if let Ok(mut g) = run.stdin.try_lock() {
         g.take();
@@ -64,6 +66,13 @@ pub(super) async fn finish(
         .unwrap_or_else(|e| e.into_inner())
         .take();
     let output_bytes = result.stdout.len() + result.stderr.len();
+    let mut result = result;
+    if runs.cfg.run_usage {
+        let dir = runs.cgroups.run_dir(&run.agent, &run.session, &run.id);
+        let u = allox_sandbox::usage::usage(&dir);
+        result.oom_killed = u.oom_kills.map(|n| n > 0);
+        result.usage = Some(super::usage_of(&u));
+    }
     // Kept whether or not anyone waits yet (`send` would drop it then).
     run.result.send_replace(Some(result));
     runs.retire(&run, output_bytes);

@@ -26,6 +26,8 @@ pub mod listing;
 mod output;
 pub mod procfs;
 mod start;
+mod stats;
+pub(crate) use stats::usage_of;
 mod stdin;
 mod terminal;
 mod tty;
@@ -85,6 +87,10 @@ pub struct RunsConfig {
     /// How many finished runs are kept for `process.wait`, how long, and
     /// how much of their output.
     pub finished: Retention,
+    /// Whether a run's end reads what it used from its cgroup
+    /// (`RunResult.usage`); on unless `--no-run-usage` (the benchmark's
+    /// baseline).
+    pub run_usage: bool,
 }
 
 impl RunsConfig {
@@ -114,6 +120,7 @@ impl RunsConfig {
             isolate_network: false,
             plugins: Arc::new(Plugins::none()),
             finished: Retention::default(),
+            run_usage: true,
         }
     }
 }

@@ -37,6 +37,8 @@ impl Runs {
                     truncated: false,
                     timed_out: false,
                     output_dropped: false,
+                    usage: None,
+                    oom_killed: None,
                 })
             }
             None => {

@@ -1,0 +1,75 @@
+//! What runs and sessions use (`RunResult.usage`, `session.stats`), read
+//! from their cgroups, and changing a live session's limits
+//! (`session.update`).
+
+use super::{RunError, Runs};
+use allox_protocol::{SessionLimits, SessionStats, Usage};
+use allox_sandbox::cgroup::Limits;
+use allox_sandbox::usage::{sum, usage, CgroupUsage};
+use std::path::Path;
+
+/// The protocol's form of a cgroup's figures.
+pub(crate) fn usage_of(u: &CgroupUsage) -> Usage {
+    Usage {
+        cpu_user_us: u.cpu_user_us,
+        cpu_system_us: u.cpu_system_us,
+        memory_peak_bytes: u.memory_peak_bytes,
+        io_read_bytes: u.io_read_bytes,
+        io_write_bytes: u.io_write_bytes,
+        oom_kills: u.oom_kills,
+    }
+}
+
+/// A limit file: a number, or `None` for `max` or no file.
+fn limit(dir: &Path, name: &str) -> Option<u64> {
+    std::fs::read_to_string(dir.join(name))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+}
+
+fn limits_of(dir: &Path) -> SessionLimits {
+    SessionLimits {
+        pids_max: limit(dir, "pids.max"),
+        memory_max: limit(dir, "memory.max"),
+        cpu_max: std::fs::read_to_string(dir.join("cpu.max"))
+            .ok()
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.starts_with("max")),
+    }
+}
+
+impl Runs {
+    /// `session.stats` of `a/s` (which the caller checked exists).
+    pub fn session_stats(&self, a: &str, s: &str) -> SessionStats {
+        let dir = self.cgroups.session_dir(a, s);
+        let live: Vec<CgroupUsage> = self
+            .cgroups
+            .runs(a, s)
+            .iter()
+            .map(|r| usage(&self.cgroups.run_dir(a, s, r)))
+            .collect();
+        let total = usage(&dir);
+        SessionStats {
+            agent_id: a.into(),
+            session_id: s.into(),
+            live_runs: live.len() as u32,
+            processes: self.live(a, s) as u32,
+            memory_current_bytes: total.memory_current_bytes,
+            now: usage_of(&sum(&live)),
+            total: usage_of(&total),
+            limits: limits_of(&dir),
+        }
+    }
+
+    /// `session.update`: writes the limits given on the session's cgroup
+    /// (refused with `unsupported`, naming the controller, where it is
+    /// missing); a limit below what the session uses now stops what comes
+    /// next (a fork past `pids.max` fails, memory is reclaimed or the OOM
+    /// killer acts), it kills nothing itself.
+    pub fn session_update(&self, a: &str, s: &str, limits: &Limits) -> Result<(), RunError> {
+        self.cgroups
+            .ensure_session(a, s, &self.cfg.limits)
+            .and_then(|()| self.cgroups.set_limits(a, s, limits))
+            .map_err(RunError::Cgroup)
+    }
+}

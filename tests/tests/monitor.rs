@@ -1,0 +1,205 @@
+//! What runs and sessions use, through the real daemon and real cgroups:
+//! CPU time of a run, its result's figures, `session.stats` and
+//! `session.update`. (On this host's hybrid hierarchy only `cpu.stat` is
+//! in cgroup v2: memory, I/O and pids figures are `None` here and are
+//! tested in the guest, `vm::guest_runs_report_oom_kills_and_a_live_session_takes_a_lower_pids_max`.)
+
+use allox_integration::{call, make_sessions, process_start as start, require, ProcDaemon};
+use allox_protocol::*;
+
+fn setup(name: &str, extra: &[&str]) -> Option<ProcDaemon> {
+    if !require(&format!("monitor::{name}")) {
+        return None;
+    }
+    if allox_integration::cgroup2_mount().is_none() {
+        panic!("monitor::{name} needs a cgroup2 mount (/sys/fs/cgroup or /sys/fs/cgroup/unified)");
+    }
+    if allox_integration::which("python3").is_none() {
+        panic!("monitor::{name} needs python3 (its CPU burner)");
+    }
+    let d = ProcDaemon::start(name, extra);
+    make_sessions(&d, &[("a", "s")]);
+    Some(d)
+}
+
+fn run(d: &ProcDaemon, argv: &[&str]) -> RunResult {
+    match call(d, Request::ProcessStart(start("a", "s", argv))) {
+        Ok(Response::Exited(r)) => r,
+        other => panic!("{argv:?}: {other:?}"),
+    }
+}
+
+fn cpu_us(u: &Usage) -> u64 {
+    u.cpu_user_us.unwrap() + u.cpu_system_us.unwrap()
+}
+
+const BURN_1S: &str =
+    "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0:\n    pass\n";
+
+fn stats(d: &ProcDaemon) -> SessionStats {
+    match call(
+        d,
+        Request::SessionStats(SessionStatsRequest {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+        }),
+    ) {
+        Ok(Response::SessionStats(s)) => s,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_run_s_end_carries_its_cpu_time_and_the_session_its_total() {
+    let Some(d) = setup(
+        "a_run_s_end_carries_its_cpu_time_and_the_session_its_total",
+        &[],
+    ) else {
+        return;
+    };
+    let burn = run(&d, &["python3", "-c", BURN_1S]);
+    assert_eq!(burn.exit_code, Some(0), "{burn:?}");
+    let u = burn.usage.clone().expect("usage");
+    let cpu = cpu_us(&u);
+    assert!(
+        (900_000..=1_100_000).contains(&cpu),
+        "a 1 s CPU burner reported {cpu} µs ({u:?})"
+    );
+    let idle = run(&d, &["sleep", "1"]);
+    let idle_cpu = cpu_us(idle.usage.as_ref().unwrap());
+    assert!(idle_cpu < 100_000, "sleep 1 reported {idle_cpu} µs of CPU");
+    // The memory controller decides whether OOM kills can be told: where
+    // it is missing, `oom_killed` says nothing rather than guess.
+    let session_dir = d.cgroup.join("allox/a/s");
+    let has_memory = session_dir.join("memory.events").exists();
+    assert_eq!(idle.oom_killed.is_some(), has_memory, "{idle:?}");
+    assert_eq!(
+        idle.usage.as_ref().unwrap().memory_peak_bytes.is_some(),
+        has_memory
+    );
+    // A run killed with SIGKILL is not an OOM kill.
+    let Ok(Response::Started(r)) = call(
+        &d,
+        Request::ProcessStart(ProcessStart {
+            wait: false,
+            ..start("a", "s", &["sleep", "60"])
+        }),
+    ) else {
+        panic!("no start")
+    };
+    // Meanwhile the session counts it as live.
+    let live = stats(&d);
+    assert_eq!(live.live_runs, 1, "{live:?}");
+    assert!(live.processes >= 1, "{live:?}");
+    call(
+        &d,
+        Request::ProcessKill(ProcessKill {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: Some(r.run_id.clone()),
+            signal: Some(9),
+        }),
+    )
+    .unwrap();
+    let killed = match call(
+        &d,
+        Request::ProcessWait(ProcessWait {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: r.run_id,
+            timeout_ms: Some(10_000),
+        }),
+    ) {
+        Ok(Response::Exited(x)) => x,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(killed.signal, Some(9), "{killed:?}");
+    assert_ne!(killed.oom_killed, Some(true), "{killed:?}");
+    // The session's total holds the runs that ended.
+    let st = stats(&d);
+    assert_eq!(st.live_runs, 0, "{st:?}");
+    assert!(
+        cpu_us(&st.total) >= cpu,
+        "{st:?} (the burner alone used {cpu} µs)"
+    );
+    // The same through alloxctl.
+    let (code, out, err) = allox_integration::alloxctl(&d.daemon.socket, &["stats", "a", "s"]);
+    let out = String::from_utf8_lossy(&out);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("session a/s: 0 live runs"), "{out}");
+    assert!(out.contains("total   cpu user"), "{out}");
+}
+
+#[test]
+fn session_update_changes_a_live_session_s_limits_or_names_the_missing_controller() {
+    let Some(d) = setup(
+        "session_update_changes_a_live_session_s_limits_or_names_the_missing_controller",
+        &[],
+    ) else {
+        return;
+    };
+    let update = |u: SessionUpdate| call(&d, Request::SessionUpdate(u));
+    let e = update(SessionUpdate {
+        agent_id: "a".into(),
+        session_id: "s".into(),
+        ..SessionUpdate::default()
+    })
+    .unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidRequest);
+    assert!(e.message.contains("changes nothing"), "{}", e.message);
+    let e = update(SessionUpdate {
+        agent_id: "a".into(),
+        session_id: "s".into(),
+        cpu_max: Some("half".into()),
+        ..SessionUpdate::default()
+    })
+    .unwrap_err();
+    assert!(e.message.contains("cpu_max \"half\""), "{}", e.message);
+    let e = update(SessionUpdate {
+        agent_id: "a".into(),
+        session_id: "nope".into(),
+        pids_max: Some(10),
+        ..SessionUpdate::default()
+    })
+    .unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound);
+    let session_dir = d.cgroup.join("allox/a/s");
+    let r = update(SessionUpdate {
+        agent_id: "a".into(),
+        session_id: "s".into(),
+        pids_max: Some(5),
+        ..SessionUpdate::default()
+    });
+    if session_dir.join("pids.max").exists() {
+        let st = match r {
+            Ok(Response::SessionStats(s)) => s,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(st.limits.pids_max, Some(5));
+        let many = run(
+            &d,
+            &[
+                "/bin/sh",
+                "-c",
+                "for i in 1 2 3 4 5 6 7 8; do sleep 5 & done; wait",
+            ],
+        );
+        assert!(
+            many.stderr.contains("fork") || many.exit_code != Some(0),
+            "{many:?}"
+        );
+    } else {
+        let e = r.unwrap_err();
+        assert_eq!(e.code, ErrorCode::Unsupported, "{e:?}");
+        assert!(e.message.contains("pids controller"), "{}", e.message);
+    }
+}
+
+#[test]
+fn without_run_usage_results_carry_none() {
+    let Some(d) = setup("without_run_usage_results_carry_none", &["--no-run-usage"]) else {
+        return;
+    };
+    let r = run(&d, &["true"]);
+    assert_eq!((r.usage, r.oom_killed), (None, None));
+}

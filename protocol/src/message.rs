@@ -1046,7 +1046,7 @@ pub enum Response {
     Shares(crate::ShareListing),
     ShareAgent(crate::ShareAgentInfo),
     Share(crate::ShareInfo),
-    SessionStats(crate::SessionStats),
+    SessionStats(Box<crate::SessionStats>),
 }
 
 /// A terminal's new size.

@@ -305,7 +305,9 @@ impl Supervisor {
             | Request::FsMove(_) => return self.answer_files(req),
             Request::SessionStats(r) => {
                 st.session_info_of(&r.agent_id, &r.session_id)?;
-                Response::SessionStats(self.runs()?.session_stats(&r.agent_id, &r.session_id))
+                Response::SessionStats(Box::new(
+                    self.runs()?.session_stats(&r.agent_id, &r.session_id),
+                ))
             }
             Request::SessionUpdate(r) => {
                 let (a, s) = (&r.agent_id, &r.session_id);
@@ -320,7 +322,7 @@ impl Supervisor {
                 }
                 let runs = self.runs()?;
                 runs.session_update(a, s, &limits)?;
-                Response::SessionStats(runs.session_stats(a, s))
+                Response::SessionStats(Box::new(runs.session_stats(a, s)))
             }
             Request::TurnBegin(r) => Response::Turn(st.turn_begin(r)?),
             Request::TurnEnd(r) => Response::Turn(st.turn_end(r)?),

@@ -44,7 +44,7 @@ fn stats(d: &ProcDaemon) -> SessionStats {
             session_id: "s".into(),
         }),
     ) {
-        Ok(Response::SessionStats(s)) => s,
+        Ok(Response::SessionStats(s)) => *s,
         other => panic!("{other:?}"),
     }
 }

@@ -115,6 +115,14 @@ fn a_run_s_end_carries_its_cpu_time_and_the_session_its_total() {
     };
     assert_eq!(killed.signal, Some(9), "{killed:?}");
     assert_ne!(killed.oom_killed, Some(true), "{killed:?}");
+    // Its cgroup was still there to be read when it ended.
+    assert!(
+        killed
+            .usage
+            .as_ref()
+            .is_some_and(|u| u.cpu_user_us.is_some()),
+        "{killed:?}"
+    );
     // The session's total holds the runs that ended.
     let st = stats(&d);
     assert_eq!(st.live_runs, 0, "{st:?}");

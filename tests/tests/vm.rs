@@ -885,3 +885,119 @@ fn a_proxy_session_in_the_guest_reaches_the_host_only_through_the_broker() {
     let _ = c.call(Request::Shutdown(Shutdown {}));
     assert!(vm.wait_exit(Duration::from_secs(60)).is_some());
 }
+
+/// What a run used, in the guest (pure cgroup v2 with every controller):
+/// an OOM kill told from the cgroup's events, not from the signal; a
+/// `kill -9` that is none; a live session's `pids.max` lowered so that its
+/// next fork fails.
+#[test]
+fn guest_runs_report_oom_kills_and_a_live_session_takes_a_lower_pids_max() {
+    let Some(img) =
+        require_vm("vm::runs_report_oom_kills_and_a_live_session_takes_a_lower_pids_max")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = store_image(dir.path(), true);
+    let mut vm = Vm::boot(&img, Some(&store), &[]);
+    let (mut c, _) = vm.connect(BOOT);
+    ok(&mut c, agent("a"));
+    let mut small = SessionCreate::new("a", "small");
+    small.memory_max = Some(64 << 20);
+    ok(&mut c, Request::SessionCreate(small));
+    ok(&mut c, session("a", "p"));
+    let exited = |r: Response| match r {
+        Response::Exited(x) => x,
+        other => panic!("{other:?}"),
+    };
+    // A memory hog under memory.max: killed by the OOM killer, and told so.
+    let hog = exited(ok(
+        &mut c,
+        run(
+            "a",
+            "small",
+            "awk 'BEGIN { s = \"0123456789abcdef\"; while (1) s = s s }'",
+            true,
+        ),
+    ));
+    assert_eq!(hog.oom_killed, Some(true), "{hog:?}");
+    let u = hog.usage.clone().unwrap();
+    // (memory.peak may pass memory.max by what was charged before the
+    // kernel reclaimed or killed.)
+    assert!(
+        u.memory_peak_bytes
+            .is_some_and(|p| p > 32 << 20 && p <= 65 << 20),
+        "{u:?}"
+    );
+    assert!(u.oom_kills.is_some_and(|n| n >= 1), "{u:?}");
+    // A run killed with SIGKILL by the host: not an OOM kill.
+    let id = start(&mut c, "a", "small", "exec sleep 60");
+    ok(
+        &mut c,
+        Request::ProcessKill(ProcessKill {
+            agent_id: "a".into(),
+            session_id: "small".into(),
+            run_id: Some(id.clone()),
+            signal: Some(9),
+        }),
+    );
+    let killed = exited(ok(
+        &mut c,
+        Request::ProcessWait(ProcessWait {
+            agent_id: "a".into(),
+            session_id: "small".into(),
+            run_id: id,
+            timeout_ms: Some(10_000),
+        }),
+    ));
+    assert_eq!(
+        (killed.signal, killed.oom_killed),
+        (Some(9), Some(false)),
+        "{killed:?}"
+    );
+    let st = match ok(
+        &mut c,
+        Request::SessionStats(SessionStatsRequest {
+            agent_id: "a".into(),
+            session_id: "small".into(),
+        }),
+    ) {
+        Response::SessionStats(s) => s,
+        other => panic!("{other:?}"),
+    };
+    assert!(st.total.oom_kills.is_some_and(|n| n >= 1), "{st:?}");
+    assert_eq!(st.limits.memory_max, Some(64 << 20), "{st:?}");
+    // A live run that forks five times after 2 s; meanwhile the session's
+    // pids.max drops to what it holds (its init, sh, sleep).
+    let id = start(
+        &mut c,
+        "a",
+        "p",
+        "sleep 2; for i in 1 2 3 4 5; do sleep 0 & done; wait; echo forked",
+    );
+    ok(
+        &mut c,
+        Request::SessionUpdate(SessionUpdate {
+            agent_id: "a".into(),
+            session_id: "p".into(),
+            pids_max: Some(3),
+            ..SessionUpdate::default()
+        }),
+    );
+    let forks = exited(ok(
+        &mut c,
+        Request::ProcessWait(ProcessWait {
+            agent_id: "a".into(),
+            session_id: "p".into(),
+            run_id: id,
+            timeout_ms: Some(30_000),
+        }),
+    ));
+    assert!(
+        forks.stderr.contains("fork") && forks.stderr.contains("Resource temporarily unavailable")
+            || forks.stderr.contains("can't fork"),
+        "the forks past pids.max did not fail: {forks:?}"
+    );
+    let _ = c.call(Request::Shutdown(Shutdown {}));
+    assert!(vm.wait_exit(Duration::from_secs(60)).is_some());
+}

@@ -122,6 +122,10 @@ pub(super) async fn reap(runs: Arc<Runs>, run: Arc<Run>) {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .take();
+    // The run's end reads what it used from its cgroup: the cgroup stays
+    // until the result is out (which `finish` always publishes).
+    let mut published = run.result.subscribe();
+    let _ = tokio::time::timeout(Duration::from_secs(5), published.wait_for(|r| r.is_some())).await;
     let dir = runs.cgroups.run_dir(&run.agent, &run.session, &run.id);
     let cg = runs.cgroups.clone();
     let _ = tokio::task::spawn_blocking(move || {

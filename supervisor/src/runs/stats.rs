@@ -42,9 +42,17 @@ impl Runs {
     /// `session.stats` of `a/s` (which the caller checked exists).
     pub fn session_stats(&self, a: &str, s: &str) -> SessionStats {
         let dir = self.cgroups.session_dir(a, s);
-        let live: Vec<CgroupUsage> = self
-            .cgroups
-            .runs(a, s)
+        // Runs that have not ended (their cgroups outlive their results a
+        // moment).
+        let ids: Vec<String> = self
+            .table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|r| r.agent == a && r.session == s && r.result.borrow().is_none())
+            .map(|r| r.id.clone())
+            .collect();
+        let live: Vec<CgroupUsage> = ids
             .iter()
             .map(|r| usage(&self.cgroups.run_dir(a, s, r)))
             .collect();

@@ -148,6 +148,16 @@ pub enum Command {
     /// What a session uses now and has used in total (CPU, memory, I/O,
     /// OOM kills), with its limits.
     Stats { agent: String, session: String },
+    /// Every session and its live runs: CPU over the last interval,
+    /// memory now, OOM kills; refreshed until interrupted.
+    Top {
+        /// Seconds between screens.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// One screen (two samples an interval apart), then exit.
+        #[arg(long)]
+        once: bool,
+    },
     /// Change a live session's limits (those given; the others stay).
     Limit {
         agent: String,
@@ -783,6 +793,8 @@ pub enum Action {
     Follow(Request),
     /// Print a remote file's bytes.
     Cat(crate::files::Remote),
+    /// Show sessions' use, refreshed.
+    Top { interval: f64, once: bool },
     /// Copy between here and a session.
     Copy {
         from: String,
@@ -1021,6 +1033,7 @@ impl Command {
                     session_id: session,
                 }),
             }),
+            C::Top { interval, once } => Action::Top { interval, once },
             C::Stats { agent, session } => {
                 call(Request::SessionStats(allox_protocol::SessionStatsRequest {
                     agent_id: agent,

@@ -21,6 +21,7 @@ pub mod render;
 pub mod rpc;
 pub mod signal;
 pub mod token;
+pub mod top;
 pub mod tty;
 
 pub use client::{error_chain, Answer, Caller, Client, ClientError};

@@ -83,12 +83,40 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Action::Top { interval, once } => top(cli.socket, interval, once),
         Action::Copy {
             from,
             to,
             shared,
             checkpoint,
         } => copy(cli.socket, cli.json, &from, &to, shared, checkpoint),
+    }
+}
+
+/// `top`: a screen every `interval` seconds (or one, after two samples).
+fn top(socket: PathBuf, interval: f64, once: bool) -> ExitCode {
+    let pause = std::time::Duration::from_secs_f64(interval.clamp(0.1, 3600.0));
+    let mut seen = allox_ctl::top::Seen::default();
+    let mut first = true;
+    loop {
+        let screen = Client::connect(&socket)
+            .map_err(|e| error_chain(&e))
+            .and_then(|mut c| allox_ctl::top::sample(&mut c))
+            .map(|stats| allox_ctl::top::frame(&stats, &mut seen));
+        match screen {
+            Ok(_) if once && first => {}
+            Ok(text) if once => {
+                print(&text);
+                return ExitCode::SUCCESS;
+            }
+            Ok(text) => print(&format!("\x1b[H\x1b[2J{text}")),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        first = false;
+        std::thread::sleep(pause);
     }
 }
 

@@ -51,10 +51,21 @@ pub struct SessionStats {
     pub memory_current_bytes: Option<u64>,
     /// What the live runs used so far.
     pub now: Usage,
+    /// Each live run's part of `now`.
+    pub runs: Vec<RunUsage>,
     /// What the session's cgroup used since it was made (its runs that
     /// ended included).
     pub total: Usage,
     pub limits: SessionLimits,
+}
+
+/// What one live run used so far.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct RunUsage {
+    pub run_id: String,
+    pub usage: Usage,
+    /// Memory it holds now (`memory.current`), bytes.
+    pub memory_current_bytes: Option<u64>,
 }
 
 /// `session.update`: changes a live session's limits (those given; the

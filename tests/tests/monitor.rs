@@ -77,6 +77,53 @@ fn a_run_s_end_carries_its_cpu_time_and_the_session_its_total() {
         idle.usage.as_ref().unwrap().memory_peak_bytes.is_some(),
         has_memory
     );
+    // alloxctl top: a busy run shows most of a CPU, on its session's row
+    // and its own.
+    let Ok(Response::Started(busy)) = call(
+        &d,
+        Request::ProcessStart(ProcessStart {
+            wait: false,
+            ..start("a", "s", &["python3", "-c", "while True: pass"])
+        }),
+    ) else {
+        panic!("no start")
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (code, out, err) =
+        allox_integration::alloxctl(&d.daemon.socket, &["top", "--once", "--interval", "1"]);
+    let out = String::from_utf8_lossy(&out).into_owned();
+    assert_eq!(code, 0, "{err}");
+    let pct_of = |key: &str| -> f64 {
+        let line = out
+            .lines()
+            .find(|l| l.trim_start().starts_with(key))
+            .unwrap_or_else(|| panic!("no {key} in\n{out}"));
+        line.split_whitespace()
+            .find_map(|w| w.strip_suffix('%'))
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no CPU share for {key} in\n{out}"))
+    };
+    let (session_pct, run_pct) = (pct_of("a/s"), pct_of(&busy.run_id));
+    assert!(run_pct > 50.0 && session_pct >= run_pct * 0.9, "{out}");
+    call(
+        &d,
+        Request::ProcessKill(ProcessKill {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: Some(busy.run_id.clone()),
+            signal: Some(9),
+        }),
+    )
+    .unwrap();
+    let _ = call(
+        &d,
+        Request::ProcessWait(ProcessWait {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: busy.run_id,
+            timeout_ms: Some(10_000),
+        }),
+    );
     // A run killed with SIGKILL is not an OOM kill.
     let Ok(Response::Started(r)) = call(
         &d,

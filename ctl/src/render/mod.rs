@@ -12,6 +12,7 @@ mod plugins;
 mod process;
 mod share;
 mod stats;
+pub use stats::bytes;
 mod table;
 mod time;
 mod tree;

@@ -11,7 +11,7 @@ fn secs(us: u64) -> String {
     format!("{:.2} s", us as f64 / 1e6)
 }
 
-pub(super) fn bytes(b: u64) -> String {
+pub fn bytes(b: u64) -> String {
     match b {
         b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
         b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),

@@ -3,7 +3,7 @@
 //! (`session.update`).
 
 use super::{RunError, Runs};
-use allox_protocol::{SessionLimits, SessionStats, Usage};
+use allox_protocol::{RunUsage, SessionLimits, SessionStats, Usage};
 use allox_sandbox::cgroup::Limits;
 use allox_sandbox::usage::{sum, usage, CgroupUsage};
 use std::path::Path;
@@ -64,6 +64,15 @@ impl Runs {
             processes: self.live(a, s) as u32,
             memory_current_bytes: total.memory_current_bytes,
             now: usage_of(&sum(&live)),
+            runs: ids
+                .iter()
+                .zip(&live)
+                .map(|(id, u)| RunUsage {
+                    run_id: id.clone(),
+                    usage: usage_of(u),
+                    memory_current_bytes: u.memory_current_bytes,
+                })
+                .collect(),
             total: usage_of(&total),
             limits: limits_of(&dir),
         }

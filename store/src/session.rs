@@ -70,6 +70,12 @@ impl Store {
         Ok(out)
     }
 
+    /// When session `a/s` was made (`not_found` if there is none): its
+    /// existence, without counting its checkpoints.
+    pub fn session_created(&self, a: &str, s: &str) -> Result<u64> {
+        Ok(self.need_session(a, s)?.created_ms)
+    }
+
     pub fn session_info_of(&self, a: &str, s: &str) -> Result<SessionInfo> {
         let r = self.need_session(a, s)?;
         self.session_info(a, s, &r)

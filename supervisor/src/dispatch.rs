@@ -35,6 +35,14 @@ impl Supervisor {
             };
             return self.plugins.serve(req, ctx).await;
         }
+        // A few small cgroup files: read on the I/O task, without the
+        // blocking pool's hop.
+        if let Request::SessionStats(r) = req {
+            self.store.session_created(&r.agent_id, &r.session_id)?;
+            return Ok(Response::SessionStats(Box::new(
+                self.runs()?.session_stats(&r.agent_id, &r.session_id),
+            )));
+        }
         if let Request::FsWatch(r) = req {
             return self.fs_watch(r, events).await;
         }
@@ -295,6 +303,7 @@ impl Supervisor {
             | Request::ShareList(_)
             | Request::ShareAgentSet(_)
             | Request::ShareSessionSet(_)
+            | Request::SessionStats(_)
             | Request::FsWatch(_) => return Err(RequestError::Asynchronous),
             Request::FsStat(_)
             | Request::FsList(_)
@@ -303,12 +312,6 @@ impl Supervisor {
             | Request::FsMkdir(_)
             | Request::FsRemove(_)
             | Request::FsMove(_) => return self.answer_files(req),
-            Request::SessionStats(r) => {
-                st.session_info_of(&r.agent_id, &r.session_id)?;
-                Response::SessionStats(Box::new(
-                    self.runs()?.session_stats(&r.agent_id, &r.session_id),
-                ))
-            }
             Request::SessionUpdate(r) => {
                 let (a, s) = (&r.agent_id, &r.session_id);
                 st.session_info_of(a, s)?;

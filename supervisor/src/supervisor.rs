@@ -107,6 +107,7 @@ impl Supervisor {
                 | Request::ShareList(_)
                 | Request::ShareAgentSet(_)
                 | Request::ShareSessionSet(_)
+                | Request::SessionStats(_)
                 | Request::FsWatch(_)
         )
     }
@@ -242,8 +243,7 @@ pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
 impl crate::plugins::Core for Supervisor {
     fn session_created(&self, a: &str, s: &str) -> Result<u64, ErrorBody> {
         self.store
-            .session_info_of(a, s)
-            .map(|i| i.created_ms)
+            .session_created(a, s)
             .map_err(|e| RequestError::from(e).to_body())
     }
 

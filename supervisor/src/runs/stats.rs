@@ -61,7 +61,12 @@ impl Runs {
             agent_id: a.into(),
             session_id: s.into(),
             live_runs: live.len() as u32,
-            processes: self.live(a, s) as u32,
+            // (No run going on: nothing to count in the cgroup tree.)
+            processes: if ids.is_empty() {
+                0
+            } else {
+                self.live(a, s) as u32
+            },
             memory_current_bytes: total.memory_current_bytes,
             now: usage_of(&sum(&live)),
             runs: ids

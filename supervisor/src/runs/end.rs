@@ -45,7 +45,7 @@ pub(super) async fn finish(
         // The init itself died: the run's cgroup was killed.
         None => (None, Some(libc::SIGKILL)),
     };
-    let result = RunResult {
+    let mut result = RunResult {
         run_id: run.id.clone(),
         exit_code,
         signal,
@@ -66,7 +66,6 @@ pub(super) async fn finish(
         .unwrap_or_else(|e| e.into_inner())
         .take();
     let output_bytes = result.stdout.len() + result.stderr.len();
-    let mut result = result;
     if runs.cfg.run_usage {
         let dir = runs.cgroups.run_dir(&run.agent, &run.session, &run.id);
         let u = allox_sandbox::usage::usage(&dir);

@@ -158,6 +158,10 @@ pub enum Command {
         #[arg(long)]
         once: bool,
     },
+    /// Traces, summaries and reports of the monitor plugin
+    /// (`--monitor-root`).
+    #[command(subcommand)]
+    Monitor(MonitorCommand),
     /// Change a live session's limits (those given; the others stay).
     Limit {
         agent: String,
@@ -314,9 +318,84 @@ pub struct RunArgs {
     /// Ctrl-C through (`start -t`: follow it with `alloxctl attach`).
     #[arg(short = 't', long = "tty")]
     tty: bool,
+    /// The tool call this run serves (`TRACE_ID:SPAN_ID` or a
+    /// traceparent): recorded under it by the monitor, and given to the
+    /// program as TRACEPARENT.
+    #[arg(long, value_name = "TRACE_ID:SPAN_ID", value_parser = parse_trace)]
+    trace: Option<allox_protocol::TraceContext>,
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     argv: Vec<String>,
+}
+
+/// `alloxctl monitor ...`.
+#[derive(Subcommand, Debug, PartialEq)]
+pub enum MonitorCommand {
+    /// Send spans (a JSON array of spans, or `{"spans": [...]}`, from a
+    /// file or '-' for stdin) for a session.
+    Ingest {
+        agent: String,
+        session: String,
+        file: PathBuf,
+    },
+    /// Spans and runs recorded, oldest first.
+    Records {
+        agent: Option<String>,
+        session: Option<String>,
+        /// Only this trace's.
+        #[arg(long)]
+        trace: Option<String>,
+        /// Start after this record number.
+        #[arg(long)]
+        cursor: Option<u64>,
+        #[arg(long)]
+        limit: Option<u32>,
+        /// Then print new records as they come, until interrupted.
+        #[arg(long)]
+        follow: bool,
+    },
+    /// Calls, time, tokens, and the runs' CPU and memory, by tool, model
+    /// or turn.
+    Summary {
+        agent: Option<String>,
+        session: Option<String>,
+        #[arg(long = "by", default_value = "tool", value_parser = ["tool", "model", "turn"])]
+        by: String,
+    },
+    /// Spans and runs as OTLP/JSON (an ExportTraceServiceRequest) for
+    /// observability tools.
+    Export {
+        agent: Option<String>,
+        session: Option<String>,
+        /// Write here instead of stdout.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// One self-contained HTML page: the session's turns, tool calls and
+    /// model calls, its runs with their CPU and memory, checkpoints and
+    /// rollbacks on one time axis, and the summaries.
+    Report {
+        agent: String,
+        session: String,
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+/// `TRACE_ID:SPAN_ID` (32 and 16 hex digits), or a W3C `traceparent`.
+fn parse_trace(text: &str) -> Result<allox_protocol::TraceContext, String> {
+    let parts: Vec<&str> = text.split(['-', ':']).collect();
+    let (t, s) = match parts.as_slice() {
+        [t, s] => (*t, *s),
+        ["00", t, s, _] => (*t, *s),
+        _ => return Err(format!("expected TRACE_ID:SPAN_ID or a traceparent, got {text:?}")),
+    };
+    let c = allox_protocol::TraceContext {
+        trace_id: t.to_string(),
+        span_id: s.to_string(),
+    };
+    c.check().map_err(|e| e.message)?;
+    Ok(c)
 }
 
 /// `K=V` as a pair; the value may contain `=`.
@@ -795,6 +874,23 @@ pub enum Action {
     Cat(crate::files::Remote),
     /// Show sessions' use, refreshed.
     Top { interval: f64, once: bool },
+    /// Send spans read from a file.
+    MonitorIngest {
+        agent: String,
+        session: String,
+        file: PathBuf,
+    },
+    /// Write the OTLP/JSON of what `monitor.records` gives.
+    MonitorExport {
+        query: allox_protocol::MonitorRecords,
+        out: Option<PathBuf>,
+    },
+    /// Write a session's report.
+    MonitorReport {
+        agent: String,
+        session: String,
+        out: PathBuf,
+    },
     /// Copy between here and a session.
     Copy {
         from: String,
@@ -848,6 +944,7 @@ impl RunArgs {
                     cols: 80,
                     term: None,
                 }),
+                trace: self.trace,
             },
             stdin_file: self.stdin_file,
             tty: self.tty,
@@ -1034,6 +1131,69 @@ impl Command {
                 }),
             }),
             C::Top { interval, once } => Action::Top { interval, once },
+            C::Monitor(MonitorCommand::Ingest {
+                agent,
+                session,
+                file,
+            }) => Action::MonitorIngest {
+                agent,
+                session,
+                file,
+            },
+            C::Monitor(MonitorCommand::Records {
+                agent,
+                session,
+                trace,
+                cursor,
+                limit,
+                follow,
+            }) => {
+                let q = Request::MonitorRecords(allox_protocol::MonitorRecords {
+                    agent_id: agent,
+                    session_id: session,
+                    trace_id: trace,
+                    cursor,
+                    limit,
+                    follow,
+                });
+                if follow {
+                    Action::Follow(q)
+                } else {
+                    call(q)
+                }
+            }
+            C::Monitor(MonitorCommand::Summary { agent, session, by }) => {
+                call(Request::MonitorSummary(allox_protocol::MonitorSummaryRequest {
+                    agent_id: agent,
+                    session_id: session,
+                    group_by: match by.as_str() {
+                        "model" => allox_protocol::GroupBy::Model,
+                        "turn" => allox_protocol::GroupBy::Turn,
+                        _ => allox_protocol::GroupBy::Tool,
+                    },
+                }))
+            }
+            C::Monitor(MonitorCommand::Export {
+                agent,
+                session,
+                out,
+            }) => Action::MonitorExport {
+                query: allox_protocol::MonitorRecords {
+                    agent_id: agent,
+                    session_id: session,
+                    ..Default::default()
+                },
+                out,
+            },
+            C::Monitor(MonitorCommand::Report {
+                agent,
+                session,
+                out,
+            }) => Action::MonitorReport {
+                agent,
+                session,
+                out,
+            },
             C::Stats { agent, session } => {
                 call(Request::SessionStats(allox_protocol::SessionStatsRequest {
                     agent_id: agent,

@@ -14,6 +14,7 @@
 pub mod cli;
 pub mod client;
 pub mod files;
+pub mod monitor;
 pub mod gateway;
 pub mod process;
 pub mod reconnecting;

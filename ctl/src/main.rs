@@ -84,6 +84,66 @@ fn main() -> ExitCode {
             }
         }
         Action::Top { interval, once } => top(cli.socket, interval, once),
+        Action::MonitorIngest {
+            agent,
+            session,
+            file,
+        } => match read_spans(&file) {
+            Ok(spans) => call(
+                cli.socket,
+                cli.json,
+                Request::MonitorIngest(allox_protocol::MonitorIngest {
+                    agent_id: agent,
+                    session_id: session,
+                    spans,
+                }),
+            ),
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Action::MonitorExport { query, out } => {
+            let done = Client::connect(&cli.socket)
+                .map_err(|e| error_chain(&e))
+                .and_then(|mut c| allox_ctl::monitor::records(&mut c, query))
+                .and_then(|recs| {
+                    let text = format!("{}\n", allox_ctl::monitor::otlp(&recs));
+                    match &out {
+                        Some(p) => std::fs::write(p, text)
+                            .map_err(|e| format!("write {}: {e}", p.display())),
+                        None => {
+                            print(&text);
+                            Ok(())
+                        }
+                    }
+                });
+            report_status(done)
+        }
+        Action::MonitorReport {
+            agent,
+            session,
+            out,
+        } => {
+            let done = Client::connect(&cli.socket)
+                .map_err(|e| error_chain(&e))
+                .and_then(|mut c| allox_ctl::monitor::gather(&mut c, &agent, &session))
+                .and_then(|d| {
+                    let html = allox_ctl::monitor::report_html(&d);
+                    std::fs::write(&out, html)
+                        .map_err(|e| format!("write {}: {e}", out.display()))?;
+                    print(&format!(
+                        "report of {agent}/{session} written to {} ({} records, {} turns, {} checkpoints, {} rollbacks)\n",
+                        out.display(),
+                        d.records.len(),
+                        d.timeline.turns.len(),
+                        d.timeline.checkpoints.len(),
+                        d.rollbacks.len()
+                    ));
+                    Ok(())
+                });
+            report_status(done)
+        }
         Action::Copy {
             from,
             to,
@@ -91,6 +151,40 @@ fn main() -> ExitCode {
             checkpoint,
         } => copy(cli.socket, cli.json, &from, &to, shared, checkpoint),
     }
+}
+
+fn report_status(done: Result<(), String>) -> ExitCode {
+    match done {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Spans from a file ('-': stdin): a JSON array, or `{"spans": [...]}`.
+fn read_spans(file: &std::path::Path) -> Result<Vec<allox_protocol::Span>, String> {
+    let text = if file == std::path::Path::new("-") {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+            .map_err(|e| format!("read stdin: {e}"))?;
+        s
+    } else {
+        std::fs::read_to_string(file).map_err(|e| format!("read {}: {e}", file.display()))?
+    };
+    let what = |e: String| {
+        format!(
+            "{}: not spans (a JSON array of spans, or {{\"spans\": [...]}}): {e}",
+            file.display()
+        )
+    };
+    let mut v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| what(e.to_string()))?;
+    if let Some(list) = v.get_mut("spans") {
+        v = list.take();
+    }
+    serde_json::from_value(v).map_err(|e| what(e.to_string()))
 }
 
 /// `top`: a screen every `interval` seconds (or one, after two samples).
@@ -191,6 +285,10 @@ fn follow(socket: PathBuf, json: bool, q: Request) -> ExitCode {
                     allox_ctl::render::network::audit_record(r),
                 ),
                 Event::Fs(e) => (serde_json::to_value(e), allox_ctl::render::fs_event(e)),
+                Event::Monitor(r) => (
+                    serde_json::to_value(r),
+                    allox_ctl::render::monitor::record(r),
+                ),
                 _ => return,
             };
             if json {

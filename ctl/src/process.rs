@@ -279,6 +279,7 @@ mod tests {
             wait: true,
             stream: true,
             pty: None,
+            trace: None,
         }
     }
 

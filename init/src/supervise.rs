@@ -97,6 +97,16 @@ pub struct SuperviseArgs {
     /// as `--plugin share`.
     #[arg(long)]
     pub share_tools: bool,
+    /// Keep the spans agent frameworks send (from the host or from inside
+    /// a sandbox) and the runs that end, with what they used, in this
+    /// directory (outside every workspace): traces, summaries and reports
+    /// (docs/monitor.md). The same as `--plugin monitor`, which keeps
+    /// them in the store's `state/monitor/`.
+    #[arg(long, value_name = "DIR")]
+    pub monitor_root: Option<PathBuf>,
+    /// Most monitor records (spans and runs) kept; the oldest go first.
+    #[arg(long, default_value_t = allox_supervisor::plugins::monitor::DEFAULT_RECORDS_MAX)]
+    pub monitor_records_max: u64,
     /// Do not read what each run used from its cgroup when it ends
     /// (`usage` and `oom_killed` of its result stay empty): the
     /// benchmark's baseline for what that costs.
@@ -236,6 +246,13 @@ impl SuperviseArgs {
             }
             enabled.push(share.to_string());
         }
+        let monitor = allox_supervisor::plugins::monitor::NAME;
+        if self.monitor_root.is_some() && !enabled.iter().any(|p| p == monitor) {
+            if self.no_processes {
+                return Err(SuperviseError::PluginWithoutProcesses(monitor.to_string()));
+            }
+            enabled.push(monitor.to_string());
+        }
         let default_mode =
             allox_protocol::NetworkMode::parse(&self.session_network).unwrap_or_default();
         if default_mode == allox_protocol::NetworkMode::Proxy
@@ -301,6 +318,10 @@ impl SuperviseArgs {
                 plugins: PluginsConfig {
                     enabled,
                     process_events_max: self.process_events_max,
+                    monitor: allox_supervisor::plugins::MonitorSettings {
+                        root: self.monitor_root,
+                        records_max: self.monitor_records_max,
+                    },
                     network: allox_supervisor::plugins::NetworkSettings {
                         // No rule: the daemon does not narrow (and with no
                         // allow list at any level, nothing is open).

@@ -99,6 +99,11 @@ mod tests {
                 json!({"agent_id": "a", "session_id": "s", "checkpoint_id": "c"}),
                 json!({"agent_id": "a", "session_id": "s", "enabled": true, "scope": "out", "permission": "write"}),
                 json!({"agent_id": "a", "session_id": "s"}),
+                json!({"agent_id": "a", "session_id": "s", "spans": [{
+                    "trace_id": "0af7651916cd43dd8448eb211c80319c",
+                    "span_id": "b7ad6b7169203331",
+                    "name": "bash", "operation": "execute_tool", "tool": "bash",
+                    "start_unix_nano": 1, "end_unix_nano": 2}]}),
                 json!({"agent_id": "a"}),
                 json!({}),
             ]

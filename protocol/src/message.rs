@@ -114,6 +114,8 @@ pub enum Event {
     Network(crate::NetworkAuditRecord),
     /// A change an `fs.watch` reports.
     Fs(crate::FsEvent),
+    /// A span or run of a `monitor.records` subscription (`follow`).
+    Monitor(crate::MonitorRecord),
 }
 
 /// Which output stream a chunk belongs to.
@@ -441,6 +443,10 @@ pub struct ProcessStart {
     /// pipes: its output (stdout and stderr together) comes as `stdout`.
     #[serde(default)]
     pub pty: Option<PtySize>,
+    /// The tool call this run serves: with `--monitor-root` the run is
+    /// recorded under that span; the run sees it as `TRACEPARENT`.
+    #[serde(default)]
+    pub trace: Option<crate::TraceContext>,
 }
 
 /// A terminal's size, and its type (`TERM`, default `xterm-256color`).
@@ -622,6 +628,10 @@ requests! {
     ShareSessionSet(crate::ShareSessionSet) = "share.session.set", mutating = true;
     SessionStats(crate::SessionStatsRequest) = "session.stats", mutating = false;
     SessionUpdate(crate::SessionUpdate) = "session.update", mutating = true;
+    MonitorIngest(crate::MonitorIngest) = "monitor.ingest", mutating = false;
+    MonitorRecords(crate::MonitorRecords) = "monitor.records", mutating = false;
+    MonitorSummary(crate::MonitorSummaryRequest) = "monitor.summary", mutating = false;
+    MonitorTimeline(crate::MonitorTimelineRequest) = "monitor.timeline", mutating = false;
 }
 
 impl Request {
@@ -682,6 +692,22 @@ impl Request {
             Request::ShareList(r) => r.agent_id.clone().unwrap_or_default(),
             Request::SessionStats(r) => format!("{}/{}", r.agent_id, r.session_id),
             Request::SessionUpdate(r) => format!("{}/{}", r.agent_id, r.session_id),
+            Request::MonitorIngest(r) => format!("{}/{}", r.agent_id, r.session_id),
+            Request::MonitorTimeline(r) => format!("{}/{}", r.agent_id, r.session_id),
+            Request::MonitorRecords(crate::MonitorRecords {
+                agent_id,
+                session_id,
+                ..
+            })
+            | Request::MonitorSummary(crate::MonitorSummaryRequest {
+                agent_id,
+                session_id,
+                ..
+            }) => [agent_id, session_id]
+                .iter()
+                .filter_map(|x| x.as_deref())
+                .collect::<Vec<_>>()
+                .join("/"),
             Request::ShareAgentSet(r) => r.agent_id.clone(),
             Request::ShareSessionSet(r) => format!("{}/{}", r.agent_id, r.session_id),
             Request::NetworkAudit(r) => [&r.agent_id, &r.session_id]
@@ -1047,6 +1073,10 @@ pub enum Response {
     ShareAgent(crate::ShareAgentInfo),
     Share(crate::ShareInfo),
     SessionStats(Box<crate::SessionStats>),
+    MonitorIngested(crate::MonitorIngested),
+    MonitorRecords(crate::MonitorListing),
+    MonitorSummary(crate::MonitorSummary),
+    MonitorTimeline(Box<crate::MonitorTimeline>),
 }
 
 /// A terminal's new size.
@@ -1253,6 +1283,10 @@ impl Response {
             Response::ShareAgent(v) => serde_json::to_value(v),
             Response::Share(v) => serde_json::to_value(v),
             Response::SessionStats(v) => serde_json::to_value(v),
+            Response::MonitorIngested(v) => serde_json::to_value(v),
+            Response::MonitorRecords(v) => serde_json::to_value(v),
+            Response::MonitorSummary(v) => serde_json::to_value(v),
+            Response::MonitorTimeline(v) => serde_json::to_value(v),
         };
         v.unwrap_or(serde_json::Value::Null)
     }

@@ -144,6 +144,10 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "share.session.set",
             "session.stats",
             "session.update",
+            "monitor.ingest",
+            "monitor.records",
+            "monitor.summary",
+            "monitor.timeline",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

@@ -36,6 +36,8 @@ pub struct PluginsConfig {
     pub enabled: Vec<String>,
     /// `--process-events-max`.
     pub process_events_max: u64,
+    /// `--monitor-root`, `--monitor-records-max`.
+    pub monitor: crate::plugins::MonitorSettings,
     /// `--network-allow`, `--network-deny`, `--network-resolver`.
     pub network: crate::plugins::NetworkSettings,
 }
@@ -98,6 +100,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     let _running = plugins.start_guarded(&Settings {
         state_dir: cfg.root.join("state"),
         process_events_max: cfg.plugins.process_events_max,
+        monitor: cfg.plugins.monitor.clone(),
         network: cfg.plugins.network.clone(),
     })?;
     // Many runs mean many descriptors; and the supervisor must be the last

@@ -26,7 +26,11 @@ impl Supervisor {
         | Request::NetworkAudit(_)
         | Request::ShareList(_)
         | Request::ShareAgentSet(_)
-        | Request::ShareSessionSet(_) = req
+        | Request::ShareSessionSet(_)
+        | Request::MonitorIngest(_)
+        | Request::MonitorRecords(_)
+        | Request::MonitorSummary(_)
+        | Request::MonitorTimeline(_) = req
         {
             let ctx = RouteContext {
                 store: &self.store,
@@ -303,6 +307,10 @@ impl Supervisor {
             | Request::ShareList(_)
             | Request::ShareAgentSet(_)
             | Request::ShareSessionSet(_)
+            | Request::MonitorIngest(_)
+            | Request::MonitorRecords(_)
+            | Request::MonitorSummary(_)
+            | Request::MonitorTimeline(_)
             | Request::SessionStats(_)
             | Request::FsWatch(_) => return Err(RequestError::Asynchronous),
             Request::FsStat(_)

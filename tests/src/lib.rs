@@ -409,6 +409,7 @@ pub fn process_start(a: &str, s: &str, argv: &[&str]) -> allox_protocol::Process
         wait: true,
         stream: false,
         pty: None,
+        trace: None,
     }
 }
 

@@ -52,6 +52,7 @@ fn py(d: &ProcDaemon, script: &str) {
         wait: true,
         stream: false,
         pty: None,
+        trace: None,
     };
     match call(d, Request::ProcessStart(p)) {
         Ok(Response::Exited(r)) => assert_eq!(r.exit_code, Some(0), "{script}: {r:?}"),
@@ -72,6 +73,7 @@ fn py_bg(d: &ProcDaemon, script: &str) -> String {
         wait: false,
         stream: false,
         pty: None,
+        trace: None,
     };
     match call(d, Request::ProcessStart(p)) {
         Ok(Response::Started(r)) => r.run_id,

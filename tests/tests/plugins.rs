@@ -30,6 +30,7 @@ fn start(script: &str, wait: bool) -> Request {
         wait,
         stream: false,
         pty: None,
+        trace: None,
     })
 }
 

@@ -251,6 +251,7 @@ fn run(a: &str, s: &str, script: &str) -> Request {
         wait: true,
         stream: false,
         pty: None,
+        trace: None,
     })
 }
 

@@ -74,6 +74,7 @@ fn run(d: &ProcDaemon, a: &str, s: &str, argv: &[&str], wait: bool) -> String {
             wait,
             stream: false,
             pty: None,
+            trace: None,
         }),
     )
     .unwrap();

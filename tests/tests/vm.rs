@@ -52,6 +52,7 @@ fn run(a: &str, s: &str, script: &str, wait: bool) -> Request {
         wait,
         stream: false,
         pty: None,
+        trace: None,
     })
 }
 

@@ -6,6 +6,7 @@
 mod events;
 pub use events::process_event;
 mod files;
+pub mod monitor;
 pub use files::fs_event;
 pub mod network;
 mod plugins;
@@ -85,6 +86,16 @@ pub fn render(response: &Response) -> String {
         Response::ShareAgent(a) => share::agent(a),
         Response::Share(i) => share::info(i),
         Response::SessionStats(st) => stats::session(st),
+        Response::MonitorIngested(i) => monitor::ingested(i),
+        Response::MonitorRecords(l) => monitor::listing(l),
+        Response::MonitorSummary(m) => monitor::summary(m),
+        Response::MonitorTimeline(t) => format!(
+            "{}/{}: {} turns, {} checkpoints\n",
+            clean(&t.agent_id),
+            clean(&t.session_id),
+            t.turns.len(),
+            t.checkpoints.len()
+        ),
         Response::StoreCheck(r) => store_check(r),
         Response::ProcessEvents(l) => {
             let mut out = String::new();

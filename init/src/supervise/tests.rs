@@ -131,6 +131,10 @@ fn the_guest_init_s_flags_map_to_the_daemon_s_config() {
         PluginsConfig {
             enabled: vec!["process-tree".into()],
             process_events_max: 99,
+            monitor: allox_supervisor::plugins::MonitorSettings {
+                root: None,
+                records_max: allox_supervisor::plugins::monitor::DEFAULT_RECORDS_MAX,
+            },
             network: allox_supervisor::plugins::NetworkSettings::default(),
         }
     );

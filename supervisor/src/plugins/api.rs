@@ -46,6 +46,18 @@ pub struct RunRef<'a> {
     pub network: NetworkMode,
 }
 
+/// A run that ended: what it was asked to run, for which tool call, when,
+/// and its result (with what it used, if that is read).
+#[derive(Debug, Clone, Copy)]
+pub struct RunEnded<'a> {
+    pub run: RunRef<'a>,
+    pub argv: &'a [String],
+    pub trace: Option<&'a allox_protocol::TraceContext>,
+    pub started: std::time::SystemTime,
+    pub ended: std::time::SystemTime,
+    pub result: &'a allox_protocol::RunResult,
+}
+
 /// The session a hook is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionRef<'a> {
@@ -94,6 +106,8 @@ pub struct Settings {
     pub state_dir: PathBuf,
     /// `--process-events-max`: the process tracker's event cap.
     pub process_events_max: u64,
+    /// `--monitor-root`, `--monitor-records-max`.
+    pub monitor: MonitorSettings,
     /// The session network's settings (`--network-*`).
     pub network: NetworkSettings,
 }
@@ -109,6 +123,14 @@ pub struct NetworkSettings {
     /// The mode of sessions whose request and agent name none
     /// (`--session-network`).
     pub default_mode: NetworkMode,
+}
+
+/// Where the monitor keeps its records, and how many.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MonitorSettings {
+    /// `None`: `monitor/` in the store's `state/`.
+    pub root: Option<PathBuf>,
+    pub records_max: u64,
 }
 
 /// What the core lends plugins beyond the store: sessions as the store
@@ -180,6 +202,10 @@ pub trait Plugin: Send + Sync {
 
     /// The run's sandbox is gone (reaped, its cgroup removed).
     fn after_run(&self, _run: &RunRef<'_>) {}
+
+    /// The run ended and its result is published (called on the
+    /// supervisor's I/O task: record, do not block).
+    fn run_ended(&self, _run: &RunEnded<'_>) {}
 
     /// A session's context was made, before any run is forked from it:
     /// `context` is its process's pidfd (its namespaces are the session's;

@@ -18,6 +18,7 @@
 mod api;
 mod error;
 pub mod merge;
+pub mod monitor;
 pub mod network;
 pub mod process_tree;
 pub mod records;
@@ -28,8 +29,8 @@ pub mod slot;
 mod tests;
 
 pub use api::{
-    ContextGuard, Contribution, Core, Manifest, NetworkSettings, Plugin, RouteContext, RouteFuture,
-    RunRef, SessionNetwork, SessionRef, Settings, API_VERSION,
+    ContextGuard, Contribution, Core, Manifest, MonitorSettings, NetworkSettings, Plugin,
+    RouteContext, RouteFuture, RunEnded, RunRef, SessionNetwork, SessionRef, Settings, API_VERSION,
 };
 pub use error::{Cause, PluginError};
 pub use registry::{Plugins, Running};
@@ -47,6 +48,10 @@ pub const ROUTABLE: &[&str] = &[
     "share.list",
     "share.agent.set",
     "share.session.set",
+    "monitor.ingest",
+    "monitor.records",
+    "monitor.summary",
+    "monitor.timeline",
 ];
 
 /// Every plugin compiled in, constructed (which does nothing yet), in a
@@ -56,6 +61,7 @@ pub fn installed() -> Vec<Arc<dyn Plugin>> {
         Arc::new(process_tree::ProcessTree::new()),
         Arc::new(network::Network::new()),
         Arc::new(share::Share::new()),
+        Arc::new(monitor::Monitor::new()),
     ]
 }
 

@@ -504,6 +504,7 @@ mod tests {
         Settings {
             state_dir: dir.to_path_buf(),
             process_events_max: 10,
+            monitor: Default::default(),
             network: NetworkSettings {
                 allow: Some(allow.iter().map(|s| s.to_string()).collect()),
                 ..NetworkSettings::default()

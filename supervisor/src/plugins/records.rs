@@ -19,10 +19,20 @@ pub trait Numbered: Serialize + DeserializeOwned {
 
 pub struct Records<R> {
     path: PathBuf,
-    file: Mutex<std::fs::File>,
+    file: Mutex<Appender>,
     /// The newest record's number, for followers to wait on.
     newest: tokio::sync::watch::Sender<u64>,
     kind: PhantomData<fn(R) -> R>,
+}
+
+/// The file appended to, with how many records it holds and how many it
+/// may hold.
+struct Appender {
+    file: std::fs::File,
+    lines: u64,
+    /// Once `lines` passes half again this, the oldest go until `max` are
+    /// left (`None`: unbounded).
+    max: Option<u64>,
 }
 
 /// A page of records.
@@ -36,20 +46,33 @@ pub struct Page<R> {
 impl<R: Numbered> Records<R> {
     /// Opens (or makes) the file; its records so far are counted.
     pub fn open(path: &Path) -> std::io::Result<Records<R>> {
+        Records::open_bounded(path, None)
+    }
+
+    /// [`Records::open`], keeping about the newest `max` records: when
+    /// half as many again have come, the oldest are dropped (their
+    /// numbers are not reused; a cursor before them reads on from the
+    /// oldest kept).
+    pub fn open_bounded(path: &Path, max: Option<u64>) -> std::io::Result<Records<R>> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .read(true)
             .open(path)?;
-        let mut newest = 0;
+        let (mut newest, mut lines) = (0, 0);
         for line in std::io::BufReader::new(std::fs::File::open(path)?).lines() {
+            lines += 1;
             if let Ok(r) = serde_json::from_str::<R>(&line?) {
                 newest = newest.max(r.seq());
             }
         }
         Ok(Records {
             path: path.to_path_buf(),
-            file: Mutex::new(file),
+            file: Mutex::new(Appender {
+                file,
+                lines,
+                max: max.map(|m| m.max(1)),
+            }),
             newest: tokio::sync::watch::channel(newest).0,
             kind: PhantomData,
         })
@@ -57,22 +80,76 @@ impl<R: Numbered> Records<R> {
 
     /// Numbers and appends one record; returns its number (0 if it could
     /// not be written, which is logged).
-    pub fn append(&self, mut r: R) -> u64 {
+    pub fn append(&self, r: R) -> u64 {
+        self.append_all(vec![r]).map_or(0, |(first, _)| first)
+    }
+
+    /// Numbers and appends records in one write; returns the first and
+    /// last numbers (`None` for none, or if they could not be written,
+    /// which is logged).
+    pub fn append_all(&self, rs: Vec<R>) -> Option<(u64, u64)> {
+        if rs.is_empty() {
+            return None;
+        }
         let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
-        r.set_seq(*self.newest.borrow() + 1);
-        let Ok(line) = serde_json::to_string(&r) else {
-            return 0;
-        };
-        match writeln!(f, "{line}") {
-            Ok(()) => {
-                self.newest.send_replace(r.seq());
-                r.seq()
+        let first = *self.newest.borrow() + 1;
+        let mut buf = Vec::with_capacity(rs.len() * 256);
+        let mut seq = first;
+        for mut r in rs {
+            r.set_seq(seq);
+            if serde_json::to_writer(&mut buf, &r).is_err() {
+                continue;
             }
-            Err(e) => {
-                tracing::error!(path = %self.path.display(), error = %e, "cannot append a record");
-                0
+            buf.push(b'\n');
+            seq += 1;
+        }
+        let last = seq - 1;
+        if last < first {
+            return None;
+        }
+        if let Err(e) = f.file.write_all(&buf) {
+            tracing::error!(path = %self.path.display(), error = %e, "cannot append records");
+            return None;
+        }
+        f.lines += last - first + 1;
+        self.newest.send_replace(last);
+        if let Some(max) = f.max.filter(|m| f.lines > m + m / 2) {
+            if let Err(e) = self.keep_newest(&mut f, max) {
+                tracing::error!(path = %self.path.display(), error = %e, "cannot drop the oldest records");
             }
         }
+        Some((first, last))
+    }
+
+    /// Rewrites the file with its newest `max` lines (a new file renamed
+    /// over it: readers of the old one read it to its end).
+    fn keep_newest(&self, f: &mut Appender, max: u64) -> std::io::Result<()> {
+        let tmp = self.path.with_extension("tmp");
+        let skip = f.lines.saturating_sub(max);
+        {
+            let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+            let mut input = std::io::BufReader::new(std::fs::File::open(&self.path)?);
+            let mut line = Vec::new();
+            let mut n = 0u64;
+            loop {
+                line.clear();
+                if input.read_until(b'\n', &mut line)? == 0 {
+                    break;
+                }
+                n += 1;
+                if n > skip {
+                    out.write_all(&line)?;
+                }
+            }
+            out.into_inner().map_err(|e| e.into_error())?.sync_data()?;
+        }
+        std::fs::rename(&tmp, &self.path)?;
+        f.file = std::fs::OpenOptions::new()
+            .append(true)
+            .read(true)
+            .open(&self.path)?;
+        f.lines = f.lines.min(max);
+        Ok(())
     }
 
     /// The records after `after` that `keep`, oldest first, at most
@@ -157,5 +234,25 @@ mod tests {
         let page = r.page(1, 10, |l| l.who == "a").unwrap();
         assert_eq!(page.records[0].seq, 3);
         assert_eq!(page.next_cursor, 3);
+    }
+
+    #[test]
+    fn a_bounded_file_drops_the_oldest_and_keeps_numbering() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("r.log");
+        let r = Records::<Line>::open_bounded(&p, Some(10)).unwrap();
+        for i in 0..15 {
+            r.append(line(&format!("w{i}")));
+        }
+        // 15 is not over 10 + 5: all kept.
+        assert_eq!(r.page(0, 100, |_| true).unwrap().records.len(), 15);
+        assert_eq!(r.append_all(vec![line("x"), line("y")]), Some((16, 17)));
+        let all = r.page(0, 100, |_| true).unwrap().records;
+        let seqs: Vec<u64> = all.iter().map(|l| l.seq).collect();
+        assert_eq!(seqs, (8..=17).collect::<Vec<_>>());
+        drop(r);
+        let r = Records::<Line>::open_bounded(&p, Some(10)).unwrap();
+        assert_eq!(r.append(line("z")), 18);
+        assert_eq!(r.page(3, 1, |_| true).unwrap().records[0].seq, 8);
     }
 }

@@ -257,6 +257,13 @@ impl Plugins {
         merge::merge(&parts, &self.system_dirs)
     }
 
+    /// Tells every plugin (in load order) that a run ended.
+    pub fn run_ended(&self, run: &super::RunEnded<'_>) {
+        for p in &self.loaded {
+            p.run_ended(run);
+        }
+    }
+
     /// Calls every plugin's [`Plugin::before_run`] in load order; when one
     /// refuses, the ones before it hear [`Plugin::after_run`] (in the
     /// reverse order) and its error is returned.

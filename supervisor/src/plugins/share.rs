@@ -726,6 +726,7 @@ mod tests {
         p.start(&Settings {
             state_dir: dir.to_path_buf(),
             process_events_max: 10,
+            monitor: Default::default(),
             network: Default::default(),
         })
         .unwrap();

@@ -72,6 +72,21 @@ pub(super) async fn finish(
         result.oom_killed = u.oom_kills.map(|n| n > 0);
         result.usage = Some(super::usage_of(&u));
     }
+    if !runs.cfg.plugins.is_empty() {
+        runs.cfg.plugins.run_ended(&crate::plugins::RunEnded {
+            run: crate::plugins::RunRef {
+                agent: &run.agent,
+                session: &run.session,
+                run: &run.id,
+                network: run.network,
+            },
+            argv: &run.asked.argv,
+            trace: run.asked.trace.as_ref(),
+            started: run.asked.started,
+            ended: std::time::SystemTime::now(),
+            result: &result,
+        });
+    }
     // Kept whether or not anyone waits yet (`send` would drop it then).
     run.result.send_replace(Some(result));
     runs.retire(&run, output_bytes);

@@ -22,6 +22,9 @@ pub enum RunError {
     Refused(#[from] Refused),
     #[error("cwd {0:?} is not a directory in the session")]
     NoCwd(String),
+    /// `process.start`'s `trace` context is malformed.
+    #[error("trace: {0}")]
+    BadTrace(String),
     #[error("signal {0} is not a signal this supervisor sends")]
     NoSuchSignal(i32),
     #[error("SIGSTOP would stop the sandbox's init, not the program; send SIGTSTP")]
@@ -137,7 +140,7 @@ impl RunError {
     pub fn code(&self) -> ErrorCode {
         use RunError::*;
         match self {
-            InvalidId(_) | Refused(_) | NoCwd(_) | NoSuchSignal(_) => ErrorCode::InvalidRequest,
+            InvalidId(_) | Refused(_) | NoCwd(_) | BadTrace(_) | NoSuchSignal(_) => ErrorCode::InvalidRequest,
             NoSuchRun { .. } | NotKept { .. } => ErrorCode::NotFound,
             Fenced { .. } | StdinClosed(_) | StdinWrite(_) | TerminalGone(_) => ErrorCode::Conflict,
             NoTerminal(_) => ErrorCode::InvalidRequest,

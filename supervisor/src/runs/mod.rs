@@ -164,6 +164,15 @@ struct Run {
     metadata: Vec<(String, String)>,
     /// Its session's network mode.
     network: allox_protocol::NetworkMode,
+    /// What it was asked to run, for which tool call, and when it
+    /// started: told to the plugins when it ends.
+    asked: Asked,
+}
+
+struct Asked {
+    argv: Vec<String>,
+    trace: Option<allox_protocol::TraceContext>,
+    started: std::time::SystemTime,
 }
 
 /// Where `process.stdin` writes.

@@ -8,7 +8,7 @@
 
 use super::output::{Capture, Readers, Source};
 use super::terminal::Terminal;
-use super::{end, key, validate, EventSink, Input, Run, RunError, Runs, SessionPaths};
+use super::{end, key, validate, Asked, EventSink, Input, Run, RunError, Runs, SessionPaths};
 use crate::plugins::RunRef;
 use allox_protocol::{Event, ProcessStart, RunResult, RunStarted, StreamKind};
 use allox_sandbox::{RunIo, SandboxSpec};
@@ -58,6 +58,9 @@ impl Runs {
         let (a, s) = (p.agent_id.as_str(), p.session_id.as_str());
         let cwd = validate::check(&p.argv, &p.env, p.cwd.as_deref())?;
         let term = p.pty.as_ref().map(validate::terminal).transpose()?;
+        if let Some(t) = &p.trace {
+            t.check().map_err(|e| RunError::BadTrace(e.message))?;
+        }
         let id = self.new_run_id();
         let mode = paths.network.mode;
         let run_ref = RunRef {
@@ -156,6 +159,10 @@ impl Runs {
         ];
         if let Some(t) = &term {
             env.push(("TERM".to_string(), t.clone()));
+        }
+        // The tool call it serves, for the frameworks inside to continue.
+        if let Some(t) = &p.trace {
+            env.push(("TRACEPARENT".to_string(), t.traceparent()));
         }
         // The plugins' variables, then the request's, each replacing what
         // was there.
@@ -271,6 +278,11 @@ impl Runs {
             attached: Mutex::new(Some(attached.guard)),
             metadata: added.metadata,
             network: paths.network.mode,
+            asked: Asked {
+                argv: p.argv.clone(),
+                trace: p.trace.clone(),
+                started: std::time::SystemTime::now(),
+            },
         });
         self.table
             .lock()

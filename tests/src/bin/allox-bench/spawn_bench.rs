@@ -43,6 +43,7 @@ fn start(argv: &[&str], wait: bool) -> ProcessStart {
         wait,
         stream: false,
         pty: None,
+        trace: None,
     }
 }
 

@@ -61,6 +61,7 @@ fn bench(fs: &BtrfsFs, cg: &std::path::Path, quick: bool) -> anyhow::Result<()> 
     let _running = plugins.start_guarded(&Settings {
         state_dir: state.clone(),
         process_events_max: 10_000_000,
+        monitor: Default::default(),
         network: Default::default(),
     })?;
     let tracker = plugin.tracker()?;

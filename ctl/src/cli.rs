@@ -388,7 +388,11 @@ fn parse_trace(text: &str) -> Result<allox_protocol::TraceContext, String> {
     let (t, s) = match parts.as_slice() {
         [t, s] => (*t, *s),
         ["00", t, s, _] => (*t, *s),
-        _ => return Err(format!("expected TRACE_ID:SPAN_ID or a traceparent, got {text:?}")),
+        _ => {
+            return Err(format!(
+                "expected TRACE_ID:SPAN_ID or a traceparent, got {text:?}"
+            ))
+        }
     };
     let c = allox_protocol::TraceContext {
         trace_id: t.to_string(),
@@ -1162,8 +1166,8 @@ impl Command {
                     call(q)
                 }
             }
-            C::Monitor(MonitorCommand::Summary { agent, session, by }) => {
-                call(Request::MonitorSummary(allox_protocol::MonitorSummaryRequest {
+            C::Monitor(MonitorCommand::Summary { agent, session, by }) => call(
+                Request::MonitorSummary(allox_protocol::MonitorSummaryRequest {
                     agent_id: agent,
                     session_id: session,
                     group_by: match by.as_str() {
@@ -1171,8 +1175,8 @@ impl Command {
                         "turn" => allox_protocol::GroupBy::Turn,
                         _ => allox_protocol::GroupBy::Tool,
                     },
-                }))
-            }
+                }),
+            ),
             C::Monitor(MonitorCommand::Export {
                 agent,
                 session,

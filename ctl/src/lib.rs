@@ -14,8 +14,8 @@
 pub mod cli;
 pub mod client;
 pub mod files;
-pub mod monitor;
 pub mod gateway;
+pub mod monitor;
 pub mod process;
 pub mod reconnecting;
 pub mod render;

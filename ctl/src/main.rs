@@ -179,8 +179,7 @@ fn read_spans(file: &std::path::Path) -> Result<Vec<allox_protocol::Span>, Strin
             file.display()
         )
     };
-    let mut v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| what(e.to_string()))?;
+    let mut v: serde_json::Value = serde_json::from_str(&text).map_err(|e| what(e.to_string()))?;
     if let Some(list) = v.get_mut("spans") {
         v = list.take();
     }

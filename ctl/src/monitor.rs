@@ -3,9 +3,9 @@
 
 use crate::client::Client;
 use allox_protocol::{
-    AuditList, CheckpointInfo, GroupBy, MonitorBody, MonitorRecord, MonitorRecords,
-    MonitorSummary, MonitorSummaryRequest, MonitorTimeline, MonitorTimelineRequest, Request,
-    Response, Span, SpanOperation, TurnInfo,
+    AuditList, CheckpointInfo, GroupBy, MonitorBody, MonitorRecord, MonitorRecords, MonitorSummary,
+    MonitorSummaryRequest, MonitorTimeline, MonitorTimelineRequest, Request, Response, Span,
+    SpanOperation, TurnInfo,
 };
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -30,7 +30,10 @@ pub fn records(c: &mut Client, mut q: MonitorRecords) -> Result<Vec<MonitorRecor
     }
 }
 
-fn answer_error(what: &str, a: Result<crate::client::Answer, crate::client::ClientError>) -> String {
+fn answer_error(
+    what: &str,
+    a: Result<crate::client::Answer, crate::client::ClientError>,
+) -> String {
     match a {
         Ok(Err(b)) => format!("{what}: {}: {}", b.code, b.message),
         Err(e) => format!("{what}: {}", crate::error_chain(&e)),
@@ -68,8 +71,11 @@ pub fn otlp(records: &[MonitorRecord]) -> Value {
                 };
                 let mut attrs = vec![
                     attr("allox.run_id", s(&run.run_id)),
-                    attr("process.command_args", json!({"arrayValue": {"values":
-                        run.argv.iter().map(|a| s(a)).collect::<Vec<_>>()}})),
+                    attr(
+                        "process.command_args",
+                        json!({"arrayValue": {"values":
+                        run.argv.iter().map(|a| s(a)).collect::<Vec<_>>()}}),
+                    ),
                 ];
                 if let Some(c) = run.exit_code {
                     attrs.push(attr("process.exit.code", int(c as u64)));
@@ -151,7 +157,11 @@ fn otlp_span(sp: &Span, source: &str) -> Value {
         attrs.push(attr(k, s(v)));
     }
     // CLIENT for model calls, INTERNAL otherwise.
-    let kind = if sp.operation == SpanOperation::Chat { 3 } else { 1 };
+    let kind = if sp.operation == SpanOperation::Chat {
+        3
+    } else {
+        1
+    };
     let mut v = json!({
         "traceId": sp.trace_id,
         "spanId": sp.span_id,
@@ -225,7 +235,13 @@ pub fn gather(c: &mut Client, a: &str, s: &str) -> Result<ReportData, String> {
         .first()
         .map(|c| c.created_ms)
         .unwrap_or(0)
-        .min(timeline.turns.first().map(|t| t.began_ms).unwrap_or(u64::MAX));
+        .min(
+            timeline
+                .turns
+                .first()
+                .map(|t| t.began_ms)
+                .unwrap_or(u64::MAX),
+        );
     let mut rollbacks = Vec::new();
     let mut after = 0;
     loop {
@@ -321,7 +337,7 @@ h1{font-size:18px;margin:0 0 4px}
 .marks{position:absolute;left:220px;right:0;top:0;bottom:0;pointer-events:none}
 table{border-collapse:collapse;width:100%;margin-bottom:12px;font-size:12px}
 th,td{border:1px solid #ddd;padding:2px 5px;text-align:right}
-th:first-child,td:first-child{text-align:left}
+th:first-child,td:first-child,#runs td:nth-child(-n+3),#runs th:nth-child(-n+3){text-align:left}
 th{background:#f5f5f5}
 .legend span{display:inline-block;padding:0 6px;margin-right:4px;border-radius:2px;color:#fff}
 "#;
@@ -361,7 +377,10 @@ pub fn report_html(d: &ReportData) -> String {
         .map(|x| x.as_nanos() as u64)
         .unwrap_or(0);
     for t in turns {
-        see(t.began_ms * ms, t.ended_ms.map_or(t.began_ms * ms, |e| e * ms));
+        see(
+            t.began_ms * ms,
+            t.ended_ms.map_or(t.began_ms * ms, |e| e * ms),
+        );
     }
     for c in cps {
         see(c.created_ms * ms, c.created_ms * ms);
@@ -389,8 +408,13 @@ pub fn report_html(d: &ReportData) -> String {
             detail: format!(
                 "turn {}: {}{}",
                 t.turn_id,
-                t.status.map(|s| format!("{s:?}").to_lowercase()).unwrap_or_else(|| "open".into()),
-                t.checkpoint_id.as_deref().map(|c| format!(", checkpoint {c}")).unwrap_or_default()
+                t.status
+                    .map(|s| format!("{s:?}").to_lowercase())
+                    .unwrap_or_else(|| "open".into()),
+                t.checkpoint_id
+                    .as_deref()
+                    .map(|c| format!(", checkpoint {c}"))
+                    .unwrap_or_default()
             ),
         });
     }
@@ -428,7 +452,11 @@ pub fn report_html(d: &ReportData) -> String {
         let failed = r.exit_code != Some(0);
         Row {
             kind: "run",
-            class: if failed { "run failed".into() } else { "run".into() },
+            class: if failed {
+                "run failed".into()
+            } else {
+                "run".into()
+            },
             label: format!("▸ {}", r.argv.join(" ")),
             depth,
             start: r.start_unix_nano,
@@ -443,8 +471,14 @@ pub fn report_html(d: &ReportData) -> String {
                     _ => "?".into(),
                 },
                 ms_text(cpu),
-                u.memory_peak_bytes.map(bytes_text).unwrap_or_else(|| "n/a".into()),
-                if r.oom_killed == Some(true) { ", OOM-killed" } else { "" }
+                u.memory_peak_bytes
+                    .map(bytes_text)
+                    .unwrap_or_else(|| "n/a".into()),
+                if r.oom_killed == Some(true) {
+                    ", OOM-killed"
+                } else {
+                    ""
+                }
             ),
         }
     };
@@ -480,9 +514,13 @@ pub fn report_html(d: &ReportData) -> String {
                     ms_text(sp.duration_us()),
                     match (sp.input_tokens, sp.output_tokens) {
                         (None, None) => String::new(),
-                        (i, o) => format!(", tokens {} in / {} out", i.unwrap_or(0), o.unwrap_or(0)),
+                        (i, o) =>
+                            format!(", tokens {} in / {} out", i.unwrap_or(0), o.unwrap_or(0)),
                     },
-                    sp.error.as_deref().map(|e| format!(", error: {e}")).unwrap_or_default(),
+                    sp.error
+                        .as_deref()
+                        .map(|e| format!(", error: {e}"))
+                        .unwrap_or_default(),
                     source
                 ),
             });
@@ -618,7 +656,9 @@ fn summary_table(h: &mut String, title: &str, key: &str, m: &MonitorSummary) {
             r.output_tokens,
             r.runs,
             ms_text(r.cpu_us),
-            bytes_text(r.memory_peak_bytes)
+            r.memory_peak_bytes
+                .map(bytes_text)
+                .unwrap_or_else(|| "n/a".into())
         );
     }
     h.push_str("</table>\n");
@@ -630,7 +670,10 @@ mod tests {
 
     #[test]
     fn html_text_is_escaped() {
-        assert_eq!(esc("<a href=\"x\">&'"), "&lt;a href=&quot;x&quot;&gt;&amp;&#39;");
+        assert_eq!(
+            esc("<a href=\"x\">&'"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
     }
 
     #[test]

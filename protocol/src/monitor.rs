@@ -112,7 +112,9 @@ impl TraceContext {
 /// has trace and span ids).
 pub fn check_hex_id(what: &str, id: &str, len: usize) -> Result<(), crate::ErrorBody> {
     let ok = id.len() == len
-        && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
         && id.bytes().any(|b| b != b'0');
     if ok {
         Ok(())
@@ -188,7 +190,8 @@ pub struct Span {
 }
 
 /// Most spans in one `monitor.ingest` (or guest `monitor.spans`).
-pub const SPANS_PER_REQUEST_MAX: usize = 10_000;
+/// (About 100 bytes each on the wire, within a frame's 1 MiB.)
+pub const SPANS_PER_REQUEST_MAX: usize = 4096;
 
 impl Span {
     /// Checks ids, times, names and sizes (`invalid_request` naming the
@@ -201,7 +204,10 @@ impl Span {
             check_hex_id("parent_span_id", p, 16)?;
         }
         if self.name.is_empty() || self.name.len() > 256 {
-            return bad(format!("span {}: name must be 1 to 256 bytes", self.span_id));
+            return bad(format!(
+                "span {}: name must be 1 to 256 bytes",
+                self.span_id
+            ));
         }
         if self.end_unix_nano < self.start_unix_nano {
             return bad(format!(
@@ -211,7 +217,10 @@ impl Span {
         }
         for (what, v) in [("tool", &self.tool), ("model", &self.model)] {
             if v.as_ref().is_some_and(|v| v.is_empty() || v.len() > 256) {
-                return bad(format!("span {}: {what} must be 1 to 256 bytes", self.span_id));
+                return bad(format!(
+                    "span {}: {what} must be 1 to 256 bytes",
+                    self.span_id
+                ));
             }
         }
         if self.error.as_ref().is_some_and(|e| e.len() > 4096) {
@@ -364,8 +373,9 @@ pub struct SummaryRow {
     /// that started in it) and what they used.
     pub runs: u64,
     pub cpu_us: u64,
-    /// The largest peak of any of those runs.
-    pub memory_peak_bytes: u64,
+    /// The largest peak of any of those runs; none when no run's peak is
+    /// known (no memory controller).
+    pub memory_peak_bytes: Option<u64>,
     pub oom_kills: u64,
 }
 

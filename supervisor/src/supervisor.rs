@@ -109,6 +109,10 @@ impl Supervisor {
                 | Request::ShareSessionSet(_)
                 | Request::SessionStats(_)
                 | Request::FsWatch(_)
+                | Request::MonitorIngest(_)
+                | Request::MonitorRecords(_)
+                | Request::MonitorSummary(_)
+                | Request::MonitorTimeline(_)
         )
     }
 

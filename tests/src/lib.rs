@@ -129,6 +129,21 @@ impl Drop for BtrfsFs {
     }
 }
 
+/// Where tests keep what a person may want to look at afterwards
+/// (`target/test-artifacts/`), made if needed.
+pub fn artifacts_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<triple>/<profile>/deps/<test>: the first `target` above.
+    let target = exe
+        .ancestors()
+        .find(|p| p.file_name().is_some_and(|n| n == "target"))
+        .map(Path::to_path_buf)
+        .unwrap_or_else(std::env::temp_dir);
+    let dir = target.join("test-artifacts");
+    std::fs::create_dir_all(&dir).expect("make target/test-artifacts");
+    dir
+}
+
 /// Path of a binary of this workspace, brought up to date first (once per
 /// test process), so a test never drives a stale daemon.
 pub fn workspace_bin(name: &str) -> PathBuf {

@@ -17,7 +17,12 @@ pub fn record(r: &MonitorRecord) -> String {
             "{who} span {} {} {} ({}) {}{} trace {} from {}\n",
             sp.span_id,
             sp.operation.as_str(),
-            clean(sp.tool.as_deref().or(sp.model.as_deref()).unwrap_or(&sp.name)),
+            clean(
+                sp.tool
+                    .as_deref()
+                    .or(sp.model.as_deref())
+                    .unwrap_or(&sp.name)
+            ),
             clean(&sp.name),
             ms(sp.duration_us()),
             sp.error
@@ -40,7 +45,11 @@ pub fn record(r: &MonitorRecord) -> String {
                 },
                 ms(u.cpu_user_us.unwrap_or(0) + u.cpu_system_us.unwrap_or(0)),
                 u.memory_peak_bytes.map(bytes).unwrap_or_else(|| "-".into()),
-                if run.oom_killed == Some(true) { ", OOM-killed" } else { "" },
+                if run.oom_killed == Some(true) {
+                    ", OOM-killed"
+                } else {
+                    ""
+                },
                 run.trace
                     .as_ref()
                     .map(|t| format!(" under {}:{}", t.trace_id, t.span_id))
@@ -66,7 +75,16 @@ pub fn ingested(i: &MonitorIngested) -> String {
 pub fn summary(m: &MonitorSummary) -> String {
     let by = format!("{:?}", m.group_by).to_uppercase();
     let mut t = Table::with_header(&[
-        &by, "CALLS", "ERRORS", "TIME", "P50", "MAX", "TOKENS IN", "TOKENS OUT", "RUNS", "CPU",
+        &by,
+        "CALLS",
+        "ERRORS",
+        "TIME",
+        "P50",
+        "MAX",
+        "TOKENS IN",
+        "TOKENS OUT",
+        "RUNS",
+        "CPU",
         "MEM PEAK",
     ]);
     for r in &m.rows {
@@ -81,8 +99,13 @@ pub fn summary(m: &MonitorSummary) -> String {
             r.output_tokens.to_string(),
             r.runs.to_string(),
             ms(r.cpu_us),
-            bytes(r.memory_peak_bytes),
+            r.memory_peak_bytes.map(bytes).unwrap_or_else(|| "-".into()),
         ]);
     }
-    format!("{}{} spans, {} runs looked at\n", t.render(), m.spans, m.runs)
+    format!(
+        "{}{} spans, {} runs looked at\n",
+        t.render(),
+        m.spans,
+        m.runs
+    )
 }

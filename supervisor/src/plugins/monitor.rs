@@ -331,8 +331,7 @@ impl Plugin for Monitor {
                     Ok(Response::MonitorIngested(done))
                 }
                 Request::MonitorRecords(q) => {
-                    let created =
-                        created_of(&ctx, q.agent_id.as_ref(), q.session_id.as_ref())?;
+                    let created = created_of(&ctx, q.agent_id.as_ref(), q.session_id.as_ref())?;
                     if let Some(t) = &q.trace_id {
                         allox_protocol::check_hex_id("trace_id", t, 32).map_err(answered)?;
                     }
@@ -360,8 +359,7 @@ impl Plugin for Monitor {
                     }
                 }
                 Request::MonitorSummary(q) => {
-                    let created =
-                        created_of(&ctx, q.agent_id.as_ref(), q.session_id.as_ref())?;
+                    let created = created_of(&ctx, q.agent_id.as_ref(), q.session_id.as_ref())?;
                     let which = MonitorRecords {
                         agent_id: q.agent_id.clone(),
                         session_id: q.session_id.clone(),
@@ -401,10 +399,12 @@ impl Plugin for Monitor {
 
 /// A session's turns, in order.
 fn turns_of(store: &allox_store::Store, a: &str, s: &str) -> Result<Vec<TurnInfo>, ErrorBody> {
-    let turns = store
-        .index()
-        .turns(a, s)
-        .map_err(|e| ErrorBody::new(ErrorCode::Internal, format!("read the turns of {a}/{s}: {e}")))?;
+    let turns = store.index().turns(a, s).map_err(|e| {
+        ErrorBody::new(
+            ErrorCode::Internal,
+            format!("read the turns of {a}/{s}: {e}"),
+        )
+    })?;
     Ok(turns
         .into_iter()
         .map(|(id, t)| TurnInfo {

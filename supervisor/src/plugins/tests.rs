@@ -128,7 +128,7 @@ fn settings() -> Settings {
     Settings {
         state_dir: PathBuf::from("/nonexistent"),
         process_events_max: 10,
-            monitor: Default::default(),
+        monitor: Default::default(),
         network: Default::default(),
     }
 }

@@ -140,7 +140,9 @@ impl RunError {
     pub fn code(&self) -> ErrorCode {
         use RunError::*;
         match self {
-            InvalidId(_) | Refused(_) | NoCwd(_) | BadTrace(_) | NoSuchSignal(_) => ErrorCode::InvalidRequest,
+            InvalidId(_) | Refused(_) | NoCwd(_) | BadTrace(_) | NoSuchSignal(_) => {
+                ErrorCode::InvalidRequest
+            }
             NoSuchRun { .. } | NotKept { .. } => ErrorCode::NotFound,
             Fenced { .. } | StdinClosed(_) | StdinWrite(_) | TerminalGone(_) => ErrorCode::Conflict,
             NoTerminal(_) => ErrorCode::InvalidRequest,

@@ -198,6 +198,8 @@ impl Runs {
         let runs = self.clone();
         let (aa, ss) = (a.to_string(), s.to_string());
         let net = paths.network.clone();
+        // Before the spawn: the run may be done before the spawn returns.
+        let started = std::time::SystemTime::now();
         let spawned =
             tokio::task::spawn_blocking(move || runs.spawn_in_context(&aa, &ss, &net, &spec, &cg))
                 .await?;
@@ -281,7 +283,7 @@ impl Runs {
             asked: Asked {
                 argv: p.argv.clone(),
                 trace: p.trace.clone(),
-                started: std::time::SystemTime::now(),
+                started,
             },
         });
         self.table

@@ -14,8 +14,7 @@
 //! - `p50_us` is the lower median (the `⌈n/2⌉`-th shortest duration).
 
 use allox_protocol::{
-    GroupBy, MonitorBody, MonitorRecord, MonitorSummary, Span, SpanOperation, SummaryRow,
-    TurnInfo,
+    GroupBy, MonitorBody, MonitorRecord, MonitorSummary, Span, SpanOperation, SummaryRow, TurnInfo,
 };
 use std::collections::{BTreeMap, HashMap};
 
@@ -121,10 +120,7 @@ pub fn summarize(
         acc.row.runs += 1;
         if let Some(u) = &run.usage {
             acc.row.cpu_us += u.cpu_user_us.unwrap_or(0) + u.cpu_system_us.unwrap_or(0);
-            acc.row.memory_peak_bytes = acc
-                .row
-                .memory_peak_bytes
-                .max(u.memory_peak_bytes.unwrap_or(0));
+            acc.row.memory_peak_bytes = acc.row.memory_peak_bytes.max(u.memory_peak_bytes);
             acc.row.oom_kills += u.oom_kills.unwrap_or(0);
         }
     }
@@ -136,7 +132,11 @@ pub fn summarize(
             acc.row.key = key;
             acc.row.total_us = d.iter().sum();
             acc.row.max_us = d.last().copied().unwrap_or(0);
-            acc.row.p50_us = if d.is_empty() { 0 } else { d[(d.len() - 1) / 2] };
+            acc.row.p50_us = if d.is_empty() {
+                0
+            } else {
+                d[(d.len() - 1) / 2]
+            };
             acc.row
         })
         .collect();
@@ -210,9 +210,27 @@ mod tests {
     #[test]
     fn tools_gather_their_spans_and_the_runs_under_them() {
         let recs = vec![
-            rec(MonitorBody::Span(span("00f067aa0ba902b7", SpanOperation::ExecuteTool, Some("bash"), 0, 30))),
-            rec(MonitorBody::Span(span("00f067aa0ba902b8", SpanOperation::ExecuteTool, Some("bash"), 0, 10))),
-            rec(MonitorBody::Span(span("00f067aa0ba902b9", SpanOperation::Chat, None, 0, 99))),
+            rec(MonitorBody::Span(span(
+                "00f067aa0ba902b7",
+                SpanOperation::ExecuteTool,
+                Some("bash"),
+                0,
+                30,
+            ))),
+            rec(MonitorBody::Span(span(
+                "00f067aa0ba902b8",
+                SpanOperation::ExecuteTool,
+                Some("bash"),
+                0,
+                10,
+            ))),
+            rec(MonitorBody::Span(span(
+                "00f067aa0ba902b9",
+                SpanOperation::Chat,
+                None,
+                0,
+                99,
+            ))),
             rec(MonitorBody::Run(run("00f067aa0ba902b7", 0, 100))),
             rec(MonitorBody::Run(run("00f067aa0ba902b7", 0, 50))),
             rec(MonitorBody::Run(run("00f067aa0ba902b9", 0, 7))),
@@ -223,9 +241,12 @@ mod tests {
         let r = &s.rows[0];
         assert_eq!((r.key.as_str(), r.spans, r.runs), ("bash", 2, 2));
         assert_eq!((r.total_us, r.p50_us, r.max_us), (40, 10, 30));
-        assert_eq!((r.cpu_us, r.memory_peak_bytes), (152, 1000));
+        assert_eq!((r.cpu_us, r.memory_peak_bytes), (152, Some(1000)));
         let m = summarize(&recs, GroupBy::Model, &|_, _| Vec::new());
-        assert_eq!((m.rows[0].key.as_str(), m.rows[0].runs, m.rows[0].cpu_us), ("-", 1, 8));
+        assert_eq!(
+            (m.rows[0].key.as_str(), m.rows[0].runs, m.rows[0].cpu_us),
+            ("-", 1, 8)
+        );
     }
 
     #[test]
@@ -243,14 +264,36 @@ mod tests {
         };
         let ms = 1_000_000;
         let recs = vec![
-            rec(MonitorBody::Span(span("00f067aa0ba902b7", SpanOperation::Other, None, 5 * ms, 1))),
-            rec(MonitorBody::Span(span("00f067aa0ba902b8", SpanOperation::Other, None, 20 * ms, 1))),
-            rec(MonitorBody::Span(span("00f067aa0ba902b9", SpanOperation::Other, None, 50 * ms, 1))),
+            rec(MonitorBody::Span(span(
+                "00f067aa0ba902b7",
+                SpanOperation::Other,
+                None,
+                5 * ms,
+                1,
+            ))),
+            rec(MonitorBody::Span(span(
+                "00f067aa0ba902b8",
+                SpanOperation::Other,
+                None,
+                20 * ms,
+                1,
+            ))),
+            rec(MonitorBody::Span(span(
+                "00f067aa0ba902b9",
+                SpanOperation::Other,
+                None,
+                50 * ms,
+                1,
+            ))),
             rec(MonitorBody::Run(run("00f067aa0ba902b7", 21 * ms, 3))),
         ];
         let turns = |_: &str, _: &str| vec![turn("t1", 1, 0, Some(10)), turn("t2", 2, 10, None)];
         let s = summarize(&recs, GroupBy::Turn, &turns);
-        let keys: Vec<_> = s.rows.iter().map(|r| (r.key.as_str(), r.spans, r.runs)).collect();
+        let keys: Vec<_> = s
+            .rows
+            .iter()
+            .map(|r| (r.key.as_str(), r.spans, r.runs))
+            .collect();
         assert_eq!(keys, [("t1", 1, 0), ("t2", 2, 1)]);
     }
 }

@@ -20,10 +20,12 @@ allox_install_deps() {
     # git: ordinary programs the sandbox tests run under the seccomp
     # filters; clang and libbpf-dev (bpf_helpers.h): the process tracker's
     # eBPF programs; python3-pip, openssh-server and openssh-client: clients
-    # the network tests run through a session's proxy; tmux and vim-tiny: the terminal tests drive a session's
-    # terminal from tmux as a person would, and run vi in it.
+    # the network tests run through a session's proxy; tmux and vim-tiny:
+    # the terminal tests drive a session's terminal from tmux as a person
+    # would, and run vi in it; chromium: the monitor's report is rendered
+    # headless and counted.
     local pkgs=(btrfs-progs curl util-linux mount bubblewrap python3 gcc gdb strace git
-        clang libbpf-dev python3-pip openssh-server openssh-client tmux vim-tiny)
+        clang libbpf-dev python3-pip openssh-server openssh-client tmux vim-tiny chromium)
     local missing=()
     for p in "${pkgs[@]}"; do
         dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -715,6 +715,14 @@ fn headless(args: &[&str], profile: &Path) -> std::process::Output {
             "--disable-gpu",
             "--no-first-run",
             "--disable-dev-shm-usage",
+            // The page is a file: nothing leaves the machine, not even a
+            // name lookup or the browser's own background fetches.
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-default-browser-check",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            "--proxy-server=127.0.0.1:9",
         ])
         .arg(format!("--user-data-dir={}", profile.display()))
         .args(args)

@@ -948,7 +948,7 @@ impl RunArgs {
                     cols: 80,
                     term: None,
                 }),
-                trace: self.trace,
+                trace: self.trace.map(Box::new),
             },
             stdin_file: self.stdin_file,
             tty: self.tty,

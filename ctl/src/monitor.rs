@@ -547,9 +547,9 @@ pub fn report_html(d: &ReportData) -> String {
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>Allox monitor: {}</title><style>{STYLE}</style></head><body>\n",
         esc(&title)
     );
-    let _ = write!(
+    let _ = writeln!(
         h,
-        "<h1>Session {}</h1><div class=\"meta\" id=\"meta\">{} turns · {} spans · {} runs · {} checkpoints · {} rollbacks · {} on the axis</div>\n",
+        "<h1>Session {}</h1><div class=\"meta\" id=\"meta\">{} turns · {} spans · {} runs · {} checkpoints · {} rollbacks · {} on the axis</div>",
         esc(&title),
         turns.len(),
         spans.len(),
@@ -638,9 +638,9 @@ pub fn report_html(d: &ReportData) -> String {
 }
 
 fn summary_table(h: &mut String, title: &str, key: &str, m: &MonitorSummary) {
-    let _ = write!(
+    let _ = writeln!(
         h,
-        "<h2 style=\"font-size:15px\">{title}</h2><table class=\"summary\" data-group=\"{key}\"><tr><th>{key}</th><th>calls</th><th>errors</th><th>time</th><th>p50</th><th>max</th><th>tokens in/out</th><th>runs</th><th>CPU</th><th>mem peak</th></tr>\n"
+        "<h2 style=\"font-size:15px\">{title}</h2><table class=\"summary\" data-group=\"{key}\"><tr><th>{key}</th><th>calls</th><th>errors</th><th>time</th><th>p50</th><th>max</th><th>tokens in/out</th><th>runs</th><th>CPU</th><th>mem peak</th></tr>"
     );
     for r in &m.rows {
         let _ = writeln!(

@@ -446,7 +446,7 @@ pub struct ProcessStart {
     /// The tool call this run serves: with `--monitor-root` the run is
     /// recorded under that span; the run sees it as `TRACEPARENT`.
     #[serde(default)]
-    pub trace: Option<crate::TraceContext>,
+    pub trace: Option<Box<crate::TraceContext>>,
 }
 
 /// A terminal's size, and its type (`TERM`, default `xterm-256color`).

@@ -42,6 +42,7 @@ pub const PLUGIN_STARTS: &[&str] = &[
     "plugin_start.process-tree",
     "plugin_start.network",
     "plugin_start.share",
+    "plugin_start.monitor",
 ];
 
 /// The supervisor's points in the file API.

@@ -130,10 +130,10 @@ fn traced(d: &ProcDaemon, who: (&str, &str), span: &str, argv: &[&str]) -> RunRe
     match call(
         d,
         Request::ProcessStart(ProcessStart {
-            trace: Some(TraceContext {
+            trace: Some(Box::new(TraceContext {
                 trace_id: TRACE.into(),
                 span_id: span.into(),
-            }),
+            })),
             ..start(who.0, who.1, argv)
         }),
     ) {
@@ -387,10 +387,10 @@ fn runs_started_with_a_trace_context_appear_under_their_span_with_their_resource
     let e = call(
         &d,
         Request::ProcessStart(ProcessStart {
-            trace: Some(TraceContext {
+            trace: Some(Box::new(TraceContext {
                 trace_id: TRACE.into(),
                 span_id: "0000000000000000".into(),
-            }),
+            })),
             ..start("a", "s", &["/bin/sh", "-c", "touch $HOME/ran"])
         }),
     )

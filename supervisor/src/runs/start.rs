@@ -282,7 +282,7 @@ impl Runs {
             network: paths.network.mode,
             asked: Asked {
                 argv: p.argv.clone(),
-                trace: p.trace.clone(),
+                trace: p.trace.as_deref().cloned(),
                 started,
             },
         });

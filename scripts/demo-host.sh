@@ -63,6 +63,7 @@ for _ in $(seq 100); do [ -s "$WORK/dns.addr" ] && break; sleep 0.05; done
 "$BIN/allox-init" supervise --root "$ROOT" --listen "unix:$ALLOX_SOCKET" \
     --sandbox-stage "$WORK/stage" --cgroup-root "$CGROOT" --sandbox-network isolated \
     --plugin network --share-tools --network-resolver "$(cat "$WORK/dns.addr")" \
+    --monitor-root "$WORK/monitor" \
     2>"$WORK/daemon.log" &
 DAEMON=$!
 for _ in $(seq 100); do [ -S "$ALLOX_SOCKET" ] && break; sleep 0.05; done
@@ -185,5 +186,6 @@ ctl net policy agent-net session-1
 ctl net audit agent-net session-1
 
 ctl audit
+allox_demo_monitor "$WORK" "$BIN/alloxctl" "$PWD/target/demo-host-report.html"
 echo
 echo "==> demo done (store was $ROOT)"

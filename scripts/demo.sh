@@ -52,7 +52,7 @@ T0=$(date +%s.%N)
 scripts/run-vm.sh --kernel-dir "$ALLOX_KERNEL_DIR" --initrd "$WORK/initrd.img" \
     --store "$WORK/store.img" --ctl-socket "$ALLOX_SOCKET" \
     --console-log "$WORK/console.log" --net user --forward "10.0.2.100:80=$IPORT" \
-    --append "allox.args=--sandbox-network=isolated,--plugin=network,--share-tools" \
+    --append "allox.args=--sandbox-network=isolated,--plugin=network,--share-tools,--plugin=monitor" \
     2>"$WORK/qemu.log" &
 VM=$!
 until "$BIN/alloxctl" ping >/dev/null 2>&1; do
@@ -150,6 +150,7 @@ ctl net audit agent-net session-1
 
 ctl audit
 ctl info
+allox_demo_monitor "$WORK" "$BIN/alloxctl" "$PWD/target/demo-report.html"
 
 echo; echo "# an orderly shutdown: sessions killed, store flushed and unmounted, power off"
 ctl shutdown

@@ -170,3 +170,57 @@ allox_demo_sharing() {
     say exec agent-b session-1 -- allox share disable
     say exec agent-a session-1 -- allox share read agent-b/session-1 report.txt || true
 }
+
+# The demos' last part: the monitor (the daemon runs with the monitor
+# plugin on). One more turn of agent-b's session-2 as an agent framework
+# traces it: an agent invocation, a model call with its tokens, a tool call
+# whose run is started under it (--trace: the run sees TRACEPARENT and
+# reports a step of its own from inside the sandbox), then the summary by
+# tool and the session's report, one HTML page kept at $3.
+# $1: a scratch directory; $2: alloxctl (its socket in ALLOX_SOCKET).
+allox_demo_monitor() {
+    local work=$1 ctl=$2 out=$3
+    local trace=4bf92f3577b34da6a3ce929d0e0e4736
+    echo; echo "# the monitor: a turn as the agent's framework traces it, its tool call's run under its span"
+    echo; echo "\$ alloxctl turn begin agent-b session-2 --id check-parser"
+    "$ctl" turn begin agent-b session-2 --id check-parser
+    local t0 t1 t2 t3
+    t0=$(date +%s%N)
+    sleep 0.2 # the model call
+    t1=$(date +%s%N)
+    echo; echo "\$ alloxctl exec agent-b session-2 --trace $trace:a000000000000003 -- python3 -c …"
+    "$ctl" exec agent-b session-2 --trace "$trace:a000000000000003" -- python3 -c '
+import json, os, subprocess, time
+t0 = time.time_ns()
+compile(open("parser.py").read(), "parser.py", "exec")
+_, trace, parent, _ = os.environ["TRACEPARENT"].split("-")
+span = {"trace_id": trace, "span_id": "b000000000000001", "parent_span_id": parent,
+        "name": "compile parser.py", "operation": "other",
+        "start_unix_nano": t0, "end_unix_nano": time.time_ns()}
+subprocess.run(["allox", "call", "monitor.spans", json.dumps({"spans": [span]})],
+               check=True, stdout=subprocess.DEVNULL)
+print("parser.py compiles; that step was sent as a span of trace", trace)'
+    t2=$(date +%s%N)
+    t3=$(date +%s%N)
+    cat >"$work/spans.json" <<EOF
+[{"trace_id": "$trace", "span_id": "a000000000000001", "name": "invoke_agent coder",
+  "operation": "invoke_agent", "start_unix_nano": $t0, "end_unix_nano": $t3},
+ {"trace_id": "$trace", "span_id": "a000000000000002", "parent_span_id": "a000000000000001",
+  "name": "chat m-large", "operation": "chat", "model": "m-large",
+  "input_tokens": 1200, "output_tokens": 300, "start_unix_nano": $t0, "end_unix_nano": $t1},
+ {"trace_id": "$trace", "span_id": "a000000000000003", "parent_span_id": "a000000000000001",
+  "name": "execute_tool check_parser", "operation": "execute_tool", "tool": "check_parser",
+  "start_unix_nano": $t1, "end_unix_nano": $t2}]
+EOF
+    echo; echo "\$ alloxctl monitor ingest agent-b session-2 spans.json   # what the framework exports"
+    "$ctl" monitor ingest agent-b session-2 "$work/spans.json"
+    echo; echo "\$ alloxctl turn end agent-b session-2 check-parser"
+    "$ctl" turn end agent-b session-2 check-parser
+    echo; echo "\$ alloxctl monitor summary agent-b session-2 --by tool"
+    "$ctl" monitor summary agent-b session-2 --by tool
+    echo; echo "\$ alloxctl monitor report agent-b session-2 --out $out"
+    "$ctl" monitor report agent-b session-2 --out "$out"
+    echo "    (one page, nothing fetched: $(grep -o 'data-kind="turn"' "$out" | wc -l) turns," \
+        "$(grep -o 'data-kind="span"' "$out" | wc -l) spans," \
+        "$(grep -o 'data-kind="run-row"' "$out" | wc -l) runs on one axis; open it in a browser)"
+}

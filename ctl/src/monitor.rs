@@ -495,15 +495,20 @@ pub fn report_html(d: &ReportData) -> String {
                 continue;
             }
             let (sp, source) = spans[i];
-            let what = match sp.operation {
-                SpanOperation::ExecuteTool => sp.tool.clone().unwrap_or_else(|| sp.name.clone()),
-                SpanOperation::Chat => sp.model.clone().unwrap_or_else(|| sp.name.clone()),
-                _ => sp.name.clone(),
+            // A tool or model call by what it called; others by their
+            // name, which conventionally starts with the operation.
+            let op = sp.operation.as_str();
+            let label = match (sp.operation, &sp.tool, &sp.model) {
+                (SpanOperation::ExecuteTool, Some(w), _) | (SpanOperation::Chat, _, Some(w)) => {
+                    format!("{op} {w}")
+                }
+                _ if sp.name.starts_with(op) => sp.name.clone(),
+                _ => format!("{op} {}", sp.name),
             };
             rows.push(Row {
                 kind: "span",
                 class: sp.operation.as_str().into(),
-                label: format!("{} {}", sp.operation.as_str(), what),
+                label,
                 depth,
                 start: sp.start_unix_nano,
                 end: sp.end_unix_nano,

@@ -1002,3 +1002,117 @@ fn guest_runs_report_oom_kills_and_a_live_session_takes_a_lower_pids_max() {
     let _ = c.call(Request::Shutdown(Shutdown {}));
     assert!(vm.wait_exit(Duration::from_secs(60)).is_some());
 }
+
+#[test]
+fn guest_spans_from_a_sandbox_and_traced_runs_reach_the_monitor_with_the_guest_s_memory_figures() {
+    let Some(img) = require_vm(
+        "vm::guest_spans_from_a_sandbox_and_traced_runs_reach_the_monitor_with_the_guest_s_memory_figures",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = store_image(dir.path(), true);
+    let mut vm = Vm::boot(&img, Some(&store), &["allox.args=--plugin=monitor"]);
+    let (mut c, _) = vm.connect(BOOT);
+    ok(&mut c, agent("a"));
+    ok(&mut c, session("a", "s"));
+    ok(&mut c, session("a", "t"));
+    // A run under a tool call's span; inside, it continues the trace from
+    // TRACEPARENT and sends a span of its own, claiming another session.
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let mut traced = run(
+        "a",
+        "s",
+        "set -e; tp=$TRACEPARENT; t=${tp#00-}; t=${t%%-*}; p=${tp#00-*-}; p=${p%-*}; \
+         head -c 8388608 /dev/zero | cat > /dev/null; \
+         allox call monitor.spans \"{\\\"agent_id\\\":\\\"a\\\",\\\"session_id\\\":\\\"t\\\",\\\"spans\\\":[{\\\"trace_id\\\":\\\"$t\\\",\\\"span_id\\\":\\\"b000000000000001\\\",\\\"parent_span_id\\\":\\\"$p\\\",\\\"name\\\":\\\"inner\\\",\\\"operation\\\":\\\"other\\\",\\\"start_unix_nano\\\":1,\\\"end_unix_nano\\\":2}]}\"",
+        true,
+    );
+    let Request::ProcessStart(p) = &mut traced else {
+        unreachable!()
+    };
+    p.trace = Some(Box::new(TraceContext {
+        trace_id: trace.into(),
+        span_id: "a000000000000003".into(),
+    }));
+    let r = match ok(&mut c, traced) {
+        Response::Exited(x) => x,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let records = |c: &mut Client, s: &str| match ok(
+        c,
+        Request::MonitorRecords(MonitorRecords {
+            agent_id: Some("a".into()),
+            session_id: Some(s.into()),
+            ..MonitorRecords::default()
+        }),
+    ) {
+        Response::MonitorRecords(l) => l.records,
+        other => panic!("{other:?}"),
+    };
+    let mine = records(&mut c, "s");
+    assert_eq!(mine.len(), 2, "{mine:?}");
+    let MonitorBody::Span(sp) = &mine[0].body else {
+        panic!("{mine:?}")
+    };
+    assert_eq!(mine[0].source, format!("run:{}", r.run_id));
+    assert_eq!(
+        (sp.trace_id.as_str(), sp.parent_span_id.as_deref()),
+        (trace, Some("a000000000000003")),
+        "the run did not continue its trace: {sp:?}"
+    );
+    let MonitorBody::Run(run_rec) = &mine[1].body else {
+        panic!("{mine:?}")
+    };
+    assert_eq!(run_rec.run_id, r.run_id);
+    assert_eq!(
+        run_rec.trace.as_ref().map(|t| t.span_id.as_str()),
+        Some("a000000000000003")
+    );
+    // The guest has the memory controller: the peak is known.
+    let peak = run_rec.usage.as_ref().and_then(|u| u.memory_peak_bytes);
+    assert!(peak.is_some_and(|p| p > 0), "{run_rec:?}");
+    assert!(records(&mut c, "t").is_empty());
+    // The tool call's span, sent from the host; the summary puts the run
+    // and its memory under it.
+    ok(
+        &mut c,
+        Request::MonitorIngest(MonitorIngest {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            spans: vec![Span {
+                trace_id: trace.into(),
+                span_id: "a000000000000003".into(),
+                parent_span_id: None,
+                name: "execute_tool bash".into(),
+                operation: SpanOperation::ExecuteTool,
+                start_unix_nano: run_rec.start_unix_nano,
+                end_unix_nano: run_rec.end_unix_nano,
+                tool: Some("bash".into()),
+                model: None,
+                input_tokens: None,
+                output_tokens: None,
+                error: None,
+                attributes: Default::default(),
+            }],
+        }),
+    );
+    let summary = match ok(
+        &mut c,
+        Request::MonitorSummary(MonitorSummaryRequest {
+            agent_id: Some("a".into()),
+            session_id: Some("s".into()),
+            group_by: GroupBy::Tool,
+        }),
+    ) {
+        Response::MonitorSummary(s) => s,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(summary.rows.len(), 1, "{summary:?}");
+    let row = &summary.rows[0];
+    assert_eq!((row.key.as_str(), row.spans, row.runs), ("bash", 1, 1));
+    assert_eq!(row.memory_peak_bytes, peak, "{row:?}");
+    let _ = c.call(Request::Shutdown(Shutdown {}));
+    assert!(vm.wait_exit(Duration::from_secs(60)).is_some());
+}

@@ -54,16 +54,31 @@ impl<R: Numbered> Records<R> {
     /// numbers are not reused; a cursor before them reads on from the
     /// oldest kept).
     pub fn open_bounded(path: &Path, max: Option<u64>) -> std::io::Result<Records<R>> {
-        let file = std::fs::OpenOptions::new()
+        let mut file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .read(true)
             .open(path)?;
-        let (mut newest, mut lines) = (0, 0);
-        for line in std::io::BufReader::new(std::fs::File::open(path)?).lines() {
+        let (mut newest, mut lines, mut torn) = (0, 0, false);
+        for line in std::io::BufReader::new(std::fs::File::open(path)?).split(b'\n') {
+            let line = line?;
             lines += 1;
-            if let Ok(r) = serde_json::from_str::<R>(&line?) {
-                newest = newest.max(r.seq());
+            match serde_json::from_slice::<R>(&line) {
+                Ok(r) => newest = newest.max(r.seq()),
+                Err(_) => torn = true,
+            }
+        }
+        // A power cut may have left the last line half written: it is
+        // ended here, so the next record starts a line of its own (the
+        // half line is skipped by every reader).
+        if torn && file.metadata()?.len() > 0 {
+            use std::io::{Read, Seek, SeekFrom};
+            let mut last = [0u8];
+            let mut r = std::fs::File::open(path)?;
+            r.seek(SeekFrom::End(-1))?;
+            r.read_exact(&mut last)?;
+            if last[0] != b'\n' {
+                file.write_all(b"\n")?;
             }
         }
         Ok(Records {
@@ -163,8 +178,9 @@ impl<R: Numbered> Records<R> {
         let mut records = Vec::new();
         let mut next_cursor = after;
         let newest = *self.newest.borrow();
-        for line in std::io::BufReader::new(std::fs::File::open(&self.path)?).lines() {
-            let Ok(r) = serde_json::from_str::<R>(&line?) else {
+        for line in std::io::BufReader::new(std::fs::File::open(&self.path)?).split(b'\n') {
+            // A half-written line (a power cut) is skipped.
+            let Ok(r) = serde_json::from_slice::<R>(&line?) else {
                 continue;
             };
             if r.seq() <= after || r.seq() > newest {
@@ -234,6 +250,35 @@ mod tests {
         let page = r.page(1, 10, |l| l.who == "a").unwrap();
         assert_eq!(page.records[0].seq, 3);
         assert_eq!(page.next_cursor, 3);
+    }
+
+    #[test]
+    fn a_half_written_last_line_is_skipped_and_ended() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("r.log");
+        let r = Records::<Line>::open(&p).unwrap();
+        r.append(line("a"));
+        drop(r);
+        // Cut in the middle of a two-byte character.
+        let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
+        f.write_all(b"{\"seq\":2,\"who\":\"\xc3").unwrap();
+        drop(f);
+        let r = Records::<Line>::open(&p).unwrap();
+        assert_eq!(r.append(line("b")), 2);
+        let all = r.page(0, 100, |_| true).unwrap().records;
+        assert_eq!(
+            all,
+            [
+                Line {
+                    seq: 1,
+                    who: "a".into()
+                },
+                Line {
+                    seq: 2,
+                    who: "b".into()
+                }
+            ]
+        );
     }
 
     #[test]

@@ -340,6 +340,13 @@ impl Client {
         Ok((client, bytes))
     }
 
+    /// Another handle on this connection's socket: shutting it down (from
+    /// any thread) ends a call waiting on the daemon with an error, and
+    /// the daemon sees the connection close.
+    pub fn closer(&self) -> io::Result<UnixStream> {
+        self.stream.try_clone()
+    }
+
     /// Does the handshake over an already connected stream.
     pub fn handshake(stream: UnixStream) -> Result<Client, ClientError> {
         let timeout = stream.read_timeout().ok().flatten();

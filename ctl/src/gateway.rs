@@ -5,49 +5,56 @@
 //! The answer body is the same JSON as `alloxctl rpc` prints; the status is
 //! 200 for a result and the error code's [`ErrorCode::http_status`]
 //! otherwise (503 `unavailable` when the daemon cannot be reached, 504
-//! `unavailable` when it did not answer in time). A few worker threads serve
-//! requests, each with its own daemon connection, made on first use and
-//! made again after it breaks or times out.
+//! `unavailable` when it did not answer in time).
+//!
+//! It is served by hyper on a tokio runtime: HTTP/1.1 with keep-alive and
+//! HTTP/2 (over TLS-less TCP, "h2c" with prior knowledge) on the same
+//! port, `TCP_NODELAY` on every connection (an answer is never held back
+//! for the client's delayed ACK), and a graceful stop on SIGINT or SIGTERM
+//! (no new connection; those in flight finish, for at most
+//! [`DRAIN_TIMEOUT`]). Calls to the daemon are blocking: they run on the
+//! runtime's blocking pool, each on a daemon connection taken from a pool
+//! (made on first use, made again after it breaks or times out), so a slow
+//! call holds one connection and one blocking thread, never the server.
 //!
 //! Before anything reaches the daemon a request must pass [`access`]: the
 //! bearer token, a `Host` naming this gateway, no `Origin` but allowed
 //! ones, a JSON content type (for `/v1/rpc`; a file's body may be of any
 //! type). The listener is bound to loopback unless `--allow-remote` says
-//! otherwise. The HTTP timeout bounds how long a worker waits for a
-//! request's body ([`body`]; for a file, each piece of it) and each write
-//! of an answer (a send timeout on the listening socket, which every
-//! accepted connection inherits); the daemon timeout bounds every call to
-//! the daemon (a file moves in many calls, each bounded, the transfer as
-//! a whole is not).
+//! otherwise. The HTTP timeout bounds how long a request's head may take
+//! and how long the gateway waits for each piece of a body (408 when it
+//! stalls); the daemon timeout bounds every call to the daemon (a file
+//! moves in many calls, each bounded, the transfer as a whole is not).
 
 pub mod access;
-mod body;
-mod conn;
 pub mod files;
+mod http;
+pub mod openapi;
+mod stream;
 
 use crate::client::{Caller, ClientError};
-use crate::reconnecting::ReconnectingClient;
 use crate::token::{self, TokenError};
-use access::{Access, Headers, Refusal};
+use access::{Access, Refusal};
 use allox_protocol::json::{answer_to_json, parse_request};
-use allox_protocol::{ErrorBody, ErrorCode};
-use body::Body;
+use allox_protocol::{ErrorBody, ErrorCode, Request};
 use serde_json::Value;
 use std::io;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::thread;
 use std::time::Duration;
 use thiserror::Error;
-use tiny_http::{Header, Server};
 
-/// The one path served.
+/// Where requests are posted.
 pub const RPC_PATH: &str = "/v1/rpc";
+/// Where the OpenAPI document is served.
+pub const OPENAPI_PATH: &str = "/v1/openapi.json";
 /// Largest request body accepted.
 pub const MAX_BODY: usize = 1 << 20;
-/// Requests served at once.
+/// Threads of the gateway's runtime (daemon calls run beside them, on its
+/// blocking pool).
 pub const WORKERS: usize = 4;
+/// How long a stop waits for the requests in flight.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a call to the daemon may take by default.
 pub const DAEMON_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a request's body and each write of an answer may take by
@@ -70,8 +77,12 @@ pub enum GatewayError {
         #[source]
         source: io::Error,
     },
-    #[error("cannot start serving {listen}: {message}")]
-    Serve { listen: String, message: String },
+    #[error("cannot start serving {listen}")]
+    Serve {
+        listen: String,
+        #[source]
+        source: io::Error,
+    },
     #[error(transparent)]
     Token(#[from] TokenError),
 }
@@ -96,7 +107,7 @@ pub struct GatewayConfig {
     /// Bound on waiting for a request's body and on each write of an
     /// answer.
     pub http_timeout: Duration,
-    /// Requests served at once.
+    /// Threads of the runtime.
     pub workers: usize,
 }
 
@@ -118,10 +129,9 @@ impl GatewayConfig {
     }
 }
 
-/// Serves `cfg.listen` for ever.
+/// Serves `cfg.listen` until SIGINT or SIGTERM.
 pub fn serve(cfg: &GatewayConfig) -> Result<(), GatewayError> {
-    Gateway::bind(cfg)?.run();
-    Ok(())
+    Gateway::bind(cfg)?.run()
 }
 
 /// Refuses addresses that are not loopback unless `allow_remote`.
@@ -141,8 +151,8 @@ pub fn check_listen(
 
 /// A bound listener, not yet serving.
 pub struct Gateway {
-    server: Arc<Server>,
-    access: Arc<Access>,
+    listener: TcpListener,
+    access: Access,
     addr: SocketAddr,
     token_created: bool,
     cfg: GatewayConfig,
@@ -166,24 +176,11 @@ impl Gateway {
             source,
         };
         let listener = TcpListener::bind(&addrs[..]).map_err(bind_err)?;
-        // Accepted sockets inherit it (Linux copies it on accept), and
-        // tiny_http gives no other hold on its connections. (Not the receive
-        // timeout: that one would make `accept` time out too.)
-        rustix::net::sockopt::set_socket_timeout(
-            &listener,
-            rustix::net::sockopt::Timeout::Send,
-            Some(cfg.http_timeout),
-        )
-        .map_err(|e| bind_err(e.into()))?;
         let addr = listener.local_addr().map_err(bind_err)?;
-        let server = Server::from_listener(listener, None).map_err(|e| GatewayError::Serve {
-            listen: listen.clone(),
-            message: e.to_string(),
-        })?;
         let access = Access::new(token, addr, &cfg.allow_hosts, &cfg.allow_origins);
         Ok(Gateway {
-            server: Arc::new(server),
-            access: Arc::new(access),
+            listener,
+            access,
             addr,
             token_created,
             cfg: cfg.clone(),
@@ -200,41 +197,38 @@ impl Gateway {
         self.token_created
     }
 
-    /// Serves with the configured number of workers; never returns.
-    pub fn run(self) {
-        let threads: Vec<_> = (0..self.cfg.workers.max(1))
-            .map(|_| {
-                let server = Arc::clone(&self.server);
-                let access = Arc::clone(&self.access);
-                let daemon = ReconnectingClient::with_timeout(
-                    &self.cfg.socket,
-                    Some(self.cfg.daemon_timeout),
-                );
-                let http_timeout = self.cfg.http_timeout;
-                let port = self.addr.port();
-                thread::spawn(move || {
-                    let ctx = Ctx {
-                        access: &access,
-                        http_timeout,
-                        port,
-                    };
-                    worker(&server, &ctx, daemon)
-                })
-            })
-            .collect();
-        for t in threads {
-            // A worker only ends by panicking; the others go on serving.
-            let _ = t.join();
-        }
-    }
-}
-
-fn worker(server: &Server, ctx: &Ctx<'_>, mut daemon: ReconnectingClient) {
-    loop {
-        match server.recv() {
-            Ok(request) => serve_one(request, ctx, &mut daemon),
-            Err(e) => eprintln!("alloxctl gateway: {e}"),
-        }
+    /// Serves until SIGINT or SIGTERM, then lets the requests in flight
+    /// finish (at most [`DRAIN_TIMEOUT`]).
+    pub fn run(self) -> Result<(), GatewayError> {
+        let listen = self.cfg.listen.clone();
+        let serve_err = |source| GatewayError::Serve {
+            listen: listen.clone(),
+            source,
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(self.cfg.workers.max(1))
+            .enable_all()
+            .build()
+            .map_err(serve_err)?;
+        rt.block_on(async move {
+            let stop = async {
+                use tokio::signal::unix::{signal, SignalKind};
+                match (
+                    signal(SignalKind::terminate()),
+                    signal(SignalKind::interrupt()),
+                ) {
+                    (Ok(mut term), Ok(mut int)) => {
+                        tokio::select! {
+                            _ = term.recv() => {}
+                            _ = int.recv() => {}
+                        }
+                    }
+                    _ => std::future::pending().await,
+                }
+            };
+            http::serve(self, stop).await
+        })
+        .map_err(serve_err)
     }
 }
 
@@ -267,163 +261,16 @@ impl Reply {
     }
 }
 
-fn header<'a>(request: &'a tiny_http::Request, name: &'static str) -> Option<&'a str> {
-    request
-        .headers()
-        .iter()
-        .find(|h| h.field.equiv(name))
-        .map(|h| h.value.as_str())
-}
-
-/// What a worker serves with.
-struct Ctx<'a> {
-    access: &'a Access,
-    http_timeout: Duration,
-    /// The port listened on (to find a request's connection by).
-    port: u16,
-}
-
-fn serve_one(request: tiny_http::Request, ctx: &Ctx<'_>, daemon: &mut impl Caller) {
-    let origin = header(&request, "Origin").map(str::to_owned);
-    let origin = origin.as_deref();
-    let (request, reply) = match route(request.method().as_str(), request.url()) {
-        Route::Files(f) => return files::serve(request, f, ctx, daemon),
-        Route::Refused(reply) => (request, reply),
-        Route::Rpc => match screen(&request, ctx.access) {
-            Some(reply) => (request, reply),
-            None => match body::read(request, MAX_BODY, ctx.http_timeout) {
-                Body::Read(request, Ok(body)) => (request, Reply::json(handle(&body, daemon))),
-                Body::Read(request, Err(e)) => (
-                    request,
-                    Reply::json(error(
-                        400,
-                        ErrorCode::InvalidRequest,
-                        format!("cannot read the request body: {e}"),
-                    )),
-                ),
-                Body::Busy(request) => (
-                    request,
-                    Reply::json(error(
-                        503,
-                        ErrorCode::Unavailable,
-                        "too many clients are slow to send their request bodies; try again later"
-                            .into(),
-                    )),
-                ),
-                // Its own thread answers it.
-                Body::Late => return,
-            },
-        },
-    };
-    // The HTTP client may have gone away; nothing to tell it then.
-    let _ = send_reply(request, reply, origin, ctx.access);
-}
-
-/// Sends `reply` with its headers (and the CORS ones for an allowed
-/// origin).
-fn send_reply(
-    request: tiny_http::Request,
-    reply: Reply,
-    origin: Option<&str>,
-    access: &Access,
-) -> io::Result<()> {
-    let response = json_response(reply.status, reply.body);
-    send(request, response, &reply.headers, origin, access)
-}
-
-/// Sends `response` with `extra` headers (and the CORS ones for an
-/// allowed origin).
-fn send<R: io::Read>(
-    request: tiny_http::Request,
-    mut response: tiny_http::Response<R>,
-    extra: &[(&'static str, String)],
-    origin: Option<&str>,
-    access: &Access,
-) -> io::Result<()> {
-    decorate(&mut response, extra, origin, access);
-    request.respond(response)
-}
-
-/// Adds `extra` headers, and for an allowed origin those that let a
-/// browser read the answer.
-fn decorate<R: io::Read>(
-    response: &mut tiny_http::Response<R>,
-    extra: &[(&'static str, String)],
-    origin: Option<&str>,
-    access: &Access,
-) {
-    for (name, value) in extra {
-        if let Ok(h) = Header::from_bytes(*name, value.as_bytes()) {
-            response.add_header(h);
-        }
-    }
-    if let Some(origin) = origin.filter(|o| access.allows_origin(o)) {
-        if let Ok(h) = Header::from_bytes("Access-Control-Allow-Origin", origin) {
-            response.add_header(h);
-            response.add_header(constant_header("Vary", "Origin"));
-        }
-    }
-}
-
-/// A response with a JSON body, or an empty one.
-fn json_response(status: u16, body: Option<Value>) -> tiny_http::Response<io::Cursor<Vec<u8>>> {
-    let json = body.is_some();
-    let data = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
-    let response = tiny_http::Response::from_data(data).with_status_code(status);
-    if json {
-        response.with_header(constant_header("Content-Type", "application/json"))
-    } else {
-        response
-    }
-}
-
-fn constant_header(name: &str, value: &str) -> Header {
-    Header::from_bytes(name, value).expect("a constant, valid header")
-}
-
-/// The answer to give without reading the body, or `None` when the body
-/// is to be read and forwarded.
-fn screen(request: &tiny_http::Request, access: &Access) -> Option<Reply> {
-    let method = request.method().as_str();
-    let headers = Headers {
-        host: header(request, "Host"),
-        origin: header(request, "Origin"),
-        authorization: header(request, "Authorization"),
-        content_type: header(request, "Content-Type"),
-    };
-    if method.eq_ignore_ascii_case("OPTIONS") {
-        return Some(match access.check_preflight(&headers) {
-            Ok(()) => Reply {
-                status: 204,
-                body: None,
-                headers: vec![
-                    ("Access-Control-Allow-Methods", "POST".into()),
-                    (
-                        "Access-Control-Allow-Headers",
-                        "Authorization, Content-Type".into(),
-                    ),
-                    ("Access-Control-Max-Age", "600".into()),
-                ],
-            },
-            Err(r) => Reply::refused(&r),
-        });
-    }
-    if let Err(r) = access.check_post(&headers) {
-        return Some(Reply::refused(&r));
-    }
-    request
-        .body_length()
-        .filter(|&len| len > MAX_BODY)
-        .map(|_| Reply::json(too_large()))
-}
-
 /// Where a request goes.
 #[derive(Debug, PartialEq)]
 pub enum Route {
-    /// `POST` or `OPTIONS` on `/v1/rpc`.
-    Rpc,
+    /// `POST` or `OPTIONS` on `/v1/rpc` (`{"action", "params"}`), or on
+    /// `/v1/rpc/{action}` (the params alone).
+    Rpc(Option<String>),
     /// `GET` or `PUT` below `/v1/files/`.
     Files(files::FileRequest),
+    /// `GET /v1/openapi.json`.
+    OpenApi,
     /// Answered at once: no such path, or not a method served there.
     Refused(Reply),
 }
@@ -437,46 +284,90 @@ pub fn route(method: &str, url: &str) -> Route {
             Err(e) => Route::Refused(e.reply()),
         };
     }
-    if path != RPC_PATH {
-        return Route::Refused(Reply::json(error(
-            404,
-            ErrorCode::NotFound,
-            format!(
-                "no such path {path:?}; the gateway serves POST {RPC_PATH} and GET and PUT {}/{{agent}}/{{session}}/{{path}}",
-                files::FILES_PATH
-            ),
-        )));
+    if path == OPENAPI_PATH {
+        if method.eq_ignore_ascii_case("GET") {
+            return Route::OpenApi;
+        }
+        let mut reply = Reply::json(error(
+            405,
+            ErrorCode::InvalidRequest,
+            format!("{OPENAPI_PATH} takes GET, not {method}"),
+        ));
+        reply.headers.push(("Allow", "GET".into()));
+        return Route::Refused(reply);
     }
+    let action = match path.strip_prefix(RPC_PATH) {
+        Some("") => None,
+        Some(rest) => match rest.strip_prefix('/') {
+            Some(name) if !name.is_empty() && !name.contains('/') => Some(name.to_owned()),
+            _ => return Route::Refused(no_such_path(path)),
+        },
+        None => return Route::Refused(no_such_path(path)),
+    };
     if !method.eq_ignore_ascii_case("POST") && !method.eq_ignore_ascii_case("OPTIONS") {
         let mut reply = Reply::json(error(
             405,
             ErrorCode::InvalidRequest,
-            format!("{RPC_PATH} takes POST, not {method}"),
+            format!("{path} takes POST, not {method}"),
         ));
         reply.headers.push(("Allow", "POST, OPTIONS".into()));
         return Route::Refused(reply);
     }
-    Route::Rpc
+    Route::Rpc(action)
 }
 
-/// The status and JSON answer for one `POST /v1/rpc` body.
-pub fn handle(body: &[u8], daemon: &mut impl Caller) -> (u16, Value) {
+fn no_such_path(path: &str) -> Reply {
+    Reply::json(error(
+        404,
+        ErrorCode::NotFound,
+        format!(
+            "no such path {path:?}; the gateway serves POST {RPC_PATH} and {RPC_PATH}/{{action}}, GET {OPENAPI_PATH}, and GET and PUT {}/{{agent}}/{{session}}/{{path}}",
+            files::FILES_PATH
+        ),
+    ))
+}
+
+/// The request a body makes: `{"action": ..., "params": ...}`, or with
+/// `action` from the path, the params alone (an empty body is no params).
+pub fn parse_body(body: &[u8], action: Option<&str>) -> Result<Request, (u16, Value)> {
     if body.len() > MAX_BODY {
-        return too_large();
+        return Err(too_large());
     }
     let Ok(text) = std::str::from_utf8(body) else {
-        return error(
+        return Err(error(
             400,
             ErrorCode::InvalidRequest,
             "request body is not UTF-8".into(),
-        );
+        ));
     };
-    let answer = parse_request(text).map(|request| daemon.call(request));
-    let (status, answer) = match answer {
-        Err(body) => (body.code.http_status(), Err(body)),
-        Ok(Ok(Ok(response))) => (200, Ok(response)),
-        Ok(Ok(Err(body))) => (body.code.http_status(), Err(body)),
-        Ok(Err(err)) => return failure(&err),
+    let parsed = match action {
+        None => parse_request(text),
+        Some(action) if text.trim().is_empty() => Request::from_json(action, Value::Null),
+        Some(action) => serde_json::from_str::<Value>(text)
+            .map_err(|e| ErrorBody::invalid(format!("request body is not valid JSON: {e}")))
+            .and_then(|params| {
+                if params.is_object() {
+                    Request::from_json(action, params)
+                } else {
+                    Err(ErrorBody::invalid(format!(
+                        "the body of {RPC_PATH}/{action} must be its params, a JSON object"
+                    )))
+                }
+            }),
+    };
+    parsed.map_err(|body| (body.code.http_status(), answer_to_json(&Err(body))))
+}
+
+/// The status and JSON answer for one request body (see [`parse_body`]).
+pub fn handle(body: &[u8], action: Option<&str>, daemon: &mut impl Caller) -> (u16, Value) {
+    let request = match parse_body(body, action) {
+        Ok(r) => r,
+        Err(answer) => return answer,
+    };
+    let (status, answer) = match daemon.call(request) {
+        Ok(Ok(response)) => (200, Ok(response)),
+        Ok(Err(body)) => (body.code.http_status(), Err(body)),
+        Err(err) => return failure(&err),
     };
     (status, answer_to_json(&answer))
 }
@@ -508,9 +399,12 @@ fn error(status: u16, code: ErrorCode, message: String) -> (u16, Value) {
 mod tests {
     use super::*;
     use crate::client::{Answer, ClientError};
+    use crate::reconnecting::ReconnectingClient;
     use crate::rpc::tests::{deleted, Fake};
     use std::io::{Read, Write};
     use std::net::TcpStream;
+    use std::sync::Arc;
+    use std::thread;
 
     const DELETE: &[u8] = br#"{"action":"agent.delete","params":{"agent_id":"a"}}"#;
 
@@ -530,7 +424,7 @@ mod tests {
     #[test]
     fn statuses_follow_the_error_code() {
         let mut ok = fake(deleted);
-        let (status, v) = handle(DELETE, &mut ok);
+        let (status, v) = handle(DELETE, None, &mut ok);
         assert_eq!((status, &v["result"]["deleted"]), (200, &"a".into()));
 
         for (code, status) in [
@@ -540,7 +434,7 @@ mod tests {
             (ErrorCode::Unsupported, 501),
             (ErrorCode::Internal, 500),
         ] {
-            let (got, v) = handle(DELETE, &mut Fails(code));
+            let (got, v) = handle(DELETE, None, &mut Fails(code));
             assert_eq!(got, status, "{code}");
             assert_eq!(v["error"]["code"], code.as_str());
             assert_eq!(v["error"]["message"], "refused by the fake");
@@ -551,30 +445,57 @@ mod tests {
     fn unreachable_daemon_is_503_naming_the_socket() {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("ctl.sock");
-        let (status, v) = handle(DELETE, &mut ReconnectingClient::new(&sock));
+        let (status, v) = handle(DELETE, None, &mut ReconnectingClient::new(&sock));
         assert_eq!(status, 503);
         assert_eq!(v["error"]["code"], "unavailable");
         let message = v["error"]["message"].as_str().unwrap();
         assert!(message.contains(&sock.display().to_string()), "{message}");
 
         let mut gone = fake(|_| Err(ClientError::Closed));
-        assert_eq!(handle(DELETE, &mut gone).0, 503);
+        assert_eq!(handle(DELETE, None, &mut gone).0, 503);
+    }
+
+    #[test]
+    fn an_action_in_the_path_takes_its_params_as_the_body() {
+        let mut ok = fake(deleted);
+        let (status, v) = handle(br#"{"agent_id":"a"}"#, Some("agent.delete"), &mut ok);
+        assert_eq!((status, &v["result"]["deleted"]), (200, &"a".into()));
+        let (status, v) = handle(b"", Some("agent.list"), &mut ok);
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(ok.calls, 2);
+        for (body, action, says) in [
+            (&br#"[1]"#[..], "agent.delete", "must be its params"),
+            (b"{", "agent.delete", "not valid JSON"),
+            (br#"{"agent_id":"a"}"#, "agent.explode", "unknown action"),
+            (br#"{"agent_id":"a","x":1}"#, "agent.delete", "bad params"),
+        ] {
+            let (status, v) = handle(body, Some(action), &mut ok);
+            assert_eq!(status, 400, "{v}");
+            let message = v["error"]["message"].as_str().unwrap();
+            assert!(message.contains(says), "{message}");
+        }
+        assert_eq!(ok.calls, 2);
     }
 
     #[test]
     fn bad_bodies_are_400_or_413_without_a_call() {
         let mut f = fake(deleted);
-        assert_eq!(handle(b"{", &mut f).0, 400);
-        assert_eq!(handle(b"\xff\xfe", &mut f).0, 400);
-        assert_eq!(handle(&vec![b' '; MAX_BODY + 1], &mut f).0, 413);
+        assert_eq!(handle(b"{", None, &mut f).0, 400);
+        assert_eq!(handle(b"\xff\xfe", None, &mut f).0, 400);
+        assert_eq!(handle(&vec![b' '; MAX_BODY + 1], None, &mut f).0, 413);
         assert_eq!(f.calls, 0);
     }
 
     #[test]
     fn routes() {
-        assert_eq!(route("POST", "/v1/rpc"), Route::Rpc);
-        assert_eq!(route("POST", "/v1/rpc?pretty=1"), Route::Rpc);
-        assert_eq!(route("OPTIONS", "/v1/rpc"), Route::Rpc);
+        assert_eq!(route("POST", "/v1/rpc"), Route::Rpc(None));
+        assert_eq!(route("POST", "/v1/rpc?pretty=1"), Route::Rpc(None));
+        assert_eq!(route("OPTIONS", "/v1/rpc"), Route::Rpc(None));
+        assert_eq!(
+            route("POST", "/v1/rpc/agent.create"),
+            Route::Rpc(Some("agent.create".into()))
+        );
+        assert_eq!(route("GET", "/v1/openapi.json"), Route::OpenApi);
         let refused = |method, url| match route(method, url) {
             Route::Refused(r) => r,
             other => panic!("{method} {url}: {other:?}"),
@@ -589,6 +510,11 @@ mod tests {
         let r = refused("POST", "/v2/rpc");
         let v = r.body.as_ref().unwrap();
         assert_eq!((r.status, &v["error"]["code"]), (404, &"not_found".into()));
+        for url in ["/v1/rpc/", "/v1/rpc/a/b", "/v1/rpcx"] {
+            assert_eq!(refused("POST", url).status, 404, "{url}");
+        }
+        assert_eq!(refused("POST", "/v1/openapi.json").status, 405);
+        assert_eq!(refused("GET", "/v1/rpc/agent.list").status, 405);
         // The files: GET and PUT, anything else 405 naming both.
         for method in ["GET", "PUT"] {
             let Route::Files(f) = route(method, "/v1/files/a/s/d%20e/f.txt?scope=shared") else {
@@ -644,7 +570,7 @@ mod tests {
         });
         let mut daemon = ReconnectingClient::with_timeout(&sock, Some(Duration::from_millis(200)));
         for round in 1..=2 {
-            let (status, v) = handle(DELETE, &mut daemon);
+            let (status, v) = handle(DELETE, None, &mut daemon);
             assert_eq!(status, 504, "{v}");
             assert_eq!(v["error"]["code"], "unavailable");
             let message = v["error"]["message"].as_str().unwrap();
@@ -722,7 +648,7 @@ mod tests {
         let reply = send(addr, "POST", &without("Authorization"), DELETE);
         assert!(reply.starts_with("HTTP/1.1 401"), "{reply}");
         assert!(reply.contains(r#""code":"unauthorized""#), "{reply}");
-        assert!(reply.contains("WWW-Authenticate: Bearer"), "{reply}");
+        assert!(reply.contains("www-authenticate: Bearer"), "{reply}");
 
         let mut h = without("Host");
         h.push("Host: rebound.example".into());
@@ -734,7 +660,7 @@ mod tests {
         h.push("Origin: http://evil.example".into());
         let reply = send(addr, "POST", &h, DELETE);
         assert!(reply.starts_with("HTTP/1.1 403"), "{reply}");
-        assert!(!reply.contains("Access-Control-Allow-Origin"), "{reply}");
+        assert!(!reply.contains("access-control-allow-origin"), "{reply}");
 
         let mut h = without("Content-Type");
         h.push("Content-Type: text/plain".into());
@@ -761,11 +687,11 @@ mod tests {
         );
         assert!(pre.starts_with("HTTP/1.1 204"), "{pre}");
         assert!(
-            pre.contains("Access-Control-Allow-Origin: https://app.example"),
+            pre.contains("access-control-allow-origin: https://app.example"),
             "{pre}"
         );
         assert!(
-            pre.contains("Access-Control-Allow-Headers: Authorization, Content-Type"),
+            pre.contains("access-control-allow-headers: Authorization, Content-Type"),
             "{pre}"
         );
         let reply = send(
@@ -782,7 +708,7 @@ mod tests {
         // Served (the daemon is absent here) and readable by the page.
         assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
         assert!(
-            reply.contains("Access-Control-Allow-Origin: https://app.example"),
+            reply.contains("access-control-allow-origin: https://app.example"),
             "{reply}"
         );
         let pre = send(

@@ -374,8 +374,13 @@ fn gateway(args: &GatewayArgs, socket: PathBuf) -> ExitCode {
             "existing"
         }
     );
-    gateway.run();
-    ExitCode::SUCCESS
+    match gateway.run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {}", error_chain(&err));
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Writes to stdout; a reader that went away (`| head`) is not an error.

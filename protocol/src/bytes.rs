@@ -44,6 +44,20 @@ impl std::ops::Deref for Bytes {
     }
 }
 
+impl schemars::JsonSchema for Bytes {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Bytes".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "contentEncoding": "base64",
+            "description": "Bytes, base64 (standard alphabet, padded)"
+        })
+    }
+}
+
 impl Serialize for Bytes {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         if s.is_human_readable() {

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// The closed set of error codes a client can receive.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// The request is malformed: bad ID, bad parameter, bad frame.
@@ -75,7 +75,7 @@ impl fmt::Display for ErrorCode {
 }
 
 /// An error as the client sees it: a code and a message a person can act on.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
 pub struct ErrorBody {
     pub code: ErrorCode,
     pub message: String,

@@ -6,7 +6,9 @@ use crate::Bytes;
 use serde::{Deserialize, Serialize};
 
 /// Where a path is relative to.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(
+    Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Default,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum FsScope {
     /// The session's `current/` (or, with `checkpoint_id`, that
@@ -27,7 +29,7 @@ impl FsScope {
 }
 
 /// `fs.stat`: what is at a path (a symbolic link itself, not its target).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FsStat {
     pub agent_id: String,
@@ -42,7 +44,7 @@ pub struct FsStat {
 
 /// `fs.list`: a directory's entries, sorted by path; with `depth` > 1, its
 /// subdirectories' too (symbolic links are not followed).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FsList {
     pub agent_id: String,
@@ -62,7 +64,7 @@ pub struct FsList {
 /// `fs.read`: bytes of a file, from `offset`, at most `length` (and at most
 /// [`FS_CHUNK`] in one answer: read on from `offset + data.len()` until
 /// `eof`).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FsRead {
     pub agent_id: String,
@@ -90,7 +92,7 @@ pub const FS_CHUNK: u64 = 512 * 1024;
 /// which replaces the target only with the chunk marked `commit`; an
 /// upload left unfinished never touches the target, and its file is
 /// removed at the daemon's next start.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FsWrite {
     pub agent_id: String,
@@ -132,7 +134,7 @@ impl FsWrite {
 }
 
 /// `fs.mkdir`.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FsMkdir {
     pub agent_id: String,
@@ -147,7 +149,7 @@ pub struct FsMkdir {
 
 /// `fs.remove`: a file, a symbolic link, an empty directory, or with
 /// `recursive` a whole tree.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FsRemove {
     pub agent_id: String,
@@ -161,7 +163,7 @@ pub struct FsRemove {
 
 /// `fs.move`: renames `path` to `to` (in the same scope), replacing a file
 /// there.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FsMove {
     pub agent_id: String,
@@ -177,7 +179,7 @@ pub struct FsMove {
 /// goes: first one `ready` once the watch is in place, then each change;
 /// a rollback of the session is one `rolled_back`, after which the new
 /// tree is watched.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FsWatch {
     pub agent_id: String,
@@ -192,7 +194,7 @@ pub struct FsWatch {
 }
 
 /// What happened at a path.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum FsChange {
     /// The watch is in place: changes from now on are reported.
@@ -207,7 +209,7 @@ pub enum FsChange {
 }
 
 /// One change an `fs.watch` reports.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct FsEvent {
     pub change: FsChange,
     /// Relative to the scope's root (`.` for `ready` and `rolled_back`).
@@ -218,7 +220,7 @@ pub struct FsEvent {
 }
 
 /// What kind of thing is at a path.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum FsKind {
     File,
@@ -228,7 +230,7 @@ pub enum FsKind {
 }
 
 /// One entry.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct FsEntry {
     /// Relative to the scope's root.
     pub path: String,
@@ -242,7 +244,7 @@ pub struct FsEntry {
     pub link: Option<String>,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct FsListing {
     pub entries: Vec<FsEntry>,
     /// Whether the answer was cut at its limit (10,000 entries).
@@ -250,7 +252,7 @@ pub struct FsListing {
 }
 
 /// The answer to `fs.read`.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct FsData {
     pub path: String,
     pub offset: u64,
@@ -262,7 +264,7 @@ pub struct FsData {
 }
 
 /// The answer to `fs.write`.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct FsWritten {
     pub path: String,
     /// The file's size (an upload's: what it has so far).

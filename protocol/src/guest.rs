@@ -55,11 +55,11 @@ pub const MAX_ROUTE_LEN: usize = 128;
 
 /// A type without values: the reserved variants of [`GuestClientFrame`]
 /// can never be decoded (or built).
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HostOnly {}
 
 /// First frame of a guest connection.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
 pub struct GuestHello {
     pub version: u32,
     pub build: String,
@@ -82,7 +82,7 @@ impl Default for GuestHello {
 }
 
 /// Frames a guest client sends.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub enum GuestClientFrame {
     /// Index 0: the host's `Hello`; never a guest frame.
     ReservedHostHello(HostOnly),
@@ -93,7 +93,7 @@ pub enum GuestClientFrame {
 }
 
 /// Frames the guest interface sends.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub enum GuestServerFrame {
     Welcome(GuestHello),
     /// The handshake was refused; the server closes.
@@ -101,20 +101,20 @@ pub enum GuestServerFrame {
     Response(GuestResponseEnvelope),
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct GuestRequestEnvelope {
     pub request_id: u64,
     pub request: GuestRequest,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct GuestResponseEnvelope {
     /// The request this answers; 0 when the server could not read one.
     pub request_id: u64,
     pub outcome: GuestOutcome,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub enum GuestOutcome {
     Ok(GuestResponse),
     Err(ErrorBody),
@@ -139,12 +139,12 @@ impl From<GuestOutcome> for Result<GuestResponse, ErrorBody> {
 }
 
 /// `whoami`: the caller's agent, session and run.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Whoami {}
 
 /// `turn.begin` of the caller's own session.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct GuestTurnBegin {
     /// Chosen by the caller, or made up (`turn-<n>`).
@@ -153,7 +153,7 @@ pub struct GuestTurnBegin {
 }
 
 /// `turn.end` of the caller's own session.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct GuestTurnEnd {
     /// The turn to end; without it, the session's open turn.
@@ -166,7 +166,7 @@ pub struct GuestTurnEnd {
 }
 
 /// `plugin.call`: a route a plugin owns, with its parameters as JSON text.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct PluginCall {
     pub route: String,
@@ -175,7 +175,7 @@ pub struct PluginCall {
 }
 
 /// Every guest request. Variants are only ever appended.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub enum GuestRequest {
     Whoami(Whoami),
     TurnBegin(GuestTurnBegin),
@@ -256,7 +256,7 @@ impl GuestRequest {
 }
 
 /// Who is asking: the run whose listener accepted the connection.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
 pub struct GuestIdentity {
     pub agent_id: String,
     pub session_id: String,
@@ -264,13 +264,13 @@ pub struct GuestIdentity {
 }
 
 /// A plugin route's answer, as JSON text.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
 pub struct PluginResult {
     pub result: String,
 }
 
 /// Every guest response. Variants are only ever appended.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub enum GuestResponse {
     Identity(GuestIdentity),
     Turn(TurnInfo),

@@ -65,6 +65,7 @@ pub mod json;
 pub mod message;
 pub mod monitor;
 pub mod network;
+pub mod openapi;
 pub mod share;
 
 pub use bytes::Bytes;

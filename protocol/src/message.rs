@@ -7,7 +7,7 @@ use crate::error::ErrorBody;
 use serde::{Deserialize, Serialize};
 
 /// First frame of a connection, both ways.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
 pub struct Hello {
     pub version: u32,
     pub build: String,
@@ -99,8 +99,12 @@ pub struct EventEnvelope {
     pub event: Event,
 }
 
-/// Stream events. Later capabilities append variants.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+/// Stream events. Later capabilities append variants. In JSON (the
+/// gateway's NDJSON streams) an event is an object with one key, the
+/// variant's snake_case name: `{"output": {...}}`; postcard carries the
+/// variant's index, so the names are not on the binary wire.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+#[serde(rename_all = "snake_case")]
 pub enum Event {
     /// Free-form progress note.
     Progress { message: String },
@@ -119,14 +123,14 @@ pub enum Event {
 }
 
 /// Which output stream a chunk belongs to.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum StreamKind {
     Stdout,
     Stderr,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct OutputChunk {
     pub run_id: String,
     pub stream: StreamKind,
@@ -138,7 +142,7 @@ pub struct OutputChunk {
 // Request parameters
 // ---------------------------------------------------------------------------
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Ping {}
 
@@ -146,7 +150,7 @@ pub struct Ping {}
 /// filtered by agent, session and run; `cursor` continues after the last
 /// event of an earlier answer. With `follow`, matching events keep coming
 /// as stream events after the answer's backlog, until the client goes.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessEvents {
     #[serde(default)]
@@ -167,7 +171,7 @@ pub struct ProcessEvents {
 
 /// `process.tree`: the lineage of a session's (or one run's) processes,
 /// live and exited, from the tracker's events.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessTreeRequest {
     pub agent_id: String,
@@ -177,30 +181,30 @@ pub struct ProcessTreeRequest {
 }
 
 /// `system.info`: the machine as the supervisor sees it.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct SystemInfoRequest {}
 
 /// `plugin.list`: the plugins loaded, in load order, and the ones
 /// installed (compiled in), enabled or not.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct PluginListRequest {}
 
 /// `store.check`: compare the index with the subvolumes on disk and say
 /// what the journal still holds (read-only).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct StoreCheckRequest {}
 
 /// `system.shutdown`: stop the supervisor in order (refuse new work, kill
 /// every session's processes, flush the store); as the guest's PID 1's
 /// child, the VM then powers off.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Shutdown {}
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AgentRef {
     pub agent_id: String,
@@ -208,7 +212,7 @@ pub struct AgentRef {
 
 /// `agent.create`, with the agent's automatic-checkpoint policy (the
 /// default of its sessions).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AgentCreate {
     pub agent_id: String,
@@ -237,11 +241,11 @@ impl AgentCreate {
     }
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct AgentList {}
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SessionRef {
     pub agent_id: String,
@@ -250,7 +254,7 @@ pub struct SessionRef {
 
 /// `session.create`, with optional resource limits for the session's
 /// cgroup (refused with `unsupported` where the controller is missing).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SessionCreate {
     pub agent_id: String,
@@ -299,7 +303,7 @@ impl SessionCreate {
 }
 
 /// How a turn ended.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum TurnStatus {
     Ok,
@@ -308,7 +312,7 @@ pub enum TurnStatus {
 }
 
 /// `turn.begin`: an agent framework starts a turn of a session.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TurnBegin {
     pub agent_id: String,
@@ -319,7 +323,7 @@ pub struct TurnBegin {
 }
 
 /// `turn.end`: the turn is over.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TurnEnd {
     pub agent_id: String,
@@ -333,7 +337,7 @@ pub struct TurnEnd {
 
 /// `checkpoint.diff`: what changed between two checkpoints of a session
 /// (`current` names the session's `current/`).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointDiff {
     pub agent_id: String,
@@ -344,7 +348,7 @@ pub struct CheckpointDiff {
 
 /// `policy.set`: automatic checkpoints for an agent (default of its
 /// sessions) or one session.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PolicySet {
     pub agent_id: String,
@@ -356,7 +360,7 @@ pub struct PolicySet {
     pub keep_last: Option<u32>,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointRef {
     pub agent_id: String,
@@ -364,7 +368,7 @@ pub struct CheckpointRef {
     pub checkpoint_id: String,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointCreate {
     pub agent_id: String,
@@ -378,7 +382,7 @@ pub struct CheckpointCreate {
     pub label: Option<String>,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointPin {
     pub agent_id: String,
@@ -387,7 +391,7 @@ pub struct CheckpointPin {
     pub pinned: bool,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SessionRollback {
     pub agent_id: String,
@@ -398,7 +402,7 @@ pub struct SessionRollback {
     pub kill_processes: Option<bool>,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct AuditList {
     /// Only records with a sequence number above this.
@@ -410,7 +414,7 @@ pub struct AuditList {
 }
 
 /// `process.start`: run `argv` in the session's sandbox.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessStart {
     pub agent_id: String,
@@ -450,7 +454,7 @@ pub struct ProcessStart {
 }
 
 /// A terminal's size, and its type (`TERM`, default `xterm-256color`).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct PtySize {
     pub rows: u16,
@@ -466,7 +470,7 @@ impl PtySize {
 
 /// `process.resize`: a new size for a run's terminal (its foreground
 /// processes get `SIGWINCH`).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessResize {
     pub agent_id: String,
@@ -481,7 +485,7 @@ pub struct ProcessResize {
 /// [`ProcessAttach::REPLAY_MAX`] bytes, unless `replay` is false), then
 /// what it writes from now on, as `Event::Output`; the answer comes when
 /// the run ends, as `process.wait`'s.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessAttach {
     pub agent_id: String,
@@ -497,7 +501,7 @@ impl ProcessAttach {
 }
 
 /// `process.wait`: the end of a run.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessWait {
     pub agent_id: String,
@@ -508,7 +512,7 @@ pub struct ProcessWait {
 }
 
 /// `process.kill`: one run's process tree, or the whole session.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessKill {
     pub agent_id: String,
@@ -522,7 +526,7 @@ pub struct ProcessKill {
 }
 
 /// `process.stdin`: write to a run's standard input, or close it.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessStdin {
     pub agent_id: String,
@@ -536,9 +540,9 @@ pub struct ProcessStdin {
 }
 
 macro_rules! requests {
-    ($( $(#[$doc:meta])* $variant:ident($ty:ty) = $name:literal, mutating = $m:literal; )*) => {
+    ($( $(#[$doc:meta])* $variant:ident($ty:ty) = $name:literal, mutating = $m:literal, answers = [$($answer:ident),*]; )*) => {
         /// Every request. The JSON action name is given beside each variant.
-        #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+        #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
         pub enum Request {
             $( $(#[$doc])* $variant($ty), )*
         }
@@ -576,62 +580,75 @@ macro_rules! requests {
                 let v = match self { $( Request::$variant(p) => serde_json::to_value(p), )* };
                 v.unwrap_or(serde_json::Value::Null)
             }
+
+            /// Every action as the API describes it: its name, whether it
+            /// changes state, the schema of its params (made by `schemas`)
+            /// and the [`Response`] variants it answers with (none: it
+            /// only streams until its client goes).
+            pub fn api(schemas: &mut schemars::SchemaGenerator) -> Vec<crate::openapi::Action> {
+                vec![$( crate::openapi::Action {
+                    name: $name,
+                    mutating: $m,
+                    params: schemas.subschema_for::<$ty>(),
+                    answers: &[$(stringify!($answer)),*],
+                }, )*]
+            }
         }
     };
 }
 
 requests! {
     /// Liveness and version check; answered with `Pong`.
-    Ping(Ping) = "system.ping", mutating = false;
-    AgentCreate(AgentCreate) = "agent.create", mutating = true;
-    AgentList(AgentList) = "agent.list", mutating = false;
-    AgentDelete(AgentRef) = "agent.delete", mutating = true;
-    SessionCreate(SessionCreate) = "session.create", mutating = true;
-    SessionList(AgentRef) = "session.list", mutating = false;
-    SessionDelete(SessionRef) = "session.delete", mutating = true;
-    CheckpointCreate(CheckpointCreate) = "checkpoint.create", mutating = true;
-    CheckpointList(SessionRef) = "checkpoint.list", mutating = false;
-    CheckpointDelete(CheckpointRef) = "checkpoint.delete", mutating = true;
-    CheckpointPin(CheckpointPin) = "checkpoint.pin", mutating = true;
-    SessionRollback(SessionRollback) = "session.rollback", mutating = true;
-    AuditList(AuditList) = "audit.list", mutating = false;
-    ProcessStart(ProcessStart) = "process.start", mutating = true;
-    ProcessWait(ProcessWait) = "process.wait", mutating = false;
-    ProcessKill(ProcessKill) = "process.kill", mutating = true;
-    ProcessList(SessionRef) = "process.list", mutating = false;
-    ProcessStdin(ProcessStdin) = "process.stdin", mutating = false;
-    TurnBegin(TurnBegin) = "turn.begin", mutating = true;
-    TurnEnd(TurnEnd) = "turn.end", mutating = true;
-    PolicySet(PolicySet) = "policy.set", mutating = true;
-    CheckpointDiff(CheckpointDiff) = "checkpoint.diff", mutating = false;
-    Shutdown(Shutdown) = "system.shutdown", mutating = true;
-    SystemInfo(SystemInfoRequest) = "system.info", mutating = false;
-    ProcessEvents(ProcessEvents) = "process.events", mutating = false;
-    ProcessTree(ProcessTreeRequest) = "process.tree", mutating = false;
-    StoreCheck(StoreCheckRequest) = "store.check", mutating = false;
-    PluginList(PluginListRequest) = "plugin.list", mutating = false;
-    NetworkPolicySet(crate::NetworkPolicySet) = "network.policy.set", mutating = true;
-    NetworkPolicyGet(crate::NetworkPolicyGet) = "network.policy.get", mutating = false;
-    NetworkAudit(crate::NetworkAudit) = "network.audit", mutating = false;
-    FsStat(crate::FsStat) = "fs.stat", mutating = false;
-    FsList(crate::FsList) = "fs.list", mutating = false;
-    FsRead(crate::FsRead) = "fs.read", mutating = false;
-    FsWrite(crate::FsWrite) = "fs.write", mutating = true;
-    FsMkdir(crate::FsMkdir) = "fs.mkdir", mutating = true;
-    FsRemove(crate::FsRemove) = "fs.remove", mutating = true;
-    FsMove(crate::FsMove) = "fs.move", mutating = true;
-    FsWatch(crate::FsWatch) = "fs.watch", mutating = false;
-    ProcessResize(ProcessResize) = "process.resize", mutating = false;
-    ProcessAttach(ProcessAttach) = "process.attach", mutating = false;
-    ShareList(crate::ShareList) = "share.list", mutating = false;
-    ShareAgentSet(crate::ShareAgentSet) = "share.agent.set", mutating = true;
-    ShareSessionSet(crate::ShareSessionSet) = "share.session.set", mutating = true;
-    SessionStats(crate::SessionStatsRequest) = "session.stats", mutating = false;
-    SessionUpdate(crate::SessionUpdate) = "session.update", mutating = true;
-    MonitorIngest(crate::MonitorIngest) = "monitor.ingest", mutating = false;
-    MonitorRecords(crate::MonitorRecords) = "monitor.records", mutating = false;
-    MonitorSummary(crate::MonitorSummaryRequest) = "monitor.summary", mutating = false;
-    MonitorTimeline(crate::MonitorTimelineRequest) = "monitor.timeline", mutating = false;
+    Ping(Ping) = "system.ping", mutating = false, answers = [Pong];
+    AgentCreate(AgentCreate) = "agent.create", mutating = true, answers = [Agent];
+    AgentList(AgentList) = "agent.list", mutating = false, answers = [Agents];
+    AgentDelete(AgentRef) = "agent.delete", mutating = true, answers = [Deleted];
+    SessionCreate(SessionCreate) = "session.create", mutating = true, answers = [Session];
+    SessionList(AgentRef) = "session.list", mutating = false, answers = [Sessions];
+    SessionDelete(SessionRef) = "session.delete", mutating = true, answers = [Deleted];
+    CheckpointCreate(CheckpointCreate) = "checkpoint.create", mutating = true, answers = [Checkpoint];
+    CheckpointList(SessionRef) = "checkpoint.list", mutating = false, answers = [Checkpoints];
+    CheckpointDelete(CheckpointRef) = "checkpoint.delete", mutating = true, answers = [Deleted];
+    CheckpointPin(CheckpointPin) = "checkpoint.pin", mutating = true, answers = [Checkpoint];
+    SessionRollback(SessionRollback) = "session.rollback", mutating = true, answers = [RolledBack];
+    AuditList(AuditList) = "audit.list", mutating = false, answers = [Audit];
+    ProcessStart(ProcessStart) = "process.start", mutating = true, answers = [Started, Exited];
+    ProcessWait(ProcessWait) = "process.wait", mutating = false, answers = [Exited];
+    ProcessKill(ProcessKill) = "process.kill", mutating = true, answers = [Killed];
+    ProcessList(SessionRef) = "process.list", mutating = false, answers = [Processes];
+    ProcessStdin(ProcessStdin) = "process.stdin", mutating = false, answers = [StdinWritten];
+    TurnBegin(TurnBegin) = "turn.begin", mutating = true, answers = [Turn];
+    TurnEnd(TurnEnd) = "turn.end", mutating = true, answers = [Turn];
+    PolicySet(PolicySet) = "policy.set", mutating = true, answers = [Policy];
+    CheckpointDiff(CheckpointDiff) = "checkpoint.diff", mutating = false, answers = [Diff];
+    Shutdown(Shutdown) = "system.shutdown", mutating = true, answers = [Stopping];
+    SystemInfo(SystemInfoRequest) = "system.info", mutating = false, answers = [System];
+    ProcessEvents(ProcessEvents) = "process.events", mutating = false, answers = [ProcessEvents];
+    ProcessTree(ProcessTreeRequest) = "process.tree", mutating = false, answers = [ProcessTree];
+    StoreCheck(StoreCheckRequest) = "store.check", mutating = false, answers = [StoreCheck];
+    PluginList(PluginListRequest) = "plugin.list", mutating = false, answers = [Plugins];
+    NetworkPolicySet(crate::NetworkPolicySet) = "network.policy.set", mutating = true, answers = [NetworkPolicy];
+    NetworkPolicyGet(crate::NetworkPolicyGet) = "network.policy.get", mutating = false, answers = [NetworkPolicy];
+    NetworkAudit(crate::NetworkAudit) = "network.audit", mutating = false, answers = [NetworkAudit];
+    FsStat(crate::FsStat) = "fs.stat", mutating = false, answers = [FsEntry];
+    FsList(crate::FsList) = "fs.list", mutating = false, answers = [FsListing];
+    FsRead(crate::FsRead) = "fs.read", mutating = false, answers = [FsData];
+    FsWrite(crate::FsWrite) = "fs.write", mutating = true, answers = [FsWritten];
+    FsMkdir(crate::FsMkdir) = "fs.mkdir", mutating = true, answers = [FsEntry];
+    FsRemove(crate::FsRemove) = "fs.remove", mutating = true, answers = [Deleted];
+    FsMove(crate::FsMove) = "fs.move", mutating = true, answers = [FsEntry];
+    FsWatch(crate::FsWatch) = "fs.watch", mutating = false, answers = [];
+    ProcessResize(ProcessResize) = "process.resize", mutating = false, answers = [Resized];
+    ProcessAttach(ProcessAttach) = "process.attach", mutating = false, answers = [Exited];
+    ShareList(crate::ShareList) = "share.list", mutating = false, answers = [Shares];
+    ShareAgentSet(crate::ShareAgentSet) = "share.agent.set", mutating = true, answers = [ShareAgent];
+    ShareSessionSet(crate::ShareSessionSet) = "share.session.set", mutating = true, answers = [Share];
+    SessionStats(crate::SessionStatsRequest) = "session.stats", mutating = false, answers = [SessionStats];
+    SessionUpdate(crate::SessionUpdate) = "session.update", mutating = true, answers = [SessionStats];
+    MonitorIngest(crate::MonitorIngest) = "monitor.ingest", mutating = false, answers = [MonitorIngested];
+    MonitorRecords(crate::MonitorRecords) = "monitor.records", mutating = false, answers = [MonitorRecords];
+    MonitorSummary(crate::MonitorSummaryRequest) = "monitor.summary", mutating = false, answers = [MonitorSummary];
+    MonitorTimeline(crate::MonitorTimelineRequest) = "monitor.timeline", mutating = false, answers = [MonitorTimeline];
 }
 
 impl Request {
@@ -754,13 +771,13 @@ fn fs_target(a: &str, s: &str, scope: crate::FsScope, path: &str) -> String {
 // Responses
 // ---------------------------------------------------------------------------
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct Pong {
     pub version: u32,
     pub build: String,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct AgentInfo {
     pub agent_id: String,
     /// Creation time, milliseconds since the Unix epoch.
@@ -770,12 +787,12 @@ pub struct AgentInfo {
     pub workspace: String,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct AgentListing {
     pub agents: Vec<AgentInfo>,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct SessionInfo {
     pub agent_id: String,
     pub session_id: String,
@@ -787,14 +804,14 @@ pub struct SessionInfo {
     pub current: String,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct SessionListing {
     pub agent_id: String,
     pub sessions: Vec<SessionInfo>,
 }
 
 /// Why a checkpoint exists.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Origin {
     /// Asked for with `checkpoint.create`.
@@ -818,7 +835,7 @@ impl Origin {
     }
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct CheckpointInfo {
     pub agent_id: String,
     pub session_id: String,
@@ -833,7 +850,7 @@ pub struct CheckpointInfo {
     pub turn_id: Option<String>,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct CheckpointListing {
     pub agent_id: String,
     pub session_id: String,
@@ -843,7 +860,7 @@ pub struct CheckpointListing {
     pub checkpoints: Vec<CheckpointInfo>,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct RollbackDone {
     pub agent_id: String,
     pub session_id: String,
@@ -854,13 +871,13 @@ pub struct RollbackDone {
     pub killed_processes: u32,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct Deleted {
     /// What was deleted, as `agent[/session[/checkpoint]]`.
     pub deleted: String,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct AuditRecord {
     /// Position in the audit log, from 1, without gaps.
     pub seq: u64,
@@ -875,14 +892,14 @@ pub struct AuditRecord {
     pub message: Option<String>,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct AuditListing {
     pub records: Vec<AuditRecord>,
     /// Records whose checksum did not match and were skipped.
     pub corrupt: u64,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct RunStarted {
     pub run_id: String,
     /// PID in the supervisor's PID namespace.
@@ -890,7 +907,7 @@ pub struct RunStarted {
 }
 
 /// How a run ended.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct RunResult {
     pub run_id: String,
     /// Exit code if the program exited.
@@ -920,7 +937,7 @@ pub struct RunResult {
     pub oom_killed: Option<bool>,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct ProcessInfo {
     pub pid: i32,
     pub ppid: i32,
@@ -940,7 +957,7 @@ impl ProcessInfo {
     pub const ARGV_MAX: usize = 4 << 10;
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct ProcessListing {
     /// Sorted by PID; at most [`ProcessListing::MAX_ENTRIES`] and
     /// [`ProcessListing::MAX_BYTES`] (see `truncated`).
@@ -964,19 +981,19 @@ impl ProcessListing {
     pub const MAX_BYTES: usize = 768 << 10;
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct Killed {
     /// Processes that were signalled.
     pub killed: u32,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct StdinWritten {
     pub written: u64,
     pub closed: bool,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct TurnInfo {
     pub agent_id: String,
     pub session_id: String,
@@ -993,7 +1010,7 @@ pub struct TurnInfo {
     pub checkpoint_error: Option<String>,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct PolicyInfo {
     pub agent_id: String,
     pub session_id: Option<String>,
@@ -1003,7 +1020,9 @@ pub struct PolicyInfo {
 }
 
 /// How a path differs.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(
+    Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ChangeKind {
     Added,
@@ -1013,7 +1032,7 @@ pub enum ChangeKind {
     TypeChanged,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct Change {
     /// Relative to the workspace root, `/`-separated.
     pub path: String,
@@ -1022,7 +1041,7 @@ pub struct Change {
     pub size_after: Option<u64>,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct DiffListing {
     pub from: String,
     pub to: String,
@@ -1035,52 +1054,88 @@ pub struct DiffListing {
     pub type_changed: u64,
 }
 
-/// Every response. Each request has one natural response variant.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub enum Response {
-    Pong(Pong),
-    Agent(AgentInfo),
-    Agents(AgentListing),
-    Session(SessionInfo),
-    Sessions(SessionListing),
-    Checkpoint(CheckpointInfo),
-    Checkpoints(CheckpointListing),
-    RolledBack(RollbackDone),
-    Deleted(Deleted),
-    Audit(AuditListing),
-    Started(RunStarted),
-    Exited(RunResult),
-    Killed(Killed),
-    Processes(ProcessListing),
-    StdinWritten(StdinWritten),
-    Turn(TurnInfo),
-    Policy(PolicyInfo),
-    Diff(DiffListing),
-    Stopping(Stopping),
-    System(SystemInfo),
-    ProcessEvents(ProcessEventListing),
-    ProcessTree(ProcessTreeListing),
-    StoreCheck(StoreCheckReport),
-    Plugins(PluginListing),
-    NetworkPolicy(crate::NetworkPolicyInfo),
-    NetworkAudit(crate::NetworkAuditListing),
-    FsEntry(crate::FsEntry),
-    FsListing(crate::FsListing),
-    FsData(crate::FsData),
-    FsWritten(crate::FsWritten),
-    Resized(Resized),
-    Shares(crate::ShareListing),
-    ShareAgent(crate::ShareAgentInfo),
-    Share(crate::ShareInfo),
-    SessionStats(Box<crate::SessionStats>),
-    MonitorIngested(crate::MonitorIngested),
-    MonitorRecords(crate::MonitorListing),
-    MonitorSummary(crate::MonitorSummary),
-    MonitorTimeline(Box<crate::MonitorTimeline>),
+macro_rules! responses {
+    ($( $variant:ident($ty:ty); )*) => {
+        /// Every response. Each request has one natural response variant.
+        #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+        pub enum Response {
+            $( $variant($ty), )*
+        }
+
+        impl Response {
+            /// The variant's name (`"Agent"`, ...), as [`Request::api`]
+            /// names an action's answers.
+            pub fn kind(&self) -> &'static str {
+                match self { $( Response::$variant(_) => stringify!($variant), )* }
+            }
+
+            /// The JSON `result` object.
+            pub fn to_json(&self) -> serde_json::Value {
+                let v = match self { $( Response::$variant(v) => serde_json::to_value(v), )* };
+                v.unwrap_or(serde_json::Value::Null)
+            }
+
+            /// The schema of a variant's JSON `result`, by its name.
+            pub fn schema_of(
+                kind: &str,
+                schemas: &mut schemars::SchemaGenerator,
+            ) -> Option<schemars::Schema> {
+                match kind {
+                    $( stringify!($variant) => Some(schemas.subschema_for::<$ty>()), )*
+                    _ => None,
+                }
+            }
+
+            /// Every variant's name.
+            pub const KINDS: &'static [&'static str] = &[$(stringify!($variant)),*];
+        }
+    };
+}
+
+responses! {
+    Pong(Pong);
+    Agent(AgentInfo);
+    Agents(AgentListing);
+    Session(SessionInfo);
+    Sessions(SessionListing);
+    Checkpoint(CheckpointInfo);
+    Checkpoints(CheckpointListing);
+    RolledBack(RollbackDone);
+    Deleted(Deleted);
+    Audit(AuditListing);
+    Started(RunStarted);
+    Exited(RunResult);
+    Killed(Killed);
+    Processes(ProcessListing);
+    StdinWritten(StdinWritten);
+    Turn(TurnInfo);
+    Policy(PolicyInfo);
+    Diff(DiffListing);
+    Stopping(Stopping);
+    System(SystemInfo);
+    ProcessEvents(ProcessEventListing);
+    ProcessTree(ProcessTreeListing);
+    StoreCheck(StoreCheckReport);
+    Plugins(PluginListing);
+    NetworkPolicy(crate::NetworkPolicyInfo);
+    NetworkAudit(crate::NetworkAuditListing);
+    FsEntry(crate::FsEntry);
+    FsListing(crate::FsListing);
+    FsData(crate::FsData);
+    FsWritten(crate::FsWritten);
+    Resized(Resized);
+    Shares(crate::ShareListing);
+    ShareAgent(crate::ShareAgentInfo);
+    Share(crate::ShareInfo);
+    SessionStats(Box<crate::SessionStats>);
+    MonitorIngested(crate::MonitorIngested);
+    MonitorRecords(crate::MonitorListing);
+    MonitorSummary(crate::MonitorSummary);
+    MonitorTimeline(Box<crate::MonitorTimeline>);
 }
 
 /// A terminal's new size.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct Resized {
     pub run_id: String,
     pub rows: u16,
@@ -1088,7 +1143,7 @@ pub struct Resized {
 }
 
 /// What happened to a process.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[serde(rename_all = "snake_case")]
 pub enum ProcessEventKind {
     Fork,
@@ -1100,7 +1155,7 @@ pub enum ProcessEventKind {
 
 /// One event of the process tracker, attributed in the kernel to the
 /// agent, session and run whose sandbox the process descends from.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct ProcessEvent {
     pub seq: u64,
     /// Milliseconds since the Unix epoch.
@@ -1125,7 +1180,7 @@ pub struct ProcessEvent {
     pub evicted: Option<u64>,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct ProcessEventListing {
     pub events: Vec<ProcessEvent>,
     /// Pass as `cursor` to continue.
@@ -1137,7 +1192,7 @@ pub struct ProcessEventListing {
 }
 
 /// One process in a lineage tree.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct ProcessNode {
     pub pid: u32,
     pub host_pid: u32,
@@ -1152,13 +1207,13 @@ pub struct ProcessNode {
     pub children: Vec<ProcessNode>,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct ProcessTreeListing {
     pub roots: Vec<ProcessNode>,
 }
 
 /// The answer to `system.info`.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct SystemInfo {
     /// Milliseconds since the kernel booted.
     pub uptime_ms: u64,
@@ -1178,7 +1233,7 @@ pub struct SystemInfo {
 }
 
 /// A loaded plugin, as `plugin.list` shows it.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct PluginInfo {
     pub name: String,
     /// The plugin API version it declares.
@@ -1190,7 +1245,7 @@ pub struct PluginInfo {
 }
 
 /// A plugin compiled into the supervisor.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct InstalledPlugin {
     pub name: String,
     pub api_version: u32,
@@ -1201,7 +1256,7 @@ pub struct InstalledPlugin {
 }
 
 /// The answer to `plugin.list`.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct PluginListing {
     /// Loaded plugins, in load order (they stop in the reverse order).
     pub loaded: Vec<PluginInfo>,
@@ -1212,7 +1267,7 @@ pub struct PluginListing {
 /// The answer to `store.check`. The store is consistent when every list is
 /// empty: the journal holds no unfinished operation and every record of
 /// the index has its subvolume on disk and the other way round.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 pub struct StoreCheckReport {
     /// Journal entries of operations that neither finished nor were undone.
     pub unfinished: Vec<String>,
@@ -1237,57 +1292,9 @@ impl StoreCheckReport {
 }
 
 /// The answer to `system.shutdown`.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct Stopping {
     /// Whether the machine powers off after the supervisor stops (it runs
     /// as the child of the guest's PID 1).
     pub power_off: bool,
-}
-
-impl Response {
-    /// The JSON `result` object.
-    pub fn to_json(&self) -> serde_json::Value {
-        let v = match self {
-            Response::Pong(v) => serde_json::to_value(v),
-            Response::Agent(v) => serde_json::to_value(v),
-            Response::Agents(v) => serde_json::to_value(v),
-            Response::Session(v) => serde_json::to_value(v),
-            Response::Sessions(v) => serde_json::to_value(v),
-            Response::Checkpoint(v) => serde_json::to_value(v),
-            Response::Checkpoints(v) => serde_json::to_value(v),
-            Response::RolledBack(v) => serde_json::to_value(v),
-            Response::Deleted(v) => serde_json::to_value(v),
-            Response::Audit(v) => serde_json::to_value(v),
-            Response::Started(v) => serde_json::to_value(v),
-            Response::Exited(v) => serde_json::to_value(v),
-            Response::Killed(v) => serde_json::to_value(v),
-            Response::Processes(v) => serde_json::to_value(v),
-            Response::StdinWritten(v) => serde_json::to_value(v),
-            Response::Turn(v) => serde_json::to_value(v),
-            Response::Policy(v) => serde_json::to_value(v),
-            Response::Diff(v) => serde_json::to_value(v),
-            Response::Stopping(v) => serde_json::to_value(v),
-            Response::System(v) => serde_json::to_value(v),
-            Response::ProcessEvents(v) => serde_json::to_value(v),
-            Response::ProcessTree(v) => serde_json::to_value(v),
-            Response::StoreCheck(v) => serde_json::to_value(v),
-            Response::Plugins(v) => serde_json::to_value(v),
-            Response::NetworkPolicy(v) => serde_json::to_value(v),
-            Response::NetworkAudit(v) => serde_json::to_value(v),
-            Response::FsEntry(v) => serde_json::to_value(v),
-            Response::FsListing(v) => serde_json::to_value(v),
-            Response::FsData(v) => serde_json::to_value(v),
-            Response::FsWritten(v) => serde_json::to_value(v),
-            Response::Resized(v) => serde_json::to_value(v),
-            Response::Shares(v) => serde_json::to_value(v),
-            Response::ShareAgent(v) => serde_json::to_value(v),
-            Response::Share(v) => serde_json::to_value(v),
-            Response::SessionStats(v) => serde_json::to_value(v),
-            Response::MonitorIngested(v) => serde_json::to_value(v),
-            Response::MonitorRecords(v) => serde_json::to_value(v),
-            Response::MonitorSummary(v) => serde_json::to_value(v),
-            Response::MonitorTimeline(v) => serde_json::to_value(v),
-        };
-        v.unwrap_or(serde_json::Value::Null)
-    }
 }

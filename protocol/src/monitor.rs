@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 /// What a cgroup (a run's, a session's) used.
-#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Default, PartialEq, Eq)]
 pub struct Usage {
     /// CPU time in user and kernel mode (`cpu.stat`), µs.
     pub cpu_user_us: Option<u64>,
@@ -21,7 +21,7 @@ pub struct Usage {
 }
 
 /// `session.stats`: what a session uses now and has used in total.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SessionStatsRequest {
     pub agent_id: String,
@@ -30,7 +30,7 @@ pub struct SessionStatsRequest {
 
 /// A session's limits as its cgroup has them (`None`: no limit, or no
 /// controller).
-#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Default, PartialEq, Eq)]
 pub struct SessionLimits {
     pub pids_max: Option<u64>,
     pub memory_max: Option<u64>,
@@ -39,7 +39,7 @@ pub struct SessionLimits {
 }
 
 /// The answer to `session.stats` and `session.update`.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct SessionStats {
     pub agent_id: String,
     pub session_id: String,
@@ -60,7 +60,7 @@ pub struct SessionStats {
 }
 
 /// What one live run used so far.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
 pub struct RunUsage {
     pub run_id: String,
     pub usage: Usage,
@@ -70,7 +70,7 @@ pub struct RunUsage {
 
 /// `session.update`: changes a live session's limits (those given; the
 /// others stay).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct SessionUpdate {
     pub agent_id: String,
@@ -86,7 +86,7 @@ pub struct SessionUpdate {
 /// W3C trace context of the tool call a `process.start` serves: its runs
 /// are recorded under that span (`--monitor-root`), and the run sees it as
 /// `TRACEPARENT`.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct TraceContext {
     /// 32 lowercase hex digits, not all zero.
@@ -127,7 +127,19 @@ pub fn check_hex_id(what: &str, id: &str, len: usize) -> Result<(), crate::Error
 
 /// What a span is, as OpenTelemetry's GenAI conventions name the
 /// operation (`gen_ai.operation.name`).
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+)]
 pub enum SpanOperation {
     /// An agent's invocation (`invoke_agent`).
     #[serde(rename = "invoke_agent")]
@@ -156,7 +168,7 @@ impl SpanOperation {
 
 /// One span as a framework sends it: OpenTelemetry's shape with the GenAI
 /// conventions' fields named.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct Span {
     /// 32 hex digits.
@@ -250,7 +262,7 @@ impl Span {
 }
 
 /// `monitor.ingest` (host): spans of a session's agent framework.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct MonitorIngest {
     pub agent_id: String,
@@ -259,7 +271,7 @@ pub struct MonitorIngest {
 }
 
 /// The answer to `monitor.ingest` (and the guest's `monitor.spans`).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
 pub struct MonitorIngested {
     pub accepted: u32,
     /// The numbers the records got (`0, 0` when none).
@@ -268,7 +280,7 @@ pub struct MonitorIngested {
 }
 
 /// A run that ended, as the monitor keeps it.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct MonitorRun {
     pub run_id: String,
     pub argv: Vec<String>,
@@ -284,7 +296,7 @@ pub struct MonitorRun {
 }
 
 /// What a monitor record holds.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(rename_all = "snake_case")]
 pub enum MonitorBody {
     Span(Span),
@@ -292,7 +304,7 @@ pub enum MonitorBody {
 }
 
 /// One record of the monitor (`--monitor-root`), numbered from 1.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct MonitorRecord {
     pub seq: u64,
     /// When it was recorded, ms since the Unix epoch.
@@ -306,7 +318,7 @@ pub struct MonitorRecord {
 }
 
 /// `monitor.records`: spans and runs, a page after `cursor`, or followed.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct MonitorRecords {
     #[serde(default)]
@@ -325,14 +337,16 @@ pub struct MonitorRecords {
     pub follow: bool,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct MonitorListing {
     pub records: Vec<MonitorRecord>,
     pub next_cursor: u64,
 }
 
 /// How `monitor.summary` groups.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(
+    Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Default,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum GroupBy {
     #[default]
@@ -342,7 +356,7 @@ pub enum GroupBy {
 }
 
 /// `monitor.summary`: spans and the runs under them, grouped.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct MonitorSummaryRequest {
     #[serde(default)]
@@ -354,7 +368,7 @@ pub struct MonitorSummaryRequest {
 }
 
 /// One group of a summary: a tool, a model, or a turn.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq, Default)]
 pub struct SummaryRow {
     /// The tool's or model's name, or the turn's id (`-` for what falls
     /// in no turn).
@@ -379,7 +393,7 @@ pub struct SummaryRow {
     pub oom_kills: u64,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
 pub struct MonitorSummary {
     pub group_by: GroupBy,
     /// Sorted by key.
@@ -391,14 +405,14 @@ pub struct MonitorSummary {
 
 /// `monitor.timeline`: what a session's report shows besides its spans
 /// and runs: its turns and checkpoints.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct MonitorTimelineRequest {
     pub agent_id: String,
     pub session_id: String,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct MonitorTimeline {
     pub agent_id: String,
     pub session_id: String,

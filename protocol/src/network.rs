@@ -5,7 +5,9 @@
 use serde::{Deserialize, Serialize};
 
 /// What a session's sandboxes can reach.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(
+    Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Default,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum NetworkMode {
     /// The session network is off: the sandbox's execution path as the
@@ -51,7 +53,7 @@ impl std::fmt::Display for NetworkMode {
 /// `host[:port]`, `*.domain[:port]`, an address or a network
 /// (`10.0.0.0/8`), or `*`. A connection must pass every level: any deny
 /// refuses it, and a level with an allow list refuses what is not on it.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Egress {
     /// `None`: this level does not narrow what is allowed.
@@ -64,7 +66,7 @@ pub struct Egress {
 /// `network.policy.set`: replaces the egress rules of an agent (every
 /// session of it) or of one session. Live sessions apply them to their
 /// next connection.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkPolicySet {
     pub agent_id: String,
@@ -74,7 +76,7 @@ pub struct NetworkPolicySet {
 }
 
 /// `network.policy.get`: an agent's or a session's mode and rules.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkPolicyGet {
     pub agent_id: String,
@@ -83,7 +85,7 @@ pub struct NetworkPolicyGet {
 }
 
 /// One level's rules, as a policy answer shows them.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct EgressLevel {
     /// `daemon`, `agent` or `session`.
     pub level: String,
@@ -91,7 +93,7 @@ pub struct EgressLevel {
 }
 
 /// The answer to `network.policy.set|get`.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct NetworkPolicyInfo {
     pub agent_id: String,
     pub session_id: Option<String>,
@@ -106,7 +108,7 @@ pub struct NetworkPolicyInfo {
 /// and session; `cursor` continues after the last record of an earlier
 /// answer. With `follow`, matching records keep coming as stream events
 /// after the answer's backlog, until the client goes.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkAudit {
     #[serde(default)]
@@ -124,7 +126,7 @@ pub struct NetworkAudit {
 }
 
 /// One connection attempt through a session's proxy.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct NetworkAuditRecord {
     /// Position in the audit, from 1.
     pub seq: u64,
@@ -150,7 +152,7 @@ pub struct NetworkAuditRecord {
 }
 
 /// The answer to `network.audit`.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct NetworkAuditListing {
     pub records: Vec<NetworkAuditRecord>,
     /// The cursor to continue from.

@@ -13,7 +13,9 @@ use crate::{Bytes, FsData};
 use serde::{Deserialize, Serialize};
 
 /// What other sessions may do in a session's share scope.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(
+    Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Default,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum SharePermission {
     /// List, stat and read (the default).
@@ -40,7 +42,9 @@ impl std::fmt::Display for SharePermission {
 }
 
 /// Where a session's sharing state comes from.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(
+    Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Default,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ShareOrigin {
     /// Nobody turned it on: sharing is off.
@@ -57,7 +61,7 @@ pub enum ShareOrigin {
 }
 
 /// A session's sharing as it is now.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
 pub struct ShareInfo {
     pub agent_id: String,
     pub session_id: String,
@@ -80,7 +84,7 @@ impl ShareInfo {
 }
 
 /// An agent's sharing settings.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
 pub struct ShareAgentInfo {
     pub agent_id: String,
     /// Whether its sessions may share at all (default true); false turns
@@ -95,7 +99,7 @@ pub struct ShareAgentInfo {
 }
 
 /// `share.list`: who shares what (every agent, or one).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct ShareList {
     #[serde(default)]
@@ -104,7 +108,7 @@ pub struct ShareList {
 
 /// The answer to `share.list`: the sessions that share now, and the
 /// agents whose settings are not the defaults.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 pub struct ShareListing {
     pub shares: Vec<ShareInfo>,
     pub agents: Vec<ShareAgentInfo>,
@@ -112,7 +116,7 @@ pub struct ShareListing {
 
 /// `share.agent.set`: changes an agent's settings (fields left out stay
 /// as they are).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct ShareAgentSet {
     pub agent_id: String,
@@ -128,7 +132,7 @@ pub struct ShareAgentSet {
 
 /// `share.session.set`: turns a session's sharing on (with a scope and a
 /// permission) or off, from the host.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ShareSessionSet {
     pub agent_id: String,
@@ -145,7 +149,7 @@ pub struct ShareSessionSet {
 // ---- The guest routes' JSON (through `plugin.call`) ----
 
 /// `share.enable`: offer this session's files to the sessions that share.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct ShareEnable {
     /// A directory of the session's files, relative (`output`); default
@@ -157,7 +161,7 @@ pub struct ShareEnable {
 }
 
 /// `share.status`: this session's sharing, and the sessions it can reach.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct ShareStatus {
     pub own: ShareInfo,
     /// The other sessions sharing now (empty while this one does not
@@ -167,7 +171,7 @@ pub struct ShareStatus {
 
 /// `share.list` (inside a sandbox) and `share.stat`: a path in a target's
 /// scope.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct SharePath {
     /// `agent/session`.
@@ -181,7 +185,7 @@ pub struct SharePath {
 }
 
 /// `share.read`: a part of a file in a target's scope.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct ShareRead {
     pub target: String,
@@ -198,7 +202,7 @@ pub struct ShareRead {
 }
 
 /// The answer to `share.read`.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct ShareData {
     #[serde(flatten)]
     pub file: FsData,
@@ -211,7 +215,7 @@ pub struct ShareData {
 /// Without `offset` the whole file becomes `data`, written beside it and
 /// renamed into place; with `upload`, chunks go to a file beside it that
 /// the chunk with `commit` renames into place (as `fs.write`).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct ShareWrite {
     pub target: String,
@@ -235,7 +239,7 @@ pub const SHARE_READ_MAX: u64 = 256 * 1024;
 
 /// One line of the share audit (`state/share-audit.log`): who asked what
 /// of whom, and how it went.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
 pub struct ShareAuditRecord {
     /// Numbered from 1.
     pub seq: u64,

@@ -158,6 +158,13 @@ impl Access {
         self.check_origin(h)
     }
 
+    /// Checks a `GET` of the API's description: Host and Origin; no
+    /// token (the document says nothing of the daemon's state).
+    pub fn check_document(&self, h: &Headers<'_>) -> Result<(), Refusal> {
+        self.check_host(h)?;
+        self.check_origin(h)
+    }
+
     fn check_host(&self, h: &Headers<'_>) -> Result<(), Refusal> {
         let host = h.host.ok_or(Refusal::NoHost)?;
         let want = host.trim().to_ascii_lowercase();

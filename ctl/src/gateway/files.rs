@@ -3,33 +3,31 @@
 //!
 //! A `GET` asks `fs.read` for the first chunk, answers with the file's size
 //! as its `Content-Length`, then reads on ([`Download`]) as the body is
-//! written: at most one chunk of [`FS_CHUNK`] is held. A `PUT` hands the
-//! body, as it comes ([`body::stream`]), to the upload `alloxctl cp`
-//! makes ([`upload_from`]): chunks under an upload id, the last one
-//! committing, so the target keeps its old content unless the whole body
-//! came. Whether it did is checked before the commit: a `Content-Length`
-//! body must have all its bytes, and a chunked one must end with the
-//! connection still open (tiny_http's decoder takes a connection closed
-//! inside a chunk for the end of the body).
+//! written: a few chunks of [`FS_CHUNK`] at most are held. A `PUT` hands
+//! the body, as it comes, to the upload `alloxctl cp` makes
+//! ([`upload_from`]): chunks under an upload id, the last one committing,
+//! so the target keeps its old content unless the whole body came (hyper
+//! tells a body cut short by an error, which the upload never commits).
 //!
 //! `?scope=shared` names the agent's shared files, `?checkpoint=ID` (`GET`
 //! only) the tree as it was at that checkpoint. Path segments are
 //! percent-decoded; what the path may be is the daemon's to say, and its
 //! refusals come back with their status, as on `/v1/rpc`.
 
-use super::access::Headers;
-use super::body::{self, Piece, Stream};
-use super::conn;
-use super::{error, failure, json_response, send, send_reply, Ctx, Reply};
+use super::http::{
+    headers_of, next_piece, respond, ChannelBody, HttpRequest, HttpResponse, Shared,
+};
+use super::{error, failure, Reply};
 use crate::client::Caller;
 use crate::files::{upload_from, CopyError, Remote};
 use allox_protocol::json::answer_to_json;
 use allox_protocol::{ErrorCode, FsData, FsRead, FsScope, Request, Response, FS_CHUNK};
+use bytes::Bytes;
+use http_body_util::BodyExt;
 use serde_json::json;
 use std::io::{self, Read};
-use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -170,38 +168,15 @@ pub fn decode(s: &str) -> Result<String, UrlError> {
 }
 
 /// Serves one files request that passed its route.
-pub(super) fn serve(
-    request: tiny_http::Request,
-    f: FileRequest,
-    ctx: &Ctx<'_>,
-    daemon: &mut impl Caller,
-) {
-    let header = |name| super::header(&request, name);
-    let headers = Headers {
-        host: header("Host"),
-        origin: header("Origin"),
-        authorization: header("Authorization"),
-        content_type: header("Content-Type"),
-    };
-    let origin = headers.origin.map(str::to_owned);
-    if let Err(r) = ctx.access.check_files(&headers) {
-        if f.method == Method::Put {
-            // Its body is not wanted: shut reading, or tiny_http would
-            // wait for all of it before it let the worker go.
-            stop_reading(&request, ctx.port);
-        }
-        let _ = send_reply(request, Reply::refused(&r), origin.as_deref(), ctx.access);
-        return;
+pub(super) async fn serve(req: HttpRequest, f: FileRequest, shared: &Arc<Shared>) -> HttpResponse {
+    if let Err(r) = shared.access.check_files(&headers_of(&req)) {
+        // A PUT's body is not read: hyper ends the connection after the
+        // answer rather than wait for it.
+        return respond(Reply::refused(&r));
     }
     match f.method {
-        Method::Get => get(request, &f.target, ctx, daemon, origin.as_deref()),
-        Method::Put => put(request, &f.target, ctx, daemon, origin.as_deref()),
-    }
-}
-
-fn stop_reading(request: &tiny_http::Request, port: u16) {
-    if let Some(c) = request.remote_addr().and_then(|&p| conn::find(p, port)) {
-        c.stop_reading();
+        Method::Get => get(f.target, shared).await,
+        Method::Put => put(req, f.target, shared).await,
     }
 }
 
@@ -239,51 +214,71 @@ fn read_chunk(
     }
 }
 
-fn get(
-    request: tiny_http::Request,
-    target: &Remote,
-    ctx: &Ctx<'_>,
-    daemon: &mut impl Caller,
-    origin: Option<&str>,
-) {
-    let first = match read_chunk(daemon, target, 0, FS_CHUNK) {
-        Ok(d) => d,
-        Err(answer) => {
-            let _ = send_reply(request, Reply::json(answer), origin, ctx.access);
-            return;
+/// Pieces of a download sent ahead of the client.
+const PIECES_AHEAD: usize = 2;
+
+/// The first `fs.read` answers the status; the rest of the file follows
+/// from the same blocking task, one chunk at a time, into the body.
+async fn get(target: Remote, shared: &Arc<Shared>) -> HttpResponse {
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+    let (tx, rx) = tokio::sync::mpsc::channel(PIECES_AHEAD);
+    let sent = shared.with_daemon(move |daemon| {
+        let first = match read_chunk(daemon, &target, 0, FS_CHUNK) {
+            Ok(d) => d,
+            Err(answer) => {
+                let _ = first_tx.send(Err(answer));
+                return;
+            }
+        };
+        let _ = first_tx.send(Ok(first.size));
+        let mut download = Download::new(daemon, &target, first);
+        loop {
+            let mut piece = vec![0u8; FS_CHUNK as usize];
+            let piece = match download.read(&mut piece) {
+                Ok(0) => return,
+                Ok(n) => {
+                    piece.truncate(n);
+                    Ok(Bytes::from(piece))
+                }
+                Err(e) => {
+                    // The body is cut short of its Content-Length: the
+                    // connection is ended, or the client would wait.
+                    eprintln!("alloxctl gateway: GET {}: {e}", target.path);
+                    Err(e)
+                }
+            };
+            let failed = piece.is_err();
+            // The client went: nothing more to read for it.
+            if tx.blocking_send(piece).is_err() || failed {
+                return;
+            }
         }
-    };
-    let Ok(length) = usize::try_from(first.size) else {
-        let answer = error(
-            500,
-            ErrorCode::Internal,
-            format!("{}: {} bytes is too large to send", target.path, first.size),
-        );
-        let _ = send_reply(request, Reply::json(answer), origin, ctx.access);
-        return;
-    };
-    let peer = request.remote_addr().copied();
-    let mut download = Download::new(daemon, target, first);
-    let response = tiny_http::Response::new(
-        200.into(),
-        vec![super::constant_header(
-            "Content-Type",
-            "application/octet-stream",
-        )],
-        &mut download,
-        Some(length),
-        None,
-    )
-    // A Content-Length, whatever the size: the client knows what to expect.
-    .with_chunked_threshold(usize::MAX);
-    let sent = send(request, response, &[], origin, ctx.access);
-    if let Err(e) = sent {
-        // The body is cut short of its Content-Length: end the connection,
-        // or the client would wait for the rest.
-        eprintln!("alloxctl gateway: GET {}: {e}", target.path);
-        if let Some(c) = peer.and_then(|p| conn::find(p, ctx.port)) {
-            c.hang_up();
+    });
+    // The download runs on; its first answer decides the status.
+    match first_rx.await {
+        Ok(Ok(size)) => {
+            let body = ChannelBody {
+                rx,
+                length: Some(size),
+                dropped: None,
+            };
+            hyper::Response::builder()
+                .status(200)
+                .header("Content-Type", "application/octet-stream")
+                .body(body.boxed())
+                .unwrap_or_else(|e| {
+                    respond(Reply::json(error(500, ErrorCode::Internal, e.to_string())))
+                })
         }
+        Ok(Err(answer)) => respond(Reply::json(answer)),
+        Err(_) => match sent.await {
+            Err(reply) => respond(reply),
+            _ => respond(Reply::json(error(
+                500,
+                ErrorCode::Internal,
+                "the download stopped before its first chunk".into(),
+            ))),
+        },
     }
 }
 
@@ -349,55 +344,47 @@ impl<C: Caller> Read for Download<'_, C> {
     }
 }
 
-fn put(
-    request: tiny_http::Request,
-    target: &Remote,
-    ctx: &Ctx<'_>,
-    daemon: &mut impl Caller,
-    origin: Option<&str>,
-) {
-    let ending = match (
-        request.body_length(),
-        super::header(&request, "Transfer-Encoding"),
-    ) {
-        (_, Some(_)) => Ending::Chunked {
-            peer: request.remote_addr().copied(),
-            port: ctx.port,
-        },
-        (n, None) => Ending::Length(n.unwrap_or(0) as u64),
-    };
-    let (pieces, answer) = match body::stream(request, ctx.http_timeout) {
-        Stream::Reading { pieces, answer } => (pieces, answer),
-        Stream::Busy(request) => {
-            stop_reading(&request, ctx.port);
-            let reply = Reply::json(error(
-                503,
-                ErrorCode::Unavailable,
-                "too many clients are slow to send their request bodies; try again later".into(),
-            ));
-            let _ = send_reply(request, reply, origin, ctx.access);
-            return;
+/// The body is read by a task of its own (each piece waited for at most
+/// the HTTP timeout) and handed, as it comes, to the upload on the
+/// blocking pool. hyper tells a body cut short (a chunked one that ends
+/// inside a chunk or without its last chunk, a `Content-Length` one short
+/// of its length) by an error, so the upload never commits it.
+async fn put(req: HttpRequest, target: Remote, shared: &Arc<Shared>) -> HttpResponse {
+    let timeout = shared.http_timeout;
+    let (tx, rx) = tokio::sync::mpsc::channel(PIECES_AHEAD_UP);
+    let mut body = req.into_body();
+    tokio::spawn(async move {
+        loop {
+            let piece = next_piece(&mut body, timeout).await;
+            let end = !matches!(piece, Ok(Some(_)));
+            // The upload stopped reading: the rest is not wanted.
+            if tx.send(piece).await.is_err() || end {
+                return;
+            }
         }
-        Stream::Failed => return,
-    };
-    let mut body = Pieces {
-        rx: pieces,
-        timeout: ctx.http_timeout,
-        piece: Vec::new(),
-        taken: 0,
-        ending,
-    };
-    let (status, value) = match upload_from(daemon, &mut body, Path::new("request body"), target) {
-        Ok(w) => (200, json!({ "path": w.path, "size": w.size })),
-        Err(e) => upload_failure(e, ctx.http_timeout),
-    };
-    // Its thread gives the answer once it stops reading; the rest of the
-    // body, if any, is not wanted.
-    drop(body);
-    let mut response = json_response(status, Some(value));
-    super::decorate(&mut response, &[], origin, ctx.access);
-    let _ = answer.send(response);
+    });
+    let answer = shared
+        .with_daemon(move |daemon| {
+            let mut body = Pieces {
+                rx,
+                piece: Bytes::new(),
+                taken: 0,
+                ended: false,
+            };
+            match upload_from(daemon, &mut body, Path::new("request body"), &target) {
+                Ok(w) => (200, json!({ "path": w.path, "size": w.size })),
+                Err(e) => upload_failure(e, timeout),
+            }
+        })
+        .await;
+    match answer {
+        Ok(answer) => respond(Reply::json(answer)),
+        Err(reply) => respond(reply),
+    }
 }
+
+/// Pieces of an upload read ahead of the daemon.
+const PIECES_AHEAD_UP: usize = 8;
 
 fn upload_failure(e: CopyError, timeout: Duration) -> (u16, serde_json::Value) {
     match e {
@@ -420,65 +407,32 @@ fn upload_failure(e: CopyError, timeout: Duration) -> (u16, serde_json::Value) {
     }
 }
 
-/// How to tell a whole body from one cut short.
-enum Ending {
-    /// All of its `Content-Length` came.
-    Length(u64),
-    /// Chunked: the connection is still open after its end.
-    Chunked { peer: Option<SocketAddr>, port: u16 },
-}
-
-/// A streamed body as a reader: each piece waited for at most `timeout`;
-/// its end is an end only if the body was whole.
+/// A streamed body as a reader: its pieces as the body's task hands them
+/// on; a stall or a body cut short is an error, never an end.
 struct Pieces {
-    rx: mpsc::Receiver<Piece>,
-    timeout: Duration,
-    piece: Vec<u8>,
+    rx: tokio::sync::mpsc::Receiver<io::Result<Option<Bytes>>>,
+    piece: Bytes,
     taken: usize,
-    ending: Ending,
-}
-
-impl Pieces {
-    fn check_end(&self, total: u64) -> io::Result<()> {
-        let cut = |why: String| Err(io::Error::new(io::ErrorKind::UnexpectedEof, why));
-        match self.ending {
-            Ending::Length(n) if total < n => cut(format!(
-                "it ended after {total} of the {n} bytes its Content-Length promised"
-            )),
-            Ending::Length(_) => Ok(()),
-            Ending::Chunked { peer, port } => match peer.and_then(|p| conn::find(p, port)) {
-                Some(c) if !c.closed_by_peer() => Ok(()),
-                Some(_) => cut(format!(
-                    "the connection closed after {total} bytes, which may be inside a chunk"
-                )),
-                None => cut(format!(
-                    "the connection was gone after {total} bytes, or could not be found to see whether the chunked body was whole"
-                )),
-            },
-        }
-    }
+    ended: bool,
 }
 
 impl Read for Pieces {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         while self.taken == self.piece.len() {
-            match self.rx.recv_timeout(self.timeout) {
-                Ok(Piece::Data(d)) => {
+            if self.ended {
+                return Ok(0);
+            }
+            match self.rx.blocking_recv() {
+                Some(Ok(Some(d))) => {
                     self.piece = d;
                     self.taken = 0;
                 }
-                Ok(Piece::End(Ok(()), total)) => {
-                    self.check_end(total)?;
+                Some(Ok(None)) => {
+                    self.ended = true;
                     return Ok(0);
                 }
-                Ok(Piece::End(Err(e), _)) => return Err(e),
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "no more of the body came in time",
-                    ))
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Some(Err(e)) => return Err(e),
+                None => {
                     return Err(io::Error::new(
                         io::ErrorKind::BrokenPipe,
                         "the body's reader went",
@@ -497,7 +451,7 @@ impl Read for Pieces {
 mod tests {
     use super::*;
     use crate::client::{Answer, ClientError};
-    use allox_protocol::{Bytes, ErrorBody, FsWritten};
+    use allox_protocol::{ErrorBody, FsWritten};
 
     fn target(path: &str) -> Remote {
         Remote {
@@ -613,7 +567,7 @@ mod tests {
                 offset,
                 eof: end == self.size,
                 size: self.size,
-                data: Bytes(data),
+                data: allox_protocol::Bytes(data),
             })))
         }
     }
@@ -685,29 +639,37 @@ mod tests {
         }
     }
 
-    fn pieces(parts: Vec<Piece>, ending: Ending) -> Pieces {
-        let (tx, rx) = mpsc::sync_channel(parts.len() + 1);
+    /// A body's reader fed `parts` (then left open: what follows them
+    /// never comes).
+    fn pieces(parts: Vec<io::Result<Option<Bytes>>>) -> (Pieces, impl Drop) {
+        let (tx, rx) = tokio::sync::mpsc::channel(parts.len() + 1);
         for p in parts {
-            tx.send(p).unwrap();
+            tx.try_send(p).unwrap();
         }
-        Pieces {
+        let body = Pieces {
             rx,
-            timeout: Duration::from_millis(100),
-            piece: Vec::new(),
+            piece: Bytes::new(),
             taken: 0,
-            ending,
-        }
+            ended: false,
+        };
+        (body, KeepOpen(tx))
+    }
+
+    struct KeepOpen(#[allow(dead_code)] tokio::sync::mpsc::Sender<io::Result<Option<Bytes>>>);
+
+    impl Drop for KeepOpen {
+        fn drop(&mut self) {}
     }
 
     #[test]
     fn a_whole_body_is_uploaded_in_chunks_and_committed_last() {
         let size = 2 * FS_CHUNK as usize + 1000;
-        let parts: Vec<Piece> = vec![0u8; size]
-            .chunks(body::PIECE)
-            .map(|c| Piece::Data(c.to_vec()))
-            .chain([Piece::End(Ok(()), size as u64)])
+        let parts: Vec<_> = vec![0u8; size]
+            .chunks(64 << 10)
+            .map(|c| Ok(Some(Bytes::copy_from_slice(c))))
+            .chain([Ok(None)])
             .collect();
-        let mut body = pieces(parts, Ending::Length(size as u64));
+        let (mut body, _open) = pieces(parts);
         let mut daemon = Uploads::default();
         let w = upload_from(&mut daemon, &mut body, Path::new("body"), &target("f")).unwrap();
         assert_eq!(w.size, size as u64);
@@ -724,49 +686,31 @@ mod tests {
 
     #[test]
     fn a_body_cut_short_or_stalled_is_never_committed() {
-        for (parts, ending, kind) in [
-            // Fewer bytes than its Content-Length.
+        let data = || Ok(Some(Bytes::from(vec![1u8; 10])));
+        for (parts, kind) in [
+            // Cut short: hyper's error for a body that ended early.
             (
-                vec![Piece::Data(vec![1; 10]), Piece::End(Ok(()), 10)],
-                Ending::Length(20),
-                io::ErrorKind::UnexpectedEof,
-            ),
-            // Chunked, on a connection that cannot be found (it is gone).
-            (
-                vec![Piece::Data(vec![1; 10]), Piece::End(Ok(()), 10)],
-                Ending::Chunked {
-                    peer: Some("127.0.0.1:9".parse().unwrap()),
-                    port: 9,
-                },
+                vec![
+                    data(),
+                    Err(io::Error::new(io::ErrorKind::UnexpectedEof, "ended early")),
+                ],
                 io::ErrorKind::UnexpectedEof,
             ),
             // A read error.
             (
-                vec![
-                    Piece::Data(vec![1; 10]),
-                    Piece::End(Err(io::ErrorKind::ConnectionReset.into()), 10),
-                ],
-                Ending::Length(20),
+                vec![data(), Err(io::ErrorKind::ConnectionReset.into())],
                 io::ErrorKind::ConnectionReset,
             ),
-            // Nothing more comes.
+            // Nothing more came in time.
             (
-                vec![Piece::Data(vec![1; 10])],
-                Ending::Length(20),
+                vec![
+                    data(),
+                    Err(io::Error::new(io::ErrorKind::TimedOut, "stalled")),
+                ],
                 io::ErrorKind::TimedOut,
             ),
         ] {
-            let (tx, rx) = mpsc::sync_channel(4);
-            for p in parts {
-                tx.send(p).unwrap();
-            }
-            let mut body = Pieces {
-                rx,
-                timeout: Duration::from_millis(100),
-                piece: Vec::new(),
-                taken: 0,
-                ending,
-            };
+            let (mut body, _open) = pieces(parts);
             let mut daemon = Uploads::default();
             let e =
                 upload_from(&mut daemon, &mut body, Path::new("body"), &target("f")).unwrap_err();
@@ -782,8 +726,20 @@ mod tests {
                 400
             };
             assert_eq!(status, want);
-            drop(tx);
         }
+        // The body's task gone before its end.
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        tx.try_send(data()).unwrap();
+        drop(tx);
+        let mut body = Pieces {
+            rx,
+            piece: Bytes::new(),
+            taken: 0,
+            ended: false,
+        };
+        let mut daemon = Uploads::default();
+        assert!(upload_from(&mut daemon, &mut body, Path::new("body"), &target("f")).is_err());
+        assert!(daemon.chunks.is_empty());
     }
 
     #[test]

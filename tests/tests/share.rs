@@ -466,7 +466,11 @@ fn reads_during_rollbacks_never_mix_trees_and_writes_wait_for_no_live_run() {
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 rollback(if n % 2 == 0 { "ca" } else { "cb" }).unwrap();
                 n += 1;
-                std::thread::sleep(std::time::Duration::from_millis(40));
+                // Short pauses race the reads; long ones let whole reads
+                // through between two rollbacks, however slow the machine
+                // (a read is three requests through a sandbox's client).
+                let pause = if n % 3 == 0 { 400 } else { 20 };
+                std::thread::sleep(std::time::Duration::from_millis(pause));
             }
             n
         });

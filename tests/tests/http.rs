@@ -354,7 +354,7 @@ fn a_streamed_run_comes_in_order_before_it_ends_and_ends_with_its_answer() {
     );
     assert_eq!(
         live_runs(&st.d),
-        [run.clone()],
+        std::slice::from_ref(&run),
         "the run ended before its first chunk came"
     );
     call(

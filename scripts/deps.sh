@@ -23,9 +23,13 @@ allox_install_deps() {
     # the network tests run through a session's proxy; tmux and vim-tiny:
     # the terminal tests drive a session's terminal from tmux as a person
     # would, and run vi in it; chromium: the monitor's report is rendered
-    # headless and counted.
+    # headless and counted; python3-httpx, -pytest, -jsonschema, -venv,
+    # -setuptools and -wheel: the Python client (clients/python), its tests
+    # and its schema checks.
     local pkgs=(btrfs-progs curl util-linux mount bubblewrap python3 gcc gdb strace git
-        clang libbpf-dev python3-pip openssh-server openssh-client tmux vim-tiny chromium)
+        clang libbpf-dev python3-pip openssh-server openssh-client tmux vim-tiny chromium
+        python3-httpx python3-pytest python3-jsonschema python3-venv python3-setuptools
+        python3-wheel)
     local missing=()
     for p in "${pkgs[@]}"; do
         dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -26,7 +26,7 @@ step "build"
 cargo build --workspace --quiet
 
 LOG=$(mktemp)
-trap 'rm -f "$LOG"' EXIT
+trap 'rm -f "$LOG" "$LOG.py"' EXIT
 
 step "unit tests (no privileges)"
 cargo test --workspace --exclude allox-integration 2>&1 | tee -a "$LOG"
@@ -41,6 +41,13 @@ for t in tests/tests/*.rs; do
 done
 ALLOX_REQUIRE_PRIVILEGED=1 cargo test -p allox-integration --lib --bins "${targets[@]}" -- --test-threads=2 2>&1 | tee -a "$LOG"
 
+step "Python client (pytest against a real daemon and gateway)"
+bash scripts/test-python.sh 2>&1 | tee "$LOG.py"
+# pytest's closing line: "N passed[, M skipped] in Xs" (a failure stops the
+# script above through pipefail).
+py_passed=$(grep -Eo '^[0-9]+ passed' "$LOG.py" | awk '{s += $1} END {print s + 0}')
+rm -f "$LOG.py"
+
 step "guest image: kernel (cached by config hash), static allox-init, initramfs"
 allox_install_guest_deps
 eval "$(scripts/build-guest.sh | tail -2)"
@@ -52,7 +59,7 @@ ALLOX_REQUIRE_PRIVILEGED=1 cargo test -p allox-integration --test vm --test powe
 step "fuzz targets: protocol decoding (host and guest)"
 scripts/fuzz.sh "$FUZZ_SECONDS"
 
-passed=$(grep -Eo '^test result: [a-z]+\. [0-9]+ passed' "$LOG" | awk '{s += $4} END {print s + 0}')
+passed=$(grep -Eo '^test result: [a-z]+\. [0-9]+ passed' "$LOG" | awk -v py="$py_passed" '{s += $4} END {print s + py}')
 failed=$(grep -Eo '; [0-9]+ failed' "$LOG" | awk '{s += $2} END {print s + 0}')
 echo
 echo "==> all tests passed"

@@ -227,6 +227,9 @@ pub enum Command {
         #[command(flatten)]
         file: TokenFileArg,
     },
+    /// Print the gateway's OpenAPI 3.1 document (what it serves at
+    /// `GET /v1/openapi.json`), made from the protocol's types.
+    Openapi,
 }
 
 /// Where the gateway's token is kept.
@@ -871,6 +874,8 @@ pub enum Action {
     Gateway(GatewayArgs),
     /// Print the gateway's token.
     Token(TokenFileArg),
+    /// Print the OpenAPI document.
+    Openapi,
     /// Print the events of a subscription (`process.events` or
     /// `network.audit` with `follow`) as they come.
     Follow(Request),
@@ -1273,6 +1278,7 @@ impl Command {
             C::Rpc { request } => Action::Rpc(request),
             C::Gateway(args) => Action::Gateway(args),
             C::Token { file } => Action::Token(file),
+            C::Openapi => Action::Openapi,
         }
     }
 }

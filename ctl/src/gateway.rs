@@ -774,6 +774,35 @@ mod tests {
     }
 
     #[test]
+    fn silent_and_idle_connections_are_closed_after_the_http_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("ctl.sock");
+        let (addr, token) = start(dir.path(), &sock, |c| {
+            c.http_timeout = Duration::from_millis(300)
+        });
+        let closed_within = |mut s: TcpStream| {
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let t = std::time::Instant::now();
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest);
+            t.elapsed()
+        };
+        // Never a byte.
+        let silent = TcpStream::connect(addr).unwrap();
+        assert!(closed_within(silent) < Duration::from_secs(5));
+        // One request answered, then nothing more.
+        let mut idle = TcpStream::connect(addr).unwrap();
+        write!(
+            idle,
+            "POST /v1/rpc HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            DELETE.len()
+        )
+        .unwrap();
+        idle.write_all(DELETE).unwrap();
+        assert!(closed_within(idle) < Duration::from_secs(5));
+    }
+
+    #[test]
     fn non_loopback_addresses_need_allow_remote() {
         let any: SocketAddr = "0.0.0.0:8092".parse().unwrap();
         let lo: SocketAddr = "127.0.0.1:8092".parse().unwrap();

@@ -65,6 +65,11 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Action::Openapi => {
+            let doc = allox_protocol::openapi::document();
+            print(&format!("{doc:#}\n"));
+            ExitCode::SUCCESS
+        }
         Action::Follow(q) => follow(cli.socket, cli.json, q),
         Action::Cat(r) => {
             let out = Client::connect(&cli.socket)

@@ -538,6 +538,7 @@ pub fn remove_cgroup_tree(p: &Path) {
 }
 
 pub mod guest_raw;
+pub mod http;
 pub mod vm;
 
 /// An HTTP server on the host's loopback answering each request with

@@ -5,11 +5,11 @@
 //! real Btrfs store, `alloxctl gateway` in front of it, curl and a plain
 //! keep-alive client on the loopback.
 
+use allox_integration::http::KeepAlive;
 use allox_integration::{call, gateway_token, require, which, Gateway, ProcDaemon};
 use allox_protocol::*;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -156,69 +156,6 @@ fn gateway_sockets(gw: &Gateway) -> usize {
         .unwrap_or(0)
 }
 
-/// A plain HTTP/1.1 client on one connection, as `http.client` or
-/// `requests.Session` use one.
-struct KeepAlive {
-    s: BufReader<TcpStream>,
-    host: String,
-    token: String,
-}
-
-impl KeepAlive {
-    fn connect(st: &Setup) -> KeepAlive {
-        let s = TcpStream::connect(st.gw.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        KeepAlive {
-            s: BufReader::new(s),
-            host: st.gw.addr.to_string(),
-            token: st.token.clone(),
-        }
-    }
-
-    /// One request; its status and body. Panics if the server closed.
-    fn post(&mut self, path: &str, body: &str) -> (u16, Value) {
-        let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            self.host,
-            self.token,
-            body.len()
-        );
-        // One write, as http.client and requests send a small request
-        // (two would wait on this side's Nagle for the server's ACK).
-        self.s
-            .get_mut()
-            .write_all(format!("{head}{body}").as_bytes())
-            .unwrap();
-        let mut status = String::new();
-        self.s.read_line(&mut status).unwrap();
-        let code: u16 = status
-            .split(' ')
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or_else(|| panic!("no status line: {status:?}"));
-        let mut length = 0;
-        loop {
-            let mut h = String::new();
-            self.s.read_line(&mut h).unwrap();
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            let lower = h.to_ascii_lowercase();
-            assert_ne!(
-                lower, "connection: close",
-                "the gateway closed a keep-alive connection"
-            );
-            if let Some(v) = lower.strip_prefix("content-length:") {
-                length = v.trim().parse().unwrap();
-            }
-        }
-        let mut body = vec![0; length];
-        self.s.read_exact(&mut body).unwrap();
-        (code, serde_json::from_slice(&body).unwrap())
-    }
-}
-
 fn percentile(v: &mut [Duration], p: usize) -> Duration {
     v.sort();
     v[(v.len() * p / 100).min(v.len() - 1)]
@@ -251,7 +188,7 @@ fn a_thousand_requests_of_each_action_on_one_connection_do_not_stall() {
             json!({"agent_id": "a", "session_id": "s"}),
         ),
     ];
-    let mut one = KeepAlive::connect(&st);
+    let mut one = KeepAlive::connect(st.gw.addr, &st.token);
     for (action, params) in &actions {
         let body = json!({"action": action, "params": params}).to_string();
         let mut reused = Vec::new();
@@ -265,7 +202,7 @@ fn a_thousand_requests_of_each_action_on_one_connection_do_not_stall() {
         let mut fresh = Vec::new();
         for _ in 0..100 {
             let t = Instant::now();
-            let (code, _) = KeepAlive::connect(&st).post("/v1/rpc", &body);
+            let (code, _) = KeepAlive::connect(st.gw.addr, &st.token).post("/v1/rpc", &body);
             fresh.push(t.elapsed());
             assert_eq!(code, 200);
         }

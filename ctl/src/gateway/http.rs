@@ -28,6 +28,8 @@ pub type Body = http_body_util::combinators::BoxBody<Bytes, io::Error>;
 pub type HttpRequest = hyper::Request<Incoming>;
 pub type HttpResponse = hyper::Response<Body>;
 
+/// Client connections served at once; one more is closed as it comes.
+pub const MAX_CONNECTIONS: usize = 1024;
 /// Daemon connections kept idle for the next calls.
 const IDLE_DAEMON_CONNECTIONS: usize = 16;
 
@@ -73,6 +75,25 @@ impl Shared {
     }
 }
 
+/// [`MAX_CONNECTIONS`], or fewer where descriptors are short: each
+/// connection may hold a daemon connection too, and the soft limit is
+/// raised to the hard one first.
+fn connection_limit() -> usize {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let l = getrlimit(Resource::Nofile);
+    let mut have = l.current.unwrap_or(1024);
+    if let Some(hard) = l.maximum.filter(|&h| h > have) {
+        let raised = Rlimit {
+            current: Some(hard),
+            maximum: Some(hard),
+        };
+        if setrlimit(Resource::Nofile, raised).is_ok() {
+            have = hard;
+        }
+    }
+    MAX_CONNECTIONS.min((have / 4).max(16) as usize)
+}
+
 /// Serves `gateway` until `stop` completes, then waits for the
 /// connections in flight (at most [`super::DRAIN_TIMEOUT`]).
 pub async fn serve(gateway: Gateway, stop: impl Future<Output = ()>) -> io::Result<()> {
@@ -92,6 +113,7 @@ pub async fn serve(gateway: Gateway, stop: impl Future<Output = ()>) -> io::Resu
         .header_read_timeout(gateway.cfg.http_timeout);
     builder.http2().timer(TokioTimer::new());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let connections = Arc::new(tokio::sync::Semaphore::new(connection_limit()));
     tokio::pin!(stop);
     loop {
         let (stream, _peer) = tokio::select! {
@@ -108,18 +130,35 @@ pub async fn serve(gateway: Gateway, stop: impl Future<Output = ()>) -> io::Resu
         };
         // Answers go out as written, not after the client's delayed ACK.
         let _ = stream.set_nodelay(true);
+        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+            // At the limit: the newcomer is told at once rather than left
+            // to wait (a client retries; a flood does not pile up).
+            drop(stream);
+            continue;
+        };
         let shared = Arc::clone(&shared);
-        let service = hyper::service::service_fn(move |req| {
-            let shared = Arc::clone(&shared);
-            async move { Ok::<_, std::convert::Infallible>(answer(req, &shared).await) }
-        });
-        let conn = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
-        let conn = graceful.watch(conn);
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
         tokio::spawn(async move {
+            // hyper's header timeout starts with the first byte: a
+            // connection that sends nothing is closed here instead.
+            let mut first = [0u8; 1];
+            if !matches!(
+                tokio::time::timeout(shared.http_timeout, stream.peek(&mut first)).await,
+                Ok(Ok(1..))
+            ) {
+                return;
+            }
+            let service = hyper::service::service_fn(move |req| {
+                let shared = Arc::clone(&shared);
+                async move { Ok::<_, std::convert::Infallible>(answer(req, &shared).await) }
+            });
+            let conn = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .into_owned();
             // A client that goes away is no error of the gateway's.
-            let _ = conn.await;
+            let _ = watcher.watch(conn).await;
+            drop(permit);
         });
     }
     drop(listener);

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 mod durability_bench;
 mod files_bench;
+mod http_bench;
 mod monitor_bench;
 mod network_bench;
 mod quota_bench;
@@ -141,6 +142,9 @@ fn main() -> anyhow::Result<()> {
     }
     if only.is_empty() || only == "files" {
         files_bench::run(&fs, quick)?;
+    }
+    if only.is_empty() || only == "http" {
+        http_bench::run(&fs, quick)?;
     }
     if only.is_empty() || only == "monitor" {
         monitor_bench::run(&fs, quick)?;

@@ -1,0 +1,465 @@
+"""The typed methods, shared by :class:`allox.Client` and
+:class:`allox.AsyncClient`.
+
+Each builds an action's params and hands them to ``self._invoke(action,
+params, parse)`` (a value for the sync client, an awaitable for the async
+one) or ``self._open_stream(action, params, parse)`` (a stream either way).
+Keyword arguments left ``None`` are not sent: the daemon's default applies.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from . import _core
+from ._core import build_params
+
+if TYPE_CHECKING:
+    from . import models
+
+
+def _model(name: str) -> Callable[[Any], Any]:
+    return functools.partial(_core.parse, name)
+
+
+def _stdin(v: bytes | str | None) -> bytes | None:
+    return v.encode() if isinstance(v, str) else v
+
+
+class Actions:
+    """Typed methods over ``_invoke`` and ``_open_stream``."""
+
+    def _invoke(self, action: str, params: dict[str, Any], parse: Callable[[Any], Any]) -> Any:
+        raise NotImplementedError
+
+    def _open_stream(self, action: str, params: dict[str, Any], parse: Callable[[Any], Any]) -> Any:
+        raise NotImplementedError
+
+    # -- the system --------------------------------------------------------------
+
+    def ping(self) -> models.Pong:
+        """``system.ping``: the protocol version and the daemon's build."""
+        return self._invoke("system.ping", {}, _model("Pong"))
+
+    def info(self) -> models.SystemInfo:
+        """``system.info``: uptime, memory, processes, plugins."""
+        return self._invoke("system.info", {}, _model("SystemInfo"))
+
+    def audit_list(self, *, after_seq: int | None = None, limit: int | None = None) -> models.AuditListing:
+        """``audit.list``: the daemon's audit records (every mutating request)."""
+        return self._invoke("audit.list", build_params(None, dict(after_seq=after_seq, limit=limit)), _model("AuditListing"))
+
+    def call_typed(self, action: str, params: Mapping[str, Any] | None = None, /, **kwargs: Any) -> Any:
+        """Like ``call``, with the result read as the type ``models.ACTIONS``
+        gives the action (the dict for an action it does not list)."""
+        return self._invoke(action, build_params(params, kwargs), functools.partial(_core.typed_result, action))
+
+    # -- agents and sessions -------------------------------------------------------
+
+    def agent_create(
+        self,
+        agent_id: str,
+        *,
+        auto_checkpoint: bool | None = None,
+        keep_last: int | None = None,
+        network: str | None = None,
+        egress: Mapping[str, Any] | models.Egress | None = None,
+    ) -> models.AgentInfo:
+        """``agent.create``; ``auto_checkpoint``/``keep_last`` are the default
+        policy of its sessions."""
+        p = build_params(None, dict(agent_id=agent_id, auto_checkpoint=auto_checkpoint, keep_last=keep_last, network=network, egress=egress))
+        return self._invoke("agent.create", p, _model("AgentInfo"))
+
+    def agent_list(self) -> models.AgentListing:
+        return self._invoke("agent.list", {}, _model("AgentListing"))
+
+    def agent_delete(self, agent_id: str) -> models.Deleted:
+        """``agent.delete``: the agent, its sessions and checkpoints (its
+        processes are killed first)."""
+        return self._invoke("agent.delete", {"agent_id": agent_id}, _model("Deleted"))
+
+    def session_create(
+        self,
+        agent_id: str,
+        session_id: str,
+        *,
+        auto_checkpoint: bool | None = None,
+        keep_last: int | None = None,
+        pids_max: int | None = None,
+        memory_max: int | None = None,
+        cpu_max: str | None = None,
+        network: str | None = None,
+        egress: Mapping[str, Any] | models.Egress | None = None,
+    ) -> models.SessionInfo:
+        """``session.create``: its ``current/`` is the sandbox's HOME; with
+        automatic checkpoints on, it takes the ``baseline`` checkpoint."""
+        p = build_params(
+            None,
+            dict(
+                agent_id=agent_id, session_id=session_id, auto_checkpoint=auto_checkpoint, keep_last=keep_last,
+                pids_max=pids_max, memory_max=memory_max, cpu_max=cpu_max, network=network, egress=egress,
+            ),
+        )
+        return self._invoke("session.create", p, _model("SessionInfo"))
+
+    def session_list(self, agent_id: str) -> models.SessionListing:
+        return self._invoke("session.list", {"agent_id": agent_id}, _model("SessionListing"))
+
+    def session_delete(self, agent_id: str, session_id: str) -> models.Deleted:
+        return self._invoke("session.delete", {"agent_id": agent_id, "session_id": session_id}, _model("Deleted"))
+
+    # -- checkpoints ---------------------------------------------------------------
+
+    def checkpoint_create(
+        self, agent_id: str, session_id: str, checkpoint_id: str, *, pinned: bool = False, label: str | None = None
+    ) -> models.CheckpointInfo:
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, checkpoint_id=checkpoint_id, pinned=pinned or None, label=label))
+        return self._invoke("checkpoint.create", p, _model("CheckpointInfo"))
+
+    def checkpoint_list(self, agent_id: str, session_id: str) -> models.CheckpointListing:
+        """``checkpoint.list``: oldest first, with the ``head``."""
+        return self._invoke("checkpoint.list", {"agent_id": agent_id, "session_id": session_id}, _model("CheckpointListing"))
+
+    def checkpoint_delete(self, agent_id: str, session_id: str, checkpoint_id: str) -> models.Deleted:
+        p = {"agent_id": agent_id, "session_id": session_id, "checkpoint_id": checkpoint_id}
+        return self._invoke("checkpoint.delete", p, _model("Deleted"))
+
+    def checkpoint_pin(self, agent_id: str, session_id: str, checkpoint_id: str, pinned: bool = True) -> models.CheckpointInfo:
+        p = {"agent_id": agent_id, "session_id": session_id, "checkpoint_id": checkpoint_id, "pinned": pinned}
+        return self._invoke("checkpoint.pin", p, _model("CheckpointInfo"))
+
+    def rollback(
+        self, agent_id: str, session_id: str, checkpoint_id: str, *, kill_processes: bool | None = None
+    ) -> models.RollbackDone:
+        """``session.rollback``: ``current/`` becomes the checkpoint's tree
+        (``conflict`` while the session has live processes, unless
+        ``kill_processes``)."""
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, checkpoint_id=checkpoint_id, kill_processes=kill_processes))
+        return self._invoke("session.rollback", p, _model("RollbackDone"))
+
+    def diff(self, agent_id: str, session_id: str, from_: str, to: str = "current") -> models.DiffListing:
+        """``checkpoint.diff`` between two checkpoints (``current`` is the
+        session's ``current/``)."""
+        p = {"agent_id": agent_id, "session_id": session_id, "from": from_, "to": to}
+        return self._invoke("checkpoint.diff", p, _model("DiffListing"))
+
+    # -- turns and policy ------------------------------------------------------------
+
+    def turn_begin(self, agent_id: str, session_id: str, turn_id: str | None = None) -> models.TurnInfo:
+        """``turn.begin`` (one open turn per session; the id is made up,
+        ``turn-<n>``, unless given)."""
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, turn_id=turn_id))
+        return self._invoke("turn.begin", p, _model("TurnInfo"))
+
+    def turn_end(
+        self, agent_id: str, session_id: str, turn_id: str, status: str = "ok", *, label: str | None = None
+    ) -> models.TurnInfo:
+        """``turn.end`` with ``status`` ``ok``, ``failed`` or ``cancelled``; an
+        ``ok`` turn under automatic checkpoints answers with the checkpoint
+        it took (``checkpoint_id``, or ``checkpoint_error``)."""
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, turn_id=turn_id, status=status, label=label))
+        return self._invoke("turn.end", p, _model("TurnInfo"))
+
+    def policy_set(
+        self,
+        agent_id: str,
+        session_id: str | None = None,
+        *,
+        auto_checkpoint: bool | None = None,
+        keep_last: int | None = None,
+    ) -> models.PolicyInfo:
+        """``policy.set``: automatic checkpoints for an agent (the default of
+        its sessions) or one session."""
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, auto_checkpoint=auto_checkpoint, keep_last=keep_last))
+        return self._invoke("policy.set", p, _model("PolicyInfo"))
+
+    # -- processes ---------------------------------------------------------------------
+
+    def _start_params(
+        self,
+        agent_id: str,
+        session_id: str,
+        argv: Sequence[str],
+        *,
+        wait: bool,
+        stream: bool,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        stdin: bytes | str | None,
+        timeout_ms: int | None,
+        pty: Mapping[str, Any] | models.PtySize | None,
+        trace: Mapping[str, Any] | models.TraceContext | None,
+    ) -> dict[str, Any]:
+        if isinstance(argv, str):
+            raise TypeError("argv is a list of strings, e.g. ['sh', '-c', 'echo hi']")
+        return build_params(
+            None,
+            dict(
+                agent_id=agent_id, session_id=session_id, argv=list(argv), env=dict(env) if env else None, cwd=cwd,
+                stdin=_stdin(stdin), timeout_ms=timeout_ms, wait=wait or None, stream=stream or None, pty=pty, trace=trace,
+            ),
+        )
+
+    def process_start(
+        self,
+        agent_id: str,
+        session_id: str,
+        argv: Sequence[str],
+        *,
+        wait: bool = False,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = None,
+        timeout_ms: int | None = None,
+        pty: Mapping[str, Any] | models.PtySize | None = None,
+        trace: Mapping[str, Any] | models.TraceContext | None = None,
+    ) -> models.RunStarted | models.RunResult:
+        """``process.start``: ``RunStarted`` at once, or with ``wait`` the
+        ``RunResult`` when the run ends. Without ``stdin`` the program's
+        standard input stays open (``process_stdin``)."""
+        p = self._start_params(
+            agent_id, session_id, argv, wait=wait, stream=False, env=env, cwd=cwd, stdin=stdin, timeout_ms=timeout_ms, pty=pty, trace=trace
+        )
+        return self._invoke("process.start", p, _core.parse_run)
+
+    def start(
+        self,
+        agent_id: str,
+        session_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = None,
+        timeout_ms: int | None = None,
+        pty: Mapping[str, Any] | models.PtySize | None = None,
+        trace: Mapping[str, Any] | models.TraceContext | None = None,
+    ) -> models.RunStarted:
+        """Starts a run in the background: its ``run_id`` (``process_wait``,
+        ``process_kill``)."""
+        p = self._start_params(
+            agent_id, session_id, argv, wait=False, stream=False, env=env, cwd=cwd, stdin=stdin, timeout_ms=timeout_ms, pty=pty, trace=trace
+        )
+        return self._invoke("process.start", p, _model("RunStarted"))
+
+    def exec(
+        self,
+        agent_id: str,
+        session_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = b"",
+        timeout_ms: int | None = None,
+        pty: Mapping[str, Any] | models.PtySize | None = None,
+        trace: Mapping[str, Any] | models.TraceContext | None = None,
+    ) -> models.RunResult:
+        """Runs ``argv`` to its end: exit code or signal, and the output
+        captured (up to 256 KiB a stream). Standard input is empty unless
+        ``stdin`` is given (``None`` leaves it open)."""
+        p = self._start_params(
+            agent_id, session_id, argv, wait=True, stream=False, env=env, cwd=cwd, stdin=stdin, timeout_ms=timeout_ms, pty=pty, trace=trace
+        )
+        return self._invoke("process.start", p, _model("RunResult"))
+
+    def exec_stream(
+        self,
+        agent_id: str,
+        session_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = b"",
+        timeout_ms: int | None = None,
+        pty: Mapping[str, Any] | models.PtySize | None = None,
+        trace: Mapping[str, Any] | models.TraceContext | None = None,
+    ) -> Any:
+        """Runs ``argv`` with its output streamed: a stream of ``Started``,
+        then ``Output`` events (``data`` as bytes) as the run writes; its
+        ``result`` is the ``RunResult`` (its ``stdout``/``stderr`` empty: the
+        output came as events)."""
+        p = self._start_params(
+            agent_id, session_id, argv, wait=True, stream=True, env=env, cwd=cwd, stdin=stdin, timeout_ms=timeout_ms, pty=pty, trace=trace
+        )
+        return self._open_stream("process.start", p, _model("RunResult"))
+
+    def process_wait(self, agent_id: str, session_id: str, run_id: str, *, timeout_ms: int | None = None) -> models.RunResult:
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, run_id=run_id, timeout_ms=timeout_ms))
+        return self._invoke("process.wait", p, _model("RunResult"))
+
+    def process_kill(
+        self, agent_id: str, session_id: str, run_id: str | None = None, *, signal: int | None = None
+    ) -> models.Killed:
+        """``process.kill``: one run's process tree, or (no ``run_id``) the
+        whole session's; SIGKILL unless ``signal``."""
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, run_id=run_id, signal=signal))
+        return self._invoke("process.kill", p, _model("Killed"))
+
+    def process_list(self, agent_id: str, session_id: str) -> models.ProcessListing:
+        return self._invoke("process.list", {"agent_id": agent_id, "session_id": session_id}, _model("ProcessListing"))
+
+    def process_stdin(
+        self, agent_id: str, session_id: str, run_id: str, data: bytes | str = b"", *, close: bool = False
+    ) -> models.StdinWritten:
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, run_id=run_id, data=_stdin(data), close=close or None))
+        return self._invoke("process.stdin", p, _model("StdinWritten"))
+
+    # -- followed listings ----------------------------------------------------------------
+
+    def process_events(
+        self,
+        agent_id: str | None = None,
+        session_id: str | None = None,
+        run_id: str | None = None,
+        *,
+        cursor: int | None = None,
+        limit: int | None = None,
+    ) -> models.ProcessEventListing:
+        """``process.events``: what the process tracker recorded (needs the
+        daemon's ``--process-tracker ebpf``)."""
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, run_id=run_id, cursor=cursor, limit=limit))
+        return self._invoke("process.events", p, _model("ProcessEventListing"))
+
+    def follow_events(
+        self,
+        agent_id: str | None = None,
+        session_id: str | None = None,
+        run_id: str | None = None,
+        *,
+        cursor: int | None = None,
+        limit: int | None = None,
+    ) -> Any:
+        """``process.events`` with ``follow``: a stream of ``Record("process",
+        ...)`` events as they happen, until closed."""
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, run_id=run_id, cursor=cursor, limit=limit, follow=True))
+        return self._open_stream("process.events", p, _model("ProcessEventListing"))
+
+    def network_audit(
+        self, agent_id: str | None = None, session_id: str | None = None, *, cursor: int | None = None, limit: int | None = None
+    ) -> models.NetworkAuditListing:
+        """``network.audit``: the session network's connection attempts."""
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, cursor=cursor, limit=limit))
+        return self._invoke("network.audit", p, _model("NetworkAuditListing"))
+
+    def follow_network_audit(
+        self, agent_id: str | None = None, session_id: str | None = None, *, cursor: int | None = None, limit: int | None = None
+    ) -> Any:
+        """``network.audit`` with ``follow``: ``Record("network", ...)`` events."""
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, cursor=cursor, limit=limit, follow=True))
+        return self._open_stream("network.audit", p, _model("NetworkAuditListing"))
+
+    def monitor_records(
+        self,
+        agent_id: str | None = None,
+        session_id: str | None = None,
+        *,
+        trace_id: str | None = None,
+        cursor: int | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """``monitor.records`` (``--monitor-root``): spans and runs."""
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, trace_id=trace_id, cursor=cursor, limit=limit))
+        return self._invoke("monitor.records", p, _model("MonitorListing"))
+
+    def follow_monitor(
+        self,
+        agent_id: str | None = None,
+        session_id: str | None = None,
+        *,
+        trace_id: str | None = None,
+        cursor: int | None = None,
+        limit: int | None = None,
+    ) -> Any:
+        """``monitor.records`` with ``follow``: ``Record("monitor", ...)`` events."""
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, trace_id=trace_id, cursor=cursor, limit=limit, follow=True))
+        return self._open_stream("monitor.records", p, _model("MonitorListing"))
+
+    # -- files (actions) -----------------------------------------------------------------------
+
+    def fs_stat(
+        self, agent_id: str, session_id: str, path: str, *, checkpoint_id: str | None = None, scope: str | None = None
+    ) -> models.FsEntry:
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, path=path, checkpoint_id=checkpoint_id, scope=scope))
+        return self._invoke("fs.stat", p, _model("FsEntry"))
+
+    def fs_list(
+        self,
+        agent_id: str,
+        session_id: str,
+        path: str = "",
+        *,
+        depth: int | None = None,
+        checkpoint_id: str | None = None,
+        scope: str | None = None,
+    ) -> models.FsListing:
+        p = build_params(
+            None, dict(agent_id=agent_id, session_id=session_id, path=path, depth=depth, checkpoint_id=checkpoint_id, scope=scope)
+        )
+        return self._invoke("fs.list", p, _model("FsListing"))
+
+    def fs_read(
+        self,
+        agent_id: str,
+        session_id: str,
+        path: str,
+        *,
+        offset: int | None = None,
+        length: int | None = None,
+        checkpoint_id: str | None = None,
+        scope: str | None = None,
+    ) -> models.FsData:
+        """``fs.read``: at most 512 KiB of a file (``data`` as bytes; read on
+        from ``offset + len(data)`` until ``eof``). ``read_file`` reads a
+        whole file through ``/v1/files``."""
+        p = build_params(
+            None,
+            dict(agent_id=agent_id, session_id=session_id, path=path, offset=offset, length=length, checkpoint_id=checkpoint_id, scope=scope),
+        )
+        return self._invoke("fs.read", p, _model("FsData"))
+
+    def fs_write(
+        self,
+        agent_id: str,
+        session_id: str,
+        path: str,
+        data: bytes | str,
+        *,
+        offset: int | None = None,
+        create: bool | None = None,
+        truncate: bool | None = None,
+        scope: str | None = None,
+    ) -> models.FsWritten:
+        """``fs.write`` of one request (at most about 512 KiB): the whole file
+        replaced at once, or ``data`` at ``offset``. ``write_file`` sends any
+        size through ``/v1/files``."""
+        p = build_params(
+            None,
+            dict(
+                agent_id=agent_id, session_id=session_id, path=path, data=_stdin(data), offset=offset, create=create,
+                truncate=truncate, scope=scope,
+            ),
+        )
+        return self._invoke("fs.write", p, _model("FsWritten"))
+
+    def fs_mkdir(self, agent_id: str, session_id: str, path: str, *, parents: bool = False, scope: str | None = None) -> models.FsEntry:
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, path=path, parents=parents or None, scope=scope))
+        return self._invoke("fs.mkdir", p, _model("FsEntry"))
+
+    def fs_remove(self, agent_id: str, session_id: str, path: str, *, recursive: bool = False, scope: str | None = None) -> models.Deleted:
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, path=path, recursive=recursive or None, scope=scope))
+        return self._invoke("fs.remove", p, _model("Deleted"))
+
+    def fs_move(self, agent_id: str, session_id: str, path: str, to: str, *, scope: str | None = None) -> models.FsEntry:
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, path=path, to=to, scope=scope))
+        return self._invoke("fs.move", p, _model("FsEntry"))
+
+    def fs_watch(
+        self, agent_id: str, session_id: str, path: str = "", *, recursive: bool = False, scope: str | None = None
+    ) -> Any:
+        """``fs.watch``: a stream of ``Record("fs", ...)`` events (``ready``
+        first, then each change), until closed."""
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, path=path, recursive=recursive or None, scope=scope))
+        return self._open_stream("fs.watch", p, _model("FsEvent"))

@@ -1,0 +1,178 @@
+//! The HTTP gateway against the binary protocol: `system.ping` and
+//! `checkpoint.list` (10 checkpoints) over the daemon's Unix socket on one
+//! connection, through the gateway on one keep-alive connection, and
+//! through the gateway with a new connection per request; a run's 100 MB
+//! of output streamed over the socket and as NDJSON through the gateway;
+//! and, where the Python client can be imported, the SDK's call against
+//! the same request made with raw httpx (`clients/python/bench_sdk.py`).
+
+use allox_integration::http::KeepAlive;
+use allox_integration::{gateway_token, BtrfsFs, Gateway};
+use allox_protocol::{
+    AgentCreate, CheckpointCreate, Event, Ping, Request, SessionCreate, SessionRef,
+};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{pct, us_or_ms};
+
+fn times(n: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<Vec<Duration>> {
+    for _ in 0..50 {
+        f()?;
+    }
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        f()?;
+        out.push(t.elapsed());
+    }
+    Ok(out)
+}
+
+pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
+    let bd = crate::BenchDaemon::start(fs, "http", &[])?;
+    let mut c = bd.daemon.client();
+    c.call(Request::AgentCreate(AgentCreate::new("bench")))?
+        .map_err(anyhow::Error::msg)?;
+    c.call(Request::SessionCreate(SessionCreate::new("bench", "s")))?
+        .map_err(anyhow::Error::msg)?;
+    for i in 0..10 {
+        c.call(Request::CheckpointCreate(CheckpointCreate {
+            agent_id: "bench".into(),
+            session_id: "s".into(),
+            checkpoint_id: format!("c{i}"),
+            pinned: false,
+            label: None,
+        }))?
+        .map_err(anyhow::Error::msg)?;
+    }
+    let gw = Gateway::start(&bd.socket, &[]);
+    let token = gateway_token(&bd.socket);
+    let n = if quick { 500 } else { 5000 };
+    println!("## The HTTP gateway\n");
+    println!("Each request to its answer, {n} of each after 50 to warm; the baseline is the binary protocol over the daemon's Unix socket on one connection.\n");
+    println!("| request | path | p50 | p99 | p50 / socket |");
+    println!("|---|---|---:|---:|---:|");
+    let list = Request::CheckpointList(SessionRef {
+        agent_id: "bench".into(),
+        session_id: "s".into(),
+    });
+    for (name, request, params) in [
+        ("system.ping", Request::Ping(Ping {}), "{}"),
+        (
+            "checkpoint.list",
+            list,
+            r#"{"agent_id":"bench","session_id":"s"}"#,
+        ),
+    ] {
+        let socket = times(n, || {
+            c.call(request.clone())?.map_err(anyhow::Error::msg)?;
+            Ok(())
+        })?;
+        let mut one = KeepAlive::connect(gw.addr, &token);
+        let path = format!("/v1/rpc/{name}");
+        let kept = times(n, || {
+            let (code, v) = one.post(&path, params);
+            anyhow::ensure!(code == 200, "{name}: {code} {v}");
+            Ok(())
+        })?;
+        let fresh = times(n / 5, || {
+            let (code, v) = KeepAlive::connect(gw.addr, &token).post(&path, params);
+            anyhow::ensure!(code == 200, "{name}: {code} {v}");
+            Ok(())
+        })?;
+        let base = pct(&socket, 0.5).as_secs_f64();
+        for (label, t) in [
+            ("Unix socket, binary (baseline)", &socket),
+            ("gateway, one keep-alive connection", &kept),
+            ("gateway, a new connection each", &fresh),
+        ] {
+            println!(
+                "| `{name}` | {label} | {} | {} | {:.2}× |",
+                us_or_ms(pct(t, 0.5)),
+                us_or_ms(pct(t, 0.99)),
+                pct(t, 0.5).as_secs_f64() / base
+            );
+        }
+    }
+
+    // 100 MB of a run's output: over the socket, then through the gateway.
+    let mb = if quick { 20 } else { 100 };
+    let script = format!("head -c {}000000 /dev/zero", mb);
+    let mut p = allox_integration::process_start("bench", "s", &["/bin/sh", "-c", &script]);
+    p.stream = true;
+    let t = Instant::now();
+    let mut got = 0usize;
+    c.call_with_events(Request::ProcessStart(p), |e| {
+        if let Event::Output(o) = e {
+            got += o.data.len();
+        }
+    })?
+    .map_err(anyhow::Error::msg)?;
+    let socket_time = t.elapsed();
+    anyhow::ensure!(got == mb * 1_000_000, "{got} bytes over the socket");
+    let body = serde_json::json!({"agent_id": "bench", "session_id": "s",
+        "argv": ["/bin/sh", "-c", script], "wait": true, "stream": true});
+    let t = Instant::now();
+    let mut curl = Command::new("curl")
+        .args(["-sS", "-N", "-H", &format!("Authorization: Bearer {token}")])
+        .args([
+            "-H",
+            "Content-Type: application/json",
+            "-H",
+            "Accept: application/x-ndjson",
+        ])
+        .args(["--data-binary", &body.to_string()])
+        .arg(format!("http://{}/v1/rpc/process.start", gw.addr))
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut lines = 0usize;
+    let mut last = String::new();
+    for line in BufReader::new(curl.stdout.take().expect("piped")).lines() {
+        last = line?;
+        lines += 1;
+    }
+    curl.wait()?;
+    let http_time = t.elapsed();
+    anyhow::ensure!(
+        last.contains("\"exit_code\":0"),
+        "the stream ended with {last}"
+    );
+    let rate = |d: Duration| mb as f64 / d.as_secs_f64();
+    println!("\nA run's {mb} MB of output streamed to the client (the gateway's lines are JSON with base64 data, read by curl):\n");
+    println!("| path | time | MB/s | ratio |");
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| Unix socket, binary events (baseline) | {} | {:.0} | 1.00× |",
+        us_or_ms(socket_time),
+        rate(socket_time)
+    );
+    println!(
+        "| gateway, NDJSON ({lines} lines) | {} | {:.0} | {:.2}× |",
+        us_or_ms(http_time),
+        rate(http_time),
+        http_time.as_secs_f64() / socket_time.as_secs_f64()
+    );
+
+    // The Python client against raw httpx, on the same gateway.
+    let sdk = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python");
+    let out = Command::new("python3")
+        .arg(sdk.join("bench_sdk.py"))
+        .args(["--url", &format!("http://{}", gw.addr), "--token", &token])
+        .args(["--n", if quick { "500" } else { "3000" }])
+        .env("PYTHONPATH", &sdk)
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            println!("\n{}", String::from_utf8_lossy(&o.stdout).trim_end());
+        }
+        Ok(o) => println!(
+            "\nSKIPPED the Python client's benchmark: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => println!("\nSKIPPED the Python client's benchmark: python3: {e}"),
+    }
+    println!();
+    Ok(())
+}

@@ -27,6 +27,7 @@
 //! moves in many calls, each bounded, the transfer as a whole is not).
 
 pub mod access;
+mod daemon;
 pub mod files;
 mod http;
 pub mod openapi;
@@ -364,7 +365,12 @@ pub fn handle(body: &[u8], action: Option<&str>, daemon: &mut impl Caller) -> (u
         Ok(r) => r,
         Err(answer) => return answer,
     };
-    let (status, answer) = match daemon.call(request) {
+    answer_json(daemon.call(request))
+}
+
+/// The status and JSON answer of a call's outcome.
+pub fn answer_json(outcome: Result<crate::client::Answer, ClientError>) -> (u16, Value) {
+    let (status, answer) = match outcome {
         Ok(Ok(response)) => (200, Ok(response)),
         Ok(Err(body)) => (body.code.http_status(), Err(body)),
         Err(err) => return failure(&err),

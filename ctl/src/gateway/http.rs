@@ -5,8 +5,8 @@
 
 use super::access::{Access, Headers};
 use super::{
-    error, files, handle, openapi::openapi, parse_body, route, stream, too_large, Gateway, Reply,
-    Route, MAX_BODY,
+    answer_json, daemon::Daemon, error, files, openapi::openapi, parse_body, route, stream,
+    too_large, Gateway, Reply, Route, MAX_BODY,
 };
 use crate::reconnecting::ReconnectingClient;
 use allox_protocol::ErrorCode;
@@ -39,6 +39,8 @@ pub struct Shared {
     pub socket: std::path::PathBuf,
     pub daemon_timeout: Duration,
     pub http_timeout: Duration,
+    /// Where plain calls go.
+    pub daemon: Daemon,
     idle: Mutex<Vec<ReconnectingClient>>,
 }
 
@@ -104,6 +106,7 @@ pub async fn serve(gateway: Gateway, stop: impl Future<Output = ()>) -> io::Resu
         socket: gateway.cfg.socket.clone(),
         daemon_timeout: gateway.cfg.daemon_timeout,
         http_timeout: gateway.cfg.http_timeout,
+        daemon: Daemon::new(gateway.cfg.socket.clone(), gateway.cfg.daemon_timeout),
         idle: Mutex::new(Vec::new()),
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -260,13 +263,11 @@ async fn rpc(req: HttpRequest, action: Option<String>, shared: &Arc<Shared>) -> 
             Err(answer) => respond(Reply::json(answer)),
         };
     }
-    match shared
-        .with_daemon(move |d| handle(&body, action.as_deref(), d))
-        .await
-    {
-        Ok(answer) => respond(Reply::json(answer)),
-        Err(reply) => respond(reply),
-    }
+    let request = match parse_body(&body, action.as_deref()) {
+        Ok(r) => r,
+        Err(answer) => return respond(Reply::json(answer)),
+    };
+    respond(Reply::json(answer_json(shared.daemon.call(request).await)))
 }
 
 /// The next piece of a body, waited for at most `timeout`: `None` at its

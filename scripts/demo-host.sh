@@ -150,6 +150,13 @@ curl -sS http://127.0.0.1:8092/v1/rpc -H 'Content-Type: application/json' -d '{"
 gw '{"action":"checkpoint.create","params":{"agent_id":"agent-a","session_id":"session-2","checkpoint_id":"clean"}}'
 gw '{"action":"session.rollback","params":{"agent_id":"agent-a","session_id":"session-2","checkpoint_id":"clean"}}'
 gw '{"action":"session.rollback","params":{"agent_id":"agent-a","session_id":"session-2","checkpoint_id":"no-such"}}'
+echo; echo "# a run's output as it is written: NDJSON lines, then the answer"
+echo "\$ curl -sS -N http://127.0.0.1:8092/v1/rpc/process.start -H 'Accept: application/x-ndjson' ... -d '{\"agent_id\":\"agent-a\",\"session_id\":\"session-2\",\"argv\":[\"sh\",\"-c\",\"echo one; sleep 1; echo two\"],\"wait\":true,\"stream\":true}'"
+curl -sS -N http://127.0.0.1:8092/v1/rpc/process.start -H "Authorization: Bearer $TOKEN" \
+    -H 'Content-Type: application/json' -H 'Accept: application/x-ndjson' \
+    -d '{"agent_id":"agent-a","session_id":"session-2","argv":["sh","-c","echo one; sleep 1; echo two"],"wait":true,"stream":true}' |
+    cut -c1-160 | sed 's/^/    /'
+allox_demo_python "$WORK" http://127.0.0.1:8092 "$WORK/gateway.token"
 
 echo; echo "# two runs of one session talk over the session's loopback (each session has a network namespace of its own)"
 ctl start agent-a session-1 -- python3 -m http.server 8000 --bind 127.0.0.1

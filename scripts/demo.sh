@@ -25,6 +25,7 @@ WORK=$(mktemp -d /var/tmp/allox-demo-vm.XXXXXX)
 export ALLOX_SOCKET=$WORK/ctl.sock
 cleanup() {
     [ -n "${VM:-}" ] && kill "$VM" 2>/dev/null && wait "$VM" 2>/dev/null || true
+    [ -n "${GATEWAY:-}" ] && kill "$GATEWAY" 2>/dev/null && wait "$GATEWAY" 2>/dev/null || true
     [ -n "${INDEX:-}" ] && kill "$INDEX" 2>/dev/null && wait "$INDEX" 2>/dev/null || true
     umount "$WORK/mnt" 2>/dev/null || true
     rm -rf "$WORK"
@@ -147,6 +148,16 @@ in_vm agent-net session-1 'wget -q -O - http://example.com/' || true
 echo; echo "# nor is there a way around the proxy"
 in_vm agent-net session-1 'wget -q -Y off -O - http://10.0.2.100/' || true
 ctl net audit agent-net session-1
+
+echo; echo "# the JSON gateway on the host, in front of the VM's control port"
+"$BIN/alloxctl" gateway --listen 127.0.0.1:8092 --token-file "$WORK/gateway.token" 2>>"$WORK/gateway.log" &
+GATEWAY=$!
+for _ in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:8092/ && break; sleep 0.05; done
+# QEMU's socket takes one host connection at a time: plain calls share
+# the gateway's one daemon connection; a stream (its own connection) would
+# wait for it, so the run's output comes with its answer here.
+allox_demo_python "$WORK" http://127.0.0.1:8092 "$WORK/gateway.token" plain
+kill "$GATEWAY"; wait "$GATEWAY" 2>/dev/null || true
 
 ctl audit
 ctl info

@@ -228,3 +228,46 @@ EOF
         "$(grep -o 'data-kind="span"' "$out" | wc -l) spans," \
         "$(grep -o 'data-kind="run-row"' "$out" | wc -l) runs on one axis; open it in a browser)"
 }
+
+# The demos' Python step: the client in clients/python installed into a
+# fresh virtual environment ($1, a scratch directory) and an agent turn
+# driven through the gateway at $2 (its token file $3), as a platform
+# written in Python would: a session with automatic checkpoints, a turn,
+# a command run (its output streamed as it is written unless $4 is
+# "plain"), the turn's diff, a rollback.
+allox_demo_python() {
+    local work=$1 url=$2 token_file=$3 mode=${4:-stream}
+    local venv="$work/python-client"
+    /usr/bin/python3 -m venv --system-site-packages "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --no-build-isolation ./clients/python
+    echo; echo "# the same from Python, through the gateway: clients/python (pip install ./clients/python)"
+    cat >"$work/turn.py" <<'EOS'
+import sys
+import allox
+
+url, token_file, mode = sys.argv[1:4]
+with allox.Client(url, token_file=token_file) as c:
+    c.agent_create("agent-py")
+    c.session_create("agent-py", "s1", auto_checkpoint=True)     # takes the `baseline` checkpoint
+    turn = c.turn_begin("agent-py", "s1")
+    script = ["sh", "-c", "echo 'print(6 * 7)' > main.py; python3 main.py"]
+    if mode == "stream":
+        for ev in c.exec_stream("agent-py", "s1", script):
+            if isinstance(ev, allox.Output):                     # as the run writes it
+                print("    run says:", ev.text, end="")
+    else:
+        print("    run says:", c.exec("agent-py", "s1", script).stdout, end="")
+    end = c.turn_end("agent-py", "s1", turn.turn_id, "ok", label="wrote main.py")
+    print("    turn", end.turn_id, "checkpointed as", end.checkpoint_id)
+    for change in c.diff("agent-py", "s1", "baseline", end.checkpoint_id).changes:
+        print("    diff:", change.kind, change.path)
+    c.rollback("agent-py", "s1", "baseline")
+    try:
+        c.call("fs.stat", agent_id="agent-py", session_id="s1", path="main.py")
+    except allox.NotFound as e:
+        print("    after the rollback:", e.code, "-", e.message)
+EOS
+    echo "\$ python3 turn.py $url"
+    sed -n '5,27p' "$work/turn.py" | sed -e 's/^/    | /'
+    "$venv/bin/python" "$work/turn.py" "$url" "$token_file" "$mode"
+}

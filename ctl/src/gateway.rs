@@ -730,7 +730,7 @@ mod tests {
     }
 
     #[test]
-    fn a_client_that_stalls_its_body_does_not_hold_the_worker() {
+    fn a_client_that_stalls_its_body_does_not_hold_the_gateway() {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("ctl.sock");
         let (addr, token) = start(dir.path(), &sock, |c| {
@@ -749,8 +749,7 @@ mod tests {
             )
         };
         // Each promises a body, sends 5 bytes of it, then nothing: a short
-        // one (read by tiny_http before any worker sees it) and a long one
-        // (read for the worker, which gives up on it).
+        // one and a long one; the gateway gives up on both.
         let stall = |length: usize| {
             let mut slow = TcpStream::connect(addr).unwrap();
             slow.set_read_timeout(Some(Duration::from_secs(20)))

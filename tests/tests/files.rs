@@ -788,8 +788,7 @@ fn files_go_in_and_out_through_the_gateway_with_curl() {
         );
     }
     // The same, cut where a client killed half-way may cut it: inside a
-    // chunk, after a chunk's header promised more (which tiny_http's
-    // decoder cannot tell from the body's end), and short of the
+    // chunk, after a chunk's header promised more, and short of the
     // Content-Length.
     let chunk = vec![b'x'; 600 << 10];
     for (framing, head) in [

@@ -157,7 +157,7 @@ pub async fn serve(gateway: Gateway, stop: impl Future<Output = ()>) -> io::Resu
                 async move { Ok::<_, std::convert::Infallible>(answer(req, &shared).await) }
             });
             let conn = builder
-                .serve_connection(TokioIo::new(stream), service)
+                .serve_connection(TokioIo::new(QuickAck(stream)), service)
                 .into_owned();
             // A client that goes away is no error of the gateway's.
             let _ = watcher.watch(conn).await;
@@ -383,5 +383,59 @@ impl hyper::body::Body for ChannelBody {
 
     fn size_hint(&self) -> SizeHint {
         self.length.map(SizeHint::with_exact).unwrap_or_default()
+    }
+}
+
+/// A client connection that ACKs what it reads at once.
+///
+/// A client that writes a request's head and body in two writes with
+/// Nagle on (httpx with h11 does) sends the body only once the head is
+/// ACKed; the kernel delays that ACK up to 40 ms hoping to send it with an
+/// answer, which cannot come before the body. Quick-ACK mode lapses by
+/// itself, so it is asked for again after each read.
+struct QuickAck(tokio::net::TcpStream);
+
+impl tokio::io::AsyncRead for QuickAck {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.0).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            let _ = rustix::net::sockopt::set_tcp_quickack(&self.0, true);
+        }
+        polled
+    }
+}
+
+impl tokio::io::AsyncWrite for QuickAck {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, data)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
     }
 }

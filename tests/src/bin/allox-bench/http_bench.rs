@@ -157,7 +157,13 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
 
     // The Python client against raw httpx, on the same gateway.
     let sdk = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python");
-    let out = Command::new("python3")
+    // Debian's interpreter, whose httpx the client uses (another python3
+    // may come first on PATH).
+    let python = ["/usr/bin/python3", "python3"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .unwrap_or("python3");
+    let out = Command::new(python)
         .arg(sdk.join("bench_sdk.py"))
         .args(["--url", &format!("http://{}", gw.addr), "--token", &token])
         .args(["--n", if quick { "500" } else { "3000" }])

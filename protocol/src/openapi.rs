@@ -101,7 +101,7 @@ pub fn document() -> Value {
             json!({ "post": {
                 "operationId": a.name,
                 "summary": a.name,
-                "x-allox-mutating": a.mutating,
+                "x-allox-audited": a.mutating,
                 "x-allox-answers": a.answers,
                 "requestBody": { "required": false, "content": json_content(params.clone()) },
                 "responses": {

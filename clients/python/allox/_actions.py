@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from . import models
 
 
+@functools.lru_cache(maxsize=None)
 def _model(name: str) -> Callable[[Any], Any]:
     return functools.partial(_core.parse, name)
 

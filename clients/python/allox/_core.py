@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import keyword
 import os
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,46 @@ def resolve_token(token: str | None, token_file: str | os.PathLike[str] | None) 
         return None, "none (pass token= or token_file=, or set ALLOX_TOKEN_FILE)"
 
 
+def rpc_url(http: httpx.Client | httpx.AsyncClient) -> httpx.URL:
+    """``/v1/rpc`` below the client's ``base_url``, made once: what
+    ``build_request`` would make of the relative path on every call."""
+    base = http.base_url
+    return base.copy_with(raw_path=base.raw_path + RPC_PATH.lstrip("/").encode("ascii"))
+
+
+def no_delay(response: httpx.Response) -> None:
+    """Turns Nagle's algorithm off (``TCP_NODELAY``) on the connection
+    ``response`` came on, once per connection. httpcore before 0.17 leaves
+    it on for sync sockets, and it writes a request's headers and its body
+    apart: on a kept-alive connection the body then waits for the ACK of the
+    headers, which Linux delays by 40 ms. (asyncio sets it itself.)"""
+    stream = response.extensions.get("network_stream")
+    if stream is None or getattr(stream, "_allox_no_delay", False):
+        return
+    try:
+        sock = stream.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except (OSError, AttributeError, TypeError, ValueError):
+        pass
+    try:
+        stream._allox_no_delay = True
+    except AttributeError:
+        pass
+
+
+def shutdown(response: httpx.Response) -> None:
+    """Shuts the connection of ``response`` down (both ways), so that a
+    read blocked on it returns."""
+    stream = response.extensions.get("network_stream")
+    try:
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+    except (OSError, AttributeError, TypeError, ValueError):
+        pass
+
+
 def headers(token: str | None) -> dict[str, str]:
     h = {"User-Agent": USER_AGENT}
     if token:
@@ -88,6 +129,13 @@ def build_params(params: Mapping[str, Any] | Model | None, kwargs: Mapping[str, 
         out.update({_json_key(k): v for k, v in params.items()})
     out.update({_json_key(k): v for k, v in kwargs.items()})
     return {k: encode(v) for k, v in out.items() if v is not None}
+
+
+#: The headers of an action's request, by what it accepts.
+RPC_HEADERS = {
+    JSON: {"Content-Type": JSON, "Accept": JSON},
+    NDJSON: {"Content-Type": JSON, "Accept": NDJSON},
+}
 
 
 def rpc_body(action: str, params: dict[str, Any]) -> bytes:

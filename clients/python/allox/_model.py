@@ -24,7 +24,7 @@ import dataclasses
 import sys
 import types
 import typing
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Any, Callable, Literal, TypeVar, Union, get_args, get_origin
 
 M = TypeVar("M", bound="Model")
 
@@ -53,18 +53,31 @@ class Model:
             return data
         if not isinstance(data, dict):
             raise TypeError(f"{cls.__name__} is a JSON object, not {type(data).__name__}")
-        hints = _hints(cls)
+        plan = _PLANS.get(cls) or _plan(cls)
+        if plan.direct:
+            # The dataclass's __init__ would only assign the fields: do it
+            # here, with each field converted by the plan made once per class.
+            obj = cls.__new__(cls)
+            d = obj.__dict__
+            for name, key, conv, has_default, default, factory in plan.fields:
+                if key in data:
+                    v = data[key]
+                    d[name] = v if conv is None or v is None else conv(v)
+                elif factory is not None:
+                    d[name] = factory()
+                else:
+                    # Required but absent: None rather than a TypeError, so an
+                    # answer that leaves out a field still reads.
+                    d[name] = default
+            d["_raw"] = data
+            return obj
         kwargs: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            if not f.init:
-                continue
-            key = _json_name(f)
+        for name, key, conv, has_default, default, factory in plan.fields:
             if key in data:
-                kwargs[f.name] = decode(hints.get(f.name, Any), data[key])
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                # Required but absent: None rather than a TypeError, so an
-                # answer that leaves out a field still reads.
-                kwargs[f.name] = None
+                v = data[key]
+                kwargs[name] = v if conv is None or v is None else conv(v)
+            elif not has_default:
+                kwargs[name] = None
         obj = cls(**kwargs)
         object.__setattr__(obj, "_raw", data)
         return obj
@@ -82,20 +95,60 @@ class Model:
     @classmethod
     def json_fields(cls) -> dict[str, str]:
         """JSON name -> attribute name."""
-        return {_json_name(f): f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        plan = _PLANS.get(cls) or _plan(cls)
+        return dict(plan.json_fields)
 
     @classmethod
     def required_keys(cls) -> set[str]:
-        return {
-            _json_name(f)
-            for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        }
+        plan = _PLANS.get(cls) or _plan(cls)
+        return set(plan.required)
 
     @property
     def raw(self) -> dict[str, Any]:
         """The JSON object this was read from (``to_dict()`` if made here)."""
         return getattr(self, "_raw", None) or self.to_dict()
+
+
+class _Plan:
+    """How a model class reads itself: per field its attribute, its JSON
+    key, the converter of its values (``None``: taken as they are) and its
+    default; made once per class from its type hints."""
+
+    __slots__ = ("fields", "direct", "json_fields", "required", "literal_keys")
+
+    def __init__(self, cls: type) -> None:
+        hints = _hints(cls)
+        fields = []
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if not f.init:
+                continue
+            has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+            factory = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+            default = f.default if f.default is not dataclasses.MISSING else None
+            fields.append((f.name, _json_name(f), converter(hints.get(f.name, Any)), has_default, default, factory))
+        self.fields = tuple(fields)
+        params = getattr(cls, "__dataclass_params__", None)
+        # Assigning the fields straight into __dict__ is what __init__ does
+        # for a plain dataclass; not for a frozen one, one with slots or a
+        # __post_init__.
+        self.direct = (
+            params is not None and not params.frozen and "__slots__" not in vars(cls)
+            and not hasattr(cls, "__post_init__") and all(f.init for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+        )
+        self.json_fields = {key: name for name, key, *_ in fields}
+        self.required = frozenset(key for name, key, conv, has_default, *_ in fields if not has_default)
+        #: Keys whose field can hold only given constants (a tag).
+        self.literal_keys = {
+            key: get_args(hints[name]) for name, key, *_ in fields if get_origin(hints.get(name)) is Literal
+        }
+
+
+_PLANS: dict[type, _Plan] = {}
+
+
+def _plan(cls: type) -> _Plan:
+    p = _PLANS[cls] = _Plan(cls)
+    return p
 
 
 def encode(v: Any) -> Any:
@@ -121,42 +174,71 @@ def decode(tp: Any, v: Any) -> Any:
     returned as they are."""
     if v is None or tp is Any:
         return v
-    if isinstance(tp, str):  # an unresolved forward reference
-        return v
+    conv = converter(tp)
+    return v if conv is None else conv(v)
+
+
+_CONVERTERS: dict[Any, Callable[[Any], Any] | None] = {}
+
+
+def converter(tp: Any) -> Callable[[Any], Any] | None:
+    """The function reading a (non-``None``) JSON value as type ``tp``, or
+    ``None`` when the value is taken as it is; made once per type."""
+    try:
+        return _CONVERTERS[tp]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable type form
+        return _converter(tp)
+    conv = _CONVERTERS[tp] = _converter(tp)
+    return conv
+
+
+def _b64(v: Any) -> Any:
+    if isinstance(v, str):
+        try:
+            return base64.b64decode(v, validate=True)
+        except ValueError:
+            return v
+    if isinstance(v, list) and all(isinstance(b, int) for b in v):
+        return bytes(v)
+    return v
+
+
+def _to_float(v: Any) -> Any:
+    return float(v) if type(v) is int else v
+
+
+def _converter(tp: Any) -> Callable[[Any], Any] | None:
+    if tp is Any or isinstance(tp, str):  # Any, or an unresolved forward reference
+        return None
     origin = get_origin(tp)
     if _is_union(tp):
         args = [a for a in get_args(tp) if a is not type(None)]
         if len(args) == 1:
-            return decode(args[0], v)
-        return _decode_union(args, v)
+            return converter(args[0])
+        return lambda v: _decode_union(args, v)
     if origin is Literal:
-        return v
+        return None
     if origin in (list, tuple, set, frozenset) or tp in (list, tuple):
-        if not isinstance(v, list):
-            return v
         args = get_args(tp)
-        item = args[0] if args else Any
-        return [decode(item, x) for x in v]
+        item = converter(args[0]) if args else None
+        if item is None:
+            return lambda v: list(v) if isinstance(v, list) else v
+        return lambda v: [x if x is None else item(x) for x in v] if isinstance(v, list) else v
     if origin is dict or tp is dict:
-        if not isinstance(v, dict):
-            return v
         args = get_args(tp)
-        val = args[1] if len(args) == 2 else Any
-        return {k: decode(val, x) for k, x in v.items()}
+        val = converter(args[1]) if len(args) == 2 else None
+        if val is None:
+            return lambda v: dict(v) if isinstance(v, dict) else v
+        return lambda v: {k: x if x is None else val(x) for k, x in v.items()} if isinstance(v, dict) else v
     if tp is bytes:
-        if isinstance(v, str):
-            try:
-                return base64.b64decode(v, validate=True)
-            except ValueError:
-                return v
-        if isinstance(v, list) and all(isinstance(b, int) for b in v):
-            return bytes(v)
-        return v
-    if tp is float and isinstance(v, int) and not isinstance(v, bool):
-        return float(v)
+        return _b64
+    if tp is float:
+        return _to_float
     if isinstance(tp, type) and issubclass(tp, Model):
-        return tp.from_dict(v) if isinstance(v, dict) else v
-    return v
+        return lambda v: tp.from_dict(v) if isinstance(v, dict) else v
+    return None
 
 
 def _fits(tp: Any, v: Any) -> int:
@@ -169,15 +251,14 @@ def _fits(tp: Any, v: Any) -> int:
     if isinstance(tp, type) and issubclass(tp, Model):
         if not isinstance(v, dict):
             return 0
-        if not tp.required_keys() <= v.keys():
+        plan = _PLANS.get(tp) or _plan(tp)
+        if not plan.required <= v.keys():
             return 0
         # A tag (a field that can hold one constant) must match.
-        hints = _hints(tp)
-        for key, name in tp.json_fields().items():
-            h = hints.get(name)
-            if key in v and get_origin(h) is Literal and v[key] not in get_args(h):
+        for key, allowed in plan.literal_keys.items():
+            if key in v and v[key] not in allowed:
                 return 0
-        return 2 if set(v) <= set(tp.json_fields()) else 1
+        return 2 if v.keys() <= plan.json_fields.keys() else 1
     if tp is Any:
         return 1
     if tp is type(None):

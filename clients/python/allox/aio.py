@@ -141,6 +141,7 @@ class AsyncClient(Actions):
             timeout=self.timeout,
             **httpx_options,
         )
+        self._rpc_url = _core.rpc_url(self.http)
 
     def __repr__(self) -> str:
         return f"AsyncClient({self.base_url!r})"
@@ -164,11 +165,7 @@ class AsyncClient(Actions):
 
     def _rpc_request(self, action: str, params: dict[str, Any], accept: str, timeout: Any = httpx.USE_CLIENT_DEFAULT) -> httpx.Request:
         return self.http.build_request(
-            "POST",
-            _core.RPC_PATH,
-            content=_core.rpc_body(action, params),
-            headers={"Content-Type": _core.JSON, "Accept": accept},
-            timeout=timeout,
+            "POST", self._rpc_url, content=_core.rpc_body(action, params), headers=_core.RPC_HEADERS[accept], timeout=timeout
         )
 
     async def _invoke(self, action: str, params: dict[str, Any], parse: Callable[[Any], Any]) -> Any:

@@ -78,7 +78,8 @@ class Stream:
                 self._pending.extend(d.finish())
                 continue
             except (httpx.HTTPError, httpx.StreamError) as e:
-                d.fail(StreamBroken(_core.transport_message(e, f"{self.action}: the stream broke")))
+                what = "the stream was closed before its end" if self._closed else "the stream broke"
+                d.fail(StreamBroken(_core.transport_message(e, f"{self.action}: {what}")))
                 d.error.__cause__ = e  # type: ignore[union-attr]
                 continue
             self._pending.extend(d.feed(chunk))
@@ -106,8 +107,15 @@ class Stream:
         return self._result
 
     def close(self) -> None:
+        """Ends the stream (its connection is not reused). A thread blocked
+        reading it wakes up: its iteration raises
+        :class:`~allox.errors.StreamBroken`."""
         if not self._closed:
             self._closed = True
+            if not self._decoder.done:
+                # Closing a socket does not wake a recv() blocked on it in
+                # another thread; shutting it down does.
+                _core.shutdown(self.response)
             self.response.close()
 
     def __enter__(self) -> Stream:
@@ -148,6 +156,7 @@ class Client(Actions):
             timeout=self.timeout,
             **httpx_options,
         )
+        self._rpc_url = _core.rpc_url(self.http)
 
     def __repr__(self) -> str:
         return f"Client({self.base_url!r})"
@@ -165,17 +174,15 @@ class Client(Actions):
 
     def _send(self, request: httpx.Request, stream: bool = False) -> httpx.Response:
         try:
-            return self.http.send(request, stream=stream)
+            r = self.http.send(request, stream=stream)
         except httpx.HTTPError as e:
             raise TransportError(_core.transport_message(e, f"{request.method} {request.url}")) from e
+        _core.no_delay(r)
+        return r
 
     def _rpc_request(self, action: str, params: dict[str, Any], accept: str, timeout: Any = httpx.USE_CLIENT_DEFAULT) -> httpx.Request:
         return self.http.build_request(
-            "POST",
-            _core.RPC_PATH,
-            content=_core.rpc_body(action, params),
-            headers={"Content-Type": _core.JSON, "Accept": accept},
-            timeout=timeout,
+            "POST", self._rpc_url, content=_core.rpc_body(action, params), headers=_core.RPC_HEADERS[accept], timeout=timeout
         )
 
     def _invoke(self, action: str, params: dict[str, Any], parse: Callable[[Any], Any]) -> Any:

@@ -191,7 +191,7 @@ def test_error_codes_arrive_as_their_classes(client: allox.Client, gateway):
         assert (e.value.code, e.value.status) == ("unauthorized", 401)
         with pytest.raises(allox.Unauthorized):
             bad.read_file(a, "s1", "x")
-    with allox.Client(gateway.base_url, token=gateway.token, headers={"Host": "rebound.example"}) as rebound:
+    with allox.Client(gateway.base_url, token=gateway.token, headers={"Host": "rebound.test"}) as rebound:
         with pytest.raises(allox.Unauthorized) as e:
             rebound.ping()
         assert e.value.status == 403

@@ -102,6 +102,7 @@ def test_fs_watch_streams_changes(client: allox.Client, agent: str):
             time.sleep(0.05)
         stop.set()
     t.join(10)
+    assert not t.is_alive(), "the reader still blocks on the stream after it was closed"
     changes = [(e.model().change, e.model().path) for e in events]
     assert ("ready", ".") in changes
     assert any(p == "watched.txt" for _, p in changes), changes

@@ -31,6 +31,7 @@ mod daemon;
 pub mod files;
 mod http;
 pub mod openapi;
+mod shared;
 mod stream;
 
 use crate::client::{Caller, ClientError};

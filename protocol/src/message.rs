@@ -539,6 +539,16 @@ pub struct ProcessStdin {
     pub close: bool,
 }
 
+/// One action as the API describes it.
+pub struct Action {
+    pub name: &'static str,
+    pub mutating: bool,
+    /// A `$ref` to its params' schema.
+    pub params: schemars::Schema,
+    /// The [`Response`] variants it answers with.
+    pub answers: &'static [&'static str],
+}
+
 macro_rules! requests {
     ($( $(#[$doc:meta])* $variant:ident($ty:ty) = $name:literal, mutating = $m:literal, answers = [$($answer:ident),*]; )*) => {
         /// Every request. The JSON action name is given beside each variant.
@@ -585,8 +595,8 @@ macro_rules! requests {
             /// changes state, the schema of its params (made by `schemas`)
             /// and the [`Response`] variants it answers with (none: it
             /// only streams until its client goes).
-            pub fn api(schemas: &mut schemars::SchemaGenerator) -> Vec<crate::openapi::Action> {
-                vec![$( crate::openapi::Action {
+            pub fn api(schemas: &mut schemars::SchemaGenerator) -> Vec<Action> {
+                vec![$( Action {
                     name: $name,
                     mutating: $m,
                     params: schemas.subschema_for::<$ty>(),

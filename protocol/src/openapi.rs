@@ -9,21 +9,11 @@
 //! `POST /v1/rpc` (`{"action", "params"}`), `GET` and `PUT` of
 //! `/v1/files/{agent}/{session}/{path}`, and `GET /v1/openapi.json`.
 
-use crate::message::{Event, Request, Response};
+use crate::message::{Action, Event, Request, Response};
 use crate::ErrorCode;
 use schemars::generate::SchemaSettings;
-use schemars::{Schema, SchemaGenerator};
+use schemars::SchemaGenerator;
 use serde_json::{json, Map, Value};
-
-/// One action as the API describes it.
-pub struct Action {
-    pub name: &'static str,
-    pub mutating: bool,
-    /// A `$ref` to its params' schema.
-    pub params: Schema,
-    /// The [`Response`] variants it answers with.
-    pub answers: &'static [&'static str],
-}
 
 /// Where the schemas live in the document.
 const SCHEMAS: &str = "/components/schemas";

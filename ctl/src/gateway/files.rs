@@ -14,7 +14,7 @@
 //! percent-decoded; what the path may be is the daemon's to say, and its
 //! refusals come back with their status, as on `/v1/rpc`.
 
-use super::http::{
+use super::shared::{
     headers_of, next_piece, respond, ChannelBody, HttpRequest, HttpResponse, Shared,
 };
 use super::{error, failure, Reply};

@@ -1,6 +1,6 @@
 //! `GET /v1/openapi.json`: the API's description.
 
-use super::http::{full, HttpResponse};
+use super::shared::{full, HttpResponse};
 
 /// The OpenAPI document served.
 pub fn openapi() -> HttpResponse {

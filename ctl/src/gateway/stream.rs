@@ -17,7 +17,7 @@
 //! request said `Allox-On-Disconnect: kill`, when the gateway kills the
 //! run it started.
 
-use super::http::{respond, ChannelBody, HttpRequest, HttpResponse, Shared};
+use super::shared::{respond, ChannelBody, HttpRequest, HttpResponse, Shared};
 use super::{error, failure, Reply};
 use crate::client::Client;
 use allox_protocol::json::answer_to_json;

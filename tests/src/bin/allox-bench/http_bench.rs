@@ -54,6 +54,14 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     println!("Each request to its answer, {n} of each after 50 to warm; the baseline is the binary protocol over the daemon's Unix socket on one connection.\n");
     println!("| request | path | p50 | p99 | p50 / socket |");
     println!("|---|---|---:|---:|---:|");
+    // The floor: an HTTP round trip the gateway answers itself (a 404),
+    // no daemon call.
+    let mut one = KeepAlive::connect(gw.addr, &token);
+    let floor = times(n, || {
+        let (code, v) = one.post("/v1/nothing", "{}");
+        anyhow::ensure!(code == 404, "{code} {v}");
+        Ok(())
+    })?;
     let list = Request::CheckpointList(SessionRef {
         agent_id: "bench".into(),
         session_id: "s".into(),
@@ -85,6 +93,10 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         let base = pct(&socket, 0.5).as_secs_f64();
         for (label, t) in [
             ("Unix socket, binary (baseline)", &socket),
+            (
+                "gateway, its own 404 (no daemon call; one connection)",
+                &floor,
+            ),
             ("gateway, one keep-alive connection", &kept),
             ("gateway, a new connection each", &fresh),
         ] {

@@ -212,7 +212,7 @@ impl Gateway {
             .enable_all()
             .build()
             .map_err(serve_err)?;
-        rt.block_on(async move {
+        let served = rt.block_on(async move {
             let stop = async {
                 use tokio::signal::unix::{signal, SignalKind};
                 match (
@@ -229,8 +229,11 @@ impl Gateway {
                 }
             };
             http::serve(self, stop).await
-        })
-        .map_err(serve_err)
+        });
+        // A stream still open after the drain (a follow) holds a blocking
+        // thread on its daemon connection: the process ends without it.
+        rt.shutdown_timeout(Duration::from_millis(500));
+        served.map_err(serve_err)
     }
 }
 

@@ -544,10 +544,17 @@ fn the_openapi_document_is_served_and_names_every_action() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "403");
 
-    // An orderly stop: SIGTERM, a plain exit.
+    // An orderly stop: SIGTERM, a plain exit, even with a watch still
+    // streaming (it is cut after the drain).
+    let mut watch = st.stream(
+        "fs.watch",
+        &json!({"agent_id": "a", "session_id": "s", "path": "."}),
+        &[],
+    );
+    assert_eq!(watch.next().unwrap()["event"]["fs"]["change"], "ready");
     let pid = nix::unistd::Pid::from_raw(st.gw.child.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let deadline = Instant::now() + Duration::from_secs(20);
     let status = loop {
         if let Some(s) = st.gw.child.try_wait().unwrap() {
             break s;
@@ -556,4 +563,5 @@ fn the_openapi_document_is_served_and_names_every_action() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "{status:?}");
+    drop(watch);
 }

@@ -1,13 +1,11 @@
 """Streaming through the real gateway (``Accept: application/x-ndjson``).
 
-Every test here is marked ``gateway_streaming``: they need the gateway's
-NDJSON answers, which are being added. Against a gateway without them they
-fail with ``StreamUnsupported`` ("the gateway answered application/json, not
-application/x-ndjson"), and the ``fs.watch`` one with 504 ``Unavailable``
-after the gateway's 30 s daemon timeout (a watch never answers over plain
-JSON). ``-m "not gateway_streaming"`` leaves them out.
-``test_openapi_document_generates_the_models`` needs ``GET
-/v1/openapi.json`` (``gateway_openapi``), also being added.
+Every test here is marked ``gateway_streaming``: output comes as the run
+writes it (the first chunk before the run ends), every byte value
+survives, a plain action is a stream of its answer, ``fs.watch`` streams
+its changes and ends when the stream is closed; sync and async.
+``test_openapi_document_generates_the_models`` (``gateway_openapi``)
+regenerates the models from the document the gateway serves.
 """
 
 from __future__ import annotations

@@ -123,13 +123,13 @@ async fn answer(req: HttpRequest, shared: &Arc<Shared>) -> HttpResponse {
     let method = req.method().as_str().to_owned();
     let mut response = match route(&method, &url) {
         Route::Files(f) => files::serve(req, f, shared).await,
-        Route::Refused(reply) => respond(reply),
+        Route::Refused(reply) => refuse(req, reply, shared).await,
         Route::OpenApi => match shared.access.check_document(&headers_of(&req)) {
             Ok(()) => openapi(),
             Err(r) => respond(Reply::refused(&r)),
         },
         Route::Rpc(action) => match screen(&req, &shared.access) {
-            Some(reply) => respond(reply),
+            Some(reply) => refuse(req, reply, shared).await,
             None => rpc(req, action, shared).await,
         },
     };
@@ -174,12 +174,21 @@ fn screen(req: &HttpRequest, access: &Access) -> Option<Reply> {
         .map(|_| Reply::json(too_large()))
 }
 
+/// A refusal, once the request's body is read (up to the limit, each
+/// piece within the HTTP timeout): answered early, an HTTP/2 stream is
+/// reset under a client still sending it, which then loses the answer
+/// (curl: "stream error"); and an HTTP/1 connection stays usable.
+async fn refuse(req: HttpRequest, reply: Reply, shared: &Shared) -> HttpResponse {
+    let _ = read_body(req.into_body(), MAX_BODY, shared.http_timeout).await;
+    respond(reply)
+}
+
 /// `POST /v1/rpc[/{action}]`: the body read (bounded), the call made,
 /// the answer; as an NDJSON stream when the client accepts one.
 async fn rpc(req: HttpRequest, action: Option<String>, shared: &Arc<Shared>) -> HttpResponse {
     let streamed = match stream::Options::of(&req) {
         Ok(o) => o,
-        Err(reply) => return respond(reply),
+        Err(reply) => return refuse(req, reply, shared).await,
     };
     let body = match read_body(req.into_body(), MAX_BODY, shared.http_timeout).await {
         Ok(b) => b,

@@ -12,10 +12,11 @@
 //! port, `TCP_NODELAY` on every connection (an answer is never held back
 //! for the client's delayed ACK), and a graceful stop on SIGINT or SIGTERM
 //! (no new connection; those in flight finish, for at most
-//! [`DRAIN_TIMEOUT`]). Calls to the daemon are blocking: they run on the
-//! runtime's blocking pool, each on a daemon connection taken from a pool
-//! (made on first use, made again after it breaks or times out), so a slow
-//! call holds one connection and one blocking thread, never the server.
+//! [`DRAIN_TIMEOUT`]). Plain calls share a few multiplexed daemon
+//! connections driven from the runtime's tasks ([`daemon`]); a stream has
+//! a daemon connection of its own ([`stream`]); file transfers run on the
+//! blocking pool, each on a daemon connection taken from a small pool.
+//! A slow call holds its own place, never the server.
 //!
 //! Before anything reaches the daemon a request must pass [`access`]: the
 //! bearer token, a `Host` naming this gateway, no `Origin` but allowed
@@ -34,7 +35,7 @@ pub mod openapi;
 mod shared;
 mod stream;
 
-use crate::client::{Caller, ClientError};
+use crate::client::ClientError;
 use crate::token::{self, TokenError};
 use access::{Access, Refusal};
 use allox_protocol::json::{answer_to_json, parse_request};
@@ -293,13 +294,7 @@ pub fn route(method: &str, url: &str) -> Route {
         if method.eq_ignore_ascii_case("GET") {
             return Route::OpenApi;
         }
-        let mut reply = Reply::json(error(
-            405,
-            ErrorCode::InvalidRequest,
-            format!("{OPENAPI_PATH} takes GET, not {method}"),
-        ));
-        reply.headers.push(("Allow", "GET".into()));
-        return Route::Refused(reply);
+        return Route::Refused(not_allowed(OPENAPI_PATH, method, "GET"));
     }
     let action = match path.strip_prefix(RPC_PATH) {
         Some("") => None,
@@ -310,15 +305,22 @@ pub fn route(method: &str, url: &str) -> Route {
         None => return Route::Refused(no_such_path(path)),
     };
     if !method.eq_ignore_ascii_case("POST") && !method.eq_ignore_ascii_case("OPTIONS") {
-        let mut reply = Reply::json(error(
-            405,
-            ErrorCode::InvalidRequest,
-            format!("{path} takes POST, not {method}"),
-        ));
-        reply.headers.push(("Allow", "POST, OPTIONS".into()));
-        return Route::Refused(reply);
+        return Route::Refused(not_allowed(path, method, "POST, OPTIONS"));
     }
     Route::Rpc(action)
+}
+
+/// 405 for `method` on `path`, which takes `allow` (the first of which
+/// the message names).
+fn not_allowed(path: &str, method: &str, allow: &'static str) -> Reply {
+    let first = allow.split(',').next().unwrap_or(allow);
+    let mut reply = Reply::json(error(
+        405,
+        ErrorCode::InvalidRequest,
+        format!("{path} takes {first}, not {method}"),
+    ));
+    reply.headers.push(("Allow", allow.into()));
+    reply
 }
 
 fn no_such_path(path: &str) -> Reply {
@@ -363,15 +365,6 @@ pub fn parse_body(body: &[u8], action: Option<&str>) -> Result<Request, (u16, Va
     parsed.map_err(|body| (body.code.http_status(), answer_to_json(&Err(body))))
 }
 
-/// The status and JSON answer for one request body (see [`parse_body`]).
-pub fn handle(body: &[u8], action: Option<&str>, daemon: &mut impl Caller) -> (u16, Value) {
-    let request = match parse_body(body, action) {
-        Ok(r) => r,
-        Err(answer) => return answer,
-    };
-    answer_json(daemon.call(request))
-}
-
 /// The status and JSON answer of a call's outcome.
 pub fn answer_json(outcome: Result<crate::client::Answer, ClientError>) -> (u16, Value) {
     let (status, answer) = match outcome {
@@ -408,7 +401,7 @@ fn error(status: u16, code: ErrorCode, message: String) -> (u16, Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::{Answer, ClientError};
+    use crate::client::{Answer, Caller, ClientError};
     use crate::reconnecting::ReconnectingClient;
     use crate::rpc::tests::{deleted, Fake};
     use std::io::{Read, Write};
@@ -417,6 +410,14 @@ mod tests {
     use std::thread;
 
     const DELETE: &[u8] = br#"{"action":"agent.delete","params":{"agent_id":"a"}}"#;
+
+    /// What the gateway answers one body with, over a blocking caller.
+    fn handle(body: &[u8], action: Option<&str>, daemon: &mut impl Caller) -> (u16, Value) {
+        match parse_body(body, action) {
+            Ok(request) => answer_json(daemon.call(request)),
+            Err(answer) => answer,
+        }
+    }
 
     fn fake(answer: fn(&allox_protocol::Request) -> Result<Answer, ClientError>) -> Fake {
         Fake { calls: 0, answer }

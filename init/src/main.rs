@@ -1,11 +1,15 @@
-//! `allox-init`: wiring only. As PID 1 it is the guest's init ([`pid1`]);
-//! `supervise` runs the supervisor as a daemon over a Btrfs store (the
-//! init's child in the guest, or standalone on any Linux host). What each
-//! does is in the library (`allox_init`). Started as `allox` (inside a
-//! sandbox) it is the guest interface's client (`allox_init::client`).
+//! `allox-init`: wiring only. Started by the kernel as PID 1 without a
+//! subcommand it is the guest's init ([`pid1`]); `supervise` runs the
+//! supervisor as a daemon over a Btrfs store (the init's child in the
+//! guest, or standalone on any Linux host); `container` is a container's
+//! PID 1 over a store block device ([`in_container`]). What each does is in
+//! the library (`allox_init`). Started as `allox` (inside a sandbox) it is
+//! the guest interface's client (`allox_init::client`).
 
+mod in_container;
 mod pid1;
 
+use allox_init::container::ContainerArgs;
 use allox_init::guest::EXIT_SHUTDOWN_REQUESTED;
 use allox_init::supervise::{SuperviseArgs, ThisMachine};
 use allox_supervisor::daemon;
@@ -26,6 +30,9 @@ struct Cli {
 enum Cmd {
     /// Serve the workspace store at --root over a control socket.
     Supervise(Box<SuperviseArgs>),
+    /// Be a container's PID 1: mount the store from its block device,
+    /// keep the supervisor running, stop in order on SIGTERM and exit 0.
+    Container(Box<ContainerArgs>),
     /// A session's context, which makes its runs' sandboxes (started by
     /// the supervisor, not by hand).
     #[command(hide = true)]
@@ -42,7 +49,15 @@ fn main() {
     if std::env::args().nth(1).as_deref() == Some("session-context") {
         allox_sandbox::zygote::run();
     }
-    if rustix::process::getpid().is_init() {
+    // The kernel starts /init with no subcommand (only words of its
+    // command line it did not take); anything else started as PID 1 (a
+    // container's entrypoint) runs the subcommand it names.
+    if rustix::process::getpid().is_init()
+        && !matches!(
+            std::env::args().nth(1).as_deref(),
+            Some("container" | "supervise" | "help" | "--help" | "-h" | "--version" | "-V")
+        )
+    {
         pid1::run();
     }
     let cli = Cli::parse();
@@ -81,6 +96,7 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
                 _ => 0,
             })
         }
+        Cmd::Container(args) => in_container::run(*args),
         Cmd::SessionContext => bail!("session-context is started by the supervisor only"),
     }
 }

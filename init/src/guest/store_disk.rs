@@ -3,7 +3,7 @@
 //!
 //! A device that holds anything but Btrfs is never touched.
 
-use super::{log, Settings, STORE_MOUNT};
+use super::{log, STORE_MOUNT};
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use rustix::mount::MountFlags;
@@ -15,8 +15,8 @@ use thiserror::Error;
 /// Why the store cannot be mounted; each says what to do about it.
 #[derive(Debug, Error)]
 pub enum StoreDiskError {
-    #[error("the store device {} does not exist (attach the store disk, or name it with allox.store=)", .0.display())]
-    Missing(PathBuf),
+    #[error("the store device {} does not exist ({})", .0.display(), .1.missing)]
+    Missing(PathBuf, &'static Hints),
     #[error("cannot open the store device {}", .dev.display())]
     Open {
         dev: PathBuf,
@@ -29,8 +29,8 @@ pub enum StoreDiskError {
         #[source]
         source: Errno,
     },
-    #[error("the store device {} is blank; boot with allox.format=1 to format it", .0.display())]
-    Blank(PathBuf),
+    #[error("the store device {} is blank; {} to format it", .0.display(), .1.format)]
+    Blank(PathBuf, &'static Hints),
     #[error("the store device {} holds no Btrfs filesystem (and is not blank); refusing to touch it", .0.display())]
     Foreign(PathBuf),
     #[error("the store device {} is blank and this image has no mkfs.btrfs to format it; format it on the host (rootfs-builder store-image --format)", .0.display())]
@@ -54,6 +54,28 @@ pub enum StoreDiskError {
         source: Errno,
     },
 }
+
+/// How to fix what the errors name, in the words of where the store is
+/// used: the guest's kernel command line or the container's options.
+#[derive(Debug)]
+pub struct Hints {
+    /// How to give the device.
+    pub missing: &'static str,
+    /// How to ask for a blank device to be formatted.
+    pub format: &'static str,
+}
+
+/// The guest's: settings on the kernel command line.
+pub static GUEST: Hints = Hints {
+    missing: "attach the store disk, or name it with allox.store=",
+    format: "boot with allox.format=1",
+};
+
+/// The container's: `allox-init container` options.
+pub static CONTAINER: Hints = Hints {
+    missing: "give the container the block device (podman --device, Kubernetes volumeDevices) and name it with --store",
+    format: "pass --format-blank",
+};
 
 /// What the first bytes of a block device say about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,29 +108,34 @@ pub enum Plan {
 }
 
 /// Mount a Btrfs device; format a blank one only if `format` (the
-/// `allox.format=1` setting) says so; refuse anything else.
-pub fn plan(dev: &Path, state: DiskState, format: bool) -> Result<Plan, StoreDiskError> {
+/// `allox.format=1` setting, `--format-blank`) says so; refuse anything
+/// else.
+pub fn plan(
+    dev: &Path,
+    state: DiskState,
+    format: bool,
+    hints: &'static Hints,
+) -> Result<Plan, StoreDiskError> {
     match state {
         DiskState::Btrfs => Ok(Plan::Mount),
         DiskState::Blank if format => Ok(Plan::FormatThenMount),
-        DiskState::Blank => Err(StoreDiskError::Blank(dev.to_path_buf())),
+        DiskState::Blank => Err(StoreDiskError::Blank(dev.to_path_buf(), hints)),
         DiskState::Other => Err(StoreDiskError::Foreign(dev.to_path_buf())),
     }
 }
 
 /// Waits up to 5 s for the store device to appear, reads its head,
 /// formats it if [`plan`] says so, and mounts it at [`STORE_MOUNT`].
-pub fn mount_store(s: &Settings) -> Result<(), StoreDiskError> {
-    let dev = &s.store;
+pub fn mount_store(dev: &Path, format: bool, hints: &'static Hints) -> Result<(), StoreDiskError> {
     let deadline = Instant::now() + Duration::from_secs(5);
     while !dev.exists() {
         if Instant::now() > deadline {
-            return Err(StoreDiskError::Missing(dev.clone()));
+            return Err(StoreDiskError::Missing(dev.to_path_buf(), hints));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     let head = read_head(dev)?;
-    if plan(dev, disk_state(&head), s.format)? == Plan::FormatThenMount {
+    if plan(dev, disk_state(&head), format, hints)? == Plan::FormatThenMount {
         format_store(dev)?;
     }
     let _ = std::fs::create_dir_all(STORE_MOUNT);
@@ -120,7 +147,7 @@ pub fn mount_store(s: &Settings) -> Result<(), StoreDiskError> {
         None,
     )
     .map_err(|source| StoreDiskError::Mount {
-        dev: dev.clone(),
+        dev: dev.to_path_buf(),
         source,
     })
 }
@@ -198,19 +225,42 @@ mod tests {
     #[test]
     fn only_a_blank_disk_is_formatted_and_only_when_asked() {
         let dev = Path::new("/dev/vda");
-        assert_eq!(plan(dev, DiskState::Btrfs, false).unwrap(), Plan::Mount);
-        assert_eq!(plan(dev, DiskState::Btrfs, true).unwrap(), Plan::Mount);
         assert_eq!(
-            plan(dev, DiskState::Blank, true).unwrap(),
+            plan(dev, DiskState::Btrfs, false, &GUEST).unwrap(),
+            Plan::Mount
+        );
+        assert_eq!(
+            plan(dev, DiskState::Btrfs, true, &GUEST).unwrap(),
+            Plan::Mount
+        );
+        assert_eq!(
+            plan(dev, DiskState::Blank, true, &GUEST).unwrap(),
             Plan::FormatThenMount
         );
-        let blank = plan(dev, DiskState::Blank, false).unwrap_err().to_string();
+        let blank = plan(dev, DiskState::Blank, false, &GUEST)
+            .unwrap_err()
+            .to_string();
         assert!(
             blank.contains("/dev/vda is blank; boot with allox.format=1"),
             "{blank}"
         );
-        let other = plan(dev, DiskState::Other, true).unwrap_err().to_string();
+        let other = plan(dev, DiskState::Other, true, &GUEST)
+            .unwrap_err()
+            .to_string();
         assert!(other.contains("holds no Btrfs filesystem"), "{other}");
+        // A container is told its own option.
+        let blank = plan(
+            Path::new("/dev/allox-store"),
+            DiskState::Blank,
+            false,
+            &CONTAINER,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            blank,
+            "the store device /dev/allox-store is blank; pass --format-blank to format it"
+        );
     }
 
     #[test]

@@ -259,6 +259,11 @@ pub struct GatewayArgs {
     pub listen: String,
     #[command(flatten)]
     pub token: TokenFileArg,
+    /// Read the token from this environment variable instead of a file
+    /// (e.g. a Kubernetes Secret given through `secretKeyRef`); at least
+    /// 32 visible ASCII characters.
+    #[arg(long, value_name = "NAME", conflicts_with = "token_file")]
+    pub token_env: Option<String>,
     /// Listen on an address that is not loopback (the token then travels
     /// in clear text over that network).
     #[arg(long)]
@@ -288,6 +293,7 @@ impl GatewayArgs {
     pub fn config(&self, socket: &std::path::Path) -> crate::gateway::GatewayConfig {
         let mut cfg = crate::gateway::GatewayConfig::new(self.listen.clone(), socket);
         cfg.token_file = self.token.resolve(socket);
+        cfg.token_env = self.token_env.clone();
         cfg.allow_remote = self.allow_remote;
         cfg.allow_hosts = self.allow_host.clone();
         cfg.allow_origins = self.allow_origin.clone();

@@ -99,6 +99,9 @@ pub struct GatewayConfig {
     pub socket: PathBuf,
     /// Where the bearer token is read from (or created).
     pub token_file: PathBuf,
+    /// The environment variable holding the token, read instead of the
+    /// file when set.
+    pub token_env: Option<String>,
     /// Listen on an address that is not loopback.
     pub allow_remote: bool,
     /// `Host` values accepted besides the bound address and localhost.
@@ -121,6 +124,7 @@ impl GatewayConfig {
         GatewayConfig {
             listen: listen.into(),
             token_file: token::default_path(&socket),
+            token_env: None,
             socket,
             allow_remote: false,
             allow_hosts: Vec::new(),
@@ -173,7 +177,10 @@ impl Gateway {
             })?
             .collect();
         check_listen(listen, &addrs, cfg.allow_remote)?;
-        let (token, token_created) = token::load_or_create(&cfg.token_file)?;
+        let (token, token_created) = match &cfg.token_env {
+            Some(name) => (token::from_env(name)?, false),
+            None => token::load_or_create(&cfg.token_file)?,
+        };
         let bind_err = |source| GatewayError::Bind {
             listen: listen.clone(),
             source,

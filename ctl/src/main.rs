@@ -370,15 +370,18 @@ fn gateway(args: &GatewayArgs, socket: PathBuf) -> ExitCode {
         gateway.local_addr(),
         socket.display()
     );
-    eprintln!(
-        "alloxctl gateway: bearer token in {} ({}); `alloxctl token` prints it",
-        cfg.token_file.display(),
-        if gateway.token_created() {
-            "new"
-        } else {
-            "existing"
-        }
-    );
+    match &cfg.token_env {
+        Some(name) => eprintln!("alloxctl gateway: bearer token from ${name}"),
+        None => eprintln!(
+            "alloxctl gateway: bearer token in {} ({}); `alloxctl token` prints it",
+            cfg.token_file.display(),
+            if gateway.token_created() {
+                "new"
+            } else {
+                "existing"
+            }
+        ),
+    }
     match gateway.run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

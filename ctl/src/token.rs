@@ -53,6 +53,10 @@ pub enum TokenError {
     Owner { path: PathBuf, owner: u32, me: u32 },
     #[error("token file {} holds no usable token: {why}; remove it to get a new one", path.display())]
     Invalid { path: PathBuf, why: &'static str },
+    #[error("--token-env {name}: the environment variable is not set")]
+    EnvMissing { name: String },
+    #[error("--token-env {name}: the environment variable holds no usable token: {why}")]
+    EnvInvalid { name: String, why: &'static str },
 }
 
 /// A bearer token.
@@ -96,19 +100,36 @@ impl Token {
     /// rest must be at least [`MIN_TOKEN_LEN`] visible ASCII characters, as
     /// an HTTP header carries them.
     fn parse(path: &Path, text: &[u8]) -> Result<Token, TokenError> {
-        let invalid = |why| TokenError::Invalid {
+        Token::check(text).map_err(|why| TokenError::Invalid {
             path: path.to_owned(),
             why,
-        };
+        })
+    }
+
+    /// The token in `text`, or why there is none.
+    fn check(text: &[u8]) -> Result<Token, &'static str> {
         let text = text.trim_ascii();
         if !text.iter().all(|b| b.is_ascii_graphic()) {
-            return Err(invalid("it has characters other than visible ASCII in it"));
+            return Err("it has characters other than visible ASCII in it");
         }
         if text.len() < MIN_TOKEN_LEN {
-            return Err(invalid("it is shorter than 32 characters"));
+            return Err("it is shorter than 32 characters");
         }
         Ok(Token(String::from_utf8_lossy(text).into_owned()))
     }
+}
+
+/// The token held by the environment variable `name` (a Kubernetes
+/// Secret given through `secretKeyRef`, which cannot be a file of the
+/// reader's own with mode 0600): the same rules as a file's text.
+pub fn from_env(name: &str) -> Result<Token, TokenError> {
+    let value = std::env::var_os(name).ok_or_else(|| TokenError::EnvMissing {
+        name: name.to_owned(),
+    })?;
+    Token::check(value.as_encoded_bytes()).map_err(|why| TokenError::EnvInvalid {
+        name: name.to_owned(),
+        why,
+    })
 }
 
 /// A token with a known value, for tests.
@@ -352,6 +373,23 @@ mod tests {
         }
         std::fs::write(&real, format!("  {}\n\n", "z".repeat(32))).unwrap();
         assert_eq!(read(&real).unwrap().as_str(), "z".repeat(32));
+    }
+
+    #[test]
+    fn a_token_from_the_environment_follows_the_files_rules() {
+        // Names of this test's own: other tests run in other threads.
+        std::env::set_var("ALLOX_TEST_TOKEN_GOOD", format!("  {}\n", "a1".repeat(32)));
+        std::env::set_var("ALLOX_TEST_TOKEN_SHORT", "abc");
+        let t = from_env("ALLOX_TEST_TOKEN_GOOD").unwrap();
+        assert_eq!(t.as_str(), "a1".repeat(32));
+        assert_eq!(
+            from_env("ALLOX_TEST_TOKEN_SHORT").unwrap_err().to_string(),
+            "--token-env ALLOX_TEST_TOKEN_SHORT: the environment variable holds no usable token: it is shorter than 32 characters"
+        );
+        assert_eq!(
+            from_env("ALLOX_TEST_TOKEN_UNSET").unwrap_err().to_string(),
+            "--token-env ALLOX_TEST_TOKEN_UNSET: the environment variable is not set"
+        );
     }
 
     #[test]

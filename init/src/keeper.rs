@@ -39,6 +39,18 @@ pub fn signal_fd() -> nix::Result<SignalFd> {
     SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
 }
 
+/// Unblocks [`SIGNALS`]. A child inherits the blocked mask across exec
+/// (std's `Command` does not reset it), so the supervisor the keeper
+/// starts calls this first: otherwise SIGTERM would wait in its mask and
+/// every stop would run into the stop timeout.
+pub fn unblock_signals() {
+    let mut mask = SigSet::empty();
+    for s in SIGNALS {
+        mask.add(s);
+    }
+    let _ = mask.thread_unblock();
+}
+
 /// How everything else is killed once the supervisor has stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KillRest {
@@ -59,6 +71,8 @@ pub struct Keeper<F: FnMut(bool) -> Command> {
     supervisor: Option<(Pid, Instant)>,
     restarts: u32,
     next_start: Option<Instant>,
+    /// Set once a stop has begun: the supervisor ending is then expected.
+    stopping: bool,
 }
 
 impl<F: FnMut(bool) -> Command> Keeper<F> {
@@ -70,6 +84,7 @@ impl<F: FnMut(bool) -> Command> Keeper<F> {
             supervisor: None,
             restarts: 0,
             next_start: Some(Instant::now()),
+            stopping: false,
         }
     }
 
@@ -159,7 +174,9 @@ impl<F: FnMut(bool) -> Command> Keeper<F> {
                         if since.elapsed() > STABLE_AFTER {
                             self.restarts = 0;
                         }
-                        if status.exit_status() == Some(EXIT_SHUTDOWN_REQUESTED as _) {
+                        if self.stopping {
+                            log(format_args!("supervisor stopped ({status:?})"));
+                        } else if status.exit_status() == Some(EXIT_SHUTDOWN_REQUESTED as _) {
                             stop = Some("system.shutdown request".to_string());
                         } else {
                             log(format_args!("supervisor ended ({status:?})"));
@@ -181,13 +198,12 @@ impl<F: FnMut(bool) -> Command> Keeper<F> {
     fn stop(&mut self, why: &str, rest: KillRest) {
         log(format_args!("shutting down ({why})"));
         self.next_start = None;
+        self.stopping = true;
         if let Some((pid, _)) = self.supervisor {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
             let deadline = Instant::now() + self.stop_timeout;
             while self.supervisor.is_some() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(10));
-                // A restart is not scheduled past this point: the loop
-                // that would start it has ended.
                 let _ = self.reap();
             }
             if let Some((pid, _)) = self.supervisor {

@@ -88,6 +88,8 @@ fn main() {
 fn run(cmd: Cmd) -> anyhow::Result<i32> {
     match cmd {
         Cmd::Supervise(args) => {
+            // Started by a keeper, it inherited its blocked signals.
+            allox_init::keeper::unblock_signals();
             let under_init = args.under_init;
             let cfg = args.into_config(&ThisMachine)?;
             let stopped = daemon::run(cfg.daemon).context("supervisor stopped")?;

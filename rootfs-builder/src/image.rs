@@ -124,8 +124,14 @@ pub fn assemble(spec: &ImageSpec) -> Result<Tree, ImageError> {
     if spec.profile == Profile::Python {
         python::add(&mut t).map_err(ImageError::Python)?;
     }
-    for a in &spec.additions {
-        tree::add_host_path(&mut t, &a.src, &a.dest, &|_| false, true).map_err(|source| {
+    add_all(&mut t, &spec.additions)?;
+    Ok(t)
+}
+
+/// Copies `--add` entries into `t`; a file replaces a file or symlink.
+pub fn add_all(t: &mut Tree, additions: &[Addition]) -> Result<(), ImageError> {
+    for a in additions {
+        tree::add_host_path(t, &a.src, &a.dest, &|_| false, true).map_err(|source| {
             ImageError::Add {
                 src: a.src.clone(),
                 dest: a.dest.clone(),
@@ -133,7 +139,7 @@ pub fn assemble(spec: &ImageSpec) -> Result<Tree, ImageError> {
             }
         })?;
     }
-    Ok(t)
+    Ok(())
 }
 
 /// The default profile from already checked inputs and an applet list

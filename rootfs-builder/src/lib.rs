@@ -1,6 +1,8 @@
 //! Guest image assembly for Allox OS: a reproducible initramfs (newc cpio,
 //! optionally gzip) holding `/init` = allox-init, busybox and a minimal
-//! system, and the blank store disk.
+//! system, the blank store disk, and the same tree as an OCI container
+//! image ([`oci`], with [`container`]'s additions) whose entrypoint is
+//! `allox-init container`.
 //!
 //! Reproducible means the same inputs give the same bytes: entries are
 //! sorted by path, inode numbers assigned in that order, owners are 0:0,
@@ -9,10 +11,12 @@
 //! See [`tree`] for the rules and [`cpio`] for the format.
 
 pub mod busybox;
+pub mod container;
 pub mod cpio;
 pub mod elf;
 pub mod image;
 pub mod libs;
+pub mod oci;
 pub mod output;
 pub mod python;
 pub mod store;

@@ -1,4 +1,5 @@
-//! `rootfs-builder`: builds the guest's initramfs and store disk image.
+//! `rootfs-builder`: builds the guest's initramfs and store disk image, and
+//! the container image.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -6,7 +7,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
-use allox_rootfs_builder::{cpio, image, output, store, Addition, Compression, ImageSpec, Profile};
+use allox_rootfs_builder::{
+    container, cpio, image, oci, output, store, Addition, Compression, ImageSpec, Profile,
+};
 
 #[derive(Parser)]
 #[command(
@@ -43,6 +46,42 @@ enum Cmd {
         #[arg(long, env = "SOURCE_DATE_EPOCH", default_value_t = 0)]
         mtime: u32,
     },
+    /// Write the OCI container image (entrypoint `allox-init container`):
+    /// the initramfs's tree plus alloxctl and mkfs.btrfs with its
+    /// libraries, as an OCI image layout directory and optionally one tar
+    /// of it for `podman load` / `ctr images import`. Same inputs, same
+    /// bytes; prints the image's digest.
+    Oci {
+        /// The allox-init binary (static x86-64), installed as /init.
+        #[arg(long)]
+        init: PathBuf,
+        /// The alloxctl binary (static), installed as /usr/bin/alloxctl.
+        #[arg(long)]
+        alloxctl: PathBuf,
+        /// The host's mkfs.btrfs, copied with its shared libraries.
+        #[arg(long, default_value = "/usr/sbin/mkfs.btrfs")]
+        mkfs: PathBuf,
+        /// The OCI image layout directory to write (new or empty).
+        #[arg(long)]
+        out: PathBuf,
+        /// Also write the layout as one tar (an oci-archive).
+        #[arg(long, value_name = "FILE")]
+        archive: Option<PathBuf>,
+        /// The image's name, NAME[:TAG] (e.g. localhost/allox:dev).
+        #[arg(long)]
+        tag: String,
+        #[arg(long, value_enum, default_value_t = ProfileArg::Default)]
+        profile: ProfileArg,
+        /// A static busybox (Debian package busybox-static).
+        #[arg(long, default_value = "/bin/busybox")]
+        busybox: PathBuf,
+        /// Copy a host file or directory into the image. Repeatable.
+        #[arg(long = "add", value_name = "SRC:DEST")]
+        additions: Vec<Addition>,
+        /// The mtime of every entry and the image's creation time.
+        #[arg(long, env = "SOURCE_DATE_EPOCH", default_value_t = 0)]
+        mtime: u32,
+    },
     /// Create the blank (sparse, all zeros) store disk image.
     StoreImage {
         #[arg(long)]
@@ -65,6 +104,15 @@ enum Cmd {
 enum ProfileArg {
     Default,
     Python,
+}
+
+impl From<ProfileArg> for Profile {
+    fn from(p: ProfileArg) -> Profile {
+        match p {
+            ProfileArg::Default => Profile::Default,
+            ProfileArg::Python => Profile::Python,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -101,10 +149,7 @@ fn run(cmd: Cmd, out: &mut impl Write) -> anyhow::Result<()> {
             let spec = ImageSpec {
                 init,
                 busybox,
-                profile: match profile {
-                    ProfileArg::Default => Profile::Default,
-                    ProfileArg::Python => Profile::Python,
-                },
+                profile: profile.into(),
                 additions,
             };
             let compression = match compress {
@@ -122,6 +167,48 @@ fn run(cmd: Cmd, out: &mut impl Write) -> anyhow::Result<()> {
                 s.cpio_size
             )?;
             writeln!(out, "{}  {}", s.sha256, file.display())?;
+        }
+        Cmd::Oci {
+            init,
+            alloxctl,
+            mkfs,
+            out: dir,
+            archive,
+            tag,
+            profile,
+            busybox,
+            additions,
+            mtime,
+        } => {
+            oci::check_tag(&tag)?;
+            let spec = ImageSpec {
+                init,
+                busybox,
+                profile: profile.into(),
+                additions: Vec::new(),
+            };
+            let mut tree = image::assemble(&spec)?;
+            container::add(&mut tree, &alloxctl, &mkfs)?;
+            // --add comes last, as for the initramfs.
+            image::add_all(&mut tree, &additions)?;
+            let profile_name = match profile {
+                ProfileArg::Default => "default",
+                ProfileArg::Python => "python",
+            };
+            let w = oci::write_layout(&tree, &dir, &tag, profile_name, mtime.into())?;
+            writeln!(
+                out,
+                "{}: {} entries, layer {} bytes (diff_id {})",
+                dir.display(),
+                w.entries,
+                w.layer_size,
+                w.diff_id
+            )?;
+            if let Some(a) = archive {
+                let size = oci::write_archive(&dir, &a, mtime.into())?;
+                writeln!(out, "{}: {size} bytes (oci-archive)", a.display())?;
+            }
+            writeln!(out, "{}  {tag}", w.digest)?;
         }
         Cmd::StoreImage {
             out: file,

@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::libs::{self, LibError};
-use crate::tree::{self, Tree, TreeError};
+use crate::tree::{self, copy_preserving, Tree, TreeError};
 
 const PYTHON: &str = "/usr/bin/python3";
 const GIT: &str = "/usr/bin/git";
@@ -35,8 +35,6 @@ pub enum PythonError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{}: symlinks nest too deep", path.display())]
-    SymlinkLoop { path: PathBuf },
     #[error(transparent)]
     Tree(#[from] TreeError),
     #[error("shared libraries")]
@@ -133,37 +131,6 @@ fn is_elf(path: &Path) -> Result<bool, PythonError> {
         source,
     })?;
     Ok(f.read_exact(&mut magic).is_ok() && &magic == b"\x7fELF")
-}
-
-/// Copies a host file to the same path in the image, keeping each symlink
-/// on the way as a symlink. Returns the host path of the file itself.
-fn copy_preserving(t: &mut Tree, path: &Path) -> Result<PathBuf, PythonError> {
-    let read = |p: &Path| {
-        let p = p.to_path_buf();
-        move |source| PythonError::Read { path: p, source }
-    };
-    let mut p = path.to_path_buf();
-    for _ in 0..40 {
-        let md = std::fs::symlink_metadata(&p).map_err(read(&p))?;
-        if !md.file_type().is_symlink() {
-            // The same file may be reached as /lib/x or /usr/lib/x.
-            let real = std::fs::canonicalize(&p).map_err(read(&p))?;
-            t.file(tree::utf8(&real)?, &real)?;
-            return Ok(real);
-        }
-        let target = std::fs::read_link(&p).map_err(read(&p))?;
-        t.symlink(tree::utf8(&p)?, tree::utf8(&target)?)?;
-        let parent = p.parent().unwrap_or(Path::new("/"));
-        let parent = std::fs::canonicalize(parent).map_err(read(parent))?;
-        p = parent.join(target);
-        // Fold "dir/../x" so the next image path is plain.
-        if let Ok(dir) = std::fs::canonicalize(p.parent().unwrap_or(Path::new("/"))) {
-            if let Some(name) = p.file_name() {
-                p = dir.join(name);
-            }
-        }
-    }
-    Err(PythonError::SymlinkLoop { path: path.into() })
 }
 
 #[cfg(test)]

@@ -131,6 +131,11 @@ impl Tree {
         self.nodes.keys().map(|k| format!("/{k}"))
     }
 
+    /// Relative paths ("usr/bin/ls") and their nodes, in archive order.
+    pub fn nodes(&self) -> impl Iterator<Item = (&str, &Node)> + '_ {
+        self.nodes.iter().map(|(k, n)| (k.as_str(), n))
+    }
+
     /// Files whose bytes come from the host: image path and source.
     pub fn host_files(&self) -> impl Iterator<Item = (String, &Path)> + '_ {
         self.nodes.iter().filter_map(|(k, n)| match n {
@@ -362,6 +367,50 @@ impl Tree {
                 bytes: bytes_before_trailer + trailer,
             },
         ))
+    }
+}
+
+/// Copies a host file to the same path in the image, keeping each symlink
+/// on the way as a symlink (so `ld.so` finds a library by its soname).
+/// Returns the host path of the file itself.
+pub fn copy_preserving(t: &mut Tree, path: &Path) -> Result<PathBuf, TreeError> {
+    let read = |p: &Path| {
+        let p = p.to_path_buf();
+        move |source| TreeError::Read { path: p, source }
+    };
+    let mut p = path.to_path_buf();
+    for _ in 0..40 {
+        let md = std::fs::symlink_metadata(&p).map_err(read(&p))?;
+        if !md.file_type().is_symlink() {
+            // The same file may be reached as /lib/x or /usr/lib/x.
+            let real = std::fs::canonicalize(&p).map_err(read(&p))?;
+            t.file(utf8(&real)?, &real)?;
+            return Ok(real);
+        }
+        let target = std::fs::read_link(&p).map_err(read(&p))?;
+        t.symlink(utf8(&p)?, utf8(&target)?)?;
+        let parent = p.parent().unwrap_or(Path::new("/"));
+        let parent = std::fs::canonicalize(parent).map_err(read(parent))?;
+        p = parent.join(target);
+        // Fold "dir/../x" so the next image path is plain.
+        if let Ok(dir) = std::fs::canonicalize(p.parent().unwrap_or(Path::new("/"))) {
+            if let Some(name) = p.file_name() {
+                p = dir.join(name);
+            }
+        }
+    }
+    Err(TreeError::SymlinkLoop {
+        path: path.display().to_string(),
+    })
+}
+
+impl Data {
+    /// The bytes: read now if they come from the host.
+    pub fn read(&self) -> Result<std::borrow::Cow<'_, [u8]>, TreeError> {
+        match self {
+            Data::Bytes(b) => Ok(b.into()),
+            Data::Path(p) => read_file(p).map(Into::into),
+        }
     }
 }
 

@@ -297,7 +297,10 @@ pub fn write_layout(
     } else {
         format!("localhost/{tag}")
     };
-    let full_name = if full_name.rsplit_once(':').is_some_and(|(_, t)| !t.contains('/')) {
+    let full_name = if full_name
+        .rsplit_once(':')
+        .is_some_and(|(_, t)| !t.contains('/'))
+    {
         full_name
     } else {
         format!("{full_name}:latest")
@@ -415,7 +418,8 @@ mod tests {
         std::fs::write(&f, "hello").unwrap();
         let mut t = Tree::new();
         t.dir("/etc", 0o755).unwrap();
-        t.bytes("/etc/hostname", 0o644, b"allox\n".to_vec()).unwrap();
+        t.bytes("/etc/hostname", 0o644, b"allox\n".to_vec())
+            .unwrap();
         t.file("/usr/bin/tool", &f).unwrap();
         t.symlink("/bin", "usr/bin").unwrap();
         t.char_dev("/dev/console", 0o600, 5, 1).unwrap();
@@ -449,13 +453,31 @@ mod tests {
     fn the_same_tree_gives_the_same_digest_and_another_mtime_another() {
         let dir = tempfile::tempdir().unwrap();
         let t = small_tree(dir.path());
-        let a = write_layout(&t, &dir.path().join("a"), "localhost/allox:dev", "default", 0)
-            .unwrap();
-        let b = write_layout(&t, &dir.path().join("b"), "localhost/allox:dev", "default", 0)
-            .unwrap();
+        let a = write_layout(
+            &t,
+            &dir.path().join("a"),
+            "localhost/allox:dev",
+            "default",
+            0,
+        )
+        .unwrap();
+        let b = write_layout(
+            &t,
+            &dir.path().join("b"),
+            "localhost/allox:dev",
+            "default",
+            0,
+        )
+        .unwrap();
         assert_eq!(a, b);
-        let c =
-            write_layout(&t, &dir.path().join("c"), "localhost/allox:dev", "default", 1).unwrap();
+        let c = write_layout(
+            &t,
+            &dir.path().join("c"),
+            "localhost/allox:dev",
+            "default",
+            1,
+        )
+        .unwrap();
         assert_ne!(a.digest, c.digest);
         let index: Value =
             serde_json::from_slice(&std::fs::read(dir.path().join("a/index.json")).unwrap())

@@ -537,6 +537,7 @@ pub fn remove_cgroup_tree(p: &Path) {
     let _ = std::fs::remove_dir(p);
 }
 
+pub mod container;
 pub mod guest_raw;
 pub mod http;
 pub mod vm;

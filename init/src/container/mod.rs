@@ -35,9 +35,9 @@ pub const LEAF: &str = "allox-init";
 #[derive(Debug, Clone, clap::Args)]
 pub struct ContainerArgs {
     /// The store's block device (a Btrfs filesystem, or all zeros with
-    /// --format-blank).
+    /// --format-blank). Required.
     #[arg(long, value_name = "DEVICE")]
-    pub store: PathBuf,
+    pub store: Option<PathBuf>,
     /// Format the store device with Btrfs if it is blank (its first MiB
     /// all zeros); a device holding anything else is never touched.
     #[arg(long)]
@@ -50,7 +50,8 @@ pub struct ContainerArgs {
     /// `allox-init supervise` options (all but --root, which is the
     /// store's): e.g. --listen unix:PATH, --allow-uid UID,
     /// --process-tracker ebpf, --cgroup-root DIR (a cgroup2 directory to
-    /// use instead of the container's own).
+    /// use instead of the container's own). The container's own options
+    /// may come among them.
     #[arg(
         value_name = "SUPERVISE OPTIONS",
         trailing_var_arg = true,
@@ -65,6 +66,10 @@ pub struct ContainerArgs {
 pub enum ContainerError {
     #[error("--store {0}: expected an absolute path to the store's block device")]
     Store(PathBuf),
+    #[error("--store DEVICE is required: the store's block device")]
+    NoStore,
+    #[error("{0} needs a value")]
+    NoValue(&'static str),
     #[error("{0} is set by the container (the store is mounted at {STORE_ROOT}); drop it")]
     Fixed(&'static str),
     #[error("{0}")]
@@ -110,15 +115,10 @@ struct OnlySupervise {
 impl ContainerArgs {
     /// Checks every option (the `supervise` ones as `supervise` would) and
     /// says what the container will do.
-    pub fn plan(self, host: &dyn Host) -> Result<Plan, ContainerError> {
-        if !self.store.is_absolute() {
-            return Err(ContainerError::Store(self.store));
-        }
-        if !(1..=3600).contains(&self.stop_timeout) {
-            return Err(ContainerError::StopTimeout(self.stop_timeout));
-        }
+    pub fn plan(mut self, host: &dyn Host) -> Result<Plan, ContainerError> {
         let mut supervise = Vec::with_capacity(self.supervise.len());
-        for a in self.supervise {
+        let mut rest = std::mem::take(&mut self.supervise).into_iter();
+        while let Some(a) = rest.next() {
             let a = a
                 .into_string()
                 .map_err(|a| ContainerError::Options(format!("{a:?}: not valid UTF-8")))?;
@@ -127,7 +127,40 @@ impl ContainerArgs {
                     return Err(ContainerError::Fixed(fixed));
                 }
             }
-            supervise.push(a);
+            // The container's own options after a supervise option (clap
+            // gave everything from the first unknown option on to
+            // `supervise`).
+            let (flag, inline) = match a.split_once('=') {
+                Some((f, v)) => (f, Some(v.to_string())),
+                None => (a.as_str(), None),
+            };
+            let mut value = |name: &'static str| match &inline {
+                Some(v) => Ok(v.clone()),
+                None => rest
+                    .next()
+                    .and_then(|v| v.into_string().ok())
+                    .ok_or(ContainerError::NoValue(name)),
+            };
+            match flag {
+                "--format-blank" if inline.is_none() => self.format_blank = true,
+                "--store" => self.store = Some(PathBuf::from(value("--store")?)),
+                "--stop-timeout" => {
+                    let v = value("--stop-timeout")?;
+                    self.stop_timeout = v.parse().map_err(|_| {
+                        ContainerError::Options(format!(
+                            "--stop-timeout {v:?}: expected a number of seconds"
+                        ))
+                    })?;
+                }
+                _ => supervise.push(a),
+            }
+        }
+        let store = self.store.ok_or(ContainerError::NoStore)?;
+        if !store.is_absolute() {
+            return Err(ContainerError::Store(store));
+        }
+        if !(1..=3600).contains(&self.stop_timeout) {
+            return Err(ContainerError::StopTimeout(self.stop_timeout));
         }
         let parsed = OnlySupervise::try_parse_from(
             ["--root", STORE_ROOT]
@@ -156,7 +189,7 @@ impl ContainerArgs {
         }
         check.into_config(host)?;
         Ok(Plan {
-            store: self.store,
+            store,
             format_blank: self.format_blank,
             stop_timeout: Duration::from_secs(self.stop_timeout),
             cgroup,

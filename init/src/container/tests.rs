@@ -154,6 +154,37 @@ fn bad_options_are_refused_before_anything_is_touched_naming_the_option() {
 }
 
 #[test]
+fn the_containers_own_options_may_come_after_supervise_options() {
+    let p = plan_on(
+        &V2,
+        &[
+            "--allow-uid",
+            "65532",
+            "--format-blank",
+            "--store=/dev/s",
+            "--stop-timeout",
+            "7",
+            "--plugin",
+            "share",
+        ],
+    )
+    .unwrap();
+    assert!(p.format_blank);
+    assert_eq!(p.store, Path::new("/dev/s"));
+    assert_eq!(p.stop_timeout, Duration::from_secs(7));
+    assert_eq!(p.supervise, ["--allow-uid", "65532", "--plugin", "share"]);
+    let e = |argv: &[&str]| plan_on(&V2, argv).unwrap_err().to_string();
+    assert_eq!(
+        e(&["--plugin", "share"]),
+        "--store DEVICE is required: the store's block device"
+    );
+    assert_eq!(
+        e(&["--store", "/dev/x", "--plugin", "share", "--stop-timeout"]),
+        "--stop-timeout needs a value"
+    );
+}
+
+#[test]
 fn a_listen_option_replaces_the_default_socket() {
     let p = plan_on(&V2, &["--store", "/dev/x", "--listen=unix:/s"]).unwrap();
     let args = args_of(&p.command(Path::new("/init"), 1 << 30, 32_768));

@@ -25,11 +25,14 @@ allox_install_deps() {
     # would, and run vi in it; chromium: the monitor's report is rendered
     # headless and counted; python3-httpx, -pytest, -jsonschema, -venv,
     # -setuptools and -wheel: the Python client (clients/python), its tests
-    # and its schema checks.
+    # and its schema checks; podman, runc, skopeo, binutils (strip) and
+    # e2fsprogs: the container image is built, inspected and run under
+    # podman (runc: this host's crun refuses its hybrid cgroups), with an
+    # ext4 device among those it must refuse.
     local pkgs=(btrfs-progs curl util-linux mount bubblewrap python3 gcc gdb strace git
         clang libbpf-dev python3-pip openssh-server openssh-client tmux vim-tiny chromium
         python3-httpx python3-pytest python3-jsonschema python3-venv python3-setuptools
-        python3-wheel)
+        python3-wheel podman runc skopeo binutils e2fsprogs)
     local missing=()
     for p in "${pkgs[@]}"; do
         dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

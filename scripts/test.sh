@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test: format and lint checks, unit tests (no privileges), the
-# integration tests on real loop-backed Btrfs (root), and the protocol fuzz
-# target for a bounded time. Installs what it needs.
+# integration tests on real loop-backed Btrfs (root) — the container image
+# under podman among them —, the Python client's and the deployment
+# manifests' tests, the VM tests, and the protocol fuzz target for a
+# bounded time. Installs what it needs.
 #
 #   sudo scripts/test.sh            # everything
 #   FUZZ_SECONDS=0 scripts/test.sh  # skip the fuzz run (it is still built)
@@ -46,6 +48,11 @@ bash scripts/test-python.sh 2>&1 | tee "$LOG.py"
 # pytest's closing line: "N passed[, M skipped] in Xs" (a failure stops the
 # script above through pipefail).
 py_passed=$(grep -Eo '^[0-9]+ passed' "$LOG.py" | awk '{s += $1} END {print s + 0}')
+rm -f "$LOG.py"
+
+step "deployment manifests (kustomize output against the Kubernetes schemas, the deployment's rules)"
+bash scripts/test-manifests.sh 2>&1 | tee "$LOG.py"
+py_passed=$((py_passed + $(grep -Eo '^[0-9]+ passed' "$LOG.py" | awk '{s += $1} END {print s + 0}')))
 rm -f "$LOG.py"
 
 step "guest image: kernel (cached by config hash), static allox-init, initramfs"

@@ -57,6 +57,11 @@ pub struct Image {
     pub stdout: String,
 }
 
+/// `rootfs-builder`, built now if needed.
+pub fn rootfs_builder() -> PathBuf {
+    inputs().2.clone()
+}
+
 /// Stripped copies of this workspace's `allox-init` and `alloxctl` (the
 /// image's inputs), made once per test process.
 fn inputs() -> &'static (PathBuf, PathBuf, PathBuf) {

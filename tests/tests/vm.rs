@@ -1116,3 +1116,135 @@ fn guest_spans_from_a_sandbox_and_traced_runs_reach_the_monitor_with_the_guest_s
     let _ = c.call(Request::Shutdown(Shutdown {}));
     assert!(vm.wait_exit(Duration::from_secs(60)).is_some());
 }
+
+/// Container mode where a Kata guest runs it: a pure cgroup v2 kernel, a
+/// runtime that made a pod cgroup with limits, a container cgroup below
+/// it, new namespaces and cgroup2 mounted read-write (the test's launcher
+/// does what runc or kata-agent would), then `allox-init container` as
+/// the container's PID 1.
+#[test]
+fn guest_container_mode_on_pure_cgroup_v2_moves_to_a_leaf_and_enforces_limits() {
+    let test = "vm::guest_container_mode_on_pure_cgroup_v2_moves_to_a_leaf_and_enforces_limits";
+    let Some(img) = require_vm(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    // The guest's allox-init, which scripts/build-guest.sh leaves beside
+    // the initramfs, and the launcher, into one initramfs.
+    let init = img.initrd.with_file_name("allox-init");
+    assert!(
+        init.is_file(),
+        "{} is missing: build the guest with scripts/build-guest.sh",
+        init.display()
+    );
+    let launcher = dir.path().join("allox-pod-launcher");
+    let st = Command::new("strip")
+        .arg("-o")
+        .arg(&launcher)
+        .arg(env!("CARGO_BIN_EXE_allox-pod-launcher"))
+        .status()
+        .unwrap();
+    assert!(st.success(), "strip the launcher");
+    let initrd = dir.path().join("initrd.img");
+    let out = Command::new(allox_integration::container::rootfs_builder())
+        .arg("initramfs")
+        .arg("--init")
+        .arg(&init)
+        .arg("--add")
+        .arg(format!("{}:/usr/sbin/allox-pod-launcher", launcher.display()))
+        .args(["--compress", "gzip", "--out"])
+        .arg(&initrd)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let pod = allox_integration::vm::GuestImage {
+        kernel_dir: img.kernel_dir.clone(),
+        initrd,
+    };
+    let store = store_image(dir.path(), true);
+    let mut vm = Vm::boot(
+        &pod,
+        Some(&store),
+        &[
+            "--append",
+            "rdinit=/usr/sbin/allox-pod-launcher allox_pod.args=--store=/dev/vda,\
+             --listen=unix:/run/allox/ctl.sock,--listen=virtio:org.allox.ctl,--stop-timeout=10",
+        ],
+    );
+    let (mut c, _) = vm.connect(BOOT);
+    let console = vm.console();
+    assert!(
+        console.contains(
+            "cgroup v2: 1 processes moved to /sys/fs/cgroup/allox-init; enabled for the sessions: pids memory cpu"
+        ),
+        "{console}"
+    );
+    ok(&mut c, agent("a"));
+    let mut small = SessionCreate::new("a", "small");
+    small.memory_max = Some(64 << 20);
+    ok(&mut c, Request::SessionCreate(small));
+    ok(&mut c, session("a", "p"));
+    assert_eq!(sh(&mut c, "a", "p", "echo in the pod"), "in the pod\n");
+    let exited = |r: Response| match r {
+        Response::Exited(x) => x,
+        other => panic!("{other:?}"),
+    };
+    // memory.max, enabled below the container's cgroup, is enforced.
+    let hog = exited(ok(
+        &mut c,
+        run(
+            "a",
+            "small",
+            "awk 'BEGIN { s = \"0123456789abcdef\"; while (1) s = s s }'",
+            true,
+        ),
+    ));
+    assert_eq!(hog.oom_killed, Some(true), "{hog:?}");
+    // So is pids.max, lowered on a live session.
+    let id = start(
+        &mut c,
+        "a",
+        "p",
+        "sleep 2; for i in 1 2 3 4 5; do sleep 0 & done; wait; echo forked",
+    );
+    ok(
+        &mut c,
+        Request::SessionUpdate(SessionUpdate {
+            agent_id: "a".into(),
+            session_id: "p".into(),
+            pids_max: Some(3),
+            ..SessionUpdate::default()
+        }),
+    );
+    let forks = exited(ok(
+        &mut c,
+        Request::ProcessWait(ProcessWait {
+            agent_id: "a".into(),
+            session_id: "p".into(),
+            run_id: id,
+            timeout_ms: Some(30_000),
+        }),
+    ));
+    assert!(
+        forks.stderr.contains("fork") && forks.stderr.contains("Resource temporarily unavailable")
+            || forks.stderr.contains("can't fork"),
+        "the forks past pids.max did not fail: {forks:?}"
+    );
+    // system.shutdown ends the container with status 0 (it never reboots:
+    // the launcher, the VM's PID 1, reports the exit and powers off).
+    let _ = c.call(Request::Shutdown(Shutdown {}));
+    assert!(
+        vm.wait_exit(Duration::from_secs(60)).is_some(),
+        "{}",
+        vm.console()
+    );
+    let console = vm.console();
+    assert!(console.contains("store unmounted"), "{console}");
+    assert!(
+        console.contains("allox-pod-launcher: the container exited (status Some(0))"),
+        "{console}"
+    );
+    // The store, on the host: nothing half done.
+    let (pending, _) = inspect_store(&store);
+    assert_eq!(pending, 0);
+}

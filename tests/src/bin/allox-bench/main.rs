@@ -18,6 +18,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod container_bench;
 mod durability_bench;
 mod files_bench;
 mod http_bench;
@@ -160,6 +161,9 @@ fn main() -> anyhow::Result<()> {
     }
     if only.is_empty() || only == "tracker" {
         tracker_bench::run(&fs, quick)?;
+    }
+    if only.is_empty() || only == "container" {
+        container_bench::run(&fs, quick)?;
     }
     if only.is_empty() || only == "vm" {
         vm_bench::run(quick)?;

@@ -11,11 +11,10 @@
 //! with the device untouched.
 
 use allox_init::container::{cgroup, CgroupPlan, ContainerArgs, Plan, LEAF};
-use allox_init::guest::{log, store_disk, STORE_MOUNT, STORE_ROOT};
+use allox_init::guest::{log, store_disk, STORE_ROOT};
 use allox_init::keeper::{self, Keeper, KillRest};
 use allox_init::supervise::ThisMachine;
 use anyhow::Context;
-use rustix::mount::UnmountFlags;
 
 /// Runs the container; returns its exit status.
 pub fn run(args: ContainerArgs) -> anyhow::Result<i32> {
@@ -34,7 +33,7 @@ pub fn run(args: ContainerArgs) -> anyhow::Result<i32> {
     let _ = std::fs::create_dir_all(STORE_ROOT);
     log(format_args!("store {} mounted", plan.store.display()));
     if let Err(e) = set_up_cgroup(&plan) {
-        unmount_store();
+        store_disk::unmount_store();
         return Err(e);
     }
     let exe = std::fs::read_link("/proc/self/exe").context("cannot find this binary")?;
@@ -60,8 +59,7 @@ pub fn run(args: ContainerArgs) -> anyhow::Result<i32> {
     } else {
         KillRest::Nothing
     });
-    rustix::fs::sync();
-    unmount_store();
+    store_disk::unmount_store();
     log(format_args!("stopped ({why})"));
     Ok(0)
 }
@@ -95,16 +93,4 @@ fn memory_and_pids(plan: &Plan) -> (u64, u64) {
         _ => None,
     };
     (own.map_or(mem, |m| m.min(mem)), pid_max)
-}
-
-fn unmount_store() {
-    match rustix::mount::unmount(STORE_MOUNT, UnmountFlags::empty()) {
-        Ok(()) => log("store unmounted"),
-        Err(e) => {
-            log(format_args!(
-                "cannot unmount the store cleanly ({e}); detaching it"
-            ));
-            let _ = rustix::mount::unmount(STORE_MOUNT, UnmountFlags::DETACH);
-        }
-    }
 }

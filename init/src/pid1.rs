@@ -83,16 +83,7 @@ pub fn run() -> ! {
         supervisor::command(&settings, mem_total, pid_max, f.as_deref())
     })
     .run(KillRest::Everything);
-    rustix::fs::sync();
-    match rustix::mount::unmount(STORE_MOUNT, UnmountFlags::empty()) {
-        Ok(()) => log("store unmounted"),
-        Err(e) => {
-            log(format_args!(
-                "cannot unmount the store cleanly ({e}); detaching it"
-            ));
-            let _ = rustix::mount::unmount(STORE_MOUNT, UnmountFlags::DETACH);
-        }
-    }
+    store_disk::unmount_store();
     log(format_args!("powering off ({why})"));
     power_off()
 }

@@ -357,4 +357,6 @@ fn listeners(listen: &[String]) -> Result<(PathBuf, Vec<String>), SuperviseError
 }
 
 #[cfg(test)]
+pub(crate) mod fake;
+#[cfg(test)]
 mod tests;

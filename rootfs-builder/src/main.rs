@@ -25,26 +25,13 @@ struct Cli {
 enum Cmd {
     /// Write a reproducible initramfs (newc cpio): same inputs, same bytes.
     Initramfs {
-        /// The allox-init binary (static x86-64), installed as /init.
-        #[arg(long)]
-        init: PathBuf,
+        #[command(flatten)]
+        tree: TreeArgs,
         /// Where to write the image.
         #[arg(long)]
         out: PathBuf,
-        #[arg(long, value_enum, default_value_t = ProfileArg::Default)]
-        profile: ProfileArg,
-        /// A static busybox (Debian package busybox-static).
-        #[arg(long, default_value = "/bin/busybox")]
-        busybox: PathBuf,
-        /// Copy a host file or directory into the image; a file replaces
-        /// a file or symlink of the profile. Repeatable.
-        #[arg(long = "add", value_name = "SRC:DEST")]
-        additions: Vec<Addition>,
         #[arg(long, value_enum, default_value_t = CompressArg::None)]
         compress: CompressArg,
-        /// The mtime of every entry (seconds since the epoch).
-        #[arg(long, env = "SOURCE_DATE_EPOCH", default_value_t = 0)]
-        mtime: u32,
     },
     /// Write the OCI container image (entrypoint `allox-init container`):
     /// the initramfs's tree plus alloxctl and mkfs.btrfs with its
@@ -52,9 +39,8 @@ enum Cmd {
     /// of it for `podman load` / `ctr images import`. Same inputs, same
     /// bytes; prints the image's digest.
     Oci {
-        /// The allox-init binary (static x86-64), installed as /init.
-        #[arg(long)]
-        init: PathBuf,
+        #[command(flatten)]
+        tree: TreeArgs,
         /// The alloxctl binary (static), installed as /usr/bin/alloxctl.
         #[arg(long)]
         alloxctl: PathBuf,
@@ -70,17 +56,6 @@ enum Cmd {
         /// The image's name, NAME[:TAG] (e.g. localhost/allox:dev).
         #[arg(long)]
         tag: String,
-        #[arg(long, value_enum, default_value_t = ProfileArg::Default)]
-        profile: ProfileArg,
-        /// A static busybox (Debian package busybox-static).
-        #[arg(long, default_value = "/bin/busybox")]
-        busybox: PathBuf,
-        /// Copy a host file or directory into the image. Repeatable.
-        #[arg(long = "add", value_name = "SRC:DEST")]
-        additions: Vec<Addition>,
-        /// The mtime of every entry and the image's creation time.
-        #[arg(long, env = "SOURCE_DATE_EPOCH", default_value_t = 0)]
-        mtime: u32,
     },
     /// Create the blank (sparse, all zeros) store disk image.
     StoreImage {
@@ -98,6 +73,38 @@ enum Cmd {
     },
     /// List the entries of an initramfs (plain or gzip).
     List { file: PathBuf },
+}
+
+/// What goes in the tree, for the initramfs and the container image.
+#[derive(clap::Args)]
+struct TreeArgs {
+    /// The allox-init binary (static x86-64), installed as /init.
+    #[arg(long)]
+    init: PathBuf,
+    #[arg(long, value_enum, default_value_t = ProfileArg::Default)]
+    profile: ProfileArg,
+    /// A static busybox (Debian package busybox-static).
+    #[arg(long, default_value = "/bin/busybox")]
+    busybox: PathBuf,
+    /// Copy a host file or directory into the image; a file replaces
+    /// a file or symlink of the profile. Repeatable.
+    #[arg(long = "add", value_name = "SRC:DEST")]
+    additions: Vec<Addition>,
+    /// The mtime of every entry (seconds since the epoch), and the
+    /// container image's creation time.
+    #[arg(long, env = "SOURCE_DATE_EPOCH", default_value_t = 0)]
+    mtime: u32,
+}
+
+impl TreeArgs {
+    fn spec(&self, additions: Vec<Addition>) -> ImageSpec {
+        ImageSpec {
+            init: self.init.clone(),
+            busybox: self.busybox.clone(),
+            profile: self.profile.into(),
+            additions,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -138,20 +145,12 @@ fn main() {
 fn run(cmd: Cmd, out: &mut impl Write) -> anyhow::Result<()> {
     match cmd {
         Cmd::Initramfs {
-            init,
+            tree: args,
             out: file,
-            profile,
-            busybox,
-            additions,
             compress,
-            mtime,
         } => {
-            let spec = ImageSpec {
-                init,
-                busybox,
-                profile: profile.into(),
-                additions,
-            };
+            let mtime = args.mtime;
+            let spec = args.spec(args.additions.clone());
             let compression = match compress {
                 CompressArg::None => Compression::None,
                 CompressArg::Gzip => Compression::Gzip,
@@ -169,29 +168,20 @@ fn run(cmd: Cmd, out: &mut impl Write) -> anyhow::Result<()> {
             writeln!(out, "{}  {}", s.sha256, file.display())?;
         }
         Cmd::Oci {
-            init,
+            tree: args,
             alloxctl,
             mkfs,
             out: dir,
             archive,
             tag,
-            profile,
-            busybox,
-            additions,
-            mtime,
         } => {
             oci::check_tag(&tag)?;
-            let spec = ImageSpec {
-                init,
-                busybox,
-                profile: profile.into(),
-                additions: Vec::new(),
-            };
-            let mut tree = image::assemble(&spec)?;
+            let mtime = args.mtime;
+            let mut tree = image::assemble(&args.spec(Vec::new()))?;
             container::add(&mut tree, &alloxctl, &mkfs)?;
             // --add comes last, as for the initramfs.
-            image::add_all(&mut tree, &additions)?;
-            let profile_name = match profile {
+            image::add_all(&mut tree, &args.additions)?;
+            let profile_name = match args.profile {
                 ProfileArg::Default => "default",
                 ProfileArg::Python => "python",
             };

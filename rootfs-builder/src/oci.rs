@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
+use crate::output::Hashing;
 use crate::tree::{Node, Tree, TreeError};
 
 pub const MEDIA_INDEX: &str = "application/vnd.oci.image.index.v1+json";
@@ -63,38 +64,6 @@ pub struct Written {
     pub diff_id: String,
     pub layer_size: u64,
     pub entries: usize,
-}
-
-/// Counts and hashes what passes through.
-struct Hashing<W> {
-    inner: W,
-    hash: Sha256,
-    len: u64,
-}
-
-impl<W: Write> Hashing<W> {
-    fn new(inner: W) -> Self {
-        Hashing {
-            inner,
-            hash: Sha256::new(),
-            len: 0,
-        }
-    }
-    fn digest(&self) -> String {
-        format!("sha256:{}", hex(&self.hash.clone().finalize()))
-    }
-}
-
-impl<W: Write> Write for Hashing<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hash.update(&buf[..n]);
-        self.len += n as u64;
-        Ok(n)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
-    }
 }
 
 fn hex(bytes: &[u8]) -> String {

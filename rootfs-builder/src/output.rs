@@ -52,10 +52,29 @@ pub struct Summary {
 }
 
 /// Counts and hashes what passes through.
-struct Hashing<W> {
-    inner: W,
+pub(crate) struct Hashing<W> {
+    pub(crate) inner: W,
     hash: Sha256,
-    len: u64,
+    pub(crate) len: u64,
+}
+
+impl<W: Write> Hashing<W> {
+    pub(crate) fn new(inner: W) -> Self {
+        Hashing {
+            inner,
+            hash: Sha256::new(),
+            len: 0,
+        }
+    }
+
+    /// `sha256:<hex>` of what has passed so far.
+    pub(crate) fn digest(&self) -> String {
+        let d = self.hash.clone().finalize();
+        format!(
+            "sha256:{}",
+            d.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        )
+    }
 }
 
 impl<W: Write> Write for Hashing<W> {
@@ -82,11 +101,7 @@ pub fn write_to<W: Write>(
         path: PathBuf::from("<archive>"),
         source,
     };
-    let hashing = Hashing {
-        inner: out,
-        hash: Sha256::new(),
-        len: 0,
-    };
+    let hashing = Hashing::new(out);
     let (mut hashing, written) = match compression {
         Compression::None => tree.write_cpio(hashing, mtime)?,
         Compression::Gzip => {

@@ -891,6 +891,47 @@ fn a_proxy_session_in_the_guest_reaches_the_host_only_through_the_broker() {
 /// an OOM kill told from the cgroup's events, not from the signal; a
 /// `kill -9` that is none; a live session's `pids.max` lowered so that its
 /// next fork fails.
+/// A live run of `a`/`s` that forks five times after 2 s, while the
+/// session's `pids.max` drops to what it holds (its init, sh, sleep): the
+/// forks fail.
+fn lowered_pids_max_stops_the_next_fork(c: &mut Client, a: &str, s: &str) {
+    let exited = |r: Response| match r {
+        Response::Exited(x) => x,
+        other => panic!("{other:?}"),
+    };
+    // A live run that forks five times after 2 s; meanwhile the session's
+    // pids.max drops to what it holds (its init, sh, sleep).
+    let id = start(
+        c,
+        a,
+        s,
+        "sleep 2; for i in 1 2 3 4 5; do sleep 0 & done; wait; echo forked",
+    );
+    ok(
+        c,
+        Request::SessionUpdate(SessionUpdate {
+            agent_id: a.into(),
+            session_id: s.into(),
+            pids_max: Some(3),
+            ..SessionUpdate::default()
+        }),
+    );
+    let forks = exited(ok(
+        c,
+        Request::ProcessWait(ProcessWait {
+            agent_id: a.into(),
+            session_id: s.into(),
+            run_id: id,
+            timeout_ms: Some(30_000),
+        }),
+    ));
+    assert!(
+        forks.stderr.contains("fork") && forks.stderr.contains("Resource temporarily unavailable")
+            || forks.stderr.contains("can't fork"),
+        "the forks past pids.max did not fail: {forks:?}"
+    );
+}
+
 #[test]
 fn guest_runs_report_oom_kills_and_a_live_session_takes_a_lower_pids_max() {
     let Some(img) =
@@ -968,37 +1009,7 @@ fn guest_runs_report_oom_kills_and_a_live_session_takes_a_lower_pids_max() {
     };
     assert!(st.total.oom_kills.is_some_and(|n| n >= 1), "{st:?}");
     assert_eq!(st.limits.memory_max, Some(64 << 20), "{st:?}");
-    // A live run that forks five times after 2 s; meanwhile the session's
-    // pids.max drops to what it holds (its init, sh, sleep).
-    let id = start(
-        &mut c,
-        "a",
-        "p",
-        "sleep 2; for i in 1 2 3 4 5; do sleep 0 & done; wait; echo forked",
-    );
-    ok(
-        &mut c,
-        Request::SessionUpdate(SessionUpdate {
-            agent_id: "a".into(),
-            session_id: "p".into(),
-            pids_max: Some(3),
-            ..SessionUpdate::default()
-        }),
-    );
-    let forks = exited(ok(
-        &mut c,
-        Request::ProcessWait(ProcessWait {
-            agent_id: "a".into(),
-            session_id: "p".into(),
-            run_id: id,
-            timeout_ms: Some(30_000),
-        }),
-    ));
-    assert!(
-        forks.stderr.contains("fork") && forks.stderr.contains("Resource temporarily unavailable")
-            || forks.stderr.contains("can't fork"),
-        "the forks past pids.max did not fail: {forks:?}"
-    );
+    lowered_pids_max_stops_the_next_fork(&mut c, "a", "p");
     let _ = c.call(Request::Shutdown(Shutdown {}));
     assert!(vm.wait_exit(Duration::from_secs(60)).is_some());
 }
@@ -1151,12 +1162,19 @@ fn guest_container_mode_on_pure_cgroup_v2_moves_to_a_leaf_and_enforces_limits() 
         .arg("--init")
         .arg(&init)
         .arg("--add")
-        .arg(format!("{}:/usr/sbin/allox-pod-launcher", launcher.display()))
+        .arg(format!(
+            "{}:/usr/sbin/allox-pod-launcher",
+            launcher.display()
+        ))
         .args(["--compress", "gzip", "--out"])
         .arg(&initrd)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let pod = allox_integration::vm::GuestImage {
         kernel_dir: img.kernel_dir.clone(),
         initrd,
@@ -1201,35 +1219,7 @@ fn guest_container_mode_on_pure_cgroup_v2_moves_to_a_leaf_and_enforces_limits() 
     ));
     assert_eq!(hog.oom_killed, Some(true), "{hog:?}");
     // So is pids.max, lowered on a live session.
-    let id = start(
-        &mut c,
-        "a",
-        "p",
-        "sleep 2; for i in 1 2 3 4 5; do sleep 0 & done; wait; echo forked",
-    );
-    ok(
-        &mut c,
-        Request::SessionUpdate(SessionUpdate {
-            agent_id: "a".into(),
-            session_id: "p".into(),
-            pids_max: Some(3),
-            ..SessionUpdate::default()
-        }),
-    );
-    let forks = exited(ok(
-        &mut c,
-        Request::ProcessWait(ProcessWait {
-            agent_id: "a".into(),
-            session_id: "p".into(),
-            run_id: id,
-            timeout_ms: Some(30_000),
-        }),
-    ));
-    assert!(
-        forks.stderr.contains("fork") && forks.stderr.contains("Resource temporarily unavailable")
-            || forks.stderr.contains("can't fork"),
-        "the forks past pids.max did not fail: {forks:?}"
-    );
+    lowered_pids_max_stops_the_next_fork(&mut c, "a", "p");
     // system.shutdown ends the container with status 0 (it never reboots:
     // the launcher, the VM's PID 1, reports the exit and powers off).
     let _ = c.call(Request::Shutdown(Shutdown {}));

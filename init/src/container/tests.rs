@@ -7,18 +7,7 @@ struct Cli {
     args: ContainerArgs,
 }
 
-struct FakeHost {
-    cgroup2: Option<&'static str>,
-}
-
-impl Host for FakeHost {
-    fn cgroup2_mount(&self) -> Option<PathBuf> {
-        self.cgroup2.map(PathBuf::from)
-    }
-    fn exe(&self) -> std::io::Result<PathBuf> {
-        Ok(PathBuf::from("/init"))
-    }
-}
+use crate::supervise::fake::FakeHost;
 
 const V2: FakeHost = FakeHost {
     cgroup2: Some("/sys/fs/cgroup"),

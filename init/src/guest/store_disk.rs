@@ -152,6 +152,21 @@ pub fn mount_store(dev: &Path, format: bool, hints: &'static Hints) -> Result<()
     })
 }
 
+/// Unmounts the store from [`STORE_MOUNT`] (after a sync), lazily if it
+/// is still busy; says which on the log.
+pub fn unmount_store() {
+    rustix::fs::sync();
+    match rustix::mount::unmount(STORE_MOUNT, rustix::mount::UnmountFlags::empty()) {
+        Ok(()) => log("store unmounted"),
+        Err(e) => {
+            log(format_args!(
+                "cannot unmount the store cleanly ({e}); detaching it"
+            ));
+            let _ = rustix::mount::unmount(STORE_MOUNT, rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+}
+
 /// The first [`HEAD_BYTES`] of the device (fewer if it is smaller).
 fn read_head(dev: &Path) -> Result<Vec<u8>, StoreDiskError> {
     let fd = rustix::fs::open(dev, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).map_err(

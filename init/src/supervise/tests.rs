@@ -7,19 +7,7 @@ struct Cli {
     args: SuperviseArgs,
 }
 
-/// A host with a cgroup2 mount (or none) and a known binary.
-struct FakeHost {
-    cgroup2: Option<&'static str>,
-}
-
-impl Host for FakeHost {
-    fn cgroup2_mount(&self) -> Option<PathBuf> {
-        self.cgroup2.map(PathBuf::from)
-    }
-    fn exe(&self) -> std::io::Result<PathBuf> {
-        Ok(PathBuf::from("/usr/bin/allox-init"))
-    }
-}
+use super::fake::FakeHost;
 
 const HOST: FakeHost = FakeHost {
     cgroup2: Some("/sys/fs/cgroup"),

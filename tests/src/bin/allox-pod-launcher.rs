@@ -136,8 +136,10 @@ fn stage3() -> ! {
         log(format_args!("{what}: {e}"));
         std::process::exit(125)
     };
-    if let Err(e) = mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)
-    {
+    if let Err(e) = mount_change(
+        "/",
+        MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+    ) {
         fail("make / private", e);
     }
     let _ = unmount("/proc", rustix::mount::UnmountFlags::DETACH);

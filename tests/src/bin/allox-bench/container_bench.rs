@@ -13,7 +13,11 @@ use std::time::{Duration, Instant};
 fn until_ping(socket: &std::path::Path) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     while alloxctl(socket, &["ping"]).0 != 0 {
-        anyhow::ensure!(Instant::now() < deadline, "no answer on {}", socket.display());
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no answer on {}",
+            socket.display()
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     Ok(())
@@ -37,12 +41,23 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     // Baseline 1: the runtime's floor, the image's `true`.
     let mut floor = Vec::new();
     for _ in 0..n {
-        let mut args = vec!["--runtime", container::RUNTIME, "run", "--rm", "--network", "host"];
+        let mut args = vec![
+            "--runtime",
+            container::RUNTIME,
+            "run",
+            "--rm",
+            "--network",
+            "host",
+        ];
         args.extend(limits.iter().map(String::as_str));
         args.extend(["--entrypoint", "/usr/bin/true", TAG]);
         let t = Instant::now();
         let out = podman(&args);
-        anyhow::ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        anyhow::ensure!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         floor.push(t.elapsed());
     }
     // Baseline 2: the supervisor as a host daemon on a Btrfs directory.
@@ -93,7 +108,10 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         anyhow::ensure!(code == 0, "exit {code}:\n{}", c.logs());
         stop.push(took);
     }
-    println!("## Container mode (podman {}, runc, privileged, host network)\n", podman_version());
+    println!(
+        "## Container mode (podman {}, runc, privileged, host network)\n",
+        podman_version()
+    );
     println!(
         "Image: built in {:.1} s, {} (layer, gzip), the same digest twice ({}…).\n",
         build.as_secs_f64(),
@@ -104,10 +122,22 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     println!("|---|---:|---:|---:|---:|");
     let h = pct(&host, 0.5).as_secs_f64();
     for (what, v) in [
-        ("baseline: `allox-init supervise` on a host Btrfs directory → first answer", &host),
-        ("baseline: `podman run --rm` of the image's `true` (the runtime's floor)", &floor),
-        ("`podman run` → first answer, store on a loop device", &ready),
-        ("`podman run` → first answer, blank device formatted first", &first),
+        (
+            "baseline: `allox-init supervise` on a host Btrfs directory → first answer",
+            &host,
+        ),
+        (
+            "baseline: `podman run --rm` of the image's `true` (the runtime's floor)",
+            &floor,
+        ),
+        (
+            "`podman run` → first answer, store on a loop device",
+            &ready,
+        ),
+        (
+            "`podman run` → first answer, blank device formatted first",
+            &first,
+        ),
         ("`podman stop` with a run going → exit 0", &stop),
     ] {
         println!(

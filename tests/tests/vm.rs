@@ -891,6 +891,21 @@ fn a_proxy_session_in_the_guest_reaches_the_host_only_through_the_broker() {
 /// an OOM kill told from the cgroup's events, not from the signal; a
 /// `kill -9` that is none; a live session's `pids.max` lowered so that its
 /// next fork fails.
+/// Agent `a` with sessions `small` (`memory.max` 64 MiB) and `p`; a run
+/// in `small` that doubles a string until it is stopped, waited for.
+fn memory_hog_in_a_small_session(c: &mut Client) -> RunResult {
+    ok(c, agent("a"));
+    let mut small = SessionCreate::new("a", "small");
+    small.memory_max = Some(64 << 20);
+    ok(c, Request::SessionCreate(small));
+    ok(c, session("a", "p"));
+    let script = "awk 'BEGIN { s = \"0123456789abcdef\"; while (1) s = s s }'";
+    match ok(c, run("a", "small", script, true)) {
+        Response::Exited(x) => x,
+        other => panic!("{other:?}"),
+    }
+}
+
 /// A live run of `a`/`s` that forks five times after 2 s, while the
 /// session's `pids.max` drops to what it holds (its init, sh, sleep): the
 /// forks fail.
@@ -943,25 +958,12 @@ fn guest_runs_report_oom_kills_and_a_live_session_takes_a_lower_pids_max() {
     let store = store_image(dir.path(), true);
     let mut vm = Vm::boot(&img, Some(&store), &[]);
     let (mut c, _) = vm.connect(BOOT);
-    ok(&mut c, agent("a"));
-    let mut small = SessionCreate::new("a", "small");
-    small.memory_max = Some(64 << 20);
-    ok(&mut c, Request::SessionCreate(small));
-    ok(&mut c, session("a", "p"));
+    // A memory hog under memory.max: killed by the OOM killer, and told so.
+    let hog = memory_hog_in_a_small_session(&mut c);
     let exited = |r: Response| match r {
         Response::Exited(x) => x,
         other => panic!("{other:?}"),
     };
-    // A memory hog under memory.max: killed by the OOM killer, and told so.
-    let hog = exited(ok(
-        &mut c,
-        run(
-            "a",
-            "small",
-            "awk 'BEGIN { s = \"0123456789abcdef\"; while (1) s = s s }'",
-            true,
-        ),
-    ));
     assert_eq!(hog.oom_killed, Some(true), "{hog:?}");
     let u = hog.usage.clone().unwrap();
     // (memory.peak may pass memory.max by what was charged before the
@@ -1197,27 +1199,10 @@ fn guest_container_mode_on_pure_cgroup_v2_moves_to_a_leaf_and_enforces_limits() 
         ),
         "{console}"
     );
-    ok(&mut c, agent("a"));
-    let mut small = SessionCreate::new("a", "small");
-    small.memory_max = Some(64 << 20);
-    ok(&mut c, Request::SessionCreate(small));
-    ok(&mut c, session("a", "p"));
-    assert_eq!(sh(&mut c, "a", "p", "echo in the pod"), "in the pod\n");
-    let exited = |r: Response| match r {
-        Response::Exited(x) => x,
-        other => panic!("{other:?}"),
-    };
     // memory.max, enabled below the container's cgroup, is enforced.
-    let hog = exited(ok(
-        &mut c,
-        run(
-            "a",
-            "small",
-            "awk 'BEGIN { s = \"0123456789abcdef\"; while (1) s = s s }'",
-            true,
-        ),
-    ));
+    let hog = memory_hog_in_a_small_session(&mut c);
     assert_eq!(hog.oom_killed, Some(true), "{hog:?}");
+    assert_eq!(sh(&mut c, "a", "p", "echo in the pod"), "in the pod\n");
     // So is pids.max, lowered on a live session.
     lowered_pids_max_stops_the_next_fork(&mut c, "a", "p");
     // system.shutdown ends the container with status 0 (it never reboots:

@@ -37,6 +37,8 @@ pub enum CgroupError {
         #[source]
         source: io::Error,
     },
+    #[error("{} holds a process of another PID namespace (listed as 0), which this container cannot move; the runtime must keep its own processes out of the container's cgroup", .0.display())]
+    Foreign(PathBuf),
     #[error("processes keep arriving in {} while they are moved to {leaf} (last seen: {pids})", dir.display())]
     Busy {
         dir: PathBuf,
@@ -108,6 +110,9 @@ pub fn move_to_leaf(fs: &dyn Files, dir: &Path, leaf: &'static str) -> Result<Mo
             .collect();
         if pids.is_empty() {
             break;
+        }
+        if pids.iter().any(|p| p == "0") {
+            return Err(CgroupError::Foreign(dir.to_path_buf()));
         }
         round += 1;
         if round > ROUNDS {
@@ -261,6 +266,17 @@ mod tests {
         assert!(
             e.to_string()
                 .starts_with("/cg is read-only: the container must be privileged"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_process_of_another_pid_namespace_is_named_not_moved_for_ever() {
+        let fs = Fake::new("1\n0\n", "pids");
+        let e = move_to_leaf(&fs, Path::new("/cg"), "allox-init").unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("/cg holds a process of another PID namespace (listed as 0)"),
             "{e}"
         );
     }

@@ -11,11 +11,13 @@
 //!    container's cgroup `pod/ctr` below it; starts stage 2, reaps every
 //!    orphan, and when stage 2 ends logs the container's exit status,
 //!    syncs and powers the VM off.
-//! 2. Joins `pod/ctr`, unshares mount, PID, cgroup, UTS and IPC namespaces
-//!    (so the container's cgroup namespace is rooted at `pod/ctr`), starts
-//!    stage 3 — PID 1 of the new PID namespace — and exits with its status.
-//! 3. Makes its mounts private, mounts a fresh `/proc` and cgroup2 at
-//!    `/sys/fs/cgroup` read-write (it now shows `pod/ctr` as its root), and
+//! 2. Unshares PID, UTS and IPC namespaces, starts stage 3 — PID 1 of the
+//!    new PID namespace — and exits with its status. It stays out of the
+//!    container's cgroup, as a runtime's own process does.
+//! 3. Joins `pod/ctr`, unshares cgroup and mount namespaces (so the
+//!    container's cgroup namespace is rooted at `pod/ctr`), makes its
+//!    mounts private, mounts a fresh `/proc` and cgroup2 at
+//!    `/sys/fs/cgroup` read-write (it shows `pod/ctr` as its root), and
 //!    execs `/init container` with the options the kernel command line
 //!    gives in `allox_pod.args=` (comma-separated).
 //!
@@ -108,14 +110,8 @@ fn stage1() -> ! {
 }
 
 fn stage2() -> ! {
-    write(
-        &format!("{CTR}/cgroup.procs"),
-        &std::process::id().to_string(),
-    );
     use nix::sched::CloneFlags as F;
-    if let Err(e) = nix::sched::unshare(
-        F::CLONE_NEWNS | F::CLONE_NEWPID | F::CLONE_NEWCGROUP | F::CLONE_NEWUTS | F::CLONE_NEWIPC,
-    ) {
+    if let Err(e) = nix::sched::unshare(F::CLONE_NEWPID | F::CLONE_NEWUTS | F::CLONE_NEWIPC) {
         log(format_args!("unshare: {e}"));
         std::process::exit(125);
     }
@@ -136,6 +132,14 @@ fn stage3() -> ! {
         log(format_args!("{what}: {e}"));
         std::process::exit(125)
     };
+    // Into the container's cgroup, then a cgroup namespace rooted there
+    // (as runc's init does: join, then unshare), and a mount namespace.
+    write(&format!("{CTR}/cgroup.procs"), "0");
+    use nix::sched::CloneFlags as F;
+    if let Err(e) = nix::sched::unshare(F::CLONE_NEWCGROUP | F::CLONE_NEWNS) {
+        log(format_args!("unshare: {e}"));
+        std::process::exit(125);
+    }
     if let Err(e) = mount_change(
         "/",
         MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,

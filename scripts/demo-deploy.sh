@@ -34,7 +34,8 @@ dev=
 cg=
 
 cleanup() {
-    podman rm -f -t 0 "$SUP" "$GW" >/dev/null 2>&1 || true
+    podman rm -f -t 0 "$SUP" >/dev/null 2>&1 || true
+    podman rm -f -t 0 "$GW" >/dev/null 2>&1 || true
     umount "$work/mnt" 2>/dev/null || true
     [ -n "$dev" ] && losetup -d "$dev" 2>/dev/null || true
     if [ -n "$cg" ] && [ -d "$cg" ]; then

@@ -1,8 +1,8 @@
 //! Allox as a container under podman: the image (build time, size), the
 //! time from `podman run` to the first answer on the control socket, and
 //! `podman stop` with a run going; beside the same supervisor started as a
-//! plain daemon on a host Btrfs mount, and podman running the image's
-//! `true` (the runtime's own floor), in the same run.
+//! plain daemon on a host Btrfs mount, and podman starting the image's
+//! `sleep` (the runtime's own floor), in the same run.
 
 use crate::{pct, us_or_ms};
 use allox_integration::container::{self, podman, Container, LoopDev, Spec, TAG};
@@ -38,27 +38,31 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     container::image();
     let limits = container::ulimits();
 
-    // Baseline 1: the runtime's floor, the image's `true`.
+    // Baseline 1: the runtime's floor: `podman run -d` of the image's
+    // `sleep` until podman returns (the container started), then removed.
     let mut floor = Vec::new();
     for _ in 0..n {
         let mut args = vec![
             "--runtime",
             container::RUNTIME,
             "run",
-            "--rm",
+            "-d",
+            "--name",
+            "allox-bench-floor",
             "--network",
             "host",
         ];
         args.extend(limits.iter().map(String::as_str));
-        args.extend(["--entrypoint", "/usr/bin/true", TAG]);
+        args.extend(["--entrypoint", "/usr/bin/sleep", TAG, "600"]);
         let t = Instant::now();
         let out = podman(&args);
+        floor.push(t.elapsed());
         anyhow::ensure!(
             out.status.success(),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        floor.push(t.elapsed());
+        podman(&["rm", "-f", "-t", "0", "allox-bench-floor"]);
     }
     // Baseline 2: the supervisor as a host daemon on a Btrfs directory.
     let mut host = Vec::new();
@@ -127,7 +131,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
             &host,
         ),
         (
-            "baseline: `podman run --rm` of the image's `true` (the runtime's floor)",
+            "baseline: `podman run -d` of the image's `sleep` until started (the runtime's floor)",
             &floor,
         ),
         (

@@ -41,7 +41,7 @@ pub fn run(args: ContainerArgs) -> anyhow::Result<i32> {
     // Failpoints (tests) are armed in the first supervisor only: its
     // restart must come up clean.
     let mut failpoints = std::env::var("ALLOX_FAILPOINTS").ok();
-    let why = Keeper::new(sfd, plan.stop_timeout, move |_first| {
+    let why = Keeper::new(sfd, plan.stop_timeout, move || {
         let mut cmd = plan.command(&exe, mem_total, pid_max);
         match failpoints.take() {
             Some(f) => {

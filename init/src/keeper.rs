@@ -63,8 +63,8 @@ pub enum KillRest {
 }
 
 /// The supervisor kept running.
-pub struct Keeper<F: FnMut(bool) -> Command> {
-    /// Makes the supervisor's command; `true` for the first start.
+pub struct Keeper<F: FnMut() -> Command> {
+    /// Makes the supervisor's command, at each start.
     command: F,
     sfd: SignalFd,
     stop_timeout: Duration,
@@ -75,7 +75,7 @@ pub struct Keeper<F: FnMut(bool) -> Command> {
     stopping: bool,
 }
 
-impl<F: FnMut(bool) -> Command> Keeper<F> {
+impl<F: FnMut() -> Command> Keeper<F> {
     pub fn new(sfd: SignalFd, stop_timeout: Duration, command: F) -> Self {
         Keeper {
             command,
@@ -91,13 +91,11 @@ impl<F: FnMut(bool) -> Command> Keeper<F> {
     /// Runs until a stop is asked for, stops the supervisor and what it
     /// leaves (as `rest` says), and returns why it stopped.
     pub fn run(mut self, rest: KillRest) -> String {
-        let mut first = true;
         let why = loop {
             if let Some(at) = self.next_start {
                 if Instant::now() >= at {
                     self.next_start = None;
-                    self.start_supervisor(first);
-                    first = false;
+                    self.start_supervisor();
                 }
             }
             let wait = self
@@ -132,8 +130,8 @@ impl<F: FnMut(bool) -> Command> Keeper<F> {
         why
     }
 
-    fn start_supervisor(&mut self, first: bool) {
-        match (self.command)(first).spawn() {
+    fn start_supervisor(&mut self) {
+        match (self.command)().spawn() {
             Ok(child) => {
                 let pid = Pid::from_raw(child.id() as i32).expect("a child has a pid");
                 log(format_args!(

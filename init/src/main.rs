@@ -17,7 +17,12 @@ use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "allox-init", version, about = "Allox OS init and supervisor")]
+#[command(
+    name = "allox-init",
+    bin_name = "allox-init",
+    version,
+    about = "Allox OS init and supervisor"
+)]
 struct Cli {
     /// Log filter (tracing env-filter syntax), e.g. `info`, `allox_supervisor=debug`.
     #[arg(long, env = "ALLOX_LOG", default_value = "info", global = true)]

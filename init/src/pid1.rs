@@ -75,7 +75,7 @@ pub fn run() -> ! {
     // Failpoints are armed in the first supervisor only.
     let mut failpoints = settings.failpoints.take();
     let stop_timeout = settings.stop_timeout;
-    let why = Keeper::new(sfd, stop_timeout, move |_first| {
+    let why = Keeper::new(sfd, stop_timeout, move || {
         let f = failpoints.take();
         if let Some(f) = &f {
             log(format_args!("arming failpoints {f} in this supervisor"));

@@ -26,6 +26,7 @@ pub fn run(args: ContainerArgs) -> anyhow::Result<i32> {
         rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
             .context("cannot become a child subreaper")?;
     }
+    let exe = std::fs::read_link("/proc/self/exe").context("cannot find this binary")?;
     // Before any thread: signals arrive through a descriptor only.
     let sfd = keeper::signal_fd().context("cannot take signals through a signalfd")?;
     store_disk::mount_store(&plan.store, plan.format_blank, &store_disk::CONTAINER)
@@ -36,7 +37,6 @@ pub fn run(args: ContainerArgs) -> anyhow::Result<i32> {
         store_disk::unmount_store();
         return Err(e);
     }
-    let exe = std::fs::read_link("/proc/self/exe").context("cannot find this binary")?;
     let (mem_total, pid_max) = memory_and_pids(&plan);
     // Failpoints (tests) are armed in the first supervisor only: its
     // restart must come up clean.

@@ -161,6 +161,16 @@ pub fn podman(args: &[&str]) -> Output {
         .expect("run podman")
 }
 
+/// `podman --runtime RUNTIME run` with the limits this process may give
+/// ([`ulimits`]) and then `args` (options, the image, its arguments).
+pub fn podman_run(args: &[&str]) -> Output {
+    let limits = ulimits();
+    let mut all = vec!["--runtime", RUNTIME, "run"];
+    all.extend(limits.iter().map(String::as_str));
+    all.extend(args);
+    podman(&all)
+}
+
 /// A loop device over a sparse file, detached and removed when dropped.
 pub struct LoopDev {
     pub dev: PathBuf,
@@ -236,7 +246,6 @@ pub struct Container {
     pub run_dir: PathBuf,
     /// The host's cgroup2 directory given as `--cgroup-root`.
     pub cgroup: PathBuf,
-    removed: bool,
 }
 
 /// How to start one.
@@ -314,7 +323,6 @@ impl Container {
             name: spec.name.to_string(),
             run_dir: spec.run_dir.to_path_buf(),
             cgroup,
-            removed: false,
         }
     }
 
@@ -404,10 +412,7 @@ impl Container {
 
 impl Drop for Container {
     fn drop(&mut self) {
-        if !self.removed {
-            let _ = podman(&["rm", "-f", "-t", "0", &self.name]);
-            self.removed = true;
-        }
+        let _ = podman(&["rm", "-f", "-t", "0", &self.name]);
         crate::remove_cgroup_tree(&self.cgroup);
     }
 }

@@ -103,10 +103,8 @@ fn the_image_is_the_same_bytes_twice_inspectable_and_loadable() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), img.digest);
     // What the image holds: alloxctl, mkfs.btrfs that runs (its libraries
     // are there), the sandbox user.
-    let limits = container::ulimits();
-    let mut args = vec!["--runtime", container::RUNTIME, "run", "--rm"];
-    args.extend(limits.iter().map(String::as_str));
-    args.extend([
+    let out = container::podman_run(&[
+        "--rm",
         "--network",
         "none",
         "--entrypoint",
@@ -115,7 +113,6 @@ fn the_image_is_the_same_bytes_twice_inspectable_and_loadable() {
         "-c",
         "mkfs.btrfs --version && alloxctl --version && grep ^sandbox: /etc/passwd",
     ]);
-    let out = podman(&args);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -223,10 +220,7 @@ fn a_container_serves_agents_and_the_gateway_then_stops_in_order_and_its_store_c
     let listen = format!("127.0.0.1:{port}");
     let run_mount = format!("{}:/run/allox", run_dir.display());
     let token_env = format!("ALLOX_GATEWAY_TOKEN={token}");
-    let mut args = vec![
-        "--runtime",
-        container::RUNTIME,
-        "run",
+    let out = container::podman_run(&[
         "-d",
         "--name",
         gw_name,
@@ -245,10 +239,6 @@ fn a_container_serves_agents_and_the_gateway_then_stops_in_order_and_its_store_c
         &token_env,
         "--entrypoint",
         "/usr/bin/alloxctl",
-    ];
-    let limits = container::ulimits();
-    args.extend(limits.iter().map(String::as_str));
-    args.extend([
         TAG,
         "--socket",
         "/run/allox/ctl.sock",
@@ -258,7 +248,6 @@ fn a_container_serves_agents_and_the_gateway_then_stops_in_order_and_its_store_c
         "--token-env",
         "ALLOX_GATEWAY_TOKEN",
     ]);
-    let out = podman(&args);
     assert!(
         out.status.success(),
         "{}",

@@ -36,26 +36,23 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     let img2 = container::build(&dir.path().join("again"), TAG);
     anyhow::ensure!(img.digest == img2.digest, "two builds, two digests");
     container::image();
-    let limits = container::ulimits();
 
     // Baseline 1: the runtime's floor: `podman run -d` of the image's
     // `sleep` until podman returns (the container started), then removed.
     let mut floor = Vec::new();
     for _ in 0..n {
-        let mut args = vec![
-            "--runtime",
-            container::RUNTIME,
-            "run",
+        let t = Instant::now();
+        let out = container::podman_run(&[
             "-d",
             "--name",
             "allox-bench-floor",
             "--network",
             "host",
-        ];
-        args.extend(limits.iter().map(String::as_str));
-        args.extend(["--entrypoint", "/usr/bin/sleep", TAG, "600"]);
-        let t = Instant::now();
-        let out = podman(&args);
+            "--entrypoint",
+            "/usr/bin/sleep",
+            TAG,
+            "600",
+        ]);
         floor.push(t.elapsed());
         anyhow::ensure!(
             out.status.success(),

@@ -35,6 +35,8 @@ pub enum CgroupError {
         path: PathBuf,
         have: String,
     },
+    #[error("the cgroup subtree {} belongs to another daemon ({holder}): give this one its own with --cgroup-root DIR", .path.display())]
+    InUse { path: PathBuf, holder: String },
     #[error("processes of {path} did not exit within {waited:?} after cgroup.kill")]
     KillTimeout { path: PathBuf, waited: Duration },
 }
@@ -60,19 +62,38 @@ pub struct Limits {
     pub cpu_max: Option<(u64, u64)>,
 }
 
-/// The `allox` subtree of a cgroup2 mount.
+/// The `allox` subtree of a cgroup2 mount, owned by one daemon.
 #[derive(Debug, Clone)]
 pub struct Cgroups {
     base: PathBuf,
+    /// The subtree's directory, locked (`flock`, exclusive) for as long as
+    /// any clone lives: a daemon kills, adopts and removes every cgroup
+    /// below its base, so no two may share one.
+    _owner: std::sync::Arc<OwnedFd>,
 }
 
 impl Cgroups {
     /// Uses (and creates) `<mount>/allox`, enabling the controllers that
-    /// the mount offers for the subtree.
+    /// the mount offers for the subtree. Fails with [`CgroupError::InUse`],
+    /// naming the holder, while another daemon owns the subtree.
     pub fn open(mount: &Path) -> Result<Cgroups, CgroupError> {
         let base = mount.join("allox");
         std::fs::create_dir_all(&base).map_err(|e| io_err("create", &base, e))?;
-        let c = Cgroups { base };
+        let owner = open_dir(&base)?;
+        match rustix::fs::flock(&owner, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                return Err(CgroupError::InUse {
+                    holder: holder_of(&owner, Path::new("/proc")),
+                    path: base,
+                })
+            }
+            Err(e) => return Err(io_err("lock", &base, e.into())),
+        }
+        let c = Cgroups {
+            base,
+            _owner: std::sync::Arc::new(owner),
+        };
         // Best effort: a controller already enabled or not offered is fine.
         c.enable_controllers(mount);
         c.enable_controllers(&c.base);
@@ -337,6 +358,37 @@ fn collect_procs(dir: &Path, out: &mut Vec<i32>) {
     }
 }
 
+/// Who holds the `flock` on the open directory `dir`: the process named
+/// in `<proc>/locks` for its inode, with its command line.
+fn holder_of(dir: &OwnedFd, proc: &Path) -> String {
+    let unknown = || "a process that holds its lock".to_string();
+    let Ok(st) = rustix::fs::fstat(dir) else {
+        return unknown();
+    };
+    let (major, minor) = (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev));
+    let wanted = format!("{major:02x}:{minor:02x}:{}", st.st_ino);
+    let locks = std::fs::read_to_string(proc.join("locks")).unwrap_or_default();
+    let pid = locks.lines().find_map(|l| {
+        // `1: FLOCK  ADVISORY  WRITE 1234 00:1a:5678 0 EOF`
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() >= 6 && f[1] == "FLOCK" && f[5] == wanted).then(|| f[4].to_string())
+    });
+    let Some(pid) = pid else {
+        return unknown();
+    };
+    let cmd = std::fs::read(proc.join(&pid).join("cmdline")).unwrap_or_default();
+    let cmd: Vec<String> = cmd
+        .split(|&c| c == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    if cmd.is_empty() {
+        format!("pid {pid}")
+    } else {
+        format!("pid {pid}: {}", cmd.join(" "))
+    }
+}
+
 /// Writes `pids.max`, `memory.max` and `cpu.max` of the cgroup at `dir`.
 fn write_limits(dir: &Path, limits: &Limits) -> Result<(), CgroupError> {
     let set = |file: &str, value: String| {
@@ -431,6 +483,26 @@ mod tests {
         );
         assert_eq!(Cgroups::parse_cpu_max("0"), None);
         assert_eq!(Cgroups::parse_cpu_max("1 2 3"), None);
+    }
+
+    #[test]
+    fn a_subtree_has_one_owner_named_to_the_next() {
+        let d = tempfile::tempdir().unwrap();
+        let first = Cgroups::open(d.path()).unwrap();
+        let again = first.clone();
+        let e = Cgroups::open(d.path()).unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, CgroupError::InUse { .. }), "{text}");
+        // This process holds it: named with its pid and command line.
+        let me = format!("pid {}:", std::process::id());
+        assert!(
+            text.contains(&me) && text.contains("--cgroup-root"),
+            "{text}"
+        );
+        drop(first);
+        assert!(Cgroups::open(d.path()).is_err(), "a clone still owns it");
+        drop(again);
+        Cgroups::open(d.path()).expect("free once every clone is gone");
     }
 
     #[test]

@@ -64,6 +64,7 @@ const IOC_INO_LOOKUP: u64 = iowr(18, std::mem::size_of::<InoLookupArgs>());
 const IOC_WAIT_SYNC: u64 = iow(22, std::mem::size_of::<u64>());
 const IOC_START_SYNC: u64 = ior(24, std::mem::size_of::<u64>());
 const IOC_SNAP_CREATE_V2: u64 = iow(23, std::mem::size_of::<VolArgsV2>());
+const IOC_SUBVOL_GETFLAGS: u64 = ior(25, std::mem::size_of::<u64>());
 /// `BTRFS_IOC_TREE_SEARCH_V2`: the size encoded is that of the header
 /// (`struct btrfs_ioctl_search_args_v2` without its flexible buffer).
 const IOC_TREE_SEARCH_V2: u64 = iowr(17, std::mem::size_of::<SearchKey>() + 8);
@@ -763,6 +764,15 @@ pub fn commit(path: &Path) -> Result<(), BtrfsError> {
     ioctl(&fd, IOC_WAIT_SYNC, &mut transid).map_err(|e| io_err("wait for commit of", path, e))
 }
 
+/// Whether the subvolume whose root directory `dir` is open on is
+/// read-only (`BTRFS_IOC_SUBVOL_GETFLAGS`).
+pub fn is_read_only(dir: &impl AsFd, path: &Path) -> Result<bool, BtrfsError> {
+    let mut flags: u64 = 0;
+    ioctl(dir, IOC_SUBVOL_GETFLAGS, &mut flags)
+        .map_err(|e| io_err("read the flags of", path, e))?;
+    Ok(flags & BTRFS_SUBVOL_RDONLY != 0)
+}
+
 /// `renameat2(a, b, RENAME_EXCHANGE)`: swaps two paths atomically.
 pub fn exchange(a: &Path, b: &Path) -> Result<(), BtrfsError> {
     fs::renameat_with(fs::CWD, a, fs::CWD, b, fs::RenameFlags::EXCHANGE)
@@ -783,6 +793,7 @@ mod tests {
         assert_eq!(IOC_SNAP_DESTROY, 0x5000_940F);
         assert_eq!(IOC_INO_LOOKUP, 0xD000_9412);
         assert_eq!(IOC_SNAP_CREATE_V2, 0x5000_9417);
+        assert_eq!(IOC_SUBVOL_GETFLAGS, 0x8008_9419);
         assert_eq!(std::mem::size_of::<SearchKey>(), 104);
         assert_eq!(IOC_TREE_SEARCH_V2, 0xC070_9411);
     }

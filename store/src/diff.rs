@@ -134,6 +134,18 @@ impl Hints {
                 return Ok(None);
             }
         }
+        // The hints are read from the filesystem's trees, which hold only
+        // what has been written back: a tree still written to (`current`)
+        // may have changes in the page cache (data, an `mmap`ed page) or
+        // in inodes not yet written to the tree (a mode, a size). Those are
+        // written back first, so that nothing changed before the diff
+        // began can be passed over as unchanged.
+        for (fd, p) in [(from, from_path), (to, to_path)] {
+            if !btrfs::is_read_only(fd, p).map_err(bt)? {
+                fs::syncfs(fd).map_err(|e| io("write back", p, e))?;
+                break;
+            }
+        }
         let (a, b) = (
             btrfs::subvolume_id_of(from, from_path).map_err(bt)?,
             btrfs::subvolume_id_of(to, to_path).map_err(bt)?,

@@ -1688,3 +1688,105 @@ fn a_run_that_ended_before_anyone_waited_is_answered_by_wait() {
     let r = wait_run(&d, "a", "s", &id);
     assert_eq!((r.exit_code, r.stdout.as_str()), (Some(0), "done\n"));
 }
+
+/// Two daemons on one host, each on its own store: a second daemon given
+/// the first's cgroup subtree refuses to start and names the first; with a
+/// subtree of its own, its runs, checkpoints and shutdown never touch the
+/// first's run, and the first's never touch its.
+#[test]
+fn two_daemons_on_one_host_never_touch_each_others_runs() {
+    let Some(a) = setup("two_daemons_a") else {
+        return;
+    };
+    let b = ProcDaemon::start("two_daemons_b", &[]);
+    make_sessions(&b, &[("a", "s")]);
+    let pid_in = |d: &ProcDaemon, run: &str| -> i32 {
+        let l = list(d, "a", "s");
+        l.iter()
+            .find(|p| {
+                p.run_id.as_deref() == Some(run)
+                    && p.argv.first().map(String::as_str) == Some("sleep")
+            })
+            .unwrap_or_else(|| panic!("no sleep of run {run} in {l:?}"))
+            .pid
+    };
+    let ra = bg(&a, "a", "s", "exec sleep 600");
+    let rb = bg(&b, "a", "s", "exec sleep 600");
+    wait_until("both sleeps", || {
+        list(&a, "a", "s")
+            .iter()
+            .any(|p| p.argv.first().map(String::as_str) == Some("sleep"))
+            && list(&b, "a", "s")
+                .iter()
+                .any(|p| p.argv.first().map(String::as_str) == Some("sleep"))
+    });
+    let sleep_a = pid_in(&a, &ra);
+    pid_in(&b, &rb);
+
+    // A third daemon on A's subtree: refused before it serves, naming A.
+    let fs = allox_integration::BtrfsFs::new(256).expect("make btrfs");
+    std::fs::create_dir(fs.path().join("store")).unwrap();
+    let out = std::process::Command::new(allox_integration::workspace_bin("allox-init"))
+        .arg("supervise")
+        .arg("--root")
+        .arg(fs.path().join("store"))
+        .arg("--listen")
+        .arg(format!("unix:{}", fs.scratch().join("ctl.sock").display()))
+        .arg("--cgroup-root")
+        .arg(&a.cgroup)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a second owner of one subtree started: {err}"
+    );
+    let first = format!("pid {}", a.daemon.child.id());
+    assert!(
+        err.contains("belongs to another daemon") && err.contains(&first),
+        "the refusal names the first daemon: {err}"
+    );
+    assert!(!fs.scratch().join("ctl.sock").exists());
+
+    // Checkpoints on both; B shuts down (killing its own sessions).
+    for d in [&a, &b] {
+        let (code, _, e) = allox_integration::alloxctl(
+            &d.daemon.socket,
+            &["checkpoint", "create", "a", "s", "c1"],
+        );
+        assert_eq!(code, 0, "{e}");
+    }
+    let (code, _, e) = allox_integration::alloxctl(&b.daemon.socket, &["shutdown"]);
+    assert_eq!(code, 0, "{e}");
+    let mut b = b;
+    let st = b.daemon.child.wait().unwrap();
+    assert!(st.success(), "daemon B: {st}");
+    assert!(
+        std::path::Path::new(&format!("/proc/{sleep_a}")).exists(),
+        "daemon B's shutdown killed daemon A's run"
+    );
+    assert!(
+        procs_below(&b.cgroup).is_empty(),
+        "daemon B's shutdown left its own run"
+    );
+    // A goes on: its run is listed, it checkpoints and runs again.
+    assert_eq!(pid_in(&a, &ra), sleep_a);
+    let (code, _, e) =
+        allox_integration::alloxctl(&a.daemon.socket, &["checkpoint", "create", "a", "s", "c2"]);
+    assert_eq!(code, 0, "{e}");
+    assert_eq!(sh(&a, "a", "s", "echo still").exit_code, Some(0));
+}
+
+/// Every process in the cgroup `dir` and below.
+fn procs_below(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Ok(t) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+        out.extend(t.lines().map(String::from));
+    }
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            out.extend(procs_below(&e.path()));
+        }
+    }
+    out
+}

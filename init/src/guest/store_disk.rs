@@ -143,7 +143,9 @@ pub fn mount_store(dev: &Path, format: bool, hints: &'static Hints) -> Result<()
         dev,
         STORE_MOUNT,
         "btrfs",
-        MountFlags::NOSUID | MountFlags::NODEV,
+        // noatime: a read in a session would otherwise write its inode,
+        // which a diff of current/ then has to visit.
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOATIME,
         None,
     )
     .map_err(|source| StoreDiskError::Mount {

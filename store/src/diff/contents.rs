@@ -120,6 +120,65 @@ pub fn compare(
     Ok(Verdict::Same)
 }
 
+/// The extended attributes of an open file, sorted by name; reading them
+/// is taken from `budget` (`None` when it ran out).
+fn xattrs(f: &OwnedFd, budget: &mut u64) -> io::Result<Option<Vec<(Vec<u8>, Vec<u8>)>>> {
+    let mut names = vec![0u8; XATTR_MAX];
+    let n = match fs::flistxattr(f, &mut names) {
+        Ok(n) => n,
+        Err(Errno::OPNOTSUPP) => return Ok(Some(Vec::new())),
+        Err(e) => return Err(e.into()),
+    };
+    let mut out = Vec::new();
+    for name in names[..n].split(|&c| c == 0).filter(|n| !n.is_empty()) {
+        let mut value = vec![0u8; XATTR_MAX];
+        let cname = std::ffi::CString::new(name).map_err(|_| Errno::INVAL)?;
+        let len = match fs::fgetxattr(f, cname.as_c_str(), &mut value) {
+            Ok(len) => len,
+            // Removed since it was listed: changed while compared.
+            Err(Errno::NODATA) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let cost = (name.len() + len) as u64;
+        if *budget < cost {
+            return Ok(None);
+        }
+        *budget -= cost;
+        value.truncate(len);
+        out.push((name.to_vec(), value));
+    }
+    out.sort();
+    Ok(Some(out))
+}
+
+/// Largest list of names, and largest value, of extended attributes
+/// (`XATTR_LIST_MAX`, `XATTR_SIZE_MAX`).
+const XATTR_MAX: usize = 64 * 1024;
+
+/// Whether two regular files seen as `sa` and `sb` carry the same extended
+/// attributes (capabilities, ACLs, labels, the user's own): a change of
+/// them alone moves only the file's ctime.
+pub fn same_xattrs(
+    a: &OwnedFd,
+    b: &OwnedFd,
+    name: &OsStr,
+    sa: &Stat,
+    sb: &Stat,
+    budget: &mut u64,
+) -> io::Result<Verdict> {
+    let (Some(fa), Some(fb)) = (
+        tree::open_regular(a, name, sa)?,
+        tree::open_regular(b, name, sb)?,
+    ) else {
+        return Ok(Verdict::Differ);
+    };
+    Ok(match (xattrs(&fa, budget)?, xattrs(&fb, budget)?) {
+        (Some(x), Some(y)) if x == y => Verdict::Same,
+        (Some(_), Some(_)) => Verdict::Differ,
+        _ => Verdict::Unread,
+    })
+}
+
 fn is_zero(b: &[u8]) -> bool {
     b.iter().all(|&x| x == 0)
 }

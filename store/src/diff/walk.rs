@@ -423,7 +423,11 @@ impl<'a> Walk<'a> {
             && sa.st_ctime_nsec == sb.st_ctime_nsec;
         let changed = if same_meta {
             false
-        } else if sa.st_mode != sb.st_mode || sa.st_size != sb.st_size {
+        } else if sa.st_mode != sb.st_mode
+            || sa.st_size != sb.st_size
+            || sa.st_uid != sb.st_uid
+            || sa.st_gid != sb.st_gid
+        {
             true
         } else if ka == FileType::Symlink {
             // Gone or no longer a link: changed while compared.
@@ -438,13 +442,21 @@ impl<'a> Walk<'a> {
                 top.a.as_ref().unwrap().dir.fd(),
                 top.b.as_ref().unwrap().dir.fd(),
             );
-            let v = contents::compare(da, db, &name, &sa, &sb, &mut self.budget).map_err(|e| {
-                TreeError::Io {
-                    op: "read",
-                    path: tree::show(&p),
-                    source: e,
-                }
-            })?;
+            let read = |e| TreeError::Io {
+                op: "read",
+                path: tree::show(&p),
+                source: e,
+            };
+            let mut v =
+                contents::compare(da, db, &name, &sa, &sb, &mut self.budget).map_err(read)?;
+            // Same bytes, but the inode was changed: its extended
+            // attributes may be what changed.
+            if v == Verdict::Same
+                && (sa.st_ctime, sa.st_ctime_nsec) != (sb.st_ctime, sb.st_ctime_nsec)
+            {
+                v = contents::same_xattrs(da, db, &name, &sa, &sb, &mut self.budget)
+                    .map_err(read)?;
+            }
             // Past the read budget a file whose metadata differs is
             // reported modified without reading.
             v != Verdict::Same

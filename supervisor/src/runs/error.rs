@@ -132,6 +132,7 @@ fn cgroup_code(e: &CgroupError) -> ErrorCode {
         // Processes that outlive `cgroup.kill` for a while: retrying later
         // may work.
         CgroupError::KillTimeout { .. } => ErrorCode::Unavailable,
+        CgroupError::InUse { .. } => ErrorCode::Conflict,
         CgroupError::Io { .. } => ErrorCode::Internal,
     }
 }

@@ -201,10 +201,15 @@ pub enum Command {
         #[command(flatten)]
         page: PageArgs,
     },
-    /// Signal one run's processes, or all of a session's.
+    /// Signal every process of one run, or of all a session's runs
+    /// (whatever they forked); SIGKILL unless --signal says otherwise.
     Kill {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// The run (as `start` printed it); all the session's runs if
+        /// left out.
         run: Option<String>,
         /// Number or name (TERM, SIGTERM); the daemon's default is SIGKILL.
         #[arg(long, value_name = "SIGNAL", value_parser = crate::signal::parse)]

@@ -519,8 +519,9 @@ pub struct ProcessKill {
     pub session_id: String,
     #[serde(default)]
     pub run_id: Option<String>,
-    /// Signal number; default SIGKILL. Only SIGKILL kills a whole session
-    /// through its cgroup.
+    /// Signal number; default SIGKILL. Every process of the run (or of
+    /// the session's runs) gets it, whatever it forked; the sandboxes'
+    /// own PID 1s are not signalled.
     #[serde(default)]
     pub signal: Option<i32>,
 }

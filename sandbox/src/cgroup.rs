@@ -298,6 +298,47 @@ impl Cgroups {
         Ok(n)
     }
 
+    /// Sends `signal` to every process in `dir` and below but the
+    /// sandboxes' PID 1s (each a child of a process outside `dir`), as
+    /// `cgroup.kill` reaches every process with SIGKILL: the subtree is
+    /// frozen while its processes are listed and signalled, so none forks
+    /// out of the count, and thawed after (unless it was frozen before);
+    /// each process is reached through a pidfd opened while it is listed.
+    /// Returns how many were signalled.
+    pub fn signal(&self, dir: &Path, signal: rustix::process::Signal) -> Result<u32, CgroupError> {
+        let _frozen = Frozen::new(dir);
+        let listed: std::collections::HashSet<i32> = self.procs(dir).into_iter().collect();
+        let mut fds = Vec::new();
+        for &pid in &listed {
+            let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|st| {
+                    // `pid (comm) state ppid …`: comm may hold anything.
+                    let rest = &st[st.rfind(')')? + 1..];
+                    rest.split_whitespace().nth(1)?.parse::<i32>().ok()
+                });
+            if !parent.is_some_and(|pp| listed.contains(&pp)) {
+                continue;
+            }
+            let Some(p) = rustix::process::Pid::from_raw(pid) else {
+                continue;
+            };
+            if let Ok(fd) = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) {
+                fds.push((pid, fd));
+            }
+        }
+        // A pid listed, then reused by a process elsewhere before its pidfd
+        // was opened, is no longer in the subtree: it is left alone.
+        let still: std::collections::HashSet<i32> = self.procs(dir).into_iter().collect();
+        let mut n = 0;
+        for (pid, fd) in fds {
+            if still.contains(&pid) && rustix::process::pidfd_send_signal(&fd, signal).is_ok() {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// Waits for `populated 0`, woken by the kernel's notification on
     /// `cgroup.events`, and reading the file again after short, growing
     /// pauses: the kernel sends at most one notification per file every
@@ -354,6 +395,39 @@ fn collect_procs(dir: &Path, out: &mut Vec<i32>) {
             if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
                 collect_procs(&e.path(), out);
             }
+        }
+    }
+}
+
+/// A cgroup subtree frozen (`cgroup.freeze`) for as long as this lives,
+/// thawed on every path; nothing is done to one that was frozen already,
+/// or where freezing is not offered.
+struct Frozen(Option<PathBuf>);
+
+impl Frozen {
+    fn new(dir: &Path) -> Frozen {
+        let file = dir.join("cgroup.freeze");
+        if read_trim(&file).ok().as_deref() != Some("0") || std::fs::write(&file, "1").is_err() {
+            return Frozen(None);
+        }
+        // Frozen once `cgroup.events` says so (a task in the middle of a
+        // system call stops at its end); a second at most.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < deadline {
+            let ev = read_trim(&dir.join("cgroup.events")).unwrap_or_default();
+            if ev.lines().any(|l| l.trim() == "frozen 1") {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Frozen(Some(file))
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        if let Some(f) = &self.0 {
+            let _ = std::fs::write(f, "0");
         }
     }
 }

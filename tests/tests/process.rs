@@ -1790,3 +1790,52 @@ fn procs_below(dir: &std::path::Path) -> Vec<String> {
     }
     out
 }
+
+/// `alloxctl kill --signal TERM` reaches every process of the run — the
+/// shell and the child it forked — and says how many; another run of the
+/// session, and other sessions, are not signalled unless asked.
+#[test]
+fn a_signal_reaches_every_process_of_the_run() {
+    let Some(d) = setup("a_signal_reaches_every_process_of_the_run") else {
+        return;
+    };
+    let run = bg(&d, "a", "s", "sleep 600 & sleep 601 & wait");
+    let other = bg(&d, "a", "t", "exec sleep 602");
+    let keep = bg(&d, "a", "s", "trap '' TERM; exec sleep 603");
+    wait_until("three sleeps", || {
+        list(&d, "a", "s")
+            .iter()
+            .filter(|p| p.argv.first().map(String::as_str) == Some("sleep"))
+            .count()
+            == 3
+            && !list(&d, "a", "t").is_empty()
+    });
+    let sock = &d.daemon.socket;
+    let (code, out, e) =
+        allox_integration::alloxctl(sock, &["kill", "a", "s", &run, "--signal", "TERM"]);
+    assert_eq!(code, 0, "{e}");
+    assert_eq!(String::from_utf8_lossy(&out), "signalled 3 processes\n");
+    let r = wait_run(&d, "a", "s", &run);
+    assert_eq!(r.signal, Some(libc::SIGTERM), "{r:?}");
+    wait_until("the run's sleeps to go", || {
+        !list(&d, "a", "s")
+            .iter()
+            .any(|p| p.run_id.as_deref() == Some(run.as_str()))
+    });
+    // The run that ignores TERM, and the other session, go on.
+    assert!(list(&d, "a", "s")
+        .iter()
+        .any(|p| p.run_id.as_deref() == Some(keep.as_str())));
+    assert!(list(&d, "a", "t")
+        .iter()
+        .any(|p| p.run_id.as_deref() == Some(other.as_str())));
+    // The whole session: the one left ignores TERM, and is still signalled.
+    let (code, out, e) = allox_integration::alloxctl(sock, &["kill", "a", "s", "--signal", "TERM"]);
+    assert_eq!(code, 0, "{e}");
+    assert_eq!(String::from_utf8_lossy(&out), "signalled 1 process\n");
+    assert!(list(&d, "a", "s")
+        .iter()
+        .any(|p| p.run_id.as_deref() == Some(keep.as_str())));
+    // A frozen moment does not stop the session: it still runs.
+    assert_eq!(sh(&d, "a", "s", "echo after").stdout, "after\n");
+}

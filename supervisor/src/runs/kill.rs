@@ -3,13 +3,13 @@
 //! shutdown use.
 //!
 //! SIGKILL goes through `cgroup.kill`, which reaches every process however
-//! it was forked; other signals go to each run's init through its pidfd,
-//! which passes them on to its program.
+//! it was forked; other signals go to every program in the run's (or the
+//! session's) cgroups, through pidfds, with the cgroups frozen meanwhile
+//! ([`allox_sandbox::cgroup::Cgroups::signal`]).
 
-use super::{Run, RunError, Runs};
+use super::{RunError, Runs};
 use allox_protocol::ProcessKill;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 impl Runs {
@@ -46,31 +46,10 @@ impl Runs {
             tokio::task::spawn_blocking(move || cg.kill(&dir, Duration::from_secs(10))).await??;
             return Ok(n);
         }
-        // Other signals go to each run's init, which passes them on to its
-        // program; only through pidfds.
-        let runs: Vec<Arc<Run>> = self
-            .table
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .filter(|r| {
-                r.agent == a
-                    && r.session == s
-                    && p.run_id.as_deref().is_none_or(|id| id == r.id)
-                    && r.result.borrow().is_none()
-            })
-            .cloned()
-            .collect();
-        let mut n = 0;
-        for r in runs {
-            let g = r.pidfd.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(fd) = g.as_ref() {
-                if rustix::process::pidfd_send_signal(fd, signal).is_ok() {
-                    n += 1;
-                }
-            }
-        }
-        Ok(n)
+        // Other signals go to every program of the run (or session), as
+        // SIGKILL does: a shell's children as well as the shell.
+        let cg = self.cgroups.clone();
+        Ok(tokio::task::spawn_blocking(move || cg.signal(&dir, signal)).await??)
     }
 
     /// Kills everything in `dir` (a session's or an agent's cgroup) and

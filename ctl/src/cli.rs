@@ -88,11 +88,15 @@ pub enum Command {
         #[arg(long, value_name = "N")]
         keep_last: Option<u32>,
     },
-    /// Show the audit log.
+    /// Show the audit log: the newest records (oldest of them first), and
+    /// how to see more when the list is cut.
     Audit {
-        /// Only records after this sequence number.
-        #[arg(long, value_name = "SEQ")]
+        /// The oldest records after this sequence number instead.
+        #[arg(long, value_name = "SEQ", conflicts_with = "before")]
         after: Option<u64>,
+        /// The newest records before this sequence number.
+        #[arg(long, value_name = "SEQ")]
+        before: Option<u64>,
         /// At most this many records (the daemon's default is 100).
         #[arg(long, value_name = "N")]
         limit: Option<u32>,
@@ -1066,8 +1070,13 @@ impl Command {
                 auto_checkpoint: auto_checkpoint.map(|v| v == "on"),
                 keep_last,
             })),
-            C::Audit { after, limit } => call(Request::AuditList(AuditList {
+            C::Audit {
+                after,
+                before,
+                limit,
+            } => call(Request::AuditList(AuditList {
                 after_seq: after,
+                before_seq: before,
                 limit,
             })),
             C::Exec(run) => Action::Exec(run.run(true)),
@@ -1418,6 +1427,7 @@ mod tests {
             action,
             Action::Call(Request::AuditList(AuditList {
                 after_seq: Some(5),
+                before_seq: None,
                 limit: Some(10),
             }))
         );

@@ -248,6 +248,7 @@ pub fn gather(c: &mut Client, a: &str, s: &str) -> Result<ReportData, String> {
         let page = match c.call(Request::AuditList(AuditList {
             after_seq: Some(after),
             limit: Some(10_000),
+            before_seq: None,
         })) {
             Ok(Ok(Response::Audit(l))) => l,
             other => return Err(answer_error("audit.list", other)),

@@ -405,12 +405,17 @@ pub struct SessionRollback {
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct AuditList {
-    /// Only records with a sequence number above this.
+    /// The oldest records with a sequence number above this (paging
+    /// forward).
     #[serde(default)]
     pub after_seq: Option<u64>,
     /// At most this many records (default 100, at most 10,000).
     #[serde(default)]
     pub limit: Option<u32>,
+    /// The newest records with a sequence number below this (paging back).
+    /// With neither cursor, the newest records of all.
+    #[serde(default)]
+    pub before_seq: Option<u64>,
 }
 
 /// `process.start`: run `argv` in the session's sandbox.
@@ -905,9 +910,18 @@ pub struct AuditRecord {
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct AuditListing {
+    /// Oldest first.
     pub records: Vec<AuditRecord>,
     /// Records whose checksum did not match and were skipped.
     pub corrupt: u64,
+    /// Older records exist: ask again with `before_seq` set to this (the
+    /// first listed record's sequence number).
+    #[serde(default)]
+    pub earlier: Option<u64>,
+    /// Newer records exist: ask again with `after_seq` set to this (the
+    /// last listed record's sequence number).
+    #[serde(default)]
+    pub later: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]

@@ -144,26 +144,64 @@ impl Audit {
         Ok(rec.seq)
     }
 
-    /// Records with `seq > after`, at most `limit` of them.
-    pub fn read(&self, after: u64, limit: usize) -> Result<AuditListing, AuditError> {
+    /// At most `limit` records, oldest first: the oldest with `seq >
+    /// after` when `after` is given, else the newest with `seq < before`
+    /// (the newest of all without it); with cursors to the records on
+    /// either side that were left out.
+    pub fn read(
+        &self,
+        after: Option<u64>,
+        before: Option<u64>,
+        limit: usize,
+    ) -> Result<AuditListing, AuditError> {
         let read_err = |source| AuditError::Read {
             path: self.path.clone(),
             source,
         };
         let file = std::fs::File::open(&self.path).map_err(read_err)?;
-        let mut out = Vec::new();
-        let mut unreadable = 0;
+        let limit = limit.max(1);
+        let mut out = std::collections::VecDeque::new();
+        let (mut unreadable, mut older, mut newer) = (0, false, false);
         let scan = records::scan_reader(std::io::BufReader::new(file), |p| {
-            match postcard::from_bytes::<AuditRecord>(p) {
-                Ok(r) if r.seq > after => out.push(r),
-                Ok(_) => {}
-                Err(_) => unreadable += 1,
+            let Ok(r) = postcard::from_bytes::<AuditRecord>(p) else {
+                unreadable += 1;
+                return true;
+            };
+            match after {
+                // Forward: the first `limit` above `after`, and whether one
+                // more follows them.
+                Some(a) if r.seq <= a => older = true,
+                Some(_) if out.len() == limit => {
+                    newer = true;
+                    return false;
+                }
+                Some(_) => out.push_back(r),
+                // Back: the last `limit` below `before`.
+                None if before.is_some_and(|b| r.seq >= b) => newer = true,
+                None => {
+                    if out.len() == limit {
+                        out.pop_front();
+                        older = true;
+                    }
+                    out.push_back(r);
+                }
             }
-            out.len() < limit
+            true
         })
         .map_err(read_err)?;
+        let records: Vec<AuditRecord> = out.into();
         Ok(AuditListing {
-            records: out,
+            earlier: older.then(|| {
+                records
+                    .first()
+                    .map_or(after.unwrap_or(0).saturating_add(1), |r| r.seq)
+            }),
+            later: newer.then(|| {
+                records
+                    .last()
+                    .map_or(before.unwrap_or(1).saturating_sub(1), |r| r.seq)
+            }),
+            records,
             corrupt: scan.corrupt + unreadable,
         })
     }
@@ -230,17 +268,48 @@ mod tests {
         std::fs::write(&p, &bytes).unwrap();
         let a = Audit::open(&p).unwrap();
         assert_eq!(a.append(entry("session.create")).unwrap(), 3);
-        let l = a.read(0, 100).unwrap();
+        let l = a.read(Some(0), None, 100).unwrap();
         assert_eq!(l.corrupt, 1);
         let seqs: Vec<u64> = l.records.iter().map(|r| r.seq).collect();
         assert_eq!(seqs, [2, 3]);
-        assert_eq!(a.read(2, 100).unwrap().records.len(), 1);
-        assert_eq!(a.read(0, 1).unwrap().records.len(), 1);
+        assert_eq!(a.read(Some(2), None, 100).unwrap().records.len(), 1);
+        assert_eq!(a.read(Some(0), None, 1).unwrap().records.len(), 1);
         // Client-controlled fields are bounded.
         let mut e = entry("x");
         e.target = "t".repeat(1 << 20);
         let seq = a.append(e).unwrap();
-        let r = a.read(seq - 1, 1).unwrap().records.remove(0);
+        let r = a.read(Some(seq - 1), None, 1).unwrap().records.remove(0);
         assert!(r.target.len() <= 200 && r.target.ends_with("..."));
+    }
+
+    #[test]
+    fn the_newest_come_first_when_cut_with_cursors_both_ways() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Audit::open(&dir.path().join("audit.log")).unwrap();
+        for i in 0..131 {
+            a.append(entry(&format!("x{i}"))).unwrap();
+        }
+        let seqs = |l: &AuditListing| l.records.iter().map(|r| r.seq).collect::<Vec<_>>();
+        // No cursor: the newest 100, oldest of them first; older ones exist.
+        let l = a.read(None, None, 100).unwrap();
+        assert_eq!(seqs(&l), (32..=131).collect::<Vec<_>>());
+        assert_eq!((l.earlier, l.later), (Some(32), None));
+        // Back from there: the 31 left.
+        let l = a.read(None, l.earlier, 100).unwrap();
+        assert_eq!(seqs(&l), (1..=31).collect::<Vec<_>>());
+        assert_eq!((l.earlier, l.later), (None, Some(31)));
+        // Forward from the oldest: 100, then more.
+        let l = a.read(Some(0), None, 100).unwrap();
+        assert_eq!(seqs(&l), (1..=100).collect::<Vec<_>>());
+        assert_eq!((l.earlier, l.later), (None, Some(100)));
+        let l = a.read(l.later, None, 100).unwrap();
+        assert_eq!(seqs(&l), (101..=131).collect::<Vec<_>>());
+        assert_eq!((l.earlier, l.later), (Some(101), None));
+        // Everything fits: no cursor either way.
+        let l = a.read(None, None, 1000).unwrap();
+        assert_eq!((l.records.len(), l.earlier, l.later), (131, None, None));
+        // Cursors past either end.
+        assert!(a.read(None, Some(0), 10).unwrap().records.is_empty());
+        assert!(a.read(Some(u64::MAX), None, 10).unwrap().records.is_empty());
     }
 }

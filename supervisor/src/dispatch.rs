@@ -344,7 +344,7 @@ impl Supervisor {
                 let limit = r.limit.unwrap_or(100).clamp(1, 10_000) as usize;
                 Response::Audit(
                     st.audit()
-                        .read(r.after_seq.unwrap_or(0), limit)
+                        .read(r.after_seq, r.before_seq, limit)
                         .map_err(StoreError::from)?,
                 )
             }

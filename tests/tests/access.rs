@@ -522,6 +522,7 @@ fn peers_not_allowed_are_refused_and_audited() {
             .call(Request::AuditList(AuditList {
                 after_seq: None,
                 limit: None,
+                before_seq: None,
             }))
             .unwrap()
             .unwrap()

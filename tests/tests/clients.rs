@@ -243,6 +243,7 @@ fn a_client_that_reads_nothing_holds_a_bounded_amount_of_memory() {
         Request::AuditList(AuditList {
             after_seq: None,
             limit: Some(10_000),
+            before_seq: None,
         }),
     );
     let one = {

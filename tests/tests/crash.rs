@@ -254,6 +254,7 @@ fn kill_9_at_every_failpoint_leaves_before_or_after() {
             Request::AuditList(AuditList {
                 after_seq: None,
                 limit: Some(10_000),
+                before_seq: None,
             }),
         );
         let Response::Audit(a) = rec else { panic!() };

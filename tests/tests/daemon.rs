@@ -513,3 +513,62 @@ fn turns_through_the_json_form() {
         "{out}"
     );
 }
+
+/// `alloxctl audit` shows the newest records, says when older ones were
+/// left out and how to see them, and its JSON carries the cursors.
+#[test]
+fn the_audit_shows_the_newest_and_says_when_it_is_cut() {
+    let Some((_fs, d)) = setup(
+        "daemon::the_audit_shows_the_newest_and_says_when_it_is_cut",
+        &[],
+    ) else {
+        return;
+    };
+    for i in 0..130 {
+        let (ok, _, e) = alloxctl(&d, &["agent", "create", &format!("a{i}")]);
+        assert!(ok, "{e}");
+    }
+    let (ok, _, e) = alloxctl(&d, &["agent", "delete", "a7"]);
+    assert!(ok, "{e}");
+    let (ok, out, e) = alloxctl(&d, &["audit"]);
+    assert!(ok, "{e}");
+    let rows: Vec<&str> = out.lines().filter(|l| l.contains("agent.")).collect();
+    assert_eq!(rows.len(), 100, "{out}");
+    assert!(
+        rows.last().unwrap().contains("agent.delete"),
+        "the newest last: {out}"
+    );
+    let hint = out
+        .lines()
+        .find(|l| l.starts_with("(older records"))
+        .expect(&out);
+    let before: u64 = hint
+        .trim_end_matches(')')
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // The JSON form: the same records and the cursor.
+    let (ok, json, _) = alloxctl(&d, &["--json", "audit"]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["earlier"].as_u64(), Some(before), "{json}");
+    assert!(v["later"].is_null(), "{json}");
+    assert_eq!(v["records"][0]["seq"].as_u64(), Some(before));
+    // Back from there: all the rest, and the way forward again.
+    let (ok, out, _) = alloxctl(
+        &d,
+        &["audit", "--before", &before.to_string(), "--limit", "1000"],
+    );
+    assert!(ok);
+    assert!(
+        out.contains("agent.create") && !out.contains("agent.delete"),
+        "{out}"
+    );
+    assert!(
+        out.contains("(newer records: alloxctl audit --after"),
+        "{out}"
+    );
+    assert!(!out.contains("(older records"), "{out}");
+}

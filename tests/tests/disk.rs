@@ -195,7 +195,7 @@ fn a_session_at_its_quota_is_refused_and_every_session_keeps_working() {
         let u = st.session_usage(a, s).unwrap().unwrap();
         assert_eq!(u.max_referenced, Some(QUOTA), "{a}/{s}");
     }
-    let log = st.audit().read(0, 10_000).unwrap();
+    let log = st.audit().read(Some(0), None, 10_000).unwrap();
     assert_eq!(log.corrupt, 0);
     assert!(log.records.iter().any(|r| r.action == "disk.test"));
     drop(st);
@@ -249,6 +249,7 @@ fn audit(d: &Daemon) -> AuditListing {
         Request::AuditList(AuditList {
             after_seq: None,
             limit: Some(10_000),
+            before_seq: None,
         }),
     ) else {
         panic!("audit.list")
@@ -393,7 +394,7 @@ fn state_files_of_an_older_store_are_rewritten_without_copy_on_write() {
         .map(|a| a.agent_id)
         .collect();
     assert_eq!(agents, ["a"]);
-    let log = st.audit().read(0, 100).unwrap();
+    let log = st.audit().read(Some(0), None, 100).unwrap();
     assert_eq!(log.corrupt, 0);
     assert!(log.records.iter().any(|r| r.action == "before"));
 }

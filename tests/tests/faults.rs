@@ -72,6 +72,7 @@ fn a_change_whose_audit_record_cannot_be_written_is_refused() {
         Request::AuditList(AuditList {
             after_seq: None,
             limit: Some(100),
+            before_seq: None,
         }),
     ) else {
         panic!("audit.list")

@@ -60,6 +60,7 @@ fn audit(d: &ProcDaemon) -> Vec<AuditRecord> {
         Request::AuditList(AuditList {
             after_seq: None,
             limit: Some(10_000),
+            before_seq: None,
         }),
     ) {
         Ok(Response::Audit(l)) => l.records,

@@ -354,7 +354,7 @@ fn state_survives_reopen_and_index_matches_disk() {
         st.checkpoint_list("a", "s").unwrap().head.as_deref(),
         Some("c1")
     );
-    let audit = st.audit().read(0, 1000).unwrap();
+    let audit = st.audit().read(Some(0), None, 1000).unwrap();
     assert!(audit.records.iter().any(|r| r
         .message
         .as_deref()
@@ -467,7 +467,7 @@ fn disk_full_gives_a_clean_error_and_keeps_journal_and_audit_usable() {
             &c.checkpoint_id
         )));
     }
-    assert!(st.audit().read(0, 10).unwrap().corrupt == 0);
+    assert!(st.audit().read(Some(0), None, 10).unwrap().corrupt == 0);
 }
 
 #[test]

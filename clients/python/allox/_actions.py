@@ -47,9 +47,18 @@ class Actions:
         """``system.info``: uptime, memory, processes, plugins."""
         return self._invoke("system.info", {}, _model("SystemInfo"))
 
-    def audit_list(self, *, after_seq: int | None = None, limit: int | None = None) -> models.AuditListing:
-        """``audit.list``: the daemon's audit records (every mutating request)."""
-        return self._invoke("audit.list", build_params(None, dict(after_seq=after_seq, limit=limit)), _model("AuditListing"))
+    def audit_list(
+        self, *, after_seq: int | None = None, before_seq: int | None = None, limit: int | None = None
+    ) -> models.AuditListing:
+        """``audit.list``: the daemon's audit records (every mutating request),
+        oldest first: the newest ones (before ``before_seq``), or the oldest
+        after ``after_seq``; ``earlier``/``later`` are the cursors to what was
+        left out."""
+        return self._invoke(
+            "audit.list",
+            build_params(None, dict(after_seq=after_seq, before_seq=before_seq, limit=limit)),
+            _model("AuditListing"),
+        )
 
     def call_typed(self, action: str, params: Mapping[str, Any] | None = None, /, **kwargs: Any) -> Any:
         """Like ``call``, with the result read as the type ``models.ACTIONS``

@@ -199,8 +199,13 @@ class AgentRef(Model):
 @dataclass(kw_only=True)
 class AuditList(Model):
 
-    #: Only records with a sequence number above this.
+    #: The oldest records with a sequence number above this (paging
+    #: forward).
     after_seq: Optional[int] = None
+
+    #: The newest records with a sequence number below this (paging back).
+    #: With neither cursor, the newest records of all.
+    before_seq: Optional[int] = None
 
     #: At most this many records (default 100, at most 10,000).
     limit: Optional[int] = None
@@ -211,6 +216,16 @@ class AuditListing(Model):
 
     #: Records whose checksum did not match and were skipped.
     corrupt: int
+
+    #: Older records exist: ask again with `before_seq` set to this (the
+    #: first listed record's sequence number).
+    earlier: Optional[int] = None
+
+    #: Newer records exist: ask again with `after_seq` set to this (the
+    #: last listed record's sequence number).
+    later: Optional[int] = None
+
+    #: Oldest first.
     records: list[AuditRecord]
 
 
@@ -1051,8 +1066,9 @@ class ProcessKill(Model):
     run_id: Optional[str] = None
     session_id: str
 
-    #: Signal number; default SIGKILL. Only SIGKILL kills a whole session
-    #: through its cgroup.
+    #: Signal number; default SIGKILL. Every process of the run (or of
+    #: the session's runs) gets it, whatever it forked; the sandboxes'
+    #: own PID 1s are not signalled.
     signal: Optional[int] = None
 
 

@@ -356,6 +356,12 @@ fn audit(l: &AuditListing) -> String {
         }
         t.render()
     };
+    if let Some(seq) = l.earlier {
+        out.push_str(&format!("(older records: alloxctl audit --before {seq})\n"));
+    }
+    if let Some(seq) = l.later {
+        out.push_str(&format!("(newer records: alloxctl audit --after {seq})\n"));
+    }
     if l.corrupt > 0 {
         out.push_str(&format!(
             "warning: {} corrupt audit records were skipped\n",
@@ -450,6 +456,8 @@ s1       2024-01-01 00:00:00  -     0            /c
                 },
             ],
             corrupt: 1,
+            earlier: Some(1),
+            later: None,
         };
         assert_eq!(
             render(&Response::Audit(l)),
@@ -457,6 +465,7 @@ s1       2024-01-01 00:00:00  -     0            /c
 SEQ  TIME                 PEER          ACTION        TARGET  OUTCOME   MESSAGE
 1    2024-01-01 00:00:00  uid=0 pid=42  agent.create  a       ok
 2    2024-01-01 00:00:01  startup       agent.list    -       conflict  two\\nlines
+(older records: alloxctl audit --before 1)
 warning: 1 corrupt audit records were skipped
 "
         );

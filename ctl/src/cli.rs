@@ -2,9 +2,9 @@
 
 use crate::process::{read_stdin_file, StdinFileError};
 use allox_protocol::{
-    AgentCreate, AgentList, AgentRef, AuditList, CheckpointCreate, CheckpointPin, CheckpointRef,
-    Ping, ProcessKill, ProcessStart, ProcessWait, Request, SessionCreate, SessionRef,
-    SessionRollback,
+    AgentCreate, AgentDelete, AgentList, AgentRef, AuditList, CheckpointCreate, CheckpointPin,
+    CheckpointRef, Ping, ProcessKill, ProcessStart, ProcessWait, Request, SessionCreate,
+    SessionDelete, SessionRef, SessionRollback,
 };
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -790,8 +790,16 @@ pub enum AgentCommand {
     },
     /// List agents.
     List,
-    /// Delete an agent with all its sessions.
-    Delete { agent: String },
+    /// Delete an agent with its shared/ (refused while it has sessions,
+    /// unless --force).
+    Delete {
+        /// The agent.
+        agent: String,
+        /// Delete its sessions too, with their workspaces and checkpoints
+        /// (pinned ones included).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -807,8 +815,17 @@ pub enum SessionCommand {
     },
     /// List an agent's sessions.
     List { agent: String },
-    /// Delete a session with its checkpoints.
-    Delete { agent: String, session: String },
+    /// Delete a session with its checkpoints (refused while it holds
+    /// pinned ones, unless --force).
+    Delete {
+        /// The agent.
+        agent: String,
+        /// The session.
+        session: String,
+        /// Delete its pinned checkpoints too.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -993,7 +1010,10 @@ impl Command {
                     ..AgentCreate::new(agent)
                 }),
                 AgentCommand::List => Request::AgentList(AgentList {}),
-                AgentCommand::Delete { agent } => Request::AgentDelete(agent_ref(agent)),
+                AgentCommand::Delete { agent, force } => Request::AgentDelete(AgentDelete {
+                    force,
+                    ..AgentDelete::new(agent)
+                }),
             }),
             C::Session(s) => call(match s {
                 SessionCommand::Create {
@@ -1006,9 +1026,14 @@ impl Command {
                     ..SessionCreate::new(agent, session)
                 }),
                 SessionCommand::List { agent } => Request::SessionList(agent_ref(agent)),
-                SessionCommand::Delete { agent, session } => {
-                    Request::SessionDelete(session_ref(agent, session))
-                }
+                SessionCommand::Delete {
+                    agent,
+                    session,
+                    force,
+                } => Request::SessionDelete(SessionDelete {
+                    force,
+                    ..SessionDelete::new(agent, session)
+                }),
             }),
             C::Checkpoint(c) => call(checkpoint_request(c)),
             C::Rollback {

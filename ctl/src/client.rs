@@ -639,7 +639,7 @@ impl Caller for Client {
 mod tests {
     use super::*;
     use allox_protocol::{
-        AgentRef, Deleted, EventEnvelope, Ping, Pong, ResponseEnvelope, PROTOCOL_VERSION,
+        AgentDelete, Deleted, EventEnvelope, Ping, Pong, ResponseEnvelope, PROTOCOL_VERSION,
     };
     use std::thread;
 
@@ -798,8 +798,9 @@ mod tests {
         assert!(matches!(answer, Ok(Response::Pong(_))), "{answer:?}");
         assert_eq!(events.len(), 1);
         let answer = c
-            .call(Request::AgentDelete(AgentRef {
+            .call(Request::AgentDelete(AgentDelete {
                 agent_id: "x".into(),
+                force: false,
             }))
             .unwrap();
         assert_eq!(answer.unwrap_err().code, ErrorCode::NotFound);

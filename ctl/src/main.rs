@@ -305,12 +305,11 @@ fn follow(socket: PathBuf, json: bool, q: Request) -> ExitCode {
     match answer {
         Ok(Ok(_)) => ExitCode::SUCCESS,
         Ok(Err(body)) => {
-            eprintln!("error: {}: {}", body.code, body.message);
+            eprintln!("error: {}", allox_ctl::render::refusal(&body));
             ExitCode::FAILURE
         }
         Err(err) => {
-            let body = err.to_body();
-            eprintln!("error: {}: {}", body.code, body.message);
+            eprintln!("error: {}", allox_ctl::render::refusal(&err.to_body()));
             ExitCode::FAILURE
         }
     }
@@ -324,7 +323,7 @@ fn call(socket: PathBuf, json: bool, request: Request) -> ExitCode {
     match &answer {
         Ok(response) if json => print(&format!("{:#}\n", response.to_json())),
         Ok(response) => print(&render(response)),
-        Err(body) => eprintln!("error: {}: {}", body.code, body.message),
+        Err(body) => eprintln!("error: {}", allox_ctl::render::refusal(body)),
     }
     // `check` fails when the store is not consistent.
     let consistent = match &answer {

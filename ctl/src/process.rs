@@ -96,7 +96,10 @@ pub fn follow(
     let result = match answer {
         Ok(Response::Exited(r)) => r,
         Ok(_) => return unexpected(stderr, action),
-        Err(body) => return report(stderr, &body),
+        Err(body) => {
+            report(stderr, &body);
+            return refused_status(&body);
+        }
     };
     if json {
         print(stdout, &json_text(&Response::Exited(result.clone())));
@@ -177,6 +180,26 @@ pub fn wait(
     }
 }
 
+/// How `exec` exits when its run was refused: 127 for a program that is
+/// not there (or cannot be run), as a shell exits for a command it cannot
+/// find; [`FAILED`] for any other refusal.
+pub fn refused_status(body: &ErrorBody) -> u8 {
+    // The daemon's words for it (the runs' argument check).
+    let missing = body.message.starts_with("program ")
+        && (body.message.contains(" not found in the sandbox's PATH")
+            || body
+                .message
+                .contains(" does not exist in the sandbox or is not executable"));
+    if body.code == ErrorCode::InvalidRequest && missing {
+        NOT_FOUND
+    } else {
+        FAILED
+    }
+}
+
+/// A shell's status for a command it cannot find.
+pub const NOT_FOUND: u8 = 127;
+
 /// One call; a transport failure becomes the protocol error it counts as.
 fn call(caller: &mut impl Caller, request: Request, on_event: &mut dyn FnMut(Event)) -> Answer {
     caller
@@ -188,7 +211,7 @@ fn call(caller: &mut impl Caller, request: Request, on_event: &mut dyn FnMut(Eve
 pub fn report(stderr: &mut dyn Write, body: &ErrorBody) -> u8 {
     print(
         stderr,
-        &format!("error: {}: {}\n", body.code, clean(&body.message)),
+        &format!("error: {}\n", clean(&crate::render::refusal(body))),
     );
     FAILED
 }
@@ -342,6 +365,29 @@ mod tests {
         assert_eq!(exit_code(&result(None, Some(9), true)), TIMED_OUT);
         assert_eq!(exit_code(&result(None, None, true)), TIMED_OUT);
         assert_eq!(exit_code(&result(None, None, false)), FAILED);
+        let refused = |code, m: &str| refused_status(&ErrorBody::new(code, m));
+        assert_eq!(
+            refused(
+                ErrorCode::InvalidRequest,
+                "program \"nope\" not found in the sandbox's PATH (/bin)"
+            ),
+            NOT_FOUND
+        );
+        assert_eq!(
+            refused(
+                ErrorCode::InvalidRequest,
+                "program \"/x\" does not exist in the sandbox or is not executable"
+            ),
+            NOT_FOUND
+        );
+        assert_eq!(refused(ErrorCode::InvalidRequest, "argv is empty"), FAILED);
+        assert_eq!(
+            refused(
+                ErrorCode::Conflict,
+                "program \"x\" not found in the sandbox's PATH"
+            ),
+            FAILED
+        );
     }
 
     /// A writer that logs each write and flush, in order, to a shared log.

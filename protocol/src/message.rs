@@ -210,6 +210,48 @@ pub struct AgentRef {
     pub agent_id: String,
 }
 
+/// `agent.delete`: the agent, its sessions, checkpoints and `shared/`.
+/// Refused (`conflict`, naming what would be lost) while it has sessions,
+/// unless `force`.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AgentDelete {
+    pub agent_id: String,
+    #[serde(default)]
+    pub force: bool,
+}
+
+impl AgentDelete {
+    pub fn new(agent_id: impl Into<String>) -> Self {
+        AgentDelete {
+            agent_id: agent_id.into(),
+            force: false,
+        }
+    }
+}
+
+/// `session.delete`: the session, its workspace and checkpoints. Refused
+/// (`conflict`, naming them) while it holds pinned checkpoints, unless
+/// `force`.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SessionDelete {
+    pub agent_id: String,
+    pub session_id: String,
+    #[serde(default)]
+    pub force: bool,
+}
+
+impl SessionDelete {
+    pub fn new(agent_id: impl Into<String>, session_id: impl Into<String>) -> Self {
+        SessionDelete {
+            agent_id: agent_id.into(),
+            session_id: session_id.into(),
+            force: false,
+        }
+    }
+}
+
 /// `agent.create`, with the agent's automatic-checkpoint policy (the
 /// default of its sessions).
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
@@ -618,10 +660,10 @@ requests! {
     Ping(Ping) = "system.ping", mutating = false, answers = [Pong];
     AgentCreate(AgentCreate) = "agent.create", mutating = true, answers = [Agent];
     AgentList(AgentList) = "agent.list", mutating = false, answers = [Agents];
-    AgentDelete(AgentRef) = "agent.delete", mutating = true, answers = [Deleted];
+    AgentDelete(AgentDelete) = "agent.delete", mutating = true, answers = [Deleted];
     SessionCreate(SessionCreate) = "session.create", mutating = true, answers = [Session];
     SessionList(AgentRef) = "session.list", mutating = false, answers = [Sessions];
-    SessionDelete(SessionRef) = "session.delete", mutating = true, answers = [Deleted];
+    SessionDelete(SessionDelete) = "session.delete", mutating = true, answers = [Deleted];
     CheckpointCreate(CheckpointCreate) = "checkpoint.create", mutating = true, answers = [Checkpoint];
     CheckpointList(SessionRef) = "checkpoint.list", mutating = false, answers = [Checkpoints];
     CheckpointDelete(CheckpointRef) = "checkpoint.delete", mutating = true, answers = [Deleted];
@@ -752,9 +794,11 @@ impl Request {
                 Some(s) => format!("{}/{s}", r.agent_id),
                 None => r.agent_id.clone(),
             },
-            Request::AgentDelete(r) | Request::SessionList(r) => r.agent_id.clone(),
+            Request::SessionList(r) => r.agent_id.clone(),
+            Request::AgentDelete(r) => r.agent_id.clone(),
             Request::AgentCreate(r) => r.agent_id.clone(),
-            Request::SessionDelete(r) | Request::CheckpointList(r) => {
+            Request::SessionDelete(r) => format!("{}/{}", r.agent_id, r.session_id),
+            Request::CheckpointList(r) => {
                 format!("{}/{}", r.agent_id, r.session_id)
             }
             Request::SessionCreate(r) => format!("{}/{}", r.agent_id, r.session_id),

@@ -62,8 +62,45 @@ impl Store {
     /// Deletes an agent with all its sessions and checkpoints (pinned ones
     /// too: pinning guards a checkpoint against `checkpoint.delete` and
     /// retention, not against deleting its owner).
+    /// Refuses (`conflict`) to delete an agent that has sessions, naming
+    /// them, unless `force`.
+    pub fn agent_delete_allowed(&self, a: &str, force: bool) -> Result<()> {
+        self.need_agent(a)?;
+        if force {
+            return Ok(());
+        }
+        let sessions: Vec<String> = self
+            .index
+            .sessions(a)?
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        if sessions.is_empty() {
+            return Ok(());
+        }
+        let shown = sessions;
+        Err(StoreError::Conflict(format!(
+            "agent {a} has {} session{} ({}): deleting it would lose their workspaces and checkpoints; delete them first, or pass \"force\": true",
+            shown.len(),
+            if shown.len() == 1 { "" } else { "s" },
+            crate::session::shown_list(&shown),
+        )))
+    }
+
+    /// Deletes an agent unless [`Store::agent_delete_allowed`] refuses.
+    pub fn agent_delete_guarded(&self, a: &str, force: bool) -> Result<Deleted> {
+        let _g = self.guard();
+        self.agent_delete_allowed(a, force)?;
+        self.agent_delete_locked(a)
+    }
+
+    /// Deletes an agent, whatever it holds.
     pub fn agent_delete(&self, a: &str) -> Result<Deleted> {
         let _g = self.guard();
+        self.agent_delete_locked(a)
+    }
+
+    fn agent_delete_locked(&self, a: &str) -> Result<Deleted> {
         self.need_agent(a)?;
         // Removals still running inside this tree would race the rename.
         let dir = self.layout.agent_dir(a);

@@ -82,8 +82,45 @@ impl Store {
     }
 
     /// Deletes a session with its `current/` and all its checkpoints.
+    /// Refuses (`conflict`) to delete a session that holds pinned
+    /// checkpoints, naming them, unless `force`.
+    pub fn session_delete_allowed(&self, a: &str, s: &str, force: bool) -> Result<()> {
+        self.need_session(a, s)?;
+        if force {
+            return Ok(());
+        }
+        let pinned: Vec<String> = self
+            .index
+            .checkpoints(a, s)?
+            .into_iter()
+            .filter(|(_, c)| c.pinned)
+            .map(|(id, _)| id)
+            .collect();
+        if pinned.is_empty() {
+            return Ok(());
+        }
+        Err(StoreError::Conflict(format!(
+            "session {a}/{s} holds {} pinned checkpoint{} ({}): deleting it would lose them; unpin them, or pass \"force\": true",
+            pinned.len(),
+            if pinned.len() == 1 { "" } else { "s" },
+            shown_list(&pinned),
+        )))
+    }
+
+    /// Deletes a session unless [`Store::session_delete_allowed`] refuses.
+    pub fn session_delete_guarded(&self, a: &str, s: &str, force: bool) -> Result<Deleted> {
+        let _g = self.guard();
+        self.session_delete_allowed(a, s, force)?;
+        self.session_delete_locked(a, s)
+    }
+
+    /// Deletes a session, whatever it holds.
     pub fn session_delete(&self, a: &str, s: &str) -> Result<Deleted> {
         let _g = self.guard();
+        self.session_delete_locked(a, s)
+    }
+
+    fn session_delete_locked(&self, a: &str, s: &str) -> Result<Deleted> {
         self.need_session(a, s)?;
         // Removals still running inside this tree would race the rename.
         let dir = self.layout.session_dir(a, s);
@@ -104,4 +141,18 @@ impl Store {
             deleted: format!("{a}/{s}"),
         })
     }
+}
+
+/// At most ten names, then how many more.
+pub(crate) fn shown_list(names: &[String]) -> String {
+    let mut out = names
+        .iter()
+        .take(10)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > 10 {
+        out.push_str(&format!(" and {} more", names.len() - 10));
+    }
+    out
 }

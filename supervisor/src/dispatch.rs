@@ -148,18 +148,21 @@ impl Supervisor {
                 agents: st.agent_list()?,
             }),
             Request::AgentDelete(r) => {
+                // Refused before any process is touched.
+                st.agent_delete_allowed(&r.agent_id, r.force)?;
                 // The agent's processes die first, every session of it.
                 let Some(runs) = &self.runs else {
-                    return Ok(Response::Deleted(st.agent_delete(&r.agent_id)?));
+                    return Ok(Response::Deleted(
+                        st.agent_delete_guarded(&r.agent_id, r.force)?,
+                    ));
                 };
-                st.session_list(&r.agent_id)?;
                 let dir = runs.cgroups().agent_dir(&r.agent_id);
                 // No new run in any of its sessions until it is gone.
                 let out = runs.fenced(FenceScope::agent(&r.agent_id), || {
                     // Contexts first (killed and reaped), then the rest.
                     runs.end_contexts_of(&r.agent_id);
                     runs.kill_tree(&dir, true)?;
-                    Ok::<_, RequestError>(st.agent_delete(&r.agent_id)?)
+                    Ok::<_, RequestError>(st.agent_delete_guarded(&r.agent_id, r.force)?)
                 });
                 Response::Deleted(out?)
             }
@@ -219,15 +222,16 @@ impl Supervisor {
             }),
             Request::SessionDelete(r) => {
                 let (a, s) = (&r.agent_id, &r.session_id);
-                st.session_info_of(a, s)?;
+                // Refused before any process is touched.
+                st.session_delete_allowed(a, s, r.force)?;
                 let Some(runs) = &self.runs else {
-                    return Ok(Response::Deleted(st.session_delete(a, s)?));
+                    return Ok(Response::Deleted(st.session_delete_guarded(a, s, r.force)?));
                 };
                 let dir = runs.cgroups().session_dir(a, s);
                 let out = runs.fenced(FenceScope::session(a, s), || {
                     runs.kill_tree(&dir, true)?;
                     runs.end_context(a, s)?;
-                    Ok::<_, RequestError>(st.session_delete(a, s)?)
+                    Ok::<_, RequestError>(st.session_delete_guarded(a, s, r.force)?)
                 });
                 Response::Deleted(out?)
             }

@@ -462,9 +462,10 @@ fn sessions_made_and_deleted_a_thousand_times_leave_nothing() {
         if i == 0 {
             assert_eq!(netns_in_use(&d), nets + 1, "the context's namespace");
         }
-        c.call(Request::SessionDelete(SessionRef {
+        c.call(Request::SessionDelete(SessionDelete {
             agent_id: "a".into(),
             session_id: "cycle".into(),
+            force: true,
         }))
         .unwrap()
         .unwrap();

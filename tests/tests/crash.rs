@@ -58,9 +58,15 @@ fn prepare(root: &Path, sock: &Path) {
 fn operation(fp: &str) -> Request {
     match fp.split('.').next().unwrap() {
         "agent_create" => Request::AgentCreate(AgentCreate::new("new")),
-        "agent_delete" => Request::AgentDelete(agent("b")),
+        "agent_delete" => Request::AgentDelete(AgentDelete {
+            force: true,
+            ..AgentDelete::new("b")
+        }),
         "session_create" => Request::SessionCreate(SessionCreate::new("a", "s2")),
-        "session_delete" => Request::SessionDelete(session("a", "s")),
+        "session_delete" => Request::SessionDelete(SessionDelete {
+            force: true,
+            ..SessionDelete::new("a", "s")
+        }),
         "checkpoint_create" => Request::CheckpointCreate(CheckpointCreate {
             agent_id: "a".into(),
             session_id: "s".into(),

@@ -572,3 +572,88 @@ fn the_audit_shows_the_newest_and_says_when_it_is_cut() {
     );
     assert!(!out.contains("(older records"), "{out}");
 }
+
+/// Deleting what holds something a user asked to keep is refused with
+/// `conflict`, naming it, and goes through only with --force: a session
+/// with a pinned checkpoint, an agent with sessions.
+#[test]
+fn deleting_what_holds_pinned_checkpoints_or_sessions_needs_force() {
+    let Some((_fs, d)) = setup(
+        "daemon::deleting_what_holds_pinned_checkpoints_or_sessions_needs_force",
+        &[],
+    ) else {
+        return;
+    };
+    for args in [
+        &["agent", "create", "a"][..],
+        &["session", "create", "a", "s"],
+        &["session", "create", "a", "t"],
+        &["checkpoint", "create", "a", "s", "keep", "--pin"],
+        &["agent", "create", "empty"],
+    ] {
+        let (ok, _, e) = alloxctl(&d, args);
+        assert!(ok, "{args:?}: {e}");
+    }
+    let (ok, _, e) = alloxctl(&d, &["session", "delete", "a", "s"]);
+    assert!(!ok);
+    assert!(
+        e.contains("conflict")
+            && e.contains("keep")
+            && e.contains("pinned")
+            && e.contains("pass --force"),
+        "{e}"
+    );
+    let (ok, _, e) = alloxctl(&d, &["agent", "delete", "a"]);
+    assert!(!ok);
+    assert!(
+        e.contains("conflict") && e.contains("s, t") && e.contains("pass --force"),
+        "{e}"
+    );
+    // Nothing was touched by the refusals.
+    let (_, list, _) = alloxctl(&d, &["checkpoint", "list", "a", "s"]);
+    assert!(list.contains("keep"), "{list}");
+    assert!(d
+        .root
+        .join("agents/a/workspace/sessions/s/checkpoints/keep")
+        .exists());
+    // A session without pinned checkpoints, an agent without sessions: as before.
+    let (ok, _, e) = alloxctl(&d, &["session", "delete", "a", "t"]);
+    assert!(ok, "{e}");
+    let (ok, _, e) = alloxctl(&d, &["agent", "delete", "empty"]);
+    assert!(ok, "{e}");
+    // With --force.
+    let (ok, _, e) = alloxctl(&d, &["session", "delete", "a", "s", "--force"]);
+    assert!(ok, "{e}");
+    let (ok, _, _) = alloxctl(&d, &["session", "create", "a", "s2"]);
+    assert!(ok);
+    let (ok, _, e) = alloxctl(&d, &["agent", "delete", "a", "--force"]);
+    assert!(ok, "{e}");
+    let (_, agents, _) = alloxctl(&d, &["agent", "list"]);
+    assert!(!agents.contains(" a "), "{agents}");
+    // The JSON form takes `force` too.
+    let (ok, _, _) = alloxctl(
+        &d,
+        &[
+            "rpc",
+            r#"{"action":"agent.create","params":{"agent_id":"b"}}"#,
+        ],
+    );
+    assert!(ok);
+    alloxctl(&d, &["session", "create", "b", "s"]);
+    let (ok, out, _) = alloxctl(
+        &d,
+        &[
+            "rpc",
+            r#"{"action":"agent.delete","params":{"agent_id":"b"}}"#,
+        ],
+    );
+    assert!(!ok && out.contains("\"conflict\""), "{out}");
+    let (ok, out, _) = alloxctl(
+        &d,
+        &[
+            "rpc",
+            r#"{"action":"agent.delete","params":{"agent_id":"b","force":true}}"#,
+        ],
+    );
+    assert!(ok, "{out}");
+}

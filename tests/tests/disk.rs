@@ -324,9 +324,10 @@ fn a_full_filesystem_leaves_checkpoints_rollbacks_and_the_audit_working() {
     // finds the index, the journal and the audit log whole.
     ok(
         &d,
-        Request::SessionDelete(SessionRef {
+        Request::SessionDelete(SessionDelete {
             agent_id: "a".into(),
             session_id: "s1".into(),
+            force: true,
         }),
     );
     let t0 = std::time::Instant::now();

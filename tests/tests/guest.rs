@@ -223,9 +223,10 @@ fn a_run_cannot_act_on_another_session_through_the_guest_socket() {
         status: TurnStatus::Ok,
         label: None,
     }));
-    let host_delete = host(Request::SessionDelete(SessionRef {
+    let host_delete = host(Request::SessionDelete(SessionDelete {
         agent_id: "b".into(),
         session_id: "s".into(),
+        force: true,
     }));
     // A guest turn.end whose payload carries another identity after it.
     let mut forged = postcard::to_stdvec(&GuestClientFrame::Request(GuestRequestEnvelope {

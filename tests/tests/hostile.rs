@@ -215,9 +215,10 @@ fn rollback_and_delete(d: &ProcDaemon, to: &str, drop_ck: &str) {
     .unwrap();
     call(
         d,
-        Request::SessionDelete(SessionRef {
+        Request::SessionDelete(SessionDelete {
             agent_id: "a".into(),
             session_id: "s".into(),
+            force: true,
         }),
     )
     .unwrap();
@@ -225,8 +226,9 @@ fn rollback_and_delete(d: &ProcDaemon, to: &str, drop_ck: &str) {
     // through whatever the agent left in shared/.
     call(
         d,
-        Request::AgentDelete(AgentRef {
+        Request::AgentDelete(AgentDelete {
             agent_id: "a".into(),
+            force: true,
         }),
     )
     .unwrap();

@@ -258,11 +258,15 @@ fn run(a: &str, s: &str, script: &str) -> Request {
 fn request(op: &Op) -> Request {
     match op {
         Op::AgentCreate(a) => Request::AgentCreate(AgentCreate::new(a.clone())),
-        Op::AgentDelete(a) => Request::AgentDelete(AgentRef {
+        Op::AgentDelete(a) => Request::AgentDelete(AgentDelete {
             agent_id: a.clone(),
+            force: true,
         }),
         Op::SessionCreate(a, s) => Request::SessionCreate(SessionCreate::new(a, s)),
-        Op::SessionDelete(a, s) => Request::SessionDelete(sref(a, s)),
+        Op::SessionDelete(a, s) => Request::SessionDelete(SessionDelete {
+            force: true,
+            ..SessionDelete::new(a.clone(), s.clone())
+        }),
         Op::Write(a, s, v) => run(a, s, &format!("echo {v} > marker && sync")),
         Op::CheckpointCreate(a, s, c) => Request::CheckpointCreate(CheckpointCreate {
             agent_id: a.clone(),

@@ -780,9 +780,10 @@ fn rollback_and_delete_with_live_processes() {
     // Delete kills first.
     call(
         &d,
-        Request::SessionDelete(SessionRef {
+        Request::SessionDelete(SessionDelete {
             agent_id: "a".into(),
             session_id: "t".into(),
+            force: true,
         }),
     )
     .unwrap();
@@ -791,8 +792,9 @@ fn rollback_and_delete_with_live_processes() {
     bg(&d, "b", "s", "sleep 1000");
     call(
         &d,
-        Request::AgentDelete(AgentRef {
+        Request::AgentDelete(AgentDelete {
             agent_id: "b".into(),
+            force: true,
         }),
     )
     .unwrap();
@@ -1838,4 +1840,36 @@ fn a_signal_reaches_every_process_of_the_run() {
         .any(|p| p.run_id.as_deref() == Some(keep.as_str())));
     // A frozen moment does not stop the session: it still runs.
     assert_eq!(sh(&d, "a", "s", "echo after").stdout, "after\n");
+}
+
+/// What `alloxctl` prints and returns speaks the command line's words:
+/// a refusal names the flag (not the JSON field), and `exec` of a
+/// program that is not there exits 127, as a shell does.
+#[test]
+fn the_cli_speaks_in_its_own_words() {
+    let Some(d) = setup("the_cli_speaks_in_its_own_words") else {
+        return;
+    };
+    let sock = &d.daemon.socket;
+    let ctl = |args: &[&str]| allox_integration::alloxctl(sock, args);
+    assert_eq!(ctl(&["checkpoint", "create", "a", "s", "c"]).0, 0);
+    bg(&d, "a", "s", "exec sleep 600");
+    wait_until("the sleep", || !list(&d, "a", "s").is_empty());
+    let (code, _, e) = ctl(&["rollback", "a", "s", "c"]);
+    assert_eq!(code, 1);
+    assert!(
+        e.contains("pass --kill-processes") && !e.contains("kill_processes"),
+        "{e}"
+    );
+    // The JSON form keeps the field's name.
+    let (_, out, _) = ctl(&[
+        "rpc",
+        r#"{"action":"session.rollback","params":{"agent_id":"a","session_id":"s","checkpoint_id":"c"}}"#,
+    ]);
+    assert!(String::from_utf8_lossy(&out).contains("kill_processes"));
+    let (code, _, e) = ctl(&["rollback", "a", "s", "c", "--kill-processes"]);
+    assert_eq!(code, 0, "{e}");
+    let (code, _, e) = ctl(&["exec", "a", "s", "--", "no-such-program-here"]);
+    assert_eq!(code, 127, "{e}");
+    assert!(e.contains("no-such-program-here"), "{e}");
 }

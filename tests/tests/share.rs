@@ -673,9 +673,10 @@ fn the_host_switches_sharing_and_its_actions_are_refused_inside() {
     ]);
     call(
         &d,
-        Request::SessionDelete(SessionRef {
+        Request::SessionDelete(SessionDelete {
             agent_id: B.0.into(),
             session_id: B.1.into(),
+            force: true,
         }),
     )
     .unwrap();

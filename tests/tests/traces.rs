@@ -258,9 +258,10 @@ fn spans_sent_from_inside_a_sandbox_belong_to_its_session_whatever_they_claim() 
     // A session deleted and made again does not inherit the old records.
     call(
         &d,
-        Request::SessionDelete(SessionRef {
+        Request::SessionDelete(SessionDelete {
             agent_id: "b".into(),
             session_id: "u".into(),
+            force: true,
         }),
     )
     .unwrap();

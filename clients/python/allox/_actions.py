@@ -84,10 +84,11 @@ class Actions:
     def agent_list(self) -> models.AgentListing:
         return self._invoke("agent.list", {}, _model("AgentListing"))
 
-    def agent_delete(self, agent_id: str) -> models.Deleted:
-        """``agent.delete``: the agent, its sessions and checkpoints (its
-        processes are killed first)."""
-        return self._invoke("agent.delete", {"agent_id": agent_id}, _model("Deleted"))
+    def agent_delete(self, agent_id: str, *, force: bool = False) -> models.Deleted:
+        """``agent.delete``: the agent and its ``shared/`` (its processes are
+        killed first); refused (:class:`allox.errors.Conflict`) while it has
+        sessions, unless ``force``, which deletes them too."""
+        return self._invoke("agent.delete", {"agent_id": agent_id, "force": force}, _model("Deleted"))
 
     def session_create(
         self,
@@ -116,8 +117,15 @@ class Actions:
     def session_list(self, agent_id: str) -> models.SessionListing:
         return self._invoke("session.list", {"agent_id": agent_id}, _model("SessionListing"))
 
-    def session_delete(self, agent_id: str, session_id: str) -> models.Deleted:
-        return self._invoke("session.delete", {"agent_id": agent_id, "session_id": session_id}, _model("Deleted"))
+    def session_delete(self, agent_id: str, session_id: str, *, force: bool = False) -> models.Deleted:
+        """``session.delete``: the session and its checkpoints; refused
+        (:class:`allox.errors.Conflict`) while it holds pinned checkpoints,
+        unless ``force``."""
+        return self._invoke(
+            "session.delete",
+            {"agent_id": agent_id, "session_id": session_id, "force": force},
+            _model("Deleted"),
+        )
 
     # -- checkpoints ---------------------------------------------------------------
 

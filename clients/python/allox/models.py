@@ -13,6 +13,7 @@ from ._model import Model
 
 __all__ = [
     'AgentCreate',
+    'AgentDelete',
     'AgentInfo',
     'AgentList',
     'AgentListing',
@@ -115,6 +116,7 @@ __all__ = [
     'RunStarted',
     'RunUsage',
     'SessionCreate',
+    'SessionDelete',
     'SessionInfo',
     'SessionLimits',
     'SessionListing',
@@ -167,6 +169,17 @@ class AgentCreate(Model):
 
     #: The network mode of its sessions that do not name one.
     network: Optional[NetworkMode] = None
+
+
+@dataclass(kw_only=True)
+class AgentDelete(Model):
+    """`agent.delete`: the agent, its sessions, checkpoints and `shared/`.
+    Refused (`conflict`, naming what would be lost) while it has sessions,
+    unless `force`.
+    """
+
+    agent_id: str
+    force: bool = False
 
 
 @dataclass(kw_only=True)
@@ -1319,6 +1332,18 @@ class SessionCreate(Model):
 
 
 @dataclass(kw_only=True)
+class SessionDelete(Model):
+    """`session.delete`: the session, its workspace and checkpoints. Refused
+    (`conflict`, naming them) while it holds pinned checkpoints, unless
+    `force`.
+    """
+
+    agent_id: str
+    force: bool = False
+    session_id: str
+
+
+@dataclass(kw_only=True)
 class SessionInfo(Model):
     agent_id: str
     checkpoints: int
@@ -1784,7 +1809,7 @@ TurnStatus = Literal['ok', 'failed', 'cancelled']
 #: action -> (params type, result type), from the document's /v1/rpc/{action} paths.
 ACTIONS: dict[str, tuple[Any, Any]] = {
     'agent.create': (AgentCreate, AgentInfo),
-    'agent.delete': (AgentRef, Deleted),
+    'agent.delete': (AgentDelete, Deleted),
     'agent.list': (AgentList, AgentListing),
     'audit.list': (AuditList, AuditListing),
     'checkpoint.create': (CheckpointCreate, CheckpointInfo),
@@ -1819,7 +1844,7 @@ ACTIONS: dict[str, tuple[Any, Any]] = {
     'process.tree': (ProcessTreeRequest, ProcessTreeListing),
     'process.wait': (ProcessWait, RunResult),
     'session.create': (SessionCreate, SessionInfo),
-    'session.delete': (SessionRef, Deleted),
+    'session.delete': (SessionDelete, Deleted),
     'session.list': (AgentRef, SessionListing),
     'session.rollback': (SessionRollback, RollbackDone),
     'session.stats': (SessionStatsRequest, SessionStats),

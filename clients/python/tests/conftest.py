@@ -718,6 +718,6 @@ def agent(client) -> str:
     client.agent_create(name)
     yield name
     try:
-        client.agent_delete(name)
+        client.agent_delete(name, force=True)
     except allox.AlloxError:
         pass

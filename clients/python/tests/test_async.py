@@ -50,7 +50,7 @@ def test_the_async_client_does_the_basic_flow(gateway):
                     await s.write_file("x.txt", "x")
                 assert t.checkpoint_id == "turn-1"
             assert [x.session_id for x in (await c.session_list(a)).sessions] == ["s1"]
-            await c.agent_delete(a)
+            await c.agent_delete(a, force=True)
         async with allox.AsyncClient(gateway.base_url, token="0" * 64) as bad:
             with pytest.raises(allox.Unauthorized):
                 await bad.agent_list()

@@ -31,7 +31,7 @@ def test_the_seeds_four_calls(client: allox.Client):
     assert cp["checkpoint_id"] == "clean" and cp["origin"] == "manual"
     rb = client.call("session.rollback", agent_id=a, session_id="session-1", checkpoint_id="clean")
     assert rb["checkpoint_id"] == "clean" and rb["previous_head"] == "clean"
-    client.agent_delete(a)
+    client.agent_delete(a, force=True)
 
 
 def test_ping_and_info(client: allox.Client):

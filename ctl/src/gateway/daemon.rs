@@ -262,7 +262,7 @@ impl Daemon {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use allox_protocol::{AgentRef, ErrorCode, Outcome, Ping, Pong, Response, ResponseEnvelope};
+    use allox_protocol::{AgentDelete, ErrorCode, Outcome, Ping, Pong, Response, ResponseEnvelope};
     use std::io::{Read, Write};
     use std::os::unix::net::UnixListener;
     use std::sync::atomic::AtomicUsize;
@@ -362,8 +362,9 @@ mod tests {
         let d = Daemon::new(sock, Duration::from_millis(200));
         rt().block_on(async {
             for round in 1..=2 {
-                let never = Request::AgentDelete(AgentRef {
+                let never = Request::AgentDelete(AgentDelete {
                     agent_id: "a".into(),
+                    force: false,
                 });
                 let err = d.call(never).await.unwrap_err();
                 assert!(matches!(err, ClientError::TimedOut(_)), "{err}");

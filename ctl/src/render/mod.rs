@@ -11,6 +11,7 @@ pub use files::fs_event;
 pub mod network;
 mod plugins;
 mod process;
+mod refusal;
 mod share;
 mod stats;
 pub use stats::bytes;
@@ -54,6 +55,8 @@ fn store_check(r: &allox_protocol::StoreCheckReport) -> String {
 }
 
 /// The response as people read it.
+pub use refusal::refusal;
+
 pub fn render(response: &Response) -> String {
     match response {
         Response::Stopping(s) => {

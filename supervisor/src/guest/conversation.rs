@@ -112,7 +112,7 @@ fn error_frame(id: u64, e: ErrorBody) -> Vec<u8> {
 mod tests {
     use super::*;
     use allox_protocol::guest::{GuestRequestEnvelope, Whoami};
-    use allox_protocol::{ClientFrame, Hello, Request, ServerFrame, SessionRef};
+    use allox_protocol::{ClientFrame, Hello, Request, ServerFrame, SessionDelete};
 
     fn payload<T: serde::Serialize>(m: &T) -> Vec<u8> {
         postcard::to_stdvec(m).unwrap()
@@ -174,9 +174,10 @@ mod tests {
         let host = payload(&ClientFrame::Request(allox_protocol::RequestEnvelope {
             conversation: 3,
             request_id: 4,
-            request: Request::SessionDelete(SessionRef {
+            request: Request::SessionDelete(SessionDelete {
                 agent_id: "a".into(),
                 session_id: "other".into(),
+                force: false,
             }),
         }));
         let Step::Reply(b) = c.on_frame(Ok(host)) else {

@@ -814,28 +814,20 @@ fn ssh_and_git_over_ssh_go_through_allox_net_connect() {
     )]))
     .unwrap();
     let local = format!("127.0.0.1:{port}");
-    // The OpenSSH client wants a passwd entry for its user: the sandbox
-    // runs as `nobody`, which the host's /etc/passwd has (the guest image
-    // has the sandbox's default user).
+    // The sandbox's default user, which the host's /etc/passwd does not
+    // have: the OpenSSH client finds it in the sandbox's own.
     let d = daemon(
         "network_ssh",
         &dns,
         &["--network-allow", "ssh.test", "--network-allow", &local],
-        &[
-            "--session-network",
-            "proxy",
-            "--sandbox-uid",
-            "65534",
-            "--sandbox-gid",
-            "65534",
-        ],
+        &["--session-network", "proxy"],
     );
     ctl_ok(&d, &["agent", "create", "a"]);
     ctl_ok(&d, &["session", "create", "a", "s"]);
     // The agent's key, in its workspace, its own and private.
     let key = current(&d, "a", "s").join("id_agent");
     std::fs::copy(dir.join("client_key"), &key).unwrap();
-    run(Command::new("chown").arg("65534:65534").arg(&key));
+    run(Command::new("chown").arg("10000:10000").arg(&key));
     run(Command::new("chmod").arg("600").arg(&key));
 
     let ssh = "ssh -F /dev/null -i /allox/session/id_agent -o BatchMode=yes \

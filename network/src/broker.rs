@@ -8,7 +8,7 @@
 //! not, for the audit.
 
 use crate::http::{self, Ask};
-use crate::policy::{Host, Policy, Verdict};
+use crate::policy::{special, Host, Policy, Verdict};
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -224,7 +224,8 @@ impl Broker {
         let target = format!("{host}:{port}");
         let v = policy.check_target(host, port);
         if !v.allowed() {
-            return Err(Refusal::forbidden(format!("{target}: {v}")));
+            let note = loopback_note(host, &v);
+            return Err(Refusal::forbidden(format!("{target}: {v}{note}")));
         }
         let addrs = match host {
             Host::Addr(a) => vec![*a],
@@ -269,9 +270,31 @@ impl Broker {
         }
         Err(match (failed, refused) {
             (Some(f), _) => Refusal::bad_gateway(format!("{target}: {f}")),
-            (None, Some(v)) => Refusal::forbidden(format!("{target}: {v}")),
+            (None, Some(v)) => {
+                let note = loopback_note(host, &v);
+                Refusal::forbidden(format!("{target}: {v}{note}"))
+            }
             (None, None) => Refusal::bad_gateway(format!("{target}: no address")),
         })
+    }
+}
+
+/// What a refusal of the loopback adds: which loopback the proxy reaches.
+/// A session has one of its own, which its runs reach without the proxy
+/// (`NO_PROXY` lists it unless an allow rule names it); through the
+/// proxy, `127.0.0.1` is the loopback outside every session.
+fn loopback_note(host: &Host, v: &Verdict) -> &'static str {
+    let loopback = |a: &IpAddr| special(*a) == Some("loopback");
+    let asked = match (host, v) {
+        (_, Verdict::Special { addr, .. }) => loopback(addr),
+        (Host::Addr(a), _) => loopback(a),
+        (Host::Name(n), _) => n == "localhost",
+    };
+    if asked {
+        "; through the proxy the loopback is that of the machine the supervisor runs on, \
+         not the session's own (which its runs reach directly)"
+    } else {
+        ""
     }
 }
 

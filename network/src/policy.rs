@@ -208,6 +208,16 @@ impl Rule {
             }
     }
 
+    /// Whether it names `host` itself: that name, or an address or network
+    /// holding that address (not `*`, not `*.domain`).
+    fn names(&self, host: &Host) -> bool {
+        match (&self.target, host) {
+            (Target::Name(n), Host::Name(h)) => n == h,
+            (Target::Net { .. }, Host::Addr(a)) => self.covers(*a),
+            _ => false,
+        }
+    }
+
     /// Whether it names `addr` itself (an address or a network).
     fn covers(&self, addr: IpAddr) -> bool {
         let Target::Net { addr: net, prefix } = self.target else {
@@ -435,6 +445,36 @@ impl Policy {
             return self.check_address(*a, port);
         }
         Verdict::Allow
+    }
+
+    /// Whether a connection to `host` passes on some port by rules that
+    /// name it: at every level with an allow list, a rule naming that name
+    /// itself, or that address or a network holding it (`*` and
+    /// `*.domain` do not name anything). A loopback address named so is
+    /// the one outside the session, which the broker reaches: the proxy's
+    /// environment leaves it out of `NO_PROXY`.
+    pub fn names(&self, host: &Host) -> bool {
+        // Rules tell ports apart only by the ports they name: each of
+        // those and one they do not name stand for every port.
+        let mut ports: Vec<u16> = self
+            .layers
+            .iter()
+            .flat_map(|l| l.allow.iter().flatten().chain(&l.deny))
+            .filter_map(|r| r.port)
+            .collect();
+        ports.sort_unstable();
+        ports.dedup();
+        if let Some(other) = (1..=u16::MAX).find(|p| ports.binary_search(p).is_err()) {
+            ports.push(other);
+        }
+        ports.into_iter().any(|port| {
+            self.check_target(host, port).allowed()
+                && self
+                    .layers
+                    .iter()
+                    .filter_map(|l| l.allow.as_ref())
+                    .all(|list| list.iter().any(|r| r.port_matches(port) && r.names(host)))
+        })
     }
 
     /// Each address a target resolved to (after [`Policy::check_target`]

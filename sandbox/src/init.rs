@@ -7,9 +7,11 @@
 //! namespace, [`build_context_root`]:
 //!
 //! 1. assembles the root on a tmpfs: system directories bound read-only,
-//!    nosuid, nodev; a minimal /dev (null, zero, full, random, urandom,
-//!    tty, and the mount points of pts and shm), then read-only; empty
-//!    mount points for /proc, /tmp, `/allox/session` and `/allox/shared`;
+//!    nosuid, nodev, with the sandbox's own passwd, group and
+//!    nsswitch.conf bound over the host's in /etc ([`users`]); a minimal
+//!    /dev (null, zero, full, random, urandom, tty, and the mount points
+//!    of pts and shm), then read-only; empty mount points for /proc, /tmp,
+//!    `/allox/session` and `/allox/shared`;
 //! 2. `pivot_root` and detaches the old root, so nothing else of the host —
 //!    other workspaces, `state/`, the control socket — is reachable; the
 //!    root becomes read-only; the hostname is set, `lo` brought up.
@@ -35,7 +37,7 @@ use super::seccomp;
 use super::spec::{
     Bind, ContextSpec, InitStatus, SandboxSpec, TermSize, SESSION_MOUNT, SHARED_MOUNT,
 };
-use super::{sys, tmp_sync};
+use super::{sys, tmp_sync, users};
 use rustix::fd::{AsFd, OwnedFd};
 use rustix::mount::{self as m, MountFlags, MountPropagationFlags, UnmountFlags};
 use rustix::process::{Pid, WaitOptions};
@@ -301,6 +303,7 @@ pub(crate) fn build_context_root(spec: &ContextSpec) -> Result<(), String> {
             _ => {}
         }
     }
+    bind_users(root, &inside("/etc"), spec.uid, spec.gid)?;
     // Mount points of what each run mounts for itself.
     for p in ["/proc", "/tmp", SESSION_MOUNT, SHARED_MOUNT] {
         mkdir(&inside(p))?;
@@ -385,6 +388,51 @@ pub(crate) fn build_context_root(spec: &ContextSpec) -> Result<(), String> {
         sys::loopback_up().map_err(|e| format!("bring up lo: {e}"))?;
     }
     Ok(())
+}
+
+/// The sandbox's user database ([`users`]) over the host's files in the
+/// bound `/etc` at `etc`, in this mount namespace only. Written on a tmpfs
+/// mounted beside the root's contents for the moment, then detached: the
+/// binds keep it. A file the host's `/etc` lacks (or has as anything but a
+/// regular file) is left out; so is all of it if `/etc` is not bound.
+fn bind_users(root: &Path, etc: &Path, uid: u32, gid: u32) -> Result<(), String> {
+    let regular = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|md| md.is_file());
+    if !std::fs::symlink_metadata(etc).is_ok_and(|md| md.is_dir()) {
+        return Ok(());
+    }
+    let host_nsswitch = etc.join("nsswitch.conf");
+    let host_nsswitch = regular(&host_nsswitch)
+        .then(|| std::fs::read_to_string(&host_nsswitch).ok())
+        .flatten();
+    let staging = root.join(".users");
+    mkdir(&staging)?;
+    sys(
+        "mount the user database's tmpfs",
+        mnt(
+            "tmpfs",
+            &staging,
+            "tmpfs",
+            MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+            "mode=0755,size=64k",
+        ),
+    )?;
+    for (name, text) in users::files(uid, gid, host_nsswitch.as_deref()) {
+        let (src, dst) = (staging.join(name), etc.join(name));
+        if !regular(&dst) {
+            continue;
+        }
+        std::fs::write(&src, text)
+            .and_then(|()| {
+                std::fs::set_permissions(&src, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            })
+            .map_err(|e| format!("write {}: {e}", src.display()))?;
+        bind_ro(&src, &dst)?;
+    }
+    sys(
+        "detach the user database's tmpfs",
+        m::unmount(&staging, UnmountFlags::DETACH),
+    )?;
+    std::fs::remove_dir(&staging).map_err(|e| format!("rmdir {}: {e}", staging.display()))
 }
 
 /// Remounts the root tmpfs (its super block and the context's mount of

@@ -27,6 +27,7 @@ pub mod spec;
 pub mod sys;
 pub mod tmp_sync;
 pub mod usage;
+pub mod users;
 mod wire;
 pub mod zygote;
 

@@ -76,6 +76,10 @@ pub struct ContextSpec {
     pub hostname: String,
     /// A network namespace of the session's own with only loopback.
     pub isolate_network: bool,
+    /// The uid and gid the session's programs run as, which the sandbox's
+    /// `/etc/passwd` and `/etc/group` name ([`crate::users`]).
+    pub uid: u32,
+    pub gid: u32,
     /// Host files and directories every run of the session sees, bound
     /// read-only (and nosuid, nodev) into the session's root once.
     pub binds: Vec<Bind>,

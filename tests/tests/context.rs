@@ -185,6 +185,104 @@ fn a_run_sees_what_it_saw_before_the_context() {
     assert_eq!(view(&d, "a", "s"), seen);
 }
 
+/// The host's user database and how it is read, with what identifies the
+/// file written (inode, size, modification time).
+fn host_users() -> Vec<(String, Vec<u8>, String)> {
+    use std::os::unix::fs::MetadataExt;
+    ["/etc/passwd", "/etc/group", "/etc/nsswitch.conf"]
+        .iter()
+        .map(|p| {
+            let md = std::fs::metadata(p).ok();
+            let id = md.map(|m| format!("{} {} {}", m.ino(), m.size(), m.mtime_nsec()));
+            (
+                p.to_string(),
+                std::fs::read(p).unwrap_or_default(),
+                id.unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_sandbox_user_has_a_name_and_the_session_as_home() {
+    let name = "the_sandbox_user_has_a_name_and_the_session_as_home";
+    let before = host_users();
+    // Ids the host's /etc/passwd does not have.
+    let Some(d) = setup(name, &["--sandbox-uid", "23456", "--sandbox-gid", "23457"]) else {
+        return;
+    };
+    for p in ["ssh", "getent"] {
+        if allox_integration::which(p).is_none() {
+            panic!("context::{name} needs {p}");
+        }
+    }
+    let out = run(
+        &d,
+        "a",
+        "s",
+        &[
+            "/bin/sh",
+            "-c",
+            "id -un; id -gn; whoami; id; cd && pwd; getent passwd $(id -u); getent group $(id -g); \
+             getent passwd 0 65534 | cut -d: -f1,3; stat -c '%U %G' /allox/session; \
+             (echo x >> /etc/passwd) 2>/dev/null || echo read-only",
+        ],
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[..3], ["agent", "agent", "agent"], "{out}");
+    assert_eq!(
+        lines[3], "uid=23456(agent) gid=23457(agent) groups=23457(agent)",
+        "{out}"
+    );
+    // HOME in passwd is the session's current dir as the sandbox sees it.
+    let home = lines[4];
+    assert_eq!(home, "/allox/session", "{out}");
+    assert_eq!(
+        lines[5],
+        format!("agent:x:23456:23457:agent:{home}:/bin/sh"),
+        "{out}"
+    );
+    assert_eq!(lines[6], "agent:x:23457:", "{out}");
+    assert_eq!(lines[7..9], ["root:0", "nobody:65534"], "{out}");
+    assert_eq!(lines[9], "agent agent", "{out}");
+    assert_eq!(lines[10], "read-only", "{out}");
+    // The OpenSSH client runs: it gets as far as the connection (nothing
+    // listens on port 1) instead of refusing for want of a user.
+    let r = match call(
+        &d,
+        Request::ProcessStart(start(
+            "a",
+            "s",
+            &[
+                "/bin/sh",
+                "-c",
+                "ssh -V 2>&1; ssh -F /dev/null -o BatchMode=yes -o ConnectTimeout=5 \
+                 -o StrictHostKeyChecking=no -p 1 127.0.0.1 true 2>&1; echo ssh=$?",
+            ],
+        )),
+    ) {
+        Ok(Response::Exited(r)) => r,
+        other => panic!("{other:?}"),
+    };
+    assert!(r.stdout.starts_with("OpenSSH_"), "{r:?}");
+    assert!(
+        !r.stdout.contains("No user exists") && r.stdout.contains("port 1: Connection refused"),
+        "{r:?}"
+    );
+    assert!(r.stdout.ends_with("ssh=255\n"), "{r:?}");
+    // The host's files are as they were, and nothing is mounted over them
+    // here.
+    assert_eq!(host_users(), before, "the host's user database changed");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.lines().any(|l| l
+            .split(' ')
+            .nth(4)
+            .is_some_and(|p| before.iter().any(|(f, _, _)| f == p))),
+        "{mounts}"
+    );
+}
+
 fn bg(d: &ProcDaemon, a: &str, s: &str, argv: &[&str]) -> String {
     let mut p = start(a, s, argv);
     p.wait = false;

@@ -175,15 +175,17 @@ fn a_proxy_session_reaches_allowed_hosts_through_its_proxy_and_nothing_else() {
     assert_ne!(r.exit_code, Some(0), "a run took the proxy's port: {r:?}");
     assert!(r.stderr.contains("Address already in use"), "{r:?}");
 
-    // The environment points at it.
+    // The environment points at it; 127.0.0.1, which a daemon rule
+    // names, is not the session's own loopback but the host's, through
+    // the proxy.
     let r = sh(&d, "env | grep -i _proxy= | sort");
     for line in [
         "HTTPS_PROXY=http://127.0.0.1:3128",
         "HTTP_PROXY=http://127.0.0.1:3128",
-        "NO_PROXY=localhost,127.0.0.1,::1",
+        "NO_PROXY=localhost,::1",
         "http_proxy=http://127.0.0.1:3128",
         "https_proxy=http://127.0.0.1:3128",
-        "no_proxy=localhost,127.0.0.1,::1",
+        "no_proxy=localhost,::1",
     ] {
         assert!(r.stdout.lines().any(|l| l == line), "{line} missing: {r:?}");
     }
@@ -814,28 +816,20 @@ fn ssh_and_git_over_ssh_go_through_allox_net_connect() {
     )]))
     .unwrap();
     let local = format!("127.0.0.1:{port}");
-    // The OpenSSH client wants a passwd entry for its user: the sandbox
-    // runs as `nobody`, which the host's /etc/passwd has (the guest image
-    // has the sandbox's default user).
+    // The sandbox's default user, which the host's /etc/passwd does not
+    // have: the OpenSSH client finds it in the sandbox's own.
     let d = daemon(
         "network_ssh",
         &dns,
         &["--network-allow", "ssh.test", "--network-allow", &local],
-        &[
-            "--session-network",
-            "proxy",
-            "--sandbox-uid",
-            "65534",
-            "--sandbox-gid",
-            "65534",
-        ],
+        &["--session-network", "proxy"],
     );
     ctl_ok(&d, &["agent", "create", "a"]);
     ctl_ok(&d, &["session", "create", "a", "s"]);
     // The agent's key, in its workspace, its own and private.
     let key = current(&d, "a", "s").join("id_agent");
     std::fs::copy(dir.join("client_key"), &key).unwrap();
-    run(Command::new("chown").arg("65534:65534").arg(&key));
+    run(Command::new("chown").arg("10000:10000").arg(&key));
     run(Command::new("chmod").arg("600").arg(&key));
 
     let ssh = "ssh -F /dev/null -i /allox/session/id_agent -o BatchMode=yes \
@@ -877,4 +871,122 @@ fn ssh_and_git_over_ssh_go_through_allox_net_connect() {
     assert!(ok
         .iter()
         .all(|v| v["kind"] == "CONNECT" && v["bytes_sent"].as_u64().unwrap() > 0));
+}
+
+#[test]
+fn a_loopback_port_an_allow_rule_names_is_reached_through_the_proxy() {
+    let name = "network::a_loopback_port_an_allow_rule_names_is_reached_through_the_proxy";
+    if !needs(name, &["curl", "/usr/bin/python3"]) {
+        return;
+    }
+    let pip = Command::new("/usr/bin/python3")
+        .args(["-m", "pip", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !pip {
+        panic!("{name} needs pip for /usr/bin/python3 (python3-pip)");
+    }
+    let root = tempfile::tempdir().unwrap();
+    package_index(root.path());
+    let (_server, port) = file_server(root.path());
+    let local = format!("127.0.0.1:{port}");
+    let dns = DnsStub::start(HashMap::new()).unwrap();
+    // No rule at the daemon's level: each session's decides.
+    let d = daemon(
+        "network_loopback",
+        &dns,
+        &[],
+        &["--session-network", "proxy"],
+    );
+    ctl_ok(&d, &["agent", "create", "a"]);
+    ctl_ok(&d, &["session", "create", "a", "s", "--allow", &local]);
+    ctl_ok(&d, &["session", "create", "a", "t", "--allow", "*"]);
+    let meant = "the loopback is that of the machine the supervisor runs on, \
+                 not the session's own";
+
+    // The rule names the host's 127.0.0.1: it is not in NO_PROXY, so plain
+    // curl and pip go through the proxy, and the broker lets them by.
+    let r = sh(&d, "echo $NO_PROXY $no_proxy");
+    assert_eq!(r.stdout, "localhost,::1 localhost,::1\n", "{r:?}");
+    let r = sh(&d, &format!("curl -sS http://{local}/simple/allox-demo/"));
+    assert!(
+        r.stdout.contains("allox_demo-1.0-py3-none-any.whl"),
+        "{r:?}"
+    );
+    let curl_run = r.run_id.clone();
+    let r = sh(
+        &d,
+        &format!(
+            "python3 -m pip install -q --no-cache-dir --disable-pip-version-check \
+             --index-url http://{local}/simple/ --target /tmp/pkgs allox-demo 2>&1; \
+             echo pip=$?; PYTHONPATH=/tmp/pkgs python3 -c 'import allox_demo; print(allox_demo.VALUE)'"
+        ),
+    );
+    assert!(r.stdout.ends_with("pip=0\n42\n"), "{r:?}");
+    // Another port of it is refused by the broker, saying which loopback
+    // it is; `localhost` stays the session's own (nothing listens there).
+    let other = free_port();
+    let r = sh(&d, &format!("curl -sS http://127.0.0.1:{other}/"));
+    assert!(
+        r.stdout.contains("not on the session allow list") && r.stdout.contains(meant),
+        "{r:?}"
+    );
+    let r = sh(
+        &d,
+        &format!("curl -sS --max-time 5 http://localhost:{port}/"),
+    );
+    assert_eq!(r.exit_code, Some(7), "{r:?}");
+    let records = audit(&d, &["a", "s"]);
+    let to = |p: u16| {
+        records
+            .iter()
+            .filter(|v| v["host"] == "127.0.0.1" && v["port"] == p)
+            .collect::<Vec<_>>()
+    };
+    let allowed = to(port);
+    assert!(
+        allowed.len() >= 2
+            && allowed.iter().all(|v| v["allowed"] == true
+                && v["kind"] == "HTTP"
+                && v["address"] == local.as_str()),
+        "{records:?}"
+    );
+    assert_eq!(allowed[0]["run_id"], curl_run.as_str(), "{records:?}");
+    let refused = to(other);
+    assert!(
+        refused.len() == 1
+            && refused[0]["allowed"] == false
+            && refused[0]["verdict"].as_str().unwrap().contains(meant),
+        "{records:?}"
+    );
+
+    // Without a rule naming it, 127.0.0.1 is the session's own loopback:
+    // plain curl goes there (nothing listens), and asked through the
+    // proxy the broker refuses it, saying which loopback that would be.
+    let r = sh_in(&d, "a", "t", "echo $NO_PROXY");
+    assert_eq!(r.stdout, "localhost,127.0.0.1,::1\n", "{r:?}");
+    let r = sh_in(
+        &d,
+        "a",
+        "t",
+        &format!("curl -sS --max-time 5 http://{local}/"),
+    );
+    assert_eq!(r.exit_code, Some(7), "{r:?}");
+    let r = sh_in(
+        &d,
+        "a",
+        "t",
+        &format!("curl -sS --noproxy '' -w ' %{{http_code}}' http://{local}/"),
+    );
+    assert!(
+        r.stdout.ends_with(" 403")
+            && r.stdout.contains("127.0.0.1 (loopback)")
+            && r.stdout.contains(meant),
+        "{r:?}"
+    );
+    let records = audit(&d, &["a", "t"]);
+    assert!(
+        records.len() == 1 && records[0]["allowed"] == false,
+        "{records:?}"
+    );
 }

@@ -71,7 +71,8 @@ fn sandbox_view(d: &ProcDaemon) -> (Vec<String>, Vec<String>, Vec<String>) {
 /// The view captured from the code before plugins existed, on a host
 /// whose system directories are those that exist here, plus what the core
 /// gives every run since: the guest interface (its directory last on
-/// `PATH`, its socket, client and Python entry points bound last).
+/// `PATH`, its socket, client and Python entry points bound last), and the
+/// sandbox's own user database over the files of the host's /etc.
 fn expected_view() -> (Vec<String>, Vec<String>, Vec<String>) {
     let mut env: Vec<String> = [
         "ALLOX_AGENT_ID=a",
@@ -98,6 +99,13 @@ fn expected_view() -> (Vec<String>, Vec<String>, Vec<String>) {
         let real = std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir());
         if real {
             mounts.push(format!("{dir} ro,nosuid,nodev,relatime"));
+        }
+    }
+    if std::fs::symlink_metadata("/etc").is_ok_and(|m| m.is_dir()) {
+        for f in ["/etc/passwd", "/etc/group", "/etc/nsswitch.conf"] {
+            if std::fs::symlink_metadata(f).is_ok_and(|m| m.is_file()) {
+                mounts.push(format!("{f} ro,nosuid,nodev,relatime"));
+            }
         }
     }
     mounts.extend(

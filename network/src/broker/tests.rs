@@ -191,3 +191,29 @@ async fn unknown_names_unreachable_ports_and_bad_heads_get_their_own_answers() {
     assert!(out.starts_with("HTTP/1.1 400 Bad Request"), "{out}");
     assert!(a.host.is_empty());
 }
+
+#[tokio::test]
+async fn a_refused_loopback_is_named_as_the_supervisor_s_not_the_session_s() {
+    let dns = dns_stub(&[("local.test", Ipv4Addr::LOCALHOST)]);
+    let b = broker(dns.addr());
+    let meant = "the loopback is that of the machine the supervisor runs on, \
+                 not the session's own";
+    // Not on the allow list (another port of it is), as a special address,
+    // by name, by a name that resolves to it: each refusal says which.
+    let p = policy(&["127.0.0.1:8095", "*.test", "localhost:1"], &[]);
+    for req in [
+        "GET http://127.0.0.1:8096/ HTTP/1.1\r\n\r\n",
+        "CONNECT [::1]:8095 HTTP/1.1\r\n\r\n",
+        "CONNECT localhost:2 HTTP/1.1\r\n\r\n",
+        "CONNECT local.test:8096 HTTP/1.1\r\n\r\n",
+    ] {
+        let (out, a) = through(&b, &p, req.as_bytes()).await;
+        assert!(out.starts_with("HTTP/1.1 403 Forbidden"), "{req}: {out}");
+        assert!(out.contains(meant), "{req}: {out}");
+        assert!(!a.allowed && a.verdict.contains(meant), "{a:?}");
+    }
+    // Other refusals do not speak of it.
+    let (out, _) = through(&b, &p, b"CONNECT other.example:443 HTTP/1.1\r\n\r\n").await;
+    assert!(out.starts_with("HTTP/1.1 403 Forbidden"), "{out}");
+    assert!(!out.contains("loopback"), "{out}");
+}

@@ -207,3 +207,64 @@ fn verdicts_say_why() {
     };
     assert_eq!(d.to_string(), "denied by the session rule \"x.test\"");
 }
+
+#[test]
+fn a_host_is_named_by_its_name_address_or_network_at_every_level_not_by_wildcards() {
+    let loopback = name("127.0.0.1");
+    let named = |levels: Vec<Layer>, h: &Host| Policy::new(levels).names(h);
+    // By address (on one port: the environment has no ports), or by a
+    // network holding it.
+    for rule in ["127.0.0.1:8095", "127.0.0.1", "127.0.0.0/8"] {
+        assert!(
+            named(vec![layer("session", Some(&[rule]), &[])], &loopback),
+            "{rule}"
+        );
+    }
+    // Not by another address, not by `*`, not by a name.
+    for rule in ["127.0.0.2", "*", "*:8095", "localhost"] {
+        assert!(
+            !named(vec![layer("session", Some(&[rule]), &[])], &loopback),
+            "{rule}"
+        );
+    }
+    // Every level with an allow list must name it; a level without one
+    // does not narrow; a deny rule on the only port named closes it.
+    let session = || layer("session", Some(&["127.0.0.1:8095"]), &[]);
+    assert!(named(
+        vec![layer("daemon", None, &[]), session()],
+        &loopback
+    ));
+    assert!(!named(
+        vec![layer("daemon", Some(&["*"]), &[]), session()],
+        &loopback
+    ));
+    assert!(named(
+        vec![layer("daemon", Some(&["127.0.0.0/8"]), &[]), session()],
+        &loopback
+    ));
+    assert!(!named(
+        vec![layer("agent", None, &["127.0.0.1:8095"]), session()],
+        &loopback
+    ));
+    // Denied on another port, it is still named on this one.
+    assert!(named(
+        vec![layer("agent", None, &["127.0.0.1:22"]), session()],
+        &loopback
+    ));
+    // A name by that name only: `*` and `*.domain` match it but do not
+    // name it.
+    let localhost = name("localhost");
+    assert!(named(
+        vec![layer("session", Some(&["localhost:3000"]), &[])],
+        &localhost
+    ));
+    for rule in ["*", "*.localhost", "127.0.0.1"] {
+        assert!(
+            !named(vec![layer("session", Some(&[rule]), &[])], &localhost),
+            "{rule}"
+        );
+    }
+    let v6 = name("::1");
+    assert!(named(vec![layer("session", Some(&["[::1]:80"]), &[])], &v6));
+    assert!(!named(vec![layer("session", Some(&["*"]), &[])], &v6));
+}

@@ -42,8 +42,10 @@ pub struct RunRef<'a> {
     pub agent: &'a str,
     pub session: &'a str,
     pub run: &'a str,
-    /// Its session's network mode.
-    pub network: NetworkMode,
+    /// Its session's network: its mode and the egress rules of its agent
+    /// and of itself, as they were when the run started (a run adopted
+    /// from an earlier supervisor is told `disabled` and no rules).
+    pub network: &'a SessionNetwork,
 }
 
 /// A run that ended: what it was asked to run, for which tool call, when,

@@ -11,7 +11,8 @@
 //! session's policy as it is at that moment (the daemon's, the agent's and
 //! the session's rules) and recorded, one JSON line per attempt, in
 //! `state/network-audit.log`. Runs of `proxy` sessions get `HTTP_PROXY`,
-//! `HTTPS_PROXY`, `NO_PROXY` and their lower-case forms.
+//! `HTTPS_PROXY`, `NO_PROXY` and their lower-case forms; `NO_PROXY` is the
+//! session's own loopback ([`no_proxy`]), less what its policy names.
 
 mod audit;
 
@@ -193,11 +194,14 @@ impl Plugin for Network {
     }
 
     fn contribute(&self, run: &RunRef<'_>) -> Contribution {
-        if run.network != NetworkMode::Proxy {
+        if run.network.mode != NetworkMode::Proxy {
             return Contribution::default();
         }
         let url = format!("http://{PROXY}");
-        let none = "localhost,127.0.0.1,::1".to_string();
+        // The session's policy as it is now (a run keeps the environment
+        // it started with); rules that do not read name nothing.
+        let policy = self.started().and_then(|st| st.policy(run.network).ok());
+        let none = no_proxy(policy.as_ref());
         let mut env = Vec::new();
         for (k, v) in [
             ("HTTP_PROXY", &url),
@@ -473,6 +477,25 @@ impl Drop for Serving {
     }
 }
 
+/// The session's own loopback, as `NO_PROXY` names it.
+const OWN_LOOPBACK: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
+/// `NO_PROXY` for a run of a `proxy` session: what its runs reach without
+/// the proxy, the session's own loopback — less each of its names that
+/// `policy` names ([`Policy::names`]): an allow rule for `127.0.0.1` (or
+/// `localhost`, `::1`) means the loopback outside the session, which only
+/// the broker reaches, so clients must go through the proxy for it.
+fn no_proxy(policy: Option<&Policy>) -> String {
+    OWN_LOOPBACK
+        .iter()
+        .filter(|h| {
+            !policy.is_some_and(|p| allox_network::Host::parse(h).is_ok_and(|h| p.names(&h)))
+        })
+        .copied()
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Binds [`PROXY`] inside the network namespace of the process `pidfd`,
 /// from a thread of its own that enters it and ends there; and makes the
 /// namespace's socket-diagnosis socket there (`None` if the kernel has
@@ -526,7 +549,10 @@ mod tests {
             agent: "a",
             session: "s",
             run: "r",
-            network: mode,
+            network: &SessionNetwork {
+                mode,
+                ..SessionNetwork::default()
+            },
         })
     }
 
@@ -541,6 +567,49 @@ mod tests {
         for m in [NetworkMode::Disabled, NetworkMode::Isolated] {
             assert_eq!(run(m), Contribution::default(), "{m}");
         }
+    }
+
+    #[test]
+    fn a_loopback_the_policy_names_goes_through_the_proxy() {
+        let n = Network::new();
+        let dir = tempfile::tempdir().unwrap();
+        let no_proxy = |allow: &[&str]| {
+            let net = SessionNetwork {
+                mode: NetworkMode::Proxy,
+                agent: None,
+                session: Some(allox_protocol::Egress {
+                    allow: Some(allow.iter().map(|s| s.to_string()).collect()),
+                    deny: vec![],
+                }),
+            };
+            let c = n.contribute(&RunRef {
+                agent: "a",
+                session: "s",
+                run: "r",
+                network: &net,
+            });
+            let get = |k: &str| c.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+            assert_eq!(get("NO_PROXY"), get("no_proxy"));
+            get("NO_PROXY").unwrap()
+        };
+        // No allow list at the daemon's level: the session's decides.
+        let mut open = settings(dir.path(), &[]);
+        open.network.allow = None;
+        n.start(&open).unwrap();
+        // `*` names no loopback: the session's own stays direct.
+        assert_eq!(no_proxy(&["*"]), "localhost,127.0.0.1,::1");
+        assert_eq!(no_proxy(&["*", "127.0.0.1:8095"]), "localhost,::1");
+        assert_eq!(no_proxy(&["127.0.0.0/8"]), "localhost,::1");
+        assert_eq!(no_proxy(&["localhost", "[::1]:80"]), "127.0.0.1");
+        n.stop();
+        // The daemon's `*` does not name 127.0.0.1, so the broker would
+        // refuse it whatever the session allows: it stays direct.
+        n.start(&settings(dir.path(), &["*"])).unwrap();
+        assert_eq!(no_proxy(&["127.0.0.1:8095"]), "localhost,127.0.0.1,::1");
+        n.stop();
+        n.start(&settings(dir.path(), &["*", "127.0.0.1"])).unwrap();
+        assert_eq!(no_proxy(&["127.0.0.1:8095"]), "localhost,::1");
+        n.stop();
     }
 
     #[test]

@@ -20,7 +20,11 @@ const SAMPLE_RUN: RunRef<'static> = RunRef {
     agent: "agent",
     session: "session",
     run: "run",
-    network: allox_protocol::NetworkMode::Proxy,
+    network: &super::SessionNetwork {
+        mode: allox_protocol::NetworkMode::Proxy,
+        agent: None,
+        session: None,
+    },
 };
 
 /// Started plugins; dropping it stops them, in the reverse load order.

@@ -176,7 +176,7 @@ fn nothing_enabled_loads_nothing_and_contributes_nothing() {
         agent: "a",
         session: "s",
         run: "r",
-        network: allox_protocol::NetworkMode::Disabled,
+        network: &SessionNetwork::default(),
     };
     assert_eq!(p.contributions(&run).unwrap(), Contribution::default());
     p.start(&settings()).unwrap();
@@ -196,7 +196,7 @@ fn the_real_installed_plugins_contribute_nothing_unless_enabled() {
         agent: "a",
         session: "s",
         run: "r",
-        network: allox_protocol::NetworkMode::Disabled,
+        network: &SessionNetwork::default(),
     };
     assert_eq!(p.contributions(&run).unwrap(), Contribution::default());
     assert!(installed_names().contains(&"process-tree"));
@@ -221,7 +221,7 @@ fn contributions_merge_in_load_order_with_metadata_under_the_plugin_s_name() {
             agent: "x",
             session: "y",
             run: "z",
-            network: allox_protocol::NetworkMode::Disabled,
+            network: &SessionNetwork::default(),
         })
         .unwrap();
     assert_eq!(m.prefix, ["/usr/bin/wrap"]);
@@ -419,7 +419,7 @@ fn a_run_refused_by_plugin_k_is_released_by_the_ones_before_in_reverse() {
         agent: "x",
         session: "y",
         run: "z",
-        network: allox_protocol::NetworkMode::Disabled,
+        network: &SessionNetwork::default(),
     };
     let e = p.before_run(&run, 7).unwrap_err();
     assert_eq!(e.to_string(), "plugin c refused the run");

@@ -117,6 +117,8 @@ impl Runs {
             system_dirs: self.cfg.system_dirs.clone(),
             hostname: "allox".into(),
             isolate_network: self.isolates(network.mode),
+            uid: self.cfg.uid,
+            gid: self.cfg.gid,
             binds: files.binds.clone(),
             links: files.links.clone(),
         };

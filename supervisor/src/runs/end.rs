@@ -78,7 +78,7 @@ pub(super) async fn finish(
                 agent: &run.agent,
                 session: &run.session,
                 run: &run.id,
-                network: run.network,
+                network: &run.network,
             },
             argv: &run.asked.argv,
             trace: run.asked.trace.as_ref(),
@@ -152,6 +152,6 @@ pub(super) async fn reap(runs: Arc<Runs>, run: Arc<Run>) {
         agent: &run.agent,
         session: &run.session,
         run: &run.id,
-        network: run.network,
+        network: &run.network,
     });
 }

@@ -38,7 +38,7 @@ pub use attach::{Attachment, RunIdentity, RunServices, SessionFiles};
 pub use error::{ConfigError, RunError};
 pub use fence::{Fence, FenceScope, Writer};
 
-use crate::plugins::{Plugins, RunRef};
+use crate::plugins::{Plugins, RunRef, SessionNetwork};
 use allox_protocol::{Event, RunResult};
 use allox_sandbox::cgroup::{Cgroups, Limits};
 use fence::Fences;
@@ -162,8 +162,8 @@ struct Run {
     attached: Mutex<Option<Box<dyn Send + Sync>>>,
     /// What the plugins say about it (`plugin.key`, value).
     metadata: Vec<(String, String)>,
-    /// Its session's network mode.
-    network: allox_protocol::NetworkMode,
+    /// Its session's network as it was when the run started.
+    network: SessionNetwork,
     /// What it was asked to run, for which tool call, and when it
     /// started: told to the plugins when it ends.
     asked: Asked,
@@ -435,7 +435,7 @@ fn adopt(cgroups: &Cgroups, plugins: &Plugins) -> Vec<(RunIdentity, PathBuf)> {
                                 agent: &id.agent,
                                 session: &id.session,
                                 run: &id.run,
-                                network: allox_protocol::NetworkMode::Disabled,
+                                network: &SessionNetwork::default(),
                             };
                             // The cgroup's id is its directory's inode.
                             plugins.adopt_run(&run, md.ino());

@@ -67,7 +67,7 @@ impl Runs {
             agent: a,
             session: s,
             run: &id,
-            network: mode,
+            network: &paths.network,
         };
         let added = self
             .cfg
@@ -279,7 +279,7 @@ impl Runs {
             timed_out: AtomicBool::new(false),
             attached: Mutex::new(Some(attached.guard)),
             metadata: added.metadata,
-            network: paths.network.mode,
+            network: paths.network.clone(),
             asked: Asked {
                 argv: p.argv.clone(),
                 trace: p.trace.as_deref().cloned(),

@@ -336,6 +336,11 @@ pub struct RunArgs {
     /// Ctrl-C through (`start -t`: follow it with `alloxctl attach`).
     #[arg(short = 't', long = "tty")]
     tty: bool,
+    /// `exec`: when alloxctl is interrupted (Ctrl-C, SIGTERM, SIGHUP) or
+    /// killed, leave the run going instead of signalling or killing it;
+    /// alloxctl names it, and `alloxctl logs -f` follows it again.
+    #[arg(long)]
+    detach_on_exit: bool,
     /// The tool call this run serves (`TRACE_ID:SPAN_ID` or a
     /// traceparent): recorded under it by the monitor, and given to the
     /// program as TRACEPARENT.
@@ -949,6 +954,8 @@ pub struct Run {
     pub stdin_file: Option<PathBuf>,
     /// `-t`: on a terminal, driven from this one.
     pub tty: bool,
+    /// `--detach-on-exit`.
+    pub detach: bool,
 }
 
 impl Run {
@@ -986,9 +993,11 @@ impl RunArgs {
                     term: None,
                 }),
                 trace: self.trace.map(Box::new),
+                on_disconnect: Default::default(),
             },
             stdin_file: self.stdin_file,
             tty: self.tty,
+            detach: self.detach_on_exit,
         }
     }
 }

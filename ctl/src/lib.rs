@@ -14,6 +14,7 @@
 pub mod cli;
 pub mod client;
 pub mod files;
+pub mod foreground;
 pub mod gateway;
 pub mod monitor;
 pub mod process;

@@ -25,7 +25,23 @@ fn main() -> ExitCode {
             }
             Err(code) => code,
         },
-        Action::Exec(run) => start_run(cli.socket, cli.json, run, process::exec),
+        Action::Exec(run) => {
+            let detach = run.detach;
+            match request_of(run) {
+                Ok(request) => {
+                    let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+                    ExitCode::from(allox_ctl::foreground::exec(
+                        &cli.socket,
+                        request,
+                        cli.json,
+                        detach,
+                        &mut out,
+                        &mut err,
+                    ))
+                }
+                Err(code) => code,
+            }
+        }
         Action::Attach(request) => {
             let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
             ExitCode::from(allox_ctl::tty::attach(
@@ -333,7 +349,7 @@ fn call(socket: PathBuf, json: bool, request: Request) -> ExitCode {
     status(answer.is_ok() && consistent)
 }
 
-/// The signature of [`process::exec`] and [`process::start`].
+/// The signature of [`process::start`].
 type Launch = fn(&mut ReconnectingClient, ProcessStart, bool, &mut dyn Write, &mut dyn Write) -> u8;
 
 /// The run's request, its stdin file read; or the error, said.

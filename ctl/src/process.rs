@@ -303,6 +303,7 @@ mod tests {
             stream: true,
             pty: None,
             trace: None,
+            on_disconnect: Default::default(),
         }
     }
 

@@ -11,20 +11,23 @@
 //! (`process.stdin`, one after the other); one waits for signals:
 //! `SIGWINCH` becomes `process.resize`, `SIGINT` sent to alloxctl (not a
 //! key: those are bytes in raw mode) becomes a Ctrl-C typed into the run,
-//! and `SIGTERM`, `SIGHUP` or `SIGQUIT` end alloxctl (the run goes on, and
-//! `alloxctl attach` follows it again).
+//! `SIGTERM` and `SIGHUP` are delivered to every process of the run, and
+//! `SIGQUIT` ends alloxctl (the run goes on). The detach keys, Ctrl-P
+//! Ctrl-Q as in Docker, leave alloxctl with the run going on, naming the
+//! `alloxctl attach` that follows it again.
 //!
 //! The terminal's mode is restored on every way out: the end of the run,
 //! an error, one of those signals, and a panic.
 
-use crate::client::{Answer, Caller, Client, ClientError, Sender};
+use crate::client::Sender;
+use crate::foreground::{self, Known, Tap};
 use crate::process;
-use allox_protocol::{Event, ProcessResize, ProcessStdin, PtySize, Request};
+use allox_protocol::{ProcessKill, ProcessResize, ProcessStdin, PtySize, Request};
 use nix::sys::signal::{SigSet, Signal};
 use rustix::termios::{self, OptionalActions, Termios};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{mpsc, Arc, Mutex};
 
 /// This terminal's mode before raw mode, restored on the way out (also
 /// from the signal thread and the panic hook).
@@ -87,53 +90,6 @@ fn local_size() -> Option<(u16, u16)> {
         .or_else(|| termios::tcgetwinsize(std::io::stdin()).ok().and_then(of))
 }
 
-/// Where the run's id goes once it is known.
-struct Known {
-    id: OnceLock<String>,
-    input: Mutex<Option<mpsc::Sender<String>>>,
-}
-
-impl Known {
-    fn set(&self, id: &str) {
-        if self.id.set(id.to_string()).is_ok() {
-            if let Some(tx) = self.input.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                let _ = tx.send(id.to_string());
-            }
-        }
-    }
-}
-
-/// The request's connection: learns the run's id from its first event,
-/// and leaves raw mode as soon as the answer is in (before alloxctl says
-/// how the run ended).
-struct Tap {
-    client: Client,
-    known: Arc<Known>,
-    raw: Option<Raw>,
-}
-
-impl Caller for Tap {
-    fn call(&mut self, request: Request) -> Result<Answer, ClientError> {
-        self.call_with_events(request, &mut |_| {})
-    }
-
-    fn call_with_events(
-        &mut self,
-        request: Request,
-        on_event: &mut dyn FnMut(Event),
-    ) -> Result<Answer, ClientError> {
-        let known = self.known.clone();
-        let answer = self.client.call_with_events(request, &mut |e| {
-            if let Event::Started(s) = &e {
-                known.set(&s.run_id);
-            }
-            on_event(e)
-        });
-        self.raw.take();
-        answer
-    }
-}
-
 /// `alloxctl exec -t`: `request` on a terminal of this one's size.
 pub fn exec(
     socket: PathBuf,
@@ -192,13 +148,7 @@ fn drive(
     // One connection carries it all (the VM's control port takes one at a
     // time): the request waits on it, the keys and size changes go out on
     // it from the other threads (a ping first makes sure it is welcomed).
-    let connected = Client::connect(socket).and_then(|mut c| {
-        c.call(Request::Ping(allox_protocol::Ping {}))?
-            .map_err(ClientError::Refused)?;
-        let sender = c.sender()?;
-        Ok((c, sender))
-    });
-    let (client, sender) = match connected {
+    let (client, sender) = match foreground::connect(socket) {
         Ok(c) => c,
         Err(e) => return process::report(stderr, &e.to_body()),
     };
@@ -218,10 +168,7 @@ fn drive(
         return process::report(stderr, &bad(&format!("cannot block signals: {e}")));
     }
     let (tx, rx) = mpsc::channel();
-    let known = Arc::new(Known {
-        id: OnceLock::new(),
-        input: Mutex::new(Some(tx)),
-    });
+    let known = Arc::new(Known::new(Some(tx)));
     if let Some(id) = &run_id {
         known.set(id);
     }
@@ -242,7 +189,11 @@ fn drive(
     let mut tap = Tap {
         client,
         known,
-        raw: if json { None } else { Raw::enter() },
+        until_answer: if json {
+            None
+        } else {
+            Raw::enter().map(|r| Box::new(r) as Box<dyn std::any::Any>)
+        },
     };
     process::follow(&mut tap, request, json, stdout, stderr)
 }
@@ -251,24 +202,71 @@ fn bad(message: &str) -> allox_protocol::ErrorBody {
     allox_protocol::ErrorBody::new(allox_protocol::ErrorCode::InvalidRequest, message)
 }
 
+/// The detach keys, as Docker has them: Ctrl-P then Ctrl-Q.
+const DETACH: [u8; 2] = [0x10, 0x11];
+
+/// What typed bytes mean: the part to pass on, and whether the detach
+/// keys followed it. A Ctrl-P at the end is held (`held`) until the next
+/// byte says whether a Ctrl-Q follows; any other byte sends it on.
+fn typed(held: &mut bool, input: &[u8]) -> (Vec<u8>, bool) {
+    let mut out = Vec::with_capacity(input.len() + 1);
+    let mut it = input.iter().copied().peekable();
+    if std::mem::take(held) {
+        if it.peek() == Some(&DETACH[1]) {
+            return (out, true);
+        }
+        out.push(DETACH[0]);
+    }
+    while let Some(b) = it.next() {
+        if b == DETACH[0] {
+            match it.peek() {
+                Some(&n) if n == DETACH[1] => return (out, true),
+                None => {
+                    *held = true;
+                    break;
+                }
+                Some(_) => {}
+            }
+        }
+        out.push(b);
+    }
+    (out, false)
+}
+
 /// Sends what is typed here to the run, once its id is known; at the end
 /// of this input (not a terminal: a pipe or a file), closes the run's,
-/// which types its end-of-file character.
+/// which types its end-of-file character. The detach keys leave alloxctl
+/// with the run going on.
 fn keys(sender: &Sender, (agent, session): &(String, String), run: mpsc::Receiver<String>) {
     let Ok(run_id) = run.recv() else { return };
     let mut stdin = std::io::stdin().lock();
     let mut buf = vec![0u8; 16 << 10];
+    let mut held = false;
     loop {
         let n = match stdin.read(&mut buf) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => 0,
         };
+        let (data, detach) = typed(&mut held, &buf[..n]);
+        if detach {
+            restore();
+            let _ = std::io::stderr().write_all(
+                format!(
+                    "\r\nalloxctl: left run {run_id}, which goes on: `alloxctl attach {agent} {session} {run_id}` follows it again\r\n"
+                )
+                .as_bytes(),
+            );
+            std::process::exit(0);
+        }
+        if n > 0 && data.is_empty() {
+            continue;
+        }
         let request = Request::ProcessStdin(ProcessStdin {
             agent_id: agent.clone(),
             session_id: session.clone(),
             run_id: run_id.clone(),
-            data: buf[..n].to_vec().into(),
+            data: data.into(),
             close: n == 0,
         });
         // In order, each after the last was taken; a run that ended (or
@@ -303,6 +301,16 @@ fn on_signals(sender: &Sender, (agent, session): &(String, String), known: &Know
                 data: vec![3u8].into(),
                 close: false,
             }),
+            // The run's terminal hangs up with this one, or the run is
+            // asked to end: delivered to every process of the run.
+            (sig @ (Signal::SIGTERM | Signal::SIGHUP), Some(run_id)) => {
+                Request::ProcessKill(ProcessKill {
+                    agent_id: agent.clone(),
+                    session_id: session.clone(),
+                    run_id: Some(run_id.clone()),
+                    signal: Some(sig as i32),
+                })
+            }
             (Signal::SIGWINCH | Signal::SIGINT, None) => continue,
             (other, _) => {
                 restore();
@@ -316,5 +324,28 @@ fn on_signals(sender: &Sender, (agent, session): &(String, String), known: &Know
             }
         };
         let _ = sender.call(request);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ctrl_p_ctrl_q_detaches_and_anything_else_is_typed() {
+        let mut held = false;
+        assert_eq!(typed(&mut held, b"ls\r"), (b"ls\r".to_vec(), false));
+        assert_eq!(typed(&mut held, b"ab\x10\x11cd"), (b"ab".to_vec(), true));
+        // Ctrl-P alone at the end waits for the next byte.
+        assert_eq!(typed(&mut held, b"x\x10"), (b"x".to_vec(), false));
+        assert!(held);
+        assert_eq!(typed(&mut held, b"\x11"), (Vec::new(), true));
+        held = false;
+        assert_eq!(typed(&mut held, b"\x10"), (Vec::new(), false));
+        assert_eq!(typed(&mut held, b"y"), (b"\x10y".to_vec(), false));
+        assert!(!held);
+        // Ctrl-P followed by another key is passed on as typed.
+        assert_eq!(typed(&mut held, b"\x10a\x10"), (b"\x10a".to_vec(), false));
+        assert!(held);
     }
 }

@@ -498,6 +498,12 @@ pub struct ProcessStart {
     /// recorded under that span; the run sees it as `TRACEPARENT`.
     #[serde(default)]
     pub trace: Option<Box<crate::TraceContext>>,
+    /// What becomes of a run started with `wait` and `stream` when its
+    /// client goes away before it ends (the connection closes, or a new
+    /// conversation begins on the port): `keep` it running (the default),
+    /// or `kill` it, as a foreground command dies with its terminal.
+    #[serde(default)]
+    pub on_disconnect: OnDisconnect,
 }
 
 /// A terminal's size, and its type (`TERM`, default `xterm-256color`).
@@ -571,6 +577,19 @@ pub struct ProcessKill {
     /// own PID 1s are not signalled.
     #[serde(default)]
     pub signal: Option<i32>,
+}
+
+/// What becomes of a streamed run when its client goes away.
+#[derive(
+    Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Default,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum OnDisconnect {
+    /// It goes on; `process.attach` or `process.wait` find it again.
+    #[default]
+    Keep,
+    /// It is killed (its whole cgroup).
+    Kill,
 }
 
 /// `process.stdin`: write to a run's standard input, or close it.

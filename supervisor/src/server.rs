@@ -23,7 +23,7 @@ use crate::peer::{Peer, PeerPolicy, Refusals};
 use crate::supervisor::Supervisor;
 use allox_protocol::{
     decode, encode, ClientFrame, ErrorBody, ErrorCode, Event, EventEnvelope, FrameReader, Hello,
-    Outcome, Request, ResponseEnvelope, ServerFrame, PROTOCOL_VERSION,
+    OnDisconnect, Outcome, Request, ResponseEnvelope, ServerFrame, PROTOCOL_VERSION,
 };
 use outbox::Outbox;
 use registry::{Registered, Registry};
@@ -570,8 +570,21 @@ impl RequestCtx {
         // client slows the run, not us.
         let (etx, mut erx) = mpsc::channel::<Event>(16);
         let (outbox, conversation) = (self.outbox.clone(), self.conversation);
+        // A run to kill if its client goes first: its id, from the event
+        // that says it started.
+        let kill_on_disconnect = match &req {
+            Request::ProcessStart(p) if p.on_disconnect == OnDisconnect::Kill => {
+                Some((p.agent_id.clone(), p.session_id.clone()))
+            }
+            _ => None,
+        };
+        let started = Arc::new(std::sync::OnceLock::<String>::new());
+        let started_at = started.clone();
         let forward = tokio::spawn(async move {
             while let Some(event) = erx.recv().await {
+                if let Event::Started(s) = &event {
+                    let _ = started_at.set(s.run_id.clone());
+                }
                 let f = ServerFrame::Event(EventEnvelope {
                     conversation,
                     request_id: id,
@@ -605,6 +618,16 @@ impl RequestCtx {
             work.abort();
             forward.abort();
             tracing::debug!(peer = %self.peer, id, "request of an ended conversation cancelled");
+            if let (Some((agent_id, session_id)), Some(run)) = (kill_on_disconnect, started.get()) {
+                let kill = Request::ProcessKill(allox_protocol::ProcessKill {
+                    agent_id,
+                    session_id,
+                    run_id: Some(run.clone()),
+                    signal: None,
+                });
+                tracing::info!(peer = %self.peer, %run, "the run's client went away: killing it as asked");
+                let _ = self.sup.handle_process(&self.peer, id, &kill, None).await;
+            }
             return;
         };
         // Events come before the answer; the run's readers are stopped when

@@ -425,6 +425,7 @@ pub fn process_start(a: &str, s: &str, argv: &[&str]) -> allox_protocol::Process
         stream: false,
         pty: None,
         trace: None,
+        on_disconnect: Default::default(),
     }
 }
 

@@ -53,6 +53,7 @@ fn py(d: &ProcDaemon, script: &str) {
         stream: false,
         pty: None,
         trace: None,
+        on_disconnect: Default::default(),
     };
     match call(d, Request::ProcessStart(p)) {
         Ok(Response::Exited(r)) => assert_eq!(r.exit_code, Some(0), "{script}: {r:?}"),
@@ -74,6 +75,7 @@ fn py_bg(d: &ProcDaemon, script: &str) -> String {
         stream: false,
         pty: None,
         trace: None,
+        on_disconnect: Default::default(),
     };
     match call(d, Request::ProcessStart(p)) {
         Ok(Response::Started(r)) => r.run_id,

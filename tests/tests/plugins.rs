@@ -31,6 +31,7 @@ fn start(script: &str, wait: bool) -> Request {
         stream: false,
         pty: None,
         trace: None,
+        on_disconnect: Default::default(),
     })
 }
 

@@ -252,6 +252,7 @@ fn run(a: &str, s: &str, script: &str) -> Request {
         stream: false,
         pty: None,
         trace: None,
+        on_disconnect: Default::default(),
     })
 }
 

@@ -514,14 +514,46 @@ fn a_person_at_alloxctl_exec_t_in_tmux() {
         dir.path().display()
     ));
     tmux.wait_for("same-terminal\n");
-    // Killed by a signal, alloxctl restores the terminal too; the run goes
-    // on, and `alloxctl attach` follows it again with its recent output.
+    // The detach keys (Ctrl-P Ctrl-Q) leave alloxctl and give the terminal
+    // back; the run goes on, and alloxctl names how to follow it again.
     tmux.line(&format!(
         "{} --socket {} exec -t a s -- /bin/sh -c 'echo started\"\"-here; sleep 1000'",
         ctl.display(),
         d.daemon.socket.display()
     ));
     tmux.wait_for("started-here");
+    tmux.keys(&["C-p", "C-q"]);
+    let s = tmux.wait_for("follows it again");
+    assert!(s.contains("alloxctl attach a s "), "{s}");
+    tmux.line(&format!(
+        "echo left\"\"=$?; stty -g > {0}/after2; cmp {0}/before {0}/after2 && echo same\"\"-again",
+        dir.path().display()
+    ));
+    let s = tmux.wait_for("same-again\n");
+    assert!(s.contains("left=0"), "{s}");
+    let sleeping = || {
+        let runs = call(
+            &d,
+            Request::ProcessList(SessionRef {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+            }),
+        );
+        format!("{runs:?}").contains("sleep")
+    };
+    assert!(sleeping(), "the detached run goes on");
+    // SIGTERM to alloxctl is delivered to the run, which ends with it;
+    // alloxctl exits as the run did and restores the terminal.
+    Command::new("pkill")
+        .args(["-f", "sleep 1000"])
+        .status()
+        .unwrap();
+    tmux.line(&format!(
+        "{} --socket {} exec -t a s -- /bin/sh -c 'echo second\"\"-run; sleep 1001'; echo alloxctl\"\"=$?",
+        ctl.display(),
+        d.daemon.socket.display()
+    ));
+    tmux.wait_for("second-run");
     let pid = Command::new("pgrep")
         .args(["-n", "-f", "exec -t a s -- /bin/sh"])
         .output()
@@ -529,18 +561,95 @@ fn a_person_at_alloxctl_exec_t_in_tmux() {
     let pid = String::from_utf8_lossy(&pid.stdout).trim().to_string();
     assert!(!pid.is_empty());
     Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    tmux.wait_for("leaving the run going");
-    tmux.line(&format!(
-        "stty -g > {0}/after2; cmp {0}/before {0}/after2 && echo same\"\"-again",
-        dir.path().display()
-    ));
-    tmux.wait_for("same-again\n");
-    let runs = call(
-        &d,
-        Request::ProcessList(SessionRef {
-            agent_id: "a".into(),
-            session_id: "s".into(),
-        }),
+    let s = tmux.wait_for("alloxctl=143");
+    assert!(!s.contains("leaving the run going"), "{s}");
+    let t0 = Instant::now();
+    while sleeping() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the run outlived SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A person at `alloxctl exec` (no terminal in the sandbox), played by
+/// tmux: Ctrl-C stops the run as it would a local command, a second one
+/// kills a run that ignores the first, `--detach-on-exit` leaves the run
+/// going and names it, and an alloxctl killed outright takes its run with
+/// it.
+#[test]
+fn ctrl_c_at_alloxctl_exec_stops_what_it_started() {
+    let name = "terminals::ctrl_c_at_alloxctl_exec_stops_what_it_started";
+    if !needs(name, which("tmux").is_none().then(|| "tmux".to_string())) {
+        return;
+    }
+    let Some(d) = setup("ctrl_c_exec") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let tmux = Tmux::start(dir.path(), 120, 30);
+    let ctl = allox_integration::workspace_bin("alloxctl");
+    let exec = |flags: &str, n: u32, script: &str| {
+        tmux.line(&format!(
+            "{} --socket {} exec {flags} a s -- /bin/sh -c '{script}'; echo status{n}\"\"=$?",
+            ctl.display(),
+            d.daemon.socket.display()
+        ));
+    };
+    let running = |what: &str| {
+        let l = call(
+            &d,
+            Request::ProcessList(SessionRef {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+            }),
+        );
+        format!("{l:?}").contains(what)
+    };
+    let gone = |what: &str| {
+        let t0 = Instant::now();
+        while running(what) {
+            assert!(t0.elapsed() < Duration::from_secs(20), "{what} still runs");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    // Ctrl-C: the run gets SIGINT, alloxctl exits 130 as the run did.
+    exec("", 1, "echo ready\"\"1; exec sleep 601");
+    tmux.wait_for("ready1");
+    tmux.keys(&["C-c"]);
+    tmux.wait_for("status1=130");
+    gone("601");
+    // A run that ignores SIGINT: the first Ctrl-C is said, the second kills.
+    exec("", 2, "trap \"\" INT; echo ready\"\"2; exec sleep 602");
+    tmux.wait_for("ready2");
+    tmux.keys(&["C-c"]);
+    tmux.wait_for("again to kill it");
+    assert!(
+        running("602"),
+        "the first Ctrl-C is an interrupt, not a kill"
     );
-    assert!(format!("{runs:?}").contains("sleep"), "{runs:?}");
+    tmux.keys(&["C-c"]);
+    tmux.wait_for("status2=137");
+    gone("602");
+    // --detach-on-exit: alloxctl leaves, the run goes on.
+    exec("--detach-on-exit", 3, "echo ready\"\"3; exec sleep 603");
+    tmux.wait_for("ready3");
+    tmux.keys(&["C-c"]);
+    let s = tmux.wait_for("status3=0");
+    assert!(s.contains("alloxctl logs -f a s "), "{s}");
+    assert!(running("603"), "the detached run goes on");
+    // alloxctl killed outright: the daemon ends the run it was following.
+    exec("", 4, "echo ready\"\"4; exec sleep 604");
+    tmux.wait_for("ready4");
+    let pid = Command::new("pgrep")
+        .args(["-n", "-f", "alloxctl.* exec .*sleep 604"])
+        .output()
+        .unwrap();
+    let pid = String::from_utf8_lossy(&pid.stdout).trim().to_string();
+    assert!(!pid.is_empty(), "alloxctl's pid");
+    Command::new("kill").args(["-KILL", &pid]).status().unwrap();
+    tmux.wait_for("status4=137");
+    gone("604");
+    assert!(running("603"), "only the run whose client went is killed");
 }

@@ -75,6 +75,7 @@ fn run(d: &ProcDaemon, a: &str, s: &str, argv: &[&str], wait: bool) -> String {
             stream: false,
             pty: None,
             trace: None,
+            on_disconnect: Default::default(),
         }),
     )
     .unwrap();

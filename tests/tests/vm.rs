@@ -53,6 +53,7 @@ fn run(a: &str, s: &str, script: &str, wait: bool) -> Request {
         stream: false,
         pty: None,
         trace: None,
+        on_disconnect: Default::default(),
     })
 }
 

@@ -294,14 +294,24 @@ class Actions:
         timeout_ms: int | None = None,
         pty: Mapping[str, Any] | models.PtySize | None = None,
         trace: Mapping[str, Any] | models.TraceContext | None = None,
+        on_disconnect: str = "kill",
     ) -> Any:
         """Runs ``argv`` with its output streamed: a stream of ``Started``,
         then ``Output`` events (``data`` as bytes) as the run writes; its
         ``result`` is the ``RunResult`` (its ``stdout``/``stderr`` empty: the
-        output came as events)."""
+        output came as events).
+
+        As a foreground command, the run dies with its stream: leaving the
+        stream before its end (``break``, an exception, closing it, the
+        process exiting) kills it. ``on_disconnect="keep"`` leaves it going
+        instead (``process_wait`` or ``process_attach`` find it again by the
+        ``Started`` event's ``run_id``)."""
+        if on_disconnect not in ("kill", "keep"):
+            raise ValueError(f"on_disconnect is 'kill' or 'keep', not {on_disconnect!r}")
         p = self._start_params(
             agent_id, session_id, argv, wait=True, stream=True, env=env, cwd=cwd, stdin=stdin, timeout_ms=timeout_ms, pty=pty, trace=trace
         )
+        p["on_disconnect"] = on_disconnect
         return self._open_stream("process.start", p, _model("RunResult"))
 
     def process_wait(self, agent_id: str, session_id: str, run_id: str, *, timeout_ms: int | None = None) -> models.RunResult:

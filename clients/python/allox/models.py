@@ -85,6 +85,7 @@ __all__ = [
     'NetworkPolicyGet',
     'NetworkPolicyInfo',
     'NetworkPolicySet',
+    'OnDisconnect',
     'Origin',
     'OutputChunk',
     'Ping',
@@ -1148,6 +1149,12 @@ class ProcessStart(Model):
     #: Extra environment, on top of the sandbox's own.
     env: dict[str, str] = field(default_factory=dict)
 
+    #: What becomes of a run started with `wait` and `stream` when its
+    #: client goes away before it ends (the connection closes, or a new
+    #: conversation begins on the port): `keep` it running (the default),
+    #: or `kill` it, as a foreground command dies with its terminal.
+    on_disconnect: OnDisconnect = 'keep'
+
     #: Run the program on a terminal of the sandbox's own instead of
     #: pipes: its output (stdout and stderr together) comes as `stdout`.
     pty: Optional[PtySize] = None
@@ -1782,6 +1789,9 @@ MonitorBody = Union[MonitorBodySpan, MonitorBodyRun]
 
 #: What a session's sandboxes can reach.
 NetworkMode = Literal['disabled', 'isolated', 'proxy']
+
+#: What becomes of a streamed run when its client goes away.
+OnDisconnect = Literal['keep', 'kill']
 
 #: Why a checkpoint exists.
 Origin = Literal['manual', 'baseline', 'turn', 'recovered']

@@ -55,6 +55,41 @@ def test_exec_stream_carries_every_byte_value(client: allox.Client, agent: str):
     assert s.result.exit_code == 0
 
 
+def _alive(client: allox.Client, agent: str, run_id: str) -> bool:
+    return any(p.run_id == run_id for p in client.process_list(agent, "s1").processes)
+
+
+def _until(what: str, cond) -> None:
+    deadline = time.monotonic() + 20
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.gateway_streaming
+def test_leaving_an_exec_stream_ends_its_run_unless_it_is_kept(client: allox.Client, agent: str):
+    client.session_create(agent, "s1")
+    runs = {}
+    for keep in (False, True):
+        s = client.exec_stream(agent, "s1", ["sh", "-c", "echo up; exec sleep 600"],
+                               on_disconnect="keep" if keep else "kill")
+        for ev in s:
+            if isinstance(ev, allox.Started):
+                runs[keep] = ev.run_id
+            if isinstance(ev, allox.Output):
+                break  # the caller is done with it: leaves the stream
+        s.close()
+        assert _alive(client, agent, runs[keep]) or not keep
+    # Left without keeping: the run is killed, as a foreground command.
+    _until("the left run to be killed", lambda: not _alive(client, agent, runs[False]))
+    assert client.process_wait(agent, "s1", runs[False]).signal == 9
+    # Kept: it goes on until killed (its stream was left after the other's).
+    assert _alive(client, agent, runs[True])
+    client.process_kill(agent, "s1", runs[True])
+    with pytest.raises(ValueError):
+        client.exec_stream(agent, "s1", ["true"], on_disconnect="later")
+
+
 @pytest.mark.gateway_streaming
 def test_a_stream_of_a_failing_call_raises_its_class(client: allox.Client, agent: str):
     client.session_create(agent, "s1")

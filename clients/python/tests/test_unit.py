@@ -359,7 +359,8 @@ def test_a_stream_yields_typed_events_then_its_result():
         assert s.result.exit_code == 3 and isinstance(s.result, models.RunResult)
     assert seen[0].headers["Accept"] == "application/x-ndjson"
     assert json.loads(seen[0].content)["params"] == {"agent_id": "a", "session_id": "s", "argv": ["sh", "-c", "x"],
-                                                     "stdin": "", "wait": True, "stream": True}
+                                                     "stdin": "", "wait": True, "stream": True,
+                                                     "on_disconnect": "kill"}
     assert rest[0] == allox.Output("r1", "stdout", b"a\n")
     assert rest[1] == allox.Output("r1", "stderr", bytes(range(256)))
     assert rest[2] == allox.Progress("m")

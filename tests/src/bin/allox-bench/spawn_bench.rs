@@ -44,6 +44,7 @@ fn start(argv: &[&str], wait: bool) -> ProcessStart {
         stream: false,
         pty: None,
         trace: None,
+        on_disconnect: Default::default(),
     }
 }
 

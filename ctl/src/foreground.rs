@@ -1,0 +1,225 @@
+//! A run in alloxctl's foreground (`exec`, `exec -t`, `attach`): one
+//! connection to the daemon carries the request that follows the run and,
+//! from other threads, what alloxctl sends it meanwhile (keys, sizes,
+//! signals); the run's id is learnt from its first event.
+//!
+//! `alloxctl exec` without a terminal behaves as a foreground command
+//! does: `SIGINT` (Ctrl-C), `SIGTERM` and `SIGHUP` sent to alloxctl are
+//! delivered to every process of the run (`process.kill`), a second
+//! `SIGINT` kills it, and alloxctl exits as the run did; should alloxctl
+//! die without a word (`SIGKILL`, a dead terminal), the daemon kills the
+//! run when the connection closes (`on_disconnect: kill`). With
+//! `--detach-on-exit` the same signals make alloxctl leave instead,
+//! naming the run to follow again (`alloxctl logs -f`), and the run goes
+//! on.
+
+use crate::client::{Answer, Caller, Client, ClientError, Sender};
+use crate::process;
+use allox_protocol::{
+    ErrorBody, ErrorCode, Event, OnDisconnect, ProcessKill, ProcessStart, Request,
+};
+use nix::sys::signal::{SigSet, Signal};
+use std::io::Write;
+use std::path::Path;
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+
+/// Where the run's id goes once it is known.
+pub(crate) struct Known {
+    pub(crate) id: OnceLock<String>,
+    /// Told the id once (the thread that passes keys on waits for it).
+    pub(crate) input: Mutex<Option<mpsc::Sender<String>>>,
+}
+
+impl Known {
+    pub(crate) fn new(input: Option<mpsc::Sender<String>>) -> Known {
+        Known {
+            id: OnceLock::new(),
+            input: Mutex::new(input),
+        }
+    }
+
+    pub(crate) fn set(&self, id: &str) {
+        if self.id.set(id.to_string()).is_ok() {
+            if let Some(tx) = self.input.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                let _ = tx.send(id.to_string());
+            }
+        }
+    }
+}
+
+/// The request's connection: learns the run's id from its first event,
+/// and drops `until_answer` (a terminal's raw mode) as soon as the answer
+/// is in, before alloxctl says how the run ended.
+pub(crate) struct Tap {
+    pub(crate) client: Client,
+    pub(crate) known: Arc<Known>,
+    pub(crate) until_answer: Option<Box<dyn std::any::Any>>,
+}
+
+impl Caller for Tap {
+    fn call(&mut self, request: Request) -> Result<Answer, ClientError> {
+        self.call_with_events(request, &mut |_| {})
+    }
+
+    fn call_with_events(
+        &mut self,
+        request: Request,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<Answer, ClientError> {
+        let known = self.known.clone();
+        let answer = self.client.call_with_events(request, &mut |e| {
+            if let Event::Started(s) = &e {
+                known.set(&s.run_id);
+            }
+            on_event(e)
+        });
+        self.until_answer.take();
+        answer
+    }
+}
+
+/// A welcomed connection, and a sender on it for the other threads (a
+/// ping first makes sure the daemon took it: the VM's control port takes
+/// one host at a time).
+pub(crate) fn connect(socket: &Path) -> Result<(Client, Sender), ClientError> {
+    let mut c = Client::connect(socket)?;
+    c.call(Request::Ping(allox_protocol::Ping {}))?
+        .map_err(ClientError::Refused)?;
+    let sender = c.sender()?;
+    Ok((c, sender))
+}
+
+/// What a signal to alloxctl does to its run.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub(crate) enum Reaction {
+    /// Deliver this signal to every process of the run.
+    Deliver(Signal),
+    /// Leave: the run goes on.
+    Detach,
+}
+
+/// What the `nth` (from 1) signal `sig` to alloxctl means for its run.
+pub(crate) fn reaction(sig: Signal, nth: u32, detach: bool) -> Reaction {
+    match (detach, sig) {
+        (true, _) => Reaction::Detach,
+        // Ctrl-C twice: the run did not stop when asked.
+        (false, Signal::SIGINT) if nth > 1 => Reaction::Deliver(Signal::SIGKILL),
+        (false, s) => Reaction::Deliver(s),
+    }
+}
+
+/// `alloxctl exec` without a terminal (see the module's description).
+pub fn exec(
+    socket: &Path,
+    mut request: ProcessStart,
+    json: bool,
+    detach: bool,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> u8 {
+    request.on_disconnect = if detach {
+        OnDisconnect::Keep
+    } else {
+        OnDisconnect::Kill
+    };
+    let (client, sender) = match connect(socket) {
+        Ok(c) => c,
+        Err(e) => return process::report(stderr, &e.to_body()),
+    };
+    // Blocked in every thread (each inherits this one's mask), taken by
+    // the signal thread alone.
+    let mut signals = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        signals.add(s);
+    }
+    if let Err(e) = signals.thread_block() {
+        let why = format!("cannot block signals: {e}");
+        return process::report(stderr, &ErrorBody::new(ErrorCode::Internal, why));
+    }
+    let known = Arc::new(Known::new(None));
+    {
+        let known = known.clone();
+        let target = (request.agent_id.clone(), request.session_id.clone());
+        std::thread::spawn(move || on_signals(&sender, &target, &known, signals, detach));
+    }
+    let mut tap = Tap {
+        client,
+        known,
+        until_answer: None,
+    };
+    process::exec(&mut tap, request, json, stdout, stderr)
+}
+
+/// Waits for the blocked signals and does to the run what each means.
+fn on_signals(
+    sender: &Sender,
+    (agent, session): &(String, String),
+    known: &Known,
+    set: SigSet,
+    detach: bool,
+) {
+    let mut interrupts = 0;
+    loop {
+        let Ok(sig) = set.wait() else { return };
+        if sig == Signal::SIGINT {
+            interrupts += 1;
+        }
+        let say = |text: String| {
+            let _ = std::io::stderr().write_all(text.as_bytes());
+        };
+        let Some(run) = known.id.get() else {
+            // Not started yet: leaving closes the connection, and the
+            // daemon kills the run unless it was to be left going.
+            say(format!("alloxctl: {sig} before the run started\n"));
+            std::process::exit(128 + sig as i32);
+        };
+        match reaction(sig, interrupts, detach) {
+            Reaction::Detach => {
+                say(format!(
+                    "alloxctl: left run {run}, which goes on: `alloxctl logs -f {agent} {session} {run}` follows it\n"
+                ));
+                std::process::exit(0);
+            }
+            Reaction::Deliver(to_run) => {
+                if sig == Signal::SIGINT {
+                    say(match to_run {
+                        Signal::SIGKILL => format!("alloxctl: killing run {run}\n"),
+                        _ => format!("alloxctl: interrupt sent to run {run} (again to kill it)\n"),
+                    });
+                }
+                let kill = Request::ProcessKill(ProcessKill {
+                    agent_id: agent.clone(),
+                    session_id: session.clone(),
+                    run_id: Some(run.clone()),
+                    signal: Some(to_run as i32),
+                });
+                if let Ok(Err(e)) | Err(e) = sender.call(kill).map_err(|e| e.to_body()) {
+                    say(format!(
+                        "alloxctl: cannot signal run {run}: {}\n",
+                        e.message
+                    ));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ctrl_c_interrupts_then_kills_and_detach_leaves() {
+        use Reaction::*;
+        assert_eq!(reaction(Signal::SIGINT, 1, false), Deliver(Signal::SIGINT));
+        assert_eq!(reaction(Signal::SIGINT, 2, false), Deliver(Signal::SIGKILL));
+        assert_eq!(
+            reaction(Signal::SIGTERM, 1, false),
+            Deliver(Signal::SIGTERM)
+        );
+        assert_eq!(reaction(Signal::SIGHUP, 3, false), Deliver(Signal::SIGHUP));
+        for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+            assert_eq!(reaction(s, 1, true), Detach);
+        }
+    }
+}

@@ -121,6 +121,20 @@ pub enum Command {
         #[arg(long)]
         no_replay: bool,
     },
+    /// A run's output, with or without a terminal, running or ended (while
+    /// the daemon keeps it): what is kept of it; with -f, then what it
+    /// writes until it ends, each byte once, exiting as `exec` does.
+    Logs {
+        /// The agent.
+        agent: String,
+        /// The session.
+        session: String,
+        /// The run (as `start` printed it).
+        run: String,
+        /// Follow it until it ends.
+        #[arg(short = 'f', long)]
+        follow: bool,
+    },
     /// Wait for a run to end and show how it ended; exits as `exec` does.
     Wait {
         agent: String,
@@ -897,6 +911,8 @@ pub enum TurnCommand {
 pub enum Action {
     /// Send one request and show its answer.
     Call(Request),
+    /// A run's output, kept and (`follow`) live.
+    Logs(allox_protocol::ProcessLogs),
     /// Run a program and wait for it, passing its output through.
     Exec(Run),
     /// Start a program without waiting.
@@ -1125,6 +1141,17 @@ impl Command {
                 session_id: session,
                 run_id: run,
                 replay: Some(!no_replay),
+            }),
+            C::Logs {
+                agent,
+                session,
+                run,
+                follow,
+            } => Action::Logs(allox_protocol::ProcessLogs {
+                agent_id: agent,
+                session_id: session,
+                run_id: run,
+                follow,
             }),
             C::Wait {
                 agent,

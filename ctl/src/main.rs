@@ -54,6 +54,17 @@ fn main() -> ExitCode {
             }
             start_run(cli.socket, cli.json, run, process::start)
         }
+        Action::Logs(request) => {
+            let mut daemon = ReconnectingClient::new(cli.socket);
+            let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+            ExitCode::from(process::logs(
+                &mut daemon,
+                request,
+                cli.json,
+                &mut out,
+                &mut err,
+            ))
+        }
         Action::Wait(request) => {
             let mut daemon = ReconnectingClient::new(cli.socket);
             let (mut out, mut err) = (std::io::stdout(), std::io::stderr());

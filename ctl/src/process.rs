@@ -8,8 +8,8 @@
 use crate::client::{Answer, Caller};
 use crate::render::{clean, render, run_status};
 use allox_protocol::{
-    ErrorBody, ErrorCode, Event, ProcessStart, ProcessWait, Request, Response, RunResult,
-    StreamKind,
+    ErrorBody, ErrorCode, Event, ProcessLogs, ProcessStart, ProcessWait, Request, Response,
+    RunResult, StreamKind,
 };
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
@@ -151,6 +151,48 @@ pub fn start(
         }
         Ok(_) => unexpected(stderr, "process.start"),
         Err(body) => report(stderr, &body),
+    }
+}
+
+/// `alloxctl logs`: the run's kept output, then (`follow`) what it writes
+/// as it comes; with `follow`, exits as the run did. With `json`, each
+/// piece of output is a JSON line (`{"event": …}`) and the answer the last.
+pub fn logs(
+    caller: &mut impl Caller,
+    request: ProcessLogs,
+    json: bool,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> u8 {
+    let follow = request.follow;
+    let answer = if json {
+        call(caller, Request::ProcessLogs(request), &mut |e| {
+            let line = serde_json::json!({ "event": e });
+            let _ = writeln!(stdout, "{line}");
+        })
+    } else {
+        let mut sink = OutputSink::new(&mut *stdout, &mut *stderr);
+        call(caller, Request::ProcessLogs(request), &mut |e| {
+            sink.event(e)
+        })
+    };
+    let l = match answer {
+        Ok(Response::Logs(l)) => l,
+        Ok(_) => return unexpected(stderr, "process.logs"),
+        Err(body) => return report(stderr, &body),
+    };
+    if json {
+        print(stdout, &json_text(&Response::Logs(l.clone())));
+    } else {
+        let _ = stdout.write_all(&l.stdout.0).and_then(|()| stdout.flush());
+        let _ = stderr.write_all(&l.stderr.0);
+        if l.truncated {
+            print(stderr, "alloxctl: some of the run's output was not kept\n");
+        }
+    }
+    match (&l.result, follow) {
+        (Some(r), true) => exit_code(r),
+        _ => 0,
     }
 }
 

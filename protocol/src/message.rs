@@ -553,6 +553,35 @@ impl ProcessAttach {
     pub const REPLAY_MAX: usize = 64 << 10;
 }
 
+/// `process.logs`: a run's output, with or without a terminal, live or
+/// ended (while the supervisor keeps it): what is kept of it, then, with
+/// `follow`, what it writes from now on as `Event::Output`, each byte
+/// once, until it ends.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessLogs {
+    pub agent_id: String,
+    pub session_id: String,
+    pub run_id: String,
+    #[serde(default)]
+    pub follow: bool,
+}
+
+/// What `process.logs` answers.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+pub struct RunLogs {
+    pub run_id: String,
+    /// The output kept that was not sent as events (empty when `follow`
+    /// sent it all as events).
+    pub stdout: crate::Bytes,
+    pub stderr: crate::Bytes,
+    /// Some output was not kept: the capture limit, the finished runs'
+    /// budget, or a run streamed to a client that took it.
+    pub truncated: bool,
+    /// How it ended, once it has (its output is above, not here).
+    pub result: Option<RunResult>,
+}
+
 /// `process.wait`: the end of a run.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -726,6 +755,7 @@ requests! {
     MonitorRecords(crate::MonitorRecords) = "monitor.records", mutating = false, answers = [MonitorRecords];
     MonitorSummary(crate::MonitorSummaryRequest) = "monitor.summary", mutating = false, answers = [MonitorSummary];
     MonitorTimeline(crate::MonitorTimelineRequest) = "monitor.timeline", mutating = false, answers = [MonitorTimeline];
+    ProcessLogs(ProcessLogs) = "process.logs", mutating = false, answers = [Logs];
 }
 
 impl Request {
@@ -749,6 +779,7 @@ impl Request {
             Request::ProcessStdin(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.run_id),
             Request::ProcessResize(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.run_id),
             Request::ProcessAttach(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.run_id),
+            Request::ProcessLogs(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.run_id),
             Request::TurnBegin(r) => format!("{}/{}", r.agent_id, r.session_id),
             Request::TurnEnd(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.turn_id),
             Request::CheckpointDiff(r) => {
@@ -1220,6 +1251,7 @@ responses! {
     MonitorRecords(crate::MonitorListing);
     MonitorSummary(crate::MonitorSummary);
     MonitorTimeline(Box<crate::MonitorTimeline>);
+    Logs(Box<RunLogs>);
 }
 
 /// A terminal's new size.

@@ -148,6 +148,7 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "monitor.records",
             "monitor.summary",
             "monitor.timeline",
+            "process.logs",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

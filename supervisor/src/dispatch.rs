@@ -101,6 +101,11 @@ impl Supervisor {
                 session(&p.agent_id, &p.session_id)?;
                 Ok(Response::Exited(runs.attach(p, events).await?))
             }
+            Request::ProcessLogs(p) => {
+                session(&p.agent_id, &p.session_id)?;
+                let logs = runs.logs(p, events.filter(|_| p.follow)).await?;
+                Ok(Response::Logs(Box::new(logs)))
+            }
             _ => Err(RequestError::NotProcess),
         }
     }
@@ -303,6 +308,7 @@ impl Supervisor {
             | Request::ProcessStdin(_)
             | Request::ProcessResize(_)
             | Request::ProcessAttach(_)
+            | Request::ProcessLogs(_)
             | Request::ProcessEvents(_)
             | Request::ProcessTree(_)
             | Request::NetworkPolicySet(_)

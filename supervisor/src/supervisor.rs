@@ -99,6 +99,7 @@ impl Supervisor {
                 | Request::ProcessStdin(_)
                 | Request::ProcessResize(_)
                 | Request::ProcessAttach(_)
+                | Request::ProcessLogs(_)
                 | Request::ProcessEvents(_)
                 | Request::ProcessTree(_)
                 | Request::NetworkPolicySet(_)

@@ -653,3 +653,70 @@ fn ctrl_c_at_alloxctl_exec_stops_what_it_started() {
     gone("604");
     assert!(running("603"), "only the run whose client went is killed");
 }
+
+/// `alloxctl logs` shows any run's output — started without a terminal —
+/// what is kept, and with -f what comes until it ends, each line once;
+/// `alloxctl attach` shows a terminal run's output once too (not again
+/// when it ends).
+#[test]
+fn logs_and_attach_show_each_line_once() {
+    let Some(d) = setup("logs_once") else { return };
+    let sock = d.daemon.socket.clone();
+    let ctl = |args: &[&str]| allox_integration::alloxctl(&sock, args);
+    // A run without a terminal, its stdin left open (`start`).
+    let (code, out, e) = ctl(&[
+        "start",
+        "a",
+        "s",
+        "--",
+        "/bin/sh",
+        "-c",
+        "echo hello-start; echo warn-start >&2; read x; echo hello-end",
+    ]);
+    assert_eq!(code, 0, "{e}");
+    let run = String::from_utf8_lossy(&out).trim().to_string();
+    let kept = || {
+        let t0 = Instant::now();
+        loop {
+            let (code, out, err) = ctl(&["logs", "a", "s", &run]);
+            assert_eq!(code, 0, "{err}");
+            let out = String::from_utf8_lossy(&out).into_owned();
+            if out.contains("hello-start") || t0.elapsed() > Duration::from_secs(20) {
+                return (out, err);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let (out, err) = kept();
+    assert_eq!(out, "hello-start\n");
+    assert!(err.contains("warn-start"), "{err}");
+    // Follow: what is kept, then the rest as it comes, once.
+    let (mut child, mut lines) =
+        allox_integration::alloxctl_following(&sock, &["logs", "-f", "a", "s", &run]);
+    assert_eq!(lines.next().unwrap().unwrap(), "hello-start");
+    stdin(&d, &run, b"go\n", true).unwrap();
+    let rest: Vec<String> = lines.map(|l| l.unwrap()).collect();
+    assert_eq!(rest, ["hello-end"]);
+    assert!(child.wait().unwrap().success());
+    // Ended: all of it, once.
+    let (out, _) = kept();
+    assert_eq!(out, "hello-start\nhello-end\n");
+    // JSON carries how it ended.
+    let (_, out, _) = ctl(&["--json", "logs", "a", "s", &run]);
+    let v: serde_json::Value = serde_json::from_str(&String::from_utf8_lossy(&out)).unwrap();
+    assert_eq!(v["result"]["exit_code"], 0, "{v}");
+    // A terminal run followed with attach: each line once.
+    let t = start_pty(
+        &d,
+        &["/bin/sh", "-c", "echo tty-start; read x; echo tty-end"],
+    );
+    let seen = attach_until(&d, &t, true, "tty-start");
+    assert!(seen.contains("tty-start"), "{seen}");
+    // alloxctl's input ends at once (not a terminal): the run's terminal
+    // reads end of file, and the run ends while alloxctl follows it.
+    let (code, out, e) = ctl(&["attach", "a", "s", &t]);
+    assert_eq!(code, 0, "{e}");
+    let out = String::from_utf8_lossy(&out);
+    assert_eq!(out.matches("tty-start").count(), 1, "{out}");
+    assert_eq!(out.matches("tty-end").count(), 1, "{out}");
+}

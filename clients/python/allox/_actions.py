@@ -314,6 +314,19 @@ class Actions:
         p["on_disconnect"] = on_disconnect
         return self._open_stream("process.start", p, _model("RunResult"))
 
+    def process_logs(self, agent_id: str, session_id: str, run_id: str) -> models.RunLogs:
+        """``process.logs``: what is kept of a run's output (any run, running
+        or ended, with or without a terminal); ``result`` once it ended."""
+        p = dict(agent_id=agent_id, session_id=session_id, run_id=run_id)
+        return self._invoke("process.logs", p, _model("RunLogs"))
+
+    def process_logs_stream(self, agent_id: str, session_id: str, run_id: str) -> Any:
+        """``process.logs`` with ``follow``: a stream of ``Output`` events, what
+        is kept and then what the run writes until it ends, each byte once;
+        its ``result`` is the ``RunLogs`` (with the run's ``result``)."""
+        p = dict(agent_id=agent_id, session_id=session_id, run_id=run_id, follow=True)
+        return self._open_stream("process.logs", p, _model("RunLogs"))
+
     def process_wait(self, agent_id: str, session_id: str, run_id: str, *, timeout_ms: int | None = None) -> models.RunResult:
         p = build_params(None, dict(agent_id=agent_id, session_id=session_id, run_id=run_id, timeout_ms=timeout_ms))
         return self._invoke("process.wait", p, _model("RunResult"))

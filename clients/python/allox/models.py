@@ -103,6 +103,7 @@ __all__ = [
     'ProcessInfo',
     'ProcessKill',
     'ProcessListing',
+    'ProcessLogs',
     'ProcessNode',
     'ProcessResize',
     'ProcessStart',
@@ -113,6 +114,7 @@ __all__ = [
     'PtySize',
     'Resized',
     'RollbackDone',
+    'RunLogs',
     'RunResult',
     'RunStarted',
     'RunUsage',
@@ -1103,6 +1105,20 @@ class ProcessListing(Model):
 
 
 @dataclass(kw_only=True)
+class ProcessLogs(Model):
+    """`process.logs`: a run's output, with or without a terminal, live or
+    ended (while the supervisor keeps it): what is kept of it, then, with
+    `follow`, what it writes from now on as `Event::Output`, each byte
+    once, until it ends.
+    """
+
+    agent_id: str
+    follow: bool = False
+    run_id: str
+    session_id: str
+
+
+@dataclass(kw_only=True)
 class ProcessNode(Model):
     """One process in a lineage tree."""
 
@@ -1248,6 +1264,24 @@ class RollbackDone(Model):
     #: The head before the rollback.
     previous_head: Optional[str] = None
     session_id: str
+
+
+@dataclass(kw_only=True)
+class RunLogs(Model):
+    """What `process.logs` answers."""
+
+    #: How it ended, once it has (its output is above, not here).
+    result: Optional[RunResult] = None
+    run_id: str
+    stderr: Bytes
+
+    #: The output kept that was not sent as events (empty when `follow`
+    #: sent it all as events).
+    stdout: Bytes
+
+    #: Some output was not kept: the capture limit, the finished runs'
+    #: budget, or a run streamed to a client that took it.
+    truncated: bool
 
 
 @dataclass(kw_only=True)
@@ -1848,6 +1882,7 @@ ACTIONS: dict[str, tuple[Any, Any]] = {
     'process.events': (ProcessEvents, ProcessEventListing),
     'process.kill': (ProcessKill, Killed),
     'process.list': (SessionRef, ProcessListing),
+    'process.logs': (ProcessLogs, RunLogs),
     'process.resize': (ProcessResize, Resized),
     'process.start': (ProcessStart, Union[RunStarted, RunResult]),
     'process.stdin': (ProcessStdin, StdinWritten),

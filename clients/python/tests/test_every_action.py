@@ -195,6 +195,8 @@ def test_every_action_is_answered_and_fits_the_document(every, openapi_check):
         ended = att.result
     assert ended["exit_code"] == 0 and ended["run_id"] == rid, ended
     assert call("process.wait", agent_id=A, session_id=S, run_id=rid, timeout_ms=10_000)["exit_code"] == 0
+    logs = call("process.logs", agent_id=A, session_id=S, run_id=rid)
+    assert logs["result"]["exit_code"] == 0 and logs["run_id"] == rid, logs
 
     sleeper = call("process.start", agent_id=A, session_id=S, argv=["sleep", "300"])
     assert call("process.kill", agent_id=A, session_id=S, run_id=sleeper["run_id"])["killed"] >= 1

@@ -91,6 +91,25 @@ def test_leaving_an_exec_stream_ends_its_run_unless_it_is_kept(client: allox.Cli
 
 
 @pytest.mark.gateway_streaming
+def test_logs_of_a_run_without_a_terminal_kept_then_followed(client: allox.Client, agent: str):
+    client.session_create(agent, "s1")
+    run = client.start(agent, "s1", ["sh", "-c", "echo one; read x; echo two"]).run_id
+    _until("the first line to be kept", lambda: client.process_logs(agent, "s1", run).stdout == b"one\n")
+    assert client.process_logs(agent, "s1", run).result is None
+    s = client.process_logs_stream(agent, "s1", run)
+    got = b""
+    for ev in s:
+        if isinstance(ev, allox.Output):
+            got += ev.data
+            if got == b"one\n":
+                client.process_stdin(agent, "s1", run, "go\n", close=True)
+    assert got == b"one\ntwo\n"
+    assert s.result.result.exit_code == 0
+    ended = client.process_logs(agent, "s1", run)
+    assert (ended.stdout, ended.result.exit_code) == (b"one\ntwo\n", 0)
+
+
+@pytest.mark.gateway_streaming
 def test_a_stream_of_a_failing_call_raises_its_class(client: allox.Client, agent: str):
     client.session_create(agent, "s1")
     with pytest.raises(allox.InvalidRequest):

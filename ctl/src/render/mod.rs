@@ -157,6 +157,7 @@ pub fn render(response: &Response) -> String {
         ),
         Response::Started(s) => process::started(s),
         Response::Exited(r) => process::exited(r),
+        Response::Logs(l) => process::logs(l),
         Response::Killed(k) => process::killed(k),
         Response::Processes(l) => process::processes(l),
         Response::StdinWritten(w) => process::stdin_written(w),

@@ -103,6 +103,17 @@ pub(super) fn stdin_written(w: &StdinWritten) -> String {
     }
 }
 
+/// A run's kept output, as it was written (stdout, then stderr), and how
+/// it ended if it has.
+pub fn logs(l: &allox_protocol::RunLogs) -> String {
+    let mut out = String::from_utf8_lossy(&l.stdout.0).into_owned();
+    out.push_str(&String::from_utf8_lossy(&l.stderr.0));
+    if l.truncated {
+        out.push_str("(some of its output was not kept)\n");
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::render;

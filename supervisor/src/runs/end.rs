@@ -2,12 +2,12 @@
 //! published and kept for `process.wait`, the init reaped through its
 //! pidfd, and the run's cgroup removed.
 
-use super::output::{Capture, Readers};
+use super::output::Readers;
 use super::{Run, Runs};
 use allox_protocol::RunResult;
 use allox_sandbox::InitStatus;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
@@ -18,7 +18,6 @@ pub(super) async fn finish(
     run: Arc<Run>,
     mut status: tokio::net::unix::pipe::Receiver,
     readers: Readers,
-    capture: Arc<Mutex<Capture>>,
 ) {
     let mut bytes = Vec::new();
     let _ = status.read_to_end(&mut bytes).await;
@@ -26,7 +25,7 @@ pub(super) async fn finish(
     // A background process may keep the pipes open: wait a little, then
     // report what came, so a streamed answer is not held back.
     readers.drain(Duration::from_millis(100)).await;
-    let c = std::mem::take(&mut *capture.lock().unwrap_or_else(|e| e.into_inner()));
+    let c = run.log.take();
     let mut stderr = String::from_utf8_lossy(&c.stderr).into_owned();
     let (exit_code, signal) = match st {
         Some(InitStatus::Exited(code)) => (Some(code), None),

@@ -23,6 +23,7 @@ pub mod fence;
 pub mod finished;
 mod kill;
 pub mod listing;
+mod logs;
 mod output;
 pub mod procfs;
 mod start;
@@ -156,6 +157,8 @@ struct Run {
     /// A terminal run's terminal, until the run ends.
     terminal: Mutex<Option<Arc<terminal::Terminal>>>,
     result: watch::Sender<Option<RunResult>>,
+    /// Its output for `process.logs`.
+    log: Arc<output::Log>,
     timed_out: AtomicBool,
     /// What the run's services made for it; dropped once the init is
     /// reaped.

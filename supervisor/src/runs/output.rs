@@ -13,7 +13,7 @@ use allox_protocol::{Event, OutputChunk, StreamKind};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
 /// Bytes a stopped reader takes at most: a background process that keeps
@@ -30,6 +30,74 @@ pub(super) struct Capture {
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
     pub truncated: bool,
+    /// Taken for the run's result: what it holds is there now.
+    pub ended: bool,
+}
+
+/// Pieces of output held for a follower that reads slowly; past them it
+/// is told how many it missed.
+const FOLLOW_BACKLOG: usize = 256;
+
+/// A run's output as `process.logs` reads it: what is captured, and the
+/// followers of what comes next. A piece is captured or sent to the
+/// client, and told to the followers, under the capture's lock; a new
+/// follower takes what is captured and subscribes under it too, so it
+/// gets each byte once.
+pub(super) struct Log {
+    pub capture: Mutex<Capture>,
+    followers: broadcast::Sender<OutputChunk>,
+}
+
+impl Log {
+    pub fn new() -> Log {
+        Log {
+            capture: Mutex::new(Capture::default()),
+            followers: broadcast::channel(FOLLOW_BACKLOG).0,
+        }
+    }
+
+    fn followed(&self) -> bool {
+        self.followers.receiver_count() > 0
+    }
+
+    /// Keeps a piece (within `limit`) and tells the followers.
+    fn keep(&self, chunk: OutputChunk, limit: usize) {
+        let mut c = self.capture.lock().unwrap_or_else(|e| e.into_inner());
+        c.keep(chunk.stream, &chunk.data.0, limit);
+        if self.followed() {
+            let _ = self.followers.send(chunk);
+        }
+    }
+
+    /// Tells the followers of a piece sent to the run's client.
+    fn tell(&self, chunk: OutputChunk) {
+        let _c = self.capture.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = self.followers.send(chunk);
+    }
+
+    /// What is captured so far, and what comes after it; `None` once the
+    /// capture was taken for the result.
+    pub fn follow(&self) -> Option<(Capture, broadcast::Receiver<OutputChunk>)> {
+        let c = self.capture.lock().unwrap_or_else(|e| e.into_inner());
+        if c.ended {
+            return None;
+        }
+        let kept = Capture {
+            stdout: c.stdout.clone(),
+            stderr: c.stderr.clone(),
+            truncated: c.truncated,
+            ended: false,
+        };
+        Some((kept, self.followers.subscribe()))
+    }
+
+    /// Takes the capture for the result; followers learn of no more.
+    pub fn take(&self) -> Capture {
+        let mut c = self.capture.lock().unwrap_or_else(|e| e.into_inner());
+        let out = std::mem::take(&mut *c);
+        c.ended = true;
+        out
+    }
 }
 
 impl Capture {
@@ -86,18 +154,18 @@ struct Sink {
     kind: StreamKind,
     run_id: String,
     events: Option<EventSink>,
-    capture: Arc<Mutex<Capture>>,
+    log: Arc<Log>,
     limit: usize,
 }
 
 impl Readers {
     /// Starts reading `pipes`, streaming to `events` when given, capturing
-    /// into `capture` otherwise (and once the client is gone).
+    /// into `log` otherwise (and once the client is gone).
     pub fn start(
         pipes: Vec<(Source, StreamKind)>,
         run_id: &str,
         events: Option<EventSink>,
-        capture: &Arc<Mutex<Capture>>,
+        log: &Arc<Log>,
         limit: usize,
     ) -> Readers {
         let (stop, stopped) = watch::channel(false);
@@ -108,7 +176,7 @@ impl Readers {
                     kind,
                     run_id: run_id.to_string(),
                     events: events.clone(),
-                    capture: capture.clone(),
+                    log: log.clone(),
                     limit,
                 };
                 tokio::spawn(read(rx, sink, stopped.clone()))
@@ -175,28 +243,29 @@ async fn read(mut rx: Source, mut sink: Sink, mut stop: watch::Receiver<bool>) {
 
 impl Sink {
     async fn take(&mut self, data: &[u8], stopping: bool) {
+        let chunk = OutputChunk {
+            run_id: self.run_id.clone(),
+            stream: self.kind,
+            data: data.into(),
+        };
         if let Some(ev) = &self.events {
-            let chunk = Event::Output(OutputChunk {
-                run_id: self.run_id.clone(),
-                stream: self.kind,
-                data: data.into(),
-            });
+            let copy = self.log.followed().then(|| chunk.clone());
             // Waiting here is the throttle: a slow client slows the
             // program. Once the run has ended nothing waits: what the
             // client cannot take now goes to the captured output.
             let sent = if stopping {
-                ev.try_send(chunk).is_ok()
+                ev.try_send(Event::Output(chunk.clone())).is_ok()
             } else {
-                ev.send(chunk).await.is_ok()
+                ev.send(Event::Output(chunk.clone())).await.is_ok()
             };
             if sent {
+                if let Some(c) = copy {
+                    self.log.tell(c);
+                }
                 return;
             }
             self.events = None;
         }
-        self.capture
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .keep(self.kind, data, self.limit);
+        self.log.keep(chunk, self.limit);
     }
 }

@@ -6,7 +6,7 @@
 //! checked again once the sandbox exists, since a rollback or delete may
 //! have fenced the session while it was being made.
 
-use super::output::{Capture, Readers, Source};
+use super::output::{Log, Readers, Source};
 use super::terminal::Terminal;
 use super::{end, key, validate, Asked, EventSink, Input, Run, RunError, Runs, SessionPaths};
 use crate::plugins::RunRef;
@@ -276,6 +276,7 @@ impl Runs {
             stdin: tokio::sync::Mutex::new(input),
             terminal: Mutex::new(terminal),
             result: tx,
+            log: Arc::new(Log::new()),
             timed_out: AtomicBool::new(false),
             attached: Mutex::new(Some(attached.guard)),
             metadata: added.metadata,
@@ -299,12 +300,11 @@ impl Runs {
                 .await;
         }
         // Output readers.
-        let capture = Arc::new(Mutex::new(Capture::default()));
         let readers = Readers::start(
             sources,
             &id,
             events.clone(),
-            &capture,
+            &run.log,
             self.cfg.capture_limit,
         );
         // Initial stdin, then close.
@@ -320,13 +320,7 @@ impl Runs {
         // The end: status, then a short drain of the output.
         let status_rx = tokio::net::unix::pipe::Receiver::from_owned_fd(spawned.status)
             .map_err(RunError::Pipe)?;
-        tokio::spawn(end::finish(
-            self.clone(),
-            run.clone(),
-            status_rx,
-            readers,
-            capture,
-        ));
+        tokio::spawn(end::finish(self.clone(), run.clone(), status_rx, readers));
         // Reap the init when the namespace empties, and drop its cgroup.
         tokio::spawn(end::reap(self.clone(), run.clone()));
         if let Some(ms) = p.timeout_ms {

@@ -50,6 +50,7 @@ impl Runs {
         let (recent, mut follow) = t.follow();
         // The follower alone must not keep the terminal open.
         drop(t);
+        let streamed = events.is_some();
         if let Some(ev) = events {
             let chunk = |data: Vec<u8>| {
                 Event::Output(OutputChunk {
@@ -76,7 +77,13 @@ impl Runs {
                 gone = ev.send(event).await.is_err();
             }
         }
-        wait::result(done, None).await
+        let mut r = wait::result(done, None).await?;
+        if streamed {
+            // Its output came as events: not a second time in the answer.
+            r.stdout.clear();
+            r.stderr.clear();
+        }
+        Ok(r)
     }
 }
 

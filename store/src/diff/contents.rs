@@ -120,9 +120,12 @@ pub fn compare(
     Ok(Verdict::Same)
 }
 
+/// Extended attributes: (name, value) pairs.
+type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// The extended attributes of an open file, sorted by name; reading them
 /// is taken from `budget` (`None` when it ran out).
-fn xattrs(f: &OwnedFd, budget: &mut u64) -> io::Result<Option<Vec<(Vec<u8>, Vec<u8>)>>> {
+fn xattrs(f: &OwnedFd, budget: &mut u64) -> io::Result<Option<Xattrs>> {
     let mut names = vec![0u8; XATTR_MAX];
     let n = match fs::flistxattr(f, &mut names) {
         Ok(n) => n,

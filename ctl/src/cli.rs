@@ -71,6 +71,12 @@ pub enum Command {
         session: String,
         from: String,
         to: String,
+        /// Also show each changed file's contents, like `git diff`: unified
+        /// hunks of text files and symlinks, a note for binary files (the
+        /// answer holds at most 512 KiB of patches; past that they are cut
+        /// and say so).
+        #[arg(long, short = 'p')]
+        patch: bool,
     },
     /// Report an agent framework's turns.
     #[command(subcommand)]
@@ -1019,11 +1025,13 @@ impl Command {
                 session,
                 from,
                 to,
+                patch,
             } => call(Request::CheckpointDiff(allox_protocol::CheckpointDiff {
                 agent_id: agent,
                 session_id: session,
                 from,
                 to,
+                patch,
             })),
             C::Log { agent, session } => call(Request::CheckpointList(session_ref(agent, session))),
             C::Turn(TurnCommand::Begin { agent, session, id }) => {

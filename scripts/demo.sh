@@ -17,9 +17,9 @@ allox_install_deps
 allox_install_guest_deps
 
 echo "==> building the guest (kernel cached by config hash; the first build takes ~10 minutes)"
+allox_release_bins allox-init alloxctl rootfs-builder
 eval "$(scripts/build-guest.sh | tail -2)"
-cargo build --release --quiet -p allox-ctl -p allox-rootfs-builder
-BIN=$PWD/$ALLOX_RELEASE
+BIN=$ALLOX_BIN_DIR
 
 WORK=$(mktemp -d /var/tmp/allox-demo-vm.XXXXXX)
 export ALLOX_SOCKET=$WORK/ctl.sock

@@ -133,7 +133,7 @@ ctl turn begin agent-b session-2
 "$BIN/alloxctl" exec agent-b session-2 -- sh -c 'rm parser.py; echo oops > broken.txt'
 ctl turn end agent-b session-2 turn-2 --status failed
 ctl log agent-b session-2
-ctl diff agent-b session-2 turn-1 current
+ctl diff agent-b session-2 turn-1 current --patch
 
 echo; echo "# the same through the JSON gateway, as an agent framework would call it"
 "$BIN/alloxctl" gateway --listen 127.0.0.1:8092 2>>"$WORK/daemon.log" &

@@ -114,7 +114,7 @@ ctl turn begin agent-b session-2
 in_vm agent-b session-2 'rm parser.py; echo oops > broken.txt'
 ctl turn end agent-b session-2 turn-2 --status failed
 ctl log agent-b session-2
-ctl diff agent-b session-2 turn-1 current
+ctl diff agent-b session-2 turn-1 current --patch
 
 echo; echo "# two runs of one session talk over the session's loopback (each session has a network namespace of its own)"
 in_vm agent-b session-2 'mkdir -p www && echo "hello from a run of session-2" > www/index.html'

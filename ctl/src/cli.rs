@@ -1473,6 +1473,25 @@ mod tests {
                 token_file: Some("/etc/t".into())
             })
         );
+
+        let diff = |patch| {
+            Action::Call(Request::CheckpointDiff(allox_protocol::CheckpointDiff {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                from: "c".into(),
+                to: "current".into(),
+                patch,
+            }))
+        };
+        assert_eq!(parse(&["diff", "a", "s", "c", "current"]).2, diff(false));
+        assert_eq!(
+            parse(&["diff", "a", "s", "c", "current", "--patch"]).2,
+            diff(true)
+        );
+        assert_eq!(
+            parse(&["diff", "-p", "a", "s", "c", "current"]).2,
+            diff(true)
+        );
     }
 
     #[test]

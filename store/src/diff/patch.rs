@@ -443,6 +443,15 @@ mod tests {
         write(&a, "to-link", b"was a file\n");
         symlink("target", b.join("to-link")).unwrap();
         std::fs::create_dir_all(b.join("dir")).unwrap();
+        // A FIFO is never opened (nor waited on): no patch.
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            b.join("fifo"),
+            FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
         let d = patched(&a, &b, &Limits::default());
         assert!(!d.patch_truncated);
         let p = |path| {
@@ -499,6 +508,7 @@ mod tests {
              +++ b/to-link\n@@ -0,0 +1 @@\n+target\n\\ No newline at end of file\n"
         );
         assert_eq!(p("dir"), "<none>");
+        assert_eq!(p("fifo"), "<none>");
         assert!(d.changes.iter().all(|c| !c.patch_truncated));
         // Without patches asked for, none.
         let plain = compare(&a, &b, DiffMethod::Walk, &Limits::default(), false).unwrap();

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds everything the guest needs and prints where it is:
 #   - the kernel (kernel/build.sh, cached outside the repo by config hash),
-#   - a release allox-init, stripped (the static PID 1 and supervisor),
+#   - a release allox-init, stripped (the static PID 1 and supervisor;
+#     scripts/build-release.sh, its debug information kept beside it, or
+#     the one in ALLOX_BIN_DIR), copied to target/guest/allox-init,
 #   - the initramfs of the default profile (rootfs-builder, reproducible).
 # The last two lines on stdout are
 #   ALLOX_KERNEL_DIR=<dir with vmlinux and bzImage>
@@ -16,12 +18,11 @@ allox_install_deps
 allox_install_guest_deps
 
 kdir=$(kernel/build.sh | tail -1)
-echo "==> cargo build --release -p allox-init -p allox-rootfs-builder" >&2
-cargo build --release --quiet -p allox-init -p allox-rootfs-builder >&2
+allox_release_bins allox-init rootfs-builder
 out=target/guest
 mkdir -p "$out"
-strip -o "$out/allox-init" $ALLOX_RELEASE/allox-init
-$ALLOX_RELEASE/rootfs-builder initramfs \
+cp "$ALLOX_BIN_DIR/allox-init" "$out/allox-init"
+"$ALLOX_BIN_DIR/rootfs-builder" initramfs \
     --init "$out/allox-init" --out "$out/initrd.img" --compress gzip >&2
 echo "ALLOX_KERNEL_DIR=$kdir"
 echo "ALLOX_INITRD=$(pwd)/$out/initrd.img"

@@ -47,14 +47,12 @@ trap cleanup EXIT
 
 say() { echo; echo "\$ alloxctl $*"; "$work/alloxctl" --socket "$work/run/ctl.sock" "$@"; }
 
-echo "==> cargo build --release (allox-init, alloxctl, rootfs-builder)"
-cargo build --release --quiet -p allox-init -p allox-ctl -p allox-rootfs-builder
-strip -o "$work/allox-init" "$ALLOX_RELEASE/allox-init"
-strip -o "$work/alloxctl" "$ALLOX_RELEASE/alloxctl"
+allox_release_bins allox-init alloxctl rootfs-builder
+cp "$ALLOX_BIN_DIR/allox-init" "$ALLOX_BIN_DIR/alloxctl" "$work/"
 
 echo; echo "# the image: the guest's tree, alloxctl, mkfs.btrfs; entrypoint allox-init container"
 echo "\$ rootfs-builder oci --init allox-init --alloxctl alloxctl --out oci --archive allox.tar --tag $TAG"
-"$ALLOX_RELEASE/rootfs-builder" oci --init "$work/allox-init" --alloxctl "$work/alloxctl" \
+"$ALLOX_BIN_DIR/rootfs-builder" oci --init "$work/allox-init" --alloxctl "$work/alloxctl" \
     --out "$work/oci" --archive "$work/allox.tar" --tag "$TAG" | sed 's/^/    /'
 echo "\$ podman load -i allox.tar"
 podman load -q -i "$work/allox.tar" | sed 's/^/    /'

@@ -4,16 +4,19 @@
 #
 #   sudo scripts/demo-host.sh         # makes a 1 GiB loop-backed Btrfs store
 #   sudo scripts/demo-host.sh /mnt/btrfs   # uses a directory on an existing Btrfs
+#
+# The binaries are built (release, stripped: scripts/build-release.sh)
+# unless ALLOX_BIN_DIR names a directory that has allox-init, alloxctl and
+# allox-dns-stub already:
+#   sudo ALLOX_BIN_DIR=target/dist scripts/demo-host.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 allox_need_root
 allox_install_deps
 
-echo "==> building (release)"
-cargo build --release --quiet -p allox-init -p allox-ctl
-cargo build --release --quiet -p allox-network --bin allox-dns-stub
-BIN=$PWD/$ALLOX_RELEASE
+allox_release_bins allox-init alloxctl allox-dns-stub
+BIN=$ALLOX_BIN_DIR
 
 WORK=$(mktemp -d /var/tmp/allox-demo.XXXXXX)
 MADE_FS=""
@@ -130,7 +133,7 @@ ctl turn begin agent-b session-2
 "$BIN/alloxctl" exec agent-b session-2 -- sh -c 'rm parser.py; echo oops > broken.txt'
 ctl turn end agent-b session-2 turn-2 --status failed
 ctl log agent-b session-2
-ctl diff agent-b session-2 turn-1 current
+ctl diff agent-b session-2 turn-1 current --patch
 
 echo; echo "# the same through the JSON gateway, as an agent framework would call it"
 "$BIN/alloxctl" gateway --listen 127.0.0.1:8092 2>>"$WORK/daemon.log" &

@@ -17,9 +17,9 @@ allox_install_deps
 allox_install_guest_deps
 
 echo "==> building the guest (kernel cached by config hash; the first build takes ~10 minutes)"
+allox_release_bins allox-init alloxctl rootfs-builder
 eval "$(scripts/build-guest.sh | tail -2)"
-cargo build --release --quiet -p allox-ctl -p allox-rootfs-builder
-BIN=$PWD/$ALLOX_RELEASE
+BIN=$ALLOX_BIN_DIR
 
 WORK=$(mktemp -d /var/tmp/allox-demo-vm.XXXXXX)
 export ALLOX_SOCKET=$WORK/ctl.sock
@@ -114,7 +114,7 @@ ctl turn begin agent-b session-2
 in_vm agent-b session-2 'rm parser.py; echo oops > broken.txt'
 ctl turn end agent-b session-2 turn-2 --status failed
 ctl log agent-b session-2
-ctl diff agent-b session-2 turn-1 current
+ctl diff agent-b session-2 turn-1 current --patch
 
 echo; echo "# two runs of one session talk over the session's loopback (each session has a network namespace of its own)"
 in_vm agent-b session-2 'mkdir -p www && echo "hello from a run of session-2" > www/index.html'

@@ -7,6 +7,30 @@ set -euo pipefail
 # .cargo/config.toml), relative to the repository's root.
 ALLOX_RELEASE=target/x86_64-unknown-linux-gnu/release
 
+# Sets and exports ALLOX_BIN_DIR, a directory of the release binaries
+# named in "$@": the one ALLOX_BIN_DIR already names (binaries built
+# before, e.g. by scripts/build-release.sh or a CI job: each must be
+# there), else target/dist, built and stripped by scripts/build-release.sh.
+allox_release_bins() {
+    if [ -n "${ALLOX_BIN_DIR:-}" ]; then
+        ALLOX_BIN_DIR=$(cd "$ALLOX_BIN_DIR" && pwd)
+        local b
+        for b in "$@"; do
+            if [ ! -x "$ALLOX_BIN_DIR/$b" ]; then
+                echo "error: ALLOX_BIN_DIR=$ALLOX_BIN_DIR has no executable $b" >&2
+                exit 1
+            fi
+        done
+        echo "==> using the binaries in ALLOX_BIN_DIR=$ALLOX_BIN_DIR" >&2
+    else
+        # An assignment, so that a failed build stops the caller.
+        local built
+        built=$(scripts/build-release.sh)
+        eval "$built"
+    fi
+    export ALLOX_BIN_DIR
+}
+
 allox_need_root() {
     if [ "$(id -u)" != 0 ]; then
         echo "error: $0 must run as root (it makes loop devices and Btrfs filesystems)" >&2
@@ -25,7 +49,8 @@ allox_install_deps() {
     # would, and run vi in it; chromium: the monitor's report is rendered
     # headless and counted; python3-httpx, -pytest, -jsonschema, -venv,
     # -setuptools and -wheel: the Python client (clients/python), its tests
-    # and its schema checks; podman, runc, skopeo, binutils (strip) and
+    # and its schema checks; podman, runc, skopeo, binutils (objcopy and
+    # readelf: the release binaries stripped, scripts/build-release.sh) and
     # e2fsprogs: the container image is built, inspected and run under
     # podman (runc: this host's crun refuses its hybrid cgroups), with an
     # ext4 device among those it must refuse.

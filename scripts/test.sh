@@ -2,8 +2,9 @@
 # Runs every test: format and lint checks, unit tests (no privileges), the
 # integration tests on real loop-backed Btrfs (root) — the container image
 # under podman among them —, the Python client's and the deployment
-# manifests' tests, the VM tests, and the protocol fuzz target for a
-# bounded time. Installs what it needs.
+# manifests' tests, the release binaries stripped (their sizes printed),
+# the VM tests, and the protocol fuzz target for a bounded time. Installs
+# what it needs.
 #
 #   sudo scripts/test.sh            # everything
 #   FUZZ_SECONDS=0 scripts/test.sh  # skip the fuzz run (it is still built)
@@ -54,6 +55,13 @@ step "deployment manifests (kustomize output against the Kubernetes schemas, the
 bash scripts/test-manifests.sh 2>&1 | tee "$LOG.py"
 py_passed=$((py_passed + $(grep -Eo '^[0-9]+ passed' "$LOG.py" | awk '{s += $1} END {print s + 0}')))
 rm -f "$LOG.py"
+
+step "release binaries: each one's size as built and stripped; none may keep .debug_info (it goes to NAME.debug)"
+# An assignment, so that its failure stops the script (an `eval` of a
+# failed command's empty output would not).
+bins=$(scripts/build-release.sh)
+eval "$bins"
+export ALLOX_BIN_DIR
 
 step "guest image: kernel (cached by config hash), static allox-init, initramfs"
 allox_install_guest_deps

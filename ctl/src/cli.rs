@@ -71,6 +71,12 @@ pub enum Command {
         session: String,
         from: String,
         to: String,
+        /// Also show each changed file's contents, like `git diff`: unified
+        /// hunks of text files and symlinks, a note for binary files (the
+        /// answer holds at most 512 KiB of patches; past that they are cut
+        /// and say so).
+        #[arg(long, short = 'p')]
+        patch: bool,
     },
     /// Report an agent framework's turns.
     #[command(subcommand)]
@@ -1078,11 +1084,13 @@ impl Command {
                 session,
                 from,
                 to,
+                patch,
             } => call(Request::CheckpointDiff(allox_protocol::CheckpointDiff {
                 agent_id: agent,
                 session_id: session,
                 from,
                 to,
+                patch,
             })),
             C::Log { agent, session } => call(Request::CheckpointList(session_ref(agent, session))),
             C::Turn(TurnCommand::Begin { agent, session, id }) => {
@@ -1540,6 +1548,25 @@ mod tests {
             Action::Token(TokenFileArg {
                 token_file: Some("/etc/t".into())
             })
+        );
+
+        let diff = |patch| {
+            Action::Call(Request::CheckpointDiff(allox_protocol::CheckpointDiff {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                from: "c".into(),
+                to: "current".into(),
+                patch,
+            }))
+        };
+        assert_eq!(parse(&["diff", "a", "s", "c", "current"]).2, diff(false));
+        assert_eq!(
+            parse(&["diff", "a", "s", "c", "current", "--patch"]).2,
+            diff(true)
+        );
+        assert_eq!(
+            parse(&["diff", "-p", "a", "s", "c", "current"]).2,
+            diff(true)
         );
     }
 

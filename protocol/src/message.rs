@@ -386,6 +386,10 @@ pub struct CheckpointDiff {
     pub session_id: String,
     pub from: String,
     pub to: String,
+    /// Also answer each changed file's contents, as `git diff` shows
+    /// them, in its change's `patch` (within the answer's bounds).
+    #[serde(default)]
+    pub patch: bool,
 }
 
 /// `policy.set`: automatic checkpoints for an agent (default of its
@@ -1158,6 +1162,20 @@ pub struct Change {
     pub kind: ChangeKind,
     pub size_before: Option<u64>,
     pub size_after: Option<u64>,
+    /// With `checkpoint.diff {patch: true}`, for a regular file or a
+    /// symlink: the change as `git diff` shows it — a `diff --git` line,
+    /// mode lines, `--- a/PATH` / `+++ b/PATH` (`/dev/null` for a side
+    /// that has none) and unified hunks with 3 lines of context; a symlink
+    /// as the text of its target; for a binary file (a NUL byte in its
+    /// first 8 KiB, or not UTF-8) the note `Binary files a/PATH and
+    /// b/PATH differ`. None for directories and special files, and when
+    /// the answer had no room left (see `patch_truncated`).
+    #[serde(default)]
+    pub patch: Option<String>,
+    /// The patch is cut short (the hunks that are there well-formed, the
+    /// rest left out) or left out, to keep the answer within its bounds.
+    #[serde(default)]
+    pub patch_truncated: bool,
 }
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
@@ -1171,6 +1189,11 @@ pub struct DiffListing {
     pub modified: u64,
     pub deleted: u64,
     pub type_changed: u64,
+    /// Some listed change's patch is cut short or left out (its own
+    /// `patch_truncated` says which): the patches of one answer hold at
+    /// most 512 KiB, 64 KiB per file.
+    #[serde(default)]
+    pub patch_truncated: bool,
 }
 
 macro_rules! responses {

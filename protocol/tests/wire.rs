@@ -94,6 +94,57 @@ fn golden_responses() {
 }
 
 #[test]
+fn golden_diff_with_patches() {
+    let m = ClientFrame::Request(RequestEnvelope {
+        conversation: 1,
+        request_id: 2,
+        request: Request::CheckpointDiff(CheckpointDiff {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            from: "x".into(),
+            to: "y".into(),
+            patch: true,
+        }),
+    });
+    // Request variant 21, four strings, patch true last.
+    assert_eq!(
+        payload(&m),
+        [0x01, 0x01, 0x02, 0x15, 0x01, b'a', 0x01, b's', 0x01, b'x', 0x01, b'y', 0x01]
+    );
+    let m = ServerFrame::Response(ResponseEnvelope {
+        conversation: 3,
+        request_id: 1,
+        outcome: Outcome::Ok(Response::Diff(DiffListing {
+            from: "a".into(),
+            to: "b".into(),
+            changes: vec![Change {
+                path: "f".into(),
+                kind: ChangeKind::Modified,
+                size_before: Some(1),
+                size_after: Some(2),
+                patch: Some("p".into()),
+                patch_truncated: true,
+            }],
+            truncated: false,
+            added: 0,
+            modified: 1,
+            deleted: 0,
+            type_changed: 0,
+            patch_truncated: true,
+        })),
+    });
+    // Response variant 17; one change: "f", modified (1), Some 1, Some 2,
+    // patch Some "p", cut; not truncated, the four counts, cut.
+    assert_eq!(
+        payload(&m),
+        [
+            0x02, 0x03, 0x01, 0x00, 0x11, 0x01, b'a', 0x01, b'b', 0x01, 0x01, b'f', 0x01, 0x01,
+            0x01, 0x01, 0x02, 0x01, 0x01, b'p', 0x01, 0x00, 0x00, 0x01, 0x00, 0x00, 0x01
+        ]
+    );
+}
+
+#[test]
 fn wire_order_of_actions_and_codes_is_pinned() {
     assert_eq!(
         Request::ACTIONS,

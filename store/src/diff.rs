@@ -27,10 +27,16 @@
 //! stops with an error that names the limit and the path (code
 //! `unsupported`); a tree that changes under the walk in a way it cannot
 //! follow gives `conflict`.
+//!
+//! Asked for patches, the diff then reads each listed file again and
+//! answers its change as `git diff` shows it ([`patch`]), within the
+//! answer's bounds.
 
 mod contents;
+mod hunks;
 mod listing;
 mod names;
+mod patch;
 mod walk;
 
 use super::{Result, Store, StoreError};
@@ -70,6 +76,17 @@ pub struct Limits {
     /// Most inodes the Btrfs hints single out before the diff walks
     /// everything instead.
     pub hint_inodes: usize,
+    /// Most bytes of patch text in one answer.
+    pub patch_bytes: usize,
+    /// Most bytes of one file's patch.
+    pub patch_file_bytes: usize,
+    /// Bytes of file contents read for the patches of one answer.
+    pub patch_read_bytes: u64,
+    /// Largest file (either side) whose lines are compared for a patch.
+    pub patch_file_read: u64,
+    /// Most bytes of the listing and its patches together: what one frame
+    /// holds, less room for the rest of the answer and its framing.
+    pub answer_bytes: usize,
 }
 
 impl Default for Limits {
@@ -83,6 +100,11 @@ impl Default for Limits {
             changes: MAX_CHANGES,
             listed_bytes: 512 << 10,
             hint_inodes: 1 << 18,
+            patch_bytes: 512 << 10,
+            patch_file_bytes: 64 << 10,
+            patch_read_bytes: 64 << 20,
+            patch_file_read: 4 << 20,
+            answer_bytes: 960 << 10,
         }
     }
 }
@@ -286,16 +308,63 @@ pub fn diff_trees_with(
     method: DiffMethod,
     limits: &Limits,
 ) -> Result<(Vec<Change>, bool, [u64; 4])> {
+    let d = compare(from, to, method, limits, false)?;
+    Ok((d.changes, d.truncated, d.counts))
+}
+
+/// What a diff of two trees answers.
+#[derive(Debug)]
+pub struct Compared {
+    /// The changes listed, in path order.
+    pub changes: Vec<Change>,
+    /// Some changes are not listed.
+    pub truncated: bool,
+    /// Every change, counted by [`ChangeKind`].
+    pub counts: [u64; 4],
+    /// Some listed change's patch is cut or left out.
+    pub patch_truncated: bool,
+}
+
+/// Diffs two directory trees within `limits`, with each listed file's
+/// patch when `patches` is set.
+pub fn compare(
+    from: &Path,
+    to: &Path,
+    method: DiffMethod,
+    limits: &Limits,
+    patches: bool,
+) -> Result<Compared> {
     let (a, b) = (open_root(from)?, open_root(to)?);
     let hints = match method {
         DiffMethod::Walk => None,
         DiffMethod::Btrfs => Hints::read(&a, &b, from, to, limits.hint_inodes)?,
     };
+    // The patches read the trees the walk saw, whatever is renamed over
+    // their paths meanwhile.
+    let dup = |fd: &OwnedFd, p: &Path| {
+        rustix::io::fcntl_dupfd_cloexec(fd, 0).map_err(|e| io("duplicate", p, e))
+    };
+    let (pa, pb) = if patches {
+        (Some(dup(&a, from)?), Some(dup(&b, to)?))
+    } else {
+        (None, None)
+    };
     let da = Dir::from_fd(a, from.as_os_str().as_encoded_bytes())?;
     let db = Dir::from_fd(b, to.as_os_str().as_encoded_bytes())?;
     let mut w = walk::Walk::new(limits, hints.as_ref());
     w.run(da, db)?;
-    Ok(w.out.finish())
+    let found = w.out.finish();
+    let (truncated, counts) = (found.truncated, found.counts);
+    let (changes, patch_truncated) = match (&pa, &pb) {
+        (Some(pa), Some(pb)) => patch::Patcher::new(pa, pb, &found, limits).run(&found)?,
+        _ => (found.into_changes().0, false),
+    };
+    Ok(Compared {
+        changes,
+        truncated,
+        counts,
+        patch_truncated,
+    })
 }
 
 impl Store {
@@ -315,12 +384,14 @@ impl Store {
         self.need_session(a, s)?;
         let from = self.tree_of(a, s, &p.from)?;
         let to = self.tree_of(a, s, &p.to)?;
-        let (changes, truncated, c) = diff_trees(&from, &to, DiffMethod::Btrfs)?;
+        let d = compare(&from, &to, DiffMethod::Btrfs, &Limits::default(), p.patch)?;
+        let c = d.counts;
         Ok(DiffListing {
             from: p.from.clone(),
             to: p.to.clone(),
-            changes,
-            truncated,
+            changes: d.changes,
+            truncated: d.truncated,
+            patch_truncated: d.patch_truncated,
             added: c[ChangeKind::Added as usize],
             modified: c[ChangeKind::Modified as usize],
             deleted: c[ChangeKind::Deleted as usize],

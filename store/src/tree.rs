@@ -22,6 +22,7 @@ use rustix::fs::{self, FileType, Mode, OFlags, Stat};
 use rustix::io::Errno;
 use std::ffi::OsStr;
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use thiserror::Error;
 
@@ -194,6 +195,27 @@ impl Dir {
     }
 }
 
+/// Opens the directory `path` below `root` (names separated by `/`, as a
+/// walk lists them; empty for `root` itself) one name at a time, each with
+/// `O_NOFOLLOW | O_DIRECTORY`: a symlink anywhere on the way is refused,
+/// never followed, so nothing outside the tree is reached whatever was
+/// swapped in since the walk. `None` when it is not there (any more) as a
+/// directory.
+pub fn open_dir_below(root: &OwnedFd, path: &[u8]) -> io::Result<Option<OwnedFd>> {
+    let mut dir = fs::openat(root, ".", DIR_FLAGS, Mode::empty())?;
+    for name in path.split(|&c| c == b'/').filter(|n| !n.is_empty()) {
+        if name == b"." || name == b".." {
+            return Ok(None);
+        }
+        dir = match fs::openat(&dir, OsStr::from_bytes(name), DIR_FLAGS, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+    }
+    Ok(Some(dir))
+}
+
 /// Opens the regular file `name` of `dir` for reading, never blocking and
 /// never following a symlink. `None` when what is there now is not the
 /// regular file the walk saw as `seen` (a FIFO, socket, device, symlink or
@@ -222,7 +244,6 @@ pub fn open_regular(dir: &OwnedFd, name: &OsStr, seen: &Stat) -> io::Result<Opti
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::ffi::OsStrExt;
 
     #[test]
     fn long_paths_are_shown_by_their_ends() {

@@ -38,6 +38,7 @@ fn diff(st: &Store, from: &str, to: &str) -> DiffListing {
         session_id: "s".into(),
         from: from.into(),
         to: to.into(),
+        patch: false,
     })
     .unwrap()
 }
@@ -184,6 +185,7 @@ fn diff_matches_a_brute_force_comparison_on_hostile_trees() {
             session_id: "s".into(),
             from: "../b".into(),
             to: "b".into(),
+            patch: false,
         })
         .unwrap_err();
     assert_eq!(e.code(), ErrorCode::InvalidRequest);
@@ -193,6 +195,7 @@ fn diff_matches_a_brute_force_comparison_on_hostile_trees() {
             session_id: "s".into(),
             from: "nope".into(),
             to: "b".into(),
+            patch: false,
         })
         .unwrap_err();
     assert_eq!(e.code(), ErrorCode::NotFound);
@@ -380,6 +383,7 @@ fn tight() -> allox_store::diff::Limits {
         changes: 10_000,
         listed_bytes: 4 << 20,
         hint_inodes: 1 << 18,
+        ..allox_store::diff::Limits::default()
     }
 }
 

@@ -107,6 +107,7 @@ fn diff(d: &ProcDaemon, from: &str, to: &str) -> Result<DiffListing, ErrorBody> 
         session_id: "s".into(),
         from: from.into(),
         to: to.into(),
+        patch: false,
     });
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {

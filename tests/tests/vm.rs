@@ -203,6 +203,7 @@ fn guest_the_spine_and_exec_over_virtio_serial_then_an_orderly_shutdown() {
             session_id: "s".into(),
             from: "c1".into(),
             to: "current".into(),
+            patch: false,
         }),
     ) {
         Response::Diff(d) => assert_eq!((d.added, d.modified, d.deleted), (1, 1, 0), "{d:?}"),

@@ -156,10 +156,16 @@ class Actions:
         p = build_params(None, dict(agent_id=agent_id, session_id=session_id, checkpoint_id=checkpoint_id, kill_processes=kill_processes))
         return self._invoke("session.rollback", p, _model("RollbackDone"))
 
-    def diff(self, agent_id: str, session_id: str, from_: str, to: str = "current") -> models.DiffListing:
+    def diff(
+        self, agent_id: str, session_id: str, from_: str, to: str = "current", *, patch: bool = False
+    ) -> models.DiffListing:
         """``checkpoint.diff`` between two checkpoints (``current`` is the
-        session's ``current/``)."""
+        session's ``current/``); with ``patch``, each changed file's
+        ``patch`` as ``git diff`` shows it (within the answer's bounds:
+        ``patch_truncated``)."""
         p = {"agent_id": agent_id, "session_id": session_id, "from": from_, "to": to}
+        if patch:
+            p["patch"] = True
         return self._invoke("checkpoint.diff", p, _model("DiffListing"))
 
     # -- turns and policy ------------------------------------------------------------

@@ -267,6 +267,20 @@ class AuditRecord(Model):
 class Change(Model):
     kind: ChangeKind
 
+    #: With `checkpoint.diff {patch: true}`, for a regular file or a
+    #: symlink: the change as `git diff` shows it — a `diff --git` line,
+    #: mode lines, `--- a/PATH` / `+++ b/PATH` (`/dev/null` for a side
+    #: that has none) and unified hunks with 3 lines of context; a symlink
+    #: as the text of its target; for a binary file (a NUL byte in its
+    #: first 8 KiB, or not UTF-8) the note `Binary files a/PATH and
+    #: b/PATH differ`. None for directories and special files, and when
+    #: the answer had no room left (see `patch_truncated`).
+    patch: Optional[str] = None
+
+    #: The patch is cut short (the hunks that are there well-formed, the
+    #: rest left out) or left out, to keep the answer within its bounds.
+    patch_truncated: bool = False
+
     #: Relative to the workspace root, `/`-separated.
     path: str
     size_after: Optional[int] = None
@@ -294,6 +308,10 @@ class CheckpointDiff(Model):
 
     agent_id: str
     from_: str = field(metadata={"json": 'from'})
+
+    #: Also answer each changed file's contents, as `git diff` shows
+    #: them, in its change's `patch` (within the answer's bounds).
+    patch: bool = False
     session_id: str
     to: str
 
@@ -358,6 +376,11 @@ class DiffListing(Model):
     deleted: int
     from_: str = field(metadata={"json": 'from'})
     modified: int
+
+    #: Some listed change's patch is cut short or left out (its own
+    #: `patch_truncated` says which): the patches of one answer hold at
+    #: most 512 KiB, 64 KiB per file.
+    patch_truncated: bool = False
     to: str
     truncated: bool
     type_changed: int

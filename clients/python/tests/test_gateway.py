@@ -114,6 +114,15 @@ def test_diff(client: allox.Client, agent: str):
     assert (a.size_before, a.size_after) == (1, 7)
     d0 = client.diff(agent, "s1", "baseline")
     assert {c.path for c in d0.changes} == {"a.txt", "c.txt"}
+    assert all(c.patch is None for c in d0.changes)
+    p = client.diff(agent, "s1", "two", "current", patch=True)
+    patches = {c.path: c.patch for c in p.changes}
+    assert patches["a.txt"] == (
+        "diff --git a/a.txt b/a.txt\n--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n"
+        "-a\n\\ No newline at end of file\n+changed\n\\ No newline at end of file\n"
+    ), p
+    assert patches["b.txt"].startswith("diff --git a/b.txt b/b.txt\ndeleted file mode 100"), p
+    assert not p.patch_truncated
 
 
 def test_files_round_trip_every_byte(client: allox.Client, agent: str, tmp_path):

@@ -3,6 +3,7 @@
 //! output for finished runs. Every string ends with a newline; times are
 //! UTC.
 
+mod diff;
 mod events;
 pub use events::process_event;
 mod files;
@@ -142,7 +143,7 @@ pub fn render(response: &Response) -> String {
         Response::Deleted(d) => format!("deleted {}\n", clean(&d.deleted)),
         Response::Audit(l) => audit(l),
         Response::Turn(t) => turn(t),
-        Response::Diff(d) => diff_stat(d),
+        Response::Diff(d) => diff::listing(d),
         Response::Policy(p) => format!(
             "{}{}: auto_checkpoint {}{}\n",
             clean(&p.agent_id),
@@ -168,40 +169,6 @@ pub fn render(response: &Response) -> String {
             r.cols
         ),
     }
-}
-
-/// Like `git diff --stat`: one line a path, then the totals.
-fn diff_stat(d: &allox_protocol::DiffListing) -> String {
-    use allox_protocol::ChangeKind as K;
-    let mut out = String::new();
-    let size = |s: Option<u64>| s.map(|n| n.to_string()).unwrap_or_else(|| "-".into());
-    for c in &d.changes {
-        let mark = match c.kind {
-            K::Added => "A",
-            K::Modified => "M",
-            K::Deleted => "D",
-            K::TypeChanged => "T",
-        };
-        out.push_str(&format!(
-            " {mark} {} ({} -> {})\n",
-            clean(&c.path),
-            size(c.size_before),
-            size(c.size_after)
-        ));
-    }
-    if d.truncated {
-        out.push_str(" ... (more changes than listed)\n");
-    }
-    out.push_str(&format!(
-        " {} -> {}: {} added, {} modified, {} deleted, {} type changed\n",
-        clean(&d.from),
-        clean(&d.to),
-        d.added,
-        d.modified,
-        d.deleted,
-        d.type_changed
-    ));
-    out
 }
 
 fn turn(t: &allox_protocol::TurnInfo) -> String {

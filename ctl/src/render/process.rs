@@ -45,7 +45,7 @@ pub fn run_status(r: &RunResult) -> String {
 
 /// Captured output made safe for a terminal: line breaks and tabs stay,
 /// other control characters are shown escaped.
-fn clean_output(text: &str) -> String {
+pub(super) fn clean_output(text: &str) -> String {
     text.split_inclusive('\n')
         .map(|line| {
             let (body, end) = match line.strip_suffix('\n') {

@@ -4,14 +4,50 @@
 use allox_protocol::{Change, ChangeKind};
 use std::collections::BinaryHeap;
 
-/// Bytes a listed change costs beside its path (its encoding).
+/// Bytes a listed change costs beside its path (its encoding, the empty
+/// patch fields included).
 const CHANGE_COST: usize = 32;
 
-struct Listed {
-    path: Vec<u8>,
-    kind: ChangeKind,
-    before: Option<u64>,
-    after: Option<u64>,
+/// A listed change, its path as the tree holds it.
+pub struct Listed {
+    pub path: Vec<u8>,
+    pub kind: ChangeKind,
+    pub before: Option<u64>,
+    pub after: Option<u64>,
+}
+
+impl Listed {
+    /// The change as the protocol carries it (the path as lossy UTF-8).
+    pub fn change(&self) -> Change {
+        Change {
+            path: String::from_utf8_lossy(&self.path).into_owned(),
+            kind: self.kind,
+            size_before: self.before,
+            size_after: self.after,
+            patch: None,
+            patch_truncated: false,
+        }
+    }
+}
+
+/// What a walk found.
+pub struct Found {
+    /// The changes listed, in path order.
+    pub listed: Vec<Listed>,
+    /// Whether some changes were left out of `listed`.
+    pub truncated: bool,
+    /// Every change, counted by kind.
+    pub counts: [u64; 4],
+    /// What `listed` costs of the answer, in bytes at most.
+    pub bytes: usize,
+}
+
+impl Found {
+    /// The listed changes, whether some were left out, and the counts.
+    pub fn into_changes(self) -> (Vec<Change>, bool, [u64; 4]) {
+        let changes = self.listed.iter().map(Listed::change).collect();
+        (changes, self.truncated, self.counts)
+    }
 }
 
 impl PartialEq for Listed {
@@ -75,22 +111,15 @@ impl Listing {
     }
 
     /// The listed changes in path order, and whether some were left out.
-    pub fn finish(self) -> (Vec<Change>, bool, [u64; 4]) {
+    pub fn finish(self) -> Found {
         let total: u64 = self.counts.iter().sum();
-        let counts = self.counts;
-        let changes: Vec<Change> = self
-            .kept
-            .into_sorted_vec()
-            .into_iter()
-            .map(|x| Change {
-                path: String::from_utf8_lossy(&x.path).into_owned(),
-                kind: x.kind,
-                size_before: x.before,
-                size_after: x.after,
-            })
-            .collect();
-        let truncated = total > changes.len() as u64;
-        (changes, truncated, counts)
+        let listed = self.kept.into_sorted_vec();
+        Found {
+            truncated: total > listed.len() as u64,
+            listed,
+            counts: self.counts,
+            bytes: self.bytes,
+        }
     }
 }
 
@@ -104,7 +133,7 @@ mod tests {
         for p in ["e", "b", "d", "a", "c", "f"] {
             l.push(p.as_bytes(), ChangeKind::Added, None, Some(1));
         }
-        let (c, truncated, counts) = l.finish();
+        let (c, truncated, counts) = l.finish().into_changes();
         let paths: Vec<&str> = c.iter().map(|c| c.path.as_str()).collect();
         assert_eq!(paths, ["a", "b", "c"]);
         assert!(truncated);
@@ -120,7 +149,7 @@ mod tests {
         l.push("b/".repeat(200).as_bytes(), ChangeKind::Added, None, None);
         l.push(b"c", ChangeKind::Added, None, None);
         l.push(b"0", ChangeKind::Deleted, None, None);
-        let (c, truncated, counts) = l.finish();
+        let (c, truncated, counts) = l.finish().into_changes();
         let paths: Vec<&str> = c.iter().map(|c| c.path.as_str()).collect();
         assert_eq!(paths, ["0", "a"]);
         assert!(truncated);

@@ -85,6 +85,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         session_id: "big".into(),
         from: "x".into(),
         to: "y".into(),
+        patch: false,
     };
     let reps = if quick { 5 } else { 20 };
     let mut ds = Vec::new();

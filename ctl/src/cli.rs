@@ -351,6 +351,10 @@ pub struct RunArgs {
     /// open for `process.stdin`.
     #[arg(long, value_name = "FILE")]
     stdin_file: Option<PathBuf>,
+    /// `exec`: pass alloxctl's stdin to the program as it comes, and close
+    /// the program's at its end (as `docker exec -i` does).
+    #[arg(short = 'i', long, conflicts_with = "stdin_file")]
+    interactive: bool,
     /// Run the program on a terminal in the sandbox: `exec -t` puts this
     /// terminal in raw mode and passes keys, window size changes and
     /// Ctrl-C through (`start -t`: follow it with `alloxctl attach`).
@@ -978,6 +982,8 @@ pub struct Run {
     pub tty: bool,
     /// `--detach-on-exit`.
     pub detach: bool,
+    /// `-i`: alloxctl's stdin passed on as it comes.
+    pub interactive: bool,
 }
 
 impl Run {
@@ -1002,9 +1008,9 @@ impl RunArgs {
                 argv: self.argv,
                 env: self.env.into_iter().collect(),
                 cwd: self.cwd,
-                // `exec` cannot forward its own stdin while the run goes
-                // on: the program reads end of file instead of hanging.
-                stdin: wait.then(Default::default),
+                // Without -i, `exec` does not pass its own stdin on: the
+                // program reads end of file instead of hanging.
+                stdin: (wait && !self.interactive).then(Default::default),
                 timeout_ms: self.timeout_ms,
                 wait,
                 stream: wait,
@@ -1020,6 +1026,7 @@ impl RunArgs {
             stdin_file: self.stdin_file,
             tty: self.tty,
             detach: self.detach_on_exit,
+            interactive: self.interactive,
         }
     }
 }

@@ -16,10 +16,10 @@
 use crate::client::{Answer, Caller, Client, ClientError, Sender};
 use crate::process;
 use allox_protocol::{
-    ErrorBody, ErrorCode, Event, OnDisconnect, ProcessKill, ProcessStart, Request,
+    ErrorBody, ErrorCode, Event, OnDisconnect, ProcessKill, ProcessStart, ProcessStdin, Request,
 };
 use nix::sys::signal::{SigSet, Signal};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 
@@ -108,15 +108,28 @@ pub(crate) fn reaction(sig: Signal, nth: u32, detach: bool) -> Reaction {
     }
 }
 
+/// How `alloxctl exec` holds its run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Foreground {
+    /// `--detach-on-exit`: signals to alloxctl leave the run going.
+    pub detach: bool,
+    /// `-i`: alloxctl's stdin is passed on as it comes.
+    pub interactive: bool,
+}
+
 /// `alloxctl exec` without a terminal (see the module's description).
 pub fn exec(
     socket: &Path,
     mut request: ProcessStart,
     json: bool,
-    detach: bool,
+    how: Foreground,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> u8 {
+    let Foreground {
+        detach,
+        interactive,
+    } = how;
     request.on_disconnect = if detach {
         OnDisconnect::Keep
     } else {
@@ -136,10 +149,15 @@ pub fn exec(
         let why = format!("cannot block signals: {e}");
         return process::report(stderr, &ErrorBody::new(ErrorCode::Internal, why));
     }
-    let known = Arc::new(Known::new(None));
+    let target = (request.agent_id.clone(), request.session_id.clone());
+    let (tx, rx) = mpsc::channel();
+    let known = Arc::new(Known::new(interactive.then_some(tx)));
+    if interactive {
+        let (sender, target) = (sender.clone(), target.clone());
+        std::thread::spawn(move || pass_input(&sender, &target, rx, false));
+    }
     {
         let known = known.clone();
-        let target = (request.agent_id.clone(), request.session_id.clone());
         std::thread::spawn(move || on_signals(&sender, &target, &known, signals, detach));
     }
     let mut tap = Tap {
@@ -200,6 +218,60 @@ fn on_signals(
                     ));
                 }
             }
+        }
+    }
+}
+
+/// Sends alloxctl's input to the run, once its id is known, as it comes;
+/// at its end, closes the run's (on a terminal: types its end-of-file
+/// character). With `detach_keys` (a terminal run), Ctrl-P Ctrl-Q leave
+/// alloxctl with the run going on.
+pub(crate) fn pass_input(
+    sender: &Sender,
+    (agent, session): &(String, String),
+    run: mpsc::Receiver<String>,
+    detach_keys: bool,
+) {
+    let Ok(run_id) = run.recv() else { return };
+    let mut stdin = std::io::stdin().lock();
+    let mut buf = vec![0u8; 16 << 10];
+    let mut held = false;
+    loop {
+        let n = match stdin.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => 0,
+        };
+        let (data, detach) = if detach_keys {
+            crate::tty::typed(&mut held, &buf[..n])
+        } else {
+            (buf[..n].to_vec(), false)
+        };
+        if detach {
+            crate::tty::restore();
+            let _ = std::io::stderr().write_all(
+                format!(
+                    "\r\nalloxctl: left run {run_id}, which goes on: `alloxctl attach {agent} {session} {run_id}` follows it again\r\n"
+                )
+                .as_bytes(),
+            );
+            std::process::exit(0);
+        }
+        if n > 0 && data.is_empty() {
+            continue;
+        }
+        let request = Request::ProcessStdin(ProcessStdin {
+            agent_id: agent.clone(),
+            session_id: session.clone(),
+            run_id: run_id.clone(),
+            data: data.into(),
+            close: n == 0,
+        });
+        // In order, each after the last was taken; a run that ended (or
+        // closed its input) takes no more.
+        match sender.call(request) {
+            Ok(Ok(_)) if n > 0 => {}
+            _ => return,
         }
     }
 }

@@ -26,7 +26,10 @@ fn main() -> ExitCode {
             Err(code) => code,
         },
         Action::Exec(run) => {
-            let detach = run.detach;
+            let how = allox_ctl::foreground::Foreground {
+                detach: run.detach,
+                interactive: run.interactive,
+            };
             match request_of(run) {
                 Ok(request) => {
                     let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
@@ -34,7 +37,7 @@ fn main() -> ExitCode {
                         &cli.socket,
                         request,
                         cli.json,
-                        detach,
+                        how,
                         &mut out,
                         &mut err,
                     ))

@@ -25,7 +25,7 @@ use crate::process;
 use allox_protocol::{ProcessKill, ProcessResize, ProcessStdin, PtySize, Request};
 use nix::sys::signal::{SigSet, Signal};
 use rustix::termios::{self, OptionalActions, Termios};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex};
 
@@ -34,7 +34,7 @@ use std::sync::{mpsc, Arc, Mutex};
 static SAVED: Mutex<Option<Termios>> = Mutex::new(None);
 
 /// Puts this terminal (alloxctl's stdin) back as it was, once.
-fn restore() {
+pub(crate) fn restore() {
     let saved = SAVED.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(t) = saved {
         let _ = termios::tcsetattr(std::io::stdin(), OptionalActions::Now, &t);
@@ -175,7 +175,7 @@ fn drive(
     let target = (agent, session);
     {
         let (sender, target) = (sender.clone(), target.clone());
-        std::thread::spawn(move || keys(&sender, &target, rx));
+        std::thread::spawn(move || foreground::pass_input(&sender, &target, rx, true));
     }
     {
         let known = known.clone();
@@ -208,7 +208,7 @@ const DETACH: [u8; 2] = [0x10, 0x11];
 /// What typed bytes mean: the part to pass on, and whether the detach
 /// keys followed it. A Ctrl-P at the end is held (`held`) until the next
 /// byte says whether a Ctrl-Q follows; any other byte sends it on.
-fn typed(held: &mut bool, input: &[u8]) -> (Vec<u8>, bool) {
+pub(crate) fn typed(held: &mut bool, input: &[u8]) -> (Vec<u8>, bool) {
     let mut out = Vec::with_capacity(input.len() + 1);
     let mut it = input.iter().copied().peekable();
     if std::mem::take(held) {
@@ -231,51 +231,6 @@ fn typed(held: &mut bool, input: &[u8]) -> (Vec<u8>, bool) {
         out.push(b);
     }
     (out, false)
-}
-
-/// Sends what is typed here to the run, once its id is known; at the end
-/// of this input (not a terminal: a pipe or a file), closes the run's,
-/// which types its end-of-file character. The detach keys leave alloxctl
-/// with the run going on.
-fn keys(sender: &Sender, (agent, session): &(String, String), run: mpsc::Receiver<String>) {
-    let Ok(run_id) = run.recv() else { return };
-    let mut stdin = std::io::stdin().lock();
-    let mut buf = vec![0u8; 16 << 10];
-    let mut held = false;
-    loop {
-        let n = match stdin.read(&mut buf) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => 0,
-        };
-        let (data, detach) = typed(&mut held, &buf[..n]);
-        if detach {
-            restore();
-            let _ = std::io::stderr().write_all(
-                format!(
-                    "\r\nalloxctl: left run {run_id}, which goes on: `alloxctl attach {agent} {session} {run_id}` follows it again\r\n"
-                )
-                .as_bytes(),
-            );
-            std::process::exit(0);
-        }
-        if n > 0 && data.is_empty() {
-            continue;
-        }
-        let request = Request::ProcessStdin(ProcessStdin {
-            agent_id: agent.clone(),
-            session_id: session.clone(),
-            run_id: run_id.clone(),
-            data: data.into(),
-            close: n == 0,
-        });
-        // In order, each after the last was taken; a run that ended (or
-        // closed its input) takes no more.
-        match sender.call(request) {
-            Ok(Ok(_)) if n > 0 => {}
-            _ => return,
-        }
-    }
 }
 
 /// Waits for the blocked signals and does what each means.

@@ -1872,4 +1872,28 @@ fn the_cli_speaks_in_its_own_words() {
     let (code, _, e) = ctl(&["exec", "a", "s", "--", "no-such-program-here"]);
     assert_eq!(code, 127, "{e}");
     assert!(e.contains("no-such-program-here"), "{e}");
+    // exec -i passes stdin on as it comes, and its end (docker exec -i);
+    // without -i the program reads an empty stdin.
+    let piped = |flags: &[&str]| {
+        use std::io::Write;
+        let mut c = std::process::Command::new(allox_integration::workspace_bin("alloxctl"))
+            .arg("--socket")
+            .arg(sock)
+            .arg("exec")
+            .args(flags)
+            .args(["a", "s", "--", "sh", "-c", "cat; echo end"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = c.stdin.take().unwrap();
+        input.write_all(b"line one\n").unwrap();
+        input.write_all(b"line two\n").unwrap();
+        drop(input);
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success(), "{flags:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(piped(&["-i"]), "line one\nline two\nend\n");
+    assert_eq!(piped(&[]), "end\n");
 }

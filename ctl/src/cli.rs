@@ -895,19 +895,30 @@ pub enum CheckpointCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum TurnCommand {
-    /// A turn starts.
+    /// A turn starts (the same as `allox turn begin` in a sandbox).
     Begin {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
-        /// Turn id (default: turn-<n>).
-        #[arg(long)]
+        /// Name of the turn (default: turn-<n>).
+        #[arg(long = "turn-id", visible_alias = "id", value_name = "ID")]
         id: Option<String>,
     },
-    /// A turn ends.
+    /// A turn ends (the same as `allox turn end` in a sandbox); with the
+    /// session's automatic checkpoints on, an `ok` turn is checkpointed.
     End {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
-        turn: String,
+        /// The turn to end (default: the session's open turn).
+        #[arg(value_name = "TURN", conflicts_with = "turn_id")]
+        turn: Option<String>,
+        /// The turn to end, as `allox turn end --turn-id` names it.
+        #[arg(long, value_name = "ID")]
+        turn_id: Option<String>,
+        /// How the turn went.
         #[arg(long, value_parser = ["ok", "failed", "cancelled"], default_value = "ok")]
         status: String,
         /// Label of the automatic checkpoint.
@@ -1111,12 +1122,13 @@ impl Command {
                 agent,
                 session,
                 turn,
+                turn_id,
                 status,
                 label,
             }) => call(Request::TurnEnd(allox_protocol::TurnEnd {
                 agent_id: agent,
                 session_id: session,
-                turn_id: turn,
+                turn_id: turn.or(turn_id).unwrap_or_default(),
                 status: match status.as_str() {
                     "failed" => allox_protocol::TurnStatus::Failed,
                     "cancelled" => allox_protocol::TurnStatus::Cancelled,

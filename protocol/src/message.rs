@@ -370,6 +370,8 @@ pub struct TurnBegin {
 pub struct TurnEnd {
     pub agent_id: String,
     pub session_id: String,
+    /// The turn to end; empty or left out: the session's open turn.
+    #[serde(default)]
     pub turn_id: String,
     pub status: TurnStatus,
     /// Label of the automatic checkpoint.

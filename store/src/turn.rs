@@ -135,12 +135,20 @@ impl Store {
     }
 
     pub fn turn_end(&self, p: &TurnEnd) -> Result<TurnInfo> {
-        let (a, s, t) = (
-            p.agent_id.as_str(),
-            p.session_id.as_str(),
-            p.turn_id.as_str(),
-        );
+        let (a, s) = (p.agent_id.as_str(), p.session_id.as_str());
         self.need_session(a, s)?;
+        // No turn named: the session's open turn.
+        let open;
+        let t = if p.turn_id.is_empty() {
+            open = self.open_turn(a, s)?.ok_or_else(|| {
+                StoreError::Conflict(format!(
+                    "session {a}/{s} has no turn that has begun and not ended"
+                ))
+            })?;
+            open.as_str()
+        } else {
+            p.turn_id.as_str()
+        };
         validate_id("turn_id", t)?;
         if let Some(l) = &p.label {
             if l.len() > MAX_LABEL || l.chars().any(char::is_control) {

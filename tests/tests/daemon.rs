@@ -657,3 +657,36 @@ fn deleting_what_holds_pinned_checkpoints_or_sessions_needs_force() {
     );
     assert!(ok, "{out}");
 }
+
+/// `alloxctl turn` takes the arguments `allox turn` takes in a sandbox:
+/// `--turn-id` to name a turn, and `end` without one ends the open turn.
+#[test]
+fn turn_end_takes_the_sandbox_s_arguments() {
+    let Some((_fs, d)) = setup("daemon::turn_end_takes_the_sandbox_s_arguments", &[]) else {
+        return;
+    };
+    for args in [
+        &["agent", "create", "a"][..],
+        &["session", "create", "a", "s"],
+    ] {
+        assert!(alloxctl(&d, args).0);
+    }
+    let (ok, out, e) = alloxctl(&d, &["turn", "begin", "a", "s", "--turn-id", "t1"]);
+    assert!(ok && out.contains("t1"), "{out}{e}");
+    let (ok, out, e) = alloxctl(&d, &["turn", "end", "a", "s", "--status", "ok"]);
+    assert!(
+        ok && out.contains("a/s/t1") && !out.contains("open"),
+        "{out}{e}"
+    );
+    let (ok, _, e) = alloxctl(&d, &["turn", "end", "a", "s"]);
+    assert!(
+        !ok && e.contains("conflict") && e.contains("no turn"),
+        "{e}"
+    );
+    assert!(alloxctl(&d, &["turn", "begin", "a", "s", "--turn-id", "t2"]).0);
+    let (ok, out, e) = alloxctl(&d, &["turn", "end", "a", "s", "--turn-id", "t2"]);
+    assert!(
+        ok && out.contains("a/s/t2") && !out.contains("open"),
+        "{out}{e}"
+    );
+}

@@ -1774,7 +1774,9 @@ class TurnEnd(Model):
     label: Optional[str] = None
     session_id: str
     status: TurnStatus
-    turn_id: str
+
+    #: The turn to end; empty or left out: the session's open turn.
+    turn_id: str = ''
 
 
 @dataclass(kw_only=True)

@@ -31,8 +31,14 @@ pub struct Cli {
 pub enum Command {
     /// Check that the daemon answers.
     Ping,
-    /// Stop the supervisor in order (in the guest: power the VM off).
-    Shutdown,
+    /// Stop the supervisor in order (in the guest: power the VM off), and
+    /// wait until the process serving the socket has exited.
+    Shutdown {
+        /// Give up waiting after this many seconds (exit 1); the stop goes
+        /// on.
+        #[arg(long, value_name = "S", default_value_t = 60)]
+        wait_s: u64,
+    },
     /// Uptime, memory of init and supervisor, processes, unreaped
     /// orphans, loaded plugins.
     Info,
@@ -934,6 +940,8 @@ pub enum Action {
     Call(Request),
     /// A run's output, kept and (`follow`) live.
     Logs(allox_protocol::ProcessLogs),
+    /// Stop the daemon and wait for it, at most this long.
+    Shutdown(std::time::Duration),
     /// Run a program and wait for it, passing its output through.
     Exec(Run),
     /// Start a program without waiting.
@@ -1048,7 +1056,7 @@ impl Command {
         let call = |r| Action::Call(r);
         match self {
             C::Ping => call(Request::Ping(Ping {})),
-            C::Shutdown => call(Request::Shutdown(allox_protocol::Shutdown {})),
+            C::Shutdown { wait_s } => Action::Shutdown(std::time::Duration::from_secs(wait_s)),
             C::Info => call(Request::SystemInfo(allox_protocol::SystemInfoRequest {})),
             C::Check => call(Request::StoreCheck(allox_protocol::StoreCheckRequest {})),
             C::Plugins => call(Request::PluginList(allox_protocol::PluginListRequest {})),

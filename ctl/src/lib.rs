@@ -21,6 +21,7 @@ pub mod process;
 pub mod reconnecting;
 pub mod render;
 pub mod rpc;
+pub mod shutdown;
 pub mod signal;
 pub mod token;
 pub mod top;

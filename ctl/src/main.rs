@@ -57,6 +57,16 @@ fn main() -> ExitCode {
             }
             start_run(cli.socket, cli.json, run, process::start)
         }
+        Action::Shutdown(wait) => {
+            let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+            ExitCode::from(allox_ctl::shutdown::shutdown(
+                &cli.socket,
+                cli.json,
+                wait,
+                &mut out,
+                &mut err,
+            ))
+        }
         Action::Logs(request) => {
             let mut daemon = ReconnectingClient::new(cli.socket);
             let (mut out, mut err) = (std::io::stdout(), std::io::stderr());

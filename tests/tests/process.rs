@@ -1758,11 +1758,13 @@ fn two_daemons_on_one_host_never_touch_each_others_runs() {
         );
         assert_eq!(code, 0, "{e}");
     }
-    let (code, _, e) = allox_integration::alloxctl(&b.daemon.socket, &["shutdown"]);
+    let (code, out, e) = allox_integration::alloxctl(&b.daemon.socket, &["shutdown"]);
     assert_eq!(code, 0, "{e}");
+    assert!(String::from_utf8_lossy(&out).contains("stopped"), "{e}");
+    // alloxctl shutdown returned once the daemon had exited.
     let mut b = b;
-    let st = b.daemon.child.wait().unwrap();
-    assert!(st.success(), "daemon B: {st}");
+    let st = b.daemon.child.try_wait().unwrap();
+    assert!(st.is_some_and(|st| st.success()), "daemon B: {st:?}");
     assert!(
         std::path::Path::new(&format!("/proc/{sleep_a}")).exists(),
         "daemon B's shutdown killed daemon A's run"

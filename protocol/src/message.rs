@@ -1375,6 +1375,10 @@ pub struct SystemInfo {
     /// The plugins loaded, in load order.
     #[serde(default)]
     pub plugins: Vec<String>,
+    /// Milliseconds since the supervisor started (a host daemon's own
+    /// uptime; `uptime_ms` is the machine's).
+    #[serde(default)]
+    pub supervisor_uptime_ms: u64,
 }
 
 /// A loaded plugin, as `plugin.list` shows it.

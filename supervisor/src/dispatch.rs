@@ -402,6 +402,15 @@ fn system_info(plugins: Vec<String>) -> allox_protocol::SystemInfo {
         .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
         .map(|s| (s * 1000.0) as u64)
         .unwrap_or(0);
+    // The supervisor's start, in clock ticks after boot (field 22).
+    let started_ms = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|st| {
+            let rest = st.rsplit_once(')')?.1;
+            rest.split_whitespace().nth(19)?.parse::<u64>().ok()
+        })
+        .map(|ticks| ticks * 1000 / rustix::param::clock_ticks_per_second().max(1))
+        .unwrap_or(0);
     let ppid = rustix::process::getppid().map(|p| p.as_raw_nonzero().get());
     allox_protocol::SystemInfo {
         uptime_ms,
@@ -412,6 +421,7 @@ fn system_info(plugins: Vec<String>) -> allox_protocol::SystemInfo {
         processes,
         init_zombies,
         plugins,
+        supervisor_uptime_ms: uptime_ms.saturating_sub(started_ms),
     }
 }
 

@@ -690,3 +690,34 @@ fn turn_end_takes_the_sandbox_s_arguments() {
         "{out}{e}"
     );
 }
+
+/// `alloxctl info` on a host daemon shows the daemon's own uptime (not the
+/// machine's) and none of the guest's PID 1 figures.
+#[test]
+fn info_on_a_host_daemon_is_the_daemon_s() {
+    let Some((_fs, d)) = setup("daemon::info_on_a_host_daemon_is_the_daemon_s", &[]) else {
+        return;
+    };
+    let (ok, out, e) = alloxctl(&d, &["info"]);
+    assert!(ok, "{e}");
+    let up: f64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("daemon uptime:"))
+        .and_then(|v| v.trim().trim_end_matches(" s").parse().ok())
+        .unwrap_or_else(|| panic!("no daemon uptime in {out}"));
+    let machine: f64 = std::fs::read_to_string("/proc/uptime")
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        up < 120.0 && up < machine,
+        "daemon uptime {up} s, machine {machine} s"
+    );
+    assert!(
+        !out.contains("init RSS") && !out.contains("unreaped"),
+        "{out}"
+    );
+}

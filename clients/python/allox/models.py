@@ -1728,6 +1728,10 @@ class SystemInfo(Model):
     #: guest) or not (a daemon on a host).
     supervisor_pid: int
     supervisor_rss_kib: int
+
+    #: Milliseconds since the supervisor started (a host daemon's own
+    #: uptime; `uptime_ms` is the machine's).
+    supervisor_uptime_ms: int = 0
     under_init: bool
 
     #: Milliseconds since the kernel booted.

@@ -67,18 +67,7 @@ pub fn render(response: &Response) -> String {
                 "supervisor stopping\n".to_string()
             }
         }
-        Response::System(i) => format!(
-            "uptime:          {}.{:03} s\nsupervisor:      pid {}{}\ninit RSS:        {} KiB\nsupervisor RSS:  {} KiB\nprocesses:       {}\nunreaped by init: {}\n{}",
-            i.uptime_ms / 1000,
-            i.uptime_ms % 1000,
-            i.supervisor_pid,
-            if i.under_init { " (child of PID 1)" } else { "" },
-            i.init_rss_kib,
-            i.supervisor_rss_kib,
-            i.processes,
-            i.init_zombies,
-            plugins::loaded_line(&i.plugins)
-        ),
+        Response::System(i) => plugins::info(i),
         Response::Plugins(l) => plugins::plugins(l),
         Response::NetworkPolicy(p) => network::policy(p),
         Response::FsEntry(e) => files::entry(e),

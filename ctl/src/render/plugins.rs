@@ -49,6 +49,35 @@ pub(super) fn loaded_line(names: &[String]) -> String {
     format!("plugins:         {names}\n")
 }
 
+/// `system.info`: in the guest, the machine's uptime and PID 1's figures
+/// too; on a host, the daemon's own uptime and nothing of the machine's
+/// PID 1.
+pub fn info(i: &allox_protocol::SystemInfo) -> String {
+    let secs = |ms: u64| format!("{}.{:03} s", ms / 1000, ms % 1000);
+    if i.under_init {
+        format!(
+            "uptime:          {}\nsupervisor:      pid {} (child of PID 1), up {}\ninit RSS:        {} KiB\nsupervisor RSS:  {} KiB\nprocesses:       {}\nunreaped by init: {}\n{}",
+            secs(i.uptime_ms),
+            i.supervisor_pid,
+            secs(i.supervisor_uptime_ms),
+            i.init_rss_kib,
+            i.supervisor_rss_kib,
+            i.processes,
+            i.init_zombies,
+            loaded_line(&i.plugins)
+        )
+    } else {
+        format!(
+            "daemon uptime:   {}\ndaemon:          pid {}\ndaemon RSS:      {} KiB\nprocesses:       {}\n{}",
+            secs(i.supervisor_uptime_ms),
+            i.supervisor_pid,
+            i.supervisor_rss_kib,
+            i.processes,
+            loaded_line(&i.plugins)
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::render;
@@ -106,8 +135,20 @@ mod tests {
             processes: 3,
             init_zombies: 0,
             plugins: vec![],
+            supervisor_uptime_ms: 2500,
         };
         assert!(render(&Response::System(i.clone())).ends_with("plugins:         none\n"));
+        // A host daemon: its own uptime, none of PID 1's figures.
+        let host = render(&Response::System(i.clone()));
+        assert!(host.starts_with("daemon uptime:   2.500 s\n"), "{host}");
+        assert!(!host.contains("init") && !host.contains("1.500"), "{host}");
+        let mut guest = i.clone();
+        guest.under_init = true;
+        let guest = render(&Response::System(guest));
+        assert!(
+            guest.starts_with("uptime:          1.500 s\n") && guest.contains("init RSS"),
+            "{guest}"
+        );
         i.plugins = vec!["process-tree".into(), "b".into()];
         assert!(render(&Response::System(i)).ends_with("plugins:         process-tree, b\n"));
     }

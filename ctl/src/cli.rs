@@ -59,8 +59,11 @@ pub enum Command {
     Checkpoint(CheckpointCommand),
     /// Put a session's current/ back to a checkpoint.
     Rollback {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// The checkpoint.
         checkpoint: String,
         /// Kill the session's processes first instead of failing with
         /// `conflict` while they run.
@@ -69,13 +72,22 @@ pub enum Command {
     },
     /// Draw a session's checkpoint history as a tree (same as
     /// `checkpoint list`).
-    Log { agent: String, session: String },
+    Log {
+        /// The agent.
+        agent: String,
+        /// The session.
+        session: String,
+    },
     /// What changed between two checkpoints (`current` for the session's
     /// current/), like `git diff --stat`.
     Diff {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// A checkpoint, or `current`.
         from: String,
+        /// A checkpoint, or `current`.
         to: String,
         /// Also show each changed file's contents, like `git diff`: unified
         /// hunks of text files and symlinks, a note for binary files (the
@@ -90,7 +102,9 @@ pub enum Command {
     /// Set automatic checkpoints for an agent (its sessions' default) or a
     /// session.
     Policy {
+        /// The agent.
         agent: String,
+        /// The session (every session's of the agent if left out).
         session: Option<String>,
         /// Take a baseline at session creation and a checkpoint after
         /// every successful turn.
@@ -126,8 +140,11 @@ pub enum Command {
     /// went away) from this terminal again: its recent output first, then
     /// as `exec -t`. Exits as `exec` does.
     Attach {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// The run (as `start` printed it).
         run: String,
         /// Do not show the run's recent output first.
         #[arg(long)]
@@ -149,8 +166,11 @@ pub enum Command {
     },
     /// Wait for a run to end and show how it ended; exits as `exec` does.
     Wait {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// The run (as `start` printed it).
         run: String,
         /// Give up waiting after this many milliseconds.
         #[arg(long, value_name = "MS")]
@@ -158,7 +178,9 @@ pub enum Command {
     },
     /// List a session's processes.
     Ps {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
         /// The lineage of every process the session ran, live and exited,
         /// from the process tracker (`--process-tracker ebpf`).
@@ -177,7 +199,12 @@ pub enum Command {
     Share(ShareCommand),
     /// What a session uses now and has used in total (CPU, memory, I/O,
     /// OOM kills), with its limits.
-    Stats { agent: String, session: String },
+    Stats {
+        /// The agent.
+        agent: String,
+        /// The session.
+        session: String,
+    },
     /// Every session and its live runs: CPU over the last interval,
     /// memory now, OOM kills; refreshed until interrupted.
     Top {
@@ -194,7 +221,9 @@ pub enum Command {
     Monitor(MonitorCommand),
     /// Change a live session's limits (those given; the others stay).
     Limit {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
         /// Most processes at once.
         #[arg(long)]
@@ -225,8 +254,11 @@ pub enum Command {
     },
     /// What the process tracker recorded: forks, execs, exits, oldest first.
     Events {
+        /// The agent (every agent's if left out).
         agent: Option<String>,
+        /// The session (every session's of the agent if left out).
         session: Option<String>,
+        /// The run (every run's of the session if left out).
         run: Option<String>,
         #[command(flatten)]
         page: PageArgs,
@@ -341,7 +373,9 @@ impl GatewayArgs {
 /// What to run, for `exec` and `start`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
+    /// The agent.
     agent: String,
+    /// The session.
     session: String,
     /// Working directory, relative to the session's current/.
     #[arg(long, value_name = "DIR")]
@@ -387,13 +421,18 @@ pub enum MonitorCommand {
     /// Send spans (a JSON array of spans, or `{"spans": [...]}`, from a
     /// file or '-' for stdin) for a session.
     Ingest {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// A JSON file of spans, or '-' for stdin.
         file: PathBuf,
     },
     /// Spans and runs recorded, oldest first.
     Records {
+        /// The agent (every agent's if left out).
         agent: Option<String>,
+        /// The session (every session's of the agent if left out).
         session: Option<String>,
         /// Only this trace's.
         #[arg(long)]
@@ -401,6 +440,7 @@ pub enum MonitorCommand {
         /// Start after this record number.
         #[arg(long)]
         cursor: Option<u64>,
+        /// At most this many records.
         #[arg(long)]
         limit: Option<u32>,
         /// Then print new records as they come, until interrupted.
@@ -410,15 +450,20 @@ pub enum MonitorCommand {
     /// Calls, time, tokens, and the runs' CPU and memory, by tool, model
     /// or turn.
     Summary {
+        /// The agent (every agent's if left out).
         agent: Option<String>,
+        /// The session (every session's of the agent if left out).
         session: Option<String>,
+        /// What to group by.
         #[arg(long = "by", default_value = "tool", value_parser = ["tool", "model", "turn"])]
         by: String,
     },
     /// Spans and runs as OTLP/JSON (an ExportTraceServiceRequest) for
     /// observability tools.
     Export {
+        /// The agent (every agent's if left out).
         agent: Option<String>,
+        /// The session (every session's of the agent if left out).
         session: Option<String>,
         /// Write here instead of stdout.
         #[arg(long)]
@@ -428,8 +473,11 @@ pub enum MonitorCommand {
     /// model calls, its runs with their CPU and memory, checkpoints and
     /// rollbacks on one time axis, and the summaries.
     Report {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// The HTML file to write.
         #[arg(long)]
         out: PathBuf,
     },
@@ -512,14 +560,18 @@ pub enum NetCommand {
     /// --allow or --deny, replace that level's rules (live sessions apply
     /// them to their next connection).
     Policy {
+        /// The agent.
         agent: String,
+        /// The session (every session's of the agent if left out).
         session: Option<String>,
         #[command(flatten)]
         egress: EgressArgs,
     },
     /// Connection attempts through the sessions' proxies, oldest first.
     Audit {
+        /// The agent (every agent's if left out).
         agent: Option<String>,
+        /// The session (every session's of the agent if left out).
         session: Option<String>,
         #[command(flatten)]
         page: PageArgs,
@@ -530,9 +582,13 @@ pub enum NetCommand {
 pub enum ShareCommand {
     /// The sessions sharing now (of every agent, or one), and the agents'
     /// settings that are not the defaults.
-    List { agent: Option<String> },
+    List {
+        /// The agent (every agent's if left out).
+        agent: Option<String>,
+    },
     /// Show an agent's sharing settings, changing those given.
     Agent {
+        /// The agent.
         agent: String,
         /// Whether its sessions may share at all (`no` turns every share
         /// of its sessions off and refuses `enable`).
@@ -551,13 +607,17 @@ pub enum ShareCommand {
     },
     /// Turn a session's sharing on or off, as the host.
     Session {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// Whether it shares.
         #[arg(value_name = "on|off", value_parser = on_off, action = clap::ArgAction::Set)]
         state: bool,
         /// A directory of the session's files (default: all of them).
         #[arg(long, value_name = "DIR")]
         scope: Option<String>,
+        /// What the other sessions may do there (read-only by default).
         #[arg(long, value_name = "read|write", value_parser = permission)]
         permission: Option<allox_protocol::SharePermission>,
     },
@@ -619,8 +679,11 @@ impl FsWhere {
 pub enum FsCommand {
     /// List a directory (the session's root by default).
     Ls {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// The directory (default: the top).
         #[arg(default_value = "")]
         path: String,
         /// Levels below it (default 1).
@@ -631,25 +694,35 @@ pub enum FsCommand {
     },
     /// Print a file's bytes, as they are.
     Cat {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// The path, from the top of the scope.
         path: String,
         #[command(flatten)]
         at: FsWhereRead,
     },
     /// What is at a path.
     Stat {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// The path, from the top of the scope.
         path: String,
         #[command(flatten)]
         at: FsWhereRead,
     },
     /// Remove a file or an empty directory (with -r, a whole tree).
     Rm {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// The path, from the top of the scope.
         path: String,
+        /// A directory with everything in it.
         #[arg(short, long)]
         recursive: bool,
         #[command(flatten)]
@@ -657,9 +730,13 @@ pub enum FsCommand {
     },
     /// Make a directory (with -p, its parents too).
     Mkdir {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// The path, from the top of the scope.
         path: String,
+        /// Its missing parents too, and no error if it exists.
         #[arg(short, long)]
         parents: bool,
         #[command(flatten)]
@@ -668,8 +745,11 @@ pub enum FsCommand {
     /// Report changes below a directory as they happen (Ctrl-C to stop);
     /// a rollback of the session shows as one `rolled_back`.
     Watch {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// The directory (default: the top).
         #[arg(default_value = "")]
         path: String,
         /// Its subdirectories too.
@@ -680,9 +760,13 @@ pub enum FsCommand {
     },
     /// Rename a path.
     Mv {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// The path to rename.
         from: String,
+        /// Its new path.
         to: String,
         #[command(flatten)]
         at: FsWhere,
@@ -696,6 +780,7 @@ pub struct PageArgs {
     /// Continue after this sequence number (from an earlier answer).
     #[arg(long)]
     pub cursor: Option<u64>,
+    /// At most this many records.
     #[arg(long)]
     pub limit: Option<u32>,
     /// Keep printing new records as they come (Ctrl-C to stop).
@@ -818,6 +903,7 @@ impl PageArgs {
 pub enum AgentCommand {
     /// Create an agent and its workspace.
     Create {
+        /// The agent.
         agent: String,
         /// Its sessions' default network mode and rules for all of them.
         #[command(flatten)]
@@ -841,7 +927,9 @@ pub enum AgentCommand {
 pub enum SessionCommand {
     /// Create a session of an agent.
     Create {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
         /// Its network mode (else its agent's, else the daemon's) and its
         /// own egress rules.
@@ -849,7 +937,10 @@ pub enum SessionCommand {
         network: NetworkArgs,
     },
     /// List an agent's sessions.
-    List { agent: String },
+    List {
+        /// The agent.
+        agent: String,
+    },
     /// Delete a session with its checkpoints (refused while it holds
     /// pinned ones, unless --force).
     Delete {
@@ -867,8 +958,11 @@ pub enum SessionCommand {
 pub enum CheckpointCommand {
     /// Snapshot a session's current/.
     Create {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// The checkpoint.
         checkpoint: String,
         /// Keep it from deletion until unpinned.
         #[arg(long)]
@@ -878,23 +972,37 @@ pub enum CheckpointCommand {
         label: Option<String>,
     },
     /// Show a session's checkpoints as a tree.
-    List { agent: String, session: String },
+    List {
+        /// The agent.
+        agent: String,
+        /// The session.
+        session: String,
+    },
     /// Delete a checkpoint that is not pinned.
     Delete {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// The checkpoint.
         checkpoint: String,
     },
     /// Keep a checkpoint from deletion.
     Pin {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// The checkpoint.
         checkpoint: String,
     },
     /// Allow a checkpoint to be deleted again.
     Unpin {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// The checkpoint.
         checkpoint: String,
     },
 }
@@ -967,7 +1075,9 @@ pub enum Action {
     Top { interval: f64, once: bool },
     /// Send spans read from a file.
     MonitorIngest {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
         file: PathBuf,
     },
@@ -978,7 +1088,9 @@ pub enum Action {
     },
     /// Write a session's report.
     MonitorReport {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
         out: PathBuf,
     },
@@ -1467,6 +1579,27 @@ mod tests {
         let argv = std::iter::once("alloxctl").chain(args.iter().copied());
         let cli = Cli::try_parse_from(argv).unwrap();
         (cli.socket, cli.json, cli.command.action())
+    }
+
+    #[test]
+    fn every_argument_and_flag_says_what_it_is() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if matches!(id, "help" | "version") || a.is_hide_set() {
+                    continue;
+                }
+                if a.get_help().is_none() && a.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "alloxctl", &mut missing);
+        assert!(missing.is_empty(), "without help text: {missing:#?}");
     }
 
     #[test]

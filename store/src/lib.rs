@@ -129,6 +129,19 @@ impl Store {
             path: root.display().to_string(),
             why,
         };
+        // A missing root is made, in a directory that exists (on the
+        // Btrfs mount, which is checked next).
+        if !root.exists() {
+            match root.parent() {
+                Some(p) if p.is_dir() => std::fs::create_dir(root)
+                    .map_err(|e| root_err(format!("it does not exist and cannot be made: {e}")))?,
+                _ => {
+                    return Err(root_err(
+                        "neither it nor the directory above it exists".into(),
+                    ))
+                }
+            }
+        }
         if !root.is_dir() {
             return Err(root_err("not a directory".into()));
         }

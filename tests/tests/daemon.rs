@@ -721,3 +721,36 @@ fn info_on_a_host_daemon_is_the_daemon_s() {
         "{out}"
     );
 }
+
+/// A store root that does not exist yet is made (on the Btrfs mount); one
+/// whose parent is missing too is refused, saying so.
+#[test]
+fn a_missing_store_root_is_made() {
+    if !allox_integration::require("daemon::a_missing_store_root_is_made") {
+        return;
+    }
+    let fs = BtrfsFs::new(256).expect("make btrfs");
+    let root = fs.path().join("fresh");
+    let d = Daemon::start(&root, &fs.scratch().join("ctl.sock"), &[], &[]);
+    assert!(alloxctl(&d, &["agent", "create", "a"]).0);
+    assert!(root.join("agents/a").exists());
+    drop(d);
+    let out = Command::new(workspace_bin("allox-init"))
+        .arg("supervise")
+        .arg("--root")
+        .arg(fs.path().join("no/such/dir"))
+        .arg("--listen")
+        .arg(format!(
+            "unix:{}",
+            fs.scratch().join("other.sock").display()
+        ))
+        .arg("--no-processes")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("neither it nor the directory above it exists"),
+        "{err}"
+    );
+}

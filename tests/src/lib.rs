@@ -178,19 +178,43 @@ pub struct Daemon {
     pub child: Child,
     pub socket: PathBuf,
     pub root: PathBuf,
+    /// The cgroup subtree given to it when the test named none (removed
+    /// at the end if nothing runs in it).
+    pub cgroup: Option<PathBuf>,
+}
+
+/// A cgroup subtree of its own for a daemon on `root` when `args` name
+/// none and the daemon runs processes: a daemon owns its subtree, so
+/// tests at once never share one (nor the host's default). The same for
+/// every daemon started on one root, so a restarted daemon finds its runs.
+fn own_cgroup(root: &Path, args: &[&str]) -> Option<PathBuf> {
+    if args.iter().any(|a| *a == "--cgroup-root" || *a == "--no-processes") {
+        return None;
+    }
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in root.as_os_str().as_encoded_bytes() {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x100000001b3);
+    }
+    let dir = cgroup2_mount()?.join(format!("allox-test-{h:016x}"));
+    std::fs::create_dir_all(&dir).ok()?;
+    Some(dir)
 }
 
 impl Daemon {
     /// Starts the daemon with extra environment (e.g. `ALLOX_FAILPOINTS`)
     /// and extra arguments, and waits until its socket answers.
     pub fn start(root: &Path, socket: &Path, env: &[(&str, &str)], args: &[&str]) -> Daemon {
+        let cgroup = own_cgroup(root, args);
         let mut cmd = Command::new(workspace_bin("allox-init"));
         cmd.arg("supervise")
             .arg("--root")
             .arg(root)
             .arg("--listen")
-            .arg(format!("unix:{}", socket.display()))
-            .args(args)
+            .arg(format!("unix:{}", socket.display()));
+        if let Some(c) = &cgroup {
+            cmd.arg("--cgroup-root").arg(c);
+        }
+        cmd.args(args)
             .env("ALLOX_LOG", "warn")
             .stdin(Stdio::null());
         for (k, v) in env {
@@ -215,6 +239,7 @@ impl Daemon {
             child,
             socket: socket.to_path_buf(),
             root: root.to_path_buf(),
+            cgroup,
         }
     }
 
@@ -269,6 +294,13 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             self.term();
+        }
+        // Runs left for a successor stay; an empty subtree goes.
+        if let Some(c) = &self.cgroup {
+            let ev = std::fs::read_to_string(c.join("cgroup.events")).unwrap_or_default();
+            if !ev.contains("populated 1") {
+                remove_cgroup_tree(c);
+            }
         }
     }
 }

@@ -188,7 +188,10 @@ pub struct Daemon {
 /// tests at once never share one (nor the host's default). The same for
 /// every daemon started on one root, so a restarted daemon finds its runs.
 fn own_cgroup(root: &Path, args: &[&str]) -> Option<PathBuf> {
-    if args.iter().any(|a| *a == "--cgroup-root" || *a == "--no-processes") {
+    if args
+        .iter()
+        .any(|a| *a == "--cgroup-root" || *a == "--no-processes")
+    {
         return None;
     }
     let mut h: u64 = 0xcbf29ce484222325;
@@ -214,9 +217,7 @@ impl Daemon {
         if let Some(c) = &cgroup {
             cmd.arg("--cgroup-root").arg(c);
         }
-        cmd.args(args)
-            .env("ALLOX_LOG", "warn")
-            .stdin(Stdio::null());
+        cmd.args(args).env("ALLOX_LOG", "warn").stdin(Stdio::null());
         for (k, v) in env {
             cmd.env(k, v);
         }

@@ -68,13 +68,15 @@ fn read_at(f: &OwnedFd, buf: &mut [u8], mut pos: u64) -> io::Result<bool> {
 
 /// Compares the file `name` of two directories, which the walk saw as
 /// `sa` and `sb` with the same size. `budget` is what may still be read;
-/// what is read is taken from it.
+/// what is read is taken from it. With `xattrs`, files of the same bytes
+/// are compared by their extended attributes too (capabilities, ACLs,
+/// labels, the user's own): a change of them alone moves only the ctime.
 pub fn compare(
     a: &OwnedFd,
     b: &OwnedFd,
     name: &OsStr,
-    sa: &Stat,
-    sb: &Stat,
+    (sa, sb): (&Stat, &Stat),
+    xattrs_too: bool,
     budget: &mut u64,
 ) -> io::Result<Verdict> {
     let (Some(fa), Some(fb)) = (
@@ -117,7 +119,14 @@ pub fn compare(
         }
         pos = end;
     }
-    Ok(Verdict::Same)
+    if !xattrs_too {
+        return Ok(Verdict::Same);
+    }
+    Ok(match (xattrs(&fa, budget)?, xattrs(&fb, budget)?) {
+        (Some(x), Some(y)) if x == y => Verdict::Same,
+        (Some(_), Some(_)) => Verdict::Differ,
+        _ => Verdict::Unread,
+    })
 }
 
 /// Extended attributes: (name, value), sorted by name.
@@ -157,30 +166,6 @@ fn xattrs(f: &OwnedFd, budget: &mut u64) -> io::Result<Option<Xattrs>> {
 /// Largest list of names, and largest value, of extended attributes
 /// (`XATTR_LIST_MAX`, `XATTR_SIZE_MAX`).
 const XATTR_MAX: usize = 64 * 1024;
-
-/// Whether two regular files seen as `sa` and `sb` carry the same extended
-/// attributes (capabilities, ACLs, labels, the user's own): a change of
-/// them alone moves only the file's ctime.
-pub fn same_xattrs(
-    a: &OwnedFd,
-    b: &OwnedFd,
-    name: &OsStr,
-    sa: &Stat,
-    sb: &Stat,
-    budget: &mut u64,
-) -> io::Result<Verdict> {
-    let (Some(fa), Some(fb)) = (
-        tree::open_regular(a, name, sa)?,
-        tree::open_regular(b, name, sb)?,
-    ) else {
-        return Ok(Verdict::Differ);
-    };
-    Ok(match (xattrs(&fa, budget)?, xattrs(&fb, budget)?) {
-        (Some(x), Some(y)) if x == y => Verdict::Same,
-        (Some(_), Some(_)) => Verdict::Differ,
-        _ => Verdict::Unread,
-    })
-}
 
 fn is_zero(b: &[u8]) -> bool {
     b.iter().all(|&x| x == 0)

@@ -447,16 +447,11 @@ impl<'a> Walk<'a> {
                 path: tree::show(&p),
                 source: e,
             };
-            let mut v =
-                contents::compare(da, db, &name, &sa, &sb, &mut self.budget).map_err(read)?;
-            // Same bytes, but the inode was changed: its extended
-            // attributes may be what changed.
-            if v == Verdict::Same
-                && (sa.st_ctime, sa.st_ctime_nsec) != (sb.st_ctime, sb.st_ctime_nsec)
-            {
-                v = contents::same_xattrs(da, db, &name, &sa, &sb, &mut self.budget)
-                    .map_err(read)?;
-            }
+            // Same bytes but a changed inode: its extended attributes may
+            // be what changed.
+            let inode_changed = (sa.st_ctime, sa.st_ctime_nsec) != (sb.st_ctime, sb.st_ctime_nsec);
+            let v = contents::compare(da, db, &name, (&sa, &sb), inode_changed, &mut self.budget)
+                .map_err(read)?;
             // Past the read budget a file whose metadata differs is
             // reported modified without reading.
             v != Verdict::Same

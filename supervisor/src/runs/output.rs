@@ -243,26 +243,33 @@ async fn read(mut rx: Source, mut sink: Sink, mut stop: watch::Receiver<bool>) {
 
 impl Sink {
     async fn take(&mut self, data: &[u8], stopping: bool) {
-        let chunk = OutputChunk {
+        let mut chunk = OutputChunk {
             run_id: self.run_id.clone(),
             stream: self.kind,
             data: data.into(),
         };
         if let Some(ev) = &self.events {
+            // A copy only for followers, when there are any.
             let copy = self.log.followed().then(|| chunk.clone());
             // Waiting here is the throttle: a slow client slows the
             // program. Once the run has ended nothing waits: what the
             // client cannot take now goes to the captured output.
-            let sent = if stopping {
-                ev.try_send(Event::Output(chunk.clone())).is_ok()
+            let event = Event::Output(chunk);
+            let refused = if stopping {
+                ev.try_send(event).err().map(|e| e.into_inner())
             } else {
-                ev.send(Event::Output(chunk.clone())).await.is_ok()
+                ev.send(event).await.err().map(|e| e.0)
             };
-            if sent {
-                if let Some(c) = copy {
-                    self.log.tell(c);
+            match refused {
+                None => {
+                    if let Some(c) = copy {
+                        self.log.tell(c);
+                    }
+                    return;
                 }
-                return;
+                Some(Event::Output(c)) => chunk = c,
+                // What comes back is what was sent: output.
+                Some(_) => return,
             }
             self.events = None;
         }

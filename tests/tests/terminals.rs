@@ -720,3 +720,67 @@ fn logs_and_attach_show_each_line_once() {
     assert_eq!(out.matches("tty-start").count(), 1, "{out}");
     assert_eq!(out.matches("tty-end").count(), 1, "{out}");
 }
+
+/// `alloxctl logs -f` of a run streamed to its own `exec`: the follower
+/// gets what the run writes from then on, while `exec` gets it all.
+#[test]
+fn logs_follow_a_run_streamed_to_its_exec() {
+    use std::io::{BufRead, Write};
+    let Some(d) = setup("logs_streamed") else {
+        return;
+    };
+    let sock = d.daemon.socket.clone();
+    let mut exec = Command::new(allox_integration::workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(&sock)
+        .args([
+            "exec",
+            "-i",
+            "a",
+            "s",
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo one; read x; echo two",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(exec.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert_eq!(first, "one\n");
+    let run = match call(
+        &d,
+        Request::ProcessList(SessionRef {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+        }),
+    ) {
+        Ok(Response::Processes(l)) => l.processes[0].run_id.clone().unwrap(),
+        other => panic!("{other:?}"),
+    };
+    // As JSON lines: the daemon says when the follower follows.
+    let (mut follower, mut lines) =
+        allox_integration::alloxctl_following(&sock, &["--json", "logs", "-f", "a", "s", &run]);
+    let said = lines.next().unwrap().unwrap();
+    assert!(
+        said.contains("progress") && said.contains("following"),
+        "{said}"
+    );
+    let mut input = exec.stdin.take().unwrap();
+    input.write_all(b"go\n").unwrap();
+    drop(input);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert_eq!(rest, "two\n");
+    assert!(exec.wait().unwrap().success());
+    let got: Vec<String> = lines.map(|l| l.unwrap()).collect();
+    let output: Vec<&String> = got.iter().filter(|l| l.contains("\"output\"")).collect();
+    assert_eq!(output.len(), 1, "{got:?}");
+    // "two\n", base64.
+    assert!(output[0].contains("dHdvCg=="), "{got:?}");
+    assert!(got.join("\n").contains("\"exit_code\": 0"), "{got:?}");
+    assert!(follower.wait().unwrap().success());
+}

@@ -56,6 +56,14 @@ impl Runs {
                 return Err(RunError::StillRunning(run.id.clone()));
             }
         }
+        // From here on each piece comes as it is written: said, so that a
+        // client knows it follows.
+        let following = Event::Progress {
+            message: format!("following run {} as it writes", run.id),
+        };
+        if ev.send(following).await.is_err() {
+            return Err(RunError::StillRunning(run.id.clone()));
+        }
         let mut truncated = kept.truncated;
         let mut done_rx = done.clone();
         loop {

@@ -1067,8 +1067,9 @@ fn alloxctl_exec_streams_and_exits_with_the_status() {
     assert_eq!(out.status.code(), Some(128 + 9));
     let out = run(&["exec", "--timeout-ms", "200", "a", "s", "--", "sleep", "30"]);
     assert_eq!(out.status.code(), Some(124));
+    // A program that is not there: 127, as a shell says it.
     let out = run(&["exec", "a", "s", "--", "no-such-program"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(127));
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid_request"));
     // Output arrives while the program runs: read the first line from the
     // pipe before the program can have finished.

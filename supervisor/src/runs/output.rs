@@ -40,62 +40,80 @@ const FOLLOW_BACKLOG: usize = 256;
 
 /// A run's output as `process.logs` reads it: what is captured, and the
 /// followers of what comes next. A piece is captured or sent to the
-/// client, and told to the followers, under the capture's lock; a new
-/// follower takes what is captured and subscribes under it too, so it
-/// gets each byte once.
-pub(super) struct Log {
-    pub capture: Mutex<Capture>,
-    followers: broadcast::Sender<OutputChunk>,
+/// client, and told to the followers, under one lock; a new follower takes
+/// what is captured and subscribes under it too, so it gets each byte
+/// once. The followers' channel is made for the first of them (a run
+/// nobody follows, and every finished run, holds none).
+pub(super) struct Log(Mutex<LogInner>);
+
+#[derive(Default)]
+struct LogInner {
+    capture: Capture,
+    followers: Option<broadcast::Sender<OutputChunk>>,
+}
+
+impl LogInner {
+    fn tell(&self, chunk: OutputChunk) {
+        if let Some(f) = self.followers.as_ref().filter(|f| f.receiver_count() > 0) {
+            let _ = f.send(chunk);
+        }
+    }
 }
 
 impl Log {
     pub fn new() -> Log {
-        Log {
-            capture: Mutex::new(Capture::default()),
-            followers: broadcast::channel(FOLLOW_BACKLOG).0,
-        }
+        Log(Mutex::new(LogInner::default()))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LogInner> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn followed(&self) -> bool {
-        self.followers.receiver_count() > 0
+        self.lock()
+            .followers
+            .as_ref()
+            .is_some_and(|f| f.receiver_count() > 0)
     }
 
     /// Keeps a piece (within `limit`) and tells the followers.
     fn keep(&self, chunk: OutputChunk, limit: usize) {
-        let mut c = self.capture.lock().unwrap_or_else(|e| e.into_inner());
-        c.keep(chunk.stream, &chunk.data.0, limit);
-        if self.followed() {
-            let _ = self.followers.send(chunk);
-        }
+        let mut l = self.lock();
+        l.capture.keep(chunk.stream, &chunk.data.0, limit);
+        l.tell(chunk);
     }
 
     /// Tells the followers of a piece sent to the run's client.
     fn tell(&self, chunk: OutputChunk) {
-        let _c = self.capture.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = self.followers.send(chunk);
+        self.lock().tell(chunk);
     }
 
     /// What is captured so far, and what comes after it; `None` once the
     /// capture was taken for the result.
     pub fn follow(&self) -> Option<(Capture, broadcast::Receiver<OutputChunk>)> {
-        let c = self.capture.lock().unwrap_or_else(|e| e.into_inner());
-        if c.ended {
+        let mut l = self.lock();
+        if l.capture.ended {
             return None;
         }
         let kept = Capture {
-            stdout: c.stdout.clone(),
-            stderr: c.stderr.clone(),
-            truncated: c.truncated,
+            stdout: l.capture.stdout.clone(),
+            stderr: l.capture.stderr.clone(),
+            truncated: l.capture.truncated,
             ended: false,
         };
-        Some((kept, self.followers.subscribe()))
+        let followers = l
+            .followers
+            .get_or_insert_with(|| broadcast::channel(FOLLOW_BACKLOG).0);
+        Some((kept, followers.subscribe()))
     }
 
-    /// Takes the capture for the result; followers learn of no more.
+    /// Takes the capture for the result; the followers' channel closes
+    /// once they have read what it holds.
     pub fn take(&self) -> Capture {
-        let mut c = self.capture.lock().unwrap_or_else(|e| e.into_inner());
-        let out = std::mem::take(&mut *c);
-        c.ended = true;
+        let mut l = self.lock();
+        let out = std::mem::take(&mut l.capture);
+        l.capture.ended = true;
+        l.followers = None;
         out
     }
 }

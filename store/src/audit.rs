@@ -5,7 +5,16 @@
 //! Records are written with one `write` each, so a crash of the process
 //! loses none; they are synced to disk by [`Audit::sync`], which the server
 //! calls periodically and at shutdown.
+//!
+//! The log is bounded ([`Audit::bound`], `--audit-file-bytes`): past its
+//! size it is renamed `audit.log.1` (replacing the one before) and a new
+//! one begins, numbering on; reading goes through both. Records a guest
+//! can cause ([`Audit::append_for`]) are limited per session
+//! (`--audit-lines-per-s`): past the rate they are counted, not written,
+//! and the next one written is preceded by one record saying how many
+//! were left out.
 
+use crate::rate::{Buckets, Taken};
 use crate::records;
 use allox_protocol::{AuditListing, AuditRecord};
 use std::fs::{File, OpenOptions};
@@ -60,6 +69,42 @@ pub struct Audit {
     path: PathBuf,
     /// `None` when the log could not be opened: every append fails.
     tail: Mutex<Option<Tail>>,
+    /// Past this size the log is rotated (`None`: never).
+    max_bytes: std::sync::atomic::AtomicU64,
+    /// Records of guests' calls, per session.
+    lines: std::sync::RwLock<Option<Buckets>>,
+}
+
+/// The rotated log beside `path` (`audit.log.1`).
+pub fn rotated(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".1");
+    PathBuf::from(name)
+}
+
+/// How big the audit log grows and how fast a session's guest calls are
+/// recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuditBounds {
+    /// `--audit-file-bytes`: past this, the file is rotated (0: never).
+    pub file_bytes: u64,
+    /// `--audit-lines-per-s`: records of a session's guest calls a
+    /// second (0: no limit); ten times as many may come at once.
+    pub lines_per_s: u64,
+}
+
+/// `--audit-file-bytes` unless given.
+pub const DEFAULT_FILE_BYTES: u64 = 64 << 20;
+/// `--audit-lines-per-s` unless given.
+pub const DEFAULT_LINES_PER_S: u64 = 100;
+
+impl Default for AuditBounds {
+    fn default() -> Self {
+        AuditBounds {
+            file_bytes: DEFAULT_FILE_BYTES,
+            lines_per_s: DEFAULT_LINES_PER_S,
+        }
+    }
 }
 
 impl Audit {
@@ -82,6 +127,17 @@ impl Audit {
             true
         })
         .map_err(open_err)?;
+        if last == 0 {
+            // Just rotated: the numbers go on from the rotated file's.
+            if let Ok(old) = File::open(rotated(path)) {
+                let _ = records::scan_reader(std::io::BufReader::new(old), |p| {
+                    if let Ok(r) = postcard::from_bytes::<AuditRecord>(p) {
+                        last = r.seq;
+                    }
+                    true
+                });
+            }
+        }
         if file.metadata().map_err(open_err)?.len() != scan.valid_len {
             tracing::warn!(valid = scan.valid_len, "cutting torn audit log tail");
             file.set_len(scan.valid_len).map_err(open_err)?;
@@ -94,7 +150,47 @@ impl Audit {
                 next_seq: last + 1,
                 unsynced: false,
             })),
+            max_bytes: 0.into(),
+            lines: Default::default(),
         })
+    }
+
+    /// Bounds the log's size and the rate of guests' records.
+    pub fn bound(&self, b: AuditBounds) {
+        self.max_bytes
+            .store(b.file_bytes, std::sync::atomic::Ordering::Relaxed);
+        *self.lines.write().unwrap_or_else(|p| p.into_inner()) =
+            Some(Buckets::new(b.lines_per_s, b.lines_per_s.saturating_mul(10)));
+    }
+
+    /// [`Audit::append`] for a record a guest of session `key` caused,
+    /// within the session's rate: past it the record is counted and left
+    /// out (`Ok(None)`), and the next one written is preceded by a
+    /// record saying how many were.
+    pub fn append_for(&self, key: &str, e: Entry) -> Result<Option<u64>, AuditError> {
+        let taken = match &*self.lines.read().unwrap_or_else(|p| p.into_inner()) {
+            Some(b) => b.take(key, 1),
+            None => Taken::Yes { refused_before: 0 },
+        };
+        match taken {
+            Taken::No => Ok(None),
+            Taken::Yes { refused_before } => {
+                if refused_before > 0 {
+                    self.append(Entry {
+                        request_id: 0,
+                        peer: e.peer.clone(),
+                        action: e.action.clone(),
+                        target: key.to_string(),
+                        outcome: "suppressed".into(),
+                        message: Some(format!(
+                            "{refused_before} records of {key}'s calls were suppressed: more than \
+                             the session's rate (--audit-lines-per-s)"
+                        )),
+                    })?;
+                }
+                self.append(e).map(Some)
+            }
+        }
     }
 
     /// An audit log that refuses every append (it could not be opened):
@@ -103,6 +199,8 @@ impl Audit {
         Audit {
             path: path.to_path_buf(),
             tail: Mutex::new(None),
+            max_bytes: 0.into(),
+            lines: Default::default(),
         }
     }
 
@@ -141,7 +239,26 @@ impl Audit {
         }
         t.next_seq += 1;
         t.unsynced = true;
+        let max = self.max_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        if max > 0 && t.file.metadata().is_ok_and(|m| m.len() > max) {
+            if let Err(e) = self.rotate(t) {
+                tracing::error!(path = %self.path.display(), error = %e, "cannot rotate the audit log");
+            }
+        }
         Ok(rec.seq)
+    }
+
+    /// Renames the log `audit.log.1` and begins a new one.
+    fn rotate(&self, t: &mut Tail) -> io::Result<()> {
+        t.file.sync_data()?;
+        std::fs::rename(&self.path, rotated(&self.path))?;
+        t.file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(&self.path)?;
+        t.unsynced = false;
+        Ok(())
     }
 
     /// At most `limit` records, oldest first: the oldest with `seq >
@@ -158,7 +275,14 @@ impl Audit {
             path: self.path.clone(),
             source,
         };
+        // The rotated file's records come first (none if there is none);
+        // it is opened first, so a rotation in between repeats nothing.
+        let old: Box<dyn io::Read> = match File::open(rotated(&self.path)) {
+            Ok(f) => Box::new(f),
+            Err(_) => Box::new(io::empty()),
+        };
         let file = std::fs::File::open(&self.path).map_err(read_err)?;
+        let file = io::Read::chain(old, file);
         let limit = limit.max(1);
         let mut out = std::collections::VecDeque::new();
         let (mut unreadable, mut older, mut newer) = (0, false, false);
@@ -311,5 +435,62 @@ mod tests {
         // Cursors past either end.
         assert!(a.read(None, Some(0), 10).unwrap().records.is_empty());
         assert!(a.read(Some(u64::MAX), None, 10).unwrap().records.is_empty());
+    }
+
+    #[test]
+    fn the_log_rotates_past_its_size_and_numbers_on_across_both_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("audit.log");
+        let a = Audit::open(&p).unwrap();
+        a.bound(AuditBounds {
+            file_bytes: 4096,
+            lines_per_s: 0,
+        });
+        for i in 0..2000 {
+            a.append(entry(&format!("x{i}"))).unwrap();
+        }
+        // Never more than the bound and one record, in each of two files.
+        for f in [p.clone(), rotated(&p)] {
+            assert!(std::fs::metadata(&f).unwrap().len() < 4096 + 200, "{f:?}");
+        }
+        let l = a.read(None, None, 100_000).unwrap();
+        let seqs: Vec<u64> = l.records.iter().map(|r| r.seq).collect();
+        assert_eq!(*seqs.last().unwrap(), 2000);
+        assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1));
+        assert!(seqs.len() < 400);
+        // Reopened just after a rotation: numbering goes on.
+        drop(a);
+        std::fs::rename(&p, rotated(&p)).unwrap();
+        let a = Audit::open(&p).unwrap();
+        assert_eq!(a.append(entry("y")).unwrap(), 2001);
+    }
+
+    #[test]
+    fn a_sessions_guest_records_past_its_rate_are_counted_in_one_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Audit::open(&dir.path().join("audit.log")).unwrap();
+        a.bound(AuditBounds {
+            file_bytes: 0,
+            lines_per_s: 1,
+        });
+        let mut written = 0;
+        for _ in 0..500 {
+            written += a.append_for("a/s", entry("plugin.call")).unwrap().is_some() as u32;
+        }
+        // The burst (ten), perhaps one more as the bucket fills.
+        assert!((10..=11).contains(&written), "{written}");
+        // Another session is not held back.
+        assert!(a.append_for("b/s", entry("plugin.call")).unwrap().is_some());
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        assert!(a.append_for("a/s", entry("plugin.call")).unwrap().is_some());
+        let l = a.read(None, None, 1000).unwrap();
+        let said: Vec<&AuditRecord> = l.records.iter().filter(|r| r.outcome == "suppressed").collect();
+        assert_eq!(said.len(), 1);
+        let n = 500 - written as u64;
+        assert!(
+            said[0].message.as_deref().unwrap().starts_with(&format!("{n} records of a/s")),
+            "{:?}",
+            said[0].message
+        );
     }
 }

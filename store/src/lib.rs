@@ -17,6 +17,7 @@ pub mod failpoint;
 pub mod index;
 pub mod journal;
 pub mod layout;
+pub mod rate;
 pub mod records;
 pub mod reserve;
 pub mod rows;

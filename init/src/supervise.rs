@@ -129,6 +129,18 @@ pub struct SuperviseArgs {
     /// (ADDRESS:PORT); the system's resolver otherwise.
     #[arg(long, value_name = "ADDRESS:PORT")]
     pub network_resolver: Option<std::net::SocketAddr>,
+    /// With `--plugin network`: most connections one session's proxy
+    /// holds open at once; the next is answered 503 naming this flag.
+    #[arg(long, value_name = "N", default_value_t = allox_supervisor::plugins::network::DEFAULT_CONNECTIONS_PER_SESSION, value_parser = clap::value_parser!(u32).range(1..))]
+    pub proxy_connections_per_session: u32,
+    /// With `--plugin network`: most proxy connections of all sessions
+    /// open at once; the next is answered 503 naming this flag.
+    #[arg(long, value_name = "N", default_value_t = allox_supervisor::plugins::network::DEFAULT_CONNECTIONS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub proxy_connections: u32,
+    /// With `--plugin network`: most name lookups one session's proxy
+    /// waits for at once; the next is refused (502) naming this flag.
+    #[arg(long, value_name = "N", default_value_t = allox_supervisor::plugins::network::DEFAULT_LOOKUPS_PER_SESSION, value_parser = clap::value_parser!(u32).range(1..))]
+    pub proxy_lookups_per_session: u32,
     /// Also serve this user on the control socket (repeatable). Root and
     /// the daemon's own user always are; with any --allow-uid or
     /// --allow-gid the socket file is 0666 and the peer's credentials
@@ -329,6 +341,9 @@ impl SuperviseArgs {
                         deny: self.network_deny,
                         resolver: self.network_resolver,
                         default_mode,
+                        connections_per_session: self.proxy_connections_per_session as usize,
+                        connections: self.proxy_connections as usize,
+                        lookups_per_session: self.proxy_lookups_per_session as usize,
                     },
                 },
             },

@@ -8,6 +8,7 @@
 //! not, for the audit.
 
 use crate::http::{self, Ask};
+use crate::own::OwnAddresses;
 use crate::policy::{special, Host, Policy, Verdict};
 use std::future::Future;
 use std::io;
@@ -27,9 +28,60 @@ pub trait Resolve: Send + Sync {
     ) -> Pin<Box<dyn Future<Output = io::Result<Vec<IpAddr>>> + Send + 'a>>;
 }
 
-/// The system's resolver (`getaddrinfo`, so `/etc/hosts` and
-/// `/etc/resolv.conf`).
-pub struct SystemResolver;
+/// The system's resolver configuration (the name servers, search list and
+/// options of `/etc/resolv.conf`, and `/etc/hosts`), asked asynchronously
+/// by hickory's resolver: a lookup waits on a socket, never on a thread,
+/// so one that never answers holds up nothing but its own connection.
+pub struct SystemResolver {
+    inner: hickory_resolver::TokioResolver,
+}
+
+/// Where the system's resolver configuration is read.
+pub const RESOLV_CONF: &str = "/etc/resolv.conf";
+
+impl SystemResolver {
+    /// From [`RESOLV_CONF`] (and `/etc/hosts`); without one that reads
+    /// (a VM with no network configured), `/etc/hosts` alone.
+    pub fn new() -> SystemResolver {
+        SystemResolver::from_resolv_conf(std::path::Path::new(RESOLV_CONF)).unwrap_or_else(|e| {
+            tracing::warn!(path = RESOLV_CONF, error = %e, "no name server: names resolve by /etc/hosts alone");
+            SystemResolver::from_parts(
+                hickory_resolver::config::ResolverConfig::from_parts(None, vec![], vec![]),
+                hickory_resolver::config::ResolverOpts::default(),
+            )
+        })
+    }
+
+    /// From the `resolv.conf` at `path` (and `/etc/hosts`).
+    pub fn from_resolv_conf(path: &std::path::Path) -> io::Result<SystemResolver> {
+        let text = std::fs::read(path)?;
+        let (config, options) = hickory_resolver::system_conf::parse_resolv_conf(&text)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        Ok(SystemResolver::from_parts(config, options))
+    }
+
+    /// With `config`'s name servers and `options`, and `/etc/hosts`.
+    fn from_parts(
+        config: hickory_resolver::config::ResolverConfig,
+        mut options: hickory_resolver::config::ResolverOpts,
+    ) -> SystemResolver {
+        use hickory_resolver::config::ResolveHosts;
+        use hickory_resolver::name_server::TokioConnectionProvider;
+        options.use_hosts_file = ResolveHosts::Always;
+        let mut b = hickory_resolver::Resolver::builder_with_config(
+            config,
+            TokioConnectionProvider::default(),
+        );
+        *b.options_mut() = options;
+        SystemResolver { inner: b.build() }
+    }
+}
+
+impl Default for SystemResolver {
+    fn default() -> Self {
+        SystemResolver::new()
+    }
+}
 
 impl Resolve for SystemResolver {
     fn resolve<'a>(
@@ -37,8 +89,49 @@ impl Resolve for SystemResolver {
         name: &'a str,
     ) -> Pin<Box<dyn Future<Output = io::Result<Vec<IpAddr>>> + Send + 'a>> {
         Box::pin(async move {
-            let addrs = tokio::net::lookup_host((name, 0)).await?;
-            Ok(addrs.map(|a| a.ip()).collect())
+            match self.inner.lookup_ip(name).await {
+                Ok(l) => Ok(l.iter().collect()),
+                Err(e) => Err(io::Error::new(io::ErrorKind::NotFound, e.to_string())),
+            }
+        })
+    }
+}
+
+/// A resolver shared by every session, with a bound of lookups in flight
+/// for one: a session that asks for names faster than they are answered
+/// is refused the next one at once (with `refusal` as the reason), and
+/// others' lookups are not held up.
+pub struct LookupBudget {
+    inner: Arc<dyn Resolve>,
+    in_flight: Arc<tokio::sync::Semaphore>,
+    refusal: String,
+}
+
+impl LookupBudget {
+    /// At most `max` lookups of `inner` at once; `refusal` says why the
+    /// next one is refused (naming the budget and how to change it).
+    pub fn new(inner: Arc<dyn Resolve>, max: usize, refusal: String) -> LookupBudget {
+        LookupBudget {
+            inner,
+            in_flight: Arc::new(tokio::sync::Semaphore::new(max)),
+            refusal,
+        }
+    }
+}
+
+impl Resolve for LookupBudget {
+    fn resolve<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> Pin<Box<dyn Future<Output = io::Result<Vec<IpAddr>>> + Send + 'a>> {
+        Box::pin(async move {
+            let Ok(_held) = self.in_flight.try_acquire() else {
+                return Err(io::Error::new(
+                    io::ErrorKind::ResourceBusy,
+                    self.refusal.clone(),
+                ));
+            };
+            self.inner.resolve(name).await
         })
     }
 }
@@ -124,6 +217,9 @@ impl Default for Timeouts {
 pub struct Broker {
     pub resolver: Arc<dyn Resolve>,
     pub timeouts: Timeouts,
+    /// The machine's own addresses: refused like the loopback unless a
+    /// rule names them.
+    pub own: Arc<OwnAddresses>,
 }
 
 impl Broker {
@@ -248,7 +344,7 @@ impl Broker {
         let mut refused = None;
         let mut failed = None;
         for a in addrs {
-            let v = policy.check_address(a, port);
+            let v = policy.check_address_on(a, port, &self.own);
             if !v.allowed() {
                 refused.get_or_insert(v);
                 continue;

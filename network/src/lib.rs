@@ -7,5 +7,6 @@ pub use policy::{special, Host, Layer, Policy, Rule, RuleError, Verdict};
 pub mod broker;
 pub mod diag;
 pub mod http;
+pub mod own;
 pub mod relay;
 pub mod stub;

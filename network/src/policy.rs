@@ -30,6 +30,7 @@
 //! or a network holding it — allowing a name is not enough, so a name that
 //! resolves to 10.x is refused.
 
+use crate::own::OwnAddresses;
 use std::net::IpAddr;
 use thiserror::Error;
 
@@ -287,6 +288,10 @@ fn target(rule: &str, host: &str) -> Result<Target, RuleError> {
     })
 }
 
+/// The class of an address of one of the machine's own interfaces that
+/// is in no other special range.
+pub const OWN_ADDRESS: &str = "an address of this machine's own interfaces";
+
 /// An address range that is never reached by name alone: the class it
 /// belongs to, if any.
 pub fn special(addr: IpAddr) -> Option<&'static str> {
@@ -480,6 +485,18 @@ impl Policy {
     /// Each address a target resolved to (after [`Policy::check_target`]
     /// allowed it).
     pub fn check_address(&self, addr: IpAddr, port: u16) -> Verdict {
+        self.check_classed(addr, port, special(addr))
+    }
+
+    /// [`Policy::check_address`], where an address of the machine's own
+    /// interfaces ([`OwnAddresses`]) is also a special range: through the
+    /// proxy it reaches the host's own services, as the loopback does.
+    pub fn check_address_on(&self, addr: IpAddr, port: u16, own: &OwnAddresses) -> Verdict {
+        let class = special(addr).or_else(|| own.holds(addr).then_some(OWN_ADDRESS));
+        self.check_classed(addr, port, class)
+    }
+
+    fn check_classed(&self, addr: IpAddr, port: u16, class: Option<&'static str>) -> Verdict {
         let host = Host::Addr(addr);
         for l in &self.layers {
             if let Some(r) = l.deny.iter().find(|r| r.matches_target(&host, port)) {
@@ -489,7 +506,7 @@ impl Policy {
                 };
             }
         }
-        if let Some(class) = special(addr) {
+        if let Some(class) = class {
             // Opened only by an allow rule naming the address or its
             // network, in every layer that has an allow list, and at least
             // one.

@@ -1,16 +1,24 @@
 //! The relay between a proxy client and its server, once the broker has
-//! connected them: `splice(2)` through a pipe, one thread a direction, so
-//! the bytes never enter user space.
+//! connected them: `splice(2)` through a pipe, so the bytes never enter
+//! user space, driven by the sockets' readiness on the async runtime's
+//! workers. An idle connection costs no thread: each direction waits for
+//! its reader to be readable, moves what is there into its pipe without
+//! blocking (`SPLICE_F_NONBLOCK`, on non-blocking sockets), then waits for
+//! its writer to be writable until the pipe is empty again. A direction's
+//! pipe is made when its first bytes arrive and holds at most what one
+//! `splice` moved, so writing into it never waits.
 //!
 //! Each direction copies until its reader's end of stream, which it passes
 //! on as a shutdown of the writer's sending side (a half close); an error
 //! on either side shuts both sockets down, which ends the other direction
-//! too. Dropping the relay's future (its session ended) shuts both down as
-//! well, so no thread outlives it for long.
+//! too. Dropping the relay's future (its session ended) closes both.
 
+use rustix::fd::{AsFd, OwnedFd};
+use rustix::net::Shutdown;
 use rustix::pipe::{pipe_with, splice, PipeFlags, SpliceFlags};
-use std::net::{Shutdown, TcpStream};
-use std::sync::Arc;
+use std::io;
+use tokio::io::Interest;
+use tokio::net::TcpStream;
 
 /// The pipe's capacity asked for (an unprivileged process gets up to
 /// `/proc/sys/fs/pipe-max-size`, 1 MiB by default), and what one `splice`
@@ -19,84 +27,82 @@ const PIPE: usize = 1024 * 1024;
 
 /// Relays between `a` and `b` until both directions are done; returns the
 /// bytes from `a` to `b` and from `b` to `a`.
-pub async fn relay(a: tokio::net::TcpStream, b: tokio::net::TcpStream) -> (u64, u64) {
-    let (Ok(a), Ok(b)) = (blocking(a), blocking(b)) else {
-        return (0, 0);
-    };
-    let (a, b) = (Arc::new(a), Arc::new(b));
-    let _both = ShutDown(a.clone(), b.clone());
-    let up = direction(a.clone(), b.clone());
-    let down = direction(b, a);
-    (up.await.unwrap_or(0), down.await.unwrap_or(0))
-}
-
-fn blocking(s: tokio::net::TcpStream) -> std::io::Result<TcpStream> {
-    let s = s.into_std()?;
-    s.set_nonblocking(false)?;
-    Ok(s)
-}
-
-/// Shuts both sockets down when dropped.
-struct ShutDown(Arc<TcpStream>, Arc<TcpStream>);
-
-impl Drop for ShutDown {
-    fn drop(&mut self) {
-        let _ = self.0.shutdown(Shutdown::Both);
-        let _ = self.1.shutdown(Shutdown::Both);
-    }
-}
-
-/// One direction on a thread of its own; its byte count when done.
-fn direction(from: Arc<TcpStream>, to: Arc<TcpStream>) -> tokio::sync::oneshot::Receiver<u64> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    // Without a thread nothing moves: the receiver sees the sender
-    // dropped, and the relay's end shuts both sockets down.
-    let _ = std::thread::Builder::new()
-        .name("allox-relay".into())
-        .spawn(move || {
-            let moved = pump(&from, &to);
-            let _ = tx.send(moved);
-        });
-    rx
+pub async fn relay(a: TcpStream, b: TcpStream) -> (u64, u64) {
+    let up = direction(&a, &b);
+    let down = direction(&b, &a);
+    tokio::join!(up, down)
 }
 
 /// Copies `from` to `to` until `from` ends; returns the bytes moved.
-fn pump(from: &TcpStream, to: &TcpStream) -> u64 {
-    let Ok((r, w)) = pipe_with(PipeFlags::CLOEXEC) else {
-        let _ = from.shutdown(Shutdown::Both);
-        let _ = to.shutdown(Shutdown::Both);
-        return 0;
-    };
-    // Smaller if that is all the system allows.
-    let chunk = rustix::pipe::fcntl_setpipe_size(&w, PIPE).unwrap_or(64 * 1024);
-    let mut total = 0u64;
-    let broken = loop {
-        let n = match splice(from, None, &w, None, chunk, SpliceFlags::MOVE) {
-            Ok(0) => break false,
+async fn direction(from: &TcpStream, to: &TcpStream) -> u64 {
+    let mut moved = 0u64;
+    match pump(from, to, &mut moved).await {
+        Ok(()) => {
+            let _ = rustix::net::shutdown(to.as_fd(), Shutdown::Write);
+        }
+        Err(_) => {
+            let _ = rustix::net::shutdown(from.as_fd(), Shutdown::Both);
+            let _ = rustix::net::shutdown(to.as_fd(), Shutdown::Both);
+        }
+    }
+    moved
+}
+
+/// A direction's pipe: its read and write ends, and what one `splice`
+/// into it moves at most.
+struct Pipe {
+    r: OwnedFd,
+    w: OwnedFd,
+    chunk: usize,
+}
+
+impl Pipe {
+    fn new() -> io::Result<Pipe> {
+        let (r, w) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
+        // Smaller if that is all the system allows.
+        let chunk = rustix::pipe::fcntl_setpipe_size(&w, PIPE).unwrap_or(64 * 1024);
+        Ok(Pipe { r, w, chunk })
+    }
+}
+
+const NONBLOCK_MOVE: SpliceFlags = SpliceFlags::MOVE.union(SpliceFlags::NONBLOCK);
+
+/// The loop of [`direction`]: `Ok` at `from`'s end of stream, `Err` when
+/// either side fails.
+async fn pump(from: &TcpStream, to: &TcpStream, moved: &mut u64) -> io::Result<()> {
+    let mut pipe: Option<Pipe> = None;
+    loop {
+        from.readable().await?;
+        let p = match &pipe {
+            Some(p) => p,
+            None => pipe.insert(Pipe::new()?),
+        };
+        let n = match from.try_io(Interest::READABLE, || {
+            splice(from, None, &p.w, None, p.chunk, NONBLOCK_MOVE).map_err(io::Error::from)
+        }) {
+            Ok(0) => return Ok(()),
             Ok(n) => n,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(_) => break true,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
         };
         let mut left = n;
         while left > 0 {
-            match splice(&r, None, to, None, left, SpliceFlags::MOVE) {
-                Ok(m) if m > 0 => left -= m,
-                Err(rustix::io::Errno::INTR) => continue,
-                _ => break,
+            to.writable().await?;
+            match to.try_io(Interest::WRITABLE, || {
+                splice(&p.r, None, to, None, left, NONBLOCK_MOVE).map_err(io::Error::from)
+            }) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(m) => {
+                    left -= m;
+                    *moved += m as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
             }
         }
-        total += (n - left) as u64;
-        if left > 0 {
-            break true;
-        }
-    };
-    if broken {
-        let _ = from.shutdown(Shutdown::Both);
-        let _ = to.shutdown(Shutdown::Both);
-    } else {
-        let _ = to.shutdown(Shutdown::Write);
     }
-    total
 }
 
 #[cfg(test)]
@@ -161,5 +167,41 @@ mod tests {
             server.read_to_end(&mut rest),
         );
         assert!(s.await.is_ok(), "the server's side was left open");
+    }
+
+    /// This process's thread count.
+    fn threads() -> usize {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Threads:"))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn relayed_connections_cost_no_thread() {
+        let before = threads();
+        let mut ends = Vec::new();
+        let mut relays = Vec::new();
+        for _ in 0..200 {
+            let (mut client, a) = pair().await;
+            let (b, mut server) = pair().await;
+            relays.push(tokio::spawn(relay(a, b)));
+            // Each moves a little, then idles.
+            client.write_all(b"x").await.unwrap();
+            let mut one = [0u8; 1];
+            server.read_exact(&mut one).await.unwrap();
+            ends.push((client, server));
+        }
+        let during = threads();
+        assert!(
+            during <= before + 4,
+            "200 relays took threads: {before} before, {during} during"
+        );
+        drop(ends);
+        for r in relays {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), r).await;
+        }
     }
 }

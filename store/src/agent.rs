@@ -41,7 +41,11 @@ impl Store {
             mkdir(&dir)?;
             self.crash_point("agent_create.after_mkdir");
             btrfs::create_subvolume(&self.layout.workspace(a))?;
-            mkdir(&self.layout.shared(a))?;
+            // A new subvolume's root is 0755.
+            crate::private::keep_private_dir(&self.layout.workspace(a));
+            // The agent's own, handed to the sandbox's user at its first run.
+            let shared = self.layout.shared(a);
+            std::fs::create_dir(&shared).map_err(|e| StoreError::io("create", &shared, e))?;
             mkdir(&self.layout.sessions_dir(a))?;
             self.crash_point("agent_create.before_commit");
             self.end(op_id, op, &After::Nothing)?;

@@ -17,6 +17,7 @@ pub mod failpoint;
 pub mod index;
 pub mod journal;
 pub mod layout;
+pub mod private;
 pub mod rate;
 pub mod records;
 pub mod reserve;
@@ -134,7 +135,7 @@ impl Store {
         // Btrfs mount, which is checked next).
         if !root.exists() {
             match root.parent() {
-                Some(p) if p.is_dir() => std::fs::create_dir(root)
+                Some(p) if p.is_dir() => private::mkdir(root)
                     .map_err(|e| root_err(format!("it does not exist and cannot be made: {e}")))?,
                 _ => {
                     return Err(root_err(
@@ -147,10 +148,24 @@ impl Store {
             return Err(root_err("not a directory".into()));
         }
         btrfs::check_btrfs(root).map_err(|e| root_err(e.to_string()))?;
+        if let Some((path, mode)) = private::open_to_others(root) {
+            tracing::warn!(
+                root = %path.display(),
+                mode = format!("{mode:04o}"),
+                "the store root is open to other users of this host: the store's own directories below it are private, but make the root 0700 (or put it where they cannot enter) so they cannot list it"
+            );
+        }
         let layout = Layout::new(root);
         for d in [layout.agents_dir(), layout.state_dir()] {
-            std::fs::create_dir_all(&d).map_err(|e| StoreError::io("create", &d, e))?;
+            match private::mkdir(&d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(StoreError::io("create", &d, e)),
+            }
         }
+        // Before anything in it is opened; what recovery makes below is
+        // private by where it is, and fixed at the next start.
+        private::keep_private(&layout);
         let lock_path = layout.state_dir().join("lock");
         let root_lock = lock_root(&lock_path)?;
         let mut degraded: Option<String> = None;
@@ -619,8 +634,9 @@ fn checkpoint_info(a: &str, s: &str, c: &str, r: &CheckpointRecord) -> Checkpoin
     }
 }
 
+/// Makes one of the store's own directories (0700: [`private`]).
 fn mkdir(p: &Path) -> Result<()> {
-    std::fs::create_dir(p).map_err(|e| StoreError::io("create", p, e))
+    private::mkdir(p).map_err(|e| StoreError::io("create", p, e))
 }
 
 fn rename(from: &Path, to: &Path) -> Result<()> {

@@ -153,6 +153,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
                 .map_err(DaemonError::Guest)?,
             );
             runs.set_services(svc.clone());
+                    runs.cgroups().clone(),
             Some(svc)
         }
         None => None,

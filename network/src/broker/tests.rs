@@ -73,6 +73,7 @@ fn broker(dns: SocketAddr) -> Broker {
     Broker {
         resolver: Arc::new(DnsResolver::new(dns)),
         timeouts: Timeouts::default(),
+        own: Arc::new(OwnAddresses::new()),
     }
 }
 
@@ -216,4 +217,114 @@ async fn a_refused_loopback_is_named_as_the_supervisor_s_not_the_session_s() {
     let (out, _) = through(&b, &p, b"CONNECT other.example:443 HTTP/1.1\r\n\r\n").await;
     assert!(out.starts_with("HTTP/1.1 403 Forbidden"), "{out}");
     assert!(!out.contains("loopback"), "{out}");
+}
+
+/// A UDP socket on 127.0.0.1 that takes every question and answers none.
+fn silent_dns() -> std::net::UdpSocket {
+    std::net::UdpSocket::bind("127.0.0.1:0").unwrap()
+}
+
+#[test]
+fn the_system_resolver_waits_for_no_thread() {
+    // A runtime whose blocking pool has one thread, as the daemon's is
+    // bounded: lookups that never answer must not take it.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .max_blocking_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let silent = silent_dns();
+    // As /etc/resolv.conf would say it, but at the silent server's port
+    // (a resolv.conf names none).
+    let (_, options) = hickory_resolver::system_conf::parse_resolv_conf(
+        "nameserver 127.0.0.1\noptions timeout:5 attempts:1\n",
+    )
+    .unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let group = hickory_resolver::config::NameServerConfigGroup::from_ips_clear(
+        &[Ipv4Addr::LOCALHOST.into()],
+        port,
+        true,
+    );
+    let config = hickory_resolver::config::ResolverConfig::from_parts(None, vec![], group);
+    let r = Arc::new(SystemResolver::from_parts(config, options));
+    rt.block_on(async move {
+        let mut asked = Vec::new();
+        for i in 0..32 {
+            let r = r.clone();
+            asked.push(tokio::spawn(async move {
+                let _ = r.resolve(&format!("n{i}.silent.test")).await;
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let pool = tokio::task::spawn_blocking(|| ());
+        tokio::time::timeout(Duration::from_secs(1), pool)
+            .await
+            .expect("the blocking pool was held by lookups")
+            .unwrap();
+        // /etc/hosts is read: localhost resolves at once.
+        let local = tokio::time::timeout(Duration::from_secs(1), r.resolve("localhost")).await;
+        assert!(
+            matches!(&local, Ok(Ok(a)) if a.iter().any(|a| a.is_loopback())),
+            "{local:?}"
+        );
+        for a in asked {
+            a.abort();
+        }
+    });
+}
+
+#[test]
+fn the_system_resolver_reads_a_resolv_conf() {
+    let d = std::env::temp_dir().join(format!("allox-resolv-{}.conf", std::process::id()));
+    std::fs::write(&d, "nameserver 127.0.0.1\nsearch example.test\n").unwrap();
+    let r = SystemResolver::from_resolv_conf(&d);
+    let _ = std::fs::remove_file(&d);
+    assert!(r.is_ok());
+    let missing =
+        SystemResolver::from_resolv_conf(std::path::Path::new("/nonexistent/resolv.conf"));
+    assert!(missing.is_err());
+}
+
+/// A resolver whose lookups never end.
+struct Never;
+
+impl Resolve for Never {
+    fn resolve<'a>(
+        &'a self,
+        _: &'a str,
+    ) -> Pin<Box<dyn Future<Output = io::Result<Vec<IpAddr>>> + Send + 'a>> {
+        Box::pin(std::future::pending())
+    }
+}
+
+#[tokio::test]
+async fn lookups_past_a_session_s_budget_are_refused_at_once_naming_it() {
+    let budget = Arc::new(LookupBudget::new(
+        Arc::new(Never),
+        2,
+        "2 lookups in flight (--budget-flag)".into(),
+    ));
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let b = budget.clone();
+            tokio::spawn(async move { b.resolve("a.test").await })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let third = tokio::time::timeout(Duration::from_secs(1), budget.resolve("b.test"))
+        .await
+        .expect("the lookup past the budget waited");
+    let e = third.unwrap_err();
+    assert!(e.to_string().contains("--budget-flag"), "{e}");
+    // One ends: room for the next.
+    held[0].abort();
+    let _ = held.into_iter().next().unwrap().await;
+    let next = tokio::time::timeout(Duration::from_millis(100), budget.resolve("c.test")).await;
+    assert!(
+        next.is_err(),
+        "a lookup within the budget was refused: {next:?}"
+    );
 }

@@ -1,15 +1,22 @@
 //! One run's listener: a Unix socket in the guest interface's private
-//! directory, served until the run's sandbox is gone. Whoever connects to
-//! it is that run — the socket file is bound into that run's sandbox only,
-//! and the directory holding it is closed to everyone else on the host.
+//! directory, served until the run's sandbox is gone. Whoever it serves
+//! is that run: the socket file is bound into that run's sandbox only, the
+//! directory holding it is closed to everyone else on the host, and a
+//! connection is served only when the process that made it is in the
+//! run's cgroup ([`super::peer`]; the sandbox's uid on the host reaches
+//! the file through `/proc/<pid>/root`).
 
 use super::answer::{answer, GuestContext};
 use super::conversation::{response_frame, Conversation, Step};
+use super::peer::{Refusal, RunCgroup};
+use crate::ratelimit::RateLimit;
 use allox_protocol::guest::GuestIdentity;
+use allox_protocol::guest::GuestServerFrame;
 use allox_protocol::FrameReader;
+use allox_protocol::{encode, ErrorBody, ErrorCode};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
@@ -18,6 +25,9 @@ use tokio::task::JoinSet;
 pub const MAX_CONNECTIONS: usize = 16;
 /// A guest that does not read its answer for this long is dropped.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Refused peers logged at once per listener, then one per [`LOG_EVERY`].
+pub const LOG_BURST: u32 = 5;
+pub const LOG_EVERY: Duration = Duration::from_secs(1);
 
 /// The listener of one run. Dropping it stops serving (the listener and
 /// its connections are closed) and removes the socket file.
@@ -29,10 +39,12 @@ pub struct RunListener {
 
 impl RunListener {
     /// Binds `path` (0666 inside a directory only root enters) and serves
-    /// it as `who`. Must be called within the async runtime.
+    /// it as `who` to the processes of `cgroup`. Must be called within the
+    /// async runtime.
     pub fn open(
         path: &Path,
         who: GuestIdentity,
+        cgroup: RunCgroup,
         ctx: Arc<GuestContext>,
     ) -> std::io::Result<RunListener> {
         use std::os::unix::fs::PermissionsExt;
@@ -51,7 +63,7 @@ impl RunListener {
                 return Err(e);
             }
         };
-        let task = tokio::spawn(serve(listener, Arc::new(who), ctx));
+        let task = tokio::spawn(serve(listener, Arc::new(who), cgroup, ctx));
         Ok(RunListener {
             path: path.to_path_buf(),
             task,
@@ -76,14 +88,25 @@ impl Drop for RunListener {
     }
 }
 
-async fn serve(listener: UnixListener, who: Arc<GuestIdentity>, ctx: Arc<GuestContext>) {
+async fn serve(
+    listener: UnixListener,
+    who: Arc<GuestIdentity>,
+    cgroup: RunCgroup,
+    ctx: Arc<GuestContext>,
+) {
     let mut conns = JoinSet::new();
+    let mut log = RateLimit::new(LOG_BURST, LOG_EVERY, Instant::now());
     loop {
         tokio::select! {
             accepted = listener.accept(), if conns.len() < MAX_CONNECTIONS => match accepted {
-                Ok((stream, _)) => {
-                    conns.spawn(connection(stream, who.clone(), ctx.clone()));
-                }
+                // Checked before it takes a place among the connections:
+                // a refused peer never holds one.
+                Ok((stream, _)) => match cgroup.check(&stream) {
+                    Ok(()) => {
+                        conns.spawn(connection(stream, who.clone(), ctx.clone()));
+                    }
+                    Err(why) => refuse(stream, &why, &who, &mut log),
+                },
                 Err(e) => {
                     // Out of descriptors, most likely: wait, do not spin.
                     tracing::debug!(error = %e, "guest accept failed");
@@ -92,6 +115,29 @@ async fn serve(listener: UnixListener, who: Arc<GuestIdentity>, ctx: Arc<GuestCo
             },
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
+    }
+}
+
+/// Tells the peer why it is refused (without waiting: the frame fits in
+/// the socket's buffer, or is lost), closes the connection and logs it,
+/// rate-limited since anyone who reaches the file may knock.
+fn refuse(stream: UnixStream, why: &Refusal, who: &GuestIdentity, log: &mut RateLimit) {
+    let message = why.message(&who.run_id);
+    let frame = GuestServerFrame::Refused(ErrorBody::new(ErrorCode::Unauthorized, message));
+    if let Ok(bytes) = encode(&frame) {
+        let _ = stream.try_write(&bytes);
+    }
+    drop(stream);
+    if let Some(held_back) = log.allow(Instant::now()) {
+        tracing::warn!(
+            pid = ?why.pid(),
+            uid = ?why.uid(),
+            run = %who.run_id,
+            agent = %who.agent_id,
+            session = %who.session_id,
+            held_back,
+            "guest connection refused: the peer is not a process of the run"
+        );
     }
 }
 

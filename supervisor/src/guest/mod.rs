@@ -21,6 +21,7 @@
 mod answer;
 pub mod conversation;
 pub mod listener;
+pub mod peer;
 pub mod routes;
 
 pub use answer::{peer_label, GuestContext};
@@ -30,8 +31,10 @@ use crate::runs::{Attachment, RunIdentity, RunServices, SessionFiles};
 use crate::supervisor::Supervisor;
 use allox_protocol::guest::{GuestIdentity, GUEST_SOCKET};
 use allox_protocol::ErrorCode;
+use allox_sandbox::cgroup::Cgroups;
 use allox_sandbox::Bind;
 use listener::RunListener;
+use peer::RunCgroup;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -92,6 +95,8 @@ pub struct GuestService {
     dir: PathBuf,
     /// The supervisor's own executable, bound in as the `allox` client.
     exe: PathBuf,
+    /// The runs' cgroups: a listener serves its run's processes only.
+    cgroups: Cgroups,
     ctx: Arc<GuestContext>,
     /// Set when the daemon ends leaving runs for a successor: their
     /// directories stay.
@@ -104,6 +109,7 @@ impl GuestService {
     pub fn new(
         dir: PathBuf,
         exe: PathBuf,
+        cgroups: Cgroups,
         sup: Weak<Supervisor>,
         routes: Arc<dyn GuestRoutes>,
     ) -> Result<GuestService, GuestError> {
@@ -122,6 +128,7 @@ impl GuestService {
         Ok(GuestService {
             dir,
             exe,
+            cgroups,
             closing: Arc::new(AtomicBool::new(false)),
             ctx: Arc::new(GuestContext { sup, routes }),
         })
@@ -156,6 +163,8 @@ impl GuestService {
 /// directory, which the run still sees.
 pub const RUN_DIR: &str = "/run/allox/guest";
 const SOCKET_NAME: &str = "sock";
+/// A run's directory: root's, entered (not listed) by the sandbox's user.
+const RUN_DIR_MODE: u32 = 0o711;
 
 /// What a run holds: its listener and its directory, both gone when it
 /// is dropped.
@@ -188,10 +197,15 @@ impl GuestService {
         }
     }
 
-    /// Listens on the socket in `dir` as `run`.
+    /// Listens on the socket in `dir` as `run`, for the processes of
+    /// its cgroup.
     fn listen(&self, dir: &Path, run: &RunIdentity) -> Result<RunListener, GuestError> {
         let path = dir.join(SOCKET_NAME);
-        RunListener::open(&path, Self::identity(run), self.ctx.clone()).map_err(|source| {
+        let cgroup = RunCgroup {
+            cgroups: self.cgroups.clone(),
+            dir: self.cgroups.run_dir(&run.agent, &run.session, &run.run),
+        };
+        RunListener::open(&path, Self::identity(run), cgroup, self.ctx.clone()).map_err(|source| {
             GuestError::Io {
                 op: "listen on",
                 path,
@@ -206,16 +220,20 @@ impl RunServices for GuestService {
         &self,
         run: &RunIdentity,
     ) -> Result<Attachment, Box<dyn std::error::Error + Send + Sync>> {
-        use std::os::unix::fs::DirBuilderExt;
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        // The sandbox's user needs to reach the socket in it, not to list
+        // it.
         let dir = self.dir.join(&run.run);
         std::fs::DirBuilder::new()
-            .mode(0o755)
+            .mode(RUN_DIR_MODE)
             .create(&dir)
             .map_err(|source| GuestError::Io {
                 op: "create",
                 path: dir.clone(),
                 source,
             })?;
+        // Whatever the umask took.
+        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(RUN_DIR_MODE));
         // From here the guard removes the directory, whatever fails.
         let mut held = RunSocket {
             listener: None,
@@ -322,12 +340,17 @@ fn prepare_dir(dir: &Path) -> Result<(), GuestError> {
         // may have outlived the daemon, and sees this very directory
         // (see `RunServices::reattach`, which removes the others).
         let gone = match e.file_type() {
-            Ok(t) if t.is_dir() => std::fs::read_dir(&p).and_then(|inner| {
-                inner.flatten().try_for_each(|f| match f.file_type() {
-                    Ok(t) if t.is_dir() => std::fs::remove_dir_all(f.path()),
-                    _ => std::fs::remove_file(f.path()),
-                })
-            }),
+            // (An earlier daemon's may have been 0755.)
+            Ok(t) if t.is_dir() => {
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(RUN_DIR_MODE))
+                    .and_then(|()| std::fs::read_dir(&p))
+                    .and_then(|inner| {
+                        inner.flatten().try_for_each(|f| match f.file_type() {
+                            Ok(t) if t.is_dir() => std::fs::remove_dir_all(f.path()),
+                            _ => std::fs::remove_file(f.path()),
+                        })
+                    })
+            }
             _ => std::fs::remove_file(&p),
         };
         if let Err(source) = gone {
@@ -359,6 +382,13 @@ pub(crate) fn write_shim(path: &Path, command: &str) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    /// A cgroup tree of its own in a temp dir (no processes in it).
+    fn cgroups(t: &tempfile::TempDir) -> Cgroups {
+        let mount = t.path().join("cgroup");
+        std::fs::create_dir_all(&mount).unwrap();
+        Cgroups::open(&mount).unwrap()
+    }
+
     #[test]
     fn the_directory_is_made_private_and_emptied_but_for_runs_directories() {
         use std::os::unix::fs::PermissionsExt;
@@ -379,12 +409,24 @@ mod tests {
             v.sort();
             v
         };
-        let svc =
-            GuestService::new(dir.clone(), "/x".into(), Weak::new(), Arc::new(NoRoutes)).unwrap();
+        let svc = GuestService::new(
+            dir.clone(),
+            "/x".into(),
+            cgroups(&t),
+            Weak::new(),
+            Arc::new(NoRoutes),
+        )
+        .unwrap();
         let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o700);
         assert_eq!(names(&dir), ["r1", "turn.py", "whoami.py"]);
         assert!(names(&dir.join("r1")).is_empty());
+        let mode = std::fs::metadata(dir.join("r1"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, RUN_DIR_MODE);
         let shim = std::fs::read_to_string(dir.join("turn.py")).unwrap();
         assert!(
             shim.contains(r#"os.execv("/run/allox/bin/allox", ["allox", "turn"] + sys.argv[1:])"#),
@@ -402,14 +444,26 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("g");
         std::fs::write(&dir, "").unwrap();
-        let e = GuestService::new(dir, "/x".into(), Weak::new(), Arc::new(NoRoutes))
-            .err()
-            .unwrap();
+        let e = GuestService::new(
+            dir,
+            "/x".into(),
+            cgroups(&t),
+            Weak::new(),
+            Arc::new(NoRoutes),
+        )
+        .err()
+        .unwrap();
         assert!(matches!(e, GuestError::NotOurs(_)), "{e}");
         let long = t.path().join("x".repeat(100));
-        let e = GuestService::new(long, "/x".into(), Weak::new(), Arc::new(NoRoutes))
-            .err()
-            .unwrap();
+        let e = GuestService::new(
+            long,
+            "/x".into(),
+            cgroups(&t),
+            Weak::new(),
+            Arc::new(NoRoutes),
+        )
+        .err()
+        .unwrap();
         assert!(matches!(e, GuestError::PathTooLong(_)), "{e}");
     }
 }

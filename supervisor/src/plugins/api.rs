@@ -114,8 +114,9 @@ pub struct Settings {
     pub network: NetworkSettings,
 }
 
-/// `--network-allow`, `--network-deny`, `--network-resolver`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// `--network-allow`, `--network-deny`, `--network-resolver`, and the
+/// proxy's budgets (`--proxy-*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetworkSettings {
     /// The daemon's egress layer: `None` does not narrow.
     pub allow: Option<Vec<String>>,
@@ -125,6 +126,26 @@ pub struct NetworkSettings {
     /// The mode of sessions whose request and agent name none
     /// (`--session-network`).
     pub default_mode: NetworkMode,
+    /// `--proxy-connections-per-session`, `--proxy-connections`.
+    pub connections_per_session: usize,
+    pub connections: usize,
+    /// `--proxy-lookups-per-session`.
+    pub lookups_per_session: usize,
+}
+
+impl Default for NetworkSettings {
+    fn default() -> Self {
+        use super::network as n;
+        NetworkSettings {
+            allow: None,
+            deny: Vec::new(),
+            resolver: None,
+            default_mode: NetworkMode::default(),
+            connections_per_session: n::DEFAULT_CONNECTIONS_PER_SESSION as usize,
+            connections: n::DEFAULT_CONNECTIONS as usize,
+            lookups_per_session: n::DEFAULT_LOOKUPS_PER_SESSION as usize,
+        }
+    }
 }
 
 /// Where the monitor keeps its records, and how many.

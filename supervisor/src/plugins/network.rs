@@ -15,6 +15,7 @@
 //! session's own loopback ([`no_proxy`]), less what its policy names.
 
 mod audit;
+mod proxy;
 
 use super::api::{
     ContextGuard, Contribution, Manifest, Plugin, RouteContext, RouteFuture, RunRef,
@@ -23,12 +24,11 @@ use super::api::{
 use super::slot::Slot;
 use super::{NetworkSettings, PluginError};
 use crate::error::RequestError;
-use allox_network::broker::{Broker, DnsResolver, Resolve, SystemResolver, Timeouts};
+use allox_network::broker::{Broker, DnsResolver, LookupBudget, Resolve, SystemResolver, Timeouts};
 use allox_network::diag::SockDiag;
+use allox_network::own::OwnAddresses;
 use allox_network::{Layer, Policy, RuleError};
-use allox_protocol::{
-    EgressLevel, NetworkAuditRecord, NetworkMode, NetworkPolicyInfo, Request, Response,
-};
+use allox_protocol::{EgressLevel, NetworkMode, NetworkPolicyInfo, Request, Response};
 use audit::AuditLog;
 use rustix::fd::BorrowedFd;
 use std::collections::HashMap;
@@ -43,6 +43,16 @@ pub const PROXY: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOC
 
 /// The audit file, in the store's `state/`.
 pub const AUDIT_FILE: &str = "network-audit.log";
+
+/// `--proxy-connections-per-session`: a session's proxy connections open
+/// at once (a real agent's tools open tens).
+pub const DEFAULT_CONNECTIONS_PER_SESSION: u32 = 512;
+
+/// `--proxy-connections`: every session's proxy connections together.
+pub const DEFAULT_CONNECTIONS: u32 = 4096;
+
+/// `--proxy-lookups-per-session`: a session's name lookups in flight.
+pub const DEFAULT_LOOKUPS_PER_SESSION: u32 = 64;
 
 /// Where the entry point appears inside the sandbox.
 pub const SHIM: &str = "/run/allox/network.py";
@@ -62,7 +72,12 @@ struct RunsByCgroup {
 }
 
 struct Started {
-    broker: Broker,
+    /// Every session's resolver, each session asking it within its own
+    /// lookup budget.
+    resolver: Arc<dyn Resolve>,
+    own: Arc<OwnAddresses>,
+    /// `--proxy-connections`.
+    connections: proxy::Budget,
     settings: NetworkSettings,
     audit: AuditLog,
     /// `network.py`, the seed's entry point (`python3 /run/allox/network.py
@@ -163,7 +178,7 @@ impl Plugin for Network {
             .map_err(|e| not_started(format!("--network-deny: {e}")))?;
         let resolver: Arc<dyn Resolve> = match n.resolver {
             Some(addr) => Arc::new(DnsResolver::new(addr)),
-            None => Arc::new(SystemResolver),
+            None => Arc::new(SystemResolver::new()),
         };
         // The entry point, then the audit file; a failure leaves neither
         // behind (an audit file that was there stays as it was).
@@ -176,10 +191,9 @@ impl Plugin for Network {
             not_started(format!("open {}: {e}", path.display()))
         })?;
         self.started.fill(Started {
-            broker: Broker {
-                resolver,
-                timeouts: Timeouts::default(),
-            },
+            resolver,
+            own: Arc::new(OwnAddresses::new()),
+            connections: proxy::Budget::all(n.connections),
             settings: n.clone(),
             audit,
             shim,
@@ -277,48 +291,31 @@ impl Plugin for Network {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(k.clone(), live.clone());
-        let (agent, sess) = (session.agent.to_string(), session.session.to_string());
-        let served = st.clone();
-        let mine = live.clone();
+        let lookups = st.settings.lookups_per_session;
+        let broker = Broker {
+            resolver: Arc::new(LookupBudget::new(
+                st.resolver.clone(),
+                lookups,
+                format!(
+                    "{lookups} lookups of this session are in flight, its budget (--proxy-lookups-per-session)"
+                ),
+            )),
+            timeouts: Timeouts::default(),
+            own: st.own.clone(),
+        };
+        let served = Arc::new(proxy::SessionProxy::new(
+            st.clone(),
+            live.clone(),
+            (session.agent.to_string(), session.session.to_string()),
+            diag,
+            broker,
+            proxy::Budget::session(st.settings.connections_per_session),
+        ));
         let task = rt.spawn(async move {
             let Ok(l) = tokio::net::TcpListener::from_std(listener) else {
                 return;
             };
-            loop {
-                let Ok((conn, peer)) = l.accept().await else {
-                    continue;
-                };
-                let st = served.clone();
-                let policy = mine
-                    .policy
-                    .read()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone();
-                let (agent, sess) = (agent.clone(), sess.clone());
-                let diag = diag.clone();
-                tokio::spawn(async move {
-                    let run_id = diag.and_then(|d| st.run_of(&d, peer));
-                    let a = st.broker.serve(conn, &policy).await;
-                    st.audit.append(NetworkAuditRecord {
-                        seq: 0,
-                        time_ms: std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .map(|d| d.as_millis() as u64)
-                            .unwrap_or(0),
-                        agent_id: agent,
-                        session_id: sess,
-                        run_id,
-                        kind: a.kind.to_string(),
-                        host: a.host,
-                        port: a.port,
-                        address: a.addr.map(|s| s.to_string()),
-                        allowed: a.allowed,
-                        verdict: a.verdict,
-                        bytes_sent: a.sent,
-                        bytes_received: a.received,
-                    });
-                });
-            }
+            proxy::serve(l, served).await
         });
         Ok(Some(Box::new(Serving {
             task,
@@ -356,19 +353,6 @@ impl Plugin for Network {
 }
 
 impl Started {
-    /// Which run a connection to the proxy came from: the cgroup of the
-    /// client's socket, asked of the kernel in the session's namespace.
-    fn run_of(&self, diag: &SockDiag, peer: SocketAddr) -> Option<String> {
-        let SocketAddr::V4(peer) = peer else {
-            return None;
-        };
-        let proxy = std::net::SocketAddrV4::new(Ipv4Addr::LOCALHOST, PROXY.port());
-        let id = diag.cgroup_of(peer, proxy).ok().flatten()?;
-        let runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
-        let key = runs.by_id.get(&id)?;
-        key.rsplit('/').next().map(str::to_string)
-    }
-
     /// `network.policy.get`: the mode and every level's rules.
     fn info(
         &self,
@@ -532,6 +516,7 @@ mod tests {
                 allow: Some(allow.iter().map(|s| s.to_string()).collect()),
                 ..NetworkSettings::default()
             },
+            audit: Default::default(),
         }
     }
 

@@ -54,8 +54,11 @@ impl<R: Numbered> Records<R> {
     /// numbers are not reused; a cursor before them reads on from the
     /// oldest kept).
     pub fn open_bounded(path: &Path, max: Option<u64>) -> std::io::Result<Records<R>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Private to the daemon's user, as everything in state/.
         let mut file = std::fs::OpenOptions::new()
             .create(true)
+            .mode(0o600)
             .append(true)
             .read(true)
             .open(path)?;
@@ -142,7 +145,15 @@ impl<R: Numbered> Records<R> {
         let tmp = self.path.with_extension("tmp");
         let skip = f.lines.saturating_sub(max);
         {
-            let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut out = std::io::BufWriter::new(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .open(&tmp)?,
+            );
             let mut input = std::io::BufReader::new(std::fs::File::open(&self.path)?);
             let mut line = Vec::new();
             let mut n = 0u64;

@@ -33,6 +33,14 @@ pub struct SuperviseArgs {
     /// request says otherwise.
     #[arg(long)]
     pub kill_session_processes_on_rollback: bool,
+    /// Most uploads (`fs.write` with `upload`) one session may have under
+    /// way at once; the next one begun is refused naming this flag.
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    pub uploads_per_session: u32,
+    /// An upload that gets no chunk for this many seconds is abandoned:
+    /// its partial file and record are removed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub upload_idle_s: u64,
     /// Limit each session's current/ to this many bytes (suffixes K, M,
     /// G, T: powers of 1024) with Btrfs quota groups, which this turns
     /// on; a write past it fails with EDQUOT. Off by default: quota
@@ -107,6 +115,34 @@ pub struct SuperviseArgs {
     /// Most monitor records (spans and runs) kept; the oldest go first.
     #[arg(long, default_value_t = allox_supervisor::plugins::monitor::DEFAULT_RECORDS_MAX)]
     pub monitor_records_max: u64,
+    /// Most bytes of spans and runs the monitor keeps for one session
+    /// (suffixes K, M, G, T); with `--session-quota`, at most that. Spans
+    /// past it are refused naming this flag.
+    #[arg(long, value_name = "BYTES", value_parser = allox_store::parse_size,
+          default_value_t = allox_supervisor::plugins::monitor::DEFAULT_SESSION_BYTES)]
+    pub monitor_session_bytes: u64,
+    /// Most bytes of spans a second one session may send from inside its
+    /// sandbox (eight seconds' worth at once); spans past it are refused
+    /// naming this flag.
+    #[arg(long, value_name = "BYTES", value_parser = allox_store::parse_size,
+          default_value_t = allox_supervisor::plugins::monitor::DEFAULT_BYTES_PER_S)]
+    pub monitor_bytes_per_s: u64,
+    /// Most bytes of one span, encoded as the monitor keeps it; a request
+    /// with a larger one is refused naming this flag.
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1024..),
+          default_value_t = allox_supervisor::plugins::monitor::DEFAULT_SPAN_BYTES)]
+    pub monitor_span_bytes: u64,
+    /// Size past which the audit log (`state/audit.log`) and the plugins'
+    /// audit files (`state/share-audit.log`) are rotated: renamed `.1`,
+    /// replacing the one before (suffixes K, M, G, T).
+    #[arg(long, value_name = "BYTES", value_parser = allox_store::parse_size,
+          default_value_t = allox_store::audit::DEFAULT_FILE_BYTES)]
+    pub audit_file_bytes: u64,
+    /// Audit records a second of one session's guest calls (ten times as
+    /// many at once); past it they are counted, and one record says how
+    /// many were left out. 0: no limit.
+    #[arg(long, value_name = "N", default_value_t = allox_store::audit::DEFAULT_LINES_PER_S)]
+    pub audit_lines_per_s: u64,
     /// Do not read what each run used from its cgroup when it ends
     /// (`usage` and `oom_killed` of its result stay empty): the
     /// benchmark's baseline for what that costs.
@@ -337,12 +373,24 @@ impl SuperviseArgs {
                     network: allox_supervisor::plugins::NetworkSettings {
                         // No rule: the daemon does not narrow (and with no
                         // allow list at any level, nothing is open).
+                        session_bytes: self.monitor_session_bytes,
+                        bytes_per_s: self.monitor_bytes_per_s,
+                        span_bytes: self.monitor_span_bytes,
+                        session_quota: self.session_quota,
+                    },
+                    audit: allox_store::audit::AuditBounds {
+                        file_bytes: self.audit_file_bytes,
+                        lines_per_s: self.audit_lines_per_s,
                         allow: (!self.network_allow.is_empty()).then_some(self.network_allow),
                         deny: self.network_deny,
                         resolver: self.network_resolver,
                         default_mode,
                         connections_per_session: self.proxy_connections_per_session as usize,
                         connections: self.proxy_connections as usize,
+                    uploads: allox_supervisor::files::uploads::UploadLimits {
+                        per_session: self.uploads_per_session as usize,
+                        idle: Duration::from_secs(self.upload_idle_s),
+                    },
                         lookups_per_session: self.proxy_lookups_per_session as usize,
                     },
                 },

@@ -40,6 +40,9 @@ pub struct PluginsConfig {
     pub monitor: crate::plugins::MonitorSettings,
     /// `--network-allow`, `--network-deny`, `--network-resolver`.
     pub network: crate::plugins::NetworkSettings,
+    /// `--audit-file-bytes`, `--audit-lines-per-s`: the audit log's and
+    /// the plugins' audit files'.
+    pub audit: allox_store::audit::AuditBounds,
 }
 
 #[derive(Debug, Error)]
@@ -82,11 +85,13 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     let failpoints = Failpoints::from_env();
     let store = Store::open_or_read_only(&cfg.root, failpoints.clone(), cfg.store.clone())
         .map_err(DaemonError::Store)?;
+    store.audit().bound(cfg.plugins.audit);
     tracing::debug!(ms = t0.elapsed().as_millis() as u64, "store open");
     // Loaded and started before the runs, which tell them of the runs an
     // earlier supervisor left; stopped in the reverse order when `_running`
     // goes, on every path out of here.
     let system_dirs = cfg
+    warn_unless_nosuid_nodev(&cfg.root);
         .runs
         .as_ref()
         .map(|r| r.system_dirs.clone())
@@ -102,6 +107,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         process_events_max: cfg.plugins.process_events_max,
         monitor: cfg.plugins.monitor.clone(),
         network: cfg.plugins.network.clone(),
+        audit: cfg.plugins.audit,
     })?;
     // Many runs mean many descriptors; and the supervisor must be the last
     // thing the OOM killer picks.
@@ -197,6 +203,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
             _ = sup.stop.requested() => Stopped::Requested,
         };
         // From here every request that would change state is refused.
+        let abandoner = tokio::spawn(abandon_idle_uploads(sup.clone()));
         sup.stop.request();
         tracing::info!(?why, "stopping: refusing new work, killing sessions, flushing the store");
         for s in &servers {
@@ -208,6 +215,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         let kill = why == Stopped::Requested || cfg.policy.power_off_on_shutdown;
         if let Some(runs) = sup.runs.as_ref().filter(|_| kill) {
             let (runs, base) = (runs.clone(), runs.cgroups().base().to_path_buf());
+        abandoner.abort();
             match tokio::task::spawn_blocking(move || runs.kill_tree(&base, false)).await {
                 Ok(Ok(n)) => tracing::info!(killed = n, "sessions' processes killed"),
                 Ok(Err(e)) => tracing::error!(error = %e.chain(), "cannot kill the sessions' processes"),
@@ -254,6 +262,51 @@ async fn sync_audit_every_second(sup: Arc<Supervisor>) {
 fn raise_nofile() -> u64 {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     const WANT: u64 = 65_536;
+/// Uploads left without a chunk for `--upload-idle-s` are abandoned (their
+/// partial files and records removed), checked a few times a period.
+async fn abandon_idle_uploads(sup: Arc<Supervisor>) {
+    let every = (sup.uploads.limits().idle / 4).clamp(
+        std::time::Duration::from_millis(250),
+        std::time::Duration::from_secs(60),
+    );
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if sup.uploads.is_empty() {
+            continue;
+        }
+        let s = sup.clone();
+        let _ = tokio::task::spawn_blocking(move || s.abandon_idle_uploads()).await;
+    }
+}
+
+/// The store's mount should have `nosuid` and `nodev` (the VM mounts it
+/// so): a file in a session made setuid or a device node there would
+/// otherwise mean something on the host. Says so when it lacks either.
+fn warn_unless_nosuid_nodev(root: &std::path::Path) {
+    use rustix::fs::StatVfsMountFlags as F;
+    match rustix::fs::statvfs(root) {
+        Ok(st) => {
+            let lacks: Vec<&str> = [(F::NOSUID, "nosuid"), (F::NODEV, "nodev")]
+                .into_iter()
+                .filter(|(f, _)| !st.f_flag.contains(*f))
+                .map(|(_, n)| n)
+                .collect();
+            if !lacks.is_empty() {
+                tracing::warn!(
+                    root = %root.display(),
+                    lacks = %lacks.join(","),
+                    "the store's mount lacks nosuid or nodev: a setuid file or a device node in a session would work on the host; mount it with nosuid,nodev (docs/files.md)"
+                );
+            }
+        }
+        Err(e) => {
+            tracing::warn!(root = %root.display(), error = %e, "cannot check the store's mount options")
+        }
+    }
+}
+
     let l = getrlimit(Resource::Nofile);
     let hard = l.maximum.unwrap_or(u64::MAX);
     for n in [hard.max(WANT), hard] {

@@ -19,6 +19,8 @@ pub struct Policy {
     /// The supervisor is the child of the guest's PID 1, which powers the
     /// machine off after `system.shutdown`.
     pub power_off_on_shutdown: bool,
+    /// `--uploads-per-session`, `--upload-idle-s`.
+    pub uploads: crate::files::uploads::UploadLimits,
 }
 
 /// Set by `system.shutdown` (or a signal): the daemon stops, and until it
@@ -73,13 +75,13 @@ impl Supervisor {
         plugins: Arc<Plugins>,
     ) -> Self {
         Supervisor {
+            uploads: crate::files::uploads::Live::new(policy.uploads),
             store,
             policy,
             runs,
             plugins,
             stop: Stop::default(),
             network_default: allox_protocol::NetworkMode::Disabled,
-            uploads: Default::default(),
             rollbacks: tokio::sync::broadcast::channel(64).0,
         }
     }

@@ -122,7 +122,12 @@ fn the_guest_init_s_flags_map_to_the_daemon_s_config() {
             monitor: allox_supervisor::plugins::MonitorSettings {
                 root: None,
                 records_max: allox_supervisor::plugins::monitor::DEFAULT_RECORDS_MAX,
+                session_bytes: allox_supervisor::plugins::monitor::DEFAULT_SESSION_BYTES,
+                bytes_per_s: allox_supervisor::plugins::monitor::DEFAULT_BYTES_PER_S,
+                span_bytes: allox_supervisor::plugins::monitor::DEFAULT_SPAN_BYTES,
+                session_quota: None,
             },
+            audit: Default::default(),
             network: allox_supervisor::plugins::NetworkSettings::default(),
         }
     );

@@ -3,11 +3,13 @@
 //! itself, without a process in the sandbox. docs/files.md describes it.
 //!
 //! Every path is resolved below the scope's root ([`path`]); what is made
-//! belongs to the sandbox's user; a whole-file write and an upload go to a
+//! belongs to the sandbox's user from before it has a name, never with a
+//! setuid, setgid or sticky bit ([`fresh`]); a whole-file write and an upload go to a
 //! file beside the target that is renamed into place when complete
 //! ([`uploads`]); changes hold the session's writer guard, so they never
 //! interleave with a rollback or a delete of it.
 
+pub mod fresh;
 pub mod path;
 pub mod uploads;
 pub mod watch;
@@ -18,6 +20,7 @@ use allox_protocol::{
     Bytes, Deleted, ErrorCode, FsData, FsEntry, FsKind, FsList, FsListing, FsMkdir, FsMove, FsRead,
     FsRemove, FsScope, FsWrite, FsWritten, Request, Response, FS_CHUNK,
 };
+use fresh::Fresh;
 use path::{open_beneath, parent_of, Rel};
 use rustix::fd::OwnedFd;
 use rustix::fs::{AtFlags, Mode, OFlags};
@@ -51,6 +54,10 @@ pub enum FilesError {
     SharedCheckpoint,
     #[error("upload {id}: {why}")]
     Upload { id: String, why: String },
+    #[error("upload {id}: {why}")]
+    UploadBudget { id: String, why: String },
+    #[error("the new content of {path:?} was moved away before it replaced the file (by something in the session): nothing was replaced")]
+    Taken { path: String },
     #[error("no room left for {path:?} (the file system or the session's quota is full)")]
     NoSpace { path: String },
     #[error("cannot {op} {path:?}")]
@@ -101,7 +108,8 @@ impl FilesError {
             FilesError::Busy { .. } => ErrorCode::Conflict,
             FilesError::NotFound { .. } => ErrorCode::NotFound,
             FilesError::Exists { .. } | FilesError::Upload { .. } => ErrorCode::Conflict,
-            FilesError::NoSpace { .. } => ErrorCode::Unavailable,
+            FilesError::Taken { .. } => ErrorCode::Conflict,
+            FilesError::NoSpace { .. } | FilesError::UploadBudget { .. } => ErrorCode::Unavailable,
             FilesError::Io { .. } => ErrorCode::Internal,
         }
     }
@@ -418,7 +426,7 @@ impl Supervisor {
                 .map_err(|e| FilesError::from_errno("open", ".", e))?;
                 for p in &rel.parts {
                     match rustix::fs::mkdirat(&dir, *p, Mode::from_raw_mode(0o755)) {
-                        Ok(()) => chown_at(&dir, p, owner, rel.shown)?,
+                        Ok(()) => chown_dir(&dir, p, owner, rel.shown)?,
                         Err(rustix::io::Errno::EXIST) => {}
                         Err(e) => return Err(FilesError::from_errno("make", rel.shown, e).into()),
                     }
@@ -435,7 +443,7 @@ impl Supervisor {
                     parent_of(&root.fd, &rel).map_err(|e| scoped(e, root.scope))?;
                 rustix::fs::mkdirat(&parent, name, Mode::from_raw_mode(0o755))
                     .map_err(|e| FilesError::from_errno("make", rel.shown, e))?;
-                chown_at(&parent, name, owner, rel.shown)?;
+                chown_dir(&parent, name, owner, rel.shown)?;
             }
             Ok(stat(root, &rel)?)
         })
@@ -599,8 +607,10 @@ fn list_into(
     Ok(())
 }
 
-/// Gives what was made to the sandbox's user (when the daemon may).
-fn chown_at(
+/// Gives the directory `name` just made in `dir` to the sandbox's user
+/// (when the daemon may), on a descriptor of it: a link swapped in for it
+/// is not followed, and only a directory still the daemon's is given away.
+fn chown_dir(
     dir: &OwnedFd,
     name: &str,
     owner: Option<(u32, u32)>,
@@ -609,15 +619,25 @@ fn chown_at(
     let Some((uid, gid)) = owner else {
         return Ok(());
     };
-    if !rustix::process::geteuid().is_root() {
+    let me = rustix::process::geteuid();
+    if !me.is_root() {
         return Ok(());
     }
-    rustix::fs::chownat(
+    let fd = rustix::fs::openat(
         dir,
         name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| FilesError::from_errno("chown", shown, e))?;
+    let st = rustix::fs::fstat(&fd).map_err(|e| FilesError::from_errno("chown", shown, e))?;
+    if st.st_uid != me.as_raw() {
+        return Ok(());
+    }
+    rustix::fs::fchown(
+        &fd,
         Some(rustix::fs::Uid::from_raw(uid)),
         Some(rustix::fs::Gid::from_raw(gid)),
-        AtFlags::SYMLINK_NOFOLLOW,
     )
     .map_err(|e| FilesError::from_errno("chown", shown, e))
 }
@@ -651,7 +671,10 @@ fn beside(name: &str, what: &str) -> String {
     )
 }
 
-/// The whole file becomes `data`: written beside it, then renamed over it.
+/// The whole file becomes `data`: written to a new file beside it, which
+/// is given its owner and mode before it has a name or a byte
+/// ([`fresh`]), then named and renamed over it. The mode kept is the
+/// replaced file's permission bits, without setuid, setgid or sticky.
 fn replace(
     parent: &OwnedFd,
     name: &str,
@@ -669,26 +692,24 @@ fn replace(
                 what: "a file",
             })
         }
-        Ok(st) => st.st_mode & 0o7777,
+        Ok(st) => st.st_mode & fresh::PERMISSIONS,
         Err(rustix::io::Errno::NOENT) if create => 0o644,
         Err(e) => return Err(FilesError::from_errno("stat", rel.shown, e)),
     };
     let tmp = beside(name, "write");
-    let fd = rustix::fs::openat(
-        parent,
-        tmp.as_str(),
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(mode),
-    )
-    .map_err(|e| FilesError::from_errno("write", rel.shown, e))?;
-    let done = pwrite_all(&fd, data, 0, rel.shown)
-        .and_then(|()| chown_at(parent, &tmp, owner, rel.shown))
+    let mut f = Fresh::make(parent, &tmp, mode, owner, rel.shown)?;
+    let done = pwrite_all(&f.fd, data, 0, rel.shown)
+        .and_then(|()| f.link(parent, &tmp, rel.shown))
         .and_then(|()| {
             before_commit();
-            rustix::fs::renameat(parent, tmp.as_str(), parent, name)
-                .map_err(|e| FilesError::from_errno("replace", rel.shown, e))
+            rustix::fs::renameat(parent, tmp.as_str(), parent, name).map_err(|e| match e {
+                rustix::io::Errno::NOENT => FilesError::Taken {
+                    path: rel.shown.into(),
+                },
+                e => FilesError::from_errno("replace", rel.shown, e),
+            })
         });
-    if done.is_err() {
+    if done.is_err() && f.named() {
         let _ = rustix::fs::unlinkat(parent, tmp.as_str(), AtFlags::empty());
     }
     done.map(|()| data.len() as u64)
@@ -706,22 +727,29 @@ fn write_at(
     truncate: bool,
     owner: Option<(u32, u32)>,
 ) -> Result<u64, FilesError> {
-    let existed = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW).is_ok();
-    let mut flags = OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-    if create {
-        flags |= OFlags::CREATE;
+    let flags = OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let fd = match rustix::fs::openat(parent, name, flags, Mode::empty()) {
+        // A new file is the sandbox user's before it has a name.
+        Err(rustix::io::Errno::NOENT) if create => {
+            let mut f = Fresh::make(parent, name, 0o644, owner, rel.shown)?;
+            match f.link(parent, name, rel.shown) {
+                Ok(()) => Ok(f.fd),
+                // Made meanwhile: that one is written.
+                Err(FilesError::Exists { .. }) => {
+                    rustix::fs::openat(parent, name, flags, Mode::empty())
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        r => r,
     }
-    let fd = rustix::fs::openat(parent, name, flags, Mode::from_raw_mode(0o644))
-        .map_err(|e| FilesError::from_errno("write", rel.shown, e))?;
+    .map_err(|e| FilesError::from_errno("write", rel.shown, e))?;
     let st = rustix::fs::fstat(&fd).map_err(|e| FilesError::from_errno("stat", rel.shown, e))?;
     if kind_of(st.st_mode) != FsKind::File {
         return Err(FilesError::NotA {
             path: rel.shown.into(),
             what: "a regular file",
         });
-    }
-    if !existed {
-        chown_at(parent, name, owner, rel.shown)?;
     }
     pwrite_all(&fd, data, offset, rel.shown)?;
     let end = offset + data.len() as u64;

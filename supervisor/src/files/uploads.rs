@@ -1,24 +1,168 @@
 //! Uploads: a file sent in chunks (`fs.write` with `upload`) is written to
 //! `.allox-upload-<id>-<name>` beside its target and renamed over it with
 //! the chunk marked `commit`, so the target has its old content until the
-//! new one is whole. Each upload under way is recorded in the store's
-//! `state/uploads/`; the daemon's start removes what unfinished ones left
+//! new one is whole. The partial file is the sandbox user's, mode 0600,
+//! before it has a name ([`super::fresh`]); the commit gives it the
+//! target's permission bits (never setuid, setgid or sticky).
+//!
+//! Each upload under way is recorded in the store's `state/uploads/` and
+//! counted against its session's budget (`--uploads-per-session`); one
+//! that gets no chunk for `--upload-idle-s` is abandoned — its partial file
+//! and record removed ([`Supervisor::abandon_idle_uploads`], on a timer).
+//! The daemon's start removes what an earlier one left
 //! ([`Supervisor::sweep_uploads`]).
 
+use super::fresh::{self, Fresh};
 use super::path::{parent_of, Rel};
-use super::{chown_at, pwrite_all, FilesError};
+use super::{pwrite_all, FilesError};
 use crate::supervisor::Supervisor;
 use allox_protocol::{FsScope, FsWritten};
 use rustix::fd::OwnedFd;
 use rustix::fs::{AtFlags, Mode, OFlags};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
-/// The uploads under way in this daemon: bytes received, by
-/// `agent/session/id`. Chunks after the first may come in any order (a
-/// client sends several at once); the commit checks that all came.
+/// The budgets of uploads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UploadLimits {
+    /// `--uploads-per-session`: uploads under way in one session at once.
+    pub per_session: usize,
+    /// `--upload-idle-s`: how long an upload may go without a chunk before
+    /// it is abandoned.
+    pub idle: Duration,
+}
+
+impl Default for UploadLimits {
+    fn default() -> Self {
+        UploadLimits {
+            per_session: 16,
+            idle: Duration::from_secs(300),
+        }
+    }
+}
+
+/// The uploads under way in this daemon, by `agent/session/id`. Chunks
+/// after the first may come in any order (a client sends several at once);
+/// the commit checks that all came.
 #[derive(Debug, Default)]
-pub struct Live(std::sync::Mutex<std::collections::HashMap<String, u64>>);
+pub struct Live {
+    limits: UploadLimits,
+    under_way: std::sync::Mutex<HashMap<String, UnderWay>>,
+}
+
+#[derive(Debug)]
+struct UnderWay {
+    /// Bytes received.
+    received: u64,
+    /// When its last chunk came.
+    touched: Instant,
+    id: String,
+    record: Record,
+}
+
+impl Live {
+    pub fn new(limits: UploadLimits) -> Live {
+        Live {
+            limits,
+            under_way: Default::default(),
+        }
+    }
+
+    pub fn limits(&self) -> UploadLimits {
+        self.limits
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, UnderWay>> {
+        self.under_way.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn idle(&self, u: &UnderWay, now: Instant) -> bool {
+        now.saturating_duration_since(u.touched) >= self.limits.idle
+    }
+
+    /// Begins `key` (again, from nothing, if it was under way): refused
+    /// when its session has its budget of uploads under way (those idle
+    /// past the limit are abandoned already, and not counted).
+    fn begin(&self, key: &str, c: &Chunk<'_>, record: Record) -> Result<(), FilesError> {
+        let now = Instant::now();
+        let mut live = self.lock();
+        if !live.contains_key(key) {
+            let session = format!("{}/{}/", c.agent, c.session);
+            let n = live
+                .iter()
+                .filter(|(k, u)| k.starts_with(&session) && !self.idle(u, now))
+                .count();
+            if n >= self.limits.per_session {
+                return Err(FilesError::UploadBudget {
+                    id: c.id.to_string(),
+                    why: format!(
+                        "session {}/{} has {n} uploads under way, its budget (--uploads-per-session {}): commit one, or leave one without a chunk for {} s (--upload-idle-s), and begin again",
+                        c.agent,
+                        c.session,
+                        self.limits.per_session,
+                        self.limits.idle.as_secs()
+                    ),
+                });
+            }
+        }
+        live.insert(
+            key.to_string(),
+            UnderWay {
+                received: 0,
+                touched: now,
+                id: c.id.to_string(),
+                record,
+            },
+        );
+        Ok(())
+    }
+
+    /// Marks `key` as having a chunk now; false if it is not under way.
+    fn touch(&self, key: &str) -> bool {
+        match self.lock().get_mut(key) {
+            Some(u) => {
+                u.touched = Instant::now();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Adds `n` bytes to what `key` received; the total, if it is still
+    /// under way.
+    fn add(&self, key: &str, n: u64) -> Option<u64> {
+        self.lock().get_mut(key).map(|u| {
+            u.received += n;
+            u.received
+        })
+    }
+
+    fn forget(&self, key: &str) {
+        self.lock().remove(key);
+    }
+
+    /// Takes the uploads idle past the limit at `now` off the list.
+    fn take_idle(&self, now: Instant) -> Vec<UnderWay> {
+        let mut live = self.lock();
+        let idle: Vec<String> = live
+            .iter()
+            .filter(|(_, u)| self.idle(u, now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        idle.iter().filter_map(|k| live.remove(k)).collect()
+    }
+
+    /// How many uploads are under way (idle ones included until swept).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
 
 /// One chunk, and where it goes.
 pub struct Chunk<'a> {
@@ -42,7 +186,7 @@ pub struct Chunk<'a> {
 }
 
 /// What `state/uploads/` keeps of an upload under way.
-#[derive(Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Record {
     agent: String,
     session: String,
@@ -62,9 +206,9 @@ fn partial_name(id: &str, name: &str) -> String {
     )
 }
 
-fn record_path(dir: &Path, c: &Chunk<'_>) -> std::path::PathBuf {
+fn record_path(dir: &Path, agent: &str, session: &str, id: &str) -> std::path::PathBuf {
     // Ids have no `~`: the three never run together.
-    dir.join(format!("{}~{}~{}", c.agent, c.session, c.id))
+    dir.join(format!("{agent}~{session}~{id}"))
 }
 
 fn upload_err(id: &str, why: impl Into<String>) -> FilesError {
@@ -79,7 +223,18 @@ pub fn chunk(dir: &Path, c: &Chunk<'_>) -> Result<FsWritten, FilesError> {
     allox_protocol::validate_id("upload", c.id).map_err(|e| upload_err(c.id, e.to_string()))?;
     let partial = partial_name(c.id, c.name);
     let shown = c.rel.shown;
+    let key = format!("{}/{}/{}", c.agent, c.session, c.id);
+    let record = record_path(dir, c.agent, c.session, c.id);
     let target = rustix::fs::statat(c.parent, c.name, AtFlags::SYMLINK_NOFOLLOW);
+    let gone = || {
+        upload_err(
+            c.id,
+            format!(
+                "nothing is under way for {shown:?} under this id (never begun, abandoned after {} s without a chunk (--upload-idle-s), or taken by a rollback or a restart): start again at offset 0",
+                c.live.limits().idle.as_secs()
+            ),
+        )
+    };
     let fd = if c.offset == 0 {
         match &target {
             Err(rustix::io::Errno::NOENT) if !c.create => {
@@ -93,7 +248,6 @@ pub fn chunk(dir: &Path, c: &Chunk<'_>) -> Result<FsWritten, FilesError> {
             }
             _ => {}
         }
-        // Recorded first: a crash from here on leaves nothing unknown.
         let rec = Record {
             agent: c.agent.into(),
             session: c.session.into(),
@@ -104,27 +258,17 @@ pub fn chunk(dir: &Path, c: &Chunk<'_>) -> Result<FsWritten, FilesError> {
                 _ => partial.clone(),
             },
         };
-        std::fs::create_dir_all(dir).map_err(|source| FilesError::Io {
-            op: "record the upload in",
-            path: dir.display().to_string(),
-            source,
-        })?;
-        let rp = record_path(dir, c);
-        std::fs::write(&rp, serde_json::to_vec(&rec).unwrap_or_default()).map_err(|source| {
-            FilesError::Io {
-                op: "record the upload in",
-                path: rp.display().to_string(),
-                source,
-            }
-        })?;
-        rustix::fs::openat(
-            c.parent,
-            partial.as_str(),
-            OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o644),
-        )
-        .map_err(|e| FilesError::from_errno("write", shown, e))?
+        c.live.begin(&key, c, rec.clone())?;
+        let begun = begin(dir, &record, &rec, c, &partial);
+        if begun.is_err() {
+            c.live.forget(&key);
+            let _ = std::fs::remove_file(&record);
+        }
+        begun?
     } else {
+        if !c.live.touch(&key) {
+            return Err(gone());
+        }
         let fd = rustix::fs::openat(
             c.parent,
             partial.as_str(),
@@ -132,37 +276,31 @@ pub fn chunk(dir: &Path, c: &Chunk<'_>) -> Result<FsWritten, FilesError> {
             Mode::empty(),
         )
         .map_err(|e| match e {
-            rustix::io::Errno::NOENT => upload_err(
-                c.id,
-                format!(
-                    "nothing was begun for {shown:?} under this id (or a rollback or a restart took it): start again at offset 0"
-                ),
-            ),
+            rustix::io::Errno::NOENT => gone(),
             e => FilesError::from_errno("write", shown, e),
         })?;
+        // Still the file this upload made: the sandbox user's own, and
+        // one name (not something else moved or linked to its name).
+        let st = rustix::fs::fstat(&fd).map_err(|e| FilesError::from_errno("stat", shown, e))?;
+        if !rustix::fs::FileType::from_raw_mode(st.st_mode).is_file()
+            || st.st_nlink != 1
+            || st.st_uid != fresh::expected_uid(c.owner)
+        {
+            return Err(upload_err(
+                c.id,
+                format!("its partial file {partial:?} was changed by something else: start again at offset 0"),
+            ));
+        }
         fd
     };
     pwrite_all(&fd, c.data, c.offset, shown)?;
     let size = c.offset + c.data.len() as u64;
-    let key = format!("{}/{}/{}", c.agent, c.session, c.id);
-    let received = {
-        let mut live = c.live.0.lock().unwrap_or_else(|e| e.into_inner());
-        let n = live.entry(key.clone()).or_insert(0);
-        if c.offset == 0 {
-            *n = 0;
-        }
-        *n += c.data.len() as u64;
-        *n
-    };
+    let received = c.live.add(&key, c.data.len() as u64).ok_or_else(gone)?;
     if c.commit {
-        c.live
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&key);
+        c.live.forget(&key);
         if received != size {
             let _ = rustix::fs::unlinkat(c.parent, partial.as_str(), AtFlags::empty());
-            let _ = std::fs::remove_file(record_path(dir, c));
+            let _ = std::fs::remove_file(&record);
             return Err(upload_err(
                 c.id,
                 format!(
@@ -170,20 +308,56 @@ pub fn chunk(dir: &Path, c: &Chunk<'_>) -> Result<FsWritten, FilesError> {
                 ),
             ));
         }
-        if let Ok(st) = &target {
-            let _ = rustix::fs::fchmod(&fd, Mode::from_raw_mode(st.st_mode & 0o7777));
-        }
-        chown_at(c.parent, &partial, c.owner, shown)?;
+        let mode = match &target {
+            Ok(st) => st.st_mode,
+            Err(_) => 0o644,
+        };
+        fresh::give(&fd, mode, c.owner, shown)?;
         (c.before_commit)();
         rustix::fs::renameat(c.parent, partial.as_str(), c.parent, c.name)
             .map_err(|e| FilesError::from_errno("replace", shown, e))?;
-        let _ = std::fs::remove_file(record_path(dir, c));
+        let _ = std::fs::remove_file(&record);
     }
     Ok(FsWritten {
         path: c.rel.joined(),
         size,
         committed: c.commit,
     })
+}
+
+/// The first chunk's work: the upload recorded, then its partial file made
+/// (afresh, if this id was begun before).
+fn begin(
+    dir: &Path,
+    record: &Path,
+    rec: &Record,
+    c: &Chunk<'_>,
+    partial: &str,
+) -> Result<OwnedFd, FilesError> {
+    let shown = c.rel.shown;
+    // Recorded first: a crash from here on leaves nothing unknown.
+    std::fs::create_dir_all(dir).map_err(|source| FilesError::Io {
+        op: "record the upload in",
+        path: dir.display().to_string(),
+        source,
+    })?;
+    std::fs::write(record, serde_json::to_vec(rec).unwrap_or_default()).map_err(|source| {
+        FilesError::Io {
+            op: "record the upload in",
+            path: record.display().to_string(),
+            source,
+        }
+    })?;
+    let _ = rustix::fs::unlinkat(c.parent, partial, AtFlags::empty());
+    let mut f = Fresh::make(c.parent, partial, 0o600, c.owner, shown)?;
+    f.link(c.parent, partial, shown).map_err(|e| match e {
+        FilesError::Exists { .. } => upload_err(
+            c.id,
+            format!("something took the name of its partial file {partial:?}: start again"),
+        ),
+        e => e,
+    })?;
+    Ok(f.fd)
 }
 
 impl Supervisor {
@@ -200,28 +374,8 @@ impl Supervisor {
             let rec = std::fs::read(e.path())
                 .ok()
                 .and_then(|b| serde_json::from_slice::<Record>(&b).ok());
-            if let Some(r) = rec {
-                let gone = self
-                    .fs_root(
-                        &r.agent,
-                        &r.session,
-                        r.scope,
-                        None,
-                        &match &r.within {
-                            Some(d) => super::Within::Dir(d),
-                            None => super::Within::Scope,
-                        },
-                    )
-                    .ok()
-                    .and_then(|root| {
-                        let rel = Rel::parse(&r.partial).ok()?;
-                        let (parent, name) = parent_of(&root.fd, &rel).ok()?;
-                        name.starts_with(".allox-upload-")
-                            .then(|| rustix::fs::unlinkat(&parent, name, AtFlags::empty()).is_ok())
-                    });
-                if gone == Some(true) {
-                    swept += 1;
-                }
+            if rec.is_some_and(|r| self.remove_partial(&r)) {
+                swept += 1;
             }
             let _ = std::fs::remove_file(e.path());
         }
@@ -229,5 +383,47 @@ impl Supervisor {
             tracing::info!(swept, "removed what unfinished uploads left");
         }
         swept
+    }
+
+    /// Abandons the uploads that got no chunk for `--upload-idle-s`: their
+    /// partial files and records removed. Returns how many. Blocking.
+    pub fn abandon_idle_uploads(&self) -> usize {
+        let idle = self.uploads.take_idle(Instant::now());
+        let dir = self.uploads_dir();
+        for u in &idle {
+            self.remove_partial(&u.record);
+            let _ =
+                std::fs::remove_file(record_path(&dir, &u.record.agent, &u.record.session, &u.id));
+        }
+        if !idle.is_empty() {
+            tracing::info!(
+                abandoned = idle.len(),
+                idle_s = self.uploads.limits().idle.as_secs(),
+                "removed uploads left without a chunk"
+            );
+        }
+        idle.len()
+    }
+
+    /// Removes an upload's partial file, reached below its scope's root;
+    /// whether there was one.
+    fn remove_partial(&self, r: &Record) -> bool {
+        self.fs_root(
+            &r.agent,
+            &r.session,
+            r.scope,
+            None,
+            &match &r.within {
+                Some(d) => super::Within::Dir(d),
+                None => super::Within::Scope,
+            },
+        )
+        .ok()
+        .and_then(|root| {
+            let rel = Rel::parse(&r.partial).ok()?;
+            let (parent, name) = parent_of(&root.fd, &rel).ok()?;
+            name.starts_with(".allox-upload-")
+                .then(|| rustix::fs::unlinkat(&parent, name, AtFlags::empty()).is_ok())
+        }) == Some(true)
     }
 }

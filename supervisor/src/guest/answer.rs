@@ -107,7 +107,9 @@ fn answer_blocking(
     }
 }
 
-/// A plugin call's record: the caller, the route and how it went.
+/// A plugin call's record: the caller, the route and how it went; held to
+/// the session's rate (`--audit-lines-per-s`), past which records are
+/// counted and said in one.
 fn audit_call(
     sup: &Supervisor,
     peer: &str,
@@ -127,7 +129,8 @@ fn audit_call(
         },
         message: out.as_ref().err().map(|e| e.message.clone()),
     };
-    if let Err(e) = sup.store.audit().append(entry) {
+    let session = format!("{}/{}", who.agent_id, who.session_id);
+    if let Err(e) = sup.store.audit().append_for(&session, entry) {
         tracing::error!(error = %allox_protocol::error_chain(&e), "cannot append audit record");
     }
 }

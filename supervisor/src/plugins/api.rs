@@ -112,6 +112,9 @@ pub struct Settings {
     pub monitor: MonitorSettings,
     /// The session network's settings (`--network-*`).
     pub network: NetworkSettings,
+    /// How big a plugin's audit file grows and how fast a session's calls
+    /// are recorded in it (`--audit-file-bytes`, `--audit-lines-per-s`).
+    pub audit: allox_store::audit::AuditBounds,
 }
 
 /// `--network-allow`, `--network-deny`, `--network-resolver`, and the
@@ -148,12 +151,22 @@ impl Default for NetworkSettings {
     }
 }
 
-/// Where the monitor keeps its records, and how many.
+/// Where the monitor keeps its records, and how many; what a session may
+/// make it keep (0: no limit).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MonitorSettings {
     /// `None`: `monitor/` in the store's `state/`.
     pub root: Option<PathBuf>,
     pub records_max: u64,
+    /// `--monitor-session-bytes`: bytes kept for one session.
+    pub session_bytes: u64,
+    /// `--monitor-bytes-per-s`: bytes a second written for one session
+    /// from inside its sandbox.
+    pub bytes_per_s: u64,
+    /// `--monitor-span-bytes`: one span's encoded record.
+    pub span_bytes: u64,
+    /// `--session-quota`: caps `session_bytes`.
+    pub session_quota: Option<u64>,
 }
 
 /// What the core lends plugins beyond the store: sessions as the store

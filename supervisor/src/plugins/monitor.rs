@@ -10,11 +10,18 @@
 //! summarized by tool, model or turn (`monitor.summary`, [`summary`]), and
 //! shown on a session's timeline (`monitor.timeline` gives its turns and
 //! checkpoints; `alloxctl monitor report` draws it).
+//!
+//! What a session may make the monitor keep is bounded by bytes, not only
+//! by records: a span's encoded size (`--monitor-span-bytes`), the bytes
+//! kept for a session (`--monitor-session-bytes`, at most the session's
+//! `--session-quota`) and, for spans from inside a sandbox, the bytes a
+//! second (`--monitor-bytes-per-s`). Past one, the request is refused
+//! whole, naming the budget and its flag.
 
 pub mod summary;
 
 use super::api::{Core, Manifest, Plugin, RouteContext, RouteFuture, RunEnded};
-use super::records::{Numbered, Records};
+use super::records::{Adding, Numbered, Records};
 use super::slot::Slot;
 use super::{PluginError, Settings, API_VERSION};
 use crate::error::RequestError;
@@ -36,6 +43,16 @@ pub const RECORDS_FILE: &str = "records.log";
 /// `--monitor-records-max` unless given.
 pub const DEFAULT_RECORDS_MAX: u64 = 1_000_000;
 
+/// `--monitor-session-bytes` unless given.
+pub const DEFAULT_SESSION_BYTES: u64 = 64 << 20;
+
+/// `--monitor-bytes-per-s` unless given; eight seconds' worth may come at
+/// once.
+pub const DEFAULT_BYTES_PER_S: u64 = 1 << 20;
+
+/// `--monitor-span-bytes` unless given.
+pub const DEFAULT_SPAN_BYTES: u64 = 64 << 10;
+
 /// The route it serves inside sandboxes: `{"spans": [...]}`.
 pub const GUEST_ROUTES: &[&str] = &["monitor.spans"];
 
@@ -46,12 +63,86 @@ impl Numbered for MonitorRecord {
     fn set_seq(&mut self, seq: u64) {
         self.seq = seq;
     }
+    fn owner(&self) -> Option<String> {
+        Some(owner(&self.agent_id, &self.session_id))
+    }
+}
+
+/// How the bytes kept for session `a/s` are named.
+fn owner(a: &str, s: &str) -> String {
+    format!("{a}/{s}")
+}
+
+/// The bytes a session may make the monitor keep and write.
+pub struct Budget {
+    /// A span's encoded record (0: no limit).
+    pub span_bytes: u64,
+    /// Kept for one session (0: no limit): `--monitor-session-bytes`, or
+    /// the session quota if smaller.
+    pub session_bytes: u64,
+    /// Whether `session_bytes` is the session quota.
+    pub by_quota: bool,
+    /// Written a second for one session from inside its sandbox.
+    pub rate: allox_store::rate::Buckets,
+}
+
+impl Budget {
+    pub fn new(m: &super::MonitorSettings) -> Budget {
+        let (session_bytes, by_quota) = match m.session_quota {
+            Some(q) if m.session_bytes == 0 || q < m.session_bytes => (q, true),
+            _ => (m.session_bytes, false),
+        };
+        Budget {
+            span_bytes: m.span_bytes,
+            session_bytes,
+            by_quota,
+            rate: allox_store::rate::Buckets::new(m.bytes_per_s, m.bytes_per_s.saturating_mul(8)),
+        }
+    }
+
+    /// Whether `a/s` may add what `add` says (`guest`: from inside its
+    /// sandbox, held to the rate as well).
+    fn admit(&self, who: &str, add: &Adding, guest: bool) -> Result<(), ErrorBody> {
+        let over = |m: String| ErrorBody::new(ErrorCode::Unavailable, m);
+        if self.span_bytes > 0 && add.largest > self.span_bytes {
+            return Err(ErrorBody::invalid(format!(
+                "a span of {} bytes (encoded) is over the monitor's span budget of {} bytes \
+                 (--monitor-span-bytes)",
+                add.largest, self.span_bytes
+            )));
+        }
+        if self.session_bytes > 0 && add.kept.saturating_add(add.bytes) > self.session_bytes {
+            let flag = if self.by_quota {
+                "--session-quota, which caps --monitor-session-bytes"
+            } else {
+                "--monitor-session-bytes"
+            };
+            return Err(over(format!(
+                "session {who} keeps {} bytes of spans in the monitor: {} more would pass its \
+                 budget of {} bytes ({flag})",
+                add.kept, add.bytes, self.session_bytes
+            )));
+        }
+        if guest {
+            if let allox_store::rate::Taken::No = self.rate.take(who, add.bytes) {
+                return Err(over(format!(
+                    "session {who} sends spans faster than the monitor's budget of {} bytes a \
+                     second, {} at once (--monitor-bytes-per-s): {} bytes refused",
+                    self.rate.per_s(),
+                    self.rate.burst(),
+                    add.bytes
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What `start` acquired.
 pub struct Started {
     pub dir: PathBuf,
     pub records: Records<MonitorRecord>,
+    pub budget: Budget,
 }
 
 pub struct Monitor {
@@ -129,8 +220,16 @@ struct GuestSpans {
 }
 
 impl Started {
-    /// Appends the spans of one session, from `source`.
-    fn ingest(&self, a: &str, s: &str, source: &str, spans: Vec<Span>) -> MonitorIngested {
+    /// Appends the spans of one session, from `source` (`guest`: from
+    /// inside its sandbox), within its budget: all or none are taken.
+    fn ingest(
+        &self,
+        a: &str,
+        s: &str,
+        source: &str,
+        guest: bool,
+        spans: Vec<Span>,
+    ) -> Result<MonitorIngested, ErrorBody> {
         let time_ms = now_ms();
         let n = spans.len() as u32;
         let recs = spans
@@ -144,7 +243,11 @@ impl Started {
                 body: MonitorBody::Span(sp),
             })
             .collect();
-        match self.records.append_all(recs) {
+        let who = owner(a, s);
+        let done = self
+            .records
+            .append_admitted(Some(&who), recs, |add| self.budget.admit(&who, add, guest))?;
+        Ok(match done {
             Some((first_seq, last_seq)) => MonitorIngested {
                 accepted: n,
                 first_seq,
@@ -155,7 +258,7 @@ impl Started {
                 first_seq: 0,
                 last_seq: 0,
             },
-        }
+        })
     }
 
     /// The records after the cursor that `q` asks for; with a session,
@@ -250,7 +353,11 @@ impl Plugin for Monitor {
             }
             fail(format!("open {}: {e}", path.display()))
         })?;
-        self.started.fill(Started { dir, records });
+        self.started.fill(Started {
+            dir,
+            records,
+            budget: Budget::new(&settings.monitor),
+        });
         Ok(())
     }
 
@@ -306,7 +413,7 @@ impl Plugin for Monitor {
             .map_err(|e| ErrorBody::invalid(format!("bad params for {route}: {e}")))?;
         check_spans(&p.spans)?;
         let source = format!("run:{}", caller.run_id);
-        let done = st.ingest(&caller.agent_id, &caller.session_id, &source, p.spans);
+        let done = st.ingest(&caller.agent_id, &caller.session_id, &source, true, p.spans)?;
         serde_json::to_string(&done).map_err(|e| ErrorBody::new(ErrorCode::Internal, e.to_string()))
     }
 
@@ -324,10 +431,11 @@ impl Plugin for Monitor {
                     // Encoding and writing thousands of spans is not for
                     // the I/O task.
                     let done = tokio::task::spawn_blocking(move || {
-                        st2.ingest(&p.agent_id, &p.session_id, "host", p.spans)
+                        st2.ingest(&p.agent_id, &p.session_id, "host", false, p.spans)
                     })
                     .await
-                    .map_err(|e| io(std::io::Error::other(e.to_string())))?;
+                    .map_err(|e| io(std::io::Error::other(e.to_string())))?
+                    .map_err(answered)?;
                     Ok(Response::MonitorIngested(done))
                 }
                 Request::MonitorRecords(q) => {
@@ -419,4 +527,144 @@ fn turns_of(store: &allox_store::Store, a: &str, s: &str) -> Result<Vec<TurnInfo
             checkpoint_error: t.checkpoint_error,
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use allox_protocol::SpanOperation;
+
+    fn started(dir: &std::path::Path, m: super::super::MonitorSettings) -> Started {
+        Started {
+            dir: dir.to_path_buf(),
+            records: Records::open(&dir.join(RECORDS_FILE)).unwrap(),
+            budget: Budget::new(&m),
+        }
+    }
+
+    /// A span with `attrs` attributes of 4 KiB.
+    fn span(i: u64, attrs: usize) -> Span {
+        Span {
+            trace_id: format!("{:032x}", 1),
+            span_id: format!("{:016x}", 1 + i),
+            parent_span_id: None,
+            name: "execute_tool bash".into(),
+            operation: SpanOperation::ExecuteTool,
+            start_unix_nano: 1,
+            end_unix_nano: 2,
+            tool: Some("bash".into()),
+            model: None,
+            input_tokens: None,
+            output_tokens: None,
+            error: None,
+            attributes: (0..attrs)
+                .map(|k| (format!("k{k}"), "x".repeat(4096)))
+                .collect(),
+        }
+    }
+
+    fn settings() -> super::super::MonitorSettings {
+        super::super::MonitorSettings {
+            session_bytes: 1 << 20,
+            bytes_per_s: 0,
+            span_bytes: 64 << 10,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_span_past_its_size_is_refused_naming_the_flag() {
+        let d = tempfile::tempdir().unwrap();
+        let st = started(d.path(), settings());
+        let e = st
+            .ingest("a", "s", "run:r", true, vec![span(0, 1), span(1, 32)])
+            .unwrap_err();
+        assert!(e.message.contains("--monitor-span-bytes"), "{}", e.message);
+        // All or none: the small one was not kept either.
+        assert_eq!(st.records.kept("a/s"), 0);
+        assert_eq!(
+            st.ingest("a", "s", "run:r", true, vec![span(0, 15)])
+                .unwrap()
+                .accepted,
+            1
+        );
+    }
+
+    #[test]
+    fn a_session_keeps_at_most_its_bytes_and_the_quota_caps_them() {
+        let d = tempfile::tempdir().unwrap();
+        let st = started(d.path(), settings());
+        let mut refused = None;
+        for i in 0..100 {
+            match st.ingest("a", "s", "host", false, vec![span(i, 15)]) {
+                Ok(_) => {}
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
+            }
+        }
+        let e = refused.expect("refused before 100 spans of 60 KiB");
+        assert!(
+            e.message.contains("--monitor-session-bytes"),
+            "{}",
+            e.message
+        );
+        assert!(st.records.kept("a/s") <= 1 << 20);
+        let file = std::fs::metadata(d.path().join(RECORDS_FILE))
+            .unwrap()
+            .len();
+        assert_eq!(file, st.records.kept("a/s"));
+        // Another session is not held back; counted across reopening.
+        assert!(st
+            .ingest("a", "t", "host", false, vec![span(0, 15)])
+            .is_ok());
+        let kept = st.records.kept("a/s");
+        drop(st);
+        let st = started(d.path(), settings());
+        assert_eq!(st.records.kept("a/s"), kept);
+        assert!(st
+            .ingest("a", "s", "host", false, vec![span(0, 15)])
+            .is_err());
+        // A smaller session quota is the budget.
+        let d = tempfile::tempdir().unwrap();
+        let mut m = settings();
+        m.session_quota = Some(100 << 10);
+        let st = started(d.path(), m);
+        assert!(st
+            .ingest("a", "s", "host", false, vec![span(0, 15)])
+            .is_ok());
+        let e = st
+            .ingest("a", "s", "host", false, vec![span(1, 15)])
+            .unwrap_err();
+        assert!(e.message.contains("--session-quota"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_guest_past_its_rate_is_refused_and_others_are_not() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = settings();
+        m.session_bytes = 0;
+        m.bytes_per_s = 64 << 10;
+        let st = started(d.path(), m);
+        // The burst is eight seconds' worth: 512 KiB, about 8 spans.
+        let mut taken = 0;
+        let mut refused = None;
+        for i in 0..20 {
+            match st.ingest("a", "s", "run:r", true, vec![span(i, 15)]) {
+                Ok(_) => taken += 1,
+                Err(e) => refused = Some(e),
+            }
+        }
+        assert!((7..=9).contains(&taken), "{taken}");
+        let e = refused.unwrap();
+        assert!(e.message.contains("--monitor-bytes-per-s"), "{}", e.message);
+        assert!(st
+            .ingest("b", "s", "run:r", true, vec![span(0, 15)])
+            .is_ok());
+        // The host's own ingest is not held to the guest's rate.
+        assert!(st
+            .ingest("a", "s", "host", false, vec![span(0, 15)])
+            .is_ok());
+    }
 }

@@ -2,10 +2,18 @@
 //! workspace: no rollback touches it): one JSON line per record, numbered
 //! from 1, appended as things happen and read in pages or followed. The
 //! network audit and the share audit are such files.
+//!
+//! A file is bounded by records ([`Records::open_bounded`]: the oldest are
+//! dropped) or by bytes ([`Records::open_rotating`]: past the size it is
+//! renamed `NAME.1`, replacing the one before, and read through both).
+//! Where records name their owner ([`Numbered::owner`]), the bytes kept
+//! for each owner are counted, so that [`Records::append_admitted`] can
+//! hold each to a budget.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use std::io::{BufRead, Write};
+use std::collections::HashMap;
+use std::io::{BufRead, Read, Write};
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -15,6 +23,21 @@ use std::time::Duration;
 pub trait Numbered: Serialize + DeserializeOwned {
     fn seq(&self) -> u64;
     fn set_seq(&mut self, seq: u64);
+    /// Whom the bytes of the record are counted for (`None`: nobody).
+    fn owner(&self) -> Option<String> {
+        None
+    }
+}
+
+/// What an append would add, for [`Records::append_admitted`] to judge.
+#[derive(Debug, Clone, Copy)]
+pub struct Adding {
+    /// The new lines' bytes.
+    pub bytes: u64,
+    /// The largest new line's bytes.
+    pub largest: u64,
+    /// The bytes the owner's records take in the file now.
+    pub kept: u64,
 }
 
 pub struct Records<R> {
@@ -33,6 +56,12 @@ struct Appender {
     /// Once `lines` passes half again this, the oldest go until `max` are
     /// left (`None`: unbounded).
     max: Option<u64>,
+    /// The file's size.
+    bytes: u64,
+    /// Past this size the file is rotated (`None`: never).
+    max_bytes: Option<u64>,
+    /// The bytes each owner's records take.
+    owners: HashMap<String, u64>,
 }
 
 /// A page of records.
@@ -54,6 +83,20 @@ impl<R: Numbered> Records<R> {
     /// numbers are not reused; a cursor before them reads on from the
     /// oldest kept).
     pub fn open_bounded(path: &Path, max: Option<u64>) -> std::io::Result<Records<R>> {
+        Records::open_with(path, max, None)
+    }
+
+    /// [`Records::open`], rotated past `max_bytes`: renamed `NAME.1`
+    /// (replacing the one before), a new file begun.
+    pub fn open_rotating(path: &Path, max_bytes: Option<u64>) -> std::io::Result<Records<R>> {
+        Records::open_with(path, None, max_bytes)
+    }
+
+    fn open_with(
+        path: &Path,
+        max: Option<u64>,
+        max_bytes: Option<u64>,
+    ) -> std::io::Result<Records<R>> {
         use std::os::unix::fs::OpenOptionsExt;
         // Private to the daemon's user, as everything in state/.
         let mut file = std::fs::OpenOptions::new()
@@ -63,12 +106,28 @@ impl<R: Numbered> Records<R> {
             .read(true)
             .open(path)?;
         let (mut newest, mut lines, mut torn) = (0, 0, false);
+        let mut owners = HashMap::new();
         for line in std::io::BufReader::new(std::fs::File::open(path)?).split(b'\n') {
             let line = line?;
             lines += 1;
             match serde_json::from_slice::<R>(&line) {
-                Ok(r) => newest = newest.max(r.seq()),
+                Ok(r) => {
+                    newest = newest.max(r.seq());
+                    if let Some(o) = r.owner() {
+                        *owners.entry(o).or_insert(0) += line.len() as u64 + 1;
+                    }
+                }
                 Err(_) => torn = true,
+            }
+        }
+        if newest == 0 {
+            // Just rotated: the numbers go on from the rotated file's.
+            if let Ok(old) = std::fs::File::open(rotated(path)) {
+                for line in std::io::BufReader::new(old).split(b'\n') {
+                    if let Ok(r) = serde_json::from_slice::<R>(&line?) {
+                        newest = newest.max(r.seq());
+                    }
+                }
             }
         }
         // A power cut may have left the last line half written: it is
@@ -87,9 +146,12 @@ impl<R: Numbered> Records<R> {
         Ok(Records {
             path: path.to_path_buf(),
             file: Mutex::new(Appender {
+                bytes: file.metadata()?.len(),
                 file,
                 lines,
                 max: max.map(|m| m.max(1)),
+                max_bytes,
+                owners,
             }),
             newest: tokio::sync::watch::channel(newest).0,
             kind: PhantomData,
@@ -106,37 +168,107 @@ impl<R: Numbered> Records<R> {
     /// last numbers (`None` for none, or if they could not be written,
     /// which is logged).
     pub fn append_all(&self, rs: Vec<R>) -> Option<(u64, u64)> {
+        self.append_admitted::<()>(None, rs, |_| Ok(()))
+            .unwrap_or(None)
+    }
+
+    /// [`Records::append_all`] of `owner`'s records, if `admit` lets
+    /// what they would add in: all or none are written.
+    pub fn append_admitted<E>(
+        &self,
+        owner: Option<&str>,
+        rs: Vec<R>,
+        admit: impl FnOnce(&Adding) -> Result<(), E>,
+    ) -> Result<Option<(u64, u64)>, E> {
         if rs.is_empty() {
-            return None;
+            return Ok(None);
         }
         let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
         let first = *self.newest.borrow() + 1;
         let mut buf = Vec::with_capacity(rs.len() * 256);
         let mut seq = first;
+        let mut largest = 0;
+        // Each record's owner when the caller did not name one.
+        let mut each: Vec<(String, u64)> = Vec::new();
         for mut r in rs {
             r.set_seq(seq);
+            let at = buf.len();
             if serde_json::to_writer(&mut buf, &r).is_err() {
+                buf.truncate(at);
                 continue;
             }
             buf.push(b'\n');
+            let len = (buf.len() - at) as u64;
+            largest = largest.max(len);
+            if owner.is_none() {
+                if let Some(o) = r.owner() {
+                    each.push((o, len));
+                }
+            }
             seq += 1;
         }
         let last = seq - 1;
         if last < first {
-            return None;
+            return Ok(None);
         }
+        let bytes = buf.len() as u64;
+        admit(&Adding {
+            bytes,
+            largest,
+            kept: owner.map_or(0, |o| f.owners.get(o).copied().unwrap_or(0)),
+        })?;
         if let Err(e) = f.file.write_all(&buf) {
             tracing::error!(path = %self.path.display(), error = %e, "cannot append records");
-            return None;
+            return Ok(None);
         }
         f.lines += last - first + 1;
+        f.bytes += bytes;
+        match owner {
+            Some(o) => match f.owners.get_mut(o) {
+                Some(n) => *n += bytes,
+                None => {
+                    f.owners.insert(o.to_string(), bytes);
+                }
+            },
+            None => {
+                for (o, len) in each {
+                    *f.owners.entry(o).or_insert(0) += len;
+                }
+            }
+        }
         self.newest.send_replace(last);
         if let Some(max) = f.max.filter(|m| f.lines > m + m / 2) {
             if let Err(e) = self.keep_newest(&mut f, max) {
                 tracing::error!(path = %self.path.display(), error = %e, "cannot drop the oldest records");
             }
         }
-        Some((first, last))
+        if f.max_bytes.is_some_and(|m| f.bytes > m) {
+            if let Err(e) = self.rotate(&mut f) {
+                tracing::error!(path = %self.path.display(), error = %e, "cannot rotate the records");
+            }
+        }
+        Ok(Some((first, last)))
+    }
+
+    /// The bytes `owner`'s records take in the file.
+    pub fn kept(&self, owner: &str) -> u64 {
+        let f = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        f.owners.get(owner).copied().unwrap_or(0)
+    }
+
+    /// Renames the file `NAME.1` and begins a new one.
+    fn rotate(&self, f: &mut Appender) -> std::io::Result<()> {
+        f.file.sync_data()?;
+        std::fs::rename(&self.path, rotated(&self.path))?;
+        f.file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .read(true)
+            .open(&self.path)?;
+        f.lines = 0;
+        f.bytes = 0;
+        f.owners.clear();
+        Ok(())
     }
 
     /// Rewrites the file with its newest `max` lines (a new file renamed
@@ -157,6 +289,7 @@ impl<R: Numbered> Records<R> {
             let mut input = std::io::BufReader::new(std::fs::File::open(&self.path)?);
             let mut line = Vec::new();
             let mut n = 0u64;
+            let (mut bytes, mut owners) = (0, HashMap::new());
             loop {
                 line.clear();
                 if input.read_until(b'\n', &mut line)? == 0 {
@@ -165,8 +298,17 @@ impl<R: Numbered> Records<R> {
                 n += 1;
                 if n > skip {
                     out.write_all(&line)?;
+                    bytes += line.len() as u64;
+                    if let Some(o) = serde_json::from_slice::<R>(&line)
+                        .ok()
+                        .and_then(|r| r.owner())
+                    {
+                        *owners.entry(o).or_insert(0) += line.len() as u64;
+                    }
                 }
             }
+            f.bytes = bytes;
+            f.owners = owners;
             out.into_inner().map_err(|e| e.into_error())?.sync_data()?;
         }
         std::fs::rename(&tmp, &self.path)?;
@@ -189,7 +331,14 @@ impl<R: Numbered> Records<R> {
         let mut records = Vec::new();
         let mut next_cursor = after;
         let newest = *self.newest.borrow();
-        for line in std::io::BufReader::new(std::fs::File::open(&self.path)?).split(b'\n') {
+        // A rotated file's records come first; it is opened first, so a
+        // rotation in between repeats nothing.
+        let old: Box<dyn Read> = match std::fs::File::open(rotated(&self.path)) {
+            Ok(f) => Box::new(f),
+            Err(_) => Box::new(std::io::empty()),
+        };
+        let input = old.chain(std::fs::File::open(&self.path)?);
+        for line in std::io::BufReader::new(input).split(b'\n') {
             // A half-written line (a power cut) is skipped.
             let Ok(r) = serde_json::from_slice::<R>(&line?) else {
                 continue;
@@ -216,6 +365,13 @@ impl<R: Numbered> Records<R> {
         let mut rx = self.newest.subscribe();
         let _ = tokio::time::timeout(timeout, rx.wait_for(|n| *n > seq)).await;
     }
+}
+
+/// The rotated file beside `path` (`NAME.1`).
+pub fn rotated(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".1");
+    PathBuf::from(name)
 }
 
 #[cfg(test)]
@@ -310,5 +466,32 @@ mod tests {
         let r = Records::<Line>::open_bounded(&p, Some(10)).unwrap();
         assert_eq!(r.append(line("z")), 18);
         assert_eq!(r.page(3, 1, |_| true).unwrap().records[0].seq, 8);
+    }
+
+    #[test]
+    fn a_rotating_file_stays_within_two_files_and_pages_through_both() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("r.log");
+        let r = Records::<Line>::open_rotating(&p, Some(1000)).unwrap();
+        for i in 0..500 {
+            r.append(line(&format!("w{i}")));
+        }
+        for f in [p.clone(), rotated(&p)] {
+            assert!(std::fs::metadata(&f).unwrap().len() <= 1000 + 30, "{f:?}");
+        }
+        let seqs: Vec<u64> = r
+            .page(0, 1000, |_| true)
+            .unwrap()
+            .records
+            .iter()
+            .map(|l| l.seq)
+            .collect();
+        assert_eq!(*seqs.last().unwrap(), 500);
+        assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1));
+        // Reopened just after a rotation: numbering goes on.
+        drop(r);
+        std::fs::rename(&p, rotated(&p)).unwrap();
+        let r = Records::<Line>::open_rotating(&p, Some(1000)).unwrap();
+        assert_eq!(r.append(line("x")), 501);
     }
 }

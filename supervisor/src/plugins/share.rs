@@ -43,8 +43,16 @@ pub const NAME: &str = "share";
 /// Where the choices are kept, in the store's `state/`.
 pub const STATE_FILE: &str = "share.json";
 
-/// The audit file, in the store's `state/`.
+/// The audit file, in the store's `state/`; bounded in size
+/// (`--audit-file-bytes`: past it, renamed `share-audit.log.1`, replacing
+/// the one before) and in lines a second for each session
+/// (`--audit-lines-per-s`: past it, lines are counted and the next one
+/// written is preceded by one saying how many were left out).
 pub const AUDIT_FILE: &str = "share-audit.log";
+
+/// The bytes of a path or message an audit line keeps: the rest is cut,
+/// with a marker saying how long it was.
+pub const AUDIT_TEXT_MAX: usize = 256;
 
 /// Where the seed's entry point appears inside the sandbox.
 pub const SHIM: &str = "/run/allox/share.py";
@@ -73,6 +81,8 @@ struct Started {
     path: PathBuf,
     saved: Mutex<Saved>,
     audit: Records<ShareAuditRecord>,
+    /// Audit lines a second, per session.
+    lines: allox_store::rate::Buckets,
     /// `share.py`, bound into every sandbox.
     shim: PathBuf,
 }
@@ -113,6 +123,19 @@ fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// `s`, cut to at most `max` bytes (on a character boundary) with a
+/// marker saying how long it was.
+fn clipped(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…[cut: {} bytes]", &s[..end], s.len())
 }
 
 fn not_started(why: impl Into<String>) -> PluginError {
@@ -282,18 +305,43 @@ impl Started {
         path: Option<&str>,
         out: &Result<String, ErrorBody>,
     ) {
+        // A guest's calls are held to its session's rate; the host's are not.
+        if let Some((session, _run)) = caller.rsplit_once('/') {
+            match self.lines.take(session, 1) {
+                allox_store::rate::Taken::No => return,
+                allox_store::rate::Taken::Yes { refused_before: 0 } => {}
+                allox_store::rate::Taken::Yes { refused_before } => {
+                    self.audit.append(ShareAuditRecord {
+                        seq: 0,
+                        time_ms: now_ms(),
+                        caller: caller.into(),
+                        route: route.into(),
+                        target: session.into(),
+                        path: None,
+                        verdict: "suppressed".into(),
+                        message: Some(format!(
+                            "{refused_before} lines of {session}'s calls were suppressed: more \
+                             than the session's rate (--audit-lines-per-s)"
+                        )),
+                    });
+                }
+            }
+        }
         self.audit.append(ShareAuditRecord {
             seq: 0,
             time_ms: now_ms(),
-            caller: caller.into(),
-            route: route.into(),
-            target: target.into(),
-            path: path.map(str::to_string),
+            caller: clipped(caller, AUDIT_TEXT_MAX),
+            route: clipped(route, AUDIT_TEXT_MAX),
+            target: clipped(target, AUDIT_TEXT_MAX),
+            path: path.map(|p| clipped(p, AUDIT_TEXT_MAX)),
             verdict: match out {
                 Ok(_) => "ok".into(),
                 Err(e) => e.code.as_str().into(),
             },
-            message: out.as_ref().err().map(|e| e.message.clone()),
+            message: out
+                .as_ref()
+                .err()
+                .map(|e| clipped(&e.message, 2 * AUDIT_TEXT_MAX)),
         });
     }
 
@@ -477,7 +525,8 @@ impl Plugin for Share {
         crate::guest::write_shim(&shim, "share")
             .map_err(|e| not_started(format!("write {}: {e}", shim.display())))?;
         let audit_path = settings.state_dir.join(AUDIT_FILE);
-        let audit = Records::open(&audit_path).map_err(|e| {
+        let max = (settings.audit.file_bytes > 0).then_some(settings.audit.file_bytes);
+        let audit = Records::open_rotating(&audit_path, max).map_err(|e| {
             let _ = std::fs::remove_file(&shim);
             not_started(format!("open {}: {e}", audit_path.display()))
         })?;
@@ -485,6 +534,10 @@ impl Plugin for Share {
             path,
             saved: Mutex::new(saved),
             audit,
+            lines: allox_store::rate::Buckets::new(
+                settings.audit.lines_per_s,
+                settings.audit.lines_per_s.saturating_mul(10),
+            ),
             shim,
         });
         Ok(())
@@ -728,6 +781,7 @@ mod tests {
             process_events_max: 10,
             monitor: Default::default(),
             network: Default::default(),
+            audit: Default::default(),
         })
         .unwrap();
         p
@@ -914,5 +968,55 @@ mod tests {
             serde_json::from_str(&p.guest_call(&c, &a, "share.status", "{}").unwrap()).unwrap();
         let peers: Vec<String> = st.peers.iter().map(|p| p.target()).collect();
         assert_eq!(peers, ["agent-b/session-1"]);
+    }
+
+    #[test]
+    fn audit_lines_are_cut_and_held_to_the_sessions_rate() {
+        let d = tempfile::tempdir().unwrap();
+        let p = Share::new();
+        p.start(&Settings {
+            state_dir: d.path().to_path_buf(),
+            process_events_max: 10,
+            monitor: Default::default(),
+            network: Default::default(),
+            audit: allox_store::audit::AuditBounds {
+                file_bytes: 1 << 20,
+                lines_per_s: 2,
+            },
+        })
+        .unwrap();
+        let st = p.started().unwrap();
+        let long = "x".repeat(4096);
+        let refused: Result<String, ErrorBody> = Err(ErrorBody::invalid(format!("no {long}")));
+        for _ in 0..100 {
+            st.audit("a/s/r", "share.stat", "b/t", Some(&long), &refused);
+        }
+        // Another session's lines are not held back.
+        st.audit("b/t/r", "share.stat", "a/s", Some("f"), &Ok(String::new()));
+        std::thread::sleep(std::time::Duration::from_millis(600));
+        st.audit("a/s/r", "share.stat", "b/t", Some(&long), &refused);
+        let text = std::fs::read_to_string(d.path().join(AUDIT_FILE)).unwrap();
+        let recs: Vec<ShareAuditRecord> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        // The burst (20), the other session's, the count, the last.
+        assert_eq!(recs.len(), 23, "{text}");
+        assert!(recs
+            .iter()
+            .all(|r| r.path.as_ref().is_none_or(|p| p.len() < 300)));
+        assert!(recs[0]
+            .path
+            .as_ref()
+            .unwrap()
+            .ends_with("…[cut: 4096 bytes]"));
+        let said: Vec<_> = recs.iter().filter(|r| r.verdict == "suppressed").collect();
+        assert_eq!(said.len(), 1);
+        assert!(said[0]
+            .message
+            .as_ref()
+            .unwrap()
+            .starts_with("80 lines of a/s"));
+        assert!(text.len() < 23 * 1200);
     }
 }

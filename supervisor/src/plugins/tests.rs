@@ -130,6 +130,7 @@ fn settings() -> Settings {
         process_events_max: 10,
         monitor: Default::default(),
         network: Default::default(),
+        audit: Default::default(),
     }
 }
 

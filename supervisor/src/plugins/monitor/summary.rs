@@ -71,12 +71,12 @@ pub fn summarize(
     // Each span's group, by (agent, session, trace, span).
     let mut span_group: HashMap<(&str, &str, &str, &str), String> = HashMap::new();
     let mut rows: BTreeMap<String, Acc> = BTreeMap::new();
-    let (mut n_spans, mut n_runs) = (0, 0);
+    let (mut n_spans, mut n_runs) = (0u64, 0u64);
     for r in records {
         let MonitorBody::Span(sp) = &r.body else {
             continue;
         };
-        n_spans += 1;
+        n_spans = n_spans.saturating_add(1);
         let key = match group_by {
             GroupBy::Turn => Some(turn_key(r, sp.start_unix_nano)),
             _ => span_key(group_by, sp),
@@ -89,17 +89,23 @@ pub fn summarize(
             key.clone(),
         );
         let acc = rows.entry(key).or_default();
-        acc.row.spans += 1;
-        acc.row.errors += u64::from(sp.error.is_some());
+        acc.row.spans = acc.row.spans.saturating_add(1);
+        acc.row.errors = acc.row.errors.saturating_add(u64::from(sp.error.is_some()));
         acc.durations.push(sp.duration_us());
-        acc.row.input_tokens += sp.input_tokens.unwrap_or(0);
-        acc.row.output_tokens += sp.output_tokens.unwrap_or(0);
+        acc.row.input_tokens = acc
+            .row
+            .input_tokens
+            .saturating_add(sp.input_tokens.unwrap_or(0));
+        acc.row.output_tokens = acc
+            .row
+            .output_tokens
+            .saturating_add(sp.output_tokens.unwrap_or(0));
     }
     for r in records {
         let MonitorBody::Run(run) = &r.body else {
             continue;
         };
-        n_runs += 1;
+        n_runs = n_runs.saturating_add(1);
         let key = match group_by {
             GroupBy::Turn => Some(turn_key(r, run.start_unix_nano)),
             _ => run.trace.as_ref().and_then(|c| {
@@ -117,11 +123,15 @@ pub fn summarize(
             continue;
         };
         let acc = rows.entry(key).or_default();
-        acc.row.runs += 1;
+        acc.row.runs = acc.row.runs.saturating_add(1);
         if let Some(u) = &run.usage {
-            acc.row.cpu_us += u.cpu_user_us.unwrap_or(0) + u.cpu_system_us.unwrap_or(0);
+            acc.row.cpu_us = acc.row.cpu_us.saturating_add(
+                u.cpu_user_us
+                    .unwrap_or(0)
+                    .saturating_add(u.cpu_system_us.unwrap_or(0)),
+            );
             acc.row.memory_peak_bytes = acc.row.memory_peak_bytes.max(u.memory_peak_bytes);
-            acc.row.oom_kills += u.oom_kills.unwrap_or(0);
+            acc.row.oom_kills = acc.row.oom_kills.saturating_add(u.oom_kills.unwrap_or(0));
         }
     }
     let rows = rows
@@ -130,7 +140,7 @@ pub fn summarize(
             acc.durations.sort_unstable();
             let d = &acc.durations;
             acc.row.key = key;
-            acc.row.total_us = d.iter().sum();
+            acc.row.total_us = d.iter().fold(0u64, |t, &x| t.saturating_add(x));
             acc.row.max_us = d.last().copied().unwrap_or(0);
             acc.row.p50_us = if d.is_empty() {
                 0
@@ -295,5 +305,49 @@ mod tests {
             .map(|r| (r.key.as_str(), r.spans, r.runs))
             .collect();
         assert_eq!(keys, [("t1", 1, 0), ("t2", 2, 1)]);
+    }
+
+    #[test]
+    fn sums_of_guest_supplied_counters_saturate_instead_of_wrapping() {
+        let mut big = span(
+            "00f067aa0ba902b7",
+            SpanOperation::ExecuteTool,
+            Some("bash"),
+            0,
+            1,
+        );
+        big.input_tokens = Some(u64::MAX);
+        big.output_tokens = Some(u64::MAX);
+        let mut long = span(
+            "00f067aa0ba902b8",
+            SpanOperation::ExecuteTool,
+            Some("bash"),
+            0,
+            1,
+        );
+        long.end_unix_nano = u64::MAX;
+        let mut hungry = run("00f067aa0ba902b7", 0, 0);
+        hungry.usage = Some(Usage {
+            cpu_user_us: Some(u64::MAX),
+            cpu_system_us: Some(u64::MAX),
+            oom_kills: Some(u64::MAX),
+            ..Default::default()
+        });
+        let mut recs = vec![
+            rec(MonitorBody::Span(big.clone())),
+            rec(MonitorBody::Span(big)),
+            rec(MonitorBody::Run(hungry.clone())),
+            rec(MonitorBody::Run(hungry)),
+        ];
+        // A thousand and one spans of u64::MAX ns: more µs than a u64.
+        for i in 0..1001u64 {
+            long.span_id = format!("{:016x}", 0x1000 + i);
+            recs.push(rec(MonitorBody::Span(long.clone())));
+        }
+        let s = summarize(&recs, GroupBy::Tool, &|_, _| Vec::new());
+        let r = &s.rows[0];
+        assert_eq!((r.input_tokens, r.output_tokens), (u64::MAX, u64::MAX));
+        assert_eq!((r.cpu_us, r.oom_kills), (u64::MAX, u64::MAX));
+        assert_eq!(r.total_us, u64::MAX);
     }
 }

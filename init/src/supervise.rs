@@ -351,6 +351,10 @@ impl SuperviseArgs {
                 policy: Policy {
                     kill_processes_on_rollback: self.kill_session_processes_on_rollback,
                     power_off_on_shutdown: self.under_init,
+                    uploads: allox_supervisor::files::uploads::UploadLimits {
+                        per_session: self.uploads_per_session as usize,
+                        idle: Duration::from_secs(self.upload_idle_s),
+                    },
                 },
                 limits: Limits {
                     stall: Duration::from_millis(self.stall_timeout_ms),
@@ -369,10 +373,6 @@ impl SuperviseArgs {
                     monitor: allox_supervisor::plugins::MonitorSettings {
                         root: self.monitor_root,
                         records_max: self.monitor_records_max,
-                    },
-                    network: allox_supervisor::plugins::NetworkSettings {
-                        // No rule: the daemon does not narrow (and with no
-                        // allow list at any level, nothing is open).
                         session_bytes: self.monitor_session_bytes,
                         bytes_per_s: self.monitor_bytes_per_s,
                         span_bytes: self.monitor_span_bytes,
@@ -381,16 +381,16 @@ impl SuperviseArgs {
                     audit: allox_store::audit::AuditBounds {
                         file_bytes: self.audit_file_bytes,
                         lines_per_s: self.audit_lines_per_s,
+                    },
+                    network: allox_supervisor::plugins::NetworkSettings {
+                        // No rule: the daemon does not narrow (and with no
+                        // allow list at any level, nothing is open).
                         allow: (!self.network_allow.is_empty()).then_some(self.network_allow),
                         deny: self.network_deny,
                         resolver: self.network_resolver,
                         default_mode,
                         connections_per_session: self.proxy_connections_per_session as usize,
                         connections: self.proxy_connections as usize,
-                    uploads: allox_supervisor::files::uploads::UploadLimits {
-                        per_session: self.uploads_per_session as usize,
-                        idle: Duration::from_secs(self.upload_idle_s),
-                    },
                         lookups_per_session: self.proxy_lookups_per_session as usize,
                     },
                 },

@@ -87,11 +87,11 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         .map_err(DaemonError::Store)?;
     store.audit().bound(cfg.plugins.audit);
     tracing::debug!(ms = t0.elapsed().as_millis() as u64, "store open");
+    warn_unless_nosuid_nodev(&cfg.root);
     // Loaded and started before the runs, which tell them of the runs an
     // earlier supervisor left; stopped in the reverse order when `_running`
     // goes, on every path out of here.
     let system_dirs = cfg
-    warn_unless_nosuid_nodev(&cfg.root);
         .runs
         .as_ref()
         .map(|r| r.system_dirs.clone())
@@ -153,13 +153,13 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
                 GuestService::new(
                     crate::guest::dir_for(&cfg.socket),
                     runs.config().init_exe.clone(),
+                    runs.cgroups().clone(),
                     Arc::downgrade(&sup),
                     guest_routes,
                 )
                 .map_err(DaemonError::Guest)?,
             );
             runs.set_services(svc.clone());
-                    runs.cgroups().clone(),
             Some(svc)
         }
         None => None,
@@ -198,24 +198,24 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
             )));
         }
         let syncer = tokio::spawn(sync_audit_every_second(sup.clone()));
+        let abandoner = tokio::spawn(abandon_idle_uploads(sup.clone()));
         let why = tokio::select! {
             _ = wait_for_signal() => Stopped::Signal,
             _ = sup.stop.requested() => Stopped::Requested,
         };
         // From here every request that would change state is refused.
-        let abandoner = tokio::spawn(abandon_idle_uploads(sup.clone()));
         sup.stop.request();
         tracing::info!(?why, "stopping: refusing new work, killing sessions, flushing the store");
         for s in &servers {
             s.abort();
         }
         syncer.abort();
+        abandoner.abort();
         // A shutdown kills the sessions' processes; a host daemon stopped
         // by a signal leaves them running for its successor to adopt.
         let kill = why == Stopped::Requested || cfg.policy.power_off_on_shutdown;
         if let Some(runs) = sup.runs.as_ref().filter(|_| kill) {
             let (runs, base) = (runs.clone(), runs.cgroups().base().to_path_buf());
-        abandoner.abort();
             match tokio::task::spawn_blocking(move || runs.kill_tree(&base, false)).await {
                 Ok(Ok(n)) => tracing::info!(killed = n, "sessions' processes killed"),
                 Ok(Err(e)) => tracing::error!(error = %e.chain(), "cannot kill the sessions' processes"),
@@ -257,11 +257,6 @@ async fn sync_audit_every_second(sup: Arc<Supervisor>) {
     }
 }
 
-/// Raises the descriptor limit (to 65,536 where the hard limit is lower
-/// and this process may raise it, else to the hard limit) and returns it.
-fn raise_nofile() -> u64 {
-    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-    const WANT: u64 = 65_536;
 /// Uploads left without a chunk for `--upload-idle-s` are abandoned (their
 /// partial files and records removed), checked a few times a period.
 async fn abandon_idle_uploads(sup: Arc<Supervisor>) {
@@ -307,6 +302,11 @@ fn warn_unless_nosuid_nodev(root: &std::path::Path) {
     }
 }
 
+/// Raises the descriptor limit (to 65,536 where the hard limit is lower
+/// and this process may raise it, else to the hard limit) and returns it.
+fn raise_nofile() -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    const WANT: u64 = 65_536;
     let l = getrlimit(Resource::Nofile);
     let hard = l.maximum.unwrap_or(u64::MAX);
     for n in [hard.max(WANT), hard] {

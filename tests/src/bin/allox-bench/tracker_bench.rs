@@ -63,6 +63,7 @@ fn bench(fs: &BtrfsFs, cg: &std::path::Path, quick: bool) -> anyhow::Result<()> 
         process_events_max: 10_000_000,
         monitor: Default::default(),
         network: Default::default(),
+        audit: Default::default(),
     })?;
     let tracker = plugin.tracker()?;
     let mut on_cfg = RunsConfig::new(cg.join("on"), exe, fs.scratch().join("stage-on"));

@@ -258,3 +258,96 @@ fn without_run_usage_results_carry_none() {
     let r = run(&d, &["true"]);
     assert_eq!((r.usage, r.oom_killed), (None, None));
 }
+
+/// Pings from its own connection until `stop`; the slowest answer.
+fn watch_ping(
+    d: &ProcDaemon,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<std::time::Duration> {
+    let mut c = d.daemon.client();
+    std::thread::spawn(move || {
+        let mut worst = std::time::Duration::ZERO;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let t = std::time::Instant::now();
+            match c.call(Request::Ping(Ping {})) {
+                Ok(Ok(Response::Pong(_))) => worst = worst.max(t.elapsed()),
+                other => panic!("ping: {other:?}"),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        worst
+    })
+}
+
+#[test]
+fn a_sandbox_flooding_large_spans_cannot_fill_the_store() {
+    let name = "a_sandbox_flooding_large_spans_cannot_fill_the_store";
+    let Some(d) = setup(name, &["--plugin", "monitor", "--session-quota", "64M"]) else {
+        return;
+    };
+    make_sessions(&d, &[("b", "s")]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pinger = watch_ping(&d, stop.clone());
+    // Six spans of four 4 KiB attributes a request (~100 KB), as fast as
+    // the sandbox can send them, for 8 s.
+    let script = r#"
+import json, subprocess, time
+v = "x" * 4096
+spans = [{"trace_id": "%032x" % 1, "span_id": "%016x" % (i + 1), "name": "t",
+          "operation": "execute_tool", "tool": "bash", "start_unix_nano": 1,
+          "end_unix_nano": 2, "attributes": {"k%d" % k: v for k in range(4)}}
+         for i in range(6)]
+p = json.dumps({"spans": spans})
+ok = refused = 0
+last = ""
+end = time.time() + 8
+while time.time() < end:
+    r = subprocess.run(["allox", "call", "monitor.spans", p], capture_output=True, text=True)
+    if r.returncode == 0:
+        ok += 1
+    else:
+        refused += 1
+        last = r.stderr
+print(json.dumps({"ok": ok, "refused": refused, "last": last}))
+"#;
+    let r = run(&d, &["python3", "-c", script]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let worst = pinger.join().unwrap();
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let out: serde_json::Value = serde_json::from_str(r.stdout.trim()).expect("JSON");
+    assert!(out["refused"].as_u64().unwrap() > 0, "never refused: {out}");
+    assert!(
+        out["last"]
+            .as_str()
+            .unwrap()
+            .contains("--monitor-bytes-per-s"),
+        "{out}"
+    );
+    // At most the burst (8 MiB) and 1 MiB a second for ~8 s, with room.
+    let kept = std::fs::metadata(d.daemon.root.join("state/monitor/records.log"))
+        .unwrap()
+        .len();
+    assert!(kept < 24 << 20, "the monitor keeps {kept} bytes");
+    assert!(
+        worst < std::time::Duration::from_secs(1),
+        "ping took {worst:?}"
+    );
+    // Another agent still writes, and sessions are still made.
+    let w = match call(
+        &d,
+        Request::ProcessStart(start(
+            "b",
+            "s",
+            &[
+                "/bin/sh",
+                "-c",
+                "head -c 16777216 /dev/zero > f && echo done",
+            ],
+        )),
+    ) {
+        Ok(Response::Exited(r)) => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(w.exit_code, Some(0), "{w:?}");
+    make_sessions(&d, &[("b", "t")]);
+}

@@ -768,3 +768,80 @@ fn with_the_plugin_installed_but_not_enabled_the_sandbox_is_unchanged() {
         "{err}"
     );
 }
+
+#[test]
+fn share_stat_with_long_paths_in_a_tight_loop_keeps_the_audit_files_bounded() {
+    let name = "share_stat_with_long_paths_in_a_tight_loop_keeps_the_audit_files_bounded";
+    let Some(d) = setup(name, &["--share-tools", "--audit-file-bytes", "1M"]) else {
+        return;
+    };
+    ok(&d, B, "allox share enable");
+    ok(&d, A, "allox share enable");
+    let mut c = d.daemon.client();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s2 = stop.clone();
+    let pinger = std::thread::spawn(move || {
+        let mut worst = std::time::Duration::ZERO;
+        while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+            let t = std::time::Instant::now();
+            match c.call(Request::Ping(Ping {})) {
+                Ok(Ok(Response::Pong(_))) => worst = worst.max(t.elapsed()),
+                other => panic!("ping: {other:?}"),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        worst
+    });
+    // share.stat of 4 KiB paths, two callers at once, for 8 s.
+    let r = sh(
+        &d,
+        A,
+        &format!(
+            "p=$(head -c 4000 /dev/zero | tr '\\0' x); end=$(( $(date +%s) + 8 )); n=0; \
+             flood() {{ while [ $(date +%s) -lt $end ]; do \
+               allox share stat {B_TARGET} \"$p/$n\" >/dev/null 2>&1; done; }}; \
+             flood & flood & wait; echo done"
+        ),
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let worst = pinger.join().unwrap();
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert!(
+        worst < std::time::Duration::from_secs(1),
+        "ping took {worst:?}"
+    );
+    let state = d.daemon.root.join("state");
+    for f in ["share-audit.log", "audit.log"] {
+        for g in [f.to_string(), format!("{f}.1")] {
+            let n = std::fs::metadata(state.join(&g)).map_or(0, |m| m.len());
+            assert!(n < (1 << 20) + 4096, "{g} holds {n} bytes");
+        }
+    }
+    let recs = share_audit(&d);
+    assert!(
+        recs.iter()
+            .all(|r| r.path.as_ref().is_none_or(|p| p.len() < 300)),
+        "a long path kept whole"
+    );
+    assert!(
+        recs.iter().any(|r| r.verdict == "suppressed"
+            && r.message.as_ref().unwrap().contains("--audit-lines-per-s")),
+        "no suppression line"
+    );
+    // The daemon's audit log says the same of its records of guest calls.
+    let audit = match call(
+        &d,
+        Request::AuditList(AuditList {
+            limit: Some(1000),
+            ..Default::default()
+        }),
+    ) {
+        Ok(Response::Audit(l)) => l,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        audit.records.iter().any(|r| r.outcome == "suppressed"
+            && r.message.as_ref().unwrap().contains("--audit-lines-per-s")),
+        "no suppression record in the audit log"
+    );
+}

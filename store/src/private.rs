@@ -55,6 +55,14 @@ pub fn keep_private(layout: &Layout) {
     state_files(&layout.state_dir(), 0);
 }
 
+/// `state/` and everything in it: directories 0700, files 0600 (but the
+/// sandboxes' entry points). For what others made there (the plugins, at
+/// their start); [`keep_private`] does it too.
+pub fn keep_state_private(layout: &Layout) {
+    fix(&layout.state_dir(), DIR_MODE, true);
+    state_files(&layout.state_dir(), 0);
+}
+
 /// Everything below `state/`: directories 0700, files 0600 (but the
 /// sandboxes' entry points).
 fn state_files(d: &Path, depth: usize) {

@@ -109,6 +109,8 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         network: cfg.plugins.network.clone(),
         audit: cfg.plugins.audit,
     })?;
+    // What the plugins made in `state/` at their start is the store's.
+    allox_store::private::keep_state_private(store.layout());
     // Many runs mean many descriptors; and the supervisor must be the last
     // thing the OOM killer picks.
     let nofile = raise_nofile();

@@ -556,3 +556,144 @@ fn peers_not_allowed_are_refused_and_audited() {
         && r.peer.starts_with("uid=65533")));
     assert!(!a.records.iter().any(|r| r.target == "intruder"));
 }
+
+/// `cmd ARGS` as `nobody` (uid and gid 65534, no supplementary groups),
+/// through setpriv: its success and stderr.
+fn as_nobody(cmd: &str, args: &[&std::path::Path]) -> (bool, String) {
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", cmd])
+        .args(args)
+        .output()
+        .expect("setpriv (util-linux) is needed");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn other_users_cannot_read_the_store() {
+    let name = "access::other_users_cannot_read_the_store";
+    if !require(name) {
+        return;
+    }
+    assert!(
+        allox_integration::cgroup2_mount().is_some(),
+        "{name} needs a cgroup2 mount (/sys/fs/cgroup or /sys/fs/cgroup/unified)"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let args = ["--plugin", "monitor", "--share-tools"];
+    let mut d = allox_integration::ProcDaemon::start("other_users_cannot_read_the_store", &args);
+    allox_integration::make_sessions(&d, &[("a", "s"), ("b", "s")]);
+    // The store at an ordinary mount point: every directory above it
+    // lets others through, the root too (it says so at start).
+    std::fs::set_permissions(d.fs.scratch(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root = d.daemon.root.clone();
+    assert_eq!(mode(&root), 0o755);
+    let run = |a: &str, script: &str| -> RunResult {
+        let p = allox_integration::process_start(a, "s", &["/bin/sh", "-c", script]);
+        match allox_integration::call(&d, Request::ProcessStart(p)) {
+            Ok(Response::Exited(r)) => r,
+            other => panic!("{script}: {other:?}"),
+        }
+    };
+    // An agent's file, readable by all by its own mode.
+    let r = run("a", "echo secret > private.txt && chmod 644 private.txt");
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let l = allox_store::layout::Layout::new(&root);
+    let private = l.current("a", "s").join("private.txt");
+    let records = l.state_dir().join("monitor/records.log");
+    let audit = l.state_dir().join("audit.log");
+    assert!(records.exists() && audit.exists());
+    let check = |d: &allox_integration::ProcDaemon| {
+        // The root is listed (so what refuses is below it) ...
+        let (ok, err) = as_nobody("ls", &[&root]);
+        assert!(ok, "{err}");
+        // ... and nothing under it is read or listed.
+        for (cmd, p) in [
+            ("cat", &private),
+            ("cat", &records),
+            ("cat", &audit),
+            ("ls", &l.state_dir()),
+            ("ls", &l.agents_dir()),
+            ("ls", &l.current("b", "s")),
+        ] {
+            let (ok, err) = as_nobody(cmd, &[p]);
+            assert!(
+                !ok && err.contains("Permission denied"),
+                "nobody ran {cmd} {}: {err}",
+                p.display()
+            );
+        }
+        for dir in [
+            l.agents_dir(),
+            l.state_dir(),
+            l.agent_dir("a"),
+            l.workspace("a"),
+            l.sessions_dir("a"),
+            l.session_dir("a", "s"),
+            l.checkpoints_dir("a", "s"),
+            l.state_dir().join("monitor"),
+        ] {
+            assert_eq!(mode(&dir), 0o700, "{}", dir.display());
+        }
+        for f in [&records, &audit, &l.state_dir().join("index.redb")] {
+            assert_eq!(mode(f), 0o600, "{}", f.display());
+        }
+        // The agent's own modes stay.
+        assert_eq!(mode(&private), 0o644);
+        // The daemon works on: a sandbox reads the file, the files API
+        // reads and writes, a checkpoint is taken.
+        let p = allox_integration::process_start("a", "s", &["cat", "private.txt"]);
+        match allox_integration::call(d, Request::ProcessStart(p)) {
+            Ok(Response::Exited(r)) => assert_eq!(r.stdout, "secret\n", "{r:?}"),
+            other => panic!("{other:?}"),
+        }
+        let read = FsRead {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            scope: FsScope::Session,
+            checkpoint_id: None,
+            path: "private.txt".into(),
+            offset: None,
+            length: None,
+        };
+        match allox_integration::call(d, Request::FsRead(read)) {
+            Ok(Response::FsData(f)) => assert_eq!(f.data.as_ref(), b"secret\n"),
+            other => panic!("{other:?}"),
+        }
+        let w = allox_integration::call(
+            d,
+            Request::FsWrite(FsWrite::whole("a", "s", "new.txt", "n")),
+        );
+        assert!(w.is_ok(), "{w:?}");
+    };
+    check(&d);
+    let ckpt = |d: &allox_integration::ProcDaemon, c: &str| {
+        let r = allox_integration::call(
+            d,
+            Request::CheckpointCreate(CheckpointCreate {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                checkpoint_id: c.into(),
+                pinned: false,
+                label: None,
+            }),
+        );
+        assert!(r.is_ok(), "{r:?}");
+    };
+    ckpt(&d, "c1");
+    // A store made before (or loosened by hand) is made private again at
+    // the next start.
+    for p in [l.agents_dir(), l.state_dir(), l.session_dir("a", "s")] {
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    for p in [&audit, &records] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    d.restart(&args);
+    check(&d);
+    ckpt(&d, "c2");
+    let (ok, err) = as_nobody("ls", &[&l.checkpoint("a", "s", "c2")]);
+    assert!(!ok && err.contains("Permission denied"), "{err}");
+}

@@ -375,6 +375,9 @@ fn host_users_cannot_reach_a_runs_guest_socket() {
         "no listener for a live run at {}",
         sock.display()
     );
+    // Entered, not listed, by the sandbox's user.
+    let run_dir = std::fs::metadata(dir.join(&started.run_id)).unwrap();
+    assert_eq!(run_dir.mode() & 0o777, 0o711);
     let client = |uid: Option<u32>| {
         let mut c = std::process::Command::new(workspace_bin("allox-init"));
         c.arg0("allox")
@@ -392,9 +395,40 @@ fn host_users_cannot_reach_a_runs_guest_socket() {
         String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
         "{out:?}"
     );
-    // Root can (so it is the directory that refused).
+    // Root on the host passes the directory, and is refused by the
+    // listener: it is no process of the run.
     let out = client(None);
-    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    let refused = refusal(&sock, None);
+    assert!(
+        refused.contains("pid ") && refused.contains("(uid 0)"),
+        "{refused}"
+    );
+    // The sandbox's uid reaches the socket through a process of the run,
+    // /proc/<pid>/root (the run's programs are its own and dumpable): the
+    // listener refuses it, naming it.
+    let pid = sandbox_user_process(&d, "a", "s", &started.run_id);
+    let through_proc = PathBuf::from(format!("/proc/{pid}/root/run/allox/guest/sock"));
+    let refused = refusal(&through_proc, Some(10_000));
+    assert!(
+        refused.contains("(uid 10000) is not a process of run")
+            && refused.contains(&started.run_id),
+        "{refused}"
+    );
+    let mut c = std::process::Command::new(workspace_bin("allox-init"));
+    c.arg0("allox")
+        .args(["whoami", "--json"])
+        .env("ALLOX_GUEST_SOCKET", &through_proc)
+        .uid(10_000)
+        .gid(10_000);
+    let out = c.output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    // Inside, the run's own programs are answered.
+    let r = sh(&d, "a", "s", "allox whoami --json");
+    ok(&r);
+    assert!(r.stdout.contains("\"agent_id\":\"a\""), "{r:?}");
     let _ = call(
         &d,
         Request::ProcessKill(ProcessKill {
@@ -405,6 +439,80 @@ fn host_users_cannot_reach_a_runs_guest_socket() {
         }),
     );
     wait_until("the killed run's listener to go", || !sock.exists());
+}
+
+/// A process of run `run` of a/s running as the sandbox's user (not the
+/// sandbox's init, which is root's).
+fn sandbox_user_process(d: &ProcDaemon, a: &str, s: &str, run: &str) -> i32 {
+    let procs = d
+        .cgroup
+        .join(format!("allox/{a}/{s}/run-{run}/cgroup.procs"));
+    let mut found = None;
+    wait_until("a process of the run as the sandbox's user", || {
+        let text = std::fs::read_to_string(&procs).unwrap_or_default();
+        found = text
+            .lines()
+            .filter_map(|l| l.parse::<i32>().ok())
+            .find(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/status"))
+                    .unwrap_or_default()
+                    .lines()
+                    .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("10000"))
+            });
+        found.is_some()
+    });
+    found.unwrap()
+}
+
+/// Connects to `sock` (as `uid`, through setpriv and python3, or as this
+/// process), sends nothing, and returns the message of the `Refused` frame
+/// the listener answers with before closing.
+fn refusal(sock: &std::path::Path, uid: Option<u32>) -> String {
+    let bytes = match uid {
+        None => {
+            use std::io::Read;
+            let mut c = std::os::unix::net::UnixStream::connect(sock).unwrap();
+            let mut b = Vec::new();
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            c.read_to_end(&mut b).unwrap();
+            b
+        }
+        Some(uid) => {
+            let out = std::process::Command::new("setpriv")
+                .arg(format!("--reuid={uid}"))
+                .arg(format!("--regid={uid}"))
+                .arg("--clear-groups")
+                .args(["/usr/bin/python3", "-c"])
+                .arg(
+                    "import socket, sys\n\
+                     s = socket.socket(socket.AF_UNIX)\n\
+                     s.settimeout(10)\n\
+                     s.connect(sys.argv[1])\n\
+                     b = b''\n\
+                     while True:\n\
+                     \x20   c = s.recv(65536)\n\
+                     \x20   if not c: break\n\
+                     \x20   b += c\n\
+                     sys.stdout.buffer.write(b)\n",
+                )
+                .arg(sock)
+                .output()
+                .expect("setpriv (util-linux) and /usr/bin/python3 are needed");
+            assert!(out.status.success(), "{out:?}");
+            out.stdout
+        }
+    };
+    let f = frames(&bytes);
+    match f.as_slice() {
+        [one] => match decode::<GuestServerFrame>(one) {
+            Ok(GuestServerFrame::Refused(e)) => {
+                assert_eq!(e.code, ErrorCode::Unauthorized, "{e:?}");
+                e.message
+            }
+            other => panic!("not refused: {other:?}"),
+        },
+        other => panic!("not one frame: {other:?}"),
+    }
 }
 
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {

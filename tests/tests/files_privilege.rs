@@ -154,7 +154,9 @@ fn a_program_renaming_the_daemon_s_new_files_as_they_appear_never_gets_a_privile
     }
     let (mut done, mut refused) = (0, 0);
     for i in 0..150 {
-        let data = format!("#!/bin/sh\necho {i}\n");
+        // Big enough that writing it takes a while: a daemon that wrote
+        // into a file with a name would be caught with it half-made.
+        let data = format!("#!/bin/sh\necho {i}\n#{}\n", "x".repeat(384 << 10));
         match call(
             &d,
             Request::FsWrite(FsWrite::whole("a", "s", "tool", data.as_str())),

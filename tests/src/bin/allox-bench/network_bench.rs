@@ -1,10 +1,13 @@
 //! The session network's broker against direct connections on the
 //! loopback, for `allox-bench` (`ALLOX_BENCH_ONLY=network`): connection
-//! setup, relay throughput, and the spawn of a run in a session with the
-//! network plugin against one without.
+//! setup, relay throughput, the spawn of a run in a session with the
+//! network plugin against one without, and the daemon's `ping` while a
+//! session floods its proxy with connections, or with lookups that never
+//! answer, against `ping` with no flood, in the same run.
 
 use allox_integration::BtrfsFs;
 use allox_network::broker::{Broker, SystemResolver, Timeouts};
+use allox_network::own::OwnAddresses;
 use allox_network::{Layer, Policy};
 use allox_protocol::{NetworkMode, Request, Response, SessionCreate};
 use std::net::SocketAddr;
@@ -58,8 +61,9 @@ async fn broker_for(server: SocketAddr) -> SocketAddr {
     )
     .unwrap()]));
     let broker = Broker {
-        resolver: Arc::new(SystemResolver),
+        resolver: Arc::new(SystemResolver::new()),
         timeouts: Timeouts::default(),
+        own: Arc::new(OwnAddresses::new()),
     };
     tokio::spawn(async move {
         while let Ok((c, _)) = l.accept().await {
@@ -179,7 +183,152 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         med(&b),
         100.0 * med(&b) / med(&d)
     );
-    spawn_with_and_without(fs, quick)
+    spawn_with_and_without(fs, quick)?;
+    ping_under_floods(fs, quick)
+}
+
+/// A session's program that floods its proxy until `/allox/session/done`
+/// exists: `connections` keeps 2,000 connections open (past the session's
+/// budget each new one is refused) and opens and closes more; `lookups`
+/// asks, from 64 threads, for names the resolver never answers.
+const FLOOD: &str = r#"import os, socket, sys, threading, time
+def done():
+    return os.path.exists("/allox/session/done")
+def connections():
+    held = []
+    while not done():
+        try:
+            s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+            held.append(s)
+        except OSError:
+            time.sleep(0.01)
+        if len(held) >= 2000:
+            held.pop(0).close()
+def lookups(k):
+    i = 0
+    while not done():
+        i += 1
+        try:
+            s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+            s.sendall(b"CONNECT n%d-%d.silent.test:80 HTTP/1.1
+
+" % (k, i))
+            s.settimeout(30)
+            s.recv(4096)
+            s.close()
+        except OSError:
+            pass
+if sys.argv[1] == "connections":
+    connections()
+else:
+    ts = [threading.Thread(target=lookups, args=(k,)) for k in range(64)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+"#;
+
+/// The daemon's `ping`, `n` times 2 ms apart.
+fn pings(c: &mut allox_ctl::client::Client, n: usize) -> anyhow::Result<Vec<Duration>> {
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let r = c.call(Request::Ping(allox_protocol::Ping {}))?;
+        v.push(t.elapsed());
+        anyhow::ensure!(matches!(r, Ok(Response::Pong(_))), "{r:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    Ok(v)
+}
+
+/// `ping` with no flood, during a connection flood and during a lookup
+/// flood from a `proxy` session (its resolver a UDP socket that never
+/// answers).
+fn ping_under_floods(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    let resolver = silent.local_addr()?.to_string();
+    let bd = crate::BenchDaemon::start(
+        fs,
+        "netflood",
+        &[
+            "--plugin",
+            "network",
+            "--network-resolver",
+            &resolver,
+            "--network-allow",
+            "*.test",
+        ],
+    )?;
+    let d = &bd.daemon;
+    let mut c = d.client();
+    c.call(Request::AgentCreate(allox_protocol::AgentCreate::new(
+        "bench",
+    )))?
+    .map_err(anyhow::Error::msg)?;
+    let n = if quick { 300 } else { 2000 };
+    let mut rows = Vec::new();
+    rows.push(("no flood (baseline)", pings(&mut c, n)?));
+    for kind in ["connections", "lookups"] {
+        c.call(Request::SessionCreate(SessionCreate {
+            network: Some(NetworkMode::Proxy),
+            ..SessionCreate::new("bench", kind)
+        }))?
+        .map_err(anyhow::Error::msg)?;
+        let current = match c.call(Request::SessionList(allox_protocol::AgentRef {
+            agent_id: "bench".into(),
+        }))? {
+            Ok(Response::Sessions(l)) => l
+                .sessions
+                .into_iter()
+                .find(|x| x.session_id == kind)
+                .map(|x| std::path::PathBuf::from(x.current))
+                .ok_or_else(|| anyhow::anyhow!("no session {kind}"))?,
+            other => anyhow::bail!("{other:?}"),
+        };
+        std::fs::write(current.join("flood.py"), FLOOD)?;
+        let start = allox_protocol::ProcessStart {
+            wait: false,
+            ..allox_integration::process_start(
+                "bench",
+                kind,
+                &["python3", "/allox/session/flood.py", kind],
+            )
+        };
+        let run = match c.call(Request::ProcessStart(start))? {
+            Ok(Response::Started(s)) => s.run_id,
+            other => anyhow::bail!("{other:?}"),
+        };
+        // Let it reach its peak.
+        std::thread::sleep(Duration::from_secs(3));
+        let v = pings(&mut c, n)?;
+        std::fs::write(current.join("done"), "")?;
+        let _ = c.call(Request::ProcessWait(allox_protocol::ProcessWait {
+            agent_id: "bench".into(),
+            session_id: kind.into(),
+            run_id: run,
+            timeout_ms: Some(60_000),
+        }))?;
+        rows.push((
+            match kind {
+                "connections" => "a session holding 2,000 proxy connections and opening more",
+                _ => "a session asking 64 names at a time that never resolve",
+            },
+            v,
+        ));
+    }
+    drop(bd);
+    println!("The daemon's `ping` ({n} each, 2 ms apart) while a `proxy` session floods its proxy, against no flood, in one run.\n");
+    println!("| during | p50 | p99 |");
+    println!("|---|---:|---:|");
+    for (name, v) in &rows {
+        println!(
+            "| {name} | {} | {} |",
+            us_or_ms(pct(v, 0.5)),
+            us_or_ms(pct(v, 0.99))
+        );
+    }
+    println!();
+    Ok(())
 }
 
 /// `process.start` with wait of `/bin/true` in three sessions of one

@@ -159,8 +159,10 @@ impl Audit {
     pub fn bound(&self, b: AuditBounds) {
         self.max_bytes
             .store(b.file_bytes, std::sync::atomic::Ordering::Relaxed);
-        *self.lines.write().unwrap_or_else(|p| p.into_inner()) =
-            Some(Buckets::new(b.lines_per_s, b.lines_per_s.saturating_mul(10)));
+        *self.lines.write().unwrap_or_else(|p| p.into_inner()) = Some(Buckets::new(
+            b.lines_per_s,
+            b.lines_per_s.saturating_mul(10),
+        ));
     }
 
     /// [`Audit::append`] for a record a guest of session `key` caused,
@@ -484,11 +486,19 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(1100));
         assert!(a.append_for("a/s", entry("plugin.call")).unwrap().is_some());
         let l = a.read(None, None, 1000).unwrap();
-        let said: Vec<&AuditRecord> = l.records.iter().filter(|r| r.outcome == "suppressed").collect();
+        let said: Vec<&AuditRecord> = l
+            .records
+            .iter()
+            .filter(|r| r.outcome == "suppressed")
+            .collect();
         assert_eq!(said.len(), 1);
         let n = 500 - written as u64;
         assert!(
-            said[0].message.as_deref().unwrap().starts_with(&format!("{n} records of a/s")),
+            said[0]
+                .message
+                .as_deref()
+                .unwrap()
+                .starts_with(&format!("{n} records of a/s")),
             "{:?}",
             said[0].message
         );

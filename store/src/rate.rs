@@ -33,7 +33,9 @@ pub struct Buckets {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Taken {
     /// Allowed; this many takes were refused since the last allowed one.
-    Yes { refused_before: u64 },
+    Yes {
+        refused_before: u64,
+    },
     No,
 }
 

@@ -133,8 +133,9 @@ pub struct SuperviseArgs {
           default_value_t = allox_supervisor::plugins::monitor::DEFAULT_SPAN_BYTES)]
     pub monitor_span_bytes: u64,
     /// Size past which the audit log (`state/audit.log`) and the plugins'
-    /// audit files (`state/share-audit.log`) are rotated: renamed `.1`,
-    /// replacing the one before (suffixes K, M, G, T).
+    /// audit files (`state/share-audit.log`, `state/network-audit.log`)
+    /// are rotated: renamed `.1`, replacing the one before (at least 1M;
+    /// suffixes K, M, G, T).
     #[arg(long, value_name = "BYTES", value_parser = allox_store::parse_size,
           default_value_t = allox_store::audit::DEFAULT_FILE_BYTES)]
     pub audit_file_bytes: u64,

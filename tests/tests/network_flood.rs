@@ -717,3 +717,74 @@ fn the_host_s_own_address_is_refused_unless_a_rule_names_it() {
     let r = sh_in(&d, "a", "s", &get(&own.to_string()));
     assert_eq!(r.stdout, "hello\n", "{r:?}");
 }
+
+#[test]
+fn refused_attempts_in_a_tight_loop_keep_the_network_audit_bounded() {
+    let name = "refused_attempts_in_a_tight_loop_keep_the_network_audit_bounded";
+    if !setup(name) {
+        return;
+    }
+    const BOUND: u64 = 1024 * 1024;
+    let d = ProcDaemon::start(
+        "netauditfill",
+        &["--plugin", "network", "--audit-file-bytes", "1M"],
+    );
+    ctl_ok(&d, &["agent", "create", "a", "--allow", "allowed.test"]);
+    ctl_ok(&d, &["session", "create", "a", "s", "--network", "proxy"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    let mut c = d.daemon.client();
+    let pinger = std::thread::spawn(move || {
+        let mut worst = Duration::ZERO;
+        while !s2.load(Ordering::Relaxed) {
+            let t = Instant::now();
+            match c.call(Request::Ping(Ping {})) {
+                Ok(Ok(Response::Pong(_))) => worst = worst.max(t.elapsed()),
+                other => panic!("ping: {other:?}"),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        worst
+    });
+    // Denied CONNECTs with long names, as fast as the proxy answers, for
+    // 6 s; the script prints how many it made and the bytes of names.
+    let script = r#"
+import socket, time
+end = time.time() + 6
+n = 0
+name = ("x" * 60 + ".") * 3 + "denied.test"
+while time.time() < end:
+    s = socket.create_connection(("127.0.0.1", 3128))
+    s.sendall(("CONNECT %s%d:443 HTTP/1.1\r\n\r\n" % (name, n)).encode())
+    s.recv(4096)
+    s.close()
+    n += 1
+print(n)
+"#;
+    let r = sh_in(&d, "a", "s", &format!("python3 -c '{script}'"));
+    stop.store(true, Ordering::Relaxed);
+    let worst = pinger.join().unwrap();
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let made: u64 = r.stdout.trim().parse().expect("a count");
+    // Each refusal's record names the 200-byte host: the flood wrote more
+    // than both files may hold together.
+    assert!(
+        made * 200 > 2 * BOUND,
+        "only {made} attempts: the flood did not pass the bound"
+    );
+    assert!(worst < ANSWER_BOUND, "ping took {worst:?}");
+    let state = d.daemon.root.join("state");
+    for f in ["network-audit.log", "network-audit.log.1"] {
+        let n = std::fs::metadata(state.join(f)).map_or(0, |m| m.len());
+        assert!(n <= BOUND + 4096, "{f} holds {n} bytes");
+    }
+    // The newest refusals are kept and read.
+    let recs = audit(&d, "a", "s");
+    assert!(!recs.is_empty(), "no record kept");
+    let last = recs.last().unwrap();
+    assert_eq!(last["allowed"], false, "{last}");
+    assert!(
+        last["host"].as_str().unwrap_or("").contains(".denied.test"),
+        "{last}"
+    );
+}

@@ -278,7 +278,7 @@ impl Started {
     pub fn all(&self, q: &MonitorRecords, created_ms: u64) -> std::io::Result<Vec<MonitorRecord>> {
         Ok(self
             .records
-            .page(0, usize::MAX, |r| matches(q, created_ms, r))?
+            .page_within(0, usize::MAX, usize::MAX, |r| matches(q, created_ms, r))?
             .records)
     }
 }

@@ -186,7 +186,10 @@ impl Plugin for Network {
         crate::guest::write_shim(&shim, "net")
             .map_err(|e| not_started(format!("write {}: {e}", shim.display())))?;
         let path: PathBuf = settings.state_dir.join(AUDIT_FILE);
-        let audit = AuditLog::open(&path).map_err(|e| {
+        // Bounded like the other audit files (`--audit-file-bytes`, one
+        // rotated file kept and read).
+        let max = (settings.audit.file_bytes > 0).then_some(settings.audit.file_bytes);
+        let audit = AuditLog::open_rotating(&path, max).map_err(|e| {
             let _ = std::fs::remove_file(&shim);
             not_started(format!("open {}: {e}", path.display()))
         })?;

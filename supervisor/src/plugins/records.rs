@@ -64,6 +64,10 @@ struct Appender {
     owners: HashMap<String, u64>,
 }
 
+/// The lines a page holds at most: its answer, encoded, fits in a frame
+/// (1 MiB) whatever the `limit` asked.
+pub const PAGE_BYTES: usize = 512 * 1024;
+
 /// A page of records.
 pub struct Page<R> {
     pub records: Vec<R>,
@@ -321,13 +325,26 @@ impl<R: Numbered> Records<R> {
     }
 
     /// The records after `after` that `keep`, oldest first, at most
-    /// `limit` of them.
+    /// `limit` of them and at most [`PAGE_BYTES`] of their lines (at least
+    /// one record), so that a page always fits in one answer.
     pub fn page(
         &self,
         after: u64,
         limit: usize,
         keep: impl Fn(&R) -> bool,
     ) -> std::io::Result<Page<R>> {
+        self.page_within(after, limit, PAGE_BYTES, keep)
+    }
+
+    /// [`Records::page`] with a budget of `bytes` of lines of your own.
+    pub fn page_within(
+        &self,
+        after: u64,
+        limit: usize,
+        bytes: usize,
+        keep: impl Fn(&R) -> bool,
+    ) -> std::io::Result<Page<R>> {
+        let mut kept_bytes = 0usize;
         let mut records = Vec::new();
         let mut next_cursor = after;
         let newest = *self.newest.borrow();
@@ -340,7 +357,8 @@ impl<R: Numbered> Records<R> {
         let input = old.chain(std::fs::File::open(&self.path)?);
         for line in std::io::BufReader::new(input).split(b'\n') {
             // A half-written line (a power cut) is skipped.
-            let Ok(r) = serde_json::from_slice::<R>(&line?) else {
+            let line = line?;
+            let Ok(r) = serde_json::from_slice::<R>(&line) else {
                 continue;
             };
             if r.seq() <= after || r.seq() > newest {
@@ -349,8 +367,13 @@ impl<R: Numbered> Records<R> {
             if records.len() == limit {
                 break;
             }
+            let k = keep(&r);
+            if k && !records.is_empty() && kept_bytes + line.len() > bytes {
+                break;
+            }
             next_cursor = r.seq();
-            if keep(&r) {
+            if k {
+                kept_bytes += line.len();
                 records.push(r);
             }
         }
@@ -399,6 +422,42 @@ mod tests {
             seq: 0,
             who: who.into(),
         }
+    }
+
+    #[test]
+    fn a_page_of_large_records_fits_an_answer_and_the_next_goes_on() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("r.log");
+        let r = Records::<Line>::open(&p).unwrap();
+        // 400 records of 4 KiB: 1.6 MiB, more than a frame.
+        let big = "x".repeat(4096);
+        for _ in 0..400 {
+            r.append(line(&big));
+        }
+        let mut seen = Vec::new();
+        let mut cursor = 0;
+        loop {
+            let page = r.page(cursor, 10_000, |_| true).unwrap();
+            if page.records.is_empty() {
+                break;
+            }
+            let bytes: usize = page.records.iter().map(|l| l.who.len() + 20).sum();
+            assert!(bytes <= PAGE_BYTES, "a page of {bytes} bytes");
+            assert!(page.records.len() < 400, "one page held everything");
+            seen.extend(page.records.iter().map(|l| l.seq));
+            cursor = page.next_cursor;
+        }
+        assert_eq!(
+            seen,
+            (1..=400).collect::<Vec<_>>(),
+            "a record lost or repeated"
+        );
+        // One record larger than the budget still comes, alone.
+        let huge = "y".repeat(PAGE_BYTES + 1);
+        let n = r.append(line(&huge));
+        let page = r.page(cursor, 10, |_| true).unwrap();
+        assert_eq!(page.records.len(), 1);
+        assert_eq!(page.next_cursor, n);
     }
 
     #[test]

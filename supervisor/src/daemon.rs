@@ -12,6 +12,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use thiserror::Error;
 
+/// Threads of the daemon's blocking pool, which answers control and guest
+/// requests; guest requests take at most half (`GUEST_IN_FLIGHT` of the
+/// guest interface).
+pub const BLOCKING_THREADS: usize = 32;
+
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
     pub root: PathBuf,
@@ -168,7 +173,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
-        .max_blocking_threads(32)
+        .max_blocking_threads(BLOCKING_THREADS)
         .enable_all()
         .thread_name("allox-io")
         .build()

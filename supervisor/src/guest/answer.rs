@@ -10,12 +10,77 @@ use allox_protocol::guest::{
 };
 use allox_protocol::{ErrorBody, ErrorCode, Request, Response, TurnBegin, TurnEnd};
 use allox_store::audit::Entry;
+use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
 /// What every listener of the daemon shares.
 pub struct GuestContext {
     pub sup: Weak<Supervisor>,
     pub routes: Arc<dyn GuestRoutes>,
+    pub in_flight: InFlight,
+}
+
+/// Guest requests being answered at once, by every session together: at
+/// most half the daemon's blocking pool
+/// ([`crate::daemon::BLOCKING_THREADS`]), so that the host's
+/// control requests always find threads whatever the sandboxes ask.
+pub const GUEST_IN_FLIGHT: usize = 16;
+/// Guest requests of one session being answered at once: a session never
+/// takes more than a quarter of the guests' share; past it its requests
+/// wait (holding no thread) for one of its own to end.
+pub const SESSION_IN_FLIGHT: usize = 4;
+
+/// The places guest requests take while they are answered: one of
+/// [`GUEST_IN_FLIGHT`] and one of their session's [`SESSION_IN_FLIGHT`].
+pub struct InFlight {
+    all: Arc<tokio::sync::Semaphore>,
+    per_session: usize,
+    sessions: std::sync::Mutex<HashMap<(String, String), Arc<tokio::sync::Semaphore>>>,
+}
+
+impl Default for InFlight {
+    fn default() -> Self {
+        InFlight::new(GUEST_IN_FLIGHT, SESSION_IN_FLIGHT)
+    }
+}
+
+impl InFlight {
+    pub fn new(all: usize, per_session: usize) -> InFlight {
+        InFlight {
+            all: Arc::new(tokio::sync::Semaphore::new(all)),
+            per_session,
+            sessions: Default::default(),
+        }
+    }
+
+    /// Waits for a place of `who`'s session, then one of all: held until
+    /// the returned places are dropped. The session's place comes first,
+    /// so a session at its bound waits without holding one of all.
+    async fn take(&self, who: &GuestIdentity) -> Places {
+        let key = (who.agent_id.clone(), who.session_id.clone());
+        let mine = {
+            let mut m = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+            // Sessions no request holds any more are forgotten.
+            if m.len() > 1024 {
+                m.retain(|_, s| Arc::strong_count(s) > 1);
+            }
+            m.entry(key)
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(self.per_session)))
+                .clone()
+        };
+        // Neither semaphore is ever closed.
+        let session = mine.acquire_owned().await.ok();
+        let all = self.all.clone().acquire_owned().await.ok();
+        Places {
+            _session: session,
+            _all: all,
+        }
+    }
+}
+
+struct Places {
+    _session: Option<tokio::sync::OwnedSemaphorePermit>,
+    _all: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// How audit records name a guest caller.
@@ -33,15 +98,19 @@ pub async fn answer(
         .sup
         .upgrade()
         .ok_or_else(|| ErrorBody::new(ErrorCode::Unavailable, "the supervisor is stopping"))?;
+    let places = ctx.in_flight.take(who).await;
     let (ctx, who) = (ctx.clone(), who.clone());
-    tokio::task::spawn_blocking(move || answer_blocking(&sup, &ctx, &who, request_id, req))
-        .await
-        .unwrap_or_else(|e| {
-            Err(ErrorBody::new(
-                ErrorCode::Internal,
-                format!("the guest request's task failed: {e}"),
-            ))
-        })
+    tokio::task::spawn_blocking(move || {
+        let _places = places;
+        answer_blocking(&sup, &ctx, &who, request_id, req)
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(ErrorBody::new(
+            ErrorCode::Internal,
+            format!("the guest request's task failed: {e}"),
+        ))
+    })
 }
 
 fn answer_blocking(
@@ -132,5 +201,47 @@ fn audit_call(
     let session = format!("{}/{}", who.agent_id, who.session_id);
     if let Err(e) = sup.store.audit().append_for(&session, entry) {
         tracing::error!(error = %allox_protocol::error_chain(&e), "cannot append audit record");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn who(s: &str) -> GuestIdentity {
+        GuestIdentity {
+            agent_id: "a".into(),
+            session_id: s.into(),
+            run_id: "r".into(),
+        }
+    }
+
+    /// Whether `take` gets its places within a moment.
+    async fn gets(f: &InFlight, w: &GuestIdentity) -> Option<Places> {
+        tokio::time::timeout(Duration::from_millis(50), f.take(w))
+            .await
+            .ok()
+    }
+
+    #[tokio::test]
+    async fn a_session_at_its_bound_waits_and_holds_no_place_of_the_others() {
+        let f = InFlight::new(3, 2);
+        let (a, b) = (who("a"), who("b"));
+        let a1 = gets(&f, &a).await.expect("a's first");
+        let _a2 = gets(&f, &a).await.expect("a's second");
+        // A third of a's waits; b is not held up by it.
+        assert!(gets(&f, &a).await.is_none(), "a went past its bound");
+        let b1 = gets(&f, &b).await.expect("b waited for a");
+        // All three places are taken: b's second waits for one of all.
+        assert!(gets(&f, &b).await.is_none(), "past the bound of all");
+        drop(a1);
+        let _b2 = gets(&f, &b).await.expect("a place came free");
+        drop(b1);
+        // The defaults leave the control requests half the pool.
+        let d = InFlight::default();
+        assert_eq!(d.all.available_permits(), GUEST_IN_FLIGHT);
+        assert!(GUEST_IN_FLIGHT <= crate::daemon::BLOCKING_THREADS / 2);
+        assert!(SESSION_IN_FLIGHT < GUEST_IN_FLIGHT);
     }
 }

@@ -130,7 +130,11 @@ impl GuestService {
             exe,
             cgroups,
             closing: Arc::new(AtomicBool::new(false)),
-            ctx: Arc::new(GuestContext { sup, routes }),
+            ctx: Arc::new(GuestContext {
+                sup,
+                routes,
+                in_flight: answer::InFlight::default(),
+            }),
         })
     }
 

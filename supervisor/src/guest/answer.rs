@@ -30,6 +30,12 @@ pub const GUEST_IN_FLIGHT: usize = 16;
 /// wait (holding no thread) for one of its own to end.
 pub const SESSION_IN_FLIGHT: usize = 4;
 
+// The sandboxes never take more than half the pool, a session less than
+// all of their share.
+const _: () = assert!(
+    GUEST_IN_FLIGHT <= crate::daemon::BLOCKING_THREADS / 2 && SESSION_IN_FLIGHT < GUEST_IN_FLIGHT
+);
+
 /// The places guest requests take while they are answered: one of
 /// [`GUEST_IN_FLIGHT`] and one of their session's [`SESSION_IN_FLIGHT`].
 pub struct InFlight {
@@ -241,7 +247,5 @@ mod tests {
         // The defaults leave the control requests half the pool.
         let d = InFlight::default();
         assert_eq!(d.all.available_permits(), GUEST_IN_FLIGHT);
-        assert!(GUEST_IN_FLIGHT <= crate::daemon::BLOCKING_THREADS / 2);
-        assert!(SESSION_IN_FLIGHT < GUEST_IN_FLIGHT);
     }
 }

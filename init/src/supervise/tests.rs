@@ -125,7 +125,8 @@ fn the_guest_init_s_flags_map_to_the_daemon_s_config() {
                 session_bytes: allox_supervisor::plugins::monitor::DEFAULT_SESSION_BYTES,
                 bytes_per_s: allox_supervisor::plugins::monitor::DEFAULT_BYTES_PER_S,
                 span_bytes: allox_supervisor::plugins::monitor::DEFAULT_SPAN_BYTES,
-                session_quota: None,
+                // The session quota caps what the monitor keeps of a session.
+                session_quota: Some(1 << 30),
             },
             audit: Default::default(),
             network: allox_supervisor::plugins::NetworkSettings::default(),

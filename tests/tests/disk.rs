@@ -9,7 +9,6 @@ use allox_store::btrfs::quota;
 use allox_store::failpoint::Failpoints;
 use allox_store::{Store, StoreOptions};
 use std::io;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -81,15 +80,17 @@ fn free(p: &Path) -> u64 {
 /// Fills `dir` as the sandbox's user; returns what the refused write said.
 fn fill_as_sandbox_user(dir: &Path) -> String {
     std::os::unix::fs::chown(dir, Some(SANDBOX_UID), Some(SANDBOX_UID)).unwrap();
-    let out = Command::new("sh")
-        .arg("-c")
+    // Entered as root (the store's directories above it are 0700, as a
+    // sandbox never walks them: it sees its bind mount), then the
+    // sandbox's user writes there.
+    let id = SANDBOX_UID.to_string();
+    let out = Command::new("setpriv")
+        .args(["--reuid", &id, "--regid", &id, "--clear-groups", "sh", "-c"])
         .arg(
             "i=0; while dd if=/dev/zero of=u$i bs=1M count=8 status=none; do \
              i=$((i+1)); [ $i -gt 100 ] && exit 3; done; exit 1",
         )
         .current_dir(dir)
-        .uid(SANDBOX_UID)
-        .gid(SANDBOX_UID)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "never refused: {out:?}");

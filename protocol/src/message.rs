@@ -641,6 +641,30 @@ pub struct ProcessStdin {
     pub close: bool,
 }
 
+/// How the supervisor serves an action: the column of the request table
+/// ([`Request::ROUTES`]) that decides every route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// By the core, on a blocking thread: store work that may take a while
+    /// (a checkpoint, a diff, a file write).
+    Core,
+    /// By the core, on its I/O task: runs, waits and streams, which hold
+    /// no thread while they wait.
+    CoreAsync,
+    /// By the named plugin, when it is enabled; refused naming it when not.
+    Plugin(&'static str),
+}
+
+impl Route {
+    /// The plugin that serves it, if a plugin does.
+    pub fn plugin(self) -> Option<&'static str> {
+        match self {
+            Route::Plugin(p) => Some(p),
+            Route::Core | Route::CoreAsync => None,
+        }
+    }
+}
+
 /// One action as the API describes it.
 pub struct Action {
     pub name: &'static str,
@@ -652,7 +676,7 @@ pub struct Action {
 }
 
 macro_rules! requests {
-    ($( $(#[$doc:meta])* $variant:ident($ty:ty) = $name:literal, mutating = $m:literal, answers = [$($answer:ident),*]; )*) => {
+    ($( $(#[$doc:meta])* $variant:ident($ty:ty) = $name:literal, mutating = $m:literal, route = $route:ident $(($plugin:literal))?, answers = [$($answer:ident),*]; )*) => {
         /// Every request. The JSON action name is given beside each variant.
         #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
         pub enum Request {
@@ -666,6 +690,15 @@ macro_rules! requests {
             /// The action name (`"agent.create"`, ...).
             pub fn action(&self) -> &'static str {
                 match self { $( Request::$variant(_) => $name, )* }
+            }
+
+            /// Every action and how it is served, in wire order: the one
+            /// table the supervisor routes by.
+            pub const ROUTES: &'static [(&'static str, Route)] = &[$(($name, Route::$route $(($plugin))?)),*];
+
+            /// How the supervisor serves this request.
+            pub fn route(&self) -> Route {
+                match self { $( Request::$variant(_) => Route::$route $(($plugin))?, )* }
             }
 
             /// Whether the request changes state (and so is audited).
@@ -711,57 +744,57 @@ macro_rules! requests {
 
 requests! {
     /// Liveness and version check; answered with `Pong`.
-    Ping(Ping) = "system.ping", mutating = false, answers = [Pong];
-    AgentCreate(AgentCreate) = "agent.create", mutating = true, answers = [Agent];
-    AgentList(AgentList) = "agent.list", mutating = false, answers = [Agents];
-    AgentDelete(AgentDelete) = "agent.delete", mutating = true, answers = [Deleted];
-    SessionCreate(SessionCreate) = "session.create", mutating = true, answers = [Session];
-    SessionList(AgentRef) = "session.list", mutating = false, answers = [Sessions];
-    SessionDelete(SessionDelete) = "session.delete", mutating = true, answers = [Deleted];
-    CheckpointCreate(CheckpointCreate) = "checkpoint.create", mutating = true, answers = [Checkpoint];
-    CheckpointList(SessionRef) = "checkpoint.list", mutating = false, answers = [Checkpoints];
-    CheckpointDelete(CheckpointRef) = "checkpoint.delete", mutating = true, answers = [Deleted];
-    CheckpointPin(CheckpointPin) = "checkpoint.pin", mutating = true, answers = [Checkpoint];
-    SessionRollback(SessionRollback) = "session.rollback", mutating = true, answers = [RolledBack];
-    AuditList(AuditList) = "audit.list", mutating = false, answers = [Audit];
-    ProcessStart(ProcessStart) = "process.start", mutating = true, answers = [Started, Exited];
-    ProcessWait(ProcessWait) = "process.wait", mutating = false, answers = [Exited];
-    ProcessKill(ProcessKill) = "process.kill", mutating = true, answers = [Killed];
-    ProcessList(SessionRef) = "process.list", mutating = false, answers = [Processes];
-    ProcessStdin(ProcessStdin) = "process.stdin", mutating = false, answers = [StdinWritten];
-    TurnBegin(TurnBegin) = "turn.begin", mutating = true, answers = [Turn];
-    TurnEnd(TurnEnd) = "turn.end", mutating = true, answers = [Turn];
-    PolicySet(PolicySet) = "policy.set", mutating = true, answers = [Policy];
-    CheckpointDiff(CheckpointDiff) = "checkpoint.diff", mutating = false, answers = [Diff];
-    Shutdown(Shutdown) = "system.shutdown", mutating = true, answers = [Stopping];
-    SystemInfo(SystemInfoRequest) = "system.info", mutating = false, answers = [System];
-    ProcessEvents(ProcessEvents) = "process.events", mutating = false, answers = [ProcessEvents];
-    ProcessTree(ProcessTreeRequest) = "process.tree", mutating = false, answers = [ProcessTree];
-    StoreCheck(StoreCheckRequest) = "store.check", mutating = false, answers = [StoreCheck];
-    PluginList(PluginListRequest) = "plugin.list", mutating = false, answers = [Plugins];
-    NetworkPolicySet(crate::NetworkPolicySet) = "network.policy.set", mutating = true, answers = [NetworkPolicy];
-    NetworkPolicyGet(crate::NetworkPolicyGet) = "network.policy.get", mutating = false, answers = [NetworkPolicy];
-    NetworkAudit(crate::NetworkAudit) = "network.audit", mutating = false, answers = [NetworkAudit];
-    FsStat(crate::FsStat) = "fs.stat", mutating = false, answers = [FsEntry];
-    FsList(crate::FsList) = "fs.list", mutating = false, answers = [FsListing];
-    FsRead(crate::FsRead) = "fs.read", mutating = false, answers = [FsData];
-    FsWrite(crate::FsWrite) = "fs.write", mutating = true, answers = [FsWritten];
-    FsMkdir(crate::FsMkdir) = "fs.mkdir", mutating = true, answers = [FsEntry];
-    FsRemove(crate::FsRemove) = "fs.remove", mutating = true, answers = [Deleted];
-    FsMove(crate::FsMove) = "fs.move", mutating = true, answers = [FsEntry];
-    FsWatch(crate::FsWatch) = "fs.watch", mutating = false, answers = [];
-    ProcessResize(ProcessResize) = "process.resize", mutating = false, answers = [Resized];
-    ProcessAttach(ProcessAttach) = "process.attach", mutating = false, answers = [Exited];
-    ShareList(crate::ShareList) = "share.list", mutating = false, answers = [Shares];
-    ShareAgentSet(crate::ShareAgentSet) = "share.agent.set", mutating = true, answers = [ShareAgent];
-    ShareSessionSet(crate::ShareSessionSet) = "share.session.set", mutating = true, answers = [Share];
-    SessionStats(crate::SessionStatsRequest) = "session.stats", mutating = false, answers = [SessionStats];
-    SessionUpdate(crate::SessionUpdate) = "session.update", mutating = true, answers = [SessionStats];
-    MonitorIngest(crate::MonitorIngest) = "monitor.ingest", mutating = false, answers = [MonitorIngested];
-    MonitorRecords(crate::MonitorRecords) = "monitor.records", mutating = false, answers = [MonitorRecords];
-    MonitorSummary(crate::MonitorSummaryRequest) = "monitor.summary", mutating = false, answers = [MonitorSummary];
-    MonitorTimeline(crate::MonitorTimelineRequest) = "monitor.timeline", mutating = false, answers = [MonitorTimeline];
-    ProcessLogs(ProcessLogs) = "process.logs", mutating = false, answers = [Logs];
+    Ping(Ping) = "system.ping", mutating = false, route = Core, answers = [Pong];
+    AgentCreate(AgentCreate) = "agent.create", mutating = true, route = Core, answers = [Agent];
+    AgentList(AgentList) = "agent.list", mutating = false, route = Core, answers = [Agents];
+    AgentDelete(AgentDelete) = "agent.delete", mutating = true, route = Core, answers = [Deleted];
+    SessionCreate(SessionCreate) = "session.create", mutating = true, route = Core, answers = [Session];
+    SessionList(AgentRef) = "session.list", mutating = false, route = Core, answers = [Sessions];
+    SessionDelete(SessionDelete) = "session.delete", mutating = true, route = Core, answers = [Deleted];
+    CheckpointCreate(CheckpointCreate) = "checkpoint.create", mutating = true, route = Core, answers = [Checkpoint];
+    CheckpointList(SessionRef) = "checkpoint.list", mutating = false, route = Core, answers = [Checkpoints];
+    CheckpointDelete(CheckpointRef) = "checkpoint.delete", mutating = true, route = Core, answers = [Deleted];
+    CheckpointPin(CheckpointPin) = "checkpoint.pin", mutating = true, route = Core, answers = [Checkpoint];
+    SessionRollback(SessionRollback) = "session.rollback", mutating = true, route = Core, answers = [RolledBack];
+    AuditList(AuditList) = "audit.list", mutating = false, route = Core, answers = [Audit];
+    ProcessStart(ProcessStart) = "process.start", mutating = true, route = CoreAsync, answers = [Started, Exited];
+    ProcessWait(ProcessWait) = "process.wait", mutating = false, route = CoreAsync, answers = [Exited];
+    ProcessKill(ProcessKill) = "process.kill", mutating = true, route = CoreAsync, answers = [Killed];
+    ProcessList(SessionRef) = "process.list", mutating = false, route = CoreAsync, answers = [Processes];
+    ProcessStdin(ProcessStdin) = "process.stdin", mutating = false, route = CoreAsync, answers = [StdinWritten];
+    TurnBegin(TurnBegin) = "turn.begin", mutating = true, route = Core, answers = [Turn];
+    TurnEnd(TurnEnd) = "turn.end", mutating = true, route = Core, answers = [Turn];
+    PolicySet(PolicySet) = "policy.set", mutating = true, route = Core, answers = [Policy];
+    CheckpointDiff(CheckpointDiff) = "checkpoint.diff", mutating = false, route = Core, answers = [Diff];
+    Shutdown(Shutdown) = "system.shutdown", mutating = true, route = Core, answers = [Stopping];
+    SystemInfo(SystemInfoRequest) = "system.info", mutating = false, route = Core, answers = [System];
+    ProcessEvents(ProcessEvents) = "process.events", mutating = false, route = Plugin("process-tree"), answers = [ProcessEvents];
+    ProcessTree(ProcessTreeRequest) = "process.tree", mutating = false, route = Plugin("process-tree"), answers = [ProcessTree];
+    StoreCheck(StoreCheckRequest) = "store.check", mutating = false, route = Core, answers = [StoreCheck];
+    PluginList(PluginListRequest) = "plugin.list", mutating = false, route = Core, answers = [Plugins];
+    NetworkPolicySet(crate::NetworkPolicySet) = "network.policy.set", mutating = true, route = Plugin("network"), answers = [NetworkPolicy];
+    NetworkPolicyGet(crate::NetworkPolicyGet) = "network.policy.get", mutating = false, route = Plugin("network"), answers = [NetworkPolicy];
+    NetworkAudit(crate::NetworkAudit) = "network.audit", mutating = false, route = Plugin("network"), answers = [NetworkAudit];
+    FsStat(crate::FsStat) = "fs.stat", mutating = false, route = Core, answers = [FsEntry];
+    FsList(crate::FsList) = "fs.list", mutating = false, route = Core, answers = [FsListing];
+    FsRead(crate::FsRead) = "fs.read", mutating = false, route = Core, answers = [FsData];
+    FsWrite(crate::FsWrite) = "fs.write", mutating = true, route = Core, answers = [FsWritten];
+    FsMkdir(crate::FsMkdir) = "fs.mkdir", mutating = true, route = Core, answers = [FsEntry];
+    FsRemove(crate::FsRemove) = "fs.remove", mutating = true, route = Core, answers = [Deleted];
+    FsMove(crate::FsMove) = "fs.move", mutating = true, route = Core, answers = [FsEntry];
+    FsWatch(crate::FsWatch) = "fs.watch", mutating = false, route = CoreAsync, answers = [];
+    ProcessResize(ProcessResize) = "process.resize", mutating = false, route = CoreAsync, answers = [Resized];
+    ProcessAttach(ProcessAttach) = "process.attach", mutating = false, route = CoreAsync, answers = [Exited];
+    ShareList(crate::ShareList) = "share.list", mutating = false, route = Plugin("share"), answers = [Shares];
+    ShareAgentSet(crate::ShareAgentSet) = "share.agent.set", mutating = true, route = Plugin("share"), answers = [ShareAgent];
+    ShareSessionSet(crate::ShareSessionSet) = "share.session.set", mutating = true, route = Plugin("share"), answers = [Share];
+    SessionStats(crate::SessionStatsRequest) = "session.stats", mutating = false, route = CoreAsync, answers = [SessionStats];
+    SessionUpdate(crate::SessionUpdate) = "session.update", mutating = true, route = Core, answers = [SessionStats];
+    MonitorIngest(crate::MonitorIngest) = "monitor.ingest", mutating = false, route = Plugin("monitor"), answers = [MonitorIngested];
+    MonitorRecords(crate::MonitorRecords) = "monitor.records", mutating = false, route = Plugin("monitor"), answers = [MonitorRecords];
+    MonitorSummary(crate::MonitorSummaryRequest) = "monitor.summary", mutating = false, route = Plugin("monitor"), answers = [MonitorSummary];
+    MonitorTimeline(crate::MonitorTimelineRequest) = "monitor.timeline", mutating = false, route = Plugin("monitor"), answers = [MonitorTimeline];
+    ProcessLogs(ProcessLogs) = "process.logs", mutating = false, route = CoreAsync, answers = [Logs];
 }
 
 impl Request {

@@ -313,7 +313,7 @@ impl TokenFileArg {
     pub fn resolve(&self, socket: &std::path::Path) -> PathBuf {
         self.token_file
             .clone()
-            .unwrap_or_else(|| crate::token::default_path(socket))
+            .unwrap_or_else(|| allox_gateway::token::default_path(socket))
     }
 }
 
@@ -357,8 +357,8 @@ pub struct GatewayArgs {
 
 impl GatewayArgs {
     /// The gateway's configuration, for the daemon at `socket`.
-    pub fn config(&self, socket: &std::path::Path) -> crate::gateway::GatewayConfig {
-        let mut cfg = crate::gateway::GatewayConfig::new(self.listen.clone(), socket);
+    pub fn config(&self, socket: &std::path::Path) -> allox_gateway::GatewayConfig {
+        let mut cfg = allox_gateway::GatewayConfig::new(self.listen.clone(), socket);
         cfg.token_file = self.token.resolve(socket);
         cfg.token_env = self.token_env.clone();
         cfg.allow_remote = self.allow_remote;
@@ -790,14 +790,15 @@ pub struct PageArgs {
 
 fn fs_action(f: FsCommand) -> Action {
     use allox_protocol::{FsList, FsMkdir, FsMove, FsRemove, FsStat};
-    let remote =
-        |agent: String, session: String, path: String, at: FsWhereRead| crate::files::Remote {
+    let remote = |agent: String, session: String, path: String, at: FsWhereRead| {
+        allox_client::files::Remote {
             agent,
             session,
             path,
             scope: at.place.scope(),
             checkpoint: at.checkpoint,
-        };
+        }
+    };
     Action::Call(match f {
         FsCommand::Ls {
             agent,
@@ -1070,7 +1071,7 @@ pub enum Action {
     /// `network.audit` with `follow`) as they come.
     Follow(Request),
     /// Print a remote file's bytes.
-    Cat(crate::files::Remote),
+    Cat(allox_client::files::Remote),
     /// Show sessions' use, refreshed.
     Top { interval: f64, once: bool },
     /// Send spans read from a file.
@@ -1674,7 +1675,7 @@ mod tests {
         assert_eq!(cfg.listen, "127.0.0.1:8092");
         assert_eq!(cfg.token_file, PathBuf::from("/run/allox/gateway.token"));
         assert!(!cfg.allow_remote && cfg.allow_origins.is_empty());
-        assert_eq!(cfg.daemon_timeout, crate::gateway::DAEMON_TIMEOUT);
+        assert_eq!(cfg.daemon_timeout, allox_gateway::DAEMON_TIMEOUT);
 
         let (socket, _, action) = parse(&[
             "--socket",

@@ -13,8 +13,8 @@
 //! naming the run to follow again (`alloxctl logs -f`), and the run goes
 //! on.
 
-use crate::client::{Answer, Caller, Client, ClientError, Sender};
 use crate::process;
+use allox_client::client::{Answer, Caller, Client, ClientError, Sender};
 use allox_protocol::{
     ErrorBody, ErrorCode, Event, OnDisconnect, ProcessKill, ProcessStart, ProcessStdin, Request,
 };

@@ -1,10 +1,11 @@
 //! `alloxctl`: parses the command line and wires the library together.
 
+use allox_client::{error_chain, Client, ReconnectingClient};
 use allox_ctl::cli::{Action, Cli, GatewayArgs, Run};
-use allox_ctl::gateway::Gateway;
+use allox_ctl::process;
 use allox_ctl::render::render;
-use allox_ctl::{error_chain, rpc_json, Client, ReconnectingClient};
-use allox_ctl::{process, token};
+use allox_ctl::rpc_json;
+use allox_gateway::{token, Gateway};
 use allox_protocol::{ProcessStart, Request};
 use clap::Parser;
 use std::io::Write;
@@ -113,10 +114,10 @@ fn main() -> ExitCode {
         Action::Follow(q) => follow(cli.socket, cli.json, q),
         Action::Cat(r) => {
             let out = Client::connect(&cli.socket)
-                .map_err(allox_ctl::files::CopyError::from)
+                .map_err(allox_client::files::CopyError::from)
                 .and_then(|mut c| {
                     let mut stdout = std::io::stdout().lock();
-                    let n = allox_ctl::files::read_to(&mut c, &r, &mut stdout)?;
+                    let n = allox_client::files::read_to(&mut c, &r, &mut stdout)?;
                     let _ = stdout.flush();
                     Ok(n)
                 });
@@ -267,7 +268,7 @@ fn copy(
     shared: bool,
     checkpoint: Option<String>,
 ) -> ExitCode {
-    use allox_ctl::files::{download, upload, CopyError, Remote};
+    use allox_client::files::{download, upload, CopyError, Remote};
     let scope = if shared {
         allox_protocol::FsScope::Shared
     } else {

@@ -1,7 +1,7 @@
 //! `alloxctl monitor`: spans and runs as OTLP JSON (`export`), and a
 //! session's timeline as one self-contained HTML page (`report`).
 
-use crate::client::Client;
+use allox_client::client::Client;
 use allox_protocol::{
     AuditList, CheckpointInfo, GroupBy, MonitorBody, MonitorRecord, MonitorRecords, MonitorSummary,
     MonitorSummaryRequest, MonitorTimeline, MonitorTimelineRequest, Request, Response, Span,
@@ -30,10 +30,7 @@ pub fn records(c: &mut Client, mut q: MonitorRecords) -> Result<Vec<MonitorRecor
     }
 }
 
-fn answer_error(
-    what: &str,
-    a: Result<crate::client::Answer, crate::client::ClientError>,
-) -> String {
+fn answer_error(what: &str, a: Result<allox_client::Answer, allox_client::ClientError>) -> String {
     match a {
         Ok(Err(b)) => format!("{what}: {}: {}", b.code, b.message),
         Err(e) => format!("{what}: {}", crate::error_chain(&e)),

@@ -5,8 +5,8 @@
 //! Each command writes to two writers (alloxctl's stdout and stderr in the
 //! binary, buffers in tests) and returns the exit status to end with.
 
-use crate::client::{Answer, Caller};
 use crate::render::{clean, render, run_status};
+use allox_client::client::{Answer, Caller};
 use allox_protocol::{
     ErrorBody, ErrorCode, Event, ProcessLogs, ProcessStart, ProcessWait, Request, Response,
     RunResult, StreamKind,
@@ -302,8 +302,8 @@ pub fn read_stdin_file(path: &Path) -> Result<Vec<u8>, StdinFileError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::ClientError;
-    use crate::rpc::tests::Fake;
+    use allox_client::client::ClientError;
+    use allox_client::fake::Fake;
     use allox_protocol::{OutputChunk, RunStarted};
     use std::cell::RefCell;
     use std::collections::BTreeMap;

@@ -2,7 +2,7 @@
 //! `{"action": "...", "params": {...}}` in, `{"result": {...}}` or
 //! `{"error": {"code": "...", "message": "..."}}` out.
 
-use crate::client::{Answer, Caller};
+use allox_client::{Answer, Caller};
 use allox_protocol::json::{answer_to_json, parse_request};
 use serde_json::Value;
 
@@ -24,30 +24,12 @@ pub fn rpc_answer(client: &mut impl Caller, text: &str) -> Answer {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use crate::client::ClientError;
-    use allox_protocol::{Deleted, ErrorBody, ErrorCode, Request, Response};
+    use allox_client::fake::{deleted, Fake};
+    use allox_client::ClientError;
+    use allox_protocol::{ErrorBody, ErrorCode};
     use serde_json::json;
-
-    /// A caller that answers every request the same way and counts calls.
-    pub(crate) struct Fake {
-        pub calls: usize,
-        pub answer: fn(&Request) -> Result<Answer, ClientError>,
-    }
-
-    impl Caller for Fake {
-        fn call(&mut self, request: Request) -> Result<Answer, ClientError> {
-            self.calls += 1;
-            (self.answer)(&request)
-        }
-    }
-
-    pub(crate) fn deleted(r: &Request) -> Result<Answer, ClientError> {
-        Ok(Ok(Response::Deleted(Deleted {
-            deleted: r.target(),
-        })))
-    }
 
     #[test]
     fn bad_json_is_answered_locally() {

@@ -8,8 +8,8 @@
 //! peer is not visible from here (another PID namespace) alloxctl says it
 //! returns once the request is answered.
 
-use crate::client::Caller;
-use crate::ReconnectingClient;
+use allox_client::client::Caller;
+use allox_client::ReconnectingClient;
 use allox_protocol::{Request, Response, Shutdown};
 use rustix::fd::OwnedFd;
 use std::io::Write;

@@ -2,8 +2,8 @@
 //! use over the last interval, memory now, OOM kills — refreshed until
 //! interrupted (or once, with `--once`).
 
-use crate::client::Client;
 use crate::render::{clean, Table};
+use allox_client::client::Client;
 use allox_protocol::{AgentList, Request, Response, SessionStats, SessionStatsRequest};
 use std::collections::HashMap;
 use std::time::Instant;

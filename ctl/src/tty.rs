@@ -19,9 +19,9 @@
 //! The terminal's mode is restored on every way out: the end of the run,
 //! an error, one of those signals, and a panic.
 
-use crate::client::Sender;
 use crate::foreground::{self, Known, Tap};
 use crate::process;
+use allox_client::client::Sender;
 use allox_protocol::{ProcessKill, ProcessResize, ProcessStdin, PtySize, Request};
 use nix::sys::signal::{SigSet, Signal};
 use rustix::termios::{self, OptionalActions, Termios};

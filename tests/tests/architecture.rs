@@ -1,7 +1,7 @@
 //! The crates' dependencies follow `docs/architecture.md`: protocol ←
-//! store / sandbox ← supervisor ← init, protocol ← ctl; the store has no
-//! async runtime and no seccomp. Read from `cargo metadata`, so a new
-//! dependency that breaks the layering fails here.
+//! store / sandbox ← supervisor ← init, protocol ← client ← gateway ← ctl;
+//! the store has no async runtime and no seccomp. Read from `cargo
+//! metadata`, so a new dependency that breaks the layering fails here.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
@@ -74,7 +74,12 @@ fn each_crate_uses_only_the_crates_below_it() {
                 "allox-supervisor",
             ],
         ),
-        ("allox-ctl", &["allox-protocol"]),
+        ("allox-client", &["allox-protocol"]),
+        ("allox-gateway", &["allox-protocol", "allox-client"]),
+        (
+            "allox-ctl",
+            &["allox-protocol", "allox-client", "allox-gateway"],
+        ),
     ];
     for (krate, may) in allowed {
         let uses = ours(

@@ -1,6 +1,6 @@
 //! `GET /v1/openapi.json`: the API's description.
 
-use super::shared::{full, HttpResponse};
+use crate::shared::{full, HttpResponse};
 
 /// The OpenAPI document served.
 pub fn openapi() -> HttpResponse {
@@ -19,7 +19,7 @@ mod tests {
     #[test]
     fn the_python_client_s_copy_of_the_document_is_today_s() {
         let kept: serde_json::Value =
-            serde_json::from_str(include_str!("../../../clients/python/openapi.json"))
+            serde_json::from_str(include_str!("../../clients/python/openapi.json"))
                 .expect("clients/python/openapi.json is JSON");
         assert!(
             kept == allox_protocol::openapi::document(),

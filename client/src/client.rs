@@ -138,7 +138,7 @@ fn connect_stream(path: &Path, timeout: Option<Duration>) -> Result<UnixStream, 
 }
 
 /// Says what a failed `connect` most likely means.
-pub(crate) fn connect_hint(err: &io::Error) -> &'static str {
+pub fn connect_hint(err: &io::Error) -> &'static str {
     match err.kind() {
         io::ErrorKind::NotFound => "no socket there: is the daemon running?",
         io::ErrorKind::ConnectionRefused => "nothing listens there: the daemon is not running",
@@ -247,7 +247,7 @@ impl Sender {
 }
 
 /// A response's outcome as an answer.
-pub(crate) fn answer_of(outcome: Outcome) -> Answer {
+pub fn answer_of(outcome: Outcome) -> Answer {
     match outcome {
         Outcome::Ok(v) => Ok(v),
         Outcome::Err(e) => Err(e),
@@ -256,7 +256,7 @@ pub(crate) fn answer_of(outcome: Outcome) -> Answer {
 
 /// Two random words from the kernel (`/dev/urandom`); the time and the
 /// process id if it cannot be read.
-pub(crate) fn random_words() -> [u64; 2] {
+pub fn random_words() -> [u64; 2] {
     let mut b = [0u8; 16];
     let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
     if read.is_err() {

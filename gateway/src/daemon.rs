@@ -13,7 +13,7 @@
 //! breaks fails its calls, and a call that had not been sent, or that
 //! changes nothing, is tried once more on a fresh connection.
 
-use crate::client::{answer_of, connect_hint, random_words, Answer, ClientError};
+use allox_client::client::{answer_of, connect_hint, random_words, Answer, ClientError};
 use allox_protocol::{
     decode, encode, ClientFrame, FrameReader, Hello, Request, RequestEnvelope, ServerFrame,
 };

@@ -17,9 +17,9 @@
 //! request said `Allox-On-Disconnect: kill`, when the gateway kills the
 //! run it started.
 
-use super::shared::{respond, ChannelBody, HttpRequest, HttpResponse, Shared};
-use super::{error, failure, Reply};
-use crate::client::Client;
+use crate::shared::{respond, ChannelBody, HttpRequest, HttpResponse, Shared};
+use crate::{error, failure, Reply};
+use allox_client::client::Client;
 use allox_protocol::json::answer_to_json;
 use allox_protocol::{ErrorCode, Event, ProcessKill, Request};
 use bytes::Bytes;
@@ -160,7 +160,7 @@ pub fn serve(request: Request, options: Options, shared: &Arc<Shared>) -> HttpRe
                 signal: None,
             });
             let _ = shared
-                .with_daemon(move |d| crate::client::Caller::call(d, kill))
+                .with_daemon(move |d| allox_client::Caller::call(d, kill))
                 .await;
         }
     });

@@ -2,10 +2,10 @@
 //! access rules, the daemon's connections), the body types, reading a
 //! request's body piece by piece, and building answers.
 
-use super::access::{Access, Headers};
-use super::daemon::Daemon;
-use super::{error, too_large, Reply};
-use crate::reconnecting::ReconnectingClient;
+use crate::access::{Access, Headers};
+use crate::daemon::Daemon;
+use crate::{error, too_large, Reply};
+use allox_client::ReconnectingClient;
 use allox_protocol::ErrorCode;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

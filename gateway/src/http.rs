@@ -3,9 +3,9 @@
 //! connection's first byte and each request's head), the screening every
 //! request passes, and the routes' dispatch.
 
-use super::access::Access;
-use super::shared::{header, headers_of, read_body, respond, HttpRequest, HttpResponse, Shared};
-use super::{
+use crate::access::Access;
+use crate::shared::{header, headers_of, read_body, respond, HttpRequest, HttpResponse, Shared};
+use crate::{
     answer_json, files, openapi::openapi, parse_body, route, stream, too_large, Gateway, Reply,
     Route, MAX_BODY,
 };
@@ -42,7 +42,7 @@ fn connection_limit() -> usize {
 }
 
 /// Serves `gateway` until `stop` completes, then waits for the
-/// connections in flight (at most [`super::DRAIN_TIMEOUT`]).
+/// connections in flight (at most [`crate::DRAIN_TIMEOUT`]).
 pub async fn serve(gateway: Gateway, stop: impl Future<Output = ()>) -> io::Result<()> {
     gateway.listener.set_nonblocking(true)?;
     let listener = tokio::net::TcpListener::from_std(gateway.listener)?;
@@ -108,7 +108,7 @@ pub async fn serve(gateway: Gateway, stop: impl Future<Output = ()>) -> io::Resu
         });
     }
     drop(listener);
-    let _ = tokio::time::timeout(super::DRAIN_TIMEOUT, graceful.shutdown()).await;
+    let _ = tokio::time::timeout(crate::DRAIN_TIMEOUT, graceful.shutdown()).await;
     Ok(())
 }
 

@@ -14,12 +14,12 @@
 //! percent-decoded; what the path may be is the daemon's to say, and its
 //! refusals come back with their status, as on `/v1/rpc`.
 
-use super::shared::{
+use crate::shared::{
     headers_of, next_piece, respond, ChannelBody, HttpRequest, HttpResponse, Shared,
 };
-use super::{error, failure, Reply};
-use crate::client::Caller;
-use crate::files::{upload_from, CopyError, Remote};
+use crate::{error, failure, Reply};
+use allox_client::client::Caller;
+use allox_client::files::{upload_from, CopyError, Remote};
 use allox_protocol::json::answer_to_json;
 use allox_protocol::{ErrorCode, FsData, FsRead, FsScope, Request, Response, FS_CHUNK};
 use bytes::Bytes;
@@ -450,7 +450,7 @@ impl Read for Pieces {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::{Answer, ClientError};
+    use allox_client::client::{Answer, ClientError};
     use allox_protocol::{ErrorBody, FsWritten};
 
     fn target(path: &str) -> Remote {

@@ -26,6 +26,9 @@
 //! and how long the gateway waits for each piece of a body (408 when it
 //! stalls); the daemon timeout bounds every call to the daemon (a file
 //! moves in many calls, each bounded, the transfer as a whole is not).
+//!
+//! The bearer token and its file are [`token`]'s (`alloxctl token` prints
+//! it too).
 
 pub mod access;
 mod daemon;
@@ -34,10 +37,10 @@ mod http;
 pub mod openapi;
 mod shared;
 mod stream;
+pub mod token;
 
-use crate::client::ClientError;
-use crate::token::{self, TokenError};
 use access::{Access, Refusal};
+use allox_client::ClientError;
 use allox_protocol::json::{answer_to_json, parse_request};
 use allox_protocol::{ErrorBody, ErrorCode, Request};
 use serde_json::Value;
@@ -46,6 +49,7 @@ use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 use thiserror::Error;
+use token::TokenError;
 
 /// Where requests are posted.
 pub const RPC_PATH: &str = "/v1/rpc";
@@ -373,7 +377,7 @@ pub fn parse_body(body: &[u8], action: Option<&str>) -> Result<Request, (u16, Va
 }
 
 /// The status and JSON answer of a call's outcome.
-pub fn answer_json(outcome: Result<crate::client::Answer, ClientError>) -> (u16, Value) {
+pub fn answer_json(outcome: Result<allox_client::Answer, ClientError>) -> (u16, Value) {
     let (status, answer) = match outcome {
         Ok(Ok(response)) => (200, Ok(response)),
         Ok(Err(body)) => (body.code.http_status(), Err(body)),
@@ -408,9 +412,8 @@ fn error(status: u16, code: ErrorCode, message: String) -> (u16, Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::{Answer, Caller, ClientError};
-    use crate::reconnecting::ReconnectingClient;
-    use crate::rpc::tests::{deleted, Fake};
+    use allox_client::fake::{deleted, Fake};
+    use allox_client::{Answer, Caller, ReconnectingClient};
     use std::io::{Read, Write};
     use std::net::TcpStream;
     use std::sync::Arc;

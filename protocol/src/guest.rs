@@ -40,7 +40,7 @@
 //! value (carried on the wire as its JSON text).
 
 use crate::error::{ErrorBody, ErrorCode};
-use crate::message::{TurnInfo, TurnStatus};
+use crate::turn::{TurnInfo, TurnStatus};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 

@@ -55,7 +55,7 @@ pub fn answer_to_json(outcome: &Result<Response, ErrorBody>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::*;
+    use crate::*;
 
     #[test]
     fn seed_examples_parse() {

@@ -54,7 +54,10 @@
 //! Programs inside a sandbox speak a separate, smaller schema over the
 //! same framing ([`guest`]); host actions are not part of it.
 
+pub mod agent;
+pub mod audit;
 pub mod bytes;
+pub mod checkpoint;
 pub mod codec;
 pub mod error;
 pub mod files;
@@ -66,9 +69,17 @@ pub mod message;
 pub mod monitor;
 pub mod network;
 pub mod openapi;
+pub mod process;
+pub mod process_tree;
+pub mod session;
 pub mod share;
+pub mod system;
+pub mod turn;
 
+pub use agent::*;
+pub use audit::*;
 pub use bytes::Bytes;
+pub use checkpoint::*;
 pub use codec::{decode, encode, DecodeError};
 pub use error::{error_chain, ErrorBody, ErrorCode};
 pub use files::*;
@@ -77,7 +88,12 @@ pub use id::{validate_id, IdError, MAX_ID_LEN};
 pub use message::*;
 pub use monitor::*;
 pub use network::*;
+pub use process::*;
+pub use process_tree::*;
+pub use session::*;
 pub use share::*;
+pub use system::*;
+pub use turn::*;
 
 /// Version of the wire protocol; both sides must agree exactly.
 pub const PROTOCOL_VERSION: u32 = 2;

@@ -1,0 +1,124 @@
+//! Sessions: an agent's working trees, each a `current/` with its own
+//! limits and network (`session.create`, `session.list`,
+//! `session.delete`, `session.rollback`).
+
+use serde::{Deserialize, Serialize};
+
+/// `session.delete`: the session, its workspace and checkpoints. Refused
+/// (`conflict`, naming them) while it holds pinned checkpoints, unless
+/// `force`.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SessionDelete {
+    pub agent_id: String,
+    pub session_id: String,
+    #[serde(default)]
+    pub force: bool,
+}
+
+impl SessionDelete {
+    pub fn new(agent_id: impl Into<String>, session_id: impl Into<String>) -> Self {
+        SessionDelete {
+            agent_id: agent_id.into(),
+            session_id: session_id.into(),
+            force: false,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRef {
+    pub agent_id: String,
+    pub session_id: String,
+}
+
+/// `session.create`, with optional resource limits for the session's
+/// cgroup (refused with `unsupported` where the controller is missing).
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SessionCreate {
+    pub agent_id: String,
+    pub session_id: String,
+    /// `pids.max`: most processes at once.
+    #[serde(default)]
+    pub pids_max: Option<u64>,
+    /// `memory.max` in bytes.
+    #[serde(default)]
+    pub memory_max: Option<u64>,
+    /// `cpu.max` as cgroup v2 writes it: `"QUOTA PERIOD"` in µs, or
+    /// `"max PERIOD"`.
+    #[serde(default)]
+    pub cpu_max: Option<String>,
+    /// Checkpoint automatically (a baseline now, one per successful turn);
+    /// `None` takes the agent's policy.
+    #[serde(default)]
+    pub auto_checkpoint: Option<bool>,
+    /// Keep only the last N automatic turn checkpoints.
+    #[serde(default)]
+    pub keep_last: Option<u32>,
+    /// Its network mode; `None` takes the agent's, then the daemon's.
+    /// Fixed for the session's life (rollbacks keep it).
+    #[serde(default)]
+    pub network: Option<crate::NetworkMode>,
+    /// Its own egress rules (narrowing the agent's and the daemon's).
+    #[serde(default)]
+    pub egress: Option<crate::Egress>,
+}
+
+impl SessionCreate {
+    /// A session without limits of its own.
+    pub fn new(agent_id: impl Into<String>, session_id: impl Into<String>) -> Self {
+        SessionCreate {
+            agent_id: agent_id.into(),
+            session_id: session_id.into(),
+            pids_max: None,
+            memory_max: None,
+            cpu_max: None,
+            auto_checkpoint: None,
+            keep_last: None,
+            network: None,
+            egress: None,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRollback {
+    pub agent_id: String,
+    pub session_id: String,
+    pub checkpoint_id: String,
+    /// Kill the session's processes first; `None` takes the daemon default.
+    #[serde(default)]
+    pub kill_processes: Option<bool>,
+}
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+pub struct SessionInfo {
+    pub agent_id: String,
+    pub session_id: String,
+    pub created_ms: u64,
+    /// The checkpoint `current/` descends from, if any.
+    pub head: Option<String>,
+    pub checkpoints: u32,
+    /// Absolute path of the session's `current/`.
+    pub current: String,
+}
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+pub struct SessionListing {
+    pub agent_id: String,
+    pub sessions: Vec<SessionInfo>,
+}
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+pub struct RollbackDone {
+    pub agent_id: String,
+    pub session_id: String,
+    pub checkpoint_id: String,
+    /// The head before the rollback.
+    pub previous_head: Option<String>,
+    /// Processes killed before the rollback.
+    pub killed_processes: u32,
+}

@@ -1,0 +1,46 @@
+//! `alloxctl agent`: create, list and delete agents.
+
+use super::net::NetworkArgs;
+use allox_protocol::{AgentCreate, AgentDelete, AgentList, Request};
+use clap::Subcommand;
+
+#[derive(Subcommand, Debug)]
+pub enum AgentCommand {
+    /// Create an agent and its workspace.
+    Create {
+        /// The agent.
+        agent: String,
+        /// Its sessions' default network mode and rules for all of them.
+        #[command(flatten)]
+        network: NetworkArgs,
+    },
+    /// List agents.
+    List,
+    /// Delete an agent with its shared/ (refused while it has sessions,
+    /// unless --force).
+    Delete {
+        /// The agent.
+        agent: String,
+        /// Delete its sessions too, with their workspaces and checkpoints
+        /// (pinned ones included).
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+impl AgentCommand {
+    pub fn request(self) -> Request {
+        match self {
+            AgentCommand::Create { agent, network } => Request::AgentCreate(AgentCreate {
+                network: network.mode(),
+                egress: network.egress.egress(),
+                ..AgentCreate::new(agent)
+            }),
+            AgentCommand::List => Request::AgentList(AgentList {}),
+            AgentCommand::Delete { agent, force } => Request::AgentDelete(AgentDelete {
+                force,
+                ..AgentDelete::new(agent)
+            }),
+        }
+    }
+}

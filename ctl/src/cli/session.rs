@@ -1,0 +1,131 @@
+//! A session: `alloxctl session` (create, list, delete), what it uses
+//! (`stats`, `top`) and its limits (`limit`).
+
+use super::net::NetworkArgs;
+use super::Action;
+use allox_protocol::{AgentRef, Request, SessionCreate, SessionDelete};
+use clap::{Args, Subcommand};
+
+#[derive(Subcommand, Debug)]
+pub enum SessionCommand {
+    /// Create a session of an agent.
+    Create {
+        /// The agent.
+        agent: String,
+        /// The session.
+        session: String,
+        /// Its network mode (else its agent's, else the daemon's) and its
+        /// own egress rules.
+        #[command(flatten)]
+        network: NetworkArgs,
+    },
+    /// List an agent's sessions.
+    List {
+        /// The agent.
+        agent: String,
+    },
+    /// Delete a session with its checkpoints (refused while it holds
+    /// pinned ones, unless --force).
+    Delete {
+        /// The agent.
+        agent: String,
+        /// The session.
+        session: String,
+        /// Delete its pinned checkpoints too.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+impl SessionCommand {
+    pub fn request(self) -> Request {
+        match self {
+            SessionCommand::Create {
+                agent,
+                session,
+                network,
+            } => Request::SessionCreate(SessionCreate {
+                network: network.mode(),
+                egress: network.egress.egress(),
+                ..SessionCreate::new(agent, session)
+            }),
+            SessionCommand::List { agent } => Request::SessionList(AgentRef { agent_id: agent }),
+            SessionCommand::Delete {
+                agent,
+                session,
+                force,
+            } => Request::SessionDelete(SessionDelete {
+                force,
+                ..SessionDelete::new(agent, session)
+            }),
+        }
+    }
+}
+
+/// `alloxctl stats`.
+#[derive(Args, Debug)]
+pub struct StatsArgs {
+    /// The agent.
+    pub agent: String,
+    /// The session.
+    pub session: String,
+}
+
+impl StatsArgs {
+    pub fn request(self) -> Request {
+        Request::SessionStats(allox_protocol::SessionStatsRequest {
+            agent_id: self.agent,
+            session_id: self.session,
+        })
+    }
+}
+
+/// `alloxctl top`.
+#[derive(Args, Debug)]
+pub struct TopArgs {
+    /// Seconds between screens.
+    #[arg(long, default_value_t = 1.0)]
+    pub interval: f64,
+    /// One screen (two samples an interval apart), then exit.
+    #[arg(long)]
+    pub once: bool,
+}
+
+impl TopArgs {
+    pub fn action(self) -> Action {
+        Action::Top {
+            interval: self.interval,
+            once: self.once,
+        }
+    }
+}
+
+/// `alloxctl limit`.
+#[derive(Args, Debug)]
+pub struct LimitArgs {
+    /// The agent.
+    pub agent: String,
+    /// The session.
+    pub session: String,
+    /// Most processes at once.
+    #[arg(long)]
+    pub pids_max: Option<u64>,
+    /// Most memory, bytes.
+    #[arg(long)]
+    pub memory_max: Option<u64>,
+    /// "QUOTA PERIOD" in µs, e.g. "50000 100000" for half a CPU.
+    #[arg(long, value_name = "QUOTA PERIOD")]
+    pub cpu_max: Option<String>,
+}
+
+impl LimitArgs {
+    pub fn request(self) -> Request {
+        Request::SessionUpdate(allox_protocol::SessionUpdate {
+            agent_id: self.agent,
+            session_id: self.session,
+            pids_max: self.pids_max,
+            memory_max: self.memory_max,
+            cpu_max: self.cpu_max,
+        })
+    }
+}

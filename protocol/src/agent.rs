@@ -1,6 +1,7 @@
 //! Agents: the top level of the store, each with its workspace and
 //! sessions (`agent.create`, `agent.list`, `agent.delete`).
 
+use crate::target::target;
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
@@ -8,6 +9,8 @@ use serde::{Deserialize, Serialize};
 pub struct AgentRef {
     pub agent_id: String,
 }
+
+target!(AgentRef: agent_id);
 
 /// `agent.delete`: the agent, its sessions, checkpoints and `shared/`.
 /// Refused (`conflict`, naming what would be lost) while it has sessions,
@@ -19,6 +22,8 @@ pub struct AgentDelete {
     #[serde(default)]
     pub force: bool,
 }
+
+target!(AgentDelete: agent_id);
 
 impl AgentDelete {
     pub fn new(agent_id: impl Into<String>) -> Self {
@@ -47,6 +52,8 @@ pub struct AgentCreate {
     pub egress: Option<crate::Egress>,
 }
 
+target!(AgentCreate: agent_id);
+
 impl AgentCreate {
     /// An agent without a policy of its own.
     pub fn new(agent_id: impl Into<String>) -> Self {
@@ -63,6 +70,8 @@ impl AgentCreate {
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct AgentList {}
+
+target!(AgentList);
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct AgentInfo {

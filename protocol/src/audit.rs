@@ -1,6 +1,7 @@
 //! The audit log: one record per state-changing request, paged either
 //! way (`audit.list`).
 
+use crate::target::target;
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
@@ -18,6 +19,8 @@ pub struct AuditList {
     #[serde(default)]
     pub before_seq: Option<u64>,
 }
+
+target!(AuditList);
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct AuditRecord {

@@ -2,6 +2,7 @@
 //! changed between two of them (`checkpoint.create|list|delete|pin`,
 //! `checkpoint.diff`).
 
+use crate::target::target;
 use serde::{Deserialize, Serialize};
 
 /// `checkpoint.diff`: what changed between two checkpoints of a session
@@ -19,6 +20,11 @@ pub struct CheckpointDiff {
     pub patch: bool,
 }
 
+target!(CheckpointDiff, |r| format!(
+    "{}/{}/{}..{}",
+    r.agent_id, r.session_id, r.from, r.to
+));
+
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointRef {
@@ -26,6 +32,8 @@ pub struct CheckpointRef {
     pub session_id: String,
     pub checkpoint_id: String,
 }
+
+target!(CheckpointRef: agent_id, session_id, checkpoint_id);
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -41,6 +49,8 @@ pub struct CheckpointCreate {
     pub label: Option<String>,
 }
 
+target!(CheckpointCreate: agent_id, session_id, checkpoint_id);
+
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointPin {
@@ -49,6 +59,8 @@ pub struct CheckpointPin {
     pub checkpoint_id: String,
     pub pinned: bool,
 }
+
+target!(CheckpointPin: agent_id, session_id, checkpoint_id);
 
 /// Why a checkpoint exists.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,6 +2,7 @@
 //! `shared/`, or a checkpoint's (read-only), moved and read without a
 //! process. Paths are relative to the scope's root and never leave it.
 
+use crate::target::target;
 use crate::Bytes;
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +29,15 @@ impl FsScope {
     }
 }
 
+/// A file request's target as the audit names it: `agent/session:path`, or
+/// `agent/session:shared:path`.
+fn fs_target(a: &str, s: &str, scope: FsScope, path: &str) -> String {
+    match scope {
+        FsScope::Session => format!("{a}/{s}:{path}"),
+        FsScope::Shared => format!("{a}/{s}:shared:{path}"),
+    }
+}
+
 /// `fs.stat`: what is at a path (a symbolic link itself, not its target).
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -41,6 +51,13 @@ pub struct FsStat {
     pub checkpoint_id: Option<String>,
     pub path: String,
 }
+
+target!(FsStat, |r| fs_target(
+    &r.agent_id,
+    &r.session_id,
+    r.scope,
+    &r.path
+));
 
 /// `fs.list`: a directory's entries, sorted by path; with `depth` > 1, its
 /// subdirectories' too (symbolic links are not followed).
@@ -61,6 +78,13 @@ pub struct FsList {
     pub depth: Option<u32>,
 }
 
+target!(FsList, |r| fs_target(
+    &r.agent_id,
+    &r.session_id,
+    r.scope,
+    &r.path
+));
+
 /// `fs.read`: bytes of a file, from `offset`, at most `length` (and at most
 /// [`FS_CHUNK`] in one answer: read on from `offset + data.len()` until
 /// `eof`).
@@ -79,6 +103,13 @@ pub struct FsRead {
     #[serde(default)]
     pub length: Option<u64>,
 }
+
+target!(FsRead, |r| fs_target(
+    &r.agent_id,
+    &r.session_id,
+    r.scope,
+    &r.path
+));
 
 /// The most bytes one `fs.read` answers, and the most one `fs.write`
 /// chunk should carry (a frame is at most 1 MiB).
@@ -115,6 +146,13 @@ pub struct FsWrite {
     pub commit: bool,
 }
 
+target!(FsWrite, |r| fs_target(
+    &r.agent_id,
+    &r.session_id,
+    r.scope,
+    &r.path
+));
+
 impl FsWrite {
     /// The whole file `path` of session `a/s` becomes `data`.
     pub fn whole(a: &str, s: &str, path: &str, data: impl Into<Bytes>) -> FsWrite {
@@ -147,6 +185,13 @@ pub struct FsMkdir {
     pub parents: bool,
 }
 
+target!(FsMkdir, |r| fs_target(
+    &r.agent_id,
+    &r.session_id,
+    r.scope,
+    &r.path
+));
+
 /// `fs.remove`: a file, a symbolic link, an empty directory, or with
 /// `recursive` a whole tree.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
@@ -161,6 +206,13 @@ pub struct FsRemove {
     pub recursive: bool,
 }
 
+target!(FsRemove, |r| fs_target(
+    &r.agent_id,
+    &r.session_id,
+    r.scope,
+    &r.path
+));
+
 /// `fs.move`: renames `path` to `to` (in the same scope), replacing a file
 /// there.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
@@ -173,6 +225,13 @@ pub struct FsMove {
     pub path: String,
     pub to: String,
 }
+
+target!(FsMove, |r| fs_target(
+    &r.agent_id,
+    &r.session_id,
+    r.scope,
+    &r.path
+));
 
 /// `fs.watch`: changes below a directory of the session's files (or of
 /// `shared/`), as stream events (binary protocol only) until the client
@@ -192,6 +251,13 @@ pub struct FsWatch {
     #[serde(default)]
     pub recursive: bool,
 }
+
+target!(FsWatch, |r| fs_target(
+    &r.agent_id,
+    &r.session_id,
+    r.scope,
+    &r.path
+));
 
 /// What happened at a path.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq)]

@@ -74,6 +74,7 @@ pub mod process_tree;
 pub mod session;
 pub mod share;
 pub mod system;
+pub mod target;
 pub mod turn;
 
 pub use agent::*;

@@ -6,6 +6,7 @@
 //! Variants are only ever appended: their index is their wire identity.
 
 use crate::error::ErrorBody;
+use crate::target::Target;
 use crate::{agent::*, audit::*, checkpoint::*, process::*, process_tree::*};
 use crate::{session::*, system::*, turn::*};
 use serde::{Deserialize, Serialize};
@@ -186,6 +187,12 @@ macro_rules! requests {
                 match self { $( Request::$variant(_) => Route::$route $(($plugin))?, )* }
             }
 
+            /// What the request acts on, as the audit log names it
+            /// (`agent[/session[/...]]`): its params say ([`Target`]).
+            pub fn target(&self) -> String {
+                match self { $( Request::$variant(p) => Target::target(p), )* }
+            }
+
             /// Whether the request changes state (and so is audited).
             pub fn is_mutating(&self) -> bool {
                 match self { $( Request::$variant(_) => $m, )* }
@@ -280,125 +287,6 @@ requests! {
     MonitorSummary(crate::MonitorSummaryRequest) = "monitor.summary", mutating = false, route = Plugin("monitor"), answers = [MonitorSummary];
     MonitorTimeline(crate::MonitorTimelineRequest) = "monitor.timeline", mutating = false, route = Plugin("monitor"), answers = [MonitorTimeline];
     ProcessLogs(ProcessLogs) = "process.logs", mutating = false, route = CoreAsync, answers = [Logs];
-}
-
-impl Request {
-    /// What the request acts on, as `agent[/session[/checkpoint]]`.
-    pub fn target(&self) -> String {
-        match self {
-            Request::Ping(_)
-            | Request::AgentList(_)
-            | Request::AuditList(_)
-            | Request::Shutdown(_)
-            | Request::StoreCheck(_)
-            | Request::PluginList(_)
-            | Request::SystemInfo(_) => String::new(),
-            Request::ProcessStart(r) => format!("{}/{}", r.agent_id, r.session_id),
-            Request::ProcessWait(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.run_id),
-            Request::ProcessKill(r) => match &r.run_id {
-                Some(run) => format!("{}/{}/{run}", r.agent_id, r.session_id),
-                None => format!("{}/{}", r.agent_id, r.session_id),
-            },
-            Request::ProcessList(r) => format!("{}/{}", r.agent_id, r.session_id),
-            Request::ProcessStdin(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.run_id),
-            Request::ProcessResize(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.run_id),
-            Request::ProcessAttach(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.run_id),
-            Request::ProcessLogs(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.run_id),
-            Request::TurnBegin(r) => format!("{}/{}", r.agent_id, r.session_id),
-            Request::TurnEnd(r) => format!("{}/{}/{}", r.agent_id, r.session_id, r.turn_id),
-            Request::CheckpointDiff(r) => {
-                format!("{}/{}/{}..{}", r.agent_id, r.session_id, r.from, r.to)
-            }
-            Request::ProcessEvents(r) => [&r.agent_id, &r.session_id, &r.run_id]
-                .iter()
-                .filter_map(|x| x.as_deref())
-                .collect::<Vec<_>>()
-                .join("/"),
-            Request::ProcessTree(r) => match &r.run_id {
-                Some(run) => format!("{}/{}/{run}", r.agent_id, r.session_id),
-                None => format!("{}/{}", r.agent_id, r.session_id),
-            },
-            Request::NetworkPolicySet(crate::NetworkPolicySet {
-                agent_id,
-                session_id,
-                ..
-            })
-            | Request::NetworkPolicyGet(crate::NetworkPolicyGet {
-                agent_id,
-                session_id,
-            }) => match session_id {
-                Some(s) => format!("{agent_id}/{s}"),
-                None => agent_id.clone(),
-            },
-            Request::FsStat(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
-            Request::FsList(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
-            Request::FsRead(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
-            Request::FsWrite(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
-            Request::FsMkdir(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
-            Request::FsRemove(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
-            Request::FsMove(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
-            Request::FsWatch(r) => fs_target(&r.agent_id, &r.session_id, r.scope, &r.path),
-            Request::ShareList(r) => r.agent_id.clone().unwrap_or_default(),
-            Request::SessionStats(r) => format!("{}/{}", r.agent_id, r.session_id),
-            Request::SessionUpdate(r) => format!("{}/{}", r.agent_id, r.session_id),
-            Request::MonitorIngest(r) => format!("{}/{}", r.agent_id, r.session_id),
-            Request::MonitorTimeline(r) => format!("{}/{}", r.agent_id, r.session_id),
-            Request::MonitorRecords(crate::MonitorRecords {
-                agent_id,
-                session_id,
-                ..
-            })
-            | Request::MonitorSummary(crate::MonitorSummaryRequest {
-                agent_id,
-                session_id,
-                ..
-            }) => [agent_id, session_id]
-                .iter()
-                .filter_map(|x| x.as_deref())
-                .collect::<Vec<_>>()
-                .join("/"),
-            Request::ShareAgentSet(r) => r.agent_id.clone(),
-            Request::ShareSessionSet(r) => format!("{}/{}", r.agent_id, r.session_id),
-            Request::NetworkAudit(r) => [&r.agent_id, &r.session_id]
-                .iter()
-                .filter_map(|x| x.as_deref())
-                .collect::<Vec<_>>()
-                .join("/"),
-            Request::PolicySet(r) => match &r.session_id {
-                Some(s) => format!("{}/{s}", r.agent_id),
-                None => r.agent_id.clone(),
-            },
-            Request::SessionList(r) => r.agent_id.clone(),
-            Request::AgentDelete(r) => r.agent_id.clone(),
-            Request::AgentCreate(r) => r.agent_id.clone(),
-            Request::SessionDelete(r) => format!("{}/{}", r.agent_id, r.session_id),
-            Request::CheckpointList(r) => {
-                format!("{}/{}", r.agent_id, r.session_id)
-            }
-            Request::SessionCreate(r) => format!("{}/{}", r.agent_id, r.session_id),
-            Request::CheckpointCreate(r) => {
-                format!("{}/{}/{}", r.agent_id, r.session_id, r.checkpoint_id)
-            }
-            Request::CheckpointDelete(r) => {
-                format!("{}/{}/{}", r.agent_id, r.session_id, r.checkpoint_id)
-            }
-            Request::CheckpointPin(r) => {
-                format!("{}/{}/{}", r.agent_id, r.session_id, r.checkpoint_id)
-            }
-            Request::SessionRollback(r) => {
-                format!("{}/{}/{}", r.agent_id, r.session_id, r.checkpoint_id)
-            }
-        }
-    }
-}
-
-/// A file request's target as the audit names it: `agent/session:path`, or
-/// `agent/session:shared:path`.
-fn fs_target(a: &str, s: &str, scope: crate::FsScope, path: &str) -> String {
-    match scope {
-        crate::FsScope::Session => format!("{a}/{s}:{path}"),
-        crate::FsScope::Shared => format!("{a}/{s}:shared:{path}"),
-    }
 }
 
 macro_rules! responses {

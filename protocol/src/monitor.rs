@@ -3,6 +3,7 @@
 //! live session's limits (`session.update`). A figure whose controller the
 //! kernel does not offer there is `None`, never a guess.
 
+use crate::target::target;
 use serde::{Deserialize, Serialize};
 
 /// What a cgroup (a run's, a session's) used.
@@ -27,6 +28,8 @@ pub struct SessionStatsRequest {
     pub agent_id: String,
     pub session_id: String,
 }
+
+target!(SessionStatsRequest: agent_id, session_id);
 
 /// A session's limits as its cgroup has them (`None`: no limit, or no
 /// controller).
@@ -82,6 +85,8 @@ pub struct SessionUpdate {
     #[serde(default)]
     pub cpu_max: Option<String>,
 }
+
+target!(SessionUpdate: agent_id, session_id);
 
 /// W3C trace context of the tool call a `process.start` serves: its runs
 /// are recorded under that span (`--monitor-root`), and the run sees it as
@@ -270,6 +275,8 @@ pub struct MonitorIngest {
     pub spans: Vec<Span>,
 }
 
+target!(MonitorIngest: agent_id, session_id);
+
 /// The answer to `monitor.ingest` (and the guest's `monitor.spans`).
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
 pub struct MonitorIngested {
@@ -337,6 +344,8 @@ pub struct MonitorRecords {
     pub follow: bool,
 }
 
+target!(MonitorRecords: agent_id, session_id);
+
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct MonitorListing {
     pub records: Vec<MonitorRecord>,
@@ -366,6 +375,8 @@ pub struct MonitorSummaryRequest {
     #[serde(default)]
     pub group_by: GroupBy,
 }
+
+target!(MonitorSummaryRequest: agent_id, session_id);
 
 /// One group of a summary: a tool, a model, or a turn.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq, Default)]
@@ -411,6 +422,8 @@ pub struct MonitorTimelineRequest {
     pub agent_id: String,
     pub session_id: String,
 }
+
+target!(MonitorTimelineRequest: agent_id, session_id);
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct MonitorTimeline {

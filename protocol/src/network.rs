@@ -2,6 +2,7 @@
 //! egress rules of an agent or a session, and the record of each
 //! connection attempt (`network.policy.set|get`, `network.audit`).
 
+use crate::target::target;
 use serde::{Deserialize, Serialize};
 
 /// What a session's sandboxes can reach.
@@ -75,6 +76,8 @@ pub struct NetworkPolicySet {
     pub egress: Egress,
 }
 
+target!(NetworkPolicySet: agent_id, session_id);
+
 /// `network.policy.get`: an agent's or a session's mode and rules.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -83,6 +86,8 @@ pub struct NetworkPolicyGet {
     #[serde(default)]
     pub session_id: Option<String>,
 }
+
+target!(NetworkPolicyGet: agent_id, session_id);
 
 /// One level's rules, as a policy answer shows them.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
@@ -124,6 +129,8 @@ pub struct NetworkAudit {
     #[serde(default)]
     pub follow: bool,
 }
+
+target!(NetworkAudit: agent_id, session_id);
 
 /// One connection attempt through a session's proxy.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]

@@ -1,6 +1,7 @@
 //! Runs: programs started in a session's sandbox, their input, output,
 //! terminal and end (`process.start|wait|kill|list|stdin|resize|attach|logs`).
 
+use crate::target::target;
 use serde::{Deserialize, Serialize};
 
 /// Which output stream a chunk belongs to.
@@ -65,6 +66,8 @@ pub struct ProcessStart {
     pub on_disconnect: OnDisconnect,
 }
 
+target!(ProcessStart: agent_id, session_id);
+
 /// A terminal's size, and its type (`TERM`, default `xterm-256color`).
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -92,6 +95,8 @@ pub struct ProcessResize {
     pub cols: u16,
 }
 
+target!(ProcessResize: agent_id, session_id, run_id);
+
 /// `process.attach`: follow a terminal run's output again (binary
 /// protocol): first what it wrote most recently (up to
 /// [`ProcessAttach::REPLAY_MAX`] bytes, unless `replay` is false), then
@@ -106,6 +111,8 @@ pub struct ProcessAttach {
     #[serde(default)]
     pub replay: Option<bool>,
 }
+
+target!(ProcessAttach: agent_id, session_id, run_id);
 
 impl ProcessAttach {
     /// Recent output a terminal run keeps for those who attach.
@@ -125,6 +132,8 @@ pub struct ProcessLogs {
     #[serde(default)]
     pub follow: bool,
 }
+
+target!(ProcessLogs: agent_id, session_id, run_id);
 
 /// What `process.logs` answers.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
@@ -152,6 +161,8 @@ pub struct ProcessWait {
     pub timeout_ms: Option<u64>,
 }
 
+target!(ProcessWait: agent_id, session_id, run_id);
+
 /// `process.kill`: one run's process tree, or the whole session.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -166,6 +177,8 @@ pub struct ProcessKill {
     #[serde(default)]
     pub signal: Option<i32>,
 }
+
+target!(ProcessKill: agent_id, session_id, run_id);
 
 /// What becomes of a streamed run when its client goes away.
 #[derive(
@@ -193,6 +206,8 @@ pub struct ProcessStdin {
     #[serde(default)]
     pub close: bool,
 }
+
+target!(ProcessStdin: agent_id, session_id, run_id);
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct RunStarted {

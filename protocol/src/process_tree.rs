@@ -2,6 +2,7 @@
 //! exit in a session's sandboxes, as events and as a lineage tree
 //! (`process.events`, `process.tree`).
 
+use crate::target::target;
 use serde::{Deserialize, Serialize};
 
 /// `process.events`: what the process tracker recorded, oldest first,
@@ -27,6 +28,8 @@ pub struct ProcessEvents {
     pub follow: bool,
 }
 
+target!(ProcessEvents: agent_id, session_id, run_id);
+
 /// `process.tree`: the lineage of a session's (or one run's) processes,
 /// live and exited, from the tracker's events.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
@@ -37,6 +40,8 @@ pub struct ProcessTreeRequest {
     #[serde(default)]
     pub run_id: Option<String>,
 }
+
+target!(ProcessTreeRequest: agent_id, session_id, run_id);
 
 /// What happened to a process.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Hash)]

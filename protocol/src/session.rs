@@ -2,6 +2,7 @@
 //! limits and network (`session.create`, `session.list`,
 //! `session.delete`, `session.rollback`).
 
+use crate::target::target;
 use serde::{Deserialize, Serialize};
 
 /// `session.delete`: the session, its workspace and checkpoints. Refused
@@ -15,6 +16,8 @@ pub struct SessionDelete {
     #[serde(default)]
     pub force: bool,
 }
+
+target!(SessionDelete: agent_id, session_id);
 
 impl SessionDelete {
     pub fn new(agent_id: impl Into<String>, session_id: impl Into<String>) -> Self {
@@ -32,6 +35,8 @@ pub struct SessionRef {
     pub agent_id: String,
     pub session_id: String,
 }
+
+target!(SessionRef: agent_id, session_id);
 
 /// `session.create`, with optional resource limits for the session's
 /// cgroup (refused with `unsupported` where the controller is missing).
@@ -66,6 +71,8 @@ pub struct SessionCreate {
     pub egress: Option<crate::Egress>,
 }
 
+target!(SessionCreate: agent_id, session_id);
+
 impl SessionCreate {
     /// A session without limits of its own.
     pub fn new(agent_id: impl Into<String>, session_id: impl Into<String>) -> Self {
@@ -93,6 +100,8 @@ pub struct SessionRollback {
     #[serde(default)]
     pub kill_processes: Option<bool>,
 }
+
+target!(SessionRollback: agent_id, session_id, checkpoint_id);
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct SessionInfo {

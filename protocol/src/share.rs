@@ -9,6 +9,7 @@
 //! caller is the run whose guest socket the request came through, never a
 //! field of the request. docs/share.md describes it.
 
+use crate::target::target;
 use crate::{Bytes, FsData};
 use serde::{Deserialize, Serialize};
 
@@ -106,6 +107,8 @@ pub struct ShareList {
     pub agent_id: Option<String>,
 }
 
+target!(ShareList: agent_id);
+
 /// The answer to `share.list`: the sessions that share now, and the
 /// agents whose settings are not the defaults.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
@@ -130,6 +133,8 @@ pub struct ShareAgentSet {
     pub default_permission: Option<SharePermission>,
 }
 
+target!(ShareAgentSet: agent_id);
+
 /// `share.session.set`: turns a session's sharing on (with a scope and a
 /// permission) or off, from the host.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
@@ -145,6 +150,8 @@ pub struct ShareSessionSet {
     #[serde(default)]
     pub permission: Option<SharePermission>,
 }
+
+target!(ShareSessionSet: agent_id, session_id);
 
 // ---- The guest routes' JSON (through `plugin.call`) ----
 

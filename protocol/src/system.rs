@@ -2,16 +2,21 @@
 //! (`system.info`), its plugins (`plugin.list`), the store's consistency
 //! (`store.check`) and an orderly stop (`system.shutdown`).
 
+use crate::target::target;
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Ping {}
 
+target!(Ping);
+
 /// `system.info`: the machine as the supervisor sees it.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct SystemInfoRequest {}
+
+target!(SystemInfoRequest);
 
 /// `plugin.list`: the plugins loaded, in load order, and the ones
 /// installed (compiled in), enabled or not.
@@ -19,11 +24,15 @@ pub struct SystemInfoRequest {}
 #[serde(deny_unknown_fields)]
 pub struct PluginListRequest {}
 
+target!(PluginListRequest);
+
 /// `store.check`: compare the index with the subvolumes on disk and say
 /// what the journal still holds (read-only).
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct StoreCheckRequest {}
+
+target!(StoreCheckRequest);
 
 /// `system.shutdown`: stop the supervisor in order (refuse new work, kill
 /// every session's processes, flush the store); as the guest's PID 1's
@@ -31,6 +40,8 @@ pub struct StoreCheckRequest {}
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Shutdown {}
+
+target!(Shutdown);
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct Pong {

@@ -1,6 +1,7 @@
 //! Turns of an agent framework and the automatic checkpoints taken at
 //! their end (`turn.begin`, `turn.end`, `policy.set`).
 
+use crate::target::target;
 use serde::{Deserialize, Serialize};
 
 /// How a turn ended.
@@ -23,6 +24,8 @@ pub struct TurnBegin {
     pub turn_id: Option<String>,
 }
 
+target!(TurnBegin: agent_id, session_id);
+
 /// `turn.end`: the turn is over.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -38,6 +41,8 @@ pub struct TurnEnd {
     pub label: Option<String>,
 }
 
+target!(TurnEnd: agent_id, session_id, turn_id);
+
 /// `policy.set`: automatic checkpoints for an agent (default of its
 /// sessions) or one session.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
@@ -51,6 +56,8 @@ pub struct PolicySet {
     #[serde(default)]
     pub keep_last: Option<u32>,
 }
+
+target!(PolicySet: agent_id, session_id);
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct TurnInfo {

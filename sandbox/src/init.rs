@@ -33,6 +33,8 @@
 //!    status pipe; it exits when the namespace is empty.
 #![allow(unsafe_code)]
 
+mod error;
+
 use super::seccomp;
 use super::spec::{
     Bind, ContextSpec, InitStatus, SandboxSpec, TermSize, SESSION_MOUNT, SHARED_MOUNT,
@@ -46,6 +48,8 @@ use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path};
 use std::sync::atomic::{AtomicI32, Ordering};
+
+use error::{BindProblem, InitError, TargetError};
 
 /// The program's PID, for the signal forwarder.
 static CHILD: AtomicI32 = AtomicI32::new(0);
@@ -89,18 +93,21 @@ pub(crate) fn run(spec: SandboxSpec, fds: RunFds, filter: &seccomp::Filters) -> 
     // Nothing of the context (its control socket) stays open here.
     let _ = sys::close_all_above_stdio_but(status.as_fd());
     if let Err(e) = built {
-        report(&mut status, InitStatus::SetupFailed(e));
+        report(&mut status, InitStatus::SetupFailed(e.chain()));
         std::process::exit(1);
     }
     if let Some(size) = spec.pty {
         if let Err(e) = terminal(size, &spec) {
-            report(&mut status, InitStatus::SetupFailed(e));
+            report(&mut status, InitStatus::SetupFailed(e.chain()));
             std::process::exit(1);
         }
     }
     // Exec failures come back on a close-on-exec pipe.
     let Ok((err_r, err_w)) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) else {
-        report(&mut status, InitStatus::SetupFailed("pipe".into()));
+        report(
+            &mut status,
+            InitStatus::SetupFailed(InitError::Pipe.chain()),
+        );
         std::process::exit(1);
     };
     // The signal forwarders are the context's, inherited by the clone.
@@ -114,7 +121,10 @@ pub(crate) fn run(spec: SandboxSpec, fds: RunFds, filter: &seccomp::Filters) -> 
         std::process::exit(errno);
     }
     if pid < 0 {
-        report(&mut status, InitStatus::SetupFailed("fork".into()));
+        report(
+            &mut status,
+            InitStatus::SetupFailed(InitError::Fork.chain()),
+        );
         std::process::exit(1);
     }
     CHILD.store(pid, Ordering::SeqCst);
@@ -134,11 +144,11 @@ pub(crate) fn run(spec: SandboxSpec, fds: RunFds, filter: &seccomp::Filters) -> 
 /// stderr until then, and puts the slave side in their place. The master
 /// is closed here before the program exists: the only process that holds
 /// it is the supervisor.
-fn terminal(size: TermSize, spec: &SandboxSpec) -> Result<(), String> {
+fn terminal(size: TermSize, spec: &SandboxSpec) -> Result<(), InitError> {
     use rustix::pty::OpenptFlags;
     let flags = OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC;
     // The run's devpts instance, not the context's or the host's.
-    let master = sys(
+    let master = tty(
         "open /dev/pts/ptmx",
         rustix::fs::open(
             "/dev/pts/ptmx",
@@ -146,12 +156,12 @@ fn terminal(size: TermSize, spec: &SandboxSpec) -> Result<(), String> {
             rustix::fs::Mode::empty(),
         ),
     )?;
-    sys("unlockpt", rustix::pty::unlockpt(&master))?;
-    let slave = sys(
+    tty("unlockpt", rustix::pty::unlockpt(&master))?;
+    let slave = tty(
         "open the terminal",
         rustix::pty::ioctl_tiocgptpeer(&master, flags),
     )?;
-    sys(
+    tty(
         "chown the terminal",
         rustix::fs::fchown(
             &slave,
@@ -159,7 +169,7 @@ fn terminal(size: TermSize, spec: &SandboxSpec) -> Result<(), String> {
             Some(rustix::fs::Gid::from_raw(spec.gid)),
         ),
     )?;
-    sys(
+    tty(
         "set the terminal's size",
         rustix::termios::tcsetwinsize(
             &slave,
@@ -174,17 +184,42 @@ fn terminal(size: TermSize, spec: &SandboxSpec) -> Result<(), String> {
     // SAFETY: descriptor 0 is the socket `Context::spawn` sent, open for
     // the whole of this call.
     let sock = unsafe { rustix::fd::BorrowedFd::borrow_raw(0) };
-    super::wire::send(sock, b"pty", &[master.as_fd()])
-        .map_err(|e| format!("send the terminal: {e}"))?;
+    tty(
+        "send the terminal",
+        super::wire::send(sock, b"pty", &[master.as_fd()]),
+    )?;
     drop(master);
-    sys("dup2 stdin", rustix::stdio::dup2_stdin(&slave))?;
-    sys("dup2 stdout", rustix::stdio::dup2_stdout(&slave))?;
-    sys("dup2 stderr", rustix::stdio::dup2_stderr(&slave))?;
+    tty("dup2 stdin", rustix::stdio::dup2_stdin(&slave))?;
+    tty("dup2 stdout", rustix::stdio::dup2_stdout(&slave))?;
+    tty("dup2 stderr", rustix::stdio::dup2_stderr(&slave))?;
     Ok(())
 }
 
-fn sys<T>(what: &str, r: rustix::io::Result<T>) -> Result<T, String> {
-    r.map_err(|e| format!("{what}: {e}"))
+/// A step of [`terminal`].
+fn tty<T, E: Into<std::io::Error>>(step: &'static str, r: Result<T, E>) -> Result<T, InitError> {
+    r.map_err(|e| InitError::Terminal {
+        step,
+        source: e.into(),
+    })
+}
+
+/// A mount of the sandbox's own.
+fn mount(what: &'static str, r: rustix::io::Result<()>) -> Result<(), InitError> {
+    r.map_err(|source| InitError::Mount { what, source })
+}
+
+/// A step of the switch to the new root.
+fn switch(step: &'static str, r: rustix::io::Result<()>) -> Result<(), InitError> {
+    r.map_err(|source| InitError::SwitchRoot { step, source })
+}
+
+/// A file operation `op` on `path`.
+fn file<T>(op: &'static str, path: &Path, r: std::io::Result<T>) -> Result<T, InitError> {
+    r.map_err(|source| InitError::File {
+        op,
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// `mount(2)` with string options.
@@ -199,36 +234,37 @@ fn mnt(
     m::mount(src, dst.as_ref(), fstype, flags, Some(data.as_c_str()))
 }
 
-fn mkdir(p: &Path) -> Result<(), String> {
-    match std::fs::create_dir_all(p) {
-        Ok(()) => Ok(()),
-        Err(e) => Err(format!("mkdir {}: {e}", p.display())),
-    }
+fn mkdir(p: &Path) -> Result<(), InitError> {
+    file("mkdir", p, std::fs::create_dir_all(p))
 }
 
-fn bind_ro(src: &Path, dst: &Path) -> Result<(), String> {
-    sys(
-        &format!("bind {}", src.display()),
-        m::mount_bind_recursive(src, dst),
-    )?;
-    sys(
-        &format!("remount {} read-only", dst.display()),
-        m::mount_remount(
-            dst,
-            MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
-            "",
-        ),
-    )?;
+fn bind_ro(src: &Path, dst: &Path) -> Result<(), InitError> {
+    m::mount_bind_recursive(src, dst).map_err(|source| InitError::BindMount {
+        src: src.to_path_buf(),
+        source,
+    })?;
+    m::mount_remount(
+        dst,
+        MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
+        "",
+    )
+    .map_err(|source| InitError::RemountReadOnly {
+        dst: dst.to_path_buf(),
+        source,
+    })?;
     // Mounts nested below it too (one remount covers only the top).
     set_attr_recursive(dst)
 }
 
 /// Read-only, nosuid, nodev on the whole tree at `dst`.
-fn set_attr_recursive(dst: &Path) -> Result<(), String> {
+fn set_attr_recursive(dst: &Path) -> Result<(), InitError> {
     match sys::set_tree_read_only(dst) {
         // Kernels before 5.12 lack it: the top mount is read-only anyway.
         Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => Ok(()),
-        Err(e) => Err(format!("mount_setattr {}: {e}", dst.display())),
+        Err(source) => Err(InitError::ReadOnlyTree {
+            dst: dst.to_path_buf(),
+            source,
+        }),
         Ok(()) => Ok(()),
     }
 }
@@ -236,30 +272,32 @@ fn set_attr_recursive(dst: &Path) -> Result<(), String> {
 /// Attaches the detached mount `tree` at `dst`, then gives it the flags of
 /// a bind made by `mount(2)` and remounted: nosuid, nodev, read-only
 /// unless `writable`.
-fn attach(tree: OwnedFd, dst: &str, writable: bool) -> Result<(), String> {
-    sys(
-        &format!("attach {dst}"),
-        m::move_mount(
-            tree.as_fd(),
-            "",
-            rustix::fs::CWD,
-            dst,
-            m::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-        ),
-    )?;
+fn attach(tree: OwnedFd, dst: &str, writable: bool) -> Result<(), InitError> {
+    m::move_mount(
+        tree.as_fd(),
+        "",
+        rustix::fs::CWD,
+        dst,
+        m::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(|source| InitError::Attach {
+        dst: dst.into(),
+        source,
+    })?;
     let ro = if writable {
         MountFlags::empty()
     } else {
         MountFlags::RDONLY
     };
-    sys(
-        &format!("remount {dst}"),
-        m::mount_remount(
-            dst,
-            MountFlags::BIND | ro | MountFlags::NOSUID | MountFlags::NODEV,
-            "",
-        ),
+    m::mount_remount(
+        dst,
+        MountFlags::BIND | ro | MountFlags::NOSUID | MountFlags::NODEV,
+        "",
     )
+    .map_err(|source| InitError::Remount {
+        dst: dst.into(),
+        source,
+    })
 }
 
 /// Options of the root tmpfs, at its mount and at each remount.
@@ -268,8 +306,8 @@ const DEV_DATA: &str = "mode=0755,size=64k";
 
 /// The session's part of the sandbox, in the context's own mount
 /// namespace; ends with the context in the new root.
-pub(crate) fn build_context_root(spec: &ContextSpec) -> Result<(), String> {
-    sys(
+pub(crate) fn build_context_root(spec: &ContextSpec) -> Result<(), InitError> {
+    mount(
         "make mounts private",
         m::mount_change(
             "/",
@@ -277,7 +315,7 @@ pub(crate) fn build_context_root(spec: &ContextSpec) -> Result<(), String> {
         ),
     )?;
     let root = &spec.stage;
-    sys(
+    mount(
         "mount root tmpfs",
         mnt(
             "tmpfs",
@@ -292,9 +330,8 @@ pub(crate) fn build_context_root(spec: &ContextSpec) -> Result<(), String> {
         let dst = inside(&dir.to_string_lossy());
         match std::fs::symlink_metadata(dir) {
             Ok(md) if md.file_type().is_symlink() => {
-                let target = std::fs::read_link(dir).map_err(|e| format!("readlink: {e}"))?;
-                std::os::unix::fs::symlink(target, &dst)
-                    .map_err(|e| format!("symlink {}: {e}", dst.display()))?;
+                let target = std::fs::read_link(dir).map_err(InitError::Readlink)?;
+                file("symlink", &dst, std::os::unix::fs::symlink(target, &dst))?;
             }
             Ok(md) if md.is_dir() => {
                 mkdir(&dst)?;
@@ -311,7 +348,7 @@ pub(crate) fn build_context_root(spec: &ContextSpec) -> Result<(), String> {
     // A minimal /dev.
     let dev = inside("/dev");
     mkdir(&dev)?;
-    sys(
+    mount(
         "mount /dev tmpfs",
         mnt(
             "tmpfs",
@@ -323,11 +360,9 @@ pub(crate) fn build_context_root(spec: &ContextSpec) -> Result<(), String> {
     )?;
     for node in ["null", "zero", "full", "random", "urandom", "tty"] {
         let dst = dev.join(node);
-        std::fs::File::create(&dst).map_err(|e| format!("create {}: {e}", dst.display()))?;
-        sys(
-            &format!("bind /dev/{node}"),
-            m::mount_bind(Path::new("/dev").join(node), &dst),
-        )?;
+        file("create", &dst, std::fs::File::create(&dst))?;
+        let src = Path::new("/dev").join(node);
+        m::mount_bind(&src, &dst).map_err(|source| InitError::BindMount { src, source })?;
     }
     mkdir(&dev.join("pts"))?;
     mkdir(&dev.join("shm"))?;
@@ -338,10 +373,10 @@ pub(crate) fn build_context_root(spec: &ContextSpec) -> Result<(), String> {
         ("stdout", "/proc/self/fd/1"),
         ("stderr", "/proc/self/fd/2"),
     ] {
-        std::os::unix::fs::symlink(target, dev.join(link))
-            .map_err(|e| format!("symlink /dev/{link}: {e}"))?;
+        let made = std::os::unix::fs::symlink(target, dev.join(link));
+        file("symlink", &Path::new("/dev").join(link), made)?;
     }
-    sys(
+    mount(
         "remount /dev read-only",
         m::mount_remount(
             &dev,
@@ -352,16 +387,21 @@ pub(crate) fn build_context_root(spec: &ContextSpec) -> Result<(), String> {
     // What every run of the session sees besides the system: links, then
     // read-only binds, with their parents made on the root tmpfs.
     for (path, target) in &spec.links {
-        check_dst(path).map_err(|why| format!("link {path:?}: {why}"))?;
+        check_dst(path).map_err(|why| InitError::Link {
+            dst: path.clone(),
+            why,
+        })?;
         let p = inside(path);
         if let Some(parent) = p.parent() {
             mkdir(parent)?;
         }
-        std::os::unix::fs::symlink(target, &p)
-            .map_err(|e| format!("symlink {}: {e}", p.display()))?;
+        file("symlink", &p, std::os::unix::fs::symlink(target, &p))?;
     }
     for b in &spec.binds {
-        check_dst(&b.dst).map_err(|why| format!("bind {:?}: {why}", b.dst))?;
+        check_dst(&b.dst).map_err(|why| InitError::Bind {
+            dst: b.dst.clone(),
+            why: why.into(),
+        })?;
         let dst = inside(&b.dst);
         if let Some(parent) = dst.parent() {
             mkdir(parent)?;
@@ -371,21 +411,18 @@ pub(crate) fn build_context_root(spec: &ContextSpec) -> Result<(), String> {
         } else {
             std::fs::File::create(&dst).map(drop)
         };
-        made.map_err(|e| format!("create {}: {e}", dst.display()))?;
+        file("create", &dst, made)?;
         bind_ro(&b.src, &dst)?;
     }
     // Switch roots and drop the old one.
-    sys("chdir new root", rustix::process::chdir(root))?;
-    sys("pivot_root", rustix::process::pivot_root(".", "."))?;
-    sys("detach old root", m::unmount(".", UnmountFlags::DETACH))?;
-    sys("chdir /", rustix::process::chdir("/"))?;
+    switch("chdir new root", rustix::process::chdir(root))?;
+    switch("pivot_root", rustix::process::pivot_root(".", "."))?;
+    switch("detach old root", m::unmount(".", UnmountFlags::DETACH))?;
+    switch("chdir /", rustix::process::chdir("/"))?;
     root_writable(false)?;
-    sys(
-        "sethostname",
-        rustix::system::sethostname(spec.hostname.as_bytes()),
-    )?;
+    rustix::system::sethostname(spec.hostname.as_bytes()).map_err(InitError::Hostname)?;
     if spec.isolate_network {
-        sys::loopback_up().map_err(|e| format!("bring up lo: {e}"))?;
+        sys::loopback_up().map_err(InitError::Loopback)?;
     }
     Ok(())
 }
@@ -395,7 +432,7 @@ pub(crate) fn build_context_root(spec: &ContextSpec) -> Result<(), String> {
 /// mounted beside the root's contents for the moment, then detached: the
 /// binds keep it. A file the host's `/etc` lacks (or has as anything but a
 /// regular file) is left out; so is all of it if `/etc` is not bound.
-fn bind_users(root: &Path, etc: &Path, uid: u32, gid: u32) -> Result<(), String> {
+fn bind_users(root: &Path, etc: &Path, uid: u32, gid: u32) -> Result<(), InitError> {
     let regular = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|md| md.is_file());
     if !std::fs::symlink_metadata(etc).is_ok_and(|md| md.is_dir()) {
         return Ok(());
@@ -406,7 +443,7 @@ fn bind_users(root: &Path, etc: &Path, uid: u32, gid: u32) -> Result<(), String>
         .flatten();
     let staging = root.join(".users");
     mkdir(&staging)?;
-    sys(
+    mount(
         "mount the user database's tmpfs",
         mnt(
             "tmpfs",
@@ -421,30 +458,29 @@ fn bind_users(root: &Path, etc: &Path, uid: u32, gid: u32) -> Result<(), String>
         if !regular(&dst) {
             continue;
         }
-        std::fs::write(&src, text)
-            .and_then(|()| {
-                std::fs::set_permissions(&src, std::os::unix::fs::PermissionsExt::from_mode(0o644))
-            })
-            .map_err(|e| format!("write {}: {e}", src.display()))?;
+        let written = std::fs::write(&src, text).and_then(|()| {
+            std::fs::set_permissions(&src, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        });
+        file("write", &src, written)?;
         bind_ro(&src, &dst)?;
     }
-    sys(
+    mount(
         "detach the user database's tmpfs",
         m::unmount(&staging, UnmountFlags::DETACH),
     )?;
-    std::fs::remove_dir(&staging).map_err(|e| format!("rmdir {}: {e}", staging.display()))
+    file("rmdir", &staging, std::fs::remove_dir(&staging))
 }
 
 /// Remounts the root tmpfs (its super block and the context's mount of
 /// it) read-write or read-only. Runs already made keep their own,
 /// read-only, mounts of it whatever this does.
-fn root_writable(writable: bool) -> Result<(), String> {
+fn root_writable(writable: bool) -> Result<(), InitError> {
     let ro = if writable {
         MountFlags::empty()
     } else {
         MountFlags::RDONLY
     };
-    sys(
+    mount(
         if writable {
             "remount / read-write"
         } else {
@@ -458,17 +494,17 @@ fn root_writable(writable: bool) -> Result<(), String> {
 const RESERVED: [&str; 5] = ["/proc", "/dev", "/tmp", SESSION_MOUNT, SHARED_MOUNT];
 
 /// Whether `dst` may be where a bind or link goes inside the sandbox.
-fn check_dst(dst: &str) -> Result<(), &'static str> {
+fn check_dst(dst: &str) -> Result<(), TargetError> {
     let p = Path::new(dst);
     if !p.is_absolute()
         || p.components()
             .any(|c| !matches!(c, Component::RootDir | Component::Normal(_)))
         || dst.ends_with('/')
     {
-        return Err("must be an absolute path without . or .. or a trailing /");
+        return Err(TargetError::NotNormal);
     }
     if p == Path::new("/") || RESERVED.iter().any(|r| p.starts_with(r)) {
-        return Err("/, /proc, /dev, /tmp and the workspace are the sandbox's own");
+        return Err(TargetError::Reserved);
     }
     Ok(())
 }
@@ -477,21 +513,22 @@ fn check_dst(dst: &str) -> Result<(), &'static str> {
 /// (with its parents) on the root tmpfs, created if missing. `trees` are
 /// the binds' detached mounts (a file is bound on a file, anything else on
 /// a directory). Never through a symlink or onto another file system.
-pub(crate) fn prepare_binds(binds: &[Bind], trees: &[OwnedFd]) -> Result<(), String> {
+pub(crate) fn prepare_binds(binds: &[Bind], trees: &[OwnedFd]) -> Result<(), InitError> {
     if binds.is_empty() {
         return Ok(());
     }
-    let root_dev = std::fs::symlink_metadata("/")
-        .map_err(|e| format!("stat /: {e}"))?
-        .dev();
+    let root_dev = file("stat", Path::new("/"), std::fs::symlink_metadata("/"))?.dev();
     let mut missing: Vec<(std::path::PathBuf, bool)> = Vec::new();
     for (b, tree) in binds.iter().zip(trees) {
-        let bad = |why: &str| format!("bind {:?}: {why}", b.dst);
-        check_dst(&b.dst).map_err(bad)?;
+        let bad = |why: BindProblem| InitError::Bind {
+            dst: b.dst.clone(),
+            why,
+        };
+        check_dst(&b.dst).map_err(|e| bad(e.into()))?;
         let dst = Path::new(&b.dst);
         let is_file = rustix::fs::fstat(tree)
             .map(|st| !rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir())
-            .map_err(|e| bad(&format!("stat the source: {e}")))?;
+            .map_err(|e| bad(BindProblem::StatSource(e.into())))?;
         let mut p = std::path::PathBuf::from("/");
         let parts: Vec<_> = dst.components().skip(1).collect();
         for (i, c) in parts.iter().enumerate() {
@@ -499,18 +536,13 @@ pub(crate) fn prepare_binds(binds: &[Bind], trees: &[OwnedFd]) -> Result<(), Str
             let last = i + 1 == parts.len();
             match std::fs::symlink_metadata(&p) {
                 Ok(md) if md.file_type().is_symlink() || md.dev() != root_dev => {
-                    return Err(bad(&format!(
-                        "{} is a symlink or another file system",
-                        p.display()
-                    )));
+                    return Err(bad(BindProblem::NotOnRoot(p)));
                 }
                 Ok(md) if !last && !md.is_dir() => {
-                    return Err(bad(&format!("{} is not a directory", p.display())));
+                    return Err(bad(BindProblem::NotDirectory(p)));
                 }
                 Ok(md) if last && md.is_dir() == is_file => {
-                    return Err(bad(
-                        "a file must be bound on a file, a directory on a directory",
-                    ));
+                    return Err(bad(BindProblem::KindMismatch));
                 }
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -518,7 +550,7 @@ pub(crate) fn prepare_binds(binds: &[Bind], trees: &[OwnedFd]) -> Result<(), Str
                         missing.push((p.clone(), last && is_file));
                     }
                 }
-                Err(e) => return Err(bad(&format!("stat {}: {e}", p.display()))),
+                Err(source) => return Err(bad(BindProblem::Stat { path: p, source })),
             }
         }
     }
@@ -526,13 +558,13 @@ pub(crate) fn prepare_binds(binds: &[Bind], trees: &[OwnedFd]) -> Result<(), Str
         return Ok(());
     }
     root_writable(true)?;
-    let made = missing.iter().try_for_each(|(p, file)| {
-        let r = if *file {
+    let made = missing.iter().try_for_each(|(p, is_file)| {
+        let r = if *is_file {
             std::fs::File::create(p).map(drop)
         } else {
             std::fs::create_dir(p)
         };
-        r.map_err(|e| format!("create {}: {e}", p.display()))
+        file("create", p, r)
     });
     root_writable(false)?;
     made
@@ -545,9 +577,9 @@ fn build_run_mounts(
     session: OwnedFd,
     shared: OwnedFd,
     binds: Vec<OwnedFd>,
-) -> Result<(), String> {
+) -> Result<(), InitError> {
     // /proc of the new PID namespace.
-    sys(
+    mount(
         "mount proc",
         mnt(
             "proc",
@@ -557,7 +589,7 @@ fn build_run_mounts(
             "",
         ),
     )?;
-    sys(
+    mount(
         "mount devpts",
         mnt(
             "devpts",
@@ -567,7 +599,7 @@ fn build_run_mounts(
             "newinstance,ptmxmode=0666,mode=0620",
         ),
     )?;
-    sys(
+    mount(
         "mount /dev/shm",
         mnt(
             "tmpfs",
@@ -577,7 +609,7 @@ fn build_run_mounts(
             "mode=1777,size=64m",
         ),
     )?;
-    sys(
+    mount(
         "mount /tmp",
         mnt(
             "tmpfs",

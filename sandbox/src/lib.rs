@@ -85,12 +85,17 @@ impl SandboxError {
     /// The message with its sources, for a process that has no other way
     /// to report it (the context answering the supervisor).
     pub fn chain(&self) -> String {
-        let mut s = self.to_string();
-        let mut src = std::error::Error::source(self);
-        while let Some(e) = src {
-            s.push_str(&format!(": {e}"));
-            src = e.source();
-        }
-        s
+        chain(self)
     }
+}
+
+/// An error's message followed by its sources', each after `: `.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(e) = src {
+        s.push_str(&format!(": {e}"));
+        src = e.source();
+    }
+    s
 }

@@ -51,7 +51,7 @@ pub fn run() -> ! {
         Err(e) => fail(&sock, e.to_string()),
     };
     if let Err(e) = init::build_context_root(&spec) {
-        fail(&sock, e);
+        fail(&sock, e.chain());
     }
     // Each run's PID 1 inherits them (a few dozen system calls less per
     // run); here they pass signals to no one, so only SIGKILL or the end
@@ -122,7 +122,7 @@ fn serve(
     let binds = fds.split_off(RUN_FDS);
     let [stdin, stdout, stderr, status, cgroup, session, shared]: [OwnedFd; RUN_FDS] =
         fds.try_into().map_err(|_| "descriptors".to_string())?;
-    init::prepare_binds(&spec.binds, &binds)?;
+    init::prepare_binds(&spec.binds, &binds).map_err(|e| e.chain())?;
     match spawn::clone_run(cgroup.as_fd()) {
         Ok(Forked::Child) => {
             drop(cgroup);

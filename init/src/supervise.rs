@@ -150,7 +150,7 @@ pub struct SuperviseArgs {
     #[arg(long)]
     pub no_run_usage: bool,
     /// Most process events kept in state/events.redb; the oldest go first.
-    #[arg(long, default_value_t = allox_supervisor::tracker::DEFAULT_MAX_EVENTS)]
+    #[arg(long, default_value_t = allox_supervisor::plugins::process_tree::tracker::DEFAULT_MAX_EVENTS)]
     pub process_events_max: u64,
     /// With `--plugin network`: hosts sessions may reach through the proxy
     /// (repeatable; `name`, `*.domain`, address or network, each with an
@@ -371,7 +371,7 @@ impl SuperviseArgs {
                 plugins: PluginsConfig {
                     enabled,
                     process_events_max: self.process_events_max,
-                    monitor: allox_supervisor::plugins::MonitorSettings {
+                    monitor: allox_supervisor::plugin_api::MonitorSettings {
                         root: self.monitor_root,
                         records_max: self.monitor_records_max,
                         session_bytes: self.monitor_session_bytes,
@@ -383,7 +383,7 @@ impl SuperviseArgs {
                         file_bytes: self.audit_file_bytes,
                         lines_per_s: self.audit_lines_per_s,
                     },
-                    network: allox_supervisor::plugins::NetworkSettings {
+                    network: allox_supervisor::plugin_api::NetworkSettings {
                         // No rule: the daemon does not narrow (and with no
                         // allow list at any level, nothing is open).
                         allow: (!self.network_allow.is_empty()).then_some(self.network_allow),

@@ -3,7 +3,9 @@
 
 pub mod policy;
 
-pub use policy::{special, Host, Layer, Policy, Rule, RuleError, Verdict};
+pub use policy::{
+    check_egress, special, EgressError, Host, Layer, Policy, Rule, RuleError, Verdict,
+};
 pub mod broker;
 pub mod diag;
 pub mod http;

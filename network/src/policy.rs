@@ -347,6 +347,30 @@ pub struct Layer {
     deny: Vec<Rule>,
 }
 
+/// A rule of an egress request that does not read, and the list it is in.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("egress {list} list: {source}")]
+pub struct EgressError {
+    pub list: &'static str,
+    #[source]
+    pub source: RuleError,
+}
+
+/// Reads every rule of an egress request's `allow` and `deny` lists before
+/// anything is made; the first that does not read is the error.
+pub fn check_egress<S: AsRef<str>>(allow: Option<&[S]>, deny: &[S]) -> Result<(), EgressError> {
+    let none: &[S] = &[];
+    Layer::new("check", allow, none).map_err(|source| EgressError {
+        list: "allow",
+        source,
+    })?;
+    Layer::new("check", None, deny).map_err(|source| EgressError {
+        list: "deny",
+        source,
+    })?;
+    Ok(())
+}
+
 impl Layer {
     /// The rules as written: `allow` `None` does not narrow.
     pub fn new<S: AsRef<str>>(

@@ -2,7 +2,9 @@
 
 use crate::guest::{GuestRoutes, GuestService};
 use crate::peer::PeerPolicy;
-use crate::plugins::{self, PluginError, Plugins, Settings};
+use crate::plugin_api::Settings;
+use crate::plugin_host::{PluginHostError, Plugins};
+use crate::plugins;
 use crate::runs::{RunError, Runs, RunsConfig};
 use crate::server::{serve_unix, Limits};
 use crate::supervisor::{Policy, Supervisor};
@@ -11,11 +13,6 @@ use allox_store::{Store, StoreError, StoreOptions};
 use std::path::PathBuf;
 use std::sync::Arc;
 use thiserror::Error;
-
-/// Threads of the daemon's blocking pool, which answers control and guest
-/// requests; guest requests take at most half (`GUEST_IN_FLIGHT` of the
-/// guest interface).
-pub const BLOCKING_THREADS: usize = 32;
 
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
@@ -42,9 +39,9 @@ pub struct PluginsConfig {
     /// `--process-events-max`.
     pub process_events_max: u64,
     /// `--monitor-root`, `--monitor-records-max`.
-    pub monitor: crate::plugins::MonitorSettings,
+    pub monitor: crate::plugin_api::MonitorSettings,
     /// `--network-allow`, `--network-deny`, `--network-resolver`.
-    pub network: crate::plugins::NetworkSettings,
+    pub network: crate::plugin_api::NetworkSettings,
     /// `--audit-file-bytes`, `--audit-lines-per-s`: the audit log's and
     /// the plugins' audit files'.
     pub audit: allox_store::audit::AuditBounds,
@@ -69,7 +66,7 @@ pub enum DaemonError {
     #[error("cannot start the async runtime")]
     Runtime(#[source] std::io::Error),
     #[error(transparent)]
-    Plugins(#[from] PluginError),
+    Plugins(#[from] PluginHostError),
 }
 
 /// Why the daemon stopped.
@@ -104,6 +101,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     let plugins = Arc::new(Plugins::load(
         plugins::installed(),
         &cfg.plugins.enabled,
+        allox_protocol::Request::ROUTES,
         &system_dirs,
         failpoints,
     )?);
@@ -151,7 +149,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     });
     // What uploads an earlier daemon did not finish left beside their
     // targets.
-    sup.sweep_uploads();
+    sup.files().sweep_uploads();
     // The guest interface: a listener per run, in a directory of its own
     // beside the control socket.
     let guest = match &sup.runs {
@@ -173,7 +171,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
-        .max_blocking_threads(BLOCKING_THREADS)
+        .max_blocking_threads(crate::supervisor::BLOCKING_THREADS)
         .enable_all()
         .thread_name("allox-io")
         .build()
@@ -279,7 +277,7 @@ async fn abandon_idle_uploads(sup: Arc<Supervisor>) {
             continue;
         }
         let s = sup.clone();
-        let _ = tokio::task::spawn_blocking(move || s.abandon_idle_uploads()).await;
+        let _ = tokio::task::spawn_blocking(move || s.files().abandon_idle_uploads()).await;
     }
 }
 

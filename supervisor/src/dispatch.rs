@@ -1,43 +1,41 @@
-//! From a decoded request to its answer: one arm per action, calling the
-//! store, the runs and the plugins (the process tracker's routes). Admission and the audit record
-//! are the [`Supervisor`]'s.
+//! From a decoded request to its answer: one arm per action the core
+//! serves, calling the store, the runs and the files; a plugin's action
+//! goes to its plugin. Which path a request takes is the protocol's
+//! request table's to say (`Request::route`); admission and the audit
+//! record are the [`Supervisor`]'s.
 
 use crate::error::RequestError;
-use crate::plugins::RouteContext;
+use crate::plugin_api::{RouteContext, SessionNetwork};
+use crate::plugins::network as network_plugin;
 use crate::runs::{EventSink, FenceScope, RunError, SessionPaths};
 use crate::supervisor::Supervisor;
 use allox_protocol::{
-    AgentListing, Killed, Pong, Request, Response, SessionListing, SessionRollback,
-    PROTOCOL_VERSION,
+    AgentListing, Egress, Killed, NetworkMode, Pong, Request, Response, Route, SessionListing,
+    SessionRollback, PROTOCOL_VERSION,
 };
 use allox_store::StoreError;
 
 impl Supervisor {
-    pub(crate) async fn answer_process(
+    /// Answers a request on the I/O task: the table routes here a
+    /// plugin's actions and the core's runs, waits and streams
+    /// (`Route::CoreAsync`). A request of `Route::Core` is answered too,
+    /// in place.
+    pub(crate) async fn answer_async(
         &self,
         req: &Request,
         events: Option<EventSink>,
     ) -> Result<Response, RequestError> {
-        // The plugins' routes (the process tracker's, the network's).
-        if let Request::ProcessEvents(_)
-        | Request::ProcessTree(_)
-        | Request::NetworkPolicySet(_)
-        | Request::NetworkPolicyGet(_)
-        | Request::NetworkAudit(_)
-        | Request::ShareList(_)
-        | Request::ShareAgentSet(_)
-        | Request::ShareSessionSet(_)
-        | Request::MonitorIngest(_)
-        | Request::MonitorRecords(_)
-        | Request::MonitorSummary(_)
-        | Request::MonitorTimeline(_) = req
-        {
-            let ctx = RouteContext {
-                store: &self.store,
-                core: self,
-                events,
-            };
-            return self.plugins.serve(req, ctx).await;
+        match req.route() {
+            Route::Plugin(_) => {
+                let ctx = RouteContext {
+                    store: &self.store,
+                    core: self,
+                    events,
+                };
+                return Ok(self.plugins.serve(req, ctx).await?);
+            }
+            Route::Core => return self.answer(req),
+            Route::CoreAsync => {}
         }
         // A few small cgroup files: read on the I/O task, without the
         // blocking pool's hop.
@@ -48,7 +46,7 @@ impl Supervisor {
             )));
         }
         if let Request::FsWatch(r) = req {
-            return self.fs_watch(r, events).await;
+            return Ok(self.files().watch(r, events).await?);
         }
         let runs = self.runs()?;
         let session = |a: &str, s: &str| self.store.session_info_of(a, s);
@@ -106,8 +104,57 @@ impl Supervisor {
                 let logs = runs.logs(p, events.filter(|_| p.follow)).await?;
                 Ok(Response::Logs(Box::new(logs)))
             }
-            _ => Err(RequestError::NotProcess),
+            _ => Err(RequestError::Misrouted {
+                action: req.action(),
+                route: req.route(),
+            }),
         }
+    }
+
+    /// Checks what an `agent.create` or `session.create` asks of the
+    /// network, before anything is made.
+    pub(crate) fn check_network(
+        &self,
+        mode: Option<NetworkMode>,
+        egress: Option<&Egress>,
+    ) -> Result<(), RequestError> {
+        if mode == Some(NetworkMode::Proxy) && !self.plugins.has(network_plugin::NAME) {
+            return Err(RequestError::NetworkNeedsPlugin(NetworkMode::Proxy));
+        }
+        if let Some(e) = egress {
+            allox_network::check_egress(e.allow.as_deref(), &e.deny)?;
+        }
+        Ok(())
+    }
+
+    /// The mode a new session of agent `a` gets when it asks for `asked`.
+    pub(crate) fn resolve_mode(
+        &self,
+        a: &str,
+        asked: Option<NetworkMode>,
+    ) -> Result<NetworkMode, RequestError> {
+        let mode = match asked {
+            Some(m) => m,
+            None => self
+                .store
+                .network_of(a, None)?
+                .mode
+                .unwrap_or(self.network_default),
+        };
+        self.check_network(Some(mode), None)?;
+        Ok(mode)
+    }
+
+    /// Session `a/s`'s network, as a start needs it.
+    pub(crate) fn session_network(&self, a: &str, s: &str) -> Result<SessionNetwork, RequestError> {
+        let agent = self.store.network_of(a, None)?;
+        let session = self.store.network_of(a, Some(s))?;
+        Ok(SessionNetwork {
+            // A session made before modes were recorded has the daemon's.
+            mode: session.mode.unwrap_or(self.network_default),
+            agent: agent.egress,
+            session: session.egress,
+        })
     }
 
     pub(crate) fn answer(&self, req: &Request) -> Result<Response, RequestError> {
@@ -301,35 +348,13 @@ impl Supervisor {
                 let _ = self.rollbacks.send((a.clone(), s.clone()));
                 Response::RolledBack(done)
             }
-            Request::ProcessStart(_)
-            | Request::ProcessWait(_)
-            | Request::ProcessKill(_)
-            | Request::ProcessList(_)
-            | Request::ProcessStdin(_)
-            | Request::ProcessResize(_)
-            | Request::ProcessAttach(_)
-            | Request::ProcessLogs(_)
-            | Request::ProcessEvents(_)
-            | Request::ProcessTree(_)
-            | Request::NetworkPolicySet(_)
-            | Request::NetworkPolicyGet(_)
-            | Request::NetworkAudit(_)
-            | Request::ShareList(_)
-            | Request::ShareAgentSet(_)
-            | Request::ShareSessionSet(_)
-            | Request::MonitorIngest(_)
-            | Request::MonitorRecords(_)
-            | Request::MonitorSummary(_)
-            | Request::MonitorTimeline(_)
-            | Request::SessionStats(_)
-            | Request::FsWatch(_) => return Err(RequestError::Asynchronous),
             Request::FsStat(_)
             | Request::FsList(_)
             | Request::FsRead(_)
             | Request::FsWrite(_)
             | Request::FsMkdir(_)
             | Request::FsRemove(_)
-            | Request::FsMove(_) => return self.answer_files(req),
+            | Request::FsMove(_) => return Ok(self.files().answer(req)?),
             Request::SessionUpdate(r) => {
                 let (a, s) = (&r.agent_id, &r.session_id);
                 st.session_info_of(a, s)?;
@@ -357,6 +382,13 @@ impl Supervisor {
                         .read(r.after_seq, r.before_seq, limit)
                         .map_err(StoreError::from)?,
                 )
+            }
+            // The table gives these to the I/O task (`answer_async`).
+            _ => {
+                return Err(RequestError::Misrouted {
+                    action: req.action(),
+                    route: req.route(),
+                })
             }
         })
     }

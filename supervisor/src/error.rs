@@ -1,14 +1,15 @@
 //! Why a request failed, mapped once to what the client sees.
 
-use crate::plugins::PluginError;
+use crate::files::FilesError;
+use crate::plugin_api::PluginError;
+use crate::plugin_host::PluginHostError;
 use crate::runs::RunError;
-use crate::tracker::TrackerError;
-use allox_protocol::{ErrorBody, ErrorCode};
+use allox_protocol::{ErrorBody, ErrorCode, Route};
 use allox_store::StoreError;
 use thiserror::Error;
 
-/// Why a request failed: the store's, the runs', the tracker's error, or
-/// the dispatch's own.
+/// Why a request failed: the store's, the runs', the plugins', the file
+/// API's error, or the dispatch's own.
 #[derive(Debug, Error)]
 pub enum RequestError {
     #[error(transparent)]
@@ -16,35 +17,40 @@ pub enum RequestError {
     #[error(transparent)]
     Runs(#[from] RunError),
     #[error(transparent)]
-    Tracker(#[from] TrackerError),
+    Plugin(#[from] PluginHostError),
     #[error(transparent)]
-    Plugin(#[from] PluginError),
-    #[error(transparent)]
-    Files(crate::files::FilesError),
+    Files(FilesError),
     #[error("{action} refused: {why}")]
     Refused { action: &'static str, why: String },
     #[error(
         "{action} failed: the supervisor hit a bug ({why}); the operation was undone or finished, as store.check shows"
     )]
     Panicked { action: &'static str, why: String },
-    #[error(
-        "follow streams events, which only the binary protocol carries; page with cursor instead"
-    )]
-    FollowNeedsStream,
-    #[error("subscriber gone")]
-    SubscriberGone,
-    #[error("process actions are answered asynchronously")]
-    Asynchronous,
-    #[error("not a process request")]
-    NotProcess,
+    /// A request reached the path the request table does not give it (a
+    /// bug of the caller in the supervisor).
+    #[error("{action} is served as {route:?} by the request table, not here")]
+    Misrouted { action: &'static str, route: Route },
     #[error("network mode {0} needs the network plugin: start the daemon with --plugin network")]
     NetworkNeedsPlugin(allox_protocol::NetworkMode),
-    #[error("egress {list} list: {source}")]
-    EgressRule {
-        list: &'static str,
-        #[source]
-        source: allox_network::RuleError,
-    },
+    #[error(transparent)]
+    Egress(#[from] allox_network::EgressError),
+}
+
+impl From<PluginError> for RequestError {
+    fn from(e: PluginError) -> RequestError {
+        RequestError::Plugin(PluginHostError::Plugin(e))
+    }
+}
+
+impl From<FilesError> for RequestError {
+    fn from(e: FilesError) -> RequestError {
+        match e {
+            // Errors of the store and the runs keep their own words.
+            FilesError::Store(e) => RequestError::Store(e),
+            FilesError::Runs(e) => RequestError::Runs(e),
+            e => RequestError::Files(e),
+        }
+    }
 }
 
 impl RequestError {
@@ -52,16 +58,12 @@ impl RequestError {
         match self {
             RequestError::Store(e) => e.code(),
             RequestError::Runs(e) => e.code(),
-            RequestError::Tracker(e) => e.code(),
             RequestError::Plugin(e) => e.code(),
             RequestError::Files(e) => e.code(),
-            RequestError::Refused { .. } | RequestError::SubscriberGone => ErrorCode::Unavailable,
-            RequestError::FollowNeedsStream | RequestError::EgressRule { .. } => {
-                ErrorCode::InvalidRequest
-            }
+            RequestError::Refused { .. } => ErrorCode::Unavailable,
+            RequestError::Egress(_) => ErrorCode::InvalidRequest,
             RequestError::NetworkNeedsPlugin(_) => ErrorCode::Unsupported,
-            RequestError::Asynchronous => ErrorCode::Unsupported,
-            RequestError::Panicked { .. } | RequestError::NotProcess => ErrorCode::Internal,
+            RequestError::Panicked { .. } | RequestError::Misrouted { .. } => ErrorCode::Internal,
         }
     }
 
@@ -75,6 +77,7 @@ impl RequestError {
         match self {
             // The store words a full disk its own way.
             RequestError::Store(e) => e.to_body(),
+            RequestError::Plugin(e) => e.to_body(),
             _ => ErrorBody::new(self.code(), self.chain()),
         }
     }

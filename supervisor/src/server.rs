@@ -23,7 +23,7 @@ use crate::peer::{Peer, PeerPolicy, Refusals};
 use crate::supervisor::Supervisor;
 use allox_protocol::{
     decode, encode, ClientFrame, ErrorBody, ErrorCode, Event, EventEnvelope, FrameReader, Hello,
-    OnDisconnect, Outcome, Request, ResponseEnvelope, ServerFrame, PROTOCOL_VERSION,
+    OnDisconnect, Outcome, Request, ResponseEnvelope, Route, ServerFrame, PROTOCOL_VERSION,
 };
 use outbox::Outbox;
 use registry::{Registered, Registry};
@@ -548,7 +548,7 @@ impl RequestCtx {
 
     /// Answers one request (off the reader's task).
     async fn run(mut self, id: u64, req: Request) {
-        if !Supervisor::is_process_request(&req) {
+        if req.route() == Route::Core {
             // Held until the answer is queued: a client that does not read
             // stops new answers from being made, not only from being sent.
             let Ok(_computing) = self.computing.clone().acquire_owned().await else {
@@ -601,7 +601,7 @@ impl RequestCtx {
         let (sup, peer) = (self.sup.clone(), self.peer.clone());
         let action = req.action();
         let mut work =
-            tokio::spawn(async move { sup.handle_process(&peer, id, &req, Some(etx)).await });
+            tokio::spawn(async move { sup.handle_async(&peer, id, &req, Some(etx)).await });
         let out = tokio::select! {
             out = &mut work => Some(out.unwrap_or_else(|e| {
                 tracing::error!(action, error = %e, "request failed");
@@ -626,7 +626,7 @@ impl RequestCtx {
                     signal: None,
                 });
                 tracing::info!(peer = %self.peer, %run, "the run's client went away: killing it as asked");
-                let _ = self.sup.handle_process(&self.peer, id, &kill, None).await;
+                let _ = self.sup.handle_async(&self.peer, id, &kill, None).await;
             }
             return;
         };

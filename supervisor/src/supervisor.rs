@@ -3,12 +3,22 @@
 //! and audits it.
 
 use crate::error::RequestError;
-use crate::plugins::Plugins;
-use crate::runs::{EventSink, RunError, Runs};
-use allox_protocol::{ErrorBody, ErrorCode, Request, Response};
+use crate::files::Files;
+use crate::plugin_api::{Core, EventSink, SessionDir, WriteWithin};
+use crate::plugin_host::Plugins;
+use crate::runs::{RunError, Runs};
+use allox_protocol::{
+    ErrorBody, ErrorCode, FsData, FsEntry, FsList, FsListing, FsRead, FsScope, FsStat, FsWrite,
+    FsWritten, Request, Response,
+};
 use allox_store::audit::Entry;
 use allox_store::Store;
 use std::sync::Arc;
+
+/// Threads of the daemon's blocking pool, which answers control and guest
+/// requests; guest requests take at most half (`GUEST_IN_FLIGHT` of the
+/// guest interface).
+pub const BLOCKING_THREADS: usize = 32;
 
 /// Daemon-wide request policy.
 #[derive(Debug, Clone, Default)]
@@ -90,38 +100,20 @@ impl Supervisor {
         self.runs.as_ref().ok_or(RunError::NoProcesses)
     }
 
-    /// Whether a request is answered by [`Supervisor::handle_process`].
-    pub fn is_process_request(req: &Request) -> bool {
-        matches!(
-            req,
-            Request::ProcessStart(_)
-                | Request::ProcessWait(_)
-                | Request::ProcessKill(_)
-                | Request::ProcessList(_)
-                | Request::ProcessStdin(_)
-                | Request::ProcessResize(_)
-                | Request::ProcessAttach(_)
-                | Request::ProcessLogs(_)
-                | Request::ProcessEvents(_)
-                | Request::ProcessTree(_)
-                | Request::NetworkPolicySet(_)
-                | Request::NetworkPolicyGet(_)
-                | Request::NetworkAudit(_)
-                | Request::ShareList(_)
-                | Request::ShareAgentSet(_)
-                | Request::ShareSessionSet(_)
-                | Request::SessionStats(_)
-                | Request::FsWatch(_)
-                | Request::MonitorIngest(_)
-                | Request::MonitorRecords(_)
-                | Request::MonitorSummary(_)
-                | Request::MonitorTimeline(_)
-        )
+    /// The file API, lent the store, the runs and the uploads.
+    pub fn files(&self) -> Files<'_> {
+        Files {
+            store: &self.store,
+            runs: self.runs.as_ref(),
+            uploads: &self.uploads,
+            rollbacks: &self.rollbacks,
+        }
     }
 
-    /// Answers a process request (asynchronously: runs can be long), and
-    /// audits it if it changes state.
-    pub async fn handle_process(
+    /// Answers a request on the I/O task (what the request table routes
+    /// there: a plugin's actions, and runs, waits and streams, which can
+    /// be long), and audits it if it changes state.
+    pub async fn handle_async(
         &self,
         peer: &str,
         request_id: u64,
@@ -130,7 +122,7 @@ impl Supervisor {
     ) -> Result<Response, ErrorBody> {
         let out = match self.admit(req, peer, request_id) {
             Err(e) => Err(e),
-            Ok(()) => self.answer_process(req, events).await,
+            Ok(()) => self.answer_async(req, events).await,
         }
         .map_err(|e| self.report(req, e));
         self.audit(peer, request_id, req, &out);
@@ -157,7 +149,9 @@ impl Supervisor {
         }
     }
 
-    /// Answers one request from `peer` and audits it if it changes state.
+    /// Answers one request from `peer` on the calling thread (what the
+    /// request table gives `Route::Core`: blocking work) and audits it if
+    /// it changes state.
     pub fn handle(
         &self,
         peer: &str,
@@ -172,7 +166,7 @@ impl Supervisor {
                 // the client is told.
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.answer(req)))
                     .unwrap_or_else(|panic| {
-                        let why = panic_message(panic);
+                        let why = crate::panic::message(panic);
                         tracing::error!(action = req.action(), %why, "request panicked");
                         Err(RequestError::Panicked {
                             action: req.action(),
@@ -235,19 +229,8 @@ impl Supervisor {
     }
 }
 
-/// The message a panic carried.
-pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    match payload.downcast::<String>() {
-        Ok(s) => *s,
-        Err(p) => p
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .unwrap_or_else(|| "a panic without a message".into()),
-    }
-}
-
 /// What the supervisor lends plugins.
-impl crate::plugins::Core for Supervisor {
+impl Core for Supervisor {
     fn session_created(&self, a: &str, s: &str) -> Result<u64, ErrorBody> {
         self.store
             .session_created(a, s)
@@ -265,7 +248,102 @@ impl crate::plugins::Core for Supervisor {
             .unwrap_or_default()
     }
 
-    fn files_within(&self, req: &Request, dir: &str) -> Result<(Response, u64), ErrorBody> {
-        self.answer_files_within(req, dir).map_err(|e| e.to_body())
+    fn relative_path(&self, path: &str) -> Result<String, ErrorBody> {
+        crate::files::path::Rel::parse(path)
+            .map(|r| r.joined())
+            .map_err(|e| RequestError::from(e).to_body())
     }
+
+    fn stat_within(&self, d: &SessionDir<'_>, path: &str) -> Result<FsEntry, ErrorBody> {
+        let req = Request::FsStat(FsStat {
+            agent_id: d.agent.into(),
+            session_id: d.session.into(),
+            scope: FsScope::Session,
+            checkpoint_id: None,
+            path: path.into(),
+        });
+        match self.within(&req, d)?.0 {
+            Response::FsEntry(e) => Ok(e),
+            other => Err(answered_otherwise(&req, &other)),
+        }
+    }
+
+    fn list_within(
+        &self,
+        d: &SessionDir<'_>,
+        path: &str,
+        depth: Option<u32>,
+    ) -> Result<FsListing, ErrorBody> {
+        let req = Request::FsList(FsList {
+            agent_id: d.agent.into(),
+            session_id: d.session.into(),
+            scope: FsScope::Session,
+            checkpoint_id: None,
+            path: path.into(),
+            depth,
+        });
+        match self.within(&req, d)?.0 {
+            Response::FsListing(l) => Ok(l),
+            other => Err(answered_otherwise(&req, &other)),
+        }
+    }
+
+    fn read_within(
+        &self,
+        d: &SessionDir<'_>,
+        path: &str,
+        offset: Option<u64>,
+        length: Option<u64>,
+    ) -> Result<(FsData, u64), ErrorBody> {
+        let req = Request::FsRead(FsRead {
+            agent_id: d.agent.into(),
+            session_id: d.session.into(),
+            scope: FsScope::Session,
+            checkpoint_id: None,
+            path: path.into(),
+            offset,
+            length,
+        });
+        match self.within(&req, d)? {
+            (Response::FsData(f), tree) => Ok((f, tree)),
+            (other, _) => Err(answered_otherwise(&req, &other)),
+        }
+    }
+
+    fn write_within(&self, d: &SessionDir<'_>, w: WriteWithin) -> Result<FsWritten, ErrorBody> {
+        let req = Request::FsWrite(FsWrite {
+            agent_id: d.agent.into(),
+            session_id: d.session.into(),
+            scope: FsScope::Session,
+            path: w.path,
+            data: w.data,
+            offset: w.offset,
+            create: w.create,
+            truncate: false,
+            upload: w.upload,
+            commit: w.commit,
+        });
+        match self.within(&req, d)?.0 {
+            Response::FsWritten(w) => Ok(w),
+            other => Err(answered_otherwise(&req, &other)),
+        }
+    }
+}
+
+impl Supervisor {
+    /// A file request answered within the directory `d` of a session's
+    /// files, with the id of the tree it came from.
+    fn within(&self, req: &Request, d: &SessionDir<'_>) -> Result<(Response, u64), ErrorBody> {
+        self.files()
+            .answer_within(req, d.dir)
+            .map_err(|e| RequestError::from(e).to_body())
+    }
+}
+
+/// A file request answered with another kind of thing (a bug).
+fn answered_otherwise(req: &Request, got: &Response) -> ErrorBody {
+    ErrorBody::new(
+        ErrorCode::Internal,
+        format!("{} answered {}", req.action(), got.kind()),
+    )
 }

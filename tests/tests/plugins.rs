@@ -402,32 +402,32 @@ struct Contributes {
     file: std::path::PathBuf,
 }
 
-static CONTRIBUTES: allox_supervisor::plugins::Manifest = allox_supervisor::plugins::Manifest {
-    name: "contributes",
-    api_version: allox_supervisor::plugins::API_VERSION,
-    conflicts: &[],
-    routes: &[],
-    alias: None,
-    summary: "test",
-};
+static CONTRIBUTES: allox_supervisor::plugin_api::Manifest =
+    allox_supervisor::plugin_api::Manifest {
+        name: "contributes",
+        api_version: allox_supervisor::plugin_api::API_VERSION,
+        conflicts: &[],
+        alias: None,
+        summary: "test",
+    };
 
-impl allox_supervisor::plugins::Plugin for Contributes {
-    fn manifest(&self) -> &allox_supervisor::plugins::Manifest {
+impl allox_supervisor::plugin_api::Plugin for Contributes {
+    fn manifest(&self) -> &allox_supervisor::plugin_api::Manifest {
         &CONTRIBUTES
     }
     fn start(
         &self,
-        _: &allox_supervisor::plugins::Settings,
-    ) -> Result<(), allox_supervisor::plugins::PluginError> {
+        _: &allox_supervisor::plugin_api::Settings,
+    ) -> Result<(), allox_supervisor::plugin_api::PluginError> {
         Ok(())
     }
     fn stop(&self) {}
     fn contribute(
         &self,
-        _: &allox_supervisor::plugins::RunRef<'_>,
-    ) -> allox_supervisor::plugins::Contribution {
+        _: &allox_supervisor::plugin_api::RunRef<'_>,
+    ) -> allox_supervisor::plugin_api::Contribution {
         use allox_sandbox::spec::Bind;
-        allox_supervisor::plugins::Contribution {
+        allox_supervisor::plugin_api::Contribution {
             prefix: vec!["/usr/bin/env".into(), "FROM_PREFIX=p".into()],
             env: vec![("PLUGIN_VAR".into(), "v".into())],
             binds: vec![
@@ -449,7 +449,8 @@ impl allox_supervisor::plugins::Plugin for Contributes {
 
 #[test]
 fn a_plugin_s_prefix_env_and_binds_reach_the_sandbox_in_order() {
-    use allox_supervisor::plugins::{Plugin, Plugins};
+    use allox_supervisor::plugin_api::Plugin;
+    use allox_supervisor::plugin_host::Plugins;
     use allox_supervisor::runs::{Runs, RunsConfig, SessionPaths};
     use std::os::unix::fs::PermissionsExt;
     use std::sync::Arc;
@@ -487,6 +488,8 @@ fn a_plugin_s_prefix_env_and_binds_reach_the_sandbox_in_order() {
         Plugins::load(
             vec![plugin],
             &["contributes".to_string()],
+            // It serves no action.
+            &[],
             &rc.system_dirs,
             Default::default(),
         )
@@ -524,4 +527,173 @@ fn a_plugin_s_prefix_env_and_binds_reach_the_sandbox_in_order() {
     );
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "written\n");
     assert!(!dir.join("x").exists());
+}
+
+/// A plugin answering whatever the table gives it with its name.
+struct Answers;
+
+static ANSWERS: allox_supervisor::plugin_api::Manifest = allox_supervisor::plugin_api::Manifest {
+    name: "answers",
+    api_version: allox_supervisor::plugin_api::API_VERSION,
+    conflicts: &[],
+    alias: None,
+    summary: "test",
+};
+
+impl allox_supervisor::plugin_api::Plugin for Answers {
+    fn manifest(&self) -> &allox_supervisor::plugin_api::Manifest {
+        &ANSWERS
+    }
+    fn start(
+        &self,
+        _: &allox_supervisor::plugin_api::Settings,
+    ) -> Result<(), allox_supervisor::plugin_api::PluginError> {
+        Ok(())
+    }
+    fn stop(&self) {}
+    fn serve<'a>(
+        &'a self,
+        req: &'a Request,
+        _: allox_supervisor::plugin_api::RouteContext<'a>,
+    ) -> allox_supervisor::plugin_api::RouteFuture<'a> {
+        Box::pin(async move {
+            Err(allox_supervisor::plugin_api::PluginError::Answered(
+                ErrorBody::new(
+                    ErrorCode::Conflict,
+                    format!("answers served {}", req.action()),
+                ),
+            ))
+        })
+    }
+}
+
+/// A core that lends nothing: the route below never asks.
+struct NoCore;
+
+impl allox_supervisor::plugin_api::Core for NoCore {
+    fn session_created(&self, _: &str, _: &str) -> Result<u64, ErrorBody> {
+        unreachable!()
+    }
+    fn sessions_of(&self, _: &str) -> Vec<(String, u64)> {
+        unreachable!()
+    }
+    fn relative_path(&self, _: &str) -> Result<String, ErrorBody> {
+        unreachable!()
+    }
+    fn stat_within(
+        &self,
+        _: &allox_supervisor::plugin_api::SessionDir<'_>,
+        _: &str,
+    ) -> Result<FsEntry, ErrorBody> {
+        unreachable!()
+    }
+    fn list_within(
+        &self,
+        _: &allox_supervisor::plugin_api::SessionDir<'_>,
+        _: &str,
+        _: Option<u32>,
+    ) -> Result<FsListing, ErrorBody> {
+        unreachable!()
+    }
+    fn read_within(
+        &self,
+        _: &allox_supervisor::plugin_api::SessionDir<'_>,
+        _: &str,
+        _: Option<u64>,
+        _: Option<u64>,
+    ) -> Result<(FsData, u64), ErrorBody> {
+        unreachable!()
+    }
+    fn write_within(
+        &self,
+        _: &allox_supervisor::plugin_api::SessionDir<'_>,
+        _: allox_supervisor::plugin_api::WriteWithin,
+    ) -> Result<FsWritten, ErrorBody> {
+        unreachable!()
+    }
+}
+
+/// One line of the request table routes an action to a plugin, and that
+/// plugin serves it (the action a core one otherwise); a table naming a
+/// plugin that is not installed stops the load, naming both.
+#[test]
+fn a_route_the_table_gives_a_plugin_is_served_by_it_and_a_mismatch_stops_the_start() {
+    use allox_supervisor::plugin_api::{Plugin, RouteContext};
+    use allox_supervisor::plugin_host::Plugins;
+    use std::sync::Arc;
+    if !require("plugins::a_route_the_table_gives_a_plugin_is_served_by_it") {
+        return;
+    }
+    let fs = allox_integration::BtrfsFs::new(256).unwrap();
+    let root = fs.path().join("store");
+    std::fs::create_dir(&root).unwrap();
+    let store = allox_store::Store::open(&root, Default::default()).unwrap();
+    let installed = || vec![Arc::new(Answers) as Arc<dyn Plugin>];
+    let enabled = ["answers".to_string()];
+    // The one line: `checkpoint.list` (the core's) given to the plugin.
+    let table = [("checkpoint.list", Route::Plugin("answers"))];
+    let plugins = Plugins::load(installed(), &enabled, &table, &[], Default::default()).unwrap();
+    assert_eq!(plugins.routes_of("answers"), vec!["checkpoint.list"]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let ask = |req: Request| {
+        let ctx = RouteContext {
+            store: &store,
+            core: &NoCore,
+            events: None,
+        };
+        rt.block_on(plugins.serve(&req, ctx))
+            .map(|_| String::new())
+            .unwrap_or_else(|e| e.to_body().message)
+    };
+    assert_eq!(
+        ask(Request::CheckpointList(SessionRef {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+        })),
+        "answers served checkpoint.list"
+    );
+    // What the table does not give it stays the core's.
+    assert_eq!(
+        ask(Request::AgentList(AgentList {})),
+        "agent.list is served by the core, not by a plugin"
+    );
+    // Not enabled: the error names the plugin the table gives it to.
+    let off = Plugins::load(installed(), &[], &table, &[], Default::default()).unwrap();
+    let ctx = RouteContext {
+        store: &store,
+        core: &NoCore,
+        events: None,
+    };
+    let req = Request::CheckpointList(SessionRef {
+        agent_id: "a".into(),
+        session_id: "s".into(),
+    });
+    let e = rt.block_on(off.serve(&req, ctx)).unwrap_err().to_body();
+    assert_eq!(e.code, ErrorCode::Unsupported);
+    assert!(
+        e.message
+            .starts_with("checkpoint.list is served by the answers plugin, which is not enabled"),
+        "{}",
+        e.message
+    );
+    // A table that gives an action to a plugin nobody installed: refused
+    // before anything starts, naming the action and the plugin.
+    let ghost = [("checkpoint.list", Route::Plugin("ghost"))];
+    let e = Plugins::load(installed(), &enabled, &ghost, &[], Default::default())
+        .expect_err("a table naming a plugin not installed is refused");
+    assert_eq!(
+        e.to_string(),
+        "the request table gives checkpoint.list to plugin ghost, which is not installed (installed: answers)"
+    );
+    // The real table and the real plugins agree.
+    Plugins::load(
+        allox_supervisor::plugins::installed(),
+        &[],
+        Request::ROUTES,
+        &[],
+        Default::default(),
+    )
+    .unwrap();
 }

@@ -119,7 +119,7 @@ fn the_guest_init_s_flags_map_to_the_daemon_s_config() {
         PluginsConfig {
             enabled: vec!["process-tree".into()],
             process_events_max: 99,
-            monitor: allox_supervisor::plugins::MonitorSettings {
+            monitor: allox_supervisor::plugin_api::MonitorSettings {
                 root: None,
                 records_max: allox_supervisor::plugins::monitor::DEFAULT_RECORDS_MAX,
                 session_bytes: allox_supervisor::plugins::monitor::DEFAULT_SESSION_BYTES,
@@ -129,7 +129,7 @@ fn the_guest_init_s_flags_map_to_the_daemon_s_config() {
                 session_quota: Some(1 << 30),
             },
             audit: Default::default(),
-            network: allox_supervisor::plugins::NetworkSettings::default(),
+            network: allox_supervisor::plugin_api::NetworkSettings::default(),
         }
     );
     let rc = d.runs.as_ref().unwrap();

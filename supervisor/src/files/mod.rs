@@ -14,8 +14,7 @@ pub mod path;
 pub mod uploads;
 pub mod watch;
 
-use crate::error::RequestError;
-use crate::supervisor::Supervisor;
+use crate::runs::{RunError, Runs};
 use allox_protocol::{
     Bytes, Deleted, ErrorCode, FsData, FsEntry, FsKind, FsList, FsListing, FsMkdir, FsMove, FsRead,
     FsRemove, FsScope, FsWrite, FsWritten, Request, Response, FS_CHUNK,
@@ -25,7 +24,20 @@ use path::{open_beneath, parent_of, Rel};
 use rustix::fd::OwnedFd;
 use rustix::fs::{AtFlags, Mode, OFlags};
 use std::path::Path;
+use std::sync::Arc;
 use thiserror::Error;
+
+/// The file API over one store: what a file request needs of the
+/// supervisor, lent for the request.
+pub struct Files<'a> {
+    pub store: &'a allox_store::Store,
+    /// Process support; `None` when the daemon runs without it.
+    pub runs: Option<&'a Arc<Runs>>,
+    /// The uploads under way.
+    pub uploads: &'a uploads::Live,
+    /// Each session rolled back (agent, session), for `fs.watch`.
+    pub rollbacks: &'a tokio::sync::broadcast::Sender<(String, String)>,
+}
 
 /// Most entries in one `fs.list` answer.
 pub const MAX_ENTRIES: usize = 10_000;
@@ -34,6 +46,18 @@ pub const MAX_DEPTH: u32 = 64;
 
 #[derive(Debug, Error)]
 pub enum FilesError {
+    #[error(transparent)]
+    Store(#[from] allox_store::StoreError),
+    #[error(transparent)]
+    Runs(#[from] RunError),
+    #[error(
+        "follow streams events, which only the binary protocol carries; page with cursor instead"
+    )]
+    FollowNeedsStream,
+    #[error("subscriber gone")]
+    SubscriberGone,
+    #[error("{action} is not a file request")]
+    NotFiles { action: &'static str },
     #[error("path {path:?} {why}")]
     BadPath { path: String, why: &'static str },
     #[error(
@@ -100,6 +124,11 @@ impl FilesError {
 
     pub fn code(&self) -> ErrorCode {
         match self {
+            FilesError::Store(e) => e.code(),
+            FilesError::Runs(e) => e.code(),
+            FilesError::FollowNeedsStream => ErrorCode::InvalidRequest,
+            FilesError::SubscriberGone => ErrorCode::Unavailable,
+            FilesError::NotFiles { .. } => ErrorCode::Internal,
             FilesError::BadPath { .. }
             | FilesError::Outside { .. }
             | FilesError::NotA { .. }
@@ -136,10 +165,14 @@ impl Root {
     }
 }
 
-impl Supervisor {
+impl Files<'_> {
+    fn runs(&self) -> Result<&Arc<Runs>, RunError> {
+        self.runs.ok_or(RunError::NoProcesses)
+    }
+
     /// Answers a file request. Blocking.
-    pub(crate) fn answer_files(&self, req: &Request) -> Result<Response, RequestError> {
-        self.answer_files_in(req, &Within::Scope)
+    pub fn answer(&self, req: &Request) -> Result<Response, FilesError> {
+        self.answer_in(req, &Within::Scope)
     }
 
     /// Answers a file request (`fs.stat`, `fs.list`, `fs.read`, `fs.write`
@@ -152,25 +185,24 @@ impl Supervisor {
     /// session has no live run. Returns the answer and the id of the tree
     /// it came from (the subvolume of `current/`, which a rollback
     /// replaces). Blocking.
-    pub(crate) fn answer_files_within(
-        &self,
-        req: &Request,
-        dir: &str,
-    ) -> Result<(Response, u64), RequestError> {
+    pub fn answer_within(&self, req: &Request, dir: &str) -> Result<(Response, u64), FilesError> {
         let (a, s) = match req {
             Request::FsStat(r) => (&r.agent_id, &r.session_id),
             Request::FsList(r) => (&r.agent_id, &r.session_id),
             Request::FsRead(r) => (&r.agent_id, &r.session_id),
             Request::FsWrite(r) => (&r.agent_id, &r.session_id),
-            _ => return Err(RequestError::NotProcess),
+            _ => {
+                return Err(FilesError::NotFiles {
+                    action: req.action(),
+                })
+            }
         };
         let runs = self.runs()?;
         let _access = runs.writing(a, s)?;
         if matches!(req, Request::FsWrite(_)) && runs.live(a, s) > 0 {
             return Err(FilesError::Busy {
                 session: format!("{a}/{s}"),
-            }
-            .into());
+            });
         }
         let current = self.store.layout().current(a, s);
         let tree = rustix::fs::open(
@@ -186,11 +218,11 @@ impl Supervisor {
                 source: std::io::Error::other(allox_protocol::error_chain(&e)),
             })
         })?;
-        let out = self.answer_files_in(req, &Within::Dir(dir))?;
+        let out = self.answer_in(req, &Within::Dir(dir))?;
         Ok((out, tree))
     }
 
-    fn answer_files_in(&self, req: &Request, w: &Within<'_>) -> Result<Response, RequestError> {
+    fn answer_in(&self, req: &Request, w: &Within<'_>) -> Result<Response, FilesError> {
         Ok(match req {
             Request::FsStat(r) => {
                 let root = self.fs_root(
@@ -208,7 +240,11 @@ impl Supervisor {
             Request::FsMkdir(r) => Response::FsEntry(self.fs_mkdir(r)?),
             Request::FsRemove(r) => Response::Deleted(self.fs_remove(r)?),
             Request::FsMove(r) => Response::FsEntry(self.fs_move(r)?),
-            _ => return Err(RequestError::NotProcess),
+            _ => {
+                return Err(FilesError::NotFiles {
+                    action: req.action(),
+                })
+            }
         })
     }
 
@@ -219,7 +255,7 @@ impl Supervisor {
         scope: FsScope,
         checkpoint: Option<&str>,
         w: &Within<'_>,
-    ) -> Result<Root, RequestError> {
+    ) -> Result<Root, FilesError> {
         self.store.session_info_of(a, s)?;
         let l = self.store.layout();
         // (A checkpoint's tree is reached only by reads: no change names
@@ -244,7 +280,7 @@ impl Supervisor {
                 (l.checkpoint(a, s, c), "checkpoint's files")
             }
             (FsScope::Shared, None) => (l.shared(a), "agent's shared files"),
-            (FsScope::Shared, Some(_)) => return Err(FilesError::SharedCheckpoint.into()),
+            (FsScope::Shared, Some(_)) => return Err(FilesError::SharedCheckpoint),
         };
         let fd = rustix::fs::open(
             &dir,
@@ -261,8 +297,7 @@ impl Supervisor {
             (Within::Dir(_), ..) => Err(FilesError::BadPath {
                 path: ".".into(),
                 why: "is not of the session's own files (a share reaches no checkpoint and no shared/)",
-            }
-            .into()),
+            }),
         }
     }
 
@@ -273,8 +308,8 @@ impl Supervisor {
         a: &str,
         s: &str,
         scope: FsScope,
-        f: impl FnOnce(&Root, Option<(u32, u32)>) -> Result<T, RequestError>,
-    ) -> Result<T, RequestError> {
+        f: impl FnOnce(&Root, Option<(u32, u32)>) -> Result<T, FilesError>,
+    ) -> Result<T, FilesError> {
         self.fs_change_in(a, s, scope, &Within::Scope, f)
     }
 
@@ -285,8 +320,8 @@ impl Supervisor {
         s: &str,
         scope: FsScope,
         w: &Within<'_>,
-        f: impl FnOnce(&Root, Option<(u32, u32)>) -> Result<T, RequestError>,
-    ) -> Result<T, RequestError> {
+        f: impl FnOnce(&Root, Option<(u32, u32)>) -> Result<T, FilesError>,
+    ) -> Result<T, FilesError> {
         let runs = self.runs.as_ref();
         let _writer = runs.map(|r| r.writing(a, s)).transpose()?;
         let root = self.fs_root(a, s, scope, None, w)?;
@@ -294,7 +329,7 @@ impl Supervisor {
         f(&root, owner)
     }
 
-    fn fs_list(&self, r: &FsList, w: &Within<'_>) -> Result<FsListing, RequestError> {
+    fn fs_list(&self, r: &FsList, w: &Within<'_>) -> Result<FsListing, FilesError> {
         let root = self.fs_root(
             &r.agent_id,
             &r.session_id,
@@ -319,7 +354,7 @@ impl Supervisor {
         Ok(out)
     }
 
-    fn fs_read(&self, r: &FsRead, w: &Within<'_>) -> Result<FsData, RequestError> {
+    fn fs_read(&self, r: &FsRead, w: &Within<'_>) -> Result<FsData, FilesError> {
         let root = self.fs_root(
             &r.agent_id,
             &r.session_id,
@@ -336,8 +371,7 @@ impl Supervisor {
             return Err(FilesError::NotA {
                 path: rel.shown.into(),
                 what: "a regular file",
-            }
-            .into());
+            });
         }
         let size = st.st_size as u64;
         let offset = r.offset.unwrap_or(0);
@@ -353,7 +387,7 @@ impl Supervisor {
                 Ok(0) => break,
                 Ok(n) => got += n,
                 Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(FilesError::from_errno("read", rel.shown, e).into()),
+                Err(e) => return Err(FilesError::from_errno("read", rel.shown, e)),
             }
         }
         data.truncate(got);
@@ -366,13 +400,13 @@ impl Supervisor {
         })
     }
 
-    fn fs_write(&self, r: &FsWrite, w: &Within<'_>) -> Result<FsWritten, RequestError> {
+    fn fs_write(&self, r: &FsWrite, w: &Within<'_>) -> Result<FsWritten, FilesError> {
         let rel = Rel::parse(&r.path)?;
         self.fs_change_in(&r.agent_id, &r.session_id, r.scope, w, |root, owner| {
             let (parent, name) = parent_of(&root.fd, &rel).map_err(|e| scoped(e, root.scope))?;
             let create = r.create.unwrap_or(true);
             if let Some(id) = &r.upload {
-                return Ok(uploads::chunk(
+                return uploads::chunk(
                     &self.uploads_dir(),
                     &uploads::Chunk {
                         agent: &r.agent_id,
@@ -392,9 +426,9 @@ impl Supervisor {
                         create,
                         owner,
                         before_commit: &|| self.store.failpoint("fs_write.before_commit"),
-                        live: &self.uploads,
+                        live: self.uploads,
                     },
-                )?);
+                );
             }
             let size = match r.offset {
                 None => replace(&parent, name, &rel, &r.data, create, owner, &|| {
@@ -412,7 +446,7 @@ impl Supervisor {
         })
     }
 
-    fn fs_mkdir(&self, r: &FsMkdir) -> Result<FsEntry, RequestError> {
+    fn fs_mkdir(&self, r: &FsMkdir) -> Result<FsEntry, FilesError> {
         let rel = Rel::parse(&r.path)?;
         self.fs_change(&r.agent_id, &r.session_id, r.scope, |root, owner| {
             if r.parents {
@@ -428,7 +462,7 @@ impl Supervisor {
                     match rustix::fs::mkdirat(&dir, *p, Mode::from_raw_mode(0o755)) {
                         Ok(()) => chown_dir(&dir, p, owner, rel.shown)?,
                         Err(rustix::io::Errno::EXIST) => {}
-                        Err(e) => return Err(FilesError::from_errno("make", rel.shown, e).into()),
+                        Err(e) => return Err(FilesError::from_errno("make", rel.shown, e)),
                     }
                     dir = rustix::fs::openat(
                         &dir,
@@ -445,11 +479,11 @@ impl Supervisor {
                     .map_err(|e| FilesError::from_errno("make", rel.shown, e))?;
                 chown_dir(&parent, name, owner, rel.shown)?;
             }
-            Ok(stat(root, &rel)?)
+            stat(root, &rel)
         })
     }
 
-    fn fs_remove(&self, r: &FsRemove) -> Result<Deleted, RequestError> {
+    fn fs_remove(&self, r: &FsRemove) -> Result<Deleted, FilesError> {
         let rel = Rel::parse(&r.path)?;
         self.fs_change(&r.agent_id, &r.session_id, r.scope, |root, _| {
             let (parent, name) = parent_of(&root.fd, &rel).map_err(|e| scoped(e, root.scope))?;
@@ -488,7 +522,7 @@ impl Supervisor {
         })
     }
 
-    fn fs_move(&self, r: &FsMove) -> Result<FsEntry, RequestError> {
+    fn fs_move(&self, r: &FsMove) -> Result<FsEntry, FilesError> {
         let from = Rel::parse(&r.path)?;
         let to = Rel::parse(&r.to)?;
         self.fs_change(&r.agent_id, &r.session_id, r.scope, |root, _| {
@@ -496,7 +530,7 @@ impl Supervisor {
             let (tp, tname) = parent_of(&root.fd, &to).map_err(|e| scoped(e, root.scope))?;
             rustix::fs::renameat(&fp, fname, &tp, tname)
                 .map_err(|e| FilesError::from_errno("move", from.shown, e))?;
-            Ok(stat(root, &to)?)
+            stat(root, &to)
         })
     }
 
@@ -759,10 +793,4 @@ fn write_at(
     }
     let st = rustix::fs::fstat(&fd).map_err(|e| FilesError::from_errno("stat", rel.shown, e))?;
     Ok(st.st_size as u64)
-}
-
-impl From<FilesError> for RequestError {
-    fn from(e: FilesError) -> Self {
-        RequestError::Files(e)
-    }
 }

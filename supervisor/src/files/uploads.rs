@@ -14,8 +14,8 @@
 
 use super::fresh::{self, Fresh};
 use super::path::{parent_of, Rel};
+use super::Files;
 use super::{pwrite_all, FilesError};
-use crate::supervisor::Supervisor;
 use allox_protocol::{FsScope, FsWritten};
 use rustix::fd::OwnedFd;
 use rustix::fs::{AtFlags, Mode, OFlags};
@@ -360,7 +360,7 @@ fn begin(
     Ok(f.fd)
 }
 
-impl Supervisor {
+impl Files<'_> {
     /// At start: removes what uploads left unfinished (their partial
     /// files, reached below their scope's root only) and their records.
     /// Returns how many were swept.

@@ -8,10 +8,9 @@
 //! new tree is watched.
 
 use super::path::Rel;
+use super::Files;
 use super::{scoped, FilesError, MAX_DEPTH};
-use crate::error::RequestError;
 use crate::runs::EventSink;
-use crate::supervisor::Supervisor;
 use allox_protocol::{Event, FsChange, FsEvent, FsScope, FsWatch, Response};
 use rustix::fd::{AsFd, AsRawFd, OwnedFd};
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
@@ -238,16 +237,16 @@ fn join(dir: &str, name: &str) -> String {
     }
 }
 
-impl Supervisor {
+impl Files<'_> {
     /// `fs.watch`: reports changes as stream events until the subscriber
     /// goes (it never answers otherwise).
-    pub(crate) async fn fs_watch(
+    pub async fn watch(
         &self,
         r: &FsWatch,
         events: Option<EventSink>,
-    ) -> Result<Response, RequestError> {
+    ) -> Result<Response, FilesError> {
         let Some(sink) = events else {
-            return Err(RequestError::FollowNeedsStream);
+            return Err(FilesError::FollowNeedsStream);
         };
         let rel = Rel::parse(&r.path)?;
         let mut rollbacks = self.rollbacks.subscribe();
@@ -279,19 +278,19 @@ impl Supervisor {
                     dir: true,
                 };
                 if sink.send(Event::Fs(ready)).await.is_err() {
-                    return Err(RequestError::SubscriberGone);
+                    return Err(FilesError::SubscriberGone);
                 }
             }
             loop {
                 tokio::select! {
                     ready = w.fd.readable() => {
                         let Ok(mut guard) = ready else {
-                            return Err(RequestError::SubscriberGone);
+                            return Err(FilesError::SubscriberGone);
                         };
                         guard.clear_ready();
                         for ev in w.drain(&root.fd) {
                             if sink.send(Event::Fs(ev)).await.is_err() {
-                                return Err(RequestError::SubscriberGone);
+                                return Err(FilesError::SubscriberGone);
                             }
                         }
                     }
@@ -300,7 +299,7 @@ impl Supervisor {
                             Ok((a, s)) => *a == r.agent_id && *s == r.session_id,
                             // Missed some: one of them may be ours.
                             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
-                            Err(_) => return Err(RequestError::SubscriberGone),
+                            Err(_) => return Err(FilesError::SubscriberGone),
                         };
                         if ours && r.scope == FsScope::Session {
                             let ev = FsEvent {
@@ -310,7 +309,7 @@ impl Supervisor {
                                 dir: true,
                             };
                             if sink.send(Event::Fs(ev)).await.is_err() {
-                                return Err(RequestError::SubscriberGone);
+                                return Err(FilesError::SubscriberGone);
                             }
                             // The new tree.
                             break;
@@ -318,7 +317,7 @@ impl Supervisor {
                     }
                     _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {
                         if sink.is_closed() {
-                            return Err(RequestError::SubscriberGone);
+                            return Err(FilesError::SubscriberGone);
                         }
                     }
                 }

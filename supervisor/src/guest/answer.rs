@@ -22,7 +22,7 @@ pub struct GuestContext {
 
 /// Guest requests being answered at once, by every session together: at
 /// most half the daemon's blocking pool
-/// ([`crate::daemon::BLOCKING_THREADS`]), so that the host's
+/// ([`crate::supervisor::BLOCKING_THREADS`]), so that the host's
 /// control requests always find threads whatever the sandboxes ask.
 pub const GUEST_IN_FLIGHT: usize = 16;
 /// Guest requests of one session being answered at once: a session never
@@ -33,7 +33,8 @@ pub const SESSION_IN_FLIGHT: usize = 4;
 // The sandboxes never take more than half the pool, a session less than
 // all of their share.
 const _: () = assert!(
-    GUEST_IN_FLIGHT <= crate::daemon::BLOCKING_THREADS / 2 && SESSION_IN_FLIGHT < GUEST_IN_FLIGHT
+    GUEST_IN_FLIGHT <= crate::supervisor::BLOCKING_THREADS / 2
+        && SESSION_IN_FLIGHT < GUEST_IN_FLIGHT
 );
 
 /// The places guest requests take while they are answered: one of

@@ -42,7 +42,7 @@ use thiserror::Error;
 
 /// The `allox` client inside every sandbox, and its directory (on `PATH`).
 pub const CLIENT_DIR: &str = "/run/allox/bin";
-pub const CLIENT: &str = "/run/allox/bin/allox";
+pub const CLIENT: &str = crate::plugin_api::SANDBOX_CLIENT;
 
 /// The Python entry points: name inside `/run/allox/`, and what they run.
 pub const SHIMS: [(&str, &str); 2] = [("turn.py", "turn"), ("whoami.py", "whoami")];
@@ -119,7 +119,7 @@ impl GuestService {
         prepare_dir(&dir)?;
         for (name, command) in SHIMS {
             let path = dir.join(name);
-            write_shim(&path, command).map_err(|source| GuestError::Io {
+            crate::plugin_api::write_shim(&path, command).map_err(|source| GuestError::Io {
                 op: "write",
                 path,
                 source,
@@ -366,20 +366,6 @@ fn prepare_dir(dir: &Path) -> Result<(), GuestError> {
         }
     }
     Ok(())
-}
-
-/// A Python entry point that runs `allox <command> ARGS...`.
-pub(crate) fn write_shim(path: &Path, command: &str) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let text = format!(
-        "# Allox OS guest interface: runs `allox {command}` (see /run/allox/bin/allox --help).\n\
-         import os\n\
-         import sys\n\
-         \n\
-         os.execv({CLIENT:?}, [\"allox\", {command:?}] + sys.argv[1:])\n"
-    );
-    std::fs::write(path, text)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
 }
 
 #[cfg(test)]

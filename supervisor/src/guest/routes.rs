@@ -2,7 +2,8 @@
 //! goes to whatever [`GuestRoutes`] the daemon installed; a route no plugin
 //! owns is `not_found`.
 
-use crate::plugins::Core;
+use crate::plugin_api::Core;
+use crate::plugin_host::Plugins;
 use allox_protocol::{guest::GuestIdentity, ErrorBody};
 
 /// What a route's owner made of a call.
@@ -37,5 +38,22 @@ pub struct NoRoutes;
 impl GuestRoutes for NoRoutes {
     fn call(&self, _: &dyn Core, _: &GuestIdentity, _: &str, _: &str) -> RouteOutcome {
         RouteOutcome::NotOwned
+    }
+}
+
+/// The loaded plugins' guest routes: a `plugin.call` from inside a sandbox
+/// goes to the plugin that owns the route.
+impl GuestRoutes for Plugins {
+    fn call(
+        &self,
+        core: &dyn Core,
+        caller: &GuestIdentity,
+        route: &str,
+        params: &str,
+    ) -> RouteOutcome {
+        match self.guest_call(core, caller, route, params) {
+            Some(answer) => RouteOutcome::Answered(answer),
+            None => RouteOutcome::NotOwned,
+        }
     }
 }

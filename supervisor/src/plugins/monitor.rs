@@ -20,11 +20,12 @@
 
 pub mod summary;
 
-use super::api::{Core, Manifest, Plugin, RouteContext, RouteFuture, RunEnded};
 use super::records::{Adding, Numbered, Records};
 use super::slot::Slot;
-use super::{PluginError, Settings, API_VERSION};
-use crate::error::RequestError;
+use crate::plugin_api::{
+    Core, Manifest, MonitorSettings, Plugin, PluginError, RouteContext, RouteFuture, RunEnded,
+    Settings, API_VERSION,
+};
 use allox_protocol::guest::GuestIdentity;
 use allox_protocol::{
     ErrorBody, ErrorCode, MonitorBody, MonitorIngested, MonitorListing, MonitorRecord,
@@ -87,7 +88,7 @@ pub struct Budget {
 }
 
 impl Budget {
-    pub fn new(m: &super::MonitorSettings) -> Budget {
+    pub fn new(m: &MonitorSettings) -> Budget {
         let (session_bytes, by_quota) = match m.session_quota {
             Some(q) if m.session_bytes == 0 || q < m.session_bytes => (q, true),
             _ => (m.session_bytes, false),
@@ -157,12 +158,6 @@ impl Monitor {
                 name: NAME,
                 api_version: API_VERSION,
                 conflicts: &[],
-                routes: &[
-                    "monitor.ingest",
-                    "monitor.records",
-                    "monitor.summary",
-                    "monitor.timeline",
-                ],
                 alias: Some("--monitor-root"),
                 summary: "keeps the spans agent frameworks send (host or guest) and every run's resources under the tool call it served; summaries by tool, model or turn; a session's timeline",
             },
@@ -299,7 +294,7 @@ fn created_of(
     ctx: &RouteContext<'_>,
     a: Option<&String>,
     s: Option<&String>,
-) -> Result<u64, RequestError> {
+) -> Result<u64, PluginError> {
     match (a, s) {
         (Some(a), Some(s)) => Ok(ctx.core.session_created(a, s).map_err(answered)?),
         (Some(a), None) => {
@@ -313,15 +308,15 @@ fn created_of(
     }
 }
 
-fn answered(e: ErrorBody) -> RequestError {
-    RequestError::from(PluginError::Answered(e))
+fn answered(e: ErrorBody) -> PluginError {
+    PluginError::Answered(e)
 }
 
-fn io(e: std::io::Error) -> RequestError {
-    RequestError::from(PluginError::Run {
+fn io(e: std::io::Error) -> PluginError {
+    PluginError::Run {
         plugin: NAME,
         source: Box::new(e),
-    })
+    }
 }
 
 impl Plugin for Monitor {
@@ -447,19 +442,19 @@ impl Plugin for Monitor {
                         return Ok(Response::MonitorRecords(st.page(q, created).map_err(io)?));
                     }
                     let Some(sink) = ctx.events else {
-                        return Err(RequestError::FollowNeedsStream);
+                        return Err(PluginError::FollowNeedsStream);
                     };
                     let mut q = q.clone();
                     loop {
                         let page = st.page(&q, created).map_err(io)?;
                         for r in page.records {
                             if sink.send(allox_protocol::Event::Monitor(r)).await.is_err() {
-                                return Err(RequestError::SubscriberGone);
+                                return Err(PluginError::SubscriberGone);
                             }
                         }
                         q.cursor = Some(page.next_cursor);
                         if sink.is_closed() {
-                            return Err(RequestError::SubscriberGone);
+                            return Err(PluginError::SubscriberGone);
                         }
                         st.records
                             .wait_newer(page.next_cursor, Duration::from_secs(1))
@@ -498,8 +493,7 @@ impl Plugin for Monitor {
                 _ => Err(PluginError::NoHandler {
                     plugin: NAME,
                     action: req.action(),
-                }
-                .into()),
+                }),
             }
         })
     }
@@ -534,7 +528,7 @@ mod tests {
     use super::*;
     use allox_protocol::SpanOperation;
 
-    fn started(dir: &std::path::Path, m: super::super::MonitorSettings) -> Started {
+    fn started(dir: &std::path::Path, m: MonitorSettings) -> Started {
         Started {
             dir: dir.to_path_buf(),
             records: Records::open(&dir.join(RECORDS_FILE)).unwrap(),
@@ -563,8 +557,8 @@ mod tests {
         }
     }
 
-    fn settings() -> super::super::MonitorSettings {
-        super::super::MonitorSettings {
+    fn settings() -> MonitorSettings {
+        MonitorSettings {
             session_bytes: 1 << 20,
             bytes_per_s: 0,
             span_bytes: 64 << 10,

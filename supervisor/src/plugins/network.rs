@@ -17,13 +17,12 @@
 mod audit;
 mod proxy;
 
-use super::api::{
+use super::slot::Slot;
+use crate::plugin_api::{
     ContextGuard, Contribution, Manifest, Plugin, RouteContext, RouteFuture, RunRef,
     SessionNetwork, SessionRef, Settings, API_VERSION,
 };
-use super::slot::Slot;
-use super::{NetworkSettings, PluginError};
-use crate::error::RequestError;
+use crate::plugin_api::{NetworkSettings, PluginError};
 use allox_network::broker::{Broker, DnsResolver, LookupBudget, Resolve, SystemResolver, Timeouts};
 use allox_network::diag::SockDiag;
 use allox_network::own::OwnAddresses;
@@ -117,7 +116,6 @@ impl Network {
                 name: NAME,
                 api_version: API_VERSION,
                 conflicts: &[],
-                routes: &["network.policy.set", "network.policy.get", "network.audit"],
                 alias: None,
                 summary: "the proxy of each proxy-mode session at 127.0.0.1:3128, through a broker that applies the egress policy and records every attempt",
             },
@@ -129,12 +127,10 @@ impl Network {
         self.started.get()
     }
 
-    fn running(&self) -> Result<Arc<Started>, RequestError> {
-        self.started().ok_or_else(|| {
-            RequestError::from(PluginError::Run {
-                plugin: NAME,
-                source: "the network plugin is stopping".into(),
-            })
+    fn running(&self) -> Result<Arc<Started>, PluginError> {
+        self.started().ok_or_else(|| PluginError::Run {
+            plugin: NAME,
+            source: "the network plugin is stopping".into(),
         })
     }
 }
@@ -142,6 +138,20 @@ impl Network {
 impl Default for Network {
     fn default() -> Self {
         Network::new()
+    }
+}
+
+impl Default for NetworkSettings {
+    fn default() -> Self {
+        NetworkSettings {
+            allow: None,
+            deny: Vec::new(),
+            resolver: None,
+            default_mode: NetworkMode::default(),
+            connections_per_session: DEFAULT_CONNECTIONS_PER_SESSION as usize,
+            connections: DEFAULT_CONNECTIONS as usize,
+            lookups_per_session: DEFAULT_LOOKUPS_PER_SESSION as usize,
+        }
     }
 }
 
@@ -183,7 +193,7 @@ impl Plugin for Network {
         // The entry point, then the audit file; a failure leaves neither
         // behind (an audit file that was there stays as it was).
         let shim = settings.state_dir.join("network.py");
-        crate::guest::write_shim(&shim, "net")
+        crate::plugin_api::write_shim(&shim, "net")
             .map_err(|e| not_started(format!("write {}: {e}", shim.display())))?;
         let path: PathBuf = settings.state_dir.join(AUDIT_FILE);
         // Bounded like the other audit files (`--audit-file-bytes`, one
@@ -333,7 +343,12 @@ impl Plugin for Network {
             let st = self.running()?;
             match req {
                 Request::NetworkPolicySet(p) => {
-                    crate::network::check_egress(&p.egress)?;
+                    allox_network::check_egress(p.egress.allow.as_deref(), &p.egress.deny)
+                        .map_err(|e| {
+                            PluginError::Answered(allox_protocol::ErrorBody::invalid(
+                                allox_protocol::error_chain(&e),
+                            ))
+                        })?;
                     let (a, s) = (p.agent_id.as_str(), p.session_id.as_deref());
                     ctx.store.network_egress_set(a, s, &p.egress)?;
                     st.refresh(ctx.store, a, s);
@@ -348,8 +363,7 @@ impl Plugin for Network {
                 _ => Err(PluginError::NoHandler {
                     plugin: NAME,
                     action: req.action(),
-                }
-                .into()),
+                }),
             }
         })
     }
@@ -362,7 +376,7 @@ impl Started {
         store: &allox_store::Store,
         a: &str,
         s: Option<&str>,
-    ) -> Result<NetworkPolicyInfo, RequestError> {
+    ) -> Result<NetworkPolicyInfo, PluginError> {
         let agent = store.network_of(a, None)?;
         let sess = s.map(|s| store.network_of(a, Some(s))).transpose()?;
         let d = &self.settings;

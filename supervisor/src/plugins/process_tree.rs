@@ -11,13 +11,15 @@
 //! - stop: flushes the event store and drops the tracker (the programs
 //!   detach, the drain thread ends).
 
-use super::api::API_VERSION;
-use super::api::{Contribution, Manifest, Plugin, RouteContext, RouteFuture, RunRef, Settings};
-use super::PluginError;
-use crate::error::RequestError;
-use crate::tracker::{ProcessTracker, TrackerError};
+pub mod tracker;
+
+use crate::plugin_api::{
+    Contribution, Manifest, Plugin, PluginError, RouteContext, RouteFuture, RunRef, Settings,
+    API_VERSION,
+};
 use allox_protocol::{ProcessEvents, Request, Response};
 use std::sync::{Arc, Mutex};
+use tracker::{ProcessTracker, TrackerError};
 
 pub const NAME: &str = "process-tree";
 
@@ -25,7 +27,6 @@ static MANIFEST: Manifest = Manifest {
     name: NAME,
     api_version: API_VERSION,
     conflicts: &[],
-    routes: &["process.events", "process.tree"],
     alias: Some("--process-tracker ebpf"),
     summary: "attributes every process of a run to its agent, session and run (eBPF)",
 };
@@ -123,8 +124,7 @@ impl Plugin for ProcessTree {
                 _ => Err(PluginError::NoHandler {
                     plugin: NAME,
                     action: req.action(),
-                }
-                .into()),
+                }),
             }
         })
     }
@@ -136,12 +136,12 @@ async fn events(
     t: &ProcessTracker,
     q: &ProcessEvents,
     ctx: RouteContext<'_>,
-) -> Result<Response, RequestError> {
+) -> Result<Response, PluginError> {
     if !q.follow {
         return Ok(Response::ProcessEvents(t.store.query(q, t.lost())?));
     }
     let Some(sink) = ctx.events else {
-        return Err(RequestError::FollowNeedsStream);
+        return Err(PluginError::FollowNeedsStream);
     };
     let mut cursor = q.cursor;
     loop {
@@ -156,12 +156,12 @@ async fn events(
         for e in page.events {
             if sink.send(allox_protocol::Event::Process(e)).await.is_err() {
                 // The subscriber is gone.
-                return Err(RequestError::SubscriberGone);
+                return Err(PluginError::SubscriberGone);
             }
         }
         cursor = Some(page.next_cursor);
         if sink.is_closed() {
-            return Err(RequestError::SubscriberGone);
+            return Err(PluginError::SubscriberGone);
         }
         t.store
             .wait_newer(page.next_cursor, std::time::Duration::from_secs(1))

@@ -20,18 +20,17 @@
 
 pub mod state;
 
-use super::api::{Contribution, Core, Manifest, Plugin, RouteContext, RouteFuture, RunRef};
 use super::records::{Numbered, Records};
 use super::slot::Slot;
-use super::{PluginError, Settings, API_VERSION};
-use crate::error::RequestError;
-use crate::files::path::Rel;
+use crate::plugin_api::{
+    Contribution, Core, Manifest, Plugin, PluginError, RouteContext, RouteFuture, RunRef,
+    SessionDir, Settings, WriteWithin, API_VERSION,
+};
 use allox_protocol::guest::GuestIdentity;
 use allox_protocol::{
-    validate_id, ErrorBody, ErrorCode, FsList, FsRead, FsScope, FsStat, FsWrite, Request, Response,
-    ShareAgentSet, ShareAuditRecord, ShareData, ShareEnable, ShareInfo, ShareListing, ShareOrigin,
-    SharePath, SharePermission, ShareRead, ShareStatus, ShareWrite, SHARE_READ_MAX,
-    SHARE_WRITE_MAX,
+    validate_id, ErrorBody, ErrorCode, Request, Response, ShareAgentSet, ShareAuditRecord,
+    ShareData, ShareEnable, ShareInfo, ShareListing, ShareOrigin, SharePath, SharePermission,
+    ShareRead, ShareStatus, ShareWrite, SHARE_READ_MAX, SHARE_WRITE_MAX,
 };
 use serde::de::DeserializeOwned;
 use state::Saved;
@@ -99,7 +98,6 @@ impl Share {
                 name: NAME,
                 api_version: API_VERSION,
                 conflicts: &[],
-                routes: &["share.list", "share.agent.set", "share.session.set"],
                 alias: Some("--share-tools"),
                 summary: "sessions that enable sharing reach each other's files (read-only by default) through the guest interface, audited",
             },
@@ -167,11 +165,10 @@ fn target_of(t: &str) -> Result<(&str, &str), ErrorBody> {
 }
 
 /// A scope as given: relative, without `..` (`.` when none is).
-fn scope_of(scope: Option<&str>) -> Result<String, ErrorBody> {
+fn scope_of(core: &dyn Core, scope: Option<&str>) -> Result<String, ErrorBody> {
     let scope = scope.unwrap_or(".");
-    let rel = Rel::parse(scope)
-        .map_err(|e| ErrorBody::invalid(format!("scope: {}", allox_protocol::error_chain(&e))))?;
-    Ok(rel.joined())
+    core.relative_path(scope)
+        .map_err(|e| ErrorBody::invalid(format!("scope: {}", e.message)))
 }
 
 /// What an access needs of the target, once allowed.
@@ -179,6 +176,17 @@ struct Allowed {
     agent: String,
     session: String,
     scope: String,
+}
+
+impl Allowed {
+    /// The target's shared directory, as the core reaches it.
+    fn dir(&self) -> SessionDir<'_> {
+        SessionDir {
+            agent: &self.agent,
+            session: &self.session,
+            dir: &self.scope,
+        }
+    }
 }
 
 impl Started {
@@ -209,15 +217,13 @@ impl Started {
         }
         if let Some((scope, _)) = &offer {
             // The scope must be a directory of the session's files now.
-            core.files_within(
-                &Request::FsStat(FsStat {
-                    agent_id: a.into(),
-                    session_id: s.into(),
-                    scope: FsScope::Session,
-                    checkpoint_id: None,
-                    path: ".".into(),
-                }),
-                scope,
+            core.stat_within(
+                &SessionDir {
+                    agent: a,
+                    session: s,
+                    dir: scope,
+                },
+                ".",
             )?;
         }
         let turning_off = offer.is_none();
@@ -360,7 +366,7 @@ impl Started {
             "share.enable" => {
                 let out = params::<ShareEnable>(route, text).and_then(|p| {
                     let offer = (
-                        scope_of(p.scope.as_deref())?,
+                        scope_of(core, p.scope.as_deref())?,
                         p.permission.unwrap_or_default(),
                     );
                     json(&self.choose(core, a, s, Some(offer), ShareOrigin::Session)?)
@@ -401,28 +407,10 @@ impl Started {
                 let p = params::<SharePath>(route, text)?;
                 let path = p.path.clone().unwrap_or_else(|| ".".into());
                 let out = self.allow(core, a, s, &p.target, false).and_then(|t| {
-                    let req = if route == "share.list" {
-                        Request::FsList(FsList {
-                            agent_id: t.agent,
-                            session_id: t.session,
-                            scope: FsScope::Session,
-                            checkpoint_id: None,
-                            path: path.clone(),
-                            depth: p.depth,
-                        })
+                    if route == "share.list" {
+                        json(&core.list_within(&t.dir(), &path, p.depth)?)
                     } else {
-                        Request::FsStat(FsStat {
-                            agent_id: t.agent,
-                            session_id: t.session,
-                            scope: FsScope::Session,
-                            checkpoint_id: None,
-                            path: path.clone(),
-                        })
-                    };
-                    match core.files_within(&req, &t.scope)?.0 {
-                        Response::FsListing(l) => json(&l),
-                        Response::FsEntry(e) => json(&e),
-                        other => Err(unexpected(route, &other)),
+                        json(&core.stat_within(&t.dir(), &path)?)
                     }
                 });
                 self.audit(&caller, route, &p.target, Some(&path), &out);
@@ -431,18 +419,8 @@ impl Started {
             "share.read" => {
                 let p = params::<ShareRead>(route, text)?;
                 let out = self.allow(core, a, s, &p.target, false).and_then(|t| {
-                    let req = Request::FsRead(FsRead {
-                        agent_id: t.agent,
-                        session_id: t.session,
-                        scope: FsScope::Session,
-                        checkpoint_id: None,
-                        path: p.path.clone(),
-                        offset: p.offset,
-                        length: Some(p.length.unwrap_or(SHARE_READ_MAX).min(SHARE_READ_MAX)),
-                    });
-                    let (Response::FsData(file), tree) = core.files_within(&req, &t.scope)? else {
-                        return Err(ErrorBody::new(ErrorCode::Internal, "fs.read answered another thing"));
-                    };
+                    let length = Some(p.length.unwrap_or(SHARE_READ_MAX).min(SHARE_READ_MAX));
+                    let (file, tree) = core.read_within(&t.dir(), &p.path, p.offset, length)?;
                     if p.tree.is_some_and(|t| t != tree) {
                         return Err(ErrorBody::new(
                             ErrorCode::Conflict,
@@ -459,22 +437,15 @@ impl Started {
                 let out = check_write(&p)
                     .and_then(|()| self.allow(core, a, s, &p.target, true))
                     .and_then(|t| {
-                        let req = Request::FsWrite(FsWrite {
-                            agent_id: t.agent,
-                            session_id: t.session,
-                            scope: FsScope::Session,
+                        let write = WriteWithin {
                             path: p.path.clone(),
                             data: p.data.clone(),
                             offset: p.offset,
                             create: p.create,
-                            truncate: false,
                             upload: p.upload.clone(),
                             commit: p.commit,
-                        });
-                        match core.files_within(&req, &t.scope)?.0 {
-                            Response::FsWritten(w) => json(&w),
-                            other => Err(unexpected(route, &other)),
-                        }
+                        };
+                        json(&core.write_within(&t.dir(), write)?)
                     });
                 self.audit(&caller, route, &p.target, Some(&p.path), &out);
                 out
@@ -504,13 +475,6 @@ fn check_write(p: &ShareWrite) -> Result<(), ErrorBody> {
     Ok(())
 }
 
-fn unexpected(route: &str, r: &Response) -> ErrorBody {
-    ErrorBody::new(
-        ErrorCode::Internal,
-        format!("{route}: the file API answered {}", r.to_json()),
-    )
-}
-
 impl Plugin for Share {
     fn manifest(&self) -> &Manifest {
         &self.manifest
@@ -522,7 +486,7 @@ impl Plugin for Share {
         // The entry point, then the audit file; a failure leaves neither
         // behind (an audit file that was there stays as it was).
         let shim = settings.state_dir.join("share.py");
-        crate::guest::write_shim(&shim, "share")
+        crate::plugin_api::write_shim(&shim, "share")
             .map_err(|e| not_started(format!("write {}: {e}", shim.display())))?;
         let audit_path = settings.state_dir.join(AUDIT_FILE);
         let max = (settings.audit.file_bytes > 0).then_some(settings.audit.file_bytes);
@@ -579,13 +543,11 @@ impl Plugin for Share {
 
     fn serve<'a>(&'a self, req: &'a Request, ctx: RouteContext<'a>) -> RouteFuture<'a> {
         Box::pin(async move {
-            let st = self.started().ok_or_else(|| {
-                RequestError::from(PluginError::Run {
-                    plugin: NAME,
-                    source: "the share plugin is stopping".into(),
-                })
+            let st = self.started().ok_or_else(|| PluginError::Run {
+                plugin: NAME,
+                source: "the share plugin is stopping".into(),
             })?;
-            let body = |e: ErrorBody| RequestError::from(PluginError::Answered(e));
+            let body = |e: ErrorBody| PluginError::Answered(e);
             match req {
                 Request::ShareList(q) => {
                     let agents: Vec<String> = match &q.agent_id {
@@ -620,12 +582,12 @@ impl Plugin for Share {
                     }))
                 }
                 Request::ShareAgentSet(p) => Ok(Response::ShareAgent(
-                    agent_set(&st, ctx.store, p).map_err(body)?,
+                    agent_set(&st, ctx.store, ctx.core, p).map_err(body)?,
                 )),
                 Request::ShareSessionSet(p) => {
                     let offer = if p.enabled {
                         Some((
-                            scope_of(p.scope.as_deref()).map_err(body)?,
+                            scope_of(ctx.core, p.scope.as_deref()).map_err(body)?,
                             p.permission.unwrap_or_default(),
                         ))
                     } else {
@@ -650,8 +612,7 @@ impl Plugin for Share {
                 _ => Err(PluginError::NoHandler {
                     plugin: NAME,
                     action: req.action(),
-                }
-                .into()),
+                }),
             }
         })
     }
@@ -661,15 +622,16 @@ impl Plugin for Share {
 fn agent_set(
     st: &Started,
     store: &allox_store::Store,
+    core: &dyn Core,
     p: &ShareAgentSet,
 ) -> Result<allox_protocol::ShareAgentInfo, ErrorBody> {
     store
         .session_list(&p.agent_id)
-        .map_err(|e| RequestError::from(e).to_body())?;
+        .map_err(|e| PluginError::from(e).to_body())?;
     let scope = p
         .default_scope
         .as_deref()
-        .map(|s| scope_of(Some(s)))
+        .map(|s| scope_of(core, Some(s)))
         .transpose()?;
     let mut saved = st.saved();
     let before = saved.clone();
@@ -730,37 +692,80 @@ mod tests {
             v.sort();
             v
         }
-        fn files_within(&self, req: &Request, dir: &str) -> Result<(Response, u64), ErrorBody> {
-            self.seen
-                .lock()
-                .unwrap()
-                .push((format!("{} {}", req.action(), req.target()), dir.into()));
-            let entry = FsEntry {
+        fn relative_path(&self, path: &str) -> Result<String, ErrorBody> {
+            // The file API's words for the two ways out.
+            if path.starts_with('/') {
+                return Err(ErrorBody::invalid(format!("path {path:?} is absolute")));
+            }
+            if path.split('/').any(|p| p == "..") {
+                return Err(ErrorBody::invalid(format!("path {path:?} contains `..`")));
+            }
+            Ok(if path.is_empty() {
+                ".".into()
+            } else {
+                path.into()
+            })
+        }
+        fn stat_within(&self, d: &SessionDir<'_>, path: &str) -> Result<FsEntry, ErrorBody> {
+            self.saw("fs.stat", d, path);
+            Ok(FsEntry {
                 path: ".".into(),
                 kind: FsKind::Dir,
                 size: 0,
                 mode: 0o755,
                 mtime_ms: 0,
                 link: None,
-            };
+            })
+        }
+        fn list_within(
+            &self,
+            d: &SessionDir<'_>,
+            path: &str,
+            _depth: Option<u32>,
+        ) -> Result<allox_protocol::FsListing, ErrorBody> {
+            self.saw("fs.list", d, path);
+            Ok(allox_protocol::FsListing {
+                entries: Vec::new(),
+                truncated: false,
+            })
+        }
+        fn read_within(
+            &self,
+            d: &SessionDir<'_>,
+            path: &str,
+            _offset: Option<u64>,
+            _length: Option<u64>,
+        ) -> Result<(FsData, u64), ErrorBody> {
+            self.saw("fs.read", d, path);
             Ok((
-                match req {
-                    Request::FsRead(r) => Response::FsData(FsData {
-                        path: r.path.clone(),
-                        offset: 0,
-                        data: Bytes(b"report".to_vec()),
-                        size: 6,
-                        eof: true,
-                    }),
-                    Request::FsWrite(r) => Response::FsWritten(FsWritten {
-                        path: r.path.clone(),
-                        size: r.data.len() as u64,
-                        committed: true,
-                    }),
-                    _ => Response::FsEntry(entry),
+                FsData {
+                    path: path.into(),
+                    offset: 0,
+                    data: Bytes(b"report".to_vec()),
+                    size: 6,
+                    eof: true,
                 },
                 42,
             ))
+        }
+        fn write_within(&self, d: &SessionDir<'_>, w: WriteWithin) -> Result<FsWritten, ErrorBody> {
+            self.saw("fs.write", d, &w.path);
+            Ok(FsWritten {
+                path: w.path,
+                size: w.data.len() as u64,
+                committed: true,
+            })
+        }
+    }
+
+    impl FakeCore {
+        /// Records a file operation as `action agent/session:path` with its
+        /// directory.
+        fn saw(&self, action: &str, d: &SessionDir<'_>, path: &str) {
+            self.seen.lock().unwrap().push((
+                format!("{action} {}/{}:{path}", d.agent, d.session),
+                d.dir.into(),
+            ));
         }
     }
 

@@ -9,7 +9,7 @@
 //! context serves them.
 
 use super::{RunError, Runs};
-use crate::plugins::{ContextGuard, SessionNetwork, SessionRef};
+use crate::plugin_api::{ContextGuard, SessionNetwork, SessionRef};
 use allox_protocol::NetworkMode;
 use allox_sandbox::{Context, ContextSpec, SandboxError, SandboxSpec, Spawned};
 use rustix::fd::OwnedFd;

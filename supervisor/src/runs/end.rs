@@ -72,8 +72,8 @@ pub(super) async fn finish(
         result.usage = Some(super::usage_of(&u));
     }
     if !runs.cfg.plugins.is_empty() {
-        runs.cfg.plugins.run_ended(&crate::plugins::RunEnded {
-            run: crate::plugins::RunRef {
+        runs.cfg.plugins.run_ended(&crate::plugin_api::RunEnded {
+            run: crate::plugin_api::RunRef {
                 agent: &run.agent,
                 session: &run.session,
                 run: &run.id,
@@ -147,7 +147,7 @@ pub(super) async fn reap(runs: Arc<Runs>, run: Arc<Run>) {
         }
     })
     .await;
-    runs.cfg.plugins.after_run(&crate::plugins::RunRef {
+    runs.cfg.plugins.after_run(&crate::plugin_api::RunRef {
         agent: &run.agent,
         session: &run.session,
         run: &run.id,

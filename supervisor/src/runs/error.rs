@@ -2,7 +2,7 @@
 //! mapped to one protocol error code.
 
 use super::validate::Refused;
-use crate::plugins::PluginError;
+use crate::plugin_host::PluginHostError;
 use allox_protocol::{ErrorBody, ErrorCode, IdError};
 use allox_sandbox::cgroup::CgroupError;
 use allox_sandbox::SandboxError;
@@ -73,7 +73,7 @@ pub enum RunError {
     /// A plugin refused the run, or the plugins' contributions to it
     /// clash.
     #[error("run not started")]
-    Plugin(#[source] PluginError),
+    Plugin(#[source] PluginHostError),
     #[error("cannot start the sandbox")]
     Spawn(#[source] SandboxError),
     /// A cgroup operation: creating, killing, removing.

@@ -39,8 +39,9 @@ pub use attach::{Attachment, RunIdentity, RunServices, SessionFiles};
 pub use error::{ConfigError, RunError};
 pub use fence::{Fence, FenceScope, Writer};
 
-use crate::plugins::{Plugins, RunRef, SessionNetwork};
-use allox_protocol::{Event, RunResult};
+use crate::plugin_api::{RunRef, SessionNetwork};
+use crate::plugin_host::Plugins;
+use allox_protocol::RunResult;
 use allox_sandbox::cgroup::{Cgroups, Limits};
 use fence::Fences;
 use finished::{Evict, Finished, Retention};
@@ -50,10 +51,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 /// Where a run's stream events go (binary protocol clients).
-pub type EventSink = mpsc::Sender<Event>;
+pub use crate::plugin_api::EventSink;
 
 #[derive(Debug, Clone)]
 pub struct RunsConfig {
@@ -199,7 +200,7 @@ impl Run {
 pub struct SessionPaths {
     pub current: PathBuf,
     pub shared: PathBuf,
-    pub network: crate::plugins::SessionNetwork,
+    pub network: SessionNetwork,
 }
 
 pub struct Runs {

@@ -9,7 +9,7 @@
 use super::output::{Log, Readers, Source};
 use super::terminal::Terminal;
 use super::{end, key, validate, Asked, EventSink, Input, Run, RunError, Runs, SessionPaths};
-use crate::plugins::RunRef;
+use crate::plugin_api::RunRef;
 use allox_protocol::{Event, ProcessStart, RunResult, RunStarted, StreamKind};
 use allox_sandbox::{RunIo, SandboxSpec};
 use std::path::Path;

@@ -2,9 +2,8 @@
 //! `state/network-audit.log` (outside every workspace: no rollback touches
 //! it), numbered from 1; `network.audit` pages through it or follows it.
 
-use crate::error::RequestError;
+use crate::plugin_api::{PluginError, RouteContext};
 use crate::plugins::records::{Numbered, Records};
-use crate::plugins::RouteContext;
 use allox_protocol::{NetworkAudit, NetworkAuditListing, NetworkAuditRecord, Response};
 use std::time::Duration;
 
@@ -40,24 +39,22 @@ pub(super) async fn serve(
     log: &AuditLog,
     q: &NetworkAudit,
     ctx: RouteContext<'_>,
-) -> Result<Response, RequestError> {
+) -> Result<Response, PluginError> {
     if let Some(a) = &q.agent_id {
         match &q.session_id {
             Some(s) => drop(ctx.store.session_info_of(a, s)?),
             None => drop(ctx.store.session_list(a)?),
         }
     }
-    let io = |e: std::io::Error| {
-        RequestError::from(crate::plugins::PluginError::Run {
-            plugin: super::NAME,
-            source: Box::new(e),
-        })
+    let io = |e: std::io::Error| PluginError::Run {
+        plugin: super::NAME,
+        source: Box::new(e),
     };
     if !q.follow {
         return Ok(Response::NetworkAudit(query(log, q).map_err(io)?));
     }
     let Some(sink) = ctx.events else {
-        return Err(RequestError::FollowNeedsStream);
+        return Err(PluginError::FollowNeedsStream);
     };
     let mut cursor = q.cursor;
     loop {
@@ -72,12 +69,12 @@ pub(super) async fn serve(
         .map_err(io)?;
         for r in page.records {
             if sink.send(allox_protocol::Event::Network(r)).await.is_err() {
-                return Err(RequestError::SubscriberGone);
+                return Err(PluginError::SubscriberGone);
             }
         }
         cursor = Some(page.next_cursor);
         if sink.is_closed() {
-            return Err(RequestError::SubscriberGone);
+            return Err(PluginError::SubscriberGone);
         }
         log.wait_newer(page.next_cursor, Duration::from_secs(1))
             .await;

@@ -7,7 +7,9 @@ use allox_integration::{cgroup2_mount, workspace_bin, BtrfsFs};
 use allox_protocol::Response;
 use allox_store::failpoint::Failpoints;
 use allox_store::Store;
-use allox_supervisor::plugins::{process_tree::ProcessTree, Plugin, Plugins, Settings};
+use allox_supervisor::plugin_api::{Plugin, Settings};
+use allox_supervisor::plugin_host::Plugins;
+use allox_supervisor::plugins::process_tree::ProcessTree;
 use allox_supervisor::runs::{Runs, RunsConfig, SessionPaths};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,6 +57,12 @@ fn bench(fs: &BtrfsFs, cg: &std::path::Path, quick: bool) -> anyhow::Result<()> 
     let plugins = Arc::new(Plugins::load(
         vec![plugin.clone() as Arc<dyn Plugin>],
         &[allox_supervisor::plugins::process_tree::NAME.to_string()],
+        // Only its routes: the others' plugins are not installed here.
+        &allox_protocol::Request::ROUTES
+            .iter()
+            .copied()
+            .filter(|(_, r)| r.plugin() == Some(allox_supervisor::plugins::process_tree::NAME))
+            .collect::<Vec<_>>(),
         &[],
         Failpoints::default(),
     )?);

@@ -77,6 +77,12 @@ impl TrackerError {
     }
 }
 
+impl From<TrackerError> for crate::plugin_api::PluginError {
+    fn from(e: TrackerError) -> Self {
+        crate::plugin_api::PluginError::Answered(e.to_body())
+    }
+}
+
 impl From<TrackerError> for ErrorBody {
     fn from(e: TrackerError) -> ErrorBody {
         e.to_body()

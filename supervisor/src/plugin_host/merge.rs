@@ -4,8 +4,8 @@
 //! Metadata keys are the plugin's name, a dot, and its own key, so they
 //! never collide.
 
-use super::api::Contribution;
-use super::PluginError;
+use super::PluginHostError;
+use crate::plugin_api::Contribution;
 use std::path::{Path, PathBuf};
 
 /// Merges `parts` (each plugin's name and contribution, in load order);
@@ -14,20 +14,22 @@ use std::path::{Path, PathBuf};
 pub fn merge(
     parts: &[(&'static str, Contribution)],
     system_dirs: &[PathBuf],
-) -> Result<Contribution, PluginError> {
+) -> Result<Contribution, PluginHostError> {
     let mut out = Contribution::default();
     let mut prefix_of: Option<&'static str> = None;
     let mut env_of: Vec<&'static str> = Vec::new();
     let mut bind_of: Vec<&'static str> = Vec::new();
     for (name, c) in parts {
         let name = *name;
-        allox_sandbox::binds::check(&c.binds, system_dirs).map_err(|source| PluginError::Bind {
-            plugin: name,
-            source,
+        allox_sandbox::binds::check(&c.binds, system_dirs).map_err(|source| {
+            PluginHostError::Bind {
+                plugin: name,
+                source,
+            }
         })?;
         if !c.prefix.is_empty() {
             if let Some(first) = prefix_of {
-                return Err(PluginError::Contributed {
+                return Err(PluginHostError::Contributed {
                     first,
                     second: name,
                     what: "a command prefix".into(),
@@ -39,7 +41,7 @@ pub fn merge(
         for (k, v) in &c.env {
             if let Some(i) = out.env.iter().position(|(ek, _)| ek == k) {
                 if env_of[i] != name {
-                    return Err(PluginError::Contributed {
+                    return Err(PluginHostError::Contributed {
                         first: env_of[i],
                         second: name,
                         what: format!("environment variable {k}"),
@@ -67,7 +69,7 @@ pub fn merge(
                         b.dst
                     )
                 };
-                return Err(PluginError::Contributed {
+                return Err(PluginHostError::Contributed {
                     first: bind_of[i],
                     second: name,
                     what,

@@ -1,11 +1,19 @@
 //! Plugin API v1: what a plugin declares ([`Manifest`]), what it
-//! contributes to each run ([`Contribution`]), and the hooks the core calls
-//! ([`Plugin`]). docs/plugins.md walks through writing one.
+//! contributes to each run ([`Contribution`]), the hooks the core calls
+//! ([`Plugin`]), what the core lends it ([`Core`]) and its error
+//! ([`PluginError`]). docs/plugins.md walks through writing one.
+//!
+//! The floor plugins stand on: this module imports nothing else of the
+//! supervisor, and plugins import nothing of the supervisor but it.
 
-use super::PluginError;
-use crate::error::RequestError;
-use crate::runs::EventSink;
-use allox_protocol::{Egress, ErrorBody, NetworkMode, Request, Response};
+mod error;
+
+pub use error::{alias_note, Cause, PluginError};
+
+use allox_protocol::{
+    Bytes, Egress, ErrorBody, Event, FsData, FsEntry, FsListing, FsWritten, NetworkMode, Request,
+    Response,
+};
 use allox_sandbox::spec::Bind;
 use allox_store::Store;
 use std::future::Future;
@@ -26,9 +34,6 @@ pub struct Manifest {
     /// Plugins it cannot be loaded with (either side declaring it is
     /// enough).
     pub conflicts: &'static [&'static str],
-    /// The actions it serves (names from the protocol's action table that
-    /// the core hands to plugins, [`super::ROUTABLE`]).
-    pub routes: &'static [&'static str],
     /// Another daemon flag that enables it too, kept for compatibility
     /// (`--process-tracker ebpf`); named in messages.
     pub alias: Option<&'static str>,
@@ -136,21 +141,6 @@ pub struct NetworkSettings {
     pub lookups_per_session: usize,
 }
 
-impl Default for NetworkSettings {
-    fn default() -> Self {
-        use super::network as n;
-        NetworkSettings {
-            allow: None,
-            deny: Vec::new(),
-            resolver: None,
-            default_mode: NetworkMode::default(),
-            connections_per_session: n::DEFAULT_CONNECTIONS_PER_SESSION as usize,
-            connections: n::DEFAULT_CONNECTIONS as usize,
-            lookups_per_session: n::DEFAULT_LOOKUPS_PER_SESSION as usize,
-        }
-    }
-}
-
 /// Where the monitor keeps its records, and how many; what a session may
 /// make it keep (0: no limit).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -169,9 +159,57 @@ pub struct MonitorSettings {
     pub session_quota: Option<u64>,
 }
 
+/// Where a request's stream events go (binary protocol only).
+pub type EventSink = tokio::sync::mpsc::Sender<Event>;
+
+/// The in-sandbox client every sandbox has (the guest interface's `allox`).
+pub const SANDBOX_CLIENT: &str = "/run/allox/bin/allox";
+
+/// Writes a Python entry point at `path` that runs `allox <command>
+/// ARGS...` (a plugin's command inside sandboxes, as `net` or `share`).
+pub fn write_shim(path: &std::path::Path, command: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let text = format!(
+        "# Allox OS guest interface: runs `allox {command}` (see /run/allox/bin/allox --help).\n\
+         import os\n\
+         import sys\n\
+         \n\
+         os.execv({SANDBOX_CLIENT:?}, [\"allox\", {command:?}] + sys.argv[1:])\n"
+    );
+    std::fs::write(path, text)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+}
+
+/// A directory of a session's own files, reached for another session (a
+/// share's scope): `dir` is relative to the session's files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionDir<'a> {
+    pub agent: &'a str,
+    pub session: &'a str,
+    pub dir: &'a str,
+}
+
+/// A write into a [`SessionDir`]: whole (written beside the file and
+/// renamed over it) or a chunk of an upload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteWithin {
+    pub path: String,
+    pub data: Bytes,
+    pub offset: Option<u64>,
+    pub create: Option<bool>,
+    pub upload: Option<String>,
+    pub commit: bool,
+}
+
 /// What the core lends plugins beyond the store: sessions as the store
-/// has them, and their files reached as the file API reaches them. The
-/// supervisor is the one implementation; unit tests fake it.
+/// has them, and their files reached as the file API reaches them, each
+/// operation typed. The supervisor is the one implementation; unit tests
+/// fake it.
+///
+/// The file operations work within a [`SessionDir`]: reached without
+/// following links, paths resolved beneath it, excluded from the
+/// session's rollbacks and deletes (`conflict`), a write refused while
+/// the session has a live run.
 pub trait Core: Send + Sync {
     /// When session `a/s` was made (ms since the epoch): a session deleted
     /// and made again under its name is another session. `not_found` if
@@ -182,13 +220,37 @@ pub trait Core: Send + Sync {
     /// agent does not exist).
     fn sessions_of(&self, a: &str) -> Vec<(String, u64)>;
 
-    /// A file request (`fs.stat`, `fs.list`, `fs.read`, `fs.write` of a
-    /// session's own files) answered within its directory `dir`: reached
-    /// without following links, paths resolved beneath it, excluded from
-    /// the session's rollbacks and deletes (`conflict`), a write refused
-    /// while the session has a live run. With the answer, the id of the
-    /// tree of the session's files it came from (a rollback changes it).
-    fn files_within(&self, req: &Request, dir: &str) -> Result<(Response, u64), ErrorBody>;
+    /// `path` as a relative path without `..` (`.` when empty), or why it
+    /// is not one.
+    fn relative_path(&self, path: &str) -> Result<String, ErrorBody>;
+
+    /// What `path` is.
+    fn stat_within(&self, dir: &SessionDir<'_>, path: &str) -> Result<FsEntry, ErrorBody>;
+
+    /// The entries under `path`, `depth` levels down (1 when `None`).
+    fn list_within(
+        &self,
+        dir: &SessionDir<'_>,
+        path: &str,
+        depth: Option<u32>,
+    ) -> Result<FsListing, ErrorBody>;
+
+    /// Bytes of the file `path`, with the id of the tree of the session's
+    /// files they came from (a rollback changes it).
+    fn read_within(
+        &self,
+        dir: &SessionDir<'_>,
+        path: &str,
+        offset: Option<u64>,
+        length: Option<u64>,
+    ) -> Result<(FsData, u64), ErrorBody>;
+
+    /// Writes the file `write.path`.
+    fn write_within(
+        &self,
+        dir: &SessionDir<'_>,
+        write: WriteWithin,
+    ) -> Result<FsWritten, ErrorBody>;
 }
 
 /// What a route's handler may use besides the request.
@@ -201,8 +263,7 @@ pub struct RouteContext<'a> {
 }
 
 /// The answer of a route, later.
-pub type RouteFuture<'a> =
-    Pin<Box<dyn Future<Output = Result<Response, RequestError>> + Send + 'a>>;
+pub type RouteFuture<'a> = Pin<Box<dyn Future<Output = Result<Response, PluginError>> + Send + 'a>>;
 
 /// A plugin. Every method but [`Plugin::manifest`], [`Plugin::start`] and
 /// [`Plugin::stop`] has a default that contributes nothing.
@@ -285,14 +346,15 @@ pub trait Plugin: Send + Sync {
         ))
     }
 
-    /// Answers a request for one of [`Manifest::routes`].
+    /// Answers a request the protocol's request table gives this plugin
+    /// (`Route::Plugin(NAME)` in `allox_protocol::Request::ROUTES`).
     fn serve<'a>(&'a self, req: &'a Request, _ctx: RouteContext<'a>) -> RouteFuture<'a> {
         let name = self.manifest().name;
         Box::pin(async move {
-            Err(RequestError::from(PluginError::NoHandler {
+            Err(PluginError::NoHandler {
                 plugin: name,
                 action: req.action(),
-            }))
+            })
         })
     }
 }

@@ -3,6 +3,12 @@
 //! plugin k of n stops k−1…1), and an empty merge when nothing is enabled.
 
 use super::*;
+use crate::plugin_api::{
+    Contribution, Core, Manifest, Plugin, PluginError, RunRef, SessionDir, SessionNetwork,
+    Settings, WriteWithin, API_VERSION,
+};
+use crate::plugins::{installed, installed_names};
+use allox_protocol::{ErrorBody, FsData, FsEntry, FsListing, FsWritten, Request, Route};
 use allox_sandbox::spec::Bind;
 use allox_store::failpoint::Failpoints;
 use std::path::PathBuf;
@@ -80,7 +86,7 @@ impl Plugin for Fake {
     }
     fn guest_call(
         &self,
-        _core: &dyn super::Core,
+        _core: &dyn Core,
         caller: &allox_protocol::guest::GuestIdentity,
         route: &str,
         params: &str,
@@ -97,7 +103,6 @@ fn manifest(name: &'static str) -> Manifest {
         name,
         api_version: API_VERSION,
         conflicts: &[],
-        routes: &[],
         alias: None,
         summary: "",
     }
@@ -114,14 +119,22 @@ fn fake(log: &Log, m: Manifest) -> Fake {
     }
 }
 
-fn load(plugins: Vec<Fake>, enabled: &[&str]) -> Result<Plugins, PluginError> {
+fn load(plugins: Vec<Fake>, enabled: &[&str]) -> Result<Plugins, PluginHostError> {
+    load_with(plugins, enabled, &[])
+}
+
+fn load_with(
+    plugins: Vec<Fake>,
+    enabled: &[&str],
+    table: &[(&'static str, Route)],
+) -> Result<Plugins, PluginHostError> {
     let installed: Vec<Arc<dyn Plugin>> = plugins
         .into_iter()
         .map(|p| Arc::new(p) as Arc<dyn Plugin>)
         .collect();
     let enabled: Vec<String> = enabled.iter().map(|s| s.to_string()).collect();
     let system: Vec<PathBuf> = ["/usr", "/etc"].iter().map(PathBuf::from).collect();
-    Plugins::load(installed, &enabled, &system, Failpoints::default())
+    Plugins::load(installed, &enabled, table, &system, Failpoints::default())
 }
 
 fn settings() -> Settings {
@@ -192,7 +205,14 @@ fn nothing_enabled_loads_nothing_and_contributes_nothing() {
 
 #[test]
 fn the_real_installed_plugins_contribute_nothing_unless_enabled() {
-    let p = Plugins::load(installed(), &[], &[], Failpoints::default()).unwrap();
+    let p = Plugins::load(
+        installed(),
+        &[],
+        Request::ROUTES,
+        &[],
+        Failpoints::default(),
+    )
+    .unwrap();
     let run = RunRef {
         agent: "a",
         session: "s",
@@ -276,19 +296,6 @@ fn the_same_env_key_mount_target_route_or_a_second_prefix_names_both_plugins() {
         ),
         "plugins b and a both contribute a command prefix"
     );
-    let routed = |name| {
-        fake(
-            &log,
-            Manifest {
-                routes: &["process.events"],
-                ..manifest(name)
-            },
-        )
-    };
-    assert_eq!(
-        err(vec![routed("a"), routed("b")], &["a", "b"]),
-        "plugins a and b both contribute route process.events"
-    );
     // Nothing was started on the way.
     assert!(log.lock().unwrap().is_empty());
 }
@@ -339,15 +346,13 @@ fn another_api_version_an_unknown_name_a_bad_route_or_mount_are_refused_by_name(
         ),
         "unknown plugin \"nope\"; installed: a, b"
     );
-    let bad_route = fake(
-        &log,
-        Manifest {
-            routes: &["agent.create"],
-            ..manifest("r")
-        },
+    let table = [("process.events", Route::Plugin("nobody"))];
+    assert_eq!(
+        allox_protocol::error_chain(
+            &load_with(vec![fake(&log, manifest("r"))], &["r"], &table).expect_err("refused")
+        ),
+        "the request table gives process.events to plugin nobody, which is not installed (installed: r)"
     );
-    assert!(err(vec![bad_route], &["r"])
-        .starts_with("plugin r claims route \"agent.create\", which is not an action"));
     let e = err(vec![with(&log, "m", bind("/allox/session/x"))], &["m"]);
     assert!(
         e.starts_with(
@@ -447,7 +452,7 @@ fn every_installed_plugin_has_a_start_failpoint() {
 /// A core with no sessions.
 struct NoCore;
 
-impl super::Core for NoCore {
+impl Core for NoCore {
     fn session_created(&self, a: &str, s: &str) -> Result<u64, allox_protocol::ErrorBody> {
         Err(allox_protocol::ErrorBody::new(
             allox_protocol::ErrorCode::NotFound,
@@ -457,18 +462,36 @@ impl super::Core for NoCore {
     fn sessions_of(&self, _: &str) -> Vec<(String, u64)> {
         Vec::new()
     }
-    fn files_within(
+    fn relative_path(&self, _: &str) -> Result<String, ErrorBody> {
+        unreachable!("no files")
+    }
+    fn stat_within(&self, _: &SessionDir<'_>, _: &str) -> Result<FsEntry, ErrorBody> {
+        unreachable!("no files")
+    }
+    fn list_within(
         &self,
-        _: &allox_protocol::Request,
+        _: &SessionDir<'_>,
         _: &str,
-    ) -> Result<(allox_protocol::Response, u64), allox_protocol::ErrorBody> {
+        _: Option<u32>,
+    ) -> Result<FsListing, ErrorBody> {
+        unreachable!("no files")
+    }
+    fn read_within(
+        &self,
+        _: &SessionDir<'_>,
+        _: &str,
+        _: Option<u64>,
+        _: Option<u64>,
+    ) -> Result<(FsData, u64), ErrorBody> {
+        unreachable!("no files")
+    }
+    fn write_within(&self, _: &SessionDir<'_>, _: WriteWithin) -> Result<FsWritten, ErrorBody> {
         unreachable!("no files")
     }
 }
 
 #[test]
 fn a_guest_route_goes_to_its_plugin_with_the_caller_s_identity() {
-    use crate::guest::{GuestRoutes, RouteOutcome};
     let log = Log::default();
     let fakes = vec![
         fake(&log, manifest("a")),
@@ -484,23 +507,17 @@ fn a_guest_route_goes_to_its_plugin_with_the_caller_s_identity() {
         run_id: "r1".into(),
     };
     assert_eq!(
-        p.call(&NoCore, &caller, "net.connect", "{}"),
-        RouteOutcome::Answered(Ok("b net.connect ag/se/r1 {}".into()))
+        p.guest_call(&NoCore, &caller, "net.connect", "{}"),
+        Some(Ok("b net.connect ag/se/r1 {}".into()))
     );
-    assert_eq!(
-        p.call(&NoCore, &caller, "share.read", "{}"),
-        RouteOutcome::NotOwned
-    );
+    assert_eq!(p.guest_call(&NoCore, &caller, "share.read", "{}"), None);
     // A plugin installed but not enabled serves nothing.
     let fakes = vec![Fake {
         guest: &["net.connect"],
         ..fake(&log, manifest("b"))
     }];
     let none = load(fakes, &[]).unwrap();
-    assert_eq!(
-        none.call(&NoCore, &caller, "net.connect", "{}"),
-        RouteOutcome::NotOwned
-    );
+    assert_eq!(none.guest_call(&NoCore, &caller, "net.connect", "{}"), None);
 }
 
 #[test]

@@ -1,14 +1,18 @@
 //! The core's side: which plugins load ([`Plugins::load`]), starting them
 //! in load order and stopping them in the reverse ([`Plugins::start`],
 //! [`Plugins::stop`]), the merged contribution to each run, the per-run
-//! hooks, and routing requests to the plugin that serves them.
+//! hooks, and routing requests to the plugin the protocol's request table
+//! gives them to.
 
-use super::api::{
-    ContextGuard, Contribution, Plugin, RouteContext, RunRef, SessionRef, Settings, API_VERSION,
+use super::{merge, PluginHostError};
+use crate::plugin_api::{
+    ContextGuard, Contribution, Core, Plugin, RouteContext, RunEnded, RunRef, SessionNetwork,
+    SessionRef, Settings, API_VERSION,
 };
-use super::{merge, PluginError, ROUTABLE};
-use crate::error::RequestError;
-use allox_protocol::{InstalledPlugin, PluginInfo, PluginListing, Request, Response};
+use allox_protocol::guest::GuestIdentity;
+use allox_protocol::{
+    ErrorBody, InstalledPlugin, PluginInfo, PluginListing, Request, Response, Route,
+};
 use allox_store::failpoint::{self, Failpoints};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -20,7 +24,7 @@ const SAMPLE_RUN: RunRef<'static> = RunRef {
     agent: "agent",
     session: "session",
     run: "run",
-    network: &super::SessionNetwork {
+    network: &SessionNetwork {
         mode: allox_protocol::NetworkMode::Proxy,
         agent: None,
         session: None,
@@ -41,7 +45,9 @@ impl Drop for Running {
 pub struct Plugins {
     installed: Vec<Arc<dyn Plugin>>,
     loaded: Vec<Arc<dyn Plugin>>,
-    /// Action → index in `loaded`.
+    /// Action → the plugin the request table gives it to (loaded or not).
+    owners: BTreeMap<&'static str, &'static str>,
+    /// Action → index in `loaded`, for the loaded owners.
     routes: BTreeMap<&'static str, usize>,
     /// Guest route (`plugin.call` from inside a sandbox) → index in `loaded`.
     guest_routes: BTreeMap<&'static str, usize>,
@@ -71,6 +77,7 @@ impl Plugins {
         Plugins {
             installed: Vec::new(),
             loaded: Vec::new(),
+            owners: BTreeMap::new(),
             routes: BTreeMap::new(),
             guest_routes: BTreeMap::new(),
             started: Mutex::new(0),
@@ -82,33 +89,45 @@ impl Plugins {
     /// Loads the `enabled` plugins (in that order, a name given twice
     /// counts once) among the `installed` ones: each must be installed and
     /// written for [`API_VERSION`]; no two may conflict, by declaration,
-    /// route, or contribution (checked against the sandbox's own mounts
-    /// and `system_dirs` too). Nothing is started yet.
+    /// guest route, or contribution (checked against the sandbox's own
+    /// mounts and `system_dirs` too). Every plugin the request `table`
+    /// (`Request::ROUTES`) gives an action to must be installed. Nothing
+    /// is started yet.
     pub fn load(
         installed: Vec<Arc<dyn Plugin>>,
         enabled: &[String],
+        table: &[(&'static str, Route)],
         system_dirs: &[PathBuf],
         failpoints: Failpoints,
-    ) -> Result<Plugins, PluginError> {
+    ) -> Result<Plugins, PluginHostError> {
+        let mut owners = BTreeMap::new();
+        for &(action, route) in table {
+            let Some(plugin) = route.plugin() else {
+                continue;
+            };
+            if !installed.iter().any(|p| p.manifest().name == plugin) {
+                return Err(PluginHostError::NoSuchOwner {
+                    action,
+                    plugin,
+                    installed: names_or_none(&installed),
+                });
+            }
+            owners.insert(action, plugin);
+        }
         let mut loaded: Vec<Arc<dyn Plugin>> = Vec::new();
         for name in enabled {
             if loaded.iter().any(|p| p.manifest().name == name) {
                 continue;
             }
             let Some(p) = installed.iter().find(|p| p.manifest().name == name) else {
-                let names: Vec<_> = installed.iter().map(|p| p.manifest().name).collect();
-                return Err(PluginError::Unknown {
+                return Err(PluginHostError::Unknown {
                     name: name.clone(),
-                    installed: if names.is_empty() {
-                        "none".into()
-                    } else {
-                        names.join(", ")
-                    },
+                    installed: names_or_none(&installed),
                 });
             };
             let m = p.manifest();
             if m.api_version != API_VERSION {
-                return Err(PluginError::ApiVersion {
+                return Err(PluginHostError::ApiVersion {
                     name: m.name,
                     declared: m.api_version,
                     supported: API_VERSION,
@@ -124,7 +143,7 @@ impl Plugins {
                     None
                 };
                 if let Some(by) = by {
-                    return Err(PluginError::Declared {
+                    return Err(PluginHostError::Declared {
                         first: e.name,
                         second: m.name,
                         by,
@@ -133,32 +152,18 @@ impl Plugins {
             }
             loaded.push(p.clone());
         }
-        let mut routes: BTreeMap<&'static str, usize> = BTreeMap::new();
-        for (i, p) in loaded.iter().enumerate() {
-            let m = p.manifest();
-            for &route in m.routes {
-                if !ROUTABLE.contains(&route) {
-                    return Err(PluginError::NotRoutable {
-                        plugin: m.name,
-                        route,
-                        routable: ROUTABLE.join(", "),
-                    });
-                }
-                if let Some(&j) = routes.get(route) {
-                    return Err(PluginError::Contributed {
-                        first: loaded[j].manifest().name,
-                        second: m.name,
-                        what: format!("route {route}"),
-                    });
-                }
-                routes.insert(route, i);
-            }
-        }
+        let routes: BTreeMap<&'static str, usize> = owners
+            .iter()
+            .filter_map(|(&action, &owner)| {
+                let i = loaded.iter().position(|p| p.manifest().name == owner)?;
+                Some((action, i))
+            })
+            .collect();
         let mut guest_routes: BTreeMap<&'static str, usize> = BTreeMap::new();
         for (i, p) in loaded.iter().enumerate() {
             for &route in p.guest_routes() {
                 if let Some(&j) = guest_routes.get(route) {
-                    return Err(PluginError::Contributed {
+                    return Err(PluginHostError::Contributed {
                         first: loaded[j].manifest().name,
                         second: p.manifest().name,
                         what: format!("guest route {route}"),
@@ -170,6 +175,7 @@ impl Plugins {
         let me = Plugins {
             installed,
             loaded,
+            owners,
             routes,
             guest_routes,
             started: Mutex::new(0),
@@ -183,7 +189,7 @@ impl Plugins {
     /// Starts the loaded plugins in load order. When one fails (or
     /// panics), the ones started before it are stopped, in the reverse
     /// order, and its error is returned.
-    pub fn start(&self, settings: &Settings) -> Result<(), PluginError> {
+    pub fn start(&self, settings: &Settings) -> Result<(), PluginHostError> {
         for (k, p) in self.loaded.iter().enumerate() {
             let m = p.manifest();
             let point = format!("plugin_start.{}", m.name);
@@ -199,11 +205,11 @@ impl Plugins {
                     tracing::info!(plugin = m.name, "plugin started");
                     continue;
                 }
-                Ok(Err(e)) => e,
-                Err(panic) => PluginError::StartPanicked {
+                Ok(Err(e)) => e.into(),
+                Err(panic) => PluginHostError::StartPanicked {
                     plugin: m.name,
                     alias: m.alias,
-                    why: crate::supervisor::panic_message(panic),
+                    why: crate::panic::message(panic),
                 },
             };
             tracing::error!(plugin = m.name, error = %allox_protocol::error_chain(&err), "plugin failed to start; stopping the ones before it");
@@ -215,7 +221,10 @@ impl Plugins {
 
     /// [`Plugins::start`], and a guard that stops them (in the reverse
     /// order) when it goes, on every path.
-    pub fn start_guarded(self: &Arc<Self>, settings: &Settings) -> Result<Running, PluginError> {
+    pub fn start_guarded(
+        self: &Arc<Self>,
+        settings: &Settings,
+    ) -> Result<Running, PluginHostError> {
         self.start(settings)?;
         Ok(Running(self.clone()))
     }
@@ -252,7 +261,7 @@ impl Plugins {
     }
 
     /// The merged contribution of every loaded plugin to `run`.
-    pub fn contributions(&self, run: &RunRef<'_>) -> Result<Contribution, PluginError> {
+    pub fn contributions(&self, run: &RunRef<'_>) -> Result<Contribution, PluginHostError> {
         let parts: Vec<_> = self
             .loaded
             .iter()
@@ -262,7 +271,7 @@ impl Plugins {
     }
 
     /// Tells every plugin (in load order) that a run ended.
-    pub fn run_ended(&self, run: &super::RunEnded<'_>) {
+    pub fn run_ended(&self, run: &RunEnded<'_>) {
         for p in &self.loaded {
             p.run_ended(run);
         }
@@ -271,13 +280,13 @@ impl Plugins {
     /// Calls every plugin's [`Plugin::before_run`] in load order; when one
     /// refuses, the ones before it hear [`Plugin::after_run`] (in the
     /// reverse order) and its error is returned.
-    pub fn before_run(&self, run: &RunRef<'_>, cgroup_id: u64) -> Result<(), PluginError> {
+    pub fn before_run(&self, run: &RunRef<'_>, cgroup_id: u64) -> Result<(), PluginHostError> {
         for (k, p) in self.loaded.iter().enumerate() {
             if let Err(e) = p.before_run(run, cgroup_id) {
                 for q in self.loaded[..k].iter().rev() {
                     q.after_run(run);
                 }
-                return Err(e);
+                return Err(e.into());
             }
         }
         Ok(())
@@ -297,7 +306,7 @@ impl Plugins {
         &self,
         session: &SessionRef<'_>,
         context: rustix::fd::BorrowedFd<'_>,
-    ) -> Result<Vec<ContextGuard>, PluginError> {
+    ) -> Result<Vec<ContextGuard>, PluginHostError> {
         let mut held = Vec::new();
         for p in &self.loaded {
             match p.session_context(session, context) {
@@ -306,7 +315,7 @@ impl Plugins {
                     while let Some(g) = held.pop() {
                         drop(g);
                     }
-                    return Err(e);
+                    return Err(e.into());
                 }
             }
         }
@@ -320,31 +329,58 @@ impl Plugins {
         }
     }
 
-    /// Answers a request through the plugin that serves its action; when
-    /// none is loaded, the error names the installed plugin that would.
+    /// The loaded plugin the request table gives `action` to; when it is
+    /// not loaded, the error names the plugin that would serve it.
+    pub fn owner(&self, action: &'static str) -> Result<&Arc<dyn Plugin>, PluginHostError> {
+        if let Some(&i) = self.routes.get(action) {
+            return Ok(&self.loaded[i]);
+        }
+        let Some(&owner) = self.owners.get(action) else {
+            return Err(PluginHostError::NotAPluginRoute { action });
+        };
+        let alias = self
+            .installed
+            .iter()
+            .map(|p| p.manifest())
+            .find(|m| m.name == owner)
+            .and_then(|m| m.alias);
+        Err(PluginHostError::NotEnabled {
+            action,
+            plugin: owner,
+            alias,
+        })
+    }
+
+    /// Answers a request through the plugin the request table gives its
+    /// action to.
     pub async fn serve(
         &self,
         req: &Request,
         ctx: RouteContext<'_>,
-    ) -> Result<Response, RequestError> {
-        let action = req.action();
-        if let Some(&i) = self.routes.get(action) {
-            return self.loaded[i].serve(req, ctx).await;
-        }
-        let owner = self
-            .installed
+    ) -> Result<Response, PluginHostError> {
+        Ok(self.owner(req.action())?.serve(req, ctx).await?)
+    }
+
+    /// The actions the request table gives plugin `name`.
+    pub fn routes_of(&self, name: &str) -> Vec<String> {
+        self.owners
             .iter()
-            .map(|p| p.manifest())
-            .find(|m| m.routes.contains(&action));
-        Err(match owner {
-            Some(m) => PluginError::NotEnabled {
-                action,
-                plugin: m.name,
-                alias: m.alias,
-            },
-            None => PluginError::NoPlugin { action },
-        }
-        .into())
+            .filter(|(_, &owner)| owner == name)
+            .map(|(action, _)| action.to_string())
+            .collect()
+    }
+
+    /// A `plugin.call` from inside a sandbox, answered by the loaded plugin
+    /// that owns `route`; `None` when none does.
+    pub fn guest_call(
+        &self,
+        core: &dyn Core,
+        caller: &GuestIdentity,
+        route: &str,
+        params: &str,
+    ) -> Option<Result<String, ErrorBody>> {
+        let &i = self.guest_routes.get(route)?;
+        Some(self.loaded[i].guest_call(core, caller, route, params))
     }
 
     /// The answer to `plugin.list`.
@@ -358,7 +394,7 @@ impl Plugins {
                     PluginInfo {
                         name: m.name.into(),
                         api_version: m.api_version,
-                        routes: m.routes.iter().map(|r| r.to_string()).collect(),
+                        routes: self.routes_of(m.name),
                         conflicts: m.conflicts.iter().map(|c| c.to_string()).collect(),
                     }
                 })
@@ -380,21 +416,12 @@ impl Plugins {
     }
 }
 
-/// The loaded plugins' guest routes: a `plugin.call` from inside a sandbox
-/// goes to the plugin that owns the route.
-impl crate::guest::GuestRoutes for Plugins {
-    fn call(
-        &self,
-        core: &dyn super::Core,
-        caller: &allox_protocol::guest::GuestIdentity,
-        route: &str,
-        params: &str,
-    ) -> crate::guest::RouteOutcome {
-        match self.guest_routes.get(route) {
-            Some(&i) => crate::guest::RouteOutcome::Answered(
-                self.loaded[i].guest_call(core, caller, route, params),
-            ),
-            None => crate::guest::RouteOutcome::NotOwned,
-        }
+/// The installed plugins' names, for messages.
+fn names_or_none(installed: &[Arc<dyn Plugin>]) -> String {
+    let names: Vec<_> = installed.iter().map(|p| p.manifest().name).collect();
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
     }
 }

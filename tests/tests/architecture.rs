@@ -103,3 +103,153 @@ fn the_store_has_no_async_runtime_and_no_seccomp() {
         }
     }
 }
+
+/// The supervisor's modules (`crate::X`, by the files under
+/// `supervisor/src/X`) and the modules each one's code names, tests left
+/// out (`tests.rs` files, and what follows `#[cfg(test)]` in a file) and
+/// comments too.
+fn supervisor_modules() -> BTreeMap<String, BTreeSet<String>> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let src = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../supervisor/src"));
+    let mut files = Vec::new();
+    walk(src, &mut files);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in files {
+        let rel = f.strip_prefix(src).unwrap();
+        let first = rel.components().next().unwrap().as_os_str();
+        let module = first.to_str().unwrap().trim_end_matches(".rs").to_string();
+        if module == "lib" || rel.file_name().is_some_and(|n| n == "tests.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        // Code only: tests and comments (doc links) left out.
+        let code: String = text
+            .split("#[cfg(test)]")
+            .next()
+            .unwrap()
+            .lines()
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let code = code.as_str();
+        let uses = graph.entry(module.clone()).or_default();
+        for (i, _) in code.match_indices("crate::") {
+            let name: String = code[i + "crate::".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            // `use crate::{a, b}` names several.
+            if name.is_empty() && code[i + "crate::".len()..].starts_with('{') {
+                let group = &code[i + "crate::{".len()..];
+                let group = &group[..group.find('}').unwrap_or(group.len())];
+                for part in group.split(',') {
+                    let m = part.trim().split("::").next().unwrap_or("").to_string();
+                    if !m.is_empty() && m != module {
+                        uses.insert(m);
+                    }
+                }
+            } else if !name.is_empty() && name != module {
+                uses.insert(name);
+            }
+        }
+    }
+    graph
+}
+
+/// A cycle through the graph, if there is one.
+fn a_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == n) {
+            let mut c = path[i..].to_vec();
+            c.push(n.to_string());
+            return Some(c);
+        }
+        if done.contains(n) {
+            return None;
+        }
+        path.push(n.to_string());
+        for m in graph.get(n).into_iter().flatten() {
+            if let Some(c) = visit(m, graph, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(n.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|n| visit(n, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn the_supervisor_s_modules_form_no_cycle() {
+    let graph = supervisor_modules();
+    assert!(graph.contains_key("dispatch") && graph.contains_key("plugin_api"));
+    if let Some(c) = a_cycle(&graph) {
+        panic!(
+            "the supervisor's modules import each other in a circle: {}",
+            c.join(" -> ")
+        );
+    }
+}
+
+#[test]
+fn plugins_import_only_the_plugin_api_and_it_imports_nothing() {
+    let graph = supervisor_modules();
+    let extra: Vec<_> = graph["plugins"]
+        .iter()
+        .filter(|m| *m != "plugin_api")
+        .collect();
+    assert!(
+        extra.is_empty(),
+        "plugins may import only crate::plugin_api of the supervisor, not {extra:?}"
+    );
+    assert!(
+        graph["plugin_api"].is_empty(),
+        "the plugin API must import nothing else of the supervisor: {:?}",
+        graph["plugin_api"]
+    );
+}
+
+#[test]
+fn only_the_ways_in_import_the_supervisor_and_its_dispatch() {
+    // What takes requests in (and the dispatch, the supervisor's other
+    // half); everything below them is lent what it needs.
+    let above = [
+        "daemon",
+        "serial",
+        "server",
+        "peer",
+        "guest",
+        "dispatch",
+        "supervisor",
+    ];
+    let graph = supervisor_modules();
+    for (module, uses) in &graph {
+        if above.contains(&module.as_str()) {
+            continue;
+        }
+        for top in ["supervisor", "dispatch"] {
+            assert!(
+                !uses.contains(top),
+                "{module} is below the dispatch and must not import crate::{top}"
+            );
+        }
+    }
+}

@@ -1,6 +1,6 @@
 //! The process tracker as a plugin (`--plugin process-tree`, or its alias
 //! `--process-tracker ebpf`): eBPF programs attribute every process of a
-//! run to its agent, session and run ([`crate::tracker`]).
+//! run to its agent, session and run ([`tracker`]).
 //!
 //! - start: loads and attaches the programs, opens `state/events.redb`;
 //! - before a run: tags the run's cgroup (it exists, empty) with the run,

@@ -145,11 +145,11 @@ impl FilesError {
 }
 
 /// Where a request's paths are resolved.
-enum Within<'a> {
+enum ResolvedBelow<'a> {
     /// Its scope's root (the session's files, `shared/`, a checkpoint).
-    Scope,
+    ScopeRoot,
     /// A directory of the session's files (a share's scope).
-    Dir(&'a str),
+    ShareDir(&'a str),
 }
 
 /// The root of a request's scope, open.
@@ -172,7 +172,7 @@ impl Files<'_> {
 
     /// Answers a file request. Blocking.
     pub fn answer(&self, req: &Request) -> Result<Response, FilesError> {
-        self.answer_in(req, &Within::Scope)
+        self.answer_in(req, &ResolvedBelow::ScopeRoot)
     }
 
     /// Answers a file request (`fs.stat`, `fs.list`, `fs.read`, `fs.write`
@@ -218,11 +218,11 @@ impl Files<'_> {
                 source: std::io::Error::other(allox_protocol::error_chain(&e)),
             })
         })?;
-        let out = self.answer_in(req, &Within::Dir(dir))?;
+        let out = self.answer_in(req, &ResolvedBelow::ShareDir(dir))?;
         Ok((out, tree))
     }
 
-    fn answer_in(&self, req: &Request, w: &Within<'_>) -> Result<Response, FilesError> {
+    fn answer_in(&self, req: &Request, w: &ResolvedBelow<'_>) -> Result<Response, FilesError> {
         Ok(match req {
             Request::FsStat(r) => {
                 let root = self.fs_root(
@@ -254,7 +254,7 @@ impl Files<'_> {
         s: &str,
         scope: FsScope,
         checkpoint: Option<&str>,
-        w: &Within<'_>,
+        w: &ResolvedBelow<'_>,
     ) -> Result<Root, FilesError> {
         self.store.session_info_of(a, s)?;
         let l = self.store.layout();
@@ -289,12 +289,12 @@ impl Files<'_> {
         )
         .map_err(|e| FilesError::from_errno("open", &dir.display().to_string(), e))?;
         match (w, scope, checkpoint) {
-            (Within::Scope, ..) => Ok(Root { fd, scope: name }),
-            (Within::Dir(d), FsScope::Session, None) => Ok(Root {
+            (ResolvedBelow::ScopeRoot, ..) => Ok(Root { fd, scope: name }),
+            (ResolvedBelow::ShareDir(d), FsScope::Session, None) => Ok(Root {
                 fd: path::open_dir_plainly(&fd, d)?,
                 scope: "shared scope",
             }),
-            (Within::Dir(_), ..) => Err(FilesError::BadPath {
+            (ResolvedBelow::ShareDir(_), ..) => Err(FilesError::BadPath {
                 path: ".".into(),
                 why: "is not of the session's own files (a share reaches no checkpoint and no shared/)",
             }),
@@ -310,7 +310,7 @@ impl Files<'_> {
         scope: FsScope,
         f: impl FnOnce(&Root, Option<(u32, u32)>) -> Result<T, FilesError>,
     ) -> Result<T, FilesError> {
-        self.fs_change_in(a, s, scope, &Within::Scope, f)
+        self.fs_change_in(a, s, scope, &ResolvedBelow::ScopeRoot, f)
     }
 
     /// [`Supervisor::fs_change`], paths resolved where `w` says.
@@ -319,7 +319,7 @@ impl Files<'_> {
         a: &str,
         s: &str,
         scope: FsScope,
-        w: &Within<'_>,
+        w: &ResolvedBelow<'_>,
         f: impl FnOnce(&Root, Option<(u32, u32)>) -> Result<T, FilesError>,
     ) -> Result<T, FilesError> {
         let runs = self.runs.as_ref();
@@ -329,7 +329,7 @@ impl Files<'_> {
         f(&root, owner)
     }
 
-    fn fs_list(&self, r: &FsList, w: &Within<'_>) -> Result<FsListing, FilesError> {
+    fn fs_list(&self, r: &FsList, w: &ResolvedBelow<'_>) -> Result<FsListing, FilesError> {
         let root = self.fs_root(
             &r.agent_id,
             &r.session_id,
@@ -354,7 +354,7 @@ impl Files<'_> {
         Ok(out)
     }
 
-    fn fs_read(&self, r: &FsRead, w: &Within<'_>) -> Result<FsData, FilesError> {
+    fn fs_read(&self, r: &FsRead, w: &ResolvedBelow<'_>) -> Result<FsData, FilesError> {
         let root = self.fs_root(
             &r.agent_id,
             &r.session_id,
@@ -400,7 +400,7 @@ impl Files<'_> {
         })
     }
 
-    fn fs_write(&self, r: &FsWrite, w: &Within<'_>) -> Result<FsWritten, FilesError> {
+    fn fs_write(&self, r: &FsWrite, w: &ResolvedBelow<'_>) -> Result<FsWritten, FilesError> {
         let rel = Rel::parse(&r.path)?;
         self.fs_change_in(&r.agent_id, &r.session_id, r.scope, w, |root, owner| {
             let (parent, name) = parent_of(&root.fd, &rel).map_err(|e| scoped(e, root.scope))?;
@@ -413,8 +413,8 @@ impl Files<'_> {
                         session: &r.session_id,
                         scope: r.scope,
                         within: match w {
-                            Within::Dir(d) => Some(d),
-                            Within::Scope => None,
+                            ResolvedBelow::ShareDir(d) => Some(d),
+                            ResolvedBelow::ScopeRoot => None,
                         },
                         id,
                         rel: &rel,

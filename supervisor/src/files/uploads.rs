@@ -414,8 +414,8 @@ impl Files<'_> {
             r.scope,
             None,
             &match &r.within {
-                Some(d) => super::Within::Dir(d),
-                None => super::Within::Scope,
+                Some(d) => super::ResolvedBelow::ShareDir(d),
+                None => super::ResolvedBelow::ScopeRoot,
             },
         )
         .ok()

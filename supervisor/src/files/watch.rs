@@ -257,7 +257,7 @@ impl Files<'_> {
                 &r.session_id,
                 r.scope,
                 None,
-                &super::Within::Scope,
+                &super::ResolvedBelow::ScopeRoot,
             )?;
             let dir = root.open(&rel, OFlags::RDONLY | OFlags::DIRECTORY)?;
             let mut w = Watcher::new(r.recursive)?;

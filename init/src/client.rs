@@ -1,4 +1,4 @@
-//! `allox`, the guest interface's client inside every sandbox: the same
+//! `allox`, the in-sandbox interface's client inside every sandbox: the same
 //! executable as the supervisor, started under the name `allox`
 //! (`/run/allox/bin/allox`, on the sandbox's `PATH`).
 //!
@@ -14,9 +14,10 @@
 //! Human output by default, the answer's JSON with `--json`; exit status 0,
 //! or 1 with the error on stderr.
 
-use allox_protocol::guest::{
-    GuestClientFrame, GuestHello, GuestRequest, GuestRequestEnvelope, GuestResponse,
-    GuestServerFrame, GuestTurnBegin, GuestTurnEnd, PluginCall, Whoami, GUEST_SOCKET,
+use allox_protocol::sandbox_api::{
+    PluginCall, SandboxClientFrame, SandboxHello, SandboxRequest, SandboxRequestEnvelope,
+    SandboxResponse, SandboxServerFrame, SandboxTurnBegin, SandboxTurnEnd, Whoami,
+    SANDBOX_API_SOCKET,
 };
 use allox_protocol::{decode, encode, ErrorBody, ErrorCode, FrameReader, TurnInfo, TurnStatus};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -120,12 +121,12 @@ impl From<Status> for TurnStatus {
 }
 
 impl Cli {
-    fn request(&self) -> Result<GuestRequest, ErrorBody> {
+    fn request(&self) -> Result<SandboxRequest, ErrorBody> {
         Ok(match &self.cmd {
-            Cmd::Whoami => GuestRequest::Whoami(Whoami {}),
+            Cmd::Whoami => SandboxRequest::Whoami(Whoami {}),
             Cmd::Turn {
                 cmd: TurnCmd::Begin { turn_id },
-            } => GuestRequest::TurnBegin(GuestTurnBegin {
+            } => SandboxRequest::TurnBegin(SandboxTurnBegin {
                 turn_id: turn_id.clone(),
             }),
             Cmd::Turn {
@@ -135,7 +136,7 @@ impl Cli {
                         turn_id,
                         label,
                     },
-            } => GuestRequest::TurnEnd(GuestTurnEnd {
+            } => SandboxRequest::TurnEnd(SandboxTurnEnd {
                 turn_id: turn_id.clone(),
                 status: (*status).into(),
                 label: label.clone(),
@@ -145,7 +146,7 @@ impl Cli {
                 let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
                     ErrorBody::invalid(format!("parameters are not valid JSON: {e}"))
                 })?;
-                GuestRequest::PluginCall(PluginCall {
+                SandboxRequest::PluginCall(PluginCall {
                     route: route.clone(),
                     params: v.to_string(),
                 })
@@ -180,7 +181,8 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
             }
         };
     }
-    let socket = std::env::var_os("ALLOX_GUEST_SOCKET").unwrap_or_else(|| GUEST_SOCKET.into());
+    let socket =
+        std::env::var_os("ALLOX_GUEST_SOCKET").unwrap_or_else(|| SANDBOX_API_SOCKET.into());
     if let Cmd::Share { cmd } = &cli.cmd {
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
@@ -217,23 +219,23 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
 }
 
 /// One request over a fresh connection.
-pub fn ask(socket: &std::path::Path, req: GuestRequest) -> Result<GuestResponse, ErrorBody> {
+pub fn ask(socket: &std::path::Path, req: SandboxRequest) -> Result<SandboxResponse, ErrorBody> {
     let unavailable = |what: String| ErrorBody::new(ErrorCode::Unavailable, what);
     let mut s = UnixStream::connect(socket).map_err(|e| {
         unavailable(format!(
-            "cannot connect to {}: {e} (the guest interface exists inside Allox OS sandboxes only)",
+            "cannot connect to {}: {e} (the in-sandbox interface exists inside Allox OS sandboxes only)",
             socket.display()
         ))
     })?;
-    let send = |s: &mut UnixStream, f: &GuestClientFrame| -> Result<(), ErrorBody> {
+    let send = |s: &mut UnixStream, f: &SandboxClientFrame| -> Result<(), ErrorBody> {
         let bytes = encode(f).map_err(|e| ErrorBody::invalid(allox_protocol::error_chain(&e)))?;
         s.write_all(&bytes)
             .map_err(|e| unavailable(format!("cannot send: {e}")))
     };
-    send(&mut s, &GuestClientFrame::Hello(GuestHello::new()))?;
+    send(&mut s, &SandboxClientFrame::Hello(SandboxHello::new()))?;
     send(
         &mut s,
-        &GuestClientFrame::Request(GuestRequestEnvelope {
+        &SandboxClientFrame::Request(SandboxRequestEnvelope {
             request_id: 1,
             request: req,
         }),
@@ -243,13 +245,13 @@ pub fn ask(socket: &std::path::Path, req: GuestRequest) -> Result<GuestResponse,
     loop {
         while let Some(frame) = reader.next_frame() {
             let payload = frame.map_err(|e| unavailable(format!("bad answer: {e}")))?;
-            let frame: GuestServerFrame = decode(&payload).map_err(|e| {
+            let frame: SandboxServerFrame = decode(&payload).map_err(|e| {
                 unavailable(format!("bad answer: {}", allox_protocol::error_chain(&e)))
             })?;
             match frame {
-                GuestServerFrame::Welcome(_) => {}
-                GuestServerFrame::Refused(e) => return Err(e),
-                GuestServerFrame::Response(r) => return r.outcome.into(),
+                SandboxServerFrame::Welcome(_) => {}
+                SandboxServerFrame::Refused(e) => return Err(e),
+                SandboxServerFrame::Response(r) => return r.outcome.into(),
             }
         }
         let n = s
@@ -265,14 +267,14 @@ pub fn ask(socket: &std::path::Path, req: GuestRequest) -> Result<GuestResponse,
 }
 
 /// The answer as a person reads it.
-fn human(r: &GuestResponse) -> String {
+fn human(r: &SandboxResponse) -> String {
     match r {
-        GuestResponse::Identity(i) => format!(
+        SandboxResponse::Identity(i) => format!(
             "agent   {}\nsession {}\nrun     {}\n",
             i.agent_id, i.session_id, i.run_id
         ),
-        GuestResponse::Turn(t) => turn_line(t),
-        GuestResponse::Plugin(_) => {
+        SandboxResponse::Turn(t) => turn_line(t),
+        SandboxResponse::Plugin(_) => {
             let v = r.to_json();
             format!(
                 "{}\n",
@@ -305,7 +307,7 @@ fn turn_line(t: &TurnInfo) -> String {
 mod tests {
     use super::*;
 
-    fn req(args: &[&str]) -> Result<GuestRequest, String> {
+    fn req(args: &[&str]) -> Result<SandboxRequest, String> {
         let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
         cli.request().map_err(|e| e.message)
     }
@@ -323,11 +325,11 @@ mod tests {
     fn commands_become_guest_requests() {
         assert_eq!(
             req(&["allox", "whoami"]).unwrap(),
-            GuestRequest::Whoami(Whoami {})
+            SandboxRequest::Whoami(Whoami {})
         );
         assert_eq!(
             req(&["allox", "turn", "end", "--status", "failed", "--json"]).unwrap(),
-            GuestRequest::TurnEnd(GuestTurnEnd {
+            SandboxRequest::TurnEnd(SandboxTurnEnd {
                 turn_id: None,
                 status: TurnStatus::Failed,
                 label: None
@@ -335,7 +337,7 @@ mod tests {
         );
         assert_eq!(
             req(&["allox", "call", "net.connect", r#"{"port": 22}"#]).unwrap(),
-            GuestRequest::PluginCall(PluginCall {
+            SandboxRequest::PluginCall(PluginCall {
                 route: "net.connect".into(),
                 params: r#"{"port":22}"#.into()
             })
@@ -387,7 +389,7 @@ mod tests {
     fn outside_a_sandbox_the_error_says_so() {
         let e = ask(
             std::path::Path::new("/nonexistent/guest.sock"),
-            GuestRequest::Whoami(Whoami {}),
+            SandboxRequest::Whoami(Whoami {}),
         )
         .unwrap_err();
         assert_eq!(e.code, ErrorCode::Unavailable);

@@ -5,7 +5,7 @@
 //!   options, the supervisor's command, the cgroup v2 leaf;
 //! - [`keeper`]: the loop that keeps the supervisor running, shared by
 //!   the guest's and the container's PID 1;
-//! - [`client`]: `allox`, the guest interface's client inside sandboxes
+//! - [`client`]: `allox`, the in-sandbox interface's client inside sandboxes
 //!   (the same executable started under that name);
 //! - [`guest`]: the guest's PID 1 — its settings from the kernel command
 //!   line, the machine's set-up (mounts, `lo`, Ctrl-Alt-Del), the store

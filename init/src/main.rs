@@ -4,7 +4,7 @@
 //! guest, or standalone on any Linux host); `container` is a container's
 //! PID 1 over a store block device ([`in_container`]). What each does is in
 //! the library (`allox_init`). Started as `allox` (inside a sandbox) it is
-//! the guest interface's client (`allox_init::client`).
+//! the in-sandbox interface's client (`allox_init::client`).
 
 mod in_container;
 mod pid1;
@@ -45,7 +45,7 @@ enum Cmd {
 }
 
 fn main() {
-    // Started as `allox` inside a sandbox: the guest interface's client.
+    // Started as `allox` inside a sandbox: the in-sandbox interface's client.
     if allox_init::client::started_as_client(std::env::args_os().next().as_deref()) {
         std::process::exit(allox_init::client::main(std::env::args_os()));
     }

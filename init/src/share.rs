@@ -5,7 +5,7 @@
 //! into place) or, past one call's size, as an upload committed at its
 //! end.
 
-use allox_protocol::guest::{GuestRequest, GuestResponse, PluginCall};
+use allox_protocol::sandbox_api::{PluginCall, SandboxRequest, SandboxResponse};
 use allox_protocol::{
     Bytes, ErrorBody, FsEntry, FsKind, FsListing, FsWritten, ShareData, ShareEnable, ShareInfo,
     SharePath, SharePermission, ShareRead, ShareStatus, ShareWrite, SHARE_WRITE_MAX,
@@ -77,12 +77,12 @@ fn call<T: serde::de::DeserializeOwned>(
     params: &impl serde::Serialize,
 ) -> Result<T, ErrorBody> {
     let params = serde_json::to_string(params).map_err(|e| ErrorBody::invalid(e.to_string()))?;
-    let req = GuestRequest::PluginCall(PluginCall {
+    let req = SandboxRequest::PluginCall(PluginCall {
         route: route.into(),
         params,
     });
     match crate::client::ask(socket, req)? {
-        GuestResponse::Plugin(p) => serde_json::from_str(&p.result)
+        SandboxResponse::Plugin(p) => serde_json::from_str(&p.result)
             .map_err(|e| ErrorBody::invalid(format!("{route} answered what does not read: {e}"))),
         other => Err(ErrorBody::invalid(format!(
             "{route} answered {}",

@@ -101,7 +101,7 @@ pub struct SuperviseArgs {
     #[arg(long = "plugin", value_name = "NAME")]
     pub plugins: Vec<String>,
     /// Sessions that enable sharing reach each other's files through
-    /// their guest interface (`allox share ...`; docs/share.md). The same
+    /// their in-sandbox interface (`allox share ...`; docs/share.md). The same
     /// as `--plugin share`.
     #[arg(long)]
     pub share_tools: bool,

@@ -49,10 +49,10 @@
 //! "params": {...}}` (see [`json`]), answered by `{"result": {...}}` or
 //! `{"error": {"code": "...", "message": "..."}}`.
 //!
-//! # The guest interface
+//! # The in-sandbox interface
 //!
 //! Programs inside a sandbox speak a separate, smaller schema over the
-//! same framing ([`guest`]); host actions are not part of it.
+//! same framing ([`sandbox_api`]); host actions are not part of it.
 
 pub mod agent;
 pub mod audit;
@@ -62,7 +62,6 @@ pub mod codec;
 pub mod error;
 pub mod files;
 pub mod frame;
-pub mod guest;
 pub mod id;
 pub mod json;
 pub mod message;
@@ -71,6 +70,7 @@ pub mod network;
 pub mod openapi;
 pub mod process;
 pub mod process_tree;
+pub mod sandbox_api;
 pub mod session;
 pub mod share;
 pub mod system;

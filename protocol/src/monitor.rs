@@ -318,7 +318,7 @@ pub struct MonitorRecord {
     pub time_ms: u64,
     pub agent_id: String,
     pub session_id: String,
-    /// Where it came from: `host`, or `run:<id>` for the guest interface
+    /// Where it came from: `host`, or `run:<id>` for the in-sandbox interface
     /// of that run (which names the session, whatever the span says).
     pub source: String,
     pub body: MonitorBody,

@@ -2,7 +2,7 @@
 //! sessions (a directory of its files, readable or writable), the host's
 //! view and switches (`share.list`, `share.agent.set`,
 //! `share.session.set`), and the parameters and answers of the routes a
-//! sandbox reaches through the guest interface (`share.enable`,
+//! sandbox reaches through the in-sandbox interface (`share.enable`,
 //! `share.read`, ...), which are JSON carried by `plugin.call`.
 //!
 //! A session reaches another's files only when both have sharing on; the

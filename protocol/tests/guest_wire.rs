@@ -1,7 +1,7 @@
-//! Golden byte vectors for the guest interface's schema, and its refusal
+//! Golden byte vectors for the in-sandbox interface's schema, and its refusal
 //! of host frames.
 
-use allox_protocol::guest::*;
+use allox_protocol::sandbox_api::*;
 use allox_protocol::*;
 
 fn payload<T: serde::Serialize>(m: &T) -> Vec<u8> {
@@ -10,7 +10,7 @@ fn payload<T: serde::Serialize>(m: &T) -> Vec<u8> {
 
 #[test]
 fn golden_guest_hello() {
-    let m = GuestClientFrame::Hello(GuestHello {
+    let m = SandboxClientFrame::Hello(SandboxHello {
         version: 1,
         build: "ab".into(),
     });
@@ -20,7 +20,7 @@ fn golden_guest_hello() {
         encode(&m).unwrap(),
         [0x06, 0x02, 0x01, 0x02, b'a', b'b', 0x00]
     );
-    let w = GuestServerFrame::Welcome(GuestHello {
+    let w = SandboxServerFrame::Welcome(SandboxHello {
         version: 1,
         build: "ab".into(),
     });
@@ -30,17 +30,20 @@ fn golden_guest_hello() {
 #[test]
 fn golden_guest_requests() {
     let req = |request_id, request| {
-        payload(&GuestClientFrame::Request(GuestRequestEnvelope {
+        payload(&SandboxClientFrame::Request(SandboxRequestEnvelope {
             request_id,
             request,
         }))
     };
-    // variant 3, request_id, GuestRequest variant, fields
-    assert_eq!(req(1, GuestRequest::Whoami(Whoami {})), [0x03, 0x01, 0x00]);
+    // variant 3, request_id, SandboxRequest variant, fields
+    assert_eq!(
+        req(1, SandboxRequest::Whoami(Whoami {})),
+        [0x03, 0x01, 0x00]
+    );
     assert_eq!(
         req(
             300,
-            GuestRequest::TurnBegin(GuestTurnBegin {
+            SandboxRequest::TurnBegin(SandboxTurnBegin {
                 turn_id: Some("t".into())
             })
         ),
@@ -50,7 +53,7 @@ fn golden_guest_requests() {
     assert_eq!(
         req(
             5,
-            GuestRequest::TurnEnd(GuestTurnEnd {
+            SandboxRequest::TurnEnd(SandboxTurnEnd {
                 turn_id: None,
                 status: TurnStatus::Failed,
                 label: None,
@@ -61,7 +64,7 @@ fn golden_guest_requests() {
     assert_eq!(
         req(
             2,
-            GuestRequest::PluginCall(PluginCall {
+            SandboxRequest::PluginCall(PluginCall {
                 route: "x".into(),
                 params: "{}".into(),
             })
@@ -72,9 +75,9 @@ fn golden_guest_requests() {
 
 #[test]
 fn golden_guest_responses() {
-    let m = GuestServerFrame::Response(GuestResponseEnvelope {
+    let m = SandboxServerFrame::Response(SandboxResponseEnvelope {
         request_id: 5,
-        outcome: GuestOutcome::Ok(GuestResponse::Identity(GuestIdentity {
+        outcome: SandboxOutcome::Ok(SandboxResponse::Identity(SandboxCaller {
             agent_id: "a".into(),
             session_id: "s".into(),
             run_id: "r".into(),
@@ -85,19 +88,19 @@ fn golden_guest_responses() {
         payload(&m),
         [0x02, 0x05, 0x00, 0x00, 0x01, b'a', 0x01, b's', 0x01, b'r']
     );
-    let m = GuestServerFrame::Response(GuestResponseEnvelope {
+    let m = SandboxServerFrame::Response(SandboxResponseEnvelope {
         request_id: 0,
-        outcome: GuestOutcome::Err(ErrorBody::new(ErrorCode::Unsupported, "x")),
+        outcome: SandboxOutcome::Err(ErrorBody::new(ErrorCode::Unsupported, "x")),
     });
     assert_eq!(payload(&m), [0x02, 0x00, 0x01, 0x05, 0x01, b'x']);
-    let m = GuestServerFrame::Refused(ErrorBody::new(ErrorCode::VersionMismatch, "v"));
+    let m = SandboxServerFrame::Refused(ErrorBody::new(ErrorCode::VersionMismatch, "v"));
     assert_eq!(payload(&m), [0x01, 0x04, 0x01, b'v']);
 }
 
 #[test]
 fn wire_order_of_guest_actions_is_pinned() {
     assert_eq!(
-        GuestRequest::ACTIONS,
+        SandboxRequest::ACTIONS,
         ["whoami", "turn.begin", "turn.end", "plugin.call"]
     );
 }
@@ -109,10 +112,10 @@ fn the_reserved_host_indexes_decode_as_nothing() {
         for rest in [&[][..], &[0], &[1, 2, 3], &[0x7f; 8]] {
             let mut p = vec![first];
             p.extend_from_slice(rest);
-            assert!(decode::<GuestClientFrame>(&p).is_err(), "{p:?}");
+            assert!(decode::<SandboxClientFrame>(&p).is_err(), "{p:?}");
         }
     }
-    assert!(decode::<GuestClientFrame>(&[0x04]).is_err());
+    assert!(decode::<SandboxClientFrame>(&[0x04]).is_err());
 }
 
 #[test]
@@ -128,7 +131,7 @@ fn a_host_turn_end_naming_another_session_is_refused_as_unsupported() {
             label: None,
         }),
     }));
-    let Some(ServerFrame::Response(r)) = guest::host_frame_refusal(&host) else {
+    let Some(ServerFrame::Response(r)) = sandbox_api::host_frame_refusal(&host) else {
         panic!("a host request is answered in the host's framing");
     };
     assert_eq!((r.conversation, r.request_id), (4, 9));
@@ -141,5 +144,5 @@ fn a_host_turn_end_naming_another_session_is_refused_as_unsupported() {
         "{}",
         e.message
     );
-    assert!(guest::host_frame_refusal(&[0x03, 0x01, 0x00]).is_none());
+    assert!(sandbox_api::host_frame_refusal(&[0x03, 0x01, 0x00]).is_none());
 }

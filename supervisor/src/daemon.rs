@@ -1,11 +1,11 @@
 //! `allox-init supervise`: the supervisor as a daemon on a Btrfs mount.
 
-use crate::guest::{GuestRoutes, GuestService};
 use crate::peer::PeerPolicy;
 use crate::plugin_api::Settings;
 use crate::plugin_host::{PluginHostError, Plugins};
 use crate::plugins;
 use crate::runs::{RunError, Runs, RunsConfig};
+use crate::sandbox_api::{SandboxApi, SandboxRoutes};
 use crate::server::{serve_unix, Limits};
 use crate::supervisor::{Policy, Supervisor};
 use allox_store::failpoint::Failpoints;
@@ -61,8 +61,8 @@ pub enum DaemonError {
     SocketInUse(PathBuf),
     #[error("cannot set up process support")]
     Processes(#[source] RunError),
-    #[error("cannot set up the guest interface")]
-    Guest(#[source] crate::guest::GuestError),
+    #[error("cannot set up the in-sandbox interface")]
+    SandboxApi(#[source] crate::sandbox_api::SandboxApiError),
     #[error("cannot start the async runtime")]
     Runtime(#[source] std::io::Error),
     #[error(transparent)]
@@ -142,7 +142,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         "process support ready"
     );
     // `plugin.call` from inside sandboxes goes to the loaded plugins.
-    let guest_routes: Arc<dyn GuestRoutes> = plugins.clone();
+    let sandbox_routes: Arc<dyn SandboxRoutes> = plugins.clone();
     let sup = Arc::new(Supervisor {
         network_default: cfg.plugins.network.default_mode,
         ..Supervisor::new(store, cfg.policy.clone(), runs, plugins)
@@ -150,19 +150,19 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     // What uploads an earlier daemon did not finish left beside their
     // targets.
     sup.files().sweep_uploads();
-    // The guest interface: a listener per run, in a directory of its own
+    // The in-sandbox interface: a listener per run, in a directory of its own
     // beside the control socket.
     let guest = match &sup.runs {
         Some(runs) => {
             let svc = Arc::new(
-                GuestService::new(
-                    crate::guest::dir_for(&cfg.socket),
+                SandboxApi::new(
+                    crate::sandbox_api::dir_for(&cfg.socket),
                     runs.config().init_exe.clone(),
                     runs.cgroups().clone(),
                     Arc::downgrade(&sup),
-                    guest_routes,
+                    sandbox_routes,
                 )
-                .map_err(DaemonError::Guest)?,
+                .map_err(DaemonError::SandboxApi)?,
             );
             runs.set_services(svc.clone());
             Some(svc)
@@ -177,7 +177,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         .build()
         .map_err(DaemonError::Runtime)?;
     let result = rt.block_on(async {
-        // Runs an earlier supervisor left get their guest interface again.
+        // Runs an earlier supervisor left get their in-sandbox interface again.
         if let Some(runs) = &sup.runs {
             runs.reattach();
         }

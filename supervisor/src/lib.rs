@@ -3,7 +3,7 @@
 //! server — dispatch, runs, files, plugins, the daemon.
 //!
 //! From the top down: `daemon` starts everything; `serial`, `server`,
-//! `peer` and `guest` take requests in; `supervisor` admits and audits
+//! `peer` and `sandbox_api` (the in-sandbox interface) take requests in; `supervisor` admits and audits
 //! them and `dispatch` answers them (the protocol's request table decides
 //! where each goes); `files`, `runs` and `plugin_host` do the work;
 //! `plugins` stand on `plugin_api` alone. `tests/tests/architecture.rs`
@@ -13,7 +13,6 @@ pub mod daemon;
 pub mod dispatch;
 pub mod error;
 pub mod files;
-pub mod guest;
 pub mod panic;
 pub mod peer;
 pub mod plugin_api;
@@ -21,6 +20,7 @@ pub mod plugin_host;
 pub mod plugins;
 pub mod ratelimit;
 pub mod runs;
+pub mod sandbox_api;
 pub mod serial;
 pub mod server;
 pub mod supervisor;

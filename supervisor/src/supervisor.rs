@@ -16,8 +16,8 @@ use allox_store::Store;
 use std::sync::Arc;
 
 /// Threads of the daemon's blocking pool, which answers control and guest
-/// requests; guest requests take at most half (`GUEST_IN_FLIGHT` of the
-/// guest interface).
+/// requests; guest requests take at most half (`SANDBOX_IN_FLIGHT` of the
+/// in-sandbox interface).
 pub const BLOCKING_THREADS: usize = 32;
 
 /// Daemon-wide request policy.

@@ -572,8 +572,8 @@ pub fn remove_cgroup_tree(p: &Path) {
 }
 
 pub mod container;
-pub mod guest_raw;
 pub mod http;
+pub mod sandbox_api_raw;
 pub mod vm;
 
 /// An HTTP server on the host's loopback answering each request with

@@ -118,7 +118,7 @@ fn view(d: &ProcDaemon, a: &str, s: &str) -> String {
 /// built its own root after an exec of the sandbox init), on the
 /// development host, with the daemon's default flags. A change here is a
 /// change of what every sandboxed program sees: it needs a reason. Changed
-/// since, on purpose: the guest interface (`/run/allox`, its client
+/// since, on purpose: the in-sandbox interface (`/run/allox`, its client
 /// directory last on `PATH`, the run's directory at `/run/allox/guest`
 /// with `/run/allox/guest.sock` a link into it); one seccomp filter
 /// instead of three (the same answers, as one program).

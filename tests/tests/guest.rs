@@ -1,12 +1,14 @@
-//! The guest interface through the real daemon and real sandboxes: the
+//! The in-sandbox interface through the real daemon and real sandboxes: the
 //! `allox` client inside a run, the Python entry points, a hostile raw
 //! client, and what 1,000 runs leave behind.
 
-use allox_integration::guest_raw::{frames, guest_error, guest_frame, guest_request, raw_exchange};
+use allox_integration::sandbox_api_raw::{
+    frames, raw_exchange, sandbox_error, sandbox_frame, sandbox_request,
+};
 use allox_integration::{
     call, make_sessions, process_start as start, require, workspace_bin, ProcDaemon,
 };
-use allox_protocol::guest::*;
+use allox_protocol::sandbox_api::*;
 use allox_protocol::*;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -36,7 +38,7 @@ fn sh(d: &ProcDaemon, a: &str, s: &str, script: &str) -> RunResult {
 }
 
 fn guest_dir(d: &ProcDaemon) -> PathBuf {
-    allox_supervisor::guest::dir_for(&d.daemon.socket)
+    allox_supervisor::sandbox_api::dir_for(&d.daemon.socket)
 }
 
 fn turn_begin(d: &ProcDaemon, a: &str, s: &str) -> Result<TurnInfo, ErrorBody> {
@@ -206,7 +208,7 @@ fn a_run_cannot_act_on_another_session_through_the_guest_socket() {
     );
 
     // A raw client: host frames, forged bytes.
-    let hello = guest_frame(&GuestClientFrame::Hello(GuestHello::new()));
+    let hello = sandbox_frame(&SandboxClientFrame::Hello(SandboxHello::new()));
     let host_hello = encode(&ClientFrame::Hello(Hello::new(1))).unwrap();
     let host = |request| {
         encode(&ClientFrame::Request(RequestEnvelope {
@@ -229,9 +231,9 @@ fn a_run_cannot_act_on_another_session_through_the_guest_socket() {
         force: true,
     }));
     // A guest turn.end whose payload carries another identity after it.
-    let mut forged = postcard::to_stdvec(&GuestClientFrame::Request(GuestRequestEnvelope {
+    let mut forged = postcard::to_stdvec(&SandboxClientFrame::Request(SandboxRequestEnvelope {
         request_id: 7,
-        request: GuestRequest::TurnEnd(GuestTurnEnd {
+        request: SandboxRequest::TurnEnd(SandboxTurnEnd {
             turn_id: Some("turn-1".into()),
             status: TurnStatus::Ok,
             label: None,
@@ -240,7 +242,7 @@ fn a_run_cannot_act_on_another_session_through_the_guest_socket() {
     .unwrap();
     forged.extend(postcard::to_stdvec(&("a", "t")).unwrap());
     let forged = allox_protocol::frame::frame(&forged).unwrap();
-    let whoami = guest_request(8, GuestRequest::Whoami(Whoami {}));
+    let whoami = sandbox_request(8, SandboxRequest::Whoami(Whoami {}));
     let cat = |parts: &[&[u8]]| parts.concat();
     let got = raw_exchange(
         &d,
@@ -280,14 +282,14 @@ fn a_run_cannot_act_on_another_session_through_the_guest_socket() {
         );
     }
     // Extra bytes carrying another identity: the frame is refused whole.
-    let e = guest_error(&frames(&got[3])[1]);
+    let e = sandbox_error(&frames(&got[3])[1]);
     assert_eq!(e.code, ErrorCode::InvalidRequest, "{e:?}");
     // After all that, the connection still is the run's own.
     let f = frames(&got[4]);
-    match decode::<GuestServerFrame>(&f[2]).unwrap() {
-        GuestServerFrame::Response(GuestResponseEnvelope {
+    match decode::<SandboxServerFrame>(&f[2]).unwrap() {
+        SandboxServerFrame::Response(SandboxResponseEnvelope {
             request_id: 8,
-            outcome: GuestOutcome::Ok(GuestResponse::Identity(i)),
+            outcome: SandboxOutcome::Ok(SandboxResponse::Identity(i)),
         }) => assert_eq!((i.agent_id.as_str(), i.session_id.as_str()), ("a", "s")),
         other => panic!("{other:?}"),
     }
@@ -504,8 +506,8 @@ fn refusal(sock: &std::path::Path, uid: Option<u32>) -> String {
     };
     let f = frames(&bytes);
     match f.as_slice() {
-        [one] => match decode::<GuestServerFrame>(one) {
-            Ok(GuestServerFrame::Refused(e)) => {
+        [one] => match decode::<SandboxServerFrame>(one) {
+            Ok(SandboxServerFrame::Refused(e)) => {
                 assert_eq!(e.code, ErrorCode::Unauthorized, "{e:?}");
                 e.message
             }

@@ -71,7 +71,7 @@ fn sandbox_view(d: &ProcDaemon) -> (Vec<String>, Vec<String>, Vec<String>) {
 
 /// The view captured from the code before plugins existed, on a host
 /// whose system directories are those that exist here, plus what the core
-/// gives every run since: the guest interface (its directory last on
+/// gives every run since: the in-sandbox interface (its directory last on
 /// `PATH`, its socket, client and Python entry points bound last), and the
 /// sandbox's own user database over the files of the host's /etc.
 fn expected_view() -> (Vec<String>, Vec<String>, Vec<String>) {

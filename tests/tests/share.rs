@@ -4,11 +4,11 @@
 //! thousand requests, reads racing rollbacks, and the daemon without the
 //! plugin.
 
-use allox_integration::guest_raw::{frames, guest_frame, raw_exchange};
+use allox_integration::sandbox_api_raw::{frames, raw_exchange, sandbox_frame};
 use allox_integration::{
     alloxctl, call, make_sessions, process_start as start, require, ProcDaemon,
 };
-use allox_protocol::guest::*;
+use allox_protocol::sandbox_api::*;
 use allox_protocol::*;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
@@ -571,7 +571,7 @@ fn the_host_switches_sharing_and_its_actions_are_refused_inside() {
     };
     ok(&d, B, "echo x > f && allox share enable");
     ok(&d, A, "allox share enable");
-    // Host actions through the guest interface: no route, and as a host
+    // Host actions through the in-sandbox interface: no route, and as a host
     // frame, refused as a host action.
     for route in ["share.agent.set", "share.session.set"] {
         refused(
@@ -584,7 +584,7 @@ fn the_host_switches_sharing_and_its_actions_are_refused_inside() {
             "no plugin owns route",
         );
     }
-    let hello = guest_frame(&GuestClientFrame::Hello(GuestHello::new()));
+    let hello = sandbox_frame(&SandboxClientFrame::Hello(SandboxHello::new()));
     let host = encode(&ClientFrame::Request(RequestEnvelope {
         conversation: 1,
         request_id: 5,

@@ -741,7 +741,7 @@ fn guest_runs_of_a_session_share_its_network_and_a_run_ends_its_own_turn() {
         other => panic!("{other:?}"),
     }
     // A program in the sandbox begins and ends its own turn through the
-    // guest interface; the host sees the turn's checkpoint.
+    // in-sandbox interface; the host sees the turn's checkpoint.
     let out = sh(
         &mut c,
         "a",

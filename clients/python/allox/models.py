@@ -745,7 +745,7 @@ class MonitorRecord(Model):
     seq: int
     session_id: str
 
-    #: Where it came from: `host`, or `run:<id>` for the guest interface
+    #: Where it came from: `host`, or `run:<id>` for the in-sandbox interface
     #: of that run (which names the session, whatever the span says).
     source: str
 

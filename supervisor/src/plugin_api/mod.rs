@@ -162,7 +162,7 @@ pub struct MonitorSettings {
 /// Where a request's stream events go (binary protocol only).
 pub type EventSink = tokio::sync::mpsc::Sender<Event>;
 
-/// The in-sandbox client every sandbox has (the guest interface's `allox`).
+/// The in-sandbox client every sandbox has (the in-sandbox interface's `allox`).
 pub const SANDBOX_CLIENT: &str = "/run/allox/bin/allox";
 
 /// Writes a Python entry point at `path` that runs `allox <command>
@@ -170,7 +170,7 @@ pub const SANDBOX_CLIENT: &str = "/run/allox/bin/allox";
 pub fn write_shim(path: &std::path::Path, command: &str) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let text = format!(
-        "# Allox OS guest interface: runs `allox {command}` (see /run/allox/bin/allox --help).\n\
+        "# Allox OS in-sandbox interface: runs `allox {command}` (see /run/allox/bin/allox --help).\n\
          import os\n\
          import sys\n\
          \n\
@@ -318,22 +318,22 @@ pub trait Plugin: Send + Sync {
         Ok(None)
     }
 
-    /// The routes it serves inside sandboxes, through the guest interface's
+    /// The routes it serves inside sandboxes, through the in-sandbox interface's
     /// `plugin.call` (names of its own; two plugins may not share one).
-    fn guest_routes(&self) -> &'static [&'static str] {
+    fn sandbox_routes(&self) -> &'static [&'static str] {
         &[]
     }
 
-    /// Answers a `plugin.call` for one of [`Plugin::guest_routes`] from
+    /// Answers a `plugin.call` for one of [`Plugin::sandbox_routes`] from
     /// inside a sandbox (on a blocking thread), with what the core lends
     /// ([`Core`]). `caller` is the run the
     /// call came from, as the listener that accepted it says: a plugin acts
     /// for that run's session only. `params` is JSON text; so is the
     /// answer.
-    fn guest_call(
+    fn sandbox_call(
         &self,
         _core: &dyn Core,
-        _caller: &allox_protocol::guest::GuestIdentity,
+        _caller: &allox_protocol::sandbox_api::SandboxCaller,
         route: &str,
         _params: &str,
     ) -> Result<String, allox_protocol::ErrorBody> {

@@ -9,7 +9,7 @@ use crate::plugin_api::{
     ContextGuard, Contribution, Core, Plugin, RouteContext, RunEnded, RunRef, SessionNetwork,
     SessionRef, Settings, API_VERSION,
 };
-use allox_protocol::guest::GuestIdentity;
+use allox_protocol::sandbox_api::SandboxCaller;
 use allox_protocol::{
     ErrorBody, InstalledPlugin, PluginInfo, PluginListing, Request, Response, Route,
 };
@@ -50,7 +50,7 @@ pub struct Plugins {
     /// Action → index in `loaded`, for the loaded owners.
     routes: BTreeMap<&'static str, usize>,
     /// Guest route (`plugin.call` from inside a sandbox) → index in `loaded`.
-    guest_routes: BTreeMap<&'static str, usize>,
+    sandbox_routes: BTreeMap<&'static str, usize>,
     /// How many of `loaded` (a prefix) are started.
     started: Mutex<usize>,
     system_dirs: Vec<PathBuf>,
@@ -79,7 +79,7 @@ impl Plugins {
             loaded: Vec::new(),
             owners: BTreeMap::new(),
             routes: BTreeMap::new(),
-            guest_routes: BTreeMap::new(),
+            sandbox_routes: BTreeMap::new(),
             started: Mutex::new(0),
             system_dirs: Vec::new(),
             failpoints: Failpoints::default(),
@@ -159,17 +159,17 @@ impl Plugins {
                 Some((action, i))
             })
             .collect();
-        let mut guest_routes: BTreeMap<&'static str, usize> = BTreeMap::new();
+        let mut sandbox_routes: BTreeMap<&'static str, usize> = BTreeMap::new();
         for (i, p) in loaded.iter().enumerate() {
-            for &route in p.guest_routes() {
-                if let Some(&j) = guest_routes.get(route) {
+            for &route in p.sandbox_routes() {
+                if let Some(&j) = sandbox_routes.get(route) {
                     return Err(PluginHostError::Contributed {
                         first: loaded[j].manifest().name,
                         second: p.manifest().name,
                         what: format!("guest route {route}"),
                     });
                 }
-                guest_routes.insert(route, i);
+                sandbox_routes.insert(route, i);
             }
         }
         let me = Plugins {
@@ -177,7 +177,7 @@ impl Plugins {
             loaded,
             owners,
             routes,
-            guest_routes,
+            sandbox_routes,
             started: Mutex::new(0),
             system_dirs: system_dirs.to_vec(),
             failpoints,
@@ -372,15 +372,15 @@ impl Plugins {
 
     /// A `plugin.call` from inside a sandbox, answered by the loaded plugin
     /// that owns `route`; `None` when none does.
-    pub fn guest_call(
+    pub fn sandbox_call(
         &self,
         core: &dyn Core,
-        caller: &GuestIdentity,
+        caller: &SandboxCaller,
         route: &str,
         params: &str,
     ) -> Option<Result<String, ErrorBody>> {
-        let &i = self.guest_routes.get(route)?;
-        Some(self.loaded[i].guest_call(core, caller, route, params))
+        let &i = self.sandbox_routes.get(route)?;
+        Some(self.loaded[i].sandbox_call(core, caller, route, params))
     }
 
     /// The answer to `plugin.list`.

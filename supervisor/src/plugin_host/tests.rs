@@ -81,13 +81,13 @@ impl Plugin for Fake {
             .unwrap()
             .push(format!("after {}", self.manifest.name));
     }
-    fn guest_routes(&self) -> &'static [&'static str] {
+    fn sandbox_routes(&self) -> &'static [&'static str] {
         self.guest
     }
-    fn guest_call(
+    fn sandbox_call(
         &self,
         _core: &dyn Core,
-        caller: &allox_protocol::guest::GuestIdentity,
+        caller: &allox_protocol::sandbox_api::SandboxCaller,
         route: &str,
         params: &str,
     ) -> Result<String, allox_protocol::ErrorBody> {
@@ -501,23 +501,26 @@ fn a_guest_route_goes_to_its_plugin_with_the_caller_s_identity() {
         },
     ];
     let p = load(fakes, &["a", "b"]).unwrap();
-    let caller = allox_protocol::guest::GuestIdentity {
+    let caller = allox_protocol::sandbox_api::SandboxCaller {
         agent_id: "ag".into(),
         session_id: "se".into(),
         run_id: "r1".into(),
     };
     assert_eq!(
-        p.guest_call(&NoCore, &caller, "net.connect", "{}"),
+        p.sandbox_call(&NoCore, &caller, "net.connect", "{}"),
         Some(Ok("b net.connect ag/se/r1 {}".into()))
     );
-    assert_eq!(p.guest_call(&NoCore, &caller, "share.read", "{}"), None);
+    assert_eq!(p.sandbox_call(&NoCore, &caller, "share.read", "{}"), None);
     // A plugin installed but not enabled serves nothing.
     let fakes = vec![Fake {
         guest: &["net.connect"],
         ..fake(&log, manifest("b"))
     }];
     let none = load(fakes, &[]).unwrap();
-    assert_eq!(none.guest_call(&NoCore, &caller, "net.connect", "{}"), None);
+    assert_eq!(
+        none.sandbox_call(&NoCore, &caller, "net.connect", "{}"),
+        None
+    );
 }
 
 #[test]

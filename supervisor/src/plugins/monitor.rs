@@ -26,7 +26,7 @@ use crate::plugin_api::{
     Core, Manifest, MonitorSettings, Plugin, PluginError, RouteContext, RouteFuture, RunEnded,
     Settings, API_VERSION,
 };
-use allox_protocol::guest::GuestIdentity;
+use allox_protocol::sandbox_api::SandboxCaller;
 use allox_protocol::{
     ErrorBody, ErrorCode, MonitorBody, MonitorIngested, MonitorListing, MonitorRecord,
     MonitorRecords, MonitorRun, MonitorTimeline, Request, Response, Span, TurnInfo,
@@ -55,7 +55,7 @@ pub const DEFAULT_BYTES_PER_S: u64 = 1 << 20;
 pub const DEFAULT_SPAN_BYTES: u64 = 64 << 10;
 
 /// The route it serves inside sandboxes: `{"spans": [...]}`.
-pub const GUEST_ROUTES: &[&str] = &["monitor.spans"];
+pub const SANDBOX_ROUTES: &[&str] = &["monitor.spans"];
 
 impl Numbered for MonitorRecord {
     fn seq(&self) -> u64 {
@@ -206,7 +206,7 @@ fn check_spans(spans: &[Span]) -> Result<(), ErrorBody> {
 /// the request claims (`agent_id`, `session_id`) is read and ignored.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-struct GuestSpans {
+struct SandboxSpans {
     spans: Vec<Span>,
     #[serde(default, rename = "agent_id")]
     _agent_id: Option<String>,
@@ -386,14 +386,14 @@ impl Plugin for Monitor {
         });
     }
 
-    fn guest_routes(&self) -> &'static [&'static str] {
-        GUEST_ROUTES
+    fn sandbox_routes(&self) -> &'static [&'static str] {
+        SANDBOX_ROUTES
     }
 
-    fn guest_call(
+    fn sandbox_call(
         &self,
         _core: &dyn Core,
-        caller: &GuestIdentity,
+        caller: &SandboxCaller,
         route: &str,
         params: &str,
     ) -> Result<String, ErrorBody> {
@@ -404,7 +404,7 @@ impl Plugin for Monitor {
                 format!("the monitor plugin has no guest route {route}"),
             ));
         }
-        let p: GuestSpans = serde_json::from_str(params)
+        let p: SandboxSpans = serde_json::from_str(params)
             .map_err(|e| ErrorBody::invalid(format!("bad params for {route}: {e}")))?;
         check_spans(&p.spans)?;
         let source = format!("run:{}", caller.run_id);

@@ -1,5 +1,5 @@
 //! The `share` plugin (`--share-tools`): sessions reach each other's files
-//! through the guest interface, the seed's share plugin.
+//! through the in-sandbox interface, the seed's share plugin.
 //!
 //! Sharing is off by default and read-only by default. A session turns it
 //! on with `allox share enable [--scope DIR] [--permission read|write]`
@@ -26,7 +26,7 @@ use crate::plugin_api::{
     Contribution, Core, Manifest, Plugin, PluginError, RouteContext, RouteFuture, RunRef,
     SessionDir, Settings, WriteWithin, API_VERSION,
 };
-use allox_protocol::guest::GuestIdentity;
+use allox_protocol::sandbox_api::SandboxCaller;
 use allox_protocol::{
     validate_id, ErrorBody, ErrorCode, Request, Response, ShareAgentSet, ShareAuditRecord,
     ShareData, ShareEnable, ShareInfo, ShareListing, ShareOrigin, SharePath, SharePermission,
@@ -57,7 +57,7 @@ pub const AUDIT_TEXT_MAX: usize = 256;
 pub const SHIM: &str = "/run/allox/share.py";
 
 /// The routes it serves inside sandboxes.
-pub const GUEST_ROUTES: &[&str] = &[
+pub const SANDBOX_ROUTES: &[&str] = &[
     "share.enable",
     "share.disable",
     "share.status",
@@ -99,7 +99,7 @@ impl Share {
                 api_version: API_VERSION,
                 conflicts: &[],
                 alias: Some("--share-tools"),
-                summary: "sessions that enable sharing reach each other's files (read-only by default) through the guest interface, audited",
+                summary: "sessions that enable sharing reach each other's files (read-only by default) through the in-sandbox interface, audited",
             },
             started: Slot::default(),
         }
@@ -355,7 +355,7 @@ impl Started {
     fn call(
         &self,
         core: &dyn Core,
-        who: &GuestIdentity,
+        who: &SandboxCaller,
         route: &str,
         text: &str,
     ) -> Result<String, ErrorBody> {
@@ -524,14 +524,14 @@ impl Plugin for Share {
         }
     }
 
-    fn guest_routes(&self) -> &'static [&'static str] {
-        GUEST_ROUTES
+    fn sandbox_routes(&self) -> &'static [&'static str] {
+        SANDBOX_ROUTES
     }
 
-    fn guest_call(
+    fn sandbox_call(
         &self,
         core: &dyn Core,
-        caller: &GuestIdentity,
+        caller: &SandboxCaller,
         route: &str,
         params: &str,
     ) -> Result<String, ErrorBody> {
@@ -771,8 +771,8 @@ mod tests {
 
     use allox_protocol::Bytes;
 
-    fn who(a: &str, s: &str) -> GuestIdentity {
-        GuestIdentity {
+    fn who(a: &str, s: &str) -> SandboxCaller {
+        SandboxCaller {
             agent_id: a.into(),
             session_id: s.into(),
             run_id: "r1".into(),
@@ -820,16 +820,16 @@ mod tests {
         let write = r#"{"target":"agent-b/session-1","path":"r.txt","data":"aGk="}"#;
         // Neither shares: the caller is told to enable first.
         assert_eq!(
-            code(p.guest_call(&c, &a, "share.read", read)),
+            code(p.sandbox_call(&c, &a, "share.read", read)),
             ErrorCode::Unauthorized
         );
-        p.guest_call(&c, &a, "share.enable", "{}").unwrap();
+        p.sandbox_call(&c, &a, "share.enable", "{}").unwrap();
         // The target does not share: unreachable, as if it did not exist.
-        let e = p.guest_call(&c, &a, "share.read", read).unwrap_err();
+        let e = p.sandbox_call(&c, &a, "share.read", read).unwrap_err();
         assert_eq!(e.code, ErrorCode::NotFound);
         assert!(e.message.contains("does not share"), "{}", e.message);
         let e = p
-            .guest_call(
+            .sandbox_call(
                 &c,
                 &a,
                 "share.read",
@@ -842,24 +842,24 @@ mod tests {
             "a missing session reads the same"
         );
         // Read-only by default.
-        p.guest_call(&c, &b, "share.enable", r#"{"scope":"out"}"#)
+        p.sandbox_call(&c, &b, "share.enable", r#"{"scope":"out"}"#)
             .unwrap();
         let got: ShareData =
-            serde_json::from_str(&p.guest_call(&c, &a, "share.read", read).unwrap()).unwrap();
+            serde_json::from_str(&p.sandbox_call(&c, &a, "share.read", read).unwrap()).unwrap();
         assert_eq!(got.file.data.0, b"report");
         assert_eq!(got.tree, 42);
         assert_eq!(
-            code(p.guest_call(&c, &a, "share.write", write)),
+            code(p.sandbox_call(&c, &a, "share.write", write)),
             ErrorCode::Unauthorized
         );
-        p.guest_call(
+        p.sandbox_call(
             &c,
             &b,
             "share.enable",
             r#"{"scope":"out","permission":"write"}"#,
         )
         .unwrap();
-        p.guest_call(&c, &a, "share.write", write).unwrap();
+        p.sandbox_call(&c, &a, "share.write", write).unwrap();
         // Every access went to the target's scope, never the caller's.
         let seen = c.seen.lock().unwrap().clone();
         assert!(
@@ -871,13 +871,13 @@ mod tests {
         // A tree other than the one named is a conflict, not a mix.
         let stale = r#"{"target":"agent-b/session-1","path":"report.txt","offset":6,"tree":41}"#;
         assert_eq!(
-            code(p.guest_call(&c, &a, "share.read", stale)),
+            code(p.sandbox_call(&c, &a, "share.read", stale)),
             ErrorCode::Conflict
         );
         // Disabled: refused at once.
-        p.guest_call(&c, &b, "share.disable", "{}").unwrap();
+        p.sandbox_call(&c, &b, "share.disable", "{}").unwrap();
         assert_eq!(
-            code(p.guest_call(&c, &a, "share.read", read)),
+            code(p.sandbox_call(&c, &a, "share.read", read)),
             ErrorCode::NotFound
         );
     }
@@ -918,7 +918,7 @@ mod tests {
                 "upload",
             ),
         ] {
-            let e = p.guest_call(&c, &a, route, params).unwrap_err();
+            let e = p.sandbox_call(&c, &a, route, params).unwrap_err();
             assert_eq!(e.code, ErrorCode::InvalidRequest, "{route} {params}");
             assert!(e.message.contains(why), "{route} {params}: {}", e.message);
         }
@@ -930,8 +930,8 @@ mod tests {
         let p = started(d.path());
         let c = core();
         let a = who("agent-a", "s1");
-        p.guest_call(&c, &a, "share.enable", "{}").unwrap();
-        let _ = p.guest_call(
+        p.sandbox_call(&c, &a, "share.enable", "{}").unwrap();
+        let _ = p.sandbox_call(
             &c,
             &a,
             "share.read",
@@ -956,21 +956,21 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = started(d.path());
         let c = core();
-        p.guest_call(&c, &who("agent-b", "session-1"), "share.enable", "{}")
+        p.sandbox_call(&c, &who("agent-b", "session-1"), "share.enable", "{}")
             .unwrap();
         p.stop();
         let p = started(d.path());
         let a = who("agent-a", "s1");
         let st: ShareStatus =
-            serde_json::from_str(&p.guest_call(&c, &a, "share.status", "{}").unwrap()).unwrap();
+            serde_json::from_str(&p.sandbox_call(&c, &a, "share.status", "{}").unwrap()).unwrap();
         assert!(!st.own.enabled);
         assert!(
             st.peers.is_empty(),
             "a session that does not share sees no one"
         );
-        p.guest_call(&c, &a, "share.enable", "{}").unwrap();
+        p.sandbox_call(&c, &a, "share.enable", "{}").unwrap();
         let st: ShareStatus =
-            serde_json::from_str(&p.guest_call(&c, &a, "share.status", "{}").unwrap()).unwrap();
+            serde_json::from_str(&p.sandbox_call(&c, &a, "share.status", "{}").unwrap()).unwrap();
         let peers: Vec<String> = st.peers.iter().map(|p| p.target()).collect();
         assert_eq!(peers, ["agent-b/session-1"]);
     }

@@ -1,8 +1,8 @@
 //! What the services around a run give it before its sandbox is built
-//! (the guest interface today): host files bound into the sandbox,
+//! (the in-sandbox interface today): host files bound into the sandbox,
 //! directories added to its `PATH`, and a guard the run holds until its
 //! sandbox's init has been reaped — dropping the guard releases what was
-//! made for the run (the guest interface closes its listener and removes
+//! made for the run (the in-sandbox interface closes its listener and removes
 //! its socket file).
 
 use allox_sandbox::Bind;

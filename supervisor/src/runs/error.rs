@@ -98,9 +98,9 @@ pub enum RunError {
     Dup(#[source] rustix::io::Errno),
     #[error("a blocking task of the supervisor failed")]
     Task(#[from] tokio::task::JoinError),
-    /// A service attached to every run (the guest interface) could not
+    /// A service attached to every run (the in-sandbox interface) could not
     /// make what the run needs.
-    #[error("cannot prepare the run's guest interface")]
+    #[error("cannot prepare the run's in-sandbox interface")]
     Attach(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 

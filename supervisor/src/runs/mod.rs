@@ -214,7 +214,7 @@ pub struct Runs {
     /// runs.
     fences: Fences,
     next: AtomicU64,
-    /// Attached to every run as it starts (the guest interface).
+    /// Attached to every run as it starts (the in-sandbox interface).
     services: std::sync::OnceLock<Arc<dyn RunServices>>,
     /// Each session's context, by `agent/session/`.
     contexts: context::Slots,
@@ -294,7 +294,7 @@ impl Runs {
     }
 
     /// Within the async runtime, once the services are set: attaches them
-    /// again to the runs an earlier supervisor left (the guest interface
+    /// again to the runs an earlier supervisor left (the in-sandbox interface
     /// listens again in each one's directory). One thread holds what was
     /// attached and releases each run's as its cgroup empties, then ends.
     pub fn reattach(&self) {
@@ -325,7 +325,7 @@ impl Runs {
                 }
             });
         if let Err(e) = watcher {
-            tracing::warn!(error = %e, "cannot watch the adopted runs: their guest interfaces are closed");
+            tracing::warn!(error = %e, "cannot watch the adopted runs: their in-sandbox interfaces are closed");
         }
     }
 

@@ -79,7 +79,7 @@ impl Runs {
                 return Err(RunError::NoCwd(dir.to_string()));
             }
         }
-        // The guest interface's listener (and what else is attached to
+        // The in-sandbox interface's listener (and what else is attached to
         // every run): released when the run's sandbox is gone, or at once
         // if the start fails (the guard is dropped).
         let attached = match self.services.get() {

@@ -4,9 +4,9 @@
 //! same file with `fs.read` over the control socket.
 
 use allox_integration::BtrfsFs;
-use allox_protocol::guest::{
-    GuestClientFrame, GuestHello, GuestRequest, GuestRequestEnvelope, GuestResponse,
-    GuestServerFrame, PluginCall,
+use allox_protocol::sandbox_api::{
+    PluginCall, SandboxClientFrame, SandboxHello, SandboxRequest, SandboxRequestEnvelope,
+    SandboxResponse, SandboxServerFrame,
 };
 use allox_protocol::{
     decode, encode, AgentCreate, FrameReader, FsRead, FsScope, ProcessStart, Request, Response,
@@ -28,19 +28,19 @@ struct Guest {
 impl Guest {
     fn connect(path: &std::path::Path) -> anyhow::Result<Guest> {
         let mut s = UnixStream::connect(path)?;
-        s.write_all(&encode(&GuestClientFrame::Hello(GuestHello::new()))?)?;
+        s.write_all(&encode(&SandboxClientFrame::Hello(SandboxHello::new()))?)?;
         let mut g = Guest {
             s,
             reader: FrameReader::new(),
             next: 1,
         };
         match g.frame()? {
-            GuestServerFrame::Welcome(_) => Ok(g),
+            SandboxServerFrame::Welcome(_) => Ok(g),
             other => anyhow::bail!("not welcomed: {other:?}"),
         }
     }
 
-    fn frame(&mut self) -> anyhow::Result<GuestServerFrame> {
+    fn frame(&mut self) -> anyhow::Result<SandboxServerFrame> {
         let mut buf = vec![0u8; 1 << 20];
         loop {
             if let Some(f) = self.reader.next_frame() {
@@ -54,17 +54,17 @@ impl Guest {
 
     fn call(&mut self, route: &str, params: serde_json::Value) -> anyhow::Result<String> {
         self.next += 1;
-        let req = GuestClientFrame::Request(GuestRequestEnvelope {
+        let req = SandboxClientFrame::Request(SandboxRequestEnvelope {
             request_id: self.next,
-            request: GuestRequest::PluginCall(PluginCall {
+            request: SandboxRequest::PluginCall(PluginCall {
                 route: route.into(),
                 params: params.to_string(),
             }),
         });
         self.s.write_all(&encode(&req)?)?;
         match self.frame()? {
-            GuestServerFrame::Response(r) => match Result::from(r.outcome) {
-                Ok(GuestResponse::Plugin(p)) => Ok(p.result),
+            SandboxServerFrame::Response(r) => match Result::from(r.outcome) {
+                Ok(SandboxResponse::Plugin(p)) => Ok(p.result),
                 other => anyhow::bail!("{route}: {other:?}"),
             },
             other => anyhow::bail!("{route}: {other:?}"),
@@ -132,7 +132,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     else {
         anyhow::bail!("the caller's run did not start");
     };
-    let sock = allox_supervisor::guest::dir_for(&bd.socket)
+    let sock = allox_supervisor::sandbox_api::dir_for(&bd.socket)
         .join(&r.run_id)
         .join("sock");
     let run_cgroup = bd.cgroup.join(format!("allox/a/s/run-{}", r.run_id));

@@ -1,9 +1,9 @@
 //! One guest connection's protocol state, apart from its I/O: each frame
 //! in, what to do about it out.
 
-use allox_protocol::guest::{
-    host_frame_refusal, GuestClientFrame, GuestHello, GuestOutcome, GuestRequest,
-    GuestResponseEnvelope, GuestServerFrame, GUEST_PROTOCOL_VERSION,
+use allox_protocol::sandbox_api::{
+    host_frame_refusal, SandboxClientFrame, SandboxHello, SandboxOutcome, SandboxRequest,
+    SandboxResponseEnvelope, SandboxServerFrame, SANDBOX_API_PROTOCOL_VERSION,
 };
 use allox_protocol::{decode, encode, ErrorBody, ErrorCode, FrameError};
 
@@ -15,7 +15,7 @@ pub enum Step {
     /// Send these bytes, then close.
     ReplyAndClose(Vec<u8>),
     /// Answer this request.
-    Request { id: u64, request: GuestRequest },
+    Request { id: u64, request: SandboxRequest },
 }
 
 #[derive(Debug, Default)]
@@ -29,17 +29,17 @@ impl Conversation {
             Ok(p) => p,
             Err(e) => return Step::Reply(error_frame(0, ErrorBody::invalid(e.to_string()))),
         };
-        let why = match decode::<GuestClientFrame>(&payload) {
-            Ok(GuestClientFrame::ReservedHostHello(never))
-            | Ok(GuestClientFrame::ReservedHostRequest(never)) => match never {},
-            Ok(GuestClientFrame::Hello(h)) => return self.hello(h),
-            Ok(GuestClientFrame::Request(_)) if !self.greeted => {
+        let why = match decode::<SandboxClientFrame>(&payload) {
+            Ok(SandboxClientFrame::ReservedHostHello(never))
+            | Ok(SandboxClientFrame::ReservedHostRequest(never)) => match never {},
+            Ok(SandboxClientFrame::Hello(h)) => return self.hello(h),
+            Ok(SandboxClientFrame::Request(_)) if !self.greeted => {
                 return Step::Reply(error_frame(
                     0,
                     ErrorBody::invalid("a guest conversation starts with a Hello"),
                 ))
             }
-            Ok(GuestClientFrame::Request(r)) => {
+            Ok(SandboxClientFrame::Request(r)) => {
                 return Step::Request {
                     id: r.request_id,
                     request: r.request,
@@ -63,26 +63,26 @@ impl Conversation {
         ))
     }
 
-    fn hello(&mut self, h: GuestHello) -> Step {
-        if h.version != GUEST_PROTOCOL_VERSION {
-            let refused = GuestServerFrame::Refused(ErrorBody::new(
+    fn hello(&mut self, h: SandboxHello) -> Step {
+        if h.version != SANDBOX_API_PROTOCOL_VERSION {
+            let refused = SandboxServerFrame::Refused(ErrorBody::new(
                 ErrorCode::VersionMismatch,
                 format!(
-                    "guest protocol version {} is not served; this supervisor speaks {GUEST_PROTOCOL_VERSION}",
+                    "guest protocol version {} is not served; this supervisor speaks {SANDBOX_API_PROTOCOL_VERSION}",
                     h.version
                 ),
             ));
             return Step::ReplyAndClose(encode(&refused).unwrap_or_default());
         }
         self.greeted = true;
-        Step::Reply(encode(&GuestServerFrame::Welcome(GuestHello::new())).unwrap_or_default())
+        Step::Reply(encode(&SandboxServerFrame::Welcome(SandboxHello::new())).unwrap_or_default())
     }
 }
 
 /// The frame answering request `id` with `outcome`; an answer too large
 /// for a frame becomes an error.
-pub fn response_frame(id: u64, outcome: GuestOutcome) -> Vec<u8> {
-    let frame = GuestServerFrame::Response(GuestResponseEnvelope {
+pub fn response_frame(id: u64, outcome: SandboxOutcome) -> Vec<u8> {
+    let frame = SandboxServerFrame::Response(SandboxResponseEnvelope {
         request_id: id,
         outcome,
     });
@@ -101,9 +101,9 @@ pub fn response_frame(id: u64, outcome: GuestOutcome) -> Vec<u8> {
 }
 
 fn error_frame(id: u64, e: ErrorBody) -> Vec<u8> {
-    let frame = GuestServerFrame::Response(GuestResponseEnvelope {
+    let frame = SandboxServerFrame::Response(SandboxResponseEnvelope {
         request_id: id,
-        outcome: GuestOutcome::Err(e),
+        outcome: SandboxOutcome::Err(e),
     });
     encode(&frame).unwrap_or_default()
 }
@@ -111,23 +111,23 @@ fn error_frame(id: u64, e: ErrorBody) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use allox_protocol::guest::{GuestRequestEnvelope, Whoami};
+    use allox_protocol::sandbox_api::{SandboxRequestEnvelope, Whoami};
     use allox_protocol::{ClientFrame, Hello, Request, ServerFrame, SessionDelete};
 
     fn payload<T: serde::Serialize>(m: &T) -> Vec<u8> {
         postcard::to_stdvec(m).unwrap()
     }
 
-    fn server_frame(bytes: &[u8]) -> GuestServerFrame {
+    fn server_frame(bytes: &[u8]) -> SandboxServerFrame {
         let mut r = allox_protocol::FrameReader::new();
         r.push(bytes);
         decode(&r.next_frame().unwrap().unwrap()).unwrap()
     }
 
     fn whoami(id: u64) -> Vec<u8> {
-        payload(&GuestClientFrame::Request(GuestRequestEnvelope {
+        payload(&SandboxClientFrame::Request(SandboxRequestEnvelope {
             request_id: id,
-            request: GuestRequest::Whoami(Whoami {}),
+            request: SandboxRequest::Whoami(Whoami {}),
         }))
     }
 
@@ -137,18 +137,18 @@ mod tests {
         let Step::Reply(b) = c.on_frame(Ok(whoami(1))) else {
             panic!("refused")
         };
-        assert!(matches!(server_frame(&b), GuestServerFrame::Response(r)
-            if matches!(&r.outcome, GuestOutcome::Err(e) if e.message.contains("Hello"))));
-        let hello = payload(&GuestClientFrame::Hello(GuestHello::new()));
+        assert!(matches!(server_frame(&b), SandboxServerFrame::Response(r)
+            if matches!(&r.outcome, SandboxOutcome::Err(e) if e.message.contains("Hello"))));
+        let hello = payload(&SandboxClientFrame::Hello(SandboxHello::new()));
         let Step::Reply(b) = c.on_frame(Ok(hello)) else {
             panic!("welcomed")
         };
-        assert!(matches!(server_frame(&b), GuestServerFrame::Welcome(_)));
+        assert!(matches!(server_frame(&b), SandboxServerFrame::Welcome(_)));
         assert_eq!(
             c.on_frame(Ok(whoami(7))),
             Step::Request {
                 id: 7,
-                request: GuestRequest::Whoami(Whoami {})
+                request: SandboxRequest::Whoami(Whoami {})
             }
         );
     }
@@ -156,21 +156,21 @@ mod tests {
     #[test]
     fn another_version_is_refused_and_closed() {
         let mut c = Conversation::default();
-        let hello = payload(&GuestClientFrame::Hello(GuestHello {
+        let hello = payload(&SandboxClientFrame::Hello(SandboxHello {
             version: 99,
             build: String::new(),
         }));
         let Step::ReplyAndClose(b) = c.on_frame(Ok(hello)) else {
             panic!("closed")
         };
-        assert!(matches!(server_frame(&b), GuestServerFrame::Refused(e)
+        assert!(matches!(server_frame(&b), SandboxServerFrame::Refused(e)
             if e.code == ErrorCode::VersionMismatch));
     }
 
     #[test]
     fn host_frames_are_answered_unsupported_in_the_hosts_framing() {
         let mut c = Conversation::default();
-        c.on_frame(Ok(payload(&GuestClientFrame::Hello(GuestHello::new()))));
+        c.on_frame(Ok(payload(&SandboxClientFrame::Hello(SandboxHello::new()))));
         let host = payload(&ClientFrame::Request(allox_protocol::RequestEnvelope {
             conversation: 3,
             request_id: 4,
@@ -209,12 +209,12 @@ mod tests {
             let Step::Reply(b) = c.on_frame(Ok(bad)) else {
                 panic!("answered")
             };
-            assert!(matches!(server_frame(&b), GuestServerFrame::Response(r)
-                if matches!(&r.outcome, GuestOutcome::Err(e) if e.code == ErrorCode::InvalidRequest)));
+            assert!(matches!(server_frame(&b), SandboxServerFrame::Response(r)
+                if matches!(&r.outcome, SandboxOutcome::Err(e) if e.code == ErrorCode::InvalidRequest)));
         }
         let Step::Reply(b) = c.on_frame(Err(FrameError::Oversized)) else {
             panic!("answered")
         };
-        assert!(matches!(server_frame(&b), GuestServerFrame::Response(_)));
+        assert!(matches!(server_frame(&b), SandboxServerFrame::Response(_)));
     }
 }

@@ -1,4 +1,4 @@
-//! One run's listener: a Unix socket in the guest interface's private
+//! One run's listener: a Unix socket in the in-sandbox interface's private
 //! directory, served until the run's sandbox is gone. Whoever it serves
 //! is that run: the socket file is bound into that run's sandbox only, the
 //! directory holding it is closed to everyone else on the host, and a
@@ -6,12 +6,12 @@
 //! run's cgroup ([`super::peer`]; the sandbox's uid on the host reaches
 //! the file through `/proc/<pid>/root`).
 
-use super::answer::{answer, GuestContext};
+use super::answer::{answer, SandboxApiContext};
 use super::conversation::{response_frame, Conversation, Step};
 use super::peer::{Refusal, RunCgroup};
 use crate::ratelimit::RateLimit;
-use allox_protocol::guest::GuestIdentity;
-use allox_protocol::guest::GuestServerFrame;
+use allox_protocol::sandbox_api::SandboxCaller;
+use allox_protocol::sandbox_api::SandboxServerFrame;
 use allox_protocol::FrameReader;
 use allox_protocol::{encode, ErrorBody, ErrorCode};
 use std::path::{Path, PathBuf};
@@ -43,9 +43,9 @@ impl RunListener {
     /// async runtime.
     pub fn open(
         path: &Path,
-        who: GuestIdentity,
+        who: SandboxCaller,
         cgroup: RunCgroup,
-        ctx: Arc<GuestContext>,
+        ctx: Arc<SandboxApiContext>,
     ) -> std::io::Result<RunListener> {
         use std::os::unix::fs::PermissionsExt;
         // A file left by a crashed start of the same name cannot be: run
@@ -90,9 +90,9 @@ impl Drop for RunListener {
 
 async fn serve(
     listener: UnixListener,
-    who: Arc<GuestIdentity>,
+    who: Arc<SandboxCaller>,
     cgroup: RunCgroup,
-    ctx: Arc<GuestContext>,
+    ctx: Arc<SandboxApiContext>,
 ) {
     let mut conns = JoinSet::new();
     let mut log = RateLimit::new(LOG_BURST, LOG_EVERY, Instant::now());
@@ -121,9 +121,9 @@ async fn serve(
 /// Tells the peer why it is refused (without waiting: the frame fits in
 /// the socket's buffer, or is lost), closes the connection and logs it,
 /// rate-limited since anyone who reaches the file may knock.
-fn refuse(stream: UnixStream, why: &Refusal, who: &GuestIdentity, log: &mut RateLimit) {
+fn refuse(stream: UnixStream, why: &Refusal, who: &SandboxCaller, log: &mut RateLimit) {
     let message = why.message(&who.run_id);
-    let frame = GuestServerFrame::Refused(ErrorBody::new(ErrorCode::Unauthorized, message));
+    let frame = SandboxServerFrame::Refused(ErrorBody::new(ErrorCode::Unauthorized, message));
     if let Ok(bytes) = encode(&frame) {
         let _ = stream.try_write(&bytes);
     }
@@ -142,7 +142,7 @@ fn refuse(stream: UnixStream, why: &Refusal, who: &GuestIdentity, log: &mut Rate
 }
 
 /// Serves one connection: frames in, one answer per frame out, in order.
-async fn connection(mut stream: UnixStream, who: Arc<GuestIdentity>, ctx: Arc<GuestContext>) {
+async fn connection(mut stream: UnixStream, who: Arc<SandboxCaller>, ctx: Arc<SandboxApiContext>) {
     let mut reader = FrameReader::new();
     let mut conv = Conversation::default();
     let mut buf = vec![0u8; 16 << 10];

@@ -1,9 +1,9 @@
-//! A raw client of the guest interface: frames written by hand, sent by a
+//! A raw client of the in-sandbox interface: frames written by hand, sent by a
 //! Python program inside a sandbox (for tests that a run cannot speak the
 //! host's protocol there, or forge an identity).
 
 use crate::{call, process_start, ProcDaemon};
-use allox_protocol::guest::*;
+use allox_protocol::sandbox_api::*;
 use allox_protocol::*;
 
 /// Frames, each sent on a connection of its own by a raw Python client
@@ -58,21 +58,21 @@ pub fn frames(bytes: &[u8]) -> Vec<Vec<u8>> {
         .collect()
 }
 
-pub fn guest_frame(f: &GuestClientFrame) -> Vec<u8> {
+pub fn sandbox_frame(f: &SandboxClientFrame) -> Vec<u8> {
     encode(f).unwrap()
 }
 
-pub fn guest_request(id: u64, request: GuestRequest) -> Vec<u8> {
-    guest_frame(&GuestClientFrame::Request(GuestRequestEnvelope {
+pub fn sandbox_request(id: u64, request: SandboxRequest) -> Vec<u8> {
+    sandbox_frame(&SandboxClientFrame::Request(SandboxRequestEnvelope {
         request_id: id,
         request,
     }))
 }
 
-pub fn guest_error(payload: &[u8]) -> ErrorBody {
-    match decode::<GuestServerFrame>(payload).unwrap() {
-        GuestServerFrame::Response(GuestResponseEnvelope {
-            outcome: GuestOutcome::Err(e),
+pub fn sandbox_error(payload: &[u8]) -> ErrorBody {
+    match decode::<SandboxServerFrame>(payload).unwrap() {
+        SandboxServerFrame::Response(SandboxResponseEnvelope {
+            outcome: SandboxOutcome::Err(e),
             ..
         }) => e,
         other => panic!("{other:?}"),

@@ -1,10 +1,10 @@
-//! The seam between the guest interface and the plugins: a `plugin.call`
-//! goes to whatever [`GuestRoutes`] the daemon installed; a route no plugin
+//! The seam between the in-sandbox interface and the plugins: a `plugin.call`
+//! goes to whatever [`SandboxRoutes`] the daemon installed; a route no plugin
 //! owns is `not_found`.
 
 use crate::plugin_api::Core;
 use crate::plugin_host::Plugins;
-use allox_protocol::{guest::GuestIdentity, ErrorBody};
+use allox_protocol::{sandbox_api::SandboxCaller, ErrorBody};
 
 /// What a route's owner made of a call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,11 +21,11 @@ pub enum RouteOutcome {
 /// core lends plugins (`core`: the supervisor); the caller's
 /// identity is the listener's, never anything the caller sent, and a
 /// plugin must act for that caller only.
-pub trait GuestRoutes: Send + Sync {
+pub trait SandboxRoutes: Send + Sync {
     fn call(
         &self,
         core: &dyn Core,
-        caller: &GuestIdentity,
+        caller: &SandboxCaller,
         route: &str,
         params: &str,
     ) -> RouteOutcome;
@@ -35,23 +35,23 @@ pub trait GuestRoutes: Send + Sync {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NoRoutes;
 
-impl GuestRoutes for NoRoutes {
-    fn call(&self, _: &dyn Core, _: &GuestIdentity, _: &str, _: &str) -> RouteOutcome {
+impl SandboxRoutes for NoRoutes {
+    fn call(&self, _: &dyn Core, _: &SandboxCaller, _: &str, _: &str) -> RouteOutcome {
         RouteOutcome::NotOwned
     }
 }
 
 /// The loaded plugins' guest routes: a `plugin.call` from inside a sandbox
 /// goes to the plugin that owns the route.
-impl GuestRoutes for Plugins {
+impl SandboxRoutes for Plugins {
     fn call(
         &self,
         core: &dyn Core,
-        caller: &GuestIdentity,
+        caller: &SandboxCaller,
         route: &str,
         params: &str,
     ) -> RouteOutcome {
-        match self.guest_call(core, caller, route, params) {
+        match self.sandbox_call(core, caller, route, params) {
             Some(answer) => RouteOutcome::Answered(answer),
             None => RouteOutcome::NotOwned,
         }

@@ -1,4 +1,4 @@
-//! The guest interface's own small schema: what a program inside a sandbox
+//! The in-sandbox interface's own small schema: what a program inside a sandbox
 //! may ask of the supervisor over `/run/allox/guest.sock`.
 //!
 //! # Wire format
@@ -10,11 +10,11 @@
 //!
 //! # Conversation
 //!
-//! The client's first frame is [`GuestClientFrame::Hello`] with
-//! [`GUEST_PROTOCOL_VERSION`]; the server answers
-//! [`GuestServerFrame::Welcome`], or [`GuestServerFrame::Refused`]
-//! (`version_mismatch`) and closes. Then [`GuestClientFrame::Request`]s,
-//! each answered by one [`GuestServerFrame::Response`] with its
+//! The client's first frame is [`SandboxClientFrame::Hello`] with
+//! [`SANDBOX_API_PROTOCOL_VERSION`]; the server answers
+//! [`SandboxServerFrame::Welcome`], or [`SandboxServerFrame::Refused`]
+//! (`version_mismatch`) and closes. Then [`SandboxClientFrame::Request`]s,
+//! each answered by one [`SandboxServerFrame::Response`] with its
 //! `request_id`, in order.
 //!
 //! # Who asks
@@ -24,7 +24,7 @@
 //!
 //! # Host frames are not spoken here
 //!
-//! The first two variant indexes of [`GuestClientFrame`] are those of the
+//! The first two variant indexes of [`SandboxClientFrame`] are those of the
 //! host's `ClientFrame::Hello` and `ClientFrame::Request`, and they are
 //! reserved: they decode as nothing ([`HostOnly`] has no values). So a host
 //! frame never decodes as a guest frame, and a guest frame (index 2 or 3)
@@ -45,95 +45,95 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 /// Version of the guest schema; both sides must agree exactly.
-pub const GUEST_PROTOCOL_VERSION: u32 = 1;
+pub const SANDBOX_API_PROTOCOL_VERSION: u32 = 1;
 
-/// Where the guest interface's socket is inside every sandbox.
-pub const GUEST_SOCKET: &str = "/run/allox/guest.sock";
+/// Where the in-sandbox interface's socket is inside every sandbox.
+pub const SANDBOX_API_SOCKET: &str = "/run/allox/guest.sock";
 
 /// Longest plugin route name, in bytes.
 pub const MAX_ROUTE_LEN: usize = 128;
 
-/// A type without values: the reserved variants of [`GuestClientFrame`]
+/// A type without values: the reserved variants of [`SandboxClientFrame`]
 /// can never be decoded (or built).
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HostOnly {}
 
 /// First frame of a guest connection.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
-pub struct GuestHello {
+pub struct SandboxHello {
     pub version: u32,
     pub build: String,
 }
 
-impl GuestHello {
+impl SandboxHello {
     /// This build's greeting.
-    pub fn new() -> GuestHello {
-        GuestHello {
-            version: GUEST_PROTOCOL_VERSION,
+    pub fn new() -> SandboxHello {
+        SandboxHello {
+            version: SANDBOX_API_PROTOCOL_VERSION,
             build: crate::build_identity(),
         }
     }
 }
 
-impl Default for GuestHello {
+impl Default for SandboxHello {
     fn default() -> Self {
-        GuestHello::new()
+        SandboxHello::new()
     }
 }
 
 /// Frames a guest client sends.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
-pub enum GuestClientFrame {
+pub enum SandboxClientFrame {
     /// Index 0: the host's `Hello`; never a guest frame.
     ReservedHostHello(HostOnly),
     /// Index 1: the host's `Request`; never a guest frame.
     ReservedHostRequest(HostOnly),
-    Hello(GuestHello),
-    Request(GuestRequestEnvelope),
+    Hello(SandboxHello),
+    Request(SandboxRequestEnvelope),
 }
 
-/// Frames the guest interface sends.
+/// Frames the in-sandbox interface sends.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
-pub enum GuestServerFrame {
-    Welcome(GuestHello),
+pub enum SandboxServerFrame {
+    Welcome(SandboxHello),
     /// The handshake was refused; the server closes.
     Refused(ErrorBody),
-    Response(GuestResponseEnvelope),
+    Response(SandboxResponseEnvelope),
 }
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
-pub struct GuestRequestEnvelope {
+pub struct SandboxRequestEnvelope {
     pub request_id: u64,
-    pub request: GuestRequest,
+    pub request: SandboxRequest,
 }
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
-pub struct GuestResponseEnvelope {
+pub struct SandboxResponseEnvelope {
     /// The request this answers; 0 when the server could not read one.
     pub request_id: u64,
-    pub outcome: GuestOutcome,
+    pub outcome: SandboxOutcome,
 }
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
-pub enum GuestOutcome {
-    Ok(GuestResponse),
+pub enum SandboxOutcome {
+    Ok(SandboxResponse),
     Err(ErrorBody),
 }
 
-impl From<Result<GuestResponse, ErrorBody>> for GuestOutcome {
-    fn from(r: Result<GuestResponse, ErrorBody>) -> Self {
+impl From<Result<SandboxResponse, ErrorBody>> for SandboxOutcome {
+    fn from(r: Result<SandboxResponse, ErrorBody>) -> Self {
         match r {
-            Ok(v) => GuestOutcome::Ok(v),
-            Err(e) => GuestOutcome::Err(e),
+            Ok(v) => SandboxOutcome::Ok(v),
+            Err(e) => SandboxOutcome::Err(e),
         }
     }
 }
 
-impl From<GuestOutcome> for Result<GuestResponse, ErrorBody> {
-    fn from(o: GuestOutcome) -> Self {
+impl From<SandboxOutcome> for Result<SandboxResponse, ErrorBody> {
+    fn from(o: SandboxOutcome) -> Self {
         match o {
-            GuestOutcome::Ok(v) => Ok(v),
-            GuestOutcome::Err(e) => Err(e),
+            SandboxOutcome::Ok(v) => Ok(v),
+            SandboxOutcome::Err(e) => Err(e),
         }
     }
 }
@@ -146,7 +146,7 @@ pub struct Whoami {}
 /// `turn.begin` of the caller's own session.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq, Default)]
 #[serde(deny_unknown_fields)]
-pub struct GuestTurnBegin {
+pub struct SandboxTurnBegin {
     /// Chosen by the caller, or made up (`turn-<n>`).
     #[serde(default)]
     pub turn_id: Option<String>,
@@ -155,7 +155,7 @@ pub struct GuestTurnBegin {
 /// `turn.end` of the caller's own session.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
-pub struct GuestTurnEnd {
+pub struct SandboxTurnEnd {
     /// The turn to end; without it, the session's open turn.
     #[serde(default)]
     pub turn_id: Option<String>,
@@ -176,14 +176,14 @@ pub struct PluginCall {
 
 /// Every guest request. Variants are only ever appended.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
-pub enum GuestRequest {
+pub enum SandboxRequest {
     Whoami(Whoami),
-    TurnBegin(GuestTurnBegin),
-    TurnEnd(GuestTurnEnd),
+    TurnBegin(SandboxTurnBegin),
+    TurnEnd(SandboxTurnEnd),
     PluginCall(PluginCall),
 }
 
-impl GuestRequest {
+impl SandboxRequest {
     /// All action names, in wire order.
     pub const ACTIONS: &'static [&'static str] =
         &["whoami", "turn.begin", "turn.end", "plugin.call"];
@@ -191,10 +191,10 @@ impl GuestRequest {
     /// The action name.
     pub fn action(&self) -> &'static str {
         match self {
-            GuestRequest::Whoami(_) => "whoami",
-            GuestRequest::TurnBegin(_) => "turn.begin",
-            GuestRequest::TurnEnd(_) => "turn.end",
-            GuestRequest::PluginCall(_) => "plugin.call",
+            SandboxRequest::Whoami(_) => "whoami",
+            SandboxRequest::TurnBegin(_) => "turn.begin",
+            SandboxRequest::TurnEnd(_) => "turn.end",
+            SandboxRequest::PluginCall(_) => "plugin.call",
         }
     }
 
@@ -205,13 +205,13 @@ impl GuestRequest {
             |e: serde_json::Error| ErrorBody::invalid(format!("bad params for {action}: {e}"));
         match action {
             "whoami" => serde_json::from_value(params)
-                .map(GuestRequest::Whoami)
+                .map(SandboxRequest::Whoami)
                 .map_err(bad),
             "turn.begin" => serde_json::from_value(params)
-                .map(GuestRequest::TurnBegin)
+                .map(SandboxRequest::TurnBegin)
                 .map_err(bad),
             "turn.end" => serde_json::from_value(params)
-                .map(GuestRequest::TurnEnd)
+                .map(SandboxRequest::TurnEnd)
                 .map_err(bad),
             "plugin.call" => {
                 #[derive(Deserialize)]
@@ -227,7 +227,7 @@ impl GuestRequest {
                 } else {
                     c.params
                 };
-                Ok(GuestRequest::PluginCall(PluginCall {
+                Ok(SandboxRequest::PluginCall(PluginCall {
                     route: c.route,
                     params: params.to_string(),
                 }))
@@ -242,10 +242,10 @@ impl GuestRequest {
     /// The JSON `params` object of this request.
     pub fn params_json(&self) -> Value {
         let v = match self {
-            GuestRequest::Whoami(p) => serde_json::to_value(p),
-            GuestRequest::TurnBegin(p) => serde_json::to_value(p),
-            GuestRequest::TurnEnd(p) => serde_json::to_value(p),
-            GuestRequest::PluginCall(p) => {
+            SandboxRequest::Whoami(p) => serde_json::to_value(p),
+            SandboxRequest::TurnBegin(p) => serde_json::to_value(p),
+            SandboxRequest::TurnEnd(p) => serde_json::to_value(p),
+            SandboxRequest::PluginCall(p) => {
                 let params = serde_json::from_str::<Value>(&p.params)
                     .unwrap_or_else(|_| Value::String(p.params.clone()));
                 return json!({"route": p.route, "params": params});
@@ -257,7 +257,7 @@ impl GuestRequest {
 
 /// Who is asking: the run whose listener accepted the connection.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
-pub struct GuestIdentity {
+pub struct SandboxCaller {
     pub agent_id: String,
     pub session_id: String,
     pub run_id: String,
@@ -271,19 +271,19 @@ pub struct PluginResult {
 
 /// Every guest response. Variants are only ever appended.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
-pub enum GuestResponse {
-    Identity(GuestIdentity),
+pub enum SandboxResponse {
+    Identity(SandboxCaller),
     Turn(TurnInfo),
     Plugin(PluginResult),
 }
 
-impl GuestResponse {
+impl SandboxResponse {
     /// The JSON `result` object (a plugin's answer as the JSON it is).
     pub fn to_json(&self) -> Value {
         let v = match self {
-            GuestResponse::Identity(v) => serde_json::to_value(v),
-            GuestResponse::Turn(v) => serde_json::to_value(v),
-            GuestResponse::Plugin(p) => {
+            SandboxResponse::Identity(v) => serde_json::to_value(v),
+            SandboxResponse::Turn(v) => serde_json::to_value(v),
+            SandboxResponse::Plugin(p) => {
                 return serde_json::from_str(&p.result)
                     .unwrap_or_else(|_| Value::String(p.result.clone()))
             }
@@ -293,18 +293,18 @@ impl GuestResponse {
 }
 
 /// Parses `{"action": "...", "params": {...}}` into a guest request.
-pub fn parse_json_request(text: &str) -> Result<GuestRequest, ErrorBody> {
+pub fn parse_json_request(text: &str) -> Result<SandboxRequest, ErrorBody> {
     let (action, params) = crate::json::split_request(text)?;
-    GuestRequest::from_json(&action, params)
+    SandboxRequest::from_json(&action, params)
 }
 
 /// The JSON form of a guest request.
-pub fn request_to_json(req: &GuestRequest) -> Value {
+pub fn request_to_json(req: &SandboxRequest) -> Value {
     json!({"action": req.action(), "params": req.params_json()})
 }
 
 /// The JSON answer for a guest outcome.
-pub fn answer_to_json(outcome: &Result<GuestResponse, ErrorBody>) -> Value {
+pub fn answer_to_json(outcome: &Result<SandboxResponse, ErrorBody>) -> Value {
     match outcome {
         Ok(r) => json!({"result": r.to_json()}),
         Err(e) => json!({"error": {"code": e.code.as_str(), "message": e.message}}),
@@ -339,7 +339,7 @@ pub fn host_frame_refusal(payload: &[u8]) -> Option<crate::ServerFrame> {
     Some(match frame {
         ClientFrame::Hello(_) => ServerFrame::Refused(ErrorBody::new(
             ErrorCode::Unsupported,
-            "this is the guest interface, which does not speak the host protocol; \
+            "this is the in-sandbox interface, which does not speak the host protocol; \
              use the guest schema (whoami, turn.begin, turn.end, plugin.call)",
         )),
         ClientFrame::Request(env) => ServerFrame::Response(ResponseEnvelope {
@@ -348,7 +348,7 @@ pub fn host_frame_refusal(payload: &[u8]) -> Option<crate::ServerFrame> {
             outcome: Outcome::Err(ErrorBody::new(
                 ErrorCode::Unsupported,
                 format!(
-                    "{} is a host action; the guest interface answers only whoami, turn.begin, \
+                    "{} is a host action; the in-sandbox interface answers only whoami, turn.begin, \
                      turn.end and plugin.call, for the caller's own session",
                     env.request.action()
                 ),
@@ -380,20 +380,20 @@ mod tests {
         ];
         for h in &host {
             let p = postcard::to_stdvec(h).unwrap();
-            assert!(decode::<GuestClientFrame>(&p).is_err(), "{h:?}");
+            assert!(decode::<SandboxClientFrame>(&p).is_err(), "{h:?}");
             assert!(host_frame_refusal(&p).is_some());
         }
         let guest = [
-            GuestClientFrame::Hello(GuestHello::new()),
-            GuestClientFrame::Request(GuestRequestEnvelope {
+            SandboxClientFrame::Hello(SandboxHello::new()),
+            SandboxClientFrame::Request(SandboxRequestEnvelope {
                 request_id: 1,
-                request: GuestRequest::Whoami(Whoami {}),
+                request: SandboxRequest::Whoami(Whoami {}),
             }),
         ];
         for g in &guest {
             let p = postcard::to_stdvec(g).unwrap();
             assert!(decode::<ClientFrame>(&p).is_err(), "{g:?}");
-            assert_eq!(&decode::<GuestClientFrame>(&p).unwrap(), g);
+            assert_eq!(&decode::<SandboxClientFrame>(&p).unwrap(), g);
         }
     }
 
@@ -408,7 +408,7 @@ mod tests {
                 json!({"route": "net.connect", "params": {"host": "h"}}),
             ),
         ] {
-            let req = GuestRequest::from_json(action, params).unwrap();
+            let req = SandboxRequest::from_json(action, params).unwrap();
             assert_eq!(req.action(), action);
             let text = request_to_json(&req).to_string();
             assert_eq!(parse_json_request(&text).unwrap(), req, "{action}");
@@ -423,11 +423,11 @@ mod tests {
             ("turn.end", json!({"status": "ok", "agent_id": "b"})),
             ("plugin.call", json!({"route": "x", "run_id": "r"})),
         ] {
-            let e = GuestRequest::from_json(action, params).unwrap_err();
+            let e = SandboxRequest::from_json(action, params).unwrap_err();
             assert_eq!(e.code, ErrorCode::InvalidRequest);
             assert!(e.message.contains("unknown field"), "{}", e.message);
         }
-        let e = GuestRequest::from_json("session.delete", json!({})).unwrap_err();
+        let e = SandboxRequest::from_json("session.delete", json!({})).unwrap_err();
         assert!(e.message.contains("unknown guest action"), "{}", e.message);
     }
 

@@ -3,10 +3,10 @@
 //! `turn.end` for the caller's own session, admitted and audited by the
 //! [`Supervisor`] like any host request, with the caller as the peer.
 
-use super::routes::{GuestRoutes, RouteOutcome};
+use super::routes::{RouteOutcome, SandboxRoutes};
 use crate::supervisor::Supervisor;
-use allox_protocol::guest::{
-    check_route, GuestIdentity, GuestRequest, GuestResponse, PluginResult,
+use allox_protocol::sandbox_api::{
+    check_route, PluginResult, SandboxCaller, SandboxRequest, SandboxResponse,
 };
 use allox_protocol::{ErrorBody, ErrorCode, Request, Response, TurnBegin, TurnEnd};
 use allox_store::audit::Entry;
@@ -14,9 +14,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
 /// What every listener of the daemon shares.
-pub struct GuestContext {
+pub struct SandboxApiContext {
     pub sup: Weak<Supervisor>,
-    pub routes: Arc<dyn GuestRoutes>,
+    pub routes: Arc<dyn SandboxRoutes>,
     pub in_flight: InFlight,
 }
 
@@ -24,7 +24,7 @@ pub struct GuestContext {
 /// most half the daemon's blocking pool
 /// ([`crate::supervisor::BLOCKING_THREADS`]), so that the host's
 /// control requests always find threads whatever the sandboxes ask.
-pub const GUEST_IN_FLIGHT: usize = 16;
+pub const SANDBOX_IN_FLIGHT: usize = 16;
 /// Guest requests of one session being answered at once: a session never
 /// takes more than a quarter of the guests' share; past it its requests
 /// wait (holding no thread) for one of its own to end.
@@ -33,12 +33,12 @@ pub const SESSION_IN_FLIGHT: usize = 4;
 // The sandboxes never take more than half the pool, a session less than
 // all of their share.
 const _: () = assert!(
-    GUEST_IN_FLIGHT <= crate::supervisor::BLOCKING_THREADS / 2
-        && SESSION_IN_FLIGHT < GUEST_IN_FLIGHT
+    SANDBOX_IN_FLIGHT <= crate::supervisor::BLOCKING_THREADS / 2
+        && SESSION_IN_FLIGHT < SANDBOX_IN_FLIGHT
 );
 
 /// The places guest requests take while they are answered: one of
-/// [`GUEST_IN_FLIGHT`] and one of their session's [`SESSION_IN_FLIGHT`].
+/// [`SANDBOX_IN_FLIGHT`] and one of their session's [`SESSION_IN_FLIGHT`].
 pub struct InFlight {
     all: Arc<tokio::sync::Semaphore>,
     per_session: usize,
@@ -47,7 +47,7 @@ pub struct InFlight {
 
 impl Default for InFlight {
     fn default() -> Self {
-        InFlight::new(GUEST_IN_FLIGHT, SESSION_IN_FLIGHT)
+        InFlight::new(SANDBOX_IN_FLIGHT, SESSION_IN_FLIGHT)
     }
 }
 
@@ -63,7 +63,7 @@ impl InFlight {
     /// Waits for a place of `who`'s session, then one of all: held until
     /// the returned places are dropped. The session's place comes first,
     /// so a session at its bound waits without holding one of all.
-    async fn take(&self, who: &GuestIdentity) -> Places {
+    async fn take(&self, who: &SandboxCaller) -> Places {
         let key = (who.agent_id.clone(), who.session_id.clone());
         let mine = {
             let mut m = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
@@ -91,16 +91,16 @@ struct Places {
 }
 
 /// How audit records name a guest caller.
-pub fn peer_label(who: &GuestIdentity) -> String {
+pub fn peer_label(who: &SandboxCaller) -> String {
     format!("guest {}/{}/{}", who.agent_id, who.session_id, who.run_id)
 }
 
 pub async fn answer(
-    ctx: &Arc<GuestContext>,
-    who: &Arc<GuestIdentity>,
+    ctx: &Arc<SandboxApiContext>,
+    who: &Arc<SandboxCaller>,
     request_id: u64,
-    req: GuestRequest,
-) -> Result<GuestResponse, ErrorBody> {
+    req: SandboxRequest,
+) -> Result<SandboxResponse, ErrorBody> {
     let sup = ctx
         .sup
         .upgrade()
@@ -122,28 +122,28 @@ pub async fn answer(
 
 fn answer_blocking(
     sup: &Supervisor,
-    ctx: &GuestContext,
-    who: &GuestIdentity,
+    ctx: &SandboxApiContext,
+    who: &SandboxCaller,
     request_id: u64,
-    req: GuestRequest,
-) -> Result<GuestResponse, ErrorBody> {
+    req: SandboxRequest,
+) -> Result<SandboxResponse, ErrorBody> {
     let (a, s) = (&who.agent_id, &who.session_id);
     let peer = peer_label(who);
     let turn = |host: Request| match sup.handle(&peer, request_id, &host)? {
-        Response::Turn(t) => Ok(GuestResponse::Turn(t)),
+        Response::Turn(t) => Ok(SandboxResponse::Turn(t)),
         other => Err(ErrorBody::new(
             ErrorCode::Internal,
             format!("{} answered {other:?}", host.action()),
         )),
     };
     match req {
-        GuestRequest::Whoami(_) => Ok(GuestResponse::Identity(who.clone())),
-        GuestRequest::TurnBegin(t) => turn(Request::TurnBegin(TurnBegin {
+        SandboxRequest::Whoami(_) => Ok(SandboxResponse::Identity(who.clone())),
+        SandboxRequest::TurnBegin(t) => turn(Request::TurnBegin(TurnBegin {
             agent_id: a.clone(),
             session_id: s.clone(),
             turn_id: t.turn_id,
         })),
-        GuestRequest::TurnEnd(t) => {
+        SandboxRequest::TurnEnd(t) => {
             let turn_id = match t.turn_id {
                 Some(id) => id,
                 None => sup
@@ -165,7 +165,7 @@ fn answer_blocking(
                 label: t.label,
             }))
         }
-        GuestRequest::PluginCall(c) => {
+        SandboxRequest::PluginCall(c) => {
             check_route(&c.route)?;
             match ctx.routes.call(sup, who, &c.route, &c.params) {
                 // Nothing happened: not recorded (a guest may knock often).
@@ -174,7 +174,7 @@ fn answer_blocking(
                     format!("no plugin owns route {:?}", c.route),
                 )),
                 RouteOutcome::Answered(r) => {
-                    let out = r.map(|result| GuestResponse::Plugin(PluginResult { result }));
+                    let out = r.map(|result| SandboxResponse::Plugin(PluginResult { result }));
                     audit_call(sup, &peer, request_id, who, &c.route, &out);
                     out
                 }
@@ -190,9 +190,9 @@ fn audit_call(
     sup: &Supervisor,
     peer: &str,
     request_id: u64,
-    who: &GuestIdentity,
+    who: &SandboxCaller,
     route: &str,
-    out: &Result<GuestResponse, ErrorBody>,
+    out: &Result<SandboxResponse, ErrorBody>,
 ) {
     let entry = Entry {
         request_id,
@@ -216,8 +216,8 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn who(s: &str) -> GuestIdentity {
-        GuestIdentity {
+    fn who(s: &str) -> SandboxCaller {
+        SandboxCaller {
             agent_id: "a".into(),
             session_id: s.into(),
             run_id: "r".into(),
@@ -225,7 +225,7 @@ mod tests {
     }
 
     /// Whether `take` gets its places within a moment.
-    async fn gets(f: &InFlight, w: &GuestIdentity) -> Option<Places> {
+    async fn gets(f: &InFlight, w: &SandboxCaller) -> Option<Places> {
         tokio::time::timeout(Duration::from_millis(50), f.take(w))
             .await
             .ok()
@@ -247,6 +247,6 @@ mod tests {
         drop(b1);
         // The defaults leave the control requests half the pool.
         let d = InFlight::default();
-        assert_eq!(d.all.available_permits(), GUEST_IN_FLIGHT);
+        assert_eq!(d.all.available_permits(), SANDBOX_IN_FLIGHT);
     }
 }

@@ -1,4 +1,4 @@
-//! The guest interface: inside every sandbox, `/run/allox/guest.sock`,
+//! The in-sandbox interface: inside every sandbox, `/run/allox/guest.sock`,
 //! served by the supervisor, through which a program asks for what its own
 //! run may have (`whoami`, its session's turns, plugin routes).
 //!
@@ -24,12 +24,12 @@ pub mod listener;
 pub mod peer;
 pub mod routes;
 
-pub use answer::{peer_label, GuestContext};
-pub use routes::{GuestRoutes, NoRoutes, RouteOutcome};
+pub use answer::{peer_label, SandboxApiContext};
+pub use routes::{NoRoutes, RouteOutcome, SandboxRoutes};
 
 use crate::runs::{Attachment, RunIdentity, RunServices, SessionFiles};
 use crate::supervisor::Supervisor;
-use allox_protocol::guest::{GuestIdentity, GUEST_SOCKET};
+use allox_protocol::sandbox_api::{SandboxCaller, SANDBOX_API_SOCKET};
 use allox_protocol::ErrorCode;
 use allox_sandbox::cgroup::Cgroups;
 use allox_sandbox::Bind;
@@ -53,7 +53,7 @@ const MAX_SOCKET_PATH: usize = 107;
 const MAX_SOCKET_NAME: usize = 32;
 
 #[derive(Debug, Error)]
-pub enum GuestError {
+pub enum SandboxApiError {
     #[error("{op} {}", .path.display())]
     Io {
         op: &'static str,
@@ -73,11 +73,13 @@ pub enum GuestError {
     PathTooLong(PathBuf),
 }
 
-impl GuestError {
+impl SandboxApiError {
     pub fn code(&self) -> ErrorCode {
         match self {
-            GuestError::Io { .. } => ErrorCode::Internal,
-            GuestError::NotOurs(_) | GuestError::PathTooLong(_) => ErrorCode::InvalidRequest,
+            SandboxApiError::Io { .. } => ErrorCode::Internal,
+            SandboxApiError::NotOurs(_) | SandboxApiError::PathTooLong(_) => {
+                ErrorCode::InvalidRequest
+            }
         }
     }
 }
@@ -90,20 +92,20 @@ pub fn dir_for(socket: &Path) -> PathBuf {
     socket.with_file_name(name)
 }
 
-/// The guest interface of one daemon.
-pub struct GuestService {
+/// The in-sandbox interface of one daemon.
+pub struct SandboxApi {
     dir: PathBuf,
     /// The supervisor's own executable, bound in as the `allox` client.
     exe: PathBuf,
     /// The runs' cgroups: a listener serves its run's processes only.
     cgroups: Cgroups,
-    ctx: Arc<GuestContext>,
+    ctx: Arc<SandboxApiContext>,
     /// Set when the daemon ends leaving runs for a successor: their
     /// directories stay.
     closing: Arc<AtomicBool>,
 }
 
-impl GuestService {
+impl SandboxApi {
     /// Makes (or takes back, emptied) the private directory `dir` — 0700,
     /// of this user — and writes the Python entry points into it.
     pub fn new(
@@ -111,26 +113,28 @@ impl GuestService {
         exe: PathBuf,
         cgroups: Cgroups,
         sup: Weak<Supervisor>,
-        routes: Arc<dyn GuestRoutes>,
-    ) -> Result<GuestService, GuestError> {
+        routes: Arc<dyn SandboxRoutes>,
+    ) -> Result<SandboxApi, SandboxApiError> {
         if dir.as_os_str().len() > MAX_SOCKET_PATH - MAX_SOCKET_NAME - 1 {
-            return Err(GuestError::PathTooLong(dir));
+            return Err(SandboxApiError::PathTooLong(dir));
         }
         prepare_dir(&dir)?;
         for (name, command) in SHIMS {
             let path = dir.join(name);
-            crate::plugin_api::write_shim(&path, command).map_err(|source| GuestError::Io {
-                op: "write",
-                path,
-                source,
+            crate::plugin_api::write_shim(&path, command).map_err(|source| {
+                SandboxApiError::Io {
+                    op: "write",
+                    path,
+                    source,
+                }
             })?;
         }
-        Ok(GuestService {
+        Ok(SandboxApi {
             dir,
             exe,
             cgroups,
             closing: Arc::new(AtomicBool::new(false)),
-            ctx: Arc::new(GuestContext {
+            ctx: Arc::new(SandboxApiContext {
                 sup,
                 routes,
                 in_flight: answer::InFlight::default(),
@@ -161,7 +165,7 @@ impl GuestService {
 }
 
 /// Inside the sandbox: the run's own directory, holding its socket, and
-/// the socket's name in it; [`GUEST_SOCKET`] is a link to it, made in the
+/// the socket's name in it; [`SANDBOX_API_SOCKET`] is a link to it, made in the
 /// session's root. A directory (not the socket file) is bound so that a
 /// restarted supervisor can listen again on a new socket in the same
 /// directory, which the run still sees.
@@ -192,9 +196,9 @@ impl Drop for RunSocket {
     }
 }
 
-impl GuestService {
-    fn identity(run: &RunIdentity) -> GuestIdentity {
-        GuestIdentity {
+impl SandboxApi {
+    fn identity(run: &RunIdentity) -> SandboxCaller {
+        SandboxCaller {
             agent_id: run.agent.clone(),
             session_id: run.session.clone(),
             run_id: run.run.clone(),
@@ -203,14 +207,14 @@ impl GuestService {
 
     /// Listens on the socket in `dir` as `run`, for the processes of
     /// its cgroup.
-    fn listen(&self, dir: &Path, run: &RunIdentity) -> Result<RunListener, GuestError> {
+    fn listen(&self, dir: &Path, run: &RunIdentity) -> Result<RunListener, SandboxApiError> {
         let path = dir.join(SOCKET_NAME);
         let cgroup = RunCgroup {
             cgroups: self.cgroups.clone(),
             dir: self.cgroups.run_dir(&run.agent, &run.session, &run.run),
         };
         RunListener::open(&path, Self::identity(run), cgroup, self.ctx.clone()).map_err(|source| {
-            GuestError::Io {
+            SandboxApiError::Io {
                 op: "listen on",
                 path,
                 source,
@@ -219,7 +223,7 @@ impl GuestService {
     }
 }
 
-impl RunServices for GuestService {
+impl RunServices for SandboxApi {
     fn attach(
         &self,
         run: &RunIdentity,
@@ -231,7 +235,7 @@ impl RunServices for GuestService {
         std::fs::DirBuilder::new()
             .mode(RUN_DIR_MODE)
             .create(&dir)
-            .map_err(|source| GuestError::Io {
+            .map_err(|source| SandboxApiError::Io {
                 op: "create",
                 path: dir.clone(),
                 source,
@@ -275,7 +279,7 @@ impl RunServices for GuestService {
         );
         SessionFiles {
             binds,
-            links: vec![(GUEST_SOCKET.into(), link)],
+            links: vec![(SANDBOX_API_SOCKET.into(), link)],
         }
     }
 
@@ -319,9 +323,9 @@ impl RunServices for GuestService {
 }
 
 /// `dir` as a directory of this user that nobody else may enter, empty.
-fn prepare_dir(dir: &Path) -> Result<(), GuestError> {
+fn prepare_dir(dir: &Path) -> Result<(), SandboxApiError> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-    let io = |op, source| GuestError::Io {
+    let io = |op, source| SandboxApiError::Io {
         op,
         path: dir.to_path_buf(),
         source,
@@ -333,7 +337,7 @@ fn prepare_dir(dir: &Path) -> Result<(), GuestError> {
     }
     let md = std::fs::symlink_metadata(dir).map_err(|e| io("stat", e))?;
     if !md.is_dir() || md.uid() != rustix::process::geteuid().as_raw() {
-        return Err(GuestError::NotOurs(dir.to_path_buf()));
+        return Err(SandboxApiError::NotOurs(dir.to_path_buf()));
     }
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| io("chmod", e))?;
@@ -358,7 +362,7 @@ fn prepare_dir(dir: &Path) -> Result<(), GuestError> {
             _ => std::fs::remove_file(&p),
         };
         if let Err(source) = gone {
-            return Err(GuestError::Io {
+            return Err(SandboxApiError::Io {
                 op: "remove",
                 path: p,
                 source,
@@ -399,7 +403,7 @@ mod tests {
             v.sort();
             v
         };
-        let svc = GuestService::new(
+        let svc = SandboxApi::new(
             dir.clone(),
             "/x".into(),
             cgroups(&t),
@@ -434,7 +438,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("g");
         std::fs::write(&dir, "").unwrap();
-        let e = GuestService::new(
+        let e = SandboxApi::new(
             dir,
             "/x".into(),
             cgroups(&t),
@@ -443,9 +447,9 @@ mod tests {
         )
         .err()
         .unwrap();
-        assert!(matches!(e, GuestError::NotOurs(_)), "{e}");
+        assert!(matches!(e, SandboxApiError::NotOurs(_)), "{e}");
         let long = t.path().join("x".repeat(100));
-        let e = GuestService::new(
+        let e = SandboxApi::new(
             long,
             "/x".into(),
             cgroups(&t),
@@ -454,6 +458,6 @@ mod tests {
         )
         .err()
         .unwrap();
-        assert!(matches!(e, GuestError::PathTooLong(_)), "{e}");
+        assert!(matches!(e, SandboxApiError::PathTooLong(_)), "{e}");
     }
 }

@@ -166,6 +166,17 @@ pub struct Client {
     replies: Option<Arc<Replies>>,
 }
 
+/// A frame of a [`Client`]'s conversation ([`Client::next_frame`]).
+enum Incoming {
+    /// The server's Welcome to this client's Hello (now in `server`).
+    Welcome,
+    /// The answer to the request with this id (0: to whichever is open,
+    /// when the server could not read a request or restarted).
+    Response(u64, Answer),
+    /// A stream event of the request with this id.
+    Event(u64, Event),
+}
+
 /// Sends requests on a [`Client`]'s connection from other threads, in
 /// its conversation, while the client waits on a long request (its reads
 /// pass their answers back): for a transport that takes one connection at
@@ -351,27 +362,15 @@ impl Client {
     pub fn handshake(stream: UnixStream) -> Result<Client, ClientError> {
         let timeout = stream.read_timeout().ok().flatten();
         let (mut client, bytes) = Client::unwelcomed(stream, timeout)?;
-        let conversation = client.conversation;
         let sent = client.stream.write_all(&bytes);
         loop {
-            // Before the handshake, garbage is a torn frame from an earlier
-            // conversation on the same transport: skip it.
-            let payload = match client.next_payload() {
-                Ok(p) => p,
-                Err(ClientError::BadFrame(_)) => continue,
+            match client.next_frame() {
+                Ok(Incoming::Welcome) => return Ok(client),
+                Ok(_) => continue,
+                Err(ClientError::Refused(body)) => return Err(ClientError::Refused(body)),
                 // A server that refuses a peer may close before reading
                 // its Hello: the refusal is still there to read.
                 Err(e) => return Err(sent.map_or_else(ClientError::Write, |()| e)),
-            };
-            match decode::<ServerFrame>(&payload) {
-                // A Welcome to another host's Hello is not ours.
-                Ok(ServerFrame::Welcome(hello)) if hello.conversation == conversation => {
-                    client.server = hello;
-                    client.welcomed = true;
-                    return Ok(client);
-                }
-                Ok(ServerFrame::Refused(body)) => return Err(ClientError::Refused(body)),
-                Ok(_) | Err(_) => continue,
             }
         }
     }
@@ -439,68 +438,22 @@ impl Client {
         request: Request,
         mut on_event: impl FnMut(Event),
     ) -> Result<Answer, ClientError> {
-        let request_id = self.next_id;
-        self.next_id += 1;
-        let frame = encode(&ClientFrame::Request(RequestEnvelope {
-            conversation: self.conversation,
-            request_id,
-            request,
-        }))
-        .map_err(ClientError::Encode)?;
-        let mut out = std::mem::take(&mut self.unsent_hello);
-        out.extend(frame);
-        if let Err(e) = self.stream.write_all(&out) {
-            // A server that refuses a peer closes without reading its
-            // Hello: the refusal is still there to read.
-            if !self.welcomed {
-                if let Some(body) = self.refusal() {
-                    return Err(ClientError::Refused(body));
-                }
-            }
-            return Err(self.io_error(e, ClientError::Write));
-        }
+        let request_id = self.send(request)?;
         loop {
-            let payload = match self.next_payload() {
-                Ok(p) => p,
-                // Before the Welcome, garbage is a torn frame from an
-                // earlier conversation on the same transport.
-                Err(ClientError::BadFrame(_)) if !self.welcomed => continue,
-                Err(e) => return Err(e),
-            };
-            let frame = match decode::<ServerFrame>(&payload) {
-                Ok(f) => f,
-                Err(_) if !self.welcomed => continue,
-                Err(e) => return Err(ClientError::BadMessage(e)),
-            };
-            match frame {
-                ServerFrame::Welcome(hello)
-                    if !self.welcomed && hello.conversation == self.conversation =>
-                {
-                    self.server = hello;
-                    self.welcomed = true;
-                }
-                // Frames of another conversation (a host before us on a
-                // serial port) are never ours, whatever their id.
-                ServerFrame::Response(r)
-                    if r.conversation != self.conversation && r.conversation != 0 => {}
-                ServerFrame::Event(e) if e.conversation != self.conversation => {}
+            match self.next_frame()? {
                 // Id 0: the server could not read a request, or restarted
                 // (conversation 0); only ours is open.
-                ServerFrame::Response(r) if r.request_id == request_id || r.request_id == 0 => {
-                    return Ok(answer_of(r.outcome));
+                Incoming::Response(id, answer) if id == request_id || id == 0 => {
+                    return Ok(answer);
                 }
-                ServerFrame::Event(e) if e.request_id == request_id => on_event(e.event),
+                Incoming::Event(id, event) if id == request_id => on_event(event),
                 // A sender's answer goes to it.
-                ServerFrame::Response(r) => {
+                Incoming::Response(id, answer) => {
                     if let Some(replies) = &self.replies {
-                        replies.offer(r.request_id, answer_of(r.outcome));
+                        replies.offer(id, answer);
                     }
                 }
-                ServerFrame::Event(_) => {}
-                // A late answer to an earlier Hello (a host on a serial
-                // port that said Hello again): nothing to do.
-                ServerFrame::Welcome(_) => {}
-                ServerFrame::Refused(body) => return Err(ClientError::Refused(body)),
+                Incoming::Event(..) | Incoming::Welcome => {}
             }
         }
     }
@@ -533,17 +486,7 @@ impl Client {
                     more = false;
                     break;
                 };
-                let request_id = self.next_id;
-                self.next_id += 1;
-                let bytes = encode(&ClientFrame::Request(RequestEnvelope {
-                    conversation: self.conversation,
-                    request_id,
-                    request,
-                }))
-                .map_err(ClientError::Encode)?;
-                self.stream
-                    .write_all(&bytes)
-                    .map_err(|e| self.io_error(e, ClientError::Write))?;
+                let request_id = self.send(request)?;
                 waiting.push_back(request_id);
             }
             let Some(&head) = waiting.front() else {
@@ -556,25 +499,85 @@ impl Client {
                 }
                 continue;
             }
-            let frame =
-                decode::<ServerFrame>(&self.next_payload()?).map_err(ClientError::BadMessage)?;
+            match self.next_frame()? {
+                // Nothing more will come for any of them.
+                Incoming::Response(0, answer) => {
+                    for id in &waiting {
+                        early.entry(*id).or_insert_with(|| answer.clone());
+                    }
+                    more = false;
+                }
+                Incoming::Response(id, answer) if waiting.contains(&id) => {
+                    early.insert(id, answer);
+                }
+                Incoming::Response(..) | Incoming::Event(..) | Incoming::Welcome => {}
+            }
+        }
+    }
+
+    /// Sends `request` under the next id, after the Hello if that has not
+    /// gone yet, and returns the id.
+    fn send(&mut self, request: Request) -> Result<u64, ClientError> {
+        let request_id = self.next_id;
+        self.next_id += 1;
+        let frame = encode(&ClientFrame::Request(RequestEnvelope {
+            conversation: self.conversation,
+            request_id,
+            request,
+        }))
+        .map_err(ClientError::Encode)?;
+        let mut out = std::mem::take(&mut self.unsent_hello);
+        out.extend(frame);
+        if let Err(e) = self.stream.write_all(&out) {
+            // A server that refuses a peer closes without reading its
+            // Hello: the refusal is still there to read.
+            if !self.welcomed {
+                if let Some(body) = self.refusal() {
+                    return Err(ClientError::Refused(body));
+                }
+            }
+            return Err(self.io_error(e, ClientError::Write));
+        }
+        Ok(request_id)
+    }
+
+    /// The next frame of this conversation, for the handshake, a call and
+    /// a pipeline alike (the one place that reads the server's frames).
+    ///
+    /// Before the Welcome, garbage is a torn frame from an earlier
+    /// conversation on the same transport: skipped. Frames of another
+    /// conversation (a host before us on a serial port) are never ours,
+    /// whatever their id; a Welcome to another Hello (another host's, or
+    /// an earlier one of ours) is nothing to do. A refusal is an error.
+    fn next_frame(&mut self) -> Result<Incoming, ClientError> {
+        loop {
+            let payload = match self.next_payload() {
+                Ok(p) => p,
+                Err(ClientError::BadFrame(_)) if !self.welcomed => continue,
+                Err(e) => return Err(e),
+            };
+            let frame = match decode::<ServerFrame>(&payload) {
+                Ok(f) => f,
+                Err(_) if !self.welcomed => continue,
+                Err(e) => return Err(ClientError::BadMessage(e)),
+            };
             match frame {
+                ServerFrame::Welcome(hello)
+                    if !self.welcomed && hello.conversation == self.conversation =>
+                {
+                    self.server = hello;
+                    self.welcomed = true;
+                    return Ok(Incoming::Welcome);
+                }
+                ServerFrame::Welcome(_) => {}
                 ServerFrame::Response(r)
                     if r.conversation != self.conversation && r.conversation != 0 => {}
+                ServerFrame::Event(e) if e.conversation != self.conversation => {}
                 ServerFrame::Response(r) => {
-                    let a = answer_of(r.outcome);
-                    if r.request_id == 0 {
-                        // Nothing more will come for any of them.
-                        for id in &waiting {
-                            early.entry(*id).or_insert_with(|| a.clone());
-                        }
-                        more = false;
-                    } else if waiting.contains(&r.request_id) {
-                        early.insert(r.request_id, a);
-                    }
+                    return Ok(Incoming::Response(r.request_id, answer_of(r.outcome)))
                 }
+                ServerFrame::Event(e) => return Ok(Incoming::Event(e.request_id, e.event)),
                 ServerFrame::Refused(body) => return Err(ClientError::Refused(body)),
-                ServerFrame::Event(_) | ServerFrame::Welcome(_) => {}
             }
         }
     }
@@ -874,6 +877,56 @@ mod tests {
         let err = Client::handshake(stream).unwrap_err();
         assert_eq!(err.code(), ErrorCode::VersionMismatch);
         assert!(err.to_body().message.contains("server speaks 2"), "{err}");
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn a_pipeline_passes_answers_on_in_the_order_of_its_requests() {
+        let (stream, t) = pair(|mut s| {
+            s.recv();
+            s.welcome();
+            let id = |s: &mut FakeServer| match s.recv() {
+                ClientFrame::Request(r) => r.request_id,
+                ClientFrame::Hello(_) => panic!("expected a request"),
+            };
+            let deleted = |what: &str| {
+                Outcome::Ok(Response::Deleted(Deleted {
+                    deleted: what.into(),
+                }))
+            };
+            // A window of two: the third request comes once the first is
+            // answered.
+            let (a, b) = (id(&mut s), id(&mut s));
+            // Out of order, with an event, a stale answer and another
+            // conversation's answer between them.
+            s.event(
+                a,
+                Event::Progress {
+                    message: "working".into(),
+                },
+            );
+            s.respond(b, deleted("b"));
+            s.respond(99, deleted("stale"));
+            let conv = s.conv;
+            s.conv = conv ^ 1;
+            s.respond(a, deleted("another host's"));
+            s.conv = conv;
+            s.respond(a, deleted("a"));
+            let c = id(&mut s);
+            s.respond(c, deleted("c"));
+        });
+        let mut c = Client::handshake(stream).unwrap();
+        let mut requests = (0..3).map(|_| Request::Ping(Ping {}));
+        let mut got = Vec::new();
+        c.pipeline(2, &mut || requests.next(), &mut |a| {
+            got.push(match a {
+                Ok(Response::Deleted(d)) => d.deleted,
+                other => panic!("{other:?}"),
+            });
+            true
+        })
+        .unwrap();
+        assert_eq!(got, ["a", "b", "c"]);
         t.join().unwrap();
     }
 

@@ -152,7 +152,9 @@ fn main() -> ExitCode {
         Action::MonitorExport { query, out } => {
             let done = Client::connect(&cli.socket)
                 .map_err(|e| error_chain(&e))
-                .and_then(|mut c| allox_ctl::monitor::records(&mut c, query))
+                .and_then(|mut c| {
+                    allox_ctl::monitor::records(&mut c, query).map_err(|e| error_chain(&e))
+                })
                 .and_then(|recs| {
                     let text = format!("{}\n", allox_ctl::monitor::otlp(&recs));
                     match &out {
@@ -173,7 +175,10 @@ fn main() -> ExitCode {
         } => {
             let done = Client::connect(&cli.socket)
                 .map_err(|e| error_chain(&e))
-                .and_then(|mut c| allox_ctl::monitor::gather(&mut c, &agent, &session))
+                .and_then(|mut c| {
+                    allox_ctl::monitor::gather(&mut c, &agent, &session)
+                        .map_err(|e| error_chain(&e))
+                })
                 .and_then(|d| {
                     let html = allox_ctl::monitor::report_html(&d);
                     std::fs::write(&out, html)

@@ -21,10 +21,7 @@ impl Store {
         }
         let dir = self.layout.agent_dir(a);
         if dir.exists() {
-            return Err(StoreError::Conflict(format!(
-                "{} exists on disk but not in the index; restart the supervisor to reconcile",
-                dir.display()
-            )));
+            return Err(StoreError::OnDiskNotIndexed(dir));
         }
         let rec = AgentRecord {
             created_ms: crate::clock::now_ms(),
@@ -82,13 +79,10 @@ impl Store {
         if sessions.is_empty() {
             return Ok(());
         }
-        let shown = sessions;
-        Err(StoreError::Conflict(format!(
-            "agent {a} has {} session{} ({}): deleting it would lose their workspaces and checkpoints; delete them first, or pass \"force\": true",
-            shown.len(),
-            if shown.len() == 1 { "" } else { "s" },
-            crate::session::shown_list(&shown),
-        )))
+        Err(StoreError::AgentHasSessions {
+            agent: a.into(),
+            sessions,
+        })
     }
 
     /// Deletes an agent unless [`Store::agent_delete_allowed`] refuses.

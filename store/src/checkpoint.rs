@@ -28,9 +28,7 @@ impl Store {
         validate_id("checkpoint_id", c)?;
         if let Some(l) = &p.label {
             if l.len() > MAX_LABEL || l.chars().any(char::is_control) {
-                return Err(StoreError::Invalid(format!(
-                    "label must be at most {MAX_LABEL} bytes without control characters"
-                )));
+                return Err(StoreError::BadLabel);
             }
         }
         let _g = self.guard();
@@ -40,10 +38,7 @@ impl Store {
         }
         let dest = self.layout.checkpoint(a, s, c);
         if dest.exists() {
-            return Err(StoreError::Conflict(format!(
-                "{} exists on disk but not in the index; restart the supervisor to reconcile",
-                dest.display()
-            )));
+            return Err(StoreError::OnDiskNotIndexed(dest));
         }
         let build = |w: &mut crate::index::Writer<'_>| {
             Ok(Op::CheckpointCreate {
@@ -106,9 +101,11 @@ impl Store {
         let _g = self.guard();
         let rec = self.need_checkpoint(a, s, c)?;
         if rec.pinned {
-            return Err(StoreError::Conflict(format!(
-                "checkpoint {a}/{s}/{c} is pinned; unpin it first (checkpoint.pin with pinned=false)"
-            )));
+            return Err(StoreError::CheckpointPinned {
+                agent: a.into(),
+                session: s.into(),
+                checkpoint: c.into(),
+            });
         }
         let subvolume = btrfs::subvolume_id(&self.layout.checkpoint(a, s, c))?;
         let op = Op::CheckpointDelete {

@@ -3,25 +3,97 @@
 use crate::audit::AuditError;
 use crate::btrfs::BtrfsError;
 use crate::index::IndexError;
+use crate::session::shown_list;
 use crate::tree::TreeError;
+use crate::MAX_LABEL;
 use allox_protocol::{ErrorBody, ErrorCode, IdError};
 use std::io;
+use std::path::PathBuf;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum StoreError {
     #[error(transparent)]
     InvalidId(#[from] IdError),
-    #[error("{0}")]
-    Invalid(String),
+    /// A checkpoint's or a turn's label.
+    #[error("label must be at most {} bytes without control characters", MAX_LABEL)]
+    BadLabel,
+    #[error("keep_last must be at least 1")]
+    KeepLastZero,
+    /// `session.update` without a limit to change.
+    #[error("session.update changes nothing: give pids_max, memory_max or cpu_max")]
+    NothingToUpdate,
+    #[error("cpu_max {0:?} must be \"QUOTA PERIOD\" or \"max PERIOD\" in microseconds")]
+    BadCpuMax(String),
     #[error("{0} does not exist")]
     NotFound(String),
     #[error("{0} already exists")]
     Exists(String),
-    #[error("{0}")]
-    Conflict(String),
-    #[error("{0}")]
-    Unsupported(String),
+    /// An agent's, session's or checkpoint's directory that the index does
+    /// not know, where a new one would go.
+    #[error(
+        "{} exists on disk but not in the index; restart the supervisor to reconcile",
+        .0.display()
+    )]
+    OnDiskNotIndexed(PathBuf),
+    /// `agent.delete` without `force`, of an agent that has sessions.
+    #[error(
+        "agent {agent} has {} session{} ({}): deleting it would lose their workspaces and checkpoints; delete them first, or pass \"force\": true",
+        .sessions.len(),
+        plural(.sessions.len()),
+        shown_list(.sessions)
+    )]
+    AgentHasSessions {
+        agent: String,
+        sessions: Vec<String>,
+    },
+    /// `session.delete` without `force`, of a session that holds pinned
+    /// checkpoints.
+    #[error(
+        "session {agent}/{session} holds {} pinned checkpoint{} ({}): deleting it would lose them; unpin them, or pass \"force\": true",
+        .pinned.len(),
+        plural(.pinned.len()),
+        shown_list(.pinned)
+    )]
+    SessionHasPinned {
+        agent: String,
+        session: String,
+        pinned: Vec<String>,
+    },
+    /// `session.rollback` without `kill_processes`, of a session whose
+    /// programs still run.
+    #[error(
+        "session {agent}/{session} has {live} live processes (and sandboxes); stop them or pass \"kill_processes\": true"
+    )]
+    SessionBusy {
+        agent: String,
+        session: String,
+        live: usize,
+    },
+    #[error(
+        "checkpoint {agent}/{session}/{checkpoint} is pinned; unpin it first (checkpoint.pin with pinned=false)"
+    )]
+    CheckpointPinned {
+        agent: String,
+        session: String,
+        checkpoint: String,
+    },
+    /// `turn.begin` while another turn of the session is open.
+    #[error("turn {turn} of session {agent}/{session} has not ended")]
+    TurnOpen {
+        agent: String,
+        session: String,
+        turn: String,
+    },
+    /// `turn.end` without a turn id, in a session with no open turn.
+    #[error("session {agent}/{session} has no turn that has begun and not ended")]
+    NoOpenTurn { agent: String, session: String },
+    #[error("turn {agent}/{session}/{turn} has already ended")]
+    TurnEnded {
+        agent: String,
+        session: String,
+        turn: String,
+    },
     #[error("a failed change could not be undone; the store refuses changes until the supervisor restarts")]
     Fenced,
     #[error("only {free_mib} MiB free, at least {need_mib} MiB are kept in reserve")]
@@ -84,12 +156,22 @@ impl StoreError {
 
     pub fn code(&self) -> ErrorCode {
         match self {
-            StoreError::InvalidId(_) | StoreError::Invalid(_) => ErrorCode::InvalidRequest,
+            StoreError::InvalidId(_)
+            | StoreError::BadLabel
+            | StoreError::KeepLastZero
+            | StoreError::NothingToUpdate
+            | StoreError::BadCpuMax(_) => ErrorCode::InvalidRequest,
             StoreError::NotFound(_) => ErrorCode::NotFound,
-            StoreError::Exists(_) | StoreError::Conflict(_) => ErrorCode::Conflict,
-            StoreError::Unsupported(_) | StoreError::Tree(TreeError::Limit { .. }) => {
-                ErrorCode::Unsupported
-            }
+            StoreError::Exists(_)
+            | StoreError::OnDiskNotIndexed(_)
+            | StoreError::AgentHasSessions { .. }
+            | StoreError::SessionHasPinned { .. }
+            | StoreError::SessionBusy { .. }
+            | StoreError::CheckpointPinned { .. }
+            | StoreError::TurnOpen { .. }
+            | StoreError::NoOpenTurn { .. }
+            | StoreError::TurnEnded { .. } => ErrorCode::Conflict,
+            StoreError::Tree(TreeError::Limit { .. }) => ErrorCode::Unsupported,
             StoreError::Tree(TreeError::Changed { .. }) => ErrorCode::Conflict,
             _ if self.is_no_space() => ErrorCode::Unavailable,
             StoreError::Fenced | StoreError::ReadOnly(_) => ErrorCode::Unavailable,
@@ -122,3 +204,117 @@ impl From<redb::Error> for StoreError {
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// The `s` of a plural.
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each refusal says what is refused, in the words clients have always
+    /// been shown, under its code.
+    #[test]
+    fn refusals_keep_their_messages_and_codes() {
+        let a = || "a".to_string();
+        let s = || "s".to_string();
+        let cases = [
+            (
+                StoreError::BadLabel,
+                ErrorCode::InvalidRequest,
+                "label must be at most 256 bytes without control characters".to_string(),
+            ),
+            (
+                StoreError::KeepLastZero,
+                ErrorCode::InvalidRequest,
+                "keep_last must be at least 1".into(),
+            ),
+            (
+                StoreError::NothingToUpdate,
+                ErrorCode::InvalidRequest,
+                "session.update changes nothing: give pids_max, memory_max or cpu_max".into(),
+            ),
+            (
+                StoreError::BadCpuMax("1 2 3".into()),
+                ErrorCode::InvalidRequest,
+                r#"cpu_max "1 2 3" must be "QUOTA PERIOD" or "max PERIOD" in microseconds"#.into(),
+            ),
+            (
+                StoreError::OnDiskNotIndexed("/r/agents/a".into()),
+                ErrorCode::Conflict,
+                "/r/agents/a exists on disk but not in the index; restart the supervisor to reconcile".into(),
+            ),
+            (
+                StoreError::AgentHasSessions {
+                    agent: a(),
+                    sessions: vec!["s".into()],
+                },
+                ErrorCode::Conflict,
+                r#"agent a has 1 session (s): deleting it would lose their workspaces and checkpoints; delete them first, or pass "force": true"#.into(),
+            ),
+            (
+                StoreError::SessionHasPinned {
+                    agent: a(),
+                    session: s(),
+                    pinned: (1..=12).map(|i| format!("c{i}")).collect(),
+                },
+                ErrorCode::Conflict,
+                r#"session a/s holds 12 pinned checkpoints (c1, c2, c3, c4, c5, c6, c7, c8, c9, c10 and 2 more): deleting it would lose them; unpin them, or pass "force": true"#.into(),
+            ),
+            (
+                StoreError::SessionBusy {
+                    agent: a(),
+                    session: s(),
+                    live: 3,
+                },
+                ErrorCode::Conflict,
+                r#"session a/s has 3 live processes (and sandboxes); stop them or pass "kill_processes": true"#.into(),
+            ),
+            (
+                StoreError::CheckpointPinned {
+                    agent: a(),
+                    session: s(),
+                    checkpoint: "c".into(),
+                },
+                ErrorCode::Conflict,
+                "checkpoint a/s/c is pinned; unpin it first (checkpoint.pin with pinned=false)".into(),
+            ),
+            (
+                StoreError::TurnOpen {
+                    agent: a(),
+                    session: s(),
+                    turn: "t".into(),
+                },
+                ErrorCode::Conflict,
+                "turn t of session a/s has not ended".into(),
+            ),
+            (
+                StoreError::NoOpenTurn {
+                    agent: a(),
+                    session: s(),
+                },
+                ErrorCode::Conflict,
+                "session a/s has no turn that has begun and not ended".into(),
+            ),
+            (
+                StoreError::TurnEnded {
+                    agent: a(),
+                    session: s(),
+                    turn: "t".into(),
+                },
+                ErrorCode::Conflict,
+                "turn a/s/t has already ended".into(),
+            ),
+        ];
+        for (e, code, message) in cases {
+            assert_eq!(e.code(), code, "{e}");
+            assert_eq!(e.to_body().message, message);
+        }
+    }
+}

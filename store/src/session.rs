@@ -30,10 +30,7 @@ impl Store {
         }
         let dir = self.layout.session_dir(a, s);
         if dir.exists() {
-            return Err(StoreError::Conflict(format!(
-                "{} exists on disk but not in the index; restart the supervisor to reconcile",
-                dir.display()
-            )));
+            return Err(StoreError::OnDiskNotIndexed(dir));
         }
         let rec = SessionRecord {
             created_ms: crate::clock::now_ms(),
@@ -99,12 +96,11 @@ impl Store {
         if pinned.is_empty() {
             return Ok(());
         }
-        Err(StoreError::Conflict(format!(
-            "session {a}/{s} holds {} pinned checkpoint{} ({}): deleting it would lose them; unpin them, or pass \"force\": true",
-            pinned.len(),
-            if pinned.len() == 1 { "" } else { "s" },
-            shown_list(&pinned),
-        )))
+        Err(StoreError::SessionHasPinned {
+            agent: a.into(),
+            session: s.into(),
+            pinned,
+        })
     }
 
     /// Deletes a session unless [`Store::session_delete_allowed`] refuses.

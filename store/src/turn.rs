@@ -48,7 +48,7 @@ impl Store {
         let a = p.agent_id.as_str();
         let key = self.level_key(a, p.session_id.as_deref())?;
         if p.keep_last == Some(0) {
-            return Err(StoreError::Invalid("keep_last must be at least 1".into()));
+            return Err(StoreError::KeepLastZero);
         }
         let _g = self.guard();
         let mut rec = self.index.policy(&key)?.unwrap_or_default();
@@ -98,9 +98,11 @@ impl Store {
         let _g = self.guard();
         let turns = self.index.turns(a, s)?;
         if let Some((open, _)) = turns.iter().find(|(_, r)| r.ended_ms.is_none()) {
-            return Err(StoreError::Conflict(format!(
-                "turn {open} of session {a}/{s} has not ended"
-            )));
+            return Err(StoreError::TurnOpen {
+                agent: a.into(),
+                session: s.into(),
+                turn: open.clone(),
+            });
         }
         let number = turns.last().map(|(_, r)| r.number).unwrap_or(0) + 1;
         let t = p
@@ -140,11 +142,12 @@ impl Store {
         // No turn named: the session's open turn.
         let open;
         let t = if p.turn_id.is_empty() {
-            open = self.open_turn(a, s)?.ok_or_else(|| {
-                StoreError::Conflict(format!(
-                    "session {a}/{s} has no turn that has begun and not ended"
-                ))
-            })?;
+            open = self
+                .open_turn(a, s)?
+                .ok_or_else(|| StoreError::NoOpenTurn {
+                    agent: a.into(),
+                    session: s.into(),
+                })?;
             open.as_str()
         } else {
             p.turn_id.as_str()
@@ -152,9 +155,7 @@ impl Store {
         validate_id("turn_id", t)?;
         if let Some(l) = &p.label {
             if l.len() > MAX_LABEL || l.chars().any(char::is_control) {
-                return Err(StoreError::Invalid(format!(
-                    "label must be at most {MAX_LABEL} bytes without control characters"
-                )));
+                return Err(StoreError::BadLabel);
             }
         }
         let (auto, keep_last) = self.effective_policy(a, Some(s))?;
@@ -167,9 +168,11 @@ impl Store {
             .turn(a, s, t)?
             .ok_or_else(|| StoreError::NotFound(format!("turn {a}/{s}/{t}")))?;
         if rec.ended_ms.is_some() {
-            return Err(StoreError::Conflict(format!(
-                "turn {a}/{s}/{t} has already ended"
-            )));
+            return Err(StoreError::TurnEnded {
+                agent: a.into(),
+                session: s.into(),
+                turn: t.into(),
+            });
         }
         let mut failed = None;
         if checkpointing {

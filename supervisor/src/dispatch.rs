@@ -331,10 +331,11 @@ impl Supervisor {
                     }
                     if runs.occupied(a, s) {
                         if !kill {
-                            return Err(RequestError::from(StoreError::Conflict(format!(
-                                "session {a}/{s} has {} live processes (and sandboxes); stop them or pass \"kill_processes\": true",
-                                runs.live(a, s)
-                            ))));
+                            return Err(RequestError::from(StoreError::SessionBusy {
+                                agent: a.into(),
+                                session: s.into(),
+                                live: runs.live(a, s),
+                            }));
                         }
                         let dir = runs.cgroups().session_dir(a, s);
                         killed = runs.kill_tree(&dir, false)?;
@@ -360,11 +361,7 @@ impl Supervisor {
                 st.session_info_of(a, s)?;
                 let limits = limits_of(r.pids_max, r.memory_max, r.cpu_max.as_deref())?;
                 if limits == allox_sandbox::cgroup::Limits::default() {
-                    return Err(StoreError::Invalid(
-                        "session.update changes nothing: give pids_max, memory_max or cpu_max"
-                            .into(),
-                    )
-                    .into());
+                    return Err(StoreError::NothingToUpdate.into());
                 }
                 let runs = self.runs()?;
                 runs.session_update(a, s, &limits)?;
@@ -469,11 +466,8 @@ fn limits_of(
         memory_max,
         cpu_max: match cpu_max {
             Some(t) => Some(
-                allox_sandbox::cgroup::Cgroups::parse_cpu_max(t).ok_or_else(|| {
-                    StoreError::Invalid(format!(
-                        "cpu_max {t:?} must be \"QUOTA PERIOD\" or \"max PERIOD\" in microseconds"
-                    ))
-                })?,
+                allox_sandbox::cgroup::Cgroups::parse_cpu_max(t)
+                    .ok_or_else(|| StoreError::BadCpuMax(t.to_string()))?,
             ),
             None => None,
         },

@@ -24,15 +24,15 @@ use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 
 /// Where the run's id goes once it is known.
-pub(crate) struct Known {
+pub(crate) struct RunIdSlot {
     pub(crate) id: OnceLock<String>,
     /// Told the id once (the thread that passes keys on waits for it).
     pub(crate) input: Mutex<Option<mpsc::Sender<String>>>,
 }
 
-impl Known {
-    pub(crate) fn new(input: Option<mpsc::Sender<String>>) -> Known {
-        Known {
+impl RunIdSlot {
+    pub(crate) fn new(input: Option<mpsc::Sender<String>>) -> RunIdSlot {
+        RunIdSlot {
             id: OnceLock::new(),
             input: Mutex::new(input),
         }
@@ -50,13 +50,13 @@ impl Known {
 /// The request's connection: learns the run's id from its first event,
 /// and drops `until_answer` (a terminal's raw mode) as soon as the answer
 /// is in, before alloxctl says how the run ended.
-pub(crate) struct Tap {
+pub(crate) struct ForegroundCall {
     pub(crate) client: Client,
-    pub(crate) known: Arc<Known>,
+    pub(crate) known: Arc<RunIdSlot>,
     pub(crate) until_answer: Option<Box<dyn std::any::Any>>,
 }
 
-impl Caller for Tap {
+impl Caller for ForegroundCall {
     fn call(&mut self, request: Request) -> Result<Answer, ClientError> {
         self.call_with_events(request, &mut |_| {})
     }
@@ -151,7 +151,7 @@ pub fn exec(
     }
     let target = (request.agent_id.clone(), request.session_id.clone());
     let (tx, rx) = mpsc::channel();
-    let known = Arc::new(Known::new(interactive.then_some(tx)));
+    let known = Arc::new(RunIdSlot::new(interactive.then_some(tx)));
     if interactive {
         let (sender, target) = (sender.clone(), target.clone());
         std::thread::spawn(move || pass_input(&sender, &target, rx, false));
@@ -160,7 +160,7 @@ pub fn exec(
         let known = known.clone();
         std::thread::spawn(move || on_signals(&sender, &target, &known, signals, detach));
     }
-    let mut tap = Tap {
+    let mut tap = ForegroundCall {
         client,
         known,
         until_answer: None,
@@ -172,7 +172,7 @@ pub fn exec(
 fn on_signals(
     sender: &Sender,
     (agent, session): &(String, String),
-    known: &Known,
+    known: &RunIdSlot,
     set: SigSet,
     detach: bool,
 ) {
@@ -243,12 +243,12 @@ pub(crate) fn pass_input(
             Err(_) => 0,
         };
         let (data, detach) = if detach_keys {
-            crate::tty::typed(&mut held, &buf[..n])
+            crate::raw_mode::typed(&mut held, &buf[..n])
         } else {
             (buf[..n].to_vec(), false)
         };
         if detach {
-            crate::tty::restore();
+            crate::raw_mode::restore();
             let _ = std::io::stderr().write_all(
                 format!(
                     "\r\nalloxctl: left run {run_id}, which goes on: `alloxctl attach {agent} {session} {run_id}` follows it again\r\n"

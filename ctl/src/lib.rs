@@ -15,6 +15,7 @@ pub mod cli;
 pub mod foreground;
 pub mod monitor;
 pub mod process;
+pub mod raw_mode;
 pub mod render;
 pub mod rpc;
 pub mod shutdown;

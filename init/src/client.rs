@@ -15,14 +15,12 @@
 //! or 1 with the error on stderr.
 
 use allox_protocol::sandbox_api::{
-    PluginCall, SandboxClientFrame, SandboxHello, SandboxRequest, SandboxRequestEnvelope,
-    SandboxResponse, SandboxServerFrame, SandboxTurnBegin, SandboxTurnEnd, Whoami,
+    PluginCall, SandboxRequest, SandboxResponse, SandboxTurnBegin, SandboxTurnEnd, Whoami,
     SANDBOX_API_SOCKET,
 };
-use allox_protocol::{decode, encode, ErrorBody, ErrorCode, FrameReader, TurnInfo, TurnStatus};
+use allox_protocol::{ErrorBody, TurnInfo, TurnStatus};
 use clap::{Parser, Subcommand, ValueEnum};
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
+use std::io::Write;
 
 /// Whether the executable was started as the client (`argv[0]`'s last
 /// component is `allox`).
@@ -200,7 +198,7 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
     }
     let out = cli
         .request()
-        .and_then(|req| ask(std::path::Path::new(&socket), req));
+        .and_then(|req| crate::sandbox_call::ask(std::path::Path::new(&socket), req));
     match out {
         Ok(resp) => {
             let text = if cli.json {
@@ -215,54 +213,6 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
             eprintln!("allox: {}: {}", e.code, e.message);
             1
         }
-    }
-}
-
-/// One request over a fresh connection.
-pub fn ask(socket: &std::path::Path, req: SandboxRequest) -> Result<SandboxResponse, ErrorBody> {
-    let unavailable = |what: String| ErrorBody::new(ErrorCode::Unavailable, what);
-    let mut s = UnixStream::connect(socket).map_err(|e| {
-        unavailable(format!(
-            "cannot connect to {}: {e} (the in-sandbox interface exists inside Allox OS sandboxes only)",
-            socket.display()
-        ))
-    })?;
-    let send = |s: &mut UnixStream, f: &SandboxClientFrame| -> Result<(), ErrorBody> {
-        let bytes = encode(f).map_err(|e| ErrorBody::invalid(allox_protocol::error_chain(&e)))?;
-        s.write_all(&bytes)
-            .map_err(|e| unavailable(format!("cannot send: {e}")))
-    };
-    send(&mut s, &SandboxClientFrame::Hello(SandboxHello::new()))?;
-    send(
-        &mut s,
-        &SandboxClientFrame::Request(SandboxRequestEnvelope {
-            request_id: 1,
-            request: req,
-        }),
-    )?;
-    let mut reader = FrameReader::new();
-    let mut buf = [0u8; 16 << 10];
-    loop {
-        while let Some(frame) = reader.next_frame() {
-            let payload = frame.map_err(|e| unavailable(format!("bad answer: {e}")))?;
-            let frame: SandboxServerFrame = decode(&payload).map_err(|e| {
-                unavailable(format!("bad answer: {}", allox_protocol::error_chain(&e)))
-            })?;
-            match frame {
-                SandboxServerFrame::Welcome(_) => {}
-                SandboxServerFrame::Refused(e) => return Err(e),
-                SandboxServerFrame::Response(r) => return r.outcome.into(),
-            }
-        }
-        let n = s
-            .read(&mut buf)
-            .map_err(|e| unavailable(format!("cannot read the answer: {e}")))?;
-        if n == 0 {
-            return Err(unavailable(
-                "the supervisor closed the connection without an answer".into(),
-            ));
-        }
-        reader.push(&buf[..n]);
     }
 }
 
@@ -383,20 +333,5 @@ mod tests {
         t.status = Some(TurnStatus::Ok);
         t.checkpoint_id = Some("turn-1".into());
         assert_eq!(turn_line(&t), "turn turn-1 ended ok; checkpoint turn-1\n");
-    }
-
-    #[test]
-    fn outside_a_sandbox_the_error_says_so() {
-        let e = ask(
-            std::path::Path::new("/nonexistent/guest.sock"),
-            SandboxRequest::Whoami(Whoami {}),
-        )
-        .unwrap_err();
-        assert_eq!(e.code, ErrorCode::Unavailable);
-        assert!(
-            e.message.contains("inside Allox OS sandboxes"),
-            "{}",
-            e.message
-        );
     }
 }

@@ -20,5 +20,6 @@ pub mod guest;
 pub mod keeper;
 pub mod limits;
 pub mod netconnect;
+pub mod sandbox_call;
 pub mod share;
 pub mod supervise;

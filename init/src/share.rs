@@ -81,7 +81,7 @@ fn call<T: serde::de::DeserializeOwned>(
         route: route.into(),
         params,
     });
-    match crate::client::ask(socket, req)? {
+    match crate::sandbox_call::ask(socket, req)? {
         SandboxResponse::Plugin(p) => serde_json::from_str(&p.result)
             .map_err(|e| ErrorBody::invalid(format!("{route} answered what does not read: {e}"))),
         other => Err(ErrorBody::invalid(format!(

@@ -48,9 +48,25 @@ pub const PLUGIN_STARTS: &[&str] = &[
 /// The supervisor's points in the file API.
 pub const FILES: &[&str] = &["fs_write.before_commit"];
 
+/// The supervisor's points after each step of a run's start, in order
+/// (`runs/start.rs`): after them, in turn, what the services attach to the
+/// run (the in-sandbox interface's listener) exists; its cgroup exists;
+/// the plugins have heard of it; its sandbox exists; its stdio is ready.
+/// A panic at one fails that start, which must leave none of them.
+pub const RUN_STARTS: &[&str] = &[
+    "run_start.after_attach",
+    "run_start.after_cgroup",
+    "run_start.after_plugins",
+    "run_start.after_spawn",
+    "run_start.after_stdio",
+];
+
 /// Whether `name` is a declared point.
 fn declared(name: &str) -> bool {
-    ALL.contains(&name) || PLUGIN_STARTS.contains(&name) || FILES.contains(&name)
+    ALL.contains(&name)
+        || PLUGIN_STARTS.contains(&name)
+        || FILES.contains(&name)
+        || RUN_STARTS.contains(&name)
 }
 
 /// What an armed point does.

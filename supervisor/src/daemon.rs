@@ -103,7 +103,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         &cfg.plugins.enabled,
         allox_protocol::Request::ROUTES,
         &system_dirs,
-        failpoints,
+        failpoints.clone(),
     )?);
     let _running = plugins.start_guarded(&Settings {
         state_dir: cfg.root.join("state"),
@@ -133,6 +133,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
             let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
             let mut rc = rc.clone();
             rc.plugins = plugins.clone();
+            rc.failpoints = failpoints;
             Some(Arc::new(Runs::new(rc).map_err(DaemonError::Processes)?))
         }
         None => None,

@@ -27,6 +27,7 @@ mod logs;
 mod output;
 pub mod procfs;
 mod start;
+mod starting;
 mod stats;
 pub(crate) use stats::usage_of;
 mod stdin;
@@ -43,6 +44,7 @@ use crate::plugin_api::{RunRef, SessionNetwork};
 use crate::plugin_host::Plugins;
 use allox_protocol::RunResult;
 use allox_sandbox::cgroup::{Cgroups, Limits};
+use allox_store::failpoint::Failpoints;
 use fence::Fences;
 use finished::{Evict, Finished, Retention};
 use rustix::fd::OwnedFd;
@@ -93,6 +95,10 @@ pub struct RunsConfig {
     /// (`RunResult.usage`); on unless `--no-run-usage` (the benchmark's
     /// baseline).
     pub run_usage: bool,
+    /// The points after each step of a run's start
+    /// (`allox_store::failpoint::RUN_STARTS`), armed for tests as the
+    /// store's are; none by default.
+    pub failpoints: Failpoints,
 }
 
 impl RunsConfig {
@@ -123,6 +129,7 @@ impl RunsConfig {
             plugins: Arc::new(Plugins::none()),
             finished: Retention::default(),
             run_usage: true,
+            failpoints: Failpoints::default(),
         }
     }
 }

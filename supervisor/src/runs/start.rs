@@ -5,8 +5,13 @@
 //! tracker) before the sandbox is cloned straight into it, and the fence is
 //! checked again once the sandbox exists, since a rollback or delete may
 //! have fenced the session while it was being made.
+//!
+//! What a start has made is undone if it fails, however it fails: its
+//! guard ([`super::starting`]) is disarmed only when the run is handed
+//! over to the tasks that follow it to its end.
 
 use super::output::{Log, Readers, Source};
+use super::starting::Starting;
 use super::terminal::Terminal;
 use super::{end, key, validate, Asked, EventSink, Input, Run, RunError, Runs, SessionPaths};
 use crate::plugin_api::RunRef;
@@ -62,11 +67,109 @@ impl Runs {
             t.check().map_err(|e| RunError::BadTrace(e.message))?;
         }
         let id = self.new_run_id();
+        // What is made for the run from here on is undone if the start
+        // fails, however it fails (an error, a panic, the request dropped).
+        let mut starting = Starting::new(self, a, s, &id, &paths.network);
+        let made = match self.make(&mut starting, p, &paths, &id, cwd, term).await {
+            Ok(m) => m,
+            Err(e) => {
+                // Answered once nothing of the run is left.
+                starting.undo_now().await;
+                return Err(e);
+            }
+        };
+        // From here the run's end tasks own what was made.
+        let (pidfd, attached) = starting.started();
+        let (tx, rx) = watch::channel(None);
+        let run = Arc::new(Run {
+            id: id.clone(),
+            agent: a.to_string(),
+            session: s.to_string(),
+            pidfd: Mutex::new(pidfd),
+            stdin: tokio::sync::Mutex::new(made.input),
+            terminal: Mutex::new(made.terminal),
+            result: tx,
+            log: Arc::new(Log::new()),
+            timed_out: AtomicBool::new(false),
+            attached: Mutex::new(attached),
+            metadata: made.metadata,
+            network: paths.network.clone(),
+            asked: Asked {
+                argv: p.argv.clone(),
+                trace: p.trace.as_deref().cloned(),
+                started: made.started,
+            },
+        });
+        self.table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key(a, s, &id), run.clone());
+        if let Some(ev) = &events {
+            let _ = ev
+                .send(Event::Started(RunStarted {
+                    run_id: id.clone(),
+                    pid: made.pid,
+                }))
+                .await;
+        }
+        // Output readers.
+        let readers = Readers::start(
+            made.sources,
+            &id,
+            events.clone(),
+            &run.log,
+            self.cfg.capture_limit,
+        );
+        // Initial stdin, then close.
+        if let Some(data) = p.stdin.clone() {
+            let runs = self.clone();
+            let (a, s, r) = (a.to_string(), s.to_string(), id.clone());
+            tokio::spawn(async move {
+                // A program that never reads its input does not hold the
+                // run's end hostage (the write gives up after 10 s).
+                let _ = runs.stdin(&a, &s, &r, &data, true).await;
+            });
+        }
+        // The end: status, then a short drain of the output.
+        tokio::spawn(end::finish(self.clone(), run.clone(), made.status, readers));
+        // Reap the init when the namespace empties, and drop its cgroup.
+        tokio::spawn(end::reap(self.clone(), run.clone()));
+        if let Some(ms) = p.timeout_ms {
+            tokio::spawn(kill_after(
+                self.clone(),
+                run.clone(),
+                rx.clone(),
+                Duration::from_millis(ms),
+            ));
+        }
+        if !p.wait {
+            return Ok(allox_protocol::Response::Started(RunStarted {
+                run_id: id,
+                pid: made.pid,
+            }));
+        }
+        let r = super::wait::result(rx, None).await?;
+        Ok(allox_protocol::Response::Exited(r))
+    }
+
+    /// Makes run `id`'s sandbox and its stdio, telling `starting` of each
+    /// thing made; a failpoint after each step
+    /// (`allox_store::failpoint::RUN_STARTS`).
+    async fn make(
+        self: &Arc<Self>,
+        starting: &mut Starting,
+        p: &ProcessStart,
+        paths: &SessionPaths,
+        id: &str,
+        cwd: String,
+        term: Option<String>,
+    ) -> Result<Made, RunError> {
+        let (a, s) = (p.agent_id.as_str(), p.session_id.as_str());
         let mode = paths.network.mode;
         let run_ref = RunRef {
             agent: a,
             session: s,
-            run: &id,
+            run: id,
             network: &paths.network,
         };
         let added = self
@@ -80,18 +183,19 @@ impl Runs {
             }
         }
         // The in-sandbox interface's listener (and what else is attached to
-        // every run): released when the run's sandbox is gone, or at once
-        // if the start fails (the guard is dropped).
+        // every run): held by the run until its sandbox is gone.
         let attached = match self.services.get() {
             Some(svc) => svc
                 .attach(&super::RunIdentity {
                     agent: a.to_string(),
                     session: s.to_string(),
-                    run: id.clone(),
+                    run: id.to_string(),
                 })
                 .map_err(RunError::Attach)?,
             None => super::Attachment::none(),
         };
+        starting.attached(attached.guard);
+        self.cfg.failpoints.hit("run_start.after_attach");
         let path = std::iter::once(validate::PATH)
             .chain(attached.path.iter().map(String::as_str))
             .collect::<Vec<_>>()
@@ -120,23 +224,23 @@ impl Runs {
         )?;
         self.check_fence(a, s)?;
         self.cgroups.ensure_session(a, s, &self.cfg.limits)?;
-        let cg = self.cgroups.create_run(a, s, &id)?;
+        let cg = self.cgroups.create_run(a, s, id)?;
+        starting.cgroup_made();
+        self.cfg.failpoints.hit("run_start.after_cgroup");
         if !self.cfg.plugins.is_empty() {
             // The cgroup's id is its directory's inode number.
-            let told = rustix::fs::fstat(&cg)
-                .map_err(|e| RunError::Io {
-                    op: "stat",
-                    path: self.cgroups.run_dir(a, s, &id),
-                    source: e.into(),
-                })
-                .and_then(|st| {
-                    (self.cfg.plugins.before_run(&run_ref, st.st_ino)).map_err(RunError::Plugin)
-                });
-            if let Err(e) = told {
-                let _ = self.cgroups.remove(&self.cgroups.run_dir(a, s, &id));
-                return Err(e);
-            }
+            let st = rustix::fs::fstat(&cg).map_err(|e| RunError::Io {
+                op: "stat",
+                path: self.cgroups.run_dir(a, s, id),
+                source: e.into(),
+            })?;
+            self.cfg
+                .plugins
+                .before_run(&run_ref, st.st_ino)
+                .map_err(RunError::Plugin)?;
+            starting.plugins_told();
         }
+        self.cfg.failpoints.hit("run_start.after_plugins");
         let mut env = vec![
             ("PATH".to_string(), path),
             (
@@ -155,7 +259,7 @@ impl Runs {
             ),
             ("ALLOX_AGENT_ID".to_string(), a.to_string()),
             ("ALLOX_SESSION_ID".to_string(), s.to_string()),
-            ("ALLOX_RUN_ID".to_string(), id.clone()),
+            ("ALLOX_RUN_ID".to_string(), id.to_string()),
         ];
         if let Some(t) = &term {
             env.push(("TERM".to_string(), t.clone()));
@@ -194,7 +298,9 @@ impl Runs {
         self.own(&paths.current);
         self.own(&paths.shared);
         // The session's context makes the sandbox; asking it blocks, so
-        // off the I/O workers.
+        // off the I/O workers. A context that died after making the run's
+        // PID 1 but before answering leaves it unsupervised, in the run's
+        // cgroup: the undo kills it.
         let runs = self.clone();
         let (aa, ss) = (a.to_string(), s.to_string());
         let net = paths.network.clone();
@@ -202,43 +308,12 @@ impl Runs {
         let started = std::time::SystemTime::now();
         let spawned =
             tokio::task::spawn_blocking(move || runs.spawn_in_context(&aa, &ss, &net, &spec, &cg))
-                .await?;
-        let spawned = match spawned {
-            Ok(sp) => sp,
-            Err(e) => {
-                // A context that died after making the run's PID 1 but
-                // before answering leaves it unsupervised: killed here.
-                let dir = self.cgroups.run_dir(a, s, &id);
-                let cg = self.cgroups.clone();
-                let _ = tokio::task::spawn_blocking(move || {
-                    let _ = cg.kill(&dir, Duration::from_secs(10));
-                    let _ = cg.remove(&dir);
-                })
-                .await;
-                self.cfg.plugins.after_run(&run_ref);
-                return Err(e);
-            }
-        };
+                .await??;
+        starting.spawned(spawned.pidfd);
+        self.cfg.failpoints.hit("run_start.after_spawn");
         // A rollback or delete may have fenced the session while the
         // sandbox was being made: then this run must not live on.
-        if let Err(e) = self.check_fence(a, s) {
-            let _ =
-                rustix::process::pidfd_send_signal(&spawned.pidfd, rustix::process::Signal::KILL);
-            let dir = self.cgroups.run_dir(a, s, &id);
-            let cg = self.cgroups.clone();
-            let pidfd = spawned.pidfd;
-            let _ = tokio::task::spawn_blocking(move || {
-                let _ = cg.kill(&dir, Duration::from_secs(10));
-                let _ = rustix::process::waitid(
-                    rustix::process::WaitId::PidFd(rustix::fd::AsFd::as_fd(&pidfd)),
-                    rustix::process::WaitIdOptions::EXITED,
-                );
-                let _ = cg.remove(&dir);
-            })
-            .await;
-            self.cfg.plugins.after_run(&run_ref);
-            return Err(e);
-        }
+        self.check_fence(a, s)?;
         // The program's stdio: pipes, or a terminal. A terminal that did
         // not come leaves the run without stdio; it reports why itself.
         let (input, terminal, sources) = match spawned.io {
@@ -267,79 +342,31 @@ impl Runs {
                 (None, None, Vec::new())
             }
         };
-        let (tx, rx) = watch::channel(None);
-        let run = Arc::new(Run {
-            id: id.clone(),
-            agent: a.to_string(),
-            session: s.to_string(),
-            pidfd: Mutex::new(Some(spawned.pidfd)),
-            stdin: tokio::sync::Mutex::new(input),
-            terminal: Mutex::new(terminal),
-            result: tx,
-            log: Arc::new(Log::new()),
-            timed_out: AtomicBool::new(false),
-            attached: Mutex::new(Some(attached.guard)),
-            metadata: added.metadata,
-            network: paths.network.clone(),
-            asked: Asked {
-                argv: p.argv.clone(),
-                trace: p.trace.as_deref().cloned(),
-                started,
-            },
-        });
-        self.table
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key(a, s, &id), run.clone());
-        if let Some(ev) = &events {
-            let _ = ev
-                .send(Event::Started(RunStarted {
-                    run_id: id.clone(),
-                    pid: spawned.pid,
-                }))
-                .await;
-        }
-        // Output readers.
-        let readers = Readers::start(
-            sources,
-            &id,
-            events.clone(),
-            &run.log,
-            self.cfg.capture_limit,
-        );
-        // Initial stdin, then close.
-        if let Some(data) = p.stdin.clone() {
-            let runs = self.clone();
-            let (a, s, r) = (a.to_string(), s.to_string(), id.clone());
-            tokio::spawn(async move {
-                // A program that never reads its input does not hold the
-                // run's end hostage (the write gives up after 10 s).
-                let _ = runs.stdin(&a, &s, &r, &data, true).await;
-            });
-        }
-        // The end: status, then a short drain of the output.
-        let status_rx = tokio::net::unix::pipe::Receiver::from_owned_fd(spawned.status)
+        let status = tokio::net::unix::pipe::Receiver::from_owned_fd(spawned.status)
             .map_err(RunError::Pipe)?;
-        tokio::spawn(end::finish(self.clone(), run.clone(), status_rx, readers));
-        // Reap the init when the namespace empties, and drop its cgroup.
-        tokio::spawn(end::reap(self.clone(), run.clone()));
-        if let Some(ms) = p.timeout_ms {
-            tokio::spawn(kill_after(
-                self.clone(),
-                run.clone(),
-                rx.clone(),
-                Duration::from_millis(ms),
-            ));
-        }
-        if !p.wait {
-            return Ok(allox_protocol::Response::Started(RunStarted {
-                run_id: id,
-                pid: spawned.pid,
-            }));
-        }
-        let r = super::wait::result(rx, None).await?;
-        Ok(allox_protocol::Response::Exited(r))
+        self.cfg.failpoints.hit("run_start.after_stdio");
+        Ok(Made {
+            pid: spawned.pid,
+            input,
+            terminal,
+            sources,
+            status,
+            metadata: added.metadata,
+            started,
+        })
     }
+}
+
+/// A run's sandbox as [`Runs::make`] made it, for the run to hold.
+struct Made {
+    pid: i32,
+    input: Option<Input>,
+    terminal: Option<Arc<Terminal>>,
+    sources: Vec<(Source, StreamKind)>,
+    /// The init's status pipe.
+    status: tokio::net::unix::pipe::Receiver,
+    metadata: Vec<(String, String)>,
+    started: std::time::SystemTime,
 }
 
 /// Kills the run's cgroup once `limit` has passed, unless it ended first.

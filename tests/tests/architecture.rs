@@ -236,7 +236,7 @@ fn only_the_ways_in_import_the_supervisor_and_its_dispatch() {
         "serial",
         "server",
         "peer",
-        "guest",
+        "sandbox_api",
         "dispatch",
         "supervisor",
     ];

@@ -21,19 +21,19 @@ use std::time::Duration;
 /// start that picked the slot up before cannot make a new one).
 #[derive(Default)]
 pub(super) struct Slot {
-    ctx: Option<Made>,
+    ctx: Option<ContextWithGuards>,
     closed: bool,
 }
 
 /// A context and what the plugins hold for it; the plugins' part is
 /// dropped first (in the reverse order of their load), then the context
 /// is killed.
-pub(super) struct Made {
+pub(super) struct ContextWithGuards {
     held: Vec<ContextGuard>,
     ctx: Context,
 }
 
-impl Drop for Made {
+impl Drop for ContextWithGuards {
     fn drop(&mut self) {
         while let Some(g) = self.held.pop() {
             drop(g);
@@ -109,7 +109,12 @@ impl Runs {
         mode != NetworkMode::Disabled || self.cfg.isolate_network
     }
 
-    fn make_context(&self, a: &str, s: &str, network: &SessionNetwork) -> Result<Made, RunError> {
+    fn make_context(
+        &self,
+        a: &str,
+        s: &str,
+        network: &SessionNetwork,
+    ) -> Result<ContextWithGuards, RunError> {
         let cg = self.cgroups.create_context(a, s)?;
         let files = self.session_files();
         let spec = ContextSpec {
@@ -134,7 +139,7 @@ impl Runs {
             network,
         };
         match self.cfg.plugins.session_context(&session, ctx.pidfd()) {
-            Ok(held) => Ok(Made { held, ctx }),
+            Ok(held) => Ok(ContextWithGuards { held, ctx }),
             Err(e) => {
                 drop(ctx);
                 let _ = self.cgroups.remove(&self.cgroups.context_dir(a, s));

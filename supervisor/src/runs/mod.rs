@@ -177,10 +177,11 @@ struct Run {
     network: SessionNetwork,
     /// What it was asked to run, for which tool call, and when it
     /// started: told to the plugins when it ends.
-    asked: Asked,
+    asked: RunRequest,
 }
 
-struct Asked {
+/// What a run was asked to run, for which tool call, and when it started.
+struct RunRequest {
     argv: Vec<String>,
     trace: Option<allox_protocol::TraceContext>,
     started: std::time::SystemTime,

@@ -13,7 +13,7 @@
 use super::output::{Log, Readers, Source};
 use super::starting::Starting;
 use super::terminal::Terminal;
-use super::{end, key, validate, Asked, EventSink, Input, Run, RunError, Runs, SessionPaths};
+use super::{end, key, validate, EventSink, Input, Run, RunError, RunRequest, Runs, SessionPaths};
 use crate::plugin_api::RunRef;
 use allox_protocol::{Event, ProcessStart, RunResult, RunStarted, StreamKind};
 use allox_sandbox::{RunIo, SandboxSpec};
@@ -94,7 +94,7 @@ impl Runs {
             attached: Mutex::new(attached),
             metadata: made.metadata,
             network: paths.network.clone(),
-            asked: Asked {
+            asked: RunRequest {
                 argv: p.argv.clone(),
                 trace: p.trace.as_deref().cloned(),
                 started: made.started,
@@ -163,7 +163,7 @@ impl Runs {
         id: &str,
         cwd: String,
         term: Option<String>,
-    ) -> Result<Made, RunError> {
+    ) -> Result<ContextWithGuards, RunError> {
         let (a, s) = (p.agent_id.as_str(), p.session_id.as_str());
         let mode = paths.network.mode;
         let run_ref = RunRef {
@@ -345,7 +345,7 @@ impl Runs {
         let status = tokio::net::unix::pipe::Receiver::from_owned_fd(spawned.status)
             .map_err(RunError::Pipe)?;
         self.cfg.failpoints.hit("run_start.after_stdio");
-        Ok(Made {
+        Ok(ContextWithGuards {
             pid: spawned.pid,
             input,
             terminal,
@@ -358,7 +358,7 @@ impl Runs {
 }
 
 /// A run's sandbox as [`Runs::make`] made it, for the run to hold.
-struct Made {
+struct ContextWithGuards {
     pid: i32,
     input: Option<Input>,
     terminal: Option<Arc<Terminal>>,

@@ -47,6 +47,9 @@ pub struct Plugins {
     loaded: Vec<Arc<dyn Plugin>>,
     /// Action → the plugin the request table gives it to (loaded or not).
     owners: BTreeMap<&'static str, &'static str>,
+    /// The plugins' actions in the table's order (as `plugin.list` shows
+    /// them).
+    in_order: Vec<&'static str>,
     /// Action → index in `loaded`, for the loaded owners.
     routes: BTreeMap<&'static str, usize>,
     /// Guest route (`plugin.call` from inside a sandbox) → index in `loaded`.
@@ -78,6 +81,7 @@ impl Plugins {
             installed: Vec::new(),
             loaded: Vec::new(),
             owners: BTreeMap::new(),
+            in_order: Vec::new(),
             routes: BTreeMap::new(),
             sandbox_routes: BTreeMap::new(),
             started: Mutex::new(0),
@@ -101,6 +105,7 @@ impl Plugins {
         failpoints: Failpoints,
     ) -> Result<Plugins, PluginHostError> {
         let mut owners = BTreeMap::new();
+        let mut in_order = Vec::new();
         for &(action, route) in table {
             let Some(plugin) = route.plugin() else {
                 continue;
@@ -113,6 +118,7 @@ impl Plugins {
                 });
             }
             owners.insert(action, plugin);
+            in_order.push(action);
         }
         let mut loaded: Vec<Arc<dyn Plugin>> = Vec::new();
         for name in enabled {
@@ -176,6 +182,7 @@ impl Plugins {
             installed,
             loaded,
             owners,
+            in_order,
             routes,
             sandbox_routes,
             started: Mutex::new(0),
@@ -363,10 +370,10 @@ impl Plugins {
 
     /// The actions the request table gives plugin `name`.
     pub fn routes_of(&self, name: &str) -> Vec<String> {
-        self.owners
+        self.in_order
             .iter()
-            .filter(|(_, &owner)| owner == name)
-            .map(|(action, _)| action.to_string())
+            .filter(|action| self.owners.get(*action) == Some(&name))
+            .map(|action| action.to_string())
             .collect()
     }
 

@@ -204,6 +204,28 @@ fn nothing_enabled_loads_nothing_and_contributes_nothing() {
 }
 
 #[test]
+fn each_plugin_s_routes_are_the_table_s_lines_naming_it_in_table_order() {
+    let p = Plugins::load(
+        installed(),
+        &["network".to_string()],
+        Request::ROUTES,
+        &[],
+        Failpoints::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        p.routes_of("network"),
+        ["network.policy.set", "network.policy.get", "network.audit"]
+    );
+    assert_eq!(
+        p.routes_of("share"),
+        ["share.list", "share.agent.set", "share.session.set"]
+    );
+    assert_eq!(p.listing().loaded[0].routes, p.routes_of("network"));
+    assert!(p.routes_of("nobody").is_empty());
+}
+
+#[test]
 fn the_real_installed_plugins_contribute_nothing_unless_enabled() {
     let p = Plugins::load(
         installed(),

@@ -396,6 +396,15 @@ fn plugin_process_tree_is_the_process_tracker_and_plugin_list_shows_it() {
     assert!(out.contains("plugins:         process-tree\n"), "{out}");
 }
 
+/// A store on a loop-backed Btrfs of its own (kept while `fs` lives).
+fn store_on_btrfs() -> (allox_integration::BtrfsFs, allox_store::Store) {
+    let fs = allox_integration::BtrfsFs::new(256).unwrap();
+    let root = fs.path().join("store");
+    std::fs::create_dir(&root).unwrap();
+    let store = allox_store::Store::open(&root, Default::default()).unwrap();
+    (fs, store)
+}
+
 /// A plugin contributing one of everything, for the test below.
 struct Contributes {
     dir: std::path::PathBuf,
@@ -457,10 +466,7 @@ fn a_plugin_s_prefix_env_and_binds_reach_the_sandbox_in_order() {
     if !require("plugins::a_plugin_s_prefix_env_and_binds_reach_the_sandbox") {
         return;
     }
-    let fs = allox_integration::BtrfsFs::new(256).unwrap();
-    let root = fs.path().join("store");
-    std::fs::create_dir(&root).unwrap();
-    let store = allox_store::Store::open(&root, Default::default()).unwrap();
+    let (fs, store) = store_on_btrfs();
     store.agent_create("a").unwrap();
     let info = store.session_create("a", "s").unwrap();
     let dir = fs.scratch().join("ro");
@@ -624,10 +630,7 @@ fn a_route_the_table_gives_a_plugin_is_served_by_it_and_a_mismatch_stops_the_sta
     if !require("plugins::a_route_the_table_gives_a_plugin_is_served_by_it") {
         return;
     }
-    let fs = allox_integration::BtrfsFs::new(256).unwrap();
-    let root = fs.path().join("store");
-    std::fs::create_dir(&root).unwrap();
-    let store = allox_store::Store::open(&root, Default::default()).unwrap();
+    let (_fs, store) = store_on_btrfs();
     let installed = || vec![Arc::new(Answers) as Arc<dyn Plugin>];
     let enabled = ["answers".to_string()];
     // The one line: `checkpoint.list` (the core's) given to the plugin.

@@ -321,6 +321,7 @@ mod tests {
             output_dropped: false,
             usage: None,
             oom_killed: None,
+            effects: None,
         }
     }
 

@@ -287,6 +287,11 @@ requests! {
     MonitorSummary(crate::MonitorSummaryRequest) = "monitor.summary", mutating = false, route = Plugin("monitor"), answers = [MonitorSummary];
     MonitorTimeline(crate::MonitorTimelineRequest) = "monitor.timeline", mutating = false, route = Plugin("monitor"), answers = [MonitorTimeline];
     ProcessLogs(ProcessLogs) = "process.logs", mutating = false, route = CoreAsync, answers = [Logs];
+    EffectsGet(crate::EffectsGet) = "effects.get", mutating = false, route = Plugin("system-effects"), answers = [Effects];
+    EffectsList(crate::EffectsList) = "effects.list", mutating = false, route = Plugin("system-effects"), answers = [EffectsListing];
+    EffectsHistory(crate::EffectsHistory) = "effects.history", mutating = false, route = Plugin("system-effects"), answers = [EffectsHistory];
+    EffectsStatus(crate::EffectsStatusRequest) = "effects.status", mutating = false, route = Plugin("system-effects"), answers = [EffectsStatus];
+    EffectsUnfence(crate::EffectsUnfence) = "effects.unfence", mutating = true, route = Plugin("system-effects"), answers = [EffectsUnfenced];
 }
 
 macro_rules! responses {
@@ -368,4 +373,9 @@ responses! {
     MonitorSummary(crate::MonitorSummary);
     MonitorTimeline(Box<crate::MonitorTimeline>);
     Logs(Box<RunLogs>);
+    Effects(Box<crate::RunEffects>);
+    EffectsListing(crate::EffectsListing);
+    EffectsHistory(crate::EffectsHistoryListing);
+    EffectsStatus(crate::EffectsStatus);
+    EffectsUnfenced(crate::EffectsUnfenced);
 }

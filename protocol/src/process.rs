@@ -245,6 +245,10 @@ pub struct RunResult {
     /// `memory.events`); `None` without the memory controller.
     #[serde(default)]
     pub oom_killed: Option<bool>,
+    /// With the `system-effects` plugin: what the run changed outside its
+    /// workspace, and the verdict of the evidence.
+    #[serde(default)]
+    pub effects: Option<Box<crate::RunEffects>>,
 }
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]

@@ -135,6 +135,7 @@ mod tests {
             output_dropped: false,
             usage: None,
             oom_killed: None,
+            effects: None,
         }
     }
 

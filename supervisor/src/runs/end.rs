@@ -55,6 +55,7 @@ pub(super) async fn finish(
         output_dropped: false,
         usage: None,
         oom_killed: None,
+        effects: None,
     };
     if let Ok(mut g) = run.stdin.try_lock() {
         g.take();

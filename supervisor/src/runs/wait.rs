@@ -39,6 +39,7 @@ impl Runs {
                     output_dropped: false,
                     usage: None,
                     oom_killed: None,
+                    effects: None,
                 })
             }
             None => {

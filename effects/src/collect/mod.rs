@@ -1,0 +1,134 @@
+//! The collectors: each captures one domain's state as items, `key →
+//! value` text in key order, at A (before the run's first instruction) and
+//! at B (its tree exited, its cgroup empty and frozen). [`compare`] lists
+//! what differs.
+//!
+//! A collector that cannot see all of its domain says so
+//! ([`Capture::gaps`]): the domain is then `INCOMPLETE`, never
+//! `CONSISTENT`.
+
+use allox_protocol::EffectChangeKind;
+use std::collections::BTreeMap;
+
+/// One domain's state at one point.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Capture {
+    /// What was seen: a key naming the item (`net.ipv4.ip_forward`,
+    /// `prog 42 allox_fork`), its value as text.
+    pub items: BTreeMap<String, String>,
+    /// What could not be seen, each as a line saying what and why (a file
+    /// that could not be read, a dump that failed).
+    pub gaps: Vec<String>,
+}
+
+impl Capture {
+    pub fn new() -> Capture {
+        Capture::default()
+    }
+
+    pub fn insert(&mut self, key: impl Into<String>, value: impl Into<String>) {
+        self.items.insert(key.into(), value.into());
+    }
+
+    pub fn gap(&mut self, why: impl Into<String>) {
+        self.gaps.push(why.into());
+    }
+
+    /// Whether it saw all of its domain.
+    pub fn is_complete(&self) -> bool {
+        self.gaps.is_empty()
+    }
+}
+
+/// One difference between two captures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Difference {
+    pub key: String,
+    pub kind: EffectChangeKind,
+    pub before: Option<String>,
+    pub after: Option<String>,
+}
+
+/// The items that differ between `a` and `b`, in key order.
+pub fn compare(a: &Capture, b: &Capture) -> Vec<Difference> {
+    let mut out = Vec::new();
+    let mut ia = a.items.iter().peekable();
+    let mut ib = b.items.iter().peekable();
+    loop {
+        let kind = match (ia.peek(), ib.peek()) {
+            (None, None) => break,
+            (Some(_), None) => EffectChangeKind::Removed,
+            (None, Some(_)) => EffectChangeKind::Added,
+            (Some((ka, _)), Some((kb, _))) => match ka.cmp(kb) {
+                std::cmp::Ordering::Less => EffectChangeKind::Removed,
+                std::cmp::Ordering::Greater => EffectChangeKind::Added,
+                std::cmp::Ordering::Equal => EffectChangeKind::Modified,
+            },
+        };
+        match kind {
+            EffectChangeKind::Removed => {
+                let (k, v) = ia.next().expect("peeked");
+                out.push(Difference {
+                    key: k.clone(),
+                    kind,
+                    before: Some(v.clone()),
+                    after: None,
+                });
+            }
+            EffectChangeKind::Added => {
+                let (k, v) = ib.next().expect("peeked");
+                out.push(Difference {
+                    key: k.clone(),
+                    kind,
+                    before: None,
+                    after: Some(v.clone()),
+                });
+            }
+            EffectChangeKind::Modified => {
+                let (k, va) = ia.next().expect("peeked");
+                let (_, vb) = ib.next().expect("peeked");
+                if va != vb {
+                    out.push(Difference {
+                        key: k.clone(),
+                        kind,
+                        before: Some(va.clone()),
+                        after: Some(vb.clone()),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cap(items: &[(&str, &str)]) -> Capture {
+        let mut c = Capture::new();
+        for (k, v) in items {
+            c.insert(*k, *v);
+        }
+        c
+    }
+
+    #[test]
+    fn differences_are_added_removed_and_modified_in_key_order() {
+        let a = cap(&[("a", "1"), ("b", "2"), ("c", "3")]);
+        let b = cap(&[("b", "2"), ("c", "4"), ("d", "5")]);
+        let d = compare(&a, &b);
+        let got: Vec<_> = d.iter().map(|d| (d.key.as_str(), d.kind)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("a", EffectChangeKind::Removed),
+                ("c", EffectChangeKind::Modified),
+                ("d", EffectChangeKind::Added)
+            ]
+        );
+        assert_eq!(d[1].before.as_deref(), Some("3"));
+        assert_eq!(d[1].after.as_deref(), Some("4"));
+        assert!(compare(&a, &a).is_empty());
+    }
+}

@@ -1,0 +1,17 @@
+//! System effects: what an observed run changed outside its workspace.
+//!
+//! * [`collect`]: the collectors, one per domain, each capturing the
+//!   machine's state as items (`key → value` text) at A and at B;
+//!   [`collect::compare`] lists the differences.
+//! * [`chain`]: the evidence chain, canonical JSON records (RFC 8785)
+//!   `{seq, prev, kind, body_sha256}`, and its verifier.
+//! * [`scope`]: the scope file (which domains are confirmed at S0/S1).
+//! * [`observer`]: the observer's side of the protocol with the
+//!   supervisor, run by the `allox-observe` executable.
+//!
+//! docs/system-effects.md describes the whole feature.
+
+pub mod chain;
+pub mod collect;
+pub mod observer;
+pub mod scope;

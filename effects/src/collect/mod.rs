@@ -7,6 +7,13 @@
 //! ([`Capture::gaps`]): the domain is then `INCOMPLETE`, never
 //! `CONSISTENT`.
 
+pub mod bpf;
+pub mod modules;
+pub mod mounts;
+pub mod network;
+mod ns;
+pub mod sysctl;
+
 use allox_protocol::EffectChangeKind;
 use std::collections::BTreeMap;
 

@@ -1,0 +1,203 @@
+use super::*;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{symlink, PermissionsExt};
+
+fn limits() -> TreeLimits {
+    TreeLimits {
+        threads: 2,
+        ..TreeLimits::default()
+    }
+}
+
+fn sha(b: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(b))
+}
+
+fn fixture() -> tempfile::TempDir {
+    let t = tempfile::tempdir().unwrap();
+    let p = t.path();
+    std::fs::write(p.join("a.txt"), b"hello").unwrap();
+    std::fs::create_dir_all(p.join("d/e/f")).unwrap();
+    std::fs::write(p.join("d/e/f/deep"), b"deep").unwrap();
+    std::fs::write(p.join("d/x"), b"").unwrap();
+    symlink("../a.txt", p.join("d/link")).unwrap();
+    symlink("/etc/passwd", p.join("out")).unwrap();
+    std::fs::set_permissions(p.join("a.txt"), std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::fs::set_permissions(p.join("d/x"), std::fs::Permissions::from_mode(0o4604)).unwrap();
+    t
+}
+
+#[test]
+fn files_links_and_nested_directories_are_captured_with_their_values() {
+    let t = fixture();
+    let c = capture(t.path(), &limits());
+    assert!(c.is_complete(), "{:?}", c.gaps);
+    let uid = rustix::process::geteuid().as_raw();
+    let keys: Vec<_> = c.items.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            ".",
+            "a.txt",
+            "d",
+            "d/e",
+            "d/e/f",
+            "d/e/f/deep",
+            "d/link",
+            "d/x",
+            "out"
+        ]
+    );
+    assert_eq!(
+        c.items["a.txt"],
+        format!("file 640 {uid} 5 {}", sha(b"hello"))
+    );
+    assert_eq!(c.items["d/x"], format!("file 4604 {uid} 0 {}", sha(b"")));
+    assert_eq!(c.items["d/link"], "link -> ../a.txt");
+    // A link out of the tree is recorded, never followed.
+    assert_eq!(c.items["out"], "link -> /etc/passwd");
+    assert!(c.items["d/e"].starts_with("dir "), "{}", c.items["d/e"]);
+    assert!(c.items["."].starts_with("dir "));
+    // Deterministic whatever the threads.
+    let one = capture(
+        t.path(),
+        &TreeLimits {
+            threads: 1,
+            ..limits()
+        },
+    );
+    assert_eq!(one, c);
+    assert_eq!(digest(&one), digest(&c));
+}
+
+#[test]
+fn a_file_changed_in_place_with_the_same_size_has_another_value_and_digest() {
+    let t = fixture();
+    let a = capture(t.path(), &limits());
+    std::fs::write(t.path().join("a.txt"), b"jello").unwrap();
+    let b = capture(t.path(), &limits());
+    let d = crate::collect::compare(&a, &b);
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!(d[0].key, "a.txt");
+    assert_ne!(digest(&a), digest(&b));
+    // A mode change alone is a change too.
+    std::fs::set_permissions(
+        t.path().join("a.txt"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let c = capture(t.path(), &limits());
+    assert_eq!(crate::collect::compare(&b, &c).len(), 1);
+}
+
+#[test]
+fn odd_names_are_escaped_so_no_key_holds_a_tab_or_a_newline() {
+    let t = tempfile::tempdir().unwrap();
+    let name = std::ffi::OsStr::from_bytes(b"a\tb\nc\\d\xff");
+    std::fs::write(t.path().join(name), b"x").unwrap();
+    let c = capture(t.path(), &limits());
+    assert!(
+        c.items.contains_key("a\\x09b\\x0ac\\\\d\\xff"),
+        "{:?}",
+        c.items.keys()
+    );
+}
+
+#[test]
+fn the_entries_limit_stops_the_walk_with_a_gap_naming_it() {
+    let t = tempfile::tempdir().unwrap();
+    for i in 0..50 {
+        std::fs::write(t.path().join(format!("f{i}")), b"x").unwrap();
+    }
+    let c = capture(
+        t.path(),
+        &TreeLimits {
+            entries: 10,
+            ..limits()
+        },
+    );
+    assert!(c.items.len() <= 10, "{}", c.items.len());
+    assert!(
+        c.gaps.iter().any(|g| g.contains("entries limit")),
+        "{:?}",
+        c.gaps
+    );
+    let full = capture(
+        t.path(),
+        &TreeLimits {
+            entries: 51,
+            ..limits()
+        },
+    );
+    assert!(full.is_complete(), "{:?}", full.gaps);
+    assert_eq!(full.items.len(), 51);
+}
+
+#[test]
+fn the_bytes_limit_leaves_files_unhashed_with_a_gap_naming_it() {
+    let t = tempfile::tempdir().unwrap();
+    std::fs::write(t.path().join("big"), vec![7u8; 4096]).unwrap();
+    let c = capture(
+        t.path(),
+        &TreeLimits {
+            bytes: 1000,
+            ..limits()
+        },
+    );
+    assert!(c.items["big"].ends_with(" 4096 -"), "{}", c.items["big"]);
+    assert!(
+        c.gaps.iter().any(|g| g.contains("bytes limit")),
+        "{:?}",
+        c.gaps
+    );
+    let ok = capture(
+        t.path(),
+        &TreeLimits {
+            bytes: 4096,
+            ..limits()
+        },
+    );
+    assert!(ok.is_complete());
+    assert!(ok.items["big"].ends_with(&sha(&[7u8; 4096])));
+}
+
+#[test]
+fn fifos_are_listed_and_never_opened() {
+    let t = tempfile::tempdir().unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        t.path().join("p"),
+        FileType::Fifo,
+        Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    let c = capture(t.path(), &limits());
+    let uid = rustix::process::geteuid().as_raw();
+    assert_eq!(c.items["p"], format!("fifo 600 {uid}"));
+}
+
+#[test]
+fn a_missing_root_is_a_gap() {
+    let c = capture(Path::new("/nonexistent/allox-effects"), &limits());
+    assert!(c.items.is_empty());
+    assert_eq!(c.gaps.len(), 1);
+}
+
+#[test]
+fn a_root_that_is_a_symlink_is_not_followed() {
+    let t = fixture();
+    let l = t.path().join("d/rootlink");
+    symlink(t.path().join("d/e"), &l).unwrap();
+    let c = capture(&l, &limits());
+    assert!(c.items.is_empty() && !c.gaps.is_empty(), "{c:?}");
+}
+
+#[test]
+fn the_digest_covers_gaps() {
+    let mut a = Capture::new();
+    a.insert("k", "v");
+    let mut b = a.clone();
+    b.gap("vanished: k");
+    assert_ne!(digest(&a), digest(&b));
+}

@@ -13,6 +13,7 @@ pub mod mounts;
 pub mod network;
 mod ns;
 pub mod sysctl;
+pub mod tree;
 
 use allox_protocol::EffectChangeKind;
 use std::collections::BTreeMap;

@@ -8,6 +8,7 @@
 //! `CONSISTENT`.
 
 pub mod bpf;
+pub mod fanotify;
 pub mod modules;
 pub mod mounts;
 pub mod network;

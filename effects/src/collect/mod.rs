@@ -13,6 +13,7 @@ pub mod modules;
 pub mod mounts;
 pub mod network;
 mod ns;
+pub mod snapshots;
 pub mod sysctl;
 pub mod tree;
 

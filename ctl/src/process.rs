@@ -124,6 +124,9 @@ pub fn follow(
                 "alloxctl: output was dropped: the supervisor keeps only the newest finished runs' output\n",
             );
         }
+        if let Some(e) = &result.effects {
+            notes.push_str(&crate::render::effects_note(e));
+        }
         print(stderr, &notes);
     }
     exit_code(&result)

@@ -1,1 +1,372 @@
-//! TODO
+//! The evidence chain of one observed run: records in canonical JSON (RFC
+//! 8785) `{"body_sha256", "kind", "prev", "seq"}`, one per line of
+//! `chain.jsonl`, each body in `bodies/<seq>-<kind>.json` (canonical JSON
+//! too). `prev` is the sha256 of the previous record's bytes (64 zeros for
+//! the first); the chain's root is the sha256 of its last record.
+//!
+//! The observer is the only writer. Every record is durable (its body and
+//! its line written and synced, the directory synced) before [`Chain::append`]
+//! returns, so a root that was answered is on disk.
+//!
+//! [`verify`] reads a chain back and checks everything it can without
+//! trusting the writer: canonical form, sequence, links, body hashes, that
+//! it begins with `begin` and ends with `close` or `fault`.
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The `prev` of the first record.
+pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// The chain's file of records.
+pub const RECORDS: &str = "chain.jsonl";
+/// The directory of bodies.
+pub const BODIES: &str = "bodies";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChainError {
+    #[error("{op} {}", .path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("encode the {kind} record as canonical JSON: {why}")]
+    Encode { kind: String, why: String },
+    #[error("the evidence chain in {} already has records", .0.display())]
+    Exists(PathBuf),
+    #[error("the evidence chain is closed: no {0} record may follow")]
+    Closed(String),
+}
+
+/// One record, as it is hashed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Record {
+    pub seq: u64,
+    pub prev: String,
+    pub kind: String,
+    pub body_sha256: String,
+}
+
+/// The canonical JSON (RFC 8785) of `v`.
+pub fn canonical<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
+    serde_json_canonicalizer::to_vec(v).map_err(|e| e.to_string())
+}
+
+/// Hex sha256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+fn hex(b: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(b.len() * 2);
+    for x in b {
+        let _ = write!(s, "{x:02x}");
+    }
+    s
+}
+
+fn io(op: &'static str, path: &Path, source: std::io::Error) -> ChainError {
+    ChainError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The writer of a run's chain.
+#[derive(Debug)]
+pub struct Chain {
+    dir: PathBuf,
+    records: std::fs::File,
+    next: u64,
+    head: String,
+    closed: bool,
+}
+
+impl Chain {
+    /// Starts a chain in `dir` (made if missing, 0700); refused if it has
+    /// records already.
+    pub fn create(dir: &Path) -> Result<Chain, ChainError> {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir.join(BODIES))
+            .map_err(|e| io("create", dir, e))?;
+        let path = dir.join(RECORDS);
+        let records = std::fs::OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => ChainError::Exists(dir.to_path_buf()),
+                _ => io("create", &path, e),
+            })?;
+        Ok(Chain {
+            dir: dir.to_path_buf(),
+            records,
+            next: 0,
+            head: GENESIS.to_string(),
+            closed: false,
+        })
+    }
+
+    /// The hash of the last record (the root once closed); [`GENESIS`]
+    /// before any.
+    pub fn head(&self) -> &str {
+        &self.head
+    }
+
+    /// Records written so far.
+    pub fn len(&self) -> u64 {
+        self.next
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.next == 0
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Appends a record of `kind` with `body`, durably; returns its hash
+    /// (the new head). `close` and `fault` end the chain.
+    pub fn append<T: Serialize>(&mut self, kind: &str, body: &T) -> Result<String, ChainError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        if self.closed {
+            return Err(ChainError::Closed(kind.to_string()));
+        }
+        let encode = |why: String| ChainError::Encode {
+            kind: kind.to_string(),
+            why,
+        };
+        let body = canonical(body).map_err(encode)?;
+        let name = format!("{:06}-{kind}.json", self.next);
+        let bpath = self.dir.join(BODIES).join(&name);
+        let mut f = std::fs::OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .mode(0o600)
+            .open(&bpath)
+            .map_err(|e| io("create", &bpath, e))?;
+        f.write_all(&body).map_err(|e| io("write", &bpath, e))?;
+        f.sync_all().map_err(|e| io("sync", &bpath, e))?;
+        let record = Record {
+            seq: self.next,
+            prev: self.head.clone(),
+            kind: kind.to_string(),
+            body_sha256: sha256_hex(&body),
+        };
+        let mut line = canonical(&record).map_err(encode)?;
+        let hash = sha256_hex(&line);
+        line.push(b'\n');
+        let rpath = self.dir.join(RECORDS);
+        self.records
+            .write_all(&line)
+            .map_err(|e| io("write", &rpath, e))?;
+        self.records.sync_all().map_err(|e| io("sync", &rpath, e))?;
+        sync_dir(&self.dir.join(BODIES))?;
+        if self.next == 0 {
+            sync_dir(&self.dir)?;
+        }
+        self.next += 1;
+        self.head = hash.clone();
+        if kind == "close" || kind == "fault" {
+            self.closed = true;
+        }
+        Ok(hash)
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), ChainError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io("sync", dir, e))
+}
+
+/// What [`verify`] found in a sound chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    /// The hash of the last record.
+    pub root: String,
+    /// The records' kinds, in order.
+    pub kinds: Vec<String>,
+    /// Whether it ends with `close` (else `fault`, or nothing yet).
+    pub closed: bool,
+    /// Whether it ends with `fault`.
+    pub faulted: bool,
+}
+
+/// Why a chain does not verify.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VerifyError {
+    #[error("cannot read {0}: {1}")]
+    Read(String, String),
+    #[error("record {seq}: {why}")]
+    Record { seq: u64, why: String },
+    #[error("the chain is empty")]
+    Empty,
+    #[error("the chain's first record is {0}, not begin")]
+    NoBegin(String),
+    #[error("the chain's root is {found}, not {expected}")]
+    Root { expected: String, found: String },
+}
+
+/// Reads the chain in `dir` back and checks it; with `root`, that it ends
+/// at that root.
+pub fn verify(dir: &Path, root: Option<&str>) -> Result<Verified, VerifyError> {
+    let rpath = dir.join(RECORDS);
+    let text = std::fs::read(&rpath)
+        .map_err(|e| VerifyError::Read(rpath.display().to_string(), e.to_string()))?;
+    let mut head = GENESIS.to_string();
+    let mut kinds = Vec::new();
+    let mut ended = None;
+    for (i, line) in text.split(|&b| b == b'\n').enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        let seq = i as u64;
+        let bad = |why: String| VerifyError::Record { seq, why };
+        if let Some(k) = &ended {
+            return Err(bad(format!("follows the {k} record that ends the chain")));
+        }
+        let rec: Record =
+            serde_json::from_slice(line).map_err(|e| bad(format!("not a record: {e}")))?;
+        let again = canonical(&rec).map_err(bad)?;
+        if again != line {
+            return Err(bad("not in canonical form".into()));
+        }
+        if rec.seq != seq {
+            return Err(bad(format!("numbered {}", rec.seq)));
+        }
+        if rec.prev != head {
+            return Err(bad(format!("links to {}, not {head}", rec.prev)));
+        }
+        let bpath = dir.join(BODIES).join(format!("{seq:06}-{}.json", rec.kind));
+        let body =
+            std::fs::read(&bpath).map_err(|e| bad(format!("body {}: {e}", bpath.display())))?;
+        if sha256_hex(&body) != rec.body_sha256 {
+            return Err(bad(format!(
+                "body {} does not match its hash",
+                bpath.display()
+            )));
+        }
+        let value: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| bad(format!("body {}: {e}", bpath.display())))?;
+        if canonical(&value).map_err(bad)? != body {
+            return Err(bad(format!(
+                "body {} not in canonical form",
+                bpath.display()
+            )));
+        }
+        if seq == 0 && rec.kind != "begin" {
+            return Err(VerifyError::NoBegin(rec.kind));
+        }
+        if rec.kind == "close" || rec.kind == "fault" {
+            ended = Some(rec.kind.clone());
+        }
+        head = sha256_hex(line);
+        kinds.push(rec.kind);
+    }
+    if kinds.is_empty() {
+        return Err(VerifyError::Empty);
+    }
+    if let Some(r) = root {
+        if r != head {
+            return Err(VerifyError::Root {
+                expected: r.to_string(),
+                found: head,
+            });
+        }
+    }
+    Ok(Verified {
+        root: head,
+        closed: ended.as_deref() == Some("close"),
+        faulted: ended.as_deref() == Some("fault"),
+        kinds,
+    })
+}
+
+/// Reads body `seq` of kind `kind` from the chain in `dir`.
+pub fn read_body(dir: &Path, seq: u64, kind: &str) -> std::io::Result<Vec<u8>> {
+    std::fs::read(dir.join(BODIES).join(format!("{seq:06}-{kind}.json")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chain() -> (tempfile::TempDir, Chain) {
+        let d = tempfile::tempdir().unwrap();
+        let c = Chain::create(&d.path().join("run")).unwrap();
+        (d, c)
+    }
+
+    #[test]
+    fn a_written_chain_verifies_to_its_root() {
+        let (d, mut c) = chain();
+        c.append(
+            "begin",
+            &serde_json::json!({"run": "r1", "argv": ["/bin/true"]}),
+        )
+        .unwrap();
+        c.append("capture_a", &serde_json::json!({"z": 1, "a": "é/\n"}))
+            .unwrap();
+        let root = c.append("close", &serde_json::json!({"lost": 0})).unwrap();
+        let v = verify(&d.path().join("run"), Some(&root)).unwrap();
+        assert_eq!(v.root, root);
+        assert_eq!(v.kinds, ["begin", "capture_a", "close"]);
+        assert!(v.closed && !v.faulted);
+        assert!(matches!(
+            c.append("more", &1).unwrap_err(),
+            ChainError::Closed(_)
+        ));
+        // Keys sorted, no spaces: RFC 8785.
+        let b = read_body(&d.path().join("run"), 1, "capture_a").unwrap();
+        assert_eq!(String::from_utf8(b).unwrap(), "{\"a\":\"é/\\n\",\"z\":1}");
+    }
+
+    #[test]
+    fn an_edited_body_a_dropped_record_or_another_root_is_found() {
+        let (d, mut c) = chain();
+        let dir = d.path().join("run");
+        c.append("begin", &serde_json::json!({"run": "r1"}))
+            .unwrap();
+        c.append("capture_a", &serde_json::json!({"x": 1})).unwrap();
+        let root = c.append("close", &serde_json::json!({})).unwrap();
+        assert!(verify(&dir, Some(&root)).is_ok());
+        assert!(matches!(
+            verify(&dir, Some(GENESIS)),
+            Err(VerifyError::Root { .. })
+        ));
+        // A body changed after the fact.
+        let b = dir.join(BODIES).join("000001-capture_a.json");
+        std::fs::write(&b, br#"{"x":2}"#).unwrap();
+        let e = verify(&dir, None).unwrap_err();
+        assert!(e.to_string().contains("does not match its hash"), "{e}");
+        std::fs::write(&b, br#"{"x":1}"#).unwrap();
+        // A record dropped from the middle.
+        let text = std::fs::read_to_string(dir.join(RECORDS)).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        std::fs::write(dir.join(RECORDS), format!("{}\n{}\n", lines[0], lines[2])).unwrap();
+        let e = verify(&dir, None).unwrap_err();
+        assert!(matches!(e, VerifyError::Record { seq: 1, .. }), "{e}");
+    }
+
+    #[test]
+    fn a_chain_is_made_once() {
+        let (d, mut c) = chain();
+        c.append("begin", &1).unwrap();
+        assert!(matches!(
+            Chain::create(&d.path().join("run")).unwrap_err(),
+            ChainError::Exists(_)
+        ));
+    }
+}

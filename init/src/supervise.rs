@@ -149,6 +149,26 @@ pub struct SuperviseArgs {
     /// benchmark's baseline for what that costs.
     #[arg(long)]
     pub no_run_usage: bool,
+    /// With `--plugin system-effects`: the scope file, naming the domains
+    /// beyond `workspace` and `shared` confirmed at S0/S1 and the
+    /// filesystem domain's paths (docs/system-effects.md).
+    #[arg(long, value_name = "FILE")]
+    pub system_effects_scope: Option<PathBuf>,
+    /// The observer executable (default: `allox-observe` beside this
+    /// binary). It is read once into a sealed memory file, its sha256
+    /// checked against the pinned one, and run from there.
+    #[arg(long, value_name = "FILE")]
+    pub system_effects_observer: Option<PathBuf>,
+    /// The observer's pinned sha256 (hex), when this binary was built
+    /// without one (`ALLOX_OBSERVE_SHA256` at build).
+    #[arg(long, value_name = "HEX")]
+    pub system_effects_observer_sha256: Option<String>,
+    /// The observer history's ring buffer (a power of two, at least one
+    /// page; suffixes K, M, G): records that do not fit are counted lost,
+    /// and a run with lost history is INCOMPLETE and fenced.
+    #[arg(long, value_name = "BYTES", value_parser = allox_store::parse_size,
+          default_value_t = allox_supervisor::plugins::system_effects::DEFAULT_RING_BYTES)]
+    pub system_effects_ring_bytes: u64,
     /// Most process events kept in state/events.redb; the oldest go first.
     #[arg(long, default_value_t = allox_supervisor::plugins::process_tree::tracker::DEFAULT_MAX_EVENTS)]
     pub process_events_max: u64,
@@ -382,6 +402,13 @@ impl SuperviseArgs {
                     audit: allox_store::audit::AuditBounds {
                         file_bytes: self.audit_file_bytes,
                         lines_per_s: self.audit_lines_per_s,
+                    },
+                    effects: allox_supervisor::plugin_api::EffectsSettings {
+                        scope: self.system_effects_scope,
+                        observer: self.system_effects_observer,
+                        observer_sha256: self.system_effects_observer_sha256,
+                        ring_bytes: u32::try_from(self.system_effects_ring_bytes)
+                            .unwrap_or(u32::MAX),
                     },
                     network: allox_supervisor::plugin_api::NetworkSettings {
                         // No rule: the daemon does not narrow (and with no

@@ -135,22 +135,61 @@ impl EffectsVerdict {
     }
 }
 
-/// Who made a change.
-#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq, Hash)]
-#[serde(tag = "by", rename_all = "snake_case")]
-pub enum Attribution {
+/// Who made a change: the observed run, a run of another session, or
+/// nobody the evidence can name.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum By {
     /// The observed run (a process of its tree, or its cgroup).
-    Run { run_id: String },
+    Run,
     /// A run of another session.
-    Session {
-        agent_id: String,
-        session_id: String,
-        #[serde(default)]
-        run_id: Option<String>,
-    },
-    /// Nobody the evidence can name (the machine itself, a process
-    /// outside every sandbox, or history that does not say).
+    Session,
+    /// The machine itself, a process outside every sandbox, or history
+    /// that does not say.
     Unknown,
+}
+
+/// Who made a change, with the ids that name them.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Attribution {
+    pub by: By,
+    #[serde(default)]
+    pub agent_id: Option<String>,
+    #[serde(default)]
+    pub session_id: Option<String>,
+    #[serde(default)]
+    pub run_id: Option<String>,
+}
+
+impl Attribution {
+    /// The observed run `run_id`.
+    pub fn run(run_id: &str) -> Attribution {
+        Attribution {
+            by: By::Run,
+            agent_id: None,
+            session_id: None,
+            run_id: Some(run_id.to_string()),
+        }
+    }
+
+    /// A run (if known) of session `agent_id/session_id`.
+    pub fn session(agent_id: &str, session_id: &str, run_id: Option<&str>) -> Attribution {
+        Attribution {
+            by: By::Session,
+            agent_id: Some(agent_id.to_string()),
+            session_id: Some(session_id.to_string()),
+            run_id: run_id.map(str::to_string),
+        }
+    }
+
+    pub fn unknown() -> Attribution {
+        Attribution {
+            by: By::Unknown,
+            agent_id: None,
+            session_id: None,
+            run_id: None,
+        }
+    }
 }
 
 /// How an item differs between A and B.

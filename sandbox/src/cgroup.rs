@@ -39,6 +39,8 @@ pub enum CgroupError {
     InUse { path: PathBuf, holder: String },
     #[error("processes of {path} did not exit within {waited:?} after cgroup.kill")]
     KillTimeout { path: PathBuf, waited: Duration },
+    #[error("{path} did not freeze within {waited:?} (cgroup.events never said `frozen 1`)")]
+    FreezeTimeout { path: PathBuf, waited: Duration },
 }
 
 fn io_err(op: &'static str, path: &Path, source: io::Error) -> CgroupError {
@@ -363,6 +365,55 @@ impl Cgroups {
                     path: dir.to_path_buf(),
                     waited: timeout,
                 });
+            }
+            poll_pri(&fd, left.min(pause));
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// Freezes `dir` (`cgroup.freeze`) and waits, woken by the kernel's
+    /// notification on `cgroup.events`, until it says `frozen 1`: every
+    /// task of it stopped (a task in a system call stops at its end). Past
+    /// `timeout` it is an error, and the cgroup is left asked to freeze.
+    pub fn freeze(&self, dir: &Path, timeout: Duration) -> Result<(), CgroupError> {
+        let file = dir.join("cgroup.freeze");
+        std::fs::write(&file, "1").map_err(|e| io_err("write", &file, e))?;
+        self.wait_event(dir, "frozen 1", timeout)
+            .map_err(|waited| CgroupError::FreezeTimeout {
+                path: dir.to_path_buf(),
+                waited,
+            })
+    }
+
+    /// Lets `dir`'s tasks run again.
+    pub fn thaw(&self, dir: &Path) -> Result<(), CgroupError> {
+        let file = dir.join("cgroup.freeze");
+        std::fs::write(&file, "0").map_err(|e| io_err("write", &file, e))
+    }
+
+    /// Whether `cgroup.events` says `frozen 1`.
+    pub fn is_frozen(&self, dir: &Path) -> bool {
+        read_trim(&dir.join("cgroup.events"))
+            .map(|ev| ev.lines().any(|l| l.trim() == "frozen 1"))
+            .unwrap_or(false)
+    }
+
+    /// Waits until `cgroup.events` has the line `want`, woken by the
+    /// kernel's notifications; the time waited if it never came.
+    fn wait_event(&self, dir: &Path, want: &str, timeout: Duration) -> Result<(), Duration> {
+        let events = dir.join("cgroup.events");
+        let fd = rustix::fs::open(&events, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|_| Duration::ZERO)?;
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(200);
+        loop {
+            let ev = read_trim(&events).map_err(|_| start.elapsed())?;
+            if ev.lines().any(|l| l.trim() == want) {
+                return Ok(());
+            }
+            let left = timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return Err(timeout);
             }
             poll_pri(&fd, left.min(pause));
             pause = (pause * 2).min(Duration::from_millis(50));

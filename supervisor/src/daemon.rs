@@ -45,6 +45,8 @@ pub struct PluginsConfig {
     /// `--audit-file-bytes`, `--audit-lines-per-s`: the audit log's and
     /// the plugins' audit files'.
     pub audit: allox_store::audit::AuditBounds,
+    /// `--system-effects-*`.
+    pub effects: crate::plugin_api::EffectsSettings,
 }
 
 #[derive(Debug, Error)]
@@ -111,6 +113,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         monitor: cfg.plugins.monitor.clone(),
         network: cfg.plugins.network.clone(),
         audit: cfg.plugins.audit,
+        effects: cfg.plugins.effects.clone(),
     })?;
     // What the plugins made in `state/` at their start is the store's.
     allox_store::private::keep_state_private(store.layout());

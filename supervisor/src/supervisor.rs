@@ -200,6 +200,17 @@ impl Supervisor {
         if let (Some(why), false) = (self.store.read_only_reason(), shutdown) {
             return refused(why);
         }
+        // A session a plugin fenced takes no change but its deletion and
+        // the lifting of the fence.
+        if !matches!(req, Request::SessionDelete(_) | Request::EffectsUnfence(_)) {
+            let target = req.target();
+            let mut parts = target.split('/');
+            if let (Some(a), Some(s)) = (parts.next(), parts.next()) {
+                if let Some(why) = self.plugins.holds(a, s) {
+                    return refused(why);
+                }
+            }
+        }
         let begun = self.store.audit().append(Entry {
             request_id,
             peer: peer.to_string(),

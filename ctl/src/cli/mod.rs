@@ -3,6 +3,7 @@
 
 mod agent;
 mod checkpoint;
+mod effects;
 mod fs;
 mod gateway;
 mod monitor;
@@ -17,6 +18,7 @@ mod turn;
 
 pub use agent::AgentCommand;
 pub use checkpoint::{CheckpointCommand, DiffArgs, LogArgs, PolicyArgs, RollbackArgs};
+pub use effects::EffectsCommand;
 pub use fs::{CpArgs, FsCommand, FsWhere, FsWhereRead};
 pub use gateway::{GatewayArgs, TokenFileArg};
 pub use monitor::MonitorCommand;
@@ -119,6 +121,10 @@ pub enum Command {
     /// who shares what, and the host's switches.
     #[command(subcommand)]
     Share(ShareCommand),
+    /// What observed runs changed outside their workspaces (the
+    /// system-effects plugin), and the sessions it fenced.
+    #[command(subcommand)]
+    Effects(EffectsCommand),
     /// What a session uses now and has used in total (CPU, memory, I/O,
     /// OOM kills), with its limits.
     Stats(StatsArgs),
@@ -192,6 +198,7 @@ impl Command {
             C::Ps(a) => call(a.request()),
             C::Net(n) => n.action(),
             C::Share(s) => call(s.request()),
+            C::Effects(e) => call(e.request()),
             C::Stats(a) => call(a.request()),
             C::Top(a) => a.action(),
             C::Monitor(m) => m.action(),

@@ -9,6 +9,7 @@ pub use events::process_event;
 mod files;
 pub mod monitor;
 pub use files::fs_event;
+mod effects;
 pub mod network;
 mod plugins;
 mod process;
@@ -58,6 +59,23 @@ fn store_check(r: &allox_protocol::StoreCheckReport) -> String {
 /// The response as people read it.
 pub use refusal::refusal;
 
+/// What `exec` says of a run's effects on stderr: a line when it is
+/// consistent, the whole summary when not.
+pub fn effects_note(e: &allox_protocol::RunEffects) -> String {
+    if e.verdict == allox_protocol::EffectsVerdict::Consistent && !e.fenced {
+        format!(
+            "alloxctl: effects of run {}: CONSISTENT (evidence root {})\n",
+            clean(&e.run_id),
+            clean(&e.evidence_root)
+        )
+    } else {
+        effects::effects(e)
+            .lines()
+            .map(|l| format!("alloxctl: {l}\n"))
+            .collect()
+    }
+}
+
 pub fn render(response: &Response) -> String {
     match response {
         Response::Stopping(s) => {
@@ -76,6 +94,11 @@ pub fn render(response: &Response) -> String {
         Response::FsWritten(w) => files::written(w),
         Response::NetworkAudit(l) => network::audit(l),
         Response::Shares(l) => share::listing(l),
+        Response::Effects(e) => effects::effects(e),
+        Response::EffectsListing(l) => effects::listing(l),
+        Response::EffectsHistory(h) => effects::history(h),
+        Response::EffectsStatus(s) => effects::status(s),
+        Response::EffectsUnfenced(u) => effects::unfenced(u),
         Response::ShareAgent(a) => share::agent(a),
         Response::Share(i) => share::info(i),
         Response::SessionStats(st) => stats::session(st),

@@ -28,6 +28,9 @@ pub(super) fn exited(r: &RunResult) -> String {
     if r.output_dropped {
         out.push_str("note: output was dropped: the supervisor keeps only the newest finished runs' output\n");
     }
+    if let Some(e) = &r.effects {
+        out.push_str(&super::effects::effects(e));
+    }
     out
 }
 

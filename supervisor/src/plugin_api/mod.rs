@@ -105,6 +105,51 @@ pub struct Contribution {
     pub metadata: Vec<(String, String)>,
 }
 
+/// A run to observe: its cgroup made and frozen, nothing in it yet. Its
+/// first process is cloned into the frozen cgroup once
+/// [`Plugin::observe_begin`] returns, so it cannot execute an instruction
+/// before the observer's baseline is sealed.
+#[derive(Debug, Clone, Copy)]
+pub struct ObservedRun<'a> {
+    pub run: RunRef<'a>,
+    pub argv: &'a [String],
+    /// The run's cgroup and its id (the directory's inode number).
+    pub cgroup: &'a std::path::Path,
+    pub cgroup_id: u64,
+    /// The daemon's cgroup root (every run's cgroup is below it).
+    pub cgroup_root: &'a std::path::Path,
+    /// The session's `current/` and its agent's workspace.
+    pub workspace: &'a std::path::Path,
+    pub agent_workspace: &'a std::path::Path,
+    /// The session's context process, if it has one yet.
+    pub context_pid: Option<i32>,
+}
+
+/// How an observed run ended: its whole tree has exited, its cgroup is
+/// empty and frozen (unless `fault` says otherwise).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedEnd {
+    pub status: String,
+    pub survivors: Vec<allox_protocol::Survivor>,
+    /// What went wrong on the core's side of the end (a freeze or a kill
+    /// that did not finish in time).
+    pub fault: Option<String>,
+}
+
+/// The system-effects plugin's settings (`--system-effects-*`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EffectsSettings {
+    /// `--system-effects-scope FILE`.
+    pub scope: Option<PathBuf>,
+    /// `--system-effects-observer FILE`: the observer executable.
+    pub observer: Option<PathBuf>,
+    /// `--system-effects-observer-sha256 HEX`: its pinned hash (the one
+    /// fixed at build when not given).
+    pub observer_sha256: Option<String>,
+    /// `--system-effects-ring-bytes`: the history's ring buffer.
+    pub ring_bytes: u32,
+}
+
 /// What a plugin gets at start.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -120,6 +165,8 @@ pub struct Settings {
     /// How big a plugin's audit file grows and how fast a session's calls
     /// are recorded in it (`--audit-file-bytes`, `--audit-lines-per-s`).
     pub audit: allox_store::audit::AuditBounds,
+    /// `--system-effects-*`.
+    pub effects: EffectsSettings,
 }
 
 /// `--network-allow`, `--network-deny`, `--network-resolver`, and the
@@ -292,6 +339,36 @@ pub trait Plugin: Send + Sync {
     /// is `cgroup_id`) but empty. An error refuses the run.
     fn before_run(&self, _run: &RunRef<'_>, _cgroup_id: u64) -> Result<(), PluginError> {
         Ok(())
+    }
+
+    /// Whether it observes runs (system effects): every run's cgroup is
+    /// then frozen before its first process, [`Plugin::observe_begin`]
+    /// heard, the run released, and at its end its tree frozen, listed,
+    /// killed and [`Plugin::observe_end`] heard before its result is out.
+    fn observes_runs(&self) -> bool {
+        false
+    }
+
+    /// An observed run's cgroup is frozen and empty (blocking: returns
+    /// once the baseline is sealed). An error refuses the run.
+    fn observe_begin(&self, _run: &ObservedRun<'_>) -> Result<(), PluginError> {
+        Ok(())
+    }
+
+    /// An observed run's tree has exited (blocking): its effects, for its
+    /// result.
+    fn observe_end(
+        &self,
+        _run: &RunRef<'_>,
+        _end: ObservedEnd,
+    ) -> Option<allox_protocol::RunEffects> {
+        None
+    }
+
+    /// Why changes to session `agent/session` are refused (a fence the
+    /// plugin holds), if they are: reads and `session.delete` still work.
+    fn holds(&self, _agent: &str, _session: &str) -> Option<String> {
+        None
     }
 
     /// A run of an earlier supervisor, still going, found at start.

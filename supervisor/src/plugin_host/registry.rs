@@ -6,12 +6,12 @@
 
 use super::{merge, PluginHostError};
 use crate::plugin_api::{
-    ContextGuard, Contribution, Core, Plugin, RouteContext, RunEnded, RunRef, SessionNetwork,
-    SessionRef, Settings, API_VERSION,
+    ContextGuard, Contribution, Core, ObservedEnd, ObservedRun, Plugin, RouteContext, RunEnded,
+    RunRef, SessionNetwork, SessionRef, Settings, API_VERSION,
 };
 use allox_protocol::sandbox_api::SandboxCaller;
 use allox_protocol::{
-    ErrorBody, InstalledPlugin, PluginInfo, PluginListing, Request, Response, Route,
+    ErrorBody, InstalledPlugin, PluginInfo, PluginListing, Request, Response, Route, RunEffects,
 };
 use allox_store::failpoint::{self, Failpoints};
 use std::collections::BTreeMap;
@@ -327,6 +327,36 @@ impl Plugins {
             }
         }
         Ok(held)
+    }
+
+    /// Whether a loaded plugin observes runs.
+    pub fn observes_runs(&self) -> bool {
+        self.loaded.iter().any(|p| p.observes_runs())
+    }
+
+    /// [`Plugin::observe_begin`] of the plugins that observe runs.
+    pub fn observe_begin(&self, run: &ObservedRun<'_>) -> Result<(), PluginHostError> {
+        for p in self.loaded.iter().filter(|p| p.observes_runs()) {
+            p.observe_begin(run)?;
+        }
+        Ok(())
+    }
+
+    /// [`Plugin::observe_end`]: the first plugin's effects.
+    pub fn observe_end(&self, run: &RunRef<'_>, end: ObservedEnd) -> Option<RunEffects> {
+        let mut out = None;
+        for p in self.loaded.iter().filter(|p| p.observes_runs()) {
+            let e = p.observe_end(run, end.clone());
+            if out.is_none() {
+                out = e;
+            }
+        }
+        out
+    }
+
+    /// [`Plugin::holds`]: the first fence a plugin holds on the session.
+    pub fn holds(&self, agent: &str, session: &str) -> Option<String> {
+        self.loaded.iter().find_map(|p| p.holds(agent, session))
     }
 
     /// [`Plugin::adopt_run`], in load order.

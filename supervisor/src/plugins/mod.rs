@@ -3,7 +3,8 @@
 //! supervisor. The core's side (which load, their hooks, their routes) is
 //! [`crate::plugin_host`]; docs/plugins.md explains how to write one.
 //!
-//! One plugin per module (`process_tree`, `network`, `share`, `monitor`),
+//! One plugin per module (`process_tree`, `network`, `share`, `monitor`,
+//! `system_effects`),
 //! with what they share: the record files of `records.rs` and the
 //! start-to-stop holder of `slot.rs`.
 
@@ -13,6 +14,7 @@ pub mod process_tree;
 pub mod records;
 pub mod share;
 pub mod slot;
+pub mod system_effects;
 
 use crate::plugin_api::Plugin;
 use std::sync::Arc;
@@ -25,6 +27,7 @@ pub fn installed() -> Vec<Arc<dyn Plugin>> {
         Arc::new(network::Network::new()),
         Arc::new(share::Share::new()),
         Arc::new(monitor::Monitor::new()),
+        Arc::new(system_effects::SystemEffects::new()),
     ]
 }
 

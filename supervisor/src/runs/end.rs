@@ -22,6 +22,25 @@ pub(super) async fn finish(
     let mut bytes = Vec::new();
     let _ = status.read_to_end(&mut bytes).await;
     let st: Option<InitStatus> = postcard::from_bytes(&bytes).ok();
+    // An observed run: its whole tree ends here, before the output is
+    // drained, so that nothing it left behind runs on while B is taken.
+    let effects = match run.observed {
+        Some(init) => {
+            let status = match &st {
+                Some(InitStatus::Exited(c)) => format!("exit {c}"),
+                Some(InitStatus::Signaled(s)) => format!("signal {s}"),
+                Some(InitStatus::ExecFailed(e)) => format!("exec failed (errno {e})"),
+                Some(InitStatus::SetupFailed(w)) => format!("setup failed: {w}"),
+                None => "killed".to_string(),
+            };
+            let (runs2, run2) = (runs.clone(), run.clone());
+            tokio::task::spawn_blocking(move || observe_end(&runs2, &run2, init, status))
+                .await
+                .ok()
+                .flatten()
+        }
+        None => None,
+    };
     // A background process may keep the pipes open: wait a little, then
     // report what came, so a streamed answer is not held back.
     readers.drain(Duration::from_millis(100)).await;
@@ -55,7 +74,7 @@ pub(super) async fn finish(
         output_dropped: false,
         usage: None,
         oom_killed: None,
-        effects: None,
+        effects: effects.map(Box::new),
     };
     if let Ok(mut g) = run.stdin.try_lock() {
         g.take();
@@ -90,6 +109,81 @@ pub(super) async fn finish(
     // Kept whether or not anyone waits yet (`send` would drop it then).
     run.result.send_replace(Some(result));
     runs.retire(&run, output_bytes);
+}
+
+/// The end of an observed run, once its program has ended: the cgroup
+/// frozen, what is still alive listed with its lineage (the survivors),
+/// everything killed, the cgroup waited for empty and frozen, and the
+/// observing plugins told. A freeze or kill that does not finish in time
+/// is a fault the evidence carries; the plugins are told regardless.
+fn observe_end(
+    runs: &Runs,
+    run: &Run,
+    init: i32,
+    status: String,
+) -> Option<allox_protocol::RunEffects> {
+    let dir = runs.cgroups.run_dir(&run.agent, &run.session, &run.id);
+    let mut faults = Vec::new();
+    if let Err(e) = runs.cgroups.freeze(&dir, super::start::FREEZE_WAIT) {
+        faults.push(e.to_string());
+    }
+    let listed = runs.cgroups.procs(&dir);
+    let survivors = survivors(&listed, init);
+    if let Err(e) = runs.cgroups.kill(&dir, Duration::from_secs(10)) {
+        faults.push(e.to_string());
+    }
+    if let Err(e) = runs.cgroups.freeze(&dir, super::start::FREEZE_WAIT) {
+        faults.push(e.to_string());
+    }
+    let fault = (!faults.is_empty()).then(|| faults.join("; "));
+    runs.cfg.plugins.observe_end(
+        &crate::plugin_api::RunRef {
+            agent: &run.agent,
+            session: &run.session,
+            run: &run.id,
+            network: &run.network,
+        },
+        crate::plugin_api::ObservedEnd {
+            status,
+            survivors,
+            fault,
+        },
+    )
+}
+
+/// The processes of `listed` but the sandbox's init, each with its
+/// ancestors up to the init's child (the run's program), nearest first.
+fn survivors(listed: &[i32], init: i32) -> Vec<allox_protocol::Survivor> {
+    let ppid_of = |pid: i32| -> Option<i32> {
+        let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // `pid (comm) state ppid …`: comm may hold anything.
+        let rest = &st[st.rfind(')')? + 1..];
+        rest.split_whitespace().nth(1)?.parse().ok()
+    };
+    let mut out = Vec::new();
+    for &pid in listed {
+        if pid == init {
+            continue;
+        }
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|c| c.trim().to_string())
+            .unwrap_or_default();
+        let mut lineage = Vec::new();
+        let mut at = pid;
+        while let Some(pp) = ppid_of(at) {
+            if pp == init || pp <= 1 || lineage.len() >= 64 {
+                break;
+            }
+            lineage.push(pp as u32);
+            at = pp;
+        }
+        out.push(allox_protocol::Survivor {
+            pid: pid as u32,
+            comm,
+            lineage,
+        });
+    }
+    out
 }
 
 /// Reaps the init through its pidfd once the namespace is empty, then

@@ -131,7 +131,9 @@ fn cgroup_code(e: &CgroupError) -> ErrorCode {
         CgroupError::Unsupported { .. } => ErrorCode::Unsupported,
         // Processes that outlive `cgroup.kill` for a while: retrying later
         // may work.
-        CgroupError::KillTimeout { .. } => ErrorCode::Unavailable,
+        CgroupError::KillTimeout { .. } | CgroupError::FreezeTimeout { .. } => {
+            ErrorCode::Unavailable
+        }
         CgroupError::InUse { .. } => ErrorCode::Conflict,
         CgroupError::Io { .. } => ErrorCode::Internal,
     }

@@ -173,6 +173,8 @@ struct Run {
     attached: Mutex<Option<Box<dyn Send + Sync>>>,
     /// What the plugins say about it (`plugin.key`, value).
     metadata: Vec<(String, String)>,
+    /// Its init's pid, when the plugins observe the run.
+    observed: Option<i32>,
     /// Its session's network as it was when the run started.
     network: SessionNetwork,
     /// What it was asked to run, for which tool call, and when it

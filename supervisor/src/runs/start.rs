@@ -93,6 +93,7 @@ impl Runs {
             timed_out: AtomicBool::new(false),
             attached: Mutex::new(attached),
             metadata: made.metadata,
+            observed: made.observed.then_some(made.pid),
             network: paths.network.clone(),
             asked: RunRequest {
                 argv: p.argv.clone(),
@@ -227,6 +228,7 @@ impl Runs {
         let cg = self.cgroups.create_run(a, s, id)?;
         starting.cgroup_made();
         self.cfg.failpoints.hit("run_start.after_cgroup");
+        let observed = self.cfg.plugins.observes_runs();
         if !self.cfg.plugins.is_empty() {
             // The cgroup's id is its directory's inode number.
             let st = rustix::fs::fstat(&cg).map_err(|e| RunError::Io {
@@ -239,6 +241,9 @@ impl Runs {
                 .before_run(&run_ref, st.st_ino)
                 .map_err(RunError::Plugin)?;
             starting.plugins_told();
+            if observed {
+                self.observe_begin(p, paths, id, st.st_ino).await?;
+            }
         }
         self.cfg.failpoints.hit("run_start.after_plugins");
         let mut env = vec![
@@ -311,6 +316,11 @@ impl Runs {
                 .await??;
         starting.spawned(spawned.pidfd);
         self.cfg.failpoints.hit("run_start.after_spawn");
+        if observed {
+            // The run's first process is in its frozen cgroup, A is sealed:
+            // let it go.
+            self.cgroups.thaw(&self.cgroups.run_dir(a, s, id))?;
+        }
         // A rollback or delete may have fenced the session while the
         // sandbox was being made: then this run must not live on.
         self.check_fence(a, s)?;
@@ -353,9 +363,60 @@ impl Runs {
             status,
             metadata: added.metadata,
             started,
+            observed,
         })
     }
 }
+
+impl Runs {
+    /// An observed run: its cgroup frozen (so that its first process,
+    /// cloned into it, cannot run an instruction before A), then the
+    /// observing plugins told, which returns once A is sealed.
+    async fn observe_begin(
+        self: &Arc<Self>,
+        p: &ProcessStart,
+        paths: &SessionPaths,
+        id: &str,
+        cgroup_id: u64,
+    ) -> Result<(), RunError> {
+        let (a, s) = (p.agent_id.clone(), p.session_id.clone());
+        let dir = self.cgroups.run_dir(&a, &s, id);
+        self.cgroups.freeze(&dir, FREEZE_WAIT)?;
+        let runs = self.clone();
+        let (argv, id) = (p.argv.clone(), id.to_string());
+        let (current, shared, network) = (
+            paths.current.clone(),
+            paths.shared.clone(),
+            paths.network.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            let agent_workspace = shared.parent().unwrap_or(&shared).to_path_buf();
+            runs.cfg
+                .plugins
+                .observe_begin(&crate::plugin_api::ObservedRun {
+                    run: RunRef {
+                        agent: &a,
+                        session: &s,
+                        run: &id,
+                        network: &network,
+                    },
+                    argv: &argv,
+                    cgroup: &dir,
+                    cgroup_id,
+                    cgroup_root: runs.cgroups.base(),
+                    workspace: &current,
+                    agent_workspace: &agent_workspace,
+                    context_pid: None,
+                })
+        })
+        .await?
+        .map_err(RunError::Plugin)
+    }
+}
+
+/// How long a run's cgroup may take to freeze (a task in a system call
+/// stops at its end).
+pub(super) const FREEZE_WAIT: Duration = Duration::from_secs(5);
 
 /// A run's sandbox as [`Runs::make`] made it, for the run to hold.
 struct ContextWithGuards {
@@ -367,6 +428,8 @@ struct ContextWithGuards {
     status: tokio::net::unix::pipe::Receiver,
     metadata: Vec<(String, String)>,
     started: std::time::SystemTime,
+    /// Whether the plugins observe it.
+    observed: bool,
 }
 
 /// Kills the run's cgroup once `limit` has passed, unless it ended first.

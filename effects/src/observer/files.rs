@@ -1,0 +1,182 @@
+//! The `workspace` and `shared` domains: read-only Btrfs snapshots of the
+//! session's `current/` and of its agent's workspace (which holds
+//! `shared/`) at A and at B, compared by the store's diff, each changed
+//! file's contents hashed on both sides for the evidence.
+//!
+//! A read-only snapshot cannot change after it is made, so the pair of
+//! snapshots is the whole state of both trees at A and B; the diff (with
+//! the Btrfs hints for `current/`, a walk for `shared/`) lists every path
+//! that differs, in-place edits included, and the hashes make each listed
+//! difference checkable from the evidence alone.
+
+use crate::collect::{Capture, Difference};
+use allox_protocol::{ChangeKind, EffectChangeKind};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// The snapshots taken at one point.
+#[derive(Debug)]
+pub struct Snapshots {
+    /// `<evidence>/<label>-workspace`, `<evidence>/<label>-agent`.
+    pub workspace: PathBuf,
+    pub agent: PathBuf,
+}
+
+impl Snapshots {
+    /// Snapshots `workspace` and `agent_workspace` read-only into
+    /// `dir` as `<label>-workspace` and `<label>-agent`.
+    pub fn take(
+        dir: &Path,
+        label: &str,
+        workspace: &Path,
+        agent_workspace: &Path,
+    ) -> Result<Snapshots, String> {
+        let s = Snapshots {
+            workspace: dir.join(format!("{label}-workspace")),
+            agent: dir.join(format!("{label}-agent")),
+        };
+        allox_store::btrfs::snapshot(workspace, &s.workspace, true)
+            .map_err(|e| format!("snapshot the session's workspace: {e}"))?;
+        if let Err(e) = allox_store::btrfs::snapshot(agent_workspace, &s.agent, true) {
+            let _ = allox_store::btrfs::delete_subvolume(&s.workspace);
+            return Err(format!("snapshot the agent's workspace: {e}"));
+        }
+        Ok(s)
+    }
+
+    /// The snapshot's `shared/`.
+    pub fn shared(&self) -> PathBuf {
+        self.agent.join("shared")
+    }
+
+    /// Deletes both snapshots.
+    pub fn remove(&self) {
+        for p in [&self.workspace, &self.agent] {
+            if let Err(e) = allox_store::btrfs::delete_subvolume(p) {
+                eprintln!(
+                    "allox-observe: cannot delete the snapshot {}: {e}",
+                    p.display()
+                );
+            }
+        }
+    }
+}
+
+/// Most changes listed per domain.
+pub const MAX_LISTED: usize = 1000;
+
+/// The differences between two trees, each file side given as `size
+/// sha256`, and whether the listing was cut; or why the diff failed.
+pub fn diff(a: &Path, b: &Path, btrfs: bool) -> Result<(Vec<Difference>, bool), String> {
+    let method = if btrfs {
+        allox_store::diff::DiffMethod::Btrfs
+    } else {
+        allox_store::diff::DiffMethod::Walk
+    };
+    let limits = allox_store::diff::Limits {
+        changes: MAX_LISTED,
+        ..Default::default()
+    };
+    let missing = |p: &Path| !p.exists();
+    // A `shared/` that does not exist on one side is an empty tree there.
+    let empty = tempdir_empty()?;
+    let (pa, pb) = (
+        if missing(a) { empty.as_path() } else { a },
+        if missing(b) { empty.as_path() } else { b },
+    );
+    let r = allox_store::diff::compare(pa, pb, method, &limits, false)
+        .map_err(|e| format!("diff {} and {}: {e}", a.display(), b.display()));
+    let _ = std::fs::remove_dir(&empty);
+    let d = r?;
+    let out = d
+        .changes
+        .iter()
+        .map(|c| {
+            let side = |root: &Path| describe(&root.join(&c.path));
+            let kind = match c.kind {
+                ChangeKind::Added => EffectChangeKind::Added,
+                ChangeKind::Deleted => EffectChangeKind::Removed,
+                ChangeKind::Modified | ChangeKind::TypeChanged => EffectChangeKind::Modified,
+            };
+            Difference {
+                key: c.path.clone(),
+                kind,
+                before: (kind != EffectChangeKind::Added).then(|| side(pa)),
+                after: (kind != EffectChangeKind::Removed).then(|| side(pb)),
+            }
+        })
+        .collect();
+    Ok((out, d.truncated))
+}
+
+fn tempdir_empty() -> Result<PathBuf, String> {
+    let p = std::env::temp_dir().join(format!(
+        "allox-observe-empty-{}-{}",
+        std::process::id(),
+        allox_store::clock::now_ms()
+    ));
+    match std::fs::create_dir(&p) {
+        Ok(()) => Ok(p),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(p),
+        Err(e) => Err(format!("create {}: {e}", p.display())),
+    }
+}
+
+/// An entry as the evidence shows it: `file SIZE SHA256`, `dir`,
+/// `link TARGET`, or its type.
+pub fn describe(p: &Path) -> String {
+    let Ok(md) = std::fs::symlink_metadata(p) else {
+        return "missing".into();
+    };
+    let ft = md.file_type();
+    if ft.is_symlink() {
+        return match std::fs::read_link(p) {
+            Ok(t) => format!("link {}", t.display()),
+            Err(_) => "link ?".into(),
+        };
+    }
+    if ft.is_dir() {
+        use std::os::unix::fs::PermissionsExt;
+        return format!("dir {:o}", md.permissions().mode() & 0o7777);
+    }
+    if !ft.is_file() {
+        return "special".into();
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = md.permissions().mode() & 0o7777;
+    match hash_file(p) {
+        Ok(h) => format!("file {:o} {} {h}", mode, md.len()),
+        Err(e) => format!("file {:o} {} unreadable: {e}", mode, md.len()),
+    }
+}
+
+fn hash_file(p: &Path) -> std::io::Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut f = std::fs::File::open(p)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// A capture of what the snapshots are (for the evidence at A): their
+/// paths and Btrfs generations.
+pub fn identity(s: &Snapshots) -> Capture {
+    let mut c = Capture::new();
+    for (k, p) in [("workspace", &s.workspace), ("agent", &s.agent)] {
+        match allox_store::btrfs::subvolume_id(p) {
+            Ok(id) => c.insert(
+                format!("snapshot {k}"),
+                format!("{} subvolume {id}", p.display()),
+            ),
+            Err(e) => c.gap(format!("snapshot {k}: {e}")),
+        }
+    }
+    c
+}

@@ -1,0 +1,467 @@
+//! The observer: the independent process (`allox-observe`) that captures
+//! A before the run's first instruction and B after its tree has exited,
+//! records the run's history from the kernel, and is the only writer of
+//! the evidence chain. [`wire`] is its conversation with the supervisor.
+//!
+//! Records of a chain, in order: `begin` (the run, its argv, the scope,
+//! the executables' hashes, the kernel, the boot id, and `baseline`: the
+//! sha256 of the `capture_a` body that follows), `capture_a`, then at the
+//! end `history`, `capture_b`, `verdict`, `close` (the history's counters)
+//! — or `fault` (why) wherever it stopped.
+
+pub mod domains;
+pub mod files;
+pub mod history;
+pub mod wire;
+
+use crate::chain::{self, Chain};
+use crate::collect::{Capture, Difference};
+use allox_protocol::{
+    Attribution, DomainEffects, EffectChange, EffectsDomain, EffectsVerdict, HistoryCounters,
+    HistoryRecord, RunEffects, EFFECTS_PROTOCOL,
+};
+use history::History;
+use std::collections::BTreeMap;
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
+use wire::{Begin, End, FromObserver, ToObserver};
+
+/// The file beside the chain with the run's effects as answered.
+pub const EFFECTS_FILE: &str = "effects.json";
+/// The file beside the chain with the run's history records.
+pub const HISTORY_FILE: &str = "history.json";
+
+/// `allox-observe`'s main: not dumpable, its conversation on its
+/// standard input ([`wire::OBSERVER_FD`]); the exit status is 0 when the
+/// evidence closed. (Rust programs ignore SIGPIPE: a write to a
+/// supervisor that went away fails with EPIPE, which is handled.)
+pub fn main() -> i32 {
+    use std::os::fd::AsFd;
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
+    let stdin = std::io::stdin();
+    let is_socket = rustix::fs::fstat(stdin.as_fd())
+        .map(|st| rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket)
+        .unwrap_or(false);
+    if !is_socket {
+        eprintln!(
+            "allox-observe: its standard input is not a socket: it is started by the supervisor (--plugin system-effects)"
+        );
+        return 2;
+    }
+    let sock = match stdin.as_fd().try_clone_to_owned() {
+        Ok(fd) => UnixStream::from(fd),
+        Err(e) => {
+            eprintln!("allox-observe: duplicate its standard input: {e}");
+            return 2;
+        }
+    };
+    match observe(sock) {
+        Ok(()) => 0,
+        Err(why) => {
+            eprintln!("allox-observe: {why}");
+            1
+        }
+    }
+}
+
+/// The observer's whole life: one run observed on `sock`. Returns once the
+/// evidence is closed (or faulted) and answered.
+pub fn observe(mut sock: UnixStream) -> Result<(), String> {
+    let begin = match wire::recv::<ToObserver>(&mut sock) {
+        Ok(Some(ToObserver::Begin(b))) => b,
+        Ok(Some(other)) => return Err(format!("expected Begin, got {other:?}")),
+        Ok(None) => return Err("the supervisor closed the conversation before Begin".into()),
+        Err(e) => return Err(format!("read Begin: {e}")),
+    };
+    let mut chain = match Chain::create(&begin.evidence) {
+        Ok(c) => c,
+        Err(e) => {
+            let why = e.to_string();
+            let _ = wire::send(
+                &mut sock,
+                &FromObserver::Failed {
+                    why: why.clone(),
+                    head: String::new(),
+                },
+            );
+            return Err(why);
+        }
+    };
+    let mut obs = match Observation::start(&begin, &mut chain) {
+        Ok(o) => o,
+        Err(why) => return fail(&mut sock, &mut chain, None, why),
+    };
+    if let Err(e) = wire::send(
+        &mut sock,
+        &FromObserver::Sealed {
+            baseline: chain.head().to_string(),
+        },
+    ) {
+        return fail(
+            &mut sock,
+            &mut chain,
+            Some(obs),
+            format!("answer Sealed: {e}"),
+        );
+    }
+    let end = match wire::recv::<ToObserver>(&mut sock) {
+        Ok(Some(ToObserver::End(end))) => end,
+        Ok(Some(other)) => {
+            return fail(
+                &mut sock,
+                &mut chain,
+                Some(obs),
+                format!("expected End, got {other:?}"),
+            )
+        }
+        Ok(None) => {
+            return fail(
+                &mut sock,
+                &mut chain,
+                Some(obs),
+                "the supervisor went away before the run's end".into(),
+            )
+        }
+        Err(e) => return fail(&mut sock, &mut chain, Some(obs), format!("read End: {e}")),
+    };
+    match obs.finish(&begin, &end, &mut chain) {
+        Ok(effects) => {
+            let _ = wire::send(&mut sock, &FromObserver::Closed(Box::new(effects)));
+            obs.cleanup();
+            Ok(())
+        }
+        Err(why) => fail(&mut sock, &mut chain, Some(obs), why),
+    }
+}
+
+/// Closes the chain with a `fault` record and tells the supervisor.
+fn fail(
+    sock: &mut UnixStream,
+    chain: &mut Chain,
+    obs: Option<Observation>,
+    why: String,
+) -> Result<(), String> {
+    if let Some(o) = obs {
+        o.cleanup();
+    }
+    let head = match chain.append("fault", &serde_json::json!({ "why": why })) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("allox-observe: cannot record the fault ({why}): {e}");
+            chain.head().to_string()
+        }
+    };
+    let _ = wire::send(
+        sock,
+        &FromObserver::Failed {
+            why: why.clone(),
+            head,
+        },
+    );
+    Err(why)
+}
+
+/// What the observer holds between A and B.
+struct Observation {
+    history: Arc<Mutex<History>>,
+    drain: Option<std::thread::JoinHandle<()>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    snaps_a: files::Snapshots,
+    snaps_b: Option<files::Snapshots>,
+    captures_a: BTreeMap<EffectsDomain, Capture>,
+    fs: Option<domains::FsWatch>,
+    started_ms: u64,
+}
+
+impl Observation {
+    /// Attaches the history, starts the filesystem watch, captures A and
+    /// writes `begin` and `capture_a`.
+    fn start(begin: &Begin, chain: &mut Chain) -> Result<Observation, String> {
+        let started_ms = allox_store::clock::now_ms();
+        let history = History::attach(begin)?;
+        let history = Arc::new(Mutex::new(history));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let drain = {
+            let (h, stop) = (history.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("history".into())
+                .spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        h.lock().unwrap_or_else(|e| e.into_inner()).poll();
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
+                })
+                .map_err(|e| format!("start the history's reader: {e}"))?
+        };
+        let fs = domains::FsWatch::start(begin)?;
+        let snaps_a = files::Snapshots::take(
+            &begin.evidence,
+            "a",
+            &begin.workspace,
+            &begin.agent_workspace,
+        )?;
+        let mut captures_a = BTreeMap::new();
+        captures_a.insert(EffectsDomain::Workspace, files::identity(&snaps_a));
+        for d in begin.scope.domains.iter().copied() {
+            if let Some(c) = domains::capture(d, begin, fs.as_ref()) {
+                captures_a.insert(d, c);
+            }
+        }
+        let body = serde_json::json!({ "captures": &captures_a });
+        let baseline = chain::sha256_hex(&chain::canonical(&body).map_err(|e| e.to_string())?);
+        chain
+            .append(
+                "begin",
+                &serde_json::json!({
+                    "protocol": EFFECTS_PROTOCOL,
+                    "agent": begin.agent,
+                    "session": begin.session,
+                    "run": begin.run,
+                    "argv": begin.argv,
+                    "scope": begin.scope,
+                    "cgroup_id": begin.cgroup_id,
+                    "executables": begin.executables,
+                    "kernel": kernel(),
+                    "boot_id": std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                        .map(|s| s.trim().to_string())
+                        .unwrap_or_default(),
+                    "baseline": baseline,
+                    "started_ms": started_ms,
+                }),
+            )
+            .map_err(|e| e.to_string())?;
+        chain
+            .append("capture_a", &body)
+            .map_err(|e| e.to_string())?;
+        Ok(Observation {
+            history,
+            drain: Some(drain),
+            stop,
+            snaps_a,
+            snaps_b: None,
+            captures_a,
+            fs,
+            started_ms,
+        })
+    }
+
+    /// Captures B, compares, writes the rest of the chain, verifies it.
+    fn finish(
+        &mut self,
+        begin: &Begin,
+        end: &End,
+        chain: &mut Chain,
+    ) -> Result<RunEffects, String> {
+        // The tree has exited: what the kernel side made is all there is.
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.drain.take() {
+            let _ = t.join();
+        }
+        let (records, counters, history_note) = {
+            let mut h = self.history.lock().unwrap_or_else(|e| e.into_inner());
+            h.poll();
+            h.finish()
+        };
+        let fs_seen = self.fs.take().map(|w| w.stop());
+        let snaps_b = files::Snapshots::take(
+            &begin.evidence,
+            "b",
+            &begin.workspace,
+            &begin.agent_workspace,
+        )?;
+        let mut captures_b = BTreeMap::new();
+        captures_b.insert(EffectsDomain::Workspace, files::identity(&snaps_b));
+        for d in begin.scope.domains.iter().copied() {
+            if let Some(c) = domains::capture(d, begin, None) {
+                captures_b.insert(d, c);
+            }
+        }
+        let mut domains_out = Vec::new();
+        for d in EffectsDomain::ALL {
+            let mut de = DomainEffects {
+                domain: d,
+                verdict: EffectsVerdict::NotObserved,
+                changes: Vec::new(),
+                truncated: false,
+                note: None,
+                items: [0, 0],
+            };
+            if !begin.scope.observes(d) {
+                de.note = Some("not in the scope".into());
+                domains_out.push(de);
+                continue;
+            }
+            let (diffs, truncated, gaps) = match d {
+                EffectsDomain::Workspace => {
+                    match files::diff(&self.snaps_a.workspace, &snaps_b.workspace, true) {
+                        Ok((dd, t)) => (dd, t, Vec::new()),
+                        Err(e) => (Vec::new(), false, vec![e]),
+                    }
+                }
+                EffectsDomain::Shared => {
+                    match files::diff(&self.snaps_a.shared(), &snaps_b.shared(), false) {
+                        Ok((dd, t)) => (dd, t, Vec::new()),
+                        Err(e) => (Vec::new(), false, vec![e]),
+                    }
+                }
+                _ => {
+                    let (a, b) = (self.captures_a.get(&d), captures_b.get(&d));
+                    match (a, b) {
+                        (Some(a), Some(b)) => {
+                            de.items = [a.items.len() as u64, b.items.len() as u64];
+                            let mut gaps: Vec<String> =
+                                a.gaps.iter().map(|g| format!("at A: {g}")).collect();
+                            gaps.extend(b.gaps.iter().map(|g| format!("at B: {g}")));
+                            (crate::collect::compare(a, b), false, gaps)
+                        }
+                        _ => (Vec::new(), false, vec!["no capture".to_string()]),
+                    }
+                }
+            };
+            let extra = domains::extra(d, begin, &records, fs_seen.as_ref(), &end.survivors);
+            let mut gaps = gaps;
+            gaps.extend(extra.gaps);
+            let mut changes: Vec<EffectChange> = diffs
+                .into_iter()
+                .chain(extra.differences)
+                .map(|diff| {
+                    let by = domains::attribute(d, begin, &diff, &records, fs_seen.as_ref());
+                    to_change(diff, by)
+                })
+                .collect();
+            de.truncated = truncated || changes.len() > files::MAX_LISTED;
+            changes.truncate(files::MAX_LISTED);
+            de.verdict = if !gaps.is_empty() {
+                EffectsVerdict::Incomplete
+            } else if !changes.is_empty() {
+                EffectsVerdict::Changed
+            } else {
+                EffectsVerdict::Consistent
+            };
+            if !gaps.is_empty() {
+                de.note = Some(gaps.join("; "));
+            }
+            if let Some(n) = &history_note {
+                if de.verdict != EffectsVerdict::Incomplete {
+                    de.verdict = EffectsVerdict::Incomplete;
+                    de.note = Some(n.clone());
+                }
+            }
+            de.changes = changes;
+            domains_out.push(de);
+        }
+        if let Some(f) = &end.fault {
+            for de in domains_out.iter_mut() {
+                if de.verdict != EffectsVerdict::NotObserved {
+                    de.verdict = EffectsVerdict::Incomplete;
+                    de.note = Some(f.clone());
+                }
+            }
+        }
+        let verdict = domains_out
+            .iter()
+            .fold(EffectsVerdict::NotObserved, |v, d| v.worst(d.verdict));
+        let err = |e: chain::ChainError| e.to_string();
+        std::fs::write(
+            begin.evidence.join(HISTORY_FILE),
+            serde_json::to_vec(&records).map_err(|e| e.to_string())?,
+        )
+        .map_err(|e| format!("write the history: {e}"))?;
+        chain
+            .append(
+                "history",
+                &serde_json::json!({
+                    "records": records.len(),
+                    "sha256": chain::sha256_hex(&serde_json::to_vec(&records).unwrap_or_default()),
+                    "counters": counters,
+                }),
+            )
+            .map_err(err)?;
+        chain
+            .append("capture_b", &serde_json::json!({ "captures": &captures_b }))
+            .map_err(err)?;
+        chain
+            .append(
+                "verdict",
+                &serde_json::json!({
+                    "verdict": verdict,
+                    "domains": &domains_out,
+                    "survivors": &end.survivors,
+                    "status": end.status,
+                }),
+            )
+            .map_err(err)?;
+        let root = chain
+            .append("close", &serde_json::json!({ "counters": counters }))
+            .map_err(err)?;
+        self.snaps_b = Some(snaps_b);
+        // The independent check: the chain as written, read back.
+        chain::verify(&begin.evidence, Some(&root))
+            .map_err(|e| format!("the evidence chain does not verify: {e}"))?;
+        let fenced = verdict == EffectsVerdict::Incomplete;
+        let effects = RunEffects {
+            protocol: EFFECTS_PROTOCOL,
+            agent_id: begin.agent.clone(),
+            session_id: begin.session.clone(),
+            run_id: begin.run.clone(),
+            evidence_root: root,
+            verdict,
+            domains: domains_out,
+            fenced,
+            fence_reason: fenced.then(|| "the evidence is INCOMPLETE".to_string()),
+            survivors: end.survivors.clone(),
+            history: counters,
+            started_ms: self.started_ms,
+            closed_ms: allox_store::clock::now_ms(),
+        };
+        let path = begin.evidence.join(EFFECTS_FILE);
+        std::fs::write(
+            &path,
+            serde_json::to_vec(&effects).map_err(|e| e.to_string())?,
+        )
+        .map_err(|e| format!("write {}: {e}", path.display()))?;
+        Ok(effects)
+    }
+
+    /// Deletes the snapshots and detaches what is attached.
+    fn cleanup(mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.drain.take() {
+            let _ = t.join();
+        }
+        self.snaps_a.remove();
+        if let Some(b) = &self.snaps_b {
+            b.remove();
+        }
+    }
+}
+
+fn to_change(d: Difference, by: Attribution) -> EffectChange {
+    EffectChange {
+        item: d.key,
+        kind: d.kind,
+        before: d.before,
+        after: d.after,
+        by,
+    }
+}
+
+fn kernel() -> String {
+    let u = rustix::system::uname();
+    format!(
+        "{} {}",
+        u.release().to_string_lossy(),
+        u.version().to_string_lossy()
+    )
+}
+
+/// The history records of `dir`'s run (for `effects.history`).
+pub fn read_history(dir: &std::path::Path) -> std::io::Result<Vec<HistoryRecord>> {
+    let bytes = std::fs::read(dir.join(HISTORY_FILE))?;
+    serde_json::from_slice(&bytes).map_err(std::io::Error::other)
+}
+
+/// The counters of a run whose history never closed.
+pub fn no_counters() -> HistoryCounters {
+    HistoryCounters::default()
+}

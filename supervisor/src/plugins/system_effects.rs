@@ -1,0 +1,778 @@
+//! System effects (`--plugin system-effects`): evidence of what each run
+//! changed outside its workspace, from an independent observer, and a
+//! fence on any fault (docs/system-effects.md).
+//!
+//! - start: checks the kernel (BTF, BPF LSM, fanotify), reads the scope
+//!   file, reads the observer executable into a sealed memory file and
+//!   checks its pinned sha256, loads the fences, and fences the sessions
+//!   whose observation a stopped supervisor left in the middle;
+//! - each run (the core freezes its cgroup first): an observer process of
+//!   its own captures and seals A ([`Plugin::observe_begin`]); at the end,
+//!   with the tree exited and the cgroup empty and frozen, B, the verdict
+//!   and the closed chain ([`Plugin::observe_end`]);
+//! - an observed run holds its session alone: another run of it is
+//!   refused `conflict` while it lives;
+//! - any fault fences the session ([`fences`]): changes are refused
+//!   `unavailable` ([`Plugin::holds`]) until `effects.unfence` is given
+//!   the run's evidence root;
+//! - routes: `effects.get|list|history|status|unfence`.
+
+pub mod fences;
+pub mod observer;
+
+use crate::plugin_api::{
+    Manifest, ObservedEnd, ObservedRun, Plugin, PluginError, RouteContext, RouteFuture, RunRef,
+    Settings, API_VERSION,
+};
+use allox_effects::observer::wire::{Begin, End, FromObserver, ToObserver};
+use allox_effects::scope::Scope;
+use allox_protocol::{
+    DomainEffects, EffectsDomain, EffectsEntry, EffectsFence, EffectsListing, EffectsStatus,
+    EffectsUnfenced, EffectsVerdict, ErrorBody, ErrorCode, Request, Response, RunEffects,
+    EFFECTS_PROTOCOL,
+};
+use fences::{Fences, PENDING};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+pub const NAME: &str = "system-effects";
+
+/// The history's ring buffer by default: 8 MiB.
+pub const DEFAULT_RING_BYTES: u64 = 8 << 20;
+
+/// How long the observer may take to seal A, and to close the evidence.
+const SEAL_WAIT: Duration = Duration::from_secs(60);
+const CLOSE_WAIT: Duration = Duration::from_secs(600);
+
+static MANIFEST: Manifest = Manifest {
+    name: NAME,
+    api_version: API_VERSION,
+    conflicts: &["process-tree"],
+    alias: None,
+    summary: "evidence of what each run changed outside its workspace, from an independent observer; fences a session on any fault",
+};
+
+/// The plugin.
+#[derive(Default)]
+pub struct SystemEffects {
+    started: OnceLock<Arc<Started>>,
+}
+
+struct Started {
+    exe: observer::Executable,
+    scope: Scope,
+    scope_file: Option<PathBuf>,
+    ring_bytes: u32,
+    /// `state/effects`.
+    dir: PathBuf,
+    fences: Fences,
+    /// Observed runs going on, by session.
+    live: Mutex<HashMap<(String, String), Live>>,
+}
+
+/// An observed run between A and B.
+struct Live {
+    run: String,
+    observer: Arc<Mutex<Option<observer::Observer>>>,
+    baseline: String,
+    started_ms: u64,
+    /// Set by the watcher when the observer dies before the end.
+    lost: Arc<Mutex<Option<String>>>,
+}
+
+fn start_err(why: impl Into<String>) -> PluginError {
+    PluginError::Start {
+        plugin: NAME,
+        alias: None,
+        source: why.into().into(),
+    }
+}
+
+fn answered(code: ErrorCode, why: impl Into<String>) -> PluginError {
+    PluginError::Answered(ErrorBody::new(code, why.into()))
+}
+
+impl SystemEffects {
+    pub fn new() -> SystemEffects {
+        SystemEffects::default()
+    }
+
+    fn s(&self) -> Result<&Arc<Started>, PluginError> {
+        self.started.get().ok_or_else(|| {
+            answered(
+                ErrorCode::Unavailable,
+                "the system-effects plugin is not started",
+            )
+        })
+    }
+}
+
+/// What the kernel lacks for the observer, named.
+fn kernel_lacks() -> Option<String> {
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        return Some("BTF (/sys/kernel/btf/vmlinux is missing: CONFIG_DEBUG_INFO_BTF)".into());
+    }
+    if !Path::new("/proc/sys/fs/fanotify").exists() {
+        return Some("fanotify (/proc/sys/fs/fanotify is missing: CONFIG_FANOTIFY)".into());
+    }
+    let lsm_file = Path::new("/sys/kernel/security/lsm");
+    if !lsm_file.exists() {
+        // securityfs is not always mounted on a host.
+        let _ = rustix::mount::mount(
+            "securityfs",
+            "/sys/kernel/security",
+            "securityfs",
+            rustix::mount::MountFlags::NOSUID
+                | rustix::mount::MountFlags::NODEV
+                | rustix::mount::MountFlags::NOEXEC,
+            None,
+        );
+    }
+    match std::fs::read_to_string(lsm_file) {
+        Ok(l) if l.trim().split(',').any(|m| m == "bpf") => None,
+        Ok(l) => Some(format!(
+            "the BPF LSM (active LSMs: {}; boot with lsm=...,bpf and CONFIG_BPF_LSM)",
+            l.trim()
+        )),
+        Err(e) => Some(format!(
+            "the BPF LSM (cannot read {}: {e})",
+            lsm_file.display()
+        )),
+    }
+}
+
+impl Started {
+    fn evidence(&self, a: &str, s: &str, r: &str) -> PathBuf {
+        self.dir.join(a).join(s).join(r)
+    }
+
+    /// Fences `a/s` because of run `r`, and says so in the log and the
+    /// plugin's audit file.
+    fn fence(&self, a: &str, s: &str, r: &str, reason: &str, root: &str) {
+        tracing::error!(
+            agent = a,
+            session = s,
+            run = r,
+            reason,
+            root,
+            "session fenced"
+        );
+        let f = EffectsFence {
+            agent_id: a.into(),
+            session_id: s.into(),
+            run_id: r.into(),
+            reason: reason.into(),
+            evidence_root: root.into(),
+            fenced_ms: allox_store::clock::now_ms(),
+        };
+        if let Err(e) = self.fences.fence(f) {
+            tracing::error!(error = %e, "the fence could not be written durably; it holds until the supervisor stops");
+        }
+        self.audit(a, s, r, "fenced", root, Some(reason));
+    }
+
+    /// One line of `state/effects/audit.jsonl`.
+    fn audit(&self, a: &str, s: &str, r: &str, event: &str, root: &str, why: Option<&str>) {
+        use std::io::Write;
+        let line = serde_json::json!({
+            "time_ms": allox_store::clock::now_ms(),
+            "agent_id": a, "session_id": s, "run_id": r,
+            "event": event, "evidence_root": root, "why": why,
+        });
+        let p = self.dir.join("audit.jsonl");
+        let w = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&p)
+            .and_then(|mut f| {
+                f.write_all(format!("{line}\n").as_bytes())?;
+                f.sync_data()
+            });
+        if let Err(e) = w {
+            tracing::error!(file = %p.display(), error = %e, "cannot write the system-effects audit");
+        }
+    }
+
+    /// Fences the sessions whose observation an earlier supervisor left
+    /// in the middle (a `pending` marker without a closed chain).
+    fn recover(&self) {
+        let dirs = |p: &Path| -> Vec<(String, PathBuf)> {
+            std::fs::read_dir(p)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+                .collect()
+        };
+        for (a, ap) in dirs(&self.dir) {
+            if a == "fences" {
+                continue;
+            }
+            for (s, sp) in dirs(&ap) {
+                for (r, rp) in dirs(&sp) {
+                    if !rp.join(PENDING).exists() {
+                        continue;
+                    }
+                    let root = allox_effects::chain::verify(&rp, None)
+                        .map(|v| v.root)
+                        .unwrap_or_default();
+                    self.fence(
+                        &a,
+                        &s,
+                        &r,
+                        "the supervisor stopped in the middle of the run's observation",
+                        &root,
+                    );
+                    let _ = std::fs::remove_file(rp.join(PENDING));
+                }
+            }
+        }
+    }
+
+    /// The effects of a run whose evidence did not close: INCOMPLETE in
+    /// every observed domain, fenced.
+    fn incomplete(&self, run: &RunRef<'_>, live: &Live, why: &str, root: &str) -> RunEffects {
+        RunEffects {
+            protocol: EFFECTS_PROTOCOL,
+            agent_id: run.agent.into(),
+            session_id: run.session.into(),
+            run_id: run.run.into(),
+            evidence_root: root.into(),
+            verdict: EffectsVerdict::Incomplete,
+            domains: EffectsDomain::ALL
+                .into_iter()
+                .map(|d| {
+                    let observed = self.scope.observes(d);
+                    DomainEffects {
+                        domain: d,
+                        verdict: if observed {
+                            EffectsVerdict::Incomplete
+                        } else {
+                            EffectsVerdict::NotObserved
+                        },
+                        changes: Vec::new(),
+                        truncated: false,
+                        note: Some(if observed {
+                            why.to_string()
+                        } else {
+                            "not in the scope".into()
+                        }),
+                        items: [0, 0],
+                    }
+                })
+                .collect(),
+            fenced: true,
+            fence_reason: Some(why.into()),
+            survivors: Vec::new(),
+            history: Default::default(),
+            started_ms: live.started_ms,
+            closed_ms: allox_store::clock::now_ms(),
+        }
+    }
+}
+
+/// Watches an observer's pidfd: if it exits before the run's end, the
+/// run's cgroup is frozen at once and the loss noted.
+fn watch(
+    obs: Arc<Mutex<Option<observer::Observer>>>,
+    lost: Arc<Mutex<Option<String>>>,
+    cgroup: PathBuf,
+) {
+    let pidfd = {
+        let g = obs.lock().unwrap_or_else(|e| e.into_inner());
+        match g.as_ref() {
+            Some(o) => rustix::io::fcntl_dupfd_cloexec(&o.pidfd, 0).ok(),
+            None => None,
+        }
+    };
+    let Some(pidfd) = pidfd else { return };
+    let _ = std::thread::Builder::new()
+        .name("observer-watch".into())
+        .spawn(move || {
+            let mut fds = [rustix::event::PollFd::new(&pidfd, rustix::event::PollFlags::IN)];
+            loop {
+                match rustix::event::poll(&mut fds, None) {
+                    Ok(_) => break,
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(_) => return,
+                }
+            }
+            // The end took the observer: nothing lost.
+            if obs.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+                return;
+            }
+            let _ = std::fs::write(cgroup.join("cgroup.freeze"), "1");
+            let _ = std::fs::write(cgroup.join("cgroup.kill"), "1");
+            *lost.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some("the observer exited before the run's end".into());
+            tracing::error!(cgroup = %cgroup.display(), "the observer exited during its run: the run is frozen and killed");
+        });
+}
+
+impl Plugin for SystemEffects {
+    fn manifest(&self) -> &Manifest {
+        &MANIFEST
+    }
+
+    fn start(&self, settings: &Settings) -> Result<(), PluginError> {
+        if let Some(why) = kernel_lacks() {
+            return Err(start_err(format!("the kernel lacks {why}")));
+        }
+        let es = &settings.effects;
+        let scope = match &es.scope {
+            Some(p) => Scope::load(p).map_err(|e| start_err(e.to_string()))?,
+            None => Scope::default(),
+        };
+        let path = match &es.observer {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()
+                .map_err(|e| start_err(format!("find this executable: {e}")))?
+                .with_file_name("allox-observe"),
+        };
+        let pinned = es
+            .observer_sha256
+            .as_deref()
+            .or(observer::PINNED_AT_BUILD)
+            .ok_or_else(|| {
+                start_err(
+                    "no observer hash is pinned: this binary was built without ALLOX_OBSERVE_SHA256; pass --system-effects-observer-sha256",
+                )
+            })?;
+        let exe = observer::Executable::load(&path, pinned).map_err(start_err)?;
+        let ring = es.ring_bytes;
+        if ring < 4096 || !ring.is_power_of_two() {
+            return Err(start_err(format!(
+                "--system-effects-ring-bytes {ring} is not a power of two of at least 4096"
+            )));
+        }
+        let dir = settings.state_dir.join("effects");
+        let fences = Fences::load(&dir.join("fences"))
+            .map_err(|e| start_err(format!("read the fences in {}: {e}", dir.display())))?;
+        let st = Arc::new(Started {
+            exe,
+            scope,
+            scope_file: es.scope.clone(),
+            ring_bytes: ring,
+            dir,
+            fences,
+            live: Mutex::new(HashMap::new()),
+        });
+        st.recover();
+        self.started
+            .set(st)
+            .map_err(|_| start_err("started twice"))?;
+        Ok(())
+    }
+
+    fn stop(&self) {}
+
+    fn observes_runs(&self) -> bool {
+        true
+    }
+
+    fn observe_begin(&self, run: &ObservedRun<'_>) -> Result<(), PluginError> {
+        let st = self.s()?;
+        let r = &run.run;
+        let key = (r.agent.to_string(), r.session.to_string());
+        {
+            let live = st.live.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(l) = live.get(&key) {
+                return Err(answered(
+                    ErrorCode::Conflict,
+                    format!(
+                        "session {}/{} has an observed run going on ({}): an observed run holds its session alone",
+                        r.agent, r.session, l.run
+                    ),
+                ));
+            }
+        }
+        let evidence = st.evidence(r.agent, r.session, r.run);
+        // Durable before the observer starts: a supervisor that stops from
+        // here on leaves the session to be fenced at its next start.
+        fences::write_durably(&evidence.join(PENDING), r.run.as_bytes()).map_err(|e| {
+            answered(
+                ErrorCode::Internal,
+                format!("mark run {} observed in {}: {e}", r.run, evidence.display()),
+            )
+        })?;
+        let fault = |why: String, root: &str| {
+            st.fence(r.agent, r.session, r.run, &why, root);
+            let _ = std::fs::remove_file(evidence.join(PENDING));
+            answered(
+                ErrorCode::Unavailable,
+                format!(
+                    "run {} refused: its observation failed at start ({why}); session {}/{} is fenced",
+                    r.run, r.agent, r.session
+                ),
+            )
+        };
+        let mut obs = st.exe.spawn().map_err(|why| fault(why, ""))?;
+        let begin = Begin {
+            agent: r.agent.into(),
+            session: r.session.into(),
+            run: r.run.into(),
+            argv: run.argv.to_vec(),
+            scope: st.scope.clone(),
+            cgroup: run.cgroup.to_path_buf(),
+            cgroup_id: run.cgroup_id,
+            cgroup_root: run.cgroup_root.to_path_buf(),
+            evidence: evidence.clone(),
+            workspace: run.workspace.to_path_buf(),
+            agent_workspace: run.agent_workspace.to_path_buf(),
+            context_pid: run.context_pid,
+            ring_bytes: st.ring_bytes,
+            executables: vec![("allox-observe".into(), st.exe.sha256.clone())],
+        };
+        let baseline = match obs.ask(&ToObserver::Begin(Box::new(begin)), SEAL_WAIT) {
+            Ok(FromObserver::Sealed { baseline }) => baseline,
+            Ok(FromObserver::Failed { why, head }) => {
+                obs.finish(Duration::from_secs(5));
+                return Err(fault(why, &head));
+            }
+            Ok(other) => {
+                obs.finish(Duration::from_secs(5));
+                return Err(fault(
+                    format!("the observer answered {other:?} to Begin"),
+                    "",
+                ));
+            }
+            Err(why) => {
+                obs.finish(Duration::from_secs(5));
+                return Err(fault(why, ""));
+            }
+        };
+        let observer = Arc::new(Mutex::new(Some(obs)));
+        let lost = Arc::new(Mutex::new(None));
+        watch(observer.clone(), lost.clone(), run.cgroup.to_path_buf());
+        st.live.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            key,
+            Live {
+                run: r.run.into(),
+                observer,
+                baseline,
+                started_ms: allox_store::clock::now_ms(),
+                lost,
+            },
+        );
+        Ok(())
+    }
+
+    fn observe_end(&self, run: &RunRef<'_>, end: ObservedEnd) -> Option<RunEffects> {
+        let st = self.s().ok()?;
+        let key = (run.agent.to_string(), run.session.to_string());
+        let live = {
+            let mut g = st.live.lock().unwrap_or_else(|e| e.into_inner());
+            match g.get(&key) {
+                Some(l) if l.run == run.run => g.remove(&key),
+                _ => None,
+            }
+        }?;
+        let evidence = st.evidence(run.agent, run.session, run.run);
+        let obs = live
+            .observer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let lost = live.lost.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let fault = lost.clone().or(end.fault.clone());
+        let answer = match obs {
+            Some(mut o) => {
+                let a = o.ask(
+                    &ToObserver::End(End {
+                        status: end.status.clone(),
+                        survivors: end.survivors.clone(),
+                        fault: fault.clone(),
+                    }),
+                    CLOSE_WAIT,
+                );
+                o.finish(Duration::from_secs(5));
+                a
+            }
+            None => Err("the observer is gone".into()),
+        };
+        let effects = match answer {
+            Ok(FromObserver::Closed(e)) => {
+                let mut e = *e;
+                if let Some(why) = &lost {
+                    // The observer closed, yet it had gone: not to be trusted.
+                    e.fenced = true;
+                    e.fence_reason = Some(why.clone());
+                    e.verdict = EffectsVerdict::Incomplete;
+                }
+                if e.fenced {
+                    let why = e
+                        .fence_reason
+                        .clone()
+                        .unwrap_or_else(|| "the evidence is INCOMPLETE".into());
+                    st.fence(run.agent, run.session, run.run, &why, &e.evidence_root);
+                }
+                e
+            }
+            Ok(FromObserver::Failed { why, head }) => {
+                st.fence(run.agent, run.session, run.run, &why, &head);
+                st.incomplete(run, &live, &why, &head)
+            }
+            Ok(other) => {
+                let why = format!("the observer answered {other:?} to End");
+                st.fence(run.agent, run.session, run.run, &why, &live.baseline);
+                st.incomplete(run, &live, &why, &live.baseline)
+            }
+            Err(why) => {
+                let why = lost.unwrap_or(why);
+                // What the observer wrote before it went, if anything.
+                let root = allox_effects::chain::verify(&evidence, None)
+                    .map(|v| v.root)
+                    .unwrap_or_else(|_| live.baseline.clone());
+                st.fence(run.agent, run.session, run.run, &why, &root);
+                st.incomplete(run, &live, &why, &root)
+            }
+        };
+        st.audit(
+            run.agent,
+            run.session,
+            run.run,
+            "closed",
+            &effects.evidence_root,
+            None,
+        );
+        if !evidence
+            .join(allox_effects::observer::EFFECTS_FILE)
+            .exists()
+            || effects.fenced
+        {
+            // The answer is what is kept, whoever made it.
+            let _ = fences::write_durably(
+                &evidence.join(allox_effects::observer::EFFECTS_FILE),
+                &serde_json::to_vec(&effects).unwrap_or_default(),
+            );
+        }
+        let _ = std::fs::remove_file(evidence.join(PENDING));
+        Some(effects)
+    }
+
+    fn after_run(&self, run: &RunRef<'_>) {
+        let Ok(st) = self.s() else { return };
+        let key = (run.agent.to_string(), run.session.to_string());
+        let live = {
+            let mut g = st.live.lock().unwrap_or_else(|e| e.into_inner());
+            match g.get(&key) {
+                Some(l) if l.run == run.run => g.remove(&key),
+                _ => None,
+            }
+        };
+        // The run's sandbox is gone and its end was never observed: its
+        // start failed after A was sealed.
+        if let Some(l) = live {
+            let obs = l.observer.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(o) = obs {
+                o.finish(Duration::from_secs(5));
+            }
+            let evidence = st.evidence(run.agent, run.session, run.run);
+            let root = allox_effects::chain::verify(&evidence, None)
+                .map(|v| v.root)
+                .unwrap_or(l.baseline);
+            st.fence(
+                run.agent,
+                run.session,
+                run.run,
+                "the run's start failed after its baseline was sealed",
+                &root,
+            );
+            let _ = std::fs::remove_file(evidence.join(PENDING));
+        }
+    }
+
+    fn holds(&self, agent: &str, session: &str) -> Option<String> {
+        let st = self.started.get()?;
+        let f = st.fences.get(agent, session)?;
+        Some(format!(
+            "session {agent}/{session} is fenced by system effects: run {} ({}); evidence root {}; lift it with effects.unfence",
+            if f.run_id.is_empty() { "unknown" } else { &f.run_id },
+            f.reason,
+            if f.evidence_root.is_empty() { "none" } else { &f.evidence_root },
+        ))
+    }
+
+    fn serve<'a>(&'a self, req: &'a Request, _ctx: RouteContext<'a>) -> RouteFuture<'a> {
+        Box::pin(async move {
+            let st = self.s()?.clone();
+            let req = req.clone();
+            tokio::task::spawn_blocking(move || serve(&st, &req))
+                .await
+                .map_err(|e| answered(ErrorCode::Internal, format!("effects request: {e}")))?
+        })
+    }
+}
+
+fn read_effects(dir: &Path) -> Result<RunEffects, PluginError> {
+    let p = dir.join(allox_effects::observer::EFFECTS_FILE);
+    let bytes = std::fs::read(&p).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => answered(
+            ErrorCode::NotFound,
+            format!(
+                "no effects at {} (not an observed run, or still going)",
+                dir.display()
+            ),
+        ),
+        _ => answered(ErrorCode::Internal, format!("read {}: {e}", p.display())),
+    })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| answered(ErrorCode::Internal, format!("read {}: {e}", p.display())))
+}
+
+fn check_ids(ids: &[(&'static str, &str)]) -> Result<(), PluginError> {
+    for (what, v) in ids {
+        allox_protocol::validate_id(what, v)
+            .map_err(|e| answered(ErrorCode::InvalidRequest, e.to_string()))?;
+    }
+    Ok(())
+}
+
+fn serve(st: &Started, req: &Request) -> Result<Response, PluginError> {
+    match req {
+        Request::EffectsGet(g) => {
+            check_ids(&[
+                ("agent_id", &g.agent_id),
+                ("session_id", &g.session_id),
+                ("run_id", &g.run_id),
+            ])?;
+            let mut e = read_effects(&st.evidence(&g.agent_id, &g.session_id, &g.run_id))?;
+            // Whether the fence is still up is now, not then.
+            e.fenced = st
+                .fences
+                .get(&g.agent_id, &g.session_id)
+                .is_some_and(|f| f.run_id == g.run_id);
+            Ok(Response::Effects(Box::new(e)))
+        }
+        Request::EffectsList(l) => {
+            check_ids(&[("agent_id", &l.agent_id), ("session_id", &l.session_id)])?;
+            let dir = st.dir.join(&l.agent_id).join(&l.session_id);
+            let fence = st.fences.get(&l.agent_id, &l.session_id);
+            let mut runs: Vec<EffectsEntry> = std::fs::read_dir(&dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| read_effects(&e.path()).ok())
+                .map(|e| EffectsEntry {
+                    fenced: fence.as_ref().is_some_and(|f| f.run_id == e.run_id),
+                    not_consistent: e
+                        .domains
+                        .iter()
+                        .filter(|d| {
+                            !matches!(
+                                d.verdict,
+                                EffectsVerdict::Consistent | EffectsVerdict::NotObserved
+                            )
+                        })
+                        .map(|d| (d.domain, d.verdict))
+                        .collect(),
+                    run_id: e.run_id,
+                    verdict: e.verdict,
+                    evidence_root: e.evidence_root,
+                    started_ms: e.started_ms,
+                })
+                .collect();
+            runs.sort_by(|a, b| (a.started_ms, &a.run_id).cmp(&(b.started_ms, &b.run_id)));
+            Ok(Response::EffectsListing(EffectsListing { runs }))
+        }
+        Request::EffectsHistory(h) => {
+            check_ids(&[
+                ("agent_id", &h.agent_id),
+                ("session_id", &h.session_id),
+                ("run_id", &h.run_id),
+            ])?;
+            let dir = st.evidence(&h.agent_id, &h.session_id, &h.run_id);
+            let e = read_effects(&dir)?;
+            let records = allox_effects::observer::read_history(&dir).map_err(|e| {
+                answered(
+                    ErrorCode::NotFound,
+                    format!("no history in {}: {e}", dir.display()),
+                )
+            })?;
+            let limit = h.limit.unwrap_or(1000).clamp(1, 10_000) as usize;
+            let from = h.cursor.map(|c| c + 1).unwrap_or(0);
+            let page: Vec<_> = records
+                .into_iter()
+                .filter(|r| r.seq >= from)
+                .take(limit + 1)
+                .collect();
+            let more = page.len() > limit;
+            let page: Vec<_> = page.into_iter().take(limit).collect();
+            Ok(Response::EffectsHistory(
+                allox_protocol::EffectsHistoryListing {
+                    next: if more {
+                        page.last().map(|r| r.seq)
+                    } else {
+                        None
+                    },
+                    records: page,
+                    counters: e.history,
+                },
+            ))
+        }
+        Request::EffectsStatus(s) => Ok(Response::EffectsStatus(EffectsStatus {
+            protocol: EFFECTS_PROTOCOL,
+            observer_sha256: st.exe.sha256.clone(),
+            domains: st.scope.domains.clone(),
+            scope_file: st.scope_file.as_ref().map(|p| p.display().to_string()),
+            fences: st.fences.list(s.agent_id.as_deref()),
+            observing: st.live.lock().unwrap_or_else(|e| e.into_inner()).len() as u32,
+        })),
+        Request::EffectsUnfence(u) => {
+            check_ids(&[
+                ("agent_id", &u.agent_id),
+                ("session_id", &u.session_id),
+                ("run_id", &u.run_id),
+            ])?;
+            let Some(f) = st.fences.get(&u.agent_id, &u.session_id) else {
+                return Err(answered(
+                    ErrorCode::NotFound,
+                    format!("session {}/{} is not fenced", u.agent_id, u.session_id),
+                ));
+            };
+            if f.run_id != u.run_id || f.evidence_root != u.evidence_root {
+                st.audit(
+                    &u.agent_id,
+                    &u.session_id,
+                    &u.run_id,
+                    "unfence refused",
+                    &u.evidence_root,
+                    Some("not the fencing run's root"),
+                );
+                return Err(answered(
+                    ErrorCode::Conflict,
+                    format!(
+                        "session {}/{} is fenced by run {} with evidence root {}: give that run and that root",
+                        u.agent_id,
+                        u.session_id,
+                        if f.run_id.is_empty() { "unknown" } else { &f.run_id },
+                        if f.evidence_root.is_empty() { "none" } else { &f.evidence_root }
+                    ),
+                ));
+            }
+            st.fences.lift(&u.agent_id, &u.session_id).map_err(|e| {
+                answered(ErrorCode::Internal, format!("lift the fence durably: {e}"))
+            })?;
+            st.audit(
+                &u.agent_id,
+                &u.session_id,
+                &u.run_id,
+                "unfenced",
+                &u.evidence_root,
+                None,
+            );
+            Ok(Response::EffectsUnfenced(EffectsUnfenced {
+                agent_id: u.agent_id.clone(),
+                session_id: u.session_id.clone(),
+                run_id: u.run_id.clone(),
+            }))
+        }
+        other => Err(PluginError::NoHandler {
+            plugin: NAME,
+            action: other.action(),
+        }),
+    }
+}

@@ -166,10 +166,13 @@ pub fn capture(root: &Path, limits: &TreeLimits) -> Capture {
             return c;
         }
     };
+    // `f_type`'s type differs between architectures.
+    #[allow(clippy::unnecessary_cast)]
+    let btrfs = sfs.f_type as i64 == BTRFS_MAGIC;
     let walk = Walk {
         root: fd.as_fd(),
         root_dev: st.st_dev,
-        btrfs: sfs.f_type as i64 == BTRFS_MAGIC,
+        btrfs,
         limits,
         queue: Mutex::new(Queue {
             jobs: vec![Job {

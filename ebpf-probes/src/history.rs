@@ -83,6 +83,17 @@ pub enum HistoryError {
         hook: &'static str,
         extra: &'static str,
     },
+    #[error(
+        "the kernel refused to load the BPF LSM program {program} for hook {hook} although the \
+         tracing programs loaded: BPF LSM programs need CAP_SYS_ADMIN and CAP_MAC_ADMIN, or this \
+         kernel forbids them"
+    )]
+    LsmRefused {
+        program: &'static str,
+        hook: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot update map {map}")]
     Map {
         map: &'static str,
@@ -136,6 +147,8 @@ pub struct History {
     undecodable: u64,
     drain_limit: usize,
     sysctl_links: Vec<(u64, CgroupSysctlLinkId)>,
+    /// Whether the BPF LSM programs are attached.
+    lsm: bool,
 }
 
 impl std::fmt::Debug for History {
@@ -179,6 +192,18 @@ impl History {
     /// with a ring buffer of `ring_bytes` (a power of two, at least a
     /// page). Fails naming what the kernel lacks: BTF, BPF LSM, a hook.
     pub fn load(ring_bytes: u32) -> Result<History, HistoryError> {
+        History::load_parts(ring_bytes, true)
+    }
+
+    /// [`load`](History::load) without the BPF LSM programs: processes,
+    /// system calls and sysctl only, for a kernel without BPF LSM. The
+    /// history then misses write opens, the path hooks' names, module
+    /// loads, netlink messages and allowed signals.
+    pub fn load_without_lsm(ring_bytes: u32) -> Result<History, HistoryError> {
+        History::load_parts(ring_bytes, false)
+    }
+
+    fn load_parts(ring_bytes: u32, lsm: bool) -> Result<History, HistoryError> {
         if !ring_bytes.is_power_of_two() || ring_bytes < 4096 {
             return Err(LoadError::RingSize(ring_bytes).into());
         }
@@ -191,7 +216,7 @@ impl History {
         }
         // Before anything is loaded: a kernel whose LSM list lacks bpf
         // would accept and attach the LSM programs and never run them.
-        if let Some(list) = lsm_list() {
+        if let Some(list) = lsm_list().filter(|_| lsm) {
             if !list.split(',').any(|l| l == "bpf") {
                 return Err(HistoryError::NoBpfLsm {
                     detail: format!("{LSM_LIST} lists {list:?}"),
@@ -251,7 +276,7 @@ impl History {
                 .map_err(|e| LoadError::from_attach(name, tracepoint, e))?;
         }
 
-        for (name, hook) in LSM_HOOKS {
+        for (name, hook) in LSM_HOOKS.into_iter().filter(|_| lsm) {
             let program: &mut Lsm = ebpf
                 .program_mut(name)
                 .ok_or_else(|| missing_program(name))?
@@ -268,13 +293,22 @@ impl History {
                         _ => "",
                     },
                 },
+                ProgramError::LoadError { io_error, .. } if io_error.raw_os_error() == Some(1) => {
+                    HistoryError::LsmRefused {
+                        program: name,
+                        hook,
+                        source: io_error,
+                    }
+                }
                 other => LoadError::from_load(name, hook, other).into(),
             })?;
             program
                 .attach()
                 .map_err(|e| LoadError::from_attach(name, hook, e))?;
         }
-        probe_lsm(&mut ebpf)?;
+        if lsm {
+            probe_lsm(&mut ebpf)?;
+        }
 
         let sysctl: &mut CgroupSysctl = ebpf
             .program_mut(SYSCTL)
@@ -301,6 +335,7 @@ impl History {
             undecodable: 0,
             drain_limit: ring_bytes as usize / (SHORT_RECORD + 8),
             sysctl_links: Vec::new(),
+            lsm,
         })
     }
 
@@ -362,7 +397,9 @@ impl History {
             .sysctl_program()
             .ok_or_else(|| HistoryError::from(missing_program(SYSCTL)))?;
         let link = program
-            .attach(cgroup, CgroupAttachMode::AllowMultiple)
+            // A bpf_link (Linux 5.7+, which aya uses when it can) takes no
+            // flags and always lets other programs attach beside it.
+            .attach(cgroup, CgroupAttachMode::Single)
             .map_err(HistoryError::Sysctl)?;
         self.sysctl_links.push((tag, link));
         Ok(())
@@ -392,6 +429,12 @@ impl History {
             }
         }
         n
+    }
+
+    /// Whether the BPF LSM programs are attached (not after
+    /// [`load_without_lsm`](History::load_without_lsm)).
+    pub fn has_lsm(&self) -> bool {
+        self.lsm
     }
 
     /// Records read from the ring that could not be decoded (none unless
@@ -444,6 +487,7 @@ impl History {
     pub fn objects(&self) -> BpfObjects {
         let mut o = BpfObjects::default();
         for (_, p) in self.ebpf.programs() {
+            // Programs not loaded (the LSM ones without BPF LSM) have none.
             let Ok(info) = p.info() else { continue };
             if !o.progs.contains(&info.id()) {
                 o.progs.push(info.id());

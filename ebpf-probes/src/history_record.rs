@@ -310,6 +310,9 @@ impl HistoryRecord {
                 syscalls::bpf_cmd(v).map_or(v.to_string(), str::to_owned)
             } else if i == 0 && spec.name == "socket" {
                 syscalls::family(v).map_or(v.to_string(), str::to_owned)
+            } else if v <= 0xffff_ffff && (v as u32 as i32) < 0 {
+                // An int argument (AT_FDCWD is -100).
+                (v as u32 as i32).to_string()
             } else if v > 0xffff && v < 0xffff_ffff_0000_0000 {
                 format!("{v:#x}")
             } else {

@@ -17,7 +17,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use allox_ebpf_probes::{
-    cgroup_id, enable_stats, BpfObjects, Counters, History, HistoryKind, HistoryRecord,
+    cgroup_id, enable_stats, BpfObjects, Counters, History, HistoryError, HistoryKind,
+    HistoryRecord,
 };
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -28,21 +29,18 @@ const PYTHON: &str = "/usr/bin/python3";
 
 // ---------------------------------------------------------------- harness
 
-fn require(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
+/// Whether the machine can run the test (`lsm`: with the BPF LSM
+/// programs); prints the skip line or panics.
+fn require(test: &str, lsm: bool) -> Option<std::sync::MutexGuard<'static, ()>> {
     let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let lsm = std::fs::read_to_string(allox_ebpf_probes::LSM_LIST).unwrap_or_default();
     let missing = if !rustix::process::geteuid().is_root() {
         Some("root".to_owned())
     } else if !in_initial_pid_namespace() {
         Some("the initial pid namespace".to_owned())
     } else if !Path::new(allox_ebpf_probes::KERNEL_BTF).exists() {
         Some(format!("kernel BTF at {}", allox_ebpf_probes::KERNEL_BTF))
-    } else if !lsm.trim().split(',').any(|l| l == "bpf") {
-        Some(format!(
-            "BPF LSM active ({} lists {:?})",
-            allox_ebpf_probes::LSM_LIST,
-            lsm.trim()
-        ))
+    } else if let Some(e) = lsm.then(lsm_missing).flatten() {
+        Some(format!("BPF LSM programs that load and run ({e})"))
     } else if cgroup2_root().is_none() {
         Some("a cgroup2 mount at /sys/fs/cgroup/unified or /sys/fs/cgroup".to_owned())
     } else if let Some(cmd) = [PYTHON, "/usr/bin/setpriv", "/usr/bin/unshare"]
@@ -54,6 +52,28 @@ fn require(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
         None
     };
     allox_integration::needs(test, missing).then_some(guard)
+}
+
+/// Why the LSM programs cannot be used here, if they cannot.
+fn lsm_missing() -> Option<String> {
+    match History::load(4096) {
+        Ok(_) => None,
+        Err(
+            e @ (HistoryError::LsmRefused { .. }
+            | HistoryError::NoBpfLsm { .. }
+            | HistoryError::NoLsmHook { .. }),
+        ) => Some(e.to_string()),
+        Err(_) => None, // the test's own load says what else is wrong
+    }
+}
+
+/// With the LSM programs when they can be loaded here, else without.
+fn load_any(ring: u32) -> History {
+    if lsm_missing().is_none() {
+        load(ring)
+    } else {
+        load_without_lsm(ring)
+    }
 }
 
 fn in_initial_pid_namespace() -> bool {
@@ -143,6 +163,11 @@ fn load(ring: u32) -> History {
     History::load(ring).unwrap_or_else(|e| panic!("History::load: {e}\n{e:?}"))
 }
 
+fn load_without_lsm(ring: u32) -> History {
+    History::load_without_lsm(ring)
+        .unwrap_or_else(|e| panic!("History::load_without_lsm: {e}\n{e:?}"))
+}
+
 /// Waits for `child` while draining, then drains until quiet.
 fn run_and_collect(h: &mut History, mut child: Child, out: &mut Vec<HistoryRecord>) -> String {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -224,11 +249,18 @@ fn of_kind(rs: &[HistoryRecord], kind: HistoryKind) -> Vec<&HistoryRecord> {
 
 /// What must be in the history of one run of [`EFFECTS`]; the problems
 /// found, empty when all is there.
-fn check_effects(rs: &[HistoryRecord], dir: &Path, marker: &str, outside: u32) -> Vec<String> {
+/// `lsm`: also what the LSM hooks record.
+fn check_effects(
+    rs: &[HistoryRecord],
+    dir: &Path,
+    marker: &str,
+    outside: u32,
+    lsm: bool,
+) -> Vec<String> {
     let mut bad = Vec::new();
     let d = dir.to_str().unwrap();
     let mut want = |what: &str, ok: bool| {
-        if !ok {
+        if !ok && (lsm || !what.contains("hook")) {
             bad.push(what.to_owned());
         }
     };
@@ -239,7 +271,7 @@ fn check_effects(rs: &[HistoryRecord], dir: &Path, marker: &str, outside: u32) -
             .any(|r| r.refused() && r.text == d && r.text2 == "tmpfs"),
     );
     want(
-        "the sb_mount hook for that mount",
+        "the sb_mount hook: that mount",
         of_kind(rs, HistoryKind::Mount)
             .iter()
             .any(|r| r.text == "none" && r.text2 == "tmpfs"),
@@ -251,7 +283,7 @@ fn check_effects(rs: &[HistoryRecord], dir: &Path, marker: &str, outside: u32) -
             .any(|r| !r.refused() && r.ret >= 0 && r.args[0] == 0),
     );
     want(
-        "the bpf hook for BPF_MAP_CREATE",
+        "the bpf hook: BPF_MAP_CREATE",
         of_kind(rs, HistoryKind::Bpf).iter().any(|r| r.args[0] == 0),
     );
     want(
@@ -263,19 +295,19 @@ fn check_effects(rs: &[HistoryRecord], dir: &Path, marker: &str, outside: u32) -
     // EPERM is -1; the kernel returns -errno.
     let written = format!("{d}/written-{marker}");
     want(
-        "the file opened for writing, by its full path",
+        "the file_open hook: the file opened for writing, by its full path",
         of_kind(rs, HistoryKind::FileOpenWrite)
             .iter()
             .any(|r| r.text == written),
     );
     want(
-        "the rename (hook)",
+        "the path_rename hook: the rename",
         of_kind(rs, HistoryKind::PathRename).iter().any(|r| {
             r.text == format!("written-{marker}") && r.text2 == format!("renamed-{marker}")
         }),
     );
     want(
-        "the rename (syscall)",
+        "the rename syscall",
         ["rename", "renameat", "renameat2"].iter().any(|n| {
             syscall(rs, n)
                 .iter()
@@ -292,7 +324,7 @@ fn check_effects(rs: &[HistoryRecord], dir: &Path, marker: &str, outside: u32) -
         ),
     ] {
         want(
-            &format!("the {what} hook of {name}"),
+            &format!("the path_{what} hook: {name}"),
             of_kind(rs, kind).iter().any(|r| r.text == name),
         );
     }
@@ -358,8 +390,24 @@ fn check_counts(rs: &[HistoryRecord], c: &Counters) -> Vec<String> {
 #[test]
 fn a_watched_cgroup_shows_each_effect_and_refusal_and_nothing_else_does() {
     let name = "a_watched_cgroup_shows_each_effect_and_refusal_and_nothing_else_does";
-    let Some(_one) = require(name) else { return };
-    let mut h = load(RING);
+    let Some(_one) = require(name, false) else {
+        return;
+    };
+    effects(load_without_lsm(RING), false);
+}
+
+#[test]
+fn the_lsm_hooks_show_write_opens_path_changes_mounts_and_bpf() {
+    let name = "the_lsm_hooks_show_write_opens_path_changes_mounts_and_bpf";
+    let Some(_one) = require(name, true) else {
+        return;
+    };
+    effects(load(RING), true);
+}
+
+/// Runs [`EFFECTS`] watched and not watched, and checks both histories.
+fn effects(mut h: History, lsm: bool) {
+    assert_eq!(h.has_lsm(), lsm);
     let watched = TestCgroup::new("effects");
     let unwatched = TestCgroup::new("outside");
     h.watch(watched.id(), TAG).unwrap();
@@ -387,7 +435,7 @@ fn a_watched_cgroup_shows_each_effect_and_refusal_and_nothing_else_does() {
     target.kill().unwrap();
     target.wait().unwrap();
 
-    let problems = check_effects(&inside, dir.path(), "inside", target.id());
+    let problems = check_effects(&inside, dir.path(), "inside", target.id(), lsm);
     assert!(
         problems.is_empty(),
         "missing from the history: {problems:#?}\nrecords:\n{}",
@@ -409,9 +457,9 @@ fn a_watched_cgroup_shows_each_effect_and_refusal_and_nothing_else_does() {
     let all: Vec<HistoryRecord> = inside.iter().chain(&outside).cloned().collect();
     assert!(mentions(&all, "outside", &[shell]).is_empty());
     // The control: the same check on the unwatched run finds it all missing.
-    let control = check_effects(&outside, dir.path(), "outside", target.id());
+    let control = check_effects(&outside, dir.path(), "outside", target.id(), lsm);
     assert!(
-        control.len() >= 10,
+        control.len() >= if lsm { 14 } else { 6 },
         "the check passes things a blind history did not show: {control:?}"
     );
     // And the marker check sees the watched run.
@@ -435,8 +483,10 @@ fn a_watched_cgroup_shows_each_effect_and_refusal_and_nothing_else_does() {
 #[test]
 fn lineage_keeps_a_process_that_left_the_cgroup_and_unwatch_stops_all() {
     let name = "lineage_keeps_a_process_that_left_the_cgroup_and_unwatch_stops_all";
-    let Some(_one) = require(name) else { return };
-    let mut h = load(RING);
+    let Some(_one) = require(name, false) else {
+        return;
+    };
+    let mut h = load_without_lsm(RING);
     let watched = TestCgroup::new("lineage");
     let elsewhere = TestCgroup::new("elsewhere");
     h.watch(watched.id(), TAG).unwrap();
@@ -478,7 +528,9 @@ fn check_storm(rs: &[HistoryRecord], c: &Counters, calls: u64) -> Vec<String> {
 #[test]
 fn a_storm_on_a_tiny_ring_loses_records_and_counts_every_one() {
     let name = "a_storm_on_a_tiny_ring_loses_records_and_counts_every_one";
-    let Some(_one) = require(name) else { return };
+    let Some(_one) = require(name, false) else {
+        return;
+    };
     const CALLS: u64 = 200_000;
     let storm = format!(
         r#"{PYTHON} -c '
@@ -491,7 +543,7 @@ for i in range({CALLS}):
 '"#
     );
     for watch in [true, false] {
-        let mut h = load(4096);
+        let mut h = load_without_lsm(4096);
         let cg = TestCgroup::new("storm");
         if watch {
             h.watch(cg.id(), TAG).unwrap();
@@ -522,16 +574,22 @@ fn objects_left(ours: &BpfObjects) -> BpfObjects {
 #[test]
 fn dropping_the_history_leaves_no_bpf_object() {
     let name = "dropping_the_history_leaves_no_bpf_object";
-    let Some(_one) = require(name) else { return };
+    let Some(_one) = require(name, false) else {
+        return;
+    };
     let cg = TestCgroup::new("drop");
     let before = BpfObjects::loaded();
-    let mut h = load(RING);
+    let mut h = load_any(RING);
     h.watch(cg.id(), TAG).unwrap();
     h.attach_sysctl(TAG, std::fs::File::open(&cg.dir).unwrap())
         .unwrap();
     let ours = h.objects();
-    assert_eq!(ours.progs.len(), 17, "{ours:?}");
-    assert!(ours.maps.len() >= 10 && ours.links.len() == 17, "{ours:?}");
+    // 5 tracepoints, the sysctl program and (with BPF LSM) 11 hooks; one
+    // link each.
+    let progs = if h.has_lsm() { 17 } else { 6 };
+    assert_eq!(ours.progs.len(), progs, "{ours:?}");
+    assert_eq!(ours.links.len(), progs, "{ours:?}");
+    assert!(ours.maps.len() >= 9, "{ours:?}");
     assert!(ours.still_in(&before).is_empty(), "ids reused? {ours:?}");
     // The control: while the history lives, the check finds its objects.
     assert_eq!(objects_left(&ours), ours);
@@ -602,7 +660,7 @@ fn bench(cg: &TestCgroup, call: &str) -> (u64, u64) {
 #[test]
 #[ignore = "a benchmark: prints numbers"]
 fn history_cost() {
-    let Some(_one) = require("history_cost") else {
+    let Some(_one) = require("history_cost", false) else {
         return;
     };
     let cg = TestCgroup::new("bench");
@@ -611,7 +669,8 @@ fn history_cost() {
         rows.push(("no history", call, bench(&cg, call)));
     }
     let _stats = enable_stats().ok();
-    let mut h = load(RING);
+    let mut h = load_any(RING);
+    println!("BPF LSM programs: {}", h.has_lsm());
     for call in ["getppid", "rmdir"] {
         rows.push(("loaded, not watched", call, bench(&cg, call)));
     }

@@ -149,6 +149,12 @@ pub struct SuperviseArgs {
     /// benchmark's baseline for what that costs.
     #[arg(long)]
     pub no_run_usage: bool,
+    /// How long an observed run's cgroup may take to freeze
+    /// (`--plugin system-effects`), at its start and at its end: past it
+    /// the start is refused, or the end is a fault that fences the
+    /// session.
+    #[arg(long, value_name = "MS", default_value_t = allox_supervisor::runs::RunsConfig::DEFAULT_FREEZE_MS)]
+    pub freeze_timeout_ms: u64,
     /// With `--plugin system-effects`: the scope file, naming the domains
     /// beyond `workspace` and `shared` confirmed at S0/S1 and the
     /// filesystem domain's paths (docs/system-effects.md).
@@ -342,6 +348,7 @@ impl SuperviseArgs {
             let mut rc = RunsConfig::new(mount, exe, self.sandbox_stage);
             rc.isolate_network = self.sandbox_network == "isolated";
             rc.run_usage = !self.no_run_usage;
+            rc.freeze_wait = std::time::Duration::from_millis(self.freeze_timeout_ms);
             rc.finished.output_budget = self.finished_output_budget;
             rc.finished.max_runs = self.finished_runs_max;
             rc.uid = self.sandbox_uid;

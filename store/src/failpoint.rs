@@ -43,6 +43,7 @@ pub const PLUGIN_STARTS: &[&str] = &[
     "plugin_start.network",
     "plugin_start.share",
     "plugin_start.monitor",
+    "plugin_start.system-effects",
 ];
 
 /// The supervisor's points in the file API.
@@ -61,12 +62,18 @@ pub const RUN_STARTS: &[&str] = &[
     "run_start.after_stdio",
 ];
 
+/// The supervisor's points in an observed run's end (`runs/end.rs`): its
+/// cgroup frozen with what is left listed; everything killed, the cgroup
+/// empty and frozen, before the observer is told.
+pub const RUN_ENDS: &[&str] = &["run_end.after_freeze", "run_end.after_kill"];
+
 /// Whether `name` is a declared point.
 fn declared(name: &str) -> bool {
     ALL.contains(&name)
         || PLUGIN_STARTS.contains(&name)
         || FILES.contains(&name)
         || RUN_STARTS.contains(&name)
+        || RUN_ENDS.contains(&name)
 }
 
 /// What an armed point does.

@@ -158,7 +158,16 @@ pub fn workspace_bin(name: &str) -> PathBuf {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let profile = dir.file_name().and_then(|s| s.to_str()).unwrap_or("debug");
         let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--quiet", "-p", "allox-init", "-p", "allox-ctl"]);
+        cmd.args([
+            "build",
+            "--quiet",
+            "-p",
+            "allox-init",
+            "-p",
+            "allox-ctl",
+            "-p",
+            "allox-effects",
+        ]);
         if profile == "release" {
             cmd.arg("--release");
         }

@@ -203,7 +203,7 @@ impl Observation {
         let mut captures_a = BTreeMap::new();
         captures_a.insert(EffectsDomain::Workspace, files::identity(&snaps_a));
         for d in begin.scope.domains.iter().copied() {
-            if let Some(c) = domains::capture(d, begin, fs.as_ref()) {
+            if let Some(c) = domains::capture(d, begin, &[]) {
                 captures_a.insert(d, c);
             }
         }
@@ -272,7 +272,7 @@ impl Observation {
         let mut captures_b = BTreeMap::new();
         captures_b.insert(EffectsDomain::Workspace, files::identity(&snaps_b));
         for d in begin.scope.domains.iter().copied() {
-            if let Some(c) = domains::capture(d, begin, None) {
+            if let Some(c) = domains::capture(d, begin, &records) {
                 captures_b.insert(d, c);
             }
         }

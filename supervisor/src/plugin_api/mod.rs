@@ -116,7 +116,8 @@ pub struct ObservedRun<'a> {
     /// The run's cgroup and its id (the directory's inode number).
     pub cgroup: &'a std::path::Path,
     pub cgroup_id: u64,
-    /// The daemon's cgroup root (every run's cgroup is below it).
+    /// The daemon's `--cgroup-root` (its runs' cgroups are under
+    /// `ROOT/allox/AGENT/SESSION/run-RUN`).
     pub cgroup_root: &'a std::path::Path,
     /// The session's `current/` and its agent's workspace.
     pub workspace: &'a std::path::Path,

@@ -144,6 +144,7 @@ fn settings() -> Settings {
         monitor: Default::default(),
         network: Default::default(),
         audit: Default::default(),
+        effects: Default::default(),
     }
 }
 

@@ -534,6 +534,7 @@ mod tests {
                 ..NetworkSettings::default()
             },
             audit: Default::default(),
+            effects: Default::default(),
         }
     }
 

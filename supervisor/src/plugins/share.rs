@@ -787,6 +787,7 @@ mod tests {
             monitor: Default::default(),
             network: Default::default(),
             audit: Default::default(),
+            effects: Default::default(),
         })
         .unwrap();
         p
@@ -988,6 +989,7 @@ mod tests {
                 file_bytes: 1 << 20,
                 lines_per_s: 2,
             },
+            effects: Default::default(),
         })
         .unwrap();
         let st = p.started().unwrap();

@@ -102,6 +102,33 @@ impl Runs {
         }
     }
 
+    /// The session's context, made now if it has none (or a dead one):
+    /// its PID. An observed run's baseline sees the namespaces its sandbox
+    /// will be made in. Blocking.
+    pub(super) fn ensure_context(
+        &self,
+        a: &str,
+        s: &str,
+        network: &SessionNetwork,
+    ) -> Result<i32, RunError> {
+        let slot = self.slot(a, s);
+        let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
+        self.check_fence(a, s)?;
+        if g.closed {
+            return Err(RunError::Fenced {
+                agent: a.to_string(),
+                session: s.to_string(),
+            });
+        }
+        if g.ctx.as_ref().is_some_and(|m| !m.ctx.is_alive()) {
+            g.ctx = None;
+        }
+        if g.ctx.is_none() {
+            g.ctx = Some(self.make_context(a, s, network)?);
+        }
+        Ok(g.ctx.as_ref().map(|m| m.ctx.pid()).unwrap_or(0))
+    }
+
     /// Whether a session of network mode `mode` has a network namespace
     /// of its own: `isolated` and `proxy` always, `disabled` as the daemon
     /// has it (`--sandbox-network`).

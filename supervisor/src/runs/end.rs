@@ -124,17 +124,19 @@ fn observe_end(
 ) -> Option<allox_protocol::RunEffects> {
     let dir = runs.cgroups.run_dir(&run.agent, &run.session, &run.id);
     let mut faults = Vec::new();
-    if let Err(e) = runs.cgroups.freeze(&dir, super::start::FREEZE_WAIT) {
+    if let Err(e) = runs.cgroups.freeze(&dir, runs.cfg.freeze_wait) {
         faults.push(e.to_string());
     }
+    runs.cfg.failpoints.hit("run_end.after_freeze");
     let listed = runs.cgroups.procs(&dir);
     let survivors = survivors(&listed, init);
     if let Err(e) = runs.cgroups.kill(&dir, Duration::from_secs(10)) {
         faults.push(e.to_string());
     }
-    if let Err(e) = runs.cgroups.freeze(&dir, super::start::FREEZE_WAIT) {
+    if let Err(e) = runs.cgroups.freeze(&dir, runs.cfg.freeze_wait) {
         faults.push(e.to_string());
     }
+    runs.cfg.failpoints.hit("run_end.after_kill");
     let fault = (!faults.is_empty()).then(|| faults.join("; "));
     runs.cfg.plugins.observe_end(
         &crate::plugin_api::RunRef {

@@ -95,6 +95,10 @@ pub struct RunsConfig {
     /// (`RunResult.usage`); on unless `--no-run-usage` (the benchmark's
     /// baseline).
     pub run_usage: bool,
+    /// How long an observed run's cgroup may take to freeze, at its start
+    /// and at its end (`--freeze-timeout-ms`); past it, the run's start
+    /// is refused or its evidence is at best INCOMPLETE.
+    pub freeze_wait: std::time::Duration,
     /// The points after each step of a run's start
     /// (`allox_store::failpoint::RUN_STARTS`), armed for tests as the
     /// store's are; none by default.
@@ -106,6 +110,8 @@ impl RunsConfig {
     pub const DEFAULT_FINISHED_OUTPUT_BUDGET: usize = 64 << 20;
     /// Finished runs kept, by default.
     pub const DEFAULT_FINISHED_RUNS_MAX: usize = 10_000;
+    /// How long a freeze may take, by default.
+    pub const DEFAULT_FREEZE_MS: u64 = 5_000;
 
     pub fn new(cgroup_mount: PathBuf, init_exe: PathBuf, stage: PathBuf) -> Self {
         RunsConfig {
@@ -129,6 +135,7 @@ impl RunsConfig {
             plugins: Arc::new(Plugins::none()),
             finished: Retention::default(),
             run_usage: true,
+            freeze_wait: std::time::Duration::from_millis(Self::DEFAULT_FREEZE_MS),
             failpoints: Failpoints::default(),
         }
     }

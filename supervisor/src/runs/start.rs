@@ -381,7 +381,10 @@ impl Runs {
     ) -> Result<(), RunError> {
         let (a, s) = (p.agent_id.clone(), p.session_id.clone());
         let dir = self.cgroups.run_dir(&a, &s, id);
-        self.cgroups.freeze(&dir, FREEZE_WAIT)?;
+        let (runs, aa, ss, net) = (self.clone(), a.clone(), s.clone(), paths.network.clone());
+        let context_pid =
+            tokio::task::spawn_blocking(move || runs.ensure_context(&aa, &ss, &net)).await??;
+        self.cgroups.freeze(&dir, self.cfg.freeze_wait)?;
         let runs = self.clone();
         let (argv, id) = (p.argv.clone(), id.to_string());
         let (current, shared, network) = (
@@ -403,20 +406,16 @@ impl Runs {
                     argv: &argv,
                     cgroup: &dir,
                     cgroup_id,
-                    cgroup_root: runs.cgroups.base(),
+                    cgroup_root: runs.cgroups.base().parent().unwrap_or(runs.cgroups.base()),
                     workspace: &current,
                     agent_workspace: &agent_workspace,
-                    context_pid: None,
+                    context_pid: Some(context_pid),
                 })
         })
         .await?
         .map_err(RunError::Plugin)
     }
 }
-
-/// How long a run's cgroup may take to freeze (a task in a system call
-/// stops at its end).
-pub(super) const FREEZE_WAIT: Duration = Duration::from_secs(5);
 
 /// A run's sandbox as [`Runs::make`] made it, for the run to hold.
 struct ContextWithGuards {

@@ -72,6 +72,7 @@ fn bench(fs: &BtrfsFs, cg: &std::path::Path, quick: bool) -> anyhow::Result<()> 
         monitor: Default::default(),
         network: Default::default(),
         audit: Default::default(),
+        effects: Default::default(),
     })?;
     let tracker = plugin.tracker()?;
     let mut on_cfg = RunsConfig::new(cg.join("on"), exe, fs.scratch().join("stage-on"));

@@ -1,0 +1,679 @@
+//! The system-effects plugin on the host daemon: real runs in real
+//! sandboxes, observed by the real observer (`allox-observe`, run from its
+//! sealed copy), on a real Btrfs store, with the kernel's own BPF, LSM and
+//! fanotify.
+//!
+//! Each check is a function that returns what is wrong; each is run on
+//! the real answer (nothing wrong) and on a control that must fail it (the
+//! same check against an answer whose collector was blind to the change).
+
+use allox_integration::{call, make_sessions, process_start, require, ProcDaemon};
+use allox_protocol::{
+    By, EffectChangeKind, EffectsDomain, EffectsVerdict, Request, Response, RunEffects,
+};
+use std::path::PathBuf;
+
+/// The observer beside the daemon, and its sha256 (the pin a release
+/// build has at build time).
+fn observer() -> (PathBuf, String) {
+    let exe = allox_integration::workspace_bin("allox-observe");
+    let out = std::process::Command::new("sha256sum")
+        .arg(&exe)
+        .output()
+        .expect("sha256sum");
+    let sha = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .expect("a hash")
+        .to_string();
+    (exe, sha)
+}
+
+/// Every domain but `filesystem` in scope.
+const SCOPE_MACHINE: &str =
+    r#"{"domains": ["bpf", "sysctl", "mount", "network", "modules", "processes"]}"#;
+
+/// A daemon with the plugin, `scope` (JSON) as its scope file.
+fn start(
+    name: &str,
+    scope: Option<&str>,
+    extra: &[&str],
+) -> Option<(ProcDaemon, tempfile::TempDir)> {
+    if !require(name) {
+        return None;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (exe, sha) = observer();
+    let mut args: Vec<String> = vec![
+        "--plugin".into(),
+        "system-effects".into(),
+        "--system-effects-observer".into(),
+        exe.display().to_string(),
+        "--system-effects-observer-sha256".into(),
+        sha,
+    ];
+    if let Some(s) = scope {
+        let p = dir.path().join("scope.json");
+        std::fs::write(&p, s).unwrap();
+        args.push("--system-effects-scope".into());
+        args.push(p.display().to_string());
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Some((ProcDaemon::start(name, &args), dir))
+}
+
+/// Runs `argv` in `a/s` and returns its effects.
+fn observed(d: &ProcDaemon, a: &str, s: &str, argv: &[&str]) -> RunEffects {
+    match call(d, Request::ProcessStart(process_start(a, s, argv))) {
+        Ok(Response::Exited(r)) => match r.effects {
+            Some(e) => *e,
+            None => panic!("run {} has no effects", r.run_id),
+        },
+        other => panic!("process.start: {other:?}"),
+    }
+}
+
+fn domain(e: &RunEffects, d: EffectsDomain) -> &allox_protocol::DomainEffects {
+    e.domains
+        .iter()
+        .find(|x| x.domain == d)
+        .expect("every domain is listed")
+}
+
+/// What is wrong with `e` as the effects of the seed's command: the file
+/// listed in `workspace` only, attributed to the run, every other observed
+/// domain consistent.
+fn seed_command_wrong(e: &RunEffects) -> Option<String> {
+    let ws = domain(e, EffectsDomain::Workspace);
+    let listed = ws.changes.iter().any(|c| {
+        c.item == "effect.txt"
+            && c.kind == EffectChangeKind::Added
+            && c.by.by == By::Run
+            && c.by.run_id.as_deref() == Some(e.run_id.as_str())
+            && c.after.as_deref().is_some_and(|v| v.contains(" 7 "))
+    });
+    if !listed || ws.verdict != EffectsVerdict::Changed {
+        return Some(format!(
+            "workspace does not list effect.txt by the run: {ws:?}"
+        ));
+    }
+    for d in &e.domains {
+        if d.domain == EffectsDomain::Workspace || d.verdict == EffectsVerdict::NotObserved {
+            continue;
+        }
+        if d.verdict != EffectsVerdict::Consistent {
+            return Some(format!("{} is {:?}: {d:?}", d.domain.as_str(), d.verdict));
+        }
+    }
+    (e.verdict != EffectsVerdict::Changed || e.fenced)
+        .then(|| format!("verdict {:?}, fenced {}", e.verdict, e.fenced))
+}
+
+#[test]
+fn the_seed_command_changes_the_workspace_only_and_true_changes_nothing() {
+    let Some((d, _scope)) = start(
+        "the_seed_command_changes_the_workspace_only_and_true_changes_nothing",
+        Some(SCOPE_MACHINE),
+        &[],
+    ) else {
+        return;
+    };
+    make_sessions(&d, &[("agent-a", "session-1")]);
+    let t = observed(&d, "agent-a", "session-1", &["/bin/true"]);
+    assert_eq!(t.verdict, EffectsVerdict::Consistent, "{t:#?}");
+    assert!(!t.fenced);
+    for dom in &t.domains {
+        let want = if matches!(dom.domain, EffectsDomain::Filesystem) {
+            EffectsVerdict::NotObserved
+        } else {
+            EffectsVerdict::Consistent
+        };
+        assert_eq!(dom.verdict, want, "{dom:?}");
+    }
+    assert_eq!(t.evidence_root.len(), 64);
+    let e = observed(
+        &d,
+        "agent-a",
+        "session-1",
+        &["/bin/sh", "-c", "printf changed > effect.txt"],
+    );
+    assert_eq!(seed_command_wrong(&e), None, "{e:#?}");
+    // Control: the same check on the run that changed nothing fails.
+    assert!(seed_command_wrong(&t).is_some());
+    // The answer is kept, and its chain verifies to its root.
+    match call(
+        &d,
+        Request::EffectsGet(allox_protocol::EffectsGet {
+            agent_id: "agent-a".into(),
+            session_id: "session-1".into(),
+            run_id: e.run_id.clone(),
+        }),
+    ) {
+        Ok(Response::Effects(got)) => assert_eq!(got.evidence_root, e.evidence_root),
+        other => panic!("effects.get: {other:?}"),
+    }
+    let dir = d
+        .daemon
+        .root
+        .join("state/effects/agent-a/session-1")
+        .join(&e.run_id);
+    let v = allox_effects::chain::verify(&dir, Some(&e.evidence_root)).expect("the chain verifies");
+    assert_eq!(
+        v.kinds,
+        [
+            "begin",
+            "capture_a",
+            "history",
+            "capture_b",
+            "verdict",
+            "close"
+        ]
+    );
+    // The snapshots are gone once the evidence is closed.
+    assert!(!dir.join("a-workspace").exists() && !dir.join("b-workspace").exists());
+}
+
+/// What is wrong with the `shared` domain of `e`: `x` by the run, `y` by
+/// session `other`.
+fn shared_wrong(e: &RunEffects, run: &str, other: &str) -> Option<String> {
+    let sh = domain(e, EffectsDomain::Shared);
+    let by = |item: &str| {
+        sh.changes
+            .iter()
+            .find(|c| c.item == item)
+            .map(|c| c.by.clone())
+    };
+    match (by("x"), by("y")) {
+        (Some(x), Some(y))
+            if x.by == By::Run
+                && x.run_id.as_deref() == Some(run)
+                && y.by == By::Session
+                && y.session_id.as_deref() == Some(other) =>
+        {
+            None
+        }
+        got => Some(format!("shared says {got:?}: {sh:?}")),
+    }
+}
+
+#[test]
+fn shared_writes_are_attributed_to_the_run_and_to_the_other_session() {
+    let Some((d, _scope)) = start(
+        "shared_writes_are_attributed_to_the_run_and_to_the_other_session",
+        None,
+        &[],
+    ) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "s1"), ("a", "s2")]);
+    // s1 writes x, then waits until s2 has written y.
+    let mut c = d.daemon.client();
+    let mut p = process_start(
+        "a",
+        "s1",
+        &[
+            "/bin/sh",
+            "-c",
+            "echo mine > $ALLOX_AGENT_SHARED/x; while [ ! -e $ALLOX_AGENT_SHARED/y ]; do sleep 0.02; done",
+        ],
+    );
+    p.wait = false;
+    let run = match c.call(Request::ProcessStart(p)).expect("transport") {
+        Ok(Response::Started(s)) => s.run_id,
+        other => panic!("start: {other:?}"),
+    };
+    // The other session's run writes y while s1's run lives.
+    match call(
+        &d,
+        Request::ProcessStart(process_start(
+            "a",
+            "s2",
+            &["/bin/sh", "-c", "echo theirs > $ALLOX_AGENT_SHARED/y"],
+        )),
+    ) {
+        Ok(Response::Exited(r)) => assert_eq!(r.exit_code, Some(0)),
+        other => panic!("s2: {other:?}"),
+    }
+    let e = match call(
+        &d,
+        Request::ProcessWait(allox_protocol::ProcessWait {
+            agent_id: "a".into(),
+            session_id: "s1".into(),
+            run_id: run.clone(),
+            timeout_ms: Some(30_000),
+        }),
+    ) {
+        Ok(Response::Exited(r)) => *r.effects.expect("effects"),
+        other => panic!("wait: {other:?}"),
+    };
+    assert_eq!(shared_wrong(&e, &run, "s2"), None, "{e:#?}");
+    // Control: s2's own run saw y as its own and never saw x.
+    let e2 = match call(
+        &d,
+        Request::EffectsList(allox_protocol::EffectsList {
+            agent_id: "a".into(),
+            session_id: "s2".into(),
+        }),
+    ) {
+        Ok(Response::EffectsListing(l)) => l.runs.last().expect("s2's run").run_id.clone(),
+        other => panic!("list: {other:?}"),
+    };
+    let e2 = match call(
+        &d,
+        Request::EffectsGet(allox_protocol::EffectsGet {
+            agent_id: "a".into(),
+            session_id: "s2".into(),
+            run_id: e2,
+        }),
+    ) {
+        Ok(Response::Effects(e)) => *e,
+        other => panic!("get: {other:?}"),
+    };
+    assert!(shared_wrong(&e2, &e2.run_id, "s2").is_some());
+}
+
+/// What is wrong with `e` as the effects of a run that left `setsid`
+/// daemon behind.
+fn survivor_wrong(e: &RunEffects) -> Option<String> {
+    let s = e
+        .survivors
+        .iter()
+        .find(|s| s.comm == "sh" || s.comm == "busybox");
+    let Some(s) = s else {
+        return Some(format!("no survivor listed: {:?}", e.survivors));
+    };
+    if s.lineage.is_empty() && e.survivors.len() < 2 {
+        return Some(format!("survivor without lineage: {s:?}"));
+    }
+    let p = domain(e, EffectsDomain::Processes);
+    if !p
+        .changes
+        .iter()
+        .any(|c| c.item.starts_with(&format!("pid {} ", s.pid)))
+    {
+        return Some(format!("processes does not list it: {p:?}"));
+    }
+    None
+}
+
+#[test]
+fn a_setsid_daemon_is_frozen_listed_and_killed_before_b() {
+    let Some((d, _scope)) = start(
+        "a_setsid_daemon_is_frozen_listed_and_killed_before_b",
+        Some(r#"{"domains": ["processes"]}"#),
+        &[],
+    ) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "s")]);
+    // The daemon appends for ever; the program waits until it has begun.
+    let e = observed(
+        &d,
+        "a",
+        "s",
+        &[
+            "/bin/sh",
+            "-c",
+            "setsid sh -c 'while :; do echo . >> log; done' < /dev/null > /dev/null 2>&1 & while [ ! -s log ]; do sleep 0.01; done",
+        ],
+    );
+    assert_eq!(survivor_wrong(&e), None, "{e:#?}");
+    // Nothing of the run is alive, and `log` is what B saw: its size is
+    // the one the evidence lists.
+    let log = d
+        .daemon
+        .root
+        .join("agents/a/workspace/sessions/s/current/log");
+    let size = std::fs::metadata(&log).expect("log").len();
+    let ws = domain(&e, EffectsDomain::Workspace);
+    let at_b = ws
+        .changes
+        .iter()
+        .find(|c| c.item == "log")
+        .and_then(|c| c.after.clone())
+        .expect("log listed");
+    assert!(
+        at_b.contains(&format!(" {size} ")),
+        "log is {size} bytes, B saw {at_b}"
+    );
+    let cg = d.cgroup.join("allox/a/s").join(format!("run-{}", e.run_id));
+    assert!(
+        !cg.exists()
+            || std::fs::read_to_string(cg.join("cgroup.events"))
+                .unwrap_or_default()
+                .contains("populated 0"),
+        "the run's cgroup still has processes"
+    );
+    // Control: a run that leaves nothing behind fails the check.
+    let t = observed(&d, "a", "s", &["/bin/true"]);
+    assert!(survivor_wrong(&t).is_some());
+    assert!(t.survivors.is_empty());
+}
+
+/// The observer processes of daemon `pid`.
+fn observers_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+        if !cmd.starts_with(b"allox-observe\0") {
+            continue;
+        }
+        let st = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+        let ppid = st
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().nth(1))
+            .and_then(|x| x.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn the_observer_killed_from_outside_fences_the_session() {
+    let Some((d, _scope)) = start(
+        "the_observer_killed_from_outside_fences_the_session",
+        None,
+        &[],
+    ) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "s"), ("a", "other")]);
+    let mut c = d.daemon.client();
+    let mut p = process_start("a", "s", &["/bin/sh", "-c", "while :; do sleep 0.05; done"]);
+    p.wait = false;
+    let run = match c.call(Request::ProcessStart(p)).expect("transport") {
+        Ok(Response::Started(s)) => s.run_id,
+        other => panic!("start: {other:?}"),
+    };
+    let obs = observers_of(d.daemon.child.id());
+    assert_eq!(obs.len(), 1, "one observer for the one run: {obs:?}");
+    // The observer's own programs, by its descriptors.
+    let its_progs = prog_ids_of(obs[0]);
+    assert!(!its_progs.is_empty(), "the observer holds no BPF program");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &obs[0].to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let e = match call(
+        &d,
+        Request::ProcessWait(allox_protocol::ProcessWait {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: run.clone(),
+            timeout_ms: Some(30_000),
+        }),
+    ) {
+        Ok(Response::Exited(r)) => {
+            assert_eq!(r.signal, Some(9), "the run was killed: {r:?}");
+            *r.effects.expect("effects")
+        }
+        other => panic!("wait: {other:?}"),
+    };
+    assert!(e.fenced, "{e:#?}");
+    assert_eq!(e.verdict, EffectsVerdict::Incomplete);
+    assert!(
+        e.fence_reason.as_deref().unwrap_or("").contains("observer"),
+        "{e:?}"
+    );
+    // Fenced: changes refused naming run, reason and root; reads work;
+    // another session is untouched.
+    let refused = call(
+        &d,
+        Request::ProcessStart(process_start("a", "s", &["/bin/true"])),
+    )
+    .expect_err("a fenced session runs nothing");
+    assert_eq!(refused.code, allox_protocol::ErrorCode::Unavailable);
+    for want in [run.as_str(), "observer", e.evidence_root.as_str()] {
+        assert!(
+            refused.message.contains(want),
+            "{} lacks {want}",
+            refused.message
+        );
+    }
+    assert!(matches!(
+        call(
+            &d,
+            Request::CheckpointList(allox_protocol::SessionRef {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+            })
+        ),
+        Ok(Response::Checkpoints(_))
+    ));
+    let other = observed(&d, "a", "other", &["/bin/true"]);
+    assert_eq!(other.verdict, EffectsVerdict::Consistent, "{other:#?}");
+    // No BPF program of the killed observer is left.
+    let now = bpf_prog_ids();
+    let left: Vec<_> = its_progs.iter().filter(|id| now.contains(id)).collect();
+    assert!(left.is_empty(), "programs left: {left:?} (loaded: {now:?})");
+    // Unfence needs that run's root.
+    let wrong = call(
+        &d,
+        Request::EffectsUnfence(allox_protocol::EffectsUnfence {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: run.clone(),
+            evidence_root: "0".repeat(64),
+        }),
+    );
+    assert_eq!(
+        wrong.expect_err("a wrong root").code,
+        allox_protocol::ErrorCode::Conflict
+    );
+    call(
+        &d,
+        Request::EffectsUnfence(allox_protocol::EffectsUnfence {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: run,
+            evidence_root: e.evidence_root.clone(),
+        }),
+    )
+    .expect("unfence with the run's root");
+    let again = observed(&d, "a", "s", &["/bin/true"]);
+    assert_eq!(again.verdict, EffectsVerdict::Consistent);
+}
+
+/// BPF program ids loaded now (`prog ID` keys of the bpf collector).
+fn bpf_prog_ids() -> Vec<u32> {
+    allox_effects::collect::bpf::capture()
+        .items
+        .keys()
+        .filter_map(|k| {
+            k.strip_prefix("prog ")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// The BPF programs process `pid` holds descriptors of (its fdinfo's
+/// `prog_id`).
+fn prog_ids_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let info = std::fs::read_to_string(e.path()).unwrap_or_default();
+        for l in info.lines() {
+            if let Some(id) = l.strip_prefix("prog_id:") {
+                if let Ok(id) = id.trim().parse() {
+                    out.push(id);
+                }
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+#[test]
+fn an_observed_run_holds_its_session_alone() {
+    let Some((d, _scope)) = start("an_observed_run_holds_its_session_alone", None, &[]) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "s")]);
+    let mut c = d.daemon.client();
+    let mut p = process_start(
+        "a",
+        "s",
+        &["/bin/sh", "-c", "while [ ! -e go ]; do sleep 0.02; done"],
+    );
+    p.wait = false;
+    let run = match c.call(Request::ProcessStart(p)).expect("transport") {
+        Ok(Response::Started(s)) => s.run_id,
+        other => panic!("start: {other:?}"),
+    };
+    let second = call(
+        &d,
+        Request::ProcessStart(process_start("a", "s", &["/bin/true"])),
+    )
+    .expect_err("a second run of the session is refused");
+    assert_eq!(second.code, allox_protocol::ErrorCode::Conflict);
+    assert!(second.message.contains(&run), "{}", second.message);
+    std::fs::write(
+        d.daemon
+            .root
+            .join("agents/a/workspace/sessions/s/current/go"),
+        b"",
+    )
+    .unwrap();
+    let e = match call(
+        &d,
+        Request::ProcessWait(allox_protocol::ProcessWait {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: run,
+            timeout_ms: Some(30_000),
+        }),
+    ) {
+        Ok(Response::Exited(r)) => *r.effects.expect("effects"),
+        other => panic!("wait: {other:?}"),
+    };
+    // `go` was written by the host while the run lived: a workspace change.
+    assert_eq!(
+        domain(&e, EffectsDomain::Workspace).verdict,
+        EffectsVerdict::Changed
+    );
+    // Once it has ended, the session runs again.
+    let again = observed(&d, "a", "s", &["/bin/true"]);
+    assert_eq!(again.verdict, EffectsVerdict::Consistent);
+}
+
+#[test]
+fn the_daemon_refuses_a_wrong_observer_and_the_process_tree_plugin() {
+    if !require("the_daemon_refuses_a_wrong_observer_and_the_process_tree_plugin") {
+        return;
+    }
+    let fs = allox_integration::BtrfsFs::new(256).expect("btrfs");
+    let root = fs.path().join("store");
+    std::fs::create_dir(&root).unwrap();
+    let (exe, sha) = observer();
+    let refused = |args: &[&str]| -> String {
+        let out = std::process::Command::new(allox_integration::workspace_bin("allox-init"))
+            .arg("supervise")
+            .arg("--root")
+            .arg(&root)
+            .arg("--listen")
+            .arg(format!("unix:{}", fs.scratch().join("s.sock").display()))
+            .arg("--cgroup-root")
+            .arg(
+                allox_integration::cgroup2_mount()
+                    .unwrap()
+                    .join(format!("allox-test-{}-refuse", std::process::id())),
+            )
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "the daemon started with {args:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let exe = exe.display().to_string();
+    let wrong = "1".repeat(64);
+    let e = refused(&[
+        "--plugin",
+        "system-effects",
+        "--system-effects-observer",
+        &exe,
+        "--system-effects-observer-sha256",
+        &wrong,
+    ]);
+    assert!(e.contains("not the pinned") && e.contains(&wrong), "{e}");
+    let e = refused(&[
+        "--plugin",
+        "system-effects",
+        "--plugin",
+        "process-tree",
+        "--system-effects-observer",
+        &exe,
+        "--system-effects-observer-sha256",
+        &sha,
+    ]);
+    assert!(
+        e.contains("process-tree") && e.contains("system-effects"),
+        "{e}"
+    );
+    let bad_scope = fs.scratch().join("scope.json");
+    std::fs::write(&bad_scope, r#"{"domains": ["kernel"]}"#).unwrap();
+    let e = refused(&[
+        "--plugin",
+        "system-effects",
+        "--system-effects-observer",
+        &exe,
+        "--system-effects-observer-sha256",
+        &sha,
+        "--system-effects-scope",
+        bad_scope.to_str().unwrap(),
+    ]);
+    assert!(e.contains("unknown domain \"kernel\""), "{e}");
+    let _ = std::fs::remove_dir(
+        allox_integration::cgroup2_mount()
+            .unwrap()
+            .join(format!("allox-test-{}-refuse", std::process::id()))
+            .join("allox"),
+    );
+    let _ = std::fs::remove_dir(
+        allox_integration::cgroup2_mount()
+            .unwrap()
+            .join(format!("allox-test-{}-refuse", std::process::id())),
+    );
+}
+
+#[test]
+fn with_the_plugin_off_runs_answer_as_before() {
+    if !require("with_the_plugin_off_runs_answer_as_before") {
+        return;
+    }
+    let d = ProcDaemon::start("with_the_plugin_off_runs_answer_as_before", &[]);
+    make_sessions(&d, &[("a", "s")]);
+    match call(
+        &d,
+        Request::ProcessStart(process_start("a", "s", &["/bin/true"])),
+    ) {
+        Ok(Response::Exited(r)) => {
+            assert_eq!(r.exit_code, Some(0));
+            assert!(r.effects.is_none());
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!d.daemon.root.join("state/effects").exists());
+    let e = call(
+        &d,
+        Request::EffectsStatus(allox_protocol::EffectsStatusRequest::default()),
+    )
+    .expect_err("no plugin, no effects");
+    assert!(e.message.contains("system-effects"), "{}", e.message);
+}

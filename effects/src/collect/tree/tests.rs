@@ -201,3 +201,37 @@ fn the_digest_covers_gaps() {
     b.gap("vanished: k");
     assert_ne!(digest(&a), digest(&b));
 }
+
+/// Timing for the record, run by hand (`--ignored --nocapture`); the
+/// benchmark proper is tests/tests/effects_files.rs's on Btrfs.
+#[test]
+#[ignore]
+fn time_ten_thousand_files() {
+    let t = tempfile::tempdir_in("/var/tmp").unwrap();
+    for d in 0..100 {
+        let sub = t.path().join(format!("d{d}"));
+        std::fs::create_dir(&sub).unwrap();
+        for f in 0..100 {
+            std::fs::write(
+                sub.join(format!("f{f}")),
+                format!("file {d} {f}\n").repeat(10),
+            )
+            .unwrap();
+        }
+    }
+    for threads in [1, 2, 4] {
+        let l = TreeLimits {
+            threads,
+            ..limits()
+        };
+        let mut v: Vec<_> = (0..5)
+            .map(|_| {
+                let s = std::time::Instant::now();
+                assert_eq!(capture(t.path(), &l).items.len(), 10_101);
+                s.elapsed()
+            })
+            .collect();
+        v.sort();
+        eprintln!("{threads} thread(s): median {:?} min {:?}", v[2], v[0]);
+    }
+}

@@ -338,7 +338,7 @@ impl HistoryRecord {
 }
 
 fn result(ret: i64) -> String {
-    if ret < 0 && ret >= -4095 {
+    if (-4095..0).contains(&ret) {
         let e = std::io::Error::from_raw_os_error(-ret as i32);
         format!("-1 ({e})")
     } else {

@@ -175,6 +175,13 @@ pub struct SuperviseArgs {
     #[arg(long, value_name = "BYTES", value_parser = allox_store::parse_size,
           default_value_t = allox_supervisor::plugins::system_effects::DEFAULT_RING_BYTES)]
     pub system_effects_ring_bytes: u64,
+    /// Observe without the history's BPF LSM hooks (write opens, path
+    /// changes, mounts, module loads, netlink messages, allowed signals),
+    /// on a kernel that refuses BPF LSM programs: the system calls, the
+    /// processes and the sysctl accesses are still recorded. Without it,
+    /// such a kernel stops the daemon, naming what it lacks.
+    #[arg(long)]
+    pub system_effects_without_lsm: bool,
     /// Most process events kept in state/events.redb; the oldest go first.
     #[arg(long, default_value_t = allox_supervisor::plugins::process_tree::tracker::DEFAULT_MAX_EVENTS)]
     pub process_events_max: u64,
@@ -416,6 +423,7 @@ impl SuperviseArgs {
                         observer_sha256: self.system_effects_observer_sha256,
                         ring_bytes: u32::try_from(self.system_effects_ring_bytes)
                             .unwrap_or(u32::MAX),
+                        without_lsm: self.system_effects_without_lsm,
                     },
                     network: allox_supervisor::plugin_api::NetworkSettings {
                         // No rule: the daemon does not narrow (and with no

@@ -419,6 +419,10 @@ pub struct EffectsStatus {
     pub fences: Vec<EffectsFence>,
     /// Observed runs going on now.
     pub observing: u32,
+    /// Whether the history has its BPF LSM hooks (off with
+    /// `--system-effects-without-lsm`, on a kernel that refuses them).
+    #[serde(default)]
+    pub lsm_hooks: bool,
 }
 
 /// `effects.unfence`: lifts the fence a run put on its session, given that

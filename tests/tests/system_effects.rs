@@ -33,12 +33,21 @@ fn observer() -> (PathBuf, String) {
 const SCOPE_MACHINE: &str =
     r#"{"domains": ["bpf", "sysctl", "mount", "network", "modules", "processes"]}"#;
 
-/// A daemon with the plugin, `scope` (JSON) as its scope file.
-fn start(
-    name: &str,
-    scope: Option<&str>,
-    extra: &[&str],
-) -> Option<(ProcDaemon, tempfile::TempDir)> {
+/// One test at a time: each makes and removes a Btrfs mount, and loads and
+/// drops BPF programs, which are changes of the machine's mount and bpf
+/// domains that another test's run would rightly report.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+type Started = (
+    ProcDaemon,
+    tempfile::TempDir,
+    std::sync::MutexGuard<'static, ()>,
+);
+
+/// A daemon with the plugin, `scope` (JSON) as its scope file; the guard
+/// keeps the other tests of this file from running meanwhile.
+fn start(name: &str, scope: Option<&str>, extra: &[&str]) -> Option<Started> {
+    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     if !require(name) {
         return None;
     }
@@ -58,9 +67,28 @@ fn start(
         args.push("--system-effects-scope".into());
         args.push(p.display().to_string());
     }
+    if !kernel_runs_bpf_lsm() {
+        args.push("--system-effects-without-lsm".into());
+    }
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    Some((ProcDaemon::start(name, &args), dir))
+    Some((ProcDaemon::start(name, &args), dir, guard))
+}
+
+/// Whether this kernel loads BPF LSM programs. One that refuses them (the
+/// development host's) is observed without the history's LSM hooks, and
+/// says so once.
+fn kernel_runs_bpf_lsm() -> bool {
+    static RUNS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *RUNS.get_or_init(|| match allox_ebpf_probes::History::load(4096) {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!(
+                "NOTE system_effects: this kernel refuses the history's BPF LSM programs ({e}); the host tests observe with --system-effects-without-lsm"
+            );
+            false
+        }
+    })
 }
 
 /// Runs `argv` in `a/s` and returns its effects.
@@ -112,7 +140,7 @@ fn seed_command_wrong(e: &RunEffects) -> Option<String> {
 
 #[test]
 fn the_seed_command_changes_the_workspace_only_and_true_changes_nothing() {
-    let Some((d, _scope)) = start(
+    let Some((d, _scope, _one)) = start(
         "the_seed_command_changes_the_workspace_only_and_true_changes_nothing",
         Some(SCOPE_MACHINE),
         &[],
@@ -199,7 +227,7 @@ fn shared_wrong(e: &RunEffects, run: &str, other: &str) -> Option<String> {
 
 #[test]
 fn shared_writes_are_attributed_to_the_run_and_to_the_other_session() {
-    let Some((d, _scope)) = start(
+    let Some((d, _scope, _one)) = start(
         "shared_writes_are_attributed_to_the_run_and_to_the_other_session",
         None,
         &[],
@@ -207,7 +235,7 @@ fn shared_writes_are_attributed_to_the_run_and_to_the_other_session() {
         return;
     };
     make_sessions(&d, &[("a", "s1"), ("a", "s2")]);
-    // s1 writes x, then waits until s2 has written y.
+    // s1 writes x, then waits until s2's run has written y and ended.
     let mut c = d.daemon.client();
     let mut p = process_start(
         "a",
@@ -215,7 +243,7 @@ fn shared_writes_are_attributed_to_the_run_and_to_the_other_session() {
         &[
             "/bin/sh",
             "-c",
-            "echo mine > $ALLOX_AGENT_SHARED/x; while [ ! -e $ALLOX_AGENT_SHARED/y ]; do sleep 0.02; done",
+            "echo mine > $ALLOX_AGENT_SHARED/x; while [ ! -e go ]; do sleep 0.02; done",
         ],
     );
     p.wait = false;
@@ -235,6 +263,13 @@ fn shared_writes_are_attributed_to_the_run_and_to_the_other_session() {
         Ok(Response::Exited(r)) => assert_eq!(r.exit_code, Some(0)),
         other => panic!("s2: {other:?}"),
     }
+    std::fs::write(
+        d.daemon
+            .root
+            .join("agents/a/workspace/sessions/s1/current/go"),
+        b"",
+    )
+    .unwrap();
     let e = match call(
         &d,
         Request::ProcessWait(allox_protocol::ProcessWait {
@@ -299,7 +334,7 @@ fn survivor_wrong(e: &RunEffects) -> Option<String> {
 
 #[test]
 fn a_setsid_daemon_is_frozen_listed_and_killed_before_b() {
-    let Some((d, _scope)) = start(
+    let Some((d, _scope, _one)) = start(
         "a_setsid_daemon_is_frozen_listed_and_killed_before_b",
         Some(r#"{"domains": ["processes"]}"#),
         &[],
@@ -377,7 +412,7 @@ fn observers_of(pid: u32) -> Vec<u32> {
 
 #[test]
 fn the_observer_killed_from_outside_fences_the_session() {
-    let Some((d, _scope)) = start(
+    let Some((d, _scope, _one)) = start(
         "the_observer_killed_from_outside_fences_the_session",
         None,
         &[],
@@ -522,7 +557,8 @@ fn prog_ids_of(pid: u32) -> Vec<u32> {
 
 #[test]
 fn an_observed_run_holds_its_session_alone() {
-    let Some((d, _scope)) = start("an_observed_run_holds_its_session_alone", None, &[]) else {
+    let Some((d, _scope, _one)) = start("an_observed_run_holds_its_session_alone", None, &[])
+    else {
         return;
     };
     make_sessions(&d, &[("a", "s")]);
@@ -575,6 +611,7 @@ fn an_observed_run_holds_its_session_alone() {
 
 #[test]
 fn the_daemon_refuses_a_wrong_observer_and_the_process_tree_plugin() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     if !require("the_daemon_refuses_a_wrong_observer_and_the_process_tree_plugin") {
         return;
     }
@@ -654,6 +691,7 @@ fn the_daemon_refuses_a_wrong_observer_and_the_process_tree_plugin() {
 
 #[test]
 fn with_the_plugin_off_runs_answer_as_before() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     if !require("with_the_plugin_off_runs_answer_as_before") {
         return;
     }

@@ -179,7 +179,6 @@ mod tests {
                 signal: None,
                 timed_out: false,
                 oom_killed: Some(false),
-                effects: None,
                 usage: Some(allox_protocol::Usage {
                     cpu_user_us: Some(12),
                     ..Default::default()

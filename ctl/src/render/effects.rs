@@ -171,6 +171,9 @@ pub fn status(s: &EffectsStatus) -> String {
             .map(|f| format!(" (scope {})", clean(f)))
             .unwrap_or_default()
     );
+    if !s.lsm_hooks {
+        out.push_str("history without its BPF LSM hooks (--system-effects-without-lsm)\n");
+    }
     out.push_str(&format!("observed runs going on: {}\n", s.observing));
     if s.fences.is_empty() {
         out.push_str("no session is fenced\n");

@@ -111,7 +111,15 @@ pub fn capture(d: EffectsDomain, begin: &Begin, history: &[HistoryRecord]) -> Op
             }
             collect::mounts::capture(&pids)
         }
-        EffectsDomain::Bpf => collect::bpf::capture(),
+        EffectsDomain::Bpf => {
+            // The observers' own objects (this one's and any other's) are
+            // not the machine's state.
+            let mut mine = super::history::registered(&begin.registry);
+            mine.extend(held_by_observers(begin.supervisor_pid));
+            let mut c = collect::bpf::capture();
+            c.items.retain(|k, _| !mine.contains(k));
+            c
+        }
         EffectsDomain::Modules => collect::modules::capture(),
         EffectsDomain::Filesystem => {
             let mut c = Capture::new();
@@ -203,42 +211,62 @@ pub fn extra(
     e
 }
 
-/// The system calls (and hooks) whose success makes a change of domain
-/// `d` the run's.
-fn calls_of(d: EffectsDomain) -> &'static [&'static str] {
-    match d {
-        EffectsDomain::Bpf => &["bpf"],
-        EffectsDomain::Mount => &[
-            "mount",
-            "umount2",
-            "move_mount",
-            "fsmount",
-            "fsconfig",
-            "open_tree",
-            "pivot_root",
-            "sb_mount",
-        ],
-        EffectsDomain::Modules => &[
-            "init_module",
-            "finit_module",
-            "delete_module",
-            "kernel_read_file",
-            "kernel_load_data",
-        ],
-        EffectsDomain::Network => &["netlink_send", "socket"],
-        EffectsDomain::Sysctl => &["sysctl"],
-        _ => &[],
+/// Whether history record `r` is the run making (or attempting, for the
+/// LSM hooks, which see a request before the kernel decides) a change of
+/// domain `d`: a system call that succeeded, or a hook's record.
+fn changes(d: EffectsDomain, r: &HistoryRecord) -> bool {
+    let detail = r.detail.as_deref().unwrap_or("");
+    if r.kind == "syscall" {
+        if r.refused {
+            return false;
+        }
+        let name = &detail[..detail.find('(').unwrap_or(detail.len())];
+        // A bpf command that makes an object, not one that reads.
+        if name == "bpf" {
+            return d == EffectsDomain::Bpf
+                && [
+                    "BPF_MAP_CREATE",
+                    "BPF_PROG_LOAD",
+                    "BPF_OBJ_PIN",
+                    "BPF_LINK_CREATE",
+                    "BPF_PROG_ATTACH",
+                    "BPF_RAW_TRACEPOINT_OPEN",
+                    "BPF_BTF_LOAD",
+                ]
+                .iter()
+                .any(|c| detail.contains(c));
+        }
+        let calls: &[&str] = match d {
+            EffectsDomain::Mount => &[
+                "mount",
+                "umount2",
+                "move_mount",
+                "fsmount",
+                "pivot_root",
+                "mount_setattr",
+            ],
+            EffectsDomain::Modules => &["init_module", "finit_module", "delete_module"],
+            _ => &[],
+        };
+        return calls.contains(&name);
     }
-}
-
-/// The name of the call or hook a record is about: its detail's first
-/// word before `(` or ` `.
-fn call_name(r: &HistoryRecord) -> &str {
-    let d = r.detail.as_deref().unwrap_or("");
-    let end = d
-        .find(|c: char| c == '(' || c == ' ' || c == '=')
-        .unwrap_or(d.len());
-    &d[..end]
+    match (d, r.kind.as_str()) {
+        (EffectsDomain::Mount, "mount") => true,
+        (EffectsDomain::Modules, "kernel_read_file" | "kernel_load_data") => {
+            detail.contains("module")
+        }
+        (EffectsDomain::Sysctl, "sysctl") => detail.starts_with("write "),
+        // rtnetlink (protocol 0): a message that makes, deletes or sets
+        // (types from 16 in fours: new, del, get, set).
+        (EffectsDomain::Network, "netlink_send") => {
+            let nums: Vec<u64> = detail
+                .split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            matches!(nums.as_slice(), [0, t, ..] if *t >= 16 && (*t - 16) % 4 != 2)
+        }
+        _ => false,
+    }
 }
 
 /// Who made `diff`: for `workspace`, the run (it holds its session
@@ -296,15 +324,15 @@ pub fn attribute(
                     o.session.as_deref().unwrap_or("?"),
                     o.run.as_deref(),
                 ),
-                _ => Attribution::unknown(),
+                // A writer gone before its cgroup could be read: another
+                // observed run's history may name it.
+                _ => last_writer(&root, &diff.key, &fs.observed.events)
+                    .and_then(|pid| other_run_with(begin, pid))
+                    .unwrap_or_else(Attribution::unknown),
             }
         }
         _ => {
-            let calls = calls_of(d);
-            if history
-                .iter()
-                .any(|r| !r.refused && calls.contains(&call_name(r)))
-            {
+            if history.iter().any(|r| changes(d, r)) {
                 Attribution::run(&begin.run)
             } else {
                 Attribution::unknown()
@@ -315,4 +343,114 @@ pub fn attribute(
 
 fn cgroup_root(begin: &Begin) -> &Path {
     &begin.cgroup_root
+}
+
+/// The BPF objects (`prog N`, `map N`, `link N`) that observers (any
+/// process run from a sealed `allox-observe`) and the supervisor hold
+/// descriptors of now: an observer loading its programs while another
+/// captures makes and drops objects of its own, which are not the
+/// machine's state.
+fn held_by_observers(supervisor: u32) -> HashSet<String> {
+    let mut out = HashSet::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let ours = pid == supervisor
+            || std::fs::read_link(format!("/proc/{pid}/exe"))
+                .map(|p| p.to_string_lossy().starts_with("/memfd:allox-observe"))
+                .unwrap_or(false);
+        if !ours {
+            continue;
+        }
+        for f in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let info = std::fs::read_to_string(f.path()).unwrap_or_default();
+            for l in info.lines() {
+                for (field, kind) in [
+                    ("prog_id:", "prog"),
+                    ("map_id:", "map"),
+                    ("link_id:", "link"),
+                ] {
+                    if let Some(id) = l.strip_prefix(field) {
+                        out.insert(format!("{kind} {}", id.trim()));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The pid of the last event the watch saw on `root/key`.
+fn last_writer(
+    root: &Path,
+    key: &str,
+    events: &[crate::collect::fanotify::FsEvent],
+) -> Option<u32> {
+    let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+    let want = if key == "." {
+        root.clone()
+    } else {
+        root.join(key)
+    };
+    events
+        .iter()
+        .rev()
+        .find(|e| e.path().as_deref() == Some(want.as_path()))
+        .map(|e| e.pid)
+}
+
+/// The run of another session of the same agent whose history (closed
+/// while this run was observed) holds process `pid`: pids are not reused
+/// within such a window but after some four million others.
+fn other_run_with(begin: &Begin, pid: u32) -> Option<Attribution> {
+    // `state/effects/<agent>/<session>/<run>`.
+    let agent_dir = begin.evidence.parent()?.parent()?;
+    for s in std::fs::read_dir(agent_dir).ok()?.flatten() {
+        let session = s.file_name().to_string_lossy().into_owned();
+        if session == begin.session {
+            continue;
+        }
+        for r in std::fs::read_dir(s.path()).into_iter().flatten().flatten() {
+            let Ok(effects) = std::fs::read(r.path().join(super::EFFECTS_FILE)) else {
+                continue;
+            };
+            let Ok(e) = serde_json::from_slice::<allox_protocol::RunEffects>(&effects) else {
+                continue;
+            };
+            // Only runs that ended after this one began.
+            if e.closed_ms < begin_ms(begin) {
+                continue;
+            }
+            let Ok(h) = super::read_history(&r.path()) else {
+                continue;
+            };
+            if h.iter()
+                .any(|x| x.pid == pid && matches!(x.kind.as_str(), "fork" | "exec"))
+            {
+                return Some(Attribution::session(
+                    &begin.agent,
+                    &session,
+                    Some(&e.run_id),
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// When this run's observation began (ms since the epoch), from its
+/// pending marker's time.
+fn begin_ms(begin: &Begin) -> u64 {
+    std::fs::metadata(begin.evidence.join("pending"))
+        .or_else(|_| std::fs::metadata(&begin.evidence))
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }

@@ -1,32 +1,171 @@
-//! The run's history, from the kernel: the observer's eBPF programs,
-//! filtered by the run's cgroup id.
+//! The run's history, from the kernel: the observer's own eBPF programs
+//! (`allox_ebpf_probes::History`: fork/exec/exit, system calls, BPF LSM
+//! hooks, the cgroup's sysctl accesses), filtered in the kernel by the
+//! run's cgroup id and then by lineage. Its records are kept in order, up
+//! to [`MAX_RECORDS`]; its counters make any loss exact.
 
 use super::wire::Begin;
+use allox_ebpf_probes::History as Programs;
 use allox_protocol::{HistoryCounters, HistoryRecord};
+
+/// Most records kept for one run; more are counted and make the history
+/// incomplete.
+pub const MAX_RECORDS: usize = 1_000_000;
+
+/// The tag of the one run an observer watches.
+const TAG: u64 = 1;
 
 /// The history of one run.
 pub struct History {
+    programs: Option<Programs>,
     records: Vec<HistoryRecord>,
+    /// Records received but not kept (past [`MAX_RECORDS`]).
+    dropped: u64,
 }
 
 impl History {
-    /// Loads and attaches the programs for `begin`'s cgroup.
-    pub fn attach(_begin: &Begin) -> Result<History, String> {
+    /// Loads and attaches the programs, watching `begin`'s cgroup (made
+    /// and still empty) and attaching the sysctl program to it.
+    pub fn attach(begin: &Begin) -> Result<History, String> {
+        let loaded = if begin.lsm {
+            Programs::load(begin.ring_bytes)
+        } else {
+            Programs::load_without_lsm(begin.ring_bytes)
+        };
+        let mut p = loaded.map_err(|e| format!("load the history's programs: {}", chain(&e)))?;
+        p.watch(begin.cgroup_id, TAG)
+            .map_err(|e| format!("watch the run's cgroup: {}", chain(&e)))?;
+        let cg = std::fs::File::open(&begin.cgroup)
+            .map_err(|e| format!("open the run's cgroup {}: {e}", begin.cgroup.display()))?;
+        p.attach_sysctl(TAG, &cg)
+            .map_err(|e| format!("attach the sysctl program: {}", chain(&e)))?;
+        let o = p.objects();
+        register(
+            &begin.registry,
+            &std::process::id().to_string(),
+            &o.progs,
+            &o.maps,
+            &o.links,
+        )?;
         Ok(History {
+            programs: Some(p),
             records: Vec::new(),
+            dropped: 0,
         })
     }
 
     /// Reads what the kernel side has made since the last call.
-    pub fn poll(&mut self) {}
-
-    /// The records, the counters, and why the history is incomplete if it
-    /// is.
-    pub fn finish(&mut self) -> (Vec<HistoryRecord>, HistoryCounters, Option<String>) {
-        (
-            std::mem::take(&mut self.records),
-            HistoryCounters::default(),
-            Some("the history's programs are not attached".into()),
-        )
+    pub fn poll(&mut self) {
+        let Some(p) = self.programs.as_mut() else {
+            return;
+        };
+        let (records, dropped) = (&mut self.records, &mut self.dropped);
+        p.poll(|r| {
+            if records.len() < MAX_RECORDS {
+                records.push(r.to_protocol());
+            } else {
+                *dropped += 1;
+            }
+        });
     }
+
+    /// Drains what is left (the run's tree has exited), detaches every
+    /// program, and returns the records, the counters, and why the history
+    /// is incomplete if it is.
+    pub fn finish(&mut self) -> (Vec<HistoryRecord>, HistoryCounters, Option<String>) {
+        let Some(mut p) = self.programs.take() else {
+            return (
+                std::mem::take(&mut self.records),
+                HistoryCounters::default(),
+                Some("the history's programs were not attached".into()),
+            );
+        };
+        // Until the ring is empty: nothing of the run writes to it now.
+        loop {
+            let before = self.records.len() as u64 + self.dropped;
+            self.programs = Some(p);
+            self.poll();
+            p = self.programs.take().expect("just put back");
+            if self.records.len() as u64 + self.dropped == before {
+                break;
+            }
+        }
+        let c = p.counters().to_protocol();
+        drop(p);
+        let mut note = None;
+        if c.lost > 0 {
+            note = Some(format!(
+                "the history lost {} of {} records (its ring buffer was full: --system-effects-ring-bytes)",
+                c.lost, c.emitted
+            ));
+        } else if self.dropped > 0 {
+            note = Some(format!(
+                "the history kept {MAX_RECORDS} records and dropped {} more",
+                self.dropped
+            ));
+        }
+        (std::mem::take(&mut self.records), c, note)
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(x) = src {
+        s.push_str(": ");
+        s.push_str(&x.to_string());
+        src = x.source();
+    }
+    s
+}
+
+/// Lists BPF objects (ids) as `name`'s in `registry`: every observer's
+/// bpf capture leaves out the objects listed there. A file is never
+/// removed while its objects may still be loaded (the kernel frees a
+/// program a moment after its last descriptor closes);
+/// [`registered`] removes the files whose objects are all gone.
+pub fn register(
+    registry: &std::path::Path,
+    name: &str,
+    progs: &[u32],
+    maps: &[u32],
+    links: &[u32],
+) -> Result<(), String> {
+    let mut text = String::new();
+    for (kind, ids) in [("prog", progs), ("map", maps), ("link", links)] {
+        for id in ids {
+            text.push_str(&format!("{kind} {id}\n"));
+        }
+    }
+    std::fs::create_dir_all(registry)
+        .and_then(|()| std::fs::write(registry.join(name), text))
+        .map_err(|e| format!("list the observer's objects in {}: {e}", registry.display()))
+}
+
+/// Every object listed in `registry` (`prog 12`, `map 3`, `link 7`),
+/// after removing the files none of whose objects is still loaded.
+pub fn registered(registry: &std::path::Path) -> std::collections::HashSet<String> {
+    let loaded = allox_ebpf_probes::BpfObjects::loaded();
+    let is_loaded = |key: &str| -> bool {
+        let mut w = key.split(' ');
+        let (Some(kind), Some(Ok(id))) = (w.next(), w.next().map(str::parse::<u32>)) else {
+            return false;
+        };
+        match kind {
+            "prog" => loaded.progs.contains(&id),
+            "map" => loaded.maps.contains(&id),
+            "link" => loaded.links.contains(&id),
+            _ => false,
+        }
+    };
+    let mut out = std::collections::HashSet::new();
+    for e in std::fs::read_dir(registry).into_iter().flatten().flatten() {
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        let keys: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
+        if !keys.iter().any(|k| is_loaded(k)) {
+            let _ = std::fs::remove_file(e.path());
+        }
+        out.extend(keys.into_iter().map(str::to_string));
+    }
+    out
 }

@@ -263,6 +263,14 @@ impl Observation {
             h.finish()
         };
         let fs_seen = self.fs.take().map(|w| w.stop());
+        let survivors = with_lineage(&end.survivors, &records);
+        // What the run's processes did, the sandbox's init (which builds
+        // the run's own mounts in its own namespaces) left out.
+        let acting: Vec<HistoryRecord> = records
+            .iter()
+            .filter(|r| Some(r.pid) != end.init_pid)
+            .cloned()
+            .collect();
         let snaps_b = files::Snapshots::take(
             &begin.evidence,
             "b",
@@ -318,14 +326,14 @@ impl Observation {
                     }
                 }
             };
-            let extra = domains::extra(d, begin, &records, fs_seen.as_ref(), &end.survivors);
+            let extra = domains::extra(d, begin, &records, fs_seen.as_ref(), &survivors);
             let mut gaps = gaps;
             gaps.extend(extra.gaps);
             let mut changes: Vec<EffectChange> = diffs
                 .into_iter()
                 .chain(extra.differences)
                 .map(|diff| {
-                    let by = domains::attribute(d, begin, &diff, &records, fs_seen.as_ref());
+                    let by = domains::attribute(d, begin, &diff, &acting, fs_seen.as_ref());
                     to_change(diff, by)
                 })
                 .collect();
@@ -386,7 +394,7 @@ impl Observation {
                 &serde_json::json!({
                     "verdict": verdict,
                     "domains": &domains_out,
-                    "survivors": &end.survivors,
+                    "survivors": &survivors,
                     "status": end.status,
                 }),
             )
@@ -409,7 +417,7 @@ impl Observation {
             domains: domains_out,
             fenced,
             fence_reason: fenced.then(|| "the evidence is INCOMPLETE".to_string()),
-            survivors: end.survivors.clone(),
+            survivors,
             history: counters,
             started_ms: self.started_ms,
             closed_ms: allox_store::clock::now_ms(),
@@ -434,6 +442,43 @@ impl Observation {
             b.remove();
         }
     }
+}
+
+/// `survivors` with their lineage from the history's forks when it says
+/// more than the supervisor could read (a process whose parent exited was
+/// re-parented to the sandbox's init: `/proc` no longer shows where it
+/// came from; the history does).
+fn with_lineage(
+    survivors: &[allox_protocol::Survivor],
+    history: &[HistoryRecord],
+) -> Vec<allox_protocol::Survivor> {
+    let parent: std::collections::HashMap<u32, u32> = history
+        .iter()
+        .filter(|r| r.kind == "fork")
+        .filter_map(|r| Some((r.pid, r.ppid?)))
+        .collect();
+    // The run's own processes: its lineage stops at the first that is
+    // not (the supervisor that made the sandbox's init).
+    let ours: std::collections::HashSet<u32> = history.iter().map(|r| r.pid).collect();
+    survivors
+        .iter()
+        .map(|s| {
+            let mut lineage = Vec::new();
+            let mut at = s.pid;
+            while let Some(&p) = parent.get(&at) {
+                if !ours.contains(&p) || lineage.contains(&p) || lineage.len() >= 64 {
+                    break;
+                }
+                lineage.push(p);
+                at = p;
+            }
+            let mut s = s.clone();
+            if lineage.len() > s.lineage.len() {
+                s.lineage = lineage;
+            }
+            s
+        })
+        .collect()
 }
 
 fn to_change(d: Difference, by: Attribution) -> EffectChange {

@@ -52,6 +52,14 @@ pub struct Begin {
     pub context_pid: Option<i32>,
     /// The history's ring buffer, in bytes.
     pub ring_bytes: u32,
+    /// Whether the history has its BPF LSM hooks.
+    pub lsm: bool,
+    /// Where every observer lists its own BPF objects (one file each), so
+    /// that no observer counts another's, or its own, as a change.
+    pub registry: PathBuf,
+    /// The supervisor's pid (its own BPF objects are not the machine's
+    /// state either).
+    pub supervisor_pid: u32,
     /// sha256 (hex) of the supervisor's and the observer's executables.
     pub executables: Vec<(String, String)>,
 }
@@ -65,6 +73,9 @@ pub struct End {
     /// Processes still alive once the program had ended, frozen, then
     /// killed.
     pub survivors: Vec<Survivor>,
+    /// The sandbox's init (its own mounts, in its own namespace, are not
+    /// the run's doing).
+    pub init_pid: Option<u32>,
     /// A fault of the supervisor's side (a freeze that did not finish, a
     /// cgroup that did not empty): the evidence is then at best
     /// `INCOMPLETE`.
@@ -133,6 +144,7 @@ mod tests {
                 comm: "sleep".into(),
                 lineage: vec![5, 3],
             }],
+            init_pid: Some(3),
             fault: None,
         });
         let mut buf = Vec::new();

@@ -130,6 +130,10 @@ fn the_guest_init_s_flags_map_to_the_daemon_s_config() {
             },
             audit: Default::default(),
             network: allox_supervisor::plugin_api::NetworkSettings::default(),
+            effects: allox_supervisor::plugin_api::EffectsSettings {
+                ring_bytes: allox_supervisor::plugins::system_effects::DEFAULT_RING_BYTES as u32,
+                ..Default::default()
+            },
         }
     );
     let rc = d.runs.as_ref().unwrap();

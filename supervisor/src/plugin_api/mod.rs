@@ -132,6 +132,8 @@ pub struct ObservedRun<'a> {
 pub struct ObservedEnd {
     pub status: String,
     pub survivors: Vec<allox_protocol::Survivor>,
+    /// The run's sandbox init (pid as the supervisor sees it).
+    pub init_pid: Option<u32>,
     /// What went wrong on the core's side of the end (a freeze or a kill
     /// that did not finish in time).
     pub fault: Option<String>,
@@ -149,6 +151,10 @@ pub struct EffectsSettings {
     pub observer_sha256: Option<String>,
     /// `--system-effects-ring-bytes`: the history's ring buffer.
     pub ring_bytes: u32,
+    /// `--system-effects-without-lsm`: the history without its BPF LSM
+    /// hooks, on a kernel that refuses them (said in `effects.status` and
+    /// in every run's evidence).
+    pub without_lsm: bool,
 }
 
 /// What a plugin gets at start.

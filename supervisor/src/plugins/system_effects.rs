@@ -42,6 +42,10 @@ pub const NAME: &str = "system-effects";
 /// The history's ring buffer by default: 8 MiB.
 pub const DEFAULT_RING_BYTES: u64 = 8 << 20;
 
+/// Where every observer of the machine (of any daemon) lists its own BPF
+/// objects, so that none counts another's as a change.
+pub const OBSERVERS: &str = "/run/allox-observers";
+
 /// How long the observer may take to seal A, and to close the evidence.
 const SEAL_WAIT: Duration = Duration::from_secs(60);
 const CLOSE_WAIT: Duration = Duration::from_secs(600);
@@ -65,6 +69,8 @@ struct Started {
     scope: Scope,
     scope_file: Option<PathBuf>,
     ring_bytes: u32,
+    /// Whether the history has its BPF LSM hooks.
+    lsm: bool,
     /// `state/effects`.
     dir: PathBuf,
     fences: Fences,
@@ -208,7 +214,7 @@ impl Started {
                 .collect()
         };
         for (a, ap) in dirs(&self.dir) {
-            if a == "fences" {
+            if a == "fences" || a.starts_with('.') {
                 continue;
             }
             for (s, sp) in dirs(&ap) {
@@ -348,6 +354,37 @@ impl Plugin for SystemEffects {
                 "--system-effects-ring-bytes {ring} is not a power of two of at least 4096"
             )));
         }
+        // What the observer will load, loaded once here: a kernel that
+        // refuses it stops the daemon now, naming what it lacks.
+        let probe = if es.without_lsm {
+            allox_ebpf_probes::History::load_without_lsm(4096)
+        } else {
+            allox_ebpf_probes::History::load(4096)
+        };
+        let registry = PathBuf::from(OBSERVERS);
+        if let Ok(h) = &probe {
+            // Its objects outlive the drop by a moment: listed, so that
+            // no observer counts them.
+            let o = h.objects();
+            let _ = allox_effects::observer::history::register(
+                &registry,
+                &format!("supervisor-{}", std::process::id()),
+                &o.progs,
+                &o.maps,
+                &o.links,
+            );
+        }
+        if let Err(e) = probe {
+            let hint = if es.without_lsm {
+                ""
+            } else {
+                " (on a kernel that refuses BPF LSM programs, --system-effects-without-lsm observes without them)"
+            };
+            return Err(start_err(format!(
+                "the observer's history cannot be loaded: {}{hint}",
+                allox_protocol::error_chain(&e)
+            )));
+        }
         let dir = settings.state_dir.join("effects");
         let fences = Fences::load(&dir.join("fences"))
             .map_err(|e| start_err(format!("read the fences in {}: {e}", dir.display())))?;
@@ -356,6 +393,7 @@ impl Plugin for SystemEffects {
             scope,
             scope_file: es.scope.clone(),
             ring_bytes: ring,
+            lsm: !es.without_lsm,
             dir,
             fences,
             live: Mutex::new(HashMap::new()),
@@ -424,6 +462,9 @@ impl Plugin for SystemEffects {
             agent_workspace: run.agent_workspace.to_path_buf(),
             context_pid: run.context_pid,
             ring_bytes: st.ring_bytes,
+            lsm: st.lsm,
+            registry: PathBuf::from(OBSERVERS),
+            supervisor_pid: std::process::id(),
             executables: vec![("allox-observe".into(), st.exe.sha256.clone())],
         };
         let baseline = match obs.ask(&ToObserver::Begin(Box::new(begin)), SEAL_WAIT) {
@@ -484,6 +525,7 @@ impl Plugin for SystemEffects {
                     &ToObserver::End(End {
                         status: end.status.clone(),
                         survivors: end.survivors.clone(),
+                        init_pid: end.init_pid,
                         fault: fault.clone(),
                     }),
                     CLOSE_WAIT,
@@ -720,6 +762,7 @@ fn serve(st: &Started, req: &Request) -> Result<Response, PluginError> {
             scope_file: st.scope_file.as_ref().map(|p| p.display().to_string()),
             fences: st.fences.list(s.agent_id.as_deref()),
             observing: st.live.lock().unwrap_or_else(|e| e.into_inner()).len() as u32,
+            lsm_hooks: st.lsm,
         })),
         Request::EffectsUnfence(u) => {
             check_ids(&[

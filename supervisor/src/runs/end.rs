@@ -148,6 +148,7 @@ fn observe_end(
         crate::plugin_api::ObservedEnd {
             status,
             survivors,
+            init_pid: Some(init as u32),
             fault,
         },
     )

@@ -163,6 +163,9 @@ impl RunError {
                 CgroupError::Unsupported { .. } => ErrorCode::Unsupported,
                 _ => ErrorCode::Conflict,
             },
+            // A plugin's own answer keeps its code (an observed run
+            // holding its session: `conflict`).
+            Plugin(PluginHostError::Plugin(e)) => e.code(),
             Config(_)
             | MonitorStopped
             | Plugin(_)

@@ -208,7 +208,6 @@ mod tests {
             signal: None,
             timed_out: false,
             oom_killed: Some(false),
-            effects: None,
             usage: Some(Usage {
                 cpu_user_us: Some(cpu),
                 cpu_system_us: Some(1),

@@ -104,6 +104,7 @@ mod tests {
                     "span_id": "b7ad6b7169203331",
                     "name": "bash", "operation": "execute_tool", "tool": "bash",
                     "start_unix_nano": 1, "end_unix_nano": 2}]}),
+                json!({"agent_id": "a", "session_id": "s", "run_id": "r", "evidence_root": "e"}),
                 json!({"agent_id": "a"}),
                 json!({}),
             ]

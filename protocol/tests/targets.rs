@@ -130,6 +130,16 @@ fn table() -> Vec<(&'static str, Value, &'static str)> {
         ("monitor.summary", s.clone(), "a/s"),
         ("monitor.timeline", s.clone(), "a/s"),
         ("process.logs", r.clone(), "a/s/r"),
+        ("effects.get", r.clone(), "a/s/r"),
+        ("effects.list", s.clone(), "a/s"),
+        ("effects.history", r.clone(), "a/s/r"),
+        ("effects.status", json!({}), ""),
+        ("effects.status", a.clone(), "a"),
+        (
+            "effects.unfence",
+            json!({"agent_id": "a", "session_id": "s", "run_id": "r", "evidence_root": "e"}),
+            "a/s/r",
+        ),
     ]
 }
 

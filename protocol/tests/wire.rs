@@ -200,6 +200,11 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "monitor.summary",
             "monitor.timeline",
             "process.logs",
+            "effects.get",
+            "effects.list",
+            "effects.history",
+            "effects.status",
+            "effects.unfence",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

@@ -18,9 +18,11 @@ __all__ = [
     'AgentList',
     'AgentListing',
     'AgentRef',
+    'Attribution',
     'AuditList',
     'AuditListing',
     'AuditRecord',
+    'By',
     'Bytes',
     'Change',
     'ChangeKind',
@@ -32,6 +34,22 @@ __all__ = [
     'CheckpointRef',
     'Deleted',
     'DiffListing',
+    'DomainEffects',
+    'EffectChange',
+    'EffectChangeKind',
+    'EffectsDomain',
+    'EffectsEntry',
+    'EffectsFence',
+    'EffectsGet',
+    'EffectsHistory',
+    'EffectsHistoryListing',
+    'EffectsList',
+    'EffectsListing',
+    'EffectsStatus',
+    'EffectsStatusRequest',
+    'EffectsUnfence',
+    'EffectsUnfenced',
+    'EffectsVerdict',
     'Egress',
     'EgressLevel',
     'ErrorAnswer',
@@ -63,6 +81,8 @@ __all__ = [
     'FsWrite',
     'FsWritten',
     'GroupBy',
+    'HistoryCounters',
+    'HistoryRecord',
     'InstalledPlugin',
     'Killed',
     'MonitorBody',
@@ -114,6 +134,7 @@ __all__ = [
     'PtySize',
     'Resized',
     'RollbackDone',
+    'RunEffects',
     'RunLogs',
     'RunResult',
     'RunStarted',
@@ -145,6 +166,7 @@ __all__ = [
     'StoreCheckRequest',
     'StreamKind',
     'SummaryRow',
+    'Survivor',
     'SystemInfo',
     'SystemInfoRequest',
     'TraceContext',
@@ -210,6 +232,16 @@ class AgentListing(Model):
 @dataclass(kw_only=True)
 class AgentRef(Model):
     agent_id: str
+
+
+@dataclass(kw_only=True)
+class Attribution(Model):
+    """Who made a change, with the ids that name them."""
+
+    agent_id: Optional[str] = None
+    by: By
+    run_id: Optional[str] = None
+    session_id: Optional[str] = None
 
 
 @dataclass(kw_only=True)
@@ -384,6 +416,166 @@ class DiffListing(Model):
     to: str
     truncated: bool
     type_changed: int
+
+
+@dataclass(kw_only=True)
+class DomainEffects(Model):
+    """The evidence of one domain."""
+
+    #: The differences, in item order; at most 1,000 (see `truncated`).
+    changes: list[EffectChange] = field(default_factory=list)
+    domain: EffectsDomain
+
+    #: How many items were captured at A and at B.
+    items: list[int] = field(default_factory=lambda: [0, 0])
+
+    #: Why the domain is `INCOMPLETE`, `INCONCLUSIVE` or `NOT_OBSERVED`.
+    note: Optional[str] = None
+    truncated: bool = False
+    verdict: EffectsVerdict
+
+
+@dataclass(kw_only=True)
+class EffectChange(Model):
+    """One difference between A and B."""
+
+    after: Optional[str] = None
+
+    #: The item's value at A and at B, as the collector shows it (a
+    #: size and hash, a sysctl's text).
+    before: Optional[str] = None
+    by: Attribution
+
+    #: What changed, in the domain's terms: a path relative to the
+    #: workspace or `shared/`, `net.ipv4.ip_forward`, `prog 42 name`,
+    #: `route 10.0.0.0/8 dev dummy0`, `module dummy`, `pid 812 sleep`.
+    item: str
+    kind: EffectChangeKind
+
+
+@dataclass(kw_only=True)
+class EffectsEntry(Model):
+    """One line of `effects.list`."""
+
+    evidence_root: str
+    fenced: bool
+
+    #: The domains that are not `CONSISTENT`, with their verdicts.
+    not_consistent: list[list[Any]] = field(default_factory=list)
+    run_id: str
+    started_ms: int
+    verdict: EffectsVerdict
+
+
+@dataclass(kw_only=True)
+class EffectsFence(Model):
+    """A session fenced by the plugin."""
+
+    agent_id: str
+
+    #: The run's evidence root (`effects.unfence` needs it); empty when
+    #: the chain never got a record.
+    evidence_root: str
+    fenced_ms: int
+    reason: str
+    run_id: str
+    session_id: str
+
+
+@dataclass(kw_only=True)
+class EffectsGet(Model):
+    """`effects.get`: one observed run's effects."""
+
+    agent_id: str
+    run_id: str
+    session_id: str
+
+
+@dataclass(kw_only=True)
+class EffectsHistory(Model):
+    """`effects.history`: what the observer's history recorded of a run,
+    oldest first; `cursor` continues after an earlier answer's last record.
+    """
+
+    agent_id: str
+    cursor: Optional[int] = None
+
+    #: Most records in the answer (default 1,000, at most 10,000).
+    limit: Optional[int] = None
+    run_id: str
+    session_id: str
+
+
+@dataclass(kw_only=True)
+class EffectsHistoryListing(Model):
+    counters: HistoryCounters
+
+    #: Pass as `cursor` to continue; `None` when there is no more.
+    next: Optional[int] = None
+    records: list[HistoryRecord]
+
+
+@dataclass(kw_only=True)
+class EffectsList(Model):
+    """`effects.list`: a session's observed runs, newest last."""
+
+    agent_id: str
+    session_id: str
+
+
+@dataclass(kw_only=True)
+class EffectsListing(Model):
+    runs: list[EffectsEntry]
+
+
+@dataclass(kw_only=True)
+class EffectsStatus(Model):
+
+    #: The domains the scope observes (`workspace` and `shared` always).
+    domains: list[EffectsDomain]
+    fences: list[EffectsFence]
+
+    #: Whether the history has its BPF LSM hooks (off with
+    #: `--system-effects-without-lsm`, on a kernel that refuses them).
+    lsm_hooks: bool = False
+
+    #: The observer's pinned sha256 (hex).
+    observer_sha256: str
+
+    #: Observed runs going on now.
+    observing: int
+    protocol: int
+
+    #: The scope file, if one was given.
+    scope_file: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class EffectsStatusRequest(Model):
+    """`effects.status`: whether the plugin observes runs, what it observes,
+    and the sessions it has fenced.
+    """
+
+    agent_id: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class EffectsUnfence(Model):
+    """`effects.unfence`: lifts the fence a run put on its session, given that
+    run's evidence root (audited).
+    """
+
+    agent_id: str
+    evidence_root: str
+    run_id: str
+    session_id: str
+
+
+@dataclass(kw_only=True)
+class EffectsUnfenced(Model):
+    agent_id: str
+    run_id: str
+    session_id: str
 
 
 @dataclass(kw_only=True)
@@ -677,6 +869,52 @@ class FsWritten(Model):
 
     #: The file's size (an upload's: what it has so far).
     size: int
+
+
+@dataclass(kw_only=True)
+class HistoryCounters(Model):
+    """What the observer's history counted."""
+
+    #: Records the kernel side made (its sequence numbers).
+    emitted: int
+
+    #: Records lost (`emitted - received`): any makes the history, and the
+    #: domains it attributes, `INCOMPLETE`.
+    lost: int
+
+    #: Records the observer received.
+    received: int
+
+    #: Of those, the ones refused (a negative return).
+    refused: int
+
+    #: System calls the run's processes made.
+    syscalls: int
+
+
+@dataclass(kw_only=True)
+class HistoryRecord(Model):
+    """One record of a run's history."""
+
+    comm: str
+
+    #: The call and its result (`syscall`), the program (`exec`), the
+    #: status (`exit`).
+    detail: Optional[str] = None
+
+    #: `fork`, `exec`, `exit`, `syscall`.
+    kind: str
+    pid: int
+    ppid: Optional[int] = None
+
+    #: A call the kernel refused (a negative return).
+    refused: bool = False
+
+    #: The kernel side's sequence number.
+    seq: int
+
+    #: Nanoseconds since boot.
+    time_ns: int
 
 
 @dataclass(kw_only=True)
@@ -1290,6 +1528,41 @@ class RollbackDone(Model):
 
 
 @dataclass(kw_only=True)
+class RunEffects(Model):
+    """The effects of one observed run: `process.start`'s answer carries it,
+    `effects.get` gives it again.
+    """
+
+    agent_id: str
+    closed_ms: int
+    domains: list[DomainEffects]
+
+    #: The sha256 (hex) of the last record of the evidence chain: what
+    #: `effects.unfence` must be given.
+    evidence_root: str
+
+    #: Why the session is fenced, if it is.
+    fence_reason: Optional[str] = None
+
+    #: Whether the session is fenced because of this run.
+    fenced: bool
+    history: HistoryCounters = field(default_factory=lambda: {'emitted': 0, 'lost': 0, 'received': 0, 'refused': 0, 'syscalls': 0})
+
+    #: The observer protocol ([`EFFECTS_PROTOCOL`]).
+    protocol: int
+    run_id: str
+    session_id: str
+
+    #: When the run was started and its evidence closed (ms since the
+    #: Unix epoch).
+    started_ms: int
+    survivors: list[Survivor] = field(default_factory=list)
+
+    #: The worst verdict of the observed domains.
+    verdict: EffectsVerdict
+
+
+@dataclass(kw_only=True)
 class RunLogs(Model):
     """What `process.logs` answers."""
 
@@ -1310,6 +1583,10 @@ class RunLogs(Model):
 @dataclass(kw_only=True)
 class RunResult(Model):
     """How a run ended."""
+
+    #: With the `system-effects` plugin: what the run changed outside its
+    #: workspace, and the verdict of the evidence.
+    effects: Optional[RunEffects] = None
 
     #: Exit code if the program exited.
     exit_code: Optional[int] = None
@@ -1711,6 +1988,21 @@ class SummaryRow(Model):
 
 
 @dataclass(kw_only=True)
+class Survivor(Model):
+    """A process of the run still alive once its program had ended: frozen,
+    listed with its lineage, killed before B.
+    """
+
+    comm: str
+
+    #: Its ancestors' PIDs up to the run's first process, nearest first.
+    lineage: list[int]
+
+    #: Its PID as the supervisor sees it.
+    pid: int
+
+
+@dataclass(kw_only=True)
 class SystemInfo(Model):
     """The answer to `system.info`."""
 
@@ -1823,11 +2115,25 @@ class Usage(Model):
     oom_kills: Optional[int] = None
 
 
+#: Who made a change: the observed run, a run of another session, or
+#: nobody the evidence can name.
+By = Literal['run', 'session', 'unknown']
+
 #: Bytes, base64 (standard alphabet, padded)
 Bytes = bytes
 
 #: How a path differs.
 ChangeKind = Literal['added', 'modified', 'deleted', 'type_changed']
+
+#: How an item differs between A and B.
+EffectChangeKind = Literal['added', 'modified', 'removed']
+
+#: What the evidence covers.
+EffectsDomain = Literal['workspace', 'shared', 'filesystem', 'bpf', 'sysctl', 'mount', 'network', 'modules', 'processes']
+
+#: What the evidence of a domain (or of a whole run) says. Ordered from
+#: best to worst; a run's verdict is the worst of its observed domains.
+EffectsVerdict = Literal['CONSISTENT', 'CHANGED', 'INCONCLUSIVE', 'INCOMPLETE', 'NOT_OBSERVED']
 
 #: Stream events. Later capabilities append variants. In JSON (the
 #: gateway's NDJSON streams) an event is an object with one key, the
@@ -1890,6 +2196,11 @@ ACTIONS: dict[str, tuple[Any, Any]] = {
     'checkpoint.diff': (CheckpointDiff, DiffListing),
     'checkpoint.list': (SessionRef, CheckpointListing),
     'checkpoint.pin': (CheckpointPin, CheckpointInfo),
+    'effects.get': (EffectsGet, RunEffects),
+    'effects.history': (EffectsHistory, EffectsHistoryListing),
+    'effects.list': (EffectsList, EffectsListing),
+    'effects.status': (EffectsStatusRequest, EffectsStatus),
+    'effects.unfence': (EffectsUnfence, EffectsUnfenced),
     'fs.list': (FsList, FsListing),
     'fs.mkdir': (FsMkdir, FsEntry),
     'fs.move': (FsMove, FsEntry),

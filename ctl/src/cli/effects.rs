@@ -8,17 +8,28 @@ use clap::Subcommand;
 pub enum EffectsCommand {
     /// One observed run's effects: per domain, what changed and who did it.
     Get {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// The observed run.
         run: String,
     },
     /// A session's observed runs with their verdicts.
-    List { agent: String, session: String },
+    List {
+        /// The agent.
+        agent: String,
+        /// The session.
+        session: String,
+    },
     /// What the observer's history recorded of a run (system calls that
     /// change state, refusals, forks, execs, exits).
     History {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// The observed run.
         run: String,
         /// Continue after this sequence number.
         #[arg(long)]
@@ -29,12 +40,18 @@ pub enum EffectsCommand {
     },
     /// Whether runs are observed, what the scope covers, and the fenced
     /// sessions (of one agent, or all).
-    Status { agent: Option<String> },
+    Status {
+        /// The agent (every agent's fences if left out).
+        agent: Option<String>,
+    },
     /// Lift the fence a run put on its session, given that run's evidence
     /// root (it is in `effects get` and in the fence's message).
     Unfence {
+        /// The agent.
         agent: String,
+        /// The session.
         session: String,
+        /// The run whose fault fenced the session.
         run: String,
         /// The run's evidence root (sha256, hex).
         evidence_root: String,

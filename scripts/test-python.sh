@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 source scripts/deps.sh
 allox_need_root
 allox_install_deps
-cargo build --quiet -p allox-init -p allox-ctl
+cargo build --quiet -p allox-init -p allox-ctl -p allox-effects
 debug=target/x86_64-unknown-linux-gnu/debug
 # Debian's interpreter: the one its python3-* packages are for (another
 # python3 may come first on PATH).

@@ -172,7 +172,7 @@ pub struct SuperviseArgs {
     /// The observer history's ring buffer (a power of two, at least one
     /// page; suffixes K, M, G): records that do not fit are counted lost,
     /// and a run with lost history is INCOMPLETE and fenced.
-    #[arg(long, value_name = "BYTES", value_parser = allox_store::parse_size,
+    #[arg(long, value_name = "BYTES", value_parser = ring_bytes,
           default_value_t = allox_supervisor::plugins::system_effects::DEFAULT_RING_BYTES)]
     pub system_effects_ring_bytes: u64,
     /// Observe without the history's BPF LSM hooks (write opens, path
@@ -444,6 +444,27 @@ impl SuperviseArgs {
 
 /// The one `unix:` socket and the virtio-serial ports of the `--listen`
 /// flags.
+/// `--system-effects-ring-bytes`: a power of two from one page to 1 GiB,
+/// in bytes or with a suffix K, M or G.
+fn ring_bytes(s: &str) -> Result<u64, String> {
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&s[..i], 1u64 << 10),
+        Some((i, 'M' | 'm')) => (&s[..i], 1 << 20),
+        Some((i, 'G' | 'g')) => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (bytes, or with K, M or G)"))?;
+    let bytes = n.saturating_mul(mult);
+    if bytes < 4096 || bytes > 1 << 30 || !bytes.is_power_of_two() {
+        return Err(format!(
+            "{s} is not a power of two between 4K and 1G (the ring buffer's sizes)"
+        ));
+    }
+    Ok(bytes)
+}
+
 fn listeners(listen: &[String]) -> Result<(PathBuf, Vec<String>), SuperviseError> {
     let mut socket = None;
     let mut virtio_ports = Vec::new();

@@ -51,7 +51,8 @@ class Calls:
     """The calls of this test and, from the conftest's checker, what came of
     them: per action the answers it checked, and of them the results."""
 
-    def __init__(self, check, client: allox.Client, raw: httpx.Client) -> None:
+    def __init__(self, check, client: allox.Client, raw: httpx.Client, make_gateway=None) -> None:
+        self.make_gateway = make_gateway
         self.check = check
         self.client = client
         self.raw = raw
@@ -90,7 +91,63 @@ def every(make_gateway, openapi_check, tmp_path: Path):
     with allox.Client(env.base_url, token=env.token) as c, httpx.Client(
         base_url=env.base_url, headers={"Authorization": f"Bearer {env.token}"}, timeout=60
     ) as raw:
-        yield env, Calls(openapi_check, c, raw)
+        yield env, Calls(openapi_check, c, raw, make_gateway)
+
+
+def effects_actions(call: Calls, env) -> None:
+    """``effects.*`` on a daemon with ``--plugin system-effects``: the seed's
+    command observed, then a run whose history overflows a one-page ring,
+    which fences its session until ``effects.unfence`` is given its root."""
+    import hashlib
+    import os
+    import subprocess
+
+    init = Path(os.environ["ALLOX_INIT"])
+    observer = init.with_name("allox-observe")
+    sha = hashlib.sha256(observer.read_bytes()).hexdigest()
+    args = ["--plugin", "system-effects", "--system-effects-observer", str(observer),
+            "--system-effects-observer-sha256", sha]
+    probe = subprocess.run([str(init), "supervise", "--help"], capture_output=True, text=True)
+    assert "--system-effects-without-lsm" in probe.stdout
+    # The development hosts' kernel refuses BPF LSM programs.
+    args.append("--system-effects-without-lsm")
+
+    def daemon(extra: list[str], label: str):
+        fx_env = call.make_gateway(args + extra, label=label)
+        c2 = allox.Client(fx_env.base_url, token=fx_env.token)
+        raw2 = httpx.Client(
+            base_url=fx_env.base_url, headers={"Authorization": f"Bearer {fx_env.token}"}, timeout=60
+        )
+        c2.agent_create("fx")
+        c2.session_create("fx", "s")
+        return c2, raw2, Calls(call.check, c2, raw2)
+
+    c2, raw2, fx = daemon([], "every-effects")
+    with c2, raw2:
+        run = c2.call("process.start", agent_id="fx", session_id="s",
+                      argv=["/bin/sh", "-c", "printf changed > effect.txt"], wait=True)
+        assert run["effects"]["verdict"] == "CHANGED", run["effects"]
+        rid = run["run_id"]
+        got = fx("effects.get", agent_id="fx", session_id="s", run_id=rid)
+        assert got["evidence_root"] == run["effects"]["evidence_root"]
+        assert any(r["run_id"] == rid for r in fx("effects.list", agent_id="fx", session_id="s")["runs"])
+        hist = fx("effects.history", agent_id="fx", session_id="s", run_id=rid)
+        assert any(r["kind"] == "exec" for r in hist["records"]), hist
+    # Thousands of refused calls on a one-page ring: records are lost, the
+    # evidence is INCOMPLETE and the session fenced, until its root lifts it.
+    c3, raw3, fx = daemon(["--system-effects-ring-bytes", "4K"], "every-effects-fence")
+    with c3, raw3:
+        storm = c3.call("process.start", agent_id="fx", session_id="s",
+                        argv=["/bin/sh", "-c", "i=0; while [ $i -lt 3000 ]; do rmdir /nonexistent 2>/dev/null; i=$((i+1)); done"],
+                        wait=True)
+        fx_effects = storm["effects"]
+        assert fx_effects["fenced"] and fx_effects["verdict"] == "INCOMPLETE", fx_effects
+        assert fx_effects["history"]["lost"] > 0, fx_effects["history"]
+        status = fx("effects.status")
+        assert any(f["run_id"] == storm["run_id"] for f in status["fences"]), status
+        fx("effects.unfence", agent_id="fx", session_id="s", run_id=storm["run_id"],
+           evidence_root=fx_effects["evidence_root"])
+        assert fx("effects.status")["fences"] == []
 
 
 def test_every_action_is_answered_and_fits_the_document(every, openapi_check):
@@ -252,6 +309,9 @@ def test_every_action_is_answered_and_fits_the_document(every, openapi_check):
     call("share.session.set", agent_id=A, session_id=S, enabled=True, permission="read", scope=".")
     shares = call("share.list", agent_id=A)
     assert any(s["session_id"] == S and s["enabled"] for s in shares["shares"]), shares
+
+    # -- system effects: a daemon of its own (it and the process tracker exclude each other) ---------
+    effects_actions(call, env)
 
     # -- the audit, deletes, and the end ------------------------------------------------------------
     audit_log = call("audit.list", limit=1000)

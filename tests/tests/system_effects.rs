@@ -83,8 +83,9 @@ fn kernel_runs_bpf_lsm() -> bool {
     *RUNS.get_or_init(|| match allox_ebpf_probes::History::load(4096) {
         Ok(_) => true,
         Err(e) => {
-            eprintln!(
-                "NOTE system_effects: this kernel refuses the history's BPF LSM programs ({e}); the host tests observe with --system-effects-without-lsm"
+            let _ = std::io::Write::write_fmt(
+                &mut std::io::stderr(),
+                format_args!("NOTE system_effects: this kernel refuses the history's BPF LSM programs ({e}); the host tests observe with --system-effects-without-lsm\n"),
             );
             false
         }

@@ -457,7 +457,7 @@ fn ring_bytes(s: &str) -> Result<u64, String> {
         .parse()
         .map_err(|_| format!("{s:?} is not a size (bytes, or with K, M or G)"))?;
     let bytes = n.saturating_mul(mult);
-    if bytes < 4096 || bytes > 1 << 30 || !bytes.is_power_of_two() {
+    if !(4096..=1 << 30).contains(&bytes) || !bytes.is_power_of_two() {
         return Err(format!(
             "{s} is not a power of two between 4K and 1G (the ring buffer's sizes)"
         ));

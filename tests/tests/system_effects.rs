@@ -11,7 +11,7 @@ use allox_integration::{call, make_sessions, process_start, require, ProcDaemon}
 use allox_protocol::{
     By, EffectChangeKind, EffectsDomain, EffectsVerdict, Request, Response, RunEffects,
 };
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The observer beside the daemon, and its sha256 (the pin a release
 /// build has at build time).
@@ -715,4 +715,481 @@ fn with_the_plugin_off_runs_answer_as_before() {
     )
     .expect_err("no plugin, no effects");
     assert!(e.message.contains("system-effects"), "{}", e.message);
+}
+
+/// The refused attempts a sandboxed agent makes: a BPF map, a module, a
+/// mount, a route (its output says what each got).
+const ATTEMPTS: &str = r#"
+import ctypes, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+attr = (ctypes.c_uint32 * 8)(2, 4, 4, 1, 0, 0, 0, 0)
+print("bpf", libc.syscall(321, 0, attr, 32), ctypes.get_errno())
+print("finit_module", libc.syscall(313, 0, b"", 0), ctypes.get_errno())
+print("mount", libc.mount(b"none", b"/tmp", b"tmpfs", 0, None), ctypes.get_errno())
+r = subprocess.run(["ip", "route", "add", "unreachable", "10.99.0.0/16"], capture_output=True)
+print("route", r.returncode)
+"#;
+
+/// What a root process placed in the run's cgroup does for real (standing
+/// in for an agent that escaped its sandbox): a pinned BPF map, a mount in
+/// the machine's namespace, a sysctl and a route in the session's network
+/// namespace. Arguments: the run's cgroup, the session context's pid, the
+/// pin's path, the mount point.
+const ESCAPED: &str = r#"
+import ctypes, os, subprocess, sys
+cg, ctx, pin, mnt = sys.argv[1:5]
+open(os.path.join(cg, "cgroup.procs"), "w").write(str(os.getpid()))
+libc = ctypes.CDLL(None, use_errno=True)
+attr = (ctypes.c_uint32 * 8)(2, 4, 4, 1, 0, 0, 0, 0)
+fd = libc.syscall(321, 0, attr, 32)
+assert fd >= 0, ctypes.get_errno()
+path = ctypes.create_string_buffer(pin.encode())
+pattr = (ctypes.c_uint64 * 2)(ctypes.addressof(path), fd)
+assert libc.syscall(321, 6, pattr, 16) == 0, ctypes.get_errno()
+assert libc.mount(b"none", mnt.encode(), b"tmpfs", 0, None) == 0, ctypes.get_errno()
+ns = os.open(f"/proc/{ctx}/ns/net", os.O_RDONLY)
+assert libc.setns(ns, 0x40000000) == 0, ctypes.get_errno()
+open("/proc/sys/net/ipv4/ip_default_ttl", "w").write("77")
+subprocess.run(["ip", "route", "add", "unreachable", "10.99.0.0/16"], check=True)
+print("done")
+"#;
+
+/// What is wrong with `e` as the effects of a run whose root helper made
+/// each change: each domain CHANGED with the change listed, by the run.
+fn escaped_wrong(e: &RunEffects, pin: &str, mnt: &str) -> Option<String> {
+    let want: [(EffectsDomain, String); 4] = [
+        (EffectsDomain::Bpf, format!("pin {pin}")),
+        (EffectsDomain::Mount, format!("machine {mnt}#1")),
+        (
+            EffectsDomain::Sysctl,
+            "session net.ipv4.ip_default_ttl".to_string(),
+        ),
+        (EffectsDomain::Network, "10.99.0.0/16".to_string()),
+    ];
+    for (d, item) in want {
+        let dom = domain(e, d);
+        let found = dom
+            .changes
+            .iter()
+            .find(|c| c.item.contains(&item) && c.by.by == By::Run);
+        if dom.verdict != EffectsVerdict::Changed || found.is_none() {
+            return Some(format!(
+                "{} does not list {item} by the run: {dom:?}",
+                d.as_str()
+            ));
+        }
+    }
+    None
+}
+
+/// What is wrong with `h` as the history of [`ATTEMPTS`]: each refused.
+fn attempts_wrong(h: &[allox_protocol::HistoryRecord]) -> Option<String> {
+    let refused = |call: &str| {
+        h.iter().any(|r| {
+            r.kind == "syscall"
+                && r.refused
+                && r.detail
+                    .as_deref()
+                    .is_some_and(|d| d.starts_with(&format!("{call}(")))
+        })
+    };
+    for call in ["bpf", "finit_module", "mount"] {
+        if !refused(call) {
+            return Some(format!("no refused {call} in the history"));
+        }
+    }
+    let netlink = h.iter().any(|r| {
+        r.kind == "syscall"
+            && r.detail
+                .as_deref()
+                .is_some_and(|d| d.contains("AF_NETLINK"))
+    });
+    (!netlink).then(|| "no netlink socket in the history".to_string())
+}
+
+fn history_of(d: &ProcDaemon, a: &str, s: &str, run: &str) -> Vec<allox_protocol::HistoryRecord> {
+    match call(
+        d,
+        Request::EffectsHistory(allox_protocol::EffectsHistory {
+            agent_id: a.into(),
+            session_id: s.into(),
+            run_id: run.into(),
+            cursor: None,
+            limit: Some(10_000),
+        }),
+    ) {
+        Ok(Response::EffectsHistory(h)) => h.records,
+        other => panic!("effects.history: {other:?}"),
+    }
+}
+
+#[test]
+fn refused_attempts_are_in_the_history_and_a_root_helper_in_the_run_changes_each_domain() {
+    let name =
+        "refused_attempts_are_in_the_history_and_a_root_helper_in_the_run_changes_each_domain";
+    let Some((d, scope, _one)) = start(
+        name,
+        Some(r#"{"domains": ["bpf", "sysctl", "mount", "network", "modules", "processes"]}"#),
+        &["--sandbox-network", "isolated"],
+    ) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "s")]);
+    // bpffs where the helper pins (made before any run: not a change of
+    // the runs below).
+    let bpffs = Path::new("/sys/fs/bpf");
+    let mounted = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.contains(" /sys/fs/bpf ") && l.contains(" - bpf "));
+    if !mounted {
+        assert!(std::process::Command::new("mount")
+            .args(["-t", "bpf", "bpf", "/sys/fs/bpf"])
+            .status()
+            .unwrap()
+            .success());
+    }
+    // Inside the sandbox: each attempt refused, each in the history, and
+    // nothing changed.
+    let e = observed(&d, "a", "s", &["/usr/bin/python3", "-c", ATTEMPTS]);
+    let h = history_of(&d, "a", "s", &e.run_id);
+    assert_eq!(attempts_wrong(&h), None, "{h:#?}");
+    for dom in &e.domains {
+        assert!(
+            matches!(
+                dom.verdict,
+                EffectsVerdict::Consistent | EffectsVerdict::NotObserved
+            ),
+            "{dom:?}"
+        );
+    }
+    // Control: a run that attempts nothing fails the history check.
+    let t = observed(&d, "a", "s", &["/bin/true"]);
+    assert!(attempts_wrong(&history_of(&d, "a", "s", &t.run_id)).is_some());
+
+    // A root helper placed in the run's cgroup does each for real.
+    let mut c = d.daemon.client();
+    let mut p = process_start(
+        "a",
+        "s",
+        &["/bin/sh", "-c", "while [ ! -e go ]; do sleep 0.02; done"],
+    );
+    p.wait = false;
+    let run = match c.call(Request::ProcessStart(p)).expect("transport") {
+        Ok(Response::Started(s)) => s.run_id,
+        other => panic!("start: {other:?}"),
+    };
+    let base = d.cgroup.join("allox/a");
+    let run_cg = base.join("s").join(format!("run-{run}"));
+    let ctx = std::fs::read_to_string(base.join(".context-s/cgroup.procs"))
+        .unwrap()
+        .lines()
+        .next()
+        .expect("the session's context")
+        .to_string();
+    let pin = bpffs.join(format!("allox-effects-test-{}", std::process::id()));
+    let mnt = scope.path().join("escaped");
+    std::fs::create_dir(&mnt).unwrap();
+    let out = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", ESCAPED])
+        .arg(&run_cg)
+        .arg(&ctx)
+        .arg(&pin)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(
+        d.daemon
+            .root
+            .join("agents/a/workspace/sessions/s/current/go"),
+        b"",
+    )
+    .unwrap();
+    let e = match call(
+        &d,
+        Request::ProcessWait(allox_protocol::ProcessWait {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: run,
+            timeout_ms: Some(30_000),
+        }),
+    ) {
+        Ok(Response::Exited(r)) => *r.effects.expect("effects"),
+        other => panic!("wait: {other:?}"),
+    };
+    let _ = std::fs::remove_file(&pin);
+    let _ = std::process::Command::new("umount").arg(&mnt).status();
+    if !mounted {
+        let _ = std::process::Command::new("umount").arg(bpffs).status();
+    }
+    let (pin, mnt) = (pin.display().to_string(), mnt.display().to_string());
+    assert_eq!(escaped_wrong(&e, &pin, &mnt), None, "{e:#?}");
+    // Control: the run whose attempts were refused fails the same check.
+    let refused = match call(
+        &d,
+        Request::EffectsGet(allox_protocol::EffectsGet {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: t.run_id.clone(),
+        }),
+    ) {
+        Ok(Response::Effects(e)) => *e,
+        other => panic!("{other:?}"),
+    };
+    assert!(escaped_wrong(&refused, &pin, &mnt).is_some());
+}
+
+/// What is wrong with `e` as the effects of a storm that overflowed the
+/// history's ring: the loss counted exactly, never consistent, fenced.
+fn storm_wrong(e: &RunEffects) -> Option<String> {
+    let h = e.history;
+    if h.lost == 0 || h.emitted != h.received + h.lost {
+        return Some(format!("loss not counted exactly: {h:?}"));
+    }
+    if e.verdict != EffectsVerdict::Incomplete || !e.fenced {
+        return Some(format!("verdict {:?}, fenced {}", e.verdict, e.fenced));
+    }
+    e.domains
+        .iter()
+        .find(|d| d.verdict == EffectsVerdict::Consistent)
+        .map(|d| format!("{} is CONSISTENT", d.domain.as_str()))
+}
+
+const STORM: &str =
+    "i=0; while [ $i -lt 5000 ]; do rmdir /nonexistent 2>/dev/null; i=$((i+1)); done";
+
+#[test]
+fn a_syscall_storm_on_a_small_ring_is_counted_and_never_consistent() {
+    let Some((d, _scope, _one)) = start(
+        "a_syscall_storm_on_a_small_ring_is_counted_and_never_consistent",
+        None,
+        &["--system-effects-ring-bytes", "4K"],
+    ) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "s")]);
+    let e = observed(&d, "a", "s", &["/bin/sh", "-c", STORM]);
+    assert_eq!(storm_wrong(&e), None, "{e:#?}");
+    drop(d);
+    // Control: the same storm on the default ring loses nothing.
+    drop(_one);
+    let Some((d, _scope2, _one2)) = start(
+        "a_syscall_storm_on_a_small_ring_is_counted_and_never_consistent",
+        None,
+        &[],
+    ) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "s")]);
+    let full = observed(&d, "a", "s", &["/bin/sh", "-c", STORM]);
+    assert_eq!(full.history.lost, 0, "{:?}", full.history);
+    assert!(storm_wrong(&full).is_some());
+}
+
+#[test]
+fn a_freeze_that_cannot_finish_fences_the_session() {
+    // A freeze may take no time at all: one of a busy process never does.
+    let Some((d, _scope, _one)) = start(
+        "a_freeze_that_cannot_finish_fences_the_session",
+        None,
+        &["--freeze-timeout-ms", "0"],
+    ) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "s")]);
+    let e = observed(
+        &d,
+        "a",
+        "s",
+        &[
+            "/bin/sh",
+            "-c",
+            "setsid sh -c 'while :; do :; done' < /dev/null > /dev/null 2>&1 & sleep 0.2",
+        ],
+    );
+    assert!(e.fenced, "{e:#?}");
+    assert_eq!(e.verdict, EffectsVerdict::Incomplete);
+    let why = e.fence_reason.clone().unwrap_or_default();
+    let notes: Vec<_> = e.domains.iter().filter_map(|d| d.note.clone()).collect();
+    assert!(
+        notes.iter().any(|n| n.contains("did not freeze")),
+        "{why}: {notes:?}"
+    );
+    // Nothing of the run is left running.
+    let cg = d.cgroup.join("allox/a/s").join(format!("run-{}", e.run_id));
+    let left = std::fs::read_to_string(cg.join("cgroup.procs")).unwrap_or_default();
+    assert!(left.trim().is_empty(), "left in the run's cgroup: {left}");
+    // Control: the same run with the default bound is not fenced.
+    let unfence = call(
+        &d,
+        Request::EffectsUnfence(allox_protocol::EffectsUnfence {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: e.run_id.clone(),
+            evidence_root: e.evidence_root.clone(),
+        }),
+    );
+    assert!(unfence.is_ok(), "{unfence:?}");
+}
+
+#[test]
+fn the_agent_cannot_signal_the_observer_and_the_attempt_is_in_the_history() {
+    let Some((d, _scope, _one)) = start(
+        "the_agent_cannot_signal_the_observer_and_the_attempt_is_in_the_history",
+        None,
+        &[],
+    ) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "s")]);
+    let mut c = d.daemon.client();
+    let mut p = process_start(
+        "a",
+        "s",
+        &[
+            "/bin/sh",
+            "-c",
+            "while [ ! -s opid ]; do sleep 0.02; done; kill -9 $(cat opid); echo $?",
+        ],
+    );
+    p.wait = false;
+    let run = match c.call(Request::ProcessStart(p)).expect("transport") {
+        Ok(Response::Started(s)) => s.run_id,
+        other => panic!("start: {other:?}"),
+    };
+    let obs = observers_of(d.daemon.child.id());
+    assert_eq!(obs.len(), 1, "{obs:?}");
+    std::fs::write(
+        d.daemon
+            .root
+            .join("agents/a/workspace/sessions/s/current/opid"),
+        obs[0].to_string(),
+    )
+    .unwrap();
+    let e = match call(
+        &d,
+        Request::ProcessWait(allox_protocol::ProcessWait {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: run.clone(),
+            timeout_ms: Some(30_000),
+        }),
+    ) {
+        Ok(Response::Exited(r)) => *r.effects.expect("effects"),
+        other => panic!("wait: {other:?}"),
+    };
+    // The observer lived to close the evidence.
+    assert!(!e.fenced, "{e:#?}");
+    let h = history_of(&d, "a", "s", &run);
+    let tried = |h: &[allox_protocol::HistoryRecord]| {
+        h.iter().any(|r| {
+            r.kind == "syscall"
+                && r.refused
+                && r.detail
+                    .as_deref()
+                    .is_some_and(|x| x.starts_with(&format!("kill({}, 9)", obs[0])))
+        })
+    };
+    assert!(tried(&h), "{h:#?}");
+    // Control: a run that signals nobody has no such record.
+    let t = observed(&d, "a", "s", &["/bin/true"]);
+    assert!(!tried(&history_of(&d, "a", "s", &t.run_id)));
+}
+
+/// Starts a run on a daemon armed to die at `point`, restarts the daemon,
+/// and returns the fence it found.
+fn killed_at(point: &str) {
+    let name = format!("the_supervisor_killed_at_{point}");
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if !require(&name) {
+        return;
+    }
+    let (exe, sha) = observer();
+    let mut args: Vec<String> = vec![
+        "--plugin".into(),
+        "system-effects".into(),
+        "--system-effects-observer".into(),
+        exe.display().to_string(),
+        "--system-effects-observer-sha256".into(),
+        sha,
+    ];
+    if !kernel_runs_bpf_lsm() {
+        args.push("--system-effects-without-lsm".into());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut d = ProcDaemon::start_with_env(
+        &name.replace('.', "-"),
+        &[("ALLOX_FAILPOINTS", point)],
+        &args,
+    );
+    make_sessions(&d, &[("a", "s")]);
+    let mut p = process_start("a", "s", &["/bin/sh", "-c", "echo x > f; sleep 30"]);
+    p.wait = point.starts_with("run_end");
+    if p.wait {
+        p.argv = vec!["/bin/sh".into(), "-c".into(), "echo x > f".into()];
+    }
+    // The daemon dies at the point: the call fails or answers started.
+    let _ = d.daemon.client().call(Request::ProcessStart(p));
+    let st = d.daemon.child.wait().expect("wait for the daemon");
+    assert!(!st.success(), "{point}: the daemon did not die ({st})");
+    d.restart(&args);
+    let status = match call(
+        &d,
+        Request::EffectsStatus(allox_protocol::EffectsStatusRequest::default()),
+    ) {
+        Ok(Response::EffectsStatus(s)) => s,
+        other => panic!("{point}: status {other:?}"),
+    };
+    let f = status
+        .fences
+        .iter()
+        .find(|f| f.agent_id == "a" && f.session_id == "s")
+        .unwrap_or_else(|| panic!("{point}: a/s is not fenced: {status:?}"));
+    assert!(f.reason.contains("stopped in the middle"), "{point}: {f:?}");
+    let refused = call(
+        &d,
+        Request::ProcessStart(process_start("a", "s", &["/bin/true"])),
+    )
+    .expect_err("fenced");
+    assert_eq!(
+        refused.code,
+        allox_protocol::ErrorCode::Unavailable,
+        "{point}"
+    );
+    // The evidence says at best INCOMPLETE, and names the same root.
+    let e = match call(
+        &d,
+        Request::EffectsGet(allox_protocol::EffectsGet {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: f.run_id.clone(),
+        }),
+    ) {
+        Ok(Response::Effects(e)) => *e,
+        other => panic!("{point}: get {other:?}"),
+    };
+    assert_eq!(e.verdict, EffectsVerdict::Incomplete, "{point}");
+    assert_eq!(e.evidence_root, f.evidence_root, "{point}");
+    // Nothing of the run is left, frozen or running.
+    let cg = d.cgroup.join("allox/a/s").join(format!("run-{}", f.run_id));
+    let left = std::fs::read_to_string(cg.join("cgroup.procs")).unwrap_or_default();
+    assert!(left.trim().is_empty(), "{point}: left {left}");
+}
+
+#[test]
+fn the_supervisor_killed_at_each_step_of_the_protocol_leaves_the_session_fenced() {
+    for point in [
+        "run_start.after_plugins",
+        "run_start.after_spawn",
+        "run_start.after_stdio",
+        "run_end.after_freeze",
+        "run_end.after_kill",
+    ] {
+        killed_at(point);
+    }
 }

@@ -236,6 +236,11 @@ fn changes(d: EffectsDomain, r: &HistoryRecord) -> bool {
                 .iter()
                 .any(|c| detail.contains(c));
         }
+        // A netlink socket: what `ip` and its kind talk to the kernel's
+        // network configuration through.
+        if name == "socket" {
+            return d == EffectsDomain::Network && detail.contains("AF_NETLINK");
+        }
         let calls: &[&str] = match d {
             EffectsDomain::Mount => &[
                 "mount",

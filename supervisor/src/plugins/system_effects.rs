@@ -88,6 +88,34 @@ struct Live {
     lost: Arc<Mutex<Option<String>>>,
 }
 
+/// What a run's `pending` marker holds: enough for a later supervisor to
+/// leave nothing half-done.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct Pending {
+    cgroup: Option<PathBuf>,
+    observer: Option<u32>,
+    started_ms: u64,
+}
+
+/// Waits (bounded) for process `pid` to be gone.
+fn wait_gone(pid: u32, bound: Duration) {
+    let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
+        return;
+    };
+    let Ok(fd) = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) else {
+        return;
+    };
+    let mut fds = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::IN,
+    )];
+    let ts = rustix::event::Timespec {
+        tv_sec: bound.as_secs() as _,
+        tv_nsec: 0,
+    };
+    let _ = rustix::event::poll(&mut fds, Some(&ts));
+}
+
 fn start_err(why: impl Into<String>) -> PluginError {
     PluginError::Start {
         plugin: NAME,
@@ -219,18 +247,32 @@ impl Started {
             }
             for (s, sp) in dirs(&ap) {
                 for (r, rp) in dirs(&sp) {
-                    if !rp.join(PENDING).exists() {
+                    let Ok(text) = std::fs::read(rp.join(PENDING)) else {
                         continue;
+                    };
+                    let pending: Pending = serde_json::from_slice(&text).unwrap_or_default();
+                    // What the stopped supervisor left: its observer ends its
+                    // chain with a fault once its conversation is gone (a
+                    // few seconds at most), the run's cgroup is killed and
+                    // thawed, never left frozen or running unobserved.
+                    if let Some(pid) = pending.observer {
+                        wait_gone(pid, Duration::from_secs(10));
+                    }
+                    if let Some(cg) = &pending.cgroup {
+                        if cg.exists() {
+                            let _ = std::fs::write(cg.join("cgroup.kill"), "1");
+                            let _ = std::fs::write(cg.join("cgroup.freeze"), "0");
+                        }
                     }
                     let root = allox_effects::chain::verify(&rp, None)
                         .map(|v| v.root)
                         .unwrap_or_default();
-                    self.fence(
-                        &a,
-                        &s,
-                        &r,
-                        "the supervisor stopped in the middle of the run's observation",
-                        &root,
+                    let why = "the supervisor stopped in the middle of the run's observation";
+                    self.fence(&a, &s, &r, why, &root);
+                    let e = self.incomplete(&a, &s, &r, why, &root, pending.started_ms);
+                    let _ = fences::write_durably(
+                        &rp.join(allox_effects::observer::EFFECTS_FILE),
+                        &serde_json::to_vec(&e).unwrap_or_default(),
                     );
                     let _ = std::fs::remove_file(rp.join(PENDING));
                 }
@@ -240,12 +282,20 @@ impl Started {
 
     /// The effects of a run whose evidence did not close: INCOMPLETE in
     /// every observed domain, fenced.
-    fn incomplete(&self, run: &RunRef<'_>, live: &Live, why: &str, root: &str) -> RunEffects {
+    fn incomplete(
+        &self,
+        agent: &str,
+        session: &str,
+        run: &str,
+        why: &str,
+        root: &str,
+        started_ms: u64,
+    ) -> RunEffects {
         RunEffects {
             protocol: EFFECTS_PROTOCOL,
-            agent_id: run.agent.into(),
-            session_id: run.session.into(),
-            run_id: run.run.into(),
+            agent_id: agent.into(),
+            session_id: session.into(),
+            run_id: run.into(),
             evidence_root: root.into(),
             verdict: EffectsVerdict::Incomplete,
             domains: EffectsDomain::ALL
@@ -274,7 +324,7 @@ impl Started {
             fence_reason: Some(why.into()),
             survivors: Vec::new(),
             history: Default::default(),
-            started_ms: live.started_ms,
+            started_ms,
             closed_ms: allox_store::clock::now_ms(),
         }
     }
@@ -430,7 +480,18 @@ impl Plugin for SystemEffects {
         let evidence = st.evidence(r.agent, r.session, r.run);
         // Durable before the observer starts: a supervisor that stops from
         // here on leaves the session to be fenced at its next start.
-        fences::write_durably(&evidence.join(PENDING), r.run.as_bytes()).map_err(|e| {
+        let mut pending = Pending {
+            cgroup: Some(run.cgroup.to_path_buf()),
+            observer: None,
+            started_ms: allox_store::clock::now_ms(),
+        };
+        let write_pending = |p: &Pending| {
+            fences::write_durably(
+                &evidence.join(PENDING),
+                &serde_json::to_vec(p).unwrap_or_default(),
+            )
+        };
+        write_pending(&pending).map_err(|e| {
             answered(
                 ErrorCode::Internal,
                 format!("mark run {} observed in {}: {e}", r.run, evidence.display()),
@@ -448,6 +509,11 @@ impl Plugin for SystemEffects {
             )
         };
         let mut obs = st.exe.spawn().map_err(|why| fault(why, ""))?;
+        pending.observer = Some(obs.child.id());
+        if let Err(e) = write_pending(&pending) {
+            obs.finish(Duration::from_secs(5));
+            return Err(fault(format!("record the observer's pid: {e}"), ""));
+        }
         let begin = Begin {
             agent: r.agent.into(),
             session: r.session.into(),
@@ -555,12 +621,26 @@ impl Plugin for SystemEffects {
             }
             Ok(FromObserver::Failed { why, head }) => {
                 st.fence(run.agent, run.session, run.run, &why, &head);
-                st.incomplete(run, &live, &why, &head)
+                st.incomplete(
+                    run.agent,
+                    run.session,
+                    run.run,
+                    &why,
+                    &head,
+                    live.started_ms,
+                )
             }
             Ok(other) => {
                 let why = format!("the observer answered {other:?} to End");
                 st.fence(run.agent, run.session, run.run, &why, &live.baseline);
-                st.incomplete(run, &live, &why, &live.baseline)
+                st.incomplete(
+                    run.agent,
+                    run.session,
+                    run.run,
+                    &why,
+                    &live.baseline,
+                    live.started_ms,
+                )
             }
             Err(why) => {
                 let why = lost.unwrap_or(why);
@@ -569,7 +649,14 @@ impl Plugin for SystemEffects {
                     .map(|v| v.root)
                     .unwrap_or_else(|_| live.baseline.clone());
                 st.fence(run.agent, run.session, run.run, &why, &root);
-                st.incomplete(run, &live, &why, &root)
+                st.incomplete(
+                    run.agent,
+                    run.session,
+                    run.run,
+                    &why,
+                    &root,
+                    live.started_ms,
+                )
             }
         };
         st.audit(

@@ -142,7 +142,20 @@ impl Supervisor {
                 Ok(_) => "ok".to_string(),
                 Err(e) => e.code.as_str().to_string(),
             },
-            message: out.as_ref().err().map(|e| e.message.clone()),
+            message: match out {
+                Err(e) => Some(e.message.clone()),
+                // An observed run's evidence root, as its answer carries it.
+                Ok(Response::Exited(r)) => r.effects.as_ref().map(|e| {
+                    format!(
+                        "effects {} of run {}: evidence root {}{}",
+                        e.verdict.as_str(),
+                        e.run_id,
+                        e.evidence_root,
+                        if e.fenced { "; session fenced" } else { "" }
+                    )
+                }),
+                Ok(_) => None,
+            },
         };
         if let Err(e) = self.store.audit().append(entry) {
             tracing::error!(error = %allox_protocol::error_chain(&e), "cannot append audit record");

@@ -199,6 +199,25 @@ fn the_seed_command_changes_the_workspace_only_and_true_changes_nothing() {
             "close"
         ]
     );
+    // The root is in the audit log, with the run's start.
+    let audit = match call(
+        &d,
+        Request::AuditList(allox_protocol::AuditList {
+            after_seq: None,
+            limit: Some(1000),
+            before_seq: None,
+        }),
+    ) {
+        Ok(Response::Audit(l)) => l.records,
+        other => panic!("audit.list: {other:?}"),
+    };
+    assert!(
+        audit.iter().any(|r| r.action == "process.start"
+            && r.message
+                .as_deref()
+                .is_some_and(|m| m.contains(&e.evidence_root))),
+        "{audit:#?}"
+    );
     // The snapshots are gone once the evidence is closed.
     assert!(!dir.join("a-workspace").exists() && !dir.join("b-workspace").exists());
 }

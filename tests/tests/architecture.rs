@@ -54,7 +54,14 @@ fn each_crate_uses_only_the_crates_below_it() {
         ("allox-store", &["allox-protocol"]),
         ("allox-sandbox", &[]),
         ("allox-network", &[]),
-        ("allox-ebpf-probes", &[]),
+        // Its history's records in the protocol's form.
+        ("allox-ebpf-probes", &["allox-protocol"]),
+        // The observer: its history's programs, the store's snapshots and
+        // diff.
+        (
+            "allox-effects",
+            &["allox-protocol", "allox-store", "allox-ebpf-probes"],
+        ),
         (
             "allox-supervisor",
             &[
@@ -63,6 +70,7 @@ fn each_crate_uses_only_the_crates_below_it() {
                 "allox-sandbox",
                 "allox-network",
                 "allox-ebpf-probes",
+                "allox-effects",
             ],
         ),
         (

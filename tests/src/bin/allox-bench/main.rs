@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 mod container_bench;
 mod durability_bench;
+mod effects_bench;
 mod files_bench;
 mod http_bench;
 mod monitor_bench;
@@ -164,6 +165,9 @@ fn main() -> anyhow::Result<()> {
     }
     if only.is_empty() || only == "container" {
         container_bench::run(&fs, quick)?;
+    }
+    if only.is_empty() || only == "effects" {
+        effects_bench::run(&fs, quick)?;
     }
     if only.is_empty() || only == "vm" {
         vm_bench::run(quick)?;

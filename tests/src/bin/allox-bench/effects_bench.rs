@@ -1,0 +1,389 @@
+//! The system-effects plugin (issue 31), for `allox-bench`: two daemons
+//! side by side in one run, one without the plugin ("off") and one with it
+//! ("v2", every machine domain in scope), each on a store of its own on
+//! the same Btrfs, their runs alternating so that both see the same
+//! machine:
+//!
+//! 1. `find . -type f | xargs sha256sum` over a 10,000-file workspace,
+//!    one `process.start` with wait;
+//! 2. creating 10,000 files in one run;
+//! 3. v2's fixed cost: an observed `/bin/true` minus an unobserved one on
+//!    a 10,000-file workspace, against `checkpoint.create` +
+//!    `checkpoint.diff` of that workspace;
+//! 4. the collectors of the non-filesystem domains called in-process,
+//!    against `sysctl -a`, `ip route` and `bpftool prog` as commands;
+//! 5. the history's in-kernel cost, as `ebpf-probes/README.md` measured it.
+
+use allox_integration::{populate, process_start, workspace_bin, BtrfsFs};
+use allox_protocol::{
+    AgentCreate, CheckpointCreate, CheckpointDiff, EffectsUnfence, EffectsVerdict, Request,
+    Response, RunEffects, SessionCreate,
+};
+use allox_store::layout::Layout;
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{pct, us_or_ms, BenchDaemon};
+
+/// Every domain but `filesystem` in scope (the workspace is always
+/// observed).
+const SCOPE: &str = r#"{"domains": ["bpf", "sysctl", "mount", "network", "modules", "processes"]}"#;
+
+const FIND: &str = "find . -type f | xargs sha256sum > /dev/null";
+const CREATE: &str = "mkdir c && seq -f c/f%g 10000 | xargs touch";
+
+/// What v2's runs answered, over the whole benchmark.
+#[derive(Default)]
+struct Seen {
+    verdicts: BTreeMap<String, usize>,
+    fenced: usize,
+}
+
+/// Runs `sh -c script` in `bench/s` and returns its time (request to
+/// answer); an answer with effects is counted in `seen`, and a fenced
+/// session is unfenced (outside the time) so the next round can run.
+fn timed(
+    c: &mut allox_ctl::client::Client,
+    s: &str,
+    argv: &[&str],
+    observed: bool,
+    seen: &mut Seen,
+) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    let r = c.call(Request::ProcessStart(process_start("bench", s, argv)))?;
+    let el = t.elapsed();
+    let r = match r {
+        Ok(Response::Exited(r)) if r.exit_code == Some(0) => r,
+        other => anyhow::bail!("{argv:?} in {s}: {other:?}"),
+    };
+    match (observed, r.effects) {
+        (false, None) => {}
+        (true, Some(e)) => note(c, &e, seen)?,
+        (true, None) => anyhow::bail!("run {} of the v2 daemon has no effects", r.run_id),
+        (false, Some(_)) => anyhow::bail!("run {} of the off daemon has effects", r.run_id),
+    }
+    Ok(el)
+}
+
+fn note(c: &mut allox_ctl::client::Client, e: &RunEffects, seen: &mut Seen) -> anyhow::Result<()> {
+    *seen.verdicts.entry(format!("{:?}", e.verdict)).or_default() += 1;
+    if e.verdict != EffectsVerdict::Consistent && e.verdict != EffectsVerdict::Changed {
+        // Name what was not consistent once, to explain the notes.
+        if seen.verdicts.values().sum::<usize>() < 3 {
+            for d in &e.domains {
+                if !matches!(
+                    d.verdict,
+                    EffectsVerdict::Consistent | EffectsVerdict::NotObserved
+                ) {
+                    eprintln!(
+                        "effects bench: {} {:?}: {:?}",
+                        d.domain.as_str(),
+                        d.verdict,
+                        d.changes.iter().take(3).collect::<Vec<_>>()
+                    );
+                }
+            }
+        }
+    }
+    if e.fenced {
+        seen.fenced += 1;
+        c.call(Request::EffectsUnfence(EffectsUnfence {
+            agent_id: e.agent_id.clone(),
+            session_id: e.session_id.clone(),
+            run_id: e.run_id.clone(),
+            evidence_root: e.evidence_root.clone(),
+        }))?
+        .map_err(anyhow::Error::msg)?;
+    }
+    Ok(())
+}
+
+fn observer_args(scope: &std::path::Path) -> anyhow::Result<(Vec<String>, bool)> {
+    let exe = workspace_bin("allox-observe");
+    let out = Command::new("sha256sum").arg(&exe).output()?;
+    anyhow::ensure!(out.status.success(), "sha256sum {}", exe.display());
+    let sha = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let mut args = vec![
+        "--plugin".to_string(),
+        "system-effects".into(),
+        "--system-effects-observer".into(),
+        exe.display().to_string(),
+        "--system-effects-observer-sha256".into(),
+        sha,
+        "--system-effects-scope".into(),
+        scope.display().to_string(),
+    ];
+    // A kernel that refuses BPF LSM programs is observed without the
+    // history's LSM hooks (as the host tests do).
+    let lsm = allox_ebpf_probes::History::load(4096).is_ok();
+    if !lsm {
+        args.push("--system-effects-without-lsm".into());
+    }
+    Ok((args, lsm))
+}
+
+fn row(name: &str, v: &[Duration], base: &[Duration]) {
+    println!(
+        "| {name} | {} | {} | {:.2}× | {:.2}× |",
+        us_or_ms(pct(v, 0.5)),
+        us_or_ms(pct(v, 0.99)),
+        pct(v, 0.5).as_secs_f64() / pct(base, 0.5).as_secs_f64(),
+        pct(v, 0.99).as_secs_f64() / pct(base, 0.99).as_secs_f64(),
+    );
+}
+
+fn met(ratio: f64, budget: f64) -> &'static str {
+    if ratio <= budget {
+        "met"
+    } else {
+        "**not met**"
+    }
+}
+
+pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
+    let n = if quick { 8 } else { 30 };
+    let scope = fs.scratch().join("effects-scope.json");
+    std::fs::write(&scope, SCOPE)?;
+    let (args, lsm) = observer_args(&scope)?;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let off = BenchDaemon::start(fs, "effects-off", &[])?;
+    let v2 = BenchDaemon::start(fs, "effects-v2", &args)?;
+    let mut clients = Vec::new();
+    for d in [&off, &v2] {
+        let mut c = d.daemon.client();
+        c.call(Request::AgentCreate(AgentCreate::new("bench")))?
+            .map_err(anyhow::Error::msg)?;
+        for s in ["s", "t"] {
+            c.call(Request::SessionCreate(SessionCreate::new("bench", s)))?
+                .map_err(anyhow::Error::msg)?;
+        }
+        let layout = Layout::new(&d.daemon.root);
+        populate(&layout.current("bench", "s"), 10_000)?;
+        clients.push((c, layout));
+    }
+    Command::new("sync").status()?;
+    let mut seen = Seen::default();
+    let find = ["/bin/sh", "-c", FIND];
+    let create = ["/bin/sh", "-c", CREATE];
+    let truth = ["/bin/true"];
+    // [off, v2] × (find, create, true)
+    let mut t_find = [Vec::new(), Vec::new()];
+    let mut t_create = [Vec::new(), Vec::new()];
+    let mut t_true = [Vec::new(), Vec::new()];
+    // Warm-up (page cache, the observer's first start): one of each, untimed.
+    for round in 0..n + 1 {
+        for (i, (c, layout)) in clients.iter_mut().enumerate() {
+            let observed = i == 1;
+            let f = timed(c, "s", &find, observed, &mut seen)?;
+            let k = timed(c, "t", &create, observed, &mut seen)?;
+            std::fs::remove_dir_all(layout.current("bench", "t").join("c"))?;
+            let t = timed(c, "s", &truth, observed, &mut seen)?;
+            if round > 0 {
+                t_find[i].push(f);
+                t_create[i].push(k);
+                t_true[i].push(t);
+            }
+        }
+        Command::new("sync").status()?;
+    }
+    // The baseline of the fixed cost: a checkpoint of the 10,000-file
+    // workspace and its diff against the live tree, on the off daemon.
+    let (c, _) = &mut clients[0];
+    let mut t_ck = Vec::new();
+    for i in 0..n + 1 {
+        let id = format!("e{i}");
+        let t = Instant::now();
+        c.call(Request::CheckpointCreate(CheckpointCreate {
+            agent_id: "bench".into(),
+            session_id: "s".into(),
+            checkpoint_id: id.clone(),
+            pinned: false,
+            label: None,
+        }))?
+        .map_err(anyhow::Error::msg)?;
+        c.call(Request::CheckpointDiff(CheckpointDiff {
+            agent_id: "bench".into(),
+            session_id: "s".into(),
+            from: id,
+            to: "current".into(),
+            patch: false,
+        }))?
+        .map_err(anyhow::Error::msg)?;
+        if i > 0 {
+            t_ck.push(t.elapsed());
+        }
+    }
+    drop(clients);
+    drop(v2);
+    drop(off);
+
+    println!("## System effects (issue 31)\n");
+    println!(
+        "Two daemons side by side, alternating: **off** (no plugin) and **v2** (`--plugin system-effects`, scope: bpf, sysctl, mount, network, modules, processes; the workspace is always observed){}. Each on a store of its own on the same loop-backed Btrfs; {n} rounds after one untimed warm-up round; times are `process.start` (wait) request to answer.\n",
+        if lsm {
+            ""
+        } else {
+            "; this kernel refuses BPF LSM programs, so v2 runs with `--system-effects-without-lsm` (the history's syscall tracepoints only)"
+        }
+    );
+    println!("| what | p50 | p99 | ratio p50 | ratio p99 |");
+    println!("|---|---:|---:|---:|---:|");
+    row(
+        "`find . -type f | xargs sha256sum`, 10,000 files, off (baseline)",
+        &t_find[0],
+        &t_find[0],
+    );
+    row("the same, v2", &t_find[1], &t_find[0]);
+    row(
+        "creating 10,000 files (`seq | xargs touch`), off (baseline)",
+        &t_create[0],
+        &t_create[0],
+    );
+    row("the same, v2", &t_create[1], &t_create[0]);
+    row(
+        "`/bin/true` on the 10,000-file workspace, off",
+        &t_true[0],
+        &t_true[0],
+    );
+    row("the same, v2", &t_true[1], &t_true[0]);
+    println!();
+
+    let fixed50 = pct(&t_true[1], 0.5).saturating_sub(pct(&t_true[0], 0.5));
+    let fixed99 = pct(&t_true[1], 0.99).saturating_sub(pct(&t_true[0], 0.99));
+    let ck50 = pct(&t_ck, 0.5);
+    let ck99 = pct(&t_ck, 0.99);
+    println!("v2's fixed cost per run (observed `/bin/true` − unobserved `/bin/true`, 10,000-file workspace) against `checkpoint.create` + `checkpoint.diff` (checkpoint against the live tree) of the same workspace over the RPC:\n");
+    println!("| what | p50 | p99 | ratio p50 | ratio p99 |");
+    println!("|---|---:|---:|---:|---:|");
+    println!(
+        "| `checkpoint.create` + `checkpoint.diff` (baseline) | {} | {} | 1.00× | 1.00× |",
+        us_or_ms(ck50),
+        us_or_ms(ck99)
+    );
+    let fixed_ratio = fixed50.as_secs_f64() / ck50.as_secs_f64();
+    println!(
+        "| v2's fixed cost | {} | {} | {fixed_ratio:.2}× | {:.2}× |",
+        us_or_ms(fixed50),
+        us_or_ms(fixed99),
+        fixed99.as_secs_f64() / ck99.as_secs_f64()
+    );
+    println!();
+
+    let (caps, cmds, have_bpftool) = capture_bench(if quick { 20 } else { 100 })?;
+    let sum = |v: &BTreeMap<&str, Vec<Duration>>| {
+        let k = v.values().next().map_or(0, Vec::len);
+        (0..k)
+            .map(|i| v.values().map(|x| x[i]).sum::<Duration>())
+            .collect::<Vec<_>>()
+    };
+    let (cap_all, cmd_all) = (sum(&caps), sum(&cmds));
+    println!("Capture of the non-filesystem domains, each collector called in-process once (the observer captures each twice per run, before and after), against the commands an administrator would run, started from the same process:\n");
+    println!("| what | p50 | p99 | ratio p50 | ratio p99 |");
+    println!("|---|---:|---:|---:|---:|");
+    for (k, v) in &cmds {
+        row(&format!("`{k}`"), v, &cmd_all);
+    }
+    row("the commands together (baseline)", &cmd_all, &cmd_all);
+    for (k, v) in &caps {
+        row(&format!("`collect::{k}::capture`"), v, &cmd_all);
+    }
+    row("the five captures together", &cap_all, &cmd_all);
+    let cap_ratio = pct(&cap_all, 0.5).as_secs_f64() / pct(&cmd_all, 0.5).as_secs_f64();
+    if !have_bpftool {
+        println!("\n`bpftool` is not installed: the baseline is `sysctl -a` and `ip route` only.");
+    }
+    println!();
+
+    let find_ratio = pct(&t_find[1], 0.5).as_secs_f64() / pct(&t_find[0], 0.5).as_secs_f64();
+    let create_ratio = pct(&t_create[1], 0.5).as_secs_f64() / pct(&t_create[0], 0.5).as_secs_f64();
+    println!("Budgets (issue 31), at p50:\n");
+    println!("| budget | measured | |");
+    println!("|---|---:|---|");
+    println!(
+        "| `find` + `sha256sum` ≤ 1.10× off | {find_ratio:.2}× | {} |",
+        met(find_ratio, 1.10)
+    );
+    println!(
+        "| creating 10,000 files ≤ 1.25× off | {create_ratio:.2}× | {} |",
+        met(create_ratio, 1.25)
+    );
+    println!(
+        "| fixed cost ≤ 3× `checkpoint.create` + `checkpoint.diff` | {fixed_ratio:.2}× | {} |",
+        met(fixed_ratio, 3.0)
+    );
+    println!(
+        "| capture ≤ 1× the commands | {cap_ratio:.2}× | {} |",
+        met(cap_ratio, 1.0)
+    );
+    println!("| in-kernel ≤ 3 µs per recorded event | 1.5 µs (ebpf-probes/README.md, `history_cost`) | met |");
+    println!("| in-kernel ≤ 0.2 µs per other syscall | 0.4–0.5 µs (ebpf-probes/README.md, `history_cost`) | **not met** |");
+    println!();
+    println!(
+        "v2's runs: verdicts {:?}; {} fenced (each unfenced outside the time).\n",
+        seen.verdicts, seen.fenced
+    );
+    Ok(())
+}
+
+/// Each collector of a non-filesystem domain, called in-process, and the
+/// commands, `k` rounds alternating; `(captures, commands, bpftool)`.
+#[allow(clippy::type_complexity)]
+fn capture_bench(
+    k: usize,
+) -> anyhow::Result<(
+    BTreeMap<&'static str, Vec<Duration>>,
+    BTreeMap<&'static str, Vec<Duration>>,
+    bool,
+)> {
+    use allox_effects::collect;
+    let have_bpftool = allox_integration::which("bpftool").is_some();
+    let mut commands: Vec<(&str, Vec<&str>)> = vec![
+        ("sysctl -a", vec!["sysctl", "-a"]),
+        ("ip route", vec!["ip", "route"]),
+    ];
+    if have_bpftool {
+        commands.push(("bpftool prog", vec!["bpftool", "prog"]));
+    }
+    let me = std::process::id() as i32;
+    let (mut caps, mut cmds) = (BTreeMap::new(), BTreeMap::new());
+    for round in 0..k + 2 {
+        let keep = round >= 2;
+        let mut time = |name: &'static str, f: &mut dyn FnMut() -> collect::Capture| {
+            let t = Instant::now();
+            let c = f();
+            let el = t.elapsed();
+            std::hint::black_box(&c);
+            if keep {
+                caps.entry(name).or_insert_with(Vec::new).push(el);
+            }
+        };
+        time("sysctl", &mut || {
+            collect::sysctl::capture(None, collect::sysctl::VOLATILE)
+        });
+        time("mounts", &mut || {
+            collect::mounts::capture(&[("machine", me)])
+        });
+        time("network", &mut || collect::network::capture(None));
+        time("bpf", &mut || collect::bpf::capture());
+        time("modules", &mut || collect::modules::capture());
+        for (name, argv) in &commands {
+            let t = Instant::now();
+            let st = Command::new(argv[0])
+                .args(&argv[1..])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()?;
+            let el = t.elapsed();
+            anyhow::ensure!(st.success(), "{name} failed");
+            if keep {
+                cmds.entry(*name).or_insert_with(Vec::new).push(el);
+            }
+        }
+    }
+    Ok((caps, cmds, have_bpftool))
+}

@@ -756,7 +756,7 @@ print("route", r.returncode)
 /// pin's path, the mount point.
 const ESCAPED: &str = r#"
 import ctypes, os, subprocess, sys
-cg, ctx, pin, mnt = sys.argv[1:5]
+cg, ctx, pin, mnt, watched = sys.argv[1:6]
 open(os.path.join(cg, "cgroup.procs"), "w").write(str(os.getpid()))
 libc = ctypes.CDLL(None, use_errno=True)
 attr = (ctypes.c_uint32 * 8)(2, 4, 4, 1, 0, 0, 0, 0)
@@ -766,6 +766,7 @@ path = ctypes.create_string_buffer(pin.encode())
 pattr = (ctypes.c_uint64 * 2)(ctypes.addressof(path), fd)
 assert libc.syscall(321, 6, pattr, 16) == 0, ctypes.get_errno()
 assert libc.mount(b"none", mnt.encode(), b"tmpfs", 0, None) == 0, ctypes.get_errno()
+open(os.path.join(watched, "escaped.txt"), "w").write("from the run")
 ns = os.open(f"/proc/{ctx}/ns/net", os.O_RDONLY)
 assert libc.setns(ns, 0x40000000) == 0, ctypes.get_errno()
 open("/proc/sys/net/ipv4/ip_default_ttl", "w").write("77")
@@ -846,11 +847,19 @@ fn history_of(d: &ProcDaemon, a: &str, s: &str, run: &str) -> Vec<allox_protocol
 fn refused_attempts_are_in_the_history_and_a_root_helper_in_the_run_changes_each_domain() {
     let name =
         "refused_attempts_are_in_the_history_and_a_root_helper_in_the_run_changes_each_domain";
-    let Some((d, scope, _one)) = start(
-        name,
-        Some(r#"{"domains": ["bpf", "sysctl", "mount", "network", "modules", "processes"]}"#),
-        &["--sandbox-network", "isolated"],
-    ) else {
+    // The filesystem domain's path: a directory of the host only root
+    // writes to.
+    let watched = tempfile::Builder::new()
+        .prefix("allox-effects-watched-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::write(watched.path().join("kept"), b"as it was").unwrap();
+    let scope_text = format!(
+        r#"{{"domains": ["filesystem", "bpf", "sysctl", "mount", "network", "modules", "processes"], "paths": [{:?}]}}"#,
+        watched.path().display().to_string()
+    );
+    let Some((d, scope, _one)) = start(name, Some(&scope_text), &["--sandbox-network", "isolated"])
+    else {
         return;
     };
     make_sessions(&d, &[("a", "s")]);
@@ -915,6 +924,7 @@ fn refused_attempts_are_in_the_history_and_a_root_helper_in_the_run_changes_each
         .arg(&ctx)
         .arg(&pin)
         .arg(&mnt)
+        .arg(watched.path())
         .output()
         .unwrap();
     assert!(
@@ -948,6 +958,16 @@ fn refused_attempts_are_in_the_history_and_a_root_helper_in_the_run_changes_each
     }
     let (pin, mnt) = (pin.display().to_string(), mnt.display().to_string());
     assert_eq!(escaped_wrong(&e, &pin, &mnt), None, "{e:#?}");
+    let fs = domain(&e, EffectsDomain::Filesystem);
+    let escaped = format!("{}/escaped.txt", watched.path().display());
+    assert!(
+        fs.verdict == EffectsVerdict::Changed
+            && fs
+                .changes
+                .iter()
+                .any(|c| c.item == escaped && c.by.by == By::Run),
+        "{fs:?}"
+    );
     // Control: the run whose attempts were refused fails the same check.
     let refused = match call(
         &d,

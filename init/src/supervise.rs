@@ -262,6 +262,8 @@ pub enum SuperviseError {
     CpuMax(String),
     #[error("--session-network proxy needs the network plugin: add --plugin network")]
     ProxyWithoutPlugin,
+    #[error("{0} is a setting of the system-effects plugin: add --plugin system-effects")]
+    EffectsWithoutPlugin(&'static str),
 }
 
 /// What [`SuperviseArgs::into_config`] reads from the machine.
@@ -334,6 +336,31 @@ impl SuperviseArgs {
                 return Err(SuperviseError::PluginWithoutProcesses(monitor.to_string()));
             }
             enabled.push(monitor.to_string());
+        }
+        let effects = allox_supervisor::plugins::system_effects::NAME;
+        if !enabled.iter().any(|p| p == effects) {
+            for (given, flag) in [
+                (
+                    self.system_effects_scope.is_some(),
+                    "--system-effects-scope",
+                ),
+                (
+                    self.system_effects_observer.is_some(),
+                    "--system-effects-observer",
+                ),
+                (
+                    self.system_effects_observer_sha256.is_some(),
+                    "--system-effects-observer-sha256",
+                ),
+                (
+                    self.system_effects_without_lsm,
+                    "--system-effects-without-lsm",
+                ),
+            ] {
+                if given {
+                    return Err(SuperviseError::EffectsWithoutPlugin(flag));
+                }
+            }
         }
         let default_mode =
             allox_protocol::NetworkMode::parse(&self.session_network).unwrap_or_default();

@@ -204,6 +204,17 @@ fn bad_combinations_name_the_flag() {
         "--listen: one unix:PATH is required"
     );
     assert!(err(&["--default-cpu-max", "lots"]).starts_with("--default-cpu-max \"lots\""));
+    assert_eq!(
+        err(&["--system-effects-scope", "/s.json"]),
+        "--system-effects-scope is a setting of the system-effects plugin: add --plugin system-effects"
+    );
+    assert!(config(&[
+        "--plugin",
+        "system-effects",
+        "--system-effects-scope",
+        "/s.json"
+    ])
+    .is_ok());
 }
 
 #[test]
@@ -213,6 +224,9 @@ fn values_clap_refuses_never_reach_the_config() {
         &["--process-tracker", "on"],
         &["--session-quota", "ten"],
         &["--sandbox-uid", "-1"],
+        &["--system-effects-ring-bytes", "3000"],
+        &["--system-effects-ring-bytes", "2G"],
+        &["--system-effects-ring-bytes", "lots"],
     ] {
         let argv = ["supervise", "--root", "/store"].iter().chain(flags);
         assert!(Cli::try_parse_from(argv).is_err(), "{flags:?}");

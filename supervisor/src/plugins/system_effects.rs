@@ -66,6 +66,9 @@ pub struct SystemEffects {
 
 struct Started {
     exe: observer::Executable,
+    /// sha256 (hex) of the supervisor's own executable, bound into every
+    /// chain's `begin`.
+    supervisor_sha256: String,
     scope: Scope,
     scope_file: Option<PathBuf>,
     ring_bytes: u32,
@@ -438,7 +441,17 @@ impl Plugin for SystemEffects {
         let dir = settings.state_dir.join("effects");
         let fences = Fences::load(&dir.join("fences"))
             .map_err(|e| start_err(format!("read the fences in {}: {e}", dir.display())))?;
+        let supervisor_sha256 = std::fs::read("/proc/self/exe")
+            .map(|b| {
+                use sha2::Digest;
+                sha2::Sha256::digest(&b)
+                    .iter()
+                    .map(|x| format!("{x:02x}"))
+                    .collect::<String>()
+            })
+            .map_err(|e| start_err(format!("read this executable to hash it: {e}")))?;
         let st = Arc::new(Started {
+            supervisor_sha256,
             exe,
             scope,
             scope_file: es.scope.clone(),
@@ -531,7 +544,10 @@ impl Plugin for SystemEffects {
             lsm: st.lsm,
             registry: PathBuf::from(OBSERVERS),
             supervisor_pid: std::process::id(),
-            executables: vec![("allox-observe".into(), st.exe.sha256.clone())],
+            executables: vec![
+                ("allox-observe".into(), st.exe.sha256.clone()),
+                ("allox-init".into(), st.supervisor_sha256.clone()),
+            ],
         };
         let baseline = match obs.ask(&ToObserver::Begin(Box::new(begin)), SEAL_WAIT) {
             Ok(FromObserver::Sealed { baseline }) => baseline,

@@ -234,13 +234,13 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     println!("| what | p50 | p99 | ratio p50 | ratio p99 |");
     println!("|---|---:|---:|---:|---:|");
     row(
-        "`find . -type f | xargs sha256sum`, 10,000 files, off (baseline)",
+        "`find . -type f \\| xargs sha256sum`, 10,000 files, off (baseline)",
         &t_find[0],
         &t_find[0],
     );
     row("the same, v2", &t_find[1], &t_find[0]);
     row(
-        "creating 10,000 files (`seq | xargs touch`), off (baseline)",
+        "creating 10,000 files (`seq \\| xargs touch`), off (baseline)",
         &t_create[0],
         &t_create[0],
     );

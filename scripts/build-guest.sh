@@ -3,8 +3,13 @@
 #   - the kernel (kernel/build.sh, cached outside the repo by config hash),
 #   - a release allox-init, stripped (the static PID 1 and supervisor;
 #     scripts/build-release.sh, its debug information kept beside it, or
-#     the one in ALLOX_BIN_DIR), copied to target/guest/allox-init,
-#   - the initramfs of the default profile (rootfs-builder, reproducible).
+#     the one in ALLOX_BIN_DIR), copied to target/guest/allox-init, and
+#     the system-effects observer whose sha256 it pins, copied to
+#     target/guest/allox-observe,
+#   - the initramfs of the default profile (rootfs-builder, reproducible),
+#     with the observer as /allox-observe beside /init and the scope file
+#     /etc/allox/effects-scope.json (docs/guest.md: the plugin is enabled
+#     with allox.args=--plugin=system-effects,...).
 # The last two lines on stdout are
 #   ALLOX_KERNEL_DIR=<dir with vmlinux and bzImage>
 #   ALLOX_INITRD=<initramfs>
@@ -18,11 +23,19 @@ allox_install_deps
 allox_install_guest_deps
 
 kdir=$(kernel/build.sh | tail -1)
-allox_release_bins allox-init rootfs-builder
+allox_release_bins allox-init allox-observe rootfs-builder
 out=target/guest
 mkdir -p "$out"
-cp "$ALLOX_BIN_DIR/allox-init" "$out/allox-init"
+cp "$ALLOX_BIN_DIR/allox-init" "$ALLOX_BIN_DIR/allox-observe" "$out/"
+# The guest's supervisor runs the observer only if allox-init pins its
+# hash: a mismatched pair (ALLOX_BIN_DIR from elsewhere) stops here.
+observe_sha256=$(sha256sum "$out/allox-observe" | cut -d' ' -f1)
+grep -qF "$observe_sha256" "$out/allox-init" || {
+    echo "error: $out/allox-init does not pin the sha256 of $out/allox-observe ($observe_sha256); build both with scripts/build-release.sh" >&2
+    exit 1
+}
 "$ALLOX_BIN_DIR/rootfs-builder" initramfs \
-    --init "$out/allox-init" --out "$out/initrd.img" --compress gzip >&2
+    --init "$out/allox-init" --observer "$out/allox-observe" \
+    --out "$out/initrd.img" --compress gzip >&2
 echo "ALLOX_KERNEL_DIR=$kdir"
 echo "ALLOX_INITRD=$(pwd)/$out/initrd.img"

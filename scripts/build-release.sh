@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds the release binaries (allox-init, alloxctl, allox-dns-stub,
-# rootfs-builder: static, see .cargo/config.toml) and strips them, keeping
-# their debug information in files of their own:
+# Builds the release binaries (allox-observe, allox-init, alloxctl,
+# allox-dns-stub, rootfs-builder: static, see .cargo/config.toml) and strips
+# them, keeping their debug information in files of their own:
 #
 #   target/dist/NAME         stripped, as `strip` does (no symbols, no
 #                            debug information); what the images and the
@@ -12,6 +12,13 @@
 #                            which gdb, addr2line, perf and a Rust
 #                            backtrace (RUST_BACKTRACE=1) follow when it
 #                            lies beside NAME or in /usr/lib/debug
+#
+# The system-effects observer comes first: allox-init is then built with
+# ALLOX_OBSERVE_SHA256 set to the sha256 of the stripped allox-observe
+# beside it (what the images carry; the supervisor runs the observer only
+# if its bytes have that hash), and the script checks that allox-init holds
+# that hash. Cargo rebuilds allox-init whenever the hash changes (the
+# variable is read by option_env!, which cargo tracks).
 #
 # Progress and each binary's size, as built and stripped, go to stderr;
 # the script fails if a stripped binary still carries .debug_info or its
@@ -30,11 +37,6 @@ for tool in objcopy readelf; do
     }
 done
 
-bins=(allox-init alloxctl allox-dns-stub rootfs-builder)
-echo "==> cargo build --release (${bins[*]})" >&2
-cargo build --release --quiet --bins \
-    -p allox-init -p allox-ctl -p allox-network -p allox-rootfs-builder >&2
-
 dist=$PWD/target/dist
 mkdir -p "$dist/.partial"
 # (grep reads all of readelf's output: with -q it could stop first, and
@@ -42,13 +44,11 @@ mkdir -p "$dist/.partial"
 has_section() { readelf -S --wide "$1" | grep -F -- " $2 " >/dev/null; }
 mb() { awk -v b="$(stat -c %s "$1")" 'BEGIN { printf "%.1f MB", b / 1e6 }'; }
 
-echo "==> stripped into $dist, debug information kept beside each (NAME.debug)" >&2
-printf '%-16s %12s %12s %12s\n' binary "as built" stripped "NAME.debug" >&2
-for b in "${bins[@]}"; do
-    src=$ALLOX_RELEASE/$b
-    out=$dist/$b
+# Strips $ALLOX_RELEASE/$1 into $dist/$1, its debug information into
+# $dist/$1.debug, and checks both.
+strip_into_dist() {
+    local b=$1 src=$ALLOX_RELEASE/$1 out=$dist/$1 part=$dist/.partial
     if ! [ "$out" -nt "$src" ] || ! [ "$out.debug" -nt "$src" ]; then
-        part=$dist/.partial
         rm -f "$part/$b" "$part/$b.debug"
         objcopy --only-keep-debug --compress-debug-sections=zlib "$src" "$part/$b.debug"
         chmod 0644 "$part/$b.debug"
@@ -74,7 +74,32 @@ for b in "${bins[@]}"; do
         echo "error: $out does not name its debug file" >&2
         exit 1
     }
-    printf '%-16s %12s %12s %12s\n' "$b" "$(mb "$src")" "$(mb "$out")" "$(mb "$out.debug")" >&2
+    sizes+=("$(printf '%-16s %12s %12s %12s' "$b" "$(mb "$src")" "$(mb "$out")" "$(mb "$out.debug")")")
+}
+sizes=()
+
+echo "==> cargo build --release (allox-observe)" >&2
+cargo build --release --quiet -p allox-effects --bin allox-observe >&2
+strip_into_dist allox-observe
+observe_sha256=$(sha256sum "$dist/allox-observe" | cut -d' ' -f1)
+echo "==> allox-observe sha256 $observe_sha256, pinned in allox-init" >&2
+
+bins=(allox-init alloxctl allox-dns-stub rootfs-builder)
+echo "==> cargo build --release (${bins[*]})" >&2
+ALLOX_OBSERVE_SHA256=$observe_sha256 cargo build --release --quiet --bins \
+    -p allox-init -p allox-ctl -p allox-network -p allox-rootfs-builder >&2
+for b in "${bins[@]}"; do
+    strip_into_dist "$b"
 done
+# The pin is a string in allox-init's read-only data: a stale build (the
+# variable not seen) would lack it, or hold another.
+grep -qF "$observe_sha256" "$dist/allox-init" || {
+    echo "error: $dist/allox-init does not pin allox-observe's sha256 $observe_sha256" >&2
+    exit 1
+}
+
+echo "==> stripped into $dist, debug information kept beside each (NAME.debug)" >&2
+printf '%-16s %12s %12s %12s\n' binary "as built" stripped "NAME.debug" >&2
+printf '%s\n' "${sizes[@]}" >&2
 rmdir "$dist/.partial" 2>/dev/null || true
 echo "ALLOX_BIN_DIR=$dist"

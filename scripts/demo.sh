@@ -3,7 +3,9 @@
 # the initramfs, boots the VM under QEMU (KVM where it really works, TCG
 # otherwise), and drives agents, sessions, runs, checkpoints and rollbacks
 # inside it with alloxctl over the virtio-serial control port; then shuts
-# the VM down in order and checks the store on the host.
+# the VM down in order and checks the store on the host. Last, it boots the
+# guest again with the system-effects plugin: the seed's command observed
+# under protocol v2, a residue in shared/ with its verdict.
 #
 #   sudo scripts/demo.sh
 #
@@ -36,6 +38,7 @@ trap cleanup EXIT
 # The image of the python profile: the default one plus python3 and git,
 # for the agents' programs (pip is fetched by the agent, below).
 "$BIN/rootfs-builder" initramfs --init "$(dirname "$ALLOX_INITRD")/allox-init" \
+    --observer "$(dirname "$ALLOX_INITRD")/allox-observe" \
     --out "$WORK/initrd.img" --profile python --compress gzip
 
 # For the session network's part: a Python package index on the host's
@@ -174,5 +177,44 @@ mkdir -p "$WORK/mnt"
 mount -o loop "$WORK/store.img" "$WORK/mnt"
 ls "$WORK/mnt/allox/agents/agent-a/workspace/sessions/session-1/checkpoints"
 umount "$WORK/mnt"
+
+echo; echo "# system effects: the guest booted again with the plugin, on a new store. Each run is"
+echo "# observed from its frozen start to its frozen end by the observer the image carries"
+echo "# (/allox-observe, whose sha256 allox-init pins), with the BPF LSM in the guest's kernel"
+echo "# and the image's scope (bpf, sysctl, mount, network, modules, processes); an observed"
+echo "# run holds its session alone, which is why the demo above runs without it"
+"$BIN/rootfs-builder" store-image --out "$WORK/effects.img" --size 1G --format
+EFFECTS_ARGS=--plugin=system-effects,--system-effects-scope=/etc/allox/effects-scope.json
+echo "    allox.args=$EFFECTS_ARGS"
+scripts/run-vm.sh --kernel-dir "$ALLOX_KERNEL_DIR" --initrd "$WORK/initrd.img" \
+    --store "$WORK/effects.img" --ctl-socket "$ALLOX_SOCKET" \
+    --console-log "$WORK/console-effects.log" --append "allox.args=$EFFECTS_ARGS" \
+    2>"$WORK/qemu-effects.log" &
+VM=$!
+until "$BIN/alloxctl" ping >/dev/null 2>&1; do
+    kill -0 "$VM" 2>/dev/null || { cat "$WORK/qemu-effects.log" "$WORK/console-effects.log"; echo "the VM ended" >&2; exit 1; }
+    sleep 0.05
+done
+last_run() { "$BIN/alloxctl" effects list "$1" "$2" | tail -1 | cut -d' ' -f1; }
+ctl effects status
+ctl agent create agent-a
+ctl session create agent-a session-1
+echo; echo "# the seed's command, under protocol v2: effect.txt in the workspace, nothing else"
+in_vm agent-a session-1 'printf changed > effect.txt'
+ctl effects get agent-a session-1 "$(last_run agent-a session-1)"
+echo; echo "# the history's BPF LSM records of that run (file_open for write, path changes)"
+echo "\$ alloxctl effects history agent-a session-1 $(last_run agent-a session-1) | grep -E 'open_write|unlink|mkdir|rename'"
+"$BIN/alloxctl" effects history agent-a session-1 "$(last_run agent-a session-1)" |
+    grep -E ' (open_write|unlink|mkdir|rmdir|rename) ' || true
+echo; echo "# a run that leaves a residue in its agent's shared/ (outside the session, kept by rollback)"
+in_vm agent-a session-1 'echo "left behind" > "$ALLOX_AGENT_SHARED/residue"'
+ctl effects get agent-a session-1 "$(last_run agent-a session-1)"
+echo; echo "# /bin/true: every observed domain CONSISTENT"
+in_vm agent-a session-1 '/bin/true'
+ctl effects get agent-a session-1 "$(last_run agent-a session-1)"
+ctl effects list agent-a session-1
+ctl shutdown
+wait "$VM" || true
+VM=""
 echo
 echo "==> demo done"

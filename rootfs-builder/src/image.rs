@@ -16,6 +16,16 @@
 //! /proc /sys /dev /run /tmp (1777) /root (0700) /mnt/store
 //! /var/lib/allox        where the store is mounted (DESIGN.md)
 //! ```
+//!
+//! With an observer (`--observer`), the system-effects plugin's:
+//!
+//! ```text
+//! /allox-observe        the observer (static, checked), beside /init,
+//!                       where the supervisor looks for it by default
+//! /etc/allox/effects-scope.json
+//!                       a scope of the machine's domains, for
+//!                       `--system-effects-scope`
+//! ```
 
 use std::path::{Path, PathBuf};
 
@@ -46,6 +56,21 @@ pub const HOSTS: &str = "\
 127.0.0.1 localhost allox
 ::1 localhost ip6-localhost ip6-loopback
 ";
+
+/// Where the system-effects observer is installed: beside `/init`, where
+/// the supervisor looks for `allox-observe` when
+/// `--system-effects-observer` is not given.
+pub const OBSERVER: &str = "/allox-observe";
+
+/// The scope file the image carries with an observer, for
+/// `--system-effects-scope` (`allox.args=--plugin=system-effects,
+/// --system-effects-scope=/etc/allox/effects-scope.json`).
+pub const EFFECTS_SCOPE: &str = "/etc/allox/effects-scope.json";
+
+/// Every domain of the machine, confirmed at S0/S1; `filesystem` is left
+/// out (its paths are the deployment's to choose).
+pub const EFFECTS_SCOPE_JSON: &str =
+    "{\"domains\": [\"bpf\", \"sysctl\", \"mount\", \"network\", \"modules\", \"processes\"]}\n";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Profile {
@@ -87,6 +112,9 @@ impl std::str::FromStr for Addition {
 pub struct ImageSpec {
     /// The allox-init binary, installed as `/init`.
     pub init: PathBuf,
+    /// The system-effects observer (`allox-observe`), installed as
+    /// [`OBSERVER`] with the scope file [`EFFECTS_SCOPE`].
+    pub observer: Option<PathBuf>,
     /// A static busybox, e.g. `/bin/busybox` from `busybox-static`.
     pub busybox: PathBuf,
     pub profile: Profile,
@@ -98,6 +126,8 @@ pub struct ImageSpec {
 pub enum ImageError {
     #[error("/init")]
     Init(#[source] ElfError),
+    #[error("{OBSERVER}")]
+    Observer(#[source] ElfError),
     #[error("busybox")]
     Busybox(#[source] ElfError),
     #[error("busybox applets")]
@@ -121,6 +151,10 @@ pub fn assemble(spec: &ImageSpec) -> Result<Tree, ImageError> {
     elf::check_static(&spec.busybox).map_err(ImageError::Busybox)?;
     let applets = busybox::list_applets(&spec.busybox).map_err(ImageError::Applets)?;
     let mut t = base(&spec.init, &spec.busybox, &applets).map_err(ImageError::Layout)?;
+    if let Some(observer) = &spec.observer {
+        elf::check_static(observer).map_err(ImageError::Observer)?;
+        add_observer(&mut t, observer).map_err(ImageError::Layout)?;
+    }
     if spec.profile == Profile::Python {
         python::add(&mut t).map_err(ImageError::Python)?;
     }
@@ -140,6 +174,13 @@ pub fn add_all(t: &mut Tree, additions: &[Addition]) -> Result<(), ImageError> {
         })?;
     }
     Ok(())
+}
+
+/// The observer as [`OBSERVER`] and the scope file [`EFFECTS_SCOPE`].
+pub fn add_observer(t: &mut Tree, observer: &Path) -> Result<(), TreeError> {
+    t.file(OBSERVER, observer)?;
+    t.dir("/etc/allox", 0o755)?;
+    t.bytes(EFFECTS_SCOPE, 0o644, EFFECTS_SCOPE_JSON.into())
 }
 
 /// The default profile from already checked inputs and an applet list
@@ -236,6 +277,33 @@ mod tests {
         );
         assert_eq!(t.get("/tmp"), Some(&Node::Dir { perm: 0o1777 }));
         assert!(PASSWD.contains(&format!("sandbox:x:{SANDBOX_ID}:{SANDBOX_ID}:")));
+    }
+
+    #[test]
+    fn the_observer_lies_beside_init_with_a_scope_of_the_machine() {
+        let dir = tempfile::tempdir().unwrap();
+        let (init, bb) = inputs(dir.path());
+        let mut t = base(&init, &bb, &applets()).unwrap();
+        assert!(t.get(OBSERVER).is_none() && t.get(EFFECTS_SCOPE).is_none());
+        add_observer(&mut t, &init).unwrap();
+        assert!(matches!(t.get(OBSERVER), Some(Node::File { .. })));
+        assert_eq!(
+            Path::new(OBSERVER).parent(),
+            Path::new("/init").parent(),
+            "the supervisor looks beside its own executable"
+        );
+        let scope: serde_json::Value = serde_json::from_str(EFFECTS_SCOPE_JSON).unwrap();
+        let domains: Vec<&str> = scope["domains"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_str().unwrap())
+            .collect();
+        assert_eq!(
+            domains,
+            ["bpf", "sysctl", "mount", "network", "modules", "processes"]
+        );
+        assert!(matches!(t.get(EFFECTS_SCOPE), Some(Node::File { .. })));
     }
 
     #[test]

@@ -81,6 +81,13 @@ struct TreeArgs {
     /// The allox-init binary (static x86-64), installed as /init.
     #[arg(long)]
     init: PathBuf,
+    /// The system-effects observer, allox-observe (static x86-64),
+    /// installed as /allox-observe beside /init (where the supervisor
+    /// looks for it), with the scope file /etc/allox/effects-scope.json
+    /// (every domain of the machine). allox-init must pin its sha256
+    /// (ALLOX_OBSERVE_SHA256 at build, scripts/build-release.sh).
+    #[arg(long, value_name = "PATH")]
+    observer: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = ProfileArg::Default)]
     profile: ProfileArg,
     /// A static busybox (Debian package busybox-static).
@@ -100,6 +107,7 @@ impl TreeArgs {
     fn spec(&self, additions: Vec<Addition>) -> ImageSpec {
         ImageSpec {
             init: self.init.clone(),
+            observer: self.observer.clone(),
             busybox: self.busybox.clone(),
             profile: self.profile.into(),
             additions,

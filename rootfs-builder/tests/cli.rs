@@ -242,6 +242,50 @@ fn additions_replace_and_add() {
 }
 
 #[test]
+fn the_observer_lies_beside_init_with_the_machine_scope() {
+    let Some((dir, init, bb)) = inputs("the_observer_lies_beside_init_with_the_machine_scope")
+    else {
+        return;
+    };
+    let out = dir.path().join("x.cpio");
+    // busybox stands in for allox-observe: static, as it must be.
+    build(&init, &bb, &out, &["--observer", bb.to_str().unwrap()], &[]);
+    let entries = cpio::read_all(&std::fs::read(&out).unwrap()[..]).unwrap();
+    let get = |n: &str| entries.iter().find(|e| e.name == n);
+    let obs = get("allox-observe").expect("/allox-observe");
+    assert_eq!(obs.data, std::fs::read(&bb).unwrap());
+    assert_eq!(obs.meta.mode, cpio::S_IFREG | 0o755);
+    let scope = get("etc/allox/effects-scope.json").expect("the scope file");
+    let v: serde_json::Value = serde_json::from_slice(&scope.data).unwrap();
+    assert_eq!(v["domains"].as_array().map(Vec::len), Some(6), "{v}");
+    // Without --observer, neither.
+    let plain = dir.path().join("y.cpio");
+    build(&init, &bb, &plain, &[], &[]);
+    let entries = cpio::read_all(&std::fs::read(&plain).unwrap()[..]).unwrap();
+    assert!(!entries
+        .iter()
+        .any(|e| e.name == "allox-observe" || e.name.starts_with("etc/allox")));
+    // A dynamic observer is refused, named.
+    if Path::new("/bin/ls").exists() {
+        let err = fails(&[
+            "initramfs",
+            "--init",
+            init.to_str().unwrap(),
+            "--busybox",
+            bb.to_str().unwrap(),
+            "--observer",
+            "/bin/ls",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(
+            err.contains("/allox-observe: /bin/ls: not statically linked"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn bad_inputs_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("x.cpio");

@@ -1225,3 +1225,223 @@ fn guest_container_mode_on_pure_cgroup_v2_moves_to_a_leaf_and_enforces_limits() 
     let (pending, _) = inspect_store(&store);
     assert_eq!(pending, 0);
 }
+
+/// The system-effects plugin in the guest, with the scope file the image
+/// carries (every domain of the machine but `filesystem`).
+const EFFECTS_ARGS: &str =
+    "allox.args=--plugin=system-effects,--system-effects-scope=/etc/allox/effects-scope.json";
+
+/// Runs `script` in `a/s` under the plugin and returns its effects.
+fn observed(c: &mut Client, a: &str, s: &str, script: &str) -> RunEffects {
+    match ok(c, run(a, s, script, true)) {
+        Response::Exited(x) => {
+            assert_eq!(x.exit_code, Some(0), "{script}: {x:?}");
+            *x.effects
+                .unwrap_or_else(|| panic!("{script}: run {} has no effects", x.run_id))
+        }
+        other => panic!("{script}: {other:?}"),
+    }
+}
+
+fn effects_domain(e: &RunEffects, d: EffectsDomain) -> &DomainEffects {
+    e.domains
+        .iter()
+        .find(|x| x.domain == d)
+        .expect("every domain is listed")
+}
+
+/// What is wrong with `e` as the effects of the seed's command: CHANGED,
+/// `effect.txt` added to `workspace` by the run, every other observed
+/// domain CONSISTENT, not fenced.
+fn seed_command_wrong(e: &RunEffects) -> Option<String> {
+    let ws = effects_domain(e, EffectsDomain::Workspace);
+    let listed = ws.changes.iter().any(|c| {
+        c.item == "effect.txt"
+            && c.kind == EffectChangeKind::Added
+            && c.by.by == By::Run
+            && c.by.run_id.as_deref() == Some(e.run_id.as_str())
+    });
+    if !listed || ws.verdict != EffectsVerdict::Changed {
+        return Some(format!(
+            "workspace does not list effect.txt by the run: {ws:?}"
+        ));
+    }
+    for d in &e.domains {
+        if d.domain == EffectsDomain::Workspace || d.verdict == EffectsVerdict::NotObserved {
+            continue;
+        }
+        if d.verdict != EffectsVerdict::Consistent {
+            return Some(format!("{} is {:?}: {d:?}", d.domain.as_str(), d.verdict));
+        }
+    }
+    (e.verdict != EffectsVerdict::Changed || e.fenced)
+        .then(|| format!("verdict {:?}, fenced {}", e.verdict, e.fenced))
+}
+
+/// What is wrong with `e` as the effects of a run that left `residue` in
+/// its agent's `shared/`: listed there, added by that run, the domain and
+/// the run CHANGED.
+fn shared_residue_wrong(e: &RunEffects) -> Option<String> {
+    let sh = effects_domain(e, EffectsDomain::Shared);
+    let listed = sh.changes.iter().any(|c| {
+        c.item == "residue"
+            && c.kind == EffectChangeKind::Added
+            && c.by.by == By::Run
+            && c.by.run_id.as_deref() == Some(e.run_id.as_str())
+    });
+    if !listed || sh.verdict != EffectsVerdict::Changed {
+        return Some(format!("shared does not list residue by the run: {sh:?}"));
+    }
+    (e.verdict != EffectsVerdict::Changed).then(|| format!("the run's verdict is {:?}", e.verdict))
+}
+
+/// What is wrong with `h` as the history of a run that wrote
+/// `effect.txt`: no `open_write` record of it (a record only the BPF LSM
+/// hook `file_open` makes).
+fn lsm_history_wrong(h: &[HistoryRecord]) -> Option<String> {
+    let found = h.iter().any(|r| {
+        r.kind == "open_write"
+            && r.detail
+                .as_deref()
+                .is_some_and(|d| d.contains("effect.txt"))
+    });
+    (!found).then(|| {
+        let kinds: std::collections::BTreeSet<&str> = h.iter().map(|r| r.kind.as_str()).collect();
+        format!(
+            "no open_write of effect.txt in {} records (kinds {kinds:?})",
+            h.len()
+        )
+    })
+}
+
+/// What is wrong with `e` as the effects of `/bin/true` under the image's
+/// scope: every domain CONSISTENT but `filesystem` (not in the scope:
+/// NOT_OBSERVED), and the run too.
+fn true_wrong(e: &RunEffects) -> Option<String> {
+    for d in &e.domains {
+        let want = if d.domain == EffectsDomain::Filesystem {
+            EffectsVerdict::NotObserved
+        } else {
+            EffectsVerdict::Consistent
+        };
+        if d.verdict != want {
+            return Some(format!("{} is {:?}: {d:?}", d.domain.as_str(), d.verdict));
+        }
+    }
+    (e.verdict != EffectsVerdict::Consistent || e.fenced)
+        .then(|| format!("verdict {:?}, fenced {}", e.verdict, e.fenced))
+}
+
+fn effects_history(c: &mut Client, a: &str, s: &str, run: &str) -> Vec<HistoryRecord> {
+    match ok(
+        c,
+        Request::EffectsHistory(EffectsHistory {
+            agent_id: a.into(),
+            session_id: s.into(),
+            run_id: run.into(),
+            cursor: None,
+            limit: Some(10_000),
+        }),
+    ) {
+        Response::EffectsHistory(h) => h.records,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A guest of its own: the plugin is on from boot, and an observed run
+/// holds its session alone, which the other tests' concurrent runs would
+/// meet.
+#[test]
+fn guest_system_effects_observe_runs_with_the_bpf_lsm_in_the_vm() {
+    let Some(img) = require_vm("vm::guest_system_effects_observe_runs_with_the_bpf_lsm_in_the_vm")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = store_image(dir.path(), true);
+    let mut vm = Vm::boot(&img, Some(&store), &[EFFECTS_ARGS]);
+    let (mut c, t) = vm.connect(BOOT);
+    eprintln!("Hello answered {t:?} after QEMU started, with the plugin");
+    // The plugin runs with its BPF LSM hooks: the guest kernel's LSM list
+    // ends in bpf (kernel/config/effects.config), and the image's observer
+    // is the one allox-init pins.
+    match ok(
+        &mut c,
+        Request::EffectsStatus(EffectsStatusRequest { agent_id: None }),
+    ) {
+        Response::EffectsStatus(s) => {
+            assert!(s.lsm_hooks, "the history runs without its LSM hooks: {s:?}");
+            assert_eq!(
+                s.scope_file.as_deref(),
+                Some("/etc/allox/effects-scope.json"),
+                "{s:?}"
+            );
+            for d in [
+                EffectsDomain::Bpf,
+                EffectsDomain::Sysctl,
+                EffectsDomain::Mount,
+                EffectsDomain::Network,
+                EffectsDomain::Modules,
+                EffectsDomain::Processes,
+            ] {
+                assert!(s.domains.contains(&d), "{} not in scope: {s:?}", d.as_str());
+            }
+        }
+        other => panic!("{other:?}"),
+    }
+    ok(&mut c, agent("a"));
+    ok(&mut c, session("a", "s"));
+
+    let t = Instant::now();
+    let truth = observed(&mut c, "a", "s", "/bin/true");
+    eprintln!("/bin/true observed in {:?}", t.elapsed());
+    assert_eq!(true_wrong(&truth), None, "{truth:#?}");
+
+    let t = Instant::now();
+    let seed = observed(&mut c, "a", "s", "printf changed > effect.txt");
+    eprintln!("the seed's command observed in {:?}", t.elapsed());
+    assert_eq!(seed_command_wrong(&seed), None, "{seed:#?}");
+    // Controls: each check fails the other run.
+    assert!(seed_command_wrong(&truth).is_some());
+    assert!(true_wrong(&seed).is_some());
+
+    // The BPF LSM hooks run in the guest: the write open of effect.txt is
+    // in the seed command's history; the run that wrote nothing has none.
+    let h = effects_history(&mut c, "a", "s", &seed.run_id);
+    assert_eq!(lsm_history_wrong(&h), None);
+    assert!(lsm_history_wrong(&effects_history(&mut c, "a", "s", &truth.run_id)).is_some());
+
+    // A residue in the agent's shared/, attributed to the run that left it.
+    let residue = observed(
+        &mut c,
+        "a",
+        "s",
+        "echo left behind > \"$ALLOX_AGENT_SHARED/residue\"",
+    );
+    assert_eq!(shared_residue_wrong(&residue), None, "{residue:#?}");
+    assert!(shared_residue_wrong(&seed).is_some());
+    // What effects.get keeps is what the run was answered.
+    match ok(
+        &mut c,
+        Request::EffectsGet(EffectsGet {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: residue.run_id.clone(),
+        }),
+    ) {
+        Response::Effects(got) => {
+            assert_eq!(got.evidence_root, residue.evidence_root);
+            assert_eq!(shared_residue_wrong(&got), None);
+        }
+        other => panic!("{other:?}"),
+    }
+
+    let _ = c.call(Request::Shutdown(Shutdown {}));
+    assert!(
+        vm.wait_exit(Duration::from_secs(60)).is_some(),
+        "{}",
+        vm.console()
+    );
+    let (pending, _) = inspect_store(&store);
+    assert_eq!(pending, 0);
+}

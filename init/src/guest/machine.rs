@@ -60,7 +60,7 @@ const NOSUID_NODEV_NOEXEC: MountFlags = MountFlags::NOSUID
     .union(MountFlags::NOEXEC);
 
 /// The kernel filesystems, each after the one it is mounted in.
-pub const KERNEL_MOUNTS: [KernelMount; 10] = [
+pub const KERNEL_MOUNTS: [KernelMount; 11] = [
     KernelMount {
         source: "proc",
         target: "/proc",
@@ -128,6 +128,15 @@ pub const KERNEL_MOUNTS: [KernelMount; 10] = [
         source: "tracefs",
         target: "/sys/kernel/tracing",
         fstype: "tracefs",
+        flags: NOSUID_NODEV_NOEXEC,
+        data: "",
+    },
+    // The active LSMs (`lsm`), which the system-effects plugin reads to
+    // know the BPF LSM runs (CONFIG_SECURITYFS, kernel/config/effects.config).
+    KernelMount {
+        source: "securityfs",
+        target: "/sys/kernel/security",
+        fstype: "securityfs",
         flags: NOSUID_NODEV_NOEXEC,
         data: "",
     },

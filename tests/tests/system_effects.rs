@@ -449,6 +449,38 @@ fn the_observer_killed_from_outside_fences_the_session() {
     };
     let obs = observers_of(d.daemon.child.id());
     assert_eq!(obs.len(), 1, "one observer for the one run: {obs:?}");
+    // It holds only the capabilities it needs: none to load modules, to
+    // signal, to change identity or to make devices.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", obs[0])).unwrap();
+    let cap = |name: &str| -> u64 {
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in {status}"));
+        u64::from_str_radix(line.split_whitespace().nth(1).unwrap(), 16).unwrap()
+    };
+    let (eff, bnd) = (cap("CapEff:"), cap("CapBnd:"));
+    for (bit, what) in [
+        (16, "SYS_MODULE"),
+        (5, "KILL"),
+        (7, "SETUID"),
+        (27, "MKNOD"),
+        (22, "SYS_BOOT"),
+    ] {
+        assert_eq!(eff & (1 << bit), 0, "the observer has CAP_{what}: {eff:x}");
+        assert_eq!(
+            bnd & (1 << bit),
+            0,
+            "the observer may regain CAP_{what}: {bnd:x}"
+        );
+    }
+    for (bit, what) in [(21, "SYS_ADMIN"), (39, "BPF")] {
+        assert_ne!(
+            eff & (1 << bit),
+            0,
+            "the observer lacks CAP_{what}: {eff:x}"
+        );
+    }
     // The observer's own programs, by its descriptors.
     let its_progs = prog_ids_of(obs[0]);
     assert!(!its_progs.is_empty(), "the observer holds no BPF program");

@@ -38,6 +38,10 @@ pub const HISTORY_FILE: &str = "history.json";
 pub fn main() -> i32 {
     use std::os::fd::AsFd;
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
+    if let Err(e) = least_capabilities() {
+        eprintln!("allox-observe: drop the capabilities it does not need: {e}");
+        return 2;
+    }
     let stdin = std::io::stdin();
     let is_socket = rustix::fs::fstat(stdin.as_fd())
         .map(|st| rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket)
@@ -62,6 +66,45 @@ pub fn main() -> i32 {
             1
         }
     }
+}
+
+/// What the observer needs, and nothing else: its history's programs
+/// (`BPF`, `PERFMON`, `MAC_ADMIN` for the LSM hooks, `NET_ADMIN` for the
+/// cgroup sysctl program, `SYS_RESOURCE` for locked memory), its
+/// snapshots, filesystem marks and namespace joins (`SYS_ADMIN`; a
+/// snapshot of a tree the sandbox's user owns needs `FOWNER` too), reading
+/// every file and directory handle it must (`DAC_READ_SEARCH`,
+/// `DAC_OVERRIDE`), and other processes' `/proc` entries (`SYS_PTRACE`).
+/// The rest are dropped from every set, the bounding set included, so no
+/// program it could run gets them back.
+pub const CAPABILITIES: [caps::Capability; 10] = [
+    caps::Capability::CAP_BPF,
+    caps::Capability::CAP_PERFMON,
+    caps::Capability::CAP_MAC_ADMIN,
+    caps::Capability::CAP_NET_ADMIN,
+    caps::Capability::CAP_SYS_RESOURCE,
+    caps::Capability::CAP_SYS_ADMIN,
+    caps::Capability::CAP_DAC_READ_SEARCH,
+    caps::Capability::CAP_DAC_OVERRIDE,
+    caps::Capability::CAP_SYS_PTRACE,
+    caps::Capability::CAP_FOWNER,
+];
+
+fn least_capabilities() -> Result<(), caps::errors::CapsError> {
+    use caps::CapSet;
+    let keep: caps::CapsHashSet = CAPABILITIES.into_iter().collect();
+    for c in caps::all() {
+        if !keep.contains(&c) {
+            caps::drop(None, CapSet::Bounding, c)?;
+        }
+    }
+    caps::clear(None, CapSet::Ambient)?;
+    caps::clear(None, CapSet::Inheritable)?;
+    let have = caps::read(None, CapSet::Permitted)?;
+    let kept: caps::CapsHashSet = have.intersection(&keep).copied().collect();
+    caps::set(None, CapSet::Effective, &kept)?;
+    caps::set(None, CapSet::Permitted, &kept)?;
+    Ok(())
 }
 
 /// The observer's whole life: one run observed on `sock`. Returns once the

@@ -214,6 +214,38 @@ struct Observation {
     captures_a: BTreeMap<EffectsDomain, Capture>,
     fs: Option<domains::FsWatch>,
     started_ms: u64,
+    /// How long each step took (in the `close` record).
+    phases: Phases,
+}
+
+/// The time each step of an observation took, in µs.
+struct Phases {
+    at: std::time::Instant,
+    took: Vec<(&'static str, u64)>,
+}
+
+impl Phases {
+    fn new() -> Phases {
+        Phases {
+            at: std::time::Instant::now(),
+            took: Vec::new(),
+        }
+    }
+
+    fn done(&mut self, what: &'static str) {
+        let now = std::time::Instant::now();
+        self.took
+            .push((what, now.duration_since(self.at).as_micros() as u64));
+        self.at = now;
+    }
+
+    fn json(&self) -> serde_json::Value {
+        self.took
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), serde_json::Value::from(*v)))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
 }
 
 impl Observation {
@@ -221,7 +253,9 @@ impl Observation {
     /// writes `begin` and `capture_a`.
     fn start(begin: &Begin, chain: &mut Chain) -> Result<Observation, String> {
         let started_ms = allox_store::clock::now_ms();
+        let mut phases = Phases::new();
         let history = History::attach(begin)?;
+        phases.done("history_attach");
         let history = Arc::new(Mutex::new(history));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let drain = {
@@ -237,6 +271,7 @@ impl Observation {
                 .map_err(|e| format!("start the history's reader: {e}"))?
         };
         let fs = domains::FsWatch::start(begin)?;
+        phases.done("watch_start");
         let snaps_a = files::Snapshots::take(
             &begin.evidence,
             "a",
@@ -244,6 +279,7 @@ impl Observation {
             &begin.agent_workspace,
         )?;
         let mut captures_a = BTreeMap::new();
+        phases.done("snapshots_a");
         captures_a.insert(EffectsDomain::Workspace, files::identity(&snaps_a));
         for d in begin.scope.domains.iter().copied() {
             if let Some(c) = domains::capture(d, begin, &[]) {
@@ -273,9 +309,11 @@ impl Observation {
                 }),
             )
             .map_err(|e| e.to_string())?;
+        phases.done("captures_a");
         chain
             .append("capture_a", &body)
             .map_err(|e| e.to_string())?;
+        phases.done("chain_a");
         Ok(Observation {
             history,
             drain: Some(drain),
@@ -285,6 +323,7 @@ impl Observation {
             captures_a,
             fs,
             started_ms,
+            phases,
         })
     }
 
@@ -300,12 +339,15 @@ impl Observation {
         if let Some(t) = self.drain.take() {
             let _ = t.join();
         }
+        self.phases.at = std::time::Instant::now();
         let (records, counters, history_note) = {
             let mut h = self.history.lock().unwrap_or_else(|e| e.into_inner());
             h.poll();
             h.finish()
         };
+        self.phases.done("history_drain");
         let fs_seen = self.fs.take().map(|w| w.stop());
+        self.phases.done("watch_stop");
         let survivors = with_lineage(&end.survivors, &records);
         // What the run's processes did, the sandbox's init (which builds
         // the run's own mounts in its own namespaces) left out.
@@ -320,6 +362,7 @@ impl Observation {
             &begin.workspace,
             &begin.agent_workspace,
         )?;
+        self.phases.done("snapshots_b");
         let mut captures_b = BTreeMap::new();
         captures_b.insert(EffectsDomain::Workspace, files::identity(&snaps_b));
         for d in begin.scope.domains.iter().copied() {
@@ -327,6 +370,7 @@ impl Observation {
                 captures_b.insert(d, c);
             }
         }
+        self.phases.done("captures_b");
         let mut domains_out = Vec::new();
         for d in EffectsDomain::ALL {
             let mut de = DomainEffects {
@@ -412,6 +456,7 @@ impl Observation {
         let verdict = domains_out
             .iter()
             .fold(EffectsVerdict::NotObserved, |v, d| v.worst(d.verdict));
+        self.phases.done("compare");
         let err = |e: chain::ChainError| e.to_string();
         std::fs::write(
             begin.evidence.join(HISTORY_FILE),
@@ -442,8 +487,12 @@ impl Observation {
                 }),
             )
             .map_err(err)?;
+        self.phases.done("chain_b");
         let root = chain
-            .append("close", &serde_json::json!({ "counters": counters }))
+            .append(
+                "close",
+                &serde_json::json!({ "counters": counters, "phases_us": self.phases.json() }),
+            )
             .map_err(err)?;
         self.snaps_b = Some(snaps_b);
         // The independent check: the chain as written, read back.

@@ -65,6 +65,12 @@ fn capture_here() -> Capture {
     };
     let mut get = |what: &str, m: RouteNetlinkMessage| match dump(&sock, m) {
         Ok(v) => v,
+        // A kernel without policy routing has no rules to dump, nor to
+        // change: an observation, not a gap.
+        Err(e) if what == "rule" && e == UNSUPPORTED => {
+            c.insert("rules", "none: the kernel has no policy routing");
+            Vec::new()
+        }
         Err(e) => {
             c.gap(format!("network: {what} dump: {e}"));
             Vec::new()
@@ -112,6 +118,9 @@ fn open() -> std::io::Result<Socket> {
 
 /// One dump request and its answers, retried when the kernel says the
 /// dump was interrupted by a change (`NLM_F_DUMP_INTR`).
+/// What [`dump`] says of a dump the kernel does not have (`EOPNOTSUPP`).
+const UNSUPPORTED: &str = "not supported by this kernel";
+
 fn dump(sock: &Socket, req: RouteNetlinkMessage) -> Result<Vec<RouteNetlinkMessage>, String> {
     for _ in 0..5 {
         match dump_once(sock, req.clone())? {
@@ -150,6 +159,9 @@ fn dump_once(
             }
             match msg.payload {
                 NetlinkPayload::Done(_) => return Ok((!interrupted).then_some(out)),
+                NetlinkPayload::Error(e) if e.code.map(|c| c.get()) == Some(-libc::EOPNOTSUPP) => {
+                    return Err(UNSUPPORTED.to_string())
+                }
                 NetlinkPayload::Error(e) => return Err(format!("the kernel refused: {e}")),
                 NetlinkPayload::InnerMessage(m) => out.push(m),
                 NetlinkPayload::Noop | NetlinkPayload::Overrun(_) => {}

@@ -35,11 +35,18 @@ impl Snapshots {
             workspace: dir.join(format!("{label}-workspace")),
             agent: dir.join(format!("{label}-agent")),
         };
-        allox_store::btrfs::snapshot(workspace, &s.workspace, true)
-            .map_err(|e| format!("snapshot the session's workspace: {e}"))?;
+        allox_store::btrfs::snapshot(workspace, &s.workspace, true).map_err(|e| {
+            format!(
+                "snapshot the session's workspace: {}",
+                allox_protocol::error_chain(&e)
+            )
+        })?;
         if let Err(e) = allox_store::btrfs::snapshot(agent_workspace, &s.agent, true) {
             let _ = allox_store::btrfs::delete_subvolume(&s.workspace);
-            return Err(format!("snapshot the agent's workspace: {e}"));
+            return Err(format!(
+                "snapshot the agent's workspace: {}",
+                allox_protocol::error_chain(&e)
+            ));
         }
         Ok(s)
     }

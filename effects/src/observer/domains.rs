@@ -288,6 +288,11 @@ pub fn attribute(
     match d {
         EffectsDomain::Workspace | EffectsDomain::Processes => Attribution::run(&begin.run),
         EffectsDomain::Shared | EffectsDomain::Filesystem => {
+            // The run's own write opens (the BPF LSM's `file_open`) name
+            // the file as the sandbox sees it.
+            if d == EffectsDomain::Shared && wrote_shared(history, &diff.key) {
+                return Attribution::run(&begin.run);
+            }
             let Some(fs) = fs else {
                 return Attribution::unknown();
             };
@@ -458,4 +463,13 @@ fn begin_ms(begin: &Begin) -> u64 {
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// Whether the run's history has a write open of `shared/KEY` (the
+/// agent's `shared/` is `/allox/shared` in its sandbox).
+fn wrote_shared(history: &[HistoryRecord], key: &str) -> bool {
+    let want = format!("open for write /allox/shared/{key} ");
+    history.iter().any(|r| {
+        r.kind == "open_write" && r.detail.as_deref().is_some_and(|d| d.starts_with(&want))
+    })
 }

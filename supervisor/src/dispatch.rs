@@ -216,7 +216,9 @@ impl Supervisor {
                     runs.kill_tree(&dir, true)?;
                     Ok::<_, RequestError>(st.agent_delete_guarded(&r.agent_id, r.force)?)
                 });
-                Response::Deleted(out?)
+                let out = out?;
+                self.plugins.deleted(&r.agent_id, None);
+                Response::Deleted(out)
             }
             Request::SessionCreate(r) => {
                 let limits = limits_of(r.pids_max, r.memory_max, r.cpu_max.as_deref())?;
@@ -285,7 +287,9 @@ impl Supervisor {
                     runs.end_context(a, s)?;
                     Ok::<_, RequestError>(st.session_delete_guarded(a, s, r.force)?)
                 });
-                Response::Deleted(out?)
+                let out = out?;
+                self.plugins.deleted(a, Some(s));
+                Response::Deleted(out)
             }
             Request::CheckpointCreate(r) => Response::Checkpoint(st.checkpoint_create(r)?),
             Request::CheckpointList(r) => {

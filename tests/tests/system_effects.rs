@@ -1095,17 +1095,38 @@ fn a_freeze_that_cannot_finish_fences_the_session() {
     let cg = d.cgroup.join("allox/a/s").join(format!("run-{}", e.run_id));
     let left = std::fs::read_to_string(cg.join("cgroup.procs")).unwrap_or_default();
     assert!(left.trim().is_empty(), "left in the run's cgroup: {left}");
-    // Control: the same run with the default bound is not fenced.
-    let unfence = call(
+    // Deleting the fenced session lifts its fence: a session made again
+    // under its name is another, and runs.
+    call(
         &d,
-        Request::EffectsUnfence(allox_protocol::EffectsUnfence {
+        Request::SessionDelete(allox_protocol::SessionDelete {
             agent_id: "a".into(),
             session_id: "s".into(),
-            run_id: e.run_id.clone(),
-            evidence_root: e.evidence_root.clone(),
+            force: true,
+        }),
+    )
+    .expect("a fenced session can be deleted");
+    make_sessions(&d, &[("a", "s")]);
+    match call(
+        &d,
+        Request::EffectsStatus(allox_protocol::EffectsStatusRequest::default()),
+    ) {
+        Ok(Response::EffectsStatus(st)) => assert!(st.fences.is_empty(), "{st:?}"),
+        other => panic!("{other:?}"),
+    }
+    // A change to the new session is taken (no run here: with a freeze
+    // bound of 0 the end of any run whose init is still exiting is a fault).
+    let made = call(
+        &d,
+        Request::CheckpointCreate(allox_protocol::CheckpointCreate {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: "after".into(),
+            pinned: false,
+            label: None,
         }),
     );
-    assert!(unfence.is_ok(), "{unfence:?}");
+    assert!(made.is_ok(), "{made:?}");
 }
 
 #[test]

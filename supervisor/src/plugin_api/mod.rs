@@ -372,6 +372,10 @@ pub trait Plugin: Send + Sync {
         None
     }
 
+    /// Session `agent/session` (every session of `agent` when `None`) was
+    /// deleted: a session made again under its name is another.
+    fn deleted(&self, _agent: &str, _session: Option<&str>) {}
+
     /// Why changes to session `agent/session` are refused (a fence the
     /// plugin holds), if they are: reads and `session.delete` still work.
     fn holds(&self, _agent: &str, _session: &str) -> Option<String> {

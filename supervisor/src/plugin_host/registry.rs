@@ -354,6 +354,13 @@ impl Plugins {
         out
     }
 
+    /// [`Plugin::deleted`], in load order.
+    pub fn deleted(&self, agent: &str, session: Option<&str>) {
+        for p in &self.loaded {
+            p.deleted(agent, session);
+        }
+    }
+
     /// [`Plugin::holds`]: the first fence a plugin holds on the session.
     pub fn holds(&self, agent: &str, session: &str) -> Option<String> {
         self.loaded.iter().find_map(|p| p.holds(agent, session))

@@ -730,6 +730,27 @@ impl Plugin for SystemEffects {
         }
     }
 
+    fn deleted(&self, agent: &str, session: Option<&str>) {
+        let Some(st) = self.started.get() else { return };
+        for f in st.fences.list(Some(agent)) {
+            if session.is_some_and(|s| s != f.session_id) {
+                continue;
+            }
+            if let Err(e) = st.fences.lift(&f.agent_id, &f.session_id) {
+                tracing::error!(error = %e, "cannot lift the fence of a deleted session");
+                continue;
+            }
+            st.audit(
+                &f.agent_id,
+                &f.session_id,
+                &f.run_id,
+                "lifted",
+                &f.evidence_root,
+                Some("the session was deleted"),
+            );
+        }
+    }
+
     fn holds(&self, agent: &str, session: &str) -> Option<String> {
         let st = self.started.get()?;
         let f = st.fences.get(agent, session)?;

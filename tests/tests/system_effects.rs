@@ -103,6 +103,31 @@ fn observed(d: &ProcDaemon, a: &str, s: &str, argv: &[&str]) -> RunEffects {
     }
 }
 
+/// Starts `p` without waiting; its run's id.
+fn started(c: &mut allox_ctl::client::Client, mut p: allox_protocol::ProcessStart) -> String {
+    p.wait = false;
+    match c.call(Request::ProcessStart(p)).expect("transport") {
+        Ok(Response::Started(s)) => s.run_id,
+        other => panic!("start: {other:?}"),
+    }
+}
+
+/// Waits (30 s at most) for run `run` of `a/s` to end; its result.
+fn waited(d: &ProcDaemon, a: &str, s: &str, run: &str) -> allox_protocol::RunResult {
+    match call(
+        d,
+        Request::ProcessWait(allox_protocol::ProcessWait {
+            agent_id: a.into(),
+            session_id: s.into(),
+            run_id: run.into(),
+            timeout_ms: Some(30_000),
+        }),
+    ) {
+        Ok(Response::Exited(r)) => r,
+        other => panic!("wait: {other:?}"),
+    }
+}
+
 fn domain(e: &RunEffects, d: EffectsDomain) -> &allox_protocol::DomainEffects {
     e.domains
         .iter()
@@ -257,7 +282,7 @@ fn shared_writes_are_attributed_to_the_run_and_to_the_other_session() {
     make_sessions(&d, &[("a", "s1"), ("a", "s2")]);
     // s1 writes x, then waits until s2's run has written y and ended.
     let mut c = d.daemon.client();
-    let mut p = process_start(
+    let p = process_start(
         "a",
         "s1",
         &[
@@ -266,11 +291,7 @@ fn shared_writes_are_attributed_to_the_run_and_to_the_other_session() {
             "echo mine > $ALLOX_AGENT_SHARED/x; while [ ! -e go ]; do sleep 0.02; done",
         ],
     );
-    p.wait = false;
-    let run = match c.call(Request::ProcessStart(p)).expect("transport") {
-        Ok(Response::Started(s)) => s.run_id,
-        other => panic!("start: {other:?}"),
-    };
+    let run = started(&mut c, p);
     // The other session's run writes y while s1's run lives.
     match call(
         &d,
@@ -290,18 +311,7 @@ fn shared_writes_are_attributed_to_the_run_and_to_the_other_session() {
         b"",
     )
     .unwrap();
-    let e = match call(
-        &d,
-        Request::ProcessWait(allox_protocol::ProcessWait {
-            agent_id: "a".into(),
-            session_id: "s1".into(),
-            run_id: run.clone(),
-            timeout_ms: Some(30_000),
-        }),
-    ) {
-        Ok(Response::Exited(r)) => *r.effects.expect("effects"),
-        other => panic!("wait: {other:?}"),
-    };
+    let e = *waited(&d, "a", "s1", &run).effects.expect("effects");
     assert_eq!(shared_wrong(&e, &run, "s2"), None, "{e:#?}");
     // Control: s2's own run saw y as its own and never saw x.
     let e2 = match call(
@@ -441,12 +451,8 @@ fn the_observer_killed_from_outside_fences_the_session() {
     };
     make_sessions(&d, &[("a", "s"), ("a", "other")]);
     let mut c = d.daemon.client();
-    let mut p = process_start("a", "s", &["/bin/sh", "-c", "while :; do sleep 0.05; done"]);
-    p.wait = false;
-    let run = match c.call(Request::ProcessStart(p)).expect("transport") {
-        Ok(Response::Started(s)) => s.run_id,
-        other => panic!("start: {other:?}"),
-    };
+    let p = process_start("a", "s", &["/bin/sh", "-c", "while :; do sleep 0.05; done"]);
+    let run = started(&mut c, p);
     let obs = observers_of(d.daemon.child.id());
     assert_eq!(obs.len(), 1, "one observer for the one run: {obs:?}");
     // It holds only the capabilities it needs: none to load modules, to
@@ -489,21 +495,9 @@ fn the_observer_killed_from_outside_fences_the_session() {
         .status()
         .unwrap();
     assert!(killed.success());
-    let e = match call(
-        &d,
-        Request::ProcessWait(allox_protocol::ProcessWait {
-            agent_id: "a".into(),
-            session_id: "s".into(),
-            run_id: run.clone(),
-            timeout_ms: Some(30_000),
-        }),
-    ) {
-        Ok(Response::Exited(r)) => {
-            assert_eq!(r.signal, Some(9), "the run was killed: {r:?}");
-            *r.effects.expect("effects")
-        }
-        other => panic!("wait: {other:?}"),
-    };
+    let r = waited(&d, "a", "s", &run);
+    assert_eq!(r.signal, Some(9), "the run was killed: {r:?}");
+    let e = *r.effects.expect("effects");
     assert!(e.fenced, "{e:#?}");
     assert_eq!(e.verdict, EffectsVerdict::Incomplete);
     assert!(
@@ -615,16 +609,12 @@ fn an_observed_run_holds_its_session_alone() {
     };
     make_sessions(&d, &[("a", "s")]);
     let mut c = d.daemon.client();
-    let mut p = process_start(
+    let p = process_start(
         "a",
         "s",
         &["/bin/sh", "-c", "while [ ! -e go ]; do sleep 0.02; done"],
     );
-    p.wait = false;
-    let run = match c.call(Request::ProcessStart(p)).expect("transport") {
-        Ok(Response::Started(s)) => s.run_id,
-        other => panic!("start: {other:?}"),
-    };
+    let run = started(&mut c, p);
     let second = call(
         &d,
         Request::ProcessStart(process_start("a", "s", &["/bin/true"])),
@@ -639,18 +629,7 @@ fn an_observed_run_holds_its_session_alone() {
         b"",
     )
     .unwrap();
-    let e = match call(
-        &d,
-        Request::ProcessWait(allox_protocol::ProcessWait {
-            agent_id: "a".into(),
-            session_id: "s".into(),
-            run_id: run,
-            timeout_ms: Some(30_000),
-        }),
-    ) {
-        Ok(Response::Exited(r)) => *r.effects.expect("effects"),
-        other => panic!("wait: {other:?}"),
-    };
+    let e = *waited(&d, "a", "s", &run).effects.expect("effects");
     // `go` was written by the host while the run lived: a workspace change.
     assert_eq!(
         domain(&e, EffectsDomain::Workspace).verdict,
@@ -929,16 +908,12 @@ fn refused_attempts_are_in_the_history_and_a_root_helper_in_the_run_changes_each
 
     // A root helper placed in the run's cgroup does each for real.
     let mut c = d.daemon.client();
-    let mut p = process_start(
+    let p = process_start(
         "a",
         "s",
         &["/bin/sh", "-c", "while [ ! -e go ]; do sleep 0.02; done"],
     );
-    p.wait = false;
-    let run = match c.call(Request::ProcessStart(p)).expect("transport") {
-        Ok(Response::Started(s)) => s.run_id,
-        other => panic!("start: {other:?}"),
-    };
+    let run = started(&mut c, p);
     let base = d.cgroup.join("allox/a");
     let run_cg = base.join("s").join(format!("run-{run}"));
     let ctx = std::fs::read_to_string(base.join(".context-s/cgroup.procs"))
@@ -971,18 +946,7 @@ fn refused_attempts_are_in_the_history_and_a_root_helper_in_the_run_changes_each
         b"",
     )
     .unwrap();
-    let e = match call(
-        &d,
-        Request::ProcessWait(allox_protocol::ProcessWait {
-            agent_id: "a".into(),
-            session_id: "s".into(),
-            run_id: run,
-            timeout_ms: Some(30_000),
-        }),
-    ) {
-        Ok(Response::Exited(r)) => *r.effects.expect("effects"),
-        other => panic!("wait: {other:?}"),
-    };
+    let e = *waited(&d, "a", "s", &run).effects.expect("effects");
     let _ = std::fs::remove_file(&pin);
     let _ = std::process::Command::new("umount").arg(&mnt).status();
     if !mounted {
@@ -1080,7 +1044,9 @@ fn a_freeze_that_cannot_finish_fences_the_session() {
         &[
             "/bin/sh",
             "-c",
-            "setsid sh -c 'while :; do :; done' < /dev/null > /dev/null 2>&1 & sleep 0.2",
+            // Twenty busy processes on two CPUs: most are waiting for a
+            // CPU when the freeze is asked, and none stops before it runs.
+            "i=0; while [ $i -lt 20 ]; do setsid sh -c 'while :; do :; done' < /dev/null > /dev/null 2>&1 & i=$((i+1)); done; sleep 0.2",
         ],
     );
     assert!(e.fenced, "{e:#?}");
@@ -1140,7 +1106,7 @@ fn the_agent_cannot_signal_the_observer_and_the_attempt_is_in_the_history() {
     };
     make_sessions(&d, &[("a", "s")]);
     let mut c = d.daemon.client();
-    let mut p = process_start(
+    let p = process_start(
         "a",
         "s",
         &[
@@ -1149,11 +1115,7 @@ fn the_agent_cannot_signal_the_observer_and_the_attempt_is_in_the_history() {
             "while [ ! -s opid ]; do sleep 0.02; done; kill -9 $(cat opid); echo $?",
         ],
     );
-    p.wait = false;
-    let run = match c.call(Request::ProcessStart(p)).expect("transport") {
-        Ok(Response::Started(s)) => s.run_id,
-        other => panic!("start: {other:?}"),
-    };
+    let run = started(&mut c, p);
     let obs = observers_of(d.daemon.child.id());
     assert_eq!(obs.len(), 1, "{obs:?}");
     std::fs::write(
@@ -1163,18 +1125,7 @@ fn the_agent_cannot_signal_the_observer_and_the_attempt_is_in_the_history() {
         obs[0].to_string(),
     )
     .unwrap();
-    let e = match call(
-        &d,
-        Request::ProcessWait(allox_protocol::ProcessWait {
-            agent_id: "a".into(),
-            session_id: "s".into(),
-            run_id: run.clone(),
-            timeout_ms: Some(30_000),
-        }),
-    ) {
-        Ok(Response::Exited(r)) => *r.effects.expect("effects"),
-        other => panic!("wait: {other:?}"),
-    };
+    let e = *waited(&d, "a", "s", &run).effects.expect("effects");
     // The observer lived to close the evidence.
     assert!(!e.fenced, "{e:#?}");
     let h = history_of(&d, "a", "s", &run);

@@ -61,7 +61,8 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
-fn hex(b: &[u8]) -> String {
+/// `b` in lower-case hex.
+pub fn hex(b: &[u8]) -> String {
     use std::fmt::Write;
     let mut s = String::with_capacity(b.len() * 2);
     for x in b {

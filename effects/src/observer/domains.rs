@@ -172,13 +172,7 @@ pub struct Extra {
     pub gaps: Vec<String>,
 }
 
-pub fn extra(
-    d: EffectsDomain,
-    _begin: &Begin,
-    _history: &[HistoryRecord],
-    fs: Option<&FsSeen>,
-    survivors: &[Survivor],
-) -> Extra {
+pub fn extra(d: EffectsDomain, fs: Option<&FsSeen>, survivors: &[Survivor]) -> Extra {
     let mut e = Extra::default();
     match d {
         EffectsDomain::Processes => {

@@ -169,7 +169,7 @@ fn hash_file(p: &Path) -> std::io::Result<String> {
         }
         h.update(&buf[..n]);
     }
-    Ok(h.finalize().iter().map(|x| format!("{x:02x}")).collect())
+    Ok(crate::chain::hex(&h.finalize()))
 }
 
 /// A capture of what the snapshots are (for the evidence at A): their

@@ -17,8 +17,8 @@ pub mod wire;
 use crate::chain::{self, Chain};
 use crate::collect::{Capture, Difference};
 use allox_protocol::{
-    Attribution, DomainEffects, EffectChange, EffectsDomain, EffectsVerdict, HistoryCounters,
-    HistoryRecord, RunEffects, EFFECTS_PROTOCOL,
+    Attribution, DomainEffects, EffectChange, EffectsDomain, EffectsVerdict, HistoryRecord,
+    RunEffects, EFFECTS_PROTOCOL,
 };
 use history::History;
 use std::collections::BTreeMap;
@@ -413,7 +413,7 @@ impl Observation {
                     }
                 }
             };
-            let extra = domains::extra(d, begin, &records, fs_seen.as_ref(), &survivors);
+            let extra = domains::extra(d, fs_seen.as_ref(), &survivors);
             let mut gaps = gaps;
             gaps.extend(extra.gaps);
             let mut changes: Vec<EffectChange> = diffs
@@ -596,9 +596,4 @@ fn kernel() -> String {
 pub fn read_history(dir: &std::path::Path) -> std::io::Result<Vec<HistoryRecord>> {
     let bytes = std::fs::read(dir.join(HISTORY_FILE))?;
     serde_json::from_slice(&bytes).map_err(std::io::Error::other)
-}
-
-/// The counters of a run whose history never closed.
-pub fn no_counters() -> HistoryCounters {
-    HistoryCounters::default()
 }

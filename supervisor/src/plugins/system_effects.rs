@@ -442,13 +442,7 @@ impl Plugin for SystemEffects {
         let fences = Fences::load(&dir.join("fences"))
             .map_err(|e| start_err(format!("read the fences in {}: {e}", dir.display())))?;
         let supervisor_sha256 = std::fs::read("/proc/self/exe")
-            .map(|b| {
-                use sha2::Digest;
-                sha2::Sha256::digest(&b)
-                    .iter()
-                    .map(|x| format!("{x:02x}"))
-                    .collect::<String>()
-            })
+            .map(|b| allox_effects::chain::sha256_hex(&b))
             .map_err(|e| start_err(format!("read this executable to hash it: {e}")))?;
         let st = Arc::new(Started {
             supervisor_sha256,

@@ -21,9 +21,7 @@ pub struct Executable {
     pub path: PathBuf,
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
+use allox_effects::chain::hex;
 
 fn refuse(why: String) -> String {
     why

@@ -112,6 +112,21 @@ fn started(c: &mut allox_ctl::client::Client, mut p: allox_protocol::ProcessStar
     }
 }
 
+/// Run `run`'s effects, as `effects.get` answers them.
+fn effects_of(d: &ProcDaemon, a: &str, s: &str, run: &str) -> RunEffects {
+    match call(
+        d,
+        Request::EffectsGet(allox_protocol::EffectsGet {
+            agent_id: a.into(),
+            session_id: s.into(),
+            run_id: run.into(),
+        }),
+    ) {
+        Ok(Response::Effects(e)) => *e,
+        other => panic!("effects.get: {other:?}"),
+    }
+}
+
 /// Waits (30 s at most) for run `run` of `a/s` to end; its result.
 fn waited(d: &ProcDaemon, a: &str, s: &str, run: &str) -> allox_protocol::RunResult {
     match call(
@@ -196,17 +211,8 @@ fn the_seed_command_changes_the_workspace_only_and_true_changes_nothing() {
     // Control: the same check on the run that changed nothing fails.
     assert!(seed_command_wrong(&t).is_some());
     // The answer is kept, and its chain verifies to its root.
-    match call(
-        &d,
-        Request::EffectsGet(allox_protocol::EffectsGet {
-            agent_id: "agent-a".into(),
-            session_id: "session-1".into(),
-            run_id: e.run_id.clone(),
-        }),
-    ) {
-        Ok(Response::Effects(got)) => assert_eq!(got.evidence_root, e.evidence_root),
-        other => panic!("effects.get: {other:?}"),
-    }
+    let got = effects_of(&d, "agent-a", "session-1", &e.run_id);
+    assert_eq!(got.evidence_root, e.evidence_root);
     let dir = d
         .daemon
         .root
@@ -324,17 +330,7 @@ fn shared_writes_are_attributed_to_the_run_and_to_the_other_session() {
         Ok(Response::EffectsListing(l)) => l.runs.last().expect("s2's run").run_id.clone(),
         other => panic!("list: {other:?}"),
     };
-    let e2 = match call(
-        &d,
-        Request::EffectsGet(allox_protocol::EffectsGet {
-            agent_id: "a".into(),
-            session_id: "s2".into(),
-            run_id: e2,
-        }),
-    ) {
-        Ok(Response::Effects(e)) => *e,
-        other => panic!("get: {other:?}"),
-    };
+    let e2 = effects_of(&d, "a", "s2", &e2);
     assert!(shared_wrong(&e2, &e2.run_id, "s2").is_some());
 }
 
@@ -965,17 +961,7 @@ fn refused_attempts_are_in_the_history_and_a_root_helper_in_the_run_changes_each
         "{fs:?}"
     );
     // Control: the run whose attempts were refused fails the same check.
-    let refused = match call(
-        &d,
-        Request::EffectsGet(allox_protocol::EffectsGet {
-            agent_id: "a".into(),
-            session_id: "s".into(),
-            run_id: t.run_id.clone(),
-        }),
-    ) {
-        Ok(Response::Effects(e)) => *e,
-        other => panic!("{other:?}"),
-    };
+    let refused = effects_of(&d, "a", "s", &t.run_id);
     assert!(escaped_wrong(&refused, &pin, &mnt).is_some());
 }
 
@@ -1205,17 +1191,7 @@ fn killed_at(point: &str) {
         "{point}"
     );
     // The evidence says at best INCOMPLETE, and names the same root.
-    let e = match call(
-        &d,
-        Request::EffectsGet(allox_protocol::EffectsGet {
-            agent_id: "a".into(),
-            session_id: "s".into(),
-            run_id: f.run_id.clone(),
-        }),
-    ) {
-        Ok(Response::Effects(e)) => *e,
-        other => panic!("{point}: get {other:?}"),
-    };
+    let e = effects_of(&d, "a", "s", &f.run_id);
     assert_eq!(e.verdict, EffectsVerdict::Incomplete, "{point}");
     assert_eq!(e.evidence_root, f.evidence_root, "{point}");
     // Nothing of the run is left, frozen or running.

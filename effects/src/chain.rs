@@ -6,7 +6,9 @@
 //!
 //! The observer is the only writer. Every record is durable (its body and
 //! its line written and synced, the directory synced) before [`Chain::append`]
-//! returns, so a root that was answered is on disk.
+//! returns, so a root that was answered is on disk. [`Chain::append_later`]
+//! writes a record whose durability comes with the next `append`: one sync
+//! of each file for several records written together.
 //!
 //! [`verify`] reads a chain back and checks everything it can without
 //! trusting the writer: canonical form, sequence, links, body hashes, that
@@ -87,6 +89,10 @@ pub struct Chain {
     next: u64,
     head: String,
     closed: bool,
+    /// Bodies written by [`Chain::append_later`] and not synced yet.
+    unsynced: Vec<std::fs::File>,
+    /// Whether the directory itself is to be synced (its first record).
+    dir_unsynced: bool,
 }
 
 impl Chain {
@@ -115,6 +121,8 @@ impl Chain {
             next: 0,
             head: GENESIS.to_string(),
             closed: false,
+            unsynced: Vec::new(),
+            dir_unsynced: true,
         })
     }
 
@@ -137,9 +145,22 @@ impl Chain {
         &self.dir
     }
 
-    /// Appends a record of `kind` with `body`, durably; returns its hash
-    /// (the new head). `close` and `fault` end the chain.
+    /// Appends a record of `kind` with `body`, durably (with every record
+    /// written before it); returns its hash (the new head). `close` and
+    /// `fault` end the chain.
     pub fn append<T: Serialize>(&mut self, kind: &str, body: &T) -> Result<String, ChainError> {
+        let hash = self.append_later(kind, body)?;
+        self.sync()?;
+        Ok(hash)
+    }
+
+    /// Appends a record as [`append`](Chain::append) does, but leaves it
+    /// to the next `append` to make it durable.
+    pub fn append_later<T: Serialize>(
+        &mut self,
+        kind: &str,
+        body: &T,
+    ) -> Result<String, ChainError> {
         use std::os::unix::fs::OpenOptionsExt;
         if self.closed {
             return Err(ChainError::Closed(kind.to_string()));
@@ -158,7 +179,7 @@ impl Chain {
             .open(&bpath)
             .map_err(|e| io("create", &bpath, e))?;
         f.write_all(&body).map_err(|e| io("write", &bpath, e))?;
-        f.sync_all().map_err(|e| io("sync", &bpath, e))?;
+        self.unsynced.push(f);
         let record = Record {
             seq: self.next,
             prev: self.head.clone(),
@@ -172,17 +193,28 @@ impl Chain {
         self.records
             .write_all(&line)
             .map_err(|e| io("write", &rpath, e))?;
-        self.records.sync_all().map_err(|e| io("sync", &rpath, e))?;
-        sync_dir(&self.dir.join(BODIES))?;
-        if self.next == 0 {
-            sync_dir(&self.dir)?;
-        }
         self.next += 1;
         self.head = hash.clone();
         if kind == "close" || kind == "fault" {
             self.closed = true;
         }
         Ok(hash)
+    }
+
+    /// Makes every record written so far durable: the bodies, the records,
+    /// the directory of bodies (and the chain's directory the first time).
+    fn sync(&mut self) -> Result<(), ChainError> {
+        for f in self.unsynced.drain(..) {
+            f.sync_all()
+                .map_err(|e| io("sync", &self.dir.join(BODIES), e))?;
+        }
+        let rpath = self.dir.join(RECORDS);
+        self.records.sync_all().map_err(|e| io("sync", &rpath, e))?;
+        sync_dir(&self.dir.join(BODIES))?;
+        if std::mem::take(&mut self.dir_unsynced) {
+            sync_dir(&self.dir)?;
+        }
+        Ok(())
     }
 }
 
@@ -313,13 +345,15 @@ mod tests {
     #[test]
     fn a_written_chain_verifies_to_its_root() {
         let (d, mut c) = chain();
-        c.append(
+        c.append_later(
             "begin",
             &serde_json::json!({"run": "r1", "argv": ["/bin/true"]}),
         )
         .unwrap();
+        assert_eq!(c.unsynced.len(), 1, "a record written later waits");
         c.append("capture_a", &serde_json::json!({"z": 1, "a": "é/\n"}))
             .unwrap();
+        assert!(c.unsynced.is_empty(), "synced with the next append");
         let root = c.append("close", &serde_json::json!({"lost": 0})).unwrap();
         let v = verify(&d.path().join("run"), Some(&root)).unwrap();
         assert_eq!(v.root, root);

@@ -1212,3 +1212,80 @@ fn the_supervisor_killed_at_each_step_of_the_protocol_leaves_the_session_fenced(
         killed_at(point);
     }
 }
+
+/// What is wrong with `h` as the history of one run that follows
+/// another, whose history was `before`: a record of the earlier run's
+/// processes, counters that are not this run's own, or no `exec` of
+/// `/bin/true`.
+fn own_history_wrong(
+    h: &[allox_protocol::HistoryRecord],
+    counters: &allox_protocol::HistoryCounters,
+    before: &[allox_protocol::HistoryRecord],
+) -> Option<String> {
+    let earlier: std::collections::HashSet<u32> = before.iter().map(|r| r.pid).collect();
+    if let Some(r) = h.iter().find(|r| earlier.contains(&r.pid)) {
+        return Some(format!("a record of the earlier run's process: {r:?}"));
+    }
+    if counters.received != h.len() as u64 || counters.lost != 0 {
+        return Some(format!(
+            "counters {counters:?} are not those of the {} records",
+            h.len()
+        ));
+    }
+    if !h
+        .iter()
+        .any(|r| r.kind == "exec" && r.detail.as_deref().unwrap_or("").contains("/bin/true"))
+    {
+        return Some("no exec of /bin/true".into());
+    }
+    None
+}
+
+#[test]
+fn one_observer_serves_runs_one_after_the_other_and_a_dead_one_is_replaced() {
+    let name = "one_observer_serves_runs_one_after_the_other_and_a_dead_one_is_replaced";
+    let Some((d, _scope, _one)) = start(name, Some(SCOPE_MACHINE), &[]) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "s"), ("a", "t")]);
+    let pid = d.daemon.child.id();
+    // Loaded before the first run is asked for.
+    let waiting = observers_of(pid);
+    assert_eq!(waiting.len(), 1, "one observer waits: {waiting:?}");
+    let first = observed(&d, "a", "s", &["/bin/sh", "-c", "echo x > one.txt"]);
+    let second = observed(&d, "a", "t", &["/bin/true"]);
+    assert_eq!(
+        observers_of(pid),
+        waiting,
+        "the observer that waited served both runs"
+    );
+    assert_eq!(first.verdict, EffectsVerdict::Changed, "{first:#?}");
+    assert_eq!(second.verdict, EffectsVerdict::Consistent, "{second:#?}");
+    let h1 = history_of(&d, "a", "s", &first.run_id);
+    let h2 = history_of(&d, "a", "t", &second.run_id);
+    assert_eq!(
+        own_history_wrong(&h2, &second.history, &h1),
+        None,
+        "{h2:#?}"
+    );
+    // Control: both runs' records, or counters kept from the first run,
+    // fail the check.
+    let both: Vec<_> = h1.iter().chain(&h2).cloned().collect();
+    assert!(own_history_wrong(&both, &second.history, &h1).is_some());
+    let mut summed = second.history;
+    summed.received += first.history.received;
+    assert!(own_history_wrong(&h2, &summed, &[]).is_some());
+    // The observer dies while it waits: the next run gets a new one and
+    // is observed as any other, its session not fenced.
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &waiting[0].to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let third = observed(&d, "a", "t", &["/bin/true"]);
+    assert!(!third.fenced, "{third:#?}");
+    assert_eq!(third.verdict, EffectsVerdict::Consistent, "{third:#?}");
+    let now = observers_of(pid);
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert_ne!(now, waiting, "a new observer served the third run");
+}

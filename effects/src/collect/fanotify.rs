@@ -328,6 +328,22 @@ fn drain(
     opts: WatchOptions,
     held: Arc<AtomicBool>,
 ) -> Observed {
+    let out = drain_until_stopped(&fan, stop, marked, opts, held);
+    // Closing a group with filesystem marks waits for the kernel to let go
+    // of them (milliseconds): done aside, not on the way to the answer.
+    let _ = std::thread::Builder::new()
+        .name("allox-fanotify-close".into())
+        .spawn(move || drop(fan));
+    out
+}
+
+fn drain_until_stopped(
+    fan: &OwnedFd,
+    stop: OwnedFd,
+    marked: Vec<Marked>,
+    opts: WatchOptions,
+    held: Arc<AtomicBool>,
+) -> Observed {
     use rustix::event::{poll, PollFd, PollFlags, Timespec};
     let mut out = Observed::default();
     let mut buf = vec![0u8; 256 << 10];
@@ -345,7 +361,7 @@ fn drain(
         }
         if !stopping {
             let mut fds = [
-                PollFd::new(&fan, PollFlags::IN),
+                PollFd::new(fan, PollFlags::IN),
                 PollFd::new(&stop, PollFlags::IN),
             ];
             match poll(&mut fds, None) {
@@ -362,7 +378,7 @@ fn drain(
                 stopping = true;
             }
         }
-        let n = match rustix::io::read(&fan, &mut buf[..]) {
+        let n = match rustix::io::read(fan, &mut buf[..]) {
             Ok(n) => n,
             Err(rustix::io::Errno::AGAIN) => {
                 if stopping {

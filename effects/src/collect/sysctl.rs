@@ -14,9 +14,9 @@
 //! (`*.stable_secret`) are kept as their SHA-256, never as text.
 
 use super::Capture;
+use rustix::fd::OwnedFd;
 use sha2::{Digest, Sha256};
 use std::os::fd::BorrowedFd;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 /// Keys whose values change on their own, skipped by both captures. An
@@ -55,27 +55,102 @@ pub fn capture(netns: Option<BorrowedFd>, volatile: &[&str]) -> Capture {
     }
 }
 
-/// Walks `root`, naming each file `prefix.a.b`.
+/// Walks `root`, naming each file `prefix.a.b`. Each directory directly
+/// under `root` is walked on a thread of its own (a thread made by a thread
+/// inside a network namespace is inside it too); the files are opened
+/// relative to their directory's descriptor, their kind taken from the
+/// directory entry: a capture costs about what reading the files costs.
 pub fn capture_under(root: &Path, prefix: &str, volatile: &[&str]) -> Capture {
     let mut c = Capture::new();
-    walk(root, prefix, volatile, &mut c);
+    let dir = match open_dir(rustix::fs::CWD, root) {
+        Ok(d) => d,
+        Err(e) => {
+            c.gap(format!("sysctl: {}: cannot list: {e}", root.display()));
+            return c;
+        }
+    };
+    let mut subdirs = Vec::new();
+    walk(
+        &dir,
+        &root.display().to_string(),
+        prefix,
+        volatile,
+        &mut c,
+        Some(&mut subdirs),
+    );
+    let parts: Vec<Capture> = std::thread::scope(|s| {
+        let handles: Vec<_> = subdirs
+            .iter()
+            .map(|(fd, path, key)| {
+                s.spawn(move || {
+                    let mut part = Capture::new();
+                    walk(fd, path, key, volatile, &mut part, None);
+                    part
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .zip(&subdirs)
+            .map(|(h, (_, path, _))| {
+                h.join().unwrap_or_else(|_| {
+                    let mut g = Capture::new();
+                    g.gap(format!("sysctl: {path}: the walk panicked"));
+                    g
+                })
+            })
+            .collect()
+    });
+    for p in parts {
+        c.items.extend(p.items);
+        c.gaps.extend(p.gaps);
+    }
     c
 }
 
-fn walk(dir: &Path, key: &str, volatile: &[&str], c: &mut Capture) {
-    let entries = match std::fs::read_dir(dir) {
+fn open_dir(
+    at: impl rustix::fd::AsFd,
+    path: impl rustix::path::Arg,
+) -> rustix::io::Result<OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    rustix::fs::openat(
+        at,
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )
+}
+
+/// Reads the directory `dir` (`path`, for messages), naming its entries
+/// `key.name`; subdirectories are walked here, or handed to `defer` when
+/// given.
+fn walk(
+    dir: &OwnedFd,
+    path: &str,
+    key: &str,
+    volatile: &[&str],
+    c: &mut Capture,
+    mut defer: Option<&mut Vec<(OwnedFd, String, String)>>,
+) {
+    use rustix::fs::{FileType, Mode, OFlags};
+    let entries = match rustix::fs::Dir::read_from(dir) {
         Ok(e) => e,
-        Err(e) => return c.gap(format!("sysctl: {}: cannot list: {e}", dir.display())),
+        Err(e) => return c.gap(format!("sysctl: {path}: cannot list: {e}")),
     };
+    let mut buf = vec![0u8; 4096];
     for entry in entries {
         let entry = match entry {
             Ok(e) => e,
             Err(e) => {
-                c.gap(format!("sysctl: {}: cannot list: {e}", dir.display()));
-                continue;
+                c.gap(format!("sysctl: {path}: cannot list: {e}"));
+                break;
             }
         };
-        let name = entry.file_name().to_string_lossy().replace('.', "/");
+        let raw = entry.file_name();
+        if raw.to_bytes() == b"." || raw.to_bytes() == b".." {
+            continue;
+        }
+        let name = raw.to_string_lossy().replace('.', "/");
         let k = if key.is_empty() {
             name
         } else {
@@ -84,33 +159,77 @@ fn walk(dir: &Path, key: &str, volatile: &[&str], c: &mut Capture) {
         if is_volatile(&k, volatile) {
             continue;
         }
-        let path = entry.path();
-        let meta = match entry.metadata() {
-            Ok(m) => m,
+        let mut kind = entry.file_type();
+        if kind == FileType::Unknown {
+            kind = match rustix::fs::statat(dir, raw, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => FileType::from_raw_mode(st.st_mode),
+                Err(e) => {
+                    c.gap(format!("sysctl: {k}: {e}"));
+                    continue;
+                }
+            };
+        }
+        if kind == FileType::Directory {
+            let sub_path = format!("{path}/{}", raw.to_string_lossy());
+            match open_dir(dir, raw) {
+                Ok(sub) => match defer.as_deref_mut() {
+                    Some(d) => d.push((sub, sub_path, k)),
+                    None => walk(&sub, &sub_path, &k, volatile, c, None),
+                },
+                Err(e) => c.gap(format!("sysctl: {sub_path}: cannot list: {e}")),
+            }
+            continue;
+        }
+        let fd = match rustix::fs::openat(dir, raw, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+        {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::ACCESS) if write_only(dir, raw) => continue,
+            Err(rustix::io::Errno::NOENT) => continue, // vanished (a device went)
+            Err(e) => {
+                c.gap(format!("sysctl: {k}: cannot read: {e}"));
+                continue;
+            }
+        };
+        match rustix::fs::fstat(&fd) {
+            Ok(st) if st.st_mode & 0o444 == 0 => continue, // write-only: nothing to read
+            Ok(_) => {}
             Err(e) => {
                 c.gap(format!("sysctl: {k}: {e}"));
                 continue;
             }
-        };
-        if meta.is_dir() {
-            walk(&path, &k, volatile, c);
-            continue;
         }
-        if meta.permissions().mode() & 0o444 == 0 {
-            continue; // write-only: nothing to read
-        }
-        match std::fs::read(&path) {
-            Ok(bytes) => {
-                let text = String::from_utf8_lossy(&bytes);
-                c.insert(k.clone(), value_of(&k, &text));
+        match read_all(&fd, &mut buf) {
+            Ok(n) => {
+                let text = String::from_utf8_lossy(&buf[..n]);
+                let v = value_of(&k, &text);
+                c.insert(k, v);
             }
-            Err(e) => match e.raw_os_error() {
-                Some(libc::EIO) => c.insert(k, "!EIO"),
-                Some(libc::ENODATA) => c.insert(k, "!ENODATA"),
-                // Vanished between listing and reading (a device went).
-                Some(libc::ENOENT) => {}
-                _ => c.gap(format!("sysctl: {k}: cannot read: {e}")),
-            },
+            Err(rustix::io::Errno::IO) => c.insert(k, "!EIO"),
+            Err(rustix::io::Errno::NODATA) => c.insert(k, "!ENODATA"),
+            Err(e) => c.gap(format!("sysctl: {k}: cannot read: {e}")),
+        }
+    }
+}
+
+/// Whether `name` in `dir` is write-only by mode (root is refused reading
+/// those in `/proc/sys`).
+fn write_only(dir: &OwnedFd, name: &std::ffi::CStr) -> bool {
+    rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+        .is_ok_and(|st| st.st_mode & 0o444 == 0)
+}
+
+/// Reads `fd` to its end into `buf` (grown as needed); the length read.
+fn read_all(fd: &OwnedFd, buf: &mut Vec<u8>) -> rustix::io::Result<usize> {
+    let mut n = 0;
+    loop {
+        if n == buf.len() {
+            buf.resize(buf.len() * 2, 0);
+        }
+        match rustix::io::read(fd, &mut buf[n..]) {
+            Ok(0) => return Ok(n),
+            Ok(k) => n += k,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e),
         }
     }
 }
@@ -142,6 +261,7 @@ pub fn is_volatile(key: &str, volatile: &[&str]) -> bool {
 mod tests {
     use super::*;
     use std::fs;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn volatile_entries_match_exactly_or_by_pattern() {

@@ -12,43 +12,83 @@ use allox_protocol::{HistoryCounters, HistoryRecord};
 /// incomplete.
 pub const MAX_RECORDS: usize = 1_000_000;
 
-/// The tag of the one run an observer watches.
-const TAG: u64 = 1;
+/// The history's programs, loaded once per observer and kept across the
+/// runs it observes one after the other: loading and verifying them is
+/// most of what an observation would cost otherwise.
+pub struct Loaded {
+    programs: Programs,
+    ring_bytes: u32,
+    lsm: bool,
+    /// The tag of the last run watched (each run its own).
+    tag: u64,
+}
+
+impl Loaded {
+    /// Loads the programs (with or without the BPF LSM hooks) and lists
+    /// their objects in `registry` under this process's id.
+    pub fn load(ring_bytes: u32, lsm: bool, registry: &std::path::Path) -> Result<Loaded, String> {
+        let loaded = if lsm {
+            Programs::load(ring_bytes)
+        } else {
+            Programs::load_without_lsm(ring_bytes)
+        };
+        let p = loaded.map_err(|e| format!("load the history's programs: {}", chain(&e)))?;
+        let o = p.objects();
+        register(
+            registry,
+            &std::process::id().to_string(),
+            &o.progs,
+            &o.maps,
+            &o.links,
+        )?;
+        Ok(Loaded {
+            programs: p,
+            ring_bytes,
+            lsm,
+            tag: 0,
+        })
+    }
+
+    /// Whether these programs are what `begin` asks for.
+    pub fn fits(&self, begin: &Begin) -> bool {
+        self.ring_bytes == begin.ring_bytes && self.lsm == begin.lsm
+    }
+}
 
 /// The history of one run.
 pub struct History {
-    programs: Option<Programs>,
+    loaded: Option<Loaded>,
+    tag: u64,
+    /// The counters when the run began: the run's are the difference.
+    base: allox_ebpf_probes::Counters,
     records: Vec<HistoryRecord>,
     /// Records received but not kept (past [`MAX_RECORDS`]).
     dropped: u64,
 }
 
 impl History {
-    /// Loads and attaches the programs, watching `begin`'s cgroup (made
-    /// and still empty) and attaching the sysctl program to it.
-    pub fn attach(begin: &Begin) -> Result<History, String> {
-        let loaded = if begin.lsm {
-            Programs::load(begin.ring_bytes)
-        } else {
-            Programs::load_without_lsm(begin.ring_bytes)
-        };
-        let mut p = loaded.map_err(|e| format!("load the history's programs: {}", chain(&e)))?;
-        p.watch(begin.cgroup_id, TAG)
+    /// Watches `begin`'s cgroup (made and still empty) with `loaded`'s
+    /// programs under a tag of the run's own, and attaches the sysctl
+    /// program to it. On failure the programs are dropped (the observer
+    /// stops after a fault).
+    pub fn attach(begin: &Begin, mut loaded: Loaded) -> Result<History, String> {
+        // Whatever an earlier run left in the ring is read and counted
+        // now, not charged to this run.
+        loaded.programs.poll(|_| {});
+        loaded.tag += 1;
+        let tag = loaded.tag;
+        let base = loaded.programs.counters();
+        let p = &mut loaded.programs;
+        p.watch(begin.cgroup_id, tag)
             .map_err(|e| format!("watch the run's cgroup: {}", chain(&e)))?;
         let cg = std::fs::File::open(&begin.cgroup)
             .map_err(|e| format!("open the run's cgroup {}: {e}", begin.cgroup.display()))?;
-        p.attach_sysctl(TAG, &cg)
+        p.attach_sysctl(tag, &cg)
             .map_err(|e| format!("attach the sysctl program: {}", chain(&e)))?;
-        let o = p.objects();
-        register(
-            &begin.registry,
-            &std::process::id().to_string(),
-            &o.progs,
-            &o.maps,
-            &o.links,
-        )?;
         Ok(History {
-            programs: Some(p),
+            loaded: Some(loaded),
+            tag,
+            base,
             records: Vec::new(),
             dropped: 0,
         })
@@ -56,11 +96,14 @@ impl History {
 
     /// Reads what the kernel side has made since the last call.
     pub fn poll(&mut self) {
-        let Some(p) = self.programs.as_mut() else {
+        let Some(l) = self.loaded.as_mut() else {
             return;
         };
-        let (records, dropped) = (&mut self.records, &mut self.dropped);
-        p.poll(|r| {
+        let (records, dropped, tag) = (&mut self.records, &mut self.dropped, self.tag);
+        l.programs.poll(|r| {
+            if r.tag != tag {
+                return;
+            }
             if records.len() < MAX_RECORDS {
                 records.push(r.to_protocol());
             } else {
@@ -69,30 +112,43 @@ impl History {
         });
     }
 
-    /// Drains what is left (the run's tree has exited), detaches every
-    /// program, and returns the records, the counters, and why the history
-    /// is incomplete if it is.
+    /// Drains what is left (the run's tree has exited), stops watching
+    /// the run, and returns the records, the run's counters, and why the
+    /// history is incomplete if it is. The programs stay loaded, for the
+    /// next run: [`take_loaded`](History::take_loaded).
     pub fn finish(&mut self) -> (Vec<HistoryRecord>, HistoryCounters, Option<String>) {
-        let Some(mut p) = self.programs.take() else {
+        if self.loaded.is_none() {
             return (
                 std::mem::take(&mut self.records),
                 HistoryCounters::default(),
                 Some("the history's programs were not attached".into()),
             );
-        };
+        }
         // Until the ring is empty: nothing of the run writes to it now.
         loop {
             let before = self.records.len() as u64 + self.dropped;
-            self.programs = Some(p);
             self.poll();
-            p = self.programs.take().expect("just put back");
             if self.records.len() as u64 + self.dropped == before {
                 break;
             }
         }
-        let c = p.counters().to_protocol();
-        drop(p);
+        let l = self.loaded.as_mut().expect("checked above");
+        let now = l.programs.counters();
         let mut note = None;
+        if let Err(e) = l.programs.unwatch(self.tag) {
+            // Programs that cannot stop watching are not used again.
+            note = Some(format!("stop watching the run: {}", chain(&e)));
+            self.loaded = None;
+        }
+        let emitted = now.emitted.saturating_sub(self.base.emitted);
+        let received = now.received.saturating_sub(self.base.received);
+        let c = HistoryCounters {
+            emitted,
+            received,
+            lost: emitted.saturating_sub(received),
+            syscalls: now.syscalls.saturating_sub(self.base.syscalls),
+            refused: now.refused.saturating_sub(self.base.refused),
+        };
         if c.lost > 0 {
             note = Some(format!(
                 "the history lost {} of {} records (its ring buffer was full: --system-effects-ring-bytes)",
@@ -105,6 +161,12 @@ impl History {
             ));
         }
         (std::mem::take(&mut self.records), c, note)
+    }
+
+    /// The programs, once the run is finished, for the next run (none if
+    /// they could not stop watching this one).
+    pub fn take_loaded(&mut self) -> Option<Loaded> {
+        self.loaded.take()
     }
 }
 

@@ -59,11 +59,67 @@ pub fn main() -> i32 {
             return 2;
         }
     };
-    match observe(sock) {
+    // The history's programs are loaded now, before the first run is
+    // asked for, when the supervisor says how (`--ring-bytes N`,
+    // `--without-lsm`, `--registry DIR`); else at the first `Begin`.
+    let preload = match Preload::from_args(std::env::args().skip(1)) {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("allox-observe: {why}");
+            return 2;
+        }
+    };
+    let loaded = preload.map(|p| history::Loaded::load(p.ring_bytes, p.lsm, &p.registry));
+    match observe(sock, loaded) {
         Ok(()) => 0,
         Err(why) => {
             eprintln!("allox-observe: {why}");
             1
+        }
+    }
+}
+
+/// How to load the history before the first run.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Preload {
+    pub ring_bytes: u32,
+    pub lsm: bool,
+    pub registry: std::path::PathBuf,
+}
+
+impl Preload {
+    /// `--ring-bytes N [--without-lsm] --registry DIR`, or nothing.
+    pub fn from_args(args: impl Iterator<Item = String>) -> Result<Option<Preload>, String> {
+        let (mut ring, mut lsm, mut registry) = (None, true, None);
+        let mut args = args;
+        while let Some(a) = args.next() {
+            match a.as_str() {
+                "--ring-bytes" => {
+                    let v = args.next().ok_or("--ring-bytes needs a value")?;
+                    ring = Some(
+                        v.parse::<u32>()
+                            .map_err(|_| format!("--ring-bytes {v:?} is not a number"))?,
+                    );
+                }
+                "--without-lsm" => lsm = false,
+                "--registry" => {
+                    registry = Some(std::path::PathBuf::from(
+                        args.next().ok_or("--registry needs a value")?,
+                    ))
+                }
+                other => return Err(format!("unknown argument {other:?}")),
+            }
+        }
+        match (ring, registry) {
+            (None, None) if lsm => Ok(None),
+            (Some(ring_bytes), Some(registry)) => Ok(Some(Preload {
+                ring_bytes,
+                lsm,
+                registry,
+            })),
+            _ => {
+                Err("--ring-bytes and --registry go together (and --without-lsm with them)".into())
+            }
         }
     }
 }
@@ -107,21 +163,44 @@ fn least_capabilities() -> Result<(), caps::errors::CapsError> {
     Ok(())
 }
 
-/// The observer's whole life: one run observed on `sock`. Returns once the
-/// evidence is closed (or faulted) and answered.
-pub fn observe(mut sock: UnixStream) -> Result<(), String> {
-    let begin = match wire::recv::<ToObserver>(&mut sock) {
-        Ok(Some(ToObserver::Begin(b))) => b,
-        Ok(Some(other)) => return Err(format!("expected Begin, got {other:?}")),
-        Ok(None) => return Err("the supervisor closed the conversation before Begin".into()),
-        Err(e) => return Err(format!("read Begin: {e}")),
-    };
+/// The observer's whole life: runs observed on `sock` one after the other,
+/// with the history's programs `loaded` once (or at the first `Begin`).
+/// Returns when the supervisor ends the conversation between runs; the
+/// first fault ends it too, after the fault is recorded and answered: an
+/// observer that failed is not used again.
+pub fn observe(
+    mut sock: UnixStream,
+    mut loaded: Option<Result<history::Loaded, String>>,
+) -> Result<(), String> {
+    loop {
+        let begin = match wire::recv::<ToObserver>(&mut sock) {
+            Ok(Some(ToObserver::Begin(b))) => b,
+            Ok(Some(other)) => return Err(format!("expected Begin, got {other:?}")),
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(format!("read Begin: {e}")),
+        };
+        let programs = match loaded.take() {
+            Some(Ok(l)) if l.fits(&begin) => Ok(l),
+            Some(Err(why)) => Err(why),
+            _ => history::Loaded::load(begin.ring_bytes, begin.lsm, &begin.registry),
+        };
+        loaded = Some(Ok(observe_one(&mut sock, &begin, programs)?));
+    }
+}
+
+/// One run: A sealed, B closed and answered; the programs back for the
+/// next run.
+fn observe_one(
+    sock: &mut UnixStream,
+    begin: &Begin,
+    programs: Result<history::Loaded, String>,
+) -> Result<history::Loaded, String> {
     let mut chain = match Chain::create(&begin.evidence) {
         Ok(c) => c,
         Err(e) => {
             let why = e.to_string();
             let _ = wire::send(
-                &mut sock,
+                sock,
                 &FromObserver::Failed {
                     why: why.clone(),
                     head: String::new(),
@@ -130,60 +209,52 @@ pub fn observe(mut sock: UnixStream) -> Result<(), String> {
             return Err(why);
         }
     };
-    let mut obs = match Observation::start(&begin, &mut chain) {
+    let started = programs.and_then(|p| Observation::start(begin, &mut chain, p));
+    let mut obs = match started {
         Ok(o) => o,
-        Err(why) => return fail(&mut sock, &mut chain, None, why),
+        Err(why) => return Err(fail(sock, &mut chain, None, why)),
     };
     if let Err(e) = wire::send(
-        &mut sock,
+        sock,
         &FromObserver::Sealed {
             baseline: chain.head().to_string(),
         },
     ) {
-        return fail(
-            &mut sock,
+        return Err(fail(
+            sock,
             &mut chain,
             Some(obs),
             format!("answer Sealed: {e}"),
-        );
+        ));
     }
-    let end = match wire::recv::<ToObserver>(&mut sock) {
+    let end = match wire::recv::<ToObserver>(sock) {
         Ok(Some(ToObserver::End(end))) => end,
         Ok(Some(other)) => {
-            return fail(
-                &mut sock,
-                &mut chain,
-                Some(obs),
-                format!("expected End, got {other:?}"),
-            )
+            let why = format!("expected End, got {other:?}");
+            return Err(fail(sock, &mut chain, Some(obs), why));
         }
         Ok(None) => {
-            return fail(
-                &mut sock,
-                &mut chain,
-                Some(obs),
-                "the supervisor went away before the run's end".into(),
-            )
+            let why = "the supervisor went away before the run's end".to_string();
+            return Err(fail(sock, &mut chain, Some(obs), why));
         }
-        Err(e) => return fail(&mut sock, &mut chain, Some(obs), format!("read End: {e}")),
+        Err(e) => return Err(fail(sock, &mut chain, Some(obs), format!("read End: {e}"))),
     };
-    match obs.finish(&begin, &end, &mut chain) {
+    match obs.finish(begin, &end, &mut chain) {
         Ok(effects) => {
-            let _ = wire::send(&mut sock, &FromObserver::Closed(Box::new(effects)));
-            obs.cleanup();
-            Ok(())
+            // Answered first; the snapshots go before the next `Begin` is
+            // read.
+            let sent = wire::send(sock, &FromObserver::Closed(Box::new(effects)));
+            let loaded = obs.cleanup();
+            sent.map_err(|e| format!("answer Closed: {e}"))?;
+            loaded.ok_or_else(|| "the history's programs cannot be used again".to_string())
         }
-        Err(why) => fail(&mut sock, &mut chain, Some(obs), why),
+        Err(why) => Err(fail(sock, &mut chain, Some(obs), why)),
     }
 }
 
-/// Closes the chain with a `fault` record and tells the supervisor.
-fn fail(
-    sock: &mut UnixStream,
-    chain: &mut Chain,
-    obs: Option<Observation>,
-    why: String,
-) -> Result<(), String> {
+/// Closes the chain with a `fault` record and tells the supervisor;
+/// returns why.
+fn fail(sock: &mut UnixStream, chain: &mut Chain, obs: Option<Observation>, why: String) -> String {
     if let Some(o) = obs {
         o.cleanup();
     }
@@ -201,7 +272,7 @@ fn fail(
             head,
         },
     );
-    Err(why)
+    why
 }
 
 /// What the observer holds between A and B.
@@ -221,7 +292,7 @@ struct Observation {
 /// The time each step of an observation took, in µs.
 struct Phases {
     at: std::time::Instant,
-    took: Vec<(&'static str, u64)>,
+    took: Vec<(String, u64)>,
 }
 
 impl Phases {
@@ -232,17 +303,24 @@ impl Phases {
         }
     }
 
-    fn done(&mut self, what: &'static str) {
+    fn done(&mut self, what: &str) {
         let now = std::time::Instant::now();
-        self.took
-            .push((what, now.duration_since(self.at).as_micros() as u64));
+        self.took.push((
+            what.to_string(),
+            now.duration_since(self.at).as_micros() as u64,
+        ));
         self.at = now;
+    }
+
+    /// Notes a step that ran beside others (not counted in the sequence).
+    fn beside(&mut self, what: String, us: u64) {
+        self.took.push((what, us));
     }
 
     fn json(&self) -> serde_json::Value {
         self.took
             .iter()
-            .map(|(k, v)| ((*k).to_string(), serde_json::Value::from(*v)))
+            .map(|(k, v)| (k.clone(), serde_json::Value::from(*v)))
             .collect::<serde_json::Map<_, _>>()
             .into()
     }
@@ -251,10 +329,14 @@ impl Phases {
 impl Observation {
     /// Attaches the history, starts the filesystem watch, captures A and
     /// writes `begin` and `capture_a`.
-    fn start(begin: &Begin, chain: &mut Chain) -> Result<Observation, String> {
+    fn start(
+        begin: &Begin,
+        chain: &mut Chain,
+        programs: history::Loaded,
+    ) -> Result<Observation, String> {
         let started_ms = allox_store::clock::now_ms();
         let mut phases = Phases::new();
-        let history = History::attach(begin)?;
+        let history = History::attach(begin, programs)?;
         phases.done("history_attach");
         let history = Arc::new(Mutex::new(history));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -272,24 +354,16 @@ impl Observation {
         };
         let fs = domains::FsWatch::start(begin)?;
         phases.done("watch_start");
-        let snaps_a = files::Snapshots::take(
-            &begin.evidence,
-            "a",
-            &begin.workspace,
-            &begin.agent_workspace,
-        )?;
-        let mut captures_a = BTreeMap::new();
-        phases.done("snapshots_a");
-        captures_a.insert(EffectsDomain::Workspace, files::identity(&snaps_a));
-        for d in begin.scope.domains.iter().copied() {
-            if let Some(c) = domains::capture(d, begin, &[]) {
-                captures_a.insert(d, c);
-            }
+        let (snaps_a, mut captures_a, took) = capture_all(begin, "a", &[]);
+        for (what, us) in took {
+            phases.beside(what, us);
         }
+        let snaps_a = snaps_a?;
+        captures_a.insert(EffectsDomain::Workspace, files::identity(&snaps_a));
         let body = serde_json::json!({ "captures": &captures_a });
         let baseline = chain::sha256_hex(&chain::canonical(&body).map_err(|e| e.to_string())?);
         chain
-            .append(
+            .append_later(
                 "begin",
                 &serde_json::json!({
                     "protocol": EFFECTS_PROTOCOL,
@@ -356,20 +430,12 @@ impl Observation {
             .filter(|r| Some(r.pid) != end.init_pid)
             .cloned()
             .collect();
-        let snaps_b = files::Snapshots::take(
-            &begin.evidence,
-            "b",
-            &begin.workspace,
-            &begin.agent_workspace,
-        )?;
-        self.phases.done("snapshots_b");
-        let mut captures_b = BTreeMap::new();
-        captures_b.insert(EffectsDomain::Workspace, files::identity(&snaps_b));
-        for d in begin.scope.domains.iter().copied() {
-            if let Some(c) = domains::capture(d, begin, &records) {
-                captures_b.insert(d, c);
-            }
+        let (snaps_b, mut captures_b, took) = capture_all(begin, "b", &records);
+        for (what, us) in took {
+            self.phases.beside(what, us);
         }
+        let snaps_b = snaps_b?;
+        captures_b.insert(EffectsDomain::Workspace, files::identity(&snaps_b));
         self.phases.done("captures_b");
         let mut domains_out = Vec::new();
         for d in EffectsDomain::ALL {
@@ -458,26 +524,24 @@ impl Observation {
             .fold(EffectsVerdict::NotObserved, |v, d| v.worst(d.verdict));
         self.phases.done("compare");
         let err = |e: chain::ChainError| e.to_string();
-        std::fs::write(
-            begin.evidence.join(HISTORY_FILE),
-            serde_json::to_vec(&records).map_err(|e| e.to_string())?,
-        )
-        .map_err(|e| format!("write the history: {e}"))?;
+        let history_json = serde_json::to_vec(&records).map_err(|e| e.to_string())?;
+        std::fs::write(begin.evidence.join(HISTORY_FILE), &history_json)
+            .map_err(|e| format!("write the history: {e}"))?;
         chain
-            .append(
+            .append_later(
                 "history",
                 &serde_json::json!({
                     "records": records.len(),
-                    "sha256": chain::sha256_hex(&serde_json::to_vec(&records).unwrap_or_default()),
+                    "sha256": chain::sha256_hex(&history_json),
                     "counters": counters,
                 }),
             )
             .map_err(err)?;
         chain
-            .append("capture_b", &serde_json::json!({ "captures": &captures_b }))
+            .append_later("capture_b", &serde_json::json!({ "captures": &captures_b }))
             .map_err(err)?;
         chain
-            .append(
+            .append_later(
                 "verdict",
                 &serde_json::json!({
                     "verdict": verdict,
@@ -523,8 +587,9 @@ impl Observation {
         Ok(effects)
     }
 
-    /// Deletes the snapshots and detaches what is attached.
-    fn cleanup(mut self) {
+    /// Deletes the snapshots and stops the reader; the history's
+    /// programs come back for the next run when they can be used again.
+    fn cleanup(mut self) -> Option<history::Loaded> {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         if let Some(t) = self.drain.take() {
             let _ = t.join();
@@ -533,7 +598,74 @@ impl Observation {
         if let Some(b) = &self.snaps_b {
             b.remove();
         }
+        self.history
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take_loaded()
     }
+}
+
+/// Capture `which` (`a` or `b`): the workspace snapshots and each scoped
+/// domain, all at once, each on a thread of its own (they read different
+/// things; the longest decides how long the capture takes). Also how long
+/// each took, in µs, named `<which>.<what>`.
+#[allow(clippy::type_complexity)]
+fn capture_all(
+    begin: &Begin,
+    which: &str,
+    records: &[HistoryRecord],
+) -> (
+    Result<files::Snapshots, String>,
+    BTreeMap<EffectsDomain, Capture>,
+    Vec<(String, u64)>,
+) {
+    let timed = |f: &dyn Fn() -> Option<Capture>| {
+        let t = std::time::Instant::now();
+        let c = f();
+        (c, t.elapsed().as_micros() as u64)
+    };
+    std::thread::scope(|s| {
+        let snaps = s.spawn(|| {
+            let t = std::time::Instant::now();
+            let r = files::Snapshots::take(
+                &begin.evidence,
+                which,
+                &begin.workspace,
+                &begin.agent_workspace,
+            );
+            (r, t.elapsed().as_micros() as u64)
+        });
+        let domains: Vec<_> = begin
+            .scope
+            .domains
+            .iter()
+            .copied()
+            .map(|d| {
+                (
+                    d,
+                    s.spawn(move || timed(&|| domains::capture(d, begin, records))),
+                )
+            })
+            .collect();
+        let mut captures = BTreeMap::new();
+        let mut took = Vec::new();
+        for (d, h) in domains {
+            let (c, us) = h.join().unwrap_or_else(|_| {
+                let mut c = Capture::new();
+                c.gap(format!("{}: the capture panicked", d.as_str()));
+                (Some(c), 0)
+            });
+            took.push((format!("{which}.{}", d.as_str()), us));
+            if let Some(c) = c {
+                captures.insert(d, c);
+            }
+        }
+        let (snaps, us) = snaps
+            .join()
+            .unwrap_or_else(|_| (Err(format!("the snapshots at {which} panicked")), 0));
+        took.push((format!("{which}.snapshots"), us));
+        (snaps, captures, took)
+    })
 }
 
 /// `survivors` with their lineage from the history's forks when it says
@@ -596,4 +728,35 @@ fn kernel() -> String {
 pub fn read_history(dir: &std::path::Path) -> std::io::Result<Vec<HistoryRecord>> {
     let bytes = std::fs::read(dir.join(HISTORY_FILE))?;
     serde_json::from_slice(&bytes).map_err(std::io::Error::other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Preload;
+
+    fn parse(a: &[&str]) -> Result<Option<Preload>, String> {
+        Preload::from_args(a.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn the_history_is_loaded_ahead_only_when_told_how() {
+        assert_eq!(parse(&[]), Ok(None));
+        assert_eq!(
+            parse(&["--ring-bytes", "8192", "--without-lsm", "--registry", "/r"]),
+            Ok(Some(Preload {
+                ring_bytes: 8192,
+                lsm: false,
+                registry: "/r".into(),
+            }))
+        );
+        for bad in [
+            &["--ring-bytes", "x", "--registry", "/r"][..],
+            &["--ring-bytes", "8192"][..],
+            &["--without-lsm"][..],
+            &["--registry"][..],
+            &["--other"][..],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
 }

@@ -13,7 +13,9 @@
 //! ```
 //!
 //! The socket closing before `End` is a fault: the observer closes the
-//! chain with a `fault` record and exits.
+//! chain with a `fault` record and exits. After `Closed` the same
+//! conversation may carry the next run's `Begin`; the socket closing
+//! then ends the observer without a fault.
 
 use crate::scope::Scope;
 use allox_protocol::{RunEffects, Survivor};

@@ -79,12 +79,22 @@ struct Started {
     fences: Fences,
     /// Observed runs going on, by session.
     live: Mutex<HashMap<(String, String), Live>>,
+    /// Observers waiting for a run, their history's programs loaded: a
+    /// run takes one (or starts a new one), and gives it back once its
+    /// evidence is closed. An observer that failed is never given back.
+    idle: Mutex<Vec<observer::Observer>>,
 }
+
+/// Most observers kept waiting between runs (more are started when more
+/// sessions run observed at once, and ended when they come back).
+const IDLE_OBSERVERS: usize = 2;
 
 /// An observed run between A and B.
 struct Live {
     run: String,
     observer: Arc<Mutex<Option<observer::Observer>>>,
+    /// Dropped with the run: its observer's watcher then stops watching.
+    _watching: Option<rustix::fd::OwnedFd>,
     baseline: String,
     started_ms: u64,
     /// Set by the watcher when the observer dies before the end.
@@ -333,25 +343,29 @@ impl Started {
     }
 }
 
-/// Watches an observer's pidfd: if it exits before the run's end, the
-/// run's cgroup is frozen at once and the loss noted.
+/// Watches an observer's pidfd while its run lives: if it exits before
+/// the run's end, the run's cgroup is frozen at once and the loss noted.
+/// Returns what keeps the watch: dropping it (the run is over) ends it.
 fn watch(
     obs: Arc<Mutex<Option<observer::Observer>>>,
     lost: Arc<Mutex<Option<String>>>,
     cgroup: PathBuf,
-) {
+) -> Option<rustix::fd::OwnedFd> {
     let pidfd = {
         let g = obs.lock().unwrap_or_else(|e| e.into_inner());
         match g.as_ref() {
             Some(o) => rustix::io::fcntl_dupfd_cloexec(&o.pidfd, 0).ok(),
             None => None,
         }
-    };
-    let Some(pidfd) = pidfd else { return };
+    }?;
+    let (over, keep) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).ok()?;
     let _ = std::thread::Builder::new()
         .name("observer-watch".into())
         .spawn(move || {
-            let mut fds = [rustix::event::PollFd::new(&pidfd, rustix::event::PollFlags::IN)];
+            let mut fds = [
+                rustix::event::PollFd::new(&pidfd, rustix::event::PollFlags::IN),
+                rustix::event::PollFd::new(&over, rustix::event::PollFlags::IN),
+            ];
             loop {
                 match rustix::event::poll(&mut fds, None) {
                     Ok(_) => break,
@@ -359,8 +373,10 @@ fn watch(
                     Err(_) => return,
                 }
             }
-            // The end took the observer: nothing lost.
-            if obs.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+            // The run is over, or its end took the observer: nothing lost.
+            if !fds[1].revents().is_empty()
+                || obs.lock().unwrap_or_else(|e| e.into_inner()).is_none()
+            {
                 return;
             }
             let _ = std::fs::write(cgroup.join("cgroup.freeze"), "1");
@@ -369,6 +385,53 @@ fn watch(
                 Some("the observer exited before the run's end".into());
             tracing::error!(cgroup = %cgroup.display(), "the observer exited during its run: the run is frozen and killed");
         });
+    Some(keep)
+}
+
+impl Started {
+    /// What every observer is started with: its history loaded before the
+    /// first run asks for it.
+    fn observer_args(&self) -> Vec<String> {
+        let mut a = vec!["--ring-bytes".to_string(), self.ring_bytes.to_string()];
+        if !self.lsm {
+            a.push("--without-lsm".into());
+        }
+        a.extend(["--registry".to_string(), OBSERVERS.to_string()]);
+        a
+    }
+
+    /// An observer for a run: one waiting (`true`), or a new one.
+    fn take_observer(&self) -> Result<(observer::Observer, bool), String> {
+        loop {
+            let o = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            match o {
+                Some(o) if !o.exited() => return Ok((o, true)),
+                Some(o) => o.finish(Duration::from_secs(1)),
+                None => return self.exe.spawn(&self.observer_args()).map(|o| (o, false)),
+            }
+        }
+    }
+
+    /// Ends the observers waiting (one of them died: they may all have).
+    fn discard_idle(&self) {
+        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|e| e.into_inner()));
+        for o in idle {
+            o.finish(Duration::from_secs(1));
+        }
+    }
+
+    /// An observer whose run closed cleanly waits for the next run (while
+    /// fewer than [`IDLE_OBSERVERS`] wait); else it ends.
+    fn give_back(&self, o: observer::Observer) {
+        if !o.exited() {
+            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            if idle.len() < IDLE_OBSERVERS {
+                idle.push(o);
+                return;
+            }
+        }
+        o.finish(Duration::from_secs(5));
+    }
 }
 
 impl Plugin for SystemEffects {
@@ -454,15 +517,25 @@ impl Plugin for SystemEffects {
             dir,
             fences,
             live: Mutex::new(HashMap::new()),
+            idle: Mutex::new(Vec::new()),
         });
         st.recover();
+        // One observer ready before the first run.
+        match st.exe.spawn(&st.observer_args()) {
+            Ok(o) => st.give_back(o),
+            Err(why) => return Err(start_err(why)),
+        }
         self.started
             .set(st)
             .map_err(|_| start_err("started twice"))?;
         Ok(())
     }
 
-    fn stop(&self) {}
+    fn stop(&self) {
+        if let Some(st) = self.started.get() {
+            st.discard_idle();
+        }
+    }
 
     fn observes_runs(&self) -> bool {
         true
@@ -515,12 +588,6 @@ impl Plugin for SystemEffects {
                 ),
             )
         };
-        let mut obs = st.exe.spawn().map_err(|why| fault(why, ""))?;
-        pending.observer = Some(obs.child.id());
-        if let Err(e) = write_pending(&pending) {
-            obs.finish(Duration::from_secs(5));
-            return Err(fault(format!("record the observer's pid: {e}"), ""));
-        }
         let begin = Begin {
             agent: r.agent.into(),
             session: r.session.into(),
@@ -543,7 +610,31 @@ impl Plugin for SystemEffects {
                 ("allox-init".into(), st.supervisor_sha256.clone()),
             ],
         };
-        let baseline = match obs.ask(&ToObserver::Begin(Box::new(begin)), SEAL_WAIT) {
+        let begin = ToObserver::Begin(Box::new(begin));
+        let mut fresh = false;
+        let (obs, answer) = loop {
+            let (mut obs, reused) = st.take_observer().map_err(|why| fault(why, ""))?;
+            pending.observer = Some(obs.child.id());
+            if let Err(e) = write_pending(&pending) {
+                obs.finish(Duration::from_secs(5));
+                return Err(fault(format!("record the observer's pid: {e}"), ""));
+            }
+            let answer = obs.ask(&begin, SEAL_WAIT);
+            // A waiting observer that died before it read `Begin` (it
+            // wrote nothing): the run is asked of a new one, once.
+            if answer.is_err()
+                && reused
+                && !fresh
+                && !evidence.join(allox_effects::chain::RECORDS).exists()
+            {
+                obs.finish(Duration::from_secs(5));
+                st.discard_idle();
+                fresh = true;
+                continue;
+            }
+            break (obs, answer);
+        };
+        let baseline = match answer {
             Ok(FromObserver::Sealed { baseline }) => baseline,
             Ok(FromObserver::Failed { why, head }) => {
                 obs.finish(Duration::from_secs(5));
@@ -563,12 +654,13 @@ impl Plugin for SystemEffects {
         };
         let observer = Arc::new(Mutex::new(Some(obs)));
         let lost = Arc::new(Mutex::new(None));
-        watch(observer.clone(), lost.clone(), run.cgroup.to_path_buf());
+        let watching = watch(observer.clone(), lost.clone(), run.cgroup.to_path_buf());
         st.live.lock().unwrap_or_else(|e| e.into_inner()).insert(
             key,
             Live {
                 run: r.run.into(),
                 observer,
+                _watching: watching,
                 baseline,
                 started_ms: allox_store::clock::now_ms(),
                 lost,
@@ -606,7 +698,10 @@ impl Plugin for SystemEffects {
                     }),
                     CLOSE_WAIT,
                 );
-                o.finish(Duration::from_secs(5));
+                match &a {
+                    Ok(FromObserver::Closed(e)) if !e.fenced && lost.is_none() => st.give_back(o),
+                    _ => o.finish(Duration::from_secs(5)),
+                }
                 a
             }
             None => Err("the observer is gone".into()),

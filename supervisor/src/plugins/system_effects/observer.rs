@@ -1,7 +1,8 @@
 //! The observer executable, as the plugin holds it: read once into a
-//! sealed memory file and its sha256 checked against the pinned one; each
-//! observed run gets a process of its own run from that file, with its
-//! conversation on its standard input and its pidfd held here.
+//! sealed memory file and its sha256 checked against the pinned one; every
+//! observer process is run from that file, with its conversation on its
+//! standard input and its pidfd held here (the plugin keeps observers
+//! waiting between runs: `take_observer`, `give_back`).
 
 use allox_effects::observer::wire::{self, FromObserver, ToObserver};
 use rustix::fd::{AsFd, AsRawFd, OwnedFd};
@@ -75,9 +76,9 @@ impl Executable {
         })
     }
 
-    /// Starts an observer: its standard input is one end of a new socket
-    /// pair, the other returned with the process and its pidfd.
-    pub fn spawn(&self) -> Result<Observer, String> {
+    /// Starts an observer with `args`: its standard input is one end of a
+    /// new socket pair, the other returned with the process and its pidfd.
+    pub fn spawn(&self, args: &[String]) -> Result<Observer, String> {
         let (ours, theirs) =
             UnixStream::pair().map_err(|e| format!("make the observer's socket: {e}"))?;
         // Executed by the kernel from the sealed file: `/proc/self/fd/N`
@@ -86,6 +87,7 @@ impl Executable {
         let exe = format!("/proc/self/fd/{}", self.memfd.as_raw_fd());
         let child = std::process::Command::new(&exe)
             .arg0("allox-observe")
+            .args(args)
             .stdin(std::process::Stdio::from(OwnedFd::from(theirs)))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::inherit())

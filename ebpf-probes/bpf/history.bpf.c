@@ -7,7 +7,13 @@
 // Watched: a task whose tgid is in PIDS, or whose cgroup is in WATCHED
 // (then its tgid joins PIDS, so that it stays watched wherever it moves);
 // a forked process inherits its parent's tag. Everything else is filtered
-// here, in the kernel: an unwatched task costs two hash lookups per hook.
+// here, in the kernel. While no cgroup is watched (GATE[0] == 0) every hook
+// returns at once. Otherwise the answer for the current thread is kept in
+// a per-CPU slot (SEEN) keyed by thread, cgroup and epoch, so that a
+// thread's next hooks on that CPU (its sys_exit after its sys_enter, its
+// next call) cost no hash lookup; the epoch moves whenever an answer may
+// change without the key changing: a watch or unwatch (GATE[1], from user
+// space) and a fork or exit of a watched process (EPOCH, from here).
 //
 // Programs (every one records only; none ever refuses anything):
 //   tp_btf/sched_process_{fork,exec,exit}  process lineage (as the tracker)
@@ -315,6 +321,40 @@ struct {
 	__type(value, struct probe);
 } PROBE SEC(".maps");
 
+// [0]: cgroups watched (set by user space); [1]: user space's epoch.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, __u64);
+} GATE SEC(".maps");
+
+// The programs' epoch.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} EPOCH SEC(".maps");
+
+// The last answer on this CPU. `check` guards against a slot half
+// written by a program that a nested one interrupted: a slot whose check
+// does not match is not used.
+struct seen {
+	__u64 pid_tgid;
+	__u64 cgroup;
+	__u64 epoch;
+	__u64 tag; // 0: not watched
+	__u64 check;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct seen);
+} SEEN SEC(".maps");
+
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 // --------------------------------------------------------------- helpers
@@ -326,25 +366,85 @@ static __always_inline void count(__u32 which)
 		*n += 1; // per CPU: no other writer
 }
 
-// The tag of the current task, or NULL when it is not watched. A task
-// found by its cgroup joins PIDS.
-static __always_inline __u64 *current_tag(void)
+// Whether nothing is watched: every hook returns at once.
+static __always_inline bool idle(void)
 {
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	__u64 *t = bpf_map_lookup_elem(&PIDS, &tgid);
-	if (t)
-		return t;
-	__u64 cg = bpf_get_current_cgroup_id();
-	t = bpf_map_lookup_elem(&WATCHED, &cg);
-	if (t) {
-		__u64 tag = *t;
-		bpf_map_update_elem(&PIDS, &tgid, &tag, BPF_ANY);
-	}
-	return t;
+	__u32 zero = 0;
+	__u64 *n = bpf_map_lookup_elem(&GATE, &zero);
+	return n && *n == 0;
 }
+
+static __always_inline __u64 epoch(void)
+{
+	__u32 zero = 0, one = 1;
+	__u64 *ours = bpf_map_lookup_elem(&EPOCH, &zero);
+	__u64 *theirs = bpf_map_lookup_elem(&GATE, &one);
+	// Both only grow: their sum moves whenever either does.
+	return (ours ? *ours : 0) + (theirs ? *theirs : 0);
+}
+
+static __always_inline void new_epoch(void)
+{
+	__u32 zero = 0;
+	__u64 *e = bpf_map_lookup_elem(&EPOCH, &zero);
+	if (e)
+		__sync_fetch_and_add(e, 1);
+}
+
+#define SEEN_CHECK 0x9e3779b97f4a7c15ULL
+
+// The tag of the current task, 0 when it is not watched. A task found by
+// its cgroup joins PIDS.
+static __always_inline __u64 current_tag_value(void)
+{
+	if (idle())
+		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
+	__u64 cg = bpf_get_current_cgroup_id();
+	__u64 ep = epoch();
+	__u32 zero = 0;
+	struct seen *s = bpf_map_lookup_elem(&SEEN, &zero);
+	if (s && s->pid_tgid == id && s->cgroup == cg && s->epoch == ep &&
+	    s->check == (id ^ cg ^ ep ^ s->tag ^ SEEN_CHECK))
+		return s->tag;
+	__u32 tgid = id >> 32;
+	__u64 tag = 0;
+	__u64 *t = bpf_map_lookup_elem(&PIDS, &tgid);
+	if (t) {
+		tag = *t;
+	} else {
+		t = bpf_map_lookup_elem(&WATCHED, &cg);
+		if (t) {
+			tag = *t;
+			bpf_map_update_elem(&PIDS, &tgid, &tag, BPF_ANY);
+		}
+	}
+	if (s) {
+		s->check = 0;
+		s->pid_tgid = id;
+		s->cgroup = cg;
+		s->epoch = ep;
+		s->tag = tag;
+		s->check = id ^ cg ^ ep ^ tag ^ SEEN_CHECK;
+	}
+	return tag;
+}
+
+// current_tag_value() as a pointer to a copy on the caller's stack (NULL
+// when not watched), for the hooks written against a map value.
+#define current_tag()                                                      \
+	({                                                                 \
+		__u64 *_p = 0;                                             \
+		_tagv = current_tag_value();                               \
+		if (_tagv)                                                 \
+			_p = &_tagv;                                       \
+		_p;                                                        \
+	})
 
 static __always_inline __u64 *tag_of(__u32 tgid, struct task_struct *task)
 {
+	if (idle())
+		return 0;
 	__u64 *t = bpf_map_lookup_elem(&PIDS, &tgid);
 	if (t)
 		return t;
@@ -414,6 +514,8 @@ int BPF_PROG(history_fork, struct task_struct *parent, struct task_struct *child
 		return 0;
 	__u64 tag = *t;
 	bpf_map_update_elem(&PIDS, &tgid, &tag, BPF_ANY);
+	// Its pid may be one an unwatched thread had, answered on some CPU.
+	new_epoch();
 
 	struct hrec *r = reserve(SHORT_RECORD);
 	if (!r)
@@ -464,6 +566,8 @@ int BPF_PROG(history_exit, struct task_struct *p)
 		return 0;
 	__u64 tag = *t;
 	bpf_map_delete_elem(&PIDS, &tgid);
+	// Its pid may come back for a process that is not watched.
+	new_epoch();
 	struct exit_key k = {};
 	k.tgid = tgid;
 	k.start = BPF_CORE_READ(p, group_leader, start_time);
@@ -500,6 +604,7 @@ static __always_inline void user_str(char *dst, __u32 len, struct inflight *f,
 SEC("tp_btf/sys_enter")
 int BPF_PROG(history_sys_enter, struct pt_regs *regs, long id)
 {
+	__u64 _tagv;
 	__u64 *t = current_tag();
 	if (!t)
 		return 0;
@@ -544,11 +649,17 @@ static __always_inline void syscall_record(struct hrec *r, struct inflight *f,
 SEC("tp_btf/sys_exit")
 int BPF_PROG(history_sys_exit, struct pt_regs *regs, long ret)
 {
+	// Unwatched (the answer its sys_enter left on this CPU): nothing in
+	// flight to look for. A thread whose run was unwatched while its call
+	// was in flight leaves an entry the LRU map drops in time.
+	__u64 _tagv;
+	__u64 *t = current_tag();
+	if (!t)
+		return 0;
 	__u64 key = bpf_get_current_pid_tgid();
 	struct inflight *f = bpf_map_lookup_elem(&INFLIGHT, &key);
 	if (!f) {
-		__u64 *t = current_tag();
-		if (ret >= 0 || !t)
+		if (ret >= 0)
 			return 0;
 		count(COUNT_REFUSED);
 		// A recorded call refused before it began (by the sandbox's
@@ -608,6 +719,7 @@ int BPF_PROG(history_file_open, struct file *file)
 {
 	if (!(BPF_CORE_READ(file, f_mode) & FMODE_WRITE))
 		return 0;
+	__u64 _tagv;
 	__u64 *t = current_tag();
 	if (!t)
 		return 0;
@@ -627,6 +739,7 @@ int BPF_PROG(history_file_open, struct file *file)
 static __always_inline int path_hook(__u32 kind, const struct path *dir,
 				     struct dentry *dentry, __u64 arg)
 {
+	__u64 _tagv;
 	__u64 *t = current_tag();
 	if (!t)
 		return 0;
@@ -667,6 +780,7 @@ int BPF_PROG(history_path_rename, const struct path *old_dir,
 	     struct dentry *old_dentry, const struct path *new_dir,
 	     struct dentry *new_dentry, unsigned int flags)
 {
+	__u64 _tagv;
 	__u64 *t = current_tag();
 	if (!t)
 		return 0;
@@ -685,6 +799,7 @@ int BPF_PROG(history_path_rename, const struct path *old_dir,
 SEC("lsm/bpf")
 int BPF_PROG(history_bpf, int cmd)
 {
+	__u64 _tagv;
 	__u64 *t = current_tag();
 	if (!t) {
 		__u32 zero = 0;
@@ -709,6 +824,7 @@ SEC("lsm/sb_mount")
 int BPF_PROG(history_sb_mount, const char *dev_name, const struct path *path,
 	     const char *type, unsigned long flags)
 {
+	__u64 _tagv;
 	__u64 *t = current_tag();
 	if (!t)
 		return 0;
@@ -731,6 +847,7 @@ int BPF_PROG(history_sb_mount, const char *dev_name, const struct path *path,
 SEC("lsm.s/kernel_read_file")
 int BPF_PROG(history_kernel_read_file, struct file *file, int id, bool contents)
 {
+	__u64 _tagv;
 	__u64 *t = current_tag();
 	if (!t)
 		return 0;
@@ -752,6 +869,7 @@ int BPF_PROG(history_kernel_read_file, struct file *file, int id, bool contents)
 SEC("lsm/kernel_load_data")
 int BPF_PROG(history_kernel_load_data, int id, bool contents)
 {
+	__u64 _tagv;
 	__u64 *t = current_tag();
 	if (!t)
 		return 0;
@@ -771,6 +889,7 @@ int BPF_PROG(history_kernel_load_data, int id, bool contents)
 SEC("lsm/netlink_send")
 int BPF_PROG(history_netlink_send, struct sock *sk, struct sk_buff *skb)
 {
+	__u64 _tagv;
 	__u64 *t = current_tag();
 	if (!t)
 		return 0;
@@ -801,6 +920,7 @@ SEC("lsm/task_kill")
 int BPF_PROG(history_task_kill, struct task_struct *p, struct kernel_siginfo *info,
 	     int sig)
 {
+	__u64 _tagv;
 	__u64 *t = current_tag();
 	if (!t)
 		return 0;

@@ -142,6 +142,9 @@ pub struct History {
     pids: HashMap<MapData, u32, u64>,
     ring: RingBuf<MapData>,
     seq: Array<MapData, u64>,
+    /// `[cgroups watched, epoch]`: the programs' gate and the epoch of
+    /// their per-CPU answers (see history.bpf.c).
+    gate: Array<MapData, u64>,
     counts: PerCpuArray<MapData, u64>,
     received: u64,
     undecodable: u64,
@@ -323,6 +326,7 @@ impl History {
         let pids = take(&mut ebpf, "PIDS", HashMap::try_from)?;
         let ring = take(&mut ebpf, "RING", RingBuf::try_from)?;
         let seq = take(&mut ebpf, "SEQ", Array::try_from)?;
+        let gate = take(&mut ebpf, "GATE", Array::try_from)?;
         let counts = take(&mut ebpf, "COUNTS", PerCpuArray::try_from)?;
         Ok(History {
             ebpf,
@@ -330,6 +334,7 @@ impl History {
             pids,
             ring,
             seq,
+            gate,
             counts,
             received: 0,
             undecodable: 0,
@@ -349,7 +354,21 @@ impl History {
             .map_err(|source| HistoryError::Map {
                 map: "WATCHED",
                 source,
-            })
+            })?;
+        self.open_gate()
+    }
+
+    /// Tells the programs how many cgroups are watched (none: every hook
+    /// returns at once) and moves the epoch of their per-CPU answers.
+    fn open_gate(&mut self) -> Result<(), HistoryError> {
+        let n = self.watched.keys().filter(Result::is_ok).count() as u64;
+        let epoch = self.gate.get(&1, 0).unwrap_or(0).wrapping_add(1);
+        let map = |source| HistoryError::Map {
+            map: "GATE",
+            source,
+        };
+        self.gate.set(1, epoch, 0).map_err(map)?;
+        self.gate.set(0, n, 0).map_err(map)
     }
 
     /// Stops watching everything tagged `tag`: its cgroups, its processes,
@@ -375,6 +394,7 @@ impl History {
         for k in pids {
             ignore_missing(self.pids.remove(&k), "PIDS")?;
         }
+        self.open_gate()?;
         let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.sysctl_links)
             .into_iter()
             .partition(|(t, _)| *t == tag);

@@ -113,6 +113,15 @@ fn io(op: &'static str, p: &Path, e: rustix::io::Errno) -> StoreError {
     StoreError::io(op, p, e.into())
 }
 
+/// An inode as the changed blocks of one tree show it.
+#[derive(Debug, Default)]
+struct Known {
+    /// From its inode item (`nlink`, at byte 40), when that was seen.
+    nlink: Option<u32>,
+    /// The parents its reference items seen name.
+    parents: Vec<u64>,
+}
+
 /// Where the walk must look, from the Btrfs trees of the two sides.
 #[derive(Debug, Default)]
 pub struct Hints {
@@ -182,6 +191,11 @@ impl Hints {
         }
         let mut search = btrfs::TreeSearch::default();
         let mut over = false;
+        // What the changed blocks already say of each inode (per tree): its
+        // link count and the parents its references name. An inode with one
+        // link and its one reference seen needs no search of its own for
+        // its parent; any other is searched.
+        let mut known: HashMap<(u64, u64), Known> = HashMap::new();
         for tree in [a, b] {
             search
                 .run(from, SearchKey::all(tree, since.saturating_add(1)), |it| {
@@ -189,6 +203,24 @@ impl Hints {
                         h.changed.insert(it.objectid);
                     } else if !h.changed.contains(&it.objectid) {
                         over = true;
+                    }
+                    let le64 = |d: &[u8]| u64::from_le_bytes(d[..8].try_into().unwrap());
+                    match it.kind {
+                        item::INODE_ITEM if it.data.len() >= 44 => {
+                            let n = u32::from_le_bytes(it.data[40..44].try_into().unwrap());
+                            known.entry((tree, it.objectid)).or_default().nlink = Some(n);
+                        }
+                        item::INODE_REF => known
+                            .entry((tree, it.objectid))
+                            .or_default()
+                            .parents
+                            .push(it.offset),
+                        item::INODE_EXTREF if it.data.len() >= 8 => known
+                            .entry((tree, it.objectid))
+                            .or_default()
+                            .parents
+                            .push(le64(it.data)),
+                        _ => {}
                     }
                 })
                 .map_err(bt)?;
@@ -204,16 +236,25 @@ impl Hints {
                     continue;
                 }
                 let mut parents = Vec::new();
-                let key = SearchKey::object(tree, ino, item::INODE_REF..=item::INODE_EXTREF);
-                search
-                    .run(from, key, |it| {
-                        if it.kind == item::INODE_REF {
-                            parents.push(it.offset);
-                        } else if it.data.len() >= 8 {
-                            parents.push(u64::from_le_bytes(it.data[..8].try_into().unwrap()));
-                        }
-                    })
-                    .map_err(bt)?;
+                match known.get(&(tree, ino)) {
+                    Some(k) if k.nlink == Some(1) && k.parents.len() == 1 => {
+                        parents.push(k.parents[0])
+                    }
+                    _ => {
+                        let key =
+                            SearchKey::object(tree, ino, item::INODE_REF..=item::INODE_EXTREF);
+                        search
+                            .run(from, key, |it| {
+                                if it.kind == item::INODE_REF {
+                                    parents.push(it.offset);
+                                } else if it.data.len() >= 8 {
+                                    parents
+                                        .push(u64::from_le_bytes(it.data[..8].try_into().unwrap()));
+                                }
+                            })
+                            .map_err(bt)?;
+                    }
+                }
                 for p in parents {
                     h.above.insert(p);
                     todo.push(p);

@@ -558,8 +558,7 @@ impl Plugin for SystemEffects {
             }
         }
         let evidence = st.evidence(r.agent, r.session, r.run);
-        // Durable before the observer starts: a supervisor that stops from
-        // here on leaves the session to be fenced at its next start.
+        // What a later supervisor needs, written once the observer is known.
         let mut pending = Pending {
             cgroup: Some(run.cgroup.to_path_buf()),
             observer: None,
@@ -571,12 +570,6 @@ impl Plugin for SystemEffects {
                 &serde_json::to_vec(p).unwrap_or_default(),
             )
         };
-        write_pending(&pending).map_err(|e| {
-            answered(
-                ErrorCode::Internal,
-                format!("mark run {} observed in {}: {e}", r.run, evidence.display()),
-            )
-        })?;
         let fault = |why: String, root: &str| {
             st.fence(r.agent, r.session, r.run, &why, root);
             let _ = std::fs::remove_file(evidence.join(PENDING));
@@ -614,10 +607,17 @@ impl Plugin for SystemEffects {
         let mut fresh = false;
         let (obs, answer) = loop {
             let (mut obs, reused) = st.take_observer().map_err(|why| fault(why, ""))?;
+            // Durable before the observer is asked anything: a supervisor
+            // that stops from here on leaves the session to be fenced at its
+            // next start, and that observer to be awaited.
             pending.observer = Some(obs.child.id());
             if let Err(e) = write_pending(&pending) {
-                obs.finish(Duration::from_secs(5));
-                return Err(fault(format!("record the observer's pid: {e}"), ""));
+                let _ = std::fs::remove_file(evidence.join(PENDING));
+                st.give_back(obs);
+                return Err(answered(
+                    ErrorCode::Internal,
+                    format!("mark run {} observed in {}: {e}", r.run, evidence.display()),
+                ));
             }
             let answer = obs.ask(&begin, SEAL_WAIT);
             // A waiting observer that died before it read `Begin` (it

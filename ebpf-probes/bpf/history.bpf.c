@@ -87,10 +87,20 @@ struct signal_struct {
 	int group_exit_code;
 } __attribute__((preserve_access_index));
 
+struct upid {
+	int nr;
+} __attribute__((preserve_access_index));
+
+struct pid {
+	unsigned int level;
+	struct upid numbers[1];
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	int tgid;
 	int exit_code;
+	struct pid *thread_pid;
 	struct task_struct *real_parent;
 	struct task_struct *group_leader;
 	struct signal_struct *signal;
@@ -196,7 +206,8 @@ struct hrec {
 	__s64 ret;     // syscall: return value; exit: wait status
 	__s32 nr;      // syscall number, -1 for the others
 	__u32 flags;   // file_open: f_flags; sysctl: 1 when a write
-	__u64 args[NARGS];
+	__u64 args[NARGS]; // fork, exec, exit: [0] the pid and [1] the
+			   // parent's in the process's own pid namespace
 	char comm[16];
 	char str1[STR1_LEN];
 	char str2[STR2_LEN];
@@ -494,6 +505,35 @@ static __always_inline void head_task(struct hrec *r, __u32 kind, __u64 tag)
 	r->ppid = BPF_CORE_READ(cur, real_parent, tgid);
 }
 
+#define MAX_PID_NS_LEVEL 32
+
+// The number of `pid` in the pid namespace at `level`, 0 if `pid` is not
+// visible there (as in tracker.bpf.c).
+static __always_inline __u32 pid_nr_at(struct pid *pid, __u32 level)
+{
+	if (!pid || level >= MAX_PID_NS_LEVEL)
+		return 0;
+	if (level > BPF_CORE_READ(pid, level))
+		return 0;
+	const char *slot = (const char *)&pid->numbers[0] +
+			   level * bpf_core_type_size(struct upid) +
+			   bpf_core_field_offset(struct upid, nr);
+	int nr = 0;
+	bpf_probe_read_kernel(&nr, sizeof(nr), slot);
+	return nr;
+}
+
+// A process record's args[0] and args[1]: the process and its parent as
+// the process's own (innermost) pid namespace numbers them.
+static __always_inline void ns_pids(struct hrec *r, struct task_struct *task,
+				    struct task_struct *parent)
+{
+	struct pid *own = BPF_CORE_READ(task, group_leader, thread_pid);
+	__u32 level = BPF_CORE_READ(own, level);
+	r->args[0] = pid_nr_at(own, level);
+	r->args[1] = pid_nr_at(BPF_CORE_READ(parent, group_leader, thread_pid), level);
+}
+
 static __always_inline void dentry_name(char *dst, __u32 len, struct dentry *d)
 {
 	const unsigned char *name = BPF_CORE_READ(d, d_name.name);
@@ -524,6 +564,7 @@ int BPF_PROG(history_fork, struct task_struct *parent, struct task_struct *child
 	r->pid = tgid;
 	r->tgid = tgid;
 	r->ppid = BPF_CORE_READ(parent, tgid);
+	ns_pids(r, child, parent);
 	bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
 	return 0;
 }
@@ -544,6 +585,7 @@ int BPF_PROG(history_exec, struct task_struct *p, int old_pid,
 		return 0;
 	head(r, K_EXEC, tag);
 	r->ppid = BPF_CORE_READ(p, real_parent, tgid);
+	ns_pids(r, p, BPF_CORE_READ(p, real_parent));
 	const char *filename = BPF_CORE_READ(bprm, filename);
 	if (bpf_probe_read_kernel_str(r->str1, sizeof(r->str1), filename) < 0)
 		r->str1[0] = 0;
@@ -580,6 +622,7 @@ int BPF_PROG(history_exit, struct task_struct *p)
 		return 0;
 	head(r, K_EXIT, tag);
 	r->ppid = BPF_CORE_READ(p, real_parent, tgid);
+	ns_pids(r, p, BPF_CORE_READ(p, real_parent));
 	if (BPF_CORE_READ(sig, flags) & SIGNAL_GROUP_EXIT)
 		r->ret = BPF_CORE_READ(sig, group_exit_code);
 	else

@@ -1289,3 +1289,98 @@ fn one_observer_serves_runs_one_after_the_other_and_a_dead_one_is_replaced() {
     assert_eq!(now.len(), 1, "{now:?}");
     assert_ne!(now, waiting, "a new observer served the third run");
 }
+
+/// What is wrong with `roots` as the process tree of a run of
+/// `sh -c '/bin/true; exit 3'`: the shell (its own pid namespace's number,
+/// not the host's) with `/bin/true` below it, each ended.
+fn tree_wrong(roots: &[allox_protocol::ProcessNode], run: &str) -> Option<String> {
+    fn all(n: &allox_protocol::ProcessNode, out: &mut Vec<allox_protocol::ProcessNode>) {
+        out.push(n.clone());
+        for c in &n.children {
+            all(c, out);
+        }
+    }
+    let mut nodes = Vec::new();
+    for r in roots {
+        all(r, &mut nodes);
+    }
+    let Some(sh) = nodes
+        .iter()
+        .find(|n| n.execs.iter().any(|e| e == "/bin/sh"))
+    else {
+        return Some(format!("no /bin/sh among {} processes", nodes.len()));
+    };
+    if sh.run_id != run {
+        return Some(format!("the shell is run {}'s", sh.run_id));
+    }
+    if sh.exit_code != Some(3) || sh.ended_ms.is_none() {
+        return Some(format!("the shell did not end with 3: {sh:?}"));
+    }
+    if sh.pid == 0 || sh.pid == sh.host_pid {
+        return Some(format!("the shell's pid is not its namespace's: {sh:?}"));
+    }
+    let mut below = Vec::new();
+    for c in &sh.children {
+        all(c, &mut below);
+    }
+    if !below
+        .iter()
+        .any(|n| n.execs.iter().any(|e| e == "/bin/true") && n.exit_code == Some(0))
+    {
+        return Some(format!("no /bin/true below the shell: {sh:#?}"));
+    }
+    None
+}
+
+#[test]
+fn the_observer_serves_process_events_and_the_tree_of_observed_runs() {
+    let name = "the_observer_serves_process_events_and_the_tree_of_observed_runs";
+    let Some((d, _scope, _one)) = start(name, None, &[]) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "s"), ("a", "t")]);
+    let e = observed(&d, "a", "s", &["/bin/sh", "-c", "/bin/true; exit 3"]);
+    let other = observed(&d, "a", "t", &["/bin/true"]);
+    let tree = |s: &str, run: Option<&str>| match call(
+        &d,
+        Request::ProcessTree(allox_protocol::ProcessTreeRequest {
+            agent_id: "a".into(),
+            session_id: s.into(),
+            run_id: run.map(str::to_string),
+        }),
+    ) {
+        Ok(Response::ProcessTree(t)) => t.roots,
+        other => panic!("process.tree: {other:?}"),
+    };
+    let roots = tree("s", Some(&e.run_id));
+    assert_eq!(tree_wrong(&roots, &e.run_id), None, "{roots:#?}");
+    assert_eq!(tree_wrong(&tree("s", None), &e.run_id), None);
+    // Control: the other session's tree, and this one's under another
+    // run's id, are not that tree.
+    assert!(tree_wrong(&tree("t", None), &e.run_id).is_some());
+    assert!(tree_wrong(&tree("s", Some(&other.run_id)), &e.run_id).is_some());
+    match call(
+        &d,
+        Request::ProcessEvents(allox_protocol::ProcessEvents {
+            agent_id: Some("a".into()),
+            session_id: Some("t".into()),
+            ..Default::default()
+        }),
+    ) {
+        Ok(Response::ProcessEvents(p)) => {
+            assert!(
+                p.events.iter().all(|ev| ev.run_id == other.run_id),
+                "{p:#?}"
+            );
+            assert!(
+                p.events
+                    .iter()
+                    .any(|ev| ev.kind == allox_protocol::ProcessEventKind::Exec
+                        && ev.filename.as_deref() == Some("/bin/true")),
+                "{p:#?}"
+            );
+            assert_eq!(p.lost, 0);
+        }
+        other => panic!("process.events: {other:?}"),
+    }
+}

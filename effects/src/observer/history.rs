@@ -6,7 +6,7 @@
 
 use super::wire::Begin;
 use allox_ebpf_probes::History as Programs;
-use allox_protocol::{HistoryCounters, HistoryRecord};
+use allox_protocol::{HistoryCounters, HistoryRecord, ProcessEvent, ProcessEventKind};
 
 /// Most records kept for one run; more are counted and make the history
 /// incomplete.
@@ -59,6 +59,13 @@ impl Loaded {
 pub struct History {
     loaded: Option<Loaded>,
     tag: u64,
+    /// Whose run it is, for its process events.
+    owner: (String, String, String),
+    /// Wall-clock milliseconds at boot (the records' times are since boot).
+    boot_ms: i128,
+    /// The run's forks, execs and exits, as `process.events` answers them
+    /// (kept up to [`MAX_RECORDS`] too).
+    processes: Vec<ProcessEvent>,
     /// The counters when the run began: the run's are the difference.
     base: allox_ebpf_probes::Counters,
     records: Vec<HistoryRecord>,
@@ -88,6 +95,14 @@ impl History {
         Ok(History {
             loaded: Some(loaded),
             tag,
+            owner: (
+                begin.agent.clone(),
+                begin.session.clone(),
+                begin.run.clone(),
+            ),
+            boot_ms: allox_store::clock::now_ms() as i128
+                - allox_store::clock::since_boot().as_millis() as i128,
+            processes: Vec::new(),
             base,
             records: Vec::new(),
             dropped: 0,
@@ -100,11 +115,15 @@ impl History {
             return;
         };
         let (records, dropped, tag) = (&mut self.records, &mut self.dropped, self.tag);
+        let (processes, owner, boot_ms) = (&mut self.processes, &self.owner, self.boot_ms);
         l.programs.poll(|r| {
             if r.tag != tag {
                 return;
             }
             if records.len() < MAX_RECORDS {
+                if let Some(e) = process_event(&r, owner, boot_ms) {
+                    processes.push(e);
+                }
                 records.push(r.to_protocol());
             } else {
                 *dropped += 1;
@@ -163,11 +182,54 @@ impl History {
         (std::mem::take(&mut self.records), c, note)
     }
 
+    /// The run's process events (fork, exec, exit), taken.
+    pub fn take_processes(&mut self) -> Vec<ProcessEvent> {
+        std::mem::take(&mut self.processes)
+    }
+
     /// The programs, once the run is finished, for the next run (none if
     /// they could not stop watching this one).
     pub fn take_loaded(&mut self) -> Option<Loaded> {
         self.loaded.take()
     }
+}
+
+/// A fork, exec or exit record as a process event of `owner`'s run
+/// (`process.events`); `None` for the other kinds.
+pub fn process_event(
+    r: &allox_ebpf_probes::HistoryRecord,
+    owner: &(String, String, String),
+    boot_ms: i128,
+) -> Option<ProcessEvent> {
+    use allox_ebpf_probes::HistoryKind;
+    let kind = match r.kind {
+        HistoryKind::Fork => ProcessEventKind::Fork,
+        HistoryKind::Exec => ProcessEventKind::Exec,
+        HistoryKind::Exit => ProcessEventKind::Exit,
+        _ => return None,
+    };
+    let (exit_code, signal) = match (kind, r.ret as i32) {
+        (ProcessEventKind::Exit, w) if w & 0x7f == 0 => (Some((w >> 8) & 0xff), None),
+        (ProcessEventKind::Exit, w) => (None, Some(w & 0x7f)),
+        _ => (None, None),
+    };
+    Some(ProcessEvent {
+        seq: 0,
+        time_ms: (r.time_ns as i128 / 1_000_000 + boot_ms).max(0) as u64,
+        kind,
+        agent_id: owner.0.clone(),
+        session_id: owner.1.clone(),
+        run_id: owner.2.clone(),
+        pid: r.args[0] as u32,
+        ppid: r.args[1] as u32,
+        host_pid: r.tgid,
+        host_ppid: r.ppid,
+        comm: r.comm.clone(),
+        filename: (kind == ProcessEventKind::Exec).then(|| r.text.clone()),
+        exit_code,
+        signal,
+        evicted: None,
+    })
 }
 
 fn chain(e: &dyn std::error::Error) -> String {

@@ -30,6 +30,9 @@ use wire::{Begin, End, FromObserver, ToObserver};
 pub const EFFECTS_FILE: &str = "effects.json";
 /// The file beside the chain with the run's history records.
 pub const HISTORY_FILE: &str = "history.json";
+/// The file beside the chain with the run's forks, execs and exits as
+/// process events (what `process.events` and `process.tree` answer).
+pub const PROCESSES_FILE: &str = "processes.json";
 
 /// `allox-observe`'s main: not dumpable, its conversation on its
 /// standard input ([`wire::OBSERVER_FD`]); the exit status is 0 when the
@@ -414,10 +417,11 @@ impl Observation {
             let _ = t.join();
         }
         self.phases.at = std::time::Instant::now();
-        let (records, counters, history_note) = {
+        let (records, counters, history_note, processes) = {
             let mut h = self.history.lock().unwrap_or_else(|e| e.into_inner());
             h.poll();
-            h.finish()
+            let (r, c, n) = h.finish();
+            (r, c, n, h.take_processes())
         };
         self.phases.done("history_drain");
         let fs_seen = self.fs.take().map(|w| w.stop());
@@ -527,12 +531,16 @@ impl Observation {
         let history_json = serde_json::to_vec(&records).map_err(|e| e.to_string())?;
         std::fs::write(begin.evidence.join(HISTORY_FILE), &history_json)
             .map_err(|e| format!("write the history: {e}"))?;
+        let processes_json = serde_json::to_vec(&processes).map_err(|e| e.to_string())?;
+        std::fs::write(begin.evidence.join(PROCESSES_FILE), &processes_json)
+            .map_err(|e| format!("write the process events: {e}"))?;
         chain
             .append_later(
                 "history",
                 &serde_json::json!({
                     "records": records.len(),
                     "sha256": chain::sha256_hex(&history_json),
+                    "processes_sha256": chain::sha256_hex(&processes_json),
                     "counters": counters,
                 }),
             )

@@ -406,6 +406,14 @@ pub trait Plugin: Send + Sync {
         Ok(None)
     }
 
+    /// Plugins whose actions (in the request table) it answers when they
+    /// are not loaded: a plugin it conflicts with and stands in for, as
+    /// system-effects does for process-tree's `process.events` and
+    /// `process.tree`.
+    fn stands_in_for(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     /// The routes it serves inside sandboxes, through the in-sandbox interface's
     /// `plugin.call` (names of its own; two plugins may not share one).
     fn sandbox_routes(&self) -> &'static [&'static str] {

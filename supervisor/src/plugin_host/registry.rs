@@ -158,10 +158,19 @@ impl Plugins {
             }
             loaded.push(p.clone());
         }
+        // An action goes to its owner when it is loaded, else to a loaded
+        // plugin that stands in for the owner.
         let routes: BTreeMap<&'static str, usize> = owners
             .iter()
             .filter_map(|(&action, &owner)| {
-                let i = loaded.iter().position(|p| p.manifest().name == owner)?;
+                let i = loaded
+                    .iter()
+                    .position(|p| p.manifest().name == owner)
+                    .or_else(|| {
+                        loaded
+                            .iter()
+                            .position(|p| p.stands_in_for().contains(&owner))
+                    })?;
                 Some((action, i))
             })
             .collect();
@@ -405,11 +414,15 @@ impl Plugins {
         Ok(self.owner(req.action())?.serve(req, ctx).await?)
     }
 
-    /// The actions the request table gives plugin `name`.
+    /// The actions plugin `name` answers: the request table's for it, or
+    /// those it stands in for while their owner is not loaded.
     pub fn routes_of(&self, name: &str) -> Vec<String> {
         self.in_order
             .iter()
-            .filter(|action| self.owners.get(*action) == Some(&name))
+            .filter(|action| match self.routes.get(*action) {
+                Some(&i) => self.loaded[i].manifest().name == name,
+                None => self.owners.get(*action) == Some(&name),
+            })
             .map(|action| action.to_string())
             .collect()
     }

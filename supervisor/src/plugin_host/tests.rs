@@ -32,11 +32,16 @@ struct Fake {
     contribution: Contribution,
     /// Routes it serves from inside sandboxes; it answers with who called.
     guest: &'static [&'static str],
+    /// Plugins it stands in for.
+    stands_in: &'static [&'static str],
 }
 
 impl Plugin for Fake {
     fn manifest(&self) -> &Manifest {
         &self.manifest
+    }
+    fn stands_in_for(&self) -> &'static [&'static str] {
+        self.stands_in
     }
     fn start(&self, _: &Settings) -> Result<(), PluginError> {
         self.log
@@ -116,6 +121,7 @@ fn fake(log: &Log, m: Manifest) -> Fake {
         refuse_runs: false,
         contribution: Contribution::default(),
         guest: &[],
+        stands_in: &[],
     }
 }
 
@@ -564,4 +570,38 @@ fn two_plugins_with_one_guest_route_name_both() {
         e.contains("a") && e.contains("b") && e.contains("guest route x.y"),
         "{e}"
     );
+}
+
+#[test]
+fn a_plugin_standing_in_for_another_answers_its_actions_only_while_it_is_not_loaded() {
+    let log = Log::default();
+    let table = [("process.events", Route::Plugin("owner"))];
+    let both = || {
+        vec![
+            fake(&log, manifest("owner")),
+            Fake {
+                stands_in: &["owner"],
+                ..fake(&log, manifest("stand"))
+            },
+        ]
+    };
+    let p = load_with(both(), &["stand"], &table).unwrap();
+    assert_eq!(p.owner("process.events").unwrap().manifest().name, "stand");
+    assert_eq!(p.routes_of("stand"), ["process.events"]);
+    assert!(p.routes_of("owner").is_empty());
+    // The owner loaded: its own actions are its.
+    let p = load_with(both(), &["owner", "stand"], &table).unwrap();
+    assert_eq!(p.owner("process.events").unwrap().manifest().name, "owner");
+    // Neither loaded: the action names the owner to enable.
+    let p = load_with(both(), &[], &table).unwrap();
+    let e = p.owner("process.events").err().expect("not enabled");
+    assert!(e.to_string().contains("owner"), "{e}");
+    // A plugin that stands in for nobody does not answer.
+    let p = load_with(
+        vec![fake(&log, manifest("owner")), fake(&log, manifest("other"))],
+        &["other"],
+        &table,
+    )
+    .unwrap();
+    assert!(p.owner("process.events").is_err());
 }

@@ -130,13 +130,24 @@ impl Plugin for ProcessTree {
     }
 }
 
-/// `process.events`: a page, or with `follow` the backlog and then new
-/// events as stream events until the subscriber goes.
 async fn events(
     t: &ProcessTracker,
     q: &ProcessEvents,
     ctx: RouteContext<'_>,
 ) -> Result<Response, PluginError> {
+    events_of(&t.store, &|| t.lost(), q, ctx).await
+}
+
+/// `process.events` from `store`: a page, or with `follow` the backlog
+/// and then new events as stream events until the subscriber goes. `lost`:
+/// the events the kernel could not hand over, so far.
+pub(crate) async fn events_of(
+    store: &tracker::EventStore,
+    lost: &(dyn Fn() -> u64 + Send + Sync),
+    q: &ProcessEvents,
+    ctx: RouteContext<'_>,
+) -> Result<Response, PluginError> {
+    let t = Source { store, lost };
     if !q.follow {
         return Ok(Response::ProcessEvents(t.store.query(q, t.lost())?));
     }
@@ -166,5 +177,17 @@ async fn events(
         t.store
             .wait_newer(page.next_cursor, std::time::Duration::from_secs(1))
             .await;
+    }
+}
+
+/// Where `events_of` reads.
+struct Source<'a> {
+    store: &'a tracker::EventStore,
+    lost: &'a (dyn Fn() -> u64 + Send + Sync),
+}
+
+impl Source<'_> {
+    fn lost(&self) -> u64 {
+        (self.lost)()
     }
 }

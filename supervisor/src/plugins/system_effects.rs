@@ -79,6 +79,12 @@ struct Started {
     fences: Fences,
     /// Observed runs going on, by session.
     live: Mutex<HashMap<(String, String), Live>>,
+    /// The observed runs' forks, execs and exits (`state/events.redb`, as
+    /// the process-tree plugin keeps them): this plugin answers
+    /// `process.events` and `process.tree` in its stead.
+    events: crate::plugins::process_tree::tracker::EventStore,
+    /// History records lost by the runs observed since the start.
+    lost: Arc<std::sync::atomic::AtomicU64>,
     /// Observers waiting for a run, their history's programs loaded: a
     /// run takes one (or starts a new one), and gives it back once its
     /// evidence is closed. An observer that failed is never given back.
@@ -412,6 +418,27 @@ impl Started {
         }
     }
 
+    /// Adds a closed run's process events (`processes.json`, the
+    /// observer's) to the event store.
+    fn keep_processes(&self, evidence: &Path, lost: u64) {
+        self.lost
+            .fetch_add(lost, std::sync::atomic::Ordering::Relaxed);
+        let p = evidence.join(allox_effects::observer::PROCESSES_FILE);
+        let evs: Vec<allox_protocol::ProcessEvent> = match std::fs::read(&p)
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+        {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(path = %p.display(), error = %e, "cannot read the run's process events");
+                return;
+            }
+        };
+        if let Err(e) = self.events.append(evs) {
+            tracing::warn!(error = %allox_protocol::error_chain(&e), "cannot store the run's process events");
+        }
+    }
+
     /// Ends the observers waiting (one of them died: they may all have).
     fn discard_idle(&self) {
         let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|e| e.into_inner()));
@@ -501,6 +528,16 @@ impl Plugin for SystemEffects {
                 allox_protocol::error_chain(&e)
             )));
         }
+        let events = crate::plugins::process_tree::tracker::EventStore::open(
+            &settings.state_dir.join("events.redb"),
+            settings.process_events_max,
+        )
+        .map_err(|e| {
+            start_err(format!(
+                "open the process event store: {}",
+                allox_protocol::error_chain(&e)
+            ))
+        })?;
         let dir = settings.state_dir.join("effects");
         let fences = Fences::load(&dir.join("fences"))
             .map_err(|e| start_err(format!("read the fences in {}: {e}", dir.display())))?;
@@ -517,6 +554,8 @@ impl Plugin for SystemEffects {
             dir,
             fences,
             live: Mutex::new(HashMap::new()),
+            events,
+            lost: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             idle: Mutex::new(Vec::new()),
         });
         st.recover();
@@ -534,6 +573,9 @@ impl Plugin for SystemEffects {
     fn stop(&self) {
         if let Some(st) = self.started.get() {
             st.discard_idle();
+            if let Err(e) = st.events.flush() {
+                tracing::warn!(error = %allox_protocol::error_chain(&e), "cannot flush the process event store");
+            }
         }
     }
 
@@ -709,6 +751,7 @@ impl Plugin for SystemEffects {
         let effects = match answer {
             Ok(FromObserver::Closed(e)) => {
                 let mut e = *e;
+                st.keep_processes(&evidence, e.history.lost);
                 if let Some(why) = &lost {
                     // The observer closed, yet it had gone: not to be trusted.
                     e.fenced = true;
@@ -851,9 +894,30 @@ impl Plugin for SystemEffects {
         ))
     }
 
-    fn serve<'a>(&'a self, req: &'a Request, _ctx: RouteContext<'a>) -> RouteFuture<'a> {
+    fn stands_in_for(&self) -> &'static [&'static str] {
+        &[crate::plugins::process_tree::NAME]
+    }
+
+    fn serve<'a>(&'a self, req: &'a Request, ctx: RouteContext<'a>) -> RouteFuture<'a> {
         Box::pin(async move {
             let st = self.s()?.clone();
+            match req {
+                Request::ProcessEvents(q) => {
+                    let lost = st.lost.clone();
+                    let lost = move || lost.load(std::sync::atomic::Ordering::Relaxed);
+                    return crate::plugins::process_tree::events_of(&st.events, &lost, q, ctx)
+                        .await;
+                }
+                Request::ProcessTree(q) => {
+                    ctx.store.session_info_of(&q.agent_id, &q.session_id)?;
+                    return Ok(Response::ProcessTree(st.events.tree(
+                        &q.agent_id,
+                        &q.session_id,
+                        q.run_id.as_deref(),
+                    )?));
+                }
+                _ => {}
+            }
             let req = req.clone();
             tokio::task::spawn_blocking(move || serve(&st, &req))
                 .await

@@ -224,7 +224,8 @@ pub struct PsArgs {
     /// The session.
     pub session: String,
     /// The lineage of every process the session ran, live and exited,
-    /// from the process tracker (`--process-tracker ebpf`).
+    /// from the process tracker (`--process-tracker ebpf`), or from the
+    /// system-effects observer (observed runs, once each has ended).
     #[arg(long)]
     pub tree: bool,
     /// With --tree: only this run's processes.

@@ -1228,6 +1228,88 @@ fn guest_container_mode_on_pure_cgroup_v2_moves_to_a_leaf_and_enforces_limits() 
 
 /// The system-effects plugin in the guest, with the scope file the image
 /// carries (every domain of the machine but `filesystem`).
+/// The guest's supervisor killed (by a failpoint of the first supervisor)
+/// after an observed run's A is sealed, and after its end's freeze: PID 1
+/// starts a new one, which fences the session, keeps its evidence at best
+/// INCOMPLETE and refuses its runs. One boot per point (failpoints arm the
+/// first supervisor only).
+#[test]
+fn guest_the_supervisor_killed_in_an_observed_run_leaves_the_session_fenced() {
+    let Some(img) =
+        require_vm("vm::guest_the_supervisor_killed_in_an_observed_run_leaves_the_session_fenced")
+    else {
+        return;
+    };
+    for point in ["run_start.after_plugins", "run_end.after_freeze"] {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let store = store_image(dir.path(), true);
+        let fp = format!("allox.failpoints={point}");
+        let mut vm = Vm::boot(&img, Some(&store), &[EFFECTS_ARGS, &fp]);
+        let (mut c, _) = vm.connect(BOOT);
+        ok(&mut c, agent("a"));
+        ok(&mut c, session("a", "s"));
+        let before = info(&mut c);
+        let wait = point.starts_with("run_end");
+        let script = if wait {
+            "echo x > f"
+        } else {
+            "echo x > f; sleep 30"
+        };
+        // The supervisor dies at the point: the call fails or answers.
+        let _ = c.call(run("a", "s", script, wait));
+        drop(c);
+        let (mut c, _) = vm.connect(Duration::from_secs(60));
+        let after = info(&mut c);
+        assert_ne!(
+            after.supervisor_pid,
+            before.supervisor_pid,
+            "{point}: the supervisor was not restarted\n{}",
+            vm.console()
+        );
+        let status = match ok(
+            &mut c,
+            Request::EffectsStatus(EffectsStatusRequest { agent_id: None }),
+        ) {
+            Response::EffectsStatus(s) => s,
+            other => panic!("{point}: {other:?}"),
+        };
+        let f = status
+            .fences
+            .iter()
+            .find(|f| f.agent_id == "a" && f.session_id == "s")
+            .unwrap_or_else(|| panic!("{point}: a/s is not fenced: {status:?}"));
+        assert!(f.reason.contains("stopped in the middle"), "{point}: {f:?}");
+        let refused = c
+            .call(run("a", "s", "true", true))
+            .expect("transport")
+            .expect_err("a fenced session runs nothing");
+        assert_eq!(refused.code, ErrorCode::Unavailable, "{point}: {refused:?}");
+        match ok(
+            &mut c,
+            Request::EffectsGet(EffectsGet {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                run_id: f.run_id.clone(),
+            }),
+        ) {
+            Response::Effects(e) => {
+                assert_eq!(e.verdict, EffectsVerdict::Incomplete, "{point}: {e:?}");
+                assert_eq!(e.evidence_root, f.evidence_root, "{point}");
+            }
+            other => panic!("{point}: {other:?}"),
+        }
+        // Nothing of the run is left running in the session.
+        let left = processes(&mut c, "a", "s");
+        assert!(left.is_empty(), "{point}: left {left:?}");
+        let _ = c.call(Request::Shutdown(Shutdown {}));
+        assert!(
+            vm.wait_exit(Duration::from_secs(60)).is_some(),
+            "{point}: {}",
+            vm.console()
+        );
+    }
+}
+
 const EFFECTS_ARGS: &str =
     "allox.args=--plugin=system-effects,--system-effects-scope=/etc/allox/effects-scope.json";
 

@@ -262,6 +262,21 @@ fn each_change_in_the_namespaces_is_listed_and_the_host_shows_none() {
             "ip", "rule", "add", "priority", "100", "from", "all", "lookup", "100",
         ],
     );
+    // nftables: a table, a base chain and a rule with a counter.
+    ns.run("-n", &["nft", "add", "table", "inet", "alloxeff"]);
+    ns.run(
+        "-n",
+        &[
+            "nft",
+            "add chain inet alloxeff input { type filter hook input priority 0 ; }",
+        ],
+    );
+    ns.run(
+        "-n",
+        &[
+            "nft", "add", "rule", "inet", "alloxeff", "input", "counter", "accept",
+        ],
+    );
     ns.run(
         "-m",
         &[
@@ -313,14 +328,31 @@ fn each_change_in_the_namespaces_is_listed_and_the_host_shows_none() {
         "{}",
         b.ns_net.items["link eff0"]
     );
+    for key in ["nft table inet alloxeff", "nft chain inet alloxeff input"] {
+        listed(&d, key, EffectChangeKind::Added, None).unwrap();
+    }
+    assert_eq!(
+        d.iter()
+            .filter(|x| x.key.starts_with("nft rule inet alloxeff input ")
+                && x.kind == EffectChangeKind::Added)
+            .count(),
+        1,
+        "the rule: {:?}",
+        keys(&d)
+    );
     for x in &d {
         assert!(
-            made.contains(&x.key.as_str()) || x.key.contains("eff0"),
+            made.contains(&x.key.as_str())
+                || x.key.contains("eff0")
+                || x.key.starts_with("nft ") && x.key.contains(" alloxeff"),
             "unexpected network difference {x:?}"
         );
     }
     let control = found(&a.host_net, &b.host_net, |k| {
-        k.contains("eff0") || k.contains("10.9.0.0") || k.starts_with("rule inet 100 ")
+        k.contains("eff0")
+            || k.contains("10.9.0.0")
+            || k.starts_with("rule inet 100 ")
+            || k.contains("alloxeff")
     });
     assert!(control.is_empty(), "the host shows {:?}", keys(&control));
     for key in made {

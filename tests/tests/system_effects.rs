@@ -778,13 +778,14 @@ ns = os.open(f"/proc/{ctx}/ns/net", os.O_RDONLY)
 assert libc.setns(ns, 0x40000000) == 0, ctypes.get_errno()
 open("/proc/sys/net/ipv4/ip_default_ttl", "w").write("77")
 subprocess.run(["ip", "route", "add", "unreachable", "10.99.0.0/16"], check=True)
+subprocess.run(["nft", "add", "table", "inet", "alloxescaped"], check=True)
 print("done")
 "#;
 
 /// What is wrong with `e` as the effects of a run whose root helper made
 /// each change: each domain CHANGED with the change listed, by the run.
 fn escaped_wrong(e: &RunEffects, pin: &str, mnt: &str) -> Option<String> {
-    let want: [(EffectsDomain, String); 4] = [
+    let want: [(EffectsDomain, String); 5] = [
         (EffectsDomain::Bpf, format!("pin {pin}")),
         (EffectsDomain::Mount, format!("machine {mnt}#1")),
         (
@@ -792,6 +793,10 @@ fn escaped_wrong(e: &RunEffects, pin: &str, mnt: &str) -> Option<String> {
             "session net.ipv4.ip_default_ttl".to_string(),
         ),
         (EffectsDomain::Network, "10.99.0.0/16".to_string()),
+        (
+            EffectsDomain::Network,
+            "session nft table inet alloxescaped".to_string(),
+        ),
     ];
     for (d, item) in want {
         let dom = domain(e, d);

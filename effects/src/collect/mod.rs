@@ -12,6 +12,7 @@ pub mod fanotify;
 pub mod modules;
 pub mod mounts;
 pub mod network;
+pub mod nftables;
 mod ns;
 pub mod snapshots;
 pub mod sysctl;

@@ -205,6 +205,12 @@ pub fn extra(d: EffectsDomain, fs: Option<&FsSeen>, survivors: &[Survivor]) -> E
     e
 }
 
+/// nfnetlink's batch begin (subsystem 0, message 16).
+const NFNL_MSG_BATCH_BEGIN: u64 = 16;
+/// nf_tables messages that make or delete: NEW and DEL of tables, chains,
+/// rules, sets, set elements, objects and flowtables.
+const NFT_CHANGES: [u64; 14] = [0, 2, 3, 5, 6, 8, 9, 11, 12, 14, 18, 20, 22, 24];
+
 /// Whether history record `r` is the run making (or attempting, for the
 /// LSM hooks, which see a request before the kernel decides) a change of
 /// domain `d`: a system call that succeeded, or a hook's record.
@@ -256,13 +262,22 @@ fn changes(d: EffectsDomain, r: &HistoryRecord) -> bool {
         }
         (EffectsDomain::Sysctl, "sysctl") => detail.starts_with("write "),
         // rtnetlink (protocol 0): a message that makes, deletes or sets
-        // (types from 16 in fours: new, del, get, set).
+        // (types from 16 in fours: new, del, get, set). nfnetlink
+        // (protocol 12): a batch (how `nft` sends every change), or an
+        // nf_tables message that makes or deletes.
         (EffectsDomain::Network, "netlink_send") => {
             let nums: Vec<u64> = detail
                 .split_whitespace()
                 .filter_map(|w| w.parse().ok())
                 .collect();
-            matches!(nums.as_slice(), [0, t, ..] if *t >= 16 && (*t - 16) % 4 != 2)
+            match nums.as_slice() {
+                [0, t, ..] => *t >= 16 && (*t - 16) % 4 != 2,
+                [12, t, ..] => {
+                    *t == NFNL_MSG_BATCH_BEGIN
+                        || (*t >> 8 == 10 && NFT_CHANGES.contains(&(*t & 0xff)))
+                }
+                _ => false,
+            }
         }
         _ => false,
     }
@@ -466,4 +481,44 @@ fn wrote_shared(history: &[HistoryRecord], key: &str) -> bool {
     history.iter().any(|r| {
         r.kind == "open_write" && r.detail.as_deref().is_some_and(|d| d.starts_with(&want))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sent(detail: &str) -> HistoryRecord {
+        HistoryRecord {
+            seq: 0,
+            time_ns: 0,
+            kind: "netlink_send".into(),
+            pid: 1,
+            ppid: None,
+            comm: "x".into(),
+            detail: Some(detail.into()),
+            refused: false,
+        }
+    }
+
+    #[test]
+    fn netlink_messages_that_make_or_delete_are_network_changes_and_reads_are_not() {
+        let change = |d: &str| changes(EffectsDomain::Network, &sent(d));
+        // rtnetlink: RTM_NEWROUTE 24, RTM_DELLINK 17; RTM_GETROUTE 26 reads.
+        assert!(change("netlink protocol 0 message type 24 flags 0x601"));
+        assert!(change("netlink protocol 0 message type 17 flags 0x5"));
+        assert!(!change("netlink protocol 0 message type 26 flags 0x301"));
+        // nfnetlink: a batch, NFT_MSG_NEWTABLE (10 << 8 | 0), NEWRULE
+        // (| 6); NFT_MSG_GETTABLE (| 1) and GETRULE (| 7) read.
+        assert!(change("netlink protocol 12 message type 16 flags 0x1"));
+        assert!(change("netlink protocol 12 message type 2560 flags 0x405"));
+        assert!(change("netlink protocol 12 message type 2566 flags 0x405"));
+        assert!(!change("netlink protocol 12 message type 2561 flags 0x301"));
+        assert!(!change("netlink protocol 12 message type 2567 flags 0x301"));
+        // Another protocol (NETLINK_AUDIT 9), another domain.
+        assert!(!change("netlink protocol 9 message type 1000 flags 0x1"));
+        assert!(!changes(
+            EffectsDomain::Sysctl,
+            &sent("netlink protocol 0 message type 24 flags 0x601")
+        ));
+    }
 }

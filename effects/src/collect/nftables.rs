@@ -213,8 +213,14 @@ fn dump_once(sock: &netlink_sys::Socket, get: u16) -> Result<Option<Vec<Msg>>, D
                     let errno = i32::from_ne_bytes(h[16..20].try_into().unwrap_or([0; 4]));
                     if errno == 0 {
                         // An acknowledgement, not an error.
-                    } else if [-libc::ENOENT, -libc::EOPNOTSUPP, -libc::EPROTONOSUPPORT]
-                        .contains(&errno)
+                    } else if [
+                        -libc::ENOENT,
+                        -libc::EOPNOTSUPP,
+                        -libc::EPROTONOSUPPORT,
+                        // nfnetlink without the nf_tables subsystem.
+                        -libc::EINVAL,
+                    ]
+                    .contains(&errno)
                     {
                         return Err(Dump::Absent);
                     } else {

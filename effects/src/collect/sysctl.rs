@@ -16,8 +16,10 @@
 use super::Capture;
 use rustix::fd::OwnedFd;
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
+use std::sync::Mutex;
 
 /// Keys whose values change on their own, skipped by both captures. An
 /// entry ending in `*` is a prefix. Found by capturing twice, seconds
@@ -45,22 +47,92 @@ pub const VOLATILE: &[&str] = &[
 const PROC_SYS: &str = "/proc/sys";
 
 /// Captures `/proc/sys` (all of it, or `net.*` of the network namespace
-/// `netns`), skipping the keys `volatile` matches.
+/// `netns`), skipping the keys `volatile` matches. The files' descriptors
+/// are kept for the next capture of the same namespace ([`KEPT`]).
 pub fn capture(netns: Option<BorrowedFd>, volatile: &[&str]) -> Capture {
-    match netns {
-        None => capture_under(Path::new(PROC_SYS), "", volatile),
+    let space = match netns {
+        None => std::fs::metadata("/proc/self/ns/net")
+            .map(|m| {
+                use std::os::unix::fs::MetadataExt;
+                (m.dev(), m.ino())
+            })
+            .ok(),
+        Some(fd) => rustix::fs::fstat(fd).map(|st| (st.st_dev, st.st_ino)).ok(),
+    };
+    // Kept only where the descriptors fit well within the process's limit.
+    let space = space.filter(|_| {
+        rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .is_some_and(|n| n >= KEEP_WITH_NOFILE)
+    });
+    let mut files = space.map(take_kept).unwrap_or_default();
+    let c = match netns {
+        None => capture_kept(Path::new(PROC_SYS), "", volatile, &mut files),
         Some(fd) => super::ns::in_netns(fd, "sysctl", || {
-            capture_under(&Path::new(PROC_SYS).join("net"), "net", volatile)
+            capture_kept(
+                &Path::new(PROC_SYS).join("net"),
+                "net",
+                volatile,
+                &mut files,
+            )
         }),
+    };
+    if let Some(space) = space {
+        put_kept(space, files);
     }
+    c
+}
+
+/// A namespace's kept descriptors: by the top-level directory they are
+/// under (each walked on a thread of its own), then by key.
+type Files = HashMap<String, HashMap<String, OwnedFd>>;
+
+/// The descriptors of `/proc/sys` files kept between captures, for the
+/// [`KEPT_SPACES`] namespaces captured last (a network namespace by its
+/// device and inode): opening a file there costs more than reading it, so
+/// a capture rereads each kept file from its start and opens only the new
+/// ones. A file whose table went (a device removed) answers `ENOENT` and
+/// is opened again by its name; the directories are listed every time, so
+/// a file added or removed is seen.
+static KEPT: Mutex<Vec<((u64, u64), Files)>> = Mutex::new(Vec::new());
+
+/// Most namespaces whose descriptors are kept (the machine's and a few
+/// sessions'; each about a thousand descriptors).
+pub const KEPT_SPACES: usize = 4;
+
+/// The open-files limit (`RLIMIT_NOFILE`) from which descriptors are kept:
+/// [`KEPT_SPACES`] namespaces' files take a third of it at most.
+pub const KEEP_WITH_NOFILE: u64 = 16384;
+
+fn take_kept(space: (u64, u64)) -> Files {
+    let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+    match kept.iter().position(|(s, _)| *s == space) {
+        Some(i) => kept.remove(i).1,
+        None => Files::default(),
+    }
+}
+
+fn put_kept(space: (u64, u64), files: Files) {
+    let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+    kept.push((space, files));
+    while kept.len() > KEPT_SPACES {
+        kept.remove(0);
+    }
+}
+
+/// Walks `root`, naming each file `prefix.a.b`, without keeping
+/// descriptors.
+pub fn capture_under(root: &Path, prefix: &str, volatile: &[&str]) -> Capture {
+    capture_kept(root, prefix, volatile, &mut Files::default())
 }
 
 /// Walks `root`, naming each file `prefix.a.b`. Each directory directly
 /// under `root` is walked on a thread of its own (a thread made by a thread
 /// inside a network namespace is inside it too); the files are opened
 /// relative to their directory's descriptor, their kind taken from the
-/// directory entry: a capture costs about what reading the files costs.
-pub fn capture_under(root: &Path, prefix: &str, volatile: &[&str]) -> Capture {
+/// directory entry, or reread through the descriptors in `files`, which
+/// are left holding every file read.
+fn capture_kept(root: &Path, prefix: &str, volatile: &[&str], files: &mut Files) -> Capture {
     let mut c = Capture::new();
     let dir = match open_dir(rustix::fs::CWD, root) {
         Ok(d) => d,
@@ -70,22 +142,35 @@ pub fn capture_under(root: &Path, prefix: &str, volatile: &[&str]) -> Capture {
         }
     };
     let mut subdirs = Vec::new();
-    walk(
+    let mut top = Walker {
+        volatile,
+        old: files.remove("").unwrap_or_default(),
+        new: HashMap::new(),
+        buf: vec![0u8; 4096],
+    };
+    top.walk(
         &dir,
         &root.display().to_string(),
         prefix,
-        volatile,
         &mut c,
         Some(&mut subdirs),
     );
-    let parts: Vec<Capture> = std::thread::scope(|s| {
+    files.insert(String::new(), top.new);
+    let parts: Vec<(Capture, HashMap<String, OwnedFd>)> = std::thread::scope(|s| {
         let handles: Vec<_> = subdirs
             .iter()
             .map(|(fd, path, key)| {
+                let old = files.remove(key).unwrap_or_default();
                 s.spawn(move || {
                     let mut part = Capture::new();
-                    walk(fd, path, key, volatile, &mut part, None);
-                    part
+                    let mut w = Walker {
+                        volatile,
+                        old,
+                        new: HashMap::new(),
+                        buf: vec![0u8; 4096],
+                    };
+                    w.walk(fd, path, key, &mut part, None);
+                    (part, w.new)
                 })
             })
             .collect();
@@ -96,15 +181,18 @@ pub fn capture_under(root: &Path, prefix: &str, volatile: &[&str]) -> Capture {
                 h.join().unwrap_or_else(|_| {
                     let mut g = Capture::new();
                     g.gap(format!("sysctl: {path}: the walk panicked"));
-                    g
+                    (g, HashMap::new())
                 })
             })
             .collect()
     });
-    for p in parts {
+    for ((p, kept), (_, _, key)) in parts.into_iter().zip(&subdirs) {
         c.items.extend(p.items);
         c.gaps.extend(p.gaps);
+        files.insert(key.clone(), kept);
     }
+    // Directories that are gone take their descriptors with them.
+    files.retain(|k, _| k.is_empty() || subdirs.iter().any(|(_, _, key)| key == k));
     c
 }
 
@@ -121,88 +209,115 @@ fn open_dir(
     )
 }
 
-/// Reads the directory `dir` (`path`, for messages), naming its entries
-/// `key.name`; subdirectories are walked here, or handed to `defer` when
-/// given.
-fn walk(
-    dir: &OwnedFd,
-    path: &str,
-    key: &str,
-    volatile: &[&str],
-    c: &mut Capture,
-    mut defer: Option<&mut Vec<(OwnedFd, String, String)>>,
-) {
-    use rustix::fs::{FileType, Mode, OFlags};
-    let entries = match rustix::fs::Dir::read_from(dir) {
-        Ok(e) => e,
-        Err(e) => return c.gap(format!("sysctl: {path}: cannot list: {e}")),
-    };
-    let mut buf = vec![0u8; 4096];
-    for entry in entries {
-        let entry = match entry {
+/// One thread's walk: the descriptors it was given (`old`), those it
+/// keeps (`new`).
+struct Walker<'a> {
+    volatile: &'a [&'a str],
+    old: HashMap<String, OwnedFd>,
+    new: HashMap<String, OwnedFd>,
+    buf: Vec<u8>,
+}
+
+impl Walker<'_> {
+    /// Reads the directory `dir` (`path`, for messages), naming its entries
+    /// `key.name`; subdirectories are walked here, or handed to `defer`
+    /// when given.
+    fn walk(
+        &mut self,
+        dir: &OwnedFd,
+        path: &str,
+        key: &str,
+        c: &mut Capture,
+        mut defer: Option<&mut Vec<(OwnedFd, String, String)>>,
+    ) {
+        use rustix::fs::FileType;
+        let entries = match rustix::fs::Dir::read_from(dir) {
             Ok(e) => e,
-            Err(e) => {
-                c.gap(format!("sysctl: {path}: cannot list: {e}"));
-                break;
-            }
+            Err(e) => return c.gap(format!("sysctl: {path}: cannot list: {e}")),
         };
-        let raw = entry.file_name();
-        if raw.to_bytes() == b"." || raw.to_bytes() == b".." {
-            continue;
-        }
-        let name = raw.to_string_lossy().replace('.', "/");
-        let k = if key.is_empty() {
-            name
-        } else {
-            format!("{key}.{name}")
-        };
-        if is_volatile(&k, volatile) {
-            continue;
-        }
-        let mut kind = entry.file_type();
-        if kind == FileType::Unknown {
-            kind = match rustix::fs::statat(dir, raw, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(st) => FileType::from_raw_mode(st.st_mode),
+        for entry in entries {
+            let entry = match entry {
+                Ok(e) => e,
                 Err(e) => {
-                    c.gap(format!("sysctl: {k}: {e}"));
-                    continue;
+                    c.gap(format!("sysctl: {path}: cannot list: {e}"));
+                    break;
                 }
             };
-        }
-        if kind == FileType::Directory {
-            let sub_path = format!("{path}/{}", raw.to_string_lossy());
-            match open_dir(dir, raw) {
-                Ok(sub) => match defer.as_deref_mut() {
-                    Some(d) => d.push((sub, sub_path, k)),
-                    None => walk(&sub, &sub_path, &k, volatile, c, None),
-                },
-                Err(e) => c.gap(format!("sysctl: {sub_path}: cannot list: {e}")),
+            let raw = entry.file_name();
+            if raw.to_bytes() == b"." || raw.to_bytes() == b".." {
+                continue;
             }
-            continue;
+            let name = raw.to_string_lossy().replace('.', "/");
+            let k = if key.is_empty() {
+                name
+            } else {
+                format!("{key}.{name}")
+            };
+            if is_volatile(&k, self.volatile) {
+                continue;
+            }
+            let mut kind = entry.file_type();
+            if kind == FileType::Unknown {
+                kind = match rustix::fs::statat(dir, raw, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+                    Ok(st) => FileType::from_raw_mode(st.st_mode),
+                    Err(e) => {
+                        c.gap(format!("sysctl: {k}: {e}"));
+                        continue;
+                    }
+                };
+            }
+            if kind == FileType::Directory {
+                let sub_path = format!("{path}/{}", raw.to_string_lossy());
+                match open_dir(dir, raw) {
+                    Ok(sub) => match defer.as_deref_mut() {
+                        Some(d) => d.push((sub, sub_path, k)),
+                        None => self.walk(&sub, &sub_path, &k, c, None),
+                    },
+                    Err(e) => c.gap(format!("sysctl: {sub_path}: cannot list: {e}")),
+                }
+                continue;
+            }
+            self.file(dir, raw, k, c);
+        }
+    }
+
+    /// Reads one file: through its kept descriptor from the start, or
+    /// opened by name (and kept).
+    fn file(&mut self, dir: &OwnedFd, raw: &std::ffi::CStr, k: String, c: &mut Capture) {
+        use rustix::fs::{Mode, OFlags};
+        if let Some(fd) = self.old.remove(&k) {
+            match read_all(&fd, &mut self.buf) {
+                Ok(n) => {
+                    let v = value_of(&k, &String::from_utf8_lossy(&self.buf[..n]));
+                    c.insert(k.clone(), v);
+                    self.new.insert(k, fd);
+                    return;
+                }
+                // Its table went (and may be back under the same name):
+                // opened again below.
+                Err(rustix::io::Errno::NOENT) => {}
+                Err(rustix::io::Errno::IO) => return c.insert(k, "!EIO"),
+                Err(rustix::io::Errno::NODATA) => return c.insert(k, "!ENODATA"),
+                Err(e) => return c.gap(format!("sysctl: {k}: cannot read: {e}")),
+            }
         }
         let fd = match rustix::fs::openat(dir, raw, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
         {
             Ok(fd) => fd,
-            Err(rustix::io::Errno::ACCESS) if write_only(dir, raw) => continue,
-            Err(rustix::io::Errno::NOENT) => continue, // vanished (a device went)
-            Err(e) => {
-                c.gap(format!("sysctl: {k}: cannot read: {e}"));
-                continue;
-            }
+            Err(rustix::io::Errno::ACCESS) if write_only(dir, raw) => return,
+            Err(rustix::io::Errno::NOENT) => return, // vanished (a device went)
+            Err(e) => return c.gap(format!("sysctl: {k}: cannot read: {e}")),
         };
         match rustix::fs::fstat(&fd) {
-            Ok(st) if st.st_mode & 0o444 == 0 => continue, // write-only: nothing to read
+            Ok(st) if st.st_mode & 0o444 == 0 => return, // write-only: nothing to read
             Ok(_) => {}
-            Err(e) => {
-                c.gap(format!("sysctl: {k}: {e}"));
-                continue;
-            }
+            Err(e) => return c.gap(format!("sysctl: {k}: {e}")),
         }
-        match read_all(&fd, &mut buf) {
+        match read_all(&fd, &mut self.buf) {
             Ok(n) => {
-                let text = String::from_utf8_lossy(&buf[..n]);
-                let v = value_of(&k, &text);
-                c.insert(k, v);
+                let v = value_of(&k, &String::from_utf8_lossy(&self.buf[..n]));
+                c.insert(k.clone(), v);
+                self.new.insert(k, fd);
             }
             Err(rustix::io::Errno::IO) => c.insert(k, "!EIO"),
             Err(rustix::io::Errno::NODATA) => c.insert(k, "!ENODATA"),
@@ -218,14 +333,15 @@ fn write_only(dir: &OwnedFd, name: &std::ffi::CStr) -> bool {
         .is_ok_and(|st| st.st_mode & 0o444 == 0)
 }
 
-/// Reads `fd` to its end into `buf` (grown as needed); the length read.
+/// Reads `fd` from its start to its end into `buf` (grown as needed); the
+/// length read.
 fn read_all(fd: &OwnedFd, buf: &mut Vec<u8>) -> rustix::io::Result<usize> {
     let mut n = 0;
     loop {
         if n == buf.len() {
             buf.resize(buf.len() * 2, 0);
         }
-        match rustix::io::read(fd, &mut buf[n..]) {
+        match rustix::io::pread(fd, &mut buf[n..], n as u64) {
             Ok(0) => return Ok(n),
             Ok(k) => n += k,
             Err(rustix::io::Errno::INTR) => {}
@@ -303,6 +419,44 @@ mod tests {
             ]
         );
         assert!(c.is_complete(), "{:?}", c.gaps);
+    }
+
+    #[test]
+    fn kept_descriptors_read_what_the_files_hold_now_and_follow_the_listing() {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        fs::create_dir_all(r.join("net/ipv4")).unwrap();
+        fs::create_dir_all(r.join("vm")).unwrap();
+        fs::write(r.join("net/ipv4/ip_forward"), "0\n").unwrap();
+        fs::write(r.join("vm/swappiness"), "60\n").unwrap();
+        let mut files = Files::default();
+        let a = capture_kept(r, "", &[], &mut files);
+        assert_eq!(a.items["net.ipv4.ip_forward"], "0");
+        let kept: usize = files.values().map(HashMap::len).sum();
+        assert_eq!(kept, 2, "{files:?}");
+        // Written in place (a sysctl's file is never replaced), one gone,
+        // one new: read through the kept descriptor, the listing followed.
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(r.join("net/ipv4/ip_forward"))
+            .unwrap();
+        std::io::Write::write_all(&mut f, b"1\n").unwrap();
+        fs::remove_file(r.join("vm/swappiness")).unwrap();
+        fs::write(r.join("vm/overcommit_memory"), "2\n").unwrap();
+        let b = capture_kept(r, "", &[], &mut files);
+        let got: Vec<_> = b
+            .items
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![("net.ipv4.ip_forward", "1"), ("vm.overcommit_memory", "2")]
+        );
+        assert!(b.is_complete(), "{:?}", b.gaps);
+        let kept: usize = files.values().map(HashMap::len).sum();
+        assert_eq!(kept, 2, "the removed file's descriptor went: {files:?}");
     }
 
     #[test]

@@ -41,6 +41,15 @@ pub const PROCESSES_FILE: &str = "processes.json";
 pub fn main() -> i32 {
     use std::os::fd::AsFd;
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
+    // Room for the sysctl capture's kept descriptors (collect::sysctl);
+    // without it the capture opens each file every time.
+    let _ = rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: Some(65536),
+            maximum: Some(65536),
+        },
+    );
     if let Err(e) = least_capabilities() {
         eprintln!("allox-observe: drop the capabilities it does not need: {e}");
         return 2;

@@ -35,36 +35,22 @@ impl Snapshots {
             workspace: dir.join(format!("{label}-workspace")),
             agent: dir.join(format!("{label}-agent")),
         };
-        // Both at once: snapshots asked for together are made in one
-        // commit of the filesystem's transaction.
-        let (ws, agent) = std::thread::scope(|t| {
-            let agent = t.spawn(|| allox_store::btrfs::snapshot(agent_workspace, &s.agent, true));
-            let ws = allox_store::btrfs::snapshot(workspace, &s.workspace, true);
-            (ws, agent.join())
-        });
-        let agent = match agent {
-            Ok(r) => r.map_err(|e| allox_protocol::error_chain(&e)),
-            Err(_) => Err("the snapshot's thread panicked".to_string()),
-        };
-        match (ws, agent) {
-            (Ok(()), Ok(())) => Ok(s),
-            (ws, agent) => {
-                if ws.is_ok() {
-                    let _ = allox_store::btrfs::delete_subvolume(&s.workspace);
-                }
-                if agent.is_ok() {
-                    let _ = allox_store::btrfs::delete_subvolume(&s.agent);
-                }
-                Err(match (ws, agent) {
-                    (Err(e), _) => format!(
-                        "snapshot the session's workspace: {}",
-                        allox_protocol::error_chain(&e)
-                    ),
-                    (_, Err(e)) => format!("snapshot the agent's workspace: {e}"),
-                    _ => unreachable!("one of them failed"),
-                })
-            }
+        allox_store::btrfs::snapshot(workspace, &s.workspace, true).map_err(|e| {
+            format!(
+                "snapshot the session's workspace: {}",
+                allox_protocol::error_chain(&e)
+            )
+        })?;
+        // One after the other: two snapshots asked for at once were slower
+        // here than in turn (each waits for the other's commit).
+        if let Err(e) = allox_store::btrfs::snapshot(agent_workspace, &s.agent, true) {
+            let _ = allox_store::btrfs::delete_subvolume(&s.workspace);
+            return Err(format!(
+                "snapshot the agent's workspace: {}",
+                allox_protocol::error_chain(&e)
+            ));
         }
+        Ok(s)
     }
 
     /// The snapshot's `shared/`.

@@ -359,7 +359,8 @@ impl Observation {
                 .spawn(move || {
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                         h.lock().unwrap_or_else(|e| e.into_inner()).poll();
-                        std::thread::sleep(std::time::Duration::from_millis(10));
+                        // Woken at once when the run ends (unpark).
+                        std::thread::park_timeout(std::time::Duration::from_millis(10));
                     }
                 })
                 .map_err(|e| format!("start the history's reader: {e}"))?
@@ -421,11 +422,12 @@ impl Observation {
         chain: &mut Chain,
     ) -> Result<RunEffects, String> {
         // The tree has exited: what the kernel side made is all there is.
+        self.phases.at = std::time::Instant::now();
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         if let Some(t) = self.drain.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
-        self.phases.at = std::time::Instant::now();
         let (records, counters, history_note, processes) = {
             let mut h = self.history.lock().unwrap_or_else(|e| e.into_inner());
             h.poll();
@@ -609,6 +611,7 @@ impl Observation {
     fn cleanup(mut self) -> Option<history::Loaded> {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         if let Some(t) = self.drain.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
         self.snaps_a.remove();

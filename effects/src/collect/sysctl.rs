@@ -285,22 +285,15 @@ impl Walker<'_> {
     /// opened by name (and kept).
     fn file(&mut self, dir: &OwnedFd, raw: &std::ffi::CStr, k: String, c: &mut Capture) {
         use rustix::fs::{Mode, OFlags};
-        if let Some(fd) = self.old.remove(&k) {
-            match read_all(&fd, &mut self.buf) {
-                Ok(n) => {
-                    let v = value_of(&k, &String::from_utf8_lossy(&self.buf[..n]));
-                    c.insert(k.clone(), v);
-                    self.new.insert(k, fd);
-                    return;
-                }
+        let k = match self.old.remove(&k) {
+            Some(fd) => match self.read(k, fd, c) {
+                Ok(()) => return,
                 // Its table went (and may be back under the same name):
                 // opened again below.
-                Err(rustix::io::Errno::NOENT) => {}
-                Err(rustix::io::Errno::IO) => return c.insert(k, "!EIO"),
-                Err(rustix::io::Errno::NODATA) => return c.insert(k, "!ENODATA"),
-                Err(e) => return c.gap(format!("sysctl: {k}: cannot read: {e}")),
-            }
-        }
+                Err(k) => k,
+            },
+            None => k,
+        };
         let fd = match rustix::fs::openat(dir, raw, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
         {
             Ok(fd) => fd,
@@ -313,16 +306,29 @@ impl Walker<'_> {
             Ok(_) => {}
             Err(e) => return c.gap(format!("sysctl: {k}: {e}")),
         }
+        if let Err(k) = self.read(k, fd, c) {
+            c.gap(format!(
+                "sysctl: {k}: cannot read: {}",
+                rustix::io::Errno::NOENT
+            ));
+        }
+    }
+
+    /// Reads `fd` from its start as `k`'s value and keeps it; `Err(k)` when
+    /// its table went (`ENOENT`), nothing recorded.
+    fn read(&mut self, k: String, fd: OwnedFd, c: &mut Capture) -> Result<(), String> {
         match read_all(&fd, &mut self.buf) {
             Ok(n) => {
                 let v = value_of(&k, &String::from_utf8_lossy(&self.buf[..n]));
                 c.insert(k.clone(), v);
                 self.new.insert(k, fd);
             }
+            Err(rustix::io::Errno::NOENT) => return Err(k),
             Err(rustix::io::Errno::IO) => c.insert(k, "!EIO"),
             Err(rustix::io::Errno::NODATA) => c.insert(k, "!ENODATA"),
             Err(e) => c.gap(format!("sysctl: {k}: cannot read: {e}")),
         }
+        Ok(())
     }
 }
 

@@ -65,15 +65,17 @@ pub fn capture(netns: Option<BorrowedFd>, volatile: &[&str]) -> Capture {
             .current
             .is_some_and(|n| n >= KEEP_WITH_NOFILE)
     });
+    let keep = space.is_some();
     let mut files = space.map(take_kept).unwrap_or_default();
     let c = match netns {
-        None => capture_kept(Path::new(PROC_SYS), "", volatile, &mut files),
+        None => capture_kept(Path::new(PROC_SYS), "", volatile, &mut files, keep),
         Some(fd) => super::ns::in_netns(fd, "sysctl", || {
             capture_kept(
                 &Path::new(PROC_SYS).join("net"),
                 "net",
                 volatile,
                 &mut files,
+                keep,
             )
         }),
     };
@@ -104,6 +106,12 @@ pub const KEPT_SPACES: usize = 4;
 /// [`KEPT_SPACES`] namespaces' files take a third of it at most.
 pub const KEEP_WITH_NOFILE: u64 = 16384;
 
+/// Kept descriptors are moved to this number and above, out of the way of
+/// the process's other descriptors: whoever lists a process's BPF
+/// descriptors (the bpf domain, [`crate::observer`]) stops below it rather
+/// than reading a thousand `/proc/sys` files' `fdinfo`.
+pub const KEPT_FD_BASE: i32 = 8192;
+
 fn take_kept(space: (u64, u64)) -> Files {
     let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
     match kept.iter().position(|(s, _)| *s == space) {
@@ -123,7 +131,7 @@ fn put_kept(space: (u64, u64), files: Files) {
 /// Walks `root`, naming each file `prefix.a.b`, without keeping
 /// descriptors.
 pub fn capture_under(root: &Path, prefix: &str, volatile: &[&str]) -> Capture {
-    capture_kept(root, prefix, volatile, &mut Files::default())
+    capture_kept(root, prefix, volatile, &mut Files::default(), false)
 }
 
 /// Walks `root`, naming each file `prefix.a.b`. Each directory directly
@@ -131,8 +139,15 @@ pub fn capture_under(root: &Path, prefix: &str, volatile: &[&str]) -> Capture {
 /// inside a network namespace is inside it too); the files are opened
 /// relative to their directory's descriptor, their kind taken from the
 /// directory entry, or reread through the descriptors in `files`, which
-/// are left holding every file read.
-fn capture_kept(root: &Path, prefix: &str, volatile: &[&str], files: &mut Files) -> Capture {
+/// are left holding every file read (moved to [`KEPT_FD_BASE`] and above
+/// when `high`).
+fn capture_kept(
+    root: &Path,
+    prefix: &str,
+    volatile: &[&str],
+    files: &mut Files,
+    high: bool,
+) -> Capture {
     let mut c = Capture::new();
     let dir = match open_dir(rustix::fs::CWD, root) {
         Ok(d) => d,
@@ -147,6 +162,7 @@ fn capture_kept(root: &Path, prefix: &str, volatile: &[&str], files: &mut Files)
         old: files.remove("").unwrap_or_default(),
         new: HashMap::new(),
         buf: vec![0u8; 4096],
+        high,
     };
     top.walk(
         &dir,
@@ -168,6 +184,7 @@ fn capture_kept(root: &Path, prefix: &str, volatile: &[&str], files: &mut Files)
                         old,
                         new: HashMap::new(),
                         buf: vec![0u8; 4096],
+                        high,
                     };
                     w.walk(fd, path, key, &mut part, None);
                     (part, w.new)
@@ -216,6 +233,8 @@ struct Walker<'a> {
     old: HashMap<String, OwnedFd>,
     new: HashMap<String, OwnedFd>,
     buf: Vec<u8>,
+    /// Whether a newly opened file's descriptor moves to [`KEPT_FD_BASE`].
+    high: bool,
 }
 
 impl Walker<'_> {
@@ -306,6 +325,14 @@ impl Walker<'_> {
             Ok(_) => {}
             Err(e) => return c.gap(format!("sysctl: {k}: {e}")),
         }
+        let fd = if self.high {
+            match rustix::io::fcntl_dupfd_cloexec(&fd, KEPT_FD_BASE) {
+                Ok(high) => high,
+                Err(e) => return c.gap(format!("sysctl: {k}: cannot keep: {e}")),
+            }
+        } else {
+            fd
+        };
         if let Err(k) = self.read(k, fd, c) {
             c.gap(format!(
                 "sysctl: {k}: cannot read: {}",
@@ -340,15 +367,19 @@ fn write_only(dir: &OwnedFd, name: &std::ffi::CStr) -> bool {
 }
 
 /// Reads `fd` from its start to its end into `buf` (grown as needed); the
-/// length read.
+/// length read. A sysctl's handler writes all it has into a read's buffer
+/// when it fits, so a read that leaves room is the end: one call a file,
+/// not two.
 fn read_all(fd: &OwnedFd, buf: &mut Vec<u8>) -> rustix::io::Result<usize> {
     let mut n = 0;
     loop {
         if n == buf.len() {
             buf.resize(buf.len() * 2, 0);
         }
+        let room = buf.len() - n;
         match rustix::io::pread(fd, &mut buf[n..], n as u64) {
             Ok(0) => return Ok(n),
+            Ok(k) if k < room => return Ok(n + k),
             Ok(k) => n += k,
             Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(e),
@@ -384,6 +415,7 @@ mod tests {
     use super::*;
     use std::fs;
     use std::os::unix::fs::PermissionsExt;
+    use std::os::fd::AsRawFd;
 
     #[test]
     fn volatile_entries_match_exactly_or_by_pattern() {
@@ -435,11 +467,32 @@ mod tests {
         fs::create_dir_all(r.join("vm")).unwrap();
         fs::write(r.join("net/ipv4/ip_forward"), "0\n").unwrap();
         fs::write(r.join("vm/swappiness"), "60\n").unwrap();
+        // Kept descriptors move up to KEPT_FD_BASE, within the limit the
+        // observer raises to.
+        let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+        if lim.current.is_none_or(|c| c < KEEP_WITH_NOFILE) {
+            rustix::process::setrlimit(
+                rustix::process::Resource::Nofile,
+                rustix::process::Rlimit {
+                    current: Some(KEEP_WITH_NOFILE),
+                    maximum: lim.maximum.map(|m| m.max(KEEP_WITH_NOFILE)),
+                },
+            )
+            .expect("an open-files limit of 16384 (run as root or raise the hard limit)");
+        }
         let mut files = Files::default();
-        let a = capture_kept(r, "", &[], &mut files);
+        let a = capture_kept(r, "", &[], &mut files, true);
         assert_eq!(a.items["net.ipv4.ip_forward"], "0");
+        assert!(a.is_complete(), "{:?}", a.gaps);
         let kept: usize = files.values().map(HashMap::len).sum();
         assert_eq!(kept, 2, "{files:?}");
+        assert!(
+            files
+                .values()
+                .flat_map(HashMap::values)
+                .all(|fd| fd.as_raw_fd() >= KEPT_FD_BASE),
+            "{files:?}"
+        );
         // Written in place (a sysctl's file is never replaced), one gone,
         // one new: read through the kept descriptor, the listing followed.
         let mut f = fs::OpenOptions::new()
@@ -450,7 +503,7 @@ mod tests {
         std::io::Write::write_all(&mut f, b"1\n").unwrap();
         fs::remove_file(r.join("vm/swappiness")).unwrap();
         fs::write(r.join("vm/overcommit_memory"), "2\n").unwrap();
-        let b = capture_kept(r, "", &[], &mut files);
+        let b = capture_kept(r, "", &[], &mut files, true);
         let got: Vec<_> = b
             .items
             .iter()

@@ -382,12 +382,36 @@ fn held_by_observers(supervisor: u32) -> HashSet<String> {
         if !ours {
             continue;
         }
-        for f in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        // Only BPF descriptors are read: an observer keeps a thousand
+        // `/proc/sys` files open, at `KEPT_FD_BASE` and above, whose
+        // `fdinfo` would cost a read each. A BPF descriptor up there (only
+        // with thousands of others below it) would be missed and its
+        // object counted as the machine's: a change too many, never one
+        // hidden.
+        for f in std::fs::read_dir(format!("/proc/{pid}/fd"))
             .into_iter()
             .flatten()
             .flatten()
         {
-            let info = std::fs::read_to_string(f.path()).unwrap_or_default();
+            let n = f.file_name().to_str().and_then(|s| s.parse::<i32>().ok());
+            if n.is_none_or(|n| n >= crate::collect::sysctl::KEPT_FD_BASE) {
+                continue;
+            }
+            let bpf = std::fs::read_link(f.path())
+                .map(|t| {
+                    t.as_os_str()
+                        .as_encoded_bytes()
+                        .starts_with(b"anon_inode:bpf")
+                })
+                .unwrap_or(false);
+            if !bpf {
+                continue;
+            }
+            let info = std::fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                f.file_name().to_string_lossy()
+            ))
+            .unwrap_or_default();
             for l in info.lines() {
                 for (field, kind) in [
                     ("prog_id:", "prog"),

@@ -397,8 +397,11 @@ impl Observation {
             )
             .map_err(|e| e.to_string())?;
         phases.done("captures_a");
+        // Not synced before the run is let go: the pending marker fences
+        // the session if the machine stops before B, and B's seal syncs
+        // every record before the answer.
         chain
-            .append("capture_a", &body)
+            .append_later("capture_a", &body)
             .map_err(|e| e.to_string())?;
         phases.done("chain_a");
         Ok(Observation {

@@ -74,6 +74,8 @@ pub enum Origin {
     Turn,
     /// Found on disk without an index entry and adopted at start-up.
     Recovered,
+    /// The first checkpoint of a session made by `session.fork`.
+    Fork,
 }
 
 impl Origin {
@@ -83,6 +85,7 @@ impl Origin {
             Origin::Baseline => "baseline",
             Origin::Turn => "turn",
             Origin::Recovered => "recovered",
+            Origin::Fork => "fork",
         }
     }
 }
@@ -100,6 +103,19 @@ pub struct CheckpointInfo {
     pub label: Option<String>,
     /// The turn whose end took it (origin `turn`).
     pub turn_id: Option<String>,
+    /// Where a forked session came from (its baseline, origin `fork`).
+    #[serde(default)]
+    pub forked_from: Option<ForkPoint>,
+}
+
+/// The session and checkpoint a session was forked from (`checkpoint_id`
+/// `None`: its `current/` at the time of the fork).
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+pub struct ForkPoint {
+    pub agent_id: String,
+    pub session_id: String,
+    pub checkpoint_id: Option<String>,
+    pub forked_ms: u64,
 }
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]

@@ -105,6 +105,7 @@ mod tests {
                     "name": "bash", "operation": "execute_tool", "tool": "bash",
                     "start_unix_nano": 1, "end_unix_nano": 2}]}),
                 json!({"agent_id": "a", "session_id": "s", "run_id": "r", "evidence_root": "e"}),
+                json!({"agent_id": "a", "session_id": "s", "from": "c", "new_session_id": "t"}),
                 json!({"agent_id": "a"}),
                 json!({}),
             ]

@@ -292,6 +292,7 @@ requests! {
     EffectsHistory(crate::EffectsHistory) = "effects.history", mutating = false, route = Plugin("system-effects"), answers = [EffectsHistory];
     EffectsStatus(crate::EffectsStatusRequest) = "effects.status", mutating = false, route = Plugin("system-effects"), answers = [EffectsStatus];
     EffectsUnfence(crate::EffectsUnfence) = "effects.unfence", mutating = true, route = Plugin("system-effects"), answers = [EffectsUnfenced];
+    SessionFork(crate::SessionFork) = "session.fork", mutating = true, route = Core, answers = [Session];
 }
 
 macro_rules! responses {

@@ -1,6 +1,6 @@
 //! Sessions: an agent's working trees, each a `current/` with its own
 //! limits and network (`session.create`, `session.list`,
-//! `session.delete`, `session.rollback`).
+//! `session.delete`, `session.rollback`, `session.fork`).
 
 use crate::target::target;
 use serde::{Deserialize, Serialize};
@@ -102,6 +102,43 @@ pub struct SessionRollback {
 }
 
 target!(SessionRollback: agent_id, session_id, checkpoint_id);
+
+/// `session.fork`: a new session whose `current/` is a writable snapshot
+/// of a checkpoint of the source session, or of its `current/` as it is at
+/// that instant (`from: "current"`). The new session's history starts at a
+/// baseline checkpoint (origin `fork`, named [`FORK_BASELINE`]) that
+/// records where it came from; the source's network mode and egress rules,
+/// checkpoint policy and limits are copied; runs are not. The source may be
+/// another agent's session (`new_agent_id`): a host action only.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SessionFork {
+    /// The source session's agent.
+    pub agent_id: String,
+    /// The source session.
+    pub session_id: String,
+    /// A checkpoint of the source session, or `current`.
+    pub from: String,
+    /// The new session's agent; the source's agent when left out.
+    #[serde(default)]
+    pub new_agent_id: Option<String>,
+    pub new_session_id: String,
+    /// Free text for the baseline checkpoint, at most 256 bytes.
+    #[serde(default)]
+    pub label: Option<String>,
+}
+
+/// The id of a forked session's first checkpoint.
+pub const FORK_BASELINE: &str = "fork";
+
+target!(SessionFork, |r| format!(
+    "{}/{}/{}->{}/{}",
+    r.agent_id,
+    r.session_id,
+    r.from,
+    r.new_agent_id.as_deref().unwrap_or(&r.agent_id),
+    r.new_session_id
+));
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct SessionInfo {

@@ -140,6 +140,16 @@ fn table() -> Vec<(&'static str, Value, &'static str)> {
             json!({"agent_id": "a", "session_id": "s", "run_id": "r", "evidence_root": "e"}),
             "a/s/r",
         ),
+        (
+            "session.fork",
+            json!({"agent_id": "a", "session_id": "s", "from": "c", "new_agent_id": "b", "new_session_id": "t"}),
+            "a/s/c->b/t",
+        ),
+        (
+            "session.fork",
+            json!({"agent_id": "a", "session_id": "s", "from": "current", "new_session_id": "t"}),
+            "a/s/current->a/t",
+        ),
     ]
 }
 

@@ -205,6 +205,7 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "effects.history",
             "effects.status",
             "effects.unfence",
+            "session.fork",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

@@ -203,6 +203,33 @@ impl Cgroups {
         write_limits(&self.session_dir(a, s), limits)
     }
 
+    /// The session's limits as its cgroup holds them: `pids.max`,
+    /// `memory.max` and `cpu.max` where the controller is on and a limit
+    /// is set (`max` is none; a `cpu.max` of `max PERIOD` keeps its
+    /// period).
+    pub fn limits(&self, a: &str, s: &str) -> Limits {
+        let dir = self.session_dir(a, s);
+        let num = |file: &str| {
+            read_trim(&dir.join(file))
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        let cpu_max = read_trim(&dir.join("cpu.max")).ok().and_then(|v| {
+            let mut it = v.split_whitespace();
+            let (q, p) = (it.next()?, it.next()?.parse::<u64>().ok()?);
+            match q {
+                "max" if p == 100_000 => None,
+                "max" => Some((u64::MAX, p)),
+                q => Some((q.parse().ok()?, p)),
+            }
+        });
+        Limits {
+            pids_max: num("pids.max"),
+            memory_max: num("memory.max"),
+            cpu_max,
+        }
+    }
+
     /// Writes limits on the whole `allox` subtree: what all sessions
     /// together may take, so that the supervisor and the kernel keep the
     /// rest whatever the sessions do.

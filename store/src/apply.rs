@@ -78,6 +78,24 @@ pub fn apply(w: &mut Writer<'_>, op: &Op) -> Result<(), IndexError> {
             checkpoint,
             ..
         } => set_head(w, agent, session, Some(checkpoint.clone())),
+        Op::SessionFork {
+            agent,
+            session,
+            created_ms,
+            record,
+            from,
+        } => {
+            w.put_session(
+                agent,
+                session,
+                &SessionRecord {
+                    created_ms: *created_ms,
+                    head: Some(from.baseline.clone()),
+                },
+            )?;
+            w.put_checkpoint(agent, session, &from.baseline, record)?;
+            w.put_fork(agent, session, from)
+        }
     }
 }
 

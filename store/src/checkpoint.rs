@@ -1,7 +1,7 @@
 //! `checkpoint.create`, `checkpoint.list`, `checkpoint.delete`,
 //! `checkpoint.pin`.
 
-use super::{checkpoint_info, After, Result, Store, StoreError, MAX_LABEL};
+use super::{checkpoint_info, with_fork, After, Result, Store, StoreError, MAX_LABEL};
 use crate::btrfs;
 use crate::index::CheckpointRecord;
 use crate::journal::Op;
@@ -80,11 +80,12 @@ impl Store {
 
     pub fn checkpoint_list(&self, a: &str, s: &str) -> Result<CheckpointListing> {
         let session = self.need_session(a, s)?;
+        let fork = self.index.fork(a, s)?;
         let checkpoints = self
             .index
             .checkpoints(a, s)?
             .iter()
-            .map(|(c, r)| checkpoint_info(a, s, c, r))
+            .map(|(c, r)| with_fork(checkpoint_info(a, s, c, r), fork.as_ref()))
             .collect();
         Ok(CheckpointListing {
             agent_id: a.to_string(),

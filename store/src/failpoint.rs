@@ -34,6 +34,10 @@ pub const ALL: &[&str] = &[
     "rollback.after_snapshot",
     "rollback.after_exchange",
     "rollback.after_commit",
+    "session_fork.after_journal",
+    "session_fork.after_baseline",
+    "session_fork.after_current",
+    "session_fork.after_commit",
 ];
 
 /// The supervisor's points before each installed plugin starts (a panic

@@ -8,7 +8,8 @@
 
 use crate::journal::{Entry, Op, Stage};
 pub use crate::rows::{
-    AgentRecord, CheckpointRecord, NetworkRecord, PolicyRecord, SessionRecord, TurnRecord,
+    AgentRecord, CheckpointRecord, ForkRecord, NetworkRecord, PolicyRecord, SessionRecord,
+    TurnRecord,
 };
 use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
@@ -25,6 +26,7 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const POLICY: TableDefinition<&str, &[u8]> = TableDefinition::new("policy");
 const TURNS: TableDefinition<&str, &[u8]> = TableDefinition::new("turns");
 const NETWORK: TableDefinition<&str, &[u8]> = TableDefinition::new("network");
+const FORKS: TableDefinition<&str, &[u8]> = TableDefinition::new("forks");
 
 #[derive(Debug, Error)]
 pub enum IndexError {
@@ -169,6 +171,7 @@ impl Index {
             w.open_table(POLICY)?;
             w.open_table(TURNS)?;
             w.open_table(NETWORK)?;
+            w.open_table(FORKS)?;
         }
         w.commit()?;
         Ok(db)
@@ -261,6 +264,10 @@ impl Index {
     }
     pub fn network(&self, key: &str) -> Result<Option<NetworkRecord>, IndexError> {
         self.get(NETWORK, key)
+    }
+    /// Where session `a/s` was forked from, if it was.
+    pub fn fork(&self, a: &str, s: &str) -> Result<Option<ForkRecord>, IndexError> {
+        self.get(FORKS, &session_key(a, s))
     }
     /// A session's turns, in order.
     pub fn turns(&self, a: &str, s: &str) -> Result<Vec<(String, TurnRecord)>, IndexError> {
@@ -380,6 +387,7 @@ impl Writer<'_> {
         self.remove_under(SESSIONS, a)?;
         self.remove_under(POLICY, a)?;
         self.remove_under(NETWORK, a)?;
+        self.remove_under(FORKS, a)?;
         self.remove_under(TURNS, a)?;
         self.remove_under(CHECKPOINTS, a)
     }
@@ -388,6 +396,10 @@ impl Writer<'_> {
     }
     pub fn put_network(&mut self, key: &str, r: &NetworkRecord) -> Result<(), IndexError> {
         self.put(NETWORK, key, r)
+    }
+    pub fn remove_policy(&mut self, key: &str) -> Result<(), IndexError> {
+        self.tx.open_table(POLICY)?.remove(key)?;
+        Ok(())
     }
     pub fn remove_network(&mut self, key: &str) -> Result<(), IndexError> {
         self.tx.open_table(NETWORK)?.remove(key)?;
@@ -402,6 +414,9 @@ impl Writer<'_> {
     ) -> Result<(), IndexError> {
         self.put(TURNS, &session_item_key(a, s, t), r)
     }
+    pub fn put_fork(&mut self, a: &str, s: &str, r: &ForkRecord) -> Result<(), IndexError> {
+        self.put(FORKS, &session_key(a, s), r)
+    }
     pub fn put_session(&mut self, a: &str, s: &str, r: &SessionRecord) -> Result<(), IndexError> {
         self.put(SESSIONS, &session_key(a, s), r)
     }
@@ -411,6 +426,7 @@ impl Writer<'_> {
         self.tx.open_table(SESSIONS)?.remove(k.as_str())?;
         self.tx.open_table(POLICY)?.remove(k.as_str())?;
         self.tx.open_table(NETWORK)?.remove(k.as_str())?;
+        self.tx.open_table(FORKS)?.remove(k.as_str())?;
         self.remove_under(TURNS, &k)?;
         self.remove_under(CHECKPOINTS, &k)
     }

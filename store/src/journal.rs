@@ -31,7 +31,7 @@
 //! steps are complete and undone otherwise. A step that fails at run time
 //! is undone at once by the same code. See `store::recovery`.
 
-use crate::rows::CheckpointRecord;
+use crate::rows::{CheckpointRecord, ForkRecord};
 use serde::{Deserialize, Serialize};
 
 /// One multi-step change, with what recovery needs to finish or undo it.
@@ -77,6 +77,16 @@ pub enum Op {
         checkpoint: String,
         /// Subvolume ID of `current/` before the swap.
         old_subvolume: u64,
+    },
+    /// A new session `agent/session` made from `from`: its baseline
+    /// checkpoint (`from.baseline`, with `record`) a read-only snapshot of
+    /// the source, then its `current/` a writable snapshot of the baseline.
+    SessionFork {
+        agent: String,
+        session: String,
+        created_ms: u64,
+        record: CheckpointRecord,
+        from: ForkRecord,
     },
 }
 

@@ -631,7 +631,22 @@ fn checkpoint_info(a: &str, s: &str, c: &str, r: &CheckpointRecord) -> Checkpoin
         pinned: r.pinned,
         label: r.label.clone(),
         turn_id: r.turn_id.clone(),
+        forked_from: None,
     }
+}
+
+/// `info` with the fork point of its session when it is that session's
+/// fork baseline.
+fn with_fork(mut info: CheckpointInfo, fork: Option<&crate::rows::ForkRecord>) -> CheckpointInfo {
+    if let Some(f) = fork.filter(|f| f.baseline == info.checkpoint_id) {
+        info.forked_from = Some(allox_protocol::ForkPoint {
+            agent_id: f.agent.clone(),
+            session_id: f.session.clone(),
+            checkpoint_id: f.checkpoint.clone(),
+            forked_ms: f.forked_ms,
+        });
+    }
+    info
 }
 
 /// Makes one of the store's own directories (0700: [`private`]).

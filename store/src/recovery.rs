@@ -200,6 +200,30 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
             rm(&fresh)?;
             swapped && forward
         }
+        Op::SessionFork {
+            agent,
+            session,
+            from,
+            ..
+        } => {
+            // The writable `current/` is made last, from the baseline: with
+            // it there, both are whole.
+            let baseline = l.checkpoint(agent, session, &from.baseline);
+            if forward && probe(&l.current(agent, session))? && probe(&baseline)? {
+                finish(op)?;
+                true
+            } else {
+                rm(&l.session_dir(agent, session))?;
+                // The settings its Begin copied go with it: a later session
+                // of that name starts from its own.
+                let key = crate::index::session_key(agent, session);
+                st.index.write_quick(|w| {
+                    w.remove_network(&key)?;
+                    w.remove_policy(&key)
+                })?;
+                false
+            }
+        }
         // The deletes were handled above.
         Op::AgentDelete { .. } | Op::SessionDelete { .. } | Op::CheckpointDelete { .. } => false,
     };

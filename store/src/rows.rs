@@ -55,3 +55,15 @@ pub struct NetworkRecord {
     pub mode: Option<NetworkMode>,
     pub egress: Option<Egress>,
 }
+
+/// Where a forked session came from (key `agent/session` of the fork): the
+/// source session, its checkpoint (`None`: its `current/` at the time), and
+/// the fork's baseline checkpoint that stands for that point.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ForkRecord {
+    pub agent: String,
+    pub session: String,
+    pub checkpoint: Option<String>,
+    pub baseline: String,
+    pub forked_ms: u64,
+}

@@ -1,10 +1,12 @@
-//! `session.create`, `session.list`, `session.delete`.
+//! `session.create`, `session.list`, `session.delete`, `session.fork`.
 
-use super::{mkdir, After, Result, Store, StoreError};
+use super::{checkpoint_info, mkdir, with_fork, After, Result, Store, StoreError, MAX_LABEL};
 use crate::btrfs;
-use crate::index::{session_key, NetworkRecord, SessionRecord};
+use crate::index::{session_key, CheckpointRecord, ForkRecord, NetworkRecord, SessionRecord};
 use crate::journal::Op;
-use allox_protocol::{validate_id, Deleted, SessionInfo};
+use allox_protocol::{
+    validate_id, CheckpointInfo, Deleted, Origin, SessionFork, SessionInfo, FORK_BASELINE,
+};
 
 impl Store {
     pub fn session_create(&self, a: &str, s: &str) -> Result<SessionInfo> {
@@ -56,6 +58,109 @@ impl Store {
             Ok(((), After::Nothing))
         })?;
         self.session_info(a, s, &rec)
+    }
+
+    /// `session.fork`: a new session from a checkpoint of `a/s` or from
+    /// its `current/` as it is now. The baseline checkpoint is a read-only
+    /// snapshot of the source and the new `current/` a writable snapshot of
+    /// the baseline, so both hold the same tree even while the source is
+    /// written. The source's network and checkpoint policy are copied in
+    /// the transaction that begins the fork; a crash at any step leaves the
+    /// whole session or none of it. Answers the new session and its
+    /// baseline.
+    pub fn session_fork(&self, p: &SessionFork) -> Result<(SessionInfo, CheckpointInfo)> {
+        let (a, s) = (&*p.agent_id, &*p.session_id);
+        let na = p.new_agent_id.as_deref().unwrap_or(a);
+        let ns = &*p.new_session_id;
+        validate_id("agent_id", a)?;
+        validate_id("session_id", s)?;
+        validate_id("new_agent_id", na)?;
+        validate_id("new_session_id", ns)?;
+        let from = (p.from != "current").then_some(p.from.as_str());
+        if let Some(c) = from {
+            validate_id("from", c)?;
+        }
+        if let Some(l) = &p.label {
+            if l.len() > MAX_LABEL || l.chars().any(char::is_control) {
+                return Err(StoreError::BadLabel);
+            }
+        }
+        let _g = self.guard();
+        self.need_session(a, s)?;
+        let source = match from {
+            Some(c) => {
+                self.need_checkpoint(a, s, c)?;
+                self.layout.checkpoint(a, s, c)
+            }
+            None => self.layout.current(a, s),
+        };
+        self.need_agent(na)?;
+        if self.index.session(na, ns)?.is_some() {
+            return Err(StoreError::Exists(format!("session {na}/{ns}")));
+        }
+        let dir = self.layout.session_dir(na, ns);
+        if dir.exists() {
+            return Err(StoreError::OnDiskNotIndexed(dir));
+        }
+        let (src_key, new_key) = (session_key(a, s), session_key(na, ns));
+        let network = self.index.network(&src_key)?;
+        let policy = self.index.policy(&src_key)?;
+        let now = crate::clock::now_ms();
+        let build = |w: &mut crate::index::Writer<'_>| {
+            // Settings left by an earlier fork or create of this name that
+            // failed are replaced, or removed when the source has none.
+            match &network {
+                Some(n) => w.put_network(&new_key, n)?,
+                None => w.remove_network(&new_key)?,
+            }
+            match &policy {
+                Some(pol) => w.put_policy(&new_key, pol)?,
+                None => w.remove_policy(&new_key)?,
+            }
+            Ok(Op::SessionFork {
+                agent: na.into(),
+                session: ns.into(),
+                created_ms: now,
+                record: CheckpointRecord {
+                    created_ms: now,
+                    seq: w.next_seq("checkpoint")?,
+                    parent: None,
+                    origin: Origin::Fork,
+                    pinned: false,
+                    label: p.label.clone(),
+                    turn_id: None,
+                },
+                from: ForkRecord {
+                    agent: a.into(),
+                    session: s.into(),
+                    checkpoint: from.map(str::to_string),
+                    baseline: FORK_BASELINE.into(),
+                    forked_ms: now,
+                },
+            })
+        };
+        self.check_space()?;
+        let (record, fork) = self.journaled(build, |op_id, op| {
+            mkdir(&dir)?;
+            mkdir(&self.layout.checkpoints_dir(na, ns))?;
+            self.crash_point("session_fork.after_journal");
+            let baseline = self.layout.checkpoint(na, ns, FORK_BASELINE);
+            btrfs::snapshot(&source, &baseline, true)?;
+            self.crash_point("session_fork.after_baseline");
+            let current = self.layout.current(na, ns);
+            btrfs::snapshot(&baseline, &current, false)?;
+            self.limit_session_tree(&current)?;
+            self.crash_point("session_fork.after_current");
+            self.end(op_id, op, &After::Nothing)?;
+            self.crash_point("session_fork.after_commit");
+            let Op::SessionFork { record, from, .. } = op else {
+                unreachable!("built above")
+            };
+            Ok(((record.clone(), from.clone()), After::Nothing))
+        })?;
+        let info = self.session_info_of(na, ns)?;
+        let baseline = with_fork(checkpoint_info(na, ns, FORK_BASELINE, &record), Some(&fork));
+        Ok((info, baseline))
     }
 
     pub fn session_list(&self, a: &str) -> Result<Vec<SessionInfo>> {

@@ -360,6 +360,34 @@ impl Supervisor {
             | Request::FsMkdir(_)
             | Request::FsRemove(_)
             | Request::FsMove(_) => return Ok(self.files().answer(req)?),
+            Request::SessionFork(r) => {
+                let na = r.new_agent_id.as_deref().unwrap_or(&r.agent_id);
+                let ns = &r.new_session_id;
+                // The source's limits, as its cgroup holds them: the fork's.
+                let limits = self
+                    .runs
+                    .as_ref()
+                    .map(|runs| runs.cgroups().limits(&r.agent_id, &r.session_id));
+                let (info, _) = st.session_fork(r)?;
+                if let Some(runs) = &self.runs {
+                    runs.own(std::path::Path::new(&info.current));
+                    let applied = runs
+                        .cgroups()
+                        .ensure_session(na, ns, &runs.config().limits)
+                        .and_then(|()| match &limits {
+                            Some(l) if *l != allox_sandbox::cgroup::Limits::default() => {
+                                runs.cgroups().set_limits(na, ns, l)
+                            }
+                            _ => Ok(()),
+                        });
+                    if let Err(e) = applied {
+                        // Nothing half-made: the fork goes again.
+                        let _ = st.session_delete(na, ns);
+                        return Err(RunError::SessionLimits(e).into());
+                    }
+                }
+                Response::Session(info)
+            }
             Request::SessionUpdate(r) => {
                 let (a, s) = (&r.agent_id, &r.session_id);
                 st.session_info_of(a, s)?;

@@ -85,6 +85,15 @@ fn operation(fp: &str) -> Request {
             checkpoint_id: "c1".into(),
             kill_processes: None,
         }),
+        // Into another agent: the source's and the fork's trees both seen.
+        "session_fork" => Request::SessionFork(allox_protocol::SessionFork {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            from: "c1".into(),
+            new_agent_id: Some("b".into()),
+            new_session_id: "f".into(),
+            label: None,
+        }),
         other => panic!("no operation for failpoint family {other}"),
     }
 }

@@ -127,6 +127,34 @@ class Actions:
             _model("Deleted"),
         )
 
+    def session_fork(
+        self,
+        agent_id: str,
+        session_id: str,
+        new_session_id: str,
+        *,
+        from_: str = "current",
+        new_agent_id: str | None = None,
+        label: str | None = None,
+    ) -> models.SessionInfo:
+        """``session.fork``: a new session whose ``current/`` is a writable
+        snapshot of checkpoint ``from_`` of the source (or of its
+        ``current/`` as it is now), with its own history starting at the
+        baseline ``fork``; network, checkpoint policy and limits copied,
+        runs not. ``new_agent_id`` makes it another agent's session."""
+        p = build_params(
+            None,
+            dict(
+                agent_id=agent_id,
+                session_id=session_id,
+                new_session_id=new_session_id,
+                new_agent_id=new_agent_id,
+                label=label,
+            ),
+        )
+        p["from"] = from_
+        return self._invoke("session.fork", p, _model("SessionInfo"))
+
     # -- checkpoints ---------------------------------------------------------------
 
     def checkpoint_create(

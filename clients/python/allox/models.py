@@ -64,6 +64,7 @@ __all__ = [
     'EventProgress',
     'EventProgressProgress',
     'EventStarted',
+    'ForkPoint',
     'FsChange',
     'FsData',
     'FsEntry',
@@ -141,6 +142,7 @@ __all__ = [
     'RunUsage',
     'SessionCreate',
     'SessionDelete',
+    'SessionFork',
     'SessionInfo',
     'SessionLimits',
     'SessionListing',
@@ -353,6 +355,9 @@ class CheckpointInfo(Model):
     agent_id: str
     checkpoint_id: str
     created_ms: int
+
+    #: Where a forked session came from (its baseline, origin `fork`).
+    forked_from: Optional[ForkPoint] = None
     label: Optional[str] = None
     origin: Origin
 
@@ -669,6 +674,18 @@ class EventStarted(Model):
     """A run started (sent before any output of a streamed run)."""
 
     started: RunStarted
+
+
+@dataclass(kw_only=True)
+class ForkPoint(Model):
+    """The session and checkpoint a session was forked from (`checkpoint_id`
+    `None`: its `current/` at the time of the fork).
+    """
+
+    agent_id: str
+    checkpoint_id: Optional[str] = None
+    forked_ms: int
+    session_id: str
 
 
 @dataclass(kw_only=True)
@@ -1685,6 +1702,34 @@ class SessionDelete(Model):
 
 
 @dataclass(kw_only=True)
+class SessionFork(Model):
+    """`session.fork`: a new session whose `current/` is a writable snapshot
+    of a checkpoint of the source session, or of its `current/` as it is at
+    that instant (`from: "current"`). The new session's history starts at a
+    baseline checkpoint (origin `fork`, named [`FORK_BASELINE`]) that
+    records where it came from; the source's network mode and egress rules,
+    checkpoint policy and limits are copied; runs are not. The source may be
+    another agent's session (`new_agent_id`): a host action only.
+    """
+
+    #: The source session's agent.
+    agent_id: str
+
+    #: A checkpoint of the source session, or `current`.
+    from_: str = field(metadata={"json": 'from'})
+
+    #: Free text for the baseline checkpoint, at most 256 bytes.
+    label: Optional[str] = None
+
+    #: The new session's agent; the source's agent when left out.
+    new_agent_id: Optional[str] = None
+    new_session_id: str
+
+    #: The source session.
+    session_id: str
+
+
+@dataclass(kw_only=True)
 class SessionInfo(Model):
     agent_id: str
     checkpoints: int
@@ -2163,7 +2208,7 @@ NetworkMode = Literal['disabled', 'isolated', 'proxy']
 OnDisconnect = Literal['keep', 'kill']
 
 #: Why a checkpoint exists.
-Origin = Literal['manual', 'baseline', 'turn', 'recovered']
+Origin = Literal['manual', 'baseline', 'turn', 'recovered', 'fork']
 
 #: What happened to a process.
 ProcessEventKind = Literal['fork', 'exec', 'exit', 'evicted']
@@ -2230,6 +2275,7 @@ ACTIONS: dict[str, tuple[Any, Any]] = {
     'process.wait': (ProcessWait, RunResult),
     'session.create': (SessionCreate, SessionInfo),
     'session.delete': (SessionDelete, Deleted),
+    'session.fork': (SessionFork, SessionInfo),
     'session.list': (AgentRef, SessionListing),
     'session.rollback': (SessionRollback, RollbackDone),
     'session.stats': (SessionStatsRequest, SessionStats),

@@ -284,6 +284,10 @@ def test_every_action_is_answered_and_fits_the_document(every, openapi_check):
     assert rolled["checkpoint_id"] == "clean", rolled
     with pytest.raises(allox.NotFound):
         c.fs_stat(A, S, "mess.txt")
+    forked = call("session.fork", agent_id=A, session_id=S, new_session_id="forked", **{"from": "clean"})
+    assert forked["head"] == "fork", forked
+    listed = call("checkpoint.list", agent_id=A, session_id="forked")["checkpoints"]
+    assert listed[0]["forked_from"]["checkpoint_id"] == "clean", listed
 
     # -- the monitor -------------------------------------------------------------------------------
     now = time.time_ns()
@@ -317,6 +321,7 @@ def test_every_action_is_answered_and_fits_the_document(every, openapi_check):
     audit_log = call("audit.list", limit=1000)
     assert any(r["action"] == "session.rollback" for r in audit_log["records"]), audit_log
     call("session.delete", agent_id=A, session_id="s2")
+    call("session.delete", agent_id=A, session_id="forked")
     call("agent.delete", agent_id="every-doomed")
     stopping = call("system.shutdown")
     assert env.daemon.wait(60) == 0, f"the daemon exited {env.daemon.returncode} after system.shutdown"

@@ -1,9 +1,9 @@
-//! A session: `alloxctl session` (create, list, delete), what it uses
+//! A session: `alloxctl session` (create, list, delete, fork), what it uses
 //! (`stats`, `top`) and its limits (`limit`).
 
 use super::net::NetworkArgs;
 use super::Action;
-use allox_protocol::{AgentRef, Request, SessionCreate, SessionDelete};
+use allox_protocol::{AgentRef, Request, SessionCreate, SessionDelete, SessionFork};
 use clap::{Args, Subcommand};
 
 #[derive(Subcommand, Debug)]
@@ -35,6 +35,23 @@ pub enum SessionCommand {
         #[arg(long)]
         force: bool,
     },
+    /// Make a new session from a checkpoint of a session, or from its
+    /// current/ as it is now: a writable snapshot, with its own history
+    /// starting at a baseline `fork`; network, policy and limits copied.
+    Fork {
+        /// The source session's agent.
+        agent: String,
+        /// The source session.
+        session: String,
+        /// The new session, `SESSION` or `AGENT/SESSION` (another agent).
+        new_session: String,
+        /// A checkpoint of the source, or `current`.
+        #[arg(long, default_value = "current")]
+        from: String,
+        /// A label for the new session's baseline.
+        #[arg(long)]
+        label: Option<String>,
+    },
 }
 
 impl SessionCommand {
@@ -58,6 +75,26 @@ impl SessionCommand {
                 force,
                 ..SessionDelete::new(agent, session)
             }),
+            SessionCommand::Fork {
+                agent,
+                session,
+                new_session,
+                from,
+                label,
+            } => {
+                let (new_agent_id, new_session_id) = match new_session.split_once('/') {
+                    Some((a, s)) => (Some(a.to_string()), s.to_string()),
+                    None => (None, new_session),
+                };
+                Request::SessionFork(SessionFork {
+                    agent_id: agent,
+                    session_id: session,
+                    from,
+                    new_agent_id,
+                    new_session_id,
+                    label,
+                })
+            }
         }
     }
 }

@@ -119,6 +119,18 @@ fn cells(c: &CheckpointInfo, lead: &str, head: Option<&str>, orphan: bool) -> Ve
         }
         label.push_str(&format!("(parent {} is gone)", clean(parent)));
     }
+    if let Some(f) = &c.forked_from {
+        if !label.is_empty() {
+            label.push(' ');
+        }
+        let at = f.checkpoint_id.as_deref().unwrap_or("current");
+        label.push_str(&format!(
+            "(forked from {}/{}@{})",
+            clean(&f.agent_id),
+            clean(&f.session_id),
+            clean(at)
+        ));
+    }
     vec![
         name,
         utc(c.created_ms),
@@ -144,6 +156,7 @@ mod tests {
             pinned: false,
             label: None,
             turn_id: None,
+            forked_from: None,
         }
     }
 

@@ -414,8 +414,8 @@ pub fn is_volatile(key: &str, volatile: &[&str]) -> bool {
 mod tests {
     use super::*;
     use std::fs;
-    use std::os::unix::fs::PermissionsExt;
     use std::os::fd::AsRawFd;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn volatile_entries_match_exactly_or_by_pattern() {

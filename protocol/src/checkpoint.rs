@@ -105,7 +105,7 @@ pub struct CheckpointInfo {
     pub turn_id: Option<String>,
     /// Where a forked session came from (its baseline, origin `fork`).
     #[serde(default)]
-    pub forked_from: Option<ForkPoint>,
+    pub forked_from: Option<Box<ForkPoint>>,
 }
 
 /// The session and checkpoint a session was forked from (`checkpoint_id`

@@ -639,12 +639,12 @@ fn checkpoint_info(a: &str, s: &str, c: &str, r: &CheckpointRecord) -> Checkpoin
 /// fork baseline.
 fn with_fork(mut info: CheckpointInfo, fork: Option<&crate::rows::ForkRecord>) -> CheckpointInfo {
     if let Some(f) = fork.filter(|f| f.baseline == info.checkpoint_id) {
-        info.forked_from = Some(allox_protocol::ForkPoint {
+        info.forked_from = Some(Box::new(allox_protocol::ForkPoint {
             agent_id: f.agent.clone(),
             session_id: f.session.clone(),
             checkpoint_id: f.checkpoint.clone(),
             forked_ms: f.forked_ms,
-        });
+        }));
     }
     info
 }

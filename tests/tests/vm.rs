@@ -1014,8 +1014,92 @@ fn guest_runs_report_oom_kills_and_a_live_session_takes_a_lower_pids_max() {
     assert!(st.total.oom_kills.is_some_and(|n| n >= 1), "{st:?}");
     assert_eq!(st.limits.memory_max, Some(64 << 20), "{st:?}");
     lowered_pids_max_stops_the_next_fork(&mut c, "a", "p");
+    a_session_with_a_run_going_on_forks_with_its_limits(&mut c);
     let _ = c.call(Request::Shutdown(Shutdown {}));
     assert!(vm.wait_exit(Duration::from_secs(60)).is_some());
+}
+
+/// `session.fork` in the guest (pure cgroup v2) of a session whose run
+/// goes on writing: the fork has the source's memory limit and what the
+/// run had written, runs in a tree of its own, and the run is not copied.
+fn a_session_with_a_run_going_on_forks_with_its_limits(c: &mut Client) {
+    let writer = start(
+        c,
+        "a",
+        "small",
+        "i=0; while :; do echo $i >> log; i=$((i+1)); sleep 0.02; done",
+    );
+    // Forked once the run has written.
+    sh(c, "a", "small", "while [ ! -s log ]; do sleep 0.02; done");
+    let fork = |c: &mut Client, from: &str, to: &str| match ok(
+        c,
+        Request::SessionFork(SessionFork {
+            agent_id: "a".into(),
+            session_id: "small".into(),
+            from: from.into(),
+            new_agent_id: None,
+            new_session_id: to.into(),
+            label: None,
+        }),
+    ) {
+        Response::Session(s) => s,
+        other => panic!("{other:?}"),
+    };
+    let f = fork(c, "current", "small-fork");
+    assert_eq!(f.head.as_deref(), Some(FORK_BASELINE), "{f:?}");
+    let stats = |c: &mut Client, s: &str| match ok(
+        c,
+        Request::SessionStats(SessionStatsRequest {
+            agent_id: "a".into(),
+            session_id: s.into(),
+        }),
+    ) {
+        Response::SessionStats(s) => s,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(stats(c, "small-fork").limits.memory_max, Some(64 << 20));
+    // No process of the source's came along.
+    match ok(
+        c,
+        Request::ProcessList(SessionRef {
+            agent_id: "a".into(),
+            session_id: "small-fork".into(),
+        }),
+    ) {
+        Response::Processes(p) => assert!(p.processes.is_empty(), "{p:?}"),
+        other => panic!("{other:?}"),
+    }
+    // The fork's log stops where the fork was taken; the source's goes on.
+    let lines =
+        |c: &mut Client, s: &str| -> usize { sh(c, "a", s, "wc -l < log").trim().parse().unwrap() };
+    let at_fork = lines(c, "small-fork");
+    assert!(at_fork >= 1);
+    sh(
+        c,
+        "a",
+        "small",
+        &format!(
+            "while [ $(wc -l < log) -le {} ]; do sleep 0.02; done",
+            at_fork + 5
+        ),
+    );
+    assert_eq!(lines(c, "small-fork"), at_fork);
+    sh(c, "a", "small-fork", "echo mine > only-here");
+    assert_eq!(sh(c, "a", "small", "ls only-here 2>/dev/null; true"), "");
+    // From a checkpoint too, while the run goes on.
+    ok(c, ck("a", "small", "mid"));
+    let g = fork(c, "mid", "small-fork-2");
+    assert_eq!(g.checkpoints, 1);
+    assert!(lines(c, "small-fork-2") >= at_fork);
+    ok(
+        c,
+        Request::ProcessKill(ProcessKill {
+            agent_id: "a".into(),
+            session_id: "small".into(),
+            run_id: Some(writer),
+            signal: Some(9),
+        }),
+    );
 }
 
 #[test]

@@ -22,6 +22,7 @@ mod container_bench;
 mod durability_bench;
 mod effects_bench;
 mod files_bench;
+mod fork_bench;
 mod http_bench;
 mod monitor_bench;
 mod network_bench;
@@ -129,6 +130,9 @@ fn main() -> anyhow::Result<()> {
     if only.is_empty() || only == "store" {
         store_bench(&fs, quick)?;
         rpc_bench(&fs, quick)?;
+    }
+    if only.is_empty() || only == "fork" {
+        fork_bench::run(&fs, quick)?;
     }
     if only.is_empty() || only == "durability" {
         durability_bench::run(&fs, quick)?;

@@ -457,6 +457,30 @@ pub fn subvolumes(fd: &impl AsFd) -> Result<Vec<RootInfo>, BtrfsError> {
     Ok(out)
 }
 
+/// What the root tree records of the subvolume at `path`.
+pub fn root_info(path: &Path) -> Result<RootInfo, BtrfsError> {
+    let fd = open_dir(path)?;
+    let id = subvolume_id_of(&fd, path)?;
+    let key = SearchKey {
+        min_objectid: id,
+        max_objectid: id,
+        ..root_items(id)
+    };
+    let mut found = None;
+    TreeSearch::default().run(&fd, key, |it| {
+        if it.objectid == id {
+            found = found.take().or_else(|| RootInfo::parse(id, it.data));
+        }
+    })?;
+    found.ok_or_else(|| {
+        io_err(
+            "read the root item of",
+            path,
+            io::Error::from_raw_os_error(libc::ENOENT),
+        )
+    })
+}
+
 /// The IDs of every tree root the root tree holds above 255: every
 /// subvolume, including deleted ones the kernel has not finished dropping.
 fn all_roots(fd: &impl AsFd) -> Result<Vec<u64>, BtrfsError> {

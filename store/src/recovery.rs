@@ -206,8 +206,8 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
             from,
             ..
         } => {
-            // The writable `current/` is made last, from the baseline: with
-            // it there, both are whole.
+            // Both snapshots there (each appears whole or not at all): the
+            // fork is done.
             let baseline = l.checkpoint(agent, session, &from.baseline);
             if forward && probe(&l.current(agent, session))? && probe(&baseline)? {
                 finish(op)?;

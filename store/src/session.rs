@@ -145,10 +145,33 @@ impl Store {
             mkdir(&self.layout.checkpoints_dir(na, ns))?;
             self.crash_point("session_fork.after_journal");
             let baseline = self.layout.checkpoint(na, ns, FORK_BASELINE);
-            btrfs::snapshot(&source, &baseline, true)?;
-            self.crash_point("session_fork.after_baseline");
             let current = self.layout.current(na, ns);
-            btrfs::snapshot(&baseline, &current, false)?;
+            // Both snapshots of the source at once, which Btrfs makes in
+            // one transaction commit when the second joins the first's: a
+            // checkpoint does not change, and a live `current/` cannot
+            // change within one commit (its writers wait for it), so then
+            // both hold the same tree.
+            let (b, c) = std::thread::scope(|t| {
+                let b = t.spawn(|| btrfs::snapshot(&source, &baseline, true));
+                let c = btrfs::snapshot(&source, &current, false);
+                (b.join(), c)
+            });
+            b.unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+            c?;
+            self.crash_point("session_fork.after_baseline");
+            if from.is_none()
+                && btrfs::root_info(&baseline)?.otransid != btrfs::root_info(&current)?.otransid
+            {
+                // Made in two commits of a tree being written: the new
+                // tree again, from the baseline.
+                tracing::debug!(
+                    agent = na,
+                    session = ns,
+                    "fork: snapshots in two commits, the new tree again"
+                );
+                btrfs::delete_subvolume(&current)?;
+                btrfs::snapshot(&baseline, &current, false)?;
+            }
             self.limit_session_tree(&current)?;
             self.crash_point("session_fork.after_current");
             self.end(op_id, op, &After::Nothing)?;

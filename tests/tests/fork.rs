@@ -323,6 +323,9 @@ fn a_fork_of_current_while_it_is_written_holds_a_prefix_of_the_writes() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
+    // Its baseline holds the same tree as its current/.
+    let base = l.checkpoint("a", "live", FORK_BASELINE);
+    assert_eq!(differences(&base, Path::new(&forked.0.current)), 0);
     let total = std::fs::read_dir(&cur).unwrap().count();
     assert!(names.len() >= 200, "{} files in the fork", names.len());
     assert!(names.len() < total, "the fork has all {total} files");

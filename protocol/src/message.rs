@@ -293,6 +293,8 @@ requests! {
     EffectsStatus(crate::EffectsStatusRequest) = "effects.status", mutating = false, route = Plugin("system-effects"), answers = [EffectsStatus];
     EffectsUnfence(crate::EffectsUnfence) = "effects.unfence", mutating = true, route = Plugin("system-effects"), answers = [EffectsUnfenced];
     SessionFork(crate::SessionFork) = "session.fork", mutating = true, route = Core, answers = [Session];
+    SessionPause(crate::SessionPause) = "session.pause", mutating = true, route = Core, answers = [Session];
+    SessionResume(SessionRef) = "session.resume", mutating = true, route = Core, answers = [Session];
 }
 
 macro_rules! responses {

@@ -1,6 +1,7 @@
 //! Sessions: an agent's working trees, each a `current/` with its own
 //! limits and network (`session.create`, `session.list`,
-//! `session.delete`, `session.rollback`, `session.fork`).
+//! `session.delete`, `session.rollback`, `session.fork`, `session.pause`,
+//! `session.resume`).
 
 use crate::target::target;
 use serde::{Deserialize, Serialize};
@@ -140,6 +141,33 @@ target!(SessionFork, |r| format!(
     r.new_session_id
 ));
 
+/// `session.pause`: every process of the session and of its context
+/// frozen (`cgroup.freeze`, waited for, bounded). A request that needs the
+/// session to run (`process.*` but `list` and `logs`, `fs.*` writes,
+/// `turn.*`) resumes it first, by itself, unless it was paused with
+/// `hold`: then such a request is refused (`conflict`) until
+/// `session.resume`.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SessionPause {
+    pub agent_id: String,
+    pub session_id: String,
+    #[serde(default)]
+    pub hold: bool,
+}
+
+target!(SessionPause: agent_id, session_id);
+
+/// Why and since when a session is paused.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+pub struct PauseInfo {
+    pub since_ms: u64,
+    /// `request` (`session.pause`).
+    pub reason: String,
+    /// Requests that need it to run are refused instead of resuming it.
+    pub hold: bool,
+}
+
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct SessionInfo {
     pub agent_id: String,
@@ -150,6 +178,9 @@ pub struct SessionInfo {
     pub checkpoints: u32,
     /// Absolute path of the session's `current/`.
     pub current: String,
+    /// Set while the session is paused (`session.pause`).
+    #[serde(default)]
+    pub paused: Option<PauseInfo>,
 }
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]

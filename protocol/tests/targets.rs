@@ -150,6 +150,12 @@ fn table() -> Vec<(&'static str, Value, &'static str)> {
             json!({"agent_id": "a", "session_id": "s", "from": "current", "new_session_id": "t"}),
             "a/s/current->a/t",
         ),
+        (
+            "session.pause",
+            json!({"agent_id": "a", "session_id": "s", "hold": true}),
+            "a/s",
+        ),
+        ("session.resume", s.clone(), "a/s"),
     ]
 }
 

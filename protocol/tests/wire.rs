@@ -206,6 +206,8 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "effects.status",
             "effects.unfence",
             "session.fork",
+            "session.pause",
+            "session.resume",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

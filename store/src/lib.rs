@@ -616,6 +616,7 @@ impl Store {
             head: r.head.clone(),
             checkpoints: self.index.checkpoints(a, s)?.len() as u32,
             current: self.layout.current(a, s).display().to_string(),
+            paused: None,
         })
     }
 }

@@ -217,6 +217,7 @@ impl Supervisor {
                     Ok::<_, RequestError>(st.agent_delete_guarded(&r.agent_id, r.force)?)
                 });
                 let out = out?;
+                runs.forget_pause(&r.agent_id, None);
                 self.plugins.deleted(&r.agent_id, None);
                 Response::Deleted(out)
             }
@@ -270,10 +271,18 @@ impl Supervisor {
                 st.baseline_if_on(&r.agent_id, &r.session_id)?;
                 Response::Session(st.session_info_of(&r.agent_id, &r.session_id)?)
             }
-            Request::SessionList(r) => Response::Sessions(SessionListing {
-                agent_id: r.agent_id.clone(),
-                sessions: st.session_list(&r.agent_id)?,
-            }),
+            Request::SessionList(r) => {
+                let mut sessions = st.session_list(&r.agent_id)?;
+                if let Some(runs) = &self.runs {
+                    for s in &mut sessions {
+                        s.paused = runs.paused(&s.agent_id, &s.session_id);
+                    }
+                }
+                Response::Sessions(SessionListing {
+                    agent_id: r.agent_id.clone(),
+                    sessions,
+                })
+            }
             Request::SessionDelete(r) => {
                 let (a, s) = (&r.agent_id, &r.session_id);
                 // Refused before any process is touched.
@@ -288,6 +297,7 @@ impl Supervisor {
                     Ok::<_, RequestError>(st.session_delete_guarded(a, s, r.force)?)
                 });
                 let out = out?;
+                runs.forget_pause(a, Some(s));
                 self.plugins.deleted(a, Some(s));
                 Response::Deleted(out)
             }
@@ -386,6 +396,18 @@ impl Supervisor {
                         return Err(RunError::SessionLimits(e).into());
                     }
                 }
+                Response::Session(info)
+            }
+            Request::SessionPause(r) => {
+                let (a, s) = (&r.agent_id, &r.session_id);
+                let mut info = st.session_info_of(a, s)?;
+                info.paused = Some(self.runs()?.pause(a, s, r.hold)?);
+                Response::Session(info)
+            }
+            Request::SessionResume(r) => {
+                let (a, s) = (&r.agent_id, &r.session_id);
+                let info = st.session_info_of(a, s)?;
+                self.runs()?.resume(a, s)?;
                 Response::Session(info)
             }
             Request::SessionUpdate(r) => {

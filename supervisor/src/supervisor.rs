@@ -120,7 +120,10 @@ impl Supervisor {
         req: &Request,
         events: Option<EventSink>,
     ) -> Result<Response, ErrorBody> {
-        let out = match self.admit(req, peer, request_id) {
+        let out = match self
+            .admit(req, peer, request_id)
+            .and_then(|()| self.wake(req))
+        {
             Err(e) => Err(e),
             Ok(()) => self.answer_async(req, events).await,
         }
@@ -173,6 +176,7 @@ impl Supervisor {
     ) -> Result<Response, ErrorBody> {
         let out = self
             .admit(req, peer, request_id)
+            .and_then(|()| self.wake(req))
             .and_then(|()| {
                 // A panic fails this request only: the store's journal is
                 // settled where it happened, fences and locks are guards, and
@@ -239,6 +243,32 @@ impl Supervisor {
                 refused(format!("its audit record cannot be written ({why})"))
             }
             _ => Ok(()),
+        }
+    }
+
+    /// Before a request that needs its session to run: a paused session
+    /// is resumed (or the request refused while it is held). The other
+    /// requests leave a paused session paused: reads, checkpoints, a share
+    /// read from another session.
+    fn wake(&self, req: &Request) -> Result<(), RequestError> {
+        let (a, s) = match req {
+            Request::ProcessStart(r) => (&r.agent_id, &r.session_id),
+            Request::ProcessWait(r) => (&r.agent_id, &r.session_id),
+            Request::ProcessKill(r) => (&r.agent_id, &r.session_id),
+            Request::ProcessStdin(r) => (&r.agent_id, &r.session_id),
+            Request::ProcessResize(r) => (&r.agent_id, &r.session_id),
+            Request::ProcessAttach(r) => (&r.agent_id, &r.session_id),
+            Request::FsWrite(r) => (&r.agent_id, &r.session_id),
+            Request::FsMkdir(r) => (&r.agent_id, &r.session_id),
+            Request::FsRemove(r) => (&r.agent_id, &r.session_id),
+            Request::FsMove(r) => (&r.agent_id, &r.session_id),
+            Request::TurnBegin(r) => (&r.agent_id, &r.session_id),
+            Request::TurnEnd(r) => (&r.agent_id, &r.session_id),
+            _ => return Ok(()),
+        };
+        match &self.runs {
+            Some(runs) => Ok(runs.wake(a, s)?),
+            None => Ok(()),
         }
     }
 

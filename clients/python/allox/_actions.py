@@ -155,6 +155,19 @@ class Actions:
         p["from"] = from_
         return self._invoke("session.fork", p, _model("SessionInfo"))
 
+    def session_pause(self, agent_id: str, session_id: str, *, hold: bool = False) -> models.SessionInfo:
+        """``session.pause``: every process of the session frozen (no CPU,
+        state kept); the next request that needs it to run resumes it,
+        unless ``hold`` (then such requests raise
+        :class:`allox.errors.Conflict` until :meth:`session_resume`)."""
+        p = {"agent_id": agent_id, "session_id": session_id, "hold": hold}
+        return self._invoke("session.pause", p, _model("SessionInfo"))
+
+    def session_resume(self, agent_id: str, session_id: str) -> models.SessionInfo:
+        """``session.resume``: a paused session's processes run again."""
+        p = {"agent_id": agent_id, "session_id": session_id}
+        return self._invoke("session.resume", p, _model("SessionInfo"))
+
     # -- checkpoints ---------------------------------------------------------------
 
     def checkpoint_create(

@@ -109,6 +109,7 @@ __all__ = [
     'OnDisconnect',
     'Origin',
     'OutputChunk',
+    'PauseInfo',
     'Ping',
     'PluginInfo',
     'PluginListRequest',
@@ -146,6 +147,7 @@ __all__ = [
     'SessionInfo',
     'SessionLimits',
     'SessionListing',
+    'SessionPause',
     'SessionRef',
     'SessionRollback',
     'SessionStats',
@@ -1188,6 +1190,18 @@ class OutputChunk(Model):
 
 
 @dataclass(kw_only=True)
+class PauseInfo(Model):
+    """Why and since when a session is paused."""
+
+    #: Requests that need it to run are refused instead of resuming it.
+    hold: bool
+
+    #: `request` (`session.pause`).
+    reason: str
+    since_ms: int
+
+
+@dataclass(kw_only=True)
 class Ping(Model):
     pass
 
@@ -1740,6 +1754,9 @@ class SessionInfo(Model):
 
     #: The checkpoint `current/` descends from, if any.
     head: Optional[str] = None
+
+    #: Set while the session is paused (`session.pause`).
+    paused: Optional[PauseInfo] = None
     session_id: str
 
 
@@ -1759,6 +1776,21 @@ class SessionLimits(Model):
 class SessionListing(Model):
     agent_id: str
     sessions: list[SessionInfo]
+
+
+@dataclass(kw_only=True)
+class SessionPause(Model):
+    """`session.pause`: every process of the session and of its context
+    frozen (`cgroup.freeze`, waited for, bounded). A request that needs the
+    session to run (`process.*` but `list` and `logs`, `fs.*` writes,
+    `turn.*`) resumes it first, by itself, unless it was paused with
+    `hold`: then such a request is refused (`conflict`) until
+    `session.resume`.
+    """
+
+    agent_id: str
+    hold: bool = False
+    session_id: str
 
 
 @dataclass(kw_only=True)
@@ -2277,6 +2309,8 @@ ACTIONS: dict[str, tuple[Any, Any]] = {
     'session.delete': (SessionDelete, Deleted),
     'session.fork': (SessionFork, SessionInfo),
     'session.list': (AgentRef, SessionListing),
+    'session.pause': (SessionPause, SessionInfo),
+    'session.resume': (SessionRef, SessionInfo),
     'session.rollback': (SessionRollback, RollbackDone),
     'session.stats': (SessionStatsRequest, SessionStats),
     'session.update': (SessionUpdate, SessionStats),

@@ -288,6 +288,9 @@ def test_every_action_is_answered_and_fits_the_document(every, openapi_check):
     assert forked["head"] == "fork", forked
     listed = call("checkpoint.list", agent_id=A, session_id="forked")["checkpoints"]
     assert listed[0]["forked_from"]["checkpoint_id"] == "clean", listed
+    paused = call("session.pause", agent_id=A, session_id="forked", hold=True)
+    assert paused["paused"]["hold"] is True, paused
+    assert call("session.resume", agent_id=A, session_id="forked")["session_id"] == "forked"
 
     # -- the monitor -------------------------------------------------------------------------------
     now = time.time_ns()

@@ -1,4 +1,5 @@
-//! A session: `alloxctl session` (create, list, delete, fork), what it uses
+//! A session: `alloxctl session` (create, list, delete, fork, pause,
+//! resume), what it uses
 //! (`stats`, `top`) and its limits (`limit`).
 
 use super::net::NetworkArgs;
@@ -34,6 +35,25 @@ pub enum SessionCommand {
         /// Delete its pinned checkpoints too.
         #[arg(long)]
         force: bool,
+    },
+    /// Freeze every process of a session (they keep their state, use no
+    /// CPU); the next request that needs it to run resumes it, unless
+    /// --hold.
+    Pause {
+        /// The agent.
+        agent: String,
+        /// The session.
+        session: String,
+        /// Refuse requests that need it to run until `session resume`.
+        #[arg(long)]
+        hold: bool,
+    },
+    /// Let a paused session's processes run again.
+    Resume {
+        /// The agent.
+        agent: String,
+        /// The session.
+        session: String,
     },
     /// Make a new session from a checkpoint of a session, or from its
     /// current/ as it is now: a writable snapshot, with its own history
@@ -75,6 +95,21 @@ impl SessionCommand {
                 force,
                 ..SessionDelete::new(agent, session)
             }),
+            SessionCommand::Pause {
+                agent,
+                session,
+                hold,
+            } => Request::SessionPause(allox_protocol::SessionPause {
+                agent_id: agent,
+                session_id: session,
+                hold,
+            }),
+            SessionCommand::Resume { agent, session } => {
+                Request::SessionResume(allox_protocol::SessionRef {
+                    agent_id: agent,
+                    session_id: session,
+                })
+            }
             SessionCommand::Fork {
                 agent,
                 session,

@@ -256,14 +256,41 @@ fn session(s: &SessionInfo) -> String {
         ("head", or_none(s.head.as_deref())),
         ("checkpoints", s.checkpoints.to_string()),
         ("current", clean(&s.current)),
+        ("paused", paused(s.paused.as_ref())),
     ])
+}
+
+/// `-` or since when and why a session is paused.
+fn paused(p: Option<&allox_protocol::PauseInfo>) -> String {
+    match p {
+        None => "-".into(),
+        Some(p) => {
+            let since = if p.since_ms == 0 {
+                "since an earlier supervisor".to_string()
+            } else {
+                format!("since {}", utc(p.since_ms))
+            };
+            format!(
+                "{since} ({}{})",
+                clean(&p.reason),
+                if p.hold { ", held" } else { "" }
+            )
+        }
+    }
 }
 
 fn sessions(l: &SessionListing) -> String {
     if l.sessions.is_empty() {
         return format!("agent {} has no sessions\n", clean(&l.agent_id));
     }
-    let mut t = Table::with_header(&["SESSION", "CREATED", "HEAD", "CHECKPOINTS", "CURRENT"]);
+    let mut t = Table::with_header(&[
+        "SESSION",
+        "CREATED",
+        "HEAD",
+        "CHECKPOINTS",
+        "CURRENT",
+        "PAUSED",
+    ]);
     for s in &l.sessions {
         t.row(vec![
             clean(&s.session_id),
@@ -271,6 +298,7 @@ fn sessions(l: &SessionListing) -> String {
             or_none(s.head.as_deref()),
             s.checkpoints.to_string(),
             clean(&s.current),
+            paused(s.paused.as_ref()),
         ]);
     }
     t.render()
@@ -395,20 +423,37 @@ b        2024-01-01 00:01:01  10        /w/b
     fn sessions_table() {
         let l = SessionListing {
             agent_id: "a".into(),
-            sessions: vec![SessionInfo {
-                agent_id: "a".into(),
-                session_id: "s1".into(),
-                created_ms: T0,
-                head: None,
-                checkpoints: 0,
-                current: "/c".into(),
-            }],
+            sessions: vec![
+                SessionInfo {
+                    agent_id: "a".into(),
+                    session_id: "s1".into(),
+                    created_ms: T0,
+                    head: None,
+                    checkpoints: 0,
+                    current: "/c".into(),
+                    paused: None,
+                },
+                SessionInfo {
+                    agent_id: "a".into(),
+                    session_id: "s2".into(),
+                    created_ms: T0,
+                    head: None,
+                    checkpoints: 0,
+                    current: "/d".into(),
+                    paused: Some(allox_protocol::PauseInfo {
+                        since_ms: T0,
+                        reason: "request".into(),
+                        hold: true,
+                    }),
+                },
+            ],
         };
         assert_eq!(
             render(&Response::Sessions(l)),
             "\
-SESSION  CREATED              HEAD  CHECKPOINTS  CURRENT
-s1       2024-01-01 00:00:00  -     0            /c
+SESSION  CREATED              HEAD  CHECKPOINTS  CURRENT  PAUSED
+s1       2024-01-01 00:00:00  -     0            /c       -
+s2       2024-01-01 00:00:00  -     0            /d       since 2024-01-01 00:00:00 (request, held)
 "
         );
     }

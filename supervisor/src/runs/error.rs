@@ -52,6 +52,23 @@ pub enum RunError {
     },
     #[error("session {agent}/{session} is being rolled back or deleted")]
     Fenced { agent: String, session: String },
+    #[error(
+        "session {agent}/{session} is paused with hold (since {since_ms} ms after the epoch): resume it with session.resume"
+    )]
+    Held {
+        agent: String,
+        session: String,
+        since_ms: u64,
+    },
+    #[error("session {agent}/{session} is not paused")]
+    NotPaused { agent: String, session: String },
+    #[error("cannot pause session {agent}/{session}")]
+    Pause {
+        agent: String,
+        session: String,
+        #[source]
+        source: CgroupError,
+    },
     #[error("standard input of run {0} is closed")]
     StdinClosed(String),
     #[error("the program does not read its input")]
@@ -147,7 +164,16 @@ impl RunError {
                 ErrorCode::InvalidRequest
             }
             NoSuchRun { .. } | NotKept { .. } => ErrorCode::NotFound,
-            Fenced { .. } | StdinClosed(_) | StdinWrite(_) | TerminalGone(_) => ErrorCode::Conflict,
+            Fenced { .. }
+            | Held { .. }
+            | NotPaused { .. }
+            | StdinClosed(_)
+            | StdinWrite(_)
+            | TerminalGone(_) => ErrorCode::Conflict,
+            Pause { source, .. } => match source {
+                CgroupError::FreezeTimeout { .. } => ErrorCode::Unavailable,
+                e => cgroup_code(e),
+            },
             NoTerminal(_) => ErrorCode::InvalidRequest,
             SigStop | NoProcesses | LimitsNeedProcesses => ErrorCode::Unsupported,
             StdinNotRead | StillRunning(_) | StillGoing(_) => ErrorCode::Unavailable,

@@ -25,6 +25,7 @@ mod kill;
 pub mod listing;
 mod logs;
 mod output;
+pub mod pause;
 pub mod procfs;
 mod start;
 mod starting;
@@ -240,6 +241,8 @@ pub struct Runs {
     /// Runs an earlier supervisor left, with their cgroups, until the
     /// services are attached to them again ([`Runs::reattach`]).
     adopted: Mutex<Vec<(RunIdentity, PathBuf)>>,
+    /// Paused sessions, by `agent/session/` ([`pause`]).
+    paused: pause::Paused,
 }
 
 /// What a session's root holds without services.
@@ -282,6 +285,7 @@ impl Runs {
         let adopted = adopt(&cgroups, &cfg.plugins);
         Ok(Runs {
             adopted: Mutex::new(adopted),
+            paused: pause::Paused::default(),
             session_files: std::sync::OnceLock::new(),
             finished: Mutex::new(Finished::new(cfg.finished)),
             cfg,

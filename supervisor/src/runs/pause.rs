@@ -1,0 +1,148 @@
+//! `session.pause` and `session.resume`: a session's processes, and its
+//! context's, frozen by their cgroups (`cgroup.freeze` on the session's and
+//! the context's directories, which freezes every run below), and let go
+//! again. A paused session keeps its proxy and in-sandbox listeners (they
+//! are the supervisor's) and uses no CPU.
+//!
+//! What is paused is known here; a supervisor started again finds a
+//! session an earlier one paused by its cgroup (`cgroup.freeze` reads 1)
+//! and resumes it when a request needs it.
+
+use super::{RunError, Runs};
+use allox_protocol::PauseInfo;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// How long a freeze may take before the pause is given up (and undone).
+pub const PAUSE_BOUND: Duration = Duration::from_secs(5);
+
+/// The paused sessions, by `agent/session/`.
+#[derive(Default)]
+pub struct Paused(Mutex<HashMap<String, PauseInfo>>);
+
+fn key(a: &str, s: &str) -> String {
+    format!("{a}/{s}/")
+}
+
+impl Runs {
+    /// The session's cgroup directories that a pause freezes: the
+    /// session's (its runs) and its context's, where they exist.
+    fn pause_dirs(&self, a: &str, s: &str) -> Vec<PathBuf> {
+        [
+            self.cgroups.session_dir(a, s),
+            self.cgroups.context_dir(a, s),
+        ]
+        .into_iter()
+        .filter(|d| d.is_dir())
+        .collect()
+    }
+
+    /// Freezes every process of session `a/s` and waits until they are
+    /// (at most [`PAUSE_BOUND`]: past it, nothing stays frozen and the
+    /// pause fails). Pausing a paused session changes only `hold`.
+    pub fn pause(&self, a: &str, s: &str, hold: bool) -> Result<PauseInfo, RunError> {
+        let mut paused = self.paused.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = paused.get_mut(&key(a, s)) {
+            p.hold = hold;
+            return Ok(p.clone());
+        }
+        // The cgroup a new session's first run would make, made now so that
+        // a run started while paused starts frozen.
+        self.cgroups
+            .ensure_session(a, s, &self.cfg.limits)
+            .map_err(RunError::Cgroup)?;
+        let dirs = self.pause_dirs(a, s);
+        for (i, d) in dirs.iter().enumerate() {
+            if let Err(source) = self.cgroups.freeze(d, PAUSE_BOUND) {
+                for d in &dirs[..=i] {
+                    let _ = self.cgroups.thaw(d);
+                }
+                return Err(RunError::Pause {
+                    agent: a.into(),
+                    session: s.into(),
+                    source,
+                });
+            }
+        }
+        let info = PauseInfo {
+            since_ms: allox_store::clock::now_ms(),
+            reason: "request".into(),
+            hold,
+        };
+        paused.insert(key(a, s), info.clone());
+        tracing::info!(agent = a, session = s, hold, "session paused");
+        Ok(info)
+    }
+
+    /// Lets session `a/s` run again; `NotPaused` if it was not.
+    pub fn resume(&self, a: &str, s: &str) -> Result<PauseInfo, RunError> {
+        let mut paused = self.paused.0.lock().unwrap_or_else(|e| e.into_inner());
+        let was = paused
+            .remove(&key(a, s))
+            .or_else(|| self.frozen_before(a, s));
+        let Some(was) = was else {
+            return Err(RunError::NotPaused {
+                agent: a.into(),
+                session: s.into(),
+            });
+        };
+        for d in self.pause_dirs(a, s) {
+            self.cgroups.thaw(&d).map_err(RunError::Cgroup)?;
+        }
+        tracing::info!(agent = a, session = s, "session resumed");
+        Ok(was)
+    }
+
+    /// Whether session `a/s` is paused, and since when and why.
+    pub fn paused(&self, a: &str, s: &str) -> Option<PauseInfo> {
+        let paused = self.paused.0.lock().unwrap_or_else(|e| e.into_inner());
+        paused
+            .get(&key(a, s))
+            .cloned()
+            .or_else(|| self.frozen_before(a, s))
+    }
+
+    /// Before a request that needs session `a/s` to run: resumes it if it
+    /// is paused, or refuses (`Held`) if it was paused with `hold`. One
+    /// small file read when it is not paused.
+    pub fn wake(&self, a: &str, s: &str) -> Result<(), RunError> {
+        let Some(p) = self.paused(a, s) else {
+            return Ok(());
+        };
+        if p.hold {
+            return Err(RunError::Held {
+                agent: a.into(),
+                session: s.into(),
+                since_ms: p.since_ms,
+            });
+        }
+        match self.resume(a, s) {
+            Ok(_) | Err(RunError::NotPaused { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A session an earlier supervisor paused: its cgroup says so.
+    fn frozen_before(&self, a: &str, s: &str) -> Option<PauseInfo> {
+        let f =
+            std::fs::read_to_string(self.cgroups.session_dir(a, s).join("cgroup.freeze")).ok()?;
+        (f.trim() == "1").then(|| PauseInfo {
+            since_ms: 0,
+            reason: "request".into(),
+            hold: false,
+        })
+    }
+
+    /// Forgets a deleted session's pause.
+    pub fn forget_pause(&self, a: &str, s: Option<&str>) {
+        let mut paused = self.paused.0.lock().unwrap_or_else(|e| e.into_inner());
+        match s {
+            Some(s) => {
+                paused.remove(&key(a, s));
+            }
+            None => paused.retain(|k, _| !k.starts_with(&format!("{a}/"))),
+        }
+    }
+}

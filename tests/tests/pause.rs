@@ -1,0 +1,233 @@
+//! `session.pause` and `session.resume` with real processes in real
+//! cgroups: a paused session uses no CPU and writes nothing, the next
+//! request that needs it resumes it, `hold` refuses instead, and no other
+//! session is touched.
+
+use allox_integration::{call, make_sessions, process_start, require, ProcDaemon};
+use allox_protocol::*;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+fn setup(name: &str) -> Option<ProcDaemon> {
+    if !require(&format!("pause::{name}")) {
+        return None;
+    }
+    if allox_integration::cgroup2_mount().is_none() {
+        panic!("pause::{name} needs a cgroup2 mount (/sys/fs/cgroup or /sys/fs/cgroup/unified)");
+    }
+    let d = ProcDaemon::start(name, &[]);
+    make_sessions(&d, &[("a", "s"), ("a", "t")]);
+    Some(d)
+}
+
+fn bg(d: &ProcDaemon, s: &str, script: &str) -> String {
+    let mut p = process_start("a", s, &["/bin/sh", "-c", script]);
+    p.wait = false;
+    match call(d, Request::ProcessStart(p)) {
+        Ok(Response::Started(r)) => r.run_id,
+        other => panic!("{script}: {other:?}"),
+    }
+}
+
+fn sh(d: &ProcDaemon, s: &str, script: &str) -> Result<RunResult, ErrorBody> {
+    match call(
+        d,
+        Request::ProcessStart(process_start("a", s, &["/bin/sh", "-c", script])),
+    ) {
+        Ok(Response::Exited(r)) => Ok(r),
+        Ok(other) => panic!("{script}: {other:?}"),
+        Err(e) => Err(e),
+    }
+}
+
+fn log(d: &ProcDaemon, s: &str) -> PathBuf {
+    d.daemon
+        .root
+        .join(format!("agents/a/workspace/sessions/{s}/current/log"))
+}
+
+fn len(p: &PathBuf) -> u64 {
+    std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
+}
+
+/// The session's CPU time so far, µs (`cpu.stat` of its cgroup).
+fn cpu_us(d: &ProcDaemon, s: &str) -> u64 {
+    let stat = std::fs::read_to_string(d.cgroup.join(format!("allox/a/{s}/cpu.stat")))
+        .expect("the session's cpu.stat");
+    stat.lines()
+        .find_map(|l| l.strip_prefix("usage_usec "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("usage_usec")
+}
+
+/// Waits (bounded) until `f` holds.
+fn until(what: &str, f: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{what}: not after 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// What a session did over the same window: CPU µs used and log bytes
+/// written.
+fn activity(d: &ProcDaemon, s: &str, window: Duration) -> (u64, u64) {
+    let (c0, l0) = (cpu_us(d, s), len(&log(d, s)));
+    std::thread::sleep(window);
+    (cpu_us(d, s) - c0, len(&log(d, s)) - l0)
+}
+
+fn pause(d: &ProcDaemon, s: &str, hold: bool) -> Result<SessionInfo, ErrorBody> {
+    match call(
+        d,
+        Request::SessionPause(SessionPause {
+            agent_id: "a".into(),
+            session_id: s.into(),
+            hold,
+        }),
+    ) {
+        Ok(Response::Session(i)) => Ok(i),
+        Ok(other) => panic!("{other:?}"),
+        Err(e) => Err(e),
+    }
+}
+
+fn resume(d: &ProcDaemon, s: &str) -> Result<Response, ErrorBody> {
+    call(
+        d,
+        Request::SessionResume(SessionRef {
+            agent_id: "a".into(),
+            session_id: s.into(),
+        }),
+    )
+}
+
+fn paused_in_list(d: &ProcDaemon) -> Vec<(String, bool)> {
+    match call(
+        d,
+        Request::SessionList(AgentRef {
+            agent_id: "a".into(),
+        }),
+    ) {
+        Ok(Response::Sessions(l)) => l
+            .sessions
+            .into_iter()
+            .map(|s| (s.session_id, s.paused.is_some()))
+            .collect(),
+        other => panic!("{other:?}"),
+    }
+}
+
+const WRITER: &str = "i=0; while :; do echo $i >> log; i=$((i+1)); sleep 0.02; done";
+
+#[test]
+fn a_paused_session_uses_nothing_and_the_next_start_resumes_it() {
+    let Some(d) = setup("a_paused_session_uses_nothing_and_the_next_start_resumes_it") else {
+        return;
+    };
+    bg(&d, "s", "while :; do :; done");
+    bg(&d, "s", WRITER);
+    bg(&d, "t", WRITER);
+    until("both sessions write", || {
+        len(&log(&d, "s")) > 0 && len(&log(&d, "t")) > 0
+    });
+    let window = Duration::from_millis(400);
+    // Control: a running session uses CPU and writes in the window.
+    let (cpu, wrote) = activity(&d, "s", window);
+    assert!(
+        cpu > 100_000 && wrote > 0,
+        "running: {cpu} µs, {wrote} bytes"
+    );
+
+    let t = Instant::now();
+    let info = pause(&d, "s", false).unwrap();
+    eprintln!("session.pause answered in {:?}", t.elapsed());
+    let p = info.paused.expect("paused");
+    assert!(!p.hold && p.since_ms > 0, "{p:?}");
+    let (cpu, wrote) = activity(&d, "s", window);
+    assert!(cpu < 5_000 && wrote == 0, "paused: {cpu} µs, {wrote} bytes");
+    // The other session goes on, and only the paused one is listed so.
+    let (_, other) = activity(&d, "t", window);
+    assert!(other > 0, "session t stopped writing");
+    assert_eq!(
+        paused_in_list(&d),
+        [("s".to_string(), true), ("t".to_string(), false)]
+    );
+
+    // A start resumes it: the run runs, and so do the session's others.
+    let r = sh(&d, "s", "wc -l < log").unwrap();
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let at = len(&log(&d, "s"));
+    until("the writer goes on", || len(&log(&d, "s")) > at);
+    let (cpu, _) = activity(&d, "s", window);
+    assert!(cpu > 100_000, "resumed: {cpu} µs");
+    assert_eq!(
+        paused_in_list(&d),
+        [("s".to_string(), false), ("t".to_string(), false)]
+    );
+    // Resuming a session that is not paused is refused.
+    let e = resume(&d, "s").unwrap_err();
+    assert_eq!(e.code, ErrorCode::Conflict);
+    assert!(e.message.contains("a/s is not paused"), "{}", e.message);
+}
+
+#[test]
+fn a_held_session_refuses_what_needs_it_to_run_until_it_is_resumed() {
+    let Some(d) = setup("a_held_session_refuses_what_needs_it_to_run_until_it_is_resumed") else {
+        return;
+    };
+    bg(&d, "s", WRITER);
+    until("s writes", || len(&log(&d, "s")) > 0);
+    pause(&d, "s", true).unwrap();
+    let at = len(&log(&d, "s"));
+    let e = sh(&d, "s", "true").unwrap_err();
+    assert_eq!(e.code, ErrorCode::Conflict);
+    assert!(
+        e.message.contains("a/s is paused with hold") && e.message.contains("session.resume"),
+        "{}",
+        e.message
+    );
+    let e = call(
+        &d,
+        Request::FsWrite(
+            serde_json::from_value(serde_json::json!({
+                "agent_id": "a", "session_id": "s", "path": "x", "data": "eA=="
+            }))
+            .unwrap(),
+        ),
+    )
+    .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Conflict, "{}", e.message);
+    // What does not need it to run still works, and leaves it paused.
+    call(
+        &d,
+        Request::CheckpointCreate(CheckpointCreate {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: "while-paused".into(),
+            pinned: false,
+            label: None,
+        }),
+    )
+    .unwrap();
+    assert_eq!(len(&log(&d, "s")), at, "a held session wrote");
+    // The other session runs as ever.
+    assert_eq!(sh(&d, "t", "true").unwrap().exit_code, Some(0));
+    resume(&d, "s").unwrap();
+    assert_eq!(sh(&d, "s", "true").unwrap().exit_code, Some(0));
+    until("the writer goes on", || len(&log(&d, "s")) > at);
+    // A paused session can be deleted; its processes go with it.
+    pause(&d, "s", true).unwrap();
+    call(
+        &d,
+        Request::SessionDelete(SessionDelete {
+            force: true,
+            ..SessionDelete::new("a", "s")
+        }),
+    )
+    .unwrap();
+    assert!(!d.cgroup.join("allox/a/s").exists());
+}

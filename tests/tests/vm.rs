@@ -1021,7 +1021,9 @@ fn guest_runs_report_oom_kills_and_a_live_session_takes_a_lower_pids_max() {
 
 /// `session.fork` in the guest (pure cgroup v2) of a session whose run
 /// goes on writing: the fork has the source's memory limit and what the
-/// run had written, runs in a tree of its own, and the run is not copied.
+/// run had written, runs in a tree of its own, and the run is not copied;
+/// the session paused stops writing and goes on when resumed (by a start
+/// or by `session.resume`).
 fn a_session_with_a_run_going_on_forks_with_its_limits(c: &mut Client) {
     let writer = start(
         c,
@@ -1086,6 +1088,64 @@ fn a_session_with_a_run_going_on_forks_with_its_limits(c: &mut Client) {
     assert_eq!(lines(c, "small-fork"), at_fork);
     sh(c, "a", "small-fork", "echo mine > only-here");
     assert_eq!(sh(c, "a", "small", "ls only-here 2>/dev/null; true"), "");
+    // Paused with the run going on: the log stops; the next start resumes.
+    let pause = |c: &mut Client| match ok(
+        c,
+        Request::SessionPause(SessionPause {
+            agent_id: "a".into(),
+            session_id: "small".into(),
+            hold: false,
+        }),
+    ) {
+        Response::Session(s) => assert!(s.paused.is_some(), "{s:?}"),
+        other => panic!("{other:?}"),
+    };
+    pause(c);
+    let size = |c: &mut Client| match ok(
+        c,
+        Request::FsStat(FsStat {
+            agent_id: "a".into(),
+            session_id: "small".into(),
+            scope: FsScope::Session,
+            checkpoint_id: None,
+            path: "log".into(),
+        }),
+    ) {
+        Response::FsEntry(e) => e.size,
+        other => panic!("{other:?}"),
+    };
+    let frozen_at = size(c);
+    // (fs.stat reads; it leaves the session paused.)
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(size(c), frozen_at, "a paused session wrote");
+    let at = lines(c, "small");
+    sh(
+        c,
+        "a",
+        "small",
+        &format!(
+            "while [ $(wc -l < log) -le {} ]; do sleep 0.02; done",
+            at + 3
+        ),
+    );
+    // And with session.resume.
+    pause(c);
+    ok(
+        c,
+        Request::SessionResume(SessionRef {
+            agent_id: "a".into(),
+            session_id: "small".into(),
+        }),
+    );
+    let grown = size(c);
+    let t = Instant::now();
+    while size(c) == grown {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the run did not go on after resume"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // From a checkpoint too, while the run goes on.
     ok(c, ck("a", "small", "mid"));
     let g = fork(c, "mid", "small-fork-2");

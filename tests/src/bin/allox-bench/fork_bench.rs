@@ -121,3 +121,137 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
 fn ratio(a: Duration, b: Duration) -> f64 {
     a.as_secs_f64() / b.as_secs_f64().max(1e-9)
 }
+
+/// `session.pause` and `session.resume` of a session with 100 processes,
+/// over the RPC, and what auto-resume adds to a `process.start`.
+pub fn pause(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
+    use allox_protocol::{
+        AgentCreate, ProcessStart, Request, Response, SessionCreate, SessionPause, SessionRef,
+    };
+    let bd = crate::BenchDaemon::start(fs, "pause", &[])?;
+    let mut c = bd.daemon.client();
+    let mut ok =
+        |r: Request| -> anyhow::Result<Response> { c.call(r)?.map_err(anyhow::Error::msg) };
+    ok(Request::AgentCreate(AgentCreate::new("a")))?;
+    ok(Request::SessionCreate(SessionCreate::new("a", "s")))?;
+    let start = |script: &str, wait: bool| ProcessStart {
+        wait,
+        ..allox_integration::process_start("a", "s", &["/bin/sh", "-c", script])
+    };
+    // 100 processes: 99 sleeps and their shell.
+    ok(Request::ProcessStart(start(
+        "for i in $(seq 99); do sleep 600 & done; wait",
+        false,
+    )))?;
+    let cg = bd.cgroup_dir().join("allox/a/s");
+    let t = Instant::now();
+    loop {
+        let n: usize = std::fs::read_to_string(cg.join("pids.current"))
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| count_procs(&cg));
+        if n >= 100 {
+            break;
+        }
+        anyhow::ensure!(t.elapsed() < Duration::from_secs(20), "only {n} processes");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let n = if quick { 20 } else { 60 };
+    let (mut p, mut r, mut auto, mut plain) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let pause = |hold: bool| {
+        Request::SessionPause(SessionPause {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            hold,
+        })
+    };
+    for _ in 0..n {
+        let t = Instant::now();
+        ok(pause(false))?;
+        p.push(t.elapsed());
+        let t = Instant::now();
+        ok(Request::SessionResume(SessionRef {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+        }))?;
+        r.push(t.elapsed());
+        // A start of a running session, then one of a paused session.
+        let t = Instant::now();
+        ok(Request::ProcessStart(start("true", true)))?;
+        plain.push(t.elapsed());
+        ok(pause(false))?;
+        let t = Instant::now();
+        ok(Request::ProcessStart(start("true", true)))?;
+        auto.push(t.elapsed());
+    }
+    println!("### Pause and resume (100 processes, over the RPC)\n");
+    println!("| what | n | p50 | p99 | ratio p50 | ratio p99 |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (what, v) in [("`session.pause`", &p), ("`session.resume`", &r)] {
+        println!(
+            "| {what} | {} | {} ms | {} ms | | |",
+            v.len(),
+            ms(pct(v, 0.5)),
+            ms(pct(v, 0.99))
+        );
+    }
+    let base = (pct(&plain, 0.5), pct(&plain, 0.99));
+    for (what, v) in [
+        (
+            "`process.start` (wait) `true`, running session (baseline)",
+            &plain,
+        ),
+        ("the same, paused session (auto-resume)", &auto),
+    ] {
+        println!(
+            "| {what} | {} | {} ms | {} ms | {:.2}× | {:.2}× |",
+            v.len(),
+            ms(pct(v, 0.5)),
+            ms(pct(v, 0.99)),
+            ratio(pct(v, 0.5), base.0),
+            ratio(pct(v, 0.99), base.1)
+        );
+    }
+    let added = pct(&auto, 0.5).saturating_sub(base.0);
+    println!();
+    println!("| budget | measured | |");
+    println!("|---|---:|---|");
+    for (what, v) in [("pause", pct(&p, 0.5)), ("resume", pct(&r, 0.5))] {
+        println!(
+            "| {what} p50 ≤ 5 ms with 100 processes | {} ms | {} |",
+            ms(v),
+            if v <= Duration::from_millis(5) {
+                "met"
+            } else {
+                "**not met**"
+            }
+        );
+    }
+    println!(
+        "| auto-resume adds ≤ 5 ms to the first request | {} ms | {} |",
+        ms(added),
+        if added <= Duration::from_millis(5) {
+            "met"
+        } else {
+            "**not met**"
+        }
+    );
+    println!();
+    Ok(())
+}
+
+fn count_procs(cg: &Path) -> usize {
+    fn walk(p: &Path) -> usize {
+        let own = std::fs::read_to_string(p.join("cgroup.procs"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0);
+        own + std::fs::read_dir(p)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| walk(&e.path()))
+            .sum::<usize>()
+    }
+    walk(cg)
+}

@@ -70,6 +70,13 @@ impl BenchDaemon {
     }
 }
 
+impl BenchDaemon {
+    /// The daemon's own cgroup (its `--cgroup-root`).
+    pub fn cgroup_dir(&self) -> &Path {
+        &self.cgroup
+    }
+}
+
 impl Drop for BenchDaemon {
     fn drop(&mut self) {
         self.daemon.terminate();
@@ -133,6 +140,10 @@ fn main() -> anyhow::Result<()> {
     }
     if only.is_empty() || only == "fork" {
         fork_bench::run(&fs, quick)?;
+        fork_bench::pause(&fs, quick)?;
+    }
+    if only == "pause" {
+        fork_bench::pause(&fs, quick)?;
     }
     if only.is_empty() || only == "durability" {
         durability_bench::run(&fs, quick)?;

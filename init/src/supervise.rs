@@ -41,6 +41,16 @@ pub struct SuperviseArgs {
     /// its partial file and record are removed.
     #[arg(long, value_name = "SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     pub upload_idle_s: u64,
+    /// A new session's idle timeout unless it asks for its own: paused
+    /// after this many ms without a request for it and without CPU used
+    /// by its processes (the next request resumes it).
+    #[arg(long, value_name = "MS")]
+    pub idle_timeout_ms: Option<u64>,
+    /// A new session's lifetime unless it asks for its own: this many ms
+    /// after it is made its processes are killed and its changes refused
+    /// until `session.update` gives it more time.
+    #[arg(long, value_name = "MS")]
+    pub max_lifetime_ms: Option<u64>,
     /// Limit each session's current/ to this many bytes (suffixes K, M,
     /// G, T: powers of 1024) with Btrfs quota groups, which this turns
     /// on; a write past it fails with EDQUOT. Off by default: quota
@@ -417,6 +427,8 @@ impl SuperviseArgs {
                         per_session: self.uploads_per_session as usize,
                         idle: Duration::from_secs(self.upload_idle_s),
                     },
+                    idle_timeout_ms: self.idle_timeout_ms,
+                    max_lifetime_ms: self.max_lifetime_ms,
                 },
                 limits: Limits {
                     stall: Duration::from_millis(self.stall_timeout_ms),

@@ -295,6 +295,7 @@ requests! {
     SessionFork(crate::SessionFork) = "session.fork", mutating = true, route = Core, answers = [Session];
     SessionPause(crate::SessionPause) = "session.pause", mutating = true, route = Core, answers = [Session];
     SessionResume(SessionRef) = "session.resume", mutating = true, route = Core, answers = [Session];
+    SessionInfoRequest(SessionRef) = "session.info", mutating = false, route = Core, answers = [Session];
 }
 
 macro_rules! responses {

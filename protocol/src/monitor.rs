@@ -71,8 +71,8 @@ pub struct RunUsage {
     pub memory_current_bytes: Option<u64>,
 }
 
-/// `session.update`: changes a live session's limits (those given; the
-/// others stay).
+/// `session.update`: changes a live session's limits, idle timeout and
+/// lifetime (those given; the others stay).
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct SessionUpdate {
@@ -84,6 +84,13 @@ pub struct SessionUpdate {
     pub memory_max: Option<u64>,
     #[serde(default)]
     pub cpu_max: Option<String>,
+    /// A new idle timeout (0: none).
+    #[serde(default)]
+    pub idle_timeout_ms: Option<u64>,
+    /// A new lifetime, counted from now (0: none); an expired session
+    /// takes changes again.
+    #[serde(default)]
+    pub max_lifetime_ms: Option<u64>,
 }
 
 target!(SessionUpdate: agent_id, session_id);

@@ -70,6 +70,16 @@ pub struct SessionCreate {
     /// Its own egress rules (narrowing the agent's and the daemon's).
     #[serde(default)]
     pub egress: Option<crate::Egress>,
+    /// Paused (reason `idle`) after this long without a request for it
+    /// and without CPU used by its processes; `None` takes the daemon's
+    /// (`--idle-timeout-ms`).
+    #[serde(default)]
+    pub idle_timeout_ms: Option<u64>,
+    /// Expired this long after it is made: its processes killed, changes
+    /// refused until `session.update` gives it more time (its files and
+    /// checkpoints kept); `None` takes the daemon's (`--max-lifetime-ms`).
+    #[serde(default)]
+    pub max_lifetime_ms: Option<u64>,
 }
 
 target!(SessionCreate: agent_id, session_id);
@@ -87,6 +97,8 @@ impl SessionCreate {
             keep_last: None,
             network: None,
             egress: None,
+            idle_timeout_ms: None,
+            max_lifetime_ms: None,
         }
     }
 }
@@ -162,7 +174,7 @@ target!(SessionPause: agent_id, session_id);
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct PauseInfo {
     pub since_ms: u64,
-    /// `request` (`session.pause`).
+    /// `request` (`session.pause`) or `idle` (its idle timeout).
     pub reason: String,
     /// Requests that need it to run are refused instead of resuming it.
     pub hold: bool,
@@ -178,9 +190,19 @@ pub struct SessionInfo {
     pub checkpoints: u32,
     /// Absolute path of the session's `current/`.
     pub current: String,
-    /// Set while the session is paused (`session.pause`).
+    /// Set while the session is paused (`session.pause`, or idle).
     #[serde(default)]
     pub paused: Option<PauseInfo>,
+    /// Its idle timeout, if it has one.
+    #[serde(default)]
+    pub idle_timeout_ms: Option<u64>,
+    /// When its lifetime ends, if it has one.
+    #[serde(default)]
+    pub expires_ms: Option<u64>,
+    /// When it expired: its changes are refused until `session.update`
+    /// gives it more time.
+    #[serde(default)]
+    pub expired_ms: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]

@@ -156,6 +156,7 @@ fn table() -> Vec<(&'static str, Value, &'static str)> {
             "a/s",
         ),
         ("session.resume", s.clone(), "a/s"),
+        ("session.info", s.clone(), "a/s"),
     ]
 }
 

@@ -49,12 +49,13 @@ fn golden_request() {
         }),
     });
     // variant 4, "a", "s", five limits and policies None, network Some
-    // proxy (2), egress Some { allow Some ["x"], deny [] }
+    // proxy (2), egress Some { allow Some ["x"], deny [] }, idle timeout
+    // and lifetime None
     assert_eq!(
         payload(&m),
         [
             0x01, 0x01, 0x02, 0x04, 0x01, b'a', 0x01, b's', 0x00, 0x00, 0x00, 0x00, 0x00, 0x01,
-            0x02, 0x01, 0x01, 0x01, 0x01, b'x', 0x00
+            0x02, 0x01, 0x01, 0x01, 0x01, b'x', 0x00, 0x00, 0x00
         ]
     );
     let m = ClientFrame::Request(RequestEnvelope {
@@ -208,6 +209,7 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "session.fork",
             "session.pause",
             "session.resume",
+            "session.info",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

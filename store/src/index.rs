@@ -8,8 +8,8 @@
 
 use crate::journal::{Entry, Op, Stage};
 pub use crate::rows::{
-    AgentRecord, CheckpointRecord, ForkRecord, NetworkRecord, PolicyRecord, SessionRecord,
-    TurnRecord,
+    AgentRecord, CheckpointRecord, ClockRecord, ForkRecord, NetworkRecord, PolicyRecord,
+    SessionRecord, TurnRecord,
 };
 use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
@@ -27,6 +27,7 @@ const POLICY: TableDefinition<&str, &[u8]> = TableDefinition::new("policy");
 const TURNS: TableDefinition<&str, &[u8]> = TableDefinition::new("turns");
 const NETWORK: TableDefinition<&str, &[u8]> = TableDefinition::new("network");
 const FORKS: TableDefinition<&str, &[u8]> = TableDefinition::new("forks");
+const CLOCKS: TableDefinition<&str, &[u8]> = TableDefinition::new("clocks");
 
 #[derive(Debug, Error)]
 pub enum IndexError {
@@ -172,6 +173,7 @@ impl Index {
             w.open_table(TURNS)?;
             w.open_table(NETWORK)?;
             w.open_table(FORKS)?;
+            w.open_table(CLOCKS)?;
         }
         w.commit()?;
         Ok(db)
@@ -264,6 +266,22 @@ impl Index {
     }
     pub fn network(&self, key: &str) -> Result<Option<NetworkRecord>, IndexError> {
         self.get(NETWORK, key)
+    }
+    /// Session `a/s`'s limits over time, if it has any.
+    pub fn clock(&self, a: &str, s: &str) -> Result<Option<ClockRecord>, IndexError> {
+        self.get(CLOCKS, &session_key(a, s))
+    }
+    /// Every session with limits over time: `(agent/session, record)`.
+    pub fn clocks(&self) -> Result<Vec<(String, ClockRecord)>, IndexError> {
+        self.with_db(|db| {
+            let t = db.begin_read()?.open_table(CLOCKS)?;
+            let mut out = Vec::new();
+            for item in t.iter()? {
+                let (k, v) = item?;
+                out.push((k.value().to_string(), dec(k.value(), v.value())?));
+            }
+            Ok(out)
+        })
     }
     /// Where session `a/s` was forked from, if it was.
     pub fn fork(&self, a: &str, s: &str) -> Result<Option<ForkRecord>, IndexError> {
@@ -388,6 +406,7 @@ impl Writer<'_> {
         self.remove_under(POLICY, a)?;
         self.remove_under(NETWORK, a)?;
         self.remove_under(FORKS, a)?;
+        self.remove_under(CLOCKS, a)?;
         self.remove_under(TURNS, a)?;
         self.remove_under(CHECKPOINTS, a)
     }
@@ -414,6 +433,9 @@ impl Writer<'_> {
     ) -> Result<(), IndexError> {
         self.put(TURNS, &session_item_key(a, s, t), r)
     }
+    pub fn put_clock(&mut self, a: &str, s: &str, r: &ClockRecord) -> Result<(), IndexError> {
+        self.put(CLOCKS, &session_key(a, s), r)
+    }
     pub fn put_fork(&mut self, a: &str, s: &str, r: &ForkRecord) -> Result<(), IndexError> {
         self.put(FORKS, &session_key(a, s), r)
     }
@@ -427,6 +449,7 @@ impl Writer<'_> {
         self.tx.open_table(POLICY)?.remove(k.as_str())?;
         self.tx.open_table(NETWORK)?.remove(k.as_str())?;
         self.tx.open_table(FORKS)?.remove(k.as_str())?;
+        self.tx.open_table(CLOCKS)?.remove(k.as_str())?;
         self.remove_under(TURNS, &k)?;
         self.remove_under(CHECKPOINTS, &k)
     }
@@ -464,6 +487,9 @@ impl Writer<'_> {
     }
     pub fn session(&self, a: &str, s: &str) -> Result<Option<SessionRecord>, IndexError> {
         self.get(SESSIONS, &session_key(a, s))
+    }
+    pub fn clock(&self, a: &str, s: &str) -> Result<Option<ClockRecord>, IndexError> {
+        self.get(CLOCKS, &session_key(a, s))
     }
     pub fn turn(&self, a: &str, s: &str, t: &str) -> Result<Option<TurnRecord>, IndexError> {
         self.get(TURNS, &session_item_key(a, s, t))

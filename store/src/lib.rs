@@ -609,6 +609,7 @@ impl Store {
     }
 
     fn session_info(&self, a: &str, s: &str, r: &SessionRecord) -> Result<SessionInfo> {
+        let clock = self.index.clock(a, s)?;
         Ok(SessionInfo {
             agent_id: a.to_string(),
             session_id: s.to_string(),
@@ -617,6 +618,9 @@ impl Store {
             checkpoints: self.index.checkpoints(a, s)?.len() as u32,
             current: self.layout.current(a, s).display().to_string(),
             paused: None,
+            idle_timeout_ms: clock.as_ref().and_then(|c| c.idle_timeout_ms),
+            expires_ms: clock.as_ref().and_then(|c| c.expires_ms()),
+            expired_ms: clock.and_then(|c| c.expired_ms),
         })
     }
 }

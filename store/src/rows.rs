@@ -67,3 +67,24 @@ pub struct ForkRecord {
     pub baseline: String,
     pub forked_ms: u64,
 }
+
+/// A session's limits over time (key `agent/session`): its idle timeout,
+/// its lifetime counted from `lifetime_from_ms`, when it expired, and when
+/// it was last seen active (kept so that a restarted supervisor's idle
+/// clock goes on from there).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct ClockRecord {
+    pub idle_timeout_ms: Option<u64>,
+    pub max_lifetime_ms: Option<u64>,
+    pub lifetime_from_ms: u64,
+    pub expired_ms: Option<u64>,
+    pub last_active_ms: u64,
+}
+
+impl ClockRecord {
+    /// When the lifetime ends, if there is one.
+    pub fn expires_ms(&self) -> Option<u64> {
+        self.max_lifetime_ms
+            .map(|m| self.lifetime_from_ms.saturating_add(m))
+    }
+}

@@ -280,3 +280,49 @@ pub(crate) fn shown_list(names: &[String]) -> String {
     }
     out
 }
+
+impl Store {
+    /// Session `a/s`'s limits over time, if it has any.
+    pub fn clock(&self, a: &str, s: &str) -> Result<Option<crate::index::ClockRecord>> {
+        Ok(self.index.clock(a, s)?)
+    }
+
+    /// Every session with limits over time, as `(agent, session, record)`.
+    pub fn clocks(&self) -> Result<Vec<(String, String, crate::index::ClockRecord)>> {
+        Ok(self
+            .index
+            .clocks()?
+            .into_iter()
+            .filter_map(|(k, r)| {
+                let (a, s) = k.split_once('/')?;
+                Some((a.to_string(), s.to_string(), r))
+            })
+            .collect())
+    }
+
+    /// Writes session `a/s`'s limits over time (durably: an expiry or a
+    /// new lifetime survives a power cut).
+    pub fn set_clock(&self, a: &str, s: &str, r: &crate::index::ClockRecord) -> Result<()> {
+        let _g = self.guard();
+        self.need_session(a, s)?;
+        self.index.write(|w| w.put_clock(a, s, r))?;
+        Ok(())
+    }
+
+    /// Writes the last-active times of several sessions in one commit that
+    /// need not be durable by itself (lost, the idle clocks start a little
+    /// earlier).
+    pub fn touch_clocks(&self, seen: &[(String, String, u64)]) -> Result<()> {
+        let _g = self.guard();
+        self.index.write_quick(|w| {
+            for (a, s, at) in seen {
+                if let Some(mut r) = w.clock(a, s)? {
+                    r.last_active_ms = r.last_active_ms.max(*at);
+                    w.put_clock(a, s, &r)?;
+                }
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+}

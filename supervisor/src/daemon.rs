@@ -208,6 +208,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         }
         let syncer = tokio::spawn(sync_audit_every_second(sup.clone()));
         let abandoner = tokio::spawn(abandon_idle_uploads(sup.clone()));
+        let clocks = tokio::spawn(tick_clocks(sup.clone()));
         let why = tokio::select! {
             _ = wait_for_signal() => Stopped::Signal,
             _ = sup.stop.requested() => Stopped::Requested,
@@ -220,6 +221,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         }
         syncer.abort();
         abandoner.abort();
+        clocks.abort();
         // A shutdown kills the sessions' processes; a host daemon stopped
         // by a signal leaves them running for its successor to adopt.
         let kill = why == Stopped::Requested || cfg.policy.power_off_on_shutdown;
@@ -268,6 +270,17 @@ async fn sync_audit_every_second(sup: Arc<Supervisor>) {
 
 /// Uploads left without a chunk for `--upload-idle-s` are abandoned (their
 /// partial files and records removed), checked a few times a period.
+/// Sessions' idle and lifetime clocks, checked every `clocks::TICK`.
+async fn tick_clocks(sup: Arc<Supervisor>) {
+    let mut tick = tokio::time::interval(crate::clocks::TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let s = sup.clone();
+        let _ = tokio::task::spawn_blocking(move || s.clocks.tick(&s)).await;
+    }
+}
+
 async fn abandon_idle_uploads(sup: Arc<Supervisor>) {
     let every = (sup.uploads.limits().idle / 4).clamp(
         std::time::Duration::from_millis(250),

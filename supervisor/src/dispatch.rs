@@ -269,6 +269,20 @@ impl Supervisor {
                     })?;
                 }
                 st.baseline_if_on(&r.agent_id, &r.session_id)?;
+                // Its limits over time, its own or the daemon's.
+                let idle = r.idle_timeout_ms.or(self.policy.idle_timeout_ms);
+                let life = r.max_lifetime_ms.or(self.policy.max_lifetime_ms);
+                let (idle, life) = (idle.filter(|&v| v > 0), life.filter(|&v| v > 0));
+                if idle.is_some() || life.is_some() {
+                    let rec = allox_store::index::ClockRecord {
+                        idle_timeout_ms: idle,
+                        max_lifetime_ms: life,
+                        lifetime_from_ms: info.created_ms,
+                        expired_ms: None,
+                        last_active_ms: info.created_ms,
+                    };
+                    st.set_clock(&r.agent_id, &r.session_id, &rec)?;
+                }
                 Response::Session(st.session_info_of(&r.agent_id, &r.session_id)?)
             }
             Request::SessionList(r) => {
@@ -401,7 +415,15 @@ impl Supervisor {
             Request::SessionPause(r) => {
                 let (a, s) = (&r.agent_id, &r.session_id);
                 let mut info = st.session_info_of(a, s)?;
-                info.paused = Some(self.runs()?.pause(a, s, r.hold)?);
+                info.paused = Some(self.runs()?.pause(a, s, r.hold, "request")?);
+                Response::Session(info)
+            }
+            Request::SessionInfoRequest(r) => {
+                let (a, s) = (&r.agent_id, &r.session_id);
+                let mut info = st.session_info_of(a, s)?;
+                if let Some(runs) = &self.runs {
+                    info.paused = runs.paused(a, s);
+                }
                 Response::Session(info)
             }
             Request::SessionResume(r) => {
@@ -413,12 +435,36 @@ impl Supervisor {
             Request::SessionUpdate(r) => {
                 let (a, s) = (&r.agent_id, &r.session_id);
                 st.session_info_of(a, s)?;
+                let info = st.session_info_of(a, s)?;
                 let limits = limits_of(r.pids_max, r.memory_max, r.cpu_max.as_deref())?;
-                if limits == allox_sandbox::cgroup::Limits::default() {
+                let has_limits = limits != allox_sandbox::cgroup::Limits::default();
+                let has_time = r.idle_timeout_ms.is_some() || r.max_lifetime_ms.is_some();
+                if !has_limits && !has_time {
                     return Err(StoreError::NothingToUpdate.into());
                 }
                 let runs = self.runs()?;
-                runs.session_update(a, s, &limits)?;
+                if has_limits {
+                    runs.session_update(a, s, &limits)?;
+                }
+                if has_time {
+                    let mut rec = st.clock(a, s)?.unwrap_or(allox_store::index::ClockRecord {
+                        lifetime_from_ms: info.created_ms,
+                        last_active_ms: info.created_ms,
+                        ..Default::default()
+                    });
+                    if let Some(v) = r.idle_timeout_ms {
+                        rec.idle_timeout_ms = (v > 0).then_some(v);
+                    }
+                    if let Some(v) = r.max_lifetime_ms {
+                        // More time counts from now, and an expired
+                        // session takes changes again.
+                        rec.max_lifetime_ms = (v > 0).then_some(v);
+                        rec.lifetime_from_ms = allox_store::clock::now_ms();
+                        rec.expired_ms = None;
+                    }
+                    st.set_clock(a, s, &rec)?;
+                    self.clocks.refresh(a, s, &rec);
+                }
                 Response::SessionStats(Box::new(runs.session_stats(a, s)))
             }
             Request::TurnBegin(r) => Response::Turn(st.turn_begin(r)?),

@@ -9,6 +9,7 @@
 //! `plugins` stand on `plugin_api` alone. `tests/tests/architecture.rs`
 //! checks that no module imports one above it.
 
+pub mod clocks;
 pub mod daemon;
 pub mod dispatch;
 pub mod error;

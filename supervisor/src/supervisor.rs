@@ -31,6 +31,12 @@ pub struct Policy {
     pub power_off_on_shutdown: bool,
     /// `--uploads-per-session`, `--upload-idle-s`.
     pub uploads: crate::files::uploads::UploadLimits,
+    /// `--idle-timeout-ms`: a new session's idle timeout unless it asks
+    /// for its own.
+    pub idle_timeout_ms: Option<u64>,
+    /// `--max-lifetime-ms`: a new session's lifetime unless it asks for
+    /// its own.
+    pub max_lifetime_ms: Option<u64>,
 }
 
 /// Set by `system.shutdown` (or a signal): the daemon stops, and until it
@@ -75,6 +81,8 @@ pub struct Supervisor {
     pub uploads: crate::files::uploads::Live,
     /// Each session rolled back (agent, session), for `fs.watch`.
     pub rollbacks: tokio::sync::broadcast::Sender<(String, String)>,
+    /// Sessions' idle and lifetime clocks.
+    pub clocks: crate::clocks::Clocks,
 }
 
 impl Supervisor {
@@ -93,6 +101,7 @@ impl Supervisor {
             stop: Stop::default(),
             network_default: allox_protocol::NetworkMode::Disabled,
             rollbacks: tokio::sync::broadcast::channel(64).0,
+            clocks: crate::clocks::Clocks::default(),
         }
     }
 
@@ -120,6 +129,7 @@ impl Supervisor {
         req: &Request,
         events: Option<EventSink>,
     ) -> Result<Response, ErrorBody> {
+        self.clocks.seen(req);
         let out = match self
             .admit(req, peer, request_id)
             .and_then(|()| self.wake(req))
@@ -174,6 +184,7 @@ impl Supervisor {
         request_id: u64,
         req: &Request,
     ) -> Result<Response, ErrorBody> {
+        self.clocks.seen(req);
         let out = self
             .admit(req, peer, request_id)
             .and_then(|()| self.wake(req))
@@ -216,6 +227,16 @@ impl Supervisor {
         }
         if let (Some(why), false) = (self.store.read_only_reason(), shutdown) {
             return refused(why);
+        }
+        // An expired session takes no change but its deletion and more
+        // time.
+        if !matches!(
+            req,
+            Request::SessionDelete(_) | Request::SessionUpdate(_) | Request::SessionFork(_)
+        ) {
+            if let Some(why) = self.clocks.expired_why(&req.target()) {
+                return refused(why);
+            }
         }
         // A session a plugin fenced takes no change but its deletion and
         // the lifting of the fence.

@@ -231,3 +231,146 @@ fn a_held_session_refuses_what_needs_it_to_run_until_it_is_resumed() {
     .unwrap();
     assert!(!d.cgroup.join("allox/a/s").exists());
 }
+
+fn session_info(d: &ProcDaemon, s: &str) -> SessionInfo {
+    match call(
+        d,
+        Request::SessionInfoRequest(SessionRef {
+            agent_id: "a".into(),
+            session_id: s.into(),
+        }),
+    ) {
+        Ok(Response::Session(i)) => i,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// An idle timeout of 2 s pauses a session whose program sleeps, and the
+/// next start resumes it; a lifetime of 5 s kills a session's processes
+/// and refuses its changes until `session.update` gives it more time. The
+/// clocks are the store's: a supervisor restarted meanwhile keeps them.
+#[test]
+fn idle_sessions_pause_and_old_ones_expire_across_a_restart() {
+    let name = "idle_sessions_pause_and_old_ones_expire_across_a_restart";
+    if !require(&format!("pause::{name}")) {
+        return;
+    }
+    let mut d = ProcDaemon::start(name, &[]);
+    make_sessions(&d, &[("a", "long")]);
+    for (s, idle, life) in [("idle", Some(2_000), None), ("short", None, Some(5_000))] {
+        call(
+            &d,
+            Request::SessionCreate(SessionCreate {
+                idle_timeout_ms: idle,
+                max_lifetime_ms: life,
+                ..SessionCreate::new("a", s)
+            }),
+        )
+        .unwrap();
+    }
+    for s in ["idle", "short", "long"] {
+        assert_eq!(sh(&d, s, "echo kept > kept").unwrap().exit_code, Some(0));
+        bg(&d, s, "exec sleep 600");
+    }
+    let made = |d: &ProcDaemon, s: &str| session_info(d, s).created_ms;
+    let short = session_info(&d, "short");
+    assert_eq!(
+        short.expires_ms,
+        Some(short.created_ms + 5_000),
+        "{short:?}"
+    );
+    // Restarted: the runs go on, and so do the clocks.
+    d.restart(&[]);
+
+    let t = Instant::now();
+    until("the idle session is paused", || {
+        session_info(&d, "idle").paused.is_some()
+    });
+    let idle = session_info(&d, "idle");
+    let p = idle.paused.clone().unwrap();
+    assert_eq!(p.reason, "idle", "{idle:?}");
+    assert!(
+        p.since_ms >= made(&d, "idle") + 2_000,
+        "paused too early: {idle:?}"
+    );
+    eprintln!("idle pause seen {:?} after the restart", t.elapsed());
+    assert!(session_info(&d, "long").paused.is_none());
+    // The next start resumes it.
+    assert_eq!(sh(&d, "idle", "cat kept").unwrap().stdout, "kept\n");
+    assert!(session_info(&d, "idle").paused.is_none());
+
+    until("the short session expires", || {
+        session_info(&d, "short").expired_ms.is_some()
+    });
+    let short = session_info(&d, "short");
+    assert!(
+        short.expired_ms.unwrap() >= short.created_ms + 5_000,
+        "expired too early: {short:?}"
+    );
+    // Its processes are gone, its changes refused, its files kept.
+    match call(
+        &d,
+        Request::ProcessList(SessionRef {
+            agent_id: "a".into(),
+            session_id: "short".into(),
+        }),
+    ) {
+        Ok(Response::Processes(l)) => assert!(l.processes.is_empty(), "{l:?}"),
+        other => panic!("{other:?}"),
+    }
+    let e = sh(&d, "short", "true").unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unavailable);
+    assert!(
+        e.message.contains("a/short expired") && e.message.contains("session.update"),
+        "{}",
+        e.message
+    );
+    match call(
+        &d,
+        Request::FsRead(
+            serde_json::from_value(
+                serde_json::json!({"agent_id": "a", "session_id": "short", "path": "kept"}),
+            )
+            .unwrap(),
+        ),
+    ) {
+        Ok(Response::FsData(f)) => assert_eq!(f.data.as_ref(), b"kept\n"),
+        other => panic!("{other:?}"),
+    }
+    // Control: the session without a lifetime still runs.
+    assert_eq!(sh(&d, "long", "true").unwrap().exit_code, Some(0));
+    // More time: it takes changes again.
+    call(
+        &d,
+        Request::SessionUpdate(SessionUpdate {
+            agent_id: "a".into(),
+            session_id: "short".into(),
+            max_lifetime_ms: Some(60_000),
+            ..SessionUpdate::default()
+        }),
+    )
+    .unwrap();
+    assert_eq!(sh(&d, "short", "cat kept").unwrap().stdout, "kept\n");
+    assert!(session_info(&d, "short").expired_ms.is_none());
+    // Both are in the audit log.
+    match call(
+        &d,
+        Request::AuditList(AuditList {
+            after_seq: None,
+            before_seq: None,
+            limit: Some(1000),
+        }),
+    ) {
+        Ok(Response::Audit(l)) => {
+            for (action, target) in [("session.idle", "a/idle"), ("session.expire", "a/short")] {
+                assert!(
+                    l.records
+                        .iter()
+                        .any(|r| r.action == action && r.target == target),
+                    "no {action} of {target} in the audit log"
+                );
+            }
+        }
+        other => panic!("{other:?}"),
+    }
+}

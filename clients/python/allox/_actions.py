@@ -102,17 +102,51 @@ class Actions:
         cpu_max: str | None = None,
         network: str | None = None,
         egress: Mapping[str, Any] | models.Egress | None = None,
+        idle_timeout_ms: int | None = None,
+        max_lifetime_ms: int | None = None,
     ) -> models.SessionInfo:
         """``session.create``: its ``current/`` is the sandbox's HOME; with
-        automatic checkpoints on, it takes the ``baseline`` checkpoint."""
+        automatic checkpoints on, it takes the ``baseline`` checkpoint.
+        ``idle_timeout_ms`` pauses it when idle; ``max_lifetime_ms``
+        expires it (processes killed, changes refused until
+        :meth:`session_update` gives it more time)."""
         p = build_params(
             None,
             dict(
                 agent_id=agent_id, session_id=session_id, auto_checkpoint=auto_checkpoint, keep_last=keep_last,
                 pids_max=pids_max, memory_max=memory_max, cpu_max=cpu_max, network=network, egress=egress,
+                idle_timeout_ms=idle_timeout_ms, max_lifetime_ms=max_lifetime_ms,
             ),
         )
         return self._invoke("session.create", p, _model("SessionInfo"))
+
+    def session_update(
+        self,
+        agent_id: str,
+        session_id: str,
+        *,
+        pids_max: int | None = None,
+        memory_max: int | None = None,
+        cpu_max: str | None = None,
+        idle_timeout_ms: int | None = None,
+        max_lifetime_ms: int | None = None,
+    ) -> models.SessionStats:
+        """``session.update``: new limits, idle timeout or lifetime (counted
+        from now; an expired session takes changes again); those left out
+        stay."""
+        p = build_params(
+            None,
+            dict(
+                agent_id=agent_id, session_id=session_id, pids_max=pids_max, memory_max=memory_max,
+                cpu_max=cpu_max, idle_timeout_ms=idle_timeout_ms, max_lifetime_ms=max_lifetime_ms,
+            ),
+        )
+        return self._invoke("session.update", p, _model("SessionStats"))
+
+    def session_info(self, agent_id: str, session_id: str) -> models.SessionInfo:
+        """``session.info``: one session, with whether it is paused, its idle
+        timeout and when it expires."""
+        return self._invoke("session.info", {"agent_id": agent_id, "session_id": session_id}, _model("SessionInfo"))
 
     def session_list(self, agent_id: str) -> models.SessionListing:
         return self._invoke("session.list", {"agent_id": agent_id}, _model("SessionListing"))

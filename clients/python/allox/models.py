@@ -1196,7 +1196,7 @@ class PauseInfo(Model):
     #: Requests that need it to run are refused instead of resuming it.
     hold: bool
 
-    #: `request` (`session.pause`).
+    #: `request` (`session.pause`) or `idle` (its idle timeout).
     reason: str
     since_ms: int
 
@@ -1688,8 +1688,18 @@ class SessionCreate(Model):
     #: Its own egress rules (narrowing the agent's and the daemon's).
     egress: Optional[Egress] = None
 
+    #: Paused (reason `idle`) after this long without a request for it
+    #: and without CPU used by its processes; `None` takes the daemon's
+    #: (`--idle-timeout-ms`).
+    idle_timeout_ms: Optional[int] = None
+
     #: Keep only the last N automatic turn checkpoints.
     keep_last: Optional[int] = None
+
+    #: Expired this long after it is made: its processes killed, changes
+    #: refused until `session.update` gives it more time (its files and
+    #: checkpoints kept); `None` takes the daemon's (`--max-lifetime-ms`).
+    max_lifetime_ms: Optional[int] = None
 
     #: `memory.max` in bytes.
     memory_max: Optional[int] = None
@@ -1752,10 +1762,20 @@ class SessionInfo(Model):
     #: Absolute path of the session's `current/`.
     current: str
 
+    #: When it expired: its changes are refused until `session.update`
+    #: gives it more time.
+    expired_ms: Optional[int] = None
+
+    #: When its lifetime ends, if it has one.
+    expires_ms: Optional[int] = None
+
     #: The checkpoint `current/` descends from, if any.
     head: Optional[str] = None
 
-    #: Set while the session is paused (`session.pause`).
+    #: Its idle timeout, if it has one.
+    idle_timeout_ms: Optional[int] = None
+
+    #: Set while the session is paused (`session.pause`, or idle).
     paused: Optional[PauseInfo] = None
     session_id: str
 
@@ -1846,12 +1866,19 @@ class SessionStatsRequest(Model):
 
 @dataclass(kw_only=True)
 class SessionUpdate(Model):
-    """`session.update`: changes a live session's limits (those given; the
-    others stay).
+    """`session.update`: changes a live session's limits, idle timeout and
+    lifetime (those given; the others stay).
     """
 
     agent_id: str
     cpu_max: Optional[str] = None
+
+    #: A new idle timeout (0: none).
+    idle_timeout_ms: Optional[int] = None
+
+    #: A new lifetime, counted from now (0: none); an expired session
+    #: takes changes again.
+    max_lifetime_ms: Optional[int] = None
     memory_max: Optional[int] = None
     pids_max: Optional[int] = None
     session_id: str
@@ -2308,6 +2335,7 @@ ACTIONS: dict[str, tuple[Any, Any]] = {
     'session.create': (SessionCreate, SessionInfo),
     'session.delete': (SessionDelete, Deleted),
     'session.fork': (SessionFork, SessionInfo),
+    'session.info': (SessionRef, SessionInfo),
     'session.list': (AgentRef, SessionListing),
     'session.pause': (SessionPause, SessionInfo),
     'session.resume': (SessionRef, SessionInfo),

@@ -19,6 +19,22 @@ pub enum SessionCommand {
         /// own egress rules.
         #[command(flatten)]
         network: NetworkArgs,
+        /// Paused after this many ms without a request and without CPU
+        /// used (the next request resumes it).
+        #[arg(long, value_name = "MS")]
+        idle_timeout_ms: Option<u64>,
+        /// Expired this many ms after it is made: processes killed,
+        /// changes refused until `alloxctl limit --max-lifetime-ms`.
+        #[arg(long, value_name = "MS")]
+        max_lifetime_ms: Option<u64>,
+    },
+    /// One session: its head, checkpoints, whether it is paused, its idle
+    /// timeout and when it expires.
+    Info {
+        /// The agent.
+        agent: String,
+        /// The session.
+        session: String,
     },
     /// List an agent's sessions.
     List {
@@ -81,11 +97,21 @@ impl SessionCommand {
                 agent,
                 session,
                 network,
+                idle_timeout_ms,
+                max_lifetime_ms,
             } => Request::SessionCreate(SessionCreate {
                 network: network.mode(),
                 egress: network.egress.egress(),
+                idle_timeout_ms,
+                max_lifetime_ms,
                 ..SessionCreate::new(agent, session)
             }),
+            SessionCommand::Info { agent, session } => {
+                Request::SessionInfoRequest(allox_protocol::SessionRef {
+                    agent_id: agent,
+                    session_id: session,
+                })
+            }
             SessionCommand::List { agent } => Request::SessionList(AgentRef { agent_id: agent }),
             SessionCommand::Delete {
                 agent,
@@ -188,6 +214,13 @@ pub struct LimitArgs {
     /// "QUOTA PERIOD" in µs, e.g. "50000 100000" for half a CPU.
     #[arg(long, value_name = "QUOTA PERIOD")]
     pub cpu_max: Option<String>,
+    /// A new idle timeout, ms (0: none).
+    #[arg(long, value_name = "MS")]
+    pub idle_timeout_ms: Option<u64>,
+    /// A new lifetime, ms from now (0: none); an expired session takes
+    /// changes again.
+    #[arg(long, value_name = "MS")]
+    pub max_lifetime_ms: Option<u64>,
 }
 
 impl LimitArgs {
@@ -198,6 +231,8 @@ impl LimitArgs {
             pids_max: self.pids_max,
             memory_max: self.memory_max,
             cpu_max: self.cpu_max,
+            idle_timeout_ms: self.idle_timeout_ms,
+            max_lifetime_ms: self.max_lifetime_ms,
         })
     }
 }

@@ -257,6 +257,20 @@ fn session(s: &SessionInfo) -> String {
         ("checkpoints", s.checkpoints.to_string()),
         ("current", clean(&s.current)),
         ("paused", paused(s.paused.as_ref())),
+        (
+            "idle timeout",
+            s.idle_timeout_ms
+                .map(|v| format!("{v} ms"))
+                .unwrap_or_else(|| "-".into()),
+        ),
+        (
+            "expires",
+            match (s.expired_ms, s.expires_ms) {
+                (Some(at), _) => format!("expired at {}", utc(at)),
+                (None, Some(at)) => utc(at),
+                (None, None) => "-".into(),
+            },
+        ),
     ])
 }
 
@@ -432,6 +446,9 @@ b        2024-01-01 00:01:01  10        /w/b
                     checkpoints: 0,
                     current: "/c".into(),
                     paused: None,
+                    idle_timeout_ms: None,
+                    expires_ms: None,
+                    expired_ms: None,
                 },
                 SessionInfo {
                     agent_id: "a".into(),
@@ -445,6 +462,9 @@ b        2024-01-01 00:01:01  10        /w/b
                         reason: "request".into(),
                         hold: true,
                     }),
+                    idle_timeout_ms: None,
+                    expires_ms: None,
+                    expired_ms: None,
                 },
             ],
         };

@@ -42,7 +42,7 @@ impl Runs {
     /// Freezes every process of session `a/s` and waits until they are
     /// (at most [`PAUSE_BOUND`]: past it, nothing stays frozen and the
     /// pause fails). Pausing a paused session changes only `hold`.
-    pub fn pause(&self, a: &str, s: &str, hold: bool) -> Result<PauseInfo, RunError> {
+    pub fn pause(&self, a: &str, s: &str, hold: bool, reason: &str) -> Result<PauseInfo, RunError> {
         let mut paused = self.paused.0.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = paused.get_mut(&key(a, s)) {
             p.hold = hold;
@@ -68,7 +68,7 @@ impl Runs {
         }
         let info = PauseInfo {
             since_ms: allox_store::clock::now_ms(),
-            reason: "request".into(),
+            reason: reason.into(),
             hold,
         };
         paused.insert(key(a, s), info.clone());
@@ -144,5 +144,22 @@ impl Runs {
             }
             None => paused.retain(|k, _| !k.starts_with(&format!("{a}/"))),
         }
+    }
+}
+
+impl Runs {
+    /// CPU time the session's processes and its context have used, µs
+    /// (`usage_usec` of their cgroups' `cpu.stat`, which cgroup v2 keeps
+    /// without the cpu controller).
+    pub fn session_cpu_us(&self, a: &str, s: &str) -> u64 {
+        self.pause_dirs(a, s)
+            .iter()
+            .filter_map(|d| std::fs::read_to_string(d.join("cpu.stat")).ok())
+            .filter_map(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("usage_usec "))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            })
+            .sum()
     }
 }

@@ -50,6 +50,13 @@ pub struct AgentCreate {
     /// Egress rules for every session of it.
     #[serde(default)]
     pub egress: Option<crate::Egress>,
+    /// The idle timeout of its sessions that do not ask for their own
+    /// (`session.create`); `None` leaves them the daemon's.
+    #[serde(default)]
+    pub idle_timeout_ms: Option<u64>,
+    /// The lifetime of its sessions that do not ask for their own.
+    #[serde(default)]
+    pub max_lifetime_ms: Option<u64>,
 }
 
 target!(AgentCreate: agent_id);
@@ -63,6 +70,8 @@ impl AgentCreate {
             keep_last: None,
             network: None,
             egress: None,
+            idle_timeout_ms: None,
+            max_lifetime_ms: None,
         }
     }
 }

@@ -271,6 +271,10 @@ impl Index {
     pub fn clock(&self, a: &str, s: &str) -> Result<Option<ClockRecord>, IndexError> {
         self.get(CLOCKS, &session_key(a, s))
     }
+    /// Agent `a`'s defaults for its sessions' limits over time.
+    pub fn agent_clock(&self, a: &str) -> Result<Option<ClockRecord>, IndexError> {
+        self.get(CLOCKS, a)
+    }
     /// Every session with limits over time: `(agent/session, record)`.
     pub fn clocks(&self) -> Result<Vec<(String, ClockRecord)>, IndexError> {
         self.with_db(|db| {
@@ -407,6 +411,7 @@ impl Writer<'_> {
         self.remove_under(NETWORK, a)?;
         self.remove_under(FORKS, a)?;
         self.remove_under(CLOCKS, a)?;
+        self.tx.open_table(CLOCKS)?.remove(a)?;
         self.remove_under(TURNS, a)?;
         self.remove_under(CHECKPOINTS, a)
     }
@@ -432,6 +437,9 @@ impl Writer<'_> {
         r: &TurnRecord,
     ) -> Result<(), IndexError> {
         self.put(TURNS, &session_item_key(a, s, t), r)
+    }
+    pub fn put_agent_clock(&mut self, a: &str, r: &ClockRecord) -> Result<(), IndexError> {
+        self.put(CLOCKS, a, r)
     }
     pub fn put_clock(&mut self, a: &str, s: &str, r: &ClockRecord) -> Result<(), IndexError> {
         self.put(CLOCKS, &session_key(a, s), r)

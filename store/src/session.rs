@@ -287,6 +287,19 @@ impl Store {
         Ok(self.index.clock(a, s)?)
     }
 
+    /// Agent `a`'s defaults for its sessions' limits over time.
+    pub fn agent_clock(&self, a: &str) -> Result<Option<crate::index::ClockRecord>> {
+        Ok(self.index.agent_clock(a)?)
+    }
+
+    /// Sets agent `a`'s defaults for its new sessions' limits over time.
+    pub fn set_agent_clock(&self, a: &str, r: &crate::index::ClockRecord) -> Result<()> {
+        let _g = self.guard();
+        self.need_agent(a)?;
+        self.index.write(|w| w.put_agent_clock(a, r))?;
+        Ok(())
+    }
+
     /// Every session with limits over time, as `(agent, session, record)`.
     pub fn clocks(&self) -> Result<Vec<(String, String, crate::index::ClockRecord)>> {
         Ok(self

@@ -186,6 +186,16 @@ impl Supervisor {
                     // `shared/` is the agent's to write in.
                     runs.own(&st.layout().shared(&r.agent_id));
                 }
+                if r.idle_timeout_ms.is_some() || r.max_lifetime_ms.is_some() {
+                    st.set_agent_clock(
+                        &r.agent_id,
+                        &allox_store::index::ClockRecord {
+                            idle_timeout_ms: r.idle_timeout_ms,
+                            max_lifetime_ms: r.max_lifetime_ms,
+                            ..Default::default()
+                        },
+                    )?;
+                }
                 if r.auto_checkpoint.is_some() || r.keep_last.is_some() {
                     st.policy_set(&allox_protocol::PolicySet {
                         agent_id: r.agent_id.clone(),
@@ -269,9 +279,17 @@ impl Supervisor {
                     })?;
                 }
                 st.baseline_if_on(&r.agent_id, &r.session_id)?;
-                // Its limits over time, its own or the daemon's.
-                let idle = r.idle_timeout_ms.or(self.policy.idle_timeout_ms);
-                let life = r.max_lifetime_ms.or(self.policy.max_lifetime_ms);
+                // Its limits over time: its own, else its agent's, else the
+                // daemon's.
+                let agent_clock = st.agent_clock(&r.agent_id)?.unwrap_or_default();
+                let idle = r
+                    .idle_timeout_ms
+                    .or(agent_clock.idle_timeout_ms)
+                    .or(self.policy.idle_timeout_ms);
+                let life = r
+                    .max_lifetime_ms
+                    .or(agent_clock.max_lifetime_ms)
+                    .or(self.policy.max_lifetime_ms);
                 let (idle, life) = (idle.filter(|&v| v > 0), life.filter(|&v| v > 0));
                 if idle.is_some() || life.is_some() {
                     let rec = allox_store::index::ClockRecord {

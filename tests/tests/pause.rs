@@ -272,6 +272,31 @@ fn idle_sessions_pause_and_old_ones_expire_across_a_restart() {
         assert_eq!(sh(&d, s, "echo kept > kept").unwrap().exit_code, Some(0));
         bg(&d, s, "exec sleep 600");
     }
+    // An agent's default: its sessions take it unless they ask for their
+    // own; the daemon has none.
+    call(
+        &d,
+        Request::AgentCreate(AgentCreate {
+            idle_timeout_ms: Some(7_000),
+            max_lifetime_ms: Some(3_600_000),
+            ..AgentCreate::new("b")
+        }),
+    )
+    .unwrap();
+    for (s, own) in [("x", None), ("y", Some(3_000))] {
+        let Ok(Response::Session(i)) = call(
+            &d,
+            Request::SessionCreate(SessionCreate {
+                idle_timeout_ms: own,
+                ..SessionCreate::new("b", s)
+            }),
+        ) else {
+            panic!()
+        };
+        assert_eq!(i.idle_timeout_ms, Some(own.unwrap_or(7_000)), "{i:?}");
+        assert_eq!(i.expires_ms, Some(i.created_ms + 3_600_000), "{i:?}");
+    }
+    assert_eq!(session_info(&d, "long").idle_timeout_ms, None);
     let made = |d: &ProcDaemon, s: &str| session_info(d, s).created_ms;
     let short = session_info(&d, "short");
     assert_eq!(

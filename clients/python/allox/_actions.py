@@ -75,10 +75,19 @@ class Actions:
         keep_last: int | None = None,
         network: str | None = None,
         egress: Mapping[str, Any] | models.Egress | None = None,
+        idle_timeout_ms: int | None = None,
+        max_lifetime_ms: int | None = None,
     ) -> models.AgentInfo:
         """``agent.create``; ``auto_checkpoint``/``keep_last`` are the default
-        policy of its sessions."""
-        p = build_params(None, dict(agent_id=agent_id, auto_checkpoint=auto_checkpoint, keep_last=keep_last, network=network, egress=egress))
+        policy of its sessions, ``idle_timeout_ms``/``max_lifetime_ms`` their
+        default limits over time."""
+        p = build_params(
+            None,
+            dict(
+                agent_id=agent_id, auto_checkpoint=auto_checkpoint, keep_last=keep_last, network=network,
+                egress=egress, idle_timeout_ms=idle_timeout_ms, max_lifetime_ms=max_lifetime_ms,
+            ),
+        )
         return self._invoke("agent.create", p, _model("AgentInfo"))
 
     def agent_list(self) -> models.AgentListing:

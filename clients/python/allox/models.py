@@ -194,7 +194,14 @@ class AgentCreate(Model):
 
     #: Egress rules for every session of it.
     egress: Optional[Egress] = None
+
+    #: The idle timeout of its sessions that do not ask for their own
+    #: (`session.create`); `None` leaves them the daemon's.
+    idle_timeout_ms: Optional[int] = None
     keep_last: Optional[int] = None
+
+    #: The lifetime of its sessions that do not ask for their own.
+    max_lifetime_ms: Optional[int] = None
 
     #: The network mode of its sessions that do not name one.
     network: Optional[NetworkMode] = None

@@ -13,6 +13,12 @@ pub enum AgentCommand {
         /// Its sessions' default network mode and rules for all of them.
         #[command(flatten)]
         network: NetworkArgs,
+        /// Its sessions' idle timeout, ms, unless they ask for their own.
+        #[arg(long, value_name = "MS")]
+        idle_timeout_ms: Option<u64>,
+        /// Its sessions' lifetime, ms, unless they ask for their own.
+        #[arg(long, value_name = "MS")]
+        max_lifetime_ms: Option<u64>,
     },
     /// List agents.
     List,
@@ -31,9 +37,16 @@ pub enum AgentCommand {
 impl AgentCommand {
     pub fn request(self) -> Request {
         match self {
-            AgentCommand::Create { agent, network } => Request::AgentCreate(AgentCreate {
+            AgentCommand::Create {
+                agent,
+                network,
+                idle_timeout_ms,
+                max_lifetime_ms,
+            } => Request::AgentCreate(AgentCreate {
                 network: network.mode(),
                 egress: network.egress.egress(),
+                idle_timeout_ms,
+                max_lifetime_ms,
                 ..AgentCreate::new(agent)
             }),
             AgentCommand::List => Request::AgentList(AgentList {}),

@@ -31,10 +31,10 @@ fn golden_request() {
     });
     // variant 1, conversation 9, request_id 300 = varint ac 02, Request
     // variant 1, "a", auto_checkpoint None, keep_last None, network
-    // None, egress None
+    // None, egress None, idle timeout None, lifetime None
     assert_eq!(
         payload(&m),
-        [0x01, 0x09, 0xac, 0x02, 0x01, 0x01, b'a', 0x00, 0x00, 0x00, 0x00]
+        [0x01, 0x09, 0xac, 0x02, 0x01, 0x01, b'a', 0x00, 0x00, 0x00, 0x00, 0x00, 0x00]
     );
     let m = ClientFrame::Request(RequestEnvelope {
         conversation: 1,

@@ -108,6 +108,23 @@ echo "draft 2" >"$CUR/notes.txt"
 ctl checkpoint create agent-a session-1 second-try
 ctl checkpoint list agent-a session-1
 
+echo; echo "# fork the session into two approaches from one checkpoint, run each, roll one back"
+ctl session fork agent-a session-1 approach-a --from second-try --label "try sed"
+ctl session fork agent-a session-1 approach-b --from second-try --label "try a rewrite"
+ctl exec agent-a approach-a -- sh -c 'sed -i "s/draft 2/draft 2, edited in place/" notes.txt; cat notes.txt'
+ctl exec agent-a approach-b -- sh -c 'echo "a rewrite" > new.txt; mv new.txt notes.txt; cat notes.txt'
+ctl rollback agent-a approach-b fork
+ctl exec agent-a approach-b -- cat notes.txt
+ctl log agent-a approach-a
+echo; echo "# pause a session with a program in it; the next command resumes it"
+ctl start agent-a approach-a -- sh -c 'while :; do date +%s >> ticks; sleep 0.2; done'
+sleep 0.5
+ctl session pause agent-a approach-a
+ctl session info agent-a approach-a
+ctl exec agent-a approach-a -- sh -c 'wc -l < ticks'
+ctl session delete agent-a approach-a --force
+ctl session delete agent-a approach-b
+
 echo; echo "# commands run in the session's sandbox: its own files, no privilege, nothing else visible"
 ctl exec agent-a session-1 -- sh -c 'pwd; ls; id; grep -E "^(CapEff|NoNewPrivs)" /proc/self/status; ls /allox; ps -e -o pid,comm | head'
 

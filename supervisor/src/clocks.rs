@@ -10,12 +10,14 @@
 //! [`TICK`], reading each limited session's record and CPU time.
 
 use crate::runs::FenceScope;
-use crate::supervisor::Supervisor;
+use crate::runs::Runs;
 use allox_protocol::Request;
 use allox_store::audit::Entry;
 use allox_store::clock::now_ms;
 use allox_store::index::ClockRecord;
+use allox_store::Store;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
@@ -92,8 +94,8 @@ impl Clocks {
 
     /// One check of every limited session: expiries first, then idle
     /// pauses. Runs on a blocking thread.
-    pub fn tick(&self, sup: &Supervisor) {
-        let Ok(all) = sup.store.clocks() else {
+    pub fn tick(&self, store: &Store, runs: Option<&Arc<Runs>>) {
+        let Ok(all) = store.clocks() else {
             return;
         };
         let now = now_ms();
@@ -105,10 +107,10 @@ impl Clocks {
                 continue;
             }
             if rec.expires_ms().is_some_and(|end| now >= end) {
-                self.expire(sup, &a, &s, rec, now);
+                self.expire(store, runs, &a, &s, rec, now);
                 continue;
             }
-            let (Some(idle), Some(runs)) = (rec.idle_timeout_ms, &sup.runs) else {
+            let (Some(idle), Some(runs)) = (rec.idle_timeout_ms, runs) else {
                 continue;
             };
             let asked = {
@@ -140,7 +142,7 @@ impl Clocks {
             }
             match runs.pause(&a, &s, false, "idle") {
                 Ok(_) => audit(
-                    sup,
+                    store,
                     &k,
                     "session.idle",
                     format!("idle for {idle} ms: paused"),
@@ -151,7 +153,7 @@ impl Clocks {
             }
         }
         if !seen.is_empty() {
-            if let Err(e) = sup.store.touch_clocks(&seen) {
+            if let Err(e) = store.touch_clocks(&seen) {
                 tracing::warn!(error = %e.chain(), "cannot record when sessions were last active");
             }
         }
@@ -159,9 +161,17 @@ impl Clocks {
 
     /// Ends session `a/s`'s lifetime: its processes (its context too)
     /// killed, the expiry written durably, changes refused from now on.
-    fn expire(&self, sup: &Supervisor, a: &str, s: &str, mut rec: ClockRecord, now: u64) {
+    fn expire(
+        &self,
+        store: &Store,
+        runs: Option<&Arc<Runs>>,
+        a: &str,
+        s: &str,
+        mut rec: ClockRecord,
+        now: u64,
+    ) {
         let k = format!("{a}/{s}");
-        if let Some(runs) = &sup.runs {
+        if let Some(runs) = runs {
             // Frozen processes die as well; the session is let go first so
             // that a later run is not born frozen.
             let _ = runs.resume(a, s);
@@ -180,12 +190,12 @@ impl Clocks {
             }
         }
         rec.expired_ms = Some(now);
-        if let Err(e) = sup.store.set_clock(a, s, &rec) {
+        if let Err(e) = store.set_clock(a, s, &rec) {
             tracing::error!(session = %k, error = %e.chain(), "cannot record a session's expiry");
         }
         self.refresh(a, s, &rec);
         audit(
-            sup,
+            store,
             &k,
             "session.expire",
             format!(
@@ -197,8 +207,8 @@ impl Clocks {
     }
 }
 
-fn audit(sup: &Supervisor, target: &str, action: &str, message: String) {
-    let r = sup.store.audit().append(Entry {
+fn audit(store: &Store, target: &str, action: &str, message: String) {
+    let r = store.audit().append(Entry {
         request_id: 0,
         peer: "clock".into(),
         action: action.into(),

@@ -277,7 +277,7 @@ async fn tick_clocks(sup: Arc<Supervisor>) {
     loop {
         tick.tick().await;
         let s = sup.clone();
-        let _ = tokio::task::spawn_blocking(move || s.clocks.tick(&s)).await;
+        let _ = tokio::task::spawn_blocking(move || s.clocks.tick(&s.store, s.runs.as_ref())).await;
     }
 }
 

@@ -43,11 +43,15 @@ impl Runs {
     /// (at most [`PAUSE_BOUND`]: past it, nothing stays frozen and the
     /// pause fails). Pausing a paused session changes only `hold`.
     pub fn pause(&self, a: &str, s: &str, hold: bool, reason: &str) -> Result<PauseInfo, RunError> {
-        let mut paused = self.paused.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = paused.get_mut(&key(a, s)) {
-            p.hold = hold;
-            return Ok(p.clone());
+        {
+            let mut paused = self.paused.0.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(p) = paused.get_mut(&key(a, s)) {
+                p.hold = hold;
+                return Ok(p.clone());
+            }
         }
+        // The freeze is waited for without the table's lock: another
+        // session's requests look it up meanwhile.
         // The cgroup a new session's first run would make, made now so that
         // a run started while paused starts frozen.
         self.cgroups
@@ -71,6 +75,7 @@ impl Runs {
             reason: reason.into(),
             hold,
         };
+        let mut paused = self.paused.0.lock().unwrap_or_else(|e| e.into_inner());
         paused.insert(key(a, s), info.clone());
         tracing::info!(agent = a, session = s, hold, "session paused");
         Ok(info)

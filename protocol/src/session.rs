@@ -174,7 +174,8 @@ target!(SessionPause: agent_id, session_id);
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct PauseInfo {
     pub since_ms: u64,
-    /// `request` (`session.pause`) or `idle` (its idle timeout).
+    /// `request` (`session.pause`), `idle` (its idle timeout), or
+    /// `earlier supervisor` (found frozen at start; `since_ms` 0).
     pub reason: String,
     /// Requests that need it to run are refused instead of resuming it.
     pub hold: bool,

@@ -313,11 +313,16 @@ fn idle_sessions_pause_and_old_ones_expire_across_a_restart() {
     });
     let idle = session_info(&d, "idle");
     let p = idle.paused.clone().unwrap();
-    assert_eq!(p.reason, "idle", "{idle:?}");
-    assert!(
-        p.since_ms >= made(&d, "idle") + 2_000,
-        "paused too early: {idle:?}"
-    );
+    // Paused by this supervisor, or (on a loaded machine, where 2 s pass
+    // before the restart) by the first one, found frozen at start.
+    match p.reason.as_str() {
+        "idle" => assert!(
+            p.since_ms >= made(&d, "idle") + 2_000,
+            "paused too early: {idle:?}"
+        ),
+        "earlier supervisor" => assert_eq!(p.since_ms, 0, "{idle:?}"),
+        other => panic!("paused for {other}: {idle:?}"),
+    }
     eprintln!("idle pause seen {:?} after the restart", t.elapsed());
     assert!(session_info(&d, "long").paused.is_none());
     // The next start resumes it.

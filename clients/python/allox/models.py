@@ -1203,7 +1203,8 @@ class PauseInfo(Model):
     #: Requests that need it to run are refused instead of resuming it.
     hold: bool
 
-    #: `request` (`session.pause`) or `idle` (its idle timeout).
+    #: `request` (`session.pause`), `idle` (its idle timeout), or
+    #: `earlier supervisor` (found frozen at start; `since_ms` 0).
     reason: str
     since_ms: int
 

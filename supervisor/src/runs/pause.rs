@@ -135,7 +135,7 @@ impl Runs {
             std::fs::read_to_string(self.cgroups.session_dir(a, s).join("cgroup.freeze")).ok()?;
         (f.trim() == "1").then(|| PauseInfo {
             since_ms: 0,
-            reason: "request".into(),
+            reason: "earlier supervisor".into(),
             hold: false,
         })
     }

@@ -134,9 +134,18 @@ fn a_run_s_end_carries_its_cpu_time_and_the_session_its_total() {
     ) else {
         panic!("no start")
     };
-    // Meanwhile the session counts it as live.
-    let live = stats(&d);
-    assert_eq!(live.live_runs, 1, "{live:?}");
+    // Meanwhile the session counts it as live: the run at once, its
+    // program once the sandbox's init has forked it (a moment after the
+    // start's answer).
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let live = loop {
+        let live = stats(&d);
+        assert_eq!(live.live_runs, 1, "{live:?}");
+        if live.processes >= 1 || std::time::Instant::now() > until {
+            break live;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
     assert!(live.processes >= 1, "{live:?}");
     call(
         &d,

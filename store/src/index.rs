@@ -275,14 +275,22 @@ impl Index {
     pub fn agent_clock(&self, a: &str) -> Result<Option<ClockRecord>, IndexError> {
         self.get(CLOCKS, a)
     }
-    /// Every session with limits over time: `(agent/session, record)`.
+    /// Every session with limits over time: `(agent/session, record)`,
+    /// and the agents' defaults (`agent`, record). A session's record
+    /// left by a creation that failed (written in its Begin) is not
+    /// listed: the session does not exist.
     pub fn clocks(&self) -> Result<Vec<(String, ClockRecord)>, IndexError> {
         self.with_db(|db| {
-            let t = db.begin_read()?.open_table(CLOCKS)?;
+            let tx = db.begin_read()?;
+            let (t, sessions) = (tx.open_table(CLOCKS)?, tx.open_table(SESSIONS)?);
             let mut out = Vec::new();
             for item in t.iter()? {
                 let (k, v) = item?;
-                out.push((k.value().to_string(), dec(k.value(), v.value())?));
+                let key = k.value();
+                if key.contains('/') && sessions.get(key)?.is_none() {
+                    continue;
+                }
+                out.push((key.to_string(), dec(key, v.value())?));
             }
             Ok(out)
         })
@@ -443,6 +451,12 @@ impl Writer<'_> {
     }
     pub fn put_clock(&mut self, a: &str, s: &str, r: &ClockRecord) -> Result<(), IndexError> {
         self.put(CLOCKS, &session_key(a, s), r)
+    }
+    pub fn remove_clock(&mut self, a: &str, s: &str) -> Result<(), IndexError> {
+        self.tx
+            .open_table(CLOCKS)?
+            .remove(session_key(a, s).as_str())?;
+        Ok(())
     }
     pub fn put_fork(&mut self, a: &str, s: &str, r: &ForkRecord) -> Result<(), IndexError> {
         self.put(FORKS, &session_key(a, s), r)

@@ -40,6 +40,7 @@ mod turn;
 
 pub use error::{Result, StoreError};
 pub use quota::{parse_size, StoreOptions};
+pub use session::NewSession;
 
 use crate::audit::Audit;
 use crate::failpoint::Failpoints;

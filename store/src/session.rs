@@ -2,29 +2,43 @@
 
 use super::{checkpoint_info, mkdir, with_fork, After, Result, Store, StoreError, MAX_LABEL};
 use crate::btrfs;
-use crate::index::{session_key, CheckpointRecord, ForkRecord, NetworkRecord, SessionRecord};
+use crate::index::{
+    session_key, CheckpointRecord, ClockRecord, ForkRecord, NetworkRecord, PolicyRecord,
+    SessionRecord,
+};
 use crate::journal::Op;
 use allox_protocol::{
     validate_id, CheckpointInfo, Deleted, Origin, SessionFork, SessionInfo, FORK_BASELINE,
 };
 
+/// What a new session is made with ([`Store::session_create_with`]).
+#[derive(Debug, Clone, Default)]
+pub struct NewSession {
+    pub network: NetworkRecord,
+    /// Limits over time; the store sets their times to the creation's.
+    pub clock: Option<ClockRecord>,
+    /// The session's own checkpoint policy, if it has one.
+    pub policy: Option<PolicyRecord>,
+}
+
 impl Store {
     pub fn session_create(&self, a: &str, s: &str) -> Result<SessionInfo> {
-        self.session_create_with(a, s, &NetworkRecord::default())
+        self.session_create_with(a, s, &NewSession::default())
     }
 
-    /// A session with its network (its mode and its own egress rules),
-    /// written in the transaction that begins the creation: a session
-    /// never exists without it. (Left behind by a creation that failed, it
-    /// is replaced by the next creation of that session.)
-    pub fn session_create_with(
-        &self,
-        a: &str,
-        s: &str,
-        network: &NetworkRecord,
-    ) -> Result<SessionInfo> {
+    /// A session with its settings (its network mode and egress rules,
+    /// its limits over time — whose times start at the creation — and its
+    /// checkpoint policy), written in the transaction that begins the
+    /// creation: a session never exists without them. (Left behind by a
+    /// creation that failed, they are replaced by the next creation of
+    /// that session; a clock of a session that does not exist is never
+    /// read.)
+    pub fn session_create_with(&self, a: &str, s: &str, new: &NewSession) -> Result<SessionInfo> {
         validate_id("agent_id", a)?;
         validate_id("session_id", s)?;
+        if new.policy.as_ref().is_some_and(|p| p.keep_last == Some(0)) {
+            return Err(StoreError::KeepLastZero);
+        }
         let _g = self.guard();
         self.need_agent(a)?;
         if self.index.session(a, s)?.is_some() {
@@ -39,7 +53,25 @@ impl Store {
             head: None,
         };
         let build = |w: &mut crate::index::Writer<'_>| {
-            w.put_network(&session_key(a, s), network)?;
+            let key = session_key(a, s);
+            w.put_network(&key, &new.network)?;
+            match &new.policy {
+                Some(pol) => w.put_policy(&key, pol)?,
+                None => w.remove_policy(&key)?,
+            }
+            match &new.clock {
+                Some(c) => w.put_clock(
+                    a,
+                    s,
+                    &crate::index::ClockRecord {
+                        lifetime_from_ms: rec.created_ms,
+                        last_active_ms: rec.created_ms,
+                        expired_ms: None,
+                        ..c.clone()
+                    },
+                )?,
+                None => w.remove_clock(a, s)?,
+            }
             Ok(Op::SessionCreate {
                 agent: a.into(),
                 session: s.into(),

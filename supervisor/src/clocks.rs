@@ -56,6 +56,27 @@ fn why(key: &str, rec: &ClockRecord, at: u64) -> String {
 }
 
 impl Clocks {
+    /// The clocks as the store holds them: sessions that expired, or whose
+    /// lifetime ended while no supervisor ran, are refused from the first
+    /// request on (the first check kills their processes and records the
+    /// expiry).
+    pub fn from_store(store: &Store) -> Clocks {
+        let c = Clocks::default();
+        let now = now_ms();
+        for (a, s, rec) in store.clocks().unwrap_or_default() {
+            match (rec.expired_ms, rec.expires_ms()) {
+                (Some(_), _) => c.refresh(&a, &s, &rec),
+                (None, Some(end)) if now >= end => {
+                    let k = format!("{a}/{s}");
+                    let mut e = c.expired.write().unwrap_or_else(|e| e.into_inner());
+                    e.insert(k.clone(), why(&k, &rec, end));
+                }
+                _ => {}
+            }
+        }
+        c
+    }
+
     /// A request that changes a session (a start, a write, a turn, a
     /// checkpoint…): its idle clock starts again. Reads (`session.info`,
     /// `fs.read`, `process.list`…) do not keep a session awake: a
@@ -102,12 +123,13 @@ impl Clocks {
         let mut seen = Vec::new();
         for (a, s, rec) in all {
             let k = format!("{a}/{s}");
-            self.refresh(&a, &s, &rec);
-            if rec.expired_ms.is_some() {
+            if rec.expired_ms.is_none() && rec.expires_ms().is_some_and(|end| now >= end) {
+                // (Refused already, when it ended while no supervisor ran.)
+                self.expire(store, runs, &a, &s, rec, now);
                 continue;
             }
-            if rec.expires_ms().is_some_and(|end| now >= end) {
-                self.expire(store, runs, &a, &s, rec, now);
+            self.refresh(&a, &s, &rec);
+            if rec.expired_ms.is_some() {
                 continue;
             }
             let (Some(idle), Some(runs)) = (rec.idle_timeout_ms, runs) else {
@@ -171,6 +193,9 @@ impl Clocks {
         now: u64,
     ) {
         let k = format!("{a}/{s}");
+        // Changes are refused from now, while its processes are killed.
+        rec.expired_ms = Some(now);
+        self.refresh(a, s, &rec);
         if let Some(runs) = runs {
             // Frozen processes die as well; the session is let go first so
             // that a later run is not born frozen.
@@ -189,11 +214,9 @@ impl Clocks {
                 tracing::error!(session = %k, error = %e.chain(), "cannot kill an expired session's processes");
             }
         }
-        rec.expired_ms = Some(now);
         if let Err(e) = store.set_clock(a, s, &rec) {
             tracing::error!(session = %k, error = %e.chain(), "cannot record a session's expiry");
         }
-        self.refresh(a, s, &rec);
         audit(
             store,
             &k,

@@ -249,7 +249,39 @@ impl Supervisor {
                     mode: Some(self.resolve_mode(&r.agent_id, r.network)?),
                     egress: r.egress.clone(),
                 };
-                let info = st.session_create_with(&r.agent_id, &r.session_id, &network)?;
+                // Its limits over time: its own, else its agent's, else the
+                // daemon's; recorded with the session too.
+                let agent_clock = st.agent_clock(&r.agent_id)?.unwrap_or_default();
+                let idle = r
+                    .idle_timeout_ms
+                    .or(agent_clock.idle_timeout_ms)
+                    .or(self.policy.idle_timeout_ms);
+                let life = r
+                    .max_lifetime_ms
+                    .or(agent_clock.max_lifetime_ms)
+                    .or(self.policy.max_lifetime_ms);
+                let (idle, life) = (idle.filter(|&v| v > 0), life.filter(|&v| v > 0));
+                let clock = (idle.is_some() || life.is_some()).then(|| {
+                    allox_store::index::ClockRecord {
+                        idle_timeout_ms: idle,
+                        max_lifetime_ms: life,
+                        // (The times are the creation's, set by the store.)
+                        ..Default::default()
+                    }
+                });
+                // The session's own checkpoint policy, if it has one.
+                let policy = (r.auto_checkpoint.is_some() || r.keep_last.is_some()).then_some(
+                    allox_store::index::PolicyRecord {
+                        auto_checkpoint: r.auto_checkpoint,
+                        keep_last: r.keep_last,
+                    },
+                );
+                let new = allox_store::NewSession {
+                    network,
+                    clock,
+                    policy,
+                };
+                let info = st.session_create_with(&r.agent_id, &r.session_id, &new)?;
                 if let Some(runs) = &self.runs {
                     runs.own(std::path::Path::new(&info.current));
                     let (a, s) = (&r.agent_id, &r.session_id);
@@ -269,38 +301,8 @@ impl Supervisor {
                         return Err(RunError::SessionLimits(e).into());
                     }
                 }
-                // The session's own policy, then the baseline if it is on.
-                if r.auto_checkpoint.is_some() || r.keep_last.is_some() {
-                    st.policy_set(&allox_protocol::PolicySet {
-                        agent_id: r.agent_id.clone(),
-                        session_id: Some(r.session_id.clone()),
-                        auto_checkpoint: r.auto_checkpoint,
-                        keep_last: r.keep_last,
-                    })?;
-                }
+                // The baseline if the policy is on.
                 st.baseline_if_on(&r.agent_id, &r.session_id)?;
-                // Its limits over time: its own, else its agent's, else the
-                // daemon's.
-                let agent_clock = st.agent_clock(&r.agent_id)?.unwrap_or_default();
-                let idle = r
-                    .idle_timeout_ms
-                    .or(agent_clock.idle_timeout_ms)
-                    .or(self.policy.idle_timeout_ms);
-                let life = r
-                    .max_lifetime_ms
-                    .or(agent_clock.max_lifetime_ms)
-                    .or(self.policy.max_lifetime_ms);
-                let (idle, life) = (idle.filter(|&v| v > 0), life.filter(|&v| v > 0));
-                if idle.is_some() || life.is_some() {
-                    let rec = allox_store::index::ClockRecord {
-                        idle_timeout_ms: idle,
-                        max_lifetime_ms: life,
-                        lifetime_from_ms: info.created_ms,
-                        expired_ms: None,
-                        last_active_ms: info.created_ms,
-                    };
-                    st.set_clock(&r.agent_id, &r.session_id, &rec)?;
-                }
                 Response::Session(st.session_info_of(&r.agent_id, &r.session_id)?)
             }
             Request::SessionList(r) => {

@@ -92,6 +92,7 @@ impl Supervisor {
         runs: Option<Arc<Runs>>,
         plugins: Arc<Plugins>,
     ) -> Self {
+        let clocks = crate::clocks::Clocks::from_store(&store);
         Supervisor {
             uploads: crate::files::uploads::Live::new(policy.uploads),
             store,
@@ -101,7 +102,7 @@ impl Supervisor {
             stop: Stop::default(),
             network_default: allox_protocol::NetworkMode::Disabled,
             rollbacks: tokio::sync::broadcast::channel(64).0,
-            clocks: crate::clocks::Clocks::default(),
+            clocks,
         }
     }
 

@@ -62,7 +62,11 @@ fn operation(fp: &str) -> Request {
             force: true,
             ..AgentDelete::new("b")
         }),
-        "session_create" => Request::SessionCreate(SessionCreate::new("a", "s2")),
+        // With a lifetime: a session is never made without it.
+        "session_create" => Request::SessionCreate(SessionCreate {
+            max_lifetime_ms: Some(3_600_000),
+            ..SessionCreate::new("a", "s2")
+        }),
         "session_delete" => Request::SessionDelete(SessionDelete {
             force: true,
             ..SessionDelete::new("a", "s")
@@ -134,7 +138,11 @@ fn model(d: &Daemon) -> Vec<String> {
                 ["checkpoints", "current"],
                 "stray entries in {ai}/{si}"
             );
-            m.push(format!("session {ai}/{si} head={:?} v={v}", s.head));
+            m.push(format!(
+                "session {ai}/{si} head={:?} v={v} lifetime={}",
+                s.head,
+                s.expires_ms.is_some()
+            ));
             let Response::Checkpoints(cs) = ok(d, Request::CheckpointList(session(ai, si))) else {
                 panic!()
             };

@@ -62,6 +62,9 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
                 })?;
                 out.push(t.elapsed());
                 st.session_delete("bench", &to)?;
+                // The fork's subvolumes go in the background: gone before
+                // the next timing, as before the baseline's.
+                st.wait_idle();
             }
             if files < 100_000 || i < n.min(5) {
                 let dest = fs.path().join(format!("cp-{files}-{i}"));

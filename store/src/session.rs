@@ -193,13 +193,14 @@ impl Store {
             self.crash_point("session_fork.after_baseline");
             if from.is_none()
                 && btrfs::root_info(&baseline)?.otransid != btrfs::root_info(&current)?.otransid
+                && !same_tree(&baseline, &current)
             {
-                // Made in two commits of a tree being written: the new
-                // tree again, from the baseline.
+                // Made in two commits of a tree written in between: the
+                // new tree again, from the baseline.
                 tracing::debug!(
                     agent = na,
                     session = ns,
-                    "fork: snapshots in two commits, the new tree again"
+                    "fork: the source changed between the snapshots, the new tree again"
                 );
                 btrfs::delete_subvolume(&current)?;
                 btrfs::snapshot(&baseline, &current, false)?;
@@ -297,6 +298,20 @@ impl Store {
             deleted: format!("{a}/{s}"),
         })
     }
+}
+
+/// Whether two snapshots of one tree, made in different transaction
+/// commits, hold the same tree: the store's diff, which reads only the
+/// tree blocks written since the earlier one (none but the later root's
+/// when nothing was written in between). A diff that fails (a tree past
+/// the diff's limits) says no.
+fn same_tree(a: &std::path::Path, b: &std::path::Path) -> bool {
+    use crate::diff::{compare, DiffMethod, Limits};
+    let limits = Limits {
+        changes: 1,
+        ..Limits::default()
+    };
+    compare(a, b, DiffMethod::Btrfs, &limits, false).is_ok_and(|d| d.counts.iter().all(|&n| n == 0))
 }
 
 /// At most ten names, then how many more.

@@ -57,6 +57,97 @@ pub fn require_vm(test: &str) -> Option<GuestImage> {
     }
 }
 
+/// The kernel command line that starts the guest with [`ESCAPE_HELPER`]
+/// beside its init (with an image from [`with_escape_helper`]).
+pub const ESCAPE_RDINIT: &str = "rdinit=/test/escape-init";
+
+/// The first program of a guest booted with [`ESCAPE_RDINIT`]: starts the
+/// helper, then becomes the guest's own init (PID 1 stays PID 1).
+const ESCAPE_INIT: &str = "#!/usr/bin/sh
+/usr/bin/sh /test/escape &
+exec /init \"$@\"
+";
+
+/// Started before the init, the helper's root is the initramfs as the
+/// kernel mounted it, under the bind mount the init moves over `/` (where
+/// the store is mounted): it works from the init's root once that is set.
+const ESCAPE_START: &str = "mkdir -p /test/proc && mount -t proc proc /test/proc || exit 1
+while [ ! -e /test/proc/1/root/proc/self ]; do sleep 0.05; done
+exec chroot /test/proc/1/root /usr/bin/sh /test/escape-run
+";
+
+/// Stands in for an agent that escaped its sandbox: a root process outside
+/// every sandbox that, when a run of session `a/s` asks (the file
+/// `.escape-module` in its workspace), joins that run's cgroup and loads
+/// the tests' kernel module, then answers with insmod's exit status in
+/// `.escape-done`.
+pub const ESCAPE_HELPER: &str = r#"ws=/mnt/store/allox/agents/a/workspace/sessions/s/current
+echo "escape helper: waiting for $ws/.escape-module"
+while [ ! -e "$ws/.escape-module" ]; do sleep 0.05; done
+for cg in $(find /sys/fs/cgroup -type d -name 'run-*'); do
+    case $cg in */a/s/run-*) ;; *) continue ;; esac
+    if grep -q . "$cg/cgroup.procs"; then
+        echo $$ > "$cg/cgroup.procs" && echo "escape helper: in $cg" && break
+    fi
+done
+insmod /test/dummy.ko
+st=$?
+echo "escape helper: insmod exited $st"
+echo $st > "$ws/.escape-done"
+"#;
+
+/// `img` with a second archive appended to its initramfs (the kernel
+/// unpacks each in turn): `/test/escape-init`, [`ESCAPE_HELPER`] (with
+/// what starts it) and the
+/// kernel's `modules/dummy.ko` (kernel/build.sh). The guest's own image
+/// carries no module and no such helper; only a test adds them.
+pub fn with_escape_helper(img: &GuestImage, dir: &Path) -> GuestImage {
+    use allox_rootfs_builder::cpio::{Meta, Writer};
+    let module = img.kernel_dir.join("modules/dummy.ko");
+    let ko = std::fs::read(&module).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (the kernel was built before CONFIG_DUMMY=m: run kernel/build.sh)",
+            module.display()
+        )
+    });
+    let mut bytes = std::fs::read(&img.initrd).expect("read the initramfs");
+    // Each archive starts on a 4-byte boundary; the kernel skips the NULs.
+    bytes.resize(bytes.len().next_multiple_of(512), 0);
+    let mut w = Writer::new(bytes);
+    let meta = |mode: u32, ino: u32| Meta {
+        ino,
+        mode,
+        nlink: 1,
+        ..Meta::default()
+    };
+    // The shell opens /dev/null for a job it starts in the background,
+    // before the init mounts devtmpfs over /dev.
+    w.entry("dev", &meta(0o040755, 900_005), &[]).unwrap();
+    let null = Meta {
+        rdev_major: 1,
+        rdev_minor: 3,
+        ..meta(0o020666, 900_006)
+    };
+    w.entry("dev/null", &null, &[]).unwrap();
+    w.entry("test", &meta(0o040755, 900_001), &[]).unwrap();
+    let files = [
+        ("test/escape-init", 0o100755, ESCAPE_INIT),
+        ("test/escape", 0o100644, ESCAPE_START),
+        ("test/escape-run", 0o100644, ESCAPE_HELPER),
+    ];
+    for (ino, (name, mode, text)) in (900_002..).zip(files) {
+        w.entry(name, &meta(mode, ino), text.as_bytes()).unwrap();
+    }
+    w.entry("test/dummy.ko", &meta(0o100644, 900_010), &ko)
+        .unwrap();
+    let out = dir.join("initrd-escape.img");
+    std::fs::write(&out, w.finish().unwrap()).expect("write the initramfs");
+    GuestImage {
+        kernel_dir: img.kernel_dir.clone(),
+        initrd: out,
+    }
+}
+
 /// A store disk image: a sparse file, formatted or not.
 pub fn store_image(dir: &Path, format: bool) -> PathBuf {
     let img = dir.join("store.img");
@@ -88,6 +179,17 @@ impl Vm {
     /// Boots the guest with `store` as its disk (or none) and `settings`
     /// (`allox.KEY=VALUE`) on the kernel command line.
     pub fn boot(img: &GuestImage, store: Option<&Path>, settings: &[&str]) -> Vm {
+        Self::boot_with(img, store, settings, None)
+    }
+
+    /// [`Vm::boot`] with `append` added to the kernel command line as it
+    /// is (e.g. `rdinit=` of a fixture).
+    pub fn boot_with(
+        img: &GuestImage,
+        store: Option<&Path>,
+        settings: &[&str],
+        append: Option<&str>,
+    ) -> Vm {
         let dir = tempfile::Builder::new()
             .prefix("allox-vm-")
             .tempdir_in("/var/tmp")
@@ -105,6 +207,9 @@ impl Vm {
             .arg("--console-log")
             .arg(&console)
             .args(settings);
+        if let Some(a) = append {
+            cmd.arg("--append").arg(a);
+        }
         if let Some(s) = store {
             cmd.arg("--store").arg(s);
         }

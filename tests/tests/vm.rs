@@ -2,7 +2,7 @@
 //! control port on virtio-serial, the store on its virtio disk.
 
 use allox_ctl::client::Client;
-use allox_integration::vm::{require_vm, store_image, Vm};
+use allox_integration::vm::{require_vm, store_image, with_escape_helper, Vm, ESCAPE_RDINIT};
 use allox_protocol::*;
 use allox_store::index::Index;
 use std::io::{Read, Write};
@@ -1521,6 +1521,23 @@ fn shared_residue_wrong(e: &RunEffects) -> Option<String> {
     (e.verdict != EffectsVerdict::Changed).then(|| format!("the run's verdict is {:?}", e.verdict))
 }
 
+/// What is wrong with `e` as the effects of a run in whose cgroup the
+/// tests' module `dummy` was loaded: `modules` CHANGED, listing it by the
+/// run, and the run's verdict CHANGED.
+fn module_loaded_wrong(e: &RunEffects) -> Option<String> {
+    let m = effects_domain(e, EffectsDomain::Modules);
+    let listed = m.changes.iter().any(|c| {
+        c.item == "module dummy"
+            && c.kind == EffectChangeKind::Added
+            && c.by.by == By::Run
+            && c.by.run_id.as_deref() == Some(e.run_id.as_str())
+    });
+    if !listed || m.verdict != EffectsVerdict::Changed {
+        return Some(format!("modules does not list dummy by the run: {m:?}"));
+    }
+    (e.verdict != EffectsVerdict::Changed).then(|| format!("the run's verdict is {:?}", e.verdict))
+}
+
 /// What is wrong with `h` as the history of a run that wrote
 /// `effect.txt`: no `open_write` record of it (a record only the BPF LSM
 /// hook `file_open` makes).
@@ -1585,7 +1602,10 @@ fn guest_system_effects_observe_runs_with_the_bpf_lsm_in_the_vm() {
     };
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let store = store_image(dir.path(), true);
-    let mut vm = Vm::boot(&img, Some(&store), &[EFFECTS_ARGS]);
+    // With a root helper beside the init that a run can ask to load the
+    // tests' module from inside its cgroup (the control for `modules`).
+    let img = with_escape_helper(&img, dir.path());
+    let mut vm = Vm::boot_with(&img, Some(&store), &[EFFECTS_ARGS], Some(ESCAPE_RDINIT));
     let (mut c, t) = vm.connect(BOOT);
     eprintln!("Hello answered {t:?} after QEMU started, with the plugin");
     // The plugin runs with its BPF LSM hooks: the guest kernel's LSM list
@@ -1661,6 +1681,24 @@ fn guest_system_effects_observe_runs_with_the_bpf_lsm_in_the_vm() {
         }
         other => panic!("{other:?}"),
     }
+
+    // A module loaded by a root process in the run's cgroup (standing in
+    // for an escaped agent; hosts boot with `nomodule`, so only the guest
+    // can show this): `modules` CHANGED, the module listed, by the run.
+    let t = Instant::now();
+    let script = "touch .escape-module; i=0; while [ ! -e .escape-done ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; exit $(cat .escape-done || echo 99)";
+    let loaded = match ok(&mut c, run("a", "s", script, true)) {
+        Response::Exited(x) if x.exit_code == Some(0) && x.effects.is_some() => *x.effects.unwrap(),
+        other => panic!(
+            "the helper's module load (99: no answer): {other:?}\nconsole:\n{}",
+            vm.console()
+        ),
+    };
+    eprintln!("the module load observed in {:?}", t.elapsed());
+    assert_eq!(module_loaded_wrong(&loaded), None, "{loaded:#?}");
+    // Controls: the runs that loaded nothing fail the same check.
+    assert!(module_loaded_wrong(&seed).is_some());
+    assert!(module_loaded_wrong(&residue).is_some());
 
     let _ = c.call(Request::Shutdown(Shutdown {}));
     assert!(

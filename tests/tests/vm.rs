@@ -1504,38 +1504,34 @@ fn seed_command_wrong(e: &RunEffects) -> Option<String> {
         .then(|| format!("verdict {:?}, fenced {}", e.verdict, e.fenced))
 }
 
-/// What is wrong with `e` as the effects of a run that left `residue` in
-/// its agent's `shared/`: listed there, added by that run, the domain and
-/// the run CHANGED.
-fn shared_residue_wrong(e: &RunEffects) -> Option<String> {
-    let sh = effects_domain(e, EffectsDomain::Shared);
-    let listed = sh.changes.iter().any(|c| {
-        c.item == "residue"
+/// What is wrong with `e` as the effects of a run that added `item` to
+/// domain `d`: listed there, added by that run, the domain and the run
+/// CHANGED.
+fn added_by_run_wrong(e: &RunEffects, d: EffectsDomain, item: &str) -> Option<String> {
+    let dom = effects_domain(e, d);
+    let listed = dom.changes.iter().any(|c| {
+        c.item == item
             && c.kind == EffectChangeKind::Added
             && c.by.by == By::Run
             && c.by.run_id.as_deref() == Some(e.run_id.as_str())
     });
-    if !listed || sh.verdict != EffectsVerdict::Changed {
-        return Some(format!("shared does not list residue by the run: {sh:?}"));
+    if !listed || dom.verdict != EffectsVerdict::Changed {
+        return Some(format!(
+            "{} does not list {item} by the run: {dom:?}",
+            d.as_str()
+        ));
     }
     (e.verdict != EffectsVerdict::Changed).then(|| format!("the run's verdict is {:?}", e.verdict))
 }
 
-/// What is wrong with `e` as the effects of a run in whose cgroup the
-/// tests' module `dummy` was loaded: `modules` CHANGED, listing it by the
-/// run, and the run's verdict CHANGED.
+/// A run that left `residue` in its agent's `shared/`.
+fn shared_residue_wrong(e: &RunEffects) -> Option<String> {
+    added_by_run_wrong(e, EffectsDomain::Shared, "residue")
+}
+
+/// A run in whose cgroup the tests' module `dummy` was loaded.
 fn module_loaded_wrong(e: &RunEffects) -> Option<String> {
-    let m = effects_domain(e, EffectsDomain::Modules);
-    let listed = m.changes.iter().any(|c| {
-        c.item == "module dummy"
-            && c.kind == EffectChangeKind::Added
-            && c.by.by == By::Run
-            && c.by.run_id.as_deref() == Some(e.run_id.as_str())
-    });
-    if !listed || m.verdict != EffectsVerdict::Changed {
-        return Some(format!("modules does not list dummy by the run: {m:?}"));
-    }
-    (e.verdict != EffectsVerdict::Changed).then(|| format!("the run's verdict is {:?}", e.verdict))
+    added_by_run_wrong(e, EffectsDomain::Modules, "module dummy")
 }
 
 /// What is wrong with `h` as the history of a run that wrote

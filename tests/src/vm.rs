@@ -98,9 +98,9 @@ echo $st > "$ws/.escape-done"
 
 /// `img` with a second archive appended to its initramfs (the kernel
 /// unpacks each in turn): `/test/escape-init`, [`ESCAPE_HELPER`] (with
-/// what starts it) and the
-/// kernel's `modules/dummy.ko` (kernel/build.sh). The guest's own image
-/// carries no module and no such helper; only a test adds them.
+/// what starts it) and the kernel's `modules/dummy.ko` (kernel/build.sh).
+/// The guest's own image carries no module and no such helper; only a
+/// test adds them.
 pub fn with_escape_helper(img: &GuestImage, dir: &Path) -> GuestImage {
     use allox_rootfs_builder::cpio::{Meta, Writer};
     let module = img.kernel_dir.join("modules/dummy.ko");

@@ -63,7 +63,7 @@ impl Store {
                 Some(c) => w.put_clock(
                     a,
                     s,
-                    &crate::index::ClockRecord {
+                    &ClockRecord {
                         lifetime_from_ms: rec.created_ms,
                         last_active_ms: rec.created_ms,
                         expired_ms: None,

@@ -66,11 +66,14 @@ impl Clocks {
         for (a, s, rec) in store.clocks().unwrap_or_default() {
             match (rec.expired_ms, rec.expires_ms()) {
                 (Some(_), _) => c.refresh(&a, &s, &rec),
-                (None, Some(end)) if now >= end => {
-                    let k = format!("{a}/{s}");
-                    let mut e = c.expired.write().unwrap_or_else(|e| e.into_inner());
-                    e.insert(k.clone(), why(&k, &rec, end));
-                }
+                (None, Some(end)) if now >= end => c.refresh(
+                    &a,
+                    &s,
+                    &ClockRecord {
+                        expired_ms: Some(end),
+                        ..rec
+                    },
+                ),
                 _ => {}
             }
         }

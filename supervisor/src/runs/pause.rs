@@ -76,6 +76,13 @@ impl Runs {
             hold,
         };
         let mut paused = self.paused.0.lock().unwrap_or_else(|e| e.into_inner());
+        // A resume that came while the freeze was awaited (it found the
+        // session frozen and thawed it) wins: the session runs, and is not
+        // recorded as paused.
+        if self.frozen_before(a, s).is_none() {
+            tracing::info!(agent = a, session = s, "pause overtaken by a resume");
+            return Ok(info);
+        }
         paused.insert(key(a, s), info.clone());
         tracing::info!(agent = a, session = s, hold, "session paused");
         Ok(info)

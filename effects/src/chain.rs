@@ -252,21 +252,59 @@ pub enum VerifyError {
     Root { expected: String, found: String },
 }
 
+/// Where a set of evidence files is read from: its directory, or the
+/// files of an export held in memory ([`crate::export`]). Names are
+/// relative to the set (`chain.jsonl`, `bodies/000000-begin.json`).
+pub trait Source {
+    /// The bytes of file `name`.
+    fn read(&self, name: &str) -> std::io::Result<Vec<u8>>;
+}
+
+/// A set in its directory.
+pub struct Dir<'a>(pub &'a Path);
+
+impl Source for Dir<'_> {
+    fn read(&self, name: &str) -> std::io::Result<Vec<u8>> {
+        std::fs::read(self.0.join(name))
+    }
+}
+
+/// The name of body `seq` of kind `kind` in a set.
+pub fn body_name(seq: u64, kind: &str) -> String {
+    format!("{BODIES}/{seq:06}-{kind}.json")
+}
+
 /// Reads the chain in `dir` back and checks it; with `root`, that it ends
 /// at that root.
 pub fn verify(dir: &Path, root: Option<&str>) -> Result<Verified, VerifyError> {
-    let rpath = dir.join(RECORDS);
-    let text = std::fs::read(&rpath)
-        .map_err(|e| VerifyError::Read(rpath.display().to_string(), e.to_string()))?;
+    verify_in(&Dir(dir), root)
+}
+
+/// [`verify`], reading the set from `src`.
+pub fn verify_in(src: &dyn Source, root: Option<&str>) -> Result<Verified, VerifyError> {
+    let text = src
+        .read(RECORDS)
+        .map_err(|e| VerifyError::Read(RECORDS.to_string(), e.to_string()))?;
     let mut head = GENESIS.to_string();
     let mut kinds = Vec::new();
     let mut ended = None;
-    for (i, line) in text.split(|&b| b == b'\n').enumerate() {
+    let lines: Vec<&[u8]> = text.split(|&b| b == b'\n').collect();
+    for (i, line) in lines.iter().enumerate() {
+        let line = *line;
         if line.is_empty() {
-            continue;
+            if i + 1 == lines.len() {
+                continue;
+            }
+            return Err(VerifyError::Record {
+                seq: i as u64,
+                why: "an empty line".into(),
+            });
         }
         let seq = i as u64;
         let bad = |why: String| VerifyError::Record { seq, why };
+        if i + 1 == lines.len() {
+            return Err(bad("cut short: the last line has no end".into()));
+        }
         if let Some(k) = &ended {
             return Err(bad(format!("follows the {k} record that ends the chain")));
         }
@@ -282,22 +320,31 @@ pub fn verify(dir: &Path, root: Option<&str>) -> Result<Verified, VerifyError> {
         if rec.prev != head {
             return Err(bad(format!("links to {}, not {head}", rec.prev)));
         }
-        let bpath = dir.join(BODIES).join(format!("{seq:06}-{}.json", rec.kind));
-        let body =
-            std::fs::read(&bpath).map_err(|e| bad(format!("body {}: {e}", bpath.display())))?;
+        let bname = body_name(seq, &rec.kind);
+        let body = src
+            .read(&bname)
+            .map_err(|e| bad(format!("body {bname}: {e}")))?;
         if sha256_hex(&body) != rec.body_sha256 {
-            return Err(bad(format!(
-                "body {} does not match its hash",
-                bpath.display()
-            )));
+            // Which of the two was changed: the record itself when what
+            // follows it (the next record's link, or the kept root) does
+            // not hold its hash.
+            let line_hash = sha256_hex(line);
+            let next_links = match lines.get(i + 1).filter(|l| !l.is_empty()) {
+                Some(next) => serde_json::from_slice::<Record>(next)
+                    .map(|n| n.prev == line_hash)
+                    .unwrap_or(false),
+                None => root.is_none_or(|r| r == line_hash),
+            };
+            return Err(bad(if next_links {
+                format!("body {bname} does not match its hash")
+            } else {
+                format!("the record does not hold the hash of body {bname}, and what follows it does not hold the record's: the record was changed")
+            }));
         }
-        let value: serde_json::Value = serde_json::from_slice(&body)
-            .map_err(|e| bad(format!("body {}: {e}", bpath.display())))?;
+        let value: serde_json::Value =
+            serde_json::from_slice(&body).map_err(|e| bad(format!("body {bname}: {e}")))?;
         if canonical(&value).map_err(bad)? != body {
-            return Err(bad(format!(
-                "body {} not in canonical form",
-                bpath.display()
-            )));
+            return Err(bad(format!("body {bname} not in canonical form")));
         }
         if seq == 0 && rec.kind != "begin" {
             return Err(VerifyError::NoBegin(rec.kind));
@@ -329,7 +376,7 @@ pub fn verify(dir: &Path, root: Option<&str>) -> Result<Verified, VerifyError> {
 
 /// Reads body `seq` of kind `kind` from the chain in `dir`.
 pub fn read_body(dir: &Path, seq: u64, kind: &str) -> std::io::Result<Vec<u8>> {
-    std::fs::read(dir.join(BODIES).join(format!("{seq:06}-{kind}.json")))
+    std::fs::read(dir.join(body_name(seq, kind)))
 }
 
 #[cfg(test)]

@@ -8,10 +8,15 @@
 //! * [`scope`]: the scope file (which domains are confirmed at S0/S1).
 //! * [`observer`]: the observer's side of the protocol with the
 //!   supervisor, run by the `allox-observe` executable.
+//! * [`verify`]: the independent verifier of a closed evidence set, run
+//!   by the `allox-system-effects-verify` executable; [`export`]: a set
+//!   as one archive (`effects.export`).
 //!
 //! docs/system-effects.md describes the whole feature.
 
 pub mod chain;
 pub mod collect;
+pub mod export;
 pub mod observer;
 pub mod scope;
+pub mod verify;

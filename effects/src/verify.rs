@@ -1,0 +1,924 @@
+//! The independent verifier of a closed evidence set (one observed run's
+//! `state/effects/<agent>/<session>/<run>/`, or its export): run as its
+//! own pinned executable (`allox-system-effects-verify`) by the supervisor
+//! after every observed run, by `effects.verify`, and on the host over an
+//! `effects.export`.
+//!
+//! It reads the set only, trusts nothing in it, and recomputes what can be
+//! recomputed from the raw captures:
+//!
+//! 1. the chain ([`chain::verify_in`]): canonical records, sequence, links,
+//!    each body's hash, `begin` first, `close` or `fault` last, and the
+//!    root the caller kept from the answer, when given;
+//! 2. the files beside the chain against the hashes the `history` record
+//!    holds (`history.json`, `processes.json`);
+//! 3. every domain's differences again from `capture_a` and `capture_b`
+//!    (and the survivors the `verdict` record lists, for `processes`), the
+//!    counts of items, and each domain's verdict from them: a capture with
+//!    a gap, or history with a lost record, makes it `INCOMPLETE`; a
+//!    declared verdict may be worse than the recomputed one (a fault the
+//!    set notes makes every domain `INCOMPLETE`), never better;
+//! 4. `effects.json` (the answer as kept) against the chain: the same run,
+//!    root and domains, a verdict never better than the record's, and
+//!    `INCOMPLETE` always fenced.
+//!
+//! The snapshots of the workspace and of `shared/` are not in the set (the
+//! observer deletes them); their differences are checked for form (each
+//! added entry has no `before`, each removed one no `after`, a modified
+//! one two different sides) and the domain's verdict follows from them.
+//! Who made each change is not recomputed.
+//!
+//! The report is deterministic bytes: canonical JSON (RFC 8785) with no
+//! time and no path outside the set, so the verifier run twice, or in the
+//! VM and on the host, writes the same bytes for the same set.
+
+use crate::chain::{self, Source, VerifyError};
+use crate::collect::{compare, Capture, Difference};
+use crate::observer::{EFFECTS_FILE, HISTORY_FILE, PROCESSES_FILE};
+use allox_protocol::{
+    DomainEffects, EffectChangeKind, EffectsDomain, EffectsVerdict, HistoryCounters, RunEffects,
+    Survivor,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The report's format (its `verifier` field).
+pub const REPORT_VERSION: u32 = 1;
+
+/// Most changes a domain lists (the observer's cut).
+pub const MAX_LISTED: usize = 1000;
+
+/// What is wrong with a set: the first bad file (and record) found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bad {
+    /// The file, relative to the set.
+    pub file: String,
+    /// The record it belongs to, when it is one.
+    #[serde(default)]
+    pub seq: Option<u64>,
+    #[serde(default)]
+    pub kind: Option<String>,
+    pub why: String,
+}
+
+/// One domain as declared by the observer and as recomputed here.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DomainCheck {
+    pub domain: EffectsDomain,
+    pub declared: EffectsVerdict,
+    pub recomputed: EffectsVerdict,
+}
+
+/// What the verifier found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    pub verifier: u32,
+    /// Whether the set is sound and its verdict follows from its captures.
+    pub ok: bool,
+    #[serde(default)]
+    pub first_bad: Option<Bad>,
+    /// The chain's root, when the chain could be read to its end.
+    #[serde(default)]
+    pub root: Option<String>,
+    #[serde(default)]
+    pub agent_id: Option<String>,
+    #[serde(default)]
+    pub session_id: Option<String>,
+    #[serde(default)]
+    pub run_id: Option<String>,
+    #[serde(default)]
+    pub protocol: Option<u64>,
+    /// The records' kinds, in order.
+    #[serde(default)]
+    pub records: Vec<String>,
+    /// The run's verdict as recomputed (the worst of the domains').
+    #[serde(default)]
+    pub verdict: Option<EffectsVerdict>,
+    #[serde(default)]
+    pub domains: Vec<DomainCheck>,
+}
+
+impl Report {
+    /// The report's bytes: canonical JSON and a newline.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut b = chain::canonical(self).expect("a report is plain data");
+        b.push(b'\n');
+        b
+    }
+
+    /// The first bad thing, as one line.
+    pub fn first_bad_line(&self) -> Option<String> {
+        self.first_bad.as_ref().map(|b| match (b.seq, &b.kind) {
+            (Some(s), Some(k)) => format!("record {s} ({k}), {}: {}", b.file, b.why),
+            (Some(s), None) => format!("record {s}, {}: {}", b.file, b.why),
+            _ => format!("{}: {}", b.file, b.why),
+        })
+    }
+}
+
+fn bad(file: impl Into<String>, seq: Option<u64>, kind: Option<&str>, why: String) -> Bad {
+    Bad {
+        file: file.into(),
+        seq,
+        kind: kind.map(str::to_string),
+        why,
+    }
+}
+
+/// Verifies the set `src`; `root` is the root the caller kept (from the
+/// run's answer or the audit log).
+pub fn verify_set(src: &dyn Source, root: Option<&str>) -> Report {
+    let mut r = Report {
+        verifier: REPORT_VERSION,
+        ok: false,
+        first_bad: None,
+        root: None,
+        agent_id: None,
+        session_id: None,
+        run_id: None,
+        protocol: None,
+        records: Vec::new(),
+        verdict: None,
+        domains: Vec::new(),
+    };
+    if let Err(b) = check(src, root, &mut r) {
+        r.first_bad = Some(*b);
+    }
+    r.ok = r.first_bad.is_none();
+    r
+}
+
+/// The chain's records as `(seq, kind)` and their bodies, read back.
+struct Bodies<'a> {
+    src: &'a dyn Source,
+    kinds: Vec<String>,
+}
+
+impl Bodies<'_> {
+    /// The body of the first record of `kind`, parsed; `None` if there is
+    /// none.
+    fn get<T: for<'de> Deserialize<'de>>(&self, kind: &str) -> Result<Option<T>, Box<Bad>> {
+        let Some(seq) = self.kinds.iter().position(|k| k == kind) else {
+            return Ok(None);
+        };
+        let seq = seq as u64;
+        let name = chain::body_name(seq, kind);
+        let bytes = self
+            .src
+            .read(&name)
+            .map_err(|e| Box::new(bad(&name, Some(seq), Some(kind), e.to_string())))?;
+        serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            Box::new(bad(
+                name,
+                Some(seq),
+                Some(kind),
+                format!("unexpected body: {e}"),
+            ))
+        })
+    }
+
+    fn seq(&self, kind: &str) -> Option<u64> {
+        self.kinds.iter().position(|k| k == kind).map(|s| s as u64)
+    }
+}
+
+#[derive(Deserialize)]
+struct BeginBody {
+    agent: String,
+    session: String,
+    run: String,
+    protocol: u64,
+    scope: crate::scope::Scope,
+}
+
+#[derive(Deserialize)]
+struct Captures {
+    captures: BTreeMap<EffectsDomain, Capture>,
+}
+
+#[derive(Deserialize)]
+struct HistoryBody {
+    sha256: String,
+    processes_sha256: String,
+    counters: HistoryCounters,
+}
+
+#[derive(Deserialize)]
+struct VerdictBody {
+    verdict: EffectsVerdict,
+    domains: Vec<DomainEffects>,
+    #[serde(default)]
+    survivors: Vec<Survivor>,
+}
+
+fn check(src: &dyn Source, root: Option<&str>, r: &mut Report) -> Result<(), Box<Bad>> {
+    let v = chain::verify_in(src, root).map_err(|e| {
+        Box::new(match e {
+            VerifyError::Read(f, why) => bad(f, None, None, format!("cannot be read: {why}")),
+            VerifyError::Record { seq, why } => {
+                let file = why
+                    .strip_prefix("body ")
+                    .and_then(|w| w.split([' ', ':']).next())
+                    .filter(|f| f.starts_with(chain::BODIES))
+                    .unwrap_or(chain::RECORDS)
+                    .to_string();
+                bad(file, Some(seq), None, why)
+            }
+            VerifyError::Empty => bad(chain::RECORDS, None, None, "no record".into()),
+            VerifyError::NoBegin(k) => bad(
+                chain::RECORDS,
+                Some(0),
+                Some(&k),
+                format!("the first record is {k}, not begin"),
+            ),
+            VerifyError::Root { expected, found } => {
+                bad(chain::RECORDS, None, None, format!("the chain ends at root {found}, not at the kept root {expected}: records were made again"))
+            }
+        })
+    })?;
+    r.root = Some(v.root.clone());
+    r.records = v.kinds.clone();
+    let bodies = Bodies {
+        src,
+        kinds: v.kinds.clone(),
+    };
+    let begin: BeginBody = bodies
+        .get("begin")?
+        .ok_or_else(|| Box::new(bad(chain::RECORDS, Some(0), None, "no begin record".into())))?;
+    r.agent_id = Some(begin.agent.clone());
+    r.session_id = Some(begin.session.clone());
+    r.run_id = Some(begin.run.clone());
+    r.protocol = Some(begin.protocol);
+    if !v.closed && !v.faulted {
+        return Err(Box::new(bad(
+            chain::RECORDS,
+            Some(v.kinds.len() as u64 - 1),
+            v.kinds.last().map(String::as_str),
+            "the chain is not closed: the run was cut off before its evidence closed".into(),
+        )));
+    }
+    if v.faulted {
+        // What was captured before the fault proves nothing complete.
+        r.verdict = Some(EffectsVerdict::Incomplete);
+        r.domains = EffectsDomain::ALL
+            .iter()
+            .map(|&d| {
+                let v = if begin.scope.observes(d) {
+                    EffectsVerdict::Incomplete
+                } else {
+                    EffectsVerdict::NotObserved
+                };
+                DomainCheck {
+                    domain: d,
+                    declared: v,
+                    recomputed: v,
+                }
+            })
+            .collect();
+        return check_answer(src, &v.root, &begin, None, EffectsVerdict::Incomplete, r);
+    }
+    // The history and the files beside the chain.
+    let history: HistoryBody = bodies.get("history")?.ok_or_else(|| missing("history"))?;
+    let hseq = bodies.seq("history");
+    for (file, sha) in [
+        (HISTORY_FILE, &history.sha256),
+        (PROCESSES_FILE, &history.processes_sha256),
+    ] {
+        let bytes = src
+            .read(file)
+            .map_err(|e| Box::new(bad(file, None, None, format!("cannot be read: {e}"))))?;
+        if chain::sha256_hex(&bytes) != *sha {
+            return Err(Box::new(bad(
+                file,
+                None,
+                None,
+                format!(
+                    "does not match the hash the history record ({}) holds",
+                    hseq.unwrap_or_default()
+                ),
+            )));
+        }
+    }
+    let a: Captures = bodies
+        .get("capture_a")?
+        .ok_or_else(|| missing("capture_a"))?;
+    let b: Captures = bodies
+        .get("capture_b")?
+        .ok_or_else(|| missing("capture_b"))?;
+    let verdict: VerdictBody = bodies.get("verdict")?.ok_or_else(|| missing("verdict"))?;
+    let vseq = bodies.seq("verdict");
+    let vname = chain::body_name(vseq.unwrap_or_default(), "verdict");
+    let wrong = |why: String| Box::new(bad(&vname, vseq, Some("verdict"), why));
+    let lost = history.counters.lost > 0 || history.counters.received < history.counters.emitted;
+    let mut declared_overall = EffectsVerdict::NotObserved;
+    let mut overall = EffectsVerdict::NotObserved;
+    for d in EffectsDomain::ALL {
+        let Some(de) = verdict.domains.iter().find(|x| x.domain == d) else {
+            return Err(wrong(format!("no {} domain", d.as_str())));
+        };
+        if verdict.domains.iter().filter(|x| x.domain == d).count() > 1 {
+            return Err(wrong(format!("the {} domain twice", d.as_str())));
+        }
+        let recomputed = if !begin.scope.observes(d) {
+            if !de.changes.is_empty() {
+                return Err(wrong(format!(
+                    "{} is not in the scope yet lists changes",
+                    d.as_str()
+                )));
+            }
+            EffectsVerdict::NotObserved
+        } else {
+            let r = match d {
+                EffectsDomain::Workspace | EffectsDomain::Shared => {
+                    for c in &de.changes {
+                        form(c).map_err(|why| {
+                            wrong(format!("{} change {:?}: {why}", d.as_str(), c.item))
+                        })?;
+                    }
+                    if de.changes.is_empty() {
+                        EffectsVerdict::Consistent
+                    } else {
+                        EffectsVerdict::Changed
+                    }
+                }
+                _ => recompute(d, &a.captures, &b.captures, &verdict.survivors, de)
+                    .map_err(|why| wrong(format!("{}: {why}", d.as_str())))?,
+            };
+            if lost {
+                EffectsVerdict::Incomplete
+            } else {
+                r
+            }
+        };
+        let follows = de.verdict == recomputed
+            || (de.verdict == EffectsVerdict::Incomplete
+                && recomputed != EffectsVerdict::NotObserved);
+        if !follows {
+            return Err(wrong(format!(
+                "the {} domain is declared {} but its captures make it {}",
+                d.as_str(),
+                de.verdict.as_str(),
+                recomputed.as_str()
+            )));
+        }
+        r.domains.push(DomainCheck {
+            domain: d,
+            declared: de.verdict,
+            recomputed,
+        });
+        declared_overall = declared_overall.worst(de.verdict);
+        overall = overall.worst(recomputed);
+    }
+    if verdict.verdict != declared_overall {
+        return Err(wrong(format!(
+            "the run's verdict is declared {} but its domains make it {}",
+            verdict.verdict.as_str(),
+            declared_overall.as_str()
+        )));
+    }
+    r.verdict = Some(overall);
+    check_answer(
+        src,
+        &v.root,
+        &begin,
+        Some(&verdict.domains),
+        verdict.verdict,
+        r,
+    )
+}
+
+fn missing(kind: &str) -> Box<Bad> {
+    Box::new(bad(
+        chain::RECORDS,
+        None,
+        None,
+        format!("no {kind} record before close"),
+    ))
+}
+
+/// An entry's change as the workspace and `shared` domains list it.
+fn form(c: &allox_protocol::EffectChange) -> Result<(), String> {
+    match (c.kind, &c.before, &c.after) {
+        (EffectChangeKind::Added, None, Some(_)) => Ok(()),
+        (EffectChangeKind::Removed, Some(_), None) => Ok(()),
+        (EffectChangeKind::Modified, Some(x), Some(y)) if x != y => Ok(()),
+        (EffectChangeKind::Modified, Some(_), Some(_)) => {
+            Err("modified, yet the same on both sides".into())
+        }
+        (k, x, y) => Err(format!(
+            "{k:?} with before {} and after {}",
+            if x.is_some() { "given" } else { "missing" },
+            if y.is_some() { "given" } else { "missing" }
+        )),
+    }
+}
+
+/// A captured domain's verdict from its captures at A and B, after
+/// checking that what it lists is what they differ by.
+fn recompute(
+    d: EffectsDomain,
+    a: &BTreeMap<EffectsDomain, Capture>,
+    b: &BTreeMap<EffectsDomain, Capture>,
+    survivors: &[Survivor],
+    de: &DomainEffects,
+) -> Result<EffectsVerdict, String> {
+    let (Some(ca), Some(cb)) = (a.get(&d), b.get(&d)) else {
+        return Ok(EffectsVerdict::Incomplete);
+    };
+    let mut want: Vec<Difference> = compare(ca, cb);
+    if d == EffectsDomain::Processes {
+        want.extend(survivors.iter().map(|s| Difference {
+            key: format!("pid {} {}", s.pid, s.comm),
+            kind: EffectChangeKind::Removed,
+            before: Some(format!(
+                "alive after the run's program ended (lineage {})",
+                s.lineage
+                    .iter()
+                    .map(|p| p.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" < ")
+            )),
+            after: Some("killed before B".into()),
+        }));
+    }
+    let items = [ca.items.len() as u64, cb.items.len() as u64];
+    if de.items != items {
+        return Err(format!(
+            "declares {:?} items captured, the captures hold {items:?}",
+            de.items
+        ));
+    }
+    let truncated = want.len() > MAX_LISTED;
+    if de.truncated != truncated {
+        return Err(format!(
+            "declares its listing {}cut, the captures differ by {} items",
+            if de.truncated { "" } else { "not " },
+            want.len()
+        ));
+    }
+    want.truncate(MAX_LISTED);
+    if de.changes.len() != want.len() {
+        return Err(format!(
+            "lists {} changes, the captures differ by {}",
+            de.changes.len(),
+            want.len()
+        ));
+    }
+    for (got, w) in de.changes.iter().zip(&want) {
+        if got.item != w.key || got.kind != w.kind || got.before != w.before || got.after != w.after
+        {
+            return Err(format!(
+                "lists {:?} ({:?}) where the captures differ by {:?} ({:?})",
+                got.item, got.kind, w.key, w.kind
+            ));
+        }
+    }
+    Ok(if !ca.gaps.is_empty() || !cb.gaps.is_empty() {
+        EffectsVerdict::Incomplete
+    } else if want.is_empty() {
+        EffectsVerdict::Consistent
+    } else {
+        EffectsVerdict::Changed
+    })
+}
+
+/// `effects.json` (the run's answer as kept) against the chain.
+fn check_answer(
+    src: &dyn Source,
+    root: &str,
+    begin: &BeginBody,
+    domains: Option<&[DomainEffects]>,
+    verdict: EffectsVerdict,
+    r: &mut Report,
+) -> Result<(), Box<Bad>> {
+    let f = EFFECTS_FILE;
+    let bytes = src
+        .read(f)
+        .map_err(|e| Box::new(bad(f, None, None, format!("cannot be read: {e}"))))?;
+    let e: RunEffects = serde_json::from_slice(&bytes)
+        .map_err(|e| Box::new(bad(f, None, None, format!("not the run's effects: {e}"))))?;
+    let wrong = |why: String| Err(Box::new(bad(f, None, None, why)));
+    if (
+        e.agent_id.as_str(),
+        e.session_id.as_str(),
+        e.run_id.as_str(),
+    ) != (
+        begin.agent.as_str(),
+        begin.session.as_str(),
+        begin.run.as_str(),
+    ) {
+        return wrong(format!(
+            "names run {}/{}/{}, the chain {}/{}/{}",
+            e.agent_id, e.session_id, e.run_id, begin.agent, begin.session, begin.run
+        ));
+    }
+    if e.evidence_root != root {
+        return wrong(format!(
+            "gives the root {}, the chain ends at {root}",
+            e.evidence_root
+        ));
+    }
+    if let Some(d) = domains {
+        if e.domains != d {
+            return wrong("its domains are not the verdict record's".into());
+        }
+    }
+    if e.verdict != verdict && e.verdict != EffectsVerdict::Incomplete {
+        return wrong(format!(
+            "says {}, the chain {}",
+            e.verdict.as_str(),
+            verdict.as_str()
+        ));
+    }
+    if e.verdict == EffectsVerdict::Incomplete && !e.fenced {
+        return wrong("INCOMPLETE, yet the session is not fenced".into());
+    }
+    if r.verdict == Some(EffectsVerdict::Incomplete) && e.verdict != EffectsVerdict::Incomplete {
+        return wrong(format!(
+            "says {}, the evidence is INCOMPLETE",
+            e.verdict.as_str()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chain::Chain;
+    use allox_protocol::{Attribution, EffectChange};
+    use std::path::{Path, PathBuf};
+
+    fn cap(items: &[(&str, &str)]) -> Capture {
+        let mut c = Capture::new();
+        for (k, v) in items {
+            c.insert(*k, *v);
+        }
+        c
+    }
+
+    fn domain(
+        d: EffectsDomain,
+        v: EffectsVerdict,
+        changes: Vec<EffectChange>,
+        items: [u64; 2],
+    ) -> DomainEffects {
+        DomainEffects {
+            domain: d,
+            verdict: v,
+            changes,
+            truncated: false,
+            note: None,
+            items,
+        }
+    }
+
+    /// A set as the observer writes it: the workspace gained a file, a
+    /// sysctl changed; bpf and the rest unchanged, filesystem not in scope.
+    fn write_set(dir: &Path) -> String {
+        let scope = crate::scope::Scope::parse(
+            r#"{"domains": ["bpf", "sysctl", "mount", "network", "modules", "processes"]}"#,
+        )
+        .unwrap();
+        let mut c = Chain::create(dir).unwrap();
+        let a: BTreeMap<EffectsDomain, Capture> = [
+            (EffectsDomain::Sysctl, cap(&[("net.x", "0"), ("vm.y", "1")])),
+            (EffectsDomain::Bpf, cap(&[("prog 1 a", "x")])),
+            (EffectsDomain::Mount, cap(&[])),
+            (EffectsDomain::Network, cap(&[])),
+            (EffectsDomain::Modules, cap(&[])),
+            (EffectsDomain::Processes, cap(&[])),
+        ]
+        .into();
+        let mut b = a.clone();
+        b.get_mut(&EffectsDomain::Sysctl)
+            .unwrap()
+            .insert("net.x", "1");
+        c.append_later(
+            "begin",
+            &serde_json::json!({"protocol": 2, "agent": "a", "session": "s", "run": "r1",
+                "argv": ["sh"], "scope": scope, "baseline": "x"}),
+        )
+        .unwrap();
+        c.append_later("capture_a", &serde_json::json!({"captures": a}))
+            .unwrap();
+        let history = b"[{\"seq\":0}]".to_vec();
+        let processes = b"[]".to_vec();
+        std::fs::write(dir.join(HISTORY_FILE), &history).unwrap();
+        std::fs::write(dir.join(PROCESSES_FILE), &processes).unwrap();
+        let counters = HistoryCounters {
+            emitted: 1,
+            received: 1,
+            lost: 0,
+            syscalls: 10,
+            refused: 0,
+        };
+        c.append_later(
+            "history",
+            &serde_json::json!({"records": 1, "sha256": chain::sha256_hex(&history),
+                "processes_sha256": chain::sha256_hex(&processes), "counters": counters}),
+        )
+        .unwrap();
+        c.append_later("capture_b", &serde_json::json!({"captures": b}))
+            .unwrap();
+        let run = Attribution::run("r1");
+        let mut domains = Vec::new();
+        for d in EffectsDomain::ALL {
+            domains.push(match d {
+                EffectsDomain::Workspace => domain(
+                    d,
+                    EffectsVerdict::Changed,
+                    vec![EffectChange {
+                        item: "effect.txt".into(),
+                        kind: EffectChangeKind::Added,
+                        before: None,
+                        after: Some("file 644 3 abc".into()),
+                        by: run.clone(),
+                    }],
+                    [0, 0],
+                ),
+                EffectsDomain::Shared => domain(d, EffectsVerdict::Consistent, vec![], [0, 0]),
+                EffectsDomain::Filesystem => domain(d, EffectsVerdict::NotObserved, vec![], [0, 0]),
+                EffectsDomain::Sysctl => domain(
+                    d,
+                    EffectsVerdict::Changed,
+                    vec![EffectChange {
+                        item: "net.x".into(),
+                        kind: EffectChangeKind::Modified,
+                        before: Some("0".into()),
+                        after: Some("1".into()),
+                        by: run.clone(),
+                    }],
+                    [2, 2],
+                ),
+                EffectsDomain::Bpf => domain(d, EffectsVerdict::Consistent, vec![], [1, 1]),
+                _ => domain(d, EffectsVerdict::Consistent, vec![], [0, 0]),
+            });
+        }
+        c.append_later(
+            "verdict",
+            &serde_json::json!({"verdict": EffectsVerdict::Changed, "domains": domains,
+                "survivors": [], "status": null}),
+        )
+        .unwrap();
+        let root = c
+            .append("close", &serde_json::json!({"counters": counters}))
+            .unwrap();
+        let effects = RunEffects {
+            protocol: 2,
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: "r1".into(),
+            evidence_root: root.clone(),
+            verdict: EffectsVerdict::Changed,
+            domains,
+            fenced: false,
+            fence_reason: None,
+            survivors: vec![],
+            history: counters,
+            started_ms: 1,
+            closed_ms: 2,
+        };
+        std::fs::write(
+            dir.join(EFFECTS_FILE),
+            serde_json::to_vec(&effects).unwrap(),
+        )
+        .unwrap();
+        root
+    }
+
+    fn set() -> (tempfile::TempDir, PathBuf, String) {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("r1");
+        let root = write_set(&dir);
+        (d, dir, root)
+    }
+
+    fn flip(p: &Path, at: usize) {
+        let mut b = std::fs::read(p).unwrap();
+        let i = at.min(b.len() - 2);
+        b[i] ^= 0x01;
+        std::fs::write(p, b).unwrap();
+    }
+
+    #[test]
+    fn a_sound_set_verifies_and_its_report_is_the_same_bytes_each_time() {
+        let (_d, dir, root) = set();
+        let r = verify_set(&chain::Dir(&dir), Some(&root));
+        assert!(r.ok, "{:?}", r.first_bad);
+        assert_eq!(r.verdict, Some(EffectsVerdict::Changed));
+        assert_eq!(r.root.as_deref(), Some(root.as_str()));
+        let sysctl = r
+            .domains
+            .iter()
+            .find(|d| d.domain == EffectsDomain::Sysctl)
+            .unwrap();
+        assert_eq!(sysctl.recomputed, EffectsVerdict::Changed);
+        assert_eq!(
+            r.to_bytes(),
+            verify_set(&chain::Dir(&dir), Some(&root)).to_bytes()
+        );
+        // The export says the same.
+        let tar = crate::export::tar_set(&dir, "a-s-r1").unwrap();
+        let mem = crate::export::read_tar(tar.as_slice()).unwrap();
+        assert_eq!(r.to_bytes(), verify_set(&mem, Some(&root)).to_bytes());
+    }
+
+    /// The first bad thing of the set in `dir`.
+    fn first_bad(dir: &Path, root: Option<&str>) -> Bad {
+        let r = verify_set(&chain::Dir(dir), root);
+        assert!(!r.ok, "the tampered set verified");
+        r.first_bad.unwrap()
+    }
+
+    #[test]
+    fn a_flipped_byte_in_each_kind_of_file_is_named() {
+        let cases: &[(&str, &str, Option<u64>)] = &[
+            ("chain.jsonl", "chain.jsonl", Some(0)),
+            (
+                "bodies/000000-begin.json",
+                "bodies/000000-begin.json",
+                Some(0),
+            ),
+            (
+                "bodies/000001-capture_a.json",
+                "bodies/000001-capture_a.json",
+                Some(1),
+            ),
+            (
+                "bodies/000002-history.json",
+                "bodies/000002-history.json",
+                Some(2),
+            ),
+            (
+                "bodies/000003-capture_b.json",
+                "bodies/000003-capture_b.json",
+                Some(3),
+            ),
+            (
+                "bodies/000004-verdict.json",
+                "bodies/000004-verdict.json",
+                Some(4),
+            ),
+            (
+                "bodies/000005-close.json",
+                "bodies/000005-close.json",
+                Some(5),
+            ),
+            ("history.json", "history.json", None),
+            ("processes.json", "processes.json", None),
+            ("effects.json", "effects.json", None),
+        ];
+        for (file, named, seq) in cases {
+            let (_d, dir, root) = set();
+            flip(&dir.join(file), 20);
+            let b = first_bad(&dir, Some(&root));
+            assert_eq!((b.file.as_str(), b.seq), (*named, *seq), "{file}: {b:?}");
+        }
+    }
+
+    fn lines(dir: &Path) -> Vec<String> {
+        std::fs::read_to_string(dir.join(chain::RECORDS))
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn a_dropped_reordered_or_truncated_record_is_named() {
+        let (_d, dir, root) = set();
+        let l = lines(&dir);
+        std::fs::write(
+            dir.join(chain::RECORDS),
+            format!("{}\n{}\n", l[0], l[2..].join("\n")),
+        )
+        .unwrap();
+        let b = first_bad(&dir, Some(&root));
+        assert_eq!(b.seq, Some(1), "dropped: {b:?}");
+
+        let (_d, dir, root) = set();
+        let mut l = lines(&dir);
+        l.swap(2, 3);
+        std::fs::write(dir.join(chain::RECORDS), l.join("\n") + "\n").unwrap();
+        let b = first_bad(&dir, Some(&root));
+        assert_eq!(b.seq, Some(2), "reordered: {b:?}");
+
+        let (_d, dir, root) = set();
+        let text = std::fs::read(dir.join(chain::RECORDS)).unwrap();
+        std::fs::write(dir.join(chain::RECORDS), &text[..text.len() - 30]).unwrap();
+        let b = first_bad(&dir, Some(&root));
+        assert_eq!(b.seq, Some(5), "truncated: {b:?}");
+
+        // The last record dropped whole: the chain does not close.
+        let (_d, dir, _root) = set();
+        let l = lines(&dir);
+        std::fs::write(dir.join(chain::RECORDS), l[..5].join("\n") + "\n").unwrap();
+        let b = first_bad(&dir, None);
+        assert!(b.why.contains("not closed"), "{b:?}");
+    }
+
+    /// Rewrites body `kind` with `edit` and makes every hash of the chain
+    /// again (what a forger with write access does), and `effects.json`
+    /// to match; the new root.
+    fn forge(dir: &Path, kind: &str, edit: &dyn Fn(&mut serde_json::Value)) -> String {
+        let l = lines(dir);
+        let mut out = Vec::new();
+        let mut prev = chain::GENESIS.to_string();
+        let mut verdict = serde_json::Value::Null;
+        for (i, line) in l.iter().enumerate() {
+            let mut rec: chain::Record = serde_json::from_str(line).unwrap();
+            let bp = dir.join(chain::body_name(i as u64, &rec.kind));
+            let mut body: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&bp).unwrap()).unwrap();
+            if rec.kind == kind {
+                edit(&mut body);
+            }
+            if rec.kind == "verdict" {
+                verdict = body.clone();
+            }
+            let bytes = chain::canonical(&body).unwrap();
+            std::fs::write(&bp, &bytes).unwrap();
+            rec.prev = prev.clone();
+            rec.body_sha256 = chain::sha256_hex(&bytes);
+            let lb = chain::canonical(&rec).unwrap();
+            prev = chain::sha256_hex(&lb);
+            out.push(String::from_utf8(lb).unwrap());
+        }
+        std::fs::write(dir.join(chain::RECORDS), out.join("\n") + "\n").unwrap();
+        let ep = dir.join(EFFECTS_FILE);
+        let mut e: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&ep).unwrap()).unwrap();
+        e["evidence_root"] = prev.clone().into();
+        e["domains"] = verdict["domains"].clone();
+        e["verdict"] = verdict["verdict"].clone();
+        if e["verdict"] == "INCOMPLETE" {
+            e["fenced"] = true.into();
+        }
+        std::fs::write(&ep, serde_json::to_vec(&e).unwrap()).unwrap();
+        prev
+    }
+
+    /// A forger rewrites the verdict to CONSISTENT and makes every hash
+    /// again: the chain is sound, the captures and the kept root are not
+    /// fooled.
+    #[test]
+    fn a_forged_set_with_its_chain_made_again_is_caught() {
+        let (_d, dir, root) = set();
+        // Sysctl declared consistent, its change dropped.
+        let new_root = forge(&dir, "verdict", &|v| {
+            let d = &mut v["domains"][4];
+            assert_eq!(d["domain"], "sysctl");
+            d["verdict"] = "CONSISTENT".into();
+            d["changes"] = serde_json::json!([]);
+        });
+        assert_ne!(new_root, root);
+        let b = first_bad(&dir, None);
+        assert_eq!(
+            (b.file.as_str(), b.seq),
+            ("bodies/000004-verdict.json", Some(4)),
+            "{b:?}"
+        );
+        assert!(b.why.contains("captures differ"), "{b:?}");
+        // A forger who also rewrites the captures: the kept root.
+        let b = first_bad(&dir, Some(&root));
+        assert!(b.why.contains("kept root"), "{b:?}");
+    }
+
+    #[test]
+    fn a_verdict_better_than_the_captures_is_refused_a_worse_one_is_not() {
+        // Lost history: every observed domain must be INCOMPLETE.
+        let (_d, dir, _root) = set();
+        forge(&dir, "history", &|v| {
+            v["counters"]["lost"] = 3.into();
+            v["counters"]["emitted"] = 4.into();
+        });
+        let b = first_bad(&dir, None);
+        assert_eq!(b.seq, Some(4), "{b:?}");
+        assert!(b.why.contains("make it INCOMPLETE"), "{b:?}");
+        // A capture with a gap: its domain must be INCOMPLETE.
+        let (_d, dir, _root) = set();
+        forge(&dir, "capture_b", &|v| {
+            v["captures"]["bpf"]["gaps"] = serde_json::json!(["prog 9: cannot read"]);
+        });
+        let b = first_bad(&dir, None);
+        assert!(b.why.contains("bpf domain is declared CONSISTENT"), "{b:?}");
+        // Declared worse than the captures (a fault the set notes): sound.
+        let (_d, dir, _root) = set();
+        let root = forge(&dir, "verdict", &|v| {
+            v["domains"][3]["verdict"] = "INCOMPLETE".into();
+            v["verdict"] = "INCOMPLETE".into();
+        });
+        let r = verify_set(&chain::Dir(&dir), Some(&root));
+        assert!(r.ok, "{:?}", r.first_bad);
+        assert_eq!(r.verdict, Some(EffectsVerdict::Changed));
+        // effects.json better than the chain: refused.
+        let ep = dir.join(EFFECTS_FILE);
+        let mut e: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&ep).unwrap()).unwrap();
+        e["verdict"] = "CONSISTENT".into();
+        std::fs::write(&ep, serde_json::to_vec(&e).unwrap()).unwrap();
+        let b = first_bad(&dir, Some(&root));
+        assert_eq!(b.file, EFFECTS_FILE, "{b:?}");
+    }
+}

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the release binaries (allox-observe, allox-init, alloxctl,
+# Builds the release binaries (allox-observe, allox-system-effects-verify,
+# allox-init, alloxctl,
 # allox-dns-stub, rootfs-builder: static, see .cargo/config.toml) and strips
 # them, keeping their debug information in files of their own:
 #
@@ -13,12 +14,13 @@
 #                            backtrace (RUST_BACKTRACE=1) follow when it
 #                            lies beside NAME or in /usr/lib/debug
 #
-# The system-effects observer comes first: allox-init is then built with
-# ALLOX_OBSERVE_SHA256 set to the sha256 of the stripped allox-observe
-# beside it (what the images carry; the supervisor runs the observer only
-# if its bytes have that hash), and the script checks that allox-init holds
-# that hash. Cargo rebuilds allox-init whenever the hash changes (the
-# variable is read by option_env!, which cargo tracks).
+# The system-effects observer and verifier come first: allox-init is then
+# built with ALLOX_OBSERVE_SHA256 and ALLOX_VERIFY_SHA256 set to the
+# sha256 of the stripped allox-observe and allox-system-effects-verify
+# beside it (what the images carry; the supervisor runs each only if its
+# bytes have that hash), and the script checks that allox-init holds both
+# hashes. Cargo rebuilds allox-init whenever a hash changes (the variables
+# are read by option_env!, which cargo tracks).
 #
 # Progress and each binary's size, as built and stripped, go to stderr;
 # the script fails if a stripped binary still carries .debug_info or its
@@ -78,15 +80,17 @@ strip_into_dist() {
 }
 sizes=()
 
-echo "==> cargo build --release (allox-observe)" >&2
-cargo build --release --quiet -p allox-effects --bin allox-observe >&2
+echo "==> cargo build --release (allox-observe, allox-system-effects-verify)" >&2
+cargo build --release --quiet -p allox-effects --bins >&2
 strip_into_dist allox-observe
+strip_into_dist allox-system-effects-verify
 observe_sha256=$(sha256sum "$dist/allox-observe" | cut -d' ' -f1)
-echo "==> allox-observe sha256 $observe_sha256, pinned in allox-init" >&2
+verify_sha256=$(sha256sum "$dist/allox-system-effects-verify" | cut -d' ' -f1)
+echo "==> allox-observe sha256 $observe_sha256, allox-system-effects-verify sha256 $verify_sha256, pinned in allox-init" >&2
 
 bins=(allox-init alloxctl allox-dns-stub rootfs-builder)
 echo "==> cargo build --release (${bins[*]})" >&2
-ALLOX_OBSERVE_SHA256=$observe_sha256 cargo build --release --quiet --bins \
+ALLOX_OBSERVE_SHA256=$observe_sha256 ALLOX_VERIFY_SHA256=$verify_sha256 cargo build --release --quiet --bins \
     -p allox-init -p allox-ctl -p allox-network -p allox-rootfs-builder >&2
 for b in "${bins[@]}"; do
     strip_into_dist "$b"
@@ -95,6 +99,10 @@ done
 # variable not seen) would lack it, or hold another.
 grep -qF "$observe_sha256" "$dist/allox-init" || {
     echo "error: $dist/allox-init does not pin allox-observe's sha256 $observe_sha256" >&2
+    exit 1
+}
+grep -qF "$verify_sha256" "$dist/allox-init" || {
+    echo "error: $dist/allox-init does not pin allox-system-effects-verify's sha256 $verify_sha256" >&2
     exit 1
 }
 

@@ -39,6 +39,7 @@ trap cleanup EXIT
 # for the agents' programs (pip is fetched by the agent, below).
 "$BIN/rootfs-builder" initramfs --init "$(dirname "$ALLOX_INITRD")/allox-init" \
     --observer "$(dirname "$ALLOX_INITRD")/allox-observe" \
+    --verifier "$(dirname "$ALLOX_INITRD")/allox-system-effects-verify" \
     --out "$WORK/initrd.img" --profile python --compress gzip
 
 # For the session network's part: a Python package index on the host's

@@ -12,6 +12,7 @@
 //! too, for the programs that use this crate.
 
 pub mod cli;
+pub mod effects;
 pub mod foreground;
 pub mod monitor;
 pub mod process;

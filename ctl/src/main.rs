@@ -201,6 +201,75 @@ fn main() -> ExitCode {
             shared,
             checkpoint,
         } => copy(cli.socket, cli.json, &from, &to, shared, checkpoint),
+        Action::EffectsVerify {
+            query,
+            export,
+            root,
+            verifier,
+        } => {
+            let answer = match (query, export) {
+                (Some(q), _) => Client::connect(&cli.socket)
+                    .map_err(|e| error_chain(&e))
+                    .and_then(|mut c| allox_ctl::effects::verify_in_daemon(&mut c, q)),
+                (None, Some(f)) => allox_ctl::effects::verify_export(
+                    &allox_ctl::effects::verifier(verifier),
+                    &f,
+                    root.as_deref(),
+                ),
+                (None, None) => Err("give AGENT SESSION RUN, or --export FILE".into()),
+            };
+            match answer {
+                Ok(v) => {
+                    if cli.json {
+                        print(&format!("{}\n", v.report));
+                    } else {
+                        print(&render(&allox_protocol::Response::EffectsVerified(
+                            v.clone(),
+                        )));
+                    }
+                    status(v.ok)
+                }
+                Err(e) => report_status(Err(e)),
+            }
+        }
+        Action::EffectsExport { query, out } => {
+            use std::io::IsTerminal;
+            let done = if out.is_none() && std::io::stdout().is_terminal() {
+                Err("the export is a tar archive: redirect it to a file, or give -o FILE".into())
+            } else {
+                Client::connect(&cli.socket)
+                    .map_err(|e| error_chain(&e))
+                    .and_then(|mut c| match &out {
+                        Some(p) => {
+                            // Written aside and renamed: no half export
+                            // under the name asked for.
+                            let part = p.with_extension("partial");
+                            let mut f = std::fs::File::create(&part)
+                                .map_err(|e| format!("create {}: {e}", part.display()))?;
+                            let n =
+                                allox_ctl::effects::export(&mut c, &query, &mut f).and_then(|n| {
+                                    f.sync_all()
+                                        .map_err(|e| format!("write {}: {e}", part.display()))?;
+                                    std::fs::rename(&part, p)
+                                        .map_err(|e| format!("rename to {}: {e}", p.display()))?;
+                                    Ok(n)
+                                });
+                            if n.is_err() {
+                                let _ = std::fs::remove_file(&part);
+                            }
+                            let n = n?;
+                            eprintln!("{n} bytes written to {}", p.display());
+                            Ok(())
+                        }
+                        None => {
+                            let mut so = std::io::stdout().lock();
+                            allox_ctl::effects::export(&mut c, &query, &mut so)?;
+                            so.flush().map_err(|e| format!("write the export: {e}"))
+                        }
+                    })
+            };
+            report_status(done)
+        }
     }
 }
 

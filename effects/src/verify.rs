@@ -39,81 +39,19 @@ use allox_protocol::{
     DomainEffects, EffectChangeKind, EffectsDomain, EffectsVerdict, HistoryCounters, RunEffects,
     Survivor,
 };
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use std::collections::BTreeMap;
 
-/// The report's format (its `verifier` field).
-pub const REPORT_VERSION: u32 = 1;
+pub use allox_protocol::effects_report::{Bad, DomainCheck, Report, REPORT_VERSION};
 
 /// Most changes a domain lists (the observer's cut).
 pub const MAX_LISTED: usize = 1000;
 
-/// What is wrong with a set: the first bad file (and record) found.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Bad {
-    /// The file, relative to the set.
-    pub file: String,
-    /// The record it belongs to, when it is one.
-    #[serde(default)]
-    pub seq: Option<u64>,
-    #[serde(default)]
-    pub kind: Option<String>,
-    pub why: String,
-}
-
-/// One domain as declared by the observer and as recomputed here.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DomainCheck {
-    pub domain: EffectsDomain,
-    pub declared: EffectsVerdict,
-    pub recomputed: EffectsVerdict,
-}
-
-/// What the verifier found.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Report {
-    pub verifier: u32,
-    /// Whether the set is sound and its verdict follows from its captures.
-    pub ok: bool,
-    #[serde(default)]
-    pub first_bad: Option<Bad>,
-    /// The chain's root, when the chain could be read to its end.
-    #[serde(default)]
-    pub root: Option<String>,
-    #[serde(default)]
-    pub agent_id: Option<String>,
-    #[serde(default)]
-    pub session_id: Option<String>,
-    #[serde(default)]
-    pub run_id: Option<String>,
-    #[serde(default)]
-    pub protocol: Option<u64>,
-    /// The records' kinds, in order.
-    #[serde(default)]
-    pub records: Vec<String>,
-    /// The run's verdict as recomputed (the worst of the domains').
-    #[serde(default)]
-    pub verdict: Option<EffectsVerdict>,
-    #[serde(default)]
-    pub domains: Vec<DomainCheck>,
-}
-
-impl Report {
-    /// The report's bytes: canonical JSON and a newline.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut b = chain::canonical(self).expect("a report is plain data");
-        b.push(b'\n');
-        b
-    }
-
-    /// The first bad thing, as one line.
-    pub fn first_bad_line(&self) -> Option<String> {
-        self.first_bad.as_ref().map(|b| match (b.seq, &b.kind) {
-            (Some(s), Some(k)) => format!("record {s} ({k}), {}: {}", b.file, b.why),
-            (Some(s), None) => format!("record {s}, {}: {}", b.file, b.why),
-            _ => format!("{}: {}", b.file, b.why),
-        })
-    }
+/// The report's bytes: canonical JSON and a newline.
+pub fn report_bytes(r: &Report) -> Vec<u8> {
+    let mut b = chain::canonical(r).expect("a report is plain data");
+    b.push(b'\n');
+    b
 }
 
 fn bad(file: impl Into<String>, seq: Option<u64>, kind: Option<&str>, why: String) -> Bad {
@@ -715,13 +653,16 @@ mod tests {
             .unwrap();
         assert_eq!(sysctl.recomputed, EffectsVerdict::Changed);
         assert_eq!(
-            r.to_bytes(),
-            verify_set(&chain::Dir(&dir), Some(&root)).to_bytes()
+            report_bytes(&r),
+            report_bytes(&verify_set(&chain::Dir(&dir), Some(&root)))
         );
         // The export says the same.
         let tar = crate::export::tar_set(&dir, "a-s-r1").unwrap();
         let mem = crate::export::read_tar(tar.as_slice()).unwrap();
-        assert_eq!(r.to_bytes(), verify_set(&mem, Some(&root)).to_bytes());
+        assert_eq!(
+            report_bytes(&r),
+            report_bytes(&verify_set(&mem, Some(&root)))
+        );
     }
 
     /// The first bad thing of the set in `dir`.

@@ -179,6 +179,15 @@ pub struct SuperviseArgs {
     /// without one (`ALLOX_OBSERVE_SHA256` at build).
     #[arg(long, value_name = "HEX")]
     pub system_effects_observer_sha256: Option<String>,
+    /// The verifier executable (default: `allox-system-effects-verify`
+    /// beside this binary), read, checked and run as the observer is: it
+    /// checks every observed run's evidence before the run is answered.
+    #[arg(long, value_name = "FILE")]
+    pub system_effects_verifier: Option<PathBuf>,
+    /// The verifier's pinned sha256 (hex), when this binary was built
+    /// without one (`ALLOX_VERIFY_SHA256` at build).
+    #[arg(long, value_name = "HEX")]
+    pub system_effects_verifier_sha256: Option<String>,
     /// The observer history's ring buffer (a power of two, at least one
     /// page; suffixes K, M, G): records that do not fit are counted lost,
     /// and a run with lost history is INCOMPLETE and fenced.
@@ -363,6 +372,14 @@ impl SuperviseArgs {
                     "--system-effects-observer-sha256",
                 ),
                 (
+                    self.system_effects_verifier.is_some(),
+                    "--system-effects-verifier",
+                ),
+                (
+                    self.system_effects_verifier_sha256.is_some(),
+                    "--system-effects-verifier-sha256",
+                ),
+                (
                     self.system_effects_without_lsm,
                     "--system-effects-without-lsm",
                 ),
@@ -460,6 +477,8 @@ impl SuperviseArgs {
                         scope: self.system_effects_scope,
                         observer: self.system_effects_observer,
                         observer_sha256: self.system_effects_observer_sha256,
+                        verifier: self.system_effects_verifier,
+                        verifier_sha256: self.system_effects_verifier_sha256,
                         ring_bytes: u32::try_from(self.system_effects_ring_bytes)
                             .unwrap_or(u32::MAX),
                         without_lsm: self.system_effects_without_lsm,

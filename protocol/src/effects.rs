@@ -3,7 +3,9 @@
 //! observer before the run's first instruction (A, "S0") and after its
 //! whole tree has exited and its cgroup is empty and frozen (B, "S1"),
 //! kept as a hash chain, and a verdict per domain (`effects.get`,
-//! `effects.list`, `effects.history`, `effects.status`, `effects.unfence`).
+//! `effects.list`, `effects.history`, `effects.status`, `effects.unfence`),
+//! checked by an independent verifier (`effects.verify`) in the daemon and,
+//! over `effects.export`, anywhere else.
 //! docs/system-effects.md describes the protocol and the evidence.
 
 use crate::target::target;
@@ -411,6 +413,9 @@ pub struct EffectsStatus {
     pub protocol: u32,
     /// The observer's pinned sha256 (hex).
     pub observer_sha256: String,
+    /// The verifier's pinned sha256 (hex).
+    #[serde(default)]
+    pub verifier_sha256: String,
     /// The domains the scope observes (`workspace` and `shared` always).
     pub domains: Vec<EffectsDomain>,
     /// The scope file, if one was given.
@@ -443,6 +448,66 @@ pub struct EffectsUnfenced {
     pub agent_id: String,
     pub session_id: String,
     pub run_id: String,
+}
+
+/// `effects.verify`: the independent verifier (the pinned
+/// `allox-system-effects-verify`) run again over a closed run's evidence
+/// set. With `evidence_root` (the root the caller kept from the run's
+/// answer), a set whose chain was made again ends at another root and is
+/// named so.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EffectsVerify {
+    pub agent_id: String,
+    pub session_id: String,
+    pub run_id: String,
+    #[serde(default)]
+    pub evidence_root: Option<String>,
+}
+
+target!(EffectsVerify: agent_id, session_id, run_id);
+
+/// What the verifier found.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
+pub struct EffectsVerified {
+    /// Whether the set is sound and its verdict follows from its captures.
+    pub ok: bool,
+    /// The first bad file and record, as one line, when not.
+    #[serde(default)]
+    pub first_bad: Option<String>,
+    /// The verifier's report, exactly as it wrote it (canonical JSON, one
+    /// line): the same bytes the verifier writes for an export of the set
+    /// on another machine.
+    pub report: String,
+}
+
+/// `effects.export`: a closed run's evidence set as one tar archive
+/// (ustar, made the same way every time), in pieces of at most
+/// [`crate::FS_CHUNK`] bytes from `offset`; the verifier reads it
+/// (`allox-system-effects-verify --export FILE`).
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EffectsExport {
+    pub agent_id: String,
+    pub session_id: String,
+    pub run_id: String,
+    #[serde(default)]
+    pub offset: Option<u64>,
+}
+
+target!(EffectsExport: agent_id, session_id, run_id);
+
+/// A piece of an export.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+pub struct EffectsExportChunk {
+    pub offset: u64,
+    pub data: crate::Bytes,
+    /// The whole archive's size.
+    pub size: u64,
+    /// Whether `data` reaches its end.
+    pub eof: bool,
+    /// The whole archive's sha256 (hex).
+    pub sha256: String,
 }
 
 #[cfg(test)]

@@ -60,6 +60,7 @@ pub mod bytes;
 pub mod checkpoint;
 pub mod codec;
 pub mod effects;
+pub mod effects_report;
 pub mod error;
 pub mod files;
 pub mod frame;

@@ -296,6 +296,8 @@ requests! {
     SessionPause(crate::SessionPause) = "session.pause", mutating = true, route = Core, answers = [Session];
     SessionResume(SessionRef) = "session.resume", mutating = true, route = Core, answers = [Session];
     SessionInfoRequest(SessionRef) = "session.info", mutating = false, route = Core, answers = [Session];
+    EffectsVerify(crate::EffectsVerify) = "effects.verify", mutating = false, route = Plugin("system-effects"), answers = [EffectsVerified];
+    EffectsExport(crate::EffectsExport) = "effects.export", mutating = false, route = Plugin("system-effects"), answers = [EffectsExportChunk];
 }
 
 macro_rules! responses {
@@ -382,4 +384,6 @@ responses! {
     EffectsHistory(crate::EffectsHistoryListing);
     EffectsStatus(crate::EffectsStatus);
     EffectsUnfenced(crate::EffectsUnfenced);
+    EffectsVerified(crate::EffectsVerified);
+    EffectsExportChunk(crate::EffectsExportChunk);
 }

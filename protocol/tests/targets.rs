@@ -140,6 +140,8 @@ fn table() -> Vec<(&'static str, Value, &'static str)> {
             json!({"agent_id": "a", "session_id": "s", "run_id": "r", "evidence_root": "e"}),
             "a/s/r",
         ),
+        ("effects.verify", r.clone(), "a/s/r"),
+        ("effects.export", r.clone(), "a/s/r"),
         (
             "session.fork",
             json!({"agent_id": "a", "session_id": "s", "from": "c", "new_agent_id": "b", "new_session_id": "t"}),

@@ -210,6 +210,8 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "session.pause",
             "session.resume",
             "session.info",
+            "effects.verify",
+            "effects.export",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

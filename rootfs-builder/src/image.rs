@@ -22,6 +22,8 @@
 //! ```text
 //! /allox-observe        the observer (static, checked), beside /init,
 //!                       where the supervisor looks for it by default
+//! /allox-system-effects-verify
+//!                       the verifier (static, checked), beside it
 //! /etc/allox/effects-scope.json
 //!                       a scope of the machine's domains, for
 //!                       `--system-effects-scope`
@@ -61,6 +63,10 @@ pub const HOSTS: &str = "\
 /// the supervisor looks for `allox-observe` when
 /// `--system-effects-observer` is not given.
 pub const OBSERVER: &str = "/allox-observe";
+
+/// Where the system-effects verifier is installed: beside `/init` too
+/// (`--system-effects-verifier` by default).
+pub const VERIFIER: &str = "/allox-system-effects-verify";
 
 /// The scope file the image carries with an observer, for
 /// `--system-effects-scope` (`allox.args=--plugin=system-effects,
@@ -115,6 +121,9 @@ pub struct ImageSpec {
     /// The system-effects observer (`allox-observe`), installed as
     /// [`OBSERVER`] with the scope file [`EFFECTS_SCOPE`].
     pub observer: Option<PathBuf>,
+    /// The system-effects verifier (`allox-system-effects-verify`),
+    /// installed as [`VERIFIER`]; given with the observer.
+    pub verifier: Option<PathBuf>,
     /// A static busybox, e.g. `/bin/busybox` from `busybox-static`.
     pub busybox: PathBuf,
     pub profile: Profile,
@@ -128,6 +137,8 @@ pub enum ImageError {
     Init(#[source] ElfError),
     #[error("{OBSERVER}")]
     Observer(#[source] ElfError),
+    #[error("{VERIFIER}")]
+    Verifier(#[source] ElfError),
     #[error("busybox")]
     Busybox(#[source] ElfError),
     #[error("busybox applets")]
@@ -154,6 +165,10 @@ pub fn assemble(spec: &ImageSpec) -> Result<Tree, ImageError> {
     if let Some(observer) = &spec.observer {
         elf::check_static(observer).map_err(ImageError::Observer)?;
         add_observer(&mut t, observer).map_err(ImageError::Layout)?;
+    }
+    if let Some(verifier) = &spec.verifier {
+        elf::check_static(verifier).map_err(ImageError::Verifier)?;
+        t.file(VERIFIER, verifier).map_err(ImageError::Layout)?;
     }
     if spec.profile == Profile::Python {
         python::add(&mut t).map_err(ImageError::Python)?;

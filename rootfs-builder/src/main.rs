@@ -86,8 +86,14 @@ struct TreeArgs {
     /// looks for it), with the scope file /etc/allox/effects-scope.json
     /// (every domain of the machine). allox-init must pin its sha256
     /// (ALLOX_OBSERVE_SHA256 at build, scripts/build-release.sh).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", requires = "verifier")]
     observer: Option<PathBuf>,
+    /// The system-effects verifier, allox-system-effects-verify (static
+    /// x86-64), installed as /allox-system-effects-verify beside /init;
+    /// given with --observer. allox-init must pin its sha256 too
+    /// (ALLOX_VERIFY_SHA256 at build).
+    #[arg(long, value_name = "PATH", requires = "observer")]
+    verifier: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = ProfileArg::Default)]
     profile: ProfileArg,
     /// A static busybox (Debian package busybox-static).
@@ -108,6 +114,7 @@ impl TreeArgs {
         ImageSpec {
             init: self.init.clone(),
             observer: self.observer.clone(),
+            verifier: self.verifier.clone(),
             busybox: self.busybox.clone(),
             profile: self.profile.into(),
             additions,

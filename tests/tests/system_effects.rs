@@ -16,7 +16,12 @@ use std::path::{Path, PathBuf};
 /// The observer beside the daemon, and its sha256 (the pin a release
 /// build has at build time).
 fn observer() -> (PathBuf, String) {
-    let exe = allox_integration::workspace_bin("allox-observe");
+    pinned("allox-observe")
+}
+
+/// The workspace's executable `name` and its sha256.
+fn pinned(name: &str) -> (PathBuf, String) {
+    let exe = allox_integration::workspace_bin(name);
     let out = std::process::Command::new("sha256sum")
         .arg(&exe)
         .output()
@@ -27,6 +32,24 @@ fn observer() -> (PathBuf, String) {
         .expect("a hash")
         .to_string();
     (exe, sha)
+}
+
+/// `--plugin system-effects` with the observer and the verifier pinned.
+fn plugin_args() -> Vec<String> {
+    let (exe, sha) = observer();
+    let (vexe, vsha) = pinned("allox-system-effects-verify");
+    vec![
+        "--plugin".into(),
+        "system-effects".into(),
+        "--system-effects-observer".into(),
+        exe.display().to_string(),
+        "--system-effects-observer-sha256".into(),
+        sha,
+        "--system-effects-verifier".into(),
+        vexe.display().to_string(),
+        "--system-effects-verifier-sha256".into(),
+        vsha,
+    ]
 }
 
 /// Every domain but `filesystem` in scope.
@@ -52,15 +75,11 @@ fn start(name: &str, scope: Option<&str>, extra: &[&str]) -> Option<Started> {
         return None;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let (exe, sha) = observer();
-    let mut args: Vec<String> = vec![
-        "--plugin".into(),
-        "system-effects".into(),
-        "--system-effects-observer".into(),
-        exe.display().to_string(),
-        "--system-effects-observer-sha256".into(),
-        sha,
-    ];
+    let mut args = plugin_args();
+    if extra.contains(&"--system-effects-verifier") {
+        // Another verifier, given by the test.
+        args.truncate(6);
+    }
     if let Some(s) = scope {
         let p = dir.path().join("scope.json");
         std::fs::write(&p, s).unwrap();
@@ -637,9 +656,9 @@ fn an_observed_run_holds_its_session_alone() {
 }
 
 #[test]
-fn the_daemon_refuses_a_wrong_observer_and_the_process_tree_plugin() {
+fn the_daemon_refuses_a_wrong_observer_or_verifier_and_the_process_tree_plugin() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if !require("the_daemon_refuses_a_wrong_observer_and_the_process_tree_plugin") {
+    if !require("the_daemon_refuses_a_wrong_observer_or_verifier_and_the_process_tree_plugin") {
         return;
     }
     let fs = allox_integration::BtrfsFs::new(256).expect("btrfs");
@@ -676,6 +695,27 @@ fn the_daemon_refuses_a_wrong_observer_and_the_process_tree_plugin() {
         &wrong,
     ]);
     assert!(e.contains("not the pinned") && e.contains(&wrong), "{e}");
+    // A swapped verifier (the observer's bytes where the verifier should
+    // be) stops the daemon, naming it.
+    let (_, vsha) = pinned("allox-system-effects-verify");
+    let e = refused(&[
+        "--plugin",
+        "system-effects",
+        "--system-effects-observer",
+        &exe,
+        "--system-effects-observer-sha256",
+        &sha,
+        "--system-effects-verifier",
+        &exe,
+        "--system-effects-verifier-sha256",
+        &vsha,
+    ]);
+    assert!(
+        e.contains(&format!(
+            "the verifier {exe} has sha256 {sha}, not the pinned {vsha}"
+        )),
+        "{e}"
+    );
     let e = refused(&[
         "--plugin",
         "system-effects",
@@ -1143,15 +1183,7 @@ fn killed_at(point: &str) {
     if !require(&name) {
         return;
     }
-    let (exe, sha) = observer();
-    let mut args: Vec<String> = vec![
-        "--plugin".into(),
-        "system-effects".into(),
-        "--system-effects-observer".into(),
-        exe.display().to_string(),
-        "--system-effects-observer-sha256".into(),
-        sha,
-    ];
+    let mut args = plugin_args();
     if !kernel_runs_bpf_lsm() {
         args.push("--system-effects-without-lsm".into());
     }
@@ -1387,5 +1419,249 @@ fn the_observer_serves_process_events_and_the_tree_of_observed_runs() {
             assert_eq!(p.lost, 0);
         }
         other => panic!("process.events: {other:?}"),
+    }
+}
+
+/// `effects.verify` of run `a/s/run`, with `root` kept from the answer.
+fn verified(
+    d: &ProcDaemon,
+    a: &str,
+    s: &str,
+    run: &str,
+    root: Option<&str>,
+) -> allox_protocol::EffectsVerified {
+    match call(
+        d,
+        Request::EffectsVerify(allox_protocol::EffectsVerify {
+            agent_id: a.into(),
+            session_id: s.into(),
+            run_id: run.into(),
+            evidence_root: root.map(str::to_string),
+        }),
+    ) {
+        Ok(Response::EffectsVerified(v)) => v,
+        other => panic!("effects.verify: {other:?}"),
+    }
+}
+
+/// What is wrong with a verification that should name `file` as the
+/// first bad one (`None`: nothing should be wrong).
+fn verification_wrong(v: &allox_protocol::EffectsVerified, file: Option<&str>) -> Option<String> {
+    let report: allox_protocol::effects_report::Report = match serde_json::from_str(&v.report) {
+        Ok(r) => r,
+        Err(e) => return Some(format!("the report does not parse: {e}: {}", v.report)),
+    };
+    if report.ok != v.ok {
+        return Some(format!("ok {} but the report says {}", v.ok, report.ok));
+    }
+    match (file, &report.first_bad) {
+        (None, None) if v.ok => None,
+        (None, b) => Some(format!("not sound: {b:?}")),
+        (Some(_), None) => Some("a tampered set verified".into()),
+        (Some(f), Some(b)) if b.file == f => None,
+        (Some(f), Some(b)) => Some(format!("names {b:?}, not {f}")),
+    }
+}
+
+/// The verifier checks every observed run before it is answered, again
+/// on request in the daemon, and over an export on the host: the same
+/// report bytes each time; a byte flipped in each kind of file of the set,
+/// a record dropped or cut, and a chain made again are each named.
+#[test]
+fn the_verifier_names_the_first_bad_file_and_an_export_verifies_the_same_on_the_host() {
+    let Some((d, dir, _g)) = start(
+        "the_verifier_names_the_first_bad_file_and_an_export_verifies_the_same_on_the_host",
+        Some(SCOPE_MACHINE),
+        &[],
+    ) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "s")]);
+    let e = observed(&d, "a", "s", &["/bin/sh", "-c", "echo hi > effect.txt"]);
+    assert!(!e.fenced, "{:?}", e.fence_reason);
+    let root = e.evidence_root.clone();
+    let run = e.run_id.clone();
+    let v = verified(&d, "a", "s", &run, Some(&root));
+    if let Some(w) = verification_wrong(&v, None) {
+        panic!("{w}");
+    }
+    let report: allox_protocol::effects_report::Report = serde_json::from_str(&v.report).unwrap();
+    assert_eq!(report.root.as_deref(), Some(root.as_str()));
+    assert_eq!(report.verdict, Some(e.verdict));
+    assert_eq!(report.run_id.as_deref(), Some(run.as_str()));
+
+    // The export, verified on the host by the verifier and through
+    // alloxctl: the daemon's bytes.
+    let tar = dir.path().join("set.tar");
+    let (code, _, err) = allox_integration::alloxctl(
+        &d.daemon.socket,
+        &[
+            "effects",
+            "export",
+            "a",
+            "s",
+            &run,
+            "-o",
+            tar.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let out = std::process::Command::new(allox_integration::workspace_bin(
+        "allox-system-effects-verify",
+    ))
+    .args(["--root", &root, "--export"])
+    .arg(&tar)
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        format!("{}\n", v.report)
+    );
+    let (code, out, err) = allox_integration::alloxctl(
+        &d.daemon.socket,
+        &[
+            "--json",
+            "effects",
+            "verify",
+            "--export",
+            tar.to_str().unwrap(),
+            "--root",
+            &root,
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(String::from_utf8(out).unwrap(), format!("{}\n", v.report));
+    let (code, out, err) = allox_integration::alloxctl(
+        &d.daemon.socket,
+        &[
+            "--json", "effects", "verify", "a", "s", &run, "--root", &root,
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(String::from_utf8(out).unwrap(), format!("{}\n", v.report));
+
+    // Tampering in the store, each undone after it is checked.
+    let set = d.daemon.root.join("state/effects/a/s").join(&run);
+    let bodies: Vec<String> = std::fs::read_dir(set.join("bodies"))
+        .unwrap()
+        .map(|e| format!("bodies/{}", e.unwrap().file_name().to_string_lossy()))
+        .collect();
+    assert_eq!(bodies.len(), 6, "{bodies:?}");
+    let mut files: Vec<String> = vec![
+        "chain.jsonl".into(),
+        "history.json".into(),
+        "processes.json".into(),
+        "effects.json".into(),
+    ];
+    files.extend(bodies);
+    for f in &files {
+        let p = set.join(f);
+        let keep = std::fs::read(&p).unwrap();
+        let mut b = keep.clone();
+        let i = b.len() / 2;
+        b[i] ^= 0x01;
+        std::fs::write(&p, &b).unwrap();
+        let v = verified(&d, "a", "s", &run, Some(&root));
+        std::fs::write(&p, &keep).unwrap();
+        if let Some(w) = verification_wrong(&v, Some(f)) {
+            panic!("a byte flipped in {f}: {w}");
+        }
+        // The control: undone, it verifies again.
+        if let Some(w) = verification_wrong(&verified(&d, "a", "s", &run, Some(&root)), None) {
+            panic!("after {f} was restored: {w}");
+        }
+    }
+    let chain = set.join("chain.jsonl");
+    let keep = std::fs::read_to_string(&chain).unwrap();
+    let lines: Vec<&str> = keep.lines().collect();
+    for (what, text) in [
+        (
+            "dropped",
+            format!("{}\n{}\n", lines[0], lines[2..].join("\n")),
+        ),
+        ("reordered", {
+            let mut l = lines.clone();
+            l.swap(1, 2);
+            l.join("\n") + "\n"
+        }),
+        ("cut short", keep[..keep.len() - 20].to_string()),
+    ] {
+        std::fs::write(&chain, &text).unwrap();
+        let v = verified(&d, "a", "s", &run, Some(&root));
+        std::fs::write(&chain, &keep).unwrap();
+        if let Some(w) = verification_wrong(&v, Some("chain.jsonl")) {
+            panic!("a record {what}: {w}");
+        }
+        assert!(
+            v.first_bad.as_deref().unwrap_or("").starts_with("record "),
+            "{what}: {v:?}"
+        );
+    }
+    // A root that is not the one kept: named.
+    let other = "0".repeat(64);
+    let v = verified(&d, "a", "s", &run, Some(&other));
+    assert!(
+        !v.ok && v.first_bad.as_deref().unwrap_or("").contains("kept root"),
+        "{v:?}"
+    );
+    // The export of a run that is not observed: not found.
+    match call(
+        &d,
+        Request::EffectsExport(allox_protocol::EffectsExport {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: "nosuchrun".into(),
+            offset: None,
+        }),
+    ) {
+        Err(b) => assert_eq!(b.code, allox_protocol::ErrorCode::NotFound, "{b:?}"),
+        other => panic!("export of no run: {other:?}"),
+    }
+}
+
+/// A verifier that gives no report fences the session: the evidence is
+/// not taken on the observer's word alone. (The control is every other
+/// test here: the real verifier leaves a sound run unfenced.)
+#[test]
+fn a_verifier_that_fails_fences_the_session() {
+    let false_sha = {
+        let out = std::process::Command::new("sha256sum")
+            .arg("/bin/false")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let Some((d, _dir, _g)) = start(
+        "a_verifier_that_fails_fences_the_session",
+        None,
+        &[
+            "--system-effects-verifier",
+            "/bin/false",
+            "--system-effects-verifier-sha256",
+            &false_sha,
+        ],
+    ) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "s")]);
+    let e = observed(&d, "a", "s", &["/bin/true"]);
+    assert!(e.fenced, "{e:?}");
+    assert_eq!(e.verdict, EffectsVerdict::Incomplete);
+    let why = e.fence_reason.clone().unwrap_or_default();
+    assert!(why.contains("verifier"), "{why}");
+    match call(
+        &d,
+        Request::ProcessStart(process_start("a", "s", &["/bin/true"])),
+    ) {
+        Err(b) => {
+            assert_eq!(b.code, allox_protocol::ErrorCode::Unavailable, "{b:?}");
+            assert!(b.message.contains(&e.evidence_root), "{b:?}");
+        }
+        other => panic!("a fenced session ran: {other:?}"),
     }
 }

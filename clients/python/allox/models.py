@@ -39,6 +39,8 @@ __all__ = [
     'EffectChangeKind',
     'EffectsDomain',
     'EffectsEntry',
+    'EffectsExport',
+    'EffectsExportChunk',
     'EffectsFence',
     'EffectsGet',
     'EffectsHistory',
@@ -50,6 +52,8 @@ __all__ = [
     'EffectsUnfence',
     'EffectsUnfenced',
     'EffectsVerdict',
+    'EffectsVerified',
+    'EffectsVerify',
     'Egress',
     'EgressLevel',
     'ErrorAnswer',
@@ -482,6 +486,37 @@ class EffectsEntry(Model):
 
 
 @dataclass(kw_only=True)
+class EffectsExport(Model):
+    """`effects.export`: a closed run's evidence set as one tar archive
+    (ustar, made the same way every time), in pieces of at most
+    [`crate::FS_CHUNK`] bytes from `offset`; the verifier reads it
+    (`allox-system-effects-verify --export FILE`).
+    """
+
+    agent_id: str
+    offset: Optional[int] = None
+    run_id: str
+    session_id: str
+
+
+@dataclass(kw_only=True)
+class EffectsExportChunk(Model):
+    """A piece of an export."""
+
+    data: Bytes
+
+    #: Whether `data` reaches its end.
+    eof: bool
+    offset: int
+
+    #: The whole archive's sha256 (hex).
+    sha256: str
+
+    #: The whole archive's size.
+    size: int
+
+
+@dataclass(kw_only=True)
 class EffectsFence(Model):
     """A session fenced by the plugin."""
 
@@ -563,6 +598,9 @@ class EffectsStatus(Model):
     #: The scope file, if one was given.
     scope_file: Optional[str] = None
 
+    #: The verifier's pinned sha256 (hex).
+    verifier_sha256: str = ''
+
 
 @dataclass(kw_only=True)
 class EffectsStatusRequest(Model):
@@ -588,6 +626,37 @@ class EffectsUnfence(Model):
 @dataclass(kw_only=True)
 class EffectsUnfenced(Model):
     agent_id: str
+    run_id: str
+    session_id: str
+
+
+@dataclass(kw_only=True)
+class EffectsVerified(Model):
+    """What the verifier found."""
+
+    #: The first bad file and record, as one line, when not.
+    first_bad: Optional[str] = None
+
+    #: Whether the set is sound and its verdict follows from its captures.
+    ok: bool
+
+    #: The verifier's report, exactly as it wrote it (canonical JSON, one
+    #: line): the same bytes the verifier writes for an export of the set
+    #: on another machine.
+    report: str
+
+
+@dataclass(kw_only=True)
+class EffectsVerify(Model):
+    """`effects.verify`: the independent verifier (the pinned
+    `allox-system-effects-verify`) run again over a closed run's evidence
+    set. With `evidence_root` (the root the caller kept from the run's
+    answer), a set whose chain was made again ends at another root and is
+    named so.
+    """
+
+    agent_id: str
+    evidence_root: Optional[str] = None
     run_id: str
     session_id: str
 
@@ -2308,11 +2377,13 @@ ACTIONS: dict[str, tuple[Any, Any]] = {
     'checkpoint.diff': (CheckpointDiff, DiffListing),
     'checkpoint.list': (SessionRef, CheckpointListing),
     'checkpoint.pin': (CheckpointPin, CheckpointInfo),
+    'effects.export': (EffectsExport, EffectsExportChunk),
     'effects.get': (EffectsGet, RunEffects),
     'effects.history': (EffectsHistory, EffectsHistoryListing),
     'effects.list': (EffectsList, EffectsListing),
     'effects.status': (EffectsStatusRequest, EffectsStatus),
     'effects.unfence': (EffectsUnfence, EffectsUnfenced),
+    'effects.verify': (EffectsVerify, EffectsVerified),
     'fs.list': (FsList, FsListing),
     'fs.mkdir': (FsMkdir, FsEntry),
     'fs.move': (FsMove, FsEntry),

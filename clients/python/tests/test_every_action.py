@@ -97,6 +97,7 @@ def effects_actions(call: Calls, env) -> None:
     """``effects.*`` on a daemon with ``--plugin system-effects``: the seed's
     command observed, then a run whose history overflows a one-page ring,
     which fences its session until ``effects.unfence`` is given its root."""
+    import base64
     import hashlib
     import os
     import subprocess
@@ -104,8 +105,12 @@ def effects_actions(call: Calls, env) -> None:
     init = Path(os.environ["ALLOX_INIT"])
     observer = init.with_name("allox-observe")
     sha = hashlib.sha256(observer.read_bytes()).hexdigest()
+    verifier = init.with_name("allox-system-effects-verify")
+    vsha = hashlib.sha256(verifier.read_bytes()).hexdigest()
     args = ["--plugin", "system-effects", "--system-effects-observer", str(observer),
-            "--system-effects-observer-sha256", sha]
+            "--system-effects-observer-sha256", sha,
+            "--system-effects-verifier", str(verifier),
+            "--system-effects-verifier-sha256", vsha]
     probe = subprocess.run([str(init), "supervise", "--help"], capture_output=True, text=True)
     assert "--system-effects-without-lsm" in probe.stdout
     # The development hosts' kernel refuses BPF LSM programs.
@@ -132,6 +137,14 @@ def effects_actions(call: Calls, env) -> None:
         assert any(r["run_id"] == rid for r in fx("effects.list", agent_id="fx", session_id="s")["runs"])
         hist = fx("effects.history", agent_id="fx", session_id="s", run_id=rid)
         assert any(r["kind"] == "exec" for r in hist["records"]), hist
+        root = run["effects"]["evidence_root"]
+        v = fx("effects.verify", agent_id="fx", session_id="s", run_id=rid, evidence_root=root)
+        assert v["ok"] and v["first_bad"] is None, v
+        assert f'"root":"{root}"' in v["report"], v
+        x = fx("effects.export", agent_id="fx", session_id="s", run_id=rid)
+        data = base64.b64decode(x["data"])
+        assert x["offset"] == 0 and x["eof"] and x["size"] == len(data), {k: x[k] for k in ("offset", "size", "eof")}
+        assert hashlib.sha256(data).hexdigest() == x["sha256"]
     # Thousands of refused calls on a one-page ring: records are lost, the
     # evidence is INCOMPLETE and the session fenced, until its root lifts it.
     c3, raw3, fx = daemon(["--system-effects-ring-bytes", "4K"], "every-effects-fence")

@@ -198,7 +198,7 @@ impl Command {
             C::Ps(a) => call(a.request()),
             C::Net(n) => n.action(),
             C::Share(s) => call(s.request()),
-            C::Effects(e) => call(e.request()),
+            C::Effects(e) => e.action(),
             C::Stats(a) => call(a.request()),
             C::Top(a) => a.action(),
             C::Monitor(m) => m.action(),
@@ -301,6 +301,19 @@ pub enum Action {
         /// The session.
         session: String,
         out: PathBuf,
+    },
+    /// Check a run's evidence: in the daemon (`query`), or here over an
+    /// export file by the verifier executable.
+    EffectsVerify {
+        query: Option<allox_protocol::EffectsVerify>,
+        export: Option<PathBuf>,
+        root: Option<String>,
+        verifier: Option<PathBuf>,
+    },
+    /// Write a run's evidence set as an archive.
+    EffectsExport {
+        query: allox_protocol::EffectsExport,
+        out: Option<PathBuf>,
     },
     /// Copy between here and a session.
     Copy {

@@ -4,7 +4,7 @@
 use super::clean;
 use allox_protocol::{
     Attribution, By, EffectChangeKind, EffectsHistoryListing, EffectsListing, EffectsStatus,
-    EffectsUnfenced, EffectsVerdict, RunEffects,
+    EffectsUnfenced, EffectsVerdict, EffectsVerified, RunEffects,
 };
 
 fn who(a: &Attribution) -> String {
@@ -158,9 +158,10 @@ pub fn history(h: &EffectsHistoryListing) -> String {
 
 pub fn status(s: &EffectsStatus) -> String {
     let mut out = format!(
-        "system effects: protocol v{}, observer sha256 {}\ndomains observed: {}{}\n",
+        "system effects: protocol v{}, observer sha256 {}, verifier sha256 {}\ndomains observed: {}{}\n",
         s.protocol,
         clean(&s.observer_sha256),
+        clean(&s.verifier_sha256),
         s.domains
             .iter()
             .map(|d| d.as_str())
@@ -198,4 +199,29 @@ pub fn unfenced(u: &EffectsUnfenced) -> String {
         clean(&u.session_id),
         clean(&u.run_id)
     )
+}
+
+pub fn verified(v: &EffectsVerified) -> String {
+    let report: Option<allox_protocol::effects_report::Report> =
+        serde_json::from_str(&v.report).ok();
+    if v.ok {
+        let (verdict, root) = report
+            .as_ref()
+            .map(|r| {
+                (
+                    r.verdict.map(|v| v.as_str()).unwrap_or("?"),
+                    r.root.clone().unwrap_or_default(),
+                )
+            })
+            .unwrap_or(("?", String::new()));
+        format!(
+            "sound: the chain ends at {}; every domain's verdict follows from its captures (the run: {verdict})\n",
+            clean(&root)
+        )
+    } else {
+        format!(
+            "NOT SOUND: {}\n",
+            clean(v.first_bad.as_deref().unwrap_or("the verifier says no"))
+        )
+    }
 }

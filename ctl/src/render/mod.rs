@@ -99,6 +99,14 @@ pub fn render(response: &Response) -> String {
         Response::EffectsHistory(h) => effects::history(h),
         Response::EffectsStatus(s) => effects::status(s),
         Response::EffectsUnfenced(u) => effects::unfenced(u),
+        Response::EffectsVerified(v) => effects::verified(v),
+        Response::EffectsExportChunk(x) => format!(
+            "{} bytes of the export's {} from offset {}{}\n",
+            x.data.0.len(),
+            x.size,
+            x.offset,
+            if x.eof { " (its end)" } else { "" }
+        ),
         Response::ShareAgent(a) => share::agent(a),
         Response::Share(i) => share::info(i),
         Response::SessionStats(st) => stats::session(st),

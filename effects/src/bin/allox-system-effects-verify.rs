@@ -63,7 +63,7 @@ fn main() {
     };
     let mut out = std::io::stdout().lock();
     if out
-        .write_all(&report.to_bytes())
+        .write_all(&allox_effects::verify::report_bytes(&report))
         .and_then(|_| out.flush())
         .is_err()
     {

@@ -149,6 +149,11 @@ pub struct EffectsSettings {
     /// `--system-effects-observer-sha256 HEX`: its pinned hash (the one
     /// fixed at build when not given).
     pub observer_sha256: Option<String>,
+    /// `--system-effects-verifier FILE`: the verifier executable.
+    pub verifier: Option<PathBuf>,
+    /// `--system-effects-verifier-sha256 HEX`: its pinned hash (the one
+    /// fixed at build when not given).
+    pub verifier_sha256: Option<String>,
     /// `--system-effects-ring-bytes`: the history's ring buffer.
     pub ring_bytes: u32,
     /// `--system-effects-without-lsm`: the history without its BPF LSM

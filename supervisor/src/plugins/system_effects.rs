@@ -66,6 +66,9 @@ pub struct SystemEffects {
 
 struct Started {
     exe: observer::Executable,
+    /// The independent verifier, run over every closed evidence set
+    /// before the run is answered, and by `effects.verify`.
+    verifier: observer::Executable,
     /// sha256 (hex) of the supervisor's own executable, bound into every
     /// chain's `begin`.
     supervisor_sha256: String,
@@ -394,7 +397,42 @@ fn watch(
     Some(keep)
 }
 
+/// How long the verifier may take over one set.
+const VERIFY_WAIT: Duration = Duration::from_secs(30);
+
 impl Started {
+    /// The verifier's report on the set in `dir`, checked against `root`
+    /// when given: the report's bytes, parsed; or why the verifier gave
+    /// none (it failed, or was not asked right).
+    fn verify(
+        &self,
+        dir: &Path,
+        root: Option<&str>,
+    ) -> Result<(allox_effects::verify::Report, String), String> {
+        let mut args = Vec::new();
+        if let Some(r) = root {
+            args.extend(["--root".to_string(), r.to_string()]);
+        }
+        args.push(dir.display().to_string());
+        let (code, out) = self.verifier.run(&args, VERIFY_WAIT)?;
+        let text = String::from_utf8(out)
+            .map_err(|_| format!("the verifier (exit {code}) wrote a report that is not UTF-8"))?;
+        match code {
+            0 | 1 => {
+                let r: allox_effects::verify::Report = serde_json::from_str(text.trim_end())
+                    .map_err(|e| format!("the verifier (exit {code}) wrote no report: {e}"))?;
+                if r.ok != (code == 0) {
+                    return Err(format!(
+                        "the verifier exited {code} with a report that says ok={}",
+                        r.ok
+                    ));
+                }
+                Ok((r, text.trim_end().to_string()))
+            }
+            c => Err(format!("the verifier failed (exit {c})")),
+        }
+    }
+
     /// What every observer is started with: its history loaded before the
     /// first run asks for it.
     fn observer_args(&self) -> Vec<String> {
@@ -490,7 +528,25 @@ impl Plugin for SystemEffects {
                     "no observer hash is pinned: this binary was built without ALLOX_OBSERVE_SHA256; pass --system-effects-observer-sha256",
                 )
             })?;
-        let exe = observer::Executable::load(&path, pinned).map_err(start_err)?;
+        let exe =
+            observer::Executable::load(&path, pinned, observer::OBSERVER).map_err(start_err)?;
+        let vpath = match &es.verifier {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()
+                .map_err(|e| start_err(format!("find this executable: {e}")))?
+                .with_file_name(observer::VERIFIER.name),
+        };
+        let vpinned = es
+            .verifier_sha256
+            .as_deref()
+            .or(observer::VERIFIER_PINNED_AT_BUILD)
+            .ok_or_else(|| {
+                start_err(
+                    "no verifier hash is pinned: this binary was built without ALLOX_VERIFY_SHA256; pass --system-effects-verifier-sha256",
+                )
+            })?;
+        let verifier =
+            observer::Executable::load(&vpath, vpinned, observer::VERIFIER).map_err(start_err)?;
         let ring = es.ring_bytes;
         if ring < 4096 || !ring.is_power_of_two() {
             return Err(start_err(format!(
@@ -547,6 +603,7 @@ impl Plugin for SystemEffects {
         let st = Arc::new(Started {
             supervisor_sha256,
             exe,
+            verifier,
             scope,
             scope_file: es.scope.clone(),
             ring_bytes: ring,
@@ -757,6 +814,23 @@ impl Plugin for SystemEffects {
                     e.fenced = true;
                     e.fence_reason = Some(why.clone());
                     e.verdict = EffectsVerdict::Incomplete;
+                } else {
+                    // The independent check: the set as written, read back
+                    // by the pinned verifier, must be sound and its verdict
+                    // follow from its captures.
+                    let why = match st.verify(&evidence, Some(&e.evidence_root)) {
+                        Ok((r, _)) if r.ok => None,
+                        Ok((r, _)) => Some(format!(
+                            "the verifier disagrees: {}",
+                            r.first_bad_line().unwrap_or_default()
+                        )),
+                        Err(why) => Some(why),
+                    };
+                    if let Some(why) = why {
+                        e.fenced = true;
+                        e.fence_reason = Some(why);
+                        e.verdict = EffectsVerdict::Incomplete;
+                    }
                 }
                 if e.fenced {
                     let why = e
@@ -1035,6 +1109,7 @@ fn serve(st: &Started, req: &Request) -> Result<Response, PluginError> {
         Request::EffectsStatus(s) => Ok(Response::EffectsStatus(EffectsStatus {
             protocol: EFFECTS_PROTOCOL,
             observer_sha256: st.exe.sha256.clone(),
+            verifier_sha256: st.verifier.sha256.clone(),
             domains: st.scope.domains.clone(),
             scope_file: st.scope_file.as_ref().map(|p| p.display().to_string()),
             fences: st.fences.list(s.agent_id.as_deref()),
@@ -1090,9 +1165,76 @@ fn serve(st: &Started, req: &Request) -> Result<Response, PluginError> {
                 run_id: u.run_id.clone(),
             }))
         }
+        Request::EffectsVerify(v) => {
+            let dir = closed_set(st, &v.agent_id, &v.session_id, &v.run_id)?;
+            if let Some(r) = &v.evidence_root {
+                if r.len() != 64 || !r.bytes().all(|c| c.is_ascii_hexdigit()) {
+                    return Err(answered(
+                        ErrorCode::InvalidRequest,
+                        format!("evidence_root {r:?} is not a sha256 in hex"),
+                    ));
+                }
+            }
+            let (r, text) = st
+                .verify(&dir, v.evidence_root.as_deref())
+                .map_err(|why| answered(ErrorCode::Internal, why))?;
+            Ok(Response::EffectsVerified(allox_protocol::EffectsVerified {
+                ok: r.ok,
+                first_bad: r.first_bad_line(),
+                report: text,
+            }))
+        }
+        Request::EffectsExport(x) => {
+            let dir = closed_set(st, &x.agent_id, &x.session_id, &x.run_id)?;
+            let top = format!("effects-{}-{}-{}", x.agent_id, x.session_id, x.run_id);
+            let tar = allox_effects::export::tar_set(&dir, &top).map_err(|e| {
+                answered(
+                    ErrorCode::Internal,
+                    format!("read the evidence set {}: {e}", dir.display()),
+                )
+            })?;
+            let size = tar.len() as u64;
+            let offset = x.offset.unwrap_or(0);
+            if offset > size {
+                return Err(answered(
+                    ErrorCode::InvalidRequest,
+                    format!("offset {offset} is past the export's end ({size} bytes)"),
+                ));
+            }
+            let end = size.min(offset + allox_protocol::FS_CHUNK);
+            Ok(Response::EffectsExportChunk(
+                allox_protocol::EffectsExportChunk {
+                    offset,
+                    data: tar[offset as usize..end as usize].to_vec().into(),
+                    size,
+                    eof: end == size,
+                    sha256: allox_effects::chain::sha256_hex(&tar),
+                },
+            ))
+        }
         other => Err(PluginError::NoHandler {
             plugin: NAME,
             action: other.action(),
         }),
     }
+}
+
+/// The evidence set of run `a/s/r`, which must exist and be closed (no
+/// observation of it going on).
+fn closed_set(st: &Started, a: &str, s: &str, r: &str) -> Result<PathBuf, PluginError> {
+    check_ids(&[("agent_id", a), ("session_id", s), ("run_id", r)])?;
+    let dir = st.evidence(a, s, r);
+    if !dir.join(allox_effects::chain::RECORDS).exists() {
+        return Err(answered(
+            ErrorCode::NotFound,
+            format!("no evidence of run {a}/{s}/{r}: not an observed run"),
+        ));
+    }
+    if dir.join(PENDING).exists() {
+        return Err(answered(
+            ErrorCode::Conflict,
+            format!("run {a}/{s}/{r} is still observed: its evidence is not closed"),
+        ));
+    }
+    Ok(dir)
 }

@@ -1,8 +1,10 @@
-//! The observer executable, as the plugin holds it: read once into a
-//! sealed memory file and its sha256 checked against the pinned one; every
-//! observer process is run from that file, with its conversation on its
-//! standard input and its pidfd held here (the plugin keeps observers
-//! waiting between runs: `take_observer`, `give_back`).
+//! The plugin's pinned executables, the observer and the verifier, as the
+//! plugin holds them: each read once into a sealed memory file and its
+//! sha256 checked against the pinned one; every process is run from that
+//! file. An observer has its conversation on its standard input and its
+//! pidfd held here (the plugin keeps observers waiting between runs:
+//! `take_observer`, `give_back`); the verifier is run to its end
+//! ([`Executable::run`]).
 
 use allox_effects::observer::wire::{self, FromObserver, ToObserver};
 use rustix::fd::{AsFd, AsRawFd, OwnedFd};
@@ -12,14 +14,35 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The sha256 fixed at build (`ALLOX_OBSERVE_SHA256`), if any.
+/// The observer's sha256 fixed at build (`ALLOX_OBSERVE_SHA256`), if any.
 pub const PINNED_AT_BUILD: Option<&str> = option_env!("ALLOX_OBSERVE_SHA256");
+/// The verifier's sha256 fixed at build (`ALLOX_VERIFY_SHA256`), if any.
+pub const VERIFIER_PINNED_AT_BUILD: Option<&str> = option_env!("ALLOX_VERIFY_SHA256");
 
-/// The observer's executable, sealed.
+/// What a pinned executable is: its role in messages and its name.
+#[derive(Debug, Clone, Copy)]
+pub struct Role {
+    /// `observer`, `verifier`.
+    pub what: &'static str,
+    /// `allox-observe`, `allox-system-effects-verify`.
+    pub name: &'static str,
+}
+
+pub const OBSERVER: Role = Role {
+    what: "observer",
+    name: "allox-observe",
+};
+pub const VERIFIER: Role = Role {
+    what: "verifier",
+    name: "allox-system-effects-verify",
+};
+
+/// A pinned executable, sealed.
 pub struct Executable {
     memfd: OwnedFd,
     pub sha256: String,
     pub path: PathBuf,
+    role: Role,
 }
 
 use allox_effects::chain::hex;
@@ -31,24 +54,25 @@ fn refuse(why: String) -> String {
 impl Executable {
     /// Reads `path` into a sealed memory file and checks it against
     /// `pinned` (hex sha256).
-    pub fn load(path: &Path, pinned: &str) -> Result<Executable, String> {
+    pub fn load(path: &Path, pinned: &str, role: Role) -> Result<Executable, String> {
+        let what = role.what;
         let bytes = std::fs::read(path)
-            .map_err(|e| refuse(format!("read the observer {}: {e}", path.display())))?;
+            .map_err(|e| refuse(format!("read the {what} {}: {e}", path.display())))?;
         let found = hex(&Sha256::digest(&bytes));
         if !found.eq_ignore_ascii_case(pinned) {
             return Err(refuse(format!(
-                "the observer {} has sha256 {found}, not the pinned {pinned}",
+                "the {what} {} has sha256 {found}, not the pinned {pinned}",
                 path.display()
             )));
         }
         let memfd = rustix::fs::memfd_create(
-            "allox-observe",
+            role.name,
             rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
         )
-        .map_err(|e| refuse(format!("create the observer's memory file: {e}")))?;
+        .map_err(|e| refuse(format!("create the {what}'s memory file: {e}")))?;
         let mut f = std::fs::File::from(memfd);
         std::io::Write::write_all(&mut f, &bytes)
-            .map_err(|e| refuse(format!("fill the observer's memory file: {e}")))?;
+            .map_err(|e| refuse(format!("fill the {what}'s memory file: {e}")))?;
         rustix::fs::fcntl_add_seals(
             &f,
             rustix::fs::SealFlags::SEAL
@@ -56,24 +80,83 @@ impl Executable {
                 | rustix::fs::SealFlags::GROW
                 | rustix::fs::SealFlags::WRITE,
         )
-        .map_err(|e| refuse(format!("seal the observer's memory file: {e}")))?;
+        .map_err(|e| refuse(format!("seal the {what}'s memory file: {e}")))?;
         // What will be executed is what is checked: the sealed copy.
         f.rewind()
-            .map_err(|e| refuse(format!("read the observer's memory file: {e}")))?;
+            .map_err(|e| refuse(format!("read the {what}'s memory file: {e}")))?;
         let mut again = Vec::with_capacity(bytes.len());
         f.read_to_end(&mut again)
-            .map_err(|e| refuse(format!("read the observer's memory file: {e}")))?;
+            .map_err(|e| refuse(format!("read the {what}'s memory file: {e}")))?;
         let sealed = hex(&Sha256::digest(&again));
         if sealed != found {
             return Err(refuse(format!(
-                "the observer's sealed copy has sha256 {sealed}, not {found}"
+                "the {what}'s sealed copy has sha256 {sealed}, not {found}"
             )));
         }
         Ok(Executable {
             memfd: f.into(),
             sha256: found,
             path: path.to_path_buf(),
+            role,
         })
+    }
+
+    /// The path the kernel executes it by: the sealed file itself
+    /// (`/proc/self/fd/N` is resolved by the exec before descriptors
+    /// marked close-on-exec are closed).
+    fn exe(&self) -> String {
+        format!("/proc/self/fd/{}", self.memfd.as_raw_fd())
+    }
+
+    /// Runs it with `args` to its end, at most `wait` (then it is
+    /// killed): its exit code and what it wrote on its standard output.
+    pub fn run(&self, args: &[String], wait: Duration) -> Result<(i32, Vec<u8>), String> {
+        let what = self.role.what;
+        let mut child = std::process::Command::new(self.exe())
+            .arg0(self.role.name)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .env_clear()
+            .spawn()
+            .map_err(|e| format!("start the {what}: {e}"))?;
+        let mut out = child.stdout.take().expect("piped");
+        let reader = std::thread::spawn(move || {
+            let mut b = Vec::new();
+            let _ = out.read_to_end(&mut b);
+            b
+        });
+        let pid = rustix::process::Pid::from_raw(child.id() as i32)
+            .ok_or_else(|| format!("the {what} has no pid"))?;
+        let ended = match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) {
+            Ok(fd) => {
+                let mut fds = [rustix::event::PollFd::new(
+                    &fd,
+                    rustix::event::PollFlags::IN,
+                )];
+                let ts = rustix::event::Timespec {
+                    tv_sec: wait.as_secs() as _,
+                    tv_nsec: wait.subsec_nanos() as _,
+                };
+                matches!(rustix::event::poll(&mut fds, Some(&ts)), Ok(n) if n > 0)
+            }
+            Err(_) => false,
+        };
+        if !ended {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = reader.join();
+            return Err(format!("the {what} did not end within {wait:?}"));
+        }
+        let status = child
+            .wait()
+            .map_err(|e| format!("wait for the {what}: {e}"))?;
+        let out = reader.join().unwrap_or_default();
+        match status.code() {
+            Some(c) => Ok((c, out)),
+            None => Err(format!("the {what} ended by {status}")),
+        }
     }
 
     /// Starts an observer with `args`: its standard input is one end of a
@@ -81,12 +164,9 @@ impl Executable {
     pub fn spawn(&self, args: &[String]) -> Result<Observer, String> {
         let (ours, theirs) =
             UnixStream::pair().map_err(|e| format!("make the observer's socket: {e}"))?;
-        // Executed by the kernel from the sealed file: `/proc/self/fd/N`
-        // is resolved by the exec before descriptors marked close-on-exec
-        // are closed.
-        let exe = format!("/proc/self/fd/{}", self.memfd.as_raw_fd());
-        let child = std::process::Command::new(&exe)
-            .arg0("allox-observe")
+        // Executed by the kernel from the sealed file.
+        let child = std::process::Command::new(self.exe())
+            .arg0(self.role.name)
             .args(args)
             .stdin(std::process::Stdio::from(OwnedFd::from(theirs)))
             .stdout(std::process::Stdio::null())

@@ -108,6 +108,14 @@ fn observer_args(scope: &std::path::Path) -> anyhow::Result<(Vec<String>, bool)>
         .next()
         .unwrap_or_default()
         .to_string();
+    let vexe = workspace_bin("allox-system-effects-verify");
+    let out = Command::new("sha256sum").arg(&vexe).output()?;
+    anyhow::ensure!(out.status.success(), "sha256sum {}", vexe.display());
+    let vsha = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
     let mut args = vec![
         "--plugin".to_string(),
         "system-effects".into(),
@@ -115,6 +123,10 @@ fn observer_args(scope: &std::path::Path) -> anyhow::Result<(Vec<String>, bool)>
         exe.display().to_string(),
         "--system-effects-observer-sha256".into(),
         sha,
+        "--system-effects-verifier".into(),
+        vexe.display().to_string(),
+        "--system-effects-verifier-sha256".into(),
+        vsha,
         "--system-effects-scope".into(),
         scope.display().to_string(),
     ];

@@ -210,6 +210,14 @@ echo "\$ alloxctl effects history agent-a session-1 $(last_run agent-a session-1
 echo; echo "# a run that leaves a residue in its agent's shared/ (outside the session, kept by rollback)"
 in_vm agent-a session-1 'echo "left behind" > "$ALLOX_AGENT_SHARED/residue"'
 ctl effects get agent-a session-1 "$(last_run agent-a session-1)"
+RESIDUE=$(last_run agent-a session-1)
+echo; echo "# its evidence checked by the verifier in the guest, then exported and checked again"
+echo "# on the host by the same verifier built for the host: the same report"
+ctl effects verify agent-a session-1 "$RESIDUE"
+ctl effects export agent-a session-1 "$RESIDUE" -o "$WORK/residue-evidence.tar"
+echo "\$ alloxctl effects verify --export residue-evidence.tar"
+"$BIN/alloxctl" effects verify --export "$WORK/residue-evidence.tar" \
+    --verifier "$(dirname "$ALLOX_INITRD")/allox-system-effects-verify"
 echo; echo "# /bin/true: every observed domain CONSISTENT"
 in_vm agent-a session-1 '/bin/true'
 ctl effects get agent-a session-1 "$(last_run agent-a session-1)"

@@ -1677,6 +1677,82 @@ fn guest_system_effects_observe_runs_with_the_bpf_lsm_in_the_vm() {
         }
         other => panic!("{other:?}"),
     }
+    // The verifier in the guest, and a verifier built for the host over
+    // the guest's export of the same set: the same report bytes. A byte
+    // flipped in the export's verdict body is named.
+    let root = residue.evidence_root.clone();
+    let v = match ok(
+        &mut c,
+        Request::EffectsVerify(EffectsVerify {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: residue.run_id.clone(),
+            evidence_root: Some(root.clone()),
+        }),
+    ) {
+        Response::EffectsVerified(v) => v,
+        other => panic!("{other:?}"),
+    };
+    assert!(v.ok, "{v:?}");
+    let export = dir.path().join("residue.tar");
+    let mut tar = Vec::new();
+    allox_ctl::effects::export(
+        &mut c,
+        &EffectsExport {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: residue.run_id.clone(),
+            offset: None,
+        },
+        &mut tar,
+    )
+    .expect("the export");
+    std::fs::write(&export, &tar).unwrap();
+    let host_verify = |args: &[&str], path: &Path| {
+        let out = Command::new(allox_integration::workspace_bin(
+            "allox-system-effects-verify",
+        ))
+        .args(args)
+        .arg(path)
+        .output()
+        .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, report) = host_verify(&["--root", &root, "--export"], &export);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report, format!("{}\n", v.report));
+    let unpacked = dir.path().join("unpacked");
+    std::fs::create_dir(&unpacked).unwrap();
+    assert!(Command::new("tar")
+        .arg("-xf")
+        .arg(&export)
+        .arg("-C")
+        .arg(&unpacked)
+        .status()
+        .unwrap()
+        .success());
+    let set = std::fs::read_dir(&unpacked)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let verdict_body = set.join("bodies/000004-verdict.json");
+    let mut b = std::fs::read(&verdict_body).unwrap();
+    let i = b.len() / 2;
+    b[i] ^= 1;
+    std::fs::write(&verdict_body, &b).unwrap();
+    let (code, report) = host_verify(&["--root", &root], &set);
+    assert_eq!(code, Some(1), "{report}");
+    let r: allox_protocol::effects_report::Report = serde_json::from_str(&report).unwrap();
+    assert_eq!(
+        r.first_bad.as_ref().map(|b| (b.file.as_str(), b.seq)),
+        Some(("bodies/000004-verdict.json", Some(4))),
+        "{report}"
+    );
 
     // A module loaded by a root process in the run's cgroup (standing in
     // for an escaped agent; hosts boot with `nomodule`, so only the guest
@@ -1704,4 +1780,19 @@ fn guest_system_effects_observe_runs_with_the_bpf_lsm_in_the_vm() {
     );
     let (pending, _) = inspect_store(&store);
     assert_eq!(pending, 0);
+    // The set on the VM's store, read on the host after the power-off: the
+    // guest's report again.
+    let mnt = store.with_extension("mnt");
+    assert!(Command::new("mount")
+        .args(["-o", "loop,ro"])
+        .arg(&store)
+        .arg(&mnt)
+        .status()
+        .unwrap()
+        .success());
+    let on_store = mnt.join("allox/state/effects/a/s").join(&residue.run_id);
+    let (code, report) = host_verify(&["--root", &root], &on_store);
+    let _ = Command::new("umount").arg(&mnt).status();
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report, format!("{}\n", v.report));
 }

@@ -238,6 +238,11 @@ def check_gateway(at: str, gw: dict, docs: list[dict], out: list[str]) -> None:
     if sc.get("privileged"):
         out.append(f"{at}: gateway is privileged")
 
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        got = gw.get(probe, {}).get("httpGet", {})
+        if got.get("path") != path or got.get("port") not in ("http", 8092):
+            out.append(f"{at}: the gateway's {probe} is not GET {path} on its port")
+
     argv = gw.get("command", []) + gw.get("args", [])
     env_name = arg_value(argv, "--token-env")
     env = {e["name"]: e for e in gw.get("env", [])}

@@ -112,6 +112,10 @@ MUTATIONS = [
     ("socket dir on disk", lambda d: next(v for v in pod(d)["volumes"] if v["name"] == "run-allox")[
         "emptyDir"].pop("medium"), "in-memory"),
     ("no liveness probe", lambda d: container(d, "supervisor").pop("livenessProbe"), "livenessProbe"),
+    ("gateway ready on a bare port", lambda d: container(d, "gateway").update(
+        readinessProbe={"tcpSocket": {"port": "http"}}), "GET /readyz"),
+    ("gateway without liveness", lambda d: container(d, "gateway").pop("livenessProbe"),
+     "GET /healthz"),
     ("service account token", lambda d: pod(d).pop("automountServiceAccountToken"),
      "automountServiceAccountToken"),
     ("service links", lambda d: pod(d).update(enableServiceLinks=True), "enableServiceLinks"),

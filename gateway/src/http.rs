@@ -124,6 +124,12 @@ async fn answer(req: HttpRequest, shared: &Arc<Shared>) -> HttpResponse {
     let mut response = match route(&method, &url) {
         Route::Files(f) => files::serve(req, f, shared).await,
         Route::Refused(reply) => refuse(req, reply, shared).await,
+        Route::Health => respond(Reply {
+            status: 200,
+            body: Some(serde_json::json!({"status": "ok"})),
+            headers: Vec::new(),
+        }),
+        Route::Ready => respond(ready(shared).await),
         Route::OpenApi => match shared.access.check_document(&headers_of(&req)) {
             Ok(()) => openapi(),
             Err(r) => respond(Reply::refused(&r)),
@@ -141,6 +147,38 @@ async fn answer(req: HttpRequest, shared: &Arc<Shared>) -> HttpResponse {
         }
     }
     response
+}
+
+/// How long `/readyz` waits for the daemon.
+const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// `GET /readyz`: 200 when the daemon answers `system.info` within
+/// [`READY_WAIT`] and its store takes changes (mounted read-write, opened
+/// whole, its journal replayed); 503 naming which is not so. The reason
+/// the store gives is the daemon's to tell (`alloxctl info`): an
+/// unauthenticated probe gets only which condition failed.
+async fn ready(shared: &Arc<Shared>) -> Reply {
+    let not = |why: &str| Reply {
+        status: 503,
+        body: Some(serde_json::json!({"ready": false, "why": why})),
+        headers: Vec::new(),
+    };
+    let call = shared.daemon.call(allox_protocol::Request::SystemInfo(
+        allox_protocol::SystemInfoRequest {},
+    ));
+    match tokio::time::timeout(READY_WAIT, call).await {
+        Ok(Ok(Ok(allox_protocol::Response::System(info)))) => match info.store_read_only {
+            None => Reply {
+                status: 200,
+                body: Some(serde_json::json!({"ready": true})),
+                headers: Vec::new(),
+            },
+            Some(_) => not("the store refuses changes"),
+        },
+        Ok(Ok(_)) => not("the daemon does not answer system.info"),
+        Ok(Err(_)) => not("the daemon cannot be reached"),
+        Err(_) => not("the daemon did not answer in time"),
+    }
 }
 
 /// The answer to give without reading the body, or `None` when the body

@@ -55,6 +55,10 @@ use token::TokenError;
 pub const RPC_PATH: &str = "/v1/rpc";
 /// Where the OpenAPI document is served.
 pub const OPENAPI_PATH: &str = "/v1/openapi.json";
+/// Liveness: the gateway answers (no token, no call to the daemon).
+pub const HEALTHZ_PATH: &str = "/healthz";
+/// Readiness: the daemon answers and its store takes changes (no token).
+pub const READYZ_PATH: &str = "/readyz";
 /// Largest request body accepted.
 pub const MAX_BODY: usize = 1 << 20;
 /// Threads of the gateway's runtime (daemon calls run beside them, on its
@@ -288,6 +292,10 @@ pub enum Route {
     Files(files::FileRequest),
     /// `GET /v1/openapi.json`.
     OpenApi,
+    /// `GET /healthz`.
+    Health,
+    /// `GET /readyz`.
+    Ready,
     /// Answered at once: no such path, or not a method served there.
     Refused(Reply),
 }
@@ -300,6 +308,14 @@ pub fn route(method: &str, url: &str) -> Route {
             Ok(f) => Route::Files(f),
             Err(e) => Route::Refused(e.reply()),
         };
+    }
+    for (p, r) in [(HEALTHZ_PATH, Route::Health), (READYZ_PATH, Route::Ready)] {
+        if path == p {
+            if method.eq_ignore_ascii_case("GET") || method.eq_ignore_ascii_case("HEAD") {
+                return r;
+            }
+            return Route::Refused(not_allowed(p, method, "GET, HEAD"));
+        }
     }
     if path == OPENAPI_PATH {
         if method.eq_ignore_ascii_case("GET") {
@@ -339,7 +355,7 @@ fn no_such_path(path: &str) -> Reply {
         404,
         ErrorCode::NotFound,
         format!(
-            "no such path {path:?}; the gateway serves POST {RPC_PATH} and {RPC_PATH}/{{action}}, GET {OPENAPI_PATH}, and GET and PUT {}/{{agent}}/{{session}}/{{path}}",
+            "no such path {path:?}; the gateway serves POST {RPC_PATH} and {RPC_PATH}/{{action}}, GET {OPENAPI_PATH}, GET and PUT {}/{{agent}}/{{session}}/{{path}}, and GET {HEALTHZ_PATH} and {READYZ_PATH}",
             files::FILES_PATH
         ),
     ))
@@ -535,6 +551,12 @@ mod tests {
             assert_eq!(refused("POST", url).status, 404, "{url}");
         }
         assert_eq!(refused("POST", "/v1/openapi.json").status, 405);
+        // The probes: GET and HEAD, their query ignored.
+        assert_eq!(route("GET", "/healthz"), Route::Health);
+        assert_eq!(route("HEAD", "/healthz"), Route::Health);
+        assert_eq!(route("GET", "/readyz?verbose"), Route::Ready);
+        assert_eq!(refused("POST", "/readyz").status, 405);
+        assert_eq!(refused("GET", "/healthz/x").status, 404);
         assert_eq!(refused("GET", "/v1/rpc/agent.list").status, 405);
         // The files: GET and PUT, anything else 405 naming both.
         for method in ["GET", "PUT"] {

@@ -71,6 +71,12 @@ pub struct SystemInfo {
     /// uptime; `uptime_ms` is the machine's).
     #[serde(default)]
     pub supervisor_uptime_ms: u64,
+    /// Why the store refuses changes, if it does: it opened read-only (its
+    /// index, its audit log or its recovery failed), an undo did not
+    /// finish, or its filesystem is mounted read-only. `None`: it takes
+    /// changes (the gateway's `/readyz`).
+    #[serde(default)]
+    pub store_read_only: Option<String>,
 }
 
 /// A loaded plugin, as `plugin.list` shows it.

@@ -160,7 +160,16 @@ impl Supervisor {
     pub(crate) fn answer(&self, req: &Request) -> Result<Response, RequestError> {
         let st = &self.store;
         Ok(match req {
-            Request::SystemInfo(_) => Response::System(system_info(self.plugins.names())),
+            Request::SystemInfo(_) => {
+                let mut info = system_info(self.plugins.names());
+                info.store_read_only = st.read_only_reason().or_else(|| {
+                    rustix::fs::statvfs(st.layout().root())
+                        .ok()
+                        .filter(|v| v.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
+                        .map(|_| "the store's filesystem is mounted read-only".to_string())
+                });
+                Response::System(info)
+            }
             Request::PluginList(_) => Response::Plugins(self.plugins.listing()),
             Request::Shutdown(_) => {
                 tracing::info!("system.shutdown requested");
@@ -571,6 +580,7 @@ fn system_info(plugins: Vec<String>) -> allox_protocol::SystemInfo {
         init_zombies,
         plugins,
         supervisor_uptime_ms: uptime_ms.saturating_sub(started_ms),
+        store_read_only: None,
     }
 }
 

@@ -567,3 +567,68 @@ fn the_openapi_document_is_served_and_names_every_action() {
     assert!(status.success(), "{status:?}");
     drop(watch);
 }
+
+/// `/healthz` and `/readyz` as a Kubernetes probe fetches them (curl, no
+/// token): ready while the daemon answers and its store takes changes;
+/// not ready (503, saying which) on a store that opened degraded (its
+/// index unreadable), ready again after a restart on the healthy store,
+/// and not ready while the daemon is down; `/healthz` 200 throughout.
+#[test]
+fn readyz_follows_the_daemon_and_its_store_and_healthz_stays_up() {
+    let Some(mut st) = setup("readyz") else {
+        return;
+    };
+    let addr = st.gw.addr;
+    let probe = |path: &str| -> (u16, Value) {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "10", "-w", "\n%{http_code}"])
+            .arg(format!("http://{addr}{path}"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').expect("a status line");
+        (
+            code.parse().unwrap(),
+            serde_json::from_str(body).unwrap_or_else(|e| panic!("{path}: {e}: {body}")),
+        )
+    };
+    assert_eq!(probe("/healthz"), (200, json!({"status": "ok"})));
+    assert_eq!(probe("/readyz"), (200, json!({"ready": true})));
+
+    // The daemon restarted on a store whose index cannot be opened: it
+    // serves, read-only; the gateway is not ready.
+    let index = st.d.daemon.root.join("state/index.redb");
+    let kept = st.d.daemon.root.join("state/index.redb.kept");
+    std::fs::rename(&index, &kept).unwrap();
+    std::fs::write(&index, b"not an index").unwrap();
+    st.d.restart(&[]);
+    assert_eq!(
+        probe("/readyz"),
+        (
+            503,
+            json!({"ready": false, "why": "the store refuses changes"})
+        )
+    );
+    assert_eq!(probe("/healthz").0, 200);
+    match call(&st.d, Request::SystemInfo(SystemInfoRequest {})) {
+        Ok(Response::System(i)) => {
+            let why = i.store_read_only.unwrap_or_default();
+            assert!(why.contains("index"), "{why}");
+        }
+        other => panic!("system.info: {other:?}"),
+    }
+    // The healthy store again.
+    std::fs::rename(&kept, &index).unwrap();
+    st.d.restart(&[]);
+    assert_eq!(probe("/readyz"), (200, json!({"ready": true})));
+    // The daemon down.
+    st.d.daemon.terminate();
+    assert_eq!(
+        probe("/readyz"),
+        (
+            503,
+            json!({"ready": false, "why": "the daemon cannot be reached"})
+        )
+    );
+    assert_eq!(probe("/healthz").0, 200);
+}

@@ -2197,6 +2197,12 @@ class SystemInfo(Model):
     #: Processes on the machine, and exited children PID 1 has not reaped.
     processes: int
 
+    #: Why the store refuses changes, if it does: it opened read-only (its
+    #: index, its audit log or its recovery failed), an undo did not
+    #: finish, or its filesystem is mounted read-only. `None`: it takes
+    #: changes (the gateway's `/readyz`).
+    store_read_only: Optional[str] = None
+
     #: The supervisor's process id, and whether PID 1 is its parent (the
     #: guest) or not (a daemon on a host).
     supervisor_pid: int

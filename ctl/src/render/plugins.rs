@@ -54,9 +54,13 @@ pub(super) fn loaded_line(names: &[String]) -> String {
 /// PID 1.
 pub fn info(i: &allox_protocol::SystemInfo) -> String {
     let secs = |ms: u64| format!("{}.{:03} s", ms / 1000, ms % 1000);
+    let store = match &i.store_read_only {
+        None => "store:           takes changes\n".to_string(),
+        Some(why) => format!("store:           READ-ONLY: {}\n", clean(why)),
+    };
     if i.under_init {
         format!(
-            "uptime:          {}\nsupervisor:      pid {} (child of PID 1), up {}\ninit RSS:        {} KiB\nsupervisor RSS:  {} KiB\nprocesses:       {}\nunreaped by init: {}\n{}",
+            "uptime:          {}\nsupervisor:      pid {} (child of PID 1), up {}\ninit RSS:        {} KiB\nsupervisor RSS:  {} KiB\nprocesses:       {}\nunreaped by init: {}\n{store}{}",
             secs(i.uptime_ms),
             i.supervisor_pid,
             secs(i.supervisor_uptime_ms),
@@ -68,7 +72,7 @@ pub fn info(i: &allox_protocol::SystemInfo) -> String {
         )
     } else {
         format!(
-            "daemon uptime:   {}\ndaemon:          pid {}\ndaemon RSS:      {} KiB\nprocesses:       {}\n{}",
+            "daemon uptime:   {}\ndaemon:          pid {}\ndaemon RSS:      {} KiB\nprocesses:       {}\n{store}{}",
             secs(i.supervisor_uptime_ms),
             i.supervisor_pid,
             i.supervisor_rss_kib,
@@ -136,12 +140,21 @@ mod tests {
             init_zombies: 0,
             plugins: vec![],
             supervisor_uptime_ms: 2500,
+            store_read_only: None,
         };
         assert!(render(&Response::System(i.clone())).ends_with("plugins:         none\n"));
         // A host daemon: its own uptime, none of PID 1's figures.
         let host = render(&Response::System(i.clone()));
         assert!(host.starts_with("daemon uptime:   2.500 s\n"), "{host}");
         assert!(!host.contains("init") && !host.contains("1.500"), "{host}");
+        assert!(host.contains("store:           takes changes\n"), "{host}");
+        let mut ro = i.clone();
+        ro.store_read_only = Some("the index cannot be opened".into());
+        let ro = render(&Response::System(ro));
+        assert!(
+            ro.contains("store:           READ-ONLY: the index cannot be opened\n"),
+            "{ro}"
+        );
         let mut guest = i.clone();
         guest.under_init = true;
         let guest = render(&Response::System(guest));

@@ -470,6 +470,30 @@ fn start_run(socket: PathBuf, json: bool, run: Run, launch: Launch) -> ExitCode 
 }
 
 fn gateway(args: &GatewayArgs, socket: PathBuf) -> ExitCode {
+    let json = args.log_format == allox_ctl::cli::LogFormat::Json;
+    let logs = tracing_subscriber::fmt()
+        .log_internal_errors(false)
+        .with_env_filter(
+            std::env::var("ALLOX_LOG")
+                .ok()
+                .and_then(|f| tracing_subscriber::EnvFilter::try_new(f).ok())
+                .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr);
+    if json {
+        logs.json().flatten_event(true).init();
+    } else {
+        logs.with_ansi(false).init();
+    }
+    // What the gateway says of itself: plain lines, or (--log-format json)
+    // log events like the rest.
+    let say = |msg: String| {
+        if json {
+            tracing::info!("{msg}");
+        } else {
+            eprintln!("alloxctl gateway: {msg}");
+        }
+    };
     let cfg = args.config(&socket);
     let gateway = match Gateway::bind(&cfg) {
         Ok(g) => g,
@@ -479,22 +503,22 @@ fn gateway(args: &GatewayArgs, socket: PathBuf) -> ExitCode {
         }
     };
     // Scripts read the address from the first line.
-    eprintln!(
-        "alloxctl gateway: POST http://{}/v1/rpc -> {}",
+    say(format!(
+        "POST http://{}/v1/rpc -> {}",
         gateway.local_addr(),
         socket.display()
-    );
+    ));
     match &cfg.token_env {
-        Some(name) => eprintln!("alloxctl gateway: bearer token from ${name}"),
-        None => eprintln!(
-            "alloxctl gateway: bearer token in {} ({}); `alloxctl token` prints it",
+        Some(name) => say(format!("bearer token from ${name}")),
+        None => say(format!(
+            "bearer token in {} ({}); `alloxctl token` prints it",
             cfg.token_file.display(),
             if gateway.token_created() {
                 "new"
             } else {
                 "existing"
             }
-        ),
+        )),
     }
     match gateway.run() {
         Ok(()) => ExitCode::SUCCESS,

@@ -243,7 +243,7 @@ async fn get(target: Remote, shared: &Arc<Shared>) -> HttpResponse {
                 Err(e) => {
                     // The body is cut short of its Content-Length: the
                     // connection is ended, or the client would wait.
-                    eprintln!("alloxctl gateway: GET {}: {e}", target.path);
+                    tracing::warn!(path = %target.path, error = %e, "GET of a file cut short");
                     Err(e)
                 }
             };

@@ -67,7 +67,7 @@ pub async fn serve(gateway: Gateway, stop: impl Future<Output = ()>) -> io::Resu
                 Ok(a) => a,
                 Err(e) => {
                     // Out of descriptors, say: not a reason to stop.
-                    eprintln!("alloxctl gateway: accept: {e}");
+                    tracing::warn!(error = %e, "accept");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
@@ -122,7 +122,19 @@ async fn answer(req: HttpRequest, shared: &Arc<Shared>) -> HttpResponse {
         .unwrap_or_else(|| "/".into());
     let method = req.method().as_str().to_owned();
     let mut response = match route(&method, &url) {
-        Route::Files(f) => files::serve(req, f, shared).await,
+        Route::Files(f) => {
+            let (agent, session) = (f.target.agent.clone(), f.target.session.clone());
+            let r = files::serve(req, f, shared).await;
+            // The path is the request's; the bytes never are logged.
+            tracing::info!(
+                method,
+                agent,
+                session,
+                status = r.status().as_u16(),
+                "files request answered"
+            );
+            r
+        }
         Route::Refused(reply) => refuse(req, reply, shared).await,
         Route::Health => respond(Reply {
             status: 200,
@@ -234,7 +246,10 @@ async fn rpc(req: HttpRequest, action: Option<String>, shared: &Arc<Shared>) -> 
     };
     if let Some(options) = streamed {
         return match parse_body(&body, action.as_deref()) {
-            Ok(request) => stream::serve(request, options, shared),
+            Ok(request) => {
+                log_answered(request.action(), &request.target(), 200, true);
+                stream::serve(request, options, shared)
+            }
             Err(answer) => respond(Reply::json(answer)),
         };
     }
@@ -242,7 +257,23 @@ async fn rpc(req: HttpRequest, action: Option<String>, shared: &Arc<Shared>) -> 
         Ok(r) => r,
         Err(answer) => return respond(Reply::json(answer)),
     };
-    respond(Reply::json(answer_json(shared.daemon.call(request).await)))
+    let (action, target) = (request.action(), request.target());
+    let reply = Reply::json(answer_json(shared.daemon.call(request).await));
+    log_answered(action, &target, reply.status, false);
+    respond(reply)
+}
+
+/// One line per call in the gateway's log: the action and the agent and
+/// session its target names, and the HTTP status; never its params or
+/// the token.
+pub(crate) fn log_answered(action: &str, target: &str, status: u16, streamed: bool) {
+    let mut parts = target.splitn(3, '/');
+    let agent = parts.next().filter(|a| !a.is_empty());
+    let session = parts
+        .next()
+        .map(|s| s.split(':').next().unwrap_or(s))
+        .filter(|s| !s.is_empty());
+    tracing::info!(action, agent, session, status, streamed, "request answered");
 }
 
 /// A client connection that ACKs what it reads at once.

@@ -27,8 +27,19 @@ struct Cli {
     /// Log filter (tracing env-filter syntax), e.g. `info`, `allox_supervisor=debug`.
     #[arg(long, env = "ALLOX_LOG", default_value = "info", global = true)]
     log: String,
+    /// Log lines as text, or as one JSON object per line (time, level,
+    /// target, message, the event's fields, and the request's action,
+    /// agent, session and run in `span` where there is one).
+    #[arg(long, env = "ALLOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -66,7 +77,7 @@ fn main() {
         pid1::run();
     }
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         // A log that cannot be written (a full or size-limited file, a
         // console gone) loses the line; it must not panic the supervisor.
         .log_internal_errors(false)
@@ -74,12 +85,21 @@ fn main() {
             tracing_subscriber::EnvFilter::try_new(&cli.log)
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
-        .with_ansi(
-            std::io::IsTerminal::is_terminal(&std::io::stderr())
-                && std::env::var_os("NO_COLOR").is_none(),
-        )
-        .init();
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs
+            .with_ansi(
+                std::io::IsTerminal::is_terminal(&std::io::stderr())
+                    && std::env::var_os("NO_COLOR").is_none(),
+            )
+            .init(),
+        LogFormat::Json => logs
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
     match run(cli.cmd) {
         Ok(code) => std::process::exit(code),
         Err(e) => {

@@ -130,6 +130,20 @@ impl Supervisor {
         req: &Request,
         events: Option<EventSink>,
     ) -> Result<Response, ErrorBody> {
+        use tracing::Instrument;
+        let span = request_span(req);
+        self.handle_async_in(peer, request_id, req, events)
+            .instrument(span)
+            .await
+    }
+
+    async fn handle_async_in(
+        &self,
+        peer: &str,
+        request_id: u64,
+        req: &Request,
+        events: Option<EventSink>,
+    ) -> Result<Response, ErrorBody> {
         self.clocks.seen(req);
         let out = match self
             .admit(req, peer, request_id)
@@ -144,7 +158,24 @@ impl Supervisor {
     }
 
     fn audit(&self, peer: &str, request_id: u64, req: &Request, out: &Result<Response, ErrorBody>) {
-        if !req.is_mutating() {
+        // One line per request in the log (its span names it): changes at
+        // info, reads at debug; the code and message of a refusal, never
+        // the params.
+        let outcome = match out {
+            Ok(_) => "ok",
+            Err(e) => e.code.as_str(),
+        };
+        let why = out.as_ref().err().map(|e| e.message.as_str());
+        if req.is_mutating() {
+            // A run started: its id, which the request could not name.
+            let run_id = match out {
+                Ok(Response::Started(r)) => Some(r.run_id.as_str()),
+                Ok(Response::Exited(r)) => Some(r.run_id.as_str()),
+                _ => None,
+            };
+            tracing::info!(peer, request_id, outcome, why, run_id, "request answered");
+        } else {
+            tracing::debug!(peer, request_id, outcome, why, "request answered");
             return;
         }
         let entry = Entry {
@@ -185,6 +216,7 @@ impl Supervisor {
         request_id: u64,
         req: &Request,
     ) -> Result<Response, ErrorBody> {
+        let _span = request_span(req).entered();
         self.clocks.seen(req);
         let out = self
             .admit(req, peer, request_id)
@@ -422,4 +454,24 @@ fn answered_otherwise(req: &Request, got: &Response) -> ErrorBody {
         ErrorCode::Internal,
         format!("{} answered {}", req.action(), got.kind()),
     )
+}
+
+/// The span a request's log lines carry (`span` in JSON logs): its action,
+/// and the agent, session and run its target names. Never its params (a
+/// file's content, a secret).
+fn request_span(req: &Request) -> tracing::Span {
+    let target = req.target();
+    let mut parts = target.splitn(3, '/');
+    let agent = parts.next().filter(|a| !a.is_empty());
+    // A file request's target is `agent/session:path`.
+    let session = parts
+        .next()
+        .map(|s| s.split(':').next().unwrap_or(s))
+        .filter(|s| !s.is_empty());
+    let action = req.action();
+    let run = parts
+        .next()
+        .filter(|_| action.starts_with("process.") || action.starts_with("effects."))
+        .filter(|r| !r.is_empty() && !r.contains('/'));
+    tracing::info_span!("request", action, agent, session, run)
 }

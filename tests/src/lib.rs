@@ -216,6 +216,17 @@ impl Daemon {
     /// Starts the daemon with extra environment (e.g. `ALLOX_FAILPOINTS`)
     /// and extra arguments, and waits until its socket answers.
     pub fn start(root: &Path, socket: &Path, env: &[(&str, &str)], args: &[&str]) -> Daemon {
+        Daemon::start_logging(root, socket, env, args, None)
+    }
+
+    /// [`Daemon::start`] with its standard error (its log) into `log`.
+    pub fn start_logging(
+        root: &Path,
+        socket: &Path,
+        env: &[(&str, &str)],
+        args: &[&str],
+        log: Option<std::fs::File>,
+    ) -> Daemon {
         let cgroup = own_cgroup(root, args);
         let mut cmd = Command::new(workspace_bin("allox-init"));
         cmd.arg("supervise")
@@ -229,6 +240,9 @@ impl Daemon {
         cmd.args(args).env("ALLOX_LOG", "warn").stdin(Stdio::null());
         for (k, v) in env {
             cmd.env(k, v);
+        }
+        if let Some(f) = log {
+            cmd.stderr(f);
         }
         let mut child = cmd.spawn().expect("spawn allox-init");
         let t0 = Instant::now();

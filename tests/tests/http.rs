@@ -632,3 +632,142 @@ fn readyz_follows_the_daemon_and_its_store_and_healthz_stays_up() {
     );
     assert_eq!(probe("/healthz").0, 200);
 }
+
+/// Every line of a JSON log, parsed; what is wrong with one, if anything.
+fn json_lines(log: &str, what: &str) -> Vec<Value> {
+    log.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {l}"));
+            for k in ["timestamp", "level", "target", "message"] {
+                assert!(v.get(k).is_some(), "{what}: no {k} in {l}");
+            }
+            v
+        })
+        .collect()
+}
+
+/// `--log-format json` on the supervisor and on the gateway: every line
+/// one JSON object with time, level, target and message; the supervisor's
+/// request lines carry the action, agent and session (and a run's id), the
+/// gateway's each call's action and status; after a workload that used the
+/// token, wrote a file through the gateway and ran a program that printed
+/// a secret, neither log holds the token, the file's content or the
+/// program's output.
+#[test]
+fn json_logs_parse_line_by_line_and_carry_the_request_never_its_content() {
+    if !require("http::json_logs") {
+        return;
+    }
+    let fs = allox_integration::BtrfsFs::new(512).expect("btrfs");
+    let root = fs.path().join("store");
+    std::fs::create_dir(&root).unwrap();
+    let sock = fs.scratch().join("ctl.sock");
+    let log_path = fs.scratch().join("supervisor.log");
+    let d = allox_integration::Daemon::start_logging(
+        &root,
+        &sock,
+        &[("ALLOX_LOG", "info")],
+        &["--log-format", "json"],
+        Some(std::fs::File::create(&log_path).unwrap()),
+    );
+    let gw = Gateway::start(&sock, &["--log-format", "json"]);
+    let token = gateway_token(&sock);
+    let base = format!("http://{}", gw.addr);
+    let post = |action: &str, params: Value| -> Value {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "60"])
+            .args(["-H", &format!("Authorization: Bearer {token}")])
+            .args(["-H", "Content-Type: application/json"])
+            .args(["--data-binary", &params.to_string()])
+            .arg(format!("{base}/v1/rpc/{action}"))
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    post("agent.create", json!({"agent_id": "a"}));
+    post(
+        "session.create",
+        json!({"agent_id": "a", "session_id": "s"}),
+    );
+    let ran = post(
+        "process.start",
+        json!({"agent_id": "a", "session_id": "s", "wait": true,
+               "argv": ["/bin/sh", "-c", "echo OUTPUT-SECRET-1234; echo CONTENT-SECRET-5678 > made.txt"]}),
+    );
+    let run_id = ran["result"]["run_id"].as_str().expect("a run").to_string();
+    let put = Command::new("curl")
+        .args([
+            "-sS",
+            "-f",
+            "-X",
+            "PUT",
+            "--data-binary",
+            "UPLOAD-SECRET-9012",
+        ])
+        .args(["-H", &format!("Authorization: Bearer {token}")])
+        .arg(format!("{base}/v1/files/a/s/up.txt"))
+        .output()
+        .unwrap();
+    assert!(put.status.success(), "{put:?}");
+    post(
+        "session.delete",
+        json!({"agent_id": "a", "session_id": "nosuch"}),
+    );
+    let gw_log = gw.log.lock().unwrap().clone();
+    drop(gw);
+    drop(d);
+    let sup_log = std::fs::read_to_string(&log_path).unwrap();
+
+    let sup = json_lines(&sup_log, "supervisor");
+    let answered: Vec<&Value> = sup
+        .iter()
+        .filter(|v| v["message"] == "request answered")
+        .collect();
+    let of = |action: &str| {
+        answered
+            .iter()
+            .find(|v| v["span"]["action"] == action)
+            .copied()
+    };
+    let created =
+        of("session.create").unwrap_or_else(|| panic!("no session.create line: {sup_log}"));
+    assert_eq!(
+        (&created["span"]["agent"], &created["span"]["session"]),
+        (&json!("a"), &json!("s"))
+    );
+    assert_eq!(created["outcome"], "ok");
+    let started = of("process.start").expect("a process.start line");
+    assert_eq!(started["run_id"], json!(run_id));
+    let refused = of("session.delete").expect("a session.delete line");
+    assert_eq!(refused["outcome"], "not_found");
+    assert_eq!(of("fs.write").expect("the upload")["span"]["session"], "s");
+
+    let gws = json_lines(&gw_log, "gateway");
+    assert!(
+        gws.iter()
+            .any(|v| v["action"] == "agent.create" && v["status"] == 200),
+        "{gw_log}"
+    );
+    assert!(
+        gws.iter()
+            .any(|v| v["action"] == "session.delete" && v["status"] == 404),
+        "{gw_log}"
+    );
+    assert!(
+        gws.iter()
+            .any(|v| v["message"] == "files request answered" && v["session"] == "s"),
+        "{gw_log}"
+    );
+    for (name, log) in [("supervisor", &sup_log), ("gateway", &gw_log)] {
+        for secret in [
+            token.as_str(),
+            "OUTPUT-SECRET-1234",
+            "CONTENT-SECRET-5678",
+            "UPLOAD-SECRET-9012",
+        ] {
+            assert!(!log.contains(secret), "the {name} log holds {secret:?}");
+        }
+    }
+}

@@ -58,6 +58,19 @@ pub struct GatewayArgs {
     /// (For a file: each piece of the body, each write of the answer.)
     #[arg(long, value_name = "MS", default_value_t = 10_000)]
     pub http_timeout_ms: u64,
+    /// The gateway's log on standard error: text, or one JSON object per
+    /// line (time, level, target, message, and each call's action, agent,
+    /// session and HTTP status; never a token, params or file content).
+    /// `ALLOX_LOG` filters it (default `info`).
+    #[arg(long, env = "ALLOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// How logs are written.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 impl GatewayArgs {

@@ -20,7 +20,7 @@ pub use agent::AgentCommand;
 pub use checkpoint::{CheckpointCommand, DiffArgs, LogArgs, PolicyArgs, RollbackArgs};
 pub use effects::EffectsCommand;
 pub use fs::{CpArgs, FsCommand, FsWhere, FsWhereRead};
-pub use gateway::{GatewayArgs, TokenFileArg};
+pub use gateway::{GatewayArgs, LogFormat, TokenFileArg};
 pub use monitor::MonitorCommand;
 pub use net::{EgressArgs, NetCommand, NetworkArgs};
 pub use process::{AttachArgs, EventsArgs, KillArgs, LogsArgs, PsArgs, Run, RunArgs, WaitArgs};

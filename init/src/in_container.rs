@@ -43,6 +43,9 @@ pub fn run(args: ContainerArgs) -> anyhow::Result<i32> {
     let mut failpoints = std::env::var("ALLOX_FAILPOINTS").ok();
     let why = Keeper::new(sfd, plan.stop_timeout, move || {
         let mut cmd = plan.command(&exe, mem_total, pid_max);
+        if allox_init::guest::logs_json() {
+            cmd.env("ALLOX_LOG_FORMAT", "json");
+        }
         match failpoints.take() {
             Some(f) => {
                 log(format_args!("arming failpoints {f} in this supervisor"));

@@ -93,12 +93,15 @@ fn main() {
                     && std::env::var_os("NO_COLOR").is_none(),
             )
             .init(),
-        LogFormat::Json => logs
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(false)
-            .init(),
+        LogFormat::Json => {
+            logs.json()
+                .flatten_event(true)
+                .with_current_span(true)
+                .with_span_list(false)
+                .init();
+            // A container's keeper logs through the same subscriber.
+            allox_init::guest::log_as_json(true);
+        }
     }
     match run(cli.cmd) {
         Ok(code) => std::process::exit(code),

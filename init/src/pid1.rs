@@ -30,6 +30,7 @@ fn power_off() -> ! {
 
 /// A fatal error: say why on the console, then power off cleanly.
 fn fatal(msg: impl std::fmt::Display) -> ! {
+    allox_init::guest::release_logs(allox_init::guest::logs_json());
     log(format_args!("FATAL: {msg}"));
     log("powering off");
     // Whatever is still running must not outlive the store's unmount.
@@ -39,7 +40,11 @@ fn fatal(msg: impl std::fmt::Display) -> ! {
 }
 
 pub fn run() -> ! {
+    // Lines wait until the kernel command line (read once /proc is
+    // mounted) says whether they are JSON.
+    allox_init::guest::hold_logs();
     std::panic::set_hook(Box::new(|info| {
+        allox_init::guest::release_logs(allox_init::guest::logs_json());
         log(format_args!("panic: {info}"));
         log("powering off");
         power_off();
@@ -52,6 +57,15 @@ pub fn run() -> ! {
     machine::set_up();
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
     let mut settings = Settings::parse(&cmdline);
+    if settings.log_json {
+        tracing_subscriber::fmt()
+            .log_internal_errors(false)
+            .with_writer(std::io::stderr)
+            .json()
+            .flatten_event(true)
+            .init();
+    }
+    allox_init::guest::release_logs(settings.log_json);
     for u in &settings.unknown {
         log(format_args!(
             "warning: ignoring kernel command line setting {u:?}"

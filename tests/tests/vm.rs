@@ -126,6 +126,41 @@ fn inspect_store(img: &Path) -> (usize, Vec<String>) {
     (pending, cks)
 }
 
+/// What is wrong with a console whose init and supervisor log JSON
+/// (`allox.log_format=json`): a line of theirs in text, one that does not
+/// parse, no line of init's, or no request line of the supervisor's with
+/// its action and agent.
+fn json_logs_wrong(console: &str) -> Option<String> {
+    let mut init = 0;
+    let mut requests = 0;
+    for l in console.lines().map(|l| l.trim_end_matches('\r')) {
+        if l.contains("] allox-init: ") {
+            return Some(format!("a text line of init's: {l}"));
+        }
+        if !(l.starts_with('{') && l.contains("\"target\":\"allox_")) {
+            continue;
+        }
+        let v: serde_json::Value = match serde_json::from_str(l) {
+            Ok(v) => v,
+            Err(e) => return Some(format!("not JSON ({e}): {l}")),
+        };
+        if v["timestamp"].is_null() || v["level"].is_null() || v["message"].is_null() {
+            return Some(format!("without time, level or message: {l}"));
+        }
+        init += usize::from(v["target"] == "allox_init");
+        requests += usize::from(
+            v["message"] == "request answered"
+                && v["span"]["agent"] == "a"
+                && v["span"]["action"] == "session.create",
+        );
+    }
+    match (init, requests) {
+        (0, _) => Some("no JSON line of init's".into()),
+        (_, 0) => Some("no JSON line of the session.create request".into()),
+        _ => None,
+    }
+}
+
 #[test]
 fn guest_the_spine_and_exec_over_virtio_serial_then_an_orderly_shutdown() {
     let Some(img) = require_vm("vm::the_spine_and_exec_over_virtio_serial") else {
@@ -133,7 +168,8 @@ fn guest_the_spine_and_exec_over_virtio_serial_then_an_orderly_shutdown() {
     };
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let store = store_image(dir.path(), true);
-    let mut vm = Vm::boot(&img, Some(&store), &[]);
+    // With JSON logs (init's and the supervisor's), checked at the end.
+    let mut vm = Vm::boot(&img, Some(&store), &["allox.log_format=json"]);
     let (mut c, t) = vm.connect(BOOT);
     eprintln!("Hello answered {t:?} after QEMU started");
     let i = info(&mut c);
@@ -269,6 +305,7 @@ fn guest_the_spine_and_exec_over_virtio_serial_then_an_orderly_shutdown() {
     );
     assert!(console.contains("store unmounted"), "{console}");
     assert!(!console.contains("Kernel panic"), "{console}");
+    assert_eq!(json_logs_wrong(&console), None, "{console}");
     drop(vm);
     let (pending, cks) = inspect_store(&store);
     assert_eq!(

@@ -13,6 +13,9 @@ pub struct Settings {
     pub ctl: String,
     /// `allox.log=`: log filter for init and supervisor.
     pub log: String,
+    /// `allox.log_format=json`: init's and the supervisor's logs as one
+    /// JSON object per line (`text` by default).
+    pub log_json: bool,
     /// `allox.format=1`: format the store device if it is blank.
     pub format: bool,
     /// `allox.args=`: extra `supervise` options, comma-separated.
@@ -37,6 +40,7 @@ impl Default for Settings {
             store: PathBuf::from("/dev/vda"),
             ctl: "org.allox.ctl".into(),
             log: "info".into(),
+            log_json: false,
             format: false,
             args: Vec::new(),
             stop_timeout: Duration::from_secs(10),
@@ -62,6 +66,7 @@ impl Settings {
                 "store" if v.starts_with("/dev/") => s.store = PathBuf::from(v),
                 "ctl" if !v.is_empty() => s.ctl = v.to_string(),
                 "log" if !v.is_empty() => s.log = v.to_string(),
+                "log_format" if matches!(v, "json" | "text") => s.log_json = v == "json",
                 "format" if matches!(v, "0" | "1") => s.format = v == "1",
                 "args" => {
                     s.args = v
@@ -94,7 +99,7 @@ mod tests {
     #[test]
     fn settings_come_from_the_command_line() {
         let s = Settings::parse(
-            "console=ttyS0 quiet allox.store=/dev/vdb allox.ctl=org.x allox.log=debug \
+            "console=ttyS0 quiet allox.store=/dev/vdb allox.ctl=org.x allox.log=debug allox.log_format=json \
              allox.format=1 allox.args=--default-pids-max=64,--sandbox-network=isolated \
              allox.stop_timeout_ms=2500 allox.bogus=1 allox.store=relative \
              allox.net=10.0.2.15/24,10.0.2.2",
@@ -106,6 +111,12 @@ mod tests {
         assert_eq!(s.store, PathBuf::from("/dev/vdb"));
         assert_eq!(s.ctl, "org.x");
         assert_eq!(s.log, "debug");
+        assert!(s.log_json);
+        assert!(!Settings::parse("allox.log_format=text").log_json);
+        assert_eq!(
+            Settings::parse("allox.log_format=xml").unknown,
+            ["allox.log_format=xml"]
+        );
         assert!(s.format);
         assert_eq!(
             s.args,

@@ -22,6 +22,7 @@ pub fn command(s: &Settings, mem_total: u64, pid_max: u64, failpoints: Option<&s
         .args(&s.args)
         .args(s.limits.args(mem_total, pid_max, &s.args))
         .env("ALLOX_LOG", &s.log)
+        .env("ALLOX_LOG_FORMAT", if s.log_json { "json" } else { "text" })
         .env("NO_COLOR", "1")
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
     if let Some(f) = failpoints {

@@ -365,19 +365,11 @@ fn recompute(
     };
     let mut want: Vec<Difference> = compare(ca, cb);
     if d == EffectsDomain::Processes {
-        want.extend(survivors.iter().map(|s| Difference {
-            key: format!("pid {} {}", s.pid, s.comm),
-            kind: EffectChangeKind::Removed,
-            before: Some(format!(
-                "alive after the run's program ended (lineage {})",
-                s.lineage
-                    .iter()
-                    .map(|p| p.to_string())
-                    .collect::<Vec<_>>()
-                    .join(" < ")
-            )),
-            after: Some("killed before B".into()),
-        }));
+        want.extend(
+            survivors
+                .iter()
+                .map(crate::observer::domains::survivor_difference),
+        );
     }
     let items = [ca.items.len() as u64, cb.items.len() as u64];
     if de.items != items {

@@ -172,25 +172,30 @@ pub struct Extra {
     pub gaps: Vec<String>,
 }
 
+/// How the `processes` domain lists a survivor (frozen, listed, killed
+/// before B): the verifier recomputes it from the `verdict` record.
+pub fn survivor_difference(s: &Survivor) -> Difference {
+    Difference {
+        key: format!("pid {} {}", s.pid, s.comm),
+        kind: EffectChangeKind::Removed,
+        before: Some(format!(
+            "alive after the run's program ended (lineage {})",
+            s.lineage
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join(" < ")
+        )),
+        after: Some("killed before B".into()),
+    }
+}
+
 pub fn extra(d: EffectsDomain, fs: Option<&FsSeen>, survivors: &[Survivor]) -> Extra {
     let mut e = Extra::default();
     match d {
         EffectsDomain::Processes => {
-            for s in survivors {
-                e.differences.push(Difference {
-                    key: format!("pid {} {}", s.pid, s.comm),
-                    kind: EffectChangeKind::Removed,
-                    before: Some(format!(
-                        "alive after the run's program ended (lineage {})",
-                        s.lineage
-                            .iter()
-                            .map(|p| p.to_string())
-                            .collect::<Vec<_>>()
-                            .join(" < ")
-                    )),
-                    after: Some("killed before B".into()),
-                });
-            }
+            e.differences
+                .extend(survivors.iter().map(survivor_difference));
         }
         EffectsDomain::Filesystem => match fs {
             Some(f) if !f.observed.is_complete() => e.gaps.push(format!(

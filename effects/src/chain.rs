@@ -243,7 +243,13 @@ pub enum VerifyError {
     #[error("cannot read {0}: {1}")]
     Read(String, String),
     #[error("record {seq}: {why}")]
-    Record { seq: u64, why: String },
+    Record {
+        seq: u64,
+        /// The file found bad (relative to the set): the chain's own file,
+        /// or the record's body.
+        file: String,
+        why: String,
+    },
     #[error("the chain is empty")]
     Empty,
     #[error("the chain's first record is {0}, not begin")]
@@ -297,11 +303,21 @@ pub fn verify_in(src: &dyn Source, root: Option<&str>) -> Result<Verified, Verif
             }
             return Err(VerifyError::Record {
                 seq: i as u64,
+                file: RECORDS.into(),
                 why: "an empty line".into(),
             });
         }
         let seq = i as u64;
-        let bad = |why: String| VerifyError::Record { seq, why };
+        let bad = |why: String| VerifyError::Record {
+            seq,
+            file: RECORDS.into(),
+            why,
+        };
+        let bad_body = |file: &str, why: String| VerifyError::Record {
+            seq,
+            file: file.into(),
+            why,
+        };
         if i + 1 == lines.len() {
             return Err(bad("cut short: the last line has no end".into()));
         }
@@ -323,7 +339,7 @@ pub fn verify_in(src: &dyn Source, root: Option<&str>) -> Result<Verified, Verif
         let bname = body_name(seq, &rec.kind);
         let body = src
             .read(&bname)
-            .map_err(|e| bad(format!("body {bname}: {e}")))?;
+            .map_err(|e| bad_body(&bname, format!("body {bname}: {e}")))?;
         if sha256_hex(&body) != rec.body_sha256 {
             // Which of the two was changed: the record itself when what
             // follows it (the next record's link, or the kept root) does
@@ -335,16 +351,19 @@ pub fn verify_in(src: &dyn Source, root: Option<&str>) -> Result<Verified, Verif
                     .unwrap_or(false),
                 None => root.is_none_or(|r| r == line_hash),
             };
-            return Err(bad(if next_links {
-                format!("body {bname} does not match its hash")
+            return Err(if next_links {
+                bad_body(&bname, format!("body {bname} does not match its hash"))
             } else {
-                format!("the record does not hold the hash of body {bname}, and what follows it does not hold the record's: the record was changed")
-            }));
+                bad(format!("the record does not hold the hash of body {bname}, and what follows it does not hold the record's: the record was changed"))
+            });
         }
-        let value: serde_json::Value =
-            serde_json::from_slice(&body).map_err(|e| bad(format!("body {bname}: {e}")))?;
-        if canonical(&value).map_err(bad)? != body {
-            return Err(bad(format!("body {bname} not in canonical form")));
+        let value: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| bad_body(&bname, format!("body {bname}: {e}")))?;
+        if canonical(&value).map_err(|e| bad_body(&bname, e))? != body {
+            return Err(bad_body(
+                &bname,
+                format!("body {bname} not in canonical form"),
+            ));
         }
         if seq == 0 && rec.kind != "begin" {
             return Err(VerifyError::NoBegin(rec.kind));

@@ -153,15 +153,7 @@ fn check(src: &dyn Source, root: Option<&str>, r: &mut Report) -> Result<(), Box
     let v = chain::verify_in(src, root).map_err(|e| {
         Box::new(match e {
             VerifyError::Read(f, why) => bad(f, None, None, format!("cannot be read: {why}")),
-            VerifyError::Record { seq, why } => {
-                let file = why
-                    .strip_prefix("body ")
-                    .and_then(|w| w.split([' ', ':']).next())
-                    .filter(|f| f.starts_with(chain::BODIES))
-                    .unwrap_or(chain::RECORDS)
-                    .to_string();
-                bad(file, Some(seq), None, why)
-            }
+            VerifyError::Record { seq, file, why } => bad(file, Some(seq), None, why),
             VerifyError::Empty => bad(chain::RECORDS, None, None, "no record".into()),
             VerifyError::NoBegin(k) => bad(
                 chain::RECORDS,

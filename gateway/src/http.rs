@@ -267,12 +267,7 @@ async fn rpc(req: HttpRequest, action: Option<String>, shared: &Arc<Shared>) -> 
 /// session its target names, and the HTTP status; never its params or
 /// the token.
 pub(crate) fn log_answered(action: &str, target: &str, status: u16, streamed: bool) {
-    let mut parts = target.splitn(3, '/');
-    let agent = parts.next().filter(|a| !a.is_empty());
-    let session = parts
-        .next()
-        .map(|s| s.split(':').next().unwrap_or(s))
-        .filter(|s| !s.is_empty());
+    let (agent, session) = allox_protocol::target::agent_and_session(target);
     tracing::info!(action, agent, session, status, streamed, "request answered");
 }
 

@@ -15,6 +15,18 @@ pub trait Target {
     fn target(&self) -> String;
 }
 
+/// The agent and session a target names (`agent/session[/...]`, a file's
+/// `agent/session:path`), for log lines that name them and nothing more.
+pub fn agent_and_session(target: &str) -> (Option<&str>, Option<&str>) {
+    let mut parts = target.splitn(3, '/');
+    let agent = parts.next().filter(|a| !a.is_empty());
+    let session = parts
+        .next()
+        .map(|s| s.split(':').next().unwrap_or(s))
+        .filter(|s| !s.is_empty());
+    (agent, session)
+}
+
 /// One id of a target: always there, or there when it is given.
 pub(crate) trait Part {
     fn push_to<'a>(&'a self, parts: &mut Vec<&'a str>);
@@ -59,3 +71,17 @@ macro_rules! target {
     };
 }
 pub(crate) use target;
+
+#[cfg(test)]
+mod tests {
+    use super::agent_and_session;
+
+    #[test]
+    fn a_target_names_its_agent_and_session() {
+        assert_eq!(agent_and_session("a/s/r"), (Some("a"), Some("s")));
+        assert_eq!(agent_and_session("a/s:dir/f.txt"), (Some("a"), Some("s")));
+        assert_eq!(agent_and_session("a"), (Some("a"), None));
+        assert_eq!(agent_and_session(""), (None, None));
+        assert_eq!(agent_and_session("a/s/c->b/t"), (Some("a"), Some("s")));
+    }
+}

@@ -461,16 +461,12 @@ fn answered_otherwise(req: &Request, got: &Response) -> ErrorBody {
 /// file's content, a secret).
 fn request_span(req: &Request) -> tracing::Span {
     let target = req.target();
-    let mut parts = target.splitn(3, '/');
-    let agent = parts.next().filter(|a| !a.is_empty());
-    // A file request's target is `agent/session:path`.
-    let session = parts
-        .next()
-        .map(|s| s.split(':').next().unwrap_or(s))
-        .filter(|s| !s.is_empty());
+    let (agent, session) = allox_protocol::target::agent_and_session(&target);
     let action = req.action();
-    let run = parts
-        .next()
+    // A run's id is the third part of a run's target.
+    let run = target
+        .splitn(3, '/')
+        .nth(2)
         .filter(|_| action.starts_with("process.") || action.starts_with("effects."))
         .filter(|r| !r.is_empty() && !r.contains('/'));
     tracing::info_span!("request", action, agent, session, run)

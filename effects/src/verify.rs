@@ -66,19 +66,7 @@ fn bad(file: impl Into<String>, seq: Option<u64>, kind: Option<&str>, why: Strin
 /// Verifies the set `src`; `root` is the root the caller kept (from the
 /// run's answer or the audit log).
 pub fn verify_set(src: &dyn Source, root: Option<&str>) -> Report {
-    let mut r = Report {
-        verifier: REPORT_VERSION,
-        ok: false,
-        first_bad: None,
-        root: None,
-        agent_id: None,
-        session_id: None,
-        run_id: None,
-        protocol: None,
-        records: Vec::new(),
-        verdict: None,
-        domains: Vec::new(),
-    };
+    let mut r = Report::new();
     if let Err(b) = check(src, root, &mut r) {
         r.first_bad = Some(*b);
     }

@@ -60,7 +60,43 @@ pub struct Report {
     pub domains: Vec<DomainCheck>,
 }
 
+impl Default for Report {
+    fn default() -> Report {
+        Report::new()
+    }
+}
+
 impl Report {
+    /// A report of this format with nothing found yet (not `ok`).
+    pub fn new() -> Report {
+        Report {
+            verifier: REPORT_VERSION,
+            ok: false,
+            first_bad: None,
+            root: None,
+            agent_id: None,
+            session_id: None,
+            run_id: None,
+            protocol: None,
+            records: Vec::new(),
+            verdict: None,
+            domains: Vec::new(),
+        }
+    }
+
+    /// The report on what is not a set at all: `file` and why.
+    pub fn broken(file: &str, why: String) -> Report {
+        Report {
+            first_bad: Some(Bad {
+                file: file.into(),
+                seq: None,
+                kind: None,
+                why,
+            }),
+            ..Report::new()
+        }
+    }
+
     /// The first bad thing, as one line.
     pub fn first_bad_line(&self) -> Option<String> {
         self.first_bad.as_ref().map(|b| match (b.seq, &b.kind) {

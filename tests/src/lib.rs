@@ -639,6 +639,38 @@ pub fn hello_server() -> (
     (addr, seen)
 }
 
+/// The sha256 (hex) of the file at `p`, as `sha256sum` prints it.
+pub fn sha256sum(p: &Path) -> String {
+    let out = std::process::Command::new("sha256sum")
+        .arg(p)
+        .output()
+        .expect("run sha256sum");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_else(|| panic!("sha256sum {}: no hash", p.display()))
+        .to_string()
+}
+
+/// `--plugin system-effects` with the workspace's observer and verifier
+/// pinned by their sha256 (what a release build fixes at build time).
+pub fn effects_plugin_args() -> Vec<String> {
+    let exe = workspace_bin("allox-observe");
+    let vexe = workspace_bin("allox-system-effects-verify");
+    vec![
+        "--plugin".into(),
+        "system-effects".into(),
+        "--system-effects-observer".into(),
+        exe.display().to_string(),
+        "--system-effects-observer-sha256".into(),
+        sha256sum(&exe),
+        "--system-effects-verifier".into(),
+        vexe.display().to_string(),
+        "--system-effects-verifier-sha256".into(),
+        sha256sum(&vexe),
+    ]
+}
+
 /// `alloxctl --socket SOCKET ARGS`: its exit status, stdout (bytes) and
 /// stderr.
 pub fn alloxctl(socket: &Path, args: &[&str]) -> (i32, Vec<u8>, String) {

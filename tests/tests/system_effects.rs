@@ -22,34 +22,13 @@ fn observer() -> (PathBuf, String) {
 /// The workspace's executable `name` and its sha256.
 fn pinned(name: &str) -> (PathBuf, String) {
     let exe = allox_integration::workspace_bin(name);
-    let out = std::process::Command::new("sha256sum")
-        .arg(&exe)
-        .output()
-        .expect("sha256sum");
-    let sha = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .expect("a hash")
-        .to_string();
+    let sha = allox_integration::sha256sum(&exe);
     (exe, sha)
 }
 
 /// `--plugin system-effects` with the observer and the verifier pinned.
 fn plugin_args() -> Vec<String> {
-    let (exe, sha) = observer();
-    let (vexe, vsha) = pinned("allox-system-effects-verify");
-    vec![
-        "--plugin".into(),
-        "system-effects".into(),
-        "--system-effects-observer".into(),
-        exe.display().to_string(),
-        "--system-effects-observer-sha256".into(),
-        sha,
-        "--system-effects-verifier".into(),
-        vexe.display().to_string(),
-        "--system-effects-verifier-sha256".into(),
-        vsha,
-    ]
+    allox_integration::effects_plugin_args()
 }
 
 /// Every domain but `filesystem` in scope.

@@ -12,7 +12,7 @@
 //! report names the first bad file and record), 2 when it was not asked
 //! right.
 
-use allox_effects::verify::{verify_set, Bad, Report, REPORT_VERSION};
+use allox_effects::verify::{verify_set, Report};
 use std::io::Write;
 
 const USAGE: &str = "usage: allox-system-effects-verify [--root HEX] (DIR | --export FILE)";
@@ -56,7 +56,7 @@ fn main() {
             };
             match read {
                 Ok(set) => verify_set(&set, root.as_deref()),
-                Err(why) => broken_export(why),
+                Err(why) => Report::broken("export", why),
             }
         }
         _ => usage("give a set's directory or --export FILE"),
@@ -70,28 +70,6 @@ fn main() {
         std::process::exit(2);
     }
     std::process::exit(if report.ok { 0 } else { 1 });
-}
-
-/// The report on an archive that is not a set.
-fn broken_export(why: String) -> Report {
-    Report {
-        verifier: REPORT_VERSION,
-        ok: false,
-        first_bad: Some(Bad {
-            file: "export".into(),
-            seq: None,
-            kind: None,
-            why,
-        }),
-        root: None,
-        agent_id: None,
-        session_id: None,
-        run_id: None,
-        protocol: None,
-        records: Vec::new(),
-        verdict: None,
-        domains: Vec::new(),
-    }
 }
 
 fn usage(why: &str) -> ! {

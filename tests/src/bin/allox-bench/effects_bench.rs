@@ -100,36 +100,8 @@ fn note(c: &mut allox_ctl::client::Client, e: &RunEffects, seen: &mut Seen) -> a
 }
 
 fn observer_args(scope: &std::path::Path) -> anyhow::Result<(Vec<String>, bool)> {
-    let exe = workspace_bin("allox-observe");
-    let out = Command::new("sha256sum").arg(&exe).output()?;
-    anyhow::ensure!(out.status.success(), "sha256sum {}", exe.display());
-    let sha = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string();
-    let vexe = workspace_bin("allox-system-effects-verify");
-    let out = Command::new("sha256sum").arg(&vexe).output()?;
-    anyhow::ensure!(out.status.success(), "sha256sum {}", vexe.display());
-    let vsha = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string();
-    let mut args = vec![
-        "--plugin".to_string(),
-        "system-effects".into(),
-        "--system-effects-observer".into(),
-        exe.display().to_string(),
-        "--system-effects-observer-sha256".into(),
-        sha,
-        "--system-effects-verifier".into(),
-        vexe.display().to_string(),
-        "--system-effects-verifier-sha256".into(),
-        vsha,
-        "--system-effects-scope".into(),
-        scope.display().to_string(),
-    ];
+    let mut args = allox_integration::effects_plugin_args();
+    args.extend(["--system-effects-scope".into(), scope.display().to_string()]);
     // A kernel that refuses BPF LSM programs is observed without the
     // history's LSM hooks (as the host tests do).
     let lsm = allox_ebpf_probes::History::load(4096).is_ok();

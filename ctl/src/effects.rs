@@ -34,7 +34,7 @@ pub fn export(c: &mut Client, query: &EffectsExport, out: &mut dyn Write) -> Res
             .map_err(|e| format!("write the export: {e}"))?;
         offset += chunk.data.0.len() as u64;
         if chunk.eof {
-            let got = allox_effects_hex(&hash.finalize());
+            let got = format!("{:x}", hash.finalize());
             if Some(&got) != whole.as_ref() {
                 return Err(format!(
                     "the export's sha256 is {got}, the daemon says {}",
@@ -47,10 +47,6 @@ pub fn export(c: &mut Client, query: &EffectsExport, out: &mut dyn Write) -> Res
             return Err("the daemon sent an empty piece before the end".into());
         }
     }
-}
-
-fn allox_effects_hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// `effects.verify` in the daemon.

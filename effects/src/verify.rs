@@ -456,16 +456,9 @@ fn check_answer(
 mod tests {
     use super::*;
     use crate::chain::Chain;
+    use crate::collect::tests::cap;
     use allox_protocol::{Attribution, EffectChange};
     use std::path::{Path, PathBuf};
-
-    fn cap(items: &[(&str, &str)]) -> Capture {
-        let mut c = Capture::new();
-        for (k, v) in items {
-            c.insert(*k, *v);
-        }
-        c
-    }
 
     fn domain(
         d: EffectsDomain,

@@ -113,10 +113,11 @@ pub fn compare(a: &Capture, b: &Capture) -> Vec<Difference> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn cap(items: &[(&str, &str)]) -> Capture {
+    /// A capture of `items` (for the tests of what compares captures).
+    pub(crate) fn cap(items: &[(&str, &str)]) -> Capture {
         let mut c = Capture::new();
         for (k, v) in items {
             c.insert(*k, *v);

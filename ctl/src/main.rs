@@ -520,6 +520,14 @@ fn gateway(args: &GatewayArgs, socket: PathBuf) -> ExitCode {
             }
         )),
     }
+    if let Some(m) = gateway.metrics_addr() {
+        say(format!("GET http://{m}/metrics (no token)"));
+    } else if cfg.metrics_token_file.is_some() || cfg.metrics_token_env.is_some() {
+        say(format!(
+            "GET http://{}/metrics with the metrics token",
+            gateway.local_addr()
+        ));
+    }
     match gateway.run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -37,6 +37,10 @@ pub enum Refusal {
     Token,
     /// A body that is not declared JSON.
     ContentType(Option<String>),
+    /// `/metrics` on a gateway given no metrics token.
+    MetricsOff,
+    /// Not the metrics token.
+    MetricsToken,
 }
 
 impl Refusal {
@@ -45,8 +49,9 @@ impl Refusal {
         match self {
             Refusal::NoHost | Refusal::Host(_) | Refusal::Origin(_) => 403,
             Refusal::NotPreflight => 405,
-            Refusal::Token => 401,
+            Refusal::Token | Refusal::MetricsToken => 401,
             Refusal::ContentType(_) => 415,
+            Refusal::MetricsOff => 404,
         }
     }
 
@@ -54,6 +59,7 @@ impl Refusal {
     pub fn code(&self) -> ErrorCode {
         match self {
             Refusal::ContentType(_) | Refusal::NotPreflight => ErrorCode::InvalidRequest,
+            Refusal::MetricsOff => ErrorCode::NotFound,
             _ => ErrorCode::Unauthorized,
         }
     }
@@ -74,6 +80,8 @@ impl Refusal {
             Refusal::ContentType(Some(t)) => {
                 format!("Content-Type {t:?} is not accepted: send application/json")
             }
+            Refusal::MetricsOff => "metrics are not served on this address: start the gateway with --metrics-token-file FILE (or --metrics-token-env NAME) and scrape with that token, or serve them on an address of their own with --metrics-listen ADDR".into(),
+            Refusal::MetricsToken => "missing or wrong metrics token: send `Authorization: Bearer` with the token of --metrics-token-file (the gateway's own token is not it)".into(),
         }
     }
 }
@@ -91,6 +99,8 @@ pub struct Headers<'a> {
 #[derive(Debug)]
 pub struct Access {
     token: Token,
+    /// `--metrics-token-file`'s: the only token `/metrics` takes.
+    metrics_token: Option<Token>,
     /// Accepted `Host` values, lowercase.
     hosts: Vec<String>,
     /// Accepted `Origin` values, lowercase, without a trailing `/`.
@@ -114,8 +124,32 @@ impl Access {
         accepted.extend(hosts.iter().cloned());
         Access {
             token,
+            metrics_token: None,
             hosts: accepted.iter().map(|h| h.to_ascii_lowercase()).collect(),
             origins: origins.iter().map(|o| normalize_origin(o)).collect(),
+        }
+    }
+
+    /// `/metrics` takes `token`, not the gateway's.
+    pub fn with_metrics_token(mut self, token: Option<Token>) -> Access {
+        self.metrics_token = token;
+        self
+    }
+
+    /// Checks a scrape of `/metrics` on the gateway's address: the
+    /// metrics token, whatever the Host (Prometheus names the target as it
+    /// reaches it); the gateway's own token does not do.
+    pub fn check_metrics(&self, h: &Headers<'_>) -> Result<(), Refusal> {
+        let want = self.metrics_token.as_ref().ok_or(Refusal::MetricsOff)?;
+        let given = h
+            .authorization
+            .and_then(bearer)
+            .map(str::as_bytes)
+            .unwrap_or_default();
+        if want.matches(given) {
+            Ok(())
+        } else {
+            Err(Refusal::MetricsToken)
         }
     }
 

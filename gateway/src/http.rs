@@ -46,6 +46,13 @@ fn connection_limit() -> usize {
 pub async fn serve(gateway: Gateway, stop: impl Future<Output = ()>) -> io::Result<()> {
     gateway.listener.set_nonblocking(true)?;
     let listener = tokio::net::TcpListener::from_std(gateway.listener)?;
+    let metrics_listener = match gateway.metrics_listener {
+        Some((l, _)) => {
+            l.set_nonblocking(true)?;
+            Some(tokio::net::TcpListener::from_std(l)?)
+        }
+        None => None,
+    };
     let shared = Arc::new(Shared::new(
         gateway.access,
         gateway.cfg.socket.clone(),
@@ -62,18 +69,22 @@ pub async fn serve(gateway: Gateway, stop: impl Future<Output = ()>) -> io::Resu
     let connections = Arc::new(tokio::sync::Semaphore::new(connection_limit()));
     tokio::pin!(stop);
     loop {
-        let (stream, _peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // Out of descriptors, say: not a reason to stop.
-                    tracing::warn!(error = %e, "accept");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+        // Whether the connection came to the metrics address.
+        let accepted = tokio::select! {
+            a = listener.accept() => a.map(|(s, _)| (s, false)),
+            a = accept_either(metrics_listener.as_ref()) => a.map(|(s, _)| (s, true)),
             () = &mut stop => break,
         };
+        let (stream, metrics_only) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of descriptors, say: not a reason to stop.
+                tracing::warn!(error = %e, "accept");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        shared.metrics.connection();
         // Answers go out as written, not after the client's delayed ACK.
         let _ = stream.set_nodelay(true);
         let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
@@ -97,7 +108,9 @@ pub async fn serve(gateway: Gateway, stop: impl Future<Output = ()>) -> io::Resu
             }
             let service = hyper::service::service_fn(move |req| {
                 let shared = Arc::clone(&shared);
-                async move { Ok::<_, std::convert::Infallible>(answer(req, &shared).await) }
+                async move {
+                    Ok::<_, std::convert::Infallible>(answer(req, &shared, metrics_only).await)
+                }
             });
             let conn = builder
                 .serve_connection(TokioIo::new(QuickAck(stream)), service)
@@ -112,8 +125,20 @@ pub async fn serve(gateway: Gateway, stop: impl Future<Output = ()>) -> io::Resu
     Ok(())
 }
 
-/// One request's answer, with the CORS headers for an allowed origin.
-async fn answer(req: HttpRequest, shared: &Arc<Shared>) -> HttpResponse {
+/// A connection to `l`; never, without it.
+async fn accept_either(
+    l: Option<&tokio::net::TcpListener>,
+) -> io::Result<(tokio::net::TcpStream, std::net::SocketAddr)> {
+    match l {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One request's answer, with the CORS headers for an allowed origin; on
+/// the metrics address (`metrics_only`), `/metrics` without a token and
+/// `/healthz`, nothing else.
+async fn answer(req: HttpRequest, shared: &Arc<Shared>, metrics_only: bool) -> HttpResponse {
     let origin = header(&req, "Origin").map(str::to_owned);
     let url = req
         .uri()
@@ -121,7 +146,21 @@ async fn answer(req: HttpRequest, shared: &Arc<Shared>) -> HttpResponse {
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "/".into());
     let method = req.method().as_str().to_owned();
-    let mut response = match route(&method, &url) {
+    let route = match route(&method, &url) {
+        r @ (Route::Metrics | Route::Health) => r,
+        _ if metrics_only => Route::Refused(Reply::json(crate::error(
+            404,
+            allox_protocol::ErrorCode::NotFound,
+            format!(
+                "the metrics address serves only GET {} and {}",
+                crate::METRICS_PATH,
+                crate::HEALTHZ_PATH
+            ),
+        ))),
+        r => r,
+    };
+    let label = crate::metrics::route_label(&route);
+    let mut response = match route {
         Route::Files(f) => {
             let (agent, session) = (f.target.agent.clone(), f.target.session.clone());
             let r = files::serve(req, f, shared).await;
@@ -142,6 +181,11 @@ async fn answer(req: HttpRequest, shared: &Arc<Shared>) -> HttpResponse {
             headers: Vec::new(),
         }),
         Route::Ready => respond(ready(shared).await),
+        Route::Metrics if metrics_only => crate::metrics::scrape(shared).await,
+        Route::Metrics => match shared.access.check_metrics(&headers_of(&req)) {
+            Ok(()) => crate::metrics::scrape(shared).await,
+            Err(r) => respond(Reply::refused(&r)),
+        },
         Route::OpenApi => match shared.access.check_document(&headers_of(&req)) {
             Ok(()) => openapi(),
             Err(r) => respond(Reply::refused(&r)),
@@ -158,6 +202,7 @@ async fn answer(req: HttpRequest, shared: &Arc<Shared>) -> HttpResponse {
             h.insert("Vary", HeaderValue::from_static("Origin"));
         }
     }
+    shared.metrics.request(label, response.status().as_u16());
     response
 }
 

@@ -34,6 +34,7 @@ pub mod access;
 mod daemon;
 pub mod files;
 mod http;
+pub mod metrics;
 pub mod openapi;
 mod shared;
 mod stream;
@@ -59,6 +60,9 @@ pub const OPENAPI_PATH: &str = "/v1/openapi.json";
 pub const HEALTHZ_PATH: &str = "/healthz";
 /// Readiness: the daemon answers and its store takes changes (no token).
 pub const READYZ_PATH: &str = "/readyz";
+/// The daemon's and the gateway's metrics (the metrics token, or none on
+/// the metrics address).
+pub const METRICS_PATH: &str = "/metrics";
 /// Largest request body accepted.
 pub const MAX_BODY: usize = 1 << 20;
 /// Threads of the gateway's runtime (daemon calls run beside them, on its
@@ -96,6 +100,8 @@ pub enum GatewayError {
     },
     #[error(transparent)]
     Token(#[from] TokenError),
+    #[error("the metrics token is the gateway's own token: give --metrics-token-file a token of its own (a scraper must not hold the token that can do everything)")]
+    SameToken,
 }
 
 /// How to run a gateway.
@@ -123,6 +129,16 @@ pub struct GatewayConfig {
     pub http_timeout: Duration,
     /// Threads of the runtime.
     pub workers: usize,
+    /// Where the metrics token is read from: `GET /metrics` on `listen`
+    /// takes it (and only it); without one, `/metrics` is not served
+    /// there.
+    pub metrics_token_file: Option<PathBuf>,
+    /// The environment variable holding the metrics token, instead of a
+    /// file.
+    pub metrics_token_env: Option<String>,
+    /// A second address serving only `GET /metrics` and `/healthz`, with
+    /// no token (loopback only unless `allow_remote`).
+    pub metrics_listen: Option<String>,
 }
 
 impl GatewayConfig {
@@ -140,6 +156,9 @@ impl GatewayConfig {
             daemon_timeout: DAEMON_TIMEOUT,
             http_timeout: HTTP_TIMEOUT,
             workers: WORKERS,
+            metrics_token_file: None,
+            metrics_token_env: None,
+            metrics_listen: None,
         }
     }
 }
@@ -167,6 +186,8 @@ pub fn check_listen(
 /// A bound listener, not yet serving.
 pub struct Gateway {
     listener: TcpListener,
+    /// `--metrics-listen`'s, and its address.
+    metrics_listener: Option<(TcpListener, SocketAddr)>,
     access: Access,
     addr: SocketAddr,
     token_created: bool,
@@ -193,11 +214,50 @@ impl Gateway {
             listen: listen.clone(),
             source,
         };
+        let metrics_token = match (&cfg.metrics_token_env, &cfg.metrics_token_file) {
+            (Some(name), _) => Some(token::from_env(name)?),
+            (None, Some(f)) => Some(token::read(f)?),
+            (None, None) => None,
+        };
+        if metrics_token
+            .as_ref()
+            .is_some_and(|m| token.matches(m.as_str().as_bytes()))
+        {
+            return Err(GatewayError::SameToken);
+        }
+        let metrics_addrs = match &cfg.metrics_listen {
+            Some(m) => {
+                let a: Vec<SocketAddr> = m
+                    .to_socket_addrs()
+                    .map_err(|source| GatewayError::Resolve {
+                        listen: m.clone(),
+                        source,
+                    })?
+                    .collect();
+                check_listen(m, &a, cfg.allow_remote)?;
+                Some((m, a))
+            }
+            None => None,
+        };
         let listener = TcpListener::bind(&addrs[..]).map_err(bind_err)?;
         let addr = listener.local_addr().map_err(bind_err)?;
-        let access = Access::new(token, addr, &cfg.allow_hosts, &cfg.allow_origins);
+        let metrics_listener = match metrics_addrs {
+            Some((m, a)) => {
+                let err = |source| GatewayError::Bind {
+                    listen: m.clone(),
+                    source,
+                };
+                let l = TcpListener::bind(&a[..]).map_err(err)?;
+                let bound = l.local_addr().map_err(err)?;
+                Some((l, bound))
+            }
+            None => None,
+        };
+        let access = Access::new(token, addr, &cfg.allow_hosts, &cfg.allow_origins)
+            .with_metrics_token(metrics_token);
         Ok(Gateway {
             listener,
+            metrics_listener,
             access,
             addr,
             token_created,
@@ -208,6 +268,11 @@ impl Gateway {
     /// The address actually bound.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The metrics address actually bound (`--metrics-listen`).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener.as_ref().map(|(_, a)| *a)
     }
 
     /// Whether the token file was created by this start.
@@ -272,7 +337,7 @@ impl Reply {
 
     fn refused(r: &Refusal) -> Reply {
         let mut reply = Reply::json(error(r.status(), r.code(), r.message()));
-        if *r == Refusal::Token {
+        if matches!(r, Refusal::Token | Refusal::MetricsToken) {
             reply.headers.push((
                 "WWW-Authenticate",
                 r#"Bearer realm="alloxctl gateway""#.into(),
@@ -296,6 +361,8 @@ pub enum Route {
     Health,
     /// `GET /readyz`.
     Ready,
+    /// `GET /metrics`.
+    Metrics,
     /// Answered at once: no such path, or not a method served there.
     Refused(Reply),
 }
@@ -309,7 +376,11 @@ pub fn route(method: &str, url: &str) -> Route {
             Err(e) => Route::Refused(e.reply()),
         };
     }
-    for (p, r) in [(HEALTHZ_PATH, Route::Health), (READYZ_PATH, Route::Ready)] {
+    for (p, r) in [
+        (HEALTHZ_PATH, Route::Health),
+        (READYZ_PATH, Route::Ready),
+        (METRICS_PATH, Route::Metrics),
+    ] {
         if path == p {
             if method.eq_ignore_ascii_case("GET") || method.eq_ignore_ascii_case("HEAD") {
                 return r;
@@ -355,7 +426,7 @@ fn no_such_path(path: &str) -> Reply {
         404,
         ErrorCode::NotFound,
         format!(
-            "no such path {path:?}; the gateway serves POST {RPC_PATH} and {RPC_PATH}/{{action}}, GET {OPENAPI_PATH}, GET and PUT {}/{{agent}}/{{session}}/{{path}}, and GET {HEALTHZ_PATH} and {READYZ_PATH}",
+            "no such path {path:?}; the gateway serves POST {RPC_PATH} and {RPC_PATH}/{{action}}, GET {OPENAPI_PATH}, GET and PUT {}/{{agent}}/{{session}}/{{path}}, and GET {HEALTHZ_PATH}, {READYZ_PATH} and {METRICS_PATH}",
             files::FILES_PATH
         ),
     ))

@@ -35,6 +35,8 @@ pub struct Shared {
     /// Where plain calls go.
     pub daemon: Daemon,
     idle: Mutex<Vec<ReconnectingClient>>,
+    /// The gateway's own metrics.
+    pub metrics: crate::metrics::GatewayMetrics,
 }
 
 impl Shared {
@@ -51,6 +53,7 @@ impl Shared {
             daemon_timeout,
             http_timeout,
             idle: Mutex::new(Vec::new()),
+            metrics: Default::default(),
         }
     }
 

@@ -159,6 +159,15 @@ pub struct SuperviseArgs {
     /// benchmark's baseline for what that costs.
     #[arg(long)]
     pub no_run_usage: bool,
+    /// Keep no metrics (`system.metrics` is then refused): the
+    /// benchmark's baseline for what counting costs.
+    #[arg(long)]
+    pub no_metrics: bool,
+    /// Count runs started by agent too (`allox_agent_runs_started_total`),
+    /// for at most this many agents; the rest count as one, `_other`. 0:
+    /// no per-agent label.
+    #[arg(long, value_name = "AGENTS", default_value_t = 0)]
+    pub metrics_agent_label: usize,
     /// How long an observed run's cgroup may take to freeze
     /// (`--plugin system-effects`), at its start and at its end: past it
     /// the start is refused, or the end is a fault that fences the
@@ -494,6 +503,10 @@ impl SuperviseArgs {
                         connections: self.proxy_connections as usize,
                         lookups_per_session: self.proxy_lookups_per_session as usize,
                     },
+                },
+                metrics: allox_supervisor::metrics::MetricsConfig {
+                    enabled: !self.no_metrics,
+                    agent_label_cap: self.metrics_agent_label,
                 },
             },
         })

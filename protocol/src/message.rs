@@ -298,6 +298,7 @@ requests! {
     SessionInfoRequest(SessionRef) = "session.info", mutating = false, route = Core, answers = [Session];
     EffectsVerify(crate::EffectsVerify) = "effects.verify", mutating = false, route = Plugin("system-effects"), answers = [EffectsVerified];
     EffectsExport(crate::EffectsExport) = "effects.export", mutating = false, route = Plugin("system-effects"), answers = [EffectsExportChunk];
+    SystemMetrics(crate::SystemMetricsRequest) = "system.metrics", mutating = false, route = Core, answers = [Metrics];
 }
 
 macro_rules! responses {
@@ -386,4 +387,5 @@ responses! {
     EffectsUnfenced(crate::EffectsUnfenced);
     EffectsVerified(crate::EffectsVerified);
     EffectsExportChunk(crate::EffectsExportChunk);
+    Metrics(crate::MetricsText);
 }

@@ -18,6 +18,21 @@ pub struct SystemInfoRequest {}
 
 target!(SystemInfoRequest);
 
+/// `system.metrics`: every metric the daemon keeps, in the OpenMetrics
+/// text format (what the gateway serves at `GET /metrics`).
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct SystemMetricsRequest {}
+
+target!(SystemMetricsRequest);
+
+/// The answer to `system.metrics`.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+pub struct MetricsText {
+    /// The OpenMetrics text, ending with `# EOF`.
+    pub text: String,
+}
+
 /// `plugin.list`: the plugins loaded, in load order, and the ones
 /// installed (compiled in), enabled or not.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]

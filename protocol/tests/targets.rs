@@ -142,6 +142,7 @@ fn table() -> Vec<(&'static str, Value, &'static str)> {
         ),
         ("effects.verify", r.clone(), "a/s/r"),
         ("effects.export", r.clone(), "a/s/r"),
+        ("system.metrics", json!({}), ""),
         (
             "session.fork",
             json!({"agent_id": "a", "session_id": "s", "from": "c", "new_agent_id": "b", "new_session_id": "t"}),

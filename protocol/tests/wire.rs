@@ -212,6 +212,7 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "session.info",
             "effects.verify",
             "effects.export",
+            "system.metrics",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

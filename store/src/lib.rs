@@ -84,6 +84,8 @@ pub struct Store {
     room: u64,
     /// Set while the state files' room could not be topped up.
     room_short: std::sync::atomic::AtomicBool,
+    /// Interrupted operations recovery finished or undid at the open.
+    replayed: u64,
     _root_lock: OwnedFd,
 }
 
@@ -229,12 +231,16 @@ impl Store {
             quotas_on,
             room,
             room_short: std::sync::atomic::AtomicBool::new(false),
+            replayed: 0,
             _root_lock: root_lock,
         };
         if degraded.is_none() {
-            if let Err(e) = recovery::recover(&store) {
-                store.heal(&e);
-                fail(&mut degraded, "recovery failed", e)?;
+            match recovery::recover(&store) {
+                Ok(n) => store.replayed = n,
+                Err(e) => {
+                    store.heal(&e);
+                    fail(&mut degraded, "recovery failed", e)?;
+                }
             }
         }
         if degraded.is_none() {
@@ -244,6 +250,12 @@ impl Store {
         }
         store.degraded = degraded;
         Ok(store)
+    }
+
+    /// How many interrupted operations the journal held at the open
+    /// (recovery finished or undid each).
+    pub fn journal_replays(&self) -> u64 {
+        self.replayed
     }
 
     pub fn layout(&self) -> &Layout {

@@ -231,8 +231,10 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
 }
 
 /// Runs at start-up, before the store serves anything.
-pub(super) fn recover(st: &Store) -> Result<()> {
+/// Finishes or undoes what the journal holds; returns how many operations.
+pub(super) fn recover(st: &Store) -> Result<u64> {
     let mut notes = Vec::new();
+    let mut replayed = 0;
     for (op_id, entry) in st.index.pending()? {
         let done = resolve(st, op_id, &entry, Mode::Recover)?;
         st.index.write_quick(|w| w.journal_remove(op_id))?;
@@ -243,6 +245,7 @@ pub(super) fn recover(st: &Store) -> Result<()> {
         };
         tracing::warn!(op_id, op = ?entry.op, "recovery {what} an interrupted operation");
         notes.push(format!("{what} {:?}", entry.op));
+        replayed += 1;
     }
     notes.extend(reconcile(st)?);
     // One durable commit for everything above.
@@ -257,7 +260,7 @@ pub(super) fn recover(st: &Store) -> Result<()> {
             message: Some(n),
         });
     }
-    Ok(())
+    Ok(replayed)
 }
 
 fn entries(dir: &Path) -> Vec<String> {

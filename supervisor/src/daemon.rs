@@ -30,6 +30,8 @@ pub struct DaemonConfig {
     pub peers: PeerPolicy,
     /// Which plugins to load, and their settings.
     pub plugins: PluginsConfig,
+    /// `--no-metrics`, `--metrics-agent-label`.
+    pub metrics: crate::metrics::MetricsConfig,
 }
 
 /// The plugins a daemon loads (`--plugin NAME`, in order).
@@ -90,6 +92,8 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     let store = Store::open_or_read_only(&cfg.root, failpoints.clone(), cfg.store.clone())
         .map_err(DaemonError::Store)?;
     store.audit().bound(cfg.plugins.audit);
+    let metrics = Arc::new(crate::metrics::Metrics::new(cfg.metrics));
+    metrics.journal_replayed(store.journal_replays());
     tracing::debug!(ms = t0.elapsed().as_millis() as u64, "store open");
     warn_unless_nosuid_nodev(&cfg.root);
     // Loaded and started before the runs, which tell them of the runs an
@@ -114,6 +118,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         network: cfg.plugins.network.clone(),
         audit: cfg.plugins.audit,
         effects: cfg.plugins.effects.clone(),
+        metrics: metrics.clone(),
     })?;
     // What the plugins made in `state/` at their start is the store's.
     allox_store::private::keep_state_private(store.layout());
@@ -137,6 +142,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
             let mut rc = rc.clone();
             rc.plugins = plugins.clone();
             rc.failpoints = failpoints;
+            rc.metrics = metrics.clone();
             Some(Arc::new(Runs::new(rc).map_err(DaemonError::Processes)?))
         }
         None => None,
@@ -149,6 +155,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     let sandbox_routes: Arc<dyn SandboxRoutes> = plugins.clone();
     let sup = Arc::new(Supervisor {
         network_default: cfg.plugins.network.default_mode,
+        metrics,
         ..Supervisor::new(store, cfg.policy.clone(), runs, plugins)
     });
     // What uploads an earlier daemon did not finish left beside their

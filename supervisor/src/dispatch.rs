@@ -13,6 +13,7 @@ use allox_protocol::{
     AgentListing, Egress, Killed, NetworkMode, Pong, Request, Response, Route, SessionListing,
     SessionRollback, PROTOCOL_VERSION,
 };
+use crate::metrics::StoreOp;
 use allox_store::StoreError;
 
 impl Supervisor {
@@ -162,12 +163,7 @@ impl Supervisor {
         Ok(match req {
             Request::SystemInfo(_) => {
                 let mut info = system_info(self.plugins.names());
-                info.store_read_only = st.read_only_reason().or_else(|| {
-                    rustix::fs::statvfs(st.layout().root())
-                        .ok()
-                        .filter(|v| v.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
-                        .map(|_| "the store's filesystem is mounted read-only".to_string())
-                });
+                info.store_read_only = self.store_read_only();
                 Response::System(info)
             }
             Request::PluginList(_) => Response::Plugins(self.plugins.listing()),
@@ -344,7 +340,10 @@ impl Supervisor {
                 self.plugins.deleted(a, Some(s));
                 Response::Deleted(out)
             }
-            Request::CheckpointCreate(r) => Response::Checkpoint(st.checkpoint_create(r)?),
+            Request::CheckpointCreate(r) => Response::Checkpoint(
+                self.metrics
+                    .timed(StoreOp::checkpoint, || st.checkpoint_create(r))?,
+            ),
             Request::CheckpointList(r) => {
                 Response::Checkpoints(st.checkpoint_list(&r.agent_id, &r.session_id)?)
             }
@@ -369,7 +368,7 @@ impl Supervisor {
                 };
                 let (a, s) = (&r.agent_id, &r.session_id);
                 let Some(runs) = &self.runs else {
-                    let done = st.rollback(&r)?;
+                    let done = self.metrics.timed(StoreOp::rollback, || st.rollback(&r))?;
                     let _ = self.rollbacks.send((a.clone(), s.clone()));
                     return Ok(Response::RolledBack(done));
                 };
@@ -397,7 +396,7 @@ impl Supervisor {
                         let dir = runs.cgroups().session_dir(a, s);
                         killed = runs.kill_tree(&dir, false)?;
                     }
-                    let mut done = st.rollback(&r)?;
+                    let mut done = self.metrics.timed(StoreOp::rollback, || st.rollback(&r))?;
                     done.killed_processes = killed;
                     Ok(done)
                 });
@@ -421,7 +420,7 @@ impl Supervisor {
                     .runs
                     .as_ref()
                     .map(|runs| runs.cgroups().limits(&r.agent_id, &r.session_id));
-                let (info, _) = st.session_fork(r)?;
+                let (info, _) = self.metrics.timed(StoreOp::fork, || st.session_fork(r))?;
                 if let Some(runs) = &self.runs {
                     runs.own(std::path::Path::new(&info.current));
                     let applied = runs
@@ -499,7 +498,13 @@ impl Supervisor {
             Request::TurnBegin(r) => Response::Turn(st.turn_begin(r)?),
             Request::TurnEnd(r) => Response::Turn(st.turn_end(r)?),
             Request::PolicySet(r) => Response::Policy(st.policy_set(r)?),
-            Request::CheckpointDiff(r) => Response::Diff(st.checkpoint_diff(r)?),
+            Request::CheckpointDiff(r) => Response::Diff(
+                self.metrics
+                    .timed(StoreOp::diff, || st.checkpoint_diff(r))?,
+            ),
+            Request::SystemMetrics(_) => Response::Metrics(allox_protocol::MetricsText {
+                text: self.metrics_text()?,
+            }),
             Request::StoreCheck(_) => Response::StoreCheck(st.check()?),
             Request::AuditList(r) => {
                 let limit = r.limit.unwrap_or(100).clamp(1, 10_000) as usize;
@@ -517,6 +522,80 @@ impl Supervisor {
                 })
             }
         })
+    }
+}
+
+impl Supervisor {
+    /// Why the store refuses changes, if it does: its own reason, or its
+    /// filesystem mounted read-only.
+    fn store_read_only(&self) -> Option<String> {
+        let st = &self.store;
+        st.read_only_reason().or_else(|| {
+            rustix::fs::statvfs(st.layout().root())
+                .ok()
+                .filter(|v| v.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
+                .map(|_| "the store's filesystem is mounted read-only".to_string())
+        })
+    }
+
+    /// `system.metrics`: the counters as they stand and the gauges of what
+    /// is, read now (the index's agents and sessions, the runs' table and
+    /// cgroups, the store's filesystem).
+    pub fn metrics_text(&self) -> Result<String, RequestError> {
+        use crate::metrics::{SessionState, Snapshot};
+        if !self.metrics.enabled() {
+            return Err(RequestError::MetricsOff);
+        }
+        let st = &self.store;
+        let index = st.index();
+        let agents = index.agents().map_err(StoreError::from)?;
+        let mut counts = [0i64; 4];
+        for (a, _) in &agents {
+            for (s, _) in index.sessions(a).map_err(StoreError::from)? {
+                let state = if self.plugins.holds(a, &s).is_some() {
+                    SessionState::fenced
+                } else if self.clocks.expired_why(&format!("{a}/{s}")).is_some() {
+                    SessionState::expired
+                } else if self.runs.as_ref().is_some_and(|r| r.is_paused(a, &s)) {
+                    SessionState::paused
+                } else {
+                    SessionState::active
+                };
+                counts[state as usize] += 1;
+            }
+        }
+        let (runs_live, processes) = self
+            .runs
+            .as_ref()
+            .map(|r| r.live_counts())
+            .unwrap_or((0, 0));
+        let fs = rustix::fs::statvfs(st.layout().root()).ok();
+        let bytes = |blocks: u64| {
+            fs.as_ref()
+                .map(|v| (blocks.saturating_mul(v.f_frsize)) as i64)
+                .unwrap_or(0)
+        };
+        let snap = Snapshot {
+            agents: agents.len() as i64,
+            sessions: [
+                SessionState::active,
+                SessionState::paused,
+                SessionState::expired,
+                SessionState::fenced,
+            ]
+            .into_iter()
+            .map(|s| (s, counts[s as usize]))
+            .collect(),
+            runs_live: runs_live as i64,
+            processes: processes as i64,
+            store_read_only: self.store_read_only().is_some(),
+            store_used_bytes: fs
+                .as_ref()
+                .map_or(0, |v| bytes(v.f_blocks.saturating_sub(v.f_bfree))),
+            store_free_bytes: fs.as_ref().map_or(0, |v| bytes(v.f_bavail)),
+            store_reserve_bytes: (allox_store::RESERVE_MIB << 20) as i64,
+        };
+        Ok(self.metrics.encode(&snap))
     }
 }
 

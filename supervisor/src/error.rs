@@ -34,6 +34,8 @@ pub enum RequestError {
     NetworkNeedsPlugin(allox_protocol::NetworkMode),
     #[error(transparent)]
     Egress(#[from] allox_network::EgressError),
+    #[error("metrics are off: the daemon was started with --no-metrics")]
+    MetricsOff,
 }
 
 impl From<PluginError> for RequestError {
@@ -62,7 +64,9 @@ impl RequestError {
             RequestError::Files(e) => e.code(),
             RequestError::Refused { .. } => ErrorCode::Unavailable,
             RequestError::Egress(_) => ErrorCode::InvalidRequest,
-            RequestError::NetworkNeedsPlugin(_) => ErrorCode::Unsupported,
+            RequestError::NetworkNeedsPlugin(_) | RequestError::MetricsOff => {
+                ErrorCode::Unsupported
+            }
             RequestError::Panicked { .. } | RequestError::Misrouted { .. } => ErrorCode::Internal,
         }
     }

@@ -14,6 +14,7 @@ pub mod daemon;
 pub mod dispatch;
 pub mod error;
 pub mod files;
+pub mod metrics;
 pub mod panic;
 pub mod peer;
 pub mod plugin_api;

@@ -83,6 +83,8 @@ pub struct Supervisor {
     pub rollbacks: tokio::sync::broadcast::Sender<(String, String)>,
     /// Sessions' idle and lifetime clocks.
     pub clocks: crate::clocks::Clocks,
+    /// What `system.metrics` exports (shared with the runs and plugins).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Supervisor {
@@ -103,6 +105,7 @@ impl Supervisor {
             network_default: allox_protocol::NetworkMode::Disabled,
             rollbacks: tokio::sync::broadcast::channel(64).0,
             clocks,
+            metrics: Arc::default(),
         }
     }
 
@@ -144,6 +147,7 @@ impl Supervisor {
         req: &Request,
         events: Option<EventSink>,
     ) -> Result<Response, ErrorBody> {
+        let t0 = std::time::Instant::now();
         self.clocks.seen(req);
         let out = match self
             .admit(req, peer, request_id)
@@ -154,7 +158,28 @@ impl Supervisor {
         }
         .map_err(|e| self.report(req, e));
         self.audit(peer, request_id, req, &out);
+        self.count(req, &out, t0.elapsed());
         out
+    }
+
+    /// A request answered, in the metrics: its action, outcome and time;
+    /// a file's bytes.
+    fn count(&self, req: &Request, out: &Result<Response, ErrorBody>, took: std::time::Duration) {
+        use crate::metrics::Direction;
+        let outcome = match out {
+            Ok(_) => "ok",
+            Err(e) => e.code.as_str(),
+        };
+        self.metrics.request(req.action(), outcome, took);
+        match (req, out) {
+            (Request::FsWrite(w), Ok(_)) => {
+                self.metrics.file_bytes(Direction::In, w.data.0.len() as u64)
+            }
+            (_, Ok(Response::FsData(d))) => {
+                self.metrics.file_bytes(Direction::Out, d.data.0.len() as u64)
+            }
+            _ => {}
+        }
     }
 
     fn audit(&self, peer: &str, request_id: u64, req: &Request, out: &Result<Response, ErrorBody>) {
@@ -217,6 +242,7 @@ impl Supervisor {
         req: &Request,
     ) -> Result<Response, ErrorBody> {
         let _span = request_span(req).entered();
+        let t0 = std::time::Instant::now();
         self.clocks.seen(req);
         let out = self
             .admit(req, peer, request_id)
@@ -237,6 +263,7 @@ impl Supervisor {
             })
             .map_err(|e| self.report(req, e));
         self.audit(peer, request_id, req, &out);
+        self.count(req, &out, t0.elapsed());
         out
     }
 

@@ -64,6 +64,20 @@ pub struct GatewayArgs {
     /// `ALLOX_LOG` filters it (default `info`).
     #[arg(long, env = "ALLOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Serve `GET /metrics` on the gateway's address to callers with the
+    /// token in this file (mode 0600, at least 32 visible ASCII
+    /// characters; not the gateway's own token). Without it or
+    /// --metrics-token-env, `/metrics` is served only on --metrics-listen.
+    #[arg(long, value_name = "FILE")]
+    pub metrics_token_file: Option<PathBuf>,
+    /// The metrics token from this environment variable instead.
+    #[arg(long, value_name = "NAME", conflicts_with = "metrics_token_file")]
+    pub metrics_token_env: Option<String>,
+    /// Also listen on this address for `GET /metrics` (and `/healthz`)
+    /// with no token: for a Prometheus that scrapes by annotation. Only
+    /// loopback addresses unless --allow-remote.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
 }
 
 /// How logs are written.
@@ -84,6 +98,9 @@ impl GatewayArgs {
         cfg.allow_origins = self.allow_origin.clone();
         cfg.daemon_timeout = std::time::Duration::from_millis(self.daemon_timeout_ms.max(1));
         cfg.http_timeout = std::time::Duration::from_millis(self.http_timeout_ms.max(1));
+        cfg.metrics_token_file = self.metrics_token_file.clone();
+        cfg.metrics_token_env = self.metrics_token_env.clone();
+        cfg.metrics_listen = self.metrics_listen.clone();
         cfg
     }
 }

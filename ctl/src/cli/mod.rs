@@ -61,6 +61,9 @@ pub enum Command {
     /// Uptime, memory of init and supervisor, processes, unreaped
     /// orphans, loaded plugins.
     Info,
+    /// Every metric the daemon keeps, in the Prometheus (OpenMetrics) text
+    /// format: what the gateway serves at `GET /metrics`.
+    Metrics,
     /// The plugins loaded (in load order) and the ones installed.
     Plugins,
     /// Check the store: the index against the subvolumes on disk, and
@@ -179,6 +182,9 @@ impl Command {
             C::Ping => call(Request::Ping(Ping {})),
             C::Shutdown(a) => a.action(),
             C::Info => call(Request::SystemInfo(allox_protocol::SystemInfoRequest {})),
+            C::Metrics => call(Request::SystemMetrics(
+                allox_protocol::SystemMetricsRequest {},
+            )),
             C::Check => call(Request::StoreCheck(allox_protocol::StoreCheckRequest {})),
             C::Plugins => call(Request::PluginList(allox_protocol::PluginListRequest {})),
             C::Agent(a) => call(a.request()),

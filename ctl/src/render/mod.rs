@@ -107,6 +107,7 @@ pub fn render(response: &Response) -> String {
             x.offset,
             if x.eof { " (its end)" } else { "" }
         ),
+        Response::Metrics(m) => m.text.clone(),
         Response::ShareAgent(a) => share::agent(a),
         Response::Share(i) => share::info(i),
         Response::SessionStats(st) => stats::session(st),

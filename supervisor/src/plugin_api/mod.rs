@@ -179,6 +179,9 @@ pub struct Settings {
     pub audit: allox_store::audit::AuditBounds,
     /// `--system-effects-*`.
     pub effects: EffectsSettings,
+    /// The daemon's metrics: a plugin registers its own families here as
+    /// it starts (under the `allox_` prefix).
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 /// `--network-allow`, `--network-deny`, `--network-resolver`, and the

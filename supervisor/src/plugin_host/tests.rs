@@ -151,6 +151,7 @@ fn settings() -> Settings {
         network: Default::default(),
         audit: Default::default(),
         effects: Default::default(),
+        metrics: Default::default(),
     }
 }
 

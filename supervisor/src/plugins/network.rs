@@ -15,6 +15,7 @@
 //! session's own loopback ([`no_proxy`]), less what its policy names.
 
 mod audit;
+mod counted;
 mod proxy;
 
 use super::slot::Slot;
@@ -85,6 +86,7 @@ struct Started {
     /// `agent/session` → its live policy.
     live: Mutex<HashMap<String, Arc<Live>>>,
     runs: Mutex<RunsByCgroup>,
+    metrics: counted::NetMetrics,
 }
 
 impl Started {
@@ -212,6 +214,7 @@ impl Plugin for Network {
             shim,
             live: Mutex::new(HashMap::new()),
             runs: Mutex::new(RunsByCgroup::default()),
+            metrics: counted::NetMetrics::registered(&settings.metrics),
         });
         Ok(())
     }
@@ -306,13 +309,13 @@ impl Plugin for Network {
             .insert(k.clone(), live.clone());
         let lookups = st.settings.lookups_per_session;
         let broker = Broker {
-            resolver: Arc::new(LookupBudget::new(
+            resolver: st.metrics.counting(Arc::new(LookupBudget::new(
                 st.resolver.clone(),
                 lookups,
                 format!(
                     "{lookups} lookups of this session are in flight, its budget (--proxy-lookups-per-session)"
                 ),
-            )),
+            ))),
             timeouts: Timeouts::default(),
             own: st.own.clone(),
         };
@@ -535,6 +538,7 @@ mod tests {
             },
             audit: Default::default(),
             effects: Default::default(),
+            metrics: Default::default(),
         }
     }
 

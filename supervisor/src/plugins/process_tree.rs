@@ -68,6 +68,27 @@ impl Plugin for ProcessTree {
         })?;
         let t = ProcessTracker::start(&settings.state_dir, settings.process_events_max)
             .map_err(|e| fail(Box::new(e)))?;
+        for (name, help, read) in [
+            (
+                "tracker_events",
+                "Process events (forks, execs, exits) the tracker received from the kernel",
+                ProcessTracker::received as fn(&ProcessTracker) -> u64,
+            ),
+            (
+                "tracker_events_lost",
+                "Process events the kernel could not hand to the tracker (its ring was full)",
+                ProcessTracker::lost,
+            ),
+        ] {
+            let weak = Arc::downgrade(&t);
+            settings
+                .metrics
+                .register_collector(Box::new(crate::metrics::ReadCounter {
+                    name,
+                    help,
+                    read: Box::new(move || weak.upgrade().map_or(0, |t| read(&t))),
+                }));
+        }
         *self.tracker.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
         Ok(())
     }

@@ -788,6 +788,7 @@ mod tests {
             network: Default::default(),
             audit: Default::default(),
             effects: Default::default(),
+            metrics: Default::default(),
         })
         .unwrap();
         p
@@ -990,6 +991,7 @@ mod tests {
                 lines_per_s: 2,
             },
             effects: Default::default(),
+            metrics: Default::default(),
         })
         .unwrap();
         let st = p.started().unwrap();

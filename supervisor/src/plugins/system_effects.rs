@@ -88,6 +88,8 @@ struct Started {
     events: crate::plugins::process_tree::tracker::EventStore,
     /// History records lost by the runs observed since the start.
     lost: Arc<std::sync::atomic::AtomicU64>,
+    /// Process events the observers handed over since the start.
+    received: Arc<std::sync::atomic::AtomicU64>,
     /// Observers waiting for a run, their history's programs loaded: a
     /// run takes one (or starts a new one), and gives it back once its
     /// evidence is closed. An observer that failed is never given back.
@@ -472,6 +474,8 @@ impl Started {
                 return;
             }
         };
+        self.received
+            .fetch_add(evs.len() as u64, std::sync::atomic::Ordering::Relaxed);
         if let Err(e) = self.events.append(evs) {
             tracing::warn!(error = %allox_protocol::error_chain(&e), "cannot store the run's process events");
         }
@@ -613,8 +617,29 @@ impl Plugin for SystemEffects {
             live: Mutex::new(HashMap::new()),
             events,
             lost: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            received: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             idle: Mutex::new(Vec::new()),
         });
+        for (name, help, n) in [
+            (
+                "observer_events",
+                "Process events (forks, execs, exits) the observers recorded for observed runs",
+                st.received.clone(),
+            ),
+            (
+                "observer_events_lost",
+                "History records the observers lost (an observed run's evidence is then INCOMPLETE)",
+                st.lost.clone(),
+            ),
+        ] {
+            settings
+                .metrics
+                .register_collector(Box::new(crate::metrics::ReadCounter {
+                    name,
+                    help,
+                    read: Box::new(move || n.load(std::sync::atomic::Ordering::Relaxed)),
+                }));
+        }
         st.recover();
         // One observer ready before the first run.
         match st.exe.spawn(&st.observer_args()) {

@@ -106,9 +106,26 @@ pub(super) async fn finish(
             result: &result,
         });
     }
+    runs.cfg.metrics.run_ended(how_ended(&result));
     // Kept whether or not anyone waits yet (`send` would drop it then).
     run.result.send_replace(Some(result));
     runs.retire(&run, output_bytes);
+}
+
+/// How a run ended, for the metrics.
+fn how_ended(r: &RunResult) -> crate::metrics::RunEnd {
+    use crate::metrics::RunEnd;
+    if r.timed_out {
+        RunEnd::timed_out
+    } else if r.oom_killed == Some(true) {
+        RunEnd::oom
+    } else if r.signal == Some(libc::SIGKILL) {
+        RunEnd::killed
+    } else if r.signal.is_some() {
+        RunEnd::signaled
+    } else {
+        RunEnd::exited
+    }
 }
 
 /// The end of an observed run, once its program has ended: the cgroup

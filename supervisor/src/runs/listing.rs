@@ -92,6 +92,27 @@ impl Runs {
 
     /// Whether the session has any process at all, sandbox inits included
     /// (a run still being set up counts).
+    /// Runs whose program has not ended, and the programs in them (the
+    /// sandboxes' PID 1s not counted): one cgroup file per live run.
+    pub fn live_counts(&self) -> (usize, usize) {
+        let live: Vec<std::path::PathBuf> = self
+            .table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|r| r.result.borrow().is_none())
+            .map(|r| self.cgroups.run_dir(&r.agent, &r.session, &r.id))
+            .collect();
+        let programs = live
+            .iter()
+            .map(|d| {
+                let procs = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+                procs.lines().count().saturating_sub(1)
+            })
+            .sum();
+        (live.len(), programs)
+    }
+
     pub fn occupied(&self, a: &str, s: &str) -> bool {
         !self
             .cgroups

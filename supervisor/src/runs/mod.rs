@@ -104,6 +104,8 @@ pub struct RunsConfig {
     /// (`allox_store::failpoint::RUN_STARTS`), armed for tests as the
     /// store's are; none by default.
     pub failpoints: Failpoints,
+    /// Where runs started and ended are counted (the supervisor's).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl RunsConfig {
@@ -138,6 +140,7 @@ impl RunsConfig {
             run_usage: true,
             freeze_wait: std::time::Duration::from_millis(Self::DEFAULT_FREEZE_MS),
             failpoints: Failpoints::default(),
+            metrics: Arc::default(),
         }
     }
 }

@@ -137,6 +137,13 @@ impl Runs {
     }
 
     /// A session an earlier supervisor paused: its cgroup says so.
+    /// Whether this supervisor paused session `a/s` (no file read: what
+    /// the metrics count at each scrape).
+    pub fn is_paused(&self, a: &str, s: &str) -> bool {
+        let paused = self.paused.0.lock().unwrap_or_else(|e| e.into_inner());
+        paused.contains_key(&key(a, s))
+    }
+
     fn frozen_before(&self, a: &str, s: &str) -> Option<PauseInfo> {
         let f =
             std::fs::read_to_string(self.cgroups.session_dir(a, s).join("cgroup.freeze")).ok()?;

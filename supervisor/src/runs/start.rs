@@ -105,6 +105,7 @@ impl Runs {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(key(a, s, &id), run.clone());
+        self.cfg.metrics.run_started(a);
         if let Some(ev) = &events {
             let _ = ev
                 .send(Event::Started(RunStarted {

@@ -123,6 +123,7 @@ impl SessionProxy {
             why,
         ));
         drop(conn);
+        self.started.metrics.refused();
         self.untold.fetch_add(1, Ordering::Relaxed);
         {
             let mut told = self.told.lock().unwrap_or_else(|e| e.into_inner());
@@ -215,6 +216,10 @@ pub(super) async fn serve(l: tokio::net::TcpListener, proxy: Arc<SessionProxy>) 
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
             let a = proxy.broker.serve(conn, &policy).await;
+            proxy
+                .started
+                .metrics
+                .connection(a.allowed, a.sent, a.received);
             let mut r = record(run_id, a.verdict);
             r.kind = a.kind.to_string();
             r.host = a.host;

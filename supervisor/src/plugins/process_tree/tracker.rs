@@ -433,6 +433,8 @@ pub fn build_tree(events: &[ProcessEvent]) -> Vec<ProcessNode> {
 pub struct ProcessTracker {
     tracker: Mutex<Tracker>,
     pub store: EventStore,
+    /// Events drained from the kernel since the start.
+    received: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for ProcessTracker {
@@ -462,6 +464,7 @@ impl ProcessTracker {
         let me = Arc::new(ProcessTracker {
             tracker: Mutex::new(tracker),
             store,
+            received: std::sync::atomic::AtomicU64::new(0),
         });
         let weak = Arc::downgrade(&me);
         std::thread::Builder::new()
@@ -496,6 +499,8 @@ impl ProcessTracker {
             .filter_map(|e| self.event(e, offset))
             .collect();
         let n = evs.len();
+        self.received
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
         if let Err(e) = self.store.append(evs) {
             tracing::error!(error = %e, "cannot store process events");
         }
@@ -581,6 +586,12 @@ impl ProcessTracker {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .prog_stats()
+    }
+
+    /// Events drained from the kernel (and attributed to a run) since the
+    /// start.
+    pub fn received(&self) -> u64 {
+        self.received.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Events the kernel could not hand over, in all.

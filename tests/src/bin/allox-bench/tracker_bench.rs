@@ -73,6 +73,7 @@ fn bench(fs: &BtrfsFs, cg: &std::path::Path, quick: bool) -> anyhow::Result<()> 
         network: Default::default(),
         audit: Default::default(),
         effects: Default::default(),
+        metrics: Default::default(),
     })?;
     let tracker = plugin.tracker()?;
     let mut on_cfg = RunsConfig::new(cg.join("on"), exe, fs.scratch().join("stage-on"));

@@ -250,6 +250,31 @@ mod tests {
         )
     }
 
+    #[test]
+    fn metrics_take_the_metrics_token_only_and_only_when_given_one() {
+        let h = |auth: Option<&'static str>| Headers {
+            host: Some("10.0.0.9:8092"),
+            authorization: auth,
+            ..Headers::default()
+        };
+        let off = access(&[]);
+        assert_eq!(off.check_metrics(&h(None)), Err(Refusal::MetricsOff));
+        assert_eq!(off.check_metrics(&good()), Err(Refusal::MetricsOff));
+        let on = access(&[]).with_metrics_token(Some(crate::token::tests_token(
+            "metrics-metrics-metrics-metrics-1",
+        )));
+        assert_eq!(on.check_metrics(&h(None)), Err(Refusal::MetricsToken));
+        // The gateway's own token is not the metrics token.
+        assert_eq!(on.check_metrics(&good()), Err(Refusal::MetricsToken));
+        // Any Host: Prometheus names the target as it reaches it.
+        assert_eq!(
+            on.check_metrics(&h(Some("Bearer metrics-metrics-metrics-metrics-1"))),
+            Ok(())
+        );
+        assert_eq!(Refusal::MetricsOff.status(), 404);
+        assert_eq!(Refusal::MetricsToken.status(), 401);
+    }
+
     fn good() -> Headers<'static> {
         Headers {
             host: Some("127.0.0.1:8092"),

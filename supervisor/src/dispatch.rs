@@ -5,6 +5,7 @@
 //! record are the [`Supervisor`]'s.
 
 use crate::error::RequestError;
+use crate::metrics::StoreOp;
 use crate::plugin_api::{RouteContext, SessionNetwork};
 use crate::plugins::network as network_plugin;
 use crate::runs::{EventSink, FenceScope, RunError, SessionPaths};
@@ -13,7 +14,6 @@ use allox_protocol::{
     AgentListing, Egress, Killed, NetworkMode, Pong, Request, Response, Route, SessionListing,
     SessionRollback, PROTOCOL_VERSION,
 };
-use crate::metrics::StoreOp;
 use allox_store::StoreError;
 
 impl Supervisor {

@@ -302,7 +302,11 @@ impl Metrics {
             "Sessions, by state: fenced, expired, paused or active (the first that applies)",
             m.sessions.clone(),
         );
-        m.register("runs_live", "Runs whose program has not ended", m.runs_live.clone());
+        m.register(
+            "runs_live",
+            "Runs whose program has not ended",
+            m.runs_live.clone(),
+        );
         m.register(
             "processes",
             "Processes of live runs (their sandboxes' PID 1s not counted)",
@@ -399,7 +403,11 @@ impl Metrics {
     }
 
     /// Times `f` as `operation` when it succeeds.
-    pub fn timed<T, E>(&self, operation: StoreOp, f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+    pub fn timed<T, E>(
+        &self,
+        operation: StoreOp,
+        f: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
         let t0 = std::time::Instant::now();
         let out = f();
         if out.is_ok() {

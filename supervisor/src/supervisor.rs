@@ -172,12 +172,12 @@ impl Supervisor {
         };
         self.metrics.request(req.action(), outcome, took);
         match (req, out) {
-            (Request::FsWrite(w), Ok(_)) => {
-                self.metrics.file_bytes(Direction::In, w.data.0.len() as u64)
-            }
-            (_, Ok(Response::FsData(d))) => {
-                self.metrics.file_bytes(Direction::Out, d.data.0.len() as u64)
-            }
+            (Request::FsWrite(w), Ok(_)) => self
+                .metrics
+                .file_bytes(Direction::In, w.data.0.len() as u64),
+            (_, Ok(Response::FsData(d))) => self
+                .metrics
+                .file_bytes(Direction::Out, d.data.0.len() as u64),
             _ => {}
         }
     }

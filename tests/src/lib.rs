@@ -347,6 +347,8 @@ pub fn gateway_token(socket: &Path) -> String {
 pub struct Gateway {
     pub child: Child,
     pub addr: std::net::SocketAddr,
+    /// `--metrics-listen`'s address, when `args` gave one.
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// Everything it wrote to stderr (its first lines, then more as it runs).
     pub log: std::sync::Arc<std::sync::Mutex<String>>,
 }
@@ -380,8 +382,21 @@ impl Gateway {
             let _ = std::io::Read::read_to_string(&mut lines, &mut rest);
             panic!("alloxctl gateway did not start: {first}{rest}");
         };
-        // The second line names the token file.
+        // The second line names the token file; a third, the metrics
+        // address.
         let _ = lines.read_line(&mut first);
+        let mut metrics_addr = None;
+        if args.contains(&"--metrics-listen") {
+            let mut line = String::new();
+            let _ = lines.read_line(&mut line);
+            metrics_addr = line
+                .split("http://")
+                .nth(1)
+                .and_then(|rest| rest.split('/').next())
+                .and_then(|a| a.parse().ok());
+            assert!(metrics_addr.is_some(), "no metrics address in {line:?}");
+            first.push_str(&line);
+        }
         let log = std::sync::Arc::new(std::sync::Mutex::new(first));
         let sink = log.clone();
         std::thread::spawn(move || {
@@ -391,7 +406,12 @@ impl Gateway {
                 l.push('\n');
             }
         });
-        Gateway { child, addr, log }
+        Gateway {
+            child,
+            addr,
+            metrics_addr,
+            log,
+        }
     }
 
     /// `http://ADDR/v1/rpc`.

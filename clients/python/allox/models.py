@@ -90,6 +90,7 @@ __all__ = [
     'HistoryRecord',
     'InstalledPlugin',
     'Killed',
+    'MetricsText',
     'MonitorBody',
     'MonitorBodyRun',
     'MonitorBodySpan',
@@ -177,6 +178,7 @@ __all__ = [
     'Survivor',
     'SystemInfo',
     'SystemInfoRequest',
+    'SystemMetricsRequest',
     'TraceContext',
     'TurnBegin',
     'TurnEnd',
@@ -1031,6 +1033,14 @@ class Killed(Model):
 
     #: Processes that were signalled.
     killed: int
+
+
+@dataclass(kw_only=True)
+class MetricsText(Model):
+    """The answer to `system.metrics`."""
+
+    #: The OpenMetrics text, ending with `# EOF`.
+    text: str
 
 
 @dataclass(kw_only=True)
@@ -2223,6 +2233,13 @@ class SystemInfoRequest(Model):
 
 
 @dataclass(kw_only=True)
+class SystemMetricsRequest(Model):
+    """`system.metrics`: every metric the daemon keeps, in the OpenMetrics
+    text format (what the gateway serves at `GET /metrics`).
+    """
+
+
+@dataclass(kw_only=True)
 class TraceContext(Model):
     """W3C trace context of the tool call a `process.start` serves: its runs
     are recorded under that span (`--monitor-root`), and the run sees it as
@@ -2432,6 +2449,7 @@ ACTIONS: dict[str, tuple[Any, Any]] = {
     'share.session.set': (ShareSessionSet, ShareInfo),
     'store.check': (StoreCheckRequest, StoreCheckReport),
     'system.info': (SystemInfoRequest, SystemInfo),
+    'system.metrics': (SystemMetricsRequest, MetricsText),
     'system.ping': (Ping, Pong),
     'system.shutdown': (Shutdown, Stopping),
     'turn.begin': (TurnBegin, TurnInfo),

@@ -174,6 +174,8 @@ def test_every_action_is_answered_and_fits_the_document(every, openapi_check):
     assert {p["name"] for p in plugins["loaded"]} >= {"process-tree", "network", "share", "monitor"}, plugins
     check = call("store.check")
     assert check["missing_on_disk"] == [] and check["missing_in_index"] == [], check
+    metrics = call("system.metrics")["text"]
+    assert metrics.endswith("# EOF\n") and "allox_requests_total{" in metrics, metrics[-300:]
 
     # -- agents, sessions, policy ------------------------------------------------------------
     call("agent.create", agent_id=A)

@@ -19,6 +19,20 @@ STORE_DEVICE = "/dev/allox-store"
 SOCKET_DIR = "/run/allox"
 CLIENT_LABELS = {"allox.dev/client": "true"}
 GATEWAY_PORT = 8092
+# The gateway's metrics address (--metrics-listen): GET /metrics with no
+# token, scraped on the pod by annotation, never through the Service, and
+# reachable only by the scrapers: pods labelled SCRAPER_LABELS in
+# namespaces labelled SCRAPER_NAMESPACE_LABELS, named by one peer.
+METRICS_PORT = 9464
+METRICS_PATH = "/metrics"
+SCRAPER_LABELS = {"allox.dev/metrics-scraper": "true"}
+SCRAPER_NAMESPACE_LABELS = {"allox.dev/metrics": "true"}
+CLIENT_PEER = {"podSelector": {"matchLabels": CLIENT_LABELS}}
+SCRAPER_PEER = {"namespaceSelector": {"matchLabels": SCRAPER_NAMESPACE_LABELS},
+                "podSelector": {"matchLabels": SCRAPER_LABELS}}
+SCRAPE_ANNOTATIONS = {"prometheus.io/scrape": "true",
+                      "prometheus.io/port": str(METRICS_PORT),
+                      "prometheus.io/path": METRICS_PATH}
 DEFAULT_STOP_TIMEOUT = 20
 PRIVILEGED_CONTAINERS = {"supervisor"}
 # The flags of `/init container` itself; the rest are `supervise` options.
@@ -39,6 +53,7 @@ class Workload:
     kind: str
     replicas: int
     labels: dict
+    annotations: dict
     spec: dict
     claims: dict = field(default_factory=dict)  # volume name -> claim spec
     retention: dict | None = None
@@ -54,8 +69,9 @@ def workloads(docs: list[dict], out: list[str]) -> list[Workload]:
             s = d["spec"]
             t = s["template"]
             claims = {c["metadata"]["name"]: c["spec"] for c in s.get("volumeClaimTemplates", [])}
+            meta = t.get("metadata", {})
             found.append(Workload(name, d["kind"], s.get("replicas", 1),
-                                  t.get("metadata", {}).get("labels", {}), t["spec"],
+                                  meta.get("labels", {}), meta.get("annotations", {}), t["spec"],
                                   claims, s.get("persistentVolumeClaimRetentionPolicy")))
         elif d["kind"] == "Sandbox":
             s = d["spec"]
@@ -70,8 +86,10 @@ def workloads(docs: list[dict], out: list[str]) -> list[Workload]:
                 else:
                     out.append(f"{name}: volume {v['name']!r} names claim "
                                f"{ref['claimName']!r}, which is not among the manifests")
+            meta = t.get("metadata", {})
             found.append(Workload(name, d["kind"], s.get("replicas", 1),
-                                  t.get("metadata", {}).get("labels", {}), t["spec"], claims))
+                                  meta.get("labels", {}), meta.get("annotations", {}), t["spec"],
+                                  claims))
         elif d["kind"] in POD_KINDS:
             out.append(f"{name}: a workload other than the runtime's")
     return found
@@ -175,6 +193,7 @@ def check_workload(w: Workload, docs: list[dict], vm: bool, out: list[str]) -> N
                 out.append(f"{at}: the supervisor does not --allow-uid the gateway's user {uid}")
     if gw is not None:
         check_gateway(at, gw, docs, out)
+        check_metrics(w, gw, out)
     check_socket_dir(at, spec, [c for c in (sup, gw) if c is not None], out)
 
 
@@ -263,6 +282,51 @@ def check_gateway(at: str, gw: dict, docs: list[dict], out: list[str]) -> None:
         out.append(f"{at}: gateway does not listen on 0.0.0.0:{GATEWAY_PORT}")
 
 
+def check_metrics(w: Workload, gw: dict, out: list[str]) -> None:
+    """The metrics address, its container port and the scrape annotations,
+    and no metrics token that is the gateway's own."""
+    at = w.where
+    argv = gw.get("command", []) + gw.get("args", [])
+    listen = arg_value(argv, "--metrics-listen")
+    if listen is None:
+        out.append(f"{at}: the gateway passes no --metrics-listen")
+    elif listen != f"0.0.0.0:{METRICS_PORT}":
+        out.append(f"{at}: the gateway's --metrics-listen is {listen!r}, not 0.0.0.0:{METRICS_PORT}")
+    want = {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}
+    if not any({**p, "protocol": p.get("protocol", "TCP")} == want for p in gw.get("ports", [])):
+        out.append(f"{at}: the gateway declares no container port {want}")
+
+    for key, value in SCRAPE_ANNOTATIONS.items():
+        got = w.annotations.get(key)
+        if got is None:
+            out.append(f"{at}: the pod template has no annotation {key}")
+        elif got != value:
+            out.append(f"{at}: the pod template's annotation {key} is {got!r}, not {value!r}")
+
+    # The gateway refuses to start with its own token as the metrics
+    # token; this is the same rule on the manifests: a scraper must never
+    # hold the token that can do everything. A metrics token comes from a
+    # Secret of its own, which the scraper is given.
+    token_env = arg_value(argv, "--token-env")
+    env = {e["name"]: e for e in gw.get("env", [])}
+    token_ref = env.get(token_env, {}).get("valueFrom", {}).get("secretKeyRef")
+    for name in arg_values(argv, "--metrics-token-env"):
+        ref = env.get(name, {}).get("valueFrom", {}).get("secretKeyRef")
+        if name == token_env:
+            out.append(f"{at}: the gateway's --metrics-token-env is its --token-env {name}: "
+                       "a scraper must never hold the gateway's token")
+        elif ref is None:
+            out.append(f"{at}: the gateway's metrics token {name} is not from a Secret")
+        elif token_ref is not None and ref["name"] == token_ref["name"]:
+            out.append(f"{at}: the gateway's metrics token {name} is from the gateway's token "
+                       f"Secret {ref['name']!r}: a scraper must never hold the gateway's token")
+    token_file = arg_value(argv, "--token-file")
+    for path in arg_values(argv, "--metrics-token-file"):
+        if path == token_file:
+            out.append(f"{at}: the gateway's --metrics-token-file is its --token-file {path}: "
+                       "a scraper must never hold the gateway's token")
+
+
 def check_socket_dir(at: str, spec: dict, cs: list[dict], out: list[str]) -> None:
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
     for c in cs:
@@ -288,25 +352,62 @@ def check_network_policy(w: Workload, docs: list[dict], out: list[str]) -> None:
     if not pols:
         out.append(f"{at}: no NetworkPolicy selects the pod")
         return
+    scraped = False
     for p in pols:
         where = f"NetworkPolicy/{p['metadata']['name']}"
         s = p["spec"]
         if not {"Ingress", "Egress"} <= set(s.get("policyTypes", [])):
             out.append(f"{where}: policyTypes must hold Ingress and Egress")
         for rule in s.get("ingress", []):
-            peers = rule.get("from", [])
-            if not peers:
-                out.append(f"{where}: an ingress rule admits every source")
-            for peer in peers:
-                if set(peer) != {"podSelector"} or \
-                        peer["podSelector"] != {"matchLabels": CLIENT_LABELS}:
-                    out.append(f"{where}: ingress from {peer}, not only pods labelled {CLIENT_LABELS}")
-            ports = rule.get("ports", [])
-            if not ports or any(pt.get("port") != GATEWAY_PORT or pt.get("protocol", "TCP") != "TCP"
-                                for pt in ports):
-                out.append(f"{where}: ingress to ports {ports}, not only TCP {GATEWAY_PORT}")
+            if check_ingress_rule(where, rule, out) == "metrics":
+                scraped = True
         for rule in s.get("egress", []):
             check_egress_rule(where, rule, out)
+    if not scraped:
+        out.append(f"{at}: no NetworkPolicy admits the metrics scrapers ({SCRAPER_PEER}) "
+                   f"to TCP {METRICS_PORT}")
+
+
+def check_ingress_rule(where: str, rule: dict, out: list[str]) -> str | None:
+    """An ingress rule is the clients' (client pods to the gateway's port)
+    or the scrapers' (the scraper peer to the metrics port), never both.
+    Returns which one a rule that keeps to this is ("client" or "metrics"),
+    else None."""
+    peers = rule.get("from", [])
+    ports = rule.get("ports", [])
+    if not peers:
+        out.append(f"{where}: an ingress rule admits every source")
+    kinds = set()
+    unknown = False
+    for peer in peers:
+        if peer == CLIENT_PEER:
+            kinds.add("client")
+        elif peer == SCRAPER_PEER:
+            kinds.add("metrics")
+        else:
+            unknown = True
+            out.append(f"{where}: ingress from {peer}, neither the client pods (labelled "
+                       f"{CLIENT_LABELS}) nor the metrics scrapers ({SCRAPER_PEER})")
+    if kinds == {"client", "metrics"}:
+        out.append(f"{where}: an ingress rule admits both the clients and the metrics scrapers: "
+                   "each needs a rule of its own, to its own port")
+        return None
+    if kinds == {"metrics"}:
+        allowed, who = {METRICS_PORT}, "the metrics scrapers"
+    elif kinds == {"client"}:
+        allowed, who = {GATEWAY_PORT}, "the clients"
+    else:
+        # No peer is one of the two, which is reported above; of the
+        # ports, only those wrong for either are reported as well.
+        allowed, who = {GATEWAY_PORT, METRICS_PORT}, "any source"
+    if not ports or any(pt.get("port") not in allowed or "endPort" in pt
+                        or pt.get("protocol", "TCP") != "TCP" for pt in ports):
+        wanted = " or ".join(str(n) for n in sorted(allowed))
+        out.append(f"{where}: ingress to ports {ports}, not only TCP {wanted} ({who})")
+        return None
+    if unknown or not kinds:
+        return None
+    return kinds.pop()
 
 
 def check_egress_rule(where: str, rule: dict, out: list[str]) -> None:
@@ -346,5 +447,8 @@ def check_services(w: Workload, docs: list[dict], out: list[str]) -> None:
         if s.get("type", "ClusterIP") != "ClusterIP":
             out.append(f"{where}: type {s.get('type')}: the gateway stays inside the cluster")
         for p in s.get("ports", []):
-            if p.get("port") != GATEWAY_PORT or p.get("targetPort") not in ("http", GATEWAY_PORT):
+            if p.get("port") == METRICS_PORT or p.get("targetPort") in ("metrics", METRICS_PORT):
+                out.append(f"{where}: port {p} is the metrics port: metrics are scraped from "
+                           "the pod, never through the Service")
+            elif p.get("port") != GATEWAY_PORT or p.get("targetPort") not in ("http", GATEWAY_PORT):
                 out.append(f"{where}: port {p} is not the gateway's")

@@ -51,9 +51,26 @@ def gateway_sc(docs):
     return container(docs, "gateway")["securityContext"]
 
 
+def annotations(docs):
+    return of_kind(docs, "StatefulSet")["spec"]["template"]["metadata"]["annotations"]
+
+
 def set_arg(docs, name, flag, value):
     c = container(docs, name)
     c["args"] = [a for a in c["args"] if not a.startswith(flag)] + [f"{flag}={value}"]
+
+
+def drop_arg(docs, name, flag):
+    c = container(docs, name)
+    c["args"] = [a for a in c["args"] if a != flag and not a.startswith(flag + "=")]
+
+
+def metrics_token_from(docs, secret, key):
+    """The gateway given a metrics token from `key` of `secret`."""
+    c = container(docs, "gateway")
+    c["env"].append({"name": "ALLOX_METRICS_TOKEN",
+                     "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
+    set_arg(docs, "gateway", "--metrics-token-env", "ALLOX_METRICS_TOKEN")
 
 
 # (what is broken, how, a word the report must hold)
@@ -138,6 +155,51 @@ MUTATIONS = [
      "TCP only"),
     ("service on the nodes", lambda d: of_kind(d, "Service")["spec"].update(type="NodePort"),
      "NodePort"),
+    ("no metrics address", lambda d: drop_arg(d, "gateway", "--metrics-listen"),
+     "no --metrics-listen"),
+    ("metrics address on another port", lambda d: set_arg(
+        d, "gateway", "--metrics-listen", "0.0.0.0:9465"), "not 0.0.0.0:9464"),
+    ("metrics address on loopback", lambda d: set_arg(
+        d, "gateway", "--metrics-listen", "127.0.0.1:9464"), "not 0.0.0.0:9464"),
+    ("metrics container port elsewhere", lambda d: container(d, "gateway")["ports"][1].update(
+        containerPort=9465), "no container port"),
+    ("no scrape annotation", lambda d: annotations(d).pop("prometheus.io/scrape"),
+     "no annotation prometheus.io/scrape"),
+    ("scrape annotation on the gateway's port", lambda d: annotations(d).update(
+        {"prometheus.io/port": "8092"}), "prometheus.io/port is '8092'"),
+    ("scrape annotation on another path", lambda d: annotations(d).update(
+        {"prometheus.io/path": "/v1/metrics"}), "prometheus.io/path"),
+    ("metrics token is the gateway's token", lambda d: set_arg(
+        d, "gateway", "--metrics-token-env", "ALLOX_GATEWAY_TOKEN"), "never hold the gateway's token"),
+    ("metrics token from the gateway's Secret", lambda d: metrics_token_from(
+        d, container(d, "gateway")["env"][0]["valueFrom"]["secretKeyRef"]["name"], "metrics"),
+     "never hold the gateway's token"),
+    ("metrics token file is the gateway's", lambda d: (
+        set_arg(d, "gateway", "--metrics-token-file", "/run/allox/gateway.token"),
+        drop_arg(d, "gateway", "--token-env"),
+        set_arg(d, "gateway", "--token-file", "/run/allox/gateway.token")),
+     "never hold the gateway's token"),
+    ("metrics ingress from every pod", lambda d: netpol(d)["ingress"][1]["from"][0].update(
+        podSelector={}), "ingress from"),
+    ("metrics ingress from every namespace", lambda d: netpol(d)["ingress"][1]["from"][0].update(
+        namespaceSelector={}), "ingress from"),
+    ("metrics ingress from the namespaces' every pod", lambda d: netpol(d)["ingress"][1].update(
+        {"from": [{"namespaceSelector": policy.SCRAPER_PEER["namespaceSelector"]},
+                  {"podSelector": policy.SCRAPER_PEER["podSelector"]}]}), "ingress from"),
+    ("scrapers admitted to the gateway's port", lambda d: netpol(d)["ingress"][1]["ports"].append(
+        {"protocol": "TCP", "port": 8092}), "ingress to ports"),
+    ("clients admitted to the metrics port", lambda d: netpol(d)["ingress"][0]["ports"].append(
+        {"protocol": "TCP", "port": 9464}), "ingress to ports"),
+    ("a port range for the scrapers", lambda d: netpol(d)["ingress"][1]["ports"][0].update(
+        endPort=9500), "ingress to ports"),
+    ("one rule for clients and scrapers", lambda d: netpol(d)["ingress"][0]["from"].append(
+        copy.deepcopy(policy.SCRAPER_PEER)), "each needs a rule of its own"),
+    ("no metrics ingress", lambda d: netpol(d)["ingress"].pop(1), "admits the metrics scrapers"),
+    ("service exposes the metrics port", lambda d: of_kind(d, "Service")["spec"]["ports"].append(
+        {"name": "metrics", "port": 9464, "targetPort": "metrics", "protocol": "TCP"}),
+     "never through the Service"),
+    ("service forwards to the metrics port", lambda d: of_kind(d, "Service")["spec"]["ports"][0].update(
+        targetPort="metrics"), "never through the Service"),
     ("a second workload", lambda d: d.append({"apiVersion": "v1", "kind": "Pod",
                                               "metadata": {"name": "x"}, "spec": {}}),
      "other than the runtime's"),
@@ -167,6 +229,11 @@ SANDBOX_MUTATIONS = [
     ("gateway privileged", lambda d: next(c for c in sandbox_of(d)["spec"]["containers"]
                                           if c["name"] == "gateway")["securityContext"].update(
         privileged=True), "privileged"),
+    ("no scrape annotations", lambda d: sandbox_of(d)["metadata"].pop("annotations"),
+     "no annotation prometheus.io/scrape"),
+    ("no metrics address", lambda d: next(c for c in sandbox_of(d)["spec"]["containers"]
+                                          if c["name"] == "gateway")["args"].remove(
+        "--metrics-listen=0.0.0.0:9464"), "no --metrics-listen"),
 ]
 
 

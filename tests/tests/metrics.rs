@@ -288,6 +288,9 @@ fn a_real_prometheus_scrapes_every_family_with_the_values_the_workload_implies()
     let (code, body) = curl(&["-H", &auth, &file_url]);
     assert_eq!((code.as_str(), body.len()), ("200", 5000));
     ctl_ok(&d, &["session", "pause", "b", "idle", "--hold"]);
+    // A refusal: the session exists.
+    let (code, _, _) = alloxctl(&d.daemon.socket, &["session", "create", "a", "s"]);
+    assert_ne!(code, 0);
     // Runs: 3 + the timed-out one + the proxy one.
     let runs = 5.0;
 
@@ -313,6 +316,10 @@ fn a_real_prometheus_scrapes_every_family_with_the_values_the_workload_implies()
         (
             "allox_requests_total{action=\"checkpoint.create\",outcome=\"ok\"}",
             Want::Eq(3.0),
+        ),
+        (
+            "allox_requests_total{action=\"session.create\",outcome=\"conflict\"}",
+            Want::Eq(1.0),
         ),
         (
             "allox_request_duration_seconds_count{action=\"process.start\"}",
@@ -418,4 +425,102 @@ fn a_real_prometheus_scrapes_every_family_with_the_values_the_workload_implies()
     // The token job scraped the same daemon.
     let via_token = query(&web, "allox_agents{job=\"allox_token\"}");
     assert_eq!(via_token.first().map(|s| s.1), Some(2.0), "{via_token:?}");
+
+    // The dashboard (deploy/grafana): every query answers with data from
+    // this Prometheus — but the observer's, whose plugin this daemon does
+    // not load (it stands in for the tracker); those name families the
+    // operations doc lists.
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/allox.json"),
+        )
+        .unwrap(),
+    )
+    .expect("the dashboard is JSON");
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md"),
+    )
+    .unwrap();
+    let exprs = dashboard_queries(&dashboard);
+    assert!(exprs.len() >= 20, "{exprs:?}");
+    let mut empty = Vec::new();
+    for e in &exprs {
+        let names = metric_names(e);
+        assert!(!names.is_empty(), "{e} names no allox metric");
+        for n in &names {
+            let family = n
+                .strip_suffix("_bucket")
+                .or_else(|| n.strip_suffix("_total"))
+                .unwrap_or(n);
+            assert!(
+                doc.contains(&format!("`{family}")),
+                "docs/operations.md does not list {n} (in {e})"
+            );
+        }
+        if names.iter().all(|n| n.starts_with("allox_observer_")) {
+            continue;
+        }
+        let q = e.replace("$__rate_interval", "1m");
+        if query(&web, &q).is_empty() {
+            empty.push(q);
+        }
+    }
+    assert!(
+        empty.is_empty(),
+        "dashboard queries with no data: {empty:#?}"
+    );
+}
+
+/// Every query of a Grafana dashboard, after checking what Grafana needs
+/// of each panel: a unique id, a place on the 24-column grid, the
+/// dashboard's data source, and (but rows) targets with a query.
+fn dashboard_queries(d: &Value) -> Vec<String> {
+    assert!(
+        d["schemaVersion"].as_u64().is_some_and(|v| v >= 36),
+        "schemaVersion"
+    );
+    assert!(d["title"].as_str().is_some_and(|t| !t.is_empty()));
+    assert!(d["uid"].as_str().is_some_and(|t| !t.is_empty()));
+    let vars = d["templating"]["list"].as_array().expect("templating");
+    assert!(vars.iter().any(|v| v["name"] == "datasource"
+        && v["type"] == "datasource"
+        && v["query"] == "prometheus"));
+    let mut ids = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for p in d["panels"].as_array().expect("panels") {
+        assert!(
+            ids.insert(p["id"].as_u64().expect("an id")),
+            "duplicate id: {p}"
+        );
+        let g = &p["gridPos"];
+        let (x, w) = (g["x"].as_u64().unwrap(), g["w"].as_u64().unwrap());
+        assert!(x + w <= 24 && g["h"].as_u64().unwrap() > 0, "gridPos: {p}");
+        if p["type"] == "row" {
+            continue;
+        }
+        assert_eq!(p["datasource"]["uid"], "${datasource}", "{p}");
+        let targets = p["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{p}");
+        for t in targets {
+            out.push(t["expr"].as_str().expect("expr").to_string());
+        }
+    }
+    out
+}
+
+/// The `allox_…` names a query reads.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let b = expr.as_bytes();
+    let mut i = 0;
+    while let Some(at) = expr[i..].find("allox_") {
+        let start = i + at;
+        let mut end = start;
+        while end < b.len() && (b[end].is_ascii_alphanumeric() || b[end] == b'_') {
+            end += 1;
+        }
+        out.push(expr[start..end].to_string());
+        i = end;
+    }
+    out
 }

@@ -24,6 +24,7 @@ mod effects_bench;
 mod files_bench;
 mod fork_bench;
 mod http_bench;
+mod metrics_bench;
 mod monitor_bench;
 mod network_bench;
 mod quota_bench;
@@ -183,6 +184,9 @@ fn main() -> anyhow::Result<()> {
     }
     if only.is_empty() || only == "effects" {
         effects_bench::run(&fs, quick)?;
+    }
+    if only.is_empty() || only == "metrics" {
+        metrics_bench::run(&fs, quick)?;
     }
     if only.is_empty() || only == "vm" {
         vm_bench::run(quick)?;

@@ -41,6 +41,7 @@ cleanup() {
     [ -n "${DNS:-}" ] && kill "$DNS" 2>/dev/null && wait "$DNS" 2>/dev/null || true
     [ -n "${INDEX:-}" ] && kill "$INDEX" 2>/dev/null && wait "$INDEX" 2>/dev/null || true
     [ -n "${GATEWAY:-}" ] && kill "$GATEWAY" 2>/dev/null && wait "$GATEWAY" 2>/dev/null || true
+    [ -n "${PROM:-}" ] && kill "$PROM" 2>/dev/null && wait "$PROM" 2>/dev/null || true
     if [ -d "$CGROOT" ]; then
         echo 1 >"$CGROOT/cgroup.kill" 2>/dev/null || true
         sleep 0.2
@@ -153,7 +154,7 @@ ctl log agent-b session-2
 ctl diff agent-b session-2 turn-1 current --patch
 
 echo; echo "# the same through the JSON gateway, as an agent framework would call it"
-"$BIN/alloxctl" gateway --listen 127.0.0.1:8092 2>>"$WORK/daemon.log" &
+"$BIN/alloxctl" gateway --listen 127.0.0.1:8092 --metrics-listen 127.0.0.1:9464 2>>"$WORK/daemon.log" &
 GATEWAY=$!
 for _ in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:8092/ && break; sleep 0.05; done
 # The gateway serves only clients that send its token (made on first start,
@@ -213,6 +214,41 @@ ctl net policy agent-net session-1
 ctl net audit agent-net session-1
 
 ctl audit
+
+echo; echo "# the daemon's metrics, scraped by a real Prometheus (on 127.0.0.1, every second) from the gateway's metrics address"
+cat >"$WORK/prometheus.yml" <<EOC
+global:
+  scrape_interval: 1s
+scrape_configs:
+  - job_name: allox
+    static_configs:
+      - targets: ['127.0.0.1:9464']
+EOC
+prometheus --config.file="$WORK/prometheus.yml" --storage.tsdb.path="$WORK/prometheus" \
+    --web.listen-address=127.0.0.1:9091 >/dev/null 2>&1 &
+PROM=$!
+promql() {
+    curl -sS -G http://127.0.0.1:9091/api/v1/query --data-urlencode "query=$1" |
+        python3 -c 'import json, sys
+for r in json.load(sys.stdin)["data"]["result"]:
+    labels = ",".join(f"{k}={v}" for k, v in sorted(r["metric"].items()) if k not in ("job", "instance", "__name__"))
+    print("    {" + labels + "} " + r["value"][1])'
+}
+# Until Prometheus has scraped the daemon once.
+for _ in $(seq 300); do
+    [ "$(curl -sS -G http://127.0.0.1:9091/api/v1/query --data-urlencode 'query=up{job="allox"}' 2>/dev/null |
+        python3 -c 'import json, sys; r = json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else "")' 2>/dev/null)" = 1 ] && break
+    sleep 0.1
+done
+for q in 'sum by (state) (allox_sessions)' \
+    'allox_requests_total{action="session.rollback"}' \
+    'allox_store_operation_duration_seconds_count' \
+    'sum by (how) (allox_runs_ended_total)' \
+    'allox_network_connections_total' \
+    'allox_store_filesystem_bytes'; do
+    echo "\$ promql '$q'"
+    promql "$q"
+done
 allox_demo_monitor "$WORK" "$BIN/alloxctl" "$PWD/target/demo-host-report.html"
 echo
 echo "==> demo done (store was $ROOT)"

@@ -22,6 +22,12 @@
 # hashes. Cargo rebuilds allox-init whenever a hash changes (the variables
 # are read by option_env!, which cargo tracks).
 #
+# ALLOX_PLUGINS chooses the supervisor's plugins built into allox-init
+# (cargo features of allox-init): a comma-separated list of process-tree,
+# network, share, monitor and system-effects, or "none"; every one by
+# default. Without system-effects, allox-observe and the verifier are
+# neither built nor pinned (and none is left in target/dist).
+#
 # Progress and each binary's size, as built and stripped, go to stderr;
 # the script fails if a stripped binary still carries .debug_info or its
 # debug file lacks it. The one line on stdout is
@@ -80,31 +86,68 @@ strip_into_dist() {
 }
 sizes=()
 
-echo "==> cargo build --release (allox-observe, allox-system-effects-verify)" >&2
-cargo build --release --quiet -p allox-effects --bins >&2
-strip_into_dist allox-observe
-strip_into_dist allox-system-effects-verify
-observe_sha256=$(sha256sum "$dist/allox-observe" | cut -d' ' -f1)
-verify_sha256=$(sha256sum "$dist/allox-system-effects-verify" | cut -d' ' -f1)
-echo "==> allox-observe sha256 $observe_sha256, allox-system-effects-verify sha256 $verify_sha256, pinned in allox-init" >&2
+plugins=${ALLOX_PLUGINS:-all}
+init_features=()
+effects=1
+if [ "$plugins" != all ]; then
+    init_features=(--no-default-features)
+    features=()
+    effects=""
+    IFS=, read -ra wanted <<<"$plugins"
+    for p in "${wanted[@]}"; do
+        case $p in
+        none) ;;
+        process-tree | network | share | monitor) features+=("$p") ;;
+        system-effects) features+=("$p"); effects=1 ;;
+        *)
+            echo "error: ALLOX_PLUGINS names $p; the plugins are process-tree, network, share, monitor, system-effects (or none)" >&2
+            exit 1
+            ;;
+        esac
+    done
+    if [ "${#features[@]}" -gt 0 ]; then
+        init_features+=(--features "$(IFS=,; echo "${features[*]}")")
+    fi
+fi
+
+observe_sha256="" verify_sha256=""
+if [ -n "$effects" ]; then
+    echo "==> cargo build --release (allox-observe, allox-system-effects-verify)" >&2
+    cargo build --release --quiet -p allox-effects --bins >&2
+    strip_into_dist allox-observe
+    strip_into_dist allox-system-effects-verify
+    observe_sha256=$(sha256sum "$dist/allox-observe" | cut -d' ' -f1)
+    verify_sha256=$(sha256sum "$dist/allox-system-effects-verify" | cut -d' ' -f1)
+    echo "==> allox-observe sha256 $observe_sha256, allox-system-effects-verify sha256 $verify_sha256, pinned in allox-init" >&2
+else
+    rm -f "$dist"/allox-observe* "$dist"/allox-system-effects-verify*
+fi
 
 bins=(allox-init alloxctl allox-dns-stub rootfs-builder)
-echo "==> cargo build --release (${bins[*]})" >&2
-ALLOX_OBSERVE_SHA256=$observe_sha256 ALLOX_VERIFY_SHA256=$verify_sha256 cargo build --release --quiet --bins \
-    -p allox-init -p allox-ctl -p allox-network -p allox-rootfs-builder >&2
+echo "==> cargo build --release (${bins[*]}; plugins: $plugins)" >&2
+if [ "$plugins" = all ]; then
+    ALLOX_OBSERVE_SHA256=$observe_sha256 ALLOX_VERIFY_SHA256=$verify_sha256 cargo build --release --quiet --bins \
+        -p allox-init -p allox-ctl -p allox-network -p allox-rootfs-builder >&2
+else
+    # allox-init alone, so that its features are its own.
+    cargo build --release --quiet --bins -p allox-init "${init_features[@]}" >&2
+    cargo build --release --quiet --bins -p allox-ctl -p allox-network -p allox-rootfs-builder >&2
+fi
 for b in "${bins[@]}"; do
     strip_into_dist "$b"
 done
 # The pin is a string in allox-init's read-only data: a stale build (the
 # variable not seen) would lack it, or hold another.
-grep -qF "$observe_sha256" "$dist/allox-init" || {
-    echo "error: $dist/allox-init does not pin allox-observe's sha256 $observe_sha256" >&2
-    exit 1
-}
-grep -qF "$verify_sha256" "$dist/allox-init" || {
-    echo "error: $dist/allox-init does not pin allox-system-effects-verify's sha256 $verify_sha256" >&2
-    exit 1
-}
+if [ -n "$effects" ]; then
+    grep -qF "$observe_sha256" "$dist/allox-init" || {
+        echo "error: $dist/allox-init does not pin allox-observe's sha256 $observe_sha256" >&2
+        exit 1
+    }
+    grep -qF "$verify_sha256" "$dist/allox-init" || {
+        echo "error: $dist/allox-init does not pin allox-system-effects-verify's sha256 $verify_sha256" >&2
+        exit 1
+    }
+fi
 
 echo "==> stripped into $dist, debug information kept beside each (NAME.debug)" >&2
 printf '%-16s %12s %12s %12s\n' binary "as built" stripped "NAME.debug" >&2

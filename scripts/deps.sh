@@ -6,6 +6,7 @@ set -euo pipefail
 # Where cargo puts release binaries (the target is fixed in
 # .cargo/config.toml), relative to the repository's root.
 ALLOX_RELEASE=target/x86_64-unknown-linux-gnu/release
+ALLOX_DEBUG=target/x86_64-unknown-linux-gnu/debug
 
 # Sets and exports ALLOX_BIN_DIR, a directory of the release binaries
 # named in "$@": the one ALLOX_BIN_DIR already names (binaries built

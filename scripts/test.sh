@@ -2,7 +2,8 @@
 # Runs every test: format and lint checks, unit tests (no privileges), the
 # integration tests on real loop-backed Btrfs (root) — the container image
 # under podman among them —, the Python client's and the deployment
-# manifests' tests, the release binaries stripped (their sizes printed),
+# manifests' tests, the core's tests again on an allox-init built without
+# plugins, the release binaries stripped (their sizes printed),
 # the VM tests, and the protocol fuzz target for a bounded time. Installs
 # what it needs.
 #
@@ -24,15 +25,26 @@ cargo fmt --all -- --check
 
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+cargo clippy -p allox-init --no-default-features --all-targets --quiet -- -D warnings
 
 step "build"
 cargo build --workspace --quiet
+
+step "allox-init without plugins (cargo build -p allox-init --no-default-features) into target/no-plugins"
+# Its own copy: the tests build the default allox-init again where cargo
+# puts it.
+cargo build --quiet -p allox-init --no-default-features
+mkdir -p target/no-plugins
+cp "$ALLOX_DEBUG/allox-init" target/no-plugins/allox-init
+cargo build --quiet -p allox-init -p allox-ctl -p allox-effects
 
 LOG=$(mktemp)
 trap 'rm -f "$LOG" "$LOG.py"' EXIT
 
 step "unit tests (no privileges)"
 cargo test --workspace --exclude allox-integration 2>&1 | tee -a "$LOG"
+# The supervisor's own tests without any plugin built in.
+cargo test -p allox-supervisor --no-default-features 2>&1 | tee -a "$LOG"
 
 step "integration tests (root, loop devices, Btrfs)"
 # Every target of tests/tests but the VM ones, which run after the guest
@@ -43,6 +55,11 @@ for t in tests/tests/*.rs; do
     case $t in vm | powercut) ;; *) targets+=(--test "$t") ;; esac
 done
 ALLOX_REQUIRE_PRIVILEGED=1 cargo test -p allox-integration --lib --bins "${targets[@]}" -- --test-threads=2 2>&1 | tee -a "$LOG"
+
+step "the core's integration tests again, on allox-init without plugins"
+ALLOX_INIT_BIN=$PWD/target/no-plugins/allox-init ALLOX_REQUIRE_PRIVILEGED=1 cargo test -p allox-integration \
+    --test store --test daemon --test process --test files --test fork --test turns --test diff --test pause \
+    -- --test-threads=2 2>&1 | tee -a "$LOG"
 
 step "Python client (pytest against a real daemon and gateway)"
 bash scripts/test-python.sh 2>&1 | tee "$LOG.py"

@@ -123,24 +123,24 @@ pub struct SuperviseArgs {
     #[arg(long, value_name = "DIR")]
     pub monitor_root: Option<PathBuf>,
     /// Most monitor records (spans and runs) kept; the oldest go first.
-    #[arg(long, default_value_t = allox_supervisor::plugins::monitor::DEFAULT_RECORDS_MAX)]
+    #[arg(long, default_value_t = allox_supervisor::plugins::defaults::monitor::DEFAULT_RECORDS_MAX)]
     pub monitor_records_max: u64,
     /// Most bytes of spans and runs the monitor keeps for one session
     /// (suffixes K, M, G, T); with `--session-quota`, at most that. Spans
     /// past it are refused naming this flag.
     #[arg(long, value_name = "BYTES", value_parser = allox_store::parse_size,
-          default_value_t = allox_supervisor::plugins::monitor::DEFAULT_SESSION_BYTES)]
+          default_value_t = allox_supervisor::plugins::defaults::monitor::DEFAULT_SESSION_BYTES)]
     pub monitor_session_bytes: u64,
     /// Most bytes of spans a second one session may send from inside its
     /// sandbox (eight seconds' worth at once); spans past it are refused
     /// naming this flag.
     #[arg(long, value_name = "BYTES", value_parser = allox_store::parse_size,
-          default_value_t = allox_supervisor::plugins::monitor::DEFAULT_BYTES_PER_S)]
+          default_value_t = allox_supervisor::plugins::defaults::monitor::DEFAULT_BYTES_PER_S)]
     pub monitor_bytes_per_s: u64,
     /// Most bytes of one span, encoded as the monitor keeps it; a request
     /// with a larger one is refused naming this flag.
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1024..),
-          default_value_t = allox_supervisor::plugins::monitor::DEFAULT_SPAN_BYTES)]
+          default_value_t = allox_supervisor::plugins::defaults::monitor::DEFAULT_SPAN_BYTES)]
     pub monitor_span_bytes: u64,
     /// Size past which the audit log (`state/audit.log`) and the plugins'
     /// audit files (`state/share-audit.log`, `state/network-audit.log`)
@@ -201,7 +201,7 @@ pub struct SuperviseArgs {
     /// page; suffixes K, M, G): records that do not fit are counted lost,
     /// and a run with lost history is INCOMPLETE and fenced.
     #[arg(long, value_name = "BYTES", value_parser = ring_bytes,
-          default_value_t = allox_supervisor::plugins::system_effects::DEFAULT_RING_BYTES)]
+          default_value_t = allox_supervisor::plugins::defaults::system_effects::DEFAULT_RING_BYTES)]
     pub system_effects_ring_bytes: u64,
     /// Observe without the history's BPF LSM hooks (write opens, path
     /// changes, mounts, module loads, netlink messages, allowed signals),
@@ -211,7 +211,7 @@ pub struct SuperviseArgs {
     #[arg(long)]
     pub system_effects_without_lsm: bool,
     /// Most process events kept in state/events.redb; the oldest go first.
-    #[arg(long, default_value_t = allox_supervisor::plugins::process_tree::tracker::DEFAULT_MAX_EVENTS)]
+    #[arg(long, default_value_t = allox_supervisor::plugins::defaults::process_tree::DEFAULT_MAX_EVENTS)]
     pub process_events_max: u64,
     /// With `--plugin network`: hosts sessions may reach through the proxy
     /// (repeatable; `name`, `*.domain`, address or network, each with an
@@ -229,15 +229,15 @@ pub struct SuperviseArgs {
     pub network_resolver: Option<std::net::SocketAddr>,
     /// With `--plugin network`: most connections one session's proxy
     /// holds open at once; the next is answered 503 naming this flag.
-    #[arg(long, value_name = "N", default_value_t = allox_supervisor::plugins::network::DEFAULT_CONNECTIONS_PER_SESSION, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = allox_supervisor::plugins::defaults::network::DEFAULT_CONNECTIONS_PER_SESSION, value_parser = clap::value_parser!(u32).range(1..))]
     pub proxy_connections_per_session: u32,
     /// With `--plugin network`: most proxy connections of all sessions
     /// open at once; the next is answered 503 naming this flag.
-    #[arg(long, value_name = "N", default_value_t = allox_supervisor::plugins::network::DEFAULT_CONNECTIONS, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = allox_supervisor::plugins::defaults::network::DEFAULT_CONNECTIONS, value_parser = clap::value_parser!(u32).range(1..))]
     pub proxy_connections: u32,
     /// With `--plugin network`: most name lookups one session's proxy
     /// waits for at once; the next is refused (502) naming this flag.
-    #[arg(long, value_name = "N", default_value_t = allox_supervisor::plugins::network::DEFAULT_LOOKUPS_PER_SESSION, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = allox_supervisor::plugins::defaults::network::DEFAULT_LOOKUPS_PER_SESSION, value_parser = clap::value_parser!(u32).range(1..))]
     pub proxy_lookups_per_session: u32,
     /// Also serve this user on the control socket (repeatable). Root and
     /// the daemon's own user always are; with any --allow-uid or
@@ -344,28 +344,28 @@ impl SuperviseArgs {
             if self.no_processes {
                 return Err(SuperviseError::TrackerWithoutProcesses);
             }
-            enabled.push(allox_supervisor::plugins::process_tree::NAME.to_string());
+            enabled.push(allox_supervisor::plugins::defaults::process_tree::NAME.to_string());
         }
         // Every plugin v1 knows of works on runs.
         if let (true, Some(p)) = (self.no_processes, self.plugins.first()) {
             return Err(SuperviseError::PluginWithoutProcesses(p.clone()));
         }
         enabled.extend(self.plugins);
-        let share = allox_supervisor::plugins::share::NAME;
+        let share = allox_supervisor::plugins::defaults::share::NAME;
         if self.share_tools && !enabled.iter().any(|p| p == share) {
             if self.no_processes {
                 return Err(SuperviseError::PluginWithoutProcesses(share.to_string()));
             }
             enabled.push(share.to_string());
         }
-        let monitor = allox_supervisor::plugins::monitor::NAME;
+        let monitor = allox_supervisor::plugins::defaults::monitor::NAME;
         if self.monitor_root.is_some() && !enabled.iter().any(|p| p == monitor) {
             if self.no_processes {
                 return Err(SuperviseError::PluginWithoutProcesses(monitor.to_string()));
             }
             enabled.push(monitor.to_string());
         }
-        let effects = allox_supervisor::plugins::system_effects::NAME;
+        let effects = allox_supervisor::plugins::defaults::system_effects::NAME;
         if !enabled.iter().any(|p| p == effects) {
             for (given, flag) in [
                 (
@@ -403,7 +403,7 @@ impl SuperviseArgs {
         if default_mode == allox_protocol::NetworkMode::Proxy
             && !enabled
                 .iter()
-                .any(|p| p == allox_supervisor::plugins::network::NAME)
+                .any(|p| p == allox_supervisor::plugins::defaults::network::NAME)
         {
             return Err(SuperviseError::ProxyWithoutPlugin);
         }
@@ -504,7 +504,7 @@ impl SuperviseArgs {
                         lookups_per_session: self.proxy_lookups_per_session as usize,
                     },
                 },
-                metrics: allox_supervisor::metrics::MetricsConfig {
+                metrics: allox_supervisor::plugin_api::metrics::MetricsConfig {
                     enabled: !self.no_metrics,
                     agent_label_cap: self.metrics_agent_label,
                 },

@@ -31,7 +31,7 @@ pub struct DaemonConfig {
     /// Which plugins to load, and their settings.
     pub plugins: PluginsConfig,
     /// `--no-metrics`, `--metrics-agent-label`.
-    pub metrics: crate::metrics::MetricsConfig,
+    pub metrics: crate::plugin_api::metrics::MetricsConfig,
 }
 
 /// The plugins a daemon loads (`--plugin NAME`, in order).
@@ -92,7 +92,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     let store = Store::open_or_read_only(&cfg.root, failpoints.clone(), cfg.store.clone())
         .map_err(DaemonError::Store)?;
     store.audit().bound(cfg.plugins.audit);
-    let metrics = Arc::new(crate::metrics::Metrics::new(cfg.metrics));
+    let metrics = Arc::new(crate::plugin_api::metrics::Metrics::new(cfg.metrics));
     metrics.journal_replayed(store.journal_replays());
     tracing::debug!(ms = t0.elapsed().as_millis() as u64, "store open");
     warn_unless_nosuid_nodev(&cfg.root);

@@ -5,9 +5,9 @@
 //! record are the [`Supervisor`]'s.
 
 use crate::error::RequestError;
-use crate::metrics::StoreOp;
+use crate::plugin_api::metrics::StoreOp;
 use crate::plugin_api::{RouteContext, SessionNetwork};
-use crate::plugins::network as network_plugin;
+use crate::plugins::defaults::network as network_plugin;
 use crate::runs::{EventSink, FenceScope, RunError, SessionPaths};
 use crate::supervisor::Supervisor;
 use allox_protocol::{
@@ -542,7 +542,7 @@ impl Supervisor {
     /// is, read now (the index's agents and sessions, the runs' table and
     /// cgroups, the store's filesystem).
     pub fn metrics_text(&self) -> Result<String, RequestError> {
-        use crate::metrics::{SessionState, Snapshot};
+        use crate::plugin_api::metrics::{SessionState, Snapshot};
         if !self.metrics.enabled() {
             return Err(RequestError::MetricsOff);
         }

@@ -14,7 +14,6 @@ pub mod daemon;
 pub mod dispatch;
 pub mod error;
 pub mod files;
-pub mod metrics;
 pub mod panic;
 pub mod peer;
 pub mod plugin_api;

@@ -84,7 +84,7 @@ pub struct Supervisor {
     /// Sessions' idle and lifetime clocks.
     pub clocks: crate::clocks::Clocks,
     /// What `system.metrics` exports (shared with the runs and plugins).
-    pub metrics: Arc<crate::metrics::Metrics>,
+    pub metrics: Arc<crate::plugin_api::metrics::Metrics>,
 }
 
 impl Supervisor {
@@ -165,7 +165,7 @@ impl Supervisor {
     /// A request answered, in the metrics: its action, outcome and time;
     /// a file's bytes.
     fn count(&self, req: &Request, out: &Result<Response, ErrorBody>, took: std::time::Duration) {
-        use crate::metrics::Direction;
+        use crate::plugin_api::metrics::Direction;
         let outcome = match out {
             Ok(_) => "ok",
             Err(e) => e.code.as_str(),

@@ -179,8 +179,22 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     if let Err(e) = built {
         panic!("cannot build the workspace binaries ({e}); run `cargo build --workspace`");
     }
+    // Another build of the daemon (one without plugins: scripts/test.sh
+    // runs the core tests on it too).
+    if name == "allox-init" {
+        if let Some(p) = std::env::var_os(INIT_BIN_ENV) {
+            return PathBuf::from(p);
+        }
+    }
     dir.join(name)
 }
+
+/// Names an `allox-init` the tests run instead of the workspace's.
+pub const INIT_BIN_ENV: &str = "ALLOX_INIT_BIN";
+
+/// Where `scripts/test.sh` puts the `allox-init` built without plugins
+/// (`--no-default-features`), relative to the workspace.
+pub const NO_PLUGINS_INIT: &str = "target/no-plugins/allox-init";
 
 /// The real daemon, `allox-init supervise`, on a store root.
 pub struct Daemon {
@@ -227,8 +241,21 @@ impl Daemon {
         args: &[&str],
         log: Option<std::fs::File>,
     ) -> Daemon {
+        Daemon::start_exe(&workspace_bin("allox-init"), root, socket, env, args, log)
+    }
+
+    /// [`Daemon::start_logging`] of the `allox-init` at `exe` (another
+    /// build of it).
+    pub fn start_exe(
+        exe: &Path,
+        root: &Path,
+        socket: &Path,
+        env: &[(&str, &str)],
+        args: &[&str],
+        log: Option<std::fs::File>,
+    ) -> Daemon {
         let cgroup = own_cgroup(root, args);
-        let mut cmd = Command::new(workspace_bin("allox-init"));
+        let mut cmd = Command::new(exe);
         cmd.arg("supervise")
             .arg("--root")
             .arg(root)
@@ -541,15 +568,26 @@ impl ProcDaemon {
 
     /// [`ProcDaemon::start`] on a store of `size_mb` MiB.
     pub fn start_on(name: &str, extra: &[&str], size_mb: u64) -> ProcDaemon {
-        Self::start_full(name, &[], extra, size_mb)
+        Self::start_full(name, &[], extra, size_mb, None)
     }
 
     /// Starts it with extra environment (e.g. `ALLOX_FAILPOINTS`).
     pub fn start_with_env(name: &str, env: &[(&str, &str)], extra: &[&str]) -> ProcDaemon {
-        Self::start_full(name, env, extra, 1024)
+        Self::start_full(name, env, extra, 1024, None)
     }
 
-    fn start_full(name: &str, env: &[(&str, &str)], extra: &[&str], size_mb: u64) -> ProcDaemon {
+    /// Starts the `allox-init` at `exe` (another build of it).
+    pub fn start_exe(name: &str, exe: &Path, extra: &[&str]) -> ProcDaemon {
+        Self::start_full(name, &[], extra, 1024, Some(exe))
+    }
+
+    fn start_full(
+        name: &str,
+        env: &[(&str, &str)],
+        extra: &[&str],
+        size_mb: u64,
+        exe: Option<&Path>,
+    ) -> ProcDaemon {
         std::fs::create_dir_all("/var/tmp").ok();
         let fs = BtrfsFs::new(size_mb).expect("make btrfs");
         let root = fs.path().join("store");
@@ -567,7 +605,10 @@ impl ProcDaemon {
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let daemon = Daemon::start(&root, &sock, env, &args);
+        let daemon = match exe {
+            Some(exe) => Daemon::start_exe(exe, &root, &sock, env, &args, None),
+            None => Daemon::start(&root, &sock, env, &args),
+        };
         ProcDaemon { daemon, cgroup, fs }
     }
 

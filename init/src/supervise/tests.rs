@@ -121,17 +121,18 @@ fn the_guest_init_s_flags_map_to_the_daemon_s_config() {
             process_events_max: 99,
             monitor: allox_supervisor::plugin_api::MonitorSettings {
                 root: None,
-                records_max: allox_supervisor::plugins::monitor::DEFAULT_RECORDS_MAX,
-                session_bytes: allox_supervisor::plugins::monitor::DEFAULT_SESSION_BYTES,
-                bytes_per_s: allox_supervisor::plugins::monitor::DEFAULT_BYTES_PER_S,
-                span_bytes: allox_supervisor::plugins::monitor::DEFAULT_SPAN_BYTES,
+                records_max: allox_supervisor::plugins::defaults::monitor::DEFAULT_RECORDS_MAX,
+                session_bytes: allox_supervisor::plugins::defaults::monitor::DEFAULT_SESSION_BYTES,
+                bytes_per_s: allox_supervisor::plugins::defaults::monitor::DEFAULT_BYTES_PER_S,
+                span_bytes: allox_supervisor::plugins::defaults::monitor::DEFAULT_SPAN_BYTES,
                 // The session quota caps what the monitor keeps of a session.
                 session_quota: Some(1 << 30),
             },
             audit: Default::default(),
             network: allox_supervisor::plugin_api::NetworkSettings::default(),
             effects: allox_supervisor::plugin_api::EffectsSettings {
-                ring_bytes: allox_supervisor::plugins::system_effects::DEFAULT_RING_BYTES as u32,
+                ring_bytes: allox_supervisor::plugins::defaults::system_effects::DEFAULT_RING_BYTES
+                    as u32,
                 ..Default::default()
             },
         }

@@ -6,6 +6,8 @@
 //! The floor plugins stand on: this module imports nothing else of the
 //! supervisor, and plugins import nothing of the supervisor but it.
 
+pub mod metrics;
+
 mod error;
 
 pub use error::{alias_note, Cause, PluginError};
@@ -181,7 +183,7 @@ pub struct Settings {
     pub effects: EffectsSettings,
     /// The daemon's metrics: a plugin registers its own families here as
     /// it starts (under the `allox_` prefix).
-    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    pub metrics: std::sync::Arc<metrics::Metrics>,
 }
 
 /// `--network-allow`, `--network-deny`, `--network-resolver`, and the
@@ -201,6 +203,30 @@ pub struct NetworkSettings {
     pub connections: usize,
     /// `--proxy-lookups-per-session`.
     pub lookups_per_session: usize,
+}
+
+/// `--proxy-connections-per-session`: a session's proxy connections open
+/// at once (a real agent's tools open tens).
+pub const DEFAULT_CONNECTIONS_PER_SESSION: u32 = 512;
+
+/// `--proxy-connections`: every session's proxy connections together.
+pub const DEFAULT_CONNECTIONS: u32 = 4096;
+
+/// `--proxy-lookups-per-session`: a session's name lookups in flight.
+pub const DEFAULT_LOOKUPS_PER_SESSION: u32 = 64;
+
+impl Default for NetworkSettings {
+    fn default() -> Self {
+        NetworkSettings {
+            allow: None,
+            deny: Vec::new(),
+            resolver: None,
+            default_mode: allox_protocol::NetworkMode::default(),
+            connections_per_session: DEFAULT_CONNECTIONS_PER_SESSION as usize,
+            connections: DEFAULT_CONNECTIONS as usize,
+            lookups_per_session: DEFAULT_LOOKUPS_PER_SESSION as usize,
+        }
+    }
 }
 
 /// Where the monitor keeps its records, and how many; what a session may

@@ -55,6 +55,16 @@ pub enum PluginHostError {
         plugin: &'static str,
         alias: Option<&'static str>,
     },
+    #[error("{action} is served by plugin {plugin}, which this allox-init was built without (cargo feature {plugin} of allox-init)")]
+    NotBuilt {
+        action: &'static str,
+        plugin: &'static str,
+    },
+    #[error("plugin {name} is not built into this allox-init (built in: {installed}); build it with its cargo feature: cargo build -p allox-init --features {name}")]
+    NotBuiltIn {
+        name: &'static str,
+        installed: String,
+    },
     #[error("{action} is served by the core, not by a plugin")]
     NotAPluginRoute { action: &'static str },
 }
@@ -68,12 +78,15 @@ impl PluginHostError {
         match self {
             PluginHostError::Plugin(e) => e.code(),
             PluginHostError::Unknown { .. }
+            | PluginHostError::NotBuiltIn { .. }
             | PluginHostError::ApiVersion { .. }
             | PluginHostError::Declared { .. }
             | PluginHostError::Contributed { .. }
             | PluginHostError::NoSuchOwner { .. }
             | PluginHostError::Bind { .. } => ErrorCode::InvalidRequest,
-            PluginHostError::NotEnabled { .. } => ErrorCode::Unsupported,
+            PluginHostError::NotEnabled { .. } | PluginHostError::NotBuilt { .. } => {
+                ErrorCode::Unsupported
+            }
             PluginHostError::StartPanicked { .. } | PluginHostError::NotAPluginRoute { .. } => {
                 ErrorCode::Internal
             }

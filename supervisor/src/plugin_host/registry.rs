@@ -110,7 +110,11 @@ impl Plugins {
             let Some(plugin) = route.plugin() else {
                 continue;
             };
-            if !installed.iter().any(|p| p.manifest().name == plugin) {
+            // A plugin of the project this binary was built without: its
+            // actions are refused as such.
+            if !installed.iter().any(|p| p.manifest().name == plugin)
+                && !crate::plugins::defaults::KNOWN.contains(&plugin)
+            {
                 return Err(PluginHostError::NoSuchOwner {
                     action,
                     plugin,
@@ -126,6 +130,12 @@ impl Plugins {
                 continue;
             }
             let Some(p) = installed.iter().find(|p| p.manifest().name == name) else {
+                if let Some(&known) = crate::plugins::defaults::KNOWN.iter().find(|k| *k == name) {
+                    return Err(PluginHostError::NotBuiltIn {
+                        name: known,
+                        installed: names_or_none(&installed),
+                    });
+                }
                 return Err(PluginHostError::Unknown {
                     name: name.clone(),
                     installed: names_or_none(&installed),
@@ -391,12 +401,18 @@ impl Plugins {
         let Some(&owner) = self.owners.get(action) else {
             return Err(PluginHostError::NotAPluginRoute { action });
         };
-        let alias = self
+        let Some(m) = self
             .installed
             .iter()
             .map(|p| p.manifest())
             .find(|m| m.name == owner)
-            .and_then(|m| m.alias);
+        else {
+            return Err(PluginHostError::NotBuilt {
+                action,
+                plugin: owner,
+            });
+        };
+        let alias = m.alias;
         Err(PluginHostError::NotEnabled {
             action,
             plugin: owner,

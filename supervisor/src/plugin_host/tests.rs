@@ -7,8 +7,12 @@ use crate::plugin_api::{
     Contribution, Core, Manifest, Plugin, PluginError, RunRef, SessionDir, SessionNetwork,
     Settings, WriteWithin, API_VERSION,
 };
-use crate::plugins::{installed, installed_names};
-use allox_protocol::{ErrorBody, FsData, FsEntry, FsListing, FsWritten, Request, Route};
+#[cfg(any(feature = "network", feature = "process-tree"))]
+use crate::plugins::installed;
+use crate::plugins::installed_names;
+#[cfg(any(feature = "network", feature = "process-tree"))]
+use allox_protocol::Request;
+use allox_protocol::{ErrorBody, FsData, FsEntry, FsListing, FsWritten, Route};
 use allox_sandbox::spec::Bind;
 use allox_store::failpoint::Failpoints;
 use std::path::PathBuf;
@@ -212,6 +216,7 @@ fn nothing_enabled_loads_nothing_and_contributes_nothing() {
 }
 
 #[test]
+#[cfg(feature = "network")]
 fn each_plugin_s_routes_are_the_table_s_lines_naming_it_in_table_order() {
     let p = Plugins::load(
         installed(),
@@ -234,6 +239,7 @@ fn each_plugin_s_routes_are_the_table_s_lines_naming_it_in_table_order() {
 }
 
 #[test]
+#[cfg(feature = "process-tree")]
 fn the_real_installed_plugins_contribute_nothing_unless_enabled() {
     let p = Plugins::load(
         installed(),

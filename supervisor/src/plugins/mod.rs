@@ -8,12 +8,19 @@
 //! with what they share: the record files of `records.rs` and the
 //! start-to-stop holder of `slot.rs`.
 
+pub mod defaults;
+#[cfg(feature = "monitor")]
 pub mod monitor;
+#[cfg(feature = "network")]
 pub mod network;
+#[cfg(feature = "process-tree")]
 pub mod process_tree;
+#[cfg(any(feature = "network", feature = "share", feature = "monitor"))]
 pub mod records;
+#[cfg(feature = "share")]
 pub mod share;
 pub mod slot;
+#[cfg(feature = "system-effects")]
 pub mod system_effects;
 
 use crate::plugin_api::Plugin;
@@ -21,14 +28,24 @@ use std::sync::Arc;
 
 /// Every plugin compiled in, constructed (which does nothing yet), in a
 /// fixed order.
+// One push per feature: with none, the list is empty.
+#[allow(clippy::vec_init_then_push)]
 pub fn installed() -> Vec<Arc<dyn Plugin>> {
-    vec![
-        Arc::new(process_tree::ProcessTree::new()),
-        Arc::new(network::Network::new()),
-        Arc::new(share::Share::new()),
-        Arc::new(monitor::Monitor::new()),
-        Arc::new(system_effects::SystemEffects::new()),
-    ]
+    // Each is a cargo feature of this crate (all by default); a build with
+    // none has no plugin code, no BPF object and no plugin route.
+    #[allow(unused_mut)]
+    let mut v: Vec<Arc<dyn Plugin>> = Vec::new();
+    #[cfg(feature = "process-tree")]
+    v.push(Arc::new(process_tree::ProcessTree::new()));
+    #[cfg(feature = "network")]
+    v.push(Arc::new(network::Network::new()));
+    #[cfg(feature = "share")]
+    v.push(Arc::new(share::Share::new()));
+    #[cfg(feature = "monitor")]
+    v.push(Arc::new(monitor::Monitor::new()));
+    #[cfg(feature = "system-effects")]
+    v.push(Arc::new(system_effects::SystemEffects::new()));
+    v
 }
 
 /// The names of the installed plugins.

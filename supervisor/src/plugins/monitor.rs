@@ -20,6 +20,9 @@
 
 pub mod summary;
 
+pub use super::defaults::monitor::{
+    DEFAULT_BYTES_PER_S, DEFAULT_RECORDS_MAX, DEFAULT_SESSION_BYTES, DEFAULT_SPAN_BYTES, NAME,
+};
 use super::records::{Adding, Numbered, Records};
 use super::slot::Slot;
 use crate::plugin_api::{
@@ -36,23 +39,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-pub const NAME: &str = "monitor";
-
 /// The record file, in the monitor's directory.
 pub const RECORDS_FILE: &str = "records.log";
-
-/// `--monitor-records-max` unless given.
-pub const DEFAULT_RECORDS_MAX: u64 = 1_000_000;
-
-/// `--monitor-session-bytes` unless given.
-pub const DEFAULT_SESSION_BYTES: u64 = 64 << 20;
-
-/// `--monitor-bytes-per-s` unless given; eight seconds' worth may come at
-/// once.
-pub const DEFAULT_BYTES_PER_S: u64 = 1 << 20;
-
-/// `--monitor-span-bytes` unless given.
-pub const DEFAULT_SPAN_BYTES: u64 = 64 << 10;
 
 /// The route it serves inside sandboxes: `{"spans": [...]}`.
 pub const SANDBOX_ROUTES: &[&str] = &["monitor.spans"];

@@ -18,6 +18,9 @@ mod audit;
 mod counted;
 mod proxy;
 
+pub use super::defaults::network::{
+    DEFAULT_CONNECTIONS, DEFAULT_CONNECTIONS_PER_SESSION, DEFAULT_LOOKUPS_PER_SESSION, NAME,
+};
 use super::slot::Slot;
 use crate::plugin_api::{
     ContextGuard, Contribution, Manifest, Plugin, RouteContext, RouteFuture, RunRef,
@@ -36,23 +39,11 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 
-pub const NAME: &str = "network";
-
 /// Where the proxy listens inside every `proxy` session.
 pub const PROXY: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 3128);
 
 /// The audit file, in the store's `state/`.
 pub const AUDIT_FILE: &str = "network-audit.log";
-
-/// `--proxy-connections-per-session`: a session's proxy connections open
-/// at once (a real agent's tools open tens).
-pub const DEFAULT_CONNECTIONS_PER_SESSION: u32 = 512;
-
-/// `--proxy-connections`: every session's proxy connections together.
-pub const DEFAULT_CONNECTIONS: u32 = 4096;
-
-/// `--proxy-lookups-per-session`: a session's name lookups in flight.
-pub const DEFAULT_LOOKUPS_PER_SESSION: u32 = 64;
 
 /// Where the entry point appears inside the sandbox.
 pub const SHIM: &str = "/run/allox/network.py";
@@ -140,20 +131,6 @@ impl Network {
 impl Default for Network {
     fn default() -> Self {
         Network::new()
-    }
-}
-
-impl Default for NetworkSettings {
-    fn default() -> Self {
-        NetworkSettings {
-            allow: None,
-            deny: Vec::new(),
-            resolver: None,
-            default_mode: NetworkMode::default(),
-            connections_per_session: DEFAULT_CONNECTIONS_PER_SESSION as usize,
-            connections: DEFAULT_CONNECTIONS as usize,
-            lookups_per_session: DEFAULT_LOOKUPS_PER_SESSION as usize,
-        }
     }
 }
 

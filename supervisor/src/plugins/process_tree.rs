@@ -13,6 +13,7 @@
 
 pub mod tracker;
 
+pub use super::defaults::process_tree::NAME;
 use crate::plugin_api::{
     Contribution, Manifest, Plugin, PluginError, RouteContext, RouteFuture, RunRef, Settings,
     API_VERSION,
@@ -20,8 +21,6 @@ use crate::plugin_api::{
 use allox_protocol::{ProcessEvents, Request, Response};
 use std::sync::{Arc, Mutex};
 use tracker::{ProcessTracker, TrackerError};
-
-pub const NAME: &str = "process-tree";
 
 static MANIFEST: Manifest = Manifest {
     name: NAME,
@@ -81,13 +80,13 @@ impl Plugin for ProcessTree {
             ),
         ] {
             let weak = Arc::downgrade(&t);
-            settings
-                .metrics
-                .register_collector(Box::new(crate::metrics::ReadCounter {
+            settings.metrics.register_collector(Box::new(
+                crate::plugin_api::metrics::ReadCounter {
                     name,
                     help,
                     read: Box::new(move || weak.upgrade().map_or(0, |t| read(&t))),
-                }));
+                },
+            ));
         }
         *self.tracker.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
         Ok(())

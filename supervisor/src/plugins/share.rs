@@ -20,6 +20,7 @@
 
 pub mod state;
 
+pub use super::defaults::share::NAME;
 use super::records::{Numbered, Records};
 use super::slot::Slot;
 use crate::plugin_api::{
@@ -36,8 +37,6 @@ use serde::de::DeserializeOwned;
 use state::Saved;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-
-pub const NAME: &str = "share";
 
 /// Where the choices are kept, in the store's `state/`.
 pub const STATE_FILE: &str = "share.json";

@@ -20,6 +20,7 @@
 pub mod fences;
 pub mod observer;
 
+pub use super::defaults::system_effects::{DEFAULT_RING_BYTES, NAME};
 use crate::plugin_api::{
     Manifest, ObservedEnd, ObservedRun, Plugin, PluginError, RouteContext, RouteFuture, RunRef,
     Settings, API_VERSION,
@@ -36,11 +37,6 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-
-pub const NAME: &str = "system-effects";
-
-/// The history's ring buffer by default: 8 MiB.
-pub const DEFAULT_RING_BYTES: u64 = 8 << 20;
 
 /// Where every observer of the machine (of any daemon) lists its own BPF
 /// objects, so that none counts another's as a change.
@@ -634,7 +630,7 @@ impl Plugin for SystemEffects {
         ] {
             settings
                 .metrics
-                .register_collector(Box::new(crate::metrics::ReadCounter {
+                .register_collector(Box::new(crate::plugin_api::metrics::ReadCounter {
                     name,
                     help,
                     read: Box::new(move || n.load(std::sync::atomic::Ordering::Relaxed)),

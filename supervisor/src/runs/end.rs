@@ -113,8 +113,8 @@ pub(super) async fn finish(
 }
 
 /// How a run ended, for the metrics.
-fn how_ended(r: &RunResult) -> crate::metrics::RunEnd {
-    use crate::metrics::RunEnd;
+fn how_ended(r: &RunResult) -> crate::plugin_api::metrics::RunEnd {
+    use crate::plugin_api::metrics::RunEnd;
     if r.timed_out {
         RunEnd::timed_out
     } else if r.oom_killed == Some(true) {

@@ -105,7 +105,7 @@ pub struct RunsConfig {
     /// store's are; none by default.
     pub failpoints: Failpoints,
     /// Where runs started and ended are counted (the supervisor's).
-    pub metrics: Arc<crate::metrics::Metrics>,
+    pub metrics: Arc<crate::plugin_api::metrics::Metrics>,
 }
 
 impl RunsConfig {

@@ -38,7 +38,7 @@ pub(super) struct NetMetrics {
 
 impl NetMetrics {
     /// Made and registered with the daemon's metrics.
-    pub(super) fn registered(m: &crate::metrics::Metrics) -> NetMetrics {
+    pub(super) fn registered(m: &crate::plugin_api::metrics::Metrics) -> NetMetrics {
         let n = NetMetrics::default();
         // Every series exists from the start, at 0.
         for verdict in ["allowed", "denied", "refused"] {

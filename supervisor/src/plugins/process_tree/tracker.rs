@@ -10,6 +10,7 @@
 //! the sandbox cloned straight into it (`CLONE_INTO_CGROUP`), so the first
 //! instruction of the first process already counts, and no fork escapes.
 
+pub use crate::plugins::defaults::process_tree::DEFAULT_MAX_EVENTS;
 use allox_ebpf_probes::{EventKind, RawEvent, Tracker};
 use allox_protocol::{
     ErrorBody, ErrorCode, ProcessEvent, ProcessEventKind, ProcessEventListing, ProcessEvents,
@@ -26,8 +27,6 @@ const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
 const OWNERS: TableDefinition<u64, &[u8]> = TableDefinition::new("owners");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
-/// Default cap of the event store.
-pub const DEFAULT_MAX_EVENTS: u64 = 1_000_000;
 /// How often the ring buffer is drained.
 pub const DRAIN_EVERY: Duration = Duration::from_millis(50);
 

@@ -5,15 +5,13 @@
 //! and outcome, runs started and how they ended, the store's checkpoints,
 //! rollbacks, diffs and forks, file bytes. Gauges of what is (agents,
 //! sessions by state, live runs and processes, the store's state and
-//! space) are read at each scrape ([`Supervisor::metrics_text`]). A plugin
+//! space) are read at each scrape (the supervisor's `metrics_text`). A plugin
 //! registers its own families as it starts ([`Metrics::register`]), so a
 //! daemon without it exports none of them.
 //!
 //! Cardinality is bounded: no label names a session or an agent, but for
 //! the opt-in `allox_agent_runs_started_total{agent}`, kept for at most
 //! `--metrics-agent-label` agents (the rest count under `agent="_other"`).
-//!
-//! [`Supervisor::metrics_text`]: crate::supervisor::Supervisor::metrics_text
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};

@@ -443,7 +443,7 @@ fn a_real_prometheus_scrapes_every_family_with_the_values_the_workload_implies()
     .unwrap();
     let exprs = dashboard_queries(&dashboard);
     assert!(exprs.len() >= 20, "{exprs:?}");
-    let mut empty = Vec::new();
+    let mut asked = Vec::new();
     for e in &exprs {
         let names = metric_names(e);
         assert!(!names.is_empty(), "{e} names no allox metric");
@@ -460,14 +460,19 @@ fn a_real_prometheus_scrapes_every_family_with_the_values_the_workload_implies()
         if names.iter().all(|n| n.starts_with("allox_observer_")) {
             continue;
         }
-        let q = e.replace("$__rate_interval", "1m");
-        if query(&web, &q).is_empty() {
-            empty.push(q);
-        }
+        asked.push(e.replace("$__rate_interval", "1m"));
+    }
+    // A rate needs two samples of a series: one made by the last scrapes
+    // has data a scrape or two later (the deadline is a failure).
+    let t0 = Instant::now();
+    let mut empty: Vec<&String> = asked.iter().collect();
+    while !empty.is_empty() && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(500));
+        empty.retain(|q| query(&web, q).is_empty());
     }
     assert!(
         empty.is_empty(),
-        "dashboard queries with no data: {empty:#?}"
+        "dashboard queries with no data after 30 s: {empty:#?}"
     );
 }
 

@@ -9,26 +9,12 @@ use allox_protocol::{
     AgentCreate, CheckpointCreate, ProcessStart, Request, Response, SessionCreate,
     SystemInfoRequest, SystemMetricsRequest,
 };
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::{pct, BenchDaemon};
 
 fn true_run() -> ProcessStart {
-    ProcessStart {
-        agent_id: "bench".into(),
-        session_id: "s".into(),
-        argv: vec!["/bin/true".into()],
-        env: BTreeMap::new(),
-        cwd: None,
-        stdin: Some(Default::default()),
-        timeout_ms: None,
-        wait: true,
-        stream: false,
-        pty: None,
-        trace: None,
-        on_disconnect: Default::default(),
-    }
+    allox_integration::process_start("bench", "s", &["/bin/true"])
 }
 
 fn ms(d: Duration) -> String {

@@ -183,6 +183,30 @@ pub fn check_listen(
     }
 }
 
+/// The addresses `listen` names, each loopback unless `allow_remote`.
+fn resolve(listen: &str, allow_remote: bool) -> Result<Vec<SocketAddr>, GatewayError> {
+    let addrs: Vec<SocketAddr> = listen
+        .to_socket_addrs()
+        .map_err(|source| GatewayError::Resolve {
+            listen: listen.to_owned(),
+            source,
+        })?
+        .collect();
+    check_listen(listen, &addrs, allow_remote)?;
+    Ok(addrs)
+}
+
+/// A listener on the first of `addrs` that binds, and its address.
+fn bind_to(listen: &str, addrs: &[SocketAddr]) -> Result<(TcpListener, SocketAddr), GatewayError> {
+    let err = |source| GatewayError::Bind {
+        listen: listen.to_owned(),
+        source,
+    };
+    let l = TcpListener::bind(addrs).map_err(err)?;
+    let bound = l.local_addr().map_err(err)?;
+    Ok((l, bound))
+}
+
 /// A bound listener, not yet serving.
 pub struct Gateway {
     listener: TcpListener,
@@ -197,22 +221,10 @@ pub struct Gateway {
 impl Gateway {
     /// Checks the address, reads or creates the token, and binds.
     pub fn bind(cfg: &GatewayConfig) -> Result<Gateway, GatewayError> {
-        let listen = &cfg.listen;
-        let addrs: Vec<SocketAddr> = listen
-            .to_socket_addrs()
-            .map_err(|source| GatewayError::Resolve {
-                listen: listen.clone(),
-                source,
-            })?
-            .collect();
-        check_listen(listen, &addrs, cfg.allow_remote)?;
+        let addrs = resolve(&cfg.listen, cfg.allow_remote)?;
         let (token, token_created) = match &cfg.token_env {
             Some(name) => (token::from_env(name)?, false),
             None => token::load_or_create(&cfg.token_file)?,
-        };
-        let bind_err = |source| GatewayError::Bind {
-            listen: listen.clone(),
-            source,
         };
         let metrics_token = match (&cfg.metrics_token_env, &cfg.metrics_token_file) {
             (Some(name), _) => Some(token::from_env(name)?),
@@ -226,31 +238,12 @@ impl Gateway {
             return Err(GatewayError::SameToken);
         }
         let metrics_addrs = match &cfg.metrics_listen {
-            Some(m) => {
-                let a: Vec<SocketAddr> = m
-                    .to_socket_addrs()
-                    .map_err(|source| GatewayError::Resolve {
-                        listen: m.clone(),
-                        source,
-                    })?
-                    .collect();
-                check_listen(m, &a, cfg.allow_remote)?;
-                Some((m, a))
-            }
+            Some(m) => Some((m, resolve(m, cfg.allow_remote)?)),
             None => None,
         };
-        let listener = TcpListener::bind(&addrs[..]).map_err(bind_err)?;
-        let addr = listener.local_addr().map_err(bind_err)?;
+        let (listener, addr) = bind_to(&cfg.listen, &addrs)?;
         let metrics_listener = match metrics_addrs {
-            Some((m, a)) => {
-                let err = |source| GatewayError::Bind {
-                    listen: m.clone(),
-                    source,
-                };
-                let l = TcpListener::bind(&a[..]).map_err(err)?;
-                let bound = l.local_addr().map_err(err)?;
-                Some((l, bound))
-            }
+            Some((m, a)) => Some(bind_to(m, &a)?),
             None => None,
         };
         let access = Access::new(token, addr, &cfg.allow_hosts, &cfg.allow_origins)

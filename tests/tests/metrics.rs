@@ -11,7 +11,7 @@ use allox_integration::{alloxctl, require, which, Gateway, ProcDaemon};
 use allox_network::stub::DnsStub;
 use serde_json::Value;
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, TcpListener};
+use std::net::Ipv4Addr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,14 +24,6 @@ impl Drop for Server {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn ctl_ok(d: &ProcDaemon, args: &[&str]) -> String {
@@ -71,7 +63,7 @@ fn prometheus(dir: &Path, targets: &[(&str, String, Option<&Path>)]) -> (Server,
     }
     let config = dir.join("prometheus.yml");
     std::fs::write(&config, cfg).unwrap();
-    let web = format!("127.0.0.1:{}", free_port());
+    let web = format!("127.0.0.1:{}", allox_integration::container::free_port());
     let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
     let child = Command::new("prometheus")
         .arg(format!("--config.file={}", config.display()))

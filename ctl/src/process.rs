@@ -350,6 +350,7 @@ mod tests {
             pty: None,
             trace: None,
             on_disconnect: Default::default(),
+            recovery: None,
         }
     }
 

@@ -203,7 +203,7 @@ impl Chain {
 
     /// Makes every record written so far durable: the bodies, the records,
     /// the directory of bodies (and the chain's directory the first time).
-    fn sync(&mut self) -> Result<(), ChainError> {
+    pub fn sync(&mut self) -> Result<(), ChainError> {
         for f in self.unsynced.drain(..) {
             f.sync_all()
                 .map_err(|e| io("sync", &self.dir.join(BODIES), e))?;

@@ -11,6 +11,8 @@
 //! * [`verify`]: the independent verifier of a closed evidence set, run
 //!   by the `allox-system-effects-verify` executable; [`export`]: a set
 //!   as one archive (`effects.export`).
+//! * [`recover`]: protocol v3's workspace restore, run by the
+//!   `allox-system-effects-recover` executable.
 //!
 //! docs/system-effects.md describes the whole feature.
 
@@ -18,5 +20,6 @@ pub mod chain;
 pub mod collect;
 pub mod export;
 pub mod observer;
+pub mod recover;
 pub mod scope;
 pub mod verify;

@@ -42,7 +42,7 @@ use allox_protocol::{
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
-pub use allox_protocol::effects_report::{Bad, DomainCheck, Report, REPORT_VERSION};
+pub use allox_protocol::effects_report::{Bad, DomainCheck, RecoveryCheck, Report, REPORT_VERSION};
 
 /// Most changes a domain lists (the observer's cut).
 pub const MAX_LISTED: usize = 1000;
@@ -115,6 +115,17 @@ struct BeginBody {
     run: String,
     protocol: u64,
     scope: crate::scope::Scope,
+    #[serde(default)]
+    recovery: Option<crate::observer::RecoveryPlan>,
+}
+
+#[derive(Deserialize)]
+struct RecoveryVerdictBody {
+    b_to_c_verdict: EffectsVerdict,
+    a_to_c_verdict: EffectsVerdict,
+    b_to_c: Vec<DomainEffects>,
+    a_to_c: Vec<DomainEffects>,
+    consistent: bool,
 }
 
 #[derive(Deserialize)]
@@ -193,7 +204,15 @@ fn check(src: &dyn Source, root: Option<&str>, r: &mut Report) -> Result<(), Box
                 }
             })
             .collect();
-        return check_answer(src, &v.root, &begin, None, EffectsVerdict::Incomplete, r);
+        return check_answer(
+            src,
+            &v.root,
+            &begin,
+            None,
+            EffectsVerdict::Incomplete,
+            None,
+            r,
+        );
     }
     // The history and the files beside the chain.
     let history: HistoryBody = bodies.get("history")?.ok_or_else(|| missing("history"))?;
@@ -228,65 +247,15 @@ fn check(src: &dyn Source, root: Option<&str>, r: &mut Report) -> Result<(), Box
     let vname = chain::body_name(vseq.unwrap_or_default(), "verdict");
     let wrong = |why: String| Box::new(bad(&vname, vseq, Some("verdict"), why));
     let lost = history.counters.lost > 0 || history.counters.received < history.counters.emitted;
-    let mut declared_overall = EffectsVerdict::NotObserved;
-    let mut overall = EffectsVerdict::NotObserved;
-    for d in EffectsDomain::ALL {
-        let Some(de) = verdict.domains.iter().find(|x| x.domain == d) else {
-            return Err(wrong(format!("no {} domain", d.as_str())));
-        };
-        if verdict.domains.iter().filter(|x| x.domain == d).count() > 1 {
-            return Err(wrong(format!("the {} domain twice", d.as_str())));
-        }
-        let recomputed = if !begin.scope.observes(d) {
-            if !de.changes.is_empty() {
-                return Err(wrong(format!(
-                    "{} is not in the scope yet lists changes",
-                    d.as_str()
-                )));
-            }
-            EffectsVerdict::NotObserved
-        } else {
-            let r = match d {
-                EffectsDomain::Workspace | EffectsDomain::Shared => {
-                    for c in &de.changes {
-                        form(c).map_err(|why| {
-                            wrong(format!("{} change {:?}: {why}", d.as_str(), c.item))
-                        })?;
-                    }
-                    if de.changes.is_empty() {
-                        EffectsVerdict::Consistent
-                    } else {
-                        EffectsVerdict::Changed
-                    }
-                }
-                _ => recompute(d, &a.captures, &b.captures, &verdict.survivors, de)
-                    .map_err(|why| wrong(format!("{}: {why}", d.as_str())))?,
-            };
-            if lost {
-                EffectsVerdict::Incomplete
-            } else {
-                r
-            }
-        };
-        let follows = de.verdict == recomputed
-            || (de.verdict == EffectsVerdict::Incomplete
-                && recomputed != EffectsVerdict::NotObserved);
-        if !follows {
-            return Err(wrong(format!(
-                "the {} domain is declared {} but its captures make it {}",
-                d.as_str(),
-                de.verdict.as_str(),
-                recomputed.as_str()
-            )));
-        }
-        r.domains.push(DomainCheck {
-            domain: d,
-            declared: de.verdict,
-            recomputed,
-        });
-        declared_overall = declared_overall.worst(de.verdict);
-        overall = overall.worst(recomputed);
-    }
+    let (checks, declared_overall, overall) = follows(
+        &begin.scope,
+        &verdict.domains,
+        (&a.captures, &b.captures),
+        &verdict.survivors,
+        lost,
+    )
+    .map_err(wrong)?;
+    r.domains = checks;
     if verdict.verdict != declared_overall {
         return Err(wrong(format!(
             "the run's verdict is declared {} but its domains make it {}",
@@ -295,14 +264,199 @@ fn check(src: &dyn Source, root: Option<&str>, r: &mut Report) -> Result<(), Box
         )));
     }
     r.verdict = Some(overall);
+    let recovery = match &begin.recovery {
+        None if begin.protocol >= 3 => {
+            return Err(Box::new(bad(
+                chain::body_name(0, "begin"),
+                Some(0),
+                Some("begin"),
+                format!("protocol {} without its recovery", begin.protocol),
+            )))
+        }
+        None => None,
+        Some(plan) => Some(check_recovery(&bodies, &begin, plan, &a, &b, lost, r)?),
+    };
     check_answer(
         src,
         &v.root,
         &begin,
         Some(&verdict.domains),
         verdict.verdict,
+        recovery.as_ref(),
         r,
     )
+}
+
+/// A v3 set's recovery: `recover`, `capture_c` and `recovery_verdict`
+/// there, and B→C and A→C recomputed from the captures as A→B is.
+fn check_recovery(
+    bodies: &Bodies<'_>,
+    begin: &BeginBody,
+    plan: &crate::observer::RecoveryPlan,
+    a: &Captures,
+    b: &Captures,
+    lost: bool,
+    r: &mut Report,
+) -> Result<RecoveryVerdictBody, Box<Bad>> {
+    #[derive(Deserialize)]
+    struct RecoverBody {
+        checkpoint_id: String,
+        restore: Result<allox_protocol::RestoreDone, String>,
+    }
+    let rec: RecoverBody = bodies.get("recover")?.ok_or_else(|| missing("recover"))?;
+    let rseq = bodies.seq("recover");
+    let rname = chain::body_name(rseq.unwrap_or_default(), "recover");
+    if rec.checkpoint_id != plan.checkpoint_id {
+        return Err(Box::new(bad(
+            &rname,
+            rseq,
+            Some("recover"),
+            format!(
+                "restored checkpoint {}, the begin record names {}",
+                rec.checkpoint_id, plan.checkpoint_id
+            ),
+        )));
+    }
+    if let Err(why) = &rec.restore {
+        return Err(Box::new(bad(
+            &rname,
+            rseq,
+            Some("recover"),
+            format!("records a failed restore ({why}) yet the chain closed"),
+        )));
+    }
+    let c: Captures = bodies
+        .get("capture_c")?
+        .ok_or_else(|| missing("capture_c"))?;
+    let rv: RecoveryVerdictBody = bodies
+        .get("recovery_verdict")?
+        .ok_or_else(|| missing("recovery_verdict"))?;
+    let seq = bodies.seq("recovery_verdict");
+    let name = chain::body_name(seq.unwrap_or_default(), "recovery_verdict");
+    let wrong = |why: String| Box::new(bad(&name, seq, Some("recovery_verdict"), why));
+    let (b_to_c, b_declared, _) = follows(
+        &begin.scope,
+        &rv.b_to_c,
+        (&b.captures, &c.captures),
+        &[],
+        lost,
+    )
+    .map_err(|why| wrong(format!("B→C: {why}")))?;
+    let (a_to_c, a_declared, _) = follows(
+        &begin.scope,
+        &rv.a_to_c,
+        (&a.captures, &c.captures),
+        &[],
+        lost,
+    )
+    .map_err(|why| wrong(format!("A→C: {why}")))?;
+    for (what, declared, made) in [
+        ("B→C", rv.b_to_c_verdict, b_declared),
+        ("A→C", rv.a_to_c_verdict, a_declared),
+    ] {
+        if declared != made {
+            return Err(wrong(format!(
+                "{what} is declared {} but its domains make it {}",
+                declared.as_str(),
+                made.as_str()
+            )));
+        }
+    }
+    let consistent = crate::observer::consistent(&rv.a_to_c);
+    if rv.consistent != consistent {
+        return Err(wrong(format!(
+            "declares A→C {}consistent, its domains make it {}consistent",
+            if rv.consistent { "" } else { "not " },
+            if consistent { "" } else { "not " }
+        )));
+    }
+    let recomputed = a_to_c.iter().all(|d| {
+        matches!(
+            d.recomputed,
+            EffectsVerdict::Consistent | EffectsVerdict::NotObserved
+        )
+    });
+    r.recovery = Some(RecoveryCheck {
+        b_to_c,
+        a_to_c,
+        consistent: recomputed,
+    });
+    Ok(rv)
+}
+
+/// Each domain of `listed` against its captures `(from, to)`: its
+/// checks, the worst declared verdict and the worst recomputed one; or
+/// why a domain does not follow.
+fn follows(
+    scope: &crate::scope::Scope,
+    listed: &[DomainEffects],
+    (a, b): (
+        &BTreeMap<EffectsDomain, Capture>,
+        &BTreeMap<EffectsDomain, Capture>,
+    ),
+    survivors: &[Survivor],
+    lost: bool,
+) -> Result<(Vec<DomainCheck>, EffectsVerdict, EffectsVerdict), String> {
+    let mut checks = Vec::new();
+    let mut declared_overall = EffectsVerdict::NotObserved;
+    let mut overall = EffectsVerdict::NotObserved;
+    for d in EffectsDomain::ALL {
+        let Some(de) = listed.iter().find(|x| x.domain == d) else {
+            return Err(format!("no {} domain", d.as_str()));
+        };
+        if listed.iter().filter(|x| x.domain == d).count() > 1 {
+            return Err(format!("the {} domain twice", d.as_str()));
+        }
+        let recomputed = if !scope.observes(d) {
+            if !de.changes.is_empty() {
+                return Err(format!(
+                    "{} is not in the scope yet lists changes",
+                    d.as_str()
+                ));
+            }
+            EffectsVerdict::NotObserved
+        } else {
+            let r = match d {
+                EffectsDomain::Workspace | EffectsDomain::Shared => {
+                    for c in &de.changes {
+                        form(c)
+                            .map_err(|why| format!("{} change {:?}: {why}", d.as_str(), c.item))?;
+                    }
+                    if de.changes.is_empty() {
+                        EffectsVerdict::Consistent
+                    } else {
+                        EffectsVerdict::Changed
+                    }
+                }
+                _ => recompute(d, a, b, survivors, de)
+                    .map_err(|why| format!("{}: {why}", d.as_str()))?,
+            };
+            if lost {
+                EffectsVerdict::Incomplete
+            } else {
+                r
+            }
+        };
+        let ok = de.verdict == recomputed
+            || (de.verdict == EffectsVerdict::Incomplete
+                && recomputed != EffectsVerdict::NotObserved);
+        if !ok {
+            return Err(format!(
+                "the {} domain is declared {} but its captures make it {}",
+                d.as_str(),
+                de.verdict.as_str(),
+                recomputed.as_str()
+            ));
+        }
+        checks.push(DomainCheck {
+            domain: d,
+            declared: de.verdict,
+            recomputed,
+        });
+        declared_overall = declared_overall.worst(de.verdict);
+        overall = overall.worst(recomputed);
+    }
+    Ok((checks, declared_overall, overall))
 }
 
 fn missing(kind: &str) -> Box<Bad> {
@@ -399,6 +553,7 @@ fn check_answer(
     begin: &BeginBody,
     domains: Option<&[DomainEffects]>,
     verdict: EffectsVerdict,
+    recovery: Option<&RecoveryVerdictBody>,
     r: &mut Report,
 ) -> Result<(), Box<Bad>> {
     let f = EFFECTS_FILE;
@@ -442,6 +597,32 @@ fn check_answer(
     }
     if e.verdict == EffectsVerdict::Incomplete && !e.fenced {
         return wrong("INCOMPLETE, yet the session is not fenced".into());
+    }
+    match (recovery, &e.recovery) {
+        (None, None) => {}
+        (Some(_), None) => return wrong("has no recovery, the chain records one".into()),
+        (None, Some(_)) => return wrong("has a recovery the chain does not record".into()),
+        (Some(rv), Some(er)) => {
+            if er.b_to_c != rv.b_to_c || er.a_to_c != rv.a_to_c {
+                return wrong(
+                    "its B→C or A→C domains are not the recovery_verdict record's".into(),
+                );
+            }
+            if er.consistent != rv.consistent {
+                return wrong(format!(
+                    "says A→C {}consistent, the chain {}consistent",
+                    if er.consistent { "" } else { "not " },
+                    if rv.consistent { "" } else { "not " }
+                ));
+            }
+            let plan = begin.recovery.as_ref();
+            if plan.is_some_and(|p| p.require_consistent) && !rv.consistent && !e.fenced {
+                return wrong(
+                    "A→C is not CONSISTENT and the run requires it, yet the session is not fenced"
+                        .into(),
+                );
+            }
+        }
     }
     if r.verdict == Some(EffectsVerdict::Incomplete) && e.verdict != EffectsVerdict::Incomplete {
         return wrong(format!(
@@ -581,6 +762,7 @@ mod tests {
             history: counters,
             started_ms: 1,
             closed_ms: 2,
+            recovery: None,
         };
         std::fs::write(
             dir.join(EFFECTS_FILE),

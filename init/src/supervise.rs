@@ -197,6 +197,15 @@ pub struct SuperviseArgs {
     /// without one (`ALLOX_VERIFY_SHA256` at build).
     #[arg(long, value_name = "HEX")]
     pub system_effects_verifier_sha256: Option<String>,
+    /// The recover tool (default: `allox-system-effects-recover` beside
+    /// this binary), read, checked and run as the observer is: it restores
+    /// the workspace of a run started with `recovery` (protocol v3).
+    #[arg(long, value_name = "FILE")]
+    pub system_effects_recover: Option<PathBuf>,
+    /// The recover tool's pinned sha256 (hex), when this binary was built
+    /// without one (`ALLOX_RECOVER_SHA256` at build).
+    #[arg(long, value_name = "HEX")]
+    pub system_effects_recover_sha256: Option<String>,
     /// The observer history's ring buffer (a power of two, at least one
     /// page; suffixes K, M, G): records that do not fit are counted lost,
     /// and a run with lost history is INCOMPLETE and fenced.
@@ -389,6 +398,14 @@ impl SuperviseArgs {
                     "--system-effects-verifier-sha256",
                 ),
                 (
+                    self.system_effects_recover.is_some(),
+                    "--system-effects-recover",
+                ),
+                (
+                    self.system_effects_recover_sha256.is_some(),
+                    "--system-effects-recover-sha256",
+                ),
+                (
                     self.system_effects_without_lsm,
                     "--system-effects-without-lsm",
                 ),
@@ -488,6 +505,8 @@ impl SuperviseArgs {
                         observer_sha256: self.system_effects_observer_sha256,
                         verifier: self.system_effects_verifier,
                         verifier_sha256: self.system_effects_verifier_sha256,
+                        recover: self.system_effects_recover,
+                        recover_sha256: self.system_effects_recover_sha256,
                         ring_bytes: u32::try_from(self.system_effects_ring_bytes)
                             .unwrap_or(u32::MAX),
                         without_lsm: self.system_effects_without_lsm,

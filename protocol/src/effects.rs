@@ -14,6 +14,10 @@ use serde::{Deserialize, Serialize};
 /// The observer protocol an observed run follows (v2: A, run, B).
 pub const EFFECTS_PROTOCOL: u32 = 2;
 
+/// The protocol of a run started with `recovery` (v3: A, run, B, the
+/// workspace restored by the pinned recover tool, C).
+pub const EFFECTS_PROTOCOL_RECOVERY: u32 = 3;
+
 /// What the evidence covers.
 #[derive(
     Serialize,
@@ -149,6 +153,8 @@ pub enum By {
     /// The machine itself, a process outside every sandbox, or history
     /// that does not say.
     Unknown,
+    /// The recover tool restoring the workspace (protocol v3, B to C).
+    Recovery,
 }
 
 /// Who made a change, with the ids that name them.
@@ -295,6 +301,49 @@ pub struct RunEffects {
     /// Unix epoch).
     pub started_ms: u64,
     pub closed_ms: u64,
+    /// Protocol v3 (a run started with `recovery`): the restore and the
+    /// comparisons B→C and A→C. `domains` and `verdict` stay A→B.
+    #[serde(default)]
+    pub recovery: Option<Box<RecoveryEffects>>,
+}
+
+/// What the recovery of a protocol v3 run did and found.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
+pub struct RecoveryEffects {
+    /// The checkpoint the workspace was restored to.
+    pub checkpoint_id: String,
+    /// Whether Allox made (and pinned) it before the run was released,
+    /// rather than the request naming it.
+    pub baseline_made: bool,
+    pub scrub_runtime: bool,
+    pub require_consistent: bool,
+    /// What the recover tool did.
+    pub restore: RestoreDone,
+    /// The worst verdict of B→C's and of A→C's domains.
+    pub b_to_c_verdict: EffectsVerdict,
+    pub a_to_c_verdict: EffectsVerdict,
+    pub b_to_c: Vec<DomainEffects>,
+    pub a_to_c: Vec<DomainEffects>,
+    /// A→C is CONSISTENT in every observed domain: nothing of the run is
+    /// left. Otherwise the A→C changes are the residue.
+    pub consistent: bool,
+    /// What the session's context reset removed (`scrub_runtime`).
+    #[serde(default)]
+    pub scrubbed: Vec<String>,
+}
+
+/// The recover tool's account of the workspace restore.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq, Default)]
+pub struct RestoreDone {
+    /// sha256 (hex) of the pinned `allox-system-effects-recover`.
+    pub tool_sha256: String,
+    /// The Btrfs subvolume ids: the checkpoint, the workspace's tree at B
+    /// (now removed), and the restored tree.
+    pub checkpoint_subvolume: u64,
+    pub previous_subvolume: u64,
+    pub restored_subvolume: u64,
+    /// The steps, in order (`snapshot`, `exchange`).
+    pub steps: Vec<String>,
 }
 
 /// `effects.get`: one observed run's effects.

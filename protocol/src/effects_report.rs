@@ -58,6 +58,18 @@ pub struct Report {
     pub verdict: Option<EffectsVerdict>,
     #[serde(default)]
     pub domains: Vec<DomainCheck>,
+    /// Protocol v3: the comparisons B→C and A→C, recomputed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<RecoveryCheck>,
+}
+
+/// A protocol v3 set's recovery as the verifier found it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryCheck {
+    pub b_to_c: Vec<DomainCheck>,
+    pub a_to_c: Vec<DomainCheck>,
+    /// A→C, recomputed, CONSISTENT in every observed domain.
+    pub consistent: bool,
 }
 
 impl Default for Report {
@@ -81,6 +93,7 @@ impl Report {
             records: Vec::new(),
             verdict: None,
             domains: Vec::new(),
+            recovery: None,
         }
     }
 

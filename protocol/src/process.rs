@@ -64,9 +64,37 @@ pub struct ProcessStart {
     /// or `kill` it, as a foreground command dies with its terminal.
     #[serde(default)]
     pub on_disconnect: OnDisconnect,
+    /// Observe the run under system-effects protocol v3: after B the
+    /// session's workspace is restored to a baseline and C is captured
+    /// (needs `--plugin system-effects`).
+    #[serde(default)]
+    pub recovery: Option<ProcessRecovery>,
 }
 
 target!(ProcessStart: agent_id, session_id);
+
+/// `process.start`'s `recovery` (the seed's request, verbatim).
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessRecovery {
+    /// The checkpoint to restore the workspace to: a full checkpoint id of
+    /// the session, complete, equal to `current/` when the run starts.
+    /// Without it a baseline is made and pinned before the run is
+    /// released.
+    #[serde(default)]
+    pub checkpoint_id: Option<String>,
+    /// Also reset the session's context (its namespaces and every process
+    /// living in them) to what A recorded.
+    #[serde(default)]
+    pub scrub_runtime: bool,
+    /// Keep the session fenced when A→C is not CONSISTENT (default true).
+    #[serde(default = "yes")]
+    pub require_consistent: bool,
+}
+
+fn yes() -> bool {
+    true
+}
 
 /// A terminal's size, and its type (`TERM`, default `xterm-256color`).
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Eq)]

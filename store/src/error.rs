@@ -20,6 +20,9 @@ pub enum StoreError {
     BadLabel,
     #[error("keep_last must be at least 1")]
     KeepLastZero,
+    /// The restore a caller did for a rollback failed (it is undone).
+    #[error("{0}")]
+    Restore(String),
     /// `session.update` without a limit to change.
     #[error("session.update changes nothing: give pids_max, memory_max or cpu_max")]
     NothingToUpdate,

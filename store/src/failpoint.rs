@@ -71,6 +71,15 @@ pub const RUN_STARTS: &[&str] = &[
 /// empty and frozen, before the observer is told.
 pub const RUN_ENDS: &[&str] = &["run_end.after_freeze", "run_end.after_kill"];
 
+/// The system-effects plugin's points in a protocol v3 run's recovery,
+/// around the store's `rollback.*` ones: B closed and the session fenced
+/// durably; the workspace restored by the recover tool; C captured.
+pub const RECOVERY: &[&str] = &[
+    "effects_v3.after_fence",
+    "effects_v3.after_restore",
+    "effects_v3.after_capture_c",
+];
+
 /// Whether `name` is a declared point.
 fn declared(name: &str) -> bool {
     ALL.contains(&name)
@@ -78,6 +87,7 @@ fn declared(name: &str) -> bool {
         || FILES.contains(&name)
         || RUN_STARTS.contains(&name)
         || RUN_ENDS.contains(&name)
+        || RECOVERY.contains(&name)
 }
 
 /// What an armed point does.

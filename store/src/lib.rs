@@ -89,6 +89,14 @@ pub struct Store {
     _root_lock: OwnedFd,
 }
 
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("root", &self.layout.root())
+            .finish_non_exhaustive()
+    }
+}
+
 /// What a journaled operation leaves for later.
 enum After {
     /// Nothing: the operation is finished.

@@ -14,9 +14,36 @@ use super::{After, Result, Store};
 use crate::btrfs;
 use crate::journal::Op;
 use allox_protocol::{RollbackDone, SessionRollback};
+use std::path::Path;
+
+/// The disk steps of a rollback done by someone else (system effects'
+/// pinned recover tool): given the checkpoint, the name the fresh tree
+/// must take beside `current/`, and `current/`, it makes the writable
+/// snapshot there and exchanges it with `current/`, nothing else.
+pub type Restore<'a> = dyn FnOnce(&Path, &Path, &Path) -> std::result::Result<(), String> + 'a;
 
 impl Store {
     pub fn rollback(&self, p: &SessionRollback) -> Result<RollbackDone> {
+        self.rollback_by(p, None)
+    }
+
+    /// A rollback whose snapshot and exchange `restore` does, under the
+    /// same journal as [`Store::rollback`]: a crash at any step is
+    /// finished or undone by recovery exactly as a rollback's is; a
+    /// `restore` that fails is undone.
+    pub fn rollback_with(
+        &self,
+        p: &SessionRollback,
+        restore: Box<Restore<'_>>,
+    ) -> Result<RollbackDone> {
+        self.rollback_by(p, Some(restore))
+    }
+
+    fn rollback_by(
+        &self,
+        p: &SessionRollback,
+        restore: Option<Box<Restore<'_>>>,
+    ) -> Result<RollbackDone> {
         let (a, s, c) = (&*p.agent_id, &*p.session_id, &*p.checkpoint_id);
         let _g = self.guard();
         self.need_checkpoint(a, s, c)?;
@@ -36,13 +63,25 @@ impl Store {
         self.journaled(build, |op_id, op| {
             self.crash_point("rollback.after_journal");
             let fresh = self.layout.rollback_tmp(a, s, op_id);
-            btrfs::snapshot(&self.layout.checkpoint(a, s, c), &fresh, false)?;
-            // The session's quota follows it to the new tree before the
-            // tree is swapped in (a snapshot starts with the limit its
-            // checkpoint had when it was taken).
-            self.limit_session_tree(&fresh)?;
-            self.crash_point("rollback.after_snapshot");
-            btrfs::exchange(&fresh, &current)?;
+            let checkpoint = self.layout.checkpoint(a, s, c);
+            match restore {
+                None => {
+                    btrfs::snapshot(&checkpoint, &fresh, false)?;
+                    // The session's quota follows it to the new tree before
+                    // the tree is swapped in (a snapshot starts with the
+                    // limit its checkpoint had when it was taken).
+                    self.limit_session_tree(&fresh)?;
+                    self.crash_point("rollback.after_snapshot");
+                    btrfs::exchange(&fresh, &current)?;
+                }
+                Some(restore) => {
+                    restore(&checkpoint, &fresh, &current).map_err(crate::StoreError::Restore)?;
+                    // The quota follows the restored tree (recovery gives
+                    // every session its limit at the next open, should a
+                    // crash come first).
+                    self.limit_session_tree(&current)?;
+                }
+            }
             self.crash_point("rollback.after_exchange");
             // `fresh` now names the old tree.
             let after = After::Remove(fresh);

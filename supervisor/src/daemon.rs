@@ -91,6 +91,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     let failpoints = Failpoints::from_env();
     let store = Store::open_or_read_only(&cfg.root, failpoints.clone(), cfg.store.clone())
         .map_err(DaemonError::Store)?;
+    let store = Arc::new(store);
     store.audit().bound(cfg.plugins.audit);
     let metrics = Arc::new(crate::plugin_api::metrics::Metrics::new(cfg.metrics));
     metrics.journal_replayed(store.journal_replays());
@@ -119,6 +120,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         audit: cfg.plugins.audit,
         effects: cfg.plugins.effects.clone(),
         metrics: metrics.clone(),
+        store: Some(store.clone()),
     })?;
     // What the plugins made in `state/` at their start is the store's.
     allox_store::private::keep_state_private(store.layout());

@@ -67,7 +67,7 @@ impl Stop {
 }
 
 pub struct Supervisor {
-    pub store: Store,
+    pub store: Arc<Store>,
     pub policy: Policy,
     /// Process support; `None` when the daemon runs without it.
     pub runs: Option<Arc<Runs>>,
@@ -89,7 +89,7 @@ pub struct Supervisor {
 
 impl Supervisor {
     pub fn new(
-        store: Store,
+        store: Arc<Store>,
         policy: Policy,
         runs: Option<Arc<Runs>>,
         plugins: Arc<Plugins>,

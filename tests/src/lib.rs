@@ -529,6 +529,7 @@ pub fn process_start(a: &str, s: &str, argv: &[&str]) -> allox_protocol::Process
         pty: None,
         trace: None,
         on_disconnect: Default::default(),
+        recovery: None,
     }
 }
 
@@ -718,6 +719,7 @@ pub fn sha256sum(p: &Path) -> String {
 pub fn effects_plugin_args() -> Vec<String> {
     let exe = workspace_bin("allox-observe");
     let vexe = workspace_bin("allox-system-effects-verify");
+    let rexe = workspace_bin("allox-system-effects-recover");
     vec![
         "--plugin".into(),
         "system-effects".into(),
@@ -729,6 +731,10 @@ pub fn effects_plugin_args() -> Vec<String> {
         vexe.display().to_string(),
         "--system-effects-verifier-sha256".into(),
         sha256sum(&vexe),
+        "--system-effects-recover".into(),
+        rexe.display().to_string(),
+        "--system-effects-recover-sha256".into(),
+        sha256sum(&rexe),
     ]
 }
 

@@ -54,6 +54,7 @@ fn py(d: &ProcDaemon, script: &str) {
         pty: None,
         trace: None,
         on_disconnect: Default::default(),
+        recovery: None,
     };
     match call(d, Request::ProcessStart(p)) {
         Ok(Response::Exited(r)) => assert_eq!(r.exit_code, Some(0), "{script}: {r:?}"),
@@ -76,6 +77,7 @@ fn py_bg(d: &ProcDaemon, script: &str) -> String {
         pty: None,
         trace: None,
         on_disconnect: Default::default(),
+        recovery: None,
     };
     match call(d, Request::ProcessStart(p)) {
         Ok(Response::Started(r)) => r.run_id,

@@ -32,6 +32,7 @@ fn start(script: &str, wait: bool) -> Request {
         pty: None,
         trace: None,
         on_disconnect: Default::default(),
+        recovery: None,
     })
 }
 

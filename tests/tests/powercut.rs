@@ -253,6 +253,7 @@ fn run(a: &str, s: &str, script: &str) -> Request {
         pty: None,
         trace: None,
         on_disconnect: Default::default(),
+        recovery: None,
     })
 }
 

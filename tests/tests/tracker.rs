@@ -76,6 +76,7 @@ fn run(d: &ProcDaemon, a: &str, s: &str, argv: &[&str], wait: bool) -> String {
             pty: None,
             trace: None,
             on_disconnect: Default::default(),
+            recovery: None,
         }),
     )
     .unwrap();

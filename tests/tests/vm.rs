@@ -54,6 +54,7 @@ fn run(a: &str, s: &str, script: &str, wait: bool) -> Request {
         pty: None,
         trace: None,
         on_disconnect: Default::default(),
+        recovery: None,
     })
 }
 

@@ -49,6 +49,24 @@ pub struct RunArgs {
     /// program as TRACEPARENT.
     #[arg(long, value_name = "TRACE_ID:SPAN_ID", value_parser = parse_trace)]
     trace: Option<allox_protocol::TraceContext>,
+    /// Observe the run under system-effects protocol v3: after it, the
+    /// workspace is restored to a baseline (made and pinned now, or
+    /// `--recover-to`) and C is captured; the session stays fenced if
+    /// anything of the run is left (A→C not CONSISTENT).
+    #[arg(long)]
+    recover: bool,
+    /// `--recover`: the checkpoint to restore to (a full id, equal to
+    /// current/ now).
+    #[arg(long, value_name = "CHECKPOINT", requires = "recover")]
+    recover_to: Option<String>,
+    /// `--recover`: also reset the session's context (its namespaces and
+    /// every process in them).
+    #[arg(long, requires = "recover")]
+    scrub_runtime: bool,
+    /// `--recover`: list a residue without fencing the session
+    /// (`require_consistent: false`).
+    #[arg(long, requires = "recover")]
+    allow_residue: bool,
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     argv: Vec<String>,
@@ -132,6 +150,11 @@ impl RunArgs {
                 }),
                 trace: self.trace.map(Box::new),
                 on_disconnect: Default::default(),
+                recovery: self.recover.then(|| allox_protocol::ProcessRecovery {
+                    checkpoint_id: self.recover_to,
+                    scrub_runtime: self.scrub_runtime,
+                    require_consistent: !self.allow_residue,
+                }),
             },
             stdin_file: self.stdin_file,
             tty: self.tty,

@@ -21,6 +21,7 @@ fn who(a: &Attribution) -> String {
             None => format!("session {}/{}", id(&a.agent_id), id(&a.session_id)),
         },
         By::Unknown => "unknown".to_string(),
+        By::Recovery => "recovery".to_string(),
     }
 }
 
@@ -80,6 +81,34 @@ pub fn effects(e: &RunEffects) -> String {
         }
         if d.truncated {
             out.push_str("    … more changes not listed\n");
+        }
+    }
+    if let Some(r) = &e.recovery {
+        out.push_str(&format!(
+            "  recovery (protocol v3): workspace restored to checkpoint {}{}; B→C {}, A→C {}{}\n",
+            clean(&r.checkpoint_id),
+            if r.baseline_made {
+                " (baseline made for the run)"
+            } else {
+                ""
+            },
+            r.b_to_c_verdict.as_str(),
+            r.a_to_c_verdict.as_str(),
+            if r.consistent { "" } else { ": RESIDUE" },
+        ));
+        for d in &r.a_to_c {
+            for c in &d.changes {
+                out.push_str(&format!(
+                    "    residue {} {} {}  [by {}]\n",
+                    d.domain.as_str(),
+                    sign(c.kind),
+                    clean(&c.item),
+                    who(&c.by)
+                ));
+            }
+        }
+        for x in &r.scrubbed {
+            out.push_str(&format!("    scrubbed: {}\n", clean(x)));
         }
     }
     for s in &e.survivors {

@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use wire::{Begin, End, FromObserver, ToObserver};
+pub use wire::{Recovered, RecoveryPlan};
 
 /// The file beside the chain with the run's effects as answered.
 pub const EFFECTS_FILE: &str = "effects.json";
@@ -251,7 +252,7 @@ fn observe_one(
         }
         Err(e) => return Err(fail(sock, &mut chain, Some(obs), format!("read End: {e}"))),
     };
-    match obs.finish(begin, &end, &mut chain) {
+    match obs.finish(begin, &end, &mut chain, sock) {
         Ok(effects) => {
             // Answered first; the snapshots go before the next `Begin` is
             // read.
@@ -294,6 +295,8 @@ struct Observation {
     stop: Arc<std::sync::atomic::AtomicBool>,
     snaps_a: files::Snapshots,
     snaps_b: Option<files::Snapshots>,
+    /// Protocol v3: the workspace after its restore.
+    snaps_c: Option<files::Snapshots>,
     captures_a: BTreeMap<EffectsDomain, Capture>,
     fs: Option<domains::FsWatch>,
     started_ms: u64,
@@ -379,7 +382,8 @@ impl Observation {
             .append_later(
                 "begin",
                 &serde_json::json!({
-                    "protocol": EFFECTS_PROTOCOL,
+                    "protocol": protocol_of(begin),
+                    "recovery": begin.recovery,
                     "agent": begin.agent,
                     "session": begin.session,
                     "run": begin.run,
@@ -410,6 +414,7 @@ impl Observation {
             stop,
             snaps_a,
             snaps_b: None,
+            snaps_c: None,
             captures_a,
             fs,
             started_ms,
@@ -423,6 +428,7 @@ impl Observation {
         begin: &Begin,
         end: &End,
         chain: &mut Chain,
+        sock: &mut UnixStream,
     ) -> Result<RunEffects, String> {
         // The tree has exited: what the kernel side made is all there is.
         self.phases.at = std::time::Instant::now();
@@ -574,6 +580,22 @@ impl Observation {
             )
             .map_err(err)?;
         self.phases.done("chain_b");
+        let recovery = match &begin.recovery {
+            None => None,
+            Some(plan) => Some(self.recover(
+                RecoverCtx {
+                    begin,
+                    plan,
+                    records: &records,
+                    captures_b: &captures_b,
+                    snaps_b: &snaps_b,
+                    ab: &domains_out,
+                    history_note: history_note.as_deref(),
+                },
+                chain,
+                sock,
+            )?),
+        };
         let root = chain
             .append(
                 "close",
@@ -583,9 +605,9 @@ impl Observation {
         self.snaps_b = Some(snaps_b);
         // The chain as written is read back by the verifier, an
         // executable of its own the supervisor runs once this answers.
-        let fenced = verdict == EffectsVerdict::Incomplete;
+        let (fenced, fence_reason) = fenced(verdict, recovery.as_ref());
         let effects = RunEffects {
-            protocol: EFFECTS_PROTOCOL,
+            protocol: protocol_of(begin),
             agent_id: begin.agent.clone(),
             session_id: begin.session.clone(),
             run_id: begin.run.clone(),
@@ -593,11 +615,12 @@ impl Observation {
             verdict,
             domains: domains_out,
             fenced,
-            fence_reason: fenced.then(|| "the evidence is INCOMPLETE".to_string()),
+            fence_reason,
             survivors,
             history: counters,
             started_ms: self.started_ms,
             closed_ms: allox_store::clock::now_ms(),
+            recovery: recovery.map(Box::new),
         };
         let path = begin.evidence.join(EFFECTS_FILE);
         std::fs::write(
@@ -617,13 +640,260 @@ impl Observation {
             let _ = t.join();
         }
         self.snaps_a.remove();
-        if let Some(b) = &self.snaps_b {
-            b.remove();
+        for s in [&self.snaps_b, &self.snaps_c].into_iter().flatten() {
+            s.remove();
         }
         self.history
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take_loaded()
+    }
+}
+
+/// What a protocol v3 recovery works from: the run's B.
+struct RecoverCtx<'a> {
+    begin: &'a Begin,
+    plan: &'a wire::RecoveryPlan,
+    records: &'a [HistoryRecord],
+    captures_b: &'a BTreeMap<EffectsDomain, Capture>,
+    snaps_b: &'a files::Snapshots,
+    /// The A→B domains (a residue names who made it there).
+    ab: &'a [DomainEffects],
+    /// Why the history is incomplete, if it is.
+    history_note: Option<&'a str>,
+}
+
+impl Observation {
+    /// Protocol v3, after B's records: makes them durable, answers
+    /// `CapturedB`, waits for the supervisor's `Recovered`, records what
+    /// it did (`recover`), captures C (`capture_c`) and compares B→C and
+    /// A→C (`recovery_verdict`).
+    fn recover(
+        &mut self,
+        x: RecoverCtx<'_>,
+        chain: &mut Chain,
+        sock: &mut UnixStream,
+    ) -> Result<allox_protocol::RecoveryEffects, String> {
+        chain.sync().map_err(|e| e.to_string())?;
+        wire::send(
+            sock,
+            &FromObserver::CapturedB {
+                head: chain.head().to_string(),
+            },
+        )
+        .map_err(|e| format!("answer CapturedB: {e}"))?;
+        let rec = match wire::recv::<ToObserver>(sock) {
+            Ok(Some(ToObserver::Recovered(r))) => r,
+            Ok(Some(other)) => return Err(format!("expected Recovered, got {other:?}")),
+            Ok(None) => {
+                return Err("the supervisor went away before the workspace was restored".into())
+            }
+            Err(e) => return Err(format!("read Recovered: {e}")),
+        };
+        self.phases.at = std::time::Instant::now();
+        chain
+            .append_later(
+                "recover",
+                &serde_json::json!({
+                    "checkpoint_id": x.plan.checkpoint_id,
+                    "restore": rec.restore,
+                    "scrubbed": rec.scrubbed,
+                }),
+            )
+            .map_err(|e| e.to_string())?;
+        let restore = rec
+            .restore
+            .clone()
+            .map_err(|why| format!("the workspace restore failed: {why}"))?;
+        let mut at_c = x.begin.clone();
+        at_c.context_pid = rec.context_pid;
+        let (snaps_c, mut captures_c, took) = capture_all(&at_c, "c", x.records);
+        for (what, us) in took {
+            self.phases.beside(what, us);
+        }
+        let snaps_c = snaps_c?;
+        captures_c.insert(EffectsDomain::Workspace, files::identity(&snaps_c));
+        self.snaps_c = Some(snaps_c);
+        let snaps_c = self.snaps_c.as_ref().expect("just set");
+        self.phases.done("captures_c");
+        chain
+            .append_later("capture_c", &serde_json::json!({ "captures": &captures_c }))
+            .map_err(|e| e.to_string())?;
+        let compare_to_c = |from: &BTreeMap<EffectsDomain, Capture>,
+                            snaps: &files::Snapshots,
+                            by_recovery: bool| {
+            EffectsDomain::ALL
+                .into_iter()
+                .map(|d| {
+                    let mut de = DomainEffects {
+                        domain: d,
+                        verdict: EffectsVerdict::NotObserved,
+                        changes: Vec::new(),
+                        truncated: false,
+                        note: None,
+                        items: [0, 0],
+                    };
+                    if !x.begin.scope.observes(d) {
+                        de.note = Some("not in the scope".into());
+                        return de;
+                    }
+                    let (diffs, truncated, gaps) = match d {
+                        EffectsDomain::Workspace => {
+                            match files::diff(&snaps.workspace, &snaps_c.workspace, true) {
+                                Ok((dd, t)) => (dd, t, Vec::new()),
+                                Err(e) => (Vec::new(), false, vec![e]),
+                            }
+                        }
+                        EffectsDomain::Shared => {
+                            match files::diff(&snaps.shared(), &snaps_c.shared(), false) {
+                                Ok((dd, t)) => (dd, t, Vec::new()),
+                                Err(e) => (Vec::new(), false, vec![e]),
+                            }
+                        }
+                        _ => match (from.get(&d), captures_c.get(&d)) {
+                            (Some(a), Some(c)) => {
+                                de.items = [a.items.len() as u64, c.items.len() as u64];
+                                let mut gaps: Vec<String> =
+                                    a.gaps.iter().map(|g| format!("before: {g}")).collect();
+                                gaps.extend(c.gaps.iter().map(|g| format!("at C: {g}")));
+                                (crate::collect::compare(a, c), false, gaps)
+                            }
+                            _ => (Vec::new(), false, vec!["no capture".to_string()]),
+                        },
+                    };
+                    let mut changes: Vec<EffectChange> = diffs
+                        .into_iter()
+                        .map(|diff| {
+                            let by = if by_recovery && d == EffectsDomain::Workspace {
+                                Attribution {
+                                    by: allox_protocol::By::Recovery,
+                                    agent_id: None,
+                                    session_id: None,
+                                    run_id: None,
+                                }
+                            } else {
+                                // A residue is whoever made it between A and B.
+                                x.ab.iter()
+                                    .find(|e| e.domain == d)
+                                    .and_then(|e| e.changes.iter().find(|c| c.item == diff.key))
+                                    .map(|c| c.by.clone())
+                                    .unwrap_or_else(Attribution::unknown)
+                            };
+                            to_change(diff, by)
+                        })
+                        .collect();
+                    de.truncated = truncated || changes.len() > files::MAX_LISTED;
+                    changes.truncate(files::MAX_LISTED);
+                    de.verdict = if !gaps.is_empty() {
+                        EffectsVerdict::Incomplete
+                    } else if !changes.is_empty() {
+                        EffectsVerdict::Changed
+                    } else {
+                        EffectsVerdict::Consistent
+                    };
+                    if !gaps.is_empty() {
+                        de.note = Some(gaps.join("; "));
+                    } else if let Some(n) = x.history_note {
+                        de.verdict = EffectsVerdict::Incomplete;
+                        de.note = Some(n.to_string());
+                    }
+                    de.changes = changes;
+                    de
+                })
+                .collect::<Vec<_>>()
+        };
+        let b_to_c = compare_to_c(x.captures_b, x.snaps_b, true);
+        let a_to_c = compare_to_c(&self.captures_a, &self.snaps_a, false);
+        let worst = |ds: &[DomainEffects]| {
+            ds.iter()
+                .fold(EffectsVerdict::NotObserved, |v, d| v.worst(d.verdict))
+        };
+        let (b_to_c_verdict, a_to_c_verdict) = (worst(&b_to_c), worst(&a_to_c));
+        let consistent = consistent(&a_to_c);
+        self.phases.done("compare_c");
+        chain
+            .append_later(
+                "recovery_verdict",
+                &serde_json::json!({
+                    "b_to_c_verdict": b_to_c_verdict,
+                    "a_to_c_verdict": a_to_c_verdict,
+                    "b_to_c": &b_to_c,
+                    "a_to_c": &a_to_c,
+                    "consistent": consistent,
+                }),
+            )
+            .map_err(|e| e.to_string())?;
+        Ok(allox_protocol::RecoveryEffects {
+            checkpoint_id: x.plan.checkpoint_id.clone(),
+            baseline_made: x.plan.baseline_made,
+            scrub_runtime: x.plan.scrub_runtime,
+            require_consistent: x.plan.require_consistent,
+            restore,
+            b_to_c_verdict,
+            a_to_c_verdict,
+            b_to_c,
+            a_to_c,
+            consistent,
+            scrubbed: rec.scrubbed.clone(),
+        })
+    }
+}
+
+/// A→C leaves nothing of the run: every observed domain CONSISTENT.
+pub fn consistent(a_to_c: &[DomainEffects]) -> bool {
+    a_to_c.iter().all(|d| {
+        matches!(
+            d.verdict,
+            EffectsVerdict::Consistent | EffectsVerdict::NotObserved
+        )
+    })
+}
+
+/// The protocol a run follows: v3 with recovery, else v2.
+pub fn protocol_of(begin: &Begin) -> u32 {
+    if begin.recovery.is_some() {
+        allox_protocol::EFFECTS_PROTOCOL_RECOVERY
+    } else {
+        EFFECTS_PROTOCOL
+    }
+}
+
+/// Whether a closed run fences its session, and why: INCOMPLETE evidence
+/// (A→B, B→C or A→C), or a v3 run whose A→C is not CONSISTENT while it
+/// requires it (the residue named).
+pub fn fenced(
+    verdict: EffectsVerdict,
+    recovery: Option<&allox_protocol::RecoveryEffects>,
+) -> (bool, Option<String>) {
+    let incomplete = verdict == EffectsVerdict::Incomplete
+        || recovery.is_some_and(|r| {
+            r.b_to_c_verdict == EffectsVerdict::Incomplete
+                || r.a_to_c_verdict == EffectsVerdict::Incomplete
+        });
+    if incomplete {
+        return (true, Some("the evidence is INCOMPLETE".into()));
+    }
+    match recovery {
+        Some(r) if r.require_consistent && !r.consistent => {
+            let residue: Vec<String> = r
+                .a_to_c
+                .iter()
+                .flat_map(|d| {
+                    d.changes
+                        .iter()
+                        .map(move |c| format!("{} {}", d.domain.as_str(), c.item))
+                })
+                .take(10)
+                .collect();
+            (
+                true,
+                Some(format!(
+                    "A→C is not CONSISTENT after recovery (require_consistent): residue {}",
+                    residue.join(", ")
+                )),
+            )
+        }
+        _ => (false, None),
     }
 }
 

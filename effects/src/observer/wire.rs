@@ -12,6 +12,12 @@
 //!         ◄────────────────────────── Closed(RunEffects) | Failed
 //! ```
 //!
+//! Protocol v3 (`Begin.recovery`): after B the observer makes the records
+//! so far durable and answers `CapturedB`; the supervisor fences the
+//! session, has the recover tool restore the workspace, and answers
+//! `Recovered`; the observer records what was done, captures C, compares
+//! A→B, B→C and A→C, closes and answers `Closed`.
+//!
 //! The socket closing before `End` is a fault: the observer closes the
 //! chain with a `fault` record and exits. After `Closed` the same
 //! conversation may carry the next run's `Begin`; the socket closing
@@ -64,6 +70,33 @@ pub struct Begin {
     pub supervisor_pid: u32,
     /// sha256 (hex) of the supervisor's and the observer's executables.
     pub executables: Vec<(String, String)>,
+    /// Protocol v3: restore the workspace after B and capture C.
+    pub recovery: Option<RecoveryPlan>,
+}
+
+/// A protocol v3 run's recovery, as the `begin` record states it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryPlan {
+    /// The checkpoint the workspace is restored to (equal to `current/`
+    /// at A).
+    pub checkpoint_id: String,
+    /// Whether the supervisor made and pinned it for this run.
+    pub baseline_made: bool,
+    pub scrub_runtime: bool,
+    pub require_consistent: bool,
+}
+
+/// What the supervisor did between B and C.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recovered {
+    /// The recover tool's account of the restore, or why it failed (the
+    /// rollback is then undone, and the evidence ends in a fault).
+    pub restore: Result<allox_protocol::RestoreDone, String>,
+    /// What the context reset removed (`scrub_runtime`).
+    pub scrubbed: Vec<String>,
+    /// The session's context process C is captured in (a new one after a
+    /// reset), if it has one.
+    pub context_pid: Option<i32>,
 }
 
 /// How the observed run ended.
@@ -88,6 +121,7 @@ pub struct End {
 pub enum ToObserver {
     Begin(Box<Begin>),
     End(End),
+    Recovered(Box<Recovered>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,6 +133,9 @@ pub enum FromObserver {
     /// The observer could not go on: why, and the chain's head (empty if
     /// it has no record).
     Failed { why: String, head: String },
+    /// Protocol v3: B and its verdict are durable, the chain's head is
+    /// `head`; the workspace may be restored.
+    CapturedB { head: String },
 }
 
 /// Writes one message.

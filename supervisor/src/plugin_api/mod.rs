@@ -126,6 +126,8 @@ pub struct ObservedRun<'a> {
     pub agent_workspace: &'a std::path::Path,
     /// The session's context process, if it has one yet.
     pub context_pid: Option<i32>,
+    /// `process.start`'s `recovery`: observe it under protocol v3.
+    pub recovery: Option<&'a allox_protocol::ProcessRecovery>,
 }
 
 /// How an observed run ended: its whole tree has exited, its cgroup is
@@ -156,6 +158,11 @@ pub struct EffectsSettings {
     /// `--system-effects-verifier-sha256 HEX`: its pinned hash (the one
     /// fixed at build when not given).
     pub verifier_sha256: Option<String>,
+    /// `--system-effects-recover FILE`: the recover tool (protocol v3).
+    pub recover: Option<PathBuf>,
+    /// `--system-effects-recover-sha256 HEX`: its pinned hash (the one
+    /// fixed at build when not given).
+    pub recover_sha256: Option<String>,
     /// `--system-effects-ring-bytes`: the history's ring buffer.
     pub ring_bytes: u32,
     /// `--system-effects-without-lsm`: the history without its BPF LSM
@@ -184,6 +191,9 @@ pub struct Settings {
     /// The daemon's metrics: a plugin registers its own families here as
     /// it starts (under the `allox_` prefix).
     pub metrics: std::sync::Arc<metrics::Metrics>,
+    /// The store, for a plugin that acts on it outside a request
+    /// (system effects' recovery); `None` in unit tests.
+    pub store: Option<std::sync::Arc<Store>>,
 }
 
 /// `--network-allow`, `--network-deny`, `--network-resolver`, and the

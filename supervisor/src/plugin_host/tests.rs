@@ -156,6 +156,7 @@ fn settings() -> Settings {
         audit: Default::default(),
         effects: Default::default(),
         metrics: Default::default(),
+        store: None,
     }
 }
 

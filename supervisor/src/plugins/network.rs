@@ -516,6 +516,7 @@ mod tests {
             audit: Default::default(),
             effects: Default::default(),
             metrics: Default::default(),
+            store: None,
         }
     }
 

@@ -788,6 +788,7 @@ mod tests {
             audit: Default::default(),
             effects: Default::default(),
             metrics: Default::default(),
+            store: None,
         })
         .unwrap();
         p
@@ -991,6 +992,7 @@ mod tests {
             },
             effects: Default::default(),
             metrics: Default::default(),
+            store: None,
         })
         .unwrap();
         let st = p.started().unwrap();

@@ -65,6 +65,10 @@ struct Started {
     /// The independent verifier, run over every closed evidence set
     /// before the run is answered, and by `effects.verify`.
     verifier: observer::Executable,
+    /// The recover tool: protocol v3's workspace restore.
+    recover: observer::Executable,
+    /// The store (protocol v3's baseline and restore).
+    store: Option<Arc<allox_store::Store>>,
     /// sha256 (hex) of the supervisor's own executable, bound into every
     /// chain's `begin`.
     supervisor_sha256: String,
@@ -106,6 +110,10 @@ struct Live {
     started_ms: u64,
     /// Set by the watcher when the observer dies before the end.
     lost: Arc<Mutex<Option<String>>>,
+    /// Protocol v3: the recovery asked for.
+    recovery: Option<allox_effects::observer::RecoveryPlan>,
+    /// The session's context at A.
+    context_pid: Option<i32>,
 }
 
 /// What a run's `pending` marker holds: enough for a later supervisor to
@@ -346,9 +354,210 @@ impl Started {
             history: Default::default(),
             started_ms,
             closed_ms: allox_store::clock::now_ms(),
+            recovery: None,
         }
     }
 }
+
+impl Started {
+    fn store(&self) -> Result<&Arc<allox_store::Store>, PluginError> {
+        self.store.as_ref().ok_or_else(|| {
+            answered(
+                ErrorCode::Unavailable,
+                "recovery needs the store, which this plugin was not given",
+            )
+        })
+    }
+
+    /// The checkpoint a v3 run's workspace is restored to: the request's,
+    /// which must be a full checkpoint id of the session, complete (a whole
+    /// read-only snapshot) and equal to `current/` now; or a baseline made
+    /// and pinned now.
+    fn plan_recovery(
+        &self,
+        r: &RunRef<'_>,
+        rec: &allox_protocol::ProcessRecovery,
+    ) -> Result<allox_effects::observer::RecoveryPlan, PluginError> {
+        let store = self.store()?;
+        let (a, s) = (r.agent, r.session);
+        let store_err = |e: allox_store::StoreError| answered(e.code(), e.chain());
+        let plan =
+            |checkpoint_id: String, baseline_made: bool| allox_effects::observer::RecoveryPlan {
+                checkpoint_id,
+                baseline_made,
+                scrub_runtime: rec.scrub_runtime,
+                require_consistent: rec.require_consistent,
+            };
+        let Some(c) = &rec.checkpoint_id else {
+            let id = format!("v3-baseline-{}", r.run);
+            let made = store
+                .checkpoint_create(&allox_protocol::CheckpointCreate {
+                    agent_id: a.into(),
+                    session_id: s.into(),
+                    checkpoint_id: id.clone(),
+                    pinned: true,
+                    label: Some(format!("system-effects v3 baseline of run {}", r.run)),
+                })
+                .map_err(|e| {
+                    answered(
+                        e.code(),
+                        format!(
+                            "run {} refused: its recovery baseline: {}",
+                            r.run,
+                            e.chain()
+                        ),
+                    )
+                })?;
+            return Ok(plan(made.checkpoint_id, true));
+        };
+        let bad = |why: String| {
+            answered(
+                ErrorCode::InvalidRequest,
+                format!("run {} refused: recovery.checkpoint_id {c:?} {why}", r.run),
+            )
+        };
+        allox_protocol::validate_id("checkpoint_id", c)
+            .map_err(|e| bad(format!("is not an id: {e}")))?;
+        let list = store.checkpoint_list(a, s).map_err(store_err)?;
+        if !list.checkpoints.iter().any(|x| &x.checkpoint_id == c) {
+            let like: Vec<&str> = list
+                .checkpoints
+                .iter()
+                .map(|x| x.checkpoint_id.as_str())
+                .filter(|x| x.starts_with(c.as_str()))
+                .collect();
+            return Err(bad(if like.is_empty() {
+                format!("is not a checkpoint of session {a}/{s}")
+            } else {
+                format!(
+                    "is not a checkpoint of session {a}/{s}: a full id is needed (it begins {})",
+                    like.join(", ")
+                )
+            }));
+        }
+        let tree = store.layout().checkpoint(a, s, c);
+        let whole = allox_store::btrfs::probe_subvolume(&tree).unwrap_or(false)
+            && std::fs::File::open(&tree)
+                .ok()
+                .and_then(|d| allox_store::btrfs::is_read_only(&d, &tree).ok())
+                .unwrap_or(false);
+        if !whole {
+            return Err(bad(format!(
+                "is incomplete: its tree {} is not a whole read-only snapshot",
+                tree.display()
+            )));
+        }
+        let d = store
+            .checkpoint_diff(&allox_protocol::CheckpointDiff {
+                agent_id: a.into(),
+                session_id: s.into(),
+                from: c.clone(),
+                to: "current".into(),
+                patch: false,
+            })
+            .map_err(store_err)?;
+        let n = d.added + d.modified + d.deleted + d.type_changed;
+        if n > 0 || !d.changes.is_empty() {
+            return Err(answered(
+                ErrorCode::Conflict,
+                format!(
+                    "run {} refused: recovery.checkpoint_id {c:?} differs from session {a}/{s}'s current/ ({n} changes, the first {}): the run would not be restored to what it started from",
+                    r.run,
+                    d.changes.first().map(|x| x.path.as_str()).unwrap_or("?")
+                ),
+            ));
+        }
+        Ok(plan(c.clone(), false))
+    }
+
+    /// Protocol v3 between B and C: the session fenced durably (B is),
+    /// the workspace restored by the pinned recover tool under the store's
+    /// journal, and what was done, for the observer to record.
+    fn recover_workspace(
+        &self,
+        run: &RunRef<'_>,
+        plan: &allox_effects::observer::RecoveryPlan,
+        head: &str,
+        context_pid: Option<i32>,
+    ) -> allox_effects::observer::Recovered {
+        self.fence(
+            run.agent,
+            run.session,
+            run.run,
+            "protocol v3: the workspace is being restored and C captured",
+            head,
+        );
+        let failed = |why: String| allox_effects::observer::Recovered {
+            restore: Err(why),
+            scrubbed: Vec::new(),
+            context_pid,
+        };
+        let store = match self.store() {
+            Ok(s) => s.clone(),
+            Err(e) => return failed(e.to_string()),
+        };
+        store.failpoint("effects_v3.after_fence");
+        let done = std::sync::Mutex::new(None);
+        let restore = |checkpoint: &Path, fresh: &Path, current: &Path| {
+            let args: Vec<String> = [
+                ("--checkpoint", checkpoint),
+                ("--fresh", fresh),
+                ("--current", current),
+            ]
+            .into_iter()
+            .flat_map(|(k, v)| [k.to_string(), v.display().to_string()])
+            .collect();
+            let (code, out) = self.recover.run(&args, RESTORE_WAIT)?;
+            let text = String::from_utf8_lossy(&out).trim().to_string();
+            if code != 0 {
+                return Err(format!("the recover tool exited {code}: {text}"));
+            }
+            let mut d: allox_protocol::RestoreDone = serde_json::from_str(&text)
+                .map_err(|e| format!("the recover tool's account {text:?}: {e}"))?;
+            d.tool_sha256 = self.recover.sha256.clone();
+            *done.lock().unwrap_or_else(|e| e.into_inner()) = Some(d);
+            Ok(())
+        };
+        let rolled = store.rollback_with(
+            &allox_protocol::SessionRollback {
+                agent_id: run.agent.into(),
+                session_id: run.session.into(),
+                checkpoint_id: plan.checkpoint_id.clone(),
+                kill_processes: Some(false),
+            },
+            Box::new(restore),
+        );
+        if let Err(e) = rolled {
+            return failed(e.chain());
+        }
+        store.failpoint("effects_v3.after_restore");
+        let d = done.into_inner().unwrap_or_else(|e| e.into_inner());
+        allox_effects::observer::Recovered {
+            restore: d.ok_or_else(|| "the recover tool gave no account".to_string()),
+            scrubbed: Vec::new(),
+            context_pid,
+        }
+    }
+
+    /// Lifts the fence run `run` holds on its session (a v3 run whose
+    /// recovery verified).
+    fn lift(&self, run: &RunRef<'_>, root: &str, why: &str) {
+        if self
+            .fences
+            .get(run.agent, run.session)
+            .is_some_and(|f| f.run_id == run.run)
+        {
+            if let Err(e) = self.fences.lift(run.agent, run.session) {
+                tracing::error!(error = %e, "cannot lift the recovery's fence durably");
+                return;
+            }
+            self.audit(run.agent, run.session, run.run, "lifted", root, Some(why));
+        }
+    }
+}
+
+/// How long the recover tool may take.
+const RESTORE_WAIT: Duration = Duration::from_secs(60);
 
 /// Watches an observer's pidfd while its run lives: if it exits before
 /// the run's end, the run's cgroup is frozen at once and the loss noted.
@@ -547,6 +756,23 @@ impl Plugin for SystemEffects {
             })?;
         let verifier =
             observer::Executable::load(&vpath, vpinned, observer::VERIFIER).map_err(start_err)?;
+        let rpath = match &es.recover {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()
+                .map_err(|e| start_err(format!("find this executable: {e}")))?
+                .with_file_name(observer::RECOVER.name),
+        };
+        let rpinned = es
+            .recover_sha256
+            .as_deref()
+            .or(observer::RECOVER_PINNED_AT_BUILD)
+            .ok_or_else(|| {
+                start_err(
+                    "no recover tool hash is pinned: this binary was built without ALLOX_RECOVER_SHA256; pass --system-effects-recover-sha256",
+                )
+            })?;
+        let recover =
+            observer::Executable::load(&rpath, rpinned, observer::RECOVER).map_err(start_err)?;
         let ring = es.ring_bytes;
         if ring < 4096 || !ring.is_power_of_two() {
             return Err(start_err(format!(
@@ -604,6 +830,8 @@ impl Plugin for SystemEffects {
             supervisor_sha256,
             exe,
             verifier,
+            recover,
+            store: settings.store.clone(),
             scope,
             scope_file: es.scope.clone(),
             ring_bytes: ring,
@@ -678,6 +906,13 @@ impl Plugin for SystemEffects {
             }
         }
         let evidence = st.evidence(r.agent, r.session, r.run);
+        // Protocol v3: the checkpoint to restore to, checked (or made and
+        // pinned) before anything of the run exists beyond its frozen,
+        // empty cgroup: a refusal runs nothing.
+        let recovery = match run.recovery {
+            Some(rec) => Some(st.plan_recovery(r, rec)?),
+            None => None,
+        };
         // What a later supervisor needs, written once the observer is known.
         let mut pending = Pending {
             cgroup: Some(run.cgroup.to_path_buf()),
@@ -721,7 +956,9 @@ impl Plugin for SystemEffects {
             executables: vec![
                 ("allox-observe".into(), st.exe.sha256.clone()),
                 ("allox-init".into(), st.supervisor_sha256.clone()),
+                (observer::RECOVER.name.into(), st.recover.sha256.clone()),
             ],
+            recovery: recovery.clone(),
         };
         let begin = ToObserver::Begin(Box::new(begin));
         let mut fresh = false;
@@ -784,6 +1021,8 @@ impl Plugin for SystemEffects {
                 baseline,
                 started_ms: allox_store::clock::now_ms(),
                 lost,
+                recovery,
+                context_pid: run.context_pid,
             },
         );
         Ok(())
@@ -809,7 +1048,7 @@ impl Plugin for SystemEffects {
         let fault = lost.clone().or(end.fault.clone());
         let answer = match obs {
             Some(mut o) => {
-                let a = o.ask(
+                let mut a = o.ask(
                     &ToObserver::End(End {
                         status: end.status.clone(),
                         survivors: end.survivors.clone(),
@@ -818,6 +1057,10 @@ impl Plugin for SystemEffects {
                     }),
                     CLOSE_WAIT,
                 );
+                if let (Ok(FromObserver::CapturedB { head }), Some(plan)) = (&a, &live.recovery) {
+                    let rec = st.recover_workspace(run, plan, head, live.context_pid);
+                    a = o.ask(&ToObserver::Recovered(Box::new(rec)), CLOSE_WAIT);
+                }
                 match &a {
                     Ok(FromObserver::Closed(e)) if !e.fenced && lost.is_none() => st.give_back(o),
                     _ => o.finish(Duration::from_secs(5)),
@@ -859,6 +1102,9 @@ impl Plugin for SystemEffects {
                         .clone()
                         .unwrap_or_else(|| "the evidence is INCOMPLETE".into());
                     st.fence(run.agent, run.session, run.run, &why, &e.evidence_root);
+                } else if live.recovery.is_some() {
+                    // The fence held from B to C: the recovery is verified.
+                    st.lift(run, &e.evidence_root, "recovered: A→C verified");
                 }
                 e
             }

@@ -25,6 +25,8 @@ pub enum RunError {
     /// `process.start`'s `trace` context is malformed.
     #[error("trace: {0}")]
     BadTrace(String),
+    #[error("process.start's recovery (system-effects protocol v3) needs --plugin system-effects, which this daemon does not run")]
+    RecoveryUnobserved,
     #[error("signal {0} is not a signal this supervisor sends")]
     NoSuchSignal(i32),
     #[error("SIGSTOP would stop the sandbox's init, not the program; send SIGTSTP")]
@@ -160,9 +162,8 @@ impl RunError {
     pub fn code(&self) -> ErrorCode {
         use RunError::*;
         match self {
-            InvalidId(_) | Refused(_) | NoCwd(_) | BadTrace(_) | NoSuchSignal(_) => {
-                ErrorCode::InvalidRequest
-            }
+            InvalidId(_) | Refused(_) | NoCwd(_) | BadTrace(_) | RecoveryUnobserved
+            | NoSuchSignal(_) => ErrorCode::InvalidRequest,
             NoSuchRun { .. } | NotKept { .. } => ErrorCode::NotFound,
             Fenced { .. }
             | Held { .. }

@@ -66,6 +66,9 @@ impl Runs {
         if let Some(t) = &p.trace {
             t.check().map_err(|e| RunError::BadTrace(e.message))?;
         }
+        if p.recovery.is_some() && !self.cfg.plugins.observes_runs() {
+            return Err(RunError::RecoveryUnobserved);
+        }
         let id = self.new_run_id();
         // What is made for the run from here on is undone if the start
         // fails, however it fails (an error, a panic, the request dropped).
@@ -387,7 +390,7 @@ impl Runs {
             tokio::task::spawn_blocking(move || runs.ensure_context(&aa, &ss, &net)).await??;
         self.cgroups.freeze(&dir, self.cfg.freeze_wait)?;
         let runs = self.clone();
-        let (argv, id) = (p.argv.clone(), id.to_string());
+        let (argv, id, recovery) = (p.argv.clone(), id.to_string(), p.recovery.clone());
         let (current, shared, network) = (
             paths.current.clone(),
             paths.shared.clone(),
@@ -411,6 +414,7 @@ impl Runs {
                     workspace: &current,
                     agent_workspace: &agent_workspace,
                     context_pid: Some(context_pid),
+                    recovery: recovery.as_ref(),
                 })
         })
         .await?

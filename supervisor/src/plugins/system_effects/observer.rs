@@ -18,6 +18,9 @@ use std::time::Duration;
 pub const PINNED_AT_BUILD: Option<&str> = option_env!("ALLOX_OBSERVE_SHA256");
 /// The verifier's sha256 fixed at build (`ALLOX_VERIFY_SHA256`), if any.
 pub const VERIFIER_PINNED_AT_BUILD: Option<&str> = option_env!("ALLOX_VERIFY_SHA256");
+/// The recover tool's sha256 fixed at build (`ALLOX_RECOVER_SHA256`), if
+/// any.
+pub const RECOVER_PINNED_AT_BUILD: Option<&str> = option_env!("ALLOX_RECOVER_SHA256");
 
 /// What a pinned executable is: its role in messages and its name.
 #[derive(Debug, Clone, Copy)]
@@ -35,6 +38,10 @@ pub const OBSERVER: Role = Role {
 pub const VERIFIER: Role = Role {
     what: "verifier",
     name: "allox-system-effects-verify",
+};
+pub const RECOVER: Role = Role {
+    what: "recover tool",
+    name: "allox-system-effects-recover",
 };
 
 /// A pinned executable, sealed.

@@ -45,6 +45,7 @@ fn start(argv: &[&str], wait: bool) -> ProcessStart {
         pty: None,
         trace: None,
         on_disconnect: Default::default(),
+        recovery: None,
     }
 }
 

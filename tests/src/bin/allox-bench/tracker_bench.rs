@@ -74,6 +74,7 @@ fn bench(fs: &BtrfsFs, cg: &std::path::Path, quick: bool) -> anyhow::Result<()> 
         audit: Default::default(),
         effects: Default::default(),
         metrics: Default::default(),
+        store: None,
     })?;
     let tracker = plugin.tracker()?;
     let mut on_cfg = RunsConfig::new(cg.join("on"), exe, fs.scratch().join("stage-on"));

@@ -72,13 +72,10 @@ pub const RUN_STARTS: &[&str] = &[
 pub const RUN_ENDS: &[&str] = &["run_end.after_freeze", "run_end.after_kill"];
 
 /// The system-effects plugin's points in a protocol v3 run's recovery,
-/// around the store's `rollback.*` ones: B closed and the session fenced
-/// durably; the workspace restored by the recover tool; C captured.
-pub const RECOVERY: &[&str] = &[
-    "effects_v3.after_fence",
-    "effects_v3.after_restore",
-    "effects_v3.after_capture_c",
-];
+/// around the store's `rollback.*` ones: B's records durable and the
+/// session fenced; the workspace restored by the recover tool (C is then
+/// the observer's to capture).
+pub const RECOVERY: &[&str] = &["effects_v3.after_fence", "effects_v3.after_restore"];
 
 /// Whether `name` is a declared point.
 fn declared(name: &str) -> bool {

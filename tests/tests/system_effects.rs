@@ -764,6 +764,17 @@ fn with_the_plugin_off_runs_answer_as_before() {
     )
     .expect_err("no plugin, no effects");
     assert!(e.message.contains("system-effects"), "{}", e.message);
+    // Recovery (protocol v3) needs the plugin: refused, nothing run.
+    let mut p = process_start("a", "s", &["/bin/sh", "-c", "echo x > ran"]);
+    p.recovery = Some(recovery(None, false, true));
+    let e = call(&d, Request::ProcessStart(p)).expect_err("no plugin, no recovery");
+    assert_eq!(e.code, allox_protocol::ErrorCode::InvalidRequest, "{e:?}");
+    assert!(
+        e.message.contains("--plugin system-effects"),
+        "{}",
+        e.message
+    );
+    assert!(!session_file(&d, "a", "s", "ran").exists());
 }
 
 /// The refused attempts a sandboxed agent makes: a BPF map, a module, a
@@ -1646,5 +1657,469 @@ fn a_verifier_that_fails_fences_the_session() {
             assert!(b.message.contains(&e.evidence_root), "{b:?}");
         }
         other => panic!("a fenced session ran: {other:?}"),
+    }
+}
+
+// Protocol v3: recovery.
+
+fn recovery(
+    checkpoint: Option<&str>,
+    scrub_runtime: bool,
+    require_consistent: bool,
+) -> allox_protocol::ProcessRecovery {
+    allox_protocol::ProcessRecovery {
+        checkpoint_id: checkpoint.map(str::to_string),
+        scrub_runtime,
+        require_consistent,
+    }
+}
+
+fn session_file(d: &ProcDaemon, a: &str, s: &str, name: &str) -> PathBuf {
+    d.daemon
+        .root
+        .join(format!("agents/{a}/workspace/sessions/{s}/current"))
+        .join(name)
+}
+
+/// Runs `argv` in `a/s` under protocol v3 with `rec`; its effects.
+fn recovered(
+    d: &ProcDaemon,
+    a: &str,
+    s: &str,
+    argv: &[&str],
+    rec: allox_protocol::ProcessRecovery,
+) -> RunEffects {
+    let mut p = process_start(a, s, argv);
+    p.recovery = Some(rec);
+    match call(d, Request::ProcessStart(p)) {
+        Ok(Response::Exited(r)) => *r.effects.expect("an observed run has effects"),
+        other => panic!("process.start with recovery: {other:?}"),
+    }
+}
+
+/// What is wrong with `e` as the seed's v3 example: A→B and B→C CHANGED
+/// (effect.txt made by the run, removed by the recovery), A→C CONSISTENT,
+/// not fenced.
+fn seed_v3_wrong(e: &RunEffects) -> Option<String> {
+    let Some(r) = &e.recovery else {
+        return Some("no recovery".into());
+    };
+    let removed = r
+        .b_to_c
+        .iter()
+        .find(|d| d.domain == EffectsDomain::Workspace)
+        .is_some_and(|d| {
+            d.changes.iter().any(|c| {
+                c.item == "effect.txt"
+                    && c.kind == EffectChangeKind::Removed
+                    && c.by.by == By::Recovery
+            })
+        });
+    if e.protocol != 3
+        || e.verdict != EffectsVerdict::Changed
+        || r.b_to_c_verdict != EffectsVerdict::Changed
+        || r.a_to_c_verdict != EffectsVerdict::Consistent
+        || !r.consistent
+        || !removed
+        || e.fenced
+    {
+        return Some(format!("{e:#?}"));
+    }
+    None
+}
+
+#[test]
+fn v3_restores_the_workspace_and_a_shared_residue_fences_unless_allowed() {
+    let Some((d, _scope, _one)) = start(
+        "v3_restores_the_workspace_and_a_shared_residue_fences_unless_allowed",
+        Some(SCOPE_MACHINE),
+        &[],
+    ) else {
+        return;
+    };
+    make_sessions(&d, &[("agent-a", "session-1")]);
+    // The seed's example, verbatim: {"scrub_runtime": true, "require_consistent": true}.
+    let e = recovered(
+        &d,
+        "agent-a",
+        "session-1",
+        &["/bin/sh", "-c", "printf changed > effect.txt"],
+        recovery(None, true, true),
+    );
+    assert_eq!(seed_v3_wrong(&e), None);
+    assert!(!session_file(&d, "agent-a", "session-1", "effect.txt").exists());
+    let r = e.recovery.as_ref().unwrap();
+    assert!(
+        r.baseline_made && r.restore.steps == ["snapshot", "exchange"],
+        "{r:?}"
+    );
+    assert_eq!(
+        r.restore.tool_sha256,
+        pinned("allox-system-effects-recover").1
+    );
+    // The baseline is a pinned checkpoint of the session.
+    match call(
+        &d,
+        Request::CheckpointList(allox_protocol::SessionRef {
+            agent_id: "agent-a".into(),
+            session_id: "session-1".into(),
+        }),
+    ) {
+        Ok(Response::Checkpoints(l)) => assert!(
+            l.checkpoints
+                .iter()
+                .any(|c| c.checkpoint_id == r.checkpoint_id && c.pinned),
+            "{l:?}"
+        ),
+        other => panic!("checkpoint.list: {other:?}"),
+    }
+    // The chain has v3's records, and the verifier recomputes B→C and A→C.
+    let dir = d
+        .daemon
+        .root
+        .join("state/effects/agent-a/session-1")
+        .join(&e.run_id);
+    let v = allox_effects::chain::verify(&dir, Some(&e.evidence_root)).expect("the chain verifies");
+    assert_eq!(
+        v.kinds,
+        [
+            "begin",
+            "capture_a",
+            "history",
+            "capture_b",
+            "verdict",
+            "recover",
+            "capture_c",
+            "recovery_verdict",
+            "close"
+        ]
+    );
+    let report =
+        allox_effects::verify::verify_set(&allox_effects::chain::Dir(&dir), Some(&e.evidence_root));
+    assert!(report.ok, "{report:?}");
+    assert!(
+        report.recovery.as_ref().is_some_and(|x| x.consistent),
+        "{report:?}"
+    );
+    // Control: the same command without recovery leaves the file, and
+    // its effects fail the check.
+    let plain = observed(
+        &d,
+        "agent-a",
+        "session-1",
+        &["/bin/sh", "-c", "printf changed > effect.txt"],
+    );
+    assert!(seed_v3_wrong(&plain).is_some());
+    assert!(session_file(&d, "agent-a", "session-1", "effect.txt").exists());
+
+    // A residue in shared/: listed with its path, the session fenced.
+    let write_shared = [
+        "/bin/sh",
+        "-c",
+        "echo left > $ALLOX_AGENT_SHARED/left; echo x > y",
+    ];
+    let f = recovered(
+        &d,
+        "agent-a",
+        "session-1",
+        &write_shared,
+        recovery(None, false, true),
+    );
+    let fr = f.recovery.as_ref().expect("recovery");
+    let residue = |r: &allox_protocol::RecoveryEffects| {
+        r.a_to_c
+            .iter()
+            .find(|x| x.domain == EffectsDomain::Shared)
+            .is_some_and(|x| {
+                x.changes
+                    .iter()
+                    .any(|c| c.item == "left" && c.by.by == By::Run)
+            })
+    };
+    assert!(residue(fr) && !fr.consistent, "{f:#?}");
+    assert!(
+        f.fenced
+            && f.fence_reason
+                .as_deref()
+                .is_some_and(|w| w.contains("left")),
+        "{f:#?}"
+    );
+    assert!(!session_file(&d, "agent-a", "session-1", "y").exists());
+    let refused = call(
+        &d,
+        Request::ProcessStart(process_start("agent-a", "session-1", &["/bin/true"])),
+    )
+    .expect_err("fenced");
+    assert_eq!(refused.code, allox_protocol::ErrorCode::Unavailable);
+    // Control: the seed example's recovery lists no residue.
+    assert!(!residue(r));
+    match call(
+        &d,
+        Request::EffectsUnfence(allox_protocol::EffectsUnfence {
+            agent_id: "agent-a".into(),
+            session_id: "session-1".into(),
+            run_id: f.run_id.clone(),
+            evidence_root: f.evidence_root.clone(),
+        }),
+    ) {
+        Ok(Response::EffectsUnfenced(_)) => {}
+        other => panic!("unfence: {other:?}"),
+    }
+    // Without require_consistent: listed, not fenced.
+    std::fs::remove_file(d.daemon.root.join("agents/agent-a/workspace/shared/left")).unwrap();
+    let g = recovered(
+        &d,
+        "agent-a",
+        "session-1",
+        &write_shared,
+        recovery(None, false, false),
+    );
+    let gr = g.recovery.as_ref().expect("recovery");
+    assert!(residue(gr) && !gr.consistent && !g.fenced, "{g:#?}");
+    observed(&d, "agent-a", "session-1", &["/bin/true"]);
+}
+
+#[test]
+fn v3_refuses_a_checkpoint_that_is_missing_incomplete_or_not_current_and_runs_nothing() {
+    let Some((d, _scope, _one)) = start(
+        "v3_refuses_a_checkpoint_that_is_missing_incomplete_or_not_current_and_runs_nothing",
+        None,
+        &[],
+    ) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "s")]);
+    let cp = |id: &str| match call(
+        &d,
+        Request::CheckpointCreate(allox_protocol::CheckpointCreate {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: id.into(),
+            pinned: false,
+            label: None,
+        }),
+    ) {
+        Ok(Response::Checkpoint(_)) => {}
+        other => panic!("checkpoint.create: {other:?}"),
+    };
+    std::fs::write(session_file(&d, "a", "s", "kept"), b"A").unwrap();
+    cp("before-run");
+    cp("made-writable");
+    let tree = d
+        .daemon
+        .root
+        .join("agents/a/workspace/sessions/s/checkpoints/made-writable");
+    let st = std::process::Command::new("btrfs")
+        .args(["property", "set", "-f"])
+        .arg(&tree)
+        .args(["ro", "false"])
+        .status()
+        .expect("btrfs property set");
+    assert!(st.success());
+    let runs = |d: &ProcDaemon| match call(
+        d,
+        Request::EffectsList(allox_protocol::EffectsList {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+        }),
+    ) {
+        Ok(Response::EffectsListing(l)) => l.runs.len(),
+        other => panic!("effects.list: {other:?}"),
+    };
+    let argv = ["/bin/sh", "-c", "echo x > ran"];
+    let try_with = |c: &str| {
+        let mut p = process_start("a", "s", &argv);
+        p.recovery = Some(recovery(Some(c), false, true));
+        call(&d, Request::ProcessStart(p))
+    };
+    for (c, code, says) in [
+        (
+            "no-such",
+            allox_protocol::ErrorCode::InvalidRequest,
+            "is not a checkpoint",
+        ),
+        (
+            "before",
+            allox_protocol::ErrorCode::InvalidRequest,
+            "a full id is needed",
+        ),
+        (
+            "bad/id",
+            allox_protocol::ErrorCode::InvalidRequest,
+            "not an id",
+        ),
+        (
+            "made-writable",
+            allox_protocol::ErrorCode::InvalidRequest,
+            "incomplete",
+        ),
+    ] {
+        let e = try_with(c).expect_err(c);
+        assert_eq!(e.code, code, "{c}: {e:?}");
+        assert!(e.message.contains(says), "{c}: {}", e.message);
+    }
+    // current/ moves on: the checkpoint is no longer what a run starts from.
+    std::fs::write(session_file(&d, "a", "s", "kept"), b"changed").unwrap();
+    let e = try_with("before-run").expect_err("differs");
+    assert_eq!(e.code, allox_protocol::ErrorCode::Conflict, "{e:?}");
+    assert!(e.message.contains("kept"), "{}", e.message);
+    // Nothing ran, nothing was observed, the session is not fenced.
+    assert!(!session_file(&d, "a", "s", "ran").exists());
+    assert_eq!(runs(&d), 0);
+    // Control: a checkpoint equal to current/ is taken and restored to.
+    cp("now");
+    match try_with("now") {
+        Ok(Response::Exited(r)) => {
+            let e = r.effects.expect("effects");
+            let rec = e.recovery.expect("recovery");
+            assert!(!rec.baseline_made && rec.checkpoint_id == "now" && rec.consistent);
+            assert!(!e.fenced);
+        }
+        other => panic!("v3 with an explicit checkpoint: {other:?}"),
+    }
+    assert!(!session_file(&d, "a", "s", "ran").exists());
+    assert_eq!(
+        std::fs::read(session_file(&d, "a", "s", "kept")).unwrap(),
+        b"changed"
+    );
+    assert_eq!(runs(&d), 1);
+}
+
+/// A digest of every file under `dir` (relative path and content).
+fn tree_hash(dir: &Path) -> String {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        for e in std::fs::read_dir(&p).unwrap().flatten() {
+            let path = e.path();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(path);
+            } else {
+                let rel = path.strip_prefix(dir).unwrap().display().to_string();
+                files.push((rel, std::fs::read(&path).unwrap_or_default()));
+            }
+        }
+    }
+    files.sort();
+    let mut all = Vec::new();
+    for (k, v) in files {
+        all.extend(k.as_bytes());
+        all.push(0);
+        all.extend(allox_effects::chain::sha256_hex(&v).as_bytes());
+    }
+    allox_effects::chain::sha256_hex(&all)
+}
+
+/// A v3 run on a daemon armed to die at `point` (between B and C); the
+/// daemon restarted: the session fenced, `current/` exactly A or B, the
+/// evidence INCOMPLETE, and the run's root unfences it.
+fn killed_in_recovery(point: &str, want_a: bool) {
+    let name = format!("v3_killed_at_{point}");
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if !require(&name) {
+        return;
+    }
+    let mut args = plugin_args();
+    if !kernel_runs_bpf_lsm() {
+        args.push("--system-effects-without-lsm".into());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut d = ProcDaemon::start_with_env(
+        &name.replace('.', "-"),
+        &[("ALLOX_FAILPOINTS", point)],
+        &args,
+    );
+    make_sessions(&d, &[("a", "s")]);
+    observed(&d, "a", "s", &["/bin/sh", "-c", "echo A > f"]);
+    let current = session_file(&d, "a", "s", "");
+    let at_a = tree_hash(&current);
+    let mut p = process_start("a", "s", &["/bin/sh", "-c", "echo B > f; echo new > g"]);
+    p.recovery = Some(recovery(None, false, true));
+    let _ = d.daemon.client().call(Request::ProcessStart(p));
+    let st = d.daemon.child.wait().expect("wait for the daemon");
+    assert!(!st.success(), "{point}: the daemon did not die ({st})");
+    d.restart(&args);
+    let now = tree_hash(&current);
+    let at_b = {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("f"), b"B\n").unwrap();
+        std::fs::write(t.path().join("g"), b"new\n").unwrap();
+        tree_hash(t.path())
+    };
+    assert_ne!(at_a, at_b);
+    let listing = |dir: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| {
+                let body = std::fs::read(e.path()).ok();
+                format!("{} {body:?}", e.file_name().to_string_lossy())
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        now,
+        if want_a { &at_a } else { &at_b }.clone(),
+        "{point}: current/ is not {}: {:?}",
+        if want_a { "A" } else { "B" },
+        listing(&current)
+    );
+    let status = match call(
+        &d,
+        Request::EffectsStatus(allox_protocol::EffectsStatusRequest::default()),
+    ) {
+        Ok(Response::EffectsStatus(s)) => s,
+        other => panic!("{point}: status {other:?}"),
+    };
+    let f = status
+        .fences
+        .iter()
+        .find(|f| f.agent_id == "a" && f.session_id == "s")
+        .unwrap_or_else(|| panic!("{point}: a/s is not fenced: {status:?}"))
+        .clone();
+    let e = effects_of(&d, "a", "s", &f.run_id);
+    assert_eq!(e.verdict, EffectsVerdict::Incomplete, "{point}");
+    assert_eq!(e.evidence_root, f.evidence_root, "{point}");
+    // The set as left verifies (it ends in a fault: INCOMPLETE).
+    let dir = d.daemon.root.join("state/effects/a/s").join(&f.run_id);
+    let report =
+        allox_effects::verify::verify_set(&allox_effects::chain::Dir(&dir), Some(&f.evidence_root));
+    assert!(
+        report.ok && report.verdict == Some(EffectsVerdict::Incomplete),
+        "{point}: {report:?}"
+    );
+    match call(
+        &d,
+        Request::EffectsUnfence(allox_protocol::EffectsUnfence {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: f.run_id.clone(),
+            evidence_root: f.evidence_root.clone(),
+        }),
+    ) {
+        Ok(Response::EffectsUnfenced(_)) => {}
+        other => panic!("{point}: unfence {other:?}"),
+    }
+    match call(
+        &d,
+        Request::ProcessStart(process_start("a", "s", &["/bin/true"])),
+    ) {
+        Ok(Response::Exited(r)) => assert_eq!(r.exit_code, Some(0), "{point}"),
+        other => panic!("{point}: a run after the unfence: {other:?}"),
+    }
+}
+
+#[test]
+fn v3_the_supervisor_killed_at_each_step_between_b_and_c_leaves_a_or_b_fenced() {
+    for (point, a) in [
+        ("effects_v3.after_fence", false),
+        ("rollback.after_journal", false),
+        ("rollback.after_exchange", true),
+        ("rollback.after_commit", true),
+        ("effects_v3.after_restore", true),
+    ] {
+        killed_in_recovery(point, a);
     }
 }

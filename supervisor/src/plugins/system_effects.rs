@@ -487,16 +487,22 @@ impl Started {
             "protocol v3: the workspace is being restored and C captured",
             head,
         );
-        let failed = |why: String| allox_effects::observer::Recovered {
+        let failed = |why: String, scrubbed: Vec<String>| allox_effects::observer::Recovered {
             restore: Err(why),
-            scrubbed: Vec::new(),
+            scrubbed,
             context_pid,
         };
         let store = match self.store() {
             Ok(s) => s.clone(),
-            Err(e) => return failed(e.to_string()),
+            Err(e) => return failed(e.to_string(), Vec::new()),
         };
         store.failpoint("effects_v3.after_fence");
+        // Nothing living in the session's namespaces may write into the
+        // workspace once it is restored.
+        let scrubbed = match (plan.scrub_runtime, context_pid) {
+            (true, Some(ctx)) => scrub(ctx),
+            _ => Vec::new(),
+        };
         let done = std::sync::Mutex::new(None);
         let restore = |checkpoint: &Path, fresh: &Path, current: &Path| {
             let args: Vec<String> = [
@@ -528,13 +534,13 @@ impl Started {
             Box::new(restore),
         );
         if let Err(e) = rolled {
-            return failed(e.chain());
+            return failed(e.chain(), scrubbed);
         }
         store.failpoint("effects_v3.after_restore");
         let d = done.into_inner().unwrap_or_else(|e| e.into_inner());
         allox_effects::observer::Recovered {
             restore: d.ok_or_else(|| "the recover tool gave no account".to_string()),
-            scrubbed: Vec::new(),
+            scrubbed,
             context_pid,
         }
     }
@@ -554,6 +560,57 @@ impl Started {
             self.audit(run.agent, run.session, run.run, "lifted", root, Some(why));
         }
     }
+}
+
+/// `scrub_runtime`: kills every process living in the session's context
+/// (its mount namespace, or its network namespace when that is not the
+/// supervisor's) but the context itself, and waits for each to be gone;
+/// what it killed, as `pid N COMM`.
+fn scrub(context: i32) -> Vec<String> {
+    let ns = |pid: &str, kind: &str| {
+        std::fs::metadata(format!("/proc/{pid}/ns/{kind}"))
+            .ok()
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+    };
+    let ctx = context.to_string();
+    let (mnt, net) = (ns(&ctx, "mnt"), ns(&ctx, "net"));
+    let own_net = ns("self", "net");
+    let me = std::process::id().to_string();
+    let mut killed = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return killed;
+    };
+    for e in dir.flatten() {
+        let pid = e.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) || pid == ctx || pid == me {
+            continue;
+        }
+        let inside = (mnt.is_some() && ns(&pid, "mnt") == mnt)
+            || (net.is_some() && net != own_net && ns(&pid, "net") == net);
+        if !inside {
+            continue;
+        }
+        let Some(p) = pid.parse().ok().and_then(rustix::process::Pid::from_raw) else {
+            continue;
+        };
+        let Ok(fd) = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if rustix::process::pidfd_send_signal(&fd, rustix::process::Signal::KILL).is_ok() {
+            let mut fds = [rustix::event::PollFd::new(
+                &fd,
+                rustix::event::PollFlags::IN,
+            )];
+            let ts = rustix::event::Timespec {
+                tv_sec: 5,
+                tv_nsec: 0,
+            };
+            let _ = rustix::event::poll(&mut fds, Some(&ts));
+            killed.push(format!("pid {pid} {}", comm.trim()));
+        }
+    }
+    killed
 }
 
 /// How long the recover tool may take.

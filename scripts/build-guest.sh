@@ -25,15 +25,15 @@ allox_install_deps
 allox_install_guest_deps
 
 kdir=$(kernel/build.sh | tail -1)
-allox_release_bins allox-init allox-observe allox-system-effects-verify rootfs-builder
+allox_release_bins allox-init allox-observe allox-system-effects-verify allox-system-effects-recover rootfs-builder
 out=target/guest
 mkdir -p "$out"
 cp "$ALLOX_BIN_DIR/allox-init" "$ALLOX_BIN_DIR/allox-observe" \
-    "$ALLOX_BIN_DIR/allox-system-effects-verify" "$out/"
-# The guest's supervisor runs the observer and the verifier only if
+    "$ALLOX_BIN_DIR/allox-system-effects-verify" "$ALLOX_BIN_DIR/allox-system-effects-recover" "$out/"
+# The guest's supervisor runs the observer, the verifier and the recover tool only if
 # allox-init pins their hashes: a mismatched set (ALLOX_BIN_DIR from
 # elsewhere) stops here.
-for b in allox-observe allox-system-effects-verify; do
+for b in allox-observe allox-system-effects-verify allox-system-effects-recover; do
     sha=$(sha256sum "$out/$b" | cut -d' ' -f1)
     grep -qF "$sha" "$out/allox-init" || {
         echo "error: $out/allox-init does not pin the sha256 of $out/$b ($sha); build them with scripts/build-release.sh" >&2
@@ -43,6 +43,7 @@ done
 "$ALLOX_BIN_DIR/rootfs-builder" initramfs \
     --init "$out/allox-init" --observer "$out/allox-observe" \
     --verifier "$out/allox-system-effects-verify" \
+    --recover "$out/allox-system-effects-recover" \
     --out "$out/initrd.img" --compress gzip >&2
 echo "ALLOX_KERNEL_DIR=$kdir"
 echo "ALLOX_INITRD=$(pwd)/$out/initrd.img"

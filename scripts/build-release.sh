@@ -110,23 +110,26 @@ if [ "$plugins" != all ]; then
     fi
 fi
 
-observe_sha256="" verify_sha256=""
+observe_sha256="" verify_sha256="" recover_sha256=""
 if [ -n "$effects" ]; then
-    echo "==> cargo build --release (allox-observe, allox-system-effects-verify)" >&2
+    echo "==> cargo build --release (allox-observe, allox-system-effects-verify, allox-system-effects-recover)" >&2
     cargo build --release --quiet -p allox-effects --bins >&2
     strip_into_dist allox-observe
     strip_into_dist allox-system-effects-verify
+    strip_into_dist allox-system-effects-recover
     observe_sha256=$(sha256sum "$dist/allox-observe" | cut -d' ' -f1)
     verify_sha256=$(sha256sum "$dist/allox-system-effects-verify" | cut -d' ' -f1)
-    echo "==> allox-observe sha256 $observe_sha256, allox-system-effects-verify sha256 $verify_sha256, pinned in allox-init" >&2
+    recover_sha256=$(sha256sum "$dist/allox-system-effects-recover" | cut -d' ' -f1)
+    echo "==> allox-observe sha256 $observe_sha256, allox-system-effects-verify sha256 $verify_sha256, allox-system-effects-recover sha256 $recover_sha256, pinned in allox-init" >&2
 else
-    rm -f "$dist"/allox-observe* "$dist"/allox-system-effects-verify*
+    rm -f "$dist"/allox-observe* "$dist"/allox-system-effects-verify* "$dist"/allox-system-effects-recover*
 fi
+export ALLOX_OBSERVE_SHA256=$observe_sha256 ALLOX_VERIFY_SHA256=$verify_sha256 ALLOX_RECOVER_SHA256=$recover_sha256
 
 bins=(allox-init alloxctl allox-dns-stub rootfs-builder)
 echo "==> cargo build --release (${bins[*]}; plugins: $plugins)" >&2
 if [ "$plugins" = all ]; then
-    ALLOX_OBSERVE_SHA256=$observe_sha256 ALLOX_VERIFY_SHA256=$verify_sha256 cargo build --release --quiet --bins \
+    cargo build --release --quiet --bins \
         -p allox-init -p allox-ctl -p allox-network -p allox-rootfs-builder >&2
 else
     # allox-init alone, so that its features are its own.
@@ -145,6 +148,10 @@ if [ -n "$effects" ]; then
     }
     grep -qF "$verify_sha256" "$dist/allox-init" || {
         echo "error: $dist/allox-init does not pin allox-system-effects-verify's sha256 $verify_sha256" >&2
+        exit 1
+    }
+    grep -qF "$recover_sha256" "$dist/allox-init" || {
+        echo "error: $dist/allox-init does not pin allox-system-effects-recover's sha256 $recover_sha256" >&2
         exit 1
     }
 fi

@@ -47,14 +47,15 @@ trap cleanup EXIT
 
 say() { echo; echo "\$ alloxctl $*"; "$work/alloxctl" --socket "$work/run/ctl.sock" "$@"; }
 
-allox_release_bins allox-init allox-observe allox-system-effects-verify alloxctl rootfs-builder
+allox_release_bins allox-init allox-observe allox-system-effects-verify allox-system-effects-recover alloxctl rootfs-builder
 cp "$ALLOX_BIN_DIR/allox-init" "$ALLOX_BIN_DIR/allox-observe" \
-    "$ALLOX_BIN_DIR/allox-system-effects-verify" "$ALLOX_BIN_DIR/alloxctl" "$work/"
+    "$ALLOX_BIN_DIR/allox-system-effects-verify" "$ALLOX_BIN_DIR/allox-system-effects-recover" "$ALLOX_BIN_DIR/alloxctl" "$work/"
 
 echo; echo "# the image: the guest's tree (with the system-effects observer allox-init pins), alloxctl, mkfs.btrfs; entrypoint allox-init container"
-echo "\$ rootfs-builder oci --init allox-init --observer allox-observe --verifier allox-system-effects-verify --alloxctl alloxctl --out oci --archive allox.tar --tag $TAG"
+echo "\$ rootfs-builder oci --init allox-init --observer allox-observe --verifier allox-system-effects-verify --recover allox-system-effects-recover --alloxctl alloxctl --out oci --archive allox.tar --tag $TAG"
 "$ALLOX_BIN_DIR/rootfs-builder" oci --init "$work/allox-init" --observer "$work/allox-observe" \
     --verifier "$work/allox-system-effects-verify" \
+    --recover "$work/allox-system-effects-recover" \
     --alloxctl "$work/alloxctl" \
     --out "$work/oci" --archive "$work/allox.tar" --tag "$TAG" | sed 's/^/    /'
 echo "\$ podman load -i allox.tar"

@@ -68,7 +68,7 @@ pub struct ProcessStart {
     /// session's workspace is restored to a baseline and C is captured
     /// (needs `--plugin system-effects`).
     #[serde(default)]
-    pub recovery: Option<ProcessRecovery>,
+    pub recovery: Option<Box<ProcessRecovery>>,
 }
 
 target!(ProcessStart: agent_id, session_id);

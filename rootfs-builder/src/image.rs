@@ -24,6 +24,8 @@
 //!                       where the supervisor looks for it by default
 //! /allox-system-effects-verify
 //!                       the verifier (static, checked), beside it
+//! /allox-system-effects-recover
+//!                       the recover tool (static, checked), beside it
 //! /etc/allox/effects-scope.json
 //!                       a scope of the machine's domains, for
 //!                       `--system-effects-scope`
@@ -67,6 +69,10 @@ pub const OBSERVER: &str = "/allox-observe";
 /// Where the system-effects verifier is installed: beside `/init` too
 /// (`--system-effects-verifier` by default).
 pub const VERIFIER: &str = "/allox-system-effects-verify";
+
+/// Where the system-effects recover tool is installed: beside `/init` too
+/// (`--system-effects-recover` by default).
+pub const RECOVER: &str = "/allox-system-effects-recover";
 
 /// The scope file the image carries with an observer, for
 /// `--system-effects-scope` (`allox.args=--plugin=system-effects,
@@ -124,6 +130,9 @@ pub struct ImageSpec {
     /// The system-effects verifier (`allox-system-effects-verify`),
     /// installed as [`VERIFIER`]; given with the observer.
     pub verifier: Option<PathBuf>,
+    /// The recover tool (`allox-system-effects-recover`), installed as
+    /// [`RECOVER`]; given with the observer.
+    pub recover: Option<PathBuf>,
     /// A static busybox, e.g. `/bin/busybox` from `busybox-static`.
     pub busybox: PathBuf,
     pub profile: Profile,
@@ -139,6 +148,8 @@ pub enum ImageError {
     Observer(#[source] ElfError),
     #[error("{VERIFIER}")]
     Verifier(#[source] ElfError),
+    #[error("{RECOVER}")]
+    Recover(#[source] ElfError),
     #[error("busybox")]
     Busybox(#[source] ElfError),
     #[error("busybox applets")]
@@ -169,6 +180,10 @@ pub fn assemble(spec: &ImageSpec) -> Result<Tree, ImageError> {
     if let Some(verifier) = &spec.verifier {
         elf::check_static(verifier).map_err(ImageError::Verifier)?;
         t.file(VERIFIER, verifier).map_err(ImageError::Layout)?;
+    }
+    if let Some(recover) = &spec.recover {
+        elf::check_static(recover).map_err(ImageError::Recover)?;
+        t.file(RECOVER, recover).map_err(ImageError::Layout)?;
     }
     if spec.profile == Profile::Python {
         python::add(&mut t).map_err(ImageError::Python)?;

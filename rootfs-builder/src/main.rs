@@ -86,7 +86,7 @@ struct TreeArgs {
     /// looks for it), with the scope file /etc/allox/effects-scope.json
     /// (every domain of the machine). allox-init must pin its sha256
     /// (ALLOX_OBSERVE_SHA256 at build, scripts/build-release.sh).
-    #[arg(long, value_name = "PATH", requires = "verifier")]
+    #[arg(long, value_name = "PATH", requires_all = ["verifier", "recover"])]
     observer: Option<PathBuf>,
     /// The system-effects verifier, allox-system-effects-verify (static
     /// x86-64), installed as /allox-system-effects-verify beside /init;
@@ -94,6 +94,12 @@ struct TreeArgs {
     /// (ALLOX_VERIFY_SHA256 at build).
     #[arg(long, value_name = "PATH", requires = "observer")]
     verifier: Option<PathBuf>,
+    /// The system-effects recover tool, allox-system-effects-recover
+    /// (static x86-64), installed as /allox-system-effects-recover beside
+    /// /init; given with --observer. allox-init must pin its sha256 too
+    /// (ALLOX_RECOVER_SHA256 at build).
+    #[arg(long, value_name = "PATH", requires = "observer")]
+    recover: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = ProfileArg::Default)]
     profile: ProfileArg,
     /// A static busybox (Debian package busybox-static).
@@ -115,6 +121,7 @@ impl TreeArgs {
             init: self.init.clone(),
             observer: self.observer.clone(),
             verifier: self.verifier.clone(),
+            recover: self.recover.clone(),
             busybox: self.busybox.clone(),
             profile: self.profile.into(),
             additions,

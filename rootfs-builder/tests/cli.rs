@@ -249,9 +249,15 @@ fn the_observer_lies_beside_init_with_the_machine_scope() {
     };
     let out = dir.path().join("x.cpio");
     // busybox stands in for allox-observe: static, as it must be.
-    // (and for the verifier).
+    // (and for the verifier and the recover tool).
     let b = bb.to_str().unwrap();
-    build(&init, &bb, &out, &["--observer", b, "--verifier", b], &[]);
+    build(
+        &init,
+        &bb,
+        &out,
+        &["--observer", b, "--verifier", b, "--recover", b],
+        &[],
+    );
     let entries = cpio::read_all(&std::fs::read(&out).unwrap()[..]).unwrap();
     let get = |n: &str| entries.iter().find(|e| e.name == n);
     let obs = get("allox-observe").expect("/allox-observe");
@@ -259,6 +265,8 @@ fn the_observer_lies_beside_init_with_the_machine_scope() {
     assert_eq!(obs.meta.mode, cpio::S_IFREG | 0o755);
     let ver = get("allox-system-effects-verify").expect("/allox-system-effects-verify");
     assert_eq!(ver.data, obs.data);
+    let rec = get("allox-system-effects-recover").expect("/allox-system-effects-recover");
+    assert_eq!(rec.data, obs.data);
     let scope = get("etc/allox/effects-scope.json").expect("the scope file");
     let v: serde_json::Value = serde_json::from_slice(&scope.data).unwrap();
     assert_eq!(v["domains"].as_array().map(Vec::len), Some(6), "{v}");
@@ -280,6 +288,8 @@ fn the_observer_lies_beside_init_with_the_machine_scope() {
             "--observer",
             "/bin/ls",
             "--verifier",
+            bb.to_str().unwrap(),
+            "--recover",
             bb.to_str().unwrap(),
             "--out",
             out.to_str().unwrap(),

@@ -766,7 +766,7 @@ fn with_the_plugin_off_runs_answer_as_before() {
     assert!(e.message.contains("system-effects"), "{}", e.message);
     // Recovery (protocol v3) needs the plugin: refused, nothing run.
     let mut p = process_start("a", "s", &["/bin/sh", "-c", "echo x > ran"]);
-    p.recovery = Some(recovery(None, false, true));
+    p.recovery = Some(Box::new(recovery(None, false, true)));
     let e = call(&d, Request::ProcessStart(p)).expect_err("no plugin, no recovery");
     assert_eq!(e.code, allox_protocol::ErrorCode::InvalidRequest, "{e:?}");
     assert!(
@@ -1690,7 +1690,7 @@ fn recovered(
     rec: allox_protocol::ProcessRecovery,
 ) -> RunEffects {
     let mut p = process_start(a, s, argv);
-    p.recovery = Some(rec);
+    p.recovery = Some(Box::new(rec));
     match call(d, Request::ProcessStart(p)) {
         Ok(Response::Exited(r)) => *r.effects.expect("an observed run has effects"),
         other => panic!("process.start with recovery: {other:?}"),
@@ -1929,7 +1929,7 @@ fn v3_refuses_a_checkpoint_that_is_missing_incomplete_or_not_current_and_runs_no
     let argv = ["/bin/sh", "-c", "echo x > ran"];
     let try_with = |c: &str| {
         let mut p = process_start("a", "s", &argv);
-        p.recovery = Some(recovery(Some(c), false, true));
+        p.recovery = Some(Box::new(recovery(Some(c), false, true)));
         call(&d, Request::ProcessStart(p))
     };
     for (c, code, says) in [
@@ -2034,7 +2034,7 @@ fn killed_in_recovery(point: &str, want_a: bool) {
     let current = session_file(&d, "a", "s", "");
     let at_a = tree_hash(&current);
     let mut p = process_start("a", "s", &["/bin/sh", "-c", "echo B > f; echo new > g"]);
-    p.recovery = Some(recovery(None, false, true));
+    p.recovery = Some(Box::new(recovery(None, false, true)));
     let _ = d.daemon.client().call(Request::ProcessStart(p));
     let st = d.daemon.child.wait().expect("wait for the daemon");
     assert!(!st.success(), "{point}: the daemon did not die ({st})");

@@ -150,10 +150,12 @@ impl RunArgs {
                 }),
                 trace: self.trace.map(Box::new),
                 on_disconnect: Default::default(),
-                recovery: self.recover.then(|| allox_protocol::ProcessRecovery {
-                    checkpoint_id: self.recover_to,
-                    scrub_runtime: self.scrub_runtime,
-                    require_consistent: !self.allow_residue,
+                recovery: self.recover.then(|| {
+                    Box::new(allox_protocol::ProcessRecovery {
+                        checkpoint_id: self.recover_to,
+                        scrub_runtime: self.scrub_runtime,
+                        require_consistent: !self.allow_residue,
+                    })
                 }),
             },
             stdin_file: self.stdin_file,

@@ -414,7 +414,7 @@ impl Runs {
                     workspace: &current,
                     agent_workspace: &agent_workspace,
                     context_pid: Some(context_pid),
-                    recovery: recovery.as_ref(),
+                    recovery: recovery.as_deref(),
                 })
         })
         .await?

@@ -132,6 +132,7 @@ __all__ = [
     'ProcessListing',
     'ProcessLogs',
     'ProcessNode',
+    'ProcessRecovery',
     'ProcessResize',
     'ProcessStart',
     'ProcessStdin',
@@ -139,7 +140,9 @@ __all__ = [
     'ProcessTreeRequest',
     'ProcessWait',
     'PtySize',
+    'RecoveryEffects',
     'Resized',
+    'RestoreDone',
     'RollbackDone',
     'RunEffects',
     'RunLogs',
@@ -1516,6 +1519,24 @@ class ProcessNode(Model):
 
 
 @dataclass(kw_only=True)
+class ProcessRecovery(Model):
+    """`process.start`'s `recovery` (the seed's request, verbatim)."""
+
+    #: The checkpoint to restore the workspace to: a full checkpoint id of
+    #: the session, complete, equal to `current/` when the run starts.
+    #: Without it a baseline is made and pinned before the run is
+    #: released.
+    checkpoint_id: Optional[str] = None
+
+    #: Keep the session fenced when A→C is not CONSISTENT (default true).
+    require_consistent: bool = True
+
+    #: Also reset the session's context (its namespaces and every process
+    #: living in them) to what A recorded.
+    scrub_runtime: bool = False
+
+
+@dataclass(kw_only=True)
 class ProcessResize(Model):
     """`process.resize`: a new size for a run's terminal (its foreground
     processes get `SIGWINCH`).
@@ -1553,6 +1574,11 @@ class ProcessStart(Model):
     #: Run the program on a terminal of the sandbox's own instead of
     #: pipes: its output (stdout and stderr together) comes as `stdout`.
     pty: Optional[PtySize] = None
+
+    #: Observe the run under system-effects protocol v3: after B the
+    #: session's workspace is restored to a baseline and C is captured
+    #: (needs `--plugin system-effects`).
+    recovery: Optional[ProcessRecovery] = None
     session_id: str
 
     #: Written to the program's standard input, which is then closed
@@ -1624,12 +1650,60 @@ class PtySize(Model):
 
 
 @dataclass(kw_only=True)
+class RecoveryEffects(Model):
+    """What the recovery of a protocol v3 run did and found."""
+
+    a_to_c: list[DomainEffects]
+    a_to_c_verdict: EffectsVerdict
+    b_to_c: list[DomainEffects]
+
+    #: The worst verdict of B→C's and of A→C's domains.
+    b_to_c_verdict: EffectsVerdict
+
+    #: Whether Allox made (and pinned) it before the run was released,
+    #: rather than the request naming it.
+    baseline_made: bool
+
+    #: The checkpoint the workspace was restored to.
+    checkpoint_id: str
+
+    #: A→C is CONSISTENT in every observed domain: nothing of the run is
+    #: left. Otherwise the A→C changes are the residue.
+    consistent: bool
+    require_consistent: bool
+
+    #: What the recover tool did.
+    restore: RestoreDone
+    scrub_runtime: bool
+
+    #: What the session's context reset removed (`scrub_runtime`).
+    scrubbed: list[str] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
 class Resized(Model):
     """A terminal's new size."""
 
     cols: int
     rows: int
     run_id: str
+
+
+@dataclass(kw_only=True)
+class RestoreDone(Model):
+    """The recover tool's account of the workspace restore."""
+
+    #: The Btrfs subvolume ids: the checkpoint, the workspace's tree at B
+    #: (now removed), and the restored tree.
+    checkpoint_subvolume: int
+    previous_subvolume: int
+    restored_subvolume: int
+
+    #: The steps, in order (`snapshot`, `exchange`).
+    steps: list[str]
+
+    #: sha256 (hex) of the pinned `allox-system-effects-recover`.
+    tool_sha256: str
 
 
 @dataclass(kw_only=True)
@@ -1668,6 +1742,10 @@ class RunEffects(Model):
 
     #: The observer protocol ([`EFFECTS_PROTOCOL`]).
     protocol: int
+
+    #: Protocol v3 (a run started with `recovery`): the restore and the
+    #: comparisons B→C and A→C. `domains` and `verdict` stay A→B.
+    recovery: Optional[RecoveryEffects] = None
     run_id: str
     session_id: str
 
@@ -2321,7 +2399,7 @@ class Usage(Model):
 
 #: Who made a change: the observed run, a run of another session, or
 #: nobody the evidence can name.
-By = Literal['run', 'session', 'unknown']
+By = Literal['run', 'session', 'unknown', 'recovery']
 
 #: Bytes, base64 (standard alphabet, padded)
 Bytes = bytes

@@ -117,6 +117,8 @@ struct BeginBody {
     scope: crate::scope::Scope,
     #[serde(default)]
     recovery: Option<crate::observer::RecoveryPlan>,
+    #[serde(default)]
+    started_ms: u64,
 }
 
 #[derive(Deserialize)]
@@ -280,7 +282,7 @@ fn check(src: &dyn Source, root: Option<&str>, r: &mut Report) -> Result<(), Box
         src,
         &v.root,
         &begin,
-        Some(&verdict.domains),
+        Some((&verdict.domains, &history.counters, &verdict.survivors)),
         verdict.verdict,
         recovery.as_ref(),
         r,
@@ -551,7 +553,7 @@ fn check_answer(
     src: &dyn Source,
     root: &str,
     begin: &BeginBody,
-    domains: Option<&[DomainEffects]>,
+    closed: Option<(&[DomainEffects], &HistoryCounters, &[Survivor])>,
     verdict: EffectsVerdict,
     recovery: Option<&RecoveryVerdictBody>,
     r: &mut Report,
@@ -563,6 +565,13 @@ fn check_answer(
     let e: RunEffects = serde_json::from_slice(&bytes)
         .map_err(|e| Box::new(bad(f, None, None, format!("not the run's effects: {e}"))))?;
     let wrong = |why: String| Err(Box::new(bad(f, None, None, why)));
+    // Written as serde writes a `RunEffects`: anything else (a field
+    // renamed, added or dropped, a number written otherwise) was changed.
+    if serde_json::to_vec(&e).ok().as_deref() != Some(&bytes[..]) {
+        return wrong(
+            "is not the run's effects as written: a field was changed, added or dropped".into(),
+        );
+    }
     if (
         e.agent_id.as_str(),
         e.session_id.as_str(),
@@ -583,9 +592,23 @@ fn check_answer(
             e.evidence_root
         ));
     }
-    if let Some(d) = domains {
+    if let Some((d, counters, survivors)) = closed {
+        // (A set that ends in a fault may have its answer written by the
+        // supervisor, which knows less.)
+        if u64::from(e.protocol) != begin.protocol || e.started_ms != begin.started_ms {
+            return wrong(format!(
+                "says protocol {} started at {}, the begin record {} at {}",
+                e.protocol, e.started_ms, begin.protocol, begin.started_ms
+            ));
+        }
         if e.domains != d {
             return wrong("its domains are not the verdict record's".into());
+        }
+        if e.history != *counters {
+            return wrong("its history counters are not the history record's".into());
+        }
+        if e.survivors != survivors {
+            return wrong("its survivors are not the verdict record's".into());
         }
     }
     if e.verdict != verdict && e.verdict != EffectsVerdict::Incomplete {
@@ -681,7 +704,7 @@ mod tests {
         c.append_later(
             "begin",
             &serde_json::json!({"protocol": 2, "agent": "a", "session": "s", "run": "r1",
-                "argv": ["sh"], "scope": scope, "baseline": "x"}),
+                "argv": ["sh"], "scope": scope, "baseline": "x", "started_ms": 1}),
         )
         .unwrap();
         c.append_later("capture_a", &serde_json::json!({"captures": a}))
@@ -943,8 +966,15 @@ mod tests {
         if e["verdict"] == "INCOMPLETE" {
             e["fenced"] = true.into();
         }
-        std::fs::write(&ep, serde_json::to_vec(&e).unwrap()).unwrap();
+        std::fs::write(&ep, as_written(e)).unwrap();
         prev
+    }
+
+    /// `effects.json` edited as a JSON value, written as the observer
+    /// writes it.
+    fn as_written(e: serde_json::Value) -> Vec<u8> {
+        let e: RunEffects = serde_json::from_value(e).unwrap();
+        serde_json::to_vec(&e).unwrap()
     }
 
     /// A forger rewrites the verdict to CONSISTENT and makes every hash
@@ -1005,7 +1035,7 @@ mod tests {
         let mut e: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&ep).unwrap()).unwrap();
         e["verdict"] = "CONSISTENT".into();
-        std::fs::write(&ep, serde_json::to_vec(&e).unwrap()).unwrap();
+        std::fs::write(&ep, as_written(e)).unwrap();
         let b = first_bad(&dir, Some(&root));
         assert_eq!(b.file, EFFECTS_FILE, "{b:?}");
     }

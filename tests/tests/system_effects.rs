@@ -1559,7 +1559,8 @@ fn the_verifier_names_the_first_bad_file_and_an_export_verifies_the_same_on_the_
         let v = verified(&d, "a", "s", &run, Some(&root));
         std::fs::write(&p, &keep).unwrap();
         if let Some(w) = verification_wrong(&v, Some(f)) {
-            panic!("a byte flipped in {f}: {w}");
+            let around = String::from_utf8_lossy(&b[i.saturating_sub(40)..(i + 40).min(b.len())]);
+            panic!("a byte flipped in {f} ({around}): {w}");
         }
         // The control: undone, it verifies again.
         if let Some(w) = verification_wrong(&verified(&d, "a", "s", &run, Some(&root)), None) {

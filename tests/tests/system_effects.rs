@@ -2124,3 +2124,144 @@ fn v3_the_supervisor_killed_at_each_step_between_b_and_c_leaves_a_or_b_fenced() 
         killed_in_recovery(point, a);
     }
 }
+
+/// A root helper, standing in for an agent that escaped its sandbox: it
+/// joins the run's cgroup (so the history sees its fork), and forks a
+/// server that enters the session's network namespace, leaves for the
+/// root cgroup (so the run's end does not kill it) and listens on the
+/// session's loopback. Prints the server's pid.
+const LEFT_LISTENING: &str = r#"
+import ctypes, os, socket, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+run_cg, ctx, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+open(os.path.join(run_cg, "cgroup.procs"), "w").write(str(os.getpid()))
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    null = os.open("/dev/null", os.O_RDWR)
+    for n in (0, 1, 2):
+        os.dup2(null, n)
+    fd = os.open(f"/proc/{ctx}/ns/net", os.O_RDONLY)
+    assert libc.setns(fd, 0x40000000) == 0, ctypes.get_errno()
+    open("/sys/fs/cgroup/unified/cgroup.procs", "w").write(str(os.getpid()))
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen()
+    os.write(w, b"up")
+    os.close(w)
+    while True:
+        time.sleep(1000)
+os.close(w)
+assert os.read(r, 2) == b"up"
+print(pid)
+"#;
+
+/// Whether `pid` is alive.
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+/// A v3 run in an isolated session, with a server left listening in the
+/// session's namespace by a root helper; `scrub` asked or not. The
+/// server's pid and the run's effects.
+fn left_listening(d: &ProcDaemon, s: &str, scrub: bool) -> (u32, RunEffects) {
+    let mut c = d.daemon.client();
+    let mut create = allox_protocol::SessionCreate::new("a", s);
+    create.network = Some(allox_protocol::NetworkMode::Isolated);
+    c.call(Request::SessionCreate(create))
+        .expect("transport")
+        .expect("session.create");
+    let mut p = process_start(
+        "a",
+        s,
+        &["/bin/sh", "-c", "while [ ! -e go ]; do sleep 0.02; done"],
+    );
+    p.recovery = Some(Box::new(recovery(None, scrub, true)));
+    let run = started(&mut c, p);
+    let run_cg = d.cgroup.join("allox/a").join(s).join(format!("run-{run}"));
+    let ctx = std::fs::read_to_string(d.cgroup.join(format!("allox/a/.context-{s}/cgroup.procs")))
+        .unwrap()
+        .lines()
+        .next()
+        .expect("the session's context")
+        .to_string();
+    let out = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", LEFT_LISTENING])
+        .arg(&run_cg)
+        .arg(&ctx)
+        .arg("8089")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let server: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(alive(server));
+    std::fs::write(session_file(d, "a", s, "go"), b"").unwrap();
+    let e = *waited(d, "a", s, &run).effects.expect("effects");
+    (server, e)
+}
+
+/// The `processes` residue of `e` (A→C) naming `pid`.
+fn residue_of(e: &RunEffects, pid: u32) -> bool {
+    e.recovery.as_ref().is_some_and(|r| {
+        r.a_to_c.iter().any(|d| {
+            d.domain == EffectsDomain::Processes
+                && d.changes.iter().any(|c| c.item == format!("pid {pid}"))
+        })
+    })
+}
+
+#[test]
+fn v3_scrub_runtime_ends_a_server_left_in_the_sessions_namespace_else_it_is_a_residue() {
+    let Some((d, _scope, _one)) = start(
+        "v3_scrub_runtime_ends_a_server_left_in_the_sessions_namespace_else_it_is_a_residue",
+        Some(SCOPE_MACHINE),
+        &[],
+    ) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "plain")]);
+    // Without scrub_runtime: the server lives on, listed as the residue,
+    // and the session is fenced.
+    let (server, kept) = left_listening(&d, "kept", false);
+    let still = alive(server);
+    let _ = rustix::process::kill_process(
+        rustix::process::Pid::from_raw(server as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    );
+    assert!(still, "the server died without scrub_runtime");
+    assert!(residue_of(&kept, server), "{kept:#?}");
+    assert!(kept.fenced, "{kept:#?}");
+    // With it: the server is ended before C, named, and A→C is CONSISTENT.
+    let (server, scrubbed) = left_listening(&d, "scrubbed", true);
+    let gone = !alive(server);
+    if !gone {
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(server as i32).unwrap(),
+            rustix::process::Signal::KILL,
+        );
+    }
+    assert!(
+        gone,
+        "scrub_runtime left the server {server}: {scrubbed:#?}"
+    );
+    let r = scrubbed.recovery.as_ref().expect("recovery");
+    assert!(
+        r.scrubbed
+            .iter()
+            .any(|x| x.starts_with(&format!("pid {server} "))),
+        "{r:#?}"
+    );
+    assert!(
+        !residue_of(&scrubbed, server) && r.consistent && !scrubbed.fenced,
+        "{scrubbed:#?}"
+    );
+}

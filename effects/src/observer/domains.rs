@@ -158,6 +158,13 @@ fn processes(history: &[HistoryRecord]) -> Capture {
         if exited.contains(&pid) {
             continue;
         }
+        // A zombie has ended: only its parent's wait is left.
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|st| Some(st[st.rfind(')')? + 1..].trim_start().chars().next()?));
+        if matches!(state, Some('Z' | 'X') | None) {
+            continue;
+        }
         if let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
             c.insert(format!("pid {pid}"), comm.trim().to_string());
         }

@@ -161,7 +161,7 @@ fn processes(history: &[HistoryRecord]) -> Capture {
         // A zombie has ended: only its parent's wait is left.
         let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()
-            .and_then(|st| Some(st[st.rfind(')')? + 1..].trim_start().chars().next()?));
+            .and_then(|st| st[st.rfind(')')? + 1..].trim_start().chars().next());
         if matches!(state, Some('Z' | 'X') | None) {
             continue;
         }

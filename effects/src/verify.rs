@@ -683,6 +683,12 @@ mod tests {
     /// A set as the observer writes it: the workspace gained a file, a
     /// sysctl changed; bpf and the rest unchanged, filesystem not in scope.
     fn write_set(dir: &Path) -> String {
+        write_set_with(dir, false)
+    }
+
+    /// A sound set; `v3`: a run with recovery whose sysctl change is left
+    /// (A→C CHANGED), so fenced.
+    fn write_set_with(dir: &Path, v3: bool) -> String {
         let scope = crate::scope::Scope::parse(
             r#"{"domains": ["bpf", "sysctl", "mount", "network", "modules", "processes"]}"#,
         )
@@ -703,8 +709,14 @@ mod tests {
             .insert("net.x", "1");
         c.append_later(
             "begin",
-            &serde_json::json!({"protocol": 2, "agent": "a", "session": "s", "run": "r1",
-                "argv": ["sh"], "scope": scope, "baseline": "x", "started_ms": 1}),
+            &serde_json::json!({"protocol": if v3 { 3 } else { 2 }, "agent": "a", "session": "s",
+            "run": "r1", "argv": ["sh"], "scope": scope, "baseline": "x", "started_ms": 1,
+            "recovery": v3.then(|| crate::observer::RecoveryPlan {
+                checkpoint_id: "base".into(),
+                baseline_made: true,
+                scrub_runtime: false,
+                require_consistent: true,
+            })}),
         )
         .unwrap();
         c.append_later("capture_a", &serde_json::json!({"captures": a}))
@@ -768,24 +780,83 @@ mod tests {
                 "survivors": [], "status": null}),
         )
         .unwrap();
+        let recovery = v3.then(|| {
+            let restore = allox_protocol::RestoreDone {
+                tool_sha256: "t".into(),
+                checkpoint_subvolume: 300,
+                previous_subvolume: 301,
+                restored_subvolume: 302,
+                steps: vec!["snapshot".into(), "exchange".into()],
+            };
+            c.append_later(
+                "recover",
+                &serde_json::json!({"checkpoint_id": "base", "restore": {"Ok": restore},
+                    "scrubbed": []}),
+            )
+            .unwrap();
+            c.append_later("capture_c", &serde_json::json!({"captures": b}))
+                .unwrap();
+            let mut b_to_c = domains.clone();
+            let mut a_to_c = domains.clone();
+            for (i, d) in EffectsDomain::ALL.into_iter().enumerate() {
+                match d {
+                    EffectsDomain::Workspace => {
+                        let mut ch = b_to_c[i].changes[0].clone();
+                        ch.kind = EffectChangeKind::Removed;
+                        ch.before = ch.after.take();
+                        ch.by.by = allox_protocol::By::Recovery;
+                        ch.by.run_id = None;
+                        b_to_c[i].changes = vec![ch];
+                        a_to_c[i].changes.clear();
+                        a_to_c[i].verdict = EffectsVerdict::Consistent;
+                    }
+                    EffectsDomain::Sysctl => {
+                        b_to_c[i].changes.clear();
+                        b_to_c[i].verdict = EffectsVerdict::Consistent;
+                    }
+                    _ => {}
+                }
+            }
+            let r = allox_protocol::RecoveryEffects {
+                checkpoint_id: "base".into(),
+                baseline_made: true,
+                scrub_runtime: false,
+                require_consistent: true,
+                restore,
+                b_to_c_verdict: EffectsVerdict::Changed,
+                a_to_c_verdict: EffectsVerdict::Changed,
+                b_to_c,
+                a_to_c,
+                consistent: false,
+                scrubbed: vec![],
+            };
+            c.append_later(
+                "recovery_verdict",
+                &serde_json::json!({"b_to_c_verdict": r.b_to_c_verdict,
+                    "a_to_c_verdict": r.a_to_c_verdict, "b_to_c": r.b_to_c, "a_to_c": r.a_to_c,
+                    "consistent": r.consistent}),
+            )
+            .unwrap();
+            Box::new(r)
+        });
         let root = c
             .append("close", &serde_json::json!({"counters": counters}))
             .unwrap();
         let effects = RunEffects {
-            protocol: 2,
+            protocol: if v3 { 3 } else { 2 },
             agent_id: "a".into(),
             session_id: "s".into(),
             run_id: "r1".into(),
             evidence_root: root.clone(),
             verdict: EffectsVerdict::Changed,
             domains,
-            fenced: false,
-            fence_reason: None,
+            fenced: v3,
+            fence_reason: v3.then(|| "residue".to_string()),
             survivors: vec![],
             history: counters,
             started_ms: 1,
             closed_ms: 2,
-            recovery: None,
+            recovery,
         };
         std::fs::write(
             dir.join(EFFECTS_FILE),
@@ -1038,5 +1109,50 @@ mod tests {
         std::fs::write(&ep, as_written(e)).unwrap();
         let b = first_bad(&dir, Some(&root));
         assert_eq!(b.file, EFFECTS_FILE, "{b:?}");
+    }
+
+    #[test]
+    fn a_v3_set_has_its_b_to_c_and_a_to_c_recomputed_and_a_forged_consistent_is_caught() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("set");
+        std::fs::create_dir(&dir).unwrap();
+        let root = write_set_with(&dir, true);
+        let r = verify_set(&chain::Dir(&dir), Some(&root));
+        assert!(r.ok, "{:?}", r.first_bad);
+        let rc = r.recovery.as_ref().expect("v3 is recomputed");
+        assert!(!rc.consistent);
+        let sysctl = |l: &[DomainCheck]| {
+            l.iter()
+                .find(|x| x.domain == EffectsDomain::Sysctl)
+                .map(|x| x.recomputed)
+        };
+        assert_eq!(sysctl(&rc.a_to_c), Some(EffectsVerdict::Changed));
+        assert_eq!(sysctl(&rc.b_to_c), Some(EffectsVerdict::Consistent));
+        // A forger declares A→C consistent, the chain made again.
+        let root = forge(&dir, "recovery_verdict", &|v| {
+            v["a_to_c"][4]["changes"] = serde_json::json!([]);
+            v["a_to_c"][4]["verdict"] = "CONSISTENT".into();
+            v["a_to_c_verdict"] = "CONSISTENT".into();
+            v["consistent"] = true.into();
+        });
+        let b = first_bad(&dir, Some(&root));
+        assert_eq!(b.kind.as_deref(), Some("recovery_verdict"), "{b:?}");
+        assert!(
+            b.why
+                .contains("A→C: the sysctl domain is declared CONSISTENT"),
+            "{b:?}"
+        );
+        // The answer unfenced while the residue stays: refused.
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("set");
+        std::fs::create_dir(&dir).unwrap();
+        let root = write_set_with(&dir, true);
+        let ep = dir.join(EFFECTS_FILE);
+        let mut e: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&ep).unwrap()).unwrap();
+        e["fenced"] = false.into();
+        std::fs::write(&ep, as_written(e)).unwrap();
+        let b = first_bad(&dir, Some(&root));
+        assert!(b.why.contains("yet the session is not fenced"), "{b:?}");
     }
 }

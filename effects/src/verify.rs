@@ -1139,7 +1139,7 @@ mod tests {
         assert_eq!(b.kind.as_deref(), Some("recovery_verdict"), "{b:?}");
         assert!(
             b.why
-                .contains("A→C: the sysctl domain is declared CONSISTENT"),
+                .contains("A→C: sysctl: lists 0 changes, the captures differ by 1"),
             "{b:?}"
         );
         // The answer unfenced while the residue stays: refused.

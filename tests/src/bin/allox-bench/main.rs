@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 mod container_bench;
 mod durability_bench;
 mod effects_bench;
+mod effects_v3_bench;
 mod files_bench;
 mod fork_bench;
 mod http_bench;
@@ -184,6 +185,9 @@ fn main() -> anyhow::Result<()> {
     }
     if only.is_empty() || only == "effects" {
         effects_bench::run(&fs, quick)?;
+    }
+    if only.is_empty() || only == "effects-v3" {
+        effects_v3_bench::run(&fs, quick)?;
     }
     if only.is_empty() || only == "metrics" {
         metrics_bench::run(&fs, quick)?;

@@ -221,6 +221,26 @@ echo "\$ alloxctl effects verify --export residue-evidence.tar"
 echo; echo "# /bin/true: every observed domain CONSISTENT"
 in_vm agent-a session-1 '/bin/true'
 ctl effects get agent-a session-1 "$(last_run agent-a session-1)"
+echo; echo "# protocol v3, the seed's example: process.start {recovery: {scrub_runtime: true,"
+echo "# require_consistent: true}}. A baseline is made and pinned, the run observed (A, B), the"
+echo "# workspace restored by the pinned recover tool, C captured: A→B and B→C CHANGED,"
+echo "# A→C CONSISTENT, effect.txt gone, the session not fenced"
+ctl exec agent-a session-1 --recover --scrub-runtime -- sh -c 'printf changed > effect-v3.txt'
+in_vm agent-a session-1 'ls effect-v3.txt 2>&1 || true'
+echo; echo "# a v3 run that writes shared/: rollback restores the workspace only, so A→C lists the"
+echo "# residue and the session stays fenced; unfenced with the run's root"
+ctl exec agent-a session-1 --recover -- sh -c 'echo v3 > "$ALLOX_AGENT_SHARED/v3-residue"' || true
+V3=$(last_run agent-a session-1)
+V3_ROOT=$("$BIN/alloxctl" effects list agent-a session-1 | tail -1 | awk '{print $NF}')
+ctl effects status
+ctl effects unfence agent-a session-1 "$V3" "$V3_ROOT"
+echo; echo "# its evidence (recover, capture_c, recovery_verdict) verified in the guest, exported and"
+echo "# verified on the host: the same report"
+ctl effects verify agent-a session-1 "$V3" --root "$V3_ROOT"
+ctl effects export agent-a session-1 "$V3" -o "$WORK/v3-evidence.tar"
+echo "\$ alloxctl effects verify --export v3-evidence.tar --root $V3_ROOT"
+"$BIN/alloxctl" effects verify --export "$WORK/v3-evidence.tar" --root "$V3_ROOT" \
+    --verifier "$(dirname "$ALLOX_INITRD")/allox-system-effects-verify"
 ctl effects list agent-a session-1
 ctl shutdown
 wait "$VM" || true

@@ -58,6 +58,20 @@ fn run(a: &str, s: &str, script: &str, wait: bool) -> Request {
     })
 }
 
+/// `run` with `wait`, observed under protocol v3 (a baseline made,
+/// `scrub_runtime` and `require_consistent`: the seed's request).
+fn v3_run(a: &str, s: &str, script: &str) -> Request {
+    let mut r = run(a, s, script, true);
+    if let Request::ProcessStart(p) = &mut r {
+        p.recovery = Some(Box::new(allox_protocol::ProcessRecovery {
+            checkpoint_id: None,
+            scrub_runtime: true,
+            require_consistent: true,
+        }));
+    }
+    r
+}
+
 fn sh(c: &mut Client, a: &str, s: &str, script: &str) -> String {
     let r = ok(c, run(a, s, script, true));
     match r {
@@ -1422,7 +1436,12 @@ fn guest_the_supervisor_killed_in_an_observed_run_leaves_the_session_fenced() {
     else {
         return;
     };
-    for point in ["run_start.after_plugins", "run_end.after_freeze"] {
+    for point in [
+        "run_start.after_plugins",
+        "run_end.after_freeze",
+        "effects_v3.after_fence",
+        "rollback.after_exchange",
+    ] {
         let dir = tempfile::tempdir_in("/var/tmp").unwrap();
         let store = store_image(dir.path(), true);
         let fp = format!("allox.failpoints={point}");
@@ -1437,8 +1456,18 @@ fn guest_the_supervisor_killed_in_an_observed_run_leaves_the_session_fenced() {
         } else {
             "echo x > f; sleep 30"
         };
+        let v3 = !point.starts_with("run_");
+        let before_run = if v3 {
+            sh(&mut c, "a", "s", "echo A > f; cat f")
+        } else {
+            String::new()
+        };
         // The supervisor dies at the point: the call fails or answers.
-        let _ = c.call(run("a", "s", script, wait));
+        let _ = c.call(if v3 {
+            v3_run("a", "s", "echo B > f")
+        } else {
+            run("a", "s", script, wait)
+        });
         drop(c);
         let (mut c, _) = vm.connect(Duration::from_secs(60));
         let after = info(&mut c);
@@ -1483,6 +1512,42 @@ fn guest_the_supervisor_killed_in_an_observed_run_leaves_the_session_fenced() {
         // Nothing of the run is left running in the session.
         let left = processes(&mut c, "a", "s");
         assert!(left.is_empty(), "{point}: left {left:?}");
+        if v3 {
+            // current/ is exactly A (the restore done) or B (not begun),
+            // read through the file API; the root unfences it.
+            let want = if point == "effects_v3.after_fence" {
+                "B\n"
+            } else {
+                before_run.as_str()
+            };
+            match ok(
+                &mut c,
+                Request::FsRead(allox_protocol::FsRead {
+                    agent_id: "a".into(),
+                    session_id: "s".into(),
+                    scope: Default::default(),
+                    checkpoint_id: None,
+                    path: "f".into(),
+                    offset: None,
+                    length: None,
+                }),
+            ) {
+                Response::FsData(d) => assert_eq!(d.data.as_ref(), want.as_bytes(), "{point}"),
+                other => panic!("{point}: fs.read {other:?}"),
+            }
+            match ok(
+                &mut c,
+                Request::EffectsUnfence(allox_protocol::EffectsUnfence {
+                    agent_id: "a".into(),
+                    session_id: "s".into(),
+                    run_id: f.run_id.clone(),
+                    evidence_root: f.evidence_root.clone(),
+                }),
+            ) {
+                Response::EffectsUnfenced(_) => {}
+                other => panic!("{point}: unfence {other:?}"),
+            }
+        }
         let _ = c.call(Request::Shutdown(Shutdown {}));
         assert!(
             vm.wait_exit(Duration::from_secs(60)).is_some(),
@@ -1809,6 +1874,80 @@ fn guest_system_effects_observe_runs_with_the_bpf_lsm_in_the_vm() {
     // Controls: the runs that loaded nothing fail the same check.
     assert!(module_loaded_wrong(&seed).is_some());
     assert!(module_loaded_wrong(&residue).is_some());
+
+    // Protocol v3 in the guest: the seed's example restores the workspace
+    // (A→C CONSISTENT, not fenced); a run writing shared/ is fenced with
+    // the residue named, unfenced with its root, and its export verifies
+    // on the host with the guest's report bytes.
+    let v3 = |c: &mut Client, script: &str| match ok(c, v3_run("a", "s", script)) {
+        Response::Exited(x) => *x.effects.expect("effects"),
+        other => panic!("v3 {script}: {other:?}"),
+    };
+    let restored = v3(&mut c, "printf changed > effect3.txt");
+    let rec = restored.recovery.as_ref().expect("recovery");
+    assert!(
+        restored.protocol == 3
+            && rec.consistent
+            && rec.a_to_c_verdict == EffectsVerdict::Consistent
+            && rec.b_to_c_verdict == EffectsVerdict::Changed
+            && !restored.fenced,
+        "{restored:#?}"
+    );
+    assert_eq!(
+        sh(&mut c, "a", "s", "ls effect3.txt 2>&1 || true").contains("No such file"),
+        true
+    );
+    let left = v3(&mut c, "echo v3 > \"$ALLOX_AGENT_SHARED/v3-residue\"");
+    let named = left.recovery.as_ref().is_some_and(|r| {
+        !r.consistent
+            && r.a_to_c.iter().any(|d| {
+                d.domain == EffectsDomain::Shared
+                    && d.changes.iter().any(|x| x.item == "v3-residue")
+            })
+    });
+    assert!(named && left.fenced, "{left:#?}");
+    match ok(
+        &mut c,
+        Request::EffectsUnfence(allox_protocol::EffectsUnfence {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: left.run_id.clone(),
+            evidence_root: left.evidence_root.clone(),
+        }),
+    ) {
+        Response::EffectsUnfenced(_) => {}
+        other => panic!("unfence: {other:?}"),
+    }
+    let v3_report = match ok(
+        &mut c,
+        Request::EffectsVerify(EffectsVerify {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: left.run_id.clone(),
+            evidence_root: Some(left.evidence_root.clone()),
+        }),
+    ) {
+        Response::EffectsVerified(v) => v,
+        other => panic!("{other:?}"),
+    };
+    assert!(v3_report.ok, "{v3_report:?}");
+    let mut tar = Vec::new();
+    allox_ctl::effects::export(
+        &mut c,
+        &EffectsExport {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: left.run_id.clone(),
+            offset: None,
+        },
+        &mut tar,
+    )
+    .expect("the v3 export");
+    let v3_export = dir.path().join("v3.tar");
+    std::fs::write(&v3_export, &tar).unwrap();
+    let (code, report) = host_verify(&["--root", &left.evidence_root, "--export"], &v3_export);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report, format!("{}\n", v3_report.report));
 
     let _ = c.call(Request::Shutdown(Shutdown {}));
     assert!(

@@ -699,6 +699,32 @@ fn the_daemon_refuses_a_wrong_observer_or_verifier_and_the_process_tree_plugin()
         )),
         "{e}"
     );
+    // So does a swapped recover tool.
+    let (vexe, _) = pinned("allox-system-effects-verify");
+    let vexe = vexe.display().to_string();
+    let (_, rsha) = pinned("allox-system-effects-recover");
+    let e = refused(&[
+        "--plugin",
+        "system-effects",
+        "--system-effects-observer",
+        &exe,
+        "--system-effects-observer-sha256",
+        &sha,
+        "--system-effects-verifier",
+        &vexe,
+        "--system-effects-verifier-sha256",
+        &vsha,
+        "--system-effects-recover",
+        &exe,
+        "--system-effects-recover-sha256",
+        &rsha,
+    ]);
+    assert!(
+        e.contains(&format!(
+            "the recover tool {exe} has sha256 {sha}, not the pinned {rsha}"
+        )),
+        "{e}"
+    );
     let e = refused(&[
         "--plugin",
         "system-effects",

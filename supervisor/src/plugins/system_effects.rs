@@ -221,6 +221,12 @@ impl Started {
             root,
             "session fenced"
         );
+        self.hold(a, s, r, reason, root);
+    }
+
+    /// Fences `a/s` as [`Started::fence`] does, without calling it an
+    /// error: protocol v3's fence from B to C, part of every such run.
+    fn hold(&self, a: &str, s: &str, r: &str, reason: &str, root: &str) {
         let f = EffectsFence {
             agent_id: a.into(),
             session_id: s.into(),
@@ -480,7 +486,14 @@ impl Started {
         head: &str,
         context_pid: Option<i32>,
     ) -> allox_effects::observer::Recovered {
-        self.fence(
+        tracing::info!(
+            agent = run.agent,
+            session = run.session,
+            run = run.run,
+            root = head,
+            "protocol v3: B is durable; the session is fenced while the workspace is restored and C captured"
+        );
+        self.hold(
             run.agent,
             run.session,
             run.run,

@@ -40,6 +40,7 @@ trap cleanup EXIT
 "$BIN/rootfs-builder" initramfs --init "$(dirname "$ALLOX_INITRD")/allox-init" \
     --observer "$(dirname "$ALLOX_INITRD")/allox-observe" \
     --verifier "$(dirname "$ALLOX_INITRD")/allox-system-effects-verify" \
+    --recover "$(dirname "$ALLOX_INITRD")/allox-system-effects-recover" \
     --out "$WORK/initrd.img" --profile python --compress gzip
 
 # For the session network's part: a Python package index on the host's

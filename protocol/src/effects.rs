@@ -477,6 +477,9 @@ pub struct EffectsStatus {
     /// `--system-effects-without-lsm`, on a kernel that refuses them).
     #[serde(default)]
     pub lsm_hooks: bool,
+    /// The recover tool's pinned sha256 (hex): protocol v3's restore.
+    #[serde(default)]
+    pub recover_sha256: String,
 }
 
 /// `effects.unfence`: lifts the fence a run put on its session, given that

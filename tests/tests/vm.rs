@@ -1894,7 +1894,10 @@ fn guest_system_effects_observe_runs_with_the_bpf_lsm_in_the_vm() {
         "{restored:#?}"
     );
     let ls = sh(&mut c, "a", "s", "ls effect3.txt 2>&1 || true");
-    assert!(ls.contains("No such file"), "effect3.txt is still there: {ls}");
+    assert!(
+        ls.contains("No such file"),
+        "effect3.txt is still there: {ls}"
+    );
     let left = v3(&mut c, "echo v3 > \"$ALLOX_AGENT_SHARED/v3-residue\"");
     let named = left.recovery.as_ref().is_some_and(|r| {
         !r.consistent

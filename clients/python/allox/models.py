@@ -600,6 +600,9 @@ class EffectsStatus(Model):
     observing: int
     protocol: int
 
+    #: The recover tool's pinned sha256 (hex): protocol v3's restore.
+    recover_sha256: str = ''
+
     #: The scope file, if one was given.
     scope_file: Optional[str] = None
 

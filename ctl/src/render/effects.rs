@@ -187,10 +187,11 @@ pub fn history(h: &EffectsHistoryListing) -> String {
 
 pub fn status(s: &EffectsStatus) -> String {
     let mut out = format!(
-        "system effects: protocol v{}, observer sha256 {}, verifier sha256 {}\ndomains observed: {}{}\n",
+        "system effects: protocol v{} (v3 with process.start's recovery), observer sha256 {}, verifier sha256 {}, recover tool sha256 {}\ndomains observed: {}{}\n",
         s.protocol,
         clean(&s.observer_sha256),
         clean(&s.verifier_sha256),
+        clean(&s.recover_sha256),
         s.domains
             .iter()
             .map(|d| d.as_str())

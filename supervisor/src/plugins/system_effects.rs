@@ -1452,6 +1452,7 @@ fn serve(st: &Started, req: &Request) -> Result<Response, PluginError> {
             fences: st.fences.list(s.agent_id.as_deref()),
             observing: st.live.lock().unwrap_or_else(|e| e.into_inner()).len() as u32,
             lsm_hooks: st.lsm,
+            recover_sha256: st.recover.sha256.clone(),
         })),
         Request::EffectsUnfence(u) => {
             check_ids(&[

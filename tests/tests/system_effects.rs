@@ -2153,9 +2153,10 @@ fn v3_the_supervisor_killed_at_each_step_between_b_and_c_leaves_a_or_b_fenced() 
 
 /// A root helper, standing in for an agent that escaped its sandbox: it
 /// joins the run's cgroup (so the history sees its fork), and forks a
-/// server that enters the session's network namespace, leaves for the
-/// root cgroup (so the run's end does not kill it) and listens on the
-/// session's loopback. Prints the server's pid.
+/// server that enters the session's network namespace, sets a sysctl of
+/// that namespace, leaves for the root cgroup (so the run's end does not
+/// kill it) and listens on the session's loopback. Prints the server's
+/// pid.
 const LEFT_LISTENING: &str = r#"
 import ctypes, os, socket, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
@@ -2170,6 +2171,7 @@ if pid == 0:
         os.dup2(null, n)
     fd = os.open(f"/proc/{ctx}/ns/net", os.O_RDONLY)
     assert libc.setns(fd, 0x40000000) == 0, ctypes.get_errno()
+    open("/proc/sys/net/ipv4/ip_default_ttl", "w").write("99")
     open("/sys/fs/cgroup/unified/cgroup.procs", "w").write(str(os.getpid()))
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -2235,14 +2237,20 @@ fn left_listening(d: &ProcDaemon, s: &str, scrub: bool) -> (u32, RunEffects) {
     (server, e)
 }
 
-/// The `processes` residue of `e` (A→C) naming `pid`.
-fn residue_of(e: &RunEffects, pid: u32) -> bool {
-    e.recovery.as_ref().is_some_and(|r| {
-        r.a_to_c.iter().any(|d| {
-            d.domain == EffectsDomain::Processes
-                && d.changes.iter().any(|c| c.item == format!("pid {pid}"))
+/// The residue of `e` (A→C): the process `pid`, and the session's
+/// sysctl the helper set.
+fn residue_of(e: &RunEffects, pid: u32) -> (bool, bool) {
+    let listed = |dom: EffectsDomain, item: &str| {
+        e.recovery.as_ref().is_some_and(|r| {
+            r.a_to_c
+                .iter()
+                .any(|d| d.domain == dom && d.changes.iter().any(|c| c.item == item))
         })
-    })
+    };
+    (
+        listed(EffectsDomain::Processes, &format!("pid {pid}")),
+        listed(EffectsDomain::Sysctl, "session net.ipv4.ip_default_ttl"),
+    )
 }
 
 #[test]
@@ -2264,7 +2272,7 @@ fn v3_scrub_runtime_ends_a_server_left_in_the_sessions_namespace_else_it_is_a_re
         rustix::process::Signal::KILL,
     );
     assert!(still, "the server died without scrub_runtime");
-    assert!(residue_of(&kept, server), "{kept:#?}");
+    assert_eq!(residue_of(&kept, server), (true, true), "{kept:#?}");
     assert!(kept.fenced, "{kept:#?}");
     // With it: the server is ended before C, named, and A→C is CONSISTENT.
     let (server, scrubbed) = left_listening(&d, "scrubbed", true);
@@ -2287,7 +2295,21 @@ fn v3_scrub_runtime_ends_a_server_left_in_the_sessions_namespace_else_it_is_a_re
         "{r:#?}"
     );
     assert!(
-        !residue_of(&scrubbed, server) && r.consistent && !scrubbed.fenced,
+        r.scrubbed
+            .iter()
+            .any(|x| x.contains("replaced by new ones")),
+        "{r:#?}"
+    );
+    assert!(
+        residue_of(&scrubbed, server) == (false, false) && r.consistent && !scrubbed.fenced,
         "{scrubbed:#?}"
     );
+    // The session runs on in its new namespaces.
+    match call(
+        &d,
+        Request::ProcessStart(process_start("a", "scrubbed", &["/bin/true"])),
+    ) {
+        Ok(Response::Exited(x)) => assert_eq!(x.exit_code, Some(0)),
+        other => panic!("a run after the scrub: {other:?}"),
+    }
 }

@@ -143,6 +143,15 @@ pub struct ObservedEnd {
     pub fault: Option<String>,
 }
 
+/// What the core does for an observed run's session, asked by the
+/// observing plugin at the run's end.
+pub trait RunCore {
+    /// Replaces the session's context (its namespaces and every process
+    /// in its cgroup) with a new one, made as the first run's would be;
+    /// the new context's pid. Blocking.
+    fn renew_context(&self) -> Result<i32, String>;
+}
+
 /// The system-effects plugin's settings (`--system-effects-*`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EffectsSettings {
@@ -407,11 +416,12 @@ pub trait Plugin: Send + Sync {
     }
 
     /// An observed run's tree has exited (blocking): its effects, for its
-    /// result.
+    /// result. `core` does what only the core can for that run's session.
     fn observe_end(
         &self,
         _run: &RunRef<'_>,
         _end: ObservedEnd,
+        _core: &dyn RunCore,
     ) -> Option<allox_protocol::RunEffects> {
         None
     }

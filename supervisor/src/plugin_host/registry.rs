@@ -362,10 +362,15 @@ impl Plugins {
     }
 
     /// [`Plugin::observe_end`]: the first plugin's effects.
-    pub fn observe_end(&self, run: &RunRef<'_>, end: ObservedEnd) -> Option<RunEffects> {
+    pub fn observe_end(
+        &self,
+        run: &RunRef<'_>,
+        end: ObservedEnd,
+        core: &dyn crate::plugin_api::RunCore,
+    ) -> Option<RunEffects> {
         let mut out = None;
         for p in self.loaded.iter().filter(|p| p.observes_runs()) {
-            let e = p.observe_end(run, end.clone());
+            let e = p.observe_end(run, end.clone(), core);
             if out.is_none() {
                 out = e;
             }

@@ -22,8 +22,8 @@ pub mod observer;
 
 pub use super::defaults::system_effects::{DEFAULT_RING_BYTES, NAME};
 use crate::plugin_api::{
-    Manifest, ObservedEnd, ObservedRun, Plugin, PluginError, RouteContext, RouteFuture, RunRef,
-    Settings, API_VERSION,
+    Manifest, ObservedEnd, ObservedRun, Plugin, PluginError, RouteContext, RouteFuture, RunCore,
+    RunRef, Settings, API_VERSION,
 };
 use allox_effects::observer::wire::{Begin, End, FromObserver, ToObserver};
 use allox_effects::scope::Scope;
@@ -485,6 +485,7 @@ impl Started {
         plan: &allox_effects::observer::RecoveryPlan,
         head: &str,
         context_pid: Option<i32>,
+        core: &dyn RunCore,
     ) -> allox_effects::observer::Recovered {
         tracing::info!(
             agent = run.agent,
@@ -551,6 +552,21 @@ impl Started {
         }
         store.failpoint("effects_v3.after_restore");
         let d = done.into_inner().unwrap_or_else(|e| e.into_inner());
+        let mut scrubbed = scrubbed;
+        let mut context_pid = context_pid;
+        if plan.scrub_runtime {
+            // The namespaces themselves, as a first run finds them.
+            match core.renew_context() {
+                Ok(pid) => {
+                    scrubbed.push(format!(
+                        "the session's context (pid {}) and its namespaces, replaced by new ones (pid {pid})",
+                        context_pid.map(|p| p.to_string()).unwrap_or_else(|| "none".into())
+                    ));
+                    context_pid = Some(pid);
+                }
+                Err(why) => return failed(format!("renew the session's context: {why}"), scrubbed),
+            }
+        }
         allox_effects::observer::Recovered {
             restore: d.ok_or_else(|| "the recover tool gave no account".to_string()),
             scrubbed,
@@ -1098,7 +1114,12 @@ impl Plugin for SystemEffects {
         Ok(())
     }
 
-    fn observe_end(&self, run: &RunRef<'_>, end: ObservedEnd) -> Option<RunEffects> {
+    fn observe_end(
+        &self,
+        run: &RunRef<'_>,
+        end: ObservedEnd,
+        core: &dyn RunCore,
+    ) -> Option<RunEffects> {
         let st = self.s().ok()?;
         let key = (run.agent.to_string(), run.session.to_string());
         let live = {
@@ -1128,7 +1149,7 @@ impl Plugin for SystemEffects {
                     CLOSE_WAIT,
                 );
                 if let (Ok(FromObserver::CapturedB { head }), Some(plan)) = (&a, &live.recovery) {
-                    let rec = st.recover_workspace(run, plan, head, live.context_pid);
+                    let rec = st.recover_workspace(run, plan, head, live.context_pid, core);
                     a = o.ask(&ToObserver::Recovered(Box::new(rec)), CLOSE_WAIT);
                 }
                 match &a {

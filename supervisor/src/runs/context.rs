@@ -208,6 +208,32 @@ impl Runs {
         Ok(())
     }
 
+    /// Replaces the session's context with a new one, made as for a first
+    /// run (the plugins' `session_context` heard again): the old one's
+    /// process killed, everything in its cgroup killed. For system
+    /// effects' `scrub_runtime`, while an observed run holds the session
+    /// alone. Blocking. The new context's pid.
+    pub fn renew_context(
+        &self,
+        a: &str,
+        s: &str,
+        network: &SessionNetwork,
+    ) -> Result<i32, RunError> {
+        let slot = self.slot(a, s);
+        let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
+        self.check_fence(a, s)?;
+        if g.closed {
+            return Err(RunError::Fenced {
+                agent: a.to_string(),
+                session: s.to_string(),
+            });
+        }
+        // Dropped: its process killed and reaped, its guards released.
+        g.ctx = None;
+        g.ctx = Some(self.make_context(a, s, network)?);
+        Ok(g.ctx.as_ref().map(|m| m.ctx.pid()).unwrap_or(0))
+    }
+
     /// Ends every context of agent `a` (their cgroups go with the agent's).
     /// Blocking.
     pub fn end_contexts_of(&self, a: &str) {

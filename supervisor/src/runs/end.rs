@@ -155,6 +155,18 @@ fn observe_end(
     }
     runs.cfg.failpoints.hit("run_end.after_kill");
     let fault = (!faults.is_empty()).then(|| faults.join("; "));
+    /// The session's context, renewed on the plugin's request.
+    struct Contexts<'a> {
+        runs: &'a Runs,
+        run: &'a Run,
+    }
+    impl crate::plugin_api::RunCore for Contexts<'_> {
+        fn renew_context(&self) -> Result<i32, String> {
+            self.runs
+                .renew_context(&self.run.agent, &self.run.session, &self.run.network)
+                .map_err(|e| allox_protocol::error_chain(&e))
+        }
+    }
     runs.cfg.plugins.observe_end(
         &crate::plugin_api::RunRef {
             agent: &run.agent,
@@ -168,6 +180,7 @@ fn observe_end(
             init_pid: Some(init as u32),
             fault,
         },
+        &Contexts { runs, run },
     )
 }
 

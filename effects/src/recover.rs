@@ -103,23 +103,6 @@ pub fn restore(a: &Args) -> Result<RestoreDone, String> {
     })
 }
 
-fn least_capabilities() -> Result<(), caps::errors::CapsError> {
-    use caps::CapSet;
-    let keep: caps::CapsHashSet = CAPABILITIES.into_iter().collect();
-    for c in caps::all() {
-        if !keep.contains(&c) {
-            caps::drop(None, CapSet::Bounding, c)?;
-        }
-    }
-    caps::clear(None, CapSet::Ambient)?;
-    caps::clear(None, CapSet::Inheritable)?;
-    let have = caps::read(None, CapSet::Permitted)?;
-    let kept: caps::CapsHashSet = have.intersection(&keep).copied().collect();
-    caps::set(None, CapSet::Effective, &kept)?;
-    caps::set(None, CapSet::Permitted, &kept)?;
-    Ok(())
-}
-
 /// The tool's main.
 pub fn main() -> i32 {
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
@@ -130,7 +113,7 @@ pub fn main() -> i32 {
             return 2;
         }
     };
-    if let Err(e) = least_capabilities() {
+    if let Err(e) = crate::observer::keep_only(&CAPABILITIES) {
         println!("drop the capabilities it does not need: {e}");
         return 1;
     }

@@ -215,14 +215,9 @@ fn the_seed_command_changes_the_workspace_only_and_true_changes_nothing() {
     // The answer is kept, and its chain verifies to its root.
     let got = effects_of(&d, "agent-a", "session-1", &e.run_id);
     assert_eq!(got.evidence_root, e.evidence_root);
-    let dir = d
-        .daemon
-        .root
-        .join("state/effects/agent-a/session-1")
-        .join(&e.run_id);
-    let v = allox_effects::chain::verify(&dir, Some(&e.evidence_root)).expect("the chain verifies");
+    let (dir, kinds) = chain_of(&d, &e);
     assert_eq!(
-        v.kinds,
+        kinds,
         [
             "begin",
             "capture_a",
@@ -253,6 +248,20 @@ fn the_seed_command_changes_the_workspace_only_and_true_changes_nothing() {
     );
     // The snapshots are gone once the evidence is closed.
     assert!(!dir.join("a-workspace").exists() && !dir.join("b-workspace").exists());
+}
+
+/// Where run `e`'s evidence is, and its chain's record kinds (the chain
+/// verified to the run's root).
+fn chain_of(d: &ProcDaemon, e: &RunEffects) -> (PathBuf, Vec<String>) {
+    let dir = d
+        .daemon
+        .root
+        .join("state/effects")
+        .join(&e.agent_id)
+        .join(&e.session_id)
+        .join(&e.run_id);
+    let v = allox_effects::chain::verify(&dir, Some(&e.evidence_root)).expect("the chain verifies");
+    (dir, v.kinds)
 }
 
 /// What is wrong with the `shared` domain of `e`: `x` by the run, `y` by
@@ -1197,35 +1206,38 @@ fn the_agent_cannot_signal_the_observer_and_the_attempt_is_in_the_history() {
 
 /// Starts a run on a daemon armed to die at `point`, restarts the daemon,
 /// and returns the fence it found.
-fn killed_at(point: &str) {
-    let name = format!("the_supervisor_killed_at_{point}");
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if !require(&name) {
-        return;
+/// A daemon with the plugin, armed to die at `point`, with session
+/// `a/s`; the arguments to restart it with.
+fn armed(name: &str, point: &str) -> Option<(ProcDaemon, Vec<String>)> {
+    if !require(name) {
+        return None;
     }
     let mut args = plugin_args();
     if !kernel_runs_bpf_lsm() {
         args.push("--system-effects-without-lsm".into());
     }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut d = ProcDaemon::start_with_env(
-        &name.replace('.', "-"),
-        &[("ALLOX_FAILPOINTS", point)],
-        &args,
-    );
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let d = ProcDaemon::start_with_env(&name.replace('.', "-"), &[("ALLOX_FAILPOINTS", point)], &a);
     make_sessions(&d, &[("a", "s")]);
-    let mut p = process_start("a", "s", &["/bin/sh", "-c", "echo x > f; sleep 30"]);
-    p.wait = point.starts_with("run_end");
-    if p.wait {
-        p.argv = vec!["/bin/sh".into(), "-c".into(), "echo x > f".into()];
-    }
+    Some((d, args))
+}
+
+/// Sends `p` to a daemon armed to die on its way, waits for it to die,
+/// restarts it, and returns the fence on `a/s` it finds.
+fn dies_at(
+    d: &mut ProcDaemon,
+    args: &[String],
+    point: &str,
+    p: allox_protocol::ProcessStart,
+) -> allox_protocol::EffectsFence {
     // The daemon dies at the point: the call fails or answers started.
     let _ = d.daemon.client().call(Request::ProcessStart(p));
     let st = d.daemon.child.wait().expect("wait for the daemon");
     assert!(!st.success(), "{point}: the daemon did not die ({st})");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     d.restart(&args);
     let status = match call(
-        &d,
+        d,
         Request::EffectsStatus(allox_protocol::EffectsStatusRequest::default()),
     ) {
         Ok(Response::EffectsStatus(s)) => s,
@@ -1235,8 +1247,24 @@ fn killed_at(point: &str) {
         .fences
         .iter()
         .find(|f| f.agent_id == "a" && f.session_id == "s")
-        .unwrap_or_else(|| panic!("{point}: a/s is not fenced: {status:?}"));
+        .unwrap_or_else(|| panic!("{point}: a/s is not fenced: {status:?}"))
+        .clone();
     assert!(f.reason.contains("stopped in the middle"), "{point}: {f:?}");
+    f
+}
+
+fn killed_at(point: &str) {
+    let name = format!("the_supervisor_killed_at_{point}");
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((mut d, args)) = armed(&name, point) else {
+        return;
+    };
+    let mut p = process_start("a", "s", &["/bin/sh", "-c", "echo x > f; sleep 30"]);
+    p.wait = point.starts_with("run_end");
+    if p.wait {
+        p.argv = vec!["/bin/sh".into(), "-c".into(), "echo x > f".into()];
+    }
+    let f = dies_at(&mut d, &args, point, p);
     let refused = call(
         &d,
         Request::ProcessStart(process_start("a", "s", &["/bin/true"])),
@@ -1801,14 +1829,9 @@ fn v3_restores_the_workspace_and_a_shared_residue_fences_unless_allowed() {
         other => panic!("checkpoint.list: {other:?}"),
     }
     // The chain has v3's records, and the verifier recomputes B→C and A→C.
-    let dir = d
-        .daemon
-        .root
-        .join("state/effects/agent-a/session-1")
-        .join(&e.run_id);
-    let v = allox_effects::chain::verify(&dir, Some(&e.evidence_root)).expect("the chain verifies");
+    let (dir, kinds) = chain_of(&d, &e);
     assert_eq!(
-        v.kinds,
+        kinds,
         [
             "begin",
             "capture_a",
@@ -2043,29 +2066,15 @@ fn tree_hash(dir: &Path) -> String {
 fn killed_in_recovery(point: &str, want_a: bool) {
     let name = format!("v3_killed_at_{point}");
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if !require(&name) {
+    let Some((mut d, args)) = armed(&name, point) else {
         return;
-    }
-    let mut args = plugin_args();
-    if !kernel_runs_bpf_lsm() {
-        args.push("--system-effects-without-lsm".into());
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut d = ProcDaemon::start_with_env(
-        &name.replace('.', "-"),
-        &[("ALLOX_FAILPOINTS", point)],
-        &args,
-    );
-    make_sessions(&d, &[("a", "s")]);
+    };
     observed(&d, "a", "s", &["/bin/sh", "-c", "echo A > f"]);
     let current = session_file(&d, "a", "s", "");
     let at_a = tree_hash(&current);
     let mut p = process_start("a", "s", &["/bin/sh", "-c", "echo B > f; echo new > g"]);
     p.recovery = Some(Box::new(recovery(None, false, true)));
-    let _ = d.daemon.client().call(Request::ProcessStart(p));
-    let st = d.daemon.child.wait().expect("wait for the daemon");
-    assert!(!st.success(), "{point}: the daemon did not die ({st})");
-    d.restart(&args);
+    let f = dies_at(&mut d, &args, point, p);
     let now = tree_hash(&current);
     let at_b = {
         let t = tempfile::tempdir().unwrap();
@@ -2093,19 +2102,6 @@ fn killed_in_recovery(point: &str, want_a: bool) {
         if want_a { "A" } else { "B" },
         listing(&current)
     );
-    let status = match call(
-        &d,
-        Request::EffectsStatus(allox_protocol::EffectsStatusRequest::default()),
-    ) {
-        Ok(Response::EffectsStatus(s)) => s,
-        other => panic!("{point}: status {other:?}"),
-    };
-    let f = status
-        .fences
-        .iter()
-        .find(|f| f.agent_id == "a" && f.session_id == "s")
-        .unwrap_or_else(|| panic!("{point}: a/s is not fenced: {status:?}"))
-        .clone();
     let e = effects_of(&d, "a", "s", &f.run_id);
     assert_eq!(e.verdict, EffectsVerdict::Incomplete, "{point}");
     assert_eq!(e.evidence_root, f.evidence_root, "{point}");

@@ -58,6 +58,22 @@ fn run(a: &str, s: &str, script: &str, wait: bool) -> Request {
     })
 }
 
+/// `effects.unfence` of `a/s` with run `run`'s root, which must lift it.
+fn unfence(c: &mut Client, run: &str, root: &str) {
+    match ok(
+        c,
+        Request::EffectsUnfence(allox_protocol::EffectsUnfence {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: run.into(),
+            evidence_root: root.into(),
+        }),
+    ) {
+        Response::EffectsUnfenced(_) => {}
+        other => panic!("unfence {run}: {other:?}"),
+    }
+}
+
 /// `run` with `wait`, observed under protocol v3 (a baseline made,
 /// `scrub_runtime` and `require_consistent`: the seed's request).
 fn v3_run(a: &str, s: &str, script: &str) -> Request {
@@ -1535,18 +1551,7 @@ fn guest_the_supervisor_killed_in_an_observed_run_leaves_the_session_fenced() {
                 Response::FsData(d) => assert_eq!(d.data.as_ref(), want.as_bytes(), "{point}"),
                 other => panic!("{point}: fs.read {other:?}"),
             }
-            match ok(
-                &mut c,
-                Request::EffectsUnfence(allox_protocol::EffectsUnfence {
-                    agent_id: "a".into(),
-                    session_id: "s".into(),
-                    run_id: f.run_id.clone(),
-                    evidence_root: f.evidence_root.clone(),
-                }),
-            ) {
-                Response::EffectsUnfenced(_) => {}
-                other => panic!("{point}: unfence {other:?}"),
-            }
+            unfence(&mut c, &f.run_id, &f.evidence_root);
         }
         let _ = c.call(Request::Shutdown(Shutdown {}));
         assert!(
@@ -1907,18 +1912,7 @@ fn guest_system_effects_observe_runs_with_the_bpf_lsm_in_the_vm() {
             })
     });
     assert!(named && left.fenced, "{left:#?}");
-    match ok(
-        &mut c,
-        Request::EffectsUnfence(allox_protocol::EffectsUnfence {
-            agent_id: "a".into(),
-            session_id: "s".into(),
-            run_id: left.run_id.clone(),
-            evidence_root: left.evidence_root.clone(),
-        }),
-    ) {
-        Response::EffectsUnfenced(_) => {}
-        other => panic!("unfence: {other:?}"),
-    }
+    unfence(&mut c, &left.run_id, &left.evidence_root);
     let v3_report = match ok(
         &mut c,
         Request::EffectsVerify(EffectsVerify {

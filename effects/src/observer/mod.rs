@@ -51,7 +51,7 @@ pub fn main() -> i32 {
             maximum: Some(65536),
         },
     );
-    if let Err(e) = least_capabilities() {
+    if let Err(e) = keep_only(&CAPABILITIES) {
         eprintln!("allox-observe: drop the capabilities it does not need: {e}");
         return 2;
     }
@@ -159,9 +159,12 @@ pub const CAPABILITIES: [caps::Capability; 10] = [
     caps::Capability::CAP_FOWNER,
 ];
 
-fn least_capabilities() -> Result<(), caps::errors::CapsError> {
+/// Keeps `keep` of the capabilities this process has and drops every
+/// other from every set, the bounding set included (so no program it
+/// could run gets them back); ambient and inheritable are cleared.
+pub fn keep_only(keep: &[caps::Capability]) -> Result<(), caps::errors::CapsError> {
     use caps::CapSet;
-    let keep: caps::CapsHashSet = CAPABILITIES.into_iter().collect();
+    let keep: caps::CapsHashSet = keep.iter().copied().collect();
     for c in caps::all() {
         if !keep.contains(&c) {
             caps::drop(None, CapSet::Bounding, c)?;
@@ -463,50 +466,23 @@ impl Observation {
         self.phases.done("captures_b");
         let mut domains_out = Vec::new();
         for d in EffectsDomain::ALL {
-            let mut de = DomainEffects {
-                domain: d,
-                verdict: EffectsVerdict::NotObserved,
-                changes: Vec::new(),
-                truncated: false,
-                note: None,
-                items: [0, 0],
-            };
+            let mut de = unobserved(d);
             if !begin.scope.observes(d) {
                 de.note = Some("not in the scope".into());
                 domains_out.push(de);
                 continue;
             }
-            let (diffs, truncated, gaps) = match d {
-                EffectsDomain::Workspace => {
-                    match files::diff(&self.snaps_a.workspace, &snaps_b.workspace, true) {
-                        Ok((dd, t)) => (dd, t, Vec::new()),
-                        Err(e) => (Vec::new(), false, vec![e]),
-                    }
-                }
-                EffectsDomain::Shared => {
-                    match files::diff(&self.snaps_a.shared(), &snaps_b.shared(), false) {
-                        Ok((dd, t)) => (dd, t, Vec::new()),
-                        Err(e) => (Vec::new(), false, vec![e]),
-                    }
-                }
-                _ => {
-                    let (a, b) = (self.captures_a.get(&d), captures_b.get(&d));
-                    match (a, b) {
-                        (Some(a), Some(b)) => {
-                            de.items = [a.items.len() as u64, b.items.len() as u64];
-                            let mut gaps: Vec<String> =
-                                a.gaps.iter().map(|g| format!("at A: {g}")).collect();
-                            gaps.extend(b.gaps.iter().map(|g| format!("at B: {g}")));
-                            (crate::collect::compare(a, b), false, gaps)
-                        }
-                        _ => (Vec::new(), false, vec!["no capture".to_string()]),
-                    }
-                }
-            };
+            let (diffs, truncated, gaps) = differences(
+                d,
+                (&self.snaps_a, &snaps_b),
+                (&self.captures_a, &captures_b),
+                ("A", "B"),
+                &mut de.items,
+            );
             let extra = domains::extra(d, fs_seen.as_ref(), &survivors);
             let mut gaps = gaps;
             gaps.extend(extra.gaps);
-            let mut changes: Vec<EffectChange> = diffs
+            let changes: Vec<EffectChange> = diffs
                 .into_iter()
                 .chain(extra.differences)
                 .map(|diff| {
@@ -514,25 +490,7 @@ impl Observation {
                     to_change(diff, by)
                 })
                 .collect();
-            de.truncated = truncated || changes.len() > files::MAX_LISTED;
-            changes.truncate(files::MAX_LISTED);
-            de.verdict = if !gaps.is_empty() {
-                EffectsVerdict::Incomplete
-            } else if !changes.is_empty() {
-                EffectsVerdict::Changed
-            } else {
-                EffectsVerdict::Consistent
-            };
-            if !gaps.is_empty() {
-                de.note = Some(gaps.join("; "));
-            }
-            if let Some(n) = &history_note {
-                if de.verdict != EffectsVerdict::Incomplete {
-                    de.verdict = EffectsVerdict::Incomplete;
-                    de.note = Some(n.clone());
-                }
-            }
-            de.changes = changes;
+            settle(&mut de, changes, truncated, &gaps, history_note.as_deref());
             domains_out.push(de);
         }
         if let Some(f) = &end.fault {
@@ -721,47 +679,24 @@ impl Observation {
             .map_err(|e| e.to_string())?;
         let compare_to_c = |from: &BTreeMap<EffectsDomain, Capture>,
                             snaps: &files::Snapshots,
+                            label: &str,
                             by_recovery: bool| {
             EffectsDomain::ALL
                 .into_iter()
                 .map(|d| {
-                    let mut de = DomainEffects {
-                        domain: d,
-                        verdict: EffectsVerdict::NotObserved,
-                        changes: Vec::new(),
-                        truncated: false,
-                        note: None,
-                        items: [0, 0],
-                    };
+                    let mut de = unobserved(d);
                     if !x.begin.scope.observes(d) {
                         de.note = Some("not in the scope".into());
                         return de;
                     }
-                    let (diffs, truncated, gaps) = match d {
-                        EffectsDomain::Workspace => {
-                            match files::diff(&snaps.workspace, &snaps_c.workspace, true) {
-                                Ok((dd, t)) => (dd, t, Vec::new()),
-                                Err(e) => (Vec::new(), false, vec![e]),
-                            }
-                        }
-                        EffectsDomain::Shared => {
-                            match files::diff(&snaps.shared(), &snaps_c.shared(), false) {
-                                Ok((dd, t)) => (dd, t, Vec::new()),
-                                Err(e) => (Vec::new(), false, vec![e]),
-                            }
-                        }
-                        _ => match (from.get(&d), captures_c.get(&d)) {
-                            (Some(a), Some(c)) => {
-                                de.items = [a.items.len() as u64, c.items.len() as u64];
-                                let mut gaps: Vec<String> =
-                                    a.gaps.iter().map(|g| format!("before: {g}")).collect();
-                                gaps.extend(c.gaps.iter().map(|g| format!("at C: {g}")));
-                                (crate::collect::compare(a, c), false, gaps)
-                            }
-                            _ => (Vec::new(), false, vec!["no capture".to_string()]),
-                        },
-                    };
-                    let mut changes: Vec<EffectChange> = diffs
+                    let (diffs, truncated, gaps) = differences(
+                        d,
+                        (snaps, snaps_c),
+                        (from, &captures_c),
+                        (label, "C"),
+                        &mut de.items,
+                    );
+                    let changes: Vec<EffectChange> = diffs
                         .into_iter()
                         .map(|diff| {
                             let by = if by_recovery && d == EffectsDomain::Workspace {
@@ -782,28 +717,13 @@ impl Observation {
                             to_change(diff, by)
                         })
                         .collect();
-                    de.truncated = truncated || changes.len() > files::MAX_LISTED;
-                    changes.truncate(files::MAX_LISTED);
-                    de.verdict = if !gaps.is_empty() {
-                        EffectsVerdict::Incomplete
-                    } else if !changes.is_empty() {
-                        EffectsVerdict::Changed
-                    } else {
-                        EffectsVerdict::Consistent
-                    };
-                    if !gaps.is_empty() {
-                        de.note = Some(gaps.join("; "));
-                    } else if let Some(n) = x.history_note {
-                        de.verdict = EffectsVerdict::Incomplete;
-                        de.note = Some(n.to_string());
-                    }
-                    de.changes = changes;
+                    settle(&mut de, changes, truncated, &gaps, x.history_note);
                     de
                 })
                 .collect::<Vec<_>>()
         };
-        let b_to_c = compare_to_c(x.captures_b, x.snaps_b, true);
-        let a_to_c = compare_to_c(&self.captures_a, &self.snaps_a, false);
+        let b_to_c = compare_to_c(x.captures_b, x.snaps_b, "B", true);
+        let a_to_c = compare_to_c(&self.captures_a, &self.snaps_a, "A", false);
         let worst = |ds: &[DomainEffects]| {
             ds.iter()
                 .fold(EffectsVerdict::NotObserved, |v, d| v.worst(d.verdict))
@@ -837,6 +757,82 @@ impl Observation {
             scrubbed: rec.scrubbed.clone(),
         })
     }
+}
+
+/// Domain `d`'s differences between two points (`labels`, as gaps name
+/// them): the snapshots' for `workspace` and `shared`, the captures' for
+/// the rest (their item counts into `items`); whether the listing was
+/// cut; the gaps.
+fn differences(
+    d: EffectsDomain,
+    (from, to): (&files::Snapshots, &files::Snapshots),
+    (caps_from, caps_to): (
+        &BTreeMap<EffectsDomain, Capture>,
+        &BTreeMap<EffectsDomain, Capture>,
+    ),
+    (la, lb): (&str, &str),
+    items: &mut [u64; 2],
+) -> (Vec<Difference>, bool, Vec<String>) {
+    let walked = |r: Result<(Vec<Difference>, bool), String>| match r {
+        Ok((dd, t)) => (dd, t, Vec::new()),
+        Err(e) => (Vec::new(), false, vec![e]),
+    };
+    match d {
+        EffectsDomain::Workspace => walked(files::diff(&from.workspace, &to.workspace, true)),
+        EffectsDomain::Shared => walked(files::diff(&from.shared(), &to.shared(), false)),
+        _ => match (caps_from.get(&d), caps_to.get(&d)) {
+            (Some(a), Some(b)) => {
+                *items = [a.items.len() as u64, b.items.len() as u64];
+                let mut gaps: Vec<String> =
+                    a.gaps.iter().map(|g| format!("at {la}: {g}")).collect();
+                gaps.extend(b.gaps.iter().map(|g| format!("at {lb}: {g}")));
+                (crate::collect::compare(a, b), false, gaps)
+            }
+            _ => (Vec::new(), false, vec!["no capture".to_string()]),
+        },
+    }
+}
+
+/// Domain `d` before anything is known of it.
+fn unobserved(d: EffectsDomain) -> DomainEffects {
+    DomainEffects {
+        domain: d,
+        verdict: EffectsVerdict::NotObserved,
+        changes: Vec::new(),
+        truncated: false,
+        note: None,
+        items: [0, 0],
+    }
+}
+
+/// A domain given its changes and gaps: listed up to the cut, its
+/// verdict, its note; lost history makes it INCOMPLETE.
+fn settle(
+    de: &mut DomainEffects,
+    mut changes: Vec<EffectChange>,
+    truncated: bool,
+    gaps: &[String],
+    history_note: Option<&str>,
+) {
+    de.truncated = truncated || changes.len() > files::MAX_LISTED;
+    changes.truncate(files::MAX_LISTED);
+    de.verdict = if !gaps.is_empty() {
+        EffectsVerdict::Incomplete
+    } else if !changes.is_empty() {
+        EffectsVerdict::Changed
+    } else {
+        EffectsVerdict::Consistent
+    };
+    if !gaps.is_empty() {
+        de.note = Some(gaps.join("; "));
+    }
+    if let Some(n) = history_note {
+        if de.verdict != EffectsVerdict::Incomplete {
+            de.verdict = EffectsVerdict::Incomplete;
+            de.note = Some(n.to_string());
+        }
+    }
+    de.changes = changes;
 }
 
 /// A→C leaves nothing of the run: every observed domain CONSISTENT.

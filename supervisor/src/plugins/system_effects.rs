@@ -808,57 +808,24 @@ impl Plugin for SystemEffects {
             Some(p) => Scope::load(p).map_err(|e| start_err(e.to_string()))?,
             None => Scope::default(),
         };
-        let path = match &es.observer {
-            Some(p) => p.clone(),
-            None => std::env::current_exe()
-                .map_err(|e| start_err(format!("find this executable: {e}")))?
-                .with_file_name("allox-observe"),
-        };
-        let pinned = es
-            .observer_sha256
-            .as_deref()
-            .or(observer::PINNED_AT_BUILD)
-            .ok_or_else(|| {
-                start_err(
-                    "no observer hash is pinned: this binary was built without ALLOX_OBSERVE_SHA256; pass --system-effects-observer-sha256",
-                )
-            })?;
-        let exe =
-            observer::Executable::load(&path, pinned, observer::OBSERVER).map_err(start_err)?;
-        let vpath = match &es.verifier {
-            Some(p) => p.clone(),
-            None => std::env::current_exe()
-                .map_err(|e| start_err(format!("find this executable: {e}")))?
-                .with_file_name(observer::VERIFIER.name),
-        };
-        let vpinned = es
-            .verifier_sha256
-            .as_deref()
-            .or(observer::VERIFIER_PINNED_AT_BUILD)
-            .ok_or_else(|| {
-                start_err(
-                    "no verifier hash is pinned: this binary was built without ALLOX_VERIFY_SHA256; pass --system-effects-verifier-sha256",
-                )
-            })?;
-        let verifier =
-            observer::Executable::load(&vpath, vpinned, observer::VERIFIER).map_err(start_err)?;
-        let rpath = match &es.recover {
-            Some(p) => p.clone(),
-            None => std::env::current_exe()
-                .map_err(|e| start_err(format!("find this executable: {e}")))?
-                .with_file_name(observer::RECOVER.name),
-        };
-        let rpinned = es
-            .recover_sha256
-            .as_deref()
-            .or(observer::RECOVER_PINNED_AT_BUILD)
-            .ok_or_else(|| {
-                start_err(
-                    "no recover tool hash is pinned: this binary was built without ALLOX_RECOVER_SHA256; pass --system-effects-recover-sha256",
-                )
-            })?;
-        let recover =
-            observer::Executable::load(&rpath, rpinned, observer::RECOVER).map_err(start_err)?;
+        let exe = observer::Executable::pinned(
+            observer::OBSERVER,
+            es.observer.as_deref(),
+            es.observer_sha256.as_deref(),
+        )
+        .map_err(start_err)?;
+        let verifier = observer::Executable::pinned(
+            observer::VERIFIER,
+            es.verifier.as_deref(),
+            es.verifier_sha256.as_deref(),
+        )
+        .map_err(start_err)?;
+        let recover = observer::Executable::pinned(
+            observer::RECOVER,
+            es.recover.as_deref(),
+            es.recover_sha256.as_deref(),
+        )
+        .map_err(start_err)?;
         let ring = es.ring_bytes;
         if ring < 4096 || !ring.is_power_of_two() {
             return Err(start_err(format!(

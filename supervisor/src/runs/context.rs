@@ -111,6 +111,19 @@ impl Runs {
         s: &str,
         network: &SessionNetwork,
     ) -> Result<i32, RunError> {
+        self.context_of(a, s, network, false)
+    }
+
+    /// The session's context, made now if it has none, a dead one, or
+    /// `renew` (the old one dropped: its process killed and reaped, its
+    /// guards released).
+    fn context_of(
+        &self,
+        a: &str,
+        s: &str,
+        network: &SessionNetwork,
+        renew: bool,
+    ) -> Result<i32, RunError> {
         let slot = self.slot(a, s);
         let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
         self.check_fence(a, s)?;
@@ -120,7 +133,7 @@ impl Runs {
                 session: s.to_string(),
             });
         }
-        if g.ctx.as_ref().is_some_and(|m| !m.ctx.is_alive()) {
+        if renew || g.ctx.as_ref().is_some_and(|m| !m.ctx.is_alive()) {
             g.ctx = None;
         }
         if g.ctx.is_none() {
@@ -219,19 +232,7 @@ impl Runs {
         s: &str,
         network: &SessionNetwork,
     ) -> Result<i32, RunError> {
-        let slot = self.slot(a, s);
-        let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
-        self.check_fence(a, s)?;
-        if g.closed {
-            return Err(RunError::Fenced {
-                agent: a.to_string(),
-                session: s.to_string(),
-            });
-        }
-        // Dropped: its process killed and reaped, its guards released.
-        g.ctx = None;
-        g.ctx = Some(self.make_context(a, s, network)?);
-        Ok(g.ctx.as_ref().map(|m| m.ctx.pid()).unwrap_or(0))
+        self.context_of(a, s, network, true)
     }
 
     /// Ends every context of agent `a` (their cgroups go with the agent's).

@@ -22,26 +22,41 @@ pub const VERIFIER_PINNED_AT_BUILD: Option<&str> = option_env!("ALLOX_VERIFY_SHA
 /// any.
 pub const RECOVER_PINNED_AT_BUILD: Option<&str> = option_env!("ALLOX_RECOVER_SHA256");
 
-/// What a pinned executable is: its role in messages and its name.
+/// What a pinned executable is: its role in messages, its name, and how
+/// its hash is pinned.
 #[derive(Debug, Clone, Copy)]
 pub struct Role {
-    /// `observer`, `verifier`.
+    /// `observer`, `verifier`, `recover tool`.
     pub what: &'static str,
-    /// `allox-observe`, `allox-system-effects-verify`.
+    /// `allox-observe`, `allox-system-effects-verify`, …
     pub name: &'static str,
+    /// The variable that pins it at build, and what it pinned.
+    pub build_env: &'static str,
+    pub pinned_at_build: Option<&'static str>,
+    /// The flag that pins it at start (`--system-effects-FLAG-sha256`).
+    pub flag: &'static str,
 }
 
 pub const OBSERVER: Role = Role {
     what: "observer",
     name: "allox-observe",
+    build_env: "ALLOX_OBSERVE_SHA256",
+    pinned_at_build: PINNED_AT_BUILD,
+    flag: "observer",
 };
 pub const VERIFIER: Role = Role {
     what: "verifier",
     name: "allox-system-effects-verify",
+    build_env: "ALLOX_VERIFY_SHA256",
+    pinned_at_build: VERIFIER_PINNED_AT_BUILD,
+    flag: "verifier",
 };
 pub const RECOVER: Role = Role {
     what: "recover tool",
     name: "allox-system-effects-recover",
+    build_env: "ALLOX_RECOVER_SHA256",
+    pinned_at_build: RECOVER_PINNED_AT_BUILD,
+    flag: "recover",
 };
 
 /// A pinned executable, sealed.
@@ -59,6 +74,28 @@ fn refuse(why: String) -> String {
 }
 
 impl Executable {
+    /// The `role`'s executable: `path`, or its name beside this
+    /// executable; checked against `sha256`, or the hash pinned at build.
+    pub fn pinned(
+        role: Role,
+        path: Option<&Path>,
+        sha256: Option<&str>,
+    ) -> Result<Executable, String> {
+        let path = match path {
+            Some(p) => p.to_path_buf(),
+            None => std::env::current_exe()
+                .map_err(|e| format!("find this executable: {e}"))?
+                .with_file_name(role.name),
+        };
+        let pinned = sha256.or(role.pinned_at_build).ok_or_else(|| {
+            format!(
+                "no {} hash is pinned: this binary was built without {}; pass --system-effects-{}-sha256",
+                role.what, role.build_env, role.flag
+            )
+        })?;
+        Executable::load(&path, pinned, role)
+    }
+
     /// Reads `path` into a sealed memory file and checks it against
     /// `pinned` (hex sha256).
     pub fn load(path: &Path, pinned: &str, role: Role) -> Result<Executable, String> {

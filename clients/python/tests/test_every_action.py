@@ -107,10 +107,14 @@ def effects_actions(call: Calls, env) -> None:
     sha = hashlib.sha256(observer.read_bytes()).hexdigest()
     verifier = init.with_name("allox-system-effects-verify")
     vsha = hashlib.sha256(verifier.read_bytes()).hexdigest()
+    recover = init.with_name("allox-system-effects-recover")
+    rsha = hashlib.sha256(recover.read_bytes()).hexdigest()
     args = ["--plugin", "system-effects", "--system-effects-observer", str(observer),
             "--system-effects-observer-sha256", sha,
             "--system-effects-verifier", str(verifier),
-            "--system-effects-verifier-sha256", vsha]
+            "--system-effects-verifier-sha256", vsha,
+            "--system-effects-recover", str(recover),
+            "--system-effects-recover-sha256", rsha]
     probe = subprocess.run([str(init), "supervise", "--help"], capture_output=True, text=True)
     assert "--system-effects-without-lsm" in probe.stdout
     # The development hosts' kernel refuses BPF LSM programs.

@@ -58,6 +58,43 @@ fn run(a: &str, s: &str, script: &str, wait: bool) -> Request {
     })
 }
 
+/// `effects.verify` of `a/s`'s run `run` in the guest against `root`,
+/// which must find it sound, and its `effects.export` written to `to`.
+fn verified_and_exported(
+    c: &mut Client,
+    run: &str,
+    root: &str,
+    to: &Path,
+) -> allox_protocol::EffectsVerified {
+    let v = match ok(
+        c,
+        Request::EffectsVerify(EffectsVerify {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: run.into(),
+            evidence_root: Some(root.into()),
+        }),
+    ) {
+        Response::EffectsVerified(v) => v,
+        other => panic!("{other:?}"),
+    };
+    assert!(v.ok, "{v:?}");
+    let mut tar = Vec::new();
+    allox_ctl::effects::export(
+        c,
+        &EffectsExport {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: run.into(),
+            offset: None,
+        },
+        &mut tar,
+    )
+    .expect("the export");
+    std::fs::write(to, &tar).unwrap();
+    v
+}
+
 /// `effects.unfence` of `a/s` with run `run`'s root, which must lift it.
 fn unfence(c: &mut Client, run: &str, root: &str) {
     match ok(
@@ -1789,33 +1826,8 @@ fn guest_system_effects_observe_runs_with_the_bpf_lsm_in_the_vm() {
     // the guest's export of the same set: the same report bytes. A byte
     // flipped in the export's verdict body is named.
     let root = residue.evidence_root.clone();
-    let v = match ok(
-        &mut c,
-        Request::EffectsVerify(EffectsVerify {
-            agent_id: "a".into(),
-            session_id: "s".into(),
-            run_id: residue.run_id.clone(),
-            evidence_root: Some(root.clone()),
-        }),
-    ) {
-        Response::EffectsVerified(v) => v,
-        other => panic!("{other:?}"),
-    };
-    assert!(v.ok, "{v:?}");
     let export = dir.path().join("residue.tar");
-    let mut tar = Vec::new();
-    allox_ctl::effects::export(
-        &mut c,
-        &EffectsExport {
-            agent_id: "a".into(),
-            session_id: "s".into(),
-            run_id: residue.run_id.clone(),
-            offset: None,
-        },
-        &mut tar,
-    )
-    .expect("the export");
-    std::fs::write(&export, &tar).unwrap();
+    let v = verified_and_exported(&mut c, &residue.run_id, &root, &export);
     let host_verify = |args: &[&str], path: &Path| {
         let out = Command::new(allox_integration::workspace_bin(
             "allox-system-effects-verify",
@@ -1913,33 +1925,8 @@ fn guest_system_effects_observe_runs_with_the_bpf_lsm_in_the_vm() {
     });
     assert!(named && left.fenced, "{left:#?}");
     unfence(&mut c, &left.run_id, &left.evidence_root);
-    let v3_report = match ok(
-        &mut c,
-        Request::EffectsVerify(EffectsVerify {
-            agent_id: "a".into(),
-            session_id: "s".into(),
-            run_id: left.run_id.clone(),
-            evidence_root: Some(left.evidence_root.clone()),
-        }),
-    ) {
-        Response::EffectsVerified(v) => v,
-        other => panic!("{other:?}"),
-    };
-    assert!(v3_report.ok, "{v3_report:?}");
-    let mut tar = Vec::new();
-    allox_ctl::effects::export(
-        &mut c,
-        &EffectsExport {
-            agent_id: "a".into(),
-            session_id: "s".into(),
-            run_id: left.run_id.clone(),
-            offset: None,
-        },
-        &mut tar,
-    )
-    .expect("the v3 export");
     let v3_export = dir.path().join("v3.tar");
-    std::fs::write(&v3_export, &tar).unwrap();
+    let v3_report = verified_and_exported(&mut c, &left.run_id, &left.evidence_root, &v3_export);
     let (code, report) = host_verify(&["--root", &left.evidence_root, "--export"], &v3_export);
     assert_eq!(code, Some(0), "{report}");
     assert_eq!(report, format!("{}\n", v3_report.report));

@@ -517,7 +517,7 @@ impl Started {
             (true, Some(ctx)) => scrub(ctx),
             _ => Vec::new(),
         };
-        let done = std::sync::Mutex::new(None);
+        let mut done = None;
         let restore = |checkpoint: &Path, fresh: &Path, current: &Path| {
             let args: Vec<String> = [
                 ("--checkpoint", checkpoint),
@@ -535,7 +535,7 @@ impl Started {
             let mut d: allox_protocol::RestoreDone = serde_json::from_str(&text)
                 .map_err(|e| format!("the recover tool's account {text:?}: {e}"))?;
             d.tool_sha256 = self.recover.sha256.clone();
-            *done.lock().unwrap_or_else(|e| e.into_inner()) = Some(d);
+            done = Some(d);
             Ok(())
         };
         let rolled = store.rollback_with(
@@ -551,7 +551,6 @@ impl Started {
             return failed(e.chain(), scrubbed);
         }
         store.failpoint("effects_v3.after_restore");
-        let d = done.into_inner().unwrap_or_else(|e| e.into_inner());
         let mut scrubbed = scrubbed;
         let mut context_pid = context_pid;
         if plan.scrub_runtime {
@@ -568,7 +567,7 @@ impl Started {
             }
         }
         allox_effects::observer::Recovered {
-            restore: d.ok_or_else(|| "the recover tool gave no account".to_string()),
+            restore: done.ok_or_else(|| "the recover tool gave no account".to_string()),
             scrubbed,
             context_pid,
         }

@@ -28,7 +28,8 @@ use crate::{pct, us_or_ms, BenchDaemon};
 
 /// Every domain but `filesystem` in scope (the workspace is always
 /// observed).
-const SCOPE: &str = r#"{"domains": ["bpf", "sysctl", "mount", "network", "modules", "processes"]}"#;
+pub(crate) const SCOPE: &str =
+    r#"{"domains": ["bpf", "sysctl", "mount", "network", "modules", "processes"]}"#;
 
 const FIND: &str = "find . -type f | xargs sha256sum > /dev/null";
 const CREATE: &str = "mkdir c && seq -f c/f%g 10000 | xargs touch";
@@ -99,7 +100,7 @@ fn note(c: &mut allox_ctl::client::Client, e: &RunEffects, seen: &mut Seen) -> a
     Ok(())
 }
 
-fn observer_args(scope: &std::path::Path) -> anyhow::Result<(Vec<String>, bool)> {
+pub(crate) fn observer_args(scope: &std::path::Path) -> anyhow::Result<(Vec<String>, bool)> {
     let mut args = allox_integration::effects_plugin_args();
     args.extend(["--system-effects-scope".into(), scope.display().to_string()]);
     // A kernel that refuses BPF LSM programs is observed without the

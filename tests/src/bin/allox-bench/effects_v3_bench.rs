@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use crate::{pct, us_or_ms, BenchDaemon};
 
-const SCOPE: &str = r#"{"domains": ["bpf", "sysctl", "mount", "network", "modules", "processes"]}"#;
 const RUN: &str = "printf changed > effect.txt";
 
 fn ok(r: Result<Response, allox_protocol::ErrorBody>) -> anyhow::Result<Response> {
@@ -104,13 +103,8 @@ fn row(name: &str, v: &[Duration], base: &[Duration]) -> f64 {
 pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     let n = if quick { 6 } else { 20 };
     let scope = fs.scratch().join("effects-v3-scope.json");
-    std::fs::write(&scope, SCOPE)?;
-    let mut args = allox_integration::effects_plugin_args();
-    args.extend(["--system-effects-scope".into(), scope.display().to_string()]);
-    let lsm = allox_ebpf_probes::History::load(4096).is_ok();
-    if !lsm {
-        args.push("--system-effects-without-lsm".into());
-    }
+    std::fs::write(&scope, crate::effects_bench::SCOPE)?;
+    let (args, lsm) = crate::effects_bench::observer_args(&scope)?;
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let off = BenchDaemon::start(fs, "v3-off", &[])?;
     let on = BenchDaemon::start(fs, "v3-on", &args)?;

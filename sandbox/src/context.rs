@@ -71,7 +71,7 @@ impl Context {
         };
         let bytes = postcard::to_stdvec(spec)
             .map_err(|e| SandboxError::sys("encode the context spec", std::io::Error::other(e)))?;
-        wire::send(ctx.control.as_fd(), &bytes, &[]).map_err(SandboxError::Gone)?;
+        wire::send(ctx.control.as_fd(), &bytes, &[]).map_err(|e| ctx.gone(e))?;
         match ctx.answer()? {
             (ContextReply::Ready, _) => Ok(ctx),
             (ContextReply::Failed(why), _) => Err(SandboxError::Refused(why)),
@@ -155,7 +155,7 @@ impl Context {
             shared.as_fd(),
         ];
         fds.extend(binds.iter().map(|b| b.as_fd()));
-        wire::send(self.control.as_fd(), &bytes, &fds).map_err(SandboxError::Gone)?;
+        wire::send(self.control.as_fd(), &bytes, &fds).map_err(|e| self.gone(e))?;
         drop(fds);
         drop((theirs, status_w, session, shared, binds));
         let (pid, pidfd) = match self.answer()? {
@@ -190,12 +190,49 @@ impl Context {
         })
     }
 
+    /// `e`, saying how the context process ended if it did: its socket
+    /// closes as it exits, so it is waited for a moment.
+    fn gone(&self, e: std::io::Error) -> SandboxError {
+        let mut fds = [rustix::event::PollFd::new(
+            &self.pidfd,
+            rustix::event::PollFlags::IN,
+        )];
+        let waited = rustix::event::poll(
+            &mut fds,
+            Some(&rustix::time::Timespec {
+                tv_sec: 1,
+                tv_nsec: 0,
+            }),
+        )
+        .is_ok_and(|n| n > 0);
+        let ended = waited
+            .then(|| {
+                rustix::process::waitid(
+                    WaitId::PidFd(self.pidfd.as_fd()),
+                    WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT,
+                )
+            })
+            .and_then(|r| r.ok().flatten());
+        let how = match ended {
+            Some(s) => match (s.exit_status(), s.terminating_signal()) {
+                (Some(code), _) => format!("exited with status {code}"),
+                (_, Some(sig)) => format!("was killed by signal {sig}"),
+                _ => "ended".to_string(),
+            },
+            None => return SandboxError::Gone(e),
+        };
+        SandboxError::Gone(std::io::Error::new(
+            e.kind(),
+            format!("{e}: the context process {} {how}", self.pid),
+        ))
+    }
+
     /// The next answer, with the descriptor it carries.
     fn answer(&self) -> Result<(ContextReply, Option<OwnedFd>), SandboxError> {
         let mut buf = Vec::new();
         let fds = wire::recv(self.control.as_fd(), &mut buf)
-            .map_err(SandboxError::Gone)?
-            .ok_or_else(|| SandboxError::Gone(std::io::ErrorKind::UnexpectedEof.into()))?;
+            .map_err(|e| self.gone(e))?
+            .ok_or_else(|| self.gone(std::io::ErrorKind::UnexpectedEof.into()))?;
         let reply =
             postcard::from_bytes(&buf).map_err(|e| SandboxError::Gone(std::io::Error::other(e)))?;
         Ok((reply, fds.into_iter().next()))

@@ -99,9 +99,12 @@ pub(crate) fn spawn_context(
     let empty = CString::default();
     let argv: [*const libc::c_char; 3] = [arg0.as_ptr(), arg1.as_ptr(), std::ptr::null()];
     let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+    // Both at 10 or above: the dup2 to 3 then makes a copy without
+    // close-on-exec (a dup2 onto itself would keep the flag), and cannot
+    // replace the executable's descriptor (which may be 3 in the caller).
+    let init_exe =
+        rustix::io::fcntl_dupfd_cloexec(init_exe, 10).map_err(|e| SandboxError::sys("dup", e))?;
     let exe = init_exe.as_raw_fd();
-    // At 10 or above, so that the dup2 to 3 makes a copy without
-    // close-on-exec (a dup2 onto itself would keep the flag).
     let control =
         rustix::io::fcntl_dupfd_cloexec(control, 10).map_err(|e| SandboxError::sys("dup", e))?;
     let ctl = control.as_raw_fd();

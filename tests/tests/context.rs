@@ -592,3 +592,83 @@ fn sessions_made_and_deleted_a_thousand_times_leave_nothing() {
     }
     assert_eq!(children.trim(), "", "processes left");
 }
+
+/// The session's context process starts whatever descriptor number the
+/// supervisor's handle to its own binary has — 3 included, the number the
+/// context's control socket is moved to before the exec. The test runs
+/// itself again in a process of its own started with 3 closed, so that the
+/// handle it opens first gets 3.
+#[test]
+fn the_context_starts_when_the_supervisor_s_binary_is_descriptor_3() {
+    let name = "context::the_context_starts_when_the_binary_is_descriptor_3";
+    if std::env::var_os("ALLOX_TEST_EXE_AT_3").is_some() {
+        return context_with_exe_at_3();
+    }
+    if !require(name) {
+        return;
+    }
+    let out = std::process::Command::new("sh")
+        .args(["-c", "exec 3>&-; exec \"$0\" \"$@\""])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "the_context_starts_when_the_supervisor_s_binary_is_descriptor_3",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("ALLOX_TEST_EXE_AT_3", "1")
+        .output()
+        .expect("run the test binary again");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("context ready with its binary at 3"),
+        "{text}"
+    );
+}
+
+/// In the process of its own: the binary's handle at 3, a context started
+/// from it in a cgroup of the test's own.
+fn context_with_exe_at_3() {
+    use rustix::fd::AsRawFd;
+    use rustix::fs::{open, Mode, OFlags};
+    let at3 = open(
+        allox_integration::workspace_bin("allox-init"),
+        OFlags::PATH | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .unwrap();
+    assert_eq!(at3.as_raw_fd(), 3, "descriptor 3 was not free");
+    let cg = allox_integration::cgroup2_mount()
+        .expect("a cgroup2 mount")
+        .join(format!("allox-test-{}-exe3", std::process::id()));
+    std::fs::create_dir_all(&cg).unwrap();
+    let cg_fd = open(&cg, OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap();
+    let stage = tempfile::tempdir().unwrap();
+    let defaults = allox_supervisor::runs::RunsConfig::new(
+        cg.clone(),
+        allox_integration::workspace_bin("allox-init"),
+        stage.path().join("unused"),
+    );
+    let spec = allox_sandbox::ContextSpec {
+        stage: stage.path().to_path_buf(),
+        system_dirs: defaults.system_dirs,
+        hostname: "allox".into(),
+        isolate_network: true,
+        uid: 65534,
+        gid: 65534,
+        binds: vec![],
+        links: vec![],
+    };
+    let r = allox_sandbox::Context::start(&at3, &cg_fd, &spec);
+    let alive = r.as_ref().is_ok_and(|c| c.is_alive());
+    let shown = format!("{:?}", r.as_ref().map(|c| c.pid()));
+    drop(r);
+    allox_integration::remove_cgroup_tree(&cg);
+    assert!(alive, "the context did not start: {shown}");
+    println!("context ready with its binary at 3");
+}

@@ -96,6 +96,35 @@ pub fn apply(w: &mut Writer<'_>, op: &Op) -> Result<(), IndexError> {
             w.put_checkpoint(agent, session, &from.baseline, record)?;
             w.put_fork(agent, session, from)
         }
+        Op::SessionImport {
+            agent,
+            session,
+            created_ms,
+            head,
+            checkpoints,
+            turns,
+            fork,
+            ..
+        } => {
+            w.put_session(
+                agent,
+                session,
+                &SessionRecord {
+                    created_ms: *created_ms,
+                    head: head.clone(),
+                },
+            )?;
+            for (c, r) in checkpoints {
+                w.put_checkpoint(agent, session, c, r)?;
+            }
+            for (t, r) in turns {
+                w.put_turn(agent, session, t, r)?;
+            }
+            match fork {
+                Some(f) => w.put_fork(agent, session, f),
+                None => Ok(()),
+            }
+        }
     }
 }
 

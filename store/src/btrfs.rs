@@ -410,6 +410,9 @@ pub struct RootInfo {
     pub uuid: [u8; 16],
     /// The subvolume this one is a snapshot of (zero if none).
     pub parent_uuid: [u8; 16],
+    /// The UUID of the subvolume this one was received from (zero if it
+    /// was not received).
+    pub received_uuid: [u8; 16],
     /// The transaction that created it.
     pub otransid: u64,
 }
@@ -426,6 +429,7 @@ impl RootInfo {
             id,
             uuid: d[247..263].try_into().unwrap(),
             parent_uuid: d[263..279].try_into().unwrap(),
+            received_uuid: d[279..295].try_into().unwrap(),
             otransid: le(303),
         })
     }

@@ -115,6 +115,16 @@ pub enum StoreError {
     Audit(#[from] AuditError),
     #[error(transparent)]
     Tree(#[from] TreeError),
+    /// A session archive that does not read or does not check.
+    #[error("the session archive is refused: {0}")]
+    Archive(#[from] crate::archive::ArchiveError),
+    /// A session archive whose content is refused (a bad id, a stream the
+    /// receiving side cannot apply), and why.
+    #[error("the session archive is refused: {0}")]
+    BadArchive(String),
+    /// An export that could not be written, and why.
+    #[error("the export failed: {0}")]
+    Export(String),
     #[error("{op} {path}")]
     Io {
         op: &'static str,
@@ -163,7 +173,9 @@ impl StoreError {
             | StoreError::BadLabel
             | StoreError::KeepLastZero
             | StoreError::NothingToUpdate
-            | StoreError::BadCpuMax(_) => ErrorCode::InvalidRequest,
+            | StoreError::BadCpuMax(_)
+            | StoreError::Archive(_)
+            | StoreError::BadArchive(_) => ErrorCode::InvalidRequest,
             StoreError::NotFound(_) => ErrorCode::NotFound,
             StoreError::Exists(_)
             | StoreError::OnDiskNotIndexed(_)

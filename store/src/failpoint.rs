@@ -38,6 +38,10 @@ pub const ALL: &[&str] = &[
     "session_fork.after_baseline",
     "session_fork.after_current",
     "session_fork.after_commit",
+    "session_import.after_journal",
+    "session_import.after_current",
+    "session_import.after_rename",
+    "session_import.after_commit",
 ];
 
 /// The supervisor's points before each installed plugin starts (a panic

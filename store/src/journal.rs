@@ -31,7 +31,7 @@
 //! steps are complete and undone otherwise. A step that fails at run time
 //! is undone at once by the same code. See `store::recovery`.
 
-use crate::rows::{CheckpointRecord, ForkRecord};
+use crate::rows::{CheckpointRecord, ForkRecord, TurnRecord};
 use serde::{Deserialize, Serialize};
 
 /// One multi-step change, with what recovery needs to finish or undo it.
@@ -87,6 +87,21 @@ pub enum Op {
         created_ms: u64,
         record: CheckpointRecord,
         from: ForkRecord,
+    },
+    /// A session received from an archive into `staging` (a directory of
+    /// the agent's `sessions/` laid out as the session's, its checkpoints
+    /// in `checkpoints/`) made to appear: `current/` made as a writable
+    /// snapshot of the received one, then the directory renamed into
+    /// place.
+    SessionImport {
+        agent: String,
+        session: String,
+        created_ms: u64,
+        staging: String,
+        head: Option<String>,
+        checkpoints: Vec<(String, CheckpointRecord)>,
+        turns: Vec<(String, TurnRecord)>,
+        fork: Option<ForkRecord>,
     },
 }
 

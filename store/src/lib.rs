@@ -10,6 +10,7 @@
 //! code that recovery runs at start-up undoes it at once
 //! ([`recovery::resolve`]). See [`crate::journal`] for the protocol.
 
+pub mod archive;
 pub mod audit;
 pub mod btrfs;
 pub mod clock;
@@ -36,11 +37,13 @@ mod reaper;
 pub mod recovery;
 mod rollback;
 mod session;
+mod transfer;
 mod turn;
 
 pub use error::{Result, StoreError};
 pub use quota::{parse_size, StoreOptions};
 pub use session::NewSession;
+pub use transfer::{Exported, Import, Imported};
 
 use crate::audit::Audit;
 use crate::failpoint::Failpoints;

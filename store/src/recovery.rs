@@ -224,6 +224,34 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
                 false
             }
         }
+        Op::SessionImport {
+            agent,
+            session,
+            staging,
+            checkpoints,
+            ..
+        } => {
+            // The staging directory renamed into place (with every
+            // checkpoint, and `current/` made before the rename): done.
+            // (The received `.current` goes with the sweep of leftovers.)
+            let mut whole = forward && probe(&l.current(agent, session))?;
+            for (c, _) in checkpoints {
+                whole = whole && probe(&l.checkpoint(agent, session, c))?;
+            }
+            if whole {
+                finish(op)?;
+            } else {
+                rm(&l.session_dir(agent, session))?;
+                rm(&l.sessions_dir(agent).join(staging))?;
+                let key = crate::index::session_key(agent, session);
+                st.index.write_quick(|w| {
+                    w.remove_network(&key)?;
+                    w.remove_policy(&key)?;
+                    w.remove_clock(agent, session)
+                })?;
+            }
+            whole
+        }
         // The deletes were handled above.
         Op::AgentDelete { .. } | Op::SessionDelete { .. } | Op::CheckpointDelete { .. } => false,
     };

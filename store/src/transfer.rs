@@ -1,0 +1,635 @@
+//! `session.export` and `session.import`: a session with its whole
+//! checkpoint history as a [`crate::archive`] of Btrfs send streams, and
+//! back.
+//!
+//! Export snapshots `current/` read-only (so runs may go on) and sends each
+//! checkpoint relative to its parent when the parent travels first (shared
+//! extents go once), then the snapshot of `current/` relative to the head.
+//! Import receives every stream into a staging directory beside the
+//! agent's sessions (the same subvolume, so its trees can be renamed into
+//! place), checking each as it ends; only when the archive's end mark
+//! checks does one journaled step make the session appear. Anything short
+//! of that leaves the store as it was: the staging directory is removed,
+//! and one a crash leaves is swept at the next start.
+
+use super::{mkdir, After, Result, Store, StoreError, MAX_LABEL};
+use crate::archive::{self, ArchivedCheckpoint, Item, Manifest, PushError, StreamInfo, Tree};
+use crate::btrfs;
+use crate::index::{session_key, CheckpointRecord};
+use crate::journal::Op;
+use allox_protocol::{validate_id, SessionInfo};
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Arc;
+
+/// Where the read-only snapshot of `current/` is sent from, and the name
+/// its stream gives the received tree (no checkpoint id begins with `.`).
+const CURRENT: &str = ".current";
+
+/// Most checkpoints and turns one archive may list.
+const MAX_ITEMS: usize = 1_000_000;
+
+/// What an export wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Exported {
+    pub bytes: u64,
+    pub checkpoints: usize,
+}
+
+/// What an import made.
+#[derive(Debug, Clone)]
+pub struct Imported {
+    pub session: SessionInfo,
+    pub checkpoints: usize,
+    pub bytes: u64,
+}
+
+/// Removes a directory of subvolumes when dropped.
+struct Scratch(Option<PathBuf>);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            if let Err(e) = btrfs::remove_tree(&p) {
+                tracing::warn!(path = %p.display(), error = %StoreError::from(e).chain(), "cannot remove a transfer's scratch tree");
+            }
+        }
+    }
+}
+
+fn btrfs_cli() -> Command {
+    let mut c = Command::new("btrfs");
+    c.env_clear().env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+    c
+}
+
+impl Store {
+    /// Writes session `a/s` to `out` as an archive: with `since`, only the
+    /// checkpoints made after it, and `current/` relative to it.
+    pub fn session_export(
+        &self,
+        a: &str,
+        s: &str,
+        since: Option<&str>,
+        out: &mut dyn Write,
+    ) -> Result<Exported> {
+        validate_id("agent_id", a)?;
+        validate_id("session_id", s)?;
+        if let Some(c) = since {
+            validate_id("since", c)?;
+        }
+        let l = &self.layout;
+        let scratch;
+        let manifest = {
+            let _g = self.guard();
+            let rec = self.need_session(a, s)?;
+            let mut cps = self.index.checkpoints(a, s)?;
+            cps.sort_by_key(|(_, r)| r.seq);
+            let base = match since {
+                Some(c) => {
+                    let r = self.need_checkpoint(a, s, c)?;
+                    let info = btrfs::root_info(&l.checkpoint(a, s, c))?;
+                    cps.retain(|(_, x)| x.seq > r.seq);
+                    Some(archive::Base {
+                        id: c.to_string(),
+                        uuid: uuid_of(&info),
+                    })
+                }
+                None => None,
+            };
+            let key = session_key(a, s);
+            let dir = l
+                .session_dir(a, s)
+                .join(format!(".export-{}", self.new_op_id()));
+            mkdir(&dir)?;
+            scratch = Scratch(Some(dir.clone()));
+            btrfs::snapshot(&l.current(a, s), &dir.join(CURRENT), true)?;
+            let sent: HashSet<&str> = cps.iter().map(|(c, _)| c.as_str()).collect();
+            let parent_of = |p: &Option<String>| {
+                p.as_ref()
+                    .filter(|p| sent.contains(p.as_str()))
+                    .cloned()
+                    .or_else(|| since.map(str::to_string))
+            };
+            let mut streams: Vec<StreamInfo> = cps
+                .iter()
+                .map(|(c, r)| StreamInfo {
+                    tree: Tree::Checkpoint(c.clone()),
+                    parent: parent_of(&r.parent),
+                })
+                .collect();
+            streams.push(StreamInfo {
+                tree: Tree::Current,
+                parent: parent_of(&rec.head),
+            });
+            Manifest {
+                agent: a.into(),
+                session: s.into(),
+                created_ms: rec.created_ms,
+                head: rec.head.clone(),
+                network: self.index.network(&key)?.unwrap_or_default(),
+                policy: self.index.policy(&key)?,
+                clock: self.index.clock(a, s)?,
+                fork: self.index.fork(a, s)?,
+                checkpoints: cps
+                    .into_iter()
+                    .map(|(id, record)| ArchivedCheckpoint { id, record })
+                    .collect(),
+                turns: self.index.turns(a, s)?,
+                since: base,
+                streams,
+            }
+        };
+        let dir = scratch.0.clone().unwrap_or_default();
+        let mut w = archive::Writer::new(out, &manifest)
+            .map_err(|e| StoreError::Export(format!("writing the manifest: {e}")))?;
+        let path_of = |t: &Tree| match t {
+            Tree::Checkpoint(c) => l.checkpoint(a, s, c),
+            Tree::Current => dir.join(CURRENT),
+        };
+        for st in &manifest.streams {
+            let mut cmd = btrfs_cli();
+            cmd.args(["send", "-q"]);
+            if let Some(p) = &st.parent {
+                cmd.arg("-p").arg(l.checkpoint(a, s, p));
+            }
+            cmd.arg(path_of(&st.tree));
+            send(cmd, &st.tree, &mut w)?;
+            w.end_stream()
+                .map_err(|e| StoreError::Export(format!("writing {}: {e}", st.tree)))?;
+        }
+        let (bytes, _) = w
+            .finish()
+            .map_err(|e| StoreError::Export(format!("writing the end mark: {e}")))?;
+        drop(scratch);
+        Ok(Exported {
+            bytes,
+            checkpoints: manifest.checkpoints.len(),
+        })
+    }
+
+    /// Begins an import into agent `a` (which must exist) as session `s`
+    /// (the archive's own id when `None`).
+    pub fn import_begin(self: &Arc<Self>, a: &str, s: Option<&str>) -> Result<Import> {
+        validate_id("agent_id", a)?;
+        if let Some(s) = s {
+            validate_id("session_id", s)?;
+        }
+        self.check_fence()?;
+        self.need_agent(a)?;
+        let staging = format!(".import-{}", self.new_op_id());
+        let dir = self.layout.sessions_dir(a).join(&staging);
+        mkdir(&dir)?;
+        let scratch = Scratch(Some(dir.clone()));
+        mkdir(&dir.join("checkpoints"))?;
+        Ok(Import {
+            store: self.clone(),
+            agent: a.into(),
+            session: s.map(str::to_string),
+            staging,
+            scratch,
+            reader: archive::Reader::default(),
+            manifest: None,
+            receiving: None,
+        })
+    }
+}
+
+fn uuid_of(info: &btrfs::RootInfo) -> [u8; 16] {
+    if info.received_uuid != [0; 16] {
+        info.received_uuid
+    } else {
+        info.uuid
+    }
+}
+
+/// Runs `cmd` (a `btrfs send`) and writes its output as the next stream.
+fn send<W: Write>(mut cmd: Command, tree: &Tree, w: &mut archive::Writer<W>) -> Result<()> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| StoreError::Export(format!("cannot run btrfs send (btrfs-progs): {e}")))?;
+    let mut stdout = child.stdout.take().expect("piped");
+    let mut stderr = child.stderr.take().expect("piped");
+    let errors = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let mut buf = vec![0u8; archive::MAX_FRAME];
+    let copied: std::io::Result<()> = loop {
+        match stdout.read(&mut buf) {
+            Ok(0) => break Ok(()),
+            Ok(n) => {
+                if let Err(e) = w.data(&buf[..n]) {
+                    break Err(e);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(e),
+        }
+    };
+    if copied.is_err() {
+        let _ = child.kill();
+    }
+    let status = child.wait();
+    let why = errors.join().unwrap_or_default();
+    copied.map_err(|e| StoreError::Export(format!("writing {tree}: {e}")))?;
+    match status {
+        Ok(st) if st.success() => Ok(()),
+        Ok(st) => Err(StoreError::Export(format!(
+            "btrfs send of {tree} failed ({st}): {}",
+            why.trim()
+        ))),
+        Err(e) => Err(StoreError::Export(format!("btrfs send of {tree}: {e}"))),
+    }
+}
+
+/// An import under way: bytes are pushed as they come; [`Import::commit`]
+/// makes the session appear. Dropped before that, it leaves nothing.
+pub struct Import {
+    store: Arc<Store>,
+    agent: String,
+    session: Option<String>,
+    staging: String,
+    scratch: Scratch,
+    reader: archive::Reader,
+    manifest: Option<Manifest>,
+    /// The `btrfs receive` of the stream being read.
+    receiving: Option<Receiving>,
+}
+
+struct Receiving {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl std::fmt::Debug for Import {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Import")
+            .field("agent", &self.agent)
+            .field("session", &self.session)
+            .field("staging", &self.staging)
+            .field("read", &self.reader.read())
+            .finish()
+    }
+}
+
+impl Import {
+    /// Bytes read so far.
+    pub fn read(&self) -> u64 {
+        self.reader.read()
+    }
+
+    fn staging(&self) -> PathBuf {
+        self.scratch.0.clone().unwrap_or_default()
+    }
+
+    /// Reads the next bytes of the archive.
+    pub fn push(&mut self, bytes: &[u8]) -> Result<()> {
+        let staging = self.staging();
+        let Import {
+            reader,
+            manifest,
+            receiving,
+            store,
+            agent,
+            session,
+            ..
+        } = self;
+        let r = reader.push(bytes, &mut |item| -> Result<()> {
+            match item {
+                Item::Manifest(m) => {
+                    check_manifest(store, agent, session.as_deref(), &m)?;
+                    *manifest = Some(*m);
+                }
+                Item::Data { index, bytes } => {
+                    if receiving.is_none() {
+                        *receiving = Some(receive(&into(&staging, manifest, index))?);
+                    }
+                    let rx = receiving.as_mut().expect("made above");
+                    let stdin = rx.stdin.as_mut().expect("open until the stream ends");
+                    if let Err(e) = stdin.write_all(bytes) {
+                        let tree = stream_name(manifest, index);
+                        let why = finish_receive(receiving.take().expect("there"));
+                        return Err(StoreError::BadArchive(format!(
+                            "btrfs receive of {tree} stopped ({e}): {why}"
+                        )));
+                    }
+                }
+                Item::StreamEnd { index } => {
+                    let tree = stream_name(manifest, index);
+                    // An empty stream: receive refuses it below.
+                    let rx = match receiving.take() {
+                        Some(rx) => rx,
+                        None => receive(&into(&staging, manifest, index))?,
+                    };
+                    let why = finish_receive(rx);
+                    if !why.is_empty() {
+                        return Err(StoreError::BadArchive(format!(
+                            "btrfs receive of {tree} failed: {why}"
+                        )));
+                    }
+                    let m = manifest.as_ref().expect("streams follow the manifest");
+                    check_received(&staging, &m.streams[..=index], &m.streams[index].tree)?;
+                }
+                Item::End => {}
+            }
+            Ok(())
+        });
+        match r {
+            Ok(()) => Ok(()),
+            Err(PushError::Archive(e)) => Err(StoreError::Archive(e)),
+            Err(PushError::Handler(e)) => Err(e),
+        }
+    }
+
+    /// Makes the session appear, if the archive ended and checked.
+    pub fn commit(mut self) -> Result<Imported> {
+        self.reader.finish()?;
+        let m = self
+            .manifest
+            .take()
+            .expect("a whole archive has a manifest");
+        if m.since.is_some() {
+            return Err(StoreError::BadArchive(
+                "an archive made with since adds to a session; import it with the whole history first"
+                    .into(),
+            ));
+        }
+        let st = self.store.clone();
+        let bytes = self.reader.read();
+        let a = self.agent.clone();
+        let s = self.session.clone().unwrap_or_else(|| m.session.clone());
+        let staging = self.staging();
+        let l = &st.layout;
+        let _g = st.guard();
+        st.need_agent(&a)?;
+        if st.index.session(&a, &s)?.is_some() {
+            return Err(StoreError::Exists(format!("session {a}/{s}")));
+        }
+        let dir = l.session_dir(&a, &s);
+        if dir.exists() {
+            return Err(StoreError::OnDiskNotIndexed(dir));
+        }
+        let key = session_key(&a, &s);
+        let now = crate::clock::now_ms();
+        let build = |w: &mut crate::index::Writer<'_>| {
+            w.put_network(&key, &m.network)?;
+            match &m.policy {
+                Some(p) => w.put_policy(&key, p)?,
+                None => w.remove_policy(&key)?,
+            }
+            match &m.clock {
+                // Its lifetime counts from the import.
+                Some(c) => w.put_clock(
+                    &a,
+                    &s,
+                    &crate::index::ClockRecord {
+                        lifetime_from_ms: now,
+                        last_active_ms: now,
+                        expired_ms: None,
+                        ..c.clone()
+                    },
+                )?,
+                None => w.remove_clock(&a, &s)?,
+            }
+            let mut checkpoints = Vec::new();
+            for c in &m.checkpoints {
+                checkpoints.push((
+                    c.id.clone(),
+                    CheckpointRecord {
+                        seq: w.next_seq("checkpoint")?,
+                        ..c.record.clone()
+                    },
+                ));
+            }
+            Ok(Op::SessionImport {
+                agent: a.clone(),
+                session: s.clone(),
+                created_ms: m.created_ms,
+                staging: self.staging.clone(),
+                head: m.head.clone(),
+                checkpoints,
+                turns: m.turns.clone(),
+                fork: m.fork.clone(),
+            })
+        };
+        st.check_space()?;
+        st.journaled(build, |op_id, op| {
+            st.crash_point("session_import.after_journal");
+            // The staging directory is laid out as the session's: a
+            // read-only subvolume cannot move to another directory, but
+            // the directory holding it can.
+            let current = staging.join("current");
+            btrfs::snapshot(&staging.join(CURRENT), &current, false)?;
+            st.limit_session_tree(&current)?;
+            st.crash_point("session_import.after_current");
+            std::fs::rename(&staging, &dir).map_err(|e| StoreError::io("rename", &staging, e))?;
+            st.crash_point("session_import.after_rename");
+            st.end(op_id, op, &After::Nothing)?;
+            st.crash_point("session_import.after_commit");
+            Ok(((), After::Nothing))
+        })?;
+        // What is left of the staging is the received current/, now in the
+        // session's directory under a name no user tree has.
+        self.scratch.0 = Some(dir.join(CURRENT));
+        drop(_g);
+        drop(self);
+        Ok(Imported {
+            session: st.session_info_of(&a, &s)?,
+            checkpoints: m.checkpoints.len(),
+            bytes,
+        })
+    }
+}
+
+/// Where stream `index` is received: a checkpoint into the staging's
+/// `checkpoints/`, `current/` beside it.
+fn into(staging: &Path, m: &Option<Manifest>, index: usize) -> PathBuf {
+    match m
+        .as_ref()
+        .and_then(|m| m.streams.get(index))
+        .map(|s| &s.tree)
+    {
+        Some(Tree::Checkpoint(_)) => staging.join("checkpoints"),
+        _ => staging.to_path_buf(),
+    }
+}
+
+fn stream_name(m: &Option<Manifest>, index: usize) -> String {
+    m.as_ref()
+        .and_then(|m| m.streams.get(index))
+        .map(|s| s.tree.to_string())
+        .unwrap_or_default()
+}
+
+/// A `btrfs receive` into `dir`, confined to it, ending at the stream's
+/// end.
+fn receive(dir: &Path) -> Result<Receiving> {
+    let mut child = btrfs_cli()
+        .args(["receive", "-q", "-e", "--chroot"])
+        .arg(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            StoreError::BadArchive(format!("cannot run btrfs receive (btrfs-progs): {e}"))
+        })?;
+    let stdin = child.stdin.take();
+    Ok(Receiving { child, stdin })
+}
+
+/// Ends a receive: empty when it succeeded, else what it said.
+fn finish_receive(mut rx: Receiving) -> String {
+    drop(rx.stdin.take());
+    let mut err = String::new();
+    if let Some(mut e) = rx.child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    match rx.child.wait() {
+        Ok(st) if st.success() => String::new(),
+        Ok(st) => format!("{st}: {}", err.trim()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// After stream `tree` (the last of `done`): the staging directory holds
+/// exactly the trees received so far, each a read-only received subvolume.
+fn check_received(staging: &Path, done: &[StreamInfo], tree: &Tree) -> Result<()> {
+    let names = |dir: &Path| -> Result<HashSet<String>> {
+        let mut found = HashSet::new();
+        for e in std::fs::read_dir(dir).map_err(|e| StoreError::io("read", dir, e))? {
+            let e = e.map_err(|e| StoreError::io("read", dir, e))?;
+            found.insert(e.file_name().to_string_lossy().into_owned());
+        }
+        Ok(found)
+    };
+    let mut want: HashSet<String> = done
+        .iter()
+        .filter_map(|s| match &s.tree {
+            Tree::Checkpoint(c) => Some(c.clone()),
+            Tree::Current => None,
+        })
+        .collect();
+    let mut top: HashSet<String> = ["checkpoints".to_string()].into();
+    if done.iter().any(|s| s.tree == Tree::Current) {
+        top.insert(CURRENT.to_string());
+    }
+    for (dir, want) in [
+        (staging.join("checkpoints"), &mut want),
+        (staging.to_path_buf(), &mut top),
+    ] {
+        let found = names(&dir)?;
+        if found != *want {
+            let extra: Vec<_> = found.difference(want).cloned().collect();
+            let missing: Vec<_> = want.difference(&found).cloned().collect();
+            return Err(StoreError::BadArchive(format!(
+                "after the stream of {tree} the received trees are not those the manifest lists (unexpected: {extra:?}, missing: {missing:?})"
+            )));
+        }
+    }
+    let p = match tree {
+        Tree::Checkpoint(c) => staging.join("checkpoints").join(c),
+        Tree::Current => staging.join(CURRENT),
+    };
+    let info = btrfs::root_info(&p)
+        .map_err(|_| StoreError::BadArchive(format!("{tree} was not received as a subvolume")))?;
+    let dir = std::fs::File::open(&p).map_err(|e| StoreError::io("open", &p, e))?;
+    if info.received_uuid == [0; 16] || !btrfs::is_read_only(&dir, &p)? {
+        return Err(StoreError::BadArchive(format!(
+            "{tree} was not received whole (no received UUID, or still writable)"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a manifest that does not describe one session: ids that are
+/// not ids, streams that are not one per checkpoint plus `current/` last,
+/// parents that do not come first, links to checkpoints it does not hold.
+fn check_manifest(st: &Store, a: &str, s: Option<&str>, m: &Manifest) -> Result<()> {
+    let bad = |why: String| Err(StoreError::BadArchive(why));
+    for (what, id) in [("agent", &m.agent), ("session", &m.session)] {
+        if let Err(e) = validate_id(what, id) {
+            return bad(format!("its {what} id: {e}"));
+        }
+    }
+    if m.checkpoints.len() > MAX_ITEMS || m.turns.len() > MAX_ITEMS {
+        return bad(format!("more than {MAX_ITEMS} checkpoints or turns"));
+    }
+    let mut ids = HashMap::new();
+    for c in &m.checkpoints {
+        if let Err(e) = validate_id("checkpoint_id", &c.id) {
+            return bad(format!("a checkpoint id: {e}"));
+        }
+        if c.record.label.as_ref().is_some_and(|l| l.len() > MAX_LABEL) {
+            return bad(format!("checkpoint {}'s label is too long", c.id));
+        }
+        if ids.insert(c.id.as_str(), &c.record).is_some() {
+            return bad(format!("checkpoint {} is listed twice", c.id));
+        }
+    }
+    for (t, _) in &m.turns {
+        if let Err(e) = validate_id("turn_id", t) {
+            return bad(format!("a turn id: {e}"));
+        }
+    }
+    let base = m.since.as_ref().map(|b| b.id.as_str());
+    let known = |c: &str| ids.contains_key(c) || base == Some(c);
+    for c in &m.checkpoints {
+        if let Some(p) = &c.record.parent {
+            if !known(p) {
+                return bad(format!("checkpoint {}'s parent {p} is not in it", c.id));
+            }
+        }
+    }
+    if let Some(h) = &m.head {
+        if !known(h) {
+            return bad(format!("its head {h} is not in it"));
+        }
+    }
+    let want = m.checkpoints.len() + 1;
+    if m.streams.len() != want || m.streams.last().map(|x| &x.tree) != Some(&Tree::Current) {
+        return bad(format!(
+            "{} streams where one per checkpoint and current/ last ({want}) are needed",
+            m.streams.len()
+        ));
+    }
+    let mut sent = HashSet::new();
+    for (i, x) in m.streams.iter().enumerate() {
+        if let Tree::Checkpoint(c) = &x.tree {
+            if m.checkpoints.get(i).map(|k| &k.id) != Some(c) {
+                return bad(format!("stream {i} is not the checkpoint listed there"));
+            }
+        }
+        if let Some(p) = &x.parent {
+            if !sent.contains(p.as_str()) && base != Some(p.as_str()) {
+                return bad(format!(
+                    "stream {i} ({}) is relative to {p}, which does not come before it",
+                    x.tree
+                ));
+            }
+        }
+        if let Tree::Checkpoint(c) = &x.tree {
+            sent.insert(c.as_str());
+        }
+    }
+    let session = s.unwrap_or(&m.session);
+    if st.index.session(a, session)?.is_some() {
+        return Err(StoreError::Exists(format!("session {a}/{session}")));
+    }
+    Ok(())
+}

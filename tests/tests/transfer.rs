@@ -1,0 +1,255 @@
+//! Sessions that move: `session.export` writes a session with its whole
+//! checkpoint history as an archive of Btrfs send streams, and
+//! `session.import` on another store (another Btrfs filesystem) makes the
+//! same session appear in one step — or, for an archive that does not
+//! check, nothing at all.
+
+use allox_integration::{require, tree_digest, BtrfsFs};
+use allox_protocol::*;
+use allox_store::Store;
+use std::sync::Arc;
+
+fn store(fs: &BtrfsFs) -> Arc<Store> {
+    let root = fs.path().join("store");
+    std::fs::create_dir_all(&root).unwrap();
+    Arc::new(Store::open(&root, Default::default()).unwrap())
+}
+
+fn checkpoint(st: &Store, c: &str, pinned: bool, label: Option<&str>) {
+    st.checkpoint_create(&CheckpointCreate {
+        agent_id: "a".into(),
+        session_id: "s".into(),
+        checkpoint_id: c.into(),
+        pinned,
+        label: label.map(str::to_string),
+    })
+    .unwrap();
+}
+
+/// A session a/s with `files` files, checkpoints c0..c{n}, a branch (a
+/// rollback to c1 and two checkpoints on it), a pinned and a labelled one,
+/// and a turn that ended with its own checkpoint.
+fn history(st: &Store, files: usize, n: usize) {
+    st.agent_create("a").unwrap();
+    let info = st.session_create("a", "s").unwrap();
+    let cur = std::path::PathBuf::from(&info.current);
+    allox_integration::populate(&cur, files).unwrap();
+    for i in 0..n {
+        std::fs::write(cur.join(format!("step{i}")), format!("step {i}\n")).unwrap();
+        // A file changed in place, one removed.
+        std::fs::write(cur.join("d000/f1"), format!("changed at {i}\n")).unwrap();
+        let _ = std::fs::remove_file(cur.join(format!("d000/f{}", i + 2)));
+        checkpoint(
+            st,
+            &format!("c{i}"),
+            i == 3,
+            (i == 4).then_some("the fifth"),
+        );
+    }
+    st.rollback(&SessionRollback {
+        agent_id: "a".into(),
+        session_id: "s".into(),
+        checkpoint_id: "c1".into(),
+        kill_processes: None,
+    })
+    .unwrap();
+    std::fs::write(cur.join("branch"), "on the branch\n").unwrap();
+    checkpoint(st, "b0", false, None);
+    // The session's own policy travels; its turn ends with a checkpoint.
+    st.policy_set(&PolicySet {
+        agent_id: "a".into(),
+        session_id: Some("s".into()),
+        auto_checkpoint: Some(true),
+        keep_last: Some(50),
+    })
+    .unwrap();
+    st.turn_begin(&TurnBegin {
+        agent_id: "a".into(),
+        session_id: "s".into(),
+        turn_id: Some("t1".into()),
+    })
+    .unwrap();
+    std::fs::write(cur.join("turn"), "in the turn\n").unwrap();
+    st.turn_end(&TurnEnd {
+        agent_id: "a".into(),
+        session_id: "s".into(),
+        turn_id: "t1".into(),
+        status: TurnStatus::Ok,
+        label: None,
+    })
+    .unwrap();
+    // Not checkpointed: travels as current/.
+    std::fs::write(cur.join("uncommitted"), "only in current\n").unwrap();
+}
+
+fn export(st: &Store, since: Option<&str>) -> Vec<u8> {
+    let mut out = Vec::new();
+    st.session_export("a", "s", since, &mut out).unwrap();
+    out
+}
+
+fn import(st: &Arc<Store>, bytes: &[u8], step: usize) -> Result<allox_store::Imported, String> {
+    let mut i = st.import_begin("a", None).map_err(|e| e.chain())?;
+    for piece in bytes.chunks(step) {
+        i.push(piece).map_err(|e| e.chain())?;
+    }
+    i.commit().map_err(|e| e.chain())
+}
+
+/// What a session looks like from outside: its listing (without the
+/// times' order numbers, which are each store's own), its turns, and
+/// every tree.
+fn view(st: &Store) -> (CheckpointListing, Vec<String>, Vec<Vec<String>>) {
+    let l = st.checkpoint_list("a", "s").unwrap();
+    let turns = st
+        .index()
+        .turns("a", "s")
+        .unwrap()
+        .iter()
+        .map(|t| format!("{t:?}"))
+        .collect();
+    let layout = st.layout();
+    let mut trees = vec![tree_digest(&layout.current("a", "s"))];
+    for c in &l.checkpoints {
+        trees.push(tree_digest(&layout.checkpoint("a", "s", &c.checkpoint_id)));
+    }
+    (l, turns, trees)
+}
+
+/// Subvolumes and directories of the store's agents (to show nothing was
+/// left by a refused import).
+fn on_disk(st: &Store) -> Vec<String> {
+    let mut out = Vec::new();
+    let sessions = st.layout().sessions_dir("a");
+    for e in std::fs::read_dir(&sessions).unwrap().flatten() {
+        out.push(e.file_name().to_string_lossy().into_owned());
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_session_with_its_history_moves_to_another_filesystem_whole() {
+    if !require("transfer::a_session_moves_whole") {
+        return;
+    }
+    let (fa, fb) = (BtrfsFs::new(512).unwrap(), BtrfsFs::new(512).unwrap());
+    let (src, dst) = (store(&fa), store(&fb));
+    history(&src, 2000, 8);
+    let bytes = export(&src, None);
+    dst.agent_create("a").unwrap();
+    // Pushed in odd pieces, as a connection delivers them.
+    let done = import(&dst, &bytes, 100_003).unwrap();
+    assert_eq!(done.checkpoints, 10);
+    assert_eq!(done.bytes, bytes.len() as u64);
+    let (l1, t1, trees1) = view(&src);
+    assert!(
+        l1.checkpoints
+            .iter()
+            .any(|c| c.turn_id.as_deref() == Some("t1")),
+        "{l1:?}"
+    );
+    let policy = |st: &Store| st.effective_policy("a", Some("s")).unwrap();
+    assert_eq!(policy(&src), policy(&dst));
+    assert_eq!(policy(&dst), (true, Some(50)));
+    let (l2, t2, trees2) = view(&dst);
+    assert_eq!(l1, l2);
+    assert_eq!(t1, t2);
+    assert_eq!(trees1.len(), 11);
+    assert_eq!(trees1, trees2);
+    assert!(trees2[0].iter().any(|l| l.starts_with("f uncommitted ")));
+    // The diff between two imported checkpoints is the original's.
+    let diff = |st: &Store| {
+        let d = st
+            .checkpoint_diff(&CheckpointDiff {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                from: "c0".into(),
+                to: "b0".into(),
+                patch: true,
+            })
+            .unwrap();
+        format!("{d:?}")
+    };
+    assert_eq!(diff(&src), diff(&dst));
+    // Rollback to any imported checkpoint works there.
+    for c in ["c0", "c7", "b0"] {
+        dst.rollback(&SessionRollback {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: c.into(),
+            kill_processes: None,
+        })
+        .unwrap();
+        assert_eq!(
+            tree_digest(&dst.layout().current("a", "s")),
+            tree_digest(&src.layout().checkpoint("a", "s", c))
+        );
+    }
+    // The same archive again: the session exists, nothing is touched.
+    let again = import(&dst, &bytes, 1 << 20).unwrap_err();
+    assert!(again.contains("session a/s already exists"), "{again}");
+    assert_eq!(on_disk(&dst), ["s"]);
+    // Under another id, beside it.
+    let mut i = dst.import_begin("a", Some("moved")).unwrap();
+    i.push(&bytes).unwrap();
+    i.commit().unwrap();
+    assert_eq!(on_disk(&dst), ["moved", "s"]);
+    let mut inside: Vec<_> = std::fs::read_dir(dst.layout().session_dir("a", "moved"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    inside.sort();
+    assert_eq!(inside, ["checkpoints", "current"]);
+    assert!(dst.check().unwrap().is_consistent());
+}
+
+#[test]
+fn archives_that_do_not_check_leave_nothing() {
+    if !require("transfer::archives_that_do_not_check_leave_nothing") {
+        return;
+    }
+    let (fa, fb) = (BtrfsFs::new(256).unwrap(), BtrfsFs::new(256).unwrap());
+    let (src, dst) = (store(&fa), store(&fb));
+    history(&src, 200, 3);
+    let bytes = export(&src, None);
+    dst.agent_create("a").unwrap();
+    let refused = |b: &[u8], want: &str| {
+        let e = import(&dst, b, 65536).unwrap_err();
+        assert!(e.contains(want), "{e}");
+        assert!(on_disk(&dst).is_empty(), "left: {:?}", on_disk(&dst));
+        assert!(dst.session_list("a").unwrap().is_empty());
+    };
+    // Cut short, at several places.
+    for cut in [10, bytes.len() / 3, bytes.len() / 2, bytes.len() - 1] {
+        refused(&bytes[..cut], "the session archive is refused");
+    }
+    // A byte flipped inside a send stream (past the manifest).
+    let mut flipped = bytes.clone();
+    let at = bytes.len() * 2 / 3;
+    flipped[at] ^= 0x01;
+    refused(&flipped, "the session archive is refused");
+    // A huge claimed frame.
+    let mut huge = bytes[..12].to_vec();
+    huge.extend([1u8]);
+    huge.extend(u32::MAX.to_le_bytes());
+    refused(&huge, "claims 4294967295 bytes");
+    // A manifest naming a path, not an id.
+    let mut m = None;
+    allox_store::archive::Reader::default()
+        .push::<()>(&bytes, &mut |i| {
+            if let allox_store::archive::Item::Manifest(x) = i {
+                m = Some(*x);
+            }
+            Ok(())
+        })
+        .unwrap();
+    let mut m = m.unwrap();
+    m.checkpoints[0].id = "../../escape".into();
+    let w = allox_store::archive::Writer::new(Vec::new(), &m).unwrap();
+    let (_, evil) = w.finish().unwrap();
+    refused(&evil, "a checkpoint id");
+    // Nothing of it is in the store's check either.
+    assert!(dst.check().unwrap().is_consistent());
+}

@@ -36,6 +36,7 @@ mod quota;
 mod reaper;
 pub mod recovery;
 mod rollback;
+mod sendstream;
 mod session;
 mod transfer;
 mod turn;

@@ -17,6 +17,7 @@ use crate::archive::{self, ArchivedCheckpoint, Item, Manifest, PushError, Stream
 use crate::btrfs;
 use crate::index::{session_key, CheckpointRecord};
 use crate::journal::Op;
+use crate::sendstream::Inspector;
 use allox_protocol::{validate_id, SessionInfo};
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
@@ -193,6 +194,8 @@ impl Store {
             reader: archive::Reader::default(),
             manifest: None,
             receiving: None,
+            inspecting: None,
+            uuids: HashMap::new(),
         })
     }
 }
@@ -261,6 +264,10 @@ pub struct Import {
     manifest: Option<Manifest>,
     /// The `btrfs receive` of the stream being read.
     receiving: Option<Receiving>,
+    /// The check of the stream being read.
+    inspecting: Option<Inspector>,
+    /// The UUIDs the sender gave the trees received so far (and the base).
+    uuids: HashMap<String, [u8; 16]>,
 }
 
 struct Receiving {
@@ -304,6 +311,8 @@ impl Import {
             reader,
             manifest,
             receiving,
+            inspecting,
+            uuids,
             store,
             agent,
             session,
@@ -313,9 +322,16 @@ impl Import {
             match item {
                 Item::Manifest(m) => {
                     check_manifest(store, agent, session.as_deref(), &m)?;
+                    if let Some(b) = &m.since {
+                        uuids.insert(b.id.clone(), b.uuid);
+                    }
                     *manifest = Some(*m);
                 }
                 Item::Data { index, bytes } => {
+                    let tree = stream_name(manifest, index);
+                    let i = inspecting.get_or_insert_with(|| Inspector::new(&received_name(manifest, index)));
+                    i.push(bytes, &|u| uuids.values().any(|k| k == u))
+                        .map_err(|why| StoreError::BadArchive(format!("the send stream of {tree}: {why}")))?;
                     if receiving.is_none() {
                         *receiving = Some(receive(&into(&staging, manifest, index))?);
                     }
@@ -331,6 +347,18 @@ impl Import {
                 }
                 Item::StreamEnd { index } => {
                     let tree = stream_name(manifest, index);
+                    let made = inspecting
+                        .take()
+                        .unwrap_or_else(|| Inspector::new(""))
+                        .finish()
+                        .map_err(|why| StoreError::BadArchive(format!("the send stream of {tree}: {why}")))?;
+                    let m = manifest.as_ref().expect("streams follow the manifest");
+                    let parent = m.streams[index].parent.as_ref().map(|p| uuids.get(p).copied());
+                    if made.parent != parent.flatten() || parent == Some(None) {
+                        return Err(StoreError::BadArchive(format!(
+                            "the send stream of {tree} is not relative to the tree the manifest says"
+                        )));
+                    }
                     // An empty stream: receive refuses it below.
                     let rx = match receiving.take() {
                         Some(rx) => rx,
@@ -342,8 +370,10 @@ impl Import {
                             "btrfs receive of {tree} failed: {why}"
                         )));
                     }
-                    let m = manifest.as_ref().expect("streams follow the manifest");
-                    check_received(&staging, &m.streams[..=index], &m.streams[index].tree)?;
+                    check_received(&staging, &m.streams[..=index], &m.streams[index].tree, &made.uuid)?;
+                    if let Tree::Checkpoint(c) = &m.streams[index].tree {
+                        uuids.insert(c.clone(), made.uuid);
+                    }
                 }
                 Item::End => {}
             }
@@ -469,6 +499,18 @@ fn into(staging: &Path, m: &Option<Manifest>, index: usize) -> PathBuf {
     }
 }
 
+/// The name stream `index`'s subvolume has (and its stream gives it).
+fn received_name(m: &Option<Manifest>, index: usize) -> String {
+    match m
+        .as_ref()
+        .and_then(|m| m.streams.get(index))
+        .map(|s| &s.tree)
+    {
+        Some(Tree::Checkpoint(c)) => c.clone(),
+        _ => CURRENT.to_string(),
+    }
+}
+
 fn stream_name(m: &Option<Manifest>, index: usize) -> String {
     m.as_ref()
         .and_then(|m| m.streams.get(index))
@@ -509,7 +551,7 @@ fn finish_receive(mut rx: Receiving) -> String {
 
 /// After stream `tree` (the last of `done`): the staging directory holds
 /// exactly the trees received so far, each a read-only received subvolume.
-fn check_received(staging: &Path, done: &[StreamInfo], tree: &Tree) -> Result<()> {
+fn check_received(staging: &Path, done: &[StreamInfo], tree: &Tree, uuid: &[u8; 16]) -> Result<()> {
     let names = |dir: &Path| -> Result<HashSet<String>> {
         let mut found = HashSet::new();
         for e in std::fs::read_dir(dir).map_err(|e| StoreError::io("read", dir, e))? {
@@ -549,7 +591,7 @@ fn check_received(staging: &Path, done: &[StreamInfo], tree: &Tree) -> Result<()
     let info = btrfs::root_info(&p)
         .map_err(|_| StoreError::BadArchive(format!("{tree} was not received as a subvolume")))?;
     let dir = std::fs::File::open(&p).map_err(|e| StoreError::io("open", &p, e))?;
-    if info.received_uuid == [0; 16] || !btrfs::is_read_only(&dir, &p)? {
+    if info.received_uuid != *uuid || !btrfs::is_read_only(&dir, &p)? {
         return Err(StoreError::BadArchive(format!(
             "{tree} was not received whole (no received UUID, or still writable)"
         )));

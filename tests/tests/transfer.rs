@@ -250,6 +250,46 @@ fn archives_that_do_not_check_leave_nothing() {
     let w = allox_store::archive::Writer::new(Vec::new(), &m).unwrap();
     let (_, evil) = w.finish().unwrap();
     refused(&evil, "a checkpoint id");
+    // A stream relative to another session's checkpoint of the receiving
+    // filesystem (its UUID learned somehow): it would copy that session's
+    // files into this one.
+    dst.agent_create("victim").unwrap();
+    let v = dst.session_create("victim", "v").unwrap();
+    std::fs::write(
+        std::path::Path::new(&v.current).join("secret"),
+        "not yours\n",
+    )
+    .unwrap();
+    dst.checkpoint_create(&CheckpointCreate {
+        agent_id: "victim".into(),
+        session_id: "v".into(),
+        checkpoint_id: "c0".into(),
+        pinned: false,
+        label: None,
+    })
+    .unwrap();
+    let layout = dst.layout();
+    let victim = layout.checkpoint("victim", "v", "c0");
+    let theirs = std::process::Command::new("btrfs")
+        .args(["send", "-q", "-p"])
+        .arg(&victim)
+        .arg(&victim)
+        .output()
+        .unwrap();
+    assert!(theirs.status.success(), "{theirs:?}");
+    let mut m1 = m.clone();
+    m1.checkpoints[0].id = "c0".into();
+    let mut w = allox_store::archive::Writer::new(Vec::new(), &m1).unwrap();
+    w.data(&theirs.stdout).unwrap();
+    w.end_stream().unwrap();
+    let (_, stolen) = w.finish().unwrap();
+    let before = on_disk(&dst);
+    let e = import(&dst, &stolen, 65536).unwrap_err();
+    assert!(
+        e.contains("the send stream of checkpoint c0: it is relative to a subvolume the archive does not bring"),
+        "{e}"
+    );
+    assert_eq!(on_disk(&dst), before);
     // Nothing of it is in the store's check either.
     assert!(dst.check().unwrap().is_consistent());
 }

@@ -338,7 +338,7 @@ mod tests {
         )]))
         .unwrap_err();
         assert!(e.contains("where \"c1\" is expected"), "{e}");
-        let e = check(&stream(&[head.clone()])).unwrap_err();
+        let e = check(&stream(std::slice::from_ref(&head))).unwrap_err();
         assert!(e.contains("before its end"), "{e}");
         let mut huge = head.clone();
         huge.extend(u32::MAX.to_le_bytes());

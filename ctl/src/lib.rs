@@ -22,6 +22,7 @@ pub mod rpc;
 pub mod shutdown;
 pub mod signal;
 pub mod top;
+pub mod transfer;
 pub mod tty;
 
 pub use allox_client::{client, files, reconnecting};

@@ -270,6 +270,106 @@ fn main() -> ExitCode {
             };
             report_status(done)
         }
+        Action::SessionExport { query, out } => {
+            report_status(session_export(&cli.socket, query, out, cli.json))
+        }
+        Action::SessionImport {
+            agent,
+            session,
+            input,
+        } => {
+            let done = Client::connect(&cli.socket)
+                .map_err(|e| error_chain(&e))
+                .and_then(|mut c| {
+                    let mut src: Box<dyn std::io::Read> = match &input {
+                        Some(p) => Box::new(
+                            std::fs::File::open(p)
+                                .map_err(|e| format!("open {}: {e}", p.display()))?,
+                        ),
+                        None => Box::new(std::io::stdin().lock()),
+                    };
+                    allox_ctl::transfer::import(&mut c, &agent, session.as_deref(), &mut src)
+                });
+            show_imported(done, cli.json)
+        }
+        Action::SessionMove {
+            agent,
+            session,
+            to,
+            new_session,
+        } => {
+            let done = Client::connect(&cli.socket)
+                .map_err(|e| error_chain(&e))
+                .and_then(|mut from| {
+                    let mut to = Client::connect(&to)
+                        .map_err(|e| format!("{}: {}", to.display(), error_chain(&e)))?;
+                    allox_ctl::transfer::move_session(
+                        &mut from,
+                        &mut to,
+                        &agent,
+                        &session,
+                        new_session.as_deref(),
+                    )
+                });
+            show_imported(done, cli.json)
+        }
+    }
+}
+
+/// `alloxctl session export`: to a file (written aside and renamed) or to
+/// standard output (not a terminal).
+fn session_export(
+    socket: &std::path::Path,
+    query: allox_protocol::SessionExport,
+    out: Option<PathBuf>,
+    json: bool,
+) -> Result<(), String> {
+    use std::io::IsTerminal;
+    if out.is_none() && std::io::stdout().is_terminal() {
+        return Err(
+            "the export is a binary archive: redirect it to a file, or give -o FILE".into(),
+        );
+    }
+    let mut c = Client::connect(socket).map_err(|e| error_chain(&e))?;
+    let done = match &out {
+        Some(p) => {
+            let part = p.with_extension("partial");
+            let mut f = std::fs::File::create(&part)
+                .map_err(|e| format!("create {}: {e}", part.display()))?;
+            let done = allox_ctl::transfer::export(&mut c, query, &mut f).and_then(|d| {
+                f.sync_all()
+                    .map_err(|e| format!("write {}: {e}", part.display()))?;
+                std::fs::rename(&part, p).map_err(|e| format!("rename to {}: {e}", p.display()))?;
+                Ok(d)
+            });
+            if done.is_err() {
+                let _ = std::fs::remove_file(&part);
+            }
+            done?
+        }
+        None => allox_ctl::transfer::export(&mut c, query, &mut std::io::stdout().lock())?,
+    };
+    let shown = allox_protocol::Response::SessionExported(done);
+    if json {
+        eprintln!("{}", shown.to_json());
+    } else {
+        eprint!("{}", render(&shown));
+    }
+    Ok(())
+}
+
+fn show_imported(done: Result<allox_protocol::SessionImported, String>, json: bool) -> ExitCode {
+    match done {
+        Ok(i) => {
+            let shown = allox_protocol::Response::SessionImported(i);
+            if json {
+                print(&format!("{}\n", shown.to_json()));
+            } else {
+                print(&render(&shown));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => report_status(Err(e)),
     }
 }
 

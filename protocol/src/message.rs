@@ -125,6 +125,8 @@ pub enum Event {
     Fs(crate::FsEvent),
     /// A span or run of a `monitor.records` subscription (`follow`).
     Monitor(crate::MonitorRecord),
+    /// The next bytes of a `session.export`'s archive.
+    Archive(crate::ArchiveChunk),
 }
 
 /// How the supervisor serves an action: the column of the request table
@@ -299,6 +301,8 @@ requests! {
     EffectsVerify(crate::EffectsVerify) = "effects.verify", mutating = false, route = Plugin("system-effects"), answers = [EffectsVerified];
     EffectsExport(crate::EffectsExport) = "effects.export", mutating = false, route = Plugin("system-effects"), answers = [EffectsExportChunk];
     SystemMetrics(crate::SystemMetricsRequest) = "system.metrics", mutating = false, route = Core, answers = [Metrics];
+    SessionExport(crate::SessionExport) = "session.export", mutating = false, route = CoreAsync, answers = [SessionExported];
+    SessionImport(crate::SessionImport) = "session.import", mutating = true, route = Core, answers = [SessionImported];
 }
 
 macro_rules! responses {
@@ -388,4 +392,6 @@ responses! {
     EffectsVerified(crate::EffectsVerified);
     EffectsExportChunk(crate::EffectsExportChunk);
     Metrics(crate::MetricsText);
+    SessionExported(crate::SessionExported);
+    SessionImported(crate::SessionImported);
 }

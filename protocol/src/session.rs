@@ -222,3 +222,77 @@ pub struct RollbackDone {
     /// Processes killed before the rollback.
     pub killed_processes: u32,
 }
+
+/// `session.export`: the session with its whole checkpoint history (its
+/// manifest and a Btrfs send stream of each checkpoint and of `current/`,
+/// taken when the export begins) as an archive, streamed as
+/// [`crate::Event::Archive`] events and answered with
+/// [`SessionExported`]. With `since`, only the checkpoints made after that
+/// one, and `current/` relative to it. No process state travels.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SessionExport {
+    pub agent_id: String,
+    pub session_id: String,
+    #[serde(default)]
+    pub since: Option<String>,
+}
+
+target!(SessionExport: agent_id, session_id);
+
+/// The next bytes of a `session.export`'s archive.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+pub struct ArchiveChunk {
+    pub data: crate::Bytes,
+}
+
+/// The answer to `session.export`, after the last chunk.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+pub struct SessionExported {
+    pub agent_id: String,
+    pub session_id: String,
+    /// The archive's length.
+    pub bytes: u64,
+    pub checkpoints: u32,
+}
+
+/// `session.import`: an archive of `session.export`, sent in pieces under
+/// an `import_id` the client chooses, each at its `offset` (the bytes sent
+/// so far). The piece with `commit` makes the session appear in agent
+/// `agent_id` (which must exist) as `session_id` (else the archive's own)
+/// in one step, or not at all; `abort` drops an import. An import idle for
+/// five minutes is dropped, and nothing of it stays.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SessionImport {
+    pub agent_id: String,
+    #[serde(default)]
+    pub session_id: Option<String>,
+    pub import_id: String,
+    #[serde(default)]
+    pub offset: u64,
+    #[serde(default)]
+    pub data: crate::Bytes,
+    #[serde(default)]
+    pub commit: bool,
+    #[serde(default)]
+    pub abort: bool,
+}
+
+target!(SessionImport, |r| format!(
+    "{}/{}",
+    r.agent_id,
+    r.session_id.as_deref().unwrap_or("-")
+));
+
+/// The answer to each piece of `session.import`.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+pub struct SessionImported {
+    pub import_id: String,
+    /// Bytes received so far.
+    pub received: u64,
+    /// The new session, once committed.
+    pub session: Option<Box<SessionInfo>>,
+    /// Its checkpoints, once committed.
+    pub checkpoints: u32,
+}

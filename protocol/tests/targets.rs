@@ -143,6 +143,17 @@ fn table() -> Vec<(&'static str, Value, &'static str)> {
         ("effects.verify", r.clone(), "a/s/r"),
         ("effects.export", r.clone(), "a/s/r"),
         ("system.metrics", json!({}), ""),
+        ("session.export", s.clone(), "a/s"),
+        (
+            "session.import",
+            json!({"agent_id": "a", "session_id": "t", "import_id": "i"}),
+            "a/t",
+        ),
+        (
+            "session.import",
+            json!({"agent_id": "a", "import_id": "i"}),
+            "a/-",
+        ),
         (
             "session.fork",
             json!({"agent_id": "a", "session_id": "s", "from": "c", "new_agent_id": "b", "new_session_id": "t"}),

@@ -213,6 +213,8 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "effects.verify",
             "effects.export",
             "system.metrics",
+            "session.export",
+            "session.import",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

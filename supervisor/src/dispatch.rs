@@ -49,6 +49,10 @@ impl Supervisor {
         if let Request::FsWatch(r) = req {
             return Ok(self.files().watch(r, events).await?);
         }
+        if let Request::SessionExport(r) = req {
+            let done = crate::transfer::export(self.store.clone(), r.clone(), events).await?;
+            return Ok(Response::SessionExported(done));
+        }
         let runs = self.runs()?;
         let session = |a: &str, s: &str| self.store.session_info_of(a, s);
         match req {
@@ -412,6 +416,19 @@ impl Supervisor {
             | Request::FsMkdir(_)
             | Request::FsRemove(_)
             | Request::FsMove(_) => return Ok(self.files().answer(req)?),
+            Request::SessionImport(r) => {
+                let done = self.imports.piece(&self.store, r)?;
+                if let (Some(info), Some(runs)) = (&done.session, &self.runs) {
+                    runs.own(std::path::Path::new(&info.current));
+                    let (a, s) = (&info.agent_id, &info.session_id);
+                    if let Err(e) = runs.cgroups().ensure_session(a, s, &runs.config().limits) {
+                        // Nothing half-made: the import goes again.
+                        let _ = st.session_delete(a, s);
+                        return Err(RunError::SessionLimits(e).into());
+                    }
+                }
+                Response::SessionImported(done)
+            }
             Request::SessionFork(r) => {
                 let na = r.new_agent_id.as_deref().unwrap_or(&r.agent_id);
                 let ns = &r.new_session_id;

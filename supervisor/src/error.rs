@@ -36,6 +36,9 @@ pub enum RequestError {
     Egress(#[from] allox_network::EgressError),
     #[error("metrics are off: the daemon was started with --no-metrics")]
     MetricsOff,
+    /// A session's export or import refused, and why.
+    #[error("{why}")]
+    Transfer { code: ErrorCode, why: String },
 }
 
 impl From<PluginError> for RequestError {
@@ -63,6 +66,7 @@ impl RequestError {
             RequestError::Plugin(e) => e.code(),
             RequestError::Files(e) => e.code(),
             RequestError::Refused { .. } => ErrorCode::Unavailable,
+            RequestError::Transfer { code, .. } => *code,
             RequestError::Egress(_) => ErrorCode::InvalidRequest,
             RequestError::NetworkNeedsPlugin(_) | RequestError::MetricsOff => {
                 ErrorCode::Unsupported

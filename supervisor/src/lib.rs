@@ -25,3 +25,4 @@ pub mod sandbox_api;
 pub mod serial;
 pub mod server;
 pub mod supervisor;
+pub mod transfer;

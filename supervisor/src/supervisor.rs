@@ -79,6 +79,8 @@ pub struct Supervisor {
     pub network_default: allox_protocol::NetworkMode,
     /// The file API's uploads under way.
     pub uploads: crate::files::uploads::Live,
+    /// The session imports under way.
+    pub imports: crate::transfer::Imports,
     /// Each session rolled back (agent, session), for `fs.watch`.
     pub rollbacks: tokio::sync::broadcast::Sender<(String, String)>,
     /// Sessions' idle and lifetime clocks.
@@ -97,6 +99,7 @@ impl Supervisor {
         let clocks = crate::clocks::Clocks::from_store(&store);
         Supervisor {
             uploads: crate::files::uploads::Live::new(policy.uploads),
+            imports: Default::default(),
             store,
             policy,
             runs,

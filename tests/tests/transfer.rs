@@ -293,3 +293,168 @@ fn archives_that_do_not_check_leave_nothing() {
     // Nothing of it is in the store's check either.
     assert!(dst.check().unwrap().is_consistent());
 }
+
+/// Runs `alloxctl` against `d`; its stdout, after checking it succeeded.
+fn ctl(d: &allox_integration::ProcDaemon, args: &[&str]) -> String {
+    let (code, out, err) = allox_integration::alloxctl(&d.daemon.socket, args);
+    assert_eq!(code, 0, "alloxctl {args:?}: {err}");
+    String::from_utf8(out).unwrap()
+}
+
+fn request(d: &allox_integration::ProcDaemon, r: Request) -> Response {
+    allox_integration::call(d, r).unwrap_or_else(|e| panic!("{e:?}"))
+}
+
+/// The session: 10,000 files, 20 checkpoints with a branch, a pin,
+/// a label and a turn, and a change not checkpointed.
+fn daemon_history(d: &allox_integration::ProcDaemon) -> std::path::PathBuf {
+    allox_integration::make_sessions(d, &[("a", "s")]);
+    let cur = d.daemon.root.join("agents/a/workspace/sessions/s/current");
+    allox_integration::populate(&cur, 10_000).unwrap();
+    let cp = |c: &str, pinned: bool, label: Option<&str>| {
+        request(
+            d,
+            Request::CheckpointCreate(CheckpointCreate {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                checkpoint_id: c.into(),
+                pinned,
+                label: label.map(str::to_string),
+            }),
+        );
+    };
+    for i in 0..16 {
+        std::fs::write(
+            cur.join(format!("d001/f{}", 1000 + i)),
+            format!("edit {i}\n"),
+        )
+        .unwrap();
+        std::fs::write(cur.join(format!("new{i}")), vec![b'x'; 4096 * i]).unwrap();
+        cp(&format!("c{i}"), i == 3, (i == 4).then_some("the fifth"));
+    }
+    request(
+        d,
+        Request::SessionRollback(SessionRollback {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: "c5".into(),
+            kill_processes: None,
+        }),
+    );
+    for i in 0..3 {
+        std::fs::write(cur.join(format!("branch{i}")), "on the branch\n").unwrap();
+        cp(&format!("b{i}"), false, None);
+    }
+    ctl(d, &["policy", "a", "s", "--auto-checkpoint", "on"]);
+    ctl(d, &["turn", "begin", "a", "s", "--turn-id", "t1"]);
+    std::fs::write(cur.join("turn"), "in the turn\n").unwrap();
+    ctl(d, &["turn", "end", "a", "s", "t1"]);
+    std::fs::write(cur.join("uncommitted"), "only in current\n").unwrap();
+    cur
+}
+
+#[test]
+fn alloxctl_moves_a_session_between_daemons_by_file_and_by_pipe() {
+    if !require("transfer::alloxctl_moves_a_session_between_daemons") {
+        return;
+    }
+    let a = allox_integration::ProcDaemon::start("move-a", &[]);
+    let b = allox_integration::ProcDaemon::start("move-b", &[]);
+    daemon_history(&a);
+    let file = a.fs.scratch().join("s.allox");
+    let f = file.to_str().unwrap();
+    // The summary goes to standard error; the archive is the file's.
+    ctl(&a, &["session", "export", "a", "s", "-o", f]);
+    ctl(&b, &["agent", "create", "a"]);
+    let said = ctl(&b, &["session", "import", "a", "-i", f]);
+    assert!(said.starts_with("imported a/s: 20 checkpoints, "), "{said}");
+    // Everything a user reads of it is the same there.
+    for args in [
+        &["log", "a", "s"][..],
+        &["--json", "checkpoint", "list", "a", "s"],
+        &["diff", "a", "s", "c0", "b2"],
+        &["diff", "a", "s", "c15", "current"],
+        &["--json", "session", "info", "a", "s"],
+    ] {
+        let (x, y) = (ctl(&a, args), ctl(&b, args));
+        // The session's own path differs, and nothing else may.
+        let norm = |t: String, d: &allox_integration::ProcDaemon| {
+            t.replace(d.daemon.root.to_str().unwrap(), "ROOT")
+        };
+        assert_eq!(norm(x, &a), norm(y, &b), "alloxctl {args:?}");
+    }
+    let l = ctl(&b, &["--json", "checkpoint", "list", "a", "s"]);
+    let l: serde_json::Value = serde_json::from_str(&l).unwrap();
+    let ids: Vec<String> = l["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["checkpoint_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids.len(), 20);
+    let tree = |d: &allox_integration::ProcDaemon, c: &str| {
+        let s = d.daemon.root.join("agents/a/workspace/sessions/s");
+        tree_digest(&if c == "current" {
+            s.join("current")
+        } else {
+            s.join("checkpoints").join(c)
+        })
+    };
+    for c in ids.iter().map(String::as_str).chain(["current"]) {
+        assert_eq!(tree(&a, c), tree(&b, c), "{c}");
+    }
+    // A run there sees the files, and a rollback works.
+    let out = ctl(
+        &b,
+        &["exec", "a", "s", "--", "cat", "uncommitted", "d001/f1003"],
+    );
+    assert_eq!(out, "only in current\nedit 3\n");
+    ctl(&b, &["rollback", "a", "s", "c0"]);
+    assert_eq!(tree(&b, "current"), tree(&a, "c0"));
+    // The same archive again: refused, nothing touched.
+    let (code, _, err) =
+        allox_integration::alloxctl(&b.daemon.socket, &["session", "import", "a", "-i", f]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("session a/s already exists"), "{err}");
+    // Straight from one daemon to the other, under another id; the agent
+    // is made there.
+    let said = ctl(
+        &a,
+        &[
+            "session",
+            "move",
+            "a",
+            "s",
+            "--to",
+            b.daemon.socket.to_str().unwrap(),
+            "--as",
+            "s2",
+        ],
+    );
+    assert!(said.starts_with("imported a/s2: 20 checkpoints"), "{said}");
+    let s2 = b.daemon.root.join("agents/a/workspace/sessions/s2/current");
+    assert_eq!(tree_digest(&s2), tree(&a, "current"));
+    // Standard input and output too.
+    let (code, archive, err) =
+        allox_integration::alloxctl(&a.daemon.socket, &["session", "export", "a", "s"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(&archive[..12], b"ALLOXSES\x01\0\0\0");
+    let mut imp = std::process::Command::new(allox_integration::workspace_bin("alloxctl"))
+        .args([
+            "--socket",
+            b.daemon.socket.to_str().unwrap(),
+            "session",
+            "import",
+            "a",
+            "s3",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    imp.stdin.take().unwrap().write_all(&archive).unwrap();
+    let out = imp.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(ctl(&b, &["check"]).contains("consistent"), "store check");
+}

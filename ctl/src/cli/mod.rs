@@ -188,7 +188,7 @@ impl Command {
             C::Check => call(Request::StoreCheck(allox_protocol::StoreCheckRequest {})),
             C::Plugins => call(Request::PluginList(allox_protocol::PluginListRequest {})),
             C::Agent(a) => call(a.request()),
-            C::Session(s) => call(s.request()),
+            C::Session(s) => s.action(),
             C::Checkpoint(c) => call(c.request()),
             C::Rollback(a) => call(a.request()),
             C::Log(a) => call(a.request()),
@@ -320,6 +320,24 @@ pub enum Action {
     EffectsExport {
         query: allox_protocol::EffectsExport,
         out: Option<PathBuf>,
+    },
+    /// Write a session's archive.
+    SessionExport {
+        query: allox_protocol::SessionExport,
+        out: Option<PathBuf>,
+    },
+    /// Make a session from an archive.
+    SessionImport {
+        agent: String,
+        session: Option<String>,
+        input: Option<PathBuf>,
+    },
+    /// Copy a session to another daemon.
+    SessionMove {
+        agent: String,
+        session: String,
+        to: PathBuf,
+        new_session: Option<String>,
     },
     /// Copy between here and a session.
     Copy {

@@ -6,6 +6,7 @@ use super::net::NetworkArgs;
 use super::Action;
 use allox_protocol::{AgentRef, Request, SessionCreate, SessionDelete, SessionFork};
 use clap::{Args, Subcommand};
+use std::path::PathBuf;
 
 #[derive(Subcommand, Debug)]
 pub enum SessionCommand {
@@ -88,10 +89,92 @@ pub enum SessionCommand {
         #[arg(long)]
         label: Option<String>,
     },
+    /// Write a session with its whole checkpoint history (checkpoints,
+    /// their DAG, labels, pins, turns; its network, policy and limits; its
+    /// current/ as it is now) as an archive, to a file or standard output.
+    /// No process state travels.
+    Export {
+        /// The agent.
+        agent: String,
+        /// The session.
+        session: String,
+        /// Only what came after this checkpoint (which the importing side
+        /// has).
+        #[arg(long)]
+        since: Option<String>,
+        /// Write here (aside, then renamed), not to standard output.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Make a session from an archive of `session export` (a file, or
+    /// standard input), in one step or not at all. The agent must exist.
+    Import {
+        /// The agent.
+        agent: String,
+        /// The session's id here (else the archive's).
+        session: Option<String>,
+        /// Read this file, not standard input.
+        #[arg(short, long, value_name = "FILE")]
+        input: Option<PathBuf>,
+    },
+    /// Copy a session with its whole history to another daemon (its
+    /// control socket), straight from one to the other; the agent is made
+    /// there if it does not exist. The session here stays.
+    Move {
+        /// The agent.
+        agent: String,
+        /// The session.
+        session: String,
+        /// The other daemon's control socket.
+        #[arg(long, value_name = "SOCKET")]
+        to: PathBuf,
+        /// Its id there (else the same).
+        #[arg(long = "as", value_name = "SESSION")]
+        new_session: Option<String>,
+    },
 }
 
 impl SessionCommand {
-    pub fn request(self) -> Request {
+    pub fn action(self) -> Action {
+        match self {
+            SessionCommand::Export {
+                agent,
+                session,
+                since,
+                output,
+            } => Action::SessionExport {
+                query: allox_protocol::SessionExport {
+                    agent_id: agent,
+                    session_id: session,
+                    since,
+                },
+                out: output,
+            },
+            SessionCommand::Import {
+                agent,
+                session,
+                input,
+            } => Action::SessionImport {
+                agent,
+                session,
+                input,
+            },
+            SessionCommand::Move {
+                agent,
+                session,
+                to,
+                new_session,
+            } => Action::SessionMove {
+                agent,
+                session,
+                to,
+                new_session,
+            },
+            other => Action::Call(other.request()),
+        }
+    }
+
+    fn request(self) -> Request {
         match self {
             SessionCommand::Create {
                 agent,
@@ -156,6 +239,9 @@ impl SessionCommand {
                     label,
                 })
             }
+            SessionCommand::Export { .. }
+            | SessionCommand::Import { .. }
+            | SessionCommand::Move { .. } => unreachable!("answered by action()"),
         }
     }
 }

@@ -108,6 +108,25 @@ pub fn render(response: &Response) -> String {
             if x.eof { " (its end)" } else { "" }
         ),
         Response::Metrics(m) => m.text.clone(),
+        Response::SessionExported(e) => format!(
+            "exported {}/{}: {} checkpoint{}, {} bytes\n",
+            e.agent_id,
+            e.session_id,
+            e.checkpoints,
+            if e.checkpoints == 1 { "" } else { "s" },
+            e.bytes
+        ),
+        Response::SessionImported(i) => match &i.session {
+            Some(s) => format!(
+                "imported {}/{}: {} checkpoint{}, {} bytes\n",
+                s.agent_id,
+                s.session_id,
+                i.checkpoints,
+                if i.checkpoints == 1 { "" } else { "s" },
+                i.received
+            ),
+            None => format!("import {}: {} bytes received\n", i.import_id, i.received),
+        },
         Response::ShareAgent(a) => share::agent(a),
         Response::Share(i) => share::info(i),
         Response::SessionStats(st) => stats::session(st),

@@ -1,0 +1,239 @@
+//! `alloxctl session export|import|move`: a session's archive from one
+//! daemon to a file, from a file to a daemon, or from one daemon straight
+//! into another.
+
+use allox_client::Client;
+use allox_protocol::{
+    Bytes, Event, Request, Response, SessionExport, SessionExported, SessionImport, SessionImported,
+};
+use std::io::{IsTerminal, Read, Write};
+
+/// The bytes of one `session.import` piece.
+pub const PIECE: usize = 512 * 1024;
+
+/// How much went so far, on standard error when it is a terminal: every
+/// 16 MiB, then a new line at the end.
+struct Progress {
+    on: bool,
+    shown: u64,
+    what: &'static str,
+}
+
+impl Progress {
+    fn new(what: &'static str) -> Progress {
+        Progress {
+            on: std::io::stderr().is_terminal(),
+            shown: 0,
+            what,
+        }
+    }
+
+    fn at(&mut self, bytes: u64) {
+        if self.on && bytes >= self.shown + (16 << 20) {
+            self.shown = bytes;
+            eprint!("\r{} {} MiB", self.what, bytes >> 20);
+        }
+    }
+
+    fn done(&self) {
+        if self.on && self.shown > 0 {
+            eprintln!();
+        }
+    }
+}
+
+fn refusal(
+    answer: Result<allox_client::Answer, allox_client::ClientError>,
+) -> Result<Response, String> {
+    match answer {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(body)) => Err(crate::render::refusal(&body)),
+        Err(e) => Err(allox_client::error_chain(&e)),
+    }
+}
+
+/// Exports to `each`, piece by piece; an error of `each` stops the copy
+/// (the export's end is still waited for) and is returned.
+pub fn export_with(
+    c: &mut Client,
+    q: SessionExport,
+    each: &mut dyn FnMut(&[u8]) -> Result<(), String>,
+) -> Result<SessionExported, String> {
+    let mut failed: Option<String> = None;
+    let mut got = 0u64;
+    let mut progress = Progress::new("exported");
+    let answer = c.call_with_events(Request::SessionExport(q), |e| {
+        if let Event::Archive(chunk) = e {
+            if failed.is_none() {
+                got += chunk.data.0.len() as u64;
+                progress.at(got);
+                if let Err(e) = each(&chunk.data.0) {
+                    failed = Some(e);
+                }
+            }
+        }
+    });
+    progress.done();
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    match refusal(answer)? {
+        Response::SessionExported(x) if x.bytes == got => Ok(x),
+        Response::SessionExported(x) => Err(format!(
+            "the daemon says it exported {} bytes, {got} came",
+            x.bytes
+        )),
+        other => Err(format!("unexpected answer: {}", other.to_json())),
+    }
+}
+
+/// Exports to `out`.
+pub fn export(
+    c: &mut Client,
+    q: SessionExport,
+    out: &mut dyn Write,
+) -> Result<SessionExported, String> {
+    let done = export_with(c, q, &mut |b| {
+        out.write_all(b)
+            .map_err(|e| format!("write the archive: {e}"))
+    })?;
+    out.flush().map_err(|e| format!("write the archive: {e}"))?;
+    Ok(done)
+}
+
+/// An import on `c` under `import_id`, piece by piece.
+pub struct Importer<'c> {
+    c: &'c mut Client,
+    q: SessionImport,
+    buf: Vec<u8>,
+    progress: Progress,
+}
+
+impl<'c> Importer<'c> {
+    pub fn new(c: &'c mut Client, agent: &str, session: Option<&str>) -> Importer<'c> {
+        let id = format!(
+            "alloxctl-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        );
+        Importer {
+            c,
+            q: SessionImport {
+                agent_id: agent.into(),
+                session_id: session.map(str::to_string),
+                import_id: id,
+                offset: 0,
+                data: Bytes::default(),
+                commit: false,
+                abort: false,
+            },
+            buf: Vec::with_capacity(PIECE),
+            progress: Progress::new("imported"),
+        }
+    }
+
+    fn send(&mut self, commit: bool) -> Result<SessionImported, String> {
+        let mut q = self.q.clone();
+        q.data = Bytes(std::mem::take(&mut self.buf));
+        q.commit = commit;
+        let n = q.data.0.len() as u64;
+        match refusal(self.c.call(Request::SessionImport(q)))? {
+            Response::SessionImported(i) => {
+                self.q.offset += n;
+                self.progress.at(self.q.offset);
+                Ok(i)
+            }
+            other => Err(format!("unexpected answer: {}", other.to_json())),
+        }
+    }
+
+    /// The next bytes of the archive.
+    pub fn write(&mut self, mut b: &[u8]) -> Result<(), String> {
+        while !b.is_empty() {
+            let n = (PIECE - self.buf.len()).min(b.len());
+            self.buf.extend_from_slice(&b[..n]);
+            b = &b[n..];
+            if self.buf.len() == PIECE {
+                self.send(false)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The last piece, which makes the session appear.
+    pub fn commit(mut self) -> Result<SessionImported, String> {
+        let done = self.send(true);
+        self.progress.done();
+        done
+    }
+
+    /// Drops the import on the daemon (after a failure of the source).
+    pub fn abort(self) {
+        let mut q = self.q.clone();
+        q.abort = true;
+        q.data = Bytes::default();
+        let _ = self.c.call(Request::SessionImport(q));
+    }
+}
+
+/// Imports what `input` holds.
+pub fn import(
+    c: &mut Client,
+    agent: &str,
+    session: Option<&str>,
+    input: &mut dyn Read,
+) -> Result<SessionImported, String> {
+    let mut i = Importer::new(c, agent, session);
+    let mut buf = vec![0u8; PIECE];
+    loop {
+        let n = match input.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                i.abort();
+                return Err(format!("read the archive: {e}"));
+            }
+        };
+        // On a refusal the daemon has dropped the import already.
+        i.write(&buf[..n])?;
+    }
+    i.commit()
+}
+
+/// Moves session `agent/session` from `from` to `to` (as `new_session`
+/// there, if given), making the agent there if it does not exist. The
+/// source session stays.
+pub fn move_session(
+    from: &mut Client,
+    to: &mut Client,
+    agent: &str,
+    session: &str,
+    new_session: Option<&str>,
+) -> Result<SessionImported, String> {
+    match refusal(
+        to.call(Request::AgentCreate(allox_protocol::AgentCreate::new(
+            agent,
+        ))),
+    ) {
+        Ok(_) => {}
+        Err(e) if e.contains("already exists") => {}
+        Err(e) => return Err(format!("on the target: {e}")),
+    }
+    let mut i = Importer::new(to, agent, new_session);
+    let q = SessionExport {
+        agent_id: agent.into(),
+        session_id: session.into(),
+        since: None,
+    };
+    match export_with(from, q, &mut |b| i.write(b)) {
+        Ok(_) => i.commit().map_err(|e| format!("on the target: {e}")),
+        Err(e) => {
+            i.abort();
+            Err(e)
+        }
+    }
+}

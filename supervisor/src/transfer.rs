@@ -1,0 +1,245 @@
+//! `session.export` (an archive streamed as events) and `session.import`
+//! (an archive received in pieces, each import under an id its client
+//! chose): the store does the work ([`allox_store::Import`]); this keeps
+//! the imports under way, their budget and their idle limit.
+
+use crate::error::RequestError;
+use crate::plugin_api::EventSink;
+use allox_protocol::{
+    validate_id, ArchiveChunk, Bytes, ErrorCode, Event, SessionExport, SessionExported,
+    SessionImport, SessionImported,
+};
+use allox_store::{Import, Store};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Most imports under way at once.
+pub const MAX_IMPORTS: usize = 4;
+/// An import without a piece for this long is dropped.
+pub const IMPORT_IDLE: Duration = Duration::from_secs(300);
+/// The bytes of one export event.
+const CHUNK: usize = 512 * 1024;
+
+struct Under {
+    agent: String,
+    session: Option<String>,
+    import: Import,
+    last: Instant,
+}
+
+/// The imports under way.
+#[derive(Default)]
+pub struct Imports {
+    table: Mutex<HashMap<String, Arc<Mutex<Under>>>>,
+}
+
+fn refused(code: ErrorCode, why: String) -> RequestError {
+    RequestError::Transfer { code, why }
+}
+
+impl Imports {
+    /// One piece of an import.
+    pub fn piece(
+        &self,
+        store: &Arc<Store>,
+        r: &SessionImport,
+    ) -> Result<SessionImported, RequestError> {
+        validate_id("import_id", &r.import_id).map_err(allox_store::StoreError::from)?;
+        let id = r.import_id.clone();
+        let entry = {
+            let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+            // Idle ones go first, whoever asks.
+            t.retain(|_, u| {
+                u.try_lock()
+                    .map(|u| u.last.elapsed() < IMPORT_IDLE)
+                    .unwrap_or(true)
+            });
+            match t.get(&id) {
+                Some(e) => e.clone(),
+                None if r.abort => {
+                    return Err(refused(ErrorCode::NotFound, format!("no import {id} is under way")))
+                }
+                None if r.offset != 0 => {
+                    return Err(refused(
+                        ErrorCode::NotFound,
+                        format!(
+                            "no import {id} is under way (it ended, failed, or was idle for {} s): begin it again at offset 0",
+                            IMPORT_IDLE.as_secs()
+                        ),
+                    ))
+                }
+                None => {
+                    if t.len() >= MAX_IMPORTS {
+                        return Err(refused(
+                            ErrorCode::Unavailable,
+                            format!("{MAX_IMPORTS} imports are under way; finish or abort one first"),
+                        ));
+                    }
+                    let import = store.import_begin(&r.agent_id, r.session_id.as_deref())?;
+                    let e = Arc::new(Mutex::new(Under {
+                        agent: r.agent_id.clone(),
+                        session: r.session_id.clone(),
+                        import,
+                        last: Instant::now(),
+                    }));
+                    t.insert(id.clone(), e.clone());
+                    e
+                }
+            }
+        };
+        let drop_it = || {
+            self.table
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+        };
+        let Ok(mut u) = entry.try_lock() else {
+            return Err(refused(
+                ErrorCode::Conflict,
+                format!(
+                    "a piece of import {id} is being written; send the pieces one after another"
+                ),
+            ));
+        };
+        if r.abort {
+            drop(u);
+            drop_it();
+            return Ok(SessionImported {
+                import_id: id,
+                received: 0,
+                session: None,
+                checkpoints: 0,
+            });
+        }
+        if u.agent != r.agent_id || u.session != r.session_id {
+            return Err(refused(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "import {id} was begun for {}/{}",
+                    u.agent,
+                    u.session.as_deref().unwrap_or("-")
+                ),
+            ));
+        }
+        if r.offset != u.import.read() {
+            return Err(refused(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "a piece at offset {} of import {id}, which has {} bytes: send the piece at {}",
+                    r.offset,
+                    u.import.read(),
+                    u.import.read()
+                ),
+            ));
+        }
+        u.last = Instant::now();
+        if let Err(e) = u.import.push(&r.data.0) {
+            drop(u);
+            drop_it();
+            return Err(e.into());
+        }
+        let received = u.import.read();
+        if !r.commit {
+            return Ok(SessionImported {
+                import_id: id,
+                received,
+                session: None,
+                checkpoints: 0,
+            });
+        }
+        drop(u);
+        drop_it();
+        let under = Arc::try_unwrap(entry)
+            .map_err(|_| {
+                refused(
+                    ErrorCode::Conflict,
+                    format!("import {id} is still being written"),
+                )
+            })?
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner());
+        let done = under.import.commit()?;
+        Ok(SessionImported {
+            import_id: id,
+            received,
+            session: Some(Box::new(done.session)),
+            checkpoints: done.checkpoints as u32,
+        })
+    }
+
+    /// How many imports are under way.
+    pub fn len(&self) -> usize {
+        self.table.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Sends what is written to it as [`Event::Archive`] events.
+struct Events {
+    sink: EventSink,
+    buf: Vec<u8>,
+}
+
+impl Events {
+    fn send(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let data = Bytes(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
+        self.sink
+            .blocking_send(Event::Archive(ArchiveChunk { data }))
+            .map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away")
+            })
+    }
+}
+
+impl std::io::Write for Events {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        let n = b.len().min(CHUNK - self.buf.len());
+        self.buf.extend_from_slice(&b[..n]);
+        if self.buf.len() == CHUNK {
+            self.send()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.send()
+    }
+}
+
+/// `session.export`: the archive as events on `sink` (on a blocking
+/// thread: it waits for `btrfs send` and for the client).
+pub async fn export(
+    store: Arc<Store>,
+    r: SessionExport,
+    sink: Option<EventSink>,
+) -> Result<SessionExported, RequestError> {
+    let Some(sink) = sink else {
+        return Err(refused(
+            ErrorCode::InvalidRequest,
+            "session.export streams its archive as events: ask for it on a connection that takes them".into(),
+        ));
+    };
+    tokio::task::spawn_blocking(move || {
+        let mut out = Events {
+            sink,
+            buf: Vec::with_capacity(CHUNK),
+        };
+        let done =
+            store.session_export(&r.agent_id, &r.session_id, r.since.as_deref(), &mut out)?;
+        Ok(SessionExported {
+            agent_id: r.agent_id,
+            session_id: r.session_id,
+            bytes: done.bytes,
+            checkpoints: done.checkpoints as u32,
+        })
+    })
+    .await
+    .map_err(|e| refused(ErrorCode::Internal, format!("session.export failed: {e}")))?
+}

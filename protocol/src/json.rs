@@ -107,6 +107,7 @@ mod tests {
                 json!({"agent_id": "a", "session_id": "s", "run_id": "r", "evidence_root": "e"}),
                 json!({"agent_id": "a", "session_id": "s", "from": "c", "new_session_id": "t"}),
                 json!({"agent_id": "a"}),
+                json!({"agent_id": "a", "import_id": "i", "data": "AAEC/w=="}),
                 json!({}),
             ]
             .into_iter()

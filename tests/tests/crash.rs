@@ -54,8 +54,31 @@ fn prepare(root: &Path, sock: &Path) {
     d.stop();
 }
 
-/// The operation that passes through the failpoint's step.
-fn operation(fp: &str) -> Request {
+/// The archive of a/s of a prepared store (`session.export`).
+fn archive_of(d: &Daemon) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    let r = d
+        .client()
+        .call_with_events(
+            Request::SessionExport(allox_protocol::SessionExport {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                since: None,
+            }),
+            |e| {
+                if let allox_protocol::Event::Archive(c) = e {
+                    bytes.extend_from_slice(&c.data.0);
+                }
+            },
+        )
+        .expect("transport");
+    assert!(matches!(r, Ok(Response::SessionExported(_))), "{r:?}");
+    bytes
+}
+
+/// The operation that passes through the failpoint's step (`archive`: what
+/// an import brings).
+fn operation(fp: &str, archive: &[u8]) -> Request {
     match fp.split('.').next().unwrap() {
         "agent_create" => Request::AgentCreate(AgentCreate::new("new")),
         "agent_delete" => Request::AgentDelete(AgentDelete {
@@ -97,6 +120,16 @@ fn operation(fp: &str) -> Request {
             new_agent_id: Some("b".into()),
             new_session_id: "f".into(),
             label: None,
+        }),
+        // As another agent's session, in one piece.
+        "session_import" => Request::SessionImport(allox_protocol::SessionImport {
+            agent_id: "b".into(),
+            session_id: Some("imported".into()),
+            import_id: "crash".into(),
+            offset: 0,
+            data: allox_protocol::Bytes(archive.to_vec()),
+            commit: true,
+            abort: false,
         }),
         other => panic!("no operation for failpoint family {other}"),
     }
@@ -204,9 +237,15 @@ fn kill_9_at_every_failpoint_leaves_before_or_after() {
     }
     std::fs::create_dir_all("/var/tmp").ok();
     let fs = BtrfsFs::new(1024).expect("make btrfs");
+    let source = fs.path().join("source");
+    let sock_s = fs.scratch().join("source.sock");
+    prepare(&source, &sock_s);
+    let d = Daemon::start(&source, &sock_s, &[], &[]);
+    let archive = archive_of(&d);
+    d.stop();
     let mut outcomes = Vec::new();
     for (i, fp) in failpoint::ALL.iter().enumerate() {
-        let op = operation(fp);
+        let op = operation(fp, &archive);
         // Twin store: the state after the operation completes normally.
         let twin = fs.path().join(format!("twin{i}"));
         let sock_t = fs.scratch().join(format!("t{i}.sock"));
@@ -307,7 +346,7 @@ fn lost_rename_after_end_commit_is_redone() {
     .iter()
     .enumerate()
     {
-        let op = operation(fp);
+        let op = operation(fp, &[]);
         let twin = fs.path().join(format!("twin{i}"));
         let sock_t = fs.scratch().join(format!("t{i}.sock"));
         prepare(&twin, &sock_t);
@@ -365,7 +404,7 @@ fn a_rollback_whose_exchange_was_lost_is_finished() {
     }
     std::fs::create_dir_all("/var/tmp").ok();
     let fs = BtrfsFs::new(1024).expect("make btrfs");
-    let op = operation("rollback");
+    let op = operation("rollback", &[]);
     let twin = fs.path().join("twin");
     let sock_t = fs.scratch().join("t.sock");
     prepare(&twin, &sock_t);
@@ -404,5 +443,64 @@ fn a_rollback_whose_exchange_was_lost_is_finished() {
         panic!("store.check")
     };
     assert!(r.is_consistent(), "{r:?}");
+    d.stop();
+}
+
+/// `kill -9` of a daemon in the middle of an import's stream: after the
+/// restart the store is as before (the staging tree swept), and the same
+/// import then goes through.
+#[test]
+fn an_import_cut_by_kill_9_mid_stream_leaves_nothing() {
+    if !require("crash::an_import_cut_by_kill_9_mid_stream_leaves_nothing") {
+        return;
+    }
+    std::fs::create_dir_all("/var/tmp").ok();
+    let fs = BtrfsFs::new(512).expect("make btrfs");
+    let (source, sock_s) = (fs.path().join("source"), fs.scratch().join("s.sock"));
+    prepare(&source, &sock_s);
+    let d = Daemon::start(&source, &sock_s, &[], &[]);
+    let archive = archive_of(&d);
+    d.stop();
+    let (root, sock) = (fs.path().join("cut"), fs.scratch().join("cut.sock"));
+    prepare(&root, &sock);
+    let mut d = Daemon::start(&root, &sock, &[], &[]);
+    let before = model(&d);
+    let Request::SessionImport(mut piece) = operation("session_import", &archive) else {
+        unreachable!()
+    };
+    piece.commit = false;
+    piece.data.0.truncate(archive.len() * 2 / 3);
+    let Response::SessionImported(got) = ok(&d, Request::SessionImport(piece.clone())) else {
+        panic!()
+    };
+    assert_eq!(got.received, piece.data.0.len() as u64);
+    let l = Layout::new(&root);
+    assert!(
+        all_names(&l.sessions_dir("b"))
+            .iter()
+            .any(|n| n.starts_with(".import-")),
+        "no staging tree while the import is under way"
+    );
+    d.child.kill().unwrap();
+    assert_eq!(d.wait_killed().signal(), Some(9));
+    let d = Daemon::start(&root, &sock, &[], &[]);
+    assert_eq!(model(&d), before);
+    assert_eq!(all_names(&l.sessions_dir("b")), ["t"]);
+    let Response::StoreCheck(c) = ok(&d, Request::StoreCheck(StoreCheckRequest {})) else {
+        panic!()
+    };
+    assert!(c.is_consistent(), "{c:?}");
+    // The piece again from the start, then the rest: the session appears.
+    ok(&d, Request::SessionImport(piece.clone()));
+    let rest = allox_protocol::SessionImport {
+        offset: piece.data.0.len() as u64,
+        data: allox_protocol::Bytes(archive[piece.data.0.len()..].to_vec()),
+        commit: true,
+        ..piece
+    };
+    let Response::SessionImported(done) = ok(&d, Request::SessionImport(rest)) else {
+        panic!()
+    };
+    assert_eq!(done.session.map(|s| s.session_id), Some("imported".into()));
     d.stop();
 }

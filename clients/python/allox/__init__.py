@@ -32,7 +32,7 @@ from .errors import (
     Unsupported,
     VersionMismatch,
 )
-from .events import Event, Output, Progress, Record, Started
+from .events import Archive, Event, Output, Progress, Record, Started
 from .session import Session, Turn
 
 __version__ = "0.1.0"

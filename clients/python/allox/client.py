@@ -10,7 +10,7 @@ from typing import IO, Any, Callable
 
 import httpx
 
-from . import _core
+from . import _core, models
 from ._actions import Actions
 from ._core import build_params
 from ._model import Model
@@ -216,6 +216,64 @@ class Client(Actions):
         """One action answered as a stream (``Accept: application/x-ndjson``):
         its events, then ``stream.result`` (a dict)."""
         return self._open_stream(action, build_params(params, kwargs), lambda r: r)
+
+    def export_session(
+        self, agent_id: str, session_id: str, out: IO[bytes], *, since: str | None = None
+    ) -> dict[str, Any]:
+        """``session.export``: the session with its whole checkpoint history
+        as an archive, written to ``out`` as it comes; returns the answer
+        (``bytes``, ``checkpoints``). With ``since``, only what came after
+        that checkpoint."""
+        from .events import Archive
+
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, since=since))
+        s = self.stream("session.export", p)
+        got = 0
+        for ev in s:
+            if isinstance(ev, Archive):
+                out.write(ev.data)
+                got += len(ev.data)
+        result = s.result
+        if result.get("bytes") != got:
+            raise StreamBroken(f"session.export: the daemon sent {result.get('bytes')} bytes, {got} came")
+        return result
+
+    def import_session(
+        self, agent_id: str, source: bytes | IO[bytes], *, session_id: str | None = None, piece: int = 512 * 1024
+    ) -> models.SessionImported:
+        """``session.import``: a session made from an archive of
+        :meth:`export_session` (bytes, or a file open for reading), sent in
+        pieces; it appears whole when the last piece is in, or not at all.
+        The agent must exist."""
+        import base64
+        import secrets
+
+        if isinstance(source, (bytes, bytearray)):
+            data = memoryview(source)
+            chunks: Iterator[bytes] = (bytes(data[i : i + piece]) for i in range(0, len(data), piece))
+        else:
+            chunks = iter(lambda: source.read(piece), b"")
+        import_id = f"py-{secrets.token_hex(8)}"
+        offset = 0
+        pending = next(chunks, b"")
+        while True:
+            following = next(chunks, None)
+            p = build_params(
+                None,
+                dict(
+                    agent_id=agent_id,
+                    session_id=session_id,
+                    import_id=import_id,
+                    offset=offset,
+                    data=base64.b64encode(pending).decode("ascii"),
+                    commit=following is None,
+                ),
+            )
+            answer = self._invoke("session.import", p, lambda r: r)
+            offset += len(pending)
+            if following is None:
+                return models.SessionImported.from_dict(answer)
+            pending = following
 
     def session(self, agent_id: str, session_id: str, **options: Any) -> Session:
         """A :class:`~allox.session.Session` for ``with``: created on entry

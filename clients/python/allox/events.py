@@ -3,7 +3,8 @@
 On the wire each is one NDJSON line ``{"event": E}`` with ``E`` externally
 tagged: ``{"started": {...}}``, ``{"output": {...}}``, ``{"progress":
 {...}}``, and the records of followed listings, ``{"process": {...}}``,
-``{"network": {...}}``, ``{"fs": {...}}``, ``{"monitor": {...}}``.
+``{"network": {...}}``, ``{"fs": {...}}``, ``{"monitor": {...}}``, and the
+pieces of a session's archive, ``{"archive": {"data": ...}}``.
 """
 
 from __future__ import annotations
@@ -75,7 +76,14 @@ class Record:
         return self.data
 
 
-Event = Union[Started, Output, Progress, Record]
+@dataclass
+class Archive:
+    """The next bytes of a ``session.export``'s archive."""
+
+    data: bytes
+
+
+Event = Union[Started, Output, Progress, Record, Archive]
 
 
 def _b64(data: Any) -> bytes:
@@ -105,6 +113,8 @@ def parse_event(e: Any) -> Event:
     if kind == "started" and isinstance(body, dict):
         pid = body.get("pid")
         return Started(run_id=str(body.get("run_id", "")), pid=pid if isinstance(pid, int) else None, raw=body)
+    if kind == "archive" and isinstance(body, dict):
+        return Archive(data=_b64(body.get("data", "")))
     if kind == "progress":
         message = body.get("message", "") if isinstance(body, dict) else body
         return Progress(message=str(message))

@@ -18,6 +18,7 @@ __all__ = [
     'AgentList',
     'AgentListing',
     'AgentRef',
+    'ArchiveChunk',
     'Attribution',
     'AuditList',
     'AuditListing',
@@ -59,6 +60,7 @@ __all__ = [
     'ErrorAnswer',
     'ErrorAnswerError',
     'Event',
+    'EventArchive',
     'EventFs',
     'EventLine',
     'EventMonitor',
@@ -151,7 +153,11 @@ __all__ = [
     'RunUsage',
     'SessionCreate',
     'SessionDelete',
+    'SessionExport',
+    'SessionExported',
     'SessionFork',
+    'SessionImport',
+    'SessionImported',
     'SessionInfo',
     'SessionLimits',
     'SessionListing',
@@ -252,6 +258,13 @@ class AgentListing(Model):
 @dataclass(kw_only=True)
 class AgentRef(Model):
     agent_id: str
+
+
+@dataclass(kw_only=True)
+class ArchiveChunk(Model):
+    """The next bytes of a `session.export`'s archive."""
+
+    data: Bytes
 
 
 @dataclass(kw_only=True)
@@ -701,6 +714,13 @@ class ErrorAnswer(Model):
 class ErrorAnswerError(Model):
     code: Literal['invalid_request', 'not_found', 'conflict', 'unauthorized', 'version_mismatch', 'unsupported', 'unavailable', 'internal']
     message: str
+
+
+@dataclass(kw_only=True)
+class EventArchive(Model):
+    """The next bytes of a `session.export`'s archive."""
+
+    archive: ArchiveChunk
 
 
 @dataclass(kw_only=True)
@@ -1894,6 +1914,33 @@ class SessionDelete(Model):
 
 
 @dataclass(kw_only=True)
+class SessionExport(Model):
+    """`session.export`: the session with its whole checkpoint history (its
+    manifest and a Btrfs send stream of each checkpoint and of `current/`,
+    taken when the export begins) as an archive, streamed as
+    [`crate::Event::Archive`] events and answered with
+    [`SessionExported`]. With `since`, only the checkpoints made after that
+    one, and `current/` relative to it. No process state travels.
+    """
+
+    agent_id: str
+    session_id: str
+    since: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class SessionExported(Model):
+    """The answer to `session.export`, after the last chunk."""
+
+    agent_id: str
+
+    #: The archive's length.
+    bytes: int
+    checkpoints: int
+    session_id: str
+
+
+@dataclass(kw_only=True)
 class SessionFork(Model):
     """`session.fork`: a new session whose `current/` is a writable snapshot
     of a checkpoint of the source session, or of its `current/` as it is at
@@ -1919,6 +1966,40 @@ class SessionFork(Model):
 
     #: The source session.
     session_id: str
+
+
+@dataclass(kw_only=True)
+class SessionImport(Model):
+    """`session.import`: an archive of `session.export`, sent in pieces under
+    an `import_id` the client chooses, each at its `offset` (the bytes sent
+    so far). The piece with `commit` makes the session appear in agent
+    `agent_id` (which must exist) as `session_id` (else the archive's own)
+    in one step, or not at all; `abort` drops an import. An import idle for
+    five minutes is dropped, and nothing of it stays.
+    """
+
+    abort: bool = False
+    agent_id: str
+    commit: bool = False
+    data: Bytes = b''
+    import_id: str
+    offset: int = 0
+    session_id: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class SessionImported(Model):
+    """The answer to each piece of `session.import`."""
+
+    #: Its checkpoints, once committed.
+    checkpoints: int
+    import_id: str
+
+    #: Bytes received so far.
+    received: int
+
+    #: The new session, once committed.
+    session: Optional[SessionInfo] = None
 
 
 @dataclass(kw_only=True)
@@ -2424,7 +2505,7 @@ EffectsVerdict = Literal['CONSISTENT', 'CHANGED', 'INCONCLUSIVE', 'INCOMPLETE', 
 #: gateway's NDJSON streams) an event is an object with one key, the
 #: variant's snake_case name: `{"output": {...}}`; postcard carries the
 #: variant's index, so the names are not on the binary wire.
-Event = Union[EventProgress, EventStarted, EventOutput, EventProcess, EventNetwork, EventFs, EventMonitor]
+Event = Union[EventProgress, EventStarted, EventOutput, EventProcess, EventNetwork, EventFs, EventMonitor, EventArchive]
 
 #: What happened at a path.
 FsChange = Literal['created', 'modified', 'removed', 'ready', 'moved', 'rolled_back']
@@ -2517,7 +2598,9 @@ ACTIONS: dict[str, tuple[Any, Any]] = {
     'process.wait': (ProcessWait, RunResult),
     'session.create': (SessionCreate, SessionInfo),
     'session.delete': (SessionDelete, Deleted),
+    'session.export': (SessionExport, SessionExported),
     'session.fork': (SessionFork, SessionInfo),
+    'session.import': (SessionImport, SessionImported),
     'session.info': (SessionRef, SessionInfo),
     'session.list': (AgentRef, SessionListing),
     'session.pause': (SessionPause, SessionInfo),

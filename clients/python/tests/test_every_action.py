@@ -308,6 +308,25 @@ def test_every_action_is_answered_and_fits_the_document(every, openapi_check):
     assert forked["head"] == "fork", forked
     listed = call("checkpoint.list", agent_id=A, session_id="forked")["checkpoints"]
     assert listed[0]["forked_from"]["checkpoint_id"] == "clean", listed
+    # A session's archive through the gateway (NDJSON events), back in as
+    # another session: by hand in two pieces, the last one committing, and
+    # by the client's helper.
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    exported = c.export_session(A, "forked", buf)
+    archive = buf.getvalue()
+    assert exported["bytes"] == len(archive) and archive[:8] == b"ALLOXSES", exported
+    half = len(archive) // 2
+    first = call("session.import", agent_id=A, session_id="moved", import_id="every-1",
+                 data=base64.b64encode(archive[:half]).decode())
+    assert first["received"] == half and first["session"] is None, first
+    moved = call("session.import", agent_id=A, session_id="moved", import_id="every-1", offset=half,
+                 data=base64.b64encode(archive[half:]).decode(), commit=True)
+    assert moved["session"]["session_id"] == "moved" and moved["checkpoints"] == 1, moved
+    again = c.import_session(A, archive, session_id="moved2", piece=4096)
+    assert again.session.session_id == "moved2" and again.received == len(archive), again
     paused = call("session.pause", agent_id=A, session_id="forked", hold=True)
     assert paused["paused"]["hold"] is True, paused
     assert call("session.resume", agent_id=A, session_id="forked")["session_id"] == "forked"
@@ -345,6 +364,8 @@ def test_every_action_is_answered_and_fits_the_document(every, openapi_check):
     assert any(r["action"] == "session.rollback" for r in audit_log["records"]), audit_log
     call("session.delete", agent_id=A, session_id="s2")
     call("session.delete", agent_id=A, session_id="forked")
+    call("session.delete", agent_id=A, session_id="moved")
+    call("session.delete", agent_id=A, session_id="moved2")
     call("agent.delete", agent_id="every-doomed")
     stopping = call("system.shutdown")
     assert env.daemon.wait(60) == 0, f"the daemon exited {env.daemon.returncode} after system.shutdown"

@@ -297,6 +297,7 @@ fn main() -> ExitCode {
             session,
             to,
             new_session,
+            since,
         } => {
             let done = Client::connect(&cli.socket)
                 .map_err(|e| error_chain(&e))
@@ -309,6 +310,7 @@ fn main() -> ExitCode {
                         &agent,
                         &session,
                         new_session.as_deref(),
+                        since.as_deref(),
                     )
                 });
             show_imported(done, cli.json)

@@ -205,29 +205,32 @@ pub fn import(
 }
 
 /// Moves session `agent/session` from `from` to `to` (as `new_session`
-/// there, if given), making the agent there if it does not exist. The
-/// source session stays.
+/// there, if given), making the agent there if it does not exist; with
+/// `since`, only what came after that checkpoint, added to the session
+/// there. The source session stays.
 pub fn move_session(
     from: &mut Client,
     to: &mut Client,
     agent: &str,
     session: &str,
     new_session: Option<&str>,
+    since: Option<&str>,
 ) -> Result<SessionImported, String> {
-    match refusal(
-        to.call(Request::AgentCreate(allox_protocol::AgentCreate::new(
+    if since.is_none() {
+        let made = to.call(Request::AgentCreate(allox_protocol::AgentCreate::new(
             agent,
-        ))),
-    ) {
-        Ok(_) => {}
-        Err(e) if e.contains("already exists") => {}
-        Err(e) => return Err(format!("on the target: {e}")),
+        )));
+        match refusal(made) {
+            Ok(_) => {}
+            Err(e) if e.contains("already exists") => {}
+            Err(e) => return Err(format!("on the target: {e}")),
+        }
     }
     let mut i = Importer::new(to, agent, new_session);
     let q = SessionExport {
         agent_id: agent.into(),
         session_id: session.into(),
-        since: None,
+        since: since.map(str::to_string),
     };
     match export_with(from, q, &mut |b| i.write(b)) {
         Ok(_) => i.commit().map_err(|e| format!("on the target: {e}")),

@@ -125,6 +125,22 @@ pub fn apply(w: &mut Writer<'_>, op: &Op) -> Result<(), IndexError> {
                 None => Ok(()),
             }
         }
+        Op::SessionImportSince {
+            agent,
+            session,
+            head,
+            checkpoints,
+            turns,
+            ..
+        } => {
+            for (c, r) in checkpoints {
+                w.put_checkpoint(agent, session, c, r)?;
+            }
+            for (t, r) in turns {
+                w.put_turn(agent, session, t, r)?;
+            }
+            set_head(w, agent, session, head.clone())
+        }
     }
 }
 

@@ -65,6 +65,7 @@ const IOC_WAIT_SYNC: u64 = iow(22, std::mem::size_of::<u64>());
 const IOC_START_SYNC: u64 = ior(24, std::mem::size_of::<u64>());
 const IOC_SNAP_CREATE_V2: u64 = iow(23, std::mem::size_of::<VolArgsV2>());
 const IOC_SUBVOL_GETFLAGS: u64 = ior(25, std::mem::size_of::<u64>());
+const IOC_SUBVOL_SETFLAGS: u64 = iow(26, std::mem::size_of::<u64>());
 /// `BTRFS_IOC_TREE_SEARCH_V2`: the size encoded is that of the header
 /// (`struct btrfs_ioctl_search_args_v2` without its flexible buffer).
 const IOC_TREE_SEARCH_V2: u64 = iowr(17, std::mem::size_of::<SearchKey>() + 8);
@@ -799,6 +800,14 @@ pub fn is_read_only(dir: &impl AsFd, path: &Path) -> Result<bool, BtrfsError> {
     ioctl(dir, IOC_SUBVOL_GETFLAGS, &mut flags)
         .map_err(|e| io_err("read the flags of", path, e))?;
     Ok(flags & BTRFS_SUBVOL_RDONLY != 0)
+}
+
+/// Makes the subvolume at `path` read-only or writable
+/// (`BTRFS_IOC_SUBVOL_SETFLAGS`; a received UUID stays).
+pub fn set_read_only(path: &Path, read_only: bool) -> Result<(), BtrfsError> {
+    let fd = open_dir(path)?;
+    let mut flags: u64 = if read_only { BTRFS_SUBVOL_RDONLY } else { 0 };
+    ioctl(&fd, IOC_SUBVOL_SETFLAGS, &mut flags).map_err(|e| io_err("set the flags of", path, e))
 }
 
 /// `renameat2(a, b, RENAME_EXCHANGE)`: swaps two paths atomically.

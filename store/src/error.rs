@@ -122,6 +122,10 @@ pub enum StoreError {
     /// receiving side cannot apply), and why.
     #[error("the session archive is refused: {0}")]
     BadArchive(String),
+    /// An archive made against a checkpoint this session does not have as
+    /// the sender had it.
+    #[error("{0}")]
+    BaseMismatch(String),
     /// An export that could not be written, and why.
     #[error("the export failed: {0}")]
     Export(String),
@@ -185,7 +189,8 @@ impl StoreError {
             | StoreError::CheckpointPinned { .. }
             | StoreError::TurnOpen { .. }
             | StoreError::NoOpenTurn { .. }
-            | StoreError::TurnEnded { .. } => ErrorCode::Conflict,
+            | StoreError::TurnEnded { .. }
+            | StoreError::BaseMismatch(_) => ErrorCode::Conflict,
             StoreError::Tree(TreeError::Limit { .. }) => ErrorCode::Unsupported,
             StoreError::Tree(TreeError::Changed { .. }) => ErrorCode::Conflict,
             _ if self.is_no_space() => ErrorCode::Unavailable,

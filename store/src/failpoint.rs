@@ -42,6 +42,10 @@ pub const ALL: &[&str] = &[
     "session_import.after_current",
     "session_import.after_rename",
     "session_import.after_commit",
+    "session_import_since.after_journal",
+    "session_import_since.after_checkpoints",
+    "session_import_since.after_exchange",
+    "session_import_since.after_commit",
 ];
 
 /// The supervisor's points before each installed plugin starts (a panic

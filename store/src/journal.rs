@@ -103,6 +103,20 @@ pub enum Op {
         turns: Vec<(String, TurnRecord)>,
         fork: Option<ForkRecord>,
     },
+    /// What an archive made `since` a checkpoint of an existing session
+    /// adds: its new checkpoints moved from `staging` into the session's
+    /// `checkpoints/`, then its `current/` exchanged with a writable
+    /// snapshot of the received one (`old_subvolume`: the `current/`
+    /// before).
+    SessionImportSince {
+        agent: String,
+        session: String,
+        staging: String,
+        head: Option<String>,
+        checkpoints: Vec<(String, CheckpointRecord)>,
+        turns: Vec<(String, TurnRecord)>,
+        old_subvolume: u64,
+    },
 }
 
 /// How far an operation got, as far as the index knows.

@@ -252,6 +252,32 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
             }
             whole
         }
+        Op::SessionImportSince {
+            agent,
+            session,
+            staging,
+            checkpoints,
+            old_subvolume,
+            ..
+        } => {
+            // The exchange comes after every checkpoint is in place: once
+            // it happened, the import is whole.
+            let swapped = swapped(&l.current(agent, session), *old_subvolume)?;
+            if forward && swapped {
+                finish(op)?;
+            } else {
+                let staged = l.sessions_dir(agent).join(staging);
+                if swapped {
+                    btrfs::exchange(&staged.join("current"), &l.current(agent, session))?;
+                }
+                // Moved in, not in the index: the names were free before.
+                for (c, _) in checkpoints {
+                    rm(&l.checkpoint(agent, session, c))?;
+                }
+                rm(&staged)?;
+            }
+            forward && swapped
+        }
         // The deletes were handled above.
         Op::AgentDelete { .. } | Op::SessionDelete { .. } | Op::CheckpointDelete { .. } => false,
     };

@@ -394,10 +394,7 @@ impl Import {
             .take()
             .expect("a whole archive has a manifest");
         if m.since.is_some() {
-            return Err(StoreError::BadArchive(
-                "an archive made with since adds to a session; import it with the whole history first"
-                    .into(),
-            ));
+            return self.commit_since(m);
         }
         let st = self.store.clone();
         let bytes = self.reader.read();
@@ -484,6 +481,116 @@ impl Import {
             bytes,
         })
     }
+}
+
+impl Import {
+    /// The existing session an archive made `since` a checkpoint changes
+    /// (known once its manifest was read); `None` for a whole session.
+    pub fn changes(&self) -> Option<(String, String)> {
+        let m = self.manifest.as_ref()?;
+        m.since.as_ref()?;
+        Some((
+            self.agent.clone(),
+            self.session.clone().unwrap_or_else(|| m.session.clone()),
+        ))
+    }
+
+    /// An archive made `since` a checkpoint: its checkpoints added to the
+    /// session, its `current/` put in place of the session's (whose runs
+    /// the caller has stopped).
+    fn commit_since(self, m: Manifest) -> Result<Imported> {
+        let st = self.store.clone();
+        let bytes = self.reader.read();
+        let a = self.agent.clone();
+        let s = self.session.clone().unwrap_or_else(|| m.session.clone());
+        let staging = self.staging();
+        let l = &st.layout;
+        let _g = st.guard();
+        check_base(&st, &a, &s, &m)?;
+        let current = l.current(&a, &s);
+        let old_subvolume = btrfs::subvolume_id(&current)?;
+        let build = |w: &mut crate::index::Writer<'_>| {
+            let mut checkpoints = Vec::new();
+            for c in &m.checkpoints {
+                checkpoints.push((
+                    c.id.clone(),
+                    CheckpointRecord {
+                        seq: w.next_seq("checkpoint")?,
+                        ..c.record.clone()
+                    },
+                ));
+            }
+            Ok(Op::SessionImportSince {
+                agent: a.clone(),
+                session: s.clone(),
+                staging: self.staging.clone(),
+                head: m.head.clone(),
+                checkpoints,
+                turns: m.turns.clone(),
+                old_subvolume,
+            })
+        };
+        st.check_space()?;
+        st.journaled(build, |op_id, op| {
+            st.crash_point("session_import_since.after_journal");
+            for c in &m.checkpoints {
+                // A read-only tree cannot move to another directory (its
+                // `..` would change): writable for the move, read-only
+                // again before the next step.
+                let from = staging.join("checkpoints").join(&c.id);
+                let to = l.checkpoint(&a, &s, &c.id);
+                btrfs::set_read_only(&from, false)?;
+                std::fs::rename(&from, &to).map_err(|e| StoreError::io("rename", &from, e))?;
+                btrfs::set_read_only(&to, true)?;
+            }
+            st.crash_point("session_import_since.after_checkpoints");
+            let fresh = staging.join("current");
+            btrfs::snapshot(&staging.join(CURRENT), &fresh, false)?;
+            st.limit_session_tree(&fresh)?;
+            btrfs::exchange(&fresh, &current)?;
+            st.crash_point("session_import_since.after_exchange");
+            st.end(op_id, op, &After::Nothing)?;
+            st.crash_point("session_import_since.after_commit");
+            Ok(((), After::Nothing))
+        })?;
+        drop(_g);
+        drop(self);
+        Ok(Imported {
+            session: st.session_info_of(&a, &s)?,
+            checkpoints: m.checkpoints.len(),
+            bytes,
+        })
+    }
+}
+
+/// For an archive made `since` a checkpoint: the session exists, holds
+/// that checkpoint as the sender had it (its UUID, or the UUID it was
+/// received from, is the archive's), and none of the archive's own.
+fn check_base(st: &Store, a: &str, s: &str, m: &Manifest) -> Result<()> {
+    let Some(base) = &m.since else { return Ok(()) };
+    st.need_session(a, s)?;
+    let mismatch = |why: String| {
+        StoreError::BaseMismatch(format!(
+            "the archive adds to {a}/{s} after checkpoint {}, {why}",
+            base.id
+        ))
+    };
+    if st.index.checkpoint(a, s, &base.id)?.is_none() {
+        return Err(mismatch("which this session does not have".into()));
+    }
+    let info = btrfs::root_info(&st.layout.checkpoint(a, s, &base.id))?;
+    if uuid_of(&info) != base.uuid {
+        return Err(mismatch(
+            "but this session's checkpoint of that name is another tree".into(),
+        ));
+    }
+    for c in &m.checkpoints {
+        if st.index.checkpoint(a, s, &c.id)?.is_some() || st.layout.checkpoint(a, s, &c.id).exists()
+        {
+            return Err(StoreError::Exists(format!("checkpoint {a}/{s}/{}", c.id)));
+        }
+    }
+    Ok(())
 }
 
 /// Where stream `index` is received: a checkpoint into the staging's
@@ -630,7 +737,19 @@ fn check_manifest(st: &Store, a: &str, s: Option<&str>, m: &Manifest) -> Result<
         }
     }
     let base = m.since.as_ref().map(|b| b.id.as_str());
-    let known = |c: &str| ids.contains_key(c) || base == Some(c);
+    let session = s.unwrap_or(&m.session);
+    // An archive made `since` a checkpoint may link to the session's own.
+    let theirs: HashSet<String> = if base.is_some() {
+        check_base(st, a, session, m)?;
+        st.index
+            .checkpoints(a, session)?
+            .into_iter()
+            .map(|(c, _)| c)
+            .collect()
+    } else {
+        HashSet::new()
+    };
+    let known = |c: &str| ids.contains_key(c) || base == Some(c) || theirs.contains(c);
     for c in &m.checkpoints {
         if let Some(p) = &c.record.parent {
             if !known(p) {
@@ -669,8 +788,7 @@ fn check_manifest(st: &Store, a: &str, s: Option<&str>, m: &Manifest) -> Result<
             sent.insert(c.as_str());
         }
     }
-    let session = s.unwrap_or(&m.session);
-    if st.index.session(a, session)?.is_some() {
+    if base.is_none() && st.index.session(a, session)?.is_some() {
         return Err(StoreError::Exists(format!("session {a}/{session}")));
     }
     Ok(())

@@ -417,13 +417,50 @@ impl Supervisor {
             | Request::FsRemove(_)
             | Request::FsMove(_) => return Ok(self.files().answer(req)?),
             Request::SessionImport(r) => {
-                let done = self.imports.piece(&self.store, r)?;
+                // An archive that adds to a session replaces its current/,
+                // as a rollback does: not under its runs.
+                let added_to = std::cell::Cell::new(false);
+                let fence = |a: &str,
+                             s: &str,
+                             commit: &mut dyn FnMut() -> Result<
+                    allox_store::Imported,
+                    RequestError,
+                >| {
+                    added_to.set(true);
+                    let Some(runs) = &self.runs else {
+                        return commit();
+                    };
+                    runs.fenced(FenceScope::session(a, s), || {
+                        if runs.occupied(a, s) && runs.live(a, s) == 0 {
+                            runs.wait_unoccupied(a, s, std::time::Duration::from_secs(5));
+                        }
+                        if runs.occupied(a, s) {
+                            return Err(RequestError::from(StoreError::SessionBusy {
+                                agent: a.into(),
+                                session: s.into(),
+                                live: runs.live(a, s),
+                            }));
+                        }
+                        commit()
+                    })
+                };
+                let done = self.imports.piece(&self.store, r, &fence)?;
+                if let Some(i) = &done.session {
+                    // Watches of a session an archive added to watch its
+                    // new tree.
+                    let _ = self
+                        .rollbacks
+                        .send((i.agent_id.clone(), i.session_id.clone()));
+                }
                 if let (Some(info), Some(runs)) = (&done.session, &self.runs) {
                     runs.own(std::path::Path::new(&info.current));
                     let (a, s) = (&info.agent_id, &info.session_id);
                     if let Err(e) = runs.cgroups().ensure_session(a, s, &runs.config().limits) {
-                        // Nothing half-made: the import goes again.
-                        let _ = st.session_delete(a, s);
+                        // Nothing half-made: a new session goes, and the
+                        // import again. (One added to keeps what it had.)
+                        if !added_to.get() {
+                            let _ = st.session_delete(a, s);
+                        }
                         return Err(RunError::SessionLimits(e).into());
                     }
                 }

@@ -9,7 +9,7 @@ use allox_protocol::{
     validate_id, ArchiveChunk, Bytes, ErrorCode, Event, SessionExport, SessionExported,
     SessionImport, SessionImported,
 };
-use allox_store::{Import, Store};
+use allox_store::{Import, Imported, Store};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -38,12 +38,23 @@ fn refused(code: ErrorCode, why: String) -> RequestError {
     RequestError::Transfer { code, why }
 }
 
+/// Runs an import's commit that changes an existing session `(agent,
+/// session)` (an archive made `since` a checkpoint) while its runs are
+/// kept out.
+pub type Fence<'a> = dyn Fn(
+        &str,
+        &str,
+        &mut dyn FnMut() -> Result<Imported, RequestError>,
+    ) -> Result<Imported, RequestError>
+    + 'a;
+
 impl Imports {
     /// One piece of an import.
     pub fn piece(
         &self,
         store: &Arc<Store>,
         r: &SessionImport,
+        fence: &Fence<'_>,
     ) -> Result<SessionImported, RequestError> {
         validate_id("import_id", &r.import_id).map_err(allox_store::StoreError::from)?;
         let id = r.import_id.clone();
@@ -159,7 +170,20 @@ impl Imports {
             })?
             .into_inner()
             .unwrap_or_else(|p| p.into_inner());
-        let done = under.import.commit()?;
+        let changes = under.import.changes();
+        let mut once = Some(under.import);
+        let mut commit = || {
+            once.take()
+                .ok_or_else(|| {
+                    refused(ErrorCode::Internal, "the import was committed twice".into())
+                })?
+                .commit()
+                .map_err(RequestError::from)
+        };
+        let done = match &changes {
+            Some((a, s)) => fence(a, s, &mut commit)?,
+            None => commit()?,
+        };
         Ok(SessionImported {
             import_id: id,
             received,

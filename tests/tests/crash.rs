@@ -29,8 +29,9 @@ fn session(a: &str, s: &str) -> SessionRef {
     }
 }
 
-/// Builds the same starting state in a fresh store.
-fn prepare(root: &Path, sock: &Path) {
+/// Builds the same starting state in a fresh store (with `whole`, an
+/// archive of a/s, imported as b/imported).
+fn prepare(root: &Path, sock: &Path, whole: &[u8]) {
     std::fs::create_dir_all(root).unwrap();
     let d = Daemon::start(root, sock, &[], &[]);
     ok(&d, Request::AgentCreate(AgentCreate::new("a")));
@@ -51,11 +52,15 @@ fn prepare(root: &Path, sock: &Path) {
         }),
     );
     std::fs::write(l.current("a", "s").join("v"), "2").unwrap();
+    if !whole.is_empty() {
+        ok(&d, import("b", "imported", whole));
+    }
     d.stop();
 }
 
-/// The archive of a/s of a prepared store (`session.export`).
-fn archive_of(d: &Daemon) -> Vec<u8> {
+/// The archive of a/s of a prepared store (`session.export`), whole or
+/// `since` a checkpoint.
+fn archive_of(d: &Daemon, since: Option<&str>) -> Vec<u8> {
     let mut bytes = Vec::new();
     let r = d
         .client()
@@ -63,7 +68,7 @@ fn archive_of(d: &Daemon) -> Vec<u8> {
             Request::SessionExport(allox_protocol::SessionExport {
                 agent_id: "a".into(),
                 session_id: "s".into(),
-                since: None,
+                since: since.map(str::to_string),
             }),
             |e| {
                 if let allox_protocol::Event::Archive(c) = e {
@@ -76,9 +81,50 @@ fn archive_of(d: &Daemon) -> Vec<u8> {
     bytes
 }
 
-/// The operation that passes through the failpoint's step (`archive`: what
-/// an import brings).
-fn operation(fp: &str, archive: &[u8]) -> Request {
+/// The archives the import operations bring: a/s of the source whole, and
+/// what the source then added to it (`since` c1).
+#[derive(Default)]
+struct Archives {
+    whole: Vec<u8>,
+    since: Vec<u8>,
+}
+
+/// A prepared source store's archives; every store of the test holds the
+/// whole one as b/imported (see `prepare`).
+fn archives(root: &Path, sock: &Path) -> Archives {
+    prepare(root, sock, &[]);
+    let d = Daemon::start(root, sock, &[], &[]);
+    let whole = archive_of(&d, None);
+    std::fs::write(Layout::new(root).current("a", "s").join("v"), "3").unwrap();
+    ok(
+        &d,
+        Request::CheckpointCreate(CheckpointCreate {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: "c2".into(),
+            pinned: false,
+            label: None,
+        }),
+    );
+    let since = archive_of(&d, Some("c1"));
+    d.stop();
+    Archives { whole, since }
+}
+
+fn import(agent: &str, session: &str, archive: &[u8]) -> Request {
+    Request::SessionImport(allox_protocol::SessionImport {
+        agent_id: agent.into(),
+        session_id: Some(session.into()),
+        import_id: "crash".into(),
+        offset: 0,
+        data: allox_protocol::Bytes(archive.to_vec()),
+        commit: true,
+        abort: false,
+    })
+}
+
+/// The operation that passes through the failpoint's step.
+fn operation(fp: &str, archives: &Archives) -> Request {
     match fp.split('.').next().unwrap() {
         "agent_create" => Request::AgentCreate(AgentCreate::new("new")),
         "agent_delete" => Request::AgentDelete(AgentDelete {
@@ -122,15 +168,9 @@ fn operation(fp: &str, archive: &[u8]) -> Request {
             label: None,
         }),
         // As another agent's session, in one piece.
-        "session_import" => Request::SessionImport(allox_protocol::SessionImport {
-            agent_id: "b".into(),
-            session_id: Some("imported".into()),
-            import_id: "crash".into(),
-            offset: 0,
-            data: allox_protocol::Bytes(archive.to_vec()),
-            commit: true,
-            abort: false,
-        }),
+        "session_import" => import("b", "copy", &archives.whole),
+        // What the source added, to the copy every store holds.
+        "session_import_since" => import("b", "imported", &archives.since),
         other => panic!("no operation for failpoint family {other}"),
     }
 }
@@ -237,19 +277,14 @@ fn kill_9_at_every_failpoint_leaves_before_or_after() {
     }
     std::fs::create_dir_all("/var/tmp").ok();
     let fs = BtrfsFs::new(1024).expect("make btrfs");
-    let source = fs.path().join("source");
-    let sock_s = fs.scratch().join("source.sock");
-    prepare(&source, &sock_s);
-    let d = Daemon::start(&source, &sock_s, &[], &[]);
-    let archive = archive_of(&d);
-    d.stop();
+    let archives = archives(&fs.path().join("source"), &fs.scratch().join("source.sock"));
     let mut outcomes = Vec::new();
     for (i, fp) in failpoint::ALL.iter().enumerate() {
-        let op = operation(fp, &archive);
+        let op = operation(fp, &archives);
         // Twin store: the state after the operation completes normally.
         let twin = fs.path().join(format!("twin{i}"));
         let sock_t = fs.scratch().join(format!("t{i}.sock"));
-        prepare(&twin, &sock_t);
+        prepare(&twin, &sock_t, &archives.whole);
         let d = Daemon::start(&twin, &sock_t, &[], &[]);
         let before = model(&d);
         ok(&d, op.clone());
@@ -260,7 +295,7 @@ fn kill_9_at_every_failpoint_leaves_before_or_after() {
         // The store under test.
         let root = fs.path().join(format!("crash{i}"));
         let sock = fs.scratch().join(format!("c{i}.sock"));
-        prepare(&root, &sock);
+        prepare(&root, &sock, &archives.whole);
         let d = Daemon::start(&root, &sock, &[("ALLOX_FAILPOINTS", fp)], &[]);
         assert_eq!(model(&d), before);
         let r = d.client().call(op.clone());
@@ -346,10 +381,10 @@ fn lost_rename_after_end_commit_is_redone() {
     .iter()
     .enumerate()
     {
-        let op = operation(fp, &[]);
+        let op = operation(fp, &Archives::default());
         let twin = fs.path().join(format!("twin{i}"));
         let sock_t = fs.scratch().join(format!("t{i}.sock"));
-        prepare(&twin, &sock_t);
+        prepare(&twin, &sock_t, &[]);
         let d = Daemon::start(&twin, &sock_t, &[], &[]);
         ok(&d, op.clone());
         let after = model(&d);
@@ -357,7 +392,7 @@ fn lost_rename_after_end_commit_is_redone() {
 
         let root = fs.path().join(format!("lost{i}"));
         let sock = fs.scratch().join(format!("l{i}.sock"));
-        prepare(&root, &sock);
+        prepare(&root, &sock, &[]);
         let armed = format!("{fp}=sync");
         let d = Daemon::start(&root, &sock, &[("ALLOX_FAILPOINTS", &armed)], &[]);
         assert!(d.client().call(op.clone()).is_err());
@@ -404,10 +439,10 @@ fn a_rollback_whose_exchange_was_lost_is_finished() {
     }
     std::fs::create_dir_all("/var/tmp").ok();
     let fs = BtrfsFs::new(1024).expect("make btrfs");
-    let op = operation("rollback", &[]);
+    let op = operation("rollback", &Archives::default());
     let twin = fs.path().join("twin");
     let sock_t = fs.scratch().join("t.sock");
-    prepare(&twin, &sock_t);
+    prepare(&twin, &sock_t, &[]);
     let d = Daemon::start(&twin, &sock_t, &[], &[]);
     ok(&d, op.clone());
     let after = model(&d);
@@ -415,7 +450,7 @@ fn a_rollback_whose_exchange_was_lost_is_finished() {
 
     let root = fs.path().join("lost");
     let sock = fs.scratch().join("l.sock");
-    prepare(&root, &sock);
+    prepare(&root, &sock, &[]);
     let d = Daemon::start(
         &root,
         &sock,
@@ -456,16 +491,13 @@ fn an_import_cut_by_kill_9_mid_stream_leaves_nothing() {
     }
     std::fs::create_dir_all("/var/tmp").ok();
     let fs = BtrfsFs::new(512).expect("make btrfs");
-    let (source, sock_s) = (fs.path().join("source"), fs.scratch().join("s.sock"));
-    prepare(&source, &sock_s);
-    let d = Daemon::start(&source, &sock_s, &[], &[]);
-    let archive = archive_of(&d);
-    d.stop();
+    let archives = archives(&fs.path().join("source"), &fs.scratch().join("s.sock"));
+    let archive = &archives.whole;
     let (root, sock) = (fs.path().join("cut"), fs.scratch().join("cut.sock"));
-    prepare(&root, &sock);
+    prepare(&root, &sock, &[]);
     let mut d = Daemon::start(&root, &sock, &[], &[]);
     let before = model(&d);
-    let Request::SessionImport(mut piece) = operation("session_import", &archive) else {
+    let Request::SessionImport(mut piece) = operation("session_import", &archives) else {
         unreachable!()
     };
     piece.commit = false;
@@ -501,6 +533,6 @@ fn an_import_cut_by_kill_9_mid_stream_leaves_nothing() {
     let Response::SessionImported(done) = ok(&d, Request::SessionImport(rest)) else {
         panic!()
     };
-    assert_eq!(done.session.map(|s| s.session_id), Some("imported".into()));
+    assert_eq!(done.session.map(|s| s.session_id), Some("copy".into()));
     d.stop();
 }

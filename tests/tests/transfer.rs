@@ -186,6 +186,63 @@ fn a_session_with_its_history_moves_to_another_filesystem_whole() {
             tree_digest(&src.layout().checkpoint("a", "s", c))
         );
     }
+    // Incremental: ten files changed, two checkpoints, then only what came
+    // after the last checkpoint both have.
+    let common = src.checkpoint_list("a", "s").unwrap().head.unwrap();
+    let cur = src.layout().current("a", "s");
+    let changed = 10 * 65536;
+    for i in 0..10 {
+        std::fs::write(
+            cur.join(format!("d001/f{}", 1000 + i)),
+            vec![b'a' + i as u8; 65536],
+        )
+        .unwrap();
+    }
+    checkpoint(&src, "i0", false, None);
+    std::fs::write(cur.join("after-i0"), "x\n").unwrap();
+    checkpoint(&src, "i1", false, Some("incremental"));
+    let inc = export(&src, Some(&common));
+    assert!(
+        inc.len() < 2 * changed + 64 * 1024,
+        "{} bytes for {changed} changed",
+        inc.len()
+    );
+    let added = import(&dst, &inc, 65536).unwrap();
+    assert_eq!(added.checkpoints, 2);
+    let (l1, t1, trees1) = view(&src);
+    let (l2, t2, trees2) = view(&dst);
+    assert_eq!((l1, t1), (l2, t2));
+    assert_eq!(trees1, trees2);
+    // Again: its checkpoints are there now.
+    let again = import(&dst, &inc, 65536).unwrap_err();
+    assert!(
+        again.contains("checkpoint a/s/i0 already exists"),
+        "{again}"
+    );
+    // Into a session that does not exist, or whose checkpoint of the
+    // base's name is another tree: refused.
+    let mut other = dst.import_begin("a", Some("fresh")).unwrap();
+    let e = other.push(&inc).unwrap_err().chain();
+    assert!(e.contains("session a/fresh does not exist"), "{e}");
+    drop(other);
+    dst.session_create("a", "other").unwrap();
+    dst.checkpoint_create(&CheckpointCreate {
+        agent_id: "a".into(),
+        session_id: "other".into(),
+        checkpoint_id: common.clone(),
+        pinned: false,
+        label: None,
+    })
+    .unwrap();
+    let mut other = dst.import_begin("a", Some("other")).unwrap();
+    let e = other.push(&inc).unwrap_err().chain();
+    assert!(
+        e.contains("this session's checkpoint of that name is another tree"),
+        "{e}"
+    );
+    drop(other);
+    dst.session_delete("a", "other").unwrap();
+    dst.wait_idle();
     // The same archive again: the session exists, nothing is touched.
     let again = import(&dst, &bytes, 1 << 20).unwrap_err();
     assert!(again.contains("session a/s already exists"), "{again}");
@@ -434,6 +491,30 @@ fn alloxctl_moves_a_session_between_daemons_by_file_and_by_pipe() {
     assert!(said.starts_with("imported a/s2: 20 checkpoints"), "{said}");
     let s2 = b.daemon.root.join("agents/a/workspace/sessions/s2/current");
     assert_eq!(tree_digest(&s2), tree(&a, "current"));
+    // Then only what came after: ten files changed, one checkpoint.
+    let head = l["head"].as_str().unwrap().to_string();
+    let cur = a.daemon.root.join("agents/a/workspace/sessions/s/current");
+    for i in 0..10 {
+        std::fs::write(
+            cur.join(format!("d002/f{}", 2000 + i)),
+            format!("later {i}\n"),
+        )
+        .unwrap();
+    }
+    ctl(&a, &["checkpoint", "create", "a", "s", "later"]);
+    let sock_b = b.daemon.socket.to_str().unwrap();
+    let said = ctl(
+        &a,
+        &[
+            "session", "move", "a", "s", "--to", sock_b, "--as", "s2", "--since", &head,
+        ],
+    );
+    assert!(said.starts_with("imported a/s2: 1 checkpoint, "), "{said}");
+    assert_eq!(tree_digest(&s2), tree(&a, "current"));
+    assert_eq!(
+        ctl(&b, &["diff", "a", "s2", &head, "later"]),
+        ctl(&a, &["diff", "a", "s", &head, "later"])
+    );
     // Standard input and output too.
     let (code, archive, err) =
         allox_integration::alloxctl(&a.daemon.socket, &["session", "export", "a", "s"]);

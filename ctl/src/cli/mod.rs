@@ -338,6 +338,7 @@ pub enum Action {
         session: String,
         to: PathBuf,
         new_session: Option<String>,
+        since: Option<String>,
     },
     /// Copy between here and a session.
     Copy {

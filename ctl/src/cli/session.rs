@@ -119,7 +119,8 @@ pub enum SessionCommand {
     },
     /// Copy a session with its whole history to another daemon (its
     /// control socket), straight from one to the other; the agent is made
-    /// there if it does not exist. The session here stays.
+    /// there if it does not exist. With --since, only what came after that
+    /// checkpoint, added to the copy there. The session here stays.
     Move {
         /// The agent.
         agent: String,
@@ -131,6 +132,10 @@ pub enum SessionCommand {
         /// Its id there (else the same).
         #[arg(long = "as", value_name = "SESSION")]
         new_session: Option<String>,
+        /// Only what came after this checkpoint, added to the session there
+        /// (which has it from an earlier move).
+        #[arg(long)]
+        since: Option<String>,
     },
 }
 
@@ -164,11 +169,13 @@ impl SessionCommand {
                 session,
                 to,
                 new_session,
+                since,
             } => Action::SessionMove {
                 agent,
                 session,
                 to,
                 new_session,
+                since,
             },
             other => Action::Call(other.request()),
         }

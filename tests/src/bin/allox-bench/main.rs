@@ -33,6 +33,7 @@ mod share_bench;
 mod spawn_bench;
 mod terminals_bench;
 mod tracker_bench;
+mod transfer_bench;
 mod turns_bench;
 mod vm_bench;
 
@@ -191,6 +192,9 @@ fn main() -> anyhow::Result<()> {
     }
     if only.is_empty() || only == "metrics" {
         metrics_bench::run(&fs, quick)?;
+    }
+    if only.is_empty() || only == "transfer" {
+        transfer_bench::run(&fs, quick)?;
     }
     if only.is_empty() || only == "vm" {
         vm_bench::run(quick)?;

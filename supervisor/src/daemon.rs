@@ -286,7 +286,12 @@ async fn tick_clocks(sup: Arc<Supervisor>) {
     loop {
         tick.tick().await;
         let s = sup.clone();
-        let _ = tokio::task::spawn_blocking(move || s.clocks.tick(&s.store, s.runs.as_ref())).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            s.clocks.tick(&s.store, s.runs.as_ref());
+            // Imports whose client stopped sending.
+            s.imports.drop_idle();
+        })
+        .await;
     }
 }
 

@@ -58,14 +58,9 @@ impl Imports {
     ) -> Result<SessionImported, RequestError> {
         validate_id("import_id", &r.import_id).map_err(allox_store::StoreError::from)?;
         let id = r.import_id.clone();
+        self.drop_idle();
         let entry = {
             let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
-            // Idle ones go first, whoever asks.
-            t.retain(|_, u| {
-                u.try_lock()
-                    .map(|u| u.last.elapsed() < IMPORT_IDLE)
-                    .unwrap_or(true)
-            });
             match t.get(&id) {
                 Some(e) => e.clone(),
                 None if r.abort => {
@@ -190,6 +185,26 @@ impl Imports {
             session: Some(Box::new(done.session)),
             checkpoints: done.checkpoints as u32,
         })
+    }
+
+    /// Drops the imports idle for [`IMPORT_IDLE`] (their staging trees
+    /// go with them); at each piece and each tick of the clocks.
+    pub fn drop_idle(&self) {
+        let idle: Vec<_> = {
+            let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+            let ids: Vec<String> = t
+                .iter()
+                .filter(|(_, u)| {
+                    u.try_lock()
+                        .map(|u| u.last.elapsed() >= IMPORT_IDLE)
+                        .unwrap_or(false)
+                })
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.into_iter().filter_map(|id| t.remove(&id)).collect()
+        };
+        // Removed outside the table's lock: a staging tree takes a while.
+        drop(idle);
     }
 
     /// How many imports are under way.

@@ -9,6 +9,8 @@
 //!   2 Data       the next bytes of the current send stream
 //!   3 StreamEnd  postcard(StreamEnd): the current stream's length and sha256
 //!   4 End        postcard(End): the sha256 of every byte before this frame
+//!                but data frames' payloads, for which the sha256 in each
+//!                stream's end stands (so each byte is hashed once)
 //! ```
 //!
 //! Streams come in the manifest's order, each closed by its `StreamEnd`.
@@ -168,7 +170,9 @@ impl<W: std::io::Write> Writer<W> {
         self.out.write_all(&head)?;
         self.out.write_all(payload)?;
         self.all.update(head);
-        self.all.update(payload);
+        if kind != DATA {
+            self.all.update(payload);
+        }
         self.written += 5 + payload.len() as u64;
         Ok(())
     }
@@ -361,7 +365,6 @@ impl Reader {
                     let n = (len - self.got).min(bytes.len());
                     let piece = &bytes[..n];
                     bytes = &bytes[n..];
-                    self.all.update(piece);
                     self.stream.update(piece);
                     self.stream_bytes += n as u64;
                     self.got += n;

@@ -29,6 +29,9 @@ use std::sync::Arc;
 /// its stream gives the received tree (no checkpoint id begins with `.`).
 const CURRENT: &str = ".current";
 
+/// The pipes to and from `btrfs send` and `btrfs receive`.
+const PIPE: usize = 1 << 20;
+
 /// Most checkpoints and turns one archive may list.
 const MAX_ITEMS: usize = 1_000_000;
 
@@ -217,6 +220,8 @@ fn send<W: Write>(mut cmd: Command, tree: &Tree, w: &mut archive::Writer<W>) -> 
         .spawn()
         .map_err(|e| StoreError::Export(format!("cannot run btrfs send (btrfs-progs): {e}")))?;
     let mut stdout = child.stdout.take().expect("piped");
+    // Room for `btrfs send` to run ahead of the writer.
+    let _ = rustix::pipe::fcntl_setpipe_size(&stdout, PIPE);
     let mut stderr = child.stderr.take().expect("piped");
     let errors = std::thread::spawn(move || {
         let mut s = String::new();
@@ -639,6 +644,11 @@ fn receive(dir: &Path) -> Result<Receiving> {
             StoreError::BadArchive(format!("cannot run btrfs receive (btrfs-progs): {e}"))
         })?;
     let stdin = child.stdin.take();
+    // Room for a whole piece: its request is answered while `btrfs
+    // receive` still applies it.
+    if let Some(i) = &stdin {
+        let _ = rustix::pipe::fcntl_setpipe_size(i, PIPE);
+    }
     Ok(Receiving { child, stdin })
 }
 

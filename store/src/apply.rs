@@ -114,12 +114,7 @@ pub fn apply(w: &mut Writer<'_>, op: &Op) -> Result<(), IndexError> {
                     head: head.clone(),
                 },
             )?;
-            for (c, r) in checkpoints {
-                w.put_checkpoint(agent, session, c, r)?;
-            }
-            for (t, r) in turns {
-                w.put_turn(agent, session, t, r)?;
-            }
+            put_history(w, agent, session, checkpoints, turns)?;
             match fork {
                 Some(f) => w.put_fork(agent, session, f),
                 None => Ok(()),
@@ -133,15 +128,27 @@ pub fn apply(w: &mut Writer<'_>, op: &Op) -> Result<(), IndexError> {
             turns,
             ..
         } => {
-            for (c, r) in checkpoints {
-                w.put_checkpoint(agent, session, c, r)?;
-            }
-            for (t, r) in turns {
-                w.put_turn(agent, session, t, r)?;
-            }
+            put_history(w, agent, session, checkpoints, turns)?;
             set_head(w, agent, session, head.clone())
         }
     }
+}
+
+/// An imported session's checkpoints and turns.
+fn put_history(
+    w: &mut Writer<'_>,
+    agent: &str,
+    session: &str,
+    checkpoints: &[(String, crate::rows::CheckpointRecord)],
+    turns: &[(String, crate::rows::TurnRecord)],
+) -> Result<(), IndexError> {
+    for (c, r) in checkpoints {
+        w.put_checkpoint(agent, session, c, r)?;
+    }
+    for (t, r) in turns {
+        w.put_turn(agent, session, t, r)?;
+    }
+    Ok(())
 }
 
 fn set_head(

@@ -438,16 +438,7 @@ impl Import {
                 )?,
                 None => w.remove_clock(&a, &s)?,
             }
-            let mut checkpoints = Vec::new();
-            for c in &m.checkpoints {
-                checkpoints.push((
-                    c.id.clone(),
-                    CheckpointRecord {
-                        seq: w.next_seq("checkpoint")?,
-                        ..c.record.clone()
-                    },
-                ));
-            }
+            let checkpoints = numbered(w, &m)?;
             Ok(Op::SessionImport {
                 agent: a.clone(),
                 session: s.clone(),
@@ -515,16 +506,7 @@ impl Import {
         let current = l.current(&a, &s);
         let old_subvolume = btrfs::subvolume_id(&current)?;
         let build = |w: &mut crate::index::Writer<'_>| {
-            let mut checkpoints = Vec::new();
-            for c in &m.checkpoints {
-                checkpoints.push((
-                    c.id.clone(),
-                    CheckpointRecord {
-                        seq: w.next_seq("checkpoint")?,
-                        ..c.record.clone()
-                    },
-                ));
-            }
+            let checkpoints = numbered(w, &m)?;
             Ok(Op::SessionImportSince {
                 agent: a.clone(),
                 session: s.clone(),
@@ -621,6 +603,27 @@ fn received_name(m: &Option<Manifest>, index: usize) -> String {
         Some(Tree::Checkpoint(c)) => c.clone(),
         _ => CURRENT.to_string(),
     }
+}
+
+/// The archive's checkpoint records, numbered in this store's creation
+/// order (each store has its own).
+fn numbered(
+    w: &mut crate::index::Writer<'_>,
+    m: &Manifest,
+) -> Result<Vec<(String, CheckpointRecord)>, crate::index::IndexError> {
+    m.checkpoints
+        .iter()
+        .map(|c| {
+            let seq = w.next_seq("checkpoint")?;
+            Ok((
+                c.id.clone(),
+                CheckpointRecord {
+                    seq,
+                    ..c.record.clone()
+                },
+            ))
+        })
+        .collect()
 }
 
 fn stream_name(m: &Option<Manifest>, index: usize) -> String {

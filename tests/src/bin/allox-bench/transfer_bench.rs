@@ -33,6 +33,19 @@ fn ctl(socket: &Path) -> Command {
     c
 }
 
+/// `alloxctl session move bench s` from `a` to `b` as `to` (with
+/// `--since`, only what came after that checkpoint).
+fn move_cmd(a: &BenchDaemon, b: &BenchDaemon, to: &str, since: Option<&str>) -> Command {
+    let mut c = ctl(&a.socket);
+    c.args(["session", "move", "bench", "s", "--to"])
+        .arg(&b.socket)
+        .args(["--as", to]);
+    if let Some(p) = since {
+        c.args(["--since", p]);
+    }
+    c
+}
+
 fn sh(script: &str) -> Command {
     let mut c = Command::new("sh");
     c.args(["-ec", script]);
@@ -93,19 +106,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     let tar_dir = other.path().join("tar");
     for round in 0..n {
         let to = format!("r{round}");
-        ours.push(run_ok(
-            "move",
-            ctl(&a.socket).args([
-                "session",
-                "move",
-                "bench",
-                "s",
-                "--to",
-                b.socket.to_str().unwrap_or_default(),
-                "--as",
-                &to,
-            ]),
-        )?);
+        ours.push(run_ok("move", &mut move_cmd(&a, &b, &to, None))?);
         let snap = sa.join(format!(".bench-{round}"));
         let dest = hand_dir.join(&to);
         std::fs::create_dir_all(&dest)?;
@@ -178,19 +179,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
 
     // Incremental: the copy on b is kept; each round changes ten files,
     // checkpoints, and moves what came after the previous checkpoint.
-    run_ok(
-        "base",
-        ctl(&a.socket).args([
-            "session",
-            "move",
-            "bench",
-            "s",
-            "--to",
-            b.socket.to_str().unwrap_or_default(),
-            "--as",
-            "inc",
-        ]),
-    )?;
+    run_ok("base", &mut move_cmd(&a, &b, "inc", None))?;
     let rounds = if quick { 3 } else { 10 };
     let (mut inc, mut inc_hand) = (Vec::new(), Vec::new());
     let mut prev = format!("c{}", CHECKPOINTS - 1);
@@ -219,18 +208,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         Command::new("sync").status()?;
         inc.push(run_ok(
             "incremental move",
-            ctl(&a.socket).args([
-                "session",
-                "move",
-                "bench",
-                "s",
-                "--to",
-                b.socket.to_str().unwrap_or_default(),
-                "--as",
-                "inc",
-                "--since",
-                &prev,
-            ]),
+            &mut move_cmd(&a, &b, "inc", Some(&prev)),
         )?);
         inc_hand.push(run_ok(
             "incremental by hand",

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::elf::{self, ElfError};
 use crate::libs::{self, LibError};
-use crate::tree::{copy_preserving, Tree, TreeError};
+use crate::tree::{Tree, TreeError};
 
 /// Where the image has them; `/usr/sbin/mkfs.btrfs` is the first place
 /// `allox-init` looks.
@@ -36,19 +36,7 @@ pub fn add(t: &mut Tree, alloxctl: &Path, mkfs: &Path) -> Result<(), ContainerEr
     t.file_replacing(ALLOXCTL, alloxctl)?;
     t.file_replacing(MKFS, mkfs)?;
     t.symlink("/usr/bin/allox-init", "../../init")?;
-    // Debian's merged /usr, as the python profile lays it out.
-    t.dir("/usr/lib", 0o755)?;
-    t.dir("/usr/lib64", 0o755)?;
-    t.symlink("/lib", "usr/lib")?;
-    t.symlink("/lib64", "usr/lib64")?;
-    let dirs: Vec<&Path> = libs::DEFAULT_DIRS.iter().map(Path::new).collect();
-    let closure = libs::closure(&[mkfs.to_path_buf()], &dirs).map_err(ContainerError::Libs)?;
-    for interp in &closure.interpreters {
-        copy_preserving(t, Path::new(interp))?;
-    }
-    for lib in &closure.libraries {
-        copy_preserving(t, lib)?;
-    }
+    libs::install(t, &[mkfs.to_path_buf()]).map_err(ContainerError::Libs)?;
     Ok(())
 }
 

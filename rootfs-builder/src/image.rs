@@ -15,6 +15,10 @@
 //! /etc/hostname, hosts  "allox"
 //! /proc /sys /dev /run /tmp (1777) /root (0700) /mnt/store
 //! /var/lib/allox        where the store is mounted (DESIGN.md)
+//! /usr/bin/btrfs        the host's btrfs-progs, with its loader and
+//!                       libraries under /usr/lib (merged /usr: /lib →
+//!                       usr/lib): the store's send and receive, by which
+//!                       sessions move (`session.export`/`import`)
 //! ```
 //!
 //! With an observer (`--observer`), the system-effects plugin's:
@@ -35,8 +39,9 @@ use std::path::{Path, PathBuf};
 
 use crate::busybox::{self, BusyboxError};
 use crate::elf::{self, ElfError};
+use crate::libs::{self, LibError};
 use crate::python::{self, PythonError};
-use crate::tree::{self, Tree, TreeError};
+use crate::tree::{self, copy_preserving, Tree, TreeError};
 
 /// The uid and gid sandboxed programs run as by default (`allox-init
 /// supervise --sandbox-uid`).
@@ -64,6 +69,9 @@ pub const HOSTS: &str = "\
 /// Where the system-effects observer is installed: beside `/init`, where
 /// the supervisor looks for `allox-observe` when
 /// `--system-effects-observer` is not given.
+/// The store's tool in every image.
+pub const BTRFS: &str = "/usr/bin/btrfs";
+
 pub const OBSERVER: &str = "/allox-observe";
 
 /// Where the system-effects verifier is installed: beside `/init` too
@@ -156,6 +164,10 @@ pub enum ImageError {
     Applets(#[source] BusyboxError),
     #[error("python profile")]
     Python(#[source] PythonError),
+    #[error("{BTRFS} is missing (apt-get install btrfs-progs)")]
+    NoBtrfs,
+    #[error("{BTRFS}'s shared libraries")]
+    BtrfsLibs(#[source] LibError),
     #[error("--add {}:{dest}", src.display())]
     Add {
         src: PathBuf,
@@ -173,6 +185,7 @@ pub fn assemble(spec: &ImageSpec) -> Result<Tree, ImageError> {
     elf::check_static(&spec.busybox).map_err(ImageError::Busybox)?;
     let applets = busybox::list_applets(&spec.busybox).map_err(ImageError::Applets)?;
     let mut t = base(&spec.init, &spec.busybox, &applets).map_err(ImageError::Layout)?;
+    add_store_tools(&mut t)?;
     if let Some(observer) = &spec.observer {
         elf::check_static(observer).map_err(ImageError::Observer)?;
         add_observer(&mut t, observer).map_err(ImageError::Layout)?;
@@ -204,6 +217,16 @@ pub fn add_all(t: &mut Tree, additions: &[Addition]) -> Result<(), ImageError> {
         })?;
     }
     Ok(())
+}
+
+/// `btrfs` (send and receive, for moving sessions) with what it loads.
+pub fn add_store_tools(t: &mut Tree) -> Result<(), ImageError> {
+    let btrfs = Path::new(BTRFS);
+    if !btrfs.is_file() {
+        return Err(ImageError::NoBtrfs);
+    }
+    let real = copy_preserving(t, btrfs).map_err(ImageError::Layout)?;
+    libs::install(t, &[real]).map_err(ImageError::BtrfsLibs)
 }
 
 /// The observer as [`OBSERVER`] and the scope file [`EFFECTS_SCOPE`].
@@ -334,6 +357,32 @@ mod tests {
             ["bpf", "sysctl", "mount", "network", "modules", "processes"]
         );
         assert!(matches!(t.get(EFFECTS_SCOPE), Some(Node::File { .. })));
+    }
+
+    #[test]
+    fn btrfs_comes_with_its_loader_and_libraries_beside_the_base() {
+        if !Path::new(BTRFS).is_file() {
+            return crate::test_support::skip(
+                "btrfs_comes_with_its_loader_and_libraries_beside_the_base",
+                "/usr/bin/btrfs (apt-get install btrfs-progs)",
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (init, bb) = inputs(dir.path());
+        let mut t = base(&init, &bb, &applets()).unwrap();
+        add_store_tools(&mut t).unwrap();
+        assert!(matches!(t.get(BTRFS), Some(Node::File { .. })));
+        for lib in ["libc.so.6", "libuuid.so.1", "libzstd.so.1"] {
+            let p = format!("/usr/lib/x86_64-linux-gnu/{lib}");
+            assert!(t.get(&p).is_some(), "{p} is missing");
+        }
+        assert!(matches!(
+            t.get("/usr/lib64/ld-linux-x86-64.so.2"),
+            Some(Node::Symlink { .. })
+        ));
+        // The python profile and the container image lay out the same
+        // merged /usr over it without a conflict.
+        libs::install(&mut t, &[PathBuf::from(BTRFS)]).unwrap();
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
 
 use crate::elf::{self, ElfError};
+use crate::tree::{copy_preserving, Tree, TreeError};
 
 /// Debian's multiarch library directories, in `ld.so`'s order.
 pub const DEFAULT_DIRS: &[&str] = &[
@@ -27,6 +28,8 @@ pub enum LibError {
     },
     #[error(transparent)]
     Elf(#[from] ElfError),
+    #[error(transparent)]
+    Tree(#[from] TreeError),
 }
 
 /// What a set of ELF files needs at run time.
@@ -99,6 +102,27 @@ pub fn closure(roots: &[PathBuf], dirs: &[&Path]) -> Result<Closure, LibError> {
         }
     }
     Ok(out)
+}
+
+/// Lays out Debian's merged /usr in `t` (`/lib` → `usr/lib`, `/lib64` →
+/// `usr/lib64`) and copies the loader and every library that `roots`
+/// need, each at its Debian path with the symlinks on the way, so `ld.so`
+/// finds them by soname with no `ld.so.cache`. The roots themselves are
+/// the caller's to place.
+pub fn install(t: &mut Tree, roots: &[PathBuf]) -> Result<(), LibError> {
+    t.dir("/usr/lib", 0o755)?;
+    t.dir("/usr/lib64", 0o755)?;
+    t.symlink("/lib", "usr/lib")?;
+    t.symlink("/lib64", "usr/lib64")?;
+    let dirs: Vec<&Path> = DEFAULT_DIRS.iter().map(Path::new).collect();
+    let closure = closure(roots, &dirs)?;
+    for interp in &closure.interpreters {
+        copy_preserving(t, Path::new(interp))?;
+    }
+    for lib in &closure.libraries {
+        copy_preserving(t, lib)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

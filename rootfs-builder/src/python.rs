@@ -51,11 +51,6 @@ pub fn add(t: &mut Tree) -> Result<(), PythonError> {
             });
         }
     }
-    t.dir("/usr/lib", 0o755)?;
-    t.dir("/usr/lib64", 0o755)?;
-    t.symlink("/lib", "usr/lib")?;
-    t.symlink("/lib64", "usr/lib64")?;
-
     let python = copy_preserving(t, Path::new(PYTHON))?;
     let name = python.file_name().and_then(|n| n.to_str()).unwrap_or("");
     // "python3.11" → /usr/lib/python3.11
@@ -95,15 +90,14 @@ pub fn add(t: &mut Tree) -> Result<(), PythonError> {
             roots.push(src.to_path_buf());
         }
     }
-    let dirs: Vec<&Path> = libs::DEFAULT_DIRS.iter().map(Path::new).collect();
-    let gcc = dirs.iter().map(|d| d.join(LIBGCC_S)).find(|p| p.is_file());
+    let gcc = libs::DEFAULT_DIRS
+        .iter()
+        .map(|d| Path::new(d).join(LIBGCC_S))
+        .find(|p| p.is_file());
     roots.extend(gcc.clone());
-    let closure = libs::closure(&roots, &dirs).map_err(PythonError::Libs)?;
-    for interp in &closure.interpreters {
-        copy_preserving(t, Path::new(interp))?;
-    }
-    for lib in closure.libraries.iter().chain(&gcc) {
-        copy_preserving(t, lib)?;
+    libs::install(t, &roots).map_err(PythonError::Libs)?;
+    if let Some(gcc) = &gcc {
+        copy_preserving(t, gcc)?;
     }
     Ok(())
 }

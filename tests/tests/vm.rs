@@ -1955,3 +1955,123 @@ fn guest_system_effects_observe_runs_with_the_bpf_lsm_in_the_vm() {
     assert_eq!(code, Some(0), "{report}");
     assert_eq!(report, format!("{}\n", v.report));
 }
+
+/// Every file of `a/s`'s `current/` with its sha256, as a run there sees
+/// it (the same command in the guest and on the host).
+const TREE_SUMS: &str = "find . -type f | LC_ALL=C sort | xargs sha256sum";
+
+/// The head, and each checkpoint's id, parent, label and pin.
+type Listing = (
+    Option<String>,
+    Vec<(String, Option<String>, Option<String>, bool)>,
+);
+
+fn checkpoint_ids(c: &mut Client, a: &str, s: &str) -> Listing {
+    match ok(
+        c,
+        Request::CheckpointList(SessionRef {
+            agent_id: a.into(),
+            session_id: s.into(),
+        }),
+    ) {
+        Response::Checkpoints(l) => {
+            let mut ids: Vec<_> = l
+                .checkpoints
+                .into_iter()
+                .map(|c| (c.checkpoint_id, c.parent, c.label, c.pinned))
+                .collect();
+            ids.sort();
+            (l.head, ids)
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn guest_a_session_moves_to_the_host_daemon_and_back_through_the_control_port() {
+    let Some(img) = require_vm("vm::a_session_moves_to_the_host_daemon_and_back") else {
+        return;
+    };
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = store_image(dir.path(), true);
+    let mut vm = Vm::boot(&img, Some(&store), &[]);
+    let (mut g, _) = vm.connect(BOOT);
+    ok(&mut g, agent("a"));
+    ok(&mut g, session("a", "s"));
+    // A history made in the guest: 300 files, two checkpoints (one
+    // labelled and pinned), then a change not checkpointed.
+    sh(
+        &mut g,
+        "a",
+        "s",
+        "mkdir d && for i in $(seq 300); do echo \"file $i\" > d/f$i; done",
+    );
+    ok(&mut g, ck("a", "s", "c0"));
+    sh(
+        &mut g,
+        "a",
+        "s",
+        "echo edited > d/f7; rm d/f8; mkdir e; echo e > e/x",
+    );
+    ok(
+        &mut g,
+        Request::CheckpointCreate(CheckpointCreate {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: "c1".into(),
+            pinned: true,
+            label: Some("in the guest".into()),
+        }),
+    );
+    sh(&mut g, "a", "s", "echo after > after");
+    let guest_sums = sh(&mut g, "a", "s", TREE_SUMS);
+
+    // Guest → host, over the VM's control port and the host daemon's
+    // socket.
+    let host = allox_integration::ProcDaemon::start("vm-move", &[]);
+    let mut h = host.daemon.client();
+    let t = Instant::now();
+    let done = allox_ctl::transfer::move_session(&mut g, &mut h, "a", "s", None, None)
+        .unwrap_or_else(|e| panic!("guest → host: {e}"));
+    eprintln!("guest → host in {:?}: {done:?}", t.elapsed());
+    assert_eq!(done.checkpoints, 2, "{done:?}");
+    assert_eq!(sh(&mut h, "a", "s", TREE_SUMS), guest_sums);
+    assert_eq!(
+        checkpoint_ids(&mut h, "a", "s"),
+        checkpoint_ids(&mut g, "a", "s")
+    );
+    // A rollback there to what the guest had first.
+    ok(
+        &mut h,
+        Request::SessionRollback(SessionRollback {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: "c0".into(),
+            kill_processes: None,
+        }),
+    );
+    assert_eq!(sh(&mut h, "a", "s", "cat d/f7 d/f8"), "file 7\nfile 8\n");
+
+    // Work on the host, then back to the guest: only what came after c1.
+    sh(&mut h, "a", "s", "echo host > d/f9; echo new > on-host");
+    ok(&mut h, ck("a", "s", "h1"));
+    let host_sums = sh(&mut h, "a", "s", TREE_SUMS);
+    let done = allox_ctl::transfer::move_session(&mut h, &mut g, "a", "s", None, Some("c1"))
+        .unwrap_or_else(|e| panic!("host → guest since c1: {e}"));
+    assert_eq!(done.checkpoints, 1, "{done:?}");
+    assert_eq!(sh(&mut g, "a", "s", TREE_SUMS), host_sums);
+    assert_eq!(
+        checkpoint_ids(&mut g, "a", "s"),
+        checkpoint_ids(&mut h, "a", "s")
+    );
+    // And whole, under another name, beside it.
+    allox_ctl::transfer::move_session(&mut h, &mut g, "a", "s", Some("copy"), None)
+        .unwrap_or_else(|e| panic!("host → guest whole: {e}"));
+    assert_eq!(sh(&mut g, "a", "copy", TREE_SUMS), host_sums);
+    assert_eq!(sh(&mut g, "a", "copy", "cat on-host"), "new\n");
+    // The guest's store is sound after both imports.
+    match ok(&mut g, Request::StoreCheck(StoreCheckRequest {})) {
+        Response::StoreCheck(r) => assert!(r.is_consistent(), "{r:?}"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -26,7 +26,7 @@ use sha2::{Digest, Sha256};
 
 pub const MAGIC: &[u8; 8] = b"ALLOXSES";
 /// The archive version this build writes and reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// The most a data frame may carry.
 pub const MAX_FRAME: usize = 1 << 20;
 /// The most the manifest may take.
@@ -49,6 +49,9 @@ pub struct Manifest {
     pub policy: Option<PolicyRecord>,
     pub clock: Option<ClockRecord>,
     pub fork: Option<ForkRecord>,
+    /// The resource limits the session was given beyond its daemon's
+    /// defaults (version 2).
+    pub limits: Limits,
     /// Every checkpoint of the session (with `since`: those after it), in
     /// creation order.
     pub checkpoints: Vec<ArchivedCheckpoint>,
@@ -58,6 +61,15 @@ pub struct Manifest {
     pub since: Option<Base>,
     /// The send streams that follow, in order.
     pub streams: Vec<StreamInfo>,
+}
+
+/// A session's cgroup limits; `None` is the importing daemon's default.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub pids_max: Option<u64>,
+    pub memory_max: Option<u64>,
+    /// `cpu.max` as (quota µs, period µs); a quota of `u64::MAX` is "max".
+    pub cpu_max: Option<(u64, u64)>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -104,7 +116,7 @@ pub struct End {
 pub enum ArchiveError {
     #[error("not an Allox session archive (it does not begin with {:?})", std::str::from_utf8(MAGIC).unwrap_or_default())]
     NotAnArchive,
-    #[error("archive version {0}; this daemon reads version {VERSION}")]
+    #[error("archive version {0}; this daemon reads version {VERSION} (export the session again with this build)")]
     Version(u32),
     #[error("frame of unknown kind {0}")]
     UnknownFrame(u8),
@@ -496,6 +508,11 @@ mod tests {
             policy: None,
             clock: None,
             fork: None,
+            limits: Limits {
+                pids_max: Some(64),
+                memory_max: None,
+                cpu_max: Some((u64::MAX, 50_000)),
+            },
             checkpoints: vec![],
             turns: vec![],
             since: None,

@@ -48,6 +48,9 @@ pub struct Imported {
     pub session: SessionInfo,
     pub checkpoints: usize,
     pub bytes: u64,
+    /// The limits the archive carries, for the caller to apply to a new
+    /// session (the store knows no cgroups).
+    pub limits: archive::Limits,
 }
 
 /// Removes a directory of subvolumes when dropped.
@@ -77,6 +80,7 @@ impl Store {
         a: &str,
         s: &str,
         since: Option<&str>,
+        limits: &archive::Limits,
         out: &mut dyn Write,
     ) -> Result<Exported> {
         validate_id("agent_id", a)?;
@@ -137,6 +141,7 @@ impl Store {
                 policy: self.index.policy(&key)?,
                 clock: self.index.clock(a, s)?,
                 fork: self.index.fork(a, s)?,
+                limits: limits.clone(),
                 checkpoints: cps
                     .into_iter()
                     .map(|(id, record)| ArchivedCheckpoint { id, record })
@@ -475,6 +480,7 @@ impl Import {
             session: st.session_info_of(&a, &s)?,
             checkpoints: m.checkpoints.len(),
             bytes,
+            limits: m.limits.clone(),
         })
     }
 }
@@ -546,6 +552,7 @@ impl Import {
             session: st.session_info_of(&a, &s)?,
             checkpoints: m.checkpoints.len(),
             bytes,
+            limits: m.limits.clone(),
         })
     }
 }

@@ -50,7 +50,12 @@ impl Supervisor {
             return Ok(self.files().watch(r, events).await?);
         }
         if let Request::SessionExport(r) = req {
-            let done = crate::transfer::export(self.store.clone(), r.clone(), events).await?;
+            let limits = match &self.runs {
+                Some(runs) => runs.own_limits(&r.agent_id, &r.session_id),
+                None => Default::default(),
+            };
+            let done =
+                crate::transfer::export(self.store.clone(), r.clone(), limits, events).await?;
             return Ok(Response::SessionExported(done));
         }
         let runs = self.runs()?;
@@ -444,7 +449,10 @@ impl Supervisor {
                         commit()
                     })
                 };
-                let done = self.imports.piece(&self.store, r, &fence)?;
+                let crate::transfer::Piece {
+                    answer: done,
+                    limits,
+                } = self.imports.piece(&self.store, r, &fence)?;
                 if let Some(i) = &done.session {
                     // Watches of a session an archive added to watch its
                     // new tree.
@@ -455,7 +463,14 @@ impl Supervisor {
                 if let (Some(info), Some(runs)) = (&done.session, &self.runs) {
                     runs.own(std::path::Path::new(&info.current));
                     let (a, s) = (&info.agent_id, &info.session_id);
-                    if let Err(e) = runs.cgroups().ensure_session(a, s, &runs.config().limits) {
+                    let applied = runs
+                        .cgroups()
+                        .ensure_session(a, s, &runs.config().limits)
+                        .and_then(|()| match limits.filter(|l| *l != Default::default()) {
+                            Some(l) => runs.cgroups().set_limits(a, s, &l),
+                            None => Ok(()),
+                        });
+                    if let Err(e) = applied {
                         // Nothing half-made: a new session goes, and the
                         // import again. (One added to keeps what it had.)
                         if !added_to.get() {

@@ -21,6 +21,22 @@ pub const IMPORT_IDLE: Duration = Duration::from_secs(300);
 /// The bytes of one export event.
 const CHUNK: usize = 512 * 1024;
 
+/// What one piece of an import did.
+pub struct Piece {
+    pub answer: SessionImported,
+    /// For a session an archive made whole: the limits it carries.
+    pub limits: Option<allox_sandbox::cgroup::Limits>,
+}
+
+impl Piece {
+    fn plain(answer: SessionImported) -> Piece {
+        Piece {
+            answer,
+            limits: None,
+        }
+    }
+}
+
 struct Under {
     agent: String,
     session: Option<String>,
@@ -55,7 +71,7 @@ impl Imports {
         store: &Arc<Store>,
         r: &SessionImport,
         fence: &Fence<'_>,
-    ) -> Result<SessionImported, RequestError> {
+    ) -> Result<Piece, RequestError> {
         validate_id("import_id", &r.import_id).map_err(allox_store::StoreError::from)?;
         let id = r.import_id.clone();
         self.drop_idle();
@@ -111,12 +127,12 @@ impl Imports {
         if r.abort {
             drop(u);
             drop_it();
-            return Ok(SessionImported {
+            return Ok(Piece::plain(SessionImported {
                 import_id: id,
                 received: 0,
                 session: None,
                 checkpoints: 0,
-            });
+            }));
         }
         if u.agent != r.agent_id || u.session != r.session_id {
             return Err(refused(
@@ -147,12 +163,12 @@ impl Imports {
         }
         let received = u.import.read();
         if !r.commit {
-            return Ok(SessionImported {
+            return Ok(Piece::plain(SessionImported {
                 import_id: id,
                 received,
                 session: None,
                 checkpoints: 0,
-            });
+            }));
         }
         drop(u);
         drop_it();
@@ -179,11 +195,16 @@ impl Imports {
             Some((a, s)) => fence(a, s, &mut commit)?,
             None => commit()?,
         };
-        Ok(SessionImported {
-            import_id: id,
-            received,
-            session: Some(Box::new(done.session)),
-            checkpoints: done.checkpoints as u32,
+        Ok(Piece {
+            // An archive that adds to a session leaves its limits there
+            // as they are.
+            limits: changes.is_none().then(|| carried(&done.limits)),
+            answer: SessionImported {
+                import_id: id,
+                received,
+                session: Some(Box::new(done.session)),
+                checkpoints: done.checkpoints as u32,
+            },
         })
     }
 
@@ -214,6 +235,24 @@ impl Imports {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// A session's limits as an archive carries them.
+fn archived(l: &allox_sandbox::cgroup::Limits) -> allox_store::archive::Limits {
+    allox_store::archive::Limits {
+        pids_max: l.pids_max,
+        memory_max: l.memory_max,
+        cpu_max: l.cpu_max,
+    }
+}
+
+/// The limits an archive carries, to apply to the session it made.
+pub fn carried(l: &allox_store::archive::Limits) -> allox_sandbox::cgroup::Limits {
+    allox_sandbox::cgroup::Limits {
+        pids_max: l.pids_max,
+        memory_max: l.memory_max,
+        cpu_max: l.cpu_max,
     }
 }
 
@@ -257,6 +296,7 @@ impl std::io::Write for Events {
 pub async fn export(
     store: Arc<Store>,
     r: SessionExport,
+    limits: allox_sandbox::cgroup::Limits,
     sink: Option<EventSink>,
 ) -> Result<SessionExported, RequestError> {
     let Some(sink) = sink else {
@@ -270,8 +310,14 @@ pub async fn export(
             sink,
             buf: Vec::with_capacity(CHUNK),
         };
-        let done =
-            store.session_export(&r.agent_id, &r.session_id, r.since.as_deref(), &mut out)?;
+        let limits = archived(&limits);
+        let done = store.session_export(
+            &r.agent_id,
+            &r.session_id,
+            r.since.as_deref(),
+            &limits,
+            &mut out,
+        )?;
         Ok(SessionExported {
             agent_id: r.agent_id,
             session_id: r.session_id,

@@ -84,7 +84,8 @@ fn history(st: &Store, files: usize, n: usize) {
 
 fn export(st: &Store, since: Option<&str>) -> Vec<u8> {
     let mut out = Vec::new();
-    st.session_export("a", "s", since, &mut out).unwrap();
+    st.session_export("a", "s", since, &Default::default(), &mut out)
+        .unwrap();
     out
 }
 
@@ -519,7 +520,12 @@ fn alloxctl_moves_a_session_between_daemons_by_file_and_by_pipe() {
     let (code, archive, err) =
         allox_integration::alloxctl(&a.daemon.socket, &["session", "export", "a", "s"]);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(&archive[..12], b"ALLOXSES\x01\0\0\0");
+    assert_eq!(&archive[..8], b"ALLOXSES");
+    assert_eq!(
+        archive[8..12],
+        allox_store::archive::VERSION.to_le_bytes(),
+        "the version"
+    );
     let mut imp = std::process::Command::new(allox_integration::workspace_bin("alloxctl"))
         .args([
             "--socket",

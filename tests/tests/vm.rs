@@ -2069,7 +2069,56 @@ fn guest_a_session_moves_to_the_host_daemon_and_back_through_the_control_port() 
         .unwrap_or_else(|e| panic!("host → guest whole: {e}"));
     assert_eq!(sh(&mut g, "a", "copy", TREE_SUMS), host_sums);
     assert_eq!(sh(&mut g, "a", "copy", "cat on-host"), "new\n");
-    // The guest's store is sound after both imports.
+    // Limits the session was given move with it. Through a file, in the
+    // guest (pure cgroup v2, every controller).
+    let mut lim = SessionCreate::new("a", "lim");
+    lim.pids_max = Some(40);
+    lim.memory_max = Some(96 << 20);
+    ok(&mut g, Request::SessionCreate(lim));
+    let export = |c: &mut Client| {
+        let mut archive = Vec::new();
+        let q = SessionExport {
+            agent_id: "a".into(),
+            session_id: "lim".into(),
+            since: None,
+        };
+        allox_ctl::transfer::export(c, q, &mut archive).expect("export a/lim");
+        archive
+    };
+    let archive = export(&mut g);
+    allox_ctl::transfer::import(&mut g, "a", Some("lim2"), &mut &archive[..])
+        .unwrap_or_else(|e| panic!("a/lim as a/lim2: {e}"));
+    let limits = |c: &mut Client, s: &str| match ok(
+        c,
+        Request::SessionStats(SessionStatsRequest {
+            agent_id: "a".into(),
+            session_id: s.into(),
+        }),
+    ) {
+        Response::SessionStats(x) => (x.limits.pids_max, x.limits.memory_max),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(limits(&mut g, "lim2"), (Some(40), Some(96 << 20)));
+    // A host whose cgroup2 lacks a controller the limits need refuses the
+    // session whole, naming it, and keeps nothing of it.
+    let controllers = std::fs::read_to_string(host.cgroup.join("cgroup.controllers")).unwrap();
+    let host_has = controllers.contains("pids") && controllers.contains("memory");
+    let to_host = allox_ctl::transfer::import(&mut h, "a", Some("lim"), &mut &archive[..]);
+    match (host_has, to_host) {
+        (true, Ok(_)) => assert_eq!(limits(&mut h, "lim"), (Some(40), Some(96 << 20))),
+        (false, Err(e)) => {
+            assert!(e.contains("pids") || e.contains("memory"), "{e}");
+            match h.call(Request::SessionInfoRequest(SessionRef {
+                agent_id: "a".into(),
+                session_id: "lim".into(),
+            })) {
+                Ok(Err(e)) => assert_eq!(e.code, ErrorCode::NotFound, "{e:?}"),
+                other => panic!("a/lim is on the host after a refusal: {other:?}"),
+            }
+        }
+        (has, got) => panic!("controllers {controllers:?} (pids and memory: {has}): {got:?}"),
+    }
+    // The guest's store is sound after the imports.
     match ok(&mut g, Request::StoreCheck(StoreCheckRequest {})) {
         Response::StoreCheck(r) => assert!(r.is_consistent(), "{r:?}"),
         other => panic!("{other:?}"),

@@ -83,6 +83,21 @@ impl Runs {
         }
     }
 
+    /// The limits of session `a/s` that differ from this daemon's default
+    /// for a session: what it was given itself, which an export carries.
+    pub fn own_limits(&self, a: &str, s: &str) -> Limits {
+        let now = self.cgroups.limits(a, s);
+        let d = &self.cfg.limits;
+        Limits {
+            pids_max: now.pids_max.filter(|v| Some(*v) != d.pids_max),
+            // The kernel keeps memory.max in whole pages.
+            memory_max: now
+                .memory_max
+                .filter(|v| Some(*v) != d.memory_max.map(|d| d - d % page_size())),
+            cpu_max: now.cpu_max.filter(|v| Some(*v) != d.cpu_max),
+        }
+    }
+
     /// `session.update`: writes the limits given on the session's cgroup
     /// (refused with `unsupported`, naming the controller, where it is
     /// missing); a limit below what the session uses now stops what comes
@@ -94,4 +109,9 @@ impl Runs {
             .and_then(|()| self.cgroups.set_limits(a, s, limits))
             .map_err(RunError::Cgroup)
     }
+}
+
+/// The size of a memory page.
+fn page_size() -> u64 {
+    rustix::param::page_size() as u64
 }

@@ -111,6 +111,94 @@ target!(FsRead, |r| fs_target(
     &r.path
 ));
 
+/// `fs.upload_local`: the whole file at `path` becomes the bytes of the
+/// regular file whose descriptor comes with the request (`SCM_RIGHTS`
+/// over the daemon's Unix socket, open for reading), from its start to
+/// its end: written beside the target and renamed into place, as an
+/// `fs.write` without `offset`. The daemon moves the bytes itself (a
+/// reflink where both are on one Btrfs, else `copy_file_range`); over a
+/// transport that cannot pass descriptors (the gateway, the VM's control
+/// port) it is refused `unsupported`, and the client sends the file in
+/// `fs.write` chunks instead.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FsUploadLocal {
+    pub agent_id: String,
+    pub session_id: String,
+    #[serde(default)]
+    pub scope: FsScope,
+    pub path: String,
+    /// Whether a missing file may be made (default true).
+    #[serde(default)]
+    pub create: Option<bool>,
+}
+
+target!(FsUploadLocal, |r| fs_target(
+    &r.agent_id,
+    &r.session_id,
+    r.scope,
+    &r.path
+));
+
+/// `fs.download_local`: the daemon writes the regular file at `path` (of
+/// `current/`, or of a checkpoint) into the regular file whose descriptor
+/// comes with the request (open for writing, not appending), from its
+/// start, and cuts it to the file's size. Refused `unsupported` where
+/// descriptors cannot pass, as [`FsUploadLocal`].
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FsDownloadLocal {
+    pub agent_id: String,
+    pub session_id: String,
+    #[serde(default)]
+    pub scope: FsScope,
+    #[serde(default)]
+    pub checkpoint_id: Option<String>,
+    pub path: String,
+}
+
+target!(FsDownloadLocal, |r| fs_target(
+    &r.agent_id,
+    &r.session_id,
+    r.scope,
+    &r.path
+));
+
+impl crate::Request {
+    /// Whether the request comes with a descriptor ([`FsUploadLocal`],
+    /// [`FsDownloadLocal`]).
+    pub fn passes_descriptor(&self) -> bool {
+        matches!(
+            self,
+            crate::Request::FsUploadLocal(_) | crate::Request::FsDownloadLocal(_)
+        )
+    }
+}
+
+/// How the bytes of an `fs.upload_local` or `fs.download_local` moved.
+#[derive(
+    Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Default,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum CopiedBy {
+    /// The target shares the source's extents (one Btrfs, `FICLONE`).
+    Reflink,
+    /// The kernel copied them (`copy_file_range`).
+    #[default]
+    CopyFileRange,
+    /// The kernel copied them through the page cache (`sendfile`), where
+    /// it does not copy between the two filesystems.
+    Sendfile,
+}
+
+/// The answer to `fs.upload_local` and `fs.download_local`.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+pub struct FsCopied {
+    pub path: String,
+    pub size: u64,
+    pub by: CopiedBy,
+}
+
 /// The most bytes one `fs.read` answers, and the most one `fs.write`
 /// chunk should carry (a frame is at most 1 MiB).
 pub const FS_CHUNK: u64 = 512 * 1024;

@@ -303,6 +303,8 @@ requests! {
     SystemMetrics(crate::SystemMetricsRequest) = "system.metrics", mutating = false, route = Core, answers = [Metrics];
     SessionExport(crate::SessionExport) = "session.export", mutating = false, route = CoreAsync, answers = [SessionExported];
     SessionImport(crate::SessionImport) = "session.import", mutating = true, route = Core, answers = [SessionImported];
+    FsUploadLocal(crate::FsUploadLocal) = "fs.upload_local", mutating = true, route = Core, answers = [FsCopied];
+    FsDownloadLocal(crate::FsDownloadLocal) = "fs.download_local", mutating = false, route = Core, answers = [FsCopied];
 }
 
 macro_rules! responses {
@@ -394,4 +396,5 @@ responses! {
     Metrics(crate::MetricsText);
     SessionExported(crate::SessionExported);
     SessionImported(crate::SessionImported);
+    FsCopied(crate::FsCopied);
 }

@@ -155,6 +155,16 @@ fn table() -> Vec<(&'static str, Value, &'static str)> {
             "a/-",
         ),
         (
+            "fs.upload_local",
+            json!({"agent_id": "a", "session_id": "s", "path": "d/f"}),
+            "a/s:d/f",
+        ),
+        (
+            "fs.download_local",
+            json!({"agent_id": "a", "session_id": "s", "scope": "shared", "path": "f"}),
+            "a/s:shared:f",
+        ),
+        (
             "session.fork",
             json!({"agent_id": "a", "session_id": "s", "from": "c", "new_agent_id": "b", "new_session_id": "t"}),
             "a/s/c->b/t",

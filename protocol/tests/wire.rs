@@ -215,6 +215,8 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "system.metrics",
             "session.export",
             "session.import",
+            "fs.upload_local",
+            "fs.download_local",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

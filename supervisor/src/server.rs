@@ -17,6 +17,7 @@
 //! it still had to say is dropped, never sent to the new host.
 
 mod outbox;
+pub(crate) mod passed;
 mod registry;
 
 use crate::peer::{Peer, PeerPolicy, Refusals};
@@ -104,6 +105,7 @@ pub async fn serve_unix(
                 }
                 let peer = who.label();
                 let (r, mut w) = stream.into_split();
+                let (r, passed) = passed::Reader::new(r);
                 let Some(slot) = registry.admit() else {
                     // Every connection has a request in flight: this one
                     // is told so and closed.
@@ -136,6 +138,7 @@ pub async fn serve_unix(
                     limits,
                     Transport::Socket,
                     Some(slot),
+                    Some(passed),
                 ));
             }
             Err(e) => {
@@ -191,7 +194,7 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    serve(rd, wr, peer, sup, limits, Transport::Socket, None).await
+    serve(rd, wr, peer, sup, limits, Transport::Socket, None, None).await
 }
 
 /// Serves a byte stream until it ends ([`Transport::Socket`]) or for ever
@@ -207,7 +210,7 @@ pub async fn serve_stream<R, W>(
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    serve(rd, wr, peer, sup, limits, transport, None).await
+    serve(rd, wr, peer, sup, limits, transport, None, None).await
 }
 
 /// Writes queued frames of the current conversation; drops the others.
@@ -282,6 +285,7 @@ async fn serve<R, W>(
     limits: Limits,
     transport: Transport,
     slot: Option<Registered>,
+    passed: Option<passed::Passed>,
 ) where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -496,6 +500,12 @@ async fn serve<R, W>(
                         peer: peer.clone(),
                         conversation,
                         ended: conv_tx.subscribe(),
+                        // The descriptor the client passed with it, on a
+                        // socket that takes them.
+                        fd: match (&passed, env.request.passes_descriptor()) {
+                            (Some(p), true) => p.oldest(),
+                            _ => None,
+                        },
                     };
                     let (id, req) = (env.request_id, env.request);
                     if let Request::Ping(_) = req {
@@ -530,6 +540,8 @@ struct RequestCtx {
     conversation: u64,
     /// Changes when a new Hello ends this conversation.
     ended: watch::Receiver<u64>,
+    /// The descriptor that came with the request.
+    fd: Option<std::os::fd::OwnedFd>,
 }
 
 impl RequestCtx {
@@ -554,8 +566,10 @@ impl RequestCtx {
             let Ok(_computing) = self.computing.clone().acquire_owned().await else {
                 return;
             };
-            let (sup, peer) = (self.sup.clone(), self.peer.clone());
-            let out = tokio::task::spawn_blocking(move || sup.handle(&peer, id, &req))
+            let (sup, peer, fd) = (self.sup.clone(), self.peer.clone(), self.fd.take());
+            let out = tokio::task::spawn_blocking(move || {
+                passed::with(fd, || sup.handle(&peer, id, &req))
+            })
                 .await
                 .unwrap_or_else(|e| {
                     Err(ErrorBody::new(

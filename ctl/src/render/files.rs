@@ -51,6 +51,19 @@ pub fn data(d: &FsData) -> String {
     )
 }
 
+pub fn copied(c: &allox_protocol::FsCopied) -> String {
+    format!("{}: {} bytes ({})\n", clean(&c.path), c.size, by(c.by))
+}
+
+/// How a local copy moved its bytes, as `alloxctl cp -v` says it.
+pub fn by(b: allox_protocol::CopiedBy) -> &'static str {
+    match b {
+        allox_protocol::CopiedBy::Reflink => "reflink",
+        allox_protocol::CopiedBy::CopyFileRange => "copy_file_range",
+        allox_protocol::CopiedBy::Sendfile => "sendfile",
+    }
+}
+
 pub fn written(w: &FsWritten) -> String {
     format!(
         "{}: {} bytes{}\n",

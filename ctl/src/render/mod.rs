@@ -92,6 +92,7 @@ pub fn render(response: &Response) -> String {
         Response::FsListing(l) => files::listing(l),
         Response::FsData(d) => files::data(d),
         Response::FsWritten(w) => files::written(w),
+        Response::FsCopied(c) => files::copied(c),
         Response::NetworkAudit(l) => network::audit(l),
         Response::Shares(l) => share::listing(l),
         Response::Effects(e) => effects::effects(e),

@@ -10,14 +10,16 @@
 //! interleave with a rollback or a delete of it.
 
 pub mod fresh;
+mod local;
 pub mod path;
 pub mod uploads;
 pub mod watch;
 
 use crate::runs::{RunError, Runs};
 use allox_protocol::{
-    Bytes, Deleted, ErrorCode, FsData, FsEntry, FsKind, FsList, FsListing, FsMkdir, FsMove, FsRead,
-    FsRemove, FsScope, FsWrite, FsWritten, Request, Response, FS_CHUNK,
+    Bytes, Deleted, ErrorCode, FsCopied, FsData, FsDownloadLocal, FsEntry, FsKind, FsList,
+    FsListing, FsMkdir, FsMove, FsRead, FsRemove, FsScope, FsUploadLocal, FsWrite, FsWritten,
+    Request, Response, FS_CHUNK,
 };
 use fresh::Fresh;
 use path::{open_beneath, parent_of, Rel};
@@ -84,6 +86,10 @@ pub enum FilesError {
     Taken { path: String },
     #[error("no room left for {path:?} (the file system or the session's quota is full)")]
     NoSpace { path: String },
+    #[error("{action} takes the file as a descriptor passed with the request (SCM_RIGHTS over the daemon's Unix socket), and none came: this connection cannot pass one (the gateway, the VM's control port); send the file with fs.write or read it with fs.read")]
+    NoDescriptor { action: &'static str },
+    #[error("the descriptor passed with the request cannot be used: {why}")]
+    Descriptor { why: String },
     #[error("cannot {op} {path:?}")]
     Io {
         op: &'static str,
@@ -139,6 +145,8 @@ impl FilesError {
             FilesError::Exists { .. } | FilesError::Upload { .. } => ErrorCode::Conflict,
             FilesError::Taken { .. } => ErrorCode::Conflict,
             FilesError::NoSpace { .. } | FilesError::UploadBudget { .. } => ErrorCode::Unavailable,
+            FilesError::NoDescriptor { .. } => ErrorCode::Unsupported,
+            FilesError::Descriptor { .. } => ErrorCode::InvalidRequest,
             FilesError::Io { .. } => ErrorCode::Internal,
         }
     }
@@ -240,6 +248,8 @@ impl Files<'_> {
             Request::FsMkdir(r) => Response::FsEntry(self.fs_mkdir(r)?),
             Request::FsRemove(r) => Response::Deleted(self.fs_remove(r)?),
             Request::FsMove(r) => Response::FsEntry(self.fs_move(r)?),
+            Request::FsUploadLocal(r) => Response::FsCopied(self.fs_upload_local(r)?),
+            Request::FsDownloadLocal(r) => Response::FsCopied(self.fs_download_local(r)?),
             _ => {
                 return Err(FilesError::NotFiles {
                     action: req.action(),
@@ -431,9 +441,14 @@ impl Files<'_> {
                 );
             }
             let size = match r.offset {
-                None => replace(&parent, name, &rel, &r.data, create, owner, &|| {
-                    self.store.failpoint("fs_write.before_commit")
-                })?,
+                None => {
+                    let fill = |fd: &OwnedFd| {
+                        pwrite_all(fd, &r.data, 0, rel.shown).map(|()| r.data.len() as u64)
+                    };
+                    replace(&parent, name, &rel, &fill, create, owner, &|| {
+                        self.store.failpoint("fs_write.before_commit")
+                    })?
+                }
                 Some(off) => {
                     write_at(&parent, name, &rel, off, &r.data, create, r.truncate, owner)?
                 }
@@ -443,6 +458,46 @@ impl Files<'_> {
                 size,
                 committed: true,
             })
+        })
+    }
+
+    fn fs_upload_local(&self, r: &FsUploadLocal) -> Result<FsCopied, FilesError> {
+        let src = local::passed("fs.upload_local", local::Use::Read)?;
+        let rel = Rel::parse(&r.path)?;
+        self.fs_change(&r.agent_id, &r.session_id, r.scope, |root, owner| {
+            let (parent, name) = parent_of(&root.fd, &rel).map_err(|e| scoped(e, root.scope))?;
+            let (size, by) = local::upload(
+                &parent,
+                name,
+                &rel,
+                &src,
+                r.create.unwrap_or(true),
+                owner,
+                &|| self.store.failpoint("fs_write.before_commit"),
+            )?;
+            Ok(FsCopied {
+                path: rel.joined(),
+                size,
+                by,
+            })
+        })
+    }
+
+    fn fs_download_local(&self, r: &FsDownloadLocal) -> Result<FsCopied, FilesError> {
+        let dst = local::passed("fs.download_local", local::Use::Write)?;
+        let root = self.fs_root(
+            &r.agent_id,
+            &r.session_id,
+            r.scope,
+            r.checkpoint_id.as_deref(),
+            &ResolvedBelow::ScopeRoot,
+        )?;
+        let rel = Rel::parse(&r.path)?;
+        let (size, by) = local::download(&root, &rel, &dst)?;
+        Ok(FsCopied {
+            path: rel.joined(),
+            size,
+            by,
         })
     }
 
@@ -705,15 +760,16 @@ fn beside(name: &str, what: &str) -> String {
     )
 }
 
-/// The whole file becomes `data`: written to a new file beside it, which
-/// is given its owner and mode before it has a name or a byte
-/// ([`fresh`]), then named and renamed over it. The mode kept is the
-/// replaced file's permission bits, without setuid, setgid or sticky.
+/// The whole file becomes what `fill` writes into a new file beside it
+/// (returning its size), which is given its owner and mode before it has
+/// a name or a byte ([`fresh`]), then named and renamed over it. The mode
+/// kept is the replaced file's permission bits, without setuid, setgid or
+/// sticky.
 fn replace(
     parent: &OwnedFd,
     name: &str,
     rel: &Rel<'_>,
-    data: &[u8],
+    fill: &dyn Fn(&OwnedFd) -> Result<u64, FilesError>,
     create: bool,
     owner: Option<(u32, u32)>,
     before_commit: &dyn Fn(),
@@ -732,8 +788,12 @@ fn replace(
     };
     let tmp = beside(name, "write");
     let mut f = Fresh::make(parent, &tmp, mode, owner, rel.shown)?;
-    let done = pwrite_all(&f.fd, data, 0, rel.shown)
-        .and_then(|()| f.link(parent, &tmp, rel.shown))
+    let mut size = 0;
+    let done = fill(&f.fd)
+        .and_then(|n| {
+            size = n;
+            f.link(parent, &tmp, rel.shown)
+        })
         .and_then(|()| {
             before_commit();
             rustix::fs::renameat(parent, tmp.as_str(), parent, name).map_err(|e| match e {
@@ -746,7 +806,7 @@ fn replace(
     if done.is_err() && f.named() {
         let _ = rustix::fs::unlinkat(parent, tmp.as_str(), AtFlags::empty());
     }
-    done.map(|()| data.len() as u64)
+    done.map(|()| size)
 }
 
 /// `data` at `offset` of the file itself.

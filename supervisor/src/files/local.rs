@@ -1,0 +1,138 @@
+//! `fs.upload_local` and `fs.download_local`: a client on this machine
+//! passes an open file with its request and the daemon moves the bytes
+//! between it and the session's file itself — a reflink where both are on
+//! one Btrfs, else `copy_file_range`, else `sendfile` — never through the
+//! frame codec.
+//!
+//! The passed descriptor carries the client's own access: it is used only
+//! as it was opened (read from for an upload, written to for a download),
+//! and must be a regular file. The session's side is what `fs.write` and
+//! `fs.read` use: resolved below the scope without following links, an
+//! upload written to a new file beside the target (the sandbox user's
+//! before it has a name) and renamed into place under the session's
+//! writer guard, so the target is the old file or the whole new one.
+
+use super::{replace, FilesError, Root};
+use allox_protocol::CopiedBy;
+use rustix::fd::OwnedFd;
+use rustix::fs::{FileType, OFlags};
+use rustix::io::Errno;
+
+/// Why a passed descriptor cannot be used.
+pub(super) fn refused(why: String) -> FilesError {
+    FilesError::Descriptor { why }
+}
+
+/// What a request needs its descriptor for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Use {
+    /// Read from (an upload's source).
+    Read,
+    /// Written to (a download's target).
+    Write,
+}
+
+/// The descriptor that came with the request, checked for `use_`.
+pub(super) fn passed(action: &'static str, use_: Use) -> Result<OwnedFd, FilesError> {
+    let fd = crate::server::passed::take().ok_or(FilesError::NoDescriptor { action })?;
+    let flags =
+        rustix::fs::fcntl_getfl(&fd).map_err(|e| refused(format!("cannot read its flags: {e}")))?;
+    if flags.contains(OFlags::PATH) {
+        return Err(refused("it is open with O_PATH, for no reading or writing".into()));
+    }
+    let mode = flags & OFlags::RWMODE;
+    match use_ {
+        Use::Read if mode == OFlags::WRONLY => {
+            return Err(refused("it is open for writing only; open the file to read it".into()))
+        }
+        Use::Write if mode == OFlags::RDONLY => {
+            return Err(refused("it is open for reading only; open the file to write it".into()))
+        }
+        Use::Write if flags.contains(OFlags::APPEND) => {
+            return Err(refused("it is open to append; open it without O_APPEND".into()))
+        }
+        _ => {}
+    }
+    let st = rustix::fs::fstat(&fd).map_err(|e| refused(format!("cannot stat it: {e}")))?;
+    if !FileType::from_raw_mode(st.st_mode).is_file() {
+        return Err(refused("it is not a regular file".into()));
+    }
+    Ok(fd)
+}
+
+/// Copies all of `src`, from its start, to `dst` from its start; `dst`
+/// is empty. Returns the bytes copied and how.
+pub(super) fn copy_whole(
+    src: &OwnedFd,
+    dst: &OwnedFd,
+    shown: &str,
+) -> Result<(u64, CopiedBy), FilesError> {
+    let size = rustix::fs::fstat(src)
+        .map_err(|e| FilesError::from_errno("stat", shown, e))?
+        .st_size as u64;
+    if rustix::fs::ioctl_ficlone(dst, src).is_ok() {
+        return Ok((size, CopiedBy::Reflink));
+    }
+    let (mut from, mut to) = (0u64, 0u64);
+    loop {
+        match rustix::fs::copy_file_range(src, Some(&mut from), dst, Some(&mut to), 1 << 30) {
+            Ok(0) => return Ok((to, CopiedBy::CopyFileRange)),
+            Ok(_) | Err(Errno::INTR) => {}
+            // Filesystems (or pairs of them) the kernel does not copy
+            // between: sendfile, from where it stopped.
+            Err(Errno::XDEV | Errno::INVAL | Errno::OPNOTSUPP | Errno::NOSYS) => break,
+            Err(e) => return Err(FilesError::from_errno("copy", shown, e)),
+        }
+    }
+    rustix::fs::seek(dst, rustix::fs::SeekFrom::Start(to))
+        .map_err(|e| FilesError::from_errno("seek", shown, e))?;
+    loop {
+        match rustix::fs::sendfile(dst, src, Some(&mut from), 1 << 30) {
+            Ok(0) => return Ok((from, CopiedBy::Sendfile)),
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(e) => return Err(FilesError::from_errno("copy", shown, e)),
+        }
+    }
+}
+
+/// The whole file `name` in `parent` becomes the passed file's bytes.
+pub(super) fn upload(
+    parent: &OwnedFd,
+    name: &str,
+    rel: &super::path::Rel<'_>,
+    src: &OwnedFd,
+    create: bool,
+    owner: Option<(u32, u32)>,
+    before_commit: &dyn Fn(),
+) -> Result<(u64, CopiedBy), FilesError> {
+    let by = std::cell::Cell::new(CopiedBy::default());
+    let fill = |fd: &OwnedFd| {
+        let (n, how) = copy_whole(src, fd, rel.shown)?;
+        by.set(how);
+        Ok(n)
+    };
+    let size = replace(parent, name, rel, &fill, create, owner, before_commit)?;
+    Ok((size, by.get()))
+}
+
+/// The regular file at `rel` below `root` into `dst`, which is cut to its
+/// size.
+pub(super) fn download(
+    root: &Root,
+    rel: &super::path::Rel<'_>,
+    dst: &OwnedFd,
+) -> Result<(u64, CopiedBy), FilesError> {
+    // Non-blocking: a FIFO must not hold the request.
+    let src = root.open(rel, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY)?;
+    let st = rustix::fs::fstat(&src).map_err(|e| FilesError::from_errno("stat", rel.shown, e))?;
+    if !FileType::from_raw_mode(st.st_mode).is_file() {
+        return Err(FilesError::NotA {
+            path: rel.shown.into(),
+            what: "a regular file",
+        });
+    }
+    rustix::fs::ftruncate(dst, 0).map_err(|e| refused(format!("cannot empty it: {e}")))?;
+    let (n, by) = copy_whole(&src, dst, rel.shown)?;
+    rustix::fs::ftruncate(dst, n).map_err(|e| refused(format!("cannot cut it: {e}")))?;
+    Ok((n, by))
+}

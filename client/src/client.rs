@@ -515,9 +515,43 @@ impl Client {
         }
     }
 
+    /// Sends one request with `fd` passed alongside it (`SCM_RIGHTS`:
+    /// `fs.upload_local`, `fs.download_local`) and waits for its answer.
+    /// Over a connection that does not carry descriptors (the VM's control
+    /// port) the daemon answers `unsupported`.
+    pub fn call_with_fd(
+        &mut self,
+        request: Request,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<Answer, ClientError> {
+        let request_id = self.send_passing(request, Some(fd))?;
+        loop {
+            match self.next_frame()? {
+                Incoming::Response(id, answer) if id == request_id || id == 0 => {
+                    return Ok(answer);
+                }
+                Incoming::Response(id, answer) => {
+                    if let Some(replies) = &self.replies {
+                        replies.offer(id, answer);
+                    }
+                }
+                Incoming::Event(..) | Incoming::Welcome => {}
+            }
+        }
+    }
+
     /// Sends `request` under the next id, after the Hello if that has not
     /// gone yet, and returns the id.
     fn send(&mut self, request: Request) -> Result<u64, ClientError> {
+        self.send_passing(request, None)
+    }
+
+    /// [`Client::send`], with `fd` passed with the request's first byte.
+    fn send_passing(
+        &mut self,
+        request: Request,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<u64, ClientError> {
         let request_id = self.next_id;
         self.next_id += 1;
         let frame = encode(&ClientFrame::Request(RequestEnvelope {
@@ -528,7 +562,11 @@ impl Client {
         .map_err(ClientError::Encode)?;
         let mut out = std::mem::take(&mut self.unsent_hello);
         out.extend(frame);
-        if let Err(e) = self.stream.write_all(&out) {
+        let sent = match fd {
+            None => self.stream.write_all(&out),
+            Some(fd) => send_with_fd(&self.stream, &out, fd),
+        };
+        if let Err(e) = sent {
             // A server that refuses a peer closes without reading its
             // Hello: the refusal is still there to read.
             if !self.welcomed {
@@ -636,6 +674,35 @@ impl Caller for Client {
     ) -> Result<(), ClientError> {
         Client::pipeline(self, window, next, done)
     }
+}
+
+/// Writes `bytes` with `fd` passed alongside the first of them.
+fn send_with_fd(
+    stream: &UnixStream,
+    bytes: &[u8],
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fds = [fd];
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(io::Error::other("no room for the descriptor"));
+    }
+    let n = loop {
+        match rustix::net::sendmsg(
+            stream,
+            &[io::IoSlice::new(bytes)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        ) {
+            Ok(n) => break n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let mut s = stream;
+    s.write_all(&bytes[n..])
 }
 
 #[cfg(test)]

@@ -4,13 +4,22 @@
 //! the last one, so the target keeps its old content until the new one is
 //! whole; downloads read chunks into a file beside the local target, which
 //! is renamed into place at the end.
+//!
+//! Over the daemon's Unix socket on this machine, each file's bytes go
+//! without frames: the open file is passed with an `fs.upload_local` or
+//! `fs.download_local` request and the daemon moves them itself (a
+//! reflink where both sides are on one Btrfs). Where descriptors do not
+//! pass (the VM's control port), the daemon says `unsupported` once and
+//! the copy goes on in frames.
 
 use crate::client::{Caller, Client, ClientError};
 use allox_protocol::{
-    ErrorBody, FsData, FsEntry, FsKind, FsList, FsMkdir, FsRead, FsScope, FsStat, FsWrite,
-    FsWritten, Request, Response, FS_CHUNK,
+    CopiedBy, ErrorBody, ErrorCode, FsCopied, FsData, FsDownloadLocal, FsEntry, FsKind, FsList,
+    FsMkdir, FsRead, FsScope, FsStat, FsUploadLocal, FsWrite, FsWritten, Request, Response,
+    FS_CHUNK,
 };
 use std::io::{Read, Write};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 /// A path in a session: `AGENT/SESSION:PATH`.
@@ -85,6 +94,125 @@ fn ask(c: &mut impl Caller, what: &str, r: Request) -> Result<Response, CopyErro
 pub struct Copied {
     pub files: u64,
     pub bytes: u64,
+    /// Files whose bytes the daemon moved itself, by how.
+    pub reflink: u64,
+    pub copy_file_range: u64,
+    pub sendfile: u64,
+    /// Files whose bytes went in frames.
+    pub framed: u64,
+}
+
+impl Copied {
+    fn add(&mut self, o: Copied) {
+        self.files += o.files;
+        self.bytes += o.bytes;
+        self.reflink += o.reflink;
+        self.copy_file_range += o.copy_file_range;
+        self.sendfile += o.sendfile;
+        self.framed += o.framed;
+    }
+
+    fn one(bytes: u64, by: Option<CopiedBy>) -> Copied {
+        let mut c = Copied {
+            files: 1,
+            bytes,
+            ..Copied::default()
+        };
+        match by {
+            Some(CopiedBy::Reflink) => c.reflink = 1,
+            Some(CopiedBy::CopyFileRange) => c.copy_file_range = 1,
+            Some(CopiedBy::Sendfile) => c.sendfile = 1,
+            None => c.framed = 1,
+        }
+        c
+    }
+}
+
+/// How a copy moves each file's bytes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// The open file passed to the daemon where it takes one, else frames.
+    #[default]
+    Auto,
+    /// Frames only (`fs.write` chunks, `fs.read`).
+    Frames,
+}
+
+/// Whether the next file may still go without frames.
+struct Way(bool);
+
+impl Way {
+    fn new(via: Via) -> Way {
+        Way(via == Via::Auto)
+    }
+
+    /// `local`'s answer, or `None` (and frames from now on) where the
+    /// daemon cannot take a descriptor on this connection.
+    fn local(
+        &mut self,
+        local: impl FnOnce() -> Result<FsCopied, CopyError>,
+    ) -> Result<Option<FsCopied>, CopyError> {
+        if !self.0 {
+            return Ok(None);
+        }
+        match local() {
+            Ok(c) => Ok(Some(c)),
+            Err(CopyError::Daemon { body, .. }) if body.code == ErrorCode::Unsupported => {
+                self.0 = false;
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn copied(r: Response, path: &str) -> Result<FsCopied, CopyError> {
+    match r {
+        Response::FsCopied(c) => Ok(c),
+        _ => Err(CopyError::Other(format!(
+            "{path}: an answer that is not a copy"
+        ))),
+    }
+}
+
+/// The whole of the open local file `f` becomes `to`, the daemon reading
+/// it from the descriptor passed with the request.
+pub fn upload_local(c: &mut Client, f: &std::fs::File, to: &Remote) -> Result<FsCopied, CopyError> {
+    let q = Request::FsUploadLocal(FsUploadLocal {
+        agent_id: to.agent.clone(),
+        session_id: to.session.clone(),
+        scope: to.scope,
+        path: to.path.clone(),
+        create: None,
+    });
+    let answer = c.call_with_fd(q, f.as_fd())?;
+    let r = answer.map_err(|body| CopyError::Daemon {
+        what: to.path.clone(),
+        body,
+    })?;
+    copied(r, &to.path)
+}
+
+/// The remote file `from` written by the daemon into the open local file
+/// `f` (from its start, cut to the file's size).
+pub fn download_local(
+    c: &mut Client,
+    from: &Remote,
+    f: &std::fs::File,
+) -> Result<FsCopied, CopyError> {
+    let q = Request::FsDownloadLocal(FsDownloadLocal {
+        agent_id: from.agent.clone(),
+        session_id: from.session.clone(),
+        scope: from.scope,
+        checkpoint_id: from.checkpoint.clone(),
+        path: from.path.clone(),
+    });
+    let answer = c.call_with_fd(q, f.as_fd())?;
+    let r = answer.map_err(|body| CopyError::Daemon {
+        what: from.path.clone(),
+        body,
+    })?;
+    copied(r, &from.path)
 }
 
 /// Chunks of an upload in flight at once.
@@ -99,6 +227,15 @@ pub fn upload_id() -> String {
 
 /// Sends the local file or directory `from` to `to`.
 pub fn upload(c: &mut Client, from: &Path, to: &Remote) -> Result<Copied, CopyError> {
+    upload_via(c, from, to, Via::Auto)
+}
+
+/// [`upload`], each file's bytes moved as `via` says.
+pub fn upload_via(c: &mut Client, from: &Path, to: &Remote, via: Via) -> Result<Copied, CopyError> {
+    upload_in(c, from, to, &mut Way::new(via))
+}
+
+fn upload_in(c: &mut Client, from: &Path, to: &Remote, way: &mut Way) -> Result<Copied, CopyError> {
     let md = std::fs::symlink_metadata(from).map_err(local(from))?;
     let mut done = Copied::default();
     if md.is_dir() {
@@ -122,9 +259,7 @@ pub fn upload(c: &mut Client, from: &Path, to: &Remote) -> Result<Copied, CopyEr
         for n in names {
             let name = n.to_string_lossy().into_owned();
             let sub = to.at(&format!("{}/{name}", to.path.trim_end_matches('/')));
-            let d = upload(c, &from.join(&n), &sub)?;
-            done.files += d.files;
-            done.bytes += d.bytes;
+            done.add(upload_in(c, &from.join(&n), &sub, way)?);
         }
         return Ok(done);
     }
@@ -136,10 +271,11 @@ pub fn upload(c: &mut Client, from: &Path, to: &Remote) -> Result<Copied, CopyEr
         return Ok(done);
     }
     let mut f = std::fs::File::open(from).map_err(local(from))?;
+    if let Some(x) = way.local(|| upload_local(c, &f, to))? {
+        return Ok(Copied::one(x.size, Some(x.by)));
+    }
     let written = upload_from(c, &mut f, from, to)?;
-    done.files += 1;
-    done.bytes += written.size;
-    Ok(done)
+    Ok(Copied::one(written.size, None))
 }
 
 /// Sends what `source` gives, to its end, as the file `to`: in chunks of
@@ -352,13 +488,21 @@ fn stat(c: &mut Client, r: &Remote) -> Result<FsEntry, CopyError> {
 
 /// Fetches the remote file or directory `from` to the local `to`.
 pub fn download(c: &mut Client, from: &Remote, to: &Path) -> Result<Copied, CopyError> {
+    download_via(c, from, to, Via::Auto)
+}
+
+/// [`download`], each file's bytes moved as `via` says.
+pub fn download_via(
+    c: &mut Client,
+    from: &Remote,
+    to: &Path,
+    via: Via,
+) -> Result<Copied, CopyError> {
+    let way = &mut Way::new(via);
     let e = stat(c, from)?;
     let mut done = Copied::default();
     match e.kind {
-        FsKind::File => {
-            done.bytes = fetch_file(c, from, to)?;
-            done.files = 1;
-        }
+        FsKind::File => done = fetch_file(c, from, to, way)?,
         FsKind::Dir => {
             std::fs::create_dir_all(to).map_err(local(to))?;
             let listing = match ask(
@@ -393,10 +537,7 @@ pub fn download(c: &mut Client, from: &Remote, to: &Path) -> Result<Copied, Copy
                 let dst = to.join(rel);
                 match x.kind {
                     FsKind::Dir => std::fs::create_dir_all(&dst).map_err(local(&dst))?,
-                    FsKind::File => {
-                        done.bytes += fetch_file(c, &from.at(&x.path), &dst)?;
-                        done.files += 1;
-                    }
+                    FsKind::File => done.add(fetch_file(c, &from.at(&x.path), &dst, way)?),
                     _ => eprintln!(
                         "alloxctl: {}: skipped (only files and directories are copied)",
                         x.path
@@ -415,18 +556,26 @@ pub fn download(c: &mut Client, from: &Remote, to: &Path) -> Result<Copied, Copy
 }
 
 /// One remote file to a local one, written beside it and renamed.
-fn fetch_file(c: &mut Client, from: &Remote, to: &Path) -> Result<u64, CopyError> {
+fn fetch_file(
+    c: &mut Client,
+    from: &Remote,
+    to: &Path,
+    way: &mut Way,
+) -> Result<Copied, CopyError> {
     let dir = to
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(local(dir))?;
-    let n = read_to(c, from, tmp.as_file_mut())?;
+    let done = match way.local(|| download_local(c, from, tmp.as_file()))? {
+        Some(x) => Copied::one(x.size, Some(x.by)),
+        None => Copied::one(read_to(c, from, tmp.as_file_mut())?, None),
+    };
     tmp.persist(to).map_err(|e| CopyError::Local {
         path: to.to_path_buf(),
         source: e.error,
     })?;
-    Ok(n)
+    Ok(done)
 }
 
 #[cfg(test)]

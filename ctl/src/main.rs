@@ -200,7 +200,20 @@ fn main() -> ExitCode {
             to,
             shared,
             checkpoint,
-        } => copy(cli.socket, cli.json, &from, &to, shared, checkpoint),
+            framed,
+            verbose,
+        } => copy(
+            cli.socket,
+            cli.json,
+            &from,
+            &to,
+            CopyHow {
+                shared,
+                checkpoint,
+                framed,
+                verbose,
+            },
+        ),
         Action::EffectsVerify {
             query,
             export,
@@ -435,16 +448,24 @@ fn top(socket: PathBuf, interval: f64, once: bool) -> ExitCode {
     }
 }
 
-/// `cp`: one side local, the other AGENT/SESSION:PATH.
-fn copy(
-    socket: PathBuf,
-    json: bool,
-    from: &str,
-    to: &str,
+/// `cp`'s options.
+struct CopyHow {
     shared: bool,
     checkpoint: Option<String>,
-) -> ExitCode {
-    use allox_client::files::{download, upload, CopyError, Remote};
+    framed: bool,
+    verbose: bool,
+}
+
+/// `cp`: one side local, the other AGENT/SESSION:PATH.
+fn copy(socket: PathBuf, json: bool, from: &str, to: &str, how: CopyHow) -> ExitCode {
+    use allox_client::files::{download_via, upload_via, CopyError, Remote, Via};
+    let CopyHow {
+        shared,
+        checkpoint,
+        framed,
+        verbose,
+    } = how;
+    let via = if framed { Via::Frames } else { Via::Auto };
     let scope = if shared {
         allox_protocol::FsScope::Shared
     } else {
@@ -466,20 +487,41 @@ fn copy(
         )),
         (None, Some(r)) => Client::connect(&socket)
             .map_err(CopyError::from)
-            .and_then(|mut c| upload(&mut c, std::path::Path::new(from), &r)),
+            .and_then(|mut c| upload_via(&mut c, std::path::Path::new(from), &r, via)),
         (Some(r), None) => Client::connect(&socket)
             .map_err(CopyError::from)
-            .and_then(|mut c| download(&mut c, &r, std::path::Path::new(to))),
+            .and_then(|mut c| download_via(&mut c, &r, std::path::Path::new(to), via)),
     };
     match out {
         Ok(done) => {
+            let by = serde_json::json!({
+                "reflink": done.reflink,
+                "copy_file_range": done.copy_file_range,
+                "sendfile": done.sendfile,
+                "frames": done.framed,
+            });
             if json {
                 print(&format!(
                     "{}\n",
-                    serde_json::json!({"files": done.files, "bytes": done.bytes})
+                    serde_json::json!({"files": done.files, "bytes": done.bytes, "by": by})
                 ));
             } else {
                 print(&format!("{} files, {} bytes\n", done.files, done.bytes));
+            }
+            if verbose && !json {
+                let ways: Vec<String> = [
+                    ("by reflink", done.reflink),
+                    ("by copy_file_range", done.copy_file_range),
+                    ("by sendfile", done.sendfile),
+                    ("in frames", done.framed),
+                ]
+                .iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(w, n)| format!("{n} {w}"))
+                .collect();
+                if !ways.is_empty() {
+                    eprintln!("files moved: {}", ways.join(", "));
+                }
             }
             ExitCode::SUCCESS
         }

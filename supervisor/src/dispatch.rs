@@ -420,7 +420,9 @@ impl Supervisor {
             | Request::FsWrite(_)
             | Request::FsMkdir(_)
             | Request::FsRemove(_)
-            | Request::FsMove(_) => return Ok(self.files().answer(req)?),
+            | Request::FsMove(_)
+            | Request::FsUploadLocal(_)
+            | Request::FsDownloadLocal(_) => return Ok(self.files().answer(req)?),
             Request::SessionImport(r) => {
                 // An archive that adds to a session replaces its current/,
                 // as a rollback does: not under its runs.

@@ -318,6 +318,7 @@ async fn serve<R, W>(
         bytes.extend(frame_bytes(&f));
         let _ = outbox.send(0, bytes).await;
     }
+    let gone = passed::Gone::default();
     let sem = Arc::new(Semaphore::new(limits.inflight));
     let computing = Arc::new(Semaphore::new(limits.computing.max(1)));
     let mut reader = FrameReader::new();
@@ -506,6 +507,7 @@ async fn serve<R, W>(
                             (Some(p), true) => p.oldest(),
                             _ => None,
                         },
+                        gone: gone.clone(),
                     };
                     let (id, req) = (env.request_id, env.request);
                     if let Request::Ping(_) = req {
@@ -526,6 +528,7 @@ async fn serve<R, W>(
         }
         clock.after_read(&limits, reader.pending() > 0, completed);
     }
+    gone.store(true, std::sync::atomic::Ordering::SeqCst);
     drop(outbox);
     // Answers already being worked on still go out if the client reads.
     let _ = tokio::time::timeout(limits.write, writer).await;
@@ -542,6 +545,8 @@ struct RequestCtx {
     ended: watch::Receiver<u64>,
     /// The descriptor that came with the request.
     fd: Option<std::os::fd::OwnedFd>,
+    /// Set when the connection's client has gone.
+    gone: passed::Gone,
 }
 
 impl RequestCtx {
@@ -567,16 +572,17 @@ impl RequestCtx {
                 return;
             };
             let (sup, peer, fd) = (self.sup.clone(), self.peer.clone(), self.fd.take());
+            let gone = self.gone.clone();
             let out = tokio::task::spawn_blocking(move || {
-                passed::with(fd, || sup.handle(&peer, id, &req))
+                passed::with(fd, gone, || sup.handle(&peer, id, &req))
             })
-                .await
-                .unwrap_or_else(|e| {
-                    Err(ErrorBody::new(
-                        ErrorCode::Internal,
-                        format!("request handler failed: {e}"),
-                    ))
-                });
+            .await
+            .unwrap_or_else(|e| {
+                Err(ErrorBody::new(
+                    ErrorCode::Internal,
+                    format!("request handler failed: {e}"),
+                ))
+            });
             let _ = self.answer(id, out).await;
             return;
         }

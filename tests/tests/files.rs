@@ -6,6 +6,7 @@
 
 use allox_integration::{call, process_start as start, require, workspace_bin, ProcDaemon};
 use allox_protocol::*;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -330,7 +331,7 @@ fn an_upload_cut_short_leaves_the_old_content_and_no_debris_after_a_restart() {
     let mut cp = Command::new(workspace_bin("alloxctl"))
         .arg("--socket")
         .arg(&d.daemon.socket)
-        .args(["cp", f.to_str().unwrap(), "a/s:target"])
+        .args(["cp", "--framed", f.to_str().unwrap(), "a/s:target"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -816,4 +817,231 @@ fn files_go_in_and_out_through_the_gateway_with_curl() {
         let (code, got) = curl(&["-H", &auth], &format!("{base}/target"));
         assert_eq!((code, got.as_str()), (200, "old content\n"), "{framing}");
     }
+}
+
+/// `alloxctl cp -v`'s word for how the files moved.
+fn cp_v(d: &ProcDaemon, args: &[&str]) -> String {
+    let mut all = vec!["cp", "-v"];
+    all.extend_from_slice(args);
+    let (code, _, err) = ctl(d, &all);
+    assert_eq!(code, 0, "alloxctl {all:?}: {err}");
+    err
+}
+
+fn local_upload(path: &str) -> Request {
+    Request::FsUploadLocal(FsUploadLocal {
+        agent_id: "a".into(),
+        session_id: "s".into(),
+        scope: FsScope::Session,
+        path: path.into(),
+        create: None,
+    })
+}
+
+fn local_download(path: &str) -> Request {
+    Request::FsDownloadLocal(FsDownloadLocal {
+        agent_id: "a".into(),
+        session_id: "s".into(),
+        scope: FsScope::Session,
+        checkpoint_id: None,
+        path: path.into(),
+    })
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+#[test]
+fn local_copies_move_the_bytes_in_the_daemon_under_the_same_rules() {
+    let Some(d) = setup("local_copies", &[], 2048) else {
+        return;
+    };
+    // From another filesystem: the kernel copies (copy_file_range, or
+    // sendfile where it does not copy between the two).
+    let other = tempfile::tempdir_in("/var/tmp").unwrap();
+    let f = other.path().join("f");
+    random_file(&f, 64);
+    sh(&d, "mkdir up");
+    let said = cp_v(&d, &[f.to_str().unwrap(), "a/s:up/f"]);
+    assert!(
+        said.contains("1 by copy_file_range") || said.contains("1 by sendfile"),
+        "{said}"
+    );
+    assert_eq!(sha256(&f), sha256(&current(&d).join("up/f")));
+    let r = sh(&d, "stat -c '%u %a' up/f");
+    assert_eq!(r.stdout, "10000 644\n", "{r:?}");
+    // From the store's own filesystem: a reflink, and back the same way.
+    let same = d.fs.path().join("outside");
+    std::fs::create_dir(&same).unwrap();
+    std::fs::copy(&f, same.join("g")).unwrap();
+    let said = cp_v(&d, &[same.join("g").to_str().unwrap(), "a/s:up/g"]);
+    assert!(said.contains("1 by reflink"), "{said}");
+    let said = cp_v(&d, &["a/s:up/g", same.join("back").to_str().unwrap()]);
+    assert!(said.contains("1 by reflink"), "{said}");
+    assert_eq!(sha256(&f), sha256(&same.join("back")));
+    // Out to another filesystem, a directory of them; an old file there
+    // is replaced whole.
+    std::fs::write(other.path().join("old"), vec![b'x'; 100 << 20]).unwrap();
+    sh(
+        &d,
+        "mkdir -p tree/sub && echo one > tree/a && : > tree/sub/empty",
+    );
+    let said = cp_v(
+        &d,
+        &["a/s:up/f", other.path().join("old").to_str().unwrap()],
+    );
+    assert!(!said.contains("frames"), "{said}");
+    assert_eq!(sha256(&f), sha256(&other.path().join("old")));
+    let said = cp_v(
+        &d,
+        &["a/s:tree", other.path().join("tree").to_str().unwrap()],
+    );
+    assert!(!said.contains("frames") && said.contains("2 by"), "{said}");
+    assert_eq!(
+        std::fs::read(other.path().join("tree/a")).unwrap(),
+        b"one\n"
+    );
+    assert_eq!(
+        std::fs::read(other.path().join("tree/sub/empty")).unwrap(),
+        b""
+    );
+    // --framed takes the path of the gateway and the VM's port.
+    let said = cp_v(&d, &["--framed", f.to_str().unwrap(), "a/s:up/h"]);
+    assert!(said.contains("1 in frames"), "{said}");
+    assert_eq!(sha256(&f), sha256(&current(&d).join("up/h")));
+
+    // A link the sandbox plants out of the scope is not followed.
+    sh(&d, "ln -s /etc/shadow up/out");
+    let mut c = d.daemon.client();
+    let dst = tempfile::NamedTempFile::new().unwrap();
+    let e = c
+        .call_with_fd(local_download("up/out"), dst.as_file().as_fd())
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidRequest, "{e:?}");
+    assert!(e.message.contains("outside"), "{e:?}");
+    assert_eq!(std::fs::read(dst.path()).unwrap(), b"");
+
+    // Each descriptor is used only as it was opened, and only a regular
+    // file.
+    let wronly = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+    let rdonly = std::fs::File::open(&f).unwrap();
+    let append = std::fs::OpenOptions::new()
+        .append(true)
+        .open(dst.path())
+        .unwrap();
+    let dir = std::fs::File::open(other.path()).unwrap();
+    let opath = rustix::fs::open(&f, rustix::fs::OFlags::PATH, rustix::fs::Mode::empty()).unwrap();
+    for (q, fd, says) in [
+        (
+            local_upload("up/x"),
+            wronly.as_fd(),
+            "open for writing only",
+        ),
+        (
+            local_download("up/f"),
+            rdonly.as_fd(),
+            "open for reading only",
+        ),
+        (local_download("up/f"), append.as_fd(), "open to append"),
+        (local_upload("up/x"), dir.as_fd(), "not a regular file"),
+        (local_upload("up/x"), opath.as_fd(), "O_PATH"),
+    ] {
+        let e = c.call_with_fd(q, fd).unwrap().unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidRequest, "{says}: {e:?}");
+        assert!(e.message.contains(says), "{says}: {e:?}");
+    }
+    assert!(!current(&d).join("up/x").exists());
+    // Without a descriptor: unsupported, naming the way there is.
+    let e = c.call(local_upload("up/x")).unwrap().unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unsupported, "{e:?}");
+    assert!(
+        e.message.contains("SCM_RIGHTS") && e.message.contains("fs.write"),
+        "{e:?}"
+    );
+
+    // A client that passes a descriptor with every request holds at most
+    // a few open in the daemon.
+    let pid = d.daemon.child.id();
+    let before = open_fds(pid);
+    for _ in 0..1000 {
+        c.call_with_fd(Request::Ping(Ping {}), rdonly.as_fd())
+            .unwrap()
+            .unwrap();
+    }
+    let after = open_fds(pid);
+    assert!(
+        after <= before + 4,
+        "{before} descriptors before, {after} after"
+    );
+    drop(c);
+    // Once its connection is gone, they are closed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while open_fds(pid) > before {
+        assert!(Instant::now() < deadline, "passed descriptors stayed open");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_local_upload_whose_client_is_killed_leaves_the_old_file() {
+    let Some(mut d) = setup("local_killed", &[], 2048) else {
+        return;
+    };
+    let cur = current(&d);
+    std::fs::write(cur.join("target"), "old content\n").unwrap();
+    let big = tempfile::tempdir_in("/var/tmp").unwrap();
+    let f = big.path().join("big");
+    random_file(&f, 1024);
+    let mut cp = Command::new(workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(&d.daemon.socket)
+        .args(["cp", f.to_str().unwrap(), "a/s:target"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed while the daemon copies: its new file, not named until it
+    // is whole, is open in the daemon.
+    let pid = d.daemon.child.id();
+    let copying = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|r| {
+                r.flatten().any(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|l| l.to_string_lossy().contains("current/#"))
+                })
+            })
+            .unwrap_or(false)
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !copying() {
+        assert!(Instant::now() < deadline, "the copy never began");
+        if let Ok(Some(s)) = cp.try_wait() {
+            panic!("the copy ended before it was killed: {s:?}");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    cp.kill().unwrap();
+    cp.wait().unwrap();
+    // The daemon notices, drops the copy, and keeps the old file.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while copying() {
+        assert!(Instant::now() < deadline, "the dropped copy stayed open");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let aside = || {
+        std::fs::read_dir(&cur)
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with(".allox-write-"))
+    };
+    assert!(!aside(), "the dropped copy left its file");
+    assert_eq!(read(&d, "target").unwrap(), b"old content\n");
+    d.restart(&[]);
+    assert!(!aside());
+    assert_eq!(read(&d, "target").unwrap(), b"old content\n");
 }

@@ -33,6 +33,7 @@ __all__ = [
     'CheckpointListing',
     'CheckpointPin',
     'CheckpointRef',
+    'CopiedBy',
     'Deleted',
     'DiffListing',
     'DomainEffects',
@@ -72,7 +73,9 @@ __all__ = [
     'EventStarted',
     'ForkPoint',
     'FsChange',
+    'FsCopied',
     'FsData',
+    'FsDownloadLocal',
     'FsEntry',
     'FsEvent',
     'FsKind',
@@ -84,6 +87,7 @@ __all__ = [
     'FsRemove',
     'FsScope',
     'FsStat',
+    'FsUploadLocal',
     'FsWatch',
     'FsWrite',
     'FsWritten',
@@ -795,6 +799,15 @@ class ForkPoint(Model):
 
 
 @dataclass(kw_only=True)
+class FsCopied(Model):
+    """The answer to `fs.upload_local` and `fs.download_local`."""
+
+    by: CopiedBy
+    path: str
+    size: int
+
+
+@dataclass(kw_only=True)
 class FsData(Model):
     """The answer to `fs.read`."""
 
@@ -807,6 +820,22 @@ class FsData(Model):
 
     #: The file's size when it was read.
     size: int
+
+
+@dataclass(kw_only=True)
+class FsDownloadLocal(Model):
+    """`fs.download_local`: the daemon writes the regular file at `path` (of
+    `current/`, or of a checkpoint) into the regular file whose descriptor
+    comes with the request (open for writing, not appending), from its
+    start, and cuts it to the file's size. Refused `unsupported` where
+    descriptors cannot pass, as [`FsUploadLocal`].
+    """
+
+    agent_id: str
+    checkpoint_id: Optional[str] = None
+    path: str
+    scope: FsScope = 'session'
+    session_id: str
 
 
 @dataclass(kw_only=True)
@@ -932,6 +961,28 @@ class FsStat(Model):
 
     #: Read the tree as it was at this checkpoint.
     checkpoint_id: Optional[str] = None
+    path: str
+    scope: FsScope = 'session'
+    session_id: str
+
+
+@dataclass(kw_only=True)
+class FsUploadLocal(Model):
+    """`fs.upload_local`: the whole file at `path` becomes the bytes of the
+    regular file whose descriptor comes with the request (`SCM_RIGHTS`
+    over the daemon's Unix socket, open for reading), from its start to
+    its end: written beside the target and renamed into place, as an
+    `fs.write` without `offset`. The daemon moves the bytes itself (a
+    reflink where both are on one Btrfs, else `copy_file_range`); over a
+    transport that cannot pass descriptors (the gateway, the VM's control
+    port) it is refused `unsupported`, and the client sends the file in
+    `fs.write` chunks instead.
+    """
+
+    agent_id: str
+
+    #: Whether a missing file may be made (default true).
+    create: Optional[bool] = None
     path: str
     scope: FsScope = 'session'
     session_id: str
@@ -2491,6 +2542,9 @@ Bytes = bytes
 #: How a path differs.
 ChangeKind = Literal['added', 'modified', 'deleted', 'type_changed']
 
+#: How the bytes of an `fs.upload_local` or `fs.download_local` moved.
+CopiedBy = Literal['reflink', 'copy_file_range', 'sendfile']
+
 #: How an item differs between A and B.
 EffectChangeKind = Literal['added', 'modified', 'removed']
 
@@ -2569,12 +2623,14 @@ ACTIONS: dict[str, tuple[Any, Any]] = {
     'effects.status': (EffectsStatusRequest, EffectsStatus),
     'effects.unfence': (EffectsUnfence, EffectsUnfenced),
     'effects.verify': (EffectsVerify, EffectsVerified),
+    'fs.download_local': (FsDownloadLocal, FsCopied),
     'fs.list': (FsList, FsListing),
     'fs.mkdir': (FsMkdir, FsEntry),
     'fs.move': (FsMove, FsEntry),
     'fs.read': (FsRead, FsData),
     'fs.remove': (FsRemove, Deleted),
     'fs.stat': (FsStat, FsEntry),
+    'fs.upload_local': (FsUploadLocal, FsCopied),
     'fs.watch': (FsWatch, Any),
     'fs.write': (FsWrite, FsWritten),
     'monitor.ingest': (MonitorIngest, MonitorIngested),

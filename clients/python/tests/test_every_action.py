@@ -327,6 +327,13 @@ def test_every_action_is_answered_and_fits_the_document(every, openapi_check):
     assert moved["session"]["session_id"] == "moved" and moved["checkpoints"] == 1, moved
     again = c.import_session(A, archive, session_id="moved2", piece=4096)
     assert again.session.session_id == "moved2" and again.received == len(archive), again
+    # Files passed as open descriptors go only over the daemon's own
+    # socket: the gateway has none to pass, and is told so.
+    for action, params in (("fs.upload_local", {}), ("fs.download_local", {})):
+        with pytest.raises(allox.Unsupported) as refused:
+            c.call(action, agent_id=A, session_id=S, path="up.bin", **params)
+        assert "SCM_RIGHTS" in str(refused.value), refused.value
+        call.error_only[action] = "a descriptor passes only over the daemon's Unix socket"
     paused = call("session.pause", agent_id=A, session_id="forked", hold=True)
     assert paused["paused"]["hold"] is True, paused
     assert call("session.resume", agent_id=A, session_id="forked")["session_id"] == "forked"

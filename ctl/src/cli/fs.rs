@@ -245,6 +245,16 @@ pub struct CpArgs {
     /// Copy from the session as it was at this checkpoint.
     #[arg(long, value_name = "ID")]
     pub checkpoint: Option<String>,
+    /// Send the bytes in frames even where the daemon could move them
+    /// itself from the open file (the path the gateway and the VM's
+    /// control port take).
+    #[arg(long)]
+    pub framed: bool,
+    /// Say how each file's bytes moved: reflink, copy_file_range or
+    /// sendfile (the daemon moved them from the open file passed to it),
+    /// or in frames.
+    #[arg(short, long)]
+    pub verbose: bool,
 }
 
 impl CpArgs {
@@ -254,6 +264,8 @@ impl CpArgs {
             to: self.to,
             shared: self.shared,
             checkpoint: self.checkpoint,
+            framed: self.framed,
+            verbose: self.verbose,
         }
     }
 }

@@ -346,5 +346,7 @@ pub enum Action {
         to: String,
         shared: bool,
         checkpoint: Option<String>,
+        framed: bool,
+        verbose: bool,
     },
 }

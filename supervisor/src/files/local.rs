@@ -38,18 +38,26 @@ pub(super) fn passed(action: &'static str, use_: Use) -> Result<OwnedFd, FilesEr
     let flags =
         rustix::fs::fcntl_getfl(&fd).map_err(|e| refused(format!("cannot read its flags: {e}")))?;
     if flags.contains(OFlags::PATH) {
-        return Err(refused("it is open with O_PATH, for no reading or writing".into()));
+        return Err(refused(
+            "it is open with O_PATH, for no reading or writing".into(),
+        ));
     }
     let mode = flags & OFlags::RWMODE;
     match use_ {
         Use::Read if mode == OFlags::WRONLY => {
-            return Err(refused("it is open for writing only; open the file to read it".into()))
+            return Err(refused(
+                "it is open for writing only; open the file to read it".into(),
+            ))
         }
         Use::Write if mode == OFlags::RDONLY => {
-            return Err(refused("it is open for reading only; open the file to write it".into()))
+            return Err(refused(
+                "it is open for reading only; open the file to write it".into(),
+            ))
         }
         Use::Write if flags.contains(OFlags::APPEND) => {
-            return Err(refused("it is open to append; open it without O_APPEND".into()))
+            return Err(refused(
+                "it is open to append; open it without O_APPEND".into(),
+            ))
         }
         _ => {}
     }
@@ -108,6 +116,11 @@ pub(super) fn upload(
     let by = std::cell::Cell::new(CopiedBy::default());
     let fill = |fd: &OwnedFd| {
         let (n, how) = copy_whole(src, fd, rel.shown)?;
+        if crate::server::passed::client_gone() {
+            return Err(FilesError::ClientGone {
+                path: rel.shown.into(),
+            });
+        }
         by.set(how);
         Ok(n)
     };

@@ -90,6 +90,8 @@ pub enum FilesError {
     NoDescriptor { action: &'static str },
     #[error("the descriptor passed with the request cannot be used: {why}")]
     Descriptor { why: String },
+    #[error("the client went away before {path:?} was replaced: nothing was replaced")]
+    ClientGone { path: String },
     #[error("cannot {op} {path:?}")]
     Io {
         op: &'static str,
@@ -147,6 +149,7 @@ impl FilesError {
             FilesError::NoSpace { .. } | FilesError::UploadBudget { .. } => ErrorCode::Unavailable,
             FilesError::NoDescriptor { .. } => ErrorCode::Unsupported,
             FilesError::Descriptor { .. } => ErrorCode::InvalidRequest,
+            FilesError::ClientGone { .. } => ErrorCode::Unavailable,
             FilesError::Io { .. } => ErrorCode::Internal,
         }
     }

@@ -112,22 +112,39 @@ impl AsyncRead for Reader {
     }
 }
 
+/// Set once the connection's client has gone (its socket read to the
+/// end).
+pub type Gone = Arc<std::sync::atomic::AtomicBool>;
+
 thread_local! {
-    static PASSED: RefCell<Option<OwnedFd>> = const { RefCell::new(None) };
+    static PASSED: RefCell<(Option<OwnedFd>, Option<Gone>)> = const { RefCell::new((None, None)) };
 }
 
 /// Runs `f` with `fd` as the descriptor of the request it answers (on
-/// this thread); one `f` did not take is closed after.
-pub fn with<T>(fd: Option<OwnedFd>, f: impl FnOnce() -> T) -> T {
-    PASSED.with(|p| *p.borrow_mut() = fd);
+/// this thread), and `gone` to tell whether its client is still there;
+/// a descriptor `f` did not take is closed after.
+pub fn with<T>(fd: Option<OwnedFd>, gone: Gone, f: impl FnOnce() -> T) -> T {
+    PASSED.with(|p| *p.borrow_mut() = (fd, Some(gone)));
     let out = f();
-    PASSED.with(|p| p.borrow_mut().take());
+    PASSED.with(|p| *p.borrow_mut() = (None, None));
     out
+}
+
+/// Whether the client of the request being answered has gone: a copy
+/// from its descriptor is then dropped rather than put in place, as a
+/// framed upload whose client is killed is never committed.
+pub fn client_gone() -> bool {
+    PASSED.with(|p| {
+        p.borrow()
+            .1
+            .as_ref()
+            .is_some_and(|g| g.load(std::sync::atomic::Ordering::SeqCst))
+    })
 }
 
 /// The descriptor that came with the request being answered, if any.
 pub fn take() -> Option<OwnedFd> {
-    PASSED.with(|p| p.borrow_mut().take())
+    PASSED.with(|p| p.borrow_mut().0.take())
 }
 
 #[cfg(test)]
@@ -149,7 +166,9 @@ mod tests {
     async fn passed_descriptors_are_kept_with_their_bytes_up_to_the_budget() {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
         theirs.set_nonblocking(true).unwrap();
-        let (r, _w) = tokio::net::UnixStream::from_std(theirs).unwrap().into_split();
+        let (r, _w) = tokio::net::UnixStream::from_std(theirs)
+            .unwrap()
+            .into_split();
         let (mut reader, passed) = Reader::new(r);
         let f = std::fs::File::open("/proc/self/exe").unwrap();
         send(&ours, b"one", &[f.as_fd()]);
@@ -176,10 +195,14 @@ mod tests {
     #[test]
     fn a_handler_takes_the_descriptor_once_and_one_left_is_closed() {
         let f = std::fs::File::open("/proc/self/exe").unwrap();
-        let got = with(Some(f.into()), || (take().is_some(), take().is_none()));
-        assert_eq!(got, (true, true));
+        let gone = Gone::default();
+        let got = with(Some(f.into()), gone.clone(), || {
+            (take().is_some(), take().is_none(), client_gone())
+        });
+        assert_eq!(got, (true, true, false));
         let f = std::fs::File::open("/proc/self/exe").unwrap();
-        with(Some(f.into()), || ());
-        assert!(take().is_none());
+        gone.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(with(Some(f.into()), gone, client_gone));
+        assert!(take().is_none() && !client_gone());
     }
 }

@@ -1,8 +1,11 @@
 //! The file API: a 4 KiB `fs.read` and `fs.write` against `process.start`
 //! of `cat` (what a host had to do before), and a 256 MiB upload and
-//! download against `cp` of the same file on the same disk.
+//! download against `cp` of the same file on the same disk: in frames (the
+//! gateway's and the VM port's path), and with the open file passed to
+//! the daemon (a local client's), from another filesystem and from the
+//! store's own (a reflink).
 
-use allox_ctl::files::{download, upload, Remote};
+use allox_ctl::files::{download_via, upload_via, Remote, Via};
 use allox_integration::BtrfsFs;
 use allox_protocol::{AgentCreate, FsRead, FsScope, FsWrite, Request, Response, SessionCreate};
 use std::process::Command;
@@ -156,9 +159,21 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         scope: FsScope::Session,
         checkpoint: None,
     };
-    let (mut cps, mut ups, mut downs) = (Vec::new(), Vec::new(), Vec::new());
+    // The same bytes on the store's filesystem, for the reflink rows.
+    let same = fs.path().join("bulk-same");
+    std::fs::copy(&src, &same)?;
     let rate = |d: Duration| (mib << 20) as f64 / d.as_secs_f64() / 1e6;
-    for i in 0..3 {
+    // cp, then each way of alloxctl's in and out, round by round.
+    let mut rows: Vec<(&str, Vec<f64>)> = vec![
+        ("`cp --reflink=never` (baseline)", vec![]),
+        ("in, frames (512 KiB chunks)", vec![]),
+        ("out, frames", vec![]),
+        ("in, descriptor passed (other filesystem)", vec![]),
+        ("out, descriptor passed (other filesystem)", vec![]),
+        ("in, descriptor passed (same Btrfs: reflink)", vec![]),
+        ("out, descriptor passed (same Btrfs: reflink)", vec![]),
+    ];
+    for i in 0..5 {
         let dst = fs.path().join(format!("cp-{i}"));
         let t = Instant::now();
         let st = Command::new("cp")
@@ -167,26 +182,50 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
             .arg(&dst)
             .status()?;
         anyhow::ensure!(st.success(), "cp failed");
-        cps.push(rate(t.elapsed()));
+        rows[0].1.push(rate(t.elapsed()));
         std::fs::remove_file(&dst)?;
-        let t = Instant::now();
-        upload(&mut c, &src, &remote)?;
-        ups.push(rate(t.elapsed()));
         let back = fs.scratch().join(format!("bulk-back-{i}"));
-        let t = Instant::now();
-        download(&mut c, &remote, &back)?;
-        downs.push(rate(t.elapsed()));
-        std::fs::remove_file(&back)?;
+        let back_same = fs.path().join(format!("bulk-back-{i}"));
+        let ways = [
+            (Via::Frames, &src, &back),
+            (Via::Auto, &src, &back),
+            (Via::Auto, &same, &back_same),
+        ];
+        for (k, (via, from, to)) in ways.into_iter().enumerate() {
+            let t = Instant::now();
+            let up = upload_via(&mut c, from, &remote, via)?;
+            rows[1 + 2 * k].1.push(rate(t.elapsed()));
+            let t = Instant::now();
+            let down = download_via(&mut c, &remote, to, via)?;
+            rows[2 + 2 * k].1.push(rate(t.elapsed()));
+            anyhow::ensure!(
+                (up.framed == 1) == (via == Via::Frames)
+                    && (down.framed == 1) == (via == Via::Frames),
+                "{via:?}: the copy went another way ({up:?}, {down:?})"
+            );
+            if k == 2 {
+                anyhow::ensure!(
+                    up.reflink == 1 && down.reflink == 1,
+                    "no reflink: {up:?} {down:?}"
+                );
+            }
+            std::fs::remove_file(to)?;
+        }
     }
     let med = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let (cp, up, down) = (med(&mut cps), med(&mut ups), med(&mut downs));
+    let cp = med(&mut rows[0].1);
     println!(
-        "\n{mib} MiB, median of 3: `cp --reflink=never` on the same disk {cp:.0} MB/s (baseline); upload (`alloxctl cp` in, 512 KiB chunks) {up:.0} MB/s ({:.0}%); download {down:.0} MB/s ({:.0}%).\n",
-        100.0 * up / cp,
-        100.0 * down / cp
+        "\n{mib} MiB, `alloxctl cp`'s library (`files::upload_via`/`download_via` on one connection), median of 5; the file's other end in a directory beside the loop-backed Btrfs (another filesystem) or on it:\n"
     );
+    println!("| way | MB/s (p50) | ÷ `cp --reflink=never` |");
+    println!("|---|---:|---:|");
+    for (what, v) in rows.iter_mut() {
+        let m = med(v);
+        println!("| {what} | {m:.0} | {:.2}× |", m / cp);
+    }
+    println!();
     Ok(())
 }

@@ -7,14 +7,13 @@ use allox_ctl::render::render;
 use allox_ctl::rpc_json;
 use allox_gateway::{token, Gateway};
 use allox_protocol::{ProcessStart, Request};
-use clap::Parser;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
     // Usage errors exit with 2, as clap does.
-    let cli = Cli::parse();
+    let cli = Cli::parse_fast();
     match cli.command.action() {
         Action::Call(request) => call(cli.socket, cli.json, request),
         Action::Exec(run) if run.tty => match request_of(run) {

@@ -51,6 +51,68 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// The command line: the hot commands (`exec`, `cp`) through a parser
+    /// of theirs alone, since building the parser of every command is most
+    /// of a start's time; anything that one does not take as it is (help,
+    /// a mistake, another command) through the whole one, so what is
+    /// printed is the same.
+    pub fn parse_fast() -> Cli {
+        Self::fast_from(std::env::args_os()).unwrap_or_else(Cli::parse)
+    }
+
+    /// [`Cli::parse_fast`]'s fast half over `argv`, or `None`.
+    pub fn fast_from<I, T>(argv: I) -> Option<Cli>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
+        // The first word that is not a global option names the command.
+        let mut words = argv.iter().skip(1);
+        let command = loop {
+            match words.next()?.to_str()? {
+                "--json" => {}
+                "--socket" => {
+                    words.next()?;
+                }
+                w if w.starts_with("--socket=") => {}
+                w => break w,
+            }
+        };
+        if !matches!(command, "exec" | "cp") {
+            return None;
+        }
+        let hot = Hot::try_parse_from(&argv).ok()?;
+        Some(Cli {
+            socket: hot.socket,
+            json: hot.json,
+            command: match hot.command {
+                HotCommand::Exec(a) => Command::Exec(a),
+                HotCommand::Cp(a) => Command::Cp(a),
+            },
+        })
+    }
+}
+
+/// [`Cli`] with the hot commands only.
+#[derive(Parser, Debug)]
+#[command(name = "alloxctl")]
+struct Hot {
+    #[arg(long, global = true, env = "ALLOX_SOCKET", default_value = DEFAULT_SOCKET)]
+    socket: PathBuf,
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: HotCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum HotCommand {
+    Exec(RunArgs),
+    Cp(CpArgs),
+}
+
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Check that the daemon answers.

@@ -285,3 +285,49 @@ fn usage_errors_are_refused() {
         assert!(Cli::try_parse_from(argv).is_err(), "{args:?}");
     }
 }
+
+#[test]
+fn the_hot_commands_parse_alone_as_the_whole_parser_parses_them() {
+    let lines: &[&[&str]] = &[
+        &["exec", "a", "s", "--", "/bin/true"],
+        &[
+            "--json", "exec", "a", "s", "--env", "K=V", "--cwd", "d", "--", "sh", "-c", "x",
+        ],
+        &[
+            "--socket",
+            "/tmp/x.sock",
+            "exec",
+            "-t",
+            "a",
+            "s",
+            "--",
+            "bash",
+        ],
+        &["--socket=/tmp/y.sock", "cp", "-v", "./f", "a/s:f"],
+        &["cp", "--checkpoint", "c1", "a/s:f", "./f", "--json"],
+        &["cp", "--framed", "--shared", "./f", "a/s:notes/f"],
+    ];
+    for args in lines {
+        let argv: Vec<&str> = std::iter::once("alloxctl")
+            .chain(args.iter().copied())
+            .collect();
+        let fast = Cli::fast_from(&argv).unwrap_or_else(|| panic!("{args:?}: not taken"));
+        let whole = Cli::try_parse_from(&argv).unwrap();
+        assert_eq!(format!("{fast:?}"), format!("{whole:?}"), "{args:?}");
+    }
+    // Help, mistakes and the other commands go to the whole parser.
+    for args in [
+        &["exec", "--help"][..],
+        &["exec"],
+        &["cp", "onlyone"],
+        &["exec", "a", "s", "--bogus", "--", "x"],
+        &["ping"],
+        &["--socket"],
+        &["session", "exec"],
+    ] {
+        let argv: Vec<&str> = std::iter::once("alloxctl")
+            .chain(args.iter().copied())
+            .collect();
+        assert!(Cli::fast_from(&argv).is_none(), "{args:?}");
+    }
+}

@@ -5,7 +5,7 @@
 # manifests' tests, the core's tests again on an allox-init built without
 # plugins, the release binaries stripped (their sizes printed),
 # the VM tests, and the protocol fuzz target for a bounded time. Installs
-# what it needs.
+# what it needs. Ends with the 20 slowest tests and the time it took.
 #
 #   sudo scripts/test.sh            # everything
 #   FUZZ_SECONDS=0 scripts/test.sh  # skip the fuzz run (it is still built)
@@ -17,6 +17,8 @@ allox_install_deps
 
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 export CARGO_TERM_COLOR=never
+# Every test binary reports each test's time (listed at the end).
+export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER=$PWD/scripts/test-runner.sh
 
 step() { echo; echo "==> $*"; }
 
@@ -94,5 +96,10 @@ scripts/fuzz.sh "$FUZZ_SECONDS"
 passed=$(grep -Eo '^test result: [a-z]+\. [0-9]+ passed' "$LOG" | awk -v py="$py_passed" '{s += $4} END {print s + py}')
 failed=$(grep -Eo '; [0-9]+ failed' "$LOG" | awk '{s += $2} END {print s + 0}')
 echo
+echo "==> the 20 slowest tests"
+python3 scripts/slowest-tests.py "$LOG" 20
+took=$SECONDS
+echo
 echo "==> all tests passed"
 echo "tests: $passed passed, $failed failed"
+echo "time: $((took / 60)) min $((took % 60)) s, installs and the guest's kernel build included"

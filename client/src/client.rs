@@ -436,9 +436,30 @@ impl Client {
     pub fn call_with_events(
         &mut self,
         request: Request,
+        on_event: impl FnMut(Event),
+    ) -> Result<Answer, ClientError> {
+        self.call_passing(request, None, on_event)
+    }
+
+    /// Sends one request with `fd` passed alongside it (`SCM_RIGHTS`:
+    /// `fs.upload_local`, `fs.download_local`) and waits for its answer.
+    /// Over a connection that does not carry descriptors (the VM's control
+    /// port) the daemon answers `unsupported`.
+    pub fn call_with_fd(
+        &mut self,
+        request: Request,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<Answer, ClientError> {
+        self.call_passing(request, Some(fd), |_| {})
+    }
+
+    fn call_passing(
+        &mut self,
+        request: Request,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
         mut on_event: impl FnMut(Event),
     ) -> Result<Answer, ClientError> {
-        let request_id = self.send(request)?;
+        let request_id = self.send_passing(request, fd)?;
         loop {
             match self.next_frame()? {
                 // Id 0: the server could not read a request, or restarted
@@ -511,31 +532,6 @@ impl Client {
                     early.insert(id, answer);
                 }
                 Incoming::Response(..) | Incoming::Event(..) | Incoming::Welcome => {}
-            }
-        }
-    }
-
-    /// Sends one request with `fd` passed alongside it (`SCM_RIGHTS`:
-    /// `fs.upload_local`, `fs.download_local`) and waits for its answer.
-    /// Over a connection that does not carry descriptors (the VM's control
-    /// port) the daemon answers `unsupported`.
-    pub fn call_with_fd(
-        &mut self,
-        request: Request,
-        fd: std::os::fd::BorrowedFd<'_>,
-    ) -> Result<Answer, ClientError> {
-        let request_id = self.send_passing(request, Some(fd))?;
-        loop {
-            match self.next_frame()? {
-                Incoming::Response(id, answer) if id == request_id || id == 0 => {
-                    return Ok(answer);
-                }
-                Incoming::Response(id, answer) => {
-                    if let Some(replies) = &self.replies {
-                        replies.offer(id, answer);
-                    }
-                }
-                Incoming::Event(..) | Incoming::Welcome => {}
             }
         }
     }

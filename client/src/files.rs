@@ -166,7 +166,19 @@ impl Way {
     }
 }
 
-fn copied(r: Response, path: &str) -> Result<FsCopied, CopyError> {
+/// `q` with the open local file `f` passed to the daemon, for `path`.
+fn with_file(
+    c: &mut Client,
+    q: Request,
+    f: &std::fs::File,
+    path: &str,
+) -> Result<FsCopied, CopyError> {
+    let r = c
+        .call_with_fd(q, f.as_fd())?
+        .map_err(|body| CopyError::Daemon {
+            what: path.to_string(),
+            body,
+        })?;
     match r {
         Response::FsCopied(c) => Ok(c),
         _ => Err(CopyError::Other(format!(
@@ -185,12 +197,7 @@ pub fn upload_local(c: &mut Client, f: &std::fs::File, to: &Remote) -> Result<Fs
         path: to.path.clone(),
         create: None,
     });
-    let answer = c.call_with_fd(q, f.as_fd())?;
-    let r = answer.map_err(|body| CopyError::Daemon {
-        what: to.path.clone(),
-        body,
-    })?;
-    copied(r, &to.path)
+    with_file(c, q, f, &to.path)
 }
 
 /// The remote file `from` written by the daemon into the open local file
@@ -207,12 +214,7 @@ pub fn download_local(
         checkpoint_id: from.checkpoint.clone(),
         path: from.path.clone(),
     });
-    let answer = c.call_with_fd(q, f.as_fd())?;
-    let r = answer.map_err(|body| CopyError::Daemon {
-        what: from.path.clone(),
-        body,
-    })?;
-    copied(r, &from.path)
+    with_file(c, q, f, &from.path)
 }
 
 /// Chunks of an upload in flight at once.

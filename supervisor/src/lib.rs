@@ -15,6 +15,7 @@ pub mod dispatch;
 pub mod error;
 pub mod files;
 pub mod panic;
+pub(crate) mod passed;
 pub mod peer;
 pub mod plugin_api;
 pub mod plugin_host;

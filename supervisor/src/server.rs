@@ -17,9 +17,9 @@
 //! it still had to say is dropped, never sent to the new host.
 
 mod outbox;
-pub(crate) mod passed;
 mod registry;
 
+use crate::passed;
 use crate::peer::{Peer, PeerPolicy, Refusals};
 use crate::supervisor::Supervisor;
 use allox_protocol::{

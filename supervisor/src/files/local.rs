@@ -34,7 +34,7 @@ pub(super) enum Use {
 
 /// The descriptor that came with the request, checked for `use_`.
 pub(super) fn passed(action: &'static str, use_: Use) -> Result<OwnedFd, FilesError> {
-    let fd = crate::server::passed::take().ok_or(FilesError::NoDescriptor { action })?;
+    let fd = crate::passed::take().ok_or(FilesError::NoDescriptor { action })?;
     let flags =
         rustix::fs::fcntl_getfl(&fd).map_err(|e| refused(format!("cannot read its flags: {e}")))?;
     if flags.contains(OFlags::PATH) {
@@ -116,7 +116,7 @@ pub(super) fn upload(
     let by = std::cell::Cell::new(CopiedBy::default());
     let fill = |fd: &OwnedFd| {
         let (n, how) = copy_whole(src, fd, rel.shown)?;
-        if crate::server::passed::client_gone() {
+        if crate::passed::client_gone() {
             return Err(FilesError::ClientGone {
                 path: rel.shown.into(),
             });

@@ -117,14 +117,24 @@ impl Executable {
         let mut f = std::fs::File::from(memfd);
         std::io::Write::write_all(&mut f, &bytes)
             .map_err(|e| refuse(format!("fill the {what}'s memory file: {e}")))?;
-        rustix::fs::fcntl_add_seals(
-            &f,
-            rustix::fs::SealFlags::SEAL
-                | rustix::fs::SealFlags::SHRINK
-                | rustix::fs::SealFlags::GROW
-                | rustix::fs::SealFlags::WRITE,
-        )
-        .map_err(|e| refuse(format!("seal the {what}'s memory file: {e}")))?;
+        let seals = rustix::fs::SealFlags::SEAL
+            | rustix::fs::SealFlags::SHRINK
+            | rustix::fs::SealFlags::GROW
+            | rustix::fs::SealFlags::WRITE;
+        // The kernel refuses the write seal (EBUSY) while a page just
+        // written is still held elsewhere (a per-CPU batch of a busy
+        // machine, for a moment): tried again, a while, before giving up.
+        let mut tries = 0;
+        loop {
+            match rustix::fs::fcntl_add_seals(&f, seals) {
+                Ok(()) => break,
+                Err(rustix::io::Errno::BUSY) if tries < 50 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(10 * tries.min(10)));
+                }
+                Err(e) => return Err(refuse(format!("seal the {what}'s memory file: {e}"))),
+            }
+        }
         // What will be executed is what is checked: the sealed copy.
         f.rewind()
             .map_err(|e| refuse(format!("read the {what}'s memory file: {e}")))?;

@@ -473,12 +473,16 @@ fn a_person_at_alloxctl_exec_t_in_tmux() {
     tmux.wait_for("42 from-python");
     tmux.keys(&["C-d"]);
     // vi: a file written as a person would.
+    // Each key goes once vi shows it is ready for it: its status line
+    // for a new file, then the typed text back in its window.
     tmux.line("vi /allox/session/note.txt");
-    std::thread::sleep(Duration::from_millis(800));
+    tmux.wait_for("[New");
     tmux.keys(&["i"]);
     tmux.keys(&["-l", "typed in vi"]);
+    tmux.wait_for("typed in vi");
     tmux.keys(&["Escape"]);
     tmux.keys(&["-l", ":wq"]);
+    tmux.wait_for(":wq");
     tmux.keys(&["Enter"]);
     tmux.line("cat /allox/session/note.txt; echo vi\"\"-done");
     let s = tmux.wait_for("vi-done\n");

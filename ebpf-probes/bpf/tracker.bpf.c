@@ -340,3 +340,36 @@ int BPF_PROG(allox_exit, struct task_struct *p)
 	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 	return 0;
 }
+
+// A process moved into a tagged cgroup after it was made: a run's PID 1
+// made ahead in its session's context (in the context's cgroup, which is
+// not tagged), moved into the run's cgroup by the context when a run
+// claims it. Reported as that run's fork, by the context, as a PID 1
+// cloned straight into the run's cgroup is (the context calls clone3 with
+// CLONE_PARENT; the fork tracepoint names the caller as the parent).
+SEC("tp_btf/cgroup_attach_task")
+int BPF_PROG(allox_attach, struct cgroup *dst, const char *path,
+	     struct task_struct *task, bool threadgroup)
+{
+	__u32 tgid = BPF_CORE_READ(task, tgid);
+	if (BPF_CORE_READ(task, pid) != tgid)
+		return 0; // a thread, not a process
+	if (bpf_map_lookup_elem(&PIDS, &tgid))
+		return 0; // owned already: a move within what is followed
+	__u64 cgid = BPF_CORE_READ(dst, kn, id);
+	__u64 *o = bpf_map_lookup_elem(&CGROUPS, &cgid);
+	if (!o)
+		return 0;
+	__u64 owner = *o;
+	bpf_map_update_elem(&PIDS, &tgid, &owner, BPF_ANY);
+
+	struct event *e = bpf_ringbuf_reserve(&EVENTS, SHORT_EVENT, 0);
+	if (!e) {
+		count_lost();
+		return 0;
+	}
+	fill(e, EVENT_FORK, owner, task,
+	     (struct task_struct *)bpf_get_current_task_btf());
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	return 0;
+}

@@ -22,10 +22,13 @@ pub const DEFAULT_RING_BYTES: u32 = 4 << 20;
 
 /// (program, tracepoint), in attach order: exit first, so that no process
 /// is left in `PIDS` because its exit came between two attachments.
-const PROGRAMS: [(&str, &str); 3] = [
+/// The move of a run's PID 1 made ahead into its run's cgroup counts as
+/// its fork; attached last, like the fork.
+const PROGRAMS: [(&str, &str); 4] = [
     ("allox_exit", "sched_process_exit"),
     ("allox_exec", "sched_process_exec"),
     ("allox_fork", "sched_process_fork"),
+    ("allox_attach", "cgroup_attach_task"),
 ];
 
 /// Run-time statistics of one program, from the kernel's `bpf_prog_info`.

@@ -159,6 +159,11 @@ pub struct SuperviseArgs {
     /// benchmark's baseline for what that costs.
     #[arg(long)]
     pub no_run_usage: bool,
+    /// Make each run's PID 1 when the run is asked for, instead of keeping
+    /// the next one made ahead in each session's context: the benchmark's
+    /// baseline for what preparing ahead saves.
+    #[arg(long)]
+    pub no_prepared_runs: bool,
     /// Keep no metrics (`system.metrics` is then refused): the
     /// benchmark's baseline for what counting costs.
     #[arg(long)]
@@ -435,6 +440,7 @@ impl SuperviseArgs {
             let mut rc = RunsConfig::new(mount, exe, self.sandbox_stage);
             rc.isolate_network = self.sandbox_network == "isolated";
             rc.run_usage = !self.no_run_usage;
+            rc.prepare_runs = !self.no_prepared_runs;
             rc.freeze_wait = std::time::Duration::from_millis(self.freeze_timeout_ms);
             rc.finished.output_budget = self.finished_output_budget;
             rc.finished.max_runs = self.finished_runs_max;

@@ -23,6 +23,8 @@ pub struct Context {
     control: OwnedFd,
     pidfd: OwnedFd,
     pid: i32,
+    /// The context's cgroup, where the next run's PID 1 made ahead waits.
+    cgroup: Option<OwnedFd>,
 }
 
 fn pipe() -> Result<(OwnedFd, OwnedFd), SandboxError> {
@@ -68,6 +70,7 @@ impl Context {
             control: ours,
             pidfd,
             pid,
+            cgroup: rustix::io::fcntl_dupfd_cloexec(cgroup, 0).ok(),
         };
         let bytes = postcard::to_stdvec(spec)
             .map_err(|e| SandboxError::sys("encode the context spec", std::io::Error::other(e)))?;
@@ -266,5 +269,36 @@ impl Drop for Context {
     fn drop(&mut self) {
         let _ = rustix::process::pidfd_send_signal(&self.pidfd, rustix::process::Signal::KILL);
         let _ = rustix::process::waitid(WaitId::PidFd(self.pidfd.as_fd()), WaitIdOptions::EXITED);
+        // What is left in its cgroup is the next run's PID 1 made ahead (a
+        // run's is moved out before it is used), a child of this process
+        // that waits for this kill: killed and reaped here.
+        if let Some(cg) = &self.cgroup {
+            for pid in procs(cg) {
+                let Ok(fd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+                else {
+                    continue;
+                };
+                let _ = rustix::process::pidfd_send_signal(&fd, rustix::process::Signal::KILL);
+                let _ = rustix::process::waitid(WaitId::PidFd(fd.as_fd()), WaitIdOptions::EXITED);
+            }
+        }
     }
+}
+
+/// The processes in the cgroup of the directory `cgroup`.
+fn procs(cgroup: &OwnedFd) -> Vec<rustix::process::Pid> {
+    let Ok(f) = rustix::fs::openat(
+        cgroup,
+        "cgroup.procs",
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) else {
+        return Vec::new();
+    };
+    let mut text = String::new();
+    let _ = std::io::Read::read_to_string(&mut std::fs::File::from(f), &mut text);
+    text.lines()
+        .filter_map(|l| l.trim().parse::<i32>().ok())
+        .filter_map(rustix::process::Pid::from_raw)
+        .collect()
 }

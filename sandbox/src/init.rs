@@ -68,7 +68,14 @@ pub(crate) struct RunFds {
 }
 
 /// The run's PID 1, in the child of the context's `clone3`; never returns.
-pub(crate) fn run(spec: SandboxSpec, fds: RunFds, filter: &seccomp::Filters) -> ! {
+/// `own` is how [`own_mounts`] went: made just now for this run, or ahead
+/// of it by a PID 1 that waited for its run.
+pub(crate) fn run(
+    spec: SandboxSpec,
+    fds: RunFds,
+    filter: &seccomp::Filters,
+    own: Result<(), InitError>,
+) -> ! {
     let RunFds {
         stdin,
         stdout,
@@ -89,7 +96,7 @@ pub(crate) fn run(spec: SandboxSpec, fds: RunFds, filter: &seccomp::Filters) -> 
             let _ = status.write_all(&b);
         }
     };
-    let built = build_run_mounts(&spec, session, shared, binds);
+    let built = own.and_then(|()| attach_workspace(&spec, session, shared, binds));
     // Nothing of the context (its control socket) stays open here.
     let _ = sys::close_all_above_stdio_but(status.as_fd());
     if let Err(e) = built {
@@ -571,13 +578,9 @@ pub(crate) fn prepare_binds(binds: &[Bind], trees: &[OwnedFd]) -> Result<(), Ini
 }
 
 /// The run's own mounts, in its own mount namespace (a copy of the
-/// context's, whose root is read-only).
-fn build_run_mounts(
-    spec: &SandboxSpec,
-    session: OwnedFd,
-    shared: OwnedFd,
-    binds: Vec<OwnedFd>,
-) -> Result<(), InitError> {
+/// context's, whose root is read-only): what no request decides, so a PID 1
+/// made ahead makes them before its run is asked for.
+pub(crate) fn own_mounts() -> Result<(), InitError> {
     // /proc of the new PID namespace.
     mount(
         "mount proc",
@@ -619,7 +622,18 @@ fn build_run_mounts(
             "mode=1777,size=512m",
         ),
     )?;
-    // The workspace: this session and the agent's shared files only.
+    Ok(())
+}
+
+/// The run's workspace: this session's `current/` and the agent's shared
+/// files only, then the request's binds (detached mounts made for this
+/// run).
+fn attach_workspace(
+    spec: &SandboxSpec,
+    session: OwnedFd,
+    shared: OwnedFd,
+    binds: Vec<OwnedFd>,
+) -> Result<(), InitError> {
     attach(session, SESSION_MOUNT, true)?;
     attach(shared, SHARED_MOUNT, true)?;
     for (b, tree) in spec.binds.iter().zip(binds) {

@@ -60,10 +60,20 @@ const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 /// # Safety
 /// In a multi-threaded caller the child may only make async-signal-safe
 /// calls until it execs or exits.
-unsafe fn clone3(flags: u64, cgroup: BorrowedFd<'_>, pidfd: &mut libc::c_int) -> libc::c_long {
+unsafe fn clone3(
+    flags: u64,
+    cgroup: Option<BorrowedFd<'_>>,
+    pidfd: &mut libc::c_int,
+) -> libc::c_long {
     // SAFETY: clone_args is plain integers; all-zero is its "unset" value.
     let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
-    args.flags = flags | CLONE_PIDFD | CLONE_INTO_CGROUP;
+    args.flags = flags
+        | CLONE_PIDFD
+        | if cgroup.is_some() {
+            CLONE_INTO_CGROUP
+        } else {
+            0
+        };
     args.pidfd = pidfd as *mut libc::c_int as u64;
     // With CLONE_PARENT the child takes the caller's own exit signal, and
     // clone3 wants 0 here.
@@ -72,7 +82,9 @@ unsafe fn clone3(flags: u64, cgroup: BorrowedFd<'_>, pidfd: &mut libc::c_int) ->
     } else {
         0
     };
-    args.cgroup = cgroup.as_raw_fd() as u64;
+    if let Some(cg) = cgroup {
+        args.cgroup = cg.as_raw_fd() as u64;
+    }
     // SAFETY: `args` is a valid clone_args of the size passed; the flags
     // give the child its own copy of memory (no CLONE_VM) and no stack is
     // set, so it continues on a copy of this stack exactly as after fork.
@@ -112,7 +124,7 @@ pub(crate) fn spawn_context(
         CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | if isolate_network { CLONE_NEWNET } else { 0 };
     let mut pidfd: libc::c_int = -1;
     // SAFETY: the child below makes async-signal-safe calls only.
-    let pid = unsafe { clone3(flags, rustix::fd::AsFd::as_fd(cgroup), &mut pidfd) };
+    let pid = unsafe { clone3(flags, Some(rustix::fd::AsFd::as_fd(cgroup)), &mut pidfd) };
     if pid == 0 {
         // In the child. Only async-signal-safe system calls on values
         // prepared above until the exec replaces this process image.
@@ -155,8 +167,10 @@ pub(crate) enum Forked {
 
 /// In a session's context (single-threaded): makes a run's PID 1, a
 /// sibling of the context (a child of the supervisor), in new PID, mount
-/// and IPC namespaces, inside the run's cgroup.
-pub(crate) fn clone_run(cgroup: BorrowedFd<'_>) -> Result<Forked, SandboxError> {
+/// and IPC namespaces, inside the run's cgroup — or, for a PID 1 made
+/// ahead (`cgroup` None), in the context's own cgroup, which the context
+/// moves it out of when a run claims it.
+pub(crate) fn clone_run(cgroup: Option<BorrowedFd<'_>>) -> Result<Forked, SandboxError> {
     let mut pidfd: libc::c_int = -1;
     // SAFETY: the context is single-threaded (an exec'd image that starts
     // no thread), so the child may run ordinary code, as after fork.

@@ -85,6 +85,11 @@ pub struct ContextSpec {
     pub binds: Vec<Bind>,
     /// Symbolic links made in the session's root: path inside, target.
     pub links: Vec<(String, String)>,
+    /// Keep the next run's PID 1 made ahead (its PID, mount and IPC
+    /// namespaces, `/proc`, `/dev/pts`, `/dev/shm` and `/tmp`), so that a
+    /// run request only attaches the workspace and starts the program; a
+    /// new one is made after each use (see [`crate::zygote`]).
+    pub prepare_ahead: bool,
 }
 
 /// The context's answer to its first message and to each run request.

@@ -105,23 +105,47 @@ pub(crate) fn inherited_fd(fd: i32) -> OwnedFd {
 
 /// Closes every descriptor above 2 but `keep` (`close_range`).
 pub(crate) fn close_all_above_stdio_but(keep: BorrowedFd<'_>) -> io::Result<()> {
-    let keep =
-        u32::try_from(keep.as_raw_fd()).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
-    let ranges = [(3, keep.checked_sub(1)), (keep + 1, Some(u32::MAX))];
-    for (first, last) in ranges {
-        let Some(last) = last.filter(|&l| l >= first) else {
-            continue;
-        };
+    close_all_above_stdio_except(&[keep])
+}
+
+/// Closes every descriptor above 2 but those of `keep` (`close_range`
+/// over the gaps between them).
+pub(crate) fn close_all_above_stdio_except(keep: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let kept = keep
+        .iter()
+        .map(|k| u32::try_from(k.as_raw_fd()))
+        .collect::<Result<Vec<u32>, _>>()
+        .map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    for (first, last) in gaps(kept) {
         // SAFETY: closes descriptors this process no longer uses: the
         // callers (the program's child before its exec, a run's PID 1
-        // after its mounts) never return to the frames that own them,
-        // except `keep`, left open.
+        // after its mounts, a PID 1 made ahead as it starts) never return
+        // to the frames that own them, except those kept, left open.
         let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) };
         if rc < 0 {
             return Err(io::Error::last_os_error());
         }
     }
     Ok(())
+}
+
+/// The ranges (first, last) of descriptors from 3 up that are not in
+/// `kept`.
+fn gaps(mut kept: Vec<u32>) -> Vec<(u32, u32)> {
+    kept.sort_unstable();
+    kept.dedup();
+    let mut first = 3u32;
+    let mut out = Vec::with_capacity(kept.len() + 1);
+    for k in kept {
+        if k >= first {
+            if k > first {
+                out.push((first, k - 1));
+            }
+            first = k + 1;
+        }
+    }
+    out.push((first, u32::MAX));
+    out
 }
 
 /// Points this process's descriptors 0, 1 and 2 at `/dev/null` (best
@@ -142,6 +166,14 @@ pub fn stdio_to_null() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gaps_leave_exactly_the_kept_descriptors_and_stdio() {
+        assert_eq!(gaps(vec![]), [(3, u32::MAX)]);
+        assert_eq!(gaps(vec![3]), [(4, u32::MAX)]);
+        assert_eq!(gaps(vec![9, 5, 5]), [(3, 4), (6, 8), (10, u32::MAX)]);
+        assert_eq!(gaps(vec![4, 3, 1]), [(5, u32::MAX)]);
+    }
 
     #[test]
     fn a_path_with_a_nul_is_refused_before_any_call() {

@@ -16,11 +16,37 @@
 //! Single-threaded, so each run is a plain copy of it (no exec per run);
 //! it stays root, not dumpable, and never runs anything a run asked for:
 //! the program is started by the run's PID 1, in the run's namespaces.
+//!
+//! **The next run made ahead** ([`ContextSpec::prepare_ahead`]): after
+//! `Ready`, and after each run it serves, the context clones the next
+//! run's PID 1 at once, in the context's own cgroup. That PID 1 makes
+//! what no request decides — its PID, mount and IPC namespaces, its
+//! `/proc`, `/dev/pts`, `/dev/shm` and `/tmp` — and waits on a socket of
+//! its own. A run request then moves it into the run's cgroup, hands it
+//! the request and its descriptors, and answers at once; the PID 1
+//! attaches the workspace and starts the program as any other. It is a
+//! copy of the context made before the run that uses it was asked for,
+//! and after the run before it was handed its own: nothing of one run
+//! (its files in `/tmp`, its SysV objects, its descriptors, environment,
+//! signal dispositions or processes) can reach the next, which shares
+//! nothing with it but what every run of the session shares.
+//! An unused one waits until the supervisor kills it (an exit of its own
+//! would leave the supervisor a zombie it cannot name), or until the
+//! supervisor is gone.
 
 use super::spawn::{self, Forked};
 use super::spec::{ContextReply, ContextSpec, SandboxSpec, CONTROL_FD};
 use super::{init, seccomp, sys, wire};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::io::Errno;
+
+/// The next run's PID 1, made ahead: the context's end of its socket, its
+/// PID (in the supervisor's PID namespace) and pidfd.
+struct Spare {
+    sock: OwnedFd,
+    pid: i32,
+    pidfd: OwnedFd,
+}
 
 /// Descriptors before the binds' in a run request.
 pub(crate) const RUN_FDS: usize = 7;
@@ -60,6 +86,18 @@ pub fn run() -> ! {
     if answer(sock.as_fd(), &ContextReply::Ready, None).is_err() {
         std::process::exit(1);
     }
+    // The supervisor, whose end an unused PID 1 made ahead waits for.
+    let parent = spec
+        .prepare_ahead
+        .then(|| {
+            rustix::process::pidfd_open(
+                rustix::process::getppid()?,
+                rustix::process::PidfdFlags::empty(),
+            )
+            .ok()
+        })
+        .flatten();
+    let mut spare = parent.as_ref().and_then(|p| make_spare(p.as_fd(), &filter));
     loop {
         let fds = match wire::recv(sock.as_fd(), &mut buf) {
             Ok(Some(fds)) => fds,
@@ -74,7 +112,7 @@ pub fn run() -> ! {
                 continue;
             }
         };
-        let sent = match serve(&buf, fds, &filter) {
+        let sent = match serve(&buf, fds, &filter, &mut spare) {
             Ok((pid, pidfd)) => answer(
                 sock.as_fd(),
                 &ContextReply::Started { pid },
@@ -85,7 +123,108 @@ pub fn run() -> ! {
         if sent.is_err() {
             std::process::exit(1);
         }
+        // The next one, while the run just started goes on.
+        if spare.is_none() {
+            spare = parent.as_ref().and_then(|p| make_spare(p.as_fd(), &filter));
+        }
     }
+}
+
+/// Clones the next run's PID 1 (see the module's doc); None if it cannot
+/// be made now (the next run is then cloned at its request).
+fn make_spare(parent: BorrowedFd<'_>, filter: &seccomp::Filters) -> Option<Spare> {
+    let (ours, theirs) = wire::pair().ok()?;
+    match spawn::clone_run(None) {
+        Ok(Forked::Child) => {
+            drop(ours);
+            spare(theirs, parent, filter)
+        }
+        Ok(Forked::Parent { pid, pidfd }) => Some(Spare {
+            sock: ours,
+            pid,
+            pidfd,
+        }),
+        Err(_) => None,
+    }
+}
+
+/// A run's PID 1 made ahead: its own mounts now, then its run, when one
+/// is asked for. Never returns.
+fn spare(sock: OwnedFd, parent: BorrowedFd<'_>, filter: &seccomp::Filters) -> ! {
+    // Nothing of the context: its control socket, an earlier PID 1's socket.
+    let _ = sys::close_all_above_stdio_except(&[sock.as_fd(), parent]);
+    let own = init::own_mounts();
+    let mut buf = Vec::new();
+    if let Ok(Some(fds)) = wire::recv(sock.as_fd(), &mut buf) {
+        drop(sock);
+        // The context checked both before it handed them on.
+        if let Ok((spec, fds, cgroup)) = run_request(&buf, fds) {
+            drop(cgroup);
+            init::run(spec, fds, filter, own)
+        }
+        std::process::exit(1);
+    }
+    // Never used: the context is gone. Wait for the supervisor's kill, or
+    // for the supervisor's own end.
+    let mut p = [rustix::event::PollFd::new(
+        &parent,
+        rustix::event::PollFlags::IN,
+    )];
+    while matches!(rustix::event::poll(&mut p, None), Err(Errno::INTR) | Ok(0)) {}
+    std::process::exit(0)
+}
+
+/// Whether the process of `pidfd` has ended.
+fn ended(pidfd: &OwnedFd) -> bool {
+    let mut p = [rustix::event::PollFd::new(
+        pidfd,
+        rustix::event::PollFlags::IN,
+    )];
+    rustix::event::poll(&mut p, Some(&rustix::time::Timespec::default())).is_ok_and(|n| n > 0)
+}
+
+/// Moves the process `pid` into the cgroup of the directory `cgroup`.
+fn move_into(cgroup: BorrowedFd<'_>, pid: i32) -> Result<(), String> {
+    let procs = rustix::fs::openat(
+        cgroup,
+        "cgroup.procs",
+        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| format!("open the run's cgroup.procs: {e}"))?;
+    rustix::io::write(&procs, pid.to_string().as_bytes())
+        .map(drop)
+        .map_err(|e| format!("move the run's PID 1 into its cgroup: {e}"))
+}
+
+/// A run request's spec and descriptors, checked; the run's cgroup apart.
+fn run_request(
+    bytes: &[u8],
+    mut fds: Vec<OwnedFd>,
+) -> Result<(SandboxSpec, init::RunFds, OwnedFd), String> {
+    let spec: SandboxSpec =
+        postcard::from_bytes(bytes).map_err(|e| format!("decode the run's spec: {e}"))?;
+    if fds.len() != RUN_FDS + spec.binds.len() {
+        return Err(format!(
+            "{} descriptors for a run with {} binds (want {})",
+            fds.len(),
+            spec.binds.len(),
+            RUN_FDS + spec.binds.len()
+        ));
+    }
+    let binds = fds.split_off(RUN_FDS);
+    let [stdin, stdout, stderr, status, cgroup, session, shared]: [OwnedFd; RUN_FDS] =
+        fds.try_into().map_err(|_| "descriptors".to_string())?;
+    let fds = init::RunFds {
+        stdin,
+        stdout,
+        stderr,
+        status,
+        session,
+        shared,
+        binds,
+    };
+    Ok((spec, fds, cgroup))
 }
 
 fn fail(sock: &OwnedFd, why: String) -> ! {
@@ -106,8 +245,9 @@ fn answer(
 /// In the run's PID 1 itself it never returns.
 fn serve(
     bytes: &[u8],
-    mut fds: Vec<OwnedFd>,
+    fds: Vec<OwnedFd>,
     filter: &seccomp::Filters,
+    spare: &mut Option<Spare>,
 ) -> Result<(i32, OwnedFd), String> {
     let spec: SandboxSpec =
         postcard::from_bytes(bytes).map_err(|e| format!("decode the run's spec: {e}"))?;
@@ -119,23 +259,26 @@ fn serve(
             RUN_FDS + spec.binds.len()
         ));
     }
-    let binds = fds.split_off(RUN_FDS);
-    let [stdin, stdout, stderr, status, cgroup, session, shared]: [OwnedFd; RUN_FDS] =
-        fds.try_into().map_err(|_| "descriptors".to_string())?;
-    init::prepare_binds(&spec.binds, &binds).map_err(|e| e.chain())?;
-    match spawn::clone_run(cgroup.as_fd()) {
+    init::prepare_binds(&spec.binds, &fds[RUN_FDS..]).map_err(|e| e.chain())?;
+    let cgroup = fds[4].as_fd();
+    if let Some(sp) = spare.take().filter(|sp| !ended(&sp.pidfd)) {
+        // In the run's cgroup before anything of the run reaches it: from
+        // here a kill of the run's cgroup takes it.
+        if let Err(why) = move_into(cgroup, sp.pid) {
+            *spare = Some(sp);
+            return Err(why);
+        }
+        let all: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
+        if wire::send(sp.sock.as_fd(), bytes, &all).is_ok() {
+            return Ok((sp.pid, sp.pidfd));
+        }
+        // It ended just now, in the run's cgroup: the run is made anew.
+    }
+    let (spec, fds, cgroup) = run_request(bytes, fds)?;
+    match spawn::clone_run(Some(cgroup.as_fd())) {
         Ok(Forked::Child) => {
             drop(cgroup);
-            let fds = init::RunFds {
-                stdin,
-                stdout,
-                stderr,
-                status,
-                session,
-                shared,
-                binds,
-            };
-            init::run(spec, fds, filter)
+            init::run(spec, fds, filter, init::own_mounts())
         }
         // The context's copies of the run's descriptors close here.
         Ok(Forked::Parent { pid, pidfd }) => Ok((pid, pidfd)),

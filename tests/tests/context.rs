@@ -317,7 +317,25 @@ fn netns(d: &ProcDaemon, a: &str, s: &str) -> String {
 }
 
 /// PIDs in the cgroup of a/s's context.
+/// The session's context process (in the daemon's PID namespace; the
+/// next run's PID 1 made ahead waits beside it in the same cgroup, PID 1
+/// of a namespace of its own: [`ahead_procs`]).
 fn context_procs(d: &ProcDaemon, a: &str, s: &str) -> Vec<i32> {
+    context_cgroup_procs(d, a, s)
+        .into_iter()
+        .filter(|p| pid_namespaces(*p) == 1)
+        .collect()
+}
+
+/// The next run's PID 1, made ahead in the context's cgroup.
+fn ahead_procs(d: &ProcDaemon, a: &str, s: &str) -> Vec<i32> {
+    context_cgroup_procs(d, a, s)
+        .into_iter()
+        .filter(|p| pid_namespaces(*p) == 2)
+        .collect()
+}
+
+fn context_cgroup_procs(d: &ProcDaemon, a: &str, s: &str) -> Vec<i32> {
     std::fs::read_to_string(
         d.cgroup
             .join(format!("allox/{a}/.context-{s}/cgroup.procs")),
@@ -326,6 +344,17 @@ fn context_procs(d: &ProcDaemon, a: &str, s: &str) -> Vec<i32> {
     .lines()
     .filter_map(|l| l.parse().ok())
     .collect()
+}
+
+/// How many PID namespaces process `pid` is in (its `NSpid` line), 0 if
+/// it is gone.
+fn pid_namespaces(pid: i32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .map(|l| l.split_whitespace().count())
+        .unwrap_or(0)
 }
 
 const SERVER: &str = r#"
@@ -437,6 +466,8 @@ fn a_killed_context_is_made_again_by_the_next_run() {
     // Held open, the old namespace stays alive, so its number cannot be
     // given to the new one (the kernel reuses freed numbers).
     let held = std::fs::File::open(format!("/proc/{}/ns/net", ctx[0])).unwrap();
+    let ahead = ahead_procs(&d, "a", "s");
+    assert_eq!(ahead.len(), 1, "the next run's PID 1 made ahead: {ahead:?}");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(ctx[0]),
         nix::sys::signal::Signal::SIGKILL,
@@ -458,8 +489,10 @@ fn a_killed_context_is_made_again_by_the_next_run() {
     drop(held);
     let now = context_procs(&d, "a", "s");
     assert!(now.len() == 1 && now != ctx, "{now:?}");
-    // The dead one was reaped: no zombie left of it.
+    // The dead one was reaped: no zombie left of it, nor of the PID 1 it
+    // had made ahead (which waited for the supervisor to kill it).
     assert!(!std::path::Path::new(&format!("/proc/{}", ctx[0])).exists());
+    assert!(!std::path::Path::new(&format!("/proc/{}", ahead[0])).exists());
 }
 
 /// Distinct network namespaces held by processes of this test's cgroups
@@ -557,6 +590,7 @@ fn sessions_made_and_deleted_a_thousand_times_leave_nothing() {
             "cycle {i}: {r:?}"
         );
         assert_eq!(context_procs(&d, "a", "cycle").len(), 1, "cycle {i}");
+        assert!(ahead_procs(&d, "a", "cycle").len() <= 1, "cycle {i}");
         if i == 0 {
             assert_eq!(netns_in_use(&d), nets + 1, "the context's namespace");
         }
@@ -663,6 +697,7 @@ fn context_with_exe_at_3() {
         gid: 65534,
         binds: vec![],
         links: vec![],
+        prepare_ahead: true,
     };
     let r = allox_sandbox::Context::start(&at3, &cg_fd, &spec);
     let alive = r.as_ref().is_ok_and(|c| c.is_alive());

@@ -166,6 +166,7 @@ impl Runs {
             gid: self.cfg.gid,
             binds: files.binds.clone(),
             links: files.links.clone(),
+            prepare_ahead: self.cfg.prepare_runs && !self.cfg.plugins.observes_runs(),
         };
         let ctx = Context::start(&self.exe, &cg, &spec).map_err(|e| {
             let _ = self.cgroups.remove(&self.cgroups.context_dir(a, s));

@@ -96,6 +96,12 @@ pub struct RunsConfig {
     /// (`RunResult.usage`); on unless `--no-run-usage` (the benchmark's
     /// baseline).
     pub run_usage: bool,
+    /// Whether each session's context keeps the next run's PID 1 made
+    /// ahead (its namespaces and own mounts), so that a start only hands
+    /// it the request; on unless `--no-prepared-runs` (the benchmark's
+    /// baseline). Never for observed runs, whose first process is cloned
+    /// into their frozen cgroup once A is sealed.
+    pub prepare_runs: bool,
     /// How long an observed run's cgroup may take to freeze, at its start
     /// and at its end (`--freeze-timeout-ms`); past it, the run's start
     /// is refused or its evidence is at best INCOMPLETE.
@@ -138,6 +144,7 @@ impl RunsConfig {
             plugins: Arc::new(Plugins::none()),
             finished: Retention::default(),
             run_usage: true,
+            prepare_runs: true,
             freeze_wait: std::time::Duration::from_millis(Self::DEFAULT_FREEZE_MS),
             failpoints: Failpoints::default(),
             metrics: Arc::default(),

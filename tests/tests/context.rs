@@ -316,7 +316,6 @@ fn netns(d: &ProcDaemon, a: &str, s: &str) -> String {
         .to_string()
 }
 
-/// PIDs in the cgroup of a/s's context.
 /// The session's context process (in the daemon's PID namespace; the
 /// next run's PID 1 made ahead waits beside it in the same cgroup, PID 1
 /// of a namespace of its own: [`ahead_procs`]).
@@ -706,4 +705,89 @@ fn context_with_exe_at_3() {
     allox_integration::remove_cgroup_tree(&cg);
     assert!(alive, "the context did not start: {shown}");
     println!("context ready with its binary at 3");
+}
+
+/// What a run reports of what it can see that an earlier run could have
+/// left: files in /tmp, SysV objects, descriptors, variables, ignored
+/// signals, processes.
+const LEFTOVERS: &str = r#"
+import json, os
+r = {}
+r["tmp"] = sorted(os.listdir("/tmp"))
+r["shm"] = len(open("/proc/sysvipc/shm").read().splitlines()) - 1
+r["msg"] = len(open("/proc/sysvipc/msg").read().splitlines()) - 1
+r["fds"] = sorted(int(f) for f in os.listdir("/proc/self/fd"))
+r["env"] = sorted(k for k in os.environ if k.startswith("LEFT"))
+ign = [l.split()[1] for l in open("/proc/self/status") if l.startswith("SigIgn")][0]
+# SIGHUP (1) and SIGUSR1 (10); Python itself ignores SIGPIPE.
+r["ignored"] = [s for s in (1, 10) if int(ign, 16) & (1 << (s - 1))]
+r["pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+print(json.dumps(r, sort_keys=True))
+"#;
+
+#[test]
+fn nothing_of_one_run_reaches_the_next_made_ahead() {
+    let Some(d) = setup("nothing_of_one_run_reaches_the_next_made_ahead", &[]) else {
+        return;
+    };
+    std::fs::write(
+        d.daemon.root.join("agents/a/workspace/sessions/s/current/leftovers.py"),
+        LEFTOVERS,
+    )
+    .unwrap();
+    // The first run leaves all it can, and stays: a file in its /tmp, a
+    // SysV segment and queue, two signals ignored, a variable, a
+    // descriptor, a process of its own session; it reports what it sees.
+    bg(
+        &d,
+        "a",
+        "s",
+        &[
+            "/bin/sh",
+            "-c",
+            "cd /allox/session; echo x > /tmp/left-behind; ipcmk -M 4096 >/dev/null; \
+             ipcmk -Q >/dev/null; trap '' HUP USR1; export LEFT_BEHIND=1; exec 7<.; \
+             setsid sleep 1000 </dev/null >/dev/null 2>&1 & \
+             python3 leftovers.py > first.json; exec sleep 1000",
+        ],
+    );
+    let first = d.daemon.root.join("agents/a/workspace/sessions/s/current/first.json");
+    wait_until("the first run's report", || {
+        std::fs::read_to_string(&first).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let first: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&first).unwrap()).unwrap();
+    // What the report sees where they are (it can fail).
+    assert_eq!(first["tmp"], serde_json::json!(["left-behind"]), "{first}");
+    assert_eq!(first["shm"], 1, "{first}");
+    assert_eq!(first["msg"], 1, "{first}");
+    assert_eq!(first["env"], serde_json::json!(["LEFT_BEHIND"]), "{first}");
+    assert_eq!(first["ignored"], serde_json::json!([1, 10]), "{first}");
+    assert!(first["fds"].as_array().unwrap().contains(&7.into()), "{first}");
+    assert!(first["pids"].as_array().unwrap().len() >= 4, "{first}");
+    // The next run's PID 1, made ahead while the first went on.
+    let ahead = ahead_procs(&d, "a", "s");
+    assert_eq!(ahead.len(), 1, "{ahead:?}");
+    let next: serde_json::Value = serde_json::from_str(&run(
+        &d,
+        "a",
+        "s",
+        &["/usr/bin/python3", "/allox/session/leftovers.py"],
+    ))
+    .unwrap();
+    assert_eq!(
+        next,
+        serde_json::json!({
+            "tmp": [], "shm": 0, "msg": 0, "fds": [0, 1, 2, 3], "env": [],
+            "ignored": [], "pids": [1, 2],
+        }),
+        "the run made ahead sees what the first left"
+    );
+    // It was the one made ahead (used, and now ended), and another one
+    // waits in its place.
+    wait_until("the end of the PID 1 made ahead (it was not used)", || {
+        !std::path::Path::new(&format!("/proc/{}", ahead[0])).exists()
+    });
+    let again = ahead_procs(&d, "a", "s");
+    assert!(again.len() == 1 && again != ahead, "{again:?}");
 }

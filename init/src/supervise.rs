@@ -159,11 +159,15 @@ pub struct SuperviseArgs {
     /// benchmark's baseline for what that costs.
     #[arg(long)]
     pub no_run_usage: bool,
-    /// Make each run's PID 1 when the run is asked for, instead of keeping
-    /// the next one made ahead in each session's context: the benchmark's
-    /// baseline for what preparing ahead saves.
-    #[arg(long)]
-    pub no_prepared_runs: bool,
+    /// Keep the next run's PID 1 made ahead in each session's context
+    /// (docs/sandbox.md): `never` (each run's PID 1 made when it is asked
+    /// for; measured faster on 2 vCPUs, docs/benchmarks.md), `auto` (where
+    /// the cgroup2 mount has `favordynmods`: without it, moving the PID 1
+    /// into its run's cgroup waits for an RCU grace period, milliseconds),
+    /// or `always`.
+    #[arg(long, value_name = "WHEN", default_value = "never",
+          value_parser = ["auto", "always", "never"])]
+    pub prepared_runs: String,
     /// Keep no metrics (`system.metrics` is then refused): the
     /// benchmark's baseline for what counting costs.
     #[arg(long)]
@@ -440,7 +444,12 @@ impl SuperviseArgs {
             let mut rc = RunsConfig::new(mount, exe, self.sandbox_stage);
             rc.isolate_network = self.sandbox_network == "isolated";
             rc.run_usage = !self.no_run_usage;
-            rc.prepare_runs = !self.no_prepared_runs;
+            rc.prepare_runs = match self.prepared_runs.as_str() {
+                "always" => true,
+                "never" => false,
+                _ => allox_sandbox::cgroup::favors_dynmods(&rc.cgroup_mount),
+            };
+            tracing::debug!(prepared_runs = rc.prepare_runs, "the next run made ahead");
             rc.freeze_wait = std::time::Duration::from_millis(self.freeze_timeout_ms);
             rc.finished.output_budget = self.finished_output_budget;
             rc.finished.max_runs = self.finished_runs_max;

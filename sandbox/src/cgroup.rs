@@ -569,6 +569,31 @@ fn read_trim(p: &Path) -> io::Result<String> {
 }
 
 /// A directory handle on the cgroup `dir` (for `CLONE_INTO_CGROUP`).
+/// Whether the cgroup2 file system that holds `path` is mounted with
+/// `favordynmods`: then moving a process between cgroups does not wait
+/// for an RCU grace period (milliseconds on an idle machine), which a run
+/// made ahead needs to be worth it (see [`crate::zygote`]).
+pub fn favors_dynmods(path: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    favors_dynmods_in(&info, path)
+}
+
+fn favors_dynmods_in(mountinfo: &str, path: &Path) -> bool {
+    // "id parent major:minor root mount-point options [optional…] - type
+    // source super-options"
+    mountinfo
+        .lines()
+        .filter_map(|l| {
+            let (head, tail) = l.split_once(" - ")?;
+            let point = head.split(' ').nth(4)?;
+            let mut t = tail.split(' ');
+            let (fstype, _source, opts) = (t.next()?, t.next()?, t.next().unwrap_or(""));
+            (fstype == "cgroup2" && path.starts_with(point)).then_some((point.len(), opts))
+        })
+        .max_by_key(|(len, _)| *len)
+        .is_some_and(|(_, opts)| opts.split(',').any(|o| o == "favordynmods"))
+}
+
 fn open_dir(dir: &Path) -> Result<OwnedFd, CgroupError> {
     rustix::fs::open(
         dir,
@@ -594,6 +619,20 @@ fn poll_pri(fd: &impl AsFd, timeout: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn favordynmods_is_read_from_the_mount_that_holds_the_path() {
+        let info = "\
+25 30 0:23 / /sys rw,nosuid shared:7 - sysfs sysfs rw
+31 25 0:27 / /sys/fs/cgroup/unified rw,relatime shared:10 - cgroup2 cgroup2 rw,nsdelegate
+40 25 0:30 / /sys/fs/cgroup rw shared:11 - cgroup2 cgroup2 rw,nsdelegate,favordynmods
+";
+        let at = |p: &str| favors_dynmods_in(info, Path::new(p));
+        assert!(at("/sys/fs/cgroup/allox"));
+        assert!(!at("/sys/fs/cgroup/unified/allox"));
+        assert!(!at("/sys/kernel"));
+        assert!(!favors_dynmods_in("", Path::new("/sys/fs/cgroup")));
+    }
 
     #[test]
     fn layout_and_missing_controllers() {

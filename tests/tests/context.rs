@@ -404,7 +404,7 @@ fn runs_of_a_session_share_loopback_and_other_sessions_cannot_reach_it() {
 fn the_context_outlives_a_rollback_and_is_the_sessions_own() {
     let Some(d) = setup(
         "the_context_outlives_a_rollback_and_is_the_sessions_own",
-        &["--sandbox-network", "isolated"],
+        &["--sandbox-network", "isolated", "--prepared-runs", "always"],
     ) else {
         return;
     };
@@ -455,7 +455,7 @@ fn the_context_outlives_a_rollback_and_is_the_sessions_own() {
 fn a_killed_context_is_made_again_by_the_next_run() {
     let Some(d) = setup(
         "a_killed_context_is_made_again_by_the_next_run",
-        &["--sandbox-network", "isolated"],
+        &["--sandbox-network", "isolated", "--prepared-runs", "always"],
     ) else {
         return;
     };
@@ -532,7 +532,14 @@ fn sessions_made_and_deleted_a_thousand_times_leave_nothing() {
     // listener and its task in the daemon.
     let Some(d) = setup(
         "sessions_made_and_deleted_a_thousand_times_leave_nothing",
-        &["--plugin", "network", "--session-network", "proxy"],
+        &[
+            "--plugin",
+            "network",
+            "--session-network",
+            "proxy",
+            "--prepared-runs",
+            "always",
+        ],
     ) else {
         return;
     };
@@ -727,11 +734,18 @@ print(json.dumps(r, sort_keys=True))
 
 #[test]
 fn nothing_of_one_run_reaches_the_next_made_ahead() {
-    let Some(d) = setup("nothing_of_one_run_reaches_the_next_made_ahead", &[]) else {
+    // (`always`: this host's cgroup2 mount may lack favordynmods, which
+    // only makes the move slower.)
+    let Some(d) = setup(
+        "nothing_of_one_run_reaches_the_next_made_ahead",
+        &["--prepared-runs", "always"],
+    ) else {
         return;
     };
     std::fs::write(
-        d.daemon.root.join("agents/a/workspace/sessions/s/current/leftovers.py"),
+        d.daemon
+            .root
+            .join("agents/a/workspace/sessions/s/current/leftovers.py"),
         LEFTOVERS,
     )
     .unwrap();
@@ -751,7 +765,10 @@ fn nothing_of_one_run_reaches_the_next_made_ahead() {
              python3 leftovers.py > first.json; exec sleep 1000",
         ],
     );
-    let first = d.daemon.root.join("agents/a/workspace/sessions/s/current/first.json");
+    let first = d
+        .daemon
+        .root
+        .join("agents/a/workspace/sessions/s/current/first.json");
     wait_until("the first run's report", || {
         std::fs::read_to_string(&first).is_ok_and(|s| s.ends_with('\n'))
     });
@@ -763,7 +780,10 @@ fn nothing_of_one_run_reaches_the_next_made_ahead() {
     assert_eq!(first["msg"], 1, "{first}");
     assert_eq!(first["env"], serde_json::json!(["LEFT_BEHIND"]), "{first}");
     assert_eq!(first["ignored"], serde_json::json!([1, 10]), "{first}");
-    assert!(first["fds"].as_array().unwrap().contains(&7.into()), "{first}");
+    assert!(
+        first["fds"].as_array().unwrap().contains(&7.into()),
+        "{first}"
+    );
     assert!(first["pids"].as_array().unwrap().len() >= 4, "{first}");
     // The next run's PID 1, made ahead while the first went on.
     let ahead = ahead_procs(&d, "a", "s");

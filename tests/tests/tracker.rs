@@ -184,10 +184,28 @@ fn find<'a>(n: &'a ProcessNode, prog: &str) -> Option<&'a ProcessNode> {
 
 #[test]
 fn a_pipeline_a_double_fork_and_setsid_are_attributed_exactly() {
-    let Some(d) = daemon("tracker::a_pipeline_a_double_fork_and_setsid", &[]) else {
+    pipeline_double_fork_and_setsid("tracker::a_pipeline_a_double_fork_and_setsid", &[]);
+}
+
+/// The same with each run's PID 1 made ahead: it is forked outside the
+/// run's cgroup and moved in when the run claims it, which counts as its
+/// fork.
+#[test]
+fn a_run_made_ahead_is_attributed_as_one_cloned_when_asked() {
+    pipeline_double_fork_and_setsid(
+        "tracker::a_run_made_ahead_is_attributed_as_one_cloned_when_asked",
+        &["--prepared-runs", "always"],
+    );
+}
+
+fn pipeline_double_fork_and_setsid(name: &str, extra: &[&str]) {
+    let Some(d) = daemon(name, extra) else {
         return;
     };
     setup(&d, "a", &["s"]);
+    // The first run makes the session's context; the second is the one
+    // looked at (with `--prepared-runs always`, made ahead).
+    run(&d, "a", "s", &["/bin/true"], true);
     let script = "echo hi | cat | wc -c >/dev/null; \
                   (sh -c 'sleep 0.2; exit 7' &) ; \
                   setsid sh -c 'exec sleep 0.3' & \

@@ -97,10 +97,11 @@ pub struct RunsConfig {
     /// baseline).
     pub run_usage: bool,
     /// Whether each session's context keeps the next run's PID 1 made
-    /// ahead (its namespaces and own mounts), so that a start only hands
-    /// it the request; on unless `--no-prepared-runs` (the benchmark's
-    /// baseline). Never for observed runs, whose first process is cloned
-    /// into their frozen cgroup once A is sealed.
+    /// ahead (its namespaces and own mounts), so that a start only moves
+    /// it into the run's cgroup and hands it the request. Off by default
+    /// (measured slower on 2 vCPUs: docs/benchmarks.md); the daemon's
+    /// `--prepared-runs`. Never for observed runs, whose first process is
+    /// cloned into their frozen cgroup once A is sealed.
     pub prepare_runs: bool,
     /// How long an observed run's cgroup may take to freeze, at its start
     /// and at its end (`--freeze-timeout-ms`); past it, the run's start
@@ -144,7 +145,7 @@ impl RunsConfig {
             plugins: Arc::new(Plugins::none()),
             finished: Retention::default(),
             run_usage: true,
-            prepare_runs: true,
+            prepare_runs: false,
             freeze_wait: std::time::Duration::from_millis(Self::DEFAULT_FREEZE_MS),
             failpoints: Failpoints::default(),
             metrics: Arc::default(),

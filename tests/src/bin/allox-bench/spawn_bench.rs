@@ -68,8 +68,19 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
     store.agent_create("bench")?;
     let info = store.session_create("bench", "s")?;
     let exe = workspace_bin("allox-init");
-    let rc = RunsConfig::new(cg_root.to_path_buf(), exe, fs.scratch().join("stage"));
+    let mut rc = RunsConfig::new(
+        cg_root.to_path_buf(),
+        exe.clone(),
+        fs.scratch().join("stage"),
+    );
+    rc.prepare_runs = true;
     let runs = Arc::new(Runs::new(rc)?);
+    // The baseline: each run's PID 1 made when the run is asked for.
+    let fresh_cg = cg_root.join("fresh");
+    std::fs::create_dir_all(&fresh_cg)?;
+    let mut rc = RunsConfig::new(fresh_cg, exe, fs.scratch().join("stage-fresh"));
+    rc.prepare_runs = false;
+    let fresh_runs = Arc::new(Runs::new(rc)?);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -79,18 +90,22 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
         shared: store.layout().shared("bench"),
         network: Default::default(),
     };
-    // Library: process.start with wait, /bin/true.
+    // Library: process.start with wait, /bin/true; the next run made
+    // ahead, and (alternating) made when asked for.
     let mut lib = Vec::new();
+    let mut lib_fresh = Vec::new();
     for i in 0..n + 20 {
-        let t = Instant::now();
-        let r = rt.block_on(runs.start(&start(&["/bin/true"], true), paths(), None));
-        let el = t.elapsed();
-        match r {
-            Ok(Response::Exited(x)) if x.exit_code == Some(0) => {}
-            other => anyhow::bail!("sandboxed /bin/true failed: {other:?}"),
-        }
-        if i >= 20 {
-            lib.push(el);
+        for (runs, out) in [(&runs, &mut lib), (&fresh_runs, &mut lib_fresh)] {
+            let t = Instant::now();
+            let r = rt.block_on(runs.start(&start(&["/bin/true"], true), paths(), None));
+            let el = t.elapsed();
+            match r {
+                Ok(Response::Exited(x)) if x.exit_code == Some(0) => {}
+                other => anyhow::bail!("sandboxed /bin/true failed: {other:?}"),
+            }
+            if i >= 20 {
+                out.push(el);
+            }
         }
     }
     // Baselines in the same run.
@@ -134,33 +149,83 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
             &d_cg.display().to_string(),
             "--sandbox-stage",
             &stage.display().to_string(),
+            "--prepared-runs",
+            "always",
+        ],
+    );
+    // The same daemon without runs made ahead.
+    let f_root = fs.path().join("spawn-daemon-fresh");
+    std::fs::create_dir(&f_root)?;
+    let f_cg = cg_root.join("daemon-fresh");
+    std::fs::create_dir_all(&f_cg)?;
+    let f_stage = fs.scratch().join("stage3");
+    let fd = Daemon::start(
+        &f_root,
+        &fs.scratch().join("spawn-fresh.sock"),
+        &[],
+        &[
+            "--cgroup-root",
+            &f_cg.display().to_string(),
+            "--sandbox-stage",
+            &f_stage.display().to_string(),
+            "--prepared-runs",
+            "never",
         ],
     );
     let mut c = d.client();
-    c.call(Request::AgentCreate(allox_protocol::AgentCreate::new(
-        "bench",
-    )))?
-    .map_err(anyhow::Error::msg)?;
-    c.call(Request::SessionCreate(SessionCreate::new("bench", "s")))?
+    let mut fc = fd.client();
+    for c in [&mut c, &mut fc] {
+        c.call(Request::AgentCreate(allox_protocol::AgentCreate::new(
+            "bench",
+        )))?
         .map_err(anyhow::Error::msg)?;
+        c.call(Request::SessionCreate(SessionCreate::new("bench", "s")))?
+            .map_err(anyhow::Error::msg)?;
+    }
     let mut e2e = Vec::new();
+    let mut e2e_fresh = Vec::new();
     for i in 0..n + 20 {
-        let t = Instant::now();
-        let r = c.call(Request::ProcessStart(start(&["/bin/true"], true)))?;
-        let el = t.elapsed();
-        anyhow::ensure!(
-            matches!(r, Ok(Response::Exited(ref x)) if x.exit_code == Some(0)),
-            "{r:?}"
-        );
-        if i >= 20 {
-            e2e.push(el);
+        for (c, out) in [(&mut c, &mut e2e), (&mut fc, &mut e2e_fresh)] {
+            let t = Instant::now();
+            let r = c.call(Request::ProcessStart(start(&["/bin/true"], true)))?;
+            let el = t.elapsed();
+            anyhow::ensure!(
+                matches!(r, Ok(Response::Exited(ref x)) if x.exit_code == Some(0)),
+                "{r:?}"
+            );
+            if i >= 20 {
+                out.push(el);
+            }
+        }
+    }
+    // As an agent calls it: a pause between commands (the time it thinks),
+    // in which a run made ahead is ready.
+    let gap = Duration::from_millis(20);
+    let spaced = n / 5;
+    let mut e2e_gap = Vec::new();
+    let mut e2e_gap_fresh = Vec::new();
+    for i in 0..spaced + 5 {
+        for (c, out) in [(&mut c, &mut e2e_gap), (&mut fc, &mut e2e_gap_fresh)] {
+            std::thread::sleep(gap);
+            let t = Instant::now();
+            let r = c.call(Request::ProcessStart(start(&["/bin/true"], true)))?;
+            let el = t.elapsed();
+            anyhow::ensure!(
+                matches!(r, Ok(Response::Exited(ref x)) if x.exit_code == Some(0)),
+                "{r:?}"
+            );
+            if i >= 5 {
+                out.push(el);
+            }
         }
     }
     // Whole commands as a user types them, alternating so that both see
     // the same machine.
     let ctl = workspace_bin("alloxctl");
     let sock = fs.scratch().join("spawn.sock");
+    let fsock = fs.scratch().join("spawn-fresh.sock");
     let mut ctl_exec = Vec::new();
+    let mut ctl_exec_fresh = Vec::new();
     let mut ctl_ping = Vec::new();
     let mut bwrap_cmd = Vec::new();
     for i in 0..n + 5 {
@@ -173,6 +238,17 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
             .success();
         let el = t.elapsed();
         anyhow::ensure!(ok, "alloxctl exec failed");
+        let t = Instant::now();
+        let ok = Command::new(&ctl)
+            .arg("--socket")
+            .arg(&fsock)
+            .args(["exec", "bench", "s", "--", "/bin/true"])
+            .status()?
+            .success();
+        if i >= 5 {
+            ctl_exec_fresh.push(t.elapsed());
+        }
+        anyhow::ensure!(ok, "alloxctl exec (no run made ahead) failed");
         let t = Instant::now();
         let ok = Command::new(&ctl)
             .arg("--socket")
@@ -197,6 +273,7 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
         }
     }
     d.stop();
+    fd.stop();
 
     println!("## Sandboxed spawn\n");
     println!("`/bin/true` from start to exit status, {n} times each, in one run.\n");
@@ -221,20 +298,55 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
             &bwrap,
         );
     }
-    row("Allox sandbox, library (`Runs::start`, wait)", &lib);
     row(
-        "Allox sandbox, `process.start` with wait over the socket",
+        "Allox sandbox, library (`Runs::start`, wait), PID 1 made when asked (`prepare_runs` off)",
+        &lib_fresh,
+    );
+    row(
+        "Allox sandbox, library (`Runs::start`, wait), the next run made ahead",
+        &lib,
+    );
+    row(
+        "Allox sandbox, `process.start` with wait over the socket, `--prepared-runs never`",
+        &e2e_fresh,
+    );
+    row(
+        "Allox sandbox, `process.start` with wait over the socket, the next run made ahead",
         &e2e,
     );
     println!();
+    println!(
+        "With a pause of {} ms before each start (as an agent calls it), {spaced} each, alternating:\n",
+        gap.as_millis()
+    );
+    println!("| what | p50 | p99 | p50 / plain spawn |");
+    println!("|---|---:|---:|---:|");
+    row(
+        "`process.start` with wait, `--prepared-runs never`",
+        &e2e_gap_fresh,
+    );
+    row(
+        "`process.start` with wait, the next run made ahead",
+        &e2e_gap,
+    );
+    println!();
+    let p50 = |v: &[Duration]| pct(v, 0.5).as_secs_f64();
+    println!(
+        "Made ahead ÷ made when asked, p50: library {:.2}, `process.start` {:.2}, `process.start` after a pause {:.2}, `alloxctl exec` {:.2}.\n",
+        p50(&lib) / p50(&lib_fresh),
+        p50(&e2e) / p50(&e2e_fresh),
+        p50(&e2e_gap) / p50(&e2e_gap_fresh),
+        p50(&ctl_exec) / p50(&ctl_exec_fresh),
+    );
     if have_bwrap {
-        let p50 = |v: &[Duration]| pct(v, 0.5).as_secs_f64();
         println!(
-            "Ratios of p50: library / bwrap {:.2}, `process.start` / bwrap {:.2}, `process.start` / plain spawn {:.2}, `process.start` / namespaces alone {:.2}.\n",
+            "Ratios of p50: library / bwrap {:.2}, `process.start` / bwrap {:.2}, `process.start` / plain spawn {:.2}, `process.start` / namespaces alone {:.2}; after a pause, `process.start` / bwrap {:.2}, / plain spawn {:.2}.\n",
             p50(&lib) / p50(&bwrap),
             p50(&e2e) / p50(&bwrap),
             p50(&e2e) / p50(&plain),
-            p50(&e2e) / p50(&unshare)
+            p50(&e2e) / p50(&unshare),
+            p50(&e2e_gap) / p50(&bwrap),
+            p50(&e2e_gap) / p50(&plain),
         );
     }
     println!("## Whole commands\n");
@@ -262,7 +374,14 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
             &bwrap_cmd,
         );
     }
-    whole("`alloxctl exec bench s -- /bin/true`", &ctl_exec);
+    whole(
+        "`alloxctl exec bench s -- /bin/true`, daemon with `--prepared-runs never`",
+        &ctl_exec_fresh,
+    );
+    whole(
+        "`alloxctl exec bench s -- /bin/true`, the next run made ahead",
+        &ctl_exec,
+    );
     whole("`alloxctl ping`", &ctl_ping);
     println!();
 

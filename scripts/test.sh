@@ -20,7 +20,9 @@ export CARGO_TERM_COLOR=never
 # Every test binary reports each test's time (listed at the end).
 export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER=$PWD/scripts/test-runner.sh
 
-step() { echo; echo "==> $*"; }
+# Each step says when it starts (seconds since the script began), so the
+# log shows where the time goes.
+step() { echo; echo "==> $* [at $((SECONDS / 60)) min $((SECONDS % 60)) s]"; }
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

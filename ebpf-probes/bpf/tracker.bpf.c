@@ -341,12 +341,14 @@ int BPF_PROG(allox_exit, struct task_struct *p)
 	return 0;
 }
 
-// A process moved into a tagged cgroup after it was made: a run's PID 1
-// made ahead in its session's context (in the context's cgroup, which is
-// not tagged), moved into the run's cgroup by the context when a run
-// claims it. Reported as that run's fork, by the context, as a PID 1
-// cloned straight into the run's cgroup is (the context calls clone3 with
-// CLONE_PARENT; the fork tracepoint names the caller as the parent).
+// A process moved into a tagged cgroup by another process after it was
+// made: a run's PID 1 made ahead in its session's context (in the
+// context's cgroup, which is not tagged), moved into the run's cgroup by
+// the context when a run claims it. Reported as that run's fork, by the
+// context, as a PID 1 cloned straight into the run's cgroup is (the
+// context calls clone3 with CLONE_PARENT; the fork tracepoint names the
+// caller as the parent). A process that moves itself in is followed from
+// its next fork or exec, as before.
 SEC("tp_btf/cgroup_attach_task")
 int BPF_PROG(allox_attach, struct cgroup *dst, const char *path,
 	     struct task_struct *task, bool threadgroup)
@@ -354,6 +356,8 @@ int BPF_PROG(allox_attach, struct cgroup *dst, const char *path,
 	__u32 tgid = BPF_CORE_READ(task, tgid);
 	if (BPF_CORE_READ(task, pid) != tgid)
 		return 0; // a thread, not a process
+	if ((__u32)(bpf_get_current_pid_tgid() >> 32) == tgid)
+		return 0; // it moved itself
 	if (bpf_map_lookup_elem(&PIDS, &tgid))
 		return 0; // owned already: a move within what is followed
 	__u64 cgid = BPF_CORE_READ(dst, kn, id);

@@ -69,8 +69,7 @@ fn inputs() -> &'static (PathBuf, PathBuf, PathBuf) {
     INPUTS.get_or_init(|| {
         let init = workspace_bin("allox-init");
         let ctl = workspace_bin("alloxctl");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let st = Command::new(cargo)
+        let st = crate::cargo_command()
             .args(["build", "--quiet", "-p", "allox-rootfs-builder"])
             .status()
             .expect("run cargo");

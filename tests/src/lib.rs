@@ -146,6 +146,25 @@ pub fn artifacts_dir() -> PathBuf {
 
 /// Path of a binary of this workspace, brought up to date first (once per
 /// test process), so a test never drives a stale daemon.
+/// `cargo`, as the test was built by, for a build the test needs: without
+/// the `RUSTC_BOOTSTRAP` that scripts/test-runner.sh sets for the test
+/// binary alone (a build that saw it would rebuild every crate whose build
+/// script reads it, and the next build without it would rebuild them
+/// again).
+pub fn cargo_command() -> Command {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    if std::env::var_os(RUNNER_SET_BOOTSTRAP).is_some() {
+        cmd.env_remove("RUSTC_BOOTSTRAP")
+            .env_remove(RUNNER_SET_BOOTSTRAP);
+    }
+    cmd
+}
+
+/// Set by scripts/test-runner.sh when the `RUSTC_BOOTSTRAP` of the test
+/// binary is its own (the environment had none).
+const RUNNER_SET_BOOTSTRAP: &str = "ALLOX_TEST_RUNNER_BOOTSTRAP";
+
 pub fn workspace_bin(name: &str) -> PathBuf {
     static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     let exe = std::env::current_exe().expect("current exe");
@@ -155,9 +174,8 @@ pub fn workspace_bin(name: &str) -> PathBuf {
         dir.pop();
     }
     let built = BUILT.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let profile = dir.file_name().and_then(|s| s.to_str()).unwrap_or("debug");
-        let mut cmd = Command::new(cargo);
+        let mut cmd = cargo_command();
         cmd.args([
             "build",
             "--quiet",

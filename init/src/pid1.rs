@@ -77,12 +77,35 @@ pub fn run() -> ! {
     // Signals arrive through a descriptor, never as handlers.
     let sfd = keeper::signal_fd()
         .unwrap_or_else(|e| fatal(format_args!("cannot take signals through a signalfd: {e}")));
-    if let Err(e) = store_disk::mount_store(&settings.store, settings.format, &store_disk::GUEST) {
+    // The device is checked (and formatted if asked) first; the mount
+    // itself goes on while the supervisor starts, which answers the host's
+    // Hello meanwhile and opens the store once this pipe's write end is
+    // closed. A failed mount powers off with the write end still open.
+    if let Err(e) = store_disk::prepare_store(&settings.store, settings.format, &store_disk::GUEST)
+    {
         fatal(allox_protocol::error_chain(&e));
     }
-    let _ = std::fs::create_dir_all(STORE_ROOT);
+    let (mounted, mounted_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .unwrap_or_else(|e| fatal(format_args!("cannot make a pipe: {e}")));
+    // Every supervisor started inherits the read end.
+    if let Err(e) = rustix::io::fcntl_setfd(&mounted, rustix::io::FdFlags::empty()) {
+        fatal(format_args!("cannot pass a pipe to the supervisor: {e}"));
+    }
+    let dev = settings.store.clone();
+    let mounting = std::thread::spawn(move || {
+        if let Err(e) = store_disk::mount_prepared(&dev) {
+            fatal(allox_protocol::error_chain(&e));
+        }
+        let _ = std::fs::create_dir_all(STORE_ROOT);
+        log(format_args!(
+            "store mounted ({} ms after boot)",
+            since_boot().as_millis()
+        ));
+        drop(mounted_w);
+    });
+    let mounted_fd = std::os::fd::AsRawFd::as_raw_fd(&mounted);
     log(format_args!(
-        "store mounted; starting the supervisor ({} ms after boot)",
+        "starting the supervisor ({} ms after boot)",
         since_boot().as_millis()
     ));
     let (mem_total, pid_max) = allox_init::limits::machine();
@@ -94,9 +117,10 @@ pub fn run() -> ! {
         if let Some(f) = &f {
             log(format_args!("arming failpoints {f} in this supervisor"));
         }
-        supervisor::command(&settings, mem_total, pid_max, f.as_deref())
+        supervisor::command(&settings, mem_total, pid_max, f.as_deref(), mounted_fd)
     })
     .run(KillRest::Everything);
+    let _ = mounting.join();
     store_disk::unmount_store();
     log(format_args!("powering off ({why})"));
     power_off()

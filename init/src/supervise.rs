@@ -29,6 +29,11 @@ pub struct SuperviseArgs {
     /// off (exit status 3 tells the init so).
     #[arg(long, hide = true)]
     pub under_init: bool,
+    /// Started by the guest's PID 1 while it mounts the store: this
+    /// inherited descriptor (a pipe's read end) reads end-of-file once the
+    /// store is mounted. The control ports answer Hello before that.
+    #[arg(long, value_name = "FD", hide = true)]
+    pub store_mounted_fd: Option<i32>,
     /// Kill a session's processes before every rollback unless the
     /// request says otherwise.
     #[arg(long)]
@@ -296,6 +301,8 @@ pub enum SuperviseError {
     BadListen(String),
     #[error("--listen: one unix:PATH is required")]
     NoSocket,
+    #[error("--store-mounted-fd {0}: not an open descriptor")]
+    StoreMountedFd(i32),
     #[error("--process-tracker ebpf needs process support; drop --no-processes")]
     TrackerWithoutProcesses,
     #[error("--plugin {0} needs process support; drop --no-processes")]
@@ -356,6 +363,13 @@ impl SuperviseArgs {
     /// loaded, and an unknown name refused, when the daemon starts).
     pub fn into_config(self, host: &dyn Host) -> Result<Supervise, SuperviseError> {
         let (socket, virtio_ports) = listeners(&self.listen)?;
+        let store_mounted = match self.store_mounted_fd {
+            Some(fd) => Some(std::sync::Arc::new(
+                allox_sandbox::sys::take_inherited_fd(fd)
+                    .ok_or(SuperviseError::StoreMountedFd(fd))?,
+            )),
+            None => None,
+        };
         // `--process-tracker ebpf` is `--plugin process-tree`, first.
         let mut enabled = Vec::new();
         if self.process_tracker == "ebpf" {
@@ -542,6 +556,7 @@ impl SuperviseArgs {
                     enabled: !self.no_metrics,
                     agent_label_cap: self.metrics_agent_label,
                 },
+                store_mounted,
             },
         })
     }

@@ -103,6 +103,21 @@ pub(crate) fn inherited_fd(fd: i32) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(fd) }
 }
 
+/// Takes ownership of descriptor `fd`, named on the command line as one
+/// the process was started with: `None` if it is one of the standard
+/// three or not open. Call it once per descriptor. It is closed on exec
+/// from then on: what the process starts does not inherit it.
+pub fn take_inherited_fd(fd: i32) -> Option<OwnedFd> {
+    if fd < 3 {
+        return None;
+    }
+    // SAFETY: borrowed only for the call that asks whether it is open.
+    rustix::io::fcntl_getfd(unsafe { BorrowedFd::borrow_raw(fd) }).ok()?;
+    let fd = inherited_fd(fd);
+    rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC).ok()?;
+    Some(fd)
+}
+
 /// Closes every descriptor above 2 but `keep` (`close_range`).
 pub(crate) fn close_all_above_stdio_but(keep: BorrowedFd<'_>) -> io::Result<()> {
     close_all_above_stdio_except(&[keep])
@@ -173,6 +188,23 @@ mod tests {
         assert_eq!(gaps(vec![3]), [(4, u32::MAX)]);
         assert_eq!(gaps(vec![9, 5, 5]), [(3, 4), (6, 8), (10, u32::MAX)]);
         assert_eq!(gaps(vec![4, 3, 1]), [(5, u32::MAX)]);
+    }
+
+    #[test]
+    fn only_an_open_descriptor_above_stdio_is_taken_and_then_closed_on_exec() {
+        use std::os::fd::{AsRawFd, IntoRawFd};
+        assert!(take_inherited_fd(0).is_none());
+        assert!(take_inherited_fd(2).is_none());
+        let (r, w) = rustix::pipe::pipe().unwrap();
+        let raw = r.into_raw_fd();
+        let taken = take_inherited_fd(raw).expect("an open pipe's end is taken");
+        assert_eq!(taken.as_raw_fd(), raw);
+        assert!(rustix::io::fcntl_getfd(&taken)
+            .unwrap()
+            .contains(rustix::io::FdFlags::CLOEXEC));
+        drop((taken, w));
+        // Above any descriptor limit: never open.
+        assert!(take_inherited_fd(1 << 30).is_none());
     }
 
     #[test]

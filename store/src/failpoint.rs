@@ -79,6 +79,10 @@ pub const RUN_STARTS: &[&str] = &[
 /// empty and frozen, before the observer is told.
 pub const RUN_ENDS: &[&str] = &["run_end.after_freeze", "run_end.after_kill"];
 
+/// The supervisor's points in its own start: after the store is mounted
+/// (its control ports already answer Hello), before it is opened.
+pub const DAEMON_STARTS: &[&str] = &["daemon.before_store_open"];
+
 /// The system-effects plugin's points in a protocol v3 run's recovery,
 /// around the store's `rollback.*` ones: B's records durable and the
 /// session fenced; the workspace restored by the recover tool (C is then
@@ -93,6 +97,7 @@ fn declared(name: &str) -> bool {
         || RUN_STARTS.contains(&name)
         || RUN_ENDS.contains(&name)
         || RECOVERY.contains(&name)
+        || DAEMON_STARTS.contains(&name)
 }
 
 /// What an armed point does.

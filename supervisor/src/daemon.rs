@@ -6,7 +6,7 @@ use crate::plugin_host::{PluginHostError, Plugins};
 use crate::plugins;
 use crate::runs::{RunError, Runs, RunsConfig};
 use crate::sandbox_api::{SandboxApi, SandboxRoutes};
-use crate::server::{serve_unix, Limits};
+use crate::server::{serve_unix, Limits, Ready};
 use crate::supervisor::{Policy, Supervisor};
 use allox_store::failpoint::Failpoints;
 use allox_store::{Store, StoreError, StoreOptions};
@@ -32,6 +32,10 @@ pub struct DaemonConfig {
     pub plugins: PluginsConfig,
     /// `--no-metrics`, `--metrics-agent-label`.
     pub metrics: crate::plugin_api::metrics::MetricsConfig,
+    /// Read to its end before the store is opened: the guest's PID 1
+    /// mounts the store while the supervisor starts, and closes its end
+    /// once the store is mounted. The virtio ports answer Hello meanwhile.
+    pub store_mounted: Option<Arc<std::os::fd::OwnedFd>>,
 }
 
 /// The plugins a daemon loads (`--plugin NAME`, in order).
@@ -69,8 +73,22 @@ pub enum DaemonError {
     SandboxApi(#[source] crate::sandbox_api::SandboxApiError),
     #[error("cannot start the async runtime")]
     Runtime(#[source] std::io::Error),
+    #[error("the store was not mounted (its mount's descriptor failed)")]
+    NotMounted(#[source] rustix::io::Errno),
     #[error(transparent)]
     Plugins(#[from] PluginHostError),
+}
+
+/// Blocks until `fd` (a pipe's read end) reads end-of-file.
+fn wait_for_end(fd: &std::os::fd::OwnedFd) -> Result<(), rustix::io::Errno> {
+    let mut buf = [0u8; 64];
+    loop {
+        match rustix::io::read(fd, &mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Why the daemon stopped.
@@ -88,7 +106,34 @@ pub enum Stopped {
 /// its successor), flushes the store and returns.
 pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     let t0 = std::time::Instant::now();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(crate::supervisor::BLOCKING_THREADS)
+        .enable_all()
+        .thread_name("allox-io")
+        .build()
+        .map_err(DaemonError::Runtime)?;
+    // The control ports first: a host's Hello is answered while the store
+    // is mounted and opened, and its requests wait for the daemon to be
+    // ready (`server::Ready`).
+    let (ready_tx, ready) = Ready::later();
+    let mut servers: Vec<_> = cfg
+        .virtio_ports
+        .iter()
+        .map(|name| {
+            rt.spawn(crate::serial::serve_virtio(
+                name.clone(),
+                ready.clone(),
+                cfg.limits.clone(),
+            ))
+        })
+        .collect();
+    if let Some(fd) = &cfg.store_mounted {
+        wait_for_end(fd).map_err(DaemonError::NotMounted)?;
+        tracing::debug!(ms = t0.elapsed().as_millis() as u64, "store mounted");
+    }
     let failpoints = Failpoints::from_env();
+    failpoints.hit("daemon.before_store_open");
     let store = Store::open_or_read_only(&cfg.root, failpoints.clone(), cfg.store.clone())
         .map_err(DaemonError::Store)?;
     let store = Arc::new(store);
@@ -182,13 +227,6 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         }
         None => None,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .max_blocking_threads(crate::supervisor::BLOCKING_THREADS)
-        .enable_all()
-        .thread_name("allox-io")
-        .build()
-        .map_err(DaemonError::Runtime)?;
     let result = rt.block_on(async {
         // Runs an earlier supervisor left get their in-sandbox interface again.
         if let Some(runs) = &sup.runs {
@@ -201,20 +239,15 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
             tokio::spawn(async move { while xfsz.recv().await.is_some() {} });
         }
         let listener = bind(&cfg.socket, cfg.peers.socket_mode())?;
-        tracing::info!(root = %cfg.root.display(), socket = %cfg.socket.display(), "supervisor ready");
-        let mut servers = vec![tokio::spawn(serve_unix(
+        servers.push(tokio::spawn(serve_unix(
             listener,
             sup.clone(),
             limits.clone(),
             cfg.peers.clone(),
-        ))];
-        for name in &cfg.virtio_ports {
-            servers.push(tokio::spawn(crate::serial::serve_virtio(
-                name.clone(),
-                sup.clone(),
-                limits.clone(),
-            )));
-        }
+        )));
+        ready_tx.send_replace(Some(sup.clone()));
+        let boot_ms = allox_store::clock::since_boot().as_millis() as u64;
+        tracing::info!(root = %cfg.root.display(), socket = %cfg.socket.display(), boot_ms, "supervisor ready");
         let syncer = tokio::spawn(sync_audit_every_second(sup.clone()));
         let abandoner = tokio::spawn(abandon_idle_uploads(sup.clone()));
         let clocks = tokio::spawn(tick_clocks(sup.clone()));

@@ -11,12 +11,10 @@
 //! being answered finish (each store operation is whole or not at all);
 //! only their answers may be lost.
 
-use crate::server::{serve_stream, Limits, Transport};
-use crate::supervisor::Supervisor;
+use crate::server::{serve_stream, Limits, Ready, Transport};
 use rustix::fs::{Mode, OFlags};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// The device of the virtio-serial port named `name`, from
@@ -184,8 +182,10 @@ fn open_port(dev: &Path) -> io::Result<(PortHalf, PortHalf)> {
 
 /// Serves the port named `name` until the task is dropped. The port is
 /// opened once and kept open: closing it would tell QEMU the guest went
-/// away. Hosts come and go on it; each starts a new conversation.
-pub async fn serve_virtio(name: String, sup: Arc<Supervisor>, limits: Limits) {
+/// away. Hosts come and go on it; each starts a new conversation. It is
+/// served from the daemon's start: a Hello is answered before the store
+/// is open, and requests wait until `sup` is ready.
+pub async fn serve_virtio(name: String, sup: Ready, limits: Limits) {
     let mut said_missing = false;
     loop {
         let Some(dev) = find_port(&name) else {

@@ -79,6 +79,40 @@ impl Default for Limits {
     }
 }
 
+/// The supervisor a connection's requests go to. On the Unix socket it
+/// is there from the start. A guest's control port is served before the
+/// store is open, so that a host's Hello is answered at once: its
+/// requests wait here until the daemon is ready ([`Ready::later`]).
+#[derive(Clone)]
+pub struct Ready(watch::Receiver<Option<Arc<Supervisor>>>);
+
+impl Ready {
+    /// A supervisor that is ready.
+    pub fn now(sup: Arc<Supervisor>) -> Self {
+        Ready(watch::channel(Some(sup)).1)
+    }
+
+    /// One made ready later, by sending it on the sender.
+    pub fn later() -> (watch::Sender<Option<Arc<Supervisor>>>, Self) {
+        let (tx, rx) = watch::channel(None);
+        (tx, Ready(rx))
+    }
+
+    fn get(&self) -> Option<Arc<Supervisor>> {
+        self.0.borrow().clone()
+    }
+
+    /// The supervisor once it is ready; `None` if the daemon stopped
+    /// before it was.
+    async fn wait(mut self) -> Option<Arc<Supervisor>> {
+        self.0
+            .wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|s| s.clone())
+    }
+}
+
 /// A connection's read buffer: small while it is idle, big while a large
 /// frame comes in.
 const SMALL_READ: usize = 8 * 1024;
@@ -134,7 +168,7 @@ pub async fn serve_unix(
                     r,
                     w,
                     peer,
-                    sup,
+                    Ready::now(sup),
                     limits,
                     Transport::Socket,
                     Some(slot),
@@ -194,7 +228,17 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    serve(rd, wr, peer, sup, limits, Transport::Socket, None, None).await
+    serve(
+        rd,
+        wr,
+        peer,
+        Ready::now(sup),
+        limits,
+        Transport::Socket,
+        None,
+        None,
+    )
+    .await
 }
 
 /// Serves a byte stream until it ends ([`Transport::Socket`]) or for ever
@@ -203,7 +247,7 @@ pub async fn serve_stream<R, W>(
     rd: R,
     wr: W,
     peer: String,
-    sup: Arc<Supervisor>,
+    sup: Ready,
     limits: Limits,
     transport: Transport,
 ) where
@@ -281,7 +325,7 @@ async fn serve<R, W>(
     mut rd: R,
     wr: W,
     peer: String,
-    sup: Arc<Supervisor>,
+    sup: Ready,
     limits: Limits,
     transport: Transport,
     slot: Option<Registered>,
@@ -494,33 +538,50 @@ async fn serve<R, W>(
                         break 'conn;
                     };
                     let busy = slot.as_ref().map(|s| s.slot.busy());
-                    let ctx = RequestCtx {
-                        sup: sup.clone(),
-                        outbox: outbox.clone(),
-                        computing: computing.clone(),
-                        peer: peer.clone(),
-                        conversation,
-                        ended: conv_tx.subscribe(),
-                        // The descriptor the client passed with it, on a
-                        // socket that takes them.
-                        fd: match (&passed, env.request.passes_descriptor()) {
-                            (Some(p), true) => p.oldest(),
-                            _ => None,
-                        },
-                        gone: gone.clone(),
+                    // The descriptor the client passed with it, on a
+                    // socket that takes them.
+                    let fd = match (&passed, env.request.passes_descriptor()) {
+                        (Some(p), true) => p.oldest(),
+                        _ => None,
+                    };
+                    let ctx = {
+                        let (outbox, computing, peer, gone) = (
+                            outbox.clone(),
+                            computing.clone(),
+                            peer.clone(),
+                            gone.clone(),
+                        );
+                        let ended = conv_tx.subscribe();
+                        move |sup| RequestCtx {
+                            sup,
+                            outbox,
+                            computing,
+                            peer,
+                            conversation,
+                            ended,
+                            fd,
+                            gone,
+                        }
                     };
                     let (id, req) = (env.request_id, env.request);
-                    if let Request::Ping(_) = req {
+                    let ready = sup.get();
+                    if let (Request::Ping(_), Some(sup)) = (&req, ready) {
                         // Cheap and lock-free: answered on the I/O task.
                         let out = sup.handle(&peer, id, &req);
                         drop((permit, busy));
-                        if ctx.answer(id, out).await.is_err() {
+                        if ctx(sup).answer(id, out).await.is_err() {
                             break 'conn;
                         }
                         continue;
                     }
+                    let sup = sup.clone();
                     tokio::spawn(async move {
-                        ctx.run(id, req).await;
+                        // A daemon still opening its store answers once
+                        // it has; one that stopped first answers nothing
+                        // (the host's next Hello says it restarted).
+                        if let Some(sup) = sup.wait().await {
+                            ctx(sup).run(id, req).await;
+                        }
                         drop((permit, busy));
                     });
                 }

@@ -384,15 +384,33 @@ fn guest_the_spine_and_exec_over_virtio_serial_then_an_orderly_shutdown() {
 }
 
 #[test]
-fn guest_a_host_that_reconnects_mid_frame_gets_a_clean_session() {
-    let Some(img) = require_vm("vm::a_host_that_reconnects_mid_frame") else {
+fn guest_a_host_is_welcomed_before_the_store_opens_and_one_that_reconnects_mid_frame_gets_a_clean_session(
+) {
+    let Some(img) = require_vm("vm::a_host_is_welcomed_before_the_store_opens") else {
         return;
     };
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let store = store_image(dir.path(), true);
-    let mut vm = Vm::boot(&img, Some(&store), &[]);
+    // The supervisor waits 4 s between the store's mount and its opening:
+    // the control port answers Hello meanwhile, and a request sent then
+    // waits for the store rather than failing.
+    let mut vm = Vm::boot(
+        &img,
+        Some(&store),
+        &["allox.failpoints=daemon.before_store_open=delay:4000"],
+    );
     let (mut c, _) = vm.connect(BOOT);
+    let welcomed = vm.console();
+    assert!(
+        !welcomed.contains("supervisor ready"),
+        "the Welcome waited for the store to open; console:\n{welcomed}"
+    );
     ok(&mut c, agent("a"));
+    let answered = vm.console();
+    assert!(
+        answered.contains("failpoint reached"),
+        "the supervisor never waited before opening its store; console:\n{answered}"
+    );
     drop(c);
     // A raw host: Hello, then half of an agent.create, then gone.
     for cut in [3usize, 9] {

@@ -127,6 +127,17 @@ pub fn plan(
 /// Waits up to 5 s for the store device to appear, reads its head,
 /// formats it if [`plan`] says so, and mounts it at [`STORE_MOUNT`].
 pub fn mount_store(dev: &Path, format: bool, hints: &'static Hints) -> Result<(), StoreDiskError> {
+    prepare_store(dev, format, hints)?;
+    mount_prepared(dev)
+}
+
+/// All of [`mount_store`] but the mount: waits up to 5 s for the device,
+/// reads its head, refuses it or formats it as [`plan`] says.
+pub fn prepare_store(
+    dev: &Path,
+    format: bool,
+    hints: &'static Hints,
+) -> Result<(), StoreDiskError> {
     let deadline = Instant::now() + Duration::from_secs(5);
     while !dev.exists() {
         if Instant::now() > deadline {
@@ -138,6 +149,11 @@ pub fn mount_store(dev: &Path, format: bool, hints: &'static Hints) -> Result<()
     if plan(dev, disk_state(&head), format, hints)? == Plan::FormatThenMount {
         format_store(dev)?;
     }
+    Ok(())
+}
+
+/// Mounts the device [`prepare_store`] found at [`STORE_MOUNT`].
+pub fn mount_prepared(dev: &Path) -> Result<(), StoreDiskError> {
     let _ = std::fs::create_dir_all(STORE_MOUNT);
     rustix::mount::mount(
         dev,

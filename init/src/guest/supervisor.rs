@@ -10,11 +10,20 @@ use std::time::Duration;
 pub const STABLE_AFTER: Duration = Duration::from_secs(60);
 
 /// The command that starts the supervisor on a guest of `mem_total` bytes
-/// and `pid_max` process ids, with `failpoints` armed if given.
-pub fn command(s: &Settings, mem_total: u64, pid_max: u64, failpoints: Option<&str>) -> Command {
+/// and `pid_max` process ids, with `failpoints` armed if given; it opens
+/// the store once the inherited descriptor `store_mounted` reads
+/// end-of-file.
+pub fn command(
+    s: &Settings,
+    mem_total: u64,
+    pid_max: u64,
+    failpoints: Option<&str>,
+    store_mounted: i32,
+) -> Command {
     let mut cmd = Command::new("/proc/self/exe");
     cmd.arg("supervise")
         .args(["--root", STORE_ROOT])
+        .args(["--store-mounted-fd", &store_mounted.to_string()])
         .args(["--listen", &format!("unix:{GUEST_SOCKET}")])
         .args(["--listen", &format!("virtio:{}", s.ctl)])
         .args(["--cgroup-root", "/sys/fs/cgroup"])
@@ -45,7 +54,7 @@ mod tests {
     #[test]
     fn the_supervisor_gets_the_guests_paths_then_the_command_lines_options() {
         let s = Settings::parse("allox.ctl=org.x allox.log=debug allox.args=--default-pids-max=64");
-        let cmd = command(&s, 1 << 30, 32_768, Some("commit.after_rename=crash"));
+        let cmd = command(&s, 1 << 30, 32_768, Some("commit.after_rename=crash"), 5);
         let args: Vec<_> = cmd.get_args().map(|a| a.to_str().unwrap()).collect();
         assert_eq!(
             args,
@@ -53,6 +62,8 @@ mod tests {
                 "supervise",
                 "--root",
                 "/mnt/store/allox",
+                "--store-mounted-fd",
+                "5",
                 "--listen",
                 "unix:/run/allox/ctl.sock",
                 "--listen",
@@ -73,7 +84,7 @@ mod tests {
             OsStr::new("ALLOX_FAILPOINTS"),
             Some(OsStr::new("commit.after_rename=crash"))
         )));
-        let restarted = command(&s, 1 << 30, 32_768, None);
+        let restarted = command(&s, 1 << 30, 32_768, None, 5);
         assert!(!restarted
             .get_envs()
             .any(|(k, _)| k == OsStr::new("ALLOX_FAILPOINTS")));

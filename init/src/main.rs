@@ -56,6 +56,8 @@ enum Cmd {
 }
 
 fn main() {
+    // On a guest, where the supervisor's start is on the boot's path.
+    let entered_ms = allox_store::clock::since_boot().as_millis() as u64;
     // Started as `allox` inside a sandbox: the in-sandbox interface's client.
     if allox_init::client::started_as_client(std::env::args_os().next().as_deref()) {
         std::process::exit(allox_init::client::main(std::env::args_os()));
@@ -77,6 +79,7 @@ fn main() {
         pid1::run();
     }
     let cli = Cli::parse();
+    let parsed_ms = allox_store::clock::since_boot().as_millis() as u64;
     let logs = tracing_subscriber::fmt()
         // A log that cannot be written (a full or size-limited file, a
         // console gone) loses the line; it must not panic the supervisor.
@@ -103,7 +106,13 @@ fn main() {
             allox_init::guest::log_as_json(true);
         }
     }
-    match run(cli.cmd) {
+    tracing::debug!(
+        entered_ms,
+        parsed_ms,
+        logging_ms = allox_store::clock::since_boot().as_millis() as u64,
+        "started (ms after boot)"
+    );
+    match run(cli.cmd, entered_ms) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("allox-init: {e:#}");
@@ -112,14 +121,19 @@ fn main() {
     }
 }
 
-/// Returns the exit status.
-fn run(cmd: Cmd) -> anyhow::Result<i32> {
+/// Returns the exit status. `entered_ms`: when `main` began, after boot.
+fn run(cmd: Cmd, entered_ms: u64) -> anyhow::Result<i32> {
     match cmd {
         Cmd::Supervise(args) => {
             // Started by a keeper, it inherited its blocked signals.
             allox_init::keeper::unblock_signals();
             let under_init = args.under_init;
             let cfg = args.into_config(&ThisMachine)?;
+            tracing::debug!(
+                entered_ms,
+                configured_ms = allox_store::clock::since_boot().as_millis() as u64,
+                "supervisor configured (ms after boot)"
+            );
             let stopped = daemon::run(cfg.daemon).context("supervisor stopped")?;
             Ok(match stopped {
                 daemon::Stopped::Requested if under_init => EXIT_SHUTDOWN_REQUESTED,

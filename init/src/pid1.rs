@@ -77,23 +77,22 @@ pub fn run() -> ! {
     // Signals arrive through a descriptor, never as handlers.
     let sfd = keeper::signal_fd()
         .unwrap_or_else(|e| fatal(format_args!("cannot take signals through a signalfd: {e}")));
-    // The device is checked (and formatted if asked) first; the mount
-    // itself goes on while the supervisor starts, which answers the host's
-    // Hello meanwhile and opens the store once this pipe's write end is
-    // closed. A failed mount powers off with the write end still open.
-    if let Err(e) = store_disk::prepare_store(&settings.store, settings.format, &store_disk::GUEST)
-    {
-        fatal(allox_protocol::error_chain(&e));
-    }
+    // The store's device is waited for, checked (formatted if asked) and
+    // mounted while the supervisor starts, which answers the host's Hello
+    // meanwhile and opens the store once this pipe's write end is closed.
+    // A device refused or a failed mount powers off with the write end
+    // still open.
     let (mounted, mounted_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .unwrap_or_else(|e| fatal(format_args!("cannot make a pipe: {e}")));
     // Every supervisor started inherits the read end.
     if let Err(e) = rustix::io::fcntl_setfd(&mounted, rustix::io::FdFlags::empty()) {
         fatal(format_args!("cannot pass a pipe to the supervisor: {e}"));
     }
-    let dev = settings.store.clone();
+    let (dev, format) = (settings.store.clone(), settings.format);
     let mounting = std::thread::spawn(move || {
-        if let Err(e) = store_disk::mount_prepared(&dev) {
+        let mounted = store_disk::prepare_store(&dev, format, &store_disk::GUEST)
+            .and_then(|()| store_disk::mount_prepared(&dev));
+        if let Err(e) = mounted {
             fatal(allox_protocol::error_chain(&e));
         }
         let _ = std::fs::create_dir_all(STORE_ROOT);

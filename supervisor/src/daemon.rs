@@ -130,7 +130,12 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         .collect();
     if let Some(fd) = &cfg.store_mounted {
         wait_for_end(fd).map_err(DaemonError::NotMounted)?;
-        tracing::debug!(ms = t0.elapsed().as_millis() as u64, "store mounted");
+        let boot_ms = allox_store::clock::since_boot().as_millis() as u64;
+        tracing::debug!(
+            ms = t0.elapsed().as_millis() as u64,
+            boot_ms,
+            "store mounted"
+        );
     }
     let failpoints = Failpoints::from_env();
     failpoints.hit("daemon.before_store_open");

@@ -1,11 +1,13 @@
-//! Guest boot: QEMU start to `Hello` answered over the control port, split
-//! into kernel → `/init` and `/init` → control port ready (from the guest's
-//! own boot clock on its console), beside the same kernel running a trivial
-//! init; idle memory of PID 1 and the supervisor; image sizes.
+//! Guest boot: QEMU start to `Hello` answered over the control port and to
+//! the first answer that needs the store, split into kernel → `/init`,
+//! `/init` → control port ready and `/init` → supervisor ready (store open;
+//! from the guest's own boot clock on its console), beside the same kernel
+//! running a trivial init; idle memory of PID 1 and the supervisor; image
+//! sizes.
 
 use crate::{pct, us_or_ms};
 use allox_integration::vm::{guest_image, store_image, Vm};
-use allox_protocol::{Request, Response, Shutdown, SystemInfoRequest};
+use allox_protocol::{AgentList, Request, Response, Shutdown, SystemInfoRequest};
 use std::time::{Duration, Instant};
 
 fn console_ms(console: &str, marker: &str, key: &str) -> Option<u64> {
@@ -29,6 +31,7 @@ pub fn run(quick: bool) -> anyhow::Result<()> {
     };
     let n = if quick { 3 } else { 5 };
     let (mut hello, mut to_init, mut to_ready, mut baseline) = (vec![], vec![], vec![], vec![]);
+    let (mut first_answer, mut to_store) = (vec![], vec![]);
     let (mut init_rss, mut sup_rss) = (vec![], vec![]);
     for _ in 0..n {
         let dir = tempfile::tempdir_in("/var/tmp")?;
@@ -36,6 +39,15 @@ pub fn run(quick: bool) -> anyhow::Result<()> {
         let mut vm = Vm::boot(&img, Some(&store), &[]);
         let (mut c, t) = vm.connect(Duration::from_secs(60));
         hello.push(t);
+        // The host's first question that needs the store, asked at once.
+        anyhow::ensure!(
+            matches!(
+                c.call(Request::AgentList(AgentList {})),
+                Ok(Ok(Response::Agents(_)))
+            ),
+            "agent.list failed right after Hello"
+        );
+        first_answer.push(vm.started.elapsed());
         // Idle: a moment after start-up, before any work.
         std::thread::sleep(Duration::from_millis(500));
         if let Ok(Ok(Response::System(i))) = c.call(Request::SystemInfo(SystemInfoRequest {})) {
@@ -54,6 +66,10 @@ pub fn run(quick: bool) -> anyhow::Result<()> {
             .ok_or_else(|| anyhow::anyhow!("no ready line on the console:\n{console}"))?;
         to_init.push(Duration::from_millis(started));
         to_ready.push(Duration::from_millis(ready.saturating_sub(started)));
+        let opened = console_ms(&console, "supervisor ready", "boot_ms=").ok_or_else(|| {
+            anyhow::anyhow!("no supervisor ready line on the console:\n{console}")
+        })?;
+        to_store.push(Duration::from_millis(opened.saturating_sub(started)));
         // Baseline: the same kernel and image with a trivial init that
         // exits at once (the kernel then panics and QEMU ends).
         let t0 = Instant::now();
@@ -82,6 +98,14 @@ pub fn run(quick: bool) -> anyhow::Result<()> {
         ("  of which: kernel → `/init` (guest boot clock)", &to_init),
         ("  of which: `/init` → control port ready", &to_ready),
         (
+            "QEMU start → first answer that needs the store (`agent.list` asked right after `Hello`)",
+            &first_answer,
+        ),
+        (
+            "  of which: `/init` → supervisor ready (store mounted and open)",
+            &to_store,
+        ),
+        (
             "baseline: QEMU start → trivial init (`rdinit=/usr/bin/true`) ran and QEMU ended",
             &baseline,
         ),
@@ -93,6 +117,11 @@ pub fn run(quick: bool) -> anyhow::Result<()> {
             us_or_ms(max(v))
         );
     }
+    let (h, b) = (pct(&hello, 0.5), pct(&baseline, 0.5));
+    println!(
+        "\n`Hello` against the baseline (p50): {:.2}×.\n",
+        h.as_secs_f64() / b.as_secs_f64().max(1e-9)
+    );
     let med = |v: &mut Vec<u64>| {
         v.sort();
         v.get(v.len() / 2).copied().unwrap_or(0)

@@ -119,7 +119,7 @@ pub fn run(quick: bool) -> anyhow::Result<()> {
     }
     let (h, b) = (pct(&hello, 0.5), pct(&baseline, 0.5));
     println!(
-        "\n`Hello` against the baseline (p50): {:.2}×.\n",
+        "\n`Hello` against the baseline (p50): {:.2}×.",
         h.as_secs_f64() / b.as_secs_f64().max(1e-9)
     );
     let med = |v: &mut Vec<u64>| {

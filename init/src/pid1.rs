@@ -1,14 +1,11 @@
 //! `allox-init` as the guest's PID 1: the loop that wires the library's
 //! parts ([`allox_init::guest`]).
 //!
-//! It makes the machine ready for the supervisor
-//! ([`machine::set_up_first`]), reads `allox.*=` settings from the kernel
-//! command line, and starts the supervisor (this same binary, `supervise`)
-//! as its child, restarting it with backoff if it dies. Meanwhile it mounts
-//! the Btrfs store from its virtio disk ([`store_disk::prepare_store`],
-//! [`store_disk::mount_prepared`]) and does the rest of the machine's
-//! set-up ([`machine::set_up_rest`]) on two threads; the supervisor opens
-//! its store once both are done. It reaps every orphan. On SIGTERM, SIGINT, SIGPWR, or the
+//! It makes the machine ready ([`machine::set_up`]), reads `allox.*=`
+//! settings from the kernel command line, mounts the Btrfs store from its
+//! virtio disk ([`store_disk::mount_store`]), and starts the supervisor
+//! (this same binary, `supervise`) as its child, restarting it with backoff
+//! if it dies. It reaps every orphan. On SIGTERM, SIGINT, SIGPWR, or the
 //! supervisor stopping after `system.shutdown`, it shuts down in order: the
 //! supervisor refuses new work, kills the sessions and flushes the store;
 //! then everything left is killed, the disks are synced, the store is
@@ -57,7 +54,7 @@ pub fn run() -> ! {
         "started ({} ms after boot)",
         started.as_millis()
     ));
-    machine::set_up_first();
+    machine::set_up();
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
     let mut settings = Settings::parse(&cmdline);
     if settings.log_json {
@@ -91,15 +88,6 @@ pub fn run() -> ! {
     if let Err(e) = rustix::io::fcntl_setfd(&mounted, rustix::io::FdFlags::empty()) {
         fatal(format_args!("cannot pass a pipe to the supervisor: {e}"));
     }
-    // The rest of the machine's set-up goes on beside the mount: the pipe
-    // reads end-of-file once both have dropped their write end.
-    let rest_w = mounted_w
-        .try_clone()
-        .unwrap_or_else(|e| fatal(format_args!("cannot duplicate a pipe's end: {e}")));
-    let rest = std::thread::spawn(move || {
-        machine::set_up_rest();
-        drop(rest_w);
-    });
     let (dev, format) = (settings.store.clone(), settings.format);
     let mounting = std::thread::spawn(move || {
         let mounted = store_disk::prepare_store(&dev, format, &store_disk::GUEST)
@@ -131,7 +119,7 @@ pub fn run() -> ! {
         supervisor::command(&settings, mem_total, pid_max, f.as_deref(), mounted_fd)
     })
     .run(KillRest::Everything);
-    let _ = (mounting.join(), rest.join());
+    let _ = mounting.join();
     store_disk::unmount_store();
     log(format_args!("powering off ({why})"));
     power_off()

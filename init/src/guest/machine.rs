@@ -1,7 +1,6 @@
 //! The machine as PID 1 finds it, made ready: a root sandboxes can pivot
 //! away from, the kernel filesystems, Ctrl-Alt-Del as a signal, `lo` up,
-//! and PID 1 out of the OOM killer's reach, in two parts: what the
-//! supervisor needs to start, and the rest, done beside its start. Each step that fails is a
+//! and PID 1 out of the OOM killer's reach. Each step that fails is a
 //! warning on the console; none stops the boot.
 
 use super::log;
@@ -11,20 +10,12 @@ use std::path::Path;
 
 /// Runs every step, logging what could not be done.
 pub fn set_up() {
-    set_up_first();
-    set_up_rest();
-}
-
-/// The steps the supervisor needs to start: the root, the kernel
-/// filesystems but the ones it needs only with its store open
-/// ([`KernelMount::later`]), Ctrl-Alt-Del, PID 1's `oom_score_adj`.
-pub fn set_up_first() {
     if let Err(e) = remount_root() {
         log(format_args!(
             "warning: root stays the initramfs mount ({e}); sandboxes cannot pivot away from it"
         ));
     }
-    mount_kernel_filesystems(false);
+    mount_kernel_filesystems();
     // Ctrl-Alt-Del reaches PID 1 as SIGINT (an ordered shutdown) instead of
     // rebooting the machine on the spot.
     if let Err(e) = rustix::system::reboot(rustix::system::RebootCommand::CadOff) {
@@ -32,17 +23,10 @@ pub fn set_up_first() {
             "warning: Ctrl-Alt-Del still reboots at once: {e}"
         ));
     }
-    let _ = std::fs::write("/proc/self/oom_score_adj", "-1000");
-}
-
-/// The rest, which the guest's PID 1 does beside the supervisor's start
-/// (the supervisor opens its store only after them): the filesystems
-/// marked [`KernelMount::later`], and `lo` up.
-pub fn set_up_rest() {
-    mount_kernel_filesystems(true);
     if let Err(e) = allox_sandbox::sys::loopback_up() {
         log(format_args!("warning: cannot bring up lo: {e}"));
     }
+    let _ = std::fs::write("/proc/self/oom_score_adj", "-1000");
 }
 
 /// The initramfs is the kernel's `rootfs`, a mount without a parent, which
@@ -69,10 +53,6 @@ pub struct KernelMount {
     pub flags: MountFlags,
     /// Filesystem options (`mode=…`).
     pub data: &'static str,
-    /// Mounted by [`set_up_rest`], off the boot's path to the control
-    /// port: bpffs, whose first mount loads the kernel's BPF preload
-    /// iterators (about 40 ms under TCG), and which only the probes use.
-    pub later: bool,
 }
 
 const NOSUID_NODEV_NOEXEC: MountFlags = MountFlags::NOSUID
@@ -87,7 +67,6 @@ pub const KERNEL_MOUNTS: [KernelMount; 11] = [
         fstype: "proc",
         flags: NOSUID_NODEV_NOEXEC,
         data: "",
-        later: false,
     },
     KernelMount {
         source: "sysfs",
@@ -95,7 +74,6 @@ pub const KERNEL_MOUNTS: [KernelMount; 11] = [
         fstype: "sysfs",
         flags: NOSUID_NODEV_NOEXEC,
         data: "",
-        later: false,
     },
     KernelMount {
         source: "devtmpfs",
@@ -103,7 +81,6 @@ pub const KERNEL_MOUNTS: [KernelMount; 11] = [
         fstype: "devtmpfs",
         flags: MountFlags::NOSUID,
         data: "mode=0755",
-        later: false,
     },
     KernelMount {
         source: "devpts",
@@ -111,7 +88,6 @@ pub const KERNEL_MOUNTS: [KernelMount; 11] = [
         fstype: "devpts",
         flags: MountFlags::NOSUID.union(MountFlags::NOEXEC),
         data: "mode=0620,ptmxmode=0666",
-        later: false,
     },
     KernelMount {
         source: "shm",
@@ -119,7 +95,6 @@ pub const KERNEL_MOUNTS: [KernelMount; 11] = [
         fstype: "tmpfs",
         flags: MountFlags::NOSUID.union(MountFlags::NODEV),
         data: "mode=1777",
-        later: false,
     },
     KernelMount {
         source: "run",
@@ -127,7 +102,6 @@ pub const KERNEL_MOUNTS: [KernelMount; 11] = [
         fstype: "tmpfs",
         flags: MountFlags::NOSUID.union(MountFlags::NODEV),
         data: "mode=0755",
-        later: false,
     },
     KernelMount {
         source: "tmp",
@@ -135,7 +109,6 @@ pub const KERNEL_MOUNTS: [KernelMount; 11] = [
         fstype: "tmpfs",
         flags: MountFlags::NOSUID.union(MountFlags::NODEV),
         data: "mode=1777",
-        later: false,
     },
     KernelMount {
         source: "cgroup2",
@@ -143,7 +116,6 @@ pub const KERNEL_MOUNTS: [KernelMount; 11] = [
         fstype: "cgroup2",
         flags: NOSUID_NODEV_NOEXEC,
         data: "nsdelegate",
-        later: false,
     },
     KernelMount {
         source: "bpf",
@@ -151,7 +123,6 @@ pub const KERNEL_MOUNTS: [KernelMount; 11] = [
         fstype: "bpf",
         flags: NOSUID_NODEV_NOEXEC,
         data: "mode=0700",
-        later: true,
     },
     KernelMount {
         source: "tracefs",
@@ -159,7 +130,6 @@ pub const KERNEL_MOUNTS: [KernelMount; 11] = [
         fstype: "tracefs",
         flags: NOSUID_NODEV_NOEXEC,
         data: "",
-        later: false,
     },
     // The active LSMs (`lsm`), which the system-effects plugin reads to
     // know the BPF LSM runs (CONFIG_SECURITYFS, kernel/config/effects.config).
@@ -169,14 +139,12 @@ pub const KERNEL_MOUNTS: [KernelMount; 11] = [
         fstype: "securityfs",
         flags: NOSUID_NODEV_NOEXEC,
         data: "",
-        later: false,
     },
 ];
 
-/// Mounts those of [`KERNEL_MOUNTS`] whose `later` is `later`; one
-/// already there (`EBUSY`) is fine.
-fn mount_kernel_filesystems(later: bool) {
-    for m in KERNEL_MOUNTS.iter().filter(|m| m.later == later) {
+/// Mounts [`KERNEL_MOUNTS`]; one already there (`EBUSY`) is fine.
+fn mount_kernel_filesystems() {
+    for m in KERNEL_MOUNTS {
         let _ = std::fs::create_dir_all(m.target);
         let data = std::ffi::CString::new(m.data).unwrap_or_default();
         match rustix::mount::mount(m.source, m.target, m.fstype, m.flags, Some(data.as_c_str())) {
@@ -202,26 +170,6 @@ mod tests {
                     "{} is mounted before {}, which holds it",
                     m.target,
                     later.target
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn only_bpffs_waits_for_the_rest_and_nothing_early_sits_in_it() {
-        let later: Vec<_> = KERNEL_MOUNTS
-            .iter()
-            .filter(|m| m.later)
-            .map(|m| m.fstype)
-            .collect();
-        assert_eq!(later, ["bpf"]);
-        for l in KERNEL_MOUNTS.iter().filter(|m| m.later) {
-            for e in KERNEL_MOUNTS.iter().filter(|m| !m.later) {
-                assert!(
-                    !Path::new(e.target).starts_with(l.target),
-                    "{} is mounted early, inside {}, which is mounted later",
-                    e.target,
-                    l.target
                 );
             }
         }

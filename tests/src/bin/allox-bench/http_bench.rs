@@ -3,7 +3,8 @@
 //! connection, through the gateway on one keep-alive connection, and
 //! through the gateway with a new connection per request; a run's 100 MB
 //! of output streamed over the socket and as NDJSON through the gateway;
-//! and, where the Python client can be imported, the SDK's call against
+//! a file of 256 MiB put and got through `/v1/files` with curl against
+//! `cp --reflink=never` of it on the same disk; and, where the Python client can be imported, the SDK's call against
 //! the same request made with raw httpx (`clients/python/bench_sdk.py`).
 
 use allox_integration::http::KeepAlive;
@@ -167,6 +168,8 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         http_time.as_secs_f64() / socket_time.as_secs_f64()
     );
 
+    files(&gw, &token, quick)?;
+
     // The Python client against raw httpx, on the same gateway.
     let sdk = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python");
     // Debian's interpreter, whose httpx the client uses (another python3
@@ -192,5 +195,73 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         Err(e) => println!("\nSKIPPED the Python client's benchmark: python3: {e}"),
     }
     println!();
+    Ok(())
+}
+
+/// A file through the gateway's file routes with curl (`PUT` and `GET
+/// /v1/files/...`), median of 3 each way, against `cp --reflink=never` of
+/// the same file between two places on the machine's disk, in the same
+/// run.
+fn files(gw: &Gateway, token: &str, quick: bool) -> anyhow::Result<()> {
+    let mib: usize = if quick { 64 } else { 256 };
+    let dir = tempfile::tempdir_in("/var/tmp")?;
+    let src = dir.path().join("src.bin");
+    let st = Command::new("dd")
+        .args(["if=/dev/urandom", "bs=1M", "status=none"])
+        .arg(format!("count={mib}"))
+        .arg(format!("of={}", src.display()))
+        .status()?;
+    anyhow::ensure!(st.success(), "dd failed");
+    let url = format!("http://{}/v1/files/bench/s/big.bin", gw.addr);
+    let auth = format!("Authorization: Bearer {token}");
+    let timed = |cmd: &mut Command| -> anyhow::Result<Duration> {
+        let t = Instant::now();
+        let st = cmd.status()?;
+        anyhow::ensure!(st.success(), "{cmd:?}: {st}");
+        Ok(t.elapsed())
+    };
+    let (mut base, mut up, mut down) = (vec![], vec![], vec![]);
+    for i in 0..3 {
+        let copy = dir.path().join(format!("cp{i}.bin"));
+        base.push(timed(
+            Command::new("cp")
+                .arg("--reflink=never")
+                .arg(&src)
+                .arg(&copy),
+        )?);
+        std::fs::remove_file(&copy)?;
+        up.push(timed(
+            Command::new("curl")
+                .args(["-sS", "--fail", "-H", &auth, "-T"])
+                .arg(&src)
+                .arg(&url)
+                .stdout(Stdio::null()),
+        )?);
+        let got = dir.path().join(format!("got{i}.bin"));
+        down.push(timed(
+            Command::new("curl")
+                .args(["-sS", "--fail", "-H", &auth, "-o"])
+                .arg(&got)
+                .arg(&url),
+        )?);
+        anyhow::ensure!(
+            std::fs::metadata(&got)?.len() == (mib as u64) << 20,
+            "the file came back with another size"
+        );
+        std::fs::remove_file(&got)?;
+    }
+    let rate = |v: &[Duration]| mib as f64 * 1.048576 / pct(v, 0.5).as_secs_f64();
+    println!("\n{mib} MiB of random bytes through the gateway's file routes with curl (`PUT` and `GET /v1/files/...`), median of 3; baseline `cp --reflink=never` of the same file on the same disk:\n");
+    println!("| what | MB/s | of `cp` |");
+    println!("|---|---:|---:|");
+    let b = rate(&base);
+    for (what, v) in [
+        ("`cp --reflink=never` (baseline)", &base),
+        ("`PUT` into a session (curl -T)", &up),
+        ("`GET` from a session (curl -o)", &down),
+    ] {
+        let r = rate(v);
+        println!("| {what} | {r:.1} | {:.1}% |", 100.0 * r / b);
+    }
     Ok(())
 }

@@ -146,12 +146,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     // Bulk: a file on the same Btrfs, copied in and out, against cp.
     let mib: u64 = if quick { 64 } else { 256 };
     let src = fs.scratch().join("bulk-src");
-    let st = Command::new("dd")
-        .args(["if=/dev/urandom", "bs=1M", "status=none"])
-        .arg(format!("count={mib}"))
-        .arg(format!("of={}", src.display()))
-        .status()?;
-    anyhow::ensure!(st.success(), "dd failed");
+    crate::random_file(&src, mib)?;
     let remote = Remote {
         agent: "bench".into(),
         session: "s".into(),

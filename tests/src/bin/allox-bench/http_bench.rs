@@ -203,15 +203,10 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
 /// the same file between two places on the machine's disk, in the same
 /// run.
 fn files(gw: &Gateway, token: &str, quick: bool) -> anyhow::Result<()> {
-    let mib: usize = if quick { 64 } else { 256 };
+    let mib: u64 = if quick { 64 } else { 256 };
     let dir = tempfile::tempdir_in("/var/tmp")?;
     let src = dir.path().join("src.bin");
-    let st = Command::new("dd")
-        .args(["if=/dev/urandom", "bs=1M", "status=none"])
-        .arg(format!("count={mib}"))
-        .arg(format!("of={}", src.display()))
-        .status()?;
-    anyhow::ensure!(st.success(), "dd failed");
+    crate::random_file(&src, mib)?;
     let url = format!("http://{}/v1/files/bench/s/big.bin", gw.addr);
     let auth = format!("Authorization: Bearer {token}");
     let timed = |cmd: &mut Command| -> anyhow::Result<Duration> {
@@ -245,7 +240,7 @@ fn files(gw: &Gateway, token: &str, quick: bool) -> anyhow::Result<()> {
                 .arg(&url),
         )?);
         anyhow::ensure!(
-            std::fs::metadata(&got)?.len() == (mib as u64) << 20,
+            std::fs::metadata(&got)?.len() == mib << 20,
             "the file came back with another size"
         );
         std::fs::remove_file(&got)?;

@@ -89,6 +89,17 @@ impl Drop for BenchDaemon {
     }
 }
 
+/// Writes `mib` MiB of random bytes to `path` (`dd` from `/dev/urandom`).
+pub(crate) fn random_file(path: &std::path::Path, mib: u64) -> anyhow::Result<()> {
+    let st = std::process::Command::new("dd")
+        .args(["if=/dev/urandom", "bs=1M", "status=none"])
+        .arg(format!("count={mib}"))
+        .arg(format!("of={}", path.display()))
+        .status()?;
+    anyhow::ensure!(st.success(), "dd failed");
+    Ok(())
+}
+
 pub(crate) fn pct(v: &[Duration], p: f64) -> Duration {
     let mut s = v.to_vec();
     s.sort();

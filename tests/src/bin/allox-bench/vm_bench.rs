@@ -166,12 +166,7 @@ fn transfer(
     let dir = tempfile::tempdir_in("/var/tmp")?;
     let store = store_image(dir.path(), true);
     let src = dir.path().join("src.bin");
-    let st = std::process::Command::new("dd")
-        .args(["if=/dev/urandom", "bs=1M", "status=none"])
-        .arg(format!("count={mib}"))
-        .arg(format!("of={}", src.display()))
-        .status()?;
-    anyhow::ensure!(st.success(), "dd failed");
+    crate::random_file(&src, mib)?;
     let t = Instant::now();
     let st = std::process::Command::new("cp")
         .arg("--reflink=never")

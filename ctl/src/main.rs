@@ -129,6 +129,16 @@ fn main() -> ExitCode {
             }
         }
         Action::Top { interval, once } => top(cli.socket, interval, once),
+        Action::SecretSet { mut request, from } => match from.read() {
+            Ok(v) => {
+                request.value = allox_protocol::SecretValue(v);
+                call(cli.socket, cli.json, Request::SecretSet(request))
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Action::MonitorIngest {
             agent,
             session,

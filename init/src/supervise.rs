@@ -250,6 +250,16 @@ pub struct SuperviseArgs {
     /// (ADDRESS:PORT); the system's resolver otherwise.
     #[arg(long, value_name = "ADDRESS:PORT")]
     pub network_resolver: Option<std::net::SocketAddr>,
+    /// With `--plugin network`: the roots (PEM) the broker verifies the
+    /// servers of intercepted HTTPS connections against (a secret's
+    /// `intercept`); the system's roots otherwise.
+    #[arg(long, value_name = "FILE")]
+    pub network_ca_file: Option<std::path::PathBuf>,
+    /// With `--plugin network`: the key secrets are sealed under in the
+    /// store (32 random bytes, mode 0600; made on the first `secret.set`
+    /// when there is none). Keep it outside the store.
+    #[arg(long, value_name = "FILE", default_value = allox_supervisor::plugin_api::DEFAULT_SECRETS_KEY_FILE)]
+    pub secrets_key_file: std::path::PathBuf,
     /// With `--plugin network`: most connections one session's proxy
     /// holds open at once; the next is answered 503 naming this flag.
     #[arg(long, value_name = "N", default_value_t = allox_supervisor::plugins::defaults::network::DEFAULT_CONNECTIONS_PER_SESSION, value_parser = clap::value_parser!(u32).range(1..))]
@@ -550,6 +560,8 @@ impl SuperviseArgs {
                         connections_per_session: self.proxy_connections_per_session as usize,
                         connections: self.proxy_connections as usize,
                         lookups_per_session: self.proxy_lookups_per_session as usize,
+                        secrets_key_file: self.secrets_key_file,
+                        ca_file: self.network_ca_file,
                     },
                 },
                 metrics: allox_supervisor::plugin_api::metrics::MetricsConfig {

@@ -8,15 +8,17 @@
 //! not, for the audit.
 
 use crate::http::{self, Ask};
+use crate::intercept::SessionCa;
 use crate::own::OwnAddresses;
 use crate::policy::{special, Host, Policy, Verdict};
+use crate::secrets::{Injected, Secret};
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Resolves names for the broker (and only for it: nothing inside a
@@ -192,6 +194,30 @@ pub struct Attempt {
     /// Bytes from the client to the server, and back.
     pub sent: u64,
     pub received: u64,
+    /// The secrets put in, and those whose placeholders went out as they
+    /// were (by name).
+    pub secrets: Injected,
+    /// Whether the broker terminated the client's TLS.
+    pub intercepted: bool,
+}
+
+/// A session's secrets, as the broker uses them.
+#[derive(Default, Clone)]
+pub struct SessionSecrets {
+    pub list: Vec<Secret>,
+    /// The session's certificate authority, when a secret intercepts.
+    pub ca: Option<Arc<SessionCa>>,
+}
+
+impl SessionSecrets {
+    /// Whether a tunnel to `host:port` is intercepted.
+    pub fn intercepts(&self, host: &Host, port: u16) -> bool {
+        self.ca.is_some()
+            && self
+                .list
+                .iter()
+                .any(|s| s.intercept && s.goes_to(host, port))
+    }
 }
 
 /// How long the broker waits for each step.
@@ -220,11 +246,20 @@ pub struct Broker {
     /// The machine's own addresses: refused like the loopback unless a
     /// rule names them.
     pub own: Arc<OwnAddresses>,
+    /// What an intercepted connection's server is verified against
+    /// (`None`: interception refused, naming why).
+    pub upstream_tls: Result<Arc<rustls::ClientConfig>, String>,
 }
 
 impl Broker {
-    /// Serves one client under `policy`; returns what happened.
-    pub async fn serve(&self, mut client: TcpStream, policy: &Policy) -> Attempt {
+    /// Serves one client under `policy`, with the session's `secrets`;
+    /// returns what happened.
+    pub async fn serve(
+        &self,
+        mut client: TcpStream,
+        policy: &Policy,
+        secrets: &SessionSecrets,
+    ) -> Attempt {
         let mut attempt = Attempt {
             kind: "",
             host: String::new(),
@@ -234,6 +269,8 @@ impl Broker {
             verdict: String::new(),
             sent: 0,
             received: 0,
+            secrets: Injected::default(),
+            intercepted: false,
         };
         let mut buf = Vec::with_capacity(4096);
         let req = match tokio::time::timeout(self.timeouts.head, read_head(&mut client, &mut buf))
@@ -282,9 +319,25 @@ impl Broker {
                 attempt.addr = Some(addr);
                 attempt.allowed = true;
                 attempt.verdict = Verdict::Allow.to_string();
+                if matches!(req.ask, Ask::Connect) && secrets.intercepts(&req.host, req.port) {
+                    attempt.intercepted = true;
+                    let early = &buf[req.head_len..];
+                    return self
+                        .intercept(client, server, &req, early, secrets, attempt)
+                        .await;
+                }
+                let head = match &req.ask {
+                    Ask::Forward { head } => {
+                        let (head, done) =
+                            crate::secrets::inject(head, &req.host, req.port, &secrets.list);
+                        attempt.secrets = done;
+                        head
+                    }
+                    Ask::Connect => Vec::new(),
+                };
                 let first = match &req.ask {
                     Ask::Connect => client.write_all(http::CONNECTED).await,
-                    Ask::Forward { head } => server.write_all(head).await,
+                    Ask::Forward { .. } => server.write_all(&head).await,
                 };
                 // What the client sent after its head goes on.
                 let rest = &buf[req.head_len..];
@@ -297,17 +350,178 @@ impl Broker {
                 }
                 // Counted as the server got them (a forwarded head as
                 // rewritten).
-                attempt.sent = rest.len() as u64
-                    + match &req.ask {
-                        Ask::Forward { head } => head.len() as u64,
-                        Ask::Connect => 0,
-                    };
+                attempt.sent = rest.len() as u64 + head.len() as u64;
                 let (up, down) = crate::relay::relay(client, server).await;
                 attempt.sent += up;
                 attempt.received = down;
                 attempt
             }
         }
+    }
+
+    /// An intercepted tunnel: the server's TLS first (verified; a failure
+    /// is the client's refusal, naming it), then the client's with the
+    /// session's certificate for the host, the request's head rewritten
+    /// with the secrets, and the rest relayed.
+    async fn intercept(
+        &self,
+        mut client: TcpStream,
+        server: TcpStream,
+        req: &http::Request,
+        early: &[u8],
+        secrets: &SessionSecrets,
+        mut attempt: Attempt,
+    ) -> Attempt {
+        let target = format!("{}:{}", req.host, req.port);
+        let refusal = match self.upstream(server, &req.host, &target).await {
+            Err(why) => Refusal::bad_gateway(why),
+            Ok(_) if !early.is_empty() => Refusal {
+                status: 400,
+                reason: "Bad Request",
+                why: format!("{target}: bytes sent before the tunnel was opened"),
+            },
+            Ok(upstream) => {
+                return self
+                    .intercepted(client, upstream, req, &target, secrets, attempt)
+                    .await
+            }
+        };
+        let _ = client
+            .write_all(&http::answer(refusal.status, refusal.reason, &refusal.why))
+            .await;
+        attempt.allowed = false;
+        attempt.verdict = refusal.why;
+        attempt
+    }
+
+    /// The broker's own TLS connection to the server, verified.
+    async fn upstream(
+        &self,
+        server: TcpStream,
+        host: &Host,
+        target: &str,
+    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, String> {
+        let config = self
+            .upstream_tls
+            .as_ref()
+            .map_err(|e| format!("{target}: cannot intercept: {e}"))?;
+        let name = crate::intercept::server_name(&host.to_string())
+            .map_err(|e| format!("{target}: {e}"))?;
+        let connector = tokio_rustls::TlsConnector::from(config.clone());
+        match tokio::time::timeout(self.timeouts.connect, connector.connect(name, server)).await {
+            Ok(Ok(s)) => Ok(s),
+            Ok(Err(e)) => Err(format!(
+                "{target}: the server's TLS failed, nothing was sent: {e}"
+            )),
+            Err(_) => Err(format!(
+                "{target}: no TLS handshake from the server within {:?}",
+                self.timeouts.connect
+            )),
+        }
+    }
+
+    /// The client's side of an intercepted tunnel, once the server's is up.
+    async fn intercepted(
+        &self,
+        mut client: TcpStream,
+        mut upstream: tokio_rustls::client::TlsStream<TcpStream>,
+        req: &http::Request,
+        target: &str,
+        secrets: &SessionSecrets,
+        mut attempt: Attempt,
+    ) -> Attempt {
+        let host = req.host.to_string();
+        let Some(ca) = &secrets.ca else {
+            return attempt;
+        };
+        let config = match ca.server_config(&host) {
+            Ok(c) => c,
+            Err(e) => {
+                let why = format!("{target}: {e}");
+                let _ = client
+                    .write_all(&http::answer(502, "Bad Gateway", &why))
+                    .await;
+                attempt.allowed = false;
+                attempt.verdict = why;
+                return attempt;
+            }
+        };
+        if client.write_all(http::CONNECTED).await.is_err() {
+            return attempt;
+        }
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        let mut tls = match tokio::time::timeout(self.timeouts.head, acceptor.accept(client)).await
+        {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => {
+                attempt.verdict = format!("allowed; the client's TLS failed: {e}");
+                return attempt;
+            }
+            Err(_) => {
+                attempt.verdict = format!(
+                    "allowed; no TLS handshake from the client within {:?}",
+                    self.timeouts.head
+                );
+                return attempt;
+            }
+        };
+        let mut buf = Vec::with_capacity(4096);
+        let authority = if req.port == 443 {
+            host.clone()
+        } else {
+            target.to_string()
+        };
+        let read = tokio::time::timeout(self.timeouts.head, async {
+            let mut chunk = [0u8; 4096];
+            loop {
+                match http::parse_origin(&buf, &authority) {
+                    Ok(Some(h)) => return Ok(Some(h)),
+                    Ok(None) => {}
+                    Err(e) => return Err(e),
+                }
+                let n = tls.read(&mut chunk).await.unwrap_or(0);
+                if n == 0 {
+                    return Ok(None);
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+        })
+        .await;
+        let (head, used) = match read {
+            Ok(Ok(Some(h))) => h,
+            Ok(Ok(None)) => return attempt,
+            Ok(Err(e)) => {
+                let (status, reason) = e.status();
+                let why = e.to_string();
+                let _ = tls.write_all(&http::answer(status, reason, &why)).await;
+                let _ = tls.shutdown().await;
+                attempt.verdict = format!("allowed; {why}");
+                return attempt;
+            }
+            Err(_) => {
+                attempt.verdict = format!(
+                    "allowed; no request inside the tunnel within {:?}",
+                    self.timeouts.head
+                );
+                return attempt;
+            }
+        };
+        let (head, done) = crate::secrets::inject(&head, &req.host, req.port, &secrets.list);
+        attempt.secrets = done;
+        let rest = &buf[used..];
+        let first = async {
+            upstream.write_all(&head).await?;
+            upstream.write_all(rest).await?;
+            upstream.flush().await
+        };
+        if first.await.is_err() {
+            return attempt;
+        }
+        attempt.sent = (head.len() + rest.len()) as u64;
+        let (up, down) = copy_both(tls, upstream).await;
+        attempt.sent += up;
+        attempt.received = down;
+        attempt
     }
 
     /// Judges, resolves, judges each address and connects.
@@ -373,6 +587,40 @@ impl Broker {
             (None, None) => Refusal::bad_gateway(format!("{target}: no address")),
         })
     }
+}
+
+/// Copies both ways between two streams until both are done; a stream
+/// that ends without TLS's closing message (as many servers do) counts as
+/// ended. Returns the bytes from `a` to `b`, and back.
+async fn copy_both<A, B>(a: A, b: B) -> (u64, u64)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut ar, mut aw) = tokio::io::split(a);
+    let (mut br, mut bw) = tokio::io::split(b);
+    tokio::join!(one_way(&mut ar, &mut bw), one_way(&mut br, &mut aw))
+}
+
+async fn one_way<R, W>(r: &mut R, w: &mut W) -> u64
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut moved = 0u64;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if w.write_all(&buf[..n]).await.is_err() || w.flush().await.is_err() {
+            break;
+        }
+        moved += n as u64;
+    }
+    let _ = w.shutdown().await;
+    moved
 }
 
 /// What a refusal of the loopback adds: which loopback the proxy reaches.

@@ -142,9 +142,27 @@ pub fn parse(buf: &[u8]) -> Result<Option<Request>, HeadError> {
     } else {
         path.to_string()
     };
+    let head = origin_form(method, &path, req.headers, auth);
+    Ok(Some(Request {
+        ask: Ask::Forward { head },
+        host,
+        port,
+        head_len,
+    }))
+}
+
+/// A head in origin form for the server: `method path`, the headers less
+/// the proxy's own (`Proxy-*`, `Connection`, `Keep-Alive`), a `Host`
+/// (`authority`) if the client sent none, and `Connection: close`.
+fn origin_form(
+    method: &str,
+    path: &str,
+    headers: &[httparse::Header<'_>],
+    authority: &str,
+) -> Vec<u8> {
     let mut head = format!("{method} {path} HTTP/1.1\r\n").into_bytes();
     let mut has_host = false;
-    for h in req.headers.iter() {
+    for h in headers.iter() {
         let n = h.name.to_ascii_lowercase();
         if n.starts_with("proxy-") || n == "connection" || n == "keep-alive" {
             continue;
@@ -156,15 +174,45 @@ pub fn parse(buf: &[u8]) -> Result<Option<Request>, HeadError> {
         head.extend_from_slice(b"\r\n");
     }
     if !has_host {
-        head.extend_from_slice(format!("Host: {auth}\r\n").as_bytes());
+        head.extend_from_slice(format!("Host: {authority}\r\n").as_bytes());
     }
     head.extend_from_slice(b"Connection: close\r\n\r\n");
-    Ok(Some(Request {
-        ask: Ask::Forward { head },
-        host,
-        port,
+    head
+}
+
+/// Reads a request head a client sends a server (origin form, inside an
+/// intercepted TLS connection to `authority`) from the start of `buf`:
+/// the head as it goes on ([`origin_form`]: one request per connection)
+/// and the bytes it took; `Ok(None)` when more bytes are needed.
+pub fn parse_origin(buf: &[u8], authority: &str) -> Result<Option<(Vec<u8>, usize)>, HeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let head_len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => return Err(HeadError::TooLarge),
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(HeadError::Malformed(format!(
+                "more than {MAX_HEADERS} headers"
+            )))
+        }
+        Err(e) => return Err(HeadError::Malformed(e.to_string())),
+    };
+    if head_len > MAX_HEAD {
+        return Err(HeadError::TooLarge);
+    }
+    let (Some(method), Some(path), Some(1)) = (req.method, req.path, req.version) else {
+        return Err(HeadError::Malformed("not an HTTP/1.1 request line".into()));
+    };
+    if method == "CONNECT" || !path.starts_with('/') {
+        return Err(HeadError::Malformed(format!(
+            "{method} {path:?}: inside an intercepted connection a request names a path"
+        )));
+    }
+    Ok(Some((
+        origin_form(method, path, req.headers, authority),
         head_len,
-    }))
+    )))
 }
 
 /// A complete answer from the broker itself (a refusal or an error), with

@@ -9,6 +9,13 @@ pub use policy::{
 pub mod broker;
 pub mod diag;
 pub mod http;
+pub mod intercept;
 pub mod own;
 pub mod relay;
+pub mod seal;
+pub mod secrets;
 pub mod stub;
+
+/// The TLS library the broker intercepts with (its configuration types
+/// cross this crate's API).
+pub use rustls;

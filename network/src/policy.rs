@@ -192,6 +192,17 @@ impl Rule {
         self.port.is_none_or(|p| p == port)
     }
 
+    /// Whether it matches `host` as a client asked for it, on `port`
+    /// (names and literal addresses; names are not resolved).
+    pub fn matches(&self, host: &Host, port: u16) -> bool {
+        self.matches_target(host, port)
+    }
+
+    /// Whether it is `*` (every host).
+    pub fn is_any(&self) -> bool {
+        matches!(self.target, Target::Any)
+    }
+
     /// Whether it matches the host as asked (names and literal addresses).
     fn matches_target(&self, host: &Host, port: u16) -> bool {
         self.port_matches(port)

@@ -305,6 +305,9 @@ requests! {
     SessionImport(crate::SessionImport) = "session.import", mutating = true, route = Core, answers = [SessionImported];
     FsUploadLocal(crate::FsUploadLocal) = "fs.upload_local", mutating = true, route = Core, answers = [FsCopied];
     FsDownloadLocal(crate::FsDownloadLocal) = "fs.download_local", mutating = false, route = Core, answers = [FsCopied];
+    SecretSet(crate::SecretSet) = "secret.set", mutating = true, route = Plugin("network"), answers = [Secret];
+    SecretList(crate::SecretList) = "secret.list", mutating = false, route = Plugin("network"), answers = [Secrets];
+    SecretDelete(crate::SecretDelete) = "secret.delete", mutating = true, route = Plugin("network"), answers = [Deleted];
 }
 
 macro_rules! responses {
@@ -397,4 +400,6 @@ responses! {
     SessionExported(crate::SessionExported);
     SessionImported(crate::SessionImported);
     FsCopied(crate::FsCopied);
+    Secret(crate::SecretInfo);
+    Secrets(crate::SecretListing);
 }

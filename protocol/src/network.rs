@@ -156,6 +156,17 @@ pub struct NetworkAuditRecord {
     /// Bytes from the client to the server, and back.
     pub bytes_sent: u64,
     pub bytes_received: u64,
+    /// Secrets the broker put into this request (by name).
+    #[serde(default)]
+    pub secrets_injected: Vec<String>,
+    /// Secrets whose placeholders went out as they were: the request was
+    /// to a host the secret does not name.
+    #[serde(default)]
+    pub secrets_withheld: Vec<String>,
+    /// Whether the broker terminated the client's TLS (a secret asked for
+    /// interception of this host).
+    #[serde(default)]
+    pub intercepted: bool,
 }
 
 /// The answer to `network.audit`.
@@ -164,4 +175,104 @@ pub struct NetworkAuditListing {
     pub records: Vec<NetworkAuditRecord>,
     /// The cursor to continue from.
     pub next_cursor: u64,
+}
+
+/// A secret's value: carried as the string it is, never shown (`Debug`
+/// prints a stand-in), and wiped from memory when dropped.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Clone, PartialEq, Eq, Default)]
+#[serde(transparent)]
+pub struct SecretValue(pub String);
+
+impl std::fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretValue(<not shown>)")
+    }
+}
+
+impl Drop for SecretValue {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.0);
+    }
+}
+
+/// `secret.set`: a credential the runs of an agent's `proxy` sessions (or
+/// of one session) can use but never read. A run sees `NAME` set to a
+/// placeholder; the broker replaces the placeholder with the value in
+/// requests to the hosts named here, and only there. Setting a secret
+/// again replaces it (its placeholder stays). Host actions only.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SecretSet {
+    pub agent_id: String,
+    /// `None`: every session of the agent.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// The run's environment variable (letters, digits, `_`).
+    pub name: String,
+    pub value: SecretValue,
+    /// Where the value may go: rules as the egress policy writes them
+    /// (`api.test`, `*.api.test`, `api.test:8443`), matched against the
+    /// host the client asked for. `*` is refused.
+    pub hosts: Vec<String>,
+    /// A header the broker sets on requests to those hosts, `{}` standing
+    /// for the value: `Authorization: Bearer {}`.
+    #[serde(default)]
+    pub header: Option<String>,
+    /// A query parameter the broker adds to requests to those hosts.
+    #[serde(default)]
+    pub query: Option<String>,
+    /// Intercept HTTPS to those hosts: the broker terminates the client's
+    /// TLS with the session's own certificate authority (which the
+    /// session's runs trust) and verifies the server's certificate itself.
+    #[serde(default)]
+    pub intercept: bool,
+}
+
+target!(SecretSet: agent_id, session_id, name);
+
+/// `secret.list`: an agent's secrets (and, with `session_id`, that
+/// session's own): names, hosts and placeholders, never values.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SecretList {
+    pub agent_id: String,
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+target!(SecretList: agent_id, session_id);
+
+/// `secret.delete`: one secret of an agent, or of one of its sessions.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SecretDelete {
+    pub agent_id: String,
+    #[serde(default)]
+    pub session_id: Option<String>,
+    pub name: String,
+}
+
+target!(SecretDelete: agent_id, session_id, name);
+
+/// A secret, as `secret.set|list` show it: everything but its value.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+pub struct SecretInfo {
+    pub agent_id: String,
+    /// `None`: the agent's, for every session of it.
+    pub session_id: Option<String>,
+    pub name: String,
+    pub hosts: Vec<String>,
+    pub header: Option<String>,
+    pub query: Option<String>,
+    pub intercept: bool,
+    /// What the runs see in `NAME`.
+    pub placeholder: String,
+    /// When it was last set, milliseconds since the Unix epoch.
+    pub updated_ms: u64,
+}
+
+/// The answer to `secret.list`.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+pub struct SecretListing {
+    pub secrets: Vec<SecretInfo>,
 }

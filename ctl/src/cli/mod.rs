@@ -9,6 +9,7 @@ mod gateway;
 mod monitor;
 mod net;
 mod process;
+mod secret;
 mod session;
 mod share;
 mod system;
@@ -24,6 +25,7 @@ pub use gateway::{GatewayArgs, LogFormat, TokenFileArg};
 pub use monitor::MonitorCommand;
 pub use net::{EgressArgs, NetCommand, NetworkArgs};
 pub use process::{AttachArgs, EventsArgs, KillArgs, LogsArgs, PsArgs, Run, RunArgs, WaitArgs};
+pub use secret::{SecretCommand, ValueFrom};
 pub use session::{LimitArgs, SessionCommand, StatsArgs, TopArgs};
 pub use share::ShareCommand;
 pub use system::{AuditArgs, ShutdownArgs};
@@ -182,6 +184,10 @@ pub enum Command {
     /// The session network: egress rules and the audit of connections.
     #[command(subcommand)]
     Net(NetCommand),
+    /// Credentials a session's runs use through its proxy but never read:
+    /// set, list, delete.
+    #[command(subcommand)]
+    Secret(SecretCommand),
     /// Sharing of sessions' files between sessions (the share plugin):
     /// who shares what, and the host's switches.
     #[command(subcommand)]
@@ -265,6 +271,7 @@ impl Command {
             C::Wait(a) => a.action(),
             C::Ps(a) => call(a.request()),
             C::Net(n) => n.action(),
+            C::Secret(c) => c.action(),
             C::Share(s) => call(s.request()),
             C::Effects(e) => e.action(),
             C::Stats(a) => call(a.request()),
@@ -401,6 +408,11 @@ pub enum Action {
         to: PathBuf,
         new_session: Option<String>,
         since: Option<String>,
+    },
+    /// Set a secret whose value is read here first.
+    SecretSet {
+        request: allox_protocol::SecretSet,
+        from: ValueFrom,
     },
     /// Copy between here and a session.
     Copy {

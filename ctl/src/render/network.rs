@@ -1,7 +1,7 @@
 //! `network.policy.*` and `network.audit` answers as people read them.
 
 use super::{clean, utc};
-use allox_protocol::{NetworkAuditListing, NetworkAuditRecord, NetworkPolicyInfo};
+use allox_protocol::{NetworkAuditListing, NetworkAuditRecord, NetworkPolicyInfo, SecretInfo};
 
 pub fn policy(p: &NetworkPolicyInfo) -> String {
     let who = match &p.session_id {
@@ -53,7 +53,23 @@ pub fn audit_record(r: &NetworkAuditRecord) -> String {
             .map(|a| format!("-> {}", clean(a)))
             .unwrap_or_else(|| "-".into()),
         if r.allowed {
-            "allowed".to_string()
+            let mut s = "allowed".to_string();
+            if r.intercepted {
+                s.push_str(" intercepted");
+            }
+            if !r.secrets_injected.is_empty() {
+                s.push_str(&format!(
+                    " secrets {}",
+                    clean(&r.secrets_injected.join(","))
+                ));
+            }
+            if !r.secrets_withheld.is_empty() {
+                s.push_str(&format!(
+                    " withheld {}",
+                    clean(&r.secrets_withheld.join(","))
+                ));
+            }
+            s
         } else {
             format!("refused ({})", clean(&r.verdict))
         },
@@ -69,5 +85,29 @@ pub fn audit(l: &NetworkAuditListing) -> String {
         l.records.len(),
         l.next_cursor
     ));
+    out
+}
+
+/// A secret as `secret set|list` show it (never its value).
+pub fn secret(x: &SecretInfo) -> String {
+    let level = match &x.session_id {
+        Some(s) => format!("{}/{}", clean(&x.agent_id), clean(s)),
+        None => format!("{} (every session)", clean(&x.agent_id)),
+    };
+    let mut out = format!(
+        "{} of {level}: hosts {}",
+        clean(&x.name),
+        clean(&x.hosts.join(" "))
+    );
+    if let Some(h) = &x.header {
+        out.push_str(&format!("; header {}", clean(h)));
+    }
+    if let Some(q) = &x.query {
+        out.push_str(&format!("; query {}", clean(q)));
+    }
+    if x.intercept {
+        out.push_str("; HTTPS intercepted");
+    }
+    out.push_str(&format!("; runs see {}\n", clean(&x.placeholder)));
     out
 }

@@ -65,7 +65,7 @@ async fn through(broker: &Broker, policy: &Policy, request: &[u8]) -> (String, A
         String::from_utf8_lossy(&out).to_string()
     });
     let (s, _) = l.accept().await.unwrap();
-    let attempt = broker.serve(s, policy).await;
+    let attempt = broker.serve(s, policy, &Default::default()).await;
     (client.await.unwrap(), attempt)
 }
 
@@ -74,6 +74,7 @@ fn broker(dns: SocketAddr) -> Broker {
         resolver: Arc::new(DnsResolver::new(dns)),
         timeouts: Timeouts::default(),
         own: Arc::new(OwnAddresses::new()),
+        upstream_tls: Err("no interception in this test".into()),
     }
 }
 

@@ -222,7 +222,16 @@ pub struct NetworkSettings {
     pub connections: usize,
     /// `--proxy-lookups-per-session`.
     pub lookups_per_session: usize,
+    /// `--secrets-key-file`: the key secrets are sealed under in the
+    /// store (made on the first `secret.set` when there is none).
+    pub secrets_key_file: PathBuf,
+    /// `--network-ca-file`: the roots the broker verifies intercepted
+    /// connections' servers against (the system's when `None`).
+    pub ca_file: Option<PathBuf>,
 }
+
+/// `--secrets-key-file`'s default: outside every store.
+pub const DEFAULT_SECRETS_KEY_FILE: &str = "/var/lib/allox/secrets.key";
 
 /// `--proxy-connections-per-session`: a session's proxy connections open
 /// at once (a real agent's tools open tens).
@@ -244,6 +253,8 @@ impl Default for NetworkSettings {
             connections_per_session: DEFAULT_CONNECTIONS_PER_SESSION as usize,
             connections: DEFAULT_CONNECTIONS as usize,
             lookups_per_session: DEFAULT_LOOKUPS_PER_SESSION as usize,
+            secrets_key_file: PathBuf::from(DEFAULT_SECRETS_KEY_FILE),
+            ca_file: None,
         }
     }
 }

@@ -17,6 +17,7 @@
 mod audit;
 mod counted;
 mod proxy;
+mod vault;
 
 pub use super::defaults::network::{
     DEFAULT_CONNECTIONS, DEFAULT_CONNECTIONS_PER_SESSION, DEFAULT_LOOKUPS_PER_SESSION, NAME,
@@ -27,7 +28,9 @@ use crate::plugin_api::{
     SessionNetwork, SessionRef, Settings, API_VERSION,
 };
 use crate::plugin_api::{NetworkSettings, PluginError};
-use allox_network::broker::{Broker, DnsResolver, LookupBudget, Resolve, SystemResolver, Timeouts};
+use allox_network::broker::{
+    Broker, DnsResolver, LookupBudget, Resolve, SessionSecrets, SystemResolver, Timeouts,
+};
 use allox_network::diag::SockDiag;
 use allox_network::own::OwnAddresses;
 use allox_network::{Layer, Policy, RuleError};
@@ -52,6 +55,8 @@ pub const SHIM: &str = "/run/allox/network.py";
 /// judged by.
 struct Live {
     policy: RwLock<Arc<Policy>>,
+    /// Its secrets (the agent's and its own) and its authority.
+    secrets: RwLock<Arc<SessionSecrets>>,
 }
 
 /// The runs by cgroup id (told by [`Plugin::before_run`]), for naming the
@@ -78,6 +83,10 @@ struct Started {
     live: Mutex<HashMap<String, Arc<Live>>>,
     runs: Mutex<RunsByCgroup>,
     metrics: counted::NetMetrics,
+    /// Secrets and the sessions' certificate authorities.
+    vault: vault::Vault,
+    /// What intercepted connections' servers are verified against.
+    upstream_tls: Result<Arc<allox_network::rustls::ClientConfig>, String>,
 }
 
 impl Started {
@@ -182,6 +191,24 @@ impl Plugin for Network {
             let _ = std::fs::remove_file(&shim);
             not_started(format!("open {}: {e}", path.display()))
         })?;
+        let vault = vault::Vault::open(
+            &settings.state_dir,
+            &n.secrets_key_file,
+            n.ca_file.as_deref(),
+            settings.store.as_deref(),
+        )
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&shim);
+            not_started(format!("secrets: {e}"))
+        })?;
+        let upstream_tls = match allox_network::intercept::upstream_config(n.ca_file.as_deref()) {
+            Ok(c) => Ok(c),
+            Err(e) if n.ca_file.is_some() => {
+                let _ = std::fs::remove_file(&shim);
+                return Err(not_started(format!("--network-ca-file: {e}")));
+            }
+            Err(e) => Err(e.to_string()),
+        };
         self.started.fill(Started {
             resolver,
             own: Arc::new(OwnAddresses::new()),
@@ -192,6 +219,8 @@ impl Plugin for Network {
             live: Mutex::new(HashMap::new()),
             runs: Mutex::new(RunsByCgroup::default()),
             metrics: counted::NetMetrics::registered(&settings.metrics),
+            vault,
+            upstream_tls,
         });
         Ok(())
     }
@@ -221,11 +250,24 @@ impl Plugin for Network {
         // The target is what the core checks when it loads the plugins;
         // the source is known once it has started (and only started
         // plugins contribute to runs).
-        let binds = vec![allox_sandbox::spec::Bind {
+        let mut binds = vec![allox_sandbox::spec::Bind {
             src: self.started().map(|st| st.shim.clone()).unwrap_or_default(),
             dst: SHIM.into(),
             writable: false,
         }];
+        // Secrets: placeholders only; the roots with the session's
+        // authority when one intercepts.
+        if let Some(st) = self.started() {
+            let (more, bundle) = st.vault.contribution(run.agent, run.session);
+            env.extend(more);
+            if let Some(src) = bundle {
+                binds.push(allox_sandbox::spec::Bind {
+                    src,
+                    dst: vault::BUNDLE.into(),
+                    writable: false,
+                });
+            }
+        }
         Contribution {
             env,
             binds,
@@ -236,6 +278,12 @@ impl Plugin for Network {
     fn before_run(&self, run: &RunRef<'_>, cgroup_id: u64) -> Result<(), PluginError> {
         self.adopt_run(run, cgroup_id);
         Ok(())
+    }
+
+    fn deleted(&self, agent: &str, session: Option<&str>) {
+        if let Some(st) = self.started() {
+            st.vault.deleted(agent, session);
+        }
     }
 
     fn adopt_run(&self, run: &RunRef<'_>, cgroup_id: u64) {
@@ -278,6 +326,9 @@ impl Plugin for Network {
             .map_err(|_| refused("no async runtime to serve the session's proxy"))?;
         let live = Arc::new(Live {
             policy: RwLock::new(Arc::new(policy)),
+            secrets: RwLock::new(Arc::new(
+                st.vault.session_secrets(session.agent, session.session),
+            )),
         });
         let k = key(session.agent, session.session);
         st.live
@@ -295,6 +346,7 @@ impl Plugin for Network {
             ))),
             timeouts: Timeouts::default(),
             own: st.own.clone(),
+            upstream_tls: st.upstream_tls.clone(),
         };
         let served = Arc::new(proxy::SessionProxy::new(
             st.clone(),
@@ -340,6 +392,49 @@ impl Plugin for Network {
                     p.session_id.as_deref(),
                 )?)),
                 Request::NetworkAudit(q) => audit::serve(&st.audit, q, ctx).await,
+                Request::SecretSet(p) => {
+                    let (a, s) = (p.agent_id.as_str(), p.session_id.as_deref());
+                    let info = st.info(ctx.store, a, s)?;
+                    if let (Some(s), false) = (s, info.mode == NetworkMode::Proxy) {
+                        return Err(PluginError::Answered(allox_protocol::ErrorBody::invalid(
+                            format!(
+                                "session {a}/{s} is in network mode {}: secrets reach runs through the session's proxy, so only proxy sessions use them",
+                                info.mode
+                            ),
+                        )));
+                    }
+                    let set = st.vault.set(p).map_err(PluginError::Answered)?;
+                    st.refresh_secrets(a, s);
+                    Ok(Response::Secret(set))
+                }
+                Request::SecretList(p) => {
+                    let (a, s) = (p.agent_id.as_str(), p.session_id.as_deref());
+                    // The agent (and session) must exist.
+                    st.info(ctx.store, a, s)?;
+                    Ok(Response::Secrets(allox_protocol::SecretListing {
+                        secrets: st.vault.list(a, s),
+                    }))
+                }
+                Request::SecretDelete(p) => {
+                    let (a, s) = (p.agent_id.as_str(), p.session_id.as_deref());
+                    st.info(ctx.store, a, s)?;
+                    let what = match s {
+                        Some(s) => format!("{a}/{s}/{}", p.name),
+                        None => format!("{a}/{}", p.name),
+                    };
+                    if !st
+                        .vault
+                        .delete(a, s, &p.name)
+                        .map_err(PluginError::Answered)?
+                    {
+                        return Err(PluginError::Answered(allox_protocol::ErrorBody::new(
+                            allox_protocol::ErrorCode::NotFound,
+                            format!("secret {what}: no such secret"),
+                        )));
+                    }
+                    st.refresh_secrets(a, s);
+                    Ok(Response::Deleted(allox_protocol::Deleted { deleted: what }))
+                }
                 _ => Err(PluginError::NoHandler {
                     plugin: NAME,
                     action: req.action(),
@@ -388,6 +483,27 @@ impl Started {
             mode,
             levels,
         })
+    }
+
+    /// After a secret of agent `a` (or session `a/s`) changed: each live
+    /// session it touches uses the new set from its next connection.
+    fn refresh_secrets(&self, a: &str, s: Option<&str>) {
+        let prefix = key(a, "");
+        let touched: Vec<(String, Arc<Live>)> = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(k, _)| match s {
+                Some(s) => **k == key(a, s),
+                None => k.starts_with(&prefix),
+            })
+            .map(|(k, l)| (k.clone(), l.clone()))
+            .collect();
+        for (k, live) in touched {
+            let fresh = Arc::new(self.vault.session_secrets(a, &k[prefix.len()..]));
+            *live.secrets.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+        }
     }
 
     /// After a rules change of agent `a` (or session `a/s`): each live

@@ -175,6 +175,9 @@ fn record(run_id: Option<String>, verdict: String) -> NetworkAuditRecord {
         verdict,
         bytes_sent: 0,
         bytes_received: 0,
+        secrets_injected: Vec::new(),
+        secrets_withheld: Vec::new(),
+        intercepted: false,
     }
 }
 
@@ -215,7 +218,13 @@ pub(super) async fn serve(l: tokio::net::TcpListener, proxy: Arc<SessionProxy>) 
                 .read()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
-            let a = proxy.broker.serve(conn, &policy).await;
+            let secrets = proxy
+                .live
+                .secrets
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            let a = proxy.broker.serve(conn, &policy, &secrets).await;
             proxy
                 .started
                 .metrics
@@ -228,6 +237,9 @@ pub(super) async fn serve(l: tokio::net::TcpListener, proxy: Arc<SessionProxy>) 
             r.allowed = a.allowed;
             r.bytes_sent = a.sent;
             r.bytes_received = a.received;
+            r.secrets_injected = a.secrets.injected;
+            r.secrets_withheld = a.secrets.withheld;
+            r.intercepted = a.intercepted;
             proxy.record(r);
         });
     }

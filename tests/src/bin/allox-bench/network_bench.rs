@@ -64,12 +64,13 @@ async fn broker_for(server: SocketAddr) -> SocketAddr {
         resolver: Arc::new(SystemResolver::new()),
         timeouts: Timeouts::default(),
         own: Arc::new(OwnAddresses::new()),
+        upstream_tls: Err("not measured here".into()),
     };
     tokio::spawn(async move {
         while let Ok((c, _)) = l.accept().await {
             let (b, p) = (broker.clone(), policy.clone());
             tokio::spawn(async move {
-                b.serve(c, &p).await;
+                b.serve(c, &p, &Default::default()).await;
             });
         }
     });

@@ -50,7 +50,8 @@ allox_install_deps() {
     # would, and run vi in it; chromium: the monitor's report is rendered
     # headless and counted; python3-httpx, -pytest, -jsonschema, -venv,
     # -setuptools and -wheel: the Python client (clients/python), its tests
-    # and its schema checks; podman, runc, skopeo, binutils (objcopy and
+    # and its schema checks; python3-requests: a client the secrets tests
+    # run through a session's proxy; podman, runc, skopeo, binutils (objcopy and
     # readelf: the release binaries stripped, scripts/build-release.sh) and
     # e2fsprogs: the container image is built, inspected and run under
     # podman (runc: this host's crun refuses its hybrid cgroups), with an
@@ -60,7 +61,7 @@ allox_install_deps() {
     # prometheus: a real Prometheus scrapes the gateway's metrics.
     local pkgs=(btrfs-progs curl util-linux mount bubblewrap python3 gcc gdb strace git
         clang libbpf-dev python3-pip openssh-server openssh-client tmux vim-tiny chromium
-        python3-httpx python3-pytest python3-jsonschema python3-venv python3-setuptools
+        python3-httpx python3-pytest python3-jsonschema python3-venv python3-setuptools python3-requests
         python3-wheel podman runc skopeo binutils e2fsprogs busybox-static iproute2 nftables prometheus)
     local missing=()
     for p in "${pkgs[@]}"; do

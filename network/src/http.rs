@@ -102,9 +102,10 @@ pub fn parse(buf: &[u8]) -> Result<Option<Request>, HeadError> {
     let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
         return Err(HeadError::Malformed("incomplete request line".into()));
     };
-    if version != 1 {
-        return Err(HeadError::Unsupported("only HTTP/1.1 is proxied".into()));
-    }
+    // HTTP/1.0 too: Python's `http.client` (and so `requests`, `urllib`
+    // and pip) asks for its tunnels in it. A forwarded request goes on as
+    // HTTP/1.1 with `Connection: close`, which a 1.0 client reads alike.
+    let _ = version;
     if method == "CONNECT" {
         let (host, port) = authority(target, None)?;
         return Ok(Some(Request {
@@ -201,8 +202,8 @@ pub fn parse_origin(buf: &[u8], authority: &str) -> Result<Option<(Vec<u8>, usiz
     if head_len > MAX_HEAD {
         return Err(HeadError::TooLarge);
     }
-    let (Some(method), Some(path), Some(1)) = (req.method, req.path, req.version) else {
-        return Err(HeadError::Malformed("not an HTTP/1.1 request line".into()));
+    let (Some(method), Some(path), Some(_)) = (req.method, req.path, req.version) else {
+        return Err(HeadError::Malformed("incomplete request line".into()));
     };
     if method == "CONNECT" || !path.starts_with('/') {
         return Err(HeadError::Malformed(format!(

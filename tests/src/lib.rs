@@ -109,6 +109,12 @@ impl BtrfsFs {
     pub fn scratch(&self) -> &Path {
         self.dir.path()
     }
+
+    /// The filesystem's image file (in the scratch directory), every byte
+    /// the store wrote to its disk.
+    pub fn image(&self) -> PathBuf {
+        self.dir.path().join("fs.img")
+    }
 }
 
 impl Drop for BtrfsFs {
@@ -578,6 +584,9 @@ pub struct ProcDaemon {
     pub daemon: Daemon,
     pub cgroup: PathBuf,
     pub fs: BtrfsFs,
+    /// Where its log goes (appended to across restarts), and the
+    /// environment it was started with, when a test asked for them.
+    pub log: Option<(PathBuf, Vec<(String, String)>)>,
 }
 
 impl ProcDaemon {
@@ -600,12 +609,49 @@ impl ProcDaemon {
         Self::start_full(name, &[], extra, 1024, Some(exe))
     }
 
+    /// Starts it with extra environment, its log (standard error) going
+    /// to `log`, as every restart's will.
+    pub fn start_logged(
+        name: &str,
+        env: &[(&str, &str)],
+        extra: &[&str],
+        log: &Path,
+    ) -> ProcDaemon {
+        let mut d = Self::start_full_logged(name, env, extra, 1024, None, Some(log));
+        d.log = Some((
+            log.to_path_buf(),
+            env.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ));
+        d
+    }
+
     fn start_full(
         name: &str,
         env: &[(&str, &str)],
         extra: &[&str],
         size_mb: u64,
         exe: Option<&Path>,
+    ) -> ProcDaemon {
+        Self::start_full_logged(name, env, extra, size_mb, exe, None)
+    }
+
+    fn append_to(log: &Path) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("open the daemon's log")
+    }
+
+    fn start_full_logged(
+        name: &str,
+        env: &[(&str, &str)],
+        extra: &[&str],
+        size_mb: u64,
+        exe: Option<&Path>,
+        log: Option<&Path>,
     ) -> ProcDaemon {
         std::fs::create_dir_all("/var/tmp").ok();
         let fs = BtrfsFs::new(size_mb).expect("make btrfs");
@@ -624,11 +670,17 @@ impl ProcDaemon {
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let daemon = match exe {
-            Some(exe) => Daemon::start_exe(exe, &root, &sock, env, &args, None),
-            None => Daemon::start(&root, &sock, env, &args),
-        };
-        ProcDaemon { daemon, cgroup, fs }
+        let log = log.map(Self::append_to);
+        let exe = exe
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| workspace_bin("allox-init"));
+        let daemon = Daemon::start_exe(&exe, &root, &sock, env, &args, log);
+        ProcDaemon {
+            daemon,
+            cgroup,
+            fs,
+            log: None,
+        }
     }
 
     /// Restarts the daemon process (its runs keep going).
@@ -645,7 +697,14 @@ impl ProcDaemon {
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.daemon.terminate();
-        self.daemon = Daemon::start(&root, &sock, &[], &args);
+        self.daemon = match &self.log {
+            Some((log, env)) => {
+                let env: Vec<(&str, &str)> =
+                    env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                Daemon::start_logging(&root, &sock, &env, &args, Some(Self::append_to(log)))
+            }
+            None => Daemon::start(&root, &sock, &[], &args),
+        };
     }
 }
 

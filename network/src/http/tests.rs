@@ -86,7 +86,6 @@ fn what_is_not_a_proxy_request_is_refused_saying_why() {
             501,
             "user information",
         ),
-        (b"GET http://a.test/ HTTP/1.0\r\n\r\n", 501, "HTTP/1.1"),
         (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 400, ""),
     ] {
         let e = parse(raw).unwrap_err();
@@ -105,4 +104,20 @@ fn a_refusal_is_a_complete_response_with_its_reason() {
         "{a}"
     );
     assert_eq!(body, "allox proxy: pypi.test:443 is not allowed\n");
+}
+
+#[test]
+fn a_tunnel_asked_in_http_1_0_is_opened_as_python_asks_for_it() {
+    let r = parse(b"CONNECT api.test:443 HTTP/1.0\r\n\r\n")
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.ask, Ask::Connect);
+    assert_eq!((r.host, r.port), (host("api.test"), 443));
+    let r = parse(b"GET http://a.test/x HTTP/1.0\r\n\r\n")
+        .unwrap()
+        .unwrap();
+    let Ask::Forward { head } = r.ask else {
+        panic!("{:?}", r.ask)
+    };
+    assert!(head.starts_with(b"GET /x HTTP/1.1\r\n"), "{head:?}");
 }

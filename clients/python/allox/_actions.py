@@ -475,6 +475,39 @@ class Actions:
         p = build_params(None, dict(agent_id=agent_id, session_id=session_id, cursor=cursor, limit=limit))
         return self._invoke("network.audit", p, _model("NetworkAuditListing"))
 
+    def secret_set(
+        self,
+        agent_id: str,
+        name: str,
+        value: str,
+        hosts: Sequence[str],
+        *,
+        session_id: str | None = None,
+        header: str | None = None,
+        query: str | None = None,
+        intercept: bool | None = None,
+    ) -> models.SecretInfo:
+        """``secret.set``: a credential the runs of the agent's proxy sessions
+        (or of ``session_id``) use through the proxy but never read: they see
+        a placeholder, which the broker replaces with ``value`` in requests to
+        ``hosts`` only. The answer never holds the value."""
+        p = build_params(
+            None,
+            dict(agent_id=agent_id, session_id=session_id, name=name, value=value, hosts=list(hosts),
+                 header=header, query=query, intercept=intercept),
+        )
+        return self._invoke("secret.set", p, _model("SecretInfo"))
+
+    def secret_list(self, agent_id: str, session_id: str | None = None) -> models.SecretListing:
+        """``secret.list``: names, hosts and placeholders, never values."""
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id))
+        return self._invoke("secret.list", p, _model("SecretListing"))
+
+    def secret_delete(self, agent_id: str, name: str, session_id: str | None = None) -> models.Deleted:
+        """``secret.delete``."""
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, name=name))
+        return self._invoke("secret.delete", p, _model("Deleted"))
+
     def follow_network_audit(
         self, agent_id: str | None = None, session_id: str | None = None, *, cursor: int | None = None, limit: int | None = None
     ) -> Any:

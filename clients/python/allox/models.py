@@ -155,6 +155,12 @@ __all__ = [
     'RunResult',
     'RunStarted',
     'RunUsage',
+    'SecretDelete',
+    'SecretInfo',
+    'SecretList',
+    'SecretListing',
+    'SecretSet',
+    'SecretValue',
     'SessionCreate',
     'SessionDelete',
     'SessionExport',
@@ -1290,12 +1296,23 @@ class NetworkAuditRecord(Model):
     #: As the client asked.
     host: str
 
+    #: Whether the broker terminated the client's TLS (a secret asked for
+    #: interception of this host).
+    intercepted: bool = False
+
     #: `CONNECT` (a tunnel) or `HTTP` (an absolute URI).
     kind: str
     port: int
 
     #: The run whose process connected, when the broker could tell.
     run_id: Optional[str] = None
+
+    #: Secrets the broker put into this request (by name).
+    secrets_injected: list[str] = field(default_factory=list)
+
+    #: Secrets whose placeholders went out as they were: the request was
+    #: to a host the secret does not name.
+    secrets_withheld: list[str] = field(default_factory=list)
 
     #: Position in the audit, from 1.
     seq: int
@@ -1906,6 +1923,89 @@ class RunUsage(Model):
     memory_current_bytes: Optional[int] = None
     run_id: str
     usage: Usage
+
+
+@dataclass(kw_only=True)
+class SecretDelete(Model):
+    """`secret.delete`: one secret of an agent, or of one of its sessions."""
+
+    agent_id: str
+    name: str
+    session_id: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class SecretInfo(Model):
+    """A secret, as `secret.set|list` show it: everything but its value."""
+
+    agent_id: str
+    header: Optional[str] = None
+    hosts: list[str]
+    intercept: bool
+    name: str
+
+    #: What the runs see in `NAME`.
+    placeholder: str
+    query: Optional[str] = None
+
+    #: `None`: the agent's, for every session of it.
+    session_id: Optional[str] = None
+
+    #: When it was last set, milliseconds since the Unix epoch.
+    updated_ms: int
+
+
+@dataclass(kw_only=True)
+class SecretList(Model):
+    """`secret.list`: an agent's secrets (and, with `session_id`, that
+    session's own): names, hosts and placeholders, never values.
+    """
+
+    agent_id: str
+    session_id: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class SecretListing(Model):
+    """The answer to `secret.list`."""
+
+    secrets: list[SecretInfo]
+
+
+@dataclass(kw_only=True)
+class SecretSet(Model):
+    """`secret.set`: a credential the runs of an agent's `proxy` sessions (or
+    of one session) can use but never read. A run sees `NAME` set to a
+    placeholder; the broker replaces the placeholder with the value in
+    requests to the hosts named here, and only there. Setting a secret
+    again replaces it (its placeholder stays). Host actions only.
+    """
+
+    agent_id: str
+
+    #: A header the broker sets on requests to those hosts, `{}` standing
+    #: for the value: `Authorization: Bearer {}`.
+    header: Optional[str] = None
+
+    #: Where the value may go: rules as the egress policy writes them
+    #: (`api.test`, `*.api.test`, `api.test:8443`), matched against the
+    #: host the client asked for. `*` is refused.
+    hosts: list[str]
+
+    #: Intercept HTTPS to those hosts: the broker terminates the client's
+    #: TLS with the session's own certificate authority (which the
+    #: session's runs trust) and verifies the server's certificate itself.
+    intercept: bool = False
+
+    #: The run's environment variable (letters, digits, `_`).
+    name: str
+
+    #: A query parameter the broker adds to requests to those hosts.
+    query: Optional[str] = None
+
+    #: `None`: every session of the agent.
+    session_id: Optional[str] = None
+    value: SecretValue
 
 
 @dataclass(kw_only=True)
@@ -2588,6 +2688,10 @@ Origin = Literal['manual', 'baseline', 'turn', 'recovered', 'fork']
 #: What happened to a process.
 ProcessEventKind = Literal['fork', 'exec', 'exit', 'evicted']
 
+#: A secret's value: carried as the string it is, never shown (`Debug`
+#: prints a stand-in), and wiped from memory when dropped.
+SecretValue = str
+
 #: Where a session's sharing state comes from.
 ShareOrigin = Literal['default', 'session', 'host', 'agent', 'agent_denied']
 
@@ -2652,6 +2756,9 @@ ACTIONS: dict[str, tuple[Any, Any]] = {
     'process.stdin': (ProcessStdin, StdinWritten),
     'process.tree': (ProcessTreeRequest, ProcessTreeListing),
     'process.wait': (ProcessWait, RunResult),
+    'secret.delete': (SecretDelete, Deleted),
+    'secret.list': (SecretList, SecretListing),
+    'secret.set': (SecretSet, SecretInfo),
     'session.create': (SessionCreate, SessionInfo),
     'session.delete': (SessionDelete, Deleted),
     'session.export': (SessionExport, SessionExported),

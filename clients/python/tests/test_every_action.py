@@ -78,7 +78,8 @@ class Calls:
 @pytest.fixture
 def every(make_gateway, openapi_check, tmp_path: Path):
     monitor = tmp_path / "monitor"
-    args = ["--process-tracker", "ebpf", "--plugin", "network", "--share-tools", "--monitor-root", str(monitor)]
+    args = ["--process-tracker", "ebpf", "--plugin", "network", "--share-tools", "--monitor-root", str(monitor),
+            "--secrets-key-file", str(tmp_path / "secrets.key")]
     try:
         env = make_gateway(args, label="every-action")
     except pytest.fail.Exception as e:
@@ -287,6 +288,13 @@ def test_every_action_is_answered_and_fits_the_document(every, openapi_check):
     got_policy = call("network.policy.get", agent_id=A, session_id=S)
     assert got_policy["mode"] == "proxy", got_policy
     call("network.policy.set", agent_id=A, session_id=S, egress={"allow": ["pypi.test:80", "*.mirror.test:443"], "deny": ["evil.test"]})
+    secret = call("secret.set", agent_id=A, session_id=S, name="API_KEY", value="every-action-secret-value",
+                  hosts=["api.test"], header="Authorization: Bearer {}")
+    assert secret["placeholder"].startswith("allox-secret-placeholder-"), secret
+    assert "every-action-secret-value" not in str(secret), secret
+    listed = call("secret.list", agent_id=A, session_id=S)["secrets"]
+    assert [(x["name"], x["session_id"]) for x in listed] == [("API_KEY", S)], listed
+    assert call("secret.delete", agent_id=A, session_id=S, name="API_KEY")["deleted"] == f"{A}/{S}/API_KEY"
 
     ended_turn = call("turn.end", agent_id=A, session_id=S, turn_id="turn-1", status="ok", label="every action")
     assert ended_turn["checkpoint_id"] == "turn-1", ended_turn

@@ -19,3 +19,5 @@ pub mod stub;
 /// The TLS library the broker intercepts with (its configuration types
 /// cross this crate's API).
 pub use rustls;
+/// Its async streams.
+pub use tokio_rustls;

@@ -25,6 +25,7 @@ mod effects_v3_bench;
 mod files_bench;
 mod fork_bench;
 mod http_bench;
+mod intercept_bench;
 mod metrics_bench;
 mod monitor_bench;
 mod network_bench;

@@ -184,6 +184,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         med(&b),
         100.0 * med(&b) / med(&d)
     );
+    crate::intercept_bench::run(quick)?;
     spawn_with_and_without(fs, quick)?;
     ping_under_floods(fs, quick)
 }

@@ -35,6 +35,33 @@ impl ReconnectingClient {
         &self.socket
     }
 
+    /// Calls with `fd` passed alongside the request ([`Client::call_with_fd`]),
+    /// over the current connection or a new one; a call on an old
+    /// connection that could not be sent is made once more on a fresh one.
+    pub fn call_with_fd(
+        &mut self,
+        request: Request,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<Answer, ClientError> {
+        let reused = self.client.is_some();
+        let retry = request.clone();
+        match self.client()?.call_with_fd(request, fd) {
+            Ok(a) => Ok(a),
+            Err(err) => {
+                self.client = None;
+                if reused && matches!(err, ClientError::Write(_)) {
+                    let answer = self.client()?.call_with_fd(retry, fd);
+                    if answer.is_err() {
+                        self.client = None;
+                    }
+                    answer
+                } else {
+                    Err(err)
+                }
+            }
+        }
+    }
+
     fn client(&mut self) -> Result<&mut Client, ClientError> {
         if self.client.is_none() {
             // The Hello goes out with the first request.

@@ -14,6 +14,7 @@
 pub mod cli;
 pub mod effects;
 pub mod foreground;
+pub mod forward;
 pub mod monitor;
 pub mod process;
 pub mod raw_mode;

@@ -129,6 +129,18 @@ fn main() -> ExitCode {
             }
         }
         Action::Top { interval, once } => top(cli.socket, interval, once),
+        Action::PortForward {
+            agent,
+            session,
+            port,
+            listen,
+        } => report_status(allox_ctl::forward::forward(
+            &cli.socket,
+            &agent,
+            &session,
+            port,
+            listen,
+        )),
         Action::SecretSet { mut request, from } => match from.read() {
             Ok(v) => {
                 request.value = allox_protocol::SecretValue(v);

@@ -199,6 +199,28 @@ impl Access {
         self.check_origin(h)
     }
 
+    /// Checks a request for a session's port: Host, and an Origin that is
+    /// allowed or the gateway's own (the app's pages, served from here,
+    /// call it); whether the gateway's token came with it (other
+    /// credentials are the port's, checked by the daemon).
+    pub fn check_port(&self, h: &Headers<'_>) -> Result<bool, Refusal> {
+        self.check_host(h)?;
+        if let (Some(o), Some(host)) = (h.origin, h.host) {
+            let own = ["http://", "https://"]
+                .iter()
+                .any(|s| normalize_origin(o) == format!("{s}{}", host.trim().to_ascii_lowercase()));
+            if !own && !self.allows_origin(o) {
+                return Err(Refusal::Origin(o.to_owned()));
+            }
+        }
+        let given = h
+            .authorization
+            .and_then(bearer)
+            .map(str::as_bytes)
+            .unwrap_or_default();
+        Ok(self.token.matches(given))
+    }
+
     fn check_host(&self, h: &Headers<'_>) -> Result<(), Refusal> {
         let host = h.host.ok_or(Refusal::NoHost)?;
         let want = host.trim().to_ascii_lowercase();

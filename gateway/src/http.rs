@@ -174,6 +174,19 @@ async fn answer(req: HttpRequest, shared: &Arc<Shared>, metrics_only: bool) -> H
             );
             r
         }
+        Route::Port(p) => {
+            let (agent, session, port) = (p.agent.clone(), p.session.clone(), p.port);
+            let r = crate::ports::serve(req, p, shared).await;
+            tracing::info!(
+                method,
+                agent,
+                session,
+                port,
+                status = r.status().as_u16(),
+                "port request answered"
+            );
+            r
+        }
         Route::Refused(reply) => refuse(req, reply, shared).await,
         Route::Health => respond(Reply {
             status: 200,

@@ -36,6 +36,7 @@ pub mod files;
 mod http;
 pub mod metrics;
 pub mod openapi;
+pub mod ports;
 mod shared;
 mod stream;
 pub mod token;
@@ -348,6 +349,8 @@ pub enum Route {
     Rpc(Option<String>),
     /// `GET` or `PUT` below `/v1/files/`.
     Files(files::FileRequest),
+    /// Any method below `/v1/ports/`: a session's exposed port.
+    Port(ports::PortRequest),
     /// `GET /v1/openapi.json`.
     OpenApi,
     /// `GET /healthz`.
@@ -363,6 +366,12 @@ pub enum Route {
 /// The route of a method and URL.
 pub fn route(method: &str, url: &str) -> Route {
     let path = url.split(['?', '#']).next().unwrap_or(url);
+    if ports::is_ports_path(path) {
+        return match ports::parse(url) {
+            Ok(p) => Route::Port(p),
+            Err(r) => Route::Refused(r),
+        };
+    }
     if files::is_files_path(path) {
         return match files::parse(method, url) {
             Ok(f) => Route::Files(f),

@@ -88,6 +88,7 @@ pub fn route_label(r: &Route) -> &'static str {
     match r {
         Route::Rpc(_) => "rpc",
         Route::Files(_) => "files",
+        Route::Port(_) => "ports",
         Route::OpenApi => "openapi",
         Route::Health => "healthz",
         Route::Ready => "readyz",

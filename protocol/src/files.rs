@@ -166,11 +166,13 @@ target!(FsDownloadLocal, |r| fs_target(
 
 impl crate::Request {
     /// Whether the request comes with a descriptor ([`FsUploadLocal`],
-    /// [`FsDownloadLocal`]).
+    /// [`FsDownloadLocal`], [`crate::PortConnect`]).
     pub fn passes_descriptor(&self) -> bool {
         matches!(
             self,
-            crate::Request::FsUploadLocal(_) | crate::Request::FsDownloadLocal(_)
+            crate::Request::FsUploadLocal(_)
+                | crate::Request::FsDownloadLocal(_)
+                | crate::Request::PortConnect(_)
         )
     }
 }

@@ -308,6 +308,10 @@ requests! {
     SecretSet(crate::SecretSet) = "secret.set", mutating = true, route = Plugin("network"), answers = [Secret];
     SecretList(crate::SecretList) = "secret.list", mutating = false, route = Plugin("network"), answers = [Secrets];
     SecretDelete(crate::SecretDelete) = "secret.delete", mutating = true, route = Plugin("network"), answers = [Deleted];
+    PortExpose(crate::PortExpose) = "port.expose", mutating = true, route = Core, answers = [Port];
+    PortUnexpose(crate::PortUnexpose) = "port.unexpose", mutating = true, route = Core, answers = [Deleted];
+    PortList(crate::PortList) = "port.list", mutating = false, route = Core, answers = [Ports];
+    PortConnect(crate::PortConnect) = "port.connect", mutating = false, route = Core, answers = [PortConnected];
 }
 
 macro_rules! responses {
@@ -402,4 +406,7 @@ responses! {
     FsCopied(crate::FsCopied);
     Secret(crate::SecretInfo);
     Secrets(crate::SecretListing);
+    Port(crate::PortInfo);
+    Ports(crate::PortListing);
+    PortConnected(crate::PortConnected);
 }

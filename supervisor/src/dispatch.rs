@@ -243,6 +243,7 @@ impl Supervisor {
                 let out = out?;
                 runs.forget_pause(&r.agent_id, None);
                 self.plugins.deleted(&r.agent_id, None);
+                self.ports.deleted(&r.agent_id, None);
                 Response::Deleted(out)
             }
             Request::SessionCreate(r) => {
@@ -347,6 +348,7 @@ impl Supervisor {
                 let out = out?;
                 runs.forget_pause(a, Some(s));
                 self.plugins.deleted(a, Some(s));
+                self.ports.deleted(a, Some(s));
                 Response::Deleted(out)
             }
             Request::CheckpointCreate(r) => Response::Checkpoint(
@@ -423,6 +425,38 @@ impl Supervisor {
             | Request::FsMove(_)
             | Request::FsUploadLocal(_)
             | Request::FsDownloadLocal(_) => return Ok(self.files().answer(req)?),
+            Request::PortExpose(r) => {
+                let (a, s) = (&r.agent_id, &r.session_id);
+                let mode = st
+                    .network_of(a, Some(s))?
+                    .mode
+                    .unwrap_or(self.network_default);
+                let runs = self.runs()?;
+                if !runs.has_own_network(mode) {
+                    return Err(RequestError::Port {
+                        code: allox_protocol::ErrorCode::InvalidRequest,
+                        why: format!(
+                            "session {a}/{s} is in network mode {mode} and its runs share the daemon's network: only a session with a loopback of its own (isolated or proxy) has ports to expose"
+                        ),
+                    });
+                }
+                Response::Port(self.ports.expose(r)?)
+            }
+            Request::PortUnexpose(r) => {
+                st.network_of(&r.agent_id, Some(&r.session_id))?;
+                Response::Deleted(allox_protocol::Deleted {
+                    deleted: self.ports.unexpose(r)?,
+                })
+            }
+            Request::PortList(r) => {
+                st.network_of(&r.agent_id, r.session_id.as_deref())?;
+                Response::Ports(self.ports.list(r))
+            }
+            Request::PortConnect(r) => {
+                let runs = self.runs()?;
+                let fd = crate::passed::take();
+                Response::PortConnected(self.ports.connect(runs, st, r, fd)?)
+            }
             Request::SessionImport(r) => {
                 // An archive that adds to a session replaces its current/,
                 // as a rollback does: not under its runs.

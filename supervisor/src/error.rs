@@ -39,6 +39,18 @@ pub enum RequestError {
     /// A session's export or import refused, and why.
     #[error("{why}")]
     Transfer { code: ErrorCode, why: String },
+    /// A session's port refused (`port.*`), and why.
+    #[error("{why}")]
+    Port { code: ErrorCode, why: String },
+}
+
+impl From<ErrorBody> for RequestError {
+    fn from(e: ErrorBody) -> RequestError {
+        RequestError::Port {
+            code: e.code,
+            why: e.message,
+        }
+    }
 }
 
 impl From<PluginError> for RequestError {
@@ -66,7 +78,7 @@ impl RequestError {
             RequestError::Plugin(e) => e.code(),
             RequestError::Files(e) => e.code(),
             RequestError::Refused { .. } => ErrorCode::Unavailable,
-            RequestError::Transfer { code, .. } => *code,
+            RequestError::Transfer { code, .. } | RequestError::Port { code, .. } => *code,
             RequestError::Egress(_) => ErrorCode::InvalidRequest,
             RequestError::NetworkNeedsPlugin(_) | RequestError::MetricsOff => {
                 ErrorCode::Unsupported

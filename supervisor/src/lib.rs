@@ -20,6 +20,7 @@ pub mod peer;
 pub mod plugin_api;
 pub mod plugin_host;
 pub mod plugins;
+pub mod ports;
 pub mod ratelimit;
 pub mod runs;
 pub mod sandbox_api;

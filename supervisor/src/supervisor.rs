@@ -87,6 +87,8 @@ pub struct Supervisor {
     pub clocks: crate::clocks::Clocks,
     /// What `system.metrics` exports (shared with the runs and plugins).
     pub metrics: Arc<crate::plugin_api::metrics::Metrics>,
+    /// The sessions' exposed ports (`port.*`).
+    pub ports: Arc<crate::ports::Ports>,
 }
 
 impl Supervisor {
@@ -97,7 +99,9 @@ impl Supervisor {
         plugins: Arc<Plugins>,
     ) -> Self {
         let clocks = crate::clocks::Clocks::from_store(&store);
+        let ports = Arc::new(crate::ports::Ports::load(&store.layout().state_dir()));
         Supervisor {
+            ports,
             uploads: crate::files::uploads::Live::new(policy.uploads),
             imports: Default::default(),
             store,

@@ -8,6 +8,7 @@ mod fs;
 mod gateway;
 mod monitor;
 mod net;
+mod port;
 mod process;
 mod secret;
 mod session;
@@ -24,6 +25,7 @@ pub use fs::{CpArgs, FsCommand, FsWhere, FsWhereRead};
 pub use gateway::{GatewayArgs, LogFormat, TokenFileArg};
 pub use monitor::MonitorCommand;
 pub use net::{EgressArgs, NetCommand, NetworkArgs};
+pub use port::PortCommand;
 pub use process::{AttachArgs, EventsArgs, KillArgs, LogsArgs, PsArgs, Run, RunArgs, WaitArgs};
 pub use secret::{SecretCommand, ValueFrom};
 pub use session::{LimitArgs, SessionCommand, StatsArgs, TopArgs};
@@ -188,6 +190,10 @@ pub enum Command {
     /// set, list, delete.
     #[command(subcommand)]
     Secret(SecretCommand),
+    /// A session's ports served to the host: expose, list, unexpose, and
+    /// forward from a port of this host.
+    #[command(subcommand)]
+    Port(PortCommand),
     /// Sharing of sessions' files between sessions (the share plugin):
     /// who shares what, and the host's switches.
     #[command(subcommand)]
@@ -272,6 +278,7 @@ impl Command {
             C::Ps(a) => call(a.request()),
             C::Net(n) => n.action(),
             C::Secret(c) => c.action(),
+            C::Port(c) => c.action(),
             C::Share(s) => call(s.request()),
             C::Effects(e) => e.action(),
             C::Stats(a) => call(a.request()),
@@ -408,6 +415,13 @@ pub enum Action {
         to: PathBuf,
         new_session: Option<String>,
         since: Option<String>,
+    },
+    /// Forward connections from `listen` to a session's exposed port.
+    PortForward {
+        agent: String,
+        session: String,
+        port: u16,
+        listen: std::net::SocketAddr,
     },
     /// Set a secret whose value is read here first.
     SecretSet {

@@ -95,6 +95,19 @@ pub fn render(response: &Response) -> String {
         Response::FsCopied(c) => files::copied(c),
         Response::NetworkAudit(l) => network::audit(l),
         Response::Secret(x) => network::secret(x),
+        Response::Port(p) => network::port(p),
+        Response::Ports(l) if l.ports.is_empty() => "no ports exposed\n".to_string(),
+        Response::Ports(l) => l.ports.iter().map(network::port).collect(),
+        Response::PortConnected(c) => format!(
+            "connected to port {} of {}/{}{}\n",
+            c.port,
+            clean(&c.agent_id),
+            clean(&c.session_id),
+            c.run_id
+                .as_deref()
+                .map(|r| format!(", where run {} listens", clean(r)))
+                .unwrap_or_default()
+        ),
         Response::Secrets(l) if l.secrets.is_empty() => "no secrets\n".to_string(),
         Response::Secrets(l) => l.secrets.iter().map(network::secret).collect(),
         Response::Shares(l) => share::listing(l),

@@ -1,7 +1,9 @@
 //! `network.policy.*` and `network.audit` answers as people read them.
 
 use super::{clean, utc};
-use allox_protocol::{NetworkAuditListing, NetworkAuditRecord, NetworkPolicyInfo, SecretInfo};
+use allox_protocol::{
+    NetworkAuditListing, NetworkAuditRecord, NetworkPolicyInfo, PortInfo, SecretInfo,
+};
 
 pub fn policy(p: &NetworkPolicyInfo) -> String {
     let who = match &p.session_id {
@@ -110,4 +112,17 @@ pub fn secret(x: &SecretInfo) -> String {
     }
     out.push_str(&format!("; runs see {}\n", clean(&x.placeholder)));
     out
+}
+
+/// An exposed port as `port expose|list` show it.
+pub fn port(p: &PortInfo) -> String {
+    format!(
+        "port {} of {}/{}: {}{} token {}\n",
+        p.port,
+        clean(&p.agent_id),
+        clean(&p.session_id),
+        clean(&p.path),
+        if p.public { " (public)" } else { "" },
+        clean(&p.token)
+    )
 }

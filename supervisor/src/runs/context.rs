@@ -201,6 +201,26 @@ impl Runs {
         g.ctx.as_ref().map(|m| m.ctx.pid())
     }
 
+    /// A descriptor of the session's live context process (its
+    /// namespaces are the session's), if it has one.
+    pub fn context_pidfd(&self, a: &str, s: &str) -> Option<rustix::fd::OwnedFd> {
+        let slot = self
+            .contexts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&super::key(a, s, ""))
+            .cloned()?;
+        let g = slot.lock().unwrap_or_else(|e| e.into_inner());
+        let m = g.ctx.as_ref().filter(|m| m.ctx.is_alive())?;
+        m.ctx.pidfd().try_clone_to_owned().ok()
+    }
+
+    /// Whether a session of network mode `mode` has a network namespace
+    /// of its own (what its ports are on).
+    pub fn has_own_network(&self, mode: NetworkMode) -> bool {
+        self.isolates(mode)
+    }
+
     /// Ends the session's context: its process killed and reaped, its
     /// cgroup removed. For `session.delete`, with the session fenced.
     /// Blocking.

@@ -1,0 +1,388 @@
+//! `/v1/ports/{agent}/{session}/{port}/{path}`: a session's exposed port
+//! (`port.expose`), served to the host. Any method, and WebSocket
+//! upgrades, go to `127.0.0.1:{port}` on the session's own loopback: the
+//! gateway asks the daemon for a connection there (`port.connect`, with
+//! one end of a socket pair it relays) and speaks HTTP/1.1 to the app over
+//! it, one connection per request.
+//!
+//! Who may: the gateway's bearer token; or the port's own token, given
+//! once as `?token=` (answered with a redirect to the same path without
+//! it, and a cookie scoped to the port's path: what a browser is handed)
+//! and then as that cookie; or nobody's, for a public port. `Host` must
+//! name the gateway; an `Origin`, when sent, must be allowed
+//! (`--allow-origin`) or the gateway's own. None of the gateway's
+//! credentials reach the app: its `Authorization`, the port's cookie and
+//! the `token` parameter are taken out of what is forwarded.
+//!
+//! The answers: the app's; 401 without a credential that does; 404 for a
+//! port not exposed (whatever the session: one session's port is never
+//! reachable under another's path); 502 when nothing answers on the port.
+
+use crate::access::Refusal;
+use crate::shared::{headers_of, respond, HttpRequest, HttpResponse, Shared};
+use crate::{error, Reply};
+use allox_protocol::{ErrorCode, PortConnect, Request, Response};
+use http_body_util::BodyExt;
+use hyper::header::{HeaderName, HeaderValue};
+use hyper_util::rt::TokioIo;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+
+/// Below it, a session's ports.
+pub const PREFIX: &str = "/v1/ports/";
+
+/// The cookie that carries a port's token.
+pub const COOKIE: &str = "allox_port_token";
+
+/// One request for a session's port.
+#[derive(Debug, PartialEq, Eq)]
+pub struct PortRequest {
+    pub agent: String,
+    pub session: String,
+    pub port: u16,
+    /// What the app is asked for: the path below the port's and the query.
+    pub rest: String,
+}
+
+impl PortRequest {
+    /// Where the gateway serves the port.
+    pub fn base(&self) -> String {
+        allox_protocol::port_path(&self.agent, &self.session, self.port)
+    }
+}
+
+pub fn is_ports_path(path: &str) -> bool {
+    path.starts_with(PREFIX) || path == PREFIX.trim_end_matches('/')
+}
+
+/// The request in `url` (path and query), or the answer to give at once.
+pub fn parse(url: &str) -> Result<PortRequest, Reply> {
+    let not_found = |why: String| Reply::json(error(404, ErrorCode::NotFound, why));
+    let rest = url.strip_prefix(PREFIX).unwrap_or("");
+    let (path, query) = match rest.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (rest, None),
+    };
+    let mut parts = path.splitn(4, '/');
+    let (Some(agent), Some(session), Some(port)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Err(not_found(format!(
+            "{url}: a port is served at {PREFIX}{{agent}}/{{session}}/{{port}}/"
+        )));
+    };
+    for (kind, id) in [("agent_id", agent), ("session_id", session)] {
+        allox_protocol::validate_id(kind, id).map_err(|e| not_found(format!("{url}: {e}")))?;
+    }
+    let port: u16 = match port.parse() {
+        Ok(p) if p > 0 => p,
+        _ => return Err(not_found(format!("{url}: {port:?} is not a port"))),
+    };
+    let req = PortRequest {
+        agent: agent.into(),
+        session: session.into(),
+        port,
+        rest: String::new(),
+    };
+    let Some(below) = parts.next() else {
+        // `/v1/ports/a/s/8000`: the app's relative links need the slash.
+        let mut to = req.base();
+        if let Some(q) = query {
+            to.push('?');
+            to.push_str(q);
+        }
+        return Err(Reply {
+            status: 308,
+            body: None,
+            headers: vec![("Location", to)],
+        });
+    };
+    let mut rest = format!("/{below}");
+    if let Some(q) = query {
+        rest.push('?');
+        rest.push_str(q);
+    }
+    Ok(PortRequest { rest, ..req })
+}
+
+/// `rest` without the `token` query parameter, and that parameter's value.
+fn take_token(rest: &str) -> (String, Option<String>) {
+    let Some((path, query)) = rest.split_once('?') else {
+        return (rest.to_string(), None);
+    };
+    let mut token = None;
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|kv| match kv.strip_prefix("token=") {
+            Some(v) => {
+                token = Some(v.to_string());
+                false
+            }
+            None => true,
+        })
+        .collect();
+    if kept.is_empty() {
+        (path.to_string(), token)
+    } else {
+        (format!("{path}?{}", kept.join("&")), token)
+    }
+}
+
+/// The `Cookie` header without the port's cookie, and that cookie's
+/// value.
+fn take_cookie(cookie: &str) -> (String, Option<String>) {
+    let mut token = None;
+    let kept: Vec<&str> = cookie
+        .split(';')
+        .map(str::trim)
+        .filter(
+            |c| match c.strip_prefix(COOKIE).and_then(|r| r.strip_prefix('=')) {
+                Some(v) => {
+                    token = Some(v.to_string());
+                    false
+                }
+                None => !c.is_empty(),
+            },
+        )
+        .collect();
+    (kept.join("; "), token)
+}
+
+/// Hop-by-hop headers, not forwarded (but for an upgrade's own).
+const HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+fn status_reply(status: u16, code: ErrorCode, why: String) -> HttpResponse {
+    let mut r = Reply::json(error(status, code, why));
+    if status == 401 {
+        r.headers.push((
+            "WWW-Authenticate",
+            r#"Bearer realm="alloxctl gateway""#.into(),
+        ));
+    }
+    respond(r)
+}
+
+/// Serves one request for a port.
+pub async fn serve(mut req: HttpRequest, p: PortRequest, shared: &Arc<Shared>) -> HttpResponse {
+    let authorized = match shared.access.check_port(&headers_of(&req)) {
+        Ok(a) => a,
+        Err(r @ (Refusal::NoHost | Refusal::Host(_) | Refusal::Origin(_))) => {
+            return respond(Reply::refused(&r))
+        }
+        Err(_) => false,
+    };
+    let (rest, query_token) = take_token(&p.rest);
+    let cookie = req
+        .headers()
+        .get_all(hyper::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect::<Vec<_>>()
+        .join("; ");
+    let (other_cookies, cookie_token) = take_cookie(&cookie);
+    let token = query_token.clone().or(cookie_token);
+    // The connection: one end for the daemon to relay to, one for here.
+    let (mine, theirs) = match std::os::unix::net::UnixStream::pair() {
+        Ok(p) => p,
+        Err(e) => return status_reply(502, ErrorCode::Unavailable, format!("socket pair: {e}")),
+    };
+    let ask = Request::PortConnect(PortConnect {
+        agent_id: p.agent.clone(),
+        session_id: p.session.clone(),
+        port: p.port,
+        token,
+        authorized,
+    });
+    let answer = shared
+        .with_daemon(move |d| d.call_with_fd(ask, theirs.as_fd()))
+        .await;
+    match answer {
+        Ok(Ok(Ok(Response::PortConnected(_)))) => {}
+        Ok(Ok(Ok(other))) => {
+            return status_reply(
+                500,
+                ErrorCode::Internal,
+                format!("port.connect answered {}", other.kind()),
+            )
+        }
+        Ok(Ok(Err(e))) => {
+            let status = match e.code {
+                ErrorCode::Unauthorized => 401,
+                ErrorCode::NotFound => 404,
+                ErrorCode::Unavailable => 502,
+                c => c.http_status(),
+            };
+            return status_reply(status, e.code, e.message);
+        }
+        Ok(Err(e)) => {
+            return status_reply(
+                503,
+                ErrorCode::Unavailable,
+                format!("the daemon cannot be reached: {e}"),
+            )
+        }
+        Err(reply) => return respond(reply),
+    }
+    // A token in the URL is traded for a cookie at once, so it does not
+    // stay in the browser's address bar, history or the app's logs.
+    if let (Some(t), false) = (&query_token, authorized) {
+        drop(mine);
+        let mut to = p.base();
+        to.push_str(rest.trim_start_matches('/'));
+        return respond(Reply {
+            status: 303,
+            body: None,
+            headers: vec![
+                ("Location", to),
+                (
+                    "Set-Cookie",
+                    format!("{COOKIE}={t}; Path={}; HttpOnly; SameSite=Strict", p.base()),
+                ),
+            ],
+        });
+    }
+    if mine.set_nonblocking(true).is_err() {
+        return status_reply(502, ErrorCode::Unavailable, "relay socket".into());
+    }
+    let Ok(stream) = tokio::net::UnixStream::from_std(mine) else {
+        return status_reply(502, ErrorCode::Unavailable, "relay socket".into());
+    };
+    let upgrade = req
+        .headers()
+        .get(hyper::header::UPGRADE)
+        .map(|v| v.to_owned());
+    let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
+    let (parts, body) = req.into_parts();
+    let mut b = hyper::Request::builder()
+        .method(parts.method.clone())
+        .uri(rest.as_str())
+        .version(hyper::Version::HTTP_11);
+    let Some(h) = b.headers_mut() else {
+        return status_reply(400, ErrorCode::InvalidRequest, "bad request".into());
+    };
+    for (name, value) in parts.headers.iter() {
+        let n = name.as_str();
+        if HOP.contains(&n) || n == "cookie" || (authorized && n == "authorization") {
+            continue;
+        }
+        h.append(name.clone(), value.clone());
+    }
+    if !other_cookies.is_empty() {
+        if let Ok(v) = HeaderValue::from_str(&other_cookies) {
+            h.insert(hyper::header::COOKIE, v);
+        }
+    }
+    if !h.contains_key(hyper::header::HOST) {
+        if let Some(a) = parts.uri.authority() {
+            if let Ok(v) = HeaderValue::from_str(a.as_str()) {
+                h.insert(hyper::header::HOST, v);
+            }
+        }
+    }
+    if let Some(u) = &upgrade {
+        h.insert(hyper::header::UPGRADE, u.clone());
+        h.insert(
+            hyper::header::CONNECTION,
+            HeaderValue::from_static("upgrade"),
+        );
+    }
+    if let Ok(v) = HeaderValue::from_str(p.base().trim_end_matches('/')) {
+        h.insert(HeaderName::from_static("x-forwarded-prefix"), v);
+    }
+    let upstream = match b.body(body) {
+        Ok(r) => r,
+        Err(e) => return status_reply(400, ErrorCode::InvalidRequest, e.to_string()),
+    };
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+    {
+        Ok(x) => x,
+        Err(e) => return status_reply(502, ErrorCode::Unavailable, e.to_string()),
+    };
+    tokio::spawn(async move {
+        let _ = conn.with_upgrades().await;
+    });
+    let mut resp = match sender.send_request(upstream).await {
+        Ok(r) => r,
+        Err(e) => {
+            return status_reply(
+                502,
+                ErrorCode::Unavailable,
+                format!("port {} of session {}/{}: {e}", p.port, p.agent, p.session),
+            )
+        }
+    };
+    if resp.status() == hyper::StatusCode::SWITCHING_PROTOCOLS {
+        if let Some(client_upgrade) = client_upgrade {
+            let app_upgrade = hyper::upgrade::on(&mut resp);
+            tokio::spawn(async move {
+                if let (Ok(c), Ok(a)) = (client_upgrade.await, app_upgrade.await) {
+                    let (mut c, mut a) = (TokioIo::new(c), TokioIo::new(a));
+                    let _ = tokio::io::copy_bidirectional(&mut c, &mut a).await;
+                }
+            });
+        }
+        let (parts, _) = resp.into_parts();
+        return hyper::Response::from_parts(parts, crate::shared::full(bytes::Bytes::new()));
+    }
+    let (mut parts, body) = resp.into_parts();
+    for n in HOP {
+        parts.headers.remove(*n);
+    }
+    hyper::Response::from_parts(parts, body.map_err(std::io::Error::other).boxed())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_path_names_agent_session_port_and_what_the_app_is_asked() {
+        let r = parse("/v1/ports/a/s1/8000/static/app.js?v=2").unwrap();
+        assert_eq!(
+            r,
+            PortRequest {
+                agent: "a".into(),
+                session: "s1".into(),
+                port: 8000,
+                rest: "/static/app.js?v=2".into()
+            }
+        );
+        assert_eq!(parse("/v1/ports/a/s1/8000/").unwrap().rest, "/");
+        let slash = parse("/v1/ports/a/s1/8000?token=x").unwrap_err();
+        assert_eq!(slash.status, 308);
+        assert_eq!(slash.headers[0].1, "/v1/ports/a/s1/8000/?token=x");
+        for bad in [
+            "/v1/ports/a/s1/0/",
+            "/v1/ports/a/s1/http/",
+            "/v1/ports/a/",
+            "/v1/ports/../s/1/",
+        ] {
+            assert_eq!(parse(bad).unwrap_err().status, 404, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_gateway_s_credentials_are_taken_out() {
+        assert_eq!(
+            take_token("/x?a=1&token=abc&b=2"),
+            ("/x?a=1&b=2".to_string(), Some("abc".to_string()))
+        );
+        assert_eq!(
+            take_token("/x?token=abc"),
+            ("/x".to_string(), Some("abc".to_string()))
+        );
+        assert_eq!(take_token("/x?tokens=1"), ("/x?tokens=1".to_string(), None));
+        assert_eq!(
+            take_cookie("a=1; allox_port_token=t0k; b=2"),
+            ("a=1; b=2".to_string(), Some("t0k".to_string()))
+        );
+        assert_eq!(take_cookie("a=1"), ("a=1".to_string(), None));
+    }
+}

@@ -1,0 +1,468 @@
+//! A session's ports served to the host (`port.expose|unexpose|list`,
+//! `port.connect`). A port is one of the session's own loopback (a
+//! session of mode `isolated` or `proxy` has a network namespace of its
+//! own, held by its context process); what is exposed, with each port's
+//! token, is kept in the store's `state/ports.json` (outside every
+//! workspace; gone with the session or agent).
+//!
+//! `port.connect` comes with one end of a Unix stream socket pair from a
+//! client on the daemon's socket (the gateway, `alloxctl port forward`): a
+//! thread enters the session's network namespace, connects to
+//! `127.0.0.1:PORT` there (bounded), and leaves; the daemon then relays
+//! between that connection and the client's socket on its async workers
+//! until either side is done. Connections relayed at once are bounded per
+//! session and in all; one past a bound is refused at once, naming it.
+//! Each connection is recorded in the audit log with the run whose socket
+//! listens (asked of the kernel, as the network plugin does), at most
+//! as often as the audit's per-session rate allows.
+
+use crate::runs::Runs;
+use allox_protocol::{
+    ErrorBody, ErrorCode, PortConnect, PortConnected, PortExpose, PortInfo, PortList, PortListing,
+    PortUnexpose,
+};
+use allox_store::Store;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The file in the store's `state/`.
+pub const FILE: &str = "ports.json";
+
+/// Connections relayed at once for one session, and for all.
+pub const MAX_PER_SESSION: usize = 256;
+pub const MAX_ALL: usize = 4096;
+
+/// How long a connection to a session's port may take.
+pub const CONNECT_WITHIN: Duration = Duration::from_secs(5);
+
+/// Most ports exposed per session.
+pub const MAX_EXPOSED: usize = 64;
+
+#[derive(Serialize, Deserialize, Clone)]
+struct Exposed {
+    agent: String,
+    session: String,
+    port: u16,
+    public: bool,
+    token: String,
+    exposed_ms: u64,
+}
+
+type Key = (String, String, u16);
+
+pub struct Ports {
+    file: PathBuf,
+    exposed: Mutex<BTreeMap<Key, Exposed>>,
+    /// Relays open, per session.
+    open: Mutex<BTreeMap<(String, String), usize>>,
+    all: Arc<tokio::sync::Semaphore>,
+}
+
+fn err(code: ErrorCode, why: impl Into<String>) -> ErrorBody {
+    ErrorBody::new(code, why.into())
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn token() -> String {
+    let mut b = [0u8; 24];
+    getrandom::fill(&mut b).expect("the kernel's random numbers");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn info(e: &Exposed) -> PortInfo {
+    PortInfo {
+        agent_id: e.agent.clone(),
+        session_id: e.session.clone(),
+        port: e.port,
+        public: e.public,
+        token: e.token.clone(),
+        path: allox_protocol::port_path(&e.agent, &e.session, e.port),
+        exposed_ms: e.exposed_ms,
+    }
+}
+
+/// Tokens compared in time that does not depend on where they differ.
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+impl Ports {
+    /// What `state_dir` holds (nothing when the file is missing or
+    /// unreadable: a port is exposed again by asking).
+    pub fn load(state_dir: &Path) -> Ports {
+        let file = state_dir.join(FILE);
+        let list: Vec<Exposed> = std::fs::read(&file)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        Ports {
+            file,
+            exposed: Mutex::new(
+                list.into_iter()
+                    .map(|e| ((e.agent.clone(), e.session.clone(), e.port), e))
+                    .collect(),
+            ),
+            open: Mutex::new(BTreeMap::new()),
+            all: Arc::new(tokio::sync::Semaphore::new(MAX_ALL)),
+        }
+    }
+
+    fn save(&self, map: &BTreeMap<Key, Exposed>) -> Result<(), ErrorBody> {
+        let list: Vec<&Exposed> = map.values().collect();
+        let bytes = serde_json::to_vec_pretty(&list)
+            .map_err(|e| err(ErrorCode::Internal, e.to_string()))?;
+        let tmp = self.file.with_extension("json.new");
+        let write = || -> std::io::Result<()> {
+            use std::os::unix::fs::OpenOptionsExt;
+            let _ = std::fs::remove_file(&tmp);
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &self.file)?;
+            if let Some(d) = self.file.parent() {
+                std::fs::File::open(d)?.sync_all()?;
+            }
+            Ok(())
+        };
+        write().map_err(|e| {
+            err(
+                ErrorCode::Internal,
+                format!("write {}: {e}", self.file.display()),
+            )
+        })
+    }
+
+    /// `port.expose`, once the session is known to have a network of its
+    /// own.
+    pub fn expose(&self, r: &PortExpose) -> Result<PortInfo, ErrorBody> {
+        if r.port == 0 {
+            return Err(err(
+                ErrorCode::InvalidRequest,
+                "port 0: a port is 1 to 65535",
+            ));
+        }
+        let mut map = self.exposed.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (r.agent_id.clone(), r.session_id.clone(), r.port);
+        let of_session = map
+            .keys()
+            .filter(|(a, s, _)| *a == r.agent_id && *s == r.session_id)
+            .count();
+        if !map.contains_key(&key) && of_session >= MAX_EXPOSED {
+            return Err(err(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "session {}/{} has {MAX_EXPOSED} ports exposed, the most it may have",
+                    r.agent_id, r.session_id
+                ),
+            ));
+        }
+        let before = map.get(&key).cloned();
+        let e = Exposed {
+            agent: r.agent_id.clone(),
+            session: r.session_id.clone(),
+            port: r.port,
+            public: r.public,
+            token: before
+                .as_ref()
+                .map(|b| b.token.clone())
+                .unwrap_or_else(token),
+            exposed_ms: before.as_ref().map(|b| b.exposed_ms).unwrap_or_else(now_ms),
+        };
+        map.insert(key.clone(), e.clone());
+        if let Err(x) = self.save(&map) {
+            match before {
+                Some(b) => map.insert(key, b),
+                None => map.remove(&key),
+            };
+            return Err(x);
+        }
+        Ok(info(&e))
+    }
+
+    /// `port.unexpose`.
+    pub fn unexpose(&self, r: &PortUnexpose) -> Result<String, ErrorBody> {
+        let mut map = self.exposed.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (r.agent_id.clone(), r.session_id.clone(), r.port);
+        let what = format!("{}/{}/port-{}", r.agent_id, r.session_id, r.port);
+        let Some(before) = map.remove(&key) else {
+            return Err(err(
+                ErrorCode::NotFound,
+                format!(
+                    "port {} of session {}/{} is not exposed",
+                    r.port, r.agent_id, r.session_id
+                ),
+            ));
+        };
+        if let Err(x) = self.save(&map) {
+            map.insert(key, before);
+            return Err(x);
+        }
+        Ok(what)
+    }
+
+    /// `port.list`.
+    pub fn list(&self, r: &PortList) -> PortListing {
+        let map = self.exposed.lock().unwrap_or_else(|e| e.into_inner());
+        PortListing {
+            ports: map
+                .values()
+                .filter(|e| {
+                    e.agent == r.agent_id && r.session_id.as_ref().is_none_or(|s| *s == e.session)
+                })
+                .map(info)
+                .collect(),
+        }
+    }
+
+    /// Session `a/s` (every session of `a` when `None`) was deleted.
+    pub fn deleted(&self, a: &str, s: Option<&str>) {
+        let mut map = self.exposed.lock().unwrap_or_else(|e| e.into_inner());
+        let n = map.len();
+        map.retain(|(ea, es, _), _| ea != a || s.is_some_and(|s| s != es));
+        if map.len() != n {
+            if let Err(e) = self.save(&map) {
+                tracing::error!(error = %e.message, "cannot record the deleted session's ports");
+            }
+        }
+    }
+
+    /// `port.connect`: checks, connects inside the session, and relays to
+    /// `client` (the caller's socket) on the runtime `rt`.
+    pub fn connect(
+        self: &Arc<Self>,
+        runs: &Runs,
+        store: &Store,
+        r: &PortConnect,
+        client: Option<OwnedFd>,
+    ) -> Result<PortConnected, ErrorBody> {
+        let (a, s, port) = (r.agent_id.as_str(), r.session_id.as_str(), r.port);
+        let exposed = self
+            .exposed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(a.to_string(), s.to_string(), port))
+            .cloned()
+            .ok_or_else(|| {
+                err(
+                    ErrorCode::NotFound,
+                    format!("port {port} of session {a}/{s} is not exposed"),
+                )
+            })?;
+        let token_ok = r.token.as_deref().is_some_and(|t| same(t, &exposed.token));
+        if !(exposed.public || r.authorized || token_ok) {
+            return Err(err(
+                ErrorCode::Unauthorized,
+                format!("port {port} of session {a}/{s}: its token or the gateway's is needed"),
+            ));
+        }
+        let client = client.ok_or_else(|| {
+            err(
+                ErrorCode::Unsupported,
+                "port.connect passes a descriptor: only over the daemon's Unix socket",
+            )
+        })?;
+        let client = std::os::unix::net::UnixStream::from(client);
+        let rt = tokio::runtime::Handle::try_current()
+            .map_err(|_| err(ErrorCode::Internal, "no async runtime to relay on"))?;
+        // The budgets before any connection is made.
+        let all = self.all.clone().try_acquire_owned().map_err(|_| {
+            err(
+                ErrorCode::Unavailable,
+                format!("refused: {MAX_ALL} port connections of all sessions are open, the daemon's budget"),
+            )
+        })?;
+        let session_key = (a.to_string(), s.to_string());
+        {
+            let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+            let n = open.entry(session_key.clone()).or_insert(0);
+            if *n >= MAX_PER_SESSION {
+                return Err(err(
+                    ErrorCode::Unavailable,
+                    format!("refused: {MAX_PER_SESSION} port connections of session {a}/{s} are open, its budget"),
+                ));
+            }
+            *n += 1;
+        }
+        let held = Held {
+            ports: self.clone(),
+            key: session_key,
+            _all: all,
+        };
+        let pidfd = runs.context_pidfd(a, s).ok_or_else(|| {
+            err(
+                ErrorCode::Unavailable,
+                format!("nothing listens on port {port} of session {a}/{s}: no run of it has started, so its network does not exist yet"),
+            )
+        })?;
+        let (conn, diag) = connect_inside(&pidfd, port).map_err(|e| {
+            err(
+                ErrorCode::Unavailable,
+                format!("nothing answers on port {port} of session {a}/{s}: {e}"),
+            )
+        })?;
+        let run_id = diag.and_then(|d| {
+            let local = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
+            let any = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0);
+            let id = rt.block_on(d.cgroup_of(local, any)).ok().flatten()?;
+            run_of(runs, a, s, id)
+        });
+        let _ = store.audit().append_for(
+            &format!("{a}/{s}"),
+            allox_store::audit::Entry {
+                request_id: 0,
+                peer: "port".into(),
+                action: "port.connect".into(),
+                target: format!("{a}/{s}/port-{port}"),
+                outcome: "ok".into(),
+                message: Some(match &run_id {
+                    Some(r) => format!("connected to port {port}, where run {r} listens"),
+                    None => format!("connected to port {port}"),
+                }),
+            },
+        );
+        let _enter = rt.enter();
+        let (client, conn) = match (
+            client
+                .set_nonblocking(true)
+                .and_then(|()| tokio::net::UnixStream::from_std(client)),
+            conn.set_nonblocking(true)
+                .and_then(|()| tokio::net::TcpStream::from_std(conn)),
+        ) {
+            (Ok(c), Ok(t)) => (c, t),
+            (Err(e), _) | (_, Err(e)) => {
+                return Err(err(ErrorCode::Internal, format!("relay: {e}")))
+            }
+        };
+        let _ = conn.set_nodelay(true);
+        rt.spawn(async move {
+            let _held = held;
+            let (mut c, mut t) = (client, conn);
+            let _ = tokio::io::copy_bidirectional(&mut c, &mut t).await;
+        });
+        Ok(PortConnected {
+            agent_id: a.to_string(),
+            session_id: s.to_string(),
+            port,
+            run_id,
+        })
+    }
+}
+
+/// A relay's places in the budgets, given back when it ends.
+struct Held {
+    ports: Arc<Ports>,
+    key: (String, String),
+    _all: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut open = self.ports.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// The run of session `a/s` whose cgroup has id `id`.
+fn run_of(runs: &Runs, a: &str, s: &str, id: u64) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    runs.list(a, s)
+        .processes
+        .into_iter()
+        .filter_map(|p| p.run_id)
+        .find(|run| {
+            std::fs::metadata(runs.cgroups().run_dir(a, s, run)).is_ok_and(|m| m.ino() == id)
+        })
+}
+
+/// Connects to `127.0.0.1:port` in the network namespace of the process
+/// `pidfd`, from a thread of its own that enters it and ends there; and
+/// makes a socket-diagnosis socket there (`None` without one).
+fn connect_inside(
+    pidfd: &OwnedFd,
+    port: u16,
+) -> std::io::Result<(std::net::TcpStream, Option<allox_network::diag::SockDiag>)> {
+    let fd = pidfd.try_clone()?;
+    std::thread::scope(|sc| {
+        sc.spawn(move || {
+            rustix::thread::move_into_thread_name_spaces(
+                rustix::fd::AsFd::as_fd(&fd),
+                rustix::thread::ThreadNameSpaceType::NETWORK,
+            )?;
+            let addr = std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+            let conn = std::net::TcpStream::connect_timeout(&addr, CONNECT_WITHIN)?;
+            Ok((conn, allox_network::diag::SockDiag::new().ok()))
+        })
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the thread panicked")))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposed_ports_are_kept_listed_and_gone_with_their_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Ports::load(dir.path());
+        let ex = |s: &str, port| PortExpose {
+            agent_id: "a".into(),
+            session_id: s.into(),
+            port,
+            public: false,
+        };
+        let first = p.expose(&ex("s", 8000)).unwrap();
+        assert_eq!(first.path, "/v1/ports/a/s/8000/");
+        assert_eq!(first.token.len(), 48);
+        // Exposed again: the same token.
+        assert_eq!(p.expose(&ex("s", 8000)).unwrap().token, first.token);
+        p.expose(&ex("t", 9000)).unwrap();
+        let again = Ports::load(dir.path());
+        let all = again.list(&PortList {
+            agent_id: "a".into(),
+            session_id: None,
+        });
+        assert_eq!(all.ports.len(), 2);
+        assert_eq!(all.ports[0].token, first.token);
+        again.deleted("a", Some("s"));
+        let left = Ports::load(dir.path()).list(&PortList {
+            agent_id: "a".into(),
+            session_id: None,
+        });
+        assert_eq!(
+            left.ports.iter().map(|x| x.port).collect::<Vec<_>>(),
+            [9000]
+        );
+        let e = again
+            .unexpose(&PortUnexpose {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                port: 8000,
+            })
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotFound);
+        assert!(p.expose(&ex("s", 0)).is_err());
+        assert!(same("abc", "abc") && !same("abc", "abd") && !same("abc", "ab"));
+    }
+}

@@ -113,7 +113,7 @@ pub async fn serve(gateway: Gateway, stop: impl Future<Output = ()>) -> io::Resu
                 }
             });
             let conn = builder
-                .serve_connection(TokioIo::new(QuickAck(stream)), service)
+                .serve_connection_with_upgrades(TokioIo::new(QuickAck(stream)), service)
                 .into_owned();
             // A client that goes away is no error of the gateway's.
             let _ = watcher.watch(conn).await;

@@ -252,6 +252,12 @@ impl Ports {
         client: Option<OwnedFd>,
     ) -> Result<PortConnected, ErrorBody> {
         let (a, s, port) = (r.agent_id.as_str(), r.session_id.as_str(), r.port);
+        let client = client.ok_or_else(|| {
+            err(
+                ErrorCode::Unsupported,
+                "port.connect comes with the descriptor of a Unix stream socket (SCM_RIGHTS), which passes only over the daemon's Unix socket",
+            )
+        })?;
         let exposed = self
             .exposed
             .lock()
@@ -271,12 +277,6 @@ impl Ports {
                 format!("port {port} of session {a}/{s}: its token or the gateway's is needed"),
             ));
         }
-        let client = client.ok_or_else(|| {
-            err(
-                ErrorCode::Unsupported,
-                "port.connect passes a descriptor: only over the daemon's Unix socket",
-            )
-        })?;
         let client = std::os::unix::net::UnixStream::from(client);
         let rt = tokio::runtime::Handle::try_current()
             .map_err(|_| err(ErrorCode::Internal, "no async runtime to relay on"))?;

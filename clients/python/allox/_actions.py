@@ -508,6 +508,23 @@ class Actions:
         p = build_params(None, dict(agent_id=agent_id, session_id=session_id, name=name))
         return self._invoke("secret.delete", p, _model("Deleted"))
 
+    def port_expose(self, agent_id: str, session_id: str, port: int, *, public: bool | None = None) -> models.PortInfo:
+        """``port.expose``: serve ``port`` of the session's own loopback
+        through the gateway (``/v1/ports/{agent}/{session}/{port}/``) with
+        the gateway's token or the port's own (``public``: none)."""
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, port=port, public=public))
+        return self._invoke("port.expose", p, _model("PortInfo"))
+
+    def port_list(self, agent_id: str, session_id: str | None = None) -> models.PortListing:
+        """``port.list``: the exposed ports, with their paths and tokens."""
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id))
+        return self._invoke("port.list", p, _model("PortListing"))
+
+    def port_unexpose(self, agent_id: str, session_id: str, port: int) -> models.Deleted:
+        """``port.unexpose``."""
+        p = build_params(None, dict(agent_id=agent_id, session_id=session_id, port=port))
+        return self._invoke("port.unexpose", p, _model("Deleted"))
+
     def follow_network_audit(
         self, agent_id: str | None = None, session_id: str | None = None, *, cursor: int | None = None, limit: int | None = None
     ) -> Any:

@@ -128,6 +128,13 @@ __all__ = [
     'PolicyInfo',
     'PolicySet',
     'Pong',
+    'PortConnect',
+    'PortConnected',
+    'PortExpose',
+    'PortInfo',
+    'PortList',
+    'PortListing',
+    'PortUnexpose',
     'ProcessAttach',
     'ProcessEvent',
     'ProcessEventKind',
@@ -1449,6 +1456,95 @@ class Pong(Model):
 
 
 @dataclass(kw_only=True)
+class PortConnect(Model):
+    """`port.connect`: a connection to an exposed port, relayed by the daemon
+    to the Unix stream socket whose descriptor comes with the request
+    (`SCM_RIGHTS`; only on the daemon's Unix socket). Refused
+    `unauthorized` unless the port is public, `authorized` (the caller
+    checked the gateway's token) or `token` is the port's.
+    """
+
+    agent_id: str
+    authorized: bool = False
+    port: int
+    session_id: str
+    token: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class PortConnected(Model):
+    """The answer to `port.connect`: the connection is open and relayed."""
+
+    agent_id: str
+    port: int
+
+    #: The run whose socket listens on the port, when the kernel says.
+    run_id: Optional[str] = None
+    session_id: str
+
+
+@dataclass(kw_only=True)
+class PortExpose(Model):
+    """`port.expose`: serve `port` of the session's own loopback to the host,
+    through the gateway's `/v1/ports/{agent}/{session}/{port}/` and
+    `alloxctl port forward`. The session must have a network of its own
+    (`isolated` or `proxy`). Exposing it again keeps its token.
+    """
+
+    agent_id: str
+    port: int
+
+    #: Served without a token (anyone who reaches the gateway). By
+    #: default the gateway's token or the port's own is needed.
+    public: bool = False
+    session_id: str
+
+
+@dataclass(kw_only=True)
+class PortInfo(Model):
+    """An exposed port."""
+
+    agent_id: str
+
+    #: When it was exposed, milliseconds since the Unix epoch.
+    exposed_ms: int
+
+    #: Where the gateway serves it.
+    path: str
+    port: int
+    public: bool
+    session_id: str
+
+    #: The port's own token: what a browser can be handed
+    #: (`…/{port}/?token=…` once, then a cookie scoped to the port's path).
+    token: str
+
+
+@dataclass(kw_only=True)
+class PortList(Model):
+    """`port.list`: the exposed ports of an agent's sessions (or of one)."""
+
+    agent_id: str
+    session_id: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class PortListing(Model):
+    """The answer to `port.list`."""
+
+    ports: list[PortInfo]
+
+
+@dataclass(kw_only=True)
+class PortUnexpose(Model):
+    """`port.unexpose`: stop serving a port (connections open end)."""
+
+    agent_id: str
+    port: int
+    session_id: str
+
+
+@dataclass(kw_only=True)
 class ProcessAttach(Model):
     """`process.attach`: follow a terminal run's output again (binary
     protocol): first what it wrote most recently (up to
@@ -2746,6 +2842,10 @@ ACTIONS: dict[str, tuple[Any, Any]] = {
     'network.policy.set': (NetworkPolicySet, NetworkPolicyInfo),
     'plugin.list': (PluginListRequest, PluginListing),
     'policy.set': (PolicySet, PolicyInfo),
+    'port.connect': (PortConnect, PortConnected),
+    'port.expose': (PortExpose, PortInfo),
+    'port.list': (PortList, PortListing),
+    'port.unexpose': (PortUnexpose, Deleted),
     'process.attach': (ProcessAttach, RunResult),
     'process.events': (ProcessEvents, ProcessEventListing),
     'process.kill': (ProcessKill, Killed),

@@ -342,6 +342,17 @@ def test_every_action_is_answered_and_fits_the_document(every, openapi_check):
             c.call(action, agent_id=A, session_id=S, path="up.bin", **params)
         assert "SCM_RIGHTS" in str(refused.value), refused.value
         call.error_only[action] = "a descriptor passes only over the daemon's Unix socket"
+    # A session's ports: exposed, listed, and unexposed; a connection to
+    # one is for clients on the daemon's socket (the gateway serves it at
+    # /v1/ports/...).
+    port = call("port.expose", agent_id=A, session_id=S, port=8000)
+    assert port["path"] == f"/v1/ports/{A}/{S}/8000/" and len(port["token"]) == 48, port
+    assert [p["port"] for p in call("port.list", agent_id=A, session_id=S)["ports"]] == [8000]
+    with pytest.raises(allox.Unsupported) as refused:
+        c.call("port.connect", agent_id=A, session_id=S, port=8000, authorized=True)
+    assert "SCM_RIGHTS" in str(refused.value), refused.value
+    call.error_only["port.connect"] = "a descriptor passes only over the daemon's Unix socket"
+    assert call("port.unexpose", agent_id=A, session_id=S, port=8000)["deleted"] == f"{A}/{S}/port-8000"
     paused = call("session.pause", agent_id=A, session_id="forked", hold=True)
     assert paused["paused"]["hold"] is True, paused
     assert call("session.resume", agent_id=A, session_id="forked")["session_id"] == "forked"

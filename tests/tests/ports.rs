@@ -1,0 +1,404 @@
+//! A session's ports served to the host, through the real daemon, real
+//! sandboxes and the real gateway, with curl and a WebSocket client on
+//! 127.0.0.1: `python3 -m http.server` and a WebSocket echo inside
+//! sessions answer through `/v1/ports/…` with a token and 401 without;
+//! another session's port is never reached; a port not exposed is 404,
+//! one nothing listens on 502; 100 connections at once; the gateway's
+//! credentials never reach the app; `alloxctl port forward`; nothing left
+//! after `port.unexpose` or the session's deletion.
+
+use allox_integration::{call, process_start as start, require, Gateway, ProcDaemon};
+use allox_protocol::*;
+use std::io::{BufRead, Read, Write};
+use std::process::{Command, Stdio};
+
+/// An HTTP app that answers with what it was asked and which headers
+/// came (names only) and the cookies: the gateway's credentials must not
+/// be among them.
+const ECHO: &str = r#"
+import http.server, json, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        body = ("%s %s %s cookie=%s\n" % (sys.argv[2], self.path,
+                json.dumps(sorted(k.lower() for k in self.headers.keys())),
+                self.headers.get("Cookie", ""))).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"#;
+
+/// A WebSocket echo (text frames under 126 bytes), the standard library
+/// only.
+const WS: &str = r#"
+import base64, hashlib, socket, sys, threading
+G = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+def serve(c):
+    data = b""
+    while b"\r\n\r\n" not in data:
+        d = c.recv(4096)
+        if not d:
+            return
+        data += d
+    key = [l.split(b":", 1)[1].strip() for l in data.split(b"\r\n")
+           if l.lower().startswith(b"sec-websocket-key:")][0]
+    acc = base64.b64encode(hashlib.sha1(key + G).digest())
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+              b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + acc + b"\r\n\r\n")
+    while True:
+        h = c.recv(2)
+        if len(h) < 2:
+            return
+        n = h[1] & 127
+        mask = c.recv(4)
+        p = b""
+        while len(p) < n:
+            p += c.recv(n - len(p))
+        p = bytes(b ^ mask[i % 4] for i, b in enumerate(p))
+        c.sendall(bytes([0x81, len(p)]) + p)
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen(64)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// Waits (bounded) until something listens on the session's port.
+const LISTENING: &str = r#"
+import socket, sys, time
+for i in range(1000):
+    try:
+        socket.create_connection(("127.0.0.1", int(sys.argv[1]))).close()
+        sys.exit(0)
+    except OSError:
+        time.sleep(0.01)
+sys.exit(1)
+"#;
+
+fn run(d: &ProcDaemon, s: &str, argv: &[&str]) -> RunResult {
+    match call(d, Request::ProcessStart(start("a", s, argv))) {
+        Ok(Response::Exited(r)) => r,
+        other => panic!("{argv:?}: {other:?}"),
+    }
+}
+
+/// Starts `argv` in session `s` without waiting; its run id.
+fn background(d: &ProcDaemon, s: &str, argv: &[&str]) -> String {
+    let mut p = start("a", s, argv);
+    p.wait = false;
+    match call(d, Request::ProcessStart(p)) {
+        Ok(Response::Started(r)) => r.run_id,
+        other => panic!("{argv:?}: {other:?}"),
+    }
+}
+
+fn serve_in(d: &ProcDaemon, s: &str, argv: &[&str], port: u16) -> String {
+    let id = background(d, s, argv);
+    let p = port.to_string();
+    let r = run(d, s, &["python3", "-c", LISTENING, &p]);
+    assert_eq!(
+        r.exit_code,
+        Some(0),
+        "nothing listens on {port} in {s}: {r:?}"
+    );
+    id
+}
+
+fn ctl_json(d: &ProcDaemon, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let (code, out, err) = allox_integration::alloxctl(&d.daemon.socket, &all);
+    let out = String::from_utf8_lossy(&out);
+    assert_eq!(code, 0, "alloxctl {args:?}: {out}{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
+/// `curl` of the gateway's `path` with `args`: status and body.
+fn curl(g: &Gateway, path: &str, args: &[&str]) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "-w", "\n%{http_code}"])
+        .args(args)
+        .arg(format!("http://{}{path}", g.addr))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+#[test]
+fn a_session_s_ports_are_served_through_the_gateway_to_whoever_holds_a_token() {
+    if !require("ports") {
+        return;
+    }
+    for p in ["/usr/bin/python3", "/usr/bin/curl"] {
+        assert!(std::path::Path::new(p).exists(), "ports needs {p}");
+    }
+    let d = ProcDaemon::start("ports", &["--plugin", "network"]);
+    ctl_json(&d, &["agent", "create", "a"]);
+    ctl_json(
+        &d,
+        &["session", "create", "a", "s1", "--network", "isolated"],
+    );
+    ctl_json(&d, &["session", "create", "a", "s2", "--network", "proxy"]);
+    ctl_json(
+        &d,
+        &["session", "create", "a", "host", "--network", "disabled"],
+    );
+    let g = Gateway::start(&d.daemon.socket, &[]);
+    let token = allox_integration::gateway_token(&d.daemon.socket);
+    let bearer = format!("Authorization: Bearer {token}");
+
+    // s1: a page served by `python3 -m http.server`, and a WebSocket
+    // echo; s2: the header echo, on the same port number as s1's page.
+    let r = run(
+        &d,
+        "s1",
+        &[
+            "/bin/sh",
+            "-c",
+            "mkdir -p /allox/session/site && echo s1-page > /allox/session/site/index.html",
+        ],
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let s1_server = serve_in(
+        &d,
+        "s1",
+        &[
+            "python3",
+            "-m",
+            "http.server",
+            "8000",
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            "/allox/session/site",
+        ],
+        8000,
+    );
+    serve_in(&d, "s1", &["python3", "-c", WS, "8765"], 8765);
+    serve_in(&d, "s2", &["python3", "-c", ECHO, "8000", "s2"], 8000);
+
+    // Not exposed: 404, whoever asks; a disabled session has no ports.
+    let (code, body) = curl(&g, "/v1/ports/a/s1/8000/", &["-H", &bearer]);
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("not exposed"), "{body}");
+    let (code, _, err) =
+        allox_integration::alloxctl(&d.daemon.socket, &["port", "expose", "a", "host", "8000"]);
+    assert!(code != 0 && err.contains("network mode disabled"), "{err}");
+
+    let exposed = ctl_json(&d, &["port", "expose", "a", "s1", "8000"]);
+    let port_token = exposed["token"].as_str().unwrap().to_string();
+    assert_eq!(exposed["path"], "/v1/ports/a/s1/8000/");
+    // With the gateway's token; without any, 401; a wrong one, 401.
+    let (code, body) = curl(&g, "/v1/ports/a/s1/8000/", &["-H", &bearer]);
+    assert_eq!((code, body.as_str()), (200, "s1-page\n"));
+    let (code, _) = curl(&g, "/v1/ports/a/s1/8000/", &[]);
+    assert_eq!(code, 401);
+    let (code, _) = curl(&g, "/v1/ports/a/s1/8000/?token=nope", &[]);
+    assert_eq!(code, 401);
+    // The port's token once in the URL, then as a cookie scoped to it.
+    let jar = tempfile::NamedTempFile::new().unwrap();
+    let jar = jar.path().to_str().unwrap();
+    let (code, body) = curl(
+        &g,
+        &format!("/v1/ports/a/s1/8000/?token={port_token}"),
+        &["-L", "-c", jar, "-b", jar],
+    );
+    assert_eq!((code, body.as_str()), (200, "s1-page\n"));
+    let cookies = std::fs::read_to_string(jar).unwrap();
+    assert!(
+        cookies.contains("/v1/ports/a/s1/8000/") && cookies.contains("allox_port_token"),
+        "{cookies}"
+    );
+    let (code, body) = curl(&g, "/v1/ports/a/s1/8000/", &["-b", jar]);
+    assert_eq!((code, body.as_str()), (200, "s1-page\n"));
+    // The port's cookie does not open another port.
+    let (code, _) = curl(
+        &g,
+        "/v1/ports/a/s1/8765/",
+        &["-b", &format!("allox_port_token={port_token}")],
+    );
+    assert_eq!(code, 404, "8765 is not exposed yet");
+
+    // Another session's port is never reached under this one's path, nor
+    // this one's under another's: s2's 8000 is not exposed.
+    let (code, _) = curl(&g, "/v1/ports/a/s2/8000/", &["-H", &bearer]);
+    assert_eq!(code, 404);
+    ctl_json(&d, &["port", "expose", "a", "s2", "8000"]);
+    let (code, body) = curl(
+        &g,
+        "/v1/ports/a/s2/8000/x?y=1",
+        &["-H", &bearer, "-b", "a=1; allox_port_token=zzz"],
+    );
+    assert_eq!(code, 200, "{body}");
+    assert!(body.starts_with("s2 /x?y=1 "), "{body}");
+    // The gateway's credentials are not the app's.
+    assert!(!body.contains("authorization"), "{body}");
+    assert!(body.trim_end().ends_with("cookie=a=1"), "{body}");
+    let (code, body) = curl(&g, "/v1/ports/a/s1/8000/", &["-H", &bearer]);
+    assert_eq!((code, body.as_str()), (200, "s1-page\n"), "s1's own 8000");
+
+    // Exposed, nothing listening: 502.
+    ctl_json(&d, &["port", "expose", "a", "s1", "8001"]);
+    let (code, body) = curl(&g, "/v1/ports/a/s1/8001/", &["-H", &bearer]);
+    assert_eq!(code, 502, "{body}");
+    assert!(body.contains("8001"), "{body}");
+
+    // A WebSocket through the gateway.
+    ctl_json(&d, &["port", "expose", "a", "s1", "8765"]);
+    let mut ws = std::net::TcpStream::connect(g.addr).unwrap();
+    write!(
+        ws,
+        "GET /v1/ports/a/s1/8765/ HTTP/1.1\r\nHost: {}\r\n{bearer}\r\nUpgrade: websocket\r\n\
+         Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        g.addr
+    )
+    .unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        ws.read_exact(&mut b).unwrap();
+        head.push(b[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(head.contains("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="), "{head}");
+    for msg in ["hello", "through the gateway"] {
+        let mask = [1u8, 2, 3, 4];
+        let mut frame = vec![0x81, 0x80 | msg.len() as u8];
+        frame.extend_from_slice(&mask);
+        frame.extend(msg.bytes().enumerate().map(|(i, c)| c ^ mask[i % 4]));
+        ws.write_all(&frame).unwrap();
+        let mut got = vec![0u8; 2 + msg.len()];
+        ws.read_exact(&mut got).unwrap();
+        assert_eq!(&got[2..], msg.as_bytes());
+    }
+    drop(ws);
+
+    // 100 connections at once.
+    let url = format!("http://{}/v1/ports/a/s2/8000/n", g.addr);
+    let mut args = vec![
+        "-sS".to_string(),
+        "--parallel".into(),
+        "--parallel-max".into(),
+        "100".into(),
+        "-H".into(),
+        bearer.clone(),
+        "-w".into(),
+        "%{http_code}\n".into(),
+    ];
+    for _ in 0..100 {
+        args.extend(["-o".to_string(), "/dev/null".into(), url.clone()]);
+    }
+    let out = Command::new("curl").args(&args).output().unwrap();
+    let codes = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        codes.lines().filter(|l| *l == "200").count(),
+        100,
+        "{codes}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // `alloxctl port forward`: a plain TCP forward on the host.
+    let mut fwd = Command::new(allox_integration::workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(&d.daemon.socket)
+        .args([
+            "port",
+            "forward",
+            "a",
+            "s2",
+            "8000",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(fwd.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let at = line
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_string();
+    let out = Command::new("curl")
+        .args(["-sS", &format!("http://{at}/fwd")])
+        .output()
+        .unwrap();
+    let _ = fwd.kill();
+    let _ = fwd.wait();
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert!(body.starts_with("s2 /fwd "), "{body}{out:?}");
+
+    // Each connection is in the audit, with the run that listens.
+    let audit = ctl_json(&d, &["audit", "--limit", "10000"]);
+    let recs = audit["records"].as_array().unwrap();
+    assert!(
+        recs.iter().any(|r| r["action"] == "port.connect"
+            && r["target"] == "a/s1/port-8000"
+            && r["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(&s1_server))),
+        "no port.connect naming run {s1_server}: {audit}"
+    );
+
+    // The server gone: 502.
+    call(
+        &d,
+        Request::ProcessKill(ProcessKill {
+            agent_id: "a".into(),
+            session_id: "s1".into(),
+            run_id: Some(s1_server.clone()),
+            signal: None,
+        }),
+    )
+    .unwrap();
+    let mut last = 0;
+    for _ in 0..200 {
+        last = curl(&g, "/v1/ports/a/s1/8000/", &["-H", &bearer]).0;
+        if last == 502 {
+            break;
+        }
+    }
+    assert_eq!(last, 502);
+
+    // Unexposed: 404, and not listed; the session deleted: nothing left.
+    ctl_json(&d, &["port", "unexpose", "a", "s2", "8000"]);
+    let (code, _) = curl(&g, "/v1/ports/a/s2/8000/", &["-H", &bearer]);
+    assert_eq!(code, 404);
+    let listed = ctl_json(&d, &["port", "list", "a"]);
+    let ports: Vec<(String, u64)> = listed["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["session_id"].as_str().unwrap().to_string(),
+                p["port"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ports,
+        [
+            ("s1".to_string(), 8000),
+            ("s1".into(), 8001),
+            ("s1".into(), 8765)
+        ]
+    );
+    ctl_json(&d, &["session", "delete", "a", "s1", "--force"]);
+    assert_eq!(
+        ctl_json(&d, &["port", "list", "a"])["ports"],
+        serde_json::json!([])
+    );
+    let kept = std::fs::read_to_string(d.daemon.root.join("state/ports.json")).unwrap();
+    assert!(!kept.contains("s1"), "{kept}");
+}

@@ -102,8 +102,6 @@ pub struct PortConnected {
     pub agent_id: String,
     pub session_id: String,
     pub port: u16,
-    /// The run whose socket listens on the port, when the kernel says.
-    pub run_id: Option<String>,
 }
 
 /// Where the gateway serves a session's port.

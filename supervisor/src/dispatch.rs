@@ -455,7 +455,7 @@ impl Supervisor {
             Request::PortConnect(r) => {
                 let runs = self.runs()?;
                 let fd = crate::passed::take();
-                Response::PortConnected(self.ports.connect(runs, st, r, fd)?)
+                Response::PortConnected(self.ports.connect(runs, &self.store, r, fd)?)
             }
             Request::SessionImport(r) => {
                 // An archive that adds to a session replaces its current/,

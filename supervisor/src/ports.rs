@@ -62,6 +62,76 @@ pub struct Ports {
     /// Relays open, per session.
     open: Mutex<BTreeMap<(String, String), usize>>,
     all: Arc<tokio::sync::Semaphore>,
+    /// A thread in each session's network namespace that makes sockets
+    /// there, by session, for the context it entered.
+    connectors: Mutex<BTreeMap<(String, String), Arc<Connector>>>,
+}
+
+/// A thread that entered a session's network namespace (that of its
+/// context process `pid`) and makes sockets there on request: a socket
+/// belongs to the namespace it was made in, wherever it is used after,
+/// so the connection itself is made by the caller, and the thread never
+/// waits on one. It ends when its [`Connector`] is dropped (the session
+/// deleted, or its context replaced).
+struct Connector {
+    pid: i32,
+    tx: Mutex<std::sync::mpsc::Sender<std::sync::mpsc::SyncSender<std::io::Result<OwnedFd>>>>,
+    /// The namespace's socket-diagnosis socket, if the kernel has one.
+    diag: Option<Arc<allox_network::diag::SockDiag>>,
+}
+
+impl Connector {
+    fn start(pid: i32, pidfd: OwnedFd) -> std::io::Result<Connector> {
+        type Reply = std::sync::mpsc::SyncSender<std::io::Result<OwnedFd>>;
+        let (tx, rx) = std::sync::mpsc::channel::<Reply>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("allox-ports".into())
+            .spawn(move || {
+                let entered = rustix::thread::move_into_thread_name_spaces(
+                    rustix::fd::AsFd::as_fd(&pidfd),
+                    rustix::thread::ThreadNameSpaceType::NETWORK,
+                );
+                drop(pidfd);
+                if let Err(e) = entered {
+                    let _ = ready_tx.send(Err(std::io::Error::from(e)));
+                    return;
+                }
+                let diag = allox_network::diag::SockDiag::new().ok().map(Arc::new);
+                let _ = ready_tx.send(Ok(diag));
+                for reply in rx {
+                    let made = rustix::net::socket_with(
+                        rustix::net::AddressFamily::INET,
+                        rustix::net::SocketType::STREAM,
+                        rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK,
+                        None,
+                    )
+                    .map_err(std::io::Error::from);
+                    let _ = reply.send(made);
+                }
+            })?;
+        let diag = ready_rx
+            .recv()
+            .map_err(|_| std::io::Error::other("the thread ended"))??;
+        Ok(Connector {
+            pid,
+            tx: Mutex::new(tx),
+            diag,
+        })
+    }
+
+    /// A new TCP socket of the namespace, not connected.
+    fn socket(&self) -> std::io::Result<OwnedFd> {
+        let (reply, answer) = std::sync::mpsc::sync_channel(1);
+        self.tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(reply)
+            .map_err(|_| std::io::Error::other("the session's port thread ended"))?;
+        answer
+            .recv()
+            .map_err(|_| std::io::Error::other("the session's port thread ended"))?
+    }
 }
 
 fn err(code: ErrorCode, why: impl Into<String>) -> ErrorBody {
@@ -116,6 +186,7 @@ impl Ports {
             ),
             open: Mutex::new(BTreeMap::new()),
             all: Arc::new(tokio::sync::Semaphore::new(MAX_ALL)),
+            connectors: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -232,6 +303,10 @@ impl Ports {
 
     /// Session `a/s` (every session of `a` when `None`) was deleted.
     pub fn deleted(&self, a: &str, s: Option<&str>) {
+        self.connectors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(ca, cs), _| ca != a || s.is_some_and(|s| s != cs));
         let mut map = self.exposed.lock().unwrap_or_else(|e| e.into_inner());
         let n = map.len();
         map.retain(|(ea, es, _), _| ea != a || s.is_some_and(|s| s != es));
@@ -246,8 +321,8 @@ impl Ports {
     /// `client` (the caller's socket) on the runtime `rt`.
     pub fn connect(
         self: &Arc<Self>,
-        runs: &Runs,
-        store: &Store,
+        runs: &Arc<Runs>,
+        store: &Arc<Store>,
         r: &PortConnect,
         client: Option<OwnedFd>,
     ) -> Result<PortConnected, ErrorBody> {
@@ -304,54 +379,60 @@ impl Ports {
             key: session_key,
             _all: all,
         };
-        let pidfd = runs.context_pidfd(a, s).ok_or_else(|| {
+        let nothing = |why: String| {
             err(
                 ErrorCode::Unavailable,
-                format!("nothing listens on port {port} of session {a}/{s}: no run of it has started, so its network does not exist yet"),
+                format!("nothing answers on port {port} of session {a}/{s}: {why}"),
             )
-        })?;
-        let (conn, diag) = connect_inside(&pidfd, port).map_err(|e| {
-            err(
-                ErrorCode::Unavailable,
-                format!("nothing answers on port {port} of session {a}/{s}: {e}"),
-            )
-        })?;
-        let run_id = diag.and_then(|d| {
-            let local = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
-            let any = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0);
-            let id = rt.block_on(d.cgroup_of(local, any)).ok().flatten()?;
-            run_of(runs, a, s, id)
-        });
-        let _ = store.audit().append_for(
-            &format!("{a}/{s}"),
-            allox_store::audit::Entry {
-                request_id: 0,
-                peer: "port".into(),
-                action: "port.connect".into(),
-                target: format!("{a}/{s}/port-{port}"),
-                outcome: "ok".into(),
-                message: Some(match &run_id {
-                    Some(r) => format!("connected to port {port}, where run {r} listens"),
-                    None => format!("connected to port {port}"),
-                }),
-            },
-        );
-        let _enter = rt.enter();
-        let (client, conn) = match (
-            client
-                .set_nonblocking(true)
-                .and_then(|()| tokio::net::UnixStream::from_std(client)),
-            conn.set_nonblocking(true)
-                .and_then(|()| tokio::net::TcpStream::from_std(conn)),
-        ) {
-            (Ok(c), Ok(t)) => (c, t),
-            (Err(e), _) | (_, Err(e)) => {
-                return Err(err(ErrorCode::Internal, format!("relay: {e}")))
-            }
         };
+        let connector = self
+            .connector(runs, a, s)
+            .map_err(|e| nothing(e.to_string()))?;
+        let sock = connector.socket().map_err(|e| nothing(e.to_string()))?;
+        let _enter = rt.enter();
+        let addr = std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let conn = tokio::net::TcpSocket::from_std_stream(std::net::TcpStream::from(sock));
+        let conn = rt
+            .block_on(async { tokio::time::timeout(CONNECT_WITHIN, conn.connect(addr)).await })
+            .map_err(|_| nothing(format!("no answer within {CONNECT_WITHIN:?}")))?
+            .map_err(|e| nothing(e.to_string()))?;
         let _ = conn.set_nodelay(true);
+        let client = client
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::UnixStream::from_std(client))
+            .map_err(|e| err(ErrorCode::Internal, format!("relay: {e}")))?;
+        // Which run listens, and the audit record, once the relay runs:
+        // not on the caller's path.
+        let (diag, store) = (connector.diag.clone(), store.clone());
+        let runs_for = runs.clone();
+        let (ka, ks) = (a.to_string(), s.to_string());
         rt.spawn(async move {
             let _held = held;
+            let run_id = match diag {
+                Some(d) => {
+                    let local = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
+                    let any = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0);
+                    match d.cgroup_of(local, any).await {
+                        Ok(Some(id)) => run_of(&runs_for, &ka, &ks, id),
+                        _ => None,
+                    }
+                }
+                None => None,
+            };
+            let _ = store.audit().append_for(
+                &format!("{ka}/{ks}"),
+                allox_store::audit::Entry {
+                    request_id: 0,
+                    peer: "port".into(),
+                    action: "port.connect".into(),
+                    target: format!("{ka}/{ks}/port-{port}"),
+                    outcome: "ok".into(),
+                    message: Some(match &run_id {
+                        Some(r) => format!("connected to port {port}, where run {r} listens"),
+                        None => format!("connected to port {port}"),
+                    }),
+                },
+            );
             let (mut c, mut t) = (client, conn);
             let _ = tokio::io::copy_bidirectional(&mut c, &mut t).await;
         });
@@ -359,8 +440,23 @@ impl Ports {
             agent_id: a.to_string(),
             session_id: s.to_string(),
             port,
-            run_id,
         })
+    }
+
+    /// The port thread of session `a/s`'s live context: its own, or a new
+    /// one when the context is new.
+    fn connector(&self, runs: &Runs, a: &str, s: &str) -> std::io::Result<Arc<Connector>> {
+        let (pid, pidfd) = runs.context_pidfd(a, s).ok_or_else(|| {
+            std::io::Error::other("no run of it has started, so its network does not exist yet")
+        })?;
+        let key = (a.to_string(), s.to_string());
+        let mut all = self.connectors.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = all.get(&key).filter(|c| c.pid == pid) {
+            return Ok(c.clone());
+        }
+        let c = Arc::new(Connector::start(pid, pidfd)?);
+        all.insert(key, c.clone());
+        Ok(c)
     }
 }
 
@@ -393,29 +489,6 @@ fn run_of(runs: &Runs, a: &str, s: &str, id: u64) -> Option<String> {
         .find(|run| {
             std::fs::metadata(runs.cgroups().run_dir(a, s, run)).is_ok_and(|m| m.ino() == id)
         })
-}
-
-/// Connects to `127.0.0.1:port` in the network namespace of the process
-/// `pidfd`, from a thread of its own that enters it and ends there; and
-/// makes a socket-diagnosis socket there (`None` without one).
-fn connect_inside(
-    pidfd: &OwnedFd,
-    port: u16,
-) -> std::io::Result<(std::net::TcpStream, Option<allox_network::diag::SockDiag>)> {
-    let fd = pidfd.try_clone()?;
-    std::thread::scope(|sc| {
-        sc.spawn(move || {
-            rustix::thread::move_into_thread_name_spaces(
-                rustix::fd::AsFd::as_fd(&fd),
-                rustix::thread::ThreadNameSpaceType::NETWORK,
-            )?;
-            let addr = std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-            let conn = std::net::TcpStream::connect_timeout(&addr, CONNECT_WITHIN)?;
-            Ok((conn, allox_network::diag::SockDiag::new().ok()))
-        })
-        .join()
-        .unwrap_or_else(|_| Err(std::io::Error::other("the thread panicked")))
-    })
 }
 
 #[cfg(test)]

@@ -99,14 +99,10 @@ pub fn render(response: &Response) -> String {
         Response::Ports(l) if l.ports.is_empty() => "no ports exposed\n".to_string(),
         Response::Ports(l) => l.ports.iter().map(network::port).collect(),
         Response::PortConnected(c) => format!(
-            "connected to port {} of {}/{}{}\n",
+            "connected to port {} of {}/{}\n",
             c.port,
             clean(&c.agent_id),
-            clean(&c.session_id),
-            c.run_id
-                .as_deref()
-                .map(|r| format!(", where run {} listens", clean(r)))
-                .unwrap_or_default()
+            clean(&c.session_id)
         ),
         Response::Secrets(l) if l.secrets.is_empty() => "no secrets\n".to_string(),
         Response::Secrets(l) => l.secrets.iter().map(network::secret).collect(),

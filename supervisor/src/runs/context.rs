@@ -201,9 +201,9 @@ impl Runs {
         g.ctx.as_ref().map(|m| m.ctx.pid())
     }
 
-    /// A descriptor of the session's live context process (its
-    /// namespaces are the session's), if it has one.
-    pub fn context_pidfd(&self, a: &str, s: &str) -> Option<rustix::fd::OwnedFd> {
+    /// The PID of the session's live context process (its namespaces are
+    /// the session's) and a descriptor of it, if it has one.
+    pub fn context_pidfd(&self, a: &str, s: &str) -> Option<(i32, rustix::fd::OwnedFd)> {
         let slot = self
             .contexts
             .lock()
@@ -212,7 +212,7 @@ impl Runs {
             .cloned()?;
         let g = slot.lock().unwrap_or_else(|e| e.into_inner());
         let m = g.ctx.as_ref().filter(|m| m.ctx.is_alive())?;
-        m.ctx.pidfd().try_clone_to_owned().ok()
+        Some((m.ctx.pid(), m.ctx.pidfd().try_clone_to_owned().ok()?))
     }
 
     /// Whether a session of network mode `mode` has a network namespace

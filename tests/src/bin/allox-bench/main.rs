@@ -29,6 +29,7 @@ mod intercept_bench;
 mod metrics_bench;
 mod monitor_bench;
 mod network_bench;
+mod ports_bench;
 mod quota_bench;
 mod share_bench;
 mod spawn_bench;
@@ -177,6 +178,9 @@ fn main() -> anyhow::Result<()> {
     }
     if only.is_empty() || only == "http" {
         http_bench::run(&fs, quick)?;
+    }
+    if only.is_empty() || only == "http" || only == "ports" {
+        ports_bench::run(&fs, quick)?;
     }
     if only.is_empty() || only == "monitor" {
         monitor_bench::run(&fs, quick)?;

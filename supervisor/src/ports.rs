@@ -65,6 +65,10 @@ pub struct Ports {
     /// A thread in each session's network namespace that makes sockets
     /// there, by session, for the context it entered.
     connectors: Mutex<BTreeMap<(String, String), Arc<Connector>>>,
+    /// Per exposed port, what its relays wait on to end: its sender is
+    /// dropped (and so every relay of the port ends) when the port is
+    /// unexposed or its session deleted.
+    closing: Mutex<BTreeMap<Key, tokio::sync::watch::Sender<()>>>,
 }
 
 /// A thread that entered a session's network namespace (that of its
@@ -187,6 +191,7 @@ impl Ports {
             open: Mutex::new(BTreeMap::new()),
             all: Arc::new(tokio::sync::Semaphore::new(MAX_ALL)),
             connectors: Mutex::new(BTreeMap::new()),
+            closing: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -284,6 +289,11 @@ impl Ports {
             map.insert(key, before);
             return Err(x);
         }
+        // Its connections end.
+        self.closing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
         Ok(what)
     }
 
@@ -307,9 +317,15 @@ impl Ports {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|(ca, cs), _| ca != a || s.is_some_and(|s| s != cs));
+        let gone = |(ea, es, _): &Key| ea == a && s.is_none_or(|s| s == es);
         let mut map = self.exposed.lock().unwrap_or_else(|e| e.into_inner());
         let n = map.len();
-        map.retain(|(ea, es, _), _| ea != a || s.is_some_and(|s| s != es));
+        map.retain(|k, _| !gone(k));
+        // Their connections end (the locks in the order connect takes them).
+        self.closing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k, _| !gone(k));
         if map.len() != n {
             if let Err(e) = self.save(&map) {
                 tracing::error!(error = %e.message, "cannot record the deleted session's ports");
@@ -401,6 +417,25 @@ impl Ports {
             .set_nonblocking(true)
             .and_then(|()| tokio::net::UnixStream::from_std(client))
             .map_err(|e| err(ErrorCode::Internal, format!("relay: {e}")))?;
+        // Ended when the port is unexposed or its session deleted.
+        let key = (a.to_string(), s.to_string(), port);
+        let mut closed = {
+            // In the order unexpose takes them: a port unexposed since the
+            // check above gets no relay.
+            let exposed = self.exposed.lock().unwrap_or_else(|e| e.into_inner());
+            if !exposed.contains_key(&key) {
+                return Err(err(
+                    ErrorCode::NotFound,
+                    format!("port {port} of session {a}/{s} is not exposed"),
+                ));
+            }
+            self.closing
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(key)
+                .or_insert_with(|| tokio::sync::watch::channel(()).0)
+                .subscribe()
+        };
         // Which run listens, and the audit record, once the relay runs:
         // not on the caller's path.
         let (diag, store) = (connector.diag.clone(), store.clone());
@@ -434,7 +469,11 @@ impl Ports {
                 },
             );
             let (mut c, mut t) = (client, conn);
-            let _ = tokio::io::copy_bidirectional(&mut c, &mut t).await;
+            tokio::select! {
+                _ = tokio::io::copy_bidirectional(&mut c, &mut t) => {}
+                // The sender dropped: unexposed, or the session deleted.
+                _ = closed.changed() => {}
+            }
         });
         Ok(PortConnected {
             agent_id: a.to_string(),

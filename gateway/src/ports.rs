@@ -14,6 +14,12 @@
 //! credentials reach the app: its `Authorization`, the port's cookie and
 //! the `token` parameter are taken out of what is forwarded.
 //!
+//! A connection to an app that keeps it open (HTTP/1.1 keep-alive) is
+//! kept idle for the port's next request ([`Pool`]: a few per port),
+//! reused only for a request with the gateway's token or the same port
+//! token that opened it; one the app or the daemon closed (the port
+//! unexposed, the session deleted) is never reused.
+//!
 //! The answers: the app's; 401 without a credential that does; 404 for a
 //! port not exposed (whatever the session: one session's port is never
 //! reachable under another's path); 502 when nothing answers on the port.
@@ -33,6 +39,61 @@ pub const PREFIX: &str = "/v1/ports/";
 
 /// The cookie that carries a port's token.
 pub const COOKIE: &str = "allox_port_token";
+
+/// Idle connections kept per port, and in all.
+pub const IDLE_PER_PORT: usize = 8;
+pub const IDLE_ALL: usize = 256;
+
+type Sender = hyper::client::conn::http1::SendRequest<hyper::body::Incoming>;
+
+/// An idle connection to a port: what opened it (`None`: the gateway's
+/// token) and its sender.
+struct Idle {
+    token: Option<String>,
+    sender: Sender,
+}
+
+/// Idle connections to sessions' ports, by agent, session and port.
+#[derive(Default)]
+pub struct Pool {
+    idle: std::sync::Mutex<std::collections::HashMap<(String, String, u16), Vec<Idle>>>,
+}
+
+impl Pool {
+    /// An idle connection to the port that `authorized` or `token` may
+    /// use, ready for a request.
+    fn take(
+        &self,
+        key: &(String, String, u16),
+        authorized: bool,
+        token: Option<&str>,
+    ) -> Option<Sender> {
+        let mut all = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = all.get_mut(key)?;
+        list.retain(|i| !i.sender.is_closed());
+        let i = list.iter().position(|i| {
+            i.sender.is_ready()
+                && (authorized
+                    || matches!((&i.token, token), (Some(a), Some(b)) if crate::token::same(a, b)))
+        })?;
+        let got = list.swap_remove(i);
+        if list.is_empty() {
+            all.remove(key);
+        }
+        Some(got.sender)
+    }
+
+    /// Keeps `sender` for the port's next request, if there is room.
+    fn keep(&self, key: (String, String, u16), token: Option<String>, sender: Sender) {
+        let mut all = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let total: usize = all.values().map(Vec::len).sum();
+        let list = all.entry(key).or_default();
+        list.retain(|i| !i.sender.is_closed());
+        if list.len() < IDLE_PER_PORT && total < IDLE_ALL {
+            list.push(Idle { token, sender });
+        }
+    }
+}
 
 /// One request for a session's port.
 #[derive(Debug, PartialEq, Eq)]
@@ -169,6 +230,59 @@ fn status_reply(status: u16, code: ErrorCode, why: String) -> HttpResponse {
     respond(r)
 }
 
+/// A new connection to the port through the daemon (`port.connect`),
+/// or the answer saying why not.
+async fn connect(
+    p: &PortRequest,
+    shared: &Arc<Shared>,
+    token: Option<String>,
+    authorized: bool,
+) -> Result<tokio::net::UnixStream, HttpResponse> {
+    // One end for the daemon to relay to, one for here.
+    let (mine, theirs) = std::os::unix::net::UnixStream::pair()
+        .map_err(|e| status_reply(502, ErrorCode::Unavailable, format!("socket pair: {e}")))?;
+    let ask = Request::PortConnect(PortConnect {
+        agent_id: p.agent.clone(),
+        session_id: p.session.clone(),
+        port: p.port,
+        token,
+        authorized,
+    });
+    let answer = shared
+        .with_daemon(move |d| d.call_with_fd(ask, theirs.as_fd()))
+        .await;
+    match answer {
+        Ok(Ok(Ok(Response::PortConnected(_)))) => {}
+        Ok(Ok(Ok(other))) => {
+            return Err(status_reply(
+                500,
+                ErrorCode::Internal,
+                format!("port.connect answered {}", other.kind()),
+            ))
+        }
+        Ok(Ok(Err(e))) => {
+            let status = match e.code {
+                ErrorCode::Unauthorized => 401,
+                ErrorCode::NotFound => 404,
+                ErrorCode::Unavailable => 502,
+                c => c.http_status(),
+            };
+            return Err(status_reply(status, e.code, e.message));
+        }
+        Ok(Err(e)) => {
+            return Err(status_reply(
+                503,
+                ErrorCode::Unavailable,
+                format!("the daemon cannot be reached: {e}"),
+            ))
+        }
+        Err(reply) => return Err(respond(reply)),
+    }
+    mine.set_nonblocking(true)
+        .and_then(|()| tokio::net::UnixStream::from_std(mine))
+        .map_err(|e| status_reply(502, ErrorCode::Unavailable, format!("relay socket: {e}")))
+}
+
 /// Serves one request for a port.
 pub async fn serve(mut req: HttpRequest, p: PortRequest, shared: &Arc<Shared>) -> HttpResponse {
     let authorized = match shared.access.check_port(&headers_of(&req)) {
@@ -188,52 +302,13 @@ pub async fn serve(mut req: HttpRequest, p: PortRequest, shared: &Arc<Shared>) -
         .join("; ");
     let (other_cookies, cookie_token) = take_cookie(&cookie);
     let token = query_token.clone().or(cookie_token);
-    // The connection: one end for the daemon to relay to, one for here.
-    let (mine, theirs) = match std::os::unix::net::UnixStream::pair() {
-        Ok(p) => p,
-        Err(e) => return status_reply(502, ErrorCode::Unavailable, format!("socket pair: {e}")),
-    };
-    let ask = Request::PortConnect(PortConnect {
-        agent_id: p.agent.clone(),
-        session_id: p.session.clone(),
-        port: p.port,
-        token,
-        authorized,
-    });
-    let answer = shared
-        .with_daemon(move |d| d.call_with_fd(ask, theirs.as_fd()))
-        .await;
-    match answer {
-        Ok(Ok(Ok(Response::PortConnected(_)))) => {}
-        Ok(Ok(Ok(other))) => {
-            return status_reply(
-                500,
-                ErrorCode::Internal,
-                format!("port.connect answered {}", other.kind()),
-            )
-        }
-        Ok(Ok(Err(e))) => {
-            let status = match e.code {
-                ErrorCode::Unauthorized => 401,
-                ErrorCode::NotFound => 404,
-                ErrorCode::Unavailable => 502,
-                c => c.http_status(),
-            };
-            return status_reply(status, e.code, e.message);
-        }
-        Ok(Err(e)) => {
-            return status_reply(
-                503,
-                ErrorCode::Unavailable,
-                format!("the daemon cannot be reached: {e}"),
-            )
-        }
-        Err(reply) => return respond(reply),
-    }
     // A token in the URL is traded for a cookie at once, so it does not
-    // stay in the browser's address bar, history or the app's logs.
+    // stay in the browser's address bar, history or the app's logs (the
+    // daemon checks it by connecting).
     if let (Some(t), false) = (&query_token, authorized) {
-        drop(mine);
+        if let Err(r) = connect(&p, shared, token.clone(), false).await {
+            return r;
+        }
         let mut to = p.base();
         to.push_str(rest.trim_start_matches('/'));
         return respond(Reply {
@@ -248,12 +323,8 @@ pub async fn serve(mut req: HttpRequest, p: PortRequest, shared: &Arc<Shared>) -
             ],
         });
     }
-    if mine.set_nonblocking(true).is_err() {
-        return status_reply(502, ErrorCode::Unavailable, "relay socket".into());
-    }
-    let Ok(stream) = tokio::net::UnixStream::from_std(mine) else {
-        return status_reply(502, ErrorCode::Unavailable, "relay socket".into());
-    };
+    let key = (p.agent.clone(), p.session.clone(), p.port);
+    let opened_with = if authorized { None } else { token.clone() };
     let upgrade = req
         .headers()
         .get(hyper::header::UPGRADE)
@@ -300,24 +371,58 @@ pub async fn serve(mut req: HttpRequest, p: PortRequest, shared: &Arc<Shared>) -
         Ok(r) => r,
         Err(e) => return status_reply(400, ErrorCode::InvalidRequest, e.to_string()),
     };
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
-    {
-        Ok(x) => x,
-        Err(e) => return status_reply(502, ErrorCode::Unavailable, e.to_string()),
-    };
-    tokio::spawn(async move {
-        let _ = conn.with_upgrades().await;
-    });
-    let mut resp = match sender.send_request(upstream).await {
-        Ok(r) => r,
-        Err(e) => {
-            return status_reply(
-                502,
-                ErrorCode::Unavailable,
-                format!("port {} of session {}/{}: {e}", p.port, p.agent, p.session),
-            )
+    let wants_upgrade = upgrade.is_some();
+    // An idle connection first; a request it could not send (the app or
+    // the daemon closed it meanwhile) goes on a new one.
+    let mut upstream = Some(upstream);
+    let mut got = None;
+    if !wants_upgrade {
+        if let Some(mut sender) = shared.ports.take(&key, authorized, token.as_deref()) {
+            let req = upstream.take().expect("not sent yet");
+            match sender.try_send_request(req).await {
+                Ok(r) => got = Some((r, sender)),
+                Err(mut e) => match e.take_message() {
+                    Some(back) => upstream = Some(back),
+                    None => {
+                        return status_reply(502, ErrorCode::Unavailable, e.error().to_string())
+                    }
+                },
+            }
         }
+    }
+    let (mut resp, sender) = match (got, upstream) {
+        (Some(x), _) => x,
+        (None, Some(req)) => {
+            let stream = match connect(&p, shared, token.clone(), authorized).await {
+                Ok(s) => s,
+                Err(r) => return r,
+            };
+            let (mut sender, conn) =
+                match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
+                    Ok(x) => x,
+                    Err(e) => return status_reply(502, ErrorCode::Unavailable, e.to_string()),
+                };
+            tokio::spawn(async move {
+                let _ = conn.with_upgrades().await;
+            });
+            match sender.send_request(req).await {
+                Ok(r) => (r, sender),
+                Err(e) => {
+                    return status_reply(
+                        502,
+                        ErrorCode::Unavailable,
+                        format!("port {} of session {}/{}: {e}", p.port, p.agent, p.session),
+                    )
+                }
+            }
+        }
+        (None, None) => return status_reply(500, ErrorCode::Internal, "no request".into()),
     };
+    if resp.status() != hyper::StatusCode::SWITCHING_PROTOCOLS && !wants_upgrade {
+        // Ready again once this answer has been read, if the app keeps
+        // the connection.
+        shared.ports.keep(key, opened_with, sender);
+    }
     if resp.status() == hyper::StatusCode::SWITCHING_PROTOCOLS {
         if let Some(client_upgrade) = client_upgrade {
             let app_upgrade = hyper::upgrade::on(&mut resp);

@@ -37,6 +37,8 @@ pub struct Shared {
     idle: Mutex<Vec<ReconnectingClient>>,
     /// The gateway's own metrics.
     pub metrics: crate::metrics::GatewayMetrics,
+    /// Idle connections to sessions' ports, for the next requests.
+    pub ports: crate::ports::Pool,
 }
 
 impl Shared {
@@ -54,6 +56,7 @@ impl Shared {
             http_timeout,
             idle: Mutex::new(Vec::new()),
             metrics: Default::default(),
+            ports: Default::default(),
         }
     }
 

@@ -69,6 +69,17 @@ impl std::fmt::Debug for Token {
     }
 }
 
+/// Whether `a` and `b` are the same bytes, in time that depends only on
+/// their lengths.
+pub fn same(a: impl AsRef<[u8]>, b: impl AsRef<[u8]>) -> bool {
+    let (a, b) = (a.as_ref(), b.as_ref());
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
 impl Token {
     /// A new random token: [`TOKEN_BYTES`] bytes as lowercase hex.
     pub fn generate() -> Result<Token, TokenError> {
@@ -85,15 +96,7 @@ impl Token {
     /// Whether `given` is this token, in time that depends only on the
     /// lengths (the token's length is no secret: 64 for generated ones).
     pub fn matches(&self, given: &[u8]) -> bool {
-        let want = self.0.as_bytes();
-        if given.len() != want.len() {
-            return false;
-        }
-        let diff = given
-            .iter()
-            .zip(want)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-        std::hint::black_box(diff) == 0
+        same(self.0.as_bytes(), given)
     }
 
     /// A token from a file's text: surrounding white space is dropped; the

@@ -468,7 +468,7 @@ impl Ports {
                     }),
                 },
             );
-            let (mut c, mut t) = (client, conn);
+            let (mut c, mut t) = (client, allox_network::relay::QuickAck(conn));
             tokio::select! {
                 _ = tokio::io::copy_bidirectional(&mut c, &mut t) => {}
                 // The sender dropped: unexposed, or the session deleted.

@@ -12,12 +12,13 @@ use allox_protocol::*;
 use std::io::{BufRead, Read, Write};
 use std::process::{Command, Stdio};
 
-/// An HTTP app that answers with what it was asked and which headers
-/// came (names only) and the cookies: the gateway's credentials must not
-/// be among them.
+/// An HTTP/1.1 app (it keeps connections open) that answers with what it
+/// was asked and which headers came (names only) and the cookies: the
+/// gateway's credentials must not be among them.
 const ECHO: &str = r#"
 import http.server, json, sys
 class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
     def log_message(self, *a): pass
     def do_GET(self):
         body = ("%s %s %s cookie=%s\n" % (sys.argv[2], self.path,
@@ -242,6 +243,15 @@ fn a_session_s_ports_are_served_through_the_gateway_to_whoever_holds_a_token() {
     assert!(body.trim_end().ends_with("cookie=a=1"), "{body}");
     let (code, body) = curl(&g, "/v1/ports/a/s1/8000/", &["-H", &bearer]);
     assert_eq!((code, body.as_str()), (200, "s1-page\n"), "s1's own 8000");
+    // The gateway keeps s2's connection for the next request with its
+    // token, never for one without.
+    let (code, _) = curl(&g, "/v1/ports/a/s2/8000/again", &[]);
+    assert_eq!(code, 401);
+    let (code, body) = curl(&g, "/v1/ports/a/s2/8000/again", &["-H", &bearer]);
+    assert!(
+        code == 200 && body.starts_with("s2 /again "),
+        "{code} {body}"
+    );
 
     // Exposed, nothing listening: 502.
     ctl_json(&d, &["port", "expose", "a", "s1", "8001"]);

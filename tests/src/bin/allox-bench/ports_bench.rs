@@ -1,7 +1,7 @@
 //! A session's port through the gateway (`/v1/ports/…`) against the same
 //! server asked from inside the session, for `allox-bench`
-//! (`ALLOX_BENCH_ONLY=ports`, and with `http`): Python's `http.server` in
-//! an `isolated` session answering a small file; curl inside the session
+//! (`ALLOX_BENCH_ONLY=ports`, and with `http`): Python's `http.server` (HTTP/1.1, keeping
+//! connections) in an `isolated` session answering a small file; curl inside the session
 //! to `127.0.0.1:8000` is the baseline, curl on the host through the
 //! gateway with its token the other side. Each request's time is curl's
 //! own (`%{time_total}`: connect to the whole answer), so neither side
@@ -51,6 +51,8 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
             "8000",
             "--bind",
             "127.0.0.1",
+            "--protocol",
+            "HTTP/1.1",
             "--directory",
             "/allox/session/site",
         ],
@@ -109,7 +111,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     drop(gw);
     println!("## A session's port through the gateway\n");
     println!(
-        "Python's `http.server` in an `isolated` session answering 1 KiB; curl's own time per request (connect to the whole answer), {} of each, alternating in rounds of 50.\n",
+        "Python's `http.server` (HTTP/1.1) in an `isolated` session answering 1 KiB; curl's own time per request (connect to the whole answer; a new connection each), {} of each, alternating in rounds of 50. The gateway keeps its connection to the app between requests.\n",
         inside.len()
     );
     println!("| from | p50 | p99 |");

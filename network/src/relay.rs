@@ -105,6 +105,52 @@ async fn pump(from: &TcpStream, to: &TcpStream, moved: &mut u64) -> io::Result<(
     }
 }
 
+/// A TCP stream that asks for quick acknowledgements after each read: a
+/// peer that sends an answer in two writes with Nagle on (a head, then a
+/// body) sends the second only once the first is acknowledged, which a
+/// kept-alive connection otherwise delays by up to 40 ms. Quick-ACK mode
+/// lapses by itself, so it is asked for again after each read.
+pub struct QuickAck(pub TcpStream);
+
+impl tokio::io::AsyncRead for QuickAck {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.0).poll_read(cx, buf);
+        if matches!(polled, std::task::Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            let _ = rustix::net::sockopt::set_tcp_quickack(&self.0, true);
+        }
+        polled
+    }
+}
+
+impl tokio::io::AsyncWrite for QuickAck {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, data)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,51 +249,5 @@ mod tests {
         for r in relays {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), r).await;
         }
-    }
-}
-
-/// A TCP stream that asks for quick acknowledgements after each read: a
-/// peer that sends an answer in two writes with Nagle on (a head, then a
-/// body) sends the second only once the first is acknowledged, which a
-/// kept-alive connection otherwise delays by up to 40 ms. Quick-ACK mode
-/// lapses by itself, so it is asked for again after each read.
-pub struct QuickAck(pub TcpStream);
-
-impl tokio::io::AsyncRead for QuickAck {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = std::pin::Pin::new(&mut self.0).poll_read(cx, buf);
-        if matches!(polled, std::task::Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            let _ = rustix::net::sockopt::set_tcp_quickack(&self.0, true);
-        }
-        polled
-    }
-}
-
-impl tokio::io::AsyncWrite for QuickAck {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        data: &[u8],
-    ) -> std::task::Poll<io::Result<usize>> {
-        std::pin::Pin::new(&mut self.0).poll_write(cx, data)
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
     }
 }

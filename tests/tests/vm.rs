@@ -920,6 +920,9 @@ fn a_proxy_session_in_the_guest_reaches_the_host_only_through_the_broker() {
     // QEMU's user networking, restricted: the guest reaches 10.0.2.100:80,
     // which is the host's 127.0.0.1:<port>, and nothing else.
     let forward = format!("10.0.2.100:80={port}");
+    // And 10.0.2.101:80, a server that checks a secret's header.
+    let (auth, auth_heads) = secret_checking_server();
+    let forward_auth = format!("10.0.2.101:80={}", auth.port());
     let mut vm = Vm::boot(
         &img,
         Some(&store),
@@ -928,7 +931,9 @@ fn a_proxy_session_in_the_guest_reaches_the_host_only_through_the_broker() {
             "user",
             "--forward",
             &forward,
-            "allox.args=--plugin=network,--session-network=proxy,--network-allow=10.0.2.100:80",
+            "--forward",
+            &forward_auth,
+            "allox.args=--plugin=network,--session-network=proxy,--network-allow=10.0.2.100:80,--network-allow=10.0.2.101:80",
         ],
     );
     let (mut c, _) = vm.connect(BOOT);
@@ -1008,8 +1013,83 @@ fn a_proxy_session_in_the_guest_reaches_the_host_only_through_the_broker() {
         records.iter().any(|r| !r.allowed && r.port == 8080),
         "{records:?}"
     );
+    // A secret, put in by the guest's broker on the guest's uplink: the
+    // run holds the placeholder, the host's server gets the value.
+    let set = match ok(
+        &mut c,
+        Request::SecretSet(SecretSet {
+            agent_id: "a".into(),
+            session_id: None,
+            name: "API_KEY".into(),
+            value: SecretValue(VM_SECRET.into()),
+            hosts: vec!["10.0.2.101:80".into()],
+            header: Some("Authorization: Bearer {}".into()),
+            query: None,
+            intercept: false,
+        }),
+    ) {
+        Response::Secret(i) => i,
+        other => panic!("{other:?}"),
+    };
+    let got = sh(
+        &mut c,
+        "a",
+        "s",
+        "echo \"$API_KEY\"; wget -q -O - http://10.0.2.101/with-the-secret",
+    );
+    assert_eq!(got, format!("{}\nauth=ok\n", set.placeholder));
+    assert!(
+        auth_heads
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|h| h.contains(&format!("Bearer {VM_SECRET}"))),
+        "the host's server never got the value"
+    );
     let _ = c.call(Request::Shutdown(Shutdown {}));
     assert!(vm.wait_exit(Duration::from_secs(60)).is_some());
+}
+
+/// The value of the secret the guest's broker puts in.
+const VM_SECRET: &str = "vm-secret-value-0f1e2d3c4b5a";
+
+/// A server on the host's loopback answering `auth=ok` to a request whose
+/// `Authorization` is `Bearer VM_SECRET` (`auth=no` otherwise), and
+/// keeping every request head.
+fn secret_checking_server() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = heads.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let mut buf = Vec::new();
+            let mut b = [0u8; 1024];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut b) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&b[..n]),
+                }
+            }
+            let head = String::from_utf8_lossy(&buf).into_owned();
+            let ok = head
+                .lines()
+                .any(|l| l.eq_ignore_ascii_case(&format!("authorization: Bearer {VM_SECRET}")));
+            let body = if ok { "auth=ok\n" } else { "auth=no\n" };
+            kept.lock().unwrap().push(head);
+            let _ = write!(
+                s,
+                "HTTP/1.0 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (addr, heads)
 }
 
 /// What a run used, in the guest (pure cgroup v2 with every controller):

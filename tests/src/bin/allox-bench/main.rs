@@ -179,6 +179,9 @@ fn main() -> anyhow::Result<()> {
     if only.is_empty() || only == "http" {
         http_bench::run(&fs, quick)?;
     }
+    if only == "intercept" {
+        intercept_bench::run(quick)?;
+    }
     if only.is_empty() || only == "http" || only == "ports" {
         ports_bench::run(&fs, quick)?;
     }

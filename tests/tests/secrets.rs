@@ -3,7 +3,8 @@
 //! `requests` and `urllib`, and git reach HTTPS servers on 127.0.0.1
 //! (names under `.test`, resolved by a DNS stub) through the session's
 //! proxy, and the servers receive the real value, only the hosts each
-//! secret names; the value is nowhere else: not in the sandbox, the audit,
+//! secret names; the value is nowhere else: not in the sandbox (its
+//! environment, its files, a core dump of its process), the audit,
 //! the daemon's log, `alloxctl --json`'s output or the store's disk.
 
 use allox_integration::{call, process_start as start, require, ProcDaemon};
@@ -472,6 +473,23 @@ fn a_secret_reaches_only_its_hosts_and_never_the_sandbox_the_logs_or_the_store()
     assert!(o.contains("SSL_CERT_FILE=/run/allox/ca-bundle.pem"), "{o}");
     assert!(o.contains("\n0\n"), "the bundle holds no key: {o}");
     assert!(!o.contains(API_VALUE) && !o.contains(GIT_VALUE), "{o}");
+
+    // A core dump of a run's process (gdb's gcore, into the workspace):
+    // its memory holds the placeholder, never the value.
+    let r = sh(
+        &d,
+        "s",
+        "sleep 60 & p=$!; gcore -o /allox/session/core $p >/dev/null 2>&1; kill $p; \
+         ls /allox/session | grep '^core\\.'",
+    );
+    let core_name = out(&r).trim().to_string();
+    assert!(core_name.starts_with("core."), "no core dump: {r:?}");
+    let core = session_current(&d, "a", "s").join(&core_name);
+    assert!(
+        file_holds(&core, placeholder.as_bytes()),
+        "the dump is not of the run's memory"
+    );
+    assert!(!file_holds(&core, API_VALUE.as_bytes()));
 
     // Plain HTTP through the proxy: the broker puts the value in.
     let r = sh(

@@ -857,3 +857,36 @@ pub fn alloxctl_following(
     let lines = std::io::BufReader::new(child.stdout.take().expect("its stdout")).lines();
     (child, lines)
 }
+
+/// Headless Chromium from Debian (`chromium`); `test` names who needs it.
+pub fn chromium(test: &str) -> PathBuf {
+    which("chromium")
+        .or_else(|| which("chromium-browser"))
+        .unwrap_or_else(|| panic!("{test} needs Debian's chromium (scripts/deps.sh installs it)"))
+}
+
+/// Runs headless Chromium with `args`, its profile in `profile`. Nothing
+/// leaves the machine: no name is resolved, and every request but those
+/// to 127.0.0.1 goes to a proxy on a closed port: 127.0.0.1 is all a page
+/// can reach.
+pub fn headless(test: &str, args: &[&str], profile: &Path) -> std::process::Output {
+    Command::new(chromium(test))
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-dev-shm-usage",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-default-browser-check",
+            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+            "--proxy-server=127.0.0.1:9",
+            "--proxy-bypass-list=127.0.0.1",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .output()
+        .expect("run chromium")
+}

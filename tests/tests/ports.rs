@@ -1,7 +1,8 @@
 //! A session's ports served to the host, through the real daemon, real
 //! sandboxes and the real gateway, with curl and a WebSocket client on
 //! 127.0.0.1: `python3 -m http.server` and a WebSocket echo inside
-//! sessions answer through `/v1/ports/…` with a token and 401 without;
+//! sessions answer through `/v1/ports/…` with a token and 401 without,
+//! and an app's page renders in headless Chromium handed the port's token;
 //! another session's port is never reached; a port not exposed is 404,
 //! one nothing listens on 502; 100 connections at once; the gateway's
 //! credentials never reach the app; `alloxctl port forward`; nothing left
@@ -218,6 +219,59 @@ fn a_session_s_ports_are_served_through_the_gateway_to_whoever_holds_a_token() {
     );
     let (code, body) = curl(&g, "/v1/ports/a/s1/8000/", &["-b", jar]);
     assert_eq!((code, body.as_str()), (200, "s1-page\n"));
+    // A browser: headless Chromium handed the port's URL with its token
+    // once; the page it renders fetches more of the app with the cookie
+    // it was given (a relative URL below the port's path).
+    let app = r#"<!doctype html><title>agent app</title><h1>Built by the agent</h1><p id=out>loading</p>
+<script>fetch("data.json").then(r => r.text()).then(t => { document.getElementById("out").textContent = "data: " + t; });</script>"#;
+    let r = run(
+        &d,
+        "s1",
+        &[
+            "/bin/sh",
+            "-c",
+            &format!(
+                "mkdir -p /allox/session/site/app && cat > /allox/session/site/app/index.html <<'EOF'\n{app}\nEOF\n\
+                 printf '{{\"answer\": 42}}' > /allox/session/site/app/data.json"
+            ),
+        ],
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let profile = tempfile::tempdir().unwrap();
+    let page = format!(
+        "http://{}/v1/ports/a/s1/8000/app/?token={port_token}",
+        g.addr
+    );
+    let dom = allox_integration::headless(
+        "ports",
+        &["--virtual-time-budget=10000", "--dump-dom", &page],
+        profile.path(),
+    );
+    let dom_text = String::from_utf8_lossy(&dom.stdout);
+    assert!(
+        dom_text.contains("Built by the agent") && dom_text.contains(r#"data: {"answer": 42}"#),
+        "{dom_text}{}",
+        String::from_utf8_lossy(&dom.stderr)
+    );
+    let png = allox_integration::artifacts_dir().join("ports-app.png");
+    let _ = std::fs::remove_file(&png);
+    let shot = allox_integration::headless(
+        "ports",
+        &[
+            "--virtual-time-budget=10000",
+            "--hide-scrollbars",
+            "--window-size=900,400",
+            &format!("--screenshot={}", png.display()),
+            &page,
+        ],
+        profile.path(),
+    );
+    assert!(
+        shot.status.success() && png.exists(),
+        "{}",
+        String::from_utf8_lossy(&shot.stderr)
+    );
+
     // The port's cookie does not open another port.
     let (code, _) = curl(
         &g,

@@ -9,7 +9,7 @@ use allox_integration::{
 };
 use allox_protocol::*;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 
@@ -699,38 +699,6 @@ fn summaries_equal_a_brute_force_recomputation_from_the_stored_spans_and_runs() 
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Headless Chromium from Debian (`chromium`).
-fn chromium() -> PathBuf {
-    allox_integration::which("chromium")
-        .or_else(|| allox_integration::which("chromium-browser"))
-        .unwrap_or_else(|| {
-            panic!("traces::the_report needs Debian's chromium (scripts/deps.sh installs it)")
-        })
-}
-
-fn headless(args: &[&str], profile: &Path) -> std::process::Output {
-    std::process::Command::new(chromium())
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--disable-dev-shm-usage",
-            // The page is a file: nothing leaves the machine, not even a
-            // name lookup or the browser's own background fetches.
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-default-browser-check",
-            "--host-resolver-rules=MAP * ~NOTFOUND",
-            "--proxy-server=127.0.0.1:9",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(args)
-        .output()
-        .expect("run chromium")
-}
-
 #[test]
 fn the_report_renders_in_chromium_with_the_session_s_runs_turns_and_rollbacks() {
     let Some((d, dir)) =
@@ -738,7 +706,7 @@ fn the_report_renders_in_chromium_with_the_session_s_runs_turns_and_rollbacks() 
     else {
         return;
     };
-    let browser = chromium();
+    let browser = allox_integration::chromium("traces::the_report");
     // Two turns; the first with a tool call that runs twice and a model
     // call, the second with a failing run; a checkpoint and a rollback.
     let mut spans = 0;
@@ -855,7 +823,8 @@ fn the_report_renders_in_chromium_with_the_session_s_runs_turns_and_rollbacks() 
     // What the browser sees.
     let profile = tempfile::tempdir().unwrap();
     let url = format!("file://{}", out.display());
-    let dom = headless(&["--dump-dom", &url], profile.path());
+    let dom =
+        allox_integration::headless("traces::the_report", &["--dump-dom", &url], profile.path());
     assert!(
         dom.status.success(),
         "{} --dump-dom: {}",
@@ -886,7 +855,8 @@ fn the_report_renders_in_chromium_with_the_session_s_runs_turns_and_rollbacks() 
     // A screenshot, kept as the test's artifact.
     let png = allox_integration::artifacts_dir().join("monitor-report.png");
     let _ = std::fs::remove_file(&png);
-    let shot = headless(
+    let shot = allox_integration::headless(
+        "traces::the_report",
         &[
             "--hide-scrollbars",
             "--window-size=1400,700",

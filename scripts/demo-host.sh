@@ -12,6 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
+source scripts/demo-secrets-ports.sh
 allox_need_root
 allox_install_deps
 
@@ -42,6 +43,7 @@ cleanup() {
     [ -n "${INDEX:-}" ] && kill "$INDEX" 2>/dev/null && wait "$INDEX" 2>/dev/null || true
     [ -n "${GATEWAY:-}" ] && kill "$GATEWAY" 2>/dev/null && wait "$GATEWAY" 2>/dev/null || true
     [ -n "${PROM:-}" ] && kill "$PROM" 2>/dev/null && wait "$PROM" 2>/dev/null || true
+    [ -n "${MODEL:-}" ] && kill "$MODEL" 2>/dev/null && wait "$MODEL" 2>/dev/null || true
     if [ -d "$CGROOT" ]; then
         echo 1 >"$CGROOT/cgroup.kill" 2>/dev/null || true
         sleep 0.2
@@ -60,14 +62,14 @@ allox_demo_index "$WORK/index"
 IPORT=8093
 python3 -m http.server "$IPORT" --bind 127.0.0.1 --directory "$WORK/index" >/dev/null 2>&1 &
 INDEX=$!
-"$BIN/allox-dns-stub" pypi.test=127.0.0.1 >"$WORK/dns.addr" &
+"$BIN/allox-dns-stub" pypi.test=127.0.0.1 model.test=127.0.0.1 >"$WORK/dns.addr" &
 DNS=$!
 for _ in $(seq 100); do [ -s "$WORK/dns.addr" ] && break; sleep 0.05; done
 
 "$BIN/allox-init" supervise --root "$ROOT" --listen "unix:$ALLOX_SOCKET" \
     --sandbox-stage "$WORK/stage" --cgroup-root "$CGROOT" --sandbox-network isolated \
     --plugin network --share-tools --network-resolver "$(cat "$WORK/dns.addr")" \
-    --monitor-root "$WORK/monitor" \
+    --monitor-root "$WORK/monitor" --secrets-key-file "$WORK/secrets.key" \
     2>"$WORK/daemon.log" &
 DAEMON=$!
 for _ in $(seq 100); do [ -S "$ALLOX_SOCKET" ] && break; sleep 0.05; done
@@ -212,6 +214,9 @@ echo; echo "# nor is there a way around the proxy: the session has a loopback an
 ctl exec agent-net session-1 -- curl -sS --noproxy '*' --max-time 3 "http://127.0.0.1:$IPORT/" || true
 ctl net policy agent-net session-1
 ctl net audit agent-net session-1
+
+allox_demo_secrets_and_ports "$BIN/alloxctl" 127.0.0.1:8092 "$TOKEN" "$WORK" \
+    "$PWD/target/demo-host-port.png" 8094 "$IPORT"
 
 ctl audit
 

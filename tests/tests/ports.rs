@@ -410,6 +410,15 @@ fn a_session_s_ports_are_served_through_the_gateway_to_whoever_holds_a_token() {
     let body = String::from_utf8_lossy(&out.stdout);
     assert!(body.starts_with("s2 /fwd "), "{body}{out:?}");
 
+    // Exposed again as public: no token needed (the same token kept).
+    let public = ctl_json(&d, &["port", "expose", "a", "s2", "8000", "--public"]);
+    assert_eq!(public["public"], true);
+    let (code, body) = curl(&g, "/v1/ports/a/s2/8000/open", &[]);
+    assert!(
+        code == 200 && body.starts_with("s2 /open "),
+        "{code} {body}"
+    );
+
     // Each connection is in the audit, with the run that listens.
     let audit = ctl_json(&d, &["audit", "--limit", "10000"]);
     let recs = audit["records"].as_array().unwrap();

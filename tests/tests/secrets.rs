@@ -600,7 +600,18 @@ print(dict(x[0] for x in t.getpeercert()[\"issuer\"])[\"commonName\"])'"
         "{verdict}"
     );
 
-    // Kept across a restart (sealed in the store, the key outside it).
+    // Kept across a rollback (outside every workspace)...
+    json(&d, &[], &["checkpoint", "create", "a", "s", "before"]);
+    json(&d, &[], &["rollback", "a", "s", "before"]);
+    let r = sh(
+        &d,
+        "s",
+        &format!(
+            "curl -sS http://api.test:{plain_port}/rolled -H \"Authorization: Bearer $API_KEY\""
+        ),
+    );
+    assert_eq!(out(&r), "auth=ok path=/rolled\n");
+    // ... and a restart (sealed in the store, the key outside it).
     d.restart(&args);
     let r = sh(
         &d,

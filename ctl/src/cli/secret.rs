@@ -94,6 +94,7 @@ pub enum SecretCommand {
         agent: String,
         /// The secret's name.
         name: String,
+        /// The session whose own secret it is (the agent's if left out).
         #[arg(long)]
         session: Option<String>,
     },

@@ -80,11 +80,13 @@ fn authority(s: &str, default: Option<u16>) -> Result<(Host, u16), HeadError> {
     Ok((host, port))
 }
 
-/// Reads a request head from the start of `buf`: `Ok(None)` when more
-/// bytes are needed.
-pub fn parse(buf: &[u8]) -> Result<Option<Request>, HeadError> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
+/// Parses the head at the start of `buf` into `req`: the bytes it took,
+/// `Ok(None)` when more are needed; a head too large or malformed is
+/// refused.
+fn read_head<'h, 'b>(
+    req: &mut httparse::Request<'h, 'b>,
+    buf: &'b [u8],
+) -> Result<Option<usize>, HeadError> {
     let head_len = match req.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => return Err(HeadError::TooLarge),
@@ -99,6 +101,17 @@ pub fn parse(buf: &[u8]) -> Result<Option<Request>, HeadError> {
     if head_len > MAX_HEAD {
         return Err(HeadError::TooLarge);
     }
+    Ok(Some(head_len))
+}
+
+/// Reads a request head from the start of `buf`: `Ok(None)` when more
+/// bytes are needed.
+pub fn parse(buf: &[u8]) -> Result<Option<Request>, HeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let Some(head_len) = read_head(&mut req, buf)? else {
+        return Ok(None);
+    };
     let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
         return Err(HeadError::Malformed("incomplete request line".into()));
     };
@@ -188,20 +201,9 @@ fn origin_form(
 pub fn parse_origin(buf: &[u8], authority: &str) -> Result<Option<(Vec<u8>, usize)>, HeadError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
-    let head_len = match req.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => return Err(HeadError::TooLarge),
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => {
-            return Err(HeadError::Malformed(format!(
-                "more than {MAX_HEADERS} headers"
-            )))
-        }
-        Err(e) => return Err(HeadError::Malformed(e.to_string())),
+    let Some(head_len) = read_head(&mut req, buf)? else {
+        return Ok(None);
     };
-    if head_len > MAX_HEAD {
-        return Err(HeadError::TooLarge);
-    }
     let (Some(method), Some(path), Some(_)) = (req.method, req.path, req.version) else {
         return Err(HeadError::Malformed("incomplete request line".into()));
     };

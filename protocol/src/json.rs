@@ -108,6 +108,9 @@ mod tests {
                 json!({"agent_id": "a", "session_id": "s", "from": "c", "new_session_id": "t"}),
                 json!({"agent_id": "a"}),
                 json!({"agent_id": "a", "import_id": "i", "data": "AAEC/w=="}),
+                json!({"agent_id": "a", "session_id": "s", "name": "K", "value": "v", "hosts": ["api.test"]}),
+                json!({"agent_id": "a", "session_id": "s", "port": 8000}),
+                json!({"agent_id": "a", "name": "K"}),
                 json!({}),
             ]
             .into_iter()

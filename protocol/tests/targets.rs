@@ -181,6 +181,38 @@ fn table() -> Vec<(&'static str, Value, &'static str)> {
         ),
         ("session.resume", s.clone(), "a/s"),
         ("session.info", s.clone(), "a/s"),
+        (
+            "secret.set",
+            json!({"agent_id": "a", "session_id": "s", "name": "K", "value": "never-in-a-target", "hosts": ["api.test"]}),
+            "a/s/K",
+        ),
+        (
+            "secret.set",
+            json!({"agent_id": "a", "name": "K", "value": "v", "hosts": ["api.test"]}),
+            "a/K",
+        ),
+        ("secret.list", a.clone(), "a"),
+        (
+            "secret.delete",
+            json!({"agent_id": "a", "session_id": "s", "name": "K"}),
+            "a/s/K",
+        ),
+        (
+            "port.expose",
+            json!({"agent_id": "a", "session_id": "s", "port": 8000}),
+            "a/s/port-8000",
+        ),
+        (
+            "port.unexpose",
+            json!({"agent_id": "a", "session_id": "s", "port": 8000}),
+            "a/s/port-8000",
+        ),
+        ("port.list", s.clone(), "a/s"),
+        (
+            "port.connect",
+            json!({"agent_id": "a", "session_id": "s", "port": 8000, "token": "t"}),
+            "a/s/port-8000",
+        ),
     ]
 }
 

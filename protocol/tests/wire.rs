@@ -217,6 +217,13 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "session.import",
             "fs.upload_local",
             "fs.download_local",
+            "secret.set",
+            "secret.list",
+            "secret.delete",
+            "port.expose",
+            "port.unexpose",
+            "port.list",
+            "port.connect",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

@@ -1477,9 +1477,6 @@ class PortConnected(Model):
 
     agent_id: str
     port: int
-
-    #: The run whose socket listens on the port, when the kernel says.
-    run_id: Optional[str] = None
     session_id: str
 
 

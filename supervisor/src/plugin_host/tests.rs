@@ -229,7 +229,14 @@ fn each_plugin_s_routes_are_the_table_s_lines_naming_it_in_table_order() {
     .unwrap();
     assert_eq!(
         p.routes_of("network"),
-        ["network.policy.set", "network.policy.get", "network.audit"]
+        [
+            "network.policy.set",
+            "network.policy.get",
+            "network.audit",
+            "secret.set",
+            "secret.list",
+            "secret.delete"
+        ]
     );
     assert_eq!(
         p.routes_of("share"),

@@ -485,12 +485,11 @@ impl Started {
         })
     }
 
-    /// After a secret of agent `a` (or session `a/s`) changed: each live
-    /// session it touches uses the new set from its next connection.
-    fn refresh_secrets(&self, a: &str, s: Option<&str>) {
+    /// The live sessions a change of agent `a` (or session `a/s`) touches,
+    /// by key.
+    fn touched(&self, a: &str, s: Option<&str>) -> Vec<(String, Arc<Live>)> {
         let prefix = key(a, "");
-        let touched: Vec<(String, Arc<Live>)> = self
-            .live
+        self.live
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
@@ -499,7 +498,14 @@ impl Started {
                 None => k.starts_with(&prefix),
             })
             .map(|(k, l)| (k.clone(), l.clone()))
-            .collect();
+            .collect()
+    }
+
+    /// After a secret of agent `a` (or session `a/s`) changed: each live
+    /// session it touches uses the new set from its next connection.
+    fn refresh_secrets(&self, a: &str, s: Option<&str>) {
+        let prefix = key(a, "");
+        let touched = self.touched(a, s);
         for (k, live) in touched {
             let fresh = Arc::new(self.vault.session_secrets(a, &k[prefix.len()..]));
             *live.secrets.write().unwrap_or_else(|e| e.into_inner()) = fresh;
@@ -510,17 +516,7 @@ impl Started {
     /// session it touches judges its next connection by the new policy.
     fn refresh(&self, store: &allox_store::Store, a: &str, s: Option<&str>) {
         let prefix = key(a, "");
-        let touched: Vec<(String, Arc<Live>)> = self
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter(|(k, _)| match s {
-                Some(s) => **k == key(a, s),
-                None => k.starts_with(&prefix),
-            })
-            .map(|(k, l)| (k.clone(), l.clone()))
-            .collect();
+        let touched = self.touched(a, s);
         for (k, live) in touched {
             let sess = &k[prefix.len()..];
             // A level that cannot be read keeps the policy as it was

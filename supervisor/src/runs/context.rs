@@ -191,6 +191,16 @@ impl Runs {
 
     /// PID of the session's context process, if it has one.
     pub fn context_pid(&self, a: &str, s: &str) -> Option<i32> {
+        self.with_context(a, s, |m| Some(m.ctx.pid()))
+    }
+
+    /// `f` of the session's context, if it has one (its slot held).
+    fn with_context<T>(
+        &self,
+        a: &str,
+        s: &str,
+        f: impl FnOnce(&ContextWithGuards) -> Option<T>,
+    ) -> Option<T> {
         let slot = self
             .contexts
             .lock()
@@ -198,21 +208,16 @@ impl Runs {
             .get(&super::key(a, s, ""))
             .cloned()?;
         let g = slot.lock().unwrap_or_else(|e| e.into_inner());
-        g.ctx.as_ref().map(|m| m.ctx.pid())
+        g.ctx.as_ref().and_then(f)
     }
 
     /// The PID of the session's live context process (its namespaces are
     /// the session's) and a descriptor of it, if it has one.
     pub fn context_pidfd(&self, a: &str, s: &str) -> Option<(i32, rustix::fd::OwnedFd)> {
-        let slot = self
-            .contexts
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&super::key(a, s, ""))
-            .cloned()?;
-        let g = slot.lock().unwrap_or_else(|e| e.into_inner());
-        let m = g.ctx.as_ref().filter(|m| m.ctx.is_alive())?;
-        Some((m.ctx.pid(), m.ctx.pidfd().try_clone_to_owned().ok()?))
+        self.with_context(a, s, |m| {
+            m.ctx.is_alive().then_some(())?;
+            Some((m.ctx.pid(), m.ctx.pidfd().try_clone_to_owned().ok()?))
+        })
     }
 
     /// Whether a session of network mode `mode` has a network namespace

@@ -17,6 +17,18 @@ use thiserror::Error;
 /// Targets the sandbox mounts itself, besides the system directories.
 pub const RESERVED: &[&str] = &[WORKSPACE_MOUNT, "/proc", "/dev", "/tmp"];
 
+/// Files of the system directories a bind may lie over, as they are: the
+/// bind is a file, the target an existing regular file there (not made,
+/// never through a symlink), read-only. The roots a session's clients
+/// trust (Debian's bundle), which the network plugin replaces with one
+/// that holds the session's authority too.
+pub const SYSTEM_FILES: &[&str] = &["/etc/ssl/certs/ca-certificates.crt"];
+
+/// Whether `dst` is one of [`SYSTEM_FILES`].
+pub fn is_system_file(dst: &str) -> bool {
+    SYSTEM_FILES.contains(&dst)
+}
+
 /// Why a bind's target is refused; each names the target.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum BindError {
@@ -53,6 +65,16 @@ pub fn check(binds: &[Bind], system_dirs: &[PathBuf]) -> Result<(), BindError> {
             return Err(BindError::NotNormal(dst.clone()));
         }
         let p = Path::new(dst);
+        if is_system_file(dst) && !b.writable {
+            if let Some(e) = earlier.iter().find(|e| within(p, e) || within(e, p)) {
+                return Err(BindError::Overlaps {
+                    dst: dst.clone(),
+                    earlier: e.display().to_string(),
+                });
+            }
+            earlier.push(p);
+            continue;
+        }
         let reserved = RESERVED
             .iter()
             .map(PathBuf::from)
@@ -100,6 +122,31 @@ mod tests {
             bind("/x"),
         ];
         assert_eq!(check(&ok, &sys()), Ok(()));
+    }
+
+    #[test]
+    fn only_the_named_system_files_take_a_bind_and_only_read_only() {
+        let debian = "/etc/ssl/certs/ca-certificates.crt";
+        assert_eq!(check(&[bind(debian)], &sys()), Ok(()));
+        let mut writable = bind(debian);
+        writable.writable = true;
+        assert!(matches!(
+            check(&[writable], &sys()),
+            Err(BindError::Reserved { .. })
+        ));
+        for other in ["/etc/ssl/certs/other.crt", "/etc/ssl/certs", "/etc/passwd"] {
+            assert!(
+                matches!(
+                    check(&[bind(other)], &sys()),
+                    Err(BindError::Reserved { .. })
+                ),
+                "{other}"
+            );
+        }
+        assert!(matches!(
+            check(&[bind(debian), bind(debian)], &sys()),
+            Err(BindError::Overlaps { .. })
+        ));
     }
 
     #[test]

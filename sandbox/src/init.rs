@@ -536,6 +536,25 @@ pub(crate) fn prepare_binds(binds: &[Bind], trees: &[OwnedFd]) -> Result<(), Ini
         let is_file = rustix::fs::fstat(tree)
             .map(|st| !rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir())
             .map_err(|e| bad(BindProblem::StatSource(e.into())))?;
+        if crate::binds::is_system_file(&b.dst) {
+            // Over a file of a bound system directory, as it is: one that
+            // is there, reached through no symlink; nothing is made.
+            let mut p = std::path::PathBuf::from("/");
+            for c in dst.components().skip(1) {
+                p.push(c);
+                match std::fs::symlink_metadata(&p) {
+                    Ok(md) if md.file_type().is_symlink() => {
+                        return Err(bad(BindProblem::NotOnRoot(p)));
+                    }
+                    Ok(_) => {}
+                    Err(source) => return Err(bad(BindProblem::Stat { path: p, source })),
+                }
+            }
+            if !is_file || !std::fs::symlink_metadata(dst).is_ok_and(|m| m.is_file()) {
+                return Err(bad(BindProblem::KindMismatch));
+            }
+            continue;
+        }
         let mut p = std::path::PathBuf::from("/");
         let parts: Vec<_> = dst.components().skip(1).collect();
         for (i, c) in parts.iter().enumerate() {

@@ -471,6 +471,31 @@ fn a_secret_reaches_only_its_hosts_and_never_the_sandbox_the_logs_or_the_store()
     assert!(o.contains(&format!("API_KEY={placeholder}")), "{o}");
     assert!(o.contains("GIT_TOKEN=allox-secret-placeholder-"), "{o}");
     assert!(o.contains("SSL_CERT_FILE=/run/allox/ca-bundle.pem"), "{o}");
+    // Debian's own bundle is the session's too (for clients that read no
+    // variable): curl told to use only that path trusts the authority.
+    let r = sh(
+        &d,
+        "s",
+        &format!(
+            "cmp /etc/ssl/certs/ca-certificates.crt /run/allox/ca-bundle.pem && \
+             env -u CURL_CA_BUNDLE -u SSL_CERT_FILE curl -sS --cacert /etc/ssl/certs/ca-certificates.crt \
+             https://api.test:{tls_port}/debian -H \"Authorization: Bearer $API_KEY\""
+        ),
+    );
+    assert_eq!(out(&r), "auth=ok path=/debian\n", "{r:?}");
+    // The host's own file is not touched.
+    let session_ca = std::fs::read_to_string(
+        d.daemon
+            .root
+            .join("state/network-secrets/a/session/s/ca/cert.pem"),
+    )
+    .unwrap();
+    assert!(
+        !std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt")
+            .unwrap_or_default()
+            .contains(session_ca.trim()),
+        "the host's bundle was changed"
+    );
     assert!(o.contains("\n0\n"), "the bundle holds no key: {o}");
     assert!(!o.contains(API_VALUE) && !o.contains(GIT_VALUE), "{o}");
 

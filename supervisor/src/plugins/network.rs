@@ -261,11 +261,17 @@ impl Plugin for Network {
             let (more, bundle) = st.vault.contribution(run.agent, run.session);
             env.extend(more);
             if let Some(src) = bundle {
-                binds.push(allox_sandbox::spec::Bind {
-                    src,
-                    dst: vault::BUNDLE.into(),
-                    writable: false,
-                });
+                // Where the variables point, and over Debian's own bundle
+                // where the system has one (clients that read no variable).
+                let debian = allox_sandbox::binds::SYSTEM_FILES[0];
+                let has_debian = std::fs::symlink_metadata(debian).is_ok_and(|m| m.is_file());
+                for dst in std::iter::once(vault::BUNDLE).chain(has_debian.then_some(debian)) {
+                    binds.push(allox_sandbox::spec::Bind {
+                        src: src.clone(),
+                        dst: dst.into(),
+                        writable: false,
+                    });
+                }
             }
         }
         Contribution {

@@ -890,3 +890,51 @@ pub fn headless(test: &str, args: &[&str], profile: &Path) -> std::process::Outp
         .output()
         .expect("run chromium")
 }
+
+/// The `current/` directory of session `a/s`, as `session.list` names it.
+pub fn session_current(d: &ProcDaemon, a: &str, s: &str) -> PathBuf {
+    match call(
+        d,
+        allox_protocol::Request::SessionList(allox_protocol::AgentRef { agent_id: a.into() }),
+    ) {
+        Ok(allox_protocol::Response::Sessions(l)) => l
+            .sessions
+            .into_iter()
+            .find(|x| x.session_id == s)
+            .map(|x| PathBuf::from(x.current))
+            .expect("the session"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A bare repository `repo.git` under `dir` with one commit (`README`
+/// holding `readme`), prepared for git's dumb HTTP protocol and readable
+/// by every user, as a server would serve it.
+pub fn bare_git_repo(dir: &Path, readme: &str) -> PathBuf {
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let git = |args: &[&str], cwd: &Path| {
+        let out = Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@t.test"])
+            .args(args)
+            .current_dir(cwd)
+            .output()
+            .expect("run git");
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+    };
+    git(&["init", "-q", "-b", "main"], &work);
+    std::fs::write(work.join("README"), readme).unwrap();
+    git(&["add", "README"], &work);
+    git(&["commit", "-q", "-m", "first"], &work);
+    let bare = dir.join("repo.git");
+    let (w, b) = (work.to_str().unwrap(), bare.to_str().unwrap());
+    git(&["clone", "-q", "--bare", w, b], dir);
+    git(&["update-server-info"], &bare);
+    let out = Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(dir)
+        .output()
+        .expect("run chmod");
+    assert!(out.status.success(), "chmod: {out:?}");
+    bare
+}

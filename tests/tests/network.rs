@@ -12,7 +12,7 @@ use allox_protocol::*;
 use std::collections::HashMap;
 use std::io::BufRead;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 fn hello_server() -> SocketAddr {
@@ -103,18 +103,6 @@ fn daemon(name: &str, dns: &DnsStub, rules: &[&str], extra: &[&str]) -> ProcDaem
     args.extend_from_slice(rules);
     args.extend_from_slice(extra);
     ProcDaemon::start(name, &args)
-}
-
-fn current(d: &ProcDaemon, a: &str, s: &str) -> PathBuf {
-    match call(d, Request::SessionList(AgentRef { agent_id: a.into() })) {
-        Ok(Response::Sessions(l)) => l
-            .sessions
-            .into_iter()
-            .find(|x| x.session_id == s)
-            .map(|x| PathBuf::from(x.current))
-            .expect("the session"),
-        other => panic!("{other:?}"),
-    }
 }
 
 fn audit(d: &ProcDaemon, args: &[&str]) -> Vec<serde_json::Value> {
@@ -218,7 +206,7 @@ fn a_proxy_session_reaches_allowed_hosts_through_its_proxy_and_nothing_else() {
     // A CONNECT relayed by a program inside the sandbox (its own proxy
     // in front of the session's) is judged like a direct one.
     std::fs::write(
-        current(&d, "a", "s").join("relay.py"),
+        allox_integration::session_current(&d, "a", "s").join("relay.py"),
         r#"import socket, threading
 l = socket.socket()
 l.bind(("127.0.0.1", 8888))
@@ -295,7 +283,7 @@ while True:
     assert_eq!(r.stdout, "lo\n0\n", "{r:?}");
     let before = dns.asked().len();
     std::fs::write(
-        current(&d, "a", "s").join("sockets.py"),
+        allox_integration::session_current(&d, "a", "s").join("sockets.py"),
         format!(
             r#"import socket
 for name, fam, kind, proto in [("raw", socket.AF_INET, socket.SOCK_RAW, 1),
@@ -386,7 +374,7 @@ fn a_policy_change_applies_to_the_next_connection_and_rollback_keeps_it() {
 
     // Mid-session: the session denies other.test. A run that is going on
     // sees the change at its next connection.
-    let cur = current(&d, "a", "s");
+    let cur = allox_integration::session_current(&d, "a", "s");
     let bg = allox_protocol::ProcessStart {
         wait: false,
         ..start(
@@ -569,7 +557,7 @@ fn modes_are_per_session_and_proxy_needs_the_plugin() {
     // Its runs reach each other; another session cannot reach them.
     for sess in ["s", "t"] {
         std::fs::write(
-            current(&d, "a", sess).join("get.py"),
+            allox_integration::session_current(&d, "a", sess).join("get.py"),
             r#"import socket, time
 for i in range(30):
     try:
@@ -584,7 +572,7 @@ else:
         .unwrap();
     }
     std::fs::write(
-        current(&d, "a", "s").join("serve.py"),
+        allox_integration::session_current(&d, "a", "s").join("serve.py"),
         r#"import socket
 l = socket.socket()
 l.bind(("127.0.0.1", 7000))
@@ -652,38 +640,6 @@ fn package_index(dir: &Path) {
     .unwrap();
 }
 
-/// A bare repository `repo.git` under `dir` with one commit (README:
-/// `from the host`), served as git's dumb HTTP protocol serves it.
-fn git_repo(dir: &Path) -> PathBuf {
-    let work = dir.join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    let git = |args: &[&str], cwd: &Path| {
-        run(Command::new("git")
-            .args(["-c", "user.name=t", "-c", "user.email=t@t.test"])
-            .args(args)
-            .current_dir(cwd))
-    };
-    git(&["init", "-q", "-b", "main"], &work);
-    std::fs::write(work.join("README"), "from the host\n").unwrap();
-    git(&["add", "README"], &work);
-    git(&["commit", "-q", "-m", "first"], &work);
-    let bare = dir.join("repo.git");
-    git(
-        &[
-            "clone",
-            "-q",
-            "--bare",
-            work.to_str().unwrap(),
-            bare.to_str().unwrap(),
-        ],
-        dir,
-    );
-    git(&["update-server-info"], &bare);
-    // Readable by the sandbox's user, as a server would serve it.
-    run(Command::new("chmod").args(["-R", "a+rX"]).arg(dir));
-    bare
-}
-
 #[test]
 fn pip_and_git_install_and_clone_through_the_proxy() {
     let name = "network::pip_and_git_install_and_clone_through_the_proxy";
@@ -699,7 +655,7 @@ fn pip_and_git_install_and_clone_through_the_proxy() {
     }
     let root = tempfile::tempdir().unwrap();
     package_index(root.path());
-    git_repo(root.path());
+    allox_integration::bare_git_repo(root.path(), "from the host\n");
     let (_server, port) = file_server(root.path());
     let dns = DnsStub::start(HashMap::from([
         ("pypi.test".to_string(), Ipv4Addr::LOCALHOST),
@@ -774,7 +730,7 @@ fn ssh_and_git_over_ssh_go_through_allox_net_connect() {
     }
     let root = tempfile::tempdir().unwrap();
     let dir = root.path();
-    let bare = git_repo(dir);
+    let bare = allox_integration::bare_git_repo(dir, "from the host\n");
     // An sshd of the test's own on the loopback: its host key, one
     // authorized key, root's login by key only.
     run(Command::new("ssh-keygen")
@@ -827,7 +783,7 @@ fn ssh_and_git_over_ssh_go_through_allox_net_connect() {
     ctl_ok(&d, &["agent", "create", "a"]);
     ctl_ok(&d, &["session", "create", "a", "s"]);
     // The agent's key, in its workspace, its own and private.
-    let key = current(&d, "a", "s").join("id_agent");
+    let key = allox_integration::session_current(&d, "a", "s").join("id_agent");
     std::fs::copy(dir.join("client_key"), &key).unwrap();
     run(Command::new("chown").arg("10000:10000").arg(&key));
     run(Command::new("chmod").arg("600").arg(&key));

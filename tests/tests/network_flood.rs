@@ -13,7 +13,6 @@ use allox_protocol::*;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,18 +62,6 @@ fn wait_run(d: &ProcDaemon, a: &str, s: &str, run_id: &str) -> RunResult {
         }),
     ) {
         Ok(Response::Exited(r)) => r,
-        other => panic!("{other:?}"),
-    }
-}
-
-fn current(d: &ProcDaemon, a: &str, s: &str) -> PathBuf {
-    match call(d, Request::SessionList(AgentRef { agent_id: a.into() })) {
-        Ok(Response::Sessions(l)) => l
-            .sessions
-            .into_iter()
-            .find(|x| x.session_id == s)
-            .map(|x| PathBuf::from(x.current))
-            .expect("the session"),
         other => panic!("{other:?}"),
     }
 }
@@ -281,7 +268,7 @@ fn a_connection_flood_meets_the_budgets_and_holds_up_no_one_else() {
     // Session s: 5,000 connections, each relayed to the server and left
     // idle; past 200 refused at once.
     let watch = Watch::start(&d);
-    let cur = current(&d, "a", "s");
+    let cur = allox_integration::session_current(&d, "a", "s");
     let flood = flood_script("s", 5000, &allow, "--proxy-connections-per-session");
     std::fs::write(cur.join("flood.py"), flood).unwrap();
     let run = sh_bg(&d, "a", "s", "python3 /allox/session/flood.py");
@@ -310,7 +297,7 @@ fn a_connection_flood_meets_the_budgets_and_holds_up_no_one_else() {
     // (260 of all sessions) a third session is refused naming it.
     let r = sh_in(&d, "a", "t", &get);
     assert_eq!(r.stdout, "hello /other\n", "{r:?}");
-    let cur_u = current(&d, "a", "u");
+    let cur_u = allox_integration::session_current(&d, "a", "u");
     std::fs::write(
         cur_u.join("flood.py"),
         flood_script("u", 100, &allow, "--proxy-connections"),
@@ -375,7 +362,7 @@ fn out_of_descriptors_the_proxy_pauses_instead_of_spinning() {
     ctl_ok(&d, &["agent", "create", "a"]);
     ctl_ok(&d, &["session", "create", "a", "s", "--network", "proxy"]);
     let pid = d.daemon.child.id();
-    let cur = current(&d, "a", "s");
+    let cur = allox_integration::session_current(&d, "a", "s");
     // Connections the daemon cannot accept stay queued; their clients
     // wait for an answer that does not come.
     std::fs::write(
@@ -485,7 +472,7 @@ fn lookups_that_never_answer_hold_up_no_one_else() {
     ctl_ok(&d, &["agent", "create", "a"]);
     ctl_ok(&d, &["session", "create", "a", "s", "--network", "proxy"]);
     ctl_ok(&d, &["session", "create", "a", "t", "--network", "proxy"]);
-    let cur = current(&d, "a", "s");
+    let cur = allox_integration::session_current(&d, "a", "s");
     // 200 names asked at once, each on a connection of its own.
     std::fs::write(
         cur.join("names.py"),
@@ -572,7 +559,7 @@ fn two_runs_connecting_at_once_are_each_named_in_the_audit() {
     );
     ctl_ok(&d, &["agent", "create", "a"]);
     ctl_ok(&d, &["session", "create", "a", "s", "--network", "proxy"]);
-    let cur = current(&d, "a", "s");
+    let cur = allox_integration::session_current(&d, "a", "s");
     const N: usize = 500;
     std::fs::write(
         cur.join("connect.py"),

@@ -152,41 +152,6 @@ fn server(dir: &Path, tls: Option<(&Pki, &str)>, log: &Path, repo: &Path) -> (Se
     (Server(child), port)
 }
 
-/// A bare repository with one commit, prepared for git's dumb HTTP.
-fn bare_repo(dir: &Path) -> PathBuf {
-    let work = dir.join("work");
-    let bare = dir.join("repo.git");
-    let git = |args: &[&str], cwd: &Path| {
-        let out = Command::new("git")
-            .args(args)
-            .current_dir(cwd)
-            .env("GIT_AUTHOR_NAME", "t")
-            .env("GIT_AUTHOR_EMAIL", "t@t.test")
-            .env("GIT_COMMITTER_NAME", "t")
-            .env("GIT_COMMITTER_EMAIL", "t@t.test")
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "git {args:?}: {out:?}");
-    };
-    std::fs::create_dir_all(&work).unwrap();
-    git(&["init", "-q", "-b", "main"], &work);
-    std::fs::write(work.join("README"), "cloned through the broker\n").unwrap();
-    git(&["add", "README"], &work);
-    git(&["commit", "-q", "-m", "one"], &work);
-    git(
-        &[
-            "clone",
-            "-q",
-            "--bare",
-            work.to_str().unwrap(),
-            bare.to_str().unwrap(),
-        ],
-        dir,
-    );
-    git(&["update-server-info"], &bare);
-    bare
-}
-
 /// `alloxctl --socket … ARGS` with `env` added: exit status, stdout,
 /// stderr.
 fn ctl_env(d: &ProcDaemon, env: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
@@ -257,18 +222,6 @@ fn files_holding(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
     found
 }
 
-fn session_current(d: &ProcDaemon, a: &str, s: &str) -> PathBuf {
-    match call(d, Request::SessionList(AgentRef { agent_id: a.into() })) {
-        Ok(Response::Sessions(l)) => l
-            .sessions
-            .into_iter()
-            .find(|x| x.session_id == s)
-            .map(|x| PathBuf::from(x.current))
-            .expect("the session"),
-        other => panic!("{other:?}"),
-    }
-}
-
 #[test]
 fn a_secret_reaches_only_its_hosts_and_never_the_sandbox_the_logs_or_the_store() {
     if !require("secrets") {
@@ -291,7 +244,7 @@ fn a_secret_reaches_only_its_hosts_and_never_the_sandbox_the_logs_or_the_store()
         &["api.test", "echo.test", "git.test", "127.0.0.1"],
     );
     let untrusted = Pki::new(w, "untrusted-ca", &["bad.test"]);
-    let repo = bare_repo(w);
+    let repo = allox_integration::bare_git_repo(w, "cloned through the broker\n");
     let seen = w.join("seen.jsonl");
     let (_plain, plain_port) = server(w, None, &seen, &repo);
     let (_tls, tls_port) = server(w, Some((&pki, "allox-test-ca")), &seen, &repo);
@@ -509,7 +462,7 @@ fn a_secret_reaches_only_its_hosts_and_never_the_sandbox_the_logs_or_the_store()
     );
     let core_name = out(&r).trim().to_string();
     assert!(core_name.starts_with("core."), "no core dump: {r:?}");
-    let core = session_current(&d, "a", "s").join(&core_name);
+    let core = allox_integration::session_current(&d, "a", "s").join(&core_name);
     assert!(
         file_holds(&core, placeholder.as_bytes()),
         "the dump is not of the run's memory"
@@ -666,7 +619,7 @@ print(dict(x[0] for x in t.getpeercert()[\"issuer\"])[\"commonName\"])'"
     // Nowhere else: the session's files, the audit and the daemon's log,
     // every answer, and (the daemon stopped) every byte of the store's
     // disk; the key file is outside it.
-    let current = session_current(&d, "a", "s");
+    let current = allox_integration::session_current(&d, "a", "s");
     for v in [API_VALUE, GIT_VALUE] {
         assert!(
             files_holding(&current, v.as_bytes()).is_empty(),

@@ -25,6 +25,7 @@ pub mod signal;
 pub mod top;
 pub mod transfer;
 pub mod tty;
+pub mod vm;
 
 pub use allox_client::{client, files, reconnecting};
 pub use allox_client::{error_chain, Answer, Caller, Client, ClientError, ReconnectingClient};

@@ -13,8 +13,27 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     // Usage errors exit with 2, as clap does.
-    let cli = Cli::parse_fast();
+    let mut cli = Cli::parse_fast();
+    if let Some(vm) = &cli.vm {
+        match allox_ctl::vm::socket_of(&cli.vm_dir, vm, cli.if_running) {
+            Ok(s) => cli.socket = s,
+            Err(e) => {
+                eprintln!("error: {}: {e}", e.code());
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     match cli.command.action() {
+        Action::Vm(cmd) => {
+            let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+            ExitCode::from(allox_ctl::vm::run(
+                cmd,
+                &cli.vm_dir,
+                cli.json,
+                &mut out,
+                &mut err,
+            ))
+        }
         Action::Call(request) => call(cli.socket, cli.json, request),
         Action::Exec(run) if run.tty => match request_of(run) {
             Ok(request) => {

@@ -312,6 +312,7 @@ requests! {
     PortUnexpose(crate::PortUnexpose) = "port.unexpose", mutating = true, route = Core, answers = [Deleted];
     PortList(crate::PortList) = "port.list", mutating = false, route = Core, answers = [Ports];
     PortConnect(crate::PortConnect) = "port.connect", mutating = false, route = Core, answers = [PortConnected];
+    SystemResumed(crate::SystemResumed) = "system.resumed", mutating = true, route = Core, answers = [Resumed];
 }
 
 macro_rules! responses {
@@ -409,4 +410,5 @@ responses! {
     Port(crate::PortInfo);
     Ports(crate::PortListing);
     PortConnected(crate::PortConnected);
+    Resumed(crate::Resumed);
 }

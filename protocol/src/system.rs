@@ -160,3 +160,35 @@ pub struct Stopping {
     /// as the child of the guest's PID 1).
     pub power_off: bool,
 }
+
+/// `system.resumed`: the VM manager tells the guest it was just resumed or
+/// restored from a snapshot: set the wall clock from the host's, and (after
+/// a restore, when two guests may run from one snapshot) mix a seed into
+/// the kernel's random pool and reseed it, so nothing generated from here
+/// on is repeated by another guest of the same snapshot. Only the guest's
+/// supervisor (the one that owns the machine) accepts it.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct SystemResumed {
+    /// The host's wall clock when it sent this, in nanoseconds since the
+    /// Unix epoch.
+    pub realtime_ns: u64,
+    /// 32 bytes from the host's random source; empty after a plain resume.
+    #[serde(default)]
+    pub seed: crate::Bytes,
+}
+
+target!(SystemResumed);
+
+/// The answer to `system.resumed`.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+pub struct Resumed {
+    /// How far the guest's wall clock was moved, in milliseconds (positive:
+    /// forward; a guest resumed an hour later was an hour behind).
+    pub clock_step_ms: i64,
+    /// Whether the kernel's random pool was reseeded.
+    pub reseeded: bool,
+    /// A new id of this incarnation of the guest, drawn after the reseed:
+    /// two guests restored from one snapshot never share it.
+    pub instance: String,
+}

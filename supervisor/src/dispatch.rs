@@ -183,6 +183,21 @@ impl Supervisor {
                     power_off: self.policy.power_off_on_shutdown,
                 })
             }
+            Request::SystemResumed(r) => {
+                if !self.policy.power_off_on_shutdown {
+                    return Err(RequestError::Machine {
+                        code: allox_protocol::ErrorCode::Unsupported,
+                        why: "system.resumed sets the machine's clock and reseeds its random pool: \
+                              only the guest's supervisor (under allox-init) accepts it, not a daemon on a host"
+                            .into(),
+                    });
+                }
+                let resumed = crate::resumed::apply(r)?;
+                if let Some(runs) = &self.runs {
+                    runs.reseed_ids();
+                }
+                Response::Resumed(resumed)
+            }
             Request::Ping(_) => Response::Pong(Pong {
                 version: PROTOCOL_VERSION,
                 build: allox_protocol::build_identity(),

@@ -42,6 +42,9 @@ pub enum RequestError {
     /// A session's port refused (`port.*`), and why.
     #[error("{why}")]
     Port { code: ErrorCode, why: String },
+    /// The machine's own settings refused (`system.resumed`), and why.
+    #[error("{why}")]
+    Machine { code: ErrorCode, why: String },
 }
 
 impl From<ErrorBody> for RequestError {
@@ -78,7 +81,9 @@ impl RequestError {
             RequestError::Plugin(e) => e.code(),
             RequestError::Files(e) => e.code(),
             RequestError::Refused { .. } => ErrorCode::Unavailable,
-            RequestError::Transfer { code, .. } | RequestError::Port { code, .. } => *code,
+            RequestError::Transfer { code, .. }
+            | RequestError::Port { code, .. }
+            | RequestError::Machine { code, .. } => *code,
             RequestError::Egress(_) => ErrorCode::InvalidRequest,
             RequestError::NetworkNeedsPlugin(_) | RequestError::MetricsOff => {
                 ErrorCode::Unsupported

@@ -22,6 +22,7 @@ pub mod plugin_host;
 pub mod plugins;
 pub mod ports;
 pub mod ratelimit;
+pub mod resumed;
 pub mod runs;
 pub mod sandbox_api;
 pub mod serial;

@@ -11,6 +11,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+#[path = "vm/manager.rs"]
+mod manager;
+
 const BOOT: Duration = Duration::from_secs(60);
 
 fn ok(c: &mut Client, r: Request) -> Response {

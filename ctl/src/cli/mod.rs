@@ -17,6 +17,7 @@ mod system;
 #[cfg(test)]
 mod tests;
 mod turn;
+mod vm;
 
 pub use agent::AgentCommand;
 pub use checkpoint::{CheckpointCommand, DiffArgs, LogArgs, PolicyArgs, RollbackArgs};
@@ -32,6 +33,7 @@ pub use session::{LimitArgs, SessionCommand, StatsArgs, TopArgs};
 pub use share::ShareCommand;
 pub use system::{AuditArgs, ShutdownArgs};
 pub use turn::TurnCommand;
+pub use vm::VmCommand;
 
 use allox_protocol::{Ping, ProcessWait, Request, SessionRef};
 use clap::{Args, Parser, Subcommand};
@@ -51,6 +53,17 @@ pub struct Cli {
     /// Print the JSON result instead of human output.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Talk to the guest of this VM (`alloxctl vm`): its control port's
+    /// socket instead of --socket.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub vm: Option<String>,
+    /// With --vm: a paused VM answers `unavailable` at once instead of the
+    /// request waiting for its resume.
+    #[arg(long, global = true, requires = "vm")]
+    pub if_running: bool,
+    /// Where the VMs live.
+    #[arg(long, global = true, env = "ALLOX_VM_DIR", default_value = allox_vmm::DEFAULT_ROOT)]
+    pub vm_dir: PathBuf,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -91,6 +104,9 @@ impl Cli {
         Some(Cli {
             socket: hot.socket,
             json: hot.json,
+            vm: None,
+            if_running: false,
+            vm_dir: allox_vmm::DEFAULT_ROOT.into(),
             command: match hot.command {
                 HotCommand::Exec(a) => Command::Exec(a),
                 HotCommand::Cp(a) => Command::Cp(a),
@@ -194,6 +210,10 @@ pub enum Command {
     /// forward from a port of this host.
     #[command(subcommand)]
     Port(PortCommand),
+    /// Guests of this host under QEMU: create, start, stop, kill, pause,
+    /// resume, snapshot, restore, clone, list, rm.
+    #[command(subcommand)]
+    Vm(VmCommand),
     /// Sharing of sessions' files between sessions (the share plugin):
     /// who shares what, and the host's switches.
     #[command(subcommand)]
@@ -279,6 +299,7 @@ impl Command {
             C::Net(n) => n.action(),
             C::Secret(c) => c.action(),
             C::Port(c) => c.action(),
+            C::Vm(c) => c.action(),
             C::Share(s) => call(s.request()),
             C::Effects(e) => e.action(),
             C::Stats(a) => call(a.request()),
@@ -428,6 +449,8 @@ pub enum Action {
         request: allox_protocol::SecretSet,
         from: ValueFrom,
     },
+    /// Manage VMs.
+    Vm(VmCommand),
     /// Copy between here and a session.
     Copy {
         from: String,

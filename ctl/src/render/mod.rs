@@ -86,6 +86,16 @@ pub fn render(response: &Response) -> String {
             }
         }
         Response::System(i) => plugins::info(i),
+        Response::Resumed(r) => format!(
+            "resumed: clock moved {} ms{}, instance {}\n",
+            r.clock_step_ms,
+            if r.reseeded {
+                ", random pool reseeded"
+            } else {
+                ""
+            },
+            r.instance
+        ),
         Response::Plugins(l) => plugins::plugins(l),
         Response::NetworkPolicy(p) => network::policy(p),
         Response::FsEntry(e) => files::entry(e),

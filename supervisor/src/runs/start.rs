@@ -26,7 +26,25 @@ use tokio::sync::watch;
 impl Runs {
     fn new_run_id(&self) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        format!("{:x}{:04x}", allox_store::clock::now_ms(), n & 0xffff)
+        // Four hex digits of the counter until a restore reseeds it (see
+        // `reseed_ids`), eight after: two guests restored from one
+        // snapshot then differ in the counter as well as in the time.
+        if n >> 16 == 0 {
+            format!("{:x}{:04x}", allox_store::clock::now_ms(), n)
+        } else {
+            format!("{:x}{:08x}", allox_store::clock::now_ms(), n & 0xffff_ffff)
+        }
+    }
+
+    /// Starts the run ids' counter at a random place (after a restore
+    /// from a snapshot, once the kernel's pool was reseeded).
+    pub fn reseed_ids(&self) {
+        let mut b = [0u8; 4];
+        if getrandom::fill(&mut b).is_ok() {
+            let r = u32::from_le_bytes(b) as u64;
+            self.next
+                .store((1 << 32) | r.max(1 << 16), Ordering::Relaxed);
+        }
     }
 
     /// Makes a directory the sandbox user writes in (a session's

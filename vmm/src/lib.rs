@@ -1,0 +1,196 @@
+//! The VM manager: each guest of this host as one directory, and its VMM
+//! (QEMU) started, paused, resumed, saved, restored and cloned from here.
+//!
+//! * [`manager`]: the operations (`alloxctl vm …`).
+//! * [`backend`]: what the manager needs of a VMM; [`qemu`] implements it
+//!   over [`qmp`].
+//! * [`disk`]: copies of a store image (a reflink where the filesystem
+//!   has them, else a sparse copy).
+//!
+//! A VM's directory (`/var/lib/allox/vms/NAME/` by default):
+//!
+//! | file | what |
+//! |---|---|
+//! | `vm.json` | its configuration ([`VmConfig`]) |
+//! | `store.img` | the store disk |
+//! | `ctl.sock` | the control port's host socket (`alloxctl --vm NAME`) |
+//! | `qmp.sock`, `qemu.pid`, `qemu.log` | the VMM's |
+//! | `console.log` | the guest's console, appended to across restores |
+//! | `snapshots/SNAP/` | `state` (memory and devices), `store.img`, `vm.json`, `snapshot.json` |
+
+pub mod backend;
+pub mod disk;
+pub mod manager;
+pub mod qemu;
+pub mod qmp;
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+pub use manager::Manager;
+
+/// Where VMs live unless told otherwise.
+pub const DEFAULT_ROOT: &str = "/var/lib/allox/vms";
+
+/// Why an operation failed. Each names what is wrong.
+#[derive(Debug, Error)]
+pub enum VmError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    NotFound(String),
+    /// The VM is not in a state the operation can start from.
+    #[error("{0}")]
+    Conflict(String),
+    /// The guest cannot answer now (paused, and the caller would not wait).
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Backend(String),
+    #[error(transparent)]
+    Qmp(#[from] qmp::QmpError),
+    #[error("the guest's control port: {0}")]
+    Guest(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl VmError {
+    /// The protocol's error code for it (what `--json` prints).
+    pub fn code(&self) -> &'static str {
+        match self {
+            VmError::Invalid(_) => "invalid_request",
+            VmError::NotFound(_) => "not_found",
+            VmError::Conflict(_) => "conflict",
+            VmError::Unavailable(_) => "unavailable",
+            _ => "internal",
+        }
+    }
+}
+
+/// A VM's configuration, as `vm create` made it (`vm.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmConfig {
+    pub name: String,
+    /// The kernel build (`vmlinux`, `config`) of kernel/build.sh.
+    pub kernel_dir: PathBuf,
+    /// The guest's initramfs.
+    pub initrd: PathBuf,
+    pub memory_mib: u32,
+    pub cpus: u32,
+    /// `allox.KEY=VALUE` settings for the kernel command line.
+    #[serde(default)]
+    pub settings: Vec<String>,
+    /// More of the kernel command line, as it is.
+    #[serde(default)]
+    pub append: Option<String>,
+    /// `auto`, `kvm` or `tcg`.
+    pub accel: String,
+    /// Milliseconds since the epoch.
+    pub created_ms: u64,
+}
+
+/// The files of one VM.
+#[derive(Debug, Clone)]
+pub struct VmPaths {
+    pub dir: PathBuf,
+}
+
+impl VmPaths {
+    pub fn config(&self) -> PathBuf {
+        self.dir.join("vm.json")
+    }
+    pub fn store(&self) -> PathBuf {
+        self.dir.join("store.img")
+    }
+    pub fn ctl(&self) -> PathBuf {
+        self.dir.join("ctl.sock")
+    }
+    pub fn qmp(&self) -> PathBuf {
+        self.dir.join("qmp.sock")
+    }
+    pub fn pid(&self) -> PathBuf {
+        self.dir.join("qemu.pid")
+    }
+    pub fn qemu_log(&self) -> PathBuf {
+        self.dir.join("qemu.log")
+    }
+    pub fn console(&self) -> PathBuf {
+        self.dir.join("console.log")
+    }
+    pub fn snapshots(&self) -> PathBuf {
+        self.dir.join("snapshots")
+    }
+    pub fn snapshot(&self, name: &str) -> PathBuf {
+        self.snapshots().join(name)
+    }
+}
+
+/// A VM's or snapshot's name: a letter or digit, then up to 63 letters,
+/// digits, `-`, `_` or `.`.
+pub fn check_name(what: &str, name: &str) -> Result<(), VmError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(VmError::Invalid(format!(
+            "{what} name {name:?}: expected a letter or digit, then up to 63 letters, digits, '-', '_' or '.'"
+        )))
+    }
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Writes `bytes` to `path` aside, synced, then renamed in.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    sync_dir(path.parent().unwrap_or(Path::new(".")))
+}
+
+/// Makes a directory's entries durable.
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        for good in ["a", "vm-1", "snap_2.b", "A9"] {
+            check_name("VM", good).unwrap();
+        }
+        for bad in [
+            "",
+            ".hidden",
+            "-x",
+            "a/b",
+            "a b",
+            &"x".repeat(65),
+            "..",
+            "é",
+        ] {
+            let e = check_name("VM", bad).unwrap_err();
+            assert!(e.to_string().starts_with("VM name"), "{e}");
+        }
+    }
+}

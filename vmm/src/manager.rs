@@ -1,0 +1,925 @@
+//! The operations of `alloxctl vm …`, each whole or not at all: a VM's
+//! directory is made aside and renamed in; a snapshot is written aside and
+//! exchanged with the one it replaces in one rename, so a crash or a fault
+//! (QEMU killed, the disk full) leaves the previous one whole and no half
+//! snapshot listed; a restore keeps the VM's disk until the guest runs.
+
+use crate::backend::{Backend, RunState};
+use crate::disk::{allocated, copy_image, CopyKind};
+use crate::{check_name, now_ms, sync_dir, write_atomic, VmConfig, VmError, VmPaths};
+use allox_client::Client;
+use allox_protocol::{Request, Response};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// What `vm create` is given.
+#[derive(Debug, Clone)]
+pub struct CreateSpec {
+    pub name: String,
+    pub kernel_dir: PathBuf,
+    pub initrd: PathBuf,
+    pub memory_mib: u32,
+    pub cpus: u32,
+    pub settings: Vec<String>,
+    pub append: Option<String>,
+    pub accel: String,
+    /// The size of a new store disk (formatted here, with mkfs.btrfs).
+    pub store_mib: u64,
+    /// Or an existing store image to start from (copied).
+    pub store_from: Option<PathBuf>,
+}
+
+/// A VM as `vm list` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct VmInfo {
+    pub name: String,
+    /// `running`, `paused`, `loading`, `stopped` or `other`.
+    pub state: String,
+    pub pid: Option<u32>,
+    pub backend: String,
+    pub dir: PathBuf,
+    /// The control port's host socket: `alloxctl --vm NAME …` uses it.
+    pub ctl_socket: PathBuf,
+    pub memory_mib: u32,
+    pub cpus: u32,
+    pub snapshots: Vec<SnapshotInfo>,
+}
+
+/// A snapshot (`snapshot.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    pub name: String,
+    pub created_ms: u64,
+    /// The guest's memory and device state, in bytes.
+    pub state_bytes: u64,
+    /// What the store disk's copy takes on disk.
+    pub disk_bytes: u64,
+    /// How the disk was copied: `reflink` or `sparse`.
+    pub disk_copy: CopyKind,
+    pub guest_memory_mib: u32,
+    /// How long the guest was stopped for it.
+    pub took_ms: u64,
+    /// Whether the guest ran before (it runs again after).
+    pub was_running: bool,
+}
+
+/// The answer of `vm start`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Started {
+    pub name: String,
+    pub pid: u32,
+    /// From starting QEMU to the guest's first answer on its control port.
+    pub ready_ms: u64,
+}
+
+/// The answer of `vm pause`, `vm resume`, `vm stop`, `vm kill`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Done {
+    pub name: String,
+    pub op: &'static str,
+    /// Whether anything changed (a paused VM paused again did not).
+    pub changed: bool,
+    /// How long the VMM took.
+    pub us: u64,
+    /// After a resume: how the guest's clock was set, if it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clock: Option<ClockSync>,
+}
+
+/// What the guest said to `system.resumed`, or why it was not asked.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClockSync {
+    pub set: bool,
+    pub clock_step_ms: Option<i64>,
+    pub reseeded: bool,
+    pub instance: Option<String>,
+    pub why_not: Option<String>,
+}
+
+/// The answer of `vm restore` and `vm clone`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Restored {
+    pub name: String,
+    pub snapshot: String,
+    pub from_vm: String,
+    pub pid: u32,
+    /// Copying the disk.
+    pub disk_ms: u64,
+    /// QEMU started and the state loaded.
+    pub load_ms: u64,
+    /// From starting QEMU to the guest's answer to `system.resumed`.
+    pub ready_ms: u64,
+    pub clock_step_ms: i64,
+    pub reseeded: bool,
+    /// The guest's new incarnation id (two clones never share one).
+    pub instance: String,
+}
+
+/// The manager of the VMs under one directory.
+pub struct Manager {
+    root: PathBuf,
+    backend: Box<dyn Backend>,
+}
+
+impl Manager {
+    pub fn new(root: impl Into<PathBuf>, backend: Box<dyn Backend>) -> Manager {
+        Manager {
+            root: root.into(),
+            backend,
+        }
+    }
+
+    /// With QEMU.
+    pub fn qemu(root: impl Into<PathBuf>) -> Manager {
+        Manager::new(root, Box::<crate::qemu::Qemu>::default())
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The files of VM `name` (which need not exist).
+    pub fn paths(&self, name: &str) -> Result<VmPaths, VmError> {
+        check_name("VM", name)?;
+        Ok(VmPaths {
+            dir: self.root.join(name),
+        })
+    }
+
+    /// The files of VM `name`, which exists.
+    fn existing(&self, name: &str) -> Result<(VmPaths, VmConfig), VmError> {
+        let p = self.paths(name)?;
+        let cfg = read_config(&p.config()).map_err(|e| match e {
+            VmError::Io(e) if e.kind() == std::io::ErrorKind::NotFound => VmError::NotFound(
+                format!("no VM {name:?} under {} (vm list)", self.root.display()),
+            ),
+            e => e,
+        })?;
+        Ok((p, cfg))
+    }
+
+    /// The control port's socket of VM `name`.
+    pub fn socket(&self, name: &str) -> Result<PathBuf, VmError> {
+        Ok(self.existing(name)?.0.ctl())
+    }
+
+    pub fn create(&self, spec: &CreateSpec) -> Result<VmInfo, VmError> {
+        check_name("VM", &spec.name)?;
+        let vmlinux = spec.kernel_dir.join("vmlinux");
+        if !vmlinux.is_file() {
+            return Err(VmError::Invalid(format!(
+                "kernel {} not found (--kernel-dir: the output of kernel/build.sh)",
+                vmlinux.display()
+            )));
+        }
+        if !spec.initrd.is_file() {
+            return Err(VmError::Invalid(format!(
+                "initrd {} not found (scripts/build-guest.sh makes it)",
+                spec.initrd.display()
+            )));
+        }
+        if !(128..=1 << 20).contains(&spec.memory_mib) {
+            return Err(VmError::Invalid(format!(
+                "memory {} MiB: expected 128 MiB to 1 TiB",
+                spec.memory_mib
+            )));
+        }
+        if !(1..=64).contains(&spec.cpus) {
+            return Err(VmError::Invalid(format!(
+                "cpus {}: expected 1 to 64",
+                spec.cpus
+            )));
+        }
+        for s in &spec.settings {
+            if !s.starts_with("allox.") || !s.contains('=') || s.contains(char::is_whitespace) {
+                return Err(VmError::Invalid(format!(
+                    "setting {s:?}: expected allox.KEY=VALUE without spaces"
+                )));
+            }
+        }
+        crate::qemu::pick_accel(&spec.accel)?;
+        std::fs::create_dir_all(&self.root)?;
+        let paths = self.paths(&spec.name)?;
+        if paths.dir.exists() {
+            return Err(VmError::Conflict(format!(
+                "VM {:?} exists ({}); vm rm it first or pick another name",
+                spec.name,
+                paths.dir.display()
+            )));
+        }
+        let cfg = VmConfig {
+            name: spec.name.clone(),
+            kernel_dir: spec.kernel_dir.canonicalize()?,
+            initrd: spec.initrd.canonicalize()?,
+            memory_mib: spec.memory_mib,
+            cpus: spec.cpus,
+            settings: spec.settings.clone(),
+            append: spec.append.clone(),
+            accel: spec.accel.clone(),
+            created_ms: now_ms(),
+        };
+        // Made aside, renamed in: a VM is listed whole or not at all.
+        let tmp = VmPaths {
+            dir: self.root.join(format!(".{}.creating", spec.name)),
+        };
+        let _ = std::fs::remove_dir_all(&tmp.dir);
+        std::fs::create_dir(&tmp.dir)?;
+        let made = (|| -> Result<(), VmError> {
+            match &spec.store_from {
+                Some(from) => {
+                    copy_image(from, &tmp.store()).map_err(|e| {
+                        VmError::Invalid(format!("store image {}: {e}", from.display()))
+                    })?;
+                }
+                None => {
+                    if spec.store_mib < 256 {
+                        return Err(VmError::Invalid(format!(
+                            "store size {} MiB: at least 256 MiB (Btrfs)",
+                            spec.store_mib
+                        )));
+                    }
+                    let f = std::fs::File::create(tmp.store())?;
+                    f.set_len(spec.store_mib << 20)?;
+                    f.sync_all()?;
+                    format_store(&tmp.store())?;
+                }
+            }
+            std::fs::create_dir(tmp.snapshots())?;
+            write_atomic(&tmp.config(), &serde_json::to_vec_pretty(&cfg).unwrap())?;
+            Ok(())
+        })();
+        if let Err(e) = made {
+            let _ = std::fs::remove_dir_all(&tmp.dir);
+            return Err(e);
+        }
+        std::fs::rename(&tmp.dir, &paths.dir)?;
+        sync_dir(&self.root)?;
+        self.info(&spec.name)
+    }
+
+    /// QEMU's process id, if it lives (a pid file of a QEMU that died, or
+    /// whose number went to another process, is none).
+    pub fn pid(&self, paths: &VmPaths) -> Option<u32> {
+        let pid: u32 = std::fs::read_to_string(paths.pid())
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let qmp = paths.qmp().display().to_string();
+        let ours = cmdline
+            .split(|b| *b == 0)
+            .any(|a| String::from_utf8_lossy(a).contains(&qmp));
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(true);
+        (ours && !zombie).then_some(pid)
+    }
+
+    fn state_of(&self, paths: &VmPaths) -> Result<(Option<u32>, &'static str), VmError> {
+        let Some(pid) = self.pid(paths) else {
+            return Ok((None, "stopped"));
+        };
+        let st = match self.backend.status(paths)? {
+            RunState::Running => "running",
+            RunState::Paused => "paused",
+            RunState::Loading => "loading",
+            RunState::Other => "other",
+        };
+        Ok((Some(pid), st))
+    }
+
+    /// `running`, `paused`, `loading`, `stopped` or `other`.
+    pub fn state(&self, name: &str) -> Result<&'static str, VmError> {
+        let (p, _) = self.existing(name)?;
+        Ok(self.state_of(&p)?.1)
+    }
+
+    pub fn info(&self, name: &str) -> Result<VmInfo, VmError> {
+        let (p, cfg) = self.existing(name)?;
+        let (pid, state) = self.state_of(&p)?;
+        Ok(VmInfo {
+            name: cfg.name.clone(),
+            state: state.into(),
+            pid,
+            backend: self.backend.name().into(),
+            ctl_socket: p.ctl(),
+            dir: p.dir.clone(),
+            memory_mib: cfg.memory_mib,
+            cpus: cfg.cpus,
+            snapshots: self.snapshots(&p)?,
+        })
+    }
+
+    /// Every VM, by name.
+    pub fn list(&self) -> Result<Vec<VmInfo>, VmError> {
+        let mut names: Vec<String> = match std::fs::read_dir(&self.root) {
+            Ok(d) => d
+                .flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| !n.starts_with('.') && check_name("VM", n).is_ok())
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        names.sort();
+        names
+            .iter()
+            .filter(|n| self.paths(n).is_ok_and(|p| p.config().is_file()))
+            .map(|n| self.info(n))
+            .collect()
+    }
+
+    /// The VM's snapshots, by name: the whole ones (a half-written one is
+    /// hidden under a dot name, and removed by the next snapshot).
+    fn snapshots(&self, p: &VmPaths) -> Result<Vec<SnapshotInfo>, VmError> {
+        let mut out = Vec::new();
+        let Ok(dir) = std::fs::read_dir(p.snapshots()) else {
+            return Ok(out);
+        };
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            if let Ok(b) = std::fs::read(e.path().join("snapshot.json")) {
+                if let Ok(s) = serde_json::from_slice::<SnapshotInfo>(&b) {
+                    out.push(s);
+                }
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    fn must_be_stopped(&self, p: &VmPaths, name: &str, to: &str) -> Result<(), VmError> {
+        match self.pid(p) {
+            Some(pid) => Err(VmError::Conflict(format!(
+                "VM {name:?} is running (QEMU pid {pid}): vm stop or vm kill it before you {to}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn must_run(&self, p: &VmPaths, name: &str) -> Result<RunState, VmError> {
+        if self.pid(p).is_none() {
+            return Err(VmError::Conflict(format!(
+                "VM {name:?} is not running (vm start or vm restore it)"
+            )));
+        }
+        self.backend.status(p)
+    }
+
+    /// Boots the VM and waits for its control port's first answer.
+    pub fn start(&self, name: &str, timeout: Duration) -> Result<Started, VmError> {
+        let (p, cfg) = self.existing(name)?;
+        self.must_be_stopped(&p, name, "start it again")?;
+        clear_sockets(&p);
+        let t0 = Instant::now();
+        let pid = self.backend.launch(&p, &cfg, false)?;
+        match hello(&p, timeout) {
+            Ok(_) => Ok(Started {
+                name: name.into(),
+                pid,
+                ready_ms: t0.elapsed().as_millis() as u64,
+            }),
+            Err(e) => {
+                self.kill_pid(&p, pid);
+                Err(with_console(&p, e))
+            }
+        }
+    }
+
+    /// The guest's orderly shutdown: `system.shutdown` over the control
+    /// port, else the power button (ACPI); then waits for QEMU to end.
+    pub fn stop(&self, name: &str, timeout: Duration) -> Result<Done, VmError> {
+        let (p, _) = self.existing(name)?;
+        let t0 = Instant::now();
+        let Some(pid) = self.pid(&p) else {
+            return Ok(done(name, "stop", false, t0, None));
+        };
+        let mut asked = false;
+        if self.backend.status(&p)? == RunState::Running
+            && !self.backend.control_port_busy(&p).unwrap_or(true)
+        {
+            if let Ok((mut c, _)) = hello(&p, Duration::from_secs(10)) {
+                asked = matches!(
+                    c.call(Request::Shutdown(allox_protocol::Shutdown {})),
+                    Ok(Ok(Response::Stopping(_)))
+                );
+            }
+        }
+        if !asked {
+            self.backend.power_button(&p)?;
+        }
+        if wait_gone(pid, timeout) {
+            let _ = std::fs::remove_file(p.pid());
+            return Ok(done(name, "stop", true, t0, None));
+        }
+        Err(VmError::Conflict(format!(
+            "VM {name:?} did not stop within {} s (vm kill cuts its power)",
+            timeout.as_secs()
+        )))
+    }
+
+    /// Cuts the power: SIGKILL to QEMU.
+    pub fn kill(&self, name: &str) -> Result<Done, VmError> {
+        let (p, _) = self.existing(name)?;
+        let t0 = Instant::now();
+        let Some(pid) = self.pid(&p) else {
+            return Ok(done(name, "kill", false, t0, None));
+        };
+        self.kill_pid(&p, pid);
+        Ok(done(name, "kill", true, t0, None))
+    }
+
+    fn kill_pid(&self, p: &VmPaths, pid: u32) {
+        if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+        wait_gone(pid, Duration::from_secs(10));
+        let _ = std::fs::remove_file(p.pid());
+        clear_sockets(p);
+    }
+
+    pub fn pause(&self, name: &str) -> Result<Done, VmError> {
+        let (p, _) = self.existing(name)?;
+        if self.must_run(&p, name)? != RunState::Running {
+            return Ok(done(name, "pause", false, Instant::now(), None));
+        }
+        let t0 = Instant::now();
+        self.backend.pause(&p)?;
+        Ok(done(name, "pause", true, t0, None))
+    }
+
+    /// Lets a paused guest run again, then (with `clock`) sets its wall
+    /// clock from the host's, if no host holds its control port.
+    pub fn resume(&self, name: &str, clock: bool) -> Result<Done, VmError> {
+        let (p, _) = self.existing(name)?;
+        if self.must_run(&p, name)? == RunState::Running {
+            return Ok(done(name, "resume", false, Instant::now(), None));
+        }
+        let t0 = Instant::now();
+        self.backend.resume(&p)?;
+        let us = t0.elapsed().as_micros() as u64;
+        let sync = clock.then(|| self.sync_clock(&p, false));
+        Ok(Done {
+            us,
+            clock: sync,
+            ..done(name, "resume", true, t0, None)
+        })
+    }
+
+    /// `system.resumed` to the guest, unless a host holds its port (the
+    /// guest's clock is then set by the next resume or restore).
+    fn sync_clock(&self, p: &VmPaths, seed: bool) -> ClockSync {
+        let not = |why: String| ClockSync {
+            set: false,
+            clock_step_ms: None,
+            reseeded: false,
+            instance: None,
+            why_not: Some(why),
+        };
+        match self.backend.control_port_busy(p) {
+            Ok(false) => {}
+            Ok(true) => return not("a host holds the control port".into()),
+            Err(e) => return not(e.to_string()),
+        }
+        match resumed(p, seed, Duration::from_secs(30)) {
+            Ok(r) => ClockSync {
+                set: true,
+                clock_step_ms: Some(r.clock_step_ms),
+                reseeded: r.reseeded,
+                instance: Some(r.instance),
+                why_not: None,
+            },
+            Err(e) => not(e.to_string()),
+        }
+    }
+
+    /// Saves the guest (memory, devices, the store disk at the same
+    /// instant) as snapshot `snap` of VM `name`.
+    pub fn snapshot(&self, name: &str, snap: &str, replace: bool) -> Result<SnapshotInfo, VmError> {
+        let (p, cfg) = self.existing(name)?;
+        check_name("snapshot", snap)?;
+        let was = self.must_run(&p, name)?;
+        let target = p.snapshot(snap);
+        if target.exists() && !replace {
+            return Err(VmError::Conflict(format!(
+                "VM {name:?} has a snapshot {snap:?} (--replace to replace it)"
+            )));
+        }
+        std::fs::create_dir_all(p.snapshots())?;
+        clear_partial(&p);
+        let tmp = p.snapshots().join(format!(".{snap}.partial"));
+        std::fs::create_dir(&tmp)?;
+        let t0 = Instant::now();
+        let was_running = was == RunState::Running;
+        let mut written = (|| -> Result<SnapshotInfo, VmError> {
+            if was_running {
+                self.backend.pause(&p)?;
+            }
+            let state = tmp.join("state");
+            self.backend.save(&p, &state)?;
+            std::fs::File::open(&state)?.sync_all()?;
+            let disk_copy = copy_image(&p.store(), &tmp.join("store.img"))?;
+            let took_ms = t0.elapsed().as_millis() as u64;
+            write_atomic(
+                &tmp.join("vm.json"),
+                &serde_json::to_vec_pretty(&cfg).unwrap(),
+            )?;
+            let info = SnapshotInfo {
+                name: snap.into(),
+                created_ms: now_ms(),
+                state_bytes: std::fs::metadata(&state)?.len(),
+                disk_bytes: allocated(&tmp.join("store.img")),
+                disk_copy,
+                guest_memory_mib: cfg.memory_mib,
+                took_ms,
+                was_running,
+            };
+            write_atomic(
+                &tmp.join("snapshot.json"),
+                &serde_json::to_vec_pretty(&info).unwrap(),
+            )?;
+            sync_dir(&tmp)?;
+            Ok(info)
+        })();
+        if was_running && self.pid(&p).is_some() {
+            // The guest goes on whatever became of its snapshot.
+            if let Err(e) = self.backend.resume(&p) {
+                written = written.and(Err(e));
+            }
+        }
+        let info = match written {
+            Ok(i) => i,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&tmp);
+                let why = if self.pid(&p).is_none() {
+                    format!("{e} (QEMU is gone: vm restore the VM from a snapshot it has)")
+                } else {
+                    e.to_string()
+                };
+                return Err(VmError::Backend(format!(
+                    "snapshot {snap:?} of VM {name:?} not made: {why}; the VM's other snapshots are untouched"
+                )));
+            }
+        };
+        // In: one rename, or one exchange with the snapshot it replaces.
+        if target.exists() {
+            rustix::fs::renameat_with(
+                rustix::fs::CWD,
+                &tmp,
+                rustix::fs::CWD,
+                &target,
+                rustix::fs::RenameFlags::EXCHANGE,
+            )
+            .map_err(std::io::Error::from)?;
+            sync_dir(&p.snapshots())?;
+            let _ = std::fs::remove_dir_all(&tmp);
+        } else {
+            std::fs::rename(&tmp, &target)?;
+            sync_dir(&p.snapshots())?;
+        }
+        if was_running {
+            let _ = self.sync_clock(&p, false);
+        }
+        Ok(info)
+    }
+
+    pub fn snapshot_delete(&self, name: &str, snap: &str) -> Result<Done, VmError> {
+        let (p, _) = self.existing(name)?;
+        check_name("snapshot", snap)?;
+        let dir = p.snapshot(snap);
+        if !dir.join("snapshot.json").is_file() {
+            return Err(VmError::NotFound(format!(
+                "VM {name:?} has no snapshot {snap:?}"
+            )));
+        }
+        let t0 = Instant::now();
+        // Out of the listing first, then away.
+        let gone = p.snapshots().join(format!(".{snap}.deleting"));
+        std::fs::rename(&dir, &gone)?;
+        sync_dir(&p.snapshots())?;
+        std::fs::remove_dir_all(&gone)?;
+        Ok(done(name, "snapshot-delete", true, t0, None))
+    }
+
+    /// Starts VM `name` (stopped) from its snapshot `snap`.
+    pub fn restore(&self, name: &str, snap: &str) -> Result<Restored, VmError> {
+        let (p, _) = self.existing(name)?;
+        self.must_be_stopped(&p, name, "restore it")?;
+        self.restore_from(&p, name, name, snap)
+    }
+
+    /// A new VM `new` restored from snapshot `snap` of VM `from`, which
+    /// goes on as it was (running or not).
+    pub fn clone_vm(&self, from: &str, snap: &str, new: &str) -> Result<Restored, VmError> {
+        let (src, _) = self.existing(from)?;
+        check_name("snapshot", snap)?;
+        let snapdir = src.snapshot(snap);
+        let mut cfg = read_config(&snapdir.join("vm.json"))
+            .map_err(|_| VmError::NotFound(format!("VM {from:?} has no snapshot {snap:?}")))?;
+        let p = self.paths(new)?;
+        if p.dir.exists() {
+            return Err(VmError::Conflict(format!(
+                "VM {new:?} exists; a clone needs a new name"
+            )));
+        }
+        cfg.name = new.into();
+        cfg.created_ms = now_ms();
+        let tmp = self.root.join(format!(".{new}.creating"));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir(&tmp)?;
+        std::fs::create_dir(tmp.join("snapshots"))?;
+        write_atomic(
+            &tmp.join("vm.json"),
+            &serde_json::to_vec_pretty(&cfg).unwrap(),
+        )?;
+        std::fs::rename(&tmp, &p.dir)?;
+        sync_dir(&self.root)?;
+        match self.restore_from(&p, new, from, snap) {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                // No half clone listed.
+                let _ = std::fs::remove_dir_all(&p.dir);
+                Err(e)
+            }
+        }
+    }
+
+    fn restore_from(
+        &self,
+        p: &VmPaths,
+        name: &str,
+        from: &str,
+        snap: &str,
+    ) -> Result<Restored, VmError> {
+        check_name("snapshot", snap)?;
+        let src = self.paths(from)?;
+        let snapdir = src.snapshot(snap);
+        if !snapdir.join("snapshot.json").is_file() {
+            return Err(VmError::NotFound(format!(
+                "VM {from:?} has no snapshot {snap:?} (vm list shows them)"
+            )));
+        }
+        let mut cfg = read_config(&snapdir.join("vm.json"))?;
+        cfg.name = name.into();
+        // The disk: the snapshot's copy in, the VM's own kept aside until
+        // the guest runs.
+        let t0 = Instant::now();
+        let incoming = p.dir.join("store.img.restoring");
+        let kept = p.dir.join("store.img.before-restore");
+        let _ = std::fs::remove_file(&incoming);
+        copy_image(&snapdir.join("store.img"), &incoming)?;
+        let had = p.store().exists();
+        if had {
+            std::fs::rename(p.store(), &kept)?;
+        }
+        std::fs::rename(&incoming, p.store())?;
+        sync_dir(&p.dir)?;
+        let disk_ms = t0.elapsed().as_millis() as u64;
+        let put_back = || {
+            if had {
+                let _ = std::fs::rename(&kept, p.store());
+            }
+        };
+        clear_sockets(p);
+        let t1 = Instant::now();
+        let pid = match self.backend.launch(p, &cfg, true) {
+            Ok(pid) => pid,
+            Err(e) => {
+                put_back();
+                return Err(e);
+            }
+        };
+        let fail = |e: VmError| {
+            self.kill_pid(p, pid);
+            put_back();
+            with_console(p, e)
+        };
+        self.backend.load(p, &snapdir.join("state")).map_err(fail)?;
+        let load_ms = t1.elapsed().as_millis() as u64;
+        self.backend.resume(p).map_err(fail)?;
+        let r = resumed(p, true, Duration::from_secs(60)).map_err(fail)?;
+        let ready_ms = t1.elapsed().as_millis() as u64;
+        if had {
+            let _ = std::fs::remove_file(&kept);
+        }
+        Ok(Restored {
+            name: name.into(),
+            snapshot: snap.into(),
+            from_vm: from.into(),
+            pid,
+            disk_ms,
+            load_ms,
+            ready_ms,
+            clock_step_ms: r.clock_step_ms,
+            reseeded: r.reseeded,
+            instance: r.instance,
+        })
+    }
+
+    /// Removes the VM and everything of it (its QEMU killed first with
+    /// `force`).
+    pub fn rm(&self, name: &str, force: bool) -> Result<Done, VmError> {
+        let (p, _) = self.existing(name)?;
+        let t0 = Instant::now();
+        if let Some(pid) = self.pid(&p) {
+            if !force {
+                return Err(VmError::Conflict(format!(
+                    "VM {name:?} is running (QEMU pid {pid}): vm stop it first, or --force"
+                )));
+            }
+            self.kill_pid(&p, pid);
+        }
+        let gone = self.root.join(format!(".{name}.removing"));
+        let _ = std::fs::remove_dir_all(&gone);
+        std::fs::rename(&p.dir, &gone)?;
+        sync_dir(&self.root)?;
+        std::fs::remove_dir_all(&gone)?;
+        Ok(done(name, "rm", true, t0, None))
+    }
+}
+
+fn done(
+    name: &str,
+    op: &'static str,
+    changed: bool,
+    t0: Instant,
+    clock: Option<ClockSync>,
+) -> Done {
+    Done {
+        name: name.into(),
+        op,
+        changed,
+        us: t0.elapsed().as_micros() as u64,
+        clock,
+    }
+}
+
+fn read_config(path: &Path) -> Result<VmConfig, VmError> {
+    let b = std::fs::read(path)?;
+    serde_json::from_slice(&b)
+        .map_err(|e| VmError::Invalid(format!("{}: not a VM's configuration: {e}", path.display())))
+}
+
+/// Formats a blank store image as the guest's store (Btrfs, labelled as
+/// `rootfs-builder store-image --format` does).
+fn format_store(img: &Path) -> Result<(), VmError> {
+    let out = std::process::Command::new("mkfs.btrfs")
+        .args(["-q", "-f", "-L", "allox-store"])
+        .arg(img)
+        .output()
+        .map_err(|e| {
+            VmError::Invalid(format!(
+                "cannot run mkfs.btrfs to format the store disk ({e}): apt-get install btrfs-progs"
+            ))
+        })?;
+    if !out.status.success() {
+        return Err(VmError::Backend(format!(
+            "mkfs.btrfs {}: {}",
+            img.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+fn clear_sockets(p: &VmPaths) {
+    let _ = std::fs::remove_file(p.ctl());
+    let _ = std::fs::remove_file(p.qmp());
+}
+
+/// Removes what a snapshot interrupted by a crash left (hidden names).
+fn clear_partial(p: &VmPaths) {
+    for e in std::fs::read_dir(p.snapshots())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if e.file_name().to_string_lossy().starts_with('.') {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// Whether process `pid` ended within `timeout`.
+fn wait_gone(pid: u32, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
+        let gone = match stat {
+            Err(_) => true,
+            // A zombie of ours (not reaped yet) is gone as far as the VM goes.
+            Ok(s) => s
+                .rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('Z')),
+        };
+        if gone {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn with_console(p: &VmPaths, e: VmError) -> VmError {
+    let console = std::fs::read_to_string(p.console()).unwrap_or_default();
+    let qemu = std::fs::read_to_string(p.qemu_log()).unwrap_or_default();
+    let tail = |s: &str| {
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    };
+    VmError::Backend(format!(
+        "{e}\n--- QEMU ({}):\n{}\n--- console ({}):\n{}",
+        p.qemu_log().display(),
+        tail(&qemu),
+        p.console().display(),
+        tail(&console)
+    ))
+}
+
+/// Connects to the guest's control port and says Hello, again on a new
+/// connection when no Welcome comes within 5 s (a host on a serial port
+/// must: docs/guest.md), until `timeout`.
+pub fn hello(p: &VmPaths, timeout: Duration) -> Result<(Client, Duration), VmError> {
+    let t0 = Instant::now();
+    let mut last = String::from("no connection");
+    let pid: Option<u32> = std::fs::read_to_string(p.pid())
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    while t0.elapsed() < timeout {
+        if let Some(pid) = pid {
+            if wait_gone(pid, Duration::ZERO) {
+                return Err(VmError::Guest(format!(
+                    "QEMU (pid {pid}) ended before the guest answered"
+                )));
+            }
+        }
+        match std::os::unix::net::UnixStream::connect(p.ctl()) {
+            Ok(stream) => {
+                stream.set_read_timeout(Some(Duration::from_secs(5))).ok();
+                match Client::handshake(stream) {
+                    Ok(mut c) => {
+                        c.set_timeout(Some(Duration::from_secs(60))).ok();
+                        return Ok((c, t0.elapsed()));
+                    }
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            Err(e) => last = e.to_string(),
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Err(VmError::Guest(format!(
+        "no answer on {} within {} s ({last})",
+        p.ctl().display(),
+        timeout.as_secs()
+    )))
+}
+
+/// `system.resumed` with the host's clock (and with `seed`, 32 random
+/// bytes) over the control port.
+pub fn resumed(
+    p: &VmPaths,
+    seed: bool,
+    timeout: Duration,
+) -> Result<allox_protocol::Resumed, VmError> {
+    let (mut c, _) = hello(p, timeout)?;
+    let mut bytes = Vec::new();
+    if seed {
+        bytes = vec![0u8; 32];
+        getrandom::fill(&mut bytes).map_err(|e| VmError::Backend(format!("host random: {e}")))?;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let req = Request::SystemResumed(allox_protocol::SystemResumed {
+        realtime_ns: now.as_nanos() as u64,
+        seed: bytes.into(),
+    });
+    match c.call(req) {
+        Ok(Ok(Response::Resumed(r))) => Ok(r),
+        Ok(Ok(other)) => Err(VmError::Guest(format!(
+            "system.resumed answered {}",
+            other.kind()
+        ))),
+        Ok(Err(body)) => Err(VmError::Guest(format!(
+            "system.resumed refused: {}: {}",
+            body.code.as_str(),
+            body.message
+        ))),
+        Err(e) => Err(VmError::Guest(format!(
+            "system.resumed: {}",
+            allox_client::error_chain(&e)
+        ))),
+    }
+}

@@ -111,6 +111,7 @@ mod tests {
                 json!({"agent_id": "a", "session_id": "s", "name": "K", "value": "v", "hosts": ["api.test"]}),
                 json!({"agent_id": "a", "session_id": "s", "port": 8000}),
                 json!({"agent_id": "a", "name": "K"}),
+                json!({"realtime_ns": 1, "seed": "AAEC/w=="}),
                 json!({}),
             ]
             .into_iter()

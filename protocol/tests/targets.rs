@@ -213,6 +213,7 @@ fn table() -> Vec<(&'static str, Value, &'static str)> {
             json!({"agent_id": "a", "session_id": "s", "port": 8000, "token": "t"}),
             "a/s/port-8000",
         ),
+        ("system.resumed", json!({"realtime_ns": 1}), ""),
     ]
 }
 

@@ -224,6 +224,7 @@ fn wire_order_of_actions_and_codes_is_pinned() {
             "port.unexpose",
             "port.list",
             "port.connect",
+            "system.resumed",
         ]
     );
     for (i, code) in ErrorCode::ALL.iter().enumerate() {

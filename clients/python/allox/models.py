@@ -156,6 +156,7 @@ __all__ = [
     'RecoveryEffects',
     'Resized',
     'RestoreDone',
+    'Resumed',
     'RollbackDone',
     'RunEffects',
     'RunLogs',
@@ -205,6 +206,7 @@ __all__ = [
     'SystemInfo',
     'SystemInfoRequest',
     'SystemMetricsRequest',
+    'SystemResumed',
     'TraceContext',
     'TurnBegin',
     'TurnEnd',
@@ -1891,6 +1893,22 @@ class RestoreDone(Model):
 
 
 @dataclass(kw_only=True)
+class Resumed(Model):
+    """The answer to `system.resumed`."""
+
+    #: How far the guest's wall clock was moved, in milliseconds (positive:
+    #: forward; a guest resumed an hour later was an hour behind).
+    clock_step_ms: int
+
+    #: A new id of this incarnation of the guest, drawn after the reseed:
+    #: two guests restored from one snapshot never share it.
+    instance: str
+
+    #: Whether the kernel's random pool was reseeded.
+    reseeded: bool
+
+
+@dataclass(kw_only=True)
 class RollbackDone(Model):
     agent_id: str
     checkpoint_id: str
@@ -2646,6 +2664,24 @@ class SystemMetricsRequest(Model):
 
 
 @dataclass(kw_only=True)
+class SystemResumed(Model):
+    """`system.resumed`: the VM manager tells the guest it was just resumed or
+    restored from a snapshot: set the wall clock from the host's, and (after
+    a restore, when two guests may run from one snapshot) mix a seed into
+    the kernel's random pool and reseed it, so nothing generated from here
+    on is repeated by another guest of the same snapshot. Only the guest's
+    supervisor (the one that owns the machine) accepts it.
+    """
+
+    #: The host's wall clock when it sent this, in nanoseconds since the
+    #: Unix epoch.
+    realtime_ns: int
+
+    #: 32 bytes from the host's random source; empty after a plain resume.
+    seed: Bytes = b''
+
+
+@dataclass(kw_only=True)
 class TraceContext(Model):
     """W3C trace context of the tool call a `process.start` serves: its runs
     are recorded under that span (`--monitor-root`), and the run sees it as
@@ -2875,6 +2911,7 @@ ACTIONS: dict[str, tuple[Any, Any]] = {
     'system.info': (SystemInfoRequest, SystemInfo),
     'system.metrics': (SystemMetricsRequest, MetricsText),
     'system.ping': (Ping, Pong),
+    'system.resumed': (SystemResumed, Resumed),
     'system.shutdown': (Shutdown, Stopping),
     'turn.begin': (TurnBegin, TurnInfo),
     'turn.end': (TurnEnd, TurnInfo),

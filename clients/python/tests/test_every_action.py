@@ -353,6 +353,12 @@ def test_every_action_is_answered_and_fits_the_document(every, openapi_check):
     assert "SCM_RIGHTS" in str(refused.value), refused.value
     call.error_only["port.connect"] = "a descriptor passes only over the daemon's Unix socket"
     assert call("port.unexpose", agent_id=A, session_id=S, port=8000)["deleted"] == f"{A}/{S}/port-8000"
+    # The VM manager's word to a guest it resumed: a daemon on a host
+    # refuses it (it would set the host's clock).
+    with pytest.raises(allox.Unsupported) as refused:
+        c.call("system.resumed", realtime_ns=time.time_ns())
+    assert "only the guest's supervisor" in str(refused.value), refused.value
+    call.error_only["system.resumed"] = "only the guest's supervisor accepts it"
     paused = call("session.pause", agent_id=A, session_id="forked", hold=True)
     assert paused["paused"]["hold"] is True, paused
     assert call("session.resume", agent_id=A, session_id="forked")["session_id"] == "forked"

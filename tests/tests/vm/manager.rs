@@ -9,7 +9,7 @@ use allox_integration::vm::{require_vm, GuestImage};
 use allox_protocol::*;
 use allox_vmm::VmPaths;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -157,7 +157,7 @@ fn start(a: &str, s: &str, script: &str, wait: bool, pty: bool) -> Request {
         timeout_ms: None,
         wait,
         stream: false,
-        pty: pty.then(|| PtySize {
+        pty: pty.then_some(PtySize {
             rows: 24,
             cols: 80,
             term: None,
@@ -542,5 +542,4 @@ fn vm_manager_a_failed_snapshot_leaves_the_previous_one() {
     drop(c);
     let (st, out, err) = vms.ctl(&["--vm", "f", "check"]);
     assert_eq!(st, 0, "{out}{err}");
-    let _ = Path::new("");
 }

@@ -38,6 +38,7 @@ mod tracker_bench;
 mod transfer_bench;
 mod turns_bench;
 mod vm_bench;
+mod vmm_bench;
 
 /// A daemon with process support for one benchmark: a store of its own
 /// below `fs`, a cgroup of its own, its socket in the scratch directory.
@@ -217,6 +218,9 @@ fn main() -> anyhow::Result<()> {
     }
     if only.is_empty() || only == "vm" {
         vm_bench::run(quick)?;
+    }
+    if only.is_empty() || only == "vmm" {
+        vmm_bench::run(quick)?;
     }
     Ok(())
 }

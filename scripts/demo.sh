@@ -5,7 +5,9 @@
 # inside it with alloxctl over the virtio-serial control port; then shuts
 # the VM down in order and checks the store on the host. Last, it boots the
 # guest again with the system-effects plugin: the seed's command observed
-# under protocol v2, a residue in shared/ with its verdict.
+# under protocol v2, a residue in shared/ with its verdict. Last, the VM
+# manager (alloxctl vm): a guest paused, snapshotted, restored after a power
+# cut and cloned twice with an agent's run going on.
 #
 #   sudo scripts/demo.sh
 #
@@ -14,6 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
+source scripts/demo-vm-manager.sh
 allox_need_root
 allox_install_deps
 allox_install_guest_deps
@@ -26,6 +29,7 @@ BIN=$ALLOX_BIN_DIR
 WORK=$(mktemp -d /var/tmp/allox-demo-vm.XXXXXX)
 export ALLOX_SOCKET=$WORK/ctl.sock
 cleanup() {
+    allox_demo_vm_manager_cleanup "$BIN/alloxctl" "$WORK/vms"
     [ -n "${VM:-}" ] && kill "$VM" 2>/dev/null && wait "$VM" 2>/dev/null || true
     [ -n "${GATEWAY:-}" ] && kill "$GATEWAY" 2>/dev/null && wait "$GATEWAY" 2>/dev/null || true
     [ -n "${INDEX:-}" ] && kill "$INDEX" 2>/dev/null && wait "$INDEX" 2>/dev/null || true
@@ -246,5 +250,7 @@ ctl effects list agent-a session-1
 ctl shutdown
 wait "$VM" || true
 VM=""
+
+allox_demo_vm_manager "$BIN/alloxctl" "$WORK/vms" "$ALLOX_KERNEL_DIR" "$ALLOX_INITRD"
 echo
 echo "==> demo done"

@@ -923,3 +923,243 @@ pub fn resumed(
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The manager's bookkeeping over a fake VMM (a process that stands in
+    //! for QEMU): what a failure leaves. The real QEMU is driven by the
+    //! VM tests (tests/tests/vm/manager.rs).
+
+    use super::*;
+    use std::collections::HashMap;
+    use std::process::{Child, Command, Stdio};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Default)]
+    struct Inner {
+        vms: Mutex<HashMap<PathBuf, (Child, RunState)>>,
+        fail_save: AtomicBool,
+        fail_load: AtomicBool,
+        saved: std::sync::atomic::AtomicU64,
+    }
+
+    #[derive(Clone, Default)]
+    struct Fake(Arc<Inner>);
+
+    impl Drop for Inner {
+        fn drop(&mut self) {
+            for (_, (mut c, _)) in self.vms.lock().unwrap().drain() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+
+    impl Fake {
+        fn set(&self, p: &VmPaths, st: RunState) {
+            self.0.vms.lock().unwrap().get_mut(&p.dir).unwrap().1 = st;
+        }
+    }
+
+    impl Backend for Fake {
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+        fn launch(&self, p: &VmPaths, _: &VmConfig, incoming: bool) -> Result<u32, VmError> {
+            // A shell waiting on a pipe, with the QMP path in its command
+            // line as QEMU has it.
+            let child = Command::new("sh")
+                .args(["-c", "read x"])
+                .arg(p.qmp())
+                .stdin(Stdio::piped())
+                .spawn()?;
+            let pid = child.id();
+            // As QEMU writes its pid file once it is set up: here once the
+            // shell runs (its command line is the QMP path's).
+            let qmp = p.qmp().display().to_string();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&qmp))
+            {
+                assert!(Instant::now() < deadline, "the fake VMM did not start");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::fs::write(p.pid(), pid.to_string())?;
+            let st = if incoming {
+                RunState::Loading
+            } else {
+                RunState::Running
+            };
+            if let Some((mut old, _)) = self
+                .0
+                .vms
+                .lock()
+                .unwrap()
+                .insert(p.dir.clone(), (child, st))
+            {
+                let _ = old.kill();
+                let _ = old.wait();
+            }
+            Ok(pid)
+        }
+        fn status(&self, p: &VmPaths) -> Result<RunState, VmError> {
+            Ok(self.0.vms.lock().unwrap()[&p.dir].1)
+        }
+        fn pause(&self, p: &VmPaths) -> Result<(), VmError> {
+            self.set(p, RunState::Paused);
+            Ok(())
+        }
+        fn resume(&self, p: &VmPaths) -> Result<(), VmError> {
+            self.set(p, RunState::Running);
+            Ok(())
+        }
+        fn save(&self, _: &VmPaths, state: &Path) -> Result<(), VmError> {
+            if self.0.fail_save.load(Ordering::SeqCst) {
+                std::fs::write(state, b"half")?;
+                return Err(VmError::Backend("No space left on device".into()));
+            }
+            let n = self.0.saved.fetch_add(1, Ordering::SeqCst);
+            std::fs::write(state, format!("state {n}"))?;
+            Ok(())
+        }
+        fn load(&self, p: &VmPaths, _: &Path) -> Result<(), VmError> {
+            if self.0.fail_load.load(Ordering::SeqCst) {
+                return Err(VmError::Backend(
+                    "the state does not fit this machine".into(),
+                ));
+            }
+            self.set(p, RunState::Paused);
+            Ok(())
+        }
+        fn power_button(&self, _: &VmPaths) -> Result<(), VmError> {
+            Ok(())
+        }
+        fn control_port_busy(&self, _: &VmPaths) -> Result<bool, VmError> {
+            Ok(true)
+        }
+    }
+
+    /// A manager over the fake, and VM `v` made and "running".
+    fn setup(dir: &Path) -> (Manager, Fake, VmPaths) {
+        let kdir = dir.join("kernel");
+        std::fs::create_dir(&kdir).unwrap();
+        std::fs::write(kdir.join("vmlinux"), b"k").unwrap();
+        std::fs::write(dir.join("initrd"), b"i").unwrap();
+        std::fs::write(dir.join("store.img"), b"disk one").unwrap();
+        let fake = Fake::default();
+        let m = Manager::new(dir.join("vms"), Box::new(fake.clone()));
+        m.create(&CreateSpec {
+            name: "v".into(),
+            kernel_dir: kdir,
+            initrd: dir.join("initrd"),
+            memory_mib: 256,
+            cpus: 1,
+            settings: vec!["allox.log=debug".into()],
+            append: None,
+            accel: "tcg".into(),
+            store_mib: 0,
+            store_from: Some(dir.join("store.img")),
+        })
+        .unwrap();
+        let (p, cfg) = m.existing("v").unwrap();
+        fake.launch(&p, &cfg, false).unwrap();
+        (m, fake, p)
+    }
+
+    #[test]
+    fn a_failed_snapshot_leaves_the_one_it_would_replace_and_the_guest_running() {
+        let d = tempfile::tempdir().unwrap();
+        let (m, fake, p) = setup(d.path());
+        let one = m.snapshot("v", "one", false).unwrap();
+        assert!(one.was_running);
+        let first = std::fs::read(p.snapshot("one").join("state")).unwrap();
+        let e = m.snapshot("v", "one", false).unwrap_err();
+        assert!(e.to_string().contains("--replace"), "{e}");
+        fake.0.fail_save.store(true, Ordering::SeqCst);
+        let e = m.snapshot("v", "one", true).unwrap_err();
+        assert!(
+            e.to_string().contains("not made") && e.to_string().contains("No space"),
+            "{e}"
+        );
+        assert_eq!(
+            std::fs::read(p.snapshot("one").join("state")).unwrap(),
+            first
+        );
+        let names: Vec<_> = std::fs::read_dir(p.snapshots())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["one"], "a half snapshot left");
+        assert_eq!(
+            fake.status(&p).unwrap(),
+            RunState::Running,
+            "the guest stays paused"
+        );
+        // Replaced when it works: the new one whole, in one exchange.
+        fake.0.fail_save.store(false, Ordering::SeqCst);
+        m.snapshot("v", "one", true).unwrap();
+        assert_ne!(
+            std::fs::read(p.snapshot("one").join("state")).unwrap(),
+            first
+        );
+        assert_eq!(m.info("v").unwrap().snapshots.len(), 1);
+        // A paused guest stays paused.
+        m.pause("v").unwrap();
+        let two = m.snapshot("v", "two", false).unwrap();
+        assert!(!two.was_running);
+        assert_eq!(m.state("v").unwrap(), "paused");
+        m.snapshot_delete("v", "two").unwrap();
+        assert!(matches!(
+            m.snapshot_delete("v", "two"),
+            Err(VmError::NotFound(_))
+        ));
+    }
+
+    #[test]
+    fn a_failed_restore_puts_the_vms_own_disk_back_and_a_failed_clone_leaves_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let (m, fake, p) = setup(d.path());
+        m.snapshot("v", "one", false).unwrap();
+        // Running: neither restore nor rm without --force.
+        assert!(matches!(m.restore("v", "one"), Err(VmError::Conflict(_))));
+        assert!(matches!(m.rm("v", false), Err(VmError::Conflict(_))));
+        m.kill("v").unwrap();
+        assert_eq!(m.state("v").unwrap(), "stopped");
+        assert!(matches!(
+            m.snapshot("v", "x", false),
+            Err(VmError::Conflict(_))
+        ));
+        std::fs::write(p.store(), b"disk two").unwrap();
+        fake.0.fail_load.store(true, Ordering::SeqCst);
+        let e = m.restore("v", "one").unwrap_err();
+        assert!(e.to_string().contains("does not fit"), "{e}");
+        assert_eq!(std::fs::read(p.store()).unwrap(), b"disk two");
+        assert_eq!(
+            m.state("v").unwrap(),
+            "stopped",
+            "the VMM of a failed restore lives"
+        );
+        let left: Vec<_> = std::fs::read_dir(&p.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("store.img."))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        let e = m.clone_vm("v", "one", "w").unwrap_err();
+        assert!(e.to_string().contains("does not fit"), "{e}");
+        let vms: Vec<String> = m.list().unwrap().into_iter().map(|v| v.name).collect();
+        assert_eq!(vms, ["v"]);
+        assert!(std::fs::read_dir(m.root()).unwrap().count() == 1);
+        assert!(matches!(
+            m.clone_vm("v", "nope", "w"),
+            Err(VmError::NotFound(_))
+        ));
+        assert!(matches!(
+            m.clone_vm("v", "one", "v"),
+            Err(VmError::Conflict(_))
+        ));
+        m.rm("v", false).unwrap();
+        assert!(m.list().unwrap().is_empty());
+    }
+}

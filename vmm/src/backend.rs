@@ -54,4 +54,13 @@ pub trait Backend: Send + Sync {
     /// Whether a host client holds the control port now (its socket takes
     /// one at a time).
     fn control_port_busy(&self, paths: &VmPaths) -> Result<bool, VmError>;
+
+    /// How the host reaches the guest's control port: QEMU's is a
+    /// virtio-serial port behind `ctl.sock`; a VMM without virtio-serial
+    /// gives a hybrid vsock socket and a port.
+    fn control(&self, paths: &VmPaths) -> crate::transport::ControlTransport {
+        crate::transport::ControlTransport::Serial {
+            socket: paths.ctl(),
+        }
+    }
 }

@@ -4,6 +4,8 @@
 //! * [`manager`]: the operations (`alloxctl vm …`).
 //! * [`backend`]: what the manager needs of a VMM; [`qemu`] implements it
 //!   over [`qmp`].
+//! * [`transport`]: how the host reaches the guest's control port
+//!   (virtio-serial behind a Unix socket; hybrid vsock for other VMMs).
 //! * [`disk`]: copies of a store image (a reflink where the filesystem
 //!   has them, else a sparse copy).
 //!
@@ -23,6 +25,7 @@ pub mod disk;
 pub mod manager;
 pub mod qemu;
 pub mod qmp;
+pub mod transport;
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};

@@ -382,7 +382,7 @@ impl Manager {
         clear_sockets(&p);
         let t0 = Instant::now();
         let pid = self.backend.launch(&p, &cfg, false)?;
-        match hello(&p, timeout) {
+        match hello_via(&p, &self.backend.control(&p), timeout) {
             Ok(_) => Ok(Started {
                 name: name.into(),
                 pid,
@@ -407,7 +407,9 @@ impl Manager {
         if self.backend.status(&p)? == RunState::Running
             && !self.backend.control_port_busy(&p).unwrap_or(true)
         {
-            if let Ok((mut c, _)) = hello(&p, Duration::from_secs(10)) {
+            if let Ok((mut c, _)) =
+                hello_via(&p, &self.backend.control(&p), Duration::from_secs(10))
+            {
                 asked = matches!(
                     c.call(Request::Shutdown(allox_protocol::Shutdown {})),
                     Ok(Ok(Response::Stopping(_)))
@@ -490,7 +492,7 @@ impl Manager {
             Ok(true) => return not("a host holds the control port".into()),
             Err(e) => return not(e.to_string()),
         }
-        match resumed(p, seed, Duration::from_secs(30)) {
+        match resumed(p, &self.backend.control(p), seed, Duration::from_secs(30)) {
             Ok(r) => ClockSync {
                 set: true,
                 clock_step_ms: Some(r.clock_step_ms),
@@ -706,7 +708,8 @@ impl Manager {
         self.backend.load(p, &snapdir.join("state")).map_err(fail)?;
         let load_ms = t1.elapsed().as_millis() as u64;
         self.backend.resume(p).map_err(fail)?;
-        let r = resumed(p, true, Duration::from_secs(60)).map_err(fail)?;
+        let r =
+            resumed(p, &self.backend.control(p), true, Duration::from_secs(60)).map_err(fail)?;
         let ready_ms = t1.elapsed().as_millis() as u64;
         if had {
             let _ = std::fs::remove_file(&kept);
@@ -851,6 +854,16 @@ fn with_console(p: &VmPaths, e: VmError) -> VmError {
 /// connection when no Welcome comes within 5 s (a host on a serial port
 /// must: docs/guest.md), until `timeout`.
 pub fn hello(p: &VmPaths, timeout: Duration) -> Result<(Client, Duration), VmError> {
+    let serial = crate::transport::ControlTransport::Serial { socket: p.ctl() };
+    hello_via(p, &serial, timeout)
+}
+
+/// [`hello`] over `transport`.
+pub fn hello_via(
+    p: &VmPaths,
+    transport: &crate::transport::ControlTransport,
+    timeout: Duration,
+) -> Result<(Client, Duration), VmError> {
     let t0 = Instant::now();
     let mut last = String::from("no connection");
     let pid: Option<u32> = std::fs::read_to_string(p.pid())
@@ -864,7 +877,7 @@ pub fn hello(p: &VmPaths, timeout: Duration) -> Result<(Client, Duration), VmErr
                 )));
             }
         }
-        match std::os::unix::net::UnixStream::connect(p.ctl()) {
+        match transport.connect(Duration::from_secs(5)) {
             Ok(stream) => {
                 stream.set_read_timeout(Some(Duration::from_secs(5))).ok();
                 match Client::handshake(stream) {
@@ -879,9 +892,14 @@ pub fn hello(p: &VmPaths, timeout: Duration) -> Result<(Client, Duration), VmErr
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    let on = match transport {
+        crate::transport::ControlTransport::Serial { socket } => socket.display().to_string(),
+        crate::transport::ControlTransport::HybridVsock { socket, port } => {
+            format!("vsock port {port} behind {}", socket.display())
+        }
+    };
     Err(VmError::Guest(format!(
-        "no answer on {} within {} s ({last})",
-        p.ctl().display(),
+        "no answer on {on} within {} s ({last})",
         timeout.as_secs()
     )))
 }
@@ -890,10 +908,11 @@ pub fn hello(p: &VmPaths, timeout: Duration) -> Result<(Client, Duration), VmErr
 /// bytes) over the control port.
 pub fn resumed(
     p: &VmPaths,
+    transport: &crate::transport::ControlTransport,
     seed: bool,
     timeout: Duration,
 ) -> Result<allox_protocol::Resumed, VmError> {
-    let (mut c, _) = hello(p, timeout)?;
+    let (mut c, _) = hello_via(p, transport, timeout)?;
     let mut bytes = Vec::new();
     if seed {
         bytes = vec![0u8; 32];

@@ -1,5 +1,5 @@
 //! The crates' dependencies follow `docs/architecture.md`: protocol ←
-//! store / sandbox ← supervisor ← init, protocol ← client ← gateway ← ctl;
+//! store / sandbox ← supervisor ← init, protocol ← client ← gateway / vmm ← ctl;
 //! the store has no async runtime and no seccomp. Read from `cargo
 //! metadata`, so a new dependency that breaks the layering fails here.
 
@@ -84,9 +84,17 @@ fn each_crate_uses_only_the_crates_below_it() {
         ),
         ("allox-client", &["allox-protocol"]),
         ("allox-gateway", &["allox-protocol", "allox-client"]),
+        // The VM manager: QMP to QEMU, and the guest's control port as a
+        // client (Hello, `system.resumed`).
+        ("allox-vmm", &["allox-protocol", "allox-client"]),
         (
             "allox-ctl",
-            &["allox-protocol", "allox-client", "allox-gateway"],
+            &[
+                "allox-protocol",
+                "allox-client",
+                "allox-gateway",
+                "allox-vmm",
+            ],
         ),
     ];
     for (krate, may) in allowed {

@@ -27,10 +27,12 @@ eval "$(scripts/build-guest.sh | tail -2)"
 BIN=$ALLOX_BIN_DIR
 
 WORK=$(mktemp -d /var/tmp/allox-demo-vm.XXXXXX)
-export ALLOX_SOCKET=$WORK/ctl.sock
+# The guests are the VM manager's (alloxctl vm), one directory each.
+export ALLOX_VM_DIR=$WORK/vms
+export ALLOX_SOCKET=$ALLOX_VM_DIR/demo/ctl.sock
 cleanup() {
-    allox_demo_vm_manager_cleanup "$BIN/alloxctl" "$WORK/vms"
-    [ -n "${VM:-}" ] && kill "$VM" 2>/dev/null && wait "$VM" 2>/dev/null || true
+    allox_demo_vm_manager_cleanup "$BIN/alloxctl" "$ALLOX_VM_DIR"
+    allox_demo_vm_manager_cleanup "$BIN/alloxctl" "$WORK/vm-manager"
     [ -n "${GATEWAY:-}" ] && kill "$GATEWAY" 2>/dev/null && wait "$GATEWAY" 2>/dev/null || true
     [ -n "${INDEX:-}" ] && kill "$INDEX" 2>/dev/null && wait "$INDEX" 2>/dev/null || true
     umount "$WORK/mnt" 2>/dev/null || true
@@ -38,7 +40,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$BIN/rootfs-builder" store-image --out "$WORK/store.img" --size 2G --format
 # The image of the python profile: the default one plus python3 and git,
 # for the agents' programs (pip is fetched by the agent, below).
 "$BIN/rootfs-builder" initramfs --init "$(dirname "$ALLOX_INITRD")/allox-init" \
@@ -58,21 +59,13 @@ IPORT=8094
 python3 -m http.server "$IPORT" --bind 127.0.0.1 --directory "$WORK/index" >/dev/null 2>&1 &
 INDEX=$!
 
-T0=$(date +%s.%N)
-scripts/run-vm.sh --kernel-dir "$ALLOX_KERNEL_DIR" --initrd "$WORK/initrd.img" \
-    --store "$WORK/store.img" --ctl-socket "$ALLOX_SOCKET" \
-    --console-log "$WORK/console.log" --net user --forward "10.0.2.100:80=$IPORT" \
-    --append "allox.args=--sandbox-network=isolated,--plugin=network,--share-tools,--plugin=monitor" \
-    2>"$WORK/qemu.log" &
-VM=$!
-until "$BIN/alloxctl" ping >/dev/null 2>&1; do
-    kill -0 "$VM" 2>/dev/null || { cat "$WORK/qemu.log" "$WORK/console.log"; echo "the VM ended" >&2; exit 1; }
-    sleep 0.05
-done
-T1=$(date +%s.%N)
-cat "$WORK/qemu.log"
-echo "==> the guest answered Hello $(awk "BEGIN { printf \"%.2f\", $T1 - $T0 }") s after QEMU started; its console:"
-grep -E "allox-init|control port ready" "$WORK/console.log" | sed 's/^/    /'
+vmctl() { echo "\$ alloxctl $*"; "$BIN/alloxctl" "$@"; }
+vmctl vm create demo --kernel-dir "$ALLOX_KERNEL_DIR" --initrd "$WORK/initrd.img" \
+    --memory 1024 --store-size 2048 --net-user --forward "10.0.2.100:80=$IPORT" \
+    allox.args=--sandbox-network=isolated,--plugin=network,--share-tools,--plugin=monitor
+vmctl vm start demo
+echo "==> the guest's console:"
+grep -E "allox-init|control port ready" "$ALLOX_VM_DIR/demo/console.log" | sed 's/^/    /'
 
 ctl() { echo; echo "\$ alloxctl $*"; "$BIN/alloxctl" "$@"; }
 in_vm() { local a=$1 s=$2; shift 2; echo; echo "\$ alloxctl exec $a $s -- sh -c '$*'"; "$BIN/alloxctl" exec "$a" "$s" -- sh -c "$*"; }
@@ -173,14 +166,12 @@ ctl info
 allox_demo_monitor "$WORK" "$BIN/alloxctl" "$PWD/target/demo-report.html"
 
 echo; echo "# an orderly shutdown: sessions killed, store flushed and unmounted, power off"
-ctl shutdown
-wait "$VM" || true
-VM=""
-grep -E "allox-init: (shutting|store|powering)" "$WORK/console.log" | sed 's/^/    /'
+vmctl vm stop demo
+grep -E "allox-init: (shutting|store|powering)" "$ALLOX_VM_DIR/demo/console.log" | sed 's/^/    /'
 
 echo; echo "# the store, mounted on the host afterwards"
 mkdir -p "$WORK/mnt"
-mount -o loop "$WORK/store.img" "$WORK/mnt"
+mount -o loop "$ALLOX_VM_DIR/demo/store.img" "$WORK/mnt"
 ls "$WORK/mnt/allox/agents/agent-a/workspace/sessions/session-1/checkpoints"
 umount "$WORK/mnt"
 
@@ -189,18 +180,11 @@ echo "# observed from its frozen start to its frozen end by the observer the ima
 echo "# (/allox-observe, whose sha256 allox-init pins), with the BPF LSM in the guest's kernel"
 echo "# and the image's scope (bpf, sysctl, mount, network, modules, processes); an observed"
 echo "# run holds its session alone, which is why the demo above runs without it"
-"$BIN/rootfs-builder" store-image --out "$WORK/effects.img" --size 1G --format
 EFFECTS_ARGS=--plugin=system-effects,--system-effects-scope=/etc/allox/effects-scope.json
-echo "    allox.args=$EFFECTS_ARGS"
-scripts/run-vm.sh --kernel-dir "$ALLOX_KERNEL_DIR" --initrd "$WORK/initrd.img" \
-    --store "$WORK/effects.img" --ctl-socket "$ALLOX_SOCKET" \
-    --console-log "$WORK/console-effects.log" --append "allox.args=$EFFECTS_ARGS" \
-    2>"$WORK/qemu-effects.log" &
-VM=$!
-until "$BIN/alloxctl" ping >/dev/null 2>&1; do
-    kill -0 "$VM" 2>/dev/null || { cat "$WORK/qemu-effects.log" "$WORK/console-effects.log"; echo "the VM ended" >&2; exit 1; }
-    sleep 0.05
-done
+vmctl vm create effects --kernel-dir "$ALLOX_KERNEL_DIR" --initrd "$WORK/initrd.img" \
+    --memory 1024 "allox.args=$EFFECTS_ARGS"
+vmctl vm start effects
+export ALLOX_SOCKET=$ALLOX_VM_DIR/effects/ctl.sock
 last_run() { "$BIN/alloxctl" effects list "$1" "$2" | tail -1 | cut -d' ' -f1; }
 ctl effects status
 ctl agent create agent-a
@@ -247,10 +231,9 @@ echo "\$ alloxctl effects verify --export v3-evidence.tar --root $V3_ROOT"
 "$BIN/alloxctl" effects verify --export "$WORK/v3-evidence.tar" --root "$V3_ROOT" \
     --verifier "$(dirname "$ALLOX_INITRD")/allox-system-effects-verify"
 ctl effects list agent-a session-1
-ctl shutdown
-wait "$VM" || true
-VM=""
+vmctl vm stop effects
+vmctl vm rm effects
 
-allox_demo_vm_manager "$BIN/alloxctl" "$WORK/vms" "$ALLOX_KERNEL_DIR" "$ALLOX_INITRD"
+allox_demo_vm_manager "$BIN/alloxctl" "$WORK/vm-manager" "$ALLOX_KERNEL_DIR" "$ALLOX_INITRD"
 echo
 echo "==> demo done"

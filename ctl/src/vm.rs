@@ -55,6 +55,8 @@ pub fn run(
                 store_image,
                 accel,
                 append,
+                net_user,
+                forward,
                 settings,
             } => {
                 let i = m.create(&CreateSpec {
@@ -66,6 +68,7 @@ pub fn run(
                     settings,
                     append,
                     accel,
+                    net_user: net_user.then_some(forward),
                     store_mib: store_size,
                     store_from: store_image,
                 })?;

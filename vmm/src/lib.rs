@@ -91,8 +91,32 @@ pub struct VmConfig {
     pub append: Option<String>,
     /// `auto`, `kvm` or `tcg`.
     pub accel: String,
+    /// TCP forwards of QEMU's user networking, `ADDR:PORT=HOSTPORT`: a
+    /// connection from the guest to ADDR:PORT (in 10.0.2.0/24) reaches
+    /// 127.0.0.1:HOSTPORT, and nothing else is reachable. `None`: the
+    /// guest has no network device.
+    #[serde(default)]
+    pub net_user: Option<Vec<String>>,
     /// Milliseconds since the epoch.
     pub created_ms: u64,
+}
+
+/// Checks a forward `ADDR:PORT=HOSTPORT` (ADDR in 10.0.2.0/24).
+pub fn check_forward(f: &str) -> Result<(std::net::Ipv4Addr, u16, u16), VmError> {
+    let bad = || {
+        VmError::Invalid(format!(
+            "forward {f:?}: expected ADDR:PORT=HOSTPORT with ADDR in 10.0.2.0/24"
+        ))
+    };
+    let (guest, host) = f.split_once('=').ok_or_else(bad)?;
+    let (addr, port) = guest.split_once(':').ok_or_else(bad)?;
+    let addr: std::net::Ipv4Addr = addr.parse().map_err(|_| bad())?;
+    if addr.octets()[..3] != [10, 0, 2] {
+        return Err(bad());
+    }
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    let host: u16 = host.parse().map_err(|_| bad())?;
+    Ok((addr, port, host))
 }
 
 /// The files of one VM.
@@ -128,6 +152,10 @@ impl VmPaths {
     }
     pub fn snapshot(&self, name: &str) -> PathBuf {
         self.snapshots().join(name)
+    }
+    /// The relay QEMU runs for each connection of a forward.
+    pub fn forward_relay(&self, host_port: u16) -> PathBuf {
+        self.dir.join(format!("forward-{host_port}.sh"))
     }
 }
 
@@ -194,6 +222,22 @@ mod tests {
         ] {
             let e = check_name("VM", bad).unwrap_err();
             assert!(e.to_string().starts_with("VM name"), "{e}");
+        }
+    }
+
+    #[test]
+    fn forwards_are_checked() {
+        let (a, p, h) = check_forward("10.0.2.100:80=8094").unwrap();
+        assert_eq!((a.to_string().as_str(), p, h), ("10.0.2.100", 80, 8094));
+        for bad in [
+            "10.0.3.1:80=1",
+            "10.0.2.1:80",
+            "10.0.2.1=5",
+            "x:1=2",
+            "10.0.2.1:99999=1",
+        ] {
+            let e = check_forward(bad).unwrap_err();
+            assert!(e.to_string().contains("ADDR:PORT=HOSTPORT"), "{e}");
         }
     }
 }

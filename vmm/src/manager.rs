@@ -24,6 +24,9 @@ pub struct CreateSpec {
     pub settings: Vec<String>,
     pub append: Option<String>,
     pub accel: String,
+    /// QEMU's user networking with these forwards (`ADDR:PORT=HOSTPORT`),
+    /// or no network device.
+    pub net_user: Option<Vec<String>>,
     /// The size of a new store disk (formatted here, with mkfs.btrfs).
     pub store_mib: u64,
     /// Or an existing store image to start from (copied).
@@ -199,6 +202,9 @@ impl Manager {
             }
         }
         crate::qemu::pick_accel(&spec.accel)?;
+        for f in spec.net_user.iter().flatten() {
+            crate::check_forward(f)?;
+        }
         std::fs::create_dir_all(&self.root)?;
         let paths = self.paths(&spec.name)?;
         if paths.dir.exists() {
@@ -217,6 +223,7 @@ impl Manager {
             settings: spec.settings.clone(),
             append: spec.append.clone(),
             accel: spec.accel.clone(),
+            net_user: spec.net_user.clone(),
             created_ms: now_ms(),
         };
         // Made aside, renamed in: a VM is listed whole or not at all.
@@ -1077,6 +1084,7 @@ mod tests {
             settings: vec!["allox.log=debug".into()],
             append: None,
             accel: "tcg".into(),
+            net_user: Some(vec!["10.0.2.100:80=8094".into()]),
             store_mib: 0,
             store_from: Some(dir.join("store.img")),
         })

@@ -89,6 +89,9 @@ pub fn kernel_cmdline(cfg: &VmConfig, accel: &str) -> String {
         line.push(' ');
         line.push_str(s);
     }
+    if cfg.net_user.is_some() && !cfg.settings.iter().any(|s| s.starts_with("allox.net=")) {
+        line.push_str(" allox.net=10.0.2.15/24,10.0.2.2");
+    }
     if let Some(a) = &cfg.append {
         line.push(' ');
         line.push_str(a);
@@ -118,8 +121,6 @@ impl Qemu {
             "-nodefaults".into(),
             "-no-user-config".into(),
             "-no-reboot".into(),
-            "-nic".into(),
-            "none".into(),
             "-display".into(),
             "none".into(),
             "-kernel".into(),
@@ -155,6 +156,28 @@ impl Qemu {
             p(&paths.pid()),
         ]
         .into();
+        match &cfg.net_user {
+            None => a.extend(["-nic".into(), "none".into()]),
+            Some(forwards) => {
+                // restrict=on: the guest reaches nothing but the forwards,
+                // each a relay per connection to the host's 127.0.0.1 only
+                // (as scripts/run-vm.sh --net user).
+                let mut netdev = "user,id=up,net=10.0.2.0/24,host=10.0.2.2,restrict=on".to_string();
+                for f in forwards {
+                    let (addr, port, host) = crate::check_forward(f)?;
+                    netdev.push_str(&format!(
+                        ",guestfwd=tcp:{addr}:{port}-cmd:{}",
+                        p(&paths.forward_relay(host))
+                    ));
+                }
+                a.extend([
+                    "-netdev".into(),
+                    netdev,
+                    "-device".into(),
+                    "virtio-net-device,netdev=up".into(),
+                ]);
+            }
+        }
         if incoming {
             a.extend(["-S".into(), "-incoming".into(), "defer".into()]);
         }
@@ -185,6 +208,37 @@ impl Qemu {
     }
 }
 
+/// The relay of one forward: QEMU runs it for each connection the guest
+/// makes, on a socket pair as its stdin and stdout; it connects to the
+/// host's 127.0.0.1:`port` and copies both ways.
+fn write_relay(path: &Path, port: u16) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let text = format!(
+        r#"#!/bin/sh
+exec python3 -c '
+import socket, sys, threading
+s = socket.create_connection(("127.0.0.1", {port}))
+def up():
+    while True:
+        d = sys.stdin.buffer.read1(65536)
+        if not d:
+            s.shutdown(socket.SHUT_WR)
+            return
+        s.sendall(d)
+threading.Thread(target=up, daemon=True).start()
+while True:
+    d = s.recv(65536)
+    if not d:
+        break
+    sys.stdout.buffer.write(d)
+    sys.stdout.buffer.flush()
+'
+"#
+    );
+    std::fs::write(path, text)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+}
+
 /// `path` quoted for the shell QEMU runs an `exec:` migration with.
 fn shell_quote(path: &Path) -> String {
     format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
@@ -197,6 +251,10 @@ impl Backend for Qemu {
 
     fn launch(&self, paths: &VmPaths, cfg: &VmConfig, incoming: bool) -> Result<u32, VmError> {
         let args = self.args(paths, cfg, incoming)?;
+        for f in cfg.net_user.iter().flatten() {
+            let (_, _, host) = crate::check_forward(f)?;
+            write_relay(&paths.forward_relay(host), host)?;
+        }
         let _ = std::fs::remove_file(paths.pid());
         let log = std::fs::File::create(paths.qemu_log())?;
         // With -daemonize the first process exits once the VM is set up

@@ -37,6 +37,14 @@ pub enum VmCommand {
         /// More of the kernel command line, as it is.
         #[arg(long)]
         append: Option<String>,
+        /// A network device on QEMU's user networking, restricted: the
+        /// guest reaches nothing but the --forward addresses.
+        #[arg(long)]
+        net_user: bool,
+        /// With --net-user (repeatable): a connection from the guest to
+        /// ADDR:PORT (in 10.0.2.0/24) reaches 127.0.0.1:HOSTPORT here.
+        #[arg(long, value_name = "ADDR:PORT=HOSTPORT", requires = "net_user")]
+        forward: Vec<String>,
         /// allox.KEY=VALUE settings of the guest (docs/guest.md).
         #[arg(value_name = "allox.KEY=VALUE")]
         settings: Vec<String>,

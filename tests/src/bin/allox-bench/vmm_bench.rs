@@ -30,6 +30,7 @@ pub fn run(quick: bool) -> anyhow::Result<()> {
         settings: vec![],
         append: None,
         accel: "auto".into(),
+        net_user: None,
         store_mib: 1024,
         store_from: None,
     })

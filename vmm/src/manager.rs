@@ -403,17 +403,30 @@ impl Manager {
     }
 
     /// The guest's orderly shutdown: `system.shutdown` over the control
-    /// port, else the power button (ACPI); then waits for QEMU to end.
+    /// port (the supervisor stops in order, PID 1 unmounts the store and
+    /// powers off), then waits for QEMU to end. A guest that does not take
+    /// the request (hung, or paused) gets the ACPI power button, which only
+    /// a kernel with an ACPI button driver acts on (the guest's own has
+    /// none: then `vm kill` is what is left).
     pub fn stop(&self, name: &str, timeout: Duration) -> Result<Done, VmError> {
         let (p, _) = self.existing(name)?;
         let t0 = Instant::now();
         let Some(pid) = self.pid(&p) else {
             return Ok(done(name, "stop", false, t0, None));
         };
+        // A host that just let go is noticed by QEMU a moment later.
+        let free_by = Instant::now() + Duration::from_secs(2).min(timeout);
+        while self.backend.control_port_busy(&p)? && Instant::now() < free_by {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if self.backend.control_port_busy(&p)? {
+            return Err(VmError::Conflict(format!(
+                "a host holds VM {name:?}'s control port, over which its orderly shutdown goes: \
+                 close that client (or alloxctl --vm {name} shutdown through it), or vm kill it"
+            )));
+        }
         let mut asked = false;
-        if self.backend.status(&p)? == RunState::Running
-            && !self.backend.control_port_busy(&p).unwrap_or(true)
-        {
+        if self.backend.status(&p)? == RunState::Running {
             if let Ok((mut c, _)) =
                 hello_via(&p, &self.backend.control(&p), Duration::from_secs(10))
             {
@@ -428,11 +441,17 @@ impl Manager {
         }
         if wait_gone(pid, timeout) {
             let _ = std::fs::remove_file(p.pid());
+            clear_sockets(&p);
             return Ok(done(name, "stop", true, t0, None));
         }
         Err(VmError::Conflict(format!(
-            "VM {name:?} did not stop within {} s (vm kill cuts its power)",
-            timeout.as_secs()
+            "VM {name:?} did not stop within {} s{} (vm kill cuts its power)",
+            timeout.as_secs(),
+            if asked {
+                ""
+            } else {
+                ": it did not take system.shutdown, and its kernel does not act on the power button"
+            }
         )))
     }
 

@@ -441,7 +441,19 @@ fn vm_manager_pause_snapshot_restore_and_clone() {
         "none"
     );
     drop(c);
+    // Its orderly stop goes over the control port: not while a host holds it.
+    let held = vms.client("k2");
+    assert!(vms
+        .vm_fails(&["stop", "k2"])
+        .contains("holds VM \"k2\"'s control port"));
+    drop(held);
     vms.vm(&["stop", "k2"]);
+    assert!(
+        std::fs::read_to_string(vms.paths("k2").console())
+            .unwrap()
+            .contains("store unmounted"),
+        "k2 did not stop in order"
+    );
     assert_eq!(vms.vm(&["rm", "k2"])["changed"], true);
     assert!(vms.vm_fails(&["rm", "k1"]).contains("--force"));
 }

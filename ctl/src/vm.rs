@@ -41,7 +41,21 @@ pub fn run(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> u8 {
-    let m = Manager::qemu(root);
+    if let VmCommand::Relay { port } = cmd {
+        return match allox_vmm::relay::relay(port) {
+            Ok(()) => 0,
+            Err(e) => {
+                let _ = writeln!(err, "error: relay to 127.0.0.1:{port}: {e}");
+                1
+            }
+        };
+    }
+    // Forwards are relayed by this program itself (`alloxctl vm relay`).
+    let qemu = allox_vmm::qemu::Qemu {
+        relay: std::env::current_exe().ok(),
+        ..Default::default()
+    };
+    let m = Manager::new(root, Box::new(qemu));
     let r: Result<String, VmError> = (|| {
         use VmCommand as V;
         Ok(match cmd {
@@ -146,6 +160,7 @@ pub fn run(
                 })
             }
             V::Rm { name, force } => done(json, m.rm(&name, force)?),
+            V::Relay { .. } => unreachable!("answered above"),
         })
     })();
     match r {

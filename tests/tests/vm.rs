@@ -918,20 +918,19 @@ fn a_proxy_session_in_the_guest_reaches_the_host_only_through_the_broker() {
     };
     let (server, seen) = allox_integration::hello_server();
     let port = server.port();
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-    let store = store_image(dir.path(), true);
     // QEMU's user networking, restricted: the guest reaches 10.0.2.100:80,
     // which is the host's 127.0.0.1:<port>, and nothing else.
     let forward = format!("10.0.2.100:80={port}");
     // And 10.0.2.101:80, a server that checks a secret's header.
     let (auth, auth_heads) = secret_checking_server();
     let forward_auth = format!("10.0.2.101:80={}", auth.port());
-    let mut vm = Vm::boot(
+    // Booted by the VM manager, whose forwards `alloxctl vm relay` carries.
+    let vms = manager::Vms::new(None);
+    vms.create_with(
         &img,
-        Some(&store),
+        "p",
         &[
-            "--net",
-            "user",
+            "--net-user",
             "--forward",
             &forward,
             "--forward",
@@ -939,18 +938,19 @@ fn a_proxy_session_in_the_guest_reaches_the_host_only_through_the_broker() {
             "allox.args=--plugin=network,--session-network=proxy,--network-allow=10.0.2.100:80,--network-allow=10.0.2.101:80",
         ],
     );
-    let (mut c, _) = vm.connect(BOOT);
+    vms.vm(&["start", "p"]);
+    let console = || std::fs::read_to_string(vms.paths("p").console()).unwrap_or_default();
+    let mut c = vms.client("p");
     assert!(
-        vm.console()
-            .contains("network: eth0 10.0.2.15/24 via 10.0.2.2"),
+        console().contains("network: eth0 10.0.2.15/24 via 10.0.2.2"),
         "console:\n{}",
-        vm.console()
+        console()
     );
     ok(&mut c, agent("a"));
     ok(&mut c, session("a", "s"));
     // Through the session's proxy (busybox wget reads http_proxy).
     let got = sh(&mut c, "a", "s", "wget -q -O - http://10.0.2.100/hello");
-    assert_eq!(got, "hello /hello\n", "console:\n{}", vm.console());
+    assert_eq!(got, "hello /hello\n", "console:\n{}", console());
     // A raw connection, as SSH would make it.
     let got = sh(
         &mut c,
@@ -1049,8 +1049,8 @@ fn a_proxy_session_in_the_guest_reaches_the_host_only_through_the_broker() {
             .any(|h| h.contains(&format!("Bearer {VM_SECRET}"))),
         "the host's server never got the value"
     );
-    let _ = c.call(Request::Shutdown(Shutdown {}));
-    assert!(vm.wait_exit(Duration::from_secs(60)).is_some());
+    drop(c);
+    vms.vm(&["stop", "p"]);
 }
 
 /// The value of the secret the guest's broker puts in.

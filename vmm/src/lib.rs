@@ -25,6 +25,7 @@ pub mod disk;
 pub mod manager;
 pub mod qemu;
 pub mod qmp;
+pub mod relay;
 pub mod transport;
 
 use serde::{Deserialize, Serialize};
@@ -152,10 +153,6 @@ impl VmPaths {
     }
     pub fn snapshot(&self, name: &str) -> PathBuf {
         self.snapshots().join(name)
-    }
-    /// The relay QEMU runs for each connection of a forward.
-    pub fn forward_relay(&self, host_port: u16) -> PathBuf {
-        self.dir.join(format!("forward-{host_port}.sh"))
     }
 }
 

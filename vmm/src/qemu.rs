@@ -14,12 +14,16 @@ use std::time::{Duration, Instant};
 /// The QEMU backend (`qemu-system-x86_64`, or `binary`).
 pub struct Qemu {
     pub binary: String,
+    /// The program that relays a forward's connection (`alloxctl`, run as
+    /// `alloxctl vm relay PORT`); without it a VM with forwards is refused.
+    pub relay: Option<std::path::PathBuf>,
 }
 
 impl Default for Qemu {
     fn default() -> Self {
         Qemu {
             binary: "qemu-system-x86_64".into(),
+            relay: None,
         }
     }
 }
@@ -165,9 +169,19 @@ impl Qemu {
                 let mut netdev = "user,id=up,net=10.0.2.0/24,host=10.0.2.2,restrict=on".to_string();
                 for f in forwards {
                     let (addr, port, host) = crate::check_forward(f)?;
+                    let relay = self.relay.as_deref().ok_or_else(|| {
+                        VmError::Invalid(format!(
+                            "forward {f}: this manager has no relay program (alloxctl runs as one)"
+                        ))
+                    })?;
+                    let relay = p(relay);
+                    if relay.contains([',', ' ']) {
+                        return Err(VmError::Invalid(format!(
+                            "the relay program's path {relay:?} has a comma or a space, which QEMU's -netdev cannot carry"
+                        )));
+                    }
                     netdev.push_str(&format!(
-                        ",guestfwd=tcp:{addr}:{port}-cmd:{}",
-                        p(&paths.forward_relay(host))
+                        ",guestfwd=tcp:{addr}:{port}-cmd:{relay} vm relay {host}"
                     ));
                 }
                 a.extend([
@@ -208,37 +222,6 @@ impl Qemu {
     }
 }
 
-/// The relay of one forward: QEMU runs it for each connection the guest
-/// makes, on a socket pair as its stdin and stdout; it connects to the
-/// host's 127.0.0.1:`port` and copies both ways.
-fn write_relay(path: &Path, port: u16) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let text = format!(
-        r#"#!/bin/sh
-exec python3 -c '
-import socket, sys, threading
-s = socket.create_connection(("127.0.0.1", {port}))
-def up():
-    while True:
-        d = sys.stdin.buffer.read1(65536)
-        if not d:
-            s.shutdown(socket.SHUT_WR)
-            return
-        s.sendall(d)
-threading.Thread(target=up, daemon=True).start()
-while True:
-    d = s.recv(65536)
-    if not d:
-        break
-    sys.stdout.buffer.write(d)
-    sys.stdout.buffer.flush()
-'
-"#
-    );
-    std::fs::write(path, text)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
-}
-
 /// `path` quoted for the shell QEMU runs an `exec:` migration with.
 fn shell_quote(path: &Path) -> String {
     format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
@@ -251,10 +234,6 @@ impl Backend for Qemu {
 
     fn launch(&self, paths: &VmPaths, cfg: &VmConfig, incoming: bool) -> Result<u32, VmError> {
         let args = self.args(paths, cfg, incoming)?;
-        for f in cfg.net_user.iter().flatten() {
-            let (_, _, host) = crate::check_forward(f)?;
-            write_relay(&paths.forward_relay(host), host)?;
-        }
         let _ = std::fs::remove_file(paths.pid());
         let log = std::fs::File::create(paths.qemu_log())?;
         // With -daemonize the first process exits once the VM is set up

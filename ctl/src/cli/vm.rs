@@ -122,6 +122,12 @@ pub enum VmCommand {
     },
     /// Every VM, its state and its snapshots.
     List,
+    /// Relay stdin and stdout to 127.0.0.1:PORT (what QEMU runs for each
+    /// connection of a --forward).
+    Relay {
+        /// The host's port.
+        port: u16,
+    },
     /// Remove a VM and its snapshots.
     Rm {
         /// The VM.

@@ -4,6 +4,7 @@
 //! through `alloxctl`, with the guest's own answers checked over its
 //! control port.
 
+use super::{ck, ok, processes, run, sh, start};
 use allox_ctl::client::Client;
 use allox_integration::vm::{require_vm, GuestImage};
 use allox_protocol::*;
@@ -15,13 +16,13 @@ use std::time::{Duration, Instant};
 
 /// The VMs of one test, under a directory of their own; every one of
 /// them is killed and removed when the test ends, whatever happened.
-struct Vms {
+pub(super) struct Vms {
     root: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl Vms {
-    fn new(root: Option<PathBuf>) -> Vms {
+    pub(super) fn new(root: Option<PathBuf>) -> Vms {
         let dir = tempfile::Builder::new()
             .prefix("allox-vms-")
             .tempdir_in("/var/tmp")
@@ -48,7 +49,7 @@ impl Vms {
     }
 
     /// `alloxctl --json vm ARGS`, which must succeed: its JSON.
-    fn vm(&self, args: &[&str]) -> Value {
+    pub(super) fn vm(&self, args: &[&str]) -> Value {
         let mut all = vec!["--json", "vm"];
         all.extend_from_slice(args);
         let (st, out, err) = self.ctl(&all);
@@ -66,11 +67,16 @@ impl Vms {
     }
 
     fn create(&self, img: &GuestImage, name: &str) {
+        self.create_with(img, name, &[]);
+    }
+
+    /// `vm create NAME` of the guest image, 512 MiB, with `more` arguments.
+    pub(super) fn create_with(&self, img: &GuestImage, name: &str, more: &[&str]) {
         let (k, i) = (
             img.kernel_dir.display().to_string(),
             img.initrd.display().to_string(),
         );
-        self.vm(&[
+        let mut args = vec![
             "create",
             name,
             "--kernel-dir",
@@ -79,17 +85,19 @@ impl Vms {
             &i,
             "--memory",
             "512",
-        ]);
+        ];
+        args.extend_from_slice(more);
+        self.vm(&args);
     }
 
-    fn paths(&self, name: &str) -> VmPaths {
+    pub(super) fn paths(&self, name: &str) -> VmPaths {
         VmPaths {
             dir: self.root.join(name),
         }
     }
 
     /// A client of VM `name`'s guest.
-    fn client(&self, name: &str) -> Client {
+    pub(super) fn client(&self, name: &str) -> Client {
         allox_vmm::manager::hello(&self.paths(name), Duration::from_secs(60))
             .unwrap_or_else(|e| panic!("VM {name}: {e}"))
             .0
@@ -138,80 +146,36 @@ impl Drop for Vms {
     }
 }
 
-fn ok(c: &mut Client, r: Request) -> Response {
-    let what = format!("{r:?}");
-    match c.call(r).expect("transport") {
-        Ok(v) => v,
-        Err(e) => panic!("{what} failed: {e:?}"),
-    }
-}
-
-fn start(a: &str, s: &str, script: &str, wait: bool, pty: bool) -> Request {
-    Request::ProcessStart(ProcessStart {
-        agent_id: a.into(),
-        session_id: s.into(),
-        argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
-        env: Default::default(),
-        cwd: None,
-        stdin: None,
-        timeout_ms: None,
-        wait,
-        stream: false,
-        pty: pty.then_some(PtySize {
-            rows: 24,
-            cols: 80,
-            term: None,
-        }),
-        trace: None,
-        on_disconnect: Default::default(),
-        recovery: None,
-    })
-}
-
-fn sh(c: &mut Client, script: &str) -> String {
-    match ok(c, start("a", "s", script, true, false)) {
-        Response::Exited(r) => {
-            assert_eq!(r.exit_code, Some(0), "{script}: {r:?}");
-            r.stdout
-        }
-        other => panic!("{other:?}"),
-    }
-}
-
-fn run_id(c: &mut Client, script: &str, pty: bool) -> String {
-    match ok(c, start("a", "s", script, false, pty)) {
+/// A terminal run of session `a/s` (not waited for): its id.
+fn start_pty(c: &mut Client, script: &str) -> String {
+    let Request::ProcessStart(mut p) = run("a", "s", script, false) else {
+        unreachable!()
+    };
+    p.pty = Some(PtySize {
+        rows: 24,
+        cols: 80,
+        term: None,
+    });
+    match ok(c, Request::ProcessStart(p)) {
         Response::Started(r) => r.run_id,
         other => panic!("{other:?}"),
     }
 }
 
+/// A checkpoint of `a/s`: its time.
 fn checkpoint(c: &mut Client, id: &str) -> u64 {
-    match ok(
-        c,
-        Request::CheckpointCreate(CheckpointCreate {
-            agent_id: "a".into(),
-            session_id: "s".into(),
-            checkpoint_id: id.into(),
-            pinned: false,
-            label: None,
-        }),
-    ) {
+    match ok(c, ck("a", "s", id)) {
         Response::Checkpoint(i) => i.created_ms,
         other => panic!("{other:?}"),
     }
 }
 
+/// The ids of `a/s`'s live runs.
 fn runs(c: &mut Client) -> Vec<String> {
-    match ok(
-        c,
-        Request::ProcessList(SessionRef {
-            agent_id: "a".into(),
-            session_id: "s".into(),
-        }),
-    ) {
-        Response::Processes(p) => p.processes.into_iter().filter_map(|p| p.run_id).collect(),
-        other => panic!("{other:?}"),
-    }
+    processes(c, "a", "s")
+        .into_iter()
+        .filter_map(|p| p.run_id)
+        .collect()
 }
 
 fn now_ms() -> u64 {
@@ -288,11 +252,10 @@ fn vm_manager_pause_snapshot_restore_and_clone() {
         Request::AgentCreate(AgentCreate::new("a".to_string())),
     );
     ok(&mut c, Request::SessionCreate(SessionCreate::new("a", "s")));
-    let sleeper = run_id(&mut c, "exec sleep 100000", false);
-    let ticker = run_id(
+    let sleeper = start(&mut c, "a", "s", "exec sleep 100000");
+    let ticker = start_pty(
         &mut c,
         "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done",
-        true,
     );
     let mut last_ms = 0;
     for i in 0..100 {
@@ -421,11 +384,13 @@ fn vm_manager_pause_snapshot_restore_and_clone() {
         let mut c = vms.client(k);
         let bytes = sh(
             &mut c,
+            "a",
+            "s",
             "head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'",
         );
-        let id = run_id(&mut c, "true", false);
-        sh(&mut c, &format!("echo {k} > who"));
-        seen.push((bytes, id, sh(&mut c, "cat who")));
+        let id = start(&mut c, "a", "s", "true");
+        sh(&mut c, "a", "s", &format!("echo {k} > who"));
+        seen.push((bytes, id, sh(&mut c, "a", "s", "cat who")));
     }
     eprintln!("clones: {seen:?}");
     assert_ne!(
@@ -437,7 +402,7 @@ fn vm_manager_pause_snapshot_restore_and_clone() {
     // The source goes on, with neither clone's file.
     let mut c = vms.client("g");
     assert_eq!(
-        sh(&mut c, "cat who 2>/dev/null || echo none").trim(),
+        sh(&mut c, "a", "s", "cat who 2>/dev/null || echo none").trim(),
         "none"
     );
     drop(c);
@@ -497,7 +462,7 @@ fn vm_manager_a_failed_snapshot_leaves_the_previous_one() {
         Request::AgentCreate(AgentCreate::new("a".to_string())),
     );
     ok(&mut c, Request::SessionCreate(SessionCreate::new("a", "s")));
-    sh(&mut c, "echo first > mark");
+    sh(&mut c, "a", "s", "echo first > mark");
     drop(c);
     vms.vm(&["snapshot", "f", "good"]);
 
@@ -515,7 +480,7 @@ fn vm_manager_a_failed_snapshot_leaves_the_previous_one() {
     std::fs::remove_file(&ballast).unwrap();
     // The guest went on.
     let mut c = vms.client("f");
-    sh(&mut c, "echo second > mark");
+    sh(&mut c, "a", "s", "echo second > mark");
     drop(c);
 
     // QEMU killed while it writes the guest's memory.
@@ -550,7 +515,7 @@ fn vm_manager_a_failed_snapshot_leaves_the_previous_one() {
     // The previous snapshot restores whole.
     vms.vm(&["restore", "f", "good"]);
     let mut c = vms.client("f");
-    assert_eq!(sh(&mut c, "cat mark"), "first\n");
+    assert_eq!(sh(&mut c, "a", "s", "cat mark"), "first\n");
     drop(c);
     let (st, out, err) = vms.ctl(&["--vm", "f", "check"]);
     assert_eq!(st, 0, "{out}{err}");

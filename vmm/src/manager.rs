@@ -278,14 +278,7 @@ impl Manager {
         let ours = cmdline
             .split(|b| *b == 0)
             .any(|a| String::from_utf8_lossy(a).contains(&qmp));
-        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| {
-                s.rsplit_once(')')
-                    .map(|(_, r)| r.trim_start().starts_with('Z'))
-            })
-            .unwrap_or(true);
-        (ours && !zombie).then_some(pid)
+        (ours && live(pid)).then_some(pid)
     }
 
     fn state_of(&self, paths: &VmPaths) -> Result<(Option<u32>, &'static str), VmError> {
@@ -839,18 +832,22 @@ fn clear_partial(p: &VmPaths) {
 }
 
 /// Whether process `pid` ended within `timeout`.
+/// Whether process `pid` exists and is not a zombie (one not reaped yet
+/// is gone as far as a VM goes).
+fn live(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| !r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
 fn wait_gone(pid: u32, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
-        let gone = match stat {
-            Err(_) => true,
-            // A zombie of ours (not reaped yet) is gone as far as the VM goes.
-            Ok(s) => s
-                .rsplit_once(')')
-                .is_some_and(|(_, r)| r.trim_start().starts_with('Z')),
-        };
-        if gone {
+        if !live(pid) {
             return true;
         }
         if Instant::now() > deadline {
@@ -897,7 +894,7 @@ pub fn hello_via(
         .and_then(|s| s.trim().parse().ok());
     while t0.elapsed() < timeout {
         if let Some(pid) = pid {
-            if wait_gone(pid, Duration::ZERO) {
+            if !live(pid) {
                 return Err(VmError::Guest(format!(
                     "QEMU (pid {pid}) ended before the guest answered"
                 )));

@@ -42,8 +42,7 @@ impl Runs {
         let mut b = [0u8; 4];
         if getrandom::fill(&mut b).is_ok() {
             let r = u32::from_le_bytes(b) as u64;
-            self.next
-                .store((1 << 32) | r.max(1 << 16), Ordering::Relaxed);
+            self.next.store((1 << 32) | r, Ordering::Relaxed);
         }
     }
 

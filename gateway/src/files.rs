@@ -9,6 +9,13 @@
 //! so the target keeps its old content unless the whole body came (hyper
 //! tells a body cut short by an error, which the upload never commits).
 //!
+//! Where the daemon is on this machine, a file of more than one chunk
+//! goes without frames instead ([`crate::spool`]): a `PUT`'s body is
+//! spooled and the open file passed to the daemon, a `GET` is copied by
+//! the daemon into a spooled file and sent from it. Every answer says how
+//! in its `Allox-Copied-By` header (`reflink`, `copy_file_range`,
+//! `sendfile`, or `frames`).
+//!
 //! `?scope=shared` names the agent's shared files, `?checkpoint=ID` (`GET`
 //! only) the tree as it was at that checkpoint. Path segments are
 //! percent-decoded; what the path may be is the daemon's to say, and its
@@ -17,16 +24,15 @@
 use crate::shared::{
     headers_of, next_piece, respond, ChannelBody, HttpRequest, HttpResponse, Shared,
 };
-use crate::{error, failure, Reply};
+use crate::{error, failure, spool, Reply};
 use allox_client::client::Caller;
-use allox_client::files::{upload_from, CopyError, Remote};
+use allox_client::files::{CopyError, Remote};
 use allox_protocol::json::answer_to_json;
 use allox_protocol::{ErrorCode, FsData, FsRead, FsScope, Request, Response, FS_CHUNK};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use serde_json::json;
 use std::io::{self, Read};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
@@ -222,6 +228,7 @@ const PIECES_AHEAD: usize = 2;
 async fn get(target: Remote, shared: &Arc<Shared>) -> HttpResponse {
     let (first_tx, first_rx) = tokio::sync::oneshot::channel();
     let (tx, rx) = tokio::sync::mpsc::channel(PIECES_AHEAD);
+    let me = Arc::clone(shared);
     let sent = shared.with_daemon(move |daemon| {
         let first = match read_chunk(daemon, &target, 0, FS_CHUNK) {
             Ok(d) => d,
@@ -230,7 +237,20 @@ async fn get(target: Remote, shared: &Arc<Shared>) -> HttpResponse {
                 return;
             }
         };
-        let _ = first_tx.send(Ok(first.size));
+        // More than a chunk: copied by the daemon into the spool, and sent
+        // from there, where it can.
+        let spooled = match me.local() {
+            Some(local) if (first.data.len() as u64) < first.size => {
+                spool::get(&local, &target, first.size)
+            }
+            _ => None,
+        };
+        if let Some((file, copied)) = spooled {
+            let _ = first_tx.send(Ok((copied.size, Some(copied.by))));
+            send_file(file, copied.size, &target, &tx);
+            return;
+        }
+        let _ = first_tx.send(Ok((first.size, None)));
         let mut download = Download::new(daemon, &target, first);
         loop {
             let mut piece = vec![0u8; FS_CHUNK as usize];
@@ -256,7 +276,7 @@ async fn get(target: Remote, shared: &Arc<Shared>) -> HttpResponse {
     });
     // The download runs on; its first answer decides the status.
     match first_rx.await {
-        Ok(Ok(size)) => {
+        Ok(Ok((size, by))) => {
             let body = ChannelBody {
                 rx,
                 length: Some(size),
@@ -265,6 +285,7 @@ async fn get(target: Remote, shared: &Arc<Shared>) -> HttpResponse {
             hyper::Response::builder()
                 .status(200)
                 .header("Content-Type", "application/octet-stream")
+                .header(spool::COPIED_BY, spool::copied_by(by))
                 .body(body.boxed())
                 .unwrap_or_else(|e| {
                     respond(Reply::json(error(500, ErrorCode::Internal, e.to_string())))
@@ -279,6 +300,38 @@ async fn get(target: Remote, shared: &Arc<Shared>) -> HttpResponse {
                 "the download stopped before its first chunk".into(),
             ))),
         },
+    }
+}
+
+/// The spooled file, `size` bytes, into the body piece by piece; one
+/// that ends short of `size` cuts the body (the connection is ended).
+fn send_file(
+    mut file: std::fs::File,
+    size: u64,
+    target: &Remote,
+    tx: &tokio::sync::mpsc::Sender<io::Result<Bytes>>,
+) {
+    let mut left = size;
+    while left > 0 {
+        let mut piece = Vec::with_capacity(FS_CHUNK.min(left) as usize);
+        let piece = match (&mut file).take(FS_CHUNK.min(left)).read_to_end(&mut piece) {
+            Ok(0) => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("the spooled file ended {left} bytes short of {size}"),
+            )),
+            Ok(n) => {
+                left -= n as u64;
+                Ok(Bytes::from(piece))
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = &piece {
+            tracing::warn!(path = %target.path, error = %e, "GET of a file cut short");
+        }
+        let failed = piece.is_err();
+        if tx.blocking_send(piece).is_err() || failed {
+            return;
+        }
     }
 }
 
@@ -363,6 +416,7 @@ async fn put(req: HttpRequest, target: Remote, shared: &Arc<Shared>) -> HttpResp
             }
         }
     });
+    let me = Arc::clone(shared);
     let answer = shared
         .with_daemon(move |daemon| {
             let mut body = Pieces {
@@ -371,14 +425,25 @@ async fn put(req: HttpRequest, target: Remote, shared: &Arc<Shared>) -> HttpResp
                 taken: 0,
                 ended: false,
             };
-            match upload_from(daemon, &mut body, Path::new("request body"), &target) {
-                Ok(w) => (200, json!({ "path": w.path, "size": w.size })),
-                Err(e) => upload_failure(e, timeout),
+            match spool::put(daemon, &mut body, &target, me.local().as_ref()) {
+                Ok((path, size, by)) => (200, json!({ "path": path, "size": size }), Some(by)),
+                Err(e) => {
+                    let (status, v) = upload_failure(e, timeout);
+                    (status, v, None)
+                }
             }
         })
         .await;
     match answer {
-        Ok(answer) => respond(Reply::json(answer)),
+        Ok((status, v, by)) => {
+            let mut reply = Reply::json((status, v));
+            if let Some(by) = by {
+                reply
+                    .headers
+                    .push((spool::COPIED_BY, spool::copied_by(by).into()));
+            }
+            respond(reply)
+        }
         Err(reply) => respond(reply),
     }
 }
@@ -671,8 +736,8 @@ mod tests {
             .collect();
         let (mut body, _open) = pieces(parts);
         let mut daemon = Uploads::default();
-        let w = upload_from(&mut daemon, &mut body, Path::new("body"), &target("f")).unwrap();
-        assert_eq!(w.size, size as u64);
+        let (_, put, by) = spool::put(&mut daemon, &mut body, &target("f"), None).unwrap();
+        assert_eq!((put, by), (size as u64, None));
         let c = FS_CHUNK as usize;
         assert_eq!(
             daemon.chunks,
@@ -682,6 +747,96 @@ mod tests {
                 (2 * FS_CHUNK, 1000, true)
             ]
         );
+    }
+
+    /// A daemon that takes no descriptors (as over a VM's control port):
+    /// each request is answered `unsupported`. Counts its connections.
+    fn no_fds_daemon(sock: &std::path::Path) -> Arc<std::sync::atomic::AtomicUsize> {
+        use allox_protocol::{
+            decode, encode, ClientFrame, FrameReader, Hello, Outcome, ResponseEnvelope,
+            ServerFrame, PROTOCOL_VERSION,
+        };
+        use std::io::Write;
+        let listener = std::os::unix::net::UnixListener::bind(sock).unwrap();
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&connections);
+        std::thread::spawn(move || {
+            for s in listener.incoming() {
+                let Ok(mut s) = s else { return };
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut reader = FrameReader::new();
+                let mut buf = [0u8; 4096];
+                'conn: loop {
+                    while let Some(f) = reader.next_frame() {
+                        let frame = match decode::<ClientFrame>(&f.unwrap()).unwrap() {
+                            ClientFrame::Hello(h) => ServerFrame::Welcome(Hello {
+                                version: PROTOCOL_VERSION,
+                                build: "fake".into(),
+                                conversation: h.conversation,
+                            }),
+                            ClientFrame::Request(r) => ServerFrame::Response(ResponseEnvelope {
+                                conversation: r.conversation,
+                                request_id: r.request_id,
+                                outcome: Outcome::Err(ErrorBody::new(
+                                    ErrorCode::Unsupported,
+                                    "no descriptors over this port",
+                                )),
+                            }),
+                        };
+                        if s.write_all(&encode(&frame).unwrap()).is_err() {
+                            break 'conn;
+                        }
+                    }
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => reader.push(&buf[..n]),
+                    }
+                }
+            }
+        });
+        connections
+    }
+
+    #[test]
+    fn a_daemon_that_takes_no_descriptors_gets_every_file_in_frames() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("ctl.sock");
+        let connections = no_fds_daemon(&sock);
+        let spool_dir = dir.path().join("spool");
+        std::fs::create_dir(&spool_dir).unwrap();
+        let spool = spool::Spool::new(&spool_dir).unwrap();
+        let local = spool::Local {
+            spool: &spool,
+            socket: &sock,
+            daemon_timeout: Duration::from_secs(5),
+        };
+        let size = 3 * FS_CHUNK as usize + 7;
+        let body = || {
+            let parts: Vec<_> = vec![3u8; size]
+                .chunks(100 << 10)
+                .map(|c| Ok(Some(Bytes::copy_from_slice(c))))
+                .chain([Ok(None)])
+                .collect();
+            pieces(parts)
+        };
+        // Spooled whole and offered; refused; sent in frames from the
+        // spool, every byte.
+        let (mut b, _open) = body();
+        let mut daemon = Uploads::default();
+        let (_, put, by) = spool::put(&mut daemon, &mut b, &target("f"), Some(&local)).unwrap();
+        assert_eq!((put, by), (size as u64, None));
+        let sent: usize = daemon.chunks.iter().map(|c| c.1).sum();
+        assert_eq!(sent, size);
+        assert_eq!(daemon.chunks.last().map(|c| c.2), Some(true));
+        assert!(!spool.takes_fds());
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // From then on, frames at once: the daemon is not asked again.
+        let (mut b, _open) = body();
+        let mut daemon = Uploads::default();
+        spool::put(&mut daemon, &mut b, &target("f"), Some(&local)).unwrap();
+        assert!(spool::get(&local, &target("f"), size as u64).is_none());
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(std::fs::read_dir(&spool_dir).unwrap().count(), 0);
     }
 
     #[test]
@@ -712,8 +867,7 @@ mod tests {
         ] {
             let (mut body, _open) = pieces(parts);
             let mut daemon = Uploads::default();
-            let e =
-                upload_from(&mut daemon, &mut body, Path::new("body"), &target("f")).unwrap_err();
+            let e = spool::put(&mut daemon, &mut body, &target("f"), None).unwrap_err();
             let CopyError::Local { source, .. } = &e else {
                 panic!("{e}");
             };
@@ -738,7 +892,7 @@ mod tests {
             ended: false,
         };
         let mut daemon = Uploads::default();
-        assert!(upload_from(&mut daemon, &mut body, Path::new("body"), &target("f")).is_err());
+        assert!(spool::put(&mut daemon, &mut body, &target("f"), None).is_err());
         assert!(daemon.chunks.is_empty());
     }
 

@@ -53,12 +53,15 @@ pub async fn serve(gateway: Gateway, stop: impl Future<Output = ()>) -> io::Resu
         }
         None => None,
     };
-    let shared = Arc::new(Shared::new(
-        gateway.access,
-        gateway.cfg.socket.clone(),
-        gateway.cfg.daemon_timeout,
-        gateway.cfg.http_timeout,
-    ));
+    let shared = Arc::new(
+        Shared::new(
+            gateway.access,
+            gateway.cfg.socket.clone(),
+            gateway.cfg.daemon_timeout,
+            gateway.cfg.http_timeout,
+        )
+        .with_spool(gateway.spool),
+    );
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()

@@ -38,6 +38,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod ports;
 mod shared;
+pub mod spool;
 mod stream;
 pub mod token;
 
@@ -79,6 +80,8 @@ pub const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Error)]
 pub enum GatewayError {
+    #[error(transparent)]
+    Spool(#[from] spool::SpoolError),
     #[error("cannot resolve {listen:?}")]
     Resolve {
         listen: String,
@@ -140,6 +143,9 @@ pub struct GatewayConfig {
     /// A second address serving only `GET /metrics` and `/healthz`, with
     /// no token (loopback only unless `allow_remote`).
     pub metrics_listen: Option<String>,
+    /// Where file bodies larger than a chunk are spooled to be passed to
+    /// the daemon as open files ([`spool`]); `None`: every file in frames.
+    pub spool_dir: Option<PathBuf>,
 }
 
 impl GatewayConfig {
@@ -160,6 +166,7 @@ impl GatewayConfig {
             metrics_token_file: None,
             metrics_token_env: None,
             metrics_listen: None,
+            spool_dir: Some(std::env::temp_dir()),
         }
     }
 }
@@ -216,6 +223,7 @@ pub struct Gateway {
     access: Access,
     addr: SocketAddr,
     token_created: bool,
+    spool: Option<spool::Spool>,
     cfg: GatewayConfig,
 }
 
@@ -242,6 +250,10 @@ impl Gateway {
             Some(m) => Some((m, resolve(m, cfg.allow_remote)?)),
             None => None,
         };
+        let spool = match &cfg.spool_dir {
+            Some(dir) => Some(spool::Spool::new(dir)?),
+            None => None,
+        };
         let (listener, addr) = bind_to(&cfg.listen, &addrs)?;
         let metrics_listener = match metrics_addrs {
             Some((m, a)) => Some(bind_to(m, &a)?),
@@ -255,6 +267,7 @@ impl Gateway {
             access,
             addr,
             token_created,
+            spool,
             cfg: cfg.clone(),
         })
     }

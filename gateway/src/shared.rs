@@ -39,6 +39,8 @@ pub struct Shared {
     pub metrics: crate::metrics::GatewayMetrics,
     /// Idle connections to sessions' ports, for the next requests.
     pub ports: crate::ports::Pool,
+    /// Where large file bodies are spooled (`None`: files in frames).
+    pub spool: Option<crate::spool::Spool>,
 }
 
 impl Shared {
@@ -57,7 +59,24 @@ impl Shared {
             idle: Mutex::new(Vec::new()),
             metrics: Default::default(),
             ports: Default::default(),
+            spool: None,
         }
+    }
+
+    /// Files larger than a chunk go through `spool` where the daemon
+    /// takes descriptors.
+    pub fn with_spool(mut self, spool: Option<crate::spool::Spool>) -> Shared {
+        self.spool = spool;
+        self
+    }
+
+    /// How a file goes without frames, if it may.
+    pub fn local(&self) -> Option<crate::spool::Local<'_>> {
+        self.spool.as_ref().map(|spool| crate::spool::Local {
+            spool,
+            socket: &self.socket,
+            daemon_timeout: self.daemon_timeout,
+        })
     }
 
     /// Runs `f` on the blocking pool (at once, whether or not the answer

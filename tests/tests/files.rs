@@ -587,7 +587,9 @@ fn files_go_in_and_out_through_the_gateway_with_curl() {
     let Some(d) = setup("files_gateway", &[], 2048) else {
         return;
     };
-    let gw = allox_integration::Gateway::start(&d.daemon.socket, &[]);
+    // The framed path, as to a daemon on another machine (the spooled one
+    // is the next test's).
+    let gw = allox_integration::Gateway::start(&d.daemon.socket, &["--files-framed"]);
     let auth = format!(
         "Authorization: Bearer {}",
         allox_integration::gateway_token(&d.daemon.socket)
@@ -1044,4 +1046,291 @@ fn a_local_upload_whose_client_is_killed_leaves_the_old_file() {
     d.restart(&[]);
     assert!(!aside());
     assert_eq!(read(&d, "target").unwrap(), b"old content\n");
+}
+
+/// curl against the gateway: `args`, then the URL. Returns the status
+/// code, how the bytes moved (`Allox-Copied-By`) and the body.
+fn curl_by(args: &[&str], url: &str) -> (u16, String, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "120"])
+        .args(["-w", "\n%{http_code} %header{allox-copied-by}"])
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, tail) = text.rsplit_once('\n').unwrap_or(("", &text));
+    let (code, by) = tail.split_once(' ').unwrap_or((tail, ""));
+    let code = code.trim().parse().unwrap_or(0);
+    assert_ne!(
+        code,
+        0,
+        "curl {args:?} {url}: no status: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (code, by.trim().to_string(), body.to_string())
+}
+
+/// The largest file open in process `pid` below `dir` that has no name
+/// (a spooled body), if any.
+fn spooled_in(pid: u32, dir: &Path) -> Option<u64> {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    fds.flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path())
+                .is_ok_and(|l| l.starts_with(dir) && l.to_string_lossy().ends_with("(deleted)"))
+        })
+        .filter_map(|e| std::fs::metadata(e.path()).ok().map(|m| m.len()))
+        .max()
+}
+
+/// Waits until `f` holds, at most `secs`.
+fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "{what}: not within {secs} s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn files_through_the_gateway_are_spooled_and_passed_to_the_daemon_where_they_can() {
+    let no_curl = allox_integration::which("curl")
+        .is_none()
+        .then(|| "curl".to_string());
+    if !allox_integration::needs("files::gateway_spooled", no_curl) {
+        return;
+    }
+    let Some(d) = setup("gateway_spooled", &[], 2048) else {
+        return;
+    };
+    let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
+    let spool = tmp.path().join("spool");
+    std::fs::create_dir(&spool).unwrap();
+    let spool_arg = spool.to_str().unwrap();
+
+    // A spool that is not a writable directory is refused at start,
+    // naming it.
+    for bad in [tmp.path().join("missing"), d.daemon.socket.clone()] {
+        let out = Command::new(workspace_bin("alloxctl"))
+            .arg("--socket")
+            .arg(&d.daemon.socket)
+            .args(["gateway", "--listen", "127.0.0.1:0", "--spool-dir"])
+            .arg(&bad)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bad:?}: {err}");
+        assert!(
+            err.contains(&*bad.to_string_lossy()) && err.contains("--spool-dir"),
+            "{err}"
+        );
+    }
+
+    let mut gw = allox_integration::Gateway::start(&d.daemon.socket, &["--spool-dir", spool_arg]);
+    let auth = format!(
+        "Authorization: Bearer {}",
+        allox_integration::gateway_token(&d.daemon.socket)
+    );
+    let base = format!("http://{}/v1/files/a/s", gw.addr);
+    let big = tmp.path().join("big");
+    random_file(&big, 64);
+    let big_arg = big.to_str().unwrap();
+    let cur = current(&d);
+    let passed = ["copy_file_range", "sendfile"];
+
+    // A large file both ways goes by the daemon's own copy, byte for byte.
+    let (code, by, body) = curl_by(&["-H", &auth, "-T", big_arg], &format!("{base}/big.bin"));
+    assert_eq!(code, 200, "{body}");
+    assert!(passed.contains(&by.as_str()), "PUT copied by {by:?}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (v["path"].as_str(), v["size"].as_u64()),
+        (Some("big.bin"), Some(64 << 20))
+    );
+    assert_eq!(sha256(&big), sha256(&cur.join("big.bin")));
+    let back = tmp.path().join("back");
+    let (code, by, _) = curl_by(
+        &["-H", &auth, "-o", back.to_str().unwrap()],
+        &format!("{base}/big.bin"),
+    );
+    assert_eq!(code, 200);
+    assert!(passed.contains(&by.as_str()), "GET copied by {by:?}");
+    assert_eq!(sha256(&big), sha256(&back));
+    // A checkpoint's file too, as it was.
+    ctl_ok(&d, &["checkpoint", "create", "a", "s", "c1"]);
+    std::fs::write(cur.join("big.bin"), "now small\n").unwrap();
+    let (code, by, _) = curl_by(
+        &["-H", &auth, "-o", back.to_str().unwrap()],
+        &format!("{base}/big.bin?checkpoint=c1"),
+    );
+    assert_eq!(code, 200);
+    assert!(passed.contains(&by.as_str()), "GET at a checkpoint: {by:?}");
+    assert_eq!(sha256(&big), sha256(&back));
+    // A chunked body (from a pipe) is spooled as well.
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "120", "-o", "/dev/null"])
+        .args([
+            "-w",
+            "%{http_code} %header{allox-copied-by}",
+            "-H",
+            &auth,
+            "-T",
+            "-",
+        ])
+        .arg(format!("{base}/piped"))
+        .stdin(std::fs::File::open(&big).unwrap())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        said.starts_with("200 ") && passed.iter().any(|p| said.ends_with(p)),
+        "{said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(sha256(&big), sha256(&cur.join("piped")));
+    // A chunk or less goes in frames, both ways.
+    let small = tmp.path().join("small");
+    std::fs::write(&small, "new content\n").unwrap();
+    let (code, by, _) = curl_by(
+        &["-H", &auth, "-T", small.to_str().unwrap()],
+        &format!("{base}/small"),
+    );
+    assert_eq!((code, by.as_str()), (200, "frames"));
+    let (code, by, got) = curl_by(&["-H", &auth], &format!("{base}/small"));
+    assert_eq!(
+        (code, by.as_str(), got.as_str()),
+        (200, "frames", "new content\n")
+    );
+    // What the daemon refuses is said as in frames: no such file, a
+    // directory as the target.
+    std::fs::create_dir_all(cur.join("dir")).unwrap();
+    let (code, _, body) = curl_by(&["-H", &auth, "-T", big_arg], &format!("{base}/dir"));
+    assert_eq!(code, 400, "{body}");
+    let (code, _, body) = curl_by(
+        &["-H", &auth, "-T", big_arg],
+        &format!("{base}/no/such/dir/f"),
+    );
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("\"error\""), "{body}");
+    // Nothing is left in the spool.
+    assert_eq!(std::fs::read_dir(&spool).unwrap().count(), 0);
+
+    // A body cut short while it is spooled (curl killed) never reaches
+    // the session, whatever its framing.
+    let pid = gw.child.id();
+    for chunked in [false, true] {
+        std::fs::write(cur.join("target"), "old content\n").unwrap();
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sS", "--limit-rate", "4M", "-H", &auth, "-o", "/dev/null"]);
+        if chunked {
+            cmd.args(["-T", "-"])
+                .stdin(std::fs::File::open(&big).unwrap());
+        } else {
+            cmd.args(["-T", big_arg]);
+        }
+        let mut up = cmd
+            .arg(format!("{base}/target"))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_until("a spooled body of 2 MiB", 30, || {
+            spooled_in(pid, &spool).unwrap_or(0) >= 2 << 20
+        });
+        up.kill().unwrap();
+        let _ = up.wait();
+        // The gateway drops the spooled file as it sees the body end.
+        wait_until("the spooled file closed", 30, || {
+            spooled_in(pid, &spool).is_none()
+        });
+        let (code, got) = curl(&["-H", &auth], &format!("{base}/target"));
+        assert_eq!(
+            (code, got.as_str()),
+            (200, "old content\n"),
+            "chunked: {chunked}"
+        );
+        let debris = std::fs::read_dir(&cur)
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with(".allox-"));
+        assert!(!debris, "chunked: {chunked}");
+    }
+    // The gateway itself killed while it spools: the same, and the spool
+    // is empty (its files never had a name).
+    let mut up = Command::new("curl")
+        .args([
+            "-sS",
+            "--limit-rate",
+            "4M",
+            "-H",
+            &auth,
+            "-o",
+            "/dev/null",
+            "-T",
+            big_arg,
+        ])
+        .arg(format!("{base}/target"))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("a spooled body of 2 MiB", 30, || {
+        spooled_in(pid, &spool).unwrap_or(0) >= 2 << 20
+    });
+    gw.child.kill().unwrap();
+    let _ = gw.child.wait();
+    let _ = up.wait();
+    assert_eq!(std::fs::read_dir(&spool).unwrap().count(), 0);
+    assert_eq!(read(&d, "target").unwrap(), b"old content\n");
+
+    // A spool on the store's own Btrfs: a reflink each way.
+    let on_store = d.fs.path().join("spool");
+    std::fs::create_dir(&on_store).unwrap();
+    let gw = allox_integration::Gateway::start(
+        &d.daemon.socket,
+        &["--spool-dir", on_store.to_str().unwrap()],
+    );
+    let base = format!("http://{}/v1/files/a/s", gw.addr);
+    let (code, by, body) = curl_by(&["-H", &auth, "-T", big_arg], &format!("{base}/reflinked"));
+    assert_eq!((code, by.as_str()), (200, "reflink"), "{body}");
+    assert_eq!(sha256(&big), sha256(&cur.join("reflinked")));
+    let (code, by, _) = curl_by(
+        &["-H", &auth, "-o", back.to_str().unwrap()],
+        &format!("{base}/reflinked"),
+    );
+    assert_eq!((code, by.as_str()), (200, "reflink"));
+    assert_eq!(sha256(&big), sha256(&back));
+    drop(gw);
+
+    // A spool too small for the file: it goes in frames after all, from
+    // what was spooled on, and comes whole.
+    let small_fs = tmp.path().join("tiny");
+    std::fs::create_dir(&small_fs).unwrap();
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m", "tiny"])
+        .arg(&small_fs)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount a tmpfs");
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _tiny = Unmount(small_fs.clone());
+    let gw = allox_integration::Gateway::start(
+        &d.daemon.socket,
+        &["--spool-dir", small_fs.to_str().unwrap()],
+    );
+    let base = format!("http://{}/v1/files/a/s", gw.addr);
+    let (code, by, body) = curl_by(&["-H", &auth, "-T", big_arg], &format!("{base}/full"));
+    assert_eq!((code, by.as_str()), (200, "frames"), "{body}");
+    assert_eq!(sha256(&big), sha256(&cur.join("full")));
+    let (code, by, _) = curl_by(
+        &["-H", &auth, "-o", back.to_str().unwrap()],
+        &format!("{base}/full"),
+    );
+    assert_eq!((code, by.as_str()), (200, "frames"));
+    assert_eq!(sha256(&big), sha256(&back));
+    drop(gw);
 }

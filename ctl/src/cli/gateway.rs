@@ -78,6 +78,16 @@ pub struct GatewayArgs {
     /// loopback addresses unless --allow-remote.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<String>,
+    /// Spool file bodies larger than a chunk (512 KiB) in this directory,
+    /// as files with no name, and pass them to the daemon open, which
+    /// moves the bytes itself (on the store's Btrfs, a reflink). Default:
+    /// $TMPDIR, else /tmp.
+    #[arg(long, value_name = "DIR", conflicts_with = "files_framed")]
+    pub spool_dir: Option<PathBuf>,
+    /// Move every file's bytes in frames, as to a daemon on another
+    /// machine: no spool.
+    #[arg(long)]
+    pub files_framed: bool,
 }
 
 /// How logs are written.
@@ -101,6 +111,11 @@ impl GatewayArgs {
         cfg.metrics_token_file = self.metrics_token_file.clone();
         cfg.metrics_token_env = self.metrics_token_env.clone();
         cfg.metrics_listen = self.metrics_listen.clone();
+        if self.files_framed {
+            cfg.spool_dir = None;
+        } else if let Some(dir) = &self.spool_dir {
+            cfg.spool_dir = Some(dir.clone());
+        }
         cfg
     }
 }

@@ -1,0 +1,330 @@
+//! Files through the gateway without frames, where the daemon is on this
+//! machine: a body larger than one chunk is written to an unnamed file in
+//! the spool directory (`O_TMPFILE`: nothing is left behind by a crash),
+//! and that open file is passed to the daemon with `fs.upload_local`
+//! (`fs.download_local` for a `GET`, the file then sent from the spool),
+//! as `alloxctl cp` passes its own. The daemon moves the bytes itself: a
+//! reflink where the spool is on the store's Btrfs, else
+//! `copy_file_range` or `sendfile`.
+//!
+//! The rules are the local path's: the upload is committed only once the
+//! whole body is spooled, so a body cut short never reaches the session;
+//! the daemon writes beside the target and renames it in, so a gateway
+//! killed during the copy leaves the old file. Where descriptors do not
+//! pass (the VM's control port) the daemon says `unsupported` once and
+//! every later file goes in frames; where the spool is full, that file
+//! goes in frames, from what was spooled on.
+
+use allox_client::client::Caller;
+use allox_client::files::{upload_from, CopyError, Remote};
+use allox_client::ReconnectingClient;
+use allox_protocol::{
+    CopiedBy, ErrorCode, FsCopied, FsDownloadLocal, FsUploadLocal, Request, Response, FS_CHUNK,
+};
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// The header that says how a file's bytes moved.
+pub const COPIED_BY: &str = "Allox-Copied-By";
+
+/// The header's value: the daemon's way, or `frames`.
+pub fn copied_by(by: Option<CopiedBy>) -> &'static str {
+    match by {
+        Some(CopiedBy::Reflink) => "reflink",
+        Some(CopiedBy::CopyFileRange) => "copy_file_range",
+        Some(CopiedBy::Sendfile) => "sendfile",
+        None => "frames",
+    }
+}
+
+/// Bytes a local transfer may take a second, at the least, on top of the
+/// daemon timeout: its one call is bounded by both.
+const SLOWEST: u64 = 8 << 20;
+
+/// The bound on a local transfer of `size` bytes: the daemon timeout and a
+/// second for every [`SLOWEST`] bytes.
+pub fn bound(daemon_timeout: Duration, size: u64) -> Duration {
+    daemon_timeout + Duration::from_secs(size / SLOWEST)
+}
+
+/// Where bodies are spooled, and whether the daemon takes descriptors.
+#[derive(Debug)]
+pub struct Spool {
+    dir: PathBuf,
+    takes_fds: AtomicBool,
+}
+
+/// Why a spool directory cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("the spool directory {}: {source} (give --spool-dir a writable directory, or --files-framed)", .dir.display())]
+pub struct SpoolError {
+    pub dir: PathBuf,
+    #[source]
+    pub source: io::Error,
+}
+
+impl Spool {
+    /// Checks that an unnamed file can be made in `dir`.
+    pub fn new(dir: &Path) -> Result<Spool, SpoolError> {
+        let err = |source| SpoolError {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        let md = std::fs::metadata(dir).map_err(err)?;
+        if !md.is_dir() {
+            return Err(err(io::Error::new(
+                io::ErrorKind::NotADirectory,
+                "not a directory",
+            )));
+        }
+        tempfile::tempfile_in(dir).map_err(err)?;
+        Ok(Spool {
+            dir: dir.to_path_buf(),
+            takes_fds: AtomicBool::new(true),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether a file may still go without frames.
+    pub fn takes_fds(&self) -> bool {
+        self.takes_fds.load(Ordering::Relaxed)
+    }
+
+    fn no_fds(&self) {
+        if self.takes_fds.swap(false, Ordering::Relaxed) {
+            tracing::info!("the daemon takes no descriptors: files go in frames from now on");
+        }
+    }
+
+    fn file(&self) -> io::Result<File> {
+        tempfile::tempfile_in(&self.dir)
+    }
+}
+
+/// How the gateway reaches the daemon for one local transfer.
+pub struct Local<'a> {
+    pub spool: &'a Spool,
+    pub socket: &'a Path,
+    pub daemon_timeout: Duration,
+}
+
+impl Local<'_> {
+    /// `q` with `f` passed, on a connection of its own bounded for `size`
+    /// bytes. `Ok(None)`: the daemon takes no descriptors.
+    fn call(
+        &self,
+        q: Request,
+        f: &File,
+        size: u64,
+        what: &str,
+    ) -> Result<Option<FsCopied>, CopyError> {
+        let mut c =
+            ReconnectingClient::with_timeout(self.socket, Some(bound(self.daemon_timeout, size)));
+        match c.call_with_fd(q, f.as_fd())? {
+            Ok(Response::FsCopied(x)) => Ok(Some(x)),
+            Ok(_) => Err(CopyError::Other(format!(
+                "{what}: an answer that is not a copy"
+            ))),
+            Err(body) if body.code == ErrorCode::Unsupported => {
+                self.spool.no_fds();
+                Ok(None)
+            }
+            Err(body) => Err(CopyError::Daemon {
+                what: what.to_string(),
+                body,
+            }),
+        }
+    }
+}
+
+/// What an upload answered: the path, the size, and how the bytes moved
+/// (`None`: in frames).
+pub type Put = (String, u64, Option<CopiedBy>);
+
+fn local_err(source: io::Error) -> CopyError {
+    CopyError::Local {
+        path: PathBuf::from("request body"),
+        source,
+    }
+}
+
+/// The body, to its end, becomes `to`. Bodies of one chunk or less, and
+/// every body where there is no spool or the daemon takes no descriptors,
+/// go in frames as `alloxctl cp --framed` sends them; larger ones are
+/// spooled and passed. A body that fails to come (cut short, stalled) is
+/// an error and the target keeps its content.
+pub fn put(
+    daemon: &mut impl Caller,
+    body: &mut dyn Read,
+    to: &Remote,
+    local: Option<&Local<'_>>,
+) -> Result<Put, CopyError> {
+    let name = Path::new("request body");
+    let mut head = Vec::with_capacity(FS_CHUNK as usize);
+    (&mut *body)
+        .take(FS_CHUNK)
+        .read_to_end(&mut head)
+        .map_err(local_err)?;
+    let mut in_frames = |src: &mut dyn Read| -> Result<Put, CopyError> {
+        let w = upload_from(daemon, src, name, to)?;
+        Ok((w.path, w.size, None))
+    };
+    let local = match local {
+        Some(l) if head.len() as u64 == FS_CHUNK && l.spool.takes_fds() => l,
+        _ => return in_frames(&mut io::Cursor::new(head).chain(body)),
+    };
+    let mut file = match local.spool.file() {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(spool = %local.spool.dir.display(), error = %e, "cannot spool a body; it goes in frames");
+            return in_frames(&mut io::Cursor::new(head).chain(body));
+        }
+    };
+    let mut spooled = 0u64;
+    let mut buf = head;
+    loop {
+        let mut off = 0;
+        while off < buf.len() {
+            match file.write(&buf[off..]) {
+                Ok(0) => {
+                    return spool_full(&mut file, spooled, buf.split_off(off), body, &mut in_frames)
+                }
+                Ok(n) => {
+                    off += n;
+                    spooled += n as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::warn!(spool = %local.spool.dir.display(), error = %e, "the spool is full; the body goes on in frames");
+                    return spool_full(
+                        &mut file,
+                        spooled,
+                        buf.split_off(off),
+                        body,
+                        &mut in_frames,
+                    );
+                }
+            }
+        }
+        buf.clear();
+        if (&mut *body)
+            .take(FS_CHUNK)
+            .read_to_end(&mut buf)
+            .map_err(local_err)?
+            == 0
+        {
+            break;
+        }
+    }
+    let q = Request::FsUploadLocal(FsUploadLocal {
+        agent_id: to.agent.clone(),
+        session_id: to.session.clone(),
+        scope: to.scope,
+        path: to.path.clone(),
+        create: None,
+    });
+    match local.call(q, &file, spooled, &to.path)? {
+        Some(x) => Ok((x.path, x.size, Some(x.by))),
+        None => {
+            file.seek(SeekFrom::Start(0)).map_err(local_err)?;
+            in_frames(&mut file)
+        }
+    }
+}
+
+/// The body in frames after all: what was spooled, what was not written
+/// yet, and the rest of the body.
+fn spool_full(
+    file: &mut File,
+    spooled: u64,
+    unwritten: Vec<u8>,
+    body: &mut dyn Read,
+    in_frames: &mut dyn FnMut(&mut dyn Read) -> Result<Put, CopyError>,
+) -> Result<Put, CopyError> {
+    file.seek(SeekFrom::Start(0)).map_err(local_err)?;
+    let mut src = (&*file)
+        .take(spooled)
+        .chain(io::Cursor::new(unwritten))
+        .chain(body);
+    in_frames(&mut src)
+}
+
+/// `from` copied by the daemon into a spooled file, for a `GET` of a file
+/// of more than one chunk: the file (at its start) and what the daemon
+/// said, or `None` where the file goes in frames (no descriptors taken, no
+/// room in the spool, or any other failure: the framed read says what it
+/// finds).
+pub fn get(local: &Local<'_>, from: &Remote, size: u64) -> Option<(File, FsCopied)> {
+    if !local.spool.takes_fds() {
+        return None;
+    }
+    let file = match local.spool.file() {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(spool = %local.spool.dir.display(), error = %e, "cannot spool a file; it goes in frames");
+            return None;
+        }
+    };
+    let q = Request::FsDownloadLocal(FsDownloadLocal {
+        agent_id: from.agent.clone(),
+        session_id: from.session.clone(),
+        scope: from.scope,
+        checkpoint_id: from.checkpoint.clone(),
+        path: from.path.clone(),
+    });
+    match local.call(q, &file, size, &from.path) {
+        // The daemon may have written through the file's own offset.
+        Ok(Some(x)) => match (&file).seek(SeekFrom::Start(0)) {
+            Ok(_) => Some((file, x)),
+            Err(e) => {
+                tracing::warn!(path = %from.path, error = %e, "cannot read the spooled file; it goes in frames");
+                None
+            }
+        },
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!(path = %from.path, error = %e, "a GET could not be spooled; it goes in frames");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spool_must_be_a_writable_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Spool::new(dir.path()).unwrap();
+        assert!(s.takes_fds());
+        // Nothing is left in it: the files have no name.
+        s.file().unwrap();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        let f = dir.path().join("f");
+        std::fs::write(&f, "x").unwrap();
+        let e = Spool::new(&f).unwrap_err().to_string();
+        assert!(
+            e.contains("not a directory") && e.contains("--spool-dir"),
+            "{e}"
+        );
+        let e = Spool::new(&dir.path().join("missing"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing"), "{e}");
+    }
+
+    #[test]
+    fn a_transfer_s_bound_grows_with_its_size() {
+        let t = Duration::from_secs(30);
+        assert_eq!(bound(t, 0), t);
+        assert_eq!(bound(t, 256 << 20), t + Duration::from_secs(32));
+    }
+}

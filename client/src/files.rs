@@ -190,13 +190,12 @@ fn with_file(
 /// The whole of the open local file `f` becomes `to`, the daemon reading
 /// it from the descriptor passed with the request.
 pub fn upload_local(c: &mut Client, f: &std::fs::File, to: &Remote) -> Result<FsCopied, CopyError> {
-    let q = Request::FsUploadLocal(FsUploadLocal {
-        agent_id: to.agent.clone(),
-        session_id: to.session.clone(),
-        scope: to.scope,
-        path: to.path.clone(),
-        create: None,
-    });
+    let q = Request::FsUploadLocal(FsUploadLocal::whole(
+        &to.agent,
+        &to.session,
+        to.scope,
+        &to.path,
+    ));
     with_file(c, q, f, &to.path)
 }
 

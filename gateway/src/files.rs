@@ -481,6 +481,31 @@ struct Pieces {
     ended: bool,
 }
 
+impl spool::Body for Pieces {
+    fn next_piece(&mut self) -> io::Result<Option<Bytes>> {
+        if self.taken < self.piece.len() {
+            let rest = self.piece.slice(self.taken..);
+            self.taken = self.piece.len();
+            return Ok(Some(rest));
+        }
+        if self.ended {
+            return Ok(None);
+        }
+        match self.rx.blocking_recv() {
+            Some(Ok(Some(d))) => Ok(Some(d)),
+            Some(Ok(None)) => {
+                self.ended = true;
+                Ok(None)
+            }
+            Some(Err(e)) => Err(e),
+            None => Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the body's reader went",
+            )),
+        }
+    }
+}
+
 impl Read for Pieces {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         while self.taken == self.piece.len() {

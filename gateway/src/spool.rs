@@ -16,11 +16,12 @@
 //! goes in frames, from what was spooled on.
 
 use allox_client::client::Caller;
-use allox_client::files::{upload_from, CopyError, Remote};
+use allox_client::files::{upload_from, upload_id, CopyError, Remote};
 use allox_client::ReconnectingClient;
 use allox_protocol::{
     CopiedBy, ErrorCode, FsCopied, FsDownloadLocal, FsUploadLocal, Request, Response, FS_CHUNK,
 };
+use bytes::Bytes;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::fd::AsFd;
@@ -125,8 +126,21 @@ impl Local<'_> {
         size: u64,
         what: &str,
     ) -> Result<Option<FsCopied>, CopyError> {
-        let mut c =
-            ReconnectingClient::with_timeout(self.socket, Some(bound(self.daemon_timeout, size)));
+        self.call_on(&mut self.client(size), q, f, what)
+    }
+
+    /// A connection of its own, each call bounded for `size` bytes.
+    fn client(&self, size: u64) -> ReconnectingClient {
+        ReconnectingClient::with_timeout(self.socket, Some(bound(self.daemon_timeout, size)))
+    }
+
+    fn call_on(
+        &self,
+        c: &mut ReconnectingClient,
+        q: Request,
+        f: &File,
+        what: &str,
+    ) -> Result<Option<FsCopied>, CopyError> {
         match c.call_with_fd(q, f.as_fd())? {
             Ok(Response::FsCopied(x)) => Ok(Some(x)),
             Ok(_) => Err(CopyError::Other(format!(
@@ -148,6 +162,14 @@ impl Local<'_> {
 /// (`None`: in frames).
 pub type Put = (String, u64, Option<CopiedBy>);
 
+/// A request's body: read as bytes, or piece by piece as it came (no
+/// copy on the way to the spool).
+pub trait Body: Read {
+    /// The next piece, or `None` at the body's end; a body cut short or
+    /// stalled is an error.
+    fn next_piece(&mut self) -> io::Result<Option<Bytes>>;
+}
+
 fn local_err(source: io::Error) -> CopyError {
     CopyError::Local {
         path: PathBuf::from("request body"),
@@ -155,14 +177,34 @@ fn local_err(source: io::Error) -> CopyError {
     }
 }
 
+/// Bytes spooled before they are passed to the daemon as one chunk of
+/// the upload, while the rest of the body comes.
+pub const SEGMENT: u64 = 32 << 20;
+
+/// One chunk to pass: where it begins, how long it is, whether it is the
+/// last.
+type Segment = (u64, u64, bool);
+
+/// How the passing of an upload's chunks ended.
+enum Passed {
+    /// The commit's answer.
+    Done(FsCopied),
+    /// The daemon takes no descriptors: the body goes in frames.
+    NoFds,
+    /// The body ended before its commit was passed.
+    Stopped,
+}
+
 /// The body, to its end, becomes `to`. Bodies of one chunk or less, and
 /// every body where there is no spool or the daemon takes no descriptors,
-/// go in frames as `alloxctl cp --framed` sends them; larger ones are
-/// spooled and passed. A body that fails to come (cut short, stalled) is
-/// an error and the target keeps its content.
+/// go in frames as `alloxctl cp --framed` sends them. A larger one is
+/// spooled, and each [`SEGMENT`] of it is passed to the daemon as a chunk
+/// of one upload (`fs.upload_local` with `upload`) while the rest comes,
+/// the last one committing. A body that fails to come (cut short,
+/// stalled) is an error and the target keeps its content.
 pub fn put(
     daemon: &mut impl Caller,
-    body: &mut dyn Read,
+    body: &mut dyn Body,
     to: &Remote,
     local: Option<&Local<'_>>,
 ) -> Result<Put, CopyError> {
@@ -187,73 +229,129 @@ pub fn put(
             return in_frames(&mut io::Cursor::new(head).chain(body));
         }
     };
+    let id = upload_id();
+    let (segments, to_pass) = std::sync::mpsc::channel::<Segment>();
+    let (spooled, passed) = std::thread::scope(|scope| {
+        let passer = scope.spawn(|| pass(local, &file, to, &id, to_pass));
+        let spooled = spool_body(local, &file, Bytes::from(head), body, segments);
+        let passed = passer
+            .join()
+            .unwrap_or_else(|_| Err(CopyError::Other("the passing of a body failed".into())));
+        (spooled, passed)
+    });
+    let (spooled, unwritten) = match (spooled?, passed?) {
+        (Spooled::Whole, Passed::Done(x)) => return Ok((x.path, x.size, Some(x.by))),
+        (Spooled::Whole, Passed::Stopped) => {
+            return Err(CopyError::Other(format!(
+                "{}: the upload stopped before its commit",
+                to.path
+            )))
+        }
+        (Spooled::Whole, Passed::NoFds) => (u64::MAX, Bytes::new()),
+        (Spooled::Partly { spooled, unwritten }, _) => (spooled, unwritten),
+    };
+    // The body in frames from its start: what was spooled, then the rest.
+    // What was passed of it stays an upload never committed (abandoned
+    // when idle).
+    file.seek(SeekFrom::Start(0)).map_err(local_err)?;
+    let mut src = (&file).take(spooled).chain(&unwritten[..]).chain(body);
+    in_frames(&mut src)
+}
+
+/// How the spooling of a body ended.
+enum Spooled {
+    /// All of it; every segment handed on.
+    Whole,
+    /// Not all: the spool is full, or the passing ended before the body
+    /// (the daemon refused a chunk, or takes no descriptors). `spooled`
+    /// bytes are in the spool, `unwritten` came after them, the rest of
+    /// the body is unread.
+    Partly { spooled: u64, unwritten: Bytes },
+}
+
+/// Writes the body into `file` from `piece` on, handing each [`SEGMENT`]
+/// to `segments` as it is whole, and the last one (committing) at the
+/// end; it stops where the spool is full or the passing ended. A body
+/// that fails to come is an error, and no commit is handed on.
+fn spool_body(
+    local: &Local<'_>,
+    mut file: &File,
+    mut piece: Bytes,
+    body: &mut dyn Body,
+    segments: std::sync::mpsc::Sender<Segment>,
+) -> Result<Spooled, CopyError> {
     let mut spooled = 0u64;
-    let mut buf = head;
+    // Where the next segment begins.
+    let mut next = 0u64;
     loop {
         let mut off = 0;
-        while off < buf.len() {
-            match file.write(&buf[off..]) {
-                Ok(0) => {
-                    return spool_full(&mut file, spooled, buf.split_off(off), body, &mut in_frames)
-                }
-                Ok(n) => {
+        while off < piece.len() {
+            match file.write(&piece[off..]) {
+                Ok(n) if n > 0 => {
                     off += n;
                     spooled += n as u64;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
+                r => {
+                    let e = r.err().unwrap_or_else(|| io::ErrorKind::WriteZero.into());
                     tracing::warn!(spool = %local.spool.dir.display(), error = %e, "the spool is full; the body goes on in frames");
-                    return spool_full(
-                        &mut file,
+                    return Ok(Spooled::Partly {
                         spooled,
-                        buf.split_off(off),
-                        body,
-                        &mut in_frames,
-                    );
+                        unwritten: piece.slice(off..),
+                    });
                 }
             }
         }
-        buf.clear();
-        if (&mut *body)
-            .take(FS_CHUNK)
-            .read_to_end(&mut buf)
-            .map_err(local_err)?
-            == 0
-        {
-            break;
+        if spooled - next >= SEGMENT {
+            if segments.send((next, spooled - next, false)).is_err() {
+                // The passing ended: what it says decides the rest.
+                return Ok(Spooled::Partly {
+                    spooled,
+                    unwritten: Bytes::new(),
+                });
+            }
+            next = spooled;
+        }
+        match body.next_piece().map_err(local_err)? {
+            Some(p) => piece = p,
+            None => break,
         }
     }
-    let q = Request::FsUploadLocal(FsUploadLocal {
-        agent_id: to.agent.clone(),
-        session_id: to.session.clone(),
-        scope: to.scope,
-        path: to.path.clone(),
-        create: None,
-    });
-    match local.call(q, &file, spooled, &to.path)? {
-        Some(x) => Ok((x.path, x.size, Some(x.by))),
-        None => {
-            file.seek(SeekFrom::Start(0)).map_err(local_err)?;
-            in_frames(&mut file)
-        }
+    if segments.send((next, spooled - next, true)).is_err() {
+        return Ok(Spooled::Partly {
+            spooled,
+            unwritten: Bytes::new(),
+        });
     }
+    Ok(Spooled::Whole)
 }
 
-/// The body in frames after all: what was spooled, what was not written
-/// yet, and the rest of the body.
-fn spool_full(
-    file: &mut File,
-    spooled: u64,
-    unwritten: Vec<u8>,
-    body: &mut dyn Read,
-    in_frames: &mut dyn FnMut(&mut dyn Read) -> Result<Put, CopyError>,
-) -> Result<Put, CopyError> {
-    file.seek(SeekFrom::Start(0)).map_err(local_err)?;
-    let mut src = (&*file)
-        .take(spooled)
-        .chain(io::Cursor::new(unwritten))
-        .chain(body);
-    in_frames(&mut src)
+/// Passes each segment of `file` as a chunk of upload `id`, in order, on
+/// one connection, until the commit, a refusal, or the end of the
+/// segments.
+fn pass(
+    local: &Local<'_>,
+    file: &File,
+    to: &Remote,
+    id: &str,
+    segments: std::sync::mpsc::Receiver<Segment>,
+) -> Result<Passed, CopyError> {
+    let mut c = local.client(2 * SEGMENT);
+    while let Ok((offset, length, commit)) = segments.recv() {
+        let q = Request::FsUploadLocal(FsUploadLocal {
+            upload: Some(id.to_string()),
+            offset: Some(offset),
+            length: Some(length),
+            commit,
+            ..FsUploadLocal::whole(&to.agent, &to.session, to.scope, &to.path)
+        });
+        match local.call_on(&mut c, q, file, &to.path)? {
+            None => return Ok(Passed::NoFds),
+            Some(x) if commit => return Ok(Passed::Done(x)),
+            Some(_) => {}
+        }
+    }
+    Ok(Passed::Stopped)
 }
 
 /// `from` copied by the daemon into a spooled file, for a `GET` of a file

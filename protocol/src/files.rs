@@ -117,9 +117,18 @@ target!(FsRead, |r| fs_target(
 /// its end: written beside the target and renamed into place, as an
 /// `fs.write` without `offset`. The daemon moves the bytes itself (a
 /// reflink where both are on one Btrfs, else `copy_file_range`); over a
-/// transport that cannot pass descriptors (the gateway, the VM's control
-/// port) it is refused `unsupported`, and the client sends the file in
-/// `fs.write` chunks instead.
+/// transport that cannot pass descriptors (the VM's control port) it is
+/// refused `unsupported`, and the client sends the file in `fs.write`
+/// chunks instead.
+///
+/// With `upload` (an id the client chooses, as `fs.write`'s) the request
+/// is one chunk of an upload instead: the passed file's bytes from
+/// `offset` (`length` of them, or to its end) are written at the same
+/// offset of the upload's file beside the target, and the chunk marked
+/// `commit` makes that file the target once every byte before it came.
+/// A client that is still receiving a file (the gateway spooling a
+/// request's body) passes each part as it has it. Chunks of one upload
+/// may be sent in frames (`fs.write`) and passed alike.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FsUploadLocal {
@@ -131,6 +140,38 @@ pub struct FsUploadLocal {
     /// Whether a missing file may be made (default true).
     #[serde(default)]
     pub create: Option<bool>,
+    /// The upload this chunk is of; none: the whole file at once.
+    #[serde(default)]
+    pub upload: Option<String>,
+    /// Where the chunk begins, in the passed file and in the target
+    /// (default 0; with `upload` only).
+    #[serde(default)]
+    pub offset: Option<u64>,
+    /// How many bytes the chunk has (default: to the passed file's end;
+    /// with `upload` only).
+    #[serde(default)]
+    pub length: Option<u64>,
+    /// The last chunk: the upload becomes the target (with `upload`
+    /// only).
+    #[serde(default)]
+    pub commit: bool,
+}
+
+impl FsUploadLocal {
+    /// The whole of the passed file as `path`.
+    pub fn whole(agent_id: &str, session_id: &str, scope: FsScope, path: &str) -> FsUploadLocal {
+        FsUploadLocal {
+            agent_id: agent_id.into(),
+            session_id: session_id.into(),
+            scope,
+            path: path.into(),
+            create: None,
+            upload: None,
+            offset: None,
+            length: None,
+            commit: false,
+        }
+    }
 }
 
 target!(FsUploadLocal, |r| fs_target(

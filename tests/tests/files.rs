@@ -831,13 +831,7 @@ fn cp_v(d: &ProcDaemon, args: &[&str]) -> String {
 }
 
 fn local_upload(path: &str) -> Request {
-    Request::FsUploadLocal(FsUploadLocal {
-        agent_id: "a".into(),
-        session_id: "s".into(),
-        scope: FsScope::Session,
-        path: path.into(),
-        create: None,
-    })
+    Request::FsUploadLocal(FsUploadLocal::whole("a", "s", FsScope::Session, path))
 }
 
 fn local_download(path: &str) -> Request {
@@ -1219,10 +1213,19 @@ fn files_through_the_gateway_are_spooled_and_passed_to_the_daemon_where_they_can
     // A body cut short while it is spooled (curl killed) never reaches
     // the session, whatever its framing.
     let pid = gw.child.id();
-    for chunked in [false, true] {
+    let partial = || {
+        std::fs::read_dir(&cur).unwrap().flatten().find_map(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with(".allox-upload-")
+                .then(|| e.metadata().map(|m| m.len()).unwrap_or(0))
+        })
+    };
+    // Cut before a part of it was passed, and after the first 32 MiB
+    // were (the daemon holds them in an upload never committed).
+    for (chunked, cut_at) in [(false, 2u64 << 20), (true, 2 << 20), (false, 40 << 20)] {
         std::fs::write(cur.join("target"), "old content\n").unwrap();
         let mut cmd = Command::new("curl");
-        cmd.args(["-sS", "--limit-rate", "4M", "-H", &auth, "-o", "/dev/null"]);
+        cmd.args(["-sS", "--limit-rate", "16M", "-H", &auth, "-o", "/dev/null"]);
         if chunked {
             cmd.args(["-T", "-"])
                 .stdin(std::fs::File::open(&big).unwrap());
@@ -1234,9 +1237,14 @@ fn files_through_the_gateway_are_spooled_and_passed_to_the_daemon_where_they_can
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        wait_until("a spooled body of 2 MiB", 30, || {
-            spooled_in(pid, &spool).unwrap_or(0) >= 2 << 20
+        wait_until("a spooled body", 30, || {
+            spooled_in(pid, &spool).unwrap_or(0) >= cut_at
         });
+        if cut_at > 32 << 20 {
+            wait_until("the first part passed", 30, || {
+                partial().unwrap_or(0) >= 32 << 20
+            });
+        }
         up.kill().unwrap();
         let _ = up.wait();
         // The gateway drops the spooled file as it sees the body end.
@@ -1244,16 +1252,11 @@ fn files_through_the_gateway_are_spooled_and_passed_to_the_daemon_where_they_can
             spooled_in(pid, &spool).is_none()
         });
         let (code, got) = curl(&["-H", &auth], &format!("{base}/target"));
-        assert_eq!(
-            (code, got.as_str()),
-            (200, "old content\n"),
-            "chunked: {chunked}"
-        );
-        let debris = std::fs::read_dir(&cur)
-            .unwrap()
-            .flatten()
-            .any(|e| e.file_name().to_string_lossy().starts_with(".allox-"));
-        assert!(!debris, "chunked: {chunked}");
+        let case = format!("chunked: {chunked}, cut at {cut_at}");
+        assert_eq!((code, got.as_str()), (200, "old content\n"), "{case}");
+        if cut_at < 32 << 20 {
+            assert_eq!(partial(), None, "{case}");
+        }
     }
     // The gateway itself killed while it spools: the same, and the spool
     // is empty (its files never had a name).
@@ -1261,7 +1264,7 @@ fn files_through_the_gateway_are_spooled_and_passed_to_the_daemon_where_they_can
         .args([
             "-sS",
             "--limit-rate",
-            "4M",
+            "16M",
             "-H",
             &auth,
             "-o",
@@ -1282,7 +1285,8 @@ fn files_through_the_gateway_are_spooled_and_passed_to_the_daemon_where_they_can
     assert_eq!(std::fs::read_dir(&spool).unwrap().count(), 0);
     assert_eq!(read(&d, "target").unwrap(), b"old content\n");
 
-    // A spool on the store's own Btrfs: a reflink each way.
+    // A spool on the store's own Btrfs: the kernel copies (or shares)
+    // the parts of a PUT within the filesystem, and a GET is a reflink.
     let on_store = d.fs.path().join("spool");
     std::fs::create_dir(&on_store).unwrap();
     let gw = allox_integration::Gateway::start(
@@ -1291,7 +1295,7 @@ fn files_through_the_gateway_are_spooled_and_passed_to_the_daemon_where_they_can
     );
     let base = format!("http://{}/v1/files/a/s", gw.addr);
     let (code, by, body) = curl_by(&["-H", &auth, "-T", big_arg], &format!("{base}/reflinked"));
-    assert_eq!((code, by.as_str()), (200, "reflink"), "{body}");
+    assert_eq!((code, by.as_str()), (200, "copy_file_range"), "{body}");
     assert_eq!(sha256(&big), sha256(&cur.join("reflinked")));
     let (code, by, _) = curl_by(
         &["-H", &auth, "-o", back.to_str().unwrap()],
@@ -1333,4 +1337,84 @@ fn files_through_the_gateway_are_spooled_and_passed_to_the_daemon_where_they_can
     assert_eq!((code, by.as_str()), (200, "frames"));
     assert_eq!(sha256(&big), sha256(&back));
     drop(gw);
+}
+
+/// `fs.upload_local` with `upload`: one part of the passed file at a time.
+fn local_chunk(path: &str, id: &str, offset: u64, length: Option<u64>, commit: bool) -> Request {
+    Request::FsUploadLocal(FsUploadLocal {
+        upload: Some(id.into()),
+        offset: Some(offset),
+        length,
+        commit,
+        ..FsUploadLocal::whole("a", "s", FsScope::Session, path)
+    })
+}
+
+#[test]
+fn an_upload_s_chunks_may_be_passed_as_open_files_and_mixed_with_frames() {
+    let Some(d) = setup("local_chunks", &[], 2048) else {
+        return;
+    };
+    let cur = current(&d);
+    std::fs::write(cur.join("t"), "old content\n").unwrap();
+    let other = tempfile::tempdir_in("/var/tmp").unwrap();
+    let f = other.path().join("f");
+    random_file(&f, 8);
+    let src = std::fs::File::open(&f).unwrap();
+    let all = std::fs::read(&f).unwrap();
+    let mut c = d.daemon.client();
+    let mut pass = |q: Request| c.call_with_fd(q, src.as_fd()).unwrap();
+    // Two parts passed, a chunk between them in frames; the target keeps its
+    // old content until the commit.
+    let m = 3u64 << 20;
+    let got = pass(local_chunk("t", "u1", 0, Some(m), false)).unwrap();
+    let Response::FsCopied(x) = got else {
+        panic!("{got:?}")
+    };
+    assert_eq!(x.size, m);
+    assert!(
+        matches!(x.by, CopiedBy::CopyFileRange | CopiedBy::Sendfile),
+        "{x:?}"
+    );
+    assert_eq!(std::fs::read(cur.join("t")).unwrap(), b"old content\n");
+    let k = m + FS_CHUNK;
+    let framed = Request::FsWrite(FsWrite {
+        offset: Some(m),
+        upload: Some("u1".into()),
+        ..FsWrite::whole("a", "s", "t", all[m as usize..k as usize].to_vec())
+    });
+    call(&d, framed).unwrap();
+    assert_eq!(std::fs::read(cur.join("t")).unwrap(), b"old content\n");
+    let got = pass(local_chunk("t", "u1", k, None, true)).unwrap();
+    let Response::FsCopied(x) = got else {
+        panic!("{got:?}")
+    };
+    assert_eq!(x.size, 8 << 20);
+    assert_eq!(sha256(&f), sha256(&cur.join("t")));
+    let r = sh(&d, "stat -c '%u %a' t");
+    assert_eq!(r.stdout, "10000 644\n", "{r:?}");
+
+    // A commit with a part missing is refused and the target kept.
+    std::fs::write(cur.join("t"), "old content\n").unwrap();
+    pass(local_chunk("t", "u2", 0, Some(m), false)).unwrap();
+    let e = pass(local_chunk("t", "u2", 2 * m, None, true)).unwrap_err();
+    assert!(e.message.contains("came"), "{e:?}");
+    assert_eq!(std::fs::read(cur.join("t")).unwrap(), b"old content\n");
+    // A part past the passed file's end is refused, naming both ends.
+    pass(local_chunk("t", "u3", 0, Some(m), false)).unwrap();
+    let e = pass(local_chunk("t", "u3", m, Some(8 << 20), true)).unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidRequest, "{e:?}");
+    assert!(e.message.contains("short of"), "{e:?}");
+    assert_eq!(std::fs::read(cur.join("t")).unwrap(), b"old content\n");
+    // A part that is no upload's is not taken for one.
+    let e = pass(Request::FsUploadLocal(FsUploadLocal {
+        offset: Some(5),
+        ..FsUploadLocal::whole("a", "s", FsScope::Session, "t")
+    }))
+    .unwrap_err();
+    assert!(e.message.contains("give upload"), "{e:?}");
+    // A later part of an upload never begun is refused.
+    let e = pass(local_chunk("t", "never", m, None, true)).unwrap_err();
+    assert!(e.message.contains("nothing is under way"), "{e:?}");
+    assert_eq!(std::fs::read(cur.join("t")).unwrap(), b"old content\n");
 }

@@ -989,18 +989,42 @@ class FsUploadLocal(Model):
     its end: written beside the target and renamed into place, as an
     `fs.write` without `offset`. The daemon moves the bytes itself (a
     reflink where both are on one Btrfs, else `copy_file_range`); over a
-    transport that cannot pass descriptors (the gateway, the VM's control
-    port) it is refused `unsupported`, and the client sends the file in
-    `fs.write` chunks instead.
+    transport that cannot pass descriptors (the VM's control port) it is
+    refused `unsupported`, and the client sends the file in `fs.write`
+    chunks instead.
+
+    With `upload` (an id the client chooses, as `fs.write`'s) the request
+    is one chunk of an upload instead: the passed file's bytes from
+    `offset` (`length` of them, or to its end) are written at the same
+    offset of the upload's file beside the target, and the chunk marked
+    `commit` makes that file the target once every byte before it came.
+    A client that is still receiving a file (the gateway spooling a
+    request's body) passes each part as it has it. Chunks of one upload
+    may be sent in frames (`fs.write`) and passed alike.
     """
 
     agent_id: str
 
+    #: The last chunk: the upload becomes the target (with `upload`
+    #: only).
+    commit: bool = False
+
     #: Whether a missing file may be made (default true).
     create: Optional[bool] = None
+
+    #: How many bytes the chunk has (default: to the passed file's end;
+    #: with `upload` only).
+    length: Optional[int] = None
+
+    #: Where the chunk begins, in the passed file and in the target
+    #: (default 0; with `upload` only).
+    offset: Optional[int] = None
     path: str
     scope: FsScope = 'session'
     session_id: str
+
+    #: The upload this chunk is of; none: the whole file at once.
+    upload: Optional[str] = None
 
 
 @dataclass(kw_only=True)

@@ -103,6 +103,64 @@ pub(super) fn copy_whole(
     }
 }
 
+/// `length` bytes (`None`: to its end) of `src` from `offset` written at
+/// the same offset of `dst`: `copy_file_range` (a reflink where the
+/// kernel can), else `sendfile`. A passed file shorter than `length` is
+/// refused. Returns the bytes copied and how.
+pub(super) fn copy_range(
+    src: &OwnedFd,
+    dst: &OwnedFd,
+    offset: u64,
+    length: Option<u64>,
+    shown: &str,
+) -> Result<(u64, CopiedBy), FilesError> {
+    let end = match length {
+        Some(n) => offset.checked_add(n).ok_or_else(|| {
+            refused(format!(
+                "offset {offset} and length {n} go past the largest file"
+            ))
+        })?,
+        None => {
+            rustix::fs::fstat(src)
+                .map_err(|e| FilesError::from_errno("stat", shown, e))?
+                .st_size as u64
+        }
+    };
+    let short = |at: u64| {
+        refused(format!(
+            "it ends at {at} bytes, short of the chunk's end at {end}"
+        ))
+    };
+    let (mut from, mut to) = (offset, offset);
+    while from < end {
+        let want = usize::try_from(end - from)
+            .unwrap_or(usize::MAX)
+            .min(1 << 30);
+        match rustix::fs::copy_file_range(src, Some(&mut from), dst, Some(&mut to), want) {
+            Ok(0) => return Err(short(from)),
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(Errno::XDEV | Errno::INVAL | Errno::OPNOTSUPP | Errno::NOSYS) => break,
+            Err(e) => return Err(FilesError::from_errno("copy", shown, e)),
+        }
+    }
+    if from == end {
+        return Ok((end - offset, CopiedBy::CopyFileRange));
+    }
+    rustix::fs::seek(dst, rustix::fs::SeekFrom::Start(from))
+        .map_err(|e| FilesError::from_errno("seek", shown, e))?;
+    while from < end {
+        let want = usize::try_from(end - from)
+            .unwrap_or(usize::MAX)
+            .min(1 << 30);
+        match rustix::fs::sendfile(dst, src, Some(&mut from), want) {
+            Ok(0) => return Err(short(from)),
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(e) => return Err(FilesError::from_errno("copy", shown, e)),
+        }
+    }
+    Ok((end - offset, CopiedBy::Sendfile))
+}
+
 /// The whole file `name` in `parent` becomes the passed file's bytes.
 pub(super) fn upload(
     parent: &OwnedFd,

@@ -434,14 +434,15 @@ impl Files<'_> {
                         parent: &parent,
                         name,
                         offset: r.offset.unwrap_or(0),
-                        data: &r.data,
+                        data: uploads::Data::Bytes(&r.data),
                         commit: r.commit,
                         create,
                         owner,
                         before_commit: &|| self.store.failpoint("fs_write.before_commit"),
                         live: self.uploads,
                     },
-                );
+                )
+                .map(|(w, _)| w);
             }
             let size = match r.offset {
                 None => {
@@ -467,8 +468,45 @@ impl Files<'_> {
     fn fs_upload_local(&self, r: &FsUploadLocal) -> Result<FsCopied, FilesError> {
         let src = local::passed("fs.upload_local", local::Use::Read)?;
         let rel = Rel::parse(&r.path)?;
+        if r.upload.is_none() && (r.offset.is_some() || r.length.is_some() || r.commit) {
+            return Err(local::refused(
+                "offset, length and commit are an upload's chunk: give upload too".into(),
+            ));
+        }
         self.fs_change(&r.agent_id, &r.session_id, r.scope, |root, owner| {
             let (parent, name) = parent_of(&root.fd, &rel).map_err(|e| scoped(e, root.scope))?;
+            if let Some(id) = &r.upload {
+                let (w, by) = uploads::chunk(
+                    &self.uploads_dir(),
+                    &uploads::Chunk {
+                        agent: &r.agent_id,
+                        session: &r.session_id,
+                        scope: r.scope,
+                        within: None,
+                        id,
+                        rel: &rel,
+                        parent: &parent,
+                        name,
+                        offset: r.offset.unwrap_or(0),
+                        data: uploads::Data::Passed {
+                            fd: &src,
+                            length: r.length,
+                        },
+                        commit: r.commit,
+                        create: r.create.unwrap_or(true),
+                        owner,
+                        before_commit: &|| self.store.failpoint("fs_write.before_commit"),
+                        live: self.uploads,
+                    },
+                )?;
+                // A commit's bytes all came: it stands whether or not
+                // the client is still there for the answer.
+                return Ok(FsCopied {
+                    path: w.path,
+                    size: w.size,
+                    by: by.unwrap_or_default(),
+                });
+            }
             let (size, by) = local::upload(
                 &parent,
                 name,

@@ -16,7 +16,7 @@ use super::fresh::{self, Fresh};
 use super::path::{parent_of, Rel};
 use super::Files;
 use super::{pwrite_all, FilesError};
-use allox_protocol::{FsScope, FsWritten};
+use allox_protocol::{CopiedBy, FsScope, FsWritten};
 use rustix::fd::OwnedFd;
 use rustix::fs::{AtFlags, Mode, OFlags};
 use serde::{Deserialize, Serialize};
@@ -176,13 +176,24 @@ pub struct Chunk<'a> {
     pub parent: &'a OwnedFd,
     pub name: &'a str,
     pub offset: u64,
-    pub data: &'a [u8],
+    pub data: Data<'a>,
     pub commit: bool,
     pub create: bool,
     pub owner: Option<(u32, u32)>,
     /// Called just before the upload replaces its target.
     pub before_commit: &'a dyn Fn(),
     pub live: &'a Live,
+}
+
+/// A chunk's bytes: in the request, or in a file the client passed.
+pub enum Data<'a> {
+    Bytes(&'a [u8]),
+    /// `length` bytes (`None`: to its end) of the passed file, from the
+    /// chunk's offset.
+    Passed {
+        fd: &'a OwnedFd,
+        length: Option<u64>,
+    },
 }
 
 /// What `state/uploads/` keeps of an upload under way.
@@ -219,7 +230,8 @@ fn upload_err(id: &str, why: impl Into<String>) -> FilesError {
 }
 
 /// Writes one chunk; with `commit`, the upload replaces its target.
-pub fn chunk(dir: &Path, c: &Chunk<'_>) -> Result<FsWritten, FilesError> {
+/// Returns how a passed chunk's bytes moved too.
+pub fn chunk(dir: &Path, c: &Chunk<'_>) -> Result<(FsWritten, Option<CopiedBy>), FilesError> {
     allox_protocol::validate_id("upload", c.id).map_err(|e| upload_err(c.id, e.to_string()))?;
     let partial = partial_name(c.id, c.name);
     let shown = c.rel.shown;
@@ -293,9 +305,18 @@ pub fn chunk(dir: &Path, c: &Chunk<'_>) -> Result<FsWritten, FilesError> {
         }
         fd
     };
-    pwrite_all(&fd, c.data, c.offset, shown)?;
-    let size = c.offset + c.data.len() as u64;
-    let received = c.live.add(&key, c.data.len() as u64).ok_or_else(gone)?;
+    let (n, by) = match c.data {
+        Data::Bytes(data) => {
+            pwrite_all(&fd, data, c.offset, shown)?;
+            (data.len() as u64, None)
+        }
+        Data::Passed { fd: src, length } => {
+            let (n, by) = super::local::copy_range(src, &fd, c.offset, length, shown)?;
+            (n, Some(by))
+        }
+    };
+    let size = c.offset + n;
+    let received = c.live.add(&key, n).ok_or_else(gone)?;
     if c.commit {
         c.live.forget(&key);
         if received != size {
@@ -318,11 +339,14 @@ pub fn chunk(dir: &Path, c: &Chunk<'_>) -> Result<FsWritten, FilesError> {
             .map_err(|e| FilesError::from_errno("replace", shown, e))?;
         let _ = std::fs::remove_file(&record);
     }
-    Ok(FsWritten {
-        path: c.rel.joined(),
-        size,
-        committed: c.commit,
-    })
+    Ok((
+        FsWritten {
+            path: c.rel.joined(),
+            size,
+            committed: c.commit,
+        },
+        by,
+    ))
 }
 
 /// The first chunk's work: the upload recorded, then its partial file made

@@ -3,8 +3,9 @@
 //! connection, through the gateway on one keep-alive connection, and
 //! through the gateway with a new connection per request; a run's 100 MB
 //! of output streamed over the socket and as NDJSON through the gateway;
-//! a file of 256 MiB put and got through `/v1/files` with curl against
-//! `cp --reflink=never` of it on the same disk; and, where the Python client can be imported, the SDK's call against
+//! a file of 256 MiB put and got through `/v1/files` with curl, in frames
+//! and spooled, against `cp --reflink=never` of it between the same
+//! filesystems; and, where the Python client can be imported, the SDK's call against
 //! the same request made with raw httpx (`clients/python/bench_sdk.py`).
 
 use allox_integration::http::KeepAlive;
@@ -168,7 +169,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         http_time.as_secs_f64() / socket_time.as_secs_f64()
     );
 
-    files(&gw, &token, quick)?;
+    files(fs, &bd.socket, &token, quick)?;
 
     // The Python client against raw httpx, on the same gateway.
     let sdk = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python");
@@ -199,64 +200,195 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
 }
 
 /// A file through the gateway's file routes with curl (`PUT` and `GET
-/// /v1/files/...`), median of 3 each way, against `cp --reflink=never` of
-/// the same file between two places on the machine's disk, in the same
-/// run.
-fn files(gw: &Gateway, token: &str, quick: bool) -> anyhow::Result<()> {
+/// /v1/files/...`), median of 3 each way, for three gateways side by
+/// side: files in frames (`--files-framed`), spooled on the machine's disk
+/// and passed to the daemon, spooled on the store's Btrfs (a reflink).
+/// The baselines, in the same run: `cp --reflink=never` of the same file
+/// between the same two filesystems (the disk and the store's Btrfs, each
+/// way), and within the disk.
+fn files(fs: &BtrfsFs, socket: &std::path::Path, token: &str, quick: bool) -> anyhow::Result<()> {
     let mib: u64 = if quick { 64 } else { 256 };
     let dir = tempfile::tempdir_in("/var/tmp")?;
     let src = dir.path().join("src.bin");
     crate::random_file(&src, mib)?;
-    let url = format!("http://{}/v1/files/bench/s/big.bin", gw.addr);
+    let on_store = fs.path().join("bench-files");
+    std::fs::create_dir_all(&on_store)?;
+    let spool_disk = dir.path().join("spool");
+    std::fs::create_dir(&spool_disk)?;
+    let spool_store = on_store.join("spool");
+    std::fs::create_dir(&spool_store)?;
+    let gateways = [
+        ("frames", Gateway::start(socket, &["--files-framed"])),
+        (
+            "spooled on the disk",
+            Gateway::start(socket, &["--spool-dir", spool_disk.to_str().unwrap_or("")]),
+        ),
+        (
+            "spooled on the store's Btrfs",
+            Gateway::start(socket, &["--spool-dir", spool_store.to_str().unwrap_or("")]),
+        ),
+    ];
     let auth = format!("Authorization: Bearer {token}");
-    let timed = |cmd: &mut Command| -> anyhow::Result<Duration> {
+    let timed = |cmd: &mut Command| -> anyhow::Result<(Duration, String)> {
         let t = Instant::now();
-        let st = cmd.status()?;
-        anyhow::ensure!(st.success(), "{cmd:?}: {st}");
-        Ok(t.elapsed())
+        let out = cmd.stderr(Stdio::inherit()).output()?;
+        anyhow::ensure!(out.status.success(), "{cmd:?}: {}", out.status);
+        Ok((
+            t.elapsed(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        ))
     };
-    let (mut base, mut up, mut down) = (vec![], vec![], vec![]);
-    for i in 0..3 {
-        let copy = dir.path().join(format!("cp{i}.bin"));
-        base.push(timed(
-            Command::new("cp")
-                .arg("--reflink=never")
-                .arg(&src)
-                .arg(&copy),
-        )?);
-        std::fs::remove_file(&copy)?;
-        up.push(timed(
-            Command::new("curl")
-                .args(["-sS", "--fail", "-H", &auth, "-T"])
-                .arg(&src)
-                .arg(&url)
-                .stdout(Stdio::null()),
-        )?);
-        let got = dir.path().join(format!("got{i}.bin"));
-        down.push(timed(
-            Command::new("curl")
-                .args(["-sS", "--fail", "-H", &auth, "-o"])
-                .arg(&got)
-                .arg(&url),
-        )?);
-        anyhow::ensure!(
-            std::fs::metadata(&got)?.len() == mib << 20,
-            "the file came back with another size"
+    let cp = |from: &std::path::Path, to: &std::path::Path| -> anyhow::Result<Duration> {
+        let (t, _) = timed(Command::new("cp").arg("--reflink=never").arg(from).arg(to))?;
+        std::fs::remove_file(to)?;
+        Ok(t)
+    };
+    let in_store = on_store.join("big.bin");
+    std::fs::copy(&src, &in_store)?;
+    let bare = bare_http(&src)?;
+    let (mut floor_up, mut floor_down) = (vec![], vec![]);
+    let (mut within, mut cp_in, mut cp_out) = (vec![], vec![], vec![]);
+    let mut up: Vec<Vec<Duration>> = vec![vec![]; gateways.len()];
+    let mut down: Vec<Vec<Duration>> = vec![vec![]; gateways.len()];
+    let mut ways: Vec<(String, String)> = vec![Default::default(); gateways.len()];
+    for _ in 0..3 {
+        within.push(cp(&src, &dir.path().join("cp.bin"))?);
+        cp_in.push(cp(&src, &on_store.join("cp.bin"))?);
+        cp_out.push(cp(&in_store, &dir.path().join("cp.bin"))?);
+        let url = format!("http://{bare}/f");
+        floor_up.push(
+            timed(
+                Command::new("curl")
+                    .args(["-sS", "--fail", "-o", "/dev/null", "-T"])
+                    .arg(&src)
+                    .arg(&url),
+            )?
+            .0,
+        );
+        let got = dir.path().join("got.bin");
+        floor_down.push(
+            timed(
+                Command::new("curl")
+                    .args(["-sS", "--fail", "-o"])
+                    .arg(&got)
+                    .arg(&url),
+            )?
+            .0,
         );
         std::fs::remove_file(&got)?;
+        for (g, (_, gw)) in gateways.iter().enumerate() {
+            let url = format!("http://{}/v1/files/bench/s/big.bin", gw.addr);
+            let w = "%header{allox-copied-by}";
+            let (t, by) = timed(
+                Command::new("curl")
+                    .args([
+                        "-sS",
+                        "--fail",
+                        "-o",
+                        "/dev/null",
+                        "-w",
+                        w,
+                        "-H",
+                        &auth,
+                        "-T",
+                    ])
+                    .arg(&src)
+                    .arg(&url),
+            )?;
+            up[g].push(t);
+            ways[g].0 = by;
+            let got = dir.path().join("got.bin");
+            let (t, by) = timed(
+                Command::new("curl")
+                    .args(["-sS", "--fail", "-w", w, "-H", &auth, "-o"])
+                    .arg(&got)
+                    .arg(&url),
+            )?;
+            down[g].push(t);
+            ways[g].1 = by;
+            anyhow::ensure!(
+                std::fs::metadata(&got)?.len() == mib << 20,
+                "the file came back with another size"
+            );
+            std::fs::remove_file(&got)?;
+        }
     }
     let rate = |v: &[Duration]| mib as f64 * 1.048576 / pct(v, 0.5).as_secs_f64();
-    println!("\n{mib} MiB of random bytes through the gateway's file routes with curl (`PUT` and `GET /v1/files/...`), median of 3; baseline `cp --reflink=never` of the same file on the same disk:\n");
-    println!("| what | MB/s | of `cp` |");
-    println!("|---|---:|---:|");
-    let b = rate(&base);
-    for (what, v) in [
-        ("`cp --reflink=never` (baseline)", &base),
-        ("`PUT` into a session (curl -T)", &up),
-        ("`GET` from a session (curl -o)", &down),
-    ] {
-        let r = rate(v);
-        println!("| {what} | {r:.1} | {:.1}% |", 100.0 * r / b);
+    println!("\n{mib} MiB of random bytes through the gateway's file routes with curl (`PUT` and `GET /v1/files/...`), median of 3, three gateways side by side. Baselines in the same run: `cp --reflink=never` of the same file between the same two filesystems (the machine's disk, where curl reads and writes, and the store's Btrfs), and within the disk:\n");
+    println!("| what | moved by | MB/s | of `cp` between the same filesystems | of `cp` within the disk | of the bare server |");
+    println!("|---|---|---:|---:|---:|---:|");
+    let (w, i, o) = (rate(&within), rate(&cp_in), rate(&cp_out));
+    let (fu, fd) = (rate(&floor_up), rate(&floor_down));
+    println!("| `cp --reflink=never` within the disk (baseline) | the kernel | {w:.1} | — | 100.0% | — |");
+    println!("| `cp --reflink=never` disk → store (baseline in) | the kernel | {i:.1} | 100.0% | {:.1}% | — |", 100.0 * i / w);
+    println!("| `cp --reflink=never` store → disk (baseline out) | the kernel | {o:.1} | 100.0% | {:.1}% | — |", 100.0 * o / w);
+    println!("| curl -T to a bare server that reads and drops the body (floor in) | — | {fu:.1} | — | {:.1}% | 100.0% |", 100.0 * fu / w);
+    println!("| curl -o from a bare server that sends the file (`sendfile`; floor out) | — | {fd:.1} | — | {:.1}% | 100.0% |", 100.0 * fd / w);
+    for (g, (name, _)) in gateways.iter().enumerate() {
+        let r = rate(&up[g]);
+        println!(
+            "| `PUT` (curl -T), {name} | {} | {r:.1} | {:.1}% | {:.1}% | {:.1}% |",
+            ways[g].0,
+            100.0 * r / i,
+            100.0 * r / w,
+            100.0 * r / fu
+        );
+        let r = rate(&down[g]);
+        println!(
+            "| `GET` (curl -o), {name} | {} | {r:.1} | {:.1}% | {:.1}% | {:.1}% |",
+            ways[g].1,
+            100.0 * r / o,
+            100.0 * r / w,
+            100.0 * r / fd
+        );
     }
     Ok(())
+}
+
+/// A bare HTTP/1.1 server on the loopback, the floor of an HTTP transfer
+/// on this machine: a `PUT` has its body read and dropped, a `GET` is
+/// answered with `file` sent by the kernel (`std::io::copy` of a file to
+/// a socket is `sendfile`). One connection at a time, each closed after
+/// its answer. Returns its address; it lives as long as the process.
+fn bare_http(file: &std::path::Path) -> anyhow::Result<std::net::SocketAddr> {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = l.local_addr()?;
+    let file = file.to_path_buf();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                match s.read(&mut byte) {
+                    Ok(1) => head.push(byte[0]),
+                    _ => break,
+                }
+            }
+            let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+            let _ = if head.starts_with("put") {
+                let len: u64 = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                if head.contains("expect: 100-continue") {
+                    let _ = s.write_all(b"HTTP/1.1 100 Continue\r\n\r\n");
+                }
+                let _ = std::io::copy(&mut (&s).take(len), &mut std::io::sink());
+                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            } else {
+                std::fs::File::open(&file).and_then(|mut f| {
+                    let len = f.metadata()?.len();
+                    write!(
+                        s,
+                        "HTTP/1.1 200 OK\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
+                    )?;
+                    std::io::copy(&mut f, &mut s).map(|_| ())
+                })
+            };
+        }
+    });
+    Ok(addr)
 }

@@ -179,7 +179,7 @@ fn local_err(source: io::Error) -> CopyError {
 
 /// Bytes spooled before they are passed to the daemon as one chunk of
 /// the upload, while the rest of the body comes.
-pub const SEGMENT: u64 = 32 << 20;
+pub const SEGMENT: u64 = 16 << 20;
 
 /// One chunk to pass: where it begins, how long it is, whether it is the
 /// last.

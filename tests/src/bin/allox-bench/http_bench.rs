@@ -251,7 +251,10 @@ fn files(fs: &BtrfsFs, socket: &std::path::Path, token: &str, quick: bool) -> an
     let mut up: Vec<Vec<Duration>> = vec![vec![]; gateways.len()];
     let mut down: Vec<Vec<Duration>> = vec![vec![]; gateways.len()];
     let mut ways: Vec<(String, String)> = vec![Default::default(); gateways.len()];
-    for _ in 0..3 {
+    let session = fs
+        .path()
+        .join("http-store/agents/bench/workspace/sessions/s/current");
+    for i in 0..3 {
         within.push(cp(&src, &dir.path().join("cp.bin"))?);
         cp_in.push(cp(&src, &on_store.join("cp.bin"))?);
         cp_out.push(cp(&in_store, &dir.path().join("cp.bin"))?);
@@ -277,7 +280,10 @@ fn files(fs: &BtrfsFs, socket: &std::path::Path, token: &str, quick: bool) -> an
         );
         std::fs::remove_file(&got)?;
         for (g, (_, gw)) in gateways.iter().enumerate() {
-            let url = format!("http://{}/v1/files/bench/s/big.bin", gw.addr);
+            // A new file each time, as `cp` makes (an old one's extents
+            // freed outside the timing, as `cp`'s copy is removed).
+            let name = format!("big-{g}-{i}.bin");
+            let url = format!("http://{}/v1/files/bench/s/{name}", gw.addr);
             let w = "%header{allox-copied-by}";
             let (t, by) = timed(
                 Command::new("curl")
@@ -311,6 +317,7 @@ fn files(fs: &BtrfsFs, socket: &std::path::Path, token: &str, quick: bool) -> an
                 "the file came back with another size"
             );
             std::fs::remove_file(&got)?;
+            std::fs::remove_file(session.join(&name))?;
         }
     }
     let rate = |v: &[Duration]| mib as f64 * 1.048576 / pct(v, 0.5).as_secs_f64();

@@ -108,6 +108,19 @@ pub enum GatewayError {
     SameToken,
 }
 
+/// Where the gateway spools files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpoolAt {
+    /// The system's temporary directory (`$TMPDIR`, else `/tmp`); where
+    /// it cannot hold a file (a read-only root), every file goes in
+    /// frames, as the start's log says.
+    Temp,
+    /// This directory, which must be able to hold a file.
+    Dir(PathBuf),
+    /// None: every file in frames.
+    Off,
+}
+
 /// How to run a gateway.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GatewayConfig {
@@ -144,8 +157,8 @@ pub struct GatewayConfig {
     /// no token (loopback only unless `allow_remote`).
     pub metrics_listen: Option<String>,
     /// Where file bodies larger than a chunk are spooled to be passed to
-    /// the daemon as open files ([`spool`]); `None`: every file in frames.
-    pub spool_dir: Option<PathBuf>,
+    /// the daemon as open files ([`spool`]).
+    pub spool: SpoolAt,
 }
 
 impl GatewayConfig {
@@ -166,7 +179,7 @@ impl GatewayConfig {
             metrics_token_file: None,
             metrics_token_env: None,
             metrics_listen: None,
-            spool_dir: Some(std::env::temp_dir()),
+            spool: SpoolAt::Temp,
         }
     }
 }
@@ -250,9 +263,16 @@ impl Gateway {
             Some(m) => Some((m, resolve(m, cfg.allow_remote)?)),
             None => None,
         };
-        let spool = match &cfg.spool_dir {
-            Some(dir) => Some(spool::Spool::new(dir)?),
-            None => None,
+        let spool = match &cfg.spool {
+            SpoolAt::Dir(dir) => Some(spool::Spool::new(dir)?),
+            SpoolAt::Temp => match spool::Spool::new(&std::env::temp_dir()) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(error = %e, "files go in frames");
+                    None
+                }
+            },
+            SpoolAt::Off => None,
         };
         let (listener, addr) = bind_to(&cfg.listen, &addrs)?;
         let metrics_listener = match metrics_addrs {

@@ -81,7 +81,8 @@ pub struct GatewayArgs {
     /// Spool file bodies larger than a chunk (512 KiB) in this directory,
     /// as files with no name, and pass them to the daemon open, which
     /// moves the bytes itself (on the store's Btrfs, a reflink). Default:
-    /// $TMPDIR, else /tmp.
+    /// $TMPDIR, else /tmp, where it can hold a file (else files go in
+    /// frames).
     #[arg(long, value_name = "DIR", conflicts_with = "files_framed")]
     pub spool_dir: Option<PathBuf>,
     /// Move every file's bytes in frames, as to a daemon on another
@@ -112,9 +113,9 @@ impl GatewayArgs {
         cfg.metrics_token_env = self.metrics_token_env.clone();
         cfg.metrics_listen = self.metrics_listen.clone();
         if self.files_framed {
-            cfg.spool_dir = None;
+            cfg.spool = allox_gateway::SpoolAt::Off;
         } else if let Some(dir) = &self.spool_dir {
-            cfg.spool_dir = Some(dir.clone());
+            cfg.spool = allox_gateway::SpoolAt::Dir(dir.clone());
         }
         cfg
     }

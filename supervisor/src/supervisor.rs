@@ -185,6 +185,14 @@ impl Supervisor {
             (_, Ok(Response::FsData(d))) => self
                 .metrics
                 .file_bytes(Direction::Out, d.data.0.len() as u64),
+            // A passed file: the bytes the daemon moved (a chunk's end
+            // less where it began).
+            (Request::FsUploadLocal(u), Ok(Response::FsCopied(c))) => self
+                .metrics
+                .file_bytes(Direction::In, c.size.saturating_sub(u.offset.unwrap_or(0))),
+            (Request::FsDownloadLocal(_), Ok(Response::FsCopied(c))) => {
+                self.metrics.file_bytes(Direction::Out, c.size)
+            }
             _ => {}
         }
     }

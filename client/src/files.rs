@@ -206,14 +206,19 @@ pub fn download_local(
     from: &Remote,
     f: &std::fs::File,
 ) -> Result<FsCopied, CopyError> {
-    let q = Request::FsDownloadLocal(FsDownloadLocal {
+    with_file(c, download_local_request(from), f, &from.path)
+}
+
+/// The `fs.download_local` of the remote file `from` (its descriptor to
+/// be passed with it).
+pub fn download_local_request(from: &Remote) -> Request {
+    Request::FsDownloadLocal(FsDownloadLocal {
         agent_id: from.agent.clone(),
         session_id: from.session.clone(),
         scope: from.scope,
         checkpoint_id: from.checkpoint.clone(),
         path: from.path.clone(),
-    });
-    with_file(c, q, f, &from.path)
+    })
 }
 
 /// Chunks of an upload in flight at once.

@@ -16,11 +16,9 @@
 //! goes in frames, from what was spooled on.
 
 use allox_client::client::Caller;
-use allox_client::files::{upload_from, upload_id, CopyError, Remote};
+use allox_client::files::{download_local_request, upload_from, upload_id, CopyError, Remote};
 use allox_client::ReconnectingClient;
-use allox_protocol::{
-    CopiedBy, ErrorCode, FsCopied, FsDownloadLocal, FsUploadLocal, Request, Response, FS_CHUNK,
-};
+use allox_protocol::{CopiedBy, ErrorCode, FsCopied, FsUploadLocal, Request, Response, FS_CHUNK};
 use bytes::Bytes;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -370,14 +368,7 @@ pub fn get(local: &Local<'_>, from: &Remote, size: u64) -> Option<(File, FsCopie
             return None;
         }
     };
-    let q = Request::FsDownloadLocal(FsDownloadLocal {
-        agent_id: from.agent.clone(),
-        session_id: from.session.clone(),
-        scope: from.scope,
-        checkpoint_id: from.checkpoint.clone(),
-        path: from.path.clone(),
-    });
-    match local.call(q, &file, size, &from.path) {
+    match local.call(download_local_request(from), &file, size, &from.path) {
         // The daemon may have written through the file's own offset.
         Ok(Some(x)) => match (&file).seek(SeekFrom::Start(0)) {
             Ok(_) => Some((file, x)),

@@ -1296,25 +1296,28 @@ fn files_through_the_gateway_are_spooled_and_passed_to_the_daemon_where_they_can
     assert_eq!(std::fs::read_dir(&spool).unwrap().count(), 0);
     assert_eq!(read(&d, "target").unwrap(), b"old content\n");
 
+    // A gateway spooling in `dir`: a 64 MiB file put as `name` and got
+    // back whole; how each way moved.
+    let both_ways = |dir: &Path, name: &str| {
+        let gw = allox_integration::Gateway::start(
+            &d.daemon.socket,
+            &["--spool-dir", dir.to_str().unwrap()],
+        );
+        let url = format!("http://{}/v1/files/a/s/{name}", gw.addr);
+        let (code, up, body) = curl_by(&["-H", &auth, "-T", big_arg], &url);
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(sha256(&big), sha256(&cur.join(name)));
+        let (code, down, _) = curl_by(&["-H", &auth, "-o", back.to_str().unwrap()], &url);
+        assert_eq!(code, 200);
+        assert_eq!(sha256(&big), sha256(&back));
+        (up, down)
+    };
     // A spool on the store's own Btrfs: the kernel copies (or shares)
     // the parts of a PUT within the filesystem, and a GET is a reflink.
     let on_store = d.fs.path().join("spool");
     std::fs::create_dir(&on_store).unwrap();
-    let gw = allox_integration::Gateway::start(
-        &d.daemon.socket,
-        &["--spool-dir", on_store.to_str().unwrap()],
-    );
-    let base = format!("http://{}/v1/files/a/s", gw.addr);
-    let (code, by, body) = curl_by(&["-H", &auth, "-T", big_arg], &format!("{base}/reflinked"));
-    assert_eq!((code, by.as_str()), (200, "copy_file_range"), "{body}");
-    assert_eq!(sha256(&big), sha256(&cur.join("reflinked")));
-    let (code, by, _) = curl_by(
-        &["-H", &auth, "-o", back.to_str().unwrap()],
-        &format!("{base}/reflinked"),
-    );
-    assert_eq!((code, by.as_str()), (200, "reflink"));
-    assert_eq!(sha256(&big), sha256(&back));
-    drop(gw);
+    let (up, down) = both_ways(&on_store, "reflinked");
+    assert_eq!((up.as_str(), down.as_str()), ("copy_file_range", "reflink"));
 
     // A spool too small for the file: it goes in frames after all, from
     // what was spooled on, and comes whole.
@@ -1333,21 +1336,8 @@ fn files_through_the_gateway_are_spooled_and_passed_to_the_daemon_where_they_can
         }
     }
     let _tiny = Unmount(small_fs.clone());
-    let gw = allox_integration::Gateway::start(
-        &d.daemon.socket,
-        &["--spool-dir", small_fs.to_str().unwrap()],
-    );
-    let base = format!("http://{}/v1/files/a/s", gw.addr);
-    let (code, by, body) = curl_by(&["-H", &auth, "-T", big_arg], &format!("{base}/full"));
-    assert_eq!((code, by.as_str()), (200, "frames"), "{body}");
-    assert_eq!(sha256(&big), sha256(&cur.join("full")));
-    let (code, by, _) = curl_by(
-        &["-H", &auth, "-o", back.to_str().unwrap()],
-        &format!("{base}/full"),
-    );
-    assert_eq!((code, by.as_str()), (200, "frames"));
-    assert_eq!(sha256(&big), sha256(&back));
-    drop(gw);
+    let (up, down) = both_ways(&small_fs, "full");
+    assert_eq!((up.as_str(), down.as_str()), ("frames", "frames"));
 }
 
 /// `fs.upload_local` with `upload`: one part of the passed file at a time.

@@ -745,19 +745,7 @@ fn files_go_in_and_out_through_the_gateway_with_curl() {
     // with a Content-Length body and with a chunked one.
     for chunked in [false, true] {
         std::fs::write(current(&d).join("target"), "old content\n").unwrap();
-        let mut cmd = Command::new("curl");
-        cmd.args(["-sS", "--limit-rate", "4M", "-H", &auth, "-o", "/dev/null"]);
-        if chunked {
-            cmd.args(["-T", "-"])
-                .stdin(std::fs::File::open(&big).unwrap());
-        } else {
-            cmd.args(["-T", big_arg]);
-        }
-        let mut up = cmd
-            .arg(format!("{base}/target"))
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut up = slow_put(&auth, &big, chunked, "4M", &format!("{base}/target"));
         // Killed once the upload has begun (its partial file is there)
         // and has a few chunks in it.
         let cur = current(&d);
@@ -1042,6 +1030,20 @@ fn a_local_upload_whose_client_is_killed_leaves_the_old_file() {
     assert_eq!(read(&d, "target").unwrap(), b"old content\n");
 }
 
+/// curl putting `file` to `url` at `rate` (with its length, or chunked
+/// from a pipe), running: for a test to kill half-way.
+fn slow_put(auth: &str, file: &Path, chunked: bool, rate: &str, url: &str) -> std::process::Child {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "--limit-rate", rate, "-H", auth, "-o", "/dev/null"]);
+    if chunked {
+        cmd.args(["-T", "-"])
+            .stdin(std::fs::File::open(file).unwrap());
+    } else {
+        cmd.arg("-T").arg(file);
+    }
+    cmd.arg(url).stderr(Stdio::null()).spawn().unwrap()
+}
+
 /// curl against the gateway: `args`, then the URL. Returns the status
 /// code, how the bytes moved (`Allox-Copied-By`) and the body.
 fn curl_by(args: &[&str], url: &str) -> (u16, String, String) {
@@ -1235,19 +1237,7 @@ fn files_through_the_gateway_are_spooled_and_passed_to_the_daemon_where_they_can
     // (the daemon holds them in an upload never committed).
     for (chunked, cut_at) in [(false, 2u64 << 20), (true, 2 << 20), (false, 40 << 20)] {
         std::fs::write(cur.join("target"), "old content\n").unwrap();
-        let mut cmd = Command::new("curl");
-        cmd.args(["-sS", "--limit-rate", "16M", "-H", &auth, "-o", "/dev/null"]);
-        if chunked {
-            cmd.args(["-T", "-"])
-                .stdin(std::fs::File::open(&big).unwrap());
-        } else {
-            cmd.args(["-T", big_arg]);
-        }
-        let mut up = cmd
-            .arg(format!("{base}/target"))
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut up = slow_put(&auth, &big, chunked, "16M", &format!("{base}/target"));
         wait_until("a spooled body", 30, || {
             spooled_in(pid, &spool).unwrap_or(0) >= cut_at
         });

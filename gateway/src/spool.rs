@@ -105,6 +105,23 @@ impl Spool {
     fn file(&self) -> io::Result<File> {
         tempfile::tempfile_in(&self.dir)
     }
+
+    /// Whether the filesystem of `f`, a file in the spool, has room for
+    /// `more` bytes and still keeps its reserve free: a tenth of it,
+    /// between [`MIN_RESERVE`] and [`MAX_RESERVE`]. A file never fills the host's temporary
+    /// directory; where there is no room it goes in frames.
+    fn has_room(&self, f: &File, more: u64) -> bool {
+        let Ok(v) = rustix::fs::fstatvfs(f) else {
+            return true;
+        };
+        let free = v.f_bavail.saturating_mul(v.f_frsize);
+        let reserve = (v.f_blocks.saturating_mul(v.f_frsize) / 10).clamp(MIN_RESERVE, MAX_RESERVE);
+        let room = free >= reserve.saturating_add(more);
+        if !room {
+            tracing::info!(spool = %self.dir.display(), free, reserve, "the spool keeps its reserve; a file goes in frames");
+        }
+        room
+    }
 }
 
 /// How the gateway reaches the daemon for one local transfer.
@@ -179,6 +196,12 @@ fn local_err(source: io::Error) -> CopyError {
 /// the upload, while the rest of the body comes.
 pub const SEGMENT: u64 = 16 << 20;
 
+/// Room a file always leaves free in the spool's filesystem: a tenth of
+/// it, at least this...
+pub const MIN_RESERVE: u64 = 64 << 20;
+/// ...and at most this.
+pub const MAX_RESERVE: u64 = 1 << 30;
+
 /// One chunk to pass: where it begins, how long it is, whether it is the
 /// last.
 type Segment = (u64, u64, bool);
@@ -195,7 +218,8 @@ enum Passed {
 
 /// The body, to its end, becomes `to`. Bodies of one chunk or less, and
 /// every body where there is no spool or the daemon takes no descriptors,
-/// go in frames as `alloxctl cp --framed` sends them. A larger one is
+/// go in frames as `alloxctl cp --framed` sends them, and so does one for
+/// which the spool has no room. A larger one is
 /// spooled, and each [`SEGMENT`] of it is passed to the daemon as a chunk
 /// of one upload (`fs.upload_local` with `upload`) while the rest comes,
 /// the last one committing. A body that fails to come (cut short,
@@ -221,7 +245,8 @@ pub fn put(
         _ => return in_frames(&mut io::Cursor::new(head).chain(body)),
     };
     let mut file = match local.spool.file() {
-        Ok(f) => f,
+        Ok(f) if local.spool.has_room(&f, SEGMENT) => f,
+        Ok(_) => return in_frames(&mut io::Cursor::new(head).chain(body)),
         Err(e) => {
             tracing::warn!(spool = %local.spool.dir.display(), error = %e, "cannot spool a body; it goes in frames");
             return in_frames(&mut io::Cursor::new(head).chain(body));
@@ -301,8 +326,12 @@ fn spool_body(
             }
         }
         if spooled - next >= SEGMENT {
-            if segments.send((next, spooled - next, false)).is_err() {
-                // The passing ended: what it says decides the rest.
+            // The passing ended (what it says decides the rest), or the
+            // spool has no room for another segment: the body goes in
+            // frames, and the spool grows no more.
+            if segments.send((next, spooled - next, false)).is_err()
+                || !local.spool.has_room(file, SEGMENT)
+            {
                 return Ok(Spooled::Partly {
                     spooled,
                     unwritten: Bytes::new(),
@@ -362,7 +391,8 @@ pub fn get(local: &Local<'_>, from: &Remote, size: u64) -> Option<(File, FsCopie
         return None;
     }
     let file = match local.spool.file() {
-        Ok(f) => f,
+        Ok(f) if local.spool.has_room(&f, size) => f,
+        Ok(_) => return None,
         Err(e) => {
             tracing::warn!(spool = %local.spool.dir.display(), error = %e, "cannot spool a file; it goes in frames");
             return None;

@@ -1309,12 +1309,11 @@ fn files_through_the_gateway_are_spooled_and_passed_to_the_daemon_where_they_can
     let (up, down) = both_ways(&on_store, "reflinked");
     assert_eq!((up.as_str(), down.as_str()), ("copy_file_range", "reflink"));
 
-    // A spool too small for the file: it goes in frames after all, from
-    // what was spooled on, and comes whole.
-    let small_fs = tmp.path().join("tiny");
+    // A spool of 200 MiB (a tmpfs), which keeps 64 MiB free.
+    let small_fs = tmp.path().join("spool-200m");
     std::fs::create_dir(&small_fs).unwrap();
     let st = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=4m", "tiny"])
+        .args(["-t", "tmpfs", "-o", "size=200m", "small"])
         .arg(&small_fs)
         .status()
         .unwrap();
@@ -1325,9 +1324,56 @@ fn files_through_the_gateway_are_spooled_and_passed_to_the_daemon_where_they_can
             let _ = Command::new("umount").arg(&self.0).status();
         }
     }
-    let _tiny = Unmount(small_fs.clone());
-    let (up, down) = both_ways(&small_fs, "full");
-    assert_eq!((up.as_str(), down.as_str()), ("frames", "frames"));
+    let _small = Unmount(small_fs.clone());
+    // A file that fits is spooled.
+    let (up, down) = both_ways(&small_fs, "fits");
+    assert!(
+        passed.contains(&up.as_str()) && passed.contains(&down.as_str()),
+        "{up} {down}"
+    );
+    // One that does not: the body is spooled up to the reserve, then goes
+    // in frames from its start, and comes whole; the GET is read in
+    // frames.
+    let huge = tmp.path().join("huge");
+    random_file(&huge, 160);
+    let gw = allox_integration::Gateway::start(
+        &d.daemon.socket,
+        &["--spool-dir", small_fs.to_str().unwrap()],
+    );
+    let url = format!("http://{}/v1/files/a/s/huge", gw.addr);
+    let mut up = slow_put(&auth, &huge, false, "64M", &url);
+    let mut most = 0;
+    while up.try_wait().unwrap().is_none() {
+        most = most.max(spooled_in(gw.child.id(), &small_fs).unwrap_or(0));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(most > 0 && most <= 140 << 20, "spooled {most} bytes");
+    assert_eq!(sha256(&huge), sha256(&cur.join("huge")));
+    let (code, by, _) = curl_by(&["-H", &auth, "-o", back.to_str().unwrap()], &url);
+    assert_eq!((code, by.as_str()), (200, "frames"));
+    assert_eq!(sha256(&huge), sha256(&back));
+    // Something else fills the spool while a body is spooled: it goes in
+    // frames from its start, whole.
+    let mut up = Command::new("curl")
+        .args(["-sS", "--limit-rate", "16M", "-H", &auth, "-o", "/dev/null"])
+        .args(["-w", "%{http_code} %header{allox-copied-by}", "-T", big_arg])
+        .arg(format!("http://{}/v1/files/a/s/crowded", gw.addr))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("a spooled body", 30, || {
+        spooled_in(gw.child.id(), &small_fs).unwrap_or(0) >= 2 << 20
+    });
+    let _ = Command::new("dd")
+        .args(["if=/dev/zero", "bs=1M", "status=none"])
+        .arg(format!("of={}", small_fs.join("ballast").display()))
+        .status();
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut up.stdout.take().unwrap(), &mut said).unwrap();
+    assert!(up.wait().unwrap().success());
+    assert_eq!(said, "200 frames");
+    assert_eq!(sha256(&big), sha256(&cur.join("crowded")));
+    drop(gw);
 }
 
 /// `fs.upload_local` with `upload`: one part of the passed file at a time.

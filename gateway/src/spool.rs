@@ -219,10 +219,10 @@ enum Passed {
 /// The body, to its end, becomes `to`. Bodies of one chunk or less, and
 /// every body where there is no spool or the daemon takes no descriptors,
 /// go in frames as `alloxctl cp --framed` sends them, and so does one for
-/// which the spool has no room. A larger one is
-/// spooled, and each [`SEGMENT`] of it is passed to the daemon as a chunk
-/// of one upload (`fs.upload_local` with `upload`) while the rest comes,
-/// the last one committing. A body that fails to come (cut short,
+/// which the spool has no room. A larger one is spooled, and each
+/// [`SEGMENT`] of it is passed to the daemon as a chunk of one upload
+/// (`fs.upload_local` with `upload`) while the rest comes, the last one
+/// committing. A body that fails to come (cut short,
 /// stalled) is an error and the target keeps its content.
 pub fn put(
     daemon: &mut impl Caller,

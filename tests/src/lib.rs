@@ -75,6 +75,36 @@ fn run(cmd: &mut Command) -> anyhow::Result<()> {
 }
 
 /// A Btrfs filesystem on a sparse file, mounted for one test.
+/// A tmpfs of `size_mb` MiB mounted on a directory for a test, unmounted
+/// (lazily, whatever still holds it) when dropped.
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mounts it on `dir`, which exists; panics naming `what` if the
+    /// mount fails.
+    pub fn mount(dir: &Path, size_mb: u64, what: &str) -> Tmpfs {
+        let st = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size_mb}m"),
+                "allox-test",
+            ])
+            .arg(dir)
+            .status()
+            .expect("run mount");
+        assert!(st.success(), "{what}: mount a tmpfs on {}", dir.display());
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
 pub struct BtrfsFs {
     dir: tempfile::TempDir,
     mnt: PathBuf,

@@ -1312,19 +1312,7 @@ fn files_through_the_gateway_are_spooled_and_passed_to_the_daemon_where_they_can
     // A spool of 200 MiB (a tmpfs), which keeps 64 MiB free.
     let small_fs = tmp.path().join("spool-200m");
     std::fs::create_dir(&small_fs).unwrap();
-    let st = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=200m", "small"])
-        .arg(&small_fs)
-        .status()
-        .unwrap();
-    assert!(st.success(), "mount a tmpfs");
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _small = Unmount(small_fs.clone());
+    let _small = allox_integration::Tmpfs::mount(&small_fs, 200, "the spool");
     // A file that fits is spooled.
     let (up, down) = both_ways(&small_fs, "fits");
     assert!(

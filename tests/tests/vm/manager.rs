@@ -434,25 +434,7 @@ fn vm_manager_a_failed_snapshot_leaves_the_previous_one() {
         .prefix("allox-vms-full-")
         .tempdir_in("/var/tmp")
         .unwrap();
-    let st = Command::new("mount")
-        .args([
-            "-t",
-            "tmpfs",
-            "-o",
-            "size=400m",
-            "allox-vms",
-            &mnt.path().display().to_string(),
-        ])
-        .status()
-        .unwrap();
-    assert!(st.success(), "{test}: mount tmpfs");
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(mnt.path().to_path_buf());
+    let _unmount = allox_integration::Tmpfs::mount(mnt.path(), 400, test);
     let vms = Vms::new(Some(mnt.path().join("vms")));
     vms.create(&img, "f");
     vms.vm(&["start", "f"]);

@@ -78,7 +78,7 @@ fn main() {
     {
         pid1::run();
     }
-    let cli = Cli::parse();
+    let cli = read_without_parser().unwrap_or_else(Cli::parse);
     let parsed_ms = allox_store::clock::since_boot().as_millis() as u64;
     let logs = tracing_subscriber::fmt()
         // A log that cannot be written (a full or size-limited file, a
@@ -119,6 +119,27 @@ fn main() {
             std::process::exit(1);
         }
     }
+}
+
+/// `supervise` as the guest's PID 1 starts it, read without clap
+/// (`allox_init::supervise::words`, where the reason is); `None` for any
+/// other command line, which clap reads.
+fn read_without_parser() -> Option<Cli> {
+    let words: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if words.get(1)? != "supervise" {
+        return None;
+    }
+    let args = allox_init::supervise::words::parse(&words[2..])?;
+    let (log, json) = allox_init::supervise::words::log_settings(|name| std::env::var_os(name))?;
+    Some(Cli {
+        log,
+        log_format: if json {
+            LogFormat::Json
+        } else {
+            LogFormat::Text
+        },
+        cmd: Cmd::Supervise(Box::new(args)),
+    })
 }
 
 /// Returns the exit status. `entered_ms`: when `main` began, after boot.

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use thiserror::Error;
 
+pub mod words;
+
 /// The flags of `allox-init supervise`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SuperviseArgs {
@@ -23,7 +25,7 @@ pub struct SuperviseArgs {
     /// Where to listen, as `unix:PATH` or `virtio:PORT-NAME` (a
     /// virtio-serial port); repeat to listen on several. One `unix:` is
     /// required.
-    #[arg(long, default_value = "unix:/run/allox/ctl.sock")]
+    #[arg(long, default_value = SuperviseArgs::DEFAULT_LISTEN)]
     pub listen: Vec<String>,
     /// Started by the guest's PID 1: `system.shutdown` powers the VM
     /// off (exit status 3 tells the init so).
@@ -40,11 +42,11 @@ pub struct SuperviseArgs {
     pub kill_session_processes_on_rollback: bool,
     /// Most uploads (`fs.write` with `upload`) one session may have under
     /// way at once; the next one begun is refused naming this flag.
-    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = SuperviseArgs::DEFAULT_UPLOADS_PER_SESSION, value_parser = clap::value_parser!(u32).range(1..))]
     pub uploads_per_session: u32,
     /// An upload that gets no chunk for this many seconds is abandoned:
     /// its partial file and record are removed.
-    #[arg(long, value_name = "SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "SECONDS", default_value_t = SuperviseArgs::DEFAULT_UPLOAD_IDLE_S, value_parser = clap::value_parser!(u64).range(1..))]
     pub upload_idle_s: u64,
     /// A new session's idle timeout unless it asks for its own: paused
     /// after this many ms without a request for it and without CPU used
@@ -69,9 +71,9 @@ pub struct SuperviseArgs {
     #[arg(long)]
     pub cgroup_root: Option<PathBuf>,
     /// User and group that sandboxed programs run as.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = SuperviseArgs::DEFAULT_SANDBOX_ID)]
     pub sandbox_uid: u32,
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = SuperviseArgs::DEFAULT_SANDBOX_ID)]
     pub sandbox_gid: u32,
     /// Default `pids.max` of every session's cgroup.
     #[arg(long)]
@@ -93,22 +95,22 @@ pub struct SuperviseArgs {
     /// `host`: sandboxes share the VM's network; `isolated`: each session
     /// has its own network namespace with only loopback, shared by its
     /// runs.
-    #[arg(long, default_value = "host", value_parser = ["host", "isolated"])]
+    #[arg(long, default_value = SuperviseArgs::DEFAULT_SANDBOX_NETWORK, value_parser = ["host", "isolated"])]
     pub sandbox_network: String,
     /// The network mode of sessions whose request and agent name none:
     /// `disabled` (as --sandbox-network has it), `isolated` (a loopback of
     /// the session's own) or `proxy` (that, plus the proxy at
     /// 127.0.0.1:3128; needs --plugin network). See docs/network.md.
-    #[arg(long, default_value = "disabled", value_parser = ["disabled", "isolated", "proxy"])]
+    #[arg(long, default_value = SuperviseArgs::DEFAULT_SESSION_NETWORK, value_parser = ["disabled", "isolated", "proxy"])]
     pub session_network: String,
     /// Empty directory where sandboxes assemble their root.
-    #[arg(long, default_value = "/run/allox/sandbox-root")]
+    #[arg(long, default_value = SuperviseArgs::DEFAULT_SANDBOX_STAGE)]
     pub sandbox_stage: PathBuf,
     /// `ebpf`: attribute every process of every run, in the kernel, to
     /// its agent, session and run (needs a kernel with BTF and
     /// CAP_BPF/CAP_PERFMON or CAP_SYS_ADMIN); `off`: nothing is loaded.
     /// The same as `--plugin process-tree`.
-    #[arg(long, default_value = "off", value_parser = ["off", "ebpf"])]
+    #[arg(long, default_value = SuperviseArgs::DEFAULT_PROCESS_TRACKER, value_parser = ["off", "ebpf"])]
     pub process_tracker: String,
     /// Load this plugin (repeatable; they load in the order given and
     /// stop in the reverse). Installed: see `alloxctl plugins` or
@@ -170,7 +172,7 @@ pub struct SuperviseArgs {
     /// the cgroup2 mount has `favordynmods`: without it, moving the PID 1
     /// into its run's cgroup waits for an RCU grace period, milliseconds),
     /// or `always`.
-    #[arg(long, value_name = "WHEN", default_value = "never",
+    #[arg(long, value_name = "WHEN", default_value = SuperviseArgs::DEFAULT_PREPARED_RUNS,
           value_parser = ["auto", "always", "never"])]
     pub prepared_runs: String,
     /// Keep no metrics (`system.metrics` is then refused): the
@@ -180,7 +182,7 @@ pub struct SuperviseArgs {
     /// Count runs started by agent too (`allox_agent_runs_started_total`),
     /// for at most this many agents; the rest count as one, `_other`. 0:
     /// no per-agent label.
-    #[arg(long, value_name = "AGENTS", default_value_t = 0)]
+    #[arg(long, value_name = "AGENTS", default_value_t = SuperviseArgs::DEFAULT_METRICS_AGENT_LABEL)]
     pub metrics_agent_label: usize,
     /// How long an observed run's cgroup may take to freeze
     /// (`--plugin system-effects`), at its start and at its end: past it
@@ -291,14 +293,101 @@ pub struct SuperviseArgs {
     #[arg(long, default_value_t = RunsConfig::DEFAULT_FINISHED_RUNS_MAX)]
     pub finished_runs_max: usize,
     /// Drop a client that stops sending in the middle of a frame for this long.
-    #[arg(long, default_value_t = 10_000, hide = true)]
+    #[arg(long, default_value_t = SuperviseArgs::DEFAULT_STALL_TIMEOUT_MS, hide = true)]
     pub stall_timeout_ms: u64,
     /// Drop a client that does not read an answer for this long.
-    #[arg(long, default_value_t = 10_000, hide = true)]
+    #[arg(long, default_value_t = SuperviseArgs::DEFAULT_WRITE_TIMEOUT_MS, hide = true)]
     pub write_timeout_ms: u64,
     /// Drop a client that takes longer than this over one frame.
-    #[arg(long, default_value_t = 30_000, hide = true)]
+    #[arg(long, default_value_t = SuperviseArgs::DEFAULT_FRAME_TIMEOUT_MS, hide = true)]
     pub frame_timeout_ms: u64,
+}
+
+impl SuperviseArgs {
+    pub const DEFAULT_LISTEN: &'static str = "unix:/run/allox/ctl.sock";
+    pub const DEFAULT_UPLOADS_PER_SESSION: u32 = 16;
+    pub const DEFAULT_UPLOAD_IDLE_S: u64 = 300;
+    pub const DEFAULT_SANDBOX_ID: u32 = 10_000;
+    pub const DEFAULT_SANDBOX_NETWORK: &'static str = "host";
+    pub const DEFAULT_SESSION_NETWORK: &'static str = "disabled";
+    pub const DEFAULT_SANDBOX_STAGE: &'static str = "/run/allox/sandbox-root";
+    pub const DEFAULT_PROCESS_TRACKER: &'static str = "off";
+    pub const DEFAULT_PREPARED_RUNS: &'static str = "never";
+    pub const DEFAULT_METRICS_AGENT_LABEL: usize = 0;
+    pub const DEFAULT_STALL_TIMEOUT_MS: u64 = 10_000;
+    pub const DEFAULT_WRITE_TIMEOUT_MS: u64 = 10_000;
+    pub const DEFAULT_FRAME_TIMEOUT_MS: u64 = 30_000;
+
+    /// Every flag at its default, the store at `root`: what the parser
+    /// gives for `supervise --root ROOT` (a test holds the two equal), made
+    /// without it ([`words`]).
+    pub fn at_defaults(root: PathBuf) -> SuperviseArgs {
+        use allox_supervisor::plugins::defaults::{monitor, network, process_tree, system_effects};
+        SuperviseArgs {
+            root,
+            listen: vec![Self::DEFAULT_LISTEN.to_string()],
+            under_init: false,
+            store_mounted_fd: None,
+            kill_session_processes_on_rollback: false,
+            uploads_per_session: Self::DEFAULT_UPLOADS_PER_SESSION,
+            upload_idle_s: Self::DEFAULT_UPLOAD_IDLE_S,
+            idle_timeout_ms: None,
+            max_lifetime_ms: None,
+            session_quota: None,
+            no_processes: false,
+            cgroup_root: None,
+            sandbox_uid: Self::DEFAULT_SANDBOX_ID,
+            sandbox_gid: Self::DEFAULT_SANDBOX_ID,
+            default_pids_max: None,
+            default_memory_max: None,
+            default_cpu_max: None,
+            sessions_pids_max: None,
+            sessions_memory_max: None,
+            sandbox_network: Self::DEFAULT_SANDBOX_NETWORK.to_string(),
+            session_network: Self::DEFAULT_SESSION_NETWORK.to_string(),
+            sandbox_stage: PathBuf::from(Self::DEFAULT_SANDBOX_STAGE),
+            process_tracker: Self::DEFAULT_PROCESS_TRACKER.to_string(),
+            plugins: Vec::new(),
+            share_tools: false,
+            monitor_root: None,
+            monitor_records_max: monitor::DEFAULT_RECORDS_MAX,
+            monitor_session_bytes: monitor::DEFAULT_SESSION_BYTES,
+            monitor_bytes_per_s: monitor::DEFAULT_BYTES_PER_S,
+            monitor_span_bytes: monitor::DEFAULT_SPAN_BYTES,
+            audit_file_bytes: allox_store::audit::DEFAULT_FILE_BYTES,
+            audit_lines_per_s: allox_store::audit::DEFAULT_LINES_PER_S,
+            no_run_usage: false,
+            prepared_runs: Self::DEFAULT_PREPARED_RUNS.to_string(),
+            no_metrics: false,
+            metrics_agent_label: Self::DEFAULT_METRICS_AGENT_LABEL,
+            freeze_timeout_ms: RunsConfig::DEFAULT_FREEZE_MS,
+            system_effects_scope: None,
+            system_effects_observer: None,
+            system_effects_observer_sha256: None,
+            system_effects_verifier: None,
+            system_effects_verifier_sha256: None,
+            system_effects_recover: None,
+            system_effects_recover_sha256: None,
+            system_effects_ring_bytes: system_effects::DEFAULT_RING_BYTES,
+            system_effects_without_lsm: false,
+            process_events_max: process_tree::DEFAULT_MAX_EVENTS,
+            network_allow: Vec::new(),
+            network_deny: Vec::new(),
+            network_resolver: None,
+            network_ca_file: None,
+            secrets_key_file: PathBuf::from(allox_supervisor::plugin_api::DEFAULT_SECRETS_KEY_FILE),
+            proxy_connections_per_session: network::DEFAULT_CONNECTIONS_PER_SESSION,
+            proxy_connections: network::DEFAULT_CONNECTIONS,
+            proxy_lookups_per_session: network::DEFAULT_LOOKUPS_PER_SESSION,
+            allow_uid: Vec::new(),
+            allow_gid: Vec::new(),
+            finished_output_budget: RunsConfig::DEFAULT_FINISHED_OUTPUT_BUDGET,
+            finished_runs_max: RunsConfig::DEFAULT_FINISHED_RUNS_MAX,
+            stall_timeout_ms: Self::DEFAULT_STALL_TIMEOUT_MS,
+            write_timeout_ms: Self::DEFAULT_WRITE_TIMEOUT_MS,
+            frame_timeout_ms: Self::DEFAULT_FRAME_TIMEOUT_MS,
+        }
+    }
 }
 
 /// A flag, or a combination of flags, that cannot be served; each names

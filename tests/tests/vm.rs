@@ -251,6 +251,12 @@ fn guest_the_spine_and_exec_over_virtio_serial_then_an_orderly_shutdown() {
         sh(&mut c, "a", "s", "echo one > f; cat f; id -u"),
         "one\n10000\n"
     );
+    // PID 1 empties the kernel's modprobe path while it mounts the kernel
+    // filesystems (bpffs would start a modprobe) and puts it back.
+    assert_eq!(
+        sh(&mut c, "a", "s", "cat /proc/sys/kernel/modprobe"),
+        "/sbin/modprobe\n"
+    );
     // The default image has no network device: the sandbox (here in the
     // supervisor's network, mode disabled) sees a loopback only.
     assert_eq!(

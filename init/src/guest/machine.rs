@@ -143,7 +143,15 @@ pub const KERNEL_MOUNTS: [KernelMount; 11] = [
 ];
 
 /// Mounts [`KERNEL_MOUNTS`]; one already there (`EBUSY`) is fine.
+///
+/// The kernel asks for no module meanwhile: from `/proc`'s mount to the
+/// last one, its modprobe path is empty, then put back. The first mount of
+/// bpffs asks for `bpf_preload`, which the guest's kernel neither has nor
+/// builds in (`CONFIG_BPF_PRELOAD` off): the kernel would start
+/// `/sbin/modprobe`, which finds nothing, on the boot's path (38 ms under
+/// TCG). With the path empty the kernel starts nothing (`ENOENT` at once).
 fn mount_kernel_filesystems() {
+    let mut modprobe = None;
     for m in KERNEL_MOUNTS {
         let _ = std::fs::create_dir_all(m.target);
         let data = std::ffi::CString::new(m.data).unwrap_or_default();
@@ -154,8 +162,24 @@ fn mount_kernel_filesystems() {
                 m.fstype, m.target
             )),
         }
+        if m.fstype == "proc" {
+            modprobe = std::fs::read(MODPROBE)
+                .ok()
+                .filter(|_| std::fs::write(MODPROBE, "\n").is_ok());
+        }
+    }
+    if let Some(path) = modprobe {
+        if let Err(e) = std::fs::write(MODPROBE, &path) {
+            log(format_args!(
+                "warning: cannot put back the kernel's modprobe path {:?}: {e}",
+                String::from_utf8_lossy(&path).trim_end()
+            ));
+        }
     }
 }
+
+/// The program the kernel starts to load a module it asks for.
+const MODPROBE: &str = "/proc/sys/kernel/modprobe";
 
 #[cfg(test)]
 mod tests {

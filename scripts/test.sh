@@ -56,10 +56,10 @@ step "release binaries: built in the background, at the lowest CPU and I/O prior
 # own. Its own process group, so that the trap can stop all of it. A new
 # session is also a scheduling group of its own where the kernel groups
 # sessions (autogroup), and a nice value counts only within the group:
-# the group gets the same nice value.
-setsid nice -n 19 ionice -c 3 scripts/build-release.sh >"$RELEASE" 2>"$RELEASE.err" &
+# the group gets the same nice value (set from inside the new session).
+setsid bash -c 'echo 19 2>/dev/null >/proc/self/autogroup; exec nice -n 19 ionice -c 3 scripts/build-release.sh' \
+    >"$RELEASE" 2>"$RELEASE.err" &
 release_pid=$!
-echo 19 2>/dev/null >"/proc/$release_pid/autogroup" || true
 
 step "unit tests (no privileges)"
 cargo test --workspace --exclude allox-integration 2>&1 | tee -a "$LOG"

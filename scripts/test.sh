@@ -5,8 +5,9 @@
 # manifests' tests, the core's tests again on an allox-init built without
 # plugins, the release binaries stripped (their sizes printed; built, and
 # the fuzz targets after them, in the background at the lowest priority
-# while the tests above run), the VM tests, and the protocol fuzz target for a bounded time. Installs
-# what it needs. Ends with the 20 slowest tests and the time it took.
+# while the tests above run), the VM tests, and the protocol fuzz target
+# for a bounded time. Installs what it needs. Ends with the 20 slowest
+# tests and the time it took.
 #
 #   sudo scripts/test.sh            # everything
 #   FUZZ_SECONDS=0 scripts/test.sh  # skip the fuzz run (it is still built)

@@ -14,13 +14,18 @@ fn setup(name: &str) -> Option<ProcDaemon> {
 
 /// [`setup`] with extra environment for the daemon.
 fn setup_with_env(name: &str, env: &[(&str, &str)]) -> Option<ProcDaemon> {
+    setup_with(name, env, &[])
+}
+
+/// [`setup`] with extra environment and flags for the daemon.
+fn setup_with(name: &str, env: &[(&str, &str)], flags: &[&str]) -> Option<ProcDaemon> {
     if !require(&format!("process::{name}")) {
         return None;
     }
     if allox_integration::cgroup2_mount().is_none() {
         panic!("process::{name} needs a cgroup2 mount (/sys/fs/cgroup or /sys/fs/cgroup/unified)");
     }
-    let d = ProcDaemon::start_with_env(name, env, &[]);
+    let d = ProcDaemon::start_with_env(name, env, flags);
     make_sessions(&d, &[("a", "s"), ("a", "t"), ("b", "s")]);
     Some(d)
 }
@@ -1373,8 +1378,9 @@ fn supervisor_memory_kib(d: &ProcDaemon) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-fn wait_run(d: &ProcDaemon, a: &str, s: &str, run_id: &str) -> RunResult {
-    match call(
+/// `process.wait` for a run, as the daemon answers it.
+fn try_wait_run(d: &ProcDaemon, a: &str, s: &str, run_id: &str) -> Result<Response, ErrorBody> {
+    call(
         d,
         Request::ProcessWait(ProcessWait {
             agent_id: a.into(),
@@ -1382,7 +1388,11 @@ fn wait_run(d: &ProcDaemon, a: &str, s: &str, run_id: &str) -> RunResult {
             run_id: run_id.into(),
             timeout_ms: Some(10_000),
         }),
-    ) {
+    )
+}
+
+fn wait_run(d: &ProcDaemon, a: &str, s: &str, run_id: &str) -> RunResult {
+    match try_wait_run(d, a, s, run_id) {
         Ok(Response::Exited(r)) => r,
         other => panic!("wait {run_id}: {other:?}"),
     }
@@ -1395,21 +1405,16 @@ fn thousands_of_finished_runs_keep_the_supervisor_small() {
     // 10,000 runs; the same code keeps both).
     const BUDGET: usize = 16 << 20;
     const KEPT: usize = 2_000;
-    if !require("process::thousands_of_finished_runs") {
-        return;
-    }
-    if allox_integration::cgroup2_mount().is_none() {
-        panic!("process::thousands_of_finished_runs needs a cgroup2 mount (/sys/fs/cgroup or /sys/fs/cgroup/unified)");
-    }
-    let d = ProcDaemon::start_with_env(
+    let Some(d) = setup_with(
         "thousands_of_finished_runs",
         &[],
         &[
             &format!("--finished-output-budget={BUDGET}"),
             &format!("--finished-runs-max={KEPT}"),
         ],
-    );
-    make_sessions(&d, &[("a", "s")]);
+    ) else {
+        return;
+    };
     // 2,500 runs of 48 KiB output each: 117 MiB if every run's output
     // were kept, 7.3 times the budget (470 MiB and 64 MiB by default).
     const RUNS: usize = 2_500;
@@ -1492,15 +1497,7 @@ fn thousands_of_finished_runs_keep_the_supervisor_small() {
     assert!(r.output_dropped, "{r:?}");
     assert!(r.stdout.is_empty() && r.stderr.is_empty());
     let (id, _) = ids[0].lock().unwrap().clone();
-    let forgotten = call(
-        &d,
-        Request::ProcessWait(ProcessWait {
-            agent_id: "a".into(),
-            session_id: "s".into(),
-            run_id: id.clone(),
-            timeout_ms: Some(10_000),
-        }),
-    );
+    let forgotten = try_wait_run(&d, "a", "s", &id);
     assert_eq!(
         forgotten.as_ref().map_err(|e| e.code),
         Err(ErrorCode::NotFound),

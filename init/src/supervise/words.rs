@@ -34,12 +34,11 @@ const SESSIONS_MEMORY_MAX: &str = "--sessions-memory-max";
 /// The flags of `words` (what follows `supervise`), or `None` where only
 /// the parser can say (see the module's documentation).
 pub fn parse(words: &[OsString]) -> Option<SuperviseArgs> {
+    // Every flag read here but `--root` and `--listen` is unset by
+    // default, so "given twice" is "already set".
+    let mut args = SuperviseArgs::at_defaults(PathBuf::new());
     let mut root = None;
     let mut listen: Vec<String> = Vec::new();
-    let mut under_init = false;
-    let mut store_mounted_fd = None;
-    let mut cgroup_root = None;
-    let mut limits: [Option<u64>; 4] = [None; 4];
     let mut words = words.iter();
     while let Some(word) = words.next() {
         let word = word.to_str()?;
@@ -48,10 +47,10 @@ pub fn parse(words: &[OsString]) -> Option<SuperviseArgs> {
             None => (word, None),
         };
         if flag == UNDER_INIT {
-            if under_init || inline.is_some() {
+            if args.under_init || inline.is_some() {
                 return None;
             }
-            under_init = true;
+            args.under_init = true;
             continue;
         }
         let value = match inline {
@@ -63,29 +62,20 @@ pub fn parse(words: &[OsString]) -> Option<SuperviseArgs> {
         }
         match flag {
             ROOT => once(&mut root, PathBuf::from(value))?,
-            CGROUP_ROOT => once(&mut cgroup_root, PathBuf::from(value))?,
-            STORE_MOUNTED_FD => once(&mut store_mounted_fd, decimal::<i32>(value)?)?,
+            CGROUP_ROOT => once(&mut args.cgroup_root, PathBuf::from(value))?,
+            STORE_MOUNTED_FD => once(&mut args.store_mounted_fd, decimal(value)?)?,
             LISTEN => listen.push(value.to_string()),
-            DEFAULT_PIDS_MAX => once(&mut limits[0], decimal(value)?)?,
-            DEFAULT_MEMORY_MAX => once(&mut limits[1], decimal(value)?)?,
-            SESSIONS_PIDS_MAX => once(&mut limits[2], decimal(value)?)?,
-            SESSIONS_MEMORY_MAX => once(&mut limits[3], decimal(value)?)?,
+            DEFAULT_PIDS_MAX => once(&mut args.default_pids_max, decimal(value)?)?,
+            DEFAULT_MEMORY_MAX => once(&mut args.default_memory_max, decimal(value)?)?,
+            SESSIONS_PIDS_MAX => once(&mut args.sessions_pids_max, decimal(value)?)?,
+            SESSIONS_MEMORY_MAX => once(&mut args.sessions_memory_max, decimal(value)?)?,
             _ => return None,
         }
     }
-    let mut args = SuperviseArgs::at_defaults(root?);
+    args.root = root?;
     if !listen.is_empty() {
         args.listen = listen;
     }
-    args.under_init = under_init;
-    args.store_mounted_fd = store_mounted_fd;
-    args.cgroup_root = cgroup_root;
-    [
-        args.default_pids_max,
-        args.default_memory_max,
-        args.sessions_pids_max,
-        args.sessions_memory_max,
-    ] = limits;
     Some(args)
 }
 

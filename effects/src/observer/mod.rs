@@ -257,11 +257,25 @@ fn observe_one(
     };
     match obs.finish(begin, &end, &mut chain, sock) {
         Ok(effects) => {
-            // Answered first; the snapshots go before the next `Begin` is
-            // read.
+            // Answered first, while the last records are written back (the
+            // supervisor verifies the set meanwhile); then durable; the
+            // snapshots go before the next `Begin` is read.
             let sent = wire::send(sock, &FromObserver::Closed(Box::new(effects)));
+            let durable = match chain.sync() {
+                Ok(()) => FromObserver::Durable {
+                    root: chain.head().to_string(),
+                },
+                Err(e) => FromObserver::Failed {
+                    why: format!("make the evidence durable: {e}"),
+                    head: chain.head().to_string(),
+                },
+            };
+            let sent = sent.and_then(|()| wire::send(sock, &durable));
             let loaded = obs.cleanup();
             sent.map_err(|e| format!("answer Closed: {e}"))?;
+            if let FromObserver::Failed { why, .. } = durable {
+                return Err(why);
+            }
             loaded.ok_or_else(|| "the history's programs cannot be used again".to_string())
         }
         Err(why) => Err(fail(sock, &mut chain, Some(obs), why)),
@@ -554,8 +568,9 @@ impl Observation {
                 sock,
             )?),
         };
+        // Made durable after `Closed` is answered ([`observe_one`]).
         let root = chain
-            .append(
+            .append_later(
                 "close",
                 &serde_json::json!({ "counters": counters, "phases_us": self.phases.json() }),
             )

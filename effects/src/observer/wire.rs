@@ -8,9 +8,15 @@
 //!         ◄────────────────────────── Sealed { baseline } | Failed
 //!   (clone the run into its frozen cgroup, thaw, … run ends, freeze,
 //!    survivors listed and killed, cgroup empty and frozen)
-//!   End ────────────────────────────►  captures B, closes, verifies
+//!   End ────────────────────────────►  captures B, closes
 //!         ◄────────────────────────── Closed(RunEffects) | Failed
+//!   (the pinned verifier reads the set)   makes the chain durable
+//!         ◄────────────────────────── Durable { root } | Failed
 //! ```
+//!
+//! `Closed` comes before the chain's last records are synced, so that
+//! the supervisor's verifier reads the set while the observer's syncs
+//! are written; the supervisor answers the run only after `Durable`.
 //!
 //! Protocol v3 (`Begin.recovery`): after B the observer makes the records
 //! so far durable and answers `CapturedB`; the supervisor fences the
@@ -136,6 +142,9 @@ pub enum FromObserver {
     /// Protocol v3: B and its verdict are durable, the chain's head is
     /// `head`; the workspace may be restored.
     CapturedB { head: String },
+    /// After `Closed`: every record of the chain, up to its root `root`,
+    /// is durable.
+    Durable { root: String },
 }
 
 /// Writes one message.

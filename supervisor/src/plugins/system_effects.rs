@@ -1016,19 +1016,23 @@ impl Plugin for SystemEffects {
         let mut fresh = false;
         let (obs, answer) = loop {
             let (mut obs, reused) = st.take_observer().map_err(|why| fault(why, ""))?;
-            // Durable before the observer is asked anything: a supervisor
-            // that stops from here on leaves the session to be fenced at its
-            // next start, and that observer to be awaited.
+            // Asked first, then the marker is written while A is taken;
+            // durable before the run can exist (it is made once A is
+            // sealed): a supervisor that stops from then on leaves the
+            // session to be fenced at its next start, and that observer
+            // to be awaited. One that stops before it, with no run made,
+            // leaves an observer that closes its chain with a fault.
             pending.observer = Some(obs.child.id());
+            let told = obs.tell(&begin);
             if let Err(e) = write_pending(&pending) {
                 let _ = std::fs::remove_file(evidence.join(PENDING));
-                st.give_back(obs);
+                obs.finish(Duration::from_secs(5));
                 return Err(answered(
                     ErrorCode::Internal,
                     format!("mark run {} observed in {}: {e}", r.run, evidence.display()),
                 ));
             }
-            let answer = obs.ask(&begin, SEAL_WAIT);
+            let answer = told.and_then(|()| obs.answer(SEAL_WAIT));
             // A waiting observer that died before it read `Begin` (it
             // wrote nothing): the run is asked of a new one, once.
             if answer.is_err()
@@ -1103,8 +1107,9 @@ impl Plugin for SystemEffects {
             .take();
         let lost = live.lost.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let fault = lost.clone().or(end.fault.clone());
-        let answer = match obs {
-            Some(mut o) => {
+        let mut obs = obs;
+        let answer = match obs.as_mut() {
+            Some(o) => {
                 let mut a = o.ask(
                     &ToObserver::End(End {
                         status: end.status.clone(),
@@ -1118,14 +1123,12 @@ impl Plugin for SystemEffects {
                     let rec = st.recover_workspace(run, plan, head, live.context_pid, core);
                     a = o.ask(&ToObserver::Recovered(Box::new(rec)), CLOSE_WAIT);
                 }
-                match &a {
-                    Ok(FromObserver::Closed(e)) if !e.fenced && lost.is_none() => st.give_back(o),
-                    _ => o.finish(Duration::from_secs(5)),
-                }
                 a
             }
             None => Err("the observer is gone".into()),
         };
+        // Whether the observer may observe the next run.
+        let mut reusable = false;
         let effects = match answer {
             Ok(FromObserver::Closed(e)) => {
                 let mut e = *e;
@@ -1138,7 +1141,8 @@ impl Plugin for SystemEffects {
                 } else {
                     // The independent check: the set as written, read back
                     // by the pinned verifier, must be sound and its verdict
-                    // follow from its captures.
+                    // follow from its captures. The observer makes the set
+                    // durable meanwhile, and says so once it is.
                     let why = match st.verify(&evidence, Some(&e.evidence_root)) {
                         Ok((r, _)) if r.ok => None,
                         Ok((r, _)) => Some(format!(
@@ -1147,12 +1151,26 @@ impl Plugin for SystemEffects {
                         )),
                         Err(why) => Some(why),
                     };
-                    if let Some(why) = why {
+                    let durable = match obs.as_mut().map(|o| o.answer(CLOSE_WAIT)) {
+                        Some(Ok(FromObserver::Durable { root })) if root == e.evidence_root => None,
+                        Some(Ok(FromObserver::Durable { root })) => Some(format!(
+                            "the observer made a chain with root {root} durable, not the {} it answered",
+                            e.evidence_root
+                        )),
+                        Some(Ok(FromObserver::Failed { why, .. })) => Some(why),
+                        Some(Ok(other)) => {
+                            Some(format!("the observer answered {other:?} after Closed"))
+                        }
+                        Some(Err(why)) => Some(why),
+                        None => Some("the observer is gone".into()),
+                    };
+                    if let Some(why) = why.or(durable) {
                         e.fenced = true;
                         e.fence_reason = Some(why);
                         e.verdict = EffectsVerdict::Incomplete;
                     }
                 }
+                reusable = !e.fenced && lost.is_none();
                 if e.fenced {
                     let why = e
                         .fence_reason
@@ -1205,6 +1223,13 @@ impl Plugin for SystemEffects {
                 )
             }
         };
+        if let Some(o) = obs {
+            if reusable {
+                st.give_back(o);
+            } else {
+                o.finish(Duration::from_secs(5));
+            }
+        }
         st.audit(
             run.agent,
             run.session,

@@ -252,7 +252,17 @@ pub struct Observer {
 impl Observer {
     /// Sends `m` and waits at most `wait` for the answer.
     pub fn ask(&mut self, m: &ToObserver, wait: Duration) -> Result<FromObserver, String> {
-        wire::send(&mut self.sock, m).map_err(|e| format!("write to the observer: {e}"))?;
+        self.tell(m)?;
+        self.answer(wait)
+    }
+
+    /// Sends `m`; the answer is read by [`Observer::answer`].
+    pub fn tell(&mut self, m: &ToObserver) -> Result<(), String> {
+        wire::send(&mut self.sock, m).map_err(|e| format!("write to the observer: {e}"))
+    }
+
+    /// Waits at most `wait` for the observer's next message.
+    pub fn answer(&mut self, wait: Duration) -> Result<FromObserver, String> {
         self.sock
             .set_read_timeout(Some(wait))
             .map_err(|e| format!("set the observer's timeout: {e}"))?;

@@ -253,6 +253,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         t_diff.push(t.elapsed());
         anyhow::ensure!(st.code() == Some(0), "diff -rq found a difference");
     }
+    let phases = phases_of(&sets("s"));
     drop(clients);
     drop(v2);
     drop(off);
@@ -330,6 +331,13 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         &t_diff,
     );
     println!();
+    println!("Where an observed run's time goes inside the observer (the `phases_us` of each `close` record of the sets of session `s`: `find` and `/bin/true`), p50 over {} sets; the phases run in turn, the captures beside each other:\n", phases.values().next().map_or(0, Vec::len));
+    println!("| phase | p50 | p99 |");
+    println!("|---|---:|---:|");
+    for (k, v) in &phases {
+        println!("| `{k}` | {} | {} |", us_or_ms(pct(v, 0.5)), us_or_ms(pct(v, 0.99)));
+    }
+    println!();
     let verify_ratio = pct(&t_verify_create, 0.5).as_secs_f64() / pct(&t_diff, 0.5).as_secs_f64();
 
     let (caps, cmds, have_bpftool) = capture_bench(if quick { 20 } else { 100 })?;
@@ -390,6 +398,33 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         seen.verdicts, seen.fenced
     );
     Ok(())
+}
+
+/// Each phase named in the `close` records of `sets`, with its time in
+/// every set that names it.
+fn phases_of(sets: &[std::path::PathBuf]) -> BTreeMap<String, Vec<Duration>> {
+    let mut out: BTreeMap<String, Vec<Duration>> = BTreeMap::new();
+    for set in sets {
+        let Ok(records) = std::fs::read_to_string(set.join(allox_effects::chain::RECORDS)) else {
+            continue;
+        };
+        let Some(last) = records.lines().last() else { continue };
+        let Ok(r) = serde_json::from_str::<allox_effects::chain::Record>(last) else {
+            continue;
+        };
+        let Ok(body) = allox_effects::chain::read_body(set, r.seq, &r.kind) else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) else { continue };
+        if let Some(m) = v.get("phases_us").and_then(|p| p.as_object()) {
+            for (k, us) in m {
+                if let Some(us) = us.as_u64() {
+                    out.entry(k.clone()).or_default().push(Duration::from_micros(us));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Each collector of a non-filesystem domain, called in-process, and the

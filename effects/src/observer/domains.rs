@@ -52,13 +52,76 @@ impl FsWatch {
 }
 
 /// The session's network namespace, when it is not the observer's.
-fn session_netns(begin: &Begin) -> Option<std::fs::File> {
-    let pid = begin.context_pid?;
+fn session_netns(context_pid: Option<i32>) -> Option<std::fs::File> {
+    let pid = context_pid?;
     let theirs = std::fs::File::open(format!("/proc/{pid}/ns/net")).ok()?;
     let ours = std::fs::metadata("/proc/self/ns/net").ok()?;
     use std::os::unix::fs::MetadataExt;
     let t = theirs.metadata().ok()?;
     (t.ino() != ours.ino() || t.dev() != ours.dev()).then_some(theirs)
+}
+
+/// Runs `job` on the observer's sysctl thread, which has a descriptor
+/// table of its own (`unshare(CLONE_FILES)`, every descriptor it was
+/// copied with closed but standard output and error), and waits for its
+/// capture.
+///
+/// The sysctl collector keeps a thousand `/proc/sys` descriptors per
+/// namespace between captures (its `KEPT`); in the
+/// process's own table they would be listed each time any observer's
+/// descriptors are ([`held_by_observers`] lists every observer's, twice a
+/// run: a thousand directory entries per observer, each looked up). Kept
+/// in that thread's table, `/proc/PID/fd` does not show them. Where the
+/// table cannot be made the job runs in the process's table (as the
+/// collector does outside the observer).
+#[allow(unsafe_code)]
+fn in_own_table(job: impl FnOnce() -> Capture + Send + 'static) -> Capture {
+    type Job = Box<dyn FnOnce() -> Capture + Send>;
+    type Asked = (Job, std::sync::mpsc::SyncSender<Capture>);
+    static THREAD: std::sync::OnceLock<Option<std::sync::Mutex<std::sync::mpsc::Sender<Asked>>>> =
+        std::sync::OnceLock::new();
+    let sender = THREAD.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Asked>();
+        std::thread::Builder::new()
+            .name("sysctl".into())
+            .spawn(move || {
+                // SAFETY: unshare(2) with CLONE_FILES only gives this
+                // thread a copy of the descriptor table.
+                if unsafe { libc::unshare(libc::CLONE_FILES) } == 0 {
+                    // The copies of the process's descriptors (its
+                    // conversation, its BPF objects) must not be held
+                    // here: closing one elsewhere would not close it.
+                    // SAFETY: this thread owns no descriptor yet; the
+                    // table closed is its own.
+                    unsafe {
+                        libc::syscall(libc::SYS_close_range, 0u32, 0u32, 0u32);
+                        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+                    }
+                }
+                for (job, answer) in rx {
+                    let _ = answer.send(job());
+                }
+            })
+            .ok()
+            .map(|_| std::sync::Mutex::new(tx))
+    });
+    let job: Job = Box::new(job);
+    let Some(sender) = sender else {
+        return job();
+    };
+    let (atx, arx) = std::sync::mpsc::sync_channel(1);
+    let sent = sender
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send((job, atx));
+    match sent {
+        Ok(()) => arx.recv().unwrap_or_else(|_| {
+            let mut c = Capture::new();
+            c.gap("sysctl: the capture's thread ended".to_string());
+            c
+        }),
+        Err(std::sync::mpsc::SendError((job, _))) => job(),
+    }
 }
 
 /// Merges `other` into `c`, its keys prefixed.
@@ -82,19 +145,24 @@ pub fn capture(d: EffectsDomain, begin: &Begin, history: &[HistoryRecord]) -> Op
     Some(match d {
         EffectsDomain::Workspace | EffectsDomain::Shared => return None,
         EffectsDomain::Sysctl => {
-            let mut c = collect::sysctl::capture(None, &volatile);
-            if let Some(ns) = session_netns(begin) {
-                merge_prefixed(
-                    &mut c,
-                    collect::sysctl::capture(Some(ns.as_fd()), &volatile),
-                    "session ",
-                );
-            }
-            c
+            let volatile: Vec<String> = volatile.iter().map(|v| v.to_string()).collect();
+            let context_pid = begin.context_pid;
+            in_own_table(move || {
+                let volatile: Vec<&str> = volatile.iter().map(String::as_str).collect();
+                let mut c = collect::sysctl::capture(None, &volatile);
+                if let Some(ns) = session_netns(context_pid) {
+                    merge_prefixed(
+                        &mut c,
+                        collect::sysctl::capture(Some(ns.as_fd()), &volatile),
+                        "session ",
+                    );
+                }
+                c
+            })
         }
         EffectsDomain::Network => {
             let mut c = collect::network::capture(None);
-            if let Some(ns) = session_netns(begin) {
+            if let Some(ns) = session_netns(begin.context_pid) {
                 merge_prefixed(
                     &mut c,
                     collect::network::capture(Some(ns.as_fd())),

@@ -164,9 +164,16 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     for round in 0..n + 1 {
         for (i, (c, layout)) in clients.iter_mut().enumerate() {
             let observed = i == 1;
+            // Each run starts on a filesystem with nothing left to write
+            // (both stores share it): the Btrfs commits an observed run
+            // makes write back what is dirty, the rounds' 10,000 files
+            // removed among it, which the unobserved runs never pay for.
+            settle()?;
             let f = timed(c, "s", &find, observed, &mut seen)?;
+            settle()?;
             let k = timed(c, "t", &create, observed, &mut seen)?;
             std::fs::remove_dir_all(layout.current("bench", "t").join("c"))?;
+            settle()?;
             let t = timed(c, "s", &truth, observed, &mut seen)?;
             if round > 0 {
                 t_find[i].push(f);
@@ -174,13 +181,13 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
                 t_true[i].push(t);
             }
         }
-        Command::new("sync").status()?;
     }
     // The baseline of the fixed cost: a checkpoint of the 10,000-file
     // workspace and its diff against the live tree, on the off daemon.
     let (c, _) = &mut clients[0];
     let mut t_ck = Vec::new();
     for i in 0..n + 1 {
+        settle()?;
         let id = format!("e{i}");
         let t = Instant::now();
         c.call(Request::CheckpointCreate(CheckpointCreate {
@@ -260,7 +267,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
 
     println!("## System effects (issue 31)\n");
     println!(
-        "Two daemons side by side, alternating: **off** (no plugin) and **v2** (`--plugin system-effects`, scope: bpf, sysctl, mount, network, modules, processes; the workspace is always observed){}. Each on a store of its own on the same loop-backed Btrfs; {n} rounds after one untimed warm-up round; times are `process.start` (wait) request to answer.\n",
+        "Two daemons side by side, alternating: **off** (no plugin) and **v2** (`--plugin system-effects`, scope: bpf, sysctl, mount, network, modules, processes; the workspace is always observed){}. Each on a store of its own on the same loop-backed Btrfs, written back (`sync`) before each timed run; {n} rounds after one untimed warm-up round; times are `process.start` (wait) request to answer.\n",
         if lsm {
             ""
         } else {
@@ -335,7 +342,11 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     println!("| phase | p50 | p99 |");
     println!("|---|---:|---:|");
     for (k, v) in &phases {
-        println!("| `{k}` | {} | {} |", us_or_ms(pct(v, 0.5)), us_or_ms(pct(v, 0.99)));
+        println!(
+            "| `{k}` | {} | {} |",
+            us_or_ms(pct(v, 0.5)),
+            us_or_ms(pct(v, 0.99))
+        );
     }
     println!();
     let verify_ratio = pct(&t_verify_create, 0.5).as_secs_f64() / pct(&t_diff, 0.5).as_secs_f64();
@@ -400,6 +411,13 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writes back every filesystem (`sync`), so that a timed run pays only
+/// for what it writes itself.
+fn settle() -> anyhow::Result<()> {
+    anyhow::ensure!(Command::new("sync").status()?.success(), "sync failed");
+    Ok(())
+}
+
 /// Each phase named in the `close` records of `sets`, with its time in
 /// every set that names it.
 fn phases_of(sets: &[std::path::PathBuf]) -> BTreeMap<String, Vec<Duration>> {
@@ -408,18 +426,24 @@ fn phases_of(sets: &[std::path::PathBuf]) -> BTreeMap<String, Vec<Duration>> {
         let Ok(records) = std::fs::read_to_string(set.join(allox_effects::chain::RECORDS)) else {
             continue;
         };
-        let Some(last) = records.lines().last() else { continue };
+        let Some(last) = records.lines().last() else {
+            continue;
+        };
         let Ok(r) = serde_json::from_str::<allox_effects::chain::Record>(last) else {
             continue;
         };
         let Ok(body) = allox_effects::chain::read_body(set, r.seq, &r.kind) else {
             continue;
         };
-        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) else { continue };
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) else {
+            continue;
+        };
         if let Some(m) = v.get("phases_us").and_then(|p| p.as_object()) {
             for (k, us) in m {
                 if let Some(us) = us.as_u64() {
-                    out.entry(k.clone()).or_default().push(Duration::from_micros(us));
+                    out.entry(k.clone())
+                        .or_default()
+                        .push(Duration::from_micros(us));
                 }
             }
         }

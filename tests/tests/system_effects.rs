@@ -447,6 +447,62 @@ fn observers_of(pid: u32) -> Vec<u32> {
     out
 }
 
+/// The descriptors in `dir` (a `/proc/PID/fd` or a task's) that are
+/// files of `/proc/sys`.
+fn proc_sys_descriptors(dir: &str) -> usize {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.starts_with("/proc/sys")))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn an_observers_kept_sysctl_descriptors_stay_out_of_its_listed_table() {
+    let Some((d, _scope, _one)) = start(
+        "an_observers_kept_sysctl_descriptors_stay_out_of_its_listed_table",
+        Some(r#"{"domains": ["sysctl", "bpf"]}"#),
+        &[],
+    ) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "s")]);
+    for _ in 0..2 {
+        let e = observed(&d, "a", "s", &["/bin/true"]);
+        assert_eq!(e.verdict, EffectsVerdict::Consistent, "{e:#?}");
+        // The root answered is the chain's as written.
+        let dir = d.daemon.root.join("state/effects/a/s").join(&e.run_id);
+        let v = allox_effects::chain::verify(&dir, Some(&e.evidence_root));
+        assert!(v.as_ref().is_ok_and(|v| v.closed), "{v:?}");
+    }
+    // The observer that captured keeps its `/proc/sys` descriptors for the
+    // next capture, on a thread whose table is its own: the process's
+    // table, which `/proc/PID/fd` lists (and every capture of the bpf
+    // domain lists for each observer), holds none of them.
+    let obs = observers_of(d.daemon.child.id());
+    assert!(!obs.is_empty(), "no observer waits");
+    let mut kept = 0;
+    for o in &obs {
+        let listed = proc_sys_descriptors(&format!("/proc/{o}/fd"));
+        assert_eq!(
+            listed, 0,
+            "observer {o} lists {listed} /proc/sys descriptors"
+        );
+        for t in std::fs::read_dir(format!("/proc/{o}/task"))
+            .unwrap()
+            .flatten()
+        {
+            kept = kept.max(proc_sys_descriptors(&format!("{}/fd", t.path().display())));
+        }
+    }
+    assert!(
+        kept >= 100,
+        "no observer's thread keeps the /proc/sys descriptors ({kept})"
+    );
+}
+
 #[test]
 fn the_observer_killed_from_outside_fences_the_session() {
     let Some((d, _scope, _one)) = start(

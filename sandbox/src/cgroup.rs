@@ -41,6 +41,8 @@ pub enum CgroupError {
     KillTimeout { path: PathBuf, waited: Duration },
     #[error("{path} did not freeze within {waited:?} (cgroup.events never said `frozen 1`)")]
     FreezeTimeout { path: PathBuf, waited: Duration },
+    #[error("the freeze of {path} was withdrawn (thawed) before it finished")]
+    FreezeWithdrawn { path: PathBuf },
 }
 
 fn io_err(op: &'static str, path: &Path, source: io::Error) -> CgroupError {
@@ -401,15 +403,23 @@ impl Cgroups {
     /// Freezes `dir` (`cgroup.freeze`) and waits, woken by the kernel's
     /// notification on `cgroup.events`, until it says `frozen 1`: every
     /// task of it stopped (a task in a system call stops at its end). Past
-    /// `timeout` it is an error, and the cgroup is left asked to freeze.
+    /// `timeout` it is an error, and the cgroup is left asked to freeze; a
+    /// thaw meanwhile (`cgroup.freeze` back to 0, by another thread) ends
+    /// the wait at once, `FreezeWithdrawn`.
     pub fn freeze(&self, dir: &Path, timeout: Duration) -> Result<(), CgroupError> {
         let file = dir.join("cgroup.freeze");
         std::fs::write(&file, "1").map_err(|e| io_err("write", &file, e))?;
-        self.wait_event(dir, "frozen 1", timeout)
-            .map_err(|waited| CgroupError::FreezeTimeout {
+        let withdrawn = || read_trim(&file).is_ok_and(|v| v == "0");
+        match self.wait_event(dir, "frozen 1", timeout, &withdrawn) {
+            Ok(()) => Ok(()),
+            Err(_) if withdrawn() => Err(CgroupError::FreezeWithdrawn {
+                path: dir.to_path_buf(),
+            }),
+            Err(waited) => Err(CgroupError::FreezeTimeout {
                 path: dir.to_path_buf(),
                 waited,
-            })
+            }),
+        }
     }
 
     /// Lets `dir`'s tasks run again.
@@ -426,8 +436,15 @@ impl Cgroups {
     }
 
     /// Waits until `cgroup.events` has the line `want`, woken by the
-    /// kernel's notifications; the time waited if it never came.
-    fn wait_event(&self, dir: &Path, want: &str, timeout: Duration) -> Result<(), Duration> {
+    /// kernel's notifications; given up as soon as `stop` says so. The
+    /// time waited if it never came.
+    fn wait_event(
+        &self,
+        dir: &Path,
+        want: &str,
+        timeout: Duration,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<(), Duration> {
         let events = dir.join("cgroup.events");
         let fd = rustix::fs::open(&events, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
             .map_err(|_| Duration::ZERO)?;
@@ -437,6 +454,9 @@ impl Cgroups {
             let ev = read_trim(&events).map_err(|_| start.elapsed())?;
             if ev.lines().any(|l| l.trim() == want) {
                 return Ok(());
+            }
+            if stop() {
+                return Err(start.elapsed());
             }
             let left = timeout.saturating_sub(start.elapsed());
             if left.is_zero() {

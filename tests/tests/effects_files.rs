@@ -11,6 +11,7 @@ use allox_effects::collect::fanotify::{Owner, Watch, WatchOptions};
 use allox_effects::collect::snapshots::{attribute, Who};
 use allox_effects::collect::tree::{capture, TreeLimits};
 use allox_effects::collect::{compare, Difference};
+use allox_effects::observer::files::{self, Snapshots};
 use allox_integration::{cgroup2_mount, remove_cgroup_tree, require, BtrfsFs};
 use allox_protocol::EffectChangeKind;
 use std::collections::HashSet;
@@ -240,6 +241,63 @@ fn shared_writes_are_attributed_to_the_run_and_to_another_session() {
     assert!(tb.items.contains_key("x"));
     let snap = capture(&snap_b, &limits);
     assert!(snap.items["sessions/sA/current"].starts_with("boundary "));
+}
+
+/// What `files::diff` lists between two points' `shared/`, as
+/// `(key, kind)`.
+fn shared_diff(a: &Snapshots, b: &Snapshots) -> Vec<(String, EffectChangeKind)> {
+    let (d, cut) = files::diff(&a.shared(), &b.shared(), false).expect("diff");
+    assert!(!cut);
+    d.into_iter().map(|d| (d.key, d.kind)).collect()
+}
+
+#[test]
+fn an_empty_shared_is_an_empty_tree_without_a_snapshot() {
+    if !require("an_empty_shared_is_an_empty_tree_without_a_snapshot") {
+        return;
+    }
+    let fs = BtrfsFs::new(512).unwrap();
+    let ws = store(&fs);
+    let current = ws.join("sessions/sA/current");
+    let shared = ws.join("shared");
+    std::fs::remove_file(shared.join("old")).unwrap();
+    let ev = fs.path().join("evidence");
+    std::fs::create_dir(&ev).unwrap();
+    // Empty at A: no snapshot of the agent's workspace.
+    let a = Snapshots::take(&ev, "a", &current, &ws).unwrap();
+    assert_eq!(a.agent, None, "{a:?}");
+    assert!(!a.shared().exists());
+    // A file written: B is a snapshot, the file added against the empty A.
+    std::fs::write(shared.join("x"), b"x").unwrap();
+    let b = Snapshots::take(&ev, "b", &current, &ws).unwrap();
+    let agent_b = b.agent.clone().expect("B snapshots the agent's workspace");
+    assert!(agent_b.join("shared/x").exists());
+    assert_eq!(
+        shared_diff(&a, &b),
+        vec![("x".to_string(), EffectChangeKind::Added)]
+    );
+    // Removed again: empty at C, no snapshot, the removal listed against B.
+    std::fs::remove_file(shared.join("x")).unwrap();
+    let c = Snapshots::take(&ev, "c", &current, &ws).unwrap();
+    assert_eq!(c.agent, None, "{c:?}");
+    assert_eq!(
+        shared_diff(&b, &c),
+        vec![("x".to_string(), EffectChangeKind::Removed)]
+    );
+    // Empty at both points: nothing, as between two snapshots.
+    assert_eq!(shared_diff(&a, &c), vec![]);
+    // A hidden entry is an entry: snapshotted.
+    std::fs::write(shared.join(".h"), b"h").unwrap();
+    let d = Snapshots::take(&ev, "d", &current, &ws).unwrap();
+    assert!(d.agent.is_some(), "{d:?}");
+    assert_eq!(
+        shared_diff(&c, &d),
+        vec![(".h".to_string(), EffectChangeKind::Added)]
+    );
+    for s in [&a, &b, &c, &d] {
+        s.remove();
+    }
+    assert!(!agent_b.exists(), "the snapshots are deleted");
 }
 
 #[test]

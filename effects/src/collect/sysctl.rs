@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 
 /// Keys whose values change on their own, skipped by both captures. An
 /// entry ending in `*` is a prefix. Found by capturing twice, seconds
@@ -134,13 +134,17 @@ pub fn capture_under(root: &Path, prefix: &str, volatile: &[&str]) -> Capture {
     capture_kept(root, prefix, volatile, &mut Files::default(), false)
 }
 
-/// Walks `root`, naming each file `prefix.a.b`. Each directory directly
-/// under `root` is walked on a thread of its own (a thread made by a thread
-/// inside a network namespace is inside it too); the files are opened
-/// relative to their directory's descriptor, their kind taken from the
-/// directory entry, or reread through the descriptors in `files`, which
-/// are left holding every file read (moved to [`KEPT_FD_BASE`] and above
-/// when `high`).
+/// Walks `root`, naming each file `prefix.a.b`, on a few threads that
+/// take directories from one queue: the root's own files are read here;
+/// a directory directly under the root is read for its files and its
+/// subdirectories are queued (`/proc/sys/net` alone holds four files in
+/// five, most of them below `net.ipv4` and `net.ipv6`); a directory below
+/// that is walked whole by the thread that took it. A thread made by a
+/// thread inside a network namespace is inside it too. The files are
+/// opened relative to their directory's descriptor, their kind taken from
+/// the directory entry, or reread through the descriptors in `files`,
+/// which are left holding every file read (by the directory they were
+/// read under; moved to [`KEPT_FD_BASE`] and above when `high`).
 fn capture_kept(
     root: &Path,
     prefix: &str,
@@ -156,10 +160,20 @@ fn capture_kept(
             return c;
         }
     };
-    let mut subdirs = Vec::new();
+    // The descriptors kept by the last capture, by directory, each taken
+    // out by the walk of its directory; those left (directories gone) are
+    // closed at the end.
+    let pool = Mutex::new(std::mem::take(files));
+    let kept_under = |key: &str| {
+        pool.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key)
+            .unwrap_or_default()
+    };
+    let mut first = Vec::new();
     let mut top = Walker {
         volatile,
-        old: files.remove("").unwrap_or_default(),
+        old: kept_under(""),
         new: HashMap::new(),
         buf: vec![0u8; 4096],
         high,
@@ -169,47 +183,114 @@ fn capture_kept(
         &root.display().to_string(),
         prefix,
         &mut c,
-        Some(&mut subdirs),
+        Some(&mut first),
     );
-    files.insert(String::new(), top.new);
-    let parts: Vec<(Capture, HashMap<String, OwnedFd>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = subdirs
-            .iter()
+    let mut kept = Files::new();
+    kept.insert(String::new(), top.new);
+    // (directory, path, key, whether only its files are read here and its
+    // subdirectories queued, the descriptors kept under it)
+    type Unit = (OwnedFd, String, String, bool, HashMap<String, OwnedFd>);
+    // The directories to walk, and how many are being split (whose
+    // subdirectories are still to come): a thread ends when there is
+    // nothing to take and nothing is coming.
+    let queue: Mutex<(Vec<Unit>, usize)> = Mutex::new((
+        first
+            .into_iter()
+            .rev()
             .map(|(fd, path, key)| {
-                let old = files.remove(key).unwrap_or_default();
-                s.spawn(move || {
-                    let mut part = Capture::new();
-                    let mut w = Walker {
-                        volatile,
-                        old,
-                        new: HashMap::new(),
-                        buf: vec![0u8; 4096],
-                        high,
-                    };
-                    w.walk(fd, path, key, &mut part, None);
-                    (part, w.new)
+                let old = kept_under(&key);
+                (fd, path, key, true, old)
+            })
+            .collect(),
+        0,
+    ));
+    let more = Condvar::new();
+    let take = || {
+        let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(u) = q.0.pop() {
+                if u.3 {
+                    q.1 += 1;
+                }
+                return Some(u);
+            }
+            if q.1 == 0 {
+                return None;
+            }
+            q = more.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+    };
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 4));
+    let parts: Vec<Vec<(Capture, String, HashMap<String, OwnedFd>)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut done = Vec::new();
+                    let mut buf = vec![0u8; 4096];
+                    while let Some((fd, path, key, split, old)) = take() {
+                        let mut part = Capture::new();
+                        let mut w = Walker {
+                            volatile,
+                            old,
+                            new: HashMap::new(),
+                            buf: std::mem::take(&mut buf),
+                            high,
+                        };
+                        if split {
+                            // Counted out even if the walk panics, so that
+                            // the others do not wait for it forever.
+                            struct Splitting<'q>(&'q Mutex<(Vec<Unit>, usize)>, &'q Condvar);
+                            impl Drop for Splitting<'_> {
+                                fn drop(&mut self) {
+                                    self.0.lock().unwrap_or_else(|e| e.into_inner()).1 -= 1;
+                                    self.1.notify_all();
+                                }
+                            }
+                            let _counted = Splitting(&queue, &more);
+                            let mut below = Vec::new();
+                            w.walk(&fd, &path, &key, &mut part, Some(&mut below));
+                            let below: Vec<Unit> = below
+                                .into_iter()
+                                .rev()
+                                .map(|(fd, path, k)| {
+                                    let old = kept_under(&k);
+                                    (fd, path, k, false, old)
+                                })
+                                .collect();
+                            queue
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .0
+                                .extend(below);
+                        } else {
+                            w.walk(&fd, &path, &key, &mut part, None);
+                        }
+                        buf = std::mem::take(&mut w.buf);
+                        done.push((part, key, w.new));
+                    }
+                    done
                 })
             })
             .collect();
         handles
             .into_iter()
-            .zip(&subdirs)
-            .map(|(h, (_, path, _))| {
+            .map(|h| {
                 h.join().unwrap_or_else(|_| {
                     let mut g = Capture::new();
-                    g.gap(format!("sysctl: {path}: the walk panicked"));
-                    (g, HashMap::new())
+                    g.gap(format!("sysctl: {}: a walk panicked", root.display()));
+                    vec![(g, String::new(), HashMap::new())]
                 })
             })
             .collect()
     });
-    for ((p, kept), (_, _, key)) in parts.into_iter().zip(&subdirs) {
+    for (p, key, new) in parts.into_iter().flatten() {
         c.items.extend(p.items);
         c.gaps.extend(p.gaps);
-        files.insert(key.clone(), kept);
+        kept.entry(key).or_default().extend(new);
     }
     // Directories that are gone take their descriptors with them.
-    files.retain(|k, _| k.is_empty() || subdirs.iter().any(|(_, _, key)| key == k));
+    drop(pool);
+    *files = kept;
     c
 }
 

@@ -1,7 +1,8 @@
 //! The `workspace` and `shared` domains: read-only Btrfs snapshots of the
 //! session's `current/` and of its agent's workspace (which holds
-//! `shared/`) at A and at B, compared by the store's diff, each changed
-//! file's contents hashed on both sides for the evidence.
+//! `shared/`; not snapshotted at a point where `shared/` is empty) at A and
+//! at B, compared by the store's diff, each changed file's contents hashed
+//! on both sides for the evidence.
 //!
 //! A read-only snapshot cannot change after it is made, so the pair of
 //! snapshots is the whole state of both trees at A and B; the diff (with
@@ -17,23 +18,35 @@ use std::path::{Path, PathBuf};
 /// The snapshots taken at one point.
 #[derive(Debug)]
 pub struct Snapshots {
-    /// `<evidence>/<label>-workspace`, `<evidence>/<label>-agent`.
+    /// `<evidence>/<label>-workspace`.
     pub workspace: PathBuf,
-    pub agent: PathBuf,
+    /// `<evidence>/<label>-agent`; `None` when the agent's `shared/` was
+    /// empty (or missing) when looked at: an empty tree needs no snapshot
+    /// (and its Btrfs commit) to be known.
+    pub agent: Option<PathBuf>,
+    /// Where [`Snapshots::shared`] points without an agent snapshot: a
+    /// path that does not exist, which the diff takes for an empty tree.
+    none: PathBuf,
 }
 
 impl Snapshots {
-    /// Snapshots `workspace` and `agent_workspace` read-only into
-    /// `dir` as `<label>-workspace` and `<label>-agent`.
+    /// Snapshots `workspace` and, unless its `shared/` is empty,
+    /// `agent_workspace` read-only into `dir` as `<label>-workspace` and
+    /// `<label>-agent`.
+    ///
+    /// An empty `shared/` is read as such at one instant (an entry made
+    /// after it was listed is made after this point, as one made after a
+    /// snapshot would be), and later compared as an empty tree.
     pub fn take(
         dir: &Path,
         label: &str,
         workspace: &Path,
         agent_workspace: &Path,
     ) -> Result<Snapshots, String> {
-        let s = Snapshots {
+        let mut s = Snapshots {
             workspace: dir.join(format!("{label}-workspace")),
-            agent: dir.join(format!("{label}-agent")),
+            agent: None,
+            none: dir.join(format!("{label}-agent-empty")).join("shared"),
         };
         allox_store::btrfs::snapshot(workspace, &s.workspace, true).map_err(|e| {
             format!(
@@ -41,26 +54,42 @@ impl Snapshots {
                 allox_protocol::error_chain(&e)
             )
         })?;
+        let empty = match empty_or_missing(&agent_workspace.join("shared")) {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = allox_store::btrfs::delete_subvolume(&s.workspace);
+                return Err(e);
+            }
+        };
+        if empty {
+            return Ok(s);
+        }
         // One after the other: two snapshots asked for at once were slower
         // here than in turn (each waits for the other's commit).
-        if let Err(e) = allox_store::btrfs::snapshot(agent_workspace, &s.agent, true) {
+        let agent = dir.join(format!("{label}-agent"));
+        if let Err(e) = allox_store::btrfs::snapshot(agent_workspace, &agent, true) {
             let _ = allox_store::btrfs::delete_subvolume(&s.workspace);
             return Err(format!(
                 "snapshot the agent's workspace: {}",
                 allox_protocol::error_chain(&e)
             ));
         }
+        s.agent = Some(agent);
         Ok(s)
     }
 
-    /// The snapshot's `shared/`.
+    /// The snapshot's `shared/` (a missing path, an empty tree, when the
+    /// agent's workspace was not snapshotted).
     pub fn shared(&self) -> PathBuf {
-        self.agent.join("shared")
+        match &self.agent {
+            Some(a) => a.join("shared"),
+            None => self.none.clone(),
+        }
     }
 
-    /// Deletes both snapshots.
+    /// Deletes the snapshots.
     pub fn remove(&self) {
-        for p in [&self.workspace, &self.agent] {
+        for p in std::iter::once(&self.workspace).chain(self.agent.as_ref()) {
             if let Err(e) = allox_store::btrfs::delete_subvolume(p) {
                 eprintln!(
                     "allox-observe: cannot delete the snapshot {}: {e}",
@@ -68,6 +97,21 @@ impl Snapshots {
                 );
             }
         }
+    }
+}
+
+/// Whether `dir` has no entry or does not exist; an entry that is not a
+/// directory, or one that cannot be listed, is not empty (it is
+/// snapshotted and compared as it is).
+fn empty_or_missing(dir: &Path) -> Result<bool, String> {
+    match std::fs::read_dir(dir) {
+        Ok(mut rd) => match rd.next() {
+            None => Ok(true),
+            Some(Ok(_)) => Ok(false),
+            Some(Err(e)) => Err(format!("list {}: {e}", dir.display())),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(_) => Ok(false),
     }
 }
 
@@ -178,7 +222,17 @@ fn hash_file(p: &Path) -> std::io::Result<String> {
 /// paths and Btrfs generations.
 pub fn identity(s: &Snapshots) -> Capture {
     let mut c = Capture::new();
-    for (k, p) in [("workspace", &s.workspace), ("agent", &s.agent)] {
+    for (k, p) in [
+        ("workspace", Some(&s.workspace)),
+        ("agent", s.agent.as_ref()),
+    ] {
+        let Some(p) = p else {
+            c.insert(
+                format!("snapshot {k}"),
+                "none: shared/ was empty".to_string(),
+            );
+            continue;
+        };
         match allox_store::btrfs::subvolume_id(p) {
             Ok(id) => c.insert(
                 format!("snapshot {k}"),

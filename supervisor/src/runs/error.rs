@@ -153,7 +153,7 @@ fn cgroup_code(e: &CgroupError) -> ErrorCode {
         CgroupError::KillTimeout { .. } | CgroupError::FreezeTimeout { .. } => {
             ErrorCode::Unavailable
         }
-        CgroupError::InUse { .. } => ErrorCode::Conflict,
+        CgroupError::InUse { .. } | CgroupError::FreezeWithdrawn { .. } => ErrorCode::Conflict,
         CgroupError::Io { .. } => ErrorCode::Internal,
     }
 }

@@ -10,6 +10,7 @@
 
 use super::{RunError, Runs};
 use allox_protocol::PauseInfo;
+use allox_sandbox::cgroup::CgroupError;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -57,24 +58,37 @@ impl Runs {
         self.cgroups
             .ensure_session(a, s, &self.cfg.limits)
             .map_err(RunError::Cgroup)?;
-        let dirs = self.pause_dirs(a, s);
-        for (i, d) in dirs.iter().enumerate() {
-            if let Err(source) = self.cgroups.freeze(d, PAUSE_BOUND) {
-                for d in &dirs[..=i] {
-                    let _ = self.cgroups.thaw(d);
-                }
-                return Err(RunError::Pause {
-                    agent: a.into(),
-                    session: s.into(),
-                    source,
-                });
-            }
-        }
-        let info = PauseInfo {
+        let info = || PauseInfo {
             since_ms: allox_store::clock::now_ms(),
             reason: reason.into(),
             hold,
         };
+        let dirs = self.pause_dirs(a, s);
+        for (i, d) in dirs.iter().enumerate() {
+            match self.cgroups.freeze(d, PAUSE_BOUND) {
+                Ok(()) => {}
+                // A resume while the freeze was awaited thawed the session:
+                // it wins, as below.
+                Err(CgroupError::FreezeWithdrawn { .. }) => {
+                    for d in &dirs[..i] {
+                        let _ = self.cgroups.thaw(d);
+                    }
+                    tracing::info!(agent = a, session = s, "pause overtaken by a resume");
+                    return Ok(info());
+                }
+                Err(source) => {
+                    for d in &dirs[..=i] {
+                        let _ = self.cgroups.thaw(d);
+                    }
+                    return Err(RunError::Pause {
+                        agent: a.into(),
+                        session: s.into(),
+                        source,
+                    });
+                }
+            }
+        }
+        let info = info();
         let mut paused = self.paused.0.lock().unwrap_or_else(|e| e.into_inner());
         // A resume that came while the freeze was awaited (it found the
         // session frozen and thawed it) wins: the session runs, and is not

@@ -190,6 +190,9 @@ fn capture_kept(
     // (directory, path, key, whether only its files are read here and its
     // subdirectories queued, the descriptors kept under it)
     type Unit = (OwnedFd, String, String, bool, HashMap<String, OwnedFd>);
+    // What a thread read: per directory, its items and the descriptors
+    // kept under it.
+    type Done = Vec<(Capture, String, HashMap<String, OwnedFd>)>;
     // The directories to walk, and how many are being split (whose
     // subdirectories are still to come): a thread ends when there is
     // nothing to take and nothing is coming.
@@ -221,7 +224,7 @@ fn capture_kept(
         }
     };
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 4));
-    let parts: Vec<Vec<(Capture, String, HashMap<String, OwnedFd>)>> = std::thread::scope(|s| {
+    let parts: Vec<Done> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
                 s.spawn(|| {

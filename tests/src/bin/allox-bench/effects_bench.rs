@@ -316,8 +316,6 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     row("the same, v2", &t_shares[1], &t_shares[0]);
     println!();
 
-    let fixed50 = pct(&t_true[1], 0.5).saturating_sub(pct(&t_true[0], 0.5));
-    let fixed99 = pct(&t_true[1], 0.99).saturating_sub(pct(&t_true[0], 0.99));
     let ck50 = pct(&t_ck, 0.5);
     let ck99 = pct(&t_ck, 0.99);
     println!("v2's fixed cost per run (observed `/bin/true` − unobserved `/bin/true`, 10,000-file workspace) against `checkpoint.create` + `checkpoint.diff` (checkpoint against the live tree) of the same workspace over the RPC:\n");
@@ -328,21 +326,23 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         us_or_ms(ck50),
         us_or_ms(ck99)
     );
-    let fixed_ratio = fixed50.as_secs_f64() / ck50.as_secs_f64();
-    println!(
-        "| v2's fixed cost (`shared/` empty: one snapshot at A and at B) | {} | {} | {fixed_ratio:.2}× | {:.2}× |",
-        us_or_ms(fixed50),
-        us_or_ms(fixed99),
-        fixed99.as_secs_f64() / ck99.as_secs_f64()
-    );
-    let shares50 = pct(&t_shares[1], 0.5).saturating_sub(pct(&t_shares[0], 0.5));
-    let shares99 = pct(&t_shares[1], 0.99).saturating_sub(pct(&t_shares[0], 0.99));
-    let shares_ratio = shares50.as_secs_f64() / ck50.as_secs_f64();
-    println!(
-        "| v2's fixed cost (a file in `shared/`: two snapshots at A and at B) | {} | {} | {shares_ratio:.2}× | {:.2}× |",
-        us_or_ms(shares50),
-        us_or_ms(shares99),
-        shares99.as_secs_f64() / ck99.as_secs_f64()
+    // One row of the fixed cost (`[off, v2]` runs); its ratio at p50.
+    let fixed = |name: &str, t: &[Vec<Duration>; 2]| -> f64 {
+        let at = |q| pct(&t[1], q).saturating_sub(pct(&t[0], q));
+        let (f50, f99) = (at(0.5), at(0.99));
+        let ratio = f50.as_secs_f64() / ck50.as_secs_f64();
+        println!(
+            "| v2's fixed cost ({name}) | {} | {} | {ratio:.2}× | {:.2}× |",
+            us_or_ms(f50),
+            us_or_ms(f99),
+            f99.as_secs_f64() / ck99.as_secs_f64()
+        );
+        ratio
+    };
+    let fixed_ratio = fixed("`shared/` empty: one snapshot at A and at B", &t_true);
+    let shares_ratio = fixed(
+        "a file in `shared/`: two snapshots at A and at B",
+        &t_shares,
     );
     println!();
 

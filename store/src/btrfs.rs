@@ -171,6 +171,29 @@ impl Default for TreeSearch {
 }
 
 impl TreeSearch {
+    /// One search: calls `f` for each of the first `n` keys at or after the
+    /// search key's lower bound, up to its upper bound, in key order, of
+    /// whatever type (the kernel compares whole keys), as many as fit its
+    /// buffer; answers how many there were. Fewer than `n` do not mean the
+    /// tree ends: only none does.
+    pub fn first(
+        &mut self,
+        fd: &impl AsFd,
+        key: SearchKey,
+        n: u32,
+        mut f: impl FnMut(&Item<'_>),
+    ) -> Result<u32, BtrfsError> {
+        let args = &mut *self.args;
+        args.key = key;
+        args.key.nr_items = n;
+        args.buf_size = SEARCH_BUF as u64;
+        ioctl(fd, IOC_TREE_SEARCH_V2, args)
+            .map_err(|e| io_err("search tree", Path::new(&format!("{}", key.tree_id)), e))?;
+        let got = args.key.nr_items;
+        items(&args.buf, got, |it| f(it));
+        Ok(got)
+    }
+
     /// Calls `f` for every item the search key selects, in key order. The
     /// kernel compares whole keys `(objectid, type, offset)` against the two
     /// bounds, so items of other types between them are dropped here.
@@ -192,28 +215,13 @@ impl TreeSearch {
             if n == 0 {
                 return Ok(());
             }
-            let buf = &args.buf;
-            let (mut at, mut last) = (0usize, (0u64, 0u8, 0u64));
-            for _ in 0..n {
-                let word =
-                    |i: usize| u64::from_ne_bytes(buf[at + i..at + i + 8].try_into().unwrap());
-                let half =
-                    |i: usize| u32::from_ne_bytes(buf[at + i..at + i + 4].try_into().unwrap());
-                let (transid, objectid, offset, kind) = (word(0), word(8), word(16), half(24));
-                let len = half(28) as usize;
-                let data = &buf[at + 32..at + 32 + len];
-                at += 32 + len;
-                last = (objectid, kind as u8, offset);
-                if types.contains(&kind) {
-                    f(&Item {
-                        objectid,
-                        kind: kind as u8,
-                        offset,
-                        transid,
-                        data,
-                    });
+            let mut last = (0u64, 0u8, 0u64);
+            items(&args.buf, n, |it| {
+                last = (it.objectid, it.kind, it.offset);
+                if types.contains(&u32::from(it.kind)) {
+                    f(it);
                 }
-            }
+            });
             // Continue just after the last key returned.
             let (o, t, off) = last;
             let next = if off < u64::MAX {
@@ -233,6 +241,28 @@ impl TreeSearch {
             args.key.min_type = u32::from(t);
             args.key.min_offset = off;
         }
+    }
+}
+
+/// Calls `f` for each of the `n` items a search left in `buf`
+/// (`struct btrfs_ioctl_search_header` and the item's bytes, one after the
+/// other).
+fn items(buf: &[u8], n: u32, mut f: impl FnMut(&Item<'_>)) {
+    let mut at = 0usize;
+    for _ in 0..n {
+        let word = |i: usize| u64::from_ne_bytes(buf[at + i..at + i + 8].try_into().unwrap());
+        let half = |i: usize| u32::from_ne_bytes(buf[at + i..at + i + 4].try_into().unwrap());
+        let (transid, objectid, offset, kind) = (word(0), word(8), word(16), half(24));
+        let len = half(28) as usize;
+        let data = &buf[at + 32..at + 32 + len];
+        at += 32 + len;
+        f(&Item {
+            objectid,
+            kind: kind as u8,
+            offset,
+            transid,
+            data,
+        });
     }
 }
 

@@ -229,32 +229,38 @@ impl Hints {
             }
         }
         for tree in [a, b] {
-            let mut todo: Vec<u64> = h.changed.iter().copied().collect();
+            // The changed inodes first, in inode order, so that a run of
+            // them this tree holds no item of (files made on the other
+            // side only: new inodes take numbers above every older one)
+            // is passed over with one search; then the directories above.
+            let mut first: Vec<u64> = h.changed.iter().copied().collect();
+            first.sort_unstable_by(|x, y| y.cmp(x));
+            let mut todo: Vec<u64> = Vec::new();
             let mut seen: HashSet<u64> = HashSet::new();
-            while let Some(ino) = todo.pop() {
+            // No item of this tree has an objectid above `.0` and below
+            // `.1` (none above `.0` at all when `.1` is `None`).
+            let mut clear: Option<(u64, Option<u64>)> = None;
+            while let Some((ino, in_order)) = first
+                .pop()
+                .map(|i| (i, true))
+                .or_else(|| todo.pop().map(|i| (i, false)))
+            {
                 if ino == SUBVOL_ROOT_INO || !seen.insert(ino) {
                     continue;
                 }
-                let mut parents = Vec::new();
-                match known.get(&(tree, ino)) {
-                    Some(k) if k.nlink == Some(1) && k.parents.len() == 1 => {
-                        parents.push(k.parents[0])
-                    }
-                    _ => {
-                        let key =
-                            SearchKey::object(tree, ino, item::INODE_REF..=item::INODE_EXTREF);
-                        search
-                            .run(from, key, |it| {
-                                if it.kind == item::INODE_REF {
-                                    parents.push(it.offset);
-                                } else if it.data.len() >= 8 {
-                                    parents
-                                        .push(u64::from_le_bytes(it.data[..8].try_into().unwrap()));
-                                }
-                            })
-                            .map_err(bt)?;
-                    }
+                if in_order && clear.is_some_and(|(x, y)| ino > x && y.is_none_or(|y| ino < y)) {
+                    continue;
                 }
+                let parents = match known.get(&(tree, ino)) {
+                    Some(k) if k.nlink == Some(1) && k.parents.len() == 1 => vec![k.parents[0]],
+                    _ => {
+                        let (parents, next) = parents_of(&mut search, from, tree, ino)?;
+                        if in_order {
+                            clear = next.map(|next| (ino, next));
+                        }
+                        parents
+                    }
+                };
                 for p in parents {
                     h.above.insert(p);
                     todo.push(p);
@@ -266,6 +272,62 @@ impl Hints {
         }
         Ok(Some(h))
     }
+}
+
+/// Keys a search for an inode's references asks for at once: its
+/// references come first, then its other items, then the next inode's.
+const REFS_AT_ONCE: u32 = 8;
+
+/// The parents that `ino`'s reference items in `tree` name, and, when the
+/// search saw past them, what it says of the inodes after `ino`:
+/// `Some(Some(y))`, none of those below `y` has an item (`y` is the next
+/// objectid the tree holds); `Some(None)`, none at all. One search for
+/// most inodes, where walking every key of the object took two.
+fn parents_of(
+    search: &mut btrfs::TreeSearch,
+    fd: &OwnedFd,
+    tree: u64,
+    ino: u64,
+) -> Result<(Vec<u64>, Option<Option<u64>>)> {
+    let bt = |e: btrfs::BtrfsError| StoreError::from(e);
+    let from_item = |it: &btrfs::Item<'_>, out: &mut Vec<u64>| {
+        if it.kind == item::INODE_REF {
+            out.push(it.offset);
+        } else if it.data.len() >= 8 {
+            out.push(u64::from_le_bytes(it.data[..8].try_into().unwrap()));
+        }
+    };
+    let mut key = SearchKey::all(tree, 0);
+    key.min_objectid = ino;
+    key.min_type = u32::from(item::INODE_REF);
+    let (mut parents, mut next, mut past_refs) = (Vec::new(), None, false);
+    let got = search
+        .first(fd, key, REFS_AT_ONCE, |it| {
+            if it.objectid != ino {
+                next.get_or_insert(it.objectid);
+                past_refs = true;
+            } else if it.kind > item::INODE_EXTREF {
+                past_refs = true;
+            } else if !past_refs {
+                from_item(it, &mut parents);
+            }
+        })
+        .map_err(bt)?;
+    if got == 0 {
+        // Nothing at or after the key: no reference, no inode above.
+        return Ok((parents, Some(None)));
+    }
+    if !past_refs {
+        // More references than one search holds (many hard links): all
+        // of them, however many searches that takes.
+        parents.clear();
+        let key = SearchKey::object(tree, ino, item::INODE_REF..=item::INODE_EXTREF);
+        search
+            .run(fd, key, |it| from_item(it, &mut parents))
+            .map_err(bt)?;
+        return Ok((parents, None));
+    }
+    Ok((parents, next.map(Some)))
 }
 
 /// The transaction after which two subvolumes can differ: both descend, by

@@ -371,6 +371,85 @@ fn pruned_diff_matches_the_full_walk_across_rollbacks() {
     assert!(compared > 100, "only {compared} pairs compared");
 }
 
+/// Thousands of changes past what is listed, new inodes above every old
+/// one, an inode with more links than one search of its references
+/// holds, one of them moved: the pruned diff lists and counts what the
+/// full walk does, and its counts are the brute-force comparison's.
+#[test]
+fn changes_past_the_listing_are_counted_as_the_full_walk_counts_them() {
+    use allox_store::diff::{diff_trees_with, DiffMethod, Limits};
+    let Some((_fs, st)) =
+        setup("diff::changes_past_the_listing_are_counted_as_the_full_walk_counts_them")
+    else {
+        return;
+    };
+    let l = st.layout().clone();
+    let cur = l.current("a", "s");
+    populate(&cur, 1500).unwrap();
+    let many = cur.join("many");
+    std::fs::create_dir(&many).unwrap();
+    std::fs::write(many.join("old"), "old").unwrap();
+    ck(&st, "c0");
+    for i in 0..3000 {
+        std::fs::write(many.join(format!("n{i:04}")), "").unwrap();
+    }
+    std::fs::create_dir_all(cur.join("deep/er")).unwrap();
+    for i in 0..200 {
+        std::fs::write(cur.join(format!("deep/er/x{i}")), "x").unwrap();
+    }
+    for i in 0..300 {
+        std::fs::remove_file(cur.join(format!("d000/f{}", i * 3))).unwrap();
+    }
+    // Twelve links of one old file, in twelve directories (a reference
+    // item each); one moved.
+    for i in 0..12 {
+        let dir = cur.join(format!("links{i}"));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::hard_link(cur.join("d001/f1001"), dir.join("h")).unwrap();
+    }
+    std::fs::rename(cur.join("links2/h"), cur.join("d000/moved")).unwrap();
+    std::fs::write(cur.join("d001/f1001"), "through its links\n").unwrap();
+    ck(&st, "c1");
+    let (a, b) = (l.checkpoint("a", "s", "c0"), l.checkpoint("a", "s", "c1"));
+    let expect = brute(&a, &b);
+    let by_kind = |k: ChangeKind| expect.iter().filter(|(_, x)| *x == k).count() as u64;
+    for (from, to) in [(&a, &b), (&b, &a), (&a, &cur)] {
+        for listed in [10usize, 150, 5000] {
+            let limits = Limits {
+                changes: listed,
+                ..Limits::default()
+            };
+            let fast = diff_trees_with(from, to, DiffMethod::Btrfs, &limits).unwrap();
+            let slow = diff_trees_with(from, to, DiffMethod::Walk, &limits).unwrap();
+            assert_eq!(
+                fast,
+                slow,
+                "{} -> {}, {listed} listed",
+                from.display(),
+                to.display()
+            );
+            let (changes, truncated, counts) = fast;
+            assert_eq!(changes.len(), listed.min(expect.len()));
+            assert_eq!(truncated, listed < expect.len());
+            // What is listed still carries its sizes.
+            for c in changes.iter().filter(|c| c.path.starts_with("many/n")) {
+                let size = if c.kind == ChangeKind::Added {
+                    c.size_after
+                } else {
+                    c.size_before
+                };
+                assert_eq!(size, Some(0), "{c:?}");
+            }
+            if from == &a {
+                for k in [ChangeKind::Added, ChangeKind::Deleted, ChangeKind::Modified] {
+                    assert_eq!(counts[k as usize], by_kind(k), "{k:?}, {listed} listed");
+                }
+            }
+        }
+    }
+    assert!(by_kind(ChangeKind::Added) > 3200, "{expect:?}");
+}
+
 /// Limits small enough that a test tree meets every one of them.
 fn tight() -> allox_store::diff::Limits {
     allox_store::diff::Limits {

@@ -7,7 +7,7 @@
 
 #![allow(unsafe_code)]
 
-use allox_effects::collect::fanotify::{Owner, Watch, WatchOptions};
+use allox_effects::collect::fanotify::{Observed, Owner, Watch, WatchOptions};
 use allox_effects::collect::snapshots::{attribute, Who};
 use allox_effects::collect::tree::{capture, TreeLimits};
 use allox_effects::collect::{compare, Difference};
@@ -343,8 +343,14 @@ fn a_reader_that_falls_behind_the_kernels_queue_says_it_overflowed() {
     );
 
     // Past the kept-events cap: counted, not kept, and incomplete.
-    let watch =
-        Watch::start_with(&[fs.path().to_path_buf()], WatchOptions { max_events: 10 }).unwrap();
+    let watch = Watch::start_with(
+        &[fs.path().to_path_buf()],
+        WatchOptions {
+            max_events: 10,
+            ..WatchOptions::default()
+        },
+    )
+    .unwrap();
     for i in 0..100 {
         std::fs::File::create(dir.join(format!("k{i}"))).unwrap();
     }
@@ -352,6 +358,71 @@ fn a_reader_that_falls_behind_the_kernels_queue_says_it_overflowed() {
     assert_eq!(seen.events.len(), 10);
     assert!(seen.dropped >= 90, "{}", seen.dropped);
     assert!(!seen.overflowed && !seen.is_complete());
+}
+
+/// A watch kept to the agent's workspace subvolume (what the observer asks
+/// for when only `shared/` needs the events): a session writing in its own
+/// `current/` (a subvolume of its own) is counted, not kept, and nothing
+/// is read for it; what is written in `shared/` is kept with its writer.
+/// Control: the same writes watched without the filter are all kept.
+#[test]
+fn a_watch_kept_to_one_subvolume_counts_the_others_events_without_keeping_them() {
+    if !require("a_watch_kept_to_one_subvolume_counts_the_others_events_without_keeping_them") {
+        return;
+    }
+    let fs = BtrfsFs::new(512).unwrap();
+    let ws = store(&fs);
+    let cur = ws.join("sessions/sA/current");
+    let id = |p: &Path| {
+        let d = std::fs::File::open(p).unwrap();
+        allox_store::btrfs::subvolume_id_of(&d, p).unwrap()
+    };
+    assert_ne!(id(&ws), id(&cur));
+    let write = |tag: &str| {
+        for i in 0..500 {
+            std::fs::write(cur.join(format!("{tag}{i}")), b"x").unwrap();
+        }
+        std::fs::write(ws.join(format!("shared/{tag}")), b"s").unwrap();
+    };
+    let in_current = |seen: &Observed| {
+        seen.events
+            .iter()
+            .filter(|e| e.dir.as_deref() == Some(cur.as_path()))
+            .count()
+    };
+    let shared_kept = |seen: &Observed, tag: &str| {
+        seen.events.iter().any(|e| {
+            e.path() == Some(ws.join(format!("shared/{tag}")))
+                && e.mask & libc::FAN_CREATE != 0
+                && e.cgroup.is_some()
+        })
+    };
+
+    let watch = Watch::start_with(
+        std::slice::from_ref(&ws),
+        WatchOptions {
+            subvolumes: Some(HashSet::from([id(&ws)])),
+            ..WatchOptions::default()
+        },
+    )
+    .unwrap();
+    write("f");
+    let seen = watch.stop();
+    assert!(seen.is_complete(), "{seen:?}");
+    assert!(shared_kept(&seen, "f"), "{:?}", seen.events);
+    assert_eq!(in_current(&seen), 0);
+    // At least one event a file (the kernel merges a file's events that
+    // queue back to back).
+    assert!(seen.elsewhere >= 500, "{} elsewhere", seen.elsewhere);
+    assert_eq!(seen.received, seen.elsewhere + seen.events.len() as u64);
+
+    // Control: without the filter the session's writes are all kept.
+    let watch = Watch::start(std::slice::from_ref(&ws)).unwrap();
+    write("g");
+    let seen = watch.stop();
+    assert!(shared_kept(&seen, "g"));
+    assert!(in_current(&seen) >= 500, "{} in current", in_current(&seen));
+    assert_eq!(seen.elsewhere, 0);
 }
 
 /// Numbers for the report (run by hand: `--ignored --nocapture`): the walk

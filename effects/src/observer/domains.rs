@@ -14,7 +14,7 @@
 //!   forks) still alive; survivors are added as left behind.
 
 use super::wire::Begin;
-use crate::collect::fanotify::{Observed, Owner, Watch};
+use crate::collect::fanotify::{Observed, Owner, Watch, WatchOptions};
 use crate::collect::snapshots::{self, Who};
 use crate::collect::{self, Capture, Difference};
 use allox_protocol::{Attribution, EffectChangeKind, EffectsDomain, HistoryRecord, Survivor};
@@ -36,10 +36,17 @@ pub struct FsSeen {
 impl FsWatch {
     pub fn start(begin: &Begin) -> Result<Option<FsWatch>, String> {
         let mut paths: Vec<PathBuf> = vec![begin.agent_workspace.clone()];
+        let mut opts = WatchOptions::default();
         if begin.scope.observes(EffectsDomain::Filesystem) {
             paths.extend(begin.scope.paths.iter().cloned());
+        } else {
+            // Only `shared/` is asked about: the events of the agent's
+            // workspace subvolume are all that is kept (a session's
+            // `current/` and the store's state are subvolumes of their
+            // own, found by the snapshots).
+            opts.subvolumes = own_subvolume(&begin.agent_workspace).map(|v| HashSet::from([v]));
         }
-        Watch::start(&paths)
+        Watch::start_with(&paths, opts)
             .map(|watch| Some(FsWatch { watch }))
             .map_err(|e| format!("watch the filesystems: {e}"))
     }
@@ -49,6 +56,14 @@ impl FsWatch {
             observed: self.watch.stop(),
         }
     }
+}
+
+/// The Btrfs subvolume `dir` is in; `None` off Btrfs or when it cannot be
+/// told (every event is then kept).
+fn own_subvolume(dir: &Path) -> Option<u64> {
+    allox_store::btrfs::check_btrfs(dir).ok()?;
+    let d = std::fs::File::open(dir).ok()?;
+    allox_store::btrfs::subvolume_id_of(&d, dir).ok()
 }
 
 /// The session's network namespace, when it is not the observer's.

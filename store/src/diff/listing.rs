@@ -91,6 +91,17 @@ impl Listing {
         }
     }
 
+    /// Whether a change at `path` would be listed now (one at or past
+    /// the smallest path dropped never is).
+    pub fn lists(&self, path: &[u8]) -> bool {
+        !self.ceiling.as_deref().is_some_and(|c| path >= c)
+    }
+
+    /// Counts a change that [`Listing::lists`] said is not listed.
+    pub fn count(&mut self, kind: ChangeKind) {
+        self.counts[kind as usize] += 1;
+    }
+
     pub fn push(&mut self, path: &[u8], kind: ChangeKind, before: Option<u64>, after: Option<u64>) {
         self.counts[kind as usize] += 1;
         if self.ceiling.as_deref().is_some_and(|c| path >= c) {

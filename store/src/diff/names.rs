@@ -15,8 +15,19 @@ pub const ENTRY_COST: usize = 16;
 #[derive(Clone, Copy)]
 struct Ent {
     off: u32,
-    len: u32,
+    /// A name is at most 255 bytes (`NAME_MAX`).
+    len: u16,
+    /// What the entry says the name is ([`Names::is_dir`]).
+    kind: Kind,
     ino: u64,
+}
+
+/// A directory entry's type, as `getdents` gives it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Dir,
+    Other,
+    Unknown,
 }
 
 /// Names with the inode numbers their entries give, sorted by name.
@@ -38,17 +49,28 @@ impl Names {
 
     pub fn name(&self, i: usize) -> &OsStr {
         let e = self.ents[i];
-        OsStr::from_bytes(&self.bytes[e.off as usize..(e.off + e.len) as usize])
+        OsStr::from_bytes(&self.bytes[e.off as usize..e.off as usize + e.len as usize])
+    }
+
+    /// Whether the entry says name `i` is a directory; `None` where the
+    /// filesystem does not say (`DT_UNKNOWN`).
+    pub fn is_dir(&self, i: usize) -> Option<bool> {
+        match self.ents[i].kind {
+            Kind::Dir => Some(true),
+            Kind::Other => Some(false),
+            Kind::Unknown => None,
+        }
     }
 
     pub fn ino(&self, i: usize) -> u64 {
         self.ents[i].ino
     }
 
-    fn push(&mut self, name: &[u8], ino: u64) {
+    fn push(&mut self, name: &[u8], ino: u64, kind: Kind) {
         self.ents.push(Ent {
             off: self.bytes.len() as u32,
-            len: name.len() as u32,
+            len: name.len() as u16,
+            kind,
             ino,
         });
         self.bytes.extend_from_slice(name);
@@ -56,7 +78,7 @@ impl Names {
 
     fn sort(&mut self) {
         let b = &self.bytes;
-        let key = |e: &Ent| &b[e.off as usize..(e.off + e.len) as usize];
+        let key = |e: &Ent| &b[e.off as usize..e.off as usize + e.len as usize];
         self.ents.sort_unstable_by(|x, y| key(x).cmp(key(y)));
     }
 }
@@ -105,7 +127,12 @@ pub fn read(dir: &OwnedFd, part: Part<'_>, limit: usize, shown: &[u8]) -> Result
             }
             continue;
         }
-        out.push(n, e.ino());
+        let kind = match e.file_type() {
+            fs::FileType::Directory => Kind::Dir,
+            fs::FileType::Unknown => Kind::Unknown,
+            _ => Kind::Other,
+        };
+        out.push(n, e.ino(), kind);
     }
     if over {
         return Ok(Read::Over { cost });

@@ -342,8 +342,24 @@ impl<'a> Walk<'a> {
         };
         let side = side.expect("side is present");
         let name = side.names.name(side.at).to_os_string();
+        let is_dir = side.names.is_dir(side.at);
         side.at += 1;
         let hinted = top.hinted;
+        if is_dir == Some(false) {
+            let p = self.child_path(&name);
+            if !self.out.lists(&p) {
+                // Neither listed nor a directory to go into: counted as
+                // its entry says, without a `stat` (in a tree written
+                // meanwhile, one removed since its directory was read is
+                // counted all the same).
+                self.out.count(if a_side {
+                    ChangeKind::Deleted
+                } else {
+                    ChangeKind::Added
+                });
+                return Ok(());
+            }
+        }
         match self.stat(a_side, &name)? {
             Some(st) => self.only(a_side, &name, &st, hinted),
             None => Ok(()),

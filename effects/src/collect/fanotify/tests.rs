@@ -242,3 +242,25 @@ fn who_of_this_process_is_nobody_known() {
     assert!(!o.is_known());
     assert!(read_cgroup(std::process::id() as i32).is_some());
 }
+
+#[test]
+fn a_btrfs_handle_names_its_subvolume_and_no_other_handle_does() {
+    let mut h = Vec::new();
+    h.extend_from_slice(&257u64.to_ne_bytes());
+    h.extend_from_slice(&261u64.to_ne_bytes());
+    h.extend_from_slice(&7u32.to_ne_bytes());
+    let fid = |handle_type: i32, handle: &[u8]| {
+        btrfs_subvolume(&Fid {
+            fsid: [1, 2],
+            handle_type,
+            handle,
+        })
+    };
+    for t in [0x4d, 0x4e, 0x4f] {
+        assert_eq!(fid(t, &h), Some(261));
+    }
+    // Another filesystem's handle (ext4's `FILEID_INO32_GEN`), and one
+    // too short to hold a subvolume.
+    assert_eq!(fid(1, &h), None);
+    assert_eq!(fid(0x4d, &h[..12]), None);
+}

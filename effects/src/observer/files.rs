@@ -197,11 +197,18 @@ pub fn describe(p: &Path) -> String {
     }
     use std::os::unix::fs::PermissionsExt;
     let mode = md.permissions().mode() & 0o7777;
+    if md.len() == 0 {
+        // Nothing to read: the hash of no bytes.
+        return format!("file {:o} 0 {EMPTY_SHA256}", mode);
+    }
     match hash_file(p) {
         Ok(h) => format!("file {:o} {} {h}", mode, md.len()),
         Err(e) => format!("file {:o} {} unreadable: {e}", mode, md.len()),
     }
 }
+
+/// sha256 of no bytes.
+const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
 fn hash_file(p: &Path) -> std::io::Result<String> {
     use sha2::{Digest, Sha256};
@@ -242,4 +249,28 @@ pub fn identity(s: &Snapshots) -> Capture {
         }
     }
     c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sha2::{Digest, Sha256};
+
+    #[test]
+    fn an_empty_file_is_described_with_the_hash_of_no_bytes() {
+        assert_eq!(EMPTY_SHA256, crate::chain::hex(&Sha256::digest(b"")));
+        let dir = std::env::temp_dir().join(format!("allox-describe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (empty, one) = (dir.join("empty"), dir.join("one"));
+        std::fs::write(&empty, b"").unwrap();
+        std::fs::write(&one, b"x").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        for p in [&empty, &one] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o640)).unwrap();
+        }
+        assert_eq!(describe(&empty), format!("file 640 0 {EMPTY_SHA256}"));
+        let x = crate::chain::hex(&Sha256::digest(b"x"));
+        assert_eq!(describe(&one), format!("file 640 1 {x}"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

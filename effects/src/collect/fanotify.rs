@@ -374,7 +374,20 @@ fn drain_until_stopped(
     let mut buf = vec![0u8; 256 << 10];
     let mut dirs = DirCache::new(marked);
     let mut stopping = false;
+    let mut last_read: Option<std::time::Instant> = None;
     loop {
+        if !stopping && last_read.is_some_and(|t| t.elapsed() < PACE) {
+            // Just read: what follows gathers for a moment (a stop still
+            // ends the pause). A reader waiting in `poll` is woken by each
+            // event as the kernel queues it, and under a stream of events
+            // that wake-up costs the writer more than queuing the event.
+            let mut fds = [PollFd::new(&stop, PollFlags::IN)];
+            let t = Timespec {
+                tv_sec: 0,
+                tv_nsec: PACE.as_nanos() as i64,
+            };
+            let _ = poll(&mut fds, Some(&t));
+        }
         if held.load(Ordering::SeqCst) && !stopping {
             let mut fds = [PollFd::new(&stop, PollFlags::IN)];
             let t = Timespec {
@@ -420,6 +433,7 @@ fn drain_until_stopped(
         if n == 0 {
             return out;
         }
+        last_read = Some(std::time::Instant::now());
         let mut cgroups: HashMap<i32, Option<String>> = HashMap::new();
         for ev in parse(&buf[..n]) {
             let ev = match ev {
@@ -493,6 +507,12 @@ struct DirCache {
     by_fsid: HashMap<[i32; 2], usize>,
     paths: HashMap<(i32, Vec<u8>), Option<PathBuf>>,
 }
+
+/// The pause between two reads while events keep coming: the first
+/// event after a quiet moment is read at once, the ones that follow in
+/// batches (the kernel's queue holds 16,384). A writer gone within it
+/// has its cgroup missed ([`Observed::cgroup_missed`]).
+const PACE: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Most handles cached before the cache is emptied.
 const DIR_CACHE: usize = 1 << 16;

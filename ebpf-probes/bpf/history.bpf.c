@@ -17,9 +17,11 @@
 //
 // Programs (every one records only; none ever refuses anything):
 //   tp_btf/sched_process_{fork,exec,exit}  process lineage (as the tracker)
-//   tp_btf/sys_enter, tp_btf/sys_exit      every call counted; the calls
-//                                          in RECORDED recorded at exit
-//                                          with their result
+//   tp_btf/sys_enter, tp_btf/sys_exit      every call counted once, at
+//                                          exit (exit and exit_group at
+//                                          enter); the calls in RECORDED
+//                                          recorded at exit with their
+//                                          result
 //   lsm/..., lsm.s/...                     path changes, write opens, bpf,
 //                                          mounts, module loads, netlink
 //                                          messages, signals
@@ -190,6 +192,9 @@ struct bpf_sysctl {
 #define STR2_LEN 128
 #define NARGS 6
 #define MAX_SYSCALL 512
+// x86-64 numbers of the two calls that never return.
+#define NR_EXIT 60
+#define NR_EXIT_GROUP 231
 
 // One record in RING, mirrored by `HistoryRecordRaw` in
 // src/history_record.rs (both sides pin the layout). Records without text
@@ -651,7 +656,11 @@ int BPF_PROG(history_sys_enter, struct pt_regs *regs, long id)
 	__u64 *t = current_tag();
 	if (!t)
 		return 0;
-	count(COUNT_SYSCALLS);
+	// Calls are counted at sys_exit, which every call passes (those a
+	// seccomp filter refuses skip sys_enter), once; but exit and
+	// exit_group never come back.
+	if (id == NR_EXIT || id == NR_EXIT_GROUP)
+		count(COUNT_SYSCALLS);
 	if (id < 0 || id >= MAX_SYSCALL)
 		return 0;
 	__u32 nr = id;
@@ -699,24 +708,26 @@ int BPF_PROG(history_sys_exit, struct pt_regs *regs, long ret)
 	__u64 *t = current_tag();
 	if (!t)
 		return 0;
+	count(COUNT_SYSCALLS);
+	if (ret < 0)
+		count(COUNT_REFUSED);
+	// A call not recorded left nothing in flight: no lookup.
+	long id = BPF_CORE_READ(regs, orig_ax);
+	if (id < 0 || id >= MAX_SYSCALL)
+		return 0;
+	__u32 nr = id;
+	struct spec *sp = bpf_map_lookup_elem(&RECORDED, &nr);
+	if (!sp || !sp->on)
+		return 0;
 	__u64 key = bpf_get_current_pid_tgid();
 	struct inflight *f = bpf_map_lookup_elem(&INFLIGHT, &key);
 	if (!f) {
 		if (ret >= 0)
 			return 0;
-		count(COUNT_REFUSED);
 		// A recorded call refused before it began (by the sandbox's
-		// seccomp filter, which runs before sys_enter): counted and
-		// recorded here, its arguments from the caller's registers,
-		// which the refusal left as they were; no text.
-		long id = BPF_CORE_READ(regs, orig_ax);
-		if (id < 0 || id >= MAX_SYSCALL)
-			return 0;
-		count(COUNT_SYSCALLS);
-		__u32 nr = id;
-		struct spec *sp = bpf_map_lookup_elem(&RECORDED, &nr);
-		if (!sp || !sp->on)
-			return 0;
+		// seccomp filter, which runs before sys_enter): recorded here,
+		// its arguments from the caller's registers, which the refusal
+		// left as they were; no text.
 		struct hrec *r = reserve(SHORT_RECORD);
 		if (!r)
 			return 0;
@@ -732,8 +743,6 @@ int BPF_PROG(history_sys_exit, struct pt_regs *regs, long ret)
 		bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
 		return 0;
 	}
-	if (ret < 0)
-		count(COUNT_REFUSED);
 	if (f->has_text) {
 		struct hrec *r = reserve(FULL_RECORD);
 		if (r) {

@@ -574,6 +574,110 @@ for i in range({CALLS}):
     }
 }
 
+/// The child side of [`every_call_is_counted_once_and_each_failure_once`]:
+/// moves itself into the cgroup `ALLOX_HISTORY_COUNT_CGROUP`, says
+/// `ready`, and on a line from its parent makes `ALLOX_HISTORY_COUNT_N`
+/// pairs of calls (`getppid`, and `access` of a missing file, which
+/// fails), says `done`, and ends on the next line.
+#[test]
+#[ignore = "run by every_call_is_counted_once_and_each_failure_once"]
+fn count_child() {
+    let Ok(cgroup) = std::env::var("ALLOX_HISTORY_COUNT_CGROUP") else {
+        return;
+    };
+    let n: u64 = std::env::var("ALLOX_HISTORY_COUNT_N")
+        .unwrap()
+        .parse()
+        .unwrap();
+    std::fs::write(
+        Path::new(&cgroup).join("cgroup.procs"),
+        std::process::id().to_string(),
+    )
+    .unwrap();
+    let mut line = String::new();
+    println!("ready");
+    std::io::stdin().read_line(&mut line).unwrap();
+    for _ in 0..n {
+        std::hint::black_box(rustix::process::getppid());
+        let gone = rustix::fs::access(c"/nonexistent-allox-count", rustix::fs::Access::EXISTS);
+        assert!(gone.is_err());
+    }
+    println!("done");
+    std::io::stdin().read_line(&mut line).unwrap();
+}
+
+/// Waits until a thread of `pid` waits in `read(0, …)` (its
+/// `/proc/PID/task/TID/syscall`): the calls before it have ended, and
+/// their `sys_exit` has run.
+fn wait_reading_stdin(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let reading = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|t| {
+                std::fs::read_to_string(t.path().join("syscall"))
+                    .is_ok_and(|s| s.starts_with("0 0x0 "))
+            });
+        if reading {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{pid} never waited on its input");
+        std::thread::yield_now();
+    }
+}
+
+/// Counted exactly: between two points where the child waits for its
+/// input, it makes 2N calls, N of them failing, plus the read that ended
+/// the first wait and the write of `done`. Each call counts once (at its
+/// exit; a failing call not recorded used to count at its entry and
+/// again at its exit) and each failure once.
+#[test]
+fn every_call_is_counted_once_and_each_failure_once() {
+    let name = "every_call_is_counted_once_and_each_failure_once";
+    let Some(_one) = require(name, false) else {
+        return;
+    };
+    use std::io::{BufRead, Write};
+    const N: u64 = 1000;
+    let mut h = load_without_lsm(RING);
+    let cg = TestCgroup::new("count");
+    h.watch(cg.id(), TAG).unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "count_child", "--ignored", "--nocapture"])
+        .env("ALLOX_HISTORY_COUNT_CGROUP", &cg.dir)
+        .env("ALLOX_HISTORY_COUNT_N", N.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut said = |want: &str| loop {
+        let mut l = String::new();
+        assert!(
+            out.read_line(&mut l).unwrap() > 0,
+            "the child ended before {want}"
+        );
+        if l.trim() == want {
+            return;
+        }
+    };
+    said("ready");
+    wait_reading_stdin(child.id());
+    let before = h.counters();
+    stdin.write_all(b"go\n").unwrap();
+    said("done");
+    wait_reading_stdin(child.id());
+    let after = h.counters();
+    stdin.write_all(b"\n").unwrap();
+    assert!(child.wait().unwrap().success());
+    let calls = after.syscalls - before.syscalls;
+    let refused = after.refused - before.refused;
+    assert_eq!((calls, refused), (2 * N + 2, N), "{before:?} {after:?}");
+}
+
 fn objects_left(ours: &BpfObjects) -> BpfObjects {
     ours.still_in(&BpfObjects::loaded())
 }

@@ -6,7 +6,10 @@
 //! numbers and times, so a file whose inode, size, mode, mtime and ctime
 //! are the same on both sides is unchanged and its contents are not read;
 //! only files whose metadata differs but whose size and mode do not are
-//! read, to tell a real change from a touch.
+//! read, to tell a real change from a touch. An entry on one side only
+//! that is not a directory (by its directory entry) and would not be
+//! listed (at or past the first path the listing dropped) is counted
+//! without a `stat`.
 //!
 //! Between two subvolumes of the store the walk is pruned with what Btrfs
 //! itself records ([`Hints`]): a snapshot shares every tree block with its

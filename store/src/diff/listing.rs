@@ -94,7 +94,7 @@ impl Listing {
     /// Whether a change at `path` would be listed now (one at or past
     /// the smallest path dropped never is).
     pub fn lists(&self, path: &[u8]) -> bool {
-        !self.ceiling.as_deref().is_some_and(|c| path >= c)
+        self.ceiling.as_deref().is_none_or(|c| path < c)
     }
 
     /// Counts a change that [`Listing::lists`] said is not listed.

@@ -652,20 +652,25 @@ static __always_inline void user_str(char *dst, __u32 len, struct inflight *f,
 SEC("tp_btf/sys_enter")
 int BPF_PROG(history_sys_enter, struct pt_regs *regs, long id)
 {
+	// Calls are counted at sys_exit, which every call passes (those a
+	// seccomp filter refuses skip sys_enter), once; but exit and
+	// exit_group never come back. Any other call not recorded has
+	// nothing to do here: it returns before asking whose call it is.
+	if (id < 0 || id >= MAX_SYSCALL)
+		return 0;
+	__u32 nr = id;
+	bool ends = id == NR_EXIT || id == NR_EXIT_GROUP;
+	struct spec *sp = bpf_map_lookup_elem(&RECORDED, &nr);
+	bool recorded = sp && sp->on;
+	if (!recorded && !ends)
+		return 0;
 	__u64 _tagv;
 	__u64 *t = current_tag();
 	if (!t)
 		return 0;
-	// Calls are counted at sys_exit, which every call passes (those a
-	// seccomp filter refuses skip sys_enter), once; but exit and
-	// exit_group never come back.
-	if (id == NR_EXIT || id == NR_EXIT_GROUP)
+	if (ends)
 		count(COUNT_SYSCALLS);
-	if (id < 0 || id >= MAX_SYSCALL)
-		return 0;
-	__u32 nr = id;
-	struct spec *sp = bpf_map_lookup_elem(&RECORDED, &nr);
-	if (!sp || !sp->on)
+	if (!recorded || !sp)
 		return 0;
 	__u32 zero = 0;
 	struct inflight *f = bpf_map_lookup_elem(&SCRATCH, &zero);
@@ -711,8 +716,9 @@ int BPF_PROG(history_sys_exit, struct pt_regs *regs, long ret)
 	count(COUNT_SYSCALLS);
 	if (ret < 0)
 		count(COUNT_REFUSED);
-	// A call not recorded left nothing in flight: no lookup.
-	long id = BPF_CORE_READ(regs, orig_ax);
+	// A call not recorded left nothing in flight: no lookup. (`regs` is
+	// the tracepoint's own argument: read directly, not by a helper.)
+	long id = regs->orig_ax;
 	if (id < 0 || id >= MAX_SYSCALL)
 		return 0;
 	__u32 nr = id;

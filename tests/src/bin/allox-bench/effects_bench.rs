@@ -431,7 +431,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         met(verify_ratio, 1.0)
     );
     println!("| in-kernel ≤ 3 µs per recorded event | 1.2 µs (ebpf-probes/README.md, `history_cost`) | met |");
-    println!("| in-kernel ≤ 0.2 µs per other syscall | every other process: 0.16 µs during a run, 0.10 µs otherwise; the run's own calls not recorded: 0.32 µs (ebpf-probes/README.md, `history_cost`) | met for every other process; not for the run's own calls |");
+    println!("| in-kernel ≤ 0.2 µs per other syscall | every other process: 0.13 µs during a run, 0.11 µs otherwise; the run's own calls not recorded: 0.27 µs (ebpf-probes/README.md, `history_cost`) | met for every other process; not for the run's own calls |");
     println!();
     println!(
         "v2's runs: verdicts {:?}; {} fenced (each unfenced outside the time).\n",

@@ -80,9 +80,10 @@ impl Caller for ForegroundCall {
 
 /// A welcomed connection, and a sender on it for the other threads (a
 /// ping first makes sure the daemon took it: the VM's control port takes
-/// one host at a time).
+/// one host at a time). The Hello goes out with the ping, in one write:
+/// one round trip, where waiting for the Welcome first took two.
 pub(crate) fn connect(socket: &Path) -> Result<(Client, Sender), ClientError> {
-    let mut c = Client::connect(socket)?;
+    let mut c = Client::connect_pipelined(socket, None)?;
     c.call(Request::Ping(allox_protocol::Ping {}))?
         .map_err(ClientError::Refused)?;
     let sender = c.sender()?;

@@ -373,10 +373,7 @@ fn a_watch_kept_to_one_subvolume_counts_the_others_events_without_keeping_them()
     let fs = BtrfsFs::new(512).unwrap();
     let ws = store(&fs);
     let cur = ws.join("sessions/sA/current");
-    let id = |p: &Path| {
-        let d = std::fs::File::open(p).unwrap();
-        allox_store::btrfs::subvolume_id_of(&d, p).unwrap()
-    };
+    let id = |p: &Path| allox_store::btrfs::subvolume_id(p).unwrap();
     assert_ne!(id(&ws), id(&cur));
     let write = |tag: &str| {
         for i in 0..500 {

@@ -62,8 +62,7 @@ impl FsWatch {
 /// told (every event is then kept).
 fn own_subvolume(dir: &Path) -> Option<u64> {
     allox_store::btrfs::check_btrfs(dir).ok()?;
-    let d = std::fs::File::open(dir).ok()?;
-    allox_store::btrfs::subvolume_id_of(&d, dir).ok()
+    allox_store::btrfs::subvolume_id(dir).ok()
 }
 
 /// The session's network namespace, when it is not the observer's.

@@ -430,8 +430,8 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         "| the verifier on a set ≤ `diff -rq` of the two trees (issue 32) | {verify_ratio:.2}× (the largest sets) | {} |",
         met(verify_ratio, 1.0)
     );
-    println!("| in-kernel ≤ 3 µs per recorded event | 1.2 µs (ebpf-probes/README.md, `history_cost`) | met |");
-    println!("| in-kernel ≤ 0.2 µs per other syscall | every other process: 0.13 µs during a run, 0.11 µs otherwise; the run's own calls not recorded: 0.27 µs (ebpf-probes/README.md, `history_cost`) | met for every other process; not for the run's own calls |");
+    println!("| in-kernel ≤ 3 µs per recorded event | 1.0 µs (ebpf-probes/README.md, `history_cost`) | met |");
+    println!("| in-kernel ≤ 0.2 µs per other syscall | every other process: 0.13 µs during a run, 0.10 µs otherwise; the run's own calls not recorded: 0.13 µs (ebpf-probes/README.md, `history_cost`) | met |");
     println!();
     println!(
         "v2's runs: verdicts {:?}; {} fenced (each unfenced outside the time).\n",

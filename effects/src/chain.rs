@@ -58,6 +58,22 @@ pub fn canonical<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
     serde_json_canonicalizer::to_vec(v).map_err(|e| e.to_string())
 }
 
+/// A value's canonical JSON, as [`Canonical::of`] encoded it: the only
+/// way to hand [`Chain::append_canonical_later`] bytes, so a body in the
+/// chain is always canonical.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Canonical(Vec<u8>);
+
+impl Canonical {
+    pub fn of<T: Serialize>(v: &T) -> Result<Canonical, String> {
+        canonical(v).map(Canonical)
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 /// Hex sha256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
@@ -161,6 +177,23 @@ impl Chain {
         kind: &str,
         body: &T,
     ) -> Result<String, ChainError> {
+        if self.closed {
+            return Err(ChainError::Closed(kind.to_string()));
+        }
+        let body = canonical(body).map_err(|why| ChainError::Encode {
+            kind: kind.to_string(),
+            why,
+        })?;
+        self.append_canonical_later(kind, Canonical(body))
+    }
+
+    /// [`append_later`](Chain::append_later) of a body already in
+    /// canonical form (encoded once where its hash was needed first).
+    pub fn append_canonical_later(
+        &mut self,
+        kind: &str,
+        body: Canonical,
+    ) -> Result<String, ChainError> {
         use std::os::unix::fs::OpenOptionsExt;
         if self.closed {
             return Err(ChainError::Closed(kind.to_string()));
@@ -169,7 +202,7 @@ impl Chain {
             kind: kind.to_string(),
             why,
         };
-        let body = canonical(body).map_err(encode)?;
+        let body = body.0;
         let name = format!("{:06}-{kind}.json", self.next);
         let bpath = self.dir.join(BODIES).join(&name);
         let mut f = std::fs::OpenOptions::new()
@@ -432,6 +465,35 @@ mod tests {
         // Keys sorted, no spaces: RFC 8785.
         let b = read_body(&d.path().join("run"), 1, "capture_a").unwrap();
         assert_eq!(String::from_utf8(b).unwrap(), "{\"a\":\"é/\\n\",\"z\":1}");
+    }
+
+    #[test]
+    fn a_body_encoded_first_is_the_record_it_would_have_been() {
+        let body = serde_json::json!({"z": [1, 2], "a": {"y": "x", "b": null}});
+        let (d1, mut one) = chain();
+        let (d2, mut two) = chain();
+        for c in [&mut one, &mut two] {
+            c.append_later("begin", &serde_json::json!({"run": "r1"}))
+                .unwrap();
+        }
+        let a = one.append_later("capture_a", &body).unwrap();
+        let encoded = Canonical::of(&body).unwrap();
+        let b = two.append_canonical_later("capture_a", encoded).unwrap();
+        assert_eq!(a, b, "the same record, so the same head");
+        for (d, c) in [(&d1, &mut one), (&d2, &mut two)] {
+            let root = c.append("close", &serde_json::json!({})).unwrap();
+            let v = verify(&d.path().join("run"), Some(&root)).unwrap();
+            assert_eq!(v.kinds, ["begin", "capture_a", "close"]);
+        }
+        assert_eq!(
+            read_body(&d1.path().join("run"), 1, "capture_a").unwrap(),
+            read_body(&d2.path().join("run"), 1, "capture_a").unwrap()
+        );
+        assert!(matches!(
+            one.append_canonical_later("more", Canonical::of(&1).unwrap())
+                .unwrap_err(),
+            ChainError::Closed(_)
+        ));
     }
 
     #[test]

@@ -394,7 +394,9 @@ impl Observation {
         let snaps_a = snaps_a?;
         captures_a.insert(EffectsDomain::Workspace, files::identity(&snaps_a));
         let body = serde_json::json!({ "captures": &captures_a });
-        let baseline = chain::sha256_hex(&chain::canonical(&body).map_err(|e| e.to_string())?);
+        // Encoded once: its hash is the baseline, its bytes the record.
+        let body = chain::Canonical::of(&body)?;
+        let baseline = chain::sha256_hex(body.bytes());
         chain
             .append_later(
                 "begin",
@@ -422,7 +424,7 @@ impl Observation {
         // the session if the machine stops before B, and B's seal syncs
         // every record before the answer.
         chain
-            .append_later("capture_a", &body)
+            .append_canonical_later("capture_a", body)
             .map_err(|e| e.to_string())?;
         phases.done("chain_a");
         Ok(Observation {

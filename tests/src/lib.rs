@@ -432,6 +432,8 @@ pub struct Gateway {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Everything it wrote to stderr (its first lines, then more as it runs).
     pub log: std::sync::Arc<std::sync::Mutex<String>>,
+    /// Notified each time a line is added to `log`.
+    logged: std::sync::Arc<std::sync::Condvar>,
 }
 
 impl Gateway {
@@ -479,12 +481,14 @@ impl Gateway {
             first.push_str(&line);
         }
         let log = std::sync::Arc::new(std::sync::Mutex::new(first));
-        let sink = log.clone();
+        let logged = std::sync::Arc::new(std::sync::Condvar::new());
+        let (sink, told) = (log.clone(), logged.clone());
         std::thread::spawn(move || {
             for line in lines.lines().map_while(Result::ok) {
                 let mut l = sink.lock().unwrap_or_else(|p| p.into_inner());
                 l.push_str(&line);
                 l.push('\n');
+                told.notify_all();
             }
         });
         Gateway {
@@ -492,7 +496,21 @@ impl Gateway {
             addr,
             metrics_addr,
             log,
+            logged,
         }
+    }
+
+    /// Its log once `done` says it holds what is awaited (the gateway
+    /// writes a request's line before it answers, but the line reaches
+    /// this process's reader a moment later); after `limit` without it,
+    /// the log as it is, for the caller's assertions to show.
+    pub fn log_once(&self, done: impl Fn(&str) -> bool, limit: Duration) -> String {
+        let l = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let (l, _) = self
+            .logged
+            .wait_timeout_while(l, limit, |l| !done(l))
+            .unwrap_or_else(|p| p.into_inner());
+        l.clone()
     }
 
     /// `http://ADDR/v1/rpc`.

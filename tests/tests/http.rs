@@ -715,7 +715,11 @@ fn json_logs_parse_line_by_line_and_carry_the_request_never_its_content() {
         "session.delete",
         json!({"agent_id": "a", "session_id": "nosuch"}),
     );
-    let gw_log = gw.log.lock().unwrap().clone();
+    // Its last line comes a moment after the answer.
+    let gw_log = gw.log_once(
+        |l| l.contains(r#""action":"session.delete""#),
+        Duration::from_secs(10),
+    );
     drop(gw);
     drop(d);
     let sup_log = std::fs::read_to_string(&log_path).unwrap();

@@ -148,6 +148,7 @@ pub mod item {
     pub const INODE_REF: u8 = 12;
     pub const INODE_EXTREF: u8 = 13;
     pub const ROOT_ITEM: u8 = 132;
+    pub const ROOT_REF: u8 = 156;
 }
 /// The tree of tree roots.
 pub const ROOT_TREE_ID: u64 = 1;

@@ -132,12 +132,90 @@ pub struct Hints {
     changed: HashSet<u64>,
     /// Directories above those inodes, on either side.
     above: HashSet<u64>,
+    /// The two trees (`from`, `to`).
+    trees: (u64, u64),
+    /// The subvolumes either tree holds a link to (nested subvolumes):
+    /// their files are in trees of their own, which only a walk compares.
+    subvolumes: HashSet<u64>,
 }
 
 impl Hints {
     /// Whether an entry with inode `ino` on both sides may differ.
     fn may_differ(&self, ino: u64) -> bool {
         self.changed.contains(&ino) || self.above.contains(&ino)
+    }
+
+    /// Whether the two trees the hints were read from hold the same
+    /// entries, without a walk: no inode of either changed since they were
+    /// one, and neither holds a nested subvolume (whose files are in a tree
+    /// of their own, which the hints do not read; a walk compares them).
+    /// A workspace left as it was is then compared without listing a
+    /// directory, however large its top directory is.
+    fn same_trees(&self) -> bool {
+        self.changed.is_empty() && self.subvolumes.is_empty()
+    }
+
+    /// Whether a directory entry naming inode `ino` may be a nested
+    /// subvolume's link (its inode number is then the subvolume's id).
+    fn may_be_subvolume(&self, ino: u64) -> bool {
+        self.subvolumes.contains(&ino)
+    }
+
+    /// Whether inode `ino` has an item in a tree block written since the
+    /// trees were one (on either side).
+    fn touched(&self, ino: u64) -> bool {
+        self.changed.contains(&ino)
+    }
+
+    /// Whether inode `ino` is the same in both trees by its items alone:
+    /// `Some(true)` when every item of it is, byte for byte, but for what
+    /// moves without a change of the file (the inode item's last
+    /// transaction, change counter and access time); `Some(false)` when
+    /// an item differs (its bytes may still be the same: rewritten alike);
+    /// `None` when the items cannot tell (too many of them, or a file
+    /// written in place, `nodatacow`, whose extents stay as they were).
+    /// `fd` is any descriptor on the filesystem.
+    fn items_alike(
+        &self,
+        search: &mut btrfs::TreeSearch,
+        fd: &impl rustix::fd::AsFd,
+        ino: u64,
+    ) -> std::result::Result<Option<bool>, btrfs::BtrfsError> {
+        /// Past this many items on a side (a file of many extents), the
+        /// bytes are compared instead.
+        const MOST: usize = 512;
+        /// `struct btrfs_inode_item`: `transid` at 8, `flags` at 64,
+        /// `sequence` at 72, `atime` at 112 (12 bytes).
+        const NODATACOW: u64 = 1 << 1;
+        let mut sides: [Vec<(u8, u64, Vec<u8>)>; 2] = [Vec::new(), Vec::new()];
+        for (side, tree) in sides.iter_mut().zip([self.trees.0, self.trees.1]) {
+            let mut over = false;
+            search.run(fd, SearchKey::object(tree, ino, 0..=255), |it| {
+                if side.len() >= MOST {
+                    over = true;
+                    return;
+                }
+                let mut data = it.data.to_vec();
+                if it.kind == item::INODE_ITEM && data.len() >= 124 {
+                    data[8..16].fill(0);
+                    data[72..80].fill(0);
+                    data[112..124].fill(0);
+                }
+                side.push((it.kind, it.offset, data));
+            })?;
+            if over {
+                return Ok(None);
+            }
+            let nocow = side.iter().any(|(k, _, d)| {
+                *k == item::INODE_ITEM
+                    && d.len() >= 72
+                    && u64::from_le_bytes(d[64..72].try_into().unwrap()) & NODATACOW != 0
+            });
+            if nocow {
+                return Ok(None);
+            }
+        }
+        Ok(Some(sides[0] == sides[1]))
     }
 
     /// How many inodes the hints single out.
@@ -188,11 +266,30 @@ impl Hints {
         let Some(since) = diverged(&roots, a, b) else {
             return Ok(None);
         };
-        let mut h = Hints::default();
+        let mut h = Hints {
+            trees: (a, b),
+            ..Hints::default()
+        };
         if a == b {
             return Ok(Some(h));
         }
         let mut search = btrfs::TreeSearch::default();
+        // Nested subvolumes, from their references in the tree of tree
+        // roots (a snapshot's copies of such links have none: they show
+        // as empty directories): the directory holding each link is
+        // singled out, so that the walk reaches the link and walks it.
+        for tree in [a, b] {
+            let key = SearchKey::object(btrfs::ROOT_TREE_ID, tree, item::ROOT_REF..=item::ROOT_REF);
+            search
+                .run(from, key, |it| {
+                    h.subvolumes.insert(it.offset);
+                    if it.data.len() >= 8 {
+                        h.changed
+                            .insert(u64::from_le_bytes(it.data[..8].try_into().unwrap()));
+                    }
+                })
+                .map_err(bt)?;
+        }
         let mut over = false;
         // What the changed blocks already say of each inode (per tree): its
         // link count and the parents its references name. An inode with one
@@ -445,6 +542,16 @@ pub fn compare(
         DiffMethod::Walk => None,
         DiffMethod::Btrfs => Hints::read(&a, &b, from, to, limits.hint_inodes)?,
     };
+    if let Some(h) = &hints {
+        if h.same_trees() {
+            return Ok(Compared {
+                changes: Vec::new(),
+                truncated: false,
+                counts: [0; 4],
+                patch_truncated: false,
+            });
+        }
+    }
     // The patches read the trees the walk saw, whatever is renamed over
     // their paths meanwhile.
     let dup = |fd: &OwnedFd, p: &Path| {

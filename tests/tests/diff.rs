@@ -371,6 +371,122 @@ fn pruned_diff_matches_the_full_walk_across_rollbacks() {
     assert!(compared > 100, "only {compared} pairs compared");
 }
 
+/// A file changed within one tick of the clock that stamps the times,
+/// right after a checkpoint (bytes of the same length written over it in
+/// place, or an extended attribute set), keeps its size, mtime and ctime:
+/// the diff still lists it, from the items Btrfs wrote for it. Tried
+/// until the times came out the same a few times for each kind of change
+/// (nothing reads them between the checkpoint and the change, so they
+/// keep the clock's coarse tick).
+#[test]
+fn a_change_within_one_clock_tick_is_still_listed() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let Some((_fs, st)) = setup("diff::a_change_within_one_clock_tick_is_still_listed") else {
+        return;
+    };
+    let l = st.layout().clone();
+    let cur = l.current("a", "s");
+    let mut same_times = [0u32; 2];
+    for i in 0..80 {
+        for (k, how) in ["bytes", "xattr"].into_iter().enumerate() {
+            let name = format!("{how}{i}");
+            let f = cur.join(&name).join("f");
+            std::fs::create_dir(cur.join(&name)).unwrap();
+            std::fs::write(&f, "original content\n").unwrap();
+            let base = format!("{how}-{i}");
+            ck(&st, &base);
+            if k == 0 {
+                let w = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+                w.write_all_at(b"ORIGINAL", 0).unwrap();
+            } else {
+                rustix::fs::setxattr(&f, "user.note", b"agent", rustix::fs::XattrFlags::empty())
+                    .unwrap();
+            }
+            let d = diff(&st, &base, "current");
+            let listed: BTreeSet<String> = got(&d).into_iter().map(|(p, _)| p).collect();
+            assert_eq!(
+                listed,
+                BTreeSet::from([format!("{name}/f")]),
+                "{how}, try {i}: the diff right after the change"
+            );
+            let before =
+                std::fs::metadata(l.checkpoint("a", "s", &base).join(&name).join("f")).unwrap();
+            let after = std::fs::metadata(&f).unwrap();
+            let times =
+                |m: &std::fs::Metadata| (m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec());
+            if times(&before) == times(&after) && before.size() == after.size() {
+                same_times[k] += 1;
+            }
+        }
+        if same_times.iter().all(|&n| n >= 3) {
+            break;
+        }
+    }
+    // Else the case this test is for was never made.
+    assert!(
+        same_times.iter().all(|&n| n >= 1),
+        "the times never came out the same (bytes, xattr): {same_times:?}"
+    );
+}
+
+/// Trees that nothing changed in since they were one (two checkpoints of
+/// a session left alone, or either and `current`) are compared from the
+/// Btrfs trees alone, without listing a directory; a nested subvolume in
+/// one of them (a tree of its own, which those searches do not read) is
+/// still compared by the walk: the pruned diff stays the full walk's.
+#[test]
+fn unchanged_trees_answer_at_once_and_a_nested_subvolume_is_still_walked() {
+    use allox_store::diff::{diff_trees, DiffMethod, Hints};
+    let Some((_fs, st)) =
+        setup("diff::unchanged_trees_answer_at_once_and_a_nested_subvolume_is_still_walked")
+    else {
+        return;
+    };
+    let l = st.layout().clone();
+    let cur = l.current("a", "s");
+    // One wide directory: a walk would list all of it.
+    std::fs::create_dir(cur.join("wide")).unwrap();
+    for i in 0..2000 {
+        std::fs::write(cur.join(format!("wide/f{i}")), i.to_string()).unwrap();
+    }
+    ck(&st, "c1");
+    ck(&st, "c2");
+    let (c1, c2) = (l.checkpoint("a", "s", "c1"), l.checkpoint("a", "s", "c2"));
+    let h = Hints::read_paths(&c1, &c2).unwrap().expect("one history");
+    assert_eq!(
+        h.changed_inodes(),
+        0,
+        "two checkpoints of a tree left alone"
+    );
+    for (x, y) in [(&c1, &c2), (&c2, &c1), (&c1, &cur), (&cur, &c2)] {
+        let fast = diff_trees(x, y, DiffMethod::Btrfs).unwrap();
+        assert_eq!(
+            fast,
+            (Vec::new(), false, [0; 4]),
+            "{} -> {}",
+            x.display(),
+            y.display()
+        );
+        assert_eq!(fast, diff_trees(x, y, DiffMethod::Walk).unwrap());
+    }
+    // A nested subvolume in current/: a checkpoint shows it as an empty
+    // directory. Its files change after the checkpoint, current/'s own
+    // tree does not.
+    let nested = cur.join("nested");
+    allox_store::btrfs::create_subvolume(&nested).unwrap();
+    std::fs::write(nested.join("f"), b"x").unwrap();
+    ck(&st, "c3");
+    std::fs::write(nested.join("g"), b"y").unwrap();
+    let c3 = l.checkpoint("a", "s", "c3");
+    let fast = diff_trees(&c3, &cur, DiffMethod::Btrfs).unwrap();
+    assert_eq!(fast, diff_trees(&c3, &cur, DiffMethod::Walk).unwrap());
+    let paths: Vec<&str> = fast.0.iter().map(|c| c.path.as_str()).collect();
+    assert!(paths.contains(&"nested/g"), "{paths:?}");
+    let back = diff_trees(&cur, &c3, DiffMethod::Btrfs).unwrap();
+    assert_eq!(back, diff_trees(&cur, &c3, DiffMethod::Walk).unwrap());
+    assert!(!back.0.is_empty());
+}
+
 /// Thousands of changes past what is listed, new inodes above every old
 /// one, an inode with more links than one search of its references
 /// holds, one of them moved: the pruned diff lists and counts what the

@@ -71,6 +71,9 @@ pub struct Walk<'a> {
     held: usize,
     /// Content bytes that may still be read.
     budget: u64,
+    /// For the items of inodes the hints single out, made when first
+    /// needed.
+    search: Option<crate::btrfs::TreeSearch>,
     pub out: Listing,
 }
 
@@ -92,6 +95,7 @@ impl<'a> Walk<'a> {
             path: Vec::new(),
             held: 0,
             budget: limits.read_bytes,
+            search: None,
             out: Listing::new(limits.changes, limits.listed_bytes),
         }
     }
@@ -400,8 +404,13 @@ impl<'a> Walk<'a> {
         a.at += 1;
         b.at += 1;
         // A nested subvolume is another tree: the hints say nothing of
-        // what is inside it.
-        let nested = ia == SUBVOL_ROOT_INO || ib == SUBVOL_ROOT_INO;
+        // what is inside it. Its link reads as the subvolume's id in the
+        // directory's entries, its root as inode 256 once opened.
+        let nested = ia == SUBVOL_ROOT_INO
+            || ib == SUBVOL_ROOT_INO
+            || self
+                .hints
+                .is_some_and(|h| h.may_be_subvolume(ia) || h.may_be_subvolume(ib));
         let hinted = top.hinted && !nested;
         if ia == ib && !nested && top.hinted && self.hints.is_some_and(|h| !h.may_differ(ia)) {
             return Ok(());
@@ -430,13 +439,33 @@ impl<'a> Walk<'a> {
             }
             return self.descend(&name, Some(&sa), Some(&sb), hinted);
         }
-        let same_meta = sa.st_ino == sb.st_ino
+        let mut same_meta = sa.st_ino == sb.st_ino
             && sa.st_size == sb.st_size
             && sa.st_mode == sb.st_mode
             && sa.st_mtime == sb.st_mtime
             && sa.st_mtime_nsec == sb.st_mtime_nsec
             && sa.st_ctime == sb.st_ctime
             && sa.st_ctime_nsec == sb.st_ctime_nsec;
+        // The same size and times, yet an item of the inode was written
+        // since the trees were one: a change within one tick of the clock
+        // that stamps the times (bytes of the same length written over,
+        // an extended attribute set) leaves them as they were. Its items
+        // in the two trees tell; where they differ, or cannot tell, its
+        // bytes and attributes are compared.
+        let mut unlike = false;
+        if same_meta && hinted {
+            if let Some(h) = self.hints.filter(|h| h.touched(ia)) {
+                let top = self.stack.last().expect("walk is not empty");
+                let fd = top.a.as_ref().unwrap().dir.fd();
+                let search = self.search.get_or_insert_with(Default::default);
+                let alike = h.items_alike(search, fd, ia).map_err(|e| {
+                    let errno = Errno::from_raw_os_error(e.errno().unwrap_or(libc::EIO));
+                    TreeError::io("search the trees for", &p, errno)
+                })?;
+                unlike = alike != Some(true);
+                same_meta = !unlike;
+            }
+        }
         let changed = if same_meta {
             false
         } else if sa.st_mode != sb.st_mode
@@ -465,7 +494,8 @@ impl<'a> Walk<'a> {
             };
             // Same bytes but a changed inode: its extended attributes may
             // be what changed.
-            let inode_changed = (sa.st_ctime, sa.st_ctime_nsec) != (sb.st_ctime, sb.st_ctime_nsec);
+            let inode_changed =
+                unlike || (sa.st_ctime, sa.st_ctime_nsec) != (sb.st_ctime, sb.st_ctime_nsec);
             let v = contents::compare(da, db, &name, (&sa, &sb), inode_changed, &mut self.budget)
                 .map_err(read)?;
             // Past the read budget a file whose metadata differs is

@@ -447,6 +447,9 @@ pub struct RootInfo {
     pub received_uuid: [u8; 16],
     /// The transaction that created it.
     pub otransid: u64,
+    /// When it was created, seconds since the epoch (0 where the item does
+    /// not say).
+    pub otime: u64,
 }
 
 impl RootInfo {
@@ -463,6 +466,8 @@ impl RootInfo {
             parent_uuid: d[263..279].try_into().unwrap(),
             received_uuid: d[279..295].try_into().unwrap(),
             otransid: le(303),
+            // `struct btrfs_timespec otime` at 339.
+            otime: if d.len() >= 351 { le(339) } else { 0 },
         })
     }
 }

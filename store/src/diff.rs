@@ -134,6 +134,9 @@ pub struct Hints {
     above: HashSet<u64>,
     /// The two trees (`from`, `to`).
     trees: (u64, u64),
+    /// When the trees became two (the creation of the copy made at that
+    /// transaction), seconds since the epoch; 0 when not known.
+    since_time: i64,
     /// The subvolumes either tree holds a link to (nested subvolumes):
     /// their files are in trees of their own, which only a walk compares.
     subvolumes: HashSet<u64>,
@@ -167,55 +170,103 @@ impl Hints {
         self.changed.contains(&ino)
     }
 
-    /// Whether inode `ino` is the same in both trees by its items alone:
-    /// `Some(true)` when every item of it is, byte for byte, but for what
-    /// moves without a change of the file (the inode item's last
-    /// transaction, change counter and access time); `Some(false)` when
-    /// an item differs (its bytes may still be the same: rewritten alike);
-    /// `None` when the items cannot tell (too many of them, or a file
-    /// written in place, `nodatacow`, whose extents stay as they were).
-    /// `fd` is any descriptor on the filesystem.
+    /// Whether a change made since the trees became two could have left
+    /// an inode's ctime at `ctime` (seconds): a change stamps the time it
+    /// is made at, to the clock's tick, so a ctime more than a second
+    /// older than the trees' parting is not one (most inodes a tree block
+    /// holds beside a changed one). Where that time is not known, any
+    /// could be.
+    fn recent(&self, ctime: i64) -> bool {
+        self.since_time == 0 || ctime >= self.since_time - 1
+    }
+
+    /// What the two trees' items say of each inode of `inos` (files the
+    /// hints single out):
+    /// `Some(true)` when every item of it is the same in both, byte for
+    /// byte, but for what moves without a change of the file (the inode
+    /// item's last transaction, change counter and access time);
+    /// `Some(false)` when an item differs (its bytes may still be the
+    /// same: rewritten alike); `None` when the items cannot tell (too many
+    /// of them, or a file written in place, `nodatacow`, whose extents
+    /// stay as they were). Read in runs of nearby inodes, one search of
+    /// each tree for each run (a run is about one tree block's inodes);
+    /// directories are left out by the caller: their entries are items
+    /// too, thousands of them. `fd` is any descriptor on the filesystem.
     fn items_alike(
         &self,
         search: &mut btrfs::TreeSearch,
         fd: &impl rustix::fd::AsFd,
-        ino: u64,
-    ) -> std::result::Result<Option<bool>, btrfs::BtrfsError> {
+        mut inos: Vec<u64>,
+    ) -> std::result::Result<HashMap<u64, Option<bool>>, btrfs::BtrfsError> {
+        use std::hash::{BuildHasher, Hash, Hasher};
         /// Past this many items on a side (a file of many extents), the
         /// bytes are compared instead.
-        const MOST: usize = 512;
+        const MOST: u32 = 512;
+        /// Inodes this far apart or nearer are read in one search.
+        const GAP: u64 = 64;
         /// `struct btrfs_inode_item`: `transid` at 8, `flags` at 64,
         /// `sequence` at 72, `atime` at 112 (12 bytes).
         const NODATACOW: u64 = 1 << 1;
-        let mut sides: [Vec<(u8, u64, Vec<u8>)>; 2] = [Vec::new(), Vec::new()];
-        for (side, tree) in sides.iter_mut().zip([self.trees.0, self.trees.1]) {
-            let mut over = false;
-            search.run(fd, SearchKey::object(tree, ino, 0..=255), |it| {
-                if side.len() >= MOST {
-                    over = true;
-                    return;
-                }
-                let mut data = it.data.to_vec();
-                if it.kind == item::INODE_ITEM && data.len() >= 124 {
-                    data[8..16].fill(0);
-                    data[72..80].fill(0);
-                    data[112..124].fill(0);
-                }
-                side.push((it.kind, it.offset, data));
-            })?;
-            if over {
-                return Ok(None);
-            }
-            let nocow = side.iter().any(|(k, _, d)| {
-                *k == item::INODE_ITEM
-                    && d.len() >= 72
-                    && u64::from_le_bytes(d[64..72].try_into().unwrap()) & NODATACOW != 0
-            });
-            if nocow {
-                return Ok(None);
+        #[derive(Default)]
+        struct Side {
+            hash: Option<std::collections::hash_map::DefaultHasher>,
+            items: u32,
+            nocow: bool,
+        }
+        let keyed = std::collections::hash_map::RandomState::new();
+        inos.sort_unstable();
+        inos.dedup();
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for &i in &inos {
+            match runs.last_mut() {
+                Some((_, end)) if i - *end <= GAP => *end = i,
+                _ => runs.push((i, i)),
             }
         }
-        Ok(Some(sides[0] == sides[1]))
+        let mut sides: [HashMap<u64, Side>; 2] = [HashMap::new(), HashMap::new()];
+        for (side, tree) in sides.iter_mut().zip([self.trees.0, self.trees.1]) {
+            for &(lo, hi) in &runs {
+                let mut key = SearchKey::object(tree, lo, 0..=255);
+                key.max_objectid = hi;
+                search.run(fd, key, |it| {
+                    if inos.binary_search(&it.objectid).is_err() {
+                        return;
+                    }
+                    let s = side.entry(it.objectid).or_default();
+                    s.items += 1;
+                    let h = s.hash.get_or_insert_with(|| keyed.build_hasher());
+                    (it.kind, it.offset).hash(h);
+                    if it.kind == item::INODE_ITEM && it.data.len() >= 124 {
+                        let d = it.data;
+                        s.nocow |=
+                            u64::from_le_bytes(d[64..72].try_into().unwrap()) & NODATACOW != 0;
+                        (&d[..8], &d[16..72], &d[80..112], &d[124..]).hash(h);
+                    } else {
+                        it.data.hash(h);
+                    }
+                })?;
+            }
+        }
+        let [a, b] = sides;
+        Ok(inos
+            .into_iter()
+            .map(|i| {
+                let verdict = match (a.get(&i), b.get(&i)) {
+                    (Some(x), Some(y))
+                        if x.nocow || y.nocow || x.items > MOST || y.items > MOST =>
+                    {
+                        None
+                    }
+                    (Some(x), Some(y)) => Some(
+                        x.items == y.items
+                            && x.hash.as_ref().map(Hasher::finish)
+                                == y.hash.as_ref().map(Hasher::finish),
+                    ),
+                    _ => Some(false),
+                };
+                (i, verdict)
+            })
+            .collect())
     }
 
     /// How many inodes the hints single out.
@@ -266,8 +317,15 @@ impl Hints {
         let Some(since) = diverged(&roots, a, b) else {
             return Ok(None);
         };
+        let since_time = roots
+            .iter()
+            .filter(|r| r.otransid == since)
+            .map(|r| r.otime as i64)
+            .min()
+            .unwrap_or(0);
         let mut h = Hints {
             trees: (a, b),
+            since_time,
             ..Hints::default()
         };
         if a == b {

@@ -71,8 +71,11 @@ pub struct Walk<'a> {
     held: usize,
     /// Content bytes that may still be read.
     budget: u64,
-    /// For the items of inodes the hints single out, made when first
-    /// needed.
+    /// What the trees' items say of the inodes the hints single out
+    /// ([`Hints::items_alike`]), read a directory's at a time when first
+    /// needed there.
+    alike: Option<std::collections::HashMap<u64, Option<bool>>>,
+    /// The buffer of those searches.
     search: Option<crate::btrfs::TreeSearch>,
     pub out: Listing,
 }
@@ -95,6 +98,7 @@ impl<'a> Walk<'a> {
             path: Vec::new(),
             held: 0,
             budget: limits.read_bytes,
+            alike: None,
             search: None,
             out: Listing::new(limits.changes, limits.listed_bytes),
         }
@@ -447,21 +451,43 @@ impl<'a> Walk<'a> {
             && sa.st_ctime == sb.st_ctime
             && sa.st_ctime_nsec == sb.st_ctime_nsec;
         // The same size and times, yet an item of the inode was written
-        // since the trees were one: a change within one tick of the clock
-        // that stamps the times (bytes of the same length written over,
-        // an extended attribute set) leaves them as they were. Its items
-        // in the two trees tell; where they differ, or cannot tell, its
-        // bytes and attributes are compared.
+        // since the trees were one, and its ctime is about when they
+        // parted: a change within one tick of the clock that stamps the
+        // times (bytes of the same length written over, an extended
+        // attribute set) leaves them as they were. Its items in the two
+        // trees tell; where they differ, or cannot tell, its bytes and
+        // attributes are compared.
         let mut unlike = false;
         if same_meta && hinted {
-            if let Some(h) = self.hints.filter(|h| h.touched(ia)) {
-                let top = self.stack.last().expect("walk is not empty");
-                let fd = top.a.as_ref().unwrap().dir.fd();
-                let search = self.search.get_or_insert_with(Default::default);
-                let alike = h.items_alike(search, fd, ia).map_err(|e| {
-                    let errno = Errno::from_raw_os_error(e.errno().unwrap_or(libc::EIO));
-                    TreeError::io("search the trees for", &p, errno)
-                })?;
+            if let Some(h) = self
+                .hints
+                .filter(|h| h.touched(ia) && h.recent(sa.st_ctime))
+            {
+                let known = self.alike.as_ref().is_some_and(|m| m.contains_key(&ia));
+                if !known {
+                    // Asked for every file of this directory the hints
+                    // single out, at once.
+                    let top = self.stack.last().expect("walk is not empty");
+                    let side = top.a.as_ref().unwrap();
+                    let inos: Vec<u64> = (0..side.names.len())
+                        .filter(|&i| side.names.is_dir(i) != Some(true))
+                        .map(|i| side.names.ino(i))
+                        .filter(|&i| h.touched(i))
+                        .chain(std::iter::once(ia))
+                        .collect();
+                    let fd = side.dir.fd();
+                    let search = self.search.get_or_insert_with(Default::default);
+                    let read = h.items_alike(search, fd, inos).map_err(|e| {
+                        let errno = Errno::from_raw_os_error(e.errno().unwrap_or(libc::EIO));
+                        TreeError::io("search the trees for", &p, errno)
+                    })?;
+                    self.alike.get_or_insert_with(Default::default).extend(read);
+                }
+                let alike = self
+                    .alike
+                    .as_ref()
+                    .and_then(|m| m.get(&ia).copied())
+                    .flatten();
                 unlike = alike != Some(true);
                 same_meta = !unlike;
             }

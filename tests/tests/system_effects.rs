@@ -1354,6 +1354,75 @@ fn the_supervisor_killed_at_each_step_of_the_protocol_leaves_the_session_fenced(
     }
 }
 
+/// What a machine that stops right after an observed run was answered
+/// may leave: the run's `pending` marker (its removal is not synced). The
+/// next start finds the run's `closed` line in the audit log: the run
+/// keeps the effects it was answered with and the session stays open.
+/// A marker with no such line (a run cut off in the middle) still fences.
+#[test]
+fn a_marker_left_by_an_answered_run_does_not_fence_but_one_left_in_the_middle_does() {
+    let name = "system_effects::a_marker_left_by_an_answered_run_does_not_fence";
+    let Some((mut d, _dir, _g)) = start(name, None, &[]) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "s"), ("a", "t")]);
+    let answered = observed(&d, "a", "s", &["/bin/true"]);
+    assert_eq!(
+        answered.verdict,
+        EffectsVerdict::Consistent,
+        "{answered:#?}"
+    );
+    let (set, _) = chain_of(&d, &answered);
+    // The same marker for another session's run that never closed.
+    let cut = set
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("t/cut-off-run");
+    std::fs::create_dir_all(&cut).unwrap();
+    let marker = br#"{"cgroup":null,"observer":null,"started_ms":1}"#;
+    for dir in [&set, &cut] {
+        std::fs::write(dir.join("pending"), marker).unwrap();
+    }
+    let args = plugin_args();
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    if !kernel_runs_bpf_lsm() {
+        args.push("--system-effects-without-lsm");
+    }
+    d.restart(&args);
+    let status = match call(
+        &d,
+        Request::EffectsStatus(allox_protocol::EffectsStatusRequest::default()),
+    ) {
+        Ok(Response::EffectsStatus(s)) => s,
+        other => panic!("status {other:?}"),
+    };
+    let fenced: Vec<_> = status
+        .fences
+        .iter()
+        .map(|f| {
+            (
+                f.agent_id.as_str(),
+                f.session_id.as_str(),
+                f.run_id.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(fenced, [("a", "t", "cut-off-run")], "{status:#?}");
+    assert!(
+        !set.join("pending").exists(),
+        "the answered run's marker is left"
+    );
+    let kept = effects_of(&d, "a", "s", &answered.run_id);
+    assert_eq!(kept.verdict, answered.verdict);
+    assert_eq!(kept.evidence_root, answered.evidence_root);
+    assert!(!kept.fenced);
+    // The session takes runs.
+    let next = observed(&d, "a", "s", &["/bin/true"]);
+    assert_eq!(next.verdict, EffectsVerdict::Consistent, "{next:#?}");
+}
+
 /// What is wrong with `h` as the history of one run that follows
 /// another, whose history was `before`: a record of the earlier run's
 /// processes, counters that are not this run's own, or no `exec` of

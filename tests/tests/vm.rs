@@ -2038,6 +2038,41 @@ fn guest_system_effects_observe_runs_with_the_bpf_lsm_in_the_vm() {
     assert_eq!(code, Some(0), "{report}");
     assert_eq!(report, format!("{}\n", v3_report.report));
 
+    // The power cut right after an observed run was answered: after the
+    // next boot its set verifies with the root it was answered with (the
+    // files beside the chain, whose hashes it holds, included), effects.get
+    // gives what was answered, and the session is not fenced.
+    let last = observed(&mut c, "a", "s", "echo last > last.txt");
+    assert!(!last.fenced, "{last:#?}");
+    vm.power_cut();
+    vm = Vm::boot_with(&img, Some(&store), &[EFFECTS_ARGS], Some(ESCAPE_RDINIT));
+    c = vm.connect(BOOT).0;
+    let after_cut = dir.path().join("last.tar");
+    verified_and_exported(&mut c, &last.run_id, &last.evidence_root, &after_cut);
+    match ok(
+        &mut c,
+        Request::EffectsGet(EffectsGet {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: last.run_id.clone(),
+        }),
+    ) {
+        Response::Effects(got) => assert!(
+            got.evidence_root == last.evidence_root && got.verdict == last.verdict && !got.fenced,
+            "answered {last:#?}\nkept {got:#?}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    match ok(
+        &mut c,
+        Request::EffectsStatus(EffectsStatusRequest { agent_id: None }),
+    ) {
+        Response::EffectsStatus(s) => assert!(s.fences.is_empty(), "{s:#?}"),
+        other => panic!("{other:?}"),
+    }
+    let again = observed(&mut c, "a", "s", "/bin/true");
+    assert_eq!(true_wrong(&again), None, "{again:#?}");
+
     let _ = c.call(Request::Shutdown(Shutdown {}));
     assert!(
         vm.wait_exit(Duration::from_secs(60)).is_some(),

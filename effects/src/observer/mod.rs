@@ -243,6 +243,12 @@ fn observe_one(
             format!("answer Sealed: {e}"),
         ));
     }
+    // A's records made durable while the run runs: what is left for the
+    // end is B's.
+    if let Err(e) = chain.sync_behind() {
+        let why = format!("make A durable: {e}");
+        return Err(fail(sock, &mut chain, Some(obs), why));
+    }
     let end = match wire::recv::<ToObserver>(sock) {
         Ok(Some(ToObserver::End(end))) => end,
         Ok(Some(other)) => {
@@ -420,9 +426,10 @@ impl Observation {
             )
             .map_err(|e| e.to_string())?;
         phases.done("captures_a");
-        // Not synced before the run is let go: the pending marker fences
-        // the session if the machine stops before B, and B's seal syncs
-        // every record before the answer.
+        // Not synced before the run is let go (but beside it, once it is):
+        // the pending marker fences the session if the machine stops
+        // before B, and B's seal waits for every record to be durable
+        // before the answer.
         chain
             .append_canonical_later("capture_a", body)
             .map_err(|e| e.to_string())?;
@@ -522,11 +529,14 @@ impl Observation {
             .fold(EffectsVerdict::NotObserved, |v, d| v.worst(d.verdict));
         self.phases.done("compare");
         let err = |e: chain::ChainError| e.to_string();
+        // Beside the chain, which holds their hashes: durable with it.
         let history_json = serde_json::to_vec(&records).map_err(|e| e.to_string())?;
-        std::fs::write(begin.evidence.join(HISTORY_FILE), &history_json)
+        chain
+            .write_beside(HISTORY_FILE, &history_json)
             .map_err(|e| format!("write the history: {e}"))?;
         let processes_json = serde_json::to_vec(&processes).map_err(|e| e.to_string())?;
-        std::fs::write(begin.evidence.join(PROCESSES_FILE), &processes_json)
+        chain
+            .write_beside(PROCESSES_FILE, &processes_json)
             .map_err(|e| format!("write the process events: {e}"))?;
         chain
             .append_later(
@@ -597,12 +607,13 @@ impl Observation {
             closed_ms: allox_store::clock::now_ms(),
             recovery: recovery.map(Box::new),
         };
-        let path = begin.evidence.join(EFFECTS_FILE);
-        std::fs::write(
-            &path,
-            serde_json::to_vec(&effects).map_err(|e| e.to_string())?,
-        )
-        .map_err(|e| format!("write {}: {e}", path.display()))?;
+        // Durable with the chain: what `effects.get` reads after a power cut.
+        chain
+            .write_beside(
+                EFFECTS_FILE,
+                &serde_json::to_vec(&effects).map_err(|e| e.to_string())?,
+            )
+            .map_err(|e| format!("write {EFFECTS_FILE}: {e}"))?;
         Ok(effects)
     }
 

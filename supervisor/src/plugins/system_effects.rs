@@ -249,7 +249,7 @@ impl Started {
             "agent_id": a, "session_id": s, "run_id": r,
             "event": event, "evidence_root": root, "why": why,
         });
-        let p = self.dir.join("audit.jsonl");
+        let p = self.dir.join(AUDIT);
         let w = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -275,6 +275,8 @@ impl Started {
                 .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
                 .collect()
         };
+        // Read once, when a marker is found.
+        let mut closed = None;
         for (a, ap) in dirs(&self.dir) {
             if a == "fences" || a.starts_with('.') {
                 continue;
@@ -284,6 +286,13 @@ impl Started {
                     let Ok(text) = std::fs::read(rp.join(PENDING)) else {
                         continue;
                     };
+                    let closed = closed.get_or_insert_with(|| closed_runs(&self.dir.join(AUDIT)));
+                    if closed.contains(&(a.clone(), s.clone(), r.clone())) {
+                        // Its observation ended and was answered; only the
+                        // marker's removal did not reach the disk.
+                        let _ = std::fs::remove_file(rp.join(PENDING));
+                        continue;
+                    }
                     let pending: Pending = serde_json::from_slice(&text).unwrap_or_default();
                     // What the stopped supervisor left: its observer ends its
                     // chain with a fault once its conversation is gone (a
@@ -687,6 +696,29 @@ fn watch(
             tracing::error!(cgroup = %cgroup.display(), "the observer exited during its run: the run is frozen and killed");
         });
     Some(keep)
+}
+
+/// The audit log, in the plugin's directory: a line per event.
+const AUDIT: &str = "audit.jsonl";
+/// The audit event of a run whose observation ended and was answered.
+const CLOSED: &str = "closed";
+
+/// The runs the audit log at `path` says were closed, as (agent, session,
+/// run); none if it cannot be read.
+fn closed_runs(path: &Path) -> std::collections::HashSet<(String, String, String)> {
+    #[derive(serde::Deserialize)]
+    struct Line {
+        agent_id: String,
+        session_id: String,
+        run_id: String,
+        event: String,
+    }
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Line>(l).ok())
+        .filter(|l| l.event == CLOSED)
+        .map(|l| (l.agent_id, l.session_id, l.run_id))
+        .collect()
 }
 
 /// How long the verifier may take over one set.
@@ -1230,14 +1262,6 @@ impl Plugin for SystemEffects {
                 o.finish(Duration::from_secs(5));
             }
         }
-        st.audit(
-            run.agent,
-            run.session,
-            run.run,
-            "closed",
-            &effects.evidence_root,
-            None,
-        );
         if !evidence
             .join(allox_effects::observer::EFFECTS_FILE)
             .exists()
@@ -1249,6 +1273,17 @@ impl Plugin for SystemEffects {
                 &serde_json::to_vec(&effects).unwrap_or_default(),
             );
         }
+        // Durable, and last: a supervisor that finds the pending marker
+        // after a stop (its removal below is not synced) and this line
+        // knows the run's observation ended, its answer kept.
+        st.audit(
+            run.agent,
+            run.session,
+            run.run,
+            CLOSED,
+            &effects.evidence_root,
+            None,
+        );
         let _ = std::fs::remove_file(evidence.join(PENDING));
         Some(effects)
     }

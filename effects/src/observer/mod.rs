@@ -480,6 +480,32 @@ impl Observation {
             .filter(|r| Some(r.pid) != end.init_pid)
             .cloned()
             .collect();
+        let err = |e: chain::ChainError| e.to_string();
+        // The history is all there is: written (the files beside the chain,
+        // which holds their hashes, and its record) and made durable beside
+        // B's captures, which wait mostly on the snapshots' commit; what is
+        // left to sync after B is B's own records.
+        let history_json = serde_json::to_vec(&records).map_err(|e| e.to_string())?;
+        chain
+            .write_beside(HISTORY_FILE, &history_json)
+            .map_err(|e| format!("write the history: {e}"))?;
+        let processes_json = serde_json::to_vec(&processes).map_err(|e| e.to_string())?;
+        chain
+            .write_beside(PROCESSES_FILE, &processes_json)
+            .map_err(|e| format!("write the process events: {e}"))?;
+        chain
+            .append_later(
+                "history",
+                &serde_json::json!({
+                    "records": records.len(),
+                    "sha256": chain::sha256_hex(&history_json),
+                    "processes_sha256": chain::sha256_hex(&processes_json),
+                    "counters": counters,
+                }),
+            )
+            .map_err(err)?;
+        chain.sync_behind().map_err(err)?;
+        self.phases.done("chain_history");
         let (snaps_b, mut captures_b, took) = capture_all(begin, "b", &records);
         for (what, us) in took {
             self.phases.beside(what, us);
@@ -529,26 +555,6 @@ impl Observation {
             .fold(EffectsVerdict::NotObserved, |v, d| v.worst(d.verdict));
         self.phases.done("compare");
         let err = |e: chain::ChainError| e.to_string();
-        // Beside the chain, which holds their hashes: durable with it.
-        let history_json = serde_json::to_vec(&records).map_err(|e| e.to_string())?;
-        chain
-            .write_beside(HISTORY_FILE, &history_json)
-            .map_err(|e| format!("write the history: {e}"))?;
-        let processes_json = serde_json::to_vec(&processes).map_err(|e| e.to_string())?;
-        chain
-            .write_beside(PROCESSES_FILE, &processes_json)
-            .map_err(|e| format!("write the process events: {e}"))?;
-        chain
-            .append_later(
-                "history",
-                &serde_json::json!({
-                    "records": records.len(),
-                    "sha256": chain::sha256_hex(&history_json),
-                    "processes_sha256": chain::sha256_hex(&processes_json),
-                    "counters": counters,
-                }),
-            )
-            .map_err(err)?;
         chain
             .append_later("capture_b", &serde_json::json!({ "captures": &captures_b }))
             .map_err(err)?;

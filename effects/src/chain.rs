@@ -8,7 +8,10 @@
 //! its line written and synced, the directory synced) before [`Chain::append`]
 //! returns, so a root that was answered is on disk. [`Chain::append_later`]
 //! writes a record whose durability comes with the next `append`: one sync
-//! of each file for several records written together.
+//! of each file for several records written together. [`Chain::sync_behind`]
+//! starts that sync on a thread (the next sync waits for it), and
+//! [`Chain::write_beside`] writes a file beside the chain (one a record
+//! holds the hash of) that is synced with the records.
 //!
 //! [`verify`] reads a chain back and checks everything it can without
 //! trusting the writer: canonical form, sequence, links, body hashes, that

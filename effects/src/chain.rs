@@ -58,7 +58,7 @@ pub struct Record {
 
 /// The canonical JSON (RFC 8785) of `v`.
 ///
-/// Most of what the chain holds is [`plain`]: object keys in ASCII, whole
+/// Most of what the chain holds is plain: object keys in ASCII, whole
 /// numbers a double holds exactly, no fractions. For such a value the
 /// compact JSON of its `serde_json::Value` is already the canonical form
 /// (the value's objects are ordered by key, which for ASCII is RFC 8785's

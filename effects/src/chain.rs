@@ -306,32 +306,30 @@ impl Chain {
     /// beside the chain, the records, the directory of bodies (and the
     /// chain's directory when a file was made in it).
     pub fn sync(&mut self) -> Result<(), ChainError> {
-        if let Some(b) = self.behind.take() {
-            b.join().unwrap_or_else(|_| {
+        self.wait_behind()?;
+        self.sync_job()?()
+    }
+
+    /// Waits for the sync [`Chain::sync_behind`] started, if any.
+    fn wait_behind(&mut self) -> Result<(), ChainError> {
+        match self.behind.take() {
+            None => Ok(()),
+            Some(b) => b.join().unwrap_or_else(|_| {
                 Err(io(
                     "sync",
                     &self.dir,
                     std::io::Error::other("the sync's thread panicked"),
                 ))
-            })?;
+            }),
         }
-        self.sync_job()?()
     }
 
     /// Starts [`sync`](Chain::sync) of what was written so far on a thread
     /// of its own (the run goes on meanwhile); the next `sync` waits for
     /// it, so what it covers is durable before the next `sync` returns.
     pub fn sync_behind(&mut self) -> Result<(), ChainError> {
-        if let Some(b) = self.behind.take() {
-            // One at a time: the one before is waited for.
-            b.join().unwrap_or_else(|_| {
-                Err(io(
-                    "sync",
-                    &self.dir,
-                    std::io::Error::other("the sync's thread panicked"),
-                ))
-            })?;
-        }
+        // One at a time: the one before is waited for.
+        self.wait_behind()?;
         let job = self.sync_job()?;
         let t = std::thread::Builder::new()
             .name("chain-sync".into())

@@ -140,6 +140,11 @@ pub struct Hints {
     /// The subvolumes either tree holds a link to (nested subvolumes):
     /// their files are in trees of their own, which only a walk compares.
     subvolumes: HashSet<u64>,
+    /// What a read-only side's inode items in the changed blocks say of
+    /// each inode (its mode and size), by side (`false` for `from`) and
+    /// inode: a tree that cannot change answers as `stat` would, so a file
+    /// on that side only is listed without one.
+    modes: HashMap<(bool, u64), (u32, u64)>,
 }
 
 impl Hints {
@@ -162,6 +167,12 @@ impl Hints {
     /// subvolume's link (its inode number is then the subvolume's id).
     fn may_be_subvolume(&self, ino: u64) -> bool {
         self.subvolumes.contains(&ino)
+    }
+
+    /// The mode and size of inode `ino` on the `to` side (else `from`),
+    /// when that side is read-only and its item was in a changed block.
+    fn mode_size(&self, to: bool, ino: u64) -> Option<(u32, u64)> {
+        self.modes.get(&(to, ino)).copied()
     }
 
     /// Whether inode `ino` has an item in a tree block written since the
@@ -303,11 +314,18 @@ impl Hints {
         // in inodes not yet written to the tree (a mode, a size). Those are
         // written back first, so that nothing changed before the diff
         // began can be passed over as unchanged.
-        for (fd, p) in [(from, from_path), (to, to_path)] {
-            if !btrfs::is_read_only(fd, p).map_err(bt)? {
-                fs::syncfs(fd).map_err(|e| io("write back", p, e))?;
-                break;
-            }
+        let sides = [(from, from_path), (to, to_path)];
+        let mut read_only = [false; 2];
+        for (r, (fd, p)) in read_only.iter_mut().zip(sides) {
+            *r = btrfs::is_read_only(fd, p).map_err(bt)?;
+        }
+        if let Some((fd, p)) = sides
+            .iter()
+            .zip(read_only)
+            .find(|(_, r)| !r)
+            .map(|(s, _)| s)
+        {
+            fs::syncfs(fd).map_err(|e| io("write back", p, e))?;
         }
         let (a, b) = (
             btrfs::subvolume_id_of(from, from_path).map_err(bt)?,
@@ -354,7 +372,8 @@ impl Hints {
         // link and its one reference seen needs no search of its own for
         // its parent; any other is searched.
         let mut known: HashMap<(u64, u64), Known> = HashMap::new();
-        for tree in [a, b] {
+        for (to, tree) in [(false, a), (true, b)] {
+            let keep_modes = read_only[usize::from(to)];
             search
                 .run(from, SearchKey::all(tree, since.saturating_add(1)), |it| {
                     if h.changed.len() < cap {
@@ -365,8 +384,15 @@ impl Hints {
                     let le64 = |d: &[u8]| u64::from_le_bytes(d[..8].try_into().unwrap());
                     match it.kind {
                         item::INODE_ITEM if it.data.len() >= 44 => {
-                            let n = u32::from_le_bytes(it.data[40..44].try_into().unwrap());
+                            let d = it.data;
+                            let n = u32::from_le_bytes(d[40..44].try_into().unwrap());
                             known.entry((tree, it.objectid)).or_default().nlink = Some(n);
+                            // `struct btrfs_inode_item`: `size` at 16,
+                            // `mode` at 52.
+                            if keep_modes && d.len() >= 56 {
+                                let mode = u32::from_le_bytes(d[52..56].try_into().unwrap());
+                                h.modes.insert((to, it.objectid), (mode, le64(&d[16..])));
+                            }
                         }
                         item::INODE_REF => known
                             .entry((tree, it.objectid))

@@ -351,6 +351,7 @@ impl<'a> Walk<'a> {
         let side = side.expect("side is present");
         let name = side.names.name(side.at).to_os_string();
         let is_dir = side.names.is_dir(side.at);
+        let ino = side.names.ino(side.at);
         side.at += 1;
         let hinted = top.hinted;
         if is_dir == Some(false) {
@@ -365,6 +366,23 @@ impl<'a> Walk<'a> {
                 } else {
                     ChangeKind::Added
                 });
+                return Ok(());
+            }
+            // Listed, on a read-only side whose item the hints read: its
+            // size from there, without a `stat` (which reads the inode
+            // from a tree no cache holds yet: about 20 µs in a new
+            // snapshot).
+            let item = self
+                .hints
+                .filter(|_| hinted)
+                .and_then(|h| h.mode_size(!a_side, ino))
+                .filter(|&(mode, _)| FileType::from_raw_mode(mode) != FileType::Directory);
+            if let Some((_, bytes)) = item {
+                if a_side {
+                    self.out.push(&p, ChangeKind::Deleted, Some(bytes), None);
+                } else {
+                    self.out.push(&p, ChangeKind::Added, None, Some(bytes));
+                }
                 return Ok(());
             }
         }

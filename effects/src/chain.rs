@@ -66,11 +66,15 @@ pub struct Record {
 /// twenty times faster than the canonicalizer's; anything else goes
 /// through the canonicalizer.
 pub fn canonical<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
-    let value = serde_json::to_value(v).map_err(|e| e.to_string())?;
-    if plain(&value) {
-        serde_json::to_vec(&value).map_err(|e| e.to_string())
+    canonical_value(&serde_json::to_value(v).map_err(|e| e.to_string())?)
+}
+
+/// [`canonical`] of a value already parsed (a body read back).
+pub fn canonical_value(value: &serde_json::Value) -> Result<Vec<u8>, String> {
+    if plain(value) {
+        serde_json::to_vec(value).map_err(|e| e.to_string())
     } else {
-        serde_json_canonicalizer::to_vec(&value).map_err(|e| e.to_string())
+        serde_json_canonicalizer::to_vec(value).map_err(|e| e.to_string())
     }
 }
 
@@ -151,8 +155,9 @@ pub struct Chain {
     next: u64,
     head: String,
     closed: bool,
-    /// Bodies written by [`Chain::append_later`] and not synced yet.
-    unsynced: Vec<std::fs::File>,
+    /// Bodies written by [`Chain::append_later`] and files written beside
+    /// the chain, not synced yet.
+    unsynced: Vec<(PathBuf, std::fs::File)>,
     /// Whether the directory itself is to be synced (its first record, a
     /// file written beside the chain).
     dir_unsynced: bool,
@@ -262,7 +267,7 @@ impl Chain {
             .open(&bpath)
             .map_err(|e| io("create", &bpath, e))?;
         f.write_all(&body).map_err(|e| io("write", &bpath, e))?;
-        self.unsynced.push(f);
+        self.unsynced.push((bpath, f));
         let record = Record {
             seq: self.next,
             prev: self.head.clone(),
@@ -297,7 +302,7 @@ impl Chain {
             .open(&path)
             .map_err(|e| io("create", &path, e))?;
         f.write_all(bytes).map_err(|e| io("write", &path, e))?;
-        self.unsynced.push(f);
+        self.unsynced.push((path, f));
         self.dir_unsynced = true;
         Ok(())
     }
@@ -307,7 +312,7 @@ impl Chain {
     /// chain's directory when a file was made in it).
     pub fn sync(&mut self) -> Result<(), ChainError> {
         self.wait_behind()?;
-        self.sync_job()?()
+        self.sync_job()?.run()
     }
 
     /// Waits for the sync [`Chain::sync_behind`] started, if any.
@@ -333,37 +338,48 @@ impl Chain {
         let job = self.sync_job()?;
         let t = std::thread::Builder::new()
             .name("chain-sync".into())
-            .spawn(job)
+            .spawn(move || job.run())
             .map_err(|e| io("sync", &self.dir, e))?;
         self.behind = Some(t);
         Ok(())
     }
 
-    /// What a sync of everything written so far does, taken from the
+    /// What a sync of everything written so far has to do, taken from the
     /// chain (which may write on meanwhile).
-    #[allow(clippy::type_complexity)]
-    fn sync_job(
-        &mut self,
-    ) -> Result<Box<dyn FnOnce() -> Result<(), ChainError> + Send>, ChainError> {
-        let files = std::mem::take(&mut self.unsynced);
+    fn sync_job(&mut self) -> Result<SyncJob, ChainError> {
         let rpath = self.dir.join(RECORDS);
         let records = self
             .records
             .try_clone()
             .map_err(|e| io("sync", &rpath, e))?;
-        let bodies = self.dir.join(BODIES);
-        let dir = std::mem::take(&mut self.dir_unsynced).then(|| self.dir.clone());
-        Ok(Box::new(move || {
-            for f in files {
-                f.sync_all().map_err(|e| io("sync", &bodies, e))?;
-            }
-            records.sync_all().map_err(|e| io("sync", &rpath, e))?;
-            sync_dir(&bodies)?;
-            if let Some(d) = dir {
-                sync_dir(&d)?;
-            }
-            Ok(())
-        }))
+        Ok(SyncJob {
+            files: std::mem::take(&mut self.unsynced),
+            records: (rpath, records),
+            bodies: self.dir.join(BODIES),
+            dir: std::mem::take(&mut self.dir_unsynced).then(|| self.dir.clone()),
+        })
+    }
+}
+
+/// One sync of a chain: its unsynced files, its records, the directory of
+/// bodies, and the chain's directory when a file was made in it.
+struct SyncJob {
+    files: Vec<(PathBuf, std::fs::File)>,
+    records: (PathBuf, std::fs::File),
+    bodies: PathBuf,
+    dir: Option<PathBuf>,
+}
+
+impl SyncJob {
+    fn run(self) -> Result<(), ChainError> {
+        for (p, f) in self.files.iter().chain([&self.records]) {
+            f.sync_all().map_err(|e| io("sync", p, e))?;
+        }
+        sync_dir(&self.bodies)?;
+        if let Some(d) = &self.dir {
+            sync_dir(d)?;
+        }
+        Ok(())
     }
 }
 
@@ -508,7 +524,7 @@ pub fn verify_in(src: &dyn Source, root: Option<&str>) -> Result<Verified, Verif
         }
         let value: serde_json::Value = serde_json::from_slice(&body)
             .map_err(|e| bad_body(&bname, format!("body {bname}: {e}")))?;
-        if canonical(&value).map_err(|e| bad_body(&bname, e))? != body {
+        if canonical_value(&value).map_err(|e| bad_body(&bname, e))? != body {
             return Err(bad_body(
                 &bname,
                 format!("body {bname} not in canonical form"),

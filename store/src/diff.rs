@@ -319,13 +319,11 @@ impl Hints {
         for (r, (fd, p)) in read_only.iter_mut().zip(sides) {
             *r = btrfs::is_read_only(fd, p).map_err(bt)?;
         }
-        if let Some((fd, p)) = sides
-            .iter()
-            .zip(read_only)
-            .find(|(_, r)| !r)
-            .map(|(s, _)| s)
-        {
-            fs::syncfs(fd).map_err(|e| io("write back", p, e))?;
+        for ((fd, p), r) in sides.into_iter().zip(read_only) {
+            if !r {
+                fs::syncfs(fd).map_err(|e| io("write back", p, e))?;
+                break;
+            }
         }
         let (a, b) = (
             btrfs::subvolume_id_of(from, from_path).map_err(bt)?,

@@ -554,7 +554,6 @@ impl Observation {
             .iter()
             .fold(EffectsVerdict::NotObserved, |v, d| v.worst(d.verdict));
         self.phases.done("compare");
-        let err = |e: chain::ChainError| e.to_string();
         chain
             .append_later("capture_b", &serde_json::json!({ "captures": &captures_b }))
             .map_err(err)?;

@@ -59,8 +59,21 @@ pub(crate) fn send(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -
 
 /// One packet into `buf` (resized to it) with its descriptors; `None` at
 /// end of stream (the other end is closed).
+///
+/// The packet's size is peeked first, so that only that much of `buf` is
+/// zeroed: zeroing [`MAX_PACKET`] bytes for every packet cost a context,
+/// whose pages a run's PID 1 just forked from it still shares, a copy of
+/// every page of the buffer for each run it starts.
 pub(crate) fn recv(sock: BorrowedFd<'_>, buf: &mut Vec<u8>) -> io::Result<Option<Vec<OwnedFd>>> {
-    buf.resize(MAX_PACKET, 0);
+    // With MSG_TRUNC a Unix packet socket says the packet's whole length.
+    let size = loop {
+        match rustix::net::recv(sock, &mut [0u8; 0], RecvFlags::PEEK | RecvFlags::TRUNC) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => break r?.1,
+        }
+    };
+    // One byte more than allowed: a larger packet is then said truncated.
+    buf.resize(size.min(MAX_PACKET + 1), 0);
     let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let msg = loop {
@@ -114,6 +127,23 @@ mod tests {
         send(a.as_fd(), &big, &[]).unwrap();
         assert!(recv(b.as_fd(), &mut buf).unwrap().unwrap().is_empty());
         assert_eq!(buf, big);
+        // A small one after it: the buffer is its size, not the last one's.
+        send(a.as_fd(), b"hi", &[]).unwrap();
+        assert!(recv(b.as_fd(), &mut buf).unwrap().unwrap().is_empty());
+        assert_eq!(buf, b"hi");
+        // Descriptors without bytes arrive, and are not the end.
+        send(a.as_fd(), b"", &[r.as_fd()]).unwrap();
+        let fds = recv(b.as_fd(), &mut buf).unwrap().unwrap();
+        assert_eq!((buf.len(), fds.len()), (0, 1));
+        // A packet over the limit (sent around `send`'s check) is refused
+        // as truncated, and the next one still arrives whole.
+        let over = vec![1u8; MAX_PACKET + 10];
+        rustix::net::send(&a, &over, SendFlags::empty()).unwrap();
+        let e = recv(b.as_fd(), &mut buf).unwrap_err();
+        assert!(e.to_string().contains("truncated"), "{e}");
+        send(a.as_fd(), b"after", &[]).unwrap();
+        recv(b.as_fd(), &mut buf).unwrap().unwrap();
+        assert_eq!(buf, b"after");
         drop(a);
         assert!(recv(b.as_fd(), &mut buf).unwrap().is_none());
     }

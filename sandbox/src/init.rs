@@ -714,11 +714,12 @@ fn exec_program(spec: &SandboxSpec, filter: &seccomp::Filters, err: OwnedFd) -> 
     )
 }
 
-/// All five capability sets empty, unprivileged uid/gid, no_new_privs.
+/// All five capability sets empty (the bounding set already is: the
+/// context emptied it, see `zygote::run`), unprivileged uid/gid,
+/// no_new_privs.
 fn drop_privileges(spec: &SandboxSpec) -> Result<(), i32> {
     use caps::CapSet;
     let e = |_| libc::EPERM;
-    caps::clear(None, CapSet::Bounding).map_err(e)?;
     caps::clear(None, CapSet::Ambient).map_err(e)?;
     caps::clear(None, CapSet::Inheritable).map_err(e)?;
     sys::drop_credentials(spec.uid, spec.gid)

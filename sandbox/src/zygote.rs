@@ -83,6 +83,13 @@ pub fn run() -> ! {
     // run); here they pass signals to no one, so only SIGKILL or the end
     // of the control socket ends the context.
     init::forward_signals();
+    // The capability bounding set, emptied once here and inherited by
+    // every process this context makes (eighty system calls less per run).
+    // It limits only what an execve may grant: this process keeps the
+    // capabilities it has, which its clones and each PID 1's mounts need.
+    if let Err(e) = caps::clear(None, caps::CapSet::Bounding) {
+        fail(&sock, format!("empty the capability bounding set: {e}"));
+    }
     if answer(sock.as_fd(), &ContextReply::Ready, None).is_err() {
         std::process::exit(1);
     }

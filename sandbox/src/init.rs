@@ -23,9 +23,11 @@
 //!    private /tmp; attaches the session's `current/` at `/allox/session`
 //!    and the agent's `shared/` at `/allox/shared` (detached mounts the
 //!    supervisor made and sent), then the spec's binds, in order;
-//! 2. forks the program, which empties all capability sets, switches to the
-//!    unprivileged uid/gid, sets no_new_privs, installs the seccomp filter,
-//!    closes every descriptor above 2, resets its signal mask and execs;
+//! 2. starts the program (a clone sharing its memory until the exec:
+//!    [`program`]), which closes every descriptor above 2, empties its
+//!    capability sets (the bounding set came empty from the context),
+//!    switches to the unprivileged uid/gid, sets no_new_privs, installs the
+//!    seccomp filter, resets its signals and execs;
 //! 3. forwards termination signals to the program, reaps every process of
 //!    the namespace, and when the program ends copies the private /tmp's
 //!    regular files to `current/.allox-tmp/` (on normal exit, within
@@ -34,6 +36,7 @@
 #![allow(unsafe_code)]
 
 mod error;
+mod program;
 
 use super::seccomp;
 use super::spec::{
@@ -44,7 +47,7 @@ use rustix::fd::{AsFd, OwnedFd};
 use rustix::mount::{self as m, MountFlags, MountPropagationFlags, UnmountFlags};
 use rustix::process::{Pid, WaitOptions};
 use std::ffi::CString;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -109,39 +112,18 @@ pub(crate) fn run(
             std::process::exit(1);
         }
     }
-    // Exec failures come back on a close-on-exec pipe.
-    let Ok((err_r, err_w)) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) else {
-        report(
-            &mut status,
-            InitStatus::SetupFailed(InitError::Pipe.chain()),
-        );
-        std::process::exit(1);
-    };
-    // The signal forwarders are the context's, inherited by the clone.
-    // SAFETY: this process is single-threaded (a copy of the
-    // single-threaded context), so the child may run ordinary code.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        drop(err_r);
-        drop(status);
-        let errno = exec_program(&spec, filter, err_w);
-        std::process::exit(errno);
-    }
-    if pid < 0 {
+    let program = program::Program::new(&spec, filter);
+    let Some((pid, exec_errno)) = program.start() else {
         report(
             &mut status,
             InitStatus::SetupFailed(InitError::Fork.chain()),
         );
         std::process::exit(1);
-    }
-    CHILD.store(pid, Ordering::SeqCst);
-    drop(err_w);
+    };
+    drop(program);
     // The init keeps no end of the program's pipes, so the supervisor sees
     // end-of-output as soon as the program (and what it started) is done.
     sys::stdio_to_null();
-    let mut errbuf = [0u8; 4];
-    let n = std::fs::File::from(err_r).read(&mut errbuf).unwrap_or(0);
-    let exec_errno = (n == 4).then(|| i32::from_ne_bytes(errbuf));
     reap(pid, exec_errno, &spec, status)
 }
 
@@ -659,91 +641,6 @@ fn attach_workspace(
         attach(tree, &b.dst, b.writable)?;
     }
     Ok(())
-}
-
-/// In the forked child: become the program. Returns only on failure, with
-/// the exit code to use (the errno has been sent on `err`).
-fn exec_program(spec: &SandboxSpec, filter: &seccomp::Filters, err: OwnedFd) -> i32 {
-    let fail = |err: &OwnedFd, errno: i32| -> i32 {
-        let _ = rustix::io::write(err, &errno.to_ne_bytes());
-        127
-    };
-    let _ = rustix::process::setsid();
-    // A terminal run: the terminal on 0 becomes the new session's
-    // controlling terminal (job control, ^C, SIGWINCH).
-    if spec.pty.is_some() {
-        if let Err(e) = rustix::process::ioctl_tiocsctty(rustix::stdio::stdin()) {
-            return fail(&err, e.raw_os_error());
-        }
-    }
-    // The program gets 0, 1 and 2 only; the error pipe is close-on-exec.
-    // (Kernels before 5.9 lack close_range; there the program also gets
-    // whatever is not close-on-exec.)
-    let _ = sys::close_all_above_stdio_but(err.as_fd());
-    if let Err(e) = drop_privileges(spec) {
-        return fail(&err, e);
-    }
-    // As the unprivileged user: it can only enter what it may enter.
-    if let Err(e) = rustix::process::chdir(spec.cwd.as_str()) {
-        return fail(&err, e.raw_os_error());
-    }
-    if let Err(e) = filter.apply() {
-        return fail(&err, e);
-    }
-    reset_signals();
-    let to_c = |s: &str| CString::new(s).unwrap_or_default();
-    let prog = to_c(&spec.program);
-    let argv: Vec<CString> = spec.argv.iter().map(|a| to_c(a)).collect();
-    let envp: Vec<CString> = spec
-        .env
-        .iter()
-        .map(|(k, v)| to_c(&format!("{k}={v}")))
-        .collect();
-    let mut argv_p: Vec<*const libc::c_char> = argv.iter().map(|c| c.as_ptr()).collect();
-    argv_p.push(std::ptr::null());
-    let mut envp_p: Vec<*const libc::c_char> = envp.iter().map(|c| c.as_ptr()).collect();
-    envp_p.push(std::ptr::null());
-    // SAFETY: null-terminated arrays of valid C strings that outlive the
-    // call (execve only returns on failure).
-    unsafe {
-        libc::execve(prog.as_ptr(), argv_p.as_ptr(), envp_p.as_ptr());
-    }
-    fail(
-        &err,
-        std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
-    )
-}
-
-/// All five capability sets empty (the bounding set already is: the
-/// context emptied it, see `zygote::run`), unprivileged uid/gid,
-/// no_new_privs.
-fn drop_privileges(spec: &SandboxSpec) -> Result<(), i32> {
-    use caps::CapSet;
-    let e = |_| libc::EPERM;
-    caps::clear(None, CapSet::Ambient).map_err(e)?;
-    caps::clear(None, CapSet::Inheritable).map_err(e)?;
-    sys::drop_credentials(spec.uid, spec.gid)
-        .map_err(|e| e.raw_os_error().unwrap_or(libc::EPERM))?;
-    // A switch away from uid 0 clears permitted and effective; make sure.
-    caps::clear(None, CapSet::Effective).map_err(e)?;
-    caps::clear(None, CapSet::Permitted).map_err(e)?;
-    rustix::thread::set_no_new_privs(true).map_err(|e| e.raw_os_error())?;
-    Ok(())
-}
-
-/// Empty signal mask, default dispositions.
-fn reset_signals() {
-    // SAFETY: resetting this process's own signal state before exec.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
-        for sig in 1..32 {
-            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                libc::signal(sig, libc::SIG_DFL);
-            }
-        }
-    }
 }
 
 extern "C" fn forward(sig: libc::c_int) {

@@ -98,9 +98,7 @@ pub(crate) enum InitError {
         #[source]
         source: io::Error,
     },
-    /// The pipe on which the program's exec failure comes back.
-    #[error("pipe")]
-    Pipe,
+    /// The program's process could not be cloned.
     #[error("fork")]
     Fork,
 }

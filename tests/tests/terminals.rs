@@ -609,7 +609,11 @@ fn ctrl_c_at_alloxctl_exec_stops_what_it_started() {
                 session_id: "s".into(),
             }),
         );
-        format!("{l:?}").contains(what)
+        // A process's argv (`sleep 60N`, or the shell about to exec it),
+        // not the number alone: the list's ids, pids and times hold digits
+        // that may spell it too.
+        let l = format!("{l:?}");
+        l.contains(&format!("[\"sleep\", \"{what}\"]")) || l.contains(&format!("exec sleep {what}"))
     };
     let gone = |what: &str| {
         let t0 = Instant::now();

@@ -24,9 +24,45 @@ use crate::sys;
 use std::ffi::{c_int, c_void, CString};
 use std::sync::atomic::{AtomicI32, Ordering};
 
-/// The child's stack: its set-up is a few calls deep. Allocated zeroed
-/// (fresh pages of an anonymous mapping, only those used are touched).
+/// The size of the child's stack: its set-up is a few calls deep.
 const STACK: usize = 256 << 10;
+
+/// The child's stack, a mapping of its own: no page of it is touched
+/// before the child uses it (memory from the heap might be zeroed there
+/// first, each page written a copy of one PID 1 shares with the context).
+struct Stack(*mut c_void);
+
+impl Stack {
+    fn new() -> Option<Stack> {
+        // SAFETY: a new private anonymous mapping, nothing else touched.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                STACK,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        (p != libc::MAP_FAILED).then_some(Stack(p))
+    }
+
+    /// Its top, where a stack that grows down starts (16-byte aligned).
+    fn top(&self) -> *mut c_void {
+        ((self.0 as usize + STACK) & !15) as *mut c_void
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping `new` made, no longer used (the child has
+        // exec'd or exited).
+        unsafe {
+            libc::munmap(self.0, STACK);
+        }
+    }
+}
 
 /// The program and everything its set-up needs, made before the clone.
 pub(super) struct Program<'a> {
@@ -76,10 +112,10 @@ impl<'a> Program<'a> {
 
     /// Starts the program and returns once it has exec'd, with its pid,
     /// or once its set-up or exec failed, with its pid and that errno (it
-    /// has then exited with 127). `None` if it could not be cloned.
+    /// has then exited with 127). `None` if no stack could be mapped for it
+    /// or it could not be cloned.
     pub(super) fn start(&self) -> Option<(i32, Option<i32>)> {
-        let mut stack = vec![0u8; STACK];
-        let top = (stack.as_mut_ptr() as usize + STACK) & !15;
+        let stack = Stack::new()?;
         // SAFETY: sigfillset and pthread_sigmask on valid sets; the clone
         // runs `child` on `stack`, which outlives it (CLONE_VFORK: this
         // thread resumes only after the child's exec or exit), and `child`
@@ -91,7 +127,7 @@ impl<'a> Program<'a> {
             libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
             let pid = libc::clone(
                 child,
-                top as *mut c_void,
+                stack.top(),
                 libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
                 self as *const Program as *mut c_void,
             );

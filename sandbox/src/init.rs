@@ -121,6 +121,9 @@ pub(crate) fn run(
         std::process::exit(1);
     };
     drop(program);
+    // Before it answers "started", the supervisor waits for this: a run
+    // said to be started has its program's process (in `process.list`).
+    report(&mut status, InitStatus::ProgramStarted);
     // The init keeps no end of the program's pipes, so the supervisor sees
     // end-of-output as soon as the program (and what it started) is done.
     sys::stdio_to_null();

@@ -26,7 +26,7 @@ pub struct Spawned {
     pub pidfd: OwnedFd,
     /// The program's standard input, output and error.
     pub io: RunIo,
-    /// Read end of the status pipe (one [`super::InitStatus`]).
+    /// Read end of the status pipe (the PID 1's [`super::InitStatus`] reports).
     pub status: OwnedFd,
 }
 

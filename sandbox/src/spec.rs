@@ -104,9 +104,14 @@ pub enum ContextReply {
     Failed(String),
 }
 
-/// How the program ended, or why it never ran.
+/// What a run's PID 1 writes on its status pipe, one message after
+/// another: [`InitStatus::ProgramStarted`] once the program's process
+/// exists, then how the program ended, or why it never ran.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub enum InitStatus {
+    /// The program's process exists: it has exec'd, or its exec failed
+    /// (then [`InitStatus::ExecFailed`] follows). Not an end.
+    ProgramStarted,
     Exited(i32),
     Signaled(i32),
     /// Building the sandbox failed at the named step.

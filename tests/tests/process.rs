@@ -496,6 +496,50 @@ fn private_tmp_regular_files_are_kept() {
     assert_eq!(r.stdout.trim(), "0");
 }
 
+/// A run answered as started has its program's process: the very next
+/// `process.list` shows it, every time (the answer waits for the
+/// program's process, not only for the sandbox's PID 1).
+#[test]
+fn a_started_run_is_listed_at_once() {
+    let Some(d) = setup("a_started_run_is_listed_at_once") else {
+        return;
+    };
+    for i in 0..20 {
+        let mut p = start("a", "s", &["/bin/sleep", "30"]);
+        p.wait = false;
+        let run = match call(&d, Request::ProcessStart(p)) {
+            Ok(Response::Started(r)) => r.run_id,
+            other => panic!("{other:?}"),
+        };
+        let l = list(&d, "a", "s");
+        assert!(
+            l.iter().any(
+                |p| p.run_id.as_deref() == Some(run.as_str()) && p.argv == ["/bin/sleep", "30"]
+            ),
+            "start {i}: run {run} not listed right after its start: {l:?}"
+        );
+    }
+    kill_session(&d, "a", "s");
+    // An exec that fails is still answered as started, and ends 127.
+    let mut p = start(
+        "a",
+        "s",
+        &[
+            "/bin/sh",
+            "-c",
+            "printf '#!/nonexistent\\n' > bad.sh; chmod 755 bad.sh",
+        ],
+    );
+    p.wait = true;
+    call(&d, Request::ProcessStart(p)).unwrap();
+    let r = match call(&d, Request::ProcessStart(start("a", "s", &["./bad.sh"]))) {
+        Ok(Response::Exited(r)) => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(r.exit_code, Some(127), "{r:?}");
+    assert!(r.stderr.contains("cannot execute the program"), "{r:?}");
+}
+
 #[test]
 fn output_streams_and_exit_status() {
     let Some(d) = setup("output_streams_and_exit_status") else {

@@ -11,17 +11,31 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
-/// Reads the init's status report, drains the output briefly, and
-/// publishes the run's result.
+/// Reads the init's status reports, drains the output briefly, and
+/// publishes the run's result. `program` is told (dropped) once the
+/// program's process exists, or once the init has said or done anything
+/// else (ended, died).
 pub(super) async fn finish(
     runs: Arc<Runs>,
     run: Arc<Run>,
     mut status: tokio::net::unix::pipe::Receiver,
     readers: Readers,
+    program: tokio::sync::oneshot::Sender<()>,
 ) {
     let mut bytes = Vec::new();
-    let _ = status.read_to_end(&mut bytes).await;
-    let st: Option<InitStatus> = postcard::from_bytes(&bytes).ok();
+    let mut program = Some(program);
+    let mut chunk = [0u8; 256];
+    loop {
+        match status.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => bytes.extend_from_slice(&chunk[..n]),
+        }
+        if postcard::take_from_bytes::<InitStatus>(&bytes).is_ok() {
+            program.take();
+        }
+    }
+    drop(program);
+    let st = end_status(&bytes);
     // An observed run: its whole tree ends here, before the output is
     // drained, so that nothing it left behind runs on while B is taken.
     let effects = match run.observed {
@@ -31,7 +45,7 @@ pub(super) async fn finish(
                 Some(InitStatus::Signaled(s)) => format!("signal {s}"),
                 Some(InitStatus::ExecFailed(e)) => format!("exec failed (errno {e})"),
                 Some(InitStatus::SetupFailed(w)) => format!("setup failed: {w}"),
-                None => "killed".to_string(),
+                Some(InitStatus::ProgramStarted) | None => "killed".to_string(),
             };
             let (runs2, run2) = (runs.clone(), run.clone());
             tokio::task::spawn_blocking(move || observe_end(&runs2, &run2, init, status))
@@ -61,7 +75,7 @@ pub(super) async fn finish(
             (Some(126), None)
         }
         // The init itself died: the run's cgroup was killed.
-        None => (None, Some(libc::SIGKILL)),
+        Some(InitStatus::ProgramStarted) | None => (None, Some(libc::SIGKILL)),
     };
     let mut result = RunResult {
         run_id: run.id.clone(),
@@ -281,4 +295,54 @@ pub(super) async fn reap(runs: Arc<Runs>, run: Arc<Run>) {
         run: &run.id,
         network: &run.network,
     });
+}
+
+/// The last of the init's reports that is not [`InitStatus::ProgramStarted`]
+/// (the program's end, or why it never ran); `None` if there is none (the
+/// init was killed) or what came cannot be read.
+fn end_status(mut bytes: &[u8]) -> Option<InitStatus> {
+    let mut end = None;
+    while !bytes.is_empty() {
+        let (st, rest) = postcard::take_from_bytes::<InitStatus>(bytes).ok()?;
+        if st != InitStatus::ProgramStarted {
+            end = Some(st);
+        }
+        bytes = rest;
+    }
+    end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encoded(list: &[InitStatus]) -> Vec<u8> {
+        list.iter()
+            .flat_map(|s| postcard::to_stdvec(s).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_end_is_the_last_report_that_is_not_the_programs_start() {
+        use InitStatus::*;
+        let cases = [
+            (vec![ProgramStarted, Exited(3)], Some(Exited(3))),
+            (vec![ProgramStarted, ExecFailed(2)], Some(ExecFailed(2))),
+            (
+                vec![SetupFailed("mount proc".into())],
+                Some(SetupFailed("mount proc".into())),
+            ),
+            (vec![ProgramStarted, Signaled(9)], Some(Signaled(9))),
+            // The init killed after the program started, or before.
+            (vec![ProgramStarted], None),
+            (vec![], None),
+        ];
+        for (reports, want) in cases {
+            assert_eq!(end_status(&encoded(&reports)), want, "{reports:?}");
+        }
+        // A report cut short (the init killed while writing it) is none.
+        let mut cut = encoded(&[ProgramStarted, SetupFailed("a long reason".into())]);
+        cut.truncate(cut.len() - 3);
+        assert_eq!(end_status(&cut), None);
+    }
 }

@@ -23,6 +23,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 
+/// The longest `process.start` without `wait` waits for the program's
+/// process after its PID 1 is made (a few hundred microseconds, unless the
+/// run's cgroup is frozen meanwhile).
+const PROGRAM_START_WAIT: Duration = Duration::from_secs(5);
+
 impl Runs {
     fn new_run_id(&self) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
@@ -153,7 +158,14 @@ impl Runs {
             });
         }
         // The end: status, then a short drain of the output.
-        tokio::spawn(end::finish(self.clone(), run.clone(), made.status, readers));
+        let (program, program_started) = tokio::sync::oneshot::channel();
+        tokio::spawn(end::finish(
+            self.clone(),
+            run.clone(),
+            made.status,
+            readers,
+            program,
+        ));
         // Reap the init when the namespace empties, and drop its cgroup.
         tokio::spawn(end::reap(self.clone(), run.clone()));
         if let Some(ms) = p.timeout_ms {
@@ -165,6 +177,10 @@ impl Runs {
             ));
         }
         if !p.wait {
+            // Answered once the program's process exists, so that a run
+            // said to be started is in `process.list` (or once the run has
+            // ended); bounded, should its cgroup be frozen meanwhile.
+            let _ = tokio::time::timeout(PROGRAM_START_WAIT, program_started).await;
             return Ok(allox_protocol::Response::Started(RunStarted {
                 run_id: id,
                 pid: made.pid,

@@ -497,8 +497,9 @@ fn private_tmp_regular_files_are_kept() {
 }
 
 /// A run answered as started has its program's process: the very next
-/// `process.list` shows it, every time (the answer waits for the
-/// program's process, not only for the sandbox's PID 1).
+/// `process.list` shows it (the sandbox's PID 1 is never listed), every
+/// time: the answer waits for the program's process, not only for the
+/// PID 1.
 #[test]
 fn a_started_run_is_listed_at_once() {
     let Some(d) = setup("a_started_run_is_listed_at_once") else {
@@ -511,11 +512,12 @@ fn a_started_run_is_listed_at_once() {
             Ok(Response::Started(r)) => r.run_id,
             other => panic!("{other:?}"),
         };
+        // Its argv may still be empty: the answer comes as the program's
+        // exec begins, and the kernel shows a new image's command line
+        // only once the exec has laid it out.
         let l = list(&d, "a", "s");
         assert!(
-            l.iter().any(
-                |p| p.run_id.as_deref() == Some(run.as_str()) && p.argv == ["/bin/sleep", "30"]
-            ),
+            l.iter().any(|p| p.run_id.as_deref() == Some(run.as_str())),
             "start {i}: run {run} not listed right after its start: {l:?}"
         );
     }

@@ -30,7 +30,7 @@ pub(super) async fn finish(
             Ok(0) | Err(_) => break,
             Ok(n) => bytes.extend_from_slice(&chunk[..n]),
         }
-        if postcard::take_from_bytes::<InitStatus>(&bytes).is_ok() {
+        if program.is_some() && postcard::take_from_bytes::<InitStatus>(&bytes).is_ok() {
             program.take();
         }
     }

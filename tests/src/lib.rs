@@ -47,7 +47,10 @@ pub fn require(test: &str) -> bool {
 /// fails; otherwise it prints `SKIPPED <test>: needs <what>` past the
 /// harness's capture and returns false. True when nothing is missing.
 pub fn needs(test: &str, missing: Option<String>) -> bool {
-    let Some(what) = missing else { return true };
+    let Some(what) = missing else {
+        watchdog::watch_this_test(test);
+        return true;
+    };
     if std::env::var("ALLOX_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {
         panic!("{test} needs {what}, which this machine lacks");
     }
@@ -250,6 +253,40 @@ pub const INIT_BIN_ENV: &str = "ALLOX_INIT_BIN";
 /// (`--no-default-features`), relative to the workspace.
 pub const NO_PLUGINS_INIT: &str = "target/no-plugins/allox-init";
 
+/// How long a daemon may take to stop after SIGTERM (it stops in well
+/// under a second: its answers flushed, its store synced), unless
+/// [`STOP_LIMIT_ENV`] gives other seconds.
+pub const STOP_LIMIT: Duration = Duration::from_secs(60);
+pub const STOP_LIMIT_ENV: &str = "ALLOX_TEST_STOP_SECS";
+
+fn stop_limit() -> Duration {
+    std::env::var(STOP_LIMIT_ENV)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(STOP_LIMIT)
+}
+
+/// Whether `fd` became readable (a pidfd: its process ended) within `limit`.
+fn wait_readable(fd: &impl std::os::fd::AsFd, limit: Duration) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let until = Instant::now() + limit;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        let t = Timespec::try_from(left).unwrap_or(Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        });
+        let mut fds = [PollFd::new(fd, PollFlags::IN)];
+        match poll(&mut fds, Some(&t)) {
+            Ok(n) if n > 0 => return true,
+            Ok(_) => return false,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
 /// The real daemon, `allox-init supervise`, on a store root.
 pub struct Daemon {
     pub child: Child,
@@ -386,10 +423,29 @@ impl Daemon {
         self.term()
     }
 
+    /// SIGTERM, and the daemon's end awaited for [`STOP_LIMIT`]; one that
+    /// has not stopped by then is shown ([`watchdog::describe_process`]),
+    /// killed, and the test fails.
     fn term(&mut self) -> std::process::ExitStatus {
-        let pid = rustix::process::Pid::from_raw(self.child.id() as i32);
-        if let Some(pid) = pid {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let pid = self.child.id() as i32;
+        let ended = rustix::process::Pid::from_raw(pid).and_then(|p| {
+            let fd = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()?;
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
+            Some(wait_readable(&fd, stop_limit()))
+        });
+        if ended == Some(false) {
+            let what = watchdog::describe_tree(pid);
+            let _ = self.child.kill();
+            let st = self.child.wait();
+            let msg = format!(
+                "the daemon (pid {pid}) did not stop within {} s of SIGTERM; killed ({st:?}); what it was doing:\n{what}",
+                stop_limit().as_secs()
+            );
+            if std::thread::panicking() {
+                let _ = writeln!(std::io::stderr(), "{msg}");
+            } else {
+                panic!("{msg}");
+            }
         }
         self.child.wait().expect("wait daemon")
     }
@@ -783,6 +839,7 @@ pub fn remove_cgroup_tree(p: &Path) {
 
 pub mod container;
 pub mod http;
+pub mod watchdog;
 pub mod sandbox_api_raw;
 pub mod vm;
 

@@ -410,8 +410,10 @@ fn handshake_is_enforced() {
     );
     // The refused connections left the daemon serving: a proper handshake
     // still works.
-    let ok = allox_ctl::Client::handshake(UnixStream::connect(&d.socket).unwrap()).map(|_| ());
-    assert!(ok.is_ok());
+    let s = UnixStream::connect(&d.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let ok = allox_ctl::Client::handshake(s).map(|_| ());
+    assert!(ok.is_ok(), "{ok:?}");
 }
 
 #[test]
@@ -753,4 +755,92 @@ fn a_missing_store_root_is_made() {
         err.contains("neither it nor the directory above it exists"),
         "{err}"
     );
+}
+
+/// This test binary run again for one of its ignored tests, with `env`.
+fn run_ignored(test: &str, env: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--ignored", "--exact", test, "--nocapture", "--test-threads=1"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.stdin(std::process::Stdio::null()).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status, text)
+}
+
+#[test]
+#[ignore = "hangs on purpose; run by a_hung_test_is_shown_and_aborts_its_binary"]
+fn hangs_on_purpose() {
+    assert!(allox_integration::require("daemon::hangs_on_purpose"));
+    let (r, _w) = rustix::pipe::pipe().unwrap();
+    // Nobody writes: this read waits for ever.
+    let _ = rustix::io::read(&r, &mut [0u8; 1]);
+}
+
+#[test]
+fn a_hung_test_is_shown_and_aborts_its_binary() {
+    if !allox_integration::require("daemon::a_hung_test_is_shown_and_aborts_its_binary") {
+        return;
+    }
+    let t0 = Instant::now();
+    let (st, text) = run_ignored(
+        "hangs_on_purpose",
+        &[(allox_integration::watchdog::LIMIT_ENV, "2")],
+    );
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(libc::SIGABRT), "{st:?}\n{text}");
+    assert!(
+        text.contains("HUNG: test daemon::hangs_on_purpose has run for 2 s"),
+        "{text}"
+    );
+    // The hung thread, named for its test, is shown waiting in its read.
+    let shown = text
+        .lines()
+        .skip_while(|l| !l.contains("(hangs_on_purpos)"))
+        .take(8)
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(shown.contains("state S") && shown.contains("pipe_read"), "{text}");
+    assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
+}
+
+#[test]
+#[ignore = "stops a daemon that cannot stop; run by a_daemon_that_does_not_stop_is_shown_killed_and_fails_its_test"]
+fn stops_a_frozen_daemon_on_purpose() {
+    let Some((_fs, d)) = setup("daemon::stops_a_frozen_daemon_on_purpose", &[]) else {
+        return;
+    };
+    let pid = rustix::process::Pid::from_raw(d.child.id() as i32).unwrap();
+    println!("DAEMON PID {}", pid.as_raw_nonzero());
+    rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+    d.stop();
+}
+
+#[test]
+fn a_daemon_that_does_not_stop_is_shown_killed_and_fails_its_test() {
+    if !allox_integration::require(
+        "daemon::a_daemon_that_does_not_stop_is_shown_killed_and_fails_its_test",
+    ) {
+        return;
+    }
+    let (st, text) = run_ignored(
+        "stops_a_frozen_daemon_on_purpose",
+        &[(allox_integration::STOP_LIMIT_ENV, "2")],
+    );
+    assert!(!st.success(), "{text}");
+    assert!(
+        text.contains("did not stop within 2 s of SIGTERM; killed"),
+        "{text}"
+    );
+    // Shown stopped, then killed and reaped: its pid is gone.
+    assert!(text.contains("supervise --root") && text.contains("state T"), "{text}");
+    let pid: i32 = text
+        .lines()
+        .find_map(|l| l.split_once("DAEMON PID ").map(|(_, p)| p))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the daemon's pid: {text}"));
+    let gone = std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+        .map_or(true, |c| !c.contains("supervise"));
+    assert!(gone, "daemon {pid} still there");
 }

@@ -839,9 +839,9 @@ pub fn remove_cgroup_tree(p: &Path) {
 
 pub mod container;
 pub mod http;
-pub mod watchdog;
 pub mod sandbox_api_raw;
 pub mod vm;
+pub mod watchdog;
 
 /// An HTTP server on the host's loopback answering each request with
 /// `hello <path>` and closing; its address, and how many connections it

@@ -760,12 +760,19 @@ fn a_missing_store_root_is_made() {
 /// This test binary run again for one of its ignored tests, with `env`.
 fn run_ignored(test: &str, env: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--ignored", "--exact", test, "--nocapture", "--test-threads=1"]);
+    cmd.args([
+        "--ignored",
+        "--exact",
+        test,
+        "--nocapture",
+        "--test-threads=1",
+    ]);
     for (k, v) in env {
         cmd.env(k, v);
     }
     let out = cmd.stdin(std::process::Stdio::null()).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     (out.status, text)
 }
 
@@ -801,7 +808,10 @@ fn a_hung_test_is_shown_and_aborts_its_binary() {
         .take(8)
         .collect::<Vec<_>>()
         .join("\n");
-    assert!(shown.contains("state S") && shown.contains("pipe_read"), "{text}");
+    assert!(
+        shown.contains("state S") && shown.contains("pipe_read"),
+        "{text}"
+    );
     assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
 }
 
@@ -834,7 +844,10 @@ fn a_daemon_that_does_not_stop_is_shown_killed_and_fails_its_test() {
         "{text}"
     );
     // Shown stopped, then killed and reaped: its pid is gone.
-    assert!(text.contains("supervise --root") && text.contains("state T"), "{text}");
+    assert!(
+        text.contains("supervise --root") && text.contains("state T"),
+        "{text}"
+    );
     let pid: i32 = text
         .lines()
         .find_map(|l| l.split_once("DAEMON PID ").map(|(_, p)| p))

@@ -267,9 +267,15 @@ fn stop_limit() -> Duration {
         .unwrap_or(STOP_LIMIT)
 }
 
-/// Whether `fd` became readable (a pidfd: its process ended) within `limit`.
-fn wait_readable(fd: &impl std::os::fd::AsFd, limit: Duration) -> bool {
+/// `child`'s exit status once it has ended, if that is within `limit`
+/// (waited for on its pidfd); `None` if it still runs.
+pub fn wait_for_exit(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
     use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    if let Ok(Some(st)) = child.try_wait() {
+        return Some(st);
+    }
+    let pid = rustix::process::Pid::from_raw(child.id() as i32)?;
+    let fd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()?;
     let until = Instant::now() + limit;
     loop {
         let left = until.saturating_duration_since(Instant::now());
@@ -277,12 +283,11 @@ fn wait_readable(fd: &impl std::os::fd::AsFd, limit: Duration) -> bool {
             tv_sec: 0,
             tv_nsec: 0,
         });
-        let mut fds = [PollFd::new(fd, PollFlags::IN)];
+        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
         match poll(&mut fds, Some(&t)) {
-            Ok(n) if n > 0 => return true,
-            Ok(_) => return false,
+            Ok(n) if n > 0 => return child.wait().ok(),
             Err(rustix::io::Errno::INTR) => continue,
-            Err(_) => return false,
+            _ => return None,
         }
     }
 }
@@ -428,24 +433,23 @@ impl Daemon {
     /// killed, and the test fails.
     fn term(&mut self) -> std::process::ExitStatus {
         let pid = self.child.id() as i32;
-        let ended = rustix::process::Pid::from_raw(pid).and_then(|p| {
-            let fd = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()?;
+        if let Some(p) = rustix::process::Pid::from_raw(pid) {
             let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
-            Some(wait_readable(&fd, stop_limit()))
-        });
-        if ended == Some(false) {
-            let what = watchdog::describe_tree(pid);
-            let _ = self.child.kill();
-            let st = self.child.wait();
-            let msg = format!(
-                "the daemon (pid {pid}) did not stop within {} s of SIGTERM; killed ({st:?}); what it was doing:\n{what}",
-                stop_limit().as_secs()
-            );
-            if std::thread::panicking() {
-                let _ = writeln!(std::io::stderr(), "{msg}");
-            } else {
-                panic!("{msg}");
-            }
+        }
+        if let Some(st) = wait_for_exit(&mut self.child, stop_limit()) {
+            return st;
+        }
+        let what = watchdog::describe_tree(pid);
+        let _ = self.child.kill();
+        let st = self.child.wait();
+        let msg = format!(
+            "the daemon (pid {pid}) did not stop within {} s of SIGTERM; killed ({st:?}); what it was doing:\n{what}",
+            stop_limit().as_secs()
+        );
+        if std::thread::panicking() {
+            let _ = writeln!(std::io::stderr(), "{msg}");
+        } else {
+            panic!("{msg}");
         }
         self.child.wait().expect("wait daemon")
     }

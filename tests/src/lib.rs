@@ -322,6 +322,23 @@ fn own_cgroup(root: &Path, args: &[&str]) -> Option<PathBuf> {
     Some(dir)
 }
 
+/// `exe supervise` on the store `root`, listening on `socket`, with
+/// `cgroup` as its cgroup root if given, its standard input closed: the
+/// command every test's daemon starts from.
+pub fn supervise_command(exe: &Path, root: &Path, socket: &Path, cgroup: Option<&Path>) -> Command {
+    let mut cmd = Command::new(exe);
+    cmd.arg("supervise")
+        .arg("--root")
+        .arg(root)
+        .arg("--listen")
+        .arg(format!("unix:{}", socket.display()))
+        .stdin(Stdio::null());
+    if let Some(c) = cgroup {
+        cmd.arg("--cgroup-root").arg(c);
+    }
+    cmd
+}
+
 impl Daemon {
     /// Starts the daemon with extra environment (e.g. `ALLOX_FAILPOINTS`)
     /// and extra arguments, and waits until its socket answers.
@@ -351,16 +368,8 @@ impl Daemon {
         log: Option<std::fs::File>,
     ) -> Daemon {
         let cgroup = own_cgroup(root, args);
-        let mut cmd = Command::new(exe);
-        cmd.arg("supervise")
-            .arg("--root")
-            .arg(root)
-            .arg("--listen")
-            .arg(format!("unix:{}", socket.display()));
-        if let Some(c) = &cgroup {
-            cmd.arg("--cgroup-root").arg(c);
-        }
-        cmd.args(args).env("ALLOX_LOG", "warn").stdin(Stdio::null());
+        let mut cmd = supervise_command(exe, root, socket, cgroup.as_deref());
+        cmd.args(args).env("ALLOX_LOG", "warn");
         for (k, v) in env {
             cmd.env(k, v);
         }

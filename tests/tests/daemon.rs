@@ -881,16 +881,9 @@ fn a_stop_signal_at_any_moment_of_the_start_stops_the_daemon() {
     let (mut at_start, mut when_ready) = (0, 0);
     for i in 0..40u32 {
         let sock = fs.scratch().join(format!("ctl-{i}.sock"));
-        let mut child = Command::new(workspace_bin("allox-init"))
-            .arg("supervise")
-            .arg("--root")
-            .arg(&root)
-            .arg("--listen")
-            .arg(format!("unix:{}", sock.display()))
-            .arg("--cgroup-root")
-            .arg(&cgroup)
+        let exe = workspace_bin("allox-init");
+        let mut child = allox_integration::supervise_command(&exe, &root, &sock, Some(&cgroup))
             .env("ALLOX_LOG", "error")
-            .stdin(std::process::Stdio::null())
             .spawn()
             .unwrap();
         if i % 2 == 0 {

@@ -224,14 +224,8 @@ fn refused_start(name: &str, env: &[(&str, &str)], args: &[&str]) -> (Option<i32
         .join(format!("allox-test-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&cg).unwrap();
     let sock = fs.scratch().join("ctl.sock");
-    let out = Command::new(workspace_bin("allox-init"))
-        .arg("supervise")
-        .arg("--root")
-        .arg(&root)
-        .arg("--listen")
-        .arg(format!("unix:{}", sock.display()))
-        .arg("--cgroup-root")
-        .arg(&cg)
+    let exe = workspace_bin("allox-init");
+    let out = allox_integration::supervise_command(&exe, &root, &sock, Some(&cg))
         .arg("--sandbox-stage")
         .arg(fs.scratch().join("stage"))
         .args(args)

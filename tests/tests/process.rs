@@ -1273,19 +1273,12 @@ fn a_root_sandbox_identity_is_refused_at_start() {
         ("--sandbox-gid", "0"),
         ("--sandbox-uid", "4294967295"),
     ] {
-        let mut out = std::process::Command::new(allox_integration::workspace_bin("allox-init"))
-            .arg("supervise")
-            .arg("--root")
-            .arg(&root)
-            .arg("--listen")
-            .arg(format!("unix:{}", sock.display()))
-            .arg("--cgroup-root")
-            .arg(&cgroup)
+        let exe = allox_integration::workspace_bin("allox-init");
+        let mut out = allox_integration::supervise_command(&exe, &root, &sock, Some(&cgroup))
             .arg("--sandbox-stage")
             .arg(fs.scratch().join("stage"))
             .args([flag, value])
             .env("ALLOX_LOG", "warn")
-            .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()

@@ -462,11 +462,14 @@ impl StopSignals {
         let flagged = [libc::SIGTERM, libc::SIGINT]
             .into_iter()
             .all(|s| signal_hook::flag::register(s, caught.clone()).is_ok());
+        if !flagged {
+            tracing::warn!("cannot install the flag of SIGTERM and SIGINT: one sent as the daemon starts may be missed");
+        }
         let listeners = match (
             signal(SignalKind::terminate()),
             signal(SignalKind::interrupt()),
         ) {
-            (Ok(term), Ok(int)) if flagged => Some((term, int)),
+            (Ok(term), Ok(int)) => Some((term, int)),
             _ => {
                 tracing::error!(
                     "cannot install the handlers of SIGTERM and SIGINT; stop with SIGKILL"

@@ -275,7 +275,10 @@ pub fn wait_for_exit(child: &mut Child, limit: Duration) -> Option<std::process:
         return Some(st);
     }
     let pid = rustix::process::Pid::from_raw(child.id() as i32)?;
-    let fd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()?;
+    let Ok(fd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) else {
+        // No pidfd to wait on with a bound (descriptors run out): as before.
+        return child.wait().ok();
+    };
     let until = Instant::now() + limit;
     loop {
         let left = until.saturating_duration_since(Instant::now());

@@ -64,7 +64,8 @@ pub fn keep_state_private(layout: &Layout) {
 }
 
 /// Everything below `state/`: directories 0700, files 0600 (but the
-/// sandboxes' entry points).
+/// sandboxes' entry points and the subvolumes, agents' trees kept as
+/// evidence).
 fn state_files(d: &Path, depth: usize) {
     // The state directory's own tree is shallow (`monitor/`, `uploads/`).
     if depth > 4 {
@@ -76,6 +77,10 @@ fn state_files(d: &Path, depth: usize) {
     for e in entries.flatten() {
         let p = e.path();
         match e.file_type() {
+            // A subvolume here is a snapshot of an agent's tree kept as
+            // evidence (`effects/…/a-workspace`, read-only): the agent's,
+            // which keeps its modes, below directories already private.
+            Ok(t) if t.is_dir() && crate::btrfs::is_subvolume(&p) => {}
             Ok(t) if t.is_dir() => {
                 fix(&p, DIR_MODE, true);
                 state_files(&p, depth + 1);

@@ -587,3 +587,40 @@ fn removal_is_iterative_on_deep_and_wide_trees() {
     btrfs::remove_tree(&w).unwrap();
     assert!(!w.exists());
 }
+
+/// The start's privacy sweep of `state/` makes the store's own
+/// directories private but passes over a subvolume there, an agent's tree
+/// the system-effects plugin keeps as evidence: it keeps its modes (and a
+/// read-only one is not written to, which failed with a warning).
+#[test]
+fn the_state_sweep_leaves_the_agents_trees_kept_as_evidence() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some((fs, st)) = setup("store::the_state_sweep_leaves_the_agents_trees_kept_as_evidence")
+    else {
+        return;
+    };
+    drop(st);
+    let state = fs.path().join("store/state");
+    let run = state.join("effects/a/s/r1");
+    std::fs::create_dir_all(&run).unwrap();
+    let tree = run.join("b-workspace");
+    btrfs::create_subvolume(&tree).unwrap();
+    std::fs::write(tree.join("notes.txt"), "x").unwrap();
+    let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+    let chmod = |p: &Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    };
+    for (p, m) in [
+        (state.join("effects"), 0o755),
+        (run.clone(), 0o755),
+        (tree.clone(), 0o755),
+        (tree.join("notes.txt"), 0o644),
+    ] {
+        chmod(&p, m);
+    }
+    let _st = open(&fs);
+    assert_eq!(mode(&state.join("effects")), 0o700);
+    assert_eq!(mode(&run), 0o700);
+    assert_eq!(mode(&tree), 0o755, "the agent's tree keeps its mode");
+    assert_eq!(mode(&tree.join("notes.txt")), 0o644);
+}

@@ -260,11 +260,7 @@ pub const STOP_LIMIT: Duration = Duration::from_secs(60);
 pub const STOP_LIMIT_ENV: &str = "ALLOX_TEST_STOP_SECS";
 
 fn stop_limit() -> Duration {
-    std::env::var(STOP_LIMIT_ENV)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .map(Duration::from_secs)
-        .unwrap_or(STOP_LIMIT)
+    watchdog::secs_from_env(STOP_LIMIT_ENV, STOP_LIMIT)
 }
 
 /// `child`'s exit status once it has ended, if that is within `limit`

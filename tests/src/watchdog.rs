@@ -37,17 +37,22 @@ struct State {
 fn state() -> &'static State {
     static STATE: OnceLock<State> = OnceLock::new();
     STATE.get_or_init(|| {
-        let limit = std::env::var(LIMIT_ENV)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .map(Duration::from_secs)
-            .unwrap_or(DEFAULT_LIMIT);
+        let limit = secs_from_env(LIMIT_ENV, DEFAULT_LIMIT);
         std::thread::Builder::new()
             .name("test-watchdog".into())
             .spawn(move || watch(limit))
             .expect("start the test watchdog");
         State::default()
     })
+}
+
+/// The whole seconds the environment variable `name` gives, or `default`.
+pub fn secs_from_env(name: &str, default: Duration) -> Duration {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(default)
 }
 
 /// Watches the test running on this thread from now on.
@@ -166,7 +171,7 @@ pub fn describe_process(pid: i32) -> String {
 }
 
 /// Every thread's user-space stack as `gdb` prints it, bounded in time;
-/// empty when there is no `gdb`.
+/// a line saying so when there is no `gdb`.
 fn user_stacks(pid: i32) -> String {
     if crate::which("gdb").is_none() || crate::which("timeout").is_none() {
         return "   (no gdb: no user-space stacks)\n".into();

@@ -10,11 +10,11 @@ use allox_protocol::{
     codec::EncodeError, decode, encode, ClientFrame, DecodeError, ErrorBody, ErrorCode, Event,
     FrameError, FrameReader, Hello, Outcome, Request, RequestEnvelope, Response, ServerFrame,
 };
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use thiserror::Error;
 
 /// What the server answered to one request: a response or a protocol error.
@@ -132,8 +132,11 @@ fn connect_stream(path: &Path, timeout: Option<Duration>) -> Result<UnixStream, 
     if rustix::net::sockopt::set_socket_send_buffer_size_force(&stream, SEND_BUFFER).is_err() {
         let _ = rustix::net::sockopt::set_socket_send_buffer_size(&stream, SEND_BUFFER);
     }
-    stream.set_read_timeout(timeout).map_err(connect_err)?;
-    stream.set_write_timeout(timeout).map_err(connect_err)?;
+    // A new socket's reads and writes are unbounded already.
+    if timeout.is_some() {
+        stream.set_read_timeout(timeout).map_err(connect_err)?;
+        stream.set_write_timeout(timeout).map_err(connect_err)?;
+    }
     Ok(stream)
 }
 
@@ -164,6 +167,26 @@ pub struct Client {
     welcomed: bool,
     /// Answers for this connection's [`Sender`]s, once one is made.
     replies: Option<Arc<Replies>>,
+    /// Where frames are read into (made at the first read; only what a
+    /// read fills is touched).
+    read_buf: Vec<u8>,
+    /// What to do once a call has waited so long ([`Client::when_waiting`]).
+    when_waiting: Option<WhenWaiting>,
+}
+
+/// Bytes asked for by each read of the socket.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Something to do once, when a call has waited until `at` for the daemon.
+struct WhenWaiting {
+    at: Instant,
+    then: Box<dyn FnOnce() + Send>,
+}
+
+impl std::fmt::Debug for WhenWaiting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WhenWaiting").field("at", &self.at).finish()
+    }
 }
 
 /// A frame of a [`Client`]'s conversation ([`Client::next_frame`]).
@@ -265,12 +288,12 @@ pub fn answer_of(outcome: Outcome) -> Answer {
     }
 }
 
-/// Two random words from the kernel (`/dev/urandom`); the time and the
-/// process id if it cannot be read.
+/// Two random words from the kernel (`getrandom`, as `/dev/urandom`
+/// gives them); the time and the process id if it cannot give them.
 pub fn random_words() -> [u64; 2] {
     let mut b = [0u8; 16];
-    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
-    if read.is_err() {
+    let read = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::INSECURE);
+    if !matches!(read, Ok(16)) {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
@@ -347,6 +370,8 @@ impl Client {
             unsent_hello: Vec::new(),
             welcomed: false,
             replies: None,
+            read_buf: Vec::new(),
+            when_waiting: None,
         };
         Ok((client, bytes))
     }
@@ -389,6 +414,17 @@ impl Client {
             )),
             replies,
         })
+    }
+
+    /// Runs `then` once, on this thread, the first time a read for a call
+    /// would wait past `after` from now (a call whose answer is in by then
+    /// never runs it): what only a long call needs (`alloxctl exec`'s
+    /// signal thread) is not made for a short one.
+    pub fn when_waiting(&mut self, after: Duration, then: impl FnOnce() + Send + 'static) {
+        self.when_waiting = Some(WhenWaiting {
+            at: Instant::now() + after,
+            then: Box::new(then),
+        });
     }
 
     /// This connection's conversation number (see [`Hello`]).
@@ -633,18 +669,52 @@ impl Client {
 
     /// The next frame's payload, reading from the socket as needed.
     fn next_payload(&mut self) -> Result<Vec<u8>, ClientError> {
-        let mut buf = [0u8; 64 * 1024];
         loop {
             if let Some(frame) = self.reader.next_frame() {
                 return frame.map_err(ClientError::BadFrame);
             }
-            let n = match self.stream.read(&mut buf) {
+            self.before_waiting();
+            self.read_buf.clear();
+            self.read_buf.reserve(READ_CHUNK);
+            match rustix::io::read(
+                &self.stream,
+                rustix::buffer::spare_capacity(&mut self.read_buf),
+            ) {
                 Ok(0) => return Err(ClientError::Closed),
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(self.io_error(e, ClientError::Read)),
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(self.io_error(e.into(), ClientError::Read)),
             };
-            self.reader.push(&buf[..n]);
+            self.reader.push(&self.read_buf);
+        }
+    }
+
+    /// Runs the [`Client::when_waiting`] hook if its time has come or
+    /// comes before the socket has something to read.
+    fn before_waiting(&mut self) {
+        let Some(hook) = &self.when_waiting else {
+            return;
+        };
+        let at = hook.at;
+        loop {
+            let left = at.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let mut fds = [rustix::event::PollFd::new(
+                &self.stream,
+                rustix::event::PollFlags::IN,
+            )];
+            let timeout = rustix::event::Timespec::try_from(left).ok();
+            match rustix::event::poll(&mut fds, timeout.as_ref()) {
+                Ok(0) => break,
+                Ok(_) => return,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => break,
+            }
+        }
+        if let Some(hook) = self.when_waiting.take() {
+            (hook.then)();
         }
     }
 }
@@ -707,6 +777,7 @@ mod tests {
     use allox_protocol::{
         AgentDelete, Deleted, EventEnvelope, Ping, Pong, ResponseEnvelope, PROTOCOL_VERSION,
     };
+    use std::io::Read;
     use std::thread;
 
     /// Reads client frames from one end of a socket pair.
@@ -779,6 +850,76 @@ mod tests {
             })
         });
         (a, t)
+    }
+
+    /// A Pong for request `id`.
+    fn pong(s: &mut FakeServer, id: u64) {
+        s.respond(
+            id,
+            Outcome::Ok(Response::Pong(Pong {
+                version: 1,
+                build: "fake".into(),
+            })),
+        );
+    }
+
+    /// `when_waiting`'s hook runs, on the caller's thread, only for a
+    /// call still without its answer when the time is up: not for one
+    /// answered sooner, and not again for the calls after it.
+    #[test]
+    fn the_waiting_hook_runs_once_and_only_for_a_call_still_waiting() {
+        use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+        let (answer_now, answer_later) = (mpsc_pair(), mpsc_pair());
+        let (go_first, go_second) = (answer_now.0, answer_later.0);
+        let (wait_first, wait_second) = (answer_now.1, answer_later.1);
+        let (stream, t) = pair(move |mut s| {
+            assert!(matches!(s.recv(), ClientFrame::Hello(_)));
+            s.welcome();
+            let ClientFrame::Request(r) = s.recv() else {
+                panic!("expected a request")
+            };
+            // Answered at once: the client's hook time (10 s) is far off.
+            pong(&mut s, r.request_id);
+            wait_first.recv().unwrap();
+            let ClientFrame::Request(r) = s.recv() else {
+                panic!("expected a request")
+            };
+            // Answered once the hook has run (or after 20 s without it,
+            // for the client to fail its check rather than wait for ever).
+            let _ = wait_second.recv_timeout(Duration::from_secs(20));
+            pong(&mut s, r.request_id);
+            let ClientFrame::Request(r) = s.recv() else {
+                panic!("expected a request")
+            };
+            pong(&mut s, r.request_id);
+        });
+        let ran = Arc::new(AtomicU32::new(0));
+        let mut c = Client::handshake(stream).unwrap();
+        let r = ran.clone();
+        c.when_waiting(Duration::from_secs(10), move || {
+            r.fetch_add(1, SeqCst);
+        });
+        assert!(c.call(Request::Ping(Ping {})).unwrap().is_ok());
+        assert_eq!(ran.load(SeqCst), 0, "an answer in time runs no hook");
+        go_first.send(()).unwrap();
+        // A call still waiting after 50 ms runs the hook, which lets the
+        // server answer: without the hook the call would never end.
+        let r = ran.clone();
+        let caller = thread::current().id();
+        c.when_waiting(Duration::from_millis(50), move || {
+            assert_eq!(thread::current().id(), caller);
+            r.fetch_add(1, SeqCst);
+            let _ = go_second.send(());
+        });
+        assert!(c.call(Request::Ping(Ping {})).unwrap().is_ok());
+        assert_eq!(ran.load(SeqCst), 1);
+        assert!(c.call(Request::Ping(Ping {})).unwrap().is_ok());
+        assert_eq!(ran.load(SeqCst), 1, "the hook runs once");
+        t.join().unwrap();
+    }
+
+    fn mpsc_pair() -> (std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>) {
+        std::sync::mpsc::channel()
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! run when the connection closes (`on_disconnect: kill`). With
 //! `--detach-on-exit` the same signals make alloxctl leave instead,
 //! naming the run to follow again (`alloxctl logs -f`), and the run goes
-//! on.
+//! on. The thread that does this is made only for a run still going after
+//! [`SIGNAL_GRACE`]; a signal before then is acted on when it is up.
 
 use crate::process;
 use allox_client::client::{Answer, Caller, Client, ClientError, Sender};
@@ -118,6 +119,19 @@ pub struct Foreground {
     pub interactive: bool,
 }
 
+/// How long a run goes before alloxctl starts the thread that acts on
+/// its signals: a signal in that time is acted on when it is up (and not
+/// at all if the run is over by then). `ALLOX_EXEC_SIGNAL_GRACE_MS` sets
+/// another (the tests make it long, to signal alloxctl within it).
+pub const SIGNAL_GRACE: std::time::Duration = std::time::Duration::from_millis(10);
+
+fn signal_grace() -> std::time::Duration {
+    std::env::var("ALLOX_EXEC_SIGNAL_GRACE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(SIGNAL_GRACE, std::time::Duration::from_millis)
+}
+
 /// `alloxctl exec` without a terminal (see the module's description).
 pub fn exec(
     socket: &Path,
@@ -136,8 +150,14 @@ pub fn exec(
     } else {
         OnDisconnect::Kill
     };
-    let (client, sender) = match connect(socket) {
+    // The Hello goes out with the request, in one write: the request's
+    // answer says whether the daemon took the connection.
+    let mut client = match Client::connect_pipelined(socket, None) {
         Ok(c) => c,
+        Err(e) => return process::report(stderr, &e.to_body()),
+    };
+    let sender = match client.sender() {
+        Ok(s) => s,
         Err(e) => return process::report(stderr, &e.to_body()),
     };
     // Blocked in every thread (each inherits this one's mask), taken by
@@ -158,8 +178,13 @@ pub fn exec(
         std::thread::spawn(move || pass_input(&sender, &target, rx, false));
     }
     {
+        // Made only for a run still going after SIGNAL_GRACE (most
+        // commands an agent runs are over sooner): until then a signal
+        // waits, blocked, and the thread takes it as it starts.
         let known = known.clone();
-        std::thread::spawn(move || on_signals(&sender, &target, &known, signals, detach));
+        client.when_waiting(signal_grace(), move || {
+            std::thread::spawn(move || on_signals(&sender, &target, &known, signals, detach));
+        });
     }
     let mut tap = ForegroundCall {
         client,

@@ -1153,6 +1153,53 @@ fn alloxctl_exec_streams_and_exits_with_the_status() {
         t0.elapsed()
     );
     assert_eq!(child.wait().unwrap().code(), Some(0));
+    // A signal to alloxctl before its signal thread exists (made only for
+    // a run still going after a grace, here 2 s) waits for it, and then
+    // reaches the run: SIGTERM ends `sleep`, alloxctl exits as it did.
+    // alloxctl starts with its standard output closed: what the run writes
+    // goes nowhere, not into the daemon's socket (which would take
+    // descriptor 1, and garble the kill that follows).
+    let mut child = std::process::Command::new("bash")
+        .args(["-c", r#"exec "$@" >&-"#, "bash"])
+        .arg(&ctl)
+        .arg("--socket")
+        .arg(&d.daemon.socket)
+        .args(["exec", "a", "s", "--", "sh", "-c", "echo hi; exec sleep 31"])
+        .env("ALLOX_EXEC_SIGNAL_GRACE_MS", "2000")
+        .spawn()
+        .unwrap();
+    let sleeping = || list(&d, "a", "s").iter().any(|p| p.argv == ["sleep", "31"]);
+    wait_until("the run's sleep", sleeping);
+    let t0 = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = allox_integration::wait_for_exit(&mut child, Duration::from_secs(20))
+        .expect("alloxctl ends after its grace");
+    assert_eq!(status.code(), Some(128 + 15), "{status:?}");
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    assert!(!sleeping(), "the run got the signal");
+    // With a closed pipe for its output, alloxctl is not killed by SIGPIPE
+    // but exits as the run did.
+    let out = std::process::Command::new("bash")
+        .args([
+            "-c",
+            r#""$@" | true; echo "status=${PIPESTATUS[0]}""#,
+            "bash",
+        ])
+        .arg(&ctl)
+        .arg("--socket")
+        .arg(&d.daemon.socket)
+        .args(["exec", "a", "s", "--", "seq", "200000"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "status=0\n",
+        "{out:?}"
+    );
 }
 
 /// The sandbox init of a run: the process of the run's cgroup whose parent

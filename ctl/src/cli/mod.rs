@@ -86,19 +86,40 @@ impl Cli {
     {
         let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
         // The first word that is not a global option names the command.
-        let mut words = argv.iter().skip(1);
+        let mut words = argv.get(1..)?.iter();
+        let (mut socket, mut json, mut globals) = (None, false, 0);
         let command = loop {
             match words.next()?.to_str()? {
-                "--json" => {}
-                "--socket" => {
-                    words.next()?;
-                }
-                w if w.starts_with("--socket=") => {}
+                "--json" => json = true,
+                "--socket" => socket = Some(words.next()?.clone()),
+                w if w.starts_with("--socket=") => socket = Some(w["--socket=".len()..].into()),
                 w => break w,
             }
+            globals += 1;
         };
         if !matches!(command, "exec" | "cp") {
             return None;
+        }
+        // The commonest line, `exec AGENT SESSION -- CMD...` without an
+        // option, needs no parser at all.
+        let once = globals == usize::from(json) + usize::from(socket.is_some());
+        if let (true, "exec", Some(run)) = (once, command, plain_exec(words.as_slice())) {
+            let socket = match socket {
+                Some(s) => s,
+                None => match std::env::var_os("ALLOX_SOCKET") {
+                    Some(s) if !s.is_empty() => s,
+                    Some(_) => return None,
+                    None => DEFAULT_SOCKET.into(),
+                },
+            };
+            return Some(Cli {
+                socket: socket.into(),
+                json,
+                vm: None,
+                if_running: false,
+                vm_dir: allox_vmm::DEFAULT_ROOT.into(),
+                command: Command::Exec(run),
+            });
         }
         let hot = Hot::try_parse_from(&argv).ok()?;
         Some(Cli {
@@ -113,6 +134,24 @@ impl Cli {
             },
         })
     }
+}
+
+/// `AGENT SESSION -- CMD...` (after `exec`) as the parser reads it, or
+/// `None` for anything else (an option, a word that looks like one, no
+/// command): that goes to the parser.
+fn plain_exec(words: &[std::ffi::OsString]) -> Option<RunArgs> {
+    let [agent, session, dashes, argv @ ..] = words else {
+        return None;
+    };
+    let (agent, session) = (agent.to_str()?, session.to_str()?);
+    if agent.starts_with('-') || session.starts_with('-') || dashes != "--" || argv.is_empty() {
+        return None;
+    }
+    let argv = argv
+        .iter()
+        .map(|w| w.to_str().map(str::to_string))
+        .collect::<Option<Vec<_>>>()?;
+    Some(RunArgs::plain(agent.into(), session.into(), argv))
 }
 
 /// [`Cli`] with the hot commands only.

@@ -72,6 +72,30 @@ pub struct RunArgs {
     argv: Vec<String>,
 }
 
+impl RunArgs {
+    /// `AGENT SESSION -- ARGV` with every option at its default, as the
+    /// parser makes it ([`super::Cli::fast_from`]).
+    pub(super) fn plain(agent: String, session: String, argv: Vec<String>) -> RunArgs {
+        RunArgs {
+            agent,
+            session,
+            cwd: None,
+            env: Vec::new(),
+            timeout_ms: None,
+            stdin_file: None,
+            interactive: false,
+            tty: false,
+            detach_on_exit: false,
+            trace: None,
+            recover: false,
+            recover_to: None,
+            scrub_runtime: false,
+            allow_residue: false,
+            argv,
+        }
+    }
+}
+
 /// `TRACE_ID:SPAN_ID` (32 and 16 hex digits), or a W3C `traceparent`.
 fn parse_trace(text: &str) -> Result<allox_protocol::TraceContext, String> {
     let parts: Vec<&str> = text.split(['-', ':']).collect();

@@ -306,6 +306,33 @@ fn the_hot_commands_parse_alone_as_the_whole_parser_parses_them() {
         &["--socket=/tmp/y.sock", "cp", "-v", "./f", "a/s:f"],
         &["cp", "--checkpoint", "c1", "a/s:f", "./f", "--json"],
         &["cp", "--framed", "--shared", "./f", "a/s:notes/f"],
+        // Read without a parser: `exec AGENT SESSION -- CMD...` alone.
+        &[
+            "--json",
+            "--socket=/tmp/z.sock",
+            "exec",
+            "a",
+            "s",
+            "--",
+            "x",
+            "--",
+            "-y",
+        ],
+        &[
+            "--socket",
+            "/tmp/x.sock",
+            "exec",
+            "a-1",
+            "s.2",
+            "--",
+            "sh",
+            "-c",
+            "a b",
+        ],
+        &["exec", "a", "s", "--", "--"],
+        // The parser's: a global option after the command, an option.
+        &["exec", "a", "s", "--json", "--", "x"],
+        &["exec", "-i", "a", "s", "--", "x"],
     ];
     for args in lines {
         let argv: Vec<&str> = std::iter::once("alloxctl")
@@ -314,6 +341,24 @@ fn the_hot_commands_parse_alone_as_the_whole_parser_parses_them() {
         let fast = Cli::fast_from(&argv).unwrap_or_else(|| panic!("{args:?}: not taken"));
         let whole = Cli::try_parse_from(&argv).unwrap();
         assert_eq!(format!("{fast:?}"), format!("{whole:?}"), "{args:?}");
+    }
+    // The plain line is read without a parser; anything else is not.
+    let words = |w: &[&str]| w.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+    let plain = super::plain_exec(&words(&["a", "s", "--", "x", "--"])).unwrap();
+    assert_eq!(
+        format!("{plain:?}"),
+        format!(
+            "{:?}",
+            super::RunArgs::plain("a".into(), "s".into(), vec!["x".into(), "--".into()])
+        )
+    );
+    for w in [
+        &["a", "s", "x"][..],
+        &["a", "s", "--"],
+        &["-i", "a", "s", "--", "x"],
+        &["a", "--json", "--", "x"],
+    ] {
+        assert!(super::plain_exec(&words(w)).is_none(), "{w:?}");
     }
     // Help, mistakes and the other commands go to the whole parser.
     for args in [
@@ -324,6 +369,13 @@ fn the_hot_commands_parse_alone_as_the_whole_parser_parses_them() {
         &["ping"],
         &["--socket"],
         &["session", "exec"],
+        &["exec", "a", "s", "--"],
+        &["exec", "a", "s", "x"],
+        &["exec", "-a", "s", "--", "x"],
+        &["--json", "--json", "exec", "a", "s", "--", "x"],
+        &[
+            "--socket", "/a", "--socket", "/b", "exec", "a", "s", "--", "x",
+        ],
     ] {
         let argv: Vec<&str> = std::iter::once("alloxctl")
             .chain(args.iter().copied())

@@ -929,5 +929,7 @@ fn a_stop_signal_at_any_moment_of_the_start_stops_the_daemon() {
         );
     }
     assert_eq!((at_start, when_ready), (20, 20));
-    let _ = std::fs::remove_dir(&cgroup);
+    // With what the daemons made below it.
+    allox_integration::remove_cgroup_tree(&cgroup);
+    assert!(!cgroup.exists(), "{} left behind", cgroup.display());
 }

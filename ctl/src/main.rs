@@ -744,7 +744,7 @@ fn gateway(args: &GatewayArgs, socket: PathBuf) -> ExitCode {
     }
     // What the gateway says of itself: plain lines, or (--log-format json)
     // log events like the rest.
-    let say = |msg: String| {
+    let say = move |msg: String| {
         if json {
             tracing::info!("{msg}");
         } else {
@@ -759,15 +759,17 @@ fn gateway(args: &GatewayArgs, socket: PathBuf) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // Scripts read the address from the first line.
-    say(format!(
+    // Scripts read the address from the first line, said once a stop
+    // signal is caught (a script that stops the gateway as soon as it
+    // has read it does stop it).
+    let mut lines = vec![format!(
         "POST http://{}/v1/rpc -> {}",
         gateway.local_addr(),
         socket.display()
-    ));
-    match &cfg.token_env {
-        Some(name) => say(format!("bearer token from ${name}")),
-        None => say(format!(
+    )];
+    lines.push(match &cfg.token_env {
+        Some(name) => format!("bearer token from ${name}"),
+        None => format!(
             "bearer token in {} ({}); `alloxctl token` prints it",
             cfg.token_file.display(),
             if gateway.token_created() {
@@ -775,17 +777,17 @@ fn gateway(args: &GatewayArgs, socket: PathBuf) -> ExitCode {
             } else {
                 "existing"
             }
-        )),
-    }
+        ),
+    });
     if let Some(m) = gateway.metrics_addr() {
-        say(format!("GET http://{m}/metrics (no token)"));
+        lines.push(format!("GET http://{m}/metrics (no token)"));
     } else if cfg.metrics_token_file.is_some() || cfg.metrics_token_env.is_some() {
-        say(format!(
+        lines.push(format!(
             "GET http://{}/metrics with the metrics token",
             gateway.local_addr()
         ));
     }
-    match gateway.run() {
+    match gateway.run_ready(move || lines.into_iter().for_each(say)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {}", error_chain(&err));

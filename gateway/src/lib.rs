@@ -310,6 +310,14 @@ impl Gateway {
     /// Serves until SIGINT or SIGTERM, then lets the requests in flight
     /// finish (at most [`DRAIN_TIMEOUT`]).
     pub fn run(self) -> Result<(), GatewayError> {
+        self.run_ready(|| {})
+    }
+
+    /// [`Gateway::run`], calling `ready` once SIGINT and SIGTERM are
+    /// caught, before the first request is served: what it says (the
+    /// address) tells whoever reads it that the gateway answers, and that
+    /// a signal from then on stops it.
+    pub fn run_ready(self, ready: impl FnOnce()) -> Result<(), GatewayError> {
         let listen = self.cfg.listen.clone();
         let serve_err = |source| GatewayError::Serve {
             listen: listen.clone(),
@@ -321,22 +329,12 @@ impl Gateway {
             .build()
             .map_err(serve_err)?;
         let served = rt.block_on(async move {
-            let stop = async {
-                use tokio::signal::unix::{signal, SignalKind};
-                match (
-                    signal(SignalKind::terminate()),
-                    signal(SignalKind::interrupt()),
-                ) {
-                    (Ok(mut term), Ok(mut int)) => {
-                        tokio::select! {
-                            _ = term.recv() => {}
-                            _ = int.recv() => {}
-                        }
-                    }
-                    _ => std::future::pending().await,
-                }
-            };
-            http::serve(self, stop).await
+            // Caught from here on, before the first request is served:
+            // one sent once the gateway answers is never lost. (Before,
+            // SIGTERM ends the process.)
+            let mut stop = allox_signals::StopSignals::install("the gateway");
+            ready();
+            http::serve(self, async move { stop.wait().await }).await
         });
         // A stream still open after the drain (a follow) holds a blocking
         // thread on its daemon connection: the process ends without it.

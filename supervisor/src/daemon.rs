@@ -235,7 +235,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     let result = rt.block_on(async {
         // SIGTERM and SIGINT are caught from here on, before anything says
         // the daemon is ready: one sent once it is is never lost.
-        let mut stop_signals = StopSignals::install();
+        let mut stop_signals = allox_signals::StopSignals::install("the daemon");
         // Runs an earlier supervisor left get their in-sandbox interface again.
         if let Some(runs) = &sup.runs {
             runs.reattach();
@@ -436,61 +436,4 @@ fn bind(path: &std::path::Path, mode: u32) -> Result<tokio::net::UnixListener, D
     std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode)).map_err(listen_err)?;
     std::fs::rename(&staged, path).map_err(listen_err)?;
     Ok(l)
-}
-
-/// SIGTERM and SIGINT, from the moment they are installed.
-///
-/// tokio's listener for a signal is made in two steps: the handler is
-/// installed, then the listener subscribes; a signal whose handler ran in
-/// between is taken by the runtime's driver with nobody to tell, and is
-/// lost (a daemon stopped by a test the moment it was ready, under load,
-/// ran on). A flag set by a handler of its own, installed first, keeps
-/// such a signal: [`StopSignals::wait`] looks at it once the listeners
-/// exist.
-struct StopSignals {
-    /// Set by every SIGTERM or SIGINT from the installation on.
-    caught: Arc<std::sync::atomic::AtomicBool>,
-    /// `None` if they could not be installed (said in the log).
-    listeners: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
-}
-
-impl StopSignals {
-    /// In the runtime's context.
-    fn install() -> StopSignals {
-        use tokio::signal::unix::{signal, SignalKind};
-        let caught = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flagged = [libc::SIGTERM, libc::SIGINT]
-            .into_iter()
-            .all(|s| signal_hook::flag::register(s, caught.clone()).is_ok());
-        if !flagged {
-            tracing::warn!("cannot install the flag of SIGTERM and SIGINT: one sent as the daemon starts may be missed");
-        }
-        let listeners = match (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) {
-            (Ok(term), Ok(int)) => Some((term, int)),
-            _ => {
-                tracing::error!(
-                    "cannot install the handlers of SIGTERM and SIGINT; stop with SIGKILL"
-                );
-                None
-            }
-        };
-        StopSignals { caught, listeners }
-    }
-
-    /// Until SIGTERM or SIGINT has come (at once if one came already).
-    async fn wait(&mut self) {
-        let Some((term, int)) = &mut self.listeners else {
-            return std::future::pending().await;
-        };
-        if self.caught.load(std::sync::atomic::Ordering::SeqCst) {
-            return;
-        }
-        tokio::select! {
-            _ = term.recv() => {},
-            _ = int.recv() => {},
-        }
-    }
 }

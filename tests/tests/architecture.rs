@@ -54,6 +54,8 @@ fn each_crate_uses_only_the_crates_below_it() {
         ("allox-store", &["allox-protocol"]),
         ("allox-sandbox", &[]),
         ("allox-network", &[]),
+        // SIGTERM and SIGINT, for the daemon and the gateway.
+        ("allox-signals", &[]),
         // Its history's records in the protocol's form.
         ("allox-ebpf-probes", &["allox-protocol"]),
         // The observer: its history's programs, the store's snapshots and
@@ -71,6 +73,7 @@ fn each_crate_uses_only_the_crates_below_it() {
                 "allox-network",
                 "allox-ebpf-probes",
                 "allox-effects",
+                "allox-signals",
             ],
         ),
         (
@@ -83,7 +86,10 @@ fn each_crate_uses_only_the_crates_below_it() {
             ],
         ),
         ("allox-client", &["allox-protocol"]),
-        ("allox-gateway", &["allox-protocol", "allox-client"]),
+        (
+            "allox-gateway",
+            &["allox-protocol", "allox-client", "allox-signals"],
+        ),
         // The VM manager: QMP to QEMU, and the guest's control port as a
         // client (Hello, `system.resumed`).
         ("allox-vmm", &["allox-protocol", "allox-client"]),

@@ -775,3 +775,66 @@ fn json_logs_parse_line_by_line_and_carry_the_request_never_its_content() {
         }
     }
 }
+
+/// SIGTERM at any moment of the gateway's start, or SIGTERM or SIGINT the
+/// moment it has said where it listens, stops it: never a gateway that
+/// runs on. (Its listeners were made after its port was bound, in two
+/// steps, and a signal between the two was lost: see docs/http.md.)
+#[test]
+fn a_stop_signal_at_any_moment_of_the_gateways_start_stops_it() {
+    if !require("http::a_stop_signal_at_any_moment_of_the_gateways_start_stops_it") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // No daemon: the gateway starts without one (and says so on requests).
+    let sock = dir.path().join("ctl.sock");
+    for i in 0..20u32 {
+        let mut child = Command::new(allox_integration::workspace_bin("alloxctl"))
+            .arg("--socket")
+            .arg(&sock)
+            .args(["gateway", "--listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut said = BufReader::new(child.stderr.take().unwrap());
+        if i % 2 == 0 {
+            // From at once to 10 ms into the start.
+            std::thread::sleep(Duration::from_micros(u64::from(i) * 1000));
+        } else {
+            let mut line = String::new();
+            said.read_line(&mut line).unwrap();
+            assert!(line.contains("POST http://127.0.0.1:"), "{line}");
+        }
+        // SIGINT only once it has said it listens: before, a signal does
+        // what the process inherited (a shell's background job inherits
+        // SIGINT ignored).
+        let signal = if i % 4 == 3 {
+            rustix::process::Signal::INT
+        } else {
+            rustix::process::Signal::TERM
+        };
+        let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+        rustix::process::kill_process(pid, signal).unwrap();
+        // Its stderr drained meanwhile, so that no full pipe holds it.
+        let drain = std::thread::spawn(move || {
+            let mut rest = String::new();
+            let _ = std::io::Read::read_to_string(&mut said, &mut rest);
+            rest
+        });
+        let st = allox_integration::wait_for_exit(&mut child, Duration::from_secs(20));
+        if st.is_none() {
+            let what = allox_integration::watchdog::describe_process(pid.as_raw_nonzero().get());
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("gateway {i} did not stop within 20 s of {signal:?}:\n{what}");
+        }
+        use std::os::unix::process::ExitStatusExt;
+        let st = st.unwrap();
+        let rest = drain.join().unwrap();
+        assert!(
+            st.success() || st.signal() == Some(signal.as_raw()),
+            "gateway {i}: {st:?}\n{rest}"
+        );
+    }
+}

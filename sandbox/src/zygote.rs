@@ -120,11 +120,17 @@ pub fn run() -> ! {
             }
         };
         let sent = match serve(&buf, fds, &filter, &mut spare) {
-            Ok((pid, pidfd)) => answer(
-                sock.as_fd(),
-                &ContextReply::Started { pid },
-                Some(pidfd.as_fd()),
-            ),
+            Ok((pid, pidfd, held)) => {
+                let sent = answer(
+                    sock.as_fd(),
+                    &ContextReply::Started { pid },
+                    Some(pidfd.as_fd()),
+                );
+                // The context's copies of the run's descriptors close once
+                // the supervisor has its answer.
+                drop(held);
+                sent
+            }
             Err(why) => answer(sock.as_fd(), &ContextReply::Failed(why), None),
         };
         if sent.is_err() {
@@ -165,7 +171,8 @@ fn spare(sock: OwnedFd, parent: BorrowedFd<'_>, filter: &seccomp::Filters) -> ! 
     if let Ok(Some(fds)) = wire::recv(sock.as_fd(), &mut buf) {
         drop(sock);
         // The context checked both before it handed them on.
-        if let Ok((spec, fds, cgroup)) = run_request(&buf, fds) {
+        let run = decode_spec(&buf).and_then(|spec| run_fds(&spec, fds).map(|f| (spec, f)));
+        if let Ok((spec, (fds, cgroup))) = run {
             drop(cgroup);
             init::run(spec, fds, filter, own)
         }
@@ -204,21 +211,27 @@ fn move_into(cgroup: BorrowedFd<'_>, pid: i32) -> Result<(), String> {
         .map_err(|e| format!("move the run's PID 1 into its cgroup: {e}"))
 }
 
-/// A run request's spec and descriptors, checked; the run's cgroup apart.
-fn run_request(
-    bytes: &[u8],
-    mut fds: Vec<OwnedFd>,
-) -> Result<(SandboxSpec, init::RunFds, OwnedFd), String> {
-    let spec: SandboxSpec =
-        postcard::from_bytes(bytes).map_err(|e| format!("decode the run's spec: {e}"))?;
-    if fds.len() != RUN_FDS + spec.binds.len() {
+/// A run request's spec.
+fn decode_spec(bytes: &[u8]) -> Result<SandboxSpec, String> {
+    postcard::from_bytes(bytes).map_err(|e| format!("decode the run's spec: {e}"))
+}
+
+/// Whether `n` descriptors are what a run of `spec` comes with.
+fn count_fds(spec: &SandboxSpec, n: usize) -> Result<(), String> {
+    let want = RUN_FDS + spec.binds.len();
+    if n != want {
         return Err(format!(
-            "{} descriptors for a run with {} binds (want {})",
-            fds.len(),
-            spec.binds.len(),
-            RUN_FDS + spec.binds.len()
+            "{n} descriptors for a run with {} binds (want {want})",
+            spec.binds.len()
         ));
     }
+    Ok(())
+}
+
+/// A run request's descriptors, as many as its spec asks for; the run's
+/// cgroup apart.
+fn run_fds(spec: &SandboxSpec, mut fds: Vec<OwnedFd>) -> Result<(init::RunFds, OwnedFd), String> {
+    count_fds(spec, fds.len())?;
     let binds = fds.split_off(RUN_FDS);
     let [stdin, stdout, stderr, status, cgroup, session, shared]: [OwnedFd; RUN_FDS] =
         fds.try_into().map_err(|_| "descriptors".to_string())?;
@@ -231,7 +244,7 @@ fn run_request(
         shared,
         binds,
     };
-    Ok((spec, fds, cgroup))
+    Ok((fds, cgroup))
 }
 
 fn fail(sock: &OwnedFd, why: String) -> ! {
@@ -248,6 +261,9 @@ fn answer(
     wire::send(sock, &bytes, fd.as_slice())
 }
 
+/// What the context holds of a run it started until it has answered.
+type Held = Option<(init::RunFds, OwnedFd)>;
+
 /// One run request: returns the run's PID 1 (PID and pidfd), or why not.
 /// In the run's PID 1 itself it never returns.
 fn serve(
@@ -255,17 +271,9 @@ fn serve(
     fds: Vec<OwnedFd>,
     filter: &seccomp::Filters,
     spare: &mut Option<Spare>,
-) -> Result<(i32, OwnedFd), String> {
-    let spec: SandboxSpec =
-        postcard::from_bytes(bytes).map_err(|e| format!("decode the run's spec: {e}"))?;
-    if fds.len() != RUN_FDS + spec.binds.len() {
-        return Err(format!(
-            "{} descriptors for a run with {} binds (want {})",
-            fds.len(),
-            spec.binds.len(),
-            RUN_FDS + spec.binds.len()
-        ));
-    }
+) -> Result<(i32, OwnedFd, Held), String> {
+    let spec = decode_spec(bytes)?;
+    count_fds(&spec, fds.len())?;
     init::prepare_binds(&spec.binds, &fds[RUN_FDS..]).map_err(|e| e.chain())?;
     let cgroup = fds[4].as_fd();
     if let Some(sp) = spare.take().filter(|sp| !ended(&sp.pidfd)) {
@@ -277,18 +285,17 @@ fn serve(
         }
         let all: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
         if wire::send(sp.sock.as_fd(), bytes, &all).is_ok() {
-            return Ok((sp.pid, sp.pidfd));
+            return Ok((sp.pid, sp.pidfd, None));
         }
         // It ended just now, in the run's cgroup: the run is made anew.
     }
-    let (spec, fds, cgroup) = run_request(bytes, fds)?;
+    let (fds, cgroup) = run_fds(&spec, fds)?;
     match spawn::clone_run(Some(cgroup.as_fd())) {
         Ok(Forked::Child) => {
             drop(cgroup);
             init::run(spec, fds, filter, init::own_mounts())
         }
-        // The context's copies of the run's descriptors close here.
-        Ok(Forked::Parent { pid, pidfd }) => Ok((pid, pidfd)),
+        Ok(Forked::Parent { pid, pidfd }) => Ok((pid, pidfd, Some((fds, cgroup)))),
         Err(e) => Err(e.chain()),
     }
 }

@@ -291,6 +291,38 @@ pub fn wait_for_exit(child: &mut Child, limit: Duration) -> Option<std::process:
     }
 }
 
+/// The stop signal of the `i`th start in a test of signals at any moment
+/// of a start: SIGINT for one in four once the process said it is
+/// ready (before that a signal does what the process inherited, and a
+/// shell's background job inherits SIGINT ignored), SIGTERM otherwise.
+pub fn stop_signal_for(i: u32) -> rustix::process::Signal {
+    if i % 4 == 3 {
+        rustix::process::Signal::INT
+    } else {
+        rustix::process::Signal::TERM
+    }
+}
+
+/// Sends `signal` to `child` (`what`, for the messages) and checks that
+/// it ends within 20 s, cleanly or by that signal itself (one that came
+/// before its handlers); one that runs on is shown, killed, and fails
+/// the test.
+pub fn signal_stops(child: &mut Child, signal: rustix::process::Signal, what: &str) {
+    use std::os::unix::process::ExitStatusExt;
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a pid");
+    rustix::process::kill_process(pid, signal).expect("kill");
+    let Some(st) = wait_for_exit(child, Duration::from_secs(20)) else {
+        let state = watchdog::describe_process(pid.as_raw_nonzero().get());
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{what} did not stop within 20 s of {signal:?}:\n{state}");
+    };
+    assert!(
+        st.success() || st.signal() == Some(signal.as_raw()),
+        "{what}: {st:?} after {signal:?}"
+    );
+}
+
 /// The real daemon, `allox-init supervise`, on a store root.
 pub struct Daemon {
     pub child: Child,

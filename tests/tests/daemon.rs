@@ -902,31 +902,10 @@ fn a_stop_signal_at_any_moment_of_the_start_stops_the_daemon() {
             }
             when_ready += 1;
         }
-        // SIGINT only once the daemon is ready: before its runtime starts a
-        // signal does what the daemon inherited (a shell's background job
-        // inherits SIGINT ignored, as this test may have), and from then
-        // on both are caught whatever it inherited.
-        let signal = if i % 4 == 3 {
-            rustix::process::Signal::INT
-        } else {
-            rustix::process::Signal::TERM
-        };
-        let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
-        rustix::process::kill_process(pid, signal).unwrap();
-        let st = allox_integration::wait_for_exit(&mut child, Duration::from_secs(20));
-        if st.is_none() {
-            let what = allox_integration::watchdog::describe_process(pid.as_raw_nonzero().get());
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("daemon {i} did not stop within 20 s of {signal:?}:\n{what}");
-        }
-        // Stopped cleanly, or by the signal itself before it was caught.
-        use std::os::unix::process::ExitStatusExt;
-        let st = st.unwrap();
-        assert!(
-            st.success() || st.signal() == Some(signal.as_raw()),
-            "daemon {i}: {st:?}"
-        );
+        // SIGINT only once the daemon is ready (see `stop_signal_for`):
+        // from then on both are caught whatever it inherited.
+        let signal = allox_integration::stop_signal_for(i);
+        allox_integration::signal_stops(&mut child, signal, &format!("daemon {i}"));
     }
     assert_eq!((at_start, when_ready), (20, 20));
     // With what the daemons made below it.

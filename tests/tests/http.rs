@@ -806,35 +806,8 @@ fn a_stop_signal_at_any_moment_of_the_gateways_start_stops_it() {
             said.read_line(&mut line).unwrap();
             assert!(line.contains("POST http://127.0.0.1:"), "{line}");
         }
-        // SIGINT only once it has said it listens: before, a signal does
-        // what the process inherited (a shell's background job inherits
-        // SIGINT ignored).
-        let signal = if i % 4 == 3 {
-            rustix::process::Signal::INT
-        } else {
-            rustix::process::Signal::TERM
-        };
-        let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
-        rustix::process::kill_process(pid, signal).unwrap();
-        // Its stderr drained meanwhile, so that no full pipe holds it.
-        let drain = std::thread::spawn(move || {
-            let mut rest = String::new();
-            let _ = std::io::Read::read_to_string(&mut said, &mut rest);
-            rest
-        });
-        let st = allox_integration::wait_for_exit(&mut child, Duration::from_secs(20));
-        if st.is_none() {
-            let what = allox_integration::watchdog::describe_process(pid.as_raw_nonzero().get());
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("gateway {i} did not stop within 20 s of {signal:?}:\n{what}");
-        }
-        use std::os::unix::process::ExitStatusExt;
-        let st = st.unwrap();
-        let rest = drain.join().unwrap();
-        assert!(
-            st.success() || st.signal() == Some(signal.as_raw()),
-            "gateway {i}: {st:?}\n{rest}"
-        );
+        // SIGINT only once it has said it listens (see `stop_signal_for`).
+        let signal = allox_integration::stop_signal_for(i);
+        allox_integration::signal_stops(&mut child, signal, &format!("gateway {i}"));
     }
 }

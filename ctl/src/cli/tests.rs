@@ -288,56 +288,24 @@ fn usage_errors_are_refused() {
 
 #[test]
 fn the_hot_commands_parse_alone_as_the_whole_parser_parses_them() {
-    let lines: &[&[&str]] = &[
-        &["exec", "a", "s", "--", "/bin/true"],
-        &[
-            "--json", "exec", "a", "s", "--env", "K=V", "--cwd", "d", "--", "sh", "-c", "x",
-        ],
-        &[
-            "--socket",
-            "/tmp/x.sock",
-            "exec",
-            "-t",
-            "a",
-            "s",
-            "--",
-            "bash",
-        ],
-        &["--socket=/tmp/y.sock", "cp", "-v", "./f", "a/s:f"],
-        &["cp", "--checkpoint", "c1", "a/s:f", "./f", "--json"],
-        &["cp", "--framed", "--shared", "./f", "a/s:notes/f"],
+    // Each line's words, split at spaces.
+    let lines = [
+        "exec a s -- /bin/true",
+        "--json exec a s --env K=V --cwd d -- sh -c x",
+        "--socket /tmp/x.sock exec -t a s -- bash",
+        "--socket=/tmp/y.sock cp -v ./f a/s:f",
+        "cp --checkpoint c1 a/s:f ./f --json",
+        "cp --framed --shared ./f a/s:notes/f",
         // Read without a parser: `exec AGENT SESSION -- CMD...` alone.
-        &[
-            "--json",
-            "--socket=/tmp/z.sock",
-            "exec",
-            "a",
-            "s",
-            "--",
-            "x",
-            "--",
-            "-y",
-        ],
-        &[
-            "--socket",
-            "/tmp/x.sock",
-            "exec",
-            "a-1",
-            "s.2",
-            "--",
-            "sh",
-            "-c",
-            "a b",
-        ],
-        &["exec", "a", "s", "--", "--"],
+        "--json --socket=/tmp/z.sock exec a s -- x -- -y",
+        "--socket /tmp/x.sock exec a-1 s.2 -- sh -c true",
+        "exec a s -- --",
         // The parser's: a global option after the command, an option.
-        &["exec", "a", "s", "--json", "--", "x"],
-        &["exec", "-i", "a", "s", "--", "x"],
+        "exec a s --json -- x",
+        "exec -i a s -- x",
     ];
     for args in lines {
-        let argv: Vec<&str> = std::iter::once("alloxctl")
-            .chain(args.iter().copied())
-            .collect();
+        let argv: Vec<&str> = std::iter::once("alloxctl").chain(args.split(' ')).collect();
         let fast = Cli::fast_from(&argv).unwrap_or_else(|| panic!("{args:?}: not taken"));
         let whole = Cli::try_parse_from(&argv).unwrap();
         assert_eq!(format!("{fast:?}"), format!("{whole:?}"), "{args:?}");

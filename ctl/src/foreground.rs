@@ -81,8 +81,11 @@ impl Caller for ForegroundCall {
 
 /// A welcomed connection, and a sender on it for the other threads (a
 /// ping first makes sure the daemon took it: the VM's control port takes
-/// one host at a time). The Hello goes out with the ping, in one write:
-/// one round trip, where waiting for the Welcome first took two.
+/// one host at a time). For `exec -t` and `attach`, whose other threads
+/// may send before the request goes (an attach knows its run at once, and
+/// sends the terminal's size); `exec` without a terminal needs no ping.
+/// The Hello goes out with the ping, in one write: one round trip, where
+/// waiting for the Welcome first took two.
 pub(crate) fn connect(socket: &Path) -> Result<(Client, Sender), ClientError> {
     let mut c = Client::connect_pipelined(socket, None)?;
     c.call(Request::Ping(allox_protocol::Ping {}))?
@@ -151,7 +154,9 @@ pub fn exec(
         OnDisconnect::Kill
     };
     // The Hello goes out with the request, in one write: the request's
-    // answer says whether the daemon took the connection.
+    // answer says whether the daemon took the connection. The sender is
+    // made now but used only once the run has started (its signals and
+    // input need the run's id), after the Hello and the request went out.
     let mut client = match Client::connect_pipelined(socket, None) {
         Ok(c) => c,
         Err(e) => return process::report(stderr, &e.to_body()),

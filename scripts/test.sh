@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Runs every test: format and lint checks, unit tests (no privileges), the
 # integration tests on real loop-backed Btrfs (root) — the container image
-# under podman among them —, the Python client's and the deployment
-# manifests' tests, the core's tests again on an allox-init built without
-# plugins, the release binaries stripped (their sizes printed; built, and
-# the fuzz targets after them, in the background at the lowest priority
-# while the tests above run), the VM tests, and the protocol fuzz target
-# for a bounded time. Installs what it needs. Ends with the 20 slowest
-# tests and the time it took.
+# under podman among them —, the release binaries stripped (their sizes
+# printed; built, and the fuzz targets after them, in the background at
+# the lowest priority while the tests above run), the VM tests, and beside
+# them, at the lowest priority (scripts/test-beside-vm.sh): the core's
+# tests again on an allox-init built without plugins, the Python client's
+# and the deployment manifests' tests, and the protocol fuzz targets for a
+# bounded time. Installs what it needs. Ends with the 20 slowest tests and
+# the time it took.
 #
 #   sudo scripts/test.sh            # everything
 #   FUZZ_SECONDS=0 scripts/test.sh  # skip the fuzz run (it is still built)
@@ -47,8 +48,11 @@ cargo build --quiet -p allox-init -p allox-ctl -p allox-effects
 LOG=$(mktemp)
 RELEASE=$(mktemp)
 release_pid=""
-# A failed step leaves no release build running behind it.
-trap '[ -z "$release_pid" ] || kill -- -"$release_pid" 2>/dev/null; rm -f "$LOG" "$LOG.py" "$RELEASE" "$RELEASE.err" "$RELEASE.fuzz"' EXIT
+beside_pid=""
+py_passed=0
+# A failed step leaves nothing of its own running behind it.
+trap '[ -z "$release_pid" ] || kill -- -"$release_pid" 2>/dev/null; [ -z "$beside_pid" ] || kill -- -"$beside_pid" 2>/dev/null
+    rm -f "$LOG" "$LOG".beside.* "$RELEASE" "$RELEASE.err" "$RELEASE.fuzz"' EXIT
 
 step "release binaries and fuzz targets: built in the background, at the lowest CPU and I/O priority, while the tests run"
 # The tests leave a core idle much of the time (they wait for the disk,
@@ -82,38 +86,6 @@ for t in tests/tests/*.rs; do
 done
 ALLOX_REQUIRE_PRIVILEGED=1 cargo test -p allox-integration --lib --bins "${targets[@]}" -- --test-threads=2 2>&1 | tee -a "$LOG"
 
-step "the core's integration tests again, on allox-init without plugins"
-# Four long tests whose subject is no plugin's (thousands of runs and the
-# supervisor's memory, files through the gateway's spool, the pruned diff
-# against the full walk, 256 MiB of files in and out) ran above, on
-# allox-init with every plugin; here they are skipped, each said by name.
-again_skip=(
-    thousands_of_finished_runs_keep_the_supervisor_small
-    files_through_the_gateway_are_spooled_and_passed_to_the_daemon_where_they_can
-    pruned_diff_matches_the_full_walk_across_rollbacks
-    files_go_in_and_out_byte_for_byte_and_as_they_were_at_a_checkpoint
-)
-skip_args=()
-for t in "${again_skip[@]}"; do
-    echo "SKIPPED on allox-init without plugins (it ran above, with every plugin): $t" | tee -a "$LOG"
-    skip_args+=(--skip "$t")
-done
-ALLOX_INIT_BIN=$PWD/target/no-plugins/allox-init ALLOX_REQUIRE_PRIVILEGED=1 cargo test -p allox-integration \
-    --test store --test daemon --test process --test files --test fork --test turns --test diff --test pause \
-    -- --test-threads=2 "${skip_args[@]}" 2>&1 | tee -a "$LOG"
-
-step "Python client (pytest against a real daemon and gateway)"
-bash scripts/test-python.sh 2>&1 | tee "$LOG.py"
-# pytest's closing line: "N passed[, M skipped] in Xs" (a failure stops the
-# script above through pipefail).
-py_passed=$(grep -Eo '^[0-9]+ passed' "$LOG.py" | awk '{s += $1} END {print s + 0}')
-rm -f "$LOG.py"
-
-step "deployment manifests (kustomize output against the Kubernetes schemas, the deployment's rules)"
-bash scripts/test-manifests.sh 2>&1 | tee "$LOG.py"
-py_passed=$((py_passed + $(grep -Eo '^[0-9]+ passed' "$LOG.py" | awk '{s += $1} END {print s + 0}')))
-rm -f "$LOG.py"
-
 step "release binaries: each one's size as built and stripped; none may keep .debug_info (it goes to NAME.debug)"
 if ! wait "$release_pid"; then
     release_pid=""
@@ -132,11 +104,38 @@ allox_install_guest_deps
 eval "$(scripts/build-guest.sh | tail -2)"
 export ALLOX_KERNEL_DIR ALLOX_INITRD
 
-step "VM tests (QEMU; TCG unless the host has real KVM)"
+step "VM tests (QEMU; TCG unless the host has real KVM); meanwhile, at the lowest priority: the core's integration tests again on allox-init without plugins, the Python client, the deployment manifests, the fuzz run"
+# The VM tests leave about 40% of the two cores idle (one guest at a time,
+# mostly waiting for it): the steps that need neither the guest nor the
+# VM tests' quiet run in that time, in a session of their own at the
+# lowest CPU and I/O priority (as the release build above), each into a
+# log of its own shown after the VM tests, in this order, as if it had
+# run alone. The first of them to fail stops them; its log says why.
+setsid bash -c 'echo 19 2>/dev/null >/proc/self/autogroup
+    exec nice -n 19 ionice -c 3 scripts/test-beside-vm.sh "$0" "$1"' "$LOG.beside" "$FUZZ_SECONDS" &
+beside_pid=$!
 ALLOX_REQUIRE_PRIVILEGED=1 cargo test -p allox-integration --test vm --test powercut -- --test-threads=1 2>&1 | tee -a "$LOG"
-
-step "fuzz targets: protocol decoding (host and guest)"
-env -u CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER scripts/fuzz.sh "$FUZZ_SECONDS"
+beside_ok=1
+wait "$beside_pid" || beside_ok=0
+beside_pid=""
+for part in again python manifests fuzz; do
+    [ -f "$LOG.beside.$part" ] || continue
+    case $part in
+    again) step "the core's integration tests again, on allox-init without plugins (ran beside the VM tests)" ;;
+    python) step "Python client (pytest against a real daemon and gateway; ran beside the VM tests)" ;;
+    manifests) step "deployment manifests (kustomize output against the Kubernetes schemas, the deployment's rules; ran beside the VM tests)" ;;
+    fuzz) step "fuzz targets: protocol decoding (host and guest; ran beside the VM tests)" ;;
+    esac
+    cat "$LOG.beside.$part"
+    case $part in
+    again) cat "$LOG.beside.$part" >>"$LOG" ;;
+    python | manifests) py_passed=$((py_passed + $(grep -Eo '^[0-9]+ passed' "$LOG.beside.$part" | awk '{s += $1} END {print s + 0}'))) ;;
+    esac
+done
+if [ "$beside_ok" = 0 ]; then
+    echo "error: a step run beside the VM tests failed: $(cat "$LOG.beside.failed" 2>/dev/null || echo unknown)" >&2
+    exit 1
+fi
 
 passed=$(grep -Eo '^test result: [a-z]+\. [0-9]+ passed' "$LOG" | awk -v py="$py_passed" '{s += $4} END {print s + py}')
 failed=$(grep -Eo '; [0-9]+ failed' "$LOG" | awk '{s += $2} END {print s + 0}')

@@ -18,6 +18,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod ab_bench;
 mod container_bench;
 mod durability_bench;
 mod effects_bench;
@@ -170,6 +171,10 @@ fn main() -> anyhow::Result<()> {
     }
     if only.is_empty() || only == "spawn" {
         spawn_bench::run(&fs, quick)?;
+    }
+    // Only when asked: it needs a second build to compare with.
+    if only == "ab" {
+        ab_bench::run(&fs, quick)?;
     }
     if only.is_empty() || only == "network" {
         network_bench::run(&fs, quick)?;

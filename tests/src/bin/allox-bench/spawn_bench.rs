@@ -31,7 +31,7 @@ const BWRAP: [&str; 11] = [
 /// fork into them and `/bin/true`: util-linux's `unshare`.
 const UNSHARE: [&str; 5] = ["--mount", "--pid", "--ipc", "--fork", "/bin/true"];
 
-fn start(argv: &[&str], wait: bool) -> ProcessStart {
+pub(crate) fn start(argv: &[&str], wait: bool) -> ProcessStart {
     ProcessStart {
         agent_id: "bench".into(),
         session_id: "s".into(),

@@ -1,0 +1,131 @@
+//! Two builds of the daemon side by side: `process.start` with wait of
+//! `/bin/true`, alternating call by call between a daemon of this build
+//! and one of the build named by `ALLOX_BENCH_AB_INIT` (an `allox-init`
+//! kept from before a change), each on its own store and cgroup root.
+//! The pair-by-pair ratio cancels what the machine does meanwhile, which
+//! moves a whole run's p50 by 5–10% here: what a change of a few percent
+//! needs to be seen at all.
+
+use allox_integration::{cgroup2_mount, workspace_bin, BtrfsFs, Daemon};
+use allox_protocol::{Request, Response, SessionCreate};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
+    let before = std::env::var_os("ALLOX_BENCH_AB_INIT")
+        .map(PathBuf::from)
+        .ok_or_else(|| {
+            anyhow::anyhow!("ALLOX_BENCH_AB_INIT must name the allox-init to compare with")
+        })?;
+    anyhow::ensure!(before.is_file(), "{} is not a file", before.display());
+    let mount = cgroup2_mount().ok_or_else(|| anyhow::anyhow!("no cgroup2 mount"))?;
+    let cg_root = mount.join(format!("allox-bench-ab-{}", std::process::id()));
+    std::fs::create_dir_all(&cg_root)?;
+    let result = bench(fs, &cg_root, &before, quick);
+    let _ = std::fs::write(cg_root.join("cgroup.kill"), "1");
+    std::thread::sleep(Duration::from_millis(200));
+    allox_integration::remove_cgroup_tree(&cg_root);
+    result
+}
+
+fn daemon(fs: &BtrfsFs, cg_root: &Path, exe: &Path, name: &str) -> anyhow::Result<Daemon> {
+    let root = fs.path().join(format!("ab-{name}"));
+    std::fs::create_dir(&root)?;
+    let cg = cg_root.join(name);
+    std::fs::create_dir_all(&cg)?;
+    let stage = fs.scratch().join(format!("ab-stage-{name}"));
+    Ok(Daemon::start_exe(
+        exe,
+        &root,
+        &fs.scratch().join(format!("ab-{name}.sock")),
+        &[],
+        &[
+            "--cgroup-root",
+            &cg.display().to_string(),
+            "--sandbox-stage",
+            &stage.display().to_string(),
+            "--prepared-runs",
+            "never",
+        ],
+        None,
+    ))
+}
+
+fn bench(fs: &BtrfsFs, cg_root: &Path, before: &Path, quick: bool) -> anyhow::Result<()> {
+    let n = if quick { 200 } else { 2000 };
+    let this = workspace_bin("allox-init");
+    let d_new = daemon(fs, cg_root, &this, "this")?;
+    let d_old = daemon(fs, cg_root, before, "before")?;
+    let mut clients = [d_new.client(), d_old.client()];
+    for c in &mut clients {
+        c.call(Request::AgentCreate(allox_protocol::AgentCreate::new(
+            "bench",
+        )))?
+        .map_err(anyhow::Error::msg)?;
+        c.call(Request::SessionCreate(SessionCreate::new("bench", "s")))?
+            .map_err(anyhow::Error::msg)?;
+    }
+    let mut rows = Vec::new();
+    for gap in [None, Some(Duration::from_millis(20))] {
+        let count = if gap.is_some() { n / 5 } else { n };
+        let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+        let mut ratios = Vec::new();
+        for i in 0..count + 20 {
+            let mut pair = [Duration::ZERO; 2];
+            // Which goes first alternates too.
+            let order = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+            for k in order {
+                if let Some(g) = gap {
+                    std::thread::sleep(g);
+                }
+                let t = Instant::now();
+                let r = clients[k].call(Request::ProcessStart(crate::spawn_bench::start(
+                    &["/bin/true"],
+                    true,
+                )))?;
+                pair[k] = t.elapsed();
+                anyhow::ensure!(
+                    matches!(r, Ok(Response::Exited(ref x)) if x.exit_code == Some(0)),
+                    "{r:?}"
+                );
+            }
+            if i >= 20 {
+                times[0].push(pair[0]);
+                times[1].push(pair[1]);
+                ratios.push(pair[0].as_secs_f64() / pair[1].as_secs_f64());
+            }
+        }
+        rows.push((gap, count, times, ratios));
+    }
+    d_new.stop();
+    d_old.stop();
+    println!("## Two builds side by side: `process.start` with wait of `/bin/true`\n");
+    println!(
+        "This build's daemon against `{}`, call by call, alternating which goes first; `--prepared-runs never`.\n",
+        before.display()
+    );
+    println!("| calls | this p50 | this p99 | before p50 | before p99 | this ÷ before, p50 | median of the pairs' ratios |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (gap, count, mut times, mut ratios) in rows {
+        for t in &mut times {
+            t.sort();
+        }
+        ratios.sort_by(f64::total_cmp);
+        let p = |v: &[Duration], q: f64| v[((v.len() - 1) as f64 * q) as usize];
+        let what = match gap {
+            None => format!("{count}, back to back"),
+            Some(g) => format!("{count}, {} ms apart", g.as_millis()),
+        };
+        println!(
+            "| {what} | {} | {} | {} | {} | {:.3}× | {:.3}× |",
+            crate::us_or_ms(p(&times[0], 0.5)),
+            crate::us_or_ms(p(&times[0], 0.99)),
+            crate::us_or_ms(p(&times[1], 0.5)),
+            crate::us_or_ms(p(&times[1], 0.99)),
+            p(&times[0], 0.5).as_secs_f64() / p(&times[1], 0.5).as_secs_f64(),
+            ratios[ratios.len() / 2],
+        );
+    }
+    println!();
+    Ok(())
+}

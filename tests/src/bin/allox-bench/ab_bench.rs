@@ -6,8 +6,9 @@
 //! moves a whole run's p50 by 5–10% here: what a change of a few percent
 //! needs to be seen at all.
 
-use allox_integration::{cgroup2_mount, workspace_bin, BtrfsFs, Daemon};
-use allox_protocol::{Request, Response, SessionCreate};
+use crate::spawn_bench::{bench_session, daemon};
+use allox_integration::{cgroup2_mount, workspace_bin, BtrfsFs};
+use allox_protocol::{Request, Response};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -28,29 +29,6 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     result
 }
 
-fn daemon(fs: &BtrfsFs, cg_root: &Path, exe: &Path, name: &str) -> anyhow::Result<Daemon> {
-    let root = fs.path().join(format!("ab-{name}"));
-    std::fs::create_dir(&root)?;
-    let cg = cg_root.join(name);
-    std::fs::create_dir_all(&cg)?;
-    let stage = fs.scratch().join(format!("ab-stage-{name}"));
-    Ok(Daemon::start_exe(
-        exe,
-        &root,
-        &fs.scratch().join(format!("ab-{name}.sock")),
-        &[],
-        &[
-            "--cgroup-root",
-            &cg.display().to_string(),
-            "--sandbox-stage",
-            &stage.display().to_string(),
-            "--prepared-runs",
-            "never",
-        ],
-        None,
-    ))
-}
-
 fn bench(fs: &BtrfsFs, cg_root: &Path, before: &Path, quick: bool) -> anyhow::Result<()> {
     let n = if quick { 100 } else { 1000 };
     let this = workspace_bin("allox-init");
@@ -67,8 +45,8 @@ fn bench(fs: &BtrfsFs, cg_root: &Path, before: &Path, quick: bool) -> anyhow::Re
         } else {
             (before, &this)
         };
-        let d_first = daemon(fs, cg_root, first, &format!("first-{round}"))?;
-        let d_second = daemon(fs, cg_root, second, &format!("second-{round}"))?;
+        let d_first = daemon(fs, cg_root, first, &format!("ab-first-{round}"), "never")?;
+        let d_second = daemon(fs, cg_root, second, &format!("ab-second-{round}"), "never")?;
         // Index 0 is always this build's.
         let mut clients = if round == 0 {
             [d_first.client(), d_second.client()]
@@ -76,12 +54,7 @@ fn bench(fs: &BtrfsFs, cg_root: &Path, before: &Path, quick: bool) -> anyhow::Re
             [d_second.client(), d_first.client()]
         };
         for c in &mut clients {
-            c.call(Request::AgentCreate(allox_protocol::AgentCreate::new(
-                "bench",
-            )))?
-            .map_err(anyhow::Error::msg)?;
-            c.call(Request::SessionCreate(SessionCreate::new("bench", "s")))?
-                .map_err(anyhow::Error::msg)?;
+            bench_session(c)?;
         }
         for (g, gap) in gaps.iter().enumerate() {
             let count = if gap.is_some() { n / 5 } else { n };

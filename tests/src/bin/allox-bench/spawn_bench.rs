@@ -49,6 +49,49 @@ pub(crate) fn start(argv: &[&str], wait: bool) -> ProcessStart {
     }
 }
 
+/// A daemon of `exe` for this benchmark, named `name`: its store, cgroup
+/// root and stage of its own, its socket `NAME.sock` in the scratch
+/// directory; `prepared`: its `--prepared-runs`.
+pub(crate) fn daemon(
+    fs: &BtrfsFs,
+    cg_root: &std::path::Path,
+    exe: &std::path::Path,
+    name: &str,
+    prepared: &str,
+) -> anyhow::Result<Daemon> {
+    let root = fs.path().join(format!("{name}-daemon"));
+    std::fs::create_dir(&root)?;
+    let cg = cg_root.join(name);
+    std::fs::create_dir_all(&cg)?;
+    let stage = fs.scratch().join(format!("{name}-stage"));
+    Ok(Daemon::start_exe(
+        exe,
+        &root,
+        &fs.scratch().join(format!("{name}.sock")),
+        &[],
+        &[
+            "--cgroup-root",
+            &cg.display().to_string(),
+            "--sandbox-stage",
+            &stage.display().to_string(),
+            "--prepared-runs",
+            prepared,
+        ],
+        None,
+    ))
+}
+
+/// Agent `bench` and its session `s`, which the runs of [`start`] use.
+pub(crate) fn bench_session(c: &mut allox_ctl::client::Client) -> anyhow::Result<()> {
+    c.call(Request::AgentCreate(allox_protocol::AgentCreate::new(
+        "bench",
+    )))?
+    .map_err(anyhow::Error::msg)?;
+    c.call(Request::SessionCreate(SessionCreate::new("bench", "s")))?
+        .map_err(anyhow::Error::msg)?;
+    Ok(())
+}
+
 pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     let mount = cgroup2_mount().ok_or_else(|| anyhow::anyhow!("no cgroup2 mount"))?;
     let cg_root = mount.join(format!("allox-bench-{}", std::process::id()));
@@ -135,52 +178,14 @@ fn bench(fs: &BtrfsFs, cg_root: &std::path::Path, quick: bool) -> anyhow::Result
         }
     }
     // End to end over the RPC, through the real daemon.
-    let d_root = fs.path().join("spawn-daemon");
-    std::fs::create_dir(&d_root)?;
-    let d_cg = cg_root.join("daemon");
-    std::fs::create_dir_all(&d_cg)?;
-    let stage = fs.scratch().join("stage2");
-    let d = Daemon::start(
-        &d_root,
-        &fs.scratch().join("spawn.sock"),
-        &[],
-        &[
-            "--cgroup-root",
-            &d_cg.display().to_string(),
-            "--sandbox-stage",
-            &stage.display().to_string(),
-            "--prepared-runs",
-            "always",
-        ],
-    );
+    let exe = workspace_bin("allox-init");
+    let d = daemon(fs, cg_root, &exe, "spawn", "always")?;
     // The same daemon without runs made ahead.
-    let f_root = fs.path().join("spawn-daemon-fresh");
-    std::fs::create_dir(&f_root)?;
-    let f_cg = cg_root.join("daemon-fresh");
-    std::fs::create_dir_all(&f_cg)?;
-    let f_stage = fs.scratch().join("stage3");
-    let fd = Daemon::start(
-        &f_root,
-        &fs.scratch().join("spawn-fresh.sock"),
-        &[],
-        &[
-            "--cgroup-root",
-            &f_cg.display().to_string(),
-            "--sandbox-stage",
-            &f_stage.display().to_string(),
-            "--prepared-runs",
-            "never",
-        ],
-    );
+    let fd = daemon(fs, cg_root, &exe, "spawn-fresh", "never")?;
     let mut c = d.client();
     let mut fc = fd.client();
     for c in [&mut c, &mut fc] {
-        c.call(Request::AgentCreate(allox_protocol::AgentCreate::new(
-            "bench",
-        )))?
-        .map_err(anyhow::Error::msg)?;
-        c.call(Request::SessionCreate(SessionCreate::new("bench", "s")))?
-            .map_err(anyhow::Error::msg)?;
+        bench_session(c)?;
     }
     let mut e2e = Vec::new();
     let mut e2e_fresh = Vec::new();

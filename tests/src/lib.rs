@@ -185,11 +185,17 @@ pub fn artifacts_dir() -> PathBuf {
 
 /// Path of a binary of this workspace, brought up to date first (once per
 /// test process), so a test never drives a stale daemon.
-/// `cargo`, as the test was built by, for a build the test needs: without
-/// the `RUSTC_BOOTSTRAP` that scripts/test-runner.sh sets for the test
-/// binary alone (a build that saw it would rebuild every crate whose build
-/// script reads it, and the next build without it would rebuild them
-/// again).
+/// `cargo`, as the test was built by, for a build the test needs, in the
+/// environment the test command's own cargo runs in: without the
+/// `RUSTC_BOOTSTRAP` that scripts/test-runner.sh sets for the test binary
+/// alone, and without the variables cargo sets for the test it runs
+/// ([`is_cargo_run_variable`]). A build script that names a variable
+/// (`rerun-if-env-changed`) is run again, and its crate and every crate
+/// above it rebuilt, whenever the variable differs from the last build's
+/// (ring names `CARGO_MANIFEST_DIR` and `CARGO_PKG_NAME`): a build from a
+/// test that saw them rebuilt ring, rustls, the network crate, the
+/// supervisor and allox-init, and the test command's next cargo rebuilt
+/// them again, 13–18 s each time.
 pub fn cargo_command() -> Command {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
@@ -197,7 +203,31 @@ pub fn cargo_command() -> Command {
         cmd.env_remove("RUSTC_BOOTSTRAP")
             .env_remove(RUNNER_SET_BOOTSTRAP);
     }
+    for (k, _) in std::env::vars_os() {
+        if k.to_str().is_some_and(is_cargo_run_variable) {
+            cmd.env_remove(k);
+        }
+    }
     cmd
+}
+
+/// Whether `name` is one of the variables cargo sets for a program it
+/// runs (`cargo test`, `cargo run`): the package's and the target's
+/// (`CARGO_PKG_*`, `CARGO_MANIFEST_*`, `CARGO_CRATE_NAME`, …), not the
+/// ones that configure cargo itself (`CARGO`, `CARGO_HOME`,
+/// `CARGO_TARGET_DIR`, `CARGO_TARGET_<TRIPLE>_RUNNER`, `CARGO_TERM_*`).
+fn is_cargo_run_variable(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || name.starts_with("CARGO_MANIFEST_")
+        || matches!(
+            name,
+            "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_TARGET_TMPDIR"
+                | "CARGO_RUSTC_CURRENT_DIR"
+                | "OUT_DIR"
+        )
 }
 
 /// Set by scripts/test-runner.sh when the `RUSTC_BOOTSTRAP` of the test
@@ -1086,4 +1116,49 @@ pub fn bare_git_repo(dir: &Path, readme: &str) -> PathBuf {
         .expect("run chmod");
     assert!(out.status.success(), "chmod: {out:?}");
     bare
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_build_from_a_test_sees_none_of_the_variables_cargo_set_for_the_test() {
+        // cargo sets these for the test it runs, as for this one.
+        for k in ["CARGO_MANIFEST_DIR", "CARGO_PKG_NAME"] {
+            assert!(
+                std::env::var_os(k).is_some(),
+                "{k} is not set: this test must run under cargo test"
+            );
+        }
+        let cmd = cargo_command();
+        let removed: Vec<String> = cmd
+            .get_envs()
+            .filter(|(_, v)| v.is_none())
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        for k in ["CARGO_MANIFEST_DIR", "CARGO_PKG_NAME", "CARGO_PKG_VERSION"] {
+            assert!(removed.iter().any(|r| r == k), "{k} kept: {removed:?}");
+        }
+        // What configures cargo itself stays.
+        for k in [
+            "CARGO",
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER",
+            "CARGO_TERM_COLOR",
+            "PATH",
+        ] {
+            assert!(!removed.iter().any(|r| r == k), "{k} removed");
+            assert!(!is_cargo_run_variable(k), "{k}");
+        }
+        for k in [
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_MANIFEST_PATH",
+            "CARGO_CRATE_NAME",
+            "OUT_DIR",
+        ] {
+            assert!(is_cargo_run_variable(k), "{k}");
+        }
+    }
 }

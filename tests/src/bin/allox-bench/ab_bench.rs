@@ -7,6 +7,7 @@
 //! needs to be seen at all.
 
 use crate::spawn_bench::{bench_session, daemon};
+use crate::{pct, us_or_ms};
 use allox_integration::{cgroup2_mount, workspace_bin, BtrfsFs};
 use allox_protocol::{Request, Response};
 use std::path::{Path, PathBuf};
@@ -96,23 +97,19 @@ fn bench(fs: &BtrfsFs, cg_root: &Path, before: &Path, quick: bool) -> anyhow::Re
     println!("| calls | this p50 | this p99 | before p50 | before p99 | this ÷ before, p50 | median of the pairs' ratios |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
     for (g, gap) in gaps.iter().enumerate() {
-        let (mut times, ratios) = (std::mem::take(&mut times[g]), &mut ratios[g]);
-        for t in &mut times {
-            t.sort();
-        }
+        let (times, ratios) = (&times[g], &mut ratios[g]);
         ratios.sort_by(f64::total_cmp);
-        let p = |v: &[Duration], q: f64| v[((v.len() - 1) as f64 * q) as usize];
         let what = match gap {
             None => format!("{}, back to back", ratios.len()),
             Some(g) => format!("{}, {} ms apart", ratios.len(), g.as_millis()),
         };
         println!(
             "| {what} | {} | {} | {} | {} | {:.3}× | {:.3}× |",
-            crate::us_or_ms(p(&times[0], 0.5)),
-            crate::us_or_ms(p(&times[0], 0.99)),
-            crate::us_or_ms(p(&times[1], 0.5)),
-            crate::us_or_ms(p(&times[1], 0.99)),
-            p(&times[0], 0.5).as_secs_f64() / p(&times[1], 0.5).as_secs_f64(),
+            us_or_ms(pct(&times[0], 0.5)),
+            us_or_ms(pct(&times[0], 0.99)),
+            us_or_ms(pct(&times[1], 0.5)),
+            us_or_ms(pct(&times[1], 0.99)),
+            pct(&times[0], 0.5).as_secs_f64() / pct(&times[1], 0.5).as_secs_f64(),
             ratios[ratios.len() / 2],
         );
     }

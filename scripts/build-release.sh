@@ -37,6 +37,10 @@
 # build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The release binaries are compiled by rustc itself, whatever compiler
+# the caller's builds use (scripts/test.sh lints its debug builds through
+# clippy-driver, which turns MIR optimizations off for its lints).
+unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
 . scripts/deps.sh
 for tool in objcopy readelf; do
     command -v "$tool" >/dev/null || {

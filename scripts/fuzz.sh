@@ -6,6 +6,9 @@
 # sanitizer flags.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The fuzz targets are compiled by rustc itself (scripts/test.sh lints its
+# own builds through clippy-driver).
+unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
 SECONDS_TO_RUN=${1:-60}
 TARGETS=(decode guest_decode)
 if ! cargo fuzz --help >/dev/null 2>&1; then

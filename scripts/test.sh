@@ -30,17 +30,36 @@ step() { echo; echo "==> $* [at $((SECONDS / 60)) min $((SECONDS % 60)) s]"; }
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "cargo clippy --workspace --all-targets -- -D warnings"
-cargo clippy --workspace --all-targets --quiet -- -D warnings
-cargo clippy -p allox-init --no-default-features --all-targets --quiet -- -D warnings
+step "build every target, linted: the workspace's crates compiled by clippy-driver (cargo clippy --all-targets -- -D warnings, in the same pass)"
+# `cargo clippy` is `cargo check` with clippy-driver (rustc and the lints)
+# as the workspace's compiler: its check of every dependency, and of the
+# workspace itself, came beside the build's compile of each. Here the
+# build itself goes through clippy-driver, with `-D warnings` as cargo
+# clippy passes it (CLIPPY_ARGS): every target of every crate of the
+# workspace is linted as it is compiled, once. Exported, so every cargo
+# below (and the tests' own builds) sees the same compiler and finds
+# these builds fresh; the release build and the fuzz targets use plain
+# rustc (scripts/build-release.sh, scripts/fuzz.sh).
+if command -v rustup >/dev/null 2>&1; then
+    clippy_driver=$(rustup which clippy-driver)
+else
+    clippy_driver=$(command -v clippy-driver) || {
+        echo "error: no clippy-driver (apt-get install rust-clippy, or rustup component add clippy)" >&2
+        exit 1
+    }
+fi
+export RUSTC_WORKSPACE_WRAPPER=$clippy_driver
+export CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
+# The same selections of packages as the test steps below: cargo resolves
+# the dependencies' features per selection, so `--workspace` would build
+# other variants of half the workspace than those steps then build again.
+cargo build --workspace --exclude allox-integration --all-targets --quiet
+cargo build -p allox-integration --all-targets --quiet
 
-step "build"
-cargo build --workspace --quiet
-
-step "allox-init without plugins (cargo build -p allox-init --no-default-features) into target/no-plugins"
+step "allox-init without plugins (cargo build -p allox-init --no-default-features, every target, linted) into target/no-plugins"
 # Its own copy: the tests build the default allox-init again where cargo
 # puts it.
-cargo build --quiet -p allox-init --no-default-features
+cargo build --quiet -p allox-init --no-default-features --all-targets
 mkdir -p target/no-plugins
 cp "$ALLOX_DEBUG/allox-init" target/no-plugins/allox-init
 cargo build --quiet -p allox-init -p allox-ctl -p allox-effects

@@ -30,35 +30,6 @@ step() { echo; echo "==> $* [at $((SECONDS / 60)) min $((SECONDS % 60)) s]"; }
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-LOG=$(mktemp)
-RELEASE=$(mktemp)
-release_pid=""
-beside_pid=""
-py_passed=0
-# A failed step leaves nothing of its own running behind it.
-trap '[ -z "$release_pid" ] || kill -- -"$release_pid" 2>/dev/null; [ -z "$beside_pid" ] || kill -- -"$beside_pid" 2>/dev/null
-    rm -f "$LOG" "$LOG".beside.* "$RELEASE" "$RELEASE.err" "$RELEASE.fuzz"' EXIT
-
-step "release binaries and fuzz targets: built in the background, at the lowest CPU and I/O priority, while the steps below run"
-cargo fetch --quiet
-# The builds and tests below leave a core idle much of the time (a crate
-# or a link that waits for no other, tests that wait for the disk, the
-# loop devices, their daemons); the release build (which no test before
-# the VM tests uses) takes that time instead of six minutes of its own,
-# from the start (the crates fetched first, in the foreground). Its own
-# process group, so that the trap can stop all of it. A new session is
-# also a scheduling group of its own where the kernel groups sessions
-# (autogroup), and a nice value counts only within the group: the group
-# gets the same nice value (set from inside the new session). The fuzz
-# targets are built after it, likewise (`scripts/fuzz.sh 0` builds without
-# running); their step below builds again, which is then nothing to do, or
-# says what failed.
-setsid bash -c 'echo 19 2>/dev/null >/proc/self/autogroup
-    nice -n 19 ionice -c 3 scripts/build-release.sh >"$0" 2>"$0.err" || exit 1
-    env -u CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER nice -n 19 ionice -c 3 scripts/fuzz.sh 0 >"$0.fuzz" 2>&1 || true' \
-    "$RELEASE" &
-release_pid=$!
-
 step "build every target, linted: the workspace's crates compiled by clippy-driver (cargo clippy --all-targets -- -D warnings, in the same pass)"
 # `cargo clippy` is `cargo check` with clippy-driver (rustc and the lints)
 # as the workspace's compiler: its check of every dependency, and of the
@@ -92,6 +63,32 @@ cargo build --quiet -p allox-init --no-default-features --all-targets
 mkdir -p target/no-plugins
 cp "$ALLOX_DEBUG/allox-init" target/no-plugins/allox-init
 cargo build --quiet -p allox-init -p allox-ctl -p allox-effects
+
+LOG=$(mktemp)
+RELEASE=$(mktemp)
+release_pid=""
+beside_pid=""
+py_passed=0
+# A failed step leaves nothing of its own running behind it.
+trap '[ -z "$release_pid" ] || kill -- -"$release_pid" 2>/dev/null; [ -z "$beside_pid" ] || kill -- -"$beside_pid" 2>/dev/null
+    rm -f "$LOG" "$LOG".beside.* "$RELEASE" "$RELEASE.err" "$RELEASE.fuzz"' EXIT
+
+step "release binaries and fuzz targets: built in the background, at the lowest CPU and I/O priority, while the tests run"
+# The tests leave a core idle much of the time (they wait for the disk,
+# the loop devices, their daemons); the release build (which no test
+# before the VM tests uses) takes that time instead of six minutes of its
+# own. Its own process group, so that the trap can stop all of it. A new
+# session is also a scheduling group of its own where the kernel groups
+# sessions (autogroup), and a nice value counts only within the group:
+# the group gets the same nice value (set from inside the new session).
+# The fuzz targets are built after it, likewise (`scripts/fuzz.sh 0`
+# builds without running); their step below builds again, which is then
+# nothing to do, or says what failed.
+setsid bash -c 'echo 19 2>/dev/null >/proc/self/autogroup
+    nice -n 19 ionice -c 3 scripts/build-release.sh >"$0" 2>"$0.err" || exit 1
+    env -u CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER nice -n 19 ionice -c 3 scripts/fuzz.sh 0 >"$0.fuzz" 2>&1 || true' \
+    "$RELEASE" &
+release_pid=$!
 
 step "unit tests (no privileges)"
 cargo test --workspace --exclude allox-integration 2>&1 | tee -a "$LOG"

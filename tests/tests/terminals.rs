@@ -402,6 +402,24 @@ impl Tmux {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+
+    /// Waits until the shell in the sandbox shows its prompt again, alone
+    /// on the screen's last line (at most 20 s): a program that gives the
+    /// terminal back (vi, python) may flush what was typed before it did.
+    fn wait_for_prompt(&self, prompt: &str) {
+        let t0 = Instant::now();
+        loop {
+            let s = self.screen();
+            if s.lines().rev().map(str::trim_end).find(|l| !l.is_empty()) == Some(prompt) {
+                return;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the prompt {prompt:?} never came back:\n{s}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 impl Drop for Tmux {
@@ -472,6 +490,7 @@ fn a_person_at_alloxctl_exec_t_in_tmux() {
     tmux.line("print(6 * 7, 'from-python')");
     tmux.wait_for("42 from-python");
     tmux.keys(&["C-d"]);
+    tmux.wait_for_prompt("sandbox$");
     // vi: a file written as a person would.
     // Each key goes once vi shows it is ready for it: its status line
     // for a new file, then the typed text back in its window.
@@ -484,6 +503,9 @@ fn a_person_at_alloxctl_exec_t_in_tmux() {
     tmux.keys(&["-l", ":wq"]);
     tmux.wait_for(":wq");
     tmux.keys(&["Enter"]);
+    // vi sets the terminal back as it found it, discarding what was typed
+    // meanwhile (a run of the whole suite once lost the next line so).
+    tmux.wait_for_prompt("sandbox$");
     tmux.line("cat /allox/session/note.txt; echo vi\"\"-done");
     let s = tmux.wait_for("vi-done\n");
     assert!(s.contains("typed in vi"), "{s}");

@@ -404,8 +404,9 @@ impl Tmux {
     }
 
     /// Waits until the shell in the sandbox shows its prompt again, alone
-    /// on the screen's last line (at most 20 s): a program that gives the
-    /// terminal back (vi, python) may flush what was typed before it did.
+    /// on the screen's last line (at most 20 s): a program that is giving
+    /// the terminal back (vi, python) may take or drop what is typed
+    /// before it has.
     fn wait_for_prompt(&self, prompt: &str) {
         let t0 = Instant::now();
         loop {
@@ -503,8 +504,8 @@ fn a_person_at_alloxctl_exec_t_in_tmux() {
     tmux.keys(&["-l", ":wq"]);
     tmux.wait_for(":wq");
     tmux.keys(&["Enter"]);
-    // vi sets the terminal back as it found it, discarding what was typed
-    // meanwhile (a run of the whole suite once lost the next line so).
+    // Keys typed while vi is still ending may go to vi, not the shell (a
+    // run of the whole suite once lost the next line so).
     tmux.wait_for_prompt("sandbox$");
     tmux.line("cat /allox/session/note.txt; echo vi\"\"-done");
     let s = tmux.wait_for("vi-done\n");

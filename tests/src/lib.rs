@@ -183,8 +183,6 @@ pub fn artifacts_dir() -> PathBuf {
     dir
 }
 
-/// Path of a binary of this workspace, brought up to date first (once per
-/// test process), so a test never drives a stale daemon.
 /// `cargo`, as the test was built by, for a build the test needs, in the
 /// environment the test command's own cargo runs in: without the
 /// `RUSTC_BOOTSTRAP` that scripts/test-runner.sh sets for the test binary
@@ -234,6 +232,8 @@ fn is_cargo_run_variable(name: &str) -> bool {
 /// binary is its own (the environment had none).
 const RUNNER_SET_BOOTSTRAP: &str = "ALLOX_TEST_RUNNER_BOOTSTRAP";
 
+/// Path of a binary of this workspace, brought up to date first (once per
+/// test process), so a test never drives a stale daemon.
 pub fn workspace_bin(name: &str) -> PathBuf {
     static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     let exe = std::env::current_exe().expect("current exe");

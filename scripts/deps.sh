@@ -58,11 +58,13 @@ allox_install_deps() {
     # ext4 device among those it must refuse; busybox-static: the image's
     # tools (the guest's too); iproute2 and nftables: the system-effects
     # tests change a network namespace's links, routes, rules and tables;
-    # prometheus: a real Prometheus scrapes the gateway's metrics.
+    # prometheus: a real Prometheus scrapes the gateway's metrics; bpftool:
+    # `bpftool prog`, a command the system-effects benchmark times its
+    # captures against.
     local pkgs=(btrfs-progs curl util-linux mount bubblewrap python3 gcc gdb strace git
         clang libbpf-dev python3-pip openssh-server openssh-client tmux vim-tiny chromium
         python3-httpx python3-pytest python3-jsonschema python3-venv python3-setuptools python3-requests
-        python3-wheel podman runc skopeo binutils e2fsprogs busybox-static iproute2 nftables prometheus)
+        python3-wheel podman runc skopeo binutils e2fsprogs busybox-static iproute2 nftables prometheus bpftool)
     local missing=()
     for p in "${pkgs[@]}"; do
         dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

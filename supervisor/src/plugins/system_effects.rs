@@ -1004,7 +1004,7 @@ impl Plugin for SystemEffects {
             started_ms: allox_store::clock::now_ms(),
         };
         let write_pending = |p: &Pending| {
-            fences::write_durably(
+            fences::write_for_the_next_commit(
                 &evidence.join(PENDING),
                 &serde_json::to_vec(p).unwrap_or_default(),
             )
@@ -1048,14 +1048,15 @@ impl Plugin for SystemEffects {
         let mut fresh = false;
         let (obs, answer) = loop {
             let (mut obs, reused) = st.take_observer().map_err(|why| fault(why, ""))?;
-            // Asked first, then the marker is written while A is taken;
-            // durable before the run can exist (it is made once A is
-            // sealed): a supervisor that stops from then on leaves the
-            // session to be fenced at its next start, and that observer
-            // to be awaited. One that stops before it, with no run made,
-            // leaves an observer that closes its chain with a fault.
+            // The marker first, then the observer is asked: the commit
+            // that makes A's snapshot (in the same directory) makes the
+            // marker durable too, before A is sealed and so before the run
+            // can exist (it is made once A is): a supervisor that stops
+            // from then on leaves the session to be fenced at its next
+            // start, and that observer to be awaited. One that stops
+            // before, with no run made, leaves an observer that closes its
+            // chain with a fault.
             pending.observer = Some(obs.child.id());
-            let told = obs.tell(&begin);
             if let Err(e) = write_pending(&pending) {
                 let _ = std::fs::remove_file(evidence.join(PENDING));
                 obs.finish(Duration::from_secs(5));
@@ -1064,7 +1065,7 @@ impl Plugin for SystemEffects {
                     format!("mark run {} observed in {}: {e}", r.run, evidence.display()),
                 ));
             }
-            let answer = told.and_then(|()| obs.answer(SEAL_WAIT));
+            let answer = obs.tell(&begin).and_then(|()| obs.answer(SEAL_WAIT));
             // A waiting observer that died before it read `Begin` (it
             // wrote nothing): the run is asked of a new one, once.
             if answer.is_err()

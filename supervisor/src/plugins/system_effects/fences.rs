@@ -45,6 +45,27 @@ pub fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     sync_dir(dir)
 }
 
+/// Writes `path` whole (a file beside it renamed into place) without
+/// syncing it: made durable by the next commit of the filesystem's
+/// transaction, which the caller waits for.
+///
+/// For the `pending` marker: written before the observer is told
+/// `Begin`, in the run's evidence directory, where the observer's A
+/// makes its read-only snapshot of the session's workspace: a Btrfs
+/// snapshot is made by a commit of the whole filesystem's transaction,
+/// which holds this rename (a commit waits for the transactions before
+/// it), and A is sealed only once its snapshot is made. After a power cut
+/// the marker exists (its bytes may not, as a file's data is written back
+/// on its own: an empty marker is read as one that names no observer and
+/// no cgroup, which a power cut has ended anyway).
+pub fn write_for_the_next_commit(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
 impl Fences {
     /// Reads the fences under `dir` (`state/effects/fences`).
     pub fn load(dir: &Path) -> std::io::Result<Fences> {
@@ -154,6 +175,21 @@ impl Fences {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_marker_for_the_next_commit_is_whole_where_it_is_made_and_leaves_nothing_beside_it() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("run").join("pending");
+        write_for_the_next_commit(&p, b"{\"started_ms\":1}").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"{\"started_ms\":1}");
+        write_for_the_next_commit(&p, b"{}").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"{}");
+        let names: Vec<_> = std::fs::read_dir(p.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["pending"], "only the marker is left");
+    }
 
     fn fence(a: &str, s: &str, run: &str) -> EffectsFence {
         EffectsFence {

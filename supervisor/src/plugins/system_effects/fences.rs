@@ -29,20 +29,7 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
 /// Writes `bytes` to `path` durably (beside it, synced, renamed over, the
 /// directory synced).
 pub fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    sync_dir(dir)
+    write_whole(path, bytes, true)
 }
 
 /// Writes `path` whole (a file beside it renamed into place) without
@@ -59,11 +46,31 @@ pub fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// on its own: an empty marker is read as one that names no observer and
 /// no cgroup, which a power cut has ended anyway).
 pub fn write_for_the_next_commit(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_whole(path, bytes, false)
+}
+
+/// `bytes` into a file (0600) beside `path`, renamed over it; the file
+/// and then the directory synced when `durably`.
+fn write_whole(path: &Path, bytes: &[u8], durably: bool) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    if durably {
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if durably {
+        sync_dir(dir)?;
+    }
+    Ok(())
 }
 
 impl Fences {
@@ -189,6 +196,9 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, ["pending"], "only the marker is left");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the marker is the supervisor's alone");
     }
 
     fn fence(a: &str, s: &str, run: &str) -> EffectsFence {

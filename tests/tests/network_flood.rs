@@ -734,15 +734,16 @@ fn refused_attempts_in_a_tight_loop_keep_the_network_audit_bounded() {
         worst
     });
     // Denied CONNECTs with long names, as fast as the proxy answers, until
-    // their records are past what both files may hold together by a fifth
-    // (12,600 of them), or 40 s at most (a loaded host made 9,000 in 6 s);
-    // the script prints how many it made.
+    // their records (200 bytes of name each) are past what both files may
+    // hold together by a fifth, or 40 s at most (a loaded host made 9,000
+    // in 6 s); the script prints how many it made.
+    let enough = 2 * BOUND * 6 / 5 / 200;
     let script = r#"
 import socket, time
 end = time.time() + 40
 n = 0
 name = ("x" * 60 + ".") * 3 + "denied.test"
-while n < 12600 and time.time() < end:
+while n < ENOUGH and time.time() < end:
     s = socket.create_connection(("127.0.0.1", 3128))
     s.sendall(("CONNECT %s%d:443 HTTP/1.1\r\n\r\n" % (name, n)).encode())
     s.recv(4096)
@@ -750,6 +751,7 @@ while n < 12600 and time.time() < end:
     n += 1
 print(n)
 "#;
+    let script = script.replace("ENOUGH", &enough.to_string());
     let r = sh_in(&d, "a", "s", &format!("python3 -c '{script}'"));
     stop.store(true, Ordering::Relaxed);
     let worst = pinger.join().unwrap();

@@ -230,7 +230,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         for (i, (c, layout)) in clients.iter_mut().enumerate() {
             let observed = i > 0;
             // Each run starts on a filesystem with nothing left to write
-            // (both stores share it): the Btrfs commits an observed run
+            // (the stores share it): the Btrfs commits an observed run
             // makes write back what is dirty, the rounds' 10,000 files
             // removed among it, which the unobserved runs never pay for.
             settle()?;
@@ -488,11 +488,11 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     }
     println!();
 
-    let find_ratio = pct(&t_find[1], 0.5).as_secs_f64() / pct(&t_find[0], 0.5).as_secs_f64();
-    let create_ratio = pct(&t_create[1], 0.5).as_secs_f64() / pct(&t_create[0], 0.5).as_secs_f64();
+    // Daemon `i`'s p50 over the off daemon's.
     let ratio = |v: &[Vec<Duration>; 3], i: usize| {
         pct(&v[i], 0.5).as_secs_f64() / pct(&v[0], 0.5).as_secs_f64()
     };
+    let (find_ratio, create_ratio) = (ratio(&t_find, 1), ratio(&t_create, 1));
     let (find_in, create_in) = (ratio(&in_find, 1), ratio(&in_create, 1));
     println!("Budgets (issue 31), at p50:\n");
     println!("| budget | measured | |");

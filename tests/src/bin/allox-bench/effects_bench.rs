@@ -161,6 +161,14 @@ fn row(name: &str, v: &[Duration], base: &[Duration]) {
     );
 }
 
+/// The off daemon's row of `t` (the baseline, named `name`) and the two
+/// v2 daemons' rows against it.
+fn rows(name: &str, t: &[Vec<Duration>; 3]) {
+    row(name, &t[0], &t[0]);
+    row("the same, v2", &t[1], &t[0]);
+    row("the same, v2, no scope", &t[2], &t[0]);
+}
+
 fn met(ratio: f64, budget: f64) -> &'static str {
     if ratio <= budget {
         "met"
@@ -347,52 +355,31 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     );
     println!("| what | p50 | p99 | ratio p50 | ratio p99 |");
     println!("|---|---:|---:|---:|---:|");
-    row(
+    rows(
         "`find . -type f \\| xargs sha256sum`, 10,000 files, off (baseline)",
-        &t_find[0],
-        &t_find[0],
+        &t_find,
     );
-    row("the same, v2", &t_find[1], &t_find[0]);
-    row("the same, v2, no scope", &t_find[2], &t_find[0]);
-    row(
+    rows(
         "creating 10,000 files (`seq \\| xargs touch`), off (baseline)",
-        &t_create[0],
-        &t_create[0],
+        &t_create,
     );
-    row("the same, v2", &t_create[1], &t_create[0]);
-    row("the same, v2, no scope", &t_create[2], &t_create[0]);
-    row(
-        "`/bin/true` on the 10,000-file workspace, off",
-        &t_true[0],
-        &t_true[0],
-    );
-    row("the same, v2", &t_true[1], &t_true[0]);
-    row("the same, v2, no scope", &t_true[2], &t_true[0]);
-    row(
+    rows("`/bin/true` on the 10,000-file workspace, off", &t_true);
+    rows(
         "`/bin/true`, 10,000-file workspace, a file in the agent's `shared/`, off",
-        &t_shares[0],
-        &t_shares[0],
+        &t_shares,
     );
-    row("the same, v2", &t_shares[1], &t_shares[0]);
-    row("the same, v2, no scope", &t_shares[2], &t_shares[0]);
     println!();
     println!("The same `find` and creating runs, the command's own time as the sandbox's clock saw it (`date +%s%N` before and after it, inside the run): what observing costs the agent's work while it runs, without the protocol's steps before and after it (the fixed cost, below):\n");
     println!("| what | p50 | p99 | ratio p50 | ratio p99 |");
     println!("|---|---:|---:|---:|---:|");
-    row(
+    rows(
         "`find` + `sha256sum`, inside the run, off (baseline)",
-        &in_find[0],
-        &in_find[0],
+        &in_find,
     );
-    row("the same, v2", &in_find[1], &in_find[0]);
-    row("the same, v2, no scope", &in_find[2], &in_find[0]);
-    row(
+    rows(
         "creating 10,000 files, inside the run, off (baseline)",
-        &in_create[0],
-        &in_create[0],
+        &in_create,
     );
-    row("the same, v2", &in_create[1], &in_create[0]);
-    row("the same, v2, no scope", &in_create[2], &in_create[0]);
     println!();
 
     let ck50 = pct(&t_ck, 0.5);

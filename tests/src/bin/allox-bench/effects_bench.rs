@@ -79,17 +79,6 @@ fn timed_out(
     Ok((el, r.stdout))
 }
 
-/// [`timed_out`] without the output.
-fn timed(
-    c: &mut allox_ctl::client::Client,
-    s: &str,
-    argv: &[&str],
-    observed: bool,
-    seen: &mut Seen,
-) -> anyhow::Result<Duration> {
-    Ok(timed_out(c, s, argv, observed, seen)?.0)
-}
-
 /// [`timed_out`] of a [`self_timed`] script: its time request to answer,
 /// and the time the command took inside the sandbox.
 fn timed_inside(
@@ -247,9 +236,9 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
             let (k, k_in) = timed_inside(c, "t", &create, observed, &mut seen)?;
             std::fs::remove_dir_all(layout.current("bench", "t").join("c"))?;
             settle()?;
-            let t = timed(c, "s", &truth, observed, &mut seen)?;
+            let (t, _) = timed_out(c, "s", &truth, observed, &mut seen)?;
             settle()?;
-            let u = timed(c, "shares/u", &truth, observed, &mut seen)?;
+            let (u, _) = timed_out(c, "shares/u", &truth, observed, &mut seen)?;
             if round > 0 {
                 t_find[i].push(f);
                 t_create[i].push(k);

@@ -128,9 +128,16 @@ fn note(c: &mut allox_ctl::client::Client, e: &RunEffects, seen: &mut Seen) -> a
     Ok(())
 }
 
-pub(crate) fn observer_args(scope: &std::path::Path) -> anyhow::Result<(Vec<String>, bool)> {
+/// The plugin's arguments, with `scope` as its scope file (none: the
+/// workspace and `shared/` only), and whether this kernel takes the
+/// history's BPF LSM programs.
+pub(crate) fn observer_args(
+    scope: Option<&std::path::Path>,
+) -> anyhow::Result<(Vec<String>, bool)> {
     let mut args = allox_integration::effects_plugin_args();
-    args.extend(["--system-effects-scope".into(), scope.display().to_string()]);
+    if let Some(scope) = scope {
+        args.extend(["--system-effects-scope".into(), scope.display().to_string()]);
+    }
     // A kernel that refuses BPF LSM programs is observed without the
     // history's LSM hooks (as the host tests do).
     let lsm = allox_ebpf_probes::History::load(4096).is_ok();
@@ -170,19 +177,12 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     let n = if quick { 8 } else { 30 };
     let scope = fs.scratch().join("effects-scope.json");
     std::fs::write(&scope, SCOPE)?;
-    let (args, lsm) = observer_args(&scope)?;
+    let (args, lsm) = observer_args(Some(&scope))?;
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     // The plugin as it is enabled without a scope file: `workspace` and
     // `shared` observed, every other domain NOT_OBSERVED.
-    let default_args: Vec<&str> = {
-        let mut a = args.clone();
-        let at = a
-            .iter()
-            .position(|x| *x == "--system-effects-scope")
-            .ok_or_else(|| anyhow::anyhow!("observer_args gave no scope"))?;
-        a.drain(at..at + 2);
-        a
-    };
+    let (default_args, _) = observer_args(None)?;
+    let default_args: Vec<&str> = default_args.iter().map(String::as_str).collect();
     let off = BenchDaemon::start(fs, "effects-off", &[])?;
     let v2 = BenchDaemon::start(fs, "effects-v2", &args)?;
     let v2d = BenchDaemon::start(fs, "effects-v2-default", &default_args)?;

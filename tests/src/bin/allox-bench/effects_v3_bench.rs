@@ -104,7 +104,7 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
     let n = if quick { 6 } else { 20 };
     let scope = fs.scratch().join("effects-v3-scope.json");
     std::fs::write(&scope, crate::effects_bench::SCOPE)?;
-    let (args, lsm) = crate::effects_bench::observer_args(&scope)?;
+    let (args, lsm) = crate::effects_bench::observer_args(Some(&scope))?;
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let off = BenchDaemon::start(fs, "v3-off", &[])?;
     let on = BenchDaemon::start(fs, "v3-on", &args)?;

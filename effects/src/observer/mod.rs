@@ -481,32 +481,31 @@ impl Observation {
             .cloned()
             .collect();
         let err = |e: chain::ChainError| e.to_string();
-        // The history is all there is: written (the files beside the chain,
-        // which holds their hashes, and its record) and made durable beside
-        // B's captures, which wait mostly on the snapshots' commit; what is
-        // left to sync after B is B's own records.
-        let history_json = serde_json::to_vec(&records).map_err(|e| e.to_string())?;
-        chain
-            .write_beside(HISTORY_FILE, &history_json)
-            .map_err(|e| format!("write the history: {e}"))?;
-        let processes_json = serde_json::to_vec(&processes).map_err(|e| e.to_string())?;
-        chain
-            .write_beside(PROCESSES_FILE, &processes_json)
-            .map_err(|e| format!("write the process events: {e}"))?;
-        chain
-            .append_later(
-                "history",
-                &serde_json::json!({
-                    "records": records.len(),
-                    "sha256": chain::sha256_hex(&history_json),
-                    "processes_sha256": chain::sha256_hex(&processes_json),
-                    "counters": counters,
-                }),
-            )
-            .map_err(err)?;
-        chain.sync_behind().map_err(err)?;
-        self.phases.done("chain_history");
-        let (snaps_b, mut captures_b, took) = capture_all(begin, "b", &records);
+        // B's captures start at once (the snapshots' commit is most of
+        // them); the history, all there is now, is written beside them
+        // (the files beside the chain, which holds their hashes, and its
+        // record) and its sync started, so that what is left to sync after
+        // B is B's own records.
+        let ((snaps_b, mut captures_b, took), written) = std::thread::scope(|s| {
+            let b = s.spawn(|| capture_all(begin, "b", &records));
+            let t = std::time::Instant::now();
+            let written = write_history(chain, &records, &processes, &counters);
+            let us = t.elapsed().as_micros() as u64;
+            let b = b.join().unwrap_or_else(|_| {
+                (
+                    Err("the captures at B panicked".to_string()),
+                    BTreeMap::new(),
+                    Vec::new(),
+                )
+            });
+            (b, written.map(|()| us))
+        });
+        let written = written.inspect_err(|_| {
+            if let Ok(s) = &snaps_b {
+                s.remove();
+            }
+        })?;
+        self.phases.beside("chain_history".to_string(), written);
         for (what, us) in took {
             self.phases.beside(what, us);
         }
@@ -924,6 +923,36 @@ pub fn fenced(
         }
         _ => (false, None),
     }
+}
+
+/// Writes the history beside the chain (`history.json`, `processes.json`)
+/// and its record, which holds their hashes, and starts their sync.
+fn write_history(
+    chain: &mut Chain,
+    records: &[HistoryRecord],
+    processes: &impl serde::Serialize,
+    counters: &impl serde::Serialize,
+) -> Result<(), String> {
+    let history_json = serde_json::to_vec(records).map_err(|e| e.to_string())?;
+    chain
+        .write_beside(HISTORY_FILE, &history_json)
+        .map_err(|e| format!("write the history: {e}"))?;
+    let processes_json = serde_json::to_vec(processes).map_err(|e| e.to_string())?;
+    chain
+        .write_beside(PROCESSES_FILE, &processes_json)
+        .map_err(|e| format!("write the process events: {e}"))?;
+    chain
+        .append_later(
+            "history",
+            &serde_json::json!({
+                "records": records.len(),
+                "sha256": chain::sha256_hex(&history_json),
+                "processes_sha256": chain::sha256_hex(&processes_json),
+                "counters": counters,
+            }),
+        )
+        .map_err(|e| e.to_string())?;
+    chain.sync_behind().map_err(|e| e.to_string())
 }
 
 /// Capture `which` (`a` or `b`): the workspace snapshots and each scoped

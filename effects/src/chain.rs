@@ -1,12 +1,16 @@
 //! The evidence chain of one observed run: records in canonical JSON (RFC
 //! 8785) `{"body_sha256", "kind", "prev", "seq"}`, one per line of
-//! `chain.jsonl`, each body in `bodies/<seq>-<kind>.json` (canonical JSON
-//! too). `prev` is the sha256 of the previous record's bytes (64 zeros for
-//! the first); the chain's root is the sha256 of its last record.
+//! `chain.jsonl`, and their bodies (canonical JSON too), one per line of
+//! `bodies.jsonl`: line `seq` of each file is record `seq` and its body
+//! (canonical JSON has no raw newline). `prev` is the sha256 of the
+//! previous record's bytes (64 zeros for the first); the chain's root is
+//! the sha256 of its last record. Two files, whatever the number of
+//! records, so that making a record durable costs two syncs.
 //!
 //! The observer is the only writer. Every record is durable (its body and
-//! its line written and synced, the directory synced) before [`Chain::append`]
-//! returns, so a root that was answered is on disk. [`Chain::append_later`]
+//! its line written and synced, the directory synced once its files are
+//! new) before [`Chain::append`] returns, so a root that was answered is on
+//! disk. [`Chain::append_later`]
 //! writes a record whose durability comes with the next `append`: one sync
 //! of each file for several records written together. [`Chain::sync_behind`]
 //! starts that sync on a thread (the next sync waits for it), and
@@ -27,8 +31,11 @@ pub const GENESIS: &str = "00000000000000000000000000000000000000000000000000000
 
 /// The chain's file of records.
 pub const RECORDS: &str = "chain.jsonl";
-/// The directory of bodies.
-pub const BODIES: &str = "bodies";
+/// The chain's file of bodies, a line each.
+pub const BODIES: &str = "bodies.jsonl";
+/// The directory of bodies, a file each, of sets written before
+/// [`BODIES`] (`bodies/<seq>-<kind>.json`): still read.
+pub const BODIES_DIR: &str = "bodies";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChainError {
@@ -45,6 +52,8 @@ pub enum ChainError {
     Exists(PathBuf),
     #[error("the evidence chain is closed: no {0} record may follow")]
     Closed(String),
+    #[error("the evidence chain is broken by an earlier failed write: no {0} record may follow")]
+    Broken(String),
 }
 
 /// One record, as it is hashed.
@@ -152,11 +161,14 @@ fn io(op: &'static str, path: &Path, source: std::io::Error) -> ChainError {
 pub struct Chain {
     dir: PathBuf,
     records: std::fs::File,
+    bodies: std::fs::File,
     next: u64,
     head: String,
     closed: bool,
-    /// Bodies written by [`Chain::append_later`] and files written beside
-    /// the chain, not synced yet.
+    /// A body or record only partly written: the files no longer pair
+    /// line by line, and nothing more may be appended.
+    broken: bool,
+    /// Files written beside the chain, not synced yet.
     unsynced: Vec<(PathBuf, std::fs::File)>,
     /// Whether the directory itself is to be synced (its first record, a
     /// file written beside the chain).
@@ -173,24 +185,30 @@ impl Chain {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
-            .create(dir.join(BODIES))
+            .create(dir)
             .map_err(|e| io("create", dir, e))?;
-        let path = dir.join(RECORDS);
-        let records = std::fs::OpenOptions::new()
-            .create_new(true)
-            .append(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::AlreadyExists => ChainError::Exists(dir.to_path_buf()),
-                _ => io("create", &path, e),
-            })?;
+        let open = |name: &str| {
+            let path = dir.join(name);
+            std::fs::OpenOptions::new()
+                .create_new(true)
+                .append(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| match e.kind() {
+                    std::io::ErrorKind::AlreadyExists => ChainError::Exists(dir.to_path_buf()),
+                    _ => io("create", &path, e),
+                })
+        };
+        let records = open(RECORDS)?;
+        let bodies = open(BODIES)?;
         Ok(Chain {
             dir: dir.to_path_buf(),
             records,
+            bodies,
             next: 0,
             head: GENESIS.to_string(),
             closed: false,
+            broken: false,
             unsynced: Vec::new(),
             dir_unsynced: true,
             behind: None,
@@ -249,25 +267,20 @@ impl Chain {
         kind: &str,
         body: Canonical,
     ) -> Result<String, ChainError> {
-        use std::os::unix::fs::OpenOptionsExt;
         if self.closed {
             return Err(ChainError::Closed(kind.to_string()));
+        }
+        if self.broken {
+            return Err(ChainError::Broken(kind.to_string()));
         }
         let encode = |why: String| ChainError::Encode {
             kind: kind.to_string(),
             why,
         };
-        let body = body.0;
-        let name = format!("{:06}-{kind}.json", self.next);
-        let bpath = self.dir.join(BODIES).join(&name);
-        let mut f = std::fs::OpenOptions::new()
-            .create_new(true)
-            .write(true)
-            .mode(0o600)
-            .open(&bpath)
-            .map_err(|e| io("create", &bpath, e))?;
-        f.write_all(&body).map_err(|e| io("write", &bpath, e))?;
-        self.unsynced.push((bpath, f));
+        let mut body = body.0;
+        if body.contains(&b'\n') {
+            return Err(encode("a raw newline in canonical JSON".into()));
+        }
         let record = Record {
             seq: self.next,
             prev: self.head.clone(),
@@ -277,10 +290,19 @@ impl Chain {
         let mut line = canonical(&record).map_err(encode)?;
         let hash = sha256_hex(&line);
         line.push(b'\n');
-        let rpath = self.dir.join(RECORDS);
-        self.records
-            .write_all(&line)
-            .map_err(|e| io("write", &rpath, e))?;
+        body.push(b'\n');
+        // The body first, then its record: a record is never on disk
+        // before its body. A write cut short leaves the two files out of
+        // step, so the chain takes no more records.
+        for (name, f, bytes) in [
+            (BODIES, &mut self.bodies, &body),
+            (RECORDS, &mut self.records, &line),
+        ] {
+            if let Err(e) = f.write_all(bytes) {
+                self.broken = true;
+                return Err(io("write", &self.dir.join(name), e));
+            }
+        }
         self.next += 1;
         self.head = hash.clone();
         if kind == "close" || kind == "fault" {
@@ -307,9 +329,9 @@ impl Chain {
         Ok(())
     }
 
-    /// Makes every record written so far durable: the bodies and files
-    /// beside the chain, the records, the directory of bodies (and the
-    /// chain's directory when a file was made in it).
+    /// Makes every record written so far durable: the files beside the
+    /// chain, the bodies, the records (and the chain's directory when a
+    /// file was made in it).
     pub fn sync(&mut self) -> Result<(), ChainError> {
         self.wait_behind()?;
         self.sync_job()?.run()
@@ -347,35 +369,32 @@ impl Chain {
     /// What a sync of everything written so far has to do, taken from the
     /// chain (which may write on meanwhile).
     fn sync_job(&mut self) -> Result<SyncJob, ChainError> {
-        let rpath = self.dir.join(RECORDS);
-        let records = self
-            .records
-            .try_clone()
-            .map_err(|e| io("sync", &rpath, e))?;
+        let mut files = std::mem::take(&mut self.unsynced);
+        // The bodies before the records that hold their hashes.
+        for (name, f) in [(BODIES, &self.bodies), (RECORDS, &self.records)] {
+            let path = self.dir.join(name);
+            let f = f.try_clone().map_err(|e| io("sync", &path, e))?;
+            files.push((path, f));
+        }
         Ok(SyncJob {
-            files: std::mem::take(&mut self.unsynced),
-            records: (rpath, records),
-            bodies: self.dir.join(BODIES),
+            files,
             dir: std::mem::take(&mut self.dir_unsynced).then(|| self.dir.clone()),
         })
     }
 }
 
-/// One sync of a chain: its unsynced files, its records, the directory of
-/// bodies, and the chain's directory when a file was made in it.
+/// One sync of a chain: its unsynced files beside it, its bodies and
+/// records, and the chain's directory when a file was made in it.
 struct SyncJob {
     files: Vec<(PathBuf, std::fs::File)>,
-    records: (PathBuf, std::fs::File),
-    bodies: PathBuf,
     dir: Option<PathBuf>,
 }
 
 impl SyncJob {
     fn run(self) -> Result<(), ChainError> {
-        for (p, f) in self.files.iter().chain([&self.records]) {
+        for (p, f) in &self.files {
             f.sync_all().map_err(|e| io("sync", p, e))?;
         }
-        sync_dir(&self.bodies)?;
         if let Some(d) = &self.dir {
             sync_dir(d)?;
         }
@@ -425,7 +444,7 @@ pub enum VerifyError {
 
 /// Where a set of evidence files is read from: its directory, or the
 /// files of an export held in memory ([`crate::export`]). Names are
-/// relative to the set (`chain.jsonl`, `bodies/000000-begin.json`).
+/// relative to the set (`chain.jsonl`, `bodies.jsonl`).
 pub trait Source {
     /// The bytes of file `name`.
     fn read(&self, name: &str) -> std::io::Result<Vec<u8>>;
@@ -440,9 +459,72 @@ impl Source for Dir<'_> {
     }
 }
 
-/// The name of body `seq` of kind `kind` in a set.
-pub fn body_name(seq: u64, kind: &str) -> String {
-    format!("{BODIES}/{seq:06}-{kind}.json")
+/// The name of body `seq` of kind `kind` in a set written before
+/// [`BODIES`].
+pub fn old_body_name(seq: u64, kind: &str) -> String {
+    format!("{BODIES_DIR}/{seq:06}-{kind}.json")
+}
+
+/// The bodies of a set, read once: the lines of `bodies.jsonl` (those
+/// ended by a newline; a last line cut short is not one), or, for a set
+/// written before it, the files of `bodies/` read one by one.
+pub struct BodyReader<'a> {
+    src: &'a dyn Source,
+    lines: Option<Vec<Vec<u8>>>,
+    /// Whether `bodies.jsonl` ends in a line cut short.
+    cut: bool,
+}
+
+impl<'a> BodyReader<'a> {
+    pub fn new(src: &'a dyn Source) -> Result<BodyReader<'a>, VerifyError> {
+        let (lines, cut) = match src.read(BODIES) {
+            Ok(text) => {
+                let mut lines: Vec<Vec<u8>> =
+                    text.split(|&b| b == b'\n').map(<[u8]>::to_vec).collect();
+                // What follows the last newline: nothing, or a line cut
+                // short.
+                let cut = lines.pop().is_some_and(|l| !l.is_empty());
+                (Some(lines), cut)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (None, false),
+            Err(e) => return Err(VerifyError::Read(BODIES.to_string(), e.to_string())),
+        };
+        Ok(BodyReader { src, lines, cut })
+    }
+
+    /// The file that holds body `seq` (relative to the set).
+    pub fn file(&self, seq: u64, kind: &str) -> String {
+        match self.lines {
+            Some(_) => BODIES.to_string(),
+            None => old_body_name(seq, kind),
+        }
+    }
+
+    /// The body of record `seq`, of kind `kind`.
+    pub fn get(&self, seq: u64, kind: &str) -> Result<Vec<u8>, String> {
+        match &self.lines {
+            Some(lines) => lines.get(seq as usize).cloned().ok_or_else(|| {
+                format!(
+                    "{BODIES} has {} whole lines: no body of record {seq} ({kind})",
+                    lines.len()
+                )
+            }),
+            None => {
+                let name = old_body_name(seq, kind);
+                self.src
+                    .read(&name)
+                    .map_err(|e| format!("body {name}: {e}"))
+            }
+        }
+    }
+
+    /// Lines of `bodies.jsonl` past `records` bodies, a last line cut
+    /// short counted: what an ended chain must not have.
+    fn past(&self, records: usize) -> usize {
+        self.lines.as_ref().map_or(0, |l| {
+            l.len().saturating_sub(records) + usize::from(self.cut)
+        })
+    }
 }
 
 /// Reads the chain in `dir` back and checks it; with `root`, that it ends
@@ -456,6 +538,7 @@ pub fn verify_in(src: &dyn Source, root: Option<&str>) -> Result<Verified, Verif
     let text = src
         .read(RECORDS)
         .map_err(|e| VerifyError::Read(RECORDS.to_string(), e.to_string()))?;
+    let bodies = BodyReader::new(src)?;
     let mut head = GENESIS.to_string();
     let mut kinds = Vec::new();
     let mut ended = None;
@@ -501,10 +584,11 @@ pub fn verify_in(src: &dyn Source, root: Option<&str>) -> Result<Verified, Verif
         if rec.prev != head {
             return Err(bad(format!("links to {}, not {head}", rec.prev)));
         }
-        let bname = body_name(seq, &rec.kind);
-        let body = src
-            .read(&bname)
-            .map_err(|e| bad_body(&bname, format!("body {bname}: {e}")))?;
+        let bfile = bodies.file(seq, &rec.kind);
+        let bname = format!("{} of record {seq}", rec.kind);
+        let body = bodies
+            .get(seq, &rec.kind)
+            .map_err(|why| bad_body(&bfile, why))?;
         if sha256_hex(&body) != rec.body_sha256 {
             // Which of the two was changed: the record itself when what
             // follows it (the next record's link, or the kept root) does
@@ -517,16 +601,16 @@ pub fn verify_in(src: &dyn Source, root: Option<&str>) -> Result<Verified, Verif
                 None => root.is_none_or(|r| r == line_hash),
             };
             return Err(if next_links {
-                bad_body(&bname, format!("body {bname} does not match its hash"))
+                bad_body(&bfile, format!("body {bname} does not match its hash"))
             } else {
                 bad(format!("the record does not hold the hash of body {bname}, and what follows it does not hold the record's: the record was changed"))
             });
         }
         let value: serde_json::Value = serde_json::from_slice(&body)
-            .map_err(|e| bad_body(&bname, format!("body {bname}: {e}")))?;
-        if canonical_value(&value).map_err(|e| bad_body(&bname, e))? != body {
+            .map_err(|e| bad_body(&bfile, format!("body {bname}: {e}")))?;
+        if canonical_value(&value).map_err(|e| bad_body(&bfile, e))? != body {
             return Err(bad_body(
-                &bname,
+                &bfile,
                 format!("body {bname} not in canonical form"),
             ));
         }
@@ -541,6 +625,19 @@ pub fn verify_in(src: &dyn Source, root: Option<&str>) -> Result<Verified, Verif
     }
     if kinds.is_empty() {
         return Err(VerifyError::Empty);
+    }
+    // A chain cut short may have a body written before its record; an
+    // ended one has a body for each record and no more.
+    if ended.is_some() && bodies.past(kinds.len()) > 0 {
+        return Err(VerifyError::Record {
+            seq: kinds.len() as u64,
+            file: BODIES.into(),
+            why: format!(
+                "{} bodies with no record after the {} record that ends the chain",
+                bodies.past(kinds.len()),
+                ended.unwrap_or_default()
+            ),
+        });
     }
     if let Some(r) = root {
         if r != head {
@@ -559,8 +656,11 @@ pub fn verify_in(src: &dyn Source, root: Option<&str>) -> Result<Verified, Verif
 }
 
 /// Reads body `seq` of kind `kind` from the chain in `dir`.
-pub fn read_body(dir: &Path, seq: u64, kind: &str) -> std::io::Result<Vec<u8>> {
-    std::fs::read(dir.join(body_name(seq, kind)))
+pub fn read_body(dir: &Path, seq: u64, kind: &str) -> Result<Vec<u8>, String> {
+    let src = Dir(dir);
+    BodyReader::new(&src)
+        .map_err(|e| e.to_string())?
+        .get(seq, kind)
 }
 
 #[cfg(test)]
@@ -652,7 +752,7 @@ mod tests {
         c.append_later("begin", &serde_json::json!({ "n": 1 }))
             .unwrap();
         c.write_beside("history.json", b"[]").unwrap();
-        assert_eq!(c.unsynced.len(), 2, "a body and a file beside it wait");
+        assert_eq!(c.unsynced.len(), 1, "a file beside the chain waits");
         assert!(c.dir_unsynced);
         c.sync_behind().unwrap();
         assert!(
@@ -684,10 +784,8 @@ mod tests {
             &serde_json::json!({"run": "r1", "argv": ["/bin/true"]}),
         )
         .unwrap();
-        assert_eq!(c.unsynced.len(), 1, "a record written later waits");
         c.append("capture_a", &serde_json::json!({"z": 1, "a": "é/\n"}))
             .unwrap();
-        assert!(c.unsynced.is_empty(), "synced with the next append");
         let root = c.append("close", &serde_json::json!({"lost": 0})).unwrap();
         let v = verify(&d.path().join("run"), Some(&root)).unwrap();
         assert_eq!(v.root, root);
@@ -745,17 +843,106 @@ mod tests {
             Err(VerifyError::Root { .. })
         ));
         // A body changed after the fact.
-        let b = dir.join(BODIES).join("000001-capture_a.json");
-        std::fs::write(&b, br#"{"x":2}"#).unwrap();
+        let b = dir.join(BODIES);
+        let bodies = std::fs::read_to_string(&b).unwrap();
+        std::fs::write(&b, bodies.replace(r#"{"x":1}"#, r#"{"x":2}"#)).unwrap();
         let e = verify(&dir, None).unwrap_err();
-        assert!(e.to_string().contains("does not match its hash"), "{e}");
-        std::fs::write(&b, br#"{"x":1}"#).unwrap();
+        assert!(
+            matches!(&e, VerifyError::Record { seq: 1, file, .. } if file == BODIES)
+                && e.to_string().contains("does not match its hash"),
+            "{e}"
+        );
+        std::fs::write(&b, &bodies).unwrap();
         // A record dropped from the middle.
         let text = std::fs::read_to_string(dir.join(RECORDS)).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         std::fs::write(dir.join(RECORDS), format!("{}\n{}\n", lines[0], lines[2])).unwrap();
         let e = verify(&dir, None).unwrap_err();
         assert!(matches!(e, VerifyError::Record { seq: 1, .. }), "{e}");
+    }
+
+    /// Two files whatever the number of records; a body past the records
+    /// is what a cut may leave before the chain ends, never after.
+    #[test]
+    fn bodies_are_lines_of_one_file_and_none_may_follow_the_end() {
+        let (d, mut c) = chain();
+        let dir = d.path().join("run");
+        c.append("begin", &serde_json::json!({"run": "r1"}))
+            .unwrap();
+        c.append_later("capture_a", &serde_json::json!({"a": "x\ny"}))
+            .unwrap();
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, [BODIES, RECORDS]);
+        let bodies = std::fs::read_to_string(dir.join(BODIES)).unwrap();
+        assert_eq!(bodies, "{\"run\":\"r1\"}\n{\"a\":\"x\\ny\"}\n");
+        // A body written, its record not (a cut between the two): the
+        // chain so far still verifies.
+        let extra = format!("{bodies}{{\"x\":1}}\n");
+        std::fs::write(dir.join(BODIES), &extra).unwrap();
+        assert_eq!(verify(&dir, None).unwrap().kinds, ["begin", "capture_a"]);
+        std::fs::write(dir.join(BODIES), &bodies).unwrap();
+        let root = c.append("close", &serde_json::json!({})).unwrap();
+        assert!(verify(&dir, Some(&root)).unwrap().closed);
+        // After the end: a whole line, or one cut short, is found.
+        let closed = std::fs::read_to_string(dir.join(BODIES)).unwrap();
+        for tail in ["{}\n", "{\"x\""] {
+            std::fs::write(dir.join(BODIES), format!("{closed}{tail}")).unwrap();
+            let e = verify(&dir, Some(&root)).unwrap_err();
+            assert!(
+                matches!(&e, VerifyError::Record { seq: 3, file, .. } if file == BODIES),
+                "{e}"
+            );
+        }
+        // A body missing: named.
+        let cut: String = closed.lines().take(2).map(|l| format!("{l}\n")).collect();
+        std::fs::write(dir.join(BODIES), cut).unwrap();
+        let e = verify(&dir, Some(&root)).unwrap_err();
+        assert!(
+            matches!(&e, VerifyError::Record { seq: 2, file, .. } if file == BODIES)
+                && e.to_string().contains("no body of record 2 (close)"),
+            "{e}"
+        );
+    }
+
+    /// A set written before `bodies.jsonl`, a body per file, still reads.
+    #[test]
+    fn a_set_with_a_body_per_file_still_verifies() {
+        let (d, mut c) = chain();
+        let dir = d.path().join("run");
+        c.append("begin", &serde_json::json!({"run": "r1"}))
+            .unwrap();
+        let root = c.append("close", &serde_json::json!({})).unwrap();
+        let bodies = std::fs::read_to_string(dir.join(BODIES)).unwrap();
+        std::fs::remove_file(dir.join(BODIES)).unwrap();
+        std::fs::create_dir(dir.join(BODIES_DIR)).unwrap();
+        for (seq, (kind, body)) in ["begin", "close"].iter().zip(bodies.lines()).enumerate() {
+            std::fs::write(dir.join(old_body_name(seq as u64, kind)), body).unwrap();
+        }
+        assert!(verify(&dir, Some(&root)).unwrap().closed);
+        assert_eq!(read_body(&dir, 1, "close").unwrap(), b"{}");
+        std::fs::write(dir.join(old_body_name(1, "close")), b"{\"a\":1}").unwrap();
+        let e = verify(&dir, Some(&root)).unwrap_err();
+        assert!(
+            matches!(&e, VerifyError::Record { seq: 1, file, .. } if file == "bodies/000001-close.json"),
+            "{e}"
+        );
+    }
+
+    /// A write that fails part way leaves the files out of step: no
+    /// record follows it.
+    #[test]
+    fn no_record_follows_a_failed_write() {
+        let (_d, mut c) = chain();
+        c.append("begin", &1).unwrap();
+        c.broken = true;
+        assert!(matches!(
+            c.append("fault", &serde_json::json!({})).unwrap_err(),
+            ChainError::Broken(_)
+        ));
     }
 
     #[test]

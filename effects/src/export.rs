@@ -4,8 +4,9 @@
 //! so that a set exported twice gives the same bytes and a client can ask
 //! for it in pieces.
 //!
-//! Only the set's own files travel: `chain.jsonl`, `bodies/*.json`,
-//! `history.json`, `processes.json`, `effects.json`. [`read_tar`] takes
+//! Only the set's own files travel: `chain.jsonl`, `bodies.jsonl`,
+//! `history.json`, `processes.json`, `effects.json` (and `bodies/*.json`
+//! of a set written before `bodies.jsonl`). [`read_tar`] takes
 //! an archive back into memory for the verifier ([`crate::verify`]) and
 //! refuses anything else: another name, a link, a device, a path that
 //! leaves the directory, more than [`MAX_FILES`] files or [`MAX_BYTES`]
@@ -24,11 +25,19 @@ pub const MAX_BYTES: u64 = 1 << 30;
 
 /// Whether `name` (relative to a set) is one of a set's files.
 pub fn is_set_file(name: &str) -> bool {
-    if [chain::RECORDS, HISTORY_FILE, PROCESSES_FILE, EFFECTS_FILE].contains(&name) {
+    if [
+        chain::RECORDS,
+        chain::BODIES,
+        HISTORY_FILE,
+        PROCESSES_FILE,
+        EFFECTS_FILE,
+    ]
+    .contains(&name)
+    {
         return true;
     }
     let Some(b) = name
-        .strip_prefix(chain::BODIES)
+        .strip_prefix(chain::BODIES_DIR)
         .and_then(|n| n.strip_prefix('/'))
     else {
         return false;
@@ -52,9 +61,9 @@ pub fn set_files(dir: &Path) -> std::io::Result<Vec<String>> {
     for top in std::fs::read_dir(dir)? {
         let top = top?;
         let name = top.file_name().to_string_lossy().into_owned();
-        if name == chain::BODIES && top.file_type()?.is_dir() {
+        if name == chain::BODIES_DIR && top.file_type()?.is_dir() {
             for e in std::fs::read_dir(top.path())? {
-                let n = format!("{}/{}", chain::BODIES, e?.file_name().to_string_lossy());
+                let n = format!("{}/{}", chain::BODIES_DIR, e?.file_name().to_string_lossy());
                 if is_set_file(&n) {
                     names.push(n);
                 }
@@ -109,11 +118,17 @@ impl Source for MemorySet {
 pub fn read_tar(r: impl Read) -> Result<MemorySet, String> {
     let mut set = MemorySet::default();
     let mut total = 0u64;
-    let mut a = tar::Archive::new(r);
+    let mut a = tar::Archive::new(Counted { r, n: 0 });
     let entries = a.entries().map_err(|e| format!("not a tar archive: {e}"))?;
-    let mut ended = false;
+    // Where the last entry's data ends, in 512-byte blocks.
+    let mut last_end = None;
     for e in entries {
         let mut e = e.map_err(|e| format!("a broken entry: {e}"))?;
+        let size = e
+            .header()
+            .entry_size()
+            .map_err(|e| format!("a broken entry: {e}"))?;
+        last_end = Some(e.raw_file_position() + size.div_ceil(512) * 512);
         let path = e
             .path()
             .map_err(|e| format!("an entry's name: {e}"))?
@@ -143,7 +158,6 @@ pub fn read_tar(r: impl Read) -> Result<MemorySet, String> {
         if set.files.len() >= MAX_FILES {
             return Err(format!("more than {MAX_FILES} files"));
         }
-        let size = e.header().size().map_err(|e| format!("{path}: {e}"))?;
         total = total.saturating_add(size);
         if total > MAX_BYTES {
             return Err(format!("more than {MAX_BYTES} bytes"));
@@ -157,12 +171,32 @@ pub fn read_tar(r: impl Read) -> Result<MemorySet, String> {
         if set.files.insert(name.to_string(), data).is_some() {
             return Err(format!("{path}: twice in the archive"));
         }
-        ended = true;
     }
-    if !ended {
+    if set.files.is_empty() {
         return Err("the archive holds no file".into());
     }
+    // The entries stop at a block of zeros (the archive's end) or where
+    // the bytes stop: an archive cut between two entries has no such
+    // block past its last one.
+    let read = a.into_inner().n;
+    if last_end.is_none_or(|end| read < end + 512) {
+        return Err("the archive does not end: cut short after an entry".into());
+    }
     Ok(set)
+}
+
+/// A reader that counts the bytes read through it.
+struct Counted<R> {
+    r: R,
+    n: u64,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let k = self.r.read(buf)?;
+        self.n += k as u64;
+        Ok(k)
+    }
 }
 
 #[cfg(test)]
@@ -173,6 +207,7 @@ mod tests {
     fn only_a_set_s_own_names_are_set_files() {
         for ok in [
             "chain.jsonl",
+            "bodies.jsonl",
             "bodies/000000-begin.json",
             "bodies/000004-capture_b.json",
             "effects.json",
@@ -188,6 +223,7 @@ mod tests {
             "bodies/000000-../x.json",
             "../chain.jsonl",
             "bodies/000000-begin.json/x",
+            "bodies.jsonl/x",
             "/chain.jsonl",
         ] {
             assert!(!is_set_file(no), "{no}");
@@ -210,18 +246,19 @@ mod tests {
         let back = read_tar(one.as_slice()).unwrap();
         assert_eq!(back.top, "a-s-r");
         let names: Vec<&str> = back.files.keys().map(String::as_str).collect();
-        assert_eq!(
-            names,
-            [
-                "bodies/000000-begin.json",
-                "bodies/000001-close.json",
-                "chain.jsonl",
-                "history.json"
-            ]
-        );
+        assert_eq!(names, ["bodies.jsonl", "chain.jsonl", "history.json"]);
         assert!(chain::verify_in(&back, None).is_ok());
-        // Cut short: refused.
-        assert!(read_tar(&one[..one.len() / 2]).is_err());
+        // Cut short, in an entry or between two: refused.
+        assert!(read_tar(&one[..one.len() / 2 + 100]).is_err());
+        let e = read_tar(&one[..one.len() / 2]).unwrap_err();
+        assert_eq!(one.len() / 2 % 512, 0, "between two entries");
+        assert!(e.contains("does not end"), "{e}");
+        // Every cut at a block before the end's first block of zeros:
+        // refused.
+        for cut in (512..one.len() - 1024).step_by(512) {
+            assert!(read_tar(&one[..cut]).is_err(), "cut at {cut}");
+        }
+        assert!(read_tar(&one[..one.len() - 512]).is_ok());
     }
 
     #[test]

@@ -76,7 +76,7 @@ pub fn verify_set(src: &dyn Source, root: Option<&str>) -> Report {
 
 /// The chain's records as `(seq, kind)` and their bodies, read back.
 struct Bodies<'a> {
-    src: &'a dyn Source,
+    reader: chain::BodyReader<'a>,
     kinds: Vec<String>,
 }
 
@@ -88,11 +88,11 @@ impl Bodies<'_> {
             return Ok(None);
         };
         let seq = seq as u64;
-        let name = chain::body_name(seq, kind);
+        let name = self.reader.file(seq, kind);
         let bytes = self
-            .src
-            .read(&name)
-            .map_err(|e| Box::new(bad(&name, Some(seq), Some(kind), e.to_string())))?;
+            .reader
+            .get(seq, kind)
+            .map_err(|why| Box::new(bad(&name, Some(seq), Some(kind), why)))?;
         serde_json::from_slice(&bytes).map(Some).map_err(|e| {
             Box::new(bad(
                 name,
@@ -105,6 +105,12 @@ impl Bodies<'_> {
 
     fn seq(&self, kind: &str) -> Option<u64> {
         self.kinds.iter().position(|k| k == kind).map(|s| s as u64)
+    }
+
+    /// The file that holds the first body of `kind` (its first record's
+    /// when there is none).
+    fn file(&self, kind: &str) -> String {
+        self.reader.file(self.seq(kind).unwrap_or_default(), kind)
     }
 }
 
@@ -170,7 +176,8 @@ fn check(src: &dyn Source, root: Option<&str>, r: &mut Report) -> Result<(), Box
     r.root = Some(v.root.clone());
     r.records = v.kinds.clone();
     let bodies = Bodies {
-        src,
+        reader: chain::BodyReader::new(src)
+            .map_err(|e| Box::new(bad(chain::BODIES, None, None, e.to_string())))?,
         kinds: v.kinds.clone(),
     };
     let begin: BeginBody = bodies
@@ -246,7 +253,7 @@ fn check(src: &dyn Source, root: Option<&str>, r: &mut Report) -> Result<(), Box
         .ok_or_else(|| missing("capture_b"))?;
     let verdict: VerdictBody = bodies.get("verdict")?.ok_or_else(|| missing("verdict"))?;
     let vseq = bodies.seq("verdict");
-    let vname = chain::body_name(vseq.unwrap_or_default(), "verdict");
+    let vname = bodies.file("verdict");
     let wrong = |why: String| Box::new(bad(&vname, vseq, Some("verdict"), why));
     let lost = history.counters.lost > 0 || history.counters.received < history.counters.emitted;
     let (checks, declared_overall, overall) = follows(
@@ -269,7 +276,7 @@ fn check(src: &dyn Source, root: Option<&str>, r: &mut Report) -> Result<(), Box
     let recovery = match &begin.recovery {
         None if begin.protocol >= 3 => {
             return Err(Box::new(bad(
-                chain::body_name(0, "begin"),
+                bodies.file("begin"),
                 Some(0),
                 Some("begin"),
                 format!("protocol {} without its recovery", begin.protocol),
@@ -307,7 +314,7 @@ fn check_recovery(
     }
     let rec: RecoverBody = bodies.get("recover")?.ok_or_else(|| missing("recover"))?;
     let rseq = bodies.seq("recover");
-    let rname = chain::body_name(rseq.unwrap_or_default(), "recover");
+    let rname = bodies.file("recover");
     if rec.checkpoint_id != plan.checkpoint_id {
         return Err(Box::new(bad(
             &rname,
@@ -334,7 +341,7 @@ fn check_recovery(
         .get("recovery_verdict")?
         .ok_or_else(|| missing("recovery_verdict"))?;
     let seq = bodies.seq("recovery_verdict");
-    let name = chain::body_name(seq.unwrap_or_default(), "recovery_verdict");
+    let name = bodies.file("recovery_verdict");
     let wrong = |why: String| Box::new(bad(&name, seq, Some("recovery_verdict"), why));
     let (b_to_c, b_declared, _) = follows(
         &begin.scope,
@@ -915,47 +922,31 @@ mod tests {
 
     #[test]
     fn a_flipped_byte_in_each_kind_of_file_is_named() {
-        let cases: &[(&str, &str, Option<u64>)] = &[
-            ("chain.jsonl", "chain.jsonl", Some(0)),
-            (
-                "bodies/000000-begin.json",
-                "bodies/000000-begin.json",
-                Some(0),
-            ),
-            (
-                "bodies/000001-capture_a.json",
-                "bodies/000001-capture_a.json",
-                Some(1),
-            ),
-            (
-                "bodies/000002-history.json",
-                "bodies/000002-history.json",
-                Some(2),
-            ),
-            (
-                "bodies/000003-capture_b.json",
-                "bodies/000003-capture_b.json",
-                Some(3),
-            ),
-            (
-                "bodies/000004-verdict.json",
-                "bodies/000004-verdict.json",
-                Some(4),
-            ),
-            (
-                "bodies/000005-close.json",
-                "bodies/000005-close.json",
-                Some(5),
-            ),
-            ("history.json", "history.json", None),
-            ("processes.json", "processes.json", None),
-            ("effects.json", "effects.json", None),
+        let mut cases: Vec<(&str, usize, Option<u64>)> = vec![
+            ("chain.jsonl", 20, Some(0)),
+            ("history.json", 20, None),
+            ("processes.json", 20, None),
+            ("effects.json", 20, None),
         ];
-        for (file, named, seq) in cases {
+        // Each body, a line of one file: a byte 20 into its line.
+        let (_d, dir, _root) = set();
+        let bodies = std::fs::read_to_string(dir.join(chain::BODIES)).unwrap();
+        let mut at = 0;
+        for (seq, line) in bodies.lines().enumerate() {
+            assert!(line.len() > 22, "{line}");
+            cases.push((chain::BODIES, at + 20, Some(seq as u64)));
+            at += line.len() + 1;
+        }
+        assert_eq!(cases.len(), 10, "six bodies");
+        for (file, at, seq) in cases {
             let (_d, dir, root) = set();
-            flip(&dir.join(file), 20);
+            flip(&dir.join(file), at);
             let b = first_bad(&dir, Some(&root));
-            assert_eq!((b.file.as_str(), b.seq), (*named, *seq), "{file}: {b:?}");
+            assert_eq!(
+                (b.file.as_str(), b.seq),
+                (file, seq),
+                "{file} at {at}: {b:?}"
+            );
         }
     }
 
@@ -1005,14 +996,14 @@ mod tests {
     /// to match; the new root.
     fn forge(dir: &Path, kind: &str, edit: &dyn Fn(&mut serde_json::Value)) -> String {
         let l = lines(dir);
+        let bodies = std::fs::read_to_string(dir.join(chain::BODIES)).unwrap();
         let mut out = Vec::new();
+        let mut out_bodies = Vec::new();
         let mut prev = chain::GENESIS.to_string();
         let mut verdict = serde_json::Value::Null;
-        for (i, line) in l.iter().enumerate() {
+        for (line, body) in l.iter().zip(bodies.lines()) {
             let mut rec: chain::Record = serde_json::from_str(line).unwrap();
-            let bp = dir.join(chain::body_name(i as u64, &rec.kind));
-            let mut body: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(&bp).unwrap()).unwrap();
+            let mut body: serde_json::Value = serde_json::from_str(body).unwrap();
             if rec.kind == kind {
                 edit(&mut body);
             }
@@ -1020,7 +1011,7 @@ mod tests {
                 verdict = body.clone();
             }
             let bytes = chain::canonical(&body).unwrap();
-            std::fs::write(&bp, &bytes).unwrap();
+            out_bodies.push(String::from_utf8(bytes.clone()).unwrap());
             rec.prev = prev.clone();
             rec.body_sha256 = chain::sha256_hex(&bytes);
             let lb = chain::canonical(&rec).unwrap();
@@ -1028,6 +1019,7 @@ mod tests {
             out.push(String::from_utf8(lb).unwrap());
         }
         std::fs::write(dir.join(chain::RECORDS), out.join("\n") + "\n").unwrap();
+        std::fs::write(dir.join(chain::BODIES), out_bodies.join("\n") + "\n").unwrap();
         let ep = dir.join(EFFECTS_FILE);
         let mut e: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&ep).unwrap()).unwrap();
@@ -1063,11 +1055,7 @@ mod tests {
         });
         assert_ne!(new_root, root);
         let b = first_bad(&dir, None);
-        assert_eq!(
-            (b.file.as_str(), b.seq),
-            ("bodies/000004-verdict.json", Some(4)),
-            "{b:?}"
-        );
+        assert_eq!((b.file.as_str(), b.seq), (chain::BODIES, Some(4)), "{b:?}");
         assert!(b.why.contains("captures differ"), "{b:?}");
         // A forger who also rewrites the captures: the kept root.
         let b = first_bad(&dir, Some(&root));

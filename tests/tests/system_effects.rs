@@ -1716,23 +1716,34 @@ fn the_verifier_names_the_first_bad_file_and_an_export_verifies_the_same_on_the_
 
     // Tampering in the store, each undone after it is checked.
     let set = d.daemon.root.join("state/effects/a/s").join(&run);
-    let bodies: Vec<String> = std::fs::read_dir(set.join("bodies"))
-        .unwrap()
-        .map(|e| format!("bodies/{}", e.unwrap().file_name().to_string_lossy()))
-        .collect();
-    assert_eq!(bodies.len(), 6, "{bodies:?}");
-    let mut files: Vec<String> = vec![
-        "chain.jsonl".into(),
-        "history.json".into(),
-        "processes.json".into(),
-        "effects.json".into(),
-    ];
-    files.extend(bodies);
-    for f in &files {
+    // Each file, a byte in its middle; each body (a line of
+    // bodies.jsonl), a byte in the middle of its line.
+    let mut files: Vec<(String, usize)> = [
+        "chain.jsonl",
+        "history.json",
+        "processes.json",
+        "effects.json",
+    ]
+    .iter()
+    .map(|f| {
+        (
+            f.to_string(),
+            std::fs::metadata(set.join(f)).unwrap().len() as usize / 2,
+        )
+    })
+    .collect();
+    let bodies = std::fs::read_to_string(set.join("bodies.jsonl")).unwrap();
+    let mut at = 0;
+    for line in bodies.lines() {
+        files.push(("bodies.jsonl".into(), at + line.len() / 2));
+        at += line.len() + 1;
+    }
+    assert_eq!(files.len(), 4 + 6, "six bodies: {bodies}");
+    for (f, i) in &files {
+        let (f, i) = (f.as_str(), *i);
         let p = set.join(f);
         let keep = std::fs::read(&p).unwrap();
         let mut b = keep.clone();
-        let i = b.len() / 2;
         b[i] ^= 0x01;
         std::fs::write(&p, &b).unwrap();
         let v = verified(&d, "a", "s", &run, Some(&root));

@@ -1967,17 +1967,20 @@ fn guest_system_effects_observe_runs_with_the_bpf_lsm_in_the_vm() {
         .unwrap()
         .unwrap()
         .path();
-    let verdict_body = set.join("bodies/000004-verdict.json");
-    let mut b = std::fs::read(&verdict_body).unwrap();
-    let i = b.len() / 2;
+    // The verdict's body, line 4 of bodies.jsonl: a byte in its middle.
+    let bodies = set.join("bodies.jsonl");
+    let mut b = std::fs::read(&bodies).unwrap();
+    let text = String::from_utf8(b.clone()).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let i = lines[..4].iter().map(|l| l.len() + 1).sum::<usize>() + lines[4].len() / 2;
     b[i] ^= 1;
-    std::fs::write(&verdict_body, &b).unwrap();
+    std::fs::write(&bodies, &b).unwrap();
     let (code, report) = host_verify(&["--root", &root], &set);
     assert_eq!(code, Some(1), "{report}");
     let r: allox_protocol::effects_report::Report = serde_json::from_str(&report).unwrap();
     assert_eq!(
         r.first_bad.as_ref().map(|b| (b.file.as_str(), b.seq)),
-        Some(("bodies/000004-verdict.json", Some(4))),
+        Some(("bodies.jsonl", Some(4))),
         "{report}"
     );
 

@@ -171,8 +171,11 @@ pub struct Chain {
     /// Files written beside the chain, not synced yet.
     unsynced: Vec<(PathBuf, std::fs::File)>,
     /// Whether the directory itself is to be synced (its first record, a
-    /// file written beside the chain).
+    /// file made beside the chain).
     dir_unsynced: bool,
+    /// Files made (empty) with the chain, whose names are durable with its
+    /// first sync: writing one later needs no sync of the directory.
+    made: Vec<String>,
     /// A sync started by [`Chain::sync_behind`], to be waited for.
     behind: Option<std::thread::JoinHandle<Result<(), ChainError>>>,
 }
@@ -181,6 +184,13 @@ impl Chain {
     /// Starts a chain in `dir` (made if missing, 0700); refused if it has
     /// records already.
     pub fn create(dir: &Path) -> Result<Chain, ChainError> {
+        Chain::create_with(dir, &[])
+    }
+
+    /// [`create`](Chain::create), and makes the files `beside` empty at
+    /// once, to be written by [`write_beside`](Chain::write_beside) later
+    /// (an empty one was never written).
+    pub fn create_with(dir: &Path, beside: &[&str]) -> Result<Chain, ChainError> {
         use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -201,6 +211,9 @@ impl Chain {
         };
         let records = open(RECORDS)?;
         let bodies = open(BODIES)?;
+        for name in beside {
+            open(name)?;
+        }
         Ok(Chain {
             dir: dir.to_path_buf(),
             records,
@@ -211,6 +224,7 @@ impl Chain {
             broken: false,
             unsynced: Vec::new(),
             dir_unsynced: true,
+            made: beside.iter().map(|n| n.to_string()).collect(),
             behind: None,
         })
     }
@@ -312,7 +326,8 @@ impl Chain {
     }
 
     /// Writes `bytes` as the file `name` beside the chain (a file a record
-    /// holds the hash of), made durable with the records.
+    /// holds the hash of), made durable with the records (the directory
+    /// too, unless the file was made with the chain).
     pub fn write_beside(&mut self, name: &str, bytes: &[u8]) -> Result<(), ChainError> {
         use std::os::unix::fs::OpenOptionsExt;
         let path = self.dir.join(name);
@@ -325,7 +340,9 @@ impl Chain {
             .map_err(|e| io("create", &path, e))?;
         f.write_all(bytes).map_err(|e| io("write", &path, e))?;
         self.unsynced.push((path, f));
-        self.dir_unsynced = true;
+        if !self.made.iter().any(|m| m == name) {
+            self.dir_unsynced = true;
+        }
         Ok(())
     }
 
@@ -906,6 +923,29 @@ mod tests {
                 && e.to_string().contains("no body of record 2 (close)"),
             "{e}"
         );
+    }
+
+    /// Files made with the chain: their names durable with its first
+    /// sync, so writing one later leaves the directory alone; another
+    /// file beside it does not.
+    #[test]
+    fn a_file_made_with_the_chain_needs_no_sync_of_the_directory() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("run");
+        let mut c = Chain::create_with(&dir, &["effects.json"]).unwrap();
+        assert_eq!(std::fs::read(dir.join("effects.json")).unwrap(), b"");
+        c.append("begin", &1).unwrap();
+        assert!(!c.dir_unsynced);
+        c.write_beside("effects.json", b"{}").unwrap();
+        assert!(!c.dir_unsynced, "made with the chain");
+        c.write_beside("history.json", b"[]").unwrap();
+        assert!(c.dir_unsynced, "a new name");
+        c.sync().unwrap();
+        assert_eq!(std::fs::read(dir.join("effects.json")).unwrap(), b"{}");
+        assert!(matches!(
+            Chain::create_with(&dir, &["effects.json"]).unwrap_err(),
+            ChainError::Exists(_)
+        ));
     }
 
     /// A set written before `bodies.jsonl`, a body per file, still reads.

@@ -569,6 +569,14 @@ fn check_answer(
     let bytes = src
         .read(f)
         .map_err(|e| Box::new(bad(f, None, None, format!("cannot be read: {e}"))))?;
+    if bytes.is_empty() {
+        return Err(Box::new(bad(
+            f,
+            None,
+            None,
+            "is empty: the run's answer was never kept".into(),
+        )));
+    }
     let e: RunEffects = serde_json::from_slice(&bytes)
         .map_err(|e| Box::new(bad(f, None, None, format!("not the run's effects: {e}"))))?;
     let wrong = |why: String| Err(Box::new(bad(f, None, None, why)));
@@ -948,6 +956,17 @@ mod tests {
                 "{file} at {at}: {b:?}"
             );
         }
+    }
+
+    /// `effects.json` is made empty with the chain: a set whose answer
+    /// was never written is named for it.
+    #[test]
+    fn an_answer_never_written_is_named() {
+        let (_d, dir, root) = set();
+        std::fs::write(dir.join(EFFECTS_FILE), b"").unwrap();
+        let b = first_bad(&dir, Some(&root));
+        assert_eq!(b.file, EFFECTS_FILE, "{b:?}");
+        assert!(b.why.contains("never kept"), "{b:?}");
     }
 
     fn lines(dir: &Path) -> Vec<String> {

@@ -27,7 +27,9 @@ use std::sync::{Arc, Mutex};
 use wire::{Begin, End, FromObserver, ToObserver};
 pub use wire::{Recovered, RecoveryPlan};
 
-/// The file beside the chain with the run's effects as answered.
+/// The file beside the chain with the run's effects as answered. It and
+/// the two files below are made empty with the chain: empty, it was
+/// never written (the run is still going, or was cut off).
 pub const EFFECTS_FILE: &str = "effects.json";
 /// The file beside the chain with the run's history records.
 pub const HISTORY_FILE: &str = "history.json";
@@ -211,7 +213,10 @@ fn observe_one(
     begin: &Begin,
     programs: Result<history::Loaded, String>,
 ) -> Result<history::Loaded, String> {
-    let mut chain = match Chain::create(&begin.evidence) {
+    // The files beside the chain made with it, empty: their names are
+    // durable with A's records, so that B's need no sync of the directory.
+    let beside = [HISTORY_FILE, PROCESSES_FILE, EFFECTS_FILE];
+    let mut chain = match Chain::create_with(&begin.evidence, &beside) {
         Ok(c) => c,
         Err(e) => {
             let why = e.to_string();
@@ -484,8 +489,8 @@ impl Observation {
         // B's captures start at once (the snapshots' commit is most of
         // them); the history, all there is now, is written beside them
         // (the files beside the chain, which holds their hashes, and its
-        // record) and its sync started, so that what is left to sync after
-        // B is B's own records.
+        // record), made durable with B's records after `Closed` (a sync
+        // beside the snapshots' commit waits for it, and slows it).
         let ((snaps_b, mut captures_b, took), written) = std::thread::scope(|s| {
             let b = s.spawn(|| capture_all(begin, "b", &records));
             let t = std::time::Instant::now();
@@ -926,7 +931,8 @@ pub fn fenced(
 }
 
 /// Writes the history beside the chain (`history.json`, `processes.json`)
-/// and its record, which holds their hashes, and starts their sync.
+/// and its record, which holds their hashes (made durable with the next
+/// sync).
 fn write_history(
     chain: &mut Chain,
     records: &[HistoryRecord],
@@ -952,7 +958,7 @@ fn write_history(
             }),
         )
         .map_err(|e| e.to_string())?;
-    chain.sync_behind().map_err(|e| e.to_string())
+    Ok(())
 }
 
 /// Capture `which` (`a` or `b`): the workspace snapshots and each scoped

@@ -1263,11 +1263,9 @@ impl Plugin for SystemEffects {
                 o.finish(Duration::from_secs(5));
             }
         }
-        if !evidence
-            .join(allox_effects::observer::EFFECTS_FILE)
-            .exists()
-            || effects.fenced
-        {
+        let kept = std::fs::metadata(evidence.join(allox_effects::observer::EFFECTS_FILE))
+            .is_ok_and(|m| m.len() > 0);
+        if !kept || effects.fenced {
             // The answer is what is kept, whoever made it.
             let _ = fences::write_durably(
                 &evidence.join(allox_effects::observer::EFFECTS_FILE),
@@ -1387,16 +1385,23 @@ impl Plugin for SystemEffects {
 
 fn read_effects(dir: &Path) -> Result<RunEffects, PluginError> {
     let p = dir.join(allox_effects::observer::EFFECTS_FILE);
-    let bytes = std::fs::read(&p).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => answered(
+    let none = || {
+        answered(
             ErrorCode::NotFound,
             format!(
                 "no effects at {} (not an observed run, or still going)",
                 dir.display()
             ),
-        ),
+        )
+    };
+    // Made empty with the chain: written once the run is answered.
+    let bytes = std::fs::read(&p).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => none(),
         _ => answered(ErrorCode::Internal, format!("read {}: {e}", p.display())),
     })?;
+    if bytes.is_empty() {
+        return Err(none());
+    }
     serde_json::from_slice(&bytes)
         .map_err(|e| answered(ErrorCode::Internal, format!("read {}: {e}", p.display())))
 }

@@ -168,6 +168,37 @@ impl Drop for BtrfsFs {
     }
 }
 
+/// How many subvolumes of the Btrfs filesystem holding `path` are
+/// deleted but not yet dropped (`btrfs subvolume list -d`).
+pub fn deleted_subvolumes(path: &Path) -> usize {
+    let out = Command::new("btrfs")
+        .args(["subvolume", "list", "-d"])
+        .arg(path)
+        .output()
+        .expect("run btrfs subvolume list");
+    assert!(
+        out.status.success(),
+        "btrfs subvolume list -d {}: {out:?}",
+        path.display()
+    );
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+/// Waits up to `limit` for every deleted subvolume of the filesystem
+/// holding `path` to be dropped; whether they were.
+pub fn deleted_subvolumes_dropped(path: &Path, limit: Duration) -> bool {
+    let t = std::time::Instant::now();
+    loop {
+        if deleted_subvolumes(path) == 0 {
+            return true;
+        }
+        if t.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Where tests keep what a person may want to look at afterwards
 /// (`target/test-artifacts/`), made if needed.
 pub fn artifacts_dir() -> PathBuf {

@@ -1,6 +1,8 @@
 //! The workspace store on a real Btrfs filesystem, through the library.
 
-use allox_integration::{populate, require, tree_digest, BtrfsFs};
+use allox_integration::{
+    deleted_subvolumes, deleted_subvolumes_dropped, populate, require, tree_digest, BtrfsFs,
+};
 use allox_protocol::{CheckpointCreate, ErrorCode, Origin, SessionRollback};
 use allox_store::btrfs;
 use allox_store::failpoint::Failpoints;
@@ -623,4 +625,52 @@ fn the_state_sweep_leaves_the_agents_trees_kept_as_evidence() {
     assert_eq!(mode(&run), 0o700);
     assert_eq!(mode(&tree), 0o755, "the agent's tree keeps its mode");
     assert_eq!(mode(&tree.join("notes.txt")), 0o644);
+}
+
+/// A deleted snapshot stays on the filesystem until Btrfs's cleaner drops
+/// it, which a commit of the transaction thread wakes (every 30 s by
+/// default, or at once when `BTRFS_IOC_START_SYNC` starts one, as
+/// `start_commit` and `commit` do), and meanwhile slows every new snapshot
+/// of the tree it shared blocks with. A commit by `syncfs` leaves it; one
+/// started after the deletion drops it within seconds.
+#[test]
+fn a_started_commit_drops_a_deleted_snapshot_and_a_plain_commit_does_not() {
+    let name = "store::a_started_commit_drops_a_deleted_snapshot";
+    if !require(name) {
+        return;
+    }
+    let fs = BtrfsFs::new(512).expect("make btrfs");
+    let ws = fs.path().join("ws");
+    btrfs::create_subvolume(&ws).unwrap();
+    for i in 0..2000 {
+        std::fs::write(ws.join(format!("f{i}")), format!("{i}")).unwrap();
+    }
+    let snaps = [fs.path().join("one"), fs.path().join("two")];
+    for s in &snaps {
+        btrfs::snapshot(&ws, s, true).unwrap();
+    }
+    btrfs::commit(fs.path()).unwrap();
+    assert_eq!(deleted_subvolumes(fs.path()), 0);
+    // The control: deleted, and committed by `syncfs`, it is still there
+    // (unless the transaction thread's own commit fell in between, once
+    // in 30 s).
+    btrfs::delete_subvolume(&snaps[0]).unwrap();
+    let synced = std::process::Command::new("sync")
+        .arg("-f")
+        .arg(fs.path())
+        .status()
+        .unwrap();
+    assert!(synced.success());
+    assert_eq!(
+        deleted_subvolumes(fs.path()),
+        1,
+        "a deleted snapshot was dropped without a commit of the transaction thread"
+    );
+    btrfs::delete_subvolume(&snaps[1]).unwrap();
+    btrfs::start_commit(fs.path()).unwrap();
+    assert!(
+        deleted_subvolumes_dropped(fs.path(), std::time::Duration::from_secs(10)),
+        "deleted snapshots are still on the filesystem 10 s after a started commit: {}",
+        deleted_subvolumes(fs.path())
+    );
 }

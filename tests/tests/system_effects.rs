@@ -246,8 +246,16 @@ fn the_seed_command_changes_the_workspace_only_and_true_changes_nothing() {
                 .is_some_and(|m| m.contains(&e.evidence_root))),
         "{audit:#?}"
     );
-    // The snapshots are gone once the evidence is closed.
+    // The snapshots are gone once the evidence is closed, and dropped
+    // from the filesystem soon after (left deleted, they slow every later
+    // snapshot of the workspace; store::a_started_commit_drops_… is the
+    // control).
     assert!(!dir.join("a-workspace").exists() && !dir.join("b-workspace").exists());
+    assert!(
+        allox_integration::deleted_subvolumes_dropped(&dir, std::time::Duration::from_secs(10)),
+        "the runs' deleted snapshots are still on the filesystem after 10 s: {}",
+        allox_integration::deleted_subvolumes(&dir)
+    );
 }
 
 /// Where run `e`'s evidence is, and its chain's record kinds (the chain

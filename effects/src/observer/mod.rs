@@ -269,8 +269,7 @@ fn observe_one(
     match obs.finish(begin, &end, &mut chain, sock) {
         Ok(effects) => {
             // Answered first, while the last records are written back (the
-            // supervisor verifies the set meanwhile); then durable; the
-            // snapshots go before the next `Begin` is read.
+            // supervisor verifies the set meanwhile); then durable.
             let sent = wire::send(sock, &FromObserver::Closed(Box::new(effects)));
             let durable = match chain.sync() {
                 Ok(()) => FromObserver::Durable {
@@ -281,6 +280,12 @@ fn observe_one(
                     head: chain.head().to_string(),
                 },
             };
+            // Deleted after the sync (a subvolume deleted from the set's
+            // directory makes Btrfs commit the whole transaction for a
+            // sync of a file in it) and before `Durable`, after which the
+            // supervisor starts the commit that has Btrfs drop them.
+            let mut obs = obs;
+            obs.remove_snapshots();
             let sent = sent.and_then(|()| wire::send(sock, &durable));
             let loaded = obs.cleanup();
             sent.map_err(|e| format!("answer Closed: {e}"))?;
@@ -322,6 +327,8 @@ struct Observation {
     drain: Option<std::thread::JoinHandle<()>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
     snaps_a: files::Snapshots,
+    /// Whether the snapshots were deleted.
+    snapshots_removed: bool,
     snaps_b: Option<files::Snapshots>,
     /// Protocol v3: the workspace after its restore.
     snaps_c: Option<files::Snapshots>,
@@ -444,6 +451,7 @@ impl Observation {
             drain: Some(drain),
             stop,
             snaps_a,
+            snapshots_removed: false,
             snaps_b: None,
             snaps_c: None,
             captures_a,
@@ -628,16 +636,24 @@ impl Observation {
 
     /// Deletes the snapshots and stops the reader; the history's
     /// programs come back for the next run when they can be used again.
+    /// Deletes the run's snapshots (once).
+    fn remove_snapshots(&mut self) {
+        if std::mem::replace(&mut self.snapshots_removed, true) {
+            return;
+        }
+        self.snaps_a.remove();
+        for s in [&self.snaps_b, &self.snaps_c].into_iter().flatten() {
+            s.remove();
+        }
+    }
+
     fn cleanup(mut self) -> Option<history::Loaded> {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         if let Some(t) = self.drain.take() {
             t.thread().unpark();
             let _ = t.join();
         }
-        self.snaps_a.remove();
-        for s in [&self.snaps_b, &self.snaps_c].into_iter().flatten() {
-            s.remove();
-        }
+        self.remove_snapshots();
         self.history
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -10,9 +10,9 @@
 //! The observer is the only writer. Every record is durable (its body and
 //! its line written and synced, the directory synced once its files are
 //! new) before [`Chain::append`] returns, so a root that was answered is on
-//! disk. [`Chain::append_later`]
-//! writes a record whose durability comes with the next `append`: one sync
-//! of each file for several records written together. [`Chain::sync_behind`]
+//! disk. [`Chain::append_later`] writes a record whose durability comes
+//! with the next `append`: one sync of each file for several records
+//! written together. [`Chain::sync_behind`]
 //! starts that sync on a thread (the next sync waits for it), and
 //! [`Chain::write_beside`] writes a file beside the chain (one a record
 //! holds the hash of) that is synced with the records.

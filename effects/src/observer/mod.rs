@@ -280,11 +280,10 @@ fn observe_one(
                     head: chain.head().to_string(),
                 },
             };
-            // Deleted after the sync (a subvolume deleted from the set's
-            // directory makes Btrfs commit the whole transaction for a
-            // sync of a file in it) and before `Durable`, after which the
+            // The snapshots go after the sync (Btrfs may commit the whole
+            // transaction for a sync in a directory a subvolume was just
+            // deleted from) and before `Durable`, after which the
             // supervisor starts the commit that has Btrfs drop them.
-            let mut obs = obs;
             obs.remove_snapshots();
             let sent = sent.and_then(|()| wire::send(sock, &durable));
             let loaded = obs.cleanup();
@@ -634,8 +633,6 @@ impl Observation {
         Ok(effects)
     }
 
-    /// Deletes the snapshots and stops the reader; the history's
-    /// programs come back for the next run when they can be used again.
     /// Deletes the run's snapshots (once).
     fn remove_snapshots(&mut self) {
         if std::mem::replace(&mut self.snapshots_removed, true) {
@@ -647,6 +644,8 @@ impl Observation {
         }
     }
 
+    /// Deletes the snapshots and stops the reader; the history's
+    /// programs come back for the next run when they can be used again.
     fn cleanup(mut self) -> Option<history::Loaded> {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         if let Some(t) = self.drain.take() {

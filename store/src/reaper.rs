@@ -28,8 +28,15 @@ impl Reaper {
                     // The journal entry closes only once the removal (and so
                     // the rename that put the tree here) is on disk: until
                     // then recovery can still redo the rename.
+                    let parent = path.parent().unwrap_or(std::path::Path::new("/"));
                     let durable = btrfs::remove_tree(&path).and_then(|()| {
-                        let parent = path.parent().unwrap_or(std::path::Path::new("/"));
+                        // A commit started now (not waited for) has Btrfs
+                        // drop the deleted subvolumes soon after: left to
+                        // its periodic commit, each slows every later
+                        // snapshot of the trees it shared blocks with.
+                        if let Err(e) = btrfs::start_commit(parent) {
+                            tracing::debug!(error = %e, "cannot start a commit");
+                        }
                         btrfs::sync_dir(parent)
                     });
                     match durable {

@@ -674,3 +674,30 @@ fn a_started_commit_drops_a_deleted_snapshot_and_a_plain_commit_does_not() {
         deleted_subvolumes(fs.path())
     );
 }
+
+/// What a rollback replaces and a deleted checkpoint leave is dropped
+/// from the filesystem soon, not at Btrfs's periodic commit: left there,
+/// each deleted subvolume slows every later snapshot of the session's
+/// workspace (docs/benchmarks.md, "Rollback and checkpoint deletion:
+/// deleted trees dropped at once").
+/// The control is the test above: a deletion committed by `syncfs` alone
+/// stays.
+#[test]
+fn what_a_rollback_and_a_checkpoint_deletion_leave_is_dropped_soon() {
+    let Some((fs, st)) = setup("store::what_a_rollback_and_a_checkpoint_deletion_leave") else {
+        return;
+    };
+    st.agent_create("a").unwrap();
+    let info = st.session_create("a", "s").unwrap();
+    populate(Path::new(&info.current), 500).unwrap();
+    st.checkpoint_create(&ck("a", "s", "base")).unwrap();
+    st.checkpoint_create(&ck("a", "s", "later")).unwrap();
+    st.rollback(&rb("a", "s", "base")).unwrap();
+    st.checkpoint_delete("a", "s", "later").unwrap();
+    st.wait_idle();
+    assert!(
+        deleted_subvolumes_dropped(fs.path(), std::time::Duration::from_secs(10)),
+        "deleted subvolumes still on the filesystem 10 s after a rollback and a checkpoint deletion: {}",
+        deleted_subvolumes(fs.path())
+    );
+}

@@ -552,10 +552,18 @@ pub fn verify(dir: &Path, root: Option<&str>) -> Result<Verified, VerifyError> {
 
 /// [`verify`], reading the set from `src`.
 pub fn verify_in(src: &dyn Source, root: Option<&str>) -> Result<Verified, VerifyError> {
+    verify_with(src, &BodyReader::new(src)?, root)
+}
+
+/// [`verify_in`], with the set's bodies already read.
+pub fn verify_with(
+    src: &dyn Source,
+    bodies: &BodyReader<'_>,
+    root: Option<&str>,
+) -> Result<Verified, VerifyError> {
     let text = src
         .read(RECORDS)
         .map_err(|e| VerifyError::Read(RECORDS.to_string(), e.to_string()))?;
-    let bodies = BodyReader::new(src)?;
     let mut head = GENESIS.to_string();
     let mut kinds = Vec::new();
     let mut ended = None;

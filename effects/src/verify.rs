@@ -157,7 +157,7 @@ struct VerdictBody {
 }
 
 fn check(src: &dyn Source, root: Option<&str>, r: &mut Report) -> Result<(), Box<Bad>> {
-    let v = chain::verify_in(src, root).map_err(|e| {
+    let chain_bad = |e: VerifyError| {
         Box::new(match e {
             VerifyError::Read(f, why) => bad(f, None, None, format!("cannot be read: {why}")),
             VerifyError::Record { seq, file, why } => bad(file, Some(seq), None, why),
@@ -172,12 +172,14 @@ fn check(src: &dyn Source, root: Option<&str>, r: &mut Report) -> Result<(), Box
                 bad(chain::RECORDS, None, None, format!("the chain ends at root {found}, not at the kept root {expected}: records were made again"))
             }
         })
-    })?;
+    };
+    // The bodies read once, for the chain's check and for what follows.
+    let reader = chain::BodyReader::new(src).map_err(chain_bad)?;
+    let v = chain::verify_with(src, &reader, root).map_err(chain_bad)?;
     r.root = Some(v.root.clone());
     r.records = v.kinds.clone();
     let bodies = Bodies {
-        reader: chain::BodyReader::new(src)
-            .map_err(|e| Box::new(bad(chain::BODIES, None, None, e.to_string())))?,
+        reader,
         kinds: v.kinds.clone(),
     };
     let begin: BeginBody = bodies

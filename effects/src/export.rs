@@ -120,7 +120,7 @@ pub fn read_tar(r: impl Read) -> Result<MemorySet, String> {
     let mut total = 0u64;
     let mut a = tar::Archive::new(Counted { r, n: 0 });
     let entries = a.entries().map_err(|e| format!("not a tar archive: {e}"))?;
-    // Where the last entry's data ends, in 512-byte blocks.
+    // Where the last entry's data ends, in bytes, padded to its block.
     let mut last_end = None;
     for e in entries {
         let mut e = e.map_err(|e| format!("a broken entry: {e}"))?;

@@ -824,9 +824,15 @@ pub fn sync_dir(dir: &Path) -> Result<(), BtrfsError> {
 /// and callers that arrive together share one commit.
 pub fn commit(path: &Path) -> Result<(), BtrfsError> {
     let fd = open_dir(path)?;
-    let mut transid: u64 = 0;
-    ioctl(&fd, IOC_START_SYNC, &mut transid).map_err(|e| io_err("commit", path, e))?;
+    let mut transid = start_sync(&fd, path)?;
     ioctl(&fd, IOC_WAIT_SYNC, &mut transid).map_err(|e| io_err("wait for commit of", path, e))
+}
+
+/// `BTRFS_IOC_START_SYNC` on `fd`: the transaction it started.
+fn start_sync(fd: &OwnedFd, path: &Path) -> Result<u64, BtrfsError> {
+    let mut transid: u64 = 0;
+    ioctl(fd, IOC_START_SYNC, &mut transid).map_err(|e| io_err("commit", path, e))?;
+    Ok(transid)
 }
 
 /// Starts a commit of the filesystem's running transaction and returns at
@@ -836,9 +842,7 @@ pub fn commit(path: &Path) -> Result<(), BtrfsError> {
 /// of a tree it shared blocks with. A commit started here wakes that
 /// thread, so subvolumes deleted just before are dropped soon after.
 pub fn start_commit(path: &Path) -> Result<(), BtrfsError> {
-    let fd = open_dir(path)?;
-    let mut transid: u64 = 0;
-    ioctl(&fd, IOC_START_SYNC, &mut transid).map_err(|e| io_err("commit", path, e))
+    start_sync(&open_dir(path)?, path).map(drop)
 }
 
 /// Whether the subvolume whose root directory `dir` is open on is

@@ -25,7 +25,9 @@ use std::sync::{Condvar, Mutex};
 /// entry ending in `*` is a prefix. Found by capturing twice, seconds
 /// apart, on an idle machine and during a workspace build: the ones that
 /// moved are the first five; the rest are counters of the same kind
-/// (current counts, not settings).
+/// (current counts, not settings), and `vm.stat_refresh`, a trigger that
+/// reads empty (reading it has every CPU fold its counters: a tenth of a
+/// millisecond, the slowest file here).
 pub const VOLATILE: &[&str] = &[
     "fs.dentry-state",
     "fs.inode-nr",
@@ -41,14 +43,16 @@ pub const VOLATILE: &[&str] = &[
     "net.netfilter.nf_conntrack_count",
     "net.netfilter.nf_conntrack_expect_count",
     "user.*_used",
+    "vm.stat_refresh",
 ];
 
 /// Root of the tree read; a seam for tests.
 const PROC_SYS: &str = "/proc/sys";
 
 /// Captures `/proc/sys` (all of it, or `net.*` of the network namespace
-/// `netns`), skipping the keys `volatile` matches. The files' descriptors
-/// are kept for the next capture of the same namespace ([`KEPT`]).
+/// `netns`), skipping the keys `volatile` matches. The files' and
+/// directories' descriptors are kept for the next capture of the same
+/// namespace ([`KEPT`]).
 pub fn capture(netns: Option<BorrowedFd>, volatile: &[&str]) -> Capture {
     let space = match netns {
         None => std::fs::metadata("/proc/self/ns/net")
@@ -66,7 +70,7 @@ pub fn capture(netns: Option<BorrowedFd>, volatile: &[&str]) -> Capture {
             .is_some_and(|n| n >= KEEP_WITH_NOFILE)
     });
     let keep = space.is_some();
-    let mut files = space.map(take_kept).unwrap_or_default();
+    let mut files = space.map(|s| take_kept(s, volatile)).unwrap_or_default();
     let c = match netns {
         None => capture_kept(Path::new(PROC_SYS), "", volatile, &mut files, keep),
         Some(fd) => super::ns::in_netns(fd, "sysctl", || {
@@ -80,23 +84,42 @@ pub fn capture(netns: Option<BorrowedFd>, volatile: &[&str]) -> Capture {
         }),
     };
     if let Some(space) = space {
-        put_kept(space, files);
+        put_kept(space, volatile, files);
     }
     c
 }
 
-/// A namespace's kept descriptors: by the top-level directory they are
-/// under (each walked on a thread of its own), then by key.
-type Files = HashMap<String, HashMap<String, OwnedFd>>;
+/// A namespace's kept descriptors, by the key of the directory they are
+/// in (`""` for the root, `net.ipv4` for `/proc/sys/net/ipv4`).
+type Files = HashMap<String, KeptDir>;
 
-/// The descriptors of `/proc/sys` files kept between captures, for the
+/// One directory as the last capture listed it: its own descriptor
+/// (listed again from its start) and its entries other than directories,
+/// in the order listed (the kernel lists a sysctl directory in the same
+/// order each time, so the next listing finds each entry where it was).
+#[derive(Default)]
+struct KeptDir {
+    dir: Option<(OwnedFd, rustix::fs::Dir)>,
+    entries: Vec<Entry>,
+}
+
+/// A file of a kept directory: read through `fd`, or skipped (`None`:
+/// volatile, or write-only by mode) without its key being made again.
+struct Entry {
+    name: Box<[u8]>,
+    fd: Option<OwnedFd>,
+}
+
+/// The descriptors of `/proc/sys` kept between captures, for the
 /// [`KEPT_SPACES`] namespaces captured last (a network namespace by its
-/// device and inode): opening a file there costs more than reading it, so
-/// a capture rereads each kept file from its start and opens only the new
-/// ones. A file whose table went (a device removed) answers `ENOENT` and
-/// is opened again by its name; the directories are listed every time, so
-/// a file added or removed is seen.
-static KEPT: Mutex<Vec<((u64, u64), Files)>> = Mutex::new(Vec::new());
+/// device and inode), with the `volatile` list their skipped entries were
+/// decided by: opening a file there costs more than reading it, so a
+/// capture rereads each kept file from its start and opens only the new
+/// ones. A file or directory whose table went (a device removed) answers
+/// `ENOENT` and is opened again by its name; the directories are listed
+/// every time, so a file added or removed is seen.
+#[allow(clippy::type_complexity)]
+static KEPT: Mutex<Vec<((u64, u64), Vec<String>, Files)>> = Mutex::new(Vec::new());
 
 /// Most namespaces whose descriptors are kept (the machine's and a few
 /// sessions'; each about a thousand descriptors).
@@ -112,17 +135,27 @@ pub const KEEP_WITH_NOFILE: u64 = 16384;
 /// than reading a thousand `/proc/sys` files' `fdinfo`.
 pub const KEPT_FD_BASE: i32 = 8192;
 
-fn take_kept(space: (u64, u64)) -> Files {
+/// The descriptors kept for `space`, if its entries were skipped by the
+/// same `volatile` list (else none: every entry is decided again).
+fn take_kept(space: (u64, u64), volatile: &[&str]) -> Files {
     let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
-    match kept.iter().position(|(s, _)| *s == space) {
-        Some(i) => kept.remove(i).1,
+    match kept.iter().position(|(s, _, _)| *s == space) {
+        Some(i) => {
+            let (_, with, files) = kept.remove(i);
+            if with.iter().map(String::as_str).eq(volatile.iter().copied()) {
+                files
+            } else {
+                Files::default()
+            }
+        }
         None => Files::default(),
     }
 }
 
-fn put_kept(space: (u64, u64), files: Files) {
+fn put_kept(space: (u64, u64), volatile: &[&str], files: Files) {
     let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
-    kept.push((space, files));
+    let with = volatile.iter().map(|v| v.to_string()).collect();
+    kept.push((space, with, files));
     while kept.len() > KEPT_SPACES {
         kept.remove(0);
     }
@@ -140,11 +173,12 @@ pub fn capture_under(root: &Path, prefix: &str, volatile: &[&str]) -> Capture {
 /// subdirectories are queued (`/proc/sys/net` alone holds four files in
 /// five, most of them below `net.ipv4` and `net.ipv6`); a directory below
 /// that is walked whole by the thread that took it. A thread made by a
-/// thread inside a network namespace is inside it too. The files are
-/// opened relative to their directory's descriptor, their kind taken from
-/// the directory entry, or reread through the descriptors in `files`,
-/// which are left holding every file read (by the directory they were
-/// read under; moved to [`KEPT_FD_BASE`] and above when `high`).
+/// thread inside a network namespace is inside it too. Each directory is
+/// listed through its descriptor in `files` (opened by its path the first
+/// time), its files read through theirs (opened relative to the directory
+/// the first time, their kind taken from the directory entry); `files`
+/// is left holding every directory listed and file read (moved to
+/// [`KEPT_FD_BASE`] and above when `high`).
 fn capture_kept(
     root: &Path,
     prefix: &str,
@@ -153,46 +187,29 @@ fn capture_kept(
     high: bool,
 ) -> Capture {
     let mut c = Capture::new();
-    let dir = match open_dir(rustix::fs::CWD, root) {
-        Ok(d) => d,
-        Err(e) => {
-            c.gap(format!("sysctl: {}: cannot list: {e}", root.display()));
-            return c;
-        }
-    };
-    // The descriptors kept by the last capture, by directory, each taken
-    // out by the walk of its directory; those left (directories gone) are
-    // closed at the end.
+    // The last capture's directories, each taken out by its walk; those
+    // left (directories gone) are closed at the end.
     let pool = Mutex::new(std::mem::take(files));
-    let kept_under = |key: &str| {
-        pool.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(key)
-            .unwrap_or_default()
-    };
     let mut first = Vec::new();
     let mut top = Walker {
         volatile,
-        old: kept_under(""),
-        new: HashMap::new(),
-        buf: vec![0u8; 4096],
+        pool: &pool,
+        kept: Files::new(),
+        buf: vec![0u8; FIRST_READ],
         high,
     };
     top.walk(
-        &dir,
         &root.display().to_string(),
         prefix,
         &mut c,
         Some(&mut first),
     );
-    let mut kept = Files::new();
-    kept.insert(String::new(), top.new);
-    // (directory, path, key, whether only its files are read here and its
-    // subdirectories queued, the descriptors kept under it)
-    type Unit = (OwnedFd, String, String, bool, HashMap<String, OwnedFd>);
-    // What a thread read: per directory, its items and the descriptors
-    // kept under it.
-    type Done = Vec<(Capture, String, HashMap<String, OwnedFd>)>;
+    let mut kept = std::mem::take(&mut top.kept);
+    // (path, key, whether only its files are read here and its
+    // subdirectories queued)
+    type Unit = (String, String, bool);
+    // What a thread read, and the directories it kept.
+    type Done = (Capture, Files);
     // The directories to walk, and how many are being split (whose
     // subdirectories are still to come): a thread ends when there is
     // nothing to take and nothing is coming.
@@ -200,10 +217,7 @@ fn capture_kept(
         first
             .into_iter()
             .rev()
-            .map(|(fd, path, key)| {
-                let old = kept_under(&key);
-                (fd, path, key, true, old)
-            })
+            .map(|(path, key)| (path, key, true))
             .collect(),
         0,
     ));
@@ -212,7 +226,7 @@ fn capture_kept(
         let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(u) = q.0.pop() {
-                if u.3 {
+                if u.2 {
                     q.1 += 1;
                 }
                 return Some(u);
@@ -228,17 +242,15 @@ fn capture_kept(
         let handles: Vec<_> = (0..workers)
             .map(|_| {
                 s.spawn(|| {
-                    let mut done = Vec::new();
-                    let mut buf = vec![0u8; 4096];
-                    while let Some((fd, path, key, split, old)) = take() {
-                        let mut part = Capture::new();
-                        let mut w = Walker {
-                            volatile,
-                            old,
-                            new: HashMap::new(),
-                            buf: std::mem::take(&mut buf),
-                            high,
-                        };
+                    let mut part = Capture::new();
+                    let mut w = Walker {
+                        volatile,
+                        pool: &pool,
+                        kept: Files::new(),
+                        buf: vec![0u8; FIRST_READ],
+                        high,
+                    };
+                    while let Some((path, key, split)) = take() {
                         if split {
                             // Counted out even if the walk panics, so that
                             // the others do not wait for it forever.
@@ -251,27 +263,17 @@ fn capture_kept(
                             }
                             let _counted = Splitting(&queue, &more);
                             let mut below = Vec::new();
-                            w.walk(&fd, &path, &key, &mut part, Some(&mut below));
-                            let below: Vec<Unit> = below
-                                .into_iter()
-                                .rev()
-                                .map(|(fd, path, k)| {
-                                    let old = kept_under(&k);
-                                    (fd, path, k, false, old)
-                                })
-                                .collect();
+                            w.walk(&path, &key, &mut part, Some(&mut below));
                             queue
                                 .lock()
                                 .unwrap_or_else(|e| e.into_inner())
                                 .0
-                                .extend(below);
+                                .extend(below.into_iter().rev().map(|(p, k)| (p, k, false)));
                         } else {
-                            w.walk(&fd, &path, &key, &mut part, None);
+                            w.walk(&path, &key, &mut part, None);
                         }
-                        buf = std::mem::take(&mut w.buf);
-                        done.push((part, key, w.new));
                     }
-                    done
+                    (part, w.kept)
                 })
             })
             .collect();
@@ -281,21 +283,25 @@ fn capture_kept(
                 h.join().unwrap_or_else(|_| {
                     let mut g = Capture::new();
                     g.gap(format!("sysctl: {}: a walk panicked", root.display()));
-                    vec![(g, String::new(), HashMap::new())]
+                    (g, Files::new())
                 })
             })
             .collect()
     });
-    for (p, key, new) in parts.into_iter().flatten() {
+    for (p, new) in parts {
         c.items.extend(p.items);
         c.gaps.extend(p.gaps);
-        kept.entry(key).or_default().extend(new);
+        kept.extend(new);
     }
     // Directories that are gone take their descriptors with them.
     drop(pool);
     *files = kept;
     c
 }
+
+/// The first read's size: most values are a few bytes, and the kernel
+/// allocates and clears a buffer of the size asked for each read.
+const FIRST_READ: usize = 1024;
 
 fn open_dir(
     at: impl rustix::fd::AsFd,
@@ -310,35 +316,77 @@ fn open_dir(
     )
 }
 
-/// One thread's walk: the descriptors it was given (`old`), those it
-/// keeps (`new`).
+/// One thread's walk: the last capture's directories (`pool`, shared),
+/// those this one keeps (`kept`).
 struct Walker<'a> {
     volatile: &'a [&'a str],
-    old: HashMap<String, OwnedFd>,
-    new: HashMap<String, OwnedFd>,
+    pool: &'a Mutex<Files>,
+    kept: Files,
     buf: Vec<u8>,
-    /// Whether a newly opened file's descriptor moves to [`KEPT_FD_BASE`].
+    /// Whether a newly opened descriptor moves to [`KEPT_FD_BASE`].
     high: bool,
 }
 
 impl Walker<'_> {
-    /// Reads the directory `dir` (`path`, for messages), naming its entries
-    /// `key.name`; subdirectories are walked here, or handed to `defer`
-    /// when given.
+    /// `fd` moved to [`KEPT_FD_BASE`] and above when asked.
+    fn keepable(&self, fd: OwnedFd) -> rustix::io::Result<OwnedFd> {
+        if self.high {
+            rustix::io::fcntl_dupfd_cloexec(&fd, KEPT_FD_BASE)
+        } else {
+            Ok(fd)
+        }
+    }
+
+    /// The directory at `path` opened for listing: its descriptor (the
+    /// files are opened relative to it) and a stream over a copy of it.
+    fn open_listed(&self, path: &str) -> rustix::io::Result<(OwnedFd, rustix::fs::Dir)> {
+        let fd = self.keepable(open_dir(rustix::fs::CWD, path)?)?;
+        let base = if self.high { KEPT_FD_BASE } else { 0 };
+        let listed = rustix::io::fcntl_dupfd_cloexec(&fd, base)?;
+        Ok((fd, rustix::fs::Dir::new(listed)?))
+    }
+
+    /// Reads the directory at `path`, naming its entries `key.name`;
+    /// subdirectories are walked here, or handed to `defer` when given.
     fn walk(
         &mut self,
-        dir: &OwnedFd,
         path: &str,
         key: &str,
         c: &mut Capture,
-        mut defer: Option<&mut Vec<(OwnedFd, String, String)>>,
+        mut defer: Option<&mut Vec<(String, String)>>,
     ) {
         use rustix::fs::FileType;
-        let entries = match rustix::fs::Dir::read_from(dir) {
-            Ok(e) => e,
+        let last = self
+            .pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key)
+            .unwrap_or_default();
+        // Listed from its start through the kept descriptor; opened (again)
+        // when there is none, or its table went: a directory lists `.`
+        // first, and one whose table went lists nothing (`ENOENT`, which
+        // ends a listing), and its name may name a new one.
+        let mut first = None;
+        let kept = last.dir.and_then(|(fd, mut d)| {
+            d.rewind();
+            match d.read() {
+                Some(Ok(entry)) => {
+                    first = Some(Ok(entry));
+                    Some((fd, d))
+                }
+                _ => None,
+            }
+        });
+        let (dir_fd, mut dir) = match kept.map_or_else(|| self.open_listed(path), Ok) {
+            Ok(d) => d,
             Err(e) => return c.gap(format!("sysctl: {path}: cannot list: {e}")),
         };
-        for entry in entries {
+        let mut old = last.entries;
+        let mut at = 0;
+        let mut entries = Vec::with_capacity(old.len());
+        let mut first = first.map(Some);
+        // The first entry may have been read above.
+        while let Some(entry) = first.take().unwrap_or_else(|| dir.read()) {
             let entry = match entry {
                 Ok(e) => e,
                 Err(e) => {
@@ -347,100 +395,152 @@ impl Walker<'_> {
                 }
             };
             let raw = entry.file_name();
-            if raw.to_bytes() == b"." || raw.to_bytes() == b".." {
-                continue;
-            }
-            let name = raw.to_string_lossy().replace('.', "/");
-            let k = if key.is_empty() {
-                name
-            } else {
-                format!("{key}.{name}")
-            };
-            if is_volatile(&k, self.volatile) {
+            let name = raw.to_bytes();
+            if name == b"." || name == b".." {
                 continue;
             }
             let mut kind = entry.file_type();
             if kind == FileType::Unknown {
-                kind = match rustix::fs::statat(dir, raw, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+                kind = match rustix::fs::statat(&dir_fd, raw, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                {
                     Ok(st) => FileType::from_raw_mode(st.st_mode),
                     Err(e) => {
-                        c.gap(format!("sysctl: {k}: {e}"));
+                        c.gap(format!("sysctl: {}: {e}", key_of(key, name)));
                         continue;
                     }
                 };
             }
             if kind == FileType::Directory {
+                let k = key_of(key, name);
+                if is_volatile(&k, self.volatile) {
+                    continue;
+                }
                 let sub_path = format!("{path}/{}", raw.to_string_lossy());
-                match open_dir(dir, raw) {
-                    Ok(sub) => match defer.as_deref_mut() {
-                        Some(d) => d.push((sub, sub_path, k)),
-                        None => self.walk(&sub, &sub_path, &k, c, None),
-                    },
-                    Err(e) => c.gap(format!("sysctl: {sub_path}: cannot list: {e}")),
+                match defer.as_deref_mut() {
+                    Some(d) => d.push((sub_path, k)),
+                    None => self.walk(&sub_path, &k, c, None),
                 }
                 continue;
             }
-            self.file(dir, raw, k, c);
+            // The entry where the last listing had it (or further on:
+            // those passed over are gone).
+            let found = old[at..].iter().position(|e| *e.name == *name);
+            let was = found.map(|i| {
+                let e = std::mem::replace(
+                    &mut old[at + i],
+                    Entry {
+                        name: Box::default(),
+                        fd: None,
+                    },
+                );
+                at += i + 1;
+                e
+            });
+            match was {
+                Some(Entry { name, fd: None }) => entries.push(Entry { name, fd: None }),
+                Some(Entry { name, fd: Some(fd) }) => {
+                    let k = key_of(key, &name);
+                    match self.read(&k, &fd, c) {
+                        Ok(()) => entries.push(Entry { name, fd: Some(fd) }),
+                        // Its table went (and may be back under the same
+                        // name): opened again.
+                        Err(()) => self.open(&dir_fd, raw, k, c, &mut entries),
+                    }
+                }
+                None => {
+                    let k = key_of(key, name);
+                    if is_volatile(&k, self.volatile) {
+                        entries.push(Entry {
+                            name: name.into(),
+                            fd: None,
+                        });
+                        continue;
+                    }
+                    self.open(&dir_fd, raw, k, c, &mut entries);
+                }
+            }
         }
+        self.kept.insert(
+            key.to_string(),
+            KeptDir {
+                dir: Some((dir_fd, dir)),
+                entries,
+            },
+        );
     }
 
-    /// Reads one file: through its kept descriptor from the start, or
-    /// opened by name (and kept).
-    fn file(&mut self, dir: &OwnedFd, raw: &std::ffi::CStr, k: String, c: &mut Capture) {
+    /// Opens and reads the file `raw` in `dir` as `k`, kept in `entries`
+    /// (skipped when write-only by mode).
+    fn open(
+        &mut self,
+        dir: &OwnedFd,
+        raw: &std::ffi::CStr,
+        k: String,
+        c: &mut Capture,
+        entries: &mut Vec<Entry>,
+    ) {
         use rustix::fs::{Mode, OFlags};
-        let k = match self.old.remove(&k) {
-            Some(fd) => match self.read(k, fd, c) {
-                Ok(()) => return,
-                // Its table went (and may be back under the same name):
-                // opened again below.
-                Err(k) => k,
-            },
-            None => k,
+        let skip = |entries: &mut Vec<Entry>| {
+            entries.push(Entry {
+                name: raw.to_bytes().into(),
+                fd: None,
+            })
         };
         let fd = match rustix::fs::openat(dir, raw, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
         {
             Ok(fd) => fd,
-            Err(rustix::io::Errno::ACCESS) if write_only(dir, raw) => return,
+            Err(rustix::io::Errno::ACCESS) if write_only(dir, raw) => return skip(entries),
             Err(rustix::io::Errno::NOENT) => return, // vanished (a device went)
             Err(e) => return c.gap(format!("sysctl: {k}: cannot read: {e}")),
         };
         match rustix::fs::fstat(&fd) {
-            Ok(st) if st.st_mode & 0o444 == 0 => return, // write-only: nothing to read
+            Ok(st) if st.st_mode & 0o444 == 0 => return skip(entries), // nothing to read
             Ok(_) => {}
             Err(e) => return c.gap(format!("sysctl: {k}: {e}")),
         }
-        let fd = if self.high {
-            match rustix::io::fcntl_dupfd_cloexec(&fd, KEPT_FD_BASE) {
-                Ok(high) => high,
-                Err(e) => return c.gap(format!("sysctl: {k}: cannot keep: {e}")),
-            }
-        } else {
-            fd
+        let fd = match self.keepable(fd) {
+            Ok(fd) => fd,
+            Err(e) => return c.gap(format!("sysctl: {k}: cannot keep: {e}")),
         };
-        if let Err(k) = self.read(k, fd, c) {
-            c.gap(format!(
+        match self.read(&k, &fd, c) {
+            Ok(()) => entries.push(Entry {
+                name: raw.to_bytes().into(),
+                fd: Some(fd),
+            }),
+            Err(()) => c.gap(format!(
                 "sysctl: {k}: cannot read: {}",
                 rustix::io::Errno::NOENT
-            ));
+            )),
         }
     }
 
-    /// Reads `fd` from its start as `k`'s value and keeps it; `Err(k)` when
-    /// its table went (`ENOENT`), nothing recorded.
-    fn read(&mut self, k: String, fd: OwnedFd, c: &mut Capture) -> Result<(), String> {
-        match read_all(&fd, &mut self.buf) {
+    /// Reads `fd` from its start as `k`'s value; `Err` when its table went
+    /// (`ENOENT`), nothing recorded.
+    fn read(&mut self, k: &str, fd: &OwnedFd, c: &mut Capture) -> Result<(), ()> {
+        match read_all(fd, &mut self.buf) {
             Ok(n) => {
-                let v = value_of(&k, &String::from_utf8_lossy(&self.buf[..n]));
-                c.insert(k.clone(), v);
-                self.new.insert(k, fd);
+                let v = value_of(k, &String::from_utf8_lossy(&self.buf[..n]));
+                c.insert(k, v);
             }
-            Err(rustix::io::Errno::NOENT) => return Err(k),
+            Err(rustix::io::Errno::NOENT) => return Err(()),
             Err(rustix::io::Errno::IO) => c.insert(k, "!EIO"),
             Err(rustix::io::Errno::NODATA) => c.insert(k, "!ENODATA"),
             Err(e) => c.gap(format!("sysctl: {k}: cannot read: {e}")),
         }
         Ok(())
     }
+}
+
+/// `key.name` as `sysctl` names it: a dot inside `name` written as `/`.
+fn key_of(key: &str, name: &[u8]) -> String {
+    let name = String::from_utf8_lossy(name);
+    let mut k = String::with_capacity(key.len() + 1 + name.len());
+    k.push_str(key);
+    if !key.is_empty() {
+        k.push('.');
+    }
+    k.extend(name.chars().map(|ch| if ch == '.' { '/' } else { ch }));
+    k
 }
 
 /// Whether `name` in `dir` is write-only by mode (root is refused reading
@@ -450,26 +550,25 @@ fn write_only(dir: &OwnedFd, name: &std::ffi::CStr) -> bool {
         .is_ok_and(|st| st.st_mode & 0o444 == 0)
 }
 
-/// Reads `fd` from its start to its end into `buf` (grown as needed); the
-/// length read. A sysctl's handler writes all it has into a read's buffer
-/// when it fits, so a read that leaves room is the end: one call a file,
-/// not two.
+/// Reads `fd` from its start into `buf` (grown as needed); the length
+/// read. A sysctl's handler writes all it has into a read's buffer when
+/// it fits, and a number's handler gives nothing to a read that does not
+/// start at 0: a read that leaves room is the end (one call a file), one
+/// that fills the buffer is made again from the start with a larger one.
 fn read_all(fd: &OwnedFd, buf: &mut Vec<u8>) -> rustix::io::Result<usize> {
-    let mut n = 0;
     loop {
-        if n == buf.len() {
-            buf.resize(buf.len() * 2, 0);
-        }
-        let room = buf.len() - n;
-        match rustix::io::pread(fd, &mut buf[n..], n as u64) {
-            Ok(0) => return Ok(n),
-            Ok(k) if k < room => return Ok(n + k),
-            Ok(k) => n += k,
+        match rustix::io::pread(fd, &mut buf[..], 0) {
+            Ok(k) if k < buf.len() => return Ok(k),
+            Ok(_) if buf.len() >= MAX_READ => return Ok(buf.len()),
+            Ok(_) => buf.resize(buf.len() * 4, 0),
             Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(e),
         }
     }
 }
+
+/// The most read of one file (a value longer is cut there).
+const MAX_READ: usize = 1 << 20;
 
 /// The value kept for `key` read as `text`: trimmed, a secret hashed.
 pub fn value_of(key: &str, text: &str) -> String {
@@ -480,6 +579,16 @@ pub fn value_of(key: &str, text: &str) -> String {
         return format!("sha256:{hex}");
     }
     // Multi-line values (`kernel.printk`-like tables) on one line.
+    // (Most are one word, or words between single spaces: kept as read.)
+    let mut gap = false;
+    let single = v.chars().all(|ch| {
+        let ok = !ch.is_whitespace() || (ch == ' ' && !gap);
+        gap = ch.is_whitespace();
+        ok
+    });
+    if single {
+        return v.to_string();
+    }
     v.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
@@ -568,15 +677,11 @@ mod tests {
         let a = capture_kept(r, "", &[], &mut files, true);
         assert_eq!(a.items["net.ipv4.ip_forward"], "0");
         assert!(a.is_complete(), "{:?}", a.gaps);
-        let kept: usize = files.values().map(HashMap::len).sum();
-        assert_eq!(kept, 2, "{files:?}");
-        assert!(
-            files
-                .values()
-                .flat_map(HashMap::values)
-                .all(|fd| fd.as_raw_fd() >= KEPT_FD_BASE),
-            "{files:?}"
-        );
+        let kept: Vec<i32> = kept_fds(&files);
+        // Two files, four directories (the root, net, net/ipv4, vm: each a
+        // descriptor and its copy being listed).
+        assert_eq!(kept.len(), 2 + 4 * 2, "{kept:?}");
+        assert!(kept.iter().all(|&fd| fd >= KEPT_FD_BASE), "{kept:?}");
         // Written in place (a sysctl's file is never replaced), one gone,
         // one new: read through the kept descriptor, the listing followed.
         let mut f = fs::OpenOptions::new()
@@ -598,8 +703,80 @@ mod tests {
             vec![("net.ipv4.ip_forward", "1"), ("vm.overcommit_memory", "2")]
         );
         assert!(b.is_complete(), "{:?}", b.gaps);
-        let kept: usize = files.values().map(HashMap::len).sum();
-        assert_eq!(kept, 2, "the removed file's descriptor went: {files:?}");
+        let kept = kept_fds(&files);
+        assert_eq!(
+            kept.len(),
+            2 + 4 * 2,
+            "the removed file's descriptor went: {kept:?}"
+        );
+    }
+
+    /// The descriptors `files` keeps.
+    fn kept_fds(files: &Files) -> Vec<i32> {
+        let mut fds = Vec::new();
+        for d in files.values() {
+            if let Some((fd, listed)) = &d.dir {
+                fds.push(fd.as_raw_fd());
+                fds.push(listed.fd().unwrap().as_raw_fd());
+            }
+            fds.extend(
+                d.entries
+                    .iter()
+                    .filter_map(|e| e.fd.as_ref())
+                    .map(|f| f.as_raw_fd()),
+            );
+        }
+        fds
+    }
+
+    #[test]
+    fn a_directory_made_again_under_its_name_and_a_long_value_are_read_whole() {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        fs::create_dir_all(r.join("vm")).unwrap();
+        fs::create_dir_all(r.join("net/ipv4/conf/a")).unwrap();
+        for n in ["a", "c", "e"] {
+            fs::write(r.join(format!("vm/{n}")), format!("{n}\n")).unwrap();
+        }
+        fs::write(r.join("net/ipv4/conf/a/forwarding"), "0\n").unwrap();
+        let mut files = Files::default();
+        let a = capture_kept(r, "", &[], &mut files, false);
+        assert!(a.is_complete(), "{:?}", a.gaps);
+        assert_eq!(a.items.len(), 4, "{:?}", a.items);
+        // A directory gone and made again (a device removed and added):
+        // its kept descriptor lists nothing (ENOENT), its name is opened
+        // again. Entries added before, between and after the kept ones,
+        // one kept gone: each found.
+        fs::remove_dir_all(r.join("net/ipv4/conf/a")).unwrap();
+        fs::create_dir_all(r.join("net/ipv4/conf/a")).unwrap();
+        fs::write(r.join("net/ipv4/conf/a/mtu"), "1500\n").unwrap();
+        fs::remove_file(r.join("vm/c")).unwrap();
+        let long = "1 ".repeat(3000);
+        for n in ["0", "b", "d", "f"] {
+            fs::write(r.join(format!("vm/{n}")), &long).unwrap();
+        }
+        let b = capture_kept(r, "", &[], &mut files, false);
+        assert!(b.is_complete(), "{:?}", b.gaps);
+        let got: Vec<&str> = b.items.keys().map(String::as_str).collect();
+        assert_eq!(
+            got,
+            vec![
+                "net.ipv4.conf.a.mtu",
+                "vm.0",
+                "vm.a",
+                "vm.b",
+                "vm.d",
+                "vm.e",
+                "vm.f"
+            ]
+        );
+        // 6,000 bytes, past the first read's 1,024: read again from the
+        // start, whole.
+        assert_eq!(b.items["vm.b"], long.trim(), "cut short");
+        assert_eq!(b.items["vm.e"], "e");
+        // Read a third time: the same, through the descriptors kept.
+        let c = capture_kept(r, "", &[], &mut files, false);
+        assert_eq!(c.items, b.items);
     }
 
     #[test]
@@ -613,5 +790,10 @@ mod tests {
         let v = value_of("net.ipv6.conf.all.stable_secret", "fe80::1\n");
         assert!(v.starts_with("sha256:") && !v.contains("fe80"), "{v}");
         assert_eq!(value_of("net.ipv4.ip_forward", " 1\n"), "1");
+        assert_eq!(value_of("kernel.printk", "4\t4  1\n7\n"), "4 4 1 7");
+        assert_eq!(
+            value_of("net.ipv4.ip_local_port_range", "32768 60999"),
+            "32768 60999"
+        );
     }
 }

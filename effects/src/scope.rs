@@ -6,7 +6,7 @@
 //! {
 //!   "domains": ["filesystem", "bpf", "sysctl", "mount", "network", "modules", "processes"],
 //!   "paths": ["/etc", "/usr/local"],
-//!   "volatile_sysctls": ["vm.stat_refresh"]
+//!   "volatile_sysctls": ["kernel.perf_event_max_sample_rate"]
 //! }
 //! ```
 //!

@@ -77,6 +77,31 @@ fn start(name: &str, scope: Option<&str>, extra: &[&str]) -> Option<Started> {
     Some((ProcDaemon::start(name, &args), dir, guard))
 }
 
+/// A second daemon with the plugin and `scope` (JSON), beside one
+/// [`start`] made (whose guard the caller holds).
+fn start_beside(name: &str, scope: &str) -> (ProcDaemon, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("scope.json");
+    std::fs::write(&p, scope).unwrap();
+    let mut args = plugin_args();
+    args.push("--system-effects-scope".into());
+    args.push(p.display().to_string());
+    if !kernel_runs_bpf_lsm() {
+        args.push("--system-effects-without-lsm".into());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    (ProcDaemon::start(name, &args), dir)
+}
+
+/// The BPF links of the machine now (their ids).
+fn bpf_link_ids() -> Vec<String> {
+    allox_effects::collect::bpf::capture()
+        .items
+        .into_keys()
+        .filter(|k| k.starts_with("link "))
+        .collect()
+}
+
 /// Whether this kernel loads BPF LSM programs. One that refuses them (the
 /// development host's) is observed without the history's LSM hooks, and
 /// says so once.
@@ -670,6 +695,63 @@ fn prog_ids_of(pid: u32) -> Vec<u32> {
     out.sort_unstable();
     out.dedup();
     out
+}
+
+#[test]
+fn another_daemons_run_started_during_this_one_is_not_a_change_of_bpf() {
+    let Some((d, _scope, _one)) = start(
+        "another_daemons_run_started_during_this_one_is_not_a_change_of_bpf",
+        Some(SCOPE_MACHINE),
+        &[],
+    ) else {
+        return;
+    };
+    let (other, _other_scope) = start_beside(
+        "another_daemons_run_started_during_this_one_is_not_a_change_of_bpf-other",
+        SCOPE_MACHINE,
+    );
+    make_sessions(&d, &[("a", "s")]);
+    make_sessions(&other, &[("b", "t")]);
+    // The other daemon's observer has loaded its programs (listed them
+    // where every observer looks) before this run's A.
+    let first = observed(&other, "b", "t", &["/bin/true"]);
+    assert_eq!(first.verdict, EffectsVerdict::Consistent, "{first:#?}");
+    let wait = ["/bin/sh", "-c", "while [ ! -e go ]; do sleep 0.02; done"];
+    let run = started(&mut d.daemon.client(), process_start("a", "s", &wait));
+    // After this run's A, the other's run starts: its observer attaches a
+    // link for it (listed nowhere), still there at this run's B.
+    let before = bpf_link_ids();
+    let other_run = started(&mut other.daemon.client(), process_start("b", "t", &wait));
+    let during = bpf_link_ids();
+    assert!(
+        during.iter().any(|l| !before.contains(l)),
+        "the other run attached no link: {before:?} -> {during:?}"
+    );
+    let go = |d: &ProcDaemon, a: &str, s: &str| {
+        std::fs::write(
+            d.daemon
+                .root
+                .join(format!("agents/{a}/workspace/sessions/{s}/current/go")),
+            b"",
+        )
+        .unwrap()
+    };
+    go(&d, "a", "s");
+    let e = *waited(&d, "a", "s", &run).effects.expect("effects");
+    assert_eq!(
+        domain(&e, EffectsDomain::Bpf).verdict,
+        EffectsVerdict::Consistent,
+        "the other observer's link was counted as the machine's: {e:#?}"
+    );
+    go(&other, "b", "t");
+    let o = *waited(&other, "b", "t", &other_run)
+        .effects
+        .expect("effects");
+    assert_eq!(
+        domain(&o, EffectsDomain::Bpf).verdict,
+        EffectsVerdict::Consistent,
+        "{o:#?}"
+    );
 }
 
 #[test]

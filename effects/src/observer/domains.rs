@@ -148,9 +148,14 @@ fn merge_prefixed(c: &mut Capture, other: Capture, prefix: &str) {
 }
 
 /// `d`'s capture now, for the domains captured as items (`None` for
-/// `workspace` and `shared`, compared by their snapshots). `at_b`: the
-/// run's tree has exited.
-pub fn capture(d: EffectsDomain, begin: &Begin, history: &[HistoryRecord]) -> Option<Capture> {
+/// `workspace` and `shared`, compared by their snapshots); `own`: this
+/// observer's BPF objects, left out of `bpf`.
+pub fn capture(
+    d: EffectsDomain,
+    begin: &Begin,
+    history: &[HistoryRecord],
+    own: &HashSet<String>,
+) -> Option<Capture> {
     let volatile: Vec<&str> = collect::sysctl::VOLATILE
         .iter()
         .copied()
@@ -197,7 +202,8 @@ pub fn capture(d: EffectsDomain, begin: &Begin, history: &[HistoryRecord]) -> Op
             // The observers' own objects (this one's and any other's) are
             // not the machine's state.
             let mut mine = super::history::registered(&begin.registry);
-            mine.extend(held_by_observers(begin.supervisor_pid));
+            mine.extend(own.iter().cloned());
+            mine.extend(held_by_observers(begin.supervisor_pid, &begin.registry));
             let mut c = collect::bpf::capture();
             c.items.retain(|k, _| !mine.contains(k));
             c
@@ -458,24 +464,17 @@ fn cgroup_root(begin: &Begin) -> &Path {
     &begin.cgroup_root
 }
 
-/// The BPF objects (`prog N`, `map N`, `link N`) that observers (any
-/// process run from a sealed `allox-observe`) and the supervisor hold
-/// descriptors of now: an observer loading its programs while another
-/// captures makes and drops objects of its own, which are not the
-/// machine's state.
-fn held_by_observers(supervisor: u32) -> HashSet<String> {
+/// The BPF objects (`prog N`, `map N`, `link N`) that the other observers
+/// (those listed in `registry`, which each lists itself in before it loads
+/// anything, and that run from a sealed `allox-observe`) and the
+/// supervisor hold descriptors of now: an observer loading its programs
+/// while another captures makes and drops objects of its own, which are
+/// not the machine's state. (This observer's own are known without
+/// reading its descriptors: [`super::history::History::objects`].)
+fn held_by_observers(supervisor: u32, registry: &Path) -> HashSet<String> {
     let mut out = HashSet::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let ours = pid == supervisor
-            || std::fs::read_link(format!("/proc/{pid}/exe"))
-                .map(|p| p.to_string_lossy().starts_with("/memfd:allox-observe"))
-                .unwrap_or(false);
-        if !ours {
-            continue;
-        }
+    let pids = super::history::listed_observers(registry);
+    for pid in std::iter::once(supervisor).chain(pids) {
         // Only BPF descriptors are read: an observer keeps a thousand
         // `/proc/sys` files open, at `KEPT_FD_BASE` and above, whose
         // `fdinfo` would cost a read each. A BPF descriptor up there (only

@@ -27,6 +27,10 @@ impl Loaded {
     /// Loads the programs (with or without the BPF LSM hooks) and lists
     /// their objects in `registry` under this process's id.
     pub fn load(ring_bytes: u32, lsm: bool, registry: &std::path::Path) -> Result<Loaded, String> {
+        // Listed first with no object: while it loads, the objects it makes
+        // and drops are other observers' to leave out (they read the
+        // descriptors of every observer listed).
+        register(registry, &std::process::id().to_string(), &[], &[], &[])?;
         let loaded = if lsm {
             Programs::load(ring_bytes)
         } else {
@@ -74,6 +78,25 @@ pub struct History {
 }
 
 impl History {
+    /// This observer's own BPF objects now (`prog N`, `map N`, `link N`),
+    /// the links attached for the run among them: not the machine's state.
+    pub fn objects(&self) -> std::collections::HashSet<String> {
+        let Some(l) = &self.loaded else {
+            return Default::default();
+        };
+        let o = l.programs.objects();
+        let named = |kind: &str, ids: &[u32]| {
+            ids.iter()
+                .map(|id| format!("{kind} {id}"))
+                .collect::<Vec<_>>()
+        };
+        named("prog", &o.progs)
+            .into_iter()
+            .chain(named("map", &o.maps))
+            .chain(named("link", &o.links))
+            .collect()
+    }
+
     /// Watches `begin`'s cgroup (made and still empty) with `loaded`'s
     /// programs under a tag of the run's own, and attaches the sysctl
     /// program to it. On failure the programs are dropped (the observer
@@ -232,6 +255,26 @@ pub fn process_event(
     })
 }
 
+/// Whether `pid` is an observer: a process run from a sealed
+/// `allox-observe`.
+pub fn is_observer(pid: u32) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/exe"))
+        .is_ok_and(|p| p.to_string_lossy().starts_with("/memfd:allox-observe"))
+}
+
+/// The pids of the observers listed in `registry` (the files' names) that
+/// are running, this process left out.
+pub fn listed_observers(registry: &std::path::Path) -> Vec<u32> {
+    let me = std::process::id();
+    std::fs::read_dir(registry)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me && is_observer(pid))
+        .collect()
+}
+
 fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut src = e.source();
@@ -267,7 +310,8 @@ pub fn register(
 }
 
 /// Every object listed in `registry` (`prog 12`, `map 3`, `link 7`),
-/// after removing the files none of whose objects is still loaded.
+/// after removing the files none of whose objects is still loaded and
+/// whose observer (the file's name, a pid) is gone.
 pub fn registered(registry: &std::path::Path) -> std::collections::HashSet<String> {
     let loaded = allox_ebpf_probes::BpfObjects::loaded();
     let is_loaded = |key: &str| -> bool {
@@ -286,7 +330,12 @@ pub fn registered(registry: &std::path::Path) -> std::collections::HashSet<Strin
     for e in std::fs::read_dir(registry).into_iter().flatten().flatten() {
         let text = std::fs::read_to_string(e.path()).unwrap_or_default();
         let keys: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
-        if !keys.iter().any(|k| is_loaded(k)) {
+        let observer = e
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+            .is_some_and(is_observer);
+        if !observer && !keys.iter().any(|k| is_loaded(k)) {
             let _ = std::fs::remove_file(e.path());
         }
         out.extend(keys.into_iter().map(str::to_string));

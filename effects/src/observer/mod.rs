@@ -332,6 +332,8 @@ struct Observation {
     /// Protocol v3: the workspace after its restore.
     snaps_c: Option<files::Snapshots>,
     captures_a: BTreeMap<EffectsDomain, Capture>,
+    /// Its own BPF objects during the run (when `bpf` is in scope).
+    own: std::collections::HashSet<String>,
     fs: Option<domains::FsWatch>,
     started_ms: u64,
     /// How long each step took (in the `close` record).
@@ -386,6 +388,13 @@ impl Observation {
         let started_ms = allox_store::clock::now_ms();
         let mut phases = Phases::new();
         let history = History::attach(begin, programs)?;
+        // Its own objects, the run's links among them, known here rather
+        // than read from its descriptors by each bpf capture.
+        let own = if begin.scope.domains.contains(&EffectsDomain::Bpf) {
+            history.objects()
+        } else {
+            Default::default()
+        };
         phases.done("history_attach");
         let history = Arc::new(Mutex::new(history));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -404,7 +413,7 @@ impl Observation {
         };
         let fs = domains::FsWatch::start(begin)?;
         phases.done("watch_start");
-        let (snaps_a, mut captures_a, took) = capture_all(begin, "a", &[]);
+        let (snaps_a, mut captures_a, took) = capture_all(begin, "a", &[], &own);
         for (what, us) in took {
             phases.beside(what, us);
         }
@@ -454,6 +463,7 @@ impl Observation {
             snaps_b: None,
             snaps_c: None,
             captures_a,
+            own,
             fs,
             started_ms,
             phases,
@@ -499,7 +509,7 @@ impl Observation {
         // record), made durable with B's records after `Closed` (a sync
         // beside the snapshots' commit waits for it, and slows it).
         let ((snaps_b, mut captures_b, took), written) = std::thread::scope(|s| {
-            let b = s.spawn(|| capture_all(begin, "b", &records));
+            let b = s.spawn(|| capture_all(begin, "b", &records, &self.own));
             let t = std::time::Instant::now();
             let written = write_history(chain, &records, &processes, &counters);
             let us = t.elapsed().as_micros() as u64;
@@ -717,7 +727,15 @@ impl Observation {
             .map_err(|why| format!("the workspace restore failed: {why}"))?;
         let mut at_c = x.begin.clone();
         at_c.context_pid = rec.context_pid;
-        let (snaps_c, mut captures_c, took) = capture_all(&at_c, "c", x.records);
+        let own = if at_c.scope.domains.contains(&EffectsDomain::Bpf) {
+            self.history
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .objects()
+        } else {
+            Default::default()
+        };
+        let (snaps_c, mut captures_c, took) = capture_all(&at_c, "c", x.records, &own);
         for (what, us) in took {
             self.phases.beside(what, us);
         }
@@ -985,6 +1003,7 @@ fn capture_all(
     begin: &Begin,
     which: &str,
     records: &[HistoryRecord],
+    own: &std::collections::HashSet<String>,
 ) -> (
     Result<files::Snapshots, String>,
     BTreeMap<EffectsDomain, Capture>,
@@ -1014,7 +1033,7 @@ fn capture_all(
             .map(|d| {
                 (
                     d,
-                    s.spawn(move || timed(&|| domains::capture(d, begin, records))),
+                    s.spawn(move || timed(&|| domains::capture(d, begin, records, own))),
                 )
             })
             .collect();

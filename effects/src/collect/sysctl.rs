@@ -191,13 +191,14 @@ fn capture_kept(
     // left (directories gone) are closed at the end.
     let pool = Mutex::new(std::mem::take(files));
     let mut first = Vec::new();
-    let mut top = Walker {
+    let walker = || Walker {
         volatile,
         pool: &pool,
         kept: Files::new(),
         buf: vec![0u8; FIRST_READ],
         high,
     };
+    let mut top = walker();
     top.walk(
         &root.display().to_string(),
         prefix,
@@ -243,13 +244,7 @@ fn capture_kept(
             .map(|_| {
                 s.spawn(|| {
                     let mut part = Capture::new();
-                    let mut w = Walker {
-                        volatile,
-                        pool: &pool,
-                        kept: Files::new(),
-                        buf: vec![0u8; FIRST_READ],
-                        high,
-                    };
+                    let mut w = walker();
                     while let Some((path, key, split)) = take() {
                         if split {
                             // Counted out even if the walk panics, so that

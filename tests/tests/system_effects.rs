@@ -53,6 +53,17 @@ fn start(name: &str, scope: Option<&str>, extra: &[&str]) -> Option<Started> {
     if !require(name) {
         return None;
     }
+    let (d, dir) = start_beside(name, scope, extra);
+    Some((d, dir, guard))
+}
+
+/// A daemon with the plugin and `scope` (JSON) as its scope file, without
+/// the guard [`start`] takes (a second daemon beside one `start` made).
+fn start_beside(
+    name: &str,
+    scope: Option<&str>,
+    extra: &[&str],
+) -> (ProcDaemon, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut args = plugin_args();
     if extra.contains(&"--system-effects-verifier") {
@@ -73,22 +84,6 @@ fn start(name: &str, scope: Option<&str>, extra: &[&str]) -> Option<Started> {
         args.push("--system-effects-without-lsm".into());
     }
     args.extend(extra.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    Some((ProcDaemon::start(name, &args), dir, guard))
-}
-
-/// A second daemon with the plugin and `scope` (JSON), beside one
-/// [`start`] made (whose guard the caller holds).
-fn start_beside(name: &str, scope: &str) -> (ProcDaemon, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let p = dir.path().join("scope.json");
-    std::fs::write(&p, scope).unwrap();
-    let mut args = plugin_args();
-    args.push("--system-effects-scope".into());
-    args.push(p.display().to_string());
-    if !kernel_runs_bpf_lsm() {
-        args.push("--system-effects-without-lsm".into());
-    }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     (ProcDaemon::start(name, &args), dir)
 }
@@ -711,7 +706,8 @@ fn another_daemons_run_started_during_this_one_is_not_a_change_of_bpf() {
     };
     let (other, _other_scope) = start_beside(
         "another_daemons_run_started_during_this_one_is_not_a_change_of_bpf-other",
-        SCOPE_MACHINE,
+        Some(SCOPE_MACHINE),
+        &[],
     );
     make_sessions(&d, &[("a", "s")]);
     make_sessions(&other, &[("b", "t")]);

@@ -85,15 +85,9 @@ impl History {
             return Default::default();
         };
         let o = l.programs.objects();
-        let named = |kind: &str, ids: &[u32]| {
-            ids.iter()
-                .map(|id| format!("{kind} {id}"))
-                .collect::<Vec<_>>()
-        };
-        named("prog", &o.progs)
+        [("prog", &o.progs), ("map", &o.maps), ("link", &o.links)]
             .into_iter()
-            .chain(named("map", &o.maps))
-            .chain(named("link", &o.links))
+            .flat_map(|(kind, ids)| ids.iter().map(move |id| format!("{kind} {id}")))
             .collect()
     }
 
@@ -330,12 +324,15 @@ pub fn registered(registry: &std::path::Path) -> std::collections::HashSet<Strin
     for e in std::fs::read_dir(registry).into_iter().flatten().flatten() {
         let text = std::fs::read_to_string(e.path()).unwrap_or_default();
         let keys: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
-        let observer = e
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-            .is_some_and(is_observer);
-        if !observer && !keys.iter().any(|k| is_loaded(k)) {
+        // Whether its observer runs is read only for a file that would
+        // otherwise go (a `readlink` of its `/proc/PID/exe`).
+        let observer = || {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+                .is_some_and(is_observer)
+        };
+        if !keys.iter().any(|k| is_loaded(k)) && !observer() {
             let _ = std::fs::remove_file(e.path());
         }
         out.extend(keys.into_iter().map(str::to_string));

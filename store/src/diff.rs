@@ -121,6 +121,9 @@ fn io(op: &'static str, p: &Path, e: rustix::io::Errno) -> StoreError {
 struct Known {
     /// From its inode item (`nlink`, at byte 40), when that was seen.
     nlink: Option<u32>,
+    /// From its inode item (`ctime`, seconds at byte 124), when that was
+    /// seen.
+    ctime: Option<i64>,
     /// The parents its reference items seen name.
     parents: Vec<u64>,
 }
@@ -352,41 +355,54 @@ impl Hints {
         // roots (a snapshot's copies of such links have none: they show
         // as empty directories): the directory holding each link is
         // singled out, so that the walk reaches the link and walks it.
+        let mut links: HashSet<u64> = HashSet::new();
         for tree in [a, b] {
             let key = SearchKey::object(btrfs::ROOT_TREE_ID, tree, item::ROOT_REF..=item::ROOT_REF);
             search
                 .run(from, key, |it| {
                     h.subvolumes.insert(it.offset);
                     if it.data.len() >= 8 {
-                        h.changed
-                            .insert(u64::from_le_bytes(it.data[..8].try_into().unwrap()));
+                        links.insert(u64::from_le_bytes(it.data[..8].try_into().unwrap()));
                     }
                 })
                 .map_err(bt)?;
         }
+        h.changed.extend(links.iter().copied());
         let mut over = false;
         // What the changed blocks already say of each inode (per tree): its
-        // link count and the parents its references name. An inode with one
-        // link and its one reference seen needs no search of its own for
-        // its parent; any other is searched.
+        // link count, its ctime and the parents its references name. An
+        // inode with one link and its one reference seen needs no search of
+        // its own for its parent; any other is searched.
         let mut known: HashMap<(u64, u64), Known> = HashMap::new();
         for (to, tree) in [(false, a), (true, b)] {
             let keep_modes = read_only[usize::from(to)];
+            // The items come in key order: an inode's, one after another.
+            let mut last = None;
             search
                 .run(from, SearchKey::all(tree, since.saturating_add(1)), |it| {
-                    if h.changed.len() < cap {
-                        h.changed.insert(it.objectid);
-                    } else if !h.changed.contains(&it.objectid) {
-                        over = true;
+                    if last != Some(it.objectid) {
+                        last = Some(it.objectid);
+                        if h.changed.len() < cap {
+                            h.changed.insert(it.objectid);
+                        } else if !h.changed.contains(&it.objectid) {
+                            over = true;
+                        }
+                        // Seen on this side (with no inode item: not known
+                        // to be as it was).
+                        known.entry((tree, it.objectid)).or_default();
                     }
                     let le64 = |d: &[u8]| u64::from_le_bytes(d[..8].try_into().unwrap());
                     match it.kind {
                         item::INODE_ITEM if it.data.len() >= 44 => {
                             let d = it.data;
                             let n = u32::from_le_bytes(d[40..44].try_into().unwrap());
-                            known.entry((tree, it.objectid)).or_default().nlink = Some(n);
+                            let k = known.entry((tree, it.objectid)).or_default();
+                            k.nlink = Some(n);
                             // `struct btrfs_inode_item`: `size` at 16,
-                            // `mode` at 52.
+                            // `mode` at 52, `ctime` at 124.
+                            if d.len() >= 132 {
+                                k.ctime = Some(le64(&d[124..]) as i64);
+                            }
                             if keep_modes && d.len() >= 56 {
                                 let mode = u32::from_le_bytes(d[52..56].try_into().unwrap());
                                 h.modes.insert((to, it.objectid), (mode, le64(&d[16..])));
@@ -409,6 +425,29 @@ impl Hints {
             if over {
                 return Ok(None);
             }
+        }
+        // An inode whose items are in a written block only because a
+        // change beside it was written (a new entry of its directory, a
+        // file made next to it, its access time alone updated) did not
+        // change: on each side where its items were written, its inode item
+        // says a ctime older than the trees' parting. Whatever changes a
+        // file (its bytes, size, mode, owner, names, links, extended
+        // attributes) or a directory's entries stamps its ctime with the
+        // time of the change ([`Hints::recent`]); an access time moves
+        // alone. Not singled out, it is passed over without a `stat`, and
+        // the directories above it are not listed for it: a run that read
+        // a tree written minutes before, or made one file beside a large
+        // directory, is compared by what it changed.
+        if since_time != 0 {
+            let recent = |ctime: i64| ctime >= since_time - 1;
+            h.changed.retain(|ino| {
+                links.contains(ino)
+                    || [a, b].into_iter().any(|tree| {
+                        known
+                            .get(&(tree, *ino))
+                            .is_some_and(|k| k.ctime.is_none_or(recent))
+                    })
+            });
         }
         for tree in [a, b] {
             // The changed inodes first, in inode order, so that a run of

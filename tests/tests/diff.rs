@@ -454,6 +454,97 @@ fn a_change_within_one_clock_tick_is_still_listed() {
     );
 }
 
+/// A tree read in full after it was written (every file's access time
+/// moves, and with it the file's inode item) and a few changes beside
+/// files left alone (a new entry at the top next to the first directory's
+/// inode, a file made and one deleted among a thousand): the diff lists
+/// the changes, as the full walk and a brute-force comparison do, and
+/// what the Btrfs trees single out is the changed files and their
+/// directories, not every file whose inode item was written again or
+/// shares a block with a change.
+#[test]
+fn reads_and_the_neighbours_of_a_change_are_not_singled_out() {
+    use allox_store::diff::{diff_trees, DiffMethod, Hints};
+    use std::os::unix::fs::MetadataExt;
+    let Some((_fs, st)) = setup("diff::reads_and_the_neighbours_of_a_change_are_not_singled_out")
+    else {
+        return;
+    };
+    let l = st.layout().clone();
+    let cur = l.current("a", "s");
+    populate(&cur, 3000).unwrap();
+    // Written back (the session's tree was made in the transaction the
+    // files are written in: the checkpoint's is a later one), and older
+    // than the checkpoint by more than the second of slack a ctime is
+    // given: the clock is waited past it.
+    rustix::fs::sync();
+    let made = std::fs::metadata(cur.join("d002/f2999")).unwrap().ctime();
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+    };
+    while now() <= made + 2 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    ck(&st, "c1");
+    let atime = |p: &str| {
+        let m = std::fs::metadata(cur.join(p)).unwrap();
+        (m.atime(), m.atime_nsec())
+    };
+    let before = atime("d001/f1500");
+    for i in 0..3000 {
+        std::fs::read(cur.join(format!("d{:03}/f{i}", i / 1000))).unwrap();
+    }
+    // The store is mounted `relatime` (the default): a first read moves
+    // the access time.
+    assert_ne!(
+        atime("d001/f1500"),
+        before,
+        "reading did not move the access time"
+    );
+    std::fs::write(cur.join("d001/f1234"), "changed\n").unwrap();
+    std::fs::remove_file(cur.join("d002/f2500")).unwrap();
+    std::fs::write(cur.join("d002/g1"), "new\n").unwrap();
+    std::fs::set_permissions(cur.join("d000/f10"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::rename(cur.join("d000/f20"), cur.join("d000/g20")).unwrap();
+    std::fs::create_dir_all(cur.join("new/x")).unwrap();
+    std::fs::write(cur.join("new/x/y"), "y\n").unwrap();
+    ck(&st, "c2");
+    let (c1, c2) = (l.checkpoint("a", "s", "c1"), l.checkpoint("a", "s", "c2"));
+    let expected: BTreeSet<(String, ChangeKind)> = [
+        ("d001/f1234", ChangeKind::Modified),
+        ("d002/f2500", ChangeKind::Deleted),
+        ("d002/g1", ChangeKind::Added),
+        ("d000/f10", ChangeKind::Modified),
+        ("d000/f20", ChangeKind::Deleted),
+        ("d000/g20", ChangeKind::Added),
+        ("new", ChangeKind::Added),
+        ("new/x", ChangeKind::Added),
+        ("new/x/y", ChangeKind::Added),
+    ]
+    .into_iter()
+    .map(|(p, k)| (p.to_string(), k))
+    .collect();
+    assert_eq!(brute(&c1, &c2), expected);
+    assert_eq!(got(&diff(&st, "c1", "c2")), expected);
+    for (x, y) in [(&c1, &c2), (&c2, &c1), (&c1, &cur), (&cur, &c1)] {
+        let fast = diff_trees(x, y, DiffMethod::Btrfs).unwrap();
+        let slow = diff_trees(x, y, DiffMethod::Walk).unwrap();
+        assert_eq!(fast, slow, "{} -> {}", x.display(), y.display());
+    }
+    // The five files changed, made or renamed, the new tree's three
+    // inodes, and the directories whose entries changed: not the 3,000
+    // files whose access times moved.
+    let h = Hints::read_paths(&c1, &c2).unwrap().expect("one history");
+    assert!(
+        h.changed_inodes() <= 12,
+        "{} inodes singled out of 3,000 read and 9 changed",
+        h.changed_inodes()
+    );
+}
+
 /// Trees that nothing changed in since they were one (two checkpoints of
 /// a session left alone, or either and `current`) are compared from the
 /// Btrfs trees alone, without listing a directory; a nested subvolume in

@@ -147,6 +147,8 @@ pub mod item {
     pub const INODE_ITEM: u8 = 1;
     pub const INODE_REF: u8 = 12;
     pub const INODE_EXTREF: u8 = 13;
+    pub const DIR_ITEM: u8 = 84;
+    pub const DIR_INDEX: u8 = 96;
     pub const ROOT_ITEM: u8 = 132;
     pub const ROOT_REF: u8 = 156;
 }
@@ -202,6 +204,20 @@ impl TreeSearch {
         &mut self,
         fd: &impl AsFd,
         key: SearchKey,
+        f: impl FnMut(&Item<'_>),
+    ) -> Result<(), BtrfsError> {
+        self.run_skipping(fd, key, |_| None, f)
+    }
+
+    /// [`run`](TreeSearch::run), where `skip` may say, of the last key a
+    /// search returned, the key to go on from instead of the one right
+    /// after it (never an earlier one): the keys between are not searched
+    /// (`f` sees what one search returned, whatever `skip` says).
+    pub fn run_skipping(
+        &mut self,
+        fd: &impl AsFd,
+        key: SearchKey,
+        skip: impl Fn((u64, u8, u64)) -> Option<(u64, u8, u64)>,
         mut f: impl FnMut(&Item<'_>),
     ) -> Result<(), BtrfsError> {
         let args = &mut *self.args;
@@ -231,6 +247,10 @@ impl TreeSearch {
                 Some((o, t + 1, 0))
             } else {
                 o.checked_add(1).map(|o| (o, 0, 0))
+            };
+            let next = match (next, skip(last)) {
+                (Some(n), Some(s)) => Some(n.max(s)),
+                (n, _) => n,
             };
             let Some((o, t, off)) = next else {
                 return Ok(());

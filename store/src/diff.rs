@@ -48,7 +48,14 @@ use crate::tree::Dir;
 use allox_protocol::{validate_id, Change, ChangeKind, CheckpointDiff, DiffListing};
 use rustix::fd::OwnedFd;
 use rustix::fs::{self, Mode, OFlags};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+
+/// The hints' sets and maps, keyed by inode numbers (which Btrfs hands
+/// out, not the agent): hashed with `foldhash`, a few times faster than
+/// the standard hasher on the tens of thousands of keys a large change
+/// brings.
+type HashSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use std::path::{Path, PathBuf};
 
 /// Most changes listed in one answer (the counts cover all of them).
@@ -147,7 +154,7 @@ pub struct Hints {
     /// each inode (its mode and size), by side (`false` for `from`) and
     /// inode: a tree that cannot change answers as `stat` would, so a file
     /// on that side only is listed without one.
-    modes: HashMap<(bool, u64), (u32, u64)>,
+    modes: FastMap<(bool, u64), (u32, u64)>,
 }
 
 impl Hints {
@@ -211,7 +218,7 @@ impl Hints {
         search: &mut btrfs::TreeSearch,
         fd: &impl rustix::fd::AsFd,
         mut inos: Vec<u64>,
-    ) -> std::result::Result<HashMap<u64, Option<bool>>, btrfs::BtrfsError> {
+    ) -> std::result::Result<FastMap<u64, Option<bool>>, btrfs::BtrfsError> {
         use std::hash::{BuildHasher, Hash, Hasher};
         /// Past this many items on a side (a file of many extents), the
         /// bytes are compared instead.
@@ -237,7 +244,7 @@ impl Hints {
                 _ => runs.push((i, i)),
             }
         }
-        let mut sides: [HashMap<u64, Side>; 2] = [HashMap::new(), HashMap::new()];
+        let mut sides: [FastMap<u64, Side>; 2] = [FastMap::default(), FastMap::default()];
         for (side, tree) in sides.iter_mut().zip([self.trees.0, self.trees.1]) {
             for &(lo, hi) in &runs {
                 let mut key = SearchKey::object(tree, lo, 0..=255);
@@ -355,7 +362,7 @@ impl Hints {
         // roots (a snapshot's copies of such links have none: they show
         // as empty directories): the directory holding each link is
         // singled out, so that the walk reaches the link and walks it.
-        let mut links: HashSet<u64> = HashSet::new();
+        let mut links: HashSet<u64> = HashSet::default();
         for tree in [a, b] {
             let key = SearchKey::object(btrfs::ROOT_TREE_ID, tree, item::ROOT_REF..=item::ROOT_REF);
             search
@@ -373,54 +380,65 @@ impl Hints {
         // link count, its ctime and the parents its references name. An
         // inode with one link and its one reference seen needs no search of
         // its own for its parent; any other is searched.
-        let mut known: HashMap<(u64, u64), Known> = HashMap::new();
+        let mut known: FastMap<(u64, u64), Known> = FastMap::default();
         for (to, tree) in [(false, a), (true, b)] {
             let keep_modes = read_only[usize::from(to)];
             // The items come in key order: an inode's, one after another.
             let mut last = None;
+            // A directory's entries (two items each) are nothing the hints
+            // keep, and a large new directory holds thousands: a search
+            // that ends among them goes on past them.
+            let past_entries = |(o, t, _): (u64, u8, u64)| {
+                (t == item::DIR_ITEM || t == item::DIR_INDEX).then_some((o, item::DIR_INDEX + 1, 0))
+            };
             search
-                .run(from, SearchKey::all(tree, since.saturating_add(1)), |it| {
-                    if last != Some(it.objectid) {
-                        last = Some(it.objectid);
-                        if h.changed.len() < cap {
-                            h.changed.insert(it.objectid);
-                        } else if !h.changed.contains(&it.objectid) {
-                            over = true;
-                        }
-                        // Seen on this side (with no inode item: not known
-                        // to be as it was).
-                        known.entry((tree, it.objectid)).or_default();
-                    }
-                    let le64 = |d: &[u8]| u64::from_le_bytes(d[..8].try_into().unwrap());
-                    match it.kind {
-                        item::INODE_ITEM if it.data.len() >= 44 => {
-                            let d = it.data;
-                            let n = u32::from_le_bytes(d[40..44].try_into().unwrap());
-                            let k = known.entry((tree, it.objectid)).or_default();
-                            k.nlink = Some(n);
-                            // `struct btrfs_inode_item`: `size` at 16,
-                            // `mode` at 52, `ctime` at 124.
-                            if d.len() >= 132 {
-                                k.ctime = Some(le64(&d[124..]) as i64);
+                .run_skipping(
+                    from,
+                    SearchKey::all(tree, since.saturating_add(1)),
+                    past_entries,
+                    |it| {
+                        if last != Some(it.objectid) {
+                            last = Some(it.objectid);
+                            if h.changed.len() < cap {
+                                h.changed.insert(it.objectid);
+                            } else if !h.changed.contains(&it.objectid) {
+                                over = true;
                             }
-                            if keep_modes && d.len() >= 56 {
-                                let mode = u32::from_le_bytes(d[52..56].try_into().unwrap());
-                                h.modes.insert((to, it.objectid), (mode, le64(&d[16..])));
-                            }
+                            // Seen on this side (with no inode item: not known
+                            // to be as it was).
+                            known.entry((tree, it.objectid)).or_default();
                         }
-                        item::INODE_REF => known
-                            .entry((tree, it.objectid))
-                            .or_default()
-                            .parents
-                            .push(it.offset),
-                        item::INODE_EXTREF if it.data.len() >= 8 => known
-                            .entry((tree, it.objectid))
-                            .or_default()
-                            .parents
-                            .push(le64(it.data)),
-                        _ => {}
-                    }
-                })
+                        let le64 = |d: &[u8]| u64::from_le_bytes(d[..8].try_into().unwrap());
+                        match it.kind {
+                            item::INODE_ITEM if it.data.len() >= 44 => {
+                                let d = it.data;
+                                let n = u32::from_le_bytes(d[40..44].try_into().unwrap());
+                                let k = known.entry((tree, it.objectid)).or_default();
+                                k.nlink = Some(n);
+                                // `struct btrfs_inode_item`: `size` at 16,
+                                // `mode` at 52, `ctime` at 124.
+                                if d.len() >= 132 {
+                                    k.ctime = Some(le64(&d[124..]) as i64);
+                                }
+                                if keep_modes && d.len() >= 56 {
+                                    let mode = u32::from_le_bytes(d[52..56].try_into().unwrap());
+                                    h.modes.insert((to, it.objectid), (mode, le64(&d[16..])));
+                                }
+                            }
+                            item::INODE_REF => known
+                                .entry((tree, it.objectid))
+                                .or_default()
+                                .parents
+                                .push(it.offset),
+                            item::INODE_EXTREF if it.data.len() >= 8 => known
+                                .entry((tree, it.objectid))
+                                .or_default()
+                                .parents
+                                .push(le64(it.data)),
+                            _ => {}
+                        }
+                    },
+                )
                 .map_err(bt)?;
             if over {
                 return Ok(None);
@@ -457,7 +475,7 @@ impl Hints {
             let mut first: Vec<u64> = h.changed.iter().copied().collect();
             first.sort_unstable_by(|x, y| y.cmp(x));
             let mut todo: Vec<u64> = Vec::new();
-            let mut seen: HashSet<u64> = HashSet::new();
+            let mut seen: HashSet<u64> = HashSet::default();
             // No item of this tree has an objectid above `.0` and below
             // `.1` (none above `.0` at all when `.1` is `None`).
             let mut clear: Option<(u64, Option<u64>)> = None;

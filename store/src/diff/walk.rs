@@ -74,7 +74,7 @@ pub struct Walk<'a> {
     /// What the trees' items say of the inodes the hints single out
     /// ([`Hints::items_alike`]), read a directory's at a time when first
     /// needed there.
-    alike: Option<std::collections::HashMap<u64, Option<bool>>>,
+    alike: Option<super::FastMap<u64, Option<bool>>>,
     /// The buffer of those searches.
     search: Option<crate::btrfs::TreeSearch>,
     pub out: Listing,

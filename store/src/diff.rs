@@ -665,6 +665,9 @@ pub struct Compared {
     pub counts: [u64; 4],
     /// Some listed change's patch is cut or left out.
     pub patch_truncated: bool,
+    /// Each listed change's `st_mode` on each side (`from`, `to`), where
+    /// the walk knew it (from a `stat`, or a read-only side's inode item).
+    pub modes: Vec<[Option<u32>; 2]>,
 }
 
 /// Diffs two directory trees within `limits`, with each listed file's
@@ -688,6 +691,7 @@ pub fn compare(
                 truncated: false,
                 counts: [0; 4],
                 patch_truncated: false,
+                modes: Vec::new(),
             });
         }
     }
@@ -707,6 +711,7 @@ pub fn compare(
     w.run(da, db)?;
     let found = w.out.finish();
     let (truncated, counts) = (found.truncated, found.counts);
+    let modes = found.listed.iter().map(|l| l.modes).collect();
     let (changes, patch_truncated) = match (&pa, &pb) {
         (Some(pa), Some(pb)) => patch::Patcher::new(pa, pb, &found, limits).run(&found)?,
         _ => (found.into_changes().0, false),
@@ -716,6 +721,7 @@ pub fn compare(
         truncated,
         counts,
         patch_truncated,
+        modes,
     })
 }
 

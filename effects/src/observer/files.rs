@@ -144,8 +144,11 @@ pub fn diff(a: &Path, b: &Path, btrfs: bool) -> Result<(Vec<Difference>, bool), 
     let out = d
         .changes
         .iter()
-        .map(|c| {
-            let side = |root: &Path| describe(&root.join(&c.path));
+        .enumerate()
+        .map(|(i, c)| {
+            let [ma, mb] = d.modes.get(i).copied().unwrap_or_default();
+            let before = || describe_known(&pa.join(&c.path), ma, c.size_before);
+            let after = || describe_known(&pb.join(&c.path), mb, c.size_after);
             let kind = match c.kind {
                 ChangeKind::Added => EffectChangeKind::Added,
                 ChangeKind::Deleted => EffectChangeKind::Removed,
@@ -154,8 +157,8 @@ pub fn diff(a: &Path, b: &Path, btrfs: bool) -> Result<(Vec<Difference>, bool), 
             Difference {
                 key: c.path.clone(),
                 kind,
-                before: (kind != EffectChangeKind::Added).then(|| side(pa)),
-                after: (kind != EffectChangeKind::Removed).then(|| side(pb)),
+                before: (kind != EffectChangeKind::Added).then(before),
+                after: (kind != EffectChangeKind::Removed).then(after),
             }
         })
         .collect();
@@ -204,6 +207,24 @@ pub fn describe(p: &Path) -> String {
     match hash_file(p) {
         Ok(h) => format!("file {:o} {} {h}", mode, md.len()),
         Err(e) => format!("file {:o} {} unreadable: {e}", mode, md.len()),
+    }
+}
+
+/// [`describe`] of an entry of a tree that does not change (a snapshot),
+/// whose `st_mode` (and, for a file, size) the diff already read: a
+/// directory, an empty file or a special file is described without a
+/// `stat` (which reads the inode from a tree no cache holds yet: about
+/// 20 µs in a new snapshot); anything else as `describe` does.
+pub fn describe_known(p: &Path, mode: Option<u32>, size: Option<u64>) -> String {
+    let Some(mode) = mode else {
+        return describe(p);
+    };
+    let perm = mode & 0o7777;
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => format!("dir {perm:o}"),
+        libc::S_IFREG if size == Some(0) => format!("file {perm:o} 0 {EMPTY_SHA256}"),
+        libc::S_IFREG | libc::S_IFLNK => describe(p),
+        _ => "special".into(),
     }
 }
 
@@ -271,6 +292,51 @@ mod tests {
         assert_eq!(describe(&empty), format!("file 640 0 {EMPTY_SHA256}"));
         let x = crate::chain::hex(&Sha256::digest(b"x"));
         assert_eq!(describe(&one), format!("file 640 1 {x}"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// With the mode (and size) the diff read, an entry is described as
+    /// `describe` describes it; a directory, an empty file or a special
+    /// file without reading the path at all (the one asked for here is
+    /// gone), anything else from the path.
+    #[test]
+    fn an_entry_whose_mode_is_known_is_described_as_its_stat_would_be() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = std::env::temp_dir().join(format!("allox-describe-known-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        std::fs::write(dir.join("empty"), b"").unwrap();
+        std::fs::write(dir.join("one"), b"x").unwrap();
+        std::os::unix::fs::symlink("one", dir.join("link")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            dir.join("fifo"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        for name in ["sub", "empty", "one", "link", "fifo"] {
+            let p = dir.join(name);
+            let md = std::fs::symlink_metadata(&p).unwrap();
+            let size = (!md.is_dir()).then_some(md.len());
+            assert_eq!(
+                describe_known(&p, Some(md.mode()), size),
+                describe(&p),
+                "{name}"
+            );
+            assert_eq!(describe_known(&p, None, size), describe(&p), "{name}");
+        }
+        let gone = dir.join("gone");
+        assert_eq!(describe(&gone), "missing");
+        let dir_mode = libc::S_IFDIR | 0o750;
+        assert_eq!(describe_known(&gone, Some(dir_mode), None), "dir 750");
+        let file_mode = libc::S_IFREG | 0o600;
+        assert_eq!(
+            describe_known(&gone, Some(file_mode), Some(0)),
+            format!("file 600 0 {EMPTY_SHA256}")
+        );
+        assert_eq!(describe_known(&gone, Some(file_mode), Some(1)), "missing");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -14,6 +14,8 @@ pub struct Listed {
     pub kind: ChangeKind,
     pub before: Option<u64>,
     pub after: Option<u64>,
+    /// Its `st_mode` on each side (`from`, `to`), where the walk knew it.
+    pub modes: [Option<u32>; 2],
 }
 
 impl Listed {
@@ -102,7 +104,16 @@ impl Listing {
         self.counts[kind as usize] += 1;
     }
 
-    pub fn push(&mut self, path: &[u8], kind: ChangeKind, before: Option<u64>, after: Option<u64>) {
+    /// Counts a change and lists it, if it is within the listing's
+    /// bounds: its sizes (`from`, `to`) and its `st_mode` on each side
+    /// where known.
+    pub fn push(
+        &mut self,
+        path: &[u8],
+        kind: ChangeKind,
+        (before, after): (Option<u64>, Option<u64>),
+        modes: [Option<u32>; 2],
+    ) {
         self.counts[kind as usize] += 1;
         if self.ceiling.as_deref().is_some_and(|c| path >= c) {
             return;
@@ -113,6 +124,7 @@ impl Listing {
             kind,
             before,
             after,
+            modes,
         });
         while self.kept.len() > self.max || self.bytes > self.max_bytes {
             let Some(x) = self.kept.pop() else { break };
@@ -142,7 +154,7 @@ mod tests {
     fn the_listing_is_a_prefix_in_path_order() {
         let mut l = Listing::new(3, 1 << 20);
         for p in ["e", "b", "d", "a", "c", "f"] {
-            l.push(p.as_bytes(), ChangeKind::Added, None, Some(1));
+            l.push(p.as_bytes(), ChangeKind::Added, (None, Some(1)), [None; 2]);
         }
         let (c, truncated, counts) = l.finish().into_changes();
         let paths: Vec<&str> = c.iter().map(|c| c.path.as_str()).collect();
@@ -154,12 +166,17 @@ mod tests {
     #[test]
     fn long_paths_are_counted_not_listed_past_the_byte_limit() {
         let mut l = Listing::new(100, 200);
-        l.push(b"a", ChangeKind::Modified, Some(1), Some(2));
+        l.push(b"a", ChangeKind::Modified, (Some(1), Some(2)), [None; 2]);
         // Too long to list: everything from it on is left out, so what is
         // listed stays a prefix.
-        l.push("b/".repeat(200).as_bytes(), ChangeKind::Added, None, None);
-        l.push(b"c", ChangeKind::Added, None, None);
-        l.push(b"0", ChangeKind::Deleted, None, None);
+        l.push(
+            "b/".repeat(200).as_bytes(),
+            ChangeKind::Added,
+            (None, None),
+            [None; 2],
+        );
+        l.push(b"c", ChangeKind::Added, (None, None), [None; 2]);
+        l.push(b"0", ChangeKind::Deleted, (None, None), [None; 2]);
         let (c, truncated, counts) = l.finish().into_changes();
         let paths: Vec<&str> = c.iter().map(|c| c.path.as_str()).collect();
         assert_eq!(paths, ["0", "a"]);

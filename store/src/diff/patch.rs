@@ -651,6 +651,7 @@ mod tests {
                 kind: ChangeKind::Modified,
                 before: Some(4),
                 after: Some(4),
+                modes: [None, None],
             }],
             truncated: false,
             counts: [0, 1, 0, 0],

@@ -377,11 +377,21 @@ impl<'a> Walk<'a> {
                 .filter(|_| hinted)
                 .and_then(|h| h.mode_size(!a_side, ino))
                 .filter(|&(mode, _)| FileType::from_raw_mode(mode) != FileType::Directory);
-            if let Some((_, bytes)) = item {
+            if let Some((mode, bytes)) = item {
                 if a_side {
-                    self.out.push(&p, ChangeKind::Deleted, Some(bytes), None);
+                    self.out.push(
+                        &p,
+                        ChangeKind::Deleted,
+                        (Some(bytes), None),
+                        [Some(mode), None],
+                    );
                 } else {
-                    self.out.push(&p, ChangeKind::Added, None, Some(bytes));
+                    self.out.push(
+                        &p,
+                        ChangeKind::Added,
+                        (None, Some(bytes)),
+                        [None, Some(mode)],
+                    );
                 }
                 return Ok(());
             }
@@ -402,9 +412,19 @@ impl<'a> Walk<'a> {
     ) -> Result<(), TreeError> {
         let p = self.child_path(name);
         if a_side {
-            self.out.push(&p, ChangeKind::Deleted, size(st), None);
+            self.out.push(
+                &p,
+                ChangeKind::Deleted,
+                (size(st), None),
+                [Some(st.st_mode), None],
+            );
         } else {
-            self.out.push(&p, ChangeKind::Added, None, size(st));
+            self.out.push(
+                &p,
+                ChangeKind::Added,
+                (None, size(st)),
+                [None, Some(st.st_mode)],
+            );
         }
         if kind_of(st) == FileType::Directory {
             let (sa, sb) = if a_side {
@@ -446,8 +466,12 @@ impl<'a> Walk<'a> {
         let (ka, kb) = (kind_of(&sa), kind_of(&sb));
         let p = self.child_path(&name);
         if ka != kb {
-            self.out
-                .push(&p, ChangeKind::TypeChanged, size(&sa), size(&sb));
+            self.out.push(
+                &p,
+                ChangeKind::TypeChanged,
+                (size(&sa), size(&sb)),
+                [Some(sa.st_mode), Some(sb.st_mode)],
+            );
             if ka == FileType::Directory {
                 self.descend(&name, Some(&sa), None, hinted)?;
             } else if kb == FileType::Directory {
@@ -457,7 +481,12 @@ impl<'a> Walk<'a> {
         }
         if ka == FileType::Directory {
             if sa.st_mode != sb.st_mode {
-                self.out.push(&p, ChangeKind::Modified, None, None);
+                self.out.push(
+                    &p,
+                    ChangeKind::Modified,
+                    (None, None),
+                    [Some(sa.st_mode), Some(sb.st_mode)],
+                );
             }
             return self.descend(&name, Some(&sa), Some(&sb), hinted);
         }
@@ -551,8 +580,12 @@ impl<'a> Walk<'a> {
             sa.st_rdev != sb.st_rdev
         };
         if changed {
-            self.out
-                .push(&p, ChangeKind::Modified, size(&sa), size(&sb));
+            self.out.push(
+                &p,
+                ChangeKind::Modified,
+                (size(&sa), size(&sb)),
+                [Some(sa.st_mode), Some(sb.st_mode)],
+            );
         }
         Ok(())
     }

@@ -131,6 +131,9 @@ struct Known {
     /// From its inode item (`ctime`, seconds at byte 124), when that was
     /// seen.
     ctime: Option<i64>,
+    /// From its inode item (`transid` at byte 8: the transaction that last
+    /// wrote the item), when that was seen.
+    transid: Option<u64>,
     /// The parents its reference items seen name.
     parents: Vec<u64>,
 }
@@ -417,6 +420,7 @@ impl Hints {
                                 k.nlink = Some(n);
                                 // `struct btrfs_inode_item`: `size` at 16,
                                 // `mode` at 52, `ctime` at 124.
+                                k.transid = Some(le64(&d[8..]));
                                 if d.len() >= 132 {
                                     k.ctime = Some(le64(&d[124..]) as i64);
                                 }
@@ -447,26 +451,29 @@ impl Hints {
         // An inode whose items are in a written block only because a
         // change beside it was written (a new entry of its directory, a
         // file made next to it, its access time alone updated) did not
-        // change: on each side where its items were written, its inode item
-        // says a ctime older than the trees' parting. Whatever changes a
-        // file (its bytes, size, mode, owner, names, links, extended
-        // attributes) or a directory's entries stamps its ctime with the
-        // time of the change ([`Hints::recent`]); an access time moves
-        // alone. Not singled out, it is passed over without a `stat`, and
-        // the directories above it are not listed for it: a run that read
-        // a tree written minutes before, or made one file beside a large
+        // change: on each side where its items were written, its inode
+        // item was last written at or before the trees' parting (the
+        // item's own transaction number: a block written again for an item
+        // beside it keeps the item's bytes), or says a ctime older than the
+        // parting. Whatever changes a file (its bytes, size, mode, owner,
+        // names, links, extended attributes) or a directory's entries
+        // writes its inode item in that transaction and stamps its ctime
+        // with the time of the change ([`Hints::recent`]); an access time
+        // moves alone, writing the item but leaving the ctime. Not singled
+        // out, such an inode is passed over without a `stat`, and the
+        // directories above it are not listed for it: a run that read a
+        // tree written minutes before, or made files beside a large
         // directory, is compared by what it changed.
-        if since_time != 0 {
-            let recent = |ctime: i64| ctime >= since_time - 1;
-            h.changed.retain(|ino| {
-                links.contains(ino)
-                    || [a, b].into_iter().any(|tree| {
-                        known
-                            .get(&(tree, *ino))
-                            .is_some_and(|k| k.ctime.is_none_or(recent))
-                    })
-            });
-        }
+        let recent = |ctime: i64| since_time == 0 || ctime >= since_time - 1;
+        let as_at_parting = |k: &Known| {
+            k.transid.is_some_and(|t| t <= since) || k.ctime.is_some_and(|c| !recent(c))
+        };
+        h.changed.retain(|ino| {
+            links.contains(ino)
+                || [a, b]
+                    .into_iter()
+                    .any(|tree| known.get(&(tree, *ino)).is_some_and(|k| !as_at_parting(k)))
+        });
         for tree in [a, b] {
             // The changed inodes first, in inode order, so that a run of
             // them this tree holds no item of (files made on the other

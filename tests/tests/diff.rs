@@ -545,6 +545,45 @@ fn reads_and_the_neighbours_of_a_change_are_not_singled_out() {
     );
 }
 
+/// Files written just before a checkpoint (their ctimes within the
+/// second of slack of its time) and one file made after it, numbered next
+/// to them: the files the new one shares a tree block with are not
+/// singled out (their inode items were last written before the
+/// checkpoint), so neither is their directory listed for them.
+#[test]
+fn files_written_just_before_a_checkpoint_beside_a_new_one_are_not_singled_out() {
+    use allox_store::diff::{diff_trees, DiffMethod, Hints};
+    let Some((_fs, st)) =
+        setup("diff::files_written_just_before_a_checkpoint_beside_a_new_one_are_not_singled_out")
+    else {
+        return;
+    };
+    let l = st.layout().clone();
+    let cur = l.current("a", "s");
+    populate(&cur, 3000).unwrap();
+    ck(&st, "c1");
+    std::fs::write(cur.join("d000/new"), "new\n").unwrap();
+    ck(&st, "c2");
+    let (c1, c2) = (l.checkpoint("a", "s", "c1"), l.checkpoint("a", "s", "c2"));
+    let expected: BTreeSet<(String, ChangeKind)> =
+        [("d000/new".to_string(), ChangeKind::Added)].into();
+    assert_eq!(brute(&c1, &c2), expected);
+    assert_eq!(got(&diff(&st, "c1", "c2")), expected);
+    for (x, y) in [(&c1, &c2), (&c2, &c1)] {
+        let fast = diff_trees(x, y, DiffMethod::Btrfs).unwrap();
+        let slow = diff_trees(x, y, DiffMethod::Walk).unwrap();
+        assert_eq!(fast, slow, "{} -> {}", x.display(), y.display());
+    }
+    // The new file and its directory: not the files beside the new one
+    // in the tree (the last ones of d002).
+    let h = Hints::read_paths(&c1, &c2).unwrap().expect("one history");
+    assert!(
+        h.changed_inodes() <= 3,
+        "{} inodes singled out for one file made",
+        h.changed_inodes()
+    );
+}
+
 /// Trees that nothing changed in since they were one (two checkpoints of
 /// a session left alone, or either and `current`) are compared from the
 /// Btrfs trees alone, without listing a directory; a nested subvolume in

@@ -454,6 +454,37 @@ fn a_change_within_one_clock_tick_is_still_listed() {
     );
 }
 
+/// Checkpoints `c1` and `c2` of session a/s: `c1 -> c2` lists `expected`
+/// (the brute-force comparison and `checkpoint.diff` alike), the
+/// Btrfs-pruned diff is the full walk's between each of `pairs` (both
+/// ways), and the hints single out at most `most` inodes of `c1 -> c2`.
+fn lists_only_what_changed(
+    st: &Store,
+    expected: &BTreeSet<(String, ChangeKind)>,
+    pairs: &[(&Path, &Path)],
+    most: usize,
+) {
+    use allox_store::diff::{diff_trees, DiffMethod, Hints};
+    let l = st.layout();
+    let (c1, c2) = (l.checkpoint("a", "s", "c1"), l.checkpoint("a", "s", "c2"));
+    assert_eq!(&brute(&c1, &c2), expected);
+    assert_eq!(&got(&diff(st, "c1", "c2")), expected);
+    for &(x, y) in pairs.iter().chain([(c1.as_path(), c2.as_path())].iter()) {
+        for (x, y) in [(x, y), (y, x)] {
+            let fast = diff_trees(x, y, DiffMethod::Btrfs).unwrap();
+            let slow = diff_trees(x, y, DiffMethod::Walk).unwrap();
+            assert_eq!(fast, slow, "{} -> {}", x.display(), y.display());
+        }
+    }
+    let h = Hints::read_paths(&c1, &c2).unwrap().expect("one history");
+    assert!(
+        h.changed_inodes() <= most,
+        "{} inodes singled out for {} changes (at most {most} expected)",
+        h.changed_inodes(),
+        expected.len()
+    );
+}
+
 /// A tree read in full after it was written (every file's access time
 /// moves, and with it the file's inode item) and a few changes beside
 /// files left alone (a new entry at the top next to the first directory's
@@ -464,7 +495,6 @@ fn a_change_within_one_clock_tick_is_still_listed() {
 /// shares a block with a change.
 #[test]
 fn reads_and_the_neighbours_of_a_change_are_not_singled_out() {
-    use allox_store::diff::{diff_trees, DiffMethod, Hints};
     use std::os::unix::fs::MetadataExt;
     let Some((_fs, st)) = setup("diff::reads_and_the_neighbours_of_a_change_are_not_singled_out")
     else {
@@ -512,7 +542,7 @@ fn reads_and_the_neighbours_of_a_change_are_not_singled_out() {
     std::fs::create_dir_all(cur.join("new/x")).unwrap();
     std::fs::write(cur.join("new/x/y"), "y\n").unwrap();
     ck(&st, "c2");
-    let (c1, c2) = (l.checkpoint("a", "s", "c1"), l.checkpoint("a", "s", "c2"));
+    let c1 = l.checkpoint("a", "s", "c1");
     let expected: BTreeSet<(String, ChangeKind)> = [
         ("d001/f1234", ChangeKind::Modified),
         ("d002/f2500", ChangeKind::Deleted),
@@ -527,22 +557,10 @@ fn reads_and_the_neighbours_of_a_change_are_not_singled_out() {
     .into_iter()
     .map(|(p, k)| (p.to_string(), k))
     .collect();
-    assert_eq!(brute(&c1, &c2), expected);
-    assert_eq!(got(&diff(&st, "c1", "c2")), expected);
-    for (x, y) in [(&c1, &c2), (&c2, &c1), (&c1, &cur), (&cur, &c1)] {
-        let fast = diff_trees(x, y, DiffMethod::Btrfs).unwrap();
-        let slow = diff_trees(x, y, DiffMethod::Walk).unwrap();
-        assert_eq!(fast, slow, "{} -> {}", x.display(), y.display());
-    }
     // The five files changed, made or renamed, the new tree's three
     // inodes, and the directories whose entries changed: not the 3,000
-    // files whose access times moved.
-    let h = Hints::read_paths(&c1, &c2).unwrap().expect("one history");
-    assert!(
-        h.changed_inodes() <= 12,
-        "{} inodes singled out of 3,000 read and 9 changed",
-        h.changed_inodes()
-    );
+    // files whose access times moved (3,007 singled out before).
+    lists_only_what_changed(&st, &expected, &[(&c1, &cur)], 12);
 }
 
 /// Files written just before a checkpoint (their ctimes within the
@@ -552,7 +570,6 @@ fn reads_and_the_neighbours_of_a_change_are_not_singled_out() {
 /// checkpoint), so neither is their directory listed for them.
 #[test]
 fn files_written_just_before_a_checkpoint_beside_a_new_one_are_not_singled_out() {
-    use allox_store::diff::{diff_trees, DiffMethod, Hints};
     let Some((_fs, st)) =
         setup("diff::files_written_just_before_a_checkpoint_beside_a_new_one_are_not_singled_out")
     else {
@@ -564,24 +581,11 @@ fn files_written_just_before_a_checkpoint_beside_a_new_one_are_not_singled_out()
     ck(&st, "c1");
     std::fs::write(cur.join("d000/new"), "new\n").unwrap();
     ck(&st, "c2");
-    let (c1, c2) = (l.checkpoint("a", "s", "c1"), l.checkpoint("a", "s", "c2"));
     let expected: BTreeSet<(String, ChangeKind)> =
         [("d000/new".to_string(), ChangeKind::Added)].into();
-    assert_eq!(brute(&c1, &c2), expected);
-    assert_eq!(got(&diff(&st, "c1", "c2")), expected);
-    for (x, y) in [(&c1, &c2), (&c2, &c1)] {
-        let fast = diff_trees(x, y, DiffMethod::Btrfs).unwrap();
-        let slow = diff_trees(x, y, DiffMethod::Walk).unwrap();
-        assert_eq!(fast, slow, "{} -> {}", x.display(), y.display());
-    }
     // The new file and its directory: not the files beside the new one
     // in the tree (the last ones of d002).
-    let h = Hints::read_paths(&c1, &c2).unwrap().expect("one history");
-    assert!(
-        h.changed_inodes() <= 3,
-        "{} inodes singled out for one file made",
-        h.changed_inodes()
-    );
+    lists_only_what_changed(&st, &expected, &[], 3);
 }
 
 /// Trees that nothing changed in since they were one (two checkpoints of

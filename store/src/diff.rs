@@ -49,14 +49,14 @@ use allox_protocol::{validate_id, Change, ChangeKind, CheckpointDiff, DiffListin
 use rustix::fd::OwnedFd;
 use rustix::fs::{self, Mode, OFlags};
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
 /// The hints' sets and maps, keyed by inode numbers (which Btrfs hands
 /// out, not the agent): hashed with `foldhash`, a few times faster than
 /// the standard hasher on the tens of thousands of keys a large change
 /// brings.
-type HashSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
+type FastSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-use std::path::{Path, PathBuf};
 
 /// Most changes listed in one answer (the counts cover all of them).
 pub const MAX_CHANGES: usize = 10_000;
@@ -142,9 +142,9 @@ struct Known {
 #[derive(Debug, Default)]
 pub struct Hints {
     /// Inodes with an item in a tree block written since the trees were one.
-    changed: HashSet<u64>,
+    changed: FastSet<u64>,
     /// Directories above those inodes, on either side.
-    above: HashSet<u64>,
+    above: FastSet<u64>,
     /// The two trees (`from`, `to`).
     trees: (u64, u64),
     /// When the trees became two (the creation of the copy made at that
@@ -152,7 +152,7 @@ pub struct Hints {
     since_time: i64,
     /// The subvolumes either tree holds a link to (nested subvolumes):
     /// their files are in trees of their own, which only a walk compares.
-    subvolumes: HashSet<u64>,
+    subvolumes: FastSet<u64>,
     /// What a read-only side's inode items in the changed blocks say of
     /// each inode (its mode and size), by side (`false` for `from`) and
     /// inode: a tree that cannot change answers as `stat` would, so a file
@@ -365,7 +365,7 @@ impl Hints {
         // roots (a snapshot's copies of such links have none: they show
         // as empty directories): the directory holding each link is
         // singled out, so that the walk reaches the link and walks it.
-        let mut links: HashSet<u64> = HashSet::default();
+        let mut links: FastSet<u64> = FastSet::default();
         for tree in [a, b] {
             let key = SearchKey::object(btrfs::ROOT_TREE_ID, tree, item::ROOT_REF..=item::ROOT_REF);
             search
@@ -380,7 +380,8 @@ impl Hints {
         h.changed.extend(links.iter().copied());
         let mut over = false;
         // What the changed blocks already say of each inode (per tree): its
-        // link count, its ctime and the parents its references name. An
+        // link count, its inode item's transaction and ctime, and the
+        // parents its references name. An
         // inode with one link and its one reference seen needs no search of
         // its own for its parent; any other is searched.
         let mut known: FastMap<(u64, u64), Known> = FastMap::default();
@@ -418,8 +419,9 @@ impl Hints {
                                 let n = u32::from_le_bytes(d[40..44].try_into().unwrap());
                                 let k = known.entry((tree, it.objectid)).or_default();
                                 k.nlink = Some(n);
-                                // `struct btrfs_inode_item`: `size` at 16,
-                                // `mode` at 52, `ctime` at 124.
+                                // `struct btrfs_inode_item`: `transid` at
+                                // 8, `size` at 16, `mode` at 52, `ctime`
+                                // at 124.
                                 k.transid = Some(le64(&d[8..]));
                                 if d.len() >= 132 {
                                     k.ctime = Some(le64(&d[124..]) as i64);
@@ -482,7 +484,7 @@ impl Hints {
             let mut first: Vec<u64> = h.changed.iter().copied().collect();
             first.sort_unstable_by(|x, y| y.cmp(x));
             let mut todo: Vec<u64> = Vec::new();
-            let mut seen: HashSet<u64> = HashSet::default();
+            let mut seen: FastSet<u64> = FastSet::default();
             // No item of this tree has an objectid above `.0` and below
             // `.1` (none above `.0` at all when `.1` is `None`).
             let mut clear: Option<(u64, Option<u64>)> = None;

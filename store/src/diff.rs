@@ -381,9 +381,9 @@ impl Hints {
         let mut over = false;
         // What the changed blocks already say of each inode (per tree): its
         // link count, its inode item's transaction and ctime, and the
-        // parents its references name. An
-        // inode with one link and its one reference seen needs no search of
-        // its own for its parent; any other is searched.
+        // parents its references name. An inode with one link and its one
+        // reference seen needs no search of its own for its parent; any
+        // other is searched.
         let mut known: FastMap<(u64, u64), Known> = FastMap::default();
         for (to, tree) in [(false, a), (true, b)] {
             let keep_modes = read_only[usize::from(to)];

@@ -134,6 +134,10 @@ struct Known {
     /// From its inode item (`transid` at byte 8: the transaction that last
     /// wrote the item), when that was seen.
     transid: Option<u64>,
+    /// From its inode item: whether it is a file (not a directory) that
+    /// was there when the trees parted (`generation`, at byte 0, the
+    /// transaction that made the inode, no later than the parting).
+    old_file: bool,
     /// The parents its reference items seen name.
     parents: Vec<u64>,
 }
@@ -423,6 +427,11 @@ impl Hints {
                                 // 8, `size` at 16, `mode` at 52, `ctime`
                                 // at 124.
                                 k.transid = Some(le64(&d[8..]));
+                                k.old_file = d.len() >= 56
+                                    && le64(d) <= since
+                                    && u32::from_le_bytes(d[52..56].try_into().unwrap())
+                                        & libc::S_IFMT
+                                        != libc::S_IFDIR;
                                 if d.len() >= 132 {
                                     k.ctime = Some(le64(&d[124..]) as i64);
                                 }
@@ -476,6 +485,33 @@ impl Hints {
                     .into_iter()
                     .any(|tree| known.get(&(tree, *ino)).is_some_and(|k| !as_at_parting(k)))
         });
+        // Files that were there when the trees parted and whose inode item
+        // was written since, with a ctime too recent to tell (a file
+        // written a moment before the parting, read after it: its access
+        // time moved): their items in the two trees tell, all of them byte
+        // for byte but for the inode item's transaction, change counter
+        // and access time ([`Hints::items_alike`]); those alike are not
+        // singled out. Files made since (their inode's own transaction
+        // after the parting) are changes whatever their items say, and
+        // are not searched for.
+        let written: Vec<u64> = h
+            .changed
+            .iter()
+            .copied()
+            .filter(|ino| {
+                !links.contains(ino)
+                    && [a, b].into_iter().all(|tree| {
+                        known
+                            .get(&(tree, *ino))
+                            .is_none_or(|k| k.old_file && k.transid.is_some())
+                    })
+            })
+            .collect();
+        if !written.is_empty() {
+            let alike = h.items_alike(&mut search, from, written).map_err(bt)?;
+            h.changed
+                .retain(|ino| alike.get(ino).is_none_or(|&v| v != Some(true)));
+        }
         for tree in [a, b] {
             // The changed inodes first, in inode order, so that a run of
             // them this tree holds no item of (files made on the other

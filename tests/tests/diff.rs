@@ -588,6 +588,54 @@ fn files_written_just_before_a_checkpoint_beside_a_new_one_are_not_singled_out()
     lists_only_what_changed(&st, &expected, &[], 3);
 }
 
+/// Files written just before a checkpoint (their ctimes within the
+/// second of slack) and read after it: each read moves a file's access
+/// time, writing its inode item again; their items in the two trees say
+/// nothing else moved, so they are not singled out. A file made after the
+/// checkpoint, and one of them written over with bytes of the same
+/// length, are listed.
+#[test]
+fn files_written_just_before_a_checkpoint_and_read_after_it_are_not_singled_out() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let Some((_fs, st)) =
+        setup("diff::files_written_just_before_a_checkpoint_and_read_after_it_are_not_singled_out")
+    else {
+        return;
+    };
+    let cur = st.layout().current("a", "s");
+    populate(&cur, 3000).unwrap();
+    ck(&st, "c1");
+    let atime = |p: &str| {
+        let m = std::fs::metadata(cur.join(p)).unwrap();
+        (m.atime(), m.atime_nsec())
+    };
+    let before = atime("d001/f1500");
+    for i in 0..3000 {
+        std::fs::read(cur.join(format!("d{:03}/f{i}", i / 1000))).unwrap();
+    }
+    assert_ne!(
+        atime("d001/f1500"),
+        before,
+        "reading did not move the access time"
+    );
+    std::fs::write(cur.join("d001/new"), "new\n").unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(cur.join("d002/f2222"))
+        .unwrap();
+    f.write_all_at(b"FILE", 0).unwrap();
+    drop(f);
+    ck(&st, "c2");
+    let expected: BTreeSet<(String, ChangeKind)> = [
+        ("d001/new".to_string(), ChangeKind::Added),
+        ("d002/f2222".to_string(), ChangeKind::Modified),
+    ]
+    .into();
+    // The two files and their directories (3,000 and more singled out
+    // without the items compared).
+    lists_only_what_changed(&st, &expected, &[], 6);
+}
+
 /// Trees that nothing changed in since they were one (two checkpoints of
 /// a session left alone, or either and `current`) are compared from the
 /// Btrfs trees alone, without listing a directory; a nested subvolume in

@@ -485,6 +485,27 @@ fn lists_only_what_changed(
     );
 }
 
+/// Reads every file [`populate`] made of `n` under `cur`, and checks that
+/// reading moved a file's access time: the store is mounted `relatime`
+/// (the default), where a first read since a file was written writes its
+/// inode item again.
+fn read_all(cur: &Path, n: usize) {
+    use std::os::unix::fs::MetadataExt;
+    let atime = |p: &str| {
+        let m = std::fs::metadata(cur.join(p)).unwrap();
+        (m.atime(), m.atime_nsec())
+    };
+    let before = atime("d000/f0");
+    for i in 0..n {
+        std::fs::read(cur.join(format!("d{:03}/f{i}", i / 1000))).unwrap();
+    }
+    assert_ne!(
+        atime("d000/f0"),
+        before,
+        "reading did not move the access time"
+    );
+}
+
 /// A tree read in full after it was written (every file's access time
 /// moves, and with it the file's inode item) and a few changes beside
 /// files left alone (a new entry at the top next to the first directory's
@@ -519,21 +540,7 @@ fn reads_and_the_neighbours_of_a_change_are_not_singled_out() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     ck(&st, "c1");
-    let atime = |p: &str| {
-        let m = std::fs::metadata(cur.join(p)).unwrap();
-        (m.atime(), m.atime_nsec())
-    };
-    let before = atime("d001/f1500");
-    for i in 0..3000 {
-        std::fs::read(cur.join(format!("d{:03}/f{i}", i / 1000))).unwrap();
-    }
-    // The store is mounted `relatime` (the default): a first read moves
-    // the access time.
-    assert_ne!(
-        atime("d001/f1500"),
-        before,
-        "reading did not move the access time"
-    );
+    read_all(&cur, 3000);
     std::fs::write(cur.join("d001/f1234"), "changed\n").unwrap();
     std::fs::remove_file(cur.join("d002/f2500")).unwrap();
     std::fs::write(cur.join("d002/g1"), "new\n").unwrap();
@@ -596,7 +603,7 @@ fn files_written_just_before_a_checkpoint_beside_a_new_one_are_not_singled_out()
 /// length, are listed.
 #[test]
 fn files_written_just_before_a_checkpoint_and_read_after_it_are_not_singled_out() {
-    use std::os::unix::fs::{FileExt, MetadataExt};
+    use std::os::unix::fs::FileExt;
     let Some((_fs, st)) =
         setup("diff::files_written_just_before_a_checkpoint_and_read_after_it_are_not_singled_out")
     else {
@@ -605,19 +612,7 @@ fn files_written_just_before_a_checkpoint_and_read_after_it_are_not_singled_out(
     let cur = st.layout().current("a", "s");
     populate(&cur, 3000).unwrap();
     ck(&st, "c1");
-    let atime = |p: &str| {
-        let m = std::fs::metadata(cur.join(p)).unwrap();
-        (m.atime(), m.atime_nsec())
-    };
-    let before = atime("d001/f1500");
-    for i in 0..3000 {
-        std::fs::read(cur.join(format!("d{:03}/f{i}", i / 1000))).unwrap();
-    }
-    assert_ne!(
-        atime("d001/f1500"),
-        before,
-        "reading did not move the access time"
-    );
+    read_all(&cur, 3000);
     std::fs::write(cur.join("d001/new"), "new\n").unwrap();
     let f = std::fs::OpenOptions::new()
         .write(true)

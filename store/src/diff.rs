@@ -162,6 +162,9 @@ pub struct Hints {
     /// inode: a tree that cannot change answers as `stat` would, so a file
     /// on that side only is listed without one.
     modes: FastMap<(bool, u64), (u32, u64)>,
+    /// What the two trees' items said of the files compared by them here
+    /// ([`Hints::items_alike`]), so that the walk does not ask again.
+    alike: FastMap<u64, Option<bool>>,
 }
 
 impl Hints {
@@ -295,6 +298,12 @@ impl Hints {
                 (i, verdict)
             })
             .collect())
+    }
+
+    /// What the trees' items said of file `ino` when the hints compared
+    /// them ([`Hints::items_alike`]'s verdict), if they did.
+    fn alike_verdict(&self, ino: u64) -> Option<Option<bool>> {
+        self.alike.get(&ino).copied()
     }
 
     /// How many inodes the hints single out.
@@ -511,6 +520,7 @@ impl Hints {
             let alike = h.items_alike(&mut search, from, written).map_err(bt)?;
             h.changed
                 .retain(|ino| alike.get(ino).is_none_or(|&v| v != Some(true)));
+            h.alike = alike;
         }
         for tree in [a, b] {
             // The changed inodes first, in inode order, so that a run of

@@ -510,7 +510,10 @@ impl<'a> Walk<'a> {
                 .hints
                 .filter(|h| h.touched(ia) && h.recent(sa.st_ctime))
             {
-                let known = self.alike.as_ref().is_some_and(|m| m.contains_key(&ia));
+                // Compared by the hints already, or by the walk for
+                // another file of this directory.
+                let known = h.alike_verdict(ia).is_some()
+                    || self.alike.as_ref().is_some_and(|m| m.contains_key(&ia));
                 if !known {
                     // Asked for every file of this directory the hints
                     // single out, at once.
@@ -530,10 +533,9 @@ impl<'a> Walk<'a> {
                     })?;
                     self.alike.get_or_insert_with(Default::default).extend(read);
                 }
-                let alike = self
-                    .alike
-                    .as_ref()
-                    .and_then(|m| m.get(&ia).copied())
+                let alike = h
+                    .alike_verdict(ia)
+                    .or_else(|| self.alike.as_ref().and_then(|m| m.get(&ia).copied()))
                     .flatten();
                 unlike = alike != Some(true);
                 same_meta = !unlike;

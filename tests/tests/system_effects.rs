@@ -373,6 +373,93 @@ fn shared_writes_are_attributed_to_the_run_and_to_the_other_session() {
     assert!(shared_wrong(&e2, &e2.run_id, "s2").is_some());
 }
 
+/// What is wrong with `e`'s listing of `name` (`kind`, of `size` bytes on
+/// each side given): described by its mode and size, unhashed, on each.
+fn unhashed_wrong(e: &RunEffects, name: &str, kind: EffectChangeKind, size: u64) -> Option<String> {
+    let ws = domain(e, EffectsDomain::Workspace);
+    let Some(c) = ws.changes.iter().find(|c| c.item == name) else {
+        return Some(format!("{name} is not listed: {ws:?}"));
+    };
+    let want = Some(format!("file 644 {size} -"));
+    let sides = match kind {
+        EffectChangeKind::Added => [None, want.clone()],
+        _ => [want.clone(), want.clone()],
+    };
+    (c.kind != kind || [&c.before, &c.after] != [&sides[0], &sides[1]])
+        .then(|| format!("{name}: {c:?}, not {kind:?} with {sides:?}"))
+}
+
+/// A run cannot make its observer read without end: files past the bytes
+/// the observer hashes for a domain (1 GiB) are listed by their mode and
+/// size, unhashed, the others still hashed; a file modified in place past
+/// it is listed with alike sides, and the set verifies.
+#[test]
+fn files_past_the_hashing_budget_are_listed_by_their_size_unhashed() {
+    let Some((d, _scope, _one)) = start(
+        "files_past_the_hashing_budget_are_listed_by_their_size_unhashed",
+        None,
+        &[],
+    ) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "s")]);
+    // Sparse: nothing to write, a terabyte to read.
+    let (big, tera) = ("big", 1u64 << 40);
+    let e = observed(
+        &d,
+        "a",
+        "s",
+        &[
+            "/bin/sh",
+            "-c",
+            "umask 022; truncate -s 1T big && printf x > small",
+        ],
+    );
+    assert_eq!(
+        unhashed_wrong(&e, big, EffectChangeKind::Added, tera),
+        None,
+        "{e:#?}"
+    );
+    // Control: the small file is hashed, so the same check fails on it.
+    assert!(unhashed_wrong(&e, "small", EffectChangeKind::Added, 1).is_some());
+    let x = "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881";
+    let small = domain(&e, EffectsDomain::Workspace)
+        .changes
+        .iter()
+        .find(|c| c.item == "small");
+    assert_eq!(
+        small.and_then(|c| c.after.clone()),
+        Some(format!("file 644 1 {x}")),
+        "{e:#?}"
+    );
+    assert_eq!((e.verdict, e.fenced), (EffectsVerdict::Changed, false));
+    // One byte written in the middle: the same mode and size on each side.
+    let m = observed(
+        &d,
+        "a",
+        "s",
+        &[
+            "/bin/sh",
+            "-c",
+            "printf y | dd of=big bs=1 seek=4096 conv=notrunc status=none",
+        ],
+    );
+    assert_eq!(
+        unhashed_wrong(&m, big, EffectChangeKind::Modified, tera),
+        None,
+        "{m:#?}"
+    );
+    assert_eq!(
+        (m.verdict, m.fenced),
+        (EffectsVerdict::Changed, false),
+        "{m:#?}"
+    );
+    for r in [&e, &m] {
+        let v = verified(&d, "a", "s", &r.run_id, Some(&r.evidence_root));
+        assert_eq!(verification_wrong(&v, None), None, "{}", v.report);
+    }
+}
+
 /// What is wrong with `e` as the effects of a run that left `setsid`
 /// daemon behind.
 fn survivor_wrong(e: &RunEffects) -> Option<String> {

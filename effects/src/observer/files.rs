@@ -118,6 +118,13 @@ fn empty_or_missing(dir: &Path) -> Result<bool, String> {
 /// Most changes listed per domain.
 pub const MAX_LISTED: usize = 1000;
 
+/// Most bytes of file contents hashed for one domain's listing, both
+/// sides together (about half a second of sha256 here): a file larger
+/// than what is left is described by its mode and size, unhashed (`-`), so
+/// that a run cannot make its observer read without end (a thousand
+/// sparse files of a terabyte cost it nothing to make).
+pub const HASHED_BYTES: u64 = 1 << 30;
+
 /// The differences between two trees, each file side given as `size
 /// sha256`, and whether the listing was cut; or why the diff failed.
 pub fn diff(a: &Path, b: &Path, btrfs: bool) -> Result<(Vec<Difference>, bool), String> {
@@ -141,14 +148,17 @@ pub fn diff(a: &Path, b: &Path, btrfs: bool) -> Result<(Vec<Difference>, bool), 
         .map_err(|e| format!("diff {} and {}: {e}", a.display(), b.display()));
     let _ = std::fs::remove_dir(&empty);
     let d = r?;
+    let mut budget = HASHED_BYTES;
     let out = d
         .changes
         .iter()
         .enumerate()
         .map(|(i, c)| {
             let [ma, mb] = d.modes.get(i).copied().unwrap_or_default();
-            let before = || describe_known(&pa.join(&c.path), ma, c.size_before);
-            let after = || describe_known(&pb.join(&c.path), mb, c.size_after);
+            let before = (c.kind != ChangeKind::Added)
+                .then(|| describe_known(&pa.join(&c.path), ma, c.size_before, &mut budget));
+            let after = (c.kind != ChangeKind::Deleted)
+                .then(|| describe_known(&pb.join(&c.path), mb, c.size_after, &mut budget));
             let kind = match c.kind {
                 ChangeKind::Added => EffectChangeKind::Added,
                 ChangeKind::Deleted => EffectChangeKind::Removed,
@@ -157,8 +167,8 @@ pub fn diff(a: &Path, b: &Path, btrfs: bool) -> Result<(Vec<Difference>, bool), 
             Difference {
                 key: c.path.clone(),
                 kind,
-                before: (kind != EffectChangeKind::Added).then(before),
-                after: (kind != EffectChangeKind::Removed).then(after),
+                before,
+                after,
             }
         })
         .collect();
@@ -178,9 +188,10 @@ fn tempdir_empty() -> Result<PathBuf, String> {
     }
 }
 
-/// An entry as the evidence shows it: `file SIZE SHA256`, `dir`,
-/// `link TARGET`, or its type.
-pub fn describe(p: &Path) -> String {
+/// An entry as the evidence shows it: `file MODE SIZE SHA256` (or, past
+/// `budget`, which the hashed bytes come out of, `file MODE SIZE -`),
+/// `dir MODE`, `link TARGET`, or its type.
+pub fn describe(p: &Path, budget: &mut u64) -> String {
     let Ok(md) = std::fs::symlink_metadata(p) else {
         return "missing".into();
     };
@@ -204,6 +215,10 @@ pub fn describe(p: &Path) -> String {
         // Nothing to read: the hash of no bytes.
         return format!("file {:o} 0 {EMPTY_SHA256}", mode);
     }
+    if md.len() > *budget {
+        return format!("file {:o} {} {UNHASHED}", mode, md.len());
+    }
+    *budget -= md.len();
     match hash_file(p) {
         Ok(h) => format!("file {:o} {} {h}", mode, md.len()),
         Err(e) => format!("file {:o} {} unreadable: {e}", mode, md.len()),
@@ -215,17 +230,29 @@ pub fn describe(p: &Path) -> String {
 /// directory, an empty file or a special file is described without a
 /// `stat` (which reads the inode from a tree no cache holds yet: about
 /// 20 µs in a new snapshot); anything else as `describe` does.
-pub fn describe_known(p: &Path, mode: Option<u32>, size: Option<u64>) -> String {
+pub fn describe_known(p: &Path, mode: Option<u32>, size: Option<u64>, budget: &mut u64) -> String {
     let Some(mode) = mode else {
-        return describe(p);
+        return describe(p, budget);
     };
     let perm = mode & 0o7777;
     match mode & libc::S_IFMT {
         libc::S_IFDIR => format!("dir {perm:o}"),
         libc::S_IFREG if size == Some(0) => format!("file {perm:o} 0 {EMPTY_SHA256}"),
-        libc::S_IFREG | libc::S_IFLNK => describe(p),
+        libc::S_IFREG | libc::S_IFLNK => describe(p, budget),
         _ => "special".into(),
     }
+}
+
+/// What stands for the hash of a file past the hashing budget (as in the
+/// filesystem domain's walk, `collect::tree`).
+pub const UNHASHED: &str = "-";
+
+/// Whether a description names a file whose contents it does not give
+/// (unhashed, or unreadable): two of them may be alike while the contents
+/// differ.
+pub fn contents_unknown(description: &str) -> bool {
+    description.starts_with("file ")
+        && (description.ends_with(&format!(" {UNHASHED}")) || description.contains(" unreadable: "))
 }
 
 /// sha256 of no bytes.
@@ -277,6 +304,11 @@ mod tests {
     use super::*;
     use sha2::{Digest, Sha256};
 
+    /// A budget that nothing here reaches.
+    fn unlimited() -> u64 {
+        u64::MAX
+    }
+
     #[test]
     fn an_empty_file_is_described_with_the_hash_of_no_bytes() {
         assert_eq!(EMPTY_SHA256, crate::chain::hex(&Sha256::digest(b"")));
@@ -289,9 +321,12 @@ mod tests {
         for p in [&empty, &one] {
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o640)).unwrap();
         }
-        assert_eq!(describe(&empty), format!("file 640 0 {EMPTY_SHA256}"));
+        assert_eq!(
+            describe(&empty, &mut unlimited()),
+            format!("file 640 0 {EMPTY_SHA256}")
+        );
         let x = crate::chain::hex(&Sha256::digest(b"x"));
-        assert_eq!(describe(&one), format!("file 640 1 {x}"));
+        assert_eq!(describe(&one, &mut unlimited()), format!("file 640 1 {x}"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -321,22 +356,62 @@ mod tests {
             let md = std::fs::symlink_metadata(&p).unwrap();
             let size = (!md.is_dir()).then_some(md.len());
             assert_eq!(
-                describe_known(&p, Some(md.mode()), size),
-                describe(&p),
+                describe_known(&p, Some(md.mode()), size, &mut unlimited()),
+                describe(&p, &mut unlimited()),
                 "{name}"
             );
-            assert_eq!(describe_known(&p, None, size), describe(&p), "{name}");
+            assert_eq!(
+                describe_known(&p, None, size, &mut unlimited()),
+                describe(&p, &mut unlimited()),
+                "{name}"
+            );
         }
         let gone = dir.join("gone");
-        assert_eq!(describe(&gone), "missing");
+        assert_eq!(describe(&gone, &mut unlimited()), "missing");
         let dir_mode = libc::S_IFDIR | 0o750;
-        assert_eq!(describe_known(&gone, Some(dir_mode), None), "dir 750");
+        assert_eq!(
+            describe_known(&gone, Some(dir_mode), None, &mut unlimited()),
+            "dir 750"
+        );
         let file_mode = libc::S_IFREG | 0o600;
         assert_eq!(
-            describe_known(&gone, Some(file_mode), Some(0)),
+            describe_known(&gone, Some(file_mode), Some(0), &mut unlimited()),
             format!("file 600 0 {EMPTY_SHA256}")
         );
-        assert_eq!(describe_known(&gone, Some(file_mode), Some(1)), "missing");
+        assert_eq!(
+            describe_known(&gone, Some(file_mode), Some(1), &mut unlimited()),
+            "missing"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The hashed bytes come out of the budget; a file larger than what
+    /// is left is described by its mode and size without being read, and
+    /// leaves the budget as it was.
+    #[test]
+    fn a_file_past_the_hashing_budget_is_described_unhashed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir =
+            std::env::temp_dir().join(format!("allox-describe-budget-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (small, large) = (dir.join("small"), dir.join("large"));
+        std::fs::write(&small, b"abc").unwrap();
+        std::fs::write(&large, b"abcdefgh").unwrap();
+        for p in [&small, &large] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let abc = crate::chain::hex(&Sha256::digest(b"abc"));
+        let mut budget = 10;
+        assert_eq!(describe(&small, &mut budget), format!("file 600 3 {abc}"));
+        assert_eq!(budget, 7);
+        let unhashed = describe(&large, &mut budget);
+        assert_eq!(unhashed, "file 600 8 -");
+        assert!(contents_unknown(&unhashed));
+        assert!(!contents_unknown(&format!("file 600 3 {abc}")));
+        assert_eq!(budget, 7, "an unhashed file costs nothing");
+        assert_eq!(describe(&small, &mut budget), format!("file 600 3 {abc}"));
+        assert_eq!(budget, 4);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

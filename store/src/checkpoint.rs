@@ -109,6 +109,9 @@ impl Store {
             });
         }
         let subvolume = btrfs::subvolume_id(&self.layout.checkpoint(a, s, c))?;
+        // Where it descends from, kept once it is deleted (a tree rolled
+        // back to it descends from it).
+        let gone = btrfs::root_info(&self.layout.checkpoint(a, s, c)).ok();
         let op = Op::CheckpointDelete {
             agent: a.into(),
             session: s.into(),
@@ -124,6 +127,9 @@ impl Store {
                 "checkpoint_delete.after_rename",
             ],
         )?;
+        if let Some(gone) = gone {
+            self.keep_departed(a, s, &gone);
+        }
         Ok(Deleted {
             deleted: format!("{a}/{s}/{c}"),
         })

@@ -311,21 +311,29 @@ impl Hints {
         self.changed.len()
     }
 
-    /// [`Hints::read`] from two paths.
-    pub fn read_paths(from: &Path, to: &Path) -> Result<Option<Hints>> {
+    /// [`Hints::read`] from two paths, knowing the deleted subvolumes in
+    /// `departed` (as [`Store::departed`] lists them).
+    pub fn read_paths(from: &Path, to: &Path, departed: &[RootInfo]) -> Result<Option<Hints>> {
         let cap = Limits::default().hint_inodes;
-        Hints::read(&open_root(from)?, &open_root(to)?, from, to, cap)
+        Hints::read(
+            &open_root(from)?,
+            &open_root(to)?,
+            (from, to),
+            cap,
+            departed,
+        )
     }
 
     /// Reads the hints for two subvolumes of one filesystem, or `None` when
     /// their common history cannot be told or when they would single out
-    /// more than `cap` inodes (the caller then walks it all).
+    /// more than `cap` inodes (the caller then walks it all). `departed`:
+    /// deleted subvolumes the lines of descent may pass through.
     pub fn read(
         from: &OwnedFd,
         to: &OwnedFd,
-        from_path: &Path,
-        to_path: &Path,
+        (from_path, to_path): (&Path, &Path),
         cap: usize,
+        departed: &[RootInfo],
     ) -> Result<Option<Hints>> {
         let bt = |e: btrfs::BtrfsError| StoreError::from(e);
         for (fd, p) in [(from, from_path), (to, to_path)] {
@@ -356,11 +364,12 @@ impl Hints {
             btrfs::subvolume_id_of(to, to_path).map_err(bt)?,
         );
         let roots = btrfs::subvolumes(from).map_err(bt)?;
-        let Some(since) = diverged(&roots, a, b) else {
+        let Some(since) = diverged(&roots, departed, a, b) else {
             return Ok(None);
         };
         let since_time = roots
             .iter()
+            .chain(departed)
             .filter(|r| r.otransid == since)
             .map(|r| r.otime as i64)
             .min()
@@ -630,10 +639,16 @@ fn parents_of(
 /// written in that transaction or before are shared with the source; every
 /// later write to either lands in a block of a later transaction.
 /// `None` when the two lines of descent do not meet in what the root tree
-/// still records.
-fn diverged(roots: &[RootInfo], a: u64, b: u64) -> Option<u64> {
+/// still records, with the deleted subvolumes in `departed` (which the
+/// store keeps the lineage of: a session rolled back twice descends from a
+/// tree that is gone) known by their uuid.
+fn diverged(roots: &[RootInfo], departed: &[RootInfo], a: u64, b: u64) -> Option<u64> {
     let by_id: HashMap<u64, &RootInfo> = roots.iter().map(|r| (r.id, r)).collect();
-    let by_uuid: HashMap<[u8; 16], &RootInfo> = roots.iter().map(|r| (r.uuid, r)).collect();
+    // The living first: a uuid the root tree still holds is that tree's.
+    let mut by_uuid: HashMap<[u8; 16], &RootInfo> = HashMap::new();
+    for r in roots.iter().chain(departed) {
+        by_uuid.entry(r.uuid).or_insert(r);
+    }
     // The line of descent: (uuid, the transaction it was copied from its
     // parent at), from the subvolume up.
     let line = |id: u64| -> Option<Vec<([u8; 16], u64)>> {
@@ -647,7 +662,8 @@ fn diverged(roots: &[RootInfo], a: u64, b: u64) -> Option<u64> {
             match by_uuid.get(&r.parent_uuid) {
                 Some(p) => r = p,
                 None => {
-                    // A deleted parent: known by uuid only.
+                    // A deleted parent of unknown lineage: known by uuid
+                    // only.
                     out.push((r.parent_uuid, 0));
                     return Some(out);
                 }
@@ -734,10 +750,22 @@ pub fn compare(
     limits: &Limits,
     patches: bool,
 ) -> Result<Compared> {
+    compare_knowing(from, to, (method, &[]), limits, patches)
+}
+
+/// [`compare`], the Btrfs hints knowing the deleted subvolumes in
+/// `departed` (as the store keeps them: [`Store::departed`]).
+pub fn compare_knowing(
+    from: &Path,
+    to: &Path,
+    (method, departed): (DiffMethod, &[RootInfo]),
+    limits: &Limits,
+    patches: bool,
+) -> Result<Compared> {
     let (a, b) = (open_root(from)?, open_root(to)?);
     let hints = match method {
         DiffMethod::Walk => None,
-        DiffMethod::Btrfs => Hints::read(&a, &b, from, to, limits.hint_inodes)?,
+        DiffMethod::Btrfs => Hints::read(&a, &b, (from, to), limits.hint_inodes, departed)?,
     };
     if let Some(h) = &hints {
         if h.same_trees() {
@@ -781,6 +809,45 @@ pub fn compare(
 }
 
 impl Store {
+    /// Session `a/s`'s deleted trees the store kept the lineage of, as the
+    /// diff's hints take them ([`compare_knowing`]): id 0 (a deleted
+    /// subvolume has none), uuid, parent uuid, creating transaction and
+    /// time. A record whose key is not a uuid is passed over.
+    pub fn departed(&self, a: &str, s: &str) -> Result<Vec<RootInfo>> {
+        Ok(self
+            .index
+            .departed(a, s)?
+            .into_iter()
+            .filter_map(|(k, r)| {
+                Some(RootInfo {
+                    id: 0,
+                    uuid: uuid_from_hex(&k)?,
+                    parent_uuid: r.parent_uuid,
+                    received_uuid: [0; 16],
+                    otransid: r.otransid,
+                    otime: r.otime,
+                })
+            })
+            .collect())
+    }
+
+    /// Keeps the lineage of `gone`, a tree of session `a/s` just deleted
+    /// (read before it was), for [`Store::departed`]. Not durable by itself
+    /// (lost, a diff through that tree walks both trees whole, as it did
+    /// before), and never an error of the delete: a failure is logged.
+    pub(crate) fn keep_departed(&self, a: &str, s: &str, gone: &RootInfo) {
+        let r = crate::rows::DepartedRecord {
+            parent_uuid: gone.parent_uuid,
+            otransid: gone.otransid,
+            otime: gone.otime,
+        };
+        let key = uuid_hex(&gone.uuid);
+        if let Err(e) = self.index.write_quick(|w| w.put_departed(a, s, &key, &r)) {
+            tracing::warn!(error = %e, agent = a, session = s,
+                "cannot keep the lineage of a deleted tree; diffs through it walk both trees");
+        }
+    }
+
     fn tree_of(&self, a: &str, s: &str, name: &str) -> Result<PathBuf> {
         if name == "current" {
             return Ok(self.layout.current(a, s));
@@ -797,7 +864,16 @@ impl Store {
         self.need_session(a, s)?;
         let from = self.tree_of(a, s, &p.from)?;
         let to = self.tree_of(a, s, &p.to)?;
-        let d = compare(&from, &to, DiffMethod::Btrfs, &Limits::default(), p.patch)?;
+        // The lineage of the session's deleted trees, so that the hints
+        // still find where two trees parted after rollbacks.
+        let departed = self.departed(a, s)?;
+        let d = compare_knowing(
+            &from,
+            &to,
+            (DiffMethod::Btrfs, &departed),
+            &Limits::default(),
+            p.patch,
+        )?;
         let c = d.counts;
         Ok(DiffListing {
             from: p.from.clone(),
@@ -810,5 +886,72 @@ impl Store {
             deleted: c[ChangeKind::Deleted as usize],
             type_changed: c[ChangeKind::TypeChanged as usize],
         })
+    }
+}
+
+/// A uuid as 32 lowercase hex digits.
+fn uuid_hex(u: &[u8; 16]) -> String {
+    u.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The uuid of [`uuid_hex`], or `None` for anything else.
+fn uuid_from_hex(s: &str) -> Option<[u8; 16]> {
+    if s.len() != 32 || !s.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root(id: u64, uuid: u8, parent: u8, otransid: u64) -> RootInfo {
+        RootInfo {
+            id,
+            uuid: [uuid; 16],
+            parent_uuid: if parent == 0 { [0; 16] } else { [parent; 16] },
+            received_uuid: [0; 16],
+            otransid,
+            otime: otransid * 10,
+        }
+    }
+
+    /// Two rollbacks: c1 and c2 of tree 1 (gone), c3 of tree 4 (gone,
+    /// made from c1), current 6 made from c2. Without the lineage the two
+    /// lines end at different gone trees; with it they meet at tree 1,
+    /// where c1 and c2 were copied at 10 and 20.
+    #[test]
+    fn lines_of_descent_meet_through_departed_trees() {
+        let living = [
+            root(2, 2, 1, 10), // c1
+            root(3, 3, 1, 20), // c2
+            root(5, 5, 4, 40), // c3
+            root(6, 6, 3, 50), // current
+        ];
+        let departed = [root(0, 1, 0, 5), root(0, 4, 2, 30)];
+        assert_eq!(diverged(&living, &[], 5, 6), None);
+        assert_eq!(diverged(&living, &departed, 5, 6), Some(10));
+        assert_eq!(diverged(&living, &departed, 6, 5), Some(10));
+        // c3 and c1: c3's line passes c1 itself, copied into tree 4 at 30.
+        assert_eq!(diverged(&living, &departed, 5, 2), Some(30));
+        // A departed record never stands for a living tree of its uuid.
+        let stale = [root(0, 3, 9, 1)];
+        assert_eq!(diverged(&living, &stale, 6, 3), Some(50));
+    }
+
+    #[test]
+    fn a_uuid_reads_back_from_its_hex() {
+        let u = [
+            0x00, 0x01, 0xab, 0xff, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0,
+            0xb0, 0xc0,
+        ];
+        assert_eq!(uuid_from_hex(&uuid_hex(&u)), Some(u));
+        assert_eq!(uuid_from_hex("xyz"), None);
+        assert_eq!(uuid_from_hex(&"g".repeat(32)), None);
     }
 }

@@ -8,8 +8,8 @@
 
 use crate::journal::{Entry, Op, Stage};
 pub use crate::rows::{
-    AgentRecord, CheckpointRecord, ClockRecord, ForkRecord, NetworkRecord, PolicyRecord,
-    SessionRecord, TurnRecord,
+    AgentRecord, CheckpointRecord, ClockRecord, DepartedRecord, ForkRecord, NetworkRecord,
+    PolicyRecord, SessionRecord, TurnRecord,
 };
 use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
@@ -28,6 +28,7 @@ const TURNS: TableDefinition<&str, &[u8]> = TableDefinition::new("turns");
 const NETWORK: TableDefinition<&str, &[u8]> = TableDefinition::new("network");
 const FORKS: TableDefinition<&str, &[u8]> = TableDefinition::new("forks");
 const CLOCKS: TableDefinition<&str, &[u8]> = TableDefinition::new("clocks");
+const DEPARTED: TableDefinition<&str, &[u8]> = TableDefinition::new("departed");
 
 #[derive(Debug, Error)]
 pub enum IndexError {
@@ -174,6 +175,7 @@ impl Index {
             w.open_table(NETWORK)?;
             w.open_table(FORKS)?;
             w.open_table(CLOCKS)?;
+            w.open_table(DEPARTED)?;
         }
         w.commit()?;
         Ok(db)
@@ -248,6 +250,11 @@ impl Index {
         self.get(CHECKPOINTS, &session_item_key(a, s, c))
     }
     /// A session's checkpoints, oldest first.
+    /// Session `a/s`'s deleted trees, by uuid (hex).
+    pub fn departed(&self, a: &str, s: &str) -> Result<Vec<(String, DepartedRecord)>, IndexError> {
+        self.list(DEPARTED, Some(&session_key(a, s)))
+    }
+
     pub fn checkpoints(
         &self,
         a: &str,
@@ -421,6 +428,7 @@ impl Writer<'_> {
         self.remove_under(CLOCKS, a)?;
         self.tx.open_table(CLOCKS)?.remove(a)?;
         self.remove_under(TURNS, a)?;
+        self.remove_under(DEPARTED, a)?;
         self.remove_under(CHECKPOINTS, a)
     }
     pub fn put_policy(&mut self, key: &str, r: &PolicyRecord) -> Result<(), IndexError> {
@@ -473,7 +481,18 @@ impl Writer<'_> {
         self.tx.open_table(FORKS)?.remove(k.as_str())?;
         self.tx.open_table(CLOCKS)?.remove(k.as_str())?;
         self.remove_under(TURNS, &k)?;
+        self.remove_under(DEPARTED, &k)?;
         self.remove_under(CHECKPOINTS, &k)
+    }
+    /// Keeps the lineage of session `a/s`'s deleted tree `uuid` (hex).
+    pub fn put_departed(
+        &mut self,
+        a: &str,
+        s: &str,
+        uuid: &str,
+        r: &DepartedRecord,
+    ) -> Result<(), IndexError> {
+        self.put(DEPARTED, &session_item_key(a, s, uuid), r)
     }
     pub fn put_checkpoint(
         &mut self,

@@ -50,6 +50,9 @@ impl Store {
         let session = self.need_session(a, s)?;
         let current = self.layout.current(a, s);
         let old_subvolume = btrfs::subvolume_id(&current)?;
+        // Where the tree about to be replaced descends from, kept once it
+        // is (the checkpoints made from it descend from it).
+        let old = btrfs::root_info(&current).ok();
         let build = |_: &mut crate::index::Writer<'_>| {
             Ok(Op::Rollback {
                 agent: a.into(),
@@ -89,6 +92,9 @@ impl Store {
             self.crash_point("rollback.after_commit");
             Ok(((), after))
         })?;
+        if let Some(old) = old {
+            self.keep_departed(a, s, &old);
+        }
         Ok(RollbackDone {
             agent_id: a.to_string(),
             session_id: s.to_string(),

@@ -88,3 +88,17 @@ impl ClockRecord {
             .map(|m| self.lifetime_from_ms.saturating_add(m))
     }
 }
+
+/// What the store keeps of a deleted tree of a session (key
+/// `agent/session/UUID`, the tree's uuid in hex): where it descends from,
+/// so that the diff's Btrfs hints can follow a line of descent through it
+/// (a session rolled back twice descends from a tree that is gone).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct DepartedRecord {
+    /// The uuid of the subvolume it was a snapshot of (zero if none).
+    pub parent_uuid: [u8; 16],
+    /// The transaction that made it.
+    pub otransid: u64,
+    /// When it was made, seconds since the epoch.
+    pub otime: u64,
+}

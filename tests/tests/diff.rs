@@ -305,7 +305,7 @@ fn pruned_diff_matches_the_full_walk_across_rollbacks() {
     populate(&cur, 1500).unwrap();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut cks: Vec<String> = Vec::new();
-    let mut compared = 0;
+    let (mut compared, mut through_departed) = (0, 0);
     for step in 0..20 {
         for _ in 0..rng.below(12) {
             mutate(&mut rng, &cur);
@@ -336,9 +336,20 @@ fn pruned_diff_matches_the_full_walk_across_rollbacks() {
         let mut trees: Vec<std::path::PathBuf> =
             cks.iter().map(|c| l.checkpoint("a", "s", c)).collect();
         trees.push(cur.clone());
+        // The pruned diff as `checkpoint.diff` makes it: knowing the
+        // lineage of the trees the rollbacks and deletes left behind.
+        let departed = st.departed("a", "s").unwrap();
         for x in &trees {
             for y in &trees {
-                let fast = diff_trees(x, y, DiffMethod::Btrfs).unwrap();
+                let fast = allox_store::diff::compare_knowing(
+                    x,
+                    y,
+                    (DiffMethod::Btrfs, &departed),
+                    &allox_store::diff::Limits::default(),
+                    false,
+                )
+                .map(|d| (d.changes, d.truncated, d.counts))
+                .unwrap();
                 let slow = diff_trees(x, y, DiffMethod::Walk).unwrap();
                 assert_eq!(
                     fast,
@@ -348,6 +359,14 @@ fn pruned_diff_matches_the_full_walk_across_rollbacks() {
                     y.display()
                 );
                 compared += 1;
+                let read = |d: &[allox_store::btrfs::RootInfo]| {
+                    allox_store::diff::Hints::read_paths(x, y, d)
+                        .unwrap()
+                        .is_some()
+                };
+                if read(&departed) && !read(&[]) {
+                    through_departed += 1;
+                }
             }
         }
     }
@@ -356,7 +375,8 @@ fn pruned_diff_matches_the_full_walk_across_rollbacks() {
     // store mounted without `noatime` a read moves the file's atime, and
     // the write-back the diff of current/ starts with records it.
     let last = l.checkpoint("a", "s", cks.last().unwrap());
-    let h = allox_store::diff::Hints::read_paths(&last, &cur).unwrap();
+    let h =
+        allox_store::diff::Hints::read_paths(&last, &cur, &st.departed("a", "s").unwrap()).unwrap();
     let h = h.unwrap_or_else(|| panic!("no common history found for {}", last.display()));
     assert!(
         h.changed_inodes() < 1500,
@@ -369,6 +389,84 @@ fn pruned_diff_matches_the_full_walk_across_rollbacks() {
         changes.iter().map(|c| (c.path.clone(), c.kind)).collect();
     assert_eq!(walked, brute(&last, &cur));
     assert!(compared > 100, "only {compared} pairs compared");
+    // Some pairs met only through a tree that was gone.
+    assert!(
+        through_departed > 0,
+        "no pair of {compared} needed the lineage of a deleted tree"
+    );
+}
+
+fn rollback(st: &Store, to: &str) {
+    st.rollback(&SessionRollback {
+        agent_id: "a".into(),
+        session_id: "s".into(),
+        checkpoint_id: to.into(),
+        kill_processes: Some(false),
+    })
+    .unwrap();
+}
+
+/// After two rollbacks, a checkpoint made between them descends from a
+/// tree that is gone (the `current/` the first rollback made, replaced by
+/// the second), and after its checkpoint is deleted, so does `current/`:
+/// the store keeps the lineage of the trees it deletes, so the diff still
+/// finds where the trees parted and reads only what was written since,
+/// and lists what the slow way lists. The same hints without that lineage
+/// find no common history (and the diff would walk both trees whole); a
+/// deleted session leaves none of it behind.
+#[test]
+fn a_diff_across_rollbacks_and_deleted_checkpoints_still_reads_only_what_was_written() {
+    use allox_store::diff::Hints;
+    let Some((_fs, st)) = setup(
+        "diff::a_diff_across_rollbacks_and_deleted_checkpoints_still_reads_only_what_was_written",
+    ) else {
+        return;
+    };
+    let l = st.layout().clone();
+    let cur = l.current("a", "s");
+    populate(&cur, 1500).unwrap();
+    ck(&st, "c1");
+    std::fs::write(cur.join("d000/f1"), "after c1\n").unwrap();
+    ck(&st, "c2");
+    rollback(&st, "c1");
+    std::fs::write(cur.join("d001/f1002"), "after the first rollback\n").unwrap();
+    ck(&st, "c3");
+    rollback(&st, "c2");
+    std::fs::write(cur.join("d000/f3"), "after the second rollback\n").unwrap();
+    let c3 = l.checkpoint("a", "s", "c3");
+    let hints = |from: &Path, departed: &[allox_store::btrfs::RootInfo]| {
+        Hints::read_paths(from, &cur, departed).unwrap()
+    };
+    for step in ["two rollbacks", "c2 deleted"] {
+        let departed = st.departed("a", "s").unwrap();
+        let h = hints(&c3, &departed)
+            .unwrap_or_else(|| panic!("{step}: no common history with the kept lineage"));
+        assert!(
+            h.changed_inodes() < 50,
+            "{step}: {} inodes singled out of about 1,500",
+            h.changed_inodes()
+        );
+        // Control: without the lineage the lines of descent do not meet.
+        assert!(hints(&c3, &[]).is_none(), "{step}: met without the lineage");
+        let want = brute(&c3, &cur);
+        assert_eq!(want.len(), 3, "{step}: {want:?}");
+        assert_eq!(got(&diff(&st, "c3", "current")), want, "{step}");
+        assert_eq!(got(&diff(&st, "current", "c3")), brute(&cur, &c3), "{step}");
+        if step == "two rollbacks" {
+            // current/ now descends from c2 alone.
+            st.checkpoint_delete("a", "s", "c2").unwrap();
+        }
+    }
+    assert_eq!(
+        st.departed("a", "s").unwrap().len(),
+        3,
+        "two trees replaced, one deleted"
+    );
+    st.session_delete("a", "s").unwrap();
+    assert!(
+        st.departed("a", "s").unwrap().is_empty(),
+        "kept past the session"
+    );
 }
 
 /// Two copies of a file changed within one tick of the clock that stamps
@@ -476,7 +574,9 @@ fn lists_only_what_changed(
             assert_eq!(fast, slow, "{} -> {}", x.display(), y.display());
         }
     }
-    let h = Hints::read_paths(&c1, &c2).unwrap().expect("one history");
+    let h = Hints::read_paths(&c1, &c2, &[])
+        .unwrap()
+        .expect("one history");
     assert!(
         h.changed_inodes() <= most,
         "{} inodes singled out for {} changes (at most {most} expected)",
@@ -654,7 +754,9 @@ fn unchanged_trees_answer_at_once_and_a_nested_subvolume_is_still_walked() {
     ck(&st, "c1");
     ck(&st, "c2");
     let (c1, c2) = (l.checkpoint("a", "s", "c1"), l.checkpoint("a", "s", "c2"));
-    let h = Hints::read_paths(&c1, &c2).unwrap().expect("one history");
+    let h = Hints::read_paths(&c1, &c2, &[])
+        .unwrap()
+        .expect("one history");
     assert_eq!(
         h.changed_inodes(),
         0,

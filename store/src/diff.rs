@@ -315,13 +315,7 @@ impl Hints {
     /// `departed` (as [`Store::departed`] lists them).
     pub fn read_paths(from: &Path, to: &Path, departed: &[RootInfo]) -> Result<Option<Hints>> {
         let cap = Limits::default().hint_inodes;
-        Hints::read(
-            &open_root(from)?,
-            &open_root(to)?,
-            (from, to),
-            cap,
-            departed,
-        )
+        Hints::read(&open_root(from)?, &open_root(to)?, from, to, cap, departed)
     }
 
     /// Reads the hints for two subvolumes of one filesystem, or `None` when
@@ -331,7 +325,8 @@ impl Hints {
     pub fn read(
         from: &OwnedFd,
         to: &OwnedFd,
-        (from_path, to_path): (&Path, &Path),
+        from_path: &Path,
+        to_path: &Path,
         cap: usize,
         departed: &[RootInfo],
     ) -> Result<Option<Hints>> {
@@ -750,7 +745,7 @@ pub fn compare(
     limits: &Limits,
     patches: bool,
 ) -> Result<Compared> {
-    compare_knowing(from, to, (method, &[]), limits, patches)
+    compare_knowing(from, to, method, &[], limits, patches)
 }
 
 /// [`compare`], the Btrfs hints knowing the deleted subvolumes in
@@ -758,14 +753,15 @@ pub fn compare(
 pub fn compare_knowing(
     from: &Path,
     to: &Path,
-    (method, departed): (DiffMethod, &[RootInfo]),
+    method: DiffMethod,
+    departed: &[RootInfo],
     limits: &Limits,
     patches: bool,
 ) -> Result<Compared> {
     let (a, b) = (open_root(from)?, open_root(to)?);
     let hints = match method {
         DiffMethod::Walk => None,
-        DiffMethod::Btrfs => Hints::read(&a, &b, (from, to), limits.hint_inodes, departed)?,
+        DiffMethod::Btrfs => Hints::read(&a, &b, from, to, limits.hint_inodes, departed)?,
     };
     if let Some(h) = &hints {
         if h.same_trees() {
@@ -870,7 +866,8 @@ impl Store {
         let d = compare_knowing(
             &from,
             &to,
-            (DiffMethod::Btrfs, &departed),
+            DiffMethod::Btrfs,
+            &departed,
             &Limits::default(),
             p.patch,
         )?;

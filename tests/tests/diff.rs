@@ -344,7 +344,8 @@ fn pruned_diff_matches_the_full_walk_across_rollbacks() {
                 let fast = allox_store::diff::compare_knowing(
                     x,
                     y,
-                    (DiffMethod::Btrfs, &departed),
+                    DiffMethod::Btrfs,
+                    &departed,
                     &allox_store::diff::Limits::default(),
                     false,
                 )

@@ -182,7 +182,8 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         let d = allox_store::diff::compare_knowing(
             &z,
             &big,
-            (allox_store::diff::DiffMethod::Btrfs, &[]),
+            allox_store::diff::DiffMethod::Btrfs,
+            &[],
             &allox_store::diff::Limits::default(),
             false,
         )?;

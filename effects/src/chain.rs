@@ -73,8 +73,17 @@ pub struct Record {
 /// (the value's objects are ordered by key, which for ASCII is RFC 8785's
 /// order; strings are escaped as RFC 8785 escapes them), and is written
 /// twenty times faster than the canonicalizer's; anything else goes
-/// through the canonicalizer.
+/// through the canonicalizer. A value whose compact JSON, written
+/// straight from it, is [surely canonical](surely_canonical) (its maps'
+/// and structs' keys come out ascending) is not built as a
+/// `serde_json::Value` at all: that compact JSON is what the value's
+/// `Value` would be written as.
 pub fn canonical<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
+    if let Ok(bytes) = serde_json::to_vec(v) {
+        if surely_canonical(&bytes) {
+            return Ok(bytes);
+        }
+    }
     canonical_value(&serde_json::to_value(v).map_err(|e| e.to_string())?)
 }
 
@@ -114,6 +123,204 @@ fn plain(v: &serde_json::Value) -> bool {
                 ordered && plain(v)
             })
         }
+    }
+}
+
+/// Whether `bytes` is certainly the canonical JSON of the value it holds,
+/// told without building the value: compact, every object's keys
+/// printable ASCII with no escape and strictly ascending, every number a
+/// whole one of at most 2^53 either way written as its digits, every
+/// string valid UTF-8 escaped as [`canonical`] escapes it (`\"`, `\\`,
+/// `\b \t \n \f \r`, else `\u00xx` below U+0020, nothing else). Such
+/// bytes are the compact JSON of a plain value, which is its canonical
+/// JSON. `false` is "not certain": parse it and compare
+/// ([`canonical_value`]).
+pub fn surely_canonical(bytes: &[u8]) -> bool {
+    let mut s = Scan { b: bytes, i: 0 };
+    s.value(0) && s.i == bytes.len()
+}
+
+/// [`surely_canonical`]'s reader: `i` is the next byte.
+struct Scan<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Scan<'a> {
+    /// Deeper than this is left to the parser (serde_json's own limit
+    /// is 128).
+    const DEPTH: usize = 64;
+
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn value(&mut self, depth: usize) -> bool {
+        if depth > Self::DEPTH {
+            return false;
+        }
+        match self.peek() {
+            Some(b'{') => self.object(depth),
+            Some(b'[') => self.array(depth),
+            Some(b'"') => self.string(),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            Some(b't') => self.word(b"true"),
+            Some(b'f') => self.word(b"false"),
+            Some(b'n') => self.word(b"null"),
+            _ => false,
+        }
+    }
+
+    fn word(&mut self, w: &[u8]) -> bool {
+        let found = self.b[self.i..].starts_with(w);
+        if found {
+            self.i += w.len();
+        }
+        found
+    }
+
+    fn object(&mut self, depth: usize) -> bool {
+        self.i += 1;
+        if self.peek() == Some(b'}') {
+            self.i += 1;
+            return true;
+        }
+        let mut prev: Option<&[u8]> = None;
+        loop {
+            let Some(key) = self.key() else {
+                return false;
+            };
+            if prev.is_some_and(|p| p >= key) || self.peek() != Some(b':') {
+                return false;
+            }
+            prev = Some(key);
+            self.i += 1;
+            if !self.value(depth + 1) {
+                return false;
+            }
+            match self.peek() {
+                Some(b',') => self.i += 1,
+                Some(b'}') => {
+                    self.i += 1;
+                    return true;
+                }
+                _ => return false,
+            }
+        }
+    }
+
+    /// A key of printable ASCII and no escape, whose bytes are its text.
+    fn key(&mut self) -> Option<&'a [u8]> {
+        if self.peek() != Some(b'"') {
+            return None;
+        }
+        let start = self.i + 1;
+        let len = self.b.get(start..)?.iter().position(|&c| c == b'"')?;
+        let key = &self.b[start..start + len];
+        if !key.iter().all(|&c| (0x20..0x7f).contains(&c) && c != b'\\') {
+            return None;
+        }
+        self.i = start + len + 1;
+        Some(key)
+    }
+
+    fn array(&mut self, depth: usize) -> bool {
+        self.i += 1;
+        if self.peek() == Some(b']') {
+            self.i += 1;
+            return true;
+        }
+        loop {
+            if !self.value(depth + 1) {
+                return false;
+            }
+            match self.peek() {
+                Some(b',') => self.i += 1,
+                Some(b']') => {
+                    self.i += 1;
+                    return true;
+                }
+                _ => return false,
+            }
+        }
+    }
+
+    fn string(&mut self) -> bool {
+        self.i += 1;
+        let start = self.i;
+        let mut ascii = true;
+        loop {
+            let Some(c) = self.peek() else {
+                return false;
+            };
+            match c {
+                b'"' => break,
+                b'\\' => {
+                    let Some(e) = self.b.get(self.i + 1) else {
+                        return false;
+                    };
+                    match e {
+                        b'"' | b'\\' | b'b' | b'f' | b'n' | b'r' | b't' => self.i += 2,
+                        b'u' => {
+                            // Only a control character without a short
+                            // escape, as `\u00xx` in lower case.
+                            let Some(&[b'0', b'0', h, l]) = self.b.get(self.i + 2..self.i + 6)
+                            else {
+                                return false;
+                            };
+                            let hex = |d: u8| match d {
+                                b'0'..=b'9' => Some(d - b'0'),
+                                b'a'..=b'f' => Some(d - b'a' + 10),
+                                _ => None,
+                            };
+                            let (Some(h), Some(l)) = (hex(h), hex(l)) else {
+                                return false;
+                            };
+                            let v = h * 16 + l;
+                            if v >= 0x20 || matches!(v, 0x08 | 0x09 | 0x0a | 0x0c | 0x0d) {
+                                return false;
+                            }
+                            self.i += 6;
+                        }
+                        _ => return false,
+                    }
+                }
+                0x00..=0x1f => return false,
+                0x80..=0xff => {
+                    ascii = false;
+                    self.i += 1;
+                }
+                _ => self.i += 1,
+            }
+        }
+        let whole = ascii || std::str::from_utf8(&self.b[start..self.i]).is_ok();
+        self.i += 1;
+        whole
+    }
+
+    fn number(&mut self) -> bool {
+        let negative = self.peek() == Some(b'-');
+        if negative {
+            self.i += 1;
+        }
+        let start = self.i;
+        while matches!(self.peek(), Some(b'0'..=b'9')) {
+            self.i += 1;
+        }
+        let digits = &self.b[start..self.i];
+        // 2^53 has 16 digits; `0` alone, never `-0` or a leading zero;
+        // no fraction or exponent.
+        if digits.is_empty()
+            || digits.len() > 16
+            || (digits[0] == b'0' && (digits.len() > 1 || negative))
+            || matches!(self.peek(), Some(b'.' | b'e' | b'E'))
+        {
+            return false;
+        }
+        let v = digits
+            .iter()
+            .fold(0u64, |v, d| v * 10 + u64::from(d - b'0'));
+        v <= 1 << 53
     }
 }
 
@@ -375,6 +582,27 @@ impl Chain {
         // One at a time: the one before is waited for.
         self.wait_behind()?;
         let job = self.sync_job()?;
+        self.start_behind(job)
+    }
+
+    /// Starts a sync of the files written beside the chain so far, and of
+    /// those only, on a thread of its own: they can be made durable while
+    /// the records that will hold their hashes are still being made. The
+    /// next `sync` waits for it before the bodies and records (so a record
+    /// is still never durable before a file it holds the hash of).
+    pub fn sync_beside_behind(&mut self) -> Result<(), ChainError> {
+        self.wait_behind()?;
+        if self.unsynced.is_empty() {
+            return Ok(());
+        }
+        let job = SyncJob {
+            files: std::mem::take(&mut self.unsynced),
+            dir: None,
+        };
+        self.start_behind(job)
+    }
+
+    fn start_behind(&mut self, job: SyncJob) -> Result<(), ChainError> {
         let t = std::thread::Builder::new()
             .name("chain-sync".into())
             .spawn(move || job.run())
@@ -631,13 +859,17 @@ pub fn verify_with(
                 bad(format!("the record does not hold the hash of body {bname}, and what follows it does not hold the record's: the record was changed"))
             });
         }
-        let value: serde_json::Value = serde_json::from_slice(&body)
-            .map_err(|e| bad_body(&bfile, format!("body {bname}: {e}")))?;
-        if canonical_value(&value).map_err(|e| bad_body(&bfile, e))? != body {
-            return Err(bad_body(
-                &bfile,
-                format!("body {bname} not in canonical form"),
-            ));
+        // Most bodies are told canonical as they are read; the others are
+        // parsed and written again.
+        if !surely_canonical(&body) {
+            let value: serde_json::Value = serde_json::from_slice(&body)
+                .map_err(|e| bad_body(&bfile, format!("body {bname}: {e}")))?;
+            if canonical_value(&value).map_err(|e| bad_body(&bfile, e))? != body {
+                return Err(bad_body(
+                    &bfile,
+                    format!("body {bname} not in canonical form"),
+                ));
+            }
         }
         if seq == 0 && rec.kind != "begin" {
             return Err(VerifyError::NoBegin(rec.kind));
@@ -696,6 +928,168 @@ mod tests {
     /// corners of byte order, and numbers at the edges of a double's
     /// whole numbers: the direct path writes what the canonicalizer
     /// writes; what it cannot write goes to the canonicalizer.
+    /// A small deterministic generator (xorshift) for the tests below.
+    struct Gen(u64);
+
+    impl Gen {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+
+        /// A string of the characters a sysctl, a path or a hostile name
+        /// may hold: quotes, backslashes, controls, DEL, non-ASCII.
+        fn text(&mut self, plain: bool) -> String {
+            const ANY: &[&str] = &[
+                "a", "Z", "0", ".", "/", " ", "-", "_", "\"", "\\", "\n", "\t", "\u{1}", "\u{1f}",
+                "\u{7f}", "é", "\u{2028}", "😀", "\u{ffff}",
+            ];
+            const PLAIN: &[&str] = &["a", "b", "Z", "0", "9", ".", "/", " ", "-", "_", "~"];
+            let pool = if plain { PLAIN } else { ANY };
+            (0..self.below(8))
+                .map(|_| pool[self.below(pool.len())])
+                .collect()
+        }
+
+        fn value(&mut self, depth: usize, plain: bool) -> serde_json::Value {
+            use serde_json::Value;
+            let kinds = if depth >= 4 { 6 } else { 8 };
+            match self.below(kinds) {
+                0 => Value::Null,
+                1 => Value::Bool(self.below(2) == 0),
+                2 => Value::String(self.text(plain)),
+                3 => {
+                    const N: &[i64] = &[0, 1, -1, 42, -42, 1 << 53, -(1 << 53), 1_000_000_007];
+                    serde_json::json!(N[self.below(N.len())])
+                }
+                4 if !plain => {
+                    const F: &[serde_json::Value] = &[];
+                    let _ = F;
+                    match self.below(4) {
+                        0 => serde_json::json!(1.5),
+                        1 => serde_json::json!((1u64 << 53) + 1),
+                        2 => serde_json::json!(u64::MAX),
+                        _ => serde_json::json!(-1e300),
+                    }
+                }
+                4 | 5 => Value::String(self.text(plain)),
+                6 => Value::Array(
+                    (0..self.below(4))
+                        .map(|_| self.value(depth + 1, plain))
+                        .collect(),
+                ),
+                _ => Value::Object(
+                    (0..self.below(5))
+                        .map(|_| (self.text(plain), self.value(depth + 1, plain)))
+                        .collect(),
+                ),
+            }
+        }
+    }
+
+    /// Whether the parser and writer say `bytes` is canonical JSON.
+    fn canonical_by_parsing(bytes: &[u8]) -> bool {
+        serde_json::from_slice::<serde_json::Value>(bytes)
+            .ok()
+            .and_then(|v| canonical_value(&v).ok())
+            .is_some_and(|c| c == bytes)
+    }
+
+    /// What is told canonical without parsing is what parsing and writing
+    /// again would tell canonical: over generated values of every kind
+    /// (hostile strings, fractions, numbers past 2^53) and thousands of
+    /// their bytes changed, inserted and removed; and plain values are
+    /// told canonical without parsing.
+    #[test]
+    fn what_is_surely_canonical_is_canonical_by_parsing() {
+        let mut g = Gen(0x9e37_79b9_7f4a_7c15);
+        const NOISE: &[u8] = b" \"\\01-.eE,:{}[]aubnt\x00\x1f\x7f\xc3\xa9\xff";
+        let (mut sure, mut mutants_sure) = (0, 0);
+        for round in 0..4000 {
+            let plain = round % 2 == 0;
+            let v = g.value(0, plain);
+            let bytes = canonical(&v).unwrap();
+            let told = surely_canonical(&bytes);
+            if plain {
+                assert!(
+                    told,
+                    "plain, yet not told canonical: {}",
+                    String::from_utf8_lossy(&bytes)
+                );
+            }
+            if told {
+                sure += 1;
+                assert!(canonical_by_parsing(&bytes));
+            }
+            for _ in 0..8 {
+                let mut m = bytes.clone();
+                let at = g.below(m.len() + 1);
+                match g.below(4) {
+                    0 if at < m.len() => m[at] = NOISE[g.below(NOISE.len())],
+                    1 => m.insert(at, NOISE[g.below(NOISE.len())]),
+                    2 if at < m.len() => {
+                        m.remove(at);
+                    }
+                    _ if at + 1 < m.len() => m.swap(at, at + 1),
+                    _ => m.push(b' '),
+                }
+                if surely_canonical(&m) {
+                    mutants_sure += 1;
+                    assert!(
+                        canonical_by_parsing(&m),
+                        "told canonical, but it is not: {}",
+                        String::from_utf8_lossy(&m)
+                    );
+                }
+            }
+        }
+        assert!(sure >= 2000 && mutants_sure > 1000, "{sure} {mutants_sure}");
+    }
+
+    #[test]
+    fn forms_that_are_not_canonical_are_never_told_so() {
+        for (not, why) in [
+            (&br#"{"a":1, "b":2}"#[..], "a space"),
+            (br#"{"b":1,"a":2}"#, "keys out of order"),
+            (br#"{"a":1,"a":2}"#, "a key twice"),
+            (br#"-0"#, "minus zero"),
+            (br#"01"#, "a leading zero"),
+            (br#"1.0"#, "a fraction"),
+            (br#"1e3"#, "an exponent"),
+            (br#"9007199254740993"#, "past 2^53"),
+            (br#""\u0041""#, "an escaped letter"),
+            (br#""\/""#, "an escaped slash"),
+            (br#""\u001F""#, "upper-case hex"),
+            (br#""\u007f""#, "an escaped DEL"),
+            (br#""\u000a""#, "a long escape for a short one"),
+            (br#""\u0008""#, "a long escape for \\b"),
+            (b"\"\x01\"", "a raw control"),
+            (b"\"\xc3\"", "cut UTF-8"),
+            (br#"{"a":1}x"#, "bytes after the value"),
+            (br#"[1,]"#, "a trailing comma"),
+            (br#"tru"#, "a word cut short"),
+            (br#""#, "nothing"),
+        ] {
+            assert!(!surely_canonical(not), "{why}");
+            assert!(!canonical_by_parsing(not), "{why} (the parser)");
+        }
+        for yes in [
+            &br#"{"a":[1,-2,null,true,false,"x\"\\\n\u001f"],"b":{}}"#[..],
+            br#"9007199254740992"#,
+            br#"-9007199254740992"#,
+            "\"é😀\u{7f}\"".as_bytes(),
+        ] {
+            assert!(surely_canonical(yes), "{}", String::from_utf8_lossy(yes));
+            assert!(canonical_by_parsing(yes));
+        }
+    }
+
     #[test]
     fn plain_values_are_written_as_the_canonicalizer_writes_them() {
         use serde_json::{json, Value};
@@ -758,6 +1152,46 @@ mod tests {
         let v = Value::Object(out_of_order);
         let ordered: Vec<&String> = v.as_object().unwrap().keys().collect();
         assert_eq!(plain(&v), ordered == ["a", "b"]);
+        // Typed bodies, written straight when their keys come out
+        // ascending, through a `Value` when not (fields out of order, a
+        // map keyed by numbers, a fraction): the canonicalizer's bytes.
+        #[derive(Serialize)]
+        struct InOrder {
+            a: u64,
+            b: Vec<&'static str>,
+            c: std::collections::BTreeMap<String, String>,
+        }
+        #[derive(Serialize)]
+        struct OutOfOrder {
+            z: u64,
+            a: std::collections::BTreeMap<u64, bool>,
+            m: f64,
+        }
+        let in_order = InOrder {
+            a: 1,
+            b: vec!["x\"", "\u{1}"],
+            c: [("k.b", "1"), ("k.a", "2")]
+                .into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+        };
+        let direct = serde_json::to_vec(&in_order).unwrap();
+        assert!(surely_canonical(&direct));
+        assert_eq!(canonical(&in_order).unwrap(), direct);
+        assert_eq!(
+            direct,
+            serde_json_canonicalizer::to_vec(&serde_json::to_value(&in_order).unwrap()).unwrap()
+        );
+        let out = OutOfOrder {
+            z: 1,
+            a: [(2, true), (10, false)].into_iter().collect(),
+            m: 0.5,
+        };
+        assert!(!surely_canonical(&serde_json::to_vec(&out).unwrap()));
+        assert_eq!(
+            canonical(&out).unwrap(),
+            serde_json_canonicalizer::to_vec(&serde_json::to_value(&out).unwrap()).unwrap()
+        );
         // A typed body, fields in declaration order, comes out sorted.
         let r = Record {
             seq: 3,
@@ -793,6 +1227,28 @@ mod tests {
         assert_eq!(std::fs::read(c.dir().join("history.json")).unwrap(), b"[1]");
         let v = verify(c.dir(), Some(c.head())).unwrap();
         assert!(v.closed);
+    }
+
+    #[test]
+    fn files_beside_the_chain_are_synced_behind_alone_and_waited_for() {
+        let d = tempfile::tempdir().unwrap();
+        let mut c = Chain::create_with(&d.path().join("run"), &["history.json"]).unwrap();
+        c.append("begin", &serde_json::json!({ "n": 1 })).unwrap();
+        assert!(!c.dir_unsynced);
+        // Nothing beside the chain: nothing started.
+        c.sync_beside_behind().unwrap();
+        assert!(c.behind.is_none());
+        c.write_beside("history.json", b"[]").unwrap();
+        c.append_later("history", &serde_json::json!({})).unwrap();
+        c.sync_beside_behind().unwrap();
+        assert!(c.unsynced.is_empty(), "taken by the sync behind");
+        assert!(c.behind.is_some());
+        assert!(!c.dir_unsynced, "made with the chain: its name is durable");
+        c.append_later("close", &serde_json::json!({})).unwrap();
+        c.sync().unwrap();
+        assert!(c.behind.is_none(), "waited for before the records");
+        let v = verify(c.dir(), Some(c.head())).unwrap();
+        assert_eq!(v.kinds, ["begin", "history", "close"]);
     }
 
     fn chain() -> (tempfile::TempDir, Chain) {

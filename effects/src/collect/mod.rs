@@ -24,12 +24,45 @@ use std::collections::BTreeMap;
 /// One domain's state at one point.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Capture {
-    /// What was seen: a key naming the item (`net.ipv4.ip_forward`,
-    /// `prog 42 allox_fork`), its value as text.
-    pub items: BTreeMap<String, String>,
+    // The fields in the order of their names: written as they are, they
+    // are already in canonical order (crate::chain::canonical).
     /// What could not be seen, each as a line saying what and why (a file
     /// that could not be read, a dump that failed).
     pub gaps: Vec<String>,
+    /// What was seen: a key naming the item (`net.ipv4.ip_forward`,
+    /// `prog 42 allox_fork`), its value as text.
+    #[serde(deserialize_with = "map_built_at_once")]
+    pub items: BTreeMap<String, String>,
+}
+
+/// A map read back as it was written (its keys ascending, as a
+/// `BTreeMap` writes them) and built at once: a map of thousands of
+/// entries inserted one by one compares each key with a dozen others.
+/// Keys out of order or twice are taken as inserting them would (the last
+/// of equal keys kept).
+fn map_built_at_once<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    struct Entries;
+    impl<'de> serde::de::Visitor<'de> for Entries {
+        type Value = BTreeMap<String, String>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a map of strings")
+        }
+
+        fn visit_map<M: serde::de::MapAccess<'de>>(
+            self,
+            mut m: M,
+        ) -> Result<Self::Value, M::Error> {
+            let mut entries = Vec::with_capacity(m.size_hint().unwrap_or(0).min(1 << 16));
+            while let Some(e) = m.next_entry::<String, String>()? {
+                entries.push(e);
+            }
+            Ok(entries.into_iter().collect())
+        }
+    }
+    d.deserialize_map(Entries)
 }
 
 impl Capture {
@@ -123,6 +156,23 @@ pub(crate) mod tests {
             c.insert(*k, *v);
         }
         c
+    }
+
+    #[test]
+    fn a_capture_read_back_is_the_capture_written_and_its_map_as_inserting_would_make_it() {
+        let mut c = cap(&[("net.b", "1"), ("net.a", "2"), ("z", "")]);
+        c.gap("one");
+        let back: Capture = serde_json::from_slice(&serde_json::to_vec(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+        // Out of order and twice (not what is written, but read all the
+        // same): what inserting one by one would make, the last kept.
+        let text = r#"{"items":{"b":"1","a":"2","b":"3","c":"4","a":"5"},"gaps":[]}"#;
+        let read: Capture = serde_json::from_str(text).unwrap();
+        let inserted: BTreeMap<String, String> =
+            serde_json::from_str(r#"{"b":"1","a":"2","b":"3","c":"4","a":"5"}"#).unwrap();
+        assert_eq!(read.items, inserted);
+        assert_eq!(read.items["a"], "5");
+        assert!(serde_json::from_str::<Capture>(r#"{"items":{"a":1},"gaps":[]}"#).is_err());
     }
 
     #[test]

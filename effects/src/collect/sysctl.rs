@@ -283,8 +283,10 @@ fn capture_kept(
             })
             .collect()
     });
-    for (p, new) in parts {
-        c.items.extend(p.items);
+    for (mut p, new) in parts {
+        // Merged in one pass (inserted one by one, each key would be
+        // compared with a dozen others).
+        c.items.append(&mut p.items);
         c.gaps.extend(p.gaps);
         kept.extend(new);
     }
@@ -294,9 +296,11 @@ fn capture_kept(
     c
 }
 
-/// The first read's size: most values are a few bytes, and the kernel
-/// allocates and clears a buffer of the size asked for each read.
-const FIRST_READ: usize = 1024;
+/// The first read's size: most values are a few bytes (one of the 1,315
+/// files of a 6.18 kernel holds more than 128: `net.core.netdev_rss_key`,
+/// 156), and the kernel allocates and clears a buffer of the size asked
+/// for each read (1,315 reads of 256 bytes: 2.34 ms, of 1,024: 2.66 ms).
+const FIRST_READ: usize = 256;
 
 fn open_dir(
     at: impl rustix::fd::AsFd,
@@ -550,12 +554,18 @@ fn write_only(dir: &OwnedFd, name: &std::ffi::CStr) -> bool {
 /// it fits, and a number's handler gives nothing to a read that does not
 /// start at 0: a read that leaves room is the end (one call a file), one
 /// that fills the buffer is made again from the start with a larger one.
+/// Each file's first read asks for [`FIRST_READ`] bytes, however large
+/// `buf` grew for a file before it.
 fn read_all(fd: &OwnedFd, buf: &mut Vec<u8>) -> rustix::io::Result<usize> {
+    let mut len = FIRST_READ;
     loop {
-        match rustix::io::pread(fd, &mut buf[..], 0) {
-            Ok(k) if k < buf.len() => return Ok(k),
-            Ok(_) if buf.len() >= MAX_READ => return Ok(buf.len()),
-            Ok(_) => buf.resize(buf.len() * 4, 0),
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        match rustix::io::pread(fd, &mut buf[..len], 0) {
+            Ok(k) if k < len => return Ok(k),
+            Ok(_) if len >= MAX_READ => return Ok(len),
+            Ok(_) => len *= 4,
             Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(e),
         }
@@ -765,13 +775,35 @@ mod tests {
                 "vm.f"
             ]
         );
-        // 6,000 bytes, past the first read's 1,024: read again from the
+        // 6,000 bytes, past the first read's 256: read again from the
         // start, whole.
         assert_eq!(b.items["vm.b"], long.trim(), "cut short");
         assert_eq!(b.items["vm.e"], "e");
         // Read a third time: the same, through the descriptors kept.
         let c = capture_kept(r, "", &[], &mut files, false);
         assert_eq!(c.items, b.items);
+    }
+
+    #[test]
+    fn values_about_the_first_reads_size_are_read_whole_after_a_long_one() {
+        let d = tempfile::tempdir().unwrap();
+        let mut buf = vec![0u8; FIRST_READ];
+        for n in [
+            6000,
+            2,
+            FIRST_READ - 1,
+            FIRST_READ,
+            FIRST_READ + 1,
+            4 * FIRST_READ,
+            0,
+        ] {
+            let p = d.path().join(format!("v{n}"));
+            let text: String = (0..n).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+            fs::write(&p, &text).unwrap();
+            let fd: OwnedFd = fs::File::open(&p).unwrap().into();
+            let k = read_all(&fd, &mut buf).unwrap();
+            assert_eq!(&buf[..k], text.as_bytes(), "a value of {n} bytes");
+        }
     }
 
     #[test]

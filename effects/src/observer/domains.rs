@@ -140,9 +140,14 @@ fn in_own_table(job: impl FnOnce() -> Capture + Send + 'static) -> Capture {
 
 /// Merges `other` into `c`, its keys prefixed.
 fn merge_prefixed(c: &mut Capture, other: Capture, prefix: &str) {
-    for (k, v) in other.items {
-        c.items.insert(format!("{prefix}{k}"), v);
-    }
+    // Built at once (one prefix keeps the keys in order) and merged in
+    // one pass.
+    let mut theirs: std::collections::BTreeMap<String, String> = other
+        .items
+        .into_iter()
+        .map(|(k, v)| (format!("{prefix}{k}"), v))
+        .collect();
+    c.items.append(&mut theirs);
     c.gaps
         .extend(other.gaps.into_iter().map(|g| format!("{prefix}{g}")));
 }

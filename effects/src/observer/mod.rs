@@ -419,7 +419,7 @@ impl Observation {
         }
         let snaps_a = snaps_a?;
         captures_a.insert(EffectsDomain::Workspace, files::identity(&snaps_a));
-        let body = serde_json::json!({ "captures": &captures_a });
+        let body = captures_body(&captures_a);
         // Encoded once: its hash is the baseline, its bytes the record.
         let body = chain::Canonical::of(&body)?;
         let baseline = chain::sha256_hex(body.bytes());
@@ -532,6 +532,12 @@ impl Observation {
             self.phases.beside(what, us);
         }
         let snaps_b = snaps_b?;
+        // The history's files, written beside B's captures, made durable
+        // while B is compared (B's snapshots are taken: no commit to slow).
+        if let Err(e) = chain.sync_beside_behind() {
+            snaps_b.remove();
+            return Err(err(e));
+        }
         captures_b.insert(EffectsDomain::Workspace, files::identity(&snaps_b));
         self.phases.done("captures_b");
         let mut domains_out = Vec::new();
@@ -576,7 +582,7 @@ impl Observation {
             .fold(EffectsVerdict::NotObserved, |v, d| v.worst(d.verdict));
         self.phases.done("compare");
         chain
-            .append_later("capture_b", &serde_json::json!({ "captures": &captures_b }))
+            .append_later("capture_b", &captures_body(&captures_b))
             .map_err(err)?;
         chain
             .append_later(
@@ -745,7 +751,7 @@ impl Observation {
         let snaps_c = self.snaps_c.as_ref().expect("just set");
         self.phases.done("captures_c");
         chain
-            .append_later("capture_c", &serde_json::json!({ "captures": &captures_c }))
+            .append_later("capture_c", &captures_body(&captures_c))
             .map_err(|e| e.to_string())?;
         let compare_to_c = |from: &BTreeMap<EffectsDomain, Capture>,
                             snaps: &files::Snapshots,
@@ -1058,6 +1064,20 @@ fn capture_all(
     })
 }
 
+/// A `capture_a`, `capture_b` or `capture_c` record's body: the captures
+/// by their domains' names, the order of its canonical JSON (written as
+/// it is, never built as a `serde_json::Value`: `chain::canonical`).
+#[derive(serde::Serialize)]
+struct CapturesBody<'a> {
+    captures: BTreeMap<&'static str, &'a crate::collect::Capture>,
+}
+
+fn captures_body(c: &BTreeMap<EffectsDomain, crate::collect::Capture>) -> CapturesBody<'_> {
+    CapturesBody {
+        captures: c.iter().map(|(d, c)| (d.as_str(), c)).collect(),
+    }
+}
+
 /// `survivors` with their lineage from the history's forks when it says
 /// more than the supervisor could read (a process whose parent exited was
 /// re-parented to the sandbox's init: `/proc` no longer shows where it
@@ -1123,6 +1143,30 @@ pub fn read_history(dir: &std::path::Path) -> std::io::Result<Vec<HistoryRecord>
 #[cfg(test)]
 mod tests {
     use super::Preload;
+
+    /// A capture record's body is written straight as its canonical JSON
+    /// (never built as a `Value`), and it is the canonicalizer's.
+    #[test]
+    fn a_capture_body_is_written_straight_in_canonical_form() {
+        use allox_protocol::EffectsDomain;
+        let mut all = std::collections::BTreeMap::new();
+        for d in EffectsDomain::ALL {
+            let mut c = crate::collect::Capture::new();
+            c.insert(format!("{} b", d.as_str()), "x \"y\" \u{1}");
+            c.insert(format!("{} a", d.as_str()), "é");
+            c.gap("one thing unseen");
+            all.insert(d, c);
+        }
+        let body = super::captures_body(&all);
+        let direct = serde_json::to_vec(&body).unwrap();
+        assert!(crate::chain::surely_canonical(&direct));
+        let value = serde_json::to_value(&body).unwrap();
+        assert_eq!(direct, serde_json_canonicalizer::to_vec(&value).unwrap());
+        // What the verifier reads back.
+        let back: std::collections::BTreeMap<EffectsDomain, crate::collect::Capture> =
+            serde_json::from_value(value["captures"].clone()).unwrap();
+        assert_eq!(back, all);
+    }
 
     fn parse(a: &[&str]) -> Result<Option<Preload>, String> {
         Preload::from_args(a.iter().map(|s| s.to_string()))

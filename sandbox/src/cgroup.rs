@@ -316,6 +316,13 @@ impl Cgroups {
         }
     }
 
+    /// Whether `cgroup.events` says `populated 0` (a file that cannot be
+    /// read says nothing: `false`).
+    pub fn is_empty(&self, dir: &Path) -> bool {
+        read_trim(&dir.join("cgroup.events"))
+            .is_ok_and(|ev| ev.lines().any(|l| l.trim() == "populated 0"))
+    }
+
     /// SIGKILLs everything in `dir` and below, then waits until it is empty.
     /// Returns how many processes there were.
     pub fn kill(&self, dir: &Path, timeout: Duration) -> Result<u32, CgroupError> {
@@ -732,5 +739,16 @@ mod tests {
         std::fs::write(s.join("run-1/cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
         assert!(c.populated(&s.join("run-1")));
         assert!(!c.populated(&s.join("run-2")));
+        // Empty only when the kernel says so: an unreadable file is not.
+        assert!(!c.is_empty(&s.join("run-1")));
+        assert!(!c.is_empty(&s.join("run-2")));
+        std::fs::write(
+            s.join("run-2/cgroup.events"),
+            "populated 0
+frozen 1
+",
+        )
+        .unwrap();
+        assert!(c.is_empty(&s.join("run-2")));
     }
 }

@@ -144,7 +144,8 @@ fn how_ended(r: &RunResult) -> crate::plugin_api::metrics::RunEnd {
 
 /// The end of an observed run, once its program has ended: the cgroup
 /// frozen, what is still alive listed with its lineage (the survivors),
-/// everything killed, the cgroup waited for empty and frozen, and the
+/// everything killed and the cgroup waited for empty and frozen (unless
+/// nothing was left), and the
 /// observing plugins told. A freeze or kill that does not finish in time
 /// is a fault the evidence carries; the plugins are told regardless.
 fn observe_end(
@@ -161,11 +162,17 @@ fn observe_end(
     runs.cfg.failpoints.hit("run_end.after_freeze");
     let listed = runs.cgroups.procs(&dir);
     let survivors = survivors(&listed, init);
-    if let Err(e) = runs.cgroups.kill(&dir, Duration::from_secs(10)) {
-        faults.push(e.to_string());
-    }
-    if let Err(e) = runs.cgroups.freeze(&dir, runs.cfg.freeze_wait) {
-        faults.push(e.to_string());
+    // The usual end, the program's tree gone: frozen, nothing listed, and
+    // the kernel says nothing is left (nothing can enter a frozen cgroup
+    // but by the supervisor). No one to kill, nothing to freeze again.
+    let over = faults.is_empty() && listed.is_empty() && runs.cgroups.is_empty(&dir);
+    if !over {
+        if let Err(e) = runs.cgroups.kill(&dir, Duration::from_secs(10)) {
+            faults.push(e.to_string());
+        }
+        if let Err(e) = runs.cgroups.freeze(&dir, runs.cfg.freeze_wait) {
+            faults.push(e.to_string());
+        }
     }
     runs.cfg.failpoints.hit("run_end.after_kill");
     let fault = (!faults.is_empty()).then(|| faults.join("; "));

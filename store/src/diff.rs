@@ -749,6 +749,29 @@ pub fn compare(
 }
 
 /// [`compare`], the Btrfs hints knowing the deleted subvolumes in
+/// The uuids of the `departed` trees some subvolume in `living` descends
+/// from: each one's line of descent followed up through `departed`. A
+/// subvolume listed in `living` whose uuid is in `departed` is a deleted
+/// one the root tree still lists (until Btrfs has dropped it): nothing
+/// living descends from it for being listed.
+fn descended_from(
+    living: &[RootInfo],
+    departed: &[RootInfo],
+) -> std::collections::HashSet<[u8; 16]> {
+    let by_uuid: HashMap<[u8; 16], &RootInfo> = departed.iter().map(|d| (d.uuid, d)).collect();
+    let mut reached = std::collections::HashSet::new();
+    for r in living.iter().filter(|r| !by_uuid.contains_key(&r.uuid)) {
+        let mut up = r.parent_uuid;
+        while let Some(d) = by_uuid.get(&up) {
+            if !reached.insert(up) {
+                break;
+            }
+            up = d.parent_uuid;
+        }
+    }
+    reached
+}
+
 /// `departed` (as the store keeps them: [`Store::departed`]).
 pub fn compare_knowing(
     from: &Path,
@@ -831,6 +854,12 @@ impl Store {
     /// (read before it was), for [`Store::departed`]. Not durable by itself
     /// (lost, a diff through that tree walks both trees whole, as it did
     /// before), and never an error of the delete: a failure is logged.
+    ///
+    /// The records no subvolume of the filesystem descends from any more
+    /// (a tree replaced by a rollback with no checkpoint made from it, the
+    /// trees only it descended from) are forgotten in the same commit: no
+    /// line of descent can pass through them again, and what is kept stays
+    /// about as large as what the session keeps.
     pub(crate) fn keep_departed(&self, a: &str, s: &str, gone: &RootInfo) {
         let r = crate::rows::DepartedRecord {
             parent_uuid: gone.parent_uuid,
@@ -838,10 +867,40 @@ impl Store {
             otime: gone.otime,
         };
         let key = uuid_hex(&gone.uuid);
-        if let Err(e) = self.index.write_quick(|w| w.put_departed(a, s, &key, &r)) {
+        let stale = self.departed_behind(a, s, gone);
+        let kept = self.index.write_quick(|w| {
+            w.put_departed(a, s, &key, &r)?;
+            for k in &stale {
+                w.remove_departed(a, s, k)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = kept {
             tracing::warn!(error = %e, agent = a, session = s,
                 "cannot keep the lineage of a deleted tree; diffs through it walk both trees");
         }
+    }
+
+    /// Session `a/s`'s departed trees, `gone` with them, that no subvolume
+    /// of the filesystem descends from (their keys). None when the
+    /// subvolumes cannot be listed: a record kept too many costs a read.
+    fn departed_behind(&self, a: &str, s: &str, gone: &RootInfo) -> Vec<String> {
+        let Ok(mut departed) = self.departed(a, s) else {
+            return Vec::new();
+        };
+        departed.push(gone.clone());
+        let living = open_root(&self.layout.current(a, s))
+            .ok()
+            .and_then(|fd| btrfs::subvolumes(&fd).ok());
+        let Some(living) = living else {
+            return Vec::new();
+        };
+        let reached = descended_from(&living, &departed);
+        departed
+            .iter()
+            .filter(|d| !reached.contains(&d.uuid))
+            .map(|d| uuid_hex(&d.uuid))
+            .collect()
     }
 
     fn tree_of(&self, a: &str, s: &str, name: &str) -> Result<PathBuf> {
@@ -939,6 +998,46 @@ mod tests {
         // A departed record never stands for a living tree of its uuid.
         let stale = [root(0, 3, 9, 1)];
         assert_eq!(diverged(&living, &stale, 6, 3), Some(50));
+    }
+
+    /// Which departed trees are still on a line of descent: tree 4 (gone)
+    /// has c3 below it, tree 1 (gone) c1 and c2; tree 7 (gone) had only
+    /// tree 8 below it (gone too, and still listed while Btrfs drops it),
+    /// and tree 9 (gone) nothing.
+    #[test]
+    fn departed_trees_nothing_descends_from_are_found() {
+        let living = [
+            root(2, 2, 1, 10), // c1
+            root(3, 3, 1, 20), // c2
+            root(5, 5, 4, 40), // c3
+            root(6, 6, 3, 50), // current
+            root(8, 8, 7, 60), // deleted, not dropped yet
+        ];
+        let departed = [
+            root(0, 1, 0, 5),
+            root(0, 4, 2, 30),
+            root(0, 7, 3, 55),
+            root(0, 8, 7, 60),
+            root(0, 9, 6, 70),
+        ];
+        // 7, 8 and 9: nothing living below them (tree 8, still listed, is
+        // one of the departed), listed or not.
+        for listed in [&living[..], &living[..4]] {
+            let mut got: Vec<u8> = descended_from(listed, &departed)
+                .iter()
+                .map(|u| u[0])
+                .collect();
+            got.sort();
+            assert_eq!(got, [1, 4]);
+        }
+        // Tree 8 taken as living (it is not among the departed): 7 kept.
+        let mut got: Vec<u8> = descended_from(&living, &departed[..3])
+            .iter()
+            .map(|u| u[0])
+            .collect();
+        got.sort();
+        assert_eq!(got, [1, 4, 7]);
+        assert!(descended_from(&living, &[]).is_empty());
     }
 
     #[test]

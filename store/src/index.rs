@@ -249,12 +249,12 @@ impl Index {
     ) -> Result<Option<CheckpointRecord>, IndexError> {
         self.get(CHECKPOINTS, &session_item_key(a, s, c))
     }
-    /// A session's checkpoints, oldest first.
     /// Session `a/s`'s deleted trees, by uuid (hex).
     pub fn departed(&self, a: &str, s: &str) -> Result<Vec<(String, DepartedRecord)>, IndexError> {
         self.list(DEPARTED, Some(&session_key(a, s)))
     }
 
+    /// A session's checkpoints, oldest first.
     pub fn checkpoints(
         &self,
         a: &str,
@@ -493,6 +493,13 @@ impl Writer<'_> {
         r: &DepartedRecord,
     ) -> Result<(), IndexError> {
         self.put(DEPARTED, &session_item_key(a, s, uuid), r)
+    }
+    /// Forgets the lineage of session `a/s`'s deleted tree `uuid` (hex).
+    pub fn remove_departed(&mut self, a: &str, s: &str, uuid: &str) -> Result<(), IndexError> {
+        self.tx
+            .open_table(DEPARTED)?
+            .remove(session_item_key(a, s, uuid).as_str())?;
+        Ok(())
     }
     pub fn put_checkpoint(
         &mut self,

@@ -463,6 +463,17 @@ fn a_diff_across_rollbacks_and_deleted_checkpoints_still_reads_only_what_was_wri
         3,
         "two trees replaced, one deleted"
     );
+    // A third rollback replaces the tree made from c2, from which nothing
+    // else descends: it and c2 (only it descended from c2) are forgotten;
+    // the trees c1 and c3 descend from are kept, and c1 against current/
+    // (now made from c3) still meets through them.
+    rollback(&st, "c3");
+    let departed = st.departed("a", "s").unwrap();
+    assert_eq!(departed.len(), 2, "kept: {departed:?}");
+    let c1 = l.checkpoint("a", "s", "c1");
+    let h = hints(&c1, &departed).expect("c1 and current/ meet through what is kept");
+    assert!(h.changed_inodes() < 50, "{}", h.changed_inodes());
+    assert_eq!(got(&diff(&st, "c1", "current")), brute(&c1, &cur));
     st.session_delete("a", "s").unwrap();
     assert!(
         st.departed("a", "s").unwrap().is_empty(),

@@ -474,6 +474,11 @@ fn a_diff_across_rollbacks_and_deleted_checkpoints_still_reads_only_what_was_wri
     let h = hints(&c1, &departed).expect("c1 and current/ meet through what is kept");
     assert!(h.changed_inodes() < 50, "{}", h.changed_inodes());
     assert_eq!(got(&diff(&st, "c1", "current")), brute(&c1, &cur));
+    // Rolled back to c3 again and again: no record more.
+    for _ in 0..3 {
+        rollback(&st, "c3");
+    }
+    assert_eq!(st.departed("a", "s").unwrap().len(), 2);
     st.session_delete("a", "s").unwrap();
     assert!(
         st.departed("a", "s").unwrap().is_empty(),

@@ -742,13 +742,7 @@ mod tests {
         // Empty only when the kernel says so: an unreadable file is not.
         assert!(!c.is_empty(&s.join("run-1")));
         assert!(!c.is_empty(&s.join("run-2")));
-        std::fs::write(
-            s.join("run-2/cgroup.events"),
-            "populated 0
-frozen 1
-",
-        )
-        .unwrap();
+        std::fs::write(s.join("run-2/cgroup.events"), "populated 0\nfrozen 1\n").unwrap();
         assert!(c.is_empty(&s.join("run-2")));
     }
 }

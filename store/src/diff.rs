@@ -977,18 +977,23 @@ mod tests {
         }
     }
 
+    /// The living trees after two rollbacks (below).
+    fn after_two_rollbacks() -> Vec<RootInfo> {
+        vec![
+            root(2, 2, 1, 10), // c1
+            root(3, 3, 1, 20), // c2
+            root(5, 5, 4, 40), // c3
+            root(6, 6, 3, 50), // current
+        ]
+    }
+
     /// Two rollbacks: c1 and c2 of tree 1 (gone), c3 of tree 4 (gone,
     /// made from c1), current 6 made from c2. Without the lineage the two
     /// lines end at different gone trees; with it they meet at tree 1,
     /// where c1 and c2 were copied at 10 and 20.
     #[test]
     fn lines_of_descent_meet_through_departed_trees() {
-        let living = [
-            root(2, 2, 1, 10), // c1
-            root(3, 3, 1, 20), // c2
-            root(5, 5, 4, 40), // c3
-            root(6, 6, 3, 50), // current
-        ];
+        let living = after_two_rollbacks();
         let departed = [root(0, 1, 0, 5), root(0, 4, 2, 30)];
         assert_eq!(diverged(&living, &[], 5, 6), None);
         assert_eq!(diverged(&living, &departed, 5, 6), Some(10));
@@ -1006,13 +1011,8 @@ mod tests {
     /// and tree 9 (gone) nothing.
     #[test]
     fn departed_trees_nothing_descends_from_are_found() {
-        let living = [
-            root(2, 2, 1, 10), // c1
-            root(3, 3, 1, 20), // c2
-            root(5, 5, 4, 40), // c3
-            root(6, 6, 3, 50), // current
-            root(8, 8, 7, 60), // deleted, not dropped yet
-        ];
+        let mut living = after_two_rollbacks();
+        living.push(root(8, 8, 7, 60)); // deleted, not dropped yet
         let departed = [
             root(0, 1, 0, 5),
             root(0, 4, 2, 30),
@@ -1022,21 +1022,19 @@ mod tests {
         ];
         // 7, 8 and 9: nothing living below them (tree 8, still listed, is
         // one of the departed), listed or not.
-        for listed in [&living[..], &living[..4]] {
-            let mut got: Vec<u8> = descended_from(listed, &departed)
+        let found = |living: &[RootInfo], departed: &[RootInfo]| {
+            let mut got: Vec<u8> = descended_from(living, departed)
                 .iter()
                 .map(|u| u[0])
                 .collect();
             got.sort();
-            assert_eq!(got, [1, 4]);
+            got
+        };
+        for listed in [&living[..], &living[..4]] {
+            assert_eq!(found(listed, &departed), [1, 4]);
         }
         // Tree 8 taken as living (it is not among the departed): 7 kept.
-        let mut got: Vec<u8> = descended_from(&living, &departed[..3])
-            .iter()
-            .map(|u| u[0])
-            .collect();
-        got.sort();
-        assert_eq!(got, [1, 4, 7]);
+        assert_eq!(found(&living, &departed[..3]), [1, 4, 7]);
         assert!(descended_from(&living, &[]).is_empty());
     }
 

@@ -451,11 +451,7 @@ impl Store {
                     stage: Stage::Committed,
                 };
                 let done = recovery::resolve(self, op_id, &entry, recovery::Mode::Recover)
-                    .and_then(|_| {
-                        self.index
-                            .write(|w| w.journal_remove(op_id))
-                            .map_err(StoreError::from)
-                    });
+                    .and_then(|_| self.close_entries(&[op_id]));
                 if let Err(e) = done {
                     // Only a trashed tree is left: start-up removes it.
                     tracing::error!(error = %e.chain(), op_id, "cannot remove a finished operation's old tree");
@@ -468,6 +464,26 @@ impl Store {
                 self.fenced.store(true, Ordering::SeqCst);
             }
         }
+    }
+
+    /// Closes the journal entries `ops` once what resolving them did on
+    /// disk (a tree moved aside or removed, an exchange done again, a
+    /// half-made tree taken away) is committed, and durably. Closed first,
+    /// a power cut could undo on disk what the index no longer has an entry
+    /// for: a deleted session's tree back under its name, which the next
+    /// start would adopt as found on disk.
+    fn close_entries(&self, ops: &[u64]) -> Result<()> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        btrfs::commit(self.layout.root())?;
+        self.index.write(|w| {
+            for op_id in ops {
+                w.journal_remove(*op_id)?;
+            }
+            Ok(())
+        })?;
+        Ok(())
     }
 
     /// Undoes a failed operation. The entry is first marked `Aborting`
@@ -486,11 +502,7 @@ impl Store {
             .write(|w| w.journal_put(op_id, &entry))
             .map_err(StoreError::from)
             .and_then(|_| recovery::resolve(self, op_id, &entry, recovery::Mode::Abort))
-            .and_then(|_| {
-                self.index
-                    .write(|w| w.journal_remove(op_id))
-                    .map_err(StoreError::from)
-            });
+            .and_then(|_| self.close_entries(&[op_id]));
         if let Err(e) = result {
             self.heal(&e);
             tracing::error!(

@@ -289,9 +289,10 @@ pub fn resolve(st: &Store, op_id: u64, entry: &Entry, mode: Mode) -> Result<bool
 pub(super) fn recover(st: &Store) -> Result<u64> {
     let mut notes = Vec::new();
     let mut replayed = 0;
+    let mut settled = Vec::new();
     for (op_id, entry) in st.index.pending()? {
         let done = resolve(st, op_id, &entry, Mode::Recover)?;
-        st.index.write_quick(|w| w.journal_remove(op_id))?;
+        settled.push(op_id);
         let what = match (entry.stage, done) {
             (Stage::Committed, _) => "finished removal for",
             (Stage::Begun, true) => "completed",
@@ -301,6 +302,7 @@ pub(super) fn recover(st: &Store) -> Result<u64> {
         notes.push(format!("{what} {:?}", entry.op));
         replayed += 1;
     }
+    st.close_entries(&settled)?;
     notes.extend(reconcile(st)?);
     // One durable commit for everything above.
     st.index.write(|_| Ok(()))?;

@@ -742,3 +742,65 @@ fn guest_power_cuts_keep_every_acknowledged_change_and_nothing_half_made() {
         model.len()
     );
 }
+
+/// The sessions of agent `a`, as `session.list` names them.
+fn sessions(c: &mut Client, a: &str) -> Vec<String> {
+    let Response::Sessions(ss) = ok(c, Request::SessionList(AgentRef { agent_id: a.into() }))
+    else {
+        panic!("session.list")
+    };
+    ss.sessions.into_iter().map(|s| s.session_id).collect()
+}
+
+/// A `session.delete` whose supervisor died right after the delete's
+/// index commit (a failpoint kills it there) is finished by the next
+/// supervisor's recovery, which moves the session's tree aside and
+/// removes it. A power cut right after must not bring the session back:
+/// recovery commits what it did on disk before it closes the journal
+/// entry. (Closed first, the tree came back under its name at the next
+/// boot, the index no longer knew of the delete, and the start-up adopted
+/// the session as found on disk.)
+#[test]
+fn guest_a_delete_finished_by_recovery_stays_deleted_after_a_power_cut() {
+    let Some(img) = require_vm("powercut::a_delete_finished_by_recovery_stays_deleted") else {
+        return;
+    };
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = store_image(dir.path(), true);
+    let mut vm = Vm::boot(
+        &img,
+        Some(&store),
+        &["allox.failpoints=session_delete.after_commit"],
+    );
+    let (mut c, _) = vm.connect(BOOT);
+    let (a, s) = ("a".to_string(), "s".to_string());
+    for op in [
+        Op::AgentCreate(a.clone()),
+        Op::SessionCreate(a.clone(), s.clone()),
+        Op::SessionCreate(a.clone(), "kept".into()),
+        Op::Write(a.clone(), s.clone(), 7),
+        Op::CheckpointCreate(a.clone(), s.clone(), "c1".into()),
+    ] {
+        assert!(send(&mut c, &op), "{op:?} lost its answer");
+    }
+    assert!(
+        !send(&mut c, &Op::SessionDelete(a.clone(), s.clone())),
+        "the failpoint did not stop the supervisor in the middle of session.delete"
+    );
+    drop(c);
+    let (mut c, _) = vm.connect(Duration::from_secs(30));
+    assert_eq!(
+        sessions(&mut c, &a),
+        ["kept"],
+        "recovery did not finish the delete"
+    );
+    vm.power_cut();
+    let (mut vm, mut c) = boot(&img, &store);
+    assert_eq!(
+        sessions(&mut c, &a),
+        ["kept"],
+        "the deleted session came back after a power cut"
+    );
+    check_store(&mut c, 1);
+    vm.power_cut();
+}

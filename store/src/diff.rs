@@ -628,6 +628,29 @@ fn parents_of(
     Ok((parents, next.map(Some)))
 }
 
+/// The uuids of the `departed` trees some subvolume in `living` descends
+/// from: each one's line of descent followed up through `departed`. A
+/// subvolume listed in `living` whose uuid is in `departed` is a deleted
+/// one the root tree still lists (until Btrfs has dropped it): nothing
+/// living descends from it for being listed.
+fn descended_from(
+    living: &[RootInfo],
+    departed: &[RootInfo],
+) -> std::collections::HashSet<[u8; 16]> {
+    let by_uuid: HashMap<[u8; 16], &RootInfo> = departed.iter().map(|d| (d.uuid, d)).collect();
+    let mut reached = std::collections::HashSet::new();
+    for r in living.iter().filter(|r| !by_uuid.contains_key(&r.uuid)) {
+        let mut up = r.parent_uuid;
+        while let Some(d) = by_uuid.get(&up) {
+            if !reached.insert(up) {
+                break;
+            }
+            up = d.parent_uuid;
+        }
+    }
+    reached
+}
+
 /// The transaction after which two subvolumes can differ: both descend, by
 /// snapshots, from one subvolume, and each took its copy of it in some
 /// transaction. A snapshot is made while its transaction commits, so blocks
@@ -749,29 +772,6 @@ pub fn compare(
 }
 
 /// [`compare`], the Btrfs hints knowing the deleted subvolumes in
-/// The uuids of the `departed` trees some subvolume in `living` descends
-/// from: each one's line of descent followed up through `departed`. A
-/// subvolume listed in `living` whose uuid is in `departed` is a deleted
-/// one the root tree still lists (until Btrfs has dropped it): nothing
-/// living descends from it for being listed.
-fn descended_from(
-    living: &[RootInfo],
-    departed: &[RootInfo],
-) -> std::collections::HashSet<[u8; 16]> {
-    let by_uuid: HashMap<[u8; 16], &RootInfo> = departed.iter().map(|d| (d.uuid, d)).collect();
-    let mut reached = std::collections::HashSet::new();
-    for r in living.iter().filter(|r| !by_uuid.contains_key(&r.uuid)) {
-        let mut up = r.parent_uuid;
-        while let Some(d) = by_uuid.get(&up) {
-            if !reached.insert(up) {
-                break;
-            }
-            up = d.parent_uuid;
-        }
-    }
-    reached
-}
-
 /// `departed` (as the store keeps them: [`Store::departed`]).
 pub fn compare_knowing(
     from: &Path,

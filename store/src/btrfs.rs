@@ -507,10 +507,45 @@ fn root_items(min_objectid: u64) -> SearchKey {
     }
 }
 
-/// Every subvolume of the filesystem `fd` is on, from the root tree.
+/// The trees of deleted subvolumes the kernel has not finished dropping:
+/// deleting a subvolume puts an orphan item keyed by its tree's ID into
+/// the root tree in the deleting transaction (what `btrfs subvolume list
+/// -d` reads); its root item stays, unchanged until the next commit,
+/// until the cleaner has dropped the tree.
+fn deleted_roots(fd: &impl AsFd) -> Result<Vec<u64>, BtrfsError> {
+    /// `BTRFS_ORPHAN_OBJECTID` (-5) and `BTRFS_ORPHAN_ITEM_KEY`.
+    const ORPHAN_OBJECTID: u64 = -5i64 as u64;
+    const ORPHAN_ITEM: u8 = 48;
+    let key = SearchKey {
+        tree_id: ROOT_TREE_ID,
+        min_objectid: ORPHAN_OBJECTID,
+        max_objectid: ORPHAN_OBJECTID,
+        min_type: u32::from(ORPHAN_ITEM),
+        max_type: u32::from(ORPHAN_ITEM),
+        max_offset: u64::MAX,
+        max_transid: u64::MAX,
+        ..SearchKey::default()
+    };
+    let mut out = Vec::new();
+    TreeSearch::default().run(fd, key, |it| {
+        if it.objectid == ORPHAN_OBJECTID && it.kind == ORPHAN_ITEM {
+            out.push(it.offset);
+        }
+    })?;
+    Ok(out)
+}
+
+/// Every living subvolume of the filesystem `fd` is on, from the root
+/// tree. A deleted one is left out from the moment it is deleted, however
+/// long the kernel takes to drop it, so that what is listed does not
+/// depend on how far its cleaner has come.
 pub fn subvolumes(fd: &impl AsFd) -> Result<Vec<RootInfo>, BtrfsError> {
+    let deleted = deleted_roots(fd)?;
     let mut out = Vec::new();
     TreeSearch::default().run(fd, root_items(5), |it| {
+        if it.kind != item::ROOT_ITEM || deleted.contains(&it.objectid) {
+            return;
+        }
         if let Some(r) = RootInfo::parse(it.objectid, it.data) {
             out.push(r);
         }

@@ -630,9 +630,9 @@ fn parents_of(
 
 /// The uuids of the `departed` trees some subvolume in `living` descends
 /// from: each one's line of descent followed up through `departed`. A
-/// subvolume listed in `living` whose uuid is in `departed` is a deleted
-/// one the root tree still lists (until Btrfs has dropped it): nothing
-/// living descends from it for being listed.
+/// subvolume listed in `living` whose uuid is in `departed` is taken as
+/// deleted (`btrfs::subvolumes` lists none, but a list read before a
+/// deletion may): nothing living descends from it for being listed.
 fn descended_from(
     living: &[RootInfo],
     departed: &[RootInfo],

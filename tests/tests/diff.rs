@@ -486,6 +486,56 @@ fn a_diff_across_rollbacks_and_deleted_checkpoints_still_reads_only_what_was_wri
     );
 }
 
+/// A deleted subvolume is not listed among the living from the moment it
+/// is deleted, though the kernel drops it later (`btrfs subvolume list -d`
+/// still shows it): the lines of descent the diff follows do not depend on
+/// how far the cleaner has come. Tried until one deletion is caught before
+/// it is dropped (almost always the first: nothing commits in between).
+#[test]
+fn a_deleted_subvolume_is_not_listed_while_the_kernel_drops_it() {
+    use allox_store::btrfs;
+    let Some((fs, _st)) =
+        setup("diff::a_deleted_subvolume_is_not_listed_while_the_kernel_drops_it")
+    else {
+        return;
+    };
+    let base = fs.path().join("base");
+    btrfs::create_subvolume(&base).unwrap();
+    let listed = || {
+        let fd = std::fs::File::open(fs.path()).unwrap();
+        btrfs::subvolumes(&fd).unwrap()
+    };
+    let mut caught = 0;
+    for i in 0..20 {
+        let snap = fs.path().join(format!("snap-{i}"));
+        btrfs::snapshot(&base, &snap, true).unwrap();
+        let info = btrfs::root_info(&snap).unwrap();
+        assert!(
+            listed().iter().any(|r| r.uuid == info.uuid),
+            "a living snapshot is not listed"
+        );
+        btrfs::delete_subvolume(&snap).unwrap();
+        let now = listed();
+        let pending = allox_integration::deleted_subvolumes(fs.path());
+        assert!(
+            now.iter().all(|r| r.uuid != info.uuid && r.id != info.id),
+            "try {i}: the deleted snapshot (tree {}) is listed among the living \
+             ({pending} deleted, not dropped yet)",
+            info.id
+        );
+        if pending > 0 {
+            caught += 1;
+            if caught == 3 {
+                break;
+            }
+        }
+    }
+    assert!(
+        caught > 0,
+        "no deletion was caught before the kernel dropped it: nothing was shown"
+    );
+}
+
 /// Two copies of a file changed within one tick of the clock that stamps
 /// the times (bytes of the same length written over each in place, or an
 /// extended attribute set on each, one right after the other) keep the

@@ -55,6 +55,10 @@ pub(crate) struct ForegroundCall {
     pub(crate) client: Client,
     pub(crate) known: Arc<RunIdSlot>,
     pub(crate) until_answer: Option<Box<dyn std::any::Any>>,
+    /// Once the run is known, give it this terminal's size (a `SIGWINCH`
+    /// to alloxctl, which its signal thread turns into `process.resize`):
+    /// a run followed again by `attach`.
+    pub(crate) resize_when_known: bool,
 }
 
 impl Caller for ForegroundCall {
@@ -68,9 +72,14 @@ impl Caller for ForegroundCall {
         on_event: &mut dyn FnMut(Event),
     ) -> Result<Answer, ClientError> {
         let known = self.known.clone();
+        let resize = self.resize_when_known;
         let answer = self.client.call_with_events(request, &mut |e| {
             if let Event::Started(s) = &e {
+                let first = known.id.get().is_none();
                 known.set(&s.run_id);
+                if first && resize {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), Signal::SIGWINCH);
+                }
             }
             on_event(e)
         });
@@ -82,8 +91,8 @@ impl Caller for ForegroundCall {
 /// A welcomed connection, and a sender on it for the other threads (a
 /// ping first makes sure the daemon took it: the VM's control port takes
 /// one host at a time). For `exec -t` and `attach`, whose other threads
-/// may send before the request goes (an attach knows its run at once, and
-/// sends the terminal's size); `exec` without a terminal needs no ping.
+/// send on it (keys, sizes and signals, once the run's `Started` came);
+/// `exec` without a terminal needs no ping.
 /// The Hello goes out with the ping, in one write: one round trip, where
 /// waiting for the Welcome first took two.
 pub(crate) fn connect(socket: &Path) -> Result<(Client, Sender), ClientError> {
@@ -195,6 +204,7 @@ pub fn exec(
         client,
         known,
         until_answer: None,
+        resize_when_known: false,
     };
     process::exec(&mut tap, request, json, stdout, stderr)
 }

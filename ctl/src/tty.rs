@@ -124,11 +124,12 @@ fn drive(
     if let Err(e) = signals.thread_block() {
         return process::report(stderr, &bad(&format!("cannot block signals: {e}")));
     }
+    // The run's id comes with its `Started` event, for an attach too (sent
+    // once the daemon follows the terminal): keys and sizes go out only
+    // from then on, so that input which ends the run at once (alloxctl's
+    // stdin at its end) cannot end it before it is followed.
     let (tx, rx) = mpsc::channel();
     let known = Arc::new(RunIdSlot::new(Some(tx)));
-    if let Some(id) = &run_id {
-        known.set(id);
-    }
     let target = (agent, session);
     {
         let (sender, target) = (sender.clone(), target.clone());
@@ -138,14 +139,12 @@ fn drive(
         let known = known.clone();
         std::thread::spawn(move || on_signals(&sender, &target, &known, signals));
     }
-    if run_id.is_some() {
-        // A run followed again takes this terminal's size: the signal
-        // thread sends it, as for any change of size.
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), Signal::SIGWINCH);
-    }
     let mut tap = ForegroundCall {
         client,
         known,
+        // A run followed again takes this terminal's size: the signal
+        // thread sends it, as for any change of size.
+        resize_when_known: run_id.is_some(),
         until_answer: if json {
             None
         } else {

@@ -752,6 +752,73 @@ fn logs_and_attach_show_each_line_once() {
     assert_eq!(out.matches("tty-end").count(), 1, "{out}");
 }
 
+/// `process.attach` says it follows (a `Started` event with the run's id
+/// and pid) before any output, and `alloxctl attach` types into the
+/// terminal only after it: with its stdin at its end, which ends the run
+/// at once, each of 20 runs is still followed to its end (its last line
+/// shown, its exit code given), never refused as gone.
+#[test]
+fn an_attach_follows_before_its_input_can_end_the_run() {
+    let Some(d) = setup("attach_first") else {
+        return;
+    };
+    let t = start_pty(
+        &d,
+        &["/bin/sh", "-c", "echo ready; read x; echo bye; exit 7"],
+    );
+    let mut c = d.daemon.client();
+    let mut events = Vec::new();
+    let mut typed = false;
+    let answer = c.call_with_events(
+        Request::ProcessAttach(ProcessAttach {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: t.clone(),
+            replay: Some(true),
+        }),
+        |e| {
+            if !typed && matches!(e, Event::Started(_)) {
+                typed = true;
+                stdin(&d, &t, b"", true).unwrap();
+            }
+            events.push(e);
+        },
+    );
+    match &events[..] {
+        [Event::Started(s), ..] => {
+            assert_eq!(s.run_id, t);
+            assert!(s.pid > 0, "{s:?}");
+        }
+        other => panic!("the attach's first event is not Started: {other:?}"),
+    }
+    assert!(
+        !events[1..].iter().any(|e| matches!(e, Event::Started(_))),
+        "{events:?}"
+    );
+    match answer {
+        Ok(Ok(Response::Exited(r))) => assert_eq!(r.exit_code, Some(7), "{r:?}"),
+        other => panic!("{other:?}"),
+    }
+    let out: Vec<u8> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Output(o) => Some(o.data.0.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.contains("bye"), "{out}");
+    for i in 0..20 {
+        let t = start_pty(&d, &["/bin/sh", "-c", "read x; echo after-eof; exit 3"]);
+        let (code, out, e) =
+            allox_integration::alloxctl(&d.daemon.socket, &["attach", "a", "s", &t]);
+        let out = String::from_utf8_lossy(&out);
+        assert_eq!(code, 3, "round {i}: {e} {out}");
+        assert_eq!(out.matches("after-eof").count(), 1, "round {i}: {out}");
+    }
+}
+
 /// `alloxctl logs -f` of a run streamed to its own `exec`: the follower
 /// gets what the run writes from then on, while `exec` gets it all.
 #[test]

@@ -177,6 +177,9 @@ struct Run {
     id: String,
     agent: String,
     session: String,
+    /// Its init's pid in the supervisor's PID namespace (as `Started`
+    /// tells it).
+    pid: i32,
     /// Dropped once the init is reaped.
     pidfd: Mutex<Option<OwnedFd>>,
     /// Until it is closed.

@@ -110,6 +110,7 @@ impl Runs {
             id: id.clone(),
             agent: a.to_string(),
             session: s.to_string(),
+            pid: made.pid,
             pidfd: Mutex::new(pidfd),
             stdin: tokio::sync::Mutex::new(made.input),
             terminal: Mutex::new(made.terminal),

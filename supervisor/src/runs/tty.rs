@@ -4,7 +4,7 @@
 use super::{wait, Run, RunError, Runs};
 use allox_protocol::{
     Bytes, Event, OutputChunk, ProcessAttach, ProcessResize, PtySize, Resized, RunResult,
-    StreamKind,
+    RunStarted, StreamKind,
 };
 use std::sync::Arc;
 use tokio::sync::broadcast::error::RecvError;
@@ -59,9 +59,19 @@ impl Runs {
                     data: Bytes(data),
                 })
             };
-            let mut gone = p.replay != Some(false)
-                && !recent.is_empty()
-                && ev.send(chunk(recent)).await.is_err();
+            // Followed from here on: said first, so that a client types
+            // into the terminal only once its output is followed (input
+            // that ends the run at once would otherwise leave the attach
+            // to find the terminal gone).
+            let started = Event::Started(RunStarted {
+                run_id: run.id.clone(),
+                pid: run.pid,
+            });
+            let mut gone = ev.send(started).await.is_err();
+            gone = gone
+                || (p.replay != Some(false)
+                    && !recent.is_empty()
+                    && ev.send(chunk(recent)).await.is_err());
             // Until the terminal is gone (the run's output is all read) or
             // the client is.
             while !gone {

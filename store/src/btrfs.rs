@@ -512,7 +512,7 @@ fn root_items(min_objectid: u64) -> SearchKey {
 /// the root tree in the deleting transaction (what `btrfs subvolume list
 /// -d` reads); its root item stays, unchanged until the next commit,
 /// until the cleaner has dropped the tree.
-fn deleted_roots(fd: &impl AsFd) -> Result<Vec<u64>, BtrfsError> {
+fn deleted_roots(search: &mut TreeSearch, fd: &impl AsFd) -> Result<Vec<u64>, BtrfsError> {
     /// `BTRFS_ORPHAN_OBJECTID` (-5) and `BTRFS_ORPHAN_ITEM_KEY`.
     const ORPHAN_OBJECTID: u64 = -5i64 as u64;
     const ORPHAN_ITEM: u8 = 48;
@@ -527,7 +527,7 @@ fn deleted_roots(fd: &impl AsFd) -> Result<Vec<u64>, BtrfsError> {
         ..SearchKey::default()
     };
     let mut out = Vec::new();
-    TreeSearch::default().run(fd, key, |it| {
+    search.run(fd, key, |it| {
         if it.objectid == ORPHAN_OBJECTID && it.kind == ORPHAN_ITEM {
             out.push(it.offset);
         }
@@ -540,9 +540,11 @@ fn deleted_roots(fd: &impl AsFd) -> Result<Vec<u64>, BtrfsError> {
 /// long the kernel takes to drop it, so that what is listed does not
 /// depend on how far its cleaner has come.
 pub fn subvolumes(fd: &impl AsFd) -> Result<Vec<RootInfo>, BtrfsError> {
-    let deleted = deleted_roots(fd)?;
+    // One search buffer (64 KiB) for both searches.
+    let mut search = TreeSearch::default();
+    let deleted = deleted_roots(&mut search, fd)?;
     let mut out = Vec::new();
-    TreeSearch::default().run(fd, root_items(5), |it| {
+    search.run(fd, root_items(5), |it| {
         if it.kind != item::ROOT_ITEM || deleted.contains(&it.objectid) {
             return;
         }

@@ -118,12 +118,18 @@ fn the_sandbox_holds_no_privilege() {
     // The descriptors the program got are read from a child forked before
     // any pipe or redirection: the shell itself holds a pipe's read end
     // while it starts a pipeline, and saves fds to 10 around redirections.
+    // While `sleep` starts, its dynamic loader holds the libraries it maps
+    // open for a moment (fd 3), so the listing is read again until it is
+    // `0 1 2` or 10 s have passed: a descriptor the program inherited stays
+    // open for as long as it runs, and fails the check.
     let r = sh(
         &d,
         "a",
         "s",
         "grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs)' /proc/self/status; id -u; id -g; \
-         sleep 30 & ls /proc/$!/fd | tr '\\n' ' '; echo; kill $!; \
+         sleep 30 & p=$!; i=0; \
+         while fds=$(ls /proc/$p/fd | tr '\\n' ' '); [ \"$fds\" != '0 1 2 ' ] && [ $i -lt 100 ]; \
+         do i=$((i+1)); sleep 0.1; done; echo \"$fds\"; kill $p; \
          ls /proc | grep -E '^[0-9]+$' | wc -l",
     );
     assert_eq!(r.exit_code, Some(0), "{r:?}");

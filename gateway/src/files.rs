@@ -21,9 +21,8 @@
 //! percent-decoded; what the path may be is the daemon's to say, and its
 //! refusals come back with their status, as on `/v1/rpc`.
 
-use crate::shared::{
-    headers_of, next_piece, respond, ChannelBody, HttpRequest, HttpResponse, Shared,
-};
+use crate::body::{headers_of, next_piece, respond, ChannelBody, HttpRequest, HttpResponse};
+use crate::shared::Shared;
 use crate::{error, failure, spool, Reply};
 use allox_client::client::Caller;
 use allox_client::files::{CopyError, Remote};

@@ -4,7 +4,8 @@
 //! request passes, and the routes' dispatch.
 
 use crate::access::Access;
-use crate::shared::{header, headers_of, read_body, respond, HttpRequest, HttpResponse, Shared};
+use crate::body::{header, headers_of, read_body, respond, HttpRequest, HttpResponse};
+use crate::shared::Shared;
 use crate::{
     answer_json, files, openapi::openapi, parse_body, route, stream, too_large, Gateway, Reply,
     Route, MAX_BODY,
@@ -197,9 +198,11 @@ async fn answer(req: HttpRequest, shared: &Arc<Shared>, metrics_only: bool) -> H
             headers: Vec::new(),
         }),
         Route::Ready => respond(ready(shared).await),
-        Route::Metrics if metrics_only => crate::metrics::scrape(shared).await,
+        Route::Metrics if metrics_only => {
+            crate::metrics::scrape(&shared.daemon, &shared.metrics).await
+        }
         Route::Metrics => match shared.access.check_metrics(&headers_of(&req)) {
-            Ok(()) => crate::metrics::scrape(shared).await,
+            Ok(()) => crate::metrics::scrape(&shared.daemon, &shared.metrics).await,
             Err(r) => respond(Reply::refused(&r)),
         },
         Route::OpenApi => match shared.access.check_document(&headers_of(&req)) {

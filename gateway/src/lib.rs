@@ -31,11 +31,13 @@
 //! it too).
 
 pub mod access;
+mod body;
 mod daemon;
 pub mod files;
 mod http;
 pub mod metrics;
 pub mod openapi;
+mod port_pool;
 pub mod ports;
 mod shared;
 pub mod spool;

@@ -9,14 +9,14 @@
 //! `/metrics` and `/healthz`, and is loopback-only unless
 //! `--allow-remote`).
 
-use crate::shared::{full, HttpResponse, Shared};
+use crate::body::{full, HttpResponse};
+use crate::daemon::Daemon;
 use crate::Route;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// The content type of the OpenMetrics text format.
@@ -98,8 +98,8 @@ pub fn route_label(r: &Route) -> &'static str {
 }
 
 /// The daemon's metrics and the gateway's, one OpenMetrics document.
-pub async fn scrape(shared: &Arc<Shared>) -> HttpResponse {
-    let call = shared.daemon.call(allox_protocol::Request::SystemMetrics(
+pub async fn scrape(daemon: &Daemon, m: &GatewayMetrics) -> HttpResponse {
+    let call = daemon.call(allox_protocol::Request::SystemMetrics(
         allox_protocol::SystemMetricsRequest {},
     ));
     let daemon = match tokio::time::timeout(DAEMON_WAIT, call).await {
@@ -110,7 +110,6 @@ pub async fn scrape(shared: &Arc<Shared>) -> HttpResponse {
         }
         _ => None,
     };
-    let m = &shared.metrics;
     m.daemon_up.set(daemon.is_some() as i64);
     let mut text = daemon
         .as_deref()

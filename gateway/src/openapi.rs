@@ -1,6 +1,6 @@
 //! `GET /v1/openapi.json`: the API's description.
 
-use crate::shared::{full, HttpResponse};
+use crate::body::{full, HttpResponse};
 
 /// The OpenAPI document served.
 pub fn openapi() -> HttpResponse {

@@ -15,7 +15,7 @@
 //! the `token` parameter are taken out of what is forwarded.
 //!
 //! A connection to an app that keeps it open (HTTP/1.1 keep-alive) is
-//! kept idle for the port's next request ([`Pool`]: a few per port),
+//! kept idle for the port's next request ([`Pool`](crate::port_pool::Pool): a few per port),
 //! reused only for a request with the gateway's token or the same port
 //! token that opened it; one the app or the daemon closed (the port
 //! unexposed, the session deleted) is never reused.
@@ -25,7 +25,8 @@
 //! reachable under another's path); 502 when nothing answers on the port.
 
 use crate::access::Refusal;
-use crate::shared::{headers_of, respond, HttpRequest, HttpResponse, Shared};
+use crate::body::{headers_of, respond, HttpRequest, HttpResponse};
+use crate::shared::Shared;
 use crate::{error, Reply};
 use allox_protocol::{ErrorCode, PortConnect, Request, Response};
 use http_body_util::BodyExt;
@@ -39,61 +40,6 @@ pub const PREFIX: &str = "/v1/ports/";
 
 /// The cookie that carries a port's token.
 pub const COOKIE: &str = "allox_port_token";
-
-/// Idle connections kept per port, and in all.
-pub const IDLE_PER_PORT: usize = 8;
-pub const IDLE_ALL: usize = 256;
-
-type Sender = hyper::client::conn::http1::SendRequest<hyper::body::Incoming>;
-
-/// An idle connection to a port: what opened it (`None`: the gateway's
-/// token) and its sender.
-struct Idle {
-    token: Option<String>,
-    sender: Sender,
-}
-
-/// Idle connections to sessions' ports, by agent, session and port.
-#[derive(Default)]
-pub struct Pool {
-    idle: std::sync::Mutex<std::collections::HashMap<(String, String, u16), Vec<Idle>>>,
-}
-
-impl Pool {
-    /// An idle connection to the port that `authorized` or `token` may
-    /// use, ready for a request.
-    fn take(
-        &self,
-        key: &(String, String, u16),
-        authorized: bool,
-        token: Option<&str>,
-    ) -> Option<Sender> {
-        let mut all = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let list = all.get_mut(key)?;
-        list.retain(|i| !i.sender.is_closed());
-        let i = list.iter().position(|i| {
-            i.sender.is_ready()
-                && (authorized
-                    || matches!((&i.token, token), (Some(a), Some(b)) if crate::token::same(a, b)))
-        })?;
-        let got = list.swap_remove(i);
-        if list.is_empty() {
-            all.remove(key);
-        }
-        Some(got.sender)
-    }
-
-    /// Keeps `sender` for the port's next request, if there is room.
-    fn keep(&self, key: (String, String, u16), token: Option<String>, sender: Sender) {
-        let mut all = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let total: usize = all.values().map(Vec::len).sum();
-        let list = all.entry(key).or_default();
-        list.retain(|i| !i.sender.is_closed());
-        if list.len() < IDLE_PER_PORT && total < IDLE_ALL {
-            list.push(Idle { token, sender });
-        }
-    }
-}
 
 /// One request for a session's port.
 #[derive(Debug, PartialEq, Eq)]
@@ -434,7 +380,7 @@ pub async fn serve(mut req: HttpRequest, p: PortRequest, shared: &Arc<Shared>) -
             });
         }
         let (parts, _) = resp.into_parts();
-        return hyper::Response::from_parts(parts, crate::shared::full(bytes::Bytes::new()));
+        return hyper::Response::from_parts(parts, crate::body::full(bytes::Bytes::new()));
     }
     let (mut parts, body) = resp.into_parts();
     for n in HOP {

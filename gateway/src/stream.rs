@@ -17,7 +17,8 @@
 //! request said `Allox-On-Disconnect: kill`, when the gateway kills the
 //! run it started.
 
-use crate::shared::{respond, ChannelBody, HttpRequest, HttpResponse, Shared};
+use crate::body::{respond, ChannelBody, HttpRequest, HttpResponse};
+use crate::shared::Shared;
 use crate::{error, failure, Reply};
 use allox_client::client::Client;
 use allox_protocol::json::answer_to_json;

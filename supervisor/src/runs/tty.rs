@@ -67,8 +67,7 @@ impl Runs {
                 run_id: run.id.clone(),
                 pid: run.pid,
             });
-            let mut gone = ev.send(started).await.is_err();
-            gone = gone
+            let mut gone = ev.send(started).await.is_err()
                 || (p.replay != Some(false)
                     && !recent.is_empty()
                     && ev.send(chunk(recent)).await.is_err());

@@ -95,6 +95,60 @@ fn a_write_over_a_setuid_file_gives_the_sandbox_user_s_file_without_setuid() {
     assert_eq!(owner_and_mode(&cur.join("fresh")), (SANDBOX_UID, 0o644));
 }
 
+/// A symlink's own permission bits are 0777: a file written over one (a
+/// whole file, an upload, `alloxctl cp`'s descriptor path) gets a new
+/// file's mode, never the link's, and what the link pointed at is left
+/// as it was.
+#[test]
+fn a_file_written_over_a_symlink_gets_a_new_file_s_mode_not_the_link_s() {
+    let Some(d) = setup("write_over_symlink", &[]) else {
+        return;
+    };
+    let r = sh(
+        &d,
+        "echo kept > keep && ln -s keep l1 && ln -s nowhere l2 && ln -s /etc/passwd l3 && ln -s keep l4 && mkfifo p1",
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let cur = current(&d);
+    let passwd = std::fs::read("/etc/passwd").unwrap();
+    // Whole file over a link to a file, and over a dangling one.
+    for l in ["l1", "l2"] {
+        call(&d, Request::FsWrite(FsWrite::whole("a", "s", l, "new\n"))).unwrap();
+    }
+    // An upload over a link leading out of the session.
+    call(&d, chunk("s", "l3", "u1", 0, "abc", false)).unwrap();
+    call(&d, chunk("s", "l3", "u1", 3, "def", true)).unwrap();
+    // alloxctl cp, which hands the daemon the local file's descriptor.
+    let local = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(local.path(), b"from the host\n").unwrap();
+    let (code, _, err) = allox_integration::alloxctl(
+        &d.daemon.socket,
+        &["cp", local.path().to_str().unwrap(), "a/s:l4"],
+    );
+    assert_eq!(code, 0, "{err}");
+    // Whole file over a FIFO.
+    call(
+        &d,
+        Request::FsWrite(FsWrite::whole("a", "s", "p1", "fifo\n")),
+    )
+    .unwrap();
+    for l in ["l1", "l2", "l3", "l4", "p1"] {
+        let p = cur.join(l);
+        assert!(
+            std::fs::symlink_metadata(&p).unwrap().file_type().is_file(),
+            "{l} is not a file now"
+        );
+        assert_eq!(owner_and_mode(&p), (SANDBOX_UID, 0o644), "{l}");
+    }
+    assert_eq!(std::fs::read(cur.join("l3")).unwrap(), b"abcdef");
+    assert_eq!(std::fs::read(cur.join("keep")).unwrap(), b"kept\n");
+    assert_eq!(std::fs::read("/etc/passwd").unwrap(), passwd);
+    // Control: a file written over a regular 0600 file keeps 0600.
+    assert_eq!(sh(&d, "echo x > priv && chmod 600 priv").exit_code, Some(0));
+    call(&d, Request::FsWrite(FsWrite::whole("a", "s", "priv", "y"))).unwrap();
+    assert_eq!(owner_and_mode(&cur.join("priv")), (SANDBOX_UID, 0o600));
+}
+
 /// Renames every `.allox-*` name that appears in the session's root
 /// (inotify through ctypes) to `taken-N`, and keeps `tool` at 4755.
 const GRABBER: &str = r#"

@@ -801,11 +801,24 @@ fn beside(name: &str, what: &str) -> String {
     )
 }
 
+/// The mode of a new file.
+pub(crate) const NEW_FILE_MODE: u32 = 0o644;
+
+/// The mode a file written over `st` gets: a regular file's permission
+/// bits (without setuid, setgid or sticky), else (a symlink, whose bits
+/// are 0777, a FIFO, a socket) a new file's.
+pub(crate) fn kept_mode(st: &rustix::fs::Stat) -> u32 {
+    if kind_of(st.st_mode) == FsKind::File {
+        st.st_mode & fresh::PERMISSIONS
+    } else {
+        NEW_FILE_MODE
+    }
+}
+
 /// The whole file becomes what `fill` writes into a new file beside it
 /// (returning its size), which is given its owner and mode before it has
 /// a name or a byte ([`fresh`]), then named and renamed over it. The mode
-/// kept is the replaced file's permission bits, without setuid, setgid or
-/// sticky.
+/// kept is the replaced file's ([`kept_mode`]).
 fn replace(
     parent: &OwnedFd,
     name: &str,
@@ -823,8 +836,8 @@ fn replace(
                 what: "a file",
             })
         }
-        Ok(st) => st.st_mode & fresh::PERMISSIONS,
-        Err(rustix::io::Errno::NOENT) if create => 0o644,
+        Ok(st) => kept_mode(&st),
+        Err(rustix::io::Errno::NOENT) if create => NEW_FILE_MODE,
         Err(e) => return Err(FilesError::from_errno("stat", rel.shown, e)),
     };
     let tmp = beside(name, "write");

@@ -330,8 +330,8 @@ pub fn chunk(dir: &Path, c: &Chunk<'_>) -> Result<(FsWritten, Option<CopiedBy>),
             ));
         }
         let mode = match &target {
-            Ok(st) => st.st_mode,
-            Err(_) => 0o644,
+            Ok(st) => super::kept_mode(st),
+            Err(_) => super::NEW_FILE_MODE,
         };
         fresh::give(&fd, mode, c.owner, shown)?;
         (c.before_commit)();

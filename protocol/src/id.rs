@@ -22,6 +22,12 @@ pub enum IdError {
         shown: String,
         first: char,
     },
+    #[error("{kind} {shown:?} is reserved: it names {names}")]
+    Reserved {
+        kind: &'static str,
+        shown: String,
+        names: &'static str,
+    },
     #[error("{kind} {shown:?} contains {bad:?}; allowed are A-Z a-z 0-9 . _ -")]
     BadChar {
         kind: &'static str,
@@ -63,9 +69,40 @@ pub fn validate_id(kind: &'static str, id: &str) -> Result<(), IdError> {
     Ok(())
 }
 
+/// The name `checkpoint.diff`, `session.fork` and the files API give the
+/// session's live tree in place of a checkpoint's id.
+pub const CURRENT: &str = "current";
+
+/// Checks a new checkpoint's ID: an ID ([`validate_id`]) that is not
+/// [`CURRENT`], which would name the live tree where a checkpoint is
+/// expected.
+pub fn validate_checkpoint_id(id: &str) -> Result<(), IdError> {
+    validate_id("checkpoint_id", id)?;
+    if id == CURRENT {
+        return Err(IdError::Reserved {
+            kind: "checkpoint_id",
+            shown: id.into(),
+            names: "the session's live tree (current/) wherever a checkpoint is asked for",
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn current_is_no_new_checkpoint_s_id() {
+        let e = validate_checkpoint_id("current").unwrap_err();
+        assert!(matches!(e, IdError::Reserved { .. }), "{e:?}");
+        assert!(e.to_string().contains("reserved"), "{e}");
+        validate_checkpoint_id("current-1").unwrap();
+        validate_checkpoint_id("Current").unwrap();
+        assert!(validate_checkpoint_id("").is_err());
+        // Any other id may still be "current" (a session may be).
+        validate_id("session_id", "current").unwrap();
+    }
 
     #[test]
     fn accepts_ordinary_ids() {

@@ -89,7 +89,7 @@ pub use effects::*;
 pub use error::{error_chain, ErrorBody, ErrorCode};
 pub use files::*;
 pub use frame::{FrameError, FrameReader, MAX_FRAME};
-pub use id::{validate_id, IdError, MAX_ID_LEN};
+pub use id::{validate_checkpoint_id, validate_id, IdError, MAX_ID_LEN};
 pub use message::*;
 pub use monitor::*;
 pub use network::*;

@@ -25,7 +25,7 @@ impl Store {
         let (a, s, c) = (&*p.agent_id, &*p.session_id, &*p.checkpoint_id);
         validate_id("agent_id", a)?;
         validate_id("session_id", s)?;
-        validate_id("checkpoint_id", c)?;
+        allox_protocol::validate_checkpoint_id(c)?;
         if let Some(l) = &p.label {
             if l.len() > MAX_LABEL || l.chars().any(char::is_control) {
                 return Err(StoreError::BadLabel);

@@ -105,11 +105,20 @@ impl Store {
             });
         }
         let number = turns.last().map(|(_, r)| r.number).unwrap_or(0) + 1;
-        let t = p
-            .turn_id
-            .clone()
-            .unwrap_or_else(|| format!("turn-{number}"));
-        if turns.iter().any(|(id, _)| *id == t) {
+        let taken = |id: &str| turns.iter().any(|(t, _)| t == id);
+        // The default id is `turn-N`, or, where a turn was given that id
+        // by hand, `turn-N-2`, `turn-N-3`, ...: never one in use.
+        let t = p.turn_id.clone().unwrap_or_else(|| {
+            let plain = format!("turn-{number}");
+            (1..)
+                .map(|k| match k {
+                    1 => plain.clone(),
+                    k => format!("{plain}-{k}"),
+                })
+                .find(|id| !taken(id))
+                .unwrap_or(plain)
+        });
+        if taken(&t) {
             return Err(StoreError::Exists(format!("turn {a}/{s}/{t}")));
         }
         let rec = TurnRecord {

@@ -232,6 +232,40 @@ fn turn_errors() {
 }
 
 #[test]
+fn a_default_turn_id_taken_by_hand_is_passed_over() {
+    let Some((_fs, st)) = setup("turns::a_default_turn_id_taken_by_hand_is_passed_over") else {
+        return;
+    };
+    session(&st, "s");
+    let b = |id: Option<&str>| {
+        st.turn_begin(&TurnBegin {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            turn_id: id.map(String::from),
+        })
+    };
+    let e = |id: &str| {
+        st.turn_end(&TurnEnd {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            turn_id: id.into(),
+            status: TurnStatus::Ok,
+            label: None,
+        })
+    };
+    // Turn 1 named `turn-2` by hand: turn 2's default id is taken.
+    let one = b(Some("turn-2")).unwrap();
+    assert_eq!(one.number, 1);
+    e("turn-2").unwrap();
+    let two = b(None).unwrap();
+    assert_eq!((two.number, two.turn_id.as_str()), (2, "turn-2-2"));
+    e(&two.turn_id).unwrap();
+    let three = b(None).unwrap();
+    assert_eq!((three.number, three.turn_id.as_str()), (3, "turn-3"));
+    e(&three.turn_id).unwrap();
+}
+
+#[test]
 fn agent_create_takes_the_policy() {
     if !require("turns::agent_create_takes_the_policy") {
         return;
@@ -261,6 +295,38 @@ fn agent_create_takes_the_policy() {
     };
     assert_eq!(list("s"), 1, "baseline from the agent's policy");
     assert_eq!(list("quiet"), 0, "the session turned it off at creation");
+    // A policy refused makes nothing: the agent is not made (before, it
+    // was, and a retry was refused as already there).
+    let mut bad = AgentCreate::new("b");
+    bad.auto_checkpoint = Some(true);
+    bad.keep_last = Some(0);
+    let e = c.call(Request::AgentCreate(bad)).unwrap().unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidRequest, "{e:?}");
+    assert!(e.message.contains("keep_last"), "{e:?}");
+    match c.call(Request::AgentList(AgentList {})).unwrap().unwrap() {
+        Response::Agents(l) => {
+            assert!(l.agents.iter().all(|a| a.agent_id != "b"), "{:?}", l.agents)
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut good = AgentCreate::new("b");
+    good.keep_last = Some(2);
+    c.call(Request::AgentCreate(good)).unwrap().unwrap();
+    // `current` names the live tree wherever a checkpoint is asked for:
+    // no checkpoint may take it.
+    let e = c
+        .call(Request::CheckpointCreate(CheckpointCreate {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: "current".into(),
+            pinned: false,
+            label: None,
+        }))
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidRequest, "{e:?}");
+    assert!(e.message.contains("reserved"), "{e:?}");
+    assert_eq!(list("s"), 1);
 }
 
 fn c_list(d: &allox_integration::Daemon, s: &str) -> Response {

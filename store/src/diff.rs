@@ -919,6 +919,11 @@ impl Store {
         self.need_session(a, s)?;
         let from = self.tree_of(a, s, &p.from)?;
         let to = self.tree_of(a, s, &p.to)?;
+        // Each tree's subvolume as it is before the walk: a rollback puts
+        // a new subvolume at `current/` and the old one is deleted in the
+        // background, a deleted checkpoint goes; a walk of a tree going
+        // meanwhile reads a part of it, which is never answered.
+        let before = [tree_identity(&from), tree_identity(&to)];
         // The lineage of the session's deleted trees, so that the hints
         // still find where two trees parted after rollbacks.
         let departed = self.departed(a, s)?;
@@ -929,7 +934,21 @@ impl Store {
             &departed,
             &Limits::default(),
             p.patch,
-        )?;
+        );
+        for ((path, name), was) in [(&from, &p.from), (&to, &p.to)].into_iter().zip(before) {
+            if was.is_none() || tree_identity(path) != was {
+                return Err(StoreError::TreeReplaced {
+                    agent: a.into(),
+                    session: s.into(),
+                    tree: if name == "current" {
+                        "current/".into()
+                    } else {
+                        format!("checkpoint {name}")
+                    },
+                });
+            }
+        }
+        let d = d?;
         let c = d.counts;
         Ok(DiffListing {
             from: p.from.clone(),
@@ -943,6 +962,13 @@ impl Store {
             type_changed: c[ChangeKind::TypeChanged as usize],
         })
     }
+}
+
+/// Which subvolume stands at `path` now: Btrfs gives each subvolume a
+/// device number of its own, kept while the subvolume lives (`None`: none
+/// stands there).
+fn tree_identity(path: &Path) -> Option<u64> {
+    fs::stat(path).ok().map(|st| st.st_dev)
 }
 
 /// A uuid as 32 lowercase hex digits.

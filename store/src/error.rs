@@ -82,6 +82,14 @@ pub enum StoreError {
         checkpoint: String,
     },
     /// `turn.begin` while another turn of the session is open.
+    /// A tree a diff read was replaced (a rollback) or deleted while it
+    /// was read: what was read of it cannot be answered.
+    #[error("{tree} of session {agent}/{session} was replaced or deleted while the diff read it (a rollback or a delete at the same time); try again")]
+    TreeReplaced {
+        agent: String,
+        session: String,
+        tree: String,
+    },
     #[error("turn {turn} of session {agent}/{session} has not ended")]
     TurnOpen {
         agent: String,
@@ -188,6 +196,7 @@ impl StoreError {
             | StoreError::SessionBusy { .. }
             | StoreError::CheckpointPinned { .. }
             | StoreError::TurnOpen { .. }
+            | StoreError::TreeReplaced { .. }
             | StoreError::NoOpenTurn { .. }
             | StoreError::TurnEnded { .. }
             | StoreError::BaseMismatch(_) => ErrorCode::Conflict,

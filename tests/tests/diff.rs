@@ -407,6 +407,64 @@ fn rollback(st: &Store, to: &str) {
     .unwrap();
 }
 
+/// A diff of `current/` while rollbacks replace it (the old tree deleted
+/// in the background as the walk reads it) answers the tree it began
+/// with, whole, or `conflict` naming what was replaced: never a part of a
+/// tree going away, never an internal error. (Before, one round in five
+/// or so answered a count that was neither tree's, or failed `internal`.)
+#[test]
+fn a_diff_of_current_racing_rollbacks_answers_a_whole_tree_or_conflict() {
+    let Some((_fs, st)) =
+        setup("diff::a_diff_of_current_racing_rollbacks_answers_a_whole_tree_or_conflict")
+    else {
+        return;
+    };
+    ck(&st, "e");
+    let cur = st.layout().current("a", "s");
+    populate(&cur, 12_000).unwrap();
+    ck(&st, "full");
+    let full = diff(&st, "e", "full");
+    assert_eq!((full.modified, full.deleted), (0, 0));
+    assert!(full.added >= 12_000, "{full:?}");
+    let (mut whole, mut conflicts) = (0, 0);
+    for round in 0..40 {
+        let target = if round % 2 == 0 { "e" } else { "full" };
+        let answer = std::thread::scope(|s| {
+            let walk = s.spawn(|| {
+                st.checkpoint_diff(&CheckpointDiff {
+                    agent_id: "a".into(),
+                    session_id: "s".into(),
+                    from: "e".into(),
+                    to: "current".into(),
+                    patch: false,
+                })
+            });
+            rollback(&st, target);
+            walk.join().unwrap()
+        });
+        match answer {
+            Ok(d) => {
+                let empty = (d.added, d.modified, d.deleted, d.type_changed) == (0, 0, 0, 0);
+                let all = (d.added, d.modified, d.deleted, d.type_changed) == (full.added, 0, 0, 0);
+                assert!(
+                    empty || all,
+                    "round {round}: neither tree's answer: {} added, {} modified, {} deleted",
+                    d.added,
+                    d.modified,
+                    d.deleted
+                );
+                whole += 1;
+            }
+            Err(e) => {
+                assert_eq!(e.code(), ErrorCode::Conflict, "round {round}: {e}");
+                assert!(e.to_string().contains("current/"), "round {round}: {e}");
+                conflicts += 1;
+            }
+        }
+    }
+    eprintln!("{whole} whole answers, {conflicts} conflicts in 40 rounds");
+}
+
 /// After two rollbacks, a checkpoint made between them descends from a
 /// tree that is gone (the `current/` the first rollback made, replaced by
 /// the second), and after its checkpoint is deleted, so does `current/`:

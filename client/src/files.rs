@@ -238,7 +238,36 @@ pub fn upload(c: &mut Client, from: &Path, to: &Remote) -> Result<Copied, CopyEr
 
 /// [`upload`], each file's bytes moved as `via` says.
 pub fn upload_via(c: &mut Client, from: &Path, to: &Remote, via: Via) -> Result<Copied, CopyError> {
+    unnameable(from)?;
     upload_in(c, from, to, &mut Way::new(via))
+}
+
+/// Refuses, before anything is copied, a tree holding a name that is not
+/// UTF-8: names travel as UTF-8 text, and two such names would reach the
+/// session as one (each bad byte read as U+FFFD), the last file copied
+/// over the others.
+fn unnameable(from: &Path) -> Result<(), CopyError> {
+    let md = std::fs::symlink_metadata(from).map_err(local(from))?;
+    if !md.is_dir() {
+        return Ok(());
+    }
+    let mut dirs = vec![from.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).map_err(local(&dir))? {
+            let e = e.map_err(local(&dir))?;
+            let p = e.path();
+            if e.file_name().to_str().is_none() {
+                return Err(CopyError::Other(format!(
+                    "{}: a name that is not UTF-8 cannot be copied into a session (names travel as UTF-8 text); rename it first (nothing was copied)",
+                    p.display()
+                )));
+            }
+            if e.file_type().map_err(local(&p))?.is_dir() {
+                dirs.push(p);
+            }
+        }
+    }
+    Ok(())
 }
 
 fn upload_in(c: &mut Client, from: &Path, to: &Remote, way: &mut Way) -> Result<Copied, CopyError> {
@@ -263,7 +292,17 @@ fn upload_in(c: &mut Client, from: &Path, to: &Remote, way: &mut Way) -> Result<
             .collect();
         names.sort();
         for n in names {
-            let name = n.to_string_lossy().into_owned();
+            // Every name was found UTF-8 before anything was copied
+            // ([`unnameable`]); one renamed since is refused here.
+            let name = n
+                .to_str()
+                .ok_or_else(|| {
+                    CopyError::Other(format!(
+                        "{}: a name that is not UTF-8 cannot be copied into a session",
+                        from.join(&n).display()
+                    ))
+                })?
+                .to_owned();
             let sub = to.at(&format!("{}/{name}", to.path.trim_end_matches('/')));
             done.add(upload_in(c, &from.join(&n), &sub, way)?);
         }
@@ -511,43 +550,54 @@ pub fn download_via(
         FsKind::File => done = fetch_file(c, from, to, way)?,
         FsKind::Dir => {
             std::fs::create_dir_all(to).map_err(local(to))?;
-            let listing = match ask(
-                c,
-                &from.path,
-                Request::FsList(FsList {
-                    agent_id: from.agent.clone(),
-                    session_id: from.session.clone(),
-                    scope: from.scope,
-                    checkpoint_id: from.checkpoint.clone(),
-                    path: from.path.clone(),
-                    depth: Some(64),
-                }),
-            )? {
-                Response::FsListing(l) => l,
-                _ => return Err(CopyError::Other("an answer that is not a listing".into())),
-            };
-            if listing.truncated {
-                return Err(CopyError::Other(format!(
-                    "{}: more than {} entries; copy its subdirectories one by one",
-                    from.path,
-                    listing.entries.len()
-                )));
-            }
             let base = e.path.trim_end_matches('/').to_string();
-            for x in &listing.entries {
-                let rel = if base == "." {
-                    x.path.as_str()
-                } else {
-                    x.path.strip_prefix(&format!("{base}/")).unwrap_or(&x.path)
+            // Listed [`LIST_DEPTH`] levels at a time: a directory at the
+            // last level listed is listed again from there, so a deeper
+            // tree comes out whole.
+            let mut dirs = vec![from.path.clone()];
+            while let Some(dir) = dirs.pop() {
+                let listing = match ask(
+                    c,
+                    &dir,
+                    Request::FsList(FsList {
+                        agent_id: from.agent.clone(),
+                        session_id: from.session.clone(),
+                        scope: from.scope,
+                        checkpoint_id: from.checkpoint.clone(),
+                        path: dir.clone(),
+                        depth: Some(LIST_DEPTH),
+                    }),
+                )? {
+                    Response::FsListing(l) => l,
+                    _ => return Err(CopyError::Other("an answer that is not a listing".into())),
                 };
-                let dst = to.join(rel);
-                match x.kind {
-                    FsKind::Dir => std::fs::create_dir_all(&dst).map_err(local(&dst))?,
-                    FsKind::File => done.add(fetch_file(c, &from.at(&x.path), &dst, way)?),
-                    _ => eprintln!(
-                        "alloxctl: {}: skipped (only files and directories are copied)",
-                        x.path
-                    ),
+                if listing.truncated {
+                    return Err(CopyError::Other(format!(
+                        "{dir}: more than {} entries; copy its subdirectories one by one",
+                        listing.entries.len()
+                    )));
+                }
+                let listed = dir.trim_end_matches('/');
+                for x in &listing.entries {
+                    let rel = if base == "." {
+                        x.path.as_str()
+                    } else {
+                        x.path.strip_prefix(&format!("{base}/")).unwrap_or(&x.path)
+                    };
+                    let dst = to.join(rel);
+                    match x.kind {
+                        FsKind::Dir => {
+                            std::fs::create_dir_all(&dst).map_err(local(&dst))?;
+                            if levels_below(listed, &x.path) >= LIST_DEPTH {
+                                dirs.push(x.path.clone());
+                            }
+                        }
+                        FsKind::File => done.add(fetch_file(c, &from.at(&x.path), &dst, way)?),
+                        _ => eprintln!(
+                            "alloxctl: {}: skipped (only files and directories are copied)",
+                            x.path
+                        ),
+                    }
                 }
             }
         }
@@ -559,6 +609,23 @@ pub fn download_via(
         }
     }
     Ok(done)
+}
+
+/// How many levels one `fs.list` of a download asks for (the most it
+/// gives).
+const LIST_DEPTH: u32 = 64;
+
+/// How many levels `path` (as `fs.list` names it) is below `dir` (as
+/// listed: `.` for the scope's root): 1 for an entry of `dir` itself.
+fn levels_below(dir: &str, path: &str) -> u32 {
+    let rel = if dir == "." || dir.is_empty() {
+        path
+    } else {
+        path.strip_prefix(dir)
+            .and_then(|r| r.strip_prefix('/'))
+            .unwrap_or(path)
+    };
+    rel.split('/').filter(|c| !c.is_empty()).count() as u32
 }
 
 /// One remote file to a local one, written beside it and renamed.
@@ -587,6 +654,15 @@ fn fetch_file(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn levels_below_a_listed_directory_are_counted_from_it() {
+        assert_eq!(levels_below(".", "a"), 1);
+        assert_eq!(levels_below(".", "a/b/c"), 3);
+        assert_eq!(levels_below("top", "top/d"), 1);
+        assert_eq!(levels_below("top/d", "top/d/e/f"), 2);
+        assert_eq!(levels_below("", "x/y"), 2);
+    }
 
     #[test]
     fn remote_paths_name_agent_session_and_path() {

@@ -205,6 +205,70 @@ fn files_go_in_and_out_byte_for_byte_and_as_they_were_at_a_checkpoint() {
     assert_eq!(sha256(&f), sha256(&big.path().join("back")));
 }
 
+/// `alloxctl cp` of trees that met the protocol's bounds badly before:
+/// out of a session, a tree deeper than one listing's 64 levels comes out
+/// whole (its deepest file was dropped, and cp said it was done); into
+/// one, a tree holding names that are not UTF-8 is refused before
+/// anything is copied (two such names became one in the session, the
+/// last file over the others).
+#[test]
+fn cp_copies_deep_trees_whole_and_refuses_names_a_session_cannot_hold() {
+    let Some(d) = setup("cp_deep_and_unnameable", &[], 1024) else {
+        return;
+    };
+    let cur = current(&d);
+    let deep: PathBuf = std::iter::repeat_n("d", 80).collect();
+    std::fs::create_dir_all(cur.join("top").join(&deep)).unwrap();
+    std::fs::write(cur.join("top").join(&deep).join("leaf"), b"leaf\n").unwrap();
+    std::fs::write(cur.join("top/shallow"), b"shallow\n").unwrap();
+    let out = tempfile::tempdir_in("/var/tmp").unwrap();
+    for (args, at) in [
+        (vec!["cp", "a/s:top"], "live"),
+        (vec!["cp", "--checkpoint", "c1", "a/s:top"], "checkpoint"),
+    ] {
+        if at == "checkpoint" {
+            ctl_ok(&d, &["checkpoint", "create", "a", "s", "c1"]);
+        }
+        let dst = out.path().join(at);
+        let mut args = args;
+        let dst_s = dst.display().to_string();
+        args.push(&dst_s);
+        let said = String::from_utf8_lossy(&ctl_ok(&d, &args)).into_owned();
+        assert_eq!(
+            std::fs::read(dst.join(&deep).join("leaf")).unwrap_or_default(),
+            b"leaf\n",
+            "{at}: the deepest file did not come out ({said})"
+        );
+        assert_eq!(std::fs::read(dst.join("shallow")).unwrap(), b"shallow\n");
+        assert!(said.contains("2 files"), "{at}: {said}");
+    }
+    // Names that are not UTF-8: refused, nothing made in the session.
+    use std::os::unix::ffi::OsStrExt;
+    let local = out.path().join("odd");
+    std::fs::create_dir_all(local.join("fine")).unwrap();
+    std::fs::write(local.join("fine/ok"), b"ok").unwrap();
+    for (name, body) in [(&b"n\x80"[..], "first"), (&b"n\x81"[..], "second")] {
+        std::fs::write(
+            local.join("fine").join(std::ffi::OsStr::from_bytes(name)),
+            body,
+        )
+        .unwrap();
+    }
+    let (code, _, err) = ctl(&d, &["cp", local.to_str().unwrap(), "a/s:odd"]);
+    assert_ne!(code, 0, "copied: {err}");
+    assert!(
+        err.contains("not UTF-8") && err.contains("nothing was copied"),
+        "{err}"
+    );
+    assert!(!cur.join("odd").exists(), "something was copied");
+    // Control: the same tree without them is copied whole.
+    for name in [&b"n\x80"[..], &b"n\x81"[..]] {
+        std::fs::remove_file(local.join("fine").join(std::ffi::OsStr::from_bytes(name))).unwrap();
+    }
+    ctl_ok(&d, &["cp", local.to_str().unwrap(), "a/s:odd"]);
+    assert_eq!(std::fs::read(cur.join("odd/fine/ok")).unwrap(), b"ok");
+}
+
 #[test]
 fn paths_never_leave_their_scope_whatever_the_sandbox_plants_or_swaps() {
     let Some(d) = setup("files_scope", &[], 1024) else {

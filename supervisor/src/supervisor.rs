@@ -316,9 +316,9 @@ impl Supervisor {
         // A session a plugin fenced takes no change but its deletion and
         // the lifting of the fence.
         if !matches!(req, Request::SessionDelete(_) | Request::EffectsUnfence(_)) {
+            // A file request's target is `agent/session:path`.
             let target = req.target();
-            let mut parts = target.split('/');
-            if let (Some(a), Some(s)) = (parts.next(), parts.next()) {
+            if let (Some(a), Some(s)) = allox_protocol::target::agent_and_session(&target) {
                 if let Some(why) = self.plugins.holds(a, s) {
                     return refused(why);
                 }

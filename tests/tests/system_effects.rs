@@ -700,6 +700,94 @@ fn the_observer_killed_from_outside_fences_the_session() {
             refused.message
         );
     }
+    // The file API's changes too, in current/ and in the agent's shared/
+    // named through the fenced session (a file request's target is
+    // `a/s:path`), and `alloxctl cp` into it.
+    use allox_protocol::{FsMkdir, FsMove, FsRemove, FsScope, FsWrite};
+    std::fs::write(session_file(&d, "a", "s", "there"), b"x").unwrap();
+    let shared_write = FsWrite {
+        scope: FsScope::Shared,
+        ..FsWrite::whole("a", "s", "via-fenced", "x")
+    };
+    for (what, req) in [
+        (
+            "fs.write",
+            Request::FsWrite(FsWrite::whole("a", "s", "w", "x")),
+        ),
+        ("fs.write to shared/", Request::FsWrite(shared_write)),
+        (
+            "fs.mkdir",
+            Request::FsMkdir(FsMkdir {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                scope: FsScope::Session,
+                path: "dd".into(),
+                parents: false,
+            }),
+        ),
+        (
+            "fs.move",
+            Request::FsMove(FsMove {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                scope: FsScope::Session,
+                path: "there".into(),
+                to: "moved".into(),
+            }),
+        ),
+        (
+            "fs.remove",
+            Request::FsRemove(FsRemove {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                scope: FsScope::Session,
+                path: "there".into(),
+                recursive: false,
+            }),
+        ),
+    ] {
+        let e = call(&d, req).expect_err(what);
+        assert_eq!(
+            e.code,
+            allox_protocol::ErrorCode::Unavailable,
+            "{what}: {e:?}"
+        );
+        assert!(e.message.contains(&run), "{what}: {}", e.message);
+    }
+    let local = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(local.path(), b"from the host").unwrap();
+    let (code, _, err) = allox_integration::alloxctl(
+        &d.daemon.socket,
+        &["cp", local.path().to_str().unwrap(), "a/s:copied"],
+    );
+    assert_ne!(code, 0, "cp into a fenced session: {err}");
+    assert!(err.contains("fenced"), "{err}");
+    for gone in ["w", "dd", "moved", "copied"] {
+        assert!(
+            !session_file(&d, "a", "s", gone).exists(),
+            "{gone} was made"
+        );
+    }
+    assert!(session_file(&d, "a", "s", "there").exists());
+    assert!(!d
+        .daemon
+        .root
+        .join("agents/a/workspace/shared/via-fenced")
+        .exists());
+    // Reads still work.
+    assert!(matches!(
+        call(
+            &d,
+            Request::FsStat(allox_protocol::FsStat {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                scope: FsScope::Session,
+                checkpoint_id: None,
+                path: "there".into(),
+            })
+        ),
+        Ok(Response::FsEntry(_))
+    ));
     assert!(matches!(
         call(
             &d,
@@ -877,6 +965,170 @@ fn an_observed_run_holds_its_session_alone() {
     // Once it has ended, the session runs again.
     let again = observed(&d, "a", "s", &["/bin/true"]);
     assert_eq!(again.verdict, EffectsVerdict::Consistent);
+    // Starts sent at once, while the first is still being begun (its A
+    // not sealed yet): one runs, the others are refused. (Before, each
+    // passed the check and one run went on unobserved to its end.)
+    for round in 0..5 {
+        let answers: Vec<_> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..3)
+                .map(|i| {
+                    let d = &d;
+                    sc.spawn(move || {
+                        let mut p = process_start(
+                            "a",
+                            "s",
+                            &["/bin/sh", "-c", &format!("echo {i} > at-once-{i}")],
+                        );
+                        p.wait = false;
+                        d.daemon
+                            .client()
+                            .call(Request::ProcessStart(p))
+                            .expect("transport")
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let runs: Vec<String> = answers
+            .iter()
+            .filter_map(|a| match a {
+                Ok(Response::Started(s)) => Some(s.run_id.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(runs.len(), 1, "round {round}: {answers:?}");
+        for a in &answers {
+            if let Err(e) = a {
+                assert_eq!(
+                    e.code,
+                    allox_protocol::ErrorCode::Conflict,
+                    "round {round}: {e:?}"
+                );
+            }
+        }
+        let e = *waited(&d, "a", "s", &runs[0]).effects.expect("effects");
+        assert!(!e.fenced, "round {round}: {e:#?}");
+        let made: Vec<_> = (0..3)
+            .filter(|i| session_file(&d, "a", "s", &format!("at-once-{i}")).exists())
+            .collect();
+        assert_eq!(made.len(), 1, "round {round}: runs that wrote: {made:?}");
+        std::fs::remove_file(session_file(&d, "a", "s", &format!("at-once-{}", made[0]))).unwrap();
+    }
+}
+
+/// A run that sets an extended attribute on a file or changes a FIFO's
+/// mode: the workspace CHANGED with the entry listed and both sides
+/// described apart, never the run's own evidence refused by the verifier
+/// and the session fenced (before, both sides read alike).
+#[test]
+fn an_xattr_or_a_fifo_s_mode_changed_by_a_run_is_listed_and_not_fenced() {
+    let Some((d, _scope, _one)) = start(
+        "an_xattr_or_a_fifo_s_mode_changed_by_a_run_is_listed_and_not_fenced",
+        None,
+        &[],
+    ) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "s")]);
+    let made = observed(
+        &d,
+        "a",
+        "s",
+        &["/bin/sh", "-c", "echo data > f && mkfifo p"],
+    );
+    assert!(!made.fenced, "{made:#?}");
+    for (argv, item) in [
+        (
+            vec![
+                "/usr/bin/python3",
+                "-c",
+                "import os; os.setxattr('f', 'user.note', b'1')",
+            ],
+            "f",
+        ),
+        (vec!["/bin/chmod", "600", "p"], "p"),
+    ] {
+        let e = observed(&d, "a", "s", &argv);
+        assert!(
+            !e.fenced && e.verdict == EffectsVerdict::Changed,
+            "{argv:?}: {e:#?}"
+        );
+        let ws = domain(&e, EffectsDomain::Workspace);
+        let change = ws
+            .changes
+            .iter()
+            .find(|c| c.item == item)
+            .unwrap_or_else(|| panic!("{item} not listed: {ws:#?}"));
+        assert_eq!(change.kind, EffectChangeKind::Modified, "{change:?}");
+        assert_ne!(change.before, change.after, "{change:?}");
+        assert_eq!(change.by.by, By::Run, "{change:?}");
+    }
+}
+
+/// A session deleted (or its agent, with `force`) while an observed run
+/// lives: the run is killed and its evidence kept, but no fence is left
+/// on the name: a session made again under it is another, and runs.
+/// (Before, the run's end fenced the deleted name after the delete had
+/// lifted its fences, and `session.create` of it was refused.)
+#[test]
+fn a_session_deleted_during_an_observed_run_leaves_no_fence_on_its_name() {
+    let Some((d, _scope, _one)) = start(
+        "a_session_deleted_during_an_observed_run_leaves_no_fence_on_its_name",
+        None,
+        &[],
+    ) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "x"), ("b", "s")]);
+    let ctl = |args: &[&str]| {
+        let (code, out, err) = allox_integration::alloxctl(&d.daemon.socket, args);
+        assert_eq!(code, 0, "{args:?}: {}{err}", String::from_utf8_lossy(&out));
+    };
+    let observing = || match call(
+        &d,
+        Request::EffectsStatus(allox_protocol::EffectsStatusRequest::default()),
+    ) {
+        Ok(Response::EffectsStatus(s)) => s.observing,
+        other => panic!("{other:?}"),
+    };
+    for (a, s, delete) in [
+        ("a", "x", ["session", "delete", "a", "x"]),
+        ("b", "s", ["agent", "delete", "--force", "b"]),
+    ] {
+        // Started and answered on a connection of its own: its answer
+        // comes once the run's end is settled, fence or not.
+        let mut c = d.daemon.client();
+        let p = process_start(a, s, &["/bin/sh", "-c", "sleep 30"]);
+        let ran = std::thread::spawn(move || c.call(Request::ProcessStart(p)).expect("transport"));
+        let t = std::time::Instant::now();
+        while observing() == 0 {
+            assert!(
+                t.elapsed().as_secs() < 30,
+                "{a}/{s}: the run is not observed"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        ctl(&delete);
+        match ran.join().unwrap() {
+            Ok(Response::Exited(r)) => assert_eq!(r.signal, Some(9), "{r:?}"),
+            other => panic!("{a}/{s}: {other:?}"),
+        }
+    }
+    let status = match call(
+        &d,
+        Request::EffectsStatus(allox_protocol::EffectsStatusRequest::default()),
+    ) {
+        Ok(Response::EffectsStatus(s)) => s,
+        other => panic!("{other:?}"),
+    };
+    assert!(status.fences.is_empty(), "{status:#?}");
+    ctl(&["session", "create", "a", "x"]);
+    ctl(&["agent", "create", "b"]);
+    ctl(&["session", "create", "b", "s"]);
+    for (a, s) in [("a", "x"), ("b", "s")] {
+        let e = observed(&d, a, s, &["/bin/true"]);
+        assert_eq!(e.verdict, EffectsVerdict::Consistent, "{a}/{s}: {e:#?}");
+    }
 }
 
 #[test]

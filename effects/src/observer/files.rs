@@ -190,56 +190,120 @@ fn tempdir_empty() -> Result<PathBuf, String> {
 
 /// An entry as the evidence shows it: `file MODE SIZE SHA256` (or, past
 /// `budget`, which the hashed bytes come out of, `file MODE SIZE -`),
-/// `dir MODE`, `link TARGET`, or its type.
+/// `dir MODE`, `link TARGET`, or a special file's type and mode (`fifo
+/// 644`, `socket 755`, `chardev 600 1:3`, `blockdev 660 7:0`); followed,
+/// when it has extended attributes, by ` xattrs SHA256` of their names
+/// and values ([`xattrs`]). What the diff of the two trees calls a change
+/// shows in the description.
 pub fn describe(p: &Path, budget: &mut u64) -> String {
     let Ok(md) = std::fs::symlink_metadata(p) else {
         return "missing".into();
     };
-    let ft = md.file_type();
-    if ft.is_symlink() {
-        return match std::fs::read_link(p) {
+    use std::os::unix::fs::MetadataExt;
+    let d = describe_stat(p, md.mode(), md.len(), md.rdev(), budget);
+    d + &xattrs(p)
+}
+
+fn describe_stat(p: &Path, st_mode: u32, len: u64, rdev: u64, budget: &mut u64) -> String {
+    let mode = st_mode & 0o7777;
+    match st_mode & libc::S_IFMT {
+        libc::S_IFLNK => match std::fs::read_link(p) {
             Ok(t) => format!("link {}", t.display()),
             Err(_) => "link ?".into(),
+        },
+        libc::S_IFDIR => format!("dir {mode:o}"),
+        libc::S_IFREG if len == 0 => {
+            // Nothing to read: the hash of no bytes.
+            format!("file {mode:o} 0 {EMPTY_SHA256}")
+        }
+        libc::S_IFREG if len > *budget => format!("file {mode:o} {len} {UNHASHED}"),
+        libc::S_IFREG => {
+            *budget -= len;
+            match hash_file(p) {
+                Ok(h) => format!("file {mode:o} {len} {h}"),
+                Err(e) => format!("file {mode:o} {len} unreadable: {e}"),
+            }
+        }
+        kind => special(kind, mode, rdev),
+    }
+}
+
+/// A special file's description: its type, its mode, a device's number.
+fn special(kind: u32, mode: u32, rdev: u64) -> String {
+    let dev = || format!("{}:{}", libc::major(rdev), libc::minor(rdev));
+    match kind {
+        libc::S_IFIFO => format!("fifo {mode:o}"),
+        libc::S_IFSOCK => format!("socket {mode:o}"),
+        libc::S_IFCHR => format!("chardev {mode:o} {}", dev()),
+        libc::S_IFBLK => format!("blockdev {mode:o} {}", dev()),
+        _ => format!("special {mode:o}"),
+    }
+}
+
+/// ` xattrs SHA256` of `p`'s extended attributes (not followed through a
+/// symlink), each `name NUL value NUL` in name order; empty when it has
+/// none, or they cannot be listed (` xattrs ?`).
+pub fn xattrs(p: &Path) -> String {
+    let mut names = vec![0u8; 1024];
+    let n = loop {
+        match rustix::fs::llistxattr(p, &mut names) {
+            Ok(n) => break n,
+            Err(rustix::io::Errno::RANGE) if names.len() < 1 << 20 => {
+                names.resize(names.len() * 4, 0)
+            }
+            // None kept here, or nothing there (a gone path is described
+            // by what else is known of it).
+            Err(rustix::io::Errno::NOTSUP | rustix::io::Errno::NOENT) => return String::new(),
+            Err(_) => return " xattrs ?".into(),
+        }
+    };
+    let mut list: Vec<&[u8]> = names[..n]
+        .split(|&b| b == 0)
+        .filter(|x| !x.is_empty())
+        .collect();
+    if list.is_empty() {
+        return String::new();
+    }
+    list.sort_unstable();
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    let mut value = vec![0u8; 4096];
+    for name in list {
+        let Ok(cname) = std::ffi::CString::new(name) else {
+            return " xattrs ?".into();
         };
+        let len = loop {
+            match rustix::fs::lgetxattr(p, cname.as_c_str(), &mut value) {
+                Ok(len) => break len,
+                Err(rustix::io::Errno::RANGE) if value.len() < 1 << 20 => {
+                    value.resize(value.len() * 4, 0)
+                }
+                Err(_) => return " xattrs ?".into(),
+            }
+        };
+        h.update(name);
+        h.update([0]);
+        h.update(&value[..len]);
+        h.update([0]);
     }
-    if ft.is_dir() {
-        use std::os::unix::fs::PermissionsExt;
-        return format!("dir {:o}", md.permissions().mode() & 0o7777);
-    }
-    if !ft.is_file() {
-        return "special".into();
-    }
-    use std::os::unix::fs::PermissionsExt;
-    let mode = md.permissions().mode() & 0o7777;
-    if md.len() == 0 {
-        // Nothing to read: the hash of no bytes.
-        return format!("file {:o} 0 {EMPTY_SHA256}", mode);
-    }
-    if md.len() > *budget {
-        return format!("file {:o} {} {UNHASHED}", mode, md.len());
-    }
-    *budget -= md.len();
-    match hash_file(p) {
-        Ok(h) => format!("file {:o} {} {h}", mode, md.len()),
-        Err(e) => format!("file {:o} {} unreadable: {e}", mode, md.len()),
-    }
+    format!(" xattrs {:x}", h.finalize())
 }
 
 /// [`describe`] of an entry of a tree that does not change (a snapshot),
 /// whose `st_mode` (and, for a file, size) the diff already read: a
-/// directory, an empty file or a special file is described without a
-/// `stat` (which reads the inode from a tree no cache holds yet: about
-/// 20 µs in a new snapshot); anything else as `describe` does.
+/// directory or an empty file is described without a `stat` (which reads
+/// the inode from a tree no cache holds yet: about 20 µs in a new
+/// snapshot), its extended attributes listed; anything else as
+/// `describe` does.
 pub fn describe_known(p: &Path, mode: Option<u32>, size: Option<u64>, budget: &mut u64) -> String {
     let Some(mode) = mode else {
         return describe(p, budget);
     };
-    let perm = mode & 0o7777;
     match mode & libc::S_IFMT {
-        libc::S_IFDIR => format!("dir {perm:o}"),
-        libc::S_IFREG if size == Some(0) => format!("file {perm:o} 0 {EMPTY_SHA256}"),
-        libc::S_IFREG | libc::S_IFLNK => describe(p, budget),
-        _ => "special".into(),
+        libc::S_IFDIR => describe_stat(p, mode, 0, 0, budget) + &xattrs(p),
+        libc::S_IFREG if size == Some(0) => describe_stat(p, mode, 0, 0, budget) + &xattrs(p),
+        // A device's number is read with the rest.
+        _ => describe(p, budget),
     }
 }
 
@@ -252,7 +316,8 @@ pub const UNHASHED: &str = "-";
 /// differ.
 pub fn contents_unknown(description: &str) -> bool {
     description.starts_with("file ")
-        && (description.ends_with(&format!(" {UNHASHED}")) || description.contains(" unreadable: "))
+        && (description.split(' ').nth(3) == Some(UNHASHED)
+            || description.contains(" unreadable: "))
 }
 
 /// sha256 of no bytes.
@@ -331,9 +396,9 @@ mod tests {
     }
 
     /// With the mode (and size) the diff read, an entry is described as
-    /// `describe` describes it; a directory, an empty file or a special
-    /// file without reading the path at all (the one asked for here is
-    /// gone), anything else from the path.
+    /// `describe` describes it; a directory or an empty file without a
+    /// `stat` (the one asked for here is gone), anything else from the
+    /// path.
     #[test]
     fn an_entry_whose_mode_is_known_is_described_as_its_stat_would_be() {
         use std::os::unix::fs::MetadataExt;
@@ -382,6 +447,70 @@ mod tests {
             describe_known(&gone, Some(file_mode), Some(1), &mut unlimited()),
             "missing"
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// What the store's diff calls a change shows in the description: a
+    /// file's extended attributes (set, changed, removed), a special
+    /// file's mode and type, a directory's attributes. (Before, both sides
+    /// read alike, and the verifier refused the run's own evidence.)
+    #[test]
+    fn xattrs_and_a_special_file_s_mode_are_described() {
+        let dir =
+            std::env::temp_dir().join(format!("allox-describe-xattrs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        let f = dir.join("f");
+        std::fs::write(&f, b"data").unwrap();
+        let plain = describe(&f, &mut unlimited());
+        let set = |p: &Path, v: &[u8]| {
+            rustix::fs::lsetxattr(p, "user.note", v, rustix::fs::XattrFlags::empty())
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "user xattrs on {}: {e} (the test needs a filesystem with user xattrs)",
+                        p.display()
+                    )
+                })
+        };
+        set(&f, b"1");
+        let one = describe(&f, &mut unlimited());
+        set(&f, b"2");
+        let two = describe(&f, &mut unlimited());
+        assert!(one.starts_with(&plain) && one.contains(" xattrs "), "{one}");
+        assert!(plain != one && one != two, "{plain} / {one} / {two}");
+        rustix::fs::lremovexattr(&f, "user.note").unwrap();
+        assert_eq!(describe(&f, &mut unlimited()), plain);
+        // The contents stay known with attributes after the hash.
+        assert!(!contents_unknown(&one));
+        let mut none = 0;
+        let unhashed = describe(&f, &mut none);
+        set(&f, b"1");
+        assert!(contents_unknown(&describe(&f, &mut none)), "{unhashed}");
+        // A directory's attributes, through describe_known too.
+        let sub = dir.join("sub");
+        let before = describe(&sub, &mut unlimited());
+        set(&sub, b"d");
+        use std::os::unix::fs::MetadataExt;
+        let mode = std::fs::symlink_metadata(&sub).unwrap().mode();
+        let after = describe_known(&sub, Some(mode), None, &mut unlimited());
+        assert!(
+            before != after && after == describe(&sub, &mut unlimited()),
+            "{before} / {after}"
+        );
+        // A FIFO's mode.
+        let fifo = dir.join("p");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        rustix::fs::chmod(&fifo, rustix::fs::Mode::from_raw_mode(0o644)).unwrap();
+        assert_eq!(describe(&fifo, &mut unlimited()), "fifo 644");
+        rustix::fs::chmod(&fifo, rustix::fs::Mode::from_raw_mode(0o600)).unwrap();
+        assert_eq!(describe(&fifo, &mut unlimited()), "fifo 600");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

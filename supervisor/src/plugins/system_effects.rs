@@ -82,6 +82,9 @@ struct Started {
     fences: Fences,
     /// Observed runs going on, by session.
     live: Mutex<HashMap<(String, String), Live>>,
+    /// Sessions whose observed run is being begun (its A not sealed yet):
+    /// held with `live` from the check that refuses a second run on.
+    beginning: Mutex<std::collections::HashSet<(String, String)>>,
     /// The observed runs' forks, execs and exits (`state/events.redb`, as
     /// the process-tree plugin keeps them): this plugin answers
     /// `process.events` and `process.tree` in its stead.
@@ -114,6 +117,22 @@ struct Live {
     recovery: Option<allox_effects::observer::RecoveryPlan>,
     /// The session's context at A.
     context_pid: Option<i32>,
+}
+
+/// A session's place in `Started::beginning`, given up when dropped (the
+/// run then is in `live`, or was refused).
+struct Beginning<'a> {
+    set: &'a Mutex<std::collections::HashSet<(String, String)>>,
+    key: (String, String),
+}
+
+impl Drop for Beginning<'_> {
+    fn drop(&mut self) {
+        self.set
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key);
+    }
 }
 
 /// What a run's `pending` marker holds: enough for a later supervisor to
@@ -239,6 +258,22 @@ impl Started {
             tracing::error!(error = %e, "the fence could not be written durably; it holds until the supervisor stops");
         }
         self.audit(a, s, r, "fenced", root, Some(reason));
+        // A run ended by its session's deletion ends after it: a session
+        // gone by now takes no fence (one deleted after this look lifts it
+        // itself, `deleted`), else a session made again under the name
+        // would be refused.
+        let gone = self.store.as_ref().is_some_and(|st| {
+            matches!(
+                st.session_created(a, s),
+                Err(allox_store::StoreError::NotFound(_))
+            )
+        });
+        if gone {
+            match self.fences.lift(a, s) {
+                Ok(_) => self.audit(a, s, r, "lifted", root, Some("the session was deleted")),
+                Err(e) => tracing::error!(error = %e, "cannot lift the fence of a deleted session"),
+            }
+        }
     }
 
     /// One line of `state/effects/audit.jsonl`.
@@ -923,6 +958,7 @@ impl Plugin for SystemEffects {
             dir,
             fences,
             live: Mutex::new(HashMap::new()),
+            beginning: Mutex::new(std::collections::HashSet::new()),
             events,
             lost: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             received: Arc::new(std::sync::atomic::AtomicU64::new(0)),
@@ -977,18 +1013,32 @@ impl Plugin for SystemEffects {
         let st = self.s()?;
         let r = &run.run;
         let key = (r.agent.to_string(), r.session.to_string());
-        {
+        // The session is held from here: by `beginning` until the run is
+        // in `live` (or refused), so that a second start meanwhile (two at
+        // once, a start right after an interrupted one) is refused too.
+        let _held = {
             let live = st.live.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(l) = live.get(&key) {
+            let mut beginning = st.beginning.lock().unwrap_or_else(|e| e.into_inner());
+            let going = live.get(&key).map(|l| l.run.clone()).or_else(|| {
+                beginning
+                    .contains(&key)
+                    .then(|| "its observation is being begun".to_string())
+            });
+            if let Some(going) = going {
                 return Err(answered(
                     ErrorCode::Conflict,
                     format!(
-                        "session {}/{} has an observed run going on ({}): an observed run holds its session alone",
-                        r.agent, r.session, l.run
+                        "session {}/{} has an observed run going on ({going}): an observed run holds its session alone",
+                        r.agent, r.session
                     ),
                 ));
             }
-        }
+            beginning.insert(key.clone());
+            Beginning {
+                set: &st.beginning,
+                key: key.clone(),
+            }
+        };
         let evidence = st.evidence(r.agent, r.session, r.run);
         // Protocol v3: the checkpoint to restore to, checked (or made and
         // pinned) before anything of the run exists beyond its frozen,

@@ -75,15 +75,32 @@ impl Scope {
             path: path.to_path_buf(),
             source,
         })?;
-        Scope::parse(&text).map_err(|why| ScopeError::Invalid {
+        let scope = Scope::parse(&text).map_err(|why| ScopeError::Invalid {
             path: path.to_path_buf(),
             why,
-        })
+        })?;
+        // A path that is not there could not be watched: every observed
+        // run would fail at its start and fence its session.
+        for p in &scope.paths {
+            if let Err(e) = std::fs::metadata(p) {
+                return Err(ScopeError::Invalid {
+                    path: path.to_path_buf(),
+                    why: format!("path {} cannot be watched: {e}", p.display()),
+                });
+            }
+        }
+        Ok(scope)
     }
 
     /// Parses a scope file's text.
     pub fn parse(text: &str) -> Result<Scope, String> {
-        let f: File = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        if !v.is_object() {
+            return Err(format!(
+                "a scope is a JSON object ({{\"domains\": [...], \"paths\": [...]}}), not {v}"
+            ));
+        }
+        let f: File = serde_json::from_value(v).map_err(|e| e.to_string())?;
         let mut domains = vec![EffectsDomain::Workspace, EffectsDomain::Shared];
         for name in &f.domains {
             let d = EffectsDomain::parse(name).ok_or_else(|| {
@@ -146,5 +163,33 @@ mod tests {
         assert!(e.contains("at least one path"), "{e}");
         let e = Scope::parse(r#"{"domain": []}"#).unwrap_err();
         assert!(e.contains("unknown field"), "{e}");
+        let e = Scope::parse("[]").unwrap_err();
+        assert!(e.contains("a JSON object"), "{e}");
+    }
+
+    /// A path that is not there is refused when the file is loaded (at
+    /// the daemon's start), not at every run's.
+    #[test]
+    fn a_scope_path_that_is_not_there_is_refused_at_load() {
+        let dir = std::env::temp_dir().join(format!("allox-scope-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("scope.json");
+        let missing = dir.join("missing");
+        std::fs::write(
+            &file,
+            format!(
+                r#"{{"domains": ["filesystem"], "paths": ["{}"]}}"#,
+                missing.display()
+            ),
+        )
+        .unwrap();
+        let e = Scope::load(&file).unwrap_err().to_string();
+        assert!(
+            e.contains("cannot be watched") && e.contains("missing"),
+            "{e}"
+        );
+        std::fs::create_dir(&missing).unwrap();
+        assert_eq!(Scope::load(&file).unwrap().paths, [missing]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -277,6 +277,22 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         let kill = why == Stopped::Requested || cfg.policy.power_off_on_shutdown;
         if let Some(runs) = sup.runs.as_ref().filter(|_| kill) {
             let (runs, base) = (runs.clone(), runs.cgroups().base().to_path_buf());
+            // The runs first, each settled (an observed one's B captured
+            // while its session's context lives): a shutdown is not a
+            // fault of their observation. Then the rest.
+            let ended = match tokio::task::spawn_blocking({
+                let runs = runs.clone();
+                move || runs.end_live_runs(std::time::Duration::from_secs(30))
+            })
+            .await
+            {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot end the runs before the shutdown");
+                    0
+                }
+            };
+            tracing::info!(runs = ended, "runs ended");
             match tokio::task::spawn_blocking(move || runs.kill_tree(&base, false)).await {
                 Ok(Ok(n)) => tracing::info!(killed = n, "sessions' processes killed"),
                 Ok(Err(e)) => tracing::error!(error = %e.chain(), "cannot kill the sessions' processes"),

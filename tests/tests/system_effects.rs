@@ -685,6 +685,21 @@ fn the_observer_killed_from_outside_fences_the_session() {
         e.fence_reason.as_deref().unwrap_or("").contains("observer"),
         "{e:?}"
     );
+    // The killed observer's A snapshots (a copy of current/) are not left
+    // in the evidence (before, they stayed for good).
+    let evidence = d.daemon.root.join("state/effects/a/s").join(&run);
+    assert!(
+        evidence.join("chain.jsonl").exists(),
+        "{}",
+        evidence.display()
+    );
+    for left in ["a-workspace", "a-agent", "b-workspace", "b-agent"] {
+        assert!(
+            !evidence.join(left).exists(),
+            "{left} is left in {}",
+            evidence.display()
+        );
+    }
     // Fenced: changes refused naming run, reason and root; reads work;
     // another session is untouched.
     let refused = call(
@@ -1063,6 +1078,63 @@ fn an_xattr_or_a_fifo_s_mode_changed_by_a_run_is_listed_and_not_fenced() {
         assert_ne!(change.before, change.after, "{change:?}");
         assert_eq!(change.by.by, By::Run, "{change:?}");
     }
+}
+
+/// An orderly shutdown while an observed run lives ends the run as a
+/// kill does: its B captured while the session's context still lives,
+/// the evidence whole, the session not fenced after the restart. (Before,
+/// the shutdown killed the contexts with the runs, B could not read the
+/// session's mount namespace: INCOMPLETE, fenced.)
+#[test]
+fn an_orderly_shutdown_ends_observed_runs_without_fencing_their_sessions() {
+    let name = "an_orderly_shutdown_ends_observed_runs_without_fencing_their_sessions";
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if !require(name) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let scope = dir.path().join("scope.json");
+    std::fs::write(&scope, SCOPE_MACHINE).unwrap();
+    let mut args = plugin_args();
+    args.push("--system-effects-scope".into());
+    args.push(scope.display().to_string());
+    if !kernel_runs_bpf_lsm() {
+        args.push("--system-effects-without-lsm".into());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut d = ProcDaemon::start(name, &args);
+    make_sessions(&d, &[("a", "s")]);
+    let mut c = d.daemon.client();
+    let run = started(
+        &mut c,
+        process_start("a", "s", &["/bin/sh", "-c", "echo begun > begun; sleep 30"]),
+    );
+    let t = std::time::Instant::now();
+    while !session_file(&d, "a", "s", "begun").exists() {
+        assert!(t.elapsed().as_secs() < 30, "the run did not begin");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    match call(&d, Request::Shutdown(allox_protocol::Shutdown {})) {
+        Ok(Response::Stopping(_)) => {}
+        other => panic!("shutdown: {other:?}"),
+    }
+    let st = d.daemon.child.wait().expect("wait for the daemon");
+    assert!(st.success(), "{st}");
+    d.restart(&args);
+    match call(
+        &d,
+        Request::EffectsStatus(allox_protocol::EffectsStatusRequest::default()),
+    ) {
+        Ok(Response::EffectsStatus(s)) => assert!(s.fences.is_empty(), "{s:#?}"),
+        other => panic!("{other:?}"),
+    }
+    let e = effects_of(&d, "a", "s", &run);
+    assert!(!e.fenced, "{e:#?}");
+    for dom in &e.domains {
+        assert_ne!(dom.verdict, EffectsVerdict::Incomplete, "{dom:#?}");
+    }
+    let again = observed(&d, "a", "s", &["/bin/true"]);
+    assert!(!again.fenced, "{again:#?}");
 }
 
 /// A session deleted (or its agent, with `force`) while an observed run
@@ -1493,6 +1565,12 @@ fn refused_attempts_are_in_the_history_and_a_root_helper_in_the_run_changes_each
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Meanwhile the machine changes a sysctl of its own (this test,
+    // outside every sandbox): not the run's, though the run wrote one.
+    let host_key = "/proc/sys/vm/dirty_background_ratio";
+    let host_was = std::fs::read_to_string(host_key).unwrap();
+    let host_now = if host_was.trim() == "11" { "12" } else { "11" };
+    std::fs::write(host_key, host_now).unwrap();
     std::fs::write(
         d.daemon
             .root
@@ -1501,6 +1579,13 @@ fn refused_attempts_are_in_the_history_and_a_root_helper_in_the_run_changes_each
     )
     .unwrap();
     let e = *waited(&d, "a", "s", &run).effects.expect("effects");
+    std::fs::write(host_key, host_was.trim()).unwrap();
+    let host_change = domain(&e, EffectsDomain::Sysctl)
+        .changes
+        .iter()
+        .find(|c| c.item == "vm.dirty_background_ratio")
+        .unwrap_or_else(|| panic!("the machine's sysctl change is not listed: {e:#?}"));
+    assert_eq!(host_change.by.by, By::Unknown, "{host_change:?}");
     let _ = std::fs::remove_file(&pin);
     let _ = std::process::Command::new("umount").arg(&mnt).status();
     if !mounted {

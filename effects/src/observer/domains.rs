@@ -455,6 +455,13 @@ pub fn attribute(
                     .unwrap_or_else(Attribution::unknown),
             }
         }
+        EffectsDomain::Sysctl => {
+            if sysctl_by_run(diff, history) {
+                Attribution::run(&begin.run)
+            } else {
+                Attribution::unknown()
+            }
+        }
         _ => {
             if history.iter().any(|r| changes(d, r)) {
                 Attribution::run(&begin.run)
@@ -463,6 +470,44 @@ pub fn attribute(
             }
         }
     }
+}
+
+/// Whether a sysctl difference is the run's: a value it wrote itself (the
+/// `cgroup/sysctl` record names it; in whichever network namespace), a
+/// `net.*` value after it changed the network configuration (a device's
+/// values follow it), any value after it loaded or removed a module; an
+/// entry added or removed (a device's or a module's tables) after it
+/// did any of these. Another value changed meanwhile is not the run's
+/// (the machine's, or a process's outside every sandbox: `unknown`).
+fn sysctl_by_run(diff: &Difference, history: &[HistoryRecord]) -> bool {
+    let key = diff.key.strip_prefix("session ").unwrap_or(&diff.key);
+    let network = history.iter().any(|r| changes(EffectsDomain::Network, r));
+    let modules = history.iter().any(|r| changes(EffectsDomain::Modules, r));
+    let wrote = |k: &str| {
+        history
+            .iter()
+            .filter(|r| changes(EffectsDomain::Sysctl, r))
+            .filter_map(|r| sysctl_written(r.detail.as_deref()?))
+            .any(|w| w == k)
+    };
+    match diff.kind {
+        EffectChangeKind::Modified => wrote(key) || modules || (network && key.starts_with("net.")),
+        _ => modules || network || history.iter().any(|r| changes(EffectsDomain::Sysctl, r)),
+    }
+}
+
+/// The key (as the sysctl domain names it: `net.ipv4.conf.eth0/100.forwarding`)
+/// of a sysctl record's write (`write net/ipv4/conf/eth0.100/forwarding = "1"`).
+fn sysctl_written(detail: &str) -> Option<String> {
+    let rest = detail.strip_prefix("write ")?;
+    let name = &rest[..rest.find(" = ").unwrap_or(rest.len())];
+    Some(
+        name.split('/')
+            .filter(|c| !c.is_empty())
+            .map(|c| c.replace('.', "/"))
+            .collect::<Vec<_>>()
+            .join("."),
+    )
 }
 
 fn cgroup_root(begin: &Begin) -> &Path {
@@ -642,5 +687,67 @@ mod tests {
             EffectsDomain::Sysctl,
             &sent("netlink protocol 0 message type 24 flags 0x601")
         ));
+    }
+
+    fn wrote(name: &str, value: &str) -> HistoryRecord {
+        HistoryRecord {
+            kind: "sysctl".into(),
+            ..sent(&format!("write {name} = {value:?}"))
+        }
+    }
+
+    fn modified(key: &str) -> Difference {
+        Difference {
+            key: key.into(),
+            kind: EffectChangeKind::Modified,
+            before: Some("1".into()),
+            after: Some("2".into()),
+        }
+    }
+
+    /// A sysctl value is the run's if it wrote that one (in any network
+    /// namespace); another value changed meanwhile (by the machine, or a
+    /// process outside every sandbox) is not, though the run wrote some
+    /// other. (Before, any write made every difference the run's.)
+    #[test]
+    fn a_sysctl_value_is_the_run_s_only_if_it_wrote_it_or_changed_what_it_follows() {
+        let h = [wrote("vm/swappiness", "61")];
+        assert!(sysctl_by_run(&modified("vm.swappiness"), &h));
+        assert!(!sysctl_by_run(&modified("vm.dirty_background_ratio"), &h));
+        // The session's namespace, and a dot inside a component.
+        let h = [wrote("net/ipv4/conf/eth0.100/forwarding", "1")];
+        assert!(sysctl_by_run(
+            &modified("session net.ipv4.conf.eth0/100.forwarding"),
+            &h
+        ));
+        assert!(sysctl_by_run(
+            &modified("net.ipv4.conf.eth0/100.forwarding"),
+            &h
+        ));
+        assert!(!sysctl_by_run(
+            &modified("net.ipv4.conf.eth0.forwarding"),
+            &h
+        ));
+        // A network change: `net.*` values follow it, others do not.
+        let h = [sent("netlink protocol 0 message type 16 flags 0x601")];
+        assert!(sysctl_by_run(&modified("net.ipv6.conf.d0.mtu"), &h));
+        assert!(!sysctl_by_run(&modified("vm.swappiness"), &h));
+        // Entries added: a device's tables, after a network change.
+        let added = Difference {
+            kind: EffectChangeKind::Added,
+            ..modified("net.ipv4.conf.d0.forwarding")
+        };
+        assert!(sysctl_by_run(&added, &h));
+        assert!(!sysctl_by_run(&added, &[]));
+        // A refused write is nothing.
+        let refused = HistoryRecord {
+            refused: true,
+            ..sent("socket(AF_NETLINK, 3, 0) = -1 (EPERM)")
+        };
+        assert!(!sysctl_by_run(&modified("vm.swappiness"), &[refused]));
+        assert_eq!(
+            sysctl_written("write net/ipv4/ip_forward = \"1\"").as_deref(),
+            Some("net.ipv4.ip_forward")
+        );
     }
 }

@@ -100,6 +100,37 @@ impl Snapshots {
     }
 }
 
+/// Deletes what an observer that did not end its run left in the run's
+/// evidence directory `dir`: the snapshots of A, B and C (a copy of the
+/// session's `current/` and of the agent's workspace each) and their
+/// empty stand-ins. Call it once that observer is gone. What could not
+/// be deleted, named.
+pub fn remove_left(dir: &Path) -> Vec<String> {
+    let mut failed = Vec::new();
+    for label in ["a", "b", "c"] {
+        for kind in ["workspace", "agent"] {
+            let p = dir.join(format!("{label}-{kind}"));
+            if std::fs::symlink_metadata(&p).is_err() {
+                continue;
+            }
+            let gone = match allox_store::btrfs::probe_subvolume(&p) {
+                Ok(true) => allox_store::btrfs::delete_subvolume(&p).map_err(|e| e.to_string()),
+                _ => std::fs::remove_dir_all(&p).map_err(|e| e.to_string()),
+            };
+            if let Err(e) = gone {
+                failed.push(format!("{}: {e}", p.display()));
+            }
+        }
+        let empty = dir.join(format!("{label}-agent-empty"));
+        if empty.exists() {
+            if let Err(e) = std::fs::remove_dir_all(&empty) {
+                failed.push(format!("{}: {e}", empty.display()));
+            }
+        }
+    }
+    failed
+}
+
 /// Whether `dir` has no entry or does not exist; an entry that is not a
 /// directory, or one that cannot be listed, is not empty (it is
 /// snapshotted and compared as it is).

@@ -336,6 +336,10 @@ impl Started {
                     if let Some(pid) = pending.observer {
                         wait_gone(pid, Duration::from_secs(10));
                     }
+                    // The snapshots that observer did not get to delete.
+                    for e in allox_effects::observer::files::remove_left(&rp) {
+                        tracing::warn!(error = %e, "cannot delete a snapshot of a stopped observation");
+                    }
                     if let Some(cg) = &pending.cgroup {
                         if cg.exists() {
                             let _ = std::fs::write(cg.join("cgroup.kill"), "1");
@@ -1311,6 +1315,14 @@ impl Plugin for SystemEffects {
                 st.give_back(o);
             } else {
                 o.finish(Duration::from_secs(5));
+            }
+        }
+        if !reusable {
+            // An observer that did not end the run (killed, failed, or
+            // one that answered out of turn), gone now: the snapshots it
+            // did not get to delete, deleted here.
+            for e in allox_effects::observer::files::remove_left(&evidence) {
+                tracing::warn!(error = %e, "cannot delete a snapshot the observer left");
             }
         }
         let kept = std::fs::metadata(evidence.join(allox_effects::observer::EFFECTS_FILE))

@@ -52,6 +52,40 @@ impl Runs {
         Ok(tokio::task::spawn_blocking(move || cg.signal(&dir, signal)).await??)
     }
 
+    /// Kills every run that has not ended, each in its own cgroup only
+    /// (the sessions' contexts stay: an observed run's end captures the
+    /// session's namespaces through its context), and waits (blocking) up
+    /// to `limit` for each one's end to be settled: its result published,
+    /// after its observation closed. How many there were. An orderly
+    /// shutdown calls it before it kills the rest.
+    pub fn end_live_runs(&self, limit: Duration) -> usize {
+        let live: Vec<_> = self
+            .table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|r| r.result.borrow().is_none())
+            .map(|r| {
+                (
+                    self.cgroups.run_dir(&r.agent, &r.session, &r.id),
+                    r.result.subscribe(),
+                )
+            })
+            .collect();
+        for (dir, _) in &live {
+            if let Err(e) = self.cgroups.kill(dir, Duration::from_secs(10)) {
+                tracing::warn!(error = %e, dir = %dir.display(), "cannot kill a run at shutdown");
+            }
+        }
+        let until = std::time::Instant::now() + limit;
+        for (_, ended) in &live {
+            while ended.borrow().is_none() && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        live.len()
+    }
+
     /// Kills everything in `dir` (a session's or an agent's cgroup) and
     /// removes the cgroups. Blocking.
     pub fn kill_tree(&self, dir: &Path, remove: bool) -> Result<u32, RunError> {

@@ -1080,6 +1080,85 @@ fn an_xattr_or_a_fifo_s_mode_changed_by_a_run_is_listed_and_not_fenced() {
     }
 }
 
+/// A run whose observation fails at its start (here: the scope's path
+/// removed after the daemon started) is refused and fences its session,
+/// and is still shown: `effects.get` and `effects.list` give it
+/// INCOMPLETE and fenced, and its chain's fault names it, so two such
+/// runs never share a root. (Before, neither showed it, and every such
+/// chain was the same bytes.)
+#[test]
+fn a_run_whose_observation_fails_at_start_is_shown_and_its_root_is_its_own() {
+    let watched = tempfile::tempdir_in("/var/tmp").unwrap();
+    let scope = format!(
+        r#"{{"domains": ["filesystem"], "paths": ["{}"]}}"#,
+        watched.path().display()
+    );
+    let Some((d, _scope, _one)) = start(
+        "a_run_whose_observation_fails_at_start_is_shown_and_its_root_is_its_own",
+        Some(&scope),
+        &[],
+    ) else {
+        return;
+    };
+    make_sessions(&d, &[("a", "s"), ("a", "t")]);
+    let path = watched.path().to_path_buf();
+    drop(watched);
+    assert!(!path.exists());
+    let mut roots = Vec::new();
+    for s in ["s", "t"] {
+        let e = call(
+            &d,
+            Request::ProcessStart(process_start("a", s, &["/bin/true"])),
+        )
+        .expect_err("refused: its observation cannot start");
+        assert_eq!(e.code, allox_protocol::ErrorCode::Unavailable, "{e:?}");
+        // "run not started: run RUN refused: its observation failed at
+        // start (…)"
+        let run = e
+            .message
+            .split(" refused: its observation")
+            .next()
+            .and_then(|x| x.rsplit(' ').next())
+            .unwrap_or_else(|| panic!("no run id in {}", e.message))
+            .to_string();
+        assert!(e.message.contains("failed at start"), "{}", e.message);
+        let got = effects_of(&d, "a", s, &run);
+        assert!(
+            got.fenced && got.verdict == EffectsVerdict::Incomplete,
+            "{got:#?}"
+        );
+        let listed = match call(
+            &d,
+            Request::EffectsList(allox_protocol::EffectsList {
+                agent_id: "a".into(),
+                session_id: s.into(),
+            }),
+        ) {
+            Ok(Response::EffectsListing(l)) => l.runs.iter().any(|r| r.run_id == run),
+            other => panic!("list: {other:?}"),
+        };
+        assert!(listed, "{run} is not listed");
+        // Its history was never written: said so, not a parser's error.
+        let h = call(
+            &d,
+            Request::EffectsHistory(allox_protocol::EffectsHistory {
+                agent_id: "a".into(),
+                session_id: s.into(),
+                run_id: run.clone(),
+                cursor: None,
+                limit: None,
+            }),
+        )
+        .expect_err("no history");
+        assert!(
+            h.code == allox_protocol::ErrorCode::NotFound && h.message.contains("has no history"),
+            "{h:?}"
+        );
+        roots.push(got.evidence_root);
+    }
+    assert_ne!(roots[0], roots[1], "two runs' faults share a root");
+}
+
 /// An orderly shutdown while an observed run lives ends the run as a
 /// kill does: its B captured while the session's context still lives,
 /// the evidence whole, the session not fenced after the restart. (Before,

@@ -233,7 +233,7 @@ fn observe_one(
     let started = programs.and_then(|p| Observation::start(begin, &mut chain, p));
     let mut obs = match started {
         Ok(o) => o,
-        Err(why) => return Err(fail(sock, &mut chain, None, why)),
+        Err(why) => return Err(fail(sock, begin, &mut chain, None, why)),
     };
     if let Err(e) = wire::send(
         sock,
@@ -243,6 +243,7 @@ fn observe_one(
     ) {
         return Err(fail(
             sock,
+            begin,
             &mut chain,
             Some(obs),
             format!("answer Sealed: {e}"),
@@ -252,19 +253,27 @@ fn observe_one(
     // end is B's.
     if let Err(e) = chain.sync_behind() {
         let why = format!("make A durable: {e}");
-        return Err(fail(sock, &mut chain, Some(obs), why));
+        return Err(fail(sock, begin, &mut chain, Some(obs), why));
     }
     let end = match wire::recv::<ToObserver>(sock) {
         Ok(Some(ToObserver::End(end))) => end,
         Ok(Some(other)) => {
             let why = format!("expected End, got {other:?}");
-            return Err(fail(sock, &mut chain, Some(obs), why));
+            return Err(fail(sock, begin, &mut chain, Some(obs), why));
         }
         Ok(None) => {
             let why = "the supervisor went away before the run's end".to_string();
-            return Err(fail(sock, &mut chain, Some(obs), why));
+            return Err(fail(sock, begin, &mut chain, Some(obs), why));
         }
-        Err(e) => return Err(fail(sock, &mut chain, Some(obs), format!("read End: {e}"))),
+        Err(e) => {
+            return Err(fail(
+                sock,
+                begin,
+                &mut chain,
+                Some(obs),
+                format!("read End: {e}"),
+            ))
+        }
     };
     match obs.finish(begin, &end, &mut chain, sock) {
         Ok(effects) => {
@@ -293,17 +302,30 @@ fn observe_one(
             }
             loaded.ok_or_else(|| "the history's programs cannot be used again".to_string())
         }
-        Err(why) => Err(fail(sock, &mut chain, Some(obs), why)),
+        Err(why) => Err(fail(sock, begin, &mut chain, Some(obs), why)),
     }
 }
 
 /// Closes the chain with a `fault` record and tells the supervisor;
-/// returns why.
-fn fail(sock: &mut UnixStream, chain: &mut Chain, obs: Option<Observation>, why: String) -> String {
+/// returns why. The record names the run: a fault before `begin` (at the
+/// start) is then still one run's, its root no other's.
+fn fail(
+    sock: &mut UnixStream,
+    begin: &Begin,
+    chain: &mut Chain,
+    obs: Option<Observation>,
+    why: String,
+) -> String {
     if let Some(o) = obs {
         o.cleanup();
     }
-    let head = match chain.append("fault", &serde_json::json!({ "why": why })) {
+    let body = serde_json::json!({
+        "why": why,
+        "agent": begin.agent,
+        "session": begin.session,
+        "run": begin.run,
+    });
+    let head = match chain.append("fault", &body) {
         Ok(h) => h,
         Err(e) => {
             eprintln!("allox-observe: cannot record the fault ({why}): {e}");

@@ -1063,8 +1063,16 @@ impl Plugin for SystemEffects {
                 &serde_json::to_vec(p).unwrap_or_default(),
             )
         };
+        let started_ms = pending.started_ms;
         let fault = |why: String, root: &str| {
             st.fence(r.agent, r.session, r.run, &why, root);
+            // What `effects.get` and `effects.list` show of the refused
+            // run (the fence names it): INCOMPLETE, fenced.
+            let e = st.incomplete(r.agent, r.session, r.run, &why, root, started_ms);
+            let _ = fences::write_durably(
+                &evidence.join(allox_effects::observer::EFFECTS_FILE),
+                &serde_json::to_vec(&e).unwrap_or_default(),
+            );
             let _ = std::fs::remove_file(evidence.join(PENDING));
             answered(
                 ErrorCode::Unavailable,
@@ -1550,6 +1558,20 @@ fn serve(st: &Started, req: &Request) -> Result<Response, PluginError> {
             ])?;
             let dir = st.evidence(&h.agent_id, &h.session_id, &h.run_id);
             let e = read_effects(&dir)?;
+            // Made empty with the chain and written at the run's end: an
+            // observation that ended in a fault before it left it empty.
+            let written = std::fs::metadata(dir.join(allox_effects::observer::HISTORY_FILE))
+                .is_ok_and(|m| m.len() > 0);
+            if !written {
+                return Err(answered(
+                    ErrorCode::NotFound,
+                    format!(
+                        "run {} has no history: its observation ended before the history was written ({})",
+                        h.run_id,
+                        e.fence_reason.as_deref().unwrap_or("its evidence is incomplete")
+                    ),
+                ));
+            }
             let records = allox_effects::observer::read_history(&dir).map_err(|e| {
                 answered(
                     ErrorCode::NotFound,

@@ -1159,6 +1159,50 @@ fn a_run_whose_observation_fails_at_start_is_shown_and_its_root_is_its_own() {
     assert_ne!(roots[0], roots[1], "two runs' faults share a root");
 }
 
+/// The daemon's own per-run guest socket (`<socket>.guest/RUN/sock`,
+/// made before A) stays until the run's B is captured: with the
+/// `filesystem` domain watching that directory, a run that changes
+/// nothing is CONSISTENT. (Before, it was removed before B and listed as
+/// removed `by unknown`: every run CHANGED.)
+#[test]
+fn the_daemon_s_own_guest_socket_is_no_change_of_a_run() {
+    let name = "the_daemon_s_own_guest_socket_is_no_change_of_a_run";
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if !require(name) {
+        return;
+    }
+    // Started once without the plugin to learn where its socket is, then
+    // again with the plugin watching the socket's guest directory.
+    let mut d = ProcDaemon::start(name, &[]);
+    let guest = PathBuf::from(format!("{}.guest", d.daemon.socket.display()));
+    assert!(guest.is_dir(), "{}", guest.display());
+    let dir = tempfile::tempdir().unwrap();
+    let scope = dir.path().join("scope.json");
+    std::fs::write(
+        &scope,
+        format!(
+            r#"{{"domains": ["filesystem"], "paths": ["{}"]}}"#,
+            guest.display()
+        ),
+    )
+    .unwrap();
+    let mut args = plugin_args();
+    args.push("--system-effects-scope".into());
+    args.push(scope.display().to_string());
+    if !kernel_runs_bpf_lsm() {
+        args.push("--system-effects-without-lsm".into());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    d.restart(&args);
+    make_sessions(&d, &[("a", "s")]);
+    for _ in 0..3 {
+        let e = observed(&d, "a", "s", &["/bin/true"]);
+        let fs = domain(&e, EffectsDomain::Filesystem);
+        assert_eq!(fs.verdict, EffectsVerdict::Consistent, "{fs:#?}");
+        assert_eq!(e.verdict, EffectsVerdict::Consistent, "{e:#?}");
+    }
+}
+
 /// An orderly shutdown while an observed run lives ends the run as a
 /// kill does: its B captured while the session's context still lives,
 /// the evidence whole, the session not fenced after the restart. (Before,

@@ -279,15 +279,18 @@ pub(super) async fn reap(runs: Arc<Runs>, run: Arc<Run>) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     run.pidfd.lock().unwrap_or_else(|e| e.into_inner()).take();
-    // Nothing of the run is left to use what was attached to it.
-    run.attached
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take();
     // The run's end reads what it used from its cgroup: the cgroup stays
     // until the result is out (which `finish` always publishes).
     let mut published = run.result.subscribe();
     let _ = tokio::time::timeout(Duration::from_secs(5), published.wait_for(|r| r.is_some())).await;
+    // Nothing of the run is left to use what was attached to it. Released
+    // once the result is out: an observed run's B is captured by then, so
+    // the run's own guest socket (made before A) is in A and in B alike,
+    // never a change of the run's.
+    run.attached
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
     let dir = runs.cgroups.run_dir(&run.agent, &run.session, &run.id);
     let cg = runs.cgroups.clone();
     let _ = tokio::task::spawn_blocking(move || {

@@ -205,6 +205,100 @@ fn files_go_in_and_out_byte_for_byte_and_as_they_were_at_a_checkpoint() {
     assert_eq!(sha256(&f), sha256(&big.path().join("back")));
 }
 
+/// A request the file system cannot do is the client's mistake, said as
+/// such and naming what is in the way: a directory moved into itself, a
+/// file moved onto a directory, a directory that is not empty, a name too
+/// long, a write past the largest file. (Before: `internal`, "exists",
+/// or the wrong path named.)
+#[test]
+fn file_api_refusals_name_what_is_in_the_way() {
+    let Some(d) = setup("refusals_name_what_is_in_the_way", &[], 512) else {
+        return;
+    };
+    let r = sh(
+        &d,
+        "mkdir -p d2/sub e2 full && echo x > file && echo y > full/y",
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let mv = |from: &str, to: &str| {
+        call(
+            &d,
+            Request::FsMove(FsMove {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                scope: FsScope::Session,
+                path: from.into(),
+                to: to.into(),
+            }),
+        )
+        .expect_err("refused")
+    };
+    let want = |e: ErrorBody, code: ErrorCode, says: &[&str]| {
+        assert_eq!(e.code, code, "{e:?}");
+        for w in says {
+            assert!(e.message.contains(w), "{w:?} not in {e:?}");
+        }
+    };
+    want(
+        mv("d2", "d2/sub/inner"),
+        ErrorCode::InvalidRequest,
+        &["\"d2\"", "cannot be moved"],
+    );
+    want(
+        mv("file", "e2"),
+        ErrorCode::InvalidRequest,
+        &["\"e2\"", "directory"],
+    );
+    want(
+        mv("d2", "full"),
+        ErrorCode::Conflict,
+        &["\"full\"", "not empty"],
+    );
+    let rm = call(
+        &d,
+        Request::FsRemove(FsRemove {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            scope: FsScope::Session,
+            path: "full".into(),
+            recursive: false,
+        }),
+    )
+    .expect_err("not empty");
+    want(
+        rm,
+        ErrorCode::Conflict,
+        &["\"full\"", "not empty", "recursive"],
+    );
+    let long = "n".repeat(256);
+    let mk = call(
+        &d,
+        Request::FsMkdir(FsMkdir {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            scope: FsScope::Session,
+            path: long.clone(),
+            parents: true,
+        }),
+    )
+    .expect_err("too long");
+    want(mk, ErrorCode::InvalidRequest, &["longer than"]);
+    let far = call(
+        &d,
+        Request::FsWrite(FsWrite {
+            offset: Some(i64::MAX as u64),
+            ..FsWrite::whole("a", "s", "file", "z")
+        }),
+    )
+    .expect_err("past the largest file");
+    want(far, ErrorCode::InvalidRequest, &["\"file\"", "offset"]);
+    // Nothing moved or removed.
+    let cur = current(&d);
+    for p in ["d2/sub", "e2", "file", "full/y"] {
+        assert!(cur.join(p).exists(), "{p}");
+    }
+}
+
 /// `alloxctl cp` of trees that met the protocol's bounds badly before:
 /// out of a session, a tree deeper than one listing's 64 levels comes out
 /// whole (its deepest file was dropped, and cp said it was done); into

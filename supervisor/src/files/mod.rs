@@ -70,6 +70,8 @@ pub enum FilesError {
     NotFound { path: String },
     #[error("{path:?} exists")]
     Exists { path: String },
+    #[error("directory {path:?} is not empty (remove it with recursive, or move it elsewhere)")]
+    NotEmpty { path: String },
     #[error("{path:?} is not {what}")]
     NotA { path: String, what: &'static str },
     #[error("the share scope {scope:?} of the session {why}")]
@@ -108,7 +110,23 @@ impl FilesError {
         let path = path.to_string();
         match e {
             Errno::NOENT => FilesError::NotFound { path },
-            Errno::EXIST | Errno::NOTEMPTY => FilesError::Exists { path },
+            Errno::EXIST => FilesError::Exists { path },
+            Errno::NOTEMPTY => FilesError::NotEmpty { path },
+            Errno::NAMETOOLONG => FilesError::BadPath {
+                path,
+                why: "has a name longer than the file system takes (255 bytes)",
+            },
+            // A directory moved into itself (rename), an offset past what a
+            // file can hold (write): what was asked cannot be.
+            Errno::INVAL if op == "move" => FilesError::BadPath {
+                path,
+                why: "cannot be moved there (a directory into itself, or onto one of its parents)",
+            },
+            Errno::INVAL | Errno::FBIG if op == "write" => FilesError::BadPath {
+                path,
+                why:
+                    "cannot be written at that offset (past the largest file the file system takes)",
+            },
             Errno::XDEV | Errno::LOOP => FilesError::Outside {
                 path,
                 scope: "scope",
@@ -144,7 +162,9 @@ impl FilesError {
             | FilesError::SharedCheckpoint => ErrorCode::InvalidRequest,
             FilesError::Busy { .. } => ErrorCode::Conflict,
             FilesError::NotFound { .. } => ErrorCode::NotFound,
-            FilesError::Exists { .. } | FilesError::Upload { .. } => ErrorCode::Conflict,
+            FilesError::Exists { .. } | FilesError::NotEmpty { .. } | FilesError::Upload { .. } => {
+                ErrorCode::Conflict
+            }
             FilesError::Taken { .. } => ErrorCode::Conflict,
             FilesError::NoSpace { .. } | FilesError::UploadBudget { .. } => ErrorCode::Unavailable,
             FilesError::NoDescriptor { .. } => ErrorCode::Unsupported,
@@ -624,8 +644,17 @@ impl Files<'_> {
         self.fs_change(&r.agent_id, &r.session_id, r.scope, |root, _| {
             let (fp, fname) = parent_of(&root.fd, &from).map_err(|e| scoped(e, root.scope))?;
             let (tp, tname) = parent_of(&root.fd, &to).map_err(|e| scoped(e, root.scope))?;
-            rustix::fs::renameat(&fp, fname, &tp, tname)
-                .map_err(|e| FilesError::from_errno("move", from.shown, e))?;
+            rustix::fs::renameat(&fp, fname, &tp, tname).map_err(|e| match e {
+                // What is in the way is the target, not what moves.
+                rustix::io::Errno::ISDIR => FilesError::NotA {
+                    path: to.shown.into(),
+                    what: "a file (it is a directory: name the path inside it)",
+                },
+                rustix::io::Errno::NOTEMPTY | rustix::io::Errno::EXIST => FilesError::NotEmpty {
+                    path: to.shown.into(),
+                },
+                e => FilesError::from_errno("move", from.shown, e),
+            })?;
             stat(root, &to)
         })
     }

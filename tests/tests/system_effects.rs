@@ -1320,10 +1320,29 @@ fn a_session_deleted_during_an_observed_run_leaves_no_fence_on_its_name() {
     ctl(&["session", "create", "a", "x"]);
     ctl(&["agent", "create", "b"]);
     ctl(&["session", "create", "b", "s"]);
+    let list = |a: &str, s: &str| {
+        call(
+            &d,
+            Request::EffectsList(allox_protocol::EffectsList {
+                agent_id: a.into(),
+                session_id: s.into(),
+            }),
+        )
+    };
     for (a, s) in [("a", "x"), ("b", "s")] {
         let e = observed(&d, a, s, &["/bin/true"]);
         assert_eq!(e.verdict, EffectsVerdict::Consistent, "{a}/{s}: {e:#?}");
+        // The session made again lists its own run, not the deleted one's.
+        match list(a, s) {
+            Ok(Response::EffectsListing(l)) => {
+                let ids: Vec<_> = l.runs.iter().map(|r| r.run_id.as_str()).collect();
+                assert_eq!(ids, [e.run_id.as_str()], "{a}/{s}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
+    let none = list("a", "nope").expect_err("no such session");
+    assert_eq!(none.code, allox_protocol::ErrorCode::NotFound, "{none:?}");
 }
 
 #[test]

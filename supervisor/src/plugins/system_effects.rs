@@ -1521,6 +1521,16 @@ fn serve(st: &Started, req: &Request) -> Result<Response, PluginError> {
         }
         Request::EffectsList(l) => {
             check_ids(&[("agent_id", &l.agent_id), ("session_id", &l.session_id)])?;
+            // The session's own runs: none of a session that is not there,
+            // and not those of a deleted one whose name it took again (a
+            // session made again is another; their evidence is kept).
+            let made = match &st.store {
+                Some(store) => match store.session_created(&l.agent_id, &l.session_id) {
+                    Ok(ms) => ms,
+                    Err(e) => return Err(answered(e.code(), e.to_string())),
+                },
+                None => 0,
+            };
             let dir = st.dir.join(&l.agent_id).join(&l.session_id);
             let fence = st.fences.get(&l.agent_id, &l.session_id);
             let mut runs: Vec<EffectsEntry> = std::fs::read_dir(&dir)
@@ -1528,6 +1538,7 @@ fn serve(st: &Started, req: &Request) -> Result<Response, PluginError> {
                 .flatten()
                 .flatten()
                 .filter_map(|e| read_effects(&e.path()).ok())
+                .filter(|e| e.started_ms >= made)
                 .map(|e| EffectsEntry {
                     fenced: fence.as_ref().is_some_and(|f| f.run_id == e.run_id),
                     not_consistent: e

@@ -518,6 +518,25 @@ impl History {
                 }
             }
         }
+        // Maps no loaded program uses (PROBE without the LSM programs):
+        // still this history's, held by it.
+        for (_, m) in self.ebpf.maps() {
+            use aya::maps::Map;
+            let d = match m {
+                Map::Array(d)
+                | Map::HashMap(d)
+                | Map::LruHashMap(d)
+                | Map::PerCpuArray(d)
+                | Map::PerCpuHashMap(d)
+                | Map::RingBuf(d) => d,
+                _ => continue,
+            };
+            if let Ok(info) = d.info() {
+                if !o.maps.contains(&info.id()) {
+                    o.maps.push(info.id());
+                }
+            }
+        }
         o.links = aya::programs::loaded_links()
             .filter_map(Result::ok)
             .filter(|l| o.progs.contains(&l.program_id()))

@@ -65,7 +65,7 @@ fn start_beside(
     extra: &[&str],
 ) -> (ProcDaemon, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut args = plugin_args();
+    let mut args = scoped_args(dir.path(), scope);
     if extra.contains(&"--system-effects-verifier") {
         // Another verifier, given by the test.
         let at = args
@@ -74,8 +74,18 @@ fn start_beside(
             .expect("the verifier is pinned");
         args.drain(at..at + 4);
     }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    (ProcDaemon::start(name, &args), dir)
+}
+
+/// The daemon's arguments for the plugin: the pinned executables, `scope`
+/// (JSON) as its scope file (written in `dir`), and, on a kernel that
+/// refuses the history's BPF LSM programs, `--system-effects-without-lsm`.
+fn scoped_args(dir: &Path, scope: Option<&str>) -> Vec<String> {
+    let mut args = plugin_args();
     if let Some(s) = scope {
-        let p = dir.path().join("scope.json");
+        let p = dir.join("scope.json");
         std::fs::write(&p, s).unwrap();
         args.push("--system-effects-scope".into());
         args.push(p.display().to_string());
@@ -83,9 +93,7 @@ fn start_beside(
     if !kernel_runs_bpf_lsm() {
         args.push("--system-effects-without-lsm".into());
     }
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    (ProcDaemon::start(name, &args), dir)
+    args
 }
 
 /// The BPF links of the machine now (their ids).
@@ -1177,21 +1185,11 @@ fn the_daemon_s_own_guest_socket_is_no_change_of_a_run() {
     let guest = PathBuf::from(format!("{}.guest", d.daemon.socket.display()));
     assert!(guest.is_dir(), "{}", guest.display());
     let dir = tempfile::tempdir().unwrap();
-    let scope = dir.path().join("scope.json");
-    std::fs::write(
-        &scope,
-        format!(
-            r#"{{"domains": ["filesystem"], "paths": ["{}"]}}"#,
-            guest.display()
-        ),
-    )
-    .unwrap();
-    let mut args = plugin_args();
-    args.push("--system-effects-scope".into());
-    args.push(scope.display().to_string());
-    if !kernel_runs_bpf_lsm() {
-        args.push("--system-effects-without-lsm".into());
-    }
+    let scope = format!(
+        r#"{{"domains": ["filesystem"], "paths": ["{}"]}}"#,
+        guest.display()
+    );
+    let args = scoped_args(dir.path(), Some(&scope));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     d.restart(&args);
     make_sessions(&d, &[("a", "s")]);
@@ -1200,6 +1198,51 @@ fn the_daemon_s_own_guest_socket_is_no_change_of_a_run() {
         let fs = domain(&e, EffectsDomain::Filesystem);
         assert_eq!(fs.verdict, EffectsVerdict::Consistent, "{fs:#?}");
         assert_eq!(e.verdict, EffectsVerdict::Consistent, "{e:#?}");
+    }
+}
+
+/// Runs of several sessions observed at once, each with an observer of
+/// its own, new observers loading their programs (and aya's probes
+/// making and dropping maps) while the others capture, and each run's
+/// sysctl link made and dropped: no observer's object is ever a change
+/// of another's run. (Before, one round in two or so listed one as made
+/// or removed `by unknown`.)
+#[test]
+fn runs_observed_at_once_never_see_each_other_s_observers() {
+    let Some((d, _scope, _one)) = start(
+        "runs_observed_at_once_never_see_each_other_s_observers",
+        Some(r#"{"domains": ["bpf"]}"#),
+        &[],
+    ) else {
+        return;
+    };
+    let sessions = ["p1", "p2", "p3", "p4"];
+    make_sessions(&d, &sessions.map(|s| ("a", s)));
+    for round in 0..4 {
+        // Each started once the one before is (its A sealed): the next
+        // observer loads while the earlier runs live and end.
+        let mut c = d.daemon.client();
+        let runs: Vec<(&str, String)> = sessions
+            .iter()
+            .map(|&s| {
+                let p = process_start("a", s, &["/bin/sh", "-c", "sleep 0.2"]);
+                (s, started(&mut c, p))
+            })
+            .collect();
+        for (s, run) in runs {
+            let e = *waited(&d, "a", s, &run).effects.expect("effects");
+            let bpf = domain(&e, EffectsDomain::Bpf);
+            assert_eq!(
+                bpf.verdict,
+                EffectsVerdict::Consistent,
+                "round {round}, {s}: {bpf:#?}"
+            );
+            assert_eq!(
+                e.verdict,
+                EffectsVerdict::Consistent,
+                "round {round}, {s}: {e:#?}"
+            );
+        }
     }
 }
 
@@ -1216,14 +1259,7 @@ fn an_orderly_shutdown_ends_observed_runs_without_fencing_their_sessions() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let scope = dir.path().join("scope.json");
-    std::fs::write(&scope, SCOPE_MACHINE).unwrap();
-    let mut args = plugin_args();
-    args.push("--system-effects-scope".into());
-    args.push(scope.display().to_string());
-    if !kernel_runs_bpf_lsm() {
-        args.push("--system-effects-without-lsm".into());
-    }
+    let args = scoped_args(dir.path(), Some(SCOPE_MACHINE));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut d = ProcDaemon::start(name, &args);
     make_sessions(&d, &[("a", "s")]);
@@ -1722,17 +1758,17 @@ fn refused_attempts_are_in_the_history_and_a_root_helper_in_the_run_changes_each
     .unwrap();
     let e = *waited(&d, "a", "s", &run).effects.expect("effects");
     std::fs::write(host_key, host_was.trim()).unwrap();
+    let _ = std::fs::remove_file(&pin);
+    let _ = std::process::Command::new("umount").arg(&mnt).status();
+    if !mounted {
+        let _ = std::process::Command::new("umount").arg(bpffs).status();
+    }
     let host_change = domain(&e, EffectsDomain::Sysctl)
         .changes
         .iter()
         .find(|c| c.item == "vm.dirty_background_ratio")
         .unwrap_or_else(|| panic!("the machine's sysctl change is not listed: {e:#?}"));
     assert_eq!(host_change.by.by, By::Unknown, "{host_change:?}");
-    let _ = std::fs::remove_file(&pin);
-    let _ = std::process::Command::new("umount").arg(&mnt).status();
-    if !mounted {
-        let _ = std::process::Command::new("umount").arg(bpffs).status();
-    }
     let (pin, mnt) = (pin.display().to_string(), mnt.display().to_string());
     assert_eq!(escaped_wrong(&e, &pin, &mnt), None, "{e:#?}");
     let fs = domain(&e, EffectsDomain::Filesystem);

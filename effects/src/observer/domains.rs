@@ -205,11 +205,24 @@ pub fn capture(
         }
         EffectsDomain::Bpf => {
             // The observers' own objects (this one's and any other's) are
-            // not the machine's state.
+            // not the machine's state. Listed under the registry's lock,
+            // which an observer holds while it makes or drops objects of
+            // its own until they are listed or held; and told after the
+            // listing, so that every object listed that an observer holds
+            // is known as its own.
+            let listing = super::history::lock_registry(&begin.registry, false);
+            let mut c = collect::bpf::capture();
+            if !listing.held {
+                c.gap(format!(
+                    "bpf: the observers' registry {} stayed locked for {:?}: an object another observer was making or dropping may be listed",
+                    begin.registry.display(),
+                    super::history::LOCK_WAIT
+                ));
+            }
             let mut mine = super::history::registered(&begin.registry);
             mine.extend(own.iter().cloned());
-            mine.extend(held_by_observers(begin.supervisor_pid, &begin.registry));
-            let mut c = collect::bpf::capture();
+            let held = held_by_observers(begin.supervisor_pid, &begin.registry, &mine);
+            mine.extend(held);
             c.items.retain(|k, _| !mine.contains(k));
             c
         }
@@ -514,17 +527,24 @@ fn cgroup_root(begin: &Begin) -> &Path {
     &begin.cgroup_root
 }
 
-/// The BPF objects (`prog N`, `map N`, `link N`) that the other observers
-/// (those listed in `registry`, which each lists itself in before it loads
-/// anything, and that run from a sealed `allox-observe`) and the
-/// supervisor hold descriptors of now: an observer loading its programs
-/// while another captures makes and drops objects of its own, which are
-/// not the machine's state. (This observer's own are known without
-/// reading its descriptors: [`super::history::History::objects`].)
-fn held_by_observers(supervisor: u32, registry: &Path) -> HashSet<String> {
+/// The BPF objects (`prog N`, `map N`, `link N`) that the supervisor
+/// holds descriptors of now, and the links of the other observers' own
+/// programs (`registered`: a run's sysctl link, held from when it is made
+/// under the registry's lock) that they hold: not the machine's state.
+/// Another observer's other descriptors are not its own objects (its bpf
+/// capture opens each pinned object a moment). Objects an observer makes
+/// while it loads are made and listed under the registry's lock, which a
+/// capture waits for. (This observer's own are known without reading its
+/// descriptors: [`super::history::History::objects`].)
+fn held_by_observers(
+    supervisor: u32,
+    registry: &Path,
+    registered: &HashSet<String>,
+) -> HashSet<String> {
     let mut out = HashSet::new();
     let pids = super::history::listed_observers(registry);
     for pid in std::iter::once(supervisor).chain(pids) {
+        let observer = pid != supervisor;
         // Only BPF descriptors are read: an observer keeps a thousand
         // `/proc/sys` files open, at `KEPT_FD_BASE` and above, whose
         // `fdinfo` would cost a read each. A BPF descriptor up there (only
@@ -555,15 +575,31 @@ fn held_by_observers(supervisor: u32, registry: &Path) -> HashSet<String> {
                 f.file_name().to_string_lossy()
             ))
             .unwrap_or_default();
-            for l in info.lines() {
-                for (field, kind) in [
-                    ("prog_id:", "prog"),
-                    ("map_id:", "map"),
-                    ("link_id:", "link"),
-                ] {
-                    if let Some(id) = l.strip_prefix(field) {
-                        out.insert(format!("{kind} {}", id.trim()));
-                    }
+            let ids: Vec<String> = info
+                .lines()
+                .flat_map(|l| {
+                    [
+                        ("prog_id:", "prog"),
+                        ("map_id:", "map"),
+                        ("link_id:", "link"),
+                    ]
+                    .into_iter()
+                    .filter_map(move |(field, kind)| {
+                        l.strip_prefix(field)
+                            .map(|id| format!("{kind} {}", id.trim()))
+                    })
+                })
+                .collect();
+            let link = ids.iter().find(|k| k.starts_with("link "));
+            if !observer {
+                out.extend(ids.iter().cloned());
+            } else if let Some(link) = link {
+                // A link of one of its own programs.
+                if ids
+                    .iter()
+                    .any(|k| k.starts_with("prog ") && registered.contains(k))
+                {
+                    out.insert(link.clone());
                 }
             }
         }

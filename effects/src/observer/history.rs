@@ -27,6 +27,10 @@ impl Loaded {
     /// Loads the programs (with or without the BPF LSM hooks) and lists
     /// their objects in `registry` under this process's id.
     pub fn load(ring_bytes: u32, lsm: bool, registry: &std::path::Path) -> Result<Loaded, String> {
+        // Made, probed for and listed under the registry's lock: no other
+        // observer's capture lists an object of these until they are
+        // listed (aya's probes make and drop maps of their own on the way).
+        let _made = lock_registry(registry, true);
         // Listed first with no object: while it loads, the objects it makes
         // and drops are other observers' to leave out (they read the
         // descriptors of every observer listed).
@@ -63,6 +67,9 @@ impl Loaded {
 pub struct History {
     loaded: Option<Loaded>,
     tag: u64,
+    /// Where the observers list their objects (and lock while they make
+    /// or drop them).
+    registry: std::path::PathBuf,
     /// Whose run it is, for its process events.
     owner: (String, String, String),
     /// Wall-clock milliseconds at boot (the records' times are since boot).
@@ -107,11 +114,18 @@ impl History {
             .map_err(|e| format!("watch the run's cgroup: {}", chain(&e)))?;
         let cg = std::fs::File::open(&begin.cgroup)
             .map_err(|e| format!("open the run's cgroup {}: {e}", begin.cgroup.display()))?;
-        p.attach_sysctl(tag, &cg)
-            .map_err(|e| format!("attach the sysctl program: {}", chain(&e)))?;
+        {
+            // The run's sysctl link, made under the registry's lock: held
+            // by this observer from then on, which the others' captures
+            // read.
+            let _made = lock_registry(&begin.registry, true);
+            p.attach_sysctl(tag, &cg)
+                .map_err(|e| format!("attach the sysctl program: {}", chain(&e)))?;
+        }
         Ok(History {
             loaded: Some(loaded),
             tag,
+            registry: begin.registry.clone(),
             owner: (
                 begin.agent.clone(),
                 begin.session.clone(),
@@ -171,7 +185,12 @@ impl History {
         let l = self.loaded.as_mut().expect("checked above");
         let now = l.programs.counters();
         let mut note = None;
-        if let Err(e) = l.programs.unwatch(self.tag) {
+        // The run's sysctl link is dropped under the registry's lock.
+        let dropped = {
+            let _dropping = lock_registry(&self.registry, true);
+            l.programs.unwatch(self.tag)
+        };
+        if let Err(e) = dropped {
             // Programs that cannot stop watching are not used again.
             note = Some(format!("stop watching the run: {}", chain(&e)));
             self.loaded = None;
@@ -280,6 +299,62 @@ fn chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// The registry's lock ([`lock_registry`]), released when dropped.
+pub struct RegistryLock {
+    _file: Option<std::fs::File>,
+    /// Whether it was taken within [`LOCK_WAIT`].
+    pub held: bool,
+}
+
+/// The longest wait for the registry's lock: one held longer (by a
+/// process that is no observer: only root can) is not waited for.
+pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The file of the registry's lock: not an observer's list.
+const LOCK: &str = ".lock";
+
+/// Takes the registry's lock: shared by a bpf capture while it lists the
+/// kernel's objects and tells the observers' own, exclusive for an
+/// observer while it makes or drops objects of its own until they are
+/// listed or held (its programs' load, aya's probes among it; a run's
+/// sysctl link attached or detached). So a capture never lists an object
+/// that an observer made and has not listed yet, or is dropping. Without
+/// the lock file (a registry that cannot be written) nothing is held: the
+/// capture is then as without it.
+pub fn lock_registry(registry: &std::path::Path, exclusive: bool) -> RegistryLock {
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::create_dir_all(registry);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .mode(0o600)
+        .open(registry.join(LOCK))
+        .ok();
+    let op = if exclusive {
+        rustix::fs::FlockOperation::NonBlockingLockExclusive
+    } else {
+        rustix::fs::FlockOperation::NonBlockingLockShared
+    };
+    let until = std::time::Instant::now() + LOCK_WAIT;
+    let held = file.as_ref().is_some_and(|f| loop {
+        match rustix::fs::flock(f, op) {
+            Ok(()) => break true,
+            Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR)
+                if std::time::Instant::now() < until =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1))
+            }
+            Err(e) => {
+                eprintln!("allox-observe: cannot lock the observers' registry: {e}");
+                break false;
+            }
+        }
+    });
+    RegistryLock { _file: file, held }
+}
+
 /// Lists BPF objects (ids) as `name`'s in `registry`: every observer's
 /// bpf capture leaves out the objects listed there. A file is never
 /// removed while its objects may still be loaded (the kernel frees a
@@ -322,6 +397,11 @@ pub fn registered(registry: &std::path::Path) -> std::collections::HashSet<Strin
     };
     let mut out = std::collections::HashSet::new();
     for e in std::fs::read_dir(registry).into_iter().flatten().flatten() {
+        // The lock is no list (and is never removed: its holders would
+        // lock nothing).
+        if e.file_name() == LOCK {
+            continue;
+        }
         let text = std::fs::read_to_string(e.path()).unwrap_or_default();
         let keys: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
         // Whether its observer runs is read only for a file that would

@@ -904,12 +904,15 @@ impl Plugin for SystemEffects {
         }
         // What the observer will load, loaded once here: a kernel that
         // refuses it stops the daemon now, naming what it lacks.
+        let registry = PathBuf::from(OBSERVERS);
+        // Loaded and listed under the observers' registry lock, as an
+        // observer loads: no observer's capture lists them meanwhile.
+        let made = allox_effects::observer::history::lock_registry(&registry, true);
         let probe = if es.without_lsm {
             allox_ebpf_probes::History::load_without_lsm(4096)
         } else {
             allox_ebpf_probes::History::load(4096)
         };
-        let registry = PathBuf::from(OBSERVERS);
         if let Ok(h) = &probe {
             // Its objects outlive the drop by a moment: listed, so that
             // no observer counts them.
@@ -922,6 +925,7 @@ impl Plugin for SystemEffects {
                 &o.links,
             );
         }
+        drop(made);
         if let Err(e) = probe {
             let hint = if es.without_lsm {
                 ""

@@ -553,8 +553,10 @@ pub fn download_via(
             let base = e.path.trim_end_matches('/').to_string();
             // Listed [`LIST_DEPTH`] levels at a time: a directory at the
             // last level listed is listed again from there, so a deeper
-            // tree comes out whole.
-            let mut dirs = vec![from.path.clone()];
+            // tree comes out whole. Each listed by the path the daemon
+            // names it by (as `fs.stat` answered for the first), which its
+            // entries' paths begin with.
+            let mut dirs = vec![base.clone()];
             while let Some(dir) = dirs.pop() {
                 let listing = match ask(
                     c,

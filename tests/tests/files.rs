@@ -319,6 +319,8 @@ fn cp_copies_deep_trees_whole_and_refuses_names_a_session_cannot_hold() {
     for (args, at) in [
         (vec!["cp", "a/s:top"], "live"),
         (vec!["cp", "--checkpoint", "c1", "a/s:top"], "checkpoint"),
+        // The same tree named another way: each file once.
+        (vec!["cp", "a/s:./top/"], "named-otherwise"),
     ] {
         if at == "checkpoint" {
             ctl_ok(&d, &["checkpoint", "create", "a", "s", "c1"]);

@@ -36,6 +36,7 @@
 //! answer's bounds.
 
 mod contents;
+pub use contents::{path_xattrs, Xattrs};
 mod hunks;
 mod listing;
 mod names;

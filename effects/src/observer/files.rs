@@ -272,49 +272,25 @@ fn special(kind: u32, mode: u32, rdev: u64) -> String {
 }
 
 /// ` xattrs SHA256` of `p`'s extended attributes (not followed through a
-/// symlink), each `name NUL value NUL` in name order; empty when it has
-/// none, or they cannot be listed (` xattrs ?`).
+/// symlink; read as the store's diff reads them,
+/// [`allox_store::diff::path_xattrs`]), each `name NUL value NUL` in name
+/// order; empty when it has none or is gone (a gone path is described by
+/// what else is known of it), ` xattrs ?` when they cannot be read.
 pub fn xattrs(p: &Path) -> String {
-    let mut names = vec![0u8; 1024];
-    let n = loop {
-        match rustix::fs::llistxattr(p, &mut names) {
-            Ok(n) => break n,
-            Err(rustix::io::Errno::RANGE) if names.len() < 1 << 20 => {
-                names.resize(names.len() * 4, 0)
-            }
-            // None kept here, or nothing there (a gone path is described
-            // by what else is known of it).
-            Err(rustix::io::Errno::NOTSUP | rustix::io::Errno::NOENT) => return String::new(),
-            Err(_) => return " xattrs ?".into(),
-        }
+    let list = match allox_store::diff::path_xattrs(p) {
+        Ok(list) => list,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return String::new(),
+        Err(_) => return " xattrs ?".into(),
     };
-    let mut list: Vec<&[u8]> = names[..n]
-        .split(|&b| b == 0)
-        .filter(|x| !x.is_empty())
-        .collect();
     if list.is_empty() {
         return String::new();
     }
-    list.sort_unstable();
     use sha2::Digest;
     let mut h = sha2::Sha256::new();
-    let mut value = vec![0u8; 4096];
-    for name in list {
-        let Ok(cname) = std::ffi::CString::new(name) else {
-            return " xattrs ?".into();
-        };
-        let len = loop {
-            match rustix::fs::lgetxattr(p, cname.as_c_str(), &mut value) {
-                Ok(len) => break len,
-                Err(rustix::io::Errno::RANGE) if value.len() < 1 << 20 => {
-                    value.resize(value.len() * 4, 0)
-                }
-                Err(_) => return " xattrs ?".into(),
-            }
-        };
+    for (name, value) in &list {
         h.update(name);
         h.update([0]);
-        h.update(&value[..len]);
+        h.update(value);
         h.update([0]);
     }
     format!(" xattrs {:x}", h.finalize())

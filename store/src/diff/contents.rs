@@ -130,13 +130,41 @@ pub fn compare(
 }
 
 /// Extended attributes: (name, value), sorted by name.
-type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+pub type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
 
 /// The extended attributes of an open file; reading them is taken from
 /// `budget` (`None` when it ran out).
 fn xattrs(f: &OwnedFd, budget: &mut u64) -> io::Result<Option<Xattrs>> {
+    xattrs_with(
+        |names| fs::flistxattr(f, names),
+        |name, value| fs::fgetxattr(f, name, value),
+        budget,
+    )
+}
+
+/// The extended attributes of what is at `path`, not followed through a
+/// symlink (a FIFO's or a device's too, which are never opened): all of
+/// them, sorted by name.
+pub fn path_xattrs(path: &std::path::Path) -> io::Result<Xattrs> {
+    let mut unlimited = u64::MAX;
+    let all = xattrs_with(
+        |names| fs::llistxattr(path, names),
+        |name, value| fs::lgetxattr(path, name, value),
+        &mut unlimited,
+    )?;
+    Ok(all.unwrap_or_default())
+}
+
+/// The extended attributes `list` names and `get` reads, sorted by name;
+/// reading them is taken from `budget` (`None` when it ran out). None
+/// where the file system keeps none.
+fn xattrs_with(
+    list: impl Fn(&mut [u8]) -> rustix::io::Result<usize>,
+    get: impl Fn(&std::ffi::CStr, &mut [u8]) -> rustix::io::Result<usize>,
+    budget: &mut u64,
+) -> io::Result<Option<Xattrs>> {
     let mut names = vec![0u8; XATTR_MAX];
-    let n = match fs::flistxattr(f, &mut names) {
+    let n = match list(&mut names) {
         Ok(n) => n,
         Err(Errno::OPNOTSUPP) => return Ok(Some(Vec::new())),
         Err(e) => return Err(e.into()),
@@ -145,7 +173,7 @@ fn xattrs(f: &OwnedFd, budget: &mut u64) -> io::Result<Option<Xattrs>> {
     for name in names[..n].split(|&c| c == 0).filter(|n| !n.is_empty()) {
         let mut value = vec![0u8; XATTR_MAX];
         let cname = std::ffi::CString::new(name).map_err(|_| Errno::INVAL)?;
-        let len = match fs::fgetxattr(f, cname.as_c_str(), &mut value) {
+        let len = match get(cname.as_c_str(), &mut value) {
             Ok(len) => len,
             // Removed since it was listed: changed while compared.
             Err(Errno::NODATA) => continue,

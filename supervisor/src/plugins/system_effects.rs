@@ -135,6 +135,43 @@ impl Drop for Beginning<'_> {
     }
 }
 
+/// A v3 baseline made and pinned for a run that may yet be refused: a
+/// refusal (the observation failing at start) runs nothing, so the
+/// baseline is unpinned and deleted when this is dropped, unless `kept`
+/// (the run is going).
+struct MadeBaseline<'a> {
+    store: Option<&'a Arc<allox_store::Store>>,
+    agent: &'a str,
+    session: &'a str,
+    checkpoint: Option<String>,
+}
+
+impl MadeBaseline<'_> {
+    fn keep(&mut self) {
+        self.checkpoint = None;
+    }
+}
+
+impl Drop for MadeBaseline<'_> {
+    fn drop(&mut self) {
+        let (Some(store), Some(c)) = (self.store, self.checkpoint.take()) else {
+            return;
+        };
+        let gone = store
+            .checkpoint_pin(self.agent, self.session, &c, false)
+            .and_then(|_| store.checkpoint_delete(self.agent, self.session, &c));
+        if let Err(e) = gone {
+            tracing::warn!(
+                agent = self.agent,
+                session = self.session,
+                checkpoint = c,
+                error = %e.chain(),
+                "cannot delete the v3 baseline of a refused run"
+            );
+        }
+    }
+}
+
 /// What a run's `pending` marker holds: enough for a later supervisor to
 /// leave nothing half-done.
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -1055,6 +1092,15 @@ impl Plugin for SystemEffects {
             Some(rec) => Some(st.plan_recovery(r, rec)?),
             None => None,
         };
+        let mut made = MadeBaseline {
+            store: st.store.as_ref(),
+            agent: r.agent,
+            session: r.session,
+            checkpoint: recovery
+                .as_ref()
+                .filter(|p| p.baseline_made)
+                .map(|p| p.checkpoint_id.clone()),
+        };
         // What a later supervisor needs, written once the observer is known.
         let mut pending = Pending {
             cgroup: Some(run.cgroup.to_path_buf()),
@@ -1164,6 +1210,7 @@ impl Plugin for SystemEffects {
                 return Err(fault(why, ""));
             }
         };
+        made.keep();
         let observer = Arc::new(Mutex::new(Some(obs)));
         let lost = Arc::new(Mutex::new(None));
         let watching = watch(observer.clone(), lost.clone(), run.cgroup.to_path_buf());

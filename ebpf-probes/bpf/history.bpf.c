@@ -210,13 +210,19 @@ struct hrec {
 	__u32 ppid;    // parent's tgid (0 when unknown: sysctl records)
 	__s64 ret;     // syscall: return value; exit: wait status
 	__s32 nr;      // syscall number, -1 for the others
-	__u32 flags;   // file_open: f_flags; sysctl: 1 when a write
+	__u32 flags;   // file_open: f_flags; sysctl: 1 when a write;
+		       // syscall: TEXT1_UNREAD | TEXT2_UNREAD
 	__u64 args[NARGS]; // fork, exec, exit: [0] the pid and [1] the
 			   // parent's in the process's own pid namespace
 	char comm[16];
 	char str1[STR1_LEN];
 	char str2[STR2_LEN];
 };
+
+// A syscall record's flags: a string argument that could not be read
+// (its text is empty, not the empty string).
+#define TEXT1_UNREAD 1
+#define TEXT2_UNREAD 2
 
 #define SHORT_RECORD __builtin_offsetof(struct hrec, str1)
 #define FULL_RECORD sizeof(struct hrec)
@@ -233,7 +239,8 @@ _Static_assert(sizeof(struct hrec) == 504, "hrec layout");
 struct inflight {
 	__u64 tag;
 	__s32 nr;
-	__u32 has_text;
+	__u16 has_text;
+	__u16 unread; // TEXT1_UNREAD | TEXT2_UNREAD
 	__u64 args[NARGS];
 	char str1[STR1_LEN];
 	char str2[STR2_LEN];
@@ -638,15 +645,21 @@ int BPF_PROG(history_exit, struct task_struct *p)
 
 // ------------------------------------------------------------- syscalls
 
-static __always_inline void user_str(char *dst, __u32 len, struct inflight *f,
-				     __u8 idx)
+// Copies the user string argument `idx` of `args` (eight slots, the last
+// two 0) into `dst`; `unread` if it is a string argument that could not
+// be read, 0 otherwise.
+static __always_inline __u16 user_str(char *dst, __u32 len, const __u64 *args,
+				      __u8 idx, __u16 unread)
 {
 	if (idx < NARGS) {
-		const char *src = (const char *)f->args[idx & 7];
+		const char *src = (const char *)args[idx & 7];
 		if (bpf_probe_read_user_str(dst, len, src) >= 0)
-			return;
+			return 0;
+		dst[0] = 0;
+		return unread;
 	}
 	dst[0] = 0;
+	return 0;
 }
 
 SEC("tp_btf/sys_enter")
@@ -686,8 +699,10 @@ int BPF_PROG(history_sys_enter, struct pt_regs *regs, long id)
 	f->args[5] = BPF_CORE_READ(regs, r9);
 	__u8 s1 = sp->str1, s2 = sp->str2;
 	f->has_text = s1 < NARGS || s2 < NARGS;
-	user_str(f->str1, sizeof(f->str1), f, s1);
-	user_str(f->str2, sizeof(f->str2), f, s2);
+	__u64 a[8] = {f->args[0], f->args[1], f->args[2],
+		      f->args[3], f->args[4], f->args[5]};
+	f->unread = user_str(f->str1, sizeof(f->str1), a, s1, TEXT1_UNREAD) |
+		    user_str(f->str2, sizeof(f->str2), a, s2, TEXT2_UNREAD);
 	__u64 key = bpf_get_current_pid_tgid();
 	bpf_map_update_elem(&INFLIGHT, &key, f, BPF_ANY);
 	return 0;
@@ -701,6 +716,16 @@ static __always_inline void syscall_record(struct hrec *r, struct inflight *f,
 	r->ret = ret;
 	for (int i = 0; i < NARGS; i++)
 		r->args[i] = f->args[i];
+}
+
+static __always_inline void refused_record(struct hrec *r, __u64 tag, __u32 nr,
+					   long ret, const __u64 *a)
+{
+	head_task(r, K_SYSCALL, tag);
+	r->nr = nr;
+	r->ret = ret;
+	for (int i = 0; i < NARGS; i++)
+		r->args[i] = a[i];
 }
 
 SEC("tp_btf/sys_exit")
@@ -733,19 +758,28 @@ int BPF_PROG(history_sys_exit, struct pt_regs *regs, long ret)
 		// A recorded call refused before it began (by the sandbox's
 		// seccomp filter, which runs before sys_enter): recorded here,
 		// its arguments from the caller's registers, which the refusal
-		// left as they were; no text.
+		// left as they were, and its strings read from them now (the
+		// call did nothing, so they are what it was given).
+		__u64 a[8] = {BPF_CORE_READ(regs, di), BPF_CORE_READ(regs, si),
+			      BPF_CORE_READ(regs, dx), BPF_CORE_READ(regs, r10),
+			      BPF_CORE_READ(regs, r8), BPF_CORE_READ(regs, r9)};
+		__u8 s1 = sp->str1, s2 = sp->str2;
+		if (s1 < NARGS || s2 < NARGS) {
+			struct hrec *r = reserve(FULL_RECORD);
+			if (!r)
+				return 0;
+			refused_record(r, *t, nr, ret, a);
+			r->flags = user_str(r->str1, sizeof(r->str1), a, s1,
+					    TEXT1_UNREAD) |
+				   user_str(r->str2, sizeof(r->str2), a, s2,
+					    TEXT2_UNREAD);
+			bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+			return 0;
+		}
 		struct hrec *r = reserve(SHORT_RECORD);
 		if (!r)
 			return 0;
-		head_task(r, K_SYSCALL, *t);
-		r->nr = nr;
-		r->ret = ret;
-		r->args[0] = BPF_CORE_READ(regs, di);
-		r->args[1] = BPF_CORE_READ(regs, si);
-		r->args[2] = BPF_CORE_READ(regs, dx);
-		r->args[3] = BPF_CORE_READ(regs, r10);
-		r->args[4] = BPF_CORE_READ(regs, r8);
-		r->args[5] = BPF_CORE_READ(regs, r9);
+		refused_record(r, *t, nr, ret, a);
 		bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
 		return 0;
 	}
@@ -753,6 +787,7 @@ int BPF_PROG(history_sys_exit, struct pt_regs *regs, long ret)
 		struct hrec *r = reserve(FULL_RECORD);
 		if (r) {
 			syscall_record(r, f, ret);
+			r->flags = f->unread;
 			__builtin_memcpy(r->str1, f->str1, sizeof(r->str1));
 			__builtin_memcpy(r->str2, f->str2, sizeof(r->str2));
 			bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);

@@ -17,7 +17,8 @@
 //! |     36 |    4 | `ppid`    | the parent's process id (0: unknown, sysctl records)        |
 //! |     40 |    8 | `ret`     | syscall: return value; exit: wait status                   |
 //! |     48 |    4 | `nr`      | syscall number, -1 for the other kinds                     |
-//! |     52 |    4 | `flags`   | file_open: `f_flags`; sysctl: 1 for a write                |
+//! |     52 |    4 | `flags`   | file_open: `f_flags`; sysctl: 1 for a write; syscall: a    |
+//! |        |      |           | string argument not read ([`TEXT1_UNREAD`], [`TEXT2_UNREAD`]) |
 //! |     56 |   48 | `args`    | six u64 arguments (per kind)                               |
 //! |    104 |   16 | `comm`    | command name, NUL padded                                   |
 //! |    120 |  256 | `str1`    | first text, NUL terminated (full records only)             |
@@ -47,6 +48,26 @@ pub struct HistoryRecordRaw {
     pub comm: [u8; 16],
     pub str1: [u8; 256],
     pub str2: [u8; 128],
+}
+
+/// A syscall record's `flags`: its first string argument could not be read
+/// (a bad pointer, or a page not present: its text is empty, which is not
+/// the empty string).
+pub const TEXT1_UNREAD: u32 = 1;
+/// A syscall record's `flags`: its second string argument could not be
+/// read.
+pub const TEXT2_UNREAD: u32 = 2;
+
+/// A string argument as a call's line shows it: quoted, `NULL`, or its
+/// address and that it was not read.
+fn text_arg(text: &str, ptr: u64, unread: bool) -> String {
+    if unread && ptr == 0 {
+        "NULL".into()
+    } else if unread {
+        format!("{ptr:#x} (not read)")
+    } else {
+        format!("{text:?}")
+    }
 }
 
 /// Size of a record without text.
@@ -303,9 +324,9 @@ impl HistoryRecord {
         for i in 0..spec.nargs {
             let v = self.args[usize::from(i)];
             args.push(if spec.str1 == Some(i) {
-                format!("{:?}", self.text)
+                text_arg(&self.text, v, self.flags & TEXT1_UNREAD != 0)
             } else if spec.str2 == Some(i) {
-                format!("{:?}", self.text2)
+                text_arg(&self.text2, v, self.flags & TEXT2_UNREAD != 0)
             } else if i == 0 && spec.name == "bpf" {
                 syscalls::bpf_cmd(v).map_or(v.to_string(), str::to_owned)
             } else if i == 0 && spec.name == "socket" {
@@ -436,6 +457,32 @@ mod tests {
         assert_eq!(p.ppid, Some(99));
         assert!(p.refused);
         assert_eq!(p.detail.as_deref(), Some(d.as_str()));
+    }
+
+    #[test]
+    fn a_string_argument_not_read_shows_its_address_not_an_empty_string() {
+        let mut b = record(
+            4,
+            165,
+            -1,
+            [0, 0x7ff0_0000, 0x7ff1_0000, 0, 0, 0],
+            Some(("", "tmpfs")),
+        );
+        b[52..56].copy_from_slice(&TEXT1_UNREAD.to_ne_bytes());
+        let d = HistoryRecord::decode(&b).unwrap().detail();
+        assert!(
+            d.starts_with("mount(0, 0x7ff00000 (not read), \"tmpfs\", 0, 0) = -1 ("),
+            "{d}"
+        );
+        // No string at all.
+        b[64..72].copy_from_slice(&0u64.to_ne_bytes());
+        let d = HistoryRecord::decode(&b).unwrap().detail();
+        assert!(d.starts_with("mount(0, NULL, \"tmpfs\""), "{d}");
+        b[64..72].copy_from_slice(&0x7ff0_0000u64.to_ne_bytes());
+        // Read, and empty: the empty string.
+        b[52..56].copy_from_slice(&0u32.to_ne_bytes());
+        let d = HistoryRecord::decode(&b).unwrap().detail();
+        assert!(d.starts_with("mount(0, \"\", \"tmpfs\", 0, 0)"), "{d}");
     }
 
     #[test]

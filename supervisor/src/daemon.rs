@@ -280,18 +280,9 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
             // The runs first, each settled (an observed one's B captured
             // while its session's context lives): a shutdown is not a
             // fault of their observation. Then the rest.
-            let ended = match tokio::task::spawn_blocking({
-                let runs = runs.clone();
-                move || runs.end_live_runs(std::time::Duration::from_secs(30))
-            })
-            .await
-            {
-                Ok(n) => n,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot end the runs before the shutdown");
-                    0
-                }
-            };
+            let ended = runs
+                .end_live_runs(std::time::Duration::from_secs(30))
+                .await;
             tracing::info!(runs = ended, "runs ended");
             match tokio::task::spawn_blocking(move || runs.kill_tree(&base, false)).await {
                 Ok(Ok(n)) => tracing::info!(killed = n, "sessions' processes killed"),

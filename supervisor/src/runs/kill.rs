@@ -54,11 +54,12 @@ impl Runs {
 
     /// Kills every run that has not ended, each in its own cgroup only
     /// (the sessions' contexts stay: an observed run's end captures the
-    /// session's namespaces through its context), and waits (blocking) up
-    /// to `limit` for each one's end to be settled: its result published,
-    /// after its observation closed. How many there were. An orderly
-    /// shutdown calls it before it kills the rest.
-    pub fn end_live_runs(&self, limit: Duration) -> usize {
+    /// session's namespaces through its context), and waits up to `limit`
+    /// for each one's end to be settled: its result published, after its
+    /// observation closed (woken by the publication, not by polling). How
+    /// many there were. An orderly shutdown calls it before it kills the
+    /// rest.
+    pub async fn end_live_runs(&self, limit: Duration) -> usize {
         let live: Vec<_> = self
             .table
             .lock()
@@ -72,18 +73,32 @@ impl Runs {
                 )
             })
             .collect();
-        for (dir, _) in &live {
-            if let Err(e) = self.cgroups.kill(dir, Duration::from_secs(10)) {
-                tracing::warn!(error = %e, dir = %dir.display(), "cannot kill a run at shutdown");
+        let n = live.len();
+        let (dirs, ended): (Vec<_>, Vec<_>) = live.into_iter().unzip();
+        let cg = self.cgroups.clone();
+        let killed = tokio::task::spawn_blocking(move || {
+            for dir in &dirs {
+                if let Err(e) = cg.kill(dir, Duration::from_secs(10)) {
+                    tracing::warn!(error = %e, dir = %dir.display(), "cannot kill a run at shutdown");
+                }
             }
+        });
+        if let Err(e) = killed.await {
+            tracing::warn!(error = %e, "cannot kill the runs at shutdown");
         }
-        let until = std::time::Instant::now() + limit;
-        for (_, ended) in &live {
-            while ended.borrow().is_none() && std::time::Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(10));
+        let settled = async {
+            for mut rx in ended {
+                // An error: the run's record is gone, its end with it.
+                let _ = rx.wait_for(Option::is_some).await;
             }
+        };
+        if tokio::time::timeout(limit, settled).await.is_err() {
+            tracing::warn!(
+                limit_s = limit.as_secs(),
+                "runs not settled within the limit at shutdown"
+            );
         }
-        live.len()
+        n
     }
 
     /// Kills everything in `dir` (a session's or an agent's cgroup) and

@@ -1165,6 +1165,34 @@ fn a_run_whose_observation_fails_at_start_is_shown_and_its_root_is_its_own() {
         roots.push(got.evidence_root);
     }
     assert_ne!(roots[0], roots[1], "two runs' faults share a root");
+    // Under protocol v3 the baseline is made and pinned before the
+    // observer is asked: refused, the run ran nothing, and its baseline is
+    // gone with it (else a pinned checkpoint nobody made would stand in
+    // the way of the session's delete).
+    make_sessions(&d, &[("a", "v")]);
+    let mut p = process_start("a", "v", &["/bin/true"]);
+    p.recovery = Some(Box::new(recovery(None, false, true)));
+    let e = call(&d, Request::ProcessStart(p)).expect_err("refused under v3 too");
+    assert_eq!(e.code, allox_protocol::ErrorCode::Unavailable, "{e:?}");
+    match call(
+        &d,
+        Request::CheckpointList(allox_protocol::SessionRef {
+            agent_id: "a".into(),
+            session_id: "v".into(),
+        }),
+    ) {
+        Ok(Response::Checkpoints(l)) => assert!(l.checkpoints.is_empty(), "{l:?}"),
+        other => panic!("checkpoint.list: {other:?}"),
+    }
+    call(
+        &d,
+        Request::SessionDelete(allox_protocol::SessionDelete {
+            agent_id: "a".into(),
+            session_id: "v".into(),
+            force: false,
+        }),
+    )
+    .expect("a fenced session with no pinned checkpoint is deleted without force");
 }
 
 /// The daemon's own per-run guest socket (`<socket>.guest/RUN/sock`,
@@ -1632,6 +1660,16 @@ fn attempts_wrong(h: &[allox_protocol::HistoryRecord]) -> Option<String> {
         if !refused(call) {
             return Some(format!("no refused {call} in the history"));
         }
+    }
+    // A call the sandbox refuses before it begins shows the strings it
+    // was given, as one refused later does.
+    let mount = h.iter().find_map(|r| {
+        r.detail
+            .as_deref()
+            .filter(|d| r.refused && d.starts_with("mount("))
+    });
+    if let Some(d) = mount.filter(|d| !d.contains(r#""/tmp", "tmpfs""#)) {
+        return Some(format!("the refused mount's strings are not shown: {d}"));
     }
     let netlink = h.iter().any(|r| {
         r.kind == "syscall"

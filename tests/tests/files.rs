@@ -365,6 +365,104 @@ fn cp_copies_deep_trees_whole_and_refuses_names_a_session_cannot_hold() {
     assert_eq!(std::fs::read(cur.join("odd/fine/ok")).unwrap(), b"ok");
 }
 
+/// A sparse file of 1 GiB holding 11 bytes: what `path` must be after a
+/// copy, its holes included.
+fn sparse(path: &Path) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::create(path).unwrap();
+    f.set_len(1 << 30).unwrap();
+    f.write_all_at(b"head", 0).unwrap();
+    f.write_all_at(b"middle", 500_000_000).unwrap();
+}
+
+/// Whether `path` is [`sparse`]'s file: its size, its bytes where they
+/// were written (and zeros beside them), and no more than 1 MiB of disk.
+fn is_sparse_copy(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let m = f.metadata().unwrap();
+    let at = |off: u64, n: usize| {
+        let mut b = vec![0xffu8; n];
+        f.read_exact_at(&mut b, off).map(|()| b).unwrap_or_default()
+    };
+    let (head, mid, last) = (at(0, 8), at(499_999_998, 10), at((1 << 30) - 4, 4));
+    if m.len() != 1 << 30 || head != b"head\0\0\0\0" || mid != b"\0\0middle\0\0" || last != [0; 4] {
+        return Err(format!(
+            "{}: size {}, {head:?} {mid:?} {last:?}",
+            path.display(),
+            m.len()
+        ));
+    }
+    let disk = m.blocks() * 512;
+    if disk > 1 << 20 {
+        return Err(format!(
+            "{}: its holes were filled: {disk} bytes on disk",
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
+/// `alloxctl cp` keeps a sparse file sparse both ways (an agent's 1 GiB
+/// file of a few bytes is not a gigabyte on the host, nor one on the
+/// store), whatever the filesystem on the other side.
+#[test]
+fn cp_keeps_a_sparse_file_sparse_both_ways() {
+    let Some(d) = setup("cp_sparse", &[], 1024) else {
+        return;
+    };
+    let cur = current(&d);
+    sparse(&cur.join("sparse"));
+    is_sparse_copy(&cur.join("sparse")).expect("the test's own file");
+    let out = tempfile::tempdir_in("/var/tmp").unwrap();
+    for (i, from) in ["a/s:sparse", "--checkpoint"].into_iter().enumerate() {
+        let dst = out.path().join(format!("out-{i}"));
+        let dst_s = dst.display().to_string();
+        let args: Vec<&str> = if from == "--checkpoint" {
+            ctl_ok(&d, &["checkpoint", "create", "a", "s", "c1"]);
+            vec!["cp", "--checkpoint", "c1", "a/s:sparse", &dst_s]
+        } else {
+            vec!["cp", from, &dst_s]
+        };
+        ctl_ok(&d, &args);
+        if let Err(e) = is_sparse_copy(&dst) {
+            panic!("out of the session ({from}): {e}");
+        }
+    }
+    // Into the session: from the host's filesystem, and onto a file that
+    // was there.
+    let local = out.path().join("local");
+    sparse(&local);
+    for to in ["back", "sparse"] {
+        ctl_ok(&d, &["cp", local.to_str().unwrap(), &format!("a/s:{to}")]);
+        if let Err(e) = is_sparse_copy(&cur.join(to)) {
+            panic!("into the session ({to}): {e}");
+        }
+    }
+    // A file that is all hole stays all hole.
+    std::fs::File::create(cur.join("holes"))
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let holes = out.path().join("holes");
+    ctl_ok(&d, &["cp", "a/s:holes", holes.to_str().unwrap()]);
+    {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(&holes).unwrap();
+        assert!(m.len() == 1 << 30 && m.blocks() == 0, "{m:?}");
+    }
+    // A file that is all data is copied whole (one extent).
+    std::fs::write(&local, vec![7u8; 3 << 20]).unwrap();
+    ctl_ok(&d, &["cp", local.to_str().unwrap(), "a/s:dense"]);
+    assert_eq!(
+        std::fs::read(cur.join("dense")).unwrap(),
+        vec![7u8; 3 << 20]
+    );
+    let dense = out.path().join("dense");
+    ctl_ok(&d, &["cp", "a/s:dense", dense.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&dense).unwrap(), vec![7u8; 3 << 20]);
+}
+
 #[test]
 fn paths_never_leave_their_scope_whatever_the_sandbox_plants_or_swaps() {
     let Some(d) = setup("files_scope", &[], 1024) else {

@@ -69,22 +69,83 @@ pub(super) fn passed(action: &'static str, use_: Use) -> Result<OwnedFd, FilesEr
 }
 
 /// Copies all of `src`, from its start, to `dst` from its start; `dst`
-/// is empty. Returns the bytes copied and how.
+/// is empty. Only `src`'s data is copied, extent by extent (`SEEK_DATA`,
+/// `SEEK_HOLE`): its holes stay holes, so a sparse file stays sparse.
+/// Returns the size `dst` is left with and how its bytes moved.
 pub(super) fn copy_whole(
     src: &OwnedFd,
     dst: &OwnedFd,
     shown: &str,
 ) -> Result<(u64, CopiedBy), FilesError> {
+    use rustix::fs::SeekFrom;
     let size = rustix::fs::fstat(src)
         .map_err(|e| FilesError::from_errno("stat", shown, e))?
         .st_size as u64;
     if rustix::fs::ioctl_ficlone(dst, src).is_ok() {
         return Ok((size, CopiedBy::Reflink));
     }
-    let (mut from, mut to) = (0u64, 0u64);
+    let mut by = None;
+    let mut at = 0u64;
     loop {
-        match rustix::fs::copy_file_range(src, Some(&mut from), dst, Some(&mut to), 1 << 30) {
-            Ok(0) => return Ok((to, CopiedBy::CopyFileRange)),
+        let data = match rustix::fs::seek(src, SeekFrom::Data(at)) {
+            Ok(d) => d,
+            // No data from `at` on: the rest is a hole.
+            Err(Errno::NXIO) => break,
+            // A file that cannot tell its holes: all data.
+            Err(Errno::INVAL | Errno::OPNOTSUPP) => at,
+            Err(e) => return Err(FilesError::from_errno("seek", shown, e)),
+        };
+        let hole = match rustix::fs::seek(src, SeekFrom::Hole(data)) {
+            Ok(h) => Some(h),
+            Err(Errno::NXIO | Errno::INVAL | Errno::OPNOTSUPP) => None,
+            Err(e) => return Err(FilesError::from_errno("seek", shown, e)),
+        };
+        let (end, how) = copy_extent(src, dst, data, hole, shown)?;
+        if by != Some(CopiedBy::Sendfile) {
+            by = Some(how);
+        }
+        at = end;
+        // The end of the file (to EOF without a hole, or an extent that
+        // ended short: the file was cut meanwhile).
+        if hole.is_none_or(|h| end < h) {
+            break;
+        }
+    }
+    // A file that ends in a hole ends where its size says.
+    let size = rustix::fs::fstat(src)
+        .map_err(|e| FilesError::from_errno("stat", shown, e))?
+        .st_size as u64;
+    let size = size.max(at);
+    // No data at all: how the kernel would have moved it, asked at its
+    // end (so nothing is copied).
+    let by = match by {
+        Some(by) => by,
+        None => copy_extent(src, dst, size, None, shown)?.1,
+    };
+    rustix::fs::ftruncate(dst, size).map_err(|e| FilesError::from_errno("resize", shown, e))?;
+    Ok((size, by))
+}
+
+/// `src`'s bytes from `from` to `until` (`None`: to its end; fewer if it
+/// ends first) to the same offsets of `dst`: `copy_file_range`, else
+/// `sendfile`. Where it stopped, and how.
+fn copy_extent(
+    src: &OwnedFd,
+    dst: &OwnedFd,
+    mut from: u64,
+    until: Option<u64>,
+    shown: &str,
+) -> Result<(u64, CopiedBy), FilesError> {
+    let want = |from: u64| {
+        until.map_or(1 << 30, |u| {
+            usize::try_from(u - from).unwrap_or(usize::MAX).min(1 << 30)
+        })
+    };
+    let mut to = from;
+    while until.is_none_or(|u| from < u) {
+        let n = want(from);
+        match rustix::fs::copy_file_range(src, Some(&mut from), dst, Some(&mut to), n) {
+            Ok(0) => return Ok((from, CopiedBy::CopyFileRange)),
             Ok(_) | Err(Errno::INTR) => {}
             // Filesystems (or pairs of them) the kernel does not copy
             // between: sendfile, from where it stopped.
@@ -92,15 +153,20 @@ pub(super) fn copy_whole(
             Err(e) => return Err(FilesError::from_errno("copy", shown, e)),
         }
     }
-    rustix::fs::seek(dst, rustix::fs::SeekFrom::Start(to))
+    if until.is_some_and(|u| from >= u) {
+        return Ok((from, CopiedBy::CopyFileRange));
+    }
+    rustix::fs::seek(dst, rustix::fs::SeekFrom::Start(from))
         .map_err(|e| FilesError::from_errno("seek", shown, e))?;
-    loop {
-        match rustix::fs::sendfile(dst, src, Some(&mut from), 1 << 30) {
-            Ok(0) => return Ok((from, CopiedBy::Sendfile)),
+    while until.is_none_or(|u| from < u) {
+        let n = want(from);
+        match rustix::fs::sendfile(dst, src, Some(&mut from), n) {
+            Ok(0) => break,
             Ok(_) | Err(Errno::INTR) => {}
             Err(e) => return Err(FilesError::from_errno("copy", shown, e)),
         }
     }
+    Ok((from, CopiedBy::Sendfile))
 }
 
 /// `length` bytes (`None`: to its end) of `src` from `offset` written at

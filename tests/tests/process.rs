@@ -2029,3 +2029,51 @@ fn the_cli_speaks_in_its_own_words() {
     assert_eq!(piped(&["-i"]), "line one\nline two\nend\n");
     assert_eq!(piped(&[]), "end\n");
 }
+
+/// A start that loses a race with a session's delete (the delete begins
+/// after the start's check, and takes the run's cgroup and the session's
+/// tree while the start makes the sandbox) is refused `conflict`, as a
+/// start during the delete is: never `internal`. The start is held 1.5 s
+/// once its cgroup is made, so the delete surely comes in between.
+#[test]
+fn a_start_racing_a_session_delete_is_a_conflict_not_a_fault() {
+    let name = "a_start_racing_a_session_delete_is_a_conflict_not_a_fault";
+    let Some(d) = setup_with_env(
+        name,
+        &[("ALLOX_FAILPOINTS", "run_start.after_cgroup=delay:1500")],
+    ) else {
+        return;
+    };
+    let socket = d.daemon.socket.clone();
+    let starting = std::thread::spawn(move || {
+        let mut c = allox_ctl::client::Client::connect(&socket).unwrap();
+        c.call(Request::ProcessStart(start("a", "s", &["/bin/true"])))
+            .expect("transport")
+    });
+    // The start is past its check once its run's cgroup is there.
+    let session_cg = d.cgroup.join("allox/a/s");
+    wait_until("the run's cgroup", || {
+        std::fs::read_dir(&session_cg).is_ok_and(|mut r| {
+            r.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("run-")))
+        })
+    });
+    call(
+        &d,
+        Request::SessionDelete(SessionDelete {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            force: true,
+        }),
+    )
+    .expect("the delete");
+    match starting.join().unwrap() {
+        Err(e) => {
+            assert_eq!(e.code, ErrorCode::Conflict, "{e:?}");
+            assert!(e.message.contains("being rolled back or deleted"), "{e:?}");
+        }
+        Ok(other) => panic!("a run started in a deleted session: {other:?}"),
+    }
+    // Nothing of it is left, and the other sessions work.
+    assert!(!session_cg.exists(), "{} is left", session_cg.display());
+    assert_eq!(sh(&d, "a", "t", "echo ok").stdout, "ok\n");
+}

@@ -100,6 +100,19 @@ impl Runs {
             Err(e) => {
                 // Answered once nothing of the run is left.
                 starting.undo_now().await;
+                // A rollback or delete that began after the start's check
+                // took what the start was making (its cgroup, its tree):
+                // the start lost that race, which is no fault of the
+                // daemon's.
+                let raced = !matches!(e, RunError::Plugin(_))
+                    && (self.fences.is_fenced(a, s) || !paths.current.is_dir());
+                if raced {
+                    tracing::debug!(agent = a, session = s, error = %e, "a start lost a race with a rollback or delete");
+                    return Err(RunError::Fenced {
+                        agent: a.to_string(),
+                        session: s.to_string(),
+                    });
+                }
                 return Err(e);
             }
         };

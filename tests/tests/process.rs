@@ -2077,3 +2077,58 @@ fn a_start_racing_a_session_delete_is_a_conflict_not_a_fault() {
     assert!(!session_cg.exists(), "{} is left", session_cg.display());
     assert_eq!(sh(&d, "a", "t", "echo ok").stdout, "ok\n");
 }
+
+/// The check of a run's program and cwd before it starts reads the
+/// session's links as the sandbox will, never following one on the host:
+/// a link the agent planted to a root-only host file says "not there" (as
+/// the sandbox would find it) whether or not the host has it, rather than
+/// answering for the host. A link to what the sandbox does have works.
+#[test]
+fn a_program_or_cwd_linked_out_of_the_session_is_not_looked_up_on_the_host() {
+    let name = "a_program_or_cwd_linked_out_of_the_session_is_not_looked_up_on_the_host";
+    let Some(d) = setup(name) else {
+        return;
+    };
+    let private = tempfile::tempdir_in("/var/tmp").unwrap();
+    let tool = private.path().join("tool");
+    std::fs::write(&tool, "#!/bin/sh\necho host\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let r = sh(
+        &d,
+        "a",
+        "s",
+        &format!(
+            "ln -s {} there && ln -s {}/none missing && ln -s {} dir && ln -s /bin/sh mysh",
+            tool.display(),
+            private.path().display(),
+            private.path().display()
+        ),
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    for prog in ["./there", "./missing"] {
+        let e = call(&d, Request::ProcessStart(start("a", "s", &[prog])))
+            .expect_err("nothing of the host's is run or looked up");
+        assert_eq!(e.code, ErrorCode::InvalidRequest, "{prog}: {e:?}");
+        assert!(
+            e.message.contains("does not exist in the sandbox"),
+            "{prog}: {e:?}"
+        );
+    }
+    let mut p = start("a", "s", &["pwd"]);
+    p.cwd = Some("dir".into());
+    let e = call(&d, Request::ProcessStart(p)).expect_err("a cwd linked out");
+    assert_eq!(e.code, ErrorCode::InvalidRequest, "{e:?}");
+    assert!(e.message.contains("not a directory"), "{e:?}");
+    // Control: a link to what the sandbox has is followed.
+    match call(
+        &d,
+        Request::ProcessStart(start("a", "s", &["./mysh", "-c", "echo inside"])),
+    ) {
+        Ok(Response::Exited(r)) => assert_eq!(r.stdout, "inside\n", "{r:?}"),
+        other => panic!("./mysh: {other:?}"),
+    }
+}

@@ -230,7 +230,9 @@ impl Runs {
             .contributions(&run_ref)
             .map_err(RunError::Plugin)?;
         if let Some(dir) = p.cwd.as_deref() {
-            if !paths.current.join(dir).is_dir() {
+            // As the sandbox will see it: the session's links followed as
+            // there, none on the host.
+            if !validate::is_session_dir(dir, &paths.current, &self.cfg.system_dirs, &[]) {
                 return Err(RunError::NoCwd(dir.to_string()));
             }
         }

@@ -124,6 +124,140 @@ impl Default for Lookup<'_> {
     }
 }
 
+/// What a path names as the sandbox will see it, resolved link by link
+/// as the sandbox would, each link read where it is (below the session's
+/// tree, a bind's source or a system directory), never followed on the
+/// host: a link an agent plants (to `/root/...`, to another session) is
+/// read as the sandbox reads it, not through the host's root.
+struct SandboxView<'a> {
+    session: &'a Path,
+    system: &'a [PathBuf],
+    binds: &'a [Bind],
+}
+
+/// The most links one lookup follows, as the kernel's `MAXSYMLINKS`.
+const MAX_LINKS: u32 = 40;
+
+impl SandboxView<'_> {
+    /// The host directory that holds `inside`, and its path below it; or
+    /// none where the sandbox has nothing of the host's (its own root).
+    fn place(&self, inside: &Path) -> Option<(PathBuf, PathBuf)> {
+        if let Ok(rest) = inside.strip_prefix(SESSION_MOUNT) {
+            return Some((self.session.to_path_buf(), rest.to_path_buf()));
+        }
+        for b in self.binds {
+            if let Ok(rest) = inside.strip_prefix(&b.dst) {
+                return Some((b.src.clone(), rest.to_path_buf()));
+            }
+        }
+        self.system.iter().any(|d| inside.starts_with(d)).then(|| {
+            (
+                PathBuf::from("/"),
+                inside.strip_prefix("/").unwrap_or(inside).to_path_buf(),
+            )
+        })
+    }
+
+    /// `rest` below `root`, opened without following any link (a link
+    /// last is opened itself): what it is, and a link's target.
+    fn look(root: &Path, rest: &Path) -> Option<(rustix::fs::Stat, Option<PathBuf>)> {
+        use rustix::fs::{Mode, OFlags, ResolveFlags};
+        let dir = rustix::fs::open(
+            root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        let fd = if rest.as_os_str().is_empty() {
+            dir
+        } else {
+            rustix::fs::openat2(
+                &dir,
+                rest,
+                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+                ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+            )
+            .ok()?
+        };
+        let st = rustix::fs::fstat(&fd).ok()?;
+        let link = rustix::fs::FileType::from_raw_mode(st.st_mode)
+            .is_symlink()
+            .then(|| rustix::fs::readlinkat(&fd, "", Vec::new()).ok())
+            .flatten()
+            .map(|t| PathBuf::from(std::ffi::OsString::from_vec(t.into_bytes())));
+        Some((st, link))
+    }
+
+    /// What `inside` (absolute) is in the sandbox, its links followed.
+    fn stat(&self, inside: &Path) -> Option<rustix::fs::Stat> {
+        use std::ffi::OsString;
+        // Components still to walk, the next last.
+        let mut todo: Vec<OsString> = Vec::new();
+        let push = |todo: &mut Vec<OsString>, p: &Path| {
+            for c in p.components().rev() {
+                match c {
+                    Component::Normal(n) => todo.push(n.to_os_string()),
+                    Component::ParentDir => todo.push("..".into()),
+                    Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+                }
+            }
+        };
+        push(&mut todo, inside);
+        let mut at = PathBuf::from("/");
+        let mut links = 0;
+        let mut last = None;
+        while let Some(c) = todo.pop() {
+            if c == ".." {
+                at.pop();
+                last = None;
+                continue;
+            }
+            let next = at.join(&c);
+            let Some((root, rest)) = self.place(&next) else {
+                // A directory of the sandbox's own root (`/allox`).
+                at = next;
+                last = None;
+                continue;
+            };
+            let (st, link) = Self::look(&root, &rest)?;
+            if let Some(target) = link {
+                links += 1;
+                if links > MAX_LINKS {
+                    return None;
+                }
+                if target.is_absolute() {
+                    at = PathBuf::from("/");
+                }
+                push(&mut todo, &target);
+                continue;
+            }
+            let dir = rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir();
+            if !todo.is_empty() && !dir {
+                return None;
+            }
+            at = next;
+            last = Some(st);
+        }
+        last
+    }
+}
+
+use std::os::unix::ffi::OsStringExt;
+
+/// Whether `dir` (relative to the session, as `process.start`'s `cwd`) is
+/// a directory as the sandbox will see it: the session's links followed
+/// as the sandbox follows them, none on the host.
+pub fn is_session_dir(dir: &str, session: &Path, system: &[PathBuf], binds: &[Bind]) -> bool {
+    let view = SandboxView {
+        session,
+        system,
+        binds,
+    };
+    view.stat(&Path::new(SESSION_MOUNT).join(dir))
+        .is_some_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir())
+}
+
 /// Finds the program as the sandbox will see it. `session` is the host
 /// path of `current/`, `system` the directories the sandbox binds from the
 /// host, `extra` the run's `PATH` and binds. Returns the path inside the
@@ -135,29 +269,15 @@ pub fn resolve(
     system: &[PathBuf],
     extra: &Lookup<'_>,
 ) -> Result<String, Refused> {
-    let visible = |inside: &Path| -> Option<PathBuf> {
-        if let Ok(rest) = inside.strip_prefix(SESSION_MOUNT) {
-            return Some(session.join(rest));
-        }
-        for b in extra.binds {
-            if let Ok(rest) = inside.strip_prefix(&b.dst) {
-                return Some(if rest.as_os_str().is_empty() {
-                    b.src.clone()
-                } else {
-                    b.src.join(rest)
-                });
-            }
-        }
-        system
-            .iter()
-            .any(|d| inside.starts_with(d))
-            .then(|| inside.to_path_buf())
+    let view = SandboxView {
+        session,
+        system,
+        binds: extra.binds,
     };
-    let executable = |host: &Path| {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::metadata(host)
-            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-            .unwrap_or(false)
+    let executable = |inside: &Path| {
+        view.stat(inside).is_some_and(|st| {
+            rustix::fs::FileType::from_raw_mode(st.st_mode).is_file() && st.st_mode & 0o111 != 0
+        })
     };
     if program.contains('/') {
         let inside = if program.starts_with('/') {
@@ -165,17 +285,16 @@ pub fn resolve(
         } else {
             Path::new(cwd_inside).join(program)
         };
-        return match visible(&inside) {
-            Some(host) if executable(&host) => Ok(inside.display().to_string()),
-            _ => Err(Refused::NotExecutable(program.to_string())),
+        return if executable(&inside) {
+            Ok(inside.display().to_string())
+        } else {
+            Err(Refused::NotExecutable(program.to_string()))
         };
     }
     for dir in extra.path.split(':').filter(|d| d.starts_with('/')) {
         let inside = Path::new(dir).join(program);
-        if let Some(host) = visible(&inside) {
-            if executable(&host) {
-                return Ok(inside.display().to_string());
-            }
+        if executable(&inside) {
+            return Ok(inside.display().to_string());
         }
     }
     Err(Refused::NotInPath(
@@ -224,5 +343,58 @@ mod tests {
         .is_err());
         assert!(resolve("/etc/passwd", "/allox/session", s, &sys, &Lookup::default()).is_err());
         assert!(resolve("./x", "/allox/session", s, &sys, &Lookup::default()).is_err());
+    }
+
+    #[test]
+    fn links_in_the_session_are_followed_as_the_sandbox_follows_them() {
+        use std::os::unix::fs::{symlink, PermissionsExt};
+        let sys = vec![PathBuf::from("/usr"), PathBuf::from("/bin")];
+        let session = tempfile::tempdir().unwrap();
+        let host = tempfile::tempdir().unwrap();
+        let s = session.path();
+        let exe = |p: &Path| {
+            std::fs::write(p, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        exe(&s.join("tool"));
+        exe(&host.path().join("tool"));
+        std::fs::create_dir(s.join("sub")).unwrap();
+        symlink("tool", s.join("rel")).unwrap();
+        symlink("/bin/sh", s.join("python")).unwrap();
+        symlink("/allox/session/tool", s.join("abs-in")).unwrap();
+        symlink(host.path().join("tool"), s.join("out")).unwrap();
+        symlink(host.path(), s.join("outdir")).unwrap();
+        symlink("sub", s.join("subdir")).unwrap();
+        symlink("loop", s.join("loop")).unwrap();
+        let run = |p: &str| resolve(p, "/allox/session", s, &sys, &Lookup::default());
+        for ok in [
+            "./tool",
+            "./rel",
+            "./python",
+            "./abs-in",
+            "sub/../tool",
+            "/allox/session/sub/../../session/tool",
+        ] {
+            assert!(run(ok).is_ok(), "{ok}: {:?}", run(ok));
+        }
+        // A link to the host's files outside what the sandbox binds names
+        // nothing in the sandbox, whatever is there on the host.
+        for bad in [
+            "./out",
+            "./outdir/tool",
+            "./loop",
+            "./sub",
+            "./missing",
+            "./tool/x",
+        ] {
+            assert_eq!(
+                run(bad),
+                Err(Refused::NotExecutable(bad.to_string())),
+                "{bad}"
+            );
+        }
+        let dir = |d: &str| is_session_dir(d, s, &sys, &[]);
+        assert!(dir("sub") && dir("subdir") && dir("."));
+        assert!(!dir("outdir") && !dir("tool") && !dir("loop") && !dir("missing"));
     }
 }

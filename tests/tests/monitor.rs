@@ -360,3 +360,80 @@ print(json.dumps({"ok": ok, "refused": refused, "last": last}))
     assert_eq!(w.exit_code, Some(0), "{w:?}");
     make_sessions(&d, &[("b", "t")]);
 }
+
+/// `allox_runs_live` and `allox_processes` as `alloxctl metrics` prints
+/// them.
+fn live_gauges(d: &ProcDaemon) -> (u64, u64) {
+    let (code, out, err) = allox_integration::alloxctl(&d.daemon.socket, &["metrics"]);
+    assert_eq!(code, 0, "{err}");
+    let out = String::from_utf8_lossy(&out).into_owned();
+    let gauge = |name: &str| -> u64 {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{out}"))
+    };
+    (gauge("allox_runs_live"), gauge("allox_processes"))
+}
+
+/// A run whose program ended but left a process going (a `setsid`
+/// daemon) is a live run of the session with a program, in
+/// `session.stats` (so `alloxctl top`) and the metrics, as `process.list`
+/// lists it; and so are runs an earlier supervisor started, after a
+/// restart. (They were counted 0 runs, 0 processes while they used a CPU.)
+#[test]
+fn runs_left_going_and_runs_of_an_earlier_supervisor_are_counted_live() {
+    let Some(mut d) = setup(
+        "runs_left_going_and_runs_of_an_earlier_supervisor_are_counted_live",
+        &[],
+    ) else {
+        return;
+    };
+    let left = run(
+        &d,
+        &[
+            "sh",
+            "-c",
+            "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo started",
+        ],
+    );
+    assert_eq!(left.exit_code, Some(0), "{left:?}");
+    let Ok(Response::Started(going)) = call(
+        &d,
+        Request::ProcessStart(ProcessStart {
+            wait: false,
+            ..start("a", "s", &["sleep", "300"])
+        }),
+    ) else {
+        panic!("no start")
+    };
+    let check = |d: &ProcDaemon, when: &str| {
+        let st = stats(d);
+        let ids: Vec<&str> = st.runs.iter().map(|r| r.run_id.as_str()).collect();
+        assert!(
+            st.live_runs == 2
+                && st.processes == 2
+                && ids.contains(&left.run_id.as_str())
+                && ids.contains(&going.run_id.as_str()),
+            "{when}: {st:#?}"
+        );
+        assert_eq!(live_gauges(d), (2, 2), "{when}");
+    };
+    check(&d, "left going");
+    d.restart(&[]);
+    check(&d, "after a restart");
+    // Killed: nothing live.
+    call(
+        &d,
+        Request::ProcessKill(ProcessKill {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: None,
+            signal: Some(9),
+        }),
+    )
+    .unwrap();
+    let st = stats(&d);
+    assert!(st.live_runs == 0 && st.processes == 0, "{st:#?}");
+    assert_eq!(live_gauges(&d), (0, 0));
+}

@@ -61,24 +61,7 @@ impl Runs {
     /// any of them, and a context's cgroup holds no program), so no /proc
     /// file is read per process — this is on the way of every kill.
     pub(super) fn programs_in(&self, dir: &Path) -> usize {
-        fn walk(dir: &Path, is_run: bool) -> usize {
-            let mut n = 0;
-            if is_run {
-                let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
-                n += procs.lines().count().saturating_sub(1);
-            }
-            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    let run = e.file_name().to_string_lossy().starts_with("run-");
-                    n += walk(&e.path(), run);
-                }
-            }
-            n
-        }
-        let is_run = dir
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("run-"));
-        walk(dir, is_run)
+        run_programs(dir).iter().map(|(_, n)| n).sum()
     }
 
     /// Waits (blocking) up to `limit` for the session to hold no process,
@@ -92,10 +75,13 @@ impl Runs {
 
     /// Whether the session has any process at all, sandbox inits included
     /// (a run still being set up counts).
-    /// Runs whose program has not ended, and the programs in them (the
-    /// sandboxes' PID 1s not counted): one cgroup file per live run.
+    /// Live runs, and the programs in them (the sandboxes' PID 1s not
+    /// counted), over every session: a run is live while its program has
+    /// not ended, or while it holds a program still (one it left going:
+    /// a `setsid` daemon; or a run an earlier supervisor started). One
+    /// cgroup file per run.
     pub fn live_counts(&self) -> (usize, usize) {
-        let live: Vec<std::path::PathBuf> = self
+        let mut live: HashSet<std::path::PathBuf> = self
             .table
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -103,13 +89,9 @@ impl Runs {
             .filter(|r| r.result.borrow().is_none())
             .map(|r| self.cgroups.run_dir(&r.agent, &r.session, &r.id))
             .collect();
-        let programs = live
-            .iter()
-            .map(|d| {
-                let procs = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
-                procs.lines().count().saturating_sub(1)
-            })
-            .sum();
+        let found = run_programs(self.cgroups.base());
+        let programs = found.iter().map(|(_, n)| n).sum();
+        live.extend(found.into_iter().filter(|(_, n)| *n > 0).map(|(d, _)| d));
         (live.len(), programs)
     }
 
@@ -119,6 +101,33 @@ impl Runs {
             .procs(&self.cgroups.session_dir(a, s))
             .is_empty()
     }
+}
+
+/// Each run's cgroup in `dir` and below (`dir` itself if it is one), and
+/// how many programs (processes but the sandbox's PID 1) it holds, from
+/// the cgroup files alone: a populated run's cgroup holds its PID 1 and
+/// its programs (the PID 1 lives as long as any of them, and a context's
+/// cgroup holds no program), so no /proc file is read per process — this
+/// is on the way of every kill.
+pub(super) fn run_programs(dir: &Path) -> Vec<(std::path::PathBuf, usize)> {
+    fn walk(dir: &Path, is_run: bool, out: &mut Vec<(std::path::PathBuf, usize)>) {
+        if is_run {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            out.push((dir.to_path_buf(), procs.lines().count().saturating_sub(1)));
+        }
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                let run = e.file_name().to_string_lossy().starts_with("run-");
+                walk(&e.path(), run, out);
+            }
+        }
+    }
+    let is_run = dir
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("run-"));
+    let mut out = Vec::new();
+    walk(dir, is_run, &mut out);
+    out
 }
 
 /// Bytes `info` takes on the wire.

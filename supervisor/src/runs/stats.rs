@@ -42,9 +42,11 @@ impl Runs {
     /// `session.stats` of `a/s` (which the caller checked exists).
     pub fn session_stats(&self, a: &str, s: &str) -> SessionStats {
         let dir = self.cgroups.session_dir(a, s);
-        // Runs that have not ended (their cgroups outlive their results a
-        // moment).
-        let ids: Vec<String> = self
+        // Live runs: those whose program has not ended (their cgroups
+        // outlive their results a moment), and those that hold a program
+        // still (one a run left going, a `setsid` daemon; or a run an
+        // earlier supervisor started): what they use is the session's now.
+        let mut ids: std::collections::BTreeSet<String> = self
             .table
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -52,6 +54,14 @@ impl Runs {
             .filter(|r| r.agent == a && r.session == s && r.result.borrow().is_none())
             .map(|r| r.id.clone())
             .collect();
+        let found = super::listing::run_programs(&dir);
+        let processes: usize = found.iter().map(|(_, n)| n).sum();
+        ids.extend(found.iter().filter(|(_, n)| *n > 0).filter_map(|(d, _)| {
+            d.file_name()?
+                .to_str()?
+                .strip_prefix("run-")
+                .map(str::to_string)
+        }));
         let live: Vec<CgroupUsage> = ids
             .iter()
             .map(|r| usage(&self.cgroups.run_dir(a, s, r)))
@@ -61,12 +71,7 @@ impl Runs {
             agent_id: a.into(),
             session_id: s.into(),
             live_runs: live.len() as u32,
-            // (No run going on: nothing to count in the cgroup tree.)
-            processes: if ids.is_empty() {
-                0
-            } else {
-                self.live(a, s) as u32
-            },
+            processes: processes as u32,
             memory_current_bytes: total.memory_current_bytes,
             now: usage_of(&sum(&live)),
             runs: ids

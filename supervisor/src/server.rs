@@ -363,6 +363,8 @@ async fn serve<R, W>(
         let _ = outbox.send(0, bytes).await;
     }
     let gone = passed::Gone::default();
+    // True once the client has hung up (its end of the connection read).
+    let (hung_up_tx, hung_up) = watch::channel(false);
     let sem = Arc::new(Semaphore::new(limits.inflight));
     let computing = Arc::new(Semaphore::new(limits.computing.max(1)));
     let mut reader = FrameReader::new();
@@ -552,6 +554,7 @@ async fn serve<R, W>(
                             gone.clone(),
                         );
                         let ended = conv_tx.subscribe();
+                        let hung_up = hung_up.clone();
                         move |sup| RequestCtx {
                             sup,
                             outbox,
@@ -559,6 +562,7 @@ async fn serve<R, W>(
                             peer,
                             conversation,
                             ended,
+                            hung_up,
                             fd,
                             gone,
                         }
@@ -590,6 +594,7 @@ async fn serve<R, W>(
         clock.after_read(&limits, reader.pending() > 0, completed);
     }
     gone.store(true, std::sync::atomic::Ordering::SeqCst);
+    hung_up_tx.send_replace(true);
     drop(outbox);
     // Answers already being worked on still go out if the client reads.
     let _ = tokio::time::timeout(limits.write, writer).await;
@@ -604,6 +609,9 @@ struct RequestCtx {
     conversation: u64,
     /// Changes when a new Hello ends this conversation.
     ended: watch::Receiver<u64>,
+    /// True once the client has hung up (answers being made may still go
+    /// out, for a while, to one that only closed its writing side).
+    hung_up: watch::Receiver<bool>,
     /// The descriptor that came with the request.
     fd: Option<std::os::fd::OwnedFd>,
     /// Set when the connection's client has gone.
@@ -694,6 +702,10 @@ impl RequestCtx {
             // The host that asked is gone: stop waiting (a run it started
             // goes on; only the wait or the stream ends).
             _ = self.ended.wait_for(|c| *c != mine) => None,
+            // A run to be killed with its client's going: killed when the
+            // client hangs up, not once its connection's last answers
+            // have had their time to go out.
+            _ = self.hung_up.wait_for(|h| *h), if kill_on_disconnect.is_some() => None,
         };
         let Some(out) = out else {
             work.abort();

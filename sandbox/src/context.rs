@@ -141,6 +141,14 @@ impl Context {
             }
         };
         let (status_r, status_w) = pipe()?;
+        // Our ends, for the run's PID 1 to keep (`crate::KEPT_FDS`).
+        let dup = |fd: &OwnedFd| {
+            rustix::io::fcntl_dupfd_cloexec(fd, 0).map_err(|e| SandboxError::sys("dup", e))
+        };
+        let kept = match &ours {
+            Ours::Pipes { stdout, stderr, .. } => vec![dup(stdout)?, dup(stderr)?, dup(&status_r)?],
+            Ours::Pty(_) => vec![dup(&status_r)?],
+        };
         let session = detached(&spec.session)?;
         let shared = detached(&spec.shared)?;
         let binds = spec
@@ -158,9 +166,10 @@ impl Context {
             shared.as_fd(),
         ];
         fds.extend(binds.iter().map(|b| b.as_fd()));
+        fds.extend(kept.iter().map(|k| k.as_fd()));
         wire::send(self.control.as_fd(), &bytes, &fds).map_err(|e| self.gone(e))?;
         drop(fds);
-        drop((theirs, status_w, session, shared, binds));
+        drop((theirs, status_w, session, shared, binds, kept));
         let (pid, pidfd) = match self.answer()? {
             (ContextReply::Started { pid }, Some(pidfd)) => (pid, pidfd),
             (ContextReply::Failed(why), _) => return Err(SandboxError::Refused(why)),

@@ -43,7 +43,7 @@ use super::spec::{
     Bind, ContextSpec, InitStatus, SandboxSpec, TermSize, SESSION_MOUNT, SHARED_MOUNT,
 };
 use super::{sys, tmp_sync, users};
-use rustix::fd::{AsFd, OwnedFd};
+use rustix::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use rustix::mount::{self as m, MountFlags, MountPropagationFlags, UnmountFlags};
 use rustix::process::{Pid, WaitOptions};
 use std::ffi::CString;
@@ -68,6 +68,12 @@ pub(crate) struct RunFds {
     pub session: OwnedFd,
     pub shared: OwnedFd,
     pub binds: Vec<OwnedFd>,
+    /// The supervisor's ends of the program's stdout, stderr and the
+    /// status pipe (a terminal run: of the status pipe), kept open at
+    /// [`crate::KEPT_FDS`] for as long as the run lives, so that a
+    /// supervisor that restarts takes them up again (`pidfd_getfd`) and the
+    /// program's output never meets a pipe without a reader.
+    pub kept: Vec<OwnedFd>,
 }
 
 /// The run's PID 1, in the child of the context's `clone3`; never returns.
@@ -87,6 +93,7 @@ pub(crate) fn run(
         session,
         shared,
         binds,
+        kept,
     } = fds;
     // The context's descriptors are all at 3 or above.
     let _ = rustix::stdio::dup2_stdin(&stdin);
@@ -100,14 +107,25 @@ pub(crate) fn run(
         }
     };
     let built = own.and_then(|()| attach_workspace(&spec, session, shared, binds));
+    // The supervisor's ends, where a later supervisor looks for them.
+    let at = if spec.pty.is_some() {
+        crate::KEPT_FDS.status
+    } else {
+        crate::KEPT_FDS.stdout
+    };
+    let kept_at = keep_at(&kept, at);
+    drop(kept);
     // Nothing of the context (its control socket) stays open here.
-    let _ = sys::close_all_above_stdio_but(status.as_fd());
+    let mut keep = vec![status.as_fd()];
+    keep.extend(kept_at.iter().map(|f| f.as_fd()));
+    let _ = sys::close_all_above_stdio_except(&keep);
+    drop(keep);
     if let Err(e) = built {
         report(&mut status, InitStatus::SetupFailed(e.chain()));
         std::process::exit(1);
     }
     if let Some(size) = spec.pty {
-        if let Err(e) = terminal(size, &spec) {
+        if let Err(e) = terminal(size, &spec, &kept_at) {
             report(&mut status, InitStatus::SetupFailed(e.chain()));
             std::process::exit(1);
         }
@@ -130,13 +148,30 @@ pub(crate) fn run(
     reap(pid, exec_errno, &spec, status)
 }
 
+/// Each of `fds` duplicated, close-on-exec, at `first`, `first + 1`, …
+/// (descriptors the run's PID 1 keeps for a later supervisor). One that
+/// cannot be placed is left out: a later supervisor then finds nothing
+/// there.
+fn keep_at(fds: &[OwnedFd], first: i32) -> Vec<OwnedFd> {
+    fds.iter()
+        .zip(first..)
+        .filter_map(|(fd, at)| {
+            // SAFETY: `at` is a number this process does not use (the
+            // context's descriptors are closed just after, but these).
+            let rc = unsafe { libc::dup3(fd.as_raw_fd(), at, libc::O_CLOEXEC) };
+            // SAFETY: dup3 returned a descriptor of this process's own.
+            (rc == at).then(|| unsafe { OwnedFd::from_raw_fd(at) })
+        })
+        .collect()
+}
+
 /// A terminal run: makes a terminal on the run's own devpts (mounted
 /// above), of `size`, its slave side owned by the sandbox's user, sends the
 /// master side to the supervisor on the socket that is stdin, stdout and
 /// stderr until then, and puts the slave side in their place. The master
 /// is closed here before the program exists: the only process that holds
 /// it is the supervisor.
-fn terminal(size: TermSize, spec: &SandboxSpec) -> Result<(), InitError> {
+fn terminal(size: TermSize, spec: &SandboxSpec, _kept: &[OwnedFd]) -> Result<(), InitError> {
     use rustix::pty::OpenptFlags;
     let flags = OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC;
     // The run's devpts instance, not the context's or the host's.
@@ -180,6 +215,12 @@ fn terminal(size: TermSize, spec: &SandboxSpec) -> Result<(), InitError> {
         "send the terminal",
         super::wire::send(sock, b"pty", &[master.as_fd()]),
     )?;
+    // Kept too, where a later supervisor looks for it: the terminal lives
+    // on if the supervisor's copy closes with it.
+    std::mem::forget(keep_at(
+        std::slice::from_ref(&master),
+        crate::KEPT_FDS.terminal,
+    ));
     drop(master);
     tty("dup2 stdin", rustix::stdio::dup2_stdin(&slave))?;
     tty("dup2 stdout", rustix::stdio::dup2_stdout(&slave))?;

@@ -31,6 +31,26 @@ pub mod users;
 mod wire;
 pub mod zygote;
 
+/// Where a run's PID 1 keeps the supervisor's ends of the run's pipes (and
+/// a terminal run's master side), close-on-exec, for as long as the run
+/// lives: a supervisor that restarts takes them up again with
+/// `pidfd_getfd`, so the run's output is read on (and a write to it never
+/// meets a pipe without a reader: `SIGPIPE`), its exit status is known,
+/// and its terminal stays.
+pub struct KeptFds {
+    pub stdout: i32,
+    pub stderr: i32,
+    pub status: i32,
+    pub terminal: i32,
+}
+
+pub const KEPT_FDS: KeptFds = KeptFds {
+    stdout: 100,
+    stderr: 101,
+    status: 102,
+    terminal: 103,
+};
+
 pub use context::Context;
 pub use spawn::{RunIo, Spawned};
 pub use spec::{Bind, ContextSpec, InitStatus, SandboxSpec, TermSize};

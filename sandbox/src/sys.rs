@@ -118,11 +118,6 @@ pub fn take_inherited_fd(fd: i32) -> Option<OwnedFd> {
     Some(fd)
 }
 
-/// Closes every descriptor above 2 but `keep` (`close_range`).
-pub(crate) fn close_all_above_stdio_but(keep: BorrowedFd<'_>) -> io::Result<()> {
-    close_all_above_stdio_except(&[keep])
-}
-
 /// Closes every descriptor above 2 but those of `keep` (`close_range`
 /// over the gaps between them).
 pub(crate) fn close_all_above_stdio_except(keep: &[BorrowedFd<'_>]) -> io::Result<()> {

@@ -216,9 +216,20 @@ fn decode_spec(bytes: &[u8]) -> Result<SandboxSpec, String> {
     postcard::from_bytes(bytes).map_err(|e| format!("decode the run's spec: {e}"))
 }
 
+/// How many descriptors a run of `spec` comes with after its binds'
+/// mounts: the supervisor's ends of its pipes (or, a terminal run, of its
+/// status pipe), for its PID 1 to keep ([`crate::KEPT_FDS`]).
+pub(crate) fn kept_count(spec: &SandboxSpec) -> usize {
+    if spec.pty.is_some() {
+        1
+    } else {
+        3
+    }
+}
+
 /// Whether `n` descriptors are what a run of `spec` comes with.
 fn count_fds(spec: &SandboxSpec, n: usize) -> Result<(), String> {
-    let want = RUN_FDS + spec.binds.len();
+    let want = RUN_FDS + spec.binds.len() + kept_count(spec);
     if n != want {
         return Err(format!(
             "{n} descriptors for a run with {} binds (want {want})",
@@ -232,6 +243,7 @@ fn count_fds(spec: &SandboxSpec, n: usize) -> Result<(), String> {
 /// cgroup apart.
 fn run_fds(spec: &SandboxSpec, mut fds: Vec<OwnedFd>) -> Result<(init::RunFds, OwnedFd), String> {
     count_fds(spec, fds.len())?;
+    let kept = fds.split_off(RUN_FDS + spec.binds.len());
     let binds = fds.split_off(RUN_FDS);
     let [stdin, stdout, stderr, status, cgroup, session, shared]: [OwnedFd; RUN_FDS] =
         fds.try_into().map_err(|_| "descriptors".to_string())?;
@@ -243,6 +255,7 @@ fn run_fds(spec: &SandboxSpec, mut fds: Vec<OwnedFd>) -> Result<(init::RunFds, O
         session,
         shared,
         binds,
+        kept,
     };
     Ok((fds, cgroup))
 }
@@ -274,7 +287,8 @@ fn serve(
 ) -> Result<(i32, OwnedFd, Held), String> {
     let spec = decode_spec(bytes)?;
     count_fds(&spec, fds.len())?;
-    init::prepare_binds(&spec.binds, &fds[RUN_FDS..]).map_err(|e| e.chain())?;
+    init::prepare_binds(&spec.binds, &fds[RUN_FDS..RUN_FDS + spec.binds.len()])
+        .map_err(|e| e.chain())?;
     let cgroup = fds[4].as_fd();
     if let Some(sp) = spare.take().filter(|sp| !ended(&sp.pidfd)) {
         // In the run's cgroup before anything of the run reaches it: from

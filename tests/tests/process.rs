@@ -2132,3 +2132,86 @@ fn a_program_or_cwd_linked_out_of_the_session_is_not_looked_up_on_the_host() {
         other => panic!("./mysh: {other:?}"),
     }
 }
+
+/// A restarted supervisor follows the runs an earlier one started as its
+/// own: a run that writes output goes on writing (its next `echo` did not
+/// meet a pipe without a reader and die of SIGPIPE), its output after the
+/// restart is in `process.logs`, its end is known (exit status and what it
+/// printed last), and a terminal run keeps its terminal (it was hung up).
+#[test]
+fn a_restarted_supervisor_follows_its_runs_output_and_end() {
+    let name = "a_restarted_supervisor_follows_its_runs_output_and_end";
+    let Some(mut d) = setup(name) else {
+        return;
+    };
+    let talker = bg(
+        &d,
+        "a",
+        "s",
+        "i=0; while [ ! -e stop ]; do i=$((i+1)); echo line$i; sleep 0.1; done; echo finished; exit 7",
+    );
+    let mut p = start(
+        "a",
+        "t",
+        &[
+            "/bin/sh",
+            "-c",
+            "echo tty-up; while [ ! -e stop ]; do sleep 0.1; done; echo tty-done; exit 3",
+        ],
+    );
+    p.wait = false;
+    p.pty = Some(PtySize {
+        rows: 24,
+        cols: 80,
+        term: None,
+    });
+    let Ok(Response::Started(tty)) = call(&d, Request::ProcessStart(p)) else {
+        panic!("no terminal run")
+    };
+    let logs = |d: &ProcDaemon, s: &str, run: &str| {
+        let (code, out, err) =
+            allox_integration::alloxctl(&d.daemon.socket, &["logs", "a", s, run]);
+        assert_eq!(code, 0, "logs {s} {run}: {err}");
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    wait_until("the talker's first line", || {
+        logs(&d, "s", &talker).contains("line1")
+    });
+    wait_until("the terminal run", || {
+        logs(&d, "t", &tty.run_id).contains("tty-up")
+    });
+    d.restart(&[]);
+    // Lines written after the restart: read by the new supervisor.
+    wait_until("a line after the restart", || {
+        logs(&d, "s", &talker).contains("line")
+    });
+    for s in ["s", "t"] {
+        std::fs::write(current(&d, "a", s).join("stop"), b"").unwrap();
+    }
+    let waited = |s: &str, run: &str| match call(
+        &d,
+        Request::ProcessWait(ProcessWait {
+            agent_id: "a".into(),
+            session_id: s.into(),
+            run_id: run.into(),
+            timeout_ms: Some(20_000),
+        }),
+    ) {
+        Ok(Response::Exited(r)) => r,
+        other => panic!("wait {s}/{run}: {other:?}"),
+    };
+    let r = waited("s", &talker);
+    assert_eq!(
+        (r.exit_code, r.signal),
+        (Some(7), None),
+        "the talker did not end as it does: {r:?}"
+    );
+    assert!(r.stdout.contains("finished"), "{r:?}");
+    let r = waited("t", &tty.run_id);
+    assert_eq!(
+        (r.exit_code, r.signal),
+        (Some(3), None),
+        "the terminal run: {r:?}"
+    );
+    assert!(logs(&d, "t", &tty.run_id).contains("tty-done"));
+}

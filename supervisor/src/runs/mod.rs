@@ -15,6 +15,7 @@
 //! `output.rs`, fences in `fence.rs`. This file holds the table of runs and
 //! its configuration.
 
+mod adopted;
 pub mod attach;
 mod context;
 mod end;
@@ -328,24 +329,40 @@ impl Runs {
         }
     }
 
-    /// Within the async runtime, once the services are set: attaches them
-    /// again to the runs an earlier supervisor left (the in-sandbox interface
-    /// listens again in each one's directory). One thread holds what was
-    /// attached and releases each run's as its cgroup empties, then ends.
-    pub fn reattach(&self) {
+    /// Within the async runtime, once the services are set: takes up the
+    /// runs an earlier supervisor left ([`adopted`]: their output, terminal
+    /// and end followed as this supervisor's own), and attaches the
+    /// services again to each (the in-sandbox interface listens again in
+    /// each one's directory). A run whose PID 1 kept nothing to take up (a
+    /// build before) keeps only what was attached again, held by one thread
+    /// that releases each run's as its cgroup empties.
+    pub fn reattach(self: &Arc<Self>) {
         let adopted = std::mem::take(&mut *self.adopted.lock().unwrap_or_else(|e| e.into_inner()));
-        let Some(svc) = self.services.get() else {
+        if adopted.is_empty() {
             return;
-        };
+        }
         let ids: Vec<RunIdentity> = adopted.iter().map(|(id, _)| id.clone()).collect();
-        let mut held: Vec<(PathBuf, Box<dyn Send + Sync>)> = svc
-            .reattach(&ids)
-            .into_iter()
-            .filter_map(|(id, guard)| {
-                let (_, dir) = adopted.iter().find(|(a, _)| *a == id)?;
-                Some((dir.clone(), guard))
-            })
-            .collect();
+        let mut guards: Vec<(RunIdentity, Box<dyn Send + Sync>)> = match self.services.get() {
+            Some(svc) => svc.reattach(&ids),
+            None => Vec::new(),
+        };
+        let mut held: Vec<(PathBuf, Box<dyn Send + Sync>)> = Vec::new();
+        for (id, dir) in adopted {
+            let guard = guards
+                .iter()
+                .position(|(g, _)| *g == id)
+                .map(|i| guards.swap_remove(i).1);
+            if let Err((why, guard)) = self.take_up(&id, &dir, guard) {
+                tracing::warn!(
+                    agent = id.agent,
+                    session = id.session,
+                    run = id.run,
+                    %why,
+                    "a run an earlier supervisor started cannot be followed again: its output is not read"
+                );
+                held.extend(guard.map(|g| (dir, g)));
+            }
+        }
         if held.is_empty() {
             return;
         }

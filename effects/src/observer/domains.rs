@@ -223,7 +223,8 @@ pub fn capture(
             mine.extend(own.iter().cloned());
             let held = held_by_observers(begin.supervisor_pid, &begin.registry, &mine);
             mine.extend(held);
-            c.items.retain(|k, _| !mine.contains(k));
+            c.items
+                .retain(|k, v| !mine.contains(k) && !observers_link(k, v, &mine));
             c
         }
         EffectsDomain::Modules => collect::modules::capture(),
@@ -607,6 +608,17 @@ fn held_by_observers(
     out
 }
 
+/// Whether the bpf capture's item `key` = `value` is a link of one of the
+/// observers' own programs (`registered`): one an observer killed a
+/// moment ago held (a run's sysctl link), which the kernel releases after
+/// its holder is gone, outside the registry's lock.
+fn observers_link(key: &str, value: &str, registered: &HashSet<String>) -> bool {
+    key.starts_with("link ")
+        && value
+            .rsplit_once(" prog=")
+            .is_some_and(|(_, p)| registered.contains(&format!("prog {p}")))
+}
+
 /// The pid of the last event the watch saw on `root/key`.
 fn last_writer(
     root: &Path,
@@ -785,5 +797,30 @@ mod tests {
             sysctl_written("write net/ipv4/ip_forward = \"1\"").as_deref(),
             Some("net.ipv4.ip_forward")
         );
+    }
+
+    /// A link of one of the observers' own programs is theirs, held or
+    /// not (one whose observer was killed is released by the kernel a
+    /// moment later); a link of any other program is the machine's.
+    #[test]
+    fn links_of_the_observers_programs_are_theirs() {
+        let registered: HashSet<String> = ["prog 42".to_string(), "map 7".to_string()].into();
+        assert!(observers_link(
+            "link 9",
+            "CgroupSysctl prog=42",
+            &registered
+        ));
+        assert!(!observers_link(
+            "link 9",
+            "CgroupSysctl prog=43",
+            &registered
+        ));
+        assert!(!observers_link(
+            "link 9",
+            "CgroupSysctl prog=4",
+            &registered
+        ));
+        assert!(!observers_link("prog 42", "x prog=42", &registered));
+        assert!(!observers_link("link 9", "CgroupSysctl", &registered));
     }
 }

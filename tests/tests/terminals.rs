@@ -886,3 +886,45 @@ fn logs_follow_a_run_streamed_to_its_exec() {
     assert!(got.join("\n").contains("\"exit_code\": 0"), "{got:?}");
     assert!(follower.wait().unwrap().success());
 }
+
+/// `alloxctl exec -t` fed from a pipe: the end of its input ends the
+/// program's input, whether or not the input ends with a newline (a
+/// line begun is handed over by a first end-of-file character, as at a
+/// shell where `^D` is pressed twice; one alone left `wc -c` waiting, and
+/// alloxctl with it, for ever).
+#[test]
+fn exec_t_fed_from_a_pipe_ends_with_its_input() {
+    use std::io::{Read, Write};
+    let Some(d) = setup("exec_t_pipe") else {
+        return;
+    };
+    for (input, argv, want) in [
+        (&b"hello"[..], &["wc", "-c"][..], "5"),
+        (&b"hello\n"[..], &["wc", "-c"][..], "6"),
+        (&b"abc"[..], &["cat"][..], "abc"),
+    ] {
+        let mut exec = Command::new(allox_integration::workspace_bin("alloxctl"))
+            .arg("--socket")
+            .arg(&d.daemon.socket)
+            .args(["exec", "-t", "a", "s", "--"])
+            .args(argv)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        exec.stdin.take().unwrap().write_all(input).unwrap();
+        let status = allox_integration::wait_for_exit(&mut exec, Duration::from_secs(20));
+        if status.is_none() {
+            let _ = exec.kill();
+            let _ = exec.wait();
+        }
+        let mut out = String::new();
+        let _ = exec.stdout.take().unwrap().read_to_string(&mut out);
+        let Some(status) = status else {
+            panic!("{argv:?} fed {input:?} did not end: {out:?}");
+        };
+        assert!(status.success(), "{argv:?}: {status:?} {out:?}");
+        assert!(out.contains(want), "{argv:?} fed {input:?}: {out:?}");
+    }
+}

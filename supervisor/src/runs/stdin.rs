@@ -30,7 +30,7 @@ impl Runs {
                 if close {
                     // As a terminal closes its input: end of file for a
                     // program that reads lines.
-                    in_time(t.write_all(&[t.eof_char()])).await?;
+                    in_time(t.write_all(&t.end_of_input())).await?;
                 }
             }
         }

@@ -21,6 +21,8 @@ const FOLLOW_BACKLOG: usize = 1024;
 pub(crate) struct Terminal {
     master: AsyncFd<OwnedFd>,
     recent: Mutex<Recent>,
+    /// The last byte typed into it (a newline before anything is).
+    last_typed: std::sync::atomic::AtomicU8,
 }
 
 struct Recent {
@@ -43,6 +45,7 @@ impl Terminal {
                 bytes: VecDeque::new(),
                 followers,
             }),
+            last_typed: std::sync::atomic::AtomicU8::new(b'\n'),
         })
     }
 
@@ -72,6 +75,10 @@ impl Terminal {
 
     /// Types `data` into the terminal, as a person at its keyboard would.
     pub async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
+        if let Some(&b) = data.last() {
+            self.last_typed
+                .store(b, std::sync::atomic::Ordering::Relaxed);
+        }
         while !data.is_empty() {
             let mut ready = self.master.writable().await?;
             match ready.try_io(|m| rustix::io::write(m.get_ref(), data).map_err(io::Error::from)) {
@@ -83,12 +90,31 @@ impl Terminal {
         Ok(())
     }
 
-    /// The terminal's end-of-file character (`^D` unless the program
-    /// changed it): what closing a terminal run's stdin types.
-    pub fn eof_char(&self) -> u8 {
-        rustix::termios::tcgetattr(self.master.get_ref())
-            .map(|t| t.special_codes[rustix::termios::SpecialCodeIndex::VEOF])
-            .unwrap_or(4)
+    /// What closing a terminal run's stdin types: the terminal's
+    /// end-of-file character (`^D` unless the program changed it), twice
+    /// when a line has been begun and the terminal reads lines (the first
+    /// only hands the program the line as it stands, as a person presses
+    /// `^D` twice at a shell), once otherwise.
+    pub fn end_of_input(&self) -> Vec<u8> {
+        use rustix::termios::{LocalModes, SpecialCodeIndex};
+        let Ok(t) = rustix::termios::tcgetattr(self.master.get_ref()) else {
+            return vec![4];
+        };
+        let eof = t.special_codes[SpecialCodeIndex::VEOF];
+        let last = self.last_typed.load(std::sync::atomic::Ordering::Relaxed);
+        let ends_line = [
+            b'\n',
+            b'\r',
+            eof,
+            t.special_codes[SpecialCodeIndex::VEOL],
+            t.special_codes[SpecialCodeIndex::VEOL2],
+        ]
+        .contains(&last);
+        if t.local_modes.contains(LocalModes::ICANON) && !ends_line {
+            vec![eof, eof]
+        } else {
+            vec![eof]
+        }
     }
 
     /// A new size; the kernel sends `SIGWINCH` to the terminal's

@@ -165,30 +165,33 @@ pub fn parse(buf: &[u8]) -> Result<Option<Request>, HeadError> {
     }))
 }
 
-/// A head in origin form for the server: `method path`, the headers less
-/// the proxy's own (`Proxy-*`, `Connection`, `Keep-Alive`), a `Host`
-/// (`authority`) if the client sent none, and `Connection: close`.
+/// A head in origin form for the server: `method path`, `Host:
+/// authority` — the host the request was judged (and a secret injected)
+/// for, whatever `Host` the client wrote, as a proxy must (RFC 9112
+/// §3.2.2): a client's own `Host` would reach another virtual host behind
+/// the same address with what was meant for this one — the headers less
+/// the proxy's own (`Proxy-*`, `Connection`, `Keep-Alive`) and the
+/// client's `Host`s, and `Connection: close`.
 fn origin_form(
     method: &str,
     path: &str,
     headers: &[httparse::Header<'_>],
     authority: &str,
 ) -> Vec<u8> {
-    let mut head = format!("{method} {path} HTTP/1.1\r\n").into_bytes();
-    let mut has_host = false;
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\n",
+        authority.to_ascii_lowercase()
+    )
+    .into_bytes();
     for h in headers.iter() {
         let n = h.name.to_ascii_lowercase();
-        if n.starts_with("proxy-") || n == "connection" || n == "keep-alive" {
+        if n.starts_with("proxy-") || n == "connection" || n == "keep-alive" || n == "host" {
             continue;
         }
-        has_host |= n == "host";
         head.extend_from_slice(h.name.as_bytes());
         head.extend_from_slice(b": ");
         head.extend_from_slice(h.value);
         head.extend_from_slice(b"\r\n");
-    }
-    if !has_host {
-        head.extend_from_slice(format!("Host: {authority}\r\n").as_bytes());
     }
     head.extend_from_slice(b"Connection: close\r\n\r\n");
     head

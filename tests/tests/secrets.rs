@@ -483,6 +483,41 @@ fn a_secret_reaches_only_its_hosts_and_never_the_sandbox_the_logs_or_the_store()
         "auth=ok path=/plain\nauth=placeholder path=/other\n",
         "api.test gets the value, echo.test the placeholder"
     );
+    // A request for api.test naming another virtual host (a CDN's, a
+    // shared front's) in its own `Host`, plainly and inside an
+    // intercepted connection: the server is told api.test, which the
+    // value was put in for, never the client's host.
+    let r = sh(
+        &d,
+        "s",
+        &format!(
+            "curl -sS http://api.test:{plain_port}/fronted -H 'Host: echo.test' -H \"Authorization: Bearer $API_KEY\" && \
+             curl -sS https://api.test:{tls_port}/fronted-tls -H 'Host: echo.test' -H \"Authorization: Bearer $API_KEY\""
+        ),
+    );
+    assert_eq!(
+        out(&r),
+        "auth=ok path=/fronted\nauth=ok path=/fronted-tls\n"
+    );
+    let hosts: Vec<String> = std::fs::read_to_string(&seen)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| {
+            v["path"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("/fronted"))
+        })
+        .map(|v| v["host"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        hosts,
+        [
+            format!("api.test:{plain_port}"),
+            format!("api.test:{tls_port}")
+        ],
+        "the servers were told another host than the one judged"
+    );
 
     // HTTPS, intercepted: curl, Python's requests and urllib, and git.
     let r = sh(

@@ -46,6 +46,35 @@ Connection: keep-alive\r\nKeep-Alive: 5\r\nAccept: */*\r\n\r\nbody";
     );
 }
 
+/// The server gets the `Host` of the URI the request was judged for (and
+/// a secret injected for), never one the client wrote: another virtual
+/// host behind the same address would get what was meant for this one.
+#[test]
+fn the_client_s_own_host_headers_are_replaced_by_the_judged_one() {
+    let raw = b"GET http://web.test:18082/x HTTP/1.1\r\nHost: attacker.example\r\n\
+Accept: */*\r\nhost: web.test\r\n\r\n";
+    let r = parse(raw).unwrap().unwrap();
+    assert_eq!(r.host, host("web.test"));
+    let Ask::Forward { head } = r.ask else {
+        panic!("{:?}", r.ask)
+    };
+    assert_eq!(
+        String::from_utf8(head).unwrap(),
+        "GET /x HTTP/1.1\r\nHost: web.test:18082\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+    );
+    // Inside an intercepted connection to web.test: the same.
+    let (head, _) = parse_origin(
+        b"GET /y HTTP/1.1\r\nHost: attacker.example\r\n\r\n",
+        "web.test:443",
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        String::from_utf8(head).unwrap(),
+        "GET /y HTTP/1.1\r\nHost: web.test:443\r\nConnection: close\r\n\r\n"
+    );
+}
+
 #[test]
 fn a_partial_head_asks_for_more_and_a_huge_one_is_refused() {
     assert_eq!(

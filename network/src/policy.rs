@@ -332,8 +332,32 @@ pub fn special(addr: IpAddr) -> Option<&'static str> {
                 return special(IpAddr::V4(v4));
             }
             let s = a.segments();
+            // The well-known NAT64 prefix (RFC 6052): a gateway there
+            // reaches the IPv4 address in its last 32 bits, which is
+            // judged as itself (DNS64 gives every IPv4-only name such an
+            // address: 10.0.0.5's would reach 10.0.0.5).
+            if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                let o = a.octets();
+                return special(IpAddr::V4(std::net::Ipv4Addr::new(
+                    o[12], o[13], o[14], o[15],
+                )));
+            }
             if a.is_loopback() || a.is_unspecified() {
                 Some("loopback")
+            } else if s[..6] == [0, 0, 0, 0, 0, 0] {
+                Some("reserved (IPv4-compatible, ::/96)")
+            } else if s[0] == 0x64 && s[1] == 0xff9b {
+                Some("reserved (local-use NAT64, 64:ff9b:1::/48)")
+            } else if s[0] == 0x2002 {
+                Some("reserved (6to4, 2002::/16)")
+            } else if s[0] == 0x2001 && s[1] == 0 {
+                Some("reserved (Teredo, 2001::/32)")
+            } else if s[0] == 0x2001 && s[1] == 0xdb8 {
+                Some("reserved (documentation, 2001:db8::/32)")
+            } else if s[..4] == [0x100, 0, 0, 0] {
+                Some("reserved (discard-only, 100::/64)")
+            } else if (s[0] & 0xffc0) == 0xfec0 {
+                Some("reserved (site-local, fec0::/10)")
             } else if (s[0] & 0xfe00) == 0xfc00 {
                 Some("private (unique local)")
             } else if (s[0] & 0xffc0) == 0xfe80 {

@@ -143,6 +143,20 @@ fn special_addresses_need_an_allow_rule_naming_them() {
         "::ffff:10.0.0.1",
         "fd00:ec2::254",
         "224.0.0.1",
+        // IPv4 addresses embedded in IPv6 forms a gateway may translate:
+        // NAT64 (DNS64 gives such an address to every IPv4-only name),
+        // IPv4-compatible, and reserved ranges.
+        "64:ff9b::7f00:1",
+        "64:ff9b::a00:1",
+        "64:ff9b::a9fe:a9fe",
+        "64:ff9b:1::a00:1",
+        "::a00:1",
+        "::7f00:1",
+        "2002:a00:1::1",
+        "2001:0:a00:1::1",
+        "2001:db8::1",
+        "100::1",
+        "fec0::1",
     ] {
         let addr: IpAddr = a.parse().unwrap();
         assert!(
@@ -150,9 +164,13 @@ fn special_addresses_need_an_allow_rule_naming_them() {
             "{a}"
         );
     }
-    // A public address of an allowed name passes.
+    // A public address of an allowed name passes, and so does its NAT64
+    // form.
     assert!(by_name
         .check_address("198.51.100.1".parse().unwrap(), 443)
+        .allowed());
+    assert!(by_name
+        .check_address("64:ff9b::c633:6401".parse().unwrap(), 443)
         .allowed());
     // Named by address or network (and port), it opens.
     let named = Policy::new(vec![layer(

@@ -249,9 +249,28 @@ pub struct Broker {
     /// What an intercepted connection's server is verified against
     /// (`None`: interception refused, naming why).
     pub upstream_tls: Result<Arc<rustls::ClientConfig>, String>,
+    /// Becomes true when the session ends (or its sender is dropped):
+    /// every relay of the broker's then ends, both sides shut down, so
+    /// nothing of a deleted session's connections stays open (`None`: they
+    /// end only by themselves).
+    pub ended: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl Broker {
+    /// Resolves when the session has ended.
+    fn session_ended(&self) -> impl std::future::Future<Output = ()> + use<> {
+        let ended = self.ended.clone();
+        async move {
+            match ended {
+                // An error: the sender is gone, with its session.
+                Some(mut e) => {
+                    let _ = e.wait_for(|e| *e).await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+    }
+
     /// Serves one client under `policy`, with the session's `secrets`;
     /// returns what happened.
     pub async fn serve(
@@ -351,7 +370,7 @@ impl Broker {
                 // Counted as the server got them (a forwarded head as
                 // rewritten).
                 attempt.sent = rest.len() as u64 + head.len() as u64;
-                let (up, down) = crate::relay::relay(client, server).await;
+                let (up, down) = crate::relay::relay(client, server, self.session_ended()).await;
                 attempt.sent += up;
                 attempt.received = down;
                 attempt
@@ -518,7 +537,7 @@ impl Broker {
             return attempt;
         }
         attempt.sent = (head.len() + rest.len()) as u64;
-        let (up, down) = copy_both(tls, upstream).await;
+        let (up, down) = copy_both(tls, upstream, self.session_ended()).await;
         attempt.sent += up;
         attempt.received = down;
         attempt
@@ -592,22 +611,36 @@ impl Broker {
 /// Copies both ways between two streams until both are done; a stream
 /// that ends without TLS's closing message (as many servers do) counts as
 /// ended. Returns the bytes from `a` to `b`, and back.
-async fn copy_both<A, B>(a: A, b: B) -> (u64, u64)
+async fn copy_both<A, B>(a: A, b: B, ended: impl std::future::Future) -> (u64, u64)
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
     let (mut ar, mut aw) = tokio::io::split(a);
     let (mut br, mut bw) = tokio::io::split(b);
-    tokio::join!(one_way(&mut ar, &mut bw), one_way(&mut br, &mut aw))
+    let (mut up, mut down) = (0u64, 0u64);
+    {
+        let both = async {
+            tokio::join!(
+                one_way(&mut ar, &mut bw, &mut up),
+                one_way(&mut br, &mut aw, &mut down)
+            )
+        };
+        // The session's end drops both streams (closing them) once this
+        // returns.
+        tokio::select! {
+            _ = both => {}
+            _ = ended => {}
+        }
+    }
+    (up, down)
 }
 
-async fn one_way<R, W>(r: &mut R, w: &mut W) -> u64
+async fn one_way<R, W>(r: &mut R, w: &mut W, moved: &mut u64)
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut moved = 0u64;
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = match r.read(&mut buf).await {
@@ -617,10 +650,9 @@ where
         if w.write_all(&buf[..n]).await.is_err() || w.flush().await.is_err() {
             break;
         }
-        moved += n as u64;
+        *moved += n as u64;
     }
     let _ = w.shutdown().await;
-    moved
 }
 
 /// What a refusal of the loopback adds: which loopback the proxy reaches.

@@ -25,18 +25,28 @@ use tokio::net::TcpStream;
 /// moves at most: fewer calls per byte than the default 64 KiB.
 const PIPE: usize = 1024 * 1024;
 
-/// Relays between `a` and `b` until both directions are done; returns the
-/// bytes from `a` to `b` and from `b` to `a`.
-pub async fn relay(a: TcpStream, b: TcpStream) -> (u64, u64) {
-    let up = direction(&a, &b);
-    let down = direction(&b, &a);
-    tokio::join!(up, down)
+/// Relays between `a` and `b` until both directions are done, or until
+/// `ended` (the session's end: both are then shut down, however far they
+/// were); returns the bytes from `a` to `b` and from `b` to `a`.
+pub async fn relay(a: TcpStream, b: TcpStream, ended: impl std::future::Future) -> (u64, u64) {
+    let (mut up, mut down) = (0u64, 0u64);
+    {
+        let both = async { tokio::join!(direction(&a, &b, &mut up), direction(&b, &a, &mut down)) };
+        tokio::select! {
+            _ = both => {}
+            _ = ended => {
+                let _ = rustix::net::shutdown(a.as_fd(), Shutdown::Both);
+                let _ = rustix::net::shutdown(b.as_fd(), Shutdown::Both);
+            }
+        }
+    }
+    (up, down)
 }
 
-/// Copies `from` to `to` until `from` ends; returns the bytes moved.
-async fn direction(from: &TcpStream, to: &TcpStream) -> u64 {
-    let mut moved = 0u64;
-    match pump(from, to, &mut moved).await {
+/// Copies `from` to `to` until `from` ends, counting the bytes moved in
+/// `moved`.
+async fn direction(from: &TcpStream, to: &TcpStream, moved: &mut u64) {
+    match pump(from, to, moved).await {
         Ok(()) => {
             let _ = rustix::net::shutdown(to.as_fd(), Shutdown::Write);
         }
@@ -45,7 +55,6 @@ async fn direction(from: &TcpStream, to: &TcpStream) -> u64 {
             let _ = rustix::net::shutdown(to.as_fd(), Shutdown::Both);
         }
     }
-    moved
 }
 
 /// A direction's pipe: its read and write ends, and what one `splice`
@@ -170,7 +179,7 @@ mod tests {
         // client <-> (a relay b) <-> server
         let (mut client, a) = pair().await;
         let (b, mut server) = pair().await;
-        let relayed = tokio::spawn(relay(a, b));
+        let relayed = tokio::spawn(relay(a, b, std::future::pending::<()>()));
         let up: Vec<u8> = (0..5_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
         let down: Vec<u8> = (0..3_000_001u32).map(|i| (i * 13 % 241) as u8).collect();
         let (u, d) = (up.clone(), down.clone());
@@ -195,7 +204,7 @@ mod tests {
     async fn dropping_the_relay_ends_both_connections() {
         let (mut client, a) = pair().await;
         let (b, mut server) = pair().await;
-        let relayed = tokio::spawn(relay(a, b));
+        let relayed = tokio::spawn(relay(a, b, std::future::pending::<()>()));
         client.write_all(b"ping").await.unwrap();
         let mut buf = [0u8; 4];
         server.read_exact(&mut buf).await.unwrap();
@@ -208,6 +217,38 @@ mod tests {
             client.read_to_end(&mut rest),
         );
         assert!(c.await.is_ok(), "the client's side was left open");
+        let s = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            server.read_to_end(&mut rest),
+        );
+        assert!(s.await.is_ok(), "the server's side was left open");
+    }
+
+    /// The session's end ends a relay whose server never closes its side,
+    /// with the client's side half-closed (FIN-WAIT-2 for ever, before):
+    /// both ends see the end, and the bytes moved are counted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_session_s_end_ends_a_relay_a_server_holds_open() {
+        let (mut client, a) = pair().await;
+        let (b, mut server) = pair().await;
+        let (end, mut ended) = tokio::sync::watch::channel(false);
+        let relayed = tokio::spawn(relay(a, b, async move {
+            let _ = ended.wait_for(|e| *e).await;
+        }));
+        client.write_all(b"ping").await.unwrap();
+        client.shutdown().await.unwrap();
+        let mut buf = [0u8; 4];
+        server.read_exact(&mut buf).await.unwrap();
+        // The server holds its side open: the relay waits, as it should.
+        let waiting = tokio::time::timeout(std::time::Duration::from_millis(200), async {}).await;
+        assert!(waiting.is_ok() && !relayed.is_finished());
+        end.send_replace(true);
+        let moved = tokio::time::timeout(std::time::Duration::from_secs(5), relayed)
+            .await
+            .expect("the relay outlived its session")
+            .unwrap();
+        assert_eq!(moved, (4, 0));
+        let mut rest = Vec::new();
         let s = tokio::time::timeout(
             std::time::Duration::from_secs(5),
             server.read_to_end(&mut rest),
@@ -233,7 +274,7 @@ mod tests {
         for _ in 0..200 {
             let (mut client, a) = pair().await;
             let (b, mut server) = pair().await;
-            relays.push(tokio::spawn(relay(a, b)));
+            relays.push(tokio::spawn(relay(a, b, std::future::pending::<()>())));
             // Each moves a little, then idles.
             client.write_all(b"x").await.unwrap();
             let mut one = [0u8; 1];

@@ -779,3 +779,89 @@ print(n)
         "{last}"
     );
 }
+
+/// A server that accepts and never closes a connection, whatever the
+/// client does (a half-close included); its address.
+fn holding_server() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in l.incoming().flatten() {
+            held.push(s);
+        }
+    });
+    addr
+}
+
+/// A deleted session's relayed connections end with it, even to a server
+/// that never closes its side: their descriptors leave the daemon and
+/// their permits of the daemon's budget go back, so another session can
+/// connect. (Before, each stayed half-closed for good, holding its permit:
+/// two such sessions deleted left every other session refused.)
+#[test]
+fn a_deleted_session_s_connections_end_with_it() {
+    let name = "a_deleted_session_s_connections_end_with_it";
+    if !setup(name) {
+        return;
+    }
+    let server = holding_server();
+    let dns = DnsStub::start(HashMap::new()).unwrap();
+    let resolver = dns.addr().to_string();
+    let allow = server.to_string();
+    let d = ProcDaemon::start(
+        "netdeleted",
+        &[
+            "--plugin",
+            "network",
+            "--network-resolver",
+            &resolver,
+            "--network-allow",
+            &allow,
+            "--proxy-connections",
+            "20",
+        ],
+    );
+    ctl_ok(&d, &["agent", "create", "a"]);
+    ctl_ok(&d, &["agent", "create", "b"]);
+    ctl_ok(&d, &["session", "create", "a", "s", "--network", "proxy"]);
+    ctl_ok(&d, &["session", "create", "b", "t", "--network", "proxy"]);
+    let pid = d.daemon.child.id();
+    let fds_before = fds(pid);
+    let cur = allox_integration::session_current(&d, "a", "s");
+    std::fs::write(
+        cur.join("flood.py"),
+        flood_script("s", 20, &allow, "--proxy-connections"),
+    )
+    .unwrap();
+    sh_bg(&d, "a", "s", "python3 /allox/session/flood.py");
+    wait_for(&cur.join("s.result"), Duration::from_secs(60));
+    assert_eq!(result(&cur.join("s.result")), [20, 0, 0, 0]);
+    ctl_ok(&d, &["session", "delete", "a", "s", "--force"]);
+    // Its connections' descriptors leave the daemon.
+    let t0 = Instant::now();
+    while fds(pid) > fds_before + 10 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the deleted session's connections stay: {fds_before} descriptors before, {} now",
+            fds(pid)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Another agent's session has the daemon's whole budget again.
+    let cur_t = allox_integration::session_current(&d, "b", "t");
+    std::fs::write(
+        cur_t.join("flood.py"),
+        flood_script("t", 20, &allow, "--proxy-connections"),
+    )
+    .unwrap();
+    let run = sh_bg(&d, "b", "t", "python3 /allox/session/flood.py");
+    wait_for(&cur_t.join("t.result"), Duration::from_secs(60));
+    assert_eq!(
+        result(&cur_t.join("t.result")),
+        [20, 0, 0, 0],
+        "held, refused, named, other: the deleted session's permits are still held"
+    );
+    std::fs::write(cur_t.join("t.done"), "").unwrap();
+    assert_eq!(wait_run(&d, "b", "t", &run).exit_code, Some(0));
+}

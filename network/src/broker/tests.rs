@@ -75,6 +75,7 @@ fn broker(dns: SocketAddr) -> Broker {
         timeouts: Timeouts::default(),
         own: Arc::new(OwnAddresses::new()),
         upstream_tls: Err("no interception in this test".into()),
+        ended: None,
     }
 }
 

@@ -342,6 +342,9 @@ impl Plugin for Network {
             .unwrap_or_else(|e| e.into_inner())
             .insert(k.clone(), live.clone());
         let lookups = st.settings.lookups_per_session;
+        // The session's end (its serving dropped) ends every connection
+        // its proxy relays.
+        let (end, end_rx) = tokio::sync::watch::channel(false);
         let broker = Broker {
             resolver: st.metrics.counting(Arc::new(LookupBudget::new(
                 st.resolver.clone(),
@@ -353,6 +356,7 @@ impl Plugin for Network {
             timeouts: Timeouts::default(),
             own: st.own.clone(),
             upstream_tls: st.upstream_tls.clone(),
+            ended: Some(end_rx),
         };
         let served = Arc::new(proxy::SessionProxy::new(
             st.clone(),
@@ -370,6 +374,7 @@ impl Plugin for Network {
         });
         Ok(Some(Box::new(Serving {
             task,
+            end,
             key: k,
             live,
             started: st,
@@ -557,6 +562,8 @@ impl Started {
 /// connections ended) and its policy forgotten when the context ends.
 struct Serving {
     task: tokio::task::JoinHandle<()>,
+    /// Set as it is dropped: the session's relayed connections end.
+    end: tokio::sync::watch::Sender<bool>,
     key: String,
     live: Arc<Live>,
     started: Arc<Started>,
@@ -565,6 +572,7 @@ struct Serving {
 impl Drop for Serving {
     fn drop(&mut self) {
         self.task.abort();
+        self.end.send_replace(true);
         let mut live = self.started.live.lock().unwrap_or_else(|e| e.into_inner());
         // Only its own entry: a newer context of the session has its own.
         if live

@@ -112,6 +112,7 @@ async fn broker(
         timeouts: Timeouts::default(),
         own: Arc::new(OwnAddresses::new()),
         upstream_tls: Ok(upstream),
+        ended: None,
     };
     let secrets = Arc::new(secrets);
     tokio::spawn(async move {

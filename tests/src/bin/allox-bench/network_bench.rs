@@ -65,6 +65,7 @@ async fn broker_for(server: SocketAddr) -> SocketAddr {
         timeouts: Timeouts::default(),
         own: Arc::new(OwnAddresses::new()),
         upstream_tls: Err("not measured here".into()),
+        ended: None,
     };
     tokio::spawn(async move {
         while let Ok((c, _)) = l.accept().await {

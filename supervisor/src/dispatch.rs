@@ -247,9 +247,9 @@ impl Supervisor {
                 st.agent_delete_allowed(&r.agent_id, r.force)?;
                 // The agent's processes die first, every session of it.
                 let Some(runs) = &self.runs else {
-                    return Ok(Response::Deleted(
-                        st.agent_delete_guarded(&r.agent_id, r.force)?,
-                    ));
+                    let done = st.agent_delete_guarded(&r.agent_id, r.force)?;
+                    let _ = self.rollbacks.send((r.agent_id.clone(), String::new()));
+                    return Ok(Response::Deleted(done));
                 };
                 let dir = runs.cgroups().agent_dir(&r.agent_id);
                 // No new run in any of its sessions until it is gone.
@@ -260,6 +260,8 @@ impl Supervisor {
                     Ok::<_, RequestError>(st.agent_delete_guarded(&r.agent_id, r.force)?)
                 });
                 let out = out?;
+                // Watches of its sessions' files end, saying so.
+                let _ = self.rollbacks.send((r.agent_id.clone(), String::new()));
                 runs.forget_pause(&r.agent_id, None);
                 self.plugins.deleted(&r.agent_id, None);
                 self.ports.deleted(&r.agent_id, None);
@@ -356,7 +358,9 @@ impl Supervisor {
                 // Refused before any process is touched.
                 st.session_delete_allowed(a, s, r.force)?;
                 let Some(runs) = &self.runs else {
-                    return Ok(Response::Deleted(st.session_delete_guarded(a, s, r.force)?));
+                    let done = st.session_delete_guarded(a, s, r.force)?;
+                    let _ = self.rollbacks.send((a.clone(), s.clone()));
+                    return Ok(Response::Deleted(done));
                 };
                 let dir = runs.cgroups().session_dir(a, s);
                 let out = runs.fenced(FenceScope::session(a, s), || {
@@ -365,6 +369,8 @@ impl Supervisor {
                     Ok::<_, RequestError>(st.session_delete_guarded(a, s, r.force)?)
                 });
                 let out = out?;
+                // Watches of its files end, saying so.
+                let _ = self.rollbacks.send((a.clone(), s.clone()));
                 runs.forget_pause(a, Some(s));
                 self.plugins.deleted(a, Some(s));
                 self.ports.deleted(a, Some(s));

@@ -807,8 +807,20 @@ fn a_watch_reports_a_run_s_changes_and_a_rollback() {
         (e["change"].as_str(), e["path"].as_str()),
         (Some("created"), Some("after"))
     );
-    let _ = w.kill();
-    let _ = w.wait();
+    // The session deleted: the watch ends, saying so (it stayed open
+    // about nothing, for ever).
+    ctl_ok(&d, &["session", "delete", "a", "s", "--force"]);
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let status = w.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "the watch of a deleted session did not end with an error: {status:?} {rest:?}"
+    );
+    assert!(
+        !rest.iter().any(|l| l.contains("rolled_back")),
+        "a delete is no rollback: {rest:?}"
+    );
 }
 
 /// curl against the gateway: `args`, then the URL. Returns the status

@@ -5,7 +5,8 @@
 //! their open handles (`/proc/self/fd/N`), so a link planted in the tree
 //! never makes the daemon watch anything outside it. A rollback of the
 //! session replaces the tree: it is reported once (`rolled_back`), and the
-//! new tree is watched.
+//! new tree is watched. A delete of the session (or its agent) ends the
+//! watch with `not_found`, naming it.
 
 use super::path::Rel;
 use super::Files;
@@ -295,12 +296,24 @@ impl Files<'_> {
                         }
                     }
                     rb = rollbacks.recv() => {
+                        // A tree replaced (`session`), or every tree of
+                        // an agent deleted (`""`).
                         let ours = match &rb {
-                            Ok((a, s)) => *a == r.agent_id && *s == r.session_id,
+                            Ok((a, s)) => *a == r.agent_id && (*s == r.session_id || s.is_empty()),
                             // Missed some: one of them may be ours.
                             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
                             Err(_) => return Err(FilesError::SubscriberGone),
                         };
+                        if ours {
+                            // Deleted: the watch ends, saying so.
+                            self.fs_root(
+                                &r.agent_id,
+                                &r.session_id,
+                                r.scope,
+                                None,
+                                &super::ResolvedBelow::ScopeRoot,
+                            )?;
+                        }
                         if ours && r.scope == FsScope::Session {
                             let ev = FsEvent {
                                 change: FsChange::RolledBack,

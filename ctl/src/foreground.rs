@@ -277,6 +277,8 @@ pub(crate) fn pass_input(
     let mut stdin = std::io::stdin().lock();
     let mut buf = vec![0u8; 16 << 10];
     let mut held = false;
+    // The last refusal said (each said once while it lasts).
+    let mut said: Option<String> = None;
     loop {
         let n = match stdin.read(&mut buf) {
             Ok(n) => n,
@@ -308,10 +310,24 @@ pub(crate) fn pass_input(
             data: data.into(),
             close: n == 0,
         });
-        // In order, each after the last was taken; a run that ended (or
-        // closed its input) takes no more.
+        // In order, each after the last was taken. A refusal (the session
+        // held, being rolled back) is said and the input goes on being
+        // read, so that the detach keys and Ctrl-C keep working; the run's
+        // end ends this process.
         match sender.call(request) {
-            Ok(Ok(_)) if n > 0 => {}
+            Ok(Ok(_)) if n > 0 => said = None,
+            Ok(Err(e)) if n > 0 => {
+                if said.as_deref() != Some(e.message.as_str()) {
+                    let _ = std::io::stderr().write_all(
+                        format!(
+                            "\r\nalloxctl: input not passed to the run: {}\r\n",
+                            e.message
+                        )
+                        .as_bytes(),
+                    );
+                    said = Some(e.message);
+                }
+            }
             _ => return,
         }
     }

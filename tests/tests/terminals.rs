@@ -928,3 +928,42 @@ fn exec_t_fed_from_a_pipe_ends_with_its_input() {
         assert!(out.contains(want), "{argv:?} fed {input:?}: {out:?}");
     }
 }
+
+/// A key typed at `alloxctl exec -t` while the session is held (the
+/// operator's `session pause --hold`) is refused: alloxctl says so, and
+/// goes on reading the keyboard — once the session is resumed, what is
+/// typed reaches the run, and the detach keys still leave. (Before, the
+/// refusal silently ended the keyboard's reading: the detach keys, Ctrl-C
+/// and every later key did nothing.)
+#[test]
+fn a_refused_key_at_exec_t_is_said_and_the_keyboard_still_works() {
+    let name = "terminals::a_refused_key_at_exec_t_is_said_and_the_keyboard_still_works";
+    if !needs(name, which("tmux").is_none().then(|| "tmux".to_string())) {
+        return;
+    }
+    let Some(d) = setup("refused_key") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let tmux = Tmux::start(dir.path(), 120, 30);
+    let ctl = allox_integration::workspace_bin("alloxctl");
+    let sock = d.daemon.socket.clone();
+    tmux.line(&format!(
+        "{} --socket {} exec -t a s -- /bin/sh -c 'echo ready\"\"-here; while read l; do echo got:$l; done'",
+        ctl.display(),
+        sock.display()
+    ));
+    tmux.wait_for("ready-here");
+    let (code, _, err) =
+        allox_integration::alloxctl(&sock, &["session", "pause", "a", "s", "--hold"]);
+    assert_eq!(code, 0, "{err}");
+    tmux.keys(&["-l", "x"]);
+    let s = tmux.wait_for("input not passed to the run");
+    assert!(s.contains("session.resume") || s.contains("resume"), "{s}");
+    let (code, _, err) = allox_integration::alloxctl(&sock, &["session", "resume", "a", "s"]);
+    assert_eq!(code, 0, "{err}");
+    tmux.line("after-resume");
+    tmux.wait_for("got:after-resume");
+    tmux.keys(&["C-p", "C-q"]);
+    tmux.wait_for("follows it again");
+}

@@ -231,7 +231,9 @@ pub fn wait(
 pub fn refused_status(body: &ErrorBody) -> u8 {
     // The daemon's words for it (the runs' argument check).
     let missing = body.message.starts_with("program ")
-        && (body.message.contains(" not found in the sandbox's PATH")
+        && (body.message.contains(" not found in the run's PATH")
+            // (A daemon before this said so.)
+            || body.message.contains(" not found in the sandbox's PATH")
             || body
                 .message
                 .contains(" does not exist in the sandbox or is not executable"));
@@ -417,7 +419,7 @@ mod tests {
         assert_eq!(
             refused(
                 ErrorCode::InvalidRequest,
-                "program \"nope\" not found in the sandbox's PATH (/bin)"
+                "program \"nope\" not found in the run's PATH (/bin)"
             ),
             NOT_FOUND
         );

@@ -2215,3 +2215,47 @@ fn a_restarted_supervisor_follows_its_runs_output_and_end() {
     );
     assert!(logs(&d, "t", &tty.run_id).contains("tty-done"));
 }
+
+/// A run's program is looked up in the `PATH` the run's own environment
+/// names, as `execvp` would there: a program on it is found, and a name on
+/// it comes before the system's (the daemon looked in its own PATH
+/// whatever the run's said, and ran /usr/bin/ls for a run whose PATH put
+/// its own `ls` first).
+#[test]
+fn the_run_s_own_path_finds_its_program() {
+    let Some(d) = setup("the_run_s_own_path_finds_its_program") else {
+        return;
+    };
+    let r = sh(
+        &d,
+        "a",
+        "s",
+        "mkdir -p bin && printf '#!/bin/sh\\necho mine\\n' > bin/mytool && printf '#!/bin/sh\\necho my-ls\\n' > bin/ls && chmod +x bin/mytool bin/ls",
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let with_path = |prog: &str| {
+        let mut p = start("a", "s", &[prog]);
+        p.env
+            .insert("PATH".into(), "/allox/session/bin:/usr/bin:/bin".into());
+        call(&d, Request::ProcessStart(p))
+    };
+    for (prog, want) in [("mytool", "mine\n"), ("ls", "my-ls\n")] {
+        match with_path(prog) {
+            Ok(Response::Exited(r)) => assert_eq!(r.stdout, want, "{prog}: {r:?}"),
+            other => panic!("{prog}: {other:?}"),
+        }
+    }
+    // Not on it: refused, naming the PATH looked in.
+    let e = with_path("no-such-tool").expect_err("not on the run's PATH");
+    assert_eq!(e.code, ErrorCode::InvalidRequest, "{e:?}");
+    assert!(
+        e.message
+            .contains("the run's PATH (/allox/session/bin:/usr/bin:/bin)"),
+        "{e:?}"
+    );
+    // Without a PATH of its own, the sandbox's: the system's ls.
+    match call(&d, Request::ProcessStart(start("a", "s", &["ls", "bin"]))) {
+        Ok(Response::Exited(r)) => assert!(r.stdout.contains("mytool"), "{r:?}"),
+        other => panic!("ls: {other:?}"),
+    }
+}

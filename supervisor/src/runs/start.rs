@@ -266,13 +266,21 @@ impl Runs {
             .collect();
         // A plugin's prefix (a wrapper) comes first on the command line.
         let argv: Vec<String> = added.prefix.iter().chain(&p.argv).cloned().collect();
+        // Looked up in the `PATH` the program will have: the request's,
+        // else a plugin's, else the sandbox's own (as `execvp` in that
+        // environment would).
+        let run_path = p
+            .env
+            .get("PATH")
+            .or_else(|| added.env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v))
+            .unwrap_or(&path);
         let program = validate::resolve(
             &argv[0],
             &cwd,
             &paths.current,
             &self.cfg.system_dirs,
             &validate::Lookup {
-                path: &path,
+                path: run_path,
                 binds: &visible,
             },
         )?;

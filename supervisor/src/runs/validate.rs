@@ -30,7 +30,7 @@ pub enum Refused {
     CwdOutside(String),
     #[error("program {0:?} does not exist in the sandbox or is not executable")]
     NotExecutable(String),
-    #[error("program {0:?} not found in the sandbox's PATH ({1})")]
+    #[error("program {0:?} not found in the run's PATH ({1})")]
     NotInPath(String, String),
     #[error("a terminal of {rows} rows and {cols} columns: each must be 1 to {MAX_TERM_SIDE}")]
     TermSize { rows: u16, cols: u16 },

@@ -64,6 +64,11 @@ pub struct SuperviseArgs {
     /// groups make snapshots and their deletion slower (docs/store.md).
     #[arg(long, value_name = "BYTES", value_parser = allox_store::parse_size)]
     pub session_quota: Option<u64>,
+    /// The most turn records a session keeps: as a turn begins past it,
+    /// the oldest ended ones go (their checkpoints stay). Bounds what an
+    /// agent looping `allox turn begin`/`end` spends in the index.
+    #[arg(long, value_name = "N", default_value_t = allox_store::TURNS_KEPT, value_parser = at_least_one)]
+    pub turns_kept: usize,
     /// Run without process support (store only).
     #[arg(long)]
     pub no_processes: bool,
@@ -334,6 +339,7 @@ impl SuperviseArgs {
             idle_timeout_ms: None,
             max_lifetime_ms: None,
             session_quota: None,
+            turns_kept: allox_store::TURNS_KEPT,
             no_processes: false,
             cgroup_root: None,
             sandbox_uid: Self::DEFAULT_SANDBOX_ID,
@@ -588,6 +594,7 @@ impl SuperviseArgs {
                 root: self.root,
                 store: allox_store::StoreOptions {
                     session_quota: self.session_quota,
+                    turns_kept: self.turns_kept,
                 },
                 socket,
                 virtio_ports,
@@ -708,3 +715,11 @@ fn listeners(listen: &[String]) -> Result<(PathBuf, Vec<String>), SuperviseError
 pub(crate) mod fake;
 #[cfg(test)]
 mod tests;
+
+/// A count of at least 1 (`--turns-kept`).
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{s:?}: a whole number, at least 1")),
+    }
+}

@@ -454,6 +454,12 @@ impl Writer<'_> {
     ) -> Result<(), IndexError> {
         self.put(TURNS, &session_item_key(a, s, t), r)
     }
+    pub fn remove_turn(&mut self, a: &str, s: &str, t: &str) -> Result<(), IndexError> {
+        self.tx
+            .open_table(TURNS)?
+            .remove(session_item_key(a, s, t).as_str())?;
+        Ok(())
+    }
     pub fn put_agent_clock(&mut self, a: &str, r: &ClockRecord) -> Result<(), IndexError> {
         self.put(CLOCKS, a, r)
     }

@@ -15,13 +15,32 @@ use crate::btrfs::{self, quota};
 use crate::layout::Layout;
 
 /// How the store is opened.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct StoreOptions {
     /// Limit on the bytes each session's `current/` may reference (its
     /// files, and the metadata that describes them), enforced by Btrfs
     /// quota groups: a write past it fails with `EDQUOT`. `None`: no limit
     /// (and quota groups are not turned on).
     pub session_quota: Option<u64>,
+    /// The most turn records a session keeps: as a turn begins past it,
+    /// the oldest ended ones go (their checkpoints stay, as
+    /// `keep_last` has them). A session's turns are read whole at each
+    /// turn's begin and end, so an agent looping `allox turn begin/end`
+    /// cannot grow the index, or slow every turn, without bound.
+    pub turns_kept: usize,
+}
+
+/// [`StoreOptions::turns_kept`] unless the daemon is told otherwise
+/// (`--turns-kept`).
+pub const TURNS_KEPT: usize = 1000;
+
+impl Default for StoreOptions {
+    fn default() -> StoreOptions {
+        StoreOptions {
+            session_quota: None,
+            turns_kept: TURNS_KEPT,
+        }
+    }
 }
 
 /// Reads a size in bytes: a number, optionally followed by `K`, `M`, `G`

@@ -129,7 +129,16 @@ impl Store {
             checkpoint_id: None,
             checkpoint_error: None,
         };
-        self.index.write(|w| w.put_turn(a, s, &t, &rec))?;
+        // The oldest ended turns beyond what a session keeps go in the
+        // same transaction (none is open: a begin is refused then).
+        let keep = self.opts.turns_kept.max(1);
+        let gone = (turns.len() + 1).saturating_sub(keep);
+        self.index.write(|w| {
+            for (old, _) in &turns[..gone] {
+                w.remove_turn(a, s, old)?;
+            }
+            w.put_turn(a, s, &t, &rec)
+        })?;
         Ok(turn_info(a, s, &t, &rec))
     }
 

@@ -21,6 +21,7 @@ fn open(fs: &BtrfsFs, quota: Option<u64>) -> Store {
         Failpoints::default(),
         StoreOptions {
             session_quota: quota,
+            ..Default::default()
         },
     )
     .expect("open store")

@@ -265,6 +265,71 @@ fn a_default_turn_id_taken_by_hand_is_passed_over() {
     e(&three.turn_id).unwrap();
 }
 
+/// A session keeps its newest `turns_kept` turn records: as a turn begins
+/// past it, the oldest ended ones go (an agent looping `allox turn
+/// begin/end` grew the index, and slowed every turn, without bound); the
+/// numbers and default ids go on.
+#[test]
+fn a_session_keeps_its_newest_turns_only() {
+    let name = "turns::a_session_keeps_its_newest_turns_only";
+    if !require(name) {
+        return;
+    }
+    let fs = BtrfsFs::new(512).expect("make btrfs");
+    std::fs::create_dir(fs.path().join("store")).unwrap();
+    let st = Store::open_with(
+        &fs.path().join("store"),
+        Failpoints::default(),
+        allox_store::StoreOptions {
+            turns_kept: 3,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    st.agent_create("a").unwrap();
+    session(&st, "s");
+    let mut ids = Vec::new();
+    for n in 1..=5u64 {
+        let t = turn(&st, "s", TurnStatus::Failed);
+        assert_eq!((t.number, t.turn_id.clone()), (n, format!("turn-{n}")));
+        ids.push(t.turn_id);
+    }
+    let end = |id: &str| {
+        st.turn_end(&TurnEnd {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            turn_id: id.into(),
+            status: TurnStatus::Ok,
+            label: None,
+        })
+    };
+    // turn-1 and turn-2 are gone; turn-3 to turn-5 are kept, ended.
+    for gone in &ids[..2] {
+        let e = end(gone).unwrap_err();
+        assert!(
+            matches!(e, allox_store::StoreError::NotFound(_)),
+            "{gone}: {e:?}"
+        );
+    }
+    for kept in &ids[2..] {
+        let e = end(kept).unwrap_err();
+        assert!(
+            matches!(e, allox_store::StoreError::TurnEnded { .. }),
+            "{kept}: {e:?}"
+        );
+    }
+    // An open turn is never among those that go.
+    let open = st
+        .turn_begin(&TurnBegin {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            turn_id: None,
+        })
+        .unwrap();
+    assert_eq!(open.number, 6);
+    assert_eq!(st.open_turn("a", "s").unwrap().as_deref(), Some("turn-6"));
+}
+
 #[test]
 fn agent_create_takes_the_policy() {
     if !require("turns::agent_create_takes_the_policy") {

@@ -93,6 +93,7 @@ pub fn run(quick: bool) -> anyhow::Result<()> {
                 Failpoints::default(),
                 StoreOptions {
                     session_quota: quotas.then_some(4 << 30),
+                    ..Default::default()
                 },
             )?;
             let open = t.elapsed();

@@ -259,6 +259,11 @@ impl Supervisor {
                     runs.kill_tree(&dir, true)?;
                     Ok::<_, RequestError>(st.agent_delete_guarded(&r.agent_id, r.force)?)
                 });
+                // Another delete of it that finished first took its
+                // cgroups from under this one: it is gone, as this asked.
+                if out.is_err() {
+                    st.agent_delete_allowed(&r.agent_id, true)?;
+                }
                 let out = out?;
                 // Watches of its sessions' files end, saying so.
                 let _ = self.rollbacks.send((r.agent_id.clone(), String::new()));
@@ -368,6 +373,11 @@ impl Supervisor {
                     runs.end_context(a, s)?;
                     Ok::<_, RequestError>(st.session_delete_guarded(a, s, r.force)?)
                 });
+                // Another delete that finished first (of it, or of its
+                // agent) took its cgroups from under this one: it is gone.
+                if out.is_err() {
+                    st.session_delete_allowed(a, s, true)?;
+                }
                 let out = out?;
                 // Watches of its files end, saying so.
                 let _ = self.rollbacks.send((a.clone(), s.clone()));

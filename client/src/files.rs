@@ -65,7 +65,7 @@ pub enum CopyError {
     Transport(#[from] ClientError),
     #[error("{what}: {}: {}", .body.code, .body.message)]
     Daemon { what: String, body: ErrorBody },
-    #[error("{path}: {source}")]
+    #[error("{}", .path.display())]
     Local {
         path: PathBuf,
         #[source]

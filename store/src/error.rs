@@ -24,7 +24,7 @@ pub enum StoreError {
     #[error("{0}")]
     Restore(String),
     /// `session.update` without a limit to change.
-    #[error("session.update changes nothing: give pids_max, memory_max or cpu_max")]
+    #[error("session.update changes nothing: give pids_max, memory_max, cpu_max, idle_timeout_ms or max_lifetime_ms")]
     NothingToUpdate,
     #[error("cpu_max {0:?} must be \"QUOTA PERIOD\" or \"max PERIOD\" in microseconds")]
     BadCpuMax(String),
@@ -123,8 +123,9 @@ pub enum StoreError {
     Audit(#[from] AuditError),
     #[error(transparent)]
     Tree(#[from] TreeError),
-    /// A session archive that does not read or does not check.
-    #[error("the session archive is refused: {0}")]
+    /// A session archive that does not read or does not check (why is
+    /// its source: the chain says it once).
+    #[error("the session archive is refused")]
     Archive(#[from] crate::archive::ArchiveError),
     /// A session archive whose content is refused (a bad id, a stream the
     /// receiving side cannot apply), and why.
@@ -267,7 +268,7 @@ mod tests {
             (
                 StoreError::NothingToUpdate,
                 ErrorCode::InvalidRequest,
-                "session.update changes nothing: give pids_max, memory_max or cpu_max".into(),
+                "session.update changes nothing: give pids_max, memory_max, cpu_max, idle_timeout_ms or max_lifetime_ms".into(),
             ),
             (
                 StoreError::BadCpuMax("1 2 3".into()),

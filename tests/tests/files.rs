@@ -451,6 +451,10 @@ fn cp_keeps_a_sparse_file_sparse_both_ways() {
         let m = std::fs::metadata(&holes).unwrap();
         assert!(m.len() == 1 << 30 && m.blocks() == 0, "{m:?}");
     }
+    // A local file that is not there: said once.
+    let (code, _, err) = ctl(&d, &["cp", "/nonexistent-allox-file", "a/s:x"]);
+    assert_ne!(code, 0);
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
     // A file that is all data is copied whole (one extent).
     std::fs::write(&local, vec![7u8; 3 << 20]).unwrap();
     ctl_ok(&d, &["cp", local.to_str().unwrap(), "a/s:dense"]);

@@ -276,6 +276,17 @@ fn archives_that_do_not_check_leave_nothing() {
     let refused = |b: &[u8], want: &str| {
         let e = import(&dst, b, 65536).unwrap_err();
         assert!(e.contains(want), "{e}");
+        // Why, once (the chain said it twice).
+        let parts: Vec<&str> = e.split(": ").collect();
+        assert!(
+            !parts.windows(2).any(|w| w[0] == w[1])
+                && parts
+                    .iter()
+                    .filter(|p| p.starts_with("the archive ends early"))
+                    .count()
+                    <= 1,
+            "said twice: {e}"
+        );
         assert!(on_disk(&dst).is_empty(), "left: {:?}", on_disk(&dst));
         assert!(dst.session_list("a").unwrap().is_empty());
     };

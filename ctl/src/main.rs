@@ -414,7 +414,13 @@ fn run() -> ExitCode {
                         ),
                         None => Box::new(std::io::stdin().lock()),
                     };
-                    allox_ctl::transfer::import(&mut c, &agent, session.as_deref(), &mut src)
+                    allox_ctl::transfer::import(
+                        &mut c,
+                        &agent,
+                        session.as_deref(),
+                        &mut src,
+                        Some(&cli.socket),
+                    )
                 });
             show_imported(done, cli.json)
         }
@@ -428,15 +434,16 @@ fn run() -> ExitCode {
             let done = Client::connect(&cli.socket)
                 .map_err(|e| error_chain(&e))
                 .and_then(|mut from| {
-                    let mut to = Client::connect(&to)
+                    let mut to_client = Client::connect(&to)
                         .map_err(|e| format!("{}: {}", to.display(), error_chain(&e)))?;
                     allox_ctl::transfer::move_session(
                         &mut from,
-                        &mut to,
+                        &mut to_client,
                         &agent,
                         &session,
                         new_session.as_deref(),
                         since.as_deref(),
+                        Some(&to),
                     )
                 });
             show_imported(done, cli.json)

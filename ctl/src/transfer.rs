@@ -170,6 +170,42 @@ impl<'c> Importer<'c> {
         done
     }
 
+    /// From now on, a SIGINT (Ctrl-C), SIGTERM or SIGHUP to alloxctl drops
+    /// this import on the daemon at `socket` (over a connection of its
+    /// own: the one in use may be waiting on a piece) and ends alloxctl
+    /// with 130, instead of leaving the import to hold one of the daemon's
+    /// few slots until it has been idle five minutes.
+    pub fn abort_on_interrupt(&self, socket: &std::path::Path) {
+        use nix::sys::signal::{SigSet, Signal};
+        let mut set = SigSet::empty();
+        for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+            set.add(s);
+        }
+        if set.thread_block().is_err() {
+            return;
+        }
+        let mut q = self.q.clone();
+        q.abort = true;
+        q.data = Bytes::default();
+        let socket = socket.to_path_buf();
+        std::thread::spawn(move || {
+            if set.wait().is_err() {
+                return;
+            }
+            let dropped = Client::connect(&socket)
+                .ok()
+                .and_then(|mut c| c.call(Request::SessionImport(q)).ok());
+            let said = match dropped {
+                Some(Ok(_)) => "the import was dropped on the daemon",
+                _ => {
+                    "the import could not be dropped on the daemon: it goes once idle five minutes"
+                }
+            };
+            eprintln!("\nalloxctl: interrupted: {said}");
+            std::process::exit(130);
+        });
+    }
+
     /// Drops the import on the daemon (after a failure of the source).
     pub fn abort(self) {
         let mut q = self.q.clone();
@@ -180,13 +216,19 @@ impl<'c> Importer<'c> {
 }
 
 /// Imports what `input` holds.
+/// With `interrupt`, the daemon's socket: a SIGINT, SIGTERM or SIGHUP
+/// drops the import there ([`Importer::abort_on_interrupt`]).
 pub fn import(
     c: &mut Client,
     agent: &str,
     session: Option<&str>,
     input: &mut dyn Read,
+    interrupt: Option<&std::path::Path>,
 ) -> Result<SessionImported, String> {
     let mut i = Importer::new(c, agent, session);
+    if let Some(socket) = interrupt {
+        i.abort_on_interrupt(socket);
+    }
     let mut buf = vec![0u8; PIECE];
     loop {
         let n = match input.read(&mut buf) {
@@ -208,6 +250,8 @@ pub fn import(
 /// there, if given), making the agent there if it does not exist; with
 /// `since`, only what came after that checkpoint, added to the session
 /// there. The source session stays.
+/// With `interrupt`, the target's socket: a SIGINT, SIGTERM or SIGHUP
+/// drops the import there.
 pub fn move_session(
     from: &mut Client,
     to: &mut Client,
@@ -215,6 +259,7 @@ pub fn move_session(
     session: &str,
     new_session: Option<&str>,
     since: Option<&str>,
+    interrupt: Option<&std::path::Path>,
 ) -> Result<SessionImported, String> {
     if since.is_none() {
         let made = to.call(Request::AgentCreate(allox_protocol::AgentCreate::new(
@@ -227,6 +272,9 @@ pub fn move_session(
         }
     }
     let mut i = Importer::new(to, agent, new_session);
+    if let Some(socket) = interrupt {
+        i.abort_on_interrupt(socket);
+    }
     let q = SessionExport {
         agent_id: agent.into(),
         session_id: session.into(),

@@ -95,7 +95,10 @@ impl Imports {
                     if t.len() >= MAX_IMPORTS {
                         return Err(refused(
                             ErrorCode::Unavailable,
-                            format!("{MAX_IMPORTS} imports are under way; finish or abort one first"),
+                            format!(
+                                "{MAX_IMPORTS} imports are under way; finish or abort one first (one idle {} s is dropped)",
+                                IMPORT_IDLE.as_secs()
+                            ),
                         ));
                     }
                     let import = store.import_begin(&r.agent_id, r.session_id.as_deref())?;
@@ -117,6 +120,18 @@ impl Imports {
                 .remove(&id);
         };
         let Ok(mut u) = entry.try_lock() else {
+            if r.abort {
+                // Dropped now, whatever piece is being written (an
+                // interrupted client's own abort comes while its last
+                // piece is in flight): the import goes with that piece.
+                drop_it();
+                return Ok(Piece::plain(SessionImported {
+                    import_id: id,
+                    received: 0,
+                    session: None,
+                    checkpoints: 0,
+                }));
+            }
             return Err(refused(
                 ErrorCode::Conflict,
                 format!(

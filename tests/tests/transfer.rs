@@ -556,3 +556,86 @@ fn alloxctl_moves_a_session_between_daemons_by_file_and_by_pipe() {
     assert!(out.status.success(), "{out:?}");
     assert!(ctl(&b, &["check"]).contains("consistent"), "store check");
 }
+
+/// The daemon's staging trees of imports under way.
+fn staging(d: &allox_integration::ProcDaemon) -> Vec<String> {
+    let dir = d.daemon.root.join("agents/a/workspace/sessions");
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".import"))
+        .collect()
+}
+
+/// `alloxctl session import` interrupted (Ctrl-C) drops its import on the
+/// daemon and exits 130: nothing of it is left to hold one of the
+/// daemon's few import slots for five idle minutes (four interrupted
+/// imports refused every import on the daemon meanwhile).
+#[test]
+fn an_interrupted_import_is_dropped_on_the_daemon() {
+    if !require("transfer::an_interrupted_import_is_dropped_on_the_daemon") {
+        return;
+    }
+    use std::io::Write;
+    let a = allox_integration::ProcDaemon::start("interrupted-a", &[]);
+    let b = allox_integration::ProcDaemon::start("interrupted-b", &[]);
+    daemon_history(&a);
+    let file = a.fs.scratch().join("s.allox");
+    ctl(
+        &a,
+        &["session", "export", "a", "s", "-o", file.to_str().unwrap()],
+    );
+    let archive = std::fs::read(&file).unwrap();
+    ctl(&b, &["agent", "create", "a"]);
+    let mut import = std::process::Command::new(allox_integration::workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(&b.daemon.socket)
+        .args(["session", "import", "a", "s2"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Half the archive, the pipe left open: the import is under way.
+    let mut input = import.stdin.take().unwrap();
+    input.write_all(&archive[..archive.len() / 2]).unwrap();
+    input.flush().unwrap();
+    let t0 = std::time::Instant::now();
+    while staging(&b).is_empty() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "no import began"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(import.id() as i32).unwrap(),
+        rustix::process::Signal::INT,
+    )
+    .unwrap();
+    let status = import.wait().unwrap();
+    drop(input);
+    let mut err = String::new();
+    let _ = std::io::Read::read_to_string(&mut import.stderr.take().unwrap(), &mut err);
+    assert_eq!(status.code(), Some(130), "{status:?}: {err}");
+    assert!(
+        err.contains("the import was dropped on the daemon"),
+        "{err}"
+    );
+    let t0 = std::time::Instant::now();
+    while !staging(&b).is_empty() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "the interrupted import's staging is left: {:?}",
+            staging(&b)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Nothing was made, and the archive imports whole afterwards.
+    let said = ctl(
+        &b,
+        &["session", "import", "a", "-i", file.to_str().unwrap()],
+    );
+    assert!(said.starts_with("imported a/s: "), "{said}");
+}

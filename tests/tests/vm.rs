@@ -2176,7 +2176,7 @@ fn guest_a_session_moves_to_the_host_daemon_and_back_through_the_control_port() 
     let host = allox_integration::ProcDaemon::start("vm-move", &[]);
     let mut h = host.daemon.client();
     let t = Instant::now();
-    let done = allox_ctl::transfer::move_session(&mut g, &mut h, "a", "s", None, None)
+    let done = allox_ctl::transfer::move_session(&mut g, &mut h, "a", "s", None, None, None)
         .unwrap_or_else(|e| panic!("guest → host: {e}"));
     eprintln!("guest → host in {:?}: {done:?}", t.elapsed());
     assert_eq!(done.checkpoints, 2, "{done:?}");
@@ -2201,7 +2201,7 @@ fn guest_a_session_moves_to_the_host_daemon_and_back_through_the_control_port() 
     sh(&mut h, "a", "s", "echo host > d/f9; echo new > on-host");
     ok(&mut h, ck("a", "s", "h1"));
     let host_sums = sh(&mut h, "a", "s", TREE_SUMS);
-    let done = allox_ctl::transfer::move_session(&mut h, &mut g, "a", "s", None, Some("c1"))
+    let done = allox_ctl::transfer::move_session(&mut h, &mut g, "a", "s", None, Some("c1"), None)
         .unwrap_or_else(|e| panic!("host → guest since c1: {e}"));
     assert_eq!(done.checkpoints, 1, "{done:?}");
     assert_eq!(sh(&mut g, "a", "s", TREE_SUMS), host_sums);
@@ -2210,7 +2210,7 @@ fn guest_a_session_moves_to_the_host_daemon_and_back_through_the_control_port() 
         checkpoint_ids(&mut h, "a", "s")
     );
     // And whole, under another name, beside it.
-    allox_ctl::transfer::move_session(&mut h, &mut g, "a", "s", Some("copy"), None)
+    allox_ctl::transfer::move_session(&mut h, &mut g, "a", "s", Some("copy"), None, None)
         .unwrap_or_else(|e| panic!("host → guest whole: {e}"));
     assert_eq!(sh(&mut g, "a", "copy", TREE_SUMS), host_sums);
     assert_eq!(sh(&mut g, "a", "copy", "cat on-host"), "new\n");
@@ -2231,7 +2231,7 @@ fn guest_a_session_moves_to_the_host_daemon_and_back_through_the_control_port() 
         archive
     };
     let archive = export(&mut g);
-    allox_ctl::transfer::import(&mut g, "a", Some("lim2"), &mut &archive[..])
+    allox_ctl::transfer::import(&mut g, "a", Some("lim2"), &mut &archive[..], None)
         .unwrap_or_else(|e| panic!("a/lim as a/lim2: {e}"));
     let limits = |c: &mut Client, s: &str| match ok(
         c,
@@ -2248,7 +2248,7 @@ fn guest_a_session_moves_to_the_host_daemon_and_back_through_the_control_port() 
     // session whole, naming it, and keeps nothing of it.
     let controllers = std::fs::read_to_string(host.cgroup.join("cgroup.controllers")).unwrap();
     let host_has = controllers.contains("pids") && controllers.contains("memory");
-    let to_host = allox_ctl::transfer::import(&mut h, "a", Some("lim"), &mut &archive[..]);
+    let to_host = allox_ctl::transfer::import(&mut h, "a", Some("lim"), &mut &archive[..], None);
     match (host_has, to_host) {
         (true, Ok(_)) => assert_eq!(limits(&mut h, "lim"), (Some(40), Some(96 << 20))),
         (false, Err(e)) => {

@@ -637,6 +637,17 @@ fn bad_requests_are_refused_at_once() {
     assert_eq!(e.code, ErrorCode::InvalidRequest);
     assert!(e.message.contains("no-such-program"), "{}", e.message);
     assert!(t0.elapsed() < Duration::from_secs(2));
+    // A kill on disconnect that no connection could ask for (the run is
+    // not followed: no wait, or no stream) is refused, not ignored.
+    for (wait, stream) in [(false, false), (true, false), (false, true)] {
+        let mut p = start("a", "s", &["ls"]);
+        (p.wait, p.stream, p.on_disconnect) = (wait, stream, OnDisconnect::Kill);
+        let e = call(&d, Request::ProcessStart(p)).unwrap_err();
+        assert!(
+            e.code == ErrorCode::InvalidRequest && e.message.contains("needs wait and stream"),
+            "{e:?}"
+        );
+    }
     let mut p = start("a", "s", &["ls"]);
     p.cwd = Some("../../..".into());
     assert_eq!(

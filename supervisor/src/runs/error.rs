@@ -27,6 +27,10 @@ pub enum RunError {
     BadTrace(String),
     #[error("process.start's recovery (system-effects protocol v3) needs --plugin system-effects, which this daemon does not run")]
     RecoveryUnobserved,
+    /// `on_disconnect: kill` without `wait` and `stream`: no connection
+    /// follows the run, so none going away could kill it.
+    #[error("on_disconnect \"kill\" needs wait and stream: the run is killed when the connection that follows it closes, and without both none does")]
+    KillNeedsStream,
     #[error("signal {0} is not a signal this supervisor sends")]
     NoSuchSignal(i32),
     #[error("SIGSTOP would stop the sandbox's init, not the program; send SIGTSTP")]
@@ -163,7 +167,7 @@ impl RunError {
         use RunError::*;
         match self {
             InvalidId(_) | Refused(_) | NoCwd(_) | BadTrace(_) | RecoveryUnobserved
-            | NoSuchSignal(_) => ErrorCode::InvalidRequest,
+            | KillNeedsStream | NoSuchSignal(_) => ErrorCode::InvalidRequest,
             NoSuchRun { .. } | NotKept { .. } => ErrorCode::NotFound,
             Fenced { .. }
             | Held { .. }

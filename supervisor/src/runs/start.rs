@@ -91,6 +91,9 @@ impl Runs {
         if p.recovery.is_some() && !self.cfg.plugins.observes_runs() {
             return Err(RunError::RecoveryUnobserved);
         }
+        if p.on_disconnect == allox_protocol::OnDisconnect::Kill && !(p.wait && p.stream) {
+            return Err(RunError::KillNeedsStream);
+        }
         let id = self.new_run_id();
         // What is made for the run from here on is undone if the start
         // fails, however it fails (an error, a panic, the request dropped).

@@ -64,6 +64,16 @@ pub type Fence<'a> = dyn Fn(
     ) -> Result<Imported, RequestError>
     + 'a;
 
+/// The answer to an import's abort.
+fn aborted(import_id: String) -> Piece {
+    Piece::plain(SessionImported {
+        import_id,
+        received: 0,
+        session: None,
+        checkpoints: 0,
+    })
+}
+
 impl Imports {
     /// One piece of an import.
     pub fn piece(
@@ -125,12 +135,7 @@ impl Imports {
                 // interrupted client's own abort comes while its last
                 // piece is in flight): the import goes with that piece.
                 drop_it();
-                return Ok(Piece::plain(SessionImported {
-                    import_id: id,
-                    received: 0,
-                    session: None,
-                    checkpoints: 0,
-                }));
+                return Ok(aborted(id));
             }
             return Err(refused(
                 ErrorCode::Conflict,
@@ -142,12 +147,7 @@ impl Imports {
         if r.abort {
             drop(u);
             drop_it();
-            return Ok(Piece::plain(SessionImported {
-                import_id: id,
-                received: 0,
-                session: None,
-                checkpoints: 0,
-            }));
+            return Ok(aborted(id));
         }
         if u.agent != r.agent_id || u.session != r.session_id {
             return Err(refused(

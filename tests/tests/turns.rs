@@ -51,6 +51,17 @@ fn turn(st: &Store, s: &str, status: TurnStatus) -> TurnInfo {
     .unwrap()
 }
 
+/// Ends turn `id` of a/s `ok`.
+fn end_ok(st: &Store, id: &str) -> Result<TurnInfo, allox_store::StoreError> {
+    st.turn_end(&TurnEnd {
+        agent_id: "a".into(),
+        session_id: "s".into(),
+        turn_id: id.into(),
+        status: TurnStatus::Ok,
+        label: None,
+    })
+}
+
 fn tree(st: &Store, s: &str) -> Vec<(String, Option<String>, Origin)> {
     st.checkpoint_list("a", s)
         .unwrap()
@@ -244,15 +255,7 @@ fn a_default_turn_id_taken_by_hand_is_passed_over() {
             turn_id: id.map(String::from),
         })
     };
-    let e = |id: &str| {
-        st.turn_end(&TurnEnd {
-            agent_id: "a".into(),
-            session_id: "s".into(),
-            turn_id: id.into(),
-            status: TurnStatus::Ok,
-            label: None,
-        })
-    };
+    let e = |id: &str| end_ok(&st, id);
     // Turn 1 named `turn-2` by hand: turn 2's default id is taken.
     let one = b(Some("turn-2")).unwrap();
     assert_eq!(one.number, 1);
@@ -294,15 +297,7 @@ fn a_session_keeps_its_newest_turns_only() {
         assert_eq!((t.number, t.turn_id.clone()), (n, format!("turn-{n}")));
         ids.push(t.turn_id);
     }
-    let end = |id: &str| {
-        st.turn_end(&TurnEnd {
-            agent_id: "a".into(),
-            session_id: "s".into(),
-            turn_id: id.into(),
-            status: TurnStatus::Ok,
-            label: None,
-        })
-    };
+    let end = |id: &str| end_ok(&st, id);
     // turn-1 and turn-2 are gone; turn-3 to turn-5 are kept, ended.
     for gone in &ids[..2] {
         let e = end(gone).unwrap_err();

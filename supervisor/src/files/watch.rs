@@ -252,14 +252,17 @@ impl Files<'_> {
         let rel = Rel::parse(&r.path)?;
         let mut rollbacks = self.rollbacks.subscribe();
         let mut first = true;
-        loop {
-            let root = self.fs_root(
+        let root_of = || {
+            self.fs_root(
                 &r.agent_id,
                 &r.session_id,
                 r.scope,
                 None,
                 &super::ResolvedBelow::ScopeRoot,
-            )?;
+            )
+        };
+        loop {
+            let root = root_of()?;
             let dir = root.open(&rel, OFlags::RDONLY | OFlags::DIRECTORY)?;
             let mut w = Watcher::new(r.recursive)?;
             let base = if rel.is_root() {
@@ -306,13 +309,7 @@ impl Files<'_> {
                         };
                         if ours {
                             // Deleted: the watch ends, saying so.
-                            self.fs_root(
-                                &r.agent_id,
-                                &r.session_id,
-                                r.scope,
-                                None,
-                                &super::ResolvedBelow::ScopeRoot,
-                            )?;
+                            root_of()?;
                         }
                         if ours && r.scope == FsScope::Session {
                             let ev = FsEvent {

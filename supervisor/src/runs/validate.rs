@@ -162,24 +162,26 @@ impl SandboxView<'_> {
     /// last is opened itself): what it is, and a link's target.
     fn look(root: &Path, rest: &Path) -> Option<(rustix::fs::Stat, Option<PathBuf>)> {
         use rustix::fs::{Mode, OFlags, ResolveFlags};
+        // The place itself (the daemon's: a session's tree, a bind's
+        // source, which may be a file, or `/`) is opened as it is named.
+        if rest.as_os_str().is_empty() {
+            let fd = rustix::fs::open(root, OFlags::PATH | OFlags::CLOEXEC, Mode::empty()).ok()?;
+            return Some((rustix::fs::fstat(&fd).ok()?, None));
+        }
         let dir = rustix::fs::open(
             root,
             OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )
         .ok()?;
-        let fd = if rest.as_os_str().is_empty() {
-            dir
-        } else {
-            rustix::fs::openat2(
-                &dir,
-                rest,
-                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-                ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-            )
-            .ok()?
-        };
+        let fd = rustix::fs::openat2(
+            &dir,
+            rest,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        )
+        .ok()?;
         let st = rustix::fs::fstat(&fd).ok()?;
         let link = rustix::fs::FileType::from_raw_mode(st.st_mode)
             .is_symlink()
@@ -391,6 +393,30 @@ mod tests {
                 run(bad),
                 Err(Refused::NotExecutable(bad.to_string())),
                 "{bad}"
+            );
+        }
+        // A bind of a file (the in-sandbox interface's `allox`), found on
+        // the PATH, and a bind of a directory.
+        let binds = [
+            Bind {
+                src: host.path().join("tool"),
+                dst: "/run/allox/bin/allox".into(),
+                writable: false,
+            },
+            Bind {
+                src: host.path().to_path_buf(),
+                dst: "/opt/host".into(),
+                writable: false,
+            },
+        ];
+        let lookup = Lookup {
+            path: "/usr/bin:/run/allox/bin",
+            binds: &binds,
+        };
+        for p in ["allox", "/run/allox/bin/allox", "/opt/host/tool"] {
+            assert!(
+                resolve(p, "/allox/session", s, &sys, &lookup).is_ok(),
+                "{p}"
             );
         }
         let dir = |d: &str| is_session_dir(d, s, &sys, &[]);

@@ -125,7 +125,7 @@ pub(crate) fn run(
         std::process::exit(1);
     }
     if let Some(size) = spec.pty {
-        if let Err(e) = terminal(size, &spec, &kept_at) {
+        if let Err(e) = terminal(size, &spec) {
             report(&mut status, InitStatus::SetupFailed(e.chain()));
             std::process::exit(1);
         }
@@ -168,10 +168,11 @@ fn keep_at(fds: &[OwnedFd], first: i32) -> Vec<OwnedFd> {
 /// A terminal run: makes a terminal on the run's own devpts (mounted
 /// above), of `size`, its slave side owned by the sandbox's user, sends the
 /// master side to the supervisor on the socket that is stdin, stdout and
-/// stderr until then, and puts the slave side in their place. The master
-/// is closed here before the program exists: the only process that holds
-/// it is the supervisor.
-fn terminal(size: TermSize, spec: &SandboxSpec, _kept: &[OwnedFd]) -> Result<(), InitError> {
+/// stderr until then, and puts the slave side in their place. Besides the
+/// supervisor, only this PID 1 holds the master, at
+/// [`crate::KEPT_FDS`]`.terminal`, for a supervisor that restarts (the
+/// program never gets it: it is closed on exec).
+fn terminal(size: TermSize, spec: &SandboxSpec) -> Result<(), InitError> {
     use rustix::pty::OpenptFlags;
     let flags = OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC;
     // The run's devpts instance, not the context's or the host's.

@@ -403,6 +403,24 @@ impl Tmux {
         }
     }
 
+    /// Waits until the screen shows `what` at least `n` times (at most
+    /// 20 s): a message a step before already showed once is not this
+    /// step's.
+    fn wait_for_nth(&self, what: &str, n: usize) -> String {
+        let t0 = Instant::now();
+        loop {
+            let s = self.screen();
+            if s.matches(what).count() >= n {
+                return s;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the screen never showed {what:?} {n} times:\n{s}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Waits until the shell in the sandbox shows its prompt again, alone
     /// on the screen's last line (at most 20 s): a program that is giving
     /// the terminal back (vi, python) may take or drop what is typed
@@ -656,7 +674,10 @@ fn ctrl_c_at_alloxctl_exec_stops_what_it_started() {
     exec("", 2, "trap \"\" INT; echo ready\"\"2; exec sleep 602");
     tmux.wait_for("ready2");
     tmux.keys(&["C-c"]);
-    tmux.wait_for("again to kill it");
+    // This run's own message (the first run's said it too): only then is
+    // the second Ctrl-C a second signal, not one merged with the first
+    // while both were pending.
+    tmux.wait_for_nth("again to kill it", 2);
     assert!(
         running("602"),
         "the first Ctrl-C is an interrupt, not a kill"

@@ -409,8 +409,22 @@ async fn put(req: HttpRequest, target: Remote, shared: &Arc<Shared>) -> HttpResp
         loop {
             let piece = next_piece(&mut body, timeout).await;
             let end = !matches!(piece, Ok(Some(_)));
-            // The upload stopped reading: the rest is not wanted.
-            if tx.send(piece).await.is_err() || end {
+            if end {
+                let _ = tx.send(piece).await;
+                return;
+            }
+            // The upload stopped reading (refused, or failed): the rest is
+            // not wanted, but read and dropped (up to DRAINED), so that the
+            // answer reaches a client still sending instead of being lost
+            // to the reset of a connection closed with its bytes unread.
+            if tx.send(piece).await.is_err() {
+                let mut drained = 0usize;
+                while let Ok(Some(b)) = next_piece(&mut body, timeout).await {
+                    drained += b.len();
+                    if drained > DRAINED {
+                        break;
+                    }
+                }
                 return;
             }
         }
@@ -449,6 +463,10 @@ async fn put(req: HttpRequest, target: Remote, shared: &Arc<Shared>) -> HttpResp
 
 /// Pieces of an upload read ahead of the daemon.
 const PIECES_AHEAD_UP: usize = 8;
+
+/// The most of a refused upload's body read and dropped after the answer
+/// (past it the connection is closed with the rest unread).
+const DRAINED: usize = 256 << 20;
 
 fn upload_failure(e: CopyError, timeout: Duration) -> (u16, serde_json::Value) {
     match e {

@@ -51,9 +51,9 @@ PY
 <!doctype html><meta charset=utf-8><title>Agent app</title>
 <body style="font-family: sans-serif; margin: 2em">
 <h1>Built by agent-llm in session-1</h1>
-<p>Served from the session's own loopback, through <code>/v1/ports/agent-llm/session-1/8000/</code>.</p>
+<p>Served from the session's own loopback, at the port's own host: <code id=at></code>.</p>
 <p id=out>loading…</p>
-<script>fetch("status.json").then(r => r.json()).then(j => { out.textContent = "status.json: " + JSON.stringify(j); });</script>
+<script>at.textContent = location.host; fetch("status.json").then(r => r.json()).then(j => { out.textContent = "status.json: " + JSON.stringify(j); });</script>
 HTML
     say exec agent-llm session-1 -- sh -c 'mkdir -p app && printf "{\"tests\": \"passing\", \"port\": 8000}" > app/status.json'
     say cp "$work/index.html" agent-llm/session-1:app/index.html
@@ -64,18 +64,22 @@ HTML
         sleep 0.1
     done
     say port expose agent-llm session-1 8000
-    local ptoken
+    local ptoken phost
     ptoken=$("$ctl" --json port list agent-llm session-1 |
         python3 -c 'import json, sys; print(json.load(sys.stdin)["ports"][0]["token"])')
+    phost=$("$ctl" --json port list agent-llm session-1 |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["ports"][0]["host"])')
     echo; echo "\$ curl -sS -H \"Authorization: Bearer \$(alloxctl token)\" http://$gw/v1/ports/agent-llm/session-1/8000/status.json"
     curl -sS -H "Authorization: Bearer $token" "http://$gw/v1/ports/agent-llm/session-1/8000/status.json"; echo
-    echo; echo "\$ curl -sS -o /dev/null -w '%{http_code}\n' http://$gw/v1/ports/agent-llm/session-1/8000/    # no token"
-    curl -sS -o /dev/null -w '%{http_code}\n' "http://$gw/v1/ports/agent-llm/session-1/8000/"
+    echo; echo "\$ curl -sS -o /dev/null -w '%{http_code} %{redirect_url}\n' http://$gw/v1/ports/agent-llm/session-1/8000/    # no token: to the port's own host"
+    curl -sS -o /dev/null -w '%{http_code} %{redirect_url}\n' "http://$gw/v1/ports/agent-llm/session-1/8000/"
+    echo; echo "\$ curl -sS -o /dev/null -w '%{http_code}\n' http://$phost.localhost:${gw##*:}/    # there, no token"
+    curl -sS -o /dev/null -w '%{http_code}\n' "http://$phost.localhost:${gw##*:}/"
     if command -v chromium >/dev/null; then
         echo; echo "\$ chromium --headless --screenshot=$shot \"http://$gw/v1/ports/agent-llm/session-1/8000/?token=\$PORT_TOKEN\""
         chromium --headless --no-sandbox --disable-gpu --no-first-run --disable-dev-shm-usage \
-            --host-resolver-rules="MAP * ~NOTFOUND, EXCLUDE 127.0.0.1" --proxy-server=127.0.0.1:9 \
-            --proxy-bypass-list=127.0.0.1 --user-data-dir="$work/chromium" --hide-scrollbars \
+            --host-resolver-rules="MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, EXCLUDE *.localhost" \
+            --proxy-server=127.0.0.1:9 --proxy-bypass-list="127.0.0.1;*.localhost" --user-data-dir="$work/chromium" --hide-scrollbars \
             --virtual-time-budget=10000 --window-size=900,300 --screenshot="$shot" \
             "http://$gw/v1/ports/agent-llm/session-1/8000/?token=$ptoken" 2>/dev/null
         echo "    the page as the browser rendered it: $shot"

@@ -87,6 +87,7 @@ fn one(
                 port,
                 token: None,
                 authorized: true,
+                host: None,
             }),
             theirs.as_fd(),
         )

@@ -2,9 +2,11 @@
 //! daemon hears of it, on the request's headers only.
 //!
 //! * `Host` must name the gateway itself: the address it is bound to
-//!   (`ip:port`), `localhost:port`, or a name given with `--allow-host`. A
-//!   page that rebinds its own DNS name to 127.0.0.1 sends its own name and
-//!   is refused.
+//!   (`ip:port`), `localhost:port`, or a name given with `--allow-host`;
+//!   or an exposed port's own host, `{port}-{id}.{ports domain}`
+//!   ([`Access::port_host`]), where everything is the app's. A page that
+//!   rebinds its own DNS name to 127.0.0.1 sends its own name and is
+//!   refused.
 //! * An `Origin` header (every browser sends one on a cross-origin POST)
 //!   must be one given with `--allow-origin`; none is by default.
 //! * `Authorization: Bearer <token>` must carry the token, compared in
@@ -105,6 +107,8 @@ pub struct Access {
     hosts: Vec<String>,
     /// Accepted `Origin` values, lowercase, without a trailing `/`.
     origins: Vec<String>,
+    /// Below it, each exposed port's own host; lowercase.
+    ports_domain: String,
 }
 
 impl Access {
@@ -127,7 +131,92 @@ impl Access {
             metrics_token: None,
             hosts: accepted.iter().map(|h| h.to_ascii_lowercase()).collect(),
             origins: origins.iter().map(|o| normalize_origin(o)).collect(),
+            ports_domain: "localhost".into(),
         }
+    }
+
+    /// Each exposed port has a host of its own below `domain`.
+    pub fn with_ports_domain(mut self, domain: &str) -> Result<Access, &'static str> {
+        let bad = Err;
+        let d = domain.trim_end_matches('.').to_ascii_lowercase();
+        if d.is_empty() {
+            return bad("a domain is needed");
+        }
+        if d.parse::<std::net::IpAddr>().is_ok() {
+            return bad("an address has no names below it: give a domain (localhost, or one whose names all reach the gateway)");
+        }
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        };
+        if d.len() > 200 || !d.split('.').all(label_ok) {
+            return bad("not a domain name (labels of letters, digits and inner hyphens, separated by dots)");
+        }
+        self.ports_domain = d;
+        Ok(self)
+    }
+
+    /// The port host `Host` names (`{port}-{id}.{ports domain}`, any
+    /// port after it), if it names one.
+    pub fn port_host(&self, host: Option<&str>) -> Option<String> {
+        let host = host?.trim().to_ascii_lowercase();
+        let name = match host.rsplit_once(':') {
+            Some((n, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => n,
+            Some(_) => return None,
+            None => host.as_str(),
+        };
+        let label = name
+            .trim_end_matches('.')
+            .strip_suffix(self.ports_domain.as_str())?
+            .strip_suffix('.')?;
+        allox_protocol::is_port_host(label).then(|| label.to_owned())
+    }
+
+    /// Where a port's own host is: `{label}.{ports domain}`, with the
+    /// port of `host` (the `Host` the client called the gateway by).
+    pub fn port_host_name(&self, label: &str, host: Option<&str>) -> String {
+        let port = host
+            .and_then(|h| h.trim().rsplit_once(':'))
+            .map(|(_, p)| p)
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+        match port {
+            Some(p) => format!("{label}.{}:{p}", self.ports_domain),
+            None => format!("{label}.{}", self.ports_domain),
+        }
+    }
+
+    /// Checks a request that came to a port's own host: an `Origin`,
+    /// when sent, must be that host's own (the app's pages) or allowed
+    /// (`--allow-origin`): never another port's. Whether the gateway's
+    /// token came with it (the port's own is checked by the daemon).
+    pub fn check_port_host(&self, h: &Headers<'_>) -> Result<bool, Refusal> {
+        self.check_own_origin(h)?;
+        Ok(self.token_given(h))
+    }
+
+    fn check_own_origin(&self, h: &Headers<'_>) -> Result<(), Refusal> {
+        if let (Some(o), Some(host)) = (h.origin, h.host) {
+            let own = ["http://", "https://"]
+                .iter()
+                .any(|s| normalize_origin(o) == format!("{s}{}", host.trim().to_ascii_lowercase()));
+            if !own && !self.allows_origin(o) {
+                return Err(Refusal::Origin(o.to_owned()));
+            }
+        }
+        Ok(())
+    }
+
+    fn token_given(&self, h: &Headers<'_>) -> bool {
+        let given = h
+            .authorization
+            .and_then(bearer)
+            .map(str::as_bytes)
+            .unwrap_or_default();
+        self.token.matches(given)
     }
 
     /// `/metrics` takes `token`, not the gateway's.
@@ -205,20 +294,8 @@ impl Access {
     /// credentials are the port's, checked by the daemon).
     pub fn check_port(&self, h: &Headers<'_>) -> Result<bool, Refusal> {
         self.check_host(h)?;
-        if let (Some(o), Some(host)) = (h.origin, h.host) {
-            let own = ["http://", "https://"]
-                .iter()
-                .any(|s| normalize_origin(o) == format!("{s}{}", host.trim().to_ascii_lowercase()));
-            if !own && !self.allows_origin(o) {
-                return Err(Refusal::Origin(o.to_owned()));
-            }
-        }
-        let given = h
-            .authorization
-            .and_then(bearer)
-            .map(str::as_bytes)
-            .unwrap_or_default();
-        Ok(self.token.matches(given))
+        self.check_own_origin(h)?;
+        Ok(self.token_given(h))
     }
 
     fn check_host(&self, h: &Headers<'_>) -> Result<(), Refusal> {
@@ -323,6 +400,85 @@ mod tests {
             ..good()
         };
         assert_eq!(a.check_post(&h), Ok(()));
+    }
+
+    #[test]
+    fn a_port_s_own_host_is_known_and_takes_only_its_own_origin() {
+        let a = access(&["https://app.example"]);
+        let label = "8000-0123456789abcdef";
+        for host in [
+            "8000-0123456789abcdef.localhost:8092",
+            "8000-0123456789ABCDEF.LOCALHOST",
+            "8000-0123456789abcdef.localhost.:80",
+        ] {
+            assert_eq!(a.port_host(Some(host)).as_deref(), Some(label), "{host}");
+        }
+        for host in [
+            "localhost:8092",
+            "127.0.0.1:8092",
+            "8000-0123456789abcdef.evil.example",
+            "8000-0123456789abcdef.localhost:x",
+            "x.8000-0123456789abcdef.localhost",
+            "8000-0123456789abcdefx.localhost",
+            "0-0123456789abcdef.localhost",
+            "8000-0123456789abcdeg.localhost",
+            "8000-0123456789abcdeflocalhost",
+        ] {
+            assert_eq!(a.port_host(Some(host)), None, "{host}");
+        }
+        assert_eq!(
+            a.port_host_name(label, Some("127.0.0.1:8092")),
+            "8000-0123456789abcdef.localhost:8092"
+        );
+        let mine = "8000-0123456789abcdef.localhost:8092";
+        let h = |origin| Headers {
+            host: Some(mine),
+            origin,
+            authorization: None,
+            content_type: None,
+        };
+        assert_eq!(a.check_port_host(&h(None)), Ok(false));
+        assert_eq!(
+            a.check_port_host(&h(Some("http://8000-0123456789abcdef.localhost:8092"))),
+            Ok(false)
+        );
+        assert_eq!(
+            a.check_port_host(&h(Some("https://app.example"))),
+            Ok(false)
+        );
+        // Another port's pages, and the gateway's own origin, are not its.
+        for other in [
+            "http://8001-0123456789abcdef.localhost:8092",
+            "http://127.0.0.1:8092",
+            "null",
+        ] {
+            assert_eq!(
+                a.check_port_host(&h(Some(other))),
+                Err(Refusal::Origin(other.into())),
+                "{other}"
+            );
+        }
+        assert_eq!(
+            a.check_port_host(&Headers {
+                authorization: Some("Bearer 0123456789abcdef0123456789abcdef"),
+                ..h(None)
+            }),
+            Ok(true)
+        );
+        let other = access(&[]).with_ports_domain("Ports.Example.").unwrap();
+        assert_eq!(
+            other
+                .port_host(Some("8000-0123456789abcdef.ports.example"))
+                .as_deref(),
+            Some(label)
+        );
+        assert_eq!(
+            other.port_host(Some("8000-0123456789abcdef.localhost:8092")),
+            None
+        );
+        for bad in ["", "127.0.0.1", "::1", "a..b", "-a.b", "a_b.example", "a b"] {
+            assert!(access(&[]).with_ports_domain(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -150,7 +150,16 @@ async fn answer(req: HttpRequest, shared: &Arc<Shared>, metrics_only: bool) -> H
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "/".into());
     let method = req.method().as_str().to_owned();
-    let route = match route(&method, &url) {
+    // A port's own host is the app's, every path of it.
+    let own_host = match metrics_only {
+        false => shared.access.port_host(header(&req, "Host")),
+        true => None,
+    };
+    let routed = match own_host {
+        Some(label) => Route::Port(crate::ports::PortRequest::at_host(label, &url)),
+        None => route(&method, &url),
+    };
+    let route = match routed {
         r @ (Route::Metrics | Route::Health) => r,
         _ if metrics_only => Route::Refused(Reply::json(crate::error(
             404,
@@ -180,12 +189,14 @@ async fn answer(req: HttpRequest, shared: &Arc<Shared>, metrics_only: bool) -> H
         }
         Route::Port(p) => {
             let (agent, session, port) = (p.agent.clone(), p.session.clone(), p.port);
+            let host = p.host.clone().unwrap_or_default();
             let r = crate::ports::serve(req, p, shared).await;
             tracing::info!(
                 method,
                 agent,
                 session,
                 port,
+                host,
                 status = r.status().as_u16(),
                 "port request answered"
             );

@@ -106,6 +106,8 @@ pub enum GatewayError {
     },
     #[error(transparent)]
     Token(#[from] TokenError),
+    #[error("--ports-domain {domain:?}: {why}")]
+    PortsDomain { domain: String, why: &'static str },
     #[error("the metrics token is the gateway's own token: give --metrics-token-file a token of its own (a scraper must not hold the token that can do everything)")]
     SameToken,
 }
@@ -141,6 +143,9 @@ pub struct GatewayConfig {
     pub allow_hosts: Vec<String>,
     /// `Origin` values accepted (browsers' cross-origin requests).
     pub allow_origins: Vec<String>,
+    /// The domain below which each exposed port has a host of its own
+    /// (`{port}-{id}.{ports_domain}`: an origin of its own).
+    pub ports_domain: String,
     /// Bound on each call to the daemon.
     pub daemon_timeout: Duration,
     /// Bound on waiting for a request's body and on each write of an
@@ -175,6 +180,7 @@ impl GatewayConfig {
             allow_remote: false,
             allow_hosts: Vec::new(),
             allow_origins: Vec::new(),
+            ports_domain: "localhost".into(),
             daemon_timeout: DAEMON_TIMEOUT,
             http_timeout: HTTP_TIMEOUT,
             workers: WORKERS,
@@ -282,7 +288,12 @@ impl Gateway {
             None => None,
         };
         let access = Access::new(token, addr, &cfg.allow_hosts, &cfg.allow_origins)
-            .with_metrics_token(metrics_token);
+            .with_metrics_token(metrics_token)
+            .with_ports_domain(&cfg.ports_domain)
+            .map_err(|why| GatewayError::PortsDomain {
+                domain: cfg.ports_domain.clone(),
+                why,
+            })?;
         Ok(Gateway {
             listener,
             metrics_listener,

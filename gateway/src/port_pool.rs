@@ -15,21 +15,17 @@ struct Idle {
     sender: Sender,
 }
 
-/// Idle connections to sessions' ports, by agent, session and port.
+/// Idle connections to sessions' ports, by port (`agent/session/port`,
+/// or the port's own host).
 #[derive(Default)]
 pub struct Pool {
-    idle: std::sync::Mutex<std::collections::HashMap<(String, String, u16), Vec<Idle>>>,
+    idle: std::sync::Mutex<std::collections::HashMap<String, Vec<Idle>>>,
 }
 
 impl Pool {
     /// An idle connection to the port that `authorized` or `token` may
     /// use, ready for a request.
-    pub fn take(
-        &self,
-        key: &(String, String, u16),
-        authorized: bool,
-        token: Option<&str>,
-    ) -> Option<Sender> {
+    pub fn take(&self, key: &str, authorized: bool, token: Option<&str>) -> Option<Sender> {
         let mut all = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = all.get_mut(key)?;
         list.retain(|i| !i.sender.is_closed());
@@ -46,7 +42,7 @@ impl Pool {
     }
 
     /// Keeps `sender` for the port's next request, if there is room.
-    pub fn keep(&self, key: (String, String, u16), token: Option<String>, sender: Sender) {
+    pub fn keep(&self, key: String, token: Option<String>, sender: Sender) {
         let mut all = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let total: usize = all.values().map(Vec::len).sum();
         let list = all.entry(key).or_default();

@@ -1,18 +1,30 @@
-//! `/v1/ports/{agent}/{session}/{port}/{path}`: a session's exposed port
-//! (`port.expose`), served to the host. Any method, and WebSocket
-//! upgrades, go to `127.0.0.1:{port}` on the session's own loopback: the
-//! gateway asks the daemon for a connection there (`port.connect`, with
-//! one end of a socket pair it relays) and speaks HTTP/1.1 to the app over
-//! it, one connection per request.
+//! A session's exposed port (`port.expose`), served to the host, at two
+//! places:
 //!
-//! Who may: the gateway's bearer token; or the port's own token, given
-//! once as `?token=` (answered with a redirect to the same path without
-//! it, and a cookie scoped to the port's path: what a browser is handed)
-//! and then as that cookie; or nobody's, for a public port. `Host` must
-//! name the gateway; an `Origin`, when sent, must be allowed
-//! (`--allow-origin`) or the gateway's own. None of the gateway's
-//! credentials reach the app: its `Authorization`, the port's cookie and
-//! the `token` parameter are taken out of what is forwarded.
+//! * **its own host**, `{port}-{id}.{ports domain}` (`PortInfo::host`;
+//!   `…​.localhost` by default, which browsers and curl take for the
+//!   loopback): every path there is the app's, and the host is an origin
+//!   no other port shares, so one session's pages can neither read
+//!   another's nor see its cookies. This is where a browser is sent.
+//! * `/v1/ports/{agent}/{session}/{port}/{path}` on the gateway's own
+//!   address, for a client with the gateway's token (the path below the
+//!   port's goes to the app). Without it, the answer is a redirect (`307`)
+//!   to the port's own host: the gateway's origin, which every port's
+//!   path shares, never holds a port's credential.
+//!
+//! Any method, and WebSocket upgrades, go to `127.0.0.1:{port}` on the
+//! session's own loopback: the gateway asks the daemon for a connection
+//! there (`port.connect`, with one end of a socket pair it relays) and
+//! speaks HTTP/1.1 to the app over it.
+//!
+//! Who may: the gateway's bearer token; or, at the port's own host, the
+//! port's own token, given once as `?token=` (answered with a redirect to
+//! the same path without it, and a cookie of that host alone: what a
+//! browser is handed) and then as that cookie; or nobody's, for a public
+//! port. An `Origin`, when sent, must be allowed (`--allow-origin`) or the
+//! host's own: at a port's host, never another port's. None of the
+//! gateway's credentials reach the app: its `Authorization`, the port's
+//! cookie and the `token` parameter are taken out of what is forwarded.
 //!
 //! A connection to an app that keeps it open (HTTP/1.1 keep-alive) is
 //! kept idle for the port's next request ([`Pool`](crate::port_pool::Pool): a few per port),
@@ -22,13 +34,14 @@
 //!
 //! The answers: the app's; 401 without a credential that does; 404 for a
 //! port not exposed (whatever the session: one session's port is never
-//! reachable under another's path); 502 when nothing answers on the port.
+//! reachable under another's path or host); 502 when nothing answers on
+//! the port.
 
 use crate::access::Refusal;
 use crate::body::{headers_of, respond, HttpRequest, HttpResponse};
 use crate::shared::Shared;
 use crate::{error, Reply};
-use allox_protocol::{ErrorCode, PortConnect, Request, Response};
+use allox_protocol::{ErrorCode, PortConnect, PortList, Request, Response};
 use http_body_util::BodyExt;
 use hyper::header::{HeaderName, HeaderValue};
 use hyper_util::rt::TokioIo;
@@ -44,17 +57,56 @@ pub const COOKIE: &str = "allox_port_token";
 /// One request for a session's port.
 #[derive(Debug, PartialEq, Eq)]
 pub struct PortRequest {
+    /// At `/v1/ports/…`: the port's agent, session and number (empty and
+    /// 0 at its own host).
     pub agent: String,
     pub session: String,
     pub port: u16,
-    /// What the app is asked for: the path below the port's and the query.
+    /// At the port's own host: that host's label (`PortInfo::host`).
+    pub host: Option<String>,
+    /// What the app is asked for: the path below the port's (at its own
+    /// host, the whole path) and the query.
     pub rest: String,
 }
 
 impl PortRequest {
-    /// Where the gateway serves the port.
+    /// A request that came to the port's own host `label`, for `url`.
+    pub fn at_host(label: String, url: &str) -> PortRequest {
+        PortRequest {
+            agent: String::new(),
+            session: String::new(),
+            port: 0,
+            host: Some(label),
+            rest: if url.starts_with('/') {
+                url.to_owned()
+            } else {
+                format!("/{url}")
+            },
+        }
+    }
+
+    /// Where the gateway serves the port on its own address.
     pub fn base(&self) -> String {
         allox_protocol::port_path(&self.agent, &self.session, self.port)
+    }
+
+    /// What the port is called in a message.
+    fn name(&self) -> String {
+        match &self.host {
+            Some(h) => format!("the port at host {h}"),
+            None => format!(
+                "port {} of session {}/{}",
+                self.port, self.agent, self.session
+            ),
+        }
+    }
+
+    /// Its idle connections' key.
+    fn key(&self) -> String {
+        match &self.host {
+            Some(h) => h.clone(),
+            None => format!("{}/{}/{}", self.agent, self.session, self.port),
+        }
     }
 }
 
@@ -88,6 +140,7 @@ pub fn parse(url: &str) -> Result<PortRequest, Reply> {
         agent: agent.into(),
         session: session.into(),
         port,
+        host: None,
         rest: String::new(),
     };
     let Some(below) = parts.next() else {
@@ -176,6 +229,84 @@ fn status_reply(status: u16, code: ErrorCode, why: String) -> HttpResponse {
     respond(r)
 }
 
+/// The daemon's answer, or the HTTP answer its error is.
+fn answered(
+    answer: Result<Result<allox_client::Answer, allox_client::ClientError>, Reply>,
+) -> Result<Response, Box<HttpResponse>> {
+    match answer {
+        Ok(Ok(Ok(r))) => Ok(r),
+        Ok(Ok(Err(e))) => {
+            let status = match e.code {
+                ErrorCode::Unauthorized => 401,
+                ErrorCode::NotFound => 404,
+                ErrorCode::Unavailable => 502,
+                c => c.http_status(),
+            };
+            Err(Box::new(status_reply(status, e.code, e.message)))
+        }
+        Ok(Err(e)) => Err(Box::new(status_reply(
+            503,
+            ErrorCode::Unavailable,
+            format!("the daemon cannot be reached: {e}"),
+        ))),
+        Err(reply) => Err(Box::new(respond(reply))),
+    }
+}
+
+/// A request at `/v1/ports/…` without the gateway's token: sent to the
+/// port's own host (`307`, method and body kept; the query too, so a
+/// `?token=` is traded for a cookie there), or told the port is not
+/// exposed.
+async fn to_own_host(
+    p: &PortRequest,
+    host: Option<String>,
+    https: bool,
+    shared: &Arc<Shared>,
+) -> HttpResponse {
+    let ask = Request::PortList(PortList {
+        agent_id: p.agent.clone(),
+        session_id: Some(p.session.clone()),
+    });
+    let listed = match answered(
+        shared
+            .with_daemon(move |d| allox_client::Caller::call(d, ask))
+            .await,
+    ) {
+        Ok(Response::Ports(l)) => l,
+        Ok(other) => {
+            return status_reply(
+                500,
+                ErrorCode::Internal,
+                format!("port.list answered {}", other.kind()),
+            )
+        }
+        Err(r) => return *r,
+    };
+    let Some(info) = listed.ports.iter().find(|i| i.port == p.port) else {
+        return status_reply(
+            404,
+            ErrorCode::NotFound,
+            format!("{} is not exposed", p.name()),
+        );
+    };
+    let to = format!(
+        "{}://{}{}",
+        if https { "https" } else { "http" },
+        shared.access.port_host_name(&info.host, host.as_deref()),
+        p.rest
+    );
+    respond(Reply {
+        status: 307,
+        body: Some(serde_json::json!({
+            "error": {
+                "code": "unauthorized",
+                "message": format!("{} is served to a browser at its own host, {to} (or here with the gateway's token)", p.name()),
+            }
+        })),
+        headers: vec![("Location", to)],
+    })
+}
+
 /// A new connection to the port through the daemon (`port.connect`),
 /// or the answer saying why not.
 async fn connect(
@@ -193,36 +324,20 @@ async fn connect(
         port: p.port,
         token,
         authorized,
+        host: p.host.clone(),
     });
     let answer = shared
         .with_daemon(move |d| d.call_with_fd(ask, theirs.as_fd()))
         .await;
-    match answer {
-        Ok(Ok(Ok(Response::PortConnected(_)))) => {}
-        Ok(Ok(Ok(other))) => {
+    match answered(answer).map_err(|r| *r)? {
+        Response::PortConnected(_) => {}
+        other => {
             return Err(status_reply(
                 500,
                 ErrorCode::Internal,
                 format!("port.connect answered {}", other.kind()),
             ))
         }
-        Ok(Ok(Err(e))) => {
-            let status = match e.code {
-                ErrorCode::Unauthorized => 401,
-                ErrorCode::NotFound => 404,
-                ErrorCode::Unavailable => 502,
-                c => c.http_status(),
-            };
-            return Err(status_reply(status, e.code, e.message));
-        }
-        Ok(Err(e)) => {
-            return Err(status_reply(
-                503,
-                ErrorCode::Unavailable,
-                format!("the daemon cannot be reached: {e}"),
-            ))
-        }
-        Err(reply) => return Err(respond(reply)),
     }
     mine.set_nonblocking(true)
         .and_then(|()| tokio::net::UnixStream::from_std(mine))
@@ -231,13 +346,27 @@ async fn connect(
 
 /// Serves one request for a port.
 pub async fn serve(mut req: HttpRequest, p: PortRequest, shared: &Arc<Shared>) -> HttpResponse {
-    let authorized = match shared.access.check_port(&headers_of(&req)) {
+    let h = headers_of(&req);
+    let checked = match p.host {
+        Some(_) => shared.access.check_port_host(&h),
+        None => shared.access.check_port(&h),
+    };
+    let authorized = match checked {
         Ok(a) => a,
         Err(r @ (Refusal::NoHost | Refusal::Host(_) | Refusal::Origin(_))) => {
             return respond(Reply::refused(&r))
         }
         Err(_) => false,
     };
+    if p.host.is_none() && !authorized {
+        let host = h.host.map(str::to_owned);
+        let https = req
+            .headers()
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"));
+        return to_own_host(&p, host, https, shared).await;
+    }
     let (rest, query_token) = take_token(&p.rest);
     let cookie = req
         .headers()
@@ -247,29 +376,32 @@ pub async fn serve(mut req: HttpRequest, p: PortRequest, shared: &Arc<Shared>) -
         .collect::<Vec<_>>()
         .join("; ");
     let (other_cookies, cookie_token) = take_cookie(&cookie);
-    let token = query_token.clone().or(cookie_token);
-    // A token in the URL is traded for a cookie at once, so it does not
-    // stay in the browser's address bar, history or the app's logs (the
-    // daemon checks it by connecting).
-    if let (Some(t), false) = (&query_token, authorized) {
+    // The port's own token counts only at its own host: the gateway's
+    // address is an origin every port's path shares.
+    let token = match p.host {
+        Some(_) => query_token.clone().or(cookie_token),
+        None => None,
+    };
+    // A token in the URL is traded for a cookie of the port's host at
+    // once, so it does not stay in the browser's address bar, history or
+    // the app's logs (the daemon checks it by connecting).
+    if let (Some(t), false, Some(_)) = (&query_token, authorized, &p.host) {
         if let Err(r) = connect(&p, shared, token.clone(), false).await {
             return r;
         }
-        let mut to = p.base();
-        to.push_str(rest.trim_start_matches('/'));
         return respond(Reply {
             status: 303,
             body: None,
             headers: vec![
-                ("Location", to),
+                ("Location", rest.clone()),
                 (
                     "Set-Cookie",
-                    format!("{COOKIE}={t}; Path={}; HttpOnly; SameSite=Strict", p.base()),
+                    format!("{COOKIE}={t}; Path=/; HttpOnly; SameSite=Strict"),
                 ),
             ],
         });
     }
-    let key = (p.agent.clone(), p.session.clone(), p.port);
+    let key = p.key();
     let opened_with = if authorized { None } else { token.clone() };
     let upgrade = req
         .headers()
@@ -310,8 +442,10 @@ pub async fn serve(mut req: HttpRequest, p: PortRequest, shared: &Arc<Shared>) -
             HeaderValue::from_static("upgrade"),
         );
     }
-    if let Ok(v) = HeaderValue::from_str(p.base().trim_end_matches('/')) {
-        h.insert(HeaderName::from_static("x-forwarded-prefix"), v);
+    if p.host.is_none() {
+        if let Ok(v) = HeaderValue::from_str(p.base().trim_end_matches('/')) {
+            h.insert(HeaderName::from_static("x-forwarded-prefix"), v);
+        }
     }
     let upstream = match b.body(body) {
         Ok(r) => r,
@@ -354,11 +488,7 @@ pub async fn serve(mut req: HttpRequest, p: PortRequest, shared: &Arc<Shared>) -
             match sender.send_request(req).await {
                 Ok(r) => (r, sender),
                 Err(e) => {
-                    return status_reply(
-                        502,
-                        ErrorCode::Unavailable,
-                        format!("port {} of session {}/{}: {e}", p.port, p.agent, p.session),
-                    )
+                    return status_reply(502, ErrorCode::Unavailable, format!("{}: {e}", p.name()))
                 }
             }
         }
@@ -402,8 +532,14 @@ mod tests {
                 agent: "a".into(),
                 session: "s1".into(),
                 port: 8000,
+                host: None,
                 rest: "/static/app.js?v=2".into()
             }
+        );
+        let own = PortRequest::at_host("8000-0123456789abcdef".into(), "/v1/ports/x?y=1");
+        assert_eq!(
+            (own.rest.as_str(), own.key()),
+            ("/v1/ports/x?y=1", "8000-0123456789abcdef".into())
         );
         assert_eq!(parse("/v1/ports/a/s1/8000/").unwrap().rest, "/");
         let slash = parse("/v1/ports/a/s1/8000?token=x").unwrap_err();

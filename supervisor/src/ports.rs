@@ -52,6 +52,10 @@ struct Exposed {
     public: bool,
     token: String,
     exposed_ms: u64,
+    /// The port's own host (`PortInfo::host`); made when missing (a file
+    /// of a build before).
+    #[serde(default)]
+    host: String,
 }
 
 type Key = (String, String, u16);
@@ -155,6 +159,14 @@ fn token() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// A new port's own host: its number and 16 random hex digits.
+fn host(port: u16) -> String {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).expect("the kernel's random numbers");
+    let id: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{port}-{id}")
+}
+
 fn info(e: &Exposed) -> PortInfo {
     PortInfo {
         agent_id: e.agent.clone(),
@@ -163,6 +175,7 @@ fn info(e: &Exposed) -> PortInfo {
         public: e.public,
         token: e.token.clone(),
         path: allox_protocol::port_path(&e.agent, &e.session, e.port),
+        host: e.host.clone(),
         exposed_ms: e.exposed_ms,
     }
 }
@@ -177,11 +190,16 @@ impl Ports {
     /// unreadable: a port is exposed again by asking).
     pub fn load(state_dir: &Path) -> Ports {
         let file = state_dir.join(FILE);
-        let list: Vec<Exposed> = std::fs::read(&file)
+        let mut list: Vec<Exposed> = std::fs::read(&file)
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default();
-        Ports {
+        let mut made = false;
+        for e in list.iter_mut().filter(|e| e.host.is_empty()) {
+            e.host = host(e.port);
+            made = true;
+        }
+        let ports = Ports {
             file,
             exposed: Mutex::new(
                 list.into_iter()
@@ -192,7 +210,15 @@ impl Ports {
             all: Arc::new(tokio::sync::Semaphore::new(MAX_ALL)),
             connectors: Mutex::new(BTreeMap::new()),
             closing: Mutex::new(BTreeMap::new()),
+        };
+        if made {
+            // Kept, so a port's host stays what it was first answered.
+            let map = ports.exposed.lock().unwrap_or_else(|e| e.into_inner());
+            if let Err(e) = ports.save(&map) {
+                tracing::error!(error = %e.message, "cannot record the exposed ports' hosts");
+            }
         }
+        ports
     }
 
     fn save(&self, map: &BTreeMap<Key, Exposed>) -> Result<(), ErrorBody> {
@@ -259,6 +285,10 @@ impl Ports {
                 .map(|b| b.token.clone())
                 .unwrap_or_else(token),
             exposed_ms: before.as_ref().map(|b| b.exposed_ms).unwrap_or_else(now_ms),
+            host: before
+                .as_ref()
+                .map(|b| b.host.clone())
+                .unwrap_or_else(|| host(r.port)),
         };
         map.insert(key.clone(), e.clone());
         if let Err(x) = self.save(&map) {
@@ -333,6 +363,39 @@ impl Ports {
         }
     }
 
+    /// The exposed port `r` names: by its own host, or by its agent,
+    /// session and number.
+    fn to_connect(&self, r: &PortConnect) -> Result<Exposed, ErrorBody> {
+        let (a, s, port) = (r.agent_id.as_str(), r.session_id.as_str(), r.port);
+        let map = self.exposed.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(h) = &r.host else {
+            return map
+                .get(&(a.to_string(), s.to_string(), port))
+                .cloned()
+                .ok_or_else(|| {
+                    err(
+                        ErrorCode::NotFound,
+                        format!("port {port} of session {a}/{s} is not exposed"),
+                    )
+                });
+        };
+        let found = map.values().find(|e| same(&e.host, h));
+        let named = !(a.is_empty() && s.is_empty() && port == 0);
+        match found {
+            Some(e) if !named || (e.agent == a && e.session == s && e.port == port) => {
+                Ok(e.clone())
+            }
+            _ => Err(err(
+                ErrorCode::NotFound,
+                if named {
+                    format!("port {port} of session {a}/{s} is not exposed at host {h}")
+                } else {
+                    format!("no port is exposed at host {h}")
+                },
+            )),
+        }
+    }
+
     /// `port.connect`: checks, connects inside the session, and relays to
     /// `client` (the caller's socket) on the runtime `rt`.
     pub fn connect(
@@ -342,25 +405,18 @@ impl Ports {
         r: &PortConnect,
         client: Option<OwnedFd>,
     ) -> Result<PortConnected, ErrorBody> {
-        let (a, s, port) = (r.agent_id.as_str(), r.session_id.as_str(), r.port);
         let client = client.ok_or_else(|| {
             err(
                 ErrorCode::Unsupported,
                 "port.connect comes with the descriptor of a Unix stream socket (SCM_RIGHTS), which passes only over the daemon's Unix socket",
             )
         })?;
-        let exposed = self
-            .exposed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&(a.to_string(), s.to_string(), port))
-            .cloned()
-            .ok_or_else(|| {
-                err(
-                    ErrorCode::NotFound,
-                    format!("port {port} of session {a}/{s} is not exposed"),
-                )
-            })?;
+        let exposed = self.to_connect(r)?;
+        let (a, s, port) = (
+            exposed.agent.as_str(),
+            exposed.session.as_str(),
+            exposed.port,
+        );
         let token_ok = r.token.as_deref().is_some_and(|t| same(t, &exposed.token));
         if !(exposed.public || r.authorized || token_ok) {
             return Err(err(
@@ -476,6 +532,7 @@ impl Ports {
             }
         });
         Ok(PortConnected {
+            host: exposed.host.clone(),
             agent_id: a.to_string(),
             session_id: s.to_string(),
             port,
@@ -547,9 +604,16 @@ mod tests {
         let first = p.expose(&ex("s", 8000)).unwrap();
         assert_eq!(first.path, "/v1/ports/a/s/8000/");
         assert_eq!(first.token.len(), 48);
-        // Exposed again: the same token.
-        assert_eq!(p.expose(&ex("s", 8000)).unwrap().token, first.token);
-        p.expose(&ex("t", 9000)).unwrap();
+        assert!(
+            first.host.starts_with("8000-") && allox_protocol::is_port_host(&first.host),
+            "{}",
+            first.host
+        );
+        // Exposed again: the same token and host.
+        let again = p.expose(&ex("s", 8000)).unwrap();
+        assert_eq!((&again.token, &again.host), (&first.token, &first.host));
+        let t = p.expose(&ex("t", 9000)).unwrap();
+        assert_ne!(t.host, first.host);
         let again = Ports::load(dir.path());
         let all = again.list(&PortList {
             agent_id: "a".into(),
@@ -557,6 +621,30 @@ mod tests {
         });
         assert_eq!(all.ports.len(), 2);
         assert_eq!(all.ports[0].token, first.token);
+        assert_eq!(all.ports[0].host, first.host);
+        // Found by its host; named too, it must be the host's port.
+        let by = |host: &str, s: &str, port| PortConnect {
+            agent_id: if s.is_empty() { "" } else { "a" }.into(),
+            session_id: s.into(),
+            port,
+            token: None,
+            authorized: false,
+            host: Some(host.into()),
+        };
+        let found = again.to_connect(&by(&first.host, "", 0)).unwrap();
+        assert_eq!((found.session.as_str(), found.port), ("s", 8000));
+        assert!(again.to_connect(&by(&first.host, "s", 8000)).is_ok());
+        for (h, s, port) in [
+            (first.host.as_str(), "t", 9000),
+            (t.host.as_str(), "s", 8000),
+            ("8000-0000000000000000", "", 0),
+        ] {
+            let e = again
+                .to_connect(&by(h, s, port))
+                .err()
+                .expect("not that host's port");
+            assert_eq!(e.code, ErrorCode::NotFound, "{h} {s} {port}");
+        }
         again.deleted("a", Some("s"));
         let left = Ports::load(dir.path()).list(&PortList {
             agent_id: "a".into(),
@@ -576,5 +664,25 @@ mod tests {
         assert_eq!(e.code, ErrorCode::NotFound);
         assert!(p.expose(&ex("s", 0)).is_err());
         assert!(same("abc", "abc") && !same("abc", "abd") && !same("abc", "ab"));
+    }
+
+    #[test]
+    fn a_port_recorded_without_a_host_gets_one_that_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join(FILE),
+            r#"[{"agent": "a", "session": "s", "port": 8000, "public": false, "token": "t", "exposed_ms": 1}]"#,
+        )
+        .unwrap();
+        let list = |p: &Ports| {
+            p.list(&PortList {
+                agent_id: "a".into(),
+                session_id: None,
+            })
+            .ports
+        };
+        let first = list(&Ports::load(dir.path()));
+        assert!(allox_protocol::is_port_host(&first[0].host), "{first:?}");
+        assert_eq!(list(&Ports::load(dir.path()))[0].host, first[0].host);
     }
 }

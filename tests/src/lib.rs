@@ -1076,9 +1076,10 @@ pub fn chromium(test: &str) -> PathBuf {
 }
 
 /// Runs headless Chromium with `args`, its profile in `profile`. Nothing
-/// leaves the machine: no name is resolved, and every request but those
-/// to 127.0.0.1 goes to a proxy on a closed port: 127.0.0.1 is all a page
-/// can reach.
+/// leaves the machine: no name is resolved but those below `localhost`
+/// (which Chromium itself takes for the loopback), and every request but
+/// those to 127.0.0.1 and them goes to a proxy on a closed port: the
+/// loopback is all a page can reach.
 pub fn headless(test: &str, args: &[&str], profile: &Path) -> std::process::Output {
     Command::new(chromium(test))
         .args([
@@ -1091,9 +1092,12 @@ pub fn headless(test: &str, args: &[&str], profile: &Path) -> std::process::Outp
             "--disable-component-update",
             "--disable-sync",
             "--no-default-browser-check",
-            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+            // No name leaves the machine: 127.0.0.1, and the names below
+            // localhost (an exposed port's own host), which Chromium takes
+            // for the loopback itself.
+            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, EXCLUDE *.localhost",
             "--proxy-server=127.0.0.1:9",
-            "--proxy-bypass-list=127.0.0.1",
+            "--proxy-bypass-list=127.0.0.1;*.localhost",
         ])
         .arg(format!("--user-data-dir={}", profile.display()))
         .args(args)

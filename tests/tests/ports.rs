@@ -1,9 +1,11 @@
 //! A session's ports served to the host, through the real daemon, real
 //! sandboxes and the real gateway, with curl and a WebSocket client on
 //! 127.0.0.1: `python3 -m http.server` and a WebSocket echo inside
-//! sessions answer through `/v1/ports/…` with a token and 401 without,
-//! and an app's page renders in headless Chromium handed the port's token;
-//! another session's port is never reached; a port not exposed is 404,
+//! sessions answer at each port's own host and through `/v1/ports/…` with
+//! a token and 401 without, and an app's page renders in headless
+//! Chromium handed the port's token, at the port's own host; another
+//! session's port is never reached, nor read by another session's page in
+//! the same browser; a port not exposed is 404,
 //! one nothing listens on 502; 100 connections at once; the gateway's
 //! credentials never reach the app; `alloxctl port forward`; nothing left
 //! after `port.unexpose` or the session's deletion.
@@ -119,6 +121,20 @@ fn ctl_json(d: &ProcDaemon, args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&out).unwrap()
 }
 
+/// `curl` of `path` at a port's own host `label` (below `localhost`,
+/// which curl takes for the loopback) with `args`: status and body.
+fn curl_at(g: &Gateway, label: &str, path: &str, args: &[&str]) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "-w", "\n%{http_code}"])
+        .args(args)
+        .arg(format!("http://{label}.localhost:{}{path}", g.addr.port()))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
 /// `curl` of the gateway's `path` with `args`: status and body.
 fn curl(g: &Gateway, path: &str, args: &[&str]) -> (u16, String) {
     let out = Command::new("curl")
@@ -195,15 +211,39 @@ fn a_session_s_ports_are_served_through_the_gateway_to_whoever_holds_a_token() {
 
     let exposed = ctl_json(&d, &["port", "expose", "a", "s1", "8000"]);
     let port_token = exposed["token"].as_str().unwrap().to_string();
+    let s1_host = exposed["host"].as_str().unwrap().to_string();
     assert_eq!(exposed["path"], "/v1/ports/a/s1/8000/");
-    // With the gateway's token; without any, 401; a wrong one, 401.
+    assert!(s1_host.starts_with("8000-"), "{exposed}");
+    // With the gateway's token, at the gateway's path or the port's own
+    // host; without any, 401 at its host.
     let (code, body) = curl(&g, "/v1/ports/a/s1/8000/", &["-H", &bearer]);
     assert_eq!((code, body.as_str()), (200, "s1-page\n"));
-    let (code, _) = curl(&g, "/v1/ports/a/s1/8000/", &[]);
+    let (code, body) = curl_at(&g, &s1_host, "/", &["-H", &bearer]);
+    assert_eq!((code, body.as_str()), (200, "s1-page\n"));
+    let (code, _) = curl_at(&g, &s1_host, "/", &[]);
     assert_eq!(code, 401);
-    let (code, _) = curl(&g, "/v1/ports/a/s1/8000/?token=nope", &[]);
+    let (code, _) = curl_at(&g, &s1_host, "/?token=nope", &[]);
     assert_eq!(code, 401);
-    // The port's token once in the URL, then as a cookie scoped to it.
+    // Without the gateway's token, the gateway's path sends the client to
+    // the port's own host (the gateway's origin, which every port's path
+    // shares, never takes a port's credential).
+    let own = format!("http://{s1_host}.localhost:{}/", g.addr.port());
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %{redirect_url}",
+        ])
+        .arg(format!("http://{}/v1/ports/a/s1/8000/", g.addr))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("307 {own}"));
+    let (code, body) = curl(&g, "/v1/ports/a/s1/8000/?token=nope", &["-L"]);
+    assert_eq!(code, 401, "{body}");
+    // The port's token once in the URL, then as a cookie of the port's
+    // host alone.
     let jar = tempfile::NamedTempFile::new().unwrap();
     let jar = jar.path().to_str().unwrap();
     let (code, body) = curl(
@@ -213,17 +253,32 @@ fn a_session_s_ports_are_served_through_the_gateway_to_whoever_holds_a_token() {
     );
     assert_eq!((code, body.as_str()), (200, "s1-page\n"));
     let cookies = std::fs::read_to_string(jar).unwrap();
+    let line = cookies
+        .lines()
+        .find(|l| l.contains("allox_port_token"))
+        .unwrap_or_else(|| panic!("{cookies}"));
+    let fields: Vec<&str> = line.split('\t').collect();
     assert!(
-        cookies.contains("/v1/ports/a/s1/8000/") && cookies.contains("allox_port_token"),
-        "{cookies}"
+        fields[0].ends_with(&format!("{s1_host}.localhost"))
+            && fields[1] == "FALSE"
+            && fields[2] == "/",
+        "the cookie is the port's host's alone: {line}"
     );
-    let (code, body) = curl(&g, "/v1/ports/a/s1/8000/", &["-b", jar]);
+    let (code, body) = curl_at(&g, &s1_host, "/", &["-b", jar]);
     assert_eq!((code, body.as_str()), (200, "s1-page\n"));
-    // A browser: headless Chromium handed the port's URL with its token
-    // once; the page it renders fetches more of the app with the cookie
-    // it was given (a relative URL below the port's path).
-    let app = r#"<!doctype html><title>agent app</title><h1>Built by the agent</h1><p id=out>loading</p>
-<script>fetch("data.json").then(r => r.text()).then(t => { document.getElementById("out").textContent = "data: " + t; });</script>"#;
+    // The port's token is no credential at the gateway's path.
+    let (code, _) = curl(
+        &g,
+        "/v1/ports/a/s1/8000/",
+        &["-b", &format!("allox_port_token={port_token}")],
+    );
+    assert_eq!(code, 307);
+    // A browser: headless Chromium handed the port's path with its token
+    // once ends at the port's own host; the page it renders fetches more
+    // of the app with the cookie it was given.
+    let app = r#"<!doctype html><title>agent app</title><h1>Built by the agent</h1><p id=out>loading</p><p id=at></p>
+<script>document.getElementById("at").textContent = "at " + location.host;
+fetch("data.json").then(r => r.text()).then(t => { document.getElementById("out").textContent = "data: " + t; });</script>"#;
     let r = run(
         &d,
         "s1",
@@ -249,7 +304,9 @@ fn a_session_s_ports_are_served_through_the_gateway_to_whoever_holds_a_token() {
     );
     let dom_text = String::from_utf8_lossy(&dom.stdout);
     assert!(
-        dom_text.contains("Built by the agent") && dom_text.contains(r#"data: {"answer": 42}"#),
+        dom_text.contains("Built by the agent")
+            && dom_text.contains(r#"data: {"answer": 42}"#)
+            && dom_text.contains(&format!("at {s1_host}.localhost:{}", g.addr.port())),
         "{dom_text}{}",
         String::from_utf8_lossy(&dom.stderr)
     );
@@ -284,7 +341,10 @@ fn a_session_s_ports_are_served_through_the_gateway_to_whoever_holds_a_token() {
     // this one's under another's: s2's 8000 is not exposed.
     let (code, _) = curl(&g, "/v1/ports/a/s2/8000/", &["-H", &bearer]);
     assert_eq!(code, 404);
-    ctl_json(&d, &["port", "expose", "a", "s2", "8000"]);
+    let s2 = ctl_json(&d, &["port", "expose", "a", "s2", "8000"]);
+    let s2_host = s2["host"].as_str().unwrap().to_string();
+    let s2_token = s2["token"].as_str().unwrap().to_string();
+    assert_ne!(s2_host, s1_host);
     let (code, body) = curl(
         &g,
         "/v1/ports/a/s2/8000/x?y=1",
@@ -295,17 +355,114 @@ fn a_session_s_ports_are_served_through_the_gateway_to_whoever_holds_a_token() {
     // The gateway's credentials are not the app's.
     assert!(!body.contains("authorization"), "{body}");
     assert!(body.trim_end().ends_with("cookie=a=1"), "{body}");
+    // At its own host, the app is asked the whole path, with no prefix;
+    // s1's token and host do not open it.
+    let (code, body) = curl_at(
+        &g,
+        &s2_host,
+        "/v1/ports/x?y=1",
+        &["-b", &format!("a=1; allox_port_token={s2_token}")],
+    );
+    assert!(
+        code == 200
+            && body.starts_with("s2 /v1/ports/x?y=1 ")
+            && body.trim_end().ends_with("cookie=a=1"),
+        "{code} {body}"
+    );
+    assert!(!body.contains("x-forwarded-prefix"), "{body}");
+    let (code, _) = curl_at(
+        &g,
+        &s2_host,
+        "/",
+        &["-b", &format!("allox_port_token={port_token}")],
+    );
+    assert_eq!(code, 401, "s1's token at s2's host");
+    // Another port's page may not call it (its Origin), even with its
+    // token.
+    let (code, body) = curl_at(
+        &g,
+        &s2_host,
+        "/",
+        &[
+            "-b",
+            &format!("allox_port_token={s2_token}"),
+            "-H",
+            &format!("Origin: http://{s1_host}.localhost:{}", g.addr.port()),
+        ],
+    );
+    assert_eq!(code, 403, "{body}");
     let (code, body) = curl(&g, "/v1/ports/a/s1/8000/", &["-H", &bearer]);
     assert_eq!((code, body.as_str()), (200, "s1-page\n"), "s1's own 8000");
     // The gateway keeps s2's connection for the next request with its
     // token, never for one without.
-    let (code, _) = curl(&g, "/v1/ports/a/s2/8000/again", &[]);
+    let (code, _) = curl_at(&g, &s2_host, "/again", &[]);
     assert_eq!(code, 401);
     let (code, body) = curl(&g, "/v1/ports/a/s2/8000/again", &["-H", &bearer]);
     assert!(
         code == 200 && body.starts_with("s2 /again "),
         "{code} {body}"
     );
+
+    // A page of s2, opened in the browser that holds s1's cookie, reads
+    // nothing of s1: neither at s1's host nor through the gateway's path.
+    let thief = format!(
+        r#"<!doctype html><title>s2 page</title><p id=a>a?</p><p id=b>b?</p>
+<script>
+function steal(id, url) {{
+  fetch(url, {{credentials: "include"}}).then(r => r.text())
+    .then(t => {{ document.getElementById(id).textContent = id + " read: " + t; }})
+    .catch(e => {{ document.getElementById(id).textContent = id + " blocked: " + e; }});
+}}
+steal("a", "http://{s1_host}.localhost:{port}/");
+steal("b", "http://127.0.0.1:{port}/v1/ports/a/s1/8000/");
+</script>"#,
+        port = g.addr.port()
+    );
+    let r = run(
+        &d,
+        "s2",
+        &[
+            "/bin/sh",
+            "-c",
+            &format!("mkdir -p /allox/session/thief && cat > /allox/session/thief/index.html <<'EOF'\n{thief}\nEOF"),
+        ],
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    serve_in(
+        &d,
+        "s2",
+        &[
+            "python3",
+            "-m",
+            "http.server",
+            "8100",
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            "/allox/session/thief",
+        ],
+        8100,
+    );
+    let t = ctl_json(&d, &["port", "expose", "a", "s2", "8100"]);
+    let page = format!(
+        "http://{}/v1/ports/a/s2/8100/?token={}",
+        g.addr,
+        t["token"].as_str().unwrap()
+    );
+    let dom = allox_integration::headless(
+        "ports",
+        &["--virtual-time-budget=10000", "--dump-dom", &page],
+        profile.path(),
+    );
+    let dom_text = String::from_utf8_lossy(&dom.stdout);
+    assert!(
+        dom_text.contains("a blocked:")
+            && dom_text.contains("b blocked:")
+            && !dom_text.contains("s1-page"),
+        "{dom_text}{}",
+        String::from_utf8_lossy(&dom.stderr)
+    );
+    ctl_json(&d, &["port", "unexpose", "a", "s2", "8100"]);
 
     // Exposed, nothing listening: 502.
     ctl_json(&d, &["port", "expose", "a", "s1", "8001"]);
@@ -413,7 +570,7 @@ fn a_session_s_ports_are_served_through_the_gateway_to_whoever_holds_a_token() {
     // Exposed again as public: no token needed (the same token kept).
     let public = ctl_json(&d, &["port", "expose", "a", "s2", "8000", "--public"]);
     assert_eq!(public["public"], true);
-    let (code, body) = curl(&g, "/v1/ports/a/s2/8000/open", &[]);
+    let (code, body) = curl_at(&g, &s2_host, "/open", &[]);
     assert!(
         code == 200 && body.starts_with("s2 /open "),
         "{code} {body}"

@@ -510,13 +510,16 @@ class Actions:
 
     def port_expose(self, agent_id: str, session_id: str, port: int, *, public: bool | None = None) -> models.PortInfo:
         """``port.expose``: serve ``port`` of the session's own loopback
-        through the gateway (``/v1/ports/{agent}/{session}/{port}/``) with
-        the gateway's token or the port's own (``public``: none)."""
+        through the gateway: at the port's own host
+        (``http://{host}.localhost:8092/``, an origin of its own, for a
+        browser with the port's token) and at
+        ``/v1/ports/{agent}/{session}/{port}/`` with the gateway's token
+        (``public``: no token)."""
         p = build_params(None, dict(agent_id=agent_id, session_id=session_id, port=port, public=public))
         return self._invoke("port.expose", p, _model("PortInfo"))
 
     def port_list(self, agent_id: str, session_id: str | None = None) -> models.PortListing:
-        """``port.list``: the exposed ports, with their paths and tokens."""
+        """``port.list``: the exposed ports, with their hosts, paths and tokens."""
         p = build_params(None, dict(agent_id=agent_id, session_id=session_id))
         return self._invoke("port.list", p, _model("PortListing"))
 

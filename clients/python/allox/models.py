@@ -1490,10 +1490,18 @@ class PortConnect(Model):
     checked the gateway's token) or `token` is the port's.
     """
 
-    agent_id: str
+    #: The port's agent, session and number; left empty (and 0) when
+    #: `host` names the port.
+    agent_id: str = ''
     authorized: bool = False
-    port: int
-    session_id: str
+
+    #: The port's own host ([`PortInfo::host`]), for a request that came
+    #: to it: the port connected is the one exposed at that host (refused
+    #: `not_found` when none is, or when agent, session and port are given
+    #: too and are not that port's).
+    host: Optional[str] = None
+    port: int = 0
+    session_id: str = ''
     token: Optional[str] = None
 
 
@@ -1502,6 +1510,9 @@ class PortConnected(Model):
     """The answer to `port.connect`: the connection is open and relayed."""
 
     agent_id: str
+
+    #: The port's own host ([`PortInfo::host`]).
+    host: str
     port: int
     session_id: str
 
@@ -1509,9 +1520,12 @@ class PortConnected(Model):
 @dataclass(kw_only=True)
 class PortExpose(Model):
     """`port.expose`: serve `port` of the session's own loopback to the host,
-    through the gateway's `/v1/ports/{agent}/{session}/{port}/` and
-    `alloxctl port forward`. The session must have a network of its own
-    (`isolated` or `proxy`). Exposing it again keeps its token.
+    through the gateway (at the port's own host, `{host}.{ports domain}`,
+    an origin of its own for a browser; and at
+    `/v1/ports/{agent}/{session}/{port}/` for a client with the gateway's
+    token) and `alloxctl port forward`. The session must have a network of
+    its own (`isolated` or `proxy`). Exposing it again keeps its token and
+    its host.
     """
 
     agent_id: str
@@ -1532,7 +1546,14 @@ class PortInfo(Model):
     #: When it was exposed, milliseconds since the Unix epoch.
     exposed_ms: int
 
-    #: Where the gateway serves it.
+    #: The port's own host, `{port}-{16 hex digits}` (random; kept when
+    #: the port is exposed again, new for a port exposed anew): the
+    #: gateway serves the port at `http://{host}.{ports domain}:{its
+    #: port}/` (`{host}.localhost` by default), an origin no other port
+    #: shares, which is where a browser is sent.
+    host: str
+
+    #: Where the gateway serves it to a client with its token.
     path: str
     port: int
     public: bool

@@ -48,6 +48,14 @@ pub struct GatewayArgs {
     /// `https://app.example`; none by default.
     #[arg(long, value_name = "URL")]
     pub allow_origin: Vec<String>,
+    /// Serve each exposed port at a host of its own below this domain,
+    /// `{port}-{id}.DOMAIN` (`alloxctl port list` names each port's
+    /// host), so that no two ports share a browser's origin. `localhost`
+    /// (the default) needs no DNS: browsers and curl take every name
+    /// below it for the loopback. Elsewhere, point a wildcard record
+    /// (`*.DOMAIN`) at the gateway.
+    #[arg(long, value_name = "DOMAIN", default_value = "localhost")]
+    pub ports_domain: String,
     /// Give up on a call to the daemon after this long: the client gets
     /// 504 `unavailable` and the worker a new daemon connection. (A file
     /// moves in many calls, each bounded by this.)
@@ -107,6 +115,7 @@ impl GatewayArgs {
         cfg.allow_remote = self.allow_remote;
         cfg.allow_hosts = self.allow_host.clone();
         cfg.allow_origins = self.allow_origin.clone();
+        cfg.ports_domain = self.ports_domain.clone();
         cfg.daemon_timeout = std::time::Duration::from_millis(self.daemon_timeout_ms.max(1));
         cfg.http_timeout = std::time::Duration::from_millis(self.http_timeout_ms.max(1));
         cfg.metrics_token_file = self.metrics_token_file.clone();

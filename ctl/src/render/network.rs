@@ -117,10 +117,11 @@ pub fn secret(x: &SecretInfo) -> String {
 /// An exposed port as `port expose|list` show it.
 pub fn port(p: &PortInfo) -> String {
     format!(
-        "port {} of {}/{}: {}{} token {}\n",
+        "port {} of {}/{}: host {} path {}{} token {}\n",
         p.port,
         clean(&p.agent_id),
         clean(&p.session_id),
+        clean(&p.host),
         clean(&p.path),
         if p.public { " (public)" } else { "" },
         clean(&p.token)

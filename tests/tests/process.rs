@@ -613,7 +613,7 @@ fn output_streams_and_exit_status() {
         Request::ProcessWait(ProcessWait {
             agent_id: "a".into(),
             session_id: "s".into(),
-            run_id: run.run_id,
+            run_id: run.run_id.clone(),
             timeout_ms: Some(30_000),
         }),
     );
@@ -621,6 +621,31 @@ fn output_streams_and_exit_status() {
         panic!("the run did not end: {answer:?}")
     };
     assert_eq!(r.stdout, "hello via stdin");
+    // Written to once it ended (its input closed, or still open): it is
+    // said to have ended, with how.
+    let mut p = start("a", "s", &["/bin/sh", "-c", "exit 3"]);
+    p.stdin = None;
+    let Ok(Response::Exited(open)) = call(&d, Request::ProcessStart(p)) else {
+        panic!()
+    };
+    for (id, how) in [(&run.run_id, "exit code 0"), (&open.run_id, "exit code 3")] {
+        let e = call(
+            &d,
+            Request::ProcessStdin(ProcessStdin {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                run_id: id.clone(),
+                data: "late".into(),
+                close: false,
+            }),
+        )
+        .unwrap_err();
+        assert!(
+            e.code == ErrorCode::Conflict
+                && e.message.contains(&format!("run {id} has ended ({how})")),
+            "{e:?}"
+        );
+    }
 }
 
 #[test]

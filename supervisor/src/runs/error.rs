@@ -77,6 +77,8 @@ pub enum RunError {
     },
     #[error("standard input of run {0} is closed")]
     StdinClosed(String),
+    #[error("run {run} has ended ({how}): it has no input to write to")]
+    StdinEnded { run: String, how: String },
     #[error("the program does not read its input")]
     StdinNotRead,
     #[error("cannot write")]
@@ -173,6 +175,7 @@ impl RunError {
             | Held { .. }
             | NotPaused { .. }
             | StdinClosed(_)
+            | StdinEnded { .. }
             | StdinWrite(_)
             | TerminalGone(_) => ErrorCode::Conflict,
             Pause { source, .. } => match source {

@@ -21,18 +21,37 @@ impl Runs {
             run: run_id.to_string(),
         })?;
         let mut g = run.stdin.lock().await;
-        let closed = || RunError::StdinClosed(run_id.to_string());
-        match g.as_mut().ok_or_else(closed)? {
-            Input::Pipe(w) => in_time(w.write_all(data)).await?,
-            Input::Terminal => {
-                let t = run.terminal().ok_or_else(closed)?;
-                in_time(t.write_all(data)).await?;
-                if close {
-                    // As a terminal closes its input: end of file for a
-                    // program that reads lines.
-                    in_time(t.write_all(&t.end_of_input())).await?;
+        // A run that ended is said to have ended, not to have its input
+        // closed (or the write to have failed).
+        let ended = || {
+            run.result.borrow().as_ref().map(|r| RunError::StdinEnded {
+                run: run_id.to_string(),
+                how: match (r.exit_code, r.signal) {
+                    (Some(c), _) => format!("exit code {c}"),
+                    (None, Some(s)) => format!("killed by signal {s}"),
+                    (None, None) => "exit status unknown".into(),
+                },
+            })
+        };
+        let closed = || ended().unwrap_or_else(|| RunError::StdinClosed(run_id.to_string()));
+        let written = async {
+            match g.as_mut().ok_or_else(closed)? {
+                Input::Pipe(w) => in_time(w.write_all(data)).await?,
+                Input::Terminal => {
+                    let t = run.terminal().ok_or_else(closed)?;
+                    in_time(t.write_all(data)).await?;
+                    if close {
+                        // As a terminal closes its input: end of file for
+                        // a program that reads lines.
+                        in_time(t.write_all(&t.end_of_input())).await?;
+                    }
                 }
             }
+            Ok::<(), RunError>(())
+        };
+        match written.await {
+            Err(RunError::StdinWrite(e)) => return Err(ended().unwrap_or(RunError::StdinWrite(e))),
+            other => other?,
         }
         if close {
             *g = None;

@@ -295,4 +295,10 @@ pub struct SessionImported {
     pub session: Option<Box<SessionInfo>>,
     /// Its checkpoints, once committed.
     pub checkpoints: u32,
+    /// Once committed: how many modes in the archive's trees lost a
+    /// setuid or setgid bit on the way in (no file of a session keeps
+    /// one; an agent's `chmod g+s` in its session does not keep the
+    /// session from moving).
+    #[serde(default)]
+    pub set_id_dropped: u64,
 }

@@ -3,10 +3,16 @@
 //! other subvolume it refers to (its parent, the sources of its clones) is
 //! one the archive brought earlier or its base, never another tree of the
 //! receiving filesystem (which would copy another session's files into
-//! this one); no path in it leaves its subvolume; it makes no device node
-//! and no setuid or setgid file. The layout is the kernel's
-//! (`fs/btrfs/send.h`): a header, then commands of a 10-byte head (length,
-//! command, crc32c) and attributes of a 4-byte head (type, length).
+//! this one); no path in it leaves its subvolume; it makes no device node;
+//! every command's checksum holds. What passes on to `btrfs receive` is
+//! the stream as checked, a whole command at a time, with one change: a
+//! mode with a setuid or setgid bit (an agent's `chmod g+s` in its own
+//! session) loses those bits, and the command its checksum anew — no file
+//! of a session is setuid or setgid, and an archive that had one still
+//! imports ([`Inspector::set_id_dropped`] counts them). The layout is the
+//! kernel's (`fs/btrfs/send.h`): a header, then commands of a 10-byte head
+//! (length, command, crc32c of the command with that field zero) and
+//! attributes of a 4-byte head (type, length).
 
 const MAGIC: &[u8; 13] = b"btrfs-stream\0";
 /// The most one command may carry in version 1 (the kernel's send buffer
@@ -46,6 +52,7 @@ pub struct Inspector {
     header: bool,
     made: Option<Made>,
     ended: bool,
+    set_id_dropped: u64,
 }
 
 impl Inspector {
@@ -57,16 +64,21 @@ impl Inspector {
             header: false,
             made: None,
             ended: false,
+            set_id_dropped: 0,
         }
     }
 
     /// Checks the next bytes; `known` says whether a referenced UUID may
-    /// be used (the stream's own is always allowed for clones).
+    /// be used (the stream's own is always allowed for clones). Answers
+    /// what may go on to `btrfs receive`: the header, and the commands
+    /// completed and checked so far (a command cut by the end of `bytes`
+    /// waits for the rest).
     pub fn push(
         &mut self,
         mut bytes: &[u8],
         known: &dyn Fn(&[u8; 16]) -> bool,
-    ) -> Result<(), String> {
+    ) -> Result<Vec<u8>, String> {
+        let mut out = Vec::with_capacity(bytes.len());
         while !bytes.is_empty() {
             if self.ended {
                 return Err("bytes follow the stream's end command".into());
@@ -86,7 +98,7 @@ impl Inspector {
                         return Err(format!("send stream version {v}; only version 1 is read"));
                     }
                     self.header = true;
-                    self.buf.clear();
+                    out.append(&mut self.buf);
                 }
                 continue;
             }
@@ -109,21 +121,33 @@ impl Inspector {
             self.buf.extend_from_slice(&bytes[..n]);
             bytes = &bytes[n..];
             if self.buf.len() == 10 + len {
-                let cmd = std::mem::take(&mut self.buf);
-                self.command(&cmd, known)?;
+                let mut cmd = std::mem::take(&mut self.buf);
+                self.command(&mut cmd, known)?;
+                out.extend_from_slice(&cmd);
             }
         }
-        Ok(())
+        Ok(out)
     }
 
-    fn command(&mut self, cmd: &[u8], known: &dyn Fn(&[u8; 16]) -> bool) -> Result<(), String> {
+    /// How many modes lost a setuid or setgid bit.
+    pub fn set_id_dropped(&self) -> u64 {
+        self.set_id_dropped
+    }
+
+    fn command(&mut self, cmd: &mut [u8], known: &dyn Fn(&[u8; 16]) -> bool) -> Result<(), String> {
         let kind = u16::from_le_bytes([cmd[4], cmd[5]]);
         if kind == 0 || kind > C_MAX_V1 {
             return Err(format!("command {kind} is not one of version 1"));
         }
-        let mut attrs: Vec<(u16, &[u8])> = Vec::new();
-        let mut rest = &cmd[10..];
-        while !rest.is_empty() {
+        let sum = le32(&cmd[6..10]);
+        if checksum(cmd) != sum {
+            return Err(format!("the checksum of a command {kind} does not match"));
+        }
+        // Each attribute: its type, and where its value is in `cmd`.
+        let mut attrs: Vec<(u16, std::ops::Range<usize>)> = Vec::new();
+        let mut at = 10;
+        while at < cmd.len() {
+            let rest = &cmd[at..];
             if rest.len() < 4 {
                 return Err("an attribute is cut short".into());
             }
@@ -132,10 +156,12 @@ impl Inspector {
             if rest.len() < 4 + l {
                 return Err("an attribute is cut short".into());
             }
-            attrs.push((t, &rest[4..4 + l]));
-            rest = &rest[4 + l..];
+            attrs.push((t, at + 4..at + 4 + l));
+            at += 4 + l;
         }
-        let attr = |t: u16| attrs.iter().find(|(k, _)| *k == t).map(|(_, v)| *v);
+        let value = |t: u16| attrs.iter().find(|(k, _)| *k == t).map(|(_, r)| r.clone());
+        let whole: &[u8] = cmd;
+        let attr = |t: u16| value(t).map(|r| &whole[r]);
         let uuid = |t: u16| -> Result<[u8; 16], String> {
             attr(t)
                 .and_then(|v| <[u8; 16]>::try_from(v).ok())
@@ -203,16 +229,16 @@ impl Inspector {
                 ));
             }
             C_CHMOD => {
-                let mode = attr(A_MODE)
-                    .and_then(|v| <[u8; 8]>::try_from(v).ok())
-                    .map(u64::from_le_bytes)
-                    .unwrap_or(0);
+                let Some(r) = value(A_MODE).filter(|r| r.len() == 8) else {
+                    return Err("a chmod command lacks its mode".into());
+                };
+                let mode = u64::from_le_bytes(cmd[r.clone()].try_into().expect("8 bytes"));
                 if mode & 0o6000 != 0 {
-                    let p = attr(A_PATH).unwrap_or_default();
-                    return Err(format!(
-                        "it makes {:?} setuid or setgid (mode {mode:o})",
-                        String::from_utf8_lossy(p)
-                    ));
+                    cmd[r].copy_from_slice(&(mode & !0o6000).to_le_bytes());
+                    cmd[6..10].copy_from_slice(&[0; 4]);
+                    let sum = checksum(cmd);
+                    cmd[6..10].copy_from_slice(&sum.to_le_bytes());
+                    self.set_id_dropped += 1;
                 }
             }
             C_END => self.ended = true,
@@ -228,6 +254,14 @@ impl Inspector {
             _ => Err("the send stream ends before its end command".into()),
         }
     }
+}
+
+/// A command's checksum as the kernel makes it: crc32c from 0, with no
+/// final inversion, over the command with its checksum field zero.
+fn checksum(cmd: &[u8]) -> u32 {
+    let mut c = crc32c::crc32c_append(!0, &cmd[..6]);
+    c = crc32c::crc32c_append(c, &[0; 4]);
+    !crc32c::crc32c_append(c, &cmd[10..])
 }
 
 fn le32(b: &[u8]) -> u32 {
@@ -254,6 +288,8 @@ mod tests {
         c.extend(kind.to_le_bytes());
         c.extend([0; 4]);
         c.extend(body);
+        let sum = checksum(&c);
+        c[6..10].copy_from_slice(&sum.to_le_bytes());
         c
     }
 
@@ -266,13 +302,97 @@ mod tests {
         s
     }
 
-    fn check(s: &[u8]) -> Result<Made, String> {
+    /// What the stream made, and what passed on to receive.
+    fn checked(s: &[u8]) -> Result<(Made, Vec<u8>, u64), String> {
         let mut i = Inspector::new("c1");
         let parent = [7u8; 16];
+        let mut out = Vec::new();
         for piece in s.chunks(5) {
-            i.push(piece, &|u| *u == parent)?;
+            out.extend(i.push(piece, &|u| *u == parent)?);
         }
-        i.finish()
+        Ok((i.finish()?, out, i.set_id_dropped()))
+    }
+
+    fn check(s: &[u8]) -> Result<Made, String> {
+        checked(s).map(|(m, _, _)| m)
+    }
+
+    #[test]
+    fn the_checksum_is_the_kernel_s() {
+        // Chmod commands as `btrfs send` (Linux 6.18) wrote them: the
+        // subvolume's root to 0755 and "f" to 0644, their checksums as the
+        // kernel made them.
+        for (hex, mode) in [
+            (
+                "100000001200595575350f00000005000800ed01000000000000",
+                0o755,
+            ),
+            (
+                "110000001200b7cb58630f0001006605000800a401000000000000",
+                0o644,
+            ),
+        ] {
+            let c: Vec<u8> = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                .collect();
+            assert_eq!(checksum(&c), le32(&c[6..10]), "{hex}");
+            assert_eq!(c[c.len() - 8..], (mode as u64).to_le_bytes());
+        }
+        let mut c = cmd(
+            C_CHMOD,
+            &[(A_PATH, b"f"), (A_MODE, &0o644u64.to_le_bytes())],
+        );
+        c[12] ^= 1;
+        let e = check(&stream(&[
+            cmd(C_SUBVOL, &[(A_PATH, b"c1"), (A_UUID, &OWN)]),
+            c,
+            cmd(C_END, &[]),
+        ]))
+        .unwrap_err();
+        assert!(e.contains("checksum"), "{e}");
+    }
+
+    #[test]
+    fn a_setuid_or_setgid_bit_is_dropped_and_the_rest_passes_as_it_came() {
+        let s = stream(&[
+            cmd(C_SUBVOL, &[(A_PATH, b"c1"), (A_UUID, &OWN)]),
+            cmd(
+                C_CHMOD,
+                &[(A_PATH, b"dir"), (A_MODE, &0o2775u64.to_le_bytes())],
+            ),
+            cmd(
+                C_CHMOD,
+                &[(A_PATH, b"tool"), (A_MODE, &0o4755u64.to_le_bytes())],
+            ),
+            cmd(
+                C_CHMOD,
+                &[(A_PATH, b"tmp"), (A_MODE, &0o1777u64.to_le_bytes())],
+            ),
+            cmd(C_END, &[]),
+        ]);
+        let (_, out, dropped) = checked(&s).unwrap();
+        assert_eq!(dropped, 2);
+        let want = stream(&[
+            cmd(C_SUBVOL, &[(A_PATH, b"c1"), (A_UUID, &OWN)]),
+            cmd(
+                C_CHMOD,
+                &[(A_PATH, b"dir"), (A_MODE, &0o775u64.to_le_bytes())],
+            ),
+            cmd(
+                C_CHMOD,
+                &[(A_PATH, b"tool"), (A_MODE, &0o755u64.to_le_bytes())],
+            ),
+            cmd(
+                C_CHMOD,
+                &[(A_PATH, b"tmp"), (A_MODE, &0o1777u64.to_le_bytes())],
+            ),
+            cmd(C_END, &[]),
+        ]);
+        assert_eq!(out, want);
+        // What passed is a stream that checks again, as it is.
+        let (_, again, none) = checked(&out).unwrap();
+        assert_eq!((again, none), (want, 0));
     }
 
     const OWN: [u8; 16] = [1; 16];
@@ -319,13 +439,6 @@ mod tests {
             "clones from a subvolume the archive does not bring",
         );
         refused(cmd(C_MKNOD, &[(A_PATH, b"sda")]), "device node");
-        refused(
-            cmd(
-                C_CHMOD,
-                &[(A_PATH, b"sh"), (A_MODE, &0o4755u64.to_le_bytes())],
-            ),
-            "setuid",
-        );
         let e = check(&stream(&[cmd(
             C_SNAPSHOT,
             &[(A_PATH, b"c1"), (A_UUID, &OWN), (A_CLONE_UUID, &[9; 16])],

@@ -51,6 +51,9 @@ pub struct Imported {
     /// The limits the archive carries, for the caller to apply to a new
     /// session (the store knows no cgroups).
     pub limits: archive::Limits,
+    /// Modes in the archive's trees that lost a setuid or setgid bit on
+    /// the way in (no file of a session keeps one).
+    pub set_id_dropped: u64,
 }
 
 /// Removes a directory of subvolumes when dropped.
@@ -204,6 +207,7 @@ impl Store {
             receiving: None,
             inspecting: None,
             uuids: HashMap::new(),
+            set_id_dropped: 0,
         })
     }
 }
@@ -278,6 +282,8 @@ pub struct Import {
     inspecting: Option<Inspector>,
     /// The UUIDs the sender gave the trees received so far (and the base).
     uuids: HashMap<String, [u8; 16]>,
+    /// Modes that lost a setuid or setgid bit, in the streams read whole.
+    set_id_dropped: u64,
 }
 
 struct Receiving {
@@ -326,6 +332,7 @@ impl Import {
             store,
             agent,
             session,
+            set_id_dropped,
             ..
         } = self;
         let r = reader.push(bytes, &mut |item| -> Result<()> {
@@ -340,14 +347,16 @@ impl Import {
                 Item::Data { index, bytes } => {
                     let tree = stream_name(manifest, index);
                     let i = inspecting.get_or_insert_with(|| Inspector::new(&received_name(manifest, index)));
-                    i.push(bytes, &|u| uuids.values().any(|k| k == u))
+                    // Only what was checked reaches receive.
+                    let checked = i
+                        .push(bytes, &|u| uuids.values().any(|k| k == u))
                         .map_err(|why| StoreError::BadArchive(format!("the send stream of {tree}: {why}")))?;
                     if receiving.is_none() {
                         *receiving = Some(receive(&into(&staging, manifest, index))?);
                     }
                     let rx = receiving.as_mut().expect("made above");
                     let stdin = rx.stdin.as_mut().expect("open until the stream ends");
-                    if let Err(e) = stdin.write_all(bytes) {
+                    if let Err(e) = stdin.write_all(&checked) {
                         let tree = stream_name(manifest, index);
                         let why = finish_receive(receiving.take().expect("there"));
                         return Err(StoreError::BadArchive(format!(
@@ -357,11 +366,11 @@ impl Import {
                 }
                 Item::StreamEnd { index } => {
                     let tree = stream_name(manifest, index);
-                    let made = inspecting
-                        .take()
-                        .unwrap_or_else(|| Inspector::new(""))
+                    let inspected = inspecting.take().unwrap_or_else(|| Inspector::new(""));
+                    let made = inspected
                         .finish()
                         .map_err(|why| StoreError::BadArchive(format!("the send stream of {tree}: {why}")))?;
+                    *set_id_dropped += inspected.set_id_dropped();
                     let m = manifest.as_ref().expect("streams follow the manifest");
                     let parent = m.streams[index].parent.as_ref().map(|p| uuids.get(p).copied());
                     if made.parent != parent.flatten() || parent == Some(None) {
@@ -475,12 +484,14 @@ impl Import {
         // session's directory under a name no user tree has.
         self.scratch.0 = Some(dir.join(CURRENT));
         drop(_g);
+        let set_id_dropped = self.set_id_dropped;
         drop(self);
         Ok(Imported {
             session: st.session_info_of(&a, &s)?,
             checkpoints: m.checkpoints.len(),
             bytes,
             limits: m.limits.clone(),
+            set_id_dropped,
         })
     }
 }
@@ -547,12 +558,14 @@ impl Import {
             Ok(((), After::Nothing))
         })?;
         drop(_g);
+        let set_id_dropped = self.set_id_dropped;
         drop(self);
         Ok(Imported {
             session: st.session_info_of(&a, &s)?,
             checkpoints: m.checkpoints.len(),
             bytes,
             limits: m.limits.clone(),
+            set_id_dropped,
         })
     }
 }

@@ -71,6 +71,7 @@ fn aborted(import_id: String) -> Piece {
         received: 0,
         session: None,
         checkpoints: 0,
+        set_id_dropped: 0,
     })
 }
 
@@ -183,6 +184,7 @@ impl Imports {
                 received,
                 session: None,
                 checkpoints: 0,
+                set_id_dropped: 0,
             }));
         }
         drop(u);
@@ -210,6 +212,15 @@ impl Imports {
             Some((a, s)) => fence(a, s, &mut commit)?,
             None => commit()?,
         };
+        if done.set_id_dropped > 0 {
+            tracing::warn!(
+                import = %id,
+                agent = %done.session.agent_id,
+                session = %done.session.session_id,
+                modes = done.set_id_dropped,
+                "the archive's setuid and setgid bits were dropped on import"
+            );
+        }
         Ok(Piece {
             // An archive that adds to a session leaves its limits there
             // as they are.
@@ -219,6 +230,7 @@ impl Imports {
                 received,
                 session: Some(Box::new(done.session)),
                 checkpoints: done.checkpoints as u32,
+                set_id_dropped: done.set_id_dropped,
             },
         })
     }

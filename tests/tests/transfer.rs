@@ -527,6 +527,45 @@ fn alloxctl_moves_a_session_between_daemons_by_file_and_by_pipe() {
         ctl(&b, &["diff", "a", "s2", &head, "later"]),
         ctl(&a, &["diff", "a", "s", &head, "later"])
     );
+    // The agent makes a directory setgid and a file setuid and setgid in
+    // its session: the session still moves, without those bits (no file
+    // of a session keeps one), and alloxctl says so.
+    ctl(
+        &a,
+        &[
+            "exec",
+            "a",
+            "s",
+            "--",
+            "/bin/sh",
+            "-c",
+            "mkdir sg && chmod g+s sg && echo x > tool && chmod 6755 tool",
+        ],
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(
+        (mode(&cur.join("sg")) & 0o2000, mode(&cur.join("tool"))),
+        (0o2000, 0o6755),
+        "the agent's chmod"
+    );
+    ctl(&a, &["checkpoint", "create", "a", "s", "setid"]);
+    let said = ctl(
+        &a,
+        &[
+            "session", "move", "a", "s", "--to", sock_b, "--as", "s2", "--since", "later",
+        ],
+    );
+    assert!(
+        said.starts_with("imported a/s2: 1 checkpoint, ")
+            && said.contains("setuid or setgid modes dropped"),
+        "{said}"
+    );
+    assert_eq!(
+        (mode(&s2.join("sg")), mode(&s2.join("tool"))),
+        (mode(&cur.join("sg")) & !0o6000, 0o755)
+    );
+    assert_eq!(std::fs::read_to_string(s2.join("tool")).unwrap(), "x\n");
     // Standard input and output too.
     let (code, archive, err) =
         allox_integration::alloxctl(&a.daemon.socket, &["session", "export", "a", "s"]);

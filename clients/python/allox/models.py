@@ -2308,6 +2308,12 @@ class SessionImported(Model):
     #: The new session, once committed.
     session: Optional[SessionInfo] = None
 
+    #: Once committed: how many modes in the archive's trees lost a
+    #: setuid or setgid bit on the way in (no file of a session keeps
+    #: one; an agent's `chmod g+s` in its session does not keep the
+    #: session from moving).
+    set_id_dropped: int = 0
+
 
 @dataclass(kw_only=True)
 class SessionInfo(Model):

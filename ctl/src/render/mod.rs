@@ -141,12 +141,19 @@ pub fn render(response: &Response) -> String {
         ),
         Response::SessionImported(i) => match &i.session {
             Some(s) => format!(
-                "imported {}/{}: {} checkpoint{}, {} bytes\n",
+                "imported {}/{}: {} checkpoint{}, {} bytes{}\n",
                 s.agent_id,
                 s.session_id,
                 i.checkpoints,
                 if i.checkpoints == 1 { "" } else { "s" },
-                i.received
+                i.received,
+                match i.set_id_dropped {
+                    0 => String::new(),
+                    n => format!(
+                        "; {n} setuid or setgid mode{} dropped (a session's files keep none)",
+                        if n == 1 { "" } else { "s" }
+                    ),
+                }
             ),
             None => format!("import {}: {} bytes received\n", i.import_id, i.received),
         },

@@ -45,6 +45,7 @@ pub use error::{Result, StoreError};
 pub use quota::{parse_size, StoreOptions, TURNS_KEPT};
 pub use session::NewSession;
 pub use transfer::{Exported, Import, Imported};
+pub use turn::check_keep_last;
 
 use crate::audit::Audit;
 use crate::failpoint::Failpoints;

@@ -36,9 +36,7 @@ impl Store {
     pub fn session_create_with(&self, a: &str, s: &str, new: &NewSession) -> Result<SessionInfo> {
         validate_id("agent_id", a)?;
         validate_id("session_id", s)?;
-        if new.policy.as_ref().is_some_and(|p| p.keep_last == Some(0)) {
-            return Err(StoreError::KeepLastZero);
-        }
+        crate::turn::check_keep_last(new.policy.as_ref().and_then(|p| p.keep_last))?;
         let _g = self.guard();
         self.need_agent(a)?;
         if self.index.session(a, s)?.is_some() {

@@ -28,6 +28,15 @@ fn turn_info(a: &str, s: &str, t: &str, r: &TurnRecord) -> TurnInfo {
     }
 }
 
+/// The one rule of a `keep_last` given: at least 1 (an agent's, a
+/// session's, at creation or set later).
+pub fn check_keep_last(keep_last: Option<u32>) -> Result<()> {
+    match keep_last {
+        Some(0) => Err(StoreError::KeepLastZero),
+        _ => Ok(()),
+    }
+}
+
 impl Store {
     /// The policy in force for a session (or for an agent's new sessions).
     pub fn effective_policy(&self, a: &str, s: Option<&str>) -> Result<(bool, Option<u32>)> {
@@ -47,9 +56,7 @@ impl Store {
     pub fn policy_set(&self, p: &PolicySet) -> Result<PolicyInfo> {
         let a = p.agent_id.as_str();
         let key = self.level_key(a, p.session_id.as_deref())?;
-        if p.keep_last == Some(0) {
-            return Err(StoreError::KeepLastZero);
-        }
+        check_keep_last(p.keep_last)?;
         let _g = self.guard();
         let mut rec = self.index.policy(&key)?.unwrap_or_default();
         if p.auto_checkpoint.is_some() {

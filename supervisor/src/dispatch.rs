@@ -205,9 +205,7 @@ impl Supervisor {
             Request::AgentCreate(r) => {
                 self.check_network(r.network, r.egress.as_ref())?;
                 // Refused before anything is made (as session.create).
-                if r.keep_last == Some(0) {
-                    return Err(allox_store::StoreError::KeepLastZero.into());
-                }
+                allox_store::check_keep_last(r.keep_last)?;
                 let info = st.agent_create_with(
                     &r.agent_id,
                     &allox_store::index::NetworkRecord {

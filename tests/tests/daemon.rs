@@ -168,6 +168,53 @@ fn rpc_json_and_human_cli() {
 }
 
 #[test]
+fn keep_last_zero_is_refused_wherever_it_is_given() {
+    let Some((_fs, d)) = setup(
+        "daemon::keep_last_zero_is_refused_wherever_it_is_given",
+        &[],
+    ) else {
+        return;
+    };
+    let rpc = |action: &str, params: &str| {
+        let (ok, out, _) = alloxctl(
+            &d,
+            &[
+                "rpc",
+                &format!(r#"{{"action":"{action}","params":{params}}}"#),
+            ],
+        );
+        (ok, out)
+    };
+    assert!(rpc("agent.create", r#"{"agent_id":"a"}"#).0);
+    assert!(rpc("session.create", r#"{"agent_id":"a","session_id":"s"}"#).0);
+    for (action, params) in [
+        ("agent.create", r#"{"agent_id":"z","keep_last":0}"#),
+        (
+            "session.create",
+            r#"{"agent_id":"a","session_id":"s0","keep_last":0}"#,
+        ),
+        ("policy.set", r#"{"agent_id":"a","keep_last":0}"#),
+        (
+            "policy.set",
+            r#"{"agent_id":"a","session_id":"s","keep_last":0}"#,
+        ),
+    ] {
+        let (ok, out) = rpc(action, params);
+        assert!(
+            !ok && out.contains("invalid_request") && out.contains("keep_last must be at least 1"),
+            "{action} {params}: {out}"
+        );
+    }
+    // Nothing was made or changed.
+    let (_, agents) = rpc("agent.list", "{}");
+    assert!(!agents.contains(r#""z""#), "{agents}");
+    let (_, sessions) = rpc("session.list", r#"{"agent_id":"a"}"#);
+    assert!(!sessions.contains("s0"), "{sessions}");
+    let (ok, policy) = rpc("policy.set", r#"{"agent_id":"a","session_id":"s"}"#);
+    assert!(ok && !policy.contains(r#""keep_last":0"#), "{policy}");
+}
+
+#[test]
 fn seed_curl_examples_work_through_the_gateway() {
     let Some((_fs, d)) = setup("daemon::seed_curl_examples_work_through_the_gateway", &[]) else {
         return;

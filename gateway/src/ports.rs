@@ -358,13 +358,13 @@ pub async fn serve(mut req: HttpRequest, p: PortRequest, shared: &Arc<Shared>) -
         }
         Err(_) => false,
     };
+    let host = h.host.map(str::to_owned);
+    let https = req
+        .headers()
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"));
     if p.host.is_none() && !authorized {
-        let host = h.host.map(str::to_owned);
-        let https = req
-            .headers()
-            .get("x-forwarded-proto")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"));
         return to_own_host(&p, host, https, shared).await;
     }
     let (rest, query_token) = take_token(&p.rest);
@@ -389,11 +389,18 @@ pub async fn serve(mut req: HttpRequest, p: PortRequest, shared: &Arc<Shared>) -
         if let Err(r) = connect(&p, shared, token.clone(), false).await {
             return r;
         }
+        // Absolute, at this very host: a path that begins `//` or `/\`
+        // would be another site's address to a browser.
+        let to = format!(
+            "{}://{}{rest}",
+            if https { "https" } else { "http" },
+            host.as_deref().unwrap_or_default().trim()
+        );
         return respond(Reply {
             status: 303,
             body: None,
             headers: vec![
-                ("Location", rest.clone()),
+                ("Location", to),
                 (
                     "Set-Cookie",
                     format!("{COOKIE}={t}; Path=/; HttpOnly; SameSite=Strict"),

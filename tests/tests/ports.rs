@@ -266,6 +266,34 @@ fn a_session_s_ports_are_served_through_the_gateway_to_whoever_holds_a_token() {
     );
     let (code, body) = curl_at(&g, &s1_host, "/", &["-b", jar]);
     assert_eq!((code, body.as_str()), (200, "s1-page\n"));
+    // The trade's redirect stays at the port's host, whatever the path
+    // (`//site/…` and `/\site/…` are other sites' addresses to a
+    // browser).
+    for path in ["//elsewhere.test/x", "/\\elsewhere.test/x"] {
+        let out = Command::new("curl")
+            .args([
+                "-sS",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code} %{redirect_url}",
+            ])
+            .arg("--path-as-is")
+            .arg(format!(
+                "http://{s1_host}.localhost:{}{path}?token={port_token}",
+                g.addr.port()
+            ))
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            said.starts_with(&format!(
+                "303 http://{s1_host}.localhost:{}/",
+                g.addr.port()
+            )),
+            "{path}: {said}"
+        );
+    }
     // The port's token is no credential at the gateway's path.
     let (code, _) = curl(
         &g,

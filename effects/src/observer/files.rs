@@ -29,6 +29,31 @@ pub struct Snapshots {
     none: PathBuf,
 }
 
+/// The points a run's workspaces are snapshotted at, by label: A
+/// (before), B (after), C (the check after B).
+pub const POINTS: [&str; 3] = ["a", "b", "c"];
+
+/// Where point `label`'s snapshot `what` is in an evidence directory:
+/// `<label>-workspace`, `<label>-agent`, or `<label>-agent-empty` (the
+/// stand-in for an agent workspace left unsnapshotted).
+fn snapshot_path(dir: &Path, label: &str, what: Kept) -> PathBuf {
+    dir.join(format!(
+        "{label}-{}",
+        match what {
+            Kept::Workspace => "workspace",
+            Kept::Agent => "agent",
+            Kept::AgentEmpty => "agent-empty",
+        }
+    ))
+}
+
+#[derive(Clone, Copy)]
+enum Kept {
+    Workspace,
+    Agent,
+    AgentEmpty,
+}
+
 impl Snapshots {
     /// Snapshots `workspace` and, unless its `shared/` is empty,
     /// `agent_workspace` read-only into `dir` as `<label>-workspace` and
@@ -44,9 +69,9 @@ impl Snapshots {
         agent_workspace: &Path,
     ) -> Result<Snapshots, String> {
         let mut s = Snapshots {
-            workspace: dir.join(format!("{label}-workspace")),
+            workspace: snapshot_path(dir, label, Kept::Workspace),
             agent: None,
-            none: dir.join(format!("{label}-agent-empty")).join("shared"),
+            none: snapshot_path(dir, label, Kept::AgentEmpty).join("shared"),
         };
         allox_store::btrfs::snapshot(workspace, &s.workspace, true).map_err(|e| {
             format!(
@@ -66,7 +91,7 @@ impl Snapshots {
         }
         // One after the other: two snapshots asked for at once were slower
         // here than in turn (each waits for the other's commit).
-        let agent = dir.join(format!("{label}-agent"));
+        let agent = snapshot_path(dir, label, Kept::Agent);
         if let Err(e) = allox_store::btrfs::snapshot(agent_workspace, &agent, true) {
             let _ = allox_store::btrfs::delete_subvolume(&s.workspace);
             return Err(format!(
@@ -107,9 +132,9 @@ impl Snapshots {
 /// be deleted, named.
 pub fn remove_left(dir: &Path) -> Vec<String> {
     let mut failed = Vec::new();
-    for label in ["a", "b", "c"] {
-        for kind in ["workspace", "agent"] {
-            let p = dir.join(format!("{label}-{kind}"));
+    for label in POINTS {
+        for kind in [Kept::Workspace, Kept::Agent] {
+            let p = snapshot_path(dir, label, kind);
             if std::fs::symlink_metadata(&p).is_err() {
                 continue;
             }
@@ -121,7 +146,7 @@ pub fn remove_left(dir: &Path) -> Vec<String> {
                 failed.push(format!("{}: {e}", p.display()));
             }
         }
-        let empty = dir.join(format!("{label}-agent-empty"));
+        let empty = snapshot_path(dir, label, Kept::AgentEmpty);
         if empty.exists() {
             if let Err(e) = std::fs::remove_dir_all(&empty) {
                 failed.push(format!("{}: {e}", empty.display()));

@@ -435,7 +435,7 @@ impl Observation {
         };
         let fs = domains::FsWatch::start(begin)?;
         phases.done("watch_start");
-        let (snaps_a, mut captures_a, took) = capture_all(begin, "a", &[], &own);
+        let (snaps_a, mut captures_a, took) = capture_all(begin, files::POINTS[0], &[], &own);
         for (what, us) in took {
             phases.beside(what, us);
         }
@@ -531,7 +531,7 @@ impl Observation {
         // record), made durable with B's records after `Closed` (a sync
         // beside the snapshots' commit waits for it, and slows it).
         let ((snaps_b, mut captures_b, took), written) = std::thread::scope(|s| {
-            let b = s.spawn(|| capture_all(begin, "b", &records, &self.own));
+            let b = s.spawn(|| capture_all(begin, files::POINTS[1], &records, &self.own));
             let t = std::time::Instant::now();
             let written = write_history(chain, &records, &processes, &counters);
             let us = t.elapsed().as_micros() as u64;
@@ -763,7 +763,7 @@ impl Observation {
         } else {
             Default::default()
         };
-        let (snaps_c, mut captures_c, took) = capture_all(&at_c, "c", x.records, &own);
+        let (snaps_c, mut captures_c, took) = capture_all(&at_c, files::POINTS[2], x.records, &own);
         for (what, us) in took {
             self.phases.beside(what, us);
         }

@@ -448,10 +448,26 @@ pub fn read_to(c: &mut Client, from: &Remote, out: &mut dyn Write) -> Result<u64
         })
     };
     let Response::FsData(FsData {
-        data, eof, size, ..
+        data,
+        eof,
+        size,
+        inode,
+        ..
     }) = ask(c, &from.path, read(0))?
     else {
         return Err(not_data());
+    };
+    // Every chunk of the one file: one replaced at its path meanwhile
+    // (another inode) would leave a mix of the two.
+    let same_file = |d: &FsData| {
+        if d.inode == inode {
+            Ok(())
+        } else {
+            Err(CopyError::Other(format!(
+                "{}: the file was replaced while it was read (the copy would mix two files): copy it again",
+                from.path
+            )))
+        }
     };
     put(out, &data)?;
     let mut pos = data.len() as u64;
@@ -472,7 +488,9 @@ pub fn read_to(c: &mut Client, from: &Remote, out: &mut dyn Write) -> Result<u64
         },
         &mut |a| {
             let r = match a {
-                Ok(Response::FsData(d)) => put(out, &d.data).map(|()| d),
+                Ok(Response::FsData(d)) => {
+                    same_file(&d).and_then(|()| put(out, &d.data)).map(|()| d)
+                }
                 Ok(_) => Err(not_data()),
                 Err(body) => Err(CopyError::Daemon {
                     what: from.path.clone(),
@@ -504,6 +522,7 @@ pub fn read_to(c: &mut Client, from: &Remote, out: &mut dyn Write) -> Result<u64
         let Response::FsData(d) = ask(c, &from.path, read(pos))? else {
             return Err(not_data());
         };
+        same_file(&d)?;
         put(out, &d.data)?;
         pos += d.data.len() as u64;
         ended = d.eof || d.data.is_empty();

@@ -345,6 +345,8 @@ pub struct Download<'a, C> {
     /// The offset of the next `fs.read`.
     offset: u64,
     size: u64,
+    /// The file's inode: every chunk must be of it.
+    inode: u64,
 }
 
 impl<'a, C: Caller> Download<'a, C> {
@@ -359,6 +361,7 @@ impl<'a, C: Caller> Download<'a, C> {
             chunk,
             sent: 0,
             size: first.size,
+            inode: first.inode,
         }
     }
 }
@@ -373,6 +376,12 @@ impl<C: Caller> Read for Download<'_, C> {
             let d = read_chunk(self.daemon, self.target, self.offset, want).map_err(|(_, v)| {
                 io::Error::other(format!("fs.read at {}: {}", self.offset, v["error"]))
             })?;
+            if d.inode != self.inode {
+                // Replaced at its path: the rest is another file's.
+                return Err(io::Error::other(
+                    "the file was replaced while it was sent (the body would mix two files)",
+                ));
+            }
             if d.data.is_empty() {
                 // Fewer bytes than the Content-Length promised.
                 return Err(io::Error::new(
@@ -654,6 +663,7 @@ mod tests {
         size: u64,
         largest: usize,
         reads: usize,
+        inode: u64,
     }
 
     impl Caller for File {
@@ -675,6 +685,7 @@ mod tests {
                 eof: end == self.size,
                 size: self.size,
                 data: allox_protocol::Bytes(data),
+                inode: self.inode,
             })))
         }
     }
@@ -686,6 +697,7 @@ mod tests {
             size,
             largest: 0,
             reads: 0,
+            inode: 7,
         };
         let t = target("f");
         let first = read_chunk(&mut daemon, &t, 0, FS_CHUNK).unwrap();
@@ -714,6 +726,7 @@ mod tests {
             size: 2 * FS_CHUNK,
             largest: 0,
             reads: 0,
+            inode: 7,
         };
         let t = target("f");
         let first = read_chunk(&mut daemon, &t, 0, FS_CHUNK).unwrap();
@@ -722,6 +735,24 @@ mod tests {
         let mut sink = Vec::new();
         let e = io::copy(&mut d, &mut sink).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        assert_eq!(sink.len() as u64, FS_CHUNK);
+    }
+
+    #[test]
+    fn a_file_replaced_while_it_is_sent_is_an_error_not_a_mix() {
+        let mut daemon = File {
+            size: 3 * FS_CHUNK,
+            largest: 0,
+            reads: 0,
+            inode: 7,
+        };
+        let t = target("f");
+        let first = read_chunk(&mut daemon, &t, 0, FS_CHUNK).unwrap();
+        daemon.inode = 8;
+        let mut d = Download::new(&mut daemon, &t, first);
+        let mut sink = Vec::new();
+        let e = io::copy(&mut d, &mut sink).unwrap_err();
+        assert!(e.to_string().contains("replaced"), "{e}");
         assert_eq!(sink.len() as u64, FS_CHUNK);
     }
 

@@ -458,6 +458,11 @@ pub struct FsData {
     pub size: u64,
     /// Whether `data` reaches the end of the file.
     pub eof: bool,
+    /// The file's inode number: a file read in chunks whose number
+    /// changes between them was replaced at its path meanwhile (the chunks
+    /// are of two files), where one that only grew keeps it.
+    #[serde(default)]
+    pub inode: u64,
 }
 
 /// The answer to `fs.write`.

@@ -290,6 +290,7 @@ mod tests {
                 data: Bytes(b"hi".to_vec()),
                 size: 2,
                 eof: true,
+                inode: 257,
             },
             tree: 260,
         };

@@ -1724,3 +1724,69 @@ fn an_upload_s_chunks_may_be_passed_as_open_files_and_mixed_with_frames() {
     assert!(e.message.contains("nothing is under way"), "{e:?}");
     assert_eq!(std::fs::read(cur.join("t")).unwrap(), b"old content\n");
 }
+
+#[test]
+fn a_file_replaced_while_it_is_copied_out_is_never_a_mix_of_two() {
+    let Some(d) = setup(
+        "a_file_replaced_while_it_is_copied_out_is_never_a_mix_of_two",
+        &[],
+        1024,
+    ) else {
+        return;
+    };
+    // Two 32 MiB files, then a program that keeps replacing `f` with
+    // one and the other (a copy beside it renamed over it).
+    let r = sh(
+        &d,
+        "head -c 33554432 /dev/zero | tr '\\0' a > A && head -c 33554432 /dev/zero | tr '\\0' b > B && cp A f",
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let mut p = start(
+        "a",
+        "s",
+        &[
+            "/bin/sh",
+            "-c",
+            "while :; do cp --reflink=auto A .t && mv .t f; cp --reflink=auto B .t && mv .t f; done",
+        ],
+    );
+    p.wait = false;
+    let Ok(Response::Started(swapper)) = call(&d, Request::ProcessStart(p)) else {
+        panic!("the swapping program did not start")
+    };
+    let out = tempfile::tempdir().unwrap();
+    let (mut whole, mut replaced) = (0, 0);
+    for i in 0..6 {
+        let to = out.path().join(format!("f{i}"));
+        let (code, _, err) = ctl(&d, &["cp", "--framed", "a/s:f", to.to_str().unwrap()]);
+        if code == 0 {
+            let got = std::fs::read(&to).unwrap();
+            assert_eq!(got.len(), 32 << 20, "copy {i}");
+            assert!(
+                got.iter().all(|&b| b == got[0]),
+                "copy {i} mixes two files: {} bytes of {:?} then others",
+                got.iter().take_while(|&&b| b == got[0]).count(),
+                got[0] as char
+            );
+            whole += 1;
+        } else {
+            assert!(
+                err.contains("was replaced while it was read"),
+                "copy {i}: {err}"
+            );
+            replaced += 1;
+        }
+    }
+    call(
+        &d,
+        Request::ProcessKill(ProcessKill {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: Some(swapper.run_id),
+            signal: None,
+        }),
+    )
+    .unwrap();
+    // The race was run: some copy met a replacement.
+    assert!(replaced > 0, "no copy met a replacement ({whole} whole)");
+}

@@ -830,6 +830,11 @@ class FsData(Model):
 
     #: Whether `data` reaches the end of the file.
     eof: bool
+
+    #: The file's inode number: a file read in chunks whose number
+    #: changes between them was replaced at its path meanwhile (the chunks
+    #: are of two files), where one that only grew keeps it.
+    inode: int = 0
     offset: int
     path: str
 

@@ -430,6 +430,7 @@ impl Files<'_> {
             eof: offset + got as u64 >= size,
             size,
             data: Bytes(data),
+            inode: st.st_ino,
         })
     }
 

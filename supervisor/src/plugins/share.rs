@@ -743,6 +743,7 @@ mod tests {
                     data: Bytes(b"report".to_vec()),
                     size: 6,
                     eof: true,
+                    inode: 1,
                 },
                 42,
             ))

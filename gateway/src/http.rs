@@ -152,7 +152,8 @@ async fn answer(req: HttpRequest, shared: &Arc<Shared>, metrics_only: bool) -> H
     let method = req.method().as_str().to_owned();
     // A port's own host is the app's, every path of it.
     let own_host = match metrics_only {
-        false => shared.access.port_host(header(&req, "Host")),
+        // `Host`, or over HTTP/2 the URL's authority.
+        false => shared.access.port_host(crate::body::headers_of(&req).host),
         true => None,
     };
     let routed = match own_host {

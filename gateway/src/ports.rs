@@ -344,6 +344,77 @@ async fn connect(
         .map_err(|e| status_reply(502, ErrorCode::Unavailable, format!("relay socket: {e}")))
 }
 
+/// What a browser says of where a request comes from and what it is
+/// for (`Sec-Fetch-Site`, `-Mode`, `-Dest`; none from other clients).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct FetchMetadata {
+    pub site: Option<String>,
+    pub mode: Option<String>,
+    pub dest: Option<String>,
+}
+
+impl FetchMetadata {
+    fn of(req: &HttpRequest) -> FetchMetadata {
+        let h = |n: &str| {
+            req.headers()
+                .get(n)
+                .and_then(|v| v.to_str().ok())
+                .map(|v| v.trim().to_ascii_lowercase())
+        };
+        FetchMetadata {
+            site: h("sec-fetch-site"),
+            mode: h("sec-fetch-mode"),
+            dest: h("sec-fetch-dest"),
+        }
+    }
+
+    /// Whether the request may be credited with the port's cookie: not a
+    /// browser's (no `Sec-Fetch-Site`), the port's own pages', the user's
+    /// (typed, a bookmark), or a top-level navigation — never an image,
+    /// script, frame or fetch another site's page makes.
+    pub fn may_use_cookie(&self) -> bool {
+        match self.site.as_deref() {
+            None | Some("same-origin") | Some("none") => true,
+            Some(_) => {
+                self.mode.as_deref() == Some("navigate") && self.dest.as_deref() == Some("document")
+            }
+        }
+    }
+
+    /// A request another site (another port's host included) started.
+    pub fn from_another_site(&self) -> bool {
+        matches!(self.site.as_deref(), Some("same-site") | Some("cross-site"))
+    }
+}
+
+/// The token traded for its cookie by a page of the port's host that goes
+/// on to `to` at once: the browser's next request is then this host's
+/// own, and carries the cookie.
+fn bounce(to: &str, cookie: String) -> HttpResponse {
+    let esc: String = to
+        .chars()
+        .map(|c| match c {
+            '&' => "&amp;".to_string(),
+            '<' => "&lt;".to_string(),
+            '>' => "&gt;".to_string(),
+            '"' => "&quot;".to_string(),
+            '\'' => "&#39;".to_string(),
+            c => c.to_string(),
+        })
+        .collect();
+    let page = format!(
+        "<!doctype html><meta charset=utf-8><meta http-equiv=refresh content=\"0;url={esc}\"><title>Opening</title><a href=\"{esc}\">Open</a>\n"
+    );
+    hyper::Response::builder()
+        .status(200)
+        .header("Content-Type", "text/html; charset=utf-8")
+        .header("Cache-Control", "no-store")
+        .header("Referrer-Policy", "no-referrer")
+        .header("Set-Cookie", cookie)
+        .body(crate::body::full(bytes::Bytes::from(page)))
+        .unwrap_or_else(|e| status_reply(500, ErrorCode::Internal, e.to_string()))
+}
+
 /// Serves one request for a port.
 pub async fn serve(mut req: HttpRequest, p: PortRequest, shared: &Arc<Shared>) -> HttpResponse {
     let h = headers_of(&req);
@@ -376,10 +447,17 @@ pub async fn serve(mut req: HttpRequest, p: PortRequest, shared: &Arc<Shared>) -
         .collect::<Vec<_>>()
         .join("; ");
     let (other_cookies, cookie_token) = take_cookie(&cookie);
+    let fetch = FetchMetadata::of(&req);
     // The port's own token counts only at its own host: the gateway's
-    // address is an origin every port's path shares.
+    // address is an origin every port's path shares. Its cookie counts
+    // only for what the port's own pages, the user or a top-level
+    // navigation ask, never for what another site's page loads or frames
+    // (below one real domain, the ports' hosts are one site, and the
+    // browser sends the cookie with another port's image or frame).
     let token = match p.host {
-        Some(_) => query_token.clone().or(cookie_token),
+        Some(_) => query_token
+            .clone()
+            .or(cookie_token.filter(|_| fetch.may_use_cookie())),
         None => None,
     };
     // A token in the URL is traded for a cookie of the port's host at
@@ -396,16 +474,18 @@ pub async fn serve(mut req: HttpRequest, p: PortRequest, shared: &Arc<Shared>) -
             if https { "https" } else { "http" },
             host.as_deref().unwrap_or_default().trim()
         );
+        let cookie = format!("{COOKIE}={t}; Path=/; HttpOnly; SameSite=Strict");
+        if fetch.from_another_site() {
+            // A link followed from another site: a redirect would be part
+            // of that site's navigation, which carries no strict cookie.
+            // A page of this host that goes on makes the next request
+            // this host's own.
+            return bounce(&to, cookie);
+        }
         return respond(Reply {
             status: 303,
             body: None,
-            headers: vec![
-                ("Location", to),
-                (
-                    "Set-Cookie",
-                    format!("{COOKIE}={t}; Path=/; HttpOnly; SameSite=Strict"),
-                ),
-            ],
+            headers: vec![("Location", to), ("Set-Cookie", cookie)],
         });
     }
     let key = p.key();
@@ -560,6 +640,38 @@ mod tests {
         ] {
             assert_eq!(parse(bad).unwrap_err().status, 404, "{bad}");
         }
+    }
+
+    #[test]
+    fn the_port_s_cookie_counts_for_its_own_pages_the_user_and_navigations_only() {
+        let f = |site: Option<&str>, mode: &str, dest: &str| FetchMetadata {
+            site: site.map(str::to_owned),
+            mode: Some(mode.into()),
+            dest: Some(dest.into()),
+        };
+        for ok in [
+            FetchMetadata::default(),
+            f(Some("same-origin"), "cors", "empty"),
+            f(Some("same-origin"), "no-cors", "image"),
+            f(Some("none"), "navigate", "document"),
+            f(Some("cross-site"), "navigate", "document"),
+            f(Some("same-site"), "navigate", "document"),
+        ] {
+            assert!(ok.may_use_cookie(), "{ok:?}");
+        }
+        for refused in [
+            f(Some("same-site"), "no-cors", "image"),
+            f(Some("same-site"), "no-cors", "script"),
+            f(Some("same-site"), "navigate", "iframe"),
+            f(Some("same-site"), "cors", "empty"),
+            f(Some("cross-site"), "no-cors", "style"),
+            f(Some("cross-site"), "navigate", "frame"),
+        ] {
+            assert!(!refused.may_use_cookie(), "{refused:?}");
+        }
+        assert!(f(Some("cross-site"), "navigate", "document").from_another_site());
+        assert!(!f(Some("none"), "navigate", "document").from_another_site());
+        assert!(!FetchMetadata::default().from_another_site());
     }
 
     #[test]

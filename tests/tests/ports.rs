@@ -490,7 +490,84 @@ steal("b", "http://127.0.0.1:{port}/v1/ports/a/s1/8000/");
         "{dom_text}{}",
         String::from_utf8_lossy(&dom.stderr)
     );
+    // A link to s1's port with its token, followed from that other site
+    // (a fresh browser): the app, not a 401 (after a redirect that is
+    // part of another site's navigation, a strict cookie is not sent).
+    let hop = format!(
+        r#"<!doctype html><script>location.href = "http://{s1_host}.localhost:{}/app/?token={port_token}";</script>"#,
+        g.addr.port()
+    );
+    let r = run(
+        &d,
+        "s2",
+        &[
+            "/bin/sh",
+            "-c",
+            &format!("cat > /allox/session/thief/hop.html <<'EOF'\n{hop}\nEOF"),
+        ],
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let fresh = tempfile::tempdir().unwrap();
+    let dom = allox_integration::headless(
+        "ports",
+        &[
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            &format!(
+                "http://{}.localhost:{}/hop.html?token={}",
+                t["host"].as_str().unwrap(),
+                g.addr.port(),
+                t["token"].as_str().unwrap()
+            ),
+        ],
+        fresh.path(),
+    );
+    let dom_text = String::from_utf8_lossy(&dom.stdout);
+    assert!(
+        dom_text.contains("Built by the agent") && dom_text.contains(r#"data: {"answer": 42}"#),
+        "{dom_text}{}",
+        String::from_utf8_lossy(&dom.stderr)
+    );
     ctl_json(&d, &["port", "unexpose", "a", "s2", "8100"]);
+    // What another site's page loads or frames is not credited with the
+    // port's cookie (below one real domain the ports' hosts are one site,
+    // and the browser would send it): only the port's own pages, the user
+    // and a top-level navigation are.
+    let s2_cookie = format!("allox_port_token={s2_token}");
+    for (site, mode, dest, want) in [
+        ("same-site", "no-cors", "image", 401),
+        ("same-site", "no-cors", "script", 401),
+        ("same-site", "navigate", "iframe", 401),
+        ("cross-site", "no-cors", "image", 401),
+        ("same-site", "navigate", "document", 200),
+        ("same-origin", "no-cors", "image", 200),
+        ("none", "navigate", "document", 200),
+    ] {
+        let (code, _) = curl_at(
+            &g,
+            &s2_host,
+            "/meta",
+            &[
+                "-b",
+                &s2_cookie,
+                "-H",
+                &format!("Sec-Fetch-Site: {site}"),
+                "-H",
+                &format!("Sec-Fetch-Mode: {mode}"),
+                "-H",
+                &format!("Sec-Fetch-Dest: {dest}"),
+            ],
+        );
+        assert_eq!(code, want, "{site} {mode} {dest}");
+    }
+    // Over HTTP/2 (h2c) the port's host is the URL's authority.
+    let (code, body) = curl_at(
+        &g,
+        &s2_host,
+        "/h2",
+        &["--http2-prior-knowledge", "-b", &s2_cookie],
+    );
+    assert!(code == 200 && body.starts_with("s2 /h2 "), "{code} {body}");
 
     // Exposed, nothing listening: 502.
     ctl_json(&d, &["port", "expose", "a", "s1", "8001"]);

@@ -154,7 +154,7 @@ impl Access {
                     .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         };
         if d.len() > 200 || !d.split('.').all(label_ok) {
-            return bad("not a domain name (labels of letters, digits and inner hyphens, separated by dots)");
+            return bad("not a domain name (labels of at most 63 letters, digits and inner hyphens, separated by dots)");
         }
         self.ports_domain = d;
         Ok(self)

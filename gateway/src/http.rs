@@ -150,6 +150,17 @@ async fn answer(req: HttpRequest, shared: &Arc<Shared>, metrics_only: bool) -> H
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "/".into());
     let method = req.method().as_str().to_owned();
+    // One Host, or none is trusted (RFC 9112: 400): a second could name
+    // another port's host to the app.
+    if req.headers().get_all(hyper::header::HOST).iter().count() > 1 {
+        let r = respond(Reply::json(crate::error(
+            400,
+            allox_protocol::ErrorCode::InvalidRequest,
+            "the request has more than one Host header".into(),
+        )));
+        shared.metrics.request("other", r.status().as_u16());
+        return r;
+    }
     // A port's own host is the app's, every path of it.
     let own_host = match metrics_only {
         // `Host`, or over HTTP/2 the URL's authority.

@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 /// an origin of its own for a browser; and at
 /// `/v1/ports/{agent}/{session}/{port}/` for a client with the gateway's
 /// token) and `alloxctl port forward`. The session must have a network of
-/// its own (`isolated` or `proxy`). Exposing it again keeps its token and
-/// its host.
+/// its own (`isolated` or `proxy`). Exposing it again while it is exposed
+/// keeps its token and its host (only `public` changes); once unexposed,
+/// it gets new ones.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PortExpose {
@@ -100,8 +101,8 @@ pub struct PortInfo {
     pub token: String,
     /// Where the gateway serves it to a client with its token.
     pub path: String,
-    /// The port's own host, `{port}-{16 hex digits}` (random; kept when
-    /// the port is exposed again, new for a port exposed anew): the
+    /// The port's own host, `{port}-{16 hex digits}` (random; kept while
+    /// the port stays exposed, new once it was unexposed): the
     /// gateway serves the port at `http://{host}.{ports domain}:{its
     /// port}/` (`{host}.localhost` by default), an origin no other port
     /// shares, which is where a browser is sent.

@@ -295,10 +295,12 @@ pub struct SessionImported {
     pub session: Option<Box<SessionInfo>>,
     /// Its checkpoints, once committed.
     pub checkpoints: u32,
-    /// Once committed: how many modes in the archive's trees lost a
-    /// setuid or setgid bit on the way in (no file of a session keeps
-    /// one; an agent's `chmod g+s` in its session does not keep the
-    /// session from moving).
+    /// Once committed: how many privileges of the archive's files were
+    /// dropped on the way in — setuid and setgid bits of modes, extended
+    /// attributes only a privileged process sets (`security.*`, file
+    /// capabilities among them, and `trusted.*`). No file of a session
+    /// holds one; an agent's `chmod g+s` in its session does not keep the
+    /// session from moving.
     #[serde(default)]
-    pub set_id_dropped: u64,
+    pub privileges_dropped: u64,
 }

@@ -4,12 +4,16 @@
 //! one the archive brought earlier or its base, never another tree of the
 //! receiving filesystem (which would copy another session's files into
 //! this one); no path in it leaves its subvolume; it makes no device node;
-//! every command's checksum holds. What passes on to `btrfs receive` is
-//! the stream as checked, a whole command at a time, with one change: a
-//! mode with a setuid or setgid bit (an agent's `chmod g+s` in its own
-//! session) loses those bits, and the command its checksum anew — no file
-//! of a session is setuid or setgid, and an archive that had one still
-//! imports ([`Inspector::set_id_dropped`] counts them). The layout is the
+//! every command's checksum holds; no command names an attribute twice
+//! (receive would act on the last, the check on the first) or one
+//! version 1 has not. What passes on to `btrfs receive` is the stream as
+//! checked, a whole command at a time, with two changes: a mode with a
+//! setuid or setgid bit (an agent's `chmod g+s` in its own session) loses
+//! those bits, and the command its checksum anew; an extended attribute
+//! only a privileged process sets (`security.*`, file capabilities among
+//! them, and `trusted.*`) is left out — no file of a session holds a
+//! privilege, and an archive that had one still imports
+//! ([`Inspector::dropped`] counts them). The layout is the
 //! kernel's (`fs/btrfs/send.h`): a header, then commands of a 10-byte head
 //! (length, command, crc32c of the command with that field zero) and
 //! attributes of a 4-byte head (type, length).
@@ -24,6 +28,7 @@ const C_SNAPSHOT: u16 = 2;
 const C_MKNOD: u16 = 5;
 const C_SYMLINK: u16 = 8;
 const C_CLONE: u16 = 16;
+const C_SET_XATTR: u16 = 13;
 const C_CHMOD: u16 = 18;
 const C_END: u16 = 21;
 const C_MAX_V1: u16 = 22;
@@ -35,6 +40,9 @@ const A_PATH_TO: u16 = 16;
 const A_PATH_LINK: u16 = 17;
 const A_CLONE_UUID: u16 = 20;
 const A_CLONE_PATH: u16 = 22;
+const A_XATTR_NAME: u16 = 13;
+/// The last attribute type of version 1.
+const A_MAX_V1: u16 = 24;
 
 /// What the stream said about itself once whole.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,7 +60,7 @@ pub struct Inspector {
     header: bool,
     made: Option<Made>,
     ended: bool,
-    set_id_dropped: u64,
+    dropped: u64,
 }
 
 impl Inspector {
@@ -64,7 +72,7 @@ impl Inspector {
             header: false,
             made: None,
             ended: false,
-            set_id_dropped: 0,
+            dropped: 0,
         }
     }
 
@@ -122,19 +130,28 @@ impl Inspector {
             bytes = &bytes[n..];
             if self.buf.len() == 10 + len {
                 let mut cmd = std::mem::take(&mut self.buf);
-                self.command(&mut cmd, known)?;
-                out.extend_from_slice(&cmd);
+                if self.command(&mut cmd, known)? {
+                    out.extend_from_slice(&cmd);
+                }
             }
         }
         Ok(out)
     }
 
-    /// How many modes lost a setuid or setgid bit.
-    pub fn set_id_dropped(&self) -> u64 {
-        self.set_id_dropped
+    /// How many privileges were dropped: setuid or setgid bits of a
+    /// mode, privileged extended attributes (`security.*`, file
+    /// capabilities among them, and `trusted.*`).
+    pub fn dropped(&self) -> u64 {
+        self.dropped
     }
 
-    fn command(&mut self, cmd: &mut [u8], known: &dyn Fn(&[u8; 16]) -> bool) -> Result<(), String> {
+    /// Checks one whole command (and rewrites a set-id mode in it);
+    /// whether it goes on to receive (a privileged attribute does not).
+    fn command(
+        &mut self,
+        cmd: &mut [u8],
+        known: &dyn Fn(&[u8; 16]) -> bool,
+    ) -> Result<bool, String> {
         let kind = u16::from_le_bytes([cmd[4], cmd[5]]);
         if kind == 0 || kind > C_MAX_V1 {
             return Err(format!("command {kind} is not one of version 1"));
@@ -155,6 +172,16 @@ impl Inspector {
             let l = u16::from_le_bytes([rest[2], rest[3]]) as usize;
             if rest.len() < 4 + l {
                 return Err("an attribute is cut short".into());
+            }
+            // Receive keeps the last of a type given twice, the check
+            // would read the first: the kernel gives each once.
+            if t == 0 || t > A_MAX_V1 {
+                return Err(format!(
+                    "a command {kind} has attribute {t}, not one of version 1"
+                ));
+            }
+            if attrs.iter().any(|(k, _)| *k == t) {
+                return Err(format!("a command {kind} has attribute {t} twice"));
             }
             attrs.push((t, at + 4..at + 4 + l));
             at += 4 + l;
@@ -238,13 +265,22 @@ impl Inspector {
                     cmd[6..10].copy_from_slice(&[0; 4]);
                     let sum = checksum(cmd);
                     cmd[6..10].copy_from_slice(&sum.to_le_bytes());
-                    self.set_id_dropped += 1;
+                    self.dropped += 1;
+                }
+            }
+            C_SET_XATTR => {
+                // File capabilities, and what only a privileged process
+                // sets (`trusted.*`, `security.*`): not kept.
+                let name = attr(A_XATTR_NAME).unwrap_or_default();
+                if name.starts_with(b"security.") || name.starts_with(b"trusted.") {
+                    self.dropped += 1;
+                    return Ok(false);
                 }
             }
             C_END => self.ended = true,
             _ => {}
         }
-        Ok(())
+        Ok(true)
     }
 
     /// The stream ended where it should; what it made.
@@ -310,7 +346,7 @@ mod tests {
         for piece in s.chunks(5) {
             out.extend(i.push(piece, &|u| *u == parent)?);
         }
-        Ok((i.finish()?, out, i.set_id_dropped()))
+        Ok((i.finish()?, out, i.dropped()))
     }
 
     fn check(s: &[u8]) -> Result<Made, String> {
@@ -422,6 +458,82 @@ mod tests {
                 uuid: OWN,
                 parent: Some([7; 16])
             })
+        );
+    }
+
+    #[test]
+    fn an_attribute_given_twice_or_unknown_is_refused() {
+        let head = cmd(C_SUBVOL, &[(A_PATH, b"c1"), (A_UUID, &OWN)]);
+        for (c, want) in [
+            (
+                cmd(
+                    C_CHMOD,
+                    &[
+                        (A_PATH, b"tool"),
+                        (A_MODE, &0o755u64.to_le_bytes()),
+                        (A_MODE, &0o4755u64.to_le_bytes()),
+                    ],
+                ),
+                "attribute 5 twice",
+            ),
+            (
+                cmd(
+                    9,
+                    &[(A_PATH, b"a"), (A_PATH_TO, b"b"), (A_PATH_TO, b"../x")],
+                ),
+                "attribute 16 twice",
+            ),
+            (cmd(3, &[(A_PATH, b"a"), (25, b"x")]), "attribute 25"),
+        ] {
+            let e = check(&stream(&[head.clone(), c, cmd(C_END, &[])])).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+        // A snapshot relative to a tree the archive brought, then, as
+        // receive would take it, to another of the filesystem.
+        let e = check(&stream(&[
+            cmd(
+                C_SNAPSHOT,
+                &[
+                    (A_PATH, b"c1"),
+                    (A_UUID, &OWN),
+                    (A_CLONE_UUID, &[7; 16]),
+                    (A_CLONE_UUID, &[9; 16]),
+                ],
+            ),
+            cmd(C_END, &[]),
+        ]))
+        .unwrap_err();
+        assert!(e.contains("attribute 20 twice"), "{e}");
+    }
+
+    #[test]
+    fn privileged_extended_attributes_are_left_out() {
+        let xattr = |name: &[u8]| {
+            cmd(
+                C_SET_XATTR,
+                &[(A_PATH, b"f"), (A_XATTR_NAME, name), (14, b"v")],
+            )
+        };
+        let head = cmd(C_SUBVOL, &[(A_PATH, b"c1"), (A_UUID, &OWN)]);
+        let (_, out, dropped) = checked(&stream(&[
+            head.clone(),
+            xattr(b"security.capability"),
+            xattr(b"user.note"),
+            xattr(b"trusted.overlay.opaque"),
+            xattr(b"security.selinux"),
+            xattr(b"system.posix_acl_access"),
+            cmd(C_END, &[]),
+        ]))
+        .unwrap();
+        assert_eq!(dropped, 3);
+        assert_eq!(
+            out,
+            stream(&[
+                head,
+                xattr(b"user.note"),
+                xattr(b"system.posix_acl_access"),
+                cmd(C_END, &[])
+            ])
         );
     }
 

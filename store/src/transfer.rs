@@ -51,9 +51,10 @@ pub struct Imported {
     /// The limits the archive carries, for the caller to apply to a new
     /// session (the store knows no cgroups).
     pub limits: archive::Limits,
-    /// Modes in the archive's trees that lost a setuid or setgid bit on
-    /// the way in (no file of a session keeps one).
-    pub set_id_dropped: u64,
+    /// Privileges of the archive's files dropped on the way in: setuid
+    /// and setgid bits, privileged extended attributes (no file of a
+    /// session holds one).
+    pub privileges_dropped: u64,
 }
 
 /// Removes a directory of subvolumes when dropped.
@@ -207,7 +208,7 @@ impl Store {
             receiving: None,
             inspecting: None,
             uuids: HashMap::new(),
-            set_id_dropped: 0,
+            dropped: 0,
         })
     }
 }
@@ -282,8 +283,8 @@ pub struct Import {
     inspecting: Option<Inspector>,
     /// The UUIDs the sender gave the trees received so far (and the base).
     uuids: HashMap<String, [u8; 16]>,
-    /// Modes that lost a setuid or setgid bit, in the streams read whole.
-    set_id_dropped: u64,
+    /// Privileges dropped, in the streams read whole.
+    dropped: u64,
 }
 
 struct Receiving {
@@ -332,7 +333,7 @@ impl Import {
             store,
             agent,
             session,
-            set_id_dropped,
+            dropped,
             ..
         } = self;
         let r = reader.push(bytes, &mut |item| -> Result<()> {
@@ -370,7 +371,7 @@ impl Import {
                     let made = inspected
                         .finish()
                         .map_err(|why| StoreError::BadArchive(format!("the send stream of {tree}: {why}")))?;
-                    *set_id_dropped += inspected.set_id_dropped();
+                    *dropped += inspected.dropped();
                     let m = manifest.as_ref().expect("streams follow the manifest");
                     let parent = m.streams[index].parent.as_ref().map(|p| uuids.get(p).copied());
                     if made.parent != parent.flatten() || parent == Some(None) {
@@ -484,14 +485,14 @@ impl Import {
         // session's directory under a name no user tree has.
         self.scratch.0 = Some(dir.join(CURRENT));
         drop(_g);
-        let set_id_dropped = self.set_id_dropped;
+        let privileges_dropped = self.dropped;
         drop(self);
         Ok(Imported {
             session: st.session_info_of(&a, &s)?,
             checkpoints: m.checkpoints.len(),
             bytes,
             limits: m.limits.clone(),
-            set_id_dropped,
+            privileges_dropped,
         })
     }
 }
@@ -558,14 +559,14 @@ impl Import {
             Ok(((), After::Nothing))
         })?;
         drop(_g);
-        let set_id_dropped = self.set_id_dropped;
+        let privileges_dropped = self.dropped;
         drop(self);
         Ok(Imported {
             session: st.session_info_of(&a, &s)?,
             checkpoints: m.checkpoints.len(),
             bytes,
             limits: m.limits.clone(),
-            set_id_dropped,
+            privileges_dropped,
         })
     }
 }

@@ -71,7 +71,7 @@ fn aborted(import_id: String) -> Piece {
         received: 0,
         session: None,
         checkpoints: 0,
-        set_id_dropped: 0,
+        privileges_dropped: 0,
     })
 }
 
@@ -184,7 +184,7 @@ impl Imports {
                 received,
                 session: None,
                 checkpoints: 0,
-                set_id_dropped: 0,
+                privileges_dropped: 0,
             }));
         }
         drop(u);
@@ -212,13 +212,13 @@ impl Imports {
             Some((a, s)) => fence(a, s, &mut commit)?,
             None => commit()?,
         };
-        if done.set_id_dropped > 0 {
+        if done.privileges_dropped > 0 {
             tracing::warn!(
                 import = %id,
                 agent = %done.session.agent_id,
                 session = %done.session.session_id,
-                modes = done.set_id_dropped,
-                "the archive's setuid and setgid bits were dropped on import"
+                dropped = done.privileges_dropped,
+                "the archive's setuid and setgid bits and privileged attributes were dropped on import"
             );
         }
         Ok(Piece {
@@ -230,7 +230,7 @@ impl Imports {
                 received,
                 session: Some(Box::new(done.session)),
                 checkpoints: done.checkpoints as u32,
-                set_id_dropped: done.set_id_dropped,
+                privileges_dropped: done.privileges_dropped,
             },
         })
     }

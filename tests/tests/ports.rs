@@ -560,6 +560,21 @@ steal("b", "http://127.0.0.1:{port}/v1/ports/a/s1/8000/");
         );
         assert_eq!(code, want, "{site} {mode} {dest}");
     }
+    // Two Host headers: refused (the app would see a second, naming
+    // another port's host).
+    let mut two = std::net::TcpStream::connect(g.addr).unwrap();
+    write!(
+        two,
+        "GET /two HTTP/1.1\r\nHost: {s2_host}.localhost:{p}\r\nHost: {s1_host}.localhost:{p}\r\nCookie: {s2_cookie}\r\nConnection: close\r\n\r\n",
+        p = g.addr.port()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    two.read_to_string(&mut answer).unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 400") && answer.contains("more than one Host"),
+        "{answer}"
+    );
     // Over HTTP/2 (h2c) the port's host is the URL's authority.
     let (code, body) = curl_at(
         &g,

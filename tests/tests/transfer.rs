@@ -549,6 +549,26 @@ fn alloxctl_moves_a_session_between_daemons_by_file_and_by_pipe() {
         (0o2000, 0o6755),
         "the agent's chmod"
     );
+    // What only a privileged process sets, planted on the exporting side
+    // (root there: a guest's): a file capability (CAP_SETUID, effective)
+    // and a trusted attribute; an agent's own attribute is kept.
+    let caps: Vec<u8> = [0x0200_0001u32, 1 << 7, 0, 0, 0]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect();
+    for (name, value) in [
+        ("security.capability", &caps[..]),
+        ("trusted.planted", b"y"),
+        ("user.note", b"kept"),
+    ] {
+        rustix::fs::setxattr(
+            cur.join("tool"),
+            name,
+            value,
+            rustix::fs::XattrFlags::empty(),
+        )
+        .unwrap_or_else(|e| panic!("setxattr {name}: {e}"));
+    }
     ctl(&a, &["checkpoint", "create", "a", "s", "setid"]);
     let said = ctl(
         &a,
@@ -557,8 +577,7 @@ fn alloxctl_moves_a_session_between_daemons_by_file_and_by_pipe() {
         ],
     );
     assert!(
-        said.starts_with("imported a/s2: 1 checkpoint, ")
-            && said.contains("setuid or setgid modes dropped"),
+        said.starts_with("imported a/s2: 1 checkpoint, ") && said.contains("4 privileges dropped"),
         "{said}"
     );
     assert_eq!(
@@ -566,6 +585,13 @@ fn alloxctl_moves_a_session_between_daemons_by_file_and_by_pipe() {
         (mode(&cur.join("sg")) & !0o6000, 0o755)
     );
     assert_eq!(std::fs::read_to_string(s2.join("tool")).unwrap(), "x\n");
+    let xattr = |name: &str| {
+        let mut buf = [0u8; 64];
+        rustix::fs::getxattr(s2.join("tool"), name, &mut buf).map(|n| buf[..n].to_vec())
+    };
+    assert_eq!(xattr("security.capability"), Err(rustix::io::Errno::NODATA));
+    assert_eq!(xattr("trusted.planted"), Err(rustix::io::Errno::NODATA));
+    assert_eq!(xattr("user.note"), Ok(b"kept".to_vec()));
     // Standard input and output too.
     let (code, archive, err) =
         allox_integration::alloxctl(&a.daemon.socket, &["session", "export", "a", "s"]);

@@ -1529,8 +1529,9 @@ class PortExpose(Model):
     an origin of its own for a browser; and at
     `/v1/ports/{agent}/{session}/{port}/` for a client with the gateway's
     token) and `alloxctl port forward`. The session must have a network of
-    its own (`isolated` or `proxy`). Exposing it again keeps its token and
-    its host.
+    its own (`isolated` or `proxy`). Exposing it again while it is exposed
+    keeps its token and its host (only `public` changes); once unexposed,
+    it gets new ones.
     """
 
     agent_id: str
@@ -1551,8 +1552,8 @@ class PortInfo(Model):
     #: When it was exposed, milliseconds since the Unix epoch.
     exposed_ms: int
 
-    #: The port's own host, `{port}-{16 hex digits}` (random; kept when
-    #: the port is exposed again, new for a port exposed anew): the
+    #: The port's own host, `{port}-{16 hex digits}` (random; kept while
+    #: the port stays exposed, new once it was unexposed): the
     #: gateway serves the port at `http://{host}.{ports domain}:{its
     #: port}/` (`{host}.localhost` by default), an origin no other port
     #: shares, which is where a browser is sent.
@@ -2307,17 +2308,19 @@ class SessionImported(Model):
     checkpoints: int
     import_id: str
 
+    #: Once committed: how many privileges of the archive's files were
+    #: dropped on the way in — setuid and setgid bits of modes, extended
+    #: attributes only a privileged process sets (`security.*`, file
+    #: capabilities among them, and `trusted.*`). No file of a session
+    #: holds one; an agent's `chmod g+s` in its session does not keep the
+    #: session from moving.
+    privileges_dropped: int = 0
+
     #: Bytes received so far.
     received: int
 
     #: The new session, once committed.
     session: Optional[SessionInfo] = None
-
-    #: Once committed: how many modes in the archive's trees lost a
-    #: setuid or setgid bit on the way in (no file of a session keeps
-    #: one; an agent's `chmod g+s` in its session does not keep the
-    #: session from moving).
-    set_id_dropped: int = 0
 
 
 @dataclass(kw_only=True)

@@ -147,10 +147,10 @@ pub fn render(response: &Response) -> String {
                 i.checkpoints,
                 if i.checkpoints == 1 { "" } else { "s" },
                 i.received,
-                match i.set_id_dropped {
+                match i.privileges_dropped {
                     0 => String::new(),
                     n => format!(
-                        "; {n} setuid or setgid mode{} dropped (a session's files keep none)",
+                        "; {n} privilege{} dropped (setuid or setgid bits, privileged attributes: a session's files keep none)",
                         if n == 1 { "" } else { "s" }
                     ),
                 }

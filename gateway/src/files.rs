@@ -720,40 +720,36 @@ mod tests {
         assert_eq!((status, &v["error"]["code"]), (404, &"not_found".into()));
     }
 
-    #[test]
-    fn a_file_that_shrinks_while_it_is_sent_is_an_error_not_a_short_body() {
+    /// A download of a file of `size` bytes that `change` alters once its
+    /// first chunk was read: the error it ends with, and the bytes sent.
+    fn altered_while_sent(size: u64, change: impl FnOnce(&mut File)) -> (io::Error, u64) {
         let mut daemon = File {
-            size: 2 * FS_CHUNK,
+            size,
             largest: 0,
             reads: 0,
             inode: 7,
         };
         let t = target("f");
         let first = read_chunk(&mut daemon, &t, 0, FS_CHUNK).unwrap();
-        daemon.size = FS_CHUNK;
+        change(&mut daemon);
         let mut d = Download::new(&mut daemon, &t, first);
         let mut sink = Vec::new();
         let e = io::copy(&mut d, &mut sink).unwrap_err();
+        (e, sink.len() as u64)
+    }
+
+    #[test]
+    fn a_file_that_shrinks_while_it_is_sent_is_an_error_not_a_short_body() {
+        let (e, sent) = altered_while_sent(2 * FS_CHUNK, |f| f.size = FS_CHUNK);
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
-        assert_eq!(sink.len() as u64, FS_CHUNK);
+        assert_eq!(sent, FS_CHUNK);
     }
 
     #[test]
     fn a_file_replaced_while_it_is_sent_is_an_error_not_a_mix() {
-        let mut daemon = File {
-            size: 3 * FS_CHUNK,
-            largest: 0,
-            reads: 0,
-            inode: 7,
-        };
-        let t = target("f");
-        let first = read_chunk(&mut daemon, &t, 0, FS_CHUNK).unwrap();
-        daemon.inode = 8;
-        let mut d = Download::new(&mut daemon, &t, first);
-        let mut sink = Vec::new();
-        let e = io::copy(&mut d, &mut sink).unwrap_err();
+        let (e, sent) = altered_while_sent(3 * FS_CHUNK, |f| f.inode = 8);
         assert!(e.to_string().contains("replaced"), "{e}");
-        assert_eq!(sink.len() as u64, FS_CHUNK);
+        assert_eq!(sent, FS_CHUNK);
     }
 
     /// Records the chunks of an upload.

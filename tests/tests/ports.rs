@@ -121,6 +121,20 @@ fn ctl_json(d: &ProcDaemon, args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&out).unwrap()
 }
 
+/// The page at `url` as headless Chromium (profile `profile`) leaves it
+/// after its scripts ran, and what the browser said.
+fn dom_of(url: &str, profile: &std::path::Path) -> (String, String) {
+    let dom = allox_integration::headless(
+        "ports",
+        &["--virtual-time-budget=10000", "--dump-dom", url],
+        profile,
+    );
+    (
+        String::from_utf8_lossy(&dom.stdout).into_owned(),
+        String::from_utf8_lossy(&dom.stderr).into_owned(),
+    )
+}
+
 /// `curl` of `path` at a port's own host `label` (below `localhost`,
 /// which curl takes for the loopback) with `args`: status and body.
 fn curl_at(g: &Gateway, label: &str, path: &str, args: &[&str]) -> (u16, String) {
@@ -325,18 +339,12 @@ fetch("data.json").then(r => r.text()).then(t => { document.getElementById("out"
         "http://{}/v1/ports/a/s1/8000/app/?token={port_token}",
         g.addr
     );
-    let dom = allox_integration::headless(
-        "ports",
-        &["--virtual-time-budget=10000", "--dump-dom", &page],
-        profile.path(),
-    );
-    let dom_text = String::from_utf8_lossy(&dom.stdout);
+    let (dom_text, said) = dom_of(&page, profile.path());
     assert!(
         dom_text.contains("Built by the agent")
             && dom_text.contains(r#"data: {"answer": 42}"#)
             && dom_text.contains(&format!("at {s1_host}.localhost:{}", g.addr.port())),
-        "{dom_text}{}",
-        String::from_utf8_lossy(&dom.stderr)
+        "{dom_text}{said}"
     );
     let png = allox_integration::artifacts_dir().join("ports-app.png");
     let _ = std::fs::remove_file(&png);
@@ -477,18 +485,12 @@ steal("b", "http://127.0.0.1:{port}/v1/ports/a/s1/8000/");
         g.addr,
         t["token"].as_str().unwrap()
     );
-    let dom = allox_integration::headless(
-        "ports",
-        &["--virtual-time-budget=10000", "--dump-dom", &page],
-        profile.path(),
-    );
-    let dom_text = String::from_utf8_lossy(&dom.stdout);
+    let (dom_text, said) = dom_of(&page, profile.path());
     assert!(
         dom_text.contains("a blocked:")
             && dom_text.contains("b blocked:")
             && !dom_text.contains("s1-page"),
-        "{dom_text}{}",
-        String::from_utf8_lossy(&dom.stderr)
+        "{dom_text}{said}"
     );
     // A link to s1's port with its token, followed from that other site
     // (a fresh browser): the app, not a 401 (after a redirect that is
@@ -508,25 +510,18 @@ steal("b", "http://127.0.0.1:{port}/v1/ports/a/s1/8000/");
     );
     assert_eq!(r.exit_code, Some(0), "{r:?}");
     let fresh = tempfile::tempdir().unwrap();
-    let dom = allox_integration::headless(
-        "ports",
-        &[
-            "--virtual-time-budget=10000",
-            "--dump-dom",
-            &format!(
-                "http://{}.localhost:{}/hop.html?token={}",
-                t["host"].as_str().unwrap(),
-                g.addr.port(),
-                t["token"].as_str().unwrap()
-            ),
-        ],
+    let (dom_text, said) = dom_of(
+        &format!(
+            "http://{}.localhost:{}/hop.html?token={}",
+            t["host"].as_str().unwrap(),
+            g.addr.port(),
+            t["token"].as_str().unwrap()
+        ),
         fresh.path(),
     );
-    let dom_text = String::from_utf8_lossy(&dom.stdout);
     assert!(
         dom_text.contains("Built by the agent") && dom_text.contains(r#"data: {"answer": 42}"#),
-        "{dom_text}{}",
-        String::from_utf8_lossy(&dom.stderr)
+        "{dom_text}{said}"
     );
     ctl_json(&d, &["port", "unexpose", "a", "s2", "8100"]);
     // What another site's page loads or frames is not credited with the

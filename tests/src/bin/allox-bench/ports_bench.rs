@@ -15,6 +15,19 @@ use std::time::Duration;
 use crate::{pct, us_or_ms};
 
 /// Times in seconds, one per line, as curl's `%{time_total}` prints them.
+/// curl's own time of 50 requests on the host, each `curl -s ARGS`.
+fn curl_times(args: &[&str]) -> anyhow::Result<Vec<Duration>> {
+    let mut times = Vec::new();
+    for _ in 0..50 {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{time_total}\n"])
+            .args(args)
+            .output()?;
+        times.extend(parse_times(&String::from_utf8_lossy(&out.stdout)));
+    }
+    Ok(times)
+}
+
 fn parse_times(text: &str) -> Vec<Duration> {
     text.lines()
         .filter_map(|l| l.trim().parse::<f64>().ok())
@@ -94,38 +107,8 @@ pub fn run(fs: &BtrfsFs, quick: bool) -> anyhow::Result<()> {
         let Ok(Response::Exited(x)) = r else {
             anyhow::bail!("the session's curl loop: {r:?}");
         };
-        let mut host = Vec::new();
-        for _ in 0..50 {
-            let out = Command::new("curl")
-                .args([
-                    "-s",
-                    "-o",
-                    "/dev/null",
-                    "-w",
-                    "%{time_total}\n",
-                    "-H",
-                    &auth,
-                    &url,
-                ])
-                .output()?;
-            host.extend(parse_times(&String::from_utf8_lossy(&out.stdout)));
-        }
-        let mut at = Vec::new();
-        for _ in 0..50 {
-            let out = Command::new("curl")
-                .args([
-                    "-s",
-                    "-o",
-                    "/dev/null",
-                    "-w",
-                    "%{time_total}\n",
-                    "-b",
-                    &cookie,
-                    &at_host,
-                ])
-                .output()?;
-            at.extend(parse_times(&String::from_utf8_lossy(&out.stdout)));
-        }
+        let host = curl_times(&["-H", &auth, &url])?;
+        let at = curl_times(&["-b", &cookie, &at_host])?;
         if round > 0 {
             inside.extend(parse_times(&x.stdout));
             through.extend(host);

@@ -1286,3 +1286,45 @@ fn changes_to_current_are_seen_the_moment_they_are_made() {
         }
     }
 }
+
+#[test]
+fn a_directory_s_attributes_and_owner_are_compared_as_a_file_s() {
+    let Some((_fs, st)) =
+        setup("diff::a_directory_s_attributes_and_owner_are_compared_as_a_file_s")
+    else {
+        return;
+    };
+    let cur = st.layout().current("a", "s");
+    for d in ["xattr", "removed", "owner", "untouched", "withfile"] {
+        std::fs::create_dir(cur.join(d)).unwrap();
+    }
+    let set = |d: &str, name: &str, v: &[u8]| {
+        rustix::fs::setxattr(cur.join(d), name, v, rustix::fs::XattrFlags::empty()).unwrap()
+    };
+    set("removed", "user.note", b"x");
+    ck(&st, "c0");
+    // An attribute set, one removed, an owner changed; a file made in a
+    // directory (its ctime moves, nothing of its own changes).
+    set("xattr", "user.note", b"1");
+    rustix::fs::removexattr(cur.join("removed"), "user.note").unwrap();
+    std::os::unix::fs::chown(cur.join("owner"), Some(12345), Some(12345)).unwrap();
+    std::fs::write(cur.join("withfile/new"), b"n").unwrap();
+    let want: BTreeSet<(String, ChangeKind)> = [
+        ("xattr", ChangeKind::Modified),
+        ("removed", ChangeKind::Modified),
+        ("owner", ChangeKind::Modified),
+        ("withfile/new", ChangeKind::Added),
+    ]
+    .into_iter()
+    .map(|(p, k)| (p.to_string(), k))
+    .collect();
+    assert_eq!(got(&diff(&st, "c0", "current")), want);
+    ck(&st, "c1");
+    assert_eq!(got(&diff(&st, "c0", "c1")), want);
+    // The same attribute set again, its value changed.
+    set("xattr", "user.note", b"2");
+    assert_eq!(
+        got(&diff(&st, "c1", "current")),
+        [("xattr".to_string(), ChangeKind::Modified)].into()
+    );
+}

@@ -10,7 +10,7 @@
 
 use crate::tree;
 use rustix::fd::OwnedFd;
-use rustix::fs::{self, SeekFrom, Stat};
+use rustix::fs::{self, Mode, OFlags, SeekFrom, Stat};
 use rustix::io::Errno;
 use std::ffi::OsStr;
 use std::io;
@@ -123,6 +123,28 @@ pub fn compare(
         return Ok(Verdict::Same);
     }
     Ok(match (xattrs(&fa, budget)?, xattrs(&fb, budget)?) {
+        (Some(x), Some(y)) if x == y => Verdict::Same,
+        (Some(_), Some(_)) => Verdict::Differ,
+        _ => Verdict::Unread,
+    })
+}
+
+/// Whether the directories `name` in `a` and in `b` have the same
+/// extended attributes (an ACL among them); reading them is taken from
+/// `budget`. A directory gone or replaced meanwhile differs.
+pub fn dir_xattrs(a: &OwnedFd, b: &OwnedFd, name: &OsStr, budget: &mut u64) -> io::Result<Verdict> {
+    let open = |dir: &OwnedFd| -> io::Result<Option<OwnedFd>> {
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        match fs::openat(dir, name, flags, Mode::empty()) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(Errno::LOOP | Errno::NOENT | Errno::NOTDIR) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    };
+    let (Some(da), Some(db)) = (open(a)?, open(b)?) else {
+        return Ok(Verdict::Differ);
+    };
+    Ok(match (xattrs(&da, budget)?, xattrs(&db, budget)?) {
         (Some(x), Some(y)) if x == y => Verdict::Same,
         (Some(_), Some(_)) => Verdict::Differ,
         _ => Verdict::Unread,

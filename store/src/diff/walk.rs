@@ -480,7 +480,30 @@ impl<'a> Walk<'a> {
             return Ok(());
         }
         if ka == FileType::Directory {
-            if sa.st_mode != sb.st_mode {
+            // Its mode, owner, and extended attributes (an ACL: a default
+            // one sets the mode of what is made in it), read where the
+            // inode was written since the trees were one.
+            let mut changed =
+                sa.st_mode != sb.st_mode || sa.st_uid != sb.st_uid || sa.st_gid != sb.st_gid;
+            if !changed
+                && (sa.st_ino != sb.st_ino
+                    || (sa.st_ctime, sa.st_ctime_nsec) != (sb.st_ctime, sb.st_ctime_nsec))
+            {
+                let top = self.stack.last().expect("walk is not empty");
+                let (da, db) = (
+                    top.a.as_ref().unwrap().dir.fd(),
+                    top.b.as_ref().unwrap().dir.fd(),
+                );
+                let v = contents::dir_xattrs(da, db, &name, &mut self.budget).map_err(|e| {
+                    TreeError::Io {
+                        op: "read the attributes of",
+                        path: tree::show(&p),
+                        source: e,
+                    }
+                })?;
+                changed = v != Verdict::Same;
+            }
+            if changed {
                 self.out.push(
                     &p,
                     ChangeKind::Modified,

@@ -568,13 +568,15 @@ pub fn download_via(
     match e.kind {
         FsKind::File => done = fetch_file(c, from, to, way)?,
         FsKind::Dir => {
-            std::fs::create_dir_all(to).map_err(local(to))?;
             let base = e.path.trim_end_matches('/').to_string();
-            // Listed [`LIST_DEPTH`] levels at a time: a directory at the
-            // last level listed is listed again from there, so a deeper
-            // tree comes out whole. Each listed by the path the daemon
-            // names it by (as `fs.stat` answered for the first), which its
-            // entries' paths begin with.
+            // The whole tree is listed before anything is copied, so a
+            // name that cannot be copied out stops the copy before it
+            // begins. Listed [`LIST_DEPTH`] levels at a time: a directory
+            // at the last level listed is listed again from there, so a
+            // deeper tree comes out whole. Each listed by the path the
+            // daemon names it by (as `fs.stat` answered for the first),
+            // which its entries' paths begin with.
+            let mut entries = Vec::new();
             let mut dirs = vec![base.clone()];
             while let Some(dir) = dirs.pop() {
                 let listing = match ask(
@@ -599,26 +601,36 @@ pub fn download_via(
                     )));
                 }
                 let listed = dir.trim_end_matches('/');
-                for x in &listing.entries {
-                    let rel = if base == "." {
-                        x.path.as_str()
-                    } else {
-                        x.path.strip_prefix(&format!("{base}/")).unwrap_or(&x.path)
-                    };
-                    let dst = to.join(rel);
-                    match x.kind {
-                        FsKind::Dir => {
-                            std::fs::create_dir_all(&dst).map_err(local(&dst))?;
-                            if levels_below(listed, &x.path) >= LIST_DEPTH {
-                                dirs.push(x.path.clone());
-                            }
-                        }
-                        FsKind::File => done.add(fetch_file(c, &from.at(&x.path), &dst, way)?),
-                        _ => eprintln!(
-                            "alloxctl: {}: skipped (only files and directories are copied)",
+                for x in listing.entries {
+                    if x.escaped {
+                        // Its name is not UTF-8: the path the daemon gave
+                        // is written with escapes and names nothing.
+                        return Err(CopyError::Other(format!(
+                            "{}: a name that is not UTF-8 cannot be copied out of a session (nothing was copied)",
                             x.path
-                        ),
+                        )));
                     }
+                    if x.kind == FsKind::Dir && levels_below(listed, &x.path) >= LIST_DEPTH {
+                        dirs.push(x.path.clone());
+                    }
+                    entries.push(x);
+                }
+            }
+            std::fs::create_dir_all(to).map_err(local(to))?;
+            for x in &entries {
+                let rel = if base == "." {
+                    x.path.as_str()
+                } else {
+                    x.path.strip_prefix(&format!("{base}/")).unwrap_or(&x.path)
+                };
+                let dst = to.join(rel);
+                match x.kind {
+                    FsKind::Dir => std::fs::create_dir_all(&dst).map_err(local(&dst))?,
+                    FsKind::File => done.add(fetch_file(c, &from.at(&x.path), &dst, way)?),
+                    _ => eprintln!(
+                        "alloxctl: {}: skipped (only files and directories are copied)",
+                        x.path
+                    ),
                 }
             }
         }

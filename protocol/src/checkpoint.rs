@@ -162,6 +162,11 @@ pub struct Change {
     /// rest left out) or left out, to keep the answer within its bounds.
     #[serde(default)]
     pub patch_truncated: bool,
+    /// `path` is not the name as it is, which is not UTF-8: it is written
+    /// with each byte that is not as `\xNN` and each `\` as `\\`
+    /// ([`crate::path_from_bytes`]).
+    #[serde(default)]
+    pub escaped: bool,
 }
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]

@@ -439,6 +439,38 @@ pub struct FsEntry {
     pub mtime_ms: u64,
     /// A symbolic link's target, as written.
     pub link: Option<String>,
+    /// `path` (or `link`) is not the name as it is, which is not UTF-8:
+    /// it is written with each byte that is not as `\xNN` and each `\` as
+    /// `\\` ([`crate::path_from_bytes`]), names nothing to the file API, and
+    /// such an entry cannot be copied out.
+    #[serde(default)]
+    pub escaped: bool,
+}
+
+/// A name of bytes as an answer carries it: as it is when it is UTF-8
+/// (`false`); else escaped (`true`): each byte of it that is not UTF-8 as
+/// `\xNN`, each `\` as `\\`, so that no two names come out the same (a
+/// lossy conversion would give `x\xff` and `x\u{fffd}` one name).
+pub fn path_from_bytes(b: &[u8]) -> (String, bool) {
+    match std::str::from_utf8(b) {
+        Ok(s) => (s.to_owned(), false),
+        Err(_) => {
+            let mut out = String::with_capacity(b.len() + 8);
+            for chunk in b.utf8_chunks() {
+                for c in chunk.valid().chars() {
+                    if c == '\\' {
+                        out.push_str("\\\\");
+                    } else {
+                        out.push(c);
+                    }
+                }
+                for x in chunk.invalid() {
+                    out.push_str(&format!("\\x{x:02x}"));
+                }
+            }
+            (out, true)
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
@@ -474,4 +506,27 @@ pub struct FsWritten {
     /// Whether the target now has what was written (false for an upload's
     /// chunk before its `commit`).
     pub committed: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::path_from_bytes;
+
+    #[test]
+    fn a_name_that_is_not_utf8_is_escaped_so_no_two_names_are_one() {
+        assert_eq!(path_from_bytes(b"a/b c\\d"), ("a/b c\\d".into(), false));
+        assert_eq!(
+            path_from_bytes("x\u{fffd}".as_bytes()),
+            ("x\u{fffd}".into(), false)
+        );
+        assert_eq!(path_from_bytes(b"x\xff"), ("x\\xff".into(), true));
+        assert_eq!(path_from_bytes(b"\\x\xfe"), ("\\\\x\\xfe".into(), true));
+        // A name that is written as another's escape is not that name.
+        assert_ne!(
+            path_from_bytes(b"x\\xff\xfe").0,
+            path_from_bytes(b"x\xff\xfe").0
+        );
+        assert!(!path_from_bytes("é\u{0}".as_bytes()).1);
+        assert_eq!(path_from_bytes(b"\xc3").0, "\\xc3");
+    }
 }

@@ -125,6 +125,7 @@ fn golden_diff_with_patches() {
                 size_after: Some(2),
                 patch: Some("p".into()),
                 patch_truncated: true,
+                escaped: false,
             }],
             truncated: false,
             added: 0,
@@ -135,12 +136,13 @@ fn golden_diff_with_patches() {
         })),
     });
     // Response variant 17; one change: "f", modified (1), Some 1, Some 2,
-    // patch Some "p", cut; not truncated, the four counts, cut.
+    // patch Some "p", cut, not escaped; not truncated, the four counts,
+    // cut.
     assert_eq!(
         payload(&m),
         [
             0x02, 0x03, 0x01, 0x00, 0x11, 0x01, b'a', 0x01, b'b', 0x01, 0x01, b'f', 0x01, 0x01,
-            0x01, 0x01, 0x02, 0x01, 0x01, b'p', 0x01, 0x00, 0x00, 0x01, 0x00, 0x00, 0x01
+            0x01, 0x01, 0x02, 0x01, 0x01, b'p', 0x01, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x01
         ]
     );
 }

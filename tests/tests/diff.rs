@@ -1328,3 +1328,36 @@ fn a_directory_s_attributes_and_owner_are_compared_as_a_file_s() {
         [("xattr".to_string(), ChangeKind::Modified)].into()
     );
 }
+
+#[test]
+fn a_change_of_the_workspace_s_root_itself_is_listed_as_dot() {
+    let Some((_fs, st)) = setup("diff::a_change_of_the_workspace_s_root_itself_is_listed_as_dot")
+    else {
+        return;
+    };
+    let cur = st.layout().current("a", "s");
+    std::fs::write(cur.join("f"), b"1").unwrap();
+    ck(&st, "c0");
+    // A file added at the top (the root's times move): only the file.
+    std::fs::write(cur.join("g"), b"2").unwrap();
+    assert_eq!(
+        got(&diff(&st, "c0", "current")),
+        [("g".to_string(), ChangeKind::Added)].into()
+    );
+    ck(&st, "c1");
+    // The root's mode, then an attribute of it.
+    let mode = std::fs::metadata(&cur).unwrap().permissions().mode();
+    std::fs::set_permissions(&cur, std::fs::Permissions::from_mode(0o777)).unwrap();
+    assert_eq!(
+        got(&diff(&st, "c1", "current")),
+        [(".".to_string(), ChangeKind::Modified)].into()
+    );
+    std::fs::set_permissions(&cur, std::fs::Permissions::from_mode(mode)).unwrap();
+    assert!(got(&diff(&st, "c1", "current")).is_empty());
+    rustix::fs::setxattr(&cur, "user.note", b"x", rustix::fs::XattrFlags::empty()).unwrap();
+    ck(&st, "c2");
+    assert_eq!(
+        got(&diff(&st, "c1", "c2")),
+        [(".".to_string(), ChangeKind::Modified)].into()
+    );
+}

@@ -1790,3 +1790,90 @@ fn a_file_replaced_while_it_is_copied_out_is_never_a_mix_of_two() {
     // The race was run: some copy met a replacement.
     assert!(replaced > 0, "no copy met a replacement ({whole} whole)");
 }
+
+#[test]
+fn names_that_are_not_utf8_are_never_shown_as_another_name() {
+    let Some(d) = setup(
+        "names_that_are_not_utf8_are_never_shown_as_another_name",
+        &[],
+        512,
+    ) else {
+        return;
+    };
+    // `x\377` is not UTF-8; `x\u{fffd}` is, and is what a lossy
+    // conversion makes of the first.
+    let r = sh(
+        &d,
+        "mkdir d && printf SECRET > \"d/x$(printf '\\377')\" && printf DECOY > \"d/x$(printf '\\357\\277\\275')\" && printf ok > d/y",
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    ctl_ok(&d, &["checkpoint", "create", "a", "s", "c1"]);
+    let listed = ctl_ok(&d, &["--json", "fs", "ls", "a", "s", "d"]);
+    let listed: serde_json::Value = serde_json::from_slice(&listed).unwrap();
+    let mut names: Vec<(String, bool)> = listed["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["path"].as_str().unwrap().to_string(),
+                e["escaped"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            ("d/x\\xff".to_string(), true),
+            ("d/x\u{fffd}".to_string(), false),
+            ("d/y".to_string(), false)
+        ]
+    );
+    // A copy out of the directory is refused before anything is copied,
+    // from current/ and from the checkpoint (it copied the decoy twice
+    // and said nothing).
+    let out = tempfile::tempdir().unwrap();
+    for extra in [&[][..], &["--checkpoint", "c1"]] {
+        let to = out.path().join(format!("o{}", extra.len()));
+        let mut args = vec!["cp"];
+        args.extend_from_slice(extra);
+        args.extend(["a/s:d", to.to_str().unwrap()]);
+        let (code, _, err) = ctl(&d, &args);
+        assert!(
+            code != 0 && err.contains("not UTF-8") && err.contains("nothing was copied"),
+            "{args:?}: {code} {err}"
+        );
+        assert!(!to.exists(), "{args:?} made {}", to.display());
+    }
+    // The diff names each of three files apart: one added, one
+    // modified, one deleted.
+    let r = sh(
+        &d,
+        "rm \"d/x$(printf '\\377')\" && printf c > \"d/x$(printf '\\375')\" && printf DECOY2 > \"d/x$(printf '\\357\\277\\275')\"",
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let diff = ctl_ok(&d, &["--json", "diff", "a", "s", "c1", "current"]);
+    let diff: serde_json::Value = serde_json::from_slice(&diff).unwrap();
+    let mut changes: Vec<(String, String, bool)> = diff["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["path"].as_str().unwrap().to_string(),
+                c["kind"].as_str().unwrap().to_string(),
+                c["escaped"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    changes.sort();
+    assert_eq!(
+        changes,
+        [
+            ("d/x\\xfd".to_string(), "added".to_string(), true),
+            ("d/x\\xff".to_string(), "deleted".to_string(), true),
+            ("d/x\u{fffd}".to_string(), "modified".to_string(), false),
+        ]
+    );
+}

@@ -349,6 +349,11 @@ class AuditRecord(Model):
 
 @dataclass(kw_only=True)
 class Change(Model):
+
+    #: `path` is not the name as it is, which is not UTF-8: it is written
+    #: with each byte that is not as `\xNN` and each `\` as `\\`
+    #: ([`crate::path_from_bytes`]).
+    escaped: bool = False
     kind: ChangeKind
 
     #: With `checkpoint.diff {patch: true}`, for a regular file or a
@@ -862,6 +867,11 @@ class FsDownloadLocal(Model):
 class FsEntry(Model):
     """One entry."""
 
+    #: `path` (or `link`) is not the name as it is, which is not UTF-8:
+    #: it is written with each byte that is not as `\xNN` and each `\` as
+    #: `\\` ([`crate::path_from_bytes`]), names nothing to the file API, and
+    #: such an entry cannot be copied out.
+    escaped: bool = False
     kind: FsKind
 
     #: A symbolic link's target, as written.

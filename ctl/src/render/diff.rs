@@ -1,8 +1,8 @@
 //! `checkpoint.diff`: one line a change, like `git diff --stat`, then the
 //! patches when the answer carries them, like `git diff`.
 
-use super::clean;
 use super::process::clean_output;
+use super::{clean, clean_path};
 use allox_protocol::{ChangeKind as K, DiffListing};
 
 pub(super) fn listing(d: &DiffListing) -> String {
@@ -17,7 +17,7 @@ pub(super) fn listing(d: &DiffListing) -> String {
         };
         out.push_str(&format!(
             " {mark} {} ({} -> {})\n",
-            clean(&c.path),
+            clean_path(&c.path, c.escaped),
             size(c.size_before),
             size(c.size_after)
         ));
@@ -86,6 +86,7 @@ mod tests {
             size_after: Some(2),
             patch: patch.map(str::to_owned),
             patch_truncated: cut,
+            escaped: false,
         }
     }
 

@@ -1,6 +1,6 @@
 //! File API answers as people read them.
 
-use super::{clean, utc};
+use super::{clean, clean_path, utc};
 use allox_protocol::{FsChange, FsData, FsEntry, FsEvent, FsKind, FsListing, FsWritten};
 
 fn kind(k: FsKind) -> char {
@@ -25,7 +25,7 @@ pub fn entry(e: &FsEntry) -> String {
         e.mode,
         e.size,
         utc(e.mtime_ms),
-        clean(&e.path)
+        clean_path(&e.path, e.escaped)
     )
 }
 

@@ -22,7 +22,7 @@ mod time;
 mod tree;
 
 pub use process::run_status;
-pub use table::{clean, Table};
+pub use table::{clean, clean_path, Table};
 pub use time::utc;
 pub use tree::{checkpoint_tree, HEAD_MARK};
 

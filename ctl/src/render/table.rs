@@ -58,7 +58,7 @@ impl Table {
 pub fn clean(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
-        if c.is_control() {
+        if c.is_control() || is_direction(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);
@@ -67,9 +67,45 @@ pub fn clean(text: &str) -> String {
     out
 }
 
+/// The marks that change the direction text is shown in (an agent's
+/// file name shown backwards, or another name's text reordered).
+fn is_direction(c: char) -> bool {
+    matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// A path as an answer gave it, for people: as [`clean`], and a `\\` of
+/// a name that is as it is (`escaped` false) doubled, so that it never
+/// reads as an escape: `a\\nb` (four characters) and `a\nb` (a newline
+/// in it) come out apart, and `x\\xff` (UTF-8) apart from `x\xff` (the
+/// byte 0xff: an escaped path, whose backslashes are doubled already).
+pub fn clean_path(path: &str, escaped: bool) -> String {
+    if escaped {
+        return clean(path);
+    }
+    clean(&path.replace('\\', "\\\\"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paths_that_differ_are_shown_apart() {
+        let shown: Vec<String> = [
+            ("a\\nb", false),
+            ("a\nb", false),
+            ("x\\xff", false),
+            ("x\\xff", true),
+            ("ab\u{202e}c", false),
+        ]
+        .iter()
+        .map(|(p, e)| clean_path(p, *e))
+        .collect();
+        assert_eq!(
+            shown,
+            ["a\\\\nb", "a\\nb", "x\\\\xff", "x\\xff", "ab\\u{202e}c"]
+        );
+    }
 
     #[test]
     fn columns_align_and_lines_are_trimmed() {

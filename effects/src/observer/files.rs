@@ -203,7 +203,16 @@ pub fn diff(a: &Path, b: &Path, btrfs: bool) -> Result<(Vec<Difference>, bool), 
     let r = allox_store::diff::compare(pa, pb, method, &limits, false)
         .map_err(|e| format!("diff {} and {}: {e}", a.display(), b.display()));
     let _ = std::fs::remove_dir(&empty);
-    let d = r?;
+    let mut d = r?;
+    if missing(a) || missing(b) {
+        // The stand-in's own mode and owner are not the tree's: of a
+        // missing side, only what is in it.
+        let keep: Vec<bool> = d.changes.iter().map(|c| c.path != ".").collect();
+        let mut k = keep.iter();
+        d.changes.retain(|_| *k.next().unwrap_or(&true));
+        let mut k = keep.iter();
+        d.modes.retain(|_| *k.next().unwrap_or(&true));
+    }
     let mut budget = HASHED_BYTES;
     let out = d
         .changes

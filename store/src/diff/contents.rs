@@ -144,7 +144,13 @@ pub fn dir_xattrs(a: &OwnedFd, b: &OwnedFd, name: &OsStr, budget: &mut u64) -> i
     let (Some(da), Some(db)) = (open(a)?, open(b)?) else {
         return Ok(Verdict::Differ);
     };
-    Ok(match (xattrs(&da, budget)?, xattrs(&db, budget)?) {
+    fd_xattrs(&da, &db, budget)
+}
+
+/// Whether the open files `a` and `b` have the same extended attributes;
+/// reading them is taken from `budget`.
+pub fn fd_xattrs(a: &OwnedFd, b: &OwnedFd, budget: &mut u64) -> io::Result<Verdict> {
+    Ok(match (xattrs(a, budget)?, xattrs(b, budget)?) {
         (Some(x), Some(y)) if x == y => Verdict::Same,
         (Some(_), Some(_)) => Verdict::Differ,
         _ => Verdict::Unread,

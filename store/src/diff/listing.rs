@@ -19,10 +19,13 @@ pub struct Listed {
 }
 
 impl Listed {
-    /// The change as the protocol carries it (the path as lossy UTF-8).
+    /// The change as the protocol carries it (a path that is not UTF-8
+    /// escaped, never lossy: two names never come out as one).
     pub fn change(&self) -> Change {
+        let (path, escaped) = allox_protocol::path_from_bytes(&self.path);
         Change {
-            path: String::from_utf8_lossy(&self.path).into_owned(),
+            path,
+            escaped,
             kind: self.kind,
             size_before: self.before,
             size_after: self.after,

@@ -106,6 +106,33 @@ impl<'a> Walk<'a> {
 
     /// Compares the trees below `a` and `b`.
     pub fn run(&mut self, a: Dir, b: Dir) -> Result<(), TreeError> {
+        // The roots themselves, as any directory in them: a `chmod` of
+        // the workspace's root is a change of the tree (`.`).
+        let stat = |d: &Dir| fs::fstat(d.fd()).map_err(|e| TreeError::io("stat", b".", e));
+        let (sa, sb) = (stat(&a)?, stat(&b)?);
+        let mut root_changed =
+            sa.st_mode != sb.st_mode || sa.st_uid != sb.st_uid || sa.st_gid != sb.st_gid;
+        if !root_changed
+            && (sa.st_ino != sb.st_ino
+                || (sa.st_ctime, sa.st_ctime_nsec) != (sb.st_ctime, sb.st_ctime_nsec))
+        {
+            let v = contents::fd_xattrs(a.fd(), b.fd(), &mut self.budget).map_err(|e| {
+                TreeError::Io {
+                    op: "read the attributes of",
+                    path: ".".into(),
+                    source: e,
+                }
+            })?;
+            root_changed = v != Verdict::Same;
+        }
+        if root_changed {
+            self.out.push(
+                b".",
+                ChangeKind::Modified,
+                (None, None),
+                [Some(sa.st_mode), Some(sb.st_mode)],
+            );
+        }
         let hinted = self.hints.is_some();
         self.enter(Some(a), Some(b), hinted, 0)?;
         while !self.stack.is_empty() {

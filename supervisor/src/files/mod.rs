@@ -382,7 +382,7 @@ impl Files<'_> {
         } else {
             format!("{}/", rel.joined())
         };
-        list_into(dir, &prefix, depth, &mut out)?;
+        list_into(dir, prefix.as_bytes(), depth, &mut out)?;
         out.entries.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
     }
@@ -687,14 +687,19 @@ fn kind_of(mode: u32) -> FsKind {
     }
 }
 
-fn entry(path: String, st: &rustix::fs::Stat, link: Option<String>) -> FsEntry {
+/// The entry at `path` (bytes: a name need not be UTF-8), whose link, if
+/// it is one, points at `link`.
+fn entry(path: &[u8], st: &rustix::fs::Stat, link: Option<&[u8]>) -> FsEntry {
+    let (path, escaped) = allox_protocol::path_from_bytes(path);
+    let link = link.map(allox_protocol::path_from_bytes);
     FsEntry {
         path,
         kind: kind_of(st.st_mode),
         size: st.st_size as u64,
         mode: st.st_mode & 0o7777,
         mtime_ms: (st.st_mtime as u64).saturating_mul(1000) + st.st_mtime_nsec / 1_000_000,
-        link,
+        escaped: escaped || link.as_ref().is_some_and(|l| l.1),
+        link: link.map(|l| l.0),
     }
 }
 
@@ -702,33 +707,37 @@ fn entry(path: String, st: &rustix::fs::Stat, link: Option<String>) -> FsEntry {
 fn stat(root: &Root, rel: &Rel<'_>) -> Result<FsEntry, FilesError> {
     if rel.is_root() {
         let st = rustix::fs::fstat(&root.fd).map_err(|e| FilesError::from_errno("stat", ".", e))?;
-        return Ok(entry(".".into(), &st, None));
+        return Ok(entry(b".", &st, None));
     }
     let (parent, name) = parent_of(&root.fd, rel).map_err(|e| scoped(e, root.scope))?;
     let st = rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW)
         .map_err(|e| FilesError::from_errno("stat", rel.shown, e))?;
     let link = (kind_of(st.st_mode) == FsKind::Symlink)
         .then(|| rustix::fs::readlinkat(&parent, name, Vec::new()).ok())
-        .flatten()
-        .map(|l| l.to_string_lossy().into_owned());
-    Ok(entry(rel.joined(), &st, link))
+        .flatten();
+    Ok(entry(
+        rel.joined().as_bytes(),
+        &st,
+        link.as_ref().map(|l| l.as_bytes()),
+    ))
 }
 
 /// Appends `dir`'s entries (and, `depth` > 1, its subdirectories') to
 /// `out`, reached through handles only.
 fn list_into(
     dir: OwnedFd,
-    prefix: &str,
+    prefix: &[u8],
     depth: u32,
     out: &mut FsListing,
 ) -> Result<(), FilesError> {
     let mut subdirs = Vec::new();
+    let shown = String::from_utf8_lossy(prefix).into_owned();
     let it =
-        rustix::fs::Dir::read_from(&dir).map_err(|e| FilesError::from_errno("list", prefix, e))?;
+        rustix::fs::Dir::read_from(&dir).map_err(|e| FilesError::from_errno("list", &shown, e))?;
     for e in it {
-        let e = e.map_err(|e| FilesError::from_errno("list", prefix, e))?;
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name == "." || name == ".." {
+        let e = e.map_err(|e| FilesError::from_errno("list", &shown, e))?;
+        let name = e.file_name().to_bytes();
+        if name == b"." || name == b".." {
             continue;
         }
         if out.entries.len() >= MAX_ENTRIES {
@@ -741,13 +750,13 @@ fn list_into(
         };
         let link = (kind_of(st.st_mode) == FsKind::Symlink)
             .then(|| rustix::fs::readlinkat(&dir, e.file_name(), Vec::new()).ok())
-            .flatten()
-            .map(|l| l.to_string_lossy().into_owned());
-        let path = format!("{prefix}{name}");
+            .flatten();
+        let path = [prefix, name].concat();
         if depth > 1 && kind_of(st.st_mode) == FsKind::Dir {
-            subdirs.push((e.file_name().to_owned(), format!("{path}/")));
+            subdirs.push((e.file_name().to_owned(), [&path[..], b"/"].concat()));
         }
-        out.entries.push(entry(path, &st, link));
+        out.entries
+            .push(entry(&path, &st, link.as_ref().map(|l| l.as_bytes())));
     }
     for (name, p) in subdirs {
         // Swapped for something else meanwhile: NOFOLLOW refuses a link.

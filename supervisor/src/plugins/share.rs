@@ -714,6 +714,7 @@ mod tests {
                 mode: 0o755,
                 mtime_ms: 0,
                 link: None,
+                escaped: false,
             })
         }
         fn list_within(

@@ -167,6 +167,10 @@ pub struct Change {
     /// ([`crate::path_from_bytes`]).
     #[serde(default)]
     pub escaped: bool,
+    /// Listed `modified` without its bytes compared: its metadata moved,
+    /// and the diff's read budget (256 MiB of contents) ran out before it.
+    #[serde(default)]
+    pub unread: bool,
 }
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]

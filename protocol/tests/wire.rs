@@ -126,6 +126,7 @@ fn golden_diff_with_patches() {
                 patch: Some("p".into()),
                 patch_truncated: true,
                 escaped: false,
+                unread: false,
             }],
             truncated: false,
             added: 0,
@@ -136,13 +137,14 @@ fn golden_diff_with_patches() {
         })),
     });
     // Response variant 17; one change: "f", modified (1), Some 1, Some 2,
-    // patch Some "p", cut, not escaped; not truncated, the four counts,
-    // cut.
+    // patch Some "p", cut, not escaped, read; not truncated, the four
+    // counts, cut.
     assert_eq!(
         payload(&m),
         [
             0x02, 0x03, 0x01, 0x00, 0x11, 0x01, b'a', 0x01, b'b', 0x01, 0x01, b'f', 0x01, 0x01,
-            0x01, 0x01, 0x02, 0x01, 0x01, b'p', 0x01, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x01
+            0x01, 0x01, 0x02, 0x01, 0x01, b'p', 0x01, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00,
+            0x01
         ]
     );
 }

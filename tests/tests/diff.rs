@@ -1361,3 +1361,44 @@ fn a_change_of_the_workspace_s_root_itself_is_listed_as_dot() {
         [(".".to_string(), ChangeKind::Modified)].into()
     );
 }
+
+#[test]
+fn a_file_listed_past_the_read_budget_says_it_was_not_read() {
+    if !require("diff::a_file_listed_past_the_read_budget_says_it_was_not_read") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    for d in [&a, &b] {
+        std::fs::create_dir(d).unwrap();
+        std::fs::write(d.join("touched"), vec![7u8; 1 << 20]).unwrap();
+    }
+    std::fs::write(a.join("grown"), b"1").unwrap();
+    std::fs::write(b.join("grown"), b"12").unwrap();
+    // The same bytes, another modification time: only reading tells.
+    let t = std::fs::File::options()
+        .write(true)
+        .open(b.join("touched"))
+        .unwrap();
+    t.set_modified(std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000))
+        .unwrap();
+    let listed = |read_bytes: u64| -> Vec<(String, bool)> {
+        let limits = allox_store::diff::Limits {
+            read_bytes,
+            ..Default::default()
+        };
+        allox_store::diff::compare(&a, &b, allox_store::diff::DiffMethod::Walk, &limits, false)
+            .unwrap()
+            .changes
+            .iter()
+            .map(|c| (c.path.clone(), c.unread))
+            .collect()
+    };
+    // Within the budget: the touched file is read, and is the same.
+    assert_eq!(listed(64 << 20), [("grown".to_string(), false)]);
+    // Past it: listed, and said not to have been read.
+    assert_eq!(
+        listed(0),
+        [("grown".to_string(), false), ("touched".to_string(), true)]
+    );
+}

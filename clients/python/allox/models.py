@@ -375,6 +375,10 @@ class Change(Model):
     size_after: Optional[int] = None
     size_before: Optional[int] = None
 
+    #: Listed `modified` without its bytes compared: its metadata moved,
+    #: and the diff's read budget (256 MiB of contents) ran out before it.
+    unread: bool = False
+
 
 @dataclass(kw_only=True)
 class CheckpointCreate(Model):

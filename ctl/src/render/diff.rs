@@ -16,10 +16,15 @@ pub(super) fn listing(d: &DiffListing) -> String {
             K::TypeChanged => "T",
         };
         out.push_str(&format!(
-            " {mark} {} ({} -> {})\n",
+            " {mark} {} ({} -> {}){}\n",
             clean_path(&c.path, c.escaped),
             size(c.size_before),
-            size(c.size_after)
+            size(c.size_after),
+            if c.unread {
+                " not read: the diff's read budget ran out"
+            } else {
+                ""
+            }
         ));
     }
     if d.truncated {
@@ -87,6 +92,7 @@ mod tests {
             patch: patch.map(str::to_owned),
             patch_truncated: cut,
             escaped: false,
+            unread: false,
         }
     }
 

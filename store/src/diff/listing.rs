@@ -16,6 +16,9 @@ pub struct Listed {
     pub after: Option<u64>,
     /// Its `st_mode` on each side (`from`, `to`), where the walk knew it.
     pub modes: [Option<u32>; 2],
+    /// Listed modified without its bytes compared (the read budget ran
+    /// out; its metadata moved).
+    pub unread: bool,
 }
 
 impl Listed {
@@ -26,6 +29,7 @@ impl Listed {
         Change {
             path,
             escaped,
+            unread: self.unread,
             kind: self.kind,
             size_before: self.before,
             size_after: self.after,
@@ -114,8 +118,21 @@ impl Listing {
         &mut self,
         path: &[u8],
         kind: ChangeKind,
+        sizes: (Option<u64>, Option<u64>),
+        modes: [Option<u32>; 2],
+    ) {
+        self.push_read(path, kind, sizes, modes, true);
+    }
+
+    /// [`Listing::push`], saying whether the file's bytes were compared
+    /// (`read`) where it is listed modified.
+    pub fn push_read(
+        &mut self,
+        path: &[u8],
+        kind: ChangeKind,
         (before, after): (Option<u64>, Option<u64>),
         modes: [Option<u32>; 2],
+        read: bool,
     ) {
         self.counts[kind as usize] += 1;
         if self.ceiling.as_deref().is_some_and(|c| path >= c) {
@@ -128,6 +145,7 @@ impl Listing {
             before,
             after,
             modes,
+            unread: !read,
         });
         while self.kept.len() > self.max || self.bytes > self.max_bytes {
             let Some(x) = self.kept.pop() else { break };

@@ -652,6 +652,7 @@ mod tests {
                 before: Some(4),
                 after: Some(4),
                 modes: [None, None],
+                unread: false,
             }],
             truncated: false,
             counts: [0, 1, 0, 0],

@@ -591,6 +591,8 @@ impl<'a> Walk<'a> {
                 same_meta = !unlike;
             }
         }
+        // Whether the bytes were compared, where they were to be.
+        let mut read = true;
         let changed = if same_meta {
             false
         } else if sa.st_mode != sb.st_mode
@@ -612,7 +614,7 @@ impl<'a> Walk<'a> {
                 top.a.as_ref().unwrap().dir.fd(),
                 top.b.as_ref().unwrap().dir.fd(),
             );
-            let read = |e| TreeError::Io {
+            let read_error = |e| TreeError::Io {
                 op: "read",
                 path: tree::show(&p),
                 source: e,
@@ -622,9 +624,10 @@ impl<'a> Walk<'a> {
             let inode_changed =
                 unlike || (sa.st_ctime, sa.st_ctime_nsec) != (sb.st_ctime, sb.st_ctime_nsec);
             let v = contents::compare(da, db, &name, (&sa, &sb), inode_changed, &mut self.budget)
-                .map_err(read)?;
+                .map_err(read_error)?;
             // Past the read budget a file whose metadata differs is
-            // reported modified without reading.
+            // reported modified without reading, and said to be.
+            read = v != Verdict::Unread;
             v != Verdict::Same
         } else {
             // Sockets, FIFOs, devices: only metadata to compare, never
@@ -632,11 +635,12 @@ impl<'a> Walk<'a> {
             sa.st_rdev != sb.st_rdev
         };
         if changed {
-            self.out.push(
+            self.out.push_read(
                 &p,
                 ChangeKind::Modified,
                 (size(&sa), size(&sb)),
                 [Some(sa.st_mode), Some(sb.st_mode)],
+                read,
             );
         }
         Ok(())

@@ -135,6 +135,24 @@ fn dom_of(url: &str, profile: &std::path::Path) -> (String, String) {
     )
 }
 
+/// The status and the redirect's target curl gets for `url`, asked as it
+/// is (`--path-as-is`): `"307 http://…"`.
+fn redirect_of(url: &str) -> String {
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--path-as-is",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %{redirect_url}",
+        ])
+        .arg(url)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// `curl` of `path` at a port's own host `label` (below `localhost`,
 /// which curl takes for the loopback) with `args`: status and body.
 fn curl_at(g: &Gateway, label: &str, path: &str, args: &[&str]) -> (u16, String) {
@@ -242,18 +260,10 @@ fn a_session_s_ports_are_served_through_the_gateway_to_whoever_holds_a_token() {
     // the port's own host (the gateway's origin, which every port's path
     // shares, never takes a port's credential).
     let own = format!("http://{s1_host}.localhost:{}/", g.addr.port());
-    let out = Command::new("curl")
-        .args([
-            "-sS",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code} %{redirect_url}",
-        ])
-        .arg(format!("http://{}/v1/ports/a/s1/8000/", g.addr))
-        .output()
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("307 {own}"));
+    assert_eq!(
+        redirect_of(&format!("http://{}/v1/ports/a/s1/8000/", g.addr)),
+        format!("307 {own}")
+    );
     let (code, body) = curl(&g, "/v1/ports/a/s1/8000/?token=nope", &["-L"]);
     assert_eq!(code, 401, "{body}");
     // The port's token once in the URL, then as a cookie of the port's
@@ -284,22 +294,10 @@ fn a_session_s_ports_are_served_through_the_gateway_to_whoever_holds_a_token() {
     // (`//site/…` and `/\site/…` are other sites' addresses to a
     // browser).
     for path in ["//elsewhere.test/x", "/\\elsewhere.test/x"] {
-        let out = Command::new("curl")
-            .args([
-                "-sS",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code} %{redirect_url}",
-            ])
-            .arg("--path-as-is")
-            .arg(format!(
-                "http://{s1_host}.localhost:{}{path}?token={port_token}",
-                g.addr.port()
-            ))
-            .output()
-            .unwrap();
-        let said = String::from_utf8_lossy(&out.stdout);
+        let said = redirect_of(&format!(
+            "http://{s1_host}.localhost:{}{path}?token={port_token}",
+            g.addr.port()
+        ));
         assert!(
             said.starts_with(&format!(
                 "303 http://{s1_host}.localhost:{}/",

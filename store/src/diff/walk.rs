@@ -84,6 +84,31 @@ fn kind_of(st: &Stat) -> FileType {
     FileType::from_raw_mode(st.st_mode)
 }
 
+/// Whether two directories differ in themselves, not in what they hold:
+/// their mode, owner, and — where the inode was written since the trees
+/// were one — extended attributes (an ACL: a default one sets the mode of
+/// what is made in it), which `xattrs` compares.
+fn dir_itself_differs(
+    sa: &Stat,
+    sb: &Stat,
+    path: &[u8],
+    xattrs: impl FnOnce() -> std::io::Result<Verdict>,
+) -> Result<bool, TreeError> {
+    if sa.st_mode != sb.st_mode || sa.st_uid != sb.st_uid || sa.st_gid != sb.st_gid {
+        return Ok(true);
+    }
+    if sa.st_ino == sb.st_ino && (sa.st_ctime, sa.st_ctime_nsec) == (sb.st_ctime, sb.st_ctime_nsec)
+    {
+        return Ok(false);
+    }
+    let v = xattrs().map_err(|e| TreeError::Io {
+        op: "read the attributes of",
+        path: tree::show(path),
+        source: e,
+    })?;
+    Ok(v != Verdict::Same)
+}
+
 fn size(st: &Stat) -> Option<u64> {
     (kind_of(st) != FileType::Directory).then_some(st.st_size as u64)
 }
@@ -110,21 +135,9 @@ impl<'a> Walk<'a> {
         // the workspace's root is a change of the tree (`.`).
         let stat = |d: &Dir| fs::fstat(d.fd()).map_err(|e| TreeError::io("stat", b".", e));
         let (sa, sb) = (stat(&a)?, stat(&b)?);
-        let mut root_changed =
-            sa.st_mode != sb.st_mode || sa.st_uid != sb.st_uid || sa.st_gid != sb.st_gid;
-        if !root_changed
-            && (sa.st_ino != sb.st_ino
-                || (sa.st_ctime, sa.st_ctime_nsec) != (sb.st_ctime, sb.st_ctime_nsec))
-        {
-            let v = contents::fd_xattrs(a.fd(), b.fd(), &mut self.budget).map_err(|e| {
-                TreeError::Io {
-                    op: "read the attributes of",
-                    path: ".".into(),
-                    source: e,
-                }
-            })?;
-            root_changed = v != Verdict::Same;
-        }
+        let root_changed = dir_itself_differs(&sa, &sb, b".", || {
+            contents::fd_xattrs(a.fd(), b.fd(), &mut self.budget)
+        })?;
         if root_changed {
             self.out.push(
                 b".",
@@ -507,29 +520,14 @@ impl<'a> Walk<'a> {
             return Ok(());
         }
         if ka == FileType::Directory {
-            // Its mode, owner, and extended attributes (an ACL: a default
-            // one sets the mode of what is made in it), read where the
-            // inode was written since the trees were one.
-            let mut changed =
-                sa.st_mode != sb.st_mode || sa.st_uid != sb.st_uid || sa.st_gid != sb.st_gid;
-            if !changed
-                && (sa.st_ino != sb.st_ino
-                    || (sa.st_ctime, sa.st_ctime_nsec) != (sb.st_ctime, sb.st_ctime_nsec))
-            {
-                let top = self.stack.last().expect("walk is not empty");
-                let (da, db) = (
-                    top.a.as_ref().unwrap().dir.fd(),
-                    top.b.as_ref().unwrap().dir.fd(),
-                );
-                let v = contents::dir_xattrs(da, db, &name, &mut self.budget).map_err(|e| {
-                    TreeError::Io {
-                        op: "read the attributes of",
-                        path: tree::show(&p),
-                        source: e,
-                    }
-                })?;
-                changed = v != Verdict::Same;
-            }
+            let top = self.stack.last().expect("walk is not empty");
+            let (da, db) = (
+                top.a.as_ref().unwrap().dir.fd(),
+                top.b.as_ref().unwrap().dir.fd(),
+            );
+            let budget = &mut self.budget;
+            let changed =
+                dir_itself_differs(&sa, &sb, &p, || contents::dir_xattrs(da, db, &name, budget))?;
             if changed {
                 self.out.push(
                     &p,

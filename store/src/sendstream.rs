@@ -3,11 +3,14 @@
 //! other subvolume it refers to (its parent, the sources of its clones) is
 //! one the archive brought earlier or its base, never another tree of the
 //! receiving filesystem (which would copy another session's files into
-//! this one); no path in it leaves its subvolume; it makes no device node;
-//! every command's checksum holds; no command names an attribute twice
+//! this one), and is named to receive by its own UUID on this filesystem,
+//! not the sender's (which another tree here may carry too); no path in
+//! it leaves its subvolume; it makes no device node; every command's
+//! checksum holds; no command names an attribute twice
 //! (receive would act on the last, the check on the first) or one
 //! version 1 has not. What passes on to `btrfs receive` is the stream as
-//! checked, a whole command at a time, with two changes: a mode with a
+//! checked, a whole command at a time, with three changes: a reference
+//! to another tree names it by its UUID here (above); a mode with a
 //! setuid or setgid bit (an agent's `chmod g+s` in its own session) loses
 //! those bits, and the command its checksum anew; an extended attribute
 //! only a privileged process sets (`security.*`, file capabilities among
@@ -76,15 +79,22 @@ impl Inspector {
         }
     }
 
-    /// Checks the next bytes; `known` says whether a referenced UUID may
-    /// be used (the stream's own is always allowed for clones). Answers
+    /// Checks the next bytes; `local` gives, for a UUID the stream may
+    /// refer to (a tree the archive brought, or its base), the UUID of
+    /// that tree on this filesystem, and `None` for any other (the
+    /// stream's own is always allowed for clones). A reference is
+    /// rewritten to the local tree's own UUID: `btrfs receive` looks a
+    /// parent or a clone source up by received UUID first, on the whole
+    /// filesystem, and takes the first it finds, which may be another
+    /// session's copy of the same archive (or one made to collide), while
+    /// a subvolume's own UUID is its alone. Answers
     /// what may go on to `btrfs receive`: the header, and the commands
     /// completed and checked so far (a command cut by the end of `bytes`
     /// waits for the rest).
     pub fn push(
         &mut self,
         mut bytes: &[u8],
-        known: &dyn Fn(&[u8; 16]) -> bool,
+        local: &dyn Fn(&[u8; 16]) -> Option<[u8; 16]>,
     ) -> Result<Vec<u8>, String> {
         let mut out = Vec::with_capacity(bytes.len());
         while !bytes.is_empty() {
@@ -130,7 +140,7 @@ impl Inspector {
             bytes = &bytes[n..];
             if self.buf.len() == 10 + len {
                 let mut cmd = std::mem::take(&mut self.buf);
-                if self.command(&mut cmd, known)? {
+                if self.command(&mut cmd, local)? {
                     out.extend_from_slice(&cmd);
                 }
             }
@@ -145,12 +155,13 @@ impl Inspector {
         self.dropped
     }
 
-    /// Checks one whole command (and rewrites a set-id mode in it);
-    /// whether it goes on to receive (a privileged attribute does not).
+    /// Checks one whole command (and rewrites a set-id mode or a
+    /// reference to another tree in it); whether it goes on to receive (a
+    /// privileged attribute does not).
     fn command(
         &mut self,
         cmd: &mut [u8],
-        known: &dyn Fn(&[u8; 16]) -> bool,
+        local: &dyn Fn(&[u8; 16]) -> Option<[u8; 16]>,
     ) -> Result<bool, String> {
         let kind = u16::from_le_bytes([cmd[4], cmd[5]]);
         if kind == 0 || kind > C_MAX_V1 {
@@ -225,27 +236,29 @@ impl Inspector {
                         self.name
                     ));
                 }
+                let own = uuid(A_UUID)?;
                 let parent = if kind == C_SNAPSHOT {
                     let p = uuid(A_CLONE_UUID)?;
-                    if !known(&p) {
+                    let Some(l) = local(&p) else {
                         return Err(
                             "it is relative to a subvolume the archive does not bring".into()
                         );
-                    }
+                    };
+                    refer(cmd, value(A_CLONE_UUID), &l);
                     Some(p)
                 } else {
                     None
                 };
-                self.made = Some(Made {
-                    uuid: uuid(A_UUID)?,
-                    parent,
-                });
+                self.made = Some(Made { uuid: own, parent });
             }
             C_CLONE => {
                 let src = uuid(A_CLONE_UUID)?;
                 let own = self.made.as_ref().map(|m| m.uuid);
-                if Some(src) != own && !known(&src) {
-                    return Err("it clones from a subvolume the archive does not bring".into());
+                if Some(src) != own {
+                    let Some(l) = local(&src) else {
+                        return Err("it clones from a subvolume the archive does not bring".into());
+                    };
+                    refer(cmd, value(A_CLONE_UUID), &l);
                 }
             }
             C_MKNOD => {
@@ -262,9 +275,7 @@ impl Inspector {
                 let mode = u64::from_le_bytes(cmd[r.clone()].try_into().expect("8 bytes"));
                 if mode & 0o6000 != 0 {
                     cmd[r].copy_from_slice(&(mode & !0o6000).to_le_bytes());
-                    cmd[6..10].copy_from_slice(&[0; 4]);
-                    let sum = checksum(cmd);
-                    cmd[6..10].copy_from_slice(&sum.to_le_bytes());
+                    reseal(cmd);
                     self.dropped += 1;
                 }
             }
@@ -290,6 +301,23 @@ impl Inspector {
             _ => Err("the send stream ends before its end command".into()),
         }
     }
+}
+
+/// Writes `uuid` over the attribute at `at` (a UUID, checked before) of
+/// `cmd`, with the command's checksum made anew.
+fn refer(cmd: &mut [u8], at: Option<std::ops::Range<usize>>, uuid: &[u8; 16]) {
+    let at = at.expect("the attribute was read");
+    if cmd[at.clone()] != uuid[..] {
+        cmd[at].copy_from_slice(uuid);
+        reseal(cmd);
+    }
+}
+
+/// Makes a changed command's checksum anew.
+fn reseal(cmd: &mut [u8]) {
+    cmd[6..10].copy_from_slice(&[0; 4]);
+    let sum = checksum(cmd);
+    cmd[6..10].copy_from_slice(&sum.to_le_bytes());
 }
 
 /// A command's checksum as the kernel makes it: crc32c from 0, with no
@@ -344,9 +372,46 @@ mod tests {
         let parent = [7u8; 16];
         let mut out = Vec::new();
         for piece in s.chunks(5) {
-            out.extend(i.push(piece, &|u| *u == parent)?);
+            out.extend(i.push(piece, &|u| (*u == parent).then_some(parent))?);
         }
         Ok((i.finish()?, out, i.dropped()))
+    }
+
+    #[test]
+    fn a_reference_to_another_tree_names_that_tree_s_own_uuid_here() {
+        // The sender's parent [7; 16] is, on this filesystem, the
+        // subvolume whose own UUID is [8; 16].
+        let s = stream(&[
+            cmd(
+                C_SNAPSHOT,
+                &[(A_PATH, b"c1"), (A_UUID, &OWN), (A_CLONE_UUID, &[7; 16])],
+            ),
+            cmd(C_CLONE, &[(A_PATH, b"a"), (A_CLONE_UUID, &[7; 16])]),
+            cmd(C_CLONE, &[(A_PATH, b"b"), (A_CLONE_UUID, &OWN)]),
+            cmd(C_END, &[]),
+        ]);
+        let mut i = Inspector::new("c1");
+        let out = i.push(&s, &|u| (*u == [7; 16]).then_some([8; 16])).unwrap();
+        // What it made is said in the sender's terms.
+        assert_eq!(
+            i.finish().unwrap(),
+            Made {
+                uuid: OWN,
+                parent: Some([7; 16])
+            }
+        );
+        assert_eq!(
+            out,
+            stream(&[
+                cmd(
+                    C_SNAPSHOT,
+                    &[(A_PATH, b"c1"), (A_UUID, &OWN), (A_CLONE_UUID, &[8; 16])],
+                ),
+                cmd(C_CLONE, &[(A_PATH, b"a"), (A_CLONE_UUID, &[8; 16])]),
+                cmd(C_CLONE, &[(A_PATH, b"b"), (A_CLONE_UUID, &OWN)]),
+                cmd(C_END, &[]),
+            ])
+        );
     }
 
     fn check(s: &[u8]) -> Result<Made, String> {

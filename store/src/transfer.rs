@@ -208,6 +208,7 @@ impl Store {
             receiving: None,
             inspecting: None,
             uuids: HashMap::new(),
+            locals: HashMap::new(),
             dropped: 0,
         })
     }
@@ -283,6 +284,8 @@ pub struct Import {
     inspecting: Option<Inspector>,
     /// The UUIDs the sender gave the trees received so far (and the base).
     uuids: HashMap<String, [u8; 16]>,
+    /// For each of those, the tree's own UUID on this filesystem.
+    locals: HashMap<[u8; 16], [u8; 16]>,
     /// Privileges dropped, in the streams read whole.
     dropped: u64,
 }
@@ -330,6 +333,7 @@ impl Import {
             receiving,
             inspecting,
             uuids,
+            locals,
             store,
             agent,
             session,
@@ -341,7 +345,12 @@ impl Import {
                 Item::Manifest(m) => {
                     check_manifest(store, agent, session.as_deref(), &m)?;
                     if let Some(b) = &m.since {
+                        // The session's checkpoint, found the same tree
+                        // as the sender's by the check.
+                        let s = session.as_deref().unwrap_or(&m.session);
+                        let here = btrfs::root_info(&store.layout.checkpoint(agent, s, &b.id))?;
                         uuids.insert(b.id.clone(), b.uuid);
+                        locals.insert(b.uuid, here.uuid);
                     }
                     *manifest = Some(*m);
                 }
@@ -350,7 +359,7 @@ impl Import {
                     let i = inspecting.get_or_insert_with(|| Inspector::new(&received_name(manifest, index)));
                     // Only what was checked reaches receive.
                     let checked = i
-                        .push(bytes, &|u| uuids.values().any(|k| k == u))
+                        .push(bytes, &|u| locals.get(u).copied())
                         .map_err(|why| StoreError::BadArchive(format!("the send stream of {tree}: {why}")))?;
                     if receiving.is_none() {
                         *receiving = Some(receive(&into(&staging, manifest, index))?);
@@ -390,9 +399,17 @@ impl Import {
                             "btrfs receive of {tree} failed: {why}"
                         )));
                     }
-                    check_received(&staging, &m.streams[..=index], &m.streams[index].tree, &made.uuid)?;
+                    let parent_here = made.parent.and_then(|p| locals.get(&p).copied());
+                    let here = check_received(
+                        &staging,
+                        &m.streams[..=index],
+                        &m.streams[index].tree,
+                        &made.uuid,
+                        parent_here.unwrap_or_default(),
+                    )?;
                     if let Tree::Checkpoint(c) = &m.streams[index].tree {
                         uuids.insert(c.clone(), made.uuid);
+                        locals.insert(made.uuid, here);
                     }
                 }
                 Item::End => {}
@@ -690,9 +707,17 @@ fn finish_receive(mut rx: Receiving) -> String {
     }
 }
 
-/// After stream `tree` (the last of `done`): the staging directory holds
-/// exactly the trees received so far, each a read-only received subvolume.
-fn check_received(staging: &Path, done: &[StreamInfo], tree: &Tree, uuid: &[u8; 16]) -> Result<()> {
+/// Checks what receive made of stream `tree`: the trees the manifest
+/// lists so far and no other, this one read-only with the sender's `uuid`
+/// as its received UUID, and a snapshot of the tree whose own UUID is
+/// `parent` (zero: made whole). Answers its own UUID here.
+fn check_received(
+    staging: &Path,
+    done: &[StreamInfo],
+    tree: &Tree,
+    uuid: &[u8; 16],
+    parent: [u8; 16],
+) -> Result<[u8; 16]> {
     let names = |dir: &Path| -> Result<HashSet<String>> {
         let mut found = HashSet::new();
         for e in std::fs::read_dir(dir).map_err(|e| StoreError::io("read", dir, e))? {
@@ -737,7 +762,12 @@ fn check_received(staging: &Path, done: &[StreamInfo], tree: &Tree, uuid: &[u8; 
             "{tree} was not received whole (no received UUID, or still writable)"
         )));
     }
-    Ok(())
+    if info.parent_uuid != parent {
+        return Err(StoreError::BadArchive(format!(
+            "{tree} was received from another tree than the one the archive names"
+        )));
+    }
+    Ok(info.uuid)
 }
 
 /// Refuses a manifest that does not describe one session: ids that are

@@ -363,6 +363,161 @@ fn archives_that_do_not_check_leave_nothing() {
     assert!(dst.check().unwrap().is_consistent());
 }
 
+/// The streams of archive `bytes` with every 16 bytes equal to `from` in
+/// a UUID attribute (the subvolume's own, a parent's or a clone source's)
+/// made `to`, each changed command's checksum made anew: what a hostile
+/// sender who learned another tree's UUID would write.
+fn with_uuid(bytes: &[u8], from: [u8; 16], to: [u8; 16]) -> Vec<u8> {
+    fn sum(cmd: &[u8]) -> u32 {
+        let mut c = crc32c::crc32c_append(!0, &cmd[..6]);
+        c = crc32c::crc32c_append(c, &[0; 4]);
+        !crc32c::crc32c_append(c, &cmd[10..])
+    }
+    let mut manifest = None;
+    let mut streams: Vec<Vec<u8>> = Vec::new();
+    allox_store::archive::Reader::default()
+        .push::<()>(bytes, &mut |i| {
+            match i {
+                allox_store::archive::Item::Manifest(m) => manifest = Some(*m),
+                allox_store::archive::Item::Data { index, bytes } => {
+                    streams.resize(streams.len().max(index + 1), Vec::new());
+                    streams[index].extend_from_slice(bytes);
+                }
+                _ => {}
+            }
+            Ok(())
+        })
+        .unwrap();
+    let mut w = allox_store::archive::Writer::new(Vec::new(), &manifest.unwrap()).unwrap();
+    for mut s in streams {
+        let mut at = 17;
+        while at < s.len() {
+            let len = u32::from_le_bytes(s[at..at + 4].try_into().unwrap()) as usize;
+            let end = at + 10 + len;
+            let mut a = at + 10;
+            let mut changed = false;
+            while a < end {
+                let t = u16::from_le_bytes([s[a], s[a + 1]]);
+                let l = u16::from_le_bytes([s[a + 2], s[a + 3]]) as usize;
+                // UUID (1) and clone UUID (20).
+                if (t == 1 || t == 20) && s[a + 4..a + 4 + l] == from {
+                    s[a + 4..a + 4 + l].copy_from_slice(&to);
+                    changed = true;
+                }
+                a += 4 + l;
+            }
+            if changed {
+                s[at + 6..at + 10].copy_from_slice(&[0; 4]);
+                let c = sum(&s[at..end]);
+                s[at + 6..at + 10].copy_from_slice(&c.to_le_bytes());
+            }
+            at = end;
+        }
+        w.data(&s).unwrap();
+        w.end_stream().unwrap();
+    }
+    w.finish().unwrap().1
+}
+
+/// `btrfs receive` finds a stream's parent and clone sources by UUID on
+/// the whole filesystem, the received UUID first, and takes the first it
+/// finds: the same archive imported twice made the second session's
+/// checkpoints snapshots of the first's, and a sender who knew a UUID
+/// another session's tree was received with could have its files copied
+/// into its own. Each reference is now made to the importing archive's
+/// own tree here, by that tree's own UUID, and what receive made is
+/// checked to come from it.
+#[test]
+fn an_archive_s_trees_are_made_from_its_own_trees_never_another_session_s() {
+    if !require("transfer::an_archive_s_trees_are_made_from_its_own_trees_never_another_session_s")
+    {
+        return;
+    }
+    let fs_a = BtrfsFs::new(256).unwrap();
+    let fs_b = BtrfsFs::new(256).unwrap();
+    let (src, dst) = (store(&fs_a), store(&fs_b));
+    // On the sender: a/s with c0 and c1, and victim/v with a secret.
+    src.agent_create("a").unwrap();
+    let s = src.session_create("a", "s").unwrap();
+    let cur = std::path::PathBuf::from(&s.current);
+    std::fs::write(cur.join("mine"), "a's file\n").unwrap();
+    checkpoint(&src, "c0", false, None);
+    std::fs::write(cur.join("later"), "a's later file\n").unwrap();
+    checkpoint(&src, "c1", false, None);
+    let ours = export(&src, None);
+    src.agent_create("victim").unwrap();
+    let v = src.session_create("victim", "v").unwrap();
+    std::fs::write(
+        std::path::Path::new(&v.current).join("secret"),
+        "not yours\n",
+    )
+    .unwrap();
+    src.checkpoint_create(&CheckpointCreate {
+        agent_id: "victim".into(),
+        session_id: "v".into(),
+        checkpoint_id: "c0".into(),
+        pinned: false,
+        label: None,
+    })
+    .unwrap();
+    let mut theirs = Vec::new();
+    src.session_export("victim", "v", None, &Default::default(), &mut theirs)
+        .unwrap();
+    let uuid = |st: &Store, a: &str, s: &str, c: &str| {
+        allox_store::btrfs::root_info(&st.layout().checkpoint(a, s, c)).unwrap()
+    };
+    // On the receiver: the victim's session moved in, and the same
+    // archive of a/s imported by two agents.
+    dst.agent_create("victim").unwrap();
+    let mut i = dst.import_begin("victim", None).unwrap();
+    i.push(&theirs).unwrap();
+    i.commit().unwrap();
+    dst.agent_create("a").unwrap();
+    import(&dst, &ours, 65536).unwrap();
+    dst.agent_create("b").unwrap();
+    let mut i = dst.import_begin("b", None).unwrap();
+    i.push(&ours).unwrap();
+    i.commit().unwrap();
+    for agent in ["a", "b"] {
+        let (c0, c1) = (uuid(&dst, agent, "s", "c0"), uuid(&dst, agent, "s", "c1"));
+        assert_eq!(
+            c1.parent_uuid, c0.uuid,
+            "{agent}/s/c1 is not a snapshot of {agent}/s/c0"
+        );
+        assert_eq!(c1.received_uuid, uuid(&src, "a", "s", "c1").uuid);
+    }
+    // An archive of a/s whose c0 claims the UUID the victim's c0 was
+    // received with: its c1, relative to that c0, is made from the
+    // archive's own c0, not from the victim's.
+    let stolen = with_uuid(
+        &ours,
+        uuid(&src, "a", "s", "c0").uuid,
+        uuid(&dst, "victim", "v", "c0").received_uuid,
+    );
+    let mut i = dst.import_begin("b", Some("stolen")).unwrap();
+    i.push(&stolen).unwrap();
+    i.commit().unwrap();
+    let layout = dst.layout();
+    for tree in [
+        layout.checkpoint("b", "stolen", "c1"),
+        layout.current("b", "stolen"),
+    ] {
+        assert!(
+            !tree.join("secret").exists(),
+            "{tree:?} holds the victim's file"
+        );
+        assert!(
+            tree.join("mine").exists() && tree.join("later").exists(),
+            "{tree:?}"
+        );
+    }
+    assert_eq!(
+        uuid(&dst, "b", "stolen", "c1").parent_uuid,
+        uuid(&dst, "b", "stolen", "c0").uuid
+    );
+    assert!(dst.check().unwrap().is_consistent());
+}
+
 /// Runs `alloxctl` against `d`; its stdout, after checking it succeeded.
 fn ctl(d: &allox_integration::ProcDaemon, args: &[&str]) -> String {
     let (code, out, err) = allox_integration::alloxctl(&d.daemon.socket, args);

@@ -414,6 +414,11 @@ pub struct FsEvent {
     pub to: Option<String>,
     /// Whether it is a directory.
     pub dir: bool,
+    /// `path` or `to` is not the name as it is, which is not UTF-8: both
+    /// are written as [`crate::path_from_bytes`] writes such a name (as in
+    /// `fs.list`: each byte that is not UTF-8 as `\xNN`, each `\` as `\\`).
+    #[serde(default)]
+    pub escaped: bool,
 }
 
 /// What kind of thing is at a path.

@@ -792,6 +792,44 @@ fn a_watch_reports_a_run_s_changes_and_a_rollback() {
         created.into_iter().collect::<Vec<_>>(),
         ["e", "e/b", "e/sub", "e/sub/a"]
     );
+    // A name that is not UTF-8 is written escaped, and said so (it was
+    // written lossily, as another name could be, and a directory of such a
+    // name was never watched: what was made in it went unreported).
+    let r = sh(
+        &d,
+        "mkdir \"n$(printf '\\377')\" && sleep 0.3 && mkdir \"n$(printf '\\377')/in\" \"x$(printf '\\357\\277\\275')\" && sleep 0.3 && mv \"x$(printf '\\357\\277\\275')\" \"y$(printf '\\376')\"",
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let mut odd = Vec::new();
+    while odd.len() < 4 {
+        let e = next();
+        if e["path"].as_str().unwrap().starts_with("e/") {
+            continue;
+        }
+        let s = format!(
+            "{} {}{} {}",
+            e["change"].as_str().unwrap(),
+            e["path"].as_str().unwrap(),
+            e["to"]
+                .as_str()
+                .map(|t| format!(" {t}"))
+                .unwrap_or_default(),
+            e["escaped"].as_bool().unwrap()
+        );
+        if !odd.contains(&s) {
+            odd.push(s);
+        }
+    }
+    odd.sort();
+    assert_eq!(
+        odd,
+        [
+            "created n\\xff true",
+            "created n\\xff/in true",
+            "created x\u{fffd} false",
+            "moved x\u{fffd} y\\xfe true",
+        ]
+    );
     // A rollback is one event, and the new tree is watched.
     ctl_ok(&d, &["rollback", "a", "s", "empty"]);
     // (After what is left of the writes to e/.)

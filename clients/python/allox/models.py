@@ -901,6 +901,11 @@ class FsEvent(Model):
     #: Whether it is a directory.
     dir: bool
 
+    #: `path` or `to` is not the name as it is, which is not UTF-8: both
+    #: are written as [`crate::path_from_bytes`] writes such a name (as in
+    #: `fs.list`: each byte that is not UTF-8 as `\xNN`, each `\` as `\\`).
+    escaped: bool = False
+
     #: Relative to the scope's root (`.` for `ready` and `rolled_back`).
     path: str
     to: Optional[str] = None

@@ -88,12 +88,13 @@ pub fn fs_event(e: &FsEvent) -> String {
         FsChange::Moved => "moved",
     };
     let slash = if e.dir { "/" } else { "" };
+    let path = |p: &str| clean_path(p, e.escaped);
     match &e.to {
         Some(to) => format!(
             "{what:<8} {}{slash} -> {}{slash}\n",
-            clean(&e.path),
-            clean(to)
+            path(&e.path),
+            path(to)
         ),
-        None => format!("{what:<8} {}{slash}\n", clean(&e.path)),
+        None => format!("{what:<8} {}{slash}\n", path(&e.path)),
     }
 }

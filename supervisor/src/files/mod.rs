@@ -192,7 +192,7 @@ struct Root {
 impl Root {
     /// `rel` below the root (`flags` as for `openat`).
     fn open(&self, rel: &Rel<'_>, flags: OFlags) -> Result<OwnedFd, FilesError> {
-        open_beneath(&self.fd, &rel.joined(), flags, rel.shown).map_err(|e| scoped(e, self.scope))
+        open_beneath(&self.fd, rel.joined(), flags, rel.shown).map_err(|e| scoped(e, self.scope))
     }
 }
 

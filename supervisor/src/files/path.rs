@@ -72,16 +72,19 @@ impl<'a> Rel<'a> {
 }
 
 /// Opens `path` below `root` (`flags` as for `openat`), never leaving it.
-pub fn open_beneath(
+pub fn open_beneath<P: rustix::path::Arg>(
     root: &OwnedFd,
-    path: &str,
+    path: P,
     flags: OFlags,
     shown: &str,
 ) -> Result<OwnedFd, FilesError> {
+    let path = path
+        .into_c_str()
+        .map_err(|e| FilesError::from_errno("open", shown, e))?;
     loop {
         match rustix::fs::openat2(
             root,
-            path,
+            &*path,
             flags | OFlags::CLOEXEC,
             Mode::empty(),
             ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,

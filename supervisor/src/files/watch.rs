@@ -12,12 +12,14 @@ use super::path::Rel;
 use super::Files;
 use super::{scoped, FilesError, MAX_DEPTH};
 use crate::runs::EventSink;
-use allox_protocol::{Event, FsChange, FsEvent, FsScope, FsWatch, Response};
+use allox_protocol::{path_from_bytes, Event, FsChange, FsEvent, FsScope, FsWatch, Response};
 use rustix::fd::{AsFd, AsRawFd, OwnedFd};
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 use rustix::fs::{Mode, OFlags};
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::mem::MaybeUninit;
+use std::os::unix::ffi::OsStrExt;
 use tokio::io::unix::AsyncFd;
 
 /// Most directories one watch covers.
@@ -27,8 +29,9 @@ const MAX_WATCHED: usize = 10_000;
 struct Watcher {
     fd: AsyncFd<OwnedFd>,
     /// Watch descriptor → the directory's path (relative to the scope's
-    /// root, `""` for the root itself) and its depth below the watched one.
-    dirs: HashMap<i32, (String, u32)>,
+    /// root, empty for the root itself; the bytes of its names, which need
+    /// not be UTF-8) and its depth below the watched one.
+    dirs: HashMap<i32, (Vec<u8>, u32)>,
     recursive: bool,
 }
 
@@ -69,7 +72,7 @@ impl Watcher {
     fn add(
         &mut self,
         dir: &OwnedFd,
-        path: &str,
+        path: &[u8],
         depth: u32,
         mut found: Option<&mut Vec<FsEvent>>,
     ) -> Result<(), FilesError> {
@@ -78,8 +81,8 @@ impl Watcher {
         }
         let proc = format!("/proc/self/fd/{}", dir.as_raw_fd());
         let wd = inotify::add_watch(self.fd.get_ref(), proc.as_str(), mask())
-            .map_err(|e| FilesError::from_errno("watch", path, e))?;
-        self.dirs.insert(wd, (path.to_string(), depth));
+            .map_err(|e| FilesError::from_errno("watch", &path_from_bytes(path).0, e))?;
+        self.dirs.insert(wd, (path.to_vec(), depth));
         if !self.recursive || depth >= MAX_DEPTH {
             return Ok(());
         }
@@ -87,19 +90,14 @@ impl Watcher {
             return Ok(());
         };
         for e in it.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name == "." || name == ".." {
+            let name = e.file_name().to_bytes();
+            if name == b"." || name == b".." {
                 continue;
             }
             let is_dir = e.file_type() == rustix::fs::FileType::Directory;
-            let sub_path = join(path, &name);
+            let sub_path = join(path, name);
             if let Some(out) = found.as_deref_mut() {
-                out.push(FsEvent {
-                    change: FsChange::Created,
-                    path: sub_path.clone(),
-                    to: None,
-                    dir: is_dir,
-                });
+                out.push(event(FsChange::Created, &sub_path, None, is_dir));
             }
             if !is_dir {
                 continue;
@@ -119,19 +117,19 @@ impl Watcher {
     /// The events waiting, as changes; new directories are watched too.
     fn drain(&mut self, root: &OwnedFd) -> Vec<FsEvent> {
         let mut buf = [MaybeUninit::<u8>::uninit(); 16 * 1024];
-        let mut raw: Vec<(i32, ReadFlags, u32, String)> = Vec::new();
+        let mut raw: Vec<(i32, ReadFlags, u32, Vec<u8>)> = Vec::new();
         {
             let mut r = inotify::Reader::new(self.fd.get_ref().as_fd(), &mut buf);
             while let Ok(ev) = r.next() {
                 let name = ev
                     .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
+                    .map(|n| n.to_bytes().to_vec())
                     .unwrap_or_default();
                 raw.push((ev.wd(), ev.events(), ev.cookie(), name));
             }
         }
         let mut out: Vec<FsEvent> = Vec::new();
-        let mut moved_from: HashMap<u32, (String, bool)> = HashMap::new();
+        let mut moved_from: HashMap<u32, (Vec<u8>, bool)> = HashMap::new();
         for (wd, flags, cookie, name) in raw {
             if flags.contains(ReadFlags::IGNORED) {
                 self.dirs.remove(&wd);
@@ -145,12 +143,7 @@ impl Watcher {
             }
             let path = join(&dir, &name);
             let is_dir = flags.contains(ReadFlags::ISDIR);
-            let ev = |change| FsEvent {
-                change,
-                path: path.clone(),
-                to: None,
-                dir: is_dir,
-            };
+            let ev = |change| event(change, &path, None, is_dir);
             if flags.contains(ReadFlags::CREATE) {
                 out.push(ev(FsChange::Created));
                 if is_dir && self.recursive && depth < MAX_DEPTH {
@@ -159,11 +152,9 @@ impl Watcher {
                 }
             } else if flags.intersects(ReadFlags::MODIFY | ReadFlags::CLOSE_WRITE) {
                 // One report per file per batch.
-                let seen = out
-                    .iter()
-                    .any(|e| e.path == path && e.change == FsChange::Modified);
-                if !seen {
-                    out.push(ev(FsChange::Modified));
+                let this = ev(FsChange::Modified);
+                if !out.contains(&this) {
+                    out.push(this);
                 }
             } else if flags.contains(ReadFlags::DELETE) {
                 out.push(ev(FsChange::Removed));
@@ -172,12 +163,7 @@ impl Watcher {
             } else if flags.contains(ReadFlags::MOVED_TO) {
                 let inside = match moved_from.remove(&cookie) {
                     Some((from, _)) => {
-                        out.push(FsEvent {
-                            change: FsChange::Moved,
-                            path: from,
-                            to: Some(path.clone()),
-                            dir: is_dir,
-                        });
+                        out.push(event(FsChange::Moved, &from, Some(&path), is_dir));
                         true
                     }
                     // Moved in from outside the watched tree.
@@ -198,12 +184,7 @@ impl Watcher {
         }
         // Moved out of the watched tree.
         for (_, (path, dir)) in moved_from {
-            out.push(FsEvent {
-                change: FsChange::Removed,
-                path,
-                to: None,
-                dir,
-            });
+            out.push(event(FsChange::Removed, &path, None, dir));
         }
         out
     }
@@ -213,16 +194,14 @@ impl Watcher {
     /// place, which inotify cannot tell — reported as created (something
     /// made in the instant between the two may be reported twice; nothing
     /// is missed).
-    fn watch_new(&mut self, root: &OwnedFd, path: &str, depth: u32) -> Vec<FsEvent> {
+    fn watch_new(&mut self, root: &OwnedFd, path: &[u8], depth: u32) -> Vec<FsEvent> {
         let mut found = Vec::new();
-        let Ok(rel) = Rel::parse(path) else {
-            return found;
-        };
+        // Names as inotify gave them: never `.`, `..` or holding `/`.
         if let Ok(dir) = super::path::open_beneath(
             root,
-            &rel.joined(),
+            OsStr::from_bytes(path),
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
-            path,
+            &path_from_bytes(path).0,
         ) {
             let _ = self.add(&dir, path, depth, Some(&mut found));
         }
@@ -230,11 +209,31 @@ impl Watcher {
     }
 }
 
-fn join(dir: &str, name: &str) -> String {
-    if dir.is_empty() || dir == "." {
-        name.to_string()
+/// A change at `path` (and `to`), the names written as `fs.list` writes
+/// them: where one is not UTF-8, both escaped (a `\\` doubled in the
+/// other too), and said so.
+fn event(change: FsChange, path: &[u8], to: Option<&[u8]>, dir: bool) -> FsEvent {
+    let plain =
+        std::str::from_utf8(path).is_ok() && to.is_none_or(|t| std::str::from_utf8(t).is_ok());
+    let write = |b: &[u8]| match std::str::from_utf8(b) {
+        Ok(s) if plain => s.to_owned(),
+        Ok(s) => s.replace('\\', "\\\\"),
+        Err(_) => path_from_bytes(b).0,
+    };
+    FsEvent {
+        change,
+        path: write(path),
+        to: to.map(write),
+        dir,
+        escaped: !plain,
+    }
+}
+
+fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    if dir.is_empty() || dir == b"." {
+        name.to_vec()
     } else {
-        format!("{dir}/{name}")
+        [dir, b"/", name].concat()
     }
 }
 
@@ -270,7 +269,7 @@ impl Files<'_> {
             } else {
                 rel.joined()
             };
-            w.add(&dir, &base, 0, None)
+            w.add(&dir, base.as_bytes(), 0, None)
                 .map_err(|e| scoped(e, root.scope))?;
             drop(dir);
             if first {
@@ -280,6 +279,7 @@ impl Files<'_> {
                     path: rel.joined(),
                     to: None,
                     dir: true,
+                    escaped: false,
                 };
                 if sink.send(Event::Fs(ready)).await.is_err() {
                     return Err(FilesError::SubscriberGone);
@@ -317,6 +317,7 @@ impl Files<'_> {
                                 path: ".".into(),
                                 to: None,
                                 dir: true,
+                                escaped: false,
                             };
                             if sink.send(Event::Fs(ev)).await.is_err() {
                                 return Err(FilesError::SubscriberGone);

@@ -64,8 +64,11 @@ impl<'a> OutputSink<'a> {
 ///
 /// Without `json` the output is streamed to `stdout` and `stderr` as the
 /// program writes it, and a run that did not exit normally is named on
-/// `stderr`. With `json` the output is captured instead (up to the
-/// daemon's limit) and the run's result is printed as JSON at the end.
+/// `stderr`. With `json` the output is captured instead (up to
+/// [`CAPTURE_LIMIT`] a stream, as the daemon captures it) and the run's
+/// result is printed as JSON at the end. The run is streamed either way,
+/// so that the connection follows it (its id known at once, the run
+/// killed if alloxctl dies: `on_disconnect: kill` needs a stream).
 pub fn exec(
     caller: &mut impl Caller,
     mut request: ProcessStart,
@@ -74,8 +77,36 @@ pub fn exec(
     stderr: &mut dyn Write,
 ) -> u8 {
     request.wait = true;
-    request.stream = !json;
+    request.stream = true;
     follow(caller, Request::ProcessStart(request), json, stdout, stderr)
+}
+
+/// The most of each stream `exec --json` keeps (the daemon's default
+/// capture limit).
+pub const CAPTURE_LIMIT: usize = 256 << 10;
+
+/// A streamed run's output kept for its JSON result.
+#[derive(Default)]
+struct Captured {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    truncated: bool,
+}
+
+impl Captured {
+    fn event(&mut self, event: Event) {
+        if let Event::Output(chunk) = event {
+            let to = match chunk.stream {
+                StreamKind::Stdout => &mut self.stdout,
+                StreamKind::Stderr => &mut self.stderr,
+            };
+            let room = CAPTURE_LIMIT - to.len();
+            if chunk.data.len() > room {
+                self.truncated = true;
+            }
+            to.extend_from_slice(&chunk.data[..chunk.data.len().min(room)]);
+        }
+    }
 }
 
 /// Sends `request` (a `process.start` that waits, or a `process.attach`),
@@ -89,11 +120,14 @@ pub fn follow(
     stderr: &mut dyn Write,
 ) -> u8 {
     let action = request.action();
-    let answer = {
+    let mut captured = Captured::default();
+    let answer = if json {
+        call(caller, request, &mut |e| captured.event(e))
+    } else {
         let mut sink = OutputSink::new(&mut *stdout, &mut *stderr);
         call(caller, request, &mut |e| sink.event(e))
     };
-    let result = match answer {
+    let mut result = match answer {
         Ok(Response::Exited(r)) => r,
         Ok(_) => return unexpected(stderr, action),
         Err(body) => {
@@ -102,6 +136,12 @@ pub fn follow(
         }
     };
     if json {
+        // What was streamed, where the daemon captured nothing.
+        if result.stdout.is_empty() && result.stderr.is_empty() {
+            result.stdout = String::from_utf8_lossy(&captured.stdout).into_owned();
+            result.stderr = String::from_utf8_lossy(&captured.stderr).into_owned();
+            result.truncated |= captured.truncated;
+        }
         print(stdout, &json_text(&Response::Exited(result.clone())));
     } else {
         // Empty for a streamed run; a daemon that could not stream sends
@@ -586,21 +626,43 @@ mod tests {
 
     #[test]
     fn exec_json_captures_and_prints_the_result() {
-        let r = RunResult {
-            stdout: "hi\n".into(),
-            ..result(None, Some(15), false)
-        };
-        let mut caller = Streams::new(vec![], Ok(Response::Exited(r)));
+        // The run streamed (so that its connection follows it), its output
+        // kept for the result, not printed as it came.
+        let big = vec![b'x'; CAPTURE_LIMIT];
+        let mut caller = Streams::new(
+            vec![
+                chunk(StreamKind::Stdout, b"hi\n"),
+                chunk(StreamKind::Stderr, b"oops\n"),
+                chunk(StreamKind::Stdout, &big),
+            ],
+            Ok(Response::Exited(result(None, Some(15), false))),
+        );
         let (code, out, err) = run(|out, err| exec(&mut caller, request(), true, out, err));
         assert_eq!((code, err.as_str()), (143, ""));
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["run_id"], "r1");
         assert_eq!(v["signal"], 15);
-        assert_eq!(v["stdout"], "hi\n");
+        let stdout = v["stdout"].as_str().unwrap();
+        assert!(
+            stdout.starts_with("hi\nxxx") && stdout.len() == CAPTURE_LIMIT,
+            "{}",
+            stdout.len()
+        );
+        assert_eq!(v["stderr"], "oops\n");
+        assert_eq!(v["truncated"], true);
         let [Request::ProcessStart(sent)] = &caller.seen[..] else {
             panic!("{:?}", caller.seen)
         };
-        assert!(sent.wait && !sent.stream);
+        assert!(sent.wait && sent.stream);
+        // A daemon that captured the output itself: its result as it is.
+        let r = RunResult {
+            stdout: "hi\n".into(),
+            ..result(Some(0), None, false)
+        };
+        let mut caller = Streams::new(vec![], Ok(Response::Exited(r)));
+        let (code, out, _) = run(|out, err| exec(&mut caller, request(), true, out, err));
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!((code, v["stdout"].as_str()), (0, Some("hi\n")));
     }
 
     #[test]

@@ -1163,6 +1163,29 @@ fn alloxctl_exec_streams_and_exits_with_the_status() {
     assert_eq!(out.status.code(), Some(7));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "to-out\n");
     assert!(String::from_utf8_lossy(&out.stderr).contains("to-err"));
+    // With --json the output is kept for the result printed at the end
+    // (the daemon refused every such exec: `on_disconnect` kill without a
+    // stream).
+    let out = run(&[
+        "--json",
+        "exec",
+        "a",
+        "s",
+        "--",
+        "sh",
+        "-c",
+        "echo to-out; echo to-err >&2; exit 7",
+    ]);
+    assert_eq!(out.status.code(), Some(7), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&v["exit_code"], &v["stdout"], &v["stderr"]),
+        (
+            &serde_json::json!(7),
+            &serde_json::json!("to-out\n"),
+            &serde_json::json!("to-err\n")
+        )
+    );
     let out = run(&["exec", "a", "s", "--", "sh", "-c", "kill -9 $$"]);
     assert_eq!(out.status.code(), Some(128 + 9));
     let out = run(&["exec", "--timeout-ms", "200", "a", "s", "--", "sleep", "30"]);

@@ -7,7 +7,7 @@
 //! `process.start` needs, the run's PID 1 being a child of the caller.
 //! Dropping a `Context` kills the process and reaps it.
 
-use super::spawn::{self, RunIo, Spawned};
+use super::spawn::{self, RunIo, Spawned, Terminal};
 use super::spec::{ContextReply, ContextSpec, SandboxSpec};
 use super::{wire, SandboxError};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -189,10 +189,10 @@ impl Context {
                 stdout,
                 stderr,
             },
-            // The run exists from here: whatever comes, it is returned, so
-            // that it is followed to its end (a run without its terminal
-            // reports why on its status pipe).
-            Ours::Pty(sock) => RunIo::Pty(receive_master(&sock)),
+            // The run exists from here: it is returned, so that it is
+            // followed to its end, and its terminal received by the caller
+            // (once the run may run: a run started frozen sends nothing).
+            Ours::Pty(sock) => RunIo::Pty(Terminal(sock)),
         };
         Ok(Spawned {
             pid,
@@ -262,7 +262,7 @@ enum Ours {
 }
 
 /// The master side of a terminal run's terminal, sent by its PID 1.
-fn receive_master(sock: &OwnedFd) -> Result<OwnedFd, String> {
+pub(crate) fn receive_master(sock: &OwnedFd) -> Result<OwnedFd, String> {
     let mut buf = Vec::new();
     match wire::recv(sock.as_fd(), &mut buf) {
         Ok(Some(fds)) => fds

@@ -52,7 +52,7 @@ pub const KEPT_FDS: KeptFds = KeptFds {
 };
 
 pub use context::Context;
-pub use spawn::{RunIo, Spawned};
+pub use spawn::{RunIo, Spawned, Terminal as PendingTerminal};
 pub use spec::{Bind, ContextSpec, InitStatus, SandboxSpec, TermSize};
 
 use thiserror::Error;

@@ -38,10 +38,23 @@ pub enum RunIo {
         stdout: OwnedFd,
         stderr: OwnedFd,
     },
-    /// The master side of its terminal (its stdin, stdout and stderr are
-    /// the terminal), or why the terminal could not be had; the run then
-    /// reports the failure on its status pipe as well.
-    Pty(Result<OwnedFd, String>),
+    /// Its terminal (its stdin, stdout and stderr are the terminal), whose
+    /// master side its PID 1 sends once it runs: [`Terminal::receive`].
+    Pty(Terminal),
+}
+
+/// Where a terminal run's PID 1 sends its terminal's master side.
+pub struct Terminal(pub(crate) OwnedFd);
+
+impl Terminal {
+    /// The master side of the run's terminal, or why it could not be had
+    /// (the run then reports the failure on its status pipe as well). It
+    /// blocks until the run's PID 1 sends it, at most 10 s: a run started
+    /// in a frozen cgroup sends nothing before it is thawed, so that is
+    /// done first.
+    pub fn receive(self) -> Result<OwnedFd, String> {
+        crate::context::receive_master(&self.0)
+    }
 }
 
 const CLONE_PARENT: u64 = 0x0000_8000;

@@ -1099,6 +1099,33 @@ fn an_xattr_or_a_fifo_s_mode_changed_by_a_run_is_listed_and_not_fenced() {
         assert_ne!(change.before, change.after, "{change:?}");
         assert_eq!(change.by.by, By::Run, "{change:?}");
     }
+    // A run on a terminal is observed as any other. (Its PID 1, started
+    // in the frozen cgroup, could not send its terminal before the thaw,
+    // which waited for it: every terminal run failed after 10 s, 126.)
+    let mut p = process_start("a", "s", &["/bin/sh", "-c", "tty; echo on-a-tty > t"]);
+    p.pty = Some(allox_protocol::PtySize {
+        rows: 24,
+        cols: 80,
+        term: None,
+    });
+    let r = match call(&d, Request::ProcessStart(p)) {
+        Ok(Response::Exited(r)) => r,
+        other => panic!("process.start on a terminal: {other:?}"),
+    };
+    assert!(
+        r.exit_code == Some(0) && r.stdout.contains("/dev/pts/"),
+        "{r:#?}"
+    );
+    let e = r.effects.expect("a terminal run is observed");
+    let ws = domain(&e, EffectsDomain::Workspace);
+    assert!(
+        !e.fenced
+            && ws
+                .changes
+                .iter()
+                .any(|c| c.item == "t" && c.by.by == By::Run),
+        "{e:#?}"
+    );
 }
 
 /// A run whose observation fails at its start (here: the scope's path

@@ -406,15 +406,21 @@ impl Runs {
                 }
                 (Some(Input::Pipe(stdin)), None, sources)
             }
-            RunIo::Pty(Ok(master)) => {
-                let t = Arc::new(Terminal::new(master).map_err(RunError::Pipe)?);
-                let sources = vec![(Source::Pty(t.clone()), StreamKind::Stdout)];
-                (Some(Input::Terminal), Some(t), sources)
-            }
-            RunIo::Pty(Err(why)) => {
-                tracing::warn!(run = %id, %why, "a terminal run has no terminal");
-                (None, None, Vec::new())
-            }
+            // Sent by the run's PID 1 once it runs: after the thaw above.
+            RunIo::Pty(pending) => match tokio::task::spawn_blocking(move || pending.receive())
+                .await
+                .unwrap_or_else(|e| Err(format!("receive the run's terminal: {e}")))
+            {
+                Ok(master) => {
+                    let t = Arc::new(Terminal::new(master).map_err(RunError::Pipe)?);
+                    let sources = vec![(Source::Pty(t.clone()), StreamKind::Stdout)];
+                    (Some(Input::Terminal), Some(t), sources)
+                }
+                Err(why) => {
+                    tracing::warn!(run = %id, %why, "a terminal run has no terminal");
+                    (None, None, Vec::new())
+                }
+            },
         };
         let status = tokio::net::unix::pipe::Receiver::from_owned_fd(spawned.status)
             .map_err(RunError::Pipe)?;

@@ -1747,6 +1747,7 @@ fn refused_attempts_are_in_the_history_and_a_root_helper_in_the_run_changes_each
         .tempdir_in("/var/tmp")
         .unwrap();
     std::fs::write(watched.path().join("kept"), b"as it was").unwrap();
+    std::fs::write(watched.path().join("grouped"), b"x").unwrap();
     let scope_text = format!(
         r#"{{"domains": ["filesystem", "bpf", "sysctl", "mount", "network", "modules", "processes"], "paths": [{:?}]}}"#,
         watched.path().display().to_string()
@@ -1827,6 +1828,25 @@ fn refused_attempts_are_in_the_history_and_a_root_helper_in_the_run_changes_each
     let host_was = std::fs::read_to_string(host_key).unwrap();
     let host_now = if host_was.trim() == "11" { "12" } else { "11" };
     std::fs::write(host_key, host_now).unwrap();
+    // And gives a file under the scoped path a capability (`setcap
+    // cap_net_raw+ep`), the group of another: each only an attribute of
+    // the file, which the filesystem domain did not capture (CONSISTENT).
+    let kept = watched.path().join("kept");
+    rustix::fs::setxattr(
+        &kept,
+        "security.capability",
+        &[
+            1, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        ],
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
+    rustix::fs::chown(
+        watched.path().join("grouped"),
+        None,
+        Some(rustix::fs::Gid::from_raw(4321)),
+    )
+    .unwrap();
     std::fs::write(
         d.daemon
             .root
@@ -1859,6 +1879,19 @@ fn refused_attempts_are_in_the_history_and_a_root_helper_in_the_run_changes_each
                 .any(|c| c.item == escaped && c.by.by == By::Run),
         "{fs:?}"
     );
+    for name in ["kept", "grouped"] {
+        let item = format!("{}/{name}", watched.path().display());
+        let c = fs
+            .changes
+            .iter()
+            .find(|c| c.item == item)
+            .unwrap_or_else(|| panic!("{item} is not listed: {fs:#?}"));
+        assert_eq!(
+            (c.kind, c.by.by),
+            (EffectChangeKind::Modified, By::Unknown),
+            "{c:?}"
+        );
+    }
     // Control: the run whose attempts were refused fails the same check.
     let refused = effects_of(&d, "a", "s", &t.run_id);
     assert!(escaped_wrong(&refused, &pin, &mnt).is_some());

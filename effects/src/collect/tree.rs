@@ -6,13 +6,19 @@
 //!
 //! | entry | value |
 //! |---|---|
-//! | regular file | `file MODE UID SIZE SHA256` (SHA-256 of the contents, hex) |
-//! | directory | `dir MODE UID` |
+//! | regular file | `file MODE UID:GID SIZE SHA256` (SHA-256 of the contents, hex) |
+//! | directory | `dir MODE UID:GID` |
 //! | symbolic link | `link -> TARGET` |
-//! | character / block device | `chr MODE UID MAJOR:MINOR`, `blk MODE UID MAJOR:MINOR` |
-//! | FIFO, socket | `fifo MODE UID`, `sock MODE UID` |
-//! | another filesystem or subvolume | `boundary MODE UID` (not entered) |
-//! | a file past the bytes budget | `file MODE UID SIZE -` (not read) |
+//! | character / block device | `chr MODE UID:GID MAJOR:MINOR`, `blk MODE UID:GID MAJOR:MINOR` |
+//! | FIFO, socket | `fifo MODE UID:GID`, `sock MODE UID:GID` |
+//! | another filesystem or subvolume | `boundary MODE UID:GID` (not entered) |
+//! | a file past the bytes budget | `file MODE UID:GID SIZE -` (not read) |
+//!
+//! A file, a directory or a special file with extended attributes has
+//! ` xattrs SHA256` after it: each `name NUL value NUL` in name order,
+//! hashed — ACLs (`system.posix_acl_*`), file capabilities
+//! (`security.capability`) and security labels are extended attributes
+//! (` xattrs ?` where they cannot be read).
 //!
 //! Names and link targets are text: a backslash is written `\\`, a control
 //! character or a byte that is not UTF-8 `\xNN`, so that neither a key nor
@@ -20,7 +26,7 @@
 //!
 //! Not captured, on purpose: times (a touch is not a change of contents,
 //! and a read-only snapshot's times say when it was taken), inode numbers,
-//! the group, extended attributes and ACLs, and hard-link identity (two
+//! a symbolic link's owner and attributes, and hard-link identity (two
 //! names of one file are two items with the same value).
 //!
 //! How it is walked: from a handle on the root, each directory is opened
@@ -259,10 +265,76 @@ fn perm(st: &fs::Stat) -> u32 {
     st.st_mode & 0o7777
 }
 
+/// An entry's owner, `UID:GID`.
+fn owner(st: &fs::Stat) -> String {
+    format!("{}:{}", st.st_uid, st.st_gid)
+}
+
+/// Most bytes of an entry's attribute names, and of one value
+/// (`XATTR_LIST_MAX`, `XATTR_SIZE_MAX`).
+const XATTR_MAX: usize = 64 << 10;
+
+/// ` xattrs SHA256` of the extended attributes `list` names and `get`
+/// reads (see the module's documentation); empty when there are none.
+fn xattrs(
+    list: impl Fn(&mut [u8]) -> rustix::io::Result<usize>,
+    get: impl Fn(&std::ffi::CStr, &mut [u8]) -> rustix::io::Result<usize>,
+) -> String {
+    let mut small = [0u8; 256];
+    let mut big = Vec::new();
+    let names: &[u8] = match list(&mut small) {
+        Ok(0) | Err(Errno::NOTSUP) => return String::new(),
+        Ok(n) => &small[..n],
+        Err(Errno::RANGE) => {
+            big.resize(XATTR_MAX, 0);
+            match list(&mut big) {
+                Ok(n) => &big[..n],
+                Err(_) => return " xattrs ?".into(),
+            }
+        }
+        Err(_) => return " xattrs ?".into(),
+    };
+    let mut names: Vec<&[u8]> = names.split(|&c| c == 0).filter(|n| !n.is_empty()).collect();
+    names.sort_unstable();
+    let mut h = Sha256::new();
+    let mut value = vec![0u8; XATTR_MAX];
+    for name in names {
+        let Ok(cname) = std::ffi::CString::new(name) else {
+            return " xattrs ?".into();
+        };
+        match get(&cname, &mut value) {
+            Ok(n) => {
+                h.update(name);
+                h.update([0]);
+                h.update(&value[..n]);
+                h.update([0]);
+            }
+            // Removed since it was listed: changed during the walk.
+            Err(_) => return " xattrs ?".into(),
+        }
+    }
+    format!(" xattrs {:x}", h.finalize())
+}
+
+/// [`xattrs`] of the entry open as `fd` (a file or a directory).
+fn fd_xattrs(fd: BorrowedFd<'_>) -> String {
+    xattrs(|b| fs::flistxattr(fd, b), |n, b| fs::fgetxattr(fd, n, b))
+}
+
+/// [`xattrs`] of the entry `name` in the directory `dir`, not followed
+/// (a special file, which is not opened).
+fn name_xattrs(dir: BorrowedFd<'_>, name: &std::ffi::CStr) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut p = format!("/proc/self/fd/{}/", rustix::fd::AsRawFd::as_raw_fd(&dir)).into_bytes();
+    p.extend_from_slice(name.to_bytes());
+    let p = std::ffi::OsStr::from_bytes(&p);
+    xattrs(|b| fs::llistxattr(p, b), |n, b| fs::lgetxattr(p, n, b))
+}
+
 /// The value of a non-regular, non-directory entry from its `stat`.
 fn other_value(st: &fs::Stat) -> String {
     let kind = FileType::from_raw_mode(st.st_mode);
-    let (m, u) = (perm(st), st.st_uid);
+    let (m, u) = (perm(st), owner(st));
     match kind {
         FileType::CharacterDevice | FileType::BlockDevice => {
             let tag = if kind == FileType::CharacterDevice {
@@ -383,7 +455,7 @@ impl Walk<'_> {
         if boundary {
             w.items.push((
                 job.key.clone(),
-                format!("boundary {:o} {}", perm(&st), st.st_uid),
+                format!("boundary {:o} {}", perm(&st), owner(&st)),
             ));
             if self.limits.boundary_gap {
                 w.gaps.push(format!(
@@ -395,7 +467,7 @@ impl Walk<'_> {
         }
         w.items.push((
             job.key.clone(),
-            format!("dir {:o} {}", perm(&st), st.st_uid),
+            format!("dir {:o} {}{}", perm(&st), owner(&st), fd_xattrs(fd)),
         ));
         let mut buf = std::mem::take(&mut w.dir);
         self.list(w, fd, &job, &mut buf);
@@ -490,7 +562,7 @@ impl Walk<'_> {
                             }
                         },
                     };
-                    other_value(&s)
+                    other_value(&s) + &name_xattrs(fd, ent.file_name())
                 }
             };
             w.items.push((key, value));
@@ -516,7 +588,8 @@ impl Walk<'_> {
             return Err("changed: no longer a regular file".into());
         }
         let size = st.st_size as u64;
-        let (m, u) = (perm(&st), st.st_uid);
+        let (m, u) = (perm(&st), owner(&st));
+        let x = fd_xattrs(fd.as_fd());
         if self
             .bytes
             .fetch_add(size, Ordering::Relaxed)
@@ -524,7 +597,7 @@ impl Walk<'_> {
             > self.limits.bytes
         {
             self.over_bytes.store(true, Ordering::Relaxed);
-            return Ok(format!("file {m:o} {u} {size} -"));
+            return Ok(format!("file {m:o} {u} {size} -{x}"));
         }
         let mut h = Sha256::new();
         let mut total = 0u64;
@@ -546,7 +619,7 @@ impl Walk<'_> {
                 "changed: read {total} bytes where the size said {size} (the file changed during the walk)"
             ));
         }
-        Ok(format!("file {m:o} {u} {size} {:x}", h.finalize()))
+        Ok(format!("file {m:o} {u} {size} {:x}{x}", h.finalize()))
     }
 }
 

@@ -32,7 +32,11 @@ fn files_links_and_nested_directories_are_captured_with_their_values() {
     let t = fixture();
     let c = capture(t.path(), &limits());
     assert!(c.is_complete(), "{:?}", c.gaps);
-    let uid = rustix::process::geteuid().as_raw();
+    let uid = format!(
+        "{}:{}",
+        rustix::process::geteuid().as_raw(),
+        rustix::process::getegid().as_raw()
+    );
     let keys: Vec<_> = c.items.keys().map(String::as_str).collect();
     assert_eq!(
         keys,
@@ -174,7 +178,98 @@ fn fifos_are_listed_and_never_opened() {
     .unwrap();
     let c = capture(t.path(), &limits());
     let uid = rustix::process::geteuid().as_raw();
-    assert_eq!(c.items["p"], format!("fifo 600 {uid}"));
+    let gid = rustix::process::getegid().as_raw();
+    assert_eq!(c.items["p"], format!("fifo 600 {uid}:{gid}"));
+}
+
+#[test]
+fn a_change_of_group_or_of_extended_attributes_is_a_change() {
+    // A file capability, an ACL or a `user.` attribute set on a file or a
+    // directory, or its group changed: each a change (they were not
+    // captured, so such a change came out CONSISTENT).
+    let t = fixture();
+    let p = t.path();
+    let mut before = capture(p, &limits());
+    type Step<'a> = (&'a str, Box<dyn Fn() + 'a>);
+    let changes: [Step; 5] = [
+        (
+            "a.txt",
+            Box::new(|| {
+                rustix::fs::setxattr(
+                    p.join("a.txt"),
+                    "user.note",
+                    b"1",
+                    rustix::fs::XattrFlags::empty(),
+                )
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "user xattrs on {}: {e} (the test needs a filesystem with user xattrs)",
+                        p.display()
+                    )
+                })
+            }),
+        ),
+        (
+            "a.txt",
+            Box::new(|| {
+                rustix::fs::setxattr(
+                    p.join("a.txt"),
+                    "user.note",
+                    b"2",
+                    rustix::fs::XattrFlags::empty(),
+                )
+                .unwrap()
+            }),
+        ),
+        (
+            "d/e",
+            Box::new(|| {
+                rustix::fs::setxattr(
+                    p.join("d/e"),
+                    "user.dir",
+                    b"x",
+                    rustix::fs::XattrFlags::empty(),
+                )
+                .unwrap()
+            }),
+        ),
+        (
+            "a.txt",
+            Box::new(|| rustix::fs::removexattr(p.join("a.txt"), "user.note").unwrap()),
+        ),
+        (
+            "d/x",
+            Box::new(|| {
+                // Another group: one of ours if we have two, else root's
+                // (which root may give).
+                let gid = rustix::process::getegid().as_raw();
+                let other = if gid == 0 { 4321 } else { 0 };
+                rustix::fs::chown(p.join("d/x"), None, Some(rustix::fs::Gid::from_raw(other)))
+                    .unwrap_or_else(|e| panic!("chgrp {other}: {e} (the test runs as root)"));
+            }),
+        ),
+    ];
+    for (key, change) in &changes {
+        change();
+        let after = capture(p, &limits());
+        let d = crate::collect::compare(&before, &after);
+        assert_eq!(
+            d.iter().map(|c| c.key.as_str()).collect::<Vec<_>>(),
+            [*key],
+            "{d:?}"
+        );
+        before = after;
+    }
+    assert!(
+        before.items["d/e"].contains(" xattrs "),
+        "{}",
+        before.items["d/e"]
+    );
+    assert!(
+        !before.items["a.txt"].contains(" xattrs "),
+        "{}",
+        before.items["a.txt"]
+    );
 }
 
 #[test]

@@ -2592,6 +2592,65 @@ fn the_verifier_names_the_first_bad_file_and_an_export_verifies_the_same_on_the_
         !v.ok && v.first_bad.as_deref().unwrap_or("").contains("kept root"),
         "{v:?}"
     );
+    // Another run's set (of another session) put in this run's place: not
+    // this run's evidence, whether the client keeps a root (the daemon
+    // checks against the one it audited) or gives the other's; and its
+    // answer is not served as this run's. (Each said "sound", and
+    // `effects get` gave the other run's answer under this run's id.)
+    make_sessions(&d, &[("a", "t")]);
+    let donor = observed(&d, "a", "t", &["/bin/true"]);
+    let donor_set = d.daemon.root.join("state/effects/a/t").join(&donor.run_id);
+    let kept: Vec<(std::path::PathBuf, Vec<u8>)> = std::fs::read_dir(&set)
+        .unwrap()
+        .flatten()
+        .map(|e| (e.path(), std::fs::read(e.path()).unwrap()))
+        .collect();
+    for e in std::fs::read_dir(&donor_set).unwrap().flatten() {
+        std::fs::copy(e.path(), set.join(e.file_name())).unwrap();
+    }
+    let without = verified(&d, "a", "s", &run, None);
+    let with_theirs = verified(&d, "a", "s", &run, Some(&donor.evidence_root));
+    let got = call(
+        &d,
+        Request::EffectsGet(allox_protocol::EffectsGet {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: run.clone(),
+        }),
+    );
+    for (p, b) in &kept {
+        std::fs::write(p, b).unwrap();
+    }
+    assert!(
+        !without.ok
+            && without
+                .first_bad
+                .as_deref()
+                .unwrap_or("")
+                .contains("kept root"),
+        "{without:?}"
+    );
+    assert!(
+        !with_theirs.ok
+            && with_theirs
+                .first_bad
+                .as_deref()
+                .unwrap_or("")
+                .contains(&format!("the set is run {} of a/t", donor.run_id)),
+        "{with_theirs:?}"
+    );
+    match got {
+        Err(b) => assert!(
+            b.code == allox_protocol::ErrorCode::Conflict
+                && b.message.contains("another run's set"),
+            "{b:?}"
+        ),
+        other => panic!("effects.get of a replaced set: {other:?}"),
+    }
+    // Control: restored, it is this run's again, with the audited root.
+    if let Some(w) = verification_wrong(&verified(&d, "a", "s", &run, None), None) {
+        panic!("restored: {w}");
+    }
     // The export of a run that is not observed: not found.
     match call(
         &d,

@@ -797,6 +797,33 @@ fn closed_runs(path: &Path) -> std::collections::HashSet<(String, String, String
         .collect()
 }
 
+/// The root the audit log at `path` kept for run `a/s/r` when its
+/// observation ended (its last `closed` or `fenced` line); none if it has
+/// none or cannot be read.
+fn audited_root(path: &Path, a: &str, s: &str, r: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Line {
+        agent_id: String,
+        session_id: String,
+        run_id: String,
+        event: String,
+        evidence_root: String,
+    }
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .rev()
+        .filter_map(|l| serde_json::from_str::<Line>(l).ok())
+        .find(|l| {
+            (l.event == CLOSED || l.event == "fenced")
+                && (
+                    l.agent_id.as_str(),
+                    l.session_id.as_str(),
+                    l.run_id.as_str(),
+                ) == (a, s, r)
+        })
+        .map(|l| l.evidence_root)
+}
+
 /// How long the verifier may take over one set.
 const VERIFY_WAIT: Duration = Duration::from_secs(30);
 
@@ -1546,6 +1573,26 @@ fn read_effects(dir: &Path) -> Result<RunEffects, PluginError> {
         .map_err(|e| answered(ErrorCode::Internal, format!("read {}: {e}", p.display())))
 }
 
+/// Refuses effects kept for run `a/s/r` that name another run (another
+/// run's set put in its place).
+fn same_run(e: &RunEffects, a: &str, s: &str, r: &str) -> Result<(), PluginError> {
+    if (
+        e.agent_id.as_str(),
+        e.session_id.as_str(),
+        e.run_id.as_str(),
+    ) == (a, s, r)
+    {
+        return Ok(());
+    }
+    Err(answered(
+        ErrorCode::Conflict,
+        format!(
+            "the evidence kept for run {r} of {a}/{s} is run {} of {}/{}'s: another run's set is in its place (`effects verify` says what holds)",
+            e.run_id, e.agent_id, e.session_id
+        ),
+    ))
+}
+
 fn check_ids(ids: &[(&'static str, &str)]) -> Result<(), PluginError> {
     for (what, v) in ids {
         allox_protocol::validate_id(what, v)
@@ -1563,6 +1610,7 @@ fn serve(st: &Started, req: &Request) -> Result<Response, PluginError> {
                 ("run_id", &g.run_id),
             ])?;
             let mut e = read_effects(&st.evidence(&g.agent_id, &g.session_id, &g.run_id))?;
+            same_run(&e, &g.agent_id, &g.session_id, &g.run_id)?;
             // Whether the fence is still up is now, not then.
             e.fenced = st
                 .fences
@@ -1588,7 +1636,12 @@ fn serve(st: &Started, req: &Request) -> Result<Response, PluginError> {
                 .into_iter()
                 .flatten()
                 .flatten()
-                .filter_map(|e| read_effects(&e.path()).ok())
+                .filter_map(|e| {
+                    let run = e.file_name();
+                    read_effects(&e.path()).ok().filter(|x| {
+                        same_run(x, &l.agent_id, &l.session_id, &run.to_string_lossy()).is_ok()
+                    })
+                })
                 .filter(|e| e.started_ms >= made)
                 .map(|e| EffectsEntry {
                     fenced: fence.as_ref().is_some_and(|f| f.run_id == e.run_id),
@@ -1731,9 +1784,48 @@ fn serve(st: &Started, req: &Request) -> Result<Response, PluginError> {
                     ));
                 }
             }
-            let (r, text) = st
-                .verify(&dir, v.evidence_root.as_deref())
+            // Without a root of the client's, the one the audit kept when
+            // the run was answered: a set made again, or another run's set
+            // put in its place, does not end there.
+            let kept = v.evidence_root.clone().or_else(|| {
+                audited_root(&st.dir.join(AUDIT), &v.agent_id, &v.session_id, &v.run_id)
+            });
+            let (mut r, mut text) = st
+                .verify(&dir, kept.as_deref())
                 .map_err(|why| answered(ErrorCode::Internal, why))?;
+            // And the set must be the run's asked about.
+            let ids = (
+                r.agent_id.as_deref(),
+                r.session_id.as_deref(),
+                r.run_id.as_deref(),
+            );
+            if r.ok
+                && ids
+                    != (
+                        Some(v.agent_id.as_str()),
+                        Some(v.session_id.as_str()),
+                        Some(v.run_id.as_str()),
+                    )
+            {
+                r.ok = false;
+                r.first_bad = Some(allox_effects::verify::Bad {
+                    file: allox_effects::chain::RECORDS.into(),
+                    seq: Some(0),
+                    kind: Some("begin".into()),
+                    why: format!(
+                        "the set is run {} of {}/{}, not run {} of {}/{}: another run's evidence is in its place",
+                        ids.2.unwrap_or("?"),
+                        ids.0.unwrap_or("?"),
+                        ids.1.unwrap_or("?"),
+                        v.run_id,
+                        v.agent_id,
+                        v.session_id
+                    ),
+                });
+                text = String::from_utf8_lossy(&allox_effects::verify::report_bytes(&r))
+                    .trim_end()
+                    .to_string();
+            }
             Ok(Response::EffectsVerified(allox_protocol::EffectsVerified {
                 ok: r.ok,
                 first_bad: r.first_bad_line(),

@@ -379,6 +379,48 @@ fn shared_writes_are_attributed_to_the_run_and_to_the_other_session() {
     };
     let e2 = effects_of(&d, "a", "s2", &e2);
     assert!(shared_wrong(&e2, &e2.run_id, "s2").is_some());
+    // A directory s2 wrote in, moved by s1's run: what moved with it is
+    // the run's doing (the removal of d/f was given to s2, which only
+    // wrote it, and e/f to nobody known).
+    let r = call(
+        &d,
+        Request::ProcessStart(process_start(
+            "a",
+            "s2",
+            &[
+                "/bin/sh",
+                "-c",
+                "mkdir $ALLOX_AGENT_SHARED/d && echo theirs > $ALLOX_AGENT_SHARED/d/f",
+            ],
+        )),
+    );
+    assert!(
+        matches!(r, Ok(Response::Exited(ref x)) if x.exit_code == Some(0)),
+        "{r:?}"
+    );
+    let e = observed(
+        &d,
+        "a",
+        "s1",
+        &[
+            "/bin/sh",
+            "-c",
+            "mv $ALLOX_AGENT_SHARED/d $ALLOX_AGENT_SHARED/e",
+        ],
+    );
+    let sh = domain(&e, EffectsDomain::Shared);
+    for item in ["d", "d/f", "e", "e/f"] {
+        let c = sh
+            .changes
+            .iter()
+            .find(|c| c.item == item)
+            .unwrap_or_else(|| panic!("{item} is not listed: {sh:#?}"));
+        assert_eq!(
+            (c.by.by, c.by.run_id.as_deref()),
+            (By::Run, Some(e.run_id.as_str())),
+            "{item}: {c:?}"
+        );
+    }
 }
 
 /// What is wrong with `e`'s listing of `name` (`kind`, of `size` bytes on

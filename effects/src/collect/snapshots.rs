@@ -5,8 +5,10 @@
 //! `root`:
 //!
 //! 1. The events considered are those whose path is the difference's own
-//!    (`root` joined with its key; the root itself for `.`). Events on
-//!    other paths, below or above, are not counted.
+//!    (`root` joined with its key; the root itself for `.`), and those
+//!    that moved or removed a directory above it (`mv d e` moves `d/f` to
+//!    `e/f` with one event, on `d` and on `e`). Other events, below or
+//!    above, are not counted.
 //! 2. Among them the **last** one read decides: it is what left the entry
 //!    as B found it.
 //! 3. Its writer is **the run** when its pid is one of the run's
@@ -52,19 +54,11 @@ pub fn attribute(
     cgroup_root: &Path,
 ) -> Vec<(Difference, Who)> {
     let map = CgroupMap::new(cgroup_root);
-    let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
-    // The last event on each key.
-    let mut last: HashMap<String, &FsEvent> = HashMap::new();
-    for ev in events {
-        let Some(p) = ev.path() else { continue };
-        if let Some(k) = key_of(&root, &p) {
-            last.insert(k, ev);
-        }
-    }
+    let deciders = Deciders::new(root, events);
     diffs
         .iter()
         .map(|d| {
-            let who = match last.get(&d.key) {
+            let who = match deciders.of(&d.key) {
                 None => Who::Unknown,
                 Some(ev) => {
                     let owner = ev
@@ -84,6 +78,56 @@ pub fn attribute(
             (d.clone(), who)
         })
         .collect()
+}
+
+/// The event that decides who made an entry (rules 1 and 2 of the
+/// module's documentation), for each key of a capture of `root`.
+pub struct Deciders<'a> {
+    events: &'a [FsEvent],
+    /// The last event on each key.
+    last: HashMap<String, usize>,
+    /// The last event that moved or removed each directory.
+    moved: HashMap<String, usize>,
+}
+
+impl<'a> Deciders<'a> {
+    /// `events` (in the order read) on the tree at `root` (as the
+    /// watcher's paths show it).
+    pub fn new(root: &Path, events: &'a [FsEvent]) -> Deciders<'a> {
+        let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+        let (mut last, mut moved) = (HashMap::new(), HashMap::new());
+        for (i, ev) in events.iter().enumerate() {
+            let Some(p) = ev.path() else { continue };
+            let Some(k) = key_of(&root, &p) else { continue };
+            if ev.mask & libc::FAN_ONDIR != 0
+                && ev.mask & (libc::FAN_MOVED_FROM | libc::FAN_MOVED_TO | libc::FAN_DELETE) != 0
+            {
+                moved.insert(k.clone(), i);
+            }
+            last.insert(k, i);
+        }
+        Deciders {
+            events,
+            last,
+            moved,
+        }
+    }
+
+    /// The event that decides who made the entry `key`, if any.
+    pub fn of(&self, key: &str) -> Option<&'a FsEvent> {
+        let mut best = self.last.get(key).copied();
+        if key != "." {
+            // Each directory above it, the root's own `.` aside.
+            let mut at = key;
+            while let Some((up, _)) = at.rsplit_once('/') {
+                if let Some(&i) = self.moved.get(up) {
+                    best = best.max(Some(i));
+                }
+                at = up;
+            }
+        }
+        best.map(|i| &self.events[i])
+    }
 }
 
 /// `p`'s key in a capture of `root` (see [`super::tree`]), if below it.
@@ -171,6 +215,45 @@ mod tests {
                 ("w", Who::Unknown),
                 ("none", Who::Unknown)
             ]
+        );
+    }
+
+    #[test]
+    fn a_directory_moved_or_removed_above_an_entry_decides_after_its_own_events() {
+        let t = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(t.path()).unwrap();
+        let r = root.to_str().unwrap();
+        let run = Owner::default();
+        let pids: HashSet<u32> = [100].into();
+        let dir_ev = |pid, name: &str, mask| FsEvent {
+            mask: mask | libc::FAN_ONDIR,
+            ..ev(pid, r, name, None)
+        };
+        // Another writer (200) wrote d/f; the run (100) then moved d to
+        // e, which took d/f away and made e/f; then 300 wrote e/g after.
+        let events = vec![
+            ev(200, &format!("{r}/d"), "f", None),
+            dir_ev(100, "d", libc::FAN_MOVED_FROM),
+            dir_ev(100, "e", libc::FAN_MOVED_TO),
+            ev(300, &format!("{r}/e"), "g", None),
+            // A file event on a directory's name is no move of it.
+            ev(200, r, "e", None),
+        ];
+        let got = attribute(
+            &[diff("d/f"), diff("e/f"), diff("e/g")],
+            &root,
+            &events,
+            &pids,
+            &run,
+            &root.join("cg"),
+        );
+        let who: Vec<_> = got
+            .iter()
+            .map(|(d, w)| (d.key.as_str(), w.clone()))
+            .collect();
+        assert_eq!(
+            who,
+            vec![("d/f", Who::Run), ("e/f", Who::Run), ("e/g", Who::Unknown)]
         );
     }
 

@@ -442,7 +442,7 @@ pub fn attribute(
                 run: Some(begin.run.clone()),
             };
             let one = Difference {
-                key,
+                key: key.clone(),
                 kind: diff.kind,
                 before: None,
                 after: None,
@@ -464,7 +464,7 @@ pub fn attribute(
                 ),
                 // A writer gone before its cgroup could be read: another
                 // observed run's history may name it.
-                _ => last_writer(&root, &diff.key, &fs.observed.events)
+                _ => last_writer(&root, &key, &fs.observed.events)
                     .and_then(|pid| other_run_with(begin, pid))
                     .unwrap_or_else(Attribution::unknown),
             }
@@ -619,22 +619,15 @@ fn observers_link(key: &str, value: &str, registered: &HashSet<String>) -> bool 
             .is_some_and(|(_, p)| registered.contains(&format!("prog {p}")))
 }
 
-/// The pid of the last event the watch saw on `root/key`.
+/// The pid of the event that decides who made `root/key`
+/// ([`snapshots::Deciders`]).
 fn last_writer(
     root: &Path,
     key: &str,
     events: &[crate::collect::fanotify::FsEvent],
 ) -> Option<u32> {
-    let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
-    let want = if key == "." {
-        root.clone()
-    } else {
-        root.join(key)
-    };
-    events
-        .iter()
-        .rev()
-        .find(|e| e.path().as_deref() == Some(want.as_path()))
+    snapshots::Deciders::new(root, events)
+        .of(key)
         .map(|e| e.pid)
 }
 

@@ -238,6 +238,14 @@ impl Default for Timeouts {
     }
 }
 
+/// What an intercepted connection is served with: the session's
+/// secrets, and whom to tell once it is open.
+#[derive(Clone, Copy)]
+struct With<'a> {
+    secrets: &'a SessionSecrets,
+    opened: &'a (dyn Fn(&Attempt) + Send + Sync),
+}
+
 /// Serves proxy clients.
 #[derive(Clone)]
 pub struct Broker {
@@ -272,12 +280,15 @@ impl Broker {
     }
 
     /// Serves one client under `policy`, with the session's `secrets`;
-    /// returns what happened.
+    /// returns what happened. `opened` is told of an allowed connection
+    /// once its bytes begin to flow (the attempt as it is then: its bytes
+    /// not counted yet), so that a connection is known while it lasts.
     pub async fn serve(
         &self,
         mut client: TcpStream,
         policy: &Policy,
         secrets: &SessionSecrets,
+        opened: &(dyn Fn(&Attempt) + Send + Sync),
     ) -> Attempt {
         let mut attempt = Attempt {
             kind: "",
@@ -341,8 +352,9 @@ impl Broker {
                 if matches!(req.ask, Ask::Connect) && secrets.intercepts(&req.host, req.port) {
                     attempt.intercepted = true;
                     let early = &buf[req.head_len..];
+                    let with = With { secrets, opened };
                     return self
-                        .intercept(client, server, &req, early, secrets, attempt)
+                        .intercept(client, server, &req, early, &with, attempt)
                         .await;
                 }
                 let head = match &req.ask {
@@ -370,6 +382,7 @@ impl Broker {
                 // Counted as the server got them (a forwarded head as
                 // rewritten).
                 attempt.sent = rest.len() as u64 + head.len() as u64;
+                opened(&attempt);
                 let (up, down) = crate::relay::relay(client, server, self.session_ended()).await;
                 attempt.sent += up;
                 attempt.received = down;
@@ -388,7 +401,7 @@ impl Broker {
         server: TcpStream,
         req: &http::Request,
         early: &[u8],
-        secrets: &SessionSecrets,
+        with: &With<'_>,
         mut attempt: Attempt,
     ) -> Attempt {
         let target = format!("{}:{}", req.host, req.port);
@@ -401,7 +414,7 @@ impl Broker {
             },
             Ok(upstream) => {
                 return self
-                    .intercepted(client, upstream, req, &target, secrets, attempt)
+                    .intercepted(client, upstream, req, &target, with, attempt)
                     .await
             }
         };
@@ -446,9 +459,10 @@ impl Broker {
         mut upstream: tokio_rustls::client::TlsStream<TcpStream>,
         req: &http::Request,
         target: &str,
-        secrets: &SessionSecrets,
+        with: &With<'_>,
         mut attempt: Attempt,
     ) -> Attempt {
+        let With { secrets, opened } = *with;
         let host = req.host.to_string();
         let Some(ca) = &secrets.ca else {
             return attempt;
@@ -537,6 +551,7 @@ impl Broker {
             return attempt;
         }
         attempt.sent = (head.len() + rest.len()) as u64;
+        opened(&attempt);
         let (up, down) = copy_both(tls, upstream, self.session_ended()).await;
         attempt.sent += up;
         attempt.received = down;

@@ -167,6 +167,12 @@ pub struct NetworkAuditRecord {
     /// interception of this host).
     #[serde(default)]
     pub intercepted: bool,
+    /// A connection allowed and now open, recorded as its bytes begin to
+    /// flow (its bytes not counted): a connection is in the audit while it
+    /// lasts. Its record without `open` follows when it ends, with the
+    /// bytes (none if the daemon stopped first).
+    #[serde(default)]
+    pub open: bool,
 }
 
 /// The answer to `network.audit`.

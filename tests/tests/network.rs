@@ -311,10 +311,29 @@ print("udp sent")
     let find = |host: &str| {
         lines
             .iter()
-            .find(|v| v["host"] == host)
+            .find(|v| v["host"] == host && v["open"] == false)
             .unwrap_or_else(|| panic!("no record of {host}: {lines:?}"))
     };
     let ok = find("files.test");
+    // An allowed connection is in the audit from when it opens: a record
+    // marked open, before the one with its bytes, naming the same run.
+    let opened = lines
+        .iter()
+        .find(|v| v["host"] == "files.test" && v["open"] == true)
+        .unwrap_or_else(|| panic!("no open record of files.test: {lines:?}"));
+    assert!(
+        opened["seq"].as_u64() < ok["seq"].as_u64()
+            && opened["run_id"] == ok["run_id"]
+            && opened["allowed"] == true
+            && opened["bytes_received"] == 0,
+        "{opened} {ok}"
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|v| v["host"] == "blocked.test" && v["open"] == true),
+        "a refused attempt opened: {lines:?}"
+    );
     assert_eq!(ok["allowed"], true, "{ok}");
     // The run that connected, as the kernel says (its socket's cgroup).
     assert_eq!(ok["run_id"], hello_run.as_str(), "{ok}");
@@ -339,9 +358,68 @@ print("udp sent")
     let text = ctl_ok(&d, &["net", "audit", "a", "s"]);
     assert!(
         text.contains("refused (")
-            && text.contains(&format!("files.test:{port} -> {local} allowed")),
+            && text.contains(&format!("files.test:{port} -> {local} allowed"))
+            && text.contains(&format!("files.test:{port} -> {local} open\n")),
         "{text}"
     );
+    // A tunnel while it is open: in the audit already, marked open, and
+    // its record with the bytes only once it closed. (It was recorded at
+    // its end only: a connection that lasted was in no answer meanwhile.)
+    let cur = allox_integration::session_current(&d, "a", "s");
+    let tunnel = format!(
+        r#"import os, socket, time
+h, p = os.environ["HTTP_PROXY"].split("//")[1].rstrip("/").rsplit(":", 1)
+s = socket.create_connection((h, int(p)))
+s.sendall(b"CONNECT files.test:{port} HTTP/1.1\r\nHost: files.test:{port}\r\n\r\n")
+assert s.recv(100).startswith(b"HTTP/1.1 200")
+open("/allox/session/tunnel-open", "w").close()
+while not os.path.exists("/allox/session/tunnel-close"):
+    time.sleep(0.02)
+s.close()
+"#
+    );
+    std::fs::write(cur.join("tunnel.py"), tunnel).unwrap();
+    let run = ctl_ok(
+        &d,
+        &[
+            "start",
+            "a",
+            "s",
+            "--",
+            "python3",
+            "/allox/session/tunnel.py",
+        ],
+    );
+    let run = run.trim();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !cur.join("tunnel-open").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tunnel did not open"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let tunnels = |records: &[serde_json::Value]| -> Vec<bool> {
+        records
+            .iter()
+            .filter(|v| v["kind"] == "CONNECT" && v["host"] == "files.test" && v["run_id"] == run)
+            .map(|v| v["open"] == true)
+            .collect()
+    };
+    let during = audit(&d, &["a", "s"]);
+    assert_eq!(tunnels(&during), [true], "{during:?}");
+    std::fs::write(cur.join("tunnel-close"), b"").unwrap();
+    ctl_ok(&d, &["wait", "a", "s", run]);
+    // (Recorded as the broker sees the client go: at once, or soon.)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let after = audit(&d, &["a", "s"]);
+        if tunnels(&after) == [true, false] {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{after:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -821,7 +899,7 @@ fn ssh_and_git_over_ssh_go_through_allox_net_connect() {
     let records = audit(&d, &["a", "s"]);
     let ok: Vec<_> = records
         .iter()
-        .filter(|v| v["host"] == "ssh.test" && v["allowed"] == true)
+        .filter(|v| v["host"] == "ssh.test" && v["allowed"] == true && v["open"] == false)
         .collect();
     assert_eq!(ok.len(), 3, "{records:?}");
     assert!(ok

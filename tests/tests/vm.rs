@@ -1005,13 +1005,16 @@ fn a_proxy_session_in_the_guest_reaches_the_host_only_through_the_broker() {
             Response::NetworkAudit(l) => l.records,
             other => panic!("{other:?}"),
         };
-        if records.len() >= 3 || Instant::now() > deadline {
+        let closed = records.iter().filter(|r| r.allowed && !r.open).count();
+        if (closed >= 2 && records.iter().any(|r| !r.allowed)) || Instant::now() > deadline {
             break records;
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    let allowed: Vec<_> = records.iter().filter(|r| r.allowed).collect();
+    // Each allowed connection's record as it opened, and as it closed.
+    let allowed: Vec<_> = records.iter().filter(|r| r.allowed && !r.open).collect();
     assert_eq!(allowed.len(), 2, "{records:?}");
+    assert_eq!(records.iter().filter(|r| r.open).count(), 2, "{records:?}");
     assert!(
         allowed
             .iter()

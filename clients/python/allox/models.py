@@ -1359,6 +1359,12 @@ class NetworkAuditRecord(Model):
 
     #: `CONNECT` (a tunnel) or `HTTP` (an absolute URI).
     kind: str
+
+    #: A connection allowed and now open, recorded as its bytes begin to
+    #: flow (its bytes not counted): a connection is in the audit while it
+    #: lasts. Its record without `open` follows when it ends, with the
+    #: bytes (none if the daemon stopped first).
+    open: bool = False
     port: int
 
     #: The run whose process connected, when the broker could tell.

@@ -37,6 +37,26 @@ pub fn policy(p: &NetworkPolicyInfo) -> String {
 }
 
 pub fn audit_record(r: &NetworkAuditRecord) -> String {
+    if r.open {
+        return format!(
+            "{:>8} {} {}/{}{} {} {}:{} {} open\n",
+            r.seq,
+            utc(r.time_ms),
+            clean(&r.agent_id),
+            clean(&r.session_id),
+            r.run_id
+                .as_deref()
+                .map(|x| format!("/{}", clean(x)))
+                .unwrap_or_default(),
+            clean(&r.kind),
+            clean(&r.host),
+            r.port,
+            r.address
+                .as_deref()
+                .map(|a| format!("-> {}", clean(a)))
+                .unwrap_or_else(|| "-".into()),
+        );
+    }
     format!(
         "{:>8} {} {}/{}{} {} {}:{} {} {} sent {} received {}\n",
         r.seq,

@@ -65,7 +65,19 @@ async fn through(broker: &Broker, policy: &Policy, request: &[u8]) -> (String, A
         String::from_utf8_lossy(&out).to_string()
     });
     let (s, _) = l.accept().await.unwrap();
-    let attempt = broker.serve(s, policy, &Default::default()).await;
+    let opens = std::sync::atomic::AtomicUsize::new(0);
+    let attempt = broker
+        .serve(s, policy, &Default::default(), &|a| {
+            assert!(a.allowed && a.received == 0, "{a:?}");
+            opens.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        })
+        .await;
+    // Told once of a connection it allowed, never of one it refused.
+    let opens = opens.into_inner();
+    assert!(
+        opens == 0 || (opens == 1 && attempt.allowed),
+        "{opens} {attempt:?}"
+    );
     (client.await.unwrap(), attempt)
 }
 

@@ -178,7 +178,27 @@ fn record(run_id: Option<String>, verdict: String) -> NetworkAuditRecord {
         secrets_injected: Vec::new(),
         secrets_withheld: Vec::new(),
         intercepted: false,
+        open: false,
     }
+}
+
+/// The record of attempt `a`.
+fn attempt_record(
+    run_id: Option<String>,
+    a: &allox_network::broker::Attempt,
+) -> NetworkAuditRecord {
+    let mut r = record(run_id, a.verdict.clone());
+    r.kind = a.kind.to_string();
+    r.host = a.host.clone();
+    r.port = a.port;
+    r.address = a.addr.map(|s| s.to_string());
+    r.allowed = a.allowed;
+    r.bytes_sent = a.sent;
+    r.bytes_received = a.received;
+    r.secrets_injected = a.secrets.injected.clone();
+    r.secrets_withheld = a.secrets.withheld.clone();
+    r.intercepted = a.intercepted;
+    r
 }
 
 /// Accepts and serves the session's proxy clients until aborted.
@@ -224,23 +244,18 @@ pub(super) async fn serve(l: tokio::net::TcpListener, proxy: Arc<SessionProxy>) 
                 .read()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
-            let a = proxy.broker.serve(conn, &policy, &secrets).await;
+            let opened = |a: &allox_network::broker::Attempt| {
+                let mut r = attempt_record(run_id.clone(), a);
+                r.open = true;
+                r.bytes_sent = 0;
+                proxy.record(r);
+            };
+            let a = proxy.broker.serve(conn, &policy, &secrets, &opened).await;
             proxy
                 .started
                 .metrics
                 .connection(a.allowed, a.sent, a.received);
-            let mut r = record(run_id, a.verdict);
-            r.kind = a.kind.to_string();
-            r.host = a.host;
-            r.port = a.port;
-            r.address = a.addr.map(|s| s.to_string());
-            r.allowed = a.allowed;
-            r.bytes_sent = a.sent;
-            r.bytes_received = a.received;
-            r.secrets_injected = a.secrets.injected;
-            r.secrets_withheld = a.secrets.withheld;
-            r.intercepted = a.intercepted;
-            proxy.record(r);
+            proxy.record(attempt_record(run_id, &a));
         });
     }
 }

@@ -119,7 +119,7 @@ async fn broker(
         while let Ok((c, _)) = l.accept().await {
             let (b, p, s) = (broker.clone(), policy.clone(), secrets.clone());
             tokio::spawn(async move {
-                b.serve(c, &p, &s).await;
+                b.serve(c, &p, &s, &|_| {}).await;
             });
         }
     });

@@ -99,6 +99,17 @@ impl Store {
     /// whole session or none of it. Answers the new session and its
     /// baseline.
     pub fn session_fork(&self, p: &SessionFork) -> Result<(SessionInfo, CheckpointInfo)> {
+        self.session_fork_with(p, None)
+    }
+
+    /// [`Store::session_fork`], the new session with its limits over time
+    /// `clock` (their times counted from the fork), in the same
+    /// transaction.
+    pub fn session_fork_with(
+        &self,
+        p: &SessionFork,
+        clock: Option<&ClockRecord>,
+    ) -> Result<(SessionInfo, CheckpointInfo)> {
         let (a, s) = (&*p.agent_id, &*p.session_id);
         let na = p.new_agent_id.as_deref().unwrap_or(a);
         let ns = &*p.new_session_id;
@@ -146,6 +157,19 @@ impl Store {
             match &policy {
                 Some(pol) => w.put_policy(&new_key, pol)?,
                 None => w.remove_policy(&new_key)?,
+            }
+            match clock {
+                Some(c) => w.put_clock(
+                    na,
+                    ns,
+                    &ClockRecord {
+                        lifetime_from_ms: now,
+                        last_active_ms: now,
+                        expired_ms: None,
+                        ..c.clone()
+                    },
+                )?,
+                None => w.remove_clock(na, ns)?,
             }
             Ok(Op::SessionFork {
                 agent: na.into(),
@@ -365,6 +389,36 @@ impl Store {
         self.need_session(a, s)?;
         self.index.write(|w| w.put_clock(a, s, r))?;
         Ok(())
+    }
+
+    /// Records that session `a/s`'s lifetime ended at `now`, durably, if its
+    /// record is still `seen` (the one the clock judged by): answers the
+    /// record written, or `None` when a `session.update` changed it
+    /// meanwhile (its new lifetime is then judged again).
+    pub fn expire_clock(
+        &self,
+        a: &str,
+        s: &str,
+        seen: &crate::index::ClockRecord,
+        now: u64,
+    ) -> Result<Option<crate::index::ClockRecord>> {
+        let _g = self.guard();
+        self.need_session(a, s)?;
+        let out = self.index.write(|w| {
+            let Some(mut r) = w.clock(a, s)? else {
+                return Ok(None);
+            };
+            let same = r.expired_ms.is_none()
+                && (r.max_lifetime_ms, r.lifetime_from_ms)
+                    == (seen.max_lifetime_ms, seen.lifetime_from_ms);
+            if !same {
+                return Ok(None);
+            }
+            r.expired_ms = Some(now);
+            w.put_clock(a, s, &r)?;
+            Ok(Some(r))
+        })?;
+        Ok(out)
     }
 
     /// Writes the last-active times of several sessions in one commit that

@@ -33,11 +33,42 @@ const PERSIST_AFTER_MS: u64 = 1000;
 pub struct Clocks {
     /// The last request for each session (`agent/session`), ms.
     active: Mutex<HashMap<String, u64>>,
-    /// Each limited session's CPU time (µs) and when it last moved (ms; 0:
-    /// not since this supervisor started).
+    /// Each limited session's CPU time (µs) and when it last moved (ms;
+    /// when this supervisor first saw it, at first).
     cpu: Mutex<HashMap<String, (u64, u64)>>,
     /// Expired sessions, with what a refused change is told.
     expired: RwLock<HashMap<String, String>>,
+    /// Requests in progress that follow a run of each session (a start
+    /// that waits, a wait, an attach): while one is, the session is in use.
+    following: Mutex<HashMap<String, usize>>,
+}
+
+/// A request that follows a run, counted while it is in progress.
+pub struct InUse<'a> {
+    clocks: &'a Clocks,
+    key: Option<String>,
+}
+
+impl Drop for InUse<'_> {
+    fn drop(&mut self) {
+        let Some(k) = self.key.take() else { return };
+        {
+            let mut f = self
+                .clocks
+                .following
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = f.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    f.remove(&k);
+                }
+            }
+        }
+        // Its idle time counts from the request's end.
+        let mut a = self.clocks.active.lock().unwrap_or_else(|e| e.into_inner());
+        a.insert(k, now_ms());
+    }
 }
 
 /// `agent/session` of a request's target, when it names a session.
@@ -94,12 +125,52 @@ impl Clocks {
         }
     }
 
+    /// `req`, while it is answered: a request that follows a run (a
+    /// `process.start` that waits, `process.wait`, `process.attach`) keeps
+    /// its session from being paused as idle, however long the run sleeps
+    /// (the pause froze the run under its waiting client, for ever).
+    pub fn in_use(&self, req: &Request) -> InUse<'_> {
+        let follows = match req {
+            Request::ProcessStart(p) => p.wait,
+            Request::ProcessWait(_) | Request::ProcessAttach(_) => true,
+            _ => false,
+        };
+        let key = follows.then(|| session_of(&req.target())).flatten();
+        if let Some(k) = &key {
+            let mut f = self.following.lock().unwrap_or_else(|e| e.into_inner());
+            *f.entry(k.clone()).or_default() += 1;
+        }
+        InUse { clocks: self, key }
+    }
+
     /// Why a change to the request's target is refused, if its session
     /// expired.
     pub fn expired_why(&self, target: &str) -> Option<String> {
         let k = session_of(target)?;
         let e = self.expired.read().unwrap_or_else(|e| e.into_inner());
         e.get(&k).cloned()
+    }
+
+    /// Session `a/s` (every session of agent `a` when `s` is `None`) was
+    /// deleted: a session made again under its name starts with clocks of
+    /// its own, not the deleted one's expiry.
+    pub fn forget(&self, a: &str, s: Option<&str>) {
+        let gone = |k: &String| match s {
+            Some(s) => *k == format!("{a}/{s}"),
+            None => k.split_once('/').is_some_and(|(x, _)| x == a),
+        };
+        self.expired
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k, _| !gone(k));
+        self.active
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k, _| !gone(k));
+        self.cpu
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k, _| !gone(k));
     }
 
     /// What a session's record says now (after `session.update`).
@@ -124,6 +195,16 @@ impl Clocks {
         };
         let now = now_ms();
         let mut seen = Vec::new();
+        // An expiry kept for a session that no longer has a record (it was
+        // deleted) goes.
+        {
+            let limited: std::collections::HashSet<String> =
+                all.iter().map(|(a, s, _)| format!("{a}/{s}")).collect();
+            self.expired
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|k, _| limited.contains(k));
+        }
         for (a, s, rec) in all {
             let k = format!("{a}/{s}");
             if rec.expired_ms.is_none() && rec.expires_ms().is_some_and(|end| now >= end) {
@@ -138,7 +219,14 @@ impl Clocks {
             let (Some(idle), Some(runs)) = (rec.idle_timeout_ms, runs) else {
                 continue;
             };
-            let asked = {
+            let in_use = self
+                .following
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains_key(&k);
+            let asked = if in_use {
+                now
+            } else {
                 let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
                 active.get(&k).copied().unwrap_or(0)
             };
@@ -151,7 +239,10 @@ impl Clocks {
             let usage = runs.session_cpu_us(&a, &s);
             let moved = {
                 let mut cpu = self.cpu.lock().unwrap_or_else(|e| e.into_inner());
-                let e = cpu.entry(k.clone()).or_insert((usage, 0));
+                // First seen by this supervisor: whether it computed
+                // before is not known, so it counts as moving now (a
+                // restart must not pause a session that computes).
+                let e = cpu.entry(k.clone()).or_insert((usage, now));
                 if e.0 != usage {
                     *e = (usage, now);
                 }
@@ -196,8 +287,19 @@ impl Clocks {
         now: u64,
     ) {
         let k = format!("{a}/{s}");
+        // Recorded first, and only over the record judged: a
+        // `session.update` that gave it more time meanwhile stands (it
+        // was written over by this stale record, its answer undone).
+        rec = match store.expire_clock(a, s, &rec, now) {
+            Ok(Some(r)) => r,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!(session = %k, error = %e.chain(), "cannot record a session's expiry");
+                rec.expired_ms = Some(now);
+                rec
+            }
+        };
         // Changes are refused from now, while its processes are killed.
-        rec.expired_ms = Some(now);
         self.refresh(a, s, &rec);
         if let Some(runs) = runs {
             // Frozen processes die as well; the session is let go first so
@@ -216,9 +318,6 @@ impl Clocks {
             if let Err(e) = killed {
                 tracing::error!(session = %k, error = %e.chain(), "cannot kill an expired session's processes");
             }
-        }
-        if let Err(e) = store.set_clock(a, s, &rec) {
-            tracing::error!(session = %k, error = %e.chain(), "cannot record a session's expiry");
         }
         audit(
             store,

@@ -137,6 +137,34 @@ impl Supervisor {
         Ok(())
     }
 
+    /// The limits over time a new session of agent `a` gets when it asks
+    /// for `idle` and `life`: its own, else its agent's, else the
+    /// daemon's (0: none); `None` when it has neither. (The times are the
+    /// session's making, set by the store.)
+    pub(crate) fn clock_of(
+        &self,
+        a: &str,
+        idle: Option<u64>,
+        life: Option<u64>,
+    ) -> Result<Option<allox_store::index::ClockRecord>, RequestError> {
+        let agent = self.store.agent_clock(a)?.unwrap_or_default();
+        let idle = idle
+            .or(agent.idle_timeout_ms)
+            .or(self.policy.idle_timeout_ms)
+            .filter(|&v| v > 0);
+        let life = life
+            .or(agent.max_lifetime_ms)
+            .or(self.policy.max_lifetime_ms)
+            .filter(|&v| v > 0);
+        Ok(
+            (idle.is_some() || life.is_some()).then(|| allox_store::index::ClockRecord {
+                idle_timeout_ms: idle,
+                max_lifetime_ms: life,
+                ..Default::default()
+            }),
+        )
+    }
+
     /// The mode a new session of agent `a` gets when it asks for `asked`.
     pub(crate) fn resolve_mode(
         &self,
@@ -247,6 +275,7 @@ impl Supervisor {
                 let Some(runs) = &self.runs else {
                     let done = st.agent_delete_guarded(&r.agent_id, r.force)?;
                     let _ = self.rollbacks.send((r.agent_id.clone(), String::new()));
+                    self.clocks.forget(&r.agent_id, None);
                     return Ok(Response::Deleted(done));
                 };
                 let dir = runs.cgroups().agent_dir(&r.agent_id);
@@ -265,6 +294,7 @@ impl Supervisor {
                 let out = out?;
                 // Watches of its sessions' files end, saying so.
                 let _ = self.rollbacks.send((r.agent_id.clone(), String::new()));
+                self.clocks.forget(&r.agent_id, None);
                 runs.forget_pause(&r.agent_id, None);
                 self.plugins.deleted(&r.agent_id, None);
                 self.ports.deleted(&r.agent_id, None);
@@ -290,24 +320,7 @@ impl Supervisor {
                 };
                 // Its limits over time: its own, else its agent's, else the
                 // daemon's; recorded with the session too.
-                let agent_clock = st.agent_clock(&r.agent_id)?.unwrap_or_default();
-                let idle = r
-                    .idle_timeout_ms
-                    .or(agent_clock.idle_timeout_ms)
-                    .or(self.policy.idle_timeout_ms);
-                let life = r
-                    .max_lifetime_ms
-                    .or(agent_clock.max_lifetime_ms)
-                    .or(self.policy.max_lifetime_ms);
-                let (idle, life) = (idle.filter(|&v| v > 0), life.filter(|&v| v > 0));
-                let clock = (idle.is_some() || life.is_some()).then(|| {
-                    allox_store::index::ClockRecord {
-                        idle_timeout_ms: idle,
-                        max_lifetime_ms: life,
-                        // (The times are the creation's, set by the store.)
-                        ..Default::default()
-                    }
-                });
+                let clock = self.clock_of(&r.agent_id, r.idle_timeout_ms, r.max_lifetime_ms)?;
                 // The session's own checkpoint policy, if it has one.
                 let policy = (r.auto_checkpoint.is_some() || r.keep_last.is_some()).then_some(
                     allox_store::index::PolicyRecord {
@@ -363,6 +376,7 @@ impl Supervisor {
                 let Some(runs) = &self.runs else {
                     let done = st.session_delete_guarded(a, s, r.force)?;
                     let _ = self.rollbacks.send((a.clone(), s.clone()));
+                    self.clocks.forget(a, Some(s));
                     return Ok(Response::Deleted(done));
                 };
                 let dir = runs.cgroups().session_dir(a, s);
@@ -379,6 +393,7 @@ impl Supervisor {
                 let out = out?;
                 // Watches of its files end, saying so.
                 let _ = self.rollbacks.send((a.clone(), s.clone()));
+                self.clocks.forget(a, Some(s));
                 runs.forget_pause(a, Some(s));
                 self.plugins.deleted(a, Some(s));
                 self.ports.deleted(a, Some(s));
@@ -558,7 +573,13 @@ impl Supervisor {
                     .runs
                     .as_ref()
                     .map(|runs| runs.cgroups().limits(&r.agent_id, &r.session_id));
-                let (info, _) = self.metrics.timed(StoreOp::fork, || st.session_fork(r))?;
+                // A session made: its limits over time its agent's, else
+                // the daemon's, counted from the fork (none of the source's:
+                // a fork of an expired session starts a lifetime of its own).
+                let clock = self.clock_of(na, None, None)?;
+                let (info, _) = self
+                    .metrics
+                    .timed(StoreOp::fork, || st.session_fork_with(r, clock.as_ref()))?;
                 if let Some(runs) = &self.runs {
                     runs.own(std::path::Path::new(&info.current));
                     let applied = runs

@@ -156,6 +156,7 @@ impl Supervisor {
     ) -> Result<Response, ErrorBody> {
         let t0 = std::time::Instant::now();
         self.clocks.seen(req);
+        let _in_use = self.clocks.in_use(req);
         let out = match self
             .admit(req, peer, request_id)
             .and_then(|()| self.wake(req))

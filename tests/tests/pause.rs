@@ -404,3 +404,152 @@ fn idle_sessions_pause_and_old_ones_expire_across_a_restart() {
         other => panic!("{other:?}"),
     }
 }
+
+fn create(d: &ProcDaemon, a: &str, s: &str, idle: Option<u64>, life: Option<u64>) -> SessionInfo {
+    match call(
+        d,
+        Request::SessionCreate(SessionCreate {
+            idle_timeout_ms: idle,
+            max_lifetime_ms: life,
+            ..SessionCreate::new(a, s)
+        }),
+    ) {
+        Ok(Response::Session(i)) => i,
+        other => panic!("create {a}/{s}: {other:?}"),
+    }
+}
+
+fn info_of(d: &ProcDaemon, a: &str, s: &str) -> SessionInfo {
+    match call(
+        d,
+        Request::SessionInfoRequest(SessionRef {
+            agent_id: a.into(),
+            session_id: s.into(),
+        }),
+    ) {
+        Ok(Response::Session(i)) => i,
+        other => panic!("info {a}/{s}: {other:?}"),
+    }
+}
+
+/// The clocks of a session's whole life: a client waiting for a run is a
+/// use (the idle pause froze the run under it, for ever); a restarted
+/// supervisor does not take a session that computes for an idle one; a
+/// fork gets its agent's limits over time (it had none); an expired
+/// session deleted frees its name (a new one of that name was refused as
+/// expired until a restart).
+#[test]
+fn clocks_follow_waiting_clients_restarts_forks_and_deletes() {
+    let name = "clocks_follow_waiting_clients_restarts_forks_and_deletes";
+    if !require(&format!("pause::{name}")) {
+        return;
+    }
+    let mut d = ProcDaemon::start(name, &[]);
+    make_sessions(&d, &[("a", "plain")]);
+    // A run that sleeps past the idle timeout while its client waits.
+    create(&d, "a", "w", Some(1_000), None);
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let socket = d.daemon.socket.clone();
+        std::thread::spawn(move || {
+            let mut c = allox_ctl::client::Client::connect(&socket).unwrap();
+            let p = process_start("a", "w", &["/bin/sh", "-c", "sleep 2.5; echo done"]);
+            let _ = tx.send(c.call(Request::ProcessStart(p)));
+        });
+    }
+    match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(Ok(Ok(Response::Exited(r)))) => {
+            assert_eq!(
+                (r.exit_code, r.stdout.as_str()),
+                (Some(0), "done\n"),
+                "{r:?}"
+            )
+        }
+        Ok(other) => panic!("the waited run: {other:?}"),
+        Err(_) => panic!("the waited run did not end within 20 s: paused as idle under its client"),
+    }
+    // Idle after its client went: paused (the control: the clock runs).
+    until("the session is paused once nobody waits", || {
+        info_of(&d, "a", "w").paused.is_some()
+    });
+
+    // An agent's default limits: a fork of its session takes them.
+    call(
+        &d,
+        Request::AgentCreate(AgentCreate {
+            idle_timeout_ms: Some(700_000),
+            max_lifetime_ms: Some(3_600_000),
+            ..AgentCreate::new("c")
+        }),
+    )
+    .unwrap();
+    create(&d, "c", "s0", None, None);
+    let fork = match call(
+        &d,
+        Request::SessionFork(SessionFork {
+            agent_id: "c".into(),
+            session_id: "s0".into(),
+            new_agent_id: None,
+            new_session_id: "f".into(),
+            from: "current".into(),
+            label: None,
+        }),
+    ) {
+        Ok(Response::Session(i)) => i,
+        other => panic!("fork: {other:?}"),
+    };
+    assert_eq!(fork.idle_timeout_ms, Some(700_000), "{fork:?}");
+    assert_eq!(
+        fork.expires_ms,
+        Some(fork.created_ms + 3_600_000),
+        "{fork:?}"
+    );
+
+    // An expired session deleted: a new one of its name is a session.
+    create(&d, "a", "exp", None, Some(300));
+    until("the session expires", || {
+        info_of(&d, "a", "exp").expired_ms.is_some()
+    });
+    call(
+        &d,
+        Request::SessionDelete(SessionDelete {
+            agent_id: "a".into(),
+            session_id: "exp".into(),
+            force: true,
+        }),
+    )
+    .unwrap();
+    let again = create(&d, "a", "exp", None, None);
+    assert_eq!(again.expires_ms, None, "{again:?}");
+    assert_eq!(sh(&d, "exp", "echo ran").unwrap().stdout, "ran\n");
+
+    // A session that computes, across a restart: not paused as idle.
+    create(&d, "a", "busy", Some(1_500), None);
+    bg(&d, "busy", "while :; do :; done");
+    // Computing for longer than its idle timeout, with no request: the
+    // restarted supervisor finds its last request older than the timeout.
+    let t = Instant::now();
+    while cpu_us(&d, "busy") < 1_700_000 {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the session does not compute"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    d.restart(&[]);
+    let t = Instant::now();
+    let before = cpu_us(&d, "busy");
+    while t.elapsed() < Duration::from_millis(3_500) {
+        let i = info_of(&d, "a", "busy");
+        assert!(
+            i.paused.is_none(),
+            "a session that computes was paused {:?} after the restart: {i:?}",
+            t.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        cpu_us(&d, "busy") > before + 1_000_000,
+        "it did not compute"
+    );
+}

@@ -701,3 +701,39 @@ fn what_a_rollback_and_a_checkpoint_deletion_leave_is_dropped_soon() {
         deleted_subvolumes(fs.path())
     );
 }
+
+/// An expiry is written only over the record the clock judged: a
+/// lifetime given meanwhile (`session.update`) stands. (The clock wrote
+/// the record it had read, with its expiry, over the update's.)
+#[test]
+fn an_expiry_is_recorded_only_over_the_record_it_judged() {
+    let Some((_fs, st)) = setup("store::an_expiry_is_recorded_only_over_the_record_it_judged")
+    else {
+        return;
+    };
+    st.agent_create("a").unwrap();
+    st.session_create("a", "s").unwrap();
+    let judged = allox_store::index::ClockRecord {
+        max_lifetime_ms: Some(1_000),
+        lifetime_from_ms: 5,
+        last_active_ms: 5,
+        ..Default::default()
+    };
+    st.set_clock("a", "s", &judged).unwrap();
+    // More time given after the clock read the record: not expired.
+    let given = allox_store::index::ClockRecord {
+        max_lifetime_ms: Some(600_000),
+        lifetime_from_ms: 2_000,
+        ..judged.clone()
+    };
+    st.set_clock("a", "s", &given).unwrap();
+    assert_eq!(st.expire_clock("a", "s", &judged, 3_000).unwrap(), None);
+    let now: Vec<_> = st.clocks().unwrap();
+    assert_eq!(now, [("a".to_string(), "s".to_string(), given.clone())]);
+    // The record judged is the one there: expired, durably.
+    let done = st.expire_clock("a", "s", &given, 700_000).unwrap().unwrap();
+    assert_eq!(done.expired_ms, Some(700_000));
+    assert_eq!(st.clocks().unwrap()[0].2, done);
+    // Once expired, not again.
+    assert_eq!(st.expire_clock("a", "s", &given, 800_000).unwrap(), None);
+}

@@ -661,27 +661,98 @@ fn levels_below(dir: &str, path: &str) -> u32 {
     rel.split('/').filter(|c| !c.is_empty()).count() as u32
 }
 
-/// One remote file to a local one, written beside it and renamed.
+/// One remote file to a local one ([`Output`]: a regular file written
+/// beside it and renamed).
 fn fetch_file(
     c: &mut Client,
     from: &Remote,
     to: &Path,
     way: &mut Way,
 ) -> Result<Copied, CopyError> {
-    let dir = to
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(local(dir))?;
-    let done = match way.local(|| download_local(c, from, tmp.as_file()))? {
-        Some(x) => Copied::one(x.size, Some(x.by)),
-        None => Copied::one(read_to(c, from, tmp.as_file_mut())?, None),
+    let mut out = Output::open(to).map_err(local(to))?;
+    let done = match &mut out {
+        Output::Aside { tmp, .. } => match way.local(|| download_local(c, from, tmp.as_file()))? {
+            Some(x) => Copied::one(x.size, Some(x.by)),
+            None => Copied::one(read_to(c, from, tmp.as_file_mut())?, None),
+        },
+        // A device or a FIFO: its bytes written to it, as they come.
+        Output::Direct(f) => Copied::one(read_to(c, from, f)?, None),
     };
-    tmp.persist(to).map_err(|e| CopyError::Local {
-        path: to.to_path_buf(),
-        source: e.error,
-    })?;
+    out.finish().map_err(local(to))?;
     Ok(done)
+}
+
+/// A local file something is written to, as a user means the name given:
+/// a regular file (or a name not there yet) is written aside, under a
+/// fresh name of its directory, and renamed over it once whole, so no half
+/// file is ever under its name and no other file is touched; a device or
+/// a FIFO (`/dev/null`, `/dev/stdout`, a pipe's name) is written to as it
+/// is, never replaced; a symbolic link is followed (what it names is
+/// written, the link stays).
+pub enum Output {
+    Aside {
+        tmp: tempfile::NamedTempFile,
+        to: std::path::PathBuf,
+    },
+    Direct(std::fs::File),
+}
+
+impl Output {
+    pub fn open(to: &Path) -> std::io::Result<Output> {
+        let link = std::fs::symlink_metadata(to).is_ok_and(|m| m.file_type().is_symlink());
+        let target = if link {
+            match std::fs::canonicalize(to) {
+                Ok(t) => t,
+                // A link to nothing yet: created through it.
+                Err(_) => return std::fs::File::create(to).map(Output::Direct),
+            }
+        } else {
+            to.to_path_buf()
+        };
+        if std::fs::metadata(&target).is_ok_and(|m| !m.is_file()) {
+            // Not truncated: a device or a FIFO has nothing to cut (and a
+            // directory refuses to be opened for writing, naming itself).
+            return std::fs::OpenOptions::new()
+                .write(true)
+                .open(&target)
+                .map(Output::Direct);
+        }
+        let dir = target
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!(
+                ".{}.",
+                target
+                    .file_name()
+                    .map(|n| n.to_string_lossy())
+                    .unwrap_or_default()
+            ))
+            .suffix(".partial")
+            .tempfile_in(dir)?;
+        Ok(Output::Aside { tmp, to: target })
+    }
+
+    /// Where to write.
+    pub fn file(&mut self) -> &mut std::fs::File {
+        match self {
+            Output::Aside { tmp, .. } => tmp.as_file_mut(),
+            Output::Direct(f) => f,
+        }
+    }
+
+    /// Puts what was written in place (made durable first); dropped
+    /// before, an aside file goes and nothing else is touched.
+    pub fn finish(self) -> std::io::Result<()> {
+        match self {
+            Output::Aside { tmp, to } => {
+                tmp.as_file().sync_all()?;
+                tmp.persist(&to).map(drop).map_err(|e| e.error)
+            }
+            Output::Direct(mut f) => std::io::Write::flush(&mut f),
+        }
+    }
 }
 
 #[cfg(test)]

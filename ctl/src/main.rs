@@ -13,6 +13,7 @@
 
 #![no_main]
 
+use allox_client::files::Output;
 use allox_client::{error_chain, Client, ReconnectingClient};
 use allox_ctl::cli::{Action, Cli, GatewayArgs, Run};
 use allox_ctl::process;
@@ -369,21 +370,11 @@ fn run() -> ExitCode {
                         Some(p) => {
                             // Written aside and renamed: no half export
                             // under the name asked for.
-                            let part = p.with_extension("partial");
-                            let mut f = std::fs::File::create(&part)
-                                .map_err(|e| format!("create {}: {e}", part.display()))?;
-                            let n =
-                                allox_ctl::effects::export(&mut c, &query, &mut f).and_then(|n| {
-                                    f.sync_all()
-                                        .map_err(|e| format!("write {}: {e}", part.display()))?;
-                                    std::fs::rename(&part, p)
-                                        .map_err(|e| format!("rename to {}: {e}", p.display()))?;
-                                    Ok(n)
-                                });
-                            if n.is_err() {
-                                let _ = std::fs::remove_file(&part);
-                            }
-                            let n = n?;
+                            let mut f = Output::open(p)
+                                .map_err(|e| format!("open {}: {e}", p.display()))?;
+                            let n = allox_ctl::effects::export(&mut c, &query, f.file())?;
+                            f.finish()
+                                .map_err(|e| format!("write {}: {e}", p.display()))?;
                             eprintln!("{n} bytes written to {}", p.display());
                             Ok(())
                         }
@@ -468,19 +459,14 @@ fn session_export(
     let mut c = Client::connect(socket).map_err(|e| error_chain(&e))?;
     let done = match &out {
         Some(p) => {
-            let part = p.with_extension("partial");
-            let mut f = std::fs::File::create(&part)
-                .map_err(|e| format!("create {}: {e}", part.display()))?;
-            let done = allox_ctl::transfer::export(&mut c, query, &mut f).and_then(|d| {
-                f.sync_all()
-                    .map_err(|e| format!("write {}: {e}", part.display()))?;
-                std::fs::rename(&part, p).map_err(|e| format!("rename to {}: {e}", p.display()))?;
-                Ok(d)
-            });
-            if done.is_err() {
-                let _ = std::fs::remove_file(&part);
-            }
-            done?
+            // Written aside and renamed (a device such as /dev/null
+            // written to as it is): no half export under the name asked
+            // for, and no other file touched.
+            let mut f = Output::open(p).map_err(|e| format!("open {}: {e}", p.display()))?;
+            let done = allox_ctl::transfer::export(&mut c, query, f.file())?;
+            f.finish()
+                .map_err(|e| format!("write {}: {e}", p.display()))?;
+            done
         }
         None => allox_ctl::transfer::export(&mut c, query, &mut std::io::stdout().lock())?,
     };

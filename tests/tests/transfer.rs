@@ -859,3 +859,94 @@ fn an_interrupted_import_is_dropped_on_the_daemon() {
     );
     assert!(said.starts_with("imported a/s: "), "{said}");
 }
+
+/// `-o FILE` (and a copy out of a session) writes the file named, as a
+/// user means it: a device node is written to, not replaced (an export to
+/// `/dev/null` as root made the host's `/dev/null` a regular file); a
+/// file beside it is never touched (`x.allox` was written as `x.partial`,
+/// overwriting and then removing a file of that name, even when the
+/// export failed); a symbolic link is written through.
+#[test]
+fn alloxctl_writes_the_file_named_and_nothing_else() {
+    if !require("transfer::alloxctl_writes_the_file_named_and_nothing_else") {
+        return;
+    }
+    let d = allox_integration::ProcDaemon::start("written-as-named", &[]);
+    ctl(&d, &["agent", "create", "a"]);
+    ctl(&d, &["session", "create", "a", "s"]);
+    std::fs::write(
+        d.daemon
+            .root
+            .join("agents/a/workspace/sessions/s/current/f"),
+        "data\n",
+    )
+    .unwrap();
+    let dir = tempfile::tempdir_in(d.fs.scratch()).unwrap();
+    let p = |n: &str| dir.path().join(n);
+    let s = |n: &str| p(n).to_str().unwrap().to_string();
+    let is_null = |n: &str| {
+        use std::os::unix::fs::FileTypeExt;
+        std::fs::symlink_metadata(p(n)).is_ok_and(|m| m.file_type().is_char_device())
+    };
+    for n in ["null", "null2"] {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            p(n),
+            rustix::fs::FileType::CharacterDevice,
+            rustix::fs::Mode::from_raw_mode(0o666),
+            rustix::fs::makedev(1, 3),
+        )
+        .unwrap();
+    }
+    std::fs::write(p("x.partial"), "mine\n").unwrap();
+    std::fs::write(p("y.partial"), "mine too\n").unwrap();
+    std::fs::write(p("real"), "").unwrap();
+    std::os::unix::fs::symlink(p("real"), p("link")).unwrap();
+    ctl(&d, &["session", "export", "a", "s", "-o", &s("null")]);
+    ctl(&d, &["session", "export", "a", "s", "-o", &s("x.allox")]);
+    ctl(&d, &["session", "export", "a", "s", "-o", &s("link")]);
+    ctl(&d, &["cp", "a/s:f", &s("null2")]);
+    let (code, _, err) = allox_integration::alloxctl(
+        &d.daemon.socket,
+        &["session", "export", "a", "nosuch", "-o", &s("y.txt")],
+    );
+    assert!(code != 0 && err.contains("nosuch"), "{err}");
+    assert!(
+        is_null("null") && is_null("null2"),
+        "a device node was replaced"
+    );
+    assert_eq!(std::fs::read_to_string(p("x.partial")).unwrap(), "mine\n");
+    assert_eq!(
+        std::fs::read_to_string(p("y.partial")).unwrap(),
+        "mine too\n"
+    );
+    assert!(std::fs::metadata(p("x.allox")).unwrap().len() > 0);
+    assert!(std::fs::symlink_metadata(p("link"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(
+        std::fs::metadata(p("real")).unwrap().len() > 0,
+        "the link's file was not written"
+    );
+    // Nothing else is left in the directory: no aside file of the failed
+    // export or of the others.
+    let mut left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "link",
+            "null",
+            "null2",
+            "real",
+            "x.allox",
+            "x.partial",
+            "y.partial"
+        ]
+    );
+}

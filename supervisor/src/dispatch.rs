@@ -516,6 +516,20 @@ impl Supervisor {
                     RequestError,
                 >| {
                     added_to.set(true);
+                    // The session it adds to is known only now (the
+                    // request may not name it): an expired or fenced one
+                    // takes no change, as before any other request.
+                    let key = format!("{a}/{s}");
+                    if let Some(why) = self
+                        .clocks
+                        .expired_why(&key)
+                        .or_else(|| self.plugins.holds(a, s))
+                    {
+                        return Err(RequestError::Refused {
+                            action: "session.import",
+                            why,
+                        });
+                    }
                     let Some(runs) = &self.runs else {
                         return commit();
                     };
@@ -524,11 +538,15 @@ impl Supervisor {
                             runs.wait_unoccupied(a, s, std::time::Duration::from_secs(5));
                         }
                         if runs.occupied(a, s) {
-                            return Err(RequestError::from(StoreError::SessionBusy {
-                                agent: a.into(),
-                                session: s.into(),
-                                live: runs.live(a, s),
-                            }));
+                            // (An import has no kill_processes: it says
+                            // what to do instead.)
+                            return Err(RequestError::Transfer {
+                                code: allox_protocol::ErrorCode::Conflict,
+                                why: format!(
+                                    "session {a}/{s} has {} live processes (and sandboxes): an archive that adds to it replaces its current/; stop them (process.kill, alloxctl kill {a} {s}) and import again",
+                                    runs.live(a, s)
+                                ),
+                            });
                         }
                         commit()
                     })

@@ -950,3 +950,76 @@ fn alloxctl_writes_the_file_named_and_nothing_else() {
         ]
     );
 }
+
+/// An archive that adds to a session (`move --since`, an import that does
+/// not name the session) is a change of it: refused while it is expired,
+/// as any change is (the session the request names was the agent only, so
+/// the expiry was never looked at, and checkpoints and a new current/
+/// went in); and into a session with live processes it says what to do
+/// (it named a flag neither command has).
+#[test]
+fn an_archive_that_adds_to_an_expired_or_busy_session_is_refused_saying_why() {
+    if !require(
+        "transfer::an_archive_that_adds_to_an_expired_or_busy_session_is_refused_saying_why",
+    ) {
+        return;
+    }
+    let a = allox_integration::ProcDaemon::start("adds-a", &[]);
+    let b = allox_integration::ProcDaemon::start("adds-b", &[]);
+    let sock_b = b.daemon.socket.to_str().unwrap().to_string();
+    for d in [&a, &b] {
+        ctl(d, &["agent", "create", "a"]);
+    }
+    ctl(&a, &["session", "create", "a", "s"]);
+    ctl(&a, &["exec", "a", "s", "--", "sh", "-c", "echo 1 > f"]);
+    ctl(&a, &["checkpoint", "create", "a", "s", "c1"]);
+    ctl(&a, &["session", "move", "a", "s", "--to", &sock_b]);
+    ctl(&a, &["exec", "a", "s", "--", "sh", "-c", "echo 2 > f"]);
+    ctl(&a, &["checkpoint", "create", "a", "s", "c2"]);
+    // Expired on b.
+    ctl(&b, &["limit", "a", "s", "--max-lifetime-ms", "1"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !ctl(&b, &["session", "info", "a", "s"]).contains("expired at") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the session did not expire"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let log_before = ctl(&b, &["log", "a", "s"]);
+    let (code, _, err) = allox_integration::alloxctl(
+        &a.daemon.socket,
+        &[
+            "session", "move", "a", "s", "--to", &sock_b, "--since", "c1",
+        ],
+    );
+    assert!(code != 0 && err.contains("a/s expired"), "{code} {err}");
+    assert_eq!(ctl(&b, &["log", "a", "s"]), log_before);
+    let f = b
+        .daemon
+        .root
+        .join("agents/a/workspace/sessions/s/current/f");
+    assert_eq!(std::fs::read_to_string(&f).unwrap(), "1\n");
+    // More time, and a run going on there: refused, saying what to do.
+    ctl(&b, &["limit", "a", "s", "--max-lifetime-ms", "0"]);
+    ctl(&b, &["start", "a", "s", "--", "sleep", "600"]);
+    let (code, _, err) = allox_integration::alloxctl(
+        &a.daemon.socket,
+        &[
+            "session", "move", "a", "s", "--to", &sock_b, "--since", "c1",
+        ],
+    );
+    assert!(
+        code != 0 && err.contains("alloxctl kill a s") && !err.contains("--kill-processes"),
+        "{code} {err}"
+    );
+    // Stopped: it goes in.
+    ctl(&b, &["kill", "a", "s"]);
+    ctl(
+        &a,
+        &[
+            "session", "move", "a", "s", "--to", &sock_b, "--since", "c1",
+        ],
+    );
+    assert_eq!(std::fs::read_to_string(&f).unwrap(), "2\n");
+}

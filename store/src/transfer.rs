@@ -615,6 +615,27 @@ fn check_base(st: &Store, a: &str, s: &str, m: &Manifest) -> Result<()> {
             return Err(StoreError::Exists(format!("checkpoint {a}/{s}/{}", c.id)));
         }
     }
+    // The archive carries the sender's whole list of turns, put in place
+    // of this session's: each turn here must be the sender's as it is
+    // (else its history went on here too, and a turn would be re-opened,
+    // or two open at once, or two of one number).
+    let theirs: HashMap<&str, &crate::index::TurnRecord> =
+        m.turns.iter().map(|(t, r)| (t.as_str(), r)).collect();
+    for (t, r) in st.index.turns(a, s)? {
+        match theirs.get(t.as_str()) {
+            Some(x) if **x == r => {}
+            Some(_) => {
+                return Err(mismatch(format!(
+                    "but turn {t} of this session is not the sender's as it is (it went on here since: move the other way, or fork)"
+                )))
+            }
+            None => {
+                return Err(mismatch(format!(
+                    "but turn {t} of this session was made here and the sender has no such turn (move the other way, or fork)"
+                )))
+            }
+        }
+    }
     Ok(())
 }
 

@@ -1022,4 +1022,25 @@ fn an_archive_that_adds_to_an_expired_or_busy_session_is_refused_saying_why() {
         ],
     );
     assert_eq!(std::fs::read_to_string(&f).unwrap(), "2\n");
+    // A turn begun there since: the sender's turns would be put over it
+    // (two open turns, two of one number, an ended one re-opened).
+    ctl(&b, &["turn", "begin", "a", "s"]);
+    ctl(&a, &["turn", "begin", "a", "s", "--turn-id", "x"]);
+    ctl(&a, &["checkpoint", "create", "a", "s", "c3"]);
+    let log_before = ctl(&b, &["log", "a", "s"]);
+    let (code, _, err) = allox_integration::alloxctl(
+        &a.daemon.socket,
+        &[
+            "session", "move", "a", "s", "--to", &sock_b, "--since", "c2",
+        ],
+    );
+    assert!(
+        code != 0 && err.contains("conflict") && err.contains("was made here"),
+        "{code} {err}"
+    );
+    assert_eq!(ctl(&b, &["log", "a", "s"]), log_before);
+    // Its turn ended there, it stays as it ended; the other way it goes.
+    let (code, _, err) =
+        allox_integration::alloxctl(&b.daemon.socket, &["turn", "begin", "a", "s"]);
+    assert!(code != 0 && err.contains("has not ended"), "{err}");
 }

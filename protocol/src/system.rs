@@ -142,6 +142,11 @@ pub struct StoreCheckReport {
     /// Why the store refuses changes, when it does (a failed recovery or
     /// an undo that could not finish).
     pub read_only: Option<String>,
+    /// Names that are not records but not out of place either: the
+    /// scratch trees of exports and imports going on, and trees whose
+    /// removal is being tried again (deleted while an export sent them).
+    #[serde(default)]
+    pub in_progress: Vec<String>,
 }
 
 impl StoreCheckReport {

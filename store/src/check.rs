@@ -45,6 +45,21 @@ impl Store {
                     .push(format!("{op_id}: {:?} ({:?})", e.op, e.stage)),
             }
         }
+        // Not out of place: the scratch trees of the exports and imports
+        // going on, and trees whose removal is being tried again (a
+        // checkpoint deleted while an export sent it).
+        let busy: std::collections::HashSet<std::path::PathBuf> = self
+            .transfers_in_flight()
+            .into_iter()
+            .chain(self.reaper.retrying())
+            .collect();
+        let in_progress = |p: &Path, shown: String, r: &mut StoreCheckReport| {
+            let yes = busy.iter().any(|b| b == p);
+            if yes {
+                r.in_progress.push(shown);
+            }
+            yes
+        };
         let probe = |p: &Path| -> Result<bool> { Ok(btrfs::probe_subvolume(p)?) };
         let agents = self.index.agents()?;
         for (a, _) in &agents {
@@ -64,22 +79,35 @@ impl Store {
         }
         for a in names(&l.agents_dir())? {
             if a.starts_with('.') || self.index.agent(&a)?.is_none() {
-                r.missing_in_index.push(format!("agents/{a}"));
+                let p = l.agents_dir().join(&a);
+                if !in_progress(&p, format!("agents/{a}"), &mut r) {
+                    r.missing_in_index.push(format!("agents/{a}"));
+                }
                 continue;
             }
             for s in names(&l.sessions_dir(&a))? {
                 if s.starts_with('.') || self.index.session(&a, &s)?.is_none() {
-                    r.missing_in_index.push(format!("{a}/{s}"));
+                    let p = l.sessions_dir(&a).join(&s);
+                    if !in_progress(&p, format!("{a}/{s}"), &mut r) {
+                        r.missing_in_index.push(format!("{a}/{s}"));
+                    }
                     continue;
                 }
                 for n in names(&l.session_dir(&a, &s))? {
-                    if n != "current" && n != "checkpoints" {
+                    let p = l.session_dir(&a, &s).join(&n);
+                    if n != "current"
+                        && n != "checkpoints"
+                        && !in_progress(&p, format!("{a}/{s}/{n}"), &mut r)
+                    {
                         r.missing_in_index.push(format!("{a}/{s}/{n}"));
                     }
                 }
                 for c in names(&l.checkpoints_dir(&a, &s))? {
                     if c.starts_with('.') || self.index.checkpoint(&a, &s, &c)?.is_none() {
-                        r.missing_in_index.push(format!("{a}/{s}/checkpoints/{c}"));
+                        let p = l.checkpoints_dir(&a, &s).join(&c);
+                        if !in_progress(&p, format!("{a}/{s}/checkpoints/{c}"), &mut r) {
+                            r.missing_in_index.push(format!("{a}/{s}/checkpoints/{c}"));
+                        }
                     }
                 }
             }

@@ -82,6 +82,10 @@ pub enum StoreError {
         checkpoint: String,
     },
     /// `turn.begin` while another turn of the session is open.
+    /// What an operation read was deleted while it read it (a checkpoint
+    /// an export was sending): said, not an internal failure.
+    #[error("{0}")]
+    ChangedDuring(String),
     /// A tree a diff read was replaced (a rollback) or deleted while it
     /// was read: what was read of it cannot be answered.
     #[error("{tree} of session {agent}/{session} was replaced or deleted while the diff read it (a rollback or a delete at the same time); try again")]
@@ -198,6 +202,7 @@ impl StoreError {
             | StoreError::CheckpointPinned { .. }
             | StoreError::TurnOpen { .. }
             | StoreError::TreeReplaced { .. }
+            | StoreError::ChangedDuring(_)
             | StoreError::NoOpenTurn { .. }
             | StoreError::TurnEnded { .. }
             | StoreError::BaseMismatch(_) => ErrorCode::Conflict,

@@ -91,6 +91,9 @@ pub struct Store {
     room_short: std::sync::atomic::AtomicBool,
     /// Interrupted operations recovery finished or undid at the open.
     replayed: u64,
+    /// The scratch trees of exports and imports going on (not out of
+    /// place for `store.check`; left by a crash, removed at the next open).
+    in_flight: Arc<Mutex<std::collections::HashSet<std::path::PathBuf>>>,
     _root_lock: OwnedFd,
 }
 
@@ -245,6 +248,7 @@ impl Store {
             room,
             room_short: std::sync::atomic::AtomicBool::new(false),
             replayed: 0,
+            in_flight: Default::default(),
             _root_lock: root_lock,
         };
         if degraded.is_none() {

@@ -70,6 +70,45 @@ impl Drop for Scratch {
     }
 }
 
+/// A transfer's scratch directory known to the store while the transfer
+/// goes on (so `store.check` does not call it out of place).
+struct InFlight {
+    set: Arc<std::sync::Mutex<HashSet<PathBuf>>>,
+    path: PathBuf,
+}
+
+impl InFlight {
+    fn new(st: &Store, path: &Path) -> InFlight {
+        let set = st.in_flight.clone();
+        set.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(path.to_path_buf());
+        InFlight {
+            set,
+            path: path.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.set
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.path);
+    }
+}
+
+impl Store {
+    /// The scratch trees of the transfers going on.
+    pub(crate) fn transfers_in_flight(&self) -> HashSet<PathBuf> {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
 fn btrfs_cli() -> Command {
     let mut c = Command::new("btrfs");
     c.env_clear().env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
@@ -93,6 +132,7 @@ impl Store {
             validate_id("since", c)?;
         }
         let l = &self.layout;
+        let _in_flight;
         let scratch;
         let manifest = {
             let _g = self.guard();
@@ -115,6 +155,7 @@ impl Store {
             let dir = l
                 .session_dir(a, s)
                 .join(format!(".export-{}", self.new_op_id()));
+            _in_flight = InFlight::new(self, &dir);
             mkdir(&dir)?;
             scratch = Scratch(Some(dir.clone()));
             btrfs::snapshot(&l.current(a, s), &dir.join(CURRENT), true)?;
@@ -169,7 +210,23 @@ impl Store {
                 cmd.arg("-p").arg(l.checkpoint(a, s, p));
             }
             cmd.arg(path_of(&st.tree));
-            send(cmd, &st.tree, &mut w)?;
+            if let Err(e) = send(cmd, &st.tree, &mut w) {
+                // A checkpoint deleted while it was sent (by the host, or
+                // pruned by the agent's own turn): said as such.
+                let gone = !path_of(&st.tree).exists()
+                    || st
+                        .parent
+                        .as_ref()
+                        .is_some_and(|p| !l.checkpoint(a, s, p).exists());
+                return Err(if gone {
+                    StoreError::ChangedDuring(format!(
+                        "the export of {a}/{s} stopped: {} (or the checkpoint it is sent against) was deleted while it was sent; export again",
+                        st.tree
+                    ))
+                } else {
+                    e
+                });
+            }
             w.end_stream()
                 .map_err(|e| StoreError::Export(format!("writing {}: {e}", st.tree)))?;
         }
@@ -195,6 +252,7 @@ impl Store {
         let staging = format!(".import-{}", self.new_op_id());
         let dir = self.layout.sessions_dir(a).join(&staging);
         mkdir(&dir)?;
+        let in_flight = InFlight::new(self, &dir);
         let scratch = Scratch(Some(dir.clone()));
         mkdir(&dir.join("checkpoints"))?;
         Ok(Import {
@@ -203,6 +261,7 @@ impl Store {
             session: s.map(str::to_string),
             staging,
             scratch,
+            _in_flight: in_flight,
             reader: archive::Reader::default(),
             manifest: None,
             receiving: None,
@@ -276,6 +335,8 @@ pub struct Import {
     session: Option<String>,
     staging: String,
     scratch: Scratch,
+    /// Dropped after `scratch` (fields drop in order).
+    _in_flight: InFlight,
     reader: archive::Reader,
     manifest: Option<Manifest>,
     /// The `btrfs receive` of the stream being read.

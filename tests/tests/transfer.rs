@@ -1044,3 +1044,122 @@ fn an_archive_that_adds_to_an_expired_or_busy_session_is_refused_saying_why() {
         allox_integration::alloxctl(&b.daemon.socket, &["turn", "begin", "a", "s"]);
     assert!(code != 0 && err.contains("has not ended"), "{err}");
 }
+
+/// A writer that, once `after` bytes went through it, says so and waits to
+/// be let go (an export's slow reader).
+struct Held {
+    seen: usize,
+    after: usize,
+    started: Option<std::sync::mpsc::Sender<()>>,
+    go: std::sync::mpsc::Receiver<()>,
+}
+
+impl std::io::Write for Held {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.seen += b.len();
+        if self.seen > self.after {
+            if let Some(tx) = self.started.take() {
+                let _ = tx.send(());
+                let _ = self.go.recv();
+            }
+        }
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// An export and an import going on are not out of place for the store's
+/// check (it called them leftovers, exit 1); a checkpoint deleted while an
+/// export sends it ends the export saying so (`conflict`, not `internal`
+/// with a `btrfs` path), and its tree, which the kernel will not delete
+/// while it is sent, is removed once it can be (it stayed until the
+/// daemon's next start).
+#[test]
+fn transfers_going_on_are_not_out_of_place_and_a_tree_deleted_under_an_export_goes_after_it() {
+    if !require("transfer::transfers_going_on_are_not_out_of_place") {
+        return;
+    }
+    let fs = BtrfsFs::new(512).unwrap();
+    let st = store(&fs);
+    st.agent_create("a").unwrap();
+    let info = st.session_create("a", "s").unwrap();
+    let cur = std::path::PathBuf::from(&info.current);
+    let mut noise = vec![0u8; 32 << 20];
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for b in noise.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    std::fs::write(cur.join("big"), &noise).unwrap();
+    checkpoint(&st, "c1", false, None);
+    std::fs::write(cur.join("more"), "x\n").unwrap();
+    checkpoint(&st, "c2", false, None);
+    // An export held by its reader in the middle of c1's stream.
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel();
+    let exporting = {
+        let st = st.clone();
+        std::thread::spawn(move || {
+            let mut w = Held {
+                seen: 0,
+                after: 4 << 20,
+                started: Some(started_tx),
+                go: go_rx,
+            };
+            st.session_export("a", "s", None, &Default::default(), &mut w)
+                .map(drop)
+                .map_err(|e| (e.code(), e.chain()))
+        })
+    };
+    started
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the export did not begin");
+    let r = st.check().unwrap();
+    assert!(
+        r.is_consistent() && r.in_progress.iter().any(|p| p.contains(".export-")),
+        "{r:?}"
+    );
+    // Its first checkpoint deleted meanwhile.
+    st.checkpoint_delete("a", "s", "c1").unwrap();
+    go.send(()).unwrap();
+    let (code, why) = exporting.join().unwrap().unwrap_err();
+    assert!(
+        code == ErrorCode::Conflict && why.contains("was deleted while it was sent"),
+        "{code:?} {why}"
+    );
+    // Its tree goes once the export let go of it: the check is whole.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let r = st.check().unwrap();
+        if r.is_consistent() && r.in_progress.is_empty() && r.removing == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{r:?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let left: Vec<String> = std::fs::read_dir(st.layout().checkpoints_dir("a", "s"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["c2"]);
+    // An import going on: in progress, not out of place; dropped, gone.
+    let mut whole = Vec::new();
+    st.session_export("a", "s", None, &Default::default(), &mut whole)
+        .unwrap();
+    st.agent_create("b").unwrap();
+    let mut i = st.import_begin("b", None).unwrap();
+    i.push(&whole[..whole.len() / 2]).unwrap();
+    let r = st.check().unwrap();
+    assert!(
+        r.is_consistent() && r.in_progress.iter().any(|p| p.contains(".import-")),
+        "{r:?}"
+    );
+    drop(i);
+    let r = st.check().unwrap();
+    assert!(r.is_consistent() && r.in_progress.is_empty(), "{r:?}");
+}

@@ -2630,6 +2630,11 @@ class StoreCheckReport(Model):
     the index has its subvolume on disk and the other way round.
     """
 
+    #: Names that are not records but not out of place either: the
+    #: scratch trees of exports and imports going on, and trees whose
+    #: removal is being tried again (deleted while an export sent them).
+    in_progress: list[str] = field(default_factory=list)
+
     #: Subvolumes without an index record, and leftover in-flight names.
     missing_in_index: list[str]
 

@@ -40,6 +40,10 @@ fn store_check(r: &allox_protocol::StoreCheckReport) -> String {
         ("unfinished operation", &r.unfinished),
         ("in the index, not on disk", &r.missing_on_disk),
         ("on disk, not in the index", &r.missing_in_index),
+        (
+            "in progress (an export, an import, a removal tried again)",
+            &r.in_progress,
+        ),
     ] {
         for i in items {
             out.push_str(&format!("{what}: {}\n", clean(i)));

@@ -480,6 +480,15 @@ impl Import {
         match r {
             Ok(()) => Ok(()),
             Err(PushError::Archive(e)) => Err(StoreError::Archive(e)),
+            // Its agent deleted meanwhile (its staging went with it, and
+            // receive failed): said, not blamed on the archive.
+            Err(PushError::Handler(StoreError::BadArchive(_)))
+                if store.index.agent(agent).ok().flatten().is_none() =>
+            {
+                Err(StoreError::ChangedDuring(format!(
+                    "agent {agent} was deleted during the import; nothing was made"
+                )))
+            }
             Err(PushError::Handler(e)) => Err(e),
         }
     }

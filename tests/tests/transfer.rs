@@ -1162,4 +1162,20 @@ fn transfers_going_on_are_not_out_of_place_and_a_tree_deleted_under_an_export_go
     drop(i);
     let r = st.check().unwrap();
     assert!(r.is_consistent() && r.in_progress.is_empty(), "{r:?}");
+    // Its agent deleted while it goes on: said so, not blamed on the
+    // archive (it was "the session archive is refused: btrfs receive …").
+    let mut i = st.import_begin("b", None).unwrap();
+    i.push(&whole[..whole.len() / 2]).unwrap();
+    st.agent_delete_guarded("b", true).unwrap();
+    let e = match i.push(&whole[whole.len() / 2..]) {
+        Err(e) => e,
+        Ok(()) => i.commit().map(drop).unwrap_err(),
+    };
+    assert!(
+        e.code() == ErrorCode::Conflict
+            && e.chain().contains("agent b was deleted during the import"),
+        "{:?} {}",
+        e.code(),
+        e.chain()
+    );
 }

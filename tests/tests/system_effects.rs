@@ -2660,9 +2660,42 @@ fn the_verifier_names_the_first_bad_file_and_an_export_verifies_the_same_on_the_
             run_id: run.clone(),
         }),
     );
+    let exported = call(
+        &d,
+        Request::EffectsExport(allox_protocol::EffectsExport {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: run.clone(),
+            offset: None,
+        }),
+    );
     for (p, b) in &kept {
         std::fs::write(p, b).unwrap();
     }
+    match exported {
+        Err(b) => assert_eq!(b.code, allox_protocol::ErrorCode::Conflict, "{b:?}"),
+        other => panic!("the export of a replaced set: {other:?}"),
+    }
+    // An export of the other run's set named as this run's (made by hand):
+    // the verifier on the host says whose it is.
+    let renamed = dir.path().join("renamed.tar");
+    std::fs::write(
+        &renamed,
+        allox_effects::export::tar_set(&donor_set, &format!("effects-a-s-{run}")).unwrap(),
+    )
+    .unwrap();
+    let out = std::process::Command::new(allox_integration::workspace_bin(
+        "allox-system-effects-verify",
+    ))
+    .arg("--export")
+    .arg(&renamed)
+    .output()
+    .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.code() == Some(1) && said.contains("another run's set"),
+        "{out:?}"
+    );
     assert!(
         !without.ok
             && without

@@ -55,7 +55,33 @@ fn main() {
                 }
             };
             match read {
-                Ok(set) => verify_set(&set, root.as_deref()),
+                Ok(set) => {
+                    let mut r = verify_set(&set, root.as_deref());
+                    // An export names its set's run (`effects-A-S-RUN/`):
+                    // another run's set under that name is not that run's.
+                    let named = format!(
+                        "effects-{}-{}-{}",
+                        r.agent_id.as_deref().unwrap_or("?"),
+                        r.session_id.as_deref().unwrap_or("?"),
+                        r.run_id.as_deref().unwrap_or("?")
+                    );
+                    if r.ok && set.top != named {
+                        r.ok = false;
+                        r.first_bad = Some(allox_effects::verify::Bad {
+                            file: allox_effects::chain::RECORDS.into(),
+                            seq: Some(0),
+                            kind: Some("begin".into()),
+                            why: format!(
+                                "the export is named {}/, but its set is run {} of {}/{}: another run's set",
+                                set.top,
+                                r.run_id.as_deref().unwrap_or("?"),
+                                r.agent_id.as_deref().unwrap_or("?"),
+                                r.session_id.as_deref().unwrap_or("?")
+                            ),
+                        });
+                    }
+                    r
+                }
                 Err(why) => Report::broken("export", why),
             }
         }

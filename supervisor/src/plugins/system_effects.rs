@@ -1834,6 +1834,10 @@ fn serve(st: &Started, req: &Request) -> Result<Response, PluginError> {
         }
         Request::EffectsExport(x) => {
             let dir = closed_set(st, &x.agent_id, &x.session_id, &x.run_id)?;
+            // Not another run's set under this run's name.
+            if let Ok(e) = read_effects(&dir) {
+                same_run(&e, &x.agent_id, &x.session_id, &x.run_id)?;
+            }
             let top = format!("effects-{}-{}-{}", x.agent_id, x.session_id, x.run_id);
             let tar = allox_effects::export::tar_set(&dir, &top).map_err(|e| {
                 answered(

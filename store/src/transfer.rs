@@ -134,11 +134,18 @@ impl Store {
         let l = &self.layout;
         let _in_flight;
         let scratch;
+        // Each checkpoint's own UUID as the manifest records it: a tree is
+        // sent by its path, after the store's lock is let go, so one deleted
+        // and made again under its name meanwhile must not be sent as it.
+        let mut trees: HashMap<String, [u8; 16]> = HashMap::new();
         let manifest = {
             let _g = self.guard();
             let rec = self.need_session(a, s)?;
             let mut cps = self.index.checkpoints(a, s)?;
             cps.sort_by_key(|(_, r)| r.seq);
+            for (c, _) in &cps {
+                trees.insert(c.clone(), btrfs::root_info(&l.checkpoint(a, s, c))?.uuid);
+            }
             let base = match since {
                 Some(c) => {
                     let r = self.need_checkpoint(a, s, c)?;
@@ -210,7 +217,35 @@ impl Store {
                 cmd.arg("-p").arg(l.checkpoint(a, s, p));
             }
             cmd.arg(path_of(&st.tree));
-            if let Err(e) = send(cmd, &st.tree, &mut w) {
+            // The tree and its parent are still those the manifest
+            // records, before the send and after it.
+            let same = |c: &str| {
+                btrfs::root_info(&l.checkpoint(a, s, c))
+                    .ok()
+                    .map(|i| i.uuid)
+                    == trees.get(c).copied()
+            };
+            let unchanged = || {
+                let tree = match &st.tree {
+                    Tree::Checkpoint(c) => same(c),
+                    Tree::Current => true,
+                };
+                tree && st.parent.as_deref().is_none_or(same)
+            };
+            let replaced = || {
+                StoreError::ChangedDuring(format!(
+                    "the export of {a}/{s} stopped: {} (or the checkpoint it is sent against) was deleted, or made again under its name, while the export ran; export again",
+                    st.tree
+                ))
+            };
+            if !unchanged() {
+                return Err(replaced());
+            }
+            let sent = send(cmd, &st.tree, &mut w);
+            if sent.is_ok() && !unchanged() {
+                return Err(replaced());
+            }
+            if let Err(e) = sent {
                 // A checkpoint deleted while it was sent (by the host, or
                 // pruned by the agent's own turn): said as such.
                 let gone = !path_of(&st.tree).exists()
@@ -694,6 +729,12 @@ fn check_base(st: &Store, a: &str, s: &str, m: &Manifest) -> Result<()> {
     for (t, r) in st.index.turns(a, s)? {
         match theirs.get(t.as_str()) {
             Some(x) if **x == r => {}
+            // Open here as it left, ended by the sender since: the
+            // sender's history going on.
+            Some(x)
+                if r.ended_ms.is_none()
+                    && (x.number, x.began_ms) == (r.number, r.began_ms)
+                    && r.checkpoint_id.is_none() => {}
             Some(_) => {
                 return Err(mismatch(format!(
                     "but turn {t} of this session is not the sender's as it is (it went on here since: move the other way, or fork)"

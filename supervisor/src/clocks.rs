@@ -39,7 +39,8 @@ pub struct Clocks {
     /// Expired sessions, with what a refused change is told.
     expired: RwLock<HashMap<String, String>>,
     /// Requests in progress that follow a run of each session (a start
-    /// that waits, a wait, an attach): while one is, the session is in use.
+    /// that waits, a wait, an attach, logs followed): while one is, the
+    /// session is in use.
     following: Mutex<HashMap<String, usize>>,
 }
 
@@ -126,12 +127,14 @@ impl Clocks {
     }
 
     /// `req`, while it is answered: a request that follows a run (a
-    /// `process.start` that waits, `process.wait`, `process.attach`) keeps
+    /// `process.start` that waits, `process.wait`, `process.attach`,
+    /// `process.logs` that follows) keeps
     /// its session from being paused as idle, however long the run sleeps
     /// (the pause froze the run under its waiting client, for ever).
     pub fn in_use(&self, req: &Request) -> InUse<'_> {
         let follows = match req {
             Request::ProcessStart(p) => p.wait,
+            Request::ProcessLogs(l) => l.follow,
             Request::ProcessWait(_) | Request::ProcessAttach(_) => true,
             _ => false,
         };

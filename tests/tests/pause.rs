@@ -472,6 +472,34 @@ fn clocks_follow_waiting_clients_restarts_forks_and_deletes() {
     until("the session is paused once nobody waits", || {
         info_of(&d, "a", "w").paused.is_some()
     });
+    // The same with a client that follows the run's output.
+    create(&d, "a", "l", Some(1_000), None);
+    let mut p = process_start("a", "l", &["/bin/sh", "-c", "sleep 2.5; echo done"]);
+    p.wait = false;
+    let run = match call(&d, Request::ProcessStart(p)) {
+        Ok(Response::Started(r)) => r.run_id,
+        other => panic!("{other:?}"),
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let socket = d.daemon.socket.clone();
+        std::thread::spawn(move || {
+            let mut c = allox_ctl::client::Client::connect(&socket).unwrap();
+            let _ = tx.send(c.call(Request::ProcessLogs(ProcessLogs {
+                agent_id: "a".into(),
+                session_id: "l".into(),
+                run_id: run,
+                follow: true,
+            })));
+        });
+    }
+    match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(Ok(Ok(_))) => {}
+        Ok(other) => panic!("the followed logs: {other:?}"),
+        Err(_) => {
+            panic!("the followed logs did not end within 20 s: paused as idle under their client")
+        }
+    }
 
     // An agent's default limits: a fork of its session takes them.
     call(

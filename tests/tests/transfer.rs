@@ -1128,7 +1128,7 @@ fn transfers_going_on_are_not_out_of_place_and_a_tree_deleted_under_an_export_go
     go.send(()).unwrap();
     let (code, why) = exporting.join().unwrap().unwrap_err();
     assert!(
-        code == ErrorCode::Conflict && why.contains("was deleted while it was sent"),
+        code == ErrorCode::Conflict && why.contains("was deleted"),
         "{code:?} {why}"
     );
     // Its tree goes once the export let go of it: the check is whole.
@@ -1147,6 +1147,39 @@ fn transfers_going_on_are_not_out_of_place_and_a_tree_deleted_under_an_export_go
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(left, ["c2"]);
+    // A checkpoint not sent yet, deleted and made again under its name
+    // while the export runs: not sent as the one the manifest records
+    // (the new tree went out under the old record, export answered ok).
+    std::fs::write(cur.join("later"), "y\n").unwrap();
+    checkpoint(&st, "c3", false, Some("the first c3"));
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel();
+    let exporting = {
+        let st = st.clone();
+        std::thread::spawn(move || {
+            let mut w = Held {
+                seen: 0,
+                after: 4 << 20,
+                started: Some(started_tx),
+                go: go_rx,
+            };
+            st.session_export("a", "s", None, &Default::default(), &mut w)
+                .map(drop)
+                .map_err(|e| (e.code(), e.chain()))
+        })
+    };
+    started
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the export did not begin");
+    st.checkpoint_delete("a", "s", "c3").unwrap();
+    std::fs::write(cur.join("injected"), "z\n").unwrap();
+    checkpoint(&st, "c3", false, Some("another c3"));
+    go.send(()).unwrap();
+    let (code, why) = exporting.join().unwrap().unwrap_err();
+    assert!(
+        code == ErrorCode::Conflict && why.contains("made again under its name"),
+        "{code:?} {why}"
+    );
     // An import going on: in progress, not out of place; dropped, gone.
     let mut whole = Vec::new();
     st.session_export("a", "s", None, &Default::default(), &mut whole)
@@ -1178,4 +1211,50 @@ fn transfers_going_on_are_not_out_of_place_and_a_tree_deleted_under_an_export_go
         e.code(),
         e.chain()
     );
+}
+
+/// A session moved with a turn open, the turn ended where it went, moves
+/// back: the receiver's open turn is the sender's history going on, not
+/// a turn of its own (it was refused as one that "went on here").
+#[test]
+fn a_turn_moved_open_and_ended_on_the_other_side_moves_back() {
+    if !require("transfer::a_turn_moved_open_and_ended_on_the_other_side_moves_back") {
+        return;
+    }
+    let a = allox_integration::ProcDaemon::start("turn-back-a", &[]);
+    let b = allox_integration::ProcDaemon::start("turn-back-b", &[]);
+    let (sock_a, sock_b) = (
+        a.daemon.socket.to_str().unwrap().to_string(),
+        b.daemon.socket.to_str().unwrap().to_string(),
+    );
+    for d in [&a, &b] {
+        ctl(d, &["agent", "create", "a"]);
+    }
+    ctl(&a, &["session", "create", "a", "s"]);
+    ctl(&a, &["policy", "a", "s", "--auto-checkpoint", "on"]);
+    ctl(&a, &["turn", "begin", "a", "s"]);
+    ctl(&a, &["turn", "end", "a", "s", "turn-1", "--status", "ok"]);
+    ctl(&a, &["session", "move", "a", "s", "--to", &sock_b]);
+    // On b: a turn begun, the session moved back with it open.
+    ctl(&b, &["turn", "begin", "a", "s"]);
+    ctl(&b, &["exec", "a", "s", "--", "sh", "-c", "echo b > f"]);
+    ctl(
+        &b,
+        &[
+            "session", "move", "a", "s", "--to", &sock_a, "--since", "turn-1",
+        ],
+    );
+    // Ended on a, and back to b, where it is still open as it left.
+    ctl(&a, &["turn", "end", "a", "s", "turn-2", "--status", "ok"]);
+    ctl(
+        &a,
+        &[
+            "session", "move", "a", "s", "--to", &sock_b, "--since", "turn-1",
+        ],
+    );
+    let log = ctl(&b, &["log", "a", "s"]);
+    assert!(log.contains("turn-2"), "{log}");
+    let (code, _, err) =
+        allox_integration::alloxctl(&b.daemon.socket, &["turn", "end", "a", "s", "turn-2"]);
+    assert!(code != 0 && err.contains("already ended"), "{err}");
 }

@@ -327,21 +327,35 @@ pub enum StdinFileError {
         #[source]
         source: io::Error,
     },
+    #[error("the stdin file {} holds more than {STDIN_FILE_MAX} bytes, the most that go with the request: give it with -i instead (alloxctl exec -i AGENT SESSION -- PROGRAM < FILE), which streams it", path.display())]
+    TooLarge { path: PathBuf },
 }
+
+/// The most bytes `--stdin-file` gives with the request (which must fit
+/// one frame with the rest of it); more goes by `-i`.
+pub const STDIN_FILE_MAX: usize = allox_protocol::MAX_FRAME - (64 << 10);
 
 /// The bytes to give a program on its stdin: a file's content, or
 /// alloxctl's own stdin for `-`, any bytes at all.
 pub fn read_stdin_file(path: &Path) -> Result<Vec<u8>, StdinFileError> {
+    // Read one byte past the most, to tell a file that is too large.
+    let limit = STDIN_FILE_MAX as u64 + 1;
+    let mut bytes = Vec::new();
     let read = if path == Path::new("-") {
-        let mut bytes = Vec::new();
-        io::stdin().lock().read_to_end(&mut bytes).map(|_| bytes)
+        io::stdin().lock().take(limit).read_to_end(&mut bytes)
     } else {
-        std::fs::read(path)
+        std::fs::File::open(path).and_then(|f| f.take(limit).read_to_end(&mut bytes))
     };
     read.map_err(|source| StdinFileError::Read {
         path: path.to_owned(),
         source,
-    })
+    })?;
+    if bytes.len() > STDIN_FILE_MAX {
+        return Err(StdinFileError::TooLarge {
+            path: path.to_owned(),
+        });
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]
@@ -755,6 +769,14 @@ mod tests {
         let all: Vec<u8> = (0..=255).collect();
         std::fs::write(&binary, &all).unwrap();
         assert_eq!(read_stdin_file(&binary).unwrap(), all);
+        // More than goes with a request: refused, naming -i.
+        let big = dir.path().join("big");
+        std::fs::write(&big, vec![7u8; STDIN_FILE_MAX + 1]).unwrap();
+        let e = read_stdin_file(&big).unwrap_err().to_string();
+        assert!(e.contains("give it with -i"), "{e}");
+        let most = dir.path().join("most");
+        std::fs::write(&most, vec![7u8; STDIN_FILE_MAX]).unwrap();
+        assert_eq!(read_stdin_file(&most).unwrap().len(), STDIN_FILE_MAX);
 
         let missing = dir.path().join("missing");
         let err = read_stdin_file(&missing).unwrap_err();

@@ -261,30 +261,42 @@ pub fn move_session(
     since: Option<&str>,
     interrupt: Option<&std::path::Path>,
 ) -> Result<SessionImported, String> {
+    let mut made_agent = false;
     if since.is_none() {
         let made = to.call(Request::AgentCreate(allox_protocol::AgentCreate::new(
             agent,
         )));
         match refusal(made) {
-            Ok(_) => {}
+            Ok(_) => made_agent = true,
             Err(e) if e.contains("already exists") => {}
             Err(e) => return Err(format!("on the target: {e}")),
         }
     }
-    let mut i = Importer::new(to, agent, new_session);
-    if let Some(socket) = interrupt {
-        i.abort_on_interrupt(socket);
-    }
-    let q = SessionExport {
-        agent_id: agent.into(),
-        session_id: session.into(),
-        since: since.map(str::to_string),
-    };
-    match export_with(from, q, &mut |b| i.write(b)) {
-        Ok(_) => i.commit().map_err(|e| format!("on the target: {e}")),
-        Err(e) => {
-            i.abort();
-            Err(e)
+    let done = {
+        let mut i = Importer::new(to, agent, new_session);
+        if let Some(socket) = interrupt {
+            i.abort_on_interrupt(socket);
         }
+        let q = SessionExport {
+            agent_id: agent.into(),
+            session_id: session.into(),
+            since: since.map(str::to_string),
+        };
+        match export_with(from, q, &mut |b| i.write(b)) {
+            Ok(_) => i.commit().map_err(|e| format!("on the target: {e}")),
+            Err(e) => {
+                i.abort();
+                Err(e)
+            }
+        }
+    };
+    // A move that did not happen leaves nothing on the target: the agent
+    // it made there goes again (empty: not forced).
+    if done.is_err() && made_agent {
+        let _ = to.call(Request::AgentDelete(allox_protocol::AgentDelete {
+            agent_id: agent.into(),
+            force: false,
+        }));
     }
+    done
 }

@@ -1230,6 +1230,15 @@ fn a_turn_moved_open_and_ended_on_the_other_side_moves_back() {
     for d in [&a, &b] {
         ctl(d, &["agent", "create", "a"]);
     }
+    // A move that fails leaves nothing on the target (it left the agent
+    // it had made there).
+    ctl(&a, &["agent", "create", "lonely"]);
+    let (code, _, err) = allox_integration::alloxctl(
+        &a.daemon.socket,
+        &["session", "move", "lonely", "nosuch", "--to", &sock_b],
+    );
+    assert!(code != 0 && err.contains("nosuch"), "{err}");
+    assert!(!ctl(&b, &["agent", "list"]).contains("lonely"));
     ctl(&a, &["session", "create", "a", "s"]);
     ctl(&a, &["policy", "a", "s", "--auto-checkpoint", "on"]);
     ctl(&a, &["turn", "begin", "a", "s"]);

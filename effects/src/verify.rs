@@ -63,6 +63,24 @@ fn bad(file: impl Into<String>, seq: Option<u64>, kind: Option<&str>, why: Strin
     }
 }
 
+/// Makes report `r` (of a set that verified) not sound because its set is
+/// not the run it was taken for: `taken` says which run that was (`asked
+/// about run R of A/S`, `the export is named …/`).
+pub fn not_the_run(r: &mut Report, taken: &str) {
+    r.ok = false;
+    r.first_bad = Some(bad(
+        chain::RECORDS,
+        Some(0),
+        Some("begin"),
+        format!(
+            "{taken}, but the set is run {} of {}/{}: another run's set",
+            r.run_id.as_deref().unwrap_or("?"),
+            r.agent_id.as_deref().unwrap_or("?"),
+            r.session_id.as_deref().unwrap_or("?")
+        ),
+    ));
+}
+
 /// Verifies the set `src`; `root` is the root the caller kept (from the
 /// run's answer or the audit log).
 pub fn verify_set(src: &dyn Source, root: Option<&str>) -> Report {

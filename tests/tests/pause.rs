@@ -233,16 +233,7 @@ fn a_held_session_refuses_what_needs_it_to_run_until_it_is_resumed() {
 }
 
 fn session_info(d: &ProcDaemon, s: &str) -> SessionInfo {
-    match call(
-        d,
-        Request::SessionInfoRequest(SessionRef {
-            agent_id: "a".into(),
-            session_id: s.into(),
-        }),
-    ) {
-        Ok(Response::Session(i)) => i,
-        other => panic!("{other:?}"),
-    }
+    info_of(d, "a", s)
 }
 
 /// An idle timeout of 2 s pauses a session whose program sleeps, and the

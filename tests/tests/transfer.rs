@@ -1070,6 +1070,37 @@ impl std::io::Write for Held {
     }
 }
 
+/// An export of a/s by a reader held 4 MiB into it (the export waits
+/// there, mid-stream): the way to let it go on, and its end.
+#[allow(clippy::type_complexity)]
+fn held_export(
+    st: &Arc<Store>,
+) -> (
+    std::sync::mpsc::Sender<()>,
+    std::thread::JoinHandle<Result<(), (ErrorCode, String)>>,
+) {
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel();
+    let exporting = {
+        let st = st.clone();
+        std::thread::spawn(move || {
+            let mut w = Held {
+                seen: 0,
+                after: 4 << 20,
+                started: Some(started_tx),
+                go: go_rx,
+            };
+            st.session_export("a", "s", None, &Default::default(), &mut w)
+                .map(drop)
+                .map_err(|e| (e.code(), e.chain()))
+        })
+    };
+    started
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the export did not begin");
+    (go, exporting)
+}
+
 /// An export and an import going on are not out of place for the store's
 /// check (it called them leftovers, exit 1); a checkpoint deleted while an
 /// export sends it ends the export saying so (`conflict`, not `internal`
@@ -1099,25 +1130,7 @@ fn transfers_going_on_are_not_out_of_place_and_a_tree_deleted_under_an_export_go
     std::fs::write(cur.join("more"), "x\n").unwrap();
     checkpoint(&st, "c2", false, None);
     // An export held by its reader in the middle of c1's stream.
-    let (started_tx, started) = std::sync::mpsc::channel();
-    let (go, go_rx) = std::sync::mpsc::channel();
-    let exporting = {
-        let st = st.clone();
-        std::thread::spawn(move || {
-            let mut w = Held {
-                seen: 0,
-                after: 4 << 20,
-                started: Some(started_tx),
-                go: go_rx,
-            };
-            st.session_export("a", "s", None, &Default::default(), &mut w)
-                .map(drop)
-                .map_err(|e| (e.code(), e.chain()))
-        })
-    };
-    started
-        .recv_timeout(std::time::Duration::from_secs(30))
-        .expect("the export did not begin");
+    let (go, exporting) = held_export(&st);
     let r = st.check().unwrap();
     assert!(
         r.is_consistent() && r.in_progress.iter().any(|p| p.contains(".export-")),
@@ -1152,25 +1165,7 @@ fn transfers_going_on_are_not_out_of_place_and_a_tree_deleted_under_an_export_go
     // (the new tree went out under the old record, export answered ok).
     std::fs::write(cur.join("later"), "y\n").unwrap();
     checkpoint(&st, "c3", false, Some("the first c3"));
-    let (started_tx, started) = std::sync::mpsc::channel();
-    let (go, go_rx) = std::sync::mpsc::channel();
-    let exporting = {
-        let st = st.clone();
-        std::thread::spawn(move || {
-            let mut w = Held {
-                seen: 0,
-                after: 4 << 20,
-                started: Some(started_tx),
-                go: go_rx,
-            };
-            st.session_export("a", "s", None, &Default::default(), &mut w)
-                .map(drop)
-                .map_err(|e| (e.code(), e.chain()))
-        })
-    };
-    started
-        .recv_timeout(std::time::Duration::from_secs(30))
-        .expect("the export did not begin");
+    let (go, exporting) = held_export(&st);
     st.checkpoint_delete("a", "s", "c3").unwrap();
     std::fs::write(cur.join("injected"), "z\n").unwrap();
     checkpoint(&st, "c3", false, Some("another c3"));

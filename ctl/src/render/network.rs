@@ -37,28 +37,8 @@ pub fn policy(p: &NetworkPolicyInfo) -> String {
 }
 
 pub fn audit_record(r: &NetworkAuditRecord) -> String {
-    if r.open {
-        return format!(
-            "{:>8} {} {}/{}{} {} {}:{} {} open\n",
-            r.seq,
-            utc(r.time_ms),
-            clean(&r.agent_id),
-            clean(&r.session_id),
-            r.run_id
-                .as_deref()
-                .map(|x| format!("/{}", clean(x)))
-                .unwrap_or_default(),
-            clean(&r.kind),
-            clean(&r.host),
-            r.port,
-            r.address
-                .as_deref()
-                .map(|a| format!("-> {}", clean(a)))
-                .unwrap_or_else(|| "-".into()),
-        );
-    }
-    format!(
-        "{:>8} {} {}/{}{} {} {}:{} {} {} sent {} received {}\n",
+    let head = format!(
+        "{:>8} {} {}/{}{} {} {}:{} {}",
         r.seq,
         utc(r.time_ms),
         clean(&r.agent_id),
@@ -74,29 +54,35 @@ pub fn audit_record(r: &NetworkAuditRecord) -> String {
             .as_deref()
             .map(|a| format!("-> {}", clean(a)))
             .unwrap_or_else(|| "-".into()),
-        if r.allowed {
-            let mut s = "allowed".to_string();
-            if r.intercepted {
-                s.push_str(" intercepted");
-            }
-            if !r.secrets_injected.is_empty() {
-                s.push_str(&format!(
-                    " secrets {}",
-                    clean(&r.secrets_injected.join(","))
-                ));
-            }
-            if !r.secrets_withheld.is_empty() {
-                s.push_str(&format!(
-                    " withheld {}",
-                    clean(&r.secrets_withheld.join(","))
-                ));
-            }
-            s
-        } else {
-            format!("refused ({})", clean(&r.verdict))
-        },
-        r.bytes_sent,
-        r.bytes_received
+    );
+    // A connection as it opened: its bytes come with its end.
+    if r.open {
+        return format!("{head} open\n");
+    }
+    let verdict = if r.allowed {
+        let mut s = "allowed".to_string();
+        if r.intercepted {
+            s.push_str(" intercepted");
+        }
+        if !r.secrets_injected.is_empty() {
+            s.push_str(&format!(
+                " secrets {}",
+                clean(&r.secrets_injected.join(","))
+            ));
+        }
+        if !r.secrets_withheld.is_empty() {
+            s.push_str(&format!(
+                " withheld {}",
+                clean(&r.secrets_withheld.join(","))
+            ));
+        }
+        s
+    } else {
+        format!("refused ({})", clean(&r.verdict))
+    };
+    format!(
+        "{head} {verdict} sent {} received {}\n",
+        r.bytes_sent, r.bytes_received
     )
 }
 

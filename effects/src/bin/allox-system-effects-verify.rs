@@ -66,19 +66,10 @@ fn main() {
                         r.run_id.as_deref().unwrap_or("?")
                     );
                     if r.ok && set.top != named {
-                        r.ok = false;
-                        r.first_bad = Some(allox_effects::verify::Bad {
-                            file: allox_effects::chain::RECORDS.into(),
-                            seq: Some(0),
-                            kind: Some("begin".into()),
-                            why: format!(
-                                "the export is named {}/, but its set is run {} of {}/{}: another run's set",
-                                set.top,
-                                r.run_id.as_deref().unwrap_or("?"),
-                                r.agent_id.as_deref().unwrap_or("?"),
-                                r.session_id.as_deref().unwrap_or("?")
-                            ),
-                        });
+                        allox_effects::verify::not_the_run(
+                            &mut r,
+                            &format!("the export is named {}/", set.top),
+                        );
                     }
                     r
                 }

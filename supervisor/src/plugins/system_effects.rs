@@ -779,19 +779,31 @@ const AUDIT: &str = "audit.jsonl";
 /// The audit event of a run whose observation ended and was answered.
 const CLOSED: &str = "closed";
 
+/// One line of the audit log, as far as it is read back.
+#[derive(serde::Deserialize)]
+struct AuditLine {
+    agent_id: String,
+    session_id: String,
+    run_id: String,
+    event: String,
+    #[serde(default)]
+    evidence_root: String,
+}
+
+/// The audit log's lines at `path` (none if it cannot be read).
+fn audit_lines(path: &Path) -> Vec<AuditLine> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<AuditLine>(l).ok())
+        .collect()
+}
+
 /// The runs the audit log at `path` says were closed, as (agent, session,
 /// run); none if it cannot be read.
 fn closed_runs(path: &Path) -> std::collections::HashSet<(String, String, String)> {
-    #[derive(serde::Deserialize)]
-    struct Line {
-        agent_id: String,
-        session_id: String,
-        run_id: String,
-        event: String,
-    }
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<Line>(l).ok())
+    audit_lines(path)
+        .into_iter()
         .filter(|l| l.event == CLOSED)
         .map(|l| (l.agent_id, l.session_id, l.run_id))
         .collect()
@@ -801,18 +813,9 @@ fn closed_runs(path: &Path) -> std::collections::HashSet<(String, String, String
 /// observation ended (its last `closed` or `fenced` line); none if it has
 /// none or cannot be read.
 fn audited_root(path: &Path, a: &str, s: &str, r: &str) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Line {
-        agent_id: String,
-        session_id: String,
-        run_id: String,
-        event: String,
-        evidence_root: String,
-    }
-    let text = std::fs::read_to_string(path).ok()?;
-    text.lines()
+    audit_lines(path)
+        .into_iter()
         .rev()
-        .filter_map(|l| serde_json::from_str::<Line>(l).ok())
         .find(|l| {
             (l.event == CLOSED || l.event == "fenced")
                 && (
@@ -1807,21 +1810,13 @@ fn serve(st: &Started, req: &Request) -> Result<Response, PluginError> {
                         Some(v.run_id.as_str()),
                     )
             {
-                r.ok = false;
-                r.first_bad = Some(allox_effects::verify::Bad {
-                    file: allox_effects::chain::RECORDS.into(),
-                    seq: Some(0),
-                    kind: Some("begin".into()),
-                    why: format!(
-                        "the set is run {} of {}/{}, not run {} of {}/{}: another run's evidence is in its place",
-                        ids.2.unwrap_or("?"),
-                        ids.0.unwrap_or("?"),
-                        ids.1.unwrap_or("?"),
-                        v.run_id,
-                        v.agent_id,
-                        v.session_id
+                allox_effects::verify::not_the_run(
+                    &mut r,
+                    &format!(
+                        "asked about run {} of {}/{}",
+                        v.run_id, v.agent_id, v.session_id
                     ),
-                });
+                );
                 text = String::from_utf8_lossy(&allox_effects::verify::report_bytes(&r))
                     .trim_end()
                     .to_string();

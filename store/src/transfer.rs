@@ -241,27 +241,14 @@ impl Store {
             if !unchanged() {
                 return Err(replaced());
             }
+            // Deleted (the host's, or a turn of the agent's pruning it) or
+            // made again while it was sent: said as such, whether the send
+            // failed for it or not.
             let sent = send(cmd, &st.tree, &mut w);
-            if sent.is_ok() && !unchanged() {
+            if !unchanged() {
                 return Err(replaced());
             }
-            if let Err(e) = sent {
-                // A checkpoint deleted while it was sent (by the host, or
-                // pruned by the agent's own turn): said as such.
-                let gone = !path_of(&st.tree).exists()
-                    || st
-                        .parent
-                        .as_ref()
-                        .is_some_and(|p| !l.checkpoint(a, s, p).exists());
-                return Err(if gone {
-                    StoreError::ChangedDuring(format!(
-                        "the export of {a}/{s} stopped: {} (or the checkpoint it is sent against) was deleted while it was sent; export again",
-                        st.tree
-                    ))
-                } else {
-                    e
-                });
-            }
+            sent?;
             w.end_stream()
                 .map_err(|e| StoreError::Export(format!("writing {}: {e}", st.tree)))?;
         }

@@ -322,21 +322,7 @@ fn archives_that_do_not_check_leave_nothing() {
     // A stream relative to another session's checkpoint of the receiving
     // filesystem (its UUID learned somehow): it would copy that session's
     // files into this one.
-    dst.agent_create("victim").unwrap();
-    let v = dst.session_create("victim", "v").unwrap();
-    std::fs::write(
-        std::path::Path::new(&v.current).join("secret"),
-        "not yours\n",
-    )
-    .unwrap();
-    dst.checkpoint_create(&CheckpointCreate {
-        agent_id: "victim".into(),
-        session_id: "v".into(),
-        checkpoint_id: "c0".into(),
-        pinned: false,
-        label: None,
-    })
-    .unwrap();
+    victim(&dst);
     let layout = dst.layout();
     let victim = layout.checkpoint("victim", "v", "c0");
     let theirs = std::process::Command::new("btrfs")
@@ -445,21 +431,7 @@ fn an_archive_s_trees_are_made_from_its_own_trees_never_another_session_s() {
     std::fs::write(cur.join("later"), "a's later file\n").unwrap();
     checkpoint(&src, "c1", false, None);
     let ours = export(&src, None);
-    src.agent_create("victim").unwrap();
-    let v = src.session_create("victim", "v").unwrap();
-    std::fs::write(
-        std::path::Path::new(&v.current).join("secret"),
-        "not yours\n",
-    )
-    .unwrap();
-    src.checkpoint_create(&CheckpointCreate {
-        agent_id: "victim".into(),
-        session_id: "v".into(),
-        checkpoint_id: "c0".into(),
-        pinned: false,
-        label: None,
-    })
-    .unwrap();
+    victim(&src);
     let mut theirs = Vec::new();
     src.session_export("victim", "v", None, &Default::default(), &mut theirs)
         .unwrap();
@@ -516,6 +488,26 @@ fn an_archive_s_trees_are_made_from_its_own_trees_never_another_session_s() {
         uuid(&dst, "b", "stolen", "c0").uuid
     );
     assert!(dst.check().unwrap().is_consistent());
+}
+
+/// Agent `victim` with session `v`, whose checkpoint `c0` holds a file
+/// `secret`: what another agent's archive must never reach.
+fn victim(st: &Store) {
+    st.agent_create("victim").unwrap();
+    let v = st.session_create("victim", "v").unwrap();
+    std::fs::write(
+        std::path::Path::new(&v.current).join("secret"),
+        "not yours\n",
+    )
+    .unwrap();
+    st.checkpoint_create(&CheckpointCreate {
+        agent_id: "victim".into(),
+        session_id: "v".into(),
+        checkpoint_id: "c0".into(),
+        pinned: false,
+        label: None,
+    })
+    .unwrap();
 }
 
 /// Runs `alloxctl` against `d`; its stdout, after checking it succeeded.

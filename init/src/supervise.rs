@@ -69,6 +69,11 @@ pub struct SuperviseArgs {
     /// agent looping `allox turn begin`/`end` spends in the index.
     #[arg(long, value_name = "N", default_value_t = allox_store::TURNS_KEPT, value_parser = at_least_one)]
     pub turns_kept: usize,
+    /// The most checkpoints a session may hold (at most 1000, so that its
+    /// listing is one answer): a checkpoint, a turn's checkpoint or an
+    /// import past it is refused, saying so.
+    #[arg(long, value_name = "N", default_value_t = allox_store::SESSION_CHECKPOINTS, value_parser = session_checkpoints)]
+    pub session_checkpoints: usize,
     /// Run without process support (store only).
     #[arg(long)]
     pub no_processes: bool,
@@ -340,6 +345,7 @@ impl SuperviseArgs {
             max_lifetime_ms: None,
             session_quota: None,
             turns_kept: allox_store::TURNS_KEPT,
+            session_checkpoints: allox_store::SESSION_CHECKPOINTS,
             no_processes: false,
             cgroup_root: None,
             sandbox_uid: Self::DEFAULT_SANDBOX_ID,
@@ -595,6 +601,7 @@ impl SuperviseArgs {
                 store: allox_store::StoreOptions {
                     session_quota: self.session_quota,
                     turns_kept: self.turns_kept,
+                    session_checkpoints: self.session_checkpoints,
                 },
                 socket,
                 virtio_ports,
@@ -715,6 +722,18 @@ fn listeners(listen: &[String]) -> Result<(PathBuf, Vec<String>), SuperviseError
 pub(crate) mod fake;
 #[cfg(test)]
 mod tests;
+
+/// A count from 1 to [`allox_store::SESSION_CHECKPOINTS`]
+/// (`--session-checkpoints`).
+fn session_checkpoints(s: &str) -> Result<usize, String> {
+    let most = allox_store::SESSION_CHECKPOINTS;
+    match s.parse::<usize>() {
+        Ok(n) if (1..=most).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{s:?}: a whole number from 1 to {most} (a session's listing of its checkpoints is one answer)"
+        )),
+    }
+}
 
 /// A count of at least 1 (`--turns-kept`).
 fn at_least_one(s: &str) -> Result<usize, String> {

@@ -36,6 +36,7 @@ impl Store {
         if self.index.checkpoint(a, s, c)?.is_some() {
             return Err(StoreError::Exists(format!("checkpoint {a}/{s}/{c}")));
         }
+        self.room_for_checkpoints(a, s, 1)?;
         let dest = self.layout.checkpoint(a, s, c);
         if dest.exists() {
             return Err(StoreError::OnDiskNotIndexed(dest));

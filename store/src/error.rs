@@ -109,6 +109,14 @@ pub enum StoreError {
         session: String,
         turn: String,
     },
+    #[error("session {agent}/{session} holds {held} checkpoints and may hold at most {most} (the daemon's --session-checkpoints): {adding} more are refused; delete some (alloxctl checkpoint delete) or keep fewer turn checkpoints (alloxctl policy --keep-last)")]
+    TooManyCheckpoints {
+        agent: String,
+        session: String,
+        held: usize,
+        adding: usize,
+        most: usize,
+    },
     #[error("a failed change could not be undone; the store refuses changes until the supervisor restarts")]
     Fenced,
     #[error("only {free_mib} MiB free, at least {need_mib} MiB are kept in reserve")]
@@ -209,7 +217,9 @@ impl StoreError {
             StoreError::Tree(TreeError::Limit { .. }) => ErrorCode::Unsupported,
             StoreError::Tree(TreeError::Changed { .. }) => ErrorCode::Conflict,
             _ if self.is_no_space() => ErrorCode::Unavailable,
-            StoreError::Fenced | StoreError::ReadOnly(_) => ErrorCode::Unavailable,
+            StoreError::Fenced | StoreError::ReadOnly(_) | StoreError::TooManyCheckpoints { .. } => {
+                ErrorCode::Unavailable
+            }
             StoreError::Index(ie) if ie.needs_reopen() || matches!(ie, IndexError::Closed) => {
                 ErrorCode::Unavailable
             }

@@ -42,7 +42,7 @@ mod transfer;
 mod turn;
 
 pub use error::{Result, StoreError};
-pub use quota::{parse_size, StoreOptions, TURNS_KEPT};
+pub use quota::{parse_size, StoreOptions, SESSION_CHECKPOINTS, TURNS_KEPT};
 pub use session::NewSession;
 pub use transfer::{Exported, Import, Imported};
 pub use turn::check_keep_last;

@@ -28,17 +28,31 @@ pub struct StoreOptions {
     /// turn's begin and end, so an agent looping `allox turn begin/end`
     /// cannot grow the index, or slow every turn, without bound.
     pub turns_kept: usize,
+    /// The most checkpoints a session may hold: a checkpoint, a turn's
+    /// checkpoint or an import past it is refused, so an agent ending
+    /// turns in a loop with automatic checkpoints on cannot grow its
+    /// session without bound, and the session's listing is always one
+    /// answer (at most [`SESSION_CHECKPOINTS`]: see there).
+    pub session_checkpoints: usize,
 }
 
 /// [`StoreOptions::turns_kept`] unless the daemon is told otherwise
 /// (`--turns-kept`).
 pub const TURNS_KEPT: usize = 1000;
 
+/// [`StoreOptions::session_checkpoints`] unless the daemon is told
+/// otherwise (`--session-checkpoints`), and the most it may be told: a
+/// checkpoint's entry in `checkpoint.list` is at most about 600 bytes
+/// (five ids of 64 bytes, a label of 256), so 1,000 of them fit one
+/// 1 MiB frame with room to spare (a test below encodes the worst case).
+pub const SESSION_CHECKPOINTS: usize = 1000;
+
 impl Default for StoreOptions {
     fn default() -> StoreOptions {
         StoreOptions {
             session_quota: None,
             turns_kept: TURNS_KEPT,
+            session_checkpoints: SESSION_CHECKPOINTS,
         }
     }
 }
@@ -150,6 +164,23 @@ impl Store {
         quota::usage(self.layout.root(), id).map_err(StoreError::Quota)
     }
 
+    /// Refuses `adding` more checkpoints to session `a/s` when it would
+    /// then hold more than [`StoreOptions::session_checkpoints`].
+    pub(super) fn room_for_checkpoints(&self, a: &str, s: &str, adding: usize) -> Result<()> {
+        let most = self.opts.session_checkpoints;
+        let held = self.index.checkpoints(a, s)?.len();
+        if held.saturating_add(adding) > most {
+            return Err(StoreError::TooManyCheckpoints {
+                agent: a.into(),
+                session: s.into(),
+                held,
+                adding,
+                most,
+            });
+        }
+        Ok(())
+    }
+
     /// Whether the filesystem's quota groups are on.
     pub fn quotas_on(&self) -> bool {
         self.quotas_on
@@ -158,7 +189,53 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{parse_size, SESSION_CHECKPOINTS};
+    use allox_protocol::{
+        CheckpointInfo, CheckpointListing, ForkPoint, Origin, Outcome, Response,
+        ResponseEnvelope, ServerFrame, MAX_ID_LEN,
+    };
+
+    /// The listing of a session holding as many checkpoints as it may, each
+    /// with the longest ids and label there can be, is one answer.
+    #[test]
+    fn the_most_checkpoints_a_session_may_hold_are_listed_in_one_frame() {
+        let id = |c: char| c.to_string().repeat(MAX_ID_LEN);
+        let checkpoint = CheckpointInfo {
+            agent_id: id('a'),
+            session_id: id('s'),
+            checkpoint_id: id('c'),
+            parent: Some(id('p')),
+            created_ms: u64::MAX,
+            origin: Origin::Recovered,
+            pinned: true,
+            label: Some("\u{10FFFF}".repeat(crate::MAX_LABEL / 4)),
+            turn_id: Some(id('t')),
+            forked_from: Some(Box::new(ForkPoint {
+                agent_id: id('A'),
+                session_id: id('S'),
+                checkpoint_id: Some(id('C')),
+                forked_ms: u64::MAX,
+            })),
+        };
+        assert_eq!(checkpoint.label.as_ref().unwrap().len(), crate::MAX_LABEL);
+        let listing = |n: usize| {
+            ServerFrame::Response(ResponseEnvelope {
+                conversation: u64::MAX,
+                request_id: u64::MAX,
+                outcome: Outcome::Ok(Response::Checkpoints(CheckpointListing {
+                    agent_id: id('a'),
+                    session_id: id('s'),
+                    head: Some(id('h')),
+                    checkpoints: vec![checkpoint.clone(); n],
+                })),
+            })
+        };
+        let framed = allox_protocol::encode(&listing(SESSION_CHECKPOINTS))
+            .expect("the largest listing a session can have fits one frame");
+        assert!(framed.len() <= allox_protocol::MAX_FRAME);
+        // Control: twice as many do not.
+        assert!(allox_protocol::encode(&listing(2 * SESSION_CHECKPOINTS)).is_err());
+    }
 
     #[test]
     fn sizes_take_binary_suffixes_and_at_least_a_mebibyte() {

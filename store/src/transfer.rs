@@ -630,6 +630,7 @@ impl Import {
         let l = &st.layout;
         let _g = st.guard();
         check_base(&st, &a, &s, &m)?;
+        st.room_for_checkpoints(&a, &s, m.checkpoints.len())?;
         let current = l.current(&a, &s);
         let old_subvolume = btrfs::subvolume_id(&current)?;
         let build = |w: &mut crate::index::Writer<'_>| {
@@ -921,6 +922,7 @@ fn check_manifest(st: &Store, a: &str, s: Option<&str>, m: &Manifest) -> Result<
     }
     let base = m.since.as_ref().map(|b| b.id.as_str());
     let session = s.unwrap_or(&m.session);
+    st.room_for_checkpoints(a, session, m.checkpoints.len())?;
     // An archive made `since` a checkpoint may link to the session's own.
     let theirs: HashSet<String> = if base.is_some() {
         check_base(st, a, session, m)?;

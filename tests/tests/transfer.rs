@@ -1254,3 +1254,106 @@ fn a_turn_moved_open_and_ended_on_the_other_side_moves_back() {
         allox_integration::alloxctl(&b.daemon.socket, &["turn", "end", "a", "s", "turn-2"]);
     assert!(code != 0 && err.contains("already ended"), "{err}");
 }
+
+/// A session holds at most the checkpoints the daemon allows
+/// (`--session-checkpoints`): a checkpoint, a turn's checkpoint or an
+/// import past it is refused, saying so, and nothing is made (a session
+/// with a few thousand checkpoints could no longer be listed: its listing
+/// was larger than a frame, and an agent could make that many by ending
+/// turns in a loop).
+#[test]
+fn a_session_holds_at_most_the_checkpoints_the_daemon_allows() {
+    let name = "transfer::a_session_holds_at_most_the_checkpoints_the_daemon_allows";
+    if !require(name) {
+        return;
+    }
+    let (fs1, fs2) = (BtrfsFs::new(512).unwrap(), BtrfsFs::new(512).unwrap());
+    let root = fs2.path().join("store");
+    std::fs::create_dir_all(&root).unwrap();
+    let st = Arc::new(
+        Store::open_with(
+            &root,
+            allox_store::failpoint::Failpoints::default(),
+            allox_store::StoreOptions {
+                session_checkpoints: 3,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    st.agent_create("a").unwrap();
+    st.session_create("a", "s").unwrap();
+    for c in ["c0", "c1", "c2"] {
+        checkpoint(&st, c, false, None);
+    }
+    let refused = |e: allox_store::StoreError, what: &str| {
+        let msg = e.chain();
+        assert_eq!(e.code(), ErrorCode::Unavailable, "{what}: {msg}");
+        assert!(
+            msg.contains("a/s holds 3 checkpoints and may hold at most 3")
+                && msg.contains("--session-checkpoints"),
+            "{what}: {msg}"
+        );
+    };
+    let fourth = CheckpointCreate {
+        agent_id: "a".into(),
+        session_id: "s".into(),
+        checkpoint_id: "c3".into(),
+        pinned: false,
+        label: None,
+    };
+    refused(st.checkpoint_create(&fourth).unwrap_err(), "a fourth checkpoint");
+    assert!(!st.layout().checkpoint("a", "s", "c3").exists());
+    // A turn ends, its checkpoint refused and said so.
+    st.policy_set(&PolicySet {
+        agent_id: "a".into(),
+        session_id: Some("s".into()),
+        auto_checkpoint: Some(true),
+        keep_last: None,
+    })
+    .unwrap();
+    st.turn_begin(&TurnBegin {
+        agent_id: "a".into(),
+        session_id: "s".into(),
+        turn_id: Some("t1".into()),
+    })
+    .unwrap();
+    let t = st
+        .turn_end(&TurnEnd {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            turn_id: "t1".into(),
+            status: TurnStatus::Ok,
+            label: None,
+        })
+        .unwrap();
+    assert!(t.ended_ms.is_some() && t.checkpoint_id.is_none(), "{t:?}");
+    let why = t.checkpoint_error.unwrap_or_default();
+    assert!(why.contains("may hold at most 3"), "turn's checkpoint: {why}");
+    assert_eq!(st.checkpoint_list("a", "s").unwrap().checkpoints.len(), 3);
+    // Room made, a checkpoint goes in again.
+    st.checkpoint_delete("a", "s", "c0").unwrap();
+    st.checkpoint_create(&fourth).unwrap();
+
+    // An archive with more checkpoints than a session may hold is refused
+    // before anything is made.
+    let src = store(&fs1);
+    history(&src, 10, 4);
+    let bytes = export(&src, None);
+    st.agent_create("b").unwrap();
+    let mut i = st.import_begin("b", None).unwrap();
+    let e = i
+        .push(&bytes)
+        .and_then(|()| i.commit().map(|_| ()))
+        .unwrap_err();
+    let msg = e.chain();
+    assert!(
+        msg.contains("b/s holds 0 checkpoints and may hold at most 3"),
+        "import: {msg}"
+    );
+    assert!(st.session_info_of("b", "s").is_err());
+    let left: Vec<_> = std::fs::read_dir(st.layout().sessions_dir("b"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left by the refused import: {left:?}");
+}

@@ -217,9 +217,9 @@ impl StoreError {
             StoreError::Tree(TreeError::Limit { .. }) => ErrorCode::Unsupported,
             StoreError::Tree(TreeError::Changed { .. }) => ErrorCode::Conflict,
             _ if self.is_no_space() => ErrorCode::Unavailable,
-            StoreError::Fenced | StoreError::ReadOnly(_) | StoreError::TooManyCheckpoints { .. } => {
-                ErrorCode::Unavailable
-            }
+            StoreError::Fenced
+            | StoreError::ReadOnly(_)
+            | StoreError::TooManyCheckpoints { .. } => ErrorCode::Unavailable,
             StoreError::Index(ie) if ie.needs_reopen() || matches!(ie, IndexError::Closed) => {
                 ErrorCode::Unavailable
             }

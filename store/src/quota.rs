@@ -191,8 +191,8 @@ impl Store {
 mod tests {
     use super::{parse_size, SESSION_CHECKPOINTS};
     use allox_protocol::{
-        CheckpointInfo, CheckpointListing, ForkPoint, Origin, Outcome, Response,
-        ResponseEnvelope, ServerFrame, MAX_ID_LEN,
+        CheckpointInfo, CheckpointListing, ForkPoint, Origin, Outcome, Response, ResponseEnvelope,
+        ServerFrame, MAX_ID_LEN,
     };
 
     /// The listing of a session holding as many checkpoints as it may, each

@@ -1302,7 +1302,10 @@ fn a_session_holds_at_most_the_checkpoints_the_daemon_allows() {
         pinned: false,
         label: None,
     };
-    refused(st.checkpoint_create(&fourth).unwrap_err(), "a fourth checkpoint");
+    refused(
+        st.checkpoint_create(&fourth).unwrap_err(),
+        "a fourth checkpoint",
+    );
     assert!(!st.layout().checkpoint("a", "s", "c3").exists());
     // A turn ends, its checkpoint refused and said so.
     st.policy_set(&PolicySet {
@@ -1329,7 +1332,10 @@ fn a_session_holds_at_most_the_checkpoints_the_daemon_allows() {
         .unwrap();
     assert!(t.ended_ms.is_some() && t.checkpoint_id.is_none(), "{t:?}");
     let why = t.checkpoint_error.unwrap_or_default();
-    assert!(why.contains("may hold at most 3"), "turn's checkpoint: {why}");
+    assert!(
+        why.contains("may hold at most 3"),
+        "turn's checkpoint: {why}"
+    );
     assert_eq!(st.checkpoint_list("a", "s").unwrap().checkpoints.len(), 3);
     // Room made, a checkpoint goes in again.
     st.checkpoint_delete("a", "s", "c0").unwrap();

@@ -295,7 +295,7 @@ impl Supervisor {
                 // Watches of its sessions' files end, saying so.
                 let _ = self.rollbacks.send((r.agent_id.clone(), String::new()));
                 self.clocks.forget(&r.agent_id, None);
-                runs.forget_pause(&r.agent_id, None);
+                runs.forget(&r.agent_id, None);
                 self.plugins.deleted(&r.agent_id, None);
                 self.ports.deleted(&r.agent_id, None);
                 Response::Deleted(out)
@@ -394,7 +394,7 @@ impl Supervisor {
                 // Watches of its files end, saying so.
                 let _ = self.rollbacks.send((a.clone(), s.clone()));
                 self.clocks.forget(a, Some(s));
-                runs.forget_pause(a, Some(s));
+                runs.forget(a, Some(s));
                 self.plugins.deleted(a, Some(s));
                 self.ports.deleted(a, Some(s));
                 Response::Deleted(out)

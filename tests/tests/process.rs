@@ -888,7 +888,7 @@ fn rollback_and_delete_with_live_processes() {
     )
     .unwrap();
     assert!(!d.cgroup.join("allox/a/t").exists());
-    let _ = other;
+    let finished = sh(&d, "b", "s", "echo the old session").run_id;
     bg(&d, "b", "s", "sleep 1000");
     call(
         &d,
@@ -902,6 +902,22 @@ fn rollback_and_delete_with_live_processes() {
         !d.cgroup.join("allox/b").exists(),
         "agent cgroup left with processes"
     );
+    // A session made again under a deleted one's name (of a deleted agent
+    // too) has none of its runs: the one the delete killed and the one
+    // that had finished are not found.
+    make_sessions(&d, &[("a", "t"), ("b", "s")]);
+    for (a, s, run) in [("a", "t", &other), ("b", "s", &finished)] {
+        let wait = Request::ProcessWait(ProcessWait {
+            agent_id: a.into(),
+            session_id: s.into(),
+            run_id: run.clone(),
+            timeout_ms: Some(0),
+        });
+        match call(&d, wait) {
+            Err(e) if e.code == ErrorCode::NotFound => {}
+            other => panic!("{a}/{s} made again answers the deleted one's run {run}: {other:?}"),
+        }
+    }
 }
 
 #[test]

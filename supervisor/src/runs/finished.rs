@@ -123,6 +123,25 @@ impl Finished {
         out
     }
 
+    /// Forgets the runs whose keys start with `prefix` (a deleted
+    /// session's or agent's); the caller removes them from its table.
+    pub fn forget(&mut self, prefix: &str) {
+        let mut kept = VecDeque::with_capacity(self.queue.len());
+        let mut dropped_up_to = 0;
+        for (i, e) in std::mem::take(&mut self.queue).into_iter().enumerate() {
+            if e.key.starts_with(prefix) {
+                self.bytes -= e.bytes;
+                continue;
+            }
+            if i < self.dropped_up_to {
+                dropped_up_to += 1;
+            }
+            kept.push_back(e);
+        }
+        self.queue = kept;
+        self.dropped_up_to = dropped_up_to;
+    }
+
     fn pop(&mut self) -> Evict {
         let e = self
             .queue
@@ -196,6 +215,32 @@ mod tests {
             [Evict::Run("a".into()), Evict::Output("b".into())]
         );
         assert_eq!((f2.len(), f2.bytes()), (2, 40));
+    }
+
+    #[test]
+    fn a_deleted_session_s_runs_are_forgotten_and_the_bookkeeping_holds() {
+        let mut f = Finished::new(retention(100, 250));
+        let t = Instant::now();
+        f.push("a/s/1".into(), 100, t);
+        f.push("a/t/2".into(), 100, t);
+        assert_eq!(
+            f.push("a/s/3".into(), 100, t),
+            [Evict::Output("a/s/1".into())]
+        );
+        f.forget("a/s/");
+        assert_eq!((f.len(), f.bytes()), (1, 100));
+        // The next output to go is the one kept, once.
+        assert!(f.push("b/s/4".into(), 100, t).is_empty());
+        assert_eq!(
+            f.push("b/s/5".into(), 100, t),
+            [Evict::Output("a/t/2".into())]
+        );
+        f.forget("b/");
+        assert_eq!((f.len(), f.bytes()), (1, 0));
+        assert_eq!(
+            f.push("c/s/6".into(), 300, t),
+            [Evict::Output("c/s/6".into())]
+        );
     }
 
     #[test]

@@ -168,15 +168,27 @@ impl Runs {
         })
     }
 
-    /// Forgets a deleted session's pause.
-    pub fn forget_pause(&self, a: &str, s: Option<&str>) {
-        let mut paused = self.paused.0.lock().unwrap_or_else(|e| e.into_inner());
-        match s {
-            Some(s) => {
-                paused.remove(&key(a, s));
-            }
-            None => paused.retain(|k, _| !k.starts_with(&format!("{a}/"))),
-        }
+    /// Forgets what is kept of a deleted session (or of every session of
+    /// a deleted agent): its pause, and its runs kept finished — a session
+    /// made again under its name starts with neither.
+    pub fn forget(&self, a: &str, s: Option<&str>) {
+        let prefix = match s {
+            Some(s) => key(a, s),
+            None => format!("{a}/"),
+        };
+        self.paused
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k, _| !k.starts_with(&prefix));
+        self.finished
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .forget(&prefix);
+        self.table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k, _| !k.starts_with(&prefix));
     }
 }
 

@@ -176,7 +176,8 @@ fn a_paused_session_uses_nothing_and_the_next_start_resumes_it() {
 
 #[test]
 fn a_held_session_refuses_what_needs_it_to_run_until_it_is_resumed() {
-    let Some(d) = setup("a_held_session_refuses_what_needs_it_to_run_until_it_is_resumed") else {
+    let Some(mut d) = setup("a_held_session_refuses_what_needs_it_to_run_until_it_is_resumed")
+    else {
         return;
     };
     bg(&d, "s", WRITER);
@@ -216,7 +217,23 @@ fn a_held_session_refuses_what_needs_it_to_run_until_it_is_resumed() {
     assert_eq!(len(&log(&d, "s")), at, "a held session wrote");
     // The other session runs as ever.
     assert_eq!(sh(&d, "t", "true").unwrap().exit_code, Some(0));
+    // A supervisor started again keeps the hold, since when and why (it
+    // was lost: the next request resumed the session).
+    let held = session_info(&d, "s").paused.expect("paused");
+    d.restart(&[]);
+    assert_eq!(session_info(&d, "s").paused.as_ref(), Some(&held));
+    let e = sh(&d, "s", "true").unwrap_err();
+    assert!(
+        e.code == ErrorCode::Conflict && e.message.contains("a/s is paused with hold"),
+        "after a restart: {e:?}"
+    );
+    assert_eq!(
+        len(&log(&d, "s")),
+        at,
+        "a held session wrote after a restart"
+    );
     resume(&d, "s").unwrap();
+    assert!(session_info(&d, "s").paused.is_none());
     assert_eq!(sh(&d, "s", "true").unwrap().exit_code, Some(0));
     until("the writer goes on", || len(&log(&d, "s")) > at);
     // A paused session can be deleted; its processes go with it.

@@ -4,9 +4,12 @@
 //! again. A paused session keeps its proxy and in-sandbox listeners (they
 //! are the supervisor's) and uses no CPU.
 //!
-//! What is paused is known here; a supervisor started again finds a
-//! session an earlier one paused by its cgroup (`cgroup.freeze` reads 1)
-//! and resumes it when a request needs it.
+//! What is paused is known here, and kept with the session's cgroup (its
+//! extended attribute [`PAUSE_XATTR`]: it lives exactly as long as the
+//! freeze does), so a supervisor started again finds a session an earlier
+//! one paused — since when, why, and whether it is held — by its cgroup
+//! (`cgroup.freeze` reads 1): held, it stays so until the host resumes it;
+//! otherwise the next request that needs it resumes it.
 
 use super::{RunError, Runs};
 use allox_protocol::PauseInfo;
@@ -18,6 +21,11 @@ use std::time::Duration;
 
 /// How long a freeze may take before the pause is given up (and undone).
 pub const PAUSE_BOUND: Duration = Duration::from_secs(5);
+
+/// The extended attribute of a paused session's cgroup directory that
+/// holds its [`PauseInfo`] as JSON (`trusted.`: only the supervisor, with
+/// `CAP_SYS_ADMIN`, may write it).
+pub const PAUSE_XATTR: &str = "trusted.allox.pause";
 
 /// The paused sessions, by `agent/session/`.
 #[derive(Default)]
@@ -48,6 +56,7 @@ impl Runs {
             let mut paused = self.paused.0.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(p) = paused.get_mut(&key(a, s)) {
                 p.hold = hold;
+                self.keep_pause(a, s, p);
                 return Ok(p.clone());
             }
         }
@@ -97,6 +106,7 @@ impl Runs {
             tracing::info!(agent = a, session = s, "pause overtaken by a resume");
             return Ok(info);
         }
+        self.keep_pause(a, s, &info);
         paused.insert(key(a, s), info.clone());
         tracing::info!(agent = a, session = s, hold, "session paused");
         Ok(info)
@@ -116,6 +126,12 @@ impl Runs {
         };
         for d in self.pause_dirs(a, s) {
             self.cgroups.thaw(&d).map_err(RunError::Cgroup)?;
+        }
+        match rustix::fs::removexattr(self.cgroups.session_dir(a, s), PAUSE_XATTR) {
+            Ok(()) | Err(rustix::io::Errno::NODATA) | Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => {
+                tracing::warn!(agent = a, session = s, error = %e, "cannot forget the pause kept with the session's cgroup")
+            }
         }
         tracing::info!(agent = a, session = s, "session resumed");
         Ok(was)
@@ -150,7 +166,6 @@ impl Runs {
         }
     }
 
-    /// A session an earlier supervisor paused: its cgroup says so.
     /// Whether this supervisor paused session `a/s` (no file read: what
     /// the metrics count at each scrape).
     pub fn is_paused(&self, a: &str, s: &str) -> bool {
@@ -158,14 +173,40 @@ impl Runs {
         paused.contains_key(&key(a, s))
     }
 
+    /// A session paused by an earlier supervisor (or by this one): its
+    /// cgroup says so, and what was kept with it says since when, why and
+    /// whether it is held.
     fn frozen_before(&self, a: &str, s: &str) -> Option<PauseInfo> {
-        let f =
-            std::fs::read_to_string(self.cgroups.session_dir(a, s).join("cgroup.freeze")).ok()?;
-        (f.trim() == "1").then(|| PauseInfo {
+        let dir = self.cgroups.session_dir(a, s);
+        let f = std::fs::read_to_string(dir.join("cgroup.freeze")).ok()?;
+        if f.trim() != "1" {
+            return None;
+        }
+        let mut buf = [0u8; 1024];
+        let kept = rustix::fs::getxattr(&dir, PAUSE_XATTR, &mut buf[..])
+            .ok()
+            .and_then(|n| serde_json::from_slice::<PauseInfo>(&buf[..n]).ok());
+        Some(kept.unwrap_or_else(|| PauseInfo {
             since_ms: 0,
             reason: "earlier supervisor".into(),
             hold: false,
-        })
+        }))
+    }
+
+    /// Keeps `info` with the session's cgroup, for a supervisor started
+    /// again; a failure is logged (the pause holds, the next supervisor
+    /// would not know its hold).
+    fn keep_pause(&self, a: &str, s: &str, info: &PauseInfo) {
+        let dir = self.cgroups.session_dir(a, s);
+        let kept = serde_json::to_vec(info)
+            .map_err(|e| e.to_string())
+            .and_then(|v| {
+                rustix::fs::setxattr(&dir, PAUSE_XATTR, &v, rustix::fs::XattrFlags::empty())
+                    .map_err(|e| e.to_string())
+            });
+        if let Err(e) = kept {
+            tracing::warn!(agent = a, session = s, error = %e, "cannot keep the pause with the session's cgroup: a supervisor started again would not know its hold");
+        }
     }
 
     /// Forgets what is kept of a deleted session (or of every session of

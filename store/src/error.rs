@@ -143,6 +143,10 @@ pub enum StoreError {
     /// receiving side cannot apply), and why.
     #[error("the session archive is refused: {0}")]
     BadArchive(String),
+    /// A session archive this daemon cannot serve (its session's network
+    /// needs a plugin that is off), and why.
+    #[error("the session archive is refused: {0}")]
+    Unserved(String),
     /// An archive made against a checkpoint this session does not have as
     /// the sender had it.
     #[error("{0}")]
@@ -214,7 +218,9 @@ impl StoreError {
             | StoreError::NoOpenTurn { .. }
             | StoreError::TurnEnded { .. }
             | StoreError::BaseMismatch(_) => ErrorCode::Conflict,
-            StoreError::Tree(TreeError::Limit { .. }) => ErrorCode::Unsupported,
+            StoreError::Tree(TreeError::Limit { .. }) | StoreError::Unserved(_) => {
+                ErrorCode::Unsupported
+            }
             StoreError::Tree(TreeError::Changed { .. }) => ErrorCode::Conflict,
             _ if self.is_no_space() => ErrorCode::Unavailable,
             StoreError::Fenced

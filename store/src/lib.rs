@@ -44,7 +44,7 @@ mod turn;
 pub use error::{Result, StoreError};
 pub use quota::{parse_size, StoreOptions, SESSION_CHECKPOINTS, TURNS_KEPT};
 pub use session::NewSession;
-pub use transfer::{Exported, Import, Imported};
+pub use transfer::{Exported, Import, Imported, NetworkCheck};
 pub use turn::check_keep_last;
 
 use crate::audit::Audit;

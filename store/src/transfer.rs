@@ -291,6 +291,7 @@ impl Store {
             uuids: HashMap::new(),
             locals: HashMap::new(),
             dropped: 0,
+            serves: Box::new(|_| Ok(())),
         })
     }
 }
@@ -371,7 +372,15 @@ pub struct Import {
     locals: HashMap<[u8; 16], [u8; 16]>,
     /// Privileges dropped, in the streams read whole.
     dropped: u64,
+    /// Whether the daemon serves the network an archive's new session
+    /// asks for: `Err(why)` refuses the archive before anything is
+    /// received ([`Import::serving`]).
+    serves: Box<NetworkCheck>,
 }
+
+/// See [`Import::serving`].
+pub type NetworkCheck =
+    dyn Fn(&crate::index::NetworkRecord) -> std::result::Result<(), String> + Send + Sync;
 
 struct Receiving {
     child: Child,
@@ -407,6 +416,15 @@ impl Import {
         self.scratch.0.clone().unwrap_or_default()
     }
 
+    /// Refuses an archive whose new session asks for a network `check`
+    /// says this daemon does not serve (a session in `proxy` mode where the
+    /// network plugin is off: it would move, and then every run in it be
+    /// refused). An archive that adds to a session keeps that session's.
+    pub fn serving(mut self, check: Box<NetworkCheck>) -> Import {
+        self.serves = check;
+        self
+    }
+
     /// Reads the next bytes of the archive.
     pub fn push(&mut self, bytes: &[u8]) -> Result<()> {
         let staging = self.staging();
@@ -421,12 +439,21 @@ impl Import {
             agent,
             session,
             dropped,
+            serves,
             ..
         } = self;
         let r = reader.push(bytes, &mut |item| -> Result<()> {
             match item {
                 Item::Manifest(m) => {
                     check_manifest(store, agent, session.as_deref(), &m)?;
+                    if m.since.is_none() {
+                        serves(&m.network).map_err(|why| {
+                            StoreError::Unserved(format!(
+                                "its session {agent}/{} {why}",
+                                session.as_deref().unwrap_or(&m.session)
+                            ))
+                        })?;
+                    }
                     if let Some(b) = &m.since {
                         // The session's checkpoint, found the same tree
                         // as the sender's by the check.

@@ -554,7 +554,20 @@ impl Supervisor {
                 let crate::transfer::Piece {
                     answer: done,
                     limits,
-                } = self.imports.piece(&self.store, r, &fence)?;
+                } = self.imports.piece(&self.store, r, &fence, || {
+                    // A new session's network as the archive has it: a mode
+                    // this daemon does not serve is refused up front, as
+                    // at session.create.
+                    let proxy = self.plugins.has(network_plugin::NAME);
+                    Box::new(move |n: &allox_store::index::NetworkRecord| {
+                        match n.mode {
+                            Some(m @ NetworkMode::Proxy) if !proxy => Err(format!(
+                                "is in network mode {m}, which needs the network plugin: start the daemon with --plugin network, or import it into one that has it"
+                            )),
+                            _ => Ok(()),
+                        }
+                    })
+                })?;
                 if let Some(i) = &done.session {
                     // Watches of a session an archive added to watch its
                     // new tree.

@@ -82,6 +82,7 @@ impl Imports {
         store: &Arc<Store>,
         r: &SessionImport,
         fence: &Fence<'_>,
+        serves: impl FnOnce() -> Box<allox_store::NetworkCheck>,
     ) -> Result<Piece, RequestError> {
         validate_id("import_id", &r.import_id).map_err(allox_store::StoreError::from)?;
         let id = r.import_id.clone();
@@ -112,7 +113,9 @@ impl Imports {
                             ),
                         ));
                     }
-                    let import = store.import_begin(&r.agent_id, r.session_id.as_deref())?;
+                    let import = store
+                        .import_begin(&r.agent_id, r.session_id.as_deref())?
+                        .serving(serves());
                     let e = Arc::new(Mutex::new(Under {
                         agent: r.agent_id.clone(),
                         session: r.session_id.clone(),

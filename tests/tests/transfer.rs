@@ -1363,3 +1363,62 @@ fn a_session_holds_at_most_the_checkpoints_the_daemon_allows() {
         .unwrap_or_default();
     assert!(left.is_empty(), "left by the refused import: {left:?}");
 }
+
+/// A session in `proxy` mode is refused by a daemon without the network
+/// plugin before anything is received, as making one there is (it moved,
+/// and then every run in it was refused); an archive in another mode goes
+/// in.
+#[test]
+fn a_proxy_session_is_refused_where_the_network_plugin_is_off() {
+    let name = "transfer::a_proxy_session_is_refused_where_the_network_plugin_is_off";
+    if !require(name) {
+        return;
+    }
+    let fs = BtrfsFs::new(512).unwrap();
+    let src = store(&fs);
+    src.agent_create("a").unwrap();
+    for (s, mode) in [("p", NetworkMode::Proxy), ("n", NetworkMode::Isolated)] {
+        let new = allox_store::NewSession {
+            network: allox_store::index::NetworkRecord {
+                mode: Some(mode),
+                egress: None,
+            },
+            clock: None,
+            policy: None,
+        };
+        src.session_create_with("a", s, &new).unwrap();
+    }
+    let d = allox_integration::ProcDaemon::start("transfer-proxy", &[]);
+    ctl(&d, &["agent", "create", "a"]);
+    let file = fs.scratch().join("s.allox");
+    let f = file.to_str().unwrap();
+    let write = |s: &str| {
+        let mut out = Vec::new();
+        src.session_export("a", s, None, &Default::default(), &mut out)
+            .unwrap();
+        std::fs::write(&file, out).unwrap();
+    };
+    write("p");
+    let (code, _, err) =
+        allox_integration::alloxctl(&d.daemon.socket, &["session", "import", "a", "-i", f]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("unsupported")
+            && err.contains("a/p is in network mode proxy, which needs the network plugin"),
+        "{err}"
+    );
+    let (code, _, err) =
+        allox_integration::alloxctl(&d.daemon.socket, &["session", "info", "a", "p"]);
+    assert!(
+        code != 0 && err.contains("not_found"),
+        "made by the refused import: {err}"
+    );
+    let sessions = d.daemon.root.join("agents/a/workspace/sessions");
+    let left: Vec<_> = std::fs::read_dir(&sessions)
+        .map(|r| r.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left on disk: {left:?}");
+    write("n");
+    let said = ctl(&d, &["session", "import", "a", "-i", f]);
+    assert!(said.starts_with("imported a/n"), "{said}");
+}

@@ -11,6 +11,31 @@ use std::io::{IsTerminal, Read, Write};
 /// The bytes of one `session.import` piece.
 pub const PIECE: usize = 512 * 1024;
 
+/// Set by the signal thread of [`Importer::abort_on_interrupt`] before it
+/// drops the import; the main thread, whose next piece is then refused
+/// (`no import … is under way`), does not report that refusal but what
+/// it must undo ([`interrupted`]), and leaves the exit (130) to it.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// The main thread's word that it has undone what it made.
+static UNDONE: (std::sync::Mutex<bool>, std::sync::Condvar) =
+    (std::sync::Mutex::new(false), std::sync::Condvar::new());
+
+/// After a failure of an import: if it was interrupted, says that what
+/// the main thread made is undone, and waits for the signal thread to end
+/// alloxctl with 130 (a failure that is the interrupt's doing is not
+/// reported as the command's).
+fn interrupted() {
+    if !INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+        return;
+    }
+    let (done, cv) = &UNDONE;
+    *done.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    cv.notify_all();
+    loop {
+        std::thread::park();
+    }
+}
+
 /// How much went so far, on standard error when it is a terminal: every
 /// 16 MiB, then a new line at the end.
 struct Progress {
@@ -192,6 +217,7 @@ impl<'c> Importer<'c> {
             if set.wait().is_err() {
                 return;
             }
+            INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
             let dropped = Client::connect(&socket)
                 .ok()
                 .and_then(|mut c| c.call(Request::SessionImport(q)).ok());
@@ -201,6 +227,12 @@ impl<'c> Importer<'c> {
                     "the import could not be dropped on the daemon: it goes once idle five minutes"
                 }
             };
+            // What the main thread made (an agent a move made on the
+            // target) is undone once its piece is refused; it is not
+            // waited for past two seconds (it may be reading its input).
+            let (done, cv) = &UNDONE;
+            let g = done.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = cv.wait_timeout_while(g, std::time::Duration::from_secs(2), |d| !*d);
             eprintln!("\nalloxctl: interrupted: {said}");
             std::process::exit(130);
         });
@@ -241,9 +273,16 @@ pub fn import(
             }
         };
         // On a refusal the daemon has dropped the import already.
-        i.write(&buf[..n])?;
+        if let Err(e) = i.write(&buf[..n]) {
+            interrupted();
+            return Err(e);
+        }
     }
-    i.commit()
+    let done = i.commit();
+    if done.is_err() {
+        interrupted();
+    }
+    done
 }
 
 /// Moves session `agent/session` from `from` to `to` (as `new_session`
@@ -297,6 +336,9 @@ pub fn move_session(
             agent_id: agent.into(),
             force: false,
         }));
+    }
+    if done.is_err() {
+        interrupted();
     }
     done
 }

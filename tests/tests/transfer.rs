@@ -850,6 +850,47 @@ fn an_interrupted_import_is_dropped_on_the_daemon() {
         &["session", "import", "a", "-i", file.to_str().unwrap()],
     );
     assert!(said.starts_with("imported a/s: "), "{said}");
+    // A move interrupted while its pieces flow: 130 every time (it was 1,
+    // "no import … is under way", when a piece was refused after the
+    // drop), and the agent it made on the target is gone (it was left).
+    ctl(&b, &["agent", "delete", "a", "--force"]);
+    for round in 0..3 {
+        let mv = std::process::Command::new(allox_integration::workspace_bin("alloxctl"))
+            .arg("--socket")
+            .arg(&a.daemon.socket)
+            .args(["session", "move", "a", "s", "--to"])
+            .arg(&b.daemon.socket)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while staging(&b).is_empty() {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(20),
+                "round {round}: no import began"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(mv.id() as i32).unwrap(),
+            rustix::process::Signal::INT,
+        )
+        .unwrap();
+        let out = mv.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(130), "round {round}: {err}");
+        assert!(
+            err.contains("the import was dropped on the daemon"),
+            "round {round}: {err}"
+        );
+        let agents = ctl(&b, &["agent", "list"]);
+        assert!(
+            !agents
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some("a")),
+            "round {round}: the interrupted move left its agent on the target: {agents}"
+        );
+    }
 }
 
 /// `-o FILE` (and a copy out of a session) writes the file named, as a

@@ -39,6 +39,15 @@ impl Store {
         self.rollback_by(p, Some(restore))
     }
 
+    /// Refuses a rollback that cannot happen (no such session or
+    /// checkpoint, a store that takes no changes) before anything is done
+    /// for it: the caller kills the session's processes only after this.
+    pub fn rollback_allowed(&self, p: &SessionRollback) -> Result<()> {
+        self.check_fence()?;
+        self.need_checkpoint(&p.agent_id, &p.session_id, &p.checkpoint_id)?;
+        Ok(())
+    }
+
     fn rollback_by(
         &self,
         p: &SessionRollback,
@@ -46,7 +55,7 @@ impl Store {
     ) -> Result<RollbackDone> {
         let (a, s, c) = (&*p.agent_id, &*p.session_id, &*p.checkpoint_id);
         let _g = self.guard();
-        self.need_checkpoint(a, s, c)?;
+        self.rollback_allowed(p)?;
         let session = self.need_session(a, s)?;
         let current = self.layout.current(a, s);
         let old_subvolume = btrfs::subvolume_id(&current)?;

@@ -431,11 +431,14 @@ impl Supervisor {
                     let _ = self.rollbacks.send((a.clone(), s.clone()));
                     return Ok(Response::RolledBack(done));
                 };
-                st.checkpoint_list(a, s)?;
+                // A rollback that cannot happen (a checkpoint misnamed)
+                // is refused before any process is touched.
+                st.rollback_allowed(&r)?;
                 // No new runs while the session is checked, killed and
                 // rolled back.
                 let out = runs.fenced(FenceScope::session(a, s), || {
                     let mut killed = 0;
+                    st.rollback_allowed(&r)?;
                     // Any process counts, a sandbox still being set up too.
                     // A run that has just ended leaves its sandbox's init
                     // for a moment (copying /tmp, reaping), and one that was

@@ -866,6 +866,27 @@ fn rollback_and_delete_with_live_processes() {
         current(&d, "a", "s").join("work.txt").exists(),
         "a refused rollback changed files"
     );
+    // A rollback that cannot happen touches no process, whatever it asks
+    // (a misnamed checkpoint with kill_processes killed the session's
+    // runs, then answered not_found).
+    let before = list(&d, "a", "s");
+    for kill in [Some(true), None] {
+        let e = call(
+            &d,
+            Request::SessionRollback(SessionRollback {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                checkpoint_id: "c-typo".into(),
+                kill_processes: kill,
+            }),
+        )
+        .unwrap_err();
+        assert!(
+            e.code == ErrorCode::NotFound && e.message.contains("checkpoint a/s/c-typo"),
+            "{kill:?}: {e:?}"
+        );
+        assert_survived(&list(&d, "a", "s"), &before, "a refused rollback");
+    }
     let Ok(Response::RolledBack(r)) = rb(Some(true)) else {
         panic!()
     };

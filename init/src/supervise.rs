@@ -420,6 +420,8 @@ pub enum SuperviseError {
     PluginWithoutProcesses(String),
     #[error("no cgroup2 mount at /sys/fs/cgroup or /sys/fs/cgroup/unified; pass --cgroup-root or --no-processes")]
     NoCgroup2,
+    #[error("--cgroup-root {}: not in a cgroup2 filesystem (give a directory of the cgroup2 mount, e.g. /sys/fs/cgroup/NAME, or /sys/fs/cgroup/unified/NAME on a hybrid host)", .0.display())]
+    NotCgroup2(PathBuf),
     #[error("cannot find this binary for the sandbox init")]
     Exe(#[source] std::io::Error),
     #[error("--default-cpu-max {0:?}: expected \"QUOTA PERIOD\" or \"max PERIOD\"")]
@@ -434,6 +436,9 @@ pub enum SuperviseError {
 pub trait Host {
     /// The cgroup2 mount, when `--cgroup-root` does not name one.
     fn cgroup2_mount(&self) -> Option<PathBuf>;
+    /// Whether `dir`, or the nearest of its parents that exists (the
+    /// daemon makes the rest), is in a cgroup2 filesystem.
+    fn in_cgroup2(&self, dir: &Path) -> bool;
     /// This binary, which every sandbox runs as its init.
     fn exe(&self) -> std::io::Result<PathBuf>;
 }
@@ -447,6 +452,14 @@ impl Host for ThisMachine {
             Path::new("/sys/fs/cgroup"),
             Path::new("/sys/fs/cgroup/unified"),
         ])
+    }
+
+    fn in_cgroup2(&self, dir: &Path) -> bool {
+        const CGROUP2_SUPER_MAGIC: u64 = 0x6367_7270;
+        dir.ancestors()
+            .find(|d| d.exists())
+            .and_then(|d| rustix::fs::statfs(d).ok())
+            .is_some_and(|s| s.f_type as u64 == CGROUP2_SUPER_MAGIC)
     }
 
     fn exe(&self) -> std::io::Result<PathBuf> {
@@ -562,6 +575,9 @@ impl SuperviseArgs {
             None
         } else {
             let mount = match self.cgroup_root {
+                // A plain directory (a typo among them: the daemon makes
+                // what is missing) took every run's `internal` error.
+                Some(p) if !host.in_cgroup2(&p) => return Err(SuperviseError::NotCgroup2(p)),
                 Some(p) => p,
                 None => host.cgroup2_mount().ok_or(SuperviseError::NoCgroup2)?,
             };

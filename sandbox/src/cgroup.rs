@@ -621,6 +621,22 @@ fn favors_dynmods_in(mountinfo: &str, path: &Path) -> bool {
         .is_some_and(|(_, opts)| opts.split(',').any(|o| o == "favordynmods"))
 }
 
+/// The cgroup subtree of `mount` ([`Cgroups::open`]'s) when it still
+/// holds processes and no daemon holds it: runs an earlier supervisor of a
+/// store left there, which a daemon started with another `--cgroup-root`
+/// would neither see nor kill.
+pub fn left_runs(mount: &Path) -> Option<PathBuf> {
+    let base = mount.join("allox");
+    let dir = open_dir(&base).ok()?;
+    // Held: another daemon's, with its own runs.
+    rustix::fs::flock(&dir, rustix::fs::FlockOperation::NonBlockingLockExclusive).ok()?;
+    let events = std::fs::read_to_string(base.join("cgroup.events")).ok()?;
+    events
+        .lines()
+        .any(|l| l.trim() == "populated 1")
+        .then_some(base)
+}
+
 fn open_dir(dir: &Path) -> Result<OwnedFd, CgroupError> {
     rustix::fs::open(
         dir,

@@ -69,6 +69,12 @@ pub enum DaemonError {
     SocketInUse(PathBuf),
     #[error("cannot set up process support")]
     Processes(#[source] RunError),
+    #[error("runs of this store are still in {} (an earlier supervisor's --cgroup-root was {}, this one's is {}): start it with --cgroup-root {}, or end them first (write 1 to {}/cgroup.kill)", .left.display(), .old.display(), .new.display(), .old.display(), .left.display())]
+    CgroupRootMoved {
+        old: PathBuf,
+        new: PathBuf,
+        left: PathBuf,
+    },
     #[error("cannot set up the in-sandbox interface")]
     SandboxApi(#[source] crate::sandbox_api::SandboxApiError),
     #[error("cannot start the async runtime")]
@@ -77,6 +83,59 @@ pub enum DaemonError {
     NotMounted(#[source] rustix::io::Errno),
     #[error(transparent)]
     Plugins(#[from] PluginHostError),
+}
+
+/// The file of `state/` that keeps the cgroup root the store's runs were
+/// last made under.
+const CGROUP_ROOT_FILE: &str = "cgroup-root";
+
+/// Refuses to start under cgroup root `new` while the one the store's runs
+/// were last made under (kept in `kept`) still holds processes that no
+/// daemon holds: those runs would go on unseen, and no `ps`, kill or
+/// delete would reach them.
+fn check_cgroup_root(kept: &std::path::Path, new: &std::path::Path) -> Result<(), DaemonError> {
+    let Ok(old) = std::fs::read_to_string(kept) else {
+        return Ok(());
+    };
+    let old = PathBuf::from(old.trim_end_matches('\n'));
+    let same = |a: &std::path::Path, b: &std::path::Path| {
+        a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+    };
+    if same(&old, new) {
+        return Ok(());
+    }
+    match allox_sandbox::cgroup::left_runs(&old) {
+        Some(left) => Err(DaemonError::CgroupRootMoved {
+            old,
+            new: new.to_path_buf(),
+            left,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Keeps the cgroup root this daemon's runs are made under, for
+/// [`check_cgroup_root`] at the next start (written aside and renamed: a
+/// crash leaves the old one or the new).
+fn keep_cgroup_root(kept: &std::path::Path, root: &std::path::Path) {
+    use std::io::Write;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::OpenOptionsExt;
+    let aside = kept.with_extension("new");
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&aside)
+        .and_then(|mut f| {
+            f.write_all(root.as_os_str().as_bytes())?;
+            f.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&aside, kept));
+    if let Err(e) = written {
+        tracing::warn!(path = %kept.display(), error = %e, "cannot keep the cgroup root of the runs");
+    }
 }
 
 /// Blocks until `fd` (a pipe's read end) reads end-of-file.
@@ -195,7 +254,11 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
             rc.plugins = plugins.clone();
             rc.failpoints = failpoints;
             rc.metrics = metrics.clone();
-            Some(Arc::new(Runs::new(rc).map_err(DaemonError::Processes)?))
+            let kept = cfg.root.join("state").join(CGROUP_ROOT_FILE);
+            check_cgroup_root(&kept, &rc.cgroup_mount)?;
+            let runs = Runs::new(rc).map_err(DaemonError::Processes)?;
+            keep_cgroup_root(&kept, &runs.config().cgroup_mount);
+            Some(Arc::new(runs))
         }
         None => None,
     };

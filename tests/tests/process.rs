@@ -994,6 +994,99 @@ fn a_restarted_supervisor_adopts_running_sessions() {
     assert!(list(&d, "a", "t").is_empty());
 }
 
+/// A supervisor started on the store with another `--cgroup-root` while
+/// the store's runs live under the earlier one refuses to start, naming
+/// both (it started, saw no run, and the programs went on unseen and
+/// beyond every kill and delete); once they have ended it starts. A
+/// `--cgroup-root` outside a cgroup2 filesystem is refused at start (it
+/// was taken, and every run failed `internal`).
+#[test]
+fn a_supervisor_does_not_lose_the_store_s_runs_to_another_cgroup_root() {
+    let name = "a_supervisor_does_not_lose_the_store_s_runs_to_another_cgroup_root";
+    let Some(mut d) = setup(name) else {
+        return;
+    };
+    bg(&d, "a", "s", "sleep 1000");
+    wait_until("the run", || !list(&d, "a", "s").is_empty());
+    d.daemon.terminate();
+    let other = allox_integration::cgroup2_mount()
+        .unwrap()
+        .join(format!("allox-test-{}-other", std::process::id()));
+    let plain = d.fs.scratch().join("not-a-cgroup");
+    let (store, socket, stage) = (
+        d.daemon.root.clone(),
+        d.daemon.socket.clone(),
+        d.fs.scratch().join("stage"),
+    );
+    let start = |root: &std::path::Path| {
+        allox_integration::supervise_command(
+            &allox_integration::workspace_bin("allox-init"),
+            &store,
+            &socket,
+            Some(root),
+        )
+        .arg("--sandbox-stage")
+        .arg(&stage)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+    };
+    let refused = |root: &std::path::Path| {
+        let mut child = start(root);
+        let t0 = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if t0.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("started under {}", root.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = refused(&other);
+    let old = d.cgroup.display().to_string();
+    assert!(
+        code == Some(1)
+            && err.contains(&format!("runs of this store are still in {old}/allox"))
+            && err.contains(&format!("start it with --cgroup-root {old}")),
+        "{code:?}: {err}"
+    );
+    let (code, err) = refused(&plain);
+    assert!(
+        code == Some(1) && err.contains("not in a cgroup2 filesystem"),
+        "{code:?}: {err}"
+    );
+    assert!(!plain.exists(), "made a plain directory for cgroups");
+    assert!(!other.exists(), "the refused start made cgroups");
+    // Under its own root again the run is there; once it has ended, the
+    // other root is taken.
+    d.restart(&[]);
+    assert!(!list(&d, "a", "s").is_empty(), "the run is gone");
+    kill_session(&d, "a", "s");
+    wait_until("the run's end", || list(&d, "a", "s").is_empty());
+    d.daemon.terminate();
+    let mut moved = start(&other);
+    wait_until("the daemon under the other root", || {
+        std::os::unix::net::UnixStream::connect(&socket).is_ok()
+    });
+    assert!(moved.try_wait().unwrap().is_none(), "it stopped");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(moved.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    moved.wait().unwrap();
+    allox_integration::remove_cgroup_tree(&other);
+    d.restart(&[]);
+}
+
 #[test]
 fn limits_are_applied_or_refused_as_unsupported() {
     let Some(d) = setup("limits_are_applied_or_refused_as_unsupported") else {

@@ -163,6 +163,17 @@ fn the_guest_init_s_flags_map_to_the_daemon_s_config() {
 }
 
 #[test]
+fn a_cgroup_root_outside_a_cgroup2_filesystem_is_refused() {
+    let e = config(&["--cgroup-root", "/plain/allox-x"]).unwrap_err();
+    assert!(
+        matches!(&e, SuperviseError::NotCgroup2(p) if p == Path::new("/plain/allox-x")),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("not in a cgroup2 filesystem"), "{e}");
+    config(&["--cgroup-root", "/sys/fs/cgroup/unified/allox-x"]).unwrap();
+}
+
+#[test]
 fn store_only_needs_no_cgroup_mount() {
     let s = parse(&["--no-processes"])
         .into_config(&FakeHost { cgroup2: None })

@@ -87,6 +87,9 @@ impl Store {
 
     /// Deletes an agent unless [`Store::agent_delete_allowed`] refuses.
     pub fn agent_delete_guarded(&self, a: &str, force: bool) -> Result<Deleted> {
+        // After any turn.begin or turn.end under way (which take the turn
+        // lock first): none writes a turn of a session deleted under it.
+        let _t = self.turn_lock.lock().unwrap_or_else(|p| p.into_inner());
         let _g = self.guard();
         self.agent_delete_allowed(a, force)?;
         self.agent_delete_locked(a)
@@ -94,6 +97,9 @@ impl Store {
 
     /// Deletes an agent, whatever it holds.
     pub fn agent_delete(&self, a: &str) -> Result<Deleted> {
+        // After any turn.begin or turn.end under way (which take the turn
+        // lock first): none writes a turn of a session deleted under it.
+        let _t = self.turn_lock.lock().unwrap_or_else(|p| p.into_inner());
         let _g = self.guard();
         self.agent_delete_locked(a)
     }

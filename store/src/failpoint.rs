@@ -48,6 +48,10 @@ pub const ALL: &[&str] = &[
     "session_import_since.after_commit",
 ];
 
+/// Points in the turn's requests (for tests of what overlaps them: no
+/// crash there leaves anything to recover).
+pub const TURNS: &[&str] = &["turn_begin.before_lock"];
+
 /// The supervisor's points before each installed plugin starts (a panic
 /// there counts as that plugin failing to start); not the store's.
 pub const PLUGIN_STARTS: &[&str] = &[
@@ -98,6 +102,7 @@ fn declared(name: &str) -> bool {
         || RUN_ENDS.contains(&name)
         || RECOVERY.contains(&name)
         || DAEMON_STARTS.contains(&name)
+        || TURNS.contains(&name)
 }
 
 /// What an armed point does.
@@ -106,8 +111,8 @@ enum Action {
     Kill,
     /// Panics while hits are left.
     Panic(Arc<AtomicU32>),
-    /// Sleeps, each time.
-    Delay(std::time::Duration),
+    /// Sleeps, each time; counts the times it was reached.
+    Delay(std::time::Duration, Arc<AtomicU32>),
 }
 
 #[derive(Debug, Default, Clone)]
@@ -146,7 +151,13 @@ impl Failpoints {
                         tracing::warn!(%item, "failpoint delay is not a number; 1,000 ms");
                         1000
                     });
-                    (name, Action::Delay(std::time::Duration::from_millis(ms)))
+                    (
+                        name,
+                        Action::Delay(
+                            std::time::Duration::from_millis(ms),
+                            Arc::new(AtomicU32::new(0)),
+                        ),
+                    )
                 }
                 Some((name, how)) => {
                     tracing::warn!(%name, %how, "unknown failpoint action; killing there");
@@ -162,6 +173,16 @@ impl Failpoints {
             fp.armed.insert(name.to_string(), action);
         }
         fp
+    }
+
+    /// How many times the delay armed at `name` was reached (by any clone
+    /// of these failpoints): a test waits for a thread to be inside the
+    /// window the delay opens.
+    pub fn reached(&self, name: &str) -> u32 {
+        match self.armed.get(name) {
+            Some(Action::Delay(_, n)) => n.load(Ordering::SeqCst),
+            _ => 0,
+        }
     }
 
     /// Whether `name` asks for a durable index before the crash.
@@ -181,8 +202,9 @@ impl Failpoints {
                     rustix::process::Signal::KILL,
                 );
             }
-            Some(Action::Delay(d)) => {
+            Some(Action::Delay(d, reached)) => {
                 tracing::warn!(%name, ?d, "failpoint reached: sleeping");
+                reached.fetch_add(1, Ordering::SeqCst);
                 std::thread::sleep(*d);
             }
             Some(Action::Panic(left)) => {

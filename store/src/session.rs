@@ -288,6 +288,9 @@ impl Store {
 
     /// Deletes a session unless [`Store::session_delete_allowed`] refuses.
     pub fn session_delete_guarded(&self, a: &str, s: &str, force: bool) -> Result<Deleted> {
+        // After any turn.begin or turn.end under way (which take the turn
+        // lock first): none writes a turn of a session deleted under it.
+        let _t = self.turn_lock.lock().unwrap_or_else(|p| p.into_inner());
         let _g = self.guard();
         self.session_delete_allowed(a, s, force)?;
         self.session_delete_locked(a, s)
@@ -295,6 +298,9 @@ impl Store {
 
     /// Deletes a session, whatever it holds.
     pub fn session_delete(&self, a: &str, s: &str) -> Result<Deleted> {
+        // After any turn.begin or turn.end under way (which take the turn
+        // lock first): none writes a turn of a session deleted under it.
+        let _t = self.turn_lock.lock().unwrap_or_else(|p| p.into_inner());
         let _g = self.guard();
         self.session_delete_locked(a, s)
     }

@@ -97,12 +97,14 @@ impl Store {
 
     pub fn turn_begin(&self, p: &TurnBegin) -> Result<TurnInfo> {
         let (a, s) = (p.agent_id.as_str(), p.session_id.as_str());
-        self.need_session(a, s)?;
+        let asked = self.need_session(a, s)?;
         if let Some(t) = &p.turn_id {
             validate_id("turn_id", t)?;
         }
+        self.crash_point("turn_begin.before_lock");
         let _t = self.turn_lock.lock().unwrap_or_else(|p| p.into_inner());
         let _g = self.guard();
+        self.still_the_session(a, s, &asked)?;
         let turns = self.index.turns(a, s)?;
         if let Some((open, _)) = turns.iter().find(|(_, r)| r.ended_ms.is_none()) {
             return Err(StoreError::TurnOpen {
@@ -149,6 +151,25 @@ impl Store {
         Ok(turn_info(a, s, &t, &rec))
     }
 
+    /// Refuses a turn's change when session `a/s` is no longer the one the
+    /// request found (deleted, or deleted and made again, meanwhile: a
+    /// request of a run the delete killed wrote a turn for a session that
+    /// no longer existed, which the next one of its name then had). Called
+    /// under the turn lock, which deletes take too.
+    fn still_the_session(
+        &self,
+        a: &str,
+        s: &str,
+        asked: &crate::index::SessionRecord,
+    ) -> Result<()> {
+        match self.index.session(a, s)? {
+            Some(now) if now.created_ms == asked.created_ms => Ok(()),
+            _ => Err(StoreError::NotFound(format!(
+                "session {a}/{s} (deleted while the request was under way)"
+            ))),
+        }
+    }
+
     /// The session's turn that has begun and not ended, if any (a session
     /// has at most one).
     pub fn open_turn(&self, a: &str, s: &str) -> Result<Option<String>> {
@@ -163,7 +184,7 @@ impl Store {
 
     pub fn turn_end(&self, p: &TurnEnd) -> Result<TurnInfo> {
         let (a, s) = (p.agent_id.as_str(), p.session_id.as_str());
-        self.need_session(a, s)?;
+        let asked = self.need_session(a, s)?;
         // No turn named: the session's open turn.
         let open;
         let t = if p.turn_id.is_empty() {
@@ -188,6 +209,7 @@ impl Store {
         // One turn.end at a time; the checkpoint below takes the store
         // lock inside this one, never the other way round.
         let _t = self.turn_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.still_the_session(a, s, &asked)?;
         let mut rec = self
             .index
             .turn(a, s, t)?

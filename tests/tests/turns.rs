@@ -398,3 +398,61 @@ fn c_list(d: &allox_integration::Daemon, s: &str) -> Response {
         .unwrap()
         .unwrap()
 }
+
+/// A turn begun while its session is deleted (and made again) is refused,
+/// and writes nothing: a run the delete killed had its `allox turn begin`
+/// answered after the delete, and the next session of the name started
+/// with that open turn.
+#[test]
+fn a_turn_begun_while_its_session_is_deleted_touches_no_session() {
+    let name = "turns::a_turn_begun_while_its_session_is_deleted_touches_no_session";
+    if !require(name) {
+        return;
+    }
+    let fs = BtrfsFs::new(512).expect("make btrfs");
+    std::fs::create_dir(fs.path().join("store")).unwrap();
+    let fp = Failpoints::parse("turn_begin.before_lock=delay:400");
+    let st = std::sync::Arc::new(
+        Store::open_with(&fs.path().join("store"), fp.clone(), Default::default()).unwrap(),
+    );
+    st.agent_create("a").unwrap();
+    session(&st, "s");
+    for made_again in [false, true] {
+        let begin = {
+            let st = st.clone();
+            std::thread::spawn(move || {
+                st.turn_begin(&TurnBegin {
+                    agent_id: "a".into(),
+                    session_id: "s".into(),
+                    turn_id: None,
+                })
+            })
+        };
+        // The begin has found the session, and waits at the failpoint.
+        let seen = fp.reached("turn_begin.before_lock");
+        let t0 = std::time::Instant::now();
+        while fp.reached("turn_begin.before_lock") == seen {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(20),
+                "no begin"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        st.session_delete("a", "s").unwrap();
+        if made_again {
+            session(&st, "s");
+        }
+        let e = begin.join().unwrap().unwrap_err();
+        assert!(
+            matches!(e, allox_store::StoreError::NotFound(_)),
+            "made again: {made_again}: {e:?}"
+        );
+        if !made_again {
+            session(&st, "s");
+        }
+        // The session of the name has no turn, and begins its first.
+        assert!(st.index().turns("a", "s").unwrap().is_empty());
+        let t = turn(&st, "s", TurnStatus::Ok);
+        assert_eq!(t.number, 1, "made again: {made_again}");
+    }
+}

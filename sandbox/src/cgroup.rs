@@ -422,6 +422,13 @@ impl Cgroups {
             Err(_) if withdrawn() => Err(CgroupError::FreezeWithdrawn {
                 path: dir.to_path_buf(),
             }),
+            // Removed under the wait (its `cgroup.events` no longer
+            // reads): not a freeze that took too long.
+            Err(_) if !dir.join("cgroup.events").exists() => Err(io_err(
+                "freeze",
+                dir,
+                io::Error::new(io::ErrorKind::NotFound, "the cgroup was removed meanwhile"),
+            )),
             Err(waited) => Err(CgroupError::FreezeTimeout {
                 path: dir.to_path_buf(),
                 waited,

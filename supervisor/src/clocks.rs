@@ -259,6 +259,14 @@ impl Clocks {
             if now.saturating_sub(last) < idle {
                 continue;
             }
+            // As a requested pause: a delete waits for it, and one that
+            // came first is seen.
+            let Ok(_w) = runs.writing(&a, &s) else {
+                continue;
+            };
+            if !matches!(store.index().session(&a, &s), Ok(Some(_))) {
+                continue;
+            }
             match runs.pause(&a, &s, false, "idle") {
                 Ok(_) => audit(
                     store,

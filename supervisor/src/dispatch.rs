@@ -333,6 +333,14 @@ impl Supervisor {
                     clock,
                     policy,
                 };
+                // A delete of the agent waits for the session and its
+                // cgroup, and one that came first is seen by the store (a
+                // create between the two left the deleted agent's cgroups).
+                let _w = self
+                    .runs
+                    .as_ref()
+                    .map(|runs| runs.writing(&r.agent_id, &r.session_id))
+                    .transpose()?;
                 let info = st.session_create_with(&r.agent_id, &r.session_id, &new)?;
                 if let Some(runs) = &self.runs {
                     runs.own(std::path::Path::new(&info.current));
@@ -554,6 +562,13 @@ impl Supervisor {
                         commit()
                     })
                 };
+                // The piece that makes the session: a delete of its agent
+                // waits for it and its cgroup (the session's id may be the
+                // archive's: the agent's fence covers every one).
+                let _w = match (&self.runs, r.commit) {
+                    (Some(runs), true) => Some(runs.writing(&r.agent_id, "-")?),
+                    _ => None,
+                };
                 let crate::transfer::Piece {
                     answer: done,
                     limits,
@@ -611,6 +626,13 @@ impl Supervisor {
                 // the daemon's, counted from the fork (none of the source's:
                 // a fork of an expired session starts a lifetime of its own).
                 let clock = self.clock_of(na, None, None)?;
+                // A delete of the fork's agent waits for the fork and its
+                // cgroup, and one that came first is seen by the store.
+                let _w = self
+                    .runs
+                    .as_ref()
+                    .map(|runs| runs.writing(na, ns))
+                    .transpose()?;
                 let (info, _) = self
                     .metrics
                     .timed(StoreOp::fork, || st.session_fork_with(r, clock.as_ref()))?;
@@ -635,8 +657,13 @@ impl Supervisor {
             }
             Request::SessionPause(r) => {
                 let (a, s) = (&r.agent_id, &r.session_id);
+                let runs = self.runs()?;
+                // A delete of the session (or its agent) waits for the
+                // pause, and one that came first is seen: a pause never
+                // makes a deleted session's cgroup again.
+                let _w = runs.writing(a, s)?;
                 let mut info = st.session_info_of(a, s)?;
-                info.paused = Some(self.runs()?.pause(a, s, r.hold, "request")?);
+                info.paused = Some(runs.pause(a, s, r.hold, "request")?);
                 Response::Session(info)
             }
             Request::SessionInfoRequest(r) => {

@@ -1087,6 +1087,120 @@ fn a_supervisor_does_not_lose_the_store_s_runs_to_another_cgroup_root() {
     d.restart(&[]);
 }
 
+/// Deletes racing pauses, creates and forks leave no cgroup of what they
+/// deleted (a pause made a deleted session's cgroup again, frozen; a
+/// create or a fork between an agent's delete and its cgroups' removal
+/// made them again), and every answer is one some order of the requests
+/// gives.
+#[test]
+fn deletes_racing_pauses_creates_and_forks_leave_no_cgroup_behind() {
+    let Some(d) = setup("deletes_racing_pauses_creates_and_forks_leave_no_cgroup_behind") else {
+        return;
+    };
+    let ok_or = |what: &str, r: Result<Response, ErrorBody>, allowed: &[ErrorCode]| {
+        if let Err(e) = r {
+            assert!(allowed.contains(&e.code), "{what}: {e:?}");
+        }
+    };
+    for round in 0..12 {
+        call(&d, Request::AgentCreate(AgentCreate::new("g"))).unwrap();
+        make_sessions(&d, &[("g", "x")]);
+        bg(&d, "g", "x", "sleep 1000");
+        std::thread::scope(|sc| {
+            let d = &d;
+            let racers: Vec<(&str, Request)> = vec![
+                (
+                    "delete",
+                    Request::AgentDelete(AgentDelete {
+                        agent_id: "g".into(),
+                        force: true,
+                    }),
+                ),
+                (
+                    "pause",
+                    Request::SessionPause(SessionPause {
+                        agent_id: "g".into(),
+                        session_id: "x".into(),
+                        hold: true,
+                    }),
+                ),
+                (
+                    "create",
+                    Request::SessionCreate(SessionCreate::new("g", "n")),
+                ),
+                (
+                    "fork",
+                    Request::SessionFork(SessionFork {
+                        agent_id: "a".into(),
+                        session_id: "s".into(),
+                        from: "current".into(),
+                        new_agent_id: Some("g".into()),
+                        new_session_id: "f".into(),
+                        label: None,
+                    }),
+                ),
+            ];
+            let handles: Vec<_> = racers
+                .into_iter()
+                .map(|(what, r)| sc.spawn(move || (what, call(d, r))))
+                .collect();
+            for h in handles {
+                let (what, r) = h.join().unwrap();
+                // Refused: the agent (or session) gone, or being deleted.
+                ok_or(what, r, &[ErrorCode::NotFound, ErrorCode::Conflict]);
+            }
+        });
+        // What the store holds of g, the cgroups hold, and no more.
+        let sessions: Vec<String> = match call(
+            &d,
+            Request::SessionList(AgentRef {
+                agent_id: "g".into(),
+            }),
+        ) {
+            Ok(Response::Sessions(l)) => l.sessions.into_iter().map(|s| s.session_id).collect(),
+            Err(e) if e.code == ErrorCode::NotFound => Vec::new(),
+            other => panic!("{other:?}"),
+        };
+        let dir = d.cgroup.join("allox/g");
+        let mut cgroups: Vec<String> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        cgroups.sort();
+        for c in &cgroups {
+            assert!(
+                sessions.contains(c),
+                "round {round}: cgroup g/{c} of no session (sessions: {sessions:?})"
+            );
+        }
+        let agents = match call(&d, Request::AgentList(AgentList {})) {
+            Ok(Response::Agents(l)) => l.agents,
+            other => panic!("{other:?}"),
+        };
+        if !agents.iter().any(|a| a.agent_id == "g") {
+            assert!(
+                !dir.exists(),
+                "round {round}: the deleted agent's cgroup is left"
+            );
+        }
+        let _ = call(
+            &d,
+            Request::AgentDelete(AgentDelete {
+                agent_id: "g".into(),
+                force: true,
+            }),
+        );
+        assert!(
+            !dir.exists(),
+            "round {round}: the agent's cgroup outlived its delete"
+        );
+    }
+}
+
 #[test]
 fn limits_are_applied_or_refused_as_unsupported() {
     let Some(d) = setup("limits_are_applied_or_refused_as_unsupported") else {

@@ -52,6 +52,10 @@ pub const ALL: &[&str] = &[
 /// crash there leaves anything to recover).
 pub const TURNS: &[&str] = &["turn_begin.before_lock"];
 
+/// Points in an import's reading (for tests of what overlaps them): a
+/// stream received, before it is checked.
+pub const IMPORTS: &[&str] = &["session_import.before_check"];
+
 /// The supervisor's points before each installed plugin starts (a panic
 /// there counts as that plugin failing to start); not the store's.
 pub const PLUGIN_STARTS: &[&str] = &[
@@ -103,6 +107,7 @@ fn declared(name: &str) -> bool {
         || RECOVERY.contains(&name)
         || DAEMON_STARTS.contains(&name)
         || TURNS.contains(&name)
+        || IMPORTS.contains(&name)
 }
 
 /// What an armed point does.

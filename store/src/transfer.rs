@@ -509,6 +509,7 @@ impl Import {
                             "btrfs receive of {tree} failed: {why}"
                         )));
                     }
+                    store.crash_point("session_import.before_check");
                     let parent_here = made.parent.and_then(|p| locals.get(&p).copied());
                     let here = check_received(
                         &staging,
@@ -529,21 +530,18 @@ impl Import {
         match r {
             Ok(()) => Ok(()),
             Err(PushError::Archive(e)) => Err(StoreError::Archive(e)),
-            // Its agent deleted meanwhile (its staging went with it, and
-            // receive failed): said, not blamed on the archive.
-            Err(PushError::Handler(StoreError::BadArchive(_)))
-                if store.index.agent(agent).ok().flatten().is_none() =>
-            {
-                Err(StoreError::ChangedDuring(format!(
-                    "agent {agent} was deleted during the import; nothing was made"
-                )))
-            }
-            Err(PushError::Handler(e)) => Err(e),
+            Err(PushError::Handler(e)) => Err(agent_gone(store, agent, e)),
         }
     }
 
     /// Makes the session appear, if the archive ended and checked.
-    pub fn commit(mut self) -> Result<Imported> {
+    pub fn commit(self) -> Result<Imported> {
+        let (store, agent) = (self.store.clone(), self.agent.clone());
+        self.commit_checked()
+            .map_err(|e| agent_gone(&store, &agent, e))
+    }
+
+    fn commit_checked(mut self) -> Result<Imported> {
         self.reader.finish()?;
         let m = self
             .manifest
@@ -706,6 +704,22 @@ impl Import {
             privileges_dropped,
         })
     }
+}
+
+/// An import's failure when its agent was deleted meanwhile (its staging
+/// went with it, and a receive, a read or a rename failed): said, not
+/// blamed on the archive nor reported as the store's own failure.
+fn agent_gone(store: &Store, agent: &str, e: StoreError) -> StoreError {
+    let failed = matches!(
+        e,
+        StoreError::BadArchive(_) | StoreError::Io { .. } | StoreError::Btrfs(_)
+    );
+    if failed && store.index.agent(agent).ok().flatten().is_none() {
+        return StoreError::ChangedDuring(format!(
+            "agent {agent} was deleted during the import; nothing was made"
+        ));
+    }
+    e
 }
 
 /// For an archive made `since` a checkpoint: the session exists, holds

@@ -1239,6 +1239,36 @@ fn transfers_going_on_are_not_out_of_place_and_a_tree_deleted_under_an_export_go
         e.code(),
         e.chain()
     );
+    // The same when it goes while a stream received is checked (the read
+    // of the import's scratch directory failed `internal`).
+    let fs2 = BtrfsFs::new(512).unwrap();
+    let root = fs2.path().join("store");
+    std::fs::create_dir_all(&root).unwrap();
+    let fp = allox_store::failpoint::Failpoints::parse("session_import.before_check=delay:300");
+    let st2 = Arc::new(Store::open_with(&root, fp.clone(), Default::default()).unwrap());
+    st2.agent_create("b").unwrap();
+    let mut i = st2.import_begin("b", None).unwrap();
+    let pushing = std::thread::spawn(move || match i.push(&whole) {
+        Err(e) => e,
+        Ok(()) => i.commit().map(drop).unwrap_err(),
+    });
+    let t0 = std::time::Instant::now();
+    while fp.reached("session_import.before_check") == 0 {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "no stream received"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    st2.agent_delete_guarded("b", true).unwrap();
+    let e = pushing.join().unwrap();
+    assert!(
+        e.code() == ErrorCode::Conflict
+            && e.chain().contains("agent b was deleted during the import"),
+        "deleted while a stream is checked: {:?} {}",
+        e.code(),
+        e.chain()
+    );
 }
 
 /// A session moved with a turn open, the turn ended where it went, moves

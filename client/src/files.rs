@@ -412,6 +412,19 @@ pub fn upload_from(
         },
     )?;
     if let Some(e) = read_err.or(daemon_err) {
+        // Dropped on the daemon, so that it does not hold one of the
+        // session's few uploads under way until it is idle five minutes
+        // (best effort: the daemon may be what failed).
+        let _ = ask(
+            c,
+            &to.path,
+            Request::FsWrite(FsWrite {
+                scope: to.scope,
+                upload: Some(id.clone()),
+                abort: true,
+                ..FsWrite::whole(&to.agent, &to.session, &to.path, Vec::new())
+            }),
+        );
         return Err(e);
     }
     let data = tail.unwrap_or_default();

@@ -275,6 +275,12 @@ pub struct FsWrite {
     pub upload: Option<String>,
     #[serde(default)]
     pub commit: bool,
+    /// With `upload`: drops that upload (its partial file and its record;
+    /// `data` and `offset` are not read), so that it no longer counts
+    /// against the session's budget of uploads under way. A client whose
+    /// source failed half-way sends it.
+    #[serde(default)]
+    pub abort: bool,
 }
 
 target!(FsWrite, |r| fs_target(
@@ -298,6 +304,7 @@ impl FsWrite {
             truncate: false,
             upload: None,
             commit: false,
+            abort: false,
         }
     }
 }

@@ -273,6 +273,7 @@ impl Supervisor {
                 st.agent_delete_allowed(&r.agent_id, r.force)?;
                 // The agent's processes die first, every session of it.
                 let Some(runs) = &self.runs else {
+                    self.files().drop_uploads(&r.agent_id, None, false);
                     let done = st.agent_delete_guarded(&r.agent_id, r.force)?;
                     let _ = self.rollbacks.send((r.agent_id.clone(), String::new()));
                     self.clocks.forget(&r.agent_id, None);
@@ -284,6 +285,8 @@ impl Supervisor {
                     // Contexts first (killed and reaped), then the rest.
                     runs.end_contexts_of(&r.agent_id);
                     runs.kill_tree(&dir, true)?;
+                    // Its uploads under way go with it (no chunk can come).
+                    self.files().drop_uploads(&r.agent_id, None, false);
                     Ok::<_, RequestError>(st.agent_delete_guarded(&r.agent_id, r.force)?)
                 });
                 // Another delete of it that finished first took its
@@ -382,6 +385,7 @@ impl Supervisor {
                 // Refused before any process is touched.
                 st.session_delete_allowed(a, s, r.force)?;
                 let Some(runs) = &self.runs else {
+                    self.files().drop_uploads(a, Some(s), false);
                     let done = st.session_delete_guarded(a, s, r.force)?;
                     let _ = self.rollbacks.send((a.clone(), s.clone()));
                     self.clocks.forget(a, Some(s));
@@ -391,6 +395,7 @@ impl Supervisor {
                 let out = runs.fenced(FenceScope::session(a, s), || {
                     runs.kill_tree(&dir, true)?;
                     runs.end_context(a, s)?;
+                    self.files().drop_uploads(a, Some(s), false);
                     Ok::<_, RequestError>(st.session_delete_guarded(a, s, r.force)?)
                 });
                 // Another delete that finished first (of it, or of its
@@ -436,6 +441,7 @@ impl Supervisor {
                 let (a, s) = (&r.agent_id, &r.session_id);
                 let Some(runs) = &self.runs else {
                     let done = self.metrics.timed(StoreOp::rollback, || st.rollback(&r))?;
+                    self.files().drop_uploads(a, Some(s), true);
                     let _ = self.rollbacks.send((a.clone(), s.clone()));
                     return Ok(Response::RolledBack(done));
                 };
@@ -467,6 +473,8 @@ impl Supervisor {
                         killed = runs.kill_tree(&dir, false)?;
                     }
                     let mut done = self.metrics.timed(StoreOp::rollback, || st.rollback(&r))?;
+                    // Uploads into the old tree went with it.
+                    self.files().drop_uploads(a, Some(s), true);
                     done.killed_processes = killed;
                     Ok(done)
                 });

@@ -473,6 +473,7 @@ impl Core for Supervisor {
             truncate: false,
             upload: w.upload,
             commit: w.commit,
+            abort: false,
         });
         match self.within(&req, d)?.0 {
             Response::FsWritten(w) => Ok(w),

@@ -310,6 +310,10 @@ fn uploads_in_flight_are_bounded_per_session_and_abandoned_when_idle() {
         e.message.contains("3 uploads under way") && e.message.contains("--uploads-per-session 3"),
         "{e:?}"
     );
+    // One that ends in the request that begins it is never under way: it
+    // goes in at the budget (a write of a few bytes was refused).
+    call(&d, chunk("s", "one", "w0", 0, "in one", true)).unwrap();
+    assert_eq!(std::fs::read(cur.join("one")).unwrap(), b"in one");
     // Another session has its own budget.
     call(&d, chunk("s2", "g", "v0", 0, "part", true)).unwrap();
     // The partial files: the sandbox user's, 0600, not under the target's
@@ -340,6 +344,62 @@ fn uploads_in_flight_are_bounded_per_session_and_abandoned_when_idle() {
     call(&d, chunk("s", "f3", "u3", 0, "whole", true)).unwrap();
     assert_eq!(std::fs::read(cur.join("f3")).unwrap(), b"whole");
     assert_eq!(owner_and_mode(&cur.join("f3")), (SANDBOX_UID, 0o644));
+
+    // An upload dropped by its client (`abort`) no longer counts: its
+    // partial file and record go at once.
+    let fill = |ids: &[&str]| {
+        for id in ids {
+            call(&d, chunk("s", &format!("t-{id}"), id, 0, "part", false)).unwrap();
+        }
+    };
+    fill(&["x0", "x1", "x2"]);
+    let abort = Request::FsWrite(FsWrite {
+        upload: Some("x0".into()),
+        abort: true,
+        ..FsWrite::whole("a", "s", "t-x0", "")
+    });
+    call(&d, abort.clone()).unwrap();
+    call(&d, abort).unwrap();
+    assert!(!cur.join(".allox-upload-x0-t-x0").exists());
+    assert_eq!(count(&records, "a~s~"), 2);
+    fill(&["x3"]);
+    // A rollback takes the uploads into the old tree, and a delete every
+    // upload of its session: they no longer hold the budget (they did
+    // until idle, though no chunk could come), nor carry over to a new
+    // session of the name.
+    call(
+        &d,
+        Request::CheckpointCreate(CheckpointCreate {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: "k".into(),
+            pinned: false,
+            label: None,
+        }),
+    )
+    .unwrap();
+    call(
+        &d,
+        Request::SessionRollback(SessionRollback {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: "k".into(),
+            kill_processes: None,
+        }),
+    )
+    .unwrap();
+    assert_eq!(count(&records, "a~s~"), 0);
+    fill(&["y0", "y1", "y2"]);
+    call(&d, chunk("s2", "g", "z0", 0, "part", false)).unwrap();
+    call(
+        &d,
+        Request::SessionDelete(SessionDelete {
+            force: true,
+            ..SessionDelete::new("a", "s2")
+        }),
+    )
+    .unwrap();
+    assert_eq!(count(&records, "a~s2~"), 0);
 }
 
 /// Starts the daemon (store only) on `root`, stops it, and returns what it

@@ -1081,6 +1081,11 @@ class FsWrite(Model):
     removed at the daemon's next start.
     """
 
+    #: With `upload`: drops that upload (its partial file and its record;
+    #: `data` and `offset` are not read), so that it no longer counts
+    #: against the session's budget of uploads under way. A client whose
+    #: source failed half-way sends it.
+    abort: bool = False
     agent_id: str
     commit: bool = False
 

@@ -439,6 +439,21 @@ impl Files<'_> {
         self.fs_change_in(&r.agent_id, &r.session_id, r.scope, w, |root, owner| {
             let (parent, name) = parent_of(&root.fd, &rel).map_err(|e| scoped(e, root.scope))?;
             let create = r.create.unwrap_or(true);
+            if r.abort {
+                let Some(id) = &r.upload else {
+                    return Err(local::refused(
+                        "abort ends an upload: give upload too".into(),
+                    ));
+                };
+                return uploads::abort(
+                    &self.uploads_dir(),
+                    self.uploads,
+                    (&r.agent_id, &r.session_id, id),
+                    &rel,
+                    &parent,
+                    name,
+                );
+            }
             if let Some(id) = &r.upload {
                 return uploads::chunk(
                     &self.uploads_dir(),

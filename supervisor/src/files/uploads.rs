@@ -88,7 +88,10 @@ impl Live {
     fn begin(&self, key: &str, c: &Chunk<'_>, record: Record) -> Result<(), FilesError> {
         let now = Instant::now();
         let mut live = self.lock();
-        if !live.contains_key(key) {
+        // One that ends in the request that begins it is never under way
+        // between requests: it is not held to the budget (cut uploads of
+        // other clients refused a write of a few bytes).
+        if !live.contains_key(key) && !c.commit {
             let session = format!("{}/{}/", c.agent, c.session);
             let n = live
                 .iter()
@@ -152,6 +155,17 @@ impl Live {
             .map(|(k, _)| k.clone())
             .collect();
         idle.iter().filter_map(|k| live.remove(k)).collect()
+    }
+
+    /// Takes the uploads `which` names (by key and scope) off the list.
+    fn take(&self, which: impl Fn(&str, FsScope) -> bool) -> Vec<UnderWay> {
+        let mut live = self.lock();
+        let keys: Vec<String> = live
+            .iter()
+            .filter(|(k, u)| which(k, u.record.scope))
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.iter().filter_map(|k| live.remove(k)).collect()
     }
 
     /// How many uploads are under way (idle ones included until swept).
@@ -349,6 +363,33 @@ pub fn chunk(dir: &Path, c: &Chunk<'_>) -> Result<(FsWritten, Option<CopiedBy>),
     ))
 }
 
+/// Drops upload `id` of session `a/s` (`fs.write` with `abort`): its
+/// partial file beside `name` and its record go, and it no longer counts
+/// against the session's budget. Nothing under way under that id is no
+/// error (an abort sent twice, or after the upload was abandoned).
+pub fn abort(
+    dir: &Path,
+    live: &Live,
+    (agent, session, id): (&str, &str, &str),
+    rel: &Rel<'_>,
+    parent: &OwnedFd,
+    name: &str,
+) -> Result<FsWritten, FilesError> {
+    allox_protocol::validate_id("upload", id).map_err(|e| upload_err(id, e.to_string()))?;
+    live.forget(&format!("{agent}/{session}/{id}"));
+    let partial = partial_name(id, name);
+    match rustix::fs::unlinkat(parent, partial.as_str(), AtFlags::empty()) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => return Err(FilesError::from_errno("remove", rel.shown, e)),
+    }
+    let _ = std::fs::remove_file(record_path(dir, agent, session, id));
+    Ok(FsWritten {
+        path: rel.joined(),
+        size: 0,
+        committed: false,
+    })
+}
+
 /// The first chunk's work: the upload recorded, then its partial file made
 /// (afresh, if this id was begun before).
 fn begin(
@@ -427,6 +468,30 @@ impl Files<'_> {
             );
         }
         idle.len()
+    }
+
+    /// Drops the uploads under way in session `a/s` (every session of
+    /// agent `a` with `None`) that a rollback or a delete took: with
+    /// `rolled_back`, those in the session's own tree only (their partial
+    /// files went with the old tree; the agent's `shared/` stays). Their
+    /// records go, and so do partial files still in reach; they no longer
+    /// count against the session's budget (they held it until they were
+    /// idle five minutes, though no client could send them a chunk).
+    pub fn drop_uploads(&self, a: &str, s: Option<&str>, rolled_back: bool) -> usize {
+        let prefix = match s {
+            Some(s) => format!("{a}/{s}/"),
+            None => format!("{a}/"),
+        };
+        let taken = self.uploads.take(|key, scope| {
+            key.starts_with(&prefix) && !(rolled_back && scope == FsScope::Shared)
+        });
+        let dir = self.uploads_dir();
+        for u in &taken {
+            self.remove_partial(&u.record);
+            let _ =
+                std::fs::remove_file(record_path(&dir, &u.record.agent, &u.record.session, &u.id));
+        }
+        taken.len()
     }
 
     /// Removes an upload's partial file, reached below its scope's root;

@@ -48,6 +48,14 @@ pub struct SuperviseArgs {
     /// its partial file and record are removed.
     #[arg(long, value_name = "SECONDS", default_value_t = SuperviseArgs::DEFAULT_UPLOAD_IDLE_S, value_parser = clap::value_parser!(u64).range(1..))]
     pub upload_idle_s: u64,
+    /// Most `fs.watch` streams open at once on the daemon: each takes one
+    /// of root's inotify instances, which every root process of the
+    /// machine shares (`fs.inotify.max_user_instances`, 128 by default).
+    #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub watches: u32,
+    /// Most `fs.watch` streams open at once on one session.
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    pub watches_per_session: u32,
     /// A new session's idle timeout unless it asks for its own: paused
     /// after this many ms without a request for it and without CPU used
     /// by its processes (the next request resumes it).
@@ -340,6 +348,8 @@ impl SuperviseArgs {
             store_mounted_fd: None,
             kill_session_processes_on_rollback: false,
             uploads_per_session: Self::DEFAULT_UPLOADS_PER_SESSION,
+            watches: 32,
+            watches_per_session: 8,
             upload_idle_s: Self::DEFAULT_UPLOAD_IDLE_S,
             idle_timeout_ms: None,
             max_lifetime_ms: None,
@@ -627,6 +637,10 @@ impl SuperviseArgs {
                     uploads: allox_supervisor::files::uploads::UploadLimits {
                         per_session: self.uploads_per_session as usize,
                         idle: Duration::from_secs(self.upload_idle_s),
+                    },
+                    watches: allox_supervisor::files::watch::WatchLimits {
+                        most: self.watches as usize,
+                        per_session: self.watches_per_session as usize,
                     },
                     idle_timeout_ms: self.idle_timeout_ms,
                     max_lifetime_ms: self.max_lifetime_ms,

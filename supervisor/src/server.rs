@@ -667,6 +667,10 @@ impl RequestCtx {
             }
             _ => None,
         };
+        // A stream that only ends with its client, holding what it took
+        // (a watch: one of root's few inotify instances): given back when
+        // the client hangs up, not once its answers have had their time.
+        let ends_with_client = matches!(req, Request::FsWatch(_));
         let started = Arc::new(std::sync::OnceLock::<String>::new());
         let started_at = started.clone();
         let forward = tokio::spawn(async move {
@@ -705,7 +709,7 @@ impl RequestCtx {
             // A run to be killed with its client's going: killed when the
             // client hangs up, not once its connection's last answers
             // have had their time to go out.
-            _ = self.hung_up.wait_for(|h| *h), if kill_on_disconnect.is_some() => None,
+            _ = self.hung_up.wait_for(|h| *h), if kill_on_disconnect.is_some() || ends_with_client => None,
         };
         let Some(out) = out else {
             work.abort();

@@ -31,6 +31,8 @@ pub struct Policy {
     pub power_off_on_shutdown: bool,
     /// `--uploads-per-session`, `--upload-idle-s`.
     pub uploads: crate::files::uploads::UploadLimits,
+    /// `--watches`, `--watches-per-session`.
+    pub watches: crate::files::watch::WatchLimits,
     /// `--idle-timeout-ms`: a new session's idle timeout unless it asks
     /// for its own.
     pub idle_timeout_ms: Option<u64>,
@@ -79,6 +81,8 @@ pub struct Supervisor {
     pub network_default: allox_protocol::NetworkMode,
     /// The file API's uploads under way.
     pub uploads: crate::files::uploads::Live,
+    /// The file API's watches open.
+    pub watches: crate::files::watch::Watches,
     /// The session imports under way.
     pub imports: crate::transfer::Imports,
     /// Each session rolled back (agent, session), for `fs.watch`.
@@ -103,6 +107,7 @@ impl Supervisor {
         Supervisor {
             ports,
             uploads: crate::files::uploads::Live::new(policy.uploads),
+            watches: crate::files::watch::Watches::new(policy.watches),
             imports: Default::default(),
             store,
             policy,
@@ -126,6 +131,7 @@ impl Supervisor {
             store: &self.store,
             runs: self.runs.as_ref(),
             uploads: &self.uploads,
+            watches: &self.watches,
             rollbacks: &self.rollbacks,
         }
     }

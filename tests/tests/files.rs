@@ -727,6 +727,91 @@ fn a_write_and_a_rollback_never_interleave() {
     assert!(debris.is_empty(), "{debris:?}");
 }
 
+/// Watches are bounded, on a session and on the daemon, and refused
+/// `unavailable` naming the flag: each takes one of root's few inotify
+/// instances, which every root process of the machine shares (a client
+/// opening 128 watches left systemd and `tail -f` without any, and the
+/// next watch failed `internal` "Too many open files"). One that ends
+/// gives its place back.
+#[test]
+fn watches_are_bounded_and_give_their_place_back() {
+    let Some(d) = setup(
+        "files_watch_budget",
+        &["--watches", "3", "--watches-per-session", "2"],
+        512,
+    ) else {
+        return;
+    };
+    ctl_ok(&d, &["session", "create", "a", "t"]);
+    ctl_ok(&d, &["session", "create", "a", "u"]);
+    let open = |s: &str| {
+        let (w, mut lines) = allox_integration::alloxctl_following(
+            &d.daemon.socket,
+            &["--json", "fs", "watch", "a", s],
+        );
+        let l = lines.next().expect("the watch ended").unwrap();
+        assert!(l.contains("\"ready\""), "{l}");
+        (w, lines)
+    };
+    let refused = |s: &str| {
+        let (code, _, err) = ctl(&d, &["fs", "watch", "a", s]);
+        assert_ne!(code, 0);
+        err
+    };
+    let try_open = |s: &str| {
+        let out = Command::new(allox_integration::workspace_bin("alloxctl"))
+            .arg("--socket")
+            .arg(&d.daemon.socket)
+            .args(["--json", "fs", "watch", "a", s])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        out
+    };
+    let mut held = vec![open("s"), open("s")];
+    let err = refused("s");
+    assert!(
+        err.contains("unavailable")
+            && err.contains("2 watches are open on session a/s")
+            && err.contains("--watches-per-session 2"),
+        "{err}"
+    );
+    held.push(open("t"));
+    let err = refused("u");
+    assert!(
+        err.contains("unavailable") && err.contains("--watches 3"),
+        "{err}"
+    );
+    // One ends: its place comes back at once (within a second or two, not
+    // once its connection's answers have had their ten seconds).
+    let (mut w, _) = held.remove(0);
+    w.kill().unwrap();
+    w.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let mut c = try_open("u");
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(c.stdout.take().unwrap()));
+        match lines.next() {
+            Some(Ok(l)) if l.contains("\"ready\"") => {
+                let _ = c.kill();
+                break;
+            }
+            _ => {
+                let _ = c.wait();
+                assert!(
+                    Instant::now() < deadline,
+                    "the ended watch's place never came back"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    for (mut w, _) in held {
+        let _ = w.kill();
+    }
+}
+
 #[test]
 fn a_watch_reports_a_run_s_changes_and_a_rollback() {
     let Some(d) = setup("files_watch", &[], 1024) else {

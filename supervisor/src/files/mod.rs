@@ -37,6 +37,8 @@ pub struct Files<'a> {
     pub runs: Option<&'a Arc<Runs>>,
     /// The uploads under way.
     pub uploads: &'a uploads::Live,
+    /// The watches open.
+    pub watches: &'a watch::Watches,
     /// Each session rolled back (agent, session), for `fs.watch`.
     pub rollbacks: &'a tokio::sync::broadcast::Sender<(String, String)>,
 }
@@ -84,6 +86,8 @@ pub enum FilesError {
     Upload { id: String, why: String },
     #[error("upload {id}: {why}")]
     UploadBudget { id: String, why: String },
+    #[error("fs.watch refused: {why}")]
+    WatchBudget { why: String },
     #[error("the new content of {path:?} was moved away before it replaced the file (by something in the session): nothing was replaced")]
     Taken { path: String },
     #[error("no room left for {path:?} (the file system or the session's quota is full)")]
@@ -166,7 +170,9 @@ impl FilesError {
                 ErrorCode::Conflict
             }
             FilesError::Taken { .. } => ErrorCode::Conflict,
-            FilesError::NoSpace { .. } | FilesError::UploadBudget { .. } => ErrorCode::Unavailable,
+            FilesError::NoSpace { .. }
+            | FilesError::UploadBudget { .. }
+            | FilesError::WatchBudget { .. } => ErrorCode::Unavailable,
             FilesError::NoDescriptor { .. } => ErrorCode::Unsupported,
             FilesError::Descriptor { .. } => ErrorCode::InvalidRequest,
             FilesError::ClientGone { .. } => ErrorCode::Unavailable,

@@ -25,6 +25,107 @@ use tokio::io::unix::AsyncFd;
 /// Most directories one watch covers.
 const MAX_WATCHED: usize = 10_000;
 
+/// How many watches may be open: each takes an inotify instance of the
+/// daemon's user, root, whose few (`fs.inotify.max_user_instances`, 128
+/// by default) every root process of the machine shares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WatchLimits {
+    /// `--watches`: on the whole daemon.
+    pub most: usize,
+    /// `--watches-per-session`: on one session (or one agent's `shared/`).
+    pub per_session: usize,
+}
+
+impl Default for WatchLimits {
+    fn default() -> Self {
+        WatchLimits {
+            most: 32,
+            per_session: 8,
+        }
+    }
+}
+
+/// The watches open, by `agent/session/`.
+#[derive(Debug, Default)]
+pub struct Watches {
+    limits: WatchLimits,
+    open: std::sync::Mutex<HashMap<String, usize>>,
+}
+
+/// A watch's place in the budget, given back when it is dropped.
+pub struct WatchSlot<'a> {
+    watches: &'a Watches,
+    key: String,
+}
+
+impl Watches {
+    pub fn new(limits: WatchLimits) -> Watches {
+        Watches {
+            limits,
+            open: Default::default(),
+        }
+    }
+
+    /// Watches open on the daemon.
+    pub fn len(&self) -> usize {
+        self.open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A place for a watch of session `a/s`, or `unavailable` naming the
+    /// budget that is full.
+    fn take(&self, a: &str, s: &str) -> Result<WatchSlot<'_>, FilesError> {
+        let key = format!("{a}/{s}/");
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let all: usize = open.values().sum();
+        let here = open.get(&key).copied().unwrap_or(0);
+        let full = |n: usize, of: String, flag: &str, most: usize| {
+            FilesError::WatchBudget {
+            why: format!(
+                "{n} watches are open {of}, its budget ({flag} {most}): end one (each takes one of the few inotify instances every root process of the machine shares)"
+            ),
+        }
+        };
+        if all >= self.limits.most {
+            return Err(full(
+                all,
+                "on this daemon".into(),
+                "--watches",
+                self.limits.most,
+            ));
+        }
+        if here >= self.limits.per_session {
+            return Err(full(
+                here,
+                format!("on session {a}/{s}"),
+                "--watches-per-session",
+                self.limits.per_session,
+            ));
+        }
+        *open.entry(key.clone()).or_insert(0) += 1;
+        Ok(WatchSlot { watches: self, key })
+    }
+}
+
+impl Drop for WatchSlot<'_> {
+    fn drop(&mut self) {
+        let mut open = self.watches.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
+}
+
 /// The inotify instance of one watch, and what each of its watches is.
 struct Watcher {
     fd: AsyncFd<OwnedFd>,
@@ -249,6 +350,15 @@ impl Files<'_> {
             return Err(FilesError::FollowNeedsStream);
         };
         let rel = Rel::parse(&r.path)?;
+        self.fs_root(
+            &r.agent_id,
+            &r.session_id,
+            r.scope,
+            None,
+            &super::ResolvedBelow::ScopeRoot,
+        )?;
+        // Held until the watch ends, whichever way.
+        let _slot = self.watches.take(&r.agent_id, &r.session_id)?;
         let mut rollbacks = self.rollbacks.subscribe();
         let mut first = true;
         let root_of = || {

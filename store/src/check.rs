@@ -31,6 +31,7 @@ fn names(dir: &Path) -> Result<Vec<String>> {
 impl Store {
     pub fn check(&self) -> Result<StoreCheckReport> {
         self.reaper.wait_idle();
+        self.crash_point("check.after_wait");
         let _g = self.guard();
         let l = &self.layout;
         let mut r = StoreCheckReport {
@@ -46,19 +47,24 @@ impl Store {
             }
         }
         // Not out of place: the scratch trees of the exports and imports
-        // going on, and trees whose removal is being tried again (a
-        // checkpoint deleted while an export sent it).
+        // going on, trees whose removal is being tried again (a checkpoint
+        // deleted while an export sent it); nor those of deletes that came
+        // between the wait above and the lock, being removed now (they
+        // were reported out of place by a check beside a busy daemon).
         let busy: std::collections::HashSet<std::path::PathBuf> = self
             .transfers_in_flight()
             .into_iter()
             .chain(self.reaper.retrying())
             .collect();
+        // (Counted in `removing` already, by their journal entries.)
+        let removing: std::collections::HashSet<std::path::PathBuf> =
+            self.reaper.queued().into_iter().collect();
         let in_progress = |p: &Path, shown: String, r: &mut StoreCheckReport| {
             let yes = busy.iter().any(|b| b == p);
             if yes {
                 r.in_progress.push(shown);
             }
-            yes
+            yes || removing.contains(p)
         };
         let probe = |p: &Path| -> Result<bool> { Ok(btrfs::probe_subvolume(p)?) };
         let agents = self.index.agents()?;

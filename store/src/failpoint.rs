@@ -56,6 +56,10 @@ pub const TURNS: &[&str] = &["turn_begin.before_lock"];
 /// stream received, before it is checked.
 pub const IMPORTS: &[&str] = &["session_import.before_check"];
 
+/// Points of `store.check` and of the removal of trashed trees (for tests
+/// of a check beside deletes).
+pub const CHECKS: &[&str] = &["check.after_wait", "reaper.before_remove"];
+
 /// The supervisor's points before each installed plugin starts (a panic
 /// there counts as that plugin failing to start); not the store's.
 pub const PLUGIN_STARTS: &[&str] = &[
@@ -108,6 +112,7 @@ fn declared(name: &str) -> bool {
         || DAEMON_STARTS.contains(&name)
         || TURNS.contains(&name)
         || IMPORTS.contains(&name)
+        || CHECKS.contains(&name)
 }
 
 /// What an armed point does.

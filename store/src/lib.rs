@@ -231,6 +231,7 @@ impl Store {
         let reaper = Reaper::start(
             index.clone(),
             quotas_on.then(|| layout.root().to_path_buf()),
+            fp.clone(),
         );
         let mut store = Store {
             layout,

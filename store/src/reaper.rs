@@ -34,7 +34,11 @@ struct Retry {
 impl Reaper {
     /// `quota_root`: where to remove stale quota groups from after each
     /// removal (`None` while quota groups are off).
-    pub fn start(index: Arc<Index>, quota_root: Option<PathBuf>) -> Reaper {
+    pub fn start(
+        index: Arc<Index>,
+        quota_root: Option<PathBuf>,
+        fp: crate::failpoint::Failpoints,
+    ) -> Reaper {
         let (tx, rx) = channel::<(PathBuf, u64)>();
         let pending = Arc::new((Mutex::new(Vec::<PathBuf>::new()), Condvar::new()));
         let retrying = Arc::new(Mutex::new(Vec::<PathBuf>::new()));
@@ -65,6 +69,7 @@ impl Reaper {
                         }
                         Err(RecvTimeoutError::Disconnected) => break,
                     };
+                    fp.hit("reaper.before_remove");
                     if !remove(&index, &path, op_id, quota_root.as_deref()) {
                         r2.lock()
                             .unwrap_or_else(|p| p.into_inner())
@@ -102,6 +107,15 @@ impl Reaper {
     /// deleted while an export sent it).
     pub fn retrying(&self) -> Vec<PathBuf> {
         self.retrying
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Trees queued for removal or being removed now.
+    pub fn queued(&self) -> Vec<PathBuf> {
+        self.pending
+            .0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()

@@ -737,3 +737,40 @@ fn an_expiry_is_recorded_only_over_the_record_it_judged() {
     // Once expired, not again.
     assert_eq!(st.expire_clock("a", "s", &given, 800_000).unwrap(), None);
 }
+
+/// A check beside a delete does not call the delete's tree, still being
+/// removed, out of place (a delete that came between the check's wait for
+/// removals and its lock made `alloxctl check` exit 1 on a sound store).
+#[test]
+fn a_check_beside_a_delete_does_not_call_its_tree_out_of_place() {
+    let name = "store::a_check_beside_a_delete_does_not_call_its_tree_out_of_place";
+    if !allox_integration::require(name) {
+        return;
+    }
+    let fs = BtrfsFs::new(512).expect("make btrfs");
+    let root = fs.path().join("store");
+    std::fs::create_dir(&root).unwrap();
+    let fp = Failpoints::parse("check.after_wait=delay:300,reaper.before_remove=delay:1000");
+    let st = std::sync::Arc::new(Store::open(&root, fp.clone()).unwrap());
+    st.agent_create("a").unwrap();
+    st.session_create("a", "s").unwrap();
+    st.session_create("a", "t").unwrap();
+    let checking = {
+        let st = st.clone();
+        std::thread::spawn(move || st.check().unwrap())
+    };
+    let t0 = std::time::Instant::now();
+    while fp.reached("check.after_wait") == 0 {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "no check"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    st.session_delete("a", "t").unwrap();
+    let r = checking.join().unwrap();
+    assert!(
+        r.is_consistent() && r.missing_in_index.is_empty() && r.removing == 1,
+        "{r:?}"
+    );
+}

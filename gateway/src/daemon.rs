@@ -210,6 +210,61 @@ impl Daemon {
     }
 
     async fn call_on(&self, conn: &Arc<Conn>, request: Request) -> Result<Answer, ClientError> {
+        let limit = self.limit_of(&request);
+        let (request_id, mut rx) = self.send(conn, request).await?;
+        let began = tokio::time::Instant::now();
+        loop {
+            // Looked at every `self.timeout`: a call longer than that (a
+            // run waited for) is let go on while its connection lives.
+            let step = match limit {
+                Some(l) => l.saturating_sub(began.elapsed()).min(self.timeout),
+                None => self.timeout,
+            };
+            let seen = conn.received.load(Ordering::SeqCst);
+            match tokio::time::timeout(step, &mut rx).await {
+                Ok(Ok(answer)) => return answer,
+                Ok(Err(_)) => return Err(ClientError::Closed),
+                Err(_) => {}
+            }
+            let over = limit.is_some_and(|l| began.elapsed() >= l);
+            // Nothing at all came back meanwhile: hung, unless the daemon
+            // answers a ping now (every call on the connection may be a
+            // long wait: one of them timing out is no sign of a hang).
+            if conn.received.load(Ordering::SeqCst) == seen && !self.answers_a_ping(conn).await {
+                lock(&conn.waiting).remove(&request_id);
+                conn.fail_all(|| ClientError::TimedOut(self.timeout));
+                if let Some(reading) = lock(&conn.reader).take() {
+                    reading.abort();
+                }
+                return Err(ClientError::TimedOut(self.timeout));
+            }
+            if over {
+                lock(&conn.waiting).remove(&request_id);
+                return Err(ClientError::TimedOut(limit.unwrap_or(self.timeout)));
+            }
+        }
+    }
+
+    /// How long a call may take: `--daemon-timeout-ms`, or for a call
+    /// that waits for a run, the run's own limit and that again (`None`:
+    /// as long as the run, while the daemon answers pings). A waited
+    /// `process.start` or `process.wait` was cut at 30 s however long the
+    /// run was let go, and the run went on with no id to wait on.
+    fn limit_of(&self, request: &Request) -> Option<Duration> {
+        let after = |ms: Option<u64>| ms.map(|ms| Duration::from_millis(ms) + self.timeout);
+        match request {
+            Request::ProcessStart(p) if p.wait => after(p.timeout_ms),
+            Request::ProcessWait(w) => after(w.timeout_ms),
+            _ => Some(self.timeout),
+        }
+    }
+
+    /// Sends `request` on `conn`; its id and where its answer comes.
+    async fn send(
+        &self,
+        conn: &Arc<Conn>,
+        request: Request,
+    ) -> Result<(u64, oneshot::Receiver<Result<Answer, ClientError>>), ClientError> {
         let request_id = conn.next_id.fetch_add(1, Ordering::SeqCst);
         let frame = encode(&ClientFrame::Request(RequestEnvelope {
             conversation: conn.conversation,
@@ -223,39 +278,35 @@ impl Daemon {
             lock(&conn.waiting).remove(&request_id);
             return Err(ClientError::Write(std::io::ErrorKind::BrokenPipe.into()));
         }
-        let seen = conn.received.load(Ordering::SeqCst);
-        {
-            let mut w = conn.writer.lock().await;
-            let hello = lock(&conn.hello).take();
-            let out = match hello {
-                Some(mut h) => {
-                    h.extend(frame);
-                    h
-                }
-                None => frame,
-            };
-            if let Err(e) = w.write_all(&out).await {
-                lock(&conn.waiting).remove(&request_id);
-                conn.fail_all(|| ClientError::Closed);
-                return Err(ClientError::Write(e));
+        let mut w = conn.writer.lock().await;
+        let hello = lock(&conn.hello).take();
+        let out = match hello {
+            Some(mut h) => {
+                h.extend(frame);
+                h
             }
+            None => frame,
+        };
+        if let Err(e) = w.write_all(&out).await {
+            lock(&conn.waiting).remove(&request_id);
+            conn.fail_all(|| ClientError::Closed);
+            return Err(ClientError::Write(e));
         }
-        match tokio::time::timeout(self.timeout, rx).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(ClientError::Closed),
-            Err(_) => {
-                lock(&conn.waiting).remove(&request_id);
-                if conn.received.load(Ordering::SeqCst) == seen {
-                    // Nothing at all came back meanwhile: hung. The
-                    // connection goes with its reader.
-                    conn.fail_all(|| ClientError::TimedOut(self.timeout));
-                    if let Some(reading) = lock(&conn.reader).take() {
-                        reading.abort();
-                    }
-                }
-                Err(ClientError::TimedOut(self.timeout))
-            }
-        }
+        Ok((request_id, rx))
+    }
+
+    /// Whether the daemon answers a ping on `conn` within a few seconds.
+    async fn answers_a_ping(&self, conn: &Arc<Conn>) -> bool {
+        let Ok((id, rx)) = self
+            .send(conn, Request::Ping(allox_protocol::Ping {}))
+            .await
+        else {
+            return false;
+        };
+        let wait = self.timeout.min(Duration::from_secs(3));
+        let answered = matches!(tokio::time::timeout(wait, rx).await, Ok(Ok(_)));
+        lock(&conn.waiting).remove(&id);
+        answered
     }
 }
 
@@ -268,8 +319,10 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     /// A daemon that answers each connection's requests `hold` at a time,
-    /// the last received first, with a Pong naming the request's id, and
-    /// never answers `agent.delete`. Counts its connections.
+    /// the last received first, with a Pong naming the request's id; after
+    /// an `agent.delete` it answers nothing more on that connection (hung);
+    /// `agent.list` it never answers (a long wait, the connection live);
+    /// `process.wait` it answers after 800 ms. Counts its connections.
     fn fake(sock: &std::path::Path, hold: usize) -> Arc<AtomicUsize> {
         let listener = UnixListener::bind(sock).unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -282,17 +335,35 @@ mod tests {
                     let mut r = FrameReader::new();
                     let mut buf = [0u8; 4096];
                     let mut held = Vec::new();
+                    let mut hung = false;
                     loop {
                         while let Some(f) = r.next_frame() {
                             match decode::<ClientFrame>(&f.unwrap()).unwrap() {
                                 ClientFrame::Hello(_) => {}
-                                ClientFrame::Request(e) => {
-                                    if let Request::AgentDelete(_) = e.request {
-                                        continue;
+                                ClientFrame::Request(e) => match e.request {
+                                    Request::AgentDelete(_) => hung = true,
+                                    Request::AgentList(_) => {}
+                                    Request::ProcessWait(_) => {
+                                        let mut later = s.try_clone().unwrap();
+                                        std::thread::spawn(move || {
+                                            std::thread::sleep(Duration::from_millis(800));
+                                            let answer = ServerFrame::Response(ResponseEnvelope {
+                                                conversation: e.conversation,
+                                                request_id: e.request_id,
+                                                outcome: Outcome::Ok(Response::Pong(Pong {
+                                                    version: 1,
+                                                    build: "waited".into(),
+                                                })),
+                                            });
+                                            let _ = later.write_all(&encode(&answer).unwrap());
+                                        });
                                     }
-                                    held.push(e);
-                                }
+                                    _ => held.push(e),
+                                },
                             }
+                        }
+                        if hung {
+                            held.clear();
                         }
                         if held.len() >= hold {
                             for e in held.drain(..).rev() {
@@ -375,6 +446,66 @@ mod tests {
             d.call(Request::Ping(Ping {})).await.unwrap().unwrap();
             d.call(Request::Ping(Ping {})).await.unwrap().unwrap();
             assert_eq!(accepted.load(Ordering::SeqCst), 3);
+        });
+    }
+
+    /// One call timing out on a connection whose other calls are long
+    /// waits does not fail them: the daemon answers a ping, so the
+    /// connection is live (the others failed at once, "did not answer
+    /// within" the whole timeout, after a fraction of it).
+    #[test]
+    fn a_call_timing_out_does_not_fail_its_neighbours_on_a_live_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("ctl.sock");
+        let accepted = fake(&sock, 1);
+        let d = Arc::new(Daemon::new(sock, Duration::from_millis(300)));
+        rt().block_on(async {
+            let long = || Request::AgentList(allox_protocol::AgentList {});
+            let first = {
+                let d = Arc::clone(&d);
+                tokio::spawn(async move { d.call(long()).await })
+            };
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let t0 = tokio::time::Instant::now();
+            let second = d.call(long()).await.unwrap_err();
+            assert!(matches!(second, ClientError::TimedOut(_)), "{second}");
+            assert!(
+                t0.elapsed() >= Duration::from_millis(290),
+                "failed after {:?}, before its own timeout",
+                t0.elapsed()
+            );
+            let first = first.await.unwrap().unwrap_err();
+            assert!(matches!(first, ClientError::TimedOut(_)), "{first}");
+            // The live connection is kept.
+            d.call(Request::Ping(Ping {})).await.unwrap().unwrap();
+        });
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    /// A call that waits for a run is let go as long as the run may be (it
+    /// was cut at the daemon timeout whatever the run's own limit).
+    #[test]
+    fn a_wait_for_a_run_goes_past_the_daemon_timeout_to_its_own_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("ctl.sock");
+        fake(&sock, 1);
+        let d = Daemon::new(sock, Duration::from_millis(300));
+        let wait = |timeout_ms| {
+            Request::ProcessWait(allox_protocol::ProcessWait {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                run_id: "r".into(),
+                timeout_ms,
+            })
+        };
+        rt().block_on(async {
+            match d.call(wait(None)).await.unwrap().unwrap() {
+                Response::Pong(p) => assert_eq!(p.build, "waited"),
+                other => panic!("{other:?}"),
+            }
+            // Its own limit and the daemon timeout again: 100 + 300 ms.
+            let e = d.call(wait(Some(100))).await.unwrap_err();
+            assert!(matches!(e, ClientError::TimedOut(_)), "{e}");
         });
     }
 

@@ -294,7 +294,7 @@ fn slow_daemon_calls_do_not_hold_every_gateway_worker() {
     c.call(Request::SessionCreate(SessionCreate::new("a", "s")))
         .unwrap()
         .unwrap();
-    let gw = allox_integration::Gateway::start(&socket, &["--daemon-timeout-ms", "1500"]);
+    let gw = allox_integration::Gateway::start(&socket, &["--daemon-timeout-ms", "500"]);
     let (url, auth) = (
         gw.url(),
         format!("Authorization: Bearer {}", gateway_token(&socket)),
@@ -368,23 +368,11 @@ fn slow_daemon_calls_do_not_hold_every_gateway_worker() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "200", "{out:?}");
-    // Each long call got a clear gateway timeout...
-    for w in waits {
-        let (code, body) = w.join().unwrap();
-        assert_eq!(code, "504", "{body}");
-        let v = json(&body);
-        assert_eq!(v["error"]["code"], "unavailable");
-        let message = v["error"]["message"].as_str().unwrap();
-        assert!(
-            message.contains("did not answer within 1500 ms"),
-            "{message}"
-        );
-    }
-    // ...and every worker serves again over a new daemon connection.
-    for _ in 0..2 * allox_ctl::gateway::WORKERS {
-        let (code, body) = call(&url, &auth, ping);
-        assert_eq!(code, "200", "{body}");
-    }
+    // The long calls are let go past the daemon timeout (a wait for a run
+    // goes on as long as the run may: it was cut at the daemon timeout,
+    // with no run id to wait on) and answered when their runs end.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(waits.iter().all(|w| !w.is_finished()), "a wait was cut");
     c.call(Request::ProcessKill(ProcessKill {
         agent_id: "a".into(),
         session_id: "s".into(),
@@ -393,6 +381,15 @@ fn slow_daemon_calls_do_not_hold_every_gateway_worker() {
     }))
     .unwrap()
     .unwrap();
+    for w in waits {
+        let (code, body) = w.join().unwrap();
+        assert_eq!(code, "200", "{body}");
+        assert_eq!(json(&body)["result"]["signal"], 9, "{body}");
+    }
+    for _ in 0..2 * allox_ctl::gateway::WORKERS {
+        let (code, body) = call(&url, &auth, ping);
+        assert_eq!(code, "200", "{body}");
+    }
 }
 
 #[test]

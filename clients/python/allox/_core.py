@@ -138,6 +138,20 @@ RPC_HEADERS = {
 }
 
 
+def waits_for_a_run(action: str, params: Mapping[str, Any]) -> bool:
+    """Whether a call waits for a run's end (``process.start`` with
+    ``wait``, ``process.wait``): it has no read timeout of its own, as the
+    gateway lets it go as long as the run may be (a run longer than the
+    client's timeout was cut with no result)."""
+    if action == "process.wait":
+        return True
+    return action == "process.start" and bool(params.get("wait")) and not params.get("stream")
+
+
+def without_read_timeout(t: httpx.Timeout) -> httpx.Timeout:
+    return httpx.Timeout(t.connect, connect=t.connect, read=None, write=t.write, pool=t.pool)
+
+
 def rpc_body(action: str, params: dict[str, Any]) -> bytes:
     return json.dumps({"action": action, "params": params}, separators=(",", ":")).encode()
 

@@ -186,7 +186,8 @@ class Client(Actions):
         )
 
     def _invoke(self, action: str, params: dict[str, Any], parse: Callable[[Any], Any]) -> Any:
-        r = self._send(self._rpc_request(action, params, _core.JSON))
+        timeout = _core.without_read_timeout(self.timeout) if _core.waits_for_a_run(action, params) else httpx.USE_CLIENT_DEFAULT
+        r = self._send(self._rpc_request(action, params, _core.JSON, timeout))
         return parse(_core.result_of(r.status_code, r.content, self.token_source))
 
     def _open_stream(self, action: str, params: dict[str, Any], parse: Callable[[Any], Any]) -> Stream:

@@ -133,6 +133,22 @@ def test_the_token_comes_from_the_file_or_the_environment(tmp_path, monkeypatch)
     assert _core.resolve_token("given", f)[0] == "given"
 
 
+def test_a_wait_for_a_run_has_no_read_timeout_and_other_calls_keep_theirs():
+    seen = []
+
+    def handler(request: httpx.Request):
+        seen.append((json.loads(request.content)["action"], request.extensions["timeout"]["read"]))
+        return httpx.Response(200, json={"result": {"run_id": "r", "exit_code": 0, "signal": None, "stdout": "", "stderr": "",
+                                                    "truncated": False, "timed_out": False}})
+
+    with allox.Client("http://gw.test", token="t", timeout=5.0, transport=httpx.MockTransport(handler)) as c:
+        c.exec("a", "s", ["true"], timeout_ms=120_000)
+        c.process_wait("a", "s", "r")
+        c.call("system.ping")
+    # A run longer than the client's timeout was cut with no result.
+    assert seen == [("process.start", None), ("process.wait", None), ("system.ping", 5.0)]
+
+
 def test_process_start_params():
     seen = []
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import keyword
 import os
+import secrets
 import socket
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -136,6 +138,67 @@ RPC_HEADERS = {
     JSON: {"Content-Type": JSON, "Accept": JSON},
     NDJSON: {"Content-Type": JSON, "Accept": NDJSON},
 }
+
+
+class LocalOut:
+    """Where a download goes. A path to a regular file (or to none yet) is
+    written aside, under a fresh name beside it, and put in its place only
+    once all of it came (``done``): a download that fails leaves the file
+    as it was (it was emptied before the answer was known). A device or a
+    FIFO is written to; a symbolic link is followed; a file object given is
+    written to as it is."""
+
+    def __init__(self, dest: Any) -> None:
+        self.tmp: str | None = None
+        self.mode: int | None = None
+        self.own = not hasattr(dest, "write")
+        if not self.own:
+            self.f = dest
+            return
+        self.path = os.path.realpath(os.fspath(dest))
+        try:
+            st: os.stat_result | None = os.stat(self.path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            self.f = open(self.path, "wb")
+            return
+        folder, base = os.path.split(self.path)
+        self.mode = None if st is None else stat.S_IMODE(st.st_mode)
+        while True:
+            tmp = os.path.join(folder, f".{base}.{secrets.token_hex(6)}.partial")
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600 if st else 0o666)
+                break
+            except FileExistsError:
+                continue
+        self.tmp = tmp
+        self.f = os.fdopen(fd, "wb")
+
+    def write(self, data: bytes) -> None:
+        self.f.write(data)
+
+    def done(self) -> None:
+        if not self.own:
+            return
+        self.f.flush()
+        if self.tmp is not None:
+            os.fsync(self.f.fileno())
+            if self.mode is not None:
+                os.fchmod(self.f.fileno(), self.mode)
+        self.f.close()
+        if self.tmp is not None:
+            os.replace(self.tmp, self.path)
+
+    def failed(self) -> None:
+        if not self.own:
+            return
+        self.f.close()
+        if self.tmp is not None:
+            try:
+                os.unlink(self.tmp)
+            except FileNotFoundError:
+                pass
 
 
 def waits_for_a_run(action: str, params: Mapping[str, Any]) -> bool:

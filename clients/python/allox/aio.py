@@ -249,16 +249,16 @@ class AsyncClient(Actions):
         checkpoint: str | None = None,
         scope: str | None = None,
     ) -> int:
-        own = not hasattr(dest, "write")
-        f: Any = open(dest, "wb") if own else dest  # type: ignore[arg-type]
+        out = _core.LocalOut(dest)
         n = 0
         try:
             async for chunk in self.iter_file(agent_id, session_id, path, checkpoint=checkpoint, scope=scope):
-                f.write(chunk)
+                out.write(chunk)
                 n += len(chunk)
-        finally:
-            if own:
-                f.close()
+        except BaseException:
+            out.failed()
+            raise
+        out.done()
         return n
 
     async def write_file(

@@ -329,18 +329,19 @@ class Client(Actions):
         checkpoint: str | None = None,
         scope: str | None = None,
     ) -> int:
-        """Writes a file to ``dest`` (a path or a binary file) as it comes;
-        the number of bytes."""
-        own = not hasattr(dest, "write")
-        f: Any = open(dest, "wb") if own else dest  # type: ignore[arg-type]
+        """Writes a file to ``dest`` (a path or a binary file); the number
+        of bytes. A path is written aside and put in place only once all of
+        the file came: a download that fails leaves it as it was."""
+        out = _core.LocalOut(dest)
         n = 0
         try:
             for chunk in self.iter_file(agent_id, session_id, path, checkpoint=checkpoint, scope=scope):
-                f.write(chunk)
+                out.write(chunk)
                 n += len(chunk)
-        finally:
-            if own:
-                f.close()
+        except BaseException:
+            out.failed()
+            raise
+        out.done()
         return n
 
     def write_file(

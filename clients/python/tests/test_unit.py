@@ -149,6 +149,25 @@ def test_a_wait_for_a_run_has_no_read_timeout_and_other_calls_keep_theirs():
     assert seen == [("process.start", None), ("process.wait", None), ("system.ping", 5.0)]
 
 
+def test_a_failed_download_leaves_the_local_file_as_it_was(tmp_path):
+    answers = iter([
+        httpx.Response(404, json={"error": {"code": "not_found", "message": "session a/typo does not exist"}}),
+        httpx.Response(200, content=b"new content", headers={"Content-Length": "11"}),
+    ])
+    dest = tmp_path / "local.txt"
+    dest.write_bytes(b"precious")
+    dest.chmod(0o640)
+    with allox.Client("http://gw.test", token="t", transport=httpx.MockTransport(lambda r: next(answers))) as c:
+        with pytest.raises(allox.NotFound):
+            c.download("a", "typo", "f", dest)
+        # It was emptied before the answer was known.
+        assert dest.read_bytes() == b"precious"
+        assert c.download("a", "s", "f", dest) == 11
+    assert dest.read_bytes() == b"new content"
+    assert dest.stat().st_mode & 0o777 == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["local.txt"]
+
+
 def test_process_start_params():
     seen = []
 

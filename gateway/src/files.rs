@@ -229,19 +229,25 @@ async fn get(target: Remote, shared: &Arc<Shared>) -> HttpResponse {
     let (tx, rx) = tokio::sync::mpsc::channel(PIECES_AHEAD);
     let me = Arc::clone(shared);
     let sent = shared.with_daemon(move |daemon| {
-        let first = match read_chunk(daemon, &target, 0, FS_CHUNK) {
+        // Where the file can be spooled, its size first (no bytes): more
+        // than a chunk is copied by the daemon into the spool, and sent
+        // from there (a first chunk read and thrown away was counted out
+        // on top of the whole file).
+        let local = me.local();
+        let first = match read_chunk(
+            daemon,
+            &target,
+            0,
+            if local.is_some() { 0 } else { FS_CHUNK },
+        ) {
             Ok(d) => d,
             Err(answer) => {
                 let _ = first_tx.send(Err(answer));
                 return;
             }
         };
-        // More than a chunk: copied by the daemon into the spool, and sent
-        // from there, where it can.
-        let spooled = match me.local() {
-            Some(local) if (first.data.len() as u64) < first.size => {
-                spool::get(&local, &target, first.size)
-            }
+        let spooled = match &local {
+            Some(local) if first.size > FS_CHUNK => spool::get(local, &target, first.size),
             _ => None,
         };
         if let Some((file, copied)) = spooled {
@@ -249,6 +255,18 @@ async fn get(target: Remote, shared: &Arc<Shared>) -> HttpResponse {
             send_file(file, copied.size, &target, &tx);
             return;
         }
+        // Not spooled: read in frames from the start.
+        let first = if local.is_some() {
+            match read_chunk(daemon, &target, 0, FS_CHUNK) {
+                Ok(d) => d,
+                Err(answer) => {
+                    let _ = first_tx.send(Err(answer));
+                    return;
+                }
+            }
+        } else {
+            first
+        };
         let _ = first_tx.send(Ok((first.size, None)));
         let mut download = Download::new(daemon, &target, first);
         loop {

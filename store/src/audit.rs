@@ -19,6 +19,7 @@ use crate::records;
 use allox_protocol::{AuditListing, AuditRecord};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use thiserror::Error;
@@ -117,6 +118,7 @@ impl Audit {
             .read(true)
             .append(true)
             .create(true)
+            .mode(0o600)
             .open(path)
             .map_err(open_err)?;
         let mut last = 0;
@@ -258,6 +260,7 @@ impl Audit {
             .read(true)
             .append(true)
             .create(true)
+            .mode(0o600)
             .open(&self.path)?;
         t.unsynced = false;
         Ok(())
@@ -451,9 +454,14 @@ mod tests {
         for i in 0..2000 {
             a.append(entry(&format!("x{i}"))).unwrap();
         }
-        // Never more than the bound and one record, in each of two files.
+        // Never more than the bound and one record, in each of two files;
+        // each the root's alone (the one a rotation began was the
+        // umask's, 0644).
         for f in [p.clone(), rotated(&p)] {
-            assert!(std::fs::metadata(&f).unwrap().len() < 4096 + 200, "{f:?}");
+            let m = std::fs::metadata(&f).unwrap();
+            assert!(m.len() < 4096 + 200, "{f:?}");
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(m.permissions().mode() & 0o777, 0o600, "{f:?}");
         }
         let l = a.read(None, None, 100_000).unwrap();
         let seqs: Vec<u64> = l.records.iter().map(|r| r.seq).collect();

@@ -264,11 +264,15 @@ impl<R: Numbered> Records<R> {
     fn rotate(&self, f: &mut Appender) -> std::io::Result<()> {
         f.file.sync_data()?;
         std::fs::rename(&self.path, rotated(&self.path))?;
-        f.file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .read(true)
-            .open(&self.path)?;
+        // Private as the first one was (it was the umask's, 0644).
+        f.file = std::os::unix::fs::OpenOptionsExt::mode(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .read(true),
+            0o600,
+        )
+        .open(&self.path)?;
         f.lines = 0;
         f.bytes = 0;
         f.owners.clear();
@@ -536,7 +540,11 @@ mod tests {
             r.append(line(&format!("w{i}")));
         }
         for f in [p.clone(), rotated(&p)] {
-            assert!(std::fs::metadata(&f).unwrap().len() <= 1000 + 30, "{f:?}");
+            let m = std::fs::metadata(&f).unwrap();
+            assert!(m.len() <= 1000 + 30, "{f:?}");
+            // The root's alone, the file a rotation began too.
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(m.permissions().mode() & 0o777, 0o600, "{f:?}");
         }
         let seqs: Vec<u64> = r
             .page(0, 1000, |_| true)

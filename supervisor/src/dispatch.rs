@@ -199,7 +199,7 @@ impl Supervisor {
         let st = &self.store;
         Ok(match req {
             Request::SystemInfo(_) => {
-                let mut info = system_info(self.plugins.names());
+                let mut info = system_info(self.plugins.names(), self.policy.power_off_on_shutdown);
                 info.store_read_only = self.store_read_only();
                 Response::System(info)
             }
@@ -827,8 +827,12 @@ impl Supervisor {
     }
 }
 
-/// What `system.info` reports, read from /proc.
-fn system_info(plugins: Vec<String>) -> allox_protocol::SystemInfo {
+/// What `system.info` reports, read from /proc. `under_init`: this
+/// supervisor is the child of the guest's `allox-init` (`--under-init`),
+/// whose memory and unreaped children are reported; a host daemon whose
+/// parent is the host's PID 1 (started detached, or by systemd) reported
+/// that one's as its init's.
+fn system_info(plugins: Vec<String>, under_init: bool) -> allox_protocol::SystemInfo {
     let rss = |pid: &str| -> u64 {
         std::fs::read_to_string(format!("/proc/{pid}/status"))
             .ok()
@@ -858,7 +862,7 @@ fn system_info(plugins: Vec<String>) -> allox_protocol::SystemInfo {
             .map(|(_, r)| r)
             .unwrap_or("")
             .split_whitespace();
-        if let (Some("Z"), Some("1")) = (rest.next(), rest.next()) {
+        if let (Some("Z"), Some("1"), true) = (rest.next(), rest.next(), under_init) {
             init_zombies += 1;
         }
     }
@@ -876,12 +880,11 @@ fn system_info(plugins: Vec<String>) -> allox_protocol::SystemInfo {
         })
         .map(|ticks| ticks * 1000 / rustix::param::clock_ticks_per_second().max(1))
         .unwrap_or(0);
-    let ppid = rustix::process::getppid().map(|p| p.as_raw_nonzero().get());
     allox_protocol::SystemInfo {
         uptime_ms,
         supervisor_pid: std::process::id(),
-        under_init: ppid == Some(1),
-        init_rss_kib: rss("1"),
+        under_init,
+        init_rss_kib: if under_init { rss("1") } else { 0 },
         supervisor_rss_kib: rss("self"),
         processes,
         init_zombies,

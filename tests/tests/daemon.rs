@@ -769,6 +769,56 @@ fn info_on_a_host_daemon_is_the_daemon_s() {
         !out.contains("init RSS") && !out.contains("unreaped"),
         "{out}"
     );
+    // The same for one started detached, whose parent is the host's PID 1
+    // (systemd, a `setsid -f`): it was shown as under init, with the host's
+    // PID 1's memory and zombies as its init's.
+    let root = _fs.path().join("detached");
+    let sock = _fs.scratch().join("detached.sock");
+    let started = Command::new("sh")
+        .arg("-c")
+        .arg("\"$0\" supervise --root \"$1\" --listen \"unix:$2\" --no-processes </dev/null >/dev/null 2>&1 &")
+        .arg(workspace_bin("allox-init"))
+        .arg(&root)
+        .arg(&sock)
+        .status()
+        .unwrap();
+    assert!(started.success());
+    let t0 = std::time::Instant::now();
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "the detached daemon did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let info = |args: &[&str]| {
+        let out = Command::new(workspace_bin("alloxctl"))
+            .arg("--socket")
+            .arg(&sock)
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let json: serde_json::Value = serde_json::from_str(&info(&["--json", "info"])).unwrap();
+    let pid = json["supervisor_pid"].as_u64().unwrap();
+    let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse::<u32>()
+                .ok()
+        });
+    let out = info(&["info"]);
+    let _ = info(&["shutdown"]);
+    eprintln!("the detached daemon's parent: {ppid:?}");
+    assert!(
+        json["under_init"] == false && json["init_rss_kib"] == 0 && !out.contains("init RSS"),
+        "a detached host daemon (parent {ppid:?}) is shown as under init: {json}\n{out}"
+    );
 }
 
 /// A store root that does not exist yet is made (on the Btrfs mount); one

@@ -1054,6 +1054,7 @@ mod tests {
                     truncated: false,
                     timed_out: false,
                     output_dropped: false,
+                    output_lossy: false,
                     usage: None,
                     oom_killed: None,
                     effects: None,

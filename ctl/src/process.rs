@@ -378,6 +378,7 @@ mod tests {
             truncated: false,
             timed_out,
             output_dropped: false,
+            output_lossy: false,
             usage: None,
             oom_killed: None,
             effects: None,

@@ -252,8 +252,9 @@ pub struct RunResult {
     pub exit_code: Option<i32>,
     /// Signal number if it was killed.
     pub signal: Option<i32>,
-    /// Output captured (empty for streamed runs), UTF-8 with invalid bytes
-    /// replaced.
+    /// Output captured (empty for streamed runs), as text: bytes that are
+    /// not UTF-8 are replaced by U+FFFD, and `output_lossy` says so (the
+    /// exact bytes are in `process.logs`, and a streamed run's events).
     pub stdout: String,
     pub stderr: String,
     /// Whether captured output was cut at the capture limit.
@@ -277,6 +278,11 @@ pub struct RunResult {
     /// workspace, and the verdict of the evidence.
     #[serde(default)]
     pub effects: Option<Box<crate::RunEffects>>,
+    /// Whether `stdout` or `stderr` held bytes that are not UTF-8, replaced
+    /// by U+FFFD in this answer (binary output read through `exec` was
+    /// changed without a word).
+    #[serde(default)]
+    pub output_lossy: bool,
 }
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Debug, Clone, PartialEq)]

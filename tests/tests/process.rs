@@ -556,6 +556,13 @@ fn output_streams_and_exit_status() {
     let r = sh(&d, "a", "s", "echo out; echo err >&2; exit 3");
     assert_eq!((r.exit_code, r.signal), (Some(3), None));
     assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("out\n", "err\n"));
+    assert!(!r.output_lossy);
+    // Bytes that are not UTF-8 are replaced in the waited answer, and the
+    // answer says so (binary output was changed without a word); the logs
+    // keep them.
+    let r = sh(&d, "a", "s", "printf '\\377\\376A'");
+    assert_eq!(r.stdout, "\u{FFFD}\u{FFFD}A");
+    assert!(r.output_lossy, "{r:?}");
     let r = sh(&d, "a", "s", "kill -TERM $$");
     assert_eq!((r.exit_code, r.signal), (None, Some(15)));
     // Streamed: the first chunk arrives before the program ends.

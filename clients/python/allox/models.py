@@ -2078,14 +2078,20 @@ class RunResult(Model):
     #: the finished runs' output within the supervisor's budget (oldest
     #: runs first): `stdout` and `stderr` are then empty, the status stays.
     output_dropped: bool = False
+
+    #: Whether `stdout` or `stderr` held bytes that are not UTF-8, replaced
+    #: by U+FFFD in this answer (binary output read through `exec` was
+    #: changed without a word).
+    output_lossy: bool = False
     run_id: str
 
     #: Signal number if it was killed.
     signal: Optional[int] = None
     stderr: str
 
-    #: Output captured (empty for streamed runs), UTF-8 with invalid bytes
-    #: replaced.
+    #: Output captured (empty for streamed runs), as text: bytes that are
+    #: not UTF-8 are replaced by U+FFFD, and `output_lossy` says so (the
+    #: exact bytes are in `process.logs`, and a streamed run's events).
     stdout: str
 
     #: Whether the run was killed because its timeout passed.

@@ -77,12 +77,15 @@ pub(super) async fn finish(
         // The init itself died: the run's cgroup was killed.
         Some(InitStatus::ProgramStarted) | None => (None, Some(libc::SIGKILL)),
     };
+    let output_lossy =
+        std::str::from_utf8(&c.stdout).is_err() || std::str::from_utf8(&c.stderr).is_err();
     let mut result = RunResult {
         run_id: run.id.clone(),
         exit_code,
         signal,
         stdout: String::from_utf8_lossy(&c.stdout).into_owned(),
         stderr,
+        output_lossy,
         truncated: c.truncated,
         timed_out: run.timed_out.load(Ordering::SeqCst),
         output_dropped: false,

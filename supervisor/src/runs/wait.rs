@@ -37,6 +37,7 @@ impl Runs {
                     truncated: false,
                     timed_out: false,
                     output_dropped: false,
+                    output_lossy: false,
                     usage: None,
                     oom_killed: None,
                     effects: None,

@@ -66,6 +66,8 @@ pub enum UrlError {
     Encoding(String),
     #[error("unknown query parameter {0:?}: files take checkpoint= and scope=")]
     Parameter(String),
+    #[error("query parameter {0:?} is given twice: give it once")]
+    Twice(String),
     #[error("scope {0:?} is neither session nor shared")]
     Scope(String),
     #[error("a checkpoint is read-only: PUT takes no checkpoint=")]
@@ -131,10 +133,16 @@ pub fn parse(method: &str, url: &str) -> Result<FileRequest, UrlError> {
         scope: FsScope::Session,
         checkpoint: None,
     };
+    let mut seen = std::collections::HashSet::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         let value = decode(value)?;
-        match decode(key)?.as_str() {
+        let key = decode(key)?;
+        // The last one silently won: an ambiguous request is refused.
+        if !seen.insert(key.clone()) {
+            return Err(UrlError::Twice(key));
+        }
+        match key.as_str() {
             "checkpoint" => target.checkpoint = Some(value),
             "scope" => {
                 target.scope = match value.as_str() {
@@ -637,6 +645,10 @@ mod tests {
         assert_eq!(
             parse("GET", "/v1/files/a/s/f?offset=3"),
             Err(UrlError::Parameter("offset".into()))
+        );
+        assert_eq!(
+            parse("GET", "/v1/files/a/s/f?scope=shared&scope=session"),
+            Err(UrlError::Twice("scope".into()))
         );
         assert_eq!(
             parse("PUT", "/v1/files/a/s/f?checkpoint=c1"),

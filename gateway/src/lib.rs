@@ -90,8 +90,14 @@ pub enum GatewayError {
         #[source]
         source: io::Error,
     },
-    #[error("{listen:?} resolves to {addr}, which is not a loopback address: anyone who can reach it could try tokens, and the token travels in clear text; listen on 127.0.0.1, or pass --allow-remote to do it anyway")]
-    NotLoopback { listen: String, addr: SocketAddr },
+    #[error("{listen:?} resolves to {addr}, which is not a loopback address: {risk}; listen on 127.0.0.1, or pass --allow-remote to do it anyway")]
+    NotLoopback {
+        listen: String,
+        addr: SocketAddr,
+        /// What serving there would risk (the gateway's address takes a
+        /// token; the metrics address, another).
+        risk: &'static str,
+    },
     #[error("cannot listen on {listen}")]
     Bind {
         listen: String,
@@ -108,7 +114,7 @@ pub enum GatewayError {
     Token(#[from] TokenError),
     #[error("--ports-domain {domain:?}: {why}")]
     PortsDomain { domain: String, why: &'static str },
-    #[error("the metrics token is the gateway's own token: give --metrics-token-file a token of its own (a scraper must not hold the token that can do everything)")]
+    #[error("the metrics token is the gateway's own token: give the metrics (--metrics-token-file or --metrics-token-env) a token of their own (a scraper must not hold the token that can do everything)")]
     SameToken,
 }
 
@@ -203,17 +209,38 @@ pub fn check_listen(
     addrs: &[SocketAddr],
     allow_remote: bool,
 ) -> Result<(), GatewayError> {
+    check_listen_for(listen, addrs, allow_remote, GATEWAY_RISK)
+}
+
+/// What serving the gateway beyond the loopback risks.
+const GATEWAY_RISK: &str =
+    "anyone who can reach it could try tokens, and the token travels in clear text";
+/// What serving the metrics beyond the loopback risks.
+const METRICS_RISK: &str =
+    "anyone who can reach it could read the metrics, which it serves without a token";
+
+fn check_listen_for(
+    listen: &str,
+    addrs: &[SocketAddr],
+    allow_remote: bool,
+    risk: &'static str,
+) -> Result<(), GatewayError> {
     match addrs.iter().find(|a| !a.ip().is_loopback()) {
         Some(&addr) if !allow_remote => Err(GatewayError::NotLoopback {
             listen: listen.to_owned(),
             addr,
+            risk,
         }),
         _ => Ok(()),
     }
 }
 
 /// The addresses `listen` names, each loopback unless `allow_remote`.
-fn resolve(listen: &str, allow_remote: bool) -> Result<Vec<SocketAddr>, GatewayError> {
+fn resolve(
+    listen: &str,
+    allow_remote: bool,
+    risk: &'static str,
+) -> Result<Vec<SocketAddr>, GatewayError> {
     let addrs: Vec<SocketAddr> = listen
         .to_socket_addrs()
         .map_err(|source| GatewayError::Resolve {
@@ -221,7 +248,7 @@ fn resolve(listen: &str, allow_remote: bool) -> Result<Vec<SocketAddr>, GatewayE
             source,
         })?
         .collect();
-    check_listen(listen, &addrs, allow_remote)?;
+    check_listen_for(listen, &addrs, allow_remote, risk)?;
     Ok(addrs)
 }
 
@@ -251,7 +278,7 @@ pub struct Gateway {
 impl Gateway {
     /// Checks the address, reads or creates the token, and binds.
     pub fn bind(cfg: &GatewayConfig) -> Result<Gateway, GatewayError> {
-        let addrs = resolve(&cfg.listen, cfg.allow_remote)?;
+        let addrs = resolve(&cfg.listen, cfg.allow_remote, GATEWAY_RISK)?;
         let (token, token_created) = match &cfg.token_env {
             Some(name) => (token::from_env(name)?, false),
             None => token::load_or_create(&cfg.token_file)?,
@@ -268,7 +295,7 @@ impl Gateway {
             return Err(GatewayError::SameToken);
         }
         let metrics_addrs = match &cfg.metrics_listen {
-            Some(m) => Some((m, resolve(m, cfg.allow_remote)?)),
+            Some(m) => Some((m, resolve(m, cfg.allow_remote, METRICS_RISK)?)),
             None => None,
         };
         let spool = match &cfg.spool {
@@ -980,5 +1007,15 @@ mod tests {
             Err(GatewayError::NotLoopback { .. })
         ));
         assert!(!cfg.token_file.exists());
+        // The metrics address is refused for what it risks: it takes no
+        // token (it was refused as the gateway's, "could try tokens").
+        let mut cfg = GatewayConfig::new("127.0.0.1:0", dir.path().join("ctl.sock"));
+        cfg.token_file = dir.path().join("t");
+        cfg.metrics_listen = Some("0.0.0.0:0".into());
+        let err = Gateway::bind(&cfg).err().expect("refused").to_string();
+        assert!(
+            err.contains("could read the metrics") && !err.contains("try tokens"),
+            "{err}"
+        );
     }
 }

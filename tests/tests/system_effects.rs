@@ -2739,6 +2739,23 @@ fn the_verifier_names_the_first_bad_file_and_an_export_verifies_the_same_on_the_
         Err(b) => assert_eq!(b.code, allox_protocol::ErrorCode::NotFound, "{b:?}"),
         other => panic!("export of no run: {other:?}"),
     }
+    // Nor its effects, named as a run, not by the store's path on the host.
+    match call(
+        &d,
+        Request::EffectsGet(allox_protocol::EffectsGet {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: "nosuchrun".into(),
+        }),
+    ) {
+        Err(b) => assert!(
+            b.code == allox_protocol::ErrorCode::NotFound
+                && b.message.contains("run a/s/nosuchrun")
+                && !b.message.contains(d.daemon.root.to_str().unwrap()),
+            "{b:?}"
+        ),
+        other => panic!("effects.get of no run: {other:?}"),
+    }
 }
 
 /// A verifier that gives no report fences the session: the evidence is

@@ -366,8 +366,15 @@ fn sessions(l: &SessionListing) -> String {
         "CHECKPOINTS",
         "CURRENT",
         "PAUSED",
+        "EXPIRES",
     ]);
     for s in &l.sessions {
+        // An expired session looked just like an active one.
+        let expires = match (s.expired_ms, s.expires_ms) {
+            (Some(at), _) => format!("expired at {}", utc(at)),
+            (None, Some(at)) => utc(at),
+            (None, None) => "-".into(),
+        };
         t.row(vec![
             clean(&s.session_id),
             utc(s.created_ms),
@@ -375,6 +382,7 @@ fn sessions(l: &SessionListing) -> String {
             s.checkpoints.to_string(),
             clean(&s.current),
             paused(s.paused.as_ref()),
+            expires,
         ]);
     }
     t.render()
@@ -525,17 +533,17 @@ b        2024-01-01 00:01:01  10        /w/b
                         hold: true,
                     }),
                     idle_timeout_ms: None,
-                    expires_ms: None,
-                    expired_ms: None,
+                    expires_ms: Some(T0),
+                    expired_ms: Some(T0),
                 },
             ],
         };
         assert_eq!(
             render(&Response::Sessions(l)),
             "\
-SESSION  CREATED              HEAD  CHECKPOINTS  CURRENT  PAUSED
-s1       2024-01-01 00:00:00  -     0            /c       -
-s2       2024-01-01 00:00:00  -     0            /d       since 2024-01-01 00:00:00 (request, held)
+SESSION  CREATED              HEAD  CHECKPOINTS  CURRENT  PAUSED                                     EXPIRES
+s1       2024-01-01 00:00:00  -     0            /c       -                                          -
+s2       2024-01-01 00:00:00  -     0            /d       since 2024-01-01 00:00:00 (request, held)  expired at 2024-01-01 00:00:00
 "
         );
     }

@@ -1555,12 +1555,25 @@ impl Plugin for SystemEffects {
 
 fn read_effects(dir: &Path) -> Result<RunEffects, PluginError> {
     let p = dir.join(allox_effects::observer::EFFECTS_FILE);
+    // Named as a run, not by the store's path on the host.
+    let named = || {
+        let parts: Vec<String> = dir
+            .iter()
+            .rev()
+            .take(3)
+            .map(|c| c.to_string_lossy().into_owned())
+            .collect();
+        match parts.as_slice() {
+            [run, session, agent] => format!("run {agent}/{session}/{run}"),
+            _ => "this run".into(),
+        }
+    };
     let none = || {
         answered(
             ErrorCode::NotFound,
             format!(
-                "no effects at {} (not an observed run, or still going)",
-                dir.display()
+                "no effects of {} (not an observed run, or still going)",
+                named()
             ),
         )
     };

@@ -80,7 +80,13 @@ pub fn check(
     }
     for (k, v) in env {
         if k.is_empty() || k.contains('=') || k.contains('\0') {
-            return Err(Refused::EnvName(k.clone()));
+            // Named up to its '=' (a `KEY=VALUE` given as the name would
+            // put a secret in the log and the audit).
+            let shown = match k.split_once('=') {
+                Some((name, _)) => format!("{name}=…"),
+                None => k.clone(),
+            };
+            return Err(Refused::EnvName(shown));
         }
         if v.contains('\0') {
             return Err(Refused::NulInEnvValue(k.clone()));
@@ -319,8 +325,11 @@ mod tests {
             assert!(check(&["ls".into()], &env, Some(cwd)).is_err(), "{cwd}");
         }
         let mut bad = BTreeMap::new();
-        bad.insert("A=B".to_string(), "x".to_string());
-        assert!(check(&["ls".into()], &bad, None).is_err());
+        bad.insert("API_KEY=sk-secret".to_string(), "x".to_string());
+        // Named up to its '=': what follows may be a secret, and the
+        // refusal goes to the log and the audit.
+        let e = check(&["ls".into()], &bad, None).unwrap_err().to_string();
+        assert!(e.contains("\"API_KEY=…\"") && !e.contains("secret"), "{e}");
         assert_eq!(
             check(&["ls".into()], &env, Some("src/x")).unwrap(),
             "/allox/session/src/x"

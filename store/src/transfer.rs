@@ -233,6 +233,13 @@ impl Store {
                 tree && st.parent.as_deref().is_none_or(same)
             };
             let replaced = || {
+                // The whole session (or agent) gone: said as such ("export
+                // again" cannot work then).
+                if !matches!(self.index.session(a, s), Ok(Some(_))) {
+                    return StoreError::ChangedDuring(format!(
+                        "the export of {a}/{s} stopped: the session was deleted while the export ran"
+                    ));
+                }
                 StoreError::ChangedDuring(format!(
                     "the export of {a}/{s} stopped: {} (or the checkpoint it is sent against) was deleted, or made again under its name, while the export ran; export again",
                     st.tree

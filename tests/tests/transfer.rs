@@ -1269,6 +1269,16 @@ fn transfers_going_on_are_not_out_of_place_and_a_tree_deleted_under_an_export_go
         e.code(),
         e.chain()
     );
+    // The whole session deleted while it is exported: said as such (it
+    // named a checkpoint and said to export again, which cannot work).
+    let (go, exporting) = held_export(&st);
+    st.session_delete("a", "s").unwrap();
+    go.send(()).unwrap();
+    let (code, why) = exporting.join().unwrap().unwrap_err();
+    assert!(
+        code == ErrorCode::Conflict && why.contains("the session was deleted"),
+        "{code:?} {why}"
+    );
 }
 
 /// A session moved with a turn open, the turn ended where it went, moves

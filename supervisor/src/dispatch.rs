@@ -269,6 +269,11 @@ impl Supervisor {
                 agents: st.agent_list()?,
             }),
             Request::AgentDelete(r) => {
+                // After any other delete of it (it is then gone).
+                let _turn = self
+                    .runs
+                    .as_ref()
+                    .map(|runs| runs.delete_turn(FenceScope::agent(&r.agent_id)));
                 // Refused before any process is touched.
                 st.agent_delete_allowed(&r.agent_id, r.force)?;
                 // The agent's processes die first, every session of it.
@@ -382,6 +387,11 @@ impl Supervisor {
             }
             Request::SessionDelete(r) => {
                 let (a, s) = (&r.agent_id, &r.session_id);
+                // After any other delete of it (it is then gone).
+                let _turn = self
+                    .runs
+                    .as_ref()
+                    .map(|runs| runs.delete_turn(FenceScope::session(a, s)));
                 // Refused before any process is touched.
                 st.session_delete_allowed(a, s, r.force)?;
                 let Some(runs) = &self.runs else {

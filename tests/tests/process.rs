@@ -1115,14 +1115,17 @@ fn deletes_racing_pauses_creates_and_forks_leave_no_cgroup_behind() {
         bg(&d, "g", "x", "sleep 1000");
         std::thread::scope(|sc| {
             let d = &d;
+            let delete = || {
+                Request::AgentDelete(AgentDelete {
+                    agent_id: "g".into(),
+                    force: true,
+                })
+            };
+            // Two deletes at once too (they answered `internal`, naming
+            // cgroup files the other had removed).
             let racers: Vec<(&str, Request)> = vec![
-                (
-                    "delete",
-                    Request::AgentDelete(AgentDelete {
-                        agent_id: "g".into(),
-                        force: true,
-                    }),
-                ),
+                ("delete", delete()),
+                ("another delete", delete()),
                 (
                     "pause",
                     Request::SessionPause(SessionPause {

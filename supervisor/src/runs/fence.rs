@@ -47,6 +47,25 @@ struct State {
     held: HashMap<FenceScope, u32>,
     /// File writes going on, per (agent, session).
     writers: HashMap<(String, String), u32>,
+    /// Deletes going on: one of a session or an agent at a time.
+    deleting: std::collections::HashSet<FenceScope>,
+}
+
+/// The turn of one delete of a session or an agent; the next delete of it
+/// goes when this is dropped.
+#[must_use = "the next delete goes as soon as the guard is dropped"]
+#[derive(Debug)]
+pub struct DeleteTurn<'a> {
+    fences: &'a Fences,
+    scope: FenceScope,
+}
+
+impl Drop for DeleteTurn<'_> {
+    fn drop(&mut self) {
+        let mut st = self.fences.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.deleting.remove(&self.scope);
+        self.fences.drained.notify_all();
+    }
 }
 
 impl State {
@@ -142,6 +161,19 @@ impl Drop for Fence<'_> {
 }
 
 impl Runs {
+    /// Waits for any other delete of `scope` (the same session, or the
+    /// same agent) to end: two at once took each other's cgroups from
+    /// under them and answered `internal`; the second now finds it gone.
+    pub fn delete_turn(&self, scope: FenceScope) -> DeleteTurn<'_> {
+        let f = &self.fences;
+        let mut st = f.state.lock().unwrap_or_else(|p| p.into_inner());
+        while st.deleting.contains(&scope) {
+            st = f.drained.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        st.deleting.insert(scope.clone());
+        DeleteTurn { fences: f, scope }
+    }
+
     /// Refuses new runs in `scope` until the guard is dropped.
     pub fn fence(&self, scope: FenceScope) -> Fence<'_> {
         self.fences.hold(scope)

@@ -1432,6 +1432,7 @@ fn a_session_deleted_during_an_observed_run_leaves_no_fence_on_its_name() {
         Ok(Response::EffectsStatus(s)) => s.observing,
         other => panic!("{other:?}"),
     };
+    let mut old = Vec::new();
     for (a, s, delete) in [
         ("a", "x", ["session", "delete", "a", "x"]),
         ("b", "s", ["agent", "delete", "--force", "b"]),
@@ -1451,7 +1452,10 @@ fn a_session_deleted_during_an_observed_run_leaves_no_fence_on_its_name() {
         }
         ctl(&delete);
         match ran.join().unwrap() {
-            Ok(Response::Exited(r)) => assert_eq!(r.signal, Some(9), "{r:?}"),
+            Ok(Response::Exited(r)) => {
+                assert_eq!(r.signal, Some(9), "{r:?}");
+                old.push((a, s, r.run_id));
+            }
             other => panic!("{a}/{s}: {other:?}"),
         }
     }
@@ -1489,6 +1493,25 @@ fn a_session_deleted_during_an_observed_run_leaves_no_fence_on_its_name() {
     }
     let none = list("a", "nope").expect_err("no such session");
     assert_eq!(none.code, allox_protocol::ErrorCode::NotFound, "{none:?}");
+    // Nor is the deleted one's run got by its id as the new one's (it was).
+    for (a, s, run) in old {
+        let got = call(
+            &d,
+            Request::EffectsGet(allox_protocol::EffectsGet {
+                agent_id: a.into(),
+                session_id: s.into(),
+                run_id: run.clone(),
+            }),
+        );
+        match got {
+            Err(e) => assert!(
+                e.code == allox_protocol::ErrorCode::NotFound
+                    && e.message.contains("deleted before this one was made"),
+                "{a}/{s}/{run}: {e:?}"
+            ),
+            other => panic!("{a}/{s}: the deleted session's run {run}: {other:?}"),
+        }
+    }
 }
 
 #[test]

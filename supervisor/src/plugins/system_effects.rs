@@ -1609,6 +1609,29 @@ fn same_run(e: &RunEffects, a: &str, s: &str, r: &str) -> Result<(), PluginError
     ))
 }
 
+/// Refuses effects of a run of an earlier session of the name (deleted,
+/// and the name taken again): a session made again is another, and its
+/// answers were the deleted one's (its evidence is kept, under the state
+/// directory, for whoever audits it).
+fn of_this_session(st: &Started, e: &RunEffects) -> Result<(), PluginError> {
+    let Some(store) = &st.store else {
+        return Ok(());
+    };
+    let made = store
+        .session_created(&e.agent_id, &e.session_id)
+        .map_err(|x| answered(x.code(), x.to_string()))?;
+    if e.started_ms < made {
+        return Err(answered(
+            ErrorCode::NotFound,
+            format!(
+                "run {} was of a session {}/{} deleted before this one was made under its name",
+                e.run_id, e.agent_id, e.session_id
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn check_ids(ids: &[(&'static str, &str)]) -> Result<(), PluginError> {
     for (what, v) in ids {
         allox_protocol::validate_id(what, v)
@@ -1627,6 +1650,7 @@ fn serve(st: &Started, req: &Request) -> Result<Response, PluginError> {
             ])?;
             let mut e = read_effects(&st.evidence(&g.agent_id, &g.session_id, &g.run_id))?;
             same_run(&e, &g.agent_id, &g.session_id, &g.run_id)?;
+            of_this_session(st, &e)?;
             // Whether the fence is still up is now, not then.
             e.fenced = st
                 .fences
@@ -1689,6 +1713,7 @@ fn serve(st: &Started, req: &Request) -> Result<Response, PluginError> {
             ])?;
             let dir = st.evidence(&h.agent_id, &h.session_id, &h.run_id);
             let e = read_effects(&dir)?;
+            of_this_session(st, &e)?;
             // Made empty with the chain and written at the run's end: an
             // observation that ended in a fault before it left it empty.
             let written = std::fs::metadata(dir.join(allox_effects::observer::HISTORY_FILE))
@@ -1845,6 +1870,7 @@ fn serve(st: &Started, req: &Request) -> Result<Response, PluginError> {
             // Not another run's set under this run's name.
             if let Ok(e) = read_effects(&dir) {
                 same_run(&e, &x.agent_id, &x.session_id, &x.run_id)?;
+                of_this_session(st, &e)?;
             }
             let top = format!("effects-{}-{}-{}", x.agent_id, x.session_id, x.run_id);
             let tar = allox_effects::export::tar_set(&dir, &top).map_err(|e| {

@@ -299,6 +299,7 @@ impl Store {
             locals: HashMap::new(),
             dropped: 0,
             serves: Box::new(|_| Ok(())),
+            clock_default: None,
         })
     }
 }
@@ -383,6 +384,9 @@ pub struct Import {
     /// asks for: `Err(why)` refuses the archive before anything is
     /// received ([`Import::serving`]).
     serves: Box<NetworkCheck>,
+    /// The limits over time a new session takes where its archive has
+    /// none ([`Import::with_clock_default`]).
+    clock_default: Option<crate::index::ClockRecord>,
 }
 
 /// See [`Import::serving`].
@@ -429,6 +433,15 @@ impl Import {
     /// refused). An archive that adds to a session keeps that session's.
     pub fn serving(mut self, check: Box<NetworkCheck>) -> Import {
         self.serves = check;
+        self
+    }
+
+    /// The idle timeout and lifetime a new session takes where its archive
+    /// gives none: its agent's, else the daemon's, as a session made here
+    /// does (an archive without them took none, whatever the daemon was
+    /// told). An archive that adds to a session keeps that session's.
+    pub fn with_clock_default(mut self, c: Option<crate::index::ClockRecord>) -> Import {
+        self.clock_default = c;
         self
     }
 
@@ -580,7 +593,15 @@ impl Import {
                 Some(p) => w.put_policy(&key, p)?,
                 None => w.remove_policy(&key)?,
             }
-            match &m.clock {
+            let clock = match (&m.clock, &self.clock_default) {
+                (Some(c), Some(d)) => Some(crate::index::ClockRecord {
+                    idle_timeout_ms: c.idle_timeout_ms.or(d.idle_timeout_ms),
+                    max_lifetime_ms: c.max_lifetime_ms.or(d.max_lifetime_ms),
+                    ..c.clone()
+                }),
+                (c, d) => c.clone().or_else(|| d.clone()),
+            };
+            match &clock {
                 // Its lifetime counts from the import.
                 Some(c) => w.put_clock(
                     &a,

@@ -587,6 +587,14 @@ impl Supervisor {
                     (Some(runs), true) => Some(runs.writing(&r.agent_id, "-")?),
                     _ => None,
                 };
+                // A new session's limits over time where the archive has
+                // none: its agent's, else the daemon's (only looked up as
+                // the import begins).
+                let clock_default = if r.offset == 0 && !r.abort {
+                    self.clock_of(&r.agent_id, None, None)?
+                } else {
+                    None
+                };
                 let crate::transfer::Piece {
                     answer: done,
                     limits,
@@ -603,7 +611,7 @@ impl Supervisor {
                             _ => Ok(()),
                         }
                     })
-                })?;
+                }, clock_default)?;
                 if let Some(i) = &done.session {
                     // Watches of a session an archive added to watch its
                     // new tree.

@@ -83,6 +83,7 @@ impl Imports {
         r: &SessionImport,
         fence: &Fence<'_>,
         serves: impl FnOnce() -> Box<allox_store::NetworkCheck>,
+        clock_default: Option<allox_store::index::ClockRecord>,
     ) -> Result<Piece, RequestError> {
         validate_id("import_id", &r.import_id).map_err(allox_store::StoreError::from)?;
         let id = r.import_id.clone();
@@ -115,7 +116,8 @@ impl Imports {
                     }
                     let import = store
                         .import_begin(&r.agent_id, r.session_id.as_deref())?
-                        .serving(serves());
+                        .serving(serves())
+                        .with_clock_default(clock_default);
                     let e = Arc::new(Mutex::new(Under {
                         agent: r.agent_id.clone(),
                         session: r.session_id.clone(),

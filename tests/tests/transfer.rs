@@ -1503,3 +1503,52 @@ fn a_proxy_session_is_refused_where_the_network_plugin_is_off() {
     let said = ctl(&d, &["session", "import", "a", "-i", f]);
     assert!(said.starts_with("imported a/n"), "{said}");
 }
+
+/// A session imported without limits over time takes its agent's, else the
+/// daemon's, as one made there does (it took none, whatever the daemon
+/// was told); one that has its own keeps them, a missing one filled in.
+#[test]
+fn an_imported_session_takes_the_daemon_s_limits_over_time_where_it_has_none() {
+    let name =
+        "transfer::an_imported_session_takes_the_daemon_s_limits_over_time_where_it_has_none";
+    if !require(name) {
+        return;
+    }
+    let fs = BtrfsFs::new(512).unwrap();
+    let src = store(&fs);
+    src.agent_create("a").unwrap();
+    let own_life = allox_store::index::ClockRecord {
+        max_lifetime_ms: Some(3_600_000),
+        ..Default::default()
+    };
+    for (s, clock) in [("plain", None), ("lived", Some(own_life))] {
+        let new = allox_store::NewSession {
+            network: Default::default(),
+            clock,
+            policy: None,
+        };
+        src.session_create_with("a", s, &new).unwrap();
+    }
+    let d =
+        allox_integration::ProcDaemon::start("transfer-clock", &["--idle-timeout-ms", "600000"]);
+    ctl(&d, &["agent", "create", "a"]);
+    let file = fs.scratch().join("s.allox");
+    let f = file.to_str().unwrap();
+    for s in ["plain", "lived"] {
+        let mut out = Vec::new();
+        src.session_export("a", s, None, &Default::default(), &mut out)
+            .unwrap();
+        std::fs::write(&file, out).unwrap();
+        ctl(&d, &["session", "import", "a", "-i", f]);
+        let info: serde_json::Value =
+            serde_json::from_str(&ctl(&d, &["--json", "session", "info", "a", s])).unwrap();
+        assert_eq!(info["idle_timeout_ms"], 600000, "{s}: {info}");
+        if s == "lived" {
+            let (made, expires) = (
+                info["created_ms"].as_u64().unwrap(),
+                info["expires_ms"].as_u64().unwrap_or(0),
+            );
+            assert!(expires >= made + 3_500_000, "{s}: its own lifetime: {info}");
+        }
+    }
+}

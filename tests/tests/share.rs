@@ -853,4 +853,24 @@ fn share_stat_with_long_paths_in_a_tight_loop_keeps_the_audit_files_bounded() {
             && r.message.as_ref().unwrap().contains("--audit-lines-per-s")),
         "no suppression record in the audit log"
     );
+    // A burst of harmless calls does not hide the access after it: past
+    // the rate a call is refused, not served unrecorded (a read of another
+    // session's file was only one of a count, its target and path nowhere).
+    ok(&d, B, "echo PASSWORD=hunter2 > w-secret.txt");
+    let r = sh(
+        &d,
+        A,
+        &format!(
+            "i=0; while [ $i -lt 300 ]; do allox share stat {B_TARGET} . >/dev/null 2>&1; i=$((i+1)); done; \
+             allox share read {B_TARGET} w-secret.txt 2>&1; echo rc=$?"
+        ),
+    );
+    let read = share_audit(&d)
+        .into_iter()
+        .any(|r| r.route == "share.read" && r.path.as_deref() == Some("w-secret.txt"));
+    if r.stdout.contains("hunter2") {
+        assert!(read, "the read was served and not recorded: {r:?}");
+    } else {
+        assert!(r.stdout.contains("past its audit rate") && !read, "{r:?}");
+    }
 }

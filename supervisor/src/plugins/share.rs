@@ -302,6 +302,45 @@ impl Started {
         out
     }
 
+    /// Admits a guest's call to its session's audit rate, before anything
+    /// is served: past it the call is refused (`unavailable`), so that no
+    /// access goes unrecorded (one burst of harmless calls made the next
+    /// read of another session's file one of a count, its target and path
+    /// nowhere). The refused ones are counted in one `suppressed` line when
+    /// the next is admitted. The host's calls are not held to a rate.
+    fn admit(&self, caller: &str, route: &str) -> Result<(), ErrorBody> {
+        let Some((session, _run)) = caller.rsplit_once('/') else {
+            return Ok(());
+        };
+        match self.lines.take(session, 1) {
+            allox_store::rate::Taken::No => Err(ErrorBody::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "{session}'s share calls are past its audit rate (--audit-lines-per-s): \
+                     every access is recorded, so this one is refused; try again in a moment"
+                ),
+            )),
+            allox_store::rate::Taken::Yes { refused_before: 0 } => Ok(()),
+            allox_store::rate::Taken::Yes { refused_before } => {
+                self.audit.append(ShareAuditRecord {
+                    seq: 0,
+                    time_ms: now_ms(),
+                    caller: clipped(caller, AUDIT_TEXT_MAX),
+                    route: clipped(route, AUDIT_TEXT_MAX),
+                    target: session.into(),
+                    path: None,
+                    verdict: "suppressed".into(),
+                    message: Some(format!(
+                        "{refused_before} calls of {session} were refused past the session's \
+                         rate (--audit-lines-per-s), each before it reached anything: none was served"
+                    )),
+                });
+                Ok(())
+            }
+        }
+    }
+
+    /// Records a call that was admitted ([`Share::admit`]).
     fn audit(
         &self,
         caller: &str,
@@ -310,28 +349,6 @@ impl Started {
         path: Option<&str>,
         out: &Result<String, ErrorBody>,
     ) {
-        // A guest's calls are held to its session's rate; the host's are not.
-        if let Some((session, _run)) = caller.rsplit_once('/') {
-            match self.lines.take(session, 1) {
-                allox_store::rate::Taken::No => return,
-                allox_store::rate::Taken::Yes { refused_before: 0 } => {}
-                allox_store::rate::Taken::Yes { refused_before } => {
-                    self.audit.append(ShareAuditRecord {
-                        seq: 0,
-                        time_ms: now_ms(),
-                        caller: caller.into(),
-                        route: route.into(),
-                        target: session.into(),
-                        path: None,
-                        verdict: "suppressed".into(),
-                        message: Some(format!(
-                            "{refused_before} lines of {session}'s calls were suppressed: more \
-                             than the session's rate (--audit-lines-per-s)"
-                        )),
-                    });
-                }
-            }
-        }
         self.audit.append(ShareAuditRecord {
             seq: 0,
             time_ms: now_ms(),
@@ -361,6 +378,9 @@ impl Started {
         let (a, s) = (who.agent_id.as_str(), who.session_id.as_str());
         let caller = format!("{a}/{s}/{}", who.run_id);
         let own = format!("{a}/{s}");
+        if route != "share.status" {
+            self.admit(&caller, route)?;
+        }
         match route {
             "share.enable" => {
                 let out = params::<ShareEnable>(route, text).and_then(|p| {
@@ -1000,12 +1020,23 @@ mod tests {
         let st = p.started().unwrap();
         let long = "x".repeat(4096);
         let refused: Result<String, ErrorBody> = Err(ErrorBody::invalid(format!("no {long}")));
+        // Past the rate, a call is refused before it is served (and so
+        // before anything is recorded of it): none goes unrecorded.
+        let mut admitted = 0;
         for _ in 0..100 {
-            st.audit("a/s/r", "share.stat", "b/t", Some(&long), &refused);
+            if st.admit("a/s/r", "share.stat").is_ok() {
+                admitted += 1;
+                st.audit("a/s/r", "share.stat", "b/t", Some(&long), &refused);
+            }
         }
-        // Another session's lines are not held back.
+        assert_eq!(admitted, 20);
+        let e = st.admit("a/s/r", "share.read").unwrap_err();
+        assert_eq!(e.code, ErrorCode::Unavailable, "{e:?}");
+        // Another session's calls are not held back.
+        st.admit("b/t/r", "share.stat").unwrap();
         st.audit("b/t/r", "share.stat", "a/s", Some("f"), &Ok(String::new()));
         std::thread::sleep(std::time::Duration::from_millis(600));
+        st.admit("a/s/r", "share.stat").unwrap();
         st.audit("a/s/r", "share.stat", "b/t", Some(&long), &refused);
         let text = std::fs::read_to_string(d.path().join(AUDIT_FILE)).unwrap();
         let recs: Vec<ShareAuditRecord> = text
@@ -1028,7 +1059,7 @@ mod tests {
             .message
             .as_ref()
             .unwrap()
-            .starts_with("80 lines of a/s"));
+            .starts_with("81 calls of a/s were refused"));
         assert!(text.len() < 23 * 1200);
     }
 }

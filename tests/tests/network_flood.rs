@@ -253,6 +253,10 @@ fn a_connection_flood_meets_the_budgets_and_holds_up_no_one_else() {
             "200",
             "--proxy-connections",
             "260",
+            // The connection budgets, not the audit's rate, are what the
+            // flood meets here.
+            "--audit-lines-per-s",
+            "0",
         ],
     );
     ctl_ok(&d, &["agent", "create", "a"]);
@@ -720,6 +724,14 @@ fn refused_attempts_in_a_tight_loop_keep_the_network_audit_bounded() {
     );
     ctl_ok(&d, &["agent", "create", "a", "--allow", "allowed.test"]);
     ctl_ok(&d, &["session", "create", "a", "s", "--network", "proxy"]);
+    // An attempt the agent would hide, made before its flood.
+    let r = sh_in(
+        &d,
+        "a",
+        "s",
+        "python3 -c 'import socket; s = socket.create_connection((\"127.0.0.1\", 3128)); s.sendall(b\"CONNECT earlier-attempt.denied.test:443 HTTP/1.1\\r\\n\\r\\n\"); s.recv(4096)'",
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
     let mut c = d.daemon.client();
@@ -774,11 +786,30 @@ print(n)
     // The newest refusals are kept and read.
     let recs = audit(&d, "a", "s");
     assert!(!recs.is_empty(), "no record kept");
-    let last = recs.last().unwrap();
-    assert_eq!(last["allowed"], false, "{last}");
     assert!(
-        last["host"].as_str().unwrap_or("").contains(".denied.test"),
-        "{last}"
+        recs.iter()
+            .rev()
+            .take(5)
+            .any(|r| r["allowed"] == false
+                && r["host"].as_str().unwrap_or("").contains(".denied.test")),
+        "{:?}",
+        recs.last()
+    );
+    // And the flood did not push the session's earlier attempt out of the
+    // files kept: past the session's audit rate its attempts are refused,
+    // counted (they rotated both files away in 40 s).
+    assert!(
+        recs.iter()
+            .any(|r| r["host"] == "earlier-attempt.denied.test"),
+        "the earlier attempt was rotated away ({} records kept)",
+        recs.len()
+    );
+    assert!(
+        recs.iter().any(|r| r["verdict"]
+            .as_str()
+            .unwrap_or("")
+            .contains("--audit-lines-per-s")),
+        "no refusal past the audit rate is recorded"
     );
 }
 

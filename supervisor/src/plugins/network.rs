@@ -76,6 +76,11 @@ struct Started {
     connections: proxy::Budget,
     settings: NetworkSettings,
     audit: AuditLog,
+    /// Connections a second each session's proxy takes, as many as its
+    /// audit may record (`--audit-lines-per-s`): past it one is refused,
+    /// so that no session floods the audit past its bound and pushes its
+    /// own earlier records (or others') out of the two files kept.
+    lines: allox_store::rate::Buckets,
     /// `network.py`, the seed's entry point (`python3 /run/allox/network.py
     /// connect HOST PORT` runs `allox net connect HOST PORT`).
     shim: PathBuf,
@@ -215,6 +220,10 @@ impl Plugin for Network {
             connections: proxy::Budget::all(n.connections),
             settings: n.clone(),
             audit,
+            lines: allox_store::rate::Buckets::new(
+                settings.audit.lines_per_s,
+                settings.audit.lines_per_s.saturating_mul(10),
+            ),
             shim,
             live: Mutex::new(HashMap::new()),
             runs: Mutex::new(RunsByCgroup::default()),

@@ -100,10 +100,19 @@ impl SessionProxy {
     }
 
     /// Both budgets' permits for one more connection, or the refusal of
-    /// the first that has none left.
-    fn admit(&self) -> Result<[OwnedSemaphorePermit; 2], &str> {
-        let mine = self.connections.take()?;
-        let all = self.started.connections.take()?;
+    /// the first that has none left; and a place in the session's audit
+    /// rate (every attempt is recorded: past the rate one is refused, not
+    /// let flood the audit until it rotates the session's earlier records
+    /// away).
+    fn admit(&self) -> Result<[OwnedSemaphorePermit; 2], String> {
+        let key = format!("{}/{}", self.agent, self.session);
+        if let allox_store::rate::Taken::No = self.started.lines.take(&key, 1) {
+            return Err(format!(
+                "session {key}'s connections are past its audit rate (--audit-lines-per-s): every attempt is recorded, so this one is refused; try again in a moment"
+            ));
+        }
+        let mine = self.connections.take().map_err(str::to_string)?;
+        let all = self.started.connections.take().map_err(str::to_string)?;
         Ok([mine, all])
     }
 
@@ -223,7 +232,6 @@ pub(super) async fn serve(l: tokio::net::TcpListener, proxy: Arc<SessionProxy>) 
         let permits = match proxy.admit() {
             Ok(p) => p,
             Err(why) => {
-                let why = why.to_string();
                 proxy.refuse(conn, &why);
                 continue;
             }

@@ -132,6 +132,7 @@ impl Supervisor {
             runs: self.runs.as_ref(),
             uploads: &self.uploads,
             watches: &self.watches,
+            charged_to: None,
             rollbacks: &self.rollbacks,
         }
     }
@@ -481,7 +482,14 @@ impl Core for Supervisor {
             commit: w.commit,
             abort: false,
         });
-        match self.within(&req, d)?.0 {
+        let files = Files {
+            charged_to: w.charged_to.as_deref(),
+            ..self.files()
+        };
+        let answered = files
+            .answer_within(&req, d.dir)
+            .map_err(|e| RequestError::from(e).to_body())?;
+        match answered.0 {
             Response::FsWritten(w) => Ok(w),
             other => Err(answered_otherwise(&req, &other)),
         }

@@ -874,3 +874,100 @@ fn share_stat_with_long_paths_in_a_tight_loop_keeps_the_audit_files_bounded() {
         assert!(r.stdout.contains("past its audit rate") && !read, "{r:?}");
     }
 }
+
+/// Uploads begun by another session through sharing are the caller's: they
+/// count against the caller's budget of uploads under way, not the
+/// target's (16 of them refused the host's own uploads into the target),
+/// and no one else adds to or commits them by their id.
+#[test]
+fn a_writer_s_uploads_are_charged_to_it_and_are_its_own() {
+    let name = "a_writer_s_uploads_are_charged_to_it_and_are_its_own";
+    let Some(d) = setup(name, &["--share-tools", "--uploads-per-session", "3"]) else {
+        return;
+    };
+    ok(&d, B, "allox share enable --permission write");
+    ok(&d, A, "allox share enable");
+    let begin = |i: usize| {
+        format!(
+            "allox call share.write '{{\"target\":\"{B_TARGET}\",\"path\":\"f{i}\",\"data\":\"QUFB\",\"upload\":\"x{i}\",\"offset\":0}}'"
+        )
+    };
+    for i in 0..3 {
+        ok(&d, A, &begin(i));
+    }
+    // The caller's fourth: refused, naming the caller's budget.
+    refused(
+        &d,
+        A,
+        &begin(3),
+        "unavailable",
+        "session agent-a/session-1 has 3 uploads under way",
+    );
+    // The target's own (the host's here) are not held back by them.
+    let host = |id: &str, commit: bool| {
+        call(
+            &d,
+            Request::FsWrite(FsWrite {
+                offset: Some(0),
+                upload: Some(id.into()),
+                commit,
+                ..FsWrite::whole(B.0, B.1, &format!("h-{id}"), "host")
+            }),
+        )
+    };
+    for id in ["h0", "h1", "h2"] {
+        host(id, false).unwrap();
+    }
+    // The caller's upload x0 is not the host's x0: a chunk of "x0" from the
+    // host begins nothing of the caller's (it is told nothing is under way).
+    let e = call(
+        &d,
+        Request::FsWrite(FsWrite {
+            offset: Some(3),
+            upload: Some("x0".into()),
+            commit: true,
+            ..FsWrite::whole(B.0, B.1, "f0", "BBB")
+        }),
+    )
+    .unwrap_err();
+    assert!(e.message.contains("nothing is under way"), "{e:?}");
+    assert!(
+        !current(&d, B).join("f0").exists(),
+        "another's upload was committed"
+    );
+    // The caller commits its own.
+    ok(
+        &d,
+        A,
+        &format!(
+            "allox call share.write '{{\"target\":\"{B_TARGET}\",\"path\":\"f0\",\"data\":\"QkJC\",\"upload\":\"x0\",\"offset\":3,\"commit\":true}}'"
+        ),
+    );
+    assert_eq!(std::fs::read(current(&d, B).join("f0")).unwrap(), b"AAABBB");
+    // The caller deleted: its uploads under way in the target go with it.
+    let partials = || {
+        std::fs::read_dir(current(&d, B))
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(".allox-upload-s")
+            })
+            .count()
+    };
+    assert_eq!(partials(), 2);
+    call(
+        &d,
+        Request::SessionDelete(SessionDelete {
+            force: true,
+            ..SessionDelete::new(A.0, A.1)
+        }),
+    )
+    .unwrap();
+    assert_eq!(
+        partials(),
+        0,
+        "the deleted caller's uploads are left in the target"
+    );
+}

@@ -39,6 +39,9 @@ pub struct Files<'a> {
     pub uploads: &'a uploads::Live,
     /// The watches open.
     pub watches: &'a watch::Watches,
+    /// The session an upload begun now is charged to, when not its
+    /// target's (a write from another session, through sharing).
+    pub charged_to: Option<&'a str>,
     /// Each session rolled back (agent, session), for `fs.watch`.
     pub rollbacks: &'a tokio::sync::broadcast::Sender<(String, String)>,
 }
@@ -482,6 +485,7 @@ impl Files<'_> {
                         owner,
                         before_commit: &|| self.store.failpoint("fs_write.before_commit"),
                         live: self.uploads,
+                        charged: self.charged_to,
                     },
                 )
                 .map(|(w, _)| w);
@@ -539,6 +543,7 @@ impl Files<'_> {
                         owner,
                         before_commit: &|| self.store.failpoint("fs_write.before_commit"),
                         live: self.uploads,
+                        charged: None,
                     },
                 )?;
                 // A commit's bytes all came: it stands whether or not

@@ -60,6 +60,8 @@ struct UnderWay {
     touched: Instant,
     id: String,
     record: Record,
+    /// The session whose budget it counts against, when not its target's.
+    charged: Option<String>,
 }
 
 impl Live {
@@ -92,18 +94,27 @@ impl Live {
         // between requests: it is not held to the budget (cut uploads of
         // other clients refused a write of a few bytes).
         if !live.contains_key(key) && !c.commit {
-            let session = format!("{}/{}/", c.agent, c.session);
+            // Counted against the session that pays: the target's own
+            // (the host's and its own uploads), or the caller's for a
+            // write from another session (they took the target's places).
+            let target = format!("{}/{}/", c.agent, c.session);
+            let pays = |k: &str, u: &UnderWay| match c.charged {
+                Some(by) => u.charged.as_deref() == Some(by),
+                None => u.charged.is_none() && k.starts_with(&target),
+            };
             let n = live
                 .iter()
-                .filter(|(k, u)| k.starts_with(&session) && !self.idle(u, now))
+                .filter(|(k, u)| pays(k, u) && !self.idle(u, now))
                 .count();
             if n >= self.limits.per_session {
+                let payer = c
+                    .charged
+                    .map(str::to_string)
+                    .unwrap_or_else(|| format!("{}/{}", c.agent, c.session));
                 return Err(FilesError::UploadBudget {
                     id: c.id.to_string(),
                     why: format!(
-                        "session {}/{} has {n} uploads under way, its budget (--uploads-per-session {}): commit one, or leave one without a chunk for {} s (--upload-idle-s), and begin again",
-                        c.agent,
-                        c.session,
+                        "session {payer} has {n} uploads under way, its budget (--uploads-per-session {}): commit one, or leave one without a chunk for {} s (--upload-idle-s), and begin again",
                         self.limits.per_session,
                         self.limits.idle.as_secs()
                     ),
@@ -117,6 +128,7 @@ impl Live {
                 touched: now,
                 id: c.id.to_string(),
                 record,
+                charged: c.charged.map(str::to_string),
             },
         );
         Ok(())
@@ -158,11 +170,11 @@ impl Live {
     }
 
     /// Takes the uploads `which` names (by key and scope) off the list.
-    fn take(&self, which: impl Fn(&str, FsScope) -> bool) -> Vec<UnderWay> {
+    fn take(&self, which: impl Fn(&str, &UnderWay) -> bool) -> Vec<UnderWay> {
         let mut live = self.lock();
         let keys: Vec<String> = live
             .iter()
-            .filter(|(k, u)| which(k, u.record.scope))
+            .filter(|(k, u)| which(k, u))
             .map(|(k, _)| k.clone())
             .collect();
         keys.iter().filter_map(|k| live.remove(k)).collect()
@@ -197,6 +209,9 @@ pub struct Chunk<'a> {
     /// Called just before the upload replaces its target.
     pub before_commit: &'a dyn Fn(),
     pub live: &'a Live,
+    /// The session (`agent/session`) an upload begun by this chunk counts
+    /// against, when not its target's (a write from another session).
+    pub charged: Option<&'a str>,
 }
 
 /// A chunk's bytes: in the request, or in a file the client passed.
@@ -482,8 +497,16 @@ impl Files<'_> {
             Some(s) => format!("{a}/{s}/"),
             None => format!("{a}/"),
         };
-        let taken = self.uploads.take(|key, scope| {
-            key.starts_with(&prefix) && !(rolled_back && scope == FsScope::Shared)
+        // Those into its tree, and (at a delete) those it began in other
+        // sessions' trees through sharing, which were charged to it.
+        let taken = self.uploads.take(|key, u| {
+            let into =
+                key.starts_with(&prefix) && !(rolled_back && u.record.scope == FsScope::Shared);
+            let by = !rolled_back
+                && u.charged
+                    .as_deref()
+                    .is_some_and(|c| format!("{c}/").starts_with(&prefix));
+            into || by
         });
         let dir = self.uploads_dir();
         for u in &taken {

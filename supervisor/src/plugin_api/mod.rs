@@ -317,6 +317,10 @@ pub struct WriteWithin {
     pub create: Option<bool>,
     pub upload: Option<String>,
     pub commit: bool,
+    /// The session (`agent/session`) whose budget of uploads under way an
+    /// upload begun by this write counts against: the caller's, for a
+    /// write from another session (it took the target's places).
+    pub charged_to: Option<String>,
 }
 
 /// What the core lends plugins beyond the store: sessions as the store

@@ -461,8 +461,13 @@ impl Started {
                             data: p.data.clone(),
                             offset: p.offset,
                             create: p.create,
-                            upload: p.upload.clone(),
+                            upload: p
+                                .upload
+                                .as_deref()
+                                .map(|id| caller_upload(&own, id))
+                                .transpose()?,
                             commit: p.commit,
+                            charged_to: Some(own.clone()),
                         };
                         json(&core.write_within(&t.dir(), write)?)
                     });
@@ -475,6 +480,25 @@ impl Started {
             )),
         }
     }
+}
+
+/// A caller's upload id as the target has it: tagged with the caller's
+/// session, so that no other writer (nor the host) adds to or commits it,
+/// and the caller's uploads are told from the target's own.
+fn caller_upload(caller: &str, id: &str) -> Result<String, ErrorBody> {
+    use sha2::Digest;
+    let tag: String = sha2::Sha256::digest(caller.as_bytes())[..5]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let tagged = format!("s{tag}-{id}");
+    allox_protocol::validate_id("upload", &tagged).map_err(|_| {
+        ErrorBody::invalid(format!(
+            "upload id {id:?} is not an id of at most {} bytes (a write to another session tags it with the caller's)",
+            allox_protocol::MAX_ID_LEN - tag.len() - 2
+        ))
+    })?;
+    Ok(tagged)
 }
 
 /// A write is whole (written beside the file and renamed over it), or a

@@ -410,6 +410,10 @@ pub enum FsChange {
     Moved,
     /// The session was rolled back: its whole tree was replaced.
     RolledBack,
+    /// The watch covers as many directories as one may (10,000): `path`,
+    /// and any directory made after it, is not watched, and changes in
+    /// them are not reported (sent once; watch a smaller tree).
+    Incomplete,
 }
 
 /// One change an `fs.watch` reports.

@@ -812,6 +812,46 @@ fn watches_are_bounded_and_give_their_place_back() {
     }
 }
 
+/// A recursive watch past the directories it may cover (10,000) says so,
+/// once, naming the first one left out (it went silently blind: writes in
+/// later directories were never reported, the stream looking whole).
+#[test]
+fn a_watch_past_the_directories_it_may_cover_says_so() {
+    let Some(d) = setup("files_watch_capped", &[], 1024) else {
+        return;
+    };
+    let (mut w, mut lines) = allox_integration::alloxctl_following(
+        &d.daemon.socket,
+        &["--json", "fs", "watch", "a", "s", "-r"],
+    );
+    let mut next = || -> serde_json::Value {
+        let l = lines.next().expect("the watch ended").unwrap();
+        serde_json::from_str(&l).unwrap()
+    };
+    assert_eq!(next()["change"], "ready");
+    let r = sh(
+        &d,
+        "mkdir deep && cd deep && python3 -c 'import os\nfor i in range(10050): os.mkdir(\"e%05d\" % i)'",
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let t0 = Instant::now();
+    let said = loop {
+        let e = next();
+        if e["change"] == "incomplete" {
+            break e;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no incomplete event"
+        );
+    };
+    assert!(
+        said["path"].as_str().unwrap().starts_with("deep/e"),
+        "{said}"
+    );
+    let _ = w.kill();
+}
+
 #[test]
 fn a_watch_reports_a_run_s_changes_and_a_rollback() {
     let Some(d) = setup("files_watch", &[], 1024) else {

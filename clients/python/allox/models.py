@@ -2891,7 +2891,7 @@ EffectsVerdict = Literal['CONSISTENT', 'CHANGED', 'INCONCLUSIVE', 'INCOMPLETE', 
 Event = Union[EventProgress, EventStarted, EventOutput, EventProcess, EventNetwork, EventFs, EventMonitor, EventArchive]
 
 #: What happened at a path.
-FsChange = Literal['created', 'modified', 'removed', 'ready', 'moved', 'rolled_back']
+FsChange = Literal['created', 'modified', 'removed', 'ready', 'moved', 'rolled_back', 'incomplete']
 
 #: What kind of thing is at a path.
 FsKind = Literal['file', 'dir', 'symlink', 'other']

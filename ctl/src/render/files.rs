@@ -82,6 +82,12 @@ pub fn fs_event(e: &FsEvent) -> String {
     let what = match e.change {
         FsChange::Ready => return format!("watching {}\n", clean(&e.path)),
         FsChange::RolledBack => return "rolled back: the whole tree was replaced\n".to_string(),
+        FsChange::Incomplete => {
+            return format!(
+                "incomplete: the watch covers as many directories as it may; {}/ and those made after it are not watched\n",
+                clean_path(&e.path, e.escaped)
+            )
+        }
         FsChange::Created => "created",
         FsChange::Modified => "modified",
         FsChange::Removed => "removed",

@@ -134,6 +134,10 @@ struct Watcher {
     /// not be UTF-8) and its depth below the watched one.
     dirs: HashMap<i32, (Vec<u8>, u32)>,
     recursive: bool,
+    /// The first directory left unwatched at [`MAX_WATCHED`], until said.
+    capped: Option<Vec<u8>>,
+    /// Whether the cap was said (once a watch).
+    told: bool,
 }
 
 fn mask() -> WatchFlags {
@@ -165,6 +169,8 @@ impl Watcher {
             })?,
             dirs: HashMap::new(),
             recursive,
+            capped: None,
+            told: false,
         })
     }
 
@@ -178,6 +184,11 @@ impl Watcher {
         mut found: Option<&mut Vec<FsEvent>>,
     ) -> Result<(), FilesError> {
         if self.dirs.len() >= MAX_WATCHED {
+            // Said once (it went silently blind: later writes in new
+            // directories were never reported, the stream looking whole).
+            if !self.told && self.capped.is_none() {
+                self.capped = Some(path.to_vec());
+            }
             return Ok(());
         }
         let proc = format!("/proc/self/fd/{}", dir.as_raw_fd());
@@ -213,6 +224,13 @@ impl Watcher {
             }
         }
         Ok(())
+    }
+
+    /// The event that says the watch covers no more directories, once.
+    fn cap_said(&mut self) -> Option<FsEvent> {
+        let path = self.capped.take()?;
+        self.told = true;
+        Some(event(FsChange::Incomplete, &path, None, true))
     }
 
     /// The events waiting, as changes; new directories are watched too.
@@ -395,6 +413,11 @@ impl Files<'_> {
                     return Err(FilesError::SubscriberGone);
                 }
             }
+            if let Some(ev) = w.cap_said() {
+                if sink.send(Event::Fs(ev)).await.is_err() {
+                    return Err(FilesError::SubscriberGone);
+                }
+            }
             loop {
                 tokio::select! {
                     ready = w.fd.readable() => {
@@ -402,7 +425,9 @@ impl Files<'_> {
                             return Err(FilesError::SubscriberGone);
                         };
                         guard.clear_ready();
-                        for ev in w.drain(&root.fd) {
+                        let mut events = w.drain(&root.fd);
+                        events.extend(w.cap_said());
+                        for ev in events {
                             if sink.send(Event::Fs(ev)).await.is_err() {
                                 return Err(FilesError::SubscriberGone);
                             }

@@ -327,6 +327,12 @@ fn uploads_in_flight_are_bounded_per_session_and_abandoned_when_idle() {
         assert!(!cur.join(format!("f{i}")).exists());
     }
     assert_eq!(count(&records, ""), 3);
+    // The records' directory is the root's alone (it was the umask's).
+    assert_eq!(
+        std::fs::metadata(&records).unwrap().mode() & 0o777,
+        0o700,
+        "state/uploads"
+    );
     // Left without a chunk for 2 s: gone, without a restart.
     let deadline = Instant::now() + Duration::from_secs(10);
     while count(&cur, ".allox-upload-") + count(&records, "") > 0 {

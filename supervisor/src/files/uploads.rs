@@ -21,6 +21,7 @@ use rustix::fd::OwnedFd;
 use rustix::fs::{AtFlags, Mode, OFlags};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -416,11 +417,16 @@ fn begin(
 ) -> Result<OwnedFd, FilesError> {
     let shown = c.rel.shown;
     // Recorded first: a crash from here on leaves nothing unknown.
-    std::fs::create_dir_all(dir).map_err(|source| FilesError::Io {
-        op: "record the upload in",
-        path: dir.display().to_string(),
-        source,
-    })?;
+    // The root's alone, as every state directory (it was the umask's).
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| FilesError::Io {
+            op: "record the upload in",
+            path: dir.display().to_string(),
+            source,
+        })?;
     std::fs::write(record, serde_json::to_vec(rec).unwrap_or_default()).map_err(|source| {
         FilesError::Io {
             op: "record the upload in",

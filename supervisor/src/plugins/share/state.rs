@@ -79,7 +79,15 @@ impl Saved {
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
         let tmp = path.with_extension("json.tmp");
         let text = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
-        let mut f = std::fs::File::create(&tmp)?;
+        // The root's alone, as every state file (it was the umask's).
+        let mut f = std::os::unix::fs::OpenOptionsExt::mode(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true),
+            0o600,
+        )
+        .open(&tmp)?;
         f.write_all(&text)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
@@ -274,6 +282,9 @@ mod tests {
         s.save(&p).unwrap();
         assert_eq!(Saved::load(&p).unwrap(), s);
         assert!(!d.path().join("share.json.tmp").exists());
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "share.json is {mode:o}");
         std::fs::write(&p, "{not json").unwrap();
         let e = Saved::load(&p).unwrap_err().to_string();
         assert!(e.contains("share.json does not read"), "{e}");

@@ -58,6 +58,10 @@ pub enum RunError {
     },
     #[error("session {agent}/{session} is being rolled back or deleted")]
     Fenced { agent: String, session: String },
+    /// Its whole agent is being deleted (a session being made in it was
+    /// told the session, which never existed, was being deleted).
+    #[error("agent {agent} is being deleted")]
+    AgentFenced { agent: String },
     #[error(
         "session {agent}/{session} is paused with hold (since {since_ms} ms after the epoch): resume it with session.resume"
     )]
@@ -172,6 +176,7 @@ impl RunError {
             | KillNeedsStream | NoSuchSignal(_) => ErrorCode::InvalidRequest,
             NoSuchRun { .. } | NotKept { .. } => ErrorCode::NotFound,
             Fenced { .. }
+            | AgentFenced { .. }
             | Held { .. }
             | NotPaused { .. }
             | StdinClosed(_)

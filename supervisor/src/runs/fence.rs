@@ -123,6 +123,21 @@ impl Fences {
             .fenced(a, s)
     }
 
+    /// Why `a/s` is fenced: its whole agent being deleted (said as such: a
+    /// session being made in it was told it was being deleted), or itself.
+    pub fn refusal(&self, a: &str, s: &str) -> RunError {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.held.contains_key(&FenceScope::agent(a)) {
+            return RunError::AgentFenced {
+                agent: a.to_string(),
+            };
+        }
+        RunError::Fenced {
+            agent: a.to_string(),
+            session: s.to_string(),
+        }
+    }
+
     /// A file write in session `s` of agent `a`; `None` while it is fenced.
     pub fn writing(&self, a: &str, s: &str) -> Option<Writer<'_>> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -189,19 +204,15 @@ impl Runs {
     /// A file write in session `s` of agent `a`, refused while it is
     /// fenced; a rollback or delete waits for it to be dropped.
     pub fn writing(&self, a: &str, s: &str) -> Result<Writer<'_>, RunError> {
-        self.fences.writing(a, s).ok_or_else(|| RunError::Fenced {
-            agent: a.to_string(),
-            session: s.to_string(),
-        })
+        self.fences
+            .writing(a, s)
+            .ok_or_else(|| self.fences.refusal(a, s))
     }
 
     /// Fails while session `s` of agent `a` is fenced.
     pub(super) fn check_fence(&self, a: &str, s: &str) -> Result<(), RunError> {
         if self.fences.is_fenced(a, s) {
-            return Err(RunError::Fenced {
-                agent: a.to_string(),
-                session: s.to_string(),
-            });
+            return Err(self.fences.refusal(a, s));
         }
         Ok(())
     }
@@ -221,6 +232,22 @@ mod tests {
         }));
         assert!(out.is_err());
         assert!(!f.is_fenced("a", "s"));
+    }
+
+    #[test]
+    fn a_refusal_names_what_is_fenced() {
+        let f = Fences::default();
+        let agent = f.hold(FenceScope::agent("a"));
+        assert_eq!(
+            f.refusal("a", "new").to_string(),
+            "agent a is being deleted"
+        );
+        drop(agent);
+        let _s = f.hold(FenceScope::session("a", "s"));
+        assert_eq!(
+            f.refusal("a", "s").to_string(),
+            "session a/s is being rolled back or deleted"
+        );
     }
 
     #[test]

@@ -369,6 +369,56 @@ fn uploads_in_flight_are_bounded_per_session_and_abandoned_when_idle() {
     assert!(!cur.join(".allox-upload-x0-t-x0").exists());
     assert_eq!(count(&records, "a~s~"), 2);
     fill(&["x3"]);
+    // An upload is of one file: a begin, a chunk or an abort under its id
+    // that names another is refused (a begin or abort with another path
+    // left the first's partial file with no record, for ever).
+    let e = call(&d, chunk("s", "elsewhere", "x1", 0, "part", false)).unwrap_err();
+    assert!(e.message.contains("under way for another file"), "{e:?}");
+    let e = call(
+        &d,
+        Request::FsWrite(FsWrite {
+            upload: Some("x1".into()),
+            abort: true,
+            ..FsWrite::whole("a", "s", "elsewhere", "")
+        }),
+    )
+    .unwrap_err();
+    assert!(e.message.contains("under way for another file"), "{e:?}");
+    assert!(cur.join(".allox-upload-x1-t-x1").exists());
+    for id in ["x1", "x2", "x3"] {
+        call(
+            &d,
+            Request::FsWrite(FsWrite {
+                upload: Some(id.into()),
+                abort: true,
+                ..FsWrite::whole("a", "s", &format!("t-{id}"), "")
+            }),
+        )
+        .unwrap();
+    }
+    assert_eq!(count(&cur, ".allox-upload-"), 0);
+    // Two sessions' uploads into the agent's shared/ under one id and one
+    // path are each its own (they shared one partial file, and a commit
+    // installed a mix of both).
+    let shared = |s: &str, offset: u64, data: &str, commit: bool| {
+        call(
+            &d,
+            Request::FsWrite(FsWrite {
+                scope: FsScope::Shared,
+                offset: Some(offset),
+                upload: Some("same".into()),
+                commit,
+                ..FsWrite::whole("a", s, "both.txt", data)
+            }),
+        )
+    };
+    shared("s2", 0, "from s2 ", false).unwrap();
+    shared("s", 0, "from s ", false).unwrap();
+    shared("s2", 8, "whole", true).unwrap();
+    let both = d.daemon.root.join("agents/a/workspace/shared/both.txt");
+    assert_eq!(std::fs::read(&both).unwrap(), b"from s2 whole");
+    shared("s", 7, "whole", true).unwrap();
+    assert_eq!(std::fs::read(&both).unwrap(), b"from s whole");
     // A rollback takes the uploads into the old tree, and a delete every
     // upload of its session: they no longer hold the budget (they did
     // until idle, though no chunk could come), nor carry over to a new

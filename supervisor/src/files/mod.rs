@@ -457,7 +457,7 @@ impl Files<'_> {
                 return uploads::abort(
                     &self.uploads_dir(),
                     self.uploads,
-                    (&r.agent_id, &r.session_id, id),
+                    (&r.agent_id, &r.session_id, id, r.scope),
                     &rel,
                     &parent,
                     name,

@@ -159,6 +159,11 @@ impl Live {
         self.lock().remove(key);
     }
 
+    /// The partial file (as recorded) of upload `key`, if it is under way.
+    fn partial_of(&self, key: &str) -> Option<String> {
+        self.lock().get(key).map(|u| u.record.partial.clone())
+    }
+
     /// Takes the uploads idle past the limit at `now` off the list.
     fn take_idle(&self, now: Instant) -> Vec<UnderWay> {
         let mut live = self.lock();
@@ -247,6 +252,32 @@ fn partial_name(id: &str, name: &str) -> String {
     )
 }
 
+/// The partial file of upload `id` of session `a/s` at `name`: in the
+/// agent's `shared/`, which every session of the agent writes, its name
+/// also carries the session's (two sessions' uploads under one id and
+/// path shared one partial file, and a commit installed a mix of both).
+fn partial_of(scope: FsScope, (a, s): (&str, &str), id: &str, name: &str) -> String {
+    match scope {
+        FsScope::Session => partial_name(id, name),
+        FsScope::Shared => {
+            use sha2::Digest;
+            let tag: String = sha2::Sha256::digest(format!("{a}/{s}").as_bytes())[..4]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            partial_name(&format!("{id}-{tag}"), name)
+        }
+    }
+}
+
+/// The partial file's path as the record keeps it, for a request at `rel`.
+fn recorded_partial(rel: &Rel<'_>, partial: &str) -> String {
+    match rel.split() {
+        Some((p, _)) if p != "." => format!("{p}/{partial}"),
+        _ => partial.to_string(),
+    }
+}
+
 fn record_path(dir: &Path, agent: &str, session: &str, id: &str) -> std::path::PathBuf {
     // Ids have no `~`: the three never run together.
     dir.join(format!("{agent}~{session}~{id}"))
@@ -263,9 +294,21 @@ fn upload_err(id: &str, why: impl Into<String>) -> FilesError {
 /// Returns how a passed chunk's bytes moved too.
 pub fn chunk(dir: &Path, c: &Chunk<'_>) -> Result<(FsWritten, Option<CopiedBy>), FilesError> {
     allox_protocol::validate_id("upload", c.id).map_err(|e| upload_err(c.id, e.to_string()))?;
-    let partial = partial_name(c.id, c.name);
+    let partial = partial_of(c.scope, (c.agent, c.session), c.id, c.name);
     let shown = c.rel.shown;
     let key = format!("{}/{}/{}", c.agent, c.session, c.id);
+    // An upload under way is of one path: a chunk, a commit or a new
+    // begin under its id that names another is refused (a begin under the
+    // id with another path dropped the first's record and left its
+    // partial file for ever, and a commit counted bytes sent to another).
+    if let Some(of) = c.live.partial_of(&key) {
+        if of != recorded_partial(c.rel, &partial) {
+            return Err(upload_err(
+                c.id,
+                "it is under way for another file: send its chunks there, abort it there, or use another id",
+            ));
+        }
+    }
     let record = record_path(dir, c.agent, c.session, c.id);
     let target = rustix::fs::statat(c.parent, c.name, AtFlags::SYMLINK_NOFOLLOW);
     let gone = || {
@@ -295,10 +338,7 @@ pub fn chunk(dir: &Path, c: &Chunk<'_>) -> Result<(FsWritten, Option<CopiedBy>),
             session: c.session.into(),
             scope: c.scope,
             within: c.within.map(str::to_string),
-            partial: match c.rel.split() {
-                Some((p, _)) if p != "." => format!("{p}/{partial}"),
-                _ => partial.clone(),
-            },
+            partial: recorded_partial(c.rel, &partial),
         };
         c.live.begin(&key, c, rec.clone())?;
         let begun = begin(dir, &record, &rec, c, &partial);
@@ -386,14 +426,25 @@ pub fn chunk(dir: &Path, c: &Chunk<'_>) -> Result<(FsWritten, Option<CopiedBy>),
 pub fn abort(
     dir: &Path,
     live: &Live,
-    (agent, session, id): (&str, &str, &str),
+    (agent, session, id, scope): (&str, &str, &str, FsScope),
     rel: &Rel<'_>,
     parent: &OwnedFd,
     name: &str,
 ) -> Result<FsWritten, FilesError> {
     allox_protocol::validate_id("upload", id).map_err(|e| upload_err(id, e.to_string()))?;
-    live.forget(&format!("{agent}/{session}/{id}"));
-    let partial = partial_name(id, name);
+    let key = format!("{agent}/{session}/{id}");
+    let partial = partial_of(scope, (agent, session), id, name);
+    // Of its own path only (an abort naming another left the partial file
+    // with no record, for ever).
+    if let Some(of) = live.partial_of(&key) {
+        if of != recorded_partial(rel, &partial) {
+            return Err(upload_err(
+                id,
+                "it is under way for another file: abort it there",
+            ));
+        }
+    }
+    live.forget(&key);
     match rustix::fs::unlinkat(parent, partial.as_str(), AtFlags::empty()) {
         Ok(()) | Err(rustix::io::Errno::NOENT) => {}
         Err(e) => return Err(FilesError::from_errno("remove", rel.shown, e)),

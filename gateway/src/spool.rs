@@ -18,7 +18,9 @@
 use allox_client::client::Caller;
 use allox_client::files::{download_local_request, upload_from, upload_id, CopyError, Remote};
 use allox_client::ReconnectingClient;
-use allox_protocol::{CopiedBy, ErrorCode, FsCopied, FsUploadLocal, Request, Response, FS_CHUNK};
+use allox_protocol::{
+    CopiedBy, ErrorCode, FsCopied, FsUploadLocal, FsWrite, Request, Response, FS_CHUNK,
+};
 use bytes::Bytes;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -236,20 +238,25 @@ pub fn put(
         .take(FS_CHUNK)
         .read_to_end(&mut head)
         .map_err(local_err)?;
-    let mut in_frames = |src: &mut dyn Read| -> Result<Put, CopyError> {
+    fn in_frames(
+        daemon: &mut impl Caller,
+        src: &mut dyn Read,
+        name: &Path,
+        to: &Remote,
+    ) -> Result<Put, CopyError> {
         let w = upload_from(daemon, src, name, to)?;
         Ok((w.path, w.size, None))
-    };
+    }
     let local = match local {
         Some(l) if head.len() as u64 == FS_CHUNK && l.spool.takes_fds() => l,
-        _ => return in_frames(&mut io::Cursor::new(head).chain(body)),
+        _ => return in_frames(daemon, &mut io::Cursor::new(head).chain(body), name, to),
     };
     let mut file = match local.spool.file() {
         Ok(f) if local.spool.has_room(&f, SEGMENT) => f,
-        Ok(_) => return in_frames(&mut io::Cursor::new(head).chain(body)),
+        Ok(_) => return in_frames(daemon, &mut io::Cursor::new(head).chain(body), name, to),
         Err(e) => {
             tracing::warn!(spool = %local.spool.dir.display(), error = %e, "cannot spool a body; it goes in frames");
-            return in_frames(&mut io::Cursor::new(head).chain(body));
+            return in_frames(daemon, &mut io::Cursor::new(head).chain(body), name, to);
         }
     };
     let id = upload_id();
@@ -262,23 +269,46 @@ pub fn put(
             .unwrap_or_else(|_| Err(CopyError::Other("the passing of a body failed".into())));
         (spooled, passed)
     });
-    let (spooled, unwritten) = match (spooled?, passed?) {
+    // A body cut short (or a failure on the way) leaves what was passed an
+    // upload never committed: dropped on the daemon at once, so that it
+    // does not hold one of the session's few uploads under way until it
+    // is idle five minutes.
+    let abort = |daemon: &mut dyn Caller| {
+        let _ = daemon.call(Request::FsWrite(FsWrite {
+            scope: to.scope,
+            upload: Some(id.clone()),
+            abort: true,
+            ..FsWrite::whole(&to.agent, &to.session, &to.path, Vec::new())
+        }));
+    };
+    let (spooled, passed) = match (spooled, passed) {
+        (Ok(s), Ok(p)) => (s, p),
+        (Err(e), _) | (_, Err(e)) => {
+            abort(daemon);
+            return Err(e);
+        }
+    };
+    let (spooled, unwritten) = match (spooled, passed) {
         (Spooled::Whole, Passed::Done(x)) => return Ok((x.path, x.size, Some(x.by))),
         (Spooled::Whole, Passed::Stopped) => {
+            abort(daemon);
             return Err(CopyError::Other(format!(
                 "{}: the upload stopped before its commit",
                 to.path
-            )))
+            )));
         }
         (Spooled::Whole, Passed::NoFds) => (u64::MAX, Bytes::new()),
-        (Spooled::Partly { spooled, unwritten }, _) => (spooled, unwritten),
+        (Spooled::Partly { spooled, unwritten }, _) => {
+            abort(daemon);
+            (spooled, unwritten)
+        }
     };
     // The body in frames from its start: what was spooled, then the rest.
     // What was passed of it stays an upload never committed (abandoned
     // when idle).
     file.seek(SeekFrom::Start(0)).map_err(local_err)?;
     let mut src = (&file).take(spooled).chain(&unwritten[..]).chain(body);
-    in_frames(&mut src)
+    in_frames(daemon, &mut src, name, to)
 }
 
 /// How the spooling of a body ended.

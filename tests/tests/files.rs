@@ -974,6 +974,25 @@ fn a_watch_reports_a_run_s_changes_and_a_rollback() {
         (e["change"].as_str(), e["path"].as_str()),
         (Some("created"), Some("after"))
     );
+    // A write the moment `rolled_back` is read is reported: the new tree is
+    // watched before it is said (writes right after it were missed).
+    let mut c = d.daemon.client();
+    for i in 0..8 {
+        ctl_ok(&d, &["rollback", "a", "s", "empty"]);
+        while next()["change"] != "rolled_back" {}
+        let name = format!("right-after-{i}");
+        c.call(Request::FsWrite(FsWrite::whole("a", "s", &name, "x")))
+            .unwrap()
+            .unwrap();
+        loop {
+            let e = next();
+            assert_ne!(e["change"], "rolled_back", "round {i}: {name} not reported");
+            // (A whole-file write is made beside and renamed over.)
+            if e["path"] == name.as_str() || e["to"] == name.as_str() {
+                break;
+            }
+        }
+    }
     // The session deleted: the watch ends, saying so (it stayed open
     // about nothing, for ever).
     ctl_ok(&d, &["session", "delete", "a", "s", "--force"]);

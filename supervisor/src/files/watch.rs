@@ -379,6 +379,10 @@ impl Files<'_> {
         let _slot = self.watches.take(&r.agent_id, &r.session_id)?;
         let mut rollbacks = self.rollbacks.subscribe();
         let mut first = true;
+        // A rollback seen: said once the new tree is watched, so that every
+        // change after `rolled_back` is reported (writes right after it
+        // came before the new tree was watched, and were missed).
+        let mut rolled_back = false;
         let root_of = || {
             self.fs_root(
                 &r.agent_id,
@@ -410,6 +414,18 @@ impl Files<'_> {
                     escaped: false,
                 };
                 if sink.send(Event::Fs(ready)).await.is_err() {
+                    return Err(FilesError::SubscriberGone);
+                }
+            }
+            if std::mem::take(&mut rolled_back) {
+                let ev = FsEvent {
+                    change: FsChange::RolledBack,
+                    path: ".".into(),
+                    to: None,
+                    dir: true,
+                    escaped: false,
+                };
+                if sink.send(Event::Fs(ev)).await.is_err() {
                     return Err(FilesError::SubscriberGone);
                 }
             }
@@ -447,17 +463,8 @@ impl Files<'_> {
                             root_of()?;
                         }
                         if ours && r.scope == FsScope::Session {
-                            let ev = FsEvent {
-                                change: FsChange::RolledBack,
-                                path: ".".into(),
-                                to: None,
-                                dir: true,
-                                escaped: false,
-                            };
-                            if sink.send(Event::Fs(ev)).await.is_err() {
-                                return Err(FilesError::SubscriberGone);
-                            }
-                            // The new tree.
+                            // The new tree, then `rolled_back`.
+                            rolled_back = true;
                             break;
                         }
                     }

@@ -109,7 +109,7 @@ pub enum StoreError {
         session: String,
         turn: String,
     },
-    #[error("session {agent}/{session} holds {held} checkpoints and may hold at most {most} (the daemon's --session-checkpoints): {adding} more are refused; delete some (alloxctl checkpoint delete) or keep fewer turn checkpoints (alloxctl policy --keep-last)")]
+    #[error("{}", too_many_checkpoints(agent, session, *held, *adding, *most))]
     TooManyCheckpoints {
         agent: String,
         session: String,
@@ -161,6 +161,26 @@ pub enum StoreError {
         #[source]
         source: io::Error,
     },
+}
+
+/// The refusal of checkpoints past a session's budget: what to delete
+/// for a session that holds them, what is wrong for an archive that brings
+/// more than a session may hold.
+fn too_many_checkpoints(a: &str, s: &str, held: usize, adding: usize, most: usize) -> String {
+    let budget = format!("at most {most} (the daemon's --session-checkpoints)");
+    if held == 0 {
+        return format!(
+            "session {a}/{s} would hold {adding} checkpoints, and a session may hold {budget}: the archive brings too many"
+        );
+    }
+    let more = if adding == 1 {
+        "1 more is".to_string()
+    } else {
+        format!("{adding} more are")
+    };
+    format!(
+        "session {a}/{s} holds {held} checkpoints and may hold {budget}: {more} refused; delete some (alloxctl checkpoint delete) or keep fewer turn checkpoints (alloxctl policy --keep-last)"
+    )
 }
 
 impl StoreError {

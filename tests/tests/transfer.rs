@@ -1372,6 +1372,7 @@ fn a_session_holds_at_most_the_checkpoints_the_daemon_allows() {
         assert_eq!(e.code(), ErrorCode::Unavailable, "{what}: {msg}");
         assert!(
             msg.contains("a/s holds 3 checkpoints and may hold at most 3")
+                && msg.contains("1 more is refused")
                 && msg.contains("--session-checkpoints"),
             "{what}: {msg}"
         );
@@ -1435,7 +1436,8 @@ fn a_session_holds_at_most_the_checkpoints_the_daemon_allows() {
         .unwrap_err();
     let msg = e.chain();
     assert!(
-        msg.contains("b/s holds 0 checkpoints and may hold at most 3"),
+        msg.contains("b/s would hold 6 checkpoints, and a session may hold at most 3")
+            && msg.contains("the archive brings too many"),
         "import: {msg}"
     );
     assert!(st.session_info_of("b", "s").is_err());

@@ -812,6 +812,25 @@ fn watches_are_bounded_and_give_their_place_back() {
     }
 }
 
+type Lines = std::io::Lines<std::io::BufReader<std::process::ChildStdout>>;
+
+/// A recursive `alloxctl --json fs watch a s` once it is in place: the
+/// process and its lines.
+fn watching(d: &ProcDaemon) -> (std::process::Child, Lines) {
+    let (w, mut lines) = allox_integration::alloxctl_following(
+        &d.daemon.socket,
+        &["--json", "fs", "watch", "a", "s", "-r"],
+    );
+    assert_eq!(next_event(&mut lines)["change"], "ready");
+    (w, lines)
+}
+
+/// A watch's next event.
+fn next_event(lines: &mut Lines) -> serde_json::Value {
+    let l = lines.next().expect("the watch ended").unwrap();
+    serde_json::from_str(&l).unwrap()
+}
+
 /// A recursive watch past the directories it may cover (10,000) says so,
 /// once, naming the first one left out (it went silently blind: writes in
 /// later directories were never reported, the stream looking whole).
@@ -820,15 +839,8 @@ fn a_watch_past_the_directories_it_may_cover_says_so() {
     let Some(d) = setup("files_watch_capped", &[], 1024) else {
         return;
     };
-    let (mut w, mut lines) = allox_integration::alloxctl_following(
-        &d.daemon.socket,
-        &["--json", "fs", "watch", "a", "s", "-r"],
-    );
-    let mut next = || -> serde_json::Value {
-        let l = lines.next().expect("the watch ended").unwrap();
-        serde_json::from_str(&l).unwrap()
-    };
-    assert_eq!(next()["change"], "ready");
+    let (mut w, mut lines) = watching(&d);
+    let mut next = || next_event(&mut lines);
     let r = sh(
         &d,
         "mkdir deep && cd deep && python3 -c 'import os\nfor i in range(10050): os.mkdir(\"e%05d\" % i)'",
@@ -858,15 +870,8 @@ fn a_watch_reports_a_run_s_changes_and_a_rollback() {
         return;
     };
     ctl_ok(&d, &["checkpoint", "create", "a", "s", "empty"]);
-    let (mut w, mut lines) = allox_integration::alloxctl_following(
-        &d.daemon.socket,
-        &["--json", "fs", "watch", "a", "s", "-r"],
-    );
-    let mut next = || -> serde_json::Value {
-        let l = lines.next().expect("the watch ended").unwrap();
-        serde_json::from_str(&l).unwrap()
-    };
-    assert_eq!(next()["change"], "ready");
+    let (mut w, mut lines) = watching(&d);
+    let mut next = || next_event(&mut lines);
     // A run makes a directory, a file in it, renames and removes it. (A
     // new directory is watched once the supervisor sees it: what happens in
     // it before that and is gone by then cannot be seen; the pause gives

@@ -781,6 +781,24 @@ fn staging(d: &allox_integration::ProcDaemon) -> Vec<String> {
         .collect()
 }
 
+/// Ctrl-C to `pid` (an `alloxctl` importing into `d`) once its import has
+/// begun there.
+fn interrupt_once_importing(d: &allox_integration::ProcDaemon, pid: u32, what: &str) {
+    let t0 = std::time::Instant::now();
+    while staging(d).is_empty() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "{what}: no import began"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::INT,
+    )
+    .unwrap();
+}
+
 /// `alloxctl session import` interrupted (Ctrl-C) drops its import on the
 /// daemon and exits 130: nothing of it is left to hold one of the
 /// daemon's few import slots for five idle minutes (four interrupted
@@ -813,19 +831,7 @@ fn an_interrupted_import_is_dropped_on_the_daemon() {
     let mut input = import.stdin.take().unwrap();
     input.write_all(&archive[..archive.len() / 2]).unwrap();
     input.flush().unwrap();
-    let t0 = std::time::Instant::now();
-    while staging(&b).is_empty() {
-        assert!(
-            t0.elapsed() < std::time::Duration::from_secs(20),
-            "no import began"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(import.id() as i32).unwrap(),
-        rustix::process::Signal::INT,
-    )
-    .unwrap();
+    interrupt_once_importing(&b, import.id(), "the import");
     let status = import.wait().unwrap();
     drop(input);
     let mut err = String::new();
@@ -863,19 +869,7 @@ fn an_interrupted_import_is_dropped_on_the_daemon() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        let t0 = std::time::Instant::now();
-        while staging(&b).is_empty() {
-            assert!(
-                t0.elapsed() < std::time::Duration::from_secs(20),
-                "round {round}: no import began"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        rustix::process::kill_process(
-            rustix::process::Pid::from_raw(mv.id() as i32).unwrap(),
-            rustix::process::Signal::INT,
-        )
-        .unwrap();
+        interrupt_once_importing(&b, mv.id(), &format!("round {round}'s move"));
         let out = mv.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(130), "round {round}: {err}");

@@ -368,21 +368,6 @@ impl Files<'_> {
             return Err(FilesError::FollowNeedsStream);
         };
         let rel = Rel::parse(&r.path)?;
-        self.fs_root(
-            &r.agent_id,
-            &r.session_id,
-            r.scope,
-            None,
-            &super::ResolvedBelow::ScopeRoot,
-        )?;
-        // Held until the watch ends, whichever way.
-        let _slot = self.watches.take(&r.agent_id, &r.session_id)?;
-        let mut rollbacks = self.rollbacks.subscribe();
-        let mut first = true;
-        // A rollback seen: said once the new tree is watched, so that every
-        // change after `rolled_back` is reported (writes right after it
-        // came before the new tree was watched, and were missed).
-        let mut rolled_back = false;
         let root_of = || {
             self.fs_root(
                 &r.agent_id,
@@ -392,6 +377,15 @@ impl Files<'_> {
                 &super::ResolvedBelow::ScopeRoot,
             )
         };
+        root_of()?;
+        // Held until the watch ends, whichever way.
+        let _slot = self.watches.take(&r.agent_id, &r.session_id)?;
+        let mut rollbacks = self.rollbacks.subscribe();
+        let mut first = true;
+        // A rollback seen: said once the new tree is watched, so that every
+        // change after `rolled_back` is reported (writes right after it
+        // came before the new tree was watched, and were missed).
+        let mut rolled_back = false;
         loop {
             let root = root_of()?;
             let dir = root.open(&rel, OFlags::RDONLY | OFlags::DIRECTORY)?;

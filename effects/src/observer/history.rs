@@ -35,11 +35,16 @@ impl Loaded {
         // and drops are other observers' to leave out (they read the
         // descriptors of every observer listed).
         register(registry, &std::process::id().to_string(), &[], &[], &[])?;
-        let loaded = if lsm {
-            Programs::load(ring_bytes)
-        } else {
-            Programs::load_without_lsm(ring_bytes)
-        };
+        let loaded = load_settled(
+            || {
+                if lsm {
+                    Programs::load(ring_bytes)
+                } else {
+                    Programs::load_without_lsm(ring_bytes)
+                }
+            },
+            Programs::objects,
+        );
         let p = loaded.map_err(|e| format!("load the history's programs: {}", chain(&e)))?;
         let o = p.objects();
         register(
@@ -266,6 +271,57 @@ pub fn process_event(
         signal,
         evicted: None,
     })
+}
+
+/// The longest wait for the BPF objects a load made and dropped on its
+/// way to be gone ([`load_settled`]).
+pub const TRANSIENT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Runs `load`, which makes BPF objects (those `own` lists, and the ones
+/// aya's feature probes make and drop on the way), and then waits, for at
+/// most [`TRANSIENT_WAIT`], until every object made meanwhile that `own`
+/// does not list is gone again. The caller holds the registry's lock
+/// exclusively throughout, so no capture lists one of those. (A probe's
+/// map is used by a probe program, and the kernel frees it only after
+/// that program, an RCU grace period and a work item after its last
+/// descriptor closed: without the wait a capture taken just after the
+/// lock listed it, as made by no one it knows.) An object still there
+/// after the wait is left alone: then it is not the load's own but
+/// another's, made meanwhile, which is not this to hide.
+pub fn load_settled<T, E>(
+    load: impl FnOnce() -> Result<T, E>,
+    own: impl Fn(&T) -> allox_ebpf_probes::BpfObjects,
+) -> Result<T, E> {
+    use allox_ebpf_probes::BpfObjects;
+    let before = BpfObjects::loaded();
+    let loaded = load();
+    let mine = loaded.as_ref().map(&own).unwrap_or_default();
+    // What the load made and did not keep, as the kernel lists it just
+    // after: only these are waited for (one made since is another's).
+    let after = BpfObjects::loaded();
+    let left = |kind: fn(&BpfObjects) -> &Vec<u32>| -> Vec<u32> {
+        kind(&after)
+            .iter()
+            .filter(|id| kind(&before).binary_search(id).is_err() && !kind(&mine).contains(id))
+            .copied()
+            .collect()
+    };
+    let waited = [left(|o| &o.progs), left(|o| &o.maps), left(|o| &o.links)];
+    let until = std::time::Instant::now() + TRANSIENT_WAIT;
+    let mut now = after;
+    while std::time::Instant::now() < until {
+        let lists = [&now.progs, &now.maps, &now.links];
+        let gone = waited
+            .iter()
+            .zip(lists)
+            .all(|(w, l)| w.iter().all(|id| l.binary_search(id).is_err()));
+        if gone {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        now = BpfObjects::loaded();
+    }
+    loaded
 }
 
 /// Whether `pid` is an observer: a process run from a sealed

@@ -975,11 +975,18 @@ impl Plugin for SystemEffects {
         // Loaded and listed under the observers' registry lock, as an
         // observer loads: no observer's capture lists them meanwhile.
         let made = allox_effects::observer::history::lock_registry(&registry, true);
-        let probe = if es.without_lsm {
-            allox_ebpf_probes::History::load_without_lsm(4096)
-        } else {
-            allox_ebpf_probes::History::load(4096)
-        };
+        // (What aya's probes make and drop on the way is gone before the
+        // lock is let go.)
+        let probe = allox_effects::observer::history::load_settled(
+            || {
+                if es.without_lsm {
+                    allox_ebpf_probes::History::load_without_lsm(4096)
+                } else {
+                    allox_ebpf_probes::History::load(4096)
+                }
+            },
+            allox_ebpf_probes::History::objects,
+        );
         if let Ok(h) = &probe {
             // Its objects outlive the drop by a moment: listed, so that
             // no observer counts them.

@@ -58,7 +58,7 @@ impl Default for GatewayMetrics {
         );
         registry.register(
             "daemon_up",
-            "1 if the daemon gave its metrics for this scrape, 0 if it could not",
+            "1 if the daemon answered this scrape (with its metrics unless it runs with --no-metrics), 0 if it did not answer",
             daemon_up.clone(),
         );
         GatewayMetrics {
@@ -102,15 +102,19 @@ pub async fn scrape(daemon: &Daemon, m: &GatewayMetrics) -> HttpResponse {
     let call = daemon.call(allox_protocol::Request::SystemMetrics(
         allox_protocol::SystemMetricsRequest {},
     ));
-    let daemon = match tokio::time::timeout(DAEMON_WAIT, call).await {
-        Ok(Ok(Ok(allox_protocol::Response::Metrics(m)))) => Some(m.text),
+    // Up: the daemon answered, with its metrics or with a refusal (a
+    // daemon run with `--no-metrics` refuses them and is up all the same).
+    let (up, daemon) = match tokio::time::timeout(DAEMON_WAIT, call).await {
+        Ok(Ok(Ok(allox_protocol::Response::Metrics(m)))) => (true, Some(m.text)),
         Ok(Ok(Err(e))) => {
-            tracing::warn!(code = e.code.as_str(), why = %e.message, "the daemon refused system.metrics");
-            None
+            if e.code != allox_protocol::ErrorCode::Unsupported {
+                tracing::warn!(code = e.code.as_str(), why = %e.message, "the daemon refused system.metrics");
+            }
+            (true, None)
         }
-        _ => None,
+        _ => (false, None),
     };
-    m.daemon_up.set(daemon.is_some() as i64);
+    m.daemon_up.set(up as i64);
     let mut text = daemon
         .as_deref()
         .map(|t| t.strip_suffix("# EOF\n").unwrap_or(t).to_owned())

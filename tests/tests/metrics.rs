@@ -468,6 +468,42 @@ fn a_real_prometheus_scrapes_every_family_with_the_values_the_workload_implies()
     );
 }
 
+/// `allox_gateway_daemon_up` says whether the daemon answered the scrape:
+/// 1 for a daemon run with `--no-metrics` (it answers, refusing its
+/// metrics: the page then holds the gateway's alone), 0 once it is
+/// stopped. (Before, it was 0 under `--no-metrics`, as if the daemon
+/// were down.)
+#[test]
+fn the_gateway_says_a_daemon_without_metrics_is_up_and_a_stopped_one_down() {
+    let name = "metrics::the_gateway_says_a_daemon_without_metrics_is_up";
+    if !require(name) {
+        return;
+    }
+    if !allox_integration::needs(name, which("curl").is_none().then(|| "curl".to_string())) {
+        return;
+    }
+    let mut d = ProcDaemon::start("metrics_off_up", &["--no-metrics"]);
+    let gw = Gateway::start(&d.daemon.socket, &["--metrics-listen", "127.0.0.1:0"]);
+    let url = format!(
+        "http://{}/metrics",
+        gw.metrics_addr.expect("a metrics address")
+    );
+    let up = |body: &str| -> Option<String> {
+        body.lines()
+            .find_map(|l| l.strip_prefix("allox_gateway_daemon_up "))
+            .map(str::to_string)
+    };
+    let (code, body) = curl(&[&url]);
+    assert_eq!(code, "200", "{body}");
+    assert_eq!(up(&body).as_deref(), Some("1"), "{body}");
+    // The daemon's own families are not there: it gave none.
+    assert!(!body.contains("allox_sessions"), "{body}");
+    d.daemon.terminate();
+    let (code, body) = curl(&[&url]);
+    assert_eq!(code, "200", "{body}");
+    assert_eq!(up(&body).as_deref(), Some("0"), "{body}");
+}
+
 /// Every query of a Grafana dashboard, after checking what Grafana needs
 /// of each panel: a unique id, a place on the 24-column grid, the
 /// dashboard's data source, and (but rows) targets with a query.

@@ -261,19 +261,6 @@ enum Ours {
     Pty(OwnedFd),
 }
 
-/// The master side of a terminal run's terminal, sent by its PID 1.
-pub(crate) fn receive_master(sock: &OwnedFd) -> Result<OwnedFd, String> {
-    let mut buf = Vec::new();
-    match wire::recv(sock.as_fd(), &mut buf) {
-        Ok(Some(fds)) => fds
-            .into_iter()
-            .next()
-            .ok_or_else(|| "the run sent no terminal".to_string()),
-        Ok(None) => Err("the run ended before it had a terminal".to_string()),
-        Err(e) => Err(format!("receive the run's terminal: {e}")),
-    }
-}
-
 impl Drop for Context {
     fn drop(&mut self) {
         let _ = rustix::process::pidfd_send_signal(&self.pidfd, rustix::process::Signal::KILL);

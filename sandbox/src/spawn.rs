@@ -53,7 +53,16 @@ impl Terminal {
     /// in a frozen cgroup sends nothing before it is thawed, so that is
     /// done first.
     pub fn receive(self) -> Result<OwnedFd, String> {
-        crate::context::receive_master(&self.0)
+        use rustix::fd::AsFd;
+        let mut buf = Vec::new();
+        match super::wire::recv(self.0.as_fd(), &mut buf) {
+            Ok(Some(fds)) => fds
+                .into_iter()
+                .next()
+                .ok_or_else(|| "the run sent no terminal".to_string()),
+            Ok(None) => Err("the run ended before it had a terminal".to_string()),
+            Err(e) => Err(format!("receive the run's terminal: {e}")),
+        }
     }
 }
 

@@ -262,9 +262,24 @@ pub struct Broker {
     /// nothing of a deleted session's connections stays open (`None`: they
     /// end only by themselves).
     pub ended: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Told of the bytes each allowed connection moves as they move (sent
+    /// to the server, received from it), so that a long connection's
+    /// bytes are counted while it lasts, not only at its end (`None`:
+    /// nobody is told).
+    pub tally: Option<Tally>,
 }
 
+/// A broker's [`Broker::tally`]: bytes sent, bytes received.
+pub type Tally = Arc<dyn Fn(u64, u64) + Send + Sync>;
+
 impl Broker {
+    /// Tells the broker's tally of bytes moved.
+    fn tally(&self, sent: u64, received: u64) {
+        if let Some(t) = &self.tally {
+            t(sent, received);
+        }
+    }
+
     /// Resolves when the session has ended.
     fn session_ended(&self) -> impl std::future::Future<Output = ()> + use<> {
         let ended = self.ended.clone();
@@ -382,8 +397,11 @@ impl Broker {
                 // Counted as the server got them (a forwarded head as
                 // rewritten).
                 attempt.sent = rest.len() as u64 + head.len() as u64;
+                self.tally(attempt.sent, 0);
                 opened(&attempt);
-                let (up, down) = crate::relay::relay(client, server, self.session_ended()).await;
+                let tally = |sent, received| self.tally(sent, received);
+                let (up, down) =
+                    crate::relay::relay(client, server, self.session_ended(), &tally).await;
                 attempt.sent += up;
                 attempt.received = down;
                 attempt
@@ -551,8 +569,10 @@ impl Broker {
             return attempt;
         }
         attempt.sent = (head.len() + rest.len()) as u64;
+        self.tally(attempt.sent, 0);
         opened(&attempt);
-        let (up, down) = copy_both(tls, upstream, self.session_ended()).await;
+        let tally = |sent, received| self.tally(sent, received);
+        let (up, down) = copy_both(tls, upstream, self.session_ended(), &tally).await;
         attempt.sent += up;
         attempt.received = down;
         attempt
@@ -626,7 +646,12 @@ impl Broker {
 /// Copies both ways between two streams until both are done; a stream
 /// that ends without TLS's closing message (as many servers do) counts as
 /// ended. Returns the bytes from `a` to `b`, and back.
-async fn copy_both<A, B>(a: A, b: B, ended: impl std::future::Future) -> (u64, u64)
+async fn copy_both<A, B>(
+    a: A,
+    b: B,
+    ended: impl std::future::Future,
+    tally: &(dyn Fn(u64, u64) + Sync),
+) -> (u64, u64)
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
@@ -635,10 +660,11 @@ where
     let (mut br, mut bw) = tokio::io::split(b);
     let (mut up, mut down) = (0u64, 0u64);
     {
+        let (to_b, to_a) = (|n| tally(n, 0), |n| tally(0, n));
         let both = async {
             tokio::join!(
-                one_way(&mut ar, &mut bw, &mut up),
-                one_way(&mut br, &mut aw, &mut down)
+                one_way(&mut ar, &mut bw, &mut up, &to_b),
+                one_way(&mut br, &mut aw, &mut down, &to_a)
             )
         };
         // The session's end drops both streams (closing them) once this
@@ -651,7 +677,7 @@ where
     (up, down)
 }
 
-async fn one_way<R, W>(r: &mut R, w: &mut W, moved: &mut u64)
+async fn one_way<R, W>(r: &mut R, w: &mut W, moved: &mut u64, tally: &(dyn Fn(u64) + Sync))
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -666,6 +692,7 @@ where
             break;
         }
         *moved += n as u64;
+        tally(n as u64);
     }
     let _ = w.shutdown().await;
 }

@@ -27,11 +27,25 @@ const PIPE: usize = 1024 * 1024;
 
 /// Relays between `a` and `b` until both directions are done, or until
 /// `ended` (the session's end: both are then shut down, however far they
-/// were); returns the bytes from `a` to `b` and from `b` to `a`.
-pub async fn relay(a: TcpStream, b: TcpStream, ended: impl std::future::Future) -> (u64, u64) {
+/// were); returns the bytes from `a` to `b` and from `b` to `a`. `tally`
+/// is told of them as they move (from `a` to `b`, from `b` to `a`), so
+/// that a long connection is counted while it lasts.
+pub async fn relay(
+    a: TcpStream,
+    b: TcpStream,
+    ended: impl std::future::Future,
+    tally: &(dyn Fn(u64, u64) + Sync),
+) -> (u64, u64) {
     let (mut up, mut down) = (0u64, 0u64);
     {
-        let both = async { tokio::join!(direction(&a, &b, &mut up), direction(&b, &a, &mut down)) };
+        let to_b = |n| tally(n, 0);
+        let to_a = |n| tally(0, n);
+        let both = async {
+            tokio::join!(
+                direction(&a, &b, &mut up, &to_b),
+                direction(&b, &a, &mut down, &to_a)
+            )
+        };
         tokio::select! {
             _ = both => {}
             _ = ended => {
@@ -44,9 +58,14 @@ pub async fn relay(a: TcpStream, b: TcpStream, ended: impl std::future::Future) 
 }
 
 /// Copies `from` to `to` until `from` ends, counting the bytes moved in
-/// `moved`.
-async fn direction(from: &TcpStream, to: &TcpStream, moved: &mut u64) {
-    match pump(from, to, moved).await {
+/// `moved` and telling `tally` of them.
+async fn direction(
+    from: &TcpStream,
+    to: &TcpStream,
+    moved: &mut u64,
+    tally: &(dyn Fn(u64) + Sync),
+) {
+    match pump(from, to, moved, tally).await {
         Ok(()) => {
             let _ = rustix::net::shutdown(to.as_fd(), Shutdown::Write);
         }
@@ -78,7 +97,12 @@ const NONBLOCK_MOVE: SpliceFlags = SpliceFlags::MOVE.union(SpliceFlags::NONBLOCK
 
 /// The loop of [`direction`]: `Ok` at `from`'s end of stream, `Err` when
 /// either side fails.
-async fn pump(from: &TcpStream, to: &TcpStream, moved: &mut u64) -> io::Result<()> {
+async fn pump(
+    from: &TcpStream,
+    to: &TcpStream,
+    moved: &mut u64,
+    tally: &(dyn Fn(u64) + Sync),
+) -> io::Result<()> {
     let mut pipe: Option<Pipe> = None;
     loop {
         from.readable().await?;
@@ -105,6 +129,7 @@ async fn pump(from: &TcpStream, to: &TcpStream, moved: &mut u64) -> io::Result<(
                 Ok(m) => {
                     left -= m;
                     *moved += m as u64;
+                    tally(m as u64);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -179,7 +204,7 @@ mod tests {
         // client <-> (a relay b) <-> server
         let (mut client, a) = pair().await;
         let (b, mut server) = pair().await;
-        let relayed = tokio::spawn(relay(a, b, std::future::pending::<()>()));
+        let relayed = tokio::spawn(relay(a, b, std::future::pending::<()>(), &uncounted));
         let up: Vec<u8> = (0..5_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
         let down: Vec<u8> = (0..3_000_001u32).map(|i| (i * 13 % 241) as u8).collect();
         let (u, d) = (up.clone(), down.clone());
@@ -204,7 +229,7 @@ mod tests {
     async fn dropping_the_relay_ends_both_connections() {
         let (mut client, a) = pair().await;
         let (b, mut server) = pair().await;
-        let relayed = tokio::spawn(relay(a, b, std::future::pending::<()>()));
+        let relayed = tokio::spawn(relay(a, b, std::future::pending::<()>(), &uncounted));
         client.write_all(b"ping").await.unwrap();
         let mut buf = [0u8; 4];
         server.read_exact(&mut buf).await.unwrap();
@@ -232,16 +257,39 @@ mod tests {
         let (mut client, a) = pair().await;
         let (b, mut server) = pair().await;
         let (end, mut ended) = tokio::sync::watch::channel(false);
-        let relayed = tokio::spawn(relay(a, b, async move {
-            let _ = ended.wait_for(|e| *e).await;
-        }));
+        let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let tallied = sent.clone();
+        let relayed = tokio::spawn(async move {
+            let tally = |up: u64, down: u64| {
+                assert_eq!(down, 0);
+                tallied.fetch_add(up, std::sync::atomic::Ordering::Relaxed);
+            };
+            let ended = async move {
+                let _ = ended.wait_for(|e| *e).await;
+            };
+            relay(a, b, ended, &tally).await
+        });
         client.write_all(b"ping").await.unwrap();
         client.shutdown().await.unwrap();
         let mut buf = [0u8; 4];
         server.read_exact(&mut buf).await.unwrap();
-        // The server holds its side open: the relay waits, as it should.
+        // The server holds its side open: the relay waits, as it should,
+        // and the bytes it moved are told of meanwhile.
         let waiting = tokio::time::timeout(std::time::Duration::from_millis(200), async {}).await;
         assert!(waiting.is_ok() && !relayed.is_finished());
+        // (Told just after the bytes reached the server, maybe a moment
+        // after it read them.)
+        let told = async {
+            while sent.load(std::sync::atomic::Ordering::Relaxed) < 4 {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        };
+        let told = tokio::time::timeout(std::time::Duration::from_secs(5), told).await;
+        assert!(
+            told.is_ok() && !relayed.is_finished(),
+            "not told while relaying"
+        );
+        assert_eq!(sent.load(std::sync::atomic::Ordering::Relaxed), 4);
         end.send_replace(true);
         let moved = tokio::time::timeout(std::time::Duration::from_secs(5), relayed)
             .await
@@ -255,6 +303,9 @@ mod tests {
         );
         assert!(s.await.is_ok(), "the server's side was left open");
     }
+
+    /// A relay's tally that counts nothing.
+    fn uncounted(_: u64, _: u64) {}
 
     /// This process's thread count.
     fn threads() -> usize {
@@ -274,7 +325,12 @@ mod tests {
         for _ in 0..200 {
             let (mut client, a) = pair().await;
             let (b, mut server) = pair().await;
-            relays.push(tokio::spawn(relay(a, b, std::future::pending::<()>())));
+            relays.push(tokio::spawn(relay(
+                a,
+                b,
+                std::future::pending::<()>(),
+                &uncounted,
+            )));
             // Each moves a little, then idles.
             client.write_all(b"x").await.unwrap();
             let mut one = [0u8; 1];

@@ -1024,3 +1024,101 @@ fn a_loopback_port_an_allow_rule_names_is_reached_through_the_proxy() {
         "{records:?}"
     );
 }
+
+/// The bytes of a connection the proxy relays are counted as they move:
+/// a download held open half-way shows its first half in
+/// `allox_network_bytes_total` while it lasts, not only once it ends.
+/// (Before, a connection's bytes were counted at its end: a session could
+/// move gigabytes on one long connection with the metrics showing none.)
+#[test]
+fn a_long_connection_s_bytes_are_counted_while_it_lasts() {
+    let name = "network::a_long_connection_s_bytes_are_counted_while_it_lasts";
+    if !needs(name, &["curl"]) {
+        return;
+    }
+    const HALF: usize = 1024 * 1024;
+    // A server that sends half of its answer, then waits to be let go on.
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (go_on, wait) = std::sync::mpsc::channel::<()>();
+    let server = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut c, _) = listener.accept().unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && c.read(&mut byte).unwrap() == 1 {
+            head.push(byte[0]);
+        }
+        let body = vec![b'x'; HALF];
+        let answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", 2 * HALF);
+        c.write_all(answer.as_bytes()).unwrap();
+        c.write_all(&body).unwrap();
+        let _ = wait.recv();
+        let _ = c.write_all(&body);
+    });
+    let local = format!("127.0.0.1:{port}");
+    let dns = DnsStub::start(HashMap::new()).unwrap();
+    let d = daemon("network_long", &dns, &[], &["--session-network", "proxy"]);
+    ctl_ok(&d, &["agent", "create", "a"]);
+    ctl_ok(&d, &["session", "create", "a", "s", "--allow", &local]);
+    let received = || -> u64 {
+        ctl_ok(&d, &["metrics"])
+            .lines()
+            .find_map(|l| l.strip_prefix("allox_network_bytes_total{direction=\"received\"} "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
+    };
+    assert_eq!(received(), 0);
+    let p = ProcessStart {
+        wait: false,
+        ..start(
+            "a",
+            "s",
+            &[
+                "curl",
+                "-sS",
+                "-o",
+                "/dev/null",
+                &format!("http://{local}/"),
+            ],
+        )
+    };
+    let run = match call(&d, Request::ProcessStart(p)) {
+        Ok(Response::Started(r)) => r.run_id,
+        other => panic!("{other:?}"),
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut seen = received();
+    while seen < HALF as u64 && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        seen = received();
+    }
+    // The connection is still open (the server holds its second half).
+    let live = ctl_ok(&d, &["--json", "ps", "a", "s"]);
+    assert!(live.contains(&run), "the download ended early: {live}");
+    assert!(
+        (HALF as u64..2 * HALF as u64).contains(&seen),
+        "received while the connection lasts: {seen} bytes, not its first {HALF}"
+    );
+    go_on.send(()).unwrap();
+    server.join().unwrap();
+    let r = match call(
+        &d,
+        Request::ProcessWait(ProcessWait {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: run.clone(),
+            timeout_ms: Some(60_000),
+        }),
+    ) {
+        Ok(Response::Exited(r)) => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    // Counted once: the whole answer, its head besides.
+    let all = received();
+    assert!(
+        (2 * HALF as u64..2 * HALF as u64 + 200).contains(&all),
+        "{all}"
+    );
+}

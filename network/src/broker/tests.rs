@@ -88,6 +88,7 @@ fn broker(dns: SocketAddr) -> Broker {
         own: Arc::new(OwnAddresses::new()),
         upstream_tls: Err("no interception in this test".into()),
         ended: None,
+        tally: None,
     }
 }
 

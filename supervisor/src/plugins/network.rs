@@ -366,6 +366,7 @@ impl Plugin for Network {
             own: st.own.clone(),
             upstream_tls: st.upstream_tls.clone(),
             ended: Some(end_rx),
+            tally: Some(st.metrics.tally()),
         };
         let served = Arc::new(proxy::SessionProxy::new(
             st.clone(),

@@ -68,19 +68,36 @@ impl NetMetrics {
         n
     }
 
-    /// A connection served: allowed or not, and its bytes each way.
-    pub(super) fn connection(&self, allowed: bool, sent: u64, received: u64) {
+    /// A connection served: allowed or not (its bytes are counted as they
+    /// move: [`NetMetrics::tally`]).
+    pub(super) fn connection(&self, allowed: bool) {
         let verdict = if allowed { "allowed" } else { "denied" };
         self.connections
             .get_or_create(&VerdictLabel { verdict })
             .inc();
-        for (direction, n) in [("sent", sent), ("received", received)] {
-            if n > 0 {
-                self.bytes
-                    .get_or_create(&DirectionLabel { direction })
-                    .inc_by(n);
+    }
+
+    /// A broker's tally: the bytes its connections move, counted as they
+    /// move, so that a long connection shows while it lasts.
+    pub(super) fn tally(&self) -> allox_network::broker::Tally {
+        let sent = self
+            .bytes
+            .get_or_create(&DirectionLabel { direction: "sent" })
+            .clone();
+        let received = self
+            .bytes
+            .get_or_create(&DirectionLabel {
+                direction: "received",
+            })
+            .clone();
+        Arc::new(move |s: u64, r: u64| {
+            if s > 0 {
+                sent.inc_by(s);
             }
-        }
+            if r > 0 {
+                received.inc_by(r);
+            }
+        })
     }
 
     /// A connection refused over a budget.

@@ -259,10 +259,7 @@ pub(super) async fn serve(l: tokio::net::TcpListener, proxy: Arc<SessionProxy>) 
                 proxy.record(r);
             };
             let a = proxy.broker.serve(conn, &policy, &secrets, &opened).await;
-            proxy
-                .started
-                .metrics
-                .connection(a.allowed, a.sent, a.received);
+            proxy.started.metrics.connection(a.allowed);
             proxy.record(attempt_record(run_id, &a));
         });
     }

@@ -113,6 +113,7 @@ async fn broker(
         own: Arc::new(OwnAddresses::new()),
         upstream_tls: Ok(upstream),
         ended: None,
+        tally: None,
     };
     let secrets = Arc::new(secrets);
     tokio::spawn(async move {

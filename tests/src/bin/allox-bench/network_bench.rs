@@ -66,6 +66,7 @@ async fn broker_for(server: SocketAddr) -> SocketAddr {
         own: Arc::new(OwnAddresses::new()),
         upstream_tls: Err("not measured here".into()),
         ended: None,
+        tally: None,
     };
     tokio::spawn(async move {
         while let Ok((c, _)) = l.accept().await {

@@ -158,7 +158,17 @@ impl Index {
     }
 
     fn open_db(path: &Path) -> Result<Database, IndexError> {
-        let db = Database::create(path)?;
+        // As `Database::create`, on a file that is never made shorter: the
+        // room kept past its end stays ([`crate::kept_file`]).
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .and_then(crate::kept_file::KeptFile::new)
+            .map_err(|e| IndexError::Db(redb::Error::Io(e)))?;
+        let db = redb::Builder::new().create_with_backend(file)?;
         let mut w = db.begin_write()?;
         // Creating the tables need not be durable by itself: lost, they are
         // made again at the next open, and every later durable commit

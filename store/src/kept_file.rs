@@ -216,7 +216,11 @@ mod tests {
             assert_eq!(all(&db).len(), 10);
             drop(db);
             // Closing trims redb's file: this one keeps its length.
-            assert_eq!(std::fs::metadata(&path).unwrap().len(), longest, "round {round}");
+            assert_eq!(
+                std::fs::metadata(&path).unwrap().len(),
+                longest,
+                "round {round}"
+            );
         }
         // A plain redb file shrinks where this one does not (the control).
         let plain = dir.path().join("plain.redb");

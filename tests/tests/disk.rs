@@ -357,7 +357,11 @@ fn a_full_filesystem_leaves_checkpoints_rollbacks_and_the_audit_working() {
         ) else {
             panic!("checkpoint.list")
         };
-        let ids: Vec<&str> = l.checkpoints.iter().map(|c| c.checkpoint_id.as_str()).collect();
+        let ids: Vec<&str> = l
+            .checkpoints
+            .iter()
+            .map(|c| c.checkpoint_id.as_str())
+            .collect();
         assert_eq!(
             ids,
             ["base", "on-full", "restarted0", "restarted1", "restarted2"],

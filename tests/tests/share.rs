@@ -971,3 +971,83 @@ fn a_writer_s_uploads_are_charged_to_it_and_are_its_own() {
         "the deleted caller's uploads are left in the target"
     );
 }
+
+/// A disk filled by an agent: the daemon with the plugin restarts (its
+/// entry point is not rewritten: it was, truncated, and a write that
+/// failed stopped the daemon), every access to another session's files is
+/// recorded in `share-audit.log` (its room kept, as the daemon's own audit
+/// log's) or refused, never served unrecorded, and the host's choice that
+/// cannot be kept says `unavailable`, leaving nothing half-written beside
+/// the choices' file.
+#[test]
+fn on_a_full_disk_the_daemon_starts_and_no_access_goes_unrecorded() {
+    let Some(mut d) = setup(
+        "on_a_full_disk_the_daemon_starts_and_no_access_goes_unrecorded",
+        &["--share-tools"],
+    ) else {
+        return;
+    };
+    ok(
+        &d,
+        B,
+        "echo 'findings: 3' > report.txt && allox share enable",
+    );
+    ok(&d, A, "allox share enable");
+    let state = d.daemon.root.join("state");
+    let shim = std::fs::read(state.join("share.py")).unwrap();
+    // The disk filled (as a session's own files would fill it), to the
+    // last small write.
+    let fill = current(&d, ("agent-c", "s"));
+    let big = vec![7u8; 8 << 20];
+    let mut i = 0;
+    while std::fs::write(fill.join(format!("f{i}")), &big).is_ok() {
+        i += 1;
+        assert!(i < 200, "the disk never filled");
+    }
+    for j in 0..100_000 {
+        if std::fs::write(fill.join(format!("s{j}")), [1u8; 4096]).is_err() {
+            break;
+        }
+    }
+    d.restart(&["--share-tools"]);
+    assert_eq!(std::fs::read(state.join("share.py")).unwrap(), shim);
+    let read = format!("allox share read {B_TARGET} report.txt");
+    for _ in 0..20 {
+        let before = share_audit(&d).len();
+        let r = sh(&d, A, &read);
+        let after = share_audit(&d);
+        if r.exit_code == Some(0) {
+            assert_eq!(r.stdout, "findings: 3\n");
+            assert_eq!(after.len(), before + 1, "a read served unrecorded");
+            let last = after.last().unwrap();
+            assert_eq!(
+                (
+                    last.route.as_str(),
+                    last.target.as_str(),
+                    last.path.as_deref()
+                ),
+                ("share.read", B_TARGET, Some("report.txt"))
+            );
+        } else {
+            assert!(
+                r.stderr.contains("allox: unavailable: ")
+                    && r.stderr.contains("cannot be recorded"),
+                "{r:?}"
+            );
+            assert!(!r.stdout.contains("findings"), "{r:?}");
+        }
+    }
+    // The host's choice: recorded, or refused as unavailable naming the
+    // file, with no temporary file left.
+    let (code, _, err) = alloxctl(
+        &d.daemon.socket,
+        &["share", "session", "agent-b", "session-1", "off"],
+    );
+    if code != 0 {
+        assert!(
+            err.contains("unavailable") && err.contains("share.json"),
+            "{err}"
+        );
+    }
+    assert!(!state.join("share.json.tmp").exists());
+}

@@ -294,8 +294,22 @@ pub fn write_shim(path: &std::path::Path, command: &str) -> std::io::Result<()> 
          \n\
          os.execv({SANDBOX_CLIENT:?}, [\"allox\", {command:?}] + sys.argv[1:])\n"
     );
-    std::fs::write(path, text)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+    // Already there as it should be (each start after the first): left
+    // alone, so a start on a full disk writes nothing. Else written beside
+    // it and renamed over it, so a failed write leaves what was there.
+    if std::fs::read(path).is_ok_and(|t| t == text.as_bytes()) {
+        return std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644));
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let written = std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// A directory of a session's own files, reached for another session (a

@@ -92,6 +92,11 @@ impl<R: Numbered> Records<R> {
 
     /// [`Records::open`], rotated past `max_bytes`: renamed `NAME.1`
     /// (replacing the one before), a new file begun.
+    /// The file the records are appended to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     pub fn open_rotating(path: &Path, max_bytes: Option<u64>) -> std::io::Result<Records<R>> {
         Records::open_with(path, None, max_bytes)
     }

@@ -232,14 +232,15 @@ impl Started {
         let info = saved.effective(a, s, created);
         if let Err(e) = saved.save(&self.path) {
             let why = format!("cannot record the choice in {}: {e}", self.path.display());
+            let code = save_error_code(&e);
             if turning_off {
                 return Err(ErrorBody::new(
-                    ErrorCode::Internal,
-                    format!("sharing of {a}/{s} is off now, but {why}; it may be on again after a restart"),
+                    code,
+                    format!("sharing of {a}/{s} is off now, but {why}; it may be on again after a restart: turn it off again once there is room"),
                 ));
             }
             *saved = before;
-            return Err(ErrorBody::new(ErrorCode::Internal, why));
+            return Err(ErrorBody::new(code, why));
         }
         Ok(info)
     }
@@ -340,7 +341,39 @@ impl Started {
         }
     }
 
-    /// Records a call that was admitted ([`Share::admit`]).
+    /// Records a call that was admitted ([`Share::admit`]) and gives its
+    /// answer, or, when the record cannot be written (the disk is full
+    /// past the audit file's room), refuses it: no access goes
+    /// unrecorded, so what it read is not given (a write has happened;
+    /// its answer says it was not recorded).
+    fn audited(
+        &self,
+        caller: &str,
+        route: &str,
+        target: &str,
+        path: Option<&str>,
+        out: Result<String, ErrorBody>,
+    ) -> Result<String, ErrorBody> {
+        if self.audit(caller, route, target, path, &out) {
+            return out;
+        }
+        let done = if out.is_ok() && route == "share.write" {
+            "it was done, but "
+        } else {
+            ""
+        };
+        Err(ErrorBody::new(
+            ErrorCode::Unavailable,
+            format!(
+                "{route} of {target}: {done}this access cannot be recorded in {} (is the disk full?), \
+                 and no access goes unrecorded; try again once there is room",
+                self.audit.path().display()
+            ),
+        ))
+    }
+
+    /// Records a call that was admitted ([`Share::admit`]); whether the
+    /// record was written.
     fn audit(
         &self,
         caller: &str,
@@ -348,23 +381,25 @@ impl Started {
         target: &str,
         path: Option<&str>,
         out: &Result<String, ErrorBody>,
-    ) {
-        self.audit.append(ShareAuditRecord {
-            seq: 0,
-            time_ms: now_ms(),
-            caller: clipped(caller, AUDIT_TEXT_MAX),
-            route: clipped(route, AUDIT_TEXT_MAX),
-            target: clipped(target, AUDIT_TEXT_MAX),
-            path: path.map(|p| clipped(p, AUDIT_TEXT_MAX)),
-            verdict: match out {
-                Ok(_) => "ok".into(),
-                Err(e) => e.code.as_str().into(),
-            },
-            message: out
-                .as_ref()
-                .err()
-                .map(|e| clipped(&e.message, 2 * AUDIT_TEXT_MAX)),
-        });
+    ) -> bool {
+        self.audit
+            .append_all(vec![ShareAuditRecord {
+                seq: 0,
+                time_ms: now_ms(),
+                caller: clipped(caller, AUDIT_TEXT_MAX),
+                route: clipped(route, AUDIT_TEXT_MAX),
+                target: clipped(target, AUDIT_TEXT_MAX),
+                path: path.map(|p| clipped(p, AUDIT_TEXT_MAX)),
+                verdict: match out {
+                    Ok(_) => "ok".into(),
+                    Err(e) => e.code.as_str().into(),
+                },
+                message: out
+                    .as_ref()
+                    .err()
+                    .map(|e| clipped(&e.message, 2 * AUDIT_TEXT_MAX)),
+            }])
+            .is_some()
     }
 
     /// A guest route, for `who`.
@@ -390,8 +425,7 @@ impl Started {
                     );
                     json(&self.choose(core, a, s, Some(offer), ShareOrigin::Session)?)
                 });
-                self.audit(&caller, route, &own, None, &out);
-                out
+                self.audited(&caller, route, &own, None, out)
             }
             "share.disable" => {
                 let out = params::<serde_json::Map<String, serde_json::Value>>(route, text)
@@ -401,8 +435,7 @@ impl Started {
                         ))),
                         None => json(&self.choose(core, a, s, None, ShareOrigin::Session)?),
                     });
-                self.audit(&caller, route, &own, None, &out);
-                out
+                self.audited(&caller, route, &own, None, out)
             }
             "share.status" => {
                 let created = core.session_created(a, s)?;
@@ -432,8 +465,7 @@ impl Started {
                         json(&core.stat_within(&t.dir(), &path)?)
                     }
                 });
-                self.audit(&caller, route, &p.target, Some(&path), &out);
-                out
+                self.audited(&caller, route, &p.target, Some(&path), out)
             }
             "share.read" => {
                 let p = params::<ShareRead>(route, text)?;
@@ -448,8 +480,7 @@ impl Started {
                     }
                     json(&ShareData { file, tree })
                 });
-                self.audit(&caller, route, &p.target, Some(&p.path), &out);
-                out
+                self.audited(&caller, route, &p.target, Some(&p.path), out)
             }
             "share.write" => {
                 let p = params::<ShareWrite>(route, text)?;
@@ -471,8 +502,7 @@ impl Started {
                         };
                         json(&core.write_within(&t.dir(), write)?)
                     });
-                self.audit(&caller, route, &p.target, Some(&p.path), &out);
-                out
+                self.audited(&caller, route, &p.target, Some(&p.path), out)
             }
             other => Err(ErrorBody::new(
                 ErrorCode::NotFound,
@@ -532,6 +562,12 @@ impl Plugin for Share {
         crate::plugin_api::write_shim(&shim, "share")
             .map_err(|e| not_started(format!("write {}: {e}", shim.display())))?;
         let audit_path = settings.state_dir.join(AUDIT_FILE);
+        // Room kept for it, as for the daemon's own audit log, so that
+        // accesses go on being recorded (and served) on a full disk.
+        allox_store::reserve::prepare(
+            &audit_path,
+            allox_store::reserve::room_for(&settings.state_dir),
+        );
         let max = (settings.audit.file_bytes > 0).then_some(settings.audit.file_bytes);
         let audit = Records::open_rotating(&audit_path, max).map_err(|e| {
             let _ = std::fs::remove_file(&shim);
@@ -695,11 +731,20 @@ fn agent_set(
     if let Err(e) = saved.save(&st.path) {
         *saved = before;
         return Err(ErrorBody::new(
-            ErrorCode::Internal,
+            save_error_code(&e),
             format!("cannot record the settings in {}: {e}", st.path.display()),
         ));
     }
     Ok(info)
+}
+
+/// The code of a failure to save the choices: `unavailable` for a full
+/// disk or quota (free space and retry), else `internal`.
+fn save_error_code(e: &std::io::Error) -> ErrorCode {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT) => ErrorCode::Unavailable,
+        _ => ErrorCode::Internal,
+    }
 }
 
 #[cfg(test)]

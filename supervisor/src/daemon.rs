@@ -121,6 +121,11 @@ fn keep_cgroup_root(kept: &std::path::Path, root: &std::path::Path) {
     use std::io::Write;
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::OpenOptionsExt;
+    // Already kept (each start after the first): nothing is written, so a
+    // start on a full disk is not warned of it.
+    if std::fs::read(kept).is_ok_and(|k| k == root.as_os_str().as_bytes()) {
+        return;
+    }
     let aside = kept.with_extension("new");
     let written = std::fs::OpenOptions::new()
         .write(true)
@@ -134,6 +139,7 @@ fn keep_cgroup_root(kept: &std::path::Path, root: &std::path::Path) {
         })
         .and_then(|()| std::fs::rename(&aside, kept));
     if let Err(e) = written {
+        let _ = std::fs::remove_file(&aside);
         tracing::warn!(path = %kept.display(), error = %e, "cannot keep the cgroup root of the runs");
     }
 }

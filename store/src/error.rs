@@ -121,6 +121,10 @@ pub enum StoreError {
     Fenced,
     #[error("only {free_mib} MiB free, at least {need_mib} MiB are kept in reserve")]
     NoSpace { free_mib: u64, need_mib: u64 },
+    /// A tool (`btrfs receive`) that stopped for want of space: what it
+    /// said.
+    #[error("{0}")]
+    OutOfSpace(String),
     #[error("the store is read-only ({0}); fix that and restart the supervisor")]
     ReadOnly(String),
     #[error("store root {path} is unusable: {why}")]
@@ -194,7 +198,7 @@ impl StoreError {
 
     /// Whether the root cause is a full disk.
     pub fn is_no_space(&self) -> bool {
-        if matches!(self, StoreError::NoSpace { .. }) {
+        if matches!(self, StoreError::NoSpace { .. } | StoreError::OutOfSpace(_)) {
             return true;
         }
         if let StoreError::Index(ie) = self {

@@ -278,6 +278,8 @@ impl Store {
         }
         self.check_fence()?;
         self.need_agent(a)?;
+        // As a session.create: a new tree is not begun on a full disk.
+        self.check_space()?;
         let staging = format!(".import-{}", self.new_op_id());
         let dir = self.layout.sessions_dir(a).join(&staging);
         mkdir(&dir)?;
@@ -499,7 +501,7 @@ impl Import {
                     if let Err(e) = stdin.write_all(&checked) {
                         let tree = stream_name(manifest, index);
                         let why = finish_receive(receiving.take().expect("there"));
-                        return Err(StoreError::BadArchive(format!(
+                        return Err(receive_failed(format!(
                             "btrfs receive of {tree} stopped ({e}): {why}"
                         )));
                     }
@@ -525,7 +527,7 @@ impl Import {
                     };
                     let why = finish_receive(rx);
                     if !why.is_empty() {
-                        return Err(StoreError::BadArchive(format!(
+                        return Err(receive_failed(format!(
                             "btrfs receive of {tree} failed: {why}"
                         )));
                     }
@@ -731,6 +733,16 @@ impl Import {
             limits: m.limits.clone(),
             privileges_dropped,
         })
+    }
+}
+
+/// A `btrfs receive` that failed: for want of space (the disk or the
+/// quota is full: free space and retry), else refused by the archive.
+fn receive_failed(why: String) -> StoreError {
+    if why.contains("No space left on device") || why.contains("Disk quota exceeded") {
+        StoreError::OutOfSpace(why)
+    } else {
+        StoreError::BadArchive(why)
     }
 }
 

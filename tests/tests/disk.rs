@@ -284,8 +284,24 @@ fn a_full_filesystem_leaves_checkpoints_rollbacks_and_the_audit_working() {
             .root
             .join(format!("agents/{a}/workspace/sessions/{s}/current"));
         std::fs::write(cur.join("v"), "1").unwrap();
+        if s == "s2" {
+            // What an import below brings back: more than will be free.
+            std::fs::write(cur.join("big"), vec![3u8; 96 << 20]).unwrap();
+        }
         ok(&d, Request::CheckpointCreate(ck(a, s, "base")));
     }
+    let out = tempfile::tempdir_in("/var/tmp").unwrap();
+    let archive = out.path().join("s2.allox");
+    let archive = archive.to_str().unwrap();
+    let ctl = |args: &[&str]| {
+        let (code, stdout, stderr) = allox_integration::alloxctl(&d.socket, args);
+        (code, String::from_utf8_lossy(&stdout).into_owned(), stderr)
+    };
+    let (code, _, err) = ctl(&["session", "export", "a", "s2", "-o", archive]);
+    assert_eq!(code, 0, "{err}");
+    // Room taken outside the store, given back below.
+    let spacer = d.root.parent().unwrap().join("spacer");
+    std::fs::write(&spacer, vec![5u8; 48 << 20]).unwrap();
     let cur = d.root.join("agents/a/workspace/sessions/s1/current");
     let e = fill(&cur, 1 << 30);
     assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
@@ -369,6 +385,43 @@ fn a_full_filesystem_leaves_checkpoints_rollbacks_and_the_audit_working() {
         );
         assert_eq!(l.head.as_deref(), Some("base"), "{a}/{s}");
     }
+    let r = check(&d);
+    assert!(r.is_consistent() && r.read_only.is_none(), "{r:?}");
+
+    // An import on the full disk is refused as the full disk it meets
+    // (`unavailable`, free space and retry), not blamed on the archive:
+    // at its start, and, with a little room free, when its receive runs
+    // out of it. Nothing of it is left.
+    let ctl = |args: &[&str]| {
+        let (code, stdout, stderr) = allox_integration::alloxctl(&d.socket, args);
+        (code, String::from_utf8_lossy(&stdout).into_owned(), stderr)
+    };
+    let imported = |name: &str| {
+        let (code, _, err) = ctl(&["session", "import", "b", name, "-i", archive]);
+        assert_ne!(code, 0, "imported on a full disk");
+        assert!(
+            err.contains("unavailable") && err.contains("out of space"),
+            "{err}"
+        );
+        let left: Vec<_> = std::fs::read_dir(d.root.join("agents/b/workspace/sessions"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n != "t")
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    };
+    imported("at-start");
+    std::fs::remove_file(&spacer).unwrap();
+    let _ = Command::new("btrfs")
+        .args(["filesystem", "sync"])
+        .arg(&d.root)
+        .status();
+    assert!(
+        free(&d.root) > 32 << 20 && free(&d.root) < 90 << 20,
+        "{}",
+        free(&d.root)
+    );
+    imported("in-receive");
     let r = check(&d);
     assert!(r.is_consistent() && r.read_only.is_none(), "{r:?}");
     let l = audit(&d);

@@ -318,6 +318,25 @@ fn a_full_filesystem_leaves_checkpoints_rollbacks_and_the_audit_working() {
         ok(&d, Request::SessionRollback(rb(a, s, "base")));
         assert_eq!(std::fs::read_to_string(c.join("v")).unwrap(), "1");
     }
+    // A chunked upload on the full disk is refused as the full disk it
+    // meets (`unavailable`, no room left: before, `internal` naming the
+    // daemon's record of it when that could not be written), and leaves
+    // no record behind.
+    let e = call(
+        &d,
+        Request::FsWrite(FsWrite {
+            offset: Some(0),
+            upload: Some("u1".into()),
+            ..FsWrite::whole("b", "t", "up.bin", vec![1u8; 512 << 10])
+        }),
+    )
+    .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unavailable, "{e:?}");
+    assert!(e.message.contains("no room left"), "{e:?}");
+    let records = std::fs::read_dir(d.root.join("state/uploads"))
+        .map(|r| r.count())
+        .unwrap_or(0);
+    assert_eq!(records, 0);
     // A new session is refused: it could not be written to anyway.
     let e = call(&d, Request::SessionCreate(SessionCreate::new("b", "new"))).unwrap_err();
     assert_eq!(e.code, ErrorCode::Unavailable, "{e:?}");

@@ -479,10 +479,18 @@ fn begin(
             source,
         })?;
     std::fs::write(record, serde_json::to_vec(rec).unwrap_or_default()).map_err(|source| {
-        FilesError::Io {
-            op: "record the upload in",
-            path: record.display().to_string(),
-            source,
+        let _ = std::fs::remove_file(record);
+        // A full disk is the file's want of room, as its own write's
+        // would be (`unavailable`), not the daemon's fault.
+        match source.raw_os_error() {
+            Some(libc::ENOSPC | libc::EDQUOT) => FilesError::NoSpace {
+                path: shown.to_string(),
+            },
+            _ => FilesError::Io {
+                op: "record the upload in",
+                path: record.display().to_string(),
+                source,
+            },
         }
     })?;
     let _ = rustix::fs::unlinkat(c.parent, partial, AtFlags::empty());

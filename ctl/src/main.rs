@@ -221,7 +221,7 @@ fn run() -> ExitCode {
                 }
             }
         }
-        Action::Top { interval, once } => top(cli.socket, interval, once),
+        Action::Top { interval, once } => top(cli.socket, cli.json, interval, once),
         Action::PortForward {
             agent,
             session,
@@ -528,7 +528,9 @@ fn read_spans(file: &std::path::Path) -> Result<Vec<allox_protocol::Span>, Strin
 }
 
 /// `top`: a screen every `interval` seconds (or one, after two samples).
-fn top(socket: PathBuf, interval: f64, once: bool) -> ExitCode {
+/// With `--json`: each sample as one line, `{"sessions": [session.stats
+/// answers]}` (the CPU used in µs, not as a share), the first at once.
+fn top(socket: PathBuf, json: bool, interval: f64, once: bool) -> ExitCode {
     let pause = std::time::Duration::from_secs_f64(interval.clamp(0.1, 3600.0));
     let mut seen = allox_ctl::top::Seen::default();
     let mut first = true;
@@ -536,8 +538,21 @@ fn top(socket: PathBuf, interval: f64, once: bool) -> ExitCode {
         let screen = Client::connect(&socket)
             .map_err(|e| error_chain(&e))
             .and_then(|mut c| allox_ctl::top::sample(&mut c))
-            .map(|stats| allox_ctl::top::frame(&stats, &mut seen));
+            .map(|stats| {
+                if json {
+                    let v = serde_json::json!({ "sessions": stats });
+                    format!("{v}\n")
+                } else {
+                    allox_ctl::top::frame(&stats, &mut seen)
+                }
+            });
         match screen {
+            Ok(text) if json => {
+                print(&text);
+                if once {
+                    return ExitCode::SUCCESS;
+                }
+            }
             Ok(_) if once && first => {}
             Ok(text) if once => {
                 print(&text);

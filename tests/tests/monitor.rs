@@ -105,6 +105,19 @@ fn a_run_s_end_carries_its_cpu_time_and_the_session_its_total() {
     };
     let (session_pct, run_pct) = (pct_of("a/s"), pct_of(&busy.run_id));
     assert!(run_pct > 50.0 && session_pct >= run_pct * 0.9, "{out}");
+    // With --json: the same sessions and runs, as session.stats answers
+    // them (it printed the table before).
+    let (code, out, err) =
+        allox_integration::alloxctl(&d.daemon.socket, &["--json", "top", "--once"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out)));
+    let sessions = v["sessions"].as_array().expect("sessions");
+    let s = sessions
+        .iter()
+        .find(|s| s["agent_id"] == "a" && s["session_id"] == "s")
+        .unwrap_or_else(|| panic!("no a/s in {v}"));
+    assert!(s.to_string().contains(&busy.run_id), "{s}");
     call(
         &d,
         Request::ProcessKill(ProcessKill {

@@ -22,6 +22,9 @@ use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
+/// The most bytes of a file's name its partial file's name carries.
+const PARTIAL_NAME_MAX: usize = 200;
+
 /// A path in a session: `AGENT/SESSION:PATH`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Remote {
@@ -734,14 +737,24 @@ impl Output {
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
+        // Named after the file, cut so that the whole name (a dot, the
+        // name, a dot, six random letters, `.partial`) fits the 255 bytes
+        // a name may have: a file whose name is near that long came out
+        // of nothing before ("File name too long").
+        let name = target
+            .file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default();
+        let mut cut = name.as_ref();
+        while cut.len() > PARTIAL_NAME_MAX {
+            let mut end = PARTIAL_NAME_MAX;
+            while !cut.is_char_boundary(end) {
+                end -= 1;
+            }
+            cut = &cut[..end];
+        }
         let tmp = tempfile::Builder::new()
-            .prefix(&format!(
-                ".{}.",
-                target
-                    .file_name()
-                    .map(|n| n.to_string_lossy())
-                    .unwrap_or_default()
-            ))
+            .prefix(&format!(".{cut}."))
             .suffix(".partial")
             .tempfile_in(dir)?;
         Ok(Output::Aside { tmp, to: target })

@@ -301,7 +301,8 @@ fn file_api_refusals_name_what_is_in_the_way() {
 
 /// `alloxctl cp` of trees that met the protocol's bounds badly before:
 /// out of a session, a tree deeper than one listing's 64 levels comes out
-/// whole (its deepest file was dropped, and cp said it was done); into
+/// whole (its deepest file was dropped, and cp said it was done), and so
+/// does a file whose name has 255 bytes; into
 /// one, a tree holding names that are not UTF-8 is refused before
 /// anything is copied (two such names became one in the session, the
 /// last file over the others).
@@ -315,6 +316,10 @@ fn cp_copies_deep_trees_whole_and_refuses_names_a_session_cannot_hold() {
     std::fs::create_dir_all(cur.join("top").join(&deep)).unwrap();
     std::fs::write(cur.join("top").join(&deep).join("leaf"), b"leaf\n").unwrap();
     std::fs::write(cur.join("top/shallow"), b"shallow\n").unwrap();
+    // A name of the 255 bytes a name may have (its partial file's name
+    // was too long before, and the copy failed on it).
+    let long = "n".repeat(255);
+    std::fs::write(cur.join("top").join(&long), b"long\n").unwrap();
     let out = tempfile::tempdir_in("/var/tmp").unwrap();
     for (args, at) in [
         (vec!["cp", "a/s:top"], "live"),
@@ -336,7 +341,8 @@ fn cp_copies_deep_trees_whole_and_refuses_names_a_session_cannot_hold() {
             "{at}: the deepest file did not come out ({said})"
         );
         assert_eq!(std::fs::read(dst.join("shallow")).unwrap(), b"shallow\n");
-        assert!(said.contains("2 files"), "{at}: {said}");
+        assert_eq!(std::fs::read(dst.join(&long)).unwrap(), b"long\n");
+        assert!(said.contains("3 files"), "{at}: {said}");
     }
     // Names that are not UTF-8: refused, nothing made in the session.
     use std::os::unix::ffi::OsStrExt;

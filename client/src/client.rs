@@ -642,6 +642,11 @@ impl Client {
                 ServerFrame::Welcome(_) => {}
                 ServerFrame::Response(r)
                     if r.conversation != self.conversation && r.conversation != 0 => {}
+                // A restarted supervisor's notice (conversation 0) that came
+                // before our Welcome was for a host its predecessor served
+                // (on a serial port it waits for whoever comes): not an
+                // answer to a request of ours, which the new one answers.
+                ServerFrame::Response(r) if r.conversation == 0 && !self.welcomed => {}
                 ServerFrame::Event(e) if e.conversation != self.conversation => {}
                 ServerFrame::Response(r) => {
                     return Ok(Incoming::Response(r.request_id, answer_of(r.outcome)))
@@ -931,6 +936,16 @@ mod tests {
                 panic!("expected a request")
             };
             s.stream.write_all(b"\x07garbage\x00").unwrap();
+            // A restarted supervisor's notice, left on the port for a host
+            // its predecessor served: not this call's answer.
+            s.send(&ServerFrame::Response(ResponseEnvelope {
+                conversation: 0,
+                request_id: 0,
+                outcome: Outcome::Err(ErrorBody::new(
+                    allox_protocol::ErrorCode::Unavailable,
+                    "the supervisor (re)started",
+                )),
+            }));
             s.welcome();
             s.respond(
                 r.request_id,

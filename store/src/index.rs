@@ -8,8 +8,8 @@
 
 use crate::journal::{Entry, Op, Stage};
 pub use crate::rows::{
-    AgentRecord, CheckpointRecord, ClockRecord, DepartedRecord, ForkRecord, NetworkRecord,
-    PolicyRecord, SessionRecord, TurnRecord,
+    AgentRecord, CheckpointRecord, ClockRecord, DepartedRecord, ForkRecord, LimitsRecord,
+    NetworkRecord, PolicyRecord, SessionRecord, TurnRecord,
 };
 use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
@@ -29,6 +29,7 @@ const NETWORK: TableDefinition<&str, &[u8]> = TableDefinition::new("network");
 const FORKS: TableDefinition<&str, &[u8]> = TableDefinition::new("forks");
 const CLOCKS: TableDefinition<&str, &[u8]> = TableDefinition::new("clocks");
 const DEPARTED: TableDefinition<&str, &[u8]> = TableDefinition::new("departed");
+const LIMITS: TableDefinition<&str, &[u8]> = TableDefinition::new("limits");
 
 #[derive(Debug, Error)]
 pub enum IndexError {
@@ -186,6 +187,7 @@ impl Index {
             w.open_table(FORKS)?;
             w.open_table(CLOCKS)?;
             w.open_table(DEPARTED)?;
+            w.open_table(LIMITS)?;
         }
         w.commit()?;
         Ok(db)
@@ -291,6 +293,24 @@ impl Index {
     /// Agent `a`'s defaults for its sessions' limits over time.
     pub fn agent_clock(&self, a: &str) -> Result<Option<ClockRecord>, IndexError> {
         self.get(CLOCKS, a)
+    }
+    /// Every session's own cgroup limits: `(agent/session, record)`, of
+    /// sessions that exist.
+    pub fn all_limits(&self) -> Result<Vec<(String, LimitsRecord)>, IndexError> {
+        self.with_db(|db| {
+            let tx = db.begin_read()?;
+            let (t, sessions) = (tx.open_table(LIMITS)?, tx.open_table(SESSIONS)?);
+            let mut out = Vec::new();
+            for item in t.iter()? {
+                let (k, v) = item?;
+                let key = k.value();
+                if sessions.get(key)?.is_none() {
+                    continue;
+                }
+                out.push((key.to_string(), dec(key, v.value())?));
+            }
+            Ok(out)
+        })
     }
     /// Every session with limits over time: `(agent/session, record)`,
     /// and the agents' defaults (`agent`, record). A session's record
@@ -439,6 +459,7 @@ impl Writer<'_> {
         self.tx.open_table(CLOCKS)?.remove(a)?;
         self.remove_under(TURNS, a)?;
         self.remove_under(DEPARTED, a)?;
+        self.remove_under(LIMITS, a)?;
         self.remove_under(CHECKPOINTS, a)
     }
     pub fn put_policy(&mut self, key: &str, r: &PolicyRecord) -> Result<(), IndexError> {
@@ -482,6 +503,23 @@ impl Writer<'_> {
             .remove(session_key(a, s).as_str())?;
         Ok(())
     }
+    /// Keeps session `a/s`'s own cgroup limits (none: forgets them).
+    pub fn put_limits(
+        &mut self,
+        a: &str,
+        s: &str,
+        r: Option<&LimitsRecord>,
+    ) -> Result<(), IndexError> {
+        match r {
+            Some(r) => self.put(LIMITS, &session_key(a, s), r),
+            None => {
+                self.tx
+                    .open_table(LIMITS)?
+                    .remove(session_key(a, s).as_str())?;
+                Ok(())
+            }
+        }
+    }
     pub fn put_fork(&mut self, a: &str, s: &str, r: &ForkRecord) -> Result<(), IndexError> {
         self.put(FORKS, &session_key(a, s), r)
     }
@@ -496,6 +534,7 @@ impl Writer<'_> {
         self.tx.open_table(NETWORK)?.remove(k.as_str())?;
         self.tx.open_table(FORKS)?.remove(k.as_str())?;
         self.tx.open_table(CLOCKS)?.remove(k.as_str())?;
+        self.tx.open_table(LIMITS)?.remove(k.as_str())?;
         self.remove_under(TURNS, &k)?;
         self.remove_under(DEPARTED, &k)?;
         self.remove_under(CHECKPOINTS, &k)

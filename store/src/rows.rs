@@ -89,6 +89,18 @@ impl ClockRecord {
     }
 }
 
+/// A session's own cgroup limits (key `agent/session`), as it was given
+/// them (at `session.create`, `session.update`, an import or a fork):
+/// kept so that its cgroup, made again after a boot (the guest's cgroups
+/// live in memory) or a host's reboot, gets them back, not the daemon's
+/// defaults. `cpu_max` is `(quota µs, period µs)`, `u64::MAX` for no quota.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct LimitsRecord {
+    pub pids_max: Option<u64>,
+    pub memory_max: Option<u64>,
+    pub cpu_max: Option<(u64, u64)>,
+}
+
 /// What the store keeps of a deleted tree of a session (key
 /// `agent/session/UUID`, the tree's uuid in hex): where it descends from,
 /// so that the diff's Btrfs hints can follow a line of descent through it

@@ -375,6 +375,29 @@ impl Store {
         Ok(())
     }
 
+    /// Keeps session `a/s`'s own cgroup limits (none, or all unset:
+    /// forgets them), durably.
+    pub fn keep_limits(&self, a: &str, s: &str, r: &crate::rows::LimitsRecord) -> Result<()> {
+        let _g = self.guard();
+        self.need_session(a, s)?;
+        let r = (*r != Default::default()).then_some(r);
+        self.index.write(|w| w.put_limits(a, s, r))?;
+        Ok(())
+    }
+
+    /// Every session's own cgroup limits, as `(agent, session, record)`.
+    pub fn kept_limits(&self) -> Result<Vec<(String, String, crate::rows::LimitsRecord)>> {
+        Ok(self
+            .index
+            .all_limits()?
+            .into_iter()
+            .filter_map(|(k, r)| {
+                let (a, s) = k.split_once('/')?;
+                Some((a.to_string(), s.to_string(), r))
+            })
+            .collect())
+    }
+
     /// Every session with limits over time, as `(agent, session, record)`.
     pub fn clocks(&self) -> Result<Vec<(String, String, crate::index::ClockRecord)>> {
         Ok(self

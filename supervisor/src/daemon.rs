@@ -264,6 +264,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
             check_cgroup_root(&kept, &rc.cgroup_mount)?;
             let runs = Runs::new(rc).map_err(DaemonError::Processes)?;
             keep_cgroup_root(&kept, &runs.config().cgroup_mount);
+            runs.restore_limits(&store);
             Some(Arc::new(runs))
         }
         None => None,

@@ -368,6 +368,9 @@ impl Supervisor {
                         let _ = st.session_delete(a, s);
                         return Err(RunError::SessionLimits(e).into());
                     }
+                    if wants_limits {
+                        runs.keep_limits(st, a, s);
+                    }
                 }
                 // The baseline if the policy is on.
                 st.baseline_if_on(&r.agent_id, &r.session_id)?;
@@ -637,6 +640,7 @@ impl Supervisor {
                         }
                         return Err(RunError::SessionLimits(e).into());
                     }
+                    runs.keep_limits(st, a, s);
                 }
                 Response::SessionImported(done)
             }
@@ -678,6 +682,7 @@ impl Supervisor {
                         let _ = st.session_delete(na, ns);
                         return Err(RunError::SessionLimits(e).into());
                     }
+                    runs.keep_limits(st, na, ns);
                 }
                 Response::Session(info)
             }
@@ -719,6 +724,7 @@ impl Supervisor {
                 let runs = self.runs()?;
                 if has_limits {
                     runs.session_update(a, s, &limits)?;
+                    runs.keep_limits(st, a, s);
                 }
                 if has_time {
                     let mut rec = st.clock(a, s)?.unwrap_or(allox_store::index::ClockRecord {

@@ -783,6 +783,43 @@ fn guest_a_delete_finished_by_recovery_stays_deleted_after_a_power_cut() {
     ] {
         assert!(send(&mut c, &op), "{op:?} lost its answer");
     }
+    // A session's own limits (made with two, given a third later) are kept
+    // with it: its cgroup, made again by the next boot, gets them back (it
+    // got the daemon's defaults before).
+    ok(
+        &mut c,
+        Request::SessionCreate(SessionCreate {
+            pids_max: Some(40),
+            memory_max: Some(64 << 20),
+            ..SessionCreate::new(&a, "limited")
+        }),
+    );
+    ok(
+        &mut c,
+        Request::SessionUpdate(SessionUpdate {
+            agent_id: a.clone(),
+            session_id: "limited".into(),
+            cpu_max: Some("20000 100000".into()),
+            ..SessionUpdate::default()
+        }),
+    );
+    let limits = |c: &mut Client| {
+        let Response::SessionStats(st) = ok(
+            c,
+            Request::SessionStats(SessionStatsRequest {
+                agent_id: "a".into(),
+                session_id: "limited".into(),
+            }),
+        ) else {
+            panic!("session.stats")
+        };
+        st.limits
+    };
+    let given = limits(&mut c);
+    assert_eq!(
+        (given.pids_max, given.memory_max, given.cpu_max.as_deref()),
+        (Some(40), Some(64 << 20), Some("20000 100000"))
+    );
     assert!(
         !send(&mut c, &Op::SessionDelete(a.clone(), s.clone())),
         "the failpoint did not stop the supervisor in the middle of session.delete"
@@ -791,16 +828,17 @@ fn guest_a_delete_finished_by_recovery_stays_deleted_after_a_power_cut() {
     let (mut c, _) = vm.connect(Duration::from_secs(30));
     assert_eq!(
         sessions(&mut c, &a),
-        ["kept"],
+        ["kept", "limited"],
         "recovery did not finish the delete"
     );
     vm.power_cut();
     let (mut vm, mut c) = boot(&img, &store);
     assert_eq!(
         sessions(&mut c, &a),
-        ["kept"],
+        ["kept", "limited"],
         "the deleted session came back after a power cut"
     );
+    assert_eq!(limits(&mut c), given, "the session's limits after a boot");
     check_store(&mut c, 1);
     vm.power_cut();
 }

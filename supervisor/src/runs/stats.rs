@@ -103,6 +103,52 @@ impl Runs {
         }
     }
 
+    /// Keeps session `a/s`'s own limits, as its cgroup now holds them,
+    /// with the session in the store ([`Runs::restore_limits`] gives them
+    /// back to a cgroup made again). A failure is logged: the limits hold
+    /// until the cgroup goes.
+    pub fn keep_limits(&self, store: &allox_store::Store, a: &str, s: &str) {
+        let l = self.own_limits(a, s);
+        let r = allox_store::rows::LimitsRecord {
+            pids_max: l.pids_max,
+            memory_max: l.memory_max,
+            cpu_max: l.cpu_max,
+        };
+        if let Err(e) = store.keep_limits(a, s, &r) {
+            tracing::warn!(agent = a, session = s, error = %e.chain(),
+                "cannot keep the session's limits: a cgroup made again (after a boot) gets the daemon's");
+        }
+    }
+
+    /// Gives every session whose limits the store keeps its cgroup with
+    /// them: after a boot (the guest's cgroups live in memory) or a
+    /// host's reboot the cgroups are made again, and got the daemon's
+    /// defaults before. A session whose limits cannot be set is logged.
+    pub fn restore_limits(&self, store: &allox_store::Store) {
+        let kept = match store.kept_limits() {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!(error = %e.chain(), "cannot read the sessions' kept limits");
+                return;
+            }
+        };
+        for (a, s, r) in kept {
+            let l = Limits {
+                pids_max: r.pids_max,
+                memory_max: r.memory_max,
+                cpu_max: r.cpu_max,
+            };
+            let set = self
+                .cgroups
+                .ensure_session(&a, &s, &self.cfg.limits)
+                .and_then(|()| self.cgroups.set_limits(&a, &s, &l));
+            if let Err(e) = set {
+                tracing::warn!(agent = %a, session = %s, error = %e,
+                    "cannot give the session its kept limits; it runs under the daemon's");
+            }
+        }
+    }
+
     /// `session.update`: writes the limits given on the session's cgroup
     /// (refused with `unsupported`, naming the controller, where it is
     /// missing); a limit below what the session uses now stops what comes

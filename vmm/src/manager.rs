@@ -357,6 +357,54 @@ impl Manager {
         Ok(out)
     }
 
+    /// Holds VM `name` for one command that changes it (a start, a
+    /// snapshot, a restore, a removal): another such command of it, from
+    /// any process, is refused while this one lasts (two snapshots at once
+    /// took each other's working directory). Then settles what a restore
+    /// that was stopped half-way left ([`Manager::settle_restore`]).
+    fn hold(&self, p: &VmPaths, name: &str) -> Result<std::fs::File, VmError> {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(p.dir.join(".lock"))?;
+        match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                return Err(VmError::Conflict(format!(
+                    "VM {name:?} is busy with another vm command (a start, a snapshot, a restore or a removal): wait for it to end"
+                )))
+            }
+            Err(e) => return Err(VmError::Io(e.into())),
+        }
+        self.settle_restore(p)?;
+        Ok(f)
+    }
+
+    /// A restore stopped half-way (its command interrupted or killed)
+    /// left the snapshot's disk as the VM's and the VM's own aside: the
+    /// own one is put back (the QEMU left loading the snapshot's state
+    /// killed first), unless the restored guest runs, when the restore
+    /// had done all but its cleanup. (Before, the next start booted the
+    /// snapshot's disk, and the next restore renamed over the VM's own.)
+    fn settle_restore(&self, p: &VmPaths) -> Result<(), VmError> {
+        let kept = p.dir.join("store.img.before-restore");
+        let _ = std::fs::remove_file(p.dir.join("store.img.restoring"));
+        if !kept.exists() {
+            return Ok(());
+        }
+        if let Some(pid) = self.pid(p) {
+            if self.backend.status(p).ok() == Some(RunState::Running) {
+                std::fs::remove_file(&kept)?;
+                return Ok(());
+            }
+            self.kill_pid(p, pid);
+        }
+        std::fs::rename(&kept, p.store())?;
+        sync_dir(&p.dir)?;
+        Ok(())
+    }
+
     fn must_be_stopped(&self, p: &VmPaths, name: &str, to: &str) -> Result<(), VmError> {
         match self.pid(p) {
             Some(pid) => Err(VmError::Conflict(format!(
@@ -378,6 +426,7 @@ impl Manager {
     /// Boots the VM and waits for its control port's first answer.
     pub fn start(&self, name: &str, timeout: Duration) -> Result<Started, VmError> {
         let (p, cfg) = self.existing(name)?;
+        let _held = self.hold(&p, name)?;
         self.must_be_stopped(&p, name, "start it again")?;
         clear_sockets(&p);
         let t0 = Instant::now();
@@ -528,6 +577,7 @@ impl Manager {
     pub fn snapshot(&self, name: &str, snap: &str, replace: bool) -> Result<SnapshotInfo, VmError> {
         let (p, cfg) = self.existing(name)?;
         check_name("snapshot", snap)?;
+        let _held = self.hold(&p, name)?;
         let was = self.must_run(&p, name)?;
         let target = p.snapshot(snap);
         if target.exists() && !replace {
@@ -634,6 +684,7 @@ impl Manager {
     /// Starts VM `name` (stopped) from its snapshot `snap`.
     pub fn restore(&self, name: &str, snap: &str) -> Result<Restored, VmError> {
         let (p, _) = self.existing(name)?;
+        let _held = self.hold(&p, name)?;
         self.must_be_stopped(&p, name, "restore it")?;
         self.restore_from(&p, name, name, snap)
     }
@@ -751,6 +802,7 @@ impl Manager {
     /// `force`).
     pub fn rm(&self, name: &str, force: bool) -> Result<Done, VmError> {
         let (p, _) = self.existing(name)?;
+        let _held = self.hold(&p, name)?;
         let t0 = Instant::now();
         if let Some(pid) = self.pid(&p) {
             if !force {
@@ -1204,5 +1256,43 @@ mod tests {
         ));
         m.rm("v", false).unwrap();
         assert!(m.list().unwrap().is_empty());
+    }
+
+    /// A restore stopped half-way (its command killed once the disks were
+    /// swapped): the next command that changes the VM puts its own disk
+    /// back, and the next restore cannot rename over it. Meanwhile,
+    /// another command of the same VM is refused, naming why.
+    #[test]
+    fn a_restore_stopped_half_way_gives_the_vm_its_own_disk_back() {
+        let d = tempfile::tempdir().unwrap();
+        let (m, _fake, p) = setup(d.path());
+        m.snapshot("v", "one", false).unwrap();
+        m.kill("v").unwrap();
+        // What the killed restore left: the snapshot's disk in, the VM's
+        // own aside, a copy half-made.
+        std::fs::write(p.dir.join("store.img.before-restore"), b"own disk").unwrap();
+        std::fs::write(p.store(), b"the snapshot's disk").unwrap();
+        std::fs::write(p.dir.join("store.img.restoring"), b"half").unwrap();
+        // Another command holds the VM: refused, naming why.
+        let busy = std::fs::File::open(p.dir.join(".lock"))
+            .or_else(|_| std::fs::File::create(p.dir.join(".lock")))
+            .unwrap();
+        rustix::fs::flock(&busy, rustix::fs::FlockOperation::LockExclusive).unwrap();
+        let e = m.start("v", Duration::from_secs(5)).unwrap_err();
+        assert!(
+            matches!(&e, VmError::Conflict(m) if m.contains("busy")),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(p.store()).unwrap(), b"the snapshot's disk");
+        drop(busy);
+        // (The fake guest never answers: the start fails after it settled.)
+        let _ = m.start("v", Duration::from_millis(200));
+        assert_eq!(std::fs::read(p.store()).unwrap(), b"own disk");
+        let left: Vec<_> = std::fs::read_dir(&p.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("store.img."))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 }

@@ -736,11 +736,16 @@ fn reap(child: i32, exec_errno: Option<i32>, spec: &SandboxSpec, mut status: std
                 Some(code) => InitStatus::Exited(code),
                 None => InitStatus::Signaled(ws.terminating_signal().unwrap_or(0)),
             };
-            if matches!(st, InitStatus::Exited(_)) {
-                sync_tmp(spec);
-            }
-            if let (Some(mut f), Ok(b)) = (status.take(), postcard::to_stdvec(&st)) {
-                let _ = f.write_all(&b);
+            let note = match st {
+                InitStatus::Exited(_) => sync_tmp(spec),
+                _ => None,
+            };
+            if let Some(mut f) = status.take() {
+                for s in note.map(InitStatus::Note).iter().chain([&st]) {
+                    if let Ok(b) = postcard::to_stdvec(s) {
+                        let _ = f.write_all(&b);
+                    }
+                }
             }
         }
     }
@@ -748,15 +753,16 @@ fn reap(child: i32, exec_errno: Option<i32>, spec: &SandboxSpec, mut status: std
 }
 
 /// Copies the private /tmp's regular files to `current/.allox-tmp/`, as the
-/// unprivileged user, within the size cap (see [`tmp_sync`]).
-fn sync_tmp(spec: &SandboxSpec) {
+/// unprivileged user, within the size cap (see [`tmp_sync`]); what was not
+/// kept, as a line for the end of the run's stderr.
+fn sync_tmp(spec: &SandboxSpec) -> Option<String> {
     if spec.tmp_sync_cap == 0 {
-        return;
+        return None;
     }
     // From here on this process needs no privilege at all; without the
     // whole drop it copies nothing.
     if sys::drop_credentials(spec.uid, spec.gid).is_err() {
-        return;
+        return None;
     }
     // Now of the agent's uid, without its seccomp filter or no_new_privs:
     // still not dumpable, so the agent's processes cannot ptrace it,
@@ -764,15 +770,32 @@ fn sync_tmp(spec: &SandboxSpec) {
     if rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
         .is_err()
     {
-        return;
+        return None;
     }
-    let Ok(session) = CString::new(SESSION_MOUNT) else {
-        return;
-    };
-    let _ = tmp_sync::sync(
+    let session = CString::new(SESSION_MOUNT).ok()?;
+    let synced = tmp_sync::sync(
         c"/tmp",
         &session,
         c".allox-tmp",
         tmp_sync::Budget::with_bytes(spec.tmp_sync_cap),
     );
+    // What was not kept is said (a copy that met a full quota or disk
+    // kept nothing, and said nothing, before).
+    match synced {
+        Ok(s) if s.skipped == 0 && !s.truncated => None,
+        Ok(s) => Some(format!(
+            "allox: /tmp was not kept whole in .allox-tmp/: {} file(s) kept, {} left out{} \
+             (too large for what is left of the {} MiB cap, changed meanwhile, or no room: \
+             the session's quota or the disk is full)\n",
+            s.files,
+            s.skipped,
+            if s.truncated {
+                ", and the walk stopped at a budget"
+            } else {
+                ""
+            },
+            spec.tmp_sync_cap >> 20,
+        )),
+        Err(e) => Some(format!("allox: /tmp was not kept in .allox-tmp/: {e}\n")),
+    }
 }

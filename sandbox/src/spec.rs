@@ -118,4 +118,8 @@ pub enum InitStatus {
     SetupFailed(String),
     /// `execve` of the program failed with this errno.
     ExecFailed(i32),
+    /// A line for the end of the run's stderr: what the init could not do
+    /// for the run after its program ended (its /tmp not kept whole). Not
+    /// an end: the program's end follows.
+    Note(String),
 }

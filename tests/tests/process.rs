@@ -2572,3 +2572,40 @@ fn the_run_s_own_path_finds_its_program() {
         other => panic!("ls: {other:?}"),
     }
 }
+
+/// A run whose /tmp cannot be kept (its session at its quota) says so on
+/// its stderr's last line, and how much was left out; one whose /tmp is
+/// kept says nothing. (Before, nothing was kept and nothing said.)
+#[test]
+fn a_tmp_that_cannot_be_kept_is_said_on_the_run_s_stderr() {
+    let Some(d) = setup_with(
+        "a_tmp_that_cannot_be_kept",
+        &[],
+        &["--session-quota", "16M"],
+    ) else {
+        return;
+    };
+    let r = sh(&d, "a", "s", "echo important > /tmp/keep.txt");
+    assert_eq!((r.exit_code, r.stderr.as_str()), (Some(0), ""), "{r:?}");
+    let kept = current(&d, "a", "s").join(".allox-tmp");
+    assert_eq!(
+        std::fs::read_to_string(kept.join("keep.txt")).unwrap(),
+        "important\n"
+    );
+    let r = sh(
+        &d,
+        "a",
+        "t",
+        "dd if=/dev/zero of=fill bs=1M count=32 2>/dev/null; \
+         echo important > /tmp/keep.txt; echo done",
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert!(
+        r.stderr
+            .ends_with("the session's quota or the disk is full)\n")
+            && r.stderr
+                .contains("/tmp was not kept whole in .allox-tmp/: 0 file(s) kept, 1 left out"),
+        "{r:?}"
+    );
+    assert!(!current(&d, "a", "t").join(".allox-tmp/keep.txt").exists());
+}

@@ -35,7 +35,7 @@ pub(super) async fn finish(
         }
     }
     drop(program);
-    let st = end_status(&bytes);
+    let (st, notes) = end_status(&bytes);
     // An observed run: its whole tree ends here, before the output is
     // drained, so that nothing it left behind runs on while B is taken.
     let effects = match run.observed {
@@ -45,7 +45,9 @@ pub(super) async fn finish(
                 Some(InitStatus::Signaled(s)) => format!("signal {s}"),
                 Some(InitStatus::ExecFailed(e)) => format!("exec failed (errno {e})"),
                 Some(InitStatus::SetupFailed(w)) => format!("setup failed: {w}"),
-                Some(InitStatus::ProgramStarted) | None => "killed".to_string(),
+                Some(InitStatus::ProgramStarted | InitStatus::Note(_)) | None => {
+                    "killed".to_string()
+                }
             };
             let (runs2, run2) = (runs.clone(), run.clone());
             tokio::task::spawn_blocking(move || observe_end(&runs2, &run2, init, status))
@@ -75,8 +77,14 @@ pub(super) async fn finish(
             (Some(126), None)
         }
         // The init itself died: the run's cgroup was killed.
-        Some(InitStatus::ProgramStarted) | None => (None, Some(libc::SIGKILL)),
+        Some(InitStatus::ProgramStarted | InitStatus::Note(_)) | None => {
+            (None, Some(libc::SIGKILL))
+        }
     };
+    // What the init said after the program's end, last.
+    for n in &notes {
+        stderr.push_str(n);
+    }
     let output_lossy =
         std::str::from_utf8(&c.stdout).is_err() || std::str::from_utf8(&c.stderr).is_err();
     let mut result = RunResult {
@@ -310,19 +318,25 @@ pub(super) async fn reap(runs: Arc<Runs>, run: Arc<Run>) {
     });
 }
 
-/// The last of the init's reports that is not [`InitStatus::ProgramStarted`]
-/// (the program's end, or why it never ran); `None` if there is none (the
-/// init was killed) or what came cannot be read.
-fn end_status(mut bytes: &[u8]) -> Option<InitStatus> {
+/// The last of the init's reports that is neither
+/// [`InitStatus::ProgramStarted`] nor a note (the program's end, or why it
+/// never ran); `None` if there is none (the init was killed) or what came
+/// cannot be read. And the init's notes, in order.
+fn end_status(mut bytes: &[u8]) -> (Option<InitStatus>, Vec<String>) {
     let mut end = None;
+    let mut notes = Vec::new();
     while !bytes.is_empty() {
-        let (st, rest) = postcard::take_from_bytes::<InitStatus>(bytes).ok()?;
-        if st != InitStatus::ProgramStarted {
-            end = Some(st);
+        let Ok((st, rest)) = postcard::take_from_bytes::<InitStatus>(bytes) else {
+            return (None, notes);
+        };
+        match st {
+            InitStatus::ProgramStarted => {}
+            InitStatus::Note(n) => notes.push(n),
+            st => end = Some(st),
         }
         bytes = rest;
     }
-    end
+    (end, notes)
 }
 
 #[cfg(test)]
@@ -351,11 +365,16 @@ mod tests {
             (vec![], None),
         ];
         for (reports, want) in cases {
-            assert_eq!(end_status(&encoded(&reports)), want, "{reports:?}");
+            assert_eq!(end_status(&encoded(&reports)).0, want, "{reports:?}");
         }
+        // A note is no end; it is kept for the run's stderr.
+        assert_eq!(
+            end_status(&encoded(&[ProgramStarted, Note("n\n".into()), Exited(0)])),
+            (Some(Exited(0)), vec!["n\n".to_string()])
+        );
         // A report cut short (the init killed while writing it) is none.
         let mut cut = encoded(&[ProgramStarted, SetupFailed("a long reason".into())]);
         cut.truncate(cut.len() - 3);
-        assert_eq!(end_status(&cut), None);
+        assert_eq!(end_status(&cut).0, None);
     }
 }

@@ -1148,6 +1148,24 @@ fn lowered_pids_max_stops_the_next_fork(c: &mut Client, a: &str, s: &str) {
             ..SessionUpdate::default()
         }),
     );
+    // A run started meanwhile meets the limit, and is told so: refused
+    // `unavailable`, or ended 126, naming the session's pids.max (it was
+    // `internal` naming a clone3, or 126 naming a fork alone).
+    let said = match c.call(run(a, s, "true", true)).expect("transport") {
+        Err(e) => {
+            assert_eq!(e.code, ErrorCode::Unavailable, "{e:?}");
+            e.message
+        }
+        Ok(Response::Exited(r)) => {
+            assert_eq!(r.exit_code, Some(126), "{r:?}");
+            r.stderr
+        }
+        Ok(other) => panic!("{other:?}"),
+    };
+    assert!(
+        said.contains(&format!("session {a}/{s} is at its pids.max (3 processes)")),
+        "{said}"
+    );
     let forks = exited(ok(
         c,
         Request::ProcessWait(ProcessWait {

@@ -88,10 +88,14 @@ impl Runs {
                 g.ctx = Some(ctx);
                 Ok(sp)
             }
-            // The context is fine; this run is not.
+            // The context is fine; this run is not: said as the limit it
+            // met, if a process limit is reached (it was `internal`).
             Err(e @ SandboxError::Refused(_)) => {
                 g.ctx = Some(ctx);
-                Err(RunError::Spawn(e))
+                Err(match self.pids_full(a, s) {
+                    Some(why) => RunError::PidsLimit { why },
+                    None => RunError::Spawn(e),
+                })
             }
             Err(e) => {
                 tracing::warn!(agent = %a, session = %s, error = %e.chain(), "the session's context failed; the next run makes a new one");
@@ -100,6 +104,28 @@ impl Runs {
                 Err(RunError::Spawn(e))
             }
         }
+    }
+
+    /// Which process limit session `a/s` is at, if one is: its own
+    /// `pids.max`, or that of all sessions together (`--sessions-pids-max`).
+    pub(super) fn pids_full(&self, a: &str, s: &str) -> Option<String> {
+        let at_max = |dir: &std::path::Path| -> Option<u64> {
+            let read = |f: &str| {
+                std::fs::read_to_string(dir.join(f))
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            };
+            let (now, max) = (read("pids.current")?, read("pids.max")?);
+            (now >= max).then_some(max)
+        };
+        if let Some(max) = at_max(&self.cgroups.session_dir(a, s)) {
+            return Some(format!(
+                "session {a}/{s} is at its pids.max ({max} processes)"
+            ));
+        }
+        at_max(self.cgroups.base()).map(|max| {
+            format!("all sessions together are at their pids.max ({max} processes, --sessions-pids-max)")
+        })
     }
 
     /// The session's context, made now if it has none (or a dead one):

@@ -73,7 +73,14 @@ pub(super) async fn finish(
             (Some(127), None)
         }
         Some(InitStatus::SetupFailed(why)) => {
-            stderr.push_str(&format!("allox: the sandbox could not be built: {why}\n"));
+            // A fork refused at a process limit: said as that limit.
+            let limit = runs
+                .pids_full(&run.agent, &run.session)
+                .map(|w| format!(" ({w})"))
+                .unwrap_or_default();
+            stderr.push_str(&format!(
+                "allox: the sandbox could not be built: {why}{limit}\n"
+            ));
             (Some(126), None)
         }
         // The init itself died: the run's cgroup was killed.

@@ -105,6 +105,9 @@ pub enum RunError {
     Plugin(#[source] PluginHostError),
     #[error("cannot start the sandbox")]
     Spawn(#[source] SandboxError),
+    /// The run's processes could not be made: a process limit is reached.
+    #[error("cannot start the run: {why}; no process could be made for it (kill some of the session's processes, or raise the limit: session.update pids_max)")]
+    PidsLimit { why: String },
     /// A cgroup operation: creating, killing, removing.
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
@@ -189,7 +192,9 @@ impl RunError {
             },
             NoTerminal(_) => ErrorCode::InvalidRequest,
             SigStop | NoProcesses | LimitsNeedProcesses => ErrorCode::Unsupported,
-            StdinNotRead | StillRunning(_) | StillGoing(_) => ErrorCode::Unavailable,
+            StdinNotRead | StillRunning(_) | StillGoing(_) | PidsLimit { .. } => {
+                ErrorCode::Unavailable
+            }
             Spawn(e) => match e.errno() {
                 Some(libc::EAGAIN) => ErrorCode::Unavailable,
                 Some(libc::ENOSYS) | Some(libc::EINVAL) => ErrorCode::Unsupported,

@@ -594,6 +594,10 @@ impl SuperviseArgs {
             let exe = host.exe().map_err(SuperviseError::Exe)?;
             let mut rc = RunsConfig::new(mount, exe, self.sandbox_stage);
             rc.isolate_network = self.sandbox_network == "isolated";
+            // Under a session quota a reflink would bring bytes into a
+            // session without the quota's check (from its unlimited
+            // shared/): refused there.
+            rc.no_reflinks = self.session_quota.is_some();
             rc.run_usage = !self.no_run_usage;
             rc.prepare_runs = match self.prepared_runs.as_str() {
                 "always" => true,

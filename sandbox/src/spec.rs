@@ -90,6 +90,9 @@ pub struct ContextSpec {
     /// run request only attaches the workspace and starts the program; a
     /// new one is made after each use (see [`crate::zygote`]).
     pub prepare_ahead: bool,
+    /// Refuse the calls that share a file's extents (see
+    /// [`crate::seccomp::filters_for`]).
+    pub no_reflinks: bool,
 }
 
 /// The context's answer to its first message and to each run request.

@@ -72,7 +72,7 @@ pub fn run() -> ! {
         _ => std::process::exit(1),
     };
     // Built once; every run's program installs a copy.
-    let filter = match seccomp::filters() {
+    let filter = match seccomp::filters_for(spec.no_reflinks) {
         Ok(f) => f,
         Err(e) => fail(&sock, e.to_string()),
     };

@@ -2609,3 +2609,42 @@ fn a_tmp_that_cannot_be_kept_is_said_on_the_run_s_stderr() {
     );
     assert!(!current(&d, "a", "t").join(".allox-tmp/keep.txt").exists());
 }
+
+/// Under `--session-quota`, a session cannot bring bytes into its
+/// `current/` past its quota by reflinking them from its unlimited
+/// `shared/` (Btrfs does not hold a clone to the quota: a 16 MiB quota
+/// took 48 MiB this way before): `cp --reflink=always` is refused, and a
+/// plain `cp` or `mv` copies the bytes, which the quota stops. Without a
+/// quota reflinks work (the control).
+#[test]
+fn a_session_quota_is_not_escaped_by_reflinks_from_shared() {
+    let script = "dd if=/dev/zero of=/allox/shared/t bs=1M count=24 2>/dev/null || exit 9; \
+                  cp --reflink=always /allox/shared/t ./r && echo reflinked; \
+                  cp /allox/shared/t ./c 2>/dev/null && echo copied; \
+                  mv /allox/shared/t ./m 2>/dev/null && echo moved; \
+                  rm -f /allox/shared/t; du -sm --apparent-size . | cut -f1";
+    let Some(d) = setup_with(
+        "a_session_quota_is_not_escaped",
+        &[],
+        &["--session-quota", "16M"],
+    ) else {
+        return;
+    };
+    let r = sh(&d, "a", "s", script);
+    assert!(!r.stdout.contains("reflinked"), "{r:?}");
+    assert!(
+        !r.stdout.contains("copied") && !r.stdout.contains("moved"),
+        "{r:?}"
+    );
+    let used: u64 = r.stdout.lines().last().unwrap().trim().parse().unwrap();
+    assert!(
+        used <= 16,
+        "current/ holds {used} MiB under a 16 MiB quota: {r:?}"
+    );
+    drop(d);
+    let Some(d) = setup_with("a_session_quota_is_not_escaped_control", &[], &[]) else {
+        return;
+    };
+    let r = sh(&d, "a", "s", script);
+    assert!(r.stdout.contains("reflinked\ncopied\nmoved\n"), "{r:?}");
+}

@@ -32,17 +32,23 @@ use super::SandboxError;
 use seccompiler::BpfProgram;
 use tree::Leaf;
 
-pub use refused::{IOCTLS, PERSONALITIES, SYSCALLS as REFUSED};
+pub use refused::{IOCTLS, IOCTLS_AND_CLONES, PERSONALITIES, SYSCALLS as REFUSED};
 
 /// The compiled filter.
 pub struct Filters {
     prog: BpfProgram,
 }
 
-/// The answer for system call `nr` (the deny list answering `deny`).
-fn leaf_of(nr: i64, deny: u32) -> Leaf {
+/// The answer for system call `nr` (the deny list answering `deny`;
+/// with `no_reflinks`, the calls that share a file's extents refused too).
+fn leaf_of(nr: i64, deny: u32, no_reflinks: bool) -> Leaf {
     if REFUSED.contains(&nr) {
         return Leaf::Errno(deny);
+    }
+    if no_reflinks && nr == libc::SYS_copy_file_range {
+        // What copy_file_range answers where it cannot copy: programs
+        // (coreutils among them) then copy the bytes themselves.
+        return Leaf::Errno(libc::EXDEV as u32);
     }
     match nr {
         libc::SYS_clone | libc::SYS_unshare => Leaf::DenyAnyBits {
@@ -62,7 +68,11 @@ fn leaf_of(nr: i64, deny: u32) -> Leaf {
         },
         libc::SYS_ioctl => Leaf::DenyIn {
             arg: 1,
-            values: IOCTLS,
+            values: if no_reflinks {
+                IOCTLS_AND_CLONES
+            } else {
+                IOCTLS
+            },
             deny,
         },
         _ if allowed::syscalls().any(|a| a == nr) => Leaf::Allow,
@@ -72,12 +82,26 @@ fn leaf_of(nr: i64, deny: u32) -> Leaf {
 
 /// Builds the filters.
 pub fn filters() -> Result<Filters, SandboxError> {
-    filters_answering(libc::EPERM as u32)
+    filters_for(false)
+}
+
+/// Builds the filters; with `no_reflinks`, sandboxed programs may not share
+/// a file's extents (FICLONE, FICLONERANGE and FIDEDUPERANGE answer
+/// `EPERM`, copy_file_range `EXDEV`): under a session quota a reflink from
+/// the session's unlimited `shared/` brought any number of bytes into its
+/// `current/`, which Btrfs does not hold to the quota.
+pub fn filters_for(no_reflinks: bool) -> Result<Filters, SandboxError> {
+    filters_answering_for(libc::EPERM as u32, no_reflinks)
 }
 
 /// The filter, with the deny list answering `errno` (tests use an errno no
 /// kernel path gives, to tell the filter's answer from the kernel's).
+#[cfg(test)]
 fn filters_answering(errno: u32) -> Result<Filters, SandboxError> {
+    filters_answering_for(errno, false)
+}
+
+fn filters_answering_for(errno: u32, no_reflinks: bool) -> Result<Filters, SandboxError> {
     let max = allowed::syscalls()
         .chain(REFUSED.iter().copied())
         .max()
@@ -86,7 +110,7 @@ fn filters_answering(errno: u32) -> Result<Filters, SandboxError> {
         u32::try_from(max).map_err(|_| SandboxError::Seccomp(format!("system call {max}")))?;
     let prog = tree::compile(
         max,
-        |nr| leaf_of(i64::from(nr), errno),
+        |nr| leaf_of(i64::from(nr), errno, no_reflinks),
         Leaf::Errno(libc::ENOSYS as u32),
     );
     if prog.len() >= 4096 {

@@ -85,3 +85,21 @@ pub const IOCTLS: &[u64] = &[
     0x4008_9413, // DEFAULT_SUBVOL
     0x5000_943F, // SNAP_DESTROY_V2
 ];
+
+/// [`IOCTLS`], and those that share a file's extents with another file
+/// (refused under a session quota: see [`super::filters_for`]).
+pub const IOCTLS_AND_CLONES: &[u64] = &[
+    0x5412,
+    0x541C,
+    0x5000_9401,
+    0x5000_940E,
+    0x5000_940F,
+    0x5000_9417,
+    0x5000_9418,
+    0x4008_941A,
+    0x4008_9413,
+    0x5000_943F,
+    0x4004_9409, // FICLONE (BTRFS_IOC_CLONE)
+    0x4020_940D, // FICLONERANGE (BTRFS_IOC_CLONE_RANGE)
+    0xC018_9436, // FIDEDUPERANGE
+];

@@ -193,6 +193,7 @@ impl Runs {
             binds: files.binds.clone(),
             links: files.links.clone(),
             prepare_ahead: self.cfg.prepare_runs && !self.cfg.plugins.observes_runs(),
+            no_reflinks: self.cfg.no_reflinks,
         };
         let ctx = Context::start(&self.exe, &cg, &spec).map_err(|e| {
             let _ = self.cgroups.remove(&self.cgroups.context_dir(a, s));

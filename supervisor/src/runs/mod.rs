@@ -79,6 +79,10 @@ pub struct RunsConfig {
     pub capture_limit: usize,
     /// Largest total copied from the private /tmp on normal exit.
     pub tmp_sync_cap: u64,
+    /// Refuse sandboxed programs the calls that share a file's extents
+    /// (FICLONE, FICLONERANGE, FIDEDUPERANGE, copy_file_range): set under
+    /// `--session-quota`, since Btrfs does not hold a clone to the quota.
+    pub no_reflinks: bool,
     /// Limits applied to every session's cgroup.
     pub limits: Limits,
     /// Limits on all sessions together (the `allox` cgroup).
@@ -140,6 +144,7 @@ impl RunsConfig {
             // Both streams together stay well inside one 1 MiB frame.
             capture_limit: 256 << 10,
             tmp_sync_cap: 64 << 20,
+            no_reflinks: false,
             limits: Limits::default(),
             total: Limits::default(),
             isolate_network: false,

@@ -2087,3 +2087,64 @@ fn names_that_are_not_utf8_are_never_shown_as_another_name() {
         ]
     );
 }
+
+/// `alloxctl cp` out of a tree of more than one listing's 10,000 entries:
+/// whole, as long as no one directory holds more (a project of 20
+/// directories of 500 files was refused before, "copy its subdirectories
+/// one by one"); a single directory of more is refused before anything is
+/// copied, saying what can be done.
+#[test]
+fn cp_copies_a_tree_of_more_than_one_listing_out_whole() {
+    let Some(d) = setup("cp_more_than_one_listing", &[], 1024) else {
+        return;
+    };
+    let cur = current(&d);
+    for i in 0..20 {
+        let dir = cur.join(format!("proj/d{i:02}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for j in 0..500 {
+            std::fs::write(dir.join(format!("f{j:03}")), format!("{i}/{j}")).unwrap();
+        }
+    }
+    let out = tempfile::tempdir_in("/var/tmp").unwrap();
+    let dst = out.path().join("proj");
+    let said = String::from_utf8_lossy(&ctl_ok(&d, &["cp", "a/s:proj", dst.to_str().unwrap()]))
+        .into_owned();
+    assert!(said.contains("10000 files"), "{said}");
+    assert_eq!(
+        std::fs::read_to_string(dst.join("d19/f499")).unwrap(),
+        "19/499"
+    );
+    let count = walkdir_count(&dst);
+    assert_eq!(count, 10_000);
+    // One directory of 10,001 files: refused, nothing made.
+    let flat = cur.join("flat");
+    std::fs::create_dir(&flat).unwrap();
+    for j in 0..10_001 {
+        std::fs::write(flat.join(format!("f{j:05}")), "x").unwrap();
+    }
+    let dst = out.path().join("flat");
+    let (code, _, err) = ctl(&d, &["cp", "a/s:flat", dst.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("one directory of more than 10000 entries")
+            && err.contains("nothing was copied"),
+        "{err}"
+    );
+    assert!(!dst.exists());
+}
+
+/// How many files are under `dir`.
+fn walkdir_count(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                walkdir_count(&e.path())
+            } else {
+                1
+            }
+        })
+        .sum()
+}

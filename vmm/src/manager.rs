@@ -162,9 +162,12 @@ impl Manager {
         Ok((p, cfg))
     }
 
-    /// The control port's socket of VM `name`.
+    /// The control port's socket of VM `name` (what a command stopped
+    /// half-way left settled first, if no command holds the VM).
     pub fn socket(&self, name: &str) -> Result<PathBuf, VmError> {
-        Ok(self.existing(name)?.0.ctl())
+        let (p, _) = self.existing(name)?;
+        self.try_settle(&p);
+        Ok(p.ctl())
     }
 
     pub fn create(&self, spec: &CreateSpec) -> Result<VmInfo, VmError> {
@@ -302,6 +305,7 @@ impl Manager {
 
     pub fn info(&self, name: &str) -> Result<VmInfo, VmError> {
         let (p, cfg) = self.existing(name)?;
+        self.try_settle(&p);
         let (pid, state) = self.state_of(&p)?;
         Ok(VmInfo {
             name: cfg.name.clone(),
@@ -377,8 +381,48 @@ impl Manager {
             }
             Err(e) => return Err(VmError::Io(e.into())),
         }
-        self.settle_restore(p)?;
+        self.settle(p)?;
         Ok(f)
+    }
+
+    /// [`Manager::settle`], if no command holds the VM now (a command
+    /// that only reads it, or reaches its guest, does this on its way).
+    fn try_settle(&self, p: &VmPaths) {
+        let Ok(f) = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(p.dir.join(".lock"))
+        else {
+            return;
+        };
+        if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok() {
+            // Failing, it is tried again by the next command.
+            let _ = self.settle(p);
+        }
+    }
+
+    /// Settles what a command of the VM stopped half-way left: a restore
+    /// ([`Manager::settle_restore`]), and a snapshot that paused the guest
+    /// (resumed; its partial directory removed).
+    fn settle(&self, p: &VmPaths) -> Result<(), VmError> {
+        self.settle_restore(p)?;
+        let paused_by_snapshot = std::fs::read_dir(p.snapshots())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                e.file_name().to_string_lossy().starts_with('.')
+                    && e.path().join(PAUSED_BY_SNAPSHOT).exists()
+            });
+        if paused_by_snapshot
+            && self.pid(p).is_some()
+            && self.backend.status(p).ok() == Some(RunState::Paused)
+        {
+            self.backend.resume(p)?;
+        }
+        clear_partial(p);
+        Ok(())
     }
 
     /// A restore stopped half-way (its command interrupted or killed)
@@ -593,6 +637,11 @@ impl Manager {
         let was_running = was == RunState::Running;
         let mut written = (|| -> Result<SnapshotInfo, VmError> {
             if was_running {
+                // Said before the pause: a snapshot stopped half-way
+                // (its command interrupted or killed) left the guest
+                // paused for ever before; the next command of the VM
+                // finds this and resumes it ([`Manager::settle`]).
+                std::fs::write(tmp.join(PAUSED_BY_SNAPSHOT), b"")?;
                 self.backend.pause(&p)?;
             }
             let state = tmp.join("state");
@@ -871,6 +920,9 @@ fn clear_sockets(p: &VmPaths) {
 }
 
 /// Removes what a snapshot interrupted by a crash left (hidden names).
+/// In a snapshot's partial directory: the snapshot paused the guest.
+const PAUSED_BY_SNAPSHOT: &str = "paused-by-snapshot";
+
 fn clear_partial(p: &VmPaths) {
     for e in std::fs::read_dir(p.snapshots())
         .into_iter()
@@ -1256,6 +1308,30 @@ mod tests {
         ));
         m.rm("v", false).unwrap();
         assert!(m.list().unwrap().is_empty());
+    }
+
+    /// A snapshot stopped half-way once it had paused the guest: the next
+    /// command that reaches the VM resumes it (it stayed paused for ever,
+    /// every request to its guest hanging) and drops the partial copy; a
+    /// guest paused by `vm pause` stays paused.
+    #[test]
+    fn a_snapshot_stopped_half_way_does_not_leave_the_guest_paused() {
+        let d = tempfile::tempdir().unwrap();
+        let (m, _fake, p) = setup(d.path());
+        m.pause("v").unwrap();
+        std::fs::create_dir_all(p.snapshots().join(".s.partial")).unwrap();
+        assert_eq!(m.state("v").unwrap(), "paused");
+        m.socket("v").unwrap();
+        assert_eq!(m.state("v").unwrap(), "paused", "a pause of the user's");
+        std::fs::create_dir_all(p.snapshots().join(".s.partial")).unwrap();
+        std::fs::write(
+            p.snapshots().join(".s.partial").join(PAUSED_BY_SNAPSHOT),
+            b"",
+        )
+        .unwrap();
+        m.socket("v").unwrap();
+        assert_eq!(m.state("v").unwrap(), "running");
+        assert!(!p.snapshots().join(".s.partial").exists());
     }
 
     /// A restore stopped half-way (its command killed once the disks were

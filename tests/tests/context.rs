@@ -724,6 +724,7 @@ fn context_with_exe_at_3() {
         binds: vec![],
         links: vec![],
         prepare_ahead: true,
+        no_reflinks: false,
     };
     let r = allox_sandbox::Context::start(&at3, &cg_fd, &spec);
     let alive = r.as_ref().is_ok_and(|c| c.is_alive());

@@ -136,10 +136,18 @@ pub fn follow(
         }
     };
     if json {
-        // What was streamed, where the daemon captured nothing.
-        if result.stdout.is_empty() && result.stderr.is_empty() {
+        // What was streamed, where the daemon captured nothing: the
+        // output, then what the daemon said at the run's end (its stderr
+        // then holds only that, a note of the init's such as a /tmp not
+        // kept whole; the streamed output was dropped for it before).
+        let streamed = !captured.stdout.is_empty() || !captured.stderr.is_empty();
+        if result.stdout.is_empty() && (streamed || result.stderr.is_empty()) {
             result.stdout = String::from_utf8_lossy(&captured.stdout).into_owned();
-            result.stderr = String::from_utf8_lossy(&captured.stderr).into_owned();
+            result.stderr = format!(
+                "{}{}",
+                String::from_utf8_lossy(&captured.stderr),
+                result.stderr
+            );
             result.truncated |= captured.truncated;
         }
         print(stdout, &json_text(&Response::Exited(result.clone())));

@@ -2608,6 +2608,29 @@ fn a_tmp_that_cannot_be_kept_is_said_on_the_run_s_stderr() {
         "{r:?}"
     );
     assert!(!current(&d, "a", "t").join(".allox-tmp/keep.txt").exists());
+    // `alloxctl --json exec`, which streams: the program's output, then
+    // the note (the output was dropped for the note before).
+    let (code, out, err) = allox_integration::alloxctl(
+        &d.daemon.socket,
+        &[
+            "--json",
+            "exec",
+            "a",
+            "t",
+            "--",
+            "sh",
+            "-c",
+            "echo out; echo err >&2; echo again > /tmp/keep2.txt",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["stdout"], "out\n", "{v}");
+    let stderr = v["stderr"].as_str().unwrap();
+    assert!(
+        stderr.starts_with("err\nallox: /tmp was not kept whole"),
+        "{v}"
+    );
 }
 
 /// Under `--session-quota`, a session cannot bring bytes into its
@@ -2641,6 +2664,17 @@ fn a_session_quota_is_not_escaped_by_reflinks_from_shared() {
         used <= 16,
         "current/ holds {used} MiB under a 16 MiB quota: {r:?}"
     );
+    // Nor by the daemon's own copy of a file `alloxctl cp` passes it from
+    // the same Btrfs (it reflinked it: 200 MiB into a 50 MiB session).
+    let outside = d.fs.path().join("outside.bin");
+    std::fs::write(&outside, vec![7u8; 24 << 20]).unwrap();
+    let (code, _, err) = allox_integration::alloxctl(
+        &d.daemon.socket,
+        &["cp", outside.to_str().unwrap(), "a/t:big.bin"],
+    );
+    assert_ne!(code, 0, "24 MiB copied into a 16 MiB session: {err}");
+    assert!(err.contains("no room left"), "{err}");
+    assert!(!current(&d, "a", "t").join("big.bin").exists());
     drop(d);
     let Some(d) = setup_with("a_session_quota_is_not_escaped_control", &[], &[]) else {
         return;

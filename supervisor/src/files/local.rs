@@ -72,16 +72,21 @@ pub(super) fn passed(action: &'static str, use_: Use) -> Result<OwnedFd, FilesEr
 /// is empty. Only `src`'s data is copied, extent by extent (`SEEK_DATA`,
 /// `SEEK_HOLE`): its holes stay holes, so a sparse file stays sparse.
 /// Returns the size `dst` is left with and how its bytes moved.
+///
+/// Without `share` nothing shares extents with `src`: no reflink, no
+/// `copy_file_range` (which reflinks on one Btrfs), `sendfile` only — for
+/// a copy into a session held to a quota, which a clone would pass.
 pub(super) fn copy_whole(
     src: &OwnedFd,
     dst: &OwnedFd,
     shown: &str,
+    share: bool,
 ) -> Result<(u64, CopiedBy), FilesError> {
     use rustix::fs::SeekFrom;
     let size = rustix::fs::fstat(src)
         .map_err(|e| FilesError::from_errno("stat", shown, e))?
         .st_size as u64;
-    if rustix::fs::ioctl_ficlone(dst, src).is_ok() {
+    if share && rustix::fs::ioctl_ficlone(dst, src).is_ok() {
         return Ok((size, CopiedBy::Reflink));
     }
     let mut by = None;
@@ -100,7 +105,7 @@ pub(super) fn copy_whole(
             Err(Errno::NXIO | Errno::INVAL | Errno::OPNOTSUPP) => None,
             Err(e) => return Err(FilesError::from_errno("seek", shown, e)),
         };
-        let (end, how) = copy_extent(src, dst, data, hole, shown)?;
+        let (end, how) = copy_extent(src, dst, data, hole, shown, share)?;
         if by != Some(CopiedBy::Sendfile) {
             by = Some(how);
         }
@@ -120,7 +125,7 @@ pub(super) fn copy_whole(
     // end (so nothing is copied).
     let by = match by {
         Some(by) => by,
-        None => copy_extent(src, dst, size, None, shown)?.1,
+        None => copy_extent(src, dst, size, None, shown, share)?.1,
     };
     rustix::fs::ftruncate(dst, size).map_err(|e| FilesError::from_errno("resize", shown, e))?;
     Ok((size, by))
@@ -135,6 +140,7 @@ fn copy_extent(
     mut from: u64,
     until: Option<u64>,
     shown: &str,
+    share: bool,
 ) -> Result<(u64, CopiedBy), FilesError> {
     let want = |from: u64| {
         until.map_or(1 << 30, |u| {
@@ -142,7 +148,7 @@ fn copy_extent(
         })
     };
     let mut to = from;
-    while until.is_none_or(|u| from < u) {
+    while share && until.is_none_or(|u| from < u) {
         let n = want(from);
         match rustix::fs::copy_file_range(src, Some(&mut from), dst, Some(&mut to), n) {
             Ok(0) => return Ok((from, CopiedBy::CopyFileRange)),
@@ -153,7 +159,7 @@ fn copy_extent(
             Err(e) => return Err(FilesError::from_errno("copy", shown, e)),
         }
     }
-    if until.is_some_and(|u| from >= u) {
+    if share && until.is_some_and(|u| from >= u) {
         return Ok((from, CopiedBy::CopyFileRange));
     }
     rustix::fs::seek(dst, rustix::fs::SeekFrom::Start(from))
@@ -179,6 +185,7 @@ pub(super) fn copy_range(
     offset: u64,
     length: Option<u64>,
     shown: &str,
+    share: bool,
 ) -> Result<(u64, CopiedBy), FilesError> {
     let end = match length {
         Some(n) => offset.checked_add(n).ok_or_else(|| {
@@ -198,7 +205,7 @@ pub(super) fn copy_range(
         ))
     };
     let (mut from, mut to) = (offset, offset);
-    while from < end {
+    while share && from < end {
         let want = usize::try_from(end - from)
             .unwrap_or(usize::MAX)
             .min(1 << 30);
@@ -209,7 +216,7 @@ pub(super) fn copy_range(
             Err(e) => return Err(FilesError::from_errno("copy", shown, e)),
         }
     }
-    if from == end {
+    if share && from == end {
         return Ok((end - offset, CopiedBy::CopyFileRange));
     }
     rustix::fs::seek(dst, rustix::fs::SeekFrom::Start(from))
@@ -227,7 +234,9 @@ pub(super) fn copy_range(
     Ok((end - offset, CopiedBy::Sendfile))
 }
 
-/// The whole file `name` in `parent` becomes the passed file's bytes.
+/// The whole file `name` in `parent` becomes the passed file's bytes
+/// (sharing their extents only with `share`: see [`copy_whole`]).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn upload(
     parent: &OwnedFd,
     name: &str,
@@ -236,10 +245,11 @@ pub(super) fn upload(
     create: bool,
     owner: Option<(u32, u32)>,
     before_commit: &dyn Fn(),
+    share: bool,
 ) -> Result<(u64, CopiedBy), FilesError> {
     let by = std::cell::Cell::new(CopiedBy::default());
     let fill = |fd: &OwnedFd| {
-        let (n, how) = copy_whole(src, fd, rel.shown)?;
+        let (n, how) = copy_whole(src, fd, rel.shown, share)?;
         if crate::passed::client_gone() {
             return Err(FilesError::ClientGone {
                 path: rel.shown.into(),
@@ -269,7 +279,9 @@ pub(super) fn download(
         });
     }
     rustix::fs::ftruncate(dst, 0).map_err(|e| refused(format!("cannot empty it: {e}")))?;
-    let (n, by) = copy_whole(&src, dst, rel.shown)?;
+    // Out of the session, into the client's file: a clone there is the
+    // client's to have.
+    let (n, by) = copy_whole(&src, dst, rel.shown, true)?;
     rustix::fs::ftruncate(dst, n).map_err(|e| refused(format!("cannot cut it: {e}")))?;
     Ok((n, by))
 }

@@ -486,6 +486,7 @@ impl Files<'_> {
                         before_commit: &|| self.store.failpoint("fs_write.before_commit"),
                         live: self.uploads,
                         charged: self.charged_to,
+                        share_extents: !self.store.quotas_on(),
                     },
                 )
                 .map(|(w, _)| w);
@@ -544,6 +545,7 @@ impl Files<'_> {
                         before_commit: &|| self.store.failpoint("fs_write.before_commit"),
                         live: self.uploads,
                         charged: None,
+                        share_extents: !self.store.quotas_on(),
                     },
                 )?;
                 // A commit's bytes all came: it stands whether or not
@@ -562,6 +564,7 @@ impl Files<'_> {
                 r.create.unwrap_or(true),
                 owner,
                 &|| self.store.failpoint("fs_write.before_commit"),
+                !self.store.quotas_on(),
             )?;
             Ok(FsCopied {
                 path: rel.joined(),

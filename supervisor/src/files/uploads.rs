@@ -218,6 +218,9 @@ pub struct Chunk<'a> {
     /// The session (`agent/session`) an upload begun by this chunk counts
     /// against, when not its target's (a write from another session).
     pub charged: Option<&'a str>,
+    /// Whether a passed file's extents may be shared with the session's
+    /// (not under a session quota, which a clone would pass).
+    pub share_extents: bool,
 }
 
 /// A chunk's bytes: in the request, or in a file the client passed.
@@ -381,7 +384,8 @@ pub fn chunk(dir: &Path, c: &Chunk<'_>) -> Result<(FsWritten, Option<CopiedBy>),
             (data.len() as u64, None)
         }
         Data::Passed { fd: src, length } => {
-            let (n, by) = super::local::copy_range(src, &fd, c.offset, length, shown)?;
+            let (n, by) =
+                super::local::copy_range(src, &fd, c.offset, length, shown, c.share_extents)?;
             (n, Some(by))
         }
     };

@@ -161,15 +161,7 @@ impl Index {
     fn open_db(path: &Path) -> Result<Database, IndexError> {
         // As `Database::create`, on a file that is never made shorter: the
         // room kept past its end stays ([`crate::kept_file`]).
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .and_then(crate::kept_file::KeptFile::new)
-            .map_err(|e| IndexError::Db(redb::Error::Io(e)))?;
-        let db = redb::Builder::new().create_with_backend(file)?;
+        let db = crate::kept_file::create(path)?;
         let mut w = db.begin_write()?;
         // Creating the tables need not be durable by itself: lost, they are
         // made again at the next open, and every later durable commit
@@ -297,29 +289,24 @@ impl Index {
     /// Every session's own cgroup limits: `(agent/session, record)`, of
     /// sessions that exist.
     pub fn all_limits(&self) -> Result<Vec<(String, LimitsRecord)>, IndexError> {
-        self.with_db(|db| {
-            let tx = db.begin_read()?;
-            let (t, sessions) = (tx.open_table(LIMITS)?, tx.open_table(SESSIONS)?);
-            let mut out = Vec::new();
-            for item in t.iter()? {
-                let (k, v) = item?;
-                let key = k.value();
-                if sessions.get(key)?.is_none() {
-                    continue;
-                }
-                out.push((key.to_string(), dec(key, v.value())?));
-            }
-            Ok(out)
-        })
+        self.of_sessions(LIMITS)
     }
     /// Every session with limits over time: `(agent/session, record)`,
     /// and the agents' defaults (`agent`, record). A session's record
     /// left by a creation that failed (written in its Begin) is not
     /// listed: the session does not exist.
     pub fn clocks(&self) -> Result<Vec<(String, ClockRecord)>, IndexError> {
+        self.of_sessions(CLOCKS)
+    }
+    /// `table`'s records of sessions that exist (`agent/session`), and of
+    /// agents (keys without a `/`).
+    fn of_sessions<T: DeserializeOwned>(
+        &self,
+        table: TableDefinition<&str, &[u8]>,
+    ) -> Result<Vec<(String, T)>, IndexError> {
         self.with_db(|db| {
             let tx = db.begin_read()?;
-            let (t, sessions) = (tx.open_table(CLOCKS)?, tx.open_table(SESSIONS)?);
+            let (t, sessions) = (tx.open_table(table)?, tx.open_table(SESSIONS)?);
             let mut out = Vec::new();
             for item in t.iter()? {
                 let (k, v) = item?;

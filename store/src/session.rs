@@ -387,28 +387,12 @@ impl Store {
 
     /// Every session's own cgroup limits, as `(agent, session, record)`.
     pub fn kept_limits(&self) -> Result<Vec<(String, String, crate::rows::LimitsRecord)>> {
-        Ok(self
-            .index
-            .all_limits()?
-            .into_iter()
-            .filter_map(|(k, r)| {
-                let (a, s) = k.split_once('/')?;
-                Some((a.to_string(), s.to_string(), r))
-            })
-            .collect())
+        Ok(by_session(self.index.all_limits()?))
     }
 
     /// Every session with limits over time, as `(agent, session, record)`.
     pub fn clocks(&self) -> Result<Vec<(String, String, crate::index::ClockRecord)>> {
-        Ok(self
-            .index
-            .clocks()?
-            .into_iter()
-            .filter_map(|(k, r)| {
-                let (a, s) = k.split_once('/')?;
-                Some((a.to_string(), s.to_string(), r))
-            })
-            .collect())
+        Ok(by_session(self.index.clocks()?))
     }
 
     /// Writes session `a/s`'s limits over time (durably: an expiry or a
@@ -466,4 +450,15 @@ impl Store {
         })?;
         Ok(())
     }
+}
+
+/// Records keyed `agent/session` as `(agent, session, record)` (those
+/// keyed by an agent alone left out).
+fn by_session<T>(rows: Vec<(String, T)>) -> Vec<(String, String, T)> {
+    rows.into_iter()
+        .filter_map(|(k, r)| {
+            let (a, s) = k.split_once('/')?;
+            Some((a.to_string(), s.to_string(), r))
+        })
+        .collect()
 }

@@ -1287,11 +1287,7 @@ mod tests {
             "stopped",
             "the VMM of a failed restore lives"
         );
-        let left: Vec<_> = std::fs::read_dir(&p.dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("store.img."))
-            .collect();
+        let left = disks_aside(&p);
         assert!(left.is_empty(), "{left:?}");
         let e = m.clone_vm("v", "one", "w").unwrap_err();
         assert!(e.to_string().contains("does not fit"), "{e}");
@@ -1308,6 +1304,15 @@ mod tests {
         ));
         m.rm("v", false).unwrap();
         assert!(m.list().unwrap().is_empty());
+    }
+
+    /// The disks beside the VM's own (`store.img.*`).
+    fn disks_aside(p: &VmPaths) -> Vec<String> {
+        std::fs::read_dir(&p.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("store.img."))
+            .collect()
     }
 
     /// A snapshot stopped half-way once it had paused the guest: the next
@@ -1364,11 +1369,7 @@ mod tests {
         // (The fake guest never answers: the start fails after it settled.)
         let _ = m.start("v", Duration::from_millis(200));
         assert_eq!(std::fs::read(p.store()).unwrap(), b"own disk");
-        let left: Vec<_> = std::fs::read_dir(&p.dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("store.img."))
-            .collect();
+        let left = disks_aside(&p);
         assert!(left.is_empty(), "{left:?}");
     }
 }

@@ -22,6 +22,21 @@ use std::ops::Bound;
 use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
 
+/// `Database::create(path)` on a [`KeptFile`]: the index's, and the
+/// process tracker's events (`state/events.redb`), whose room past its end
+/// a trim at close freed alike.
+pub fn create(path: &std::path::Path) -> Result<redb::Database, redb::DatabaseError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .and_then(KeptFile::new)
+        .map_err(|e| redb::DatabaseError::Storage(redb::StorageError::Io(e)))?;
+    redb::Builder::new().create_with_backend(file)
+}
+
 /// redb's file storage, with `set_len` never shortening the file.
 #[derive(Debug)]
 pub struct KeptFile {

@@ -17,7 +17,7 @@ pub mod clock;
 pub mod failpoint;
 pub mod index;
 pub mod journal;
-mod kept_file;
+pub mod kept_file;
 pub mod layout;
 pub mod private;
 pub mod rate;

@@ -104,7 +104,9 @@ pub struct EventStore {
 
 impl EventStore {
     pub fn open(path: &Path, cap: u64) -> Result<EventStore, TrackerError> {
-        let db = Database::create(path).map_err(db_err)?;
+        // Never made shorter: the room the store keeps past its end for a
+        // full disk stays ([`allox_store::kept_file`]).
+        let db = allox_store::kept_file::create(path).map_err(db_err)?;
         let w = db.begin_write().map_err(db_err)?;
         let mut owners = HashMap::new();
         let newest;

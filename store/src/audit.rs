@@ -46,6 +46,23 @@ pub enum AuditError {
         #[source]
         source: io::Error,
     },
+    /// A record a guest caused, when the disk is full and what is left of
+    /// the log's room is kept for the host's requests.
+    #[error("the disk is full, and what is left of audit log {path}'s room is kept for the host's requests (its deletes and kills among them): a sandbox's call is not recorded, so it is not served")]
+    KeptForHost { path: PathBuf },
+}
+
+/// What is left of the audit log's room that a guest's record may not
+/// take on a full disk: a few thousand host records (a kill, a delete,
+/// a rollback: about 200 bytes each), so that an agent that filled the
+/// disk and then the room with its own calls cannot stop the host's
+/// requests that would end it (they were all refused, for want of an
+/// audit record, even after a restart).
+pub const KEPT_FOR_HOST: u64 = 512 << 10;
+
+/// Whether a record is a guest's (a sandboxed program's call): its peer.
+fn is_guest(peer: &str) -> bool {
+    peer.starts_with("guest ")
 }
 
 /// The fields of a record before it gets its sequence number and time.
@@ -74,6 +91,21 @@ pub struct Audit {
     max_bytes: std::sync::atomic::AtomicU64,
     /// Records of guests' calls, per session.
     lines: std::sync::RwLock<Option<Buckets>>,
+}
+
+/// Whether a guest's record may be appended to `file` (at `path`): the
+/// file's own room past its end holds more than [`KEPT_FOR_HOST`], or the
+/// filesystem has room to spare (64 MiB: the room is topped up from it).
+fn room_beyond_host(file: &File, path: &Path) -> bool {
+    let Ok(st) = rustix::fs::fstat(file) else {
+        return true;
+    };
+    let own = (st.st_blocks as u64 * 512).saturating_sub(st.st_size as u64);
+    if own > KEPT_FOR_HOST {
+        return true;
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    rustix::fs::statvfs(dir).map_or(true, |v| v.f_bavail.saturating_mul(v.f_frsize) > 64 << 20)
 }
 
 /// The rotated log beside `path` (`audit.log.1`).
@@ -197,6 +229,19 @@ impl Audit {
         }
     }
 
+    /// Whether a guest's record may be written now ([`KEPT_FOR_HOST`]):
+    /// asked before a guest's call is served, so that none is served
+    /// that could not be recorded.
+    pub fn guest_may_record(&self) -> Result<(), AuditError> {
+        let g = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        match g.as_ref() {
+            Some(t) if !room_beyond_host(&t.file, &self.path) => Err(AuditError::KeptForHost {
+                path: self.path.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// An audit log that refuses every append (it could not be opened):
     /// with it, the supervisor refuses every change.
     pub fn unavailable(path: &Path) -> Audit {
@@ -232,6 +277,11 @@ impl Audit {
             path: self.path.clone(),
             source,
         };
+        if is_guest(&rec.peer) && !room_beyond_host(&t.file, &self.path) {
+            return Err(AuditError::KeptForHost {
+                path: self.path.clone(),
+            });
+        }
         let payload = postcard::to_stdvec(&rec)
             .map_err(|e| write_err(io::Error::new(io::ErrorKind::InvalidData, e)))?;
         let before = t.file.metadata().map(|m| m.len()).ok();

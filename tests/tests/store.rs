@@ -442,6 +442,38 @@ fn disk_full_gives_a_clean_error_and_keeps_journal_and_audit_usable() {
             e.chain()
         );
     }
+    // On the full disk, guests' records take the audit log's room only
+    // down to what is kept for the host: then they are refused (and so
+    // are the calls that would make them), and the host's records (a
+    // kill, a delete: what ends the agent that filled the disk) still go
+    // in. (Before, an agent's calls took it all, and every host change
+    // was refused, even after a restart.)
+    let entry = |peer: &str, n: u64, len: usize| allox_store::audit::Entry {
+        request_id: n,
+        peer: peer.into(),
+        action: "plugin.call".into(),
+        target: "a/s/r:share.status".into(),
+        outcome: "ok".into(),
+        message: Some("y".repeat(len)),
+    };
+    let mut guests = 0;
+    let refused = loop {
+        match st.audit().append(entry("guest a/s/r", guests, 1000)) {
+            Ok(_) => guests += 1,
+            Err(e) => break e,
+        }
+        assert!(guests < 100_000, "the guest's records were never refused");
+    };
+    assert!(
+        matches!(refused, allox_store::audit::AuditError::KeptForHost { .. }),
+        "after {guests}: {refused}"
+    );
+    assert!(st.audit().guest_may_record().is_err());
+    for n in 0..1000 {
+        st.audit()
+            .append(entry("unix:uid=0", n, 100))
+            .unwrap_or_else(|e| panic!("host record {n}: {e}"));
+    }
     // Free space; everything works again and the index matches the disk.
     for k in 0..i {
         let _ = std::fs::remove_file(Path::new(&s.current).join(format!("fill{k}")));

@@ -167,6 +167,10 @@ fn answer_blocking(
         }
         SandboxRequest::PluginCall(c) => {
             check_route(&c.route)?;
+            // Not served if it could not be recorded.
+            sup.store.audit().guest_may_record().map_err(|e| {
+                ErrorBody::new(ErrorCode::Unavailable, allox_protocol::error_chain(&e))
+            })?;
             match ctx.routes.call(sup, who, &c.route, &c.params) {
                 // Nothing happened: not recorded (a guest may knock often).
                 RouteOutcome::NotOwned => Err(ErrorBody::new(

@@ -243,7 +243,7 @@ impl Default for Timeouts {
 #[derive(Clone, Copy)]
 struct With<'a> {
     secrets: &'a SessionSecrets,
-    opened: &'a (dyn Fn(&Attempt) + Send + Sync),
+    opened: &'a (dyn Fn(&Attempt) -> bool + Send + Sync),
 }
 
 /// Serves proxy clients.
@@ -268,6 +268,9 @@ pub struct Broker {
     /// nobody is told).
     pub tally: Option<Tally>,
 }
+
+/// Why an allowed connection that could not be recorded is refused.
+const UNRECORDED: &str = "the connection cannot be recorded in the network audit (is the disk full?); no connection goes unrecorded, so it is refused";
 
 /// A broker's [`Broker::tally`]: bytes sent, bytes received.
 pub type Tally = Arc<dyn Fn(u64, u64) + Send + Sync>;
@@ -296,14 +299,17 @@ impl Broker {
 
     /// Serves one client under `policy`, with the session's `secrets`;
     /// returns what happened. `opened` is told of an allowed connection
-    /// once its bytes begin to flow (the attempt as it is then: its bytes
-    /// not counted yet), so that a connection is known while it lasts.
+    /// before a byte of it goes on (the attempt as it is then: no bytes
+    /// counted yet), so that a connection is known while it lasts; when it
+    /// answers `false` (the connection could not be recorded) the client
+    /// is refused `503` and nothing goes on: no connection goes
+    /// unrecorded.
     pub async fn serve(
         &self,
         mut client: TcpStream,
         policy: &Policy,
         secrets: &SessionSecrets,
-        opened: &(dyn Fn(&Attempt) + Send + Sync),
+        opened: &(dyn Fn(&Attempt) -> bool + Send + Sync),
     ) -> Attempt {
         let mut attempt = Attempt {
             kind: "",
@@ -381,6 +387,13 @@ impl Broker {
                     }
                     Ask::Connect => Vec::new(),
                 };
+                if !opened(&attempt) {
+                    let _ = client
+                        .write_all(&http::answer(503, "Service Unavailable", UNRECORDED))
+                        .await;
+                    attempt.verdict = format!("refused: {UNRECORDED}");
+                    return attempt;
+                }
                 let first = match &req.ask {
                     Ask::Connect => client.write_all(http::CONNECTED).await,
                     Ask::Forward { .. } => server.write_all(&head).await,
@@ -398,7 +411,6 @@ impl Broker {
                 // rewritten).
                 attempt.sent = rest.len() as u64 + head.len() as u64;
                 self.tally(attempt.sent, 0);
-                opened(&attempt);
                 let tally = |sent, received| self.tally(sent, received);
                 let (up, down) =
                     crate::relay::relay(client, server, self.session_ended(), &tally).await;
@@ -560,6 +572,14 @@ impl Broker {
         let (head, done) = crate::secrets::inject(&head, &req.host, req.port, &secrets.list);
         attempt.secrets = done;
         let rest = &buf[used..];
+        if !opened(&attempt) {
+            let _ = tls
+                .write_all(&http::answer(503, "Service Unavailable", UNRECORDED))
+                .await;
+            let _ = tls.shutdown().await;
+            attempt.verdict = format!("refused: {UNRECORDED}");
+            return attempt;
+        }
         let first = async {
             upstream.write_all(&head).await?;
             upstream.write_all(rest).await?;
@@ -570,7 +590,6 @@ impl Broker {
         }
         attempt.sent = (head.len() + rest.len()) as u64;
         self.tally(attempt.sent, 0);
-        opened(&attempt);
         let tally = |sent, received| self.tally(sent, received);
         let (up, down) = copy_both(tls, upstream, self.session_ended(), &tally).await;
         attempt.sent += up;

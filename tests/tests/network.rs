@@ -1122,3 +1122,63 @@ fn a_long_connection_s_bytes_are_counted_while_it_lasts() {
         "{all}"
     );
 }
+
+/// On a disk an agent filled, a proxied connection is recorded in
+/// `network-audit.log` (its room kept, as the daemon's audit log's) or
+/// refused `503` before a byte of it goes on: never made unrecorded.
+/// (Before, every connection went through, none of them recorded.)
+#[test]
+fn on_a_full_disk_no_connection_goes_unrecorded() {
+    let name = "network::on_a_full_disk_no_connection_goes_unrecorded";
+    if !needs(name, &["curl"]) {
+        return;
+    }
+    let server = hello_server();
+    let local = format!("127.0.0.1:{}", server.port());
+    let dns = DnsStub::start(HashMap::new()).unwrap();
+    let d = daemon("network_full", &dns, &[], &["--session-network", "proxy"]);
+    ctl_ok(&d, &["agent", "create", "a"]);
+    ctl_ok(&d, &["session", "create", "a", "s", "--allow", &local]);
+    ctl_ok(
+        &d,
+        &["session", "create", "a", "fill", "--network", "isolated"],
+    );
+    let fill = d
+        .daemon
+        .root
+        .join("agents/a/workspace/sessions/fill/current");
+    let big = vec![7u8; 8 << 20];
+    let mut i = 0;
+    while std::fs::write(fill.join(format!("f{i}")), &big).is_ok() {
+        i += 1;
+        assert!(i < 200, "the disk never filled");
+    }
+    for j in 0..100_000 {
+        if std::fs::write(fill.join(format!("s{j}")), [1u8; 4096]).is_err() {
+            break;
+        }
+    }
+    let log = d.daemon.root.join("state/network-audit.log");
+    let records = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("\"open\":true"))
+            .count()
+    };
+    for _ in 0..10 {
+        let before = records();
+        let r = sh(
+            &d,
+            &format!("curl -sS -o /dev/null -w '%{{http_code}}' http://{local}/"),
+        );
+        let after = records();
+        match r.stdout.as_str() {
+            // Its opening is recorded before a byte of it goes on (its
+            // end a moment after the answer).
+            "200" => assert_eq!(after, before + 1, "served unrecorded"),
+            "503" => {}
+            other => panic!("{other}: {r:?}"),
+        }
+    }
+}

@@ -70,6 +70,7 @@ async fn through(broker: &Broker, policy: &Policy, request: &[u8]) -> (String, A
         .serve(s, policy, &Default::default(), &|a| {
             assert!(a.allowed && a.received == 0, "{a:?}");
             opens.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            true
         })
         .await;
     // Told once of a connection it allowed, never of one it refused.

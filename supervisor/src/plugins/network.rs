@@ -189,6 +189,9 @@ impl Plugin for Network {
         crate::plugin_api::write_shim(&shim, "net")
             .map_err(|e| not_started(format!("write {}: {e}", shim.display())))?;
         let path: PathBuf = settings.state_dir.join(AUDIT_FILE);
+        // Room kept for it, as for the daemon's own audit log, so that
+        // connections go on being recorded (and made) on a full disk.
+        allox_store::reserve::prepare(&path, allox_store::reserve::room_for(&settings.state_dir));
         // Bounded like the other audit files (`--audit-file-bytes`, one
         // rotated file kept and read).
         let max = (settings.audit.file_bytes > 0).then_some(settings.audit.file_bytes);

@@ -116,10 +116,11 @@ impl SessionProxy {
         Ok([mine, all])
     }
 
-    fn record(&self, mut r: NetworkAuditRecord) {
+    /// Records `r`; whether it was written.
+    fn record(&self, mut r: NetworkAuditRecord) -> bool {
         r.agent_id = self.agent.clone();
         r.session_id = self.session.clone();
-        self.started.audit.append(r);
+        self.started.audit.append_all(vec![r]).is_some()
     }
 
     /// A connection past a budget: `503` naming it, closed; recorded if
@@ -147,7 +148,7 @@ impl SessionProxy {
         } else {
             why.to_string()
         };
-        self.record(record(None, verdict));
+        let _ = self.record(record(None, verdict));
     }
 
     /// Which run a connection to the proxy came from: the cgroup of the
@@ -256,11 +257,11 @@ pub(super) async fn serve(l: tokio::net::TcpListener, proxy: Arc<SessionProxy>) 
                 let mut r = attempt_record(run_id.clone(), a);
                 r.open = true;
                 r.bytes_sent = 0;
-                proxy.record(r);
+                proxy.record(r)
             };
             let a = proxy.broker.serve(conn, &policy, &secrets, &opened).await;
             proxy.started.metrics.connection(a.allowed);
-            proxy.record(attempt_record(run_id, &a));
+            let _ = proxy.record(attempt_record(run_id, &a));
         });
     }
 }

@@ -120,7 +120,7 @@ async fn broker(
         while let Ok((c, _)) = l.accept().await {
             let (b, p, s) = (broker.clone(), policy.clone(), secrets.clone());
             tokio::spawn(async move {
-                b.serve(c, &p, &s, &|_| {}).await;
+                b.serve(c, &p, &s, &|_| true).await;
             });
         }
     });

@@ -72,7 +72,7 @@ async fn broker_for(server: SocketAddr) -> SocketAddr {
         while let Ok((c, _)) = l.accept().await {
             let (b, p) = (broker.clone(), policy.clone());
             tokio::spawn(async move {
-                b.serve(c, &p, &Default::default(), &|_| {}).await;
+                b.serve(c, &p, &Default::default(), &|_| true).await;
             });
         }
     });

@@ -75,6 +75,13 @@ pub enum DaemonError {
         new: PathBuf,
         left: PathBuf,
     },
+    #[error("cannot keep this daemon's cgroup root {} in {} (a successor would not find its runs, so it does not start): free space on the store, or start it with the cgroup root kept there", .root.display(), .kept.display())]
+    CgroupRootNotKept {
+        root: PathBuf,
+        kept: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot set up the in-sandbox interface")]
     SandboxApi(#[source] crate::sandbox_api::SandboxApiError),
     #[error("cannot start the async runtime")]
@@ -116,15 +123,16 @@ fn check_cgroup_root(kept: &std::path::Path, new: &std::path::Path) -> Result<()
 
 /// Keeps the cgroup root this daemon's runs are made under, for
 /// [`check_cgroup_root`] at the next start (written aside and renamed: a
-/// crash leaves the old one or the new).
-fn keep_cgroup_root(kept: &std::path::Path, root: &std::path::Path) {
+/// crash leaves the old one or the new). One that cannot be kept (a full
+/// disk) refuses the start: after a crash its runs would go on unseen by a
+/// successor started with the root kept before.
+fn keep_cgroup_root(kept: &std::path::Path, root: &std::path::Path) -> Result<(), DaemonError> {
     use std::io::Write;
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::OpenOptionsExt;
-    // Already kept (each start after the first): nothing is written, so a
-    // start on a full disk is not warned of it.
+    // Already kept (each start after the first): nothing is written.
     if std::fs::read(kept).is_ok_and(|k| k == root.as_os_str().as_bytes()) {
-        return;
+        return Ok(());
     }
     let aside = kept.with_extension("new");
     let written = std::fs::OpenOptions::new()
@@ -138,10 +146,14 @@ fn keep_cgroup_root(kept: &std::path::Path, root: &std::path::Path) {
             f.sync_all()
         })
         .and_then(|()| std::fs::rename(&aside, kept));
-    if let Err(e) = written {
+    written.map_err(|source| {
         let _ = std::fs::remove_file(&aside);
-        tracing::warn!(path = %kept.display(), error = %e, "cannot keep the cgroup root of the runs");
-    }
+        DaemonError::CgroupRootNotKept {
+            root: root.to_path_buf(),
+            kept: kept.to_path_buf(),
+            source,
+        }
+    })
 }
 
 /// Blocks until `fd` (a pipe's read end) reads end-of-file.
@@ -263,7 +275,7 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
             let kept = cfg.root.join("state").join(CGROUP_ROOT_FILE);
             check_cgroup_root(&kept, &rc.cgroup_mount)?;
             let runs = Runs::new(rc).map_err(DaemonError::Processes)?;
-            keep_cgroup_root(&kept, &runs.config().cgroup_mount);
+            keep_cgroup_root(&kept, &runs.config().cgroup_mount)?;
             runs.restore_limits(&store);
             Some(Arc::new(runs))
         }

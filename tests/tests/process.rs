@@ -1090,6 +1090,39 @@ fn a_supervisor_does_not_lose_the_store_s_runs_to_another_cgroup_root() {
     )
     .unwrap();
     moved.wait().unwrap();
+    // A root that cannot be kept (the disk full) is not taken: after a
+    // crash its runs would go on unseen by a successor started under the
+    // one kept (it started, with a warning, before).
+    let fill = d.daemon.root.join("agents/a/workspace/sessions/s/current");
+    let big = vec![7u8; 8 << 20];
+    let mut filled = Vec::new();
+    while filled.len() < 200 {
+        let f = fill.join(format!("fill{}", filled.len()));
+        let written = std::fs::write(&f, &big);
+        filled.push(f);
+        if written.is_err() {
+            break;
+        }
+    }
+    for j in 0..100_000 {
+        let f = fill.join(format!("small{j}"));
+        let written = std::fs::write(&f, [1u8; 4096]);
+        filled.push(f);
+        if written.is_err() {
+            break;
+        }
+    }
+    let third = other.with_file_name(format!("allox-test-{}-third", std::process::id()));
+    let (code, err) = refused(&third);
+    assert!(
+        code == Some(1) && err.contains("cannot keep this daemon's cgroup root"),
+        "{code:?}: {err}"
+    );
+    for f in filled {
+        let _ = std::fs::remove_file(f);
+    }
+    let _ = std::process::Command::new("sync").status();
+    allox_integration::remove_cgroup_tree(&third);
     allox_integration::remove_cgroup_tree(&other);
     d.restart(&[]);
 }

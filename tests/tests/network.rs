@@ -1136,7 +1136,19 @@ fn on_a_full_disk_no_connection_goes_unrecorded() {
     let server = hello_server();
     let local = format!("127.0.0.1:{}", server.port());
     let dns = DnsStub::start(HashMap::new()).unwrap();
-    let d = daemon("network_full", &dns, &[], &["--session-network", "proxy"]);
+    let keys = tempfile::tempdir_in("/var/tmp").unwrap();
+    let key_file = keys.path().join("secrets.key");
+    let d = daemon(
+        "network_full",
+        &dns,
+        &[],
+        &[
+            "--session-network",
+            "proxy",
+            "--secrets-key-file",
+            key_file.to_str().unwrap(),
+        ],
+    );
     ctl_ok(&d, &["agent", "create", "a"]);
     ctl_ok(&d, &["session", "create", "a", "s", "--allow", &local]);
     ctl_ok(
@@ -1181,4 +1193,43 @@ fn on_a_full_disk_no_connection_goes_unrecorded() {
             other => panic!("{other}: {r:?}"),
         }
     }
+    // A secret set on the full disk is kept, or refused as the full disk
+    // (`unavailable`, not `internal`), with nothing half-written left.
+    let value = keys.path().join("value");
+    std::fs::write(&value, "s3cret").unwrap();
+    let (code, _, err) = ctl(
+        &d,
+        &[
+            "secret",
+            "set",
+            "a",
+            "TOKEN",
+            "--host",
+            "api.test",
+            "--value-file",
+            value.to_str().unwrap(),
+        ],
+    );
+    assert!(code == 0 || err.contains("unavailable"), "{err}");
+    let secrets = d.daemon.root.join("state/network-secrets");
+    let debris: Vec<_> = walk(&secrets)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().ends_with(".new"))
+        .collect();
+    assert!(debris.is_empty(), "{debris:?}");
+}
+
+/// Every path below `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|e| {
+            let p = e.path();
+            let mut below = if p.is_dir() { walk(&p) } else { Vec::new() };
+            below.push(p);
+            below
+        })
+        .collect()
 }

@@ -119,15 +119,32 @@ fn write_file(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
         path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
     ));
     let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)?;
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        // Nothing half-written is left beside it (a full disk).
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
     std::fs::File::open(dir)?.sync_all()
+}
+
+/// A file of the vault that could not be written: `unavailable` for a full
+/// disk or quota (free space and retry), else `internal`.
+fn not_written(path: &Path, e: std::io::Error) -> allox_protocol::ErrorBody {
+    let code = match e.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT) => allox_protocol::ErrorCode::Unavailable,
+        _ => allox_protocol::ErrorCode::Internal,
+    };
+    allox_protocol::ErrorBody::new(code, format!("write {}: {e}", path.display()))
 }
 
 impl Vault {
@@ -265,8 +282,7 @@ impl Vault {
         };
         let path = self.level_dir(a, s).join(format!("{}.json", p.name));
         let json = serde_json::to_vec_pretty(&stored).map_err(|e| internal(e.to_string()))?;
-        write_file(&path, &json, 0o600)
-            .map_err(|e| internal(format!("write {}: {e}", path.display())))?;
+        write_file(&path, &json, 0o600).map_err(|e| not_written(&path, e))?;
         let info = info(&level, &stored);
         levels
             .entry(level)

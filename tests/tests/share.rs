@@ -1009,8 +1009,16 @@ fn on_a_full_disk_the_daemon_starts_and_no_access_goes_unrecorded() {
             break;
         }
     }
+    // One cut short (by an earlier build, on a full disk) is kept until
+    // there is room: the daemon starts all the same.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(state.join("share.py"))
+        .unwrap();
     d.restart(&["--share-tools"]);
-    assert_eq!(std::fs::read(state.join("share.py")).unwrap(), shim);
+    let kept = std::fs::read(state.join("share.py")).unwrap();
+    assert!(kept.is_empty() || kept == shim, "{kept:?}");
     let read = format!("allox share read {B_TARGET} report.txt");
     for _ in 0..20 {
         let before = share_audit(&d).len();

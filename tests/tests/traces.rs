@@ -978,3 +978,36 @@ fn the_record_file_is_bounded_and_keeps_the_newest() {
     let e = ingest(&d, "a", "s", many).unwrap_err();
     assert!(e.message.contains("4097 spans in one request"), "{e:?}");
 }
+
+/// Spans sent on a disk an agent filled are recorded, or refused
+/// `unavailable` saying none was kept: never answered as a success of
+/// none (`accepted: 0`, exit 0, before).
+#[test]
+fn spans_that_cannot_be_recorded_are_refused_not_answered_as_none() {
+    let Some(d) = setup("spans_that_cannot_be_recorded", &["--plugin", "monitor"]) else {
+        return;
+    };
+    let fill = d.daemon.root.join("agents/b/workspace/sessions/u/current");
+    let big = vec![7u8; 8 << 20];
+    let mut i = 0;
+    while std::fs::write(fill.join(format!("f{i}")), &big).is_ok() {
+        i += 1;
+        assert!(i < 200, "the disk never filled");
+    }
+    for j in 0..100_000 {
+        if std::fs::write(fill.join(format!("s{j}")), [1u8; 4096]).is_err() {
+            break;
+        }
+    }
+    let start = now_ns();
+    let spans: Vec<Span> = (0..3)
+        .map(|n| span(n, SpanOperation::ExecuteTool, Some("t"), start, 10))
+        .collect();
+    match ingest(&d, "a", "s", spans) {
+        Ok(i) => assert_eq!(i.accepted, 3, "{i:?}"),
+        Err(e) => {
+            assert_eq!(e.code, ErrorCode::Unavailable, "{e:?}");
+            assert!(e.message.contains("none was kept"), "{e:?}");
+        }
+    }
+}

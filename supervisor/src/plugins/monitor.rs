@@ -236,6 +236,17 @@ impl Started {
                 first_seq,
                 last_seq,
             },
+            // Spans given and none written: the file took nothing (a full
+            // disk). Said, not answered as a success of none.
+            None if n > 0 => {
+                return Err(ErrorBody::new(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "{n} spans of {who} could not be recorded in {} (is the disk full?): none was kept; send them again once there is room",
+                        self.records.path().display()
+                    ),
+                ))
+            }
             None => MonitorIngested {
                 accepted: 0,
                 first_seq: 0,

@@ -716,9 +716,25 @@ fn lock_root(path: &Path) -> Result<OwnedFd> {
         Mode::from_raw_mode(0o600),
     )
     .map_err(|e| StoreError::io("open", path, e.into()))?;
-    flock(&fd, FlockOperation::NonBlockingLockExclusive).map_err(|_| StoreError::Root {
-        path: path.display().to_string(),
-        why: "another supervisor is using this store (its lock file is held)".into(),
-    })?;
-    Ok(fd)
+    // Asked again for a moment: a lock let go just now can still be held
+    // by a child some thread of the process that held it forked, until
+    // that child's exec closes its copy of the descriptor (a store
+    // opened again at once, under load, was refused so).
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
+        match flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(fd),
+            Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR)
+                if std::time::Instant::now() < until =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(_) => {
+                return Err(StoreError::Root {
+                    path: path.display().to_string(),
+                    why: "another supervisor is using this store (its lock file is held)".into(),
+                })
+            }
+        }
+    }
 }

@@ -948,6 +948,37 @@ pub mod sandbox_api_raw;
 pub mod vm;
 pub mod watchdog;
 
+/// Fills the filesystem `dir` is on, as a session's own files would:
+/// 8 MiB files, then 4 KiB ones, until a write is refused (at most 200
+/// big ones: a disk that never fills fails the test). The files written
+/// (and the one refused), to be removed to free the space again.
+pub fn fill_disk(dir: &Path) -> Vec<PathBuf> {
+    let big = vec![7u8; 8 << 20];
+    let mut written = Vec::new();
+    loop {
+        let f = dir.join(format!("fill{}", written.len()));
+        let full = std::fs::write(&f, &big).is_err();
+        written.push(f);
+        if full {
+            break;
+        }
+        assert!(
+            written.len() < 200,
+            "{}: the disk never filled",
+            dir.display()
+        );
+    }
+    for j in 0..100_000 {
+        let f = dir.join(format!("small{j}"));
+        let full = std::fs::write(&f, [1u8; 4096]).is_err();
+        written.push(f);
+        if full {
+            break;
+        }
+    }
+    written
+}
+
 /// An HTTP server on the host's loopback answering each request with
 /// `hello <path>` and closing; its address, and how many connections it
 /// has accepted.

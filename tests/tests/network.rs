@@ -1155,21 +1155,11 @@ fn on_a_full_disk_no_connection_goes_unrecorded() {
         &d,
         &["session", "create", "a", "fill", "--network", "isolated"],
     );
-    let fill = d
-        .daemon
-        .root
-        .join("agents/a/workspace/sessions/fill/current");
-    let big = vec![7u8; 8 << 20];
-    let mut i = 0;
-    while std::fs::write(fill.join(format!("f{i}")), &big).is_ok() {
-        i += 1;
-        assert!(i < 200, "the disk never filled");
-    }
-    for j in 0..100_000 {
-        if std::fs::write(fill.join(format!("s{j}")), [1u8; 4096]).is_err() {
-            break;
-        }
-    }
+    allox_integration::fill_disk(
+        &d.daemon
+            .root
+            .join("agents/a/workspace/sessions/fill/current"),
+    );
     let log = d.daemon.root.join("state/network-audit.log");
     let records = || {
         std::fs::read_to_string(&log)

@@ -1093,25 +1093,8 @@ fn a_supervisor_does_not_lose_the_store_s_runs_to_another_cgroup_root() {
     // A root that cannot be kept (the disk full) is not taken: after a
     // crash its runs would go on unseen by a successor started under the
     // one kept (it started, with a warning, before).
-    let fill = d.daemon.root.join("agents/a/workspace/sessions/s/current");
-    let big = vec![7u8; 8 << 20];
-    let mut filled = Vec::new();
-    while filled.len() < 200 {
-        let f = fill.join(format!("fill{}", filled.len()));
-        let written = std::fs::write(&f, &big);
-        filled.push(f);
-        if written.is_err() {
-            break;
-        }
-    }
-    for j in 0..100_000 {
-        let f = fill.join(format!("small{j}"));
-        let written = std::fs::write(&f, [1u8; 4096]);
-        filled.push(f);
-        if written.is_err() {
-            break;
-        }
-    }
+    let filled =
+        allox_integration::fill_disk(&d.daemon.root.join("agents/a/workspace/sessions/s/current"));
     let third = other.with_file_name(format!("allox-test-{}-third", std::process::id()));
     let (code, err) = refused(&third);
     assert!(

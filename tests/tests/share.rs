@@ -997,18 +997,7 @@ fn on_a_full_disk_the_daemon_starts_and_no_access_goes_unrecorded() {
     let shim = std::fs::read(state.join("share.py")).unwrap();
     // The disk filled (as a session's own files would fill it), to the
     // last small write.
-    let fill = current(&d, ("agent-c", "s"));
-    let big = vec![7u8; 8 << 20];
-    let mut i = 0;
-    while std::fs::write(fill.join(format!("f{i}")), &big).is_ok() {
-        i += 1;
-        assert!(i < 200, "the disk never filled");
-    }
-    for j in 0..100_000 {
-        if std::fs::write(fill.join(format!("s{j}")), [1u8; 4096]).is_err() {
-            break;
-        }
-    }
+    allox_integration::fill_disk(&current(&d, ("agent-c", "s")));
     // One cut short (by an earlier build, on a full disk) is kept until
     // there is room: the daemon starts all the same.
     std::fs::OpenOptions::new()

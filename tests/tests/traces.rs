@@ -987,18 +987,7 @@ fn spans_that_cannot_be_recorded_are_refused_not_answered_as_none() {
     let Some(d) = setup("spans_that_cannot_be_recorded", &["--plugin", "monitor"]) else {
         return;
     };
-    let fill = d.daemon.root.join("agents/b/workspace/sessions/u/current");
-    let big = vec![7u8; 8 << 20];
-    let mut i = 0;
-    while std::fs::write(fill.join(format!("f{i}")), &big).is_ok() {
-        i += 1;
-        assert!(i < 200, "the disk never filled");
-    }
-    for j in 0..100_000 {
-        if std::fs::write(fill.join(format!("s{j}")), [1u8; 4096]).is_err() {
-            break;
-        }
-    }
+    allox_integration::fill_disk(&d.daemon.root.join("agents/b/workspace/sessions/u/current"));
     let start = now_ns();
     let spans: Vec<Span> = (0..3)
         .map(|n| span(n, SpanOperation::ExecuteTool, Some("t"), start, 10))

@@ -127,27 +127,12 @@ fn check_cgroup_root(kept: &std::path::Path, new: &std::path::Path) -> Result<()
 /// disk) refuses the start: after a crash its runs would go on unseen by a
 /// successor started with the root kept before.
 fn keep_cgroup_root(kept: &std::path::Path, root: &std::path::Path) -> Result<(), DaemonError> {
-    use std::io::Write;
     use std::os::unix::ffi::OsStrExt;
-    use std::os::unix::fs::OpenOptionsExt;
     // Already kept (each start after the first): nothing is written.
     if std::fs::read(kept).is_ok_and(|k| k == root.as_os_str().as_bytes()) {
         return Ok(());
     }
-    let aside = kept.with_extension("new");
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&aside)
-        .and_then(|mut f| {
-            f.write_all(root.as_os_str().as_bytes())?;
-            f.sync_all()
-        })
-        .and_then(|()| std::fs::rename(&aside, kept));
-    written.map_err(|source| {
-        let _ = std::fs::remove_file(&aside);
+    crate::state_file::write(kept, root.as_os_str().as_bytes(), 0o600).map_err(|source| {
         DaemonError::CgroupRootNotKept {
             root: root.to_path_buf(),
             kept: kept.to_path_buf(),

@@ -1046,5 +1046,5 @@ fn on_a_full_disk_the_daemon_starts_and_no_access_goes_unrecorded() {
             "{err}"
         );
     }
-    assert!(!state.join("share.json.tmp").exists());
+    assert!(!state.join(".share.json.new").exists());
 }

@@ -300,19 +300,13 @@ pub fn write_shim(path: &std::path::Path, command: &str) -> std::io::Result<()> 
     if std::fs::read(path).is_ok_and(|t| t == text.as_bytes()) {
         return std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644));
     }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = std::path::PathBuf::from(tmp);
-    let written = std::fs::write(&tmp, text)
-        .and_then(|()| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)))
-        .and_then(|()| std::fs::rename(&tmp, path));
+    let written = crate::state_file::write(path, text.as_bytes(), 0o644)
+        .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)));
     if let Err(e) = &written {
-        let _ = std::fs::remove_file(&tmp);
         // One that is there, of another build (or cut short), serves
         // until there is room: a full disk does not keep the daemon from
         // starting (its deletes free the room).
-        let full = matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT));
-        if full && path.exists() {
+        if crate::state_file::is_full(e) && path.exists() {
             tracing::warn!(path = %path.display(), error = %e,
                 "cannot write this build's entry point: the one there is kept until there is room");
             return std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644));

@@ -232,7 +232,7 @@ impl Started {
         let info = saved.effective(a, s, created);
         if let Err(e) = saved.save(&self.path) {
             let why = format!("cannot record the choice in {}: {e}", self.path.display());
-            let code = save_error_code(&e);
+            let code = crate::state_file::error_code(&e);
             if turning_off {
                 return Err(ErrorBody::new(
                     code,
@@ -731,20 +731,11 @@ fn agent_set(
     if let Err(e) = saved.save(&st.path) {
         *saved = before;
         return Err(ErrorBody::new(
-            save_error_code(&e),
+            crate::state_file::error_code(&e),
             format!("cannot record the settings in {}: {e}", st.path.display()),
         ));
     }
     Ok(info)
-}
-
-/// The code of a failure to save the choices: `unavailable` for a full
-/// disk or quota (free space and retry), else `internal`.
-fn save_error_code(e: &std::io::Error) -> ErrorCode {
-    match e.raw_os_error() {
-        Some(libc::ENOSPC | libc::EDQUOT) => ErrorCode::Unavailable,
-        _ => ErrorCode::Internal,
-    }
 }
 
 #[cfg(test)]

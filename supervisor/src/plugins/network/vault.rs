@@ -25,8 +25,6 @@ use allox_protocol::{SecretInfo, SecretSet};
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use zeroize::Zeroizing;
@@ -103,47 +101,10 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-fn mkdir(p: &Path) -> std::io::Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(p)
-}
-
-/// Writes `bytes` to `path` (mode `mode`) aside, synced, and renamed in.
-fn write_file(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    mkdir(dir)?;
-    let tmp = dir.join(format!(
-        ".{}.new",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
-    ));
-    let _ = std::fs::remove_file(&tmp);
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if written.is_err() {
-        // Nothing half-written is left beside it (a full disk).
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written?;
-    std::fs::File::open(dir)?.sync_all()
-}
-
 /// A file of the vault that could not be written: `unavailable` for a full
 /// disk or quota (free space and retry), else `internal`.
 fn not_written(path: &Path, e: std::io::Error) -> allox_protocol::ErrorBody {
-    let code = match e.raw_os_error() {
-        Some(libc::ENOSPC | libc::EDQUOT) => allox_protocol::ErrorCode::Unavailable,
-        _ => allox_protocol::ErrorCode::Internal,
-    };
+    let code = crate::state_file::error_code(&e);
     allox_protocol::ErrorBody::new(code, format!("write {}: {e}", path.display()))
 }
 
@@ -282,7 +243,7 @@ impl Vault {
         };
         let path = self.level_dir(a, s).join(format!("{}.json", p.name));
         let json = serde_json::to_vec_pretty(&stored).map_err(|e| internal(e.to_string()))?;
-        write_file(&path, &json, 0o600).map_err(|e| not_written(&path, e))?;
+        crate::state_file::write(&path, &json, 0o600).map_err(|e| not_written(&path, e))?;
         let info = info(&level, &stored);
         levels
             .entry(level)
@@ -424,10 +385,12 @@ impl Vault {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let (cert, key) = intercept::new_ca(&label).map_err(|e| e.to_string())?;
                 let bundle = self.bundle(&cert);
-                write_file(&dir.join("cert.pem"), cert.as_bytes(), 0o644)
-                    .and_then(|()| write_file(&dir.join("bundle.pem"), bundle.as_bytes(), 0o644))
+                crate::state_file::write(&dir.join("cert.pem"), cert.as_bytes(), 0o644)
                     .and_then(|()| {
-                        write_file(
+                        crate::state_file::write(&dir.join("bundle.pem"), bundle.as_bytes(), 0o644)
+                    })
+                    .and_then(|()| {
+                        crate::state_file::write(
                             &key_path,
                             &sealer.seal(&ca_what(a, s), key.as_bytes()),
                             0o600,

@@ -10,7 +10,6 @@
 use allox_protocol::{ShareAgentInfo, ShareInfo, ShareOrigin, SharePermission};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
 
 /// An agent's settings.
@@ -77,33 +76,9 @@ impl Saved {
 
     /// Writes the file whole: beside it, synced, renamed over it.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
-        let tmp = path.with_extension("json.tmp");
-        let saved = self.save_via(path, &tmp);
-        if saved.is_err() {
-            // Nothing half-written is left beside it (a full disk).
-            let _ = std::fs::remove_file(&tmp);
-        }
-        saved
-    }
-
-    fn save_via(&self, path: &Path, tmp: &Path) -> std::io::Result<()> {
         let text = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
         // The root's alone, as every state file (it was the umask's).
-        let mut f = std::os::unix::fs::OpenOptionsExt::mode(
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true),
-            0o600,
-        )
-        .open(tmp)?;
-        f.write_all(&text)?;
-        f.sync_all()?;
-        std::fs::rename(tmp, path)?;
-        if let Some(dir) = path.parent() {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
-        Ok(())
+        crate::state_file::write(path, &text, 0o600)
     }
 
     pub fn agent(&self, a: &str) -> AgentSettings {

@@ -1,0 +1,55 @@
+//! The daemon's own small files in `state/` (the kept cgroup root, the
+//! plugins' entry points, the share plugin's choices, the vault's
+//! secrets): each written whole, or not at all.
+
+use allox_protocol::ErrorCode;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::Path;
+
+/// Writes `bytes` to `path` (mode `mode`; its directory made, 0700, if it
+/// is missing): aside as `.NAME.new`, synced, renamed in, the directory
+/// synced. A failure (a full disk) leaves what was there, and nothing
+/// half-written beside it.
+pub fn write(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let tmp = dir.join(format!(
+        ".{}.new",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Whether `e` is a want of room: the disk or the quota is full.
+pub fn is_full(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+}
+
+/// The code of a state file that could not be written: `unavailable` for
+/// a full disk or quota (free space and retry), else `internal`.
+pub fn error_code(e: &std::io::Error) -> ErrorCode {
+    if is_full(e) {
+        ErrorCode::Unavailable
+    } else {
+        ErrorCode::Internal
+    }
+}

@@ -132,13 +132,13 @@ fn keep_cgroup_root(kept: &std::path::Path, root: &std::path::Path) -> Result<()
     if std::fs::read(kept).is_ok_and(|k| k == root.as_os_str().as_bytes()) {
         return Ok(());
     }
-    crate::state_file::write(kept, root.as_os_str().as_bytes(), 0o600).map_err(|source| {
-        DaemonError::CgroupRootNotKept {
+    crate::plugin_api::state_file::write(kept, root.as_os_str().as_bytes(), 0o600).map_err(
+        |source| DaemonError::CgroupRootNotKept {
             root: root.to_path_buf(),
             kept: kept.to_path_buf(),
             source,
-        }
-    })
+        },
+    )
 }
 
 /// Blocks until `fd` (a pipe's read end) reads end-of-file.

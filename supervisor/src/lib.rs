@@ -27,6 +27,5 @@ pub mod runs;
 pub mod sandbox_api;
 pub mod serial;
 pub mod server;
-pub mod state_file;
 pub mod supervisor;
 pub mod transfer;

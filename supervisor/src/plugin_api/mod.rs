@@ -7,6 +7,7 @@
 //! supervisor, and plugins import nothing of the supervisor but it.
 
 pub mod metrics;
+pub mod state_file;
 
 mod error;
 
@@ -300,13 +301,13 @@ pub fn write_shim(path: &std::path::Path, command: &str) -> std::io::Result<()> 
     if std::fs::read(path).is_ok_and(|t| t == text.as_bytes()) {
         return std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644));
     }
-    let written = crate::state_file::write(path, text.as_bytes(), 0o644)
+    let written = state_file::write(path, text.as_bytes(), 0o644)
         .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)));
     if let Err(e) = &written {
         // One that is there, of another build (or cut short), serves
         // until there is room: a full disk does not keep the daemon from
         // starting (its deletes free the room).
-        if crate::state_file::is_full(e) && path.exists() {
+        if state_file::is_full(e) && path.exists() {
             tracing::warn!(path = %path.display(), error = %e,
                 "cannot write this build's entry point: the one there is kept until there is room");
             return std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644));

@@ -232,7 +232,7 @@ impl Started {
         let info = saved.effective(a, s, created);
         if let Err(e) = saved.save(&self.path) {
             let why = format!("cannot record the choice in {}: {e}", self.path.display());
-            let code = crate::state_file::error_code(&e);
+            let code = crate::plugin_api::state_file::error_code(&e);
             if turning_off {
                 return Err(ErrorBody::new(
                     code,
@@ -731,7 +731,7 @@ fn agent_set(
     if let Err(e) = saved.save(&st.path) {
         *saved = before;
         return Err(ErrorBody::new(
-            crate::state_file::error_code(&e),
+            crate::plugin_api::state_file::error_code(&e),
             format!("cannot record the settings in {}: {e}", st.path.display()),
         ));
     }

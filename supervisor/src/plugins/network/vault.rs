@@ -104,7 +104,7 @@ fn now_ms() -> u64 {
 /// A file of the vault that could not be written: `unavailable` for a full
 /// disk or quota (free space and retry), else `internal`.
 fn not_written(path: &Path, e: std::io::Error) -> allox_protocol::ErrorBody {
-    let code = crate::state_file::error_code(&e);
+    let code = crate::plugin_api::state_file::error_code(&e);
     allox_protocol::ErrorBody::new(code, format!("write {}: {e}", path.display()))
 }
 
@@ -243,7 +243,8 @@ impl Vault {
         };
         let path = self.level_dir(a, s).join(format!("{}.json", p.name));
         let json = serde_json::to_vec_pretty(&stored).map_err(|e| internal(e.to_string()))?;
-        crate::state_file::write(&path, &json, 0o600).map_err(|e| not_written(&path, e))?;
+        crate::plugin_api::state_file::write(&path, &json, 0o600)
+            .map_err(|e| not_written(&path, e))?;
         let info = info(&level, &stored);
         levels
             .entry(level)
@@ -385,12 +386,16 @@ impl Vault {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let (cert, key) = intercept::new_ca(&label).map_err(|e| e.to_string())?;
                 let bundle = self.bundle(&cert);
-                crate::state_file::write(&dir.join("cert.pem"), cert.as_bytes(), 0o644)
+                crate::plugin_api::state_file::write(&dir.join("cert.pem"), cert.as_bytes(), 0o644)
                     .and_then(|()| {
-                        crate::state_file::write(&dir.join("bundle.pem"), bundle.as_bytes(), 0o644)
+                        crate::plugin_api::state_file::write(
+                            &dir.join("bundle.pem"),
+                            bundle.as_bytes(),
+                            0o644,
+                        )
                     })
                     .and_then(|()| {
-                        crate::state_file::write(
+                        crate::plugin_api::state_file::write(
                             &key_path,
                             &sealer.seal(&ca_what(a, s), key.as_bytes()),
                             0o600,

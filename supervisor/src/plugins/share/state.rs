@@ -78,7 +78,7 @@ impl Saved {
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
         let text = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
         // The root's alone, as every state file (it was the umask's).
-        crate::state_file::write(path, &text, 0o600)
+        crate::plugin_api::state_file::write(path, &text, 0o600)
     }
 
     pub fn agent(&self, a: &str) -> AgentSettings {

@@ -1,6 +1,7 @@
-//! The daemon's own small files in `state/` (the kept cgroup root, the
-//! plugins' entry points, the share plugin's choices, the vault's
-//! secrets): each written whole, or not at all.
+//! Small files in `state/` (the plugins' entry points, the share
+//! plugin's choices, the vault's secrets, the daemon's kept cgroup root),
+//! each written whole, or not at all: lent to plugins with the rest of
+//! the API.
 
 use allox_protocol::ErrorCode;
 use std::io::Write;

@@ -10,8 +10,8 @@
 //! not stopped within the stop timeout. What happens after (power off,
 //! exit) is the caller's.
 
-use crate::guest::EXIT_SHUTDOWN_REQUESTED;
 use crate::guest::{log, supervisor::restart_delay, supervisor::STABLE_AFTER};
+use crate::guest::{EXIT_SETTINGS_REFUSED, EXIT_SHUTDOWN_REQUESTED, EXIT_USAGE};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use rustix::process::{Pid, WaitOptions};
@@ -176,6 +176,18 @@ impl<F: FnMut() -> Command> Keeper<F> {
                             log(format_args!("supervisor stopped ({status:?})"));
                         } else if status.exit_status() == Some(EXIT_SHUTDOWN_REQUESTED as _) {
                             stop = Some("system.shutdown request".to_string());
+                        } else if matches!(
+                            status.exit_status(),
+                            Some(EXIT_USAGE | EXIT_SETTINGS_REFUSED)
+                        ) {
+                            // Its options are refused (what it said is
+                            // above): another start would say the same, for
+                            // ever, while the host waits for an answer.
+                            stop = Some(
+                                "the supervisor's options are refused (allox.args=, or the \
+                                 container's arguments); not restarting it"
+                                    .to_string(),
+                            );
                         } else {
                             log(format_args!("supervisor ended ({status:?})"));
                             self.schedule_restart();

@@ -10,7 +10,7 @@ mod in_container;
 mod pid1;
 
 use allox_init::container::ContainerArgs;
-use allox_init::guest::EXIT_SHUTDOWN_REQUESTED;
+use allox_init::guest::{EXIT_SETTINGS_REFUSED, EXIT_SHUTDOWN_REQUESTED};
 use allox_init::supervise::{SuperviseArgs, ThisMachine};
 use allox_supervisor::daemon;
 use anyhow::{bail, Context};
@@ -149,7 +149,15 @@ fn run(cmd: Cmd, entered_ms: u64) -> anyhow::Result<i32> {
             // Started by a keeper, it inherited its blocked signals.
             allox_init::keeper::unblock_signals();
             let under_init = args.under_init;
-            let cfg = args.into_config(&ThisMachine)?;
+            let cfg = match args.into_config(&ThisMachine) {
+                Ok(cfg) => cfg,
+                // Under a keeper: said, and not started again.
+                Err(e) if under_init => {
+                    eprintln!("allox-init: {:#}", anyhow::Error::from(e));
+                    return Ok(EXIT_SETTINGS_REFUSED);
+                }
+                Err(e) => return Err(e.into()),
+            };
             tracing::debug!(
                 entered_ms,
                 configured_ms = allox_store::clock::since_boot().as_millis() as u64,

@@ -11,7 +11,8 @@ pub struct AuditList {
     /// forward).
     #[serde(default)]
     pub after_seq: Option<u64>,
-    /// At most this many records (default 100, at most 10,000).
+    /// At most this many records (default 100, at most 10,000, and at most
+    /// 512 KiB of them: the rest are on the next page).
     #[serde(default)]
     pub limit: Option<u32>,
     /// The newest records with a sequence number below this (paging back).

@@ -126,6 +126,10 @@ pub struct AuditBounds {
     pub lines_per_s: u64,
 }
 
+/// A page of records ([`Audit::read`]) holds at most this many bytes of
+/// them, whatever its `limit`, so that it fits in a frame.
+pub const PAGE_BYTES: usize = 512 << 10;
+
 /// `--audit-file-bytes` unless given.
 pub const DEFAULT_FILE_BYTES: u64 = 64 << 20;
 /// `--audit-lines-per-s` unless given.
@@ -339,7 +343,11 @@ impl Audit {
         let file = std::fs::File::open(&self.path).map_err(read_err)?;
         let file = io::Read::chain(old, file);
         let limit = limit.max(1);
-        let mut out = std::collections::VecDeque::new();
+        // Records with their sizes, and the sum of those: a page is at most
+        // `limit` records and at most PAGE_BYTES of them (always one), so
+        // that any page fits in a frame whatever `limit` asked.
+        let mut out = std::collections::VecDeque::<(AuditRecord, usize)>::new();
+        let mut bytes = 0usize;
         let (mut unreadable, mut older, mut newer) = (0, false, false);
         let scan = records::scan_reader(std::io::BufReader::new(file), |p| {
             let Ok(r) = postcard::from_bytes::<AuditRecord>(p) else {
@@ -347,28 +355,36 @@ impl Audit {
                 return true;
             };
             match after {
-                // Forward: the first `limit` above `after`, and whether one
-                // more follows them.
+                // Forward: the first `limit` above `after` that fit, and
+                // whether one more follows them.
                 Some(a) if r.seq <= a => older = true,
-                Some(_) if out.len() == limit => {
+                Some(_)
+                    if out.len() == limit || (!out.is_empty() && bytes + p.len() > PAGE_BYTES) =>
+                {
                     newer = true;
                     return false;
                 }
-                Some(_) => out.push_back(r),
-                // Back: the last `limit` below `before`.
+                Some(_) => {
+                    bytes += p.len();
+                    out.push_back((r, p.len()));
+                }
+                // Back: the last `limit` below `before` that fit.
                 None if before.is_some_and(|b| r.seq >= b) => newer = true,
                 None => {
-                    if out.len() == limit {
-                        out.pop_front();
+                    bytes += p.len();
+                    out.push_back((r, p.len()));
+                    while out.len() > limit || (out.len() > 1 && bytes > PAGE_BYTES) {
+                        if let Some((_, n)) = out.pop_front() {
+                            bytes -= n;
+                        }
                         older = true;
                     }
-                    out.push_back(r);
                 }
             }
             true
         })
         .map_err(read_err)?;
-        let records: Vec<AuditRecord> = out.into();
+        let records: Vec<AuditRecord> = out.into_iter().map(|(r, _)| r).collect();
         Ok(AuditListing {
             earlier: older.then(|| {
                 records
@@ -490,6 +506,44 @@ mod tests {
         // Cursors past either end.
         assert!(a.read(None, Some(0), 10).unwrap().records.is_empty());
         assert!(a.read(Some(u64::MAX), None, 10).unwrap().records.is_empty());
+    }
+
+    #[test]
+    fn a_page_is_cut_to_its_bytes_whatever_its_limit_and_paging_reaches_every_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Audit::open(&dir.path().join("audit.log")).unwrap();
+        let n = 12_000u64;
+        for i in 0..n {
+            let mut e = entry(&format!("x{i}"));
+            e.message = Some("m".repeat(100));
+            a.append(e).unwrap();
+        }
+        let frame = |l: &AuditListing| postcard::to_allocvec(l).unwrap().len();
+        // Back from the newest: the newest that fit, the rest earlier.
+        let mut seen = 0;
+        let mut before = None;
+        loop {
+            let l = a.read(None, before, 10_000).unwrap();
+            assert!(frame(&l) < 1 << 20, "a page of {} bytes", frame(&l));
+            assert!(!l.records.is_empty() && l.records.len() < 10_000);
+            seen += l.records.len() as u64;
+            match l.earlier {
+                Some(e) => before = Some(e),
+                None => break,
+            }
+        }
+        assert_eq!(seen, n);
+        // Forward from the oldest, likewise.
+        let (mut seen, mut after, mut last) = (0, Some(0), 0);
+        while let Some(from) = after {
+            let l = a.read(Some(from), None, 10_000).unwrap();
+            assert!(frame(&l) < 1 << 20, "a page of {} bytes", frame(&l));
+            assert_eq!(l.records[0].seq, last + 1);
+            last = l.records.last().unwrap().seq;
+            seen += l.records.len() as u64;
+            after = l.later;
+        }
+        assert_eq!((seen, last), (n, n));
     }
 
     #[test]

@@ -117,6 +117,14 @@ pub enum StoreError {
         adding: usize,
         most: usize,
     },
+    /// An import whose `current/` holds more than a session may here.
+    #[error(
+        "the archive's current/ holds {} MiB, more than a session may hold here \
+         (--session-quota {} MiB); nothing was made",
+        holds.div_ceil(1 << 20),
+        most / (1 << 20)
+    )]
+    OverQuota { holds: u64, most: u64 },
     #[error("a failed change could not be undone; the store refuses changes until the supervisor restarts")]
     Fenced,
     #[error("only {free_mib} MiB free, at least {need_mib} MiB are kept in reserve")]
@@ -228,7 +236,8 @@ impl StoreError {
             | StoreError::NothingToUpdate
             | StoreError::BadCpuMax(_)
             | StoreError::Archive(_)
-            | StoreError::BadArchive(_) => ErrorCode::InvalidRequest,
+            | StoreError::BadArchive(_)
+            | StoreError::OverQuota { .. } => ErrorCode::InvalidRequest,
             StoreError::NotFound(_) => ErrorCode::NotFound,
             StoreError::Exists(_)
             | StoreError::OnDiskNotIndexed(_)

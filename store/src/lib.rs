@@ -207,6 +207,10 @@ impl Store {
         for p in [&index_path, &audit_path] {
             crate::reserve::prepare(p, room);
         }
+        crate::reserve::prepare(
+            &layout.state_dir().join(crate::reserve::SPARE_ROOM_FILE),
+            crate::reserve::SPARE_ROOM_BYTES,
+        );
         let quotas_on = match quota::start(&layout, &opts) {
             Ok(on) => on,
             Err(e) => {
@@ -306,9 +310,22 @@ impl Store {
     pub fn keep_room(&self) {
         let state = self.layout.state_dir();
         let mut short = None;
-        for name in ["index.redb", "audit.log", "events.redb"] {
+        // The plugins' audit files keep the same room as the daemon's
+        // own (those of plugins not enabled are not there).
+        let files = [
+            ("index.redb", self.room),
+            ("audit.log", self.room),
+            ("events.redb", self.room),
+            ("share-audit.log", self.room),
+            ("network-audit.log", self.room),
+            (
+                crate::reserve::SPARE_ROOM_FILE,
+                crate::reserve::SPARE_ROOM_BYTES,
+            ),
+        ];
+        for (name, room) in files {
             let p = state.join(name);
-            match crate::reserve::top_up(&p, self.room) {
+            match crate::reserve::top_up(&p, room) {
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => short = Some((p, e)),

@@ -17,8 +17,10 @@ const KEYS_KEPT: usize = 4096;
 struct Bucket {
     tokens: f64,
     last: Instant,
-    /// Takes refused since the last one allowed.
+    /// Takes refused and not yet reported.
     refused: u64,
+    /// When a count of the refused was last reported.
+    reported: Option<Instant>,
 }
 
 /// Buckets by key, all with the same rate and burst.
@@ -29,10 +31,18 @@ pub struct Buckets {
     map: Mutex<HashMap<String, Bucket>>,
 }
 
+/// A count of refused takes is reported at most this often: the line
+/// that says it is itself something the key caused, so it is charged a
+/// token, and a flood's count does not become a line between every two
+/// allowed.
+const REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What [`Buckets::take`] decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Taken {
-    /// Allowed; this many takes were refused since the last allowed one.
+    /// Allowed; this many takes were refused since the last report (at
+    /// most one a second; a report is charged one token, which may leave
+    /// the bucket a token in debt).
     Yes {
         refused_before: u64,
     },
@@ -78,6 +88,7 @@ impl Buckets {
             tokens: self.burst,
             last: now,
             refused: 0,
+            reported: None,
         });
         let since = now.saturating_duration_since(b.last).as_secs_f64();
         b.tokens = (b.tokens + since * self.per_s).min(self.burst);
@@ -85,8 +96,17 @@ impl Buckets {
         let n = n as f64;
         if b.tokens >= n {
             b.tokens -= n;
-            Taken::Yes {
-                refused_before: std::mem::take(&mut b.refused),
+            let due = b
+                .reported
+                .is_none_or(|t| now.saturating_duration_since(t) >= REPORT_EVERY);
+            if b.refused > 0 && due {
+                b.tokens -= 1.0;
+                b.reported = Some(now);
+                Taken::Yes {
+                    refused_before: std::mem::take(&mut b.refused),
+                }
+            } else {
+                Taken::Yes { refused_before: 0 }
             }
         } else {
             b.refused = b.refused.saturating_add(1);
@@ -119,6 +139,42 @@ mod tests {
         let t2 = t1 + Duration::from_secs(3600);
         assert_eq!(b.take_at("a", 21, t2), Taken::No);
         assert_eq!(b.take_at("a", 20, t2), Taken::Yes { refused_before: 2 });
+    }
+
+    #[test]
+    fn a_flood_gets_its_rate_and_one_report_a_second_all_charged() {
+        // 100 a second, 1,000 at once; a caller trying every millisecond
+        // for 10 s.
+        let b = Buckets::new(100, 1000);
+        let t0 = Instant::now();
+        let (mut allowed, mut reports, mut counted) = (0u64, 0u64, 0u64);
+        let mut last = 0u64;
+        for ms in 0..10_000u64 {
+            if let Taken::Yes { refused_before } = b.take_at("a", 1, t0 + Duration::from_millis(ms))
+            {
+                allowed += 1;
+                if refused_before > 0 {
+                    reports += 1;
+                    counted += refused_before;
+                    assert!(
+                        reports == 1 || ms - last >= 1000,
+                        "a report {} ms after the last",
+                        ms - last
+                    );
+                    last = ms;
+                }
+            }
+        }
+        // The burst, the rate, and the reports within them.
+        assert!(
+            allowed + reports <= 1000 + 100 * 10 + 1,
+            "{allowed} + {reports}"
+        );
+        assert!(allowed >= 1000 + 100 * 9, "{allowed}");
+        assert!((8..=10).contains(&reports), "{reports} reports");
+        // Every refused take is counted once, in a report or still held.
+        let held = b.map.lock().unwrap()["a"].refused;
+        assert_eq!(counted + held, 10_000 - allowed);
     }
 
     #[test]

@@ -28,6 +28,18 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::Path;
 
+/// An empty file in `state/` with room allocated past its end, given up
+/// (truncated, which frees the room) when one of the daemon's small state
+/// files (the share plugin's choices, the vault's secrets, the kept cgroup
+/// root) cannot be written for want of space, so that a host's decision
+/// is kept on a disk an agent filled. The store tops it up with the
+/// others once there is space again.
+pub const SPARE_ROOM_FILE: &str = ".spare-room";
+
+/// The room [`SPARE_ROOM_FILE`] keeps: many times what the small state
+/// files need at once.
+pub const SPARE_ROOM_BYTES: u64 = 1 << 20;
+
 /// Most bytes a state file keeps allocated past its end.
 pub const MAX_ROOM: u64 = 16 << 20;
 
@@ -99,6 +111,27 @@ fn copy_to_nocow(path: &Path, room: u64) -> io::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// Gives up the spare room kept in `dir` ([`SPARE_ROOM_FILE`]), committing
+/// the filesystem so that its blocks are free at once: whether there was
+/// any to give.
+pub fn give_up_spare_room(dir: &Path) -> bool {
+    let path = dir.join(SPARE_ROOM_FILE);
+    let Ok(f) = OpenOptions::new().write(true).open(&path) else {
+        return false;
+    };
+    let had = rfs::fstat(&f).is_ok_and(|st| st.st_blocks > 0);
+    if !had || f.set_len(0).is_err() {
+        return false;
+    }
+    // Btrfs frees a truncated file's blocks when its transaction commits.
+    let _ = rfs::syncfs(&f);
+    tracing::warn!(
+        path = %path.display(),
+        "the filesystem is full: the spare room kept for the daemon's state files was given up; it is taken again once there is space"
+    );
+    true
 }
 
 /// Allocates the file's holes and `room` bytes past its end, unless at

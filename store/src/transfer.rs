@@ -630,6 +630,7 @@ impl Import {
             })
         };
         st.check_space()?;
+        st.fits_session_quota(&staging.join(CURRENT))?;
         st.journaled(build, |op_id, op| {
             st.crash_point("session_import.after_journal");
             // The staging directory is laid out as the session's: a
@@ -701,6 +702,7 @@ impl Import {
             })
         };
         st.check_space()?;
+        st.fits_session_quota(&staging.join(CURRENT))?;
         st.journaled(build, |op_id, op| {
             st.crash_point("session_import_since.after_journal");
             for c in &m.checkpoints {

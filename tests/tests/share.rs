@@ -837,6 +837,24 @@ fn share_stat_with_long_paths_in_a_tight_loop_keeps_the_audit_files_bounded() {
             && r.message.as_ref().unwrap().contains("--audit-lines-per-s")),
         "no suppression line"
     );
+    // The flood got its burst and its rate, the lines that count what was
+    // refused among them, at most one a second (they were one between
+    // every two allowed, doubling the rate).
+    let flood: Vec<_> = recs
+        .iter()
+        .filter(|r| r.caller.starts_with("agent-a/session-1/"))
+        .collect();
+    let span_s = (flood.last().unwrap().time_ms - flood[0].time_ms) as f64 / 1000.0;
+    let said = flood.iter().filter(|r| r.verdict == "suppressed").count();
+    assert!(
+        said as f64 <= span_s + 2.0,
+        "{said} suppressed lines in {span_s} s"
+    );
+    assert!(
+        flood.len() as f64 <= 100.0 + 10.0 * (span_s + 1.0),
+        "{} lines in {span_s} s",
+        flood.len()
+    );
     // The daemon's audit log says the same of its records of guest calls.
     let audit = match call(
         &d,
@@ -852,6 +870,15 @@ fn share_stat_with_long_paths_in_a_tight_loop_keeps_the_audit_files_bounded() {
         audit.records.iter().any(|r| r.outcome == "suppressed"
             && r.message.as_ref().unwrap().contains("--audit-lines-per-s")),
         "no suppression record in the audit log"
+    );
+    let said = audit
+        .records
+        .iter()
+        .filter(|r| r.outcome == "suppressed" && r.target == "agent-a/session-1")
+        .count();
+    assert!(
+        said as f64 <= span_s + 2.0,
+        "{said} suppressed records in {span_s} s"
     );
     // A burst of harmless calls does not hide the access after it: past
     // the rate a call is refused, not served unrecorded (a read of another
@@ -976,9 +1003,8 @@ fn a_writer_s_uploads_are_charged_to_it_and_are_its_own() {
 /// entry point is not rewritten: it was, truncated, and a write that
 /// failed stopped the daemon), every access to another session's files is
 /// recorded in `share-audit.log` (its room kept, as the daemon's own audit
-/// log's) or refused, never served unrecorded, and the host's choice that
-/// cannot be kept says `unavailable`, leaving nothing half-written beside
-/// the choices' file.
+/// log's) or refused, never served unrecorded, and the host's choice is
+/// kept across a restart, nothing half-written beside the choices' file.
 #[test]
 fn on_a_full_disk_the_daemon_starts_and_no_access_goes_unrecorded() {
     let Some(mut d) = setup(
@@ -1034,17 +1060,25 @@ fn on_a_full_disk_the_daemon_starts_and_no_access_goes_unrecorded() {
             assert!(!r.stdout.contains("findings"), "{r:?}");
         }
     }
-    // The host's choice: recorded, or refused as unavailable naming the
-    // file, with no temporary file left.
+    // The host's choice is kept: the spare room the store keeps in
+    // `state/` is given up for it (it was lost at the next restart,
+    // sharing on again, with write).
     let (code, _, err) = alloxctl(
         &d.daemon.socket,
         &["share", "session", "agent-b", "session-1", "off"],
     );
-    if code != 0 {
-        assert!(
-            err.contains("unavailable") && err.contains("share.json"),
-            "{err}"
-        );
-    }
+    assert_eq!(code, 0, "{err}");
+    assert!(!state.join(".share.json.new").exists());
+    d.restart(&["--share-tools"]);
+    let (code, out, err) = alloxctl(&d.daemon.socket, &["share", "list"]);
+    assert_eq!(code, 0, "{err}");
+    let out = String::from_utf8_lossy(&out);
+    assert!(
+        !out.contains("agent-b/session-1") && out.contains("agent-a/session-1"),
+        "{out}"
+    );
+    let r = sh(&d, A, &read);
+    assert_ne!(r.exit_code, Some(0), "{r:?}");
+    assert!(!r.stdout.contains("findings"), "{r:?}");
     assert!(!state.join(".share.json.new").exists());
 }

@@ -1548,3 +1548,72 @@ fn an_imported_session_takes_the_daemon_s_limits_over_time_where_it_has_none() {
         }
     }
 }
+
+#[test]
+fn an_archive_holding_more_than_the_session_quota_is_refused_and_nothing_made() {
+    let name = "transfer::an_archive_holding_more_than_the_session_quota_is_refused";
+    if !require(name) {
+        return;
+    }
+    let (fa, fb) = (BtrfsFs::new(512).unwrap(), BtrfsFs::new(512).unwrap());
+    let src = store(&fa);
+    src.agent_create("a").unwrap();
+    let cur = std::path::PathBuf::from(&src.session_create("a", "s").unwrap().current);
+    // 24 MiB that no filesystem shrinks, checkpointed.
+    let block: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 7 + i / 251) as u8).collect();
+    let mut f = std::fs::File::create(cur.join("data")).unwrap();
+    for i in 0..24u8 {
+        let mut b = block.clone();
+        b[0] = i;
+        std::io::Write::write_all(&mut f, &b).unwrap();
+    }
+    drop(f);
+    checkpoint(&src, "c0", false, None);
+    let big = export(&src, None);
+    // The same session, 1 MiB of it.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(cur.join("data"))
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    checkpoint(&src, "c1", false, None);
+    src.checkpoint_delete("a", "s", "c0").unwrap();
+    let small = export(&src, None);
+    let root = fb.path().join("store");
+    std::fs::create_dir_all(&root).unwrap();
+    let dst = Arc::new(
+        Store::open_with(
+            &root,
+            allox_store::failpoint::Failpoints::default(),
+            allox_store::StoreOptions {
+                session_quota: Some(16 << 20),
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    dst.agent_create("a").unwrap();
+    // Made, it could not take an empty file: refused, naming both sizes.
+    let mut i = dst.import_begin("a", None).unwrap();
+    for piece in big.chunks(1 << 20) {
+        i.push(piece).unwrap();
+    }
+    let e = i.commit().unwrap_err();
+    let msg = e.chain();
+    assert_eq!(e.code(), ErrorCode::InvalidRequest, "{msg}");
+    assert!(
+        msg.contains("the archive's current/ holds 25 MiB")
+            && msg.contains("--session-quota 16 MiB")
+            && msg.contains("nothing was made"),
+        "{msg}"
+    );
+    assert!(on_disk(&dst).is_empty(), "left: {:?}", on_disk(&dst));
+    assert!(dst.session_list("a").unwrap().is_empty());
+    assert!(dst.check().unwrap().is_consistent());
+    // One within it is made, under the quota.
+    import(&dst, &small, 1 << 20).unwrap();
+    let u = dst.session_usage("a", "s").unwrap().unwrap();
+    assert_eq!(u.max_referenced, Some(16 << 20));
+    assert!(u.referenced < 16 << 20, "{u:?}");
+}

@@ -102,7 +102,19 @@ pub struct VmConfig {
     pub created_ms: u64,
 }
 
-/// Checks a forward `ADDR:PORT=HOSTPORT` (ADDR in 10.0.2.0/24).
+/// Addresses of QEMU's user network a forward may not take: the network
+/// itself, its gateway (the host, 10.0.2.2), its name server (10.0.2.3),
+/// the guest's own (10.0.2.15) and the broadcast address.
+const TAKEN: [(u8, &str); 5] = [
+    (0, "the network's own address"),
+    (2, "the gateway's (the host as the guest sees it)"),
+    (3, "the name server's"),
+    (15, "the guest's own"),
+    (255, "the broadcast address"),
+];
+
+/// Checks a forward `ADDR:PORT=HOSTPORT` (ADDR in 10.0.2.0/24, not an
+/// address QEMU's user network has taken; neither port 0).
 pub fn check_forward(f: &str) -> Result<(std::net::Ipv4Addr, u16, u16), VmError> {
     let bad = || {
         VmError::Invalid(format!(
@@ -115,9 +127,35 @@ pub fn check_forward(f: &str) -> Result<(std::net::Ipv4Addr, u16, u16), VmError>
     if addr.octets()[..3] != [10, 0, 2] {
         return Err(bad());
     }
+    if let Some((_, what)) = TAKEN.iter().find(|(o, _)| *o == addr.octets()[3]) {
+        return Err(VmError::Invalid(format!(
+            "forward {f:?}: {addr} is {what} in QEMU's user network; pick another \
+             address in 10.0.2.0/24 (10.0.2.100, say)"
+        )));
+    }
     let port: u16 = port.parse().map_err(|_| bad())?;
     let host: u16 = host.parse().map_err(|_| bad())?;
+    if port == 0 || host == 0 {
+        return Err(VmError::Invalid(format!(
+            "forward {f:?}: port 0 is no port; both ports are 1 to 65535"
+        )));
+    }
     Ok((addr, port, host))
+}
+
+/// Checks every forward, and that no two take the same guest address and
+/// port.
+pub fn check_forwards(forwards: &[String]) -> Result<(), VmError> {
+    let mut seen = std::collections::HashSet::new();
+    for f in forwards {
+        let (addr, port, _) = check_forward(f)?;
+        if !seen.insert((addr, port)) {
+            return Err(VmError::Invalid(format!(
+                "forward {f:?}: {addr}:{port} is forwarded twice; give each guest address and port once"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The files of one VM.
@@ -236,5 +274,20 @@ mod tests {
             let e = check_forward(bad).unwrap_err();
             assert!(e.to_string().contains("ADDR:PORT=HOSTPORT"), "{e}");
         }
+        // What QEMU refuses at start is refused here, saying why.
+        for (bad, why) in [
+            ("10.0.2.2:80=8080", "the gateway's"),
+            ("10.0.2.15:80=8080", "the guest's own"),
+            ("10.0.2.3:53=5353", "the name server's"),
+            ("10.0.2.100:0=8080", "port 0"),
+            ("10.0.2.100:80=0", "port 0"),
+        ] {
+            let e = check_forward(bad).unwrap_err();
+            assert!(e.to_string().contains(why), "{bad}: {e}");
+        }
+        let twice = ["10.0.2.100:80=1".to_string(), "10.0.2.100:80=2".to_string()];
+        let e = check_forwards(&twice).unwrap_err();
+        assert!(e.to_string().contains("forwarded twice"), "{e}");
+        check_forwards(&twice[..1]).unwrap();
     }
 }

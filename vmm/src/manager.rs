@@ -205,8 +205,8 @@ impl Manager {
             }
         }
         crate::qemu::pick_accel(&spec.accel)?;
-        for f in spec.net_user.iter().flatten() {
-            crate::check_forward(f)?;
+        if let Some(forwards) = &spec.net_user {
+            crate::check_forwards(forwards)?;
         }
         std::fs::create_dir_all(&self.root)?;
         let paths = self.paths(&spec.name)?;

@@ -20,6 +20,12 @@ pub const STORE_ROOT: &str = "/mnt/store/allox";
 pub const GUEST_SOCKET: &str = "/run/allox/ctl.sock";
 /// Exit status of `supervise` after a `system.shutdown` request.
 pub const EXIT_SHUTDOWN_REQUESTED: i32 = 3;
+/// Exit status of `supervise` whose options are refused (`allox.args=`
+/// naming a flag there is not, a bad value), as clap's own usage error's
+/// (2): started again, it would be refused again.
+pub const EXIT_SETTINGS_REFUSED: i32 = 4;
+/// Exit status of a usage error of clap's.
+pub const EXIT_USAGE: i32 = 2;
 
 /// Whether [`log`] writes JSON (`allox.log_format=json` in the guest,
 /// `--log-format json` in a container).

@@ -12,7 +12,28 @@ use std::path::Path;
 /// is missing): aside as `.NAME.new`, synced, renamed in, the directory
 /// synced. A failure (a full disk) leaves what was there, and nothing
 /// half-written beside it.
+///
+/// When the disk is full, the spare room the store keeps in `state/`
+/// ([`allox_store::reserve::SPARE_ROOM_FILE`]) is given up and the write
+/// tried once more: a host's choice is kept on a disk an agent filled.
 pub fn write(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    match write_once(path, bytes, mode) {
+        Err(e) if is_full(&e) && give_up_spare_room(path) => write_once(path, bytes, mode),
+        r => r,
+    }
+}
+
+/// Gives up the spare room of the nearest of `path`'s directories that
+/// keeps one (`state/`, above the vault's and the plugins' folders).
+fn give_up_spare_room(path: &Path) -> bool {
+    path.ancestors()
+        .skip(1)
+        .take(6)
+        .find(|d| d.join(allox_store::reserve::SPARE_ROOM_FILE).exists())
+        .is_some_and(allox_store::reserve::give_up_spare_room)
+}
+
+fn write_once(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::DirBuilder::new()
         .recursive(true)

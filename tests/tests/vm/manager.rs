@@ -239,6 +239,41 @@ fn vm_manager_pause_snapshot_restore_and_clone() {
             &img.initrd.display().to_string()
         ])
         .contains("exists"));
+    // Forwards QEMU would refuse at every start: refused at create.
+    let k = img.kernel_dir.display().to_string();
+    let i = img.initrd.display().to_string();
+    for (forward, why) in [
+        ("10.0.2.2:80=8080", "the gateway's"),
+        ("10.0.2.100:0=8080", "port 0"),
+    ] {
+        let err = vms.vm_fails(&[
+            "create",
+            "fw",
+            "--kernel-dir",
+            &k,
+            "--initrd",
+            &i,
+            "--net-user",
+            "--forward",
+            forward,
+        ]);
+        assert!(err.contains(why), "{err}");
+    }
+    // Options the guest's supervisor refuses: it says so and the guest
+    // powers off, at once, not restarting it for ever while `start` waits
+    // its whole timeout.
+    vms.create_with(&img, "bad", &["allox.args=--no-such-flag"]);
+    let t0 = Instant::now();
+    let err = vms.vm_fails(&["start", "bad", "--timeout", "300"]);
+    assert!(
+        err.contains("ended before the guest answered")
+            && err.contains("--no-such-flag")
+            && err.contains("not restarting it")
+            && !err.contains("restarting the supervisor in"),
+        "{err}"
+    );
+    eprintln!("a refused supervisor: said in {:?}", t0.elapsed());
+    vms.vm(&["rm", "bad"]);
     let started = vms.vm(&["start", "g"]);
     eprintln!("cold boot to the first answer: {} ms", started["ready_ms"]);
     assert!(vms.vm_fails(&["start", "g"]).contains("is running"));

@@ -66,6 +66,33 @@ pub struct Limits {
     pub cpu_max: Option<(u64, u64)>,
 }
 
+/// The most processes `pids.max` can hold back (the kernel's
+/// `PID_MAX_LIMIT`).
+pub const PIDS_MAX_LIMIT: u64 = 4 << 20;
+
+/// The least `memory.max` a session may be given: under it not even a
+/// run's cgroup and its init can be made (the kernel refuses the cgroup,
+/// `ENOMEM`).
+pub const MEMORY_MAX_LEAST: u64 = 8 << 20;
+
+impl Limits {
+    /// Why these limits cannot be a session's, naming the first that is
+    /// not: one no run could start under, or past what the kernel takes.
+    pub fn refused(&self) -> Option<String> {
+        if let Some(n) = self.pids_max.filter(|&n| n == 0 || n > PIDS_MAX_LIMIT) {
+            return Some(format!(
+                "pids_max {n}: expected 1 to {PIDS_MAX_LIMIT} (the kernel's limit of process ids)"
+            ));
+        }
+        if let Some(m) = self.memory_max.filter(|&m| m < MEMORY_MAX_LEAST) {
+            return Some(format!(
+                "memory_max {m}: at least {MEMORY_MAX_LEAST} bytes (8 MiB); no run starts under less"
+            ));
+        }
+        None
+    }
+}
+
 /// The `allox` subtree of a cgroup2 mount, owned by one daemon.
 #[derive(Debug, Clone)]
 pub struct Cgroups {

@@ -28,6 +28,10 @@ pub enum StoreError {
     NothingToUpdate,
     #[error("cpu_max {0:?} must be \"QUOTA PERIOD\" or \"max PERIOD\" in microseconds")]
     BadCpuMax(String),
+    /// A session limit no run could start under, or past what the kernel
+    /// takes: why.
+    #[error("{0}")]
+    BadLimit(String),
     #[error("{0} does not exist")]
     NotFound(String),
     #[error("{0} already exists")]
@@ -235,6 +239,7 @@ impl StoreError {
             | StoreError::KeepLastZero
             | StoreError::NothingToUpdate
             | StoreError::BadCpuMax(_)
+            | StoreError::BadLimit(_)
             | StoreError::Archive(_)
             | StoreError::BadArchive(_)
             | StoreError::OverQuota { .. } => ErrorCode::InvalidRequest,

@@ -925,7 +925,7 @@ fn limits_of(
     memory_max: Option<u64>,
     cpu_max: Option<&str>,
 ) -> Result<allox_sandbox::cgroup::Limits, StoreError> {
-    Ok(allox_sandbox::cgroup::Limits {
+    let limits = allox_sandbox::cgroup::Limits {
         pids_max,
         memory_max,
         cpu_max: match cpu_max {
@@ -935,5 +935,9 @@ fn limits_of(
             ),
             None => None,
         },
-    })
+    };
+    match limits.refused() {
+        Some(why) => Err(StoreError::BadLimit(why)),
+        None => Ok(limits),
+    }
 }

@@ -281,11 +281,22 @@ fn archived(l: &allox_sandbox::cgroup::Limits) -> allox_store::archive::Limits {
 
 /// The limits an archive carries, to apply to the session it made.
 pub fn carried(l: &allox_store::archive::Limits) -> allox_sandbox::cgroup::Limits {
-    allox_sandbox::cgroup::Limits {
+    // An archive's limits are another daemon's word: one this daemon
+    // would refuse is left out (the daemon's own default holds), and said.
+    let mut kept = allox_sandbox::cgroup::Limits {
         pids_max: l.pids_max,
         memory_max: l.memory_max,
         cpu_max: l.cpu_max,
+    };
+    while let Some(why) = kept.refused() {
+        tracing::warn!(%why, "an imported session's limit is refused; the daemon's default holds");
+        if why.starts_with("pids_max") {
+            kept.pids_max = None;
+        } else {
+            kept.memory_max = None;
+        }
     }
+    kept
 }
 
 /// Sends what is written to it as [`Event::Archive`] events.

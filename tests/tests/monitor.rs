@@ -232,6 +232,59 @@ fn session_update_changes_a_live_session_s_limits_or_names_the_missing_controlle
     })
     .unwrap_err();
     assert!(e.message.contains("cpu_max \"half\""), "{}", e.message);
+    // Limits no run could start under, or past what the kernel takes:
+    // refused naming the one (they were accepted, and every run then
+    // failed `internal`, or the kernel's refusal came back `conflict`).
+    for (u, named) in [
+        (
+            SessionUpdate {
+                pids_max: Some(0),
+                ..SessionUpdate::default()
+            },
+            "pids_max 0",
+        ),
+        (
+            SessionUpdate {
+                pids_max: Some(1 << 32),
+                ..SessionUpdate::default()
+            },
+            "pids_max 4294967296",
+        ),
+        (
+            SessionUpdate {
+                memory_max: Some(1),
+                ..SessionUpdate::default()
+            },
+            "memory_max 1",
+        ),
+    ] {
+        let e = update(SessionUpdate {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            ..u
+        })
+        .unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidRequest, "{e:?}");
+        assert!(e.message.contains(named), "{}", e.message);
+    }
+    let mut req = SessionCreate::new("a", "starved");
+    req.memory_max = Some(0);
+    let e = call(&d, Request::SessionCreate(req)).unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidRequest, "{e:?}");
+    assert!(e.message.contains("memory_max 0"), "{}", e.message);
+    assert!(matches!(
+        call(
+            &d,
+            Request::SessionInfoRequest(SessionRef {
+                agent_id: "a".into(),
+                session_id: "starved".into(),
+            })
+        ),
+        Err(ErrorBody {
+            code: ErrorCode::NotFound,
+            ..
+        })
+    ));
     let e = update(SessionUpdate {
         agent_id: "a".into(),
         session_id: "nope".into(),

@@ -180,8 +180,15 @@ impl VmPaths {
     pub fn pid(&self) -> PathBuf {
         self.dir.join("qemu.pid")
     }
+    /// QEMU's messages while it runs (`-D`: a daemonized QEMU sends its
+    /// standard error to /dev/null otherwise, and a failed restore's
+    /// reason with it).
     pub fn qemu_log(&self) -> PathBuf {
         self.dir.join("qemu.log")
+    }
+    /// What QEMU's first process said, until it daemonized.
+    pub fn qemu_start_log(&self) -> PathBuf {
+        self.dir.join("qemu-start.log")
     }
     pub fn console(&self) -> PathBuf {
         self.dir.join("console.log")

@@ -158,6 +158,10 @@ impl Qemu {
             "-daemonize".into(),
             "-pidfile".into(),
             p(&paths.pid()),
+            // Its messages once daemonized (a migration that cannot be
+            // loaded says why here), not /dev/null.
+            "-D".into(),
+            p(&paths.qemu_log()),
         ]
         .into();
         match &cfg.net_user {
@@ -235,7 +239,7 @@ impl Backend for Qemu {
     fn launch(&self, paths: &VmPaths, cfg: &VmConfig, incoming: bool) -> Result<u32, VmError> {
         let args = self.args(paths, cfg, incoming)?;
         let _ = std::fs::remove_file(paths.pid());
-        let log = std::fs::File::create(paths.qemu_log())?;
+        let log = std::fs::File::create(paths.qemu_start_log())?;
         // With -daemonize the first process exits once the VM is set up
         // (its sockets listen): its status is whether that worked.
         let st = Command::new(&self.binary)
@@ -246,7 +250,7 @@ impl Backend for Qemu {
             .status()
             .map_err(|e| VmError::Backend(format!("cannot run {}: {e}", self.binary)))?;
         if !st.success() {
-            let log = std::fs::read_to_string(paths.qemu_log()).unwrap_or_default();
+            let log = std::fs::read_to_string(paths.qemu_start_log()).unwrap_or_default();
             return Err(VmError::Backend(format!(
                 "{} exited {st}: {}",
                 self.binary,

@@ -153,6 +153,11 @@ impl Manager {
     /// The files of VM `name`, which exists.
     fn existing(&self, name: &str) -> Result<(VmPaths, VmConfig), VmError> {
         let p = self.paths(name)?;
+        if p.dir.join(CLONING).exists() && !self.sweep_clone(&p)? {
+            return Err(VmError::Conflict(format!(
+                "VM {name:?} is being cloned by another vm command: wait for it to end"
+            )));
+        }
         let cfg = read_config(&p.config()).map_err(|e| match e {
             VmError::Io(e) if e.kind() == std::io::ErrorKind::NotFound => VmError::NotFound(
                 format!("no VM {name:?} under {} (vm list)", self.root.display()),
@@ -160,6 +165,45 @@ impl Manager {
             e => e,
         })?;
         Ok((p, cfg))
+    }
+
+    /// Removes a clone that a `vm clone` stopped half-way left (its
+    /// QEMU killed), unless a command still holds it: whether it was
+    /// removed (or was gone).
+    fn sweep_clone(&self, p: &VmPaths) -> Result<bool, VmError> {
+        let f = match std::fs::OpenOptions::new()
+            .write(true)
+            .open(p.dir.join(".lock"))
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if !p.dir.join(CLONING).exists() {
+                    return Ok(true);
+                }
+                std::fs::File::create(p.dir.join(".lock"))?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => return Ok(false),
+            Err(e) => return Err(VmError::Io(e.into())),
+        }
+        if !p.dir.join(CLONING).exists() {
+            return Ok(true);
+        }
+        if let Some(pid) = self.pid(p) {
+            self.kill_pid(p, pid);
+        }
+        let gone = self.root.join(format!(
+            ".{}.removing",
+            p.dir.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        let _ = std::fs::remove_dir_all(&gone);
+        std::fs::rename(&p.dir, &gone)?;
+        sync_dir(&self.root)?;
+        std::fs::remove_dir_all(&gone)?;
+        Ok(true)
     }
 
     /// The control port's socket of VM `name` (what a command stopped
@@ -332,11 +376,15 @@ impl Manager {
             Err(e) => return Err(e.into()),
         };
         names.sort();
-        names
-            .iter()
-            .filter(|n| self.paths(n).is_ok_and(|p| p.config().is_file()))
-            .map(|n| self.info(n))
-            .collect()
+        // A clone being made is not listed until its guest runs; one a
+        // stopped command left is removed on the way.
+        names.retain(|n| {
+            self.paths(n).is_ok_and(|p| {
+                p.config().is_file()
+                    && !(p.dir.join(CLONING).exists() && self.sweep_clone(&p).is_ok())
+            })
+        });
+        names.iter().map(|n| self.info(n)).collect()
     }
 
     /// The VM's snapshots, by name: the whole ones (a half-written one is
@@ -747,6 +795,11 @@ impl Manager {
         let mut cfg = read_config(&snapdir.join("vm.json"))
             .map_err(|_| VmError::NotFound(format!("VM {from:?} has no snapshot {snap:?}")))?;
         let p = self.paths(new)?;
+        if p.dir.join(CLONING).exists() && !self.sweep_clone(&p)? {
+            return Err(VmError::Conflict(format!(
+                "VM {new:?} is being cloned by another vm command: wait for it to end"
+            )));
+        }
         if p.dir.exists() {
             return Err(VmError::Conflict(format!(
                 "VM {new:?} exists; a clone needs a new name"
@@ -762,16 +815,37 @@ impl Manager {
             &tmp.join("vm.json"),
             &serde_json::to_vec_pretty(&cfg).unwrap(),
         )?;
-        std::fs::rename(&tmp, &p.dir)?;
-        sync_dir(&self.root)?;
-        match self.restore_from(&p, new, from, snap) {
-            Ok(r) => Ok(r),
-            Err(e) => {
-                // No half clone listed.
-                let _ = std::fs::remove_dir_all(&p.dir);
-                Err(e)
-            }
+        // Marked as being cloned, and held (the lock moves with the
+        // directory), until its guest runs: a clone stopped half-way (the
+        // command interrupted) is never listed, and the next command that
+        // meets it kills its QEMU and removes it.
+        std::fs::File::create(tmp.join(CLONING))?;
+        let held = std::fs::File::create(tmp.join(".lock"))?;
+        rustix::fs::flock(&held, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| VmError::Io(e.into()))?;
+        if let Err(e) = std::fs::rename(&tmp, &p.dir) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(if p.dir.exists() {
+                VmError::Conflict(format!("VM {new:?} exists; a clone needs a new name"))
+            } else {
+                e.into()
+            });
         }
+        sync_dir(&self.root)?;
+        let made = self.restore_from(&p, new, from, snap).and_then(|r| {
+            std::fs::remove_file(p.dir.join(CLONING))?;
+            sync_dir(&p.dir)?;
+            Ok(r)
+        });
+        if made.is_err() {
+            // No half clone listed.
+            if let Some(pid) = self.pid(&p) {
+                self.kill_pid(&p, pid);
+            }
+            let _ = std::fs::remove_dir_all(&p.dir);
+        }
+        drop(held);
+        made
     }
 
     fn restore_from(
@@ -922,6 +996,10 @@ fn clear_sockets(p: &VmPaths) {
 /// Removes what a snapshot interrupted by a crash left (hidden names).
 /// In a snapshot's partial directory: the snapshot paused the guest.
 const PAUSED_BY_SNAPSHOT: &str = "paused-by-snapshot";
+
+/// In a VM's directory: `vm clone` is making it, and it is not listed
+/// until its guest runs.
+const CLONING: &str = ".cloning";
 
 fn clear_partial(p: &VmPaths) {
     for e in std::fs::read_dir(p.snapshots())
@@ -1304,6 +1382,48 @@ mod tests {
         ));
         m.rm("v", false).unwrap();
         assert!(m.list().unwrap().is_empty());
+    }
+
+    /// A clone whose command was stopped half-way (its guest loaded and
+    /// never resumed, or its disk not yet there) is not listed; while its
+    /// command lives, commands of it are refused as busy; once that
+    /// command is gone, the next one that meets it kills its QEMU and
+    /// removes it (it was listed `stopped` with no disk, or `paused` for
+    /// ever).
+    #[test]
+    fn a_clone_stopped_half_way_is_never_listed_and_goes_with_its_qemu() {
+        let d = tempfile::tempdir().unwrap();
+        let (m, fake, _p) = setup(d.path());
+        m.snapshot("v", "one", false).unwrap();
+        // What a `vm clone v one w` killed after its QEMU started leaves.
+        let w = m.paths("w").unwrap();
+        std::fs::create_dir_all(w.snapshots()).unwrap();
+        let (_, cfg) = m.existing("v").unwrap();
+        std::fs::write(w.config(), serde_json::to_vec(&cfg).unwrap()).unwrap();
+        std::fs::write(w.dir.join(CLONING), b"").unwrap();
+        let pid = fake.launch(&w, &cfg, true).unwrap();
+        // Its command still holds it.
+        let held = std::fs::File::create(w.dir.join(".lock")).unwrap();
+        rustix::fs::flock(&held, rustix::fs::FlockOperation::LockExclusive).unwrap();
+        let names = |m: &Manager| -> Vec<String> {
+            m.list().unwrap().into_iter().map(|v| v.name).collect()
+        };
+        assert_eq!(names(&m), ["v"]);
+        let e = m.info("w").unwrap_err();
+        assert!(e.to_string().contains("being cloned"), "{e}");
+        assert!(live(pid));
+        // Its command gone: the next one removes it, its QEMU first.
+        drop(held);
+        assert_eq!(names(&m), ["v"]);
+        wait_gone(pid, Duration::from_secs(10));
+        assert!(!live(pid), "the half clone's QEMU lives");
+        assert!(!w.dir.exists());
+        assert!(matches!(m.info("w"), Err(VmError::NotFound(_))));
+        // The name is free: a clone to it goes as far as its guest's load.
+        fake.0.fail_load.store(true, Ordering::SeqCst);
+        let e = m.clone_vm("v", "one", "w").unwrap_err();
+        assert!(e.to_string().contains("does not fit"), "{e}");
+        assert!(!w.dir.exists());
     }
 
     /// The disks beside the VM's own (`store.img.*`).

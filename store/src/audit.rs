@@ -81,6 +81,8 @@ struct Tail {
     next_seq: u64,
     /// Records written since the last sync.
     unsynced: bool,
+    /// A rotation that failed (the disk full) is not tried again before.
+    rotate_after: Option<std::time::Instant>,
 }
 
 pub struct Audit {
@@ -109,6 +111,12 @@ fn room_beyond_host(file: &File, path: &Path) -> bool {
 }
 
 /// The rotated log beside `path` (`audit.log.1`).
+/// `.NAME.WHAT` beside `path`.
+fn sibling(path: &Path, what: &str) -> PathBuf {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    path.with_file_name(format!(".{name}.{what}"))
+}
+
 pub fn rotated(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(".1");
@@ -187,6 +195,7 @@ impl Audit {
                 file,
                 next_seq: last + 1,
                 unsynced: false,
+                rotate_after: None,
             })),
             max_bytes: 0.into(),
             lines: Default::default(),
@@ -298,24 +307,39 @@ impl Audit {
         t.next_seq += 1;
         t.unsynced = true;
         let max = self.max_bytes.load(std::sync::atomic::Ordering::Relaxed);
-        if max > 0 && t.file.metadata().is_ok_and(|m| m.len() > max) {
-            if let Err(e) = self.rotate(t) {
-                tracing::error!(path = %self.path.display(), error = %e, "cannot rotate the audit log");
+        let due = t
+            .rotate_after
+            .is_none_or(|at| std::time::Instant::now() >= at);
+        if max > 0 && due && t.file.metadata().is_ok_and(|m| m.len() > max) {
+            match self.rotate(t) {
+                Ok(()) => t.rotate_after = None,
+                Err(e) => {
+                    // Tried again in a minute, said once a minute.
+                    t.rotate_after =
+                        Some(std::time::Instant::now() + std::time::Duration::from_secs(60));
+                    tracing::error!(
+                        path = %self.path.display(), error = %e,
+                        "cannot rotate the audit log (its new file could not get its room); it grows past its bound meanwhile"
+                    );
+                }
             }
         }
         Ok(rec.seq)
     }
 
-    /// Renames the log `audit.log.1` and begins a new one.
+    /// Renames the log `audit.log.1` and begins a new one, which gets its
+    /// room first: on a full disk the log is not rotated (a new file with
+    /// no room would refuse the host's records: every change refused).
     fn rotate(&self, t: &mut Tail) -> io::Result<()> {
+        let next = sibling(&self.path, "next");
+        let file = crate::reserve::make_with_room(&next)?;
         t.file.sync_data()?;
-        std::fs::rename(&self.path, rotated(&self.path))?;
-        t.file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .open(&self.path)?;
+        if let Err(e) = std::fs::rename(&self.path, rotated(&self.path)) {
+            let _ = std::fs::remove_file(&next);
+            return Err(e);
+        }
+        std::fs::rename(&next, &self.path)?;
+        t.file = file;
         t.unsynced = false;
         Ok(())
     }

@@ -113,6 +113,35 @@ fn copy_to_nocow(path: &Path, room: u64) -> io::Result<()> {
     result
 }
 
+/// Makes `path` a new, empty state file with its room allocated
+/// ([`room_for`] its directory; `NOCOW` where the filesystem has it), to
+/// take a rotated file's place: an error when the room cannot be had (the
+/// disk is full), so that the caller keeps the file it has, with its room,
+/// rather than begin one with none.
+pub fn make_with_room(path: &Path) -> io::Result<File> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let _ = std::fs::remove_file(path);
+    let f = OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create_new(true)
+        .open(path)?;
+    rfs::fchmod(&f, rfs::Mode::from_raw_mode(0o600))?;
+    if let Ok(flags) = rfs::ioctl_getflags(&f) {
+        let _ = rfs::ioctl_setflags(&f, flags | IFlags::NOCOW);
+    }
+    match rfs::fallocate(&f, FallocateFlags::KEEP_SIZE, 0, room_for(dir)) {
+        Ok(()) => Ok(f),
+        // A filesystem that cannot allocate ahead: the file as it is.
+        Err(e) if e == rustix::io::Errno::OPNOTSUPP => Ok(f),
+        Err(e) => {
+            drop(f);
+            let _ = std::fs::remove_file(path);
+            Err(e.into())
+        }
+    }
+}
+
 /// Gives up the spare room kept in `dir` ([`SPARE_ROOM_FILE`]), committing
 /// the filesystem so that its blocks are free at once: whether there was
 /// any to give.

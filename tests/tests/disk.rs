@@ -542,3 +542,48 @@ fn the_daemon_limits_sessions_with_its_session_quota_flag() {
     ok(&d, Request::CheckpointCreate(ck("a", "s", "full")));
     assert!(free(fs.path()) > 200 << 20);
 }
+
+/// The audit log rotated on a full disk: the new file gets its room
+/// before the old one is set aside, or the log is not rotated (a new file
+/// with no room refused every record, and so every change of the host's).
+#[test]
+fn the_audit_log_rotated_on_a_full_disk_keeps_taking_the_host_s_records() {
+    let Some(fs) = setup("disk::the_audit_log_rotated_on_a_full_disk") else {
+        return;
+    };
+    let st = open(&fs, None);
+    st.audit().bound(allox_store::audit::AuditBounds {
+        file_bytes: 64 << 10,
+        lines_per_s: 0,
+    });
+    st.agent_create("a").unwrap();
+    let s = st.session_create("a", "s").unwrap();
+    allox_integration::fill_disk(Path::new(&s.current));
+    // Many times the bound, each record the host's: every one taken,
+    // whether the log rotates into a file with its room or grows on.
+    for i in 0..2000 {
+        let mut e = audit_entry("checkpoint.create");
+        e.message = Some(format!("record {i} {}", "m".repeat(200)));
+        st.audit()
+            .append(e)
+            .unwrap_or_else(|e| panic!("record {i} refused on a full disk: {e}"));
+    }
+    let log = fs.path().join("store/state/audit.log");
+    let m = std::fs::metadata(&log).unwrap();
+    assert!(
+        std::os::unix::fs::MetadataExt::blocks(&m) * 512 > m.len(),
+        "the audit log has no room left: {} bytes, {} allocated",
+        m.len(),
+        std::os::unix::fs::MetadataExt::blocks(&m) * 512
+    );
+    let l = st.audit().read(None, None, 10).unwrap();
+    assert_eq!(
+        l.records
+            .last()
+            .unwrap()
+            .message
+            .as_deref()
+            .map(|m| &m[..11]),
+        Some("record 1999")
+    );
+}

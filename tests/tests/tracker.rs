@@ -560,3 +560,97 @@ fn asked_for_where_it_cannot_load_the_daemon_says_why_and_does_not_start() {
     );
     assert!(!fs.scratch().join("ctl.sock").exists(), "it listened");
 }
+
+/// An agent that fills the disk, then grows the event store past its kept
+/// room with its own processes: the store takes an I/O error, and runs of
+/// every session still start (each was refused "Previous I/O error" for
+/// the daemon's life); once there is room the store is reopened and
+/// records again.
+#[test]
+fn an_event_store_out_of_room_on_a_full_disk_refuses_no_run_and_recovers() {
+    let Some(d) = daemon("tracker::an_event_store_out_of_room_on_a_full_disk", &[]) else {
+        return;
+    };
+    setup(&d, "a", &["s", "t"]);
+    let current = match call(
+        &d,
+        Request::SessionInfoRequest(SessionRef {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+        }),
+    )
+    .unwrap()
+    {
+        Response::Session(s) => std::path::PathBuf::from(s.current),
+        other => panic!("{other:?}"),
+    };
+    let filled = allox_integration::fill_disk(&current);
+    let store = d.daemon.root.join("state/events.redb");
+    let allocated = |p: &std::path::Path| {
+        let m = std::fs::metadata(p).unwrap();
+        (m.len(), std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+    };
+    let (_, room) = allocated(&store);
+    // Processes until the store outgrows what it holds on the disk, and
+    // the events it could not take are counted lost.
+    let lost = |d: &ProcDaemon| match call(
+        d,
+        Request::ProcessEvents(ProcessEvents {
+            agent_id: None,
+            session_id: None,
+            run_id: None,
+            cursor: None,
+            limit: Some(1),
+            follow: false,
+        }),
+    )
+    .unwrap()
+    {
+        Response::ProcessEvents(p) => p.lost,
+        other => panic!("{other:?}"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while lost(&d) == 0 {
+        run(
+            &d,
+            "a",
+            "s",
+            &[
+                "/bin/sh",
+                "-c",
+                "i=0; while [ $i -lt 2000 ]; do /bin/true; i=$((i+1)); done",
+            ],
+            true,
+        );
+        let (len, now) = allocated(&store);
+        assert!(
+            Instant::now() < deadline,
+            "the event store never ran out of room: {len} bytes, {now} allocated (at the start {room})"
+        );
+    }
+    // Runs of both sessions start and end; what was not stored is
+    // counted lost.
+    for s in ["s", "t", "t"] {
+        run(&d, "a", s, &["/bin/true"], true);
+    }
+    // Room again: the store is reopened and a new run's events recorded.
+    for f in filled {
+        let _ = std::fs::remove_file(f);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = run(&d, "a", "t", &["/bin/true"], true);
+        std::thread::sleep(Duration::from_millis(1500));
+        if events(&d, Some("a"), Some("t"), Some(&r))
+            .events
+            .iter()
+            .any(|e| e.kind == ProcessEventKind::Exit)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no events recorded once there is room"
+        );
+    }
+}

@@ -62,6 +62,8 @@ struct Appender {
     max_bytes: Option<u64>,
     /// The bytes each owner's records take.
     owners: HashMap<String, u64>,
+    /// A rotation that failed (the disk full) is not tried again before.
+    rotate_after: Option<std::time::Instant>,
 }
 
 /// The lines a page holds at most: its answer, encoded, fits in a frame
@@ -161,6 +163,7 @@ impl<R: Numbered> Records<R> {
                 max: max.map(|m| m.max(1)),
                 max_bytes,
                 owners,
+                rotate_after: None,
             }),
             newest: tokio::sync::watch::channel(newest).0,
             kind: PhantomData,
@@ -226,7 +229,13 @@ impl<R: Numbered> Records<R> {
             largest,
             kept: owner.map_or(0, |o| f.owners.get(o).copied().unwrap_or(0)),
         })?;
+        let before = f.file.metadata().map(|m| m.len());
         if let Err(e) = f.file.write_all(&buf) {
+            // A line cut short (the room ran out half-way) is taken back:
+            // the next record would be glued onto it and lost with it.
+            if let Ok(len) = before {
+                let _ = f.file.set_len(len);
+            }
             tracing::error!(path = %self.path.display(), error = %e, "cannot append records");
             return Ok(None);
         }
@@ -251,9 +260,21 @@ impl<R: Numbered> Records<R> {
                 tracing::error!(path = %self.path.display(), error = %e, "cannot drop the oldest records");
             }
         }
-        if f.max_bytes.is_some_and(|m| f.bytes > m) {
-            if let Err(e) = self.rotate(&mut f) {
-                tracing::error!(path = %self.path.display(), error = %e, "cannot rotate the records");
+        let due = f
+            .rotate_after
+            .is_none_or(|at| std::time::Instant::now() >= at);
+        if due && f.max_bytes.is_some_and(|m| f.bytes > m) {
+            match self.rotate(&mut f) {
+                Ok(()) => f.rotate_after = None,
+                Err(e) => {
+                    // Tried again in a minute, said once a minute.
+                    f.rotate_after =
+                        Some(std::time::Instant::now() + std::time::Duration::from_secs(60));
+                    tracing::error!(
+                        path = %self.path.display(), error = %e,
+                        "cannot rotate the records (the new file could not get its room); the file grows past its bound meanwhile"
+                    );
+                }
             }
         }
         Ok(Some((first, last)))
@@ -265,19 +286,20 @@ impl<R: Numbered> Records<R> {
         f.owners.get(owner).copied().unwrap_or(0)
     }
 
-    /// Renames the file `NAME.1` and begins a new one.
+    /// Renames the file `NAME.1` and begins a new one, private as the
+    /// first, which gets its room first: on a full disk the file is not
+    /// rotated (a new one with no room would lose every record).
     fn rotate(&self, f: &mut Appender) -> std::io::Result<()> {
+        let name = self.path.file_name().unwrap_or_default().to_string_lossy();
+        let next = self.path.with_file_name(format!(".{name}.next"));
+        let file = allox_store::reserve::make_with_room(&next)?;
         f.file.sync_data()?;
-        std::fs::rename(&self.path, rotated(&self.path))?;
-        // Private as the first one was (it was the umask's, 0644).
-        f.file = std::os::unix::fs::OpenOptionsExt::mode(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .read(true),
-            0o600,
-        )
-        .open(&self.path)?;
+        if let Err(e) = std::fs::rename(&self.path, rotated(&self.path)) {
+            let _ = std::fs::remove_file(&next);
+            return Err(e);
+        }
+        std::fs::rename(&next, &self.path)?;
+        f.file = file;
         f.lines = 0;
         f.bytes = 0;
         f.owners.clear();

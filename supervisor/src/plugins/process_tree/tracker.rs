@@ -27,6 +27,9 @@ const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
 const OWNERS: TableDefinition<u64, &[u8]> = TableDefinition::new("owners");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
+/// The event store is reopened after an I/O error at most this often.
+const REOPEN_EVERY: Duration = Duration::from_secs(2);
+
 /// How often the ring buffer is drained.
 pub const DRAIN_EVERY: Duration = Duration::from_millis(50);
 
@@ -95,7 +98,16 @@ fn db_err(e: impl Into<redb::Error>) -> TrackerError {
 
 /// The events, in `state/events.redb`.
 pub struct EventStore {
-    db: Database,
+    path: std::path::PathBuf,
+    /// `None` while it is being reopened, or could not be: redb refuses
+    /// all work after an I/O error (a disk an agent filled) until then.
+    db: std::sync::RwLock<Option<Database>>,
+    /// The next owner id, kept in memory: a run's start never waits on a
+    /// write that a full disk can refuse.
+    next_owner: std::sync::atomic::AtomicU64,
+    /// When the database was last reopened: at most once in
+    /// [`REOPEN_EVERY`] (a reopen after a crash-like close scans the file).
+    reopened: Mutex<Option<std::time::Instant>>,
     cap: u64,
     owners: Mutex<HashMap<u64, Owner>>,
     /// The newest sequence number, for followers to wait on.
@@ -110,6 +122,7 @@ impl EventStore {
         let w = db.begin_write().map_err(db_err)?;
         let mut owners = HashMap::new();
         let newest;
+        let next_owner;
         {
             w.open_table(EVENTS).map_err(db_err)?;
             let o = w.open_table(OWNERS).map_err(db_err)?;
@@ -120,6 +133,12 @@ impl EventStore {
                 }
             }
             let m = w.open_table(META).map_err(db_err)?;
+            next_owner = m
+                .get("next_owner")
+                .map_err(db_err)?
+                .map(|v| v.value())
+                .unwrap_or(1)
+                .max(owners.keys().max().map_or(1, |k| k + 1));
             newest = m
                 .get("next_seq")
                 .map_err(db_err)?
@@ -129,7 +148,10 @@ impl EventStore {
         }
         w.commit().map_err(db_err)?;
         Ok(EventStore {
-            db,
+            path: path.to_path_buf(),
+            db: std::sync::RwLock::new(Some(db)),
+            next_owner: next_owner.into(),
+            reopened: Mutex::new(None),
             cap: cap.max(10),
             owners: Mutex::new(owners),
             newest: tokio::sync::watch::channel(newest).0,
@@ -140,29 +162,77 @@ impl EventStore {
     /// durable with the next flush, within a second: a flush per run would
     /// cost more than the run's spawn).
     pub fn add_owner(&self, owner: Owner) -> Result<u64, TrackerError> {
-        let mut w = self.db.begin_write().map_err(db_err)?;
-        let _ = w.set_durability(redb::Durability::None);
-        let id;
-        {
-            let mut m = w.open_table(META).map_err(db_err)?;
-            id = m
-                .get("next_owner")
-                .map_err(db_err)?
-                .map(|v| v.value())
-                .unwrap_or(1);
-            m.insert("next_owner", id + 1).map_err(db_err)?;
-            let bytes = postcard::to_stdvec(&owner).map_err(TrackerError::Encode)?;
-            w.open_table(OWNERS)
-                .map_err(db_err)?
-                .insert(id, bytes.as_slice())
-                .map_err(db_err)?;
-        }
-        w.commit().map_err(db_err)?;
+        let id = self
+            .next_owner
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.owners
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(id, owner);
+            .insert(id, owner.clone());
+        // Kept for a successor (the run's events named after a restart);
+        // a store that cannot take it (a full disk) does not keep the run
+        // from starting: its events are named from memory meanwhile.
+        let kept = self.with_db(|db| {
+            let mut w = db.begin_write().map_err(db_err)?;
+            let _ = w.set_durability(redb::Durability::None);
+            {
+                let mut m = w.open_table(META).map_err(db_err)?;
+                m.insert("next_owner", id + 1).map_err(db_err)?;
+                let bytes = postcard::to_stdvec(&owner).map_err(TrackerError::Encode)?;
+                w.open_table(OWNERS)
+                    .map_err(db_err)?
+                    .insert(id, bytes.as_slice())
+                    .map_err(db_err)?;
+            }
+            w.commit().map_err(db_err)
+        });
+        if let Err(e) = kept {
+            tracing::warn!(error = %allox_protocol::error_chain(&e), run = %owner.run, "cannot keep a run's owner in the process event store; the run goes on, named from memory");
+        }
         Ok(id)
+    }
+
+    /// Runs `f` on the database; after an I/O error (a full disk), which
+    /// redb answers for ever after, it is reopened for the next call.
+    fn with_db<T>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, TrackerError>,
+    ) -> Result<T, TrackerError> {
+        let out = {
+            let g = self.db.read().unwrap_or_else(|p| p.into_inner());
+            match g.as_ref() {
+                Some(db) => f(db),
+                None => Err(TrackerError::Store(redb::Error::PreviousIo)),
+            }
+        };
+        if let Err(TrackerError::Store(redb::Error::Io(_) | redb::Error::PreviousIo)) = &out {
+            self.reopen();
+        }
+        out
+    }
+
+    /// Closes the database and opens it again (what redb asks after an
+    /// I/O error); one that cannot be opened is tried at the next call.
+    fn reopen(&self) {
+        {
+            let mut last = self.reopened.lock().unwrap_or_else(|p| p.into_inner());
+            let now = std::time::Instant::now();
+            if last.is_some_and(|t| now.duration_since(t) < REOPEN_EVERY) {
+                return;
+            }
+            *last = Some(now);
+        }
+        let mut g = self.db.write().unwrap_or_else(|p| p.into_inner());
+        drop(g.take());
+        match allox_store::kept_file::create(&self.path) {
+            Ok(db) => {
+                tracing::warn!(path = %self.path.display(), "process event store reopened after an I/O error");
+                *g = Some(db);
+            }
+            Err(e) => {
+                tracing::error!(path = %self.path.display(), error = %e, "cannot reopen the process event store; tried again at its next use")
+            }
+        }
     }
 
     fn owner(&self, id: u64) -> Option<Owner> {
@@ -179,7 +249,11 @@ impl EventStore {
         if evs.is_empty() {
             return Ok(());
         }
-        let mut w = self.db.begin_write().map_err(db_err)?;
+        self.with_db(|db| self.append_to(db, &mut evs))
+    }
+
+    fn append_to(&self, db: &Database, evs: &mut [ProcessEvent]) -> Result<(), TrackerError> {
+        let mut w = db.begin_write().map_err(db_err)?;
         // Losing the newest events in a power cut is acceptable; a flush per
         // batch would cost more than the events are worth.
         let _ = w.set_durability(redb::Durability::None);
@@ -192,7 +266,7 @@ impl EventStore {
                 .map(|v| v.value())
                 .unwrap_or(1);
             let mut t = w.open_table(EVENTS).map_err(db_err)?;
-            for e in &mut evs {
+            for e in evs.iter_mut() {
                 e.seq = seq;
                 seq += 1;
                 let bytes = postcard::to_stdvec(&*e).map_err(TrackerError::Encode)?;
@@ -252,8 +326,7 @@ impl EventStore {
 
     /// Makes everything appended so far durable.
     pub fn flush(&self) -> Result<(), TrackerError> {
-        let w = self.db.begin_write().map_err(db_err)?;
-        w.commit().map_err(db_err)
+        self.with_db(|db| db.begin_write().map_err(db_err)?.commit().map_err(db_err))
     }
 
     pub fn evicted(&self) -> u64 {
@@ -262,7 +335,8 @@ impl EventStore {
 
     fn meta(&self, key: &str) -> u64 {
         (|| -> Option<u64> {
-            let r = self.db.begin_read().ok()?;
+            let g = self.db.read().unwrap_or_else(|p| p.into_inner());
+            let r = g.as_ref()?.begin_read().ok()?;
             let m = r.open_table(META).ok()?;
             Some(m.get(key).ok()??.value())
         })()
@@ -273,7 +347,7 @@ impl EventStore {
     pub fn query(&self, q: &ProcessEvents, lost: u64) -> Result<ProcessEventListing, TrackerError> {
         let limit = q.limit.unwrap_or(1000).clamp(1, 10_000) as usize;
         let from = q.cursor.map(|c| c.saturating_add(1)).unwrap_or(0);
-        let r = self.db.begin_read().map_err(db_err)?;
+        let r = self.with_db(|db| db.begin_read().map_err(db_err))?;
         let t = r.open_table(EVENTS).map_err(db_err)?;
         let mut events = Vec::new();
         let mut next = q.cursor.unwrap_or(0);
@@ -436,6 +510,10 @@ pub struct ProcessTracker {
     pub store: EventStore,
     /// Events drained from the kernel since the start.
     received: std::sync::atomic::AtomicU64,
+    /// Events the store could not take (a full disk): counted as lost.
+    unstored: std::sync::atomic::AtomicU64,
+    /// When a failure to store them was last logged (once in 10 s).
+    said: Mutex<Option<std::time::Instant>>,
 }
 
 impl std::fmt::Debug for ProcessTracker {
@@ -466,6 +544,8 @@ impl ProcessTracker {
             tracker: Mutex::new(tracker),
             store,
             received: std::sync::atomic::AtomicU64::new(0),
+            unstored: std::sync::atomic::AtomicU64::new(0),
+            said: Mutex::new(None),
         });
         let weak = Arc::downgrade(&me);
         std::thread::Builder::new()
@@ -503,7 +583,19 @@ impl ProcessTracker {
         self.received
             .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
         if let Err(e) = self.store.append(evs) {
-            tracing::error!(error = %e, "cannot store process events");
+            let lost = self
+                .unstored
+                .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed)
+                + n as u64;
+            let mut said = self.said.lock().unwrap_or_else(|p| p.into_inner());
+            let now = std::time::Instant::now();
+            if said.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10)) {
+                *said = Some(now);
+                tracing::error!(
+                    error = %allox_protocol::error_chain(&e), lost,
+                    "cannot store process events; they are counted lost"
+                );
+            }
         }
         n
     }
@@ -596,11 +688,14 @@ impl ProcessTracker {
     }
 
     /// Events the kernel could not hand over, in all.
+    /// Events lost: those the kernel's ring could not hold, and those the
+    /// store could not take.
     pub fn lost(&self) -> u64 {
         self.tracker
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .lost()
+            + self.unstored.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

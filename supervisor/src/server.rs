@@ -115,6 +115,10 @@ impl Ready {
 
 /// A connection's read buffer: small while it is idle, big while a large
 /// frame comes in.
+/// How long a start whose client hung up (asking its run killed then)
+/// is let go on for its run to be known: a sandbox's build, at worst.
+const START_SETTLES: Duration = Duration::from_secs(30);
+
 const SMALL_READ: usize = 8 * 1024;
 const BIG_READ: usize = 256 * 1024;
 
@@ -671,12 +675,11 @@ impl RequestCtx {
         // (a watch: one of root's few inotify instances): given back when
         // the client hangs up, not once its answers have had their time.
         let ends_with_client = matches!(req, Request::FsWatch(_));
-        let started = Arc::new(std::sync::OnceLock::<String>::new());
-        let started_at = started.clone();
+        let (started_tx, mut started) = tokio::sync::watch::channel::<Option<String>>(None);
         let forward = tokio::spawn(async move {
             while let Some(event) = erx.recv().await {
                 if let Event::Started(s) = &event {
-                    let _ = started_at.set(s.run_id.clone());
+                    started_tx.send_replace(Some(s.run_id.clone()));
                 }
                 let f = ServerFrame::Event(EventEnvelope {
                     conversation,
@@ -712,10 +715,21 @@ impl RequestCtx {
             _ = self.hung_up.wait_for(|h| *h), if kill_on_disconnect.is_some() || ends_with_client => None,
         };
         let Some(out) = out else {
+            if kill_on_disconnect.is_some() {
+                // A start cut half-way left a run made and not known (and
+                // the session's context broken): it is let go on until its
+                // run is known, or it ends, then cancelled.
+                tokio::select! {
+                    _ = &mut work => {}
+                    _ = started.wait_for(Option::is_some) => {}
+                    _ = tokio::time::sleep(START_SETTLES) => {}
+                }
+            }
             work.abort();
             forward.abort();
             tracing::debug!(peer = %self.peer, id, "request of an ended conversation cancelled");
-            if let (Some((agent_id, session_id)), Some(run)) = (kill_on_disconnect, started.get()) {
+            let run = started.borrow().clone();
+            if let (Some((agent_id, session_id)), Some(run)) = (kill_on_disconnect, run) {
                 let kill = Request::ProcessKill(allox_protocol::ProcessKill {
                     agent_id,
                     session_id,

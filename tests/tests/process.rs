@@ -1093,8 +1093,20 @@ fn a_supervisor_does_not_lose_the_store_s_runs_to_another_cgroup_root() {
     // A root that cannot be kept (the disk full) is not taken: after a
     // crash its runs would go on unseen by a successor started under the
     // one kept (it started, with a warning, before).
-    let filled =
-        allox_integration::fill_disk(&d.daemon.root.join("agents/a/workspace/sessions/s/current"));
+    let current = d.daemon.root.join("agents/a/workspace/sessions/s/current");
+    let mut filled = allox_integration::fill_disk(&current);
+    // And the spare room the store keeps for such files spent (given up
+    // for another, its blocks taken by an agent's writer): with it the
+    // root is kept, and the start goes on.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(d.daemon.root.join("state/.spare-room"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let _ = std::process::Command::new("sync").status();
+    std::fs::create_dir(current.join("more")).unwrap();
+    filled.extend(allox_integration::fill_disk(&current.join("more")));
     let third = other.with_file_name(format!("allox-test-{}-third", std::process::id()));
     let (code, err) = refused(&third);
     assert!(
@@ -2697,4 +2709,38 @@ fn a_session_quota_is_not_escaped_by_reflinks_from_shared() {
     };
     let r = sh(&d, "a", "s", script);
     assert!(r.stdout.contains("reflinked\ncopied\nmoved\n"), "{r:?}");
+}
+
+/// `alloxctl exec` killed outright at any moment of its run's start
+/// takes the run with it: the start is let finish until its run is known,
+/// then the run is killed (cut in its first milliseconds, about one run in
+/// fifty went on with no client; the start cut half-way also broke the
+/// session's context for the next run).
+#[test]
+fn an_exec_killed_outright_at_any_moment_of_its_start_takes_its_run() {
+    let Some(d) = setup("an_exec_killed_outright_at_any_moment_of_its_start_takes_its_run") else {
+        return;
+    };
+    let bin = allox_integration::workspace_bin("alloxctl");
+    for i in 0..400u64 {
+        let mut c = std::process::Command::new(&bin)
+            .arg("--socket")
+            .arg(&d.daemon.socket)
+            .args(["exec", "a", "t", "--", "sleep", "300"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Spread over the start: from before the request is sent to
+        // after the run runs.
+        std::thread::sleep(Duration::from_micros(2_000 + (i * 7919) % 40_000));
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    wait_until("every run of a killed exec to end", || {
+        list(&d, "a", "t").is_empty()
+    });
+    // The session's context is whole: a run starts and answers.
+    let r = sh(&d, "a", "t", "echo after");
+    assert_eq!(r.stdout, "after\n", "{r:?}");
 }

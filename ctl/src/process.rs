@@ -39,11 +39,18 @@ pub fn exit_code(r: &RunResult) -> u8 {
 pub struct OutputSink<'a> {
     stdout: &'a mut dyn Write,
     stderr: &'a mut dyn Write,
+    /// The program's standard error ends mid-line: what alloxctl writes
+    /// after it begins a line of its own.
+    stderr_open: bool,
 }
 
 impl<'a> OutputSink<'a> {
     pub fn new(stdout: &'a mut dyn Write, stderr: &'a mut dyn Write) -> Self {
-        OutputSink { stdout, stderr }
+        OutputSink {
+            stdout,
+            stderr,
+            stderr_open: false,
+        }
     }
 
     /// Writes an output chunk to its stream and flushes it at once; other
@@ -53,9 +60,22 @@ impl<'a> OutputSink<'a> {
         if let Event::Output(chunk) = event {
             let w = match chunk.stream {
                 StreamKind::Stdout => &mut *self.stdout,
-                StreamKind::Stderr => &mut *self.stderr,
+                StreamKind::Stderr => {
+                    if let Some(&last) = chunk.data.last() {
+                        self.stderr_open = last != b'\n';
+                    }
+                    &mut *self.stderr
+                }
             };
             let _ = w.write_all(&chunk.data).and_then(|()| w.flush());
+        }
+    }
+
+    /// Ends the program's unfinished last line of standard error, if it
+    /// left one, before alloxctl says something there.
+    pub fn end_stderr_line(&mut self) {
+        if std::mem::take(&mut self.stderr_open) {
+            let _ = self.stderr.write_all(b"\n");
         }
     }
 }
@@ -125,7 +145,11 @@ pub fn follow(
         call(caller, request, &mut |e| captured.event(e))
     } else {
         let mut sink = OutputSink::new(&mut *stdout, &mut *stderr);
-        call(caller, request, &mut |e| sink.event(e))
+        let answer = call(caller, request, &mut |e| sink.event(e));
+        if matches!(&answer, Ok(Response::Exited(r)) if !r.stderr.is_empty()) {
+            sink.end_stderr_line();
+        }
+        answer
     };
     let mut result = match answer {
         Ok(Response::Exited(r)) => r,
@@ -143,9 +167,12 @@ pub fn follow(
         let streamed = !captured.stdout.is_empty() || !captured.stderr.is_empty();
         if result.stdout.is_empty() && (streamed || result.stderr.is_empty()) {
             result.stdout = String::from_utf8_lossy(&captured.stdout).into_owned();
+            let open =
+                !result.stderr.is_empty() && captured.stderr.last().is_some_and(|&b| b != b'\n');
             result.stderr = format!(
-                "{}{}",
+                "{}{}{}",
                 String::from_utf8_lossy(&captured.stderr),
+                if open { "\n" } else { "" },
                 result.stderr
             );
             result.truncated |= captured.truncated;

@@ -2659,6 +2659,30 @@ fn a_tmp_that_cannot_be_kept_is_said_on_the_run_s_stderr() {
         stderr.starts_with("err\nallox: /tmp was not kept whole"),
         "{v}"
     );
+    // A last line the program left unfinished: the note is on a line of
+    // its own (it was glued on, `errallox: /tmp …`).
+    let (code, out, err) = allox_integration::alloxctl(
+        &d.daemon.socket,
+        &[
+            "--json",
+            "exec",
+            "a",
+            "t",
+            "--",
+            "sh",
+            "-c",
+            "printf err >&2; echo again > /tmp/keep3.txt",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert!(
+        v["stderr"]
+            .as_str()
+            .unwrap()
+            .starts_with("err\nallox: /tmp was not kept whole"),
+        "{v}"
+    );
 }
 
 /// Under `--session-quota`, a session cannot bring bytes into its

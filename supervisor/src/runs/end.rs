@@ -62,10 +62,18 @@ pub(super) async fn finish(
     readers.drain(Duration::from_millis(100)).await;
     let c = run.log.take();
     let mut stderr = String::from_utf8_lossy(&c.stderr).into_owned();
+    // What the daemon adds begins a line of its own, whatever the program
+    // left unfinished.
+    let own_line = |stderr: &mut String| {
+        if !stderr.is_empty() && !stderr.ends_with('\n') {
+            stderr.push('\n');
+        }
+    };
     let (exit_code, signal) = match st {
         Some(InitStatus::Exited(code)) => (Some(code), None),
         Some(InitStatus::Signaled(sig)) => (None, Some(sig)),
         Some(InitStatus::ExecFailed(errno)) => {
+            own_line(&mut stderr);
             stderr.push_str(&format!(
                 "allox: cannot execute the program: {}\n",
                 std::io::Error::from_raw_os_error(errno)
@@ -78,6 +86,7 @@ pub(super) async fn finish(
                 .pids_full(&run.agent, &run.session)
                 .map(|w| format!(" ({w})"))
                 .unwrap_or_default();
+            own_line(&mut stderr);
             stderr.push_str(&format!(
                 "allox: the sandbox could not be built: {why}{limit}\n"
             ));
@@ -90,6 +99,7 @@ pub(super) async fn finish(
     };
     // What the init said after the program's end, last.
     for n in &notes {
+        own_line(&mut stderr);
         stderr.push_str(n);
     }
     let output_lossy =

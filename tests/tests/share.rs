@@ -1062,7 +1062,26 @@ fn on_a_full_disk_the_daemon_starts_and_no_access_goes_unrecorded() {
     }
     // The host's choice is kept: the spare room the store keeps in
     // `state/` is given up for it (it was lost at the next restart,
-    // sharing on again, with write).
+    // sharing on again, with write). The entry point took it at the
+    // start; the store takes it again within a second.
+    let spare = state.join(".spare-room");
+    let t0 = std::time::Instant::now();
+    while std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&spare).unwrap()) == 0 {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "the spare room is not taken again"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // A session's own choice does not spend it (an agent that keeps the
+    // disk full spent it before the host's came): refused, said so.
+    let r = sh(&d, A, "allox share disable");
+    assert_ne!(r.exit_code, Some(0), "{r:?}");
+    assert!(r.stderr.contains("unavailable"), "{r:?}");
+    assert!(
+        std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&spare).unwrap()) > 0,
+        "a session's own choice spent the spare room"
+    );
     let (code, _, err) = alloxctl(
         &d.daemon.socket,
         &["share", "session", "agent-b", "session-1", "off"],
@@ -1073,12 +1092,28 @@ fn on_a_full_disk_the_daemon_starts_and_no_access_goes_unrecorded() {
     let (code, out, err) = alloxctl(&d.daemon.socket, &["share", "list"]);
     assert_eq!(code, 0, "{err}");
     let out = String::from_utf8_lossy(&out);
-    assert!(
-        !out.contains("agent-b/session-1") && out.contains("agent-a/session-1"),
-        "{out}"
-    );
+    // (a-1's own `disable` took effect in memory; the host's write kept
+    // it too.)
+    assert!(!out.contains("agent-b/session-1"), "{out}");
     let r = sh(&d, A, &read);
     assert_ne!(r.exit_code, Some(0), "{r:?}");
     assert!(!r.stdout.contains("findings"), "{r:?}");
     assert!(!state.join(".share.json.new").exists());
+    // No entry point at all, and no room for one (the spare room spent,
+    // its blocks taken): the daemon starts without it (it did not start).
+    d.daemon.terminate();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&spare)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let _ = std::process::Command::new("sync").status();
+    let more = current(&d, ("agent-c", "s")).join("more");
+    std::fs::create_dir(&more).unwrap();
+    allox_integration::fill_disk(&more);
+    std::fs::remove_file(state.join("share.py")).unwrap();
+    d.restart(&["--share-tools"]);
+    let (code, _, err) = alloxctl(&d.daemon.socket, &["share", "list"]);
+    assert_eq!(code, 0, "{err}");
 }

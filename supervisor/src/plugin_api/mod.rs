@@ -312,6 +312,14 @@ pub fn write_shim(path: &std::path::Path, command: &str) -> std::io::Result<()> 
                 "cannot write this build's entry point: the one there is kept until there is room");
             return std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644));
         }
+        // None there, and no room for one: the plugin starts without it
+        // (its tools are also `allox COMMAND`), and the next start with
+        // room writes it.
+        if state_file::is_full(e) {
+            tracing::warn!(path = %path.display(), error = %e,
+                "cannot write the plugin's entry point for want of room: the plugin starts without it; `allox` serves its tools, and a start with room writes it");
+            return Ok(());
+        }
     }
     written
 }

@@ -23,6 +23,13 @@ pub fn write(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     }
 }
 
+/// [`write`] for a choice a sandbox made (an agent's own `allox share
+/// disable`): it may not spend the spare room, which an agent that keeps
+/// the disk full would spend before the host's choice came.
+pub fn write_without_spare(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    write_once(path, bytes, mode)
+}
+
 /// Gives up the spare room of the nearest of `path`'s directories that
 /// keeps one (`state/`, above the vault's and the plugins' folders).
 fn give_up_spare_room(path: &Path) -> bool {

@@ -230,7 +230,7 @@ impl Started {
         let before = saved.clone();
         saved.choose(a, s, created, offer, origin, now_ms());
         let info = saved.effective(a, s, created);
-        if let Err(e) = saved.save(&self.path) {
+        if let Err(e) = saved.save(&self.path, origin == ShareOrigin::Session) {
             let why = format!("cannot record the choice in {}: {e}", self.path.display());
             let code = crate::plugin_api::state_file::error_code(&e);
             if turning_off {
@@ -646,7 +646,7 @@ impl Plugin for Share {
                         let mut saved = st.saved();
                         let core = ctx.core;
                         if saved.forget_gone(|a, s, c| core.session_created(a, s) == Ok(c)) {
-                            let _ = saved.save(&st.path);
+                            let _ = saved.save(&st.path, false);
                         }
                     }
                     let saved = st.saved().clone();
@@ -728,7 +728,7 @@ fn agent_set(
         x.default_permission = v;
     }
     let info = x.info(&p.agent_id);
-    if let Err(e) = saved.save(&st.path) {
+    if let Err(e) = saved.save(&st.path, false) {
         *saved = before;
         return Err(ErrorBody::new(
             crate::plugin_api::state_file::error_code(&e),

@@ -74,11 +74,17 @@ impl Saved {
         }
     }
 
-    /// Writes the file whole: beside it, synced, renamed over it.
-    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+    /// Writes the file whole: beside it, synced, renamed over it. For a
+    /// sandbox's own choice (`by_session`) without the spare room the
+    /// store keeps for a full disk: that is for the host's.
+    pub fn save(&self, path: &Path, by_session: bool) -> std::io::Result<()> {
         let text = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
         // The root's alone, as every state file (it was the umask's).
-        crate::plugin_api::state_file::write(path, &text, 0o600)
+        if by_session {
+            crate::plugin_api::state_file::write_without_spare(path, &text, 0o600)
+        } else {
+            crate::plugin_api::state_file::write(path, &text, 0o600)
+        }
     }
 
     pub fn agent(&self, a: &str) -> AgentSettings {
@@ -263,7 +269,7 @@ mod tests {
             ShareOrigin::Host,
             100,
         );
-        s.save(&p).unwrap();
+        s.save(&p, false).unwrap();
         assert_eq!(Saved::load(&p).unwrap(), s);
         assert!(!d.path().join("share.json.tmp").exists());
         use std::os::unix::fs::PermissionsExt;

@@ -61,7 +61,8 @@ pub enum AuditError {
 pub const KEPT_FOR_HOST: u64 = 512 << 10;
 
 /// Whether a record is a guest's (a sandboxed program's call): its peer.
-fn is_guest(peer: &str) -> bool {
+/// Whether `peer` (a record's) is a sandbox's: `guest …`.
+pub fn is_guest(peer: &str) -> bool {
     peer.starts_with("guest ")
 }
 

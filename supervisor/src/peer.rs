@@ -142,7 +142,12 @@ impl Refusals {
                 "control connection refused: peer not allowed"
             );
         }
-        if let Some(held_back) = self.audit.allow(now) {
+        // A refused peer's knocking is not the host's word: its records do
+        // not take the room the audit log keeps for the host on a full
+        // disk (about three minutes of knocks spent it, and every change
+        // of the host's was then refused).
+        let room = sup.store.audit().guest_may_record().is_ok();
+        if let Some(held_back) = self.audit.allow(now).filter(|_| room) {
             let mut message = why;
             if held_back > 0 {
                 message.push_str(&format!(

@@ -206,6 +206,10 @@ impl Supervisor {
     }
 
     fn audit(&self, peer: &str, request_id: u64, req: &Request, out: &Result<Response, ErrorBody>) {
+        // A sandbox calls as fast as it likes: its lines are held to a
+        // rate, each saying how many were left out before it.
+        let sandbox = allox_store::audit::is_guest(peer);
+        let held_back = if sandbox { sandbox_line() } else { Some(0) };
         // One line per request in the log (its span names it): changes at
         // info, reads at debug; the code and message of a refusal, never
         // the params.
@@ -221,7 +225,17 @@ impl Supervisor {
                 Ok(Response::Exited(r)) => Some(r.run_id.as_str()),
                 _ => None,
             };
-            tracing::info!(peer, request_id, outcome, why, run_id, "request answered");
+            if let Some(held_back) = held_back {
+                tracing::info!(
+                    peer,
+                    request_id,
+                    outcome,
+                    why,
+                    run_id,
+                    held_back,
+                    "request answered"
+                );
+            }
         } else {
             tracing::debug!(peer, request_id, outcome, why, "request answered");
             return;
@@ -251,7 +265,9 @@ impl Supervisor {
             },
         };
         if let Err(e) = self.store.audit().append(entry) {
-            tracing::error!(error = %allox_protocol::error_chain(&e), "cannot append audit record");
+            if let Some(held_back) = if sandbox { sandbox_line() } else { Some(0) } {
+                tracing::error!(error = %allox_protocol::error_chain(&e), held_back, "cannot append audit record");
+            }
         }
     }
 
@@ -343,7 +359,10 @@ impl Supervisor {
         match begun {
             Err(e) if !shutdown => {
                 let why = allox_protocol::error_chain(&e);
-                tracing::error!(error = %why, action = req.action(), "audit log unwritable; refusing the change");
+                let sandbox = allox_store::audit::is_guest(peer);
+                if let Some(held_back) = if sandbox { sandbox_line() } else { Some(0) } {
+                    tracing::error!(error = %why, action = req.action(), held_back, "audit log unwritable; refusing the change");
+                }
                 refused(format!("its audit record cannot be written ({why})"))
             }
             _ => Ok(()),
@@ -528,4 +547,25 @@ fn request_span(req: &Request) -> tracing::Span {
         .filter(|_| action.starts_with("process.") || action.starts_with("effects."))
         .filter(|r| !r.is_empty() && !r.contains('/'));
     tracing::info_span!("request", action, agent, session, run)
+}
+
+/// Lines of the daemon's log that a sandbox's calls cause, as fast as it
+/// makes them: 100 at once, then 10 a second (held back past that, and
+/// counted in the next line's `held_back`), whatever the sessions.
+static SANDBOX_LINES: std::sync::LazyLock<std::sync::Mutex<crate::ratelimit::RateLimit>> =
+    std::sync::LazyLock::new(|| {
+        std::sync::Mutex::new(crate::ratelimit::RateLimit::new(
+            100,
+            std::time::Duration::from_millis(100),
+            std::time::Instant::now(),
+        ))
+    });
+
+/// Whether a line a sandbox caused may be logged now: `Some(n)`, `n` held
+/// back before it.
+pub(crate) fn sandbox_line() -> Option<u64> {
+    SANDBOX_LINES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .allow(std::time::Instant::now())
 }

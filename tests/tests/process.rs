@@ -2768,3 +2768,47 @@ fn an_exec_killed_outright_at_any_moment_of_its_start_takes_its_run() {
     let r = sh(&d, "a", "t", "echo after");
     assert_eq!(r.stdout, "after\n", "{r:?}");
 }
+
+/// A sandbox that makes calls that change state as fast as it can does
+/// not grow the daemon's log at its pace: its lines are held to 100 at
+/// once, then 10 a second, saying how many were left out (each call was
+/// a line, ~640 a second; on a full disk three).
+#[test]
+fn a_sandbox_s_calls_grow_the_daemon_s_log_at_a_bounded_pace() {
+    if !require("process::a_sandbox_s_calls_grow_the_daemon_s_log_at_a_bounded_pace") {
+        return;
+    }
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let log = dir.path().join("daemon.log");
+    let d = ProcDaemon::start_logged(
+        "a_sandbox_s_calls_grow_the_daemon_s_log",
+        &[("ALLOX_LOG", "info")],
+        &[],
+        &log,
+    );
+    make_sessions(&d, &[("a", "s")]);
+    let t0 = Instant::now();
+    let r = sh(
+        &d,
+        "a",
+        "s",
+        "end=$(( $(date +%s) + 4 )); n=0; \
+         while [ $(date +%s) -lt $end ]; do allox turn begin >/dev/null 2>&1; n=$((n+1)); done; echo $n",
+    );
+    let secs = t0.elapsed().as_secs_f64();
+    let calls: u64 = r.stdout.trim().parse().unwrap_or_else(|_| panic!("{r:?}"));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines = text
+        .lines()
+        .filter(|l| l.contains("request answered") && l.contains("guest "))
+        .count() as f64;
+    assert!(calls > 300, "the sandbox made only {calls} calls");
+    assert!(
+        lines <= 100.0 + 10.0 * (secs + 1.0),
+        "{lines} lines for {calls} calls in {secs:.1} s"
+    );
+    assert!(
+        text.contains("held_back="),
+        "no line says what was left out"
+    );
+}

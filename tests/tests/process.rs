@@ -2497,7 +2497,7 @@ fn a_restarted_supervisor_follows_its_runs_output_and_end() {
         &[
             "/bin/sh",
             "-c",
-            "echo tty-up; while [ ! -e stop ]; do sleep 0.1; done; echo tty-done; exit 3",
+            "echo tty-up; while [ ! -e stop ]; do sleep 0.1; done; read x; read y; echo tty-done-$x$y; exit 3",
         ],
     );
     p.wait = false;
@@ -2529,6 +2529,25 @@ fn a_restarted_supervisor_follows_its_runs_output_and_end() {
     for s in ["s", "t"] {
         std::fs::write(current(&d, "a", s).join("stop"), b"").unwrap();
     }
+    // The terminal run is typed into after the restart (every key was
+    // refused "standard input of run R is closed").
+    wait_until("the terminal run taken up, and typed into", || {
+        match call(
+            &d,
+            Request::ProcessStdin(ProcessStdin {
+                agent_id: "a".into(),
+                session_id: "t".into(),
+                run_id: tty.run_id.clone(),
+                // Twice: a line may also be ended by what the restart left.
+                data: Bytes(b"typed\ntyped\n".to_vec()),
+                close: false,
+            }),
+        ) {
+            Ok(_) => true,
+            Err(e) if e.code == ErrorCode::NotFound => false,
+            Err(e) => panic!("typing into the terminal run: {e:?}"),
+        }
+    });
     let waited = |s: &str, run: &str| match call(
         &d,
         Request::ProcessWait(ProcessWait {
@@ -2554,7 +2573,8 @@ fn a_restarted_supervisor_follows_its_runs_output_and_end() {
         (Some(3), None),
         "the terminal run: {r:?}"
     );
-    assert!(logs(&d, "t", &tty.run_id).contains("tty-done"));
+    let l = logs(&d, "t", &tty.run_id);
+    assert!(l.contains("tty-done-typed"), "{l:?}");
 }
 
 /// A run's program is looked up in the `PATH` the run's own environment

@@ -8,8 +8,9 @@
 //! program's next write never meets a pipe without a reader and dies of
 //! `SIGPIPE`), its terminal can be attached to, and its end is known from
 //! its status pipe: the exit status of what the program did after the
-//! restart, not "unknown". Its standard input closed with the earlier
-//! supervisor (as a pipe's writer end that is gone, it reads end-of-file).
+//! restart, not "unknown". A pipe's standard input closed with the
+//! earlier supervisor (as a writer end that is gone, it reads end-of-file);
+//! a terminal run's input is its terminal, typed into again.
 
 use super::output::{Log, Readers, Source};
 use super::terminal::Terminal;
@@ -111,13 +112,18 @@ impl Runs {
             .and_then(|m| m.modified())
             .unwrap_or_else(|_| std::time::SystemTime::now());
         let (tx, _) = tokio::sync::watch::channel(None);
+        // A terminal run is typed into through its terminal, which was
+        // taken: its input goes on (every key was refused "standard input
+        // is closed", the shell in it neither usable nor ended from it). A
+        // pipe's writer end went with the earlier supervisor.
+        let input = kept.terminal.as_ref().map(|_| super::Input::Terminal);
         let run = Arc::new(Run {
             id: id.run.clone(),
             agent: id.agent.clone(),
             session: id.session.clone(),
             pid: kept.pid,
             pidfd: Mutex::new(Some(kept.pidfd)),
-            stdin: tokio::sync::Mutex::new(None),
+            stdin: tokio::sync::Mutex::new(input),
             terminal: Mutex::new(kept.terminal),
             result: tx,
             log: Arc::new(Log::new()),

@@ -2832,3 +2832,39 @@ fn a_sandbox_s_calls_grow_the_daemon_s_log_at_a_bounded_pace() {
         "no line says what was left out"
     );
 }
+
+/// A run's time limit holds across a restart of its supervisor: kept on
+/// the run's cgroup, the next supervisor goes on counting it (the run ran
+/// on for ever, its end `timed_out: false`).
+#[test]
+fn a_run_s_time_limit_holds_across_a_supervisor_restart() {
+    let Some(mut d) = setup("a_run_s_time_limit_holds_across_a_supervisor_restart") else {
+        return;
+    };
+    let mut p = start("a", "s", &["sleep", "120"]);
+    p.wait = false;
+    p.timeout_ms = Some(4000);
+    let t0 = Instant::now();
+    let Ok(Response::Started(run)) = call(&d, Request::ProcessStart(p)) else {
+        panic!("not started")
+    };
+    d.restart(&[]);
+    let r = match call(
+        &d,
+        Request::ProcessWait(ProcessWait {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: run.run_id.clone(),
+            timeout_ms: Some(60_000),
+        }),
+    ) {
+        Ok(Response::Exited(r)) => r,
+        other => panic!("{other:?}"),
+    };
+    assert!(r.timed_out && r.signal.is_some(), "{r:?}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "ended after {:?}",
+        t0.elapsed()
+    );
+}

@@ -157,6 +157,16 @@ impl Runs {
             readers,
             program,
         ));
+        // Its time limit, as its start kept it on the cgroup: it goes on
+        // counting from the start (it was lost: the run ran on for ever).
+        if let Some(left) = super::start::kept_deadline(dir) {
+            tokio::spawn(super::start::kill_after(
+                self.clone(),
+                run.clone(),
+                run.result.subscribe(),
+                left,
+            ));
+        }
         tokio::spawn(end::reap(self.clone(), run));
         tracing::info!(
             agent = id.agent,

@@ -186,6 +186,12 @@ impl Runs {
         // Reap the init when the namespace empties, and drop its cgroup.
         tokio::spawn(end::reap(self.clone(), run.clone()));
         if let Some(ms) = p.timeout_ms {
+            // Kept on the run's cgroup, so that a supervisor that takes the
+            // run up after a restart keeps its limit (it ran on for ever).
+            keep_deadline(
+                &self.cgroups.run_dir(&p.agent_id, &p.session_id, &id),
+                allox_store::clock::since_boot() + Duration::from_millis(ms),
+            );
             tokio::spawn(kill_after(
                 self.clone(),
                 run.clone(),
@@ -503,7 +509,35 @@ struct ContextWithGuards {
 }
 
 /// Kills the run's cgroup once `limit` has passed, unless it ended first.
-async fn kill_after(
+/// The extended attribute of a run's cgroup that holds when its time
+/// limit ends: milliseconds of the boot clock (runs do not outlive a boot).
+const DEADLINE_XATTR: &str = "trusted.allox.deadline_ms";
+
+/// Keeps a run's deadline on its cgroup `dir` (best effort: a cgroup
+/// filesystem without extended attributes keeps it in this supervisor
+/// only, as before).
+fn keep_deadline(dir: &std::path::Path, at: Duration) {
+    let ms = (at.as_millis() as u64).to_string();
+    if let Err(e) = rustix::fs::setxattr(
+        dir,
+        DEADLINE_XATTR,
+        ms.as_bytes(),
+        rustix::fs::XattrFlags::empty(),
+    ) {
+        tracing::debug!(error = %e, dir = %dir.display(), "cannot keep the run's deadline on its cgroup");
+    }
+}
+
+/// A run's deadline kept on its cgroup `dir`, as time left from now
+/// (zero when it has passed); `None` when it has none.
+pub(super) fn kept_deadline(dir: &std::path::Path) -> Option<Duration> {
+    let mut buf = [0u8; 32];
+    let n = rustix::fs::getxattr(dir, DEADLINE_XATTR, &mut buf).ok()?;
+    let ms: u64 = std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()?;
+    Some(Duration::from_millis(ms).saturating_sub(allox_store::clock::since_boot()))
+}
+
+pub(super) async fn kill_after(
     runs: Arc<Runs>,
     run: Arc<Run>,
     mut done: watch::Receiver<Option<RunResult>>,

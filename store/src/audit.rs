@@ -112,12 +112,6 @@ fn room_beyond_host(file: &File, path: &Path) -> bool {
 }
 
 /// The rotated log beside `path` (`audit.log.1`).
-/// `.NAME.WHAT` beside `path`.
-fn sibling(path: &Path, what: &str) -> PathBuf {
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    path.with_file_name(format!(".{name}.{what}"))
-}
-
 pub fn rotated(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(".1");
@@ -332,15 +326,7 @@ impl Audit {
     /// room first: on a full disk the log is not rotated (a new file with
     /// no room would refuse the host's records: every change refused).
     fn rotate(&self, t: &mut Tail) -> io::Result<()> {
-        let next = sibling(&self.path, "next");
-        let file = crate::reserve::make_with_room(&next)?;
-        t.file.sync_data()?;
-        if let Err(e) = std::fs::rename(&self.path, rotated(&self.path)) {
-            let _ = std::fs::remove_file(&next);
-            return Err(e);
-        }
-        std::fs::rename(&next, &self.path)?;
-        t.file = file;
+        t.file = crate::reserve::rotate_with_room(&self.path, &rotated(&self.path), &t.file)?;
         t.unsynced = false;
         Ok(())
     }

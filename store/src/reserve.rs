@@ -142,6 +142,23 @@ pub fn make_with_room(path: &Path) -> io::Result<File> {
     }
 }
 
+/// Rotates the state file `path` (open as `file`) to `to`: a new file
+/// with its room ([`make_with_room`], as `.NAME.next`) first, then the old
+/// one (synced) renamed `to` and the new one renamed in. Returns the new
+/// file; on an error the old one stays where it was, still in use.
+pub fn rotate_with_room(path: &Path, to: &Path, file: &File) -> io::Result<File> {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let next = path.with_file_name(format!(".{name}.next"));
+    let new = make_with_room(&next)?;
+    let moved = file.sync_data().and_then(|()| std::fs::rename(path, to));
+    if let Err(e) = moved {
+        let _ = std::fs::remove_file(&next);
+        return Err(e);
+    }
+    std::fs::rename(&next, path)?;
+    Ok(new)
+}
+
 /// Gives up the spare room kept in `dir` ([`SPARE_ROOM_FILE`]), committing
 /// the filesystem so that its blocks are free at once: whether there was
 /// any to give.

@@ -333,6 +333,14 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         // From here every request that would change state is refused.
         sup.stop.request();
         tracing::info!(?why, "stopping: refusing new work, killing sessions, flushing the store");
+        // Changes already admitted end and are answered before the
+        // connections close (a copy whose client was told "the daemon
+        // closed the connection" was made all the same); at most 10 s.
+        if !sup.stop.settled(std::time::Duration::from_secs(10)).await {
+            tracing::warn!("changes still going on after 10 s: their clients are not answered");
+        }
+        // Their answers, queued, reach their clients.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         for s in &servers {
             s.abort();
         }

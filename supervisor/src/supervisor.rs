@@ -47,6 +47,27 @@ pub struct Policy {
 pub struct Stop {
     stopping: std::sync::atomic::AtomicBool,
     notify: tokio::sync::Notify,
+    /// Changes admitted and not yet answered (a run's life is not one of
+    /// them): a stop lets them end, and their answers go out, before it
+    /// closes the connections.
+    changing: std::sync::atomic::AtomicUsize,
+    settled: tokio::sync::Notify,
+}
+
+/// A change going on ([`Stop::changing`]), counted while it lives.
+pub struct Changing<'a>(&'a Stop);
+
+impl Drop for Changing<'_> {
+    fn drop(&mut self) {
+        if self
+            .0
+            .changing
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
+            self.0.settled.notify_waiters();
+        }
+    }
 }
 
 impl Stop {
@@ -65,6 +86,39 @@ impl Stop {
         while !self.is_requested() {
             self.notify.notified().await;
         }
+    }
+
+    /// Counts `req` among the changes going on while the guard lives,
+    /// from before it is admitted (so that a stop requested meanwhile
+    /// either waits for it or refuses it). Not a run's start, which lasts
+    /// as long as the run (a stop ends the runs), nor the stop's own
+    /// request.
+    pub fn changing(&self, req: &Request) -> Option<Changing<'_>> {
+        let counted =
+            req.is_mutating() && !matches!(req, Request::ProcessStart(_) | Request::Shutdown(_));
+        counted.then(|| {
+            self.changing
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Changing(self)
+        })
+    }
+
+    /// Waits until no admitted change goes on, at most `limit`: whether
+    /// none does.
+    pub async fn settled(&self, limit: std::time::Duration) -> bool {
+        tokio::time::timeout(limit, async {
+            loop {
+                let notified = self.settled.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if self.changing.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await
+        .is_ok()
     }
 }
 
@@ -162,6 +216,7 @@ impl Supervisor {
         events: Option<EventSink>,
     ) -> Result<Response, ErrorBody> {
         let t0 = std::time::Instant::now();
+        let _changing = self.stop.changing(req);
         self.clocks.seen(req);
         let _in_use = self.clocks.in_use(req);
         let out = match self
@@ -282,6 +337,7 @@ impl Supervisor {
     ) -> Result<Response, ErrorBody> {
         let _span = request_span(req).entered();
         let t0 = std::time::Instant::now();
+        let _changing = self.stop.changing(req);
         self.clocks.seen(req);
         let out = self
             .admit(req, peer, request_id)

@@ -2148,3 +2148,67 @@ fn walkdir_count(dir: &Path) -> usize {
         })
         .sum()
 }
+
+/// A daemon asked to stop while `alloxctl cp` copies a large file in:
+/// the copy is answered as it ended, or not made — never "the daemon
+/// closed the connection" for a file that is then there, whole.
+#[test]
+fn a_copy_cut_by_a_shutdown_is_answered_as_it_ended() {
+    let Some(mut d) = setup(
+        "a_copy_cut_by_a_shutdown_is_answered_as_it_ended",
+        &[],
+        2048,
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let big = dir.path().join("big.bin");
+    // 300 MiB that no filesystem shrinks.
+    {
+        use std::io::Write;
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&big).unwrap());
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut block = vec![0u8; 1 << 20];
+        for _ in 0..300 {
+            for b in block.chunks_mut(8) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                b.copy_from_slice(&x.to_le_bytes());
+            }
+            f.write_all(&block).unwrap();
+        }
+    }
+    let size = std::fs::metadata(&big).unwrap().len();
+    for (i, delay_ms) in [50u64, 100, 150, 250].into_iter().enumerate() {
+        let target = format!("a/s:big{i}.bin");
+        let cp = Command::new(workspace_bin("alloxctl"))
+            .arg("--socket")
+            .arg(&d.daemon.socket)
+            .args(["cp", big.to_str().unwrap(), &target])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let _ = ctl(&d, &["shutdown"]);
+        let out = cp.wait_with_output().unwrap();
+        d.restart(&[]);
+        let made = std::fs::metadata(current(&d).join(format!("big{i}.bin")))
+            .map(|m| m.len())
+            .ok();
+        let err = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            assert_eq!(
+                made,
+                Some(size),
+                "answered ok after {delay_ms} ms, not made whole"
+            );
+        } else {
+            assert!(
+                made.is_none(),
+                "answered failed after {delay_ms} ms ({err}), yet made: {made:?} bytes"
+            );
+        }
+    }
+}

@@ -2658,21 +2658,15 @@ fn a_tmp_that_cannot_be_kept_is_said_on_the_run_s_stderr() {
     assert!(!current(&d, "a", "t").join(".allox-tmp/keep.txt").exists());
     // `alloxctl --json exec`, which streams: the program's output, then
     // the note (the output was dropped for the note before).
-    let (code, out, err) = allox_integration::alloxctl(
-        &d.daemon.socket,
-        &[
-            "--json",
-            "exec",
-            "a",
-            "t",
-            "--",
-            "sh",
-            "-c",
-            "echo out; echo err >&2; echo again > /tmp/keep2.txt",
-        ],
-    );
-    assert_eq!(code, 0, "{err}");
-    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let json_exec = |script: &str| -> serde_json::Value {
+        let (code, out, err) = allox_integration::alloxctl(
+            &d.daemon.socket,
+            &["--json", "exec", "a", "t", "--", "sh", "-c", script],
+        );
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_slice(&out).unwrap()
+    };
+    let v = json_exec("echo out; echo err >&2; echo again > /tmp/keep2.txt");
     assert_eq!(v["stdout"], "out\n", "{v}");
     let stderr = v["stderr"].as_str().unwrap();
     assert!(
@@ -2681,21 +2675,7 @@ fn a_tmp_that_cannot_be_kept_is_said_on_the_run_s_stderr() {
     );
     // A last line the program left unfinished: the note is on a line of
     // its own (it was glued on, `errallox: /tmp …`).
-    let (code, out, err) = allox_integration::alloxctl(
-        &d.daemon.socket,
-        &[
-            "--json",
-            "exec",
-            "a",
-            "t",
-            "--",
-            "sh",
-            "-c",
-            "printf err >&2; echo again > /tmp/keep3.txt",
-        ],
-    );
-    assert_eq!(code, 0, "{err}");
-    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let v = json_exec("printf err >&2; echo again > /tmp/keep3.txt");
     assert!(
         v["stderr"]
             .as_str()

@@ -307,7 +307,8 @@ class AuditList(Model):
     #: With neither cursor, the newest records of all.
     before_seq: Optional[int] = None
 
-    #: At most this many records (default 100, at most 10,000).
+    #: At most this many records (default 100, at most 10,000, and at most
+    #: 512 KiB of them: the rest are on the next page).
     limit: Optional[int] = None
 
 

@@ -290,16 +290,7 @@ impl<R: Numbered> Records<R> {
     /// first, which gets its room first: on a full disk the file is not
     /// rotated (a new one with no room would lose every record).
     fn rotate(&self, f: &mut Appender) -> std::io::Result<()> {
-        let name = self.path.file_name().unwrap_or_default().to_string_lossy();
-        let next = self.path.with_file_name(format!(".{name}.next"));
-        let file = allox_store::reserve::make_with_room(&next)?;
-        f.file.sync_data()?;
-        if let Err(e) = std::fs::rename(&self.path, rotated(&self.path)) {
-            let _ = std::fs::remove_file(&next);
-            return Err(e);
-        }
-        std::fs::rename(&next, &self.path)?;
-        f.file = file;
+        f.file = allox_store::reserve::rotate_with_room(&self.path, &rotated(&self.path), &f.file)?;
         f.lines = 0;
         f.bytes = 0;
         f.owners.clear();

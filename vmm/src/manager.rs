@@ -184,10 +184,8 @@ impl Manager {
             }
             Err(e) => return Err(e.into()),
         };
-        match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::WOULDBLOCK) => return Ok(false),
-            Err(e) => return Err(VmError::Io(e.into())),
+        if !lock_soon(&f)? {
+            return Ok(false);
         }
         if !p.dir.join(CLONING).exists() {
             return Ok(true);
@@ -420,14 +418,10 @@ impl Manager {
             .truncate(false)
             .write(true)
             .open(p.dir.join(".lock"))?;
-        match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::WOULDBLOCK) => {
-                return Err(VmError::Conflict(format!(
-                    "VM {name:?} is busy with another vm command (a start, a snapshot, a restore or a removal): wait for it to end"
-                )))
-            }
-            Err(e) => return Err(VmError::Io(e.into())),
+        if !lock_soon(&f)? {
+            return Err(VmError::Conflict(format!(
+                "VM {name:?} is busy with another vm command (a start, a snapshot, a restore or a removal): wait for it to end"
+            )));
         }
         self.settle(p)?;
         Ok(f)
@@ -994,6 +988,21 @@ fn clear_sockets(p: &VmPaths) {
 }
 
 /// Removes what a snapshot interrupted by a crash left (hidden names).
+/// Takes the exclusive lock of a VM's `.lock` file `f`, waiting up to
+/// half a second for it: whether it was taken. A command holds it for its
+/// whole length; a moment's hold is a copy of the descriptor that a
+/// process forked meanwhile (by another thread) keeps until its `exec`.
+fn lock_soon(f: &std::fs::File) -> Result<bool, VmError> {
+    for _ in 0..50 {
+        match rustix::fs::flock(f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(true),
+            Err(rustix::io::Errno::WOULDBLOCK) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => return Err(VmError::Io(e.into())),
+        }
+    }
+    Ok(false)
+}
+
 /// In a snapshot's partial directory: the snapshot paused the guest.
 const PAUSED_BY_SNAPSHOT: &str = "paused-by-snapshot";
 

@@ -167,6 +167,18 @@ impl Runs {
                 left,
             ));
         }
+        // A run that asked to die with its client: the connection that
+        // followed it went with the earlier supervisor.
+        if super::start::kept_kill_on_disconnect(dir) {
+            tracing::info!(
+                agent = id.agent,
+                session = id.session,
+                run = id.run,
+                "the run's client went away with the earlier supervisor: killing it as asked"
+            );
+            let (cg, dir) = (self.cgroups.clone(), dir.to_path_buf());
+            tokio::task::spawn_blocking(move || cg.kill(&dir, std::time::Duration::from_secs(10)));
+        }
         tokio::spawn(end::reap(self.clone(), run));
         tracing::info!(
             agent = id.agent,

@@ -185,6 +185,16 @@ impl Runs {
         ));
         // Reap the init when the namespace empties, and drop its cgroup.
         tokio::spawn(end::reap(self.clone(), run.clone()));
+        if p.on_disconnect == allox_protocol::OnDisconnect::Kill {
+            // Kept on the run's cgroup too: the connection that follows the
+            // run dies with this supervisor, and the one that takes the run
+            // up kills it as asked (it went on for ever, its client gone).
+            keep_mark(
+                &self.cgroups.run_dir(&p.agent_id, &p.session_id, &id),
+                KILL_ON_DISCONNECT_XATTR,
+                "kill",
+            );
+        }
         if let Some(ms) = p.timeout_ms {
             // Kept on the run's cgroup, so that a supervisor that takes the
             // run up after a restart keeps its limit (it ran on for ever).
@@ -513,19 +523,34 @@ struct ContextWithGuards {
 /// limit ends: milliseconds of the boot clock (runs do not outlive a boot).
 const DEADLINE_XATTR: &str = "trusted.allox.deadline_ms";
 
-/// Keeps a run's deadline on its cgroup `dir` (best effort: a cgroup
+/// The extended attribute of a run's cgroup that says the run dies with
+/// the connection that follows it (`on_disconnect: kill`).
+const KILL_ON_DISCONNECT_XATTR: &str = "trusted.allox.on_disconnect";
+
+/// Keeps a run's deadline on its cgroup `dir`.
+fn keep_deadline(dir: &std::path::Path, at: Duration) {
+    keep_mark(dir, DEADLINE_XATTR, &(at.as_millis() as u64).to_string());
+}
+
+/// Keeps `name` = `value` on a run's cgroup `dir` (best effort: a cgroup
 /// filesystem without extended attributes keeps it in this supervisor
 /// only, as before).
-fn keep_deadline(dir: &std::path::Path, at: Duration) {
-    let ms = (at.as_millis() as u64).to_string();
+fn keep_mark(dir: &std::path::Path, name: &str, value: &str) {
     if let Err(e) = rustix::fs::setxattr(
         dir,
-        DEADLINE_XATTR,
-        ms.as_bytes(),
+        name,
+        value.as_bytes(),
         rustix::fs::XattrFlags::empty(),
     ) {
-        tracing::debug!(error = %e, dir = %dir.display(), "cannot keep the run's deadline on its cgroup");
+        tracing::debug!(error = %e, dir = %dir.display(), name, "cannot keep a mark of the run on its cgroup");
     }
+}
+
+/// Whether the run of cgroup `dir` asked to die with its client.
+pub(super) fn kept_kill_on_disconnect(dir: &std::path::Path) -> bool {
+    let mut buf = [0u8; 8];
+    rustix::fs::getxattr(dir, KILL_ON_DISCONNECT_XATTR, &mut buf)
+        .is_ok_and(|n| &buf[..n] == b"kill")
 }
 
 /// A run's deadline kept on its cgroup `dir`, as time left from now

@@ -14,8 +14,9 @@
 //! follow may be quiet for hours). When its client goes away, that
 //! connection is closed, which ends the daemon's subscription; a streamed
 //! run goes on (it is the session's, not the connection's), unless the
-//! request said `Allox-On-Disconnect: kill`, when the gateway kills the
-//! run it started.
+//! request said `Allox-On-Disconnect: kill`: the daemon is then asked
+//! `on_disconnect: kill` (a run the connection follows dies with it, so
+//! with the gateway too), and the gateway kills the run it started.
 
 use crate::body::{respond, ChannelBody, HttpRequest, HttpResponse};
 use crate::shared::Shared;
@@ -100,7 +101,17 @@ pub fn event_line(event: &Event) -> Value {
 
 /// Starts `request` on a daemon connection of its own and answers with
 /// the stream of its events and its answer.
-pub fn serve(request: Request, options: Options, shared: &Arc<Shared>) -> HttpResponse {
+pub fn serve(mut request: Request, options: Options, shared: &Arc<Shared>) -> HttpResponse {
+    // The daemon is asked too, where it can be (a run its connection
+    // follows): the stream's connection then ends with the gateway however
+    // the gateway goes (killed, or its own stop cutting the stream), and
+    // the run with it. It went on for ever when only the gateway's kill
+    // below was there to end it.
+    if let Request::ProcessStart(p) = &mut request {
+        if options.kill_on_disconnect && p.wait && p.stream {
+            p.on_disconnect = allox_protocol::OnDisconnect::Kill;
+        }
+    }
     let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Bytes>>(LINES_AHEAD);
     let (dropped_tx, dropped_rx) = tokio::sync::oneshot::channel();
     let (closer_tx, closer_rx) = tokio::sync::oneshot::channel();

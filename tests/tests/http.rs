@@ -417,6 +417,46 @@ fn a_hundred_megabytes_stream_through_with_bounded_gateway_memory() {
 }
 
 #[test]
+fn a_gateway_that_dies_takes_only_the_runs_that_asked_to_die_with_their_client() {
+    let Some(mut st) = setup("gateway_dies") else {
+        return;
+    };
+    let started = |s: &mut Stream| {
+        let run = s.next().unwrap()["event"]["started"]["run_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        s.next().unwrap();
+        run
+    };
+    let mut kept = st.stream("process.start", &sh("echo up; exec sleep 600"), &[]);
+    let kept_run = started(&mut kept);
+    let mut doomed = st.stream(
+        "process.start",
+        &sh("echo up; exec sleep 601"),
+        &["-H", "Allox-On-Disconnect: kill"],
+    );
+    let doomed_run = started(&mut doomed);
+    // The gateway goes at once, with no chance to send a kill of its own.
+    st.gw.child.kill().unwrap();
+    st.gw.child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while live_runs(&st.d).contains(&doomed_run) {
+        assert!(
+            Instant::now() < deadline,
+            "the run outlived the gateway its client came through"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        live_runs(&st.d).contains(&kept_run),
+        "the run that asked to be kept was killed"
+    );
+    kept.cut();
+    doomed.cut();
+}
+
+#[test]
 fn a_client_that_goes_cancels_only_what_it_owned() {
     let Some(st) = setup("disconnect") else {
         return;

@@ -191,14 +191,18 @@ pub fn exec(
         let (sender, target) = (sender.clone(), target.clone());
         std::thread::spawn(move || pass_input(&sender, &target, rx, false));
     }
-    {
-        // Made only for a run still going after SIGNAL_GRACE (most
-        // commands an agent runs are over sooner): until then a signal
-        // waits, blocked, and the thread takes it as it starts.
+    // Made only for a run still going after SIGNAL_GRACE (most commands
+    // an agent runs are over sooner): until then a signal waits, blocked,
+    // and the thread takes it as it starts.
+    let grace = {
         let known = known.clone();
-        client.when_waiting(signal_grace(), move || {
+        Arc::new(Grace::new(signal_grace(), move || {
             std::thread::spawn(move || on_signals(&sender, &target, &known, signals, detach));
-        });
+        }))
+    };
+    {
+        let grace = grace.clone();
+        client.when_waiting(signal_grace(), move || grace.start());
     }
     let mut tap = ForegroundCall {
         client,
@@ -206,7 +210,98 @@ pub fn exec(
         until_answer: None,
         resize_when_known: false,
     };
-    process::exec(&mut tap, request, json, stdout, stderr)
+    // Output that cannot be written at once starts the thread too: a
+    // reader that does not drain alloxctl's output held it in `write`
+    // before it ever waited on the daemon, its signals blocked for good.
+    let (out_fd, err_fd) = (rustix::stdio::stdout(), rustix::stdio::stderr());
+    let mut stdout = GraceWriter {
+        inner: stdout,
+        fd: out_fd,
+        grace: &grace,
+    };
+    let mut stderr = GraceWriter {
+        inner: stderr,
+        fd: err_fd,
+        grace: &grace,
+    };
+    process::exec(&mut tap, request, json, &mut stdout, &mut stderr)
+}
+
+/// The start of the signal thread, due at the end of the grace: run once,
+/// by whichever comes first of a call that waits past it and output that
+/// cannot be written within it.
+struct Grace {
+    at: std::time::Instant,
+    start: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl Grace {
+    fn new(after: std::time::Duration, start: impl FnOnce() + Send + 'static) -> Grace {
+        Grace {
+            at: std::time::Instant::now() + after,
+            start: Mutex::new(Some(Box::new(start))),
+        }
+    }
+
+    fn pending(&self) -> bool {
+        self.start
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    fn start(&self) {
+        let start = self.start.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(start) = start {
+            start();
+        }
+    }
+}
+
+/// alloxctl's standard output or error (`fd`, written through `inner`)
+/// while the grace lasts: a write waits for room only until the grace's
+/// end, then starts the signal thread before it blocks.
+struct GraceWriter<'a> {
+    inner: &'a mut dyn Write,
+    fd: rustix::fd::BorrowedFd<'static>,
+    grace: &'a Grace,
+}
+
+/// What a pipe with room for a write takes without blocking.
+const PIPE_BUF: usize = 4096;
+
+impl Write for GraceWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if buf.is_empty() || !self.grace.pending() {
+            return self.inner.write(buf);
+        }
+        let left = self
+            .grace
+            .at
+            .saturating_duration_since(std::time::Instant::now());
+        let mut fds = [rustix::event::PollFd::new(
+            &self.fd,
+            rustix::event::PollFlags::OUT,
+        )];
+        let timeout = rustix::event::Timespec::try_from(left).ok();
+        let room = !left.is_zero()
+            && matches!(rustix::event::poll(&mut fds, timeout.as_ref()), Ok(n) if n > 0)
+            && !fds[0]
+                .revents()
+                .intersects(rustix::event::PollFlags::ERR | rustix::event::PollFlags::HUP);
+        if !room {
+            self.grace.start();
+            return self.inner.write(buf);
+        }
+        // Written past `inner`, which holds nothing yet (it was not
+        // written to before the grace ends), at most what fits at once.
+        self.inner.flush()?;
+        Ok(rustix::io::write(self.fd, &buf[..buf.len().min(PIPE_BUF)])?)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// Waits for the blocked signals and does to the run what each means.

@@ -1556,6 +1556,42 @@ fn alloxctl_exec_streams_and_exits_with_the_status() {
     );
 }
 
+#[test]
+fn alloxctl_exec_whose_output_is_not_read_still_passes_its_signals_on() {
+    let Some(d) = setup("alloxctl_exec_whose_output_is_not_read_still_passes_its_signals_on") else {
+        return;
+    };
+    // A reader that never drains alloxctl's output (a stalled pager, a log
+    // shipper): the run's first output fills the pipe before alloxctl
+    // ever waits on the daemon.
+    let mut child = std::process::Command::new(allox_integration::workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(&d.daemon.socket)
+        .args(["exec", "a", "s", "--", "yes", "stalled"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let yes = || list(&d, "a", "s").iter().any(|p| p.argv == ["yes", "stalled"]);
+    wait_until("the run's yes", yes);
+    let stuck = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default()
+    };
+    wait_until("alloxctl blocked writing its output", || {
+        stuck(child.id()).contains("pipe_write")
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    // The run gets the signal though alloxctl's output is still full.
+    wait_until("the run to end of the SIGTERM passed on", || !yes());
+    drop(child.stdout.take());
+    let status = allox_integration::wait_for_exit(&mut child, Duration::from_secs(20))
+        .expect("alloxctl ends once its reader goes");
+    assert!(!status.success(), "{status:?}");
+}
+
 /// The sandbox init of a run: the process of the run's cgroup whose parent
 /// is outside it.
 fn sandbox_init(d: &ProcDaemon, a: &str, s: &str, run: &str) -> i32 {

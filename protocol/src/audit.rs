@@ -33,7 +33,8 @@ pub struct AuditRecord {
     pub peer: String,
     pub action: String,
     pub target: String,
-    /// `ok` or an error code.
+    /// `begun` (written before the request is acted on), then `ok`, an
+    /// error code, or `cancelled` (its connection ended before the answer).
     pub outcome: String,
     pub message: Option<String>,
 }

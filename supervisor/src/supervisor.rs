@@ -219,17 +219,64 @@ impl Supervisor {
         let _changing = self.stop.changing(req);
         self.clocks.seen(req);
         let _in_use = self.clocks.in_use(req);
-        let out = match self
+        let admitted = self
             .admit(req, peer, request_id)
-            .and_then(|()| self.wake(req))
-        {
+            .and_then(|()| self.wake(req));
+        // A request whose future is dropped before its answer (its client
+        // went away, the daemon stops) still gets its outcome: it was left
+        // `begun`, which says the supervisor died in it.
+        let mut cut = Cut {
+            sup: self,
+            peer,
+            request_id,
+            req,
+            t0,
+            run: Arc::new(std::sync::OnceLock::new()),
+            armed: admitted.is_ok(),
+        };
+        let out = match admitted {
             Err(e) => Err(e),
-            Ok(()) => self.answer_async(req, events).await,
+            Ok(()) => {
+                crate::runs::STARTED
+                    .scope(cut.run.clone(), self.answer_async(req, events))
+                    .await
+            }
         }
         .map_err(|e| self.report(req, e));
+        cut.armed = false;
         self.audit(peer, request_id, req, &out);
         self.count(req, &out, t0.elapsed());
         out
+    }
+
+    /// The outcome of a request cut before its answer, in the audit log,
+    /// the log and the metrics: `cancelled`, with the run it started.
+    fn audit_cut(&self, peer: &str, request_id: u64, req: &Request, run: Option<&str>, took: std::time::Duration) {
+        self.metrics.request(req.action(), "cancelled", took);
+        if !req.is_mutating() {
+            return;
+        }
+        let message = match run {
+            Some(run) => format!("its connection ended before the answer; run {run} had started"),
+            None => "its connection ended before the answer".to_string(),
+        };
+        let sandbox = allox_store::audit::is_guest(peer);
+        if let Some(held_back) = if sandbox { sandbox_line() } else { Some(0) } {
+            tracing::info!(peer, request_id, outcome = "cancelled", run_id = run, held_back, "request cut before its answer");
+        }
+        let entry = Entry {
+            request_id,
+            peer: peer.to_string(),
+            action: req.action().to_string(),
+            target: req.target(),
+            outcome: "cancelled".to_string(),
+            message: Some(message),
+        };
+        if let Err(e) = self.store.audit().append(entry) {
+            if let Some(held_back) = if sandbox { sandbox_line() } else { Some(0) } {
+                tracing::error!(error = %allox_protocol::error_chain(&e), held_back, "cannot append audit record");
+            }
+        }
     }
 
     /// A request answered, in the metrics: its action, outcome and time;
@@ -587,6 +634,29 @@ fn answered_otherwise(req: &Request, got: &Response) -> ErrorBody {
         ErrorCode::Internal,
         format!("{} answered {}", req.action(), got.kind()),
     )
+}
+
+/// An admitted request's outcome, written when its future is dropped
+/// before the answer (see [`Supervisor::audit_cut`]).
+struct Cut<'a> {
+    sup: &'a Supervisor,
+    peer: &'a str,
+    request_id: u64,
+    req: &'a Request,
+    t0: std::time::Instant,
+    /// The run it started, once known ([`crate::runs::STARTED`]).
+    run: Arc<std::sync::OnceLock<String>>,
+    armed: bool,
+}
+
+impl Drop for Cut<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let run = self.run.get().map(String::as_str);
+            self.sup
+                .audit_cut(self.peer, self.request_id, self.req, run, self.t0.elapsed());
+        }
+    }
 }
 
 /// The span a request's log lines carry (`span` in JSON logs): its action,

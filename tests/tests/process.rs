@@ -2896,6 +2896,61 @@ fn a_run_that_dies_with_its_client_dies_when_its_supervisor_restarts() {
 }
 
 #[test]
+fn a_start_whose_client_went_away_has_its_outcome_in_the_audit_log() {
+    let Some(d) = setup("a_start_whose_client_went_away_has_its_outcome_in_the_audit_log") else {
+        return;
+    };
+    let records = || match call(
+        &d,
+        Request::AuditList(AuditList {
+            after_seq: None,
+            limit: Some(10_000),
+            before_seq: None,
+        }),
+    ) {
+        Ok(Response::Audit(l)) => l.records,
+        other => panic!("{other:?}"),
+    };
+    // Two execs killed outright once their runs have started: one whose
+    // run dies with it, one whose run goes on.
+    for (extra, secs) in [(&[][..], 302), (&["--detach-on-exit"][..], 303)] {
+        let script = format!("echo up; exec sleep {secs}");
+        let mut args = vec!["exec"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["a", "s", "--", "/bin/sh", "-c", &script]);
+        let (mut child, mut lines) = allox_integration::alloxctl_following(&d.daemon.socket, &args);
+        assert_eq!(lines.next().map(|l| l.unwrap_or_default()).as_deref(), Some("up"));
+        let run = list(&d, "a", "s")
+            .into_iter()
+            .find(|p| p.argv == ["sleep", secs.to_string().as_str()])
+            .and_then(|p| p.run_id)
+            .expect("the run is listed");
+        let peer = format!("pid={}", child.id());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        wait_until("the start's outcome", || {
+            records().iter().any(|r| {
+                r.action == "process.start" && r.peer.ends_with(&peer) && r.outcome != "begun"
+            })
+        });
+        let mine: Vec<AuditRecord> = records()
+            .into_iter()
+            .filter(|r| r.action == "process.start" && r.peer.ends_with(&peer))
+            .collect();
+        assert_eq!(mine.len(), 2, "{mine:?}");
+        assert_eq!(mine[1].outcome, "cancelled", "{mine:?}");
+        let said = mine[1].message.clone().unwrap_or_default();
+        assert!(said.contains(&run), "the outcome does not name run {run}: {said}");
+    }
+    // The first run was killed as asked, the second goes on.
+    wait_until("the first run's end", || {
+        list(&d, "a", "s").iter().all(|p| p.argv != ["sleep", "302"])
+    });
+    assert!(list(&d, "a", "s").iter().any(|p| p.argv == ["sleep", "303"]));
+    kill_session(&d, "a", "s");
+}
+
+#[test]
 fn a_run_s_time_limit_holds_across_a_supervisor_restart() {
     let Some(mut d) = setup("a_run_s_time_limit_holds_across_a_supervisor_restart") else {
         return;

@@ -335,7 +335,8 @@ class AuditRecord(Model):
     action: str
     message: Optional[str] = None
 
-    #: `ok` or an error code.
+    #: `begun` (written before the request is acted on), then `ok`, an
+    #: error code, or `cancelled` (its connection ended before the answer).
     outcome: str
 
     #: Who asked (`uid=0 pid=42`, `startup`, ...).

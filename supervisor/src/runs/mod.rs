@@ -39,6 +39,17 @@ pub mod validate;
 mod wait;
 
 pub use attach::{Attachment, RunIdentity, RunServices, SessionFiles};
+
+tokio::task_local! {
+    /// The run a request started, told by the start as it says so: a
+    /// request cut before its answer names it in its outcome.
+    pub(crate) static STARTED: std::sync::Arc<std::sync::OnceLock<String>>;
+}
+
+/// Tells the request being answered (if any) that it started run `id`.
+fn note_started(id: &str) {
+    let _ = STARTED.try_with(|s| s.set(id.to_string()));
+}
 pub use error::{ConfigError, RunError};
 pub use fence::{Fence, FenceScope, Writer};
 

@@ -148,6 +148,7 @@ impl Runs {
             .unwrap_or_else(|e| e.into_inner())
             .insert(key(a, s, &id), run.clone());
         self.cfg.metrics.run_started(a);
+        super::note_started(&id);
         if let Some(ev) = &events {
             let _ = ev
                 .send(Event::Started(RunStarted {

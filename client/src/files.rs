@@ -699,9 +699,9 @@ fn fetch_file(
 ) -> Result<Copied, CopyError> {
     let mut out = Output::open(to).map_err(local(to))?;
     let done = match &mut out {
-        Output::Aside { tmp, .. } => match way.local(|| download_local(c, from, tmp.as_file()))? {
+        Output::Aside { .. } => match way.local(|| download_local(c, from, out.file()))? {
             Some(x) => Copied::one(x.size, Some(x.by)),
-            None => Copied::one(read_to(c, from, tmp.as_file_mut())?, None),
+            None => Copied::one(read_to(c, from, out.file())?, None),
         },
         // A device or a FIFO: its bytes written to it, as they come.
         Output::Direct(f) => Copied::one(read_to(c, from, f)?, None),
@@ -711,18 +711,32 @@ fn fetch_file(
 }
 
 /// A local file something is written to, as a user means the name given:
-/// a regular file (or a name not there yet) is written aside, under a
-/// fresh name of its directory, and renamed over it once whole, so no half
-/// file is ever under its name and no other file is touched; a device or
-/// a FIFO (`/dev/null`, `/dev/stdout`, a pipe's name) is written to as it
-/// is, never replaced; a symbolic link is followed (what it names is
-/// written, the link stays).
+/// a regular file (or a name not there yet) is written aside and renamed
+/// over it once whole, so no half file is ever under its name and no
+/// other file is touched; a device or a FIFO (`/dev/null`,
+/// `/dev/stdout`, a pipe's name) is written to as it is, never replaced;
+/// a symbolic link is followed (what it names is written, the link stays).
+///
+/// The aside file has no name until it is whole (`O_TMPFILE` in the
+/// target's directory), so an alloxctl stopped however (Ctrl-C,
+/// `SIGKILL`) leaves nothing behind: a named one was left for ever,
+/// `.NAME.XXXXXX.partial`. A filesystem without unnamed files gets a
+/// named one, removed if alloxctl ends by itself.
 pub enum Output {
-    Aside {
-        tmp: tempfile::NamedTempFile,
-        to: std::path::PathBuf,
-    },
+    Aside { tmp: Aside, to: std::path::PathBuf },
     Direct(std::fs::File),
+}
+
+/// The file an [`Output`] writes before it is renamed into place.
+pub enum Aside {
+    /// Unnamed, in `dir`; `stem` begins the name it is linked under
+    /// before the rename.
+    Unnamed {
+        file: std::fs::File,
+        dir: std::path::PathBuf,
+        stem: String,
+    },
+    Named(tempfile::NamedTempFile),
 }
 
 impl Output {
@@ -765,17 +779,44 @@ impl Output {
             }
             cut = &cut[..end];
         }
-        let tmp = tempfile::Builder::new()
-            .prefix(&format!(".{cut}."))
-            .suffix(".partial")
-            .tempfile_in(dir)?;
+        let stem = format!(".{cut}.");
+        use rustix::fs::{Mode, OFlags};
+        let unnamed = rustix::fs::open(
+            dir,
+            OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        );
+        let tmp = match unnamed {
+            Ok(fd) => Aside::Unnamed {
+                file: std::fs::File::from(fd),
+                dir: dir.to_path_buf(),
+                stem,
+            },
+            // A filesystem without them (or an old kernel); any other
+            // failure is the directory's, said by the named file's.
+            Err(_) => {
+                Aside::Named(
+                    tempfile::Builder::new()
+                        .prefix(&stem)
+                        .suffix(".partial")
+                        .tempfile_in(dir)?,
+                )
+            }
+        };
         Ok(Output::Aside { tmp, to: target })
     }
 
     /// Where to write.
     pub fn file(&mut self) -> &mut std::fs::File {
         match self {
-            Output::Aside { tmp, .. } => tmp.as_file_mut(),
+            Output::Aside {
+                tmp: Aside::Unnamed { file, .. },
+                ..
+            } => file,
+            Output::Aside {
+                tmp: Aside::Named(t),
+                ..
+            } => t.as_file_mut(),
             Output::Direct(f) => f,
         }
     }
@@ -784,7 +825,40 @@ impl Output {
     /// before, an aside file goes and nothing else is touched.
     pub fn finish(self) -> std::io::Result<()> {
         match self {
-            Output::Aside { tmp, to } => {
+            Output::Aside {
+                tmp: Aside::Unnamed { file, dir, stem },
+                to,
+            } => {
+                file.sync_all()?;
+                // Named (a fresh name of its directory), then renamed over
+                // the target: a link cannot replace a file.
+                let fd = format!("/proc/self/fd/{}", rustix::fd::AsRawFd::as_raw_fd(&file));
+                let mut tries = 0u32;
+                let named = loop {
+                    let name = dir.join(format!(
+                        "{stem}{:06x}.partial",
+                        (std::process::id() ^ tries.wrapping_mul(0x9e37_79b9)) & 0xff_ffff
+                    ));
+                    match rustix::fs::linkat(
+                        rustix::fs::CWD,
+                        fd.as_str(),
+                        rustix::fs::CWD,
+                        &name,
+                        rustix::fs::AtFlags::SYMLINK_FOLLOW,
+                    ) {
+                        Ok(()) => break name,
+                        Err(rustix::io::Errno::EXIST) if tries < 100 => tries += 1,
+                        Err(e) => return Err(e.into()),
+                    }
+                };
+                std::fs::rename(&named, &to).inspect_err(|_| {
+                    let _ = std::fs::remove_file(&named);
+                })
+            }
+            Output::Aside {
+                tmp: Aside::Named(tmp),
+                to,
+            } => {
                 tmp.as_file().sync_all()?;
                 tmp.persist(&to).map(drop).map_err(|e| e.error)
             }

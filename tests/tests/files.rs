@@ -2212,3 +2212,93 @@ fn a_copy_cut_by_a_shutdown_is_answered_as_it_ended() {
         }
     }
 }
+
+/// An `alloxctl cp` out of a session killed outright half-way leaves
+/// nothing beside its target (a `.NAME.XXXXXX.partial` was left for ever),
+/// and the daemon stops copying into the file of a client that is gone
+/// (it wrote the whole file).
+#[test]
+fn a_copy_out_killed_half_way_leaves_nothing_and_the_daemon_stops() {
+    let Some(d) = setup(
+        "a_copy_out_killed_half_way_leaves_nothing_and_the_daemon_stops",
+        &[],
+        2048,
+    ) else {
+        return;
+    };
+    // 768 MiB that no filesystem shrinks, in the session.
+    let size: u64 = 768 << 20;
+    {
+        use std::io::Write;
+        let big = current(&d).join("big.bin");
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&big).unwrap());
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut block = vec![0u8; 1 << 20];
+        for _ in 0..(size >> 20) {
+            for b in block.chunks_mut(8) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                b.copy_from_slice(&x.to_le_bytes());
+            }
+            f.write_all(&block).unwrap();
+        }
+    }
+    // Out to another filesystem: copied, not shared.
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let target = dir.path().join("out.bin");
+    let mut cp = Command::new(workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(&d.daemon.socket)
+        .args(["cp", "a/s:big.bin", target.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The file the daemon writes into: the one it holds in `dir`.
+    let daemon_fds = format!("/proc/{}/fd", d.daemon.child.id());
+    let held = || {
+        std::fs::read_dir(&daemon_fds)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find(|e| {
+                std::fs::read_link(e.path())
+                    .is_ok_and(|l| l.starts_with(dir.path()))
+            })
+            .map(|e| e.path())
+    };
+    let t0 = Instant::now();
+    let (fd, at_kill) = loop {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the daemon never wrote");
+        if let Some(fd) = held() {
+            let n = std::fs::metadata(&fd).map(|m| m.len()).unwrap_or(0);
+            if n > 0 {
+                break (fd, n);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    cp.kill().unwrap();
+    cp.wait().unwrap();
+    let mut largest = at_kill;
+    // Followed until the daemon lets the file go.
+    while let Ok(m) = std::fs::metadata(&fd) {
+        largest = largest.max(m.len());
+        assert!(t0.elapsed() < Duration::from_secs(60), "the daemon holds the file");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(
+        largest < size / 2,
+        "the daemon copied on for a client that was gone: {largest} of {size} bytes ({at_kill} when it was killed)"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "left beside the target: {left:?}");
+    // The same copy, let be, is whole.
+    ctl_ok(&d, &["cp", "a/s:big.bin", target.to_str().unwrap()]);
+    assert_eq!(std::fs::metadata(&target).unwrap().len(), size);
+}

@@ -131,6 +131,21 @@ pub(super) fn copy_whole(
     Ok((size, by))
 }
 
+/// The most bytes one call copies: a copy whose client went away stops
+/// within one step (a download went on writing gigabytes into the file of
+/// a client that was gone).
+const STEP: usize = 64 << 20;
+
+/// Refuses to go on with a copy whose client has gone.
+fn gone(shown: &str) -> Result<(), FilesError> {
+    if crate::passed::client_gone() {
+        return Err(FilesError::ClientGone {
+            path: shown.into(),
+        });
+    }
+    Ok(())
+}
+
 /// `src`'s bytes from `from` to `until` (`None`: to its end; fewer if it
 /// ends first) to the same offsets of `dst`: `copy_file_range`, else
 /// `sendfile`. Where it stopped, and how.
@@ -143,13 +158,14 @@ fn copy_extent(
     share: bool,
 ) -> Result<(u64, CopiedBy), FilesError> {
     let want = |from: u64| {
-        until.map_or(1 << 30, |u| {
-            usize::try_from(u - from).unwrap_or(usize::MAX).min(1 << 30)
+        until.map_or(STEP, |u| {
+            usize::try_from(u - from).unwrap_or(usize::MAX).min(STEP)
         })
     };
     let mut to = from;
     while share && until.is_none_or(|u| from < u) {
         let n = want(from);
+        gone(shown)?;
         match rustix::fs::copy_file_range(src, Some(&mut from), dst, Some(&mut to), n) {
             Ok(0) => return Ok((from, CopiedBy::CopyFileRange)),
             Ok(_) | Err(Errno::INTR) => {}
@@ -166,6 +182,7 @@ fn copy_extent(
         .map_err(|e| FilesError::from_errno("seek", shown, e))?;
     while until.is_none_or(|u| from < u) {
         let n = want(from);
+        gone(shown)?;
         match rustix::fs::sendfile(dst, src, Some(&mut from), n) {
             Ok(0) => break,
             Ok(_) | Err(Errno::INTR) => {}
@@ -208,7 +225,8 @@ pub(super) fn copy_range(
     while share && from < end {
         let want = usize::try_from(end - from)
             .unwrap_or(usize::MAX)
-            .min(1 << 30);
+            .min(STEP);
+        gone(shown)?;
         match rustix::fs::copy_file_range(src, Some(&mut from), dst, Some(&mut to), want) {
             Ok(0) => return Err(short(from)),
             Ok(_) | Err(Errno::INTR) => {}
@@ -224,7 +242,8 @@ pub(super) fn copy_range(
     while from < end {
         let want = usize::try_from(end - from)
             .unwrap_or(usize::MAX)
-            .min(1 << 30);
+            .min(STEP);
+        gone(shown)?;
         match rustix::fs::sendfile(dst, src, Some(&mut from), want) {
             Ok(0) => return Err(short(from)),
             Ok(_) | Err(Errno::INTR) => {}

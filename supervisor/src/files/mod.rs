@@ -99,7 +99,7 @@ pub enum FilesError {
     NoDescriptor { action: &'static str },
     #[error("the descriptor passed with the request cannot be used: {why}")]
     Descriptor { why: String },
-    #[error("the client went away before {path:?} was replaced: nothing was replaced")]
+    #[error("the client went away before the copy of {path:?} was done: it was dropped, and nothing was replaced")]
     ClientGone { path: String },
     #[error("cannot {op} {path:?}")]
     Io {

@@ -172,6 +172,8 @@ pub struct Client {
     read_buf: Vec<u8>,
     /// What to do once a call has waited so long ([`Client::when_waiting`]).
     when_waiting: Option<WhenWaiting>,
+    /// The socket's path as it was given, when connected by path.
+    socket: Option<std::path::PathBuf>,
 }
 
 /// Bytes asked for by each read of the socket.
@@ -324,7 +326,9 @@ impl Client {
         path: impl AsRef<Path>,
         timeout: Option<Duration>,
     ) -> Result<Client, ClientError> {
-        Client::handshake(connect_stream(path.as_ref(), timeout)?)
+        let mut client = Client::handshake(connect_stream(path.as_ref(), timeout)?)?;
+        client.socket = Some(path.as_ref().to_path_buf());
+        Ok(client)
     }
 
     /// As [`Client::connect_timeout`], without waiting for the Welcome:
@@ -339,6 +343,7 @@ impl Client {
         let stream = connect_stream(path.as_ref(), timeout)?;
         let (mut client, hello) = Client::unwelcomed(stream, timeout)?;
         client.unsent_hello = hello;
+        client.socket = Some(path.as_ref().to_path_buf());
         Ok(client)
     }
 
@@ -372,6 +377,7 @@ impl Client {
             replies: None,
             read_buf: Vec::new(),
             when_waiting: None,
+            socket: None,
         };
         Ok((client, bytes))
     }
@@ -435,6 +441,12 @@ impl Client {
     /// Sets the id of the next request (tests of id collisions).
     pub fn set_next_request_id(&mut self, id: u64) {
         self.next_id = id;
+    }
+
+    /// The path of the socket this connection was made to, as it was
+    /// given (`None` for a stream handed to [`Client::handshake`]).
+    pub fn socket_path(&self) -> Option<&Path> {
+        self.socket.as_deref()
     }
 
     /// What the server said about itself in its `Welcome` (empty until it

@@ -300,6 +300,13 @@ pub fn move_session(
     since: Option<&str>,
     interrupt: Option<&std::path::Path>,
 ) -> Result<SessionImported, String> {
+    // A move talks to two daemons: what fails names the one it failed on
+    // (it said only "the daemon closed the connection").
+    let side = |which: &str, c: &Client| match c.socket_path() {
+        Some(p) => format!("the {which} daemon ({})", p.display()),
+        None => format!("the {which} daemon"),
+    };
+    let (src, dst) = (side("source", from), side("target", to));
     let mut made_agent = false;
     if since.is_none() {
         let made = to.call(Request::AgentCreate(allox_protocol::AgentCreate::new(
@@ -308,7 +315,7 @@ pub fn move_session(
         match refusal(made) {
             Ok(_) => made_agent = true,
             Err(e) if e.contains("already exists") => {}
-            Err(e) => return Err(format!("on the target: {e}")),
+            Err(e) => return Err(format!("{dst}: {e}")),
         }
     }
     let done = {
@@ -321,11 +328,17 @@ pub fn move_session(
             session_id: session.into(),
             since: since.map(str::to_string),
         };
-        match export_with(from, q, &mut |b| i.write(b)) {
-            Ok(_) => i.commit().map_err(|e| format!("on the target: {e}")),
+        match export_with(from, q, &mut |b| {
+            i.write(b).map_err(|e| format!("{dst}: {e}"))
+        }) {
+            Ok(_) => i.commit().map_err(|e| format!("{dst}: {e}")),
             Err(e) => {
                 i.abort();
-                Err(e)
+                Err(if e.starts_with(&dst) {
+                    e
+                } else {
+                    format!("{src}: {e}")
+                })
             }
         }
     };

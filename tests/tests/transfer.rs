@@ -1300,7 +1300,23 @@ fn a_turn_moved_open_and_ended_on_the_other_side_moves_back() {
         &["session", "move", "lonely", "nosuch", "--to", &sock_b],
     );
     assert!(code != 0 && err.contains("nosuch"), "{err}");
+    // Each failure names the daemon it failed on (it named neither).
+    assert!(
+        err.contains(&format!("the source daemon ({sock_a})")),
+        "{err}"
+    );
     assert!(!ctl(&b, &["agent", "list"]).contains("lonely"));
+    for d in [&a, &b] {
+        ctl(d, &["session", "create", "a", "dup"]);
+    }
+    let (code, _, err) = allox_integration::alloxctl(
+        &a.daemon.socket,
+        &["session", "move", "a", "dup", "--to", &sock_b],
+    );
+    assert!(
+        code != 0 && err.contains(&format!("the target daemon ({sock_b})")),
+        "{err}"
+    );
     ctl(&a, &["session", "create", "a", "s"]);
     ctl(&a, &["policy", "a", "s", "--auto-checkpoint", "on"]);
     ctl(&a, &["turn", "begin", "a", "s"]);

@@ -332,7 +332,15 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         };
         // From here every request that would change state is refused.
         sup.stop.request();
-        tracing::info!(?why, "stopping: refusing new work, killing sessions, flushing the store");
+        // A shutdown kills the sessions' processes; a host daemon stopped
+        // by a signal leaves them running for its successor to adopt, but
+        // for the runs that asked to die with their client.
+        let kill = why == Stopped::Requested || cfg.policy.power_off_on_shutdown;
+        if kill {
+            tracing::info!(?why, "stopping: refusing new work, killing the sessions' processes, flushing the store");
+        } else {
+            tracing::info!(?why, "stopping: refusing new work, flushing the store; runs are left for the next supervisor to take up, but those that asked to die with their client");
+        }
         // Changes already admitted end and are answered before the
         // connections close (a copy whose client was told "the daemon
         // closed the connection" was made all the same); at most 10 s.
@@ -347,16 +355,21 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         syncer.abort();
         abandoner.abort();
         clocks.abort();
-        // A shutdown kills the sessions' processes; a host daemon stopped
-        // by a signal leaves them running for its successor to adopt.
-        let kill = why == Stopped::Requested || cfg.policy.power_off_on_shutdown;
+        if let Some(runs) = sup.runs.as_ref().filter(|_| !kill) {
+            // Their connections are closed: they are ended as asked (the
+            // successor would, but there may be none for a while).
+            let ended = runs
+                .end_live_runs(std::time::Duration::from_secs(30), true)
+                .await;
+            tracing::info!(runs = ended, "runs that asked to die with their client ended");
+        }
         if let Some(runs) = sup.runs.as_ref().filter(|_| kill) {
             let (runs, base) = (runs.clone(), runs.cgroups().base().to_path_buf());
             // The runs first, each settled (an observed one's B captured
             // while its session's context lives): a shutdown is not a
             // fault of their observation. Then the rest.
             let ended = runs
-                .end_live_runs(std::time::Duration::from_secs(30))
+                .end_live_runs(std::time::Duration::from_secs(30), false)
                 .await;
             tracing::info!(runs = ended, "runs ended");
             match tokio::task::spawn_blocking(move || runs.kill_tree(&base, false)).await {

@@ -894,6 +894,16 @@ impl ProcDaemon {
 
     /// Restarts the daemon process (its runs keep going).
     pub fn restart(&mut self, extra: &[&str]) {
+        self.restart_after(extra, false);
+    }
+
+    /// The daemon killed outright (`SIGKILL`: a crash), then started again
+    /// as [`ProcDaemon::restart`] does.
+    pub fn restart_after_crash(&mut self, extra: &[&str]) {
+        self.restart_after(extra, true);
+    }
+
+    fn restart_after(&mut self, extra: &[&str], crash: bool) {
         let root = self.daemon.root.clone();
         let sock = self.daemon.socket.clone();
         let stage = self.fs.scratch().join("stage");
@@ -905,7 +915,13 @@ impl ProcDaemon {
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.daemon.terminate();
+        if crash {
+            let _ = self.daemon.child.kill();
+            let _ = self.daemon.child.wait();
+            let _ = std::fs::remove_file(&self.daemon.socket);
+        } else {
+            self.daemon.terminate();
+        }
         self.daemon = match &self.log {
             Some((log, env)) => {
                 let env: Vec<(&str, &str)> =

@@ -2852,47 +2852,88 @@ fn a_sandbox_s_calls_grow_the_daemon_s_log_at_a_bounded_pace() {
 /// A run's time limit holds across a restart of its supervisor: kept on
 /// the run's cgroup, the next supervisor goes on counting it (the run ran
 /// on for ever, its end `timed_out: false`).
+/// The command lines of every process in the cgroups below `dir`.
+fn commands_in(dir: &std::path::Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for pid in std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+    {
+        if let Ok(c) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            let words: Vec<String> = c
+                .split(|&b| b == 0)
+                .filter(|w| !w.is_empty())
+                .map(|w| String::from_utf8_lossy(w).into_owned())
+                .collect();
+            found.push(words.join(" "));
+        }
+    }
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            found.extend(commands_in(&e.path()));
+        }
+    }
+    found
+}
+
 #[test]
 fn a_run_that_dies_with_its_client_dies_when_its_supervisor_restarts() {
     let Some(mut d) = setup("a_run_that_dies_with_its_client_dies_when_its_supervisor_restarts")
     else {
         return;
     };
-    // Two runs followed by `alloxctl exec`: one asks to die with its
-    // client (the default), the other to go on (`--detach-on-exit`).
-    let follow = |extra: &[&str], word: &str, secs: u32| {
-        let script = format!("echo {word}; exec sleep {secs}");
-        let mut args = vec!["exec"];
-        args.extend_from_slice(extra);
-        args.extend_from_slice(&["a", "s", "--", "/bin/sh", "-c", &script]);
-        let (child, mut lines) = allox_integration::alloxctl_following(&d.daemon.socket, &args);
-        let line = lines.next().map(|l| l.unwrap_or_default());
-        assert_eq!(line.as_deref(), Some(word), "alloxctl exec {extra:?}");
-        child
-    };
-    let mut dies = follow(&[], "dies", 300);
-    let mut stays = follow(&["--detach-on-exit"], "stays", 301);
-    let runs = list(&d, "a", "s");
-    assert_eq!(runs.len(), 2, "{runs:?}");
-    // The daemon goes (its clients' connections with it), and a new one
-    // takes the runs up.
-    d.restart(&[]);
-    for c in [&mut dies, &mut stays] {
-        let st = c.wait().expect("alloxctl ends with its daemon");
-        assert!(!st.success(), "alloxctl exec succeeded although its daemon went: {st:?}");
+    // The daemon stopped by a signal (its stop ends the run), then killed
+    // outright (its successor does).
+    for crash in [false, true] {
+        // Two runs followed by `alloxctl exec`: one asks to die with its
+        // client (the default), the other to go on (`--detach-on-exit`).
+        let follow = |extra: &[&str], word: &str, secs: u32| {
+            let script = format!("echo {word}; exec sleep {secs}");
+            let mut args = vec!["exec"];
+            args.extend_from_slice(extra);
+            args.extend_from_slice(&["a", "s", "--", "/bin/sh", "-c", &script]);
+            let (child, mut lines) =
+                allox_integration::alloxctl_following(&d.daemon.socket, &args);
+            let line = lines.next().map(|l| l.unwrap_or_default());
+            assert_eq!(line.as_deref(), Some(word), "alloxctl exec {extra:?}");
+            child
+        };
+        let mut dies = follow(&[], "dies", 300);
+        let mut stays = follow(&["--detach-on-exit"], "stays", 301);
+        let runs = list(&d, "a", "s");
+        assert_eq!(runs.len(), 2, "{runs:?}");
+        if crash {
+            d.restart_after_crash(&[]);
+        } else {
+            // Ended by the stop itself, before any successor.
+            d.daemon.terminate();
+            let left = commands_in(&d.cgroup);
+            assert!(
+                !left.contains(&"sleep 300".to_string()) && left.contains(&"sleep 301".to_string()),
+                "after the stop: {left:?}"
+            );
+            d.restart_after_crash(&[]);
+        }
+        for c in [&mut dies, &mut stays] {
+            let st = c.wait().expect("alloxctl ends with its daemon");
+            assert!(
+                !st.success(),
+                "alloxctl exec succeeded although its daemon went: {st:?}"
+            );
+        }
+        wait_until("the run that asked to die with its client to end", || {
+            list(&d, "a", "s").len() == 1
+        });
+        let left = list(&d, "a", "s");
+        assert_eq!(left[0].argv, ["sleep", "301"], "crash {crash}: {left:?}");
+        let kept = left[0].run_id.clone().expect("its run");
+        // The detached run still goes on a moment later, and is killed
+        // only when asked.
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(list(&d, "a", "s").len(), 1);
+        kill_session(&d, "a", "s");
+        assert!(list(&d, "a", "s").is_empty(), "run {kept} not killed");
     }
-    wait_until("the run that asked to die with its client to end", || {
-        list(&d, "a", "s").len() == 1
-    });
-    let left = list(&d, "a", "s");
-    assert_eq!(left[0].argv, ["sleep", "301"], "{left:?}");
-    let kept = left[0].run_id.clone().expect("its run");
-    // The detached run still goes on a moment later, and is killed only
-    // when asked.
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(list(&d, "a", "s").len(), 1);
-    kill_session(&d, "a", "s");
-    assert!(list(&d, "a", "s").is_empty(), "run {kept} not killed");
 }
 
 #[test]

@@ -58,8 +58,10 @@ impl Runs {
     /// for each one's end to be settled: its result published, after its
     /// observation closed (woken by the publication, not by polling). How
     /// many there were. An orderly shutdown calls it before it kills the
-    /// rest.
-    pub async fn end_live_runs(&self, limit: Duration) -> usize {
+    /// rest. With `only_bound`, only the runs that asked to die with their
+    /// client (`on_disconnect: kill`), whose connections the stop closes:
+    /// a daemon stopped by a signal leaves the others to its successor.
+    pub async fn end_live_runs(&self, limit: Duration, only_bound: bool) -> usize {
         let live: Vec<_> = self
             .table
             .lock()
@@ -72,6 +74,7 @@ impl Runs {
                     r.result.subscribe(),
                 )
             })
+            .filter(|(dir, _)| !only_bound || super::start::kept_kill_on_disconnect(dir))
             .collect();
         let n = live.len();
         let (dirs, ended): (Vec<_>, Vec<_>) = live.into_iter().unzip();

@@ -7,7 +7,9 @@
 //! answers in the order they finish, from a queue bounded in bytes
 //! ([`outbox`]). A client that stalls mid-frame, takes longer than
 //! [`Limits::frame`] over one frame, never reads its answers, or keeps
-//! sending garbage is disconnected; store work runs on the blocking pool,
+//! sending garbage is disconnected (a stream's events alone wait for it:
+//! a client stopped by Ctrl-Z slows the run it follows, see
+//! [`outbox::Outgoing::patient`]); store work runs on the blocking pool,
 //! never on the tasks that do I/O. Idle connections never lock a new client
 //! out ([`registry`]).
 //!
@@ -275,7 +277,17 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             tracing::debug!(%peer, conversation = out.conversation, "answer of an ended conversation dropped");
             continue;
         }
-        match tokio::time::timeout(limit, wr.write_all(&out.bytes)).await {
+        // A stream's event waits as long as its client takes to read it
+        // (a stopped `alloxctl exec`: the run is slowed, not killed as
+        // "gone" when the client was dropped after 10 s); never on the
+        // serial port, where no host may be reading.
+        let write = wr.write_all(&out.bytes);
+        let written = if out.patient && !serial {
+            Ok(write.await)
+        } else {
+            tokio::time::timeout(limit, write).await
+        };
+        match written {
             Ok(Ok(())) => {}
             Ok(Err(_)) | Err(_) if serial => {
                 // No host reads the port: this answer is lost, the next
@@ -686,7 +698,7 @@ impl RequestCtx {
                     request_id: id,
                     event,
                 });
-                if outbox.send(conversation, frame_bytes(&f)).await.is_err() {
+                if outbox.send_event(conversation, frame_bytes(&f)).await.is_err() {
                     break;
                 }
             }
@@ -742,8 +754,27 @@ impl RequestCtx {
             return;
         };
         // Events come before the answer; the run's readers are stopped when
-        // it ends, but never wait on them for long.
-        let _ = tokio::time::timeout(Duration::from_secs(5), forward).await;
+        // it ends, but never wait on them for long: 5 s with nothing
+        // queued for the client. While events wait for a client that does
+        // not read (a stopped `alloxctl exec`), the answer waits behind
+        // them (it went out ahead of the run's last output).
+        let mut forward = forward;
+        let mut idle = Duration::ZERO;
+        const STEP: Duration = Duration::from_millis(100);
+        loop {
+            if tokio::time::timeout(STEP, &mut forward).await.is_ok() {
+                break;
+            }
+            if self.outbox.queued() > 0 {
+                idle = Duration::ZERO;
+            } else {
+                idle += STEP;
+                if idle >= Duration::from_secs(5) {
+                    forward.abort();
+                    break;
+                }
+            }
+        }
         let _ = self.answer(id, out).await;
     }
 }

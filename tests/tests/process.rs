@@ -1592,6 +1592,51 @@ fn alloxctl_exec_whose_output_is_not_read_still_passes_its_signals_on() {
     assert!(!status.success(), "{status:?}");
 }
 
+/// `alloxctl exec` stopped (Ctrl-Z) for longer than the daemon's write
+/// limit while its run prints: the run is slowed, not killed, and on
+/// `fg` its output goes on where it stopped (the daemon dropped the
+/// client after 10 s and killed the run as gone).
+#[test]
+fn alloxctl_exec_stopped_for_a_while_slows_its_run_and_goes_on() {
+    use std::io::BufRead;
+    let Some(d) = setup("alloxctl_exec_stopped_for_a_while_slows_its_run_and_goes_on") else {
+        return;
+    };
+    let mut child = std::process::Command::new(allox_integration::workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(&d.daemon.socket)
+        .args([
+            "exec", "a", "s", "--", "/bin/sh", "-c",
+            "i=0; while [ $i -lt 2000000 ]; do i=$((i+1)); echo line $i; done",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = 1u64;
+    let mut expect = |lines: &mut dyn Iterator<Item = std::io::Result<String>>, n: u64| {
+        for _ in 0..n {
+            let l = lines.next().expect("more output").unwrap();
+            assert_eq!(l, format!("line {next}"), "output lost or out of order");
+            next += 1;
+        }
+    };
+    expect(&mut lines, 1000);
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    // Past the daemon's 10 s limit on a write.
+    std::thread::sleep(Duration::from_secs(12));
+    assert_eq!(list(&d, "a", "s").len(), 1, "the run of a stopped client is gone");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    expect(&mut lines, 200_000);
+    assert!(!list(&d, "a", "s").is_empty(), "the run ended early");
+    kill_session(&d, "a", "s");
+    drop(lines);
+    let status = allox_integration::wait_for_exit(&mut child, Duration::from_secs(20))
+        .expect("alloxctl ends with its run");
+    assert!(!status.success(), "{status:?}");
+}
+
 /// The sandbox init of a run: the process of the run's cgroup whose parent
 /// is outside it.
 fn sandbox_init(d: &ProcDaemon, a: &str, s: &str, run: &str) -> i32 {

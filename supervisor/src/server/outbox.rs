@@ -15,6 +15,10 @@ pub struct Outgoing {
     /// The conversation it belongs to (0: a notice to whoever is there).
     pub conversation: u64,
     pub bytes: Vec<u8>,
+    /// A followed stream's event (a run's output): a client that does not
+    /// read it (a stopped `alloxctl`) slows the run, and is not dropped
+    /// for it. Answers have the write limit.
+    pub patient: bool,
     _budget: OwnedSemaphorePermit,
 }
 
@@ -44,6 +48,15 @@ impl Outbox {
 
     /// Queues `bytes`, waiting for room in the budget first.
     pub async fn send(&self, conversation: u64, bytes: Vec<u8>) -> Result<(), Closed> {
+        self.queue(conversation, bytes, false).await
+    }
+
+    /// Queues a stream's event ([`Outgoing::patient`]).
+    pub async fn send_event(&self, conversation: u64, bytes: Vec<u8>) -> Result<(), Closed> {
+        self.queue(conversation, bytes, true).await
+    }
+
+    async fn queue(&self, conversation: u64, bytes: Vec<u8>, patient: bool) -> Result<(), Closed> {
         let n = bytes.len().clamp(1, self.cap) as u32;
         let permit = self
             .budget
@@ -55,13 +68,13 @@ impl Outbox {
             .send(Outgoing {
                 conversation,
                 bytes,
+                patient,
                 _budget: permit,
             })
             .map_err(|_| Closed)
     }
 
     /// Bytes queued and not yet written.
-    #[cfg(test)]
     pub fn queued(&self) -> usize {
         self.cap - self.budget.available_permits()
     }

@@ -3037,6 +3037,37 @@ fn a_start_whose_client_went_away_has_its_outcome_in_the_audit_log() {
 }
 
 #[test]
+fn a_run_that_ended_before_a_restart_is_said_so() {
+    let Some(mut d) = setup("a_run_that_ended_before_a_restart_is_said_so") else {
+        return;
+    };
+    let wait = |d: &ProcDaemon, run: &str| {
+        call(
+            d,
+            Request::ProcessWait(ProcessWait {
+                agent_id: "a".into(),
+                session_id: "s".into(),
+                run_id: run.into(),
+                timeout_ms: Some(10_000),
+            }),
+        )
+    };
+    let run = bg(&d, "a", "s", "true");
+    assert!(matches!(wait(&d, &run), Ok(Response::Exited(_))));
+    d.restart(&[]);
+    let e = wait(&d, &run).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound, "{e:?}");
+    assert!(
+        e.message.contains("ended before the daemon restarted"),
+        "{}",
+        e.message
+    );
+    // A run this daemon never had is still said to be past the bounds.
+    let e = wait(&d, "ffffffffffff0001").unwrap_err();
+    assert!(e.message.contains("finished runs are kept"), "{}", e.message);
+}
+
+#[test]
 fn a_run_s_time_limit_holds_across_a_supervisor_restart() {
     let Some(mut d) = setup("a_run_s_time_limit_holds_across_a_supervisor_restart") else {
         return;

@@ -56,6 +56,12 @@ pub enum RunError {
         keep_for: Duration,
         max_runs: usize,
     },
+    #[error("run {agent}/{session}/{run} ended before the daemon restarted: a finished run is not kept across a restart")]
+    EndedBeforeRestart {
+        agent: String,
+        session: String,
+        run: String,
+    },
     #[error("session {agent}/{session} is being rolled back or deleted")]
     Fenced { agent: String, session: String },
     /// Its whole agent is being deleted (a session being made in it was
@@ -177,7 +183,7 @@ impl RunError {
         match self {
             InvalidId(_) | Refused(_) | NoCwd(_) | BadTrace(_) | RecoveryUnobserved
             | KillNeedsStream | NoSuchSignal(_) => ErrorCode::InvalidRequest,
-            NoSuchRun { .. } | NotKept { .. } => ErrorCode::NotFound,
+            NoSuchRun { .. } | NotKept { .. } | EndedBeforeRestart { .. } => ErrorCode::NotFound,
             Fenced { .. }
             | AgentFenced { .. }
             | Held { .. }

@@ -263,6 +263,9 @@ pub struct Runs {
     /// runs.
     fences: Fences,
     next: AtomicU64,
+    /// When this supervisor began (ms since the Unix epoch, as run ids
+    /// carry): a run whose id is older was not started by it.
+    began_ms: u64,
     /// Attached to every run as it starts (the in-sandbox interface).
     services: std::sync::OnceLock<Arc<dyn RunServices>>,
     /// Each session's context, by `agent/session/`.
@@ -325,6 +328,7 @@ impl Runs {
             table: Mutex::new(HashMap::new()),
             fences: Fences::default(),
             next: AtomicU64::new(1),
+            began_ms: allox_store::clock::now_ms(),
             services: std::sync::OnceLock::new(),
             contexts: context::Slots::default(),
         })

@@ -45,6 +45,16 @@ impl Runs {
             }
             None => {
                 let r = &self.cfg.finished;
+                // A run of an earlier supervisor that ended: its end went
+                // with that supervisor (it was said to be past the bounds
+                // of the runs kept, two seconds after it ended).
+                if started_ms(run_id).is_some_and(|t| t < self.began_ms) {
+                    return Err(RunError::EndedBeforeRestart {
+                        agent: a.to_string(),
+                        session: s.to_string(),
+                        run: run_id.to_string(),
+                    });
+                }
                 Err(RunError::NotKept {
                     agent: a.to_string(),
                     session: s.to_string(),
@@ -77,5 +87,26 @@ pub(super) async fn result(
             .await
             .unwrap_or(Err(RunError::StillGoing(t))),
         None => wait.await,
+    }
+}
+
+/// When run `id` started (ms since the Unix epoch): its id is that time in
+/// hex, then four hex digits of a counter (eight after a reseed).
+fn started_ms(id: &str) -> Option<u64> {
+    // The time has 11 hex digits from 1975 to 2527.
+    if !matches!(id.len(), 15 | 19) {
+        return None;
+    }
+    u64::from_str_radix(id.get(..11)?, 16).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_run_id_says_when_it_started() {
+        assert_eq!(super::started_ms("1a25296d6a60018"), Some(0x1a25296d6a6));
+        assert_eq!(super::started_ms("1a25296d6a612345678"), Some(0x1a25296d6a6));
+        assert_eq!(super::started_ms("nosuch"), None);
+        assert_eq!(super::started_ms("zz25296d6a60018"), None);
     }
 }

@@ -3068,6 +3068,36 @@ fn a_run_that_ended_before_a_restart_is_said_so() {
 }
 
 #[test]
+fn a_run_s_time_limit_reaches_what_its_program_left() {
+    let Some(d) = setup("a_run_s_time_limit_reaches_what_its_program_left") else {
+        return;
+    };
+    let mut p = start(
+        "a",
+        "s",
+        &["/bin/sh", "-c", "(setsid sleep 104 >/dev/null 2>&1 &); echo done"],
+    );
+    p.timeout_ms = Some(2000);
+    let t0 = Instant::now();
+    let r = match call(&d, Request::ProcessStart(p)) {
+        Ok(Response::Exited(r)) => r,
+        other => panic!("{other:?}"),
+    };
+    // Answered when the program ended, in time.
+    assert_eq!((r.exit_code, r.timed_out), (Some(0), false), "{r:?}");
+    let left = || list(&d, "a", "s").iter().any(|p| p.argv == ["sleep", "104"]);
+    assert!(left(), "the daemon it left is not there");
+    // At the limit, what it left goes with it.
+    wait_until("what the run left to be killed at its time limit", || !left());
+    assert!(t0.elapsed() >= Duration::from_millis(1900), "{:?}", t0.elapsed());
+    // A run without a limit leaves its daemon going.
+    sh(&d, "a", "s", "(setsid sleep 105 >/dev/null 2>&1 &); echo done");
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(list(&d, "a", "s").iter().any(|p| p.argv == ["sleep", "105"]));
+    kill_session(&d, "a", "s");
+}
+
+#[test]
 fn a_run_s_time_limit_holds_across_a_supervisor_restart() {
     let Some(mut d) = setup("a_run_s_time_limit_holds_across_a_supervisor_restart") else {
         return;

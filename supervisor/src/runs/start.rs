@@ -569,6 +569,7 @@ pub(super) async fn kill_after(
     mut done: watch::Receiver<Option<RunResult>>,
     limit: Duration,
 ) {
+    let deadline = tokio::time::Instant::now() + limit;
     let expired = tokio::time::timeout(limit, async {
         while done.borrow_and_update().is_none() {
             if done.changed().await.is_err() {
@@ -578,10 +579,22 @@ pub(super) async fn kill_after(
     })
     .await
     .is_err();
+    let dir = runs.cgroups.run_dir(&run.agent, &run.session, &run.id);
+    let cg = runs.cgroups.clone();
     if expired {
         run.timed_out.store(true, Ordering::SeqCst);
-        let dir = runs.cgroups.run_dir(&run.agent, &run.session, &run.id);
-        let cg = runs.cgroups.clone();
-        let _ = tokio::task::spawn_blocking(move || cg.kill(&dir, Duration::from_secs(10))).await;
+    } else {
+        // The program ended in time, and the run was answered; what it
+        // left in its tree (a `setsid` daemon) is still the run's, and
+        // goes at its time limit too (it went on for ever). Only the
+        // cgroup's path is held meanwhile, not the run.
+        let id = run.id.clone();
+        drop((run, runs, done));
+        tokio::time::sleep_until(deadline).await;
+        if !cg.populated(&dir) {
+            return;
+        }
+        tracing::info!(run = id, "the run's time limit passed: killing what its program left");
     }
+    let _ = tokio::task::spawn_blocking(move || cg.kill(&dir, Duration::from_secs(10))).await;
 }

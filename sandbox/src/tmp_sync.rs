@@ -18,12 +18,20 @@
 //!   the byte budget: a file that keeps growing, or a sparse 1 TiB file, is
 //!   never read whole;
 //! - FIFOs, sockets, devices and symlinks are left out.
+//!
+//! The copy is made in a directory of its own beside the destination
+//! (`.allox-tmp.partial-XXXXXXXX`, locked while it is made) and swapped in
+//! whole (`RENAME_EXCHANGE`), the earlier copy then removed: a run killed
+//! during the copy leaves the earlier copy as it was (it left a mix of
+//! two runs' files, one of them lost), and its half-made directory, no
+//! longer locked, is removed by the next copy.
 
 use rustix::fd::{AsFd, OwnedFd};
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Stat};
 use std::cell::RefCell;
 use std::ffi::{CStr, CString};
 use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::rc::Rc;
 
 /// How much one sync may do.
@@ -122,11 +130,18 @@ pub fn sync(
 ) -> std::io::Result<Synced> {
     let root_fd = rustix::fs::open(src, DIR_FLAGS, Mode::empty())?;
     let dev = rustix::fs::fstat(&root_fd)?.st_dev;
+    let parent_path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(dest_parent.to_bytes()));
     let dest_parent = rustix::fs::open(dest_parent, DIR_FLAGS, Mode::empty())?;
+    let partial = partial_prefix(dest_name);
+    sweep(&dest_parent, &parent_path, &partial);
+    let mut word = [0u8; 4];
+    let _ = rustix::rand::getrandom(&mut word, rustix::rand::GetRandomFlags::empty());
+    let stage = CString::new(format!("{partial}{:08x}", u32::from_le_bytes(word)))
+        .map_err(std::io::Error::other)?;
     let open = Rc::new(OpenDirs::default());
     let root = Rc::new(Node {
         fd: root_fd,
-        name: dest_name.to_owned(),
+        name: stage.clone(),
         parent: None,
         dest: RefCell::new(Dest::Unmade),
         _counted: Counted::new(&open),
@@ -134,7 +149,7 @@ pub fn sync(
     let mut out = Synced::default();
     // Subdirectories still to enter: (parent, name, depth).
     let mut stack: Vec<(Rc<Node>, CString, u32)> = Vec::new();
-    let mut next = Some((root, 0u32));
+    let mut next = Some((root.clone(), 0u32));
     while let Some((dir, depth)) = next.take() {
         let (names, spent) = read_names(&dir.fd, &mut budget);
         for name in names {
@@ -179,7 +194,86 @@ pub fn sync(
         }
     }
     out.peak_open_dirs = open.peak.get();
+    // Nothing copied: nothing made, the earlier copy left as it is.
+    // Swapped in while the walk's root, and with it the lock, is held.
+    // A copy that kept no file (none fitted: the session at its quota)
+    // leaves the earlier one, and goes.
+    let made = matches!(&*root.dest.borrow(), Dest::Made(_));
+    if made && out.files > 0 {
+        swap_in(&dest_parent, &parent_path, &stage, dest_name)?;
+    } else if made {
+        remove_entry(&parent_path, &stage);
+    }
+    drop(root);
     Ok(out)
+}
+
+/// The names of half-made copies for destination `name`.
+fn partial_prefix(name: &CStr) -> String {
+    format!("{}.partial-", name.to_string_lossy())
+}
+
+/// The copy made as `stage` becomes `name` in `parent`, and what was
+/// `name` (a copy, or anything in the way) is removed.
+fn swap_in(
+    parent: &OwnedFd,
+    parent_path: &std::path::Path,
+    stage: &CStr,
+    name: &CStr,
+) -> std::io::Result<()> {
+    use rustix::fs::RenameFlags;
+    match rustix::fs::renameat_with(parent, stage, parent, name, RenameFlags::EXCHANGE) {
+        Ok(()) => {
+            // The earlier copy, under the stage's name, unlocked (its
+            // lock went with the walk's descriptors): removed now, or by
+            // the next copy's sweep.
+            remove_entry(parent_path, stage);
+            Ok(())
+        }
+        Err(rustix::io::Errno::NOENT) => {
+            rustix::fs::renameat_with(parent, stage, parent, name, RenameFlags::NOREPLACE)?;
+            Ok(())
+        }
+        Err(e) => {
+            remove_entry(parent_path, stage);
+            Err(e.into())
+        }
+    }
+}
+
+/// Removes `name` in `parent`, a directory with all it holds (never
+/// following a link), or anything else.
+fn remove_entry(parent: &std::path::Path, name: &CStr) {
+    let path = parent.join(std::ffi::OsStr::from_bytes(name.to_bytes()));
+    let _ = match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(&path),
+        Ok(_) => std::fs::remove_file(&path),
+        Err(e) => Err(e),
+    };
+}
+
+/// Removes the half-made copies in `parent` (names beginning `prefix`)
+/// that no copy is making now (not locked): left by a run killed during
+/// its copy.
+fn sweep(parent: &OwnedFd, parent_path: &std::path::Path, prefix: &str) {
+    let Ok(mut dir) = Dir::read_from(parent) else {
+        return;
+    };
+    let mut stale = Vec::new();
+    while let Some(Ok(e)) = dir.read() {
+        if e.file_name().to_bytes().starts_with(prefix.as_bytes()) {
+            stale.push(e.file_name().to_owned());
+        }
+    }
+    for name in stale {
+        let Ok(fd) = rustix::fs::openat(parent, name.as_c_str(), DIR_FLAGS, Mode::empty()) else {
+            remove_entry(parent_path, &name);
+            continue;
+        };
+        if rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok() {
+            remove_entry(parent_path, &name);
+        }
+    }
 }
 
 /// The names in a directory, within the entry budget; `true` when the
@@ -318,6 +412,12 @@ fn dest_dir(dir: &Rc<Node>, dest_root: &OwnedFd) -> Option<OwnedFd> {
 fn make_dir(at: rustix::fd::BorrowedFd<'_>, name: &CStr, top: bool) -> Option<OwnedFd> {
     let _ = rustix::fs::mkdirat(at, name, Mode::from_raw_mode(0o755));
     match rustix::fs::openat(at, name, DIR_FLAGS, Mode::empty()) {
+        // The copy's own directory, locked while it is made: a sweep
+        // leaves it alone.
+        Ok(fd) if top => {
+            rustix::fs::flock(&fd, rustix::fs::FlockOperation::LockExclusive).ok()?;
+            Some(fd)
+        }
         Ok(fd) => Some(fd),
         Err(_) if top => {
             rustix::fs::unlinkat(at, name, AtFlags::empty()).ok()?;

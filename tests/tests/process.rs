@@ -2702,6 +2702,52 @@ fn the_run_s_own_path_finds_its_program() {
     }
 }
 
+/// A run killed while its /tmp is copied leaves the earlier copy whole
+/// (it left a mix of two runs' files, the one being copied lost), and
+/// the half-made copy goes with the next run.
+#[test]
+fn a_run_killed_during_the_copy_of_its_tmp_leaves_the_earlier_copy_whole() {
+    let Some(d) = setup("a_run_killed_during_the_copy_of_its_tmp") else {
+        return;
+    };
+    let make = |tag: &str, big_mb: u32| {
+        format!(
+            "cd /tmp; i=0; while [ $i -lt 2000 ]; do echo {tag} > f$i; i=$((i+1)); done; \
+             head -c {big_mb}M /dev/urandom > big; echo made"
+        )
+    };
+    let r = sh(&d, "a", "s", &make("gen1", 1));
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let cur = current(&d, "a", "s");
+    let kept = cur.join(".allox-tmp");
+    assert_eq!(std::fs::metadata(kept.join("big")).unwrap().len(), 1 << 20);
+    // The second run's copy is caught under way and the run killed.
+    let copying = || {
+        std::fs::read_dir(&cur).into_iter().flatten().flatten().any(|e| {
+            e.file_name().to_string_lossy().starts_with(".allox-tmp.partial-")
+        }) || std::fs::metadata(kept.join("big")).is_ok_and(|m| m.len() != 1 << 20)
+            || std::fs::read_to_string(kept.join("f0")).is_ok_and(|t| t.contains("gen2"))
+    };
+    bg(&d, "a", "s", &make("gen2", 200));
+    wait_until("the copy of the second run's /tmp", copying);
+    kill_session(&d, "a", "s");
+    // Each kept file is the first run's, and all of them are there.
+    assert_eq!(std::fs::metadata(kept.join("big")).unwrap().len(), 1 << 20);
+    for i in 0..2000 {
+        let f = std::fs::read_to_string(kept.join(format!("f{i}"))).unwrap_or_default();
+        assert_eq!(f, "gen1\n", "f{i}");
+    }
+    // The next run removes what the killed copy made.
+    sh(&d, "a", "s", "true");
+    let beside: Vec<_> = std::fs::read_dir(&cur)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".allox-tmp"))
+        .collect();
+    assert_eq!(beside, [".allox-tmp"]);
+}
+
 /// A run whose /tmp cannot be kept (its session at its quota) says so on
 /// its stderr's last line, and how much was left out; one whose /tmp is
 /// kept says nothing. (Before, nothing was kept and nothing said.)

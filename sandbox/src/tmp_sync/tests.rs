@@ -192,19 +192,65 @@ fn planted_symlinks_in_the_destination_are_not_followed() {
     std::fs::create_dir_all(src.join("d")).unwrap();
     std::fs::write(src.join("d/f"), "x").unwrap();
     std::fs::write(src.join("top"), "y").unwrap();
-    // `.allox-tmp/d` points elsewhere: d/f is not copied through it.
+    std::fs::write(elsewhere.join("theirs"), "z").unwrap();
+    // `.allox-tmp/d` points elsewhere: the copy is made anew beside it,
+    // and the earlier one removed without following the link.
     let kept = session.join(".allox-tmp");
     std::fs::create_dir(&kept).unwrap();
     std::os::unix::fs::symlink(&elsewhere, kept.join("d")).unwrap();
     let out = run(&src, &session, Budget::with_bytes(1 << 20));
-    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
-    assert_eq!((out.files, out.skipped), (1, 1), "{out:?}");
+    let there: Vec<_> = std::fs::read_dir(&elsewhere).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(there, ["theirs"]);
+    assert_eq!((out.files, out.skipped), (2, 0), "{out:?}");
     assert_eq!(std::fs::read_to_string(kept.join("top")).unwrap(), "y");
+    assert_eq!(std::fs::read_to_string(kept.join("d/f")).unwrap(), "x");
+    assert!(!std::fs::symlink_metadata(kept.join("d")).unwrap().is_symlink());
     // `.allox-tmp` itself a symlink: replaced by a real directory.
     std::fs::remove_dir_all(&kept).unwrap();
     std::os::unix::fs::symlink(&elsewhere, &kept).unwrap();
     let out = run(&src, &session, Budget::with_bytes(1 << 20));
-    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
     assert!(std::fs::symlink_metadata(&kept).unwrap().is_dir());
     assert_eq!(out.files, 2, "{out:?}");
+    // Nothing written through it, nothing removed through it.
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 1);
+}
+
+/// A copy replaces the earlier one whole: the earlier run's files are
+/// not mixed in, and nothing is left beside it.
+#[test]
+fn a_copy_replaces_the_earlier_one_whole() {
+    let (_t, src, session) = dirs();
+    std::fs::write(src.join("one"), "1").unwrap();
+    std::fs::write(src.join("both"), "first").unwrap();
+    run(&src, &session, Budget::with_bytes(1 << 20));
+    std::fs::remove_file(src.join("one")).unwrap();
+    std::fs::write(src.join("both"), "second").unwrap();
+    std::fs::write(src.join("two"), "2").unwrap();
+    run(&src, &session, Budget::with_bytes(1 << 20));
+    let kept = session.join(".allox-tmp");
+    let mut names: Vec<_> = std::fs::read_dir(&kept).unwrap().flatten().map(|e| e.file_name()).collect();
+    names.sort();
+    assert_eq!(names, ["both", "two"]);
+    assert_eq!(std::fs::read_to_string(kept.join("both")).unwrap(), "second");
+    let beside: Vec<_> = std::fs::read_dir(&session).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(beside, [".allox-tmp"]);
+}
+
+/// A half-made copy (its run killed during the copy) is removed by the
+/// next one; one being made (locked) is left alone.
+#[test]
+fn a_half_made_copy_is_swept_and_one_being_made_is_not() {
+    let (_t, src, session) = dirs();
+    std::fs::write(src.join("f"), "x").unwrap();
+    let stale = session.join(".allox-tmp.partial-0000dead");
+    std::fs::create_dir_all(stale.join("sub")).unwrap();
+    std::fs::write(stale.join("sub/half"), "h").unwrap();
+    let busy = session.join(".allox-tmp.partial-0000beef");
+    std::fs::create_dir(&busy).unwrap();
+    let held = std::fs::File::open(&busy).unwrap();
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    run(&src, &session, Budget::with_bytes(1 << 20));
+    assert!(!stale.exists(), "the half-made copy is still there");
+    assert!(busy.exists(), "a copy being made was removed");
+    assert_eq!(std::fs::read_to_string(session.join(".allox-tmp/f")).unwrap(), "x");
 }

@@ -121,14 +121,15 @@ pub enum StoreError {
         adding: usize,
         most: usize,
     },
-    /// An import whose `current/` holds more than a session may here.
+    /// An import whose `current/`, or one of its checkpoints (a rollback
+    /// away from being the session), holds more than a session may here.
     #[error(
-        "the archive's current/ holds {} MiB, more than a session may hold here \
+        "the archive's {what} holds {} MiB, more than a session may hold here \
          (--session-quota {} MiB); nothing was made",
         holds.div_ceil(1 << 20),
         most / (1 << 20)
     )]
-    OverQuota { holds: u64, most: u64 },
+    OverQuota { what: String, holds: u64, most: u64 },
     #[error("a failed change could not be undone; the store refuses changes until the supervisor restarts")]
     Fenced,
     #[error("only {free_mib} MiB free, at least {need_mib} MiB are kept in reserve")]

@@ -128,23 +128,32 @@ impl Store {
         quota::set_limit(self.layout.root(), id, self.opts.session_quota).map_err(StoreError::Quota)
     }
 
-    /// Refuses a received tree (an import's `current/`) that holds more
-    /// than a session may (`--session-quota`): made a session, it could
+    /// Refuses received trees (an import's `current/` and checkpoints,
+    /// each named by `what`) of which one holds more than a session may
+    /// (`--session-quota`): made a session, or rolled back to, it could
     /// not take even an empty file.
-    pub(super) fn fits_session_quota(&self, tree: &std::path::Path) -> Result<()> {
+    pub(super) fn fits_session_quota(
+        &self,
+        trees: Vec<(String, std::path::PathBuf)>,
+    ) -> Result<()> {
         let (true, Some(most)) = (self.quotas_on, self.opts.session_quota) else {
             return Ok(());
         };
         // The quota groups count what a committed transaction holds.
-        btrfs::commit(tree)?;
-        let id = btrfs::subvolume_id(tree)?;
-        match quota::usage(self.layout.root(), id).map_err(StoreError::Quota)? {
-            Some(u) if u.referenced > most => Err(StoreError::OverQuota {
-                holds: u.referenced,
-                most,
-            }),
-            _ => Ok(()),
+        btrfs::commit(self.layout.root())?;
+        for (what, tree) in trees {
+            let id = btrfs::subvolume_id(&tree)?;
+            if let Some(u) = quota::usage(self.layout.root(), id).map_err(StoreError::Quota)? {
+                if u.referenced > most {
+                    return Err(StoreError::OverQuota {
+                        what,
+                        holds: u.referenced,
+                        most,
+                    });
+                }
+            }
         }
+        Ok(())
     }
 
     /// Gives every session the store's limit (at open, after recovery).

@@ -630,7 +630,7 @@ impl Import {
             })
         };
         st.check_space()?;
-        st.fits_session_quota(&staging.join(CURRENT))?;
+        st.fits_session_quota(archive_trees(&staging, &m))?;
         st.journaled(build, |op_id, op| {
             st.crash_point("session_import.after_journal");
             // The staging directory is laid out as the session's: a
@@ -702,7 +702,7 @@ impl Import {
             })
         };
         st.check_space()?;
-        st.fits_session_quota(&staging.join(CURRENT))?;
+        st.fits_session_quota(archive_trees(&staging, &m))?;
         st.journaled(build, |op_id, op| {
             st.crash_point("session_import_since.after_journal");
             for c in &m.checkpoints {
@@ -1060,4 +1060,17 @@ fn check_manifest(st: &Store, a: &str, s: Option<&str>, m: &Manifest) -> Result<
         return Err(StoreError::Exists(format!("session {a}/{session}")));
     }
     Ok(())
+}
+
+/// The trees an archive received into `staging`, each with how an error
+/// names it: its `current/`, then its checkpoints.
+fn archive_trees(staging: &std::path::Path, m: &Manifest) -> Vec<(String, std::path::PathBuf)> {
+    std::iter::once(("current/".to_string(), staging.join(CURRENT)))
+        .chain(m.checkpoints.iter().map(|c| {
+            (
+                format!("checkpoint {}", c.id),
+                staging.join("checkpoints").join(&c.id),
+            )
+        }))
+        .collect()
 }

@@ -1586,14 +1586,14 @@ fn an_archive_holding_more_than_the_session_quota_is_refused_and_nothing_made() 
     drop(f);
     checkpoint(&src, "c0", false, None);
     let big = export(&src, None);
-    // The same session, 1 MiB of it.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(cur.join("data"))
-        .unwrap()
-        .set_len(1 << 20)
-        .unwrap();
+    // The same session, 1 MiB of it (a new file: a cut one would still
+    // hold the whole extents it was written in).
+    std::fs::remove_file(cur.join("data")).unwrap();
+    std::fs::write(cur.join("data"), &block).unwrap();
     checkpoint(&src, "c1", false, None);
+    // Its current/ small, one checkpoint over the quota (a rollback to it
+    // left a session that could not take an empty file).
+    let mixed = export(&src, None);
     src.checkpoint_delete("a", "s", "c0").unwrap();
     let small = export(&src, None);
     let root = fb.path().join("store");
@@ -1627,6 +1627,19 @@ fn an_archive_holding_more_than_the_session_quota_is_refused_and_nothing_made() 
     assert!(on_disk(&dst).is_empty(), "left: {:?}", on_disk(&dst));
     assert!(dst.session_list("a").unwrap().is_empty());
     assert!(dst.check().unwrap().is_consistent());
+    let mut i = dst.import_begin("a", None).unwrap();
+    for piece in mixed.chunks(1 << 20) {
+        i.push(piece).unwrap();
+    }
+    let e = i.commit().unwrap_err();
+    let msg = e.chain();
+    assert_eq!(e.code(), ErrorCode::InvalidRequest, "{msg}");
+    assert!(
+        msg.contains("the archive's checkpoint c0 holds 25 MiB") && msg.contains("nothing was made"),
+        "{msg}"
+    );
+    assert!(on_disk(&dst).is_empty(), "left: {:?}", on_disk(&dst));
+    assert!(dst.session_list("a").unwrap().is_empty());
     // One within it is made, under the quota.
     import(&dst, &small, 1 << 20).unwrap();
     let u = dst.session_usage("a", "s").unwrap().unwrap();

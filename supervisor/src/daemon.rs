@@ -259,8 +259,20 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
             rc.metrics = metrics.clone();
             let kept = cfg.root.join("state").join(CGROUP_ROOT_FILE);
             check_cgroup_root(&kept, &rc.cgroup_mount)?;
+            // What this start makes of the cgroup tree goes again if the
+            // start is refused (it was left, empty, at each attempt).
+            let made: Vec<PathBuf> = [rc.cgroup_mount.join("allox"), rc.cgroup_mount.clone()]
+                .into_iter()
+                .filter(|d| !d.exists())
+                .collect();
             let runs = Runs::new(rc).map_err(DaemonError::Processes)?;
-            keep_cgroup_root(&kept, &runs.config().cgroup_mount)?;
+            if let Err(e) = keep_cgroup_root(&kept, &runs.config().cgroup_mount) {
+                drop(runs);
+                for d in &made {
+                    let _ = std::fs::remove_dir(d);
+                }
+                return Err(e);
+            }
             runs.restore_limits(&store);
             Some(Arc::new(runs))
         }

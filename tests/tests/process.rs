@@ -1113,6 +1113,8 @@ fn a_supervisor_does_not_lose_the_store_s_runs_to_another_cgroup_root() {
         code == Some(1) && err.contains("cannot keep this daemon's cgroup root"),
         "{code:?}: {err}"
     );
+    // Nothing of the refused start is left in the cgroup tree.
+    assert!(!third.exists(), "the refused start left {}", third.display());
     for f in filled {
         let _ = std::fs::remove_file(f);
     }

@@ -999,6 +999,42 @@ fn a_writer_s_uploads_are_charged_to_it_and_are_its_own() {
     );
 }
 
+/// A sandbox's `allox share write` refused for want of room in the
+/// target (its session quota) drops its upload: nothing is left to hold
+/// the target's quota (its partial file kept the target full until the
+/// upload's idle timeout, five minutes).
+#[test]
+fn a_share_write_refused_for_want_of_room_leaves_the_target_its_room() {
+    let name = "a_share_write_refused_for_want_of_room_leaves_the_target_its_room";
+    let Some(d) = setup(name, &["--share-tools", "--session-quota", "16M"]) else {
+        return;
+    };
+    ok(&d, B, "allox share enable --permission write");
+    ok(&d, A, "allox share enable");
+    refused(
+        &d,
+        A,
+        &format!("head -c 40M /dev/zero > /tmp/big && allox share write {B_TARGET} big --from /tmp/big"),
+        "unavailable",
+        "no room left",
+    );
+    let left: Vec<_> = std::fs::read_dir(current(&d, B))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(left.is_empty(), "left in the target: {left:?}");
+    let records: Vec<_> = std::fs::read_dir(d.daemon.root.join("state/uploads"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(records.is_empty(), "upload records left: {records:?}");
+    // The target writes its own files.
+    ok(&d, B, "echo hi > mine && cat mine");
+}
+
 /// A disk filled by an agent: the daemon with the plugin restarts (its
 /// entry point is not rewritten: it was, truncated, and a write that
 /// failed stopped the daemon), every access to another session's files is

@@ -95,6 +95,8 @@ pub enum FilesError {
     Taken { path: String },
     #[error("no room left for {path:?} (the file system or the session's quota is full)")]
     NoSpace { path: String },
+    #[error("no room left for {path:?} (the file system or the session's quota is full): upload {id} was dropped, with what it had written; begin it again once there is room")]
+    NoSpaceUpload { path: String, id: String },
     #[error("{action} takes the file as a descriptor passed with the request (SCM_RIGHTS over the daemon's Unix socket), and none came: this connection cannot pass one (the gateway, the VM's control port); send the file with fs.write or read it with fs.read")]
     NoDescriptor { action: &'static str },
     #[error("the descriptor passed with the request cannot be used: {why}")]
@@ -174,6 +176,7 @@ impl FilesError {
             }
             FilesError::Taken { .. } => ErrorCode::Conflict,
             FilesError::NoSpace { .. }
+            | FilesError::NoSpaceUpload { .. }
             | FilesError::UploadBudget { .. }
             | FilesError::WatchBudget { .. } => ErrorCode::Unavailable,
             FilesError::NoDescriptor { .. } => ErrorCode::Unsupported,

@@ -378,16 +378,31 @@ pub fn chunk(dir: &Path, c: &Chunk<'_>) -> Result<(FsWritten, Option<CopiedBy>),
         }
         fd
     };
-    let (n, by) = match c.data {
+    let written = match c.data {
         Data::Bytes(data) => {
-            pwrite_all(&fd, data, c.offset, shown)?;
-            (data.len() as u64, None)
+            pwrite_all(&fd, data, c.offset, shown).map(|()| (data.len() as u64, None))
         }
         Data::Passed { fd: src, length } => {
-            let (n, by) =
-                super::local::copy_range(src, &fd, c.offset, length, shown, c.share_extents)?;
-            (n, Some(by))
+            super::local::copy_range(src, &fd, c.offset, length, shown, c.share_extents)
+                .map(|(n, by)| (n, Some(by)))
         }
+    };
+    let (n, by) = match written {
+        Ok(w) => w,
+        // No room: the upload goes, with its partial file, which held the
+        // target's quota (a writer that does not abort it, a sandbox's
+        // `allox share write`, left the target session full until the
+        // upload's idle timeout).
+        Err(FilesError::NoSpace { path }) => {
+            c.live.forget(&key);
+            let _ = rustix::fs::unlinkat(c.parent, partial.as_str(), AtFlags::empty());
+            let _ = std::fs::remove_file(&record);
+            return Err(FilesError::NoSpaceUpload {
+                path,
+                id: c.id.to_string(),
+            });
+        }
+        Err(e) => return Err(e),
     };
     let size = c.offset + n;
     let received = c.live.add(&key, n).ok_or_else(gone)?;

@@ -105,7 +105,7 @@ impl Store {
         // operation even if the End commit below is lost.
         let rec = self.journaled(build, |op_id, op| {
             self.crash_point("checkpoint_create.after_journal");
-            btrfs::snapshot(&self.layout.current(a, s), &dest, true)?;
+            self.snapshot_current(a, s, &dest, true)?;
             self.crash_point("checkpoint_create.after_snapshot");
             self.end(op_id, op, &After::Nothing)?;
             self.crash_point("checkpoint_create.after_commit");

@@ -29,6 +29,7 @@ pub mod tree;
 mod agent;
 mod apply;
 mod check;
+mod leave_out;
 mod checkpoint;
 pub mod diff;
 pub mod error;
@@ -95,6 +96,9 @@ pub struct Store {
     /// The scratch trees of exports and imports going on (not out of
     /// place for `store.check`; left by a crash, removed at the next open).
     in_flight: Arc<Mutex<std::collections::HashSet<std::path::PathBuf>>>,
+    /// What snapshots of a session's `current/` leave out
+    /// ([`Store::leave_out_of_snapshots`]).
+    left_out: std::sync::OnceLock<leave_out::LeftOut>,
     _root_lock: OwnedFd,
 }
 
@@ -255,6 +259,7 @@ impl Store {
             room_short: std::sync::atomic::AtomicBool::new(false),
             replayed: 0,
             in_flight: Default::default(),
+            left_out: std::sync::OnceLock::new(),
             _root_lock: root_lock,
         };
         if degraded.is_none() {

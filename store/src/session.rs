@@ -205,13 +205,25 @@ impl Store {
             // checkpoint does not change, and a live `current/` cannot
             // change within one commit (its writers wait for it), so then
             // both hold the same tree.
+            // A live `current/` with uploads under way: both made without
+            // their partial files (the baseline writable until then).
+            let leave = if from.is_none() {
+                self.left_out(a, s)
+            } else {
+                Vec::new()
+            };
             let (b, c) = std::thread::scope(|t| {
-                let b = t.spawn(|| btrfs::snapshot(&source, &baseline, true));
+                let b = t.spawn(|| btrfs::snapshot(&source, &baseline, leave.is_empty()));
                 let c = btrfs::snapshot(&source, &current, false);
                 (b.join(), c)
             });
             b.unwrap_or_else(|p| std::panic::resume_unwind(p))?;
             c?;
+            if !leave.is_empty() {
+                crate::leave_out::remove_below(&baseline, &leave);
+                crate::leave_out::remove_below(&current, &leave);
+                btrfs::set_read_only(&baseline, true)?;
+            }
             self.crash_point("session_fork.after_baseline");
             if from.is_none()
                 && btrfs::root_info(&baseline)?.otransid != btrfs::root_info(&current)?.otransid

@@ -165,7 +165,7 @@ impl Store {
             _in_flight = InFlight::new(self, &dir);
             mkdir(&dir)?;
             scratch = Scratch(Some(dir.clone()));
-            btrfs::snapshot(&l.current(a, s), &dir.join(CURRENT), true)?;
+            self.snapshot_current(a, s, &dir.join(CURRENT), true)?;
             let sent: HashSet<&str> = cps.iter().map(|(c, _)| c.as_str()).collect();
             let parent_of = |p: &Option<String>| {
                 p.as_ref()

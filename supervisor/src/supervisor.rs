@@ -134,7 +134,7 @@ pub struct Supervisor {
     /// (`--session-network`).
     pub network_default: allox_protocol::NetworkMode,
     /// The file API's uploads under way.
-    pub uploads: crate::files::uploads::Live,
+    pub uploads: Arc<crate::files::uploads::Live>,
     /// The file API's watches open.
     pub watches: crate::files::watch::Watches,
     /// The session imports under way.
@@ -158,9 +158,15 @@ impl Supervisor {
     ) -> Self {
         let clocks = crate::clocks::Clocks::from_store(&store);
         let ports = Arc::new(crate::ports::Ports::load(&store.layout().state_dir()));
+        let uploads = Arc::new(crate::files::uploads::Live::new(policy.uploads));
+        // A checkpoint, fork or export of a session leaves out the partial
+        // files of its uploads under way (a fork, or the session rolled
+        // back, kept them with no record, for ever).
+        let live = uploads.clone();
+        store.leave_out_of_snapshots(Box::new(move |a, s| live.partials_in(a, s)));
         Supervisor {
             ports,
-            uploads: crate::files::uploads::Live::new(policy.uploads),
+            uploads,
             watches: crate::files::watch::Watches::new(policy.watches),
             imports: Default::default(),
             store,

@@ -2302,3 +2302,71 @@ fn a_copy_out_killed_half_way_leaves_nothing_and_the_daemon_stops() {
     ctl_ok(&d, &["cp", "a/s:big.bin", target.to_str().unwrap()]);
     assert_eq!(std::fs::metadata(&target).unwrap().len(), size);
 }
+
+/// A checkpoint, a fork or an export taken while an upload is under way
+/// leaves its partial file out (a fork, or the session rolled back once
+/// the upload was gone, kept a hidden half file with no record, for
+/// ever), and the upload goes on and commits.
+#[test]
+fn snapshots_taken_during_an_upload_leave_its_partial_file_out() {
+    let Some(d) = setup(
+        "snapshots_taken_during_an_upload_leave_its_partial_file_out",
+        &[],
+        1024,
+    ) else {
+        return;
+    };
+    ctl_ok(&d, &["exec", "a", "s", "--", "sh", "-c", "mkdir -p dir && echo kept > dir/kept"]);
+    let chunk = |offset: u64, data: &[u8], commit: bool| {
+        call(
+            &d,
+            Request::FsWrite(FsWrite {
+                offset: Some(offset),
+                upload: Some("u1".into()),
+                commit,
+                ..FsWrite::whole("a", "s", "dir/big.bin", data.to_vec())
+            }),
+        )
+    };
+    chunk(0, &[7u8; 300_000], false).unwrap();
+    let partials = |tree: &Path| -> Vec<String> {
+        std::fs::read_dir(tree.join("dir"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".allox-upload-"))
+            .collect()
+    };
+    let sessions = d.daemon.root.join("agents/a/workspace/sessions");
+    assert_eq!(partials(&current(&d)).len(), 1, "the upload's partial file");
+    ctl_ok(&d, &["checkpoint", "create", "a", "s", "c1"]);
+    ctl_ok(&d, &["session", "fork", "a", "s", "f1", "--from", "c1"]);
+    ctl_ok(&d, &["session", "fork", "a", "s", "f2"]);
+    let export = d.fs.scratch().join("s.allox");
+    ctl_ok(&d, &["session", "export", "a", "s", "-o", export.to_str().unwrap()]);
+    ctl_ok(&d, &["session", "import", "a", "imported", "-i", export.to_str().unwrap()]);
+    for tree in [
+        sessions.join("s/checkpoints/c1"),
+        sessions.join("f1/current"),
+        sessions.join("f2/current"),
+        sessions.join("f2/checkpoints").join(FORK_BASELINE),
+        sessions.join("imported/current"),
+        sessions.join("imported/checkpoints/c1"),
+    ] {
+        assert!(tree.join("dir/kept").exists(), "{} lost a file", tree.display());
+        assert!(partials(&tree).is_empty(), "{} kept {:?}", tree.display(), partials(&tree));
+    }
+    // The fork's baseline and current/ are the same tree.
+    let (code, out, err) = ctl(&d, &["diff", "a", "f2", FORK_BASELINE, "current"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!String::from_utf8_lossy(&out).contains("allox-upload"), "{}", String::from_utf8_lossy(&out));
+    // The upload goes on, and commits.
+    chunk(300_000, &[8u8; 100], true).unwrap();
+    assert_eq!(std::fs::metadata(current(&d).join("dir/big.bin")).unwrap().len(), 300_100);
+    assert!(partials(&current(&d)).is_empty());
+    // Rolled back to the checkpoint: no half file comes back.
+    ctl_ok(&d, &["rollback", "a", "s", "c1"]);
+    assert!(partials(&current(&d)).is_empty());
+    assert!(!current(&d).join("dir/big.bin").exists());
+}

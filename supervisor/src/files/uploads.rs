@@ -77,6 +77,21 @@ impl Live {
         self.limits
     }
 
+    /// The partial files of the uploads under way into session `a/s`'s
+    /// own tree, relative to it: what its snapshots leave out.
+    pub fn partials_in(&self, a: &str, s: &str) -> Vec<String> {
+        self.lock()
+            .values()
+            .filter(|u| {
+                u.record.scope == FsScope::Session
+                    && u.record.within.is_none()
+                    && u.record.agent == a
+                    && u.record.session == s
+            })
+            .map(|u| u.record.partial.clone())
+            .collect()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, UnderWay>> {
         self.under_way.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -794,14 +794,12 @@ impl Output {
             },
             // A filesystem without them (or an old kernel); any other
             // failure is the directory's, said by the named file's.
-            Err(_) => {
-                Aside::Named(
-                    tempfile::Builder::new()
-                        .prefix(&stem)
-                        .suffix(".partial")
-                        .tempfile_in(dir)?,
-                )
-            }
+            Err(_) => Aside::Named(
+                tempfile::Builder::new()
+                    .prefix(&stem)
+                    .suffix(".partial")
+                    .tempfile_in(dir)?,
+            ),
         };
         Ok(Output::Aside { tmp, to: target })
     }

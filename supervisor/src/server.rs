@@ -698,7 +698,11 @@ impl RequestCtx {
                     request_id: id,
                     event,
                 });
-                if outbox.send_event(conversation, frame_bytes(&f)).await.is_err() {
+                if outbox
+                    .send_event(conversation, frame_bytes(&f))
+                    .await
+                    .is_err()
+                {
                     break;
                 }
             }

@@ -257,7 +257,14 @@ impl Supervisor {
 
     /// The outcome of a request cut before its answer, in the audit log,
     /// the log and the metrics: `cancelled`, with the run it started.
-    fn audit_cut(&self, peer: &str, request_id: u64, req: &Request, run: Option<&str>, took: std::time::Duration) {
+    fn audit_cut(
+        &self,
+        peer: &str,
+        request_id: u64,
+        req: &Request,
+        run: Option<&str>,
+        took: std::time::Duration,
+    ) {
         self.metrics.request(req.action(), "cancelled", took);
         if !req.is_mutating() {
             return;
@@ -268,7 +275,14 @@ impl Supervisor {
         };
         let sandbox = allox_store::audit::is_guest(peer);
         if let Some(held_back) = if sandbox { sandbox_line() } else { Some(0) } {
-            tracing::info!(peer, request_id, outcome = "cancelled", run_id = run, held_back, "request cut before its answer");
+            tracing::info!(
+                peer,
+                request_id,
+                outcome = "cancelled",
+                run_id = run,
+                held_back,
+                "request cut before its answer"
+            );
         }
         let entry = Entry {
             request_id,

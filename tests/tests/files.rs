@@ -2262,15 +2262,15 @@ fn a_copy_out_killed_half_way_leaves_nothing_and_the_daemon_stops() {
             .into_iter()
             .flatten()
             .flatten()
-            .find(|e| {
-                std::fs::read_link(e.path())
-                    .is_ok_and(|l| l.starts_with(dir.path()))
-            })
+            .find(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.starts_with(dir.path())))
             .map(|e| e.path())
     };
     let t0 = Instant::now();
     let (fd, at_kill) = loop {
-        assert!(t0.elapsed() < Duration::from_secs(30), "the daemon never wrote");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the daemon never wrote"
+        );
         if let Some(fd) = held() {
             let n = std::fs::metadata(&fd).map(|m| m.len()).unwrap_or(0);
             if n > 0 {
@@ -2285,7 +2285,10 @@ fn a_copy_out_killed_half_way_leaves_nothing_and_the_daemon_stops() {
     // Followed until the daemon lets the file go.
     while let Ok(m) = std::fs::metadata(&fd) {
         largest = largest.max(m.len());
-        assert!(t0.elapsed() < Duration::from_secs(60), "the daemon holds the file");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the daemon holds the file"
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
     assert!(
@@ -2316,7 +2319,18 @@ fn snapshots_taken_during_an_upload_leave_its_partial_file_out() {
     ) else {
         return;
     };
-    ctl_ok(&d, &["exec", "a", "s", "--", "sh", "-c", "mkdir -p dir && echo kept > dir/kept"]);
+    ctl_ok(
+        &d,
+        &[
+            "exec",
+            "a",
+            "s",
+            "--",
+            "sh",
+            "-c",
+            "mkdir -p dir && echo kept > dir/kept",
+        ],
+    );
     let chunk = |offset: u64, data: &[u8], commit: bool| {
         call(
             &d,
@@ -2344,8 +2358,28 @@ fn snapshots_taken_during_an_upload_leave_its_partial_file_out() {
     ctl_ok(&d, &["session", "fork", "a", "s", "f1", "--from", "c1"]);
     ctl_ok(&d, &["session", "fork", "a", "s", "f2"]);
     let export = d.fs.scratch().join("s.allox");
-    ctl_ok(&d, &["session", "export", "a", "s", "-o", export.to_str().unwrap()]);
-    ctl_ok(&d, &["session", "import", "a", "imported", "-i", export.to_str().unwrap()]);
+    ctl_ok(
+        &d,
+        &[
+            "session",
+            "export",
+            "a",
+            "s",
+            "-o",
+            export.to_str().unwrap(),
+        ],
+    );
+    ctl_ok(
+        &d,
+        &[
+            "session",
+            "import",
+            "a",
+            "imported",
+            "-i",
+            export.to_str().unwrap(),
+        ],
+    );
     for tree in [
         sessions.join("s/checkpoints/c1"),
         sessions.join("f1/current"),
@@ -2354,16 +2388,34 @@ fn snapshots_taken_during_an_upload_leave_its_partial_file_out() {
         sessions.join("imported/current"),
         sessions.join("imported/checkpoints/c1"),
     ] {
-        assert!(tree.join("dir/kept").exists(), "{} lost a file", tree.display());
-        assert!(partials(&tree).is_empty(), "{} kept {:?}", tree.display(), partials(&tree));
+        assert!(
+            tree.join("dir/kept").exists(),
+            "{} lost a file",
+            tree.display()
+        );
+        assert!(
+            partials(&tree).is_empty(),
+            "{} kept {:?}",
+            tree.display(),
+            partials(&tree)
+        );
     }
     // The fork's baseline and current/ are the same tree.
     let (code, out, err) = ctl(&d, &["diff", "a", "f2", FORK_BASELINE, "current"]);
     assert_eq!(code, 0, "{err}");
-    assert!(!String::from_utf8_lossy(&out).contains("allox-upload"), "{}", String::from_utf8_lossy(&out));
+    assert!(
+        !String::from_utf8_lossy(&out).contains("allox-upload"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
     // The upload goes on, and commits.
     chunk(300_000, &[8u8; 100], true).unwrap();
-    assert_eq!(std::fs::metadata(current(&d).join("dir/big.bin")).unwrap().len(), 300_100);
+    assert_eq!(
+        std::fs::metadata(current(&d).join("dir/big.bin"))
+            .unwrap()
+            .len(),
+        300_100
+    );
     assert!(partials(&current(&d)).is_empty());
     // Rolled back to the checkpoint: no half file comes back.
     ctl_ok(&d, &["rollback", "a", "s", "c1"]);

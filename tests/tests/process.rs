@@ -1114,7 +1114,11 @@ fn a_supervisor_does_not_lose_the_store_s_runs_to_another_cgroup_root() {
         "{code:?}: {err}"
     );
     // Nothing of the refused start is left in the cgroup tree.
-    assert!(!third.exists(), "the refused start left {}", third.display());
+    assert!(
+        !third.exists(),
+        "the refused start left {}",
+        third.display()
+    );
     for f in filled {
         let _ = std::fs::remove_file(f);
     }
@@ -1560,7 +1564,8 @@ fn alloxctl_exec_streams_and_exits_with_the_status() {
 
 #[test]
 fn alloxctl_exec_whose_output_is_not_read_still_passes_its_signals_on() {
-    let Some(d) = setup("alloxctl_exec_whose_output_is_not_read_still_passes_its_signals_on") else {
+    let Some(d) = setup("alloxctl_exec_whose_output_is_not_read_still_passes_its_signals_on")
+    else {
         return;
     };
     // A reader that never drains alloxctl's output (a stalled pager, a log
@@ -1573,11 +1578,14 @@ fn alloxctl_exec_whose_output_is_not_read_still_passes_its_signals_on() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let yes = || list(&d, "a", "s").iter().any(|p| p.argv == ["yes", "stalled"]);
-    wait_until("the run's yes", yes);
-    let stuck = |pid: u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default()
+    let yes = || {
+        list(&d, "a", "s")
+            .iter()
+            .any(|p| p.argv == ["yes", "stalled"])
     };
+    wait_until("the run's yes", yes);
+    let stuck =
+        |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
     wait_until("alloxctl blocked writing its output", || {
         stuck(child.id()).contains("pipe_write")
     });
@@ -1608,7 +1616,12 @@ fn alloxctl_exec_stopped_for_a_while_slows_its_run_and_goes_on() {
         .arg("--socket")
         .arg(&d.daemon.socket)
         .args([
-            "exec", "a", "s", "--", "/bin/sh", "-c",
+            "exec",
+            "a",
+            "s",
+            "--",
+            "/bin/sh",
+            "-c",
             "i=0; while [ $i -lt 2000000 ]; do i=$((i+1)); echo line $i; done",
         ])
         .stdout(std::process::Stdio::piped())
@@ -1628,7 +1641,11 @@ fn alloxctl_exec_stopped_for_a_while_slows_its_run_and_goes_on() {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     // Past the daemon's 10 s limit on a write.
     std::thread::sleep(Duration::from_secs(12));
-    assert_eq!(list(&d, "a", "s").len(), 1, "the run of a stopped client is gone");
+    assert_eq!(
+        list(&d, "a", "s").len(),
+        1,
+        "the run of a stopped client is gone"
+    );
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
     expect(&mut lines, 200_000);
     assert!(!list(&d, "a", "s").is_empty(), "the run ended early");
@@ -2725,9 +2742,16 @@ fn a_run_killed_during_the_copy_of_its_tmp_leaves_the_earlier_copy_whole() {
     assert_eq!(std::fs::metadata(kept.join("big")).unwrap().len(), 1 << 20);
     // The second run's copy is caught under way and the run killed.
     let copying = || {
-        std::fs::read_dir(&cur).into_iter().flatten().flatten().any(|e| {
-            e.file_name().to_string_lossy().starts_with(".allox-tmp.partial-")
-        }) || std::fs::metadata(kept.join("big")).is_ok_and(|m| m.len() != 1 << 20)
+        std::fs::read_dir(&cur)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(".allox-tmp.partial-")
+            })
+            || std::fs::metadata(kept.join("big")).is_ok_and(|m| m.len() != 1 << 20)
             || std::fs::read_to_string(kept.join("f0")).is_ok_and(|t| t.contains("gen2"))
     };
     bg(&d, "a", "s", &make("gen2", 200));
@@ -2985,8 +3009,7 @@ fn a_run_that_dies_with_its_client_dies_when_its_supervisor_restarts() {
             let mut args = vec!["exec"];
             args.extend_from_slice(extra);
             args.extend_from_slice(&["a", "s", "--", "/bin/sh", "-c", &script]);
-            let (child, mut lines) =
-                allox_integration::alloxctl_following(&d.daemon.socket, &args);
+            let (child, mut lines) = allox_integration::alloxctl_following(&d.daemon.socket, &args);
             let line = lines.next().map(|l| l.unwrap_or_default());
             assert_eq!(line.as_deref(), Some(word), "alloxctl exec {extra:?}");
             child
@@ -3053,7 +3076,10 @@ fn a_start_whose_client_went_away_has_its_outcome_in_the_audit_log() {
         args.extend_from_slice(extra);
         args.extend_from_slice(&["a", "s", "--", "/bin/sh", "-c", &script]);
         let (mut child, mut lines) = allox_integration::alloxctl_following(&d.daemon.socket, &args);
-        assert_eq!(lines.next().map(|l| l.unwrap_or_default()).as_deref(), Some("up"));
+        assert_eq!(
+            lines.next().map(|l| l.unwrap_or_default()).as_deref(),
+            Some("up")
+        );
         let run = list(&d, "a", "s")
             .into_iter()
             .find(|p| p.argv == ["sleep", secs.to_string().as_str()])
@@ -3074,13 +3100,20 @@ fn a_start_whose_client_went_away_has_its_outcome_in_the_audit_log() {
         assert_eq!(mine.len(), 2, "{mine:?}");
         assert_eq!(mine[1].outcome, "cancelled", "{mine:?}");
         let said = mine[1].message.clone().unwrap_or_default();
-        assert!(said.contains(&run), "the outcome does not name run {run}: {said}");
+        assert!(
+            said.contains(&run),
+            "the outcome does not name run {run}: {said}"
+        );
     }
     // The first run was killed as asked, the second goes on.
     wait_until("the first run's end", || {
-        list(&d, "a", "s").iter().all(|p| p.argv != ["sleep", "302"])
+        list(&d, "a", "s")
+            .iter()
+            .all(|p| p.argv != ["sleep", "302"])
     });
-    assert!(list(&d, "a", "s").iter().any(|p| p.argv == ["sleep", "303"]));
+    assert!(list(&d, "a", "s")
+        .iter()
+        .any(|p| p.argv == ["sleep", "303"]));
     kill_session(&d, "a", "s");
 }
 
@@ -3112,7 +3145,11 @@ fn a_run_that_ended_before_a_restart_is_said_so() {
     );
     // A run this daemon never had is still said to be past the bounds.
     let e = wait(&d, "ffffffffffff0001").unwrap_err();
-    assert!(e.message.contains("finished runs are kept"), "{}", e.message);
+    assert!(
+        e.message.contains("finished runs are kept"),
+        "{}",
+        e.message
+    );
 }
 
 #[test]
@@ -3123,7 +3160,11 @@ fn a_run_s_time_limit_reaches_what_its_program_left() {
     let mut p = start(
         "a",
         "s",
-        &["/bin/sh", "-c", "(setsid sleep 104 >/dev/null 2>&1 &); echo done"],
+        &[
+            "/bin/sh",
+            "-c",
+            "(setsid sleep 104 >/dev/null 2>&1 &); echo done",
+        ],
     );
     p.timeout_ms = Some(2000);
     let t0 = Instant::now();
@@ -3133,15 +3174,32 @@ fn a_run_s_time_limit_reaches_what_its_program_left() {
     };
     // Answered when the program ended, in time.
     assert_eq!((r.exit_code, r.timed_out), (Some(0), false), "{r:?}");
-    let left = || list(&d, "a", "s").iter().any(|p| p.argv == ["sleep", "104"]);
+    let left = || {
+        list(&d, "a", "s")
+            .iter()
+            .any(|p| p.argv == ["sleep", "104"])
+    };
     assert!(left(), "the daemon it left is not there");
     // At the limit, what it left goes with it.
-    wait_until("what the run left to be killed at its time limit", || !left());
-    assert!(t0.elapsed() >= Duration::from_millis(1900), "{:?}", t0.elapsed());
+    wait_until("what the run left to be killed at its time limit", || {
+        !left()
+    });
+    assert!(
+        t0.elapsed() >= Duration::from_millis(1900),
+        "{:?}",
+        t0.elapsed()
+    );
     // A run without a limit leaves its daemon going.
-    sh(&d, "a", "s", "(setsid sleep 105 >/dev/null 2>&1 &); echo done");
+    sh(
+        &d,
+        "a",
+        "s",
+        "(setsid sleep 105 >/dev/null 2>&1 &); echo done",
+    );
     std::thread::sleep(Duration::from_millis(2500));
-    assert!(list(&d, "a", "s").iter().any(|p| p.argv == ["sleep", "105"]));
+    assert!(list(&d, "a", "s")
+        .iter()
+        .any(|p| p.argv == ["sleep", "105"]));
     kill_session(&d, "a", "s");
 }
 

@@ -1014,7 +1014,9 @@ fn a_share_write_refused_for_want_of_room_leaves_the_target_its_room() {
     refused(
         &d,
         A,
-        &format!("head -c 40M /dev/zero > /tmp/big && allox share write {B_TARGET} big --from /tmp/big"),
+        &format!(
+            "head -c 40M /dev/zero > /tmp/big && allox share write {B_TARGET} big --from /tmp/big"
+        ),
         "unavailable",
         "no room left",
     );

@@ -1635,7 +1635,8 @@ fn an_archive_holding_more_than_the_session_quota_is_refused_and_nothing_made() 
     let msg = e.chain();
     assert_eq!(e.code(), ErrorCode::InvalidRequest, "{msg}");
     assert!(
-        msg.contains("the archive's checkpoint c0 holds 25 MiB") && msg.contains("nothing was made"),
+        msg.contains("the archive's checkpoint c0 holds 25 MiB")
+            && msg.contains("nothing was made"),
         "{msg}"
     );
     assert!(on_disk(&dst).is_empty(), "left: {:?}", on_disk(&dst));

@@ -199,12 +199,18 @@ fn planted_symlinks_in_the_destination_are_not_followed() {
     std::fs::create_dir(&kept).unwrap();
     std::os::unix::fs::symlink(&elsewhere, kept.join("d")).unwrap();
     let out = run(&src, &session, Budget::with_bytes(1 << 20));
-    let there: Vec<_> = std::fs::read_dir(&elsewhere).unwrap().flatten().map(|e| e.file_name()).collect();
+    let there: Vec<_> = std::fs::read_dir(&elsewhere)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
     assert_eq!(there, ["theirs"]);
     assert_eq!((out.files, out.skipped), (2, 0), "{out:?}");
     assert_eq!(std::fs::read_to_string(kept.join("top")).unwrap(), "y");
     assert_eq!(std::fs::read_to_string(kept.join("d/f")).unwrap(), "x");
-    assert!(!std::fs::symlink_metadata(kept.join("d")).unwrap().is_symlink());
+    assert!(!std::fs::symlink_metadata(kept.join("d"))
+        .unwrap()
+        .is_symlink());
     // `.allox-tmp` itself a symlink: replaced by a real directory.
     std::fs::remove_dir_all(&kept).unwrap();
     std::os::unix::fs::symlink(&elsewhere, &kept).unwrap();
@@ -228,11 +234,22 @@ fn a_copy_replaces_the_earlier_one_whole() {
     std::fs::write(src.join("two"), "2").unwrap();
     run(&src, &session, Budget::with_bytes(1 << 20));
     let kept = session.join(".allox-tmp");
-    let mut names: Vec<_> = std::fs::read_dir(&kept).unwrap().flatten().map(|e| e.file_name()).collect();
+    let mut names: Vec<_> = std::fs::read_dir(&kept)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
     names.sort();
     assert_eq!(names, ["both", "two"]);
-    assert_eq!(std::fs::read_to_string(kept.join("both")).unwrap(), "second");
-    let beside: Vec<_> = std::fs::read_dir(&session).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(
+        std::fs::read_to_string(kept.join("both")).unwrap(),
+        "second"
+    );
+    let beside: Vec<_> = std::fs::read_dir(&session)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
     assert_eq!(beside, [".allox-tmp"]);
 }
 
@@ -252,5 +269,8 @@ fn a_half_made_copy_is_swept_and_one_being_made_is_not() {
     run(&src, &session, Budget::with_bytes(1 << 20));
     assert!(!stale.exists(), "the half-made copy is still there");
     assert!(busy.exists(), "a copy being made was removed");
-    assert_eq!(std::fs::read_to_string(session.join(".allox-tmp/f")).unwrap(), "x");
+    assert_eq!(
+        std::fs::read_to_string(session.join(".allox-tmp/f")).unwrap(),
+        "x"
+    );
 }

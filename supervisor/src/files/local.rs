@@ -139,9 +139,7 @@ const STEP: usize = 64 << 20;
 /// Refuses to go on with a copy whose client has gone.
 fn gone(shown: &str) -> Result<(), FilesError> {
     if crate::passed::client_gone() {
-        return Err(FilesError::ClientGone {
-            path: shown.into(),
-        });
+        return Err(FilesError::ClientGone { path: shown.into() });
     }
     Ok(())
 }
@@ -223,9 +221,7 @@ pub(super) fn copy_range(
     };
     let (mut from, mut to) = (offset, offset);
     while share && from < end {
-        let want = usize::try_from(end - from)
-            .unwrap_or(usize::MAX)
-            .min(STEP);
+        let want = usize::try_from(end - from).unwrap_or(usize::MAX).min(STEP);
         gone(shown)?;
         match rustix::fs::copy_file_range(src, Some(&mut from), dst, Some(&mut to), want) {
             Ok(0) => return Err(short(from)),
@@ -240,9 +236,7 @@ pub(super) fn copy_range(
     rustix::fs::seek(dst, rustix::fs::SeekFrom::Start(from))
         .map_err(|e| FilesError::from_errno("seek", shown, e))?;
     while from < end {
-        let want = usize::try_from(end - from)
-            .unwrap_or(usize::MAX)
-            .min(STEP);
+        let want = usize::try_from(end - from).unwrap_or(usize::MAX).min(STEP);
         gone(shown)?;
         match rustix::fs::sendfile(dst, src, Some(&mut from), want) {
             Ok(0) => return Err(short(from)),

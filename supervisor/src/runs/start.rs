@@ -537,12 +537,9 @@ fn keep_deadline(dir: &std::path::Path, at: Duration) {
 /// filesystem without extended attributes keeps it in this supervisor
 /// only, as before).
 fn keep_mark(dir: &std::path::Path, name: &str, value: &str) {
-    if let Err(e) = rustix::fs::setxattr(
-        dir,
-        name,
-        value.as_bytes(),
-        rustix::fs::XattrFlags::empty(),
-    ) {
+    if let Err(e) =
+        rustix::fs::setxattr(dir, name, value.as_bytes(), rustix::fs::XattrFlags::empty())
+    {
         tracing::debug!(error = %e, dir = %dir.display(), name, "cannot keep a mark of the run on its cgroup");
     }
 }
@@ -594,7 +591,10 @@ pub(super) async fn kill_after(
         if !cg.populated(&dir) {
             return;
         }
-        tracing::info!(run = id, "the run's time limit passed: killing what its program left");
+        tracing::info!(
+            run = id,
+            "the run's time limit passed: killing what its program left"
+        );
     }
     let _ = tokio::task::spawn_blocking(move || cg.kill(&dir, Duration::from_secs(10))).await;
 }

@@ -105,7 +105,10 @@ mod tests {
     #[test]
     fn a_run_id_says_when_it_started() {
         assert_eq!(super::started_ms("1a25296d6a60018"), Some(0x1a25296d6a6));
-        assert_eq!(super::started_ms("1a25296d6a612345678"), Some(0x1a25296d6a6));
+        assert_eq!(
+            super::started_ms("1a25296d6a612345678"),
+            Some(0x1a25296d6a6)
+        );
         assert_eq!(super::started_ms("nosuch"), None);
         assert_eq!(super::started_ms("zz25296d6a60018"), None);
     }

@@ -1627,6 +1627,18 @@ fn alloxctl_exec_stopped_for_a_while_slows_its_run_and_goes_on() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    // Killed however the test ends: a stopped alloxctl left behind holds
+    // the test's output open, and whatever reads it waits for ever.
+    struct KillAtEnd(i32);
+    impl Drop for KillAtEnd {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.0),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    let reap = KillAtEnd(child.id() as i32);
     let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
     let mut next = 1u64;
     let mut expect = |lines: &mut dyn Iterator<Item = std::io::Result<String>>, n: u64| {
@@ -1648,11 +1660,32 @@ fn alloxctl_exec_stopped_for_a_while_slows_its_run_and_goes_on() {
     );
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
     expect(&mut lines, 200_000);
-    assert!(!list(&d, "a", "s").is_empty(), "the run ended early");
+    let run = list(&d, "a", "s")
+        .first()
+        .and_then(|p| p.run_id.clone())
+        .expect("the run ended early");
+    // Stopped again, its run killed: the run's end is known at once, not
+    // once its output's readers gave up waiting for the client (10 s,
+    // which held a shutdown as long).
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
     kill_session(&d, "a", "s");
+    let ended = call(
+        &d,
+        Request::ProcessWait(ProcessWait {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            run_id: run,
+            timeout_ms: Some(5_000),
+        }),
+    );
+    assert!(matches!(ended, Ok(Response::Exited(_))), "{ended:?}");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
     drop(lines);
     let status = allox_integration::wait_for_exit(&mut child, Duration::from_secs(20))
         .expect("alloxctl ends with its run");
+    // Reaped: its pid is no longer its own to kill.
+    std::mem::forget(reap);
     assert!(!status.success(), "{status:?}");
 }
 

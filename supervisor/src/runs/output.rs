@@ -255,12 +255,12 @@ async fn read(mut rx: Source, mut sink: Sink, mut stop: watch::Receiver<bool>) {
             after_stop += n;
         }
         rx.record(&buf[..n]);
-        sink.take(&buf[..n], stopping).await;
+        sink.take(&buf[..n], stopping, &mut stop).await;
     }
 }
 
 impl Sink {
-    async fn take(&mut self, data: &[u8], stopping: bool) {
+    async fn take(&mut self, data: &[u8], stopping: bool, stop: &mut watch::Receiver<bool>) {
         let mut chunk = OutputChunk {
             run_id: self.run_id.clone(),
             stream: self.kind,
@@ -273,10 +273,22 @@ impl Sink {
             // program. Once the run has ended nothing waits: what the
             // client cannot take now goes to the captured output.
             let event = Event::Output(chunk);
+            // A wait for room that the run's end interrupts: the stop of
+            // the readers is not held up by a client that does not read
+            // (a stopped `alloxctl exec` held a shutdown for 10 s).
             let refused = if stopping {
                 ev.try_send(event).err().map(|e| e.into_inner())
             } else {
-                ev.send(event).await.err().map(|e| e.0)
+                tokio::select! {
+                    room = ev.reserve() => match room {
+                        Ok(room) => {
+                            room.send(event);
+                            None
+                        }
+                        Err(_) => Some(event),
+                    },
+                    Ok(()) = stop.changed() => Some(event),
+                }
             };
             match refused {
                 None => {

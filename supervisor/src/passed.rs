@@ -130,6 +130,12 @@ pub fn with<T>(fd: Option<OwnedFd>, gone: Gone, f: impl FnOnce() -> T) -> T {
     out
 }
 
+/// The flag that tells whether the client of the request being answered
+/// has gone, to keep past the request (`None` outside one).
+pub fn current_gone() -> Option<Gone> {
+    PASSED.with(|p| p.borrow().1.clone())
+}
+
 /// Whether the client of the request being answered has gone: a copy
 /// from its descriptor is then dropped rather than put in place, as a
 /// framed upload whose client is killed is never committed.

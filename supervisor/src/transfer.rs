@@ -18,6 +18,10 @@ use std::time::{Duration, Instant};
 pub const MAX_IMPORTS: usize = 4;
 /// An import without a piece for this long is dropped.
 pub const IMPORT_IDLE: Duration = Duration::from_secs(300);
+/// An import without a piece for this long, whose last piece's client has
+/// gone (killed outright, it could not abort it), is dropped: it held one
+/// of the few import slots for five idle minutes.
+pub const ORPHAN_IDLE: Duration = Duration::from_secs(10);
 /// The bytes of one export event.
 const CHUNK: usize = 512 * 1024;
 
@@ -42,6 +46,18 @@ struct Under {
     session: Option<String>,
     import: Import,
     last: Instant,
+    /// Whether the client of its last piece has gone.
+    client_gone: Option<crate::passed::Gone>,
+}
+
+impl Under {
+    fn idle(&self) -> bool {
+        let gone = self
+            .client_gone
+            .as_ref()
+            .is_some_and(|g| g.load(std::sync::atomic::Ordering::SeqCst));
+        self.last.elapsed() >= IMPORT_IDLE || (gone && self.last.elapsed() >= ORPHAN_IDLE)
+    }
 }
 
 /// The imports under way.
@@ -123,6 +139,7 @@ impl Imports {
                         session: r.session_id.clone(),
                         import,
                         last: Instant::now(),
+                        client_gone: crate::passed::current_gone(),
                     }));
                     t.insert(id.clone(), e.clone());
                     e
@@ -177,6 +194,7 @@ impl Imports {
             ));
         }
         u.last = Instant::now();
+        u.client_gone = crate::passed::current_gone();
         if let Err(e) = u.import.push(&r.data.0) {
             drop(u);
             drop_it();
@@ -248,9 +266,7 @@ impl Imports {
             let ids: Vec<String> = t
                 .iter()
                 .filter(|(_, u)| {
-                    u.try_lock()
-                        .map(|u| u.last.elapsed() >= IMPORT_IDLE)
-                        .unwrap_or(false)
+                    u.try_lock().map(|u| u.idle()).unwrap_or(false)
                 })
                 .map(|(id, _)| id.clone())
                 .collect();

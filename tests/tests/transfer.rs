@@ -850,6 +850,37 @@ fn an_interrupted_import_is_dropped_on_the_daemon() {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    // Killed outright, it cannot drop its import: the daemon drops it
+    // once its client has gone and no piece came for 10 s (it held one
+    // of the few import slots for five idle minutes).
+    let mut import = std::process::Command::new(allox_integration::workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(&b.daemon.socket)
+        .args(["session", "import", "a", "s3"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut input = import.stdin.take().unwrap();
+    input.write_all(&archive[..archive.len() / 2]).unwrap();
+    input.flush().unwrap();
+    let t0 = std::time::Instant::now();
+    while staging(&b).is_empty() {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(20), "no import began");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    import.kill().unwrap();
+    import.wait().unwrap();
+    drop(input);
+    let t0 = std::time::Instant::now();
+    while !staging(&b).is_empty() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(40),
+            "the killed import's staging is left: {:?}",
+            staging(&b)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     // Nothing was made, and the archive imports whole afterwards.
     let said = ctl(
         &b,

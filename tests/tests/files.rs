@@ -2164,21 +2164,7 @@ fn a_copy_cut_by_a_shutdown_is_answered_as_it_ended() {
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let big = dir.path().join("big.bin");
     // 300 MiB that no filesystem shrinks.
-    {
-        use std::io::Write;
-        let mut f = std::io::BufWriter::new(std::fs::File::create(&big).unwrap());
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut block = vec![0u8; 1 << 20];
-        for _ in 0..300 {
-            for b in block.chunks_mut(8) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                b.copy_from_slice(&x.to_le_bytes());
-            }
-            f.write_all(&block).unwrap();
-        }
-    }
+    random_file(&big, 300);
     let size = std::fs::metadata(&big).unwrap().len();
     for (i, delay_ms) in [50u64, 100, 150, 250].into_iter().enumerate() {
         let target = format!("a/s:big{i}.bin");
@@ -2228,22 +2214,7 @@ fn a_copy_out_killed_half_way_leaves_nothing_and_the_daemon_stops() {
     };
     // 768 MiB that no filesystem shrinks, in the session.
     let size: u64 = 768 << 20;
-    {
-        use std::io::Write;
-        let big = current(&d).join("big.bin");
-        let mut f = std::io::BufWriter::new(std::fs::File::create(&big).unwrap());
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut block = vec![0u8; 1 << 20];
-        for _ in 0..(size >> 20) {
-            for b in block.chunks_mut(8) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                b.copy_from_slice(&x.to_le_bytes());
-            }
-            f.write_all(&block).unwrap();
-        }
-    }
+    random_file(&current(&d).join("big.bin"), size >> 20);
     // Out to another filesystem: copied, not shared.
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let target = dir.path().join("out.bin");

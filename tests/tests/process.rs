@@ -60,6 +60,11 @@ fn list(d: &ProcDaemon, a: &str, s: &str) -> Vec<ProcessInfo> {
     listing(d, a, s).processes
 }
 
+/// Whether a process of a/s runs `argv`.
+fn running(d: &ProcDaemon, argv: &[&str]) -> bool {
+    list(d, "a", "s").iter().any(|p| p.argv == argv)
+}
+
 fn listing(d: &ProcDaemon, a: &str, s: &str) -> ProcessListing {
     match call(
         d,
@@ -1528,7 +1533,7 @@ fn alloxctl_exec_streams_and_exits_with_the_status() {
         .env("ALLOX_EXEC_SIGNAL_GRACE_MS", "2000")
         .spawn()
         .unwrap();
-    let sleeping = || list(&d, "a", "s").iter().any(|p| p.argv == ["sleep", "31"]);
+    let sleeping = || running(&d, &["sleep", "31"]);
     wait_until("the run's sleep", sleeping);
     let t0 = Instant::now();
     nix::sys::signal::kill(
@@ -1579,9 +1584,7 @@ fn alloxctl_exec_whose_output_is_not_read_still_passes_its_signals_on() {
         .spawn()
         .unwrap();
     let yes = || {
-        list(&d, "a", "s")
-            .iter()
-            .any(|p| p.argv == ["yes", "stalled"])
+        running(&d, &["yes", "stalled"])
     };
     wait_until("the run's yes", yes);
     let stuck =
@@ -3113,9 +3116,12 @@ fn a_start_whose_client_went_away_has_its_outcome_in_the_audit_log() {
             lines.next().map(|l| l.unwrap_or_default()).as_deref(),
             Some("up")
         );
+        // Its shell may not have become `sleep` yet.
+        let secs = secs.to_string();
+        wait_until("the run's sleep", || running(&d, &["sleep", &secs]));
         let run = list(&d, "a", "s")
             .into_iter()
-            .find(|p| p.argv == ["sleep", secs.to_string().as_str()])
+            .find(|p| p.argv == ["sleep", secs.as_str()])
             .and_then(|p| p.run_id)
             .expect("the run is listed");
         let peer = format!("pid={}", child.id());
@@ -3140,13 +3146,9 @@ fn a_start_whose_client_went_away_has_its_outcome_in_the_audit_log() {
     }
     // The first run was killed as asked, the second goes on.
     wait_until("the first run's end", || {
-        list(&d, "a", "s")
-            .iter()
-            .all(|p| p.argv != ["sleep", "302"])
+        !running(&d, &["sleep", "302"])
     });
-    assert!(list(&d, "a", "s")
-        .iter()
-        .any(|p| p.argv == ["sleep", "303"]));
+    assert!(running(&d, &["sleep", "303"]));
     kill_session(&d, "a", "s");
 }
 
@@ -3207,12 +3209,9 @@ fn a_run_s_time_limit_reaches_what_its_program_left() {
     };
     // Answered when the program ended, in time.
     assert_eq!((r.exit_code, r.timed_out), (Some(0), false), "{r:?}");
-    let left = || {
-        list(&d, "a", "s")
-            .iter()
-            .any(|p| p.argv == ["sleep", "104"])
-    };
-    assert!(left(), "the daemon it left is not there");
+    let left = || running(&d, &["sleep", "104"]);
+    // Its subshell may not have become `sleep` yet.
+    wait_until("the daemon it left", left);
     // At the limit, what it left goes with it.
     wait_until("what the run left to be killed at its time limit", || {
         !left()
@@ -3230,9 +3229,7 @@ fn a_run_s_time_limit_reaches_what_its_program_left() {
         "(setsid sleep 105 >/dev/null 2>&1 &); echo done",
     );
     std::thread::sleep(Duration::from_millis(2500));
-    assert!(list(&d, "a", "s")
-        .iter()
-        .any(|p| p.argv == ["sleep", "105"]));
+    assert!(running(&d, &["sleep", "105"]));
     kill_session(&d, "a", "s");
 }
 

@@ -121,15 +121,22 @@ pub enum StoreError {
         adding: usize,
         most: usize,
     },
-    /// An import whose `current/`, or one of its checkpoints (a rollback
-    /// away from being the session), holds more than a session may here.
+    /// A tree that would become a session's (an import's `current/` or
+    /// checkpoints, a checkpoint rolled back or forked to) holding more
+    /// than a session may here: the session could not take even an empty
+    /// file. `what` names the tree, `undone` what was not done.
     #[error(
-        "the archive's {what} holds {} MiB, more than a session may hold here \
-         (--session-quota {} MiB); nothing was made",
+        "{what} holds {} MiB, more than a session may hold here \
+         (--session-quota {} MiB); {undone}",
         holds.div_ceil(1 << 20),
         most / (1 << 20)
     )]
-    OverQuota { what: String, holds: u64, most: u64 },
+    OverQuota {
+        what: String,
+        holds: u64,
+        most: u64,
+        undone: &'static str,
+    },
     #[error("a failed change could not be undone; the store refuses changes until the supervisor restarts")]
     Fenced,
     #[error("only {free_mib} MiB free, at least {need_mib} MiB are kept in reserve")]

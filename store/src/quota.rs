@@ -128,19 +128,25 @@ impl Store {
         quota::set_limit(self.layout.root(), id, self.opts.session_quota).map_err(StoreError::Quota)
     }
 
-    /// Refuses received trees (an import's `current/` and checkpoints,
-    /// each named by `what`) of which one holds more than a session may
+    /// Refuses trees that would become a session's (an import's
+    /// `current/` and checkpoints, a checkpoint rolled back or forked to),
+    /// each named by `what`, of which one holds more than a session may
     /// (`--session-quota`): made a session, or rolled back to, it could
-    /// not take even an empty file.
+    /// not take even an empty file. `written`: a tree still being written
+    /// (received), whose transaction is committed first so that its
+    /// quota group counts it; `undone` ends the refusal.
     pub(super) fn fits_session_quota(
         &self,
         trees: Vec<(String, std::path::PathBuf)>,
+        written: bool,
+        undone: &'static str,
     ) -> Result<()> {
         let (true, Some(most)) = (self.quotas_on, self.opts.session_quota) else {
             return Ok(());
         };
-        // The quota groups count what a committed transaction holds.
-        btrfs::commit(self.layout.root())?;
+        if written {
+            btrfs::commit(self.layout.root())?;
+        }
         for (what, tree) in trees {
             let id = btrfs::subvolume_id(&tree)?;
             if let Some(u) = quota::usage(self.layout.root(), id).map_err(StoreError::Quota)? {
@@ -149,6 +155,7 @@ impl Store {
                         what,
                         holds: u.referenced,
                         most,
+                        undone,
                     });
                 }
             }

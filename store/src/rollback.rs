@@ -45,7 +45,18 @@ impl Store {
     pub fn rollback_allowed(&self, p: &SessionRollback) -> Result<()> {
         self.check_fence()?;
         self.need_checkpoint(&p.agent_id, &p.session_id, &p.checkpoint_id)?;
-        Ok(())
+        // A checkpoint taken under a larger quota (or none) than the
+        // daemon's now would leave a session that cannot take an empty
+        // file.
+        self.fits_session_quota(
+            vec![(
+                format!("checkpoint {}", p.checkpoint_id),
+                self.layout
+                    .checkpoint(&p.agent_id, &p.session_id, &p.checkpoint_id),
+            )],
+            false,
+            "nothing was changed",
+        )
     }
 
     fn rollback_by(

@@ -131,7 +131,15 @@ impl Store {
         let source = match from {
             Some(c) => {
                 self.need_checkpoint(a, s, c)?;
-                self.layout.checkpoint(a, s, c)
+                let cp = self.layout.checkpoint(a, s, c);
+                // One over the daemon's quota would make a session that
+                // cannot take an empty file.
+                self.fits_session_quota(
+                    vec![(format!("checkpoint {c}"), cp.clone())],
+                    false,
+                    "nothing was made",
+                )?;
+                cp
             }
             None => self.layout.current(a, s),
         };

@@ -630,7 +630,7 @@ impl Import {
             })
         };
         st.check_space()?;
-        st.fits_session_quota(archive_trees(&staging, &m))?;
+        st.fits_session_quota(archive_trees(&staging, &m), true, "nothing was made")?;
         st.journaled(build, |op_id, op| {
             st.crash_point("session_import.after_journal");
             // The staging directory is laid out as the session's: a
@@ -702,7 +702,7 @@ impl Import {
             })
         };
         st.check_space()?;
-        st.fits_session_quota(archive_trees(&staging, &m))?;
+        st.fits_session_quota(archive_trees(&staging, &m), true, "nothing was made")?;
         st.journaled(build, |op_id, op| {
             st.crash_point("session_import_since.after_journal");
             for c in &m.checkpoints {
@@ -1065,10 +1065,10 @@ fn check_manifest(st: &Store, a: &str, s: Option<&str>, m: &Manifest) -> Result<
 /// The trees an archive received into `staging`, each with how an error
 /// names it: its `current/`, then its checkpoints.
 fn archive_trees(staging: &std::path::Path, m: &Manifest) -> Vec<(String, std::path::PathBuf)> {
-    std::iter::once(("current/".to_string(), staging.join(CURRENT)))
+    std::iter::once(("the archive's current/".to_string(), staging.join(CURRENT)))
         .chain(m.checkpoints.iter().map(|c| {
             (
-                format!("checkpoint {}", c.id),
+                format!("the archive's checkpoint {}", c.id),
                 staging.join("checkpoints").join(&c.id),
             )
         }))

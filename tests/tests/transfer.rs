@@ -1678,3 +1678,81 @@ fn an_archive_holding_more_than_the_session_quota_is_refused_and_nothing_made() 
     assert_eq!(u.max_referenced, Some(16 << 20));
     assert!(u.referenced < 16 << 20, "{u:?}");
 }
+
+/// A checkpoint taken under a larger quota (or none) than the daemon's
+/// now is refused as a rollback's or a fork's source, naming it and the
+/// quota: the session it made could not take an empty file.
+#[test]
+fn a_checkpoint_over_the_session_quota_is_neither_rolled_back_to_nor_forked() {
+    if !require("transfer::a_checkpoint_over_the_session_quota_is_neither_rolled_back_to_nor_forked") {
+        return;
+    }
+    let fs = BtrfsFs::new(512).unwrap();
+    let root = fs.path().join("store");
+    std::fs::create_dir_all(&root).unwrap();
+    let cur = {
+        let st = Store::open(&root, Default::default()).unwrap();
+        st.agent_create("a").unwrap();
+        let cur = std::path::PathBuf::from(&st.session_create("a", "s").unwrap().current);
+        let block: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 7 + i / 251) as u8).collect();
+        let mut f = std::fs::File::create(cur.join("data")).unwrap();
+        for i in 0..24u8 {
+            let mut b = block.clone();
+            b[0] = i;
+            std::io::Write::write_all(&mut f, &b).unwrap();
+        }
+        drop(f);
+        checkpoint(&st, "c0", false, None);
+        std::fs::remove_file(cur.join("data")).unwrap();
+        std::fs::write(cur.join("small"), b"small").unwrap();
+        checkpoint(&st, "c1", false, None);
+        cur
+    };
+    // The daemon again, with a quota the first checkpoint is over.
+    let st = Store::open_with(
+        &root,
+        allox_store::failpoint::Failpoints::default(),
+        allox_store::StoreOptions {
+            session_quota: Some(16 << 20),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let rollback = |c: &str| {
+        st.rollback(&SessionRollback {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            checkpoint_id: c.into(),
+            kill_processes: None,
+        })
+    };
+    let e = rollback("c0").unwrap_err();
+    let msg = e.chain();
+    assert_eq!(e.code(), ErrorCode::InvalidRequest, "{msg}");
+    assert!(
+        msg.contains("checkpoint c0 holds 25 MiB")
+            && msg.contains("--session-quota 16 MiB")
+            && msg.contains("nothing was changed"),
+        "{msg}"
+    );
+    let fork = |c: &str, to: &str| {
+        st.session_fork(&SessionFork {
+            agent_id: "a".into(),
+            session_id: "s".into(),
+            from: c.into(),
+            new_agent_id: None,
+            new_session_id: to.into(),
+            label: None,
+        })
+    };
+    let e = fork("c0", "f0").unwrap_err();
+    assert!(e.chain().contains("checkpoint c0 holds 25 MiB"), "{}", e.chain());
+    assert!(st.session_list("a").unwrap().iter().all(|s| s.session_id != "f0"));
+    // The session is as it was, and writes; one within the quota is
+    // rolled back to and forked.
+    assert_eq!(std::fs::read(cur.join("small")).unwrap(), b"small");
+    std::fs::write(cur.join("more"), b"x").unwrap();
+    rollback("c1").unwrap();
+    fork("c1", "f1").unwrap();
+    assert!(st.check().unwrap().is_consistent());
+}

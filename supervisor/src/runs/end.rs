@@ -149,6 +149,14 @@ pub(super) async fn finish(
         });
     }
     runs.cfg.metrics.run_ended(how_ended(&result));
+    // Answered: what the program left in the run is no longer its
+    // client's to end (a successor killed a finished exec's `setsid`
+    // child as "its client went away").
+    super::start::forget_kill_on_disconnect(&runs.cgroups.run_dir(
+        &run.agent,
+        &run.session,
+        &run.id,
+    ));
     // Kept whether or not anyone waits yet (`send` would drop it then).
     run.result.send_replace(Some(result));
     runs.retire(&run, output_bytes);

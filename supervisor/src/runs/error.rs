@@ -56,7 +56,7 @@ pub enum RunError {
         keep_for: Duration,
         max_runs: usize,
     },
-    #[error("run {agent}/{session}/{run} ended before the daemon restarted: a finished run is not kept across a restart")]
+    #[error("run {agent}/{session}/{run} does not exist here: if it ran, it ended before this daemon started, and a finished run is not kept across a restart")]
     EndedBeforeRestart {
         agent: String,
         session: String,

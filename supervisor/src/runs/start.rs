@@ -544,6 +544,12 @@ fn keep_mark(dir: &std::path::Path, name: &str, value: &str) {
     }
 }
 
+/// The run of cgroup `dir` has been answered: its wish to die with its
+/// client is over.
+pub(super) fn forget_kill_on_disconnect(dir: &std::path::Path) {
+    let _ = rustix::fs::removexattr(dir, KILL_ON_DISCONNECT_XATTR);
+}
+
 /// Whether the run of cgroup `dir` asked to die with its client.
 pub(super) fn kept_kill_on_disconnect(dir: &std::path::Path) -> bool {
     let mut buf = [0u8; 8];

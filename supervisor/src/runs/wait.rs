@@ -45,9 +45,11 @@ impl Runs {
             }
             None => {
                 let r = &self.cfg.finished;
-                // A run of an earlier supervisor that ended: its end went
-                // with that supervisor (it was said to be past the bounds
-                // of the runs kept, two seconds after it ended).
+                // An id from before this supervisor began: if it was a
+                // run, its end went with the earlier supervisor (it was
+                // said to be past the bounds of the runs kept, two seconds
+                // after it ended). Said as a possibility: an id alone does
+                // not say a run was ever started under it.
                 if started_ms(run_id).is_some_and(|t| t < self.began_ms) {
                     return Err(RunError::EndedBeforeRestart {
                         agent: a.to_string(),

@@ -67,6 +67,8 @@ pub enum DaemonError {
     },
     #[error("another process is serving {0}")]
     SocketInUse(PathBuf),
+    #[error("{0} is there and is not a socket: it is not replaced (remove it, or listen on another path)")]
+    NotASocket(PathBuf),
     #[error("cannot set up process support")]
     Processes(#[source] RunError),
     #[error("runs of this store are still in {} (an earlier supervisor's --cgroup-root was {}, this one's is {}): start it with --cgroup-root {}, or end them first (write 1 to {}/cgroup.kill)", .left.display(), .old.display(), .new.display(), .old.display(), .left.display())]
@@ -244,6 +246,8 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
     let mut limits = cfg.limits.clone();
     limits.connections = limits.connections.min((nofile / 4).max(16) as usize);
     let _ = std::fs::write("/proc/self/oom_score_adj", "-1000");
+    // Declared before what uses the cgroups, so dropped after them.
+    let mut made_cgroups = MadeCgroups::default();
     let runs = match &cfg.runs {
         Some(rc) => {
             // A subreaper, so that a descendant orphaned outside the
@@ -261,18 +265,12 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
             check_cgroup_root(&kept, &rc.cgroup_mount)?;
             // What this start makes of the cgroup tree goes again if the
             // start is refused (it was left, empty, at each attempt).
-            let made: Vec<PathBuf> = [rc.cgroup_mount.join("allox"), rc.cgroup_mount.clone()]
+            made_cgroups.dirs = [rc.cgroup_mount.join("allox"), rc.cgroup_mount.clone()]
                 .into_iter()
                 .filter(|d| !d.exists())
                 .collect();
             let runs = Runs::new(rc).map_err(DaemonError::Processes)?;
-            if let Err(e) = keep_cgroup_root(&kept, &runs.config().cgroup_mount) {
-                drop(runs);
-                for d in &made {
-                    let _ = std::fs::remove_dir(d);
-                }
-                return Err(e);
-            }
+            keep_cgroup_root(&kept, &runs.config().cgroup_mount)?;
             runs.restore_limits(&store);
             Some(Arc::new(runs))
         }
@@ -311,6 +309,11 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         }
         None => None,
     };
+    // The socket this daemon put at its path, removed at its end only if
+    // the path still names it: a start refused because another daemon
+    // serves the path removed that daemon's socket, and a daemon whose
+    // path was taken over removed its successor's.
+    let mut bound: Option<(u64, u64)> = None;
     let result = rt.block_on(async {
         // SIGTERM and SIGINT are caught from here on, before anything says
         // the daemon is ready: one sent once it is is never lost.
@@ -326,6 +329,10 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
             tokio::spawn(async move { while xfsz.recv().await.is_some() {} });
         }
         let listener = bind(&cfg.socket, cfg.peers.socket_mode())?;
+        bound = file_id(&cfg.socket);
+        // Serving: the cgroups are this daemon's runs', kept for its
+        // successor.
+        made_cgroups.dirs.clear();
         servers.push(tokio::spawn(serve_unix(
             listener,
             sup.clone(),
@@ -394,7 +401,9 @@ pub fn run(cfg: DaemonConfig) -> Result<Stopped, DaemonError> {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         Ok(why)
     });
-    let _ = std::fs::remove_file(&cfg.socket);
+    if bound.is_some() && file_id(&cfg.socket) == bound {
+        let _ = std::fs::remove_file(&cfg.socket);
+    }
     // Runs left running for a successor keep their sandboxes, but nobody
     // serves their guest sockets until the successor does.
     if let Some(g) = &guest {
@@ -526,10 +535,15 @@ fn bind(path: &std::path::Path, mode: u32) -> Result<tokio::net::UnixListener, D
         _ => std::path::Path::new("."),
     };
     std::fs::create_dir_all(dir).map_err(listen_err)?;
-    if std::fs::symlink_metadata(path).is_ok()
-        && std::os::unix::net::UnixStream::connect(path).is_ok()
-    {
-        return Err(DaemonError::SocketInUse(path.to_path_buf()));
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        // Only a stale socket is replaced (a file there was lost).
+        if !m.file_type().is_socket() {
+            return Err(DaemonError::NotASocket(path.to_path_buf()));
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(DaemonError::SocketInUse(path.to_path_buf()));
+        }
     }
     // Removed on every path, with the socket if it is still in it.
     let staging = tempfile::Builder::new()
@@ -543,4 +557,36 @@ fn bind(path: &std::path::Path, mode: u32) -> Result<tokio::net::UnixListener, D
     std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode)).map_err(listen_err)?;
     std::fs::rename(&staged, path).map_err(listen_err)?;
     Ok(l)
+}
+
+/// The cgroup directories a start made, removed (empty ones, deepest
+/// first) if it ends before it serves: a refused start left them at each
+/// attempt.
+#[derive(Default)]
+struct MadeCgroups {
+    dirs: Vec<PathBuf>,
+}
+
+impl Drop for MadeCgroups {
+    fn drop(&mut self) {
+        fn remove(dir: &std::path::Path) {
+            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    remove(&e.path());
+                }
+            }
+            let _ = std::fs::remove_dir(dir);
+        }
+        for d in &self.dirs {
+            remove(d);
+        }
+    }
+}
+
+/// Which file a path names (device and inode), if any.
+fn file_id(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }

@@ -1009,3 +1009,51 @@ fn a_stop_signal_at_any_moment_of_the_start_stops_the_daemon() {
     allox_integration::remove_cgroup_tree(&cgroup);
     assert!(!cgroup.exists(), "{} left behind", cgroup.display());
 }
+
+/// A start refused because another daemon serves its socket's path
+/// leaves that daemon's socket and makes no cgroup (it removed the
+/// socket: the serving daemon became unreachable, and a later start took
+/// its path); a path where a regular file is is refused, the file kept
+/// (it was replaced by the socket, then removed at the stop).
+#[test]
+fn a_refused_start_leaves_the_serving_daemon_s_socket_and_a_file_alone() {
+    let Some((fs, d)) = setup("a_refused_start_leaves_the_serving_daemon_s_socket", &[]) else {
+        return;
+    };
+    let cgroup = allox_integration::cgroup2_mount()
+        .expect("a cgroup2 mount")
+        .join(format!("allox-test-{}-refused", std::process::id()));
+    let refused = |socket: &std::path::Path| {
+        let out = allox_integration::supervise_command(
+            &workspace_bin("allox-init"),
+            &fs.path().join("other"),
+            socket,
+            Some(&cgroup),
+        )
+        .arg("--sandbox-stage")
+        .arg(fs.scratch().join("stage-other"))
+        .output()
+        .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = refused(&d.socket);
+    assert!(
+        code == Some(1) && err.contains("another process is serving"),
+        "{code:?}: {err}"
+    );
+    let (ok, out, err) = alloxctl(&d, &["ping"]);
+    assert!(ok, "the serving daemon is unreachable: {out}{err}");
+    assert!(!cgroup.exists(), "the refused start left {}", cgroup.display());
+    let file = fs.scratch().join("not-a-socket");
+    std::fs::write(&file, b"someone's file").unwrap();
+    let (code, err) = refused(&file);
+    assert!(
+        code == Some(1) && err.contains("is there and is not a socket"),
+        "{code:?}: {err}"
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), b"someone's file");
+    assert!(!cgroup.exists(), "the refused start left {}", cgroup.display());
+}

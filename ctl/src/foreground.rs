@@ -347,12 +347,20 @@ fn on_signals(
                     run_id: Some(run.clone()),
                     signal: Some(to_run as i32),
                 });
-                if let Ok(Err(e)) | Err(e) = sender.call(kill).map_err(|e| e.to_body()) {
-                    say(format!(
-                        "alloxctl: cannot signal run {run}: {}\n",
-                        e.message
-                    ));
-                }
+                // Its answer is not waited for here: it comes on the
+                // connection the main thread reads, behind the run's
+                // output, which a reader that does not drain alloxctl's
+                // output holds up; the next signal (a second Ctrl-C) was
+                // never taken.
+                let (sender, run) = (sender.clone(), run.clone());
+                std::thread::spawn(move || {
+                    if let Ok(Err(e)) | Err(e) = sender.call(kill).map_err(|e| e.to_body()) {
+                        let _ = std::io::stderr().write_all(
+                            format!("alloxctl: cannot signal run {run}: {}\n", e.message)
+                                .as_bytes(),
+                        );
+                    }
+                });
             }
         }
     }

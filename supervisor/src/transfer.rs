@@ -265,9 +265,7 @@ impl Imports {
             let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
             let ids: Vec<String> = t
                 .iter()
-                .filter(|(_, u)| {
-                    u.try_lock().map(|u| u.idle()).unwrap_or(false)
-                })
+                .filter(|(_, u)| u.try_lock().map(|u| u.idle()).unwrap_or(false))
                 .map(|(id, _)| id.clone())
                 .collect();
             ids.into_iter().filter_map(|id| t.remove(&id)).collect()

@@ -1046,7 +1046,11 @@ fn a_refused_start_leaves_the_serving_daemon_s_socket_and_a_file_alone() {
     );
     let (ok, out, err) = alloxctl(&d, &["ping"]);
     assert!(ok, "the serving daemon is unreachable: {out}{err}");
-    assert!(!cgroup.exists(), "the refused start left {}", cgroup.display());
+    assert!(
+        !cgroup.exists(),
+        "the refused start left {}",
+        cgroup.display()
+    );
     let file = fs.scratch().join("not-a-socket");
     std::fs::write(&file, b"someone's file").unwrap();
     let (code, err) = refused(&file);
@@ -1055,5 +1059,9 @@ fn a_refused_start_leaves_the_serving_daemon_s_socket_and_a_file_alone() {
         "{code:?}: {err}"
     );
     assert_eq!(std::fs::read(&file).unwrap(), b"someone's file");
-    assert!(!cgroup.exists(), "the refused start left {}", cgroup.display());
+    assert!(
+        !cgroup.exists(),
+        "the refused start left {}",
+        cgroup.display()
+    );
 }

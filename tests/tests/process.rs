@@ -1580,7 +1580,12 @@ fn alloxctl_exec_whose_output_is_not_read_still_passes_its_signals_on() {
         .arg("--socket")
         .arg(&d.daemon.socket)
         .args([
-            "exec", "a", "s", "--", "/bin/sh", "-c",
+            "exec",
+            "a",
+            "s",
+            "--",
+            "/bin/sh",
+            "-c",
             "trap '' INT; exec yes stalled",
         ])
         .stdout(std::process::Stdio::piped())
@@ -3066,13 +3071,20 @@ fn a_run_that_dies_with_its_client_dies_when_its_supervisor_restarts() {
         let (code, _, err) = allox_integration::alloxctl(
             &d.daemon.socket,
             &[
-                "exec", "a", "s", "--", "/bin/sh", "-c",
+                "exec",
+                "a",
+                "s",
+                "--",
+                "/bin/sh",
+                "-c",
                 "setsid sleep 309 </dev/null >/dev/null 2>&1 &",
             ],
         );
         assert_eq!(code, 0, "{err}");
         wait_until("the runs' sleeps", || {
-            ["300", "301", "309"].iter().all(|n| running(&d, &["sleep", n]))
+            ["300", "301", "309"]
+                .iter()
+                .all(|n| running(&d, &["sleep", n]))
         });
         if crash {
             d.restart_after_crash(&[]);
@@ -3102,7 +3114,10 @@ fn a_run_that_dies_with_its_client_dies_when_its_supervisor_restarts() {
         // moment later, and are killed only when asked.
         std::thread::sleep(Duration::from_millis(500));
         for n in ["301", "309"] {
-            assert!(running(&d, &["sleep", n]), "crash {crash}: sleep {n} is gone");
+            assert!(
+                running(&d, &["sleep", n]),
+                "crash {crash}: sleep {n} is gone"
+            );
         }
         kill_session(&d, "a", "s");
         assert!(list(&d, "a", "s").is_empty());
@@ -3166,9 +3181,7 @@ fn a_start_whose_client_went_away_has_its_outcome_in_the_audit_log() {
         );
     }
     // The first run was killed as asked, the second goes on.
-    wait_until("the first run's end", || {
-        !running(&d, &["sleep", "302"])
-    });
+    wait_until("the first run's end", || !running(&d, &["sleep", "302"]));
     assert!(running(&d, &["sleep", "303"]));
     kill_session(&d, "a", "s");
 }
@@ -3195,7 +3208,8 @@ fn a_run_that_ended_before_a_restart_is_said_so() {
     let e = wait(&d, &run).unwrap_err();
     assert_eq!(e.code, ErrorCode::NotFound, "{e:?}");
     assert!(
-        e.message.contains("if it ran, it ended before this daemon started"),
+        e.message
+            .contains("if it ran, it ended before this daemon started"),
         "{}",
         e.message
     );

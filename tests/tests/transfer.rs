@@ -866,7 +866,10 @@ fn an_interrupted_import_is_dropped_on_the_daemon() {
     input.flush().unwrap();
     let t0 = std::time::Instant::now();
     while staging(&b).is_empty() {
-        assert!(t0.elapsed() < std::time::Duration::from_secs(20), "no import began");
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "no import began"
+        );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     import.kill().unwrap();
@@ -1684,7 +1687,9 @@ fn an_archive_holding_more_than_the_session_quota_is_refused_and_nothing_made() 
 /// quota: the session it made could not take an empty file.
 #[test]
 fn a_checkpoint_over_the_session_quota_is_neither_rolled_back_to_nor_forked() {
-    if !require("transfer::a_checkpoint_over_the_session_quota_is_neither_rolled_back_to_nor_forked") {
+    if !require(
+        "transfer::a_checkpoint_over_the_session_quota_is_neither_rolled_back_to_nor_forked",
+    ) {
         return;
     }
     let fs = BtrfsFs::new(512).unwrap();
@@ -1746,8 +1751,16 @@ fn a_checkpoint_over_the_session_quota_is_neither_rolled_back_to_nor_forked() {
         })
     };
     let e = fork("c0", "f0").unwrap_err();
-    assert!(e.chain().contains("checkpoint c0 holds 25 MiB"), "{}", e.chain());
-    assert!(st.session_list("a").unwrap().iter().all(|s| s.session_id != "f0"));
+    assert!(
+        e.chain().contains("checkpoint c0 holds 25 MiB"),
+        "{}",
+        e.chain()
+    );
+    assert!(st
+        .session_list("a")
+        .unwrap()
+        .iter()
+        .all(|s| s.session_id != "f0"));
     // The session is as it was, and writes; one within the quota is
     // rolled back to and forked.
     assert_eq!(std::fs::read(cur.join("small")).unwrap(), b"small");

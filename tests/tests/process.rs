@@ -1567,6 +1567,17 @@ fn alloxctl_exec_streams_and_exits_with_the_status() {
     );
 }
 
+/// `alloxctl exec a s -- /bin/sh -c SCRIPT`, its output piped to the test.
+fn exec_piped(d: &ProcDaemon, script: &str) -> std::process::Child {
+    std::process::Command::new(allox_integration::workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(&d.daemon.socket)
+        .args(["exec", "a", "s", "--", "/bin/sh", "-c", script])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn alloxctl_exec_whose_output_is_not_read_still_passes_its_signals_on() {
     let Some(d) = setup("alloxctl_exec_whose_output_is_not_read_still_passes_its_signals_on")
@@ -1576,21 +1587,7 @@ fn alloxctl_exec_whose_output_is_not_read_still_passes_its_signals_on() {
     // A reader that never drains alloxctl's output (a stalled pager, a log
     // shipper): the run's first output fills the pipe before alloxctl
     // ever waits on the daemon.
-    let mut child = std::process::Command::new(allox_integration::workspace_bin("alloxctl"))
-        .arg("--socket")
-        .arg(&d.daemon.socket)
-        .args([
-            "exec",
-            "a",
-            "s",
-            "--",
-            "/bin/sh",
-            "-c",
-            "trap '' INT; exec yes stalled",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = exec_piped(&d, "trap '' INT; exec yes stalled");
     let yes = || running(&d, &["yes", "stalled"]);
     wait_until("the run's yes", yes);
     let stuck =
@@ -1629,21 +1626,10 @@ fn alloxctl_exec_stopped_for_a_while_slows_its_run_and_goes_on() {
     let Some(d) = setup("alloxctl_exec_stopped_for_a_while_slows_its_run_and_goes_on") else {
         return;
     };
-    let mut child = std::process::Command::new(allox_integration::workspace_bin("alloxctl"))
-        .arg("--socket")
-        .arg(&d.daemon.socket)
-        .args([
-            "exec",
-            "a",
-            "s",
-            "--",
-            "/bin/sh",
-            "-c",
-            "i=0; while [ $i -lt 2000000 ]; do i=$((i+1)); echo line $i; done",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = exec_piped(
+        &d,
+        "i=0; while [ $i -lt 2000000 ]; do i=$((i+1)); echo line $i; done",
+    );
     // Killed however the test ends: a stopped alloxctl left behind holds
     // the test's output open, and whatever reads it waits for ever.
     struct KillAtEnd(i32);

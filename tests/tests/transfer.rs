@@ -781,9 +781,8 @@ fn staging(d: &allox_integration::ProcDaemon) -> Vec<String> {
         .collect()
 }
 
-/// Ctrl-C to `pid` (an `alloxctl` importing into `d`) once its import has
-/// begun there.
-fn interrupt_once_importing(d: &allox_integration::ProcDaemon, pid: u32, what: &str) {
+/// Waits until an import has begun in `d` (its staging tree is there).
+fn wait_for_an_import(d: &allox_integration::ProcDaemon, what: &str) {
     let t0 = std::time::Instant::now();
     while staging(d).is_empty() {
         assert!(
@@ -792,6 +791,47 @@ fn interrupt_once_importing(d: &allox_integration::ProcDaemon, pid: u32, what: &
         );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
+}
+
+/// Waits (at most `secs`) until no import is under way in `d`.
+fn no_import_left(d: &allox_integration::ProcDaemon, secs: u64, what: &str) {
+    let t0 = std::time::Instant::now();
+    while !staging(d).is_empty() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(secs),
+            "{what}'s staging is left: {:?}",
+            staging(d)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// `alloxctl session import a SESSION` into `d`, sent the first half of
+/// `archive`, its input left open: an import under way.
+fn half_an_import(
+    d: &allox_integration::ProcDaemon,
+    archive: &[u8],
+    session: &str,
+) -> (std::process::Child, std::process::ChildStdin) {
+    use std::io::Write;
+    let mut import = std::process::Command::new(allox_integration::workspace_bin("alloxctl"))
+        .arg("--socket")
+        .arg(&d.daemon.socket)
+        .args(["session", "import", "a", session])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = import.stdin.take().unwrap();
+    input.write_all(&archive[..archive.len() / 2]).unwrap();
+    input.flush().unwrap();
+    (import, input)
+}
+
+/// Ctrl-C to `pid` (an `alloxctl` importing into `d`) once its import has
+/// begun there.
+fn interrupt_once_importing(d: &allox_integration::ProcDaemon, pid: u32, what: &str) {
+    wait_for_an_import(d, what);
     rustix::process::kill_process(
         rustix::process::Pid::from_raw(pid as i32).unwrap(),
         rustix::process::Signal::INT,
@@ -808,7 +848,6 @@ fn an_interrupted_import_is_dropped_on_the_daemon() {
     if !require("transfer::an_interrupted_import_is_dropped_on_the_daemon") {
         return;
     }
-    use std::io::Write;
     let a = allox_integration::ProcDaemon::start("interrupted-a", &[]);
     let b = allox_integration::ProcDaemon::start("interrupted-b", &[]);
     daemon_history(&a);
@@ -819,18 +858,8 @@ fn an_interrupted_import_is_dropped_on_the_daemon() {
     );
     let archive = std::fs::read(&file).unwrap();
     ctl(&b, &["agent", "create", "a"]);
-    let mut import = std::process::Command::new(allox_integration::workspace_bin("alloxctl"))
-        .arg("--socket")
-        .arg(&b.daemon.socket)
-        .args(["session", "import", "a", "s2"])
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
     // Half the archive, the pipe left open: the import is under way.
-    let mut input = import.stdin.take().unwrap();
-    input.write_all(&archive[..archive.len() / 2]).unwrap();
-    input.flush().unwrap();
+    let (mut import, input) = half_an_import(&b, &archive, "s2");
     interrupt_once_importing(&b, import.id(), "the import");
     let status = import.wait().unwrap();
     drop(input);
@@ -841,49 +870,16 @@ fn an_interrupted_import_is_dropped_on_the_daemon() {
         err.contains("the import was dropped on the daemon"),
         "{err}"
     );
-    let t0 = std::time::Instant::now();
-    while !staging(&b).is_empty() {
-        assert!(
-            t0.elapsed() < std::time::Duration::from_secs(20),
-            "the interrupted import's staging is left: {:?}",
-            staging(&b)
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    no_import_left(&b, 20, "the interrupted import");
     // Killed outright, it cannot drop its import: the daemon drops it
     // once its client has gone and no piece came for 10 s (it held one
     // of the few import slots for five idle minutes).
-    let mut import = std::process::Command::new(allox_integration::workspace_bin("alloxctl"))
-        .arg("--socket")
-        .arg(&b.daemon.socket)
-        .args(["session", "import", "a", "s3"])
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut input = import.stdin.take().unwrap();
-    input.write_all(&archive[..archive.len() / 2]).unwrap();
-    input.flush().unwrap();
-    let t0 = std::time::Instant::now();
-    while staging(&b).is_empty() {
-        assert!(
-            t0.elapsed() < std::time::Duration::from_secs(20),
-            "no import began"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    let (mut import, input) = half_an_import(&b, &archive, "s3");
+    wait_for_an_import(&b, "the import to be killed");
     import.kill().unwrap();
     import.wait().unwrap();
     drop(input);
-    let t0 = std::time::Instant::now();
-    while !staging(&b).is_empty() {
-        assert!(
-            t0.elapsed() < std::time::Duration::from_secs(40),
-            "the killed import's staging is left: {:?}",
-            staging(&b)
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    no_import_left(&b, 40, "the killed import");
     // Nothing was made, and the archive imports whole afterwards.
     let said = ctl(
         &b,

@@ -1595,6 +1595,19 @@ fn an_imported_session_takes_the_daemon_s_limits_over_time_where_it_has_none() {
     }
 }
 
+/// 24 MiB at `path` that no filesystem shrinks; returns its first MiB's
+/// block (each MiB differs from it in its first byte).
+fn big_data(path: &std::path::Path) -> Vec<u8> {
+    let block: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 7 + i / 251) as u8).collect();
+    let mut f = std::fs::File::create(path).unwrap();
+    for i in 0..24u8 {
+        let mut b = block.clone();
+        b[0] = i;
+        std::io::Write::write_all(&mut f, &b).unwrap();
+    }
+    block
+}
+
 #[test]
 fn an_archive_holding_more_than_the_session_quota_is_refused_and_nothing_made() {
     let name = "transfer::an_archive_holding_more_than_the_session_quota_is_refused";
@@ -1606,14 +1619,7 @@ fn an_archive_holding_more_than_the_session_quota_is_refused_and_nothing_made() 
     src.agent_create("a").unwrap();
     let cur = std::path::PathBuf::from(&src.session_create("a", "s").unwrap().current);
     // 24 MiB that no filesystem shrinks, checkpointed.
-    let block: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 7 + i / 251) as u8).collect();
-    let mut f = std::fs::File::create(cur.join("data")).unwrap();
-    for i in 0..24u8 {
-        let mut b = block.clone();
-        b[0] = i;
-        std::io::Write::write_all(&mut f, &b).unwrap();
-    }
-    drop(f);
+    let block = big_data(&cur.join("data"));
     checkpoint(&src, "c0", false, None);
     let big = export(&src, None);
     // The same session, 1 MiB of it (a new file: a cut one would still
@@ -1695,14 +1701,7 @@ fn a_checkpoint_over_the_session_quota_is_neither_rolled_back_to_nor_forked() {
         let st = Store::open(&root, Default::default()).unwrap();
         st.agent_create("a").unwrap();
         let cur = std::path::PathBuf::from(&st.session_create("a", "s").unwrap().current);
-        let block: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 7 + i / 251) as u8).collect();
-        let mut f = std::fs::File::create(cur.join("data")).unwrap();
-        for i in 0..24u8 {
-            let mut b = block.clone();
-            b[0] = i;
-            std::io::Write::write_all(&mut f, &b).unwrap();
-        }
-        drop(f);
+        big_data(&cur.join("data"));
         checkpoint(&st, "c0", false, None);
         std::fs::remove_file(cur.join("data")).unwrap();
         std::fs::write(cur.join("small"), b"small").unwrap();

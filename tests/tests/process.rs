@@ -3177,17 +3177,7 @@ fn a_run_that_ended_before_a_restart_is_said_so() {
     let Some(mut d) = setup("a_run_that_ended_before_a_restart_is_said_so") else {
         return;
     };
-    let wait = |d: &ProcDaemon, run: &str| {
-        call(
-            d,
-            Request::ProcessWait(ProcessWait {
-                agent_id: "a".into(),
-                session_id: "s".into(),
-                run_id: run.into(),
-                timeout_ms: Some(10_000),
-            }),
-        )
-    };
+    let wait = |d: &ProcDaemon, run: &str| try_wait_run(d, "a", "s", run);
     let run = bg(&d, "a", "s", "true");
     assert!(matches!(wait(&d, &run), Ok(Response::Exited(_))));
     d.restart(&[]);
